@@ -1,0 +1,252 @@
+"""The scheduling policy: who gets a provider's next free slot.
+
+A plain synchronous state machine with no I/O and no trio (sans-IO, like
+h11), so it can be tested exhaustively and driven in virtual time. The
+scheduler actor feeds it messages and delivers the grants it returns.
+
+Invariants, after every call:
+
+1. ``in_flight <= limit``, except that lowering the limit lets the holders
+   above it finish: nothing is granted until ``in_flight < limit``.
+2. Work-conserving: while not paused, ``waiting > 0`` implies
+   ``in_flight >= limit``.
+3. Grants go in ticket order (``started_at``, then arrival); a newcomer
+   never takes a free slot while anyone waits.
+4. Every ticket ends exactly once: granted then released, cancelled while
+   waiting, or refused. Cancelling a granted ticket releases it; releasing or
+   cancelling an unknown or finished ticket does nothing, so a grant racing
+   a cancellation never leaks.
+
+Waiting tickets live in a binary heap. A ticket cancelled while waiting is
+only forgotten by the set of waiters and skipped when it surfaces; the heap
+is rebuilt when such dead entries outnumber the living.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import TYPE_CHECKING, final
+
+import attrs
+
+from ._exceptions import QueueFull
+from ._validation import check_limit, check_max_waiting
+
+if TYPE_CHECKING:
+    from .messages import Ticket
+
+_COMPACT_SLACK = 64
+
+
+@final
+@attrs.frozen
+class PolicyStatistics:
+    """A snapshot of one policy's state and lifetime counters."""
+
+    limit: int | None
+    in_flight: int
+    waiting: int
+    paused_until: float | None
+    granted_total: int
+    released_total: int
+    withdrawn_total: int
+    rejected_total: int
+    peak_in_flight: int
+    peak_waiting: int
+
+
+@final
+class SlotPolicy:
+    """Oldest-first admission of tickets under a concurrency limit.
+
+    Every method that can free a slot returns the tickets granted by that
+    call, in grant order; the caller must deliver them. ``limit=None`` means
+    unlimited: every ticket is granted at once and pauses have no effect.
+
+    Args:
+        limit: At most this many tickets hold a slot at once, or ``None``.
+        max_waiting: At most this many tickets wait; a ticket that would wait
+            beyond it is refused with ``QueueFull``. ``None`` for no bound.
+    """
+
+    __slots__ = (
+        "_granted_total",
+        "_heap",
+        "_holders",
+        "_limit",
+        "_max_waiting",
+        "_paused_until",
+        "_peak_in_flight",
+        "_peak_waiting",
+        "_rejected_total",
+        "_released_total",
+        "_waiting",
+        "_withdrawn_total",
+    )
+
+    def __init__(self, limit: int | None, *, max_waiting: int | None = None) -> None:
+        if limit is not None:
+            check_limit(limit)
+        check_max_waiting(max_waiting)
+        self._limit = limit
+        self._max_waiting = max_waiting
+        self._holders: set[Ticket] = set()
+        self._waiting: set[Ticket] = set()
+        self._heap: list[Ticket] = []
+        self._paused_until: float | None = None
+        self._granted_total = 0
+        self._released_total = 0
+        self._withdrawn_total = 0
+        self._rejected_total = 0
+        self._peak_in_flight = 0
+        self._peak_waiting = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"<SlotPolicy limit={self._limit} in_flight={len(self._holders)}"
+            f" waiting={len(self._waiting)} paused_until={self._paused_until}>"
+        )
+
+    @property
+    def limit(self) -> int | None:
+        """The current limit, or ``None`` for unlimited."""
+        return self._limit
+
+    @property
+    def in_flight(self) -> int:
+        """How many tickets hold a slot."""
+        return len(self._holders)
+
+    @property
+    def waiting(self) -> int:
+        """How many tickets wait for a slot."""
+        return len(self._waiting)
+
+    @property
+    def paused_until(self) -> float | None:
+        """Until when grants are paused, or ``None``."""
+        return self._paused_until
+
+    def holders(self) -> frozenset[Ticket]:
+        """The tickets that hold a slot."""
+        return frozenset(self._holders)
+
+    def waiters(self) -> list[Ticket]:
+        """The waiting tickets, in the order they will be granted."""
+        return sorted(self._waiting)
+
+    def statistics(self) -> PolicyStatistics:
+        """A frozen snapshot of the state and the lifetime counters."""
+        return PolicyStatistics(
+            limit=self._limit,
+            in_flight=len(self._holders),
+            waiting=len(self._waiting),
+            paused_until=self._paused_until,
+            granted_total=self._granted_total,
+            released_total=self._released_total,
+            withdrawn_total=self._withdrawn_total,
+            rejected_total=self._rejected_total,
+            peak_in_flight=self._peak_in_flight,
+            peak_waiting=self._peak_waiting,
+        )
+
+    def acquire(self, ticket: Ticket) -> list[Ticket]:
+        """Admit ``ticket``: grant it at once if a slot is free, else queue it.
+
+        Raises:
+            QueueFull: It would have to wait and ``max_waiting`` tickets
+                already do. Nothing changed.
+            ValueError: The ticket is already holding or waiting.
+        """
+        if ticket in self._holders or ticket in self._waiting:
+            raise ValueError(f"ticket {ticket!r} is already known")
+        if not self._waiting and self._may_grant():
+            self._grant(ticket)
+            return [ticket]
+        if self._max_waiting is not None and len(self._waiting) >= self._max_waiting:
+            self._rejected_total += 1
+            raise QueueFull(
+                f"{len(self._waiting)} requests already wait"
+                f" (max_waiting={self._max_waiting})"
+            )
+        self._waiting.add(ticket)
+        heapq.heappush(self._heap, ticket)
+        self._peak_waiting = max(self._peak_waiting, len(self._waiting))
+        return []
+
+    def release(self, ticket: Ticket) -> list[Ticket]:
+        """Give back a held slot; does nothing for an unknown or finished ticket.
+
+        Raises:
+            RuntimeError: The ticket is still waiting; cancel it instead.
+        """
+        if ticket in self._waiting:
+            raise RuntimeError(f"ticket {ticket!r} is waiting, not holding a slot")
+        return self._release(ticket)
+
+    def cancel(self, ticket: Ticket) -> list[Ticket]:
+        """Withdraw a waiting ticket, or release it if it was already granted."""
+        if ticket in self._waiting:
+            self._waiting.discard(ticket)
+            self._withdrawn_total += 1
+            if len(self._heap) > 2 * len(self._waiting) + _COMPACT_SLACK:
+                self._heap = list(self._waiting)
+                heapq.heapify(self._heap)
+            return []
+        return self._release(ticket)
+
+    def set_limit(self, limit: int | None) -> list[Ticket]:
+        """Change the limit.
+
+        Raising it grants at once; lowering it lets the holders finish.
+        """
+        if limit is not None:
+            check_limit(limit)
+        self._limit = limit
+        return self._fill()
+
+    def pause(self, until: float) -> None:
+        """Grant nothing before ``until``; a pause is never shortened."""
+        if math.isnan(until):
+            raise ValueError("until must be a number, got nan")
+        if self._paused_until is None or until > self._paused_until:
+            self._paused_until = until
+
+    def tick(self, now: float) -> list[Ticket]:
+        """Tell the policy the time; a pause that has run out ends and grants resume."""
+        if self._paused_until is not None and now >= self._paused_until:
+            self._paused_until = None
+            return self._fill()
+        return []
+
+    def _may_grant(self) -> bool:
+        if self._limit is None:
+            return True
+        return self._paused_until is None and len(self._holders) < self._limit
+
+    def _grant(self, ticket: Ticket) -> None:
+        self._holders.add(ticket)
+        self._granted_total += 1
+        self._peak_in_flight = max(self._peak_in_flight, len(self._holders))
+
+    def _release(self, ticket: Ticket) -> list[Ticket]:
+        if ticket not in self._holders:
+            return []
+        self._holders.remove(ticket)
+        self._released_total += 1
+        return self._fill()
+
+    def _fill(self) -> list[Ticket]:
+        grants: list[Ticket] = []
+        waiting = self._waiting
+        heap = self._heap
+        while waiting and self._may_grant():
+            ticket = heapq.heappop(heap)
+            if ticket in waiting:
+                waiting.remove(ticket)
+                self._grant(ticket)
+                grants.append(ticket)
+        if not waiting:
+            heap.clear()
+        return grants

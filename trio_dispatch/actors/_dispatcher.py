@@ -1,0 +1,517 @@
+"""The dispatcher: per-provider schedulers under one nursery, and slots.
+
+``open_dispatcher`` owns a nursery holding one ``SchedulerActor`` per
+limited provider. ``Dispatcher.slot`` is the requester's side of the
+protocol: an async context manager that sends ``Acquire``, parks its task
+until the scheduler answers, and sends ``Release`` on the way out, whatever
+way that is. Sending never blocks, so giving a slot back needs no shield.
+
+The requester parks with ``wait_task_rescheduled`` rather than on an
+``Event``: the reply is the ``Slot`` itself, which holds its task, so a
+waiting request costs one small object and nothing else. Its abort function
+(run by trio when the waiting task is cancelled) marks it abandoned and
+sends ``Cancel``; a grant that reaches an abandoned slot is ignored, and
+that ``Cancel`` gives it back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Final, Self, final
+
+import attrs
+import trio
+
+from .._exceptions import DispatcherClosed, DispatchError, SlotHoldTimeout
+from .._policy import SlotPolicy
+from .._validation import (
+    check_instant,
+    check_limit,
+    check_limits,
+    check_max_waiting,
+    check_optional_seconds,
+    check_provider,
+    check_seconds,
+)
+from ..messages import Acquire, Cancel, Grant, Pause, Release, SetLimit, Ticket
+from ._scheduler import SchedulerActor
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator, Mapping
+    from types import TracebackType
+
+
+@final
+@attrs.frozen
+class ProviderStatistics:
+    """One limited provider, as its scheduler last saw it.
+
+    Attributes:
+        provider: The provider's name.
+        limit: The limit the scheduler enforces.
+        in_flight: Slots held now.
+        waiting: Requests waiting for a slot now.
+        paused: Whether grants are paused by a rate-limit report.
+        paused_until: When the pause ends (trio clock), or ``None``.
+        granted_total: Slots granted since the provider was limited.
+        released_total: Slots given back.
+        withdrawn_total: Requests cancelled while they waited.
+        rejected_total: Requests refused with ``QueueFull``.
+        peak_in_flight: The most slots ever held at once.
+        peak_waiting: The most requests ever waiting at once.
+    """
+
+    provider: str
+    limit: int
+    in_flight: int
+    waiting: int
+    paused: bool
+    paused_until: float | None
+    granted_total: int
+    released_total: int
+    withdrawn_total: int
+    rejected_total: int
+    peak_in_flight: int
+    peak_waiting: int
+
+
+@final
+@attrs.frozen
+class DispatcherStatistics:
+    """A snapshot of a dispatcher: one entry per limited provider."""
+
+    providers: Mapping[str, ProviderStatistics]
+    closed: bool
+
+
+class _State(enum.Enum):
+    NEW = "new"
+    WAITING = "waiting"
+    HOLDING = "holding"
+    ABANDONED = "abandoned"
+    DONE = "done"
+
+
+_NEW: Final = _State.NEW
+_WAITING: Final = _State.WAITING
+_HOLDING: Final = _State.HOLDING
+_ABANDONED: Final = _State.ABANDONED
+_DONE: Final = _State.DONE
+
+
+@final
+class Slot:
+    """One request for a provider slot: ``async with dispatcher.slot(...)``.
+
+    Entering waits for the provider's scheduler to grant a slot (oldest
+    ``started_at`` first); leaving gives it back, on success, error,
+    cancellation or ``SlotHoldTimeout`` alike. If entering raises, nothing
+    is held. A slot is entered once.
+
+    Attributes:
+        provider: The provider asked for.
+        conversation_id: Who asked, for traces and statistics.
+        started_at: The request's priority: when its turn began.
+        ticket: The scheduler's ticket, once entered (``None`` if the
+            provider is unlimited).
+        granted_at: When the slot was granted (trio clock), once entered.
+    """
+
+    __slots__ = (
+        "_actor",
+        "_dispatcher",
+        "_error",
+        "_hold",
+        "_max_hold",
+        "_state",
+        "_task",
+        "conversation_id",
+        "granted_at",
+        "provider",
+        "started_at",
+        "ticket",
+    )
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        provider: str,
+        conversation_id: str | None,
+        started_at: float,
+        max_hold: float | None,
+    ) -> None:
+        self._dispatcher = dispatcher
+        self.provider = provider
+        self.conversation_id = conversation_id
+        self.started_at = started_at
+        self._max_hold = max_hold
+        self._state = _NEW
+        self._actor: SchedulerActor | None = None
+        self._task: trio.lowlevel.Task | None = None
+        self._error: DispatchError | None = None
+        self._hold: contextlib.AbstractContextManager[None] | None = None
+        self.ticket: Ticket | None = None
+        self.granted_at: float | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<Slot provider={self.provider!r} conversation_id={self.conversation_id!r}"
+            f" started_at={self.started_at} state={self._state.value}>"
+        )
+
+    @property
+    def held(self) -> bool:
+        """Whether this request holds its slot now."""
+        return self._state is _HOLDING
+
+    async def __aenter__(self) -> Self:
+        if self._state is not _NEW:
+            raise RuntimeError("a slot can be entered only once")
+        dispatcher = self._dispatcher
+        if dispatcher._closed:
+            self._state = _DONE
+            raise DispatcherClosed("the dispatcher is closed")
+        actor = dispatcher._actors.get(self.provider)
+        if actor is None or self.provider not in dispatcher._limits:
+            # Unlimited: take nothing, but still checkpoint like any acquire.
+            await trio.lowlevel.checkpoint()
+            self._state = _HOLDING
+            self.granted_at = trio.current_time()
+            return self
+        await trio.lowlevel.checkpoint_if_cancelled()
+        ticket = actor.ticket(self.started_at)
+        try:
+            actor.send(Acquire(ticket, self, self.conversation_id))
+        except trio.ClosedResourceError:
+            self._state = _DONE
+            raise DispatcherClosed("the dispatcher is closed") from None
+        self._actor = actor
+        self.ticket = ticket
+        self._task = trio.lowlevel.current_task()
+        self._state = _WAITING
+        await trio.lowlevel.wait_task_rescheduled(self._abort)
+        self._task = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        if self._max_hold is not None:
+            assert self.granted_at is not None
+            hold = _hold_timer(self.granted_at + self._max_hold, self._max_hold)
+            hold.__enter__()
+            self._hold = hold
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        try:
+            if self._hold is not None:
+                hold, self._hold = self._hold, None
+                return hold.__exit__(exc_type, exc, tb)
+            return None
+        finally:
+            self._give_back()
+
+    def _give_back(self) -> None:
+        if self._state is not _HOLDING:
+            return
+        self._state = _DONE
+        if self._actor is not None:
+            with contextlib.suppress(trio.ClosedResourceError):
+                # Closed: the scheduler is gone, so there is nothing to give back to.
+                self._actor.send(Release(self.ticket))  # type: ignore[arg-type]  # set with _actor
+
+    # Reply, called by the scheduler actor's task.
+
+    def grant(self, grant: Grant) -> None:
+        """Take the granted slot and wake the waiting task."""
+        if self._state is _WAITING:
+            self._state = _HOLDING
+            self.granted_at = grant.granted_at
+            assert self._task is not None
+            trio.lowlevel.reschedule(self._task)
+
+    def fail(self, error: DispatchError) -> None:
+        """Wake the waiting task with ``error``; it holds nothing."""
+        if self._state is _WAITING:
+            self._state = _DONE
+            self._error = error
+            assert self._task is not None
+            trio.lowlevel.reschedule(self._task)
+
+    def _abort(self, _raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+        # The waiting task is being cancelled: give up our place. A grant
+        # already on its way is ignored by grant() and released by Cancel.
+        self._state = _ABANDONED
+        self._task = None
+        with contextlib.suppress(trio.ClosedResourceError):
+            # Closed: the scheduler is gone and holds nothing for us.
+            self._actor.send(Cancel(self.ticket))  # type: ignore[union-attr, arg-type]  # set before parking
+        return trio.lowlevel.Abort.SUCCEEDED
+
+
+@contextlib.contextmanager
+def _hold_timer(deadline: float, max_hold: float) -> Iterator[None]:
+    with trio.CancelScope(deadline=deadline) as scope:
+        yield
+    if scope.cancelled_caught:
+        raise SlotHoldTimeout(f"slot held longer than max_hold={max_hold} seconds")
+
+
+_UNSET: Any = object()
+
+
+@final
+class Dispatcher:
+    """Per-provider concurrency limits, granted oldest turn first.
+
+    Made by ``open_dispatcher``; valid inside its ``async with`` block. Each
+    limited provider has its own scheduler actor; a provider without a limit
+    is unlimited.
+    """
+
+    __slots__ = (
+        "_actors",
+        "_closed",
+        "_default_pause",
+        "_limits",
+        "_max_hold",
+        "_max_waiting",
+        "_nursery",
+    )
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        *,
+        default_pause: float,
+        max_hold: float | None,
+        max_waiting: int | None,
+    ) -> None:
+        self._nursery = nursery
+        self._default_pause = default_pause
+        self._max_hold = max_hold
+        self._max_waiting = max_waiting
+        self._actors: dict[str, SchedulerActor] = {}
+        self._limits: dict[str, int] = {}
+        self._closed = False
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<Dispatcher {state} limits={self._limits!r}>"
+
+    @property
+    def closed(self) -> bool:
+        """Whether the dispatcher has shut down."""
+        return self._closed
+
+    def slot(
+        self,
+        provider: str,
+        *,
+        conversation_id: str | None = None,
+        started_at: float | None = None,
+        max_hold: float | None = _UNSET,
+    ) -> Slot:
+        """A slot of ``provider``, to hold with ``async with``.
+
+        Args:
+            provider: The provider's name; if it has no limit, the slot is
+                granted at once and counts nowhere.
+            conversation_id: Who asks, for statistics and traces.
+            started_at: The request's priority on the trio clock: when its
+                turn began. Earlier goes first; ties go in arrival order.
+                Defaults to now.
+            max_hold: Seconds the slot may be held before the body is
+                cancelled and ``SlotHoldTimeout`` raised; defaults to the
+                dispatcher's ``max_hold``. ``None`` for no bound.
+
+        Raises:
+            DispatcherClosed: On entering, if the dispatcher has closed or
+                closes while waiting.
+            QueueFull: On entering, if ``max_waiting`` requests already wait.
+        """
+        check_provider(provider)
+        if conversation_id is not None and not isinstance(conversation_id, str):
+            raise TypeError(
+                f"conversation_id must be a string or None, got {conversation_id!r}"
+            )
+        if started_at is None:
+            started_at = trio.current_time()
+        else:
+            started_at = check_instant(started_at, "started_at")
+        if max_hold is _UNSET:
+            max_hold = self._max_hold
+        else:
+            max_hold = check_optional_seconds(max_hold, "max_hold", positive=True)
+        return Slot(self, provider, conversation_id, started_at, max_hold)
+
+    def set_limit(self, provider: str, limit: int) -> None:
+        """Limit ``provider`` to ``limit`` concurrent slots, now.
+
+        A higher limit grants waiting requests at once; a lower one lets the
+        current holders finish and grants nothing until fewer than ``limit``
+        hold a slot.
+        """
+        check_provider(provider)
+        check_limit(limit)
+        self._check_open()
+        actor = self._actors.get(provider)
+        if actor is None:
+            actor = SchedulerActor(
+                provider, SlotPolicy(limit, max_waiting=self._max_waiting)
+            )
+            self._actors[provider] = actor
+            self._nursery.start_soon(
+                actor.run, name=f"trio_dispatch scheduler {provider!r}"
+            )
+        else:
+            actor.send(SetLimit(limit))
+        self._limits[provider] = limit
+
+    def remove_limit(self, provider: str) -> None:
+        """Lift the limit of ``provider``: waiters go through, later calls are free.
+
+        Slots held now are still given back to its scheduler, so a limit set
+        again later counts them.
+        """
+        check_provider(provider)
+        self._check_open()
+        if self._limits.pop(provider, None) is not None:
+            self._actors[provider].send(SetLimit(None))
+
+    def limits(self) -> dict[str, int]:
+        """The configured limits, provider by provider (a copy)."""
+        return dict(self._limits)
+
+    def report_rate_limit(
+        self, provider: str, retry_after: float | None = None
+    ) -> None:
+        """Pause grants for ``provider`` after it answered 429, 529 or similar.
+
+        Holders are not touched; nothing is granted until ``retry_after``
+        seconds (or the dispatcher's ``default_pause``) have passed. A later
+        report can only extend the pause. Ignored for an unlimited provider
+        and after the dispatcher has closed, since nothing waits there.
+        """
+        check_provider(provider)
+        seconds = check_optional_seconds(retry_after, "retry_after")
+        if self._closed or provider not in self._limits:
+            return
+        if seconds is None:
+            seconds = self._default_pause
+        self._actors[provider].send(Pause(trio.current_time() + seconds))
+
+    def statistics(self) -> DispatcherStatistics:
+        """A snapshot of every limited provider.
+
+        Each scheduler reports the state after the messages it has handled;
+        a message sent a moment ago (``set_limit``, a release) shows once the
+        scheduler has run, which is within the same scheduling round.
+        """
+        providers: dict[str, ProviderStatistics] = {}
+        for provider, actor in self._actors.items():
+            stats = actor.policy.statistics()
+            if stats.limit is None:
+                continue
+            providers[provider] = ProviderStatistics(
+                provider=provider,
+                limit=stats.limit,
+                in_flight=stats.in_flight,
+                waiting=stats.waiting,
+                paused=stats.paused_until is not None,
+                paused_until=stats.paused_until,
+                granted_total=stats.granted_total,
+                released_total=stats.released_total,
+                withdrawn_total=stats.withdrawn_total,
+                rejected_total=stats.rejected_total,
+                peak_in_flight=stats.peak_in_flight,
+                peak_waiting=stats.peak_waiting,
+            )
+        return DispatcherStatistics(providers=providers, closed=self._closed)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise DispatcherClosed("the dispatcher is closed")
+
+    def _close(self) -> None:
+        self._closed = True
+        for actor in self._actors.values():
+            actor.close()
+        self._nursery.cancel_scope.cancel()
+
+
+def open_dispatcher(
+    limits: Mapping[str, int] | None = None,
+    *,
+    default_pause: float = 30.0,
+    max_hold: float | None = None,
+    max_waiting: int | None = None,
+) -> contextlib.AbstractAsyncContextManager[Dispatcher]:
+    """Run a dispatcher for the duration of an ``async with`` block.
+
+    Arguments are checked here, at the call, before anything starts.
+
+    Args:
+        limits: Provider name to its concurrency limit (a positive int).
+            Providers not named are unlimited until ``set_limit``.
+        default_pause: Seconds a rate-limit report pauses a provider when it
+            names no ``retry_after``.
+        max_hold: Seconds a slot may be held before its body is cancelled
+            and ``SlotHoldTimeout`` raised; ``None`` for no bound.
+        max_waiting: At most this many requests wait per provider; one more
+            gets ``QueueFull`` at once. ``None`` for no bound.
+
+    When the block ends, the schedulers stop: every request still waiting,
+    wherever its task lives, and every later ``slot`` gets
+    ``DispatcherClosed``. Slots held outside the block stay usable; giving
+    them back does nothing. An exception from the block comes out as itself.
+    """
+    checked = check_limits(limits)
+    pause = check_seconds(default_pause, "default_pause")
+    hold = check_optional_seconds(max_hold, "max_hold", positive=True)
+    waiting = check_max_waiting(max_waiting)
+    return _run_dispatcher(checked, pause, hold, waiting)
+
+
+@asynccontextmanager
+async def _run_dispatcher(
+    limits: dict[str, int],
+    default_pause: float,
+    max_hold: float | None,
+    max_waiting: int | None,
+) -> AsyncIterator[Dispatcher]:
+    body_error: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            dispatcher = Dispatcher(
+                nursery,
+                default_pause=default_pause,
+                max_hold=max_hold,
+                max_waiting=max_waiting,
+            )
+            for provider, limit in limits.items():
+                dispatcher.set_limit(provider, limit)
+            try:
+                yield dispatcher
+            except BaseException as exc:
+                body_error = exc
+                raise
+            finally:
+                dispatcher._close()
+    except BaseExceptionGroup as group:
+        # The schedulers never raise, so a group holding only the body's
+        # exception is the nursery's wrapping: let the exception out as itself.
+        if body_error is None or group.exceptions != (body_error,):
+            raise
+        context = body_error.__context__
+        try:
+            raise body_error
+        finally:
+            body_error.__context__ = context
+            del body_error, context

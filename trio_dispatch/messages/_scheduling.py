@@ -1,0 +1,103 @@
+"""The scheduling protocol between requesters and a provider's scheduler.
+
+A requester sends ``Acquire`` with a fresh ``Ticket`` and a ``Reply`` to
+answer on; the scheduler answers exactly once, through the reply, with a
+``Grant`` or an error. The requester then sends ``Release`` when it is done
+with the slot, or ``Cancel`` if it stopped waiting. ``SetLimit`` and
+``Pause`` come from the dispatcher. All of them travel over one FIFO memory
+channel per scheduler, so a ``Cancel`` can never overtake its ``Acquire``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple, Protocol, final
+
+import attrs
+
+if TYPE_CHECKING:
+    from .._exceptions import DispatchError
+
+
+@final
+class Ticket(NamedTuple):
+    """The identity and priority of one request for a slot.
+
+    Tickets order by ``started_at`` (when the request's turn began), then by
+    ``seq`` (the order the scheduler received them), so earlier turns go
+    first and ties are first come, first served. A ``NamedTuple`` rather than
+    an attrs class because the scheduler keeps waiting tickets in a heap, and
+    tuples compare in C.
+    """
+
+    started_at: float
+    seq: int
+
+
+@final
+@attrs.frozen
+class Grant:
+    """The scheduler's answer to an ``Acquire``: the slot is yours."""
+
+    ticket: Ticket
+    granted_at: float
+
+
+class Reply(Protocol):
+    """Where the scheduler sends its one answer to an ``Acquire``.
+
+    Both methods are called from the scheduler's task and must not block.
+    A reply whose requester already gave up ignores the call; the slot of a
+    grant that finds nobody is returned by the requester's ``Cancel``.
+    """
+
+    def grant(self, grant: Grant) -> None:
+        """Deliver the slot."""
+
+    def fail(self, error: DispatchError) -> None:
+        """Deliver a refusal; the requester holds nothing."""
+
+
+@final
+@attrs.frozen
+class Acquire:
+    """Ask for a slot; the answer goes to ``reply``."""
+
+    ticket: Ticket
+    reply: Reply = attrs.field(eq=False, repr=False)
+    conversation_id: str | None = None
+
+
+@final
+@attrs.frozen
+class Release:
+    """Give back the slot of a granted ticket. Idempotent."""
+
+    ticket: Ticket
+
+
+@final
+@attrs.frozen
+class Cancel:
+    """Stop waiting for a ticket; if it was already granted, release it."""
+
+    ticket: Ticket
+
+
+@final
+@attrs.frozen
+class SetLimit:
+    """Change the provider's limit; ``None`` lifts it."""
+
+    limit: int | None
+
+
+@final
+@attrs.frozen
+class Pause:
+    """Grant nothing before ``until`` (trio clock); a later pause extends it."""
+
+    until: float
+
+
+SchedulerMessage = Acquire | Release | Cancel | SetLimit | Pause
+"""Everything a scheduler actor reads from its inbox."""
