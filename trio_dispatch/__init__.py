@@ -29,3 +29,8 @@ __all__ = [
     "Ticket",
     "open_dispatcher",
 ]
+
+# Show the public names where users import them from, as httpx and trio do.
+for _name in __all__:
+    globals()[_name].__module__ = __name__
+del _name

@@ -174,8 +174,8 @@ class Slot:
             self._state = _DONE
             raise DispatcherClosed("the dispatcher is closed")
         actor = dispatcher._actors.get(self.provider)
-        if actor is None or self.provider not in dispatcher._limits:
-            # Unlimited: take nothing, but still checkpoint like any acquire.
+        if actor is None:
+            # Never limited: take nothing, but checkpoint like any acquire.
             await trio.lowlevel.checkpoint()
             self._state = _HOLDING
             self.granted_at = trio.current_time()
@@ -375,10 +375,11 @@ class Dispatcher:
         self._limits[provider] = limit
 
     def remove_limit(self, provider: str) -> None:
-        """Lift the limit of ``provider``: waiters go through, later calls are free.
+        """Lift the limit of ``provider``: waiters go through, nobody waits.
 
-        Slots held now are still given back to its scheduler, so a limit set
-        again later counts them.
+        Its scheduler keeps counting the slots in use (granting every request
+        at once), so a limit set again later counts every holder and the
+        provider never sees more than the new limit once they finish.
         """
         check_provider(provider)
         self._check_open()
@@ -505,9 +506,11 @@ async def _run_dispatcher(
             finally:
                 dispatcher._close()
     except BaseExceptionGroup as group:
-        # The schedulers never raise, so a group holding only the body's
-        # exception is the nursery's wrapping: let the exception out as itself.
-        if body_error is None or group.exceptions != (body_error,):
+        # The schedulers never raise, so a group of one after the body raised
+        # is the nursery's wrapping of the body's exception (trio may have
+        # rebuilt a group the body raised, so identity is no test): let the
+        # exception out as itself.
+        if body_error is None or len(group.exceptions) != 1:
             raise
         context = body_error.__context__
         try:

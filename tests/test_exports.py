@@ -1,0 +1,34 @@
+"""The public surface: every public name is exported, and only once."""
+
+from __future__ import annotations
+
+import importlib
+import types
+
+import pytest
+
+import trio_dispatch
+
+PACKAGES = ["trio_dispatch", "trio_dispatch.actors", "trio_dispatch.messages"]
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_all_is_sorted_and_complete(name: str) -> None:
+    module = importlib.import_module(name)
+    exported = list(module.__all__)
+    assert exported == sorted(exported)
+    public = {
+        attribute
+        for attribute, value in vars(module).items()
+        if not attribute.startswith("_") and not isinstance(value, types.ModuleType)
+    }
+    assert public == set(exported)
+
+
+def test_top_level_members_say_where_to_import_them_from() -> None:
+    for attribute in trio_dispatch.__all__:
+        assert getattr(trio_dispatch, attribute).__module__ == "trio_dispatch"
+
+
+def test_version_is_a_string() -> None:
+    assert isinstance(trio_dispatch.__version__, str)

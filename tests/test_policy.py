@@ -1,0 +1,378 @@
+"""The pure policy core: unit tests and a state machine against a model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    invariant,
+    rule,
+)
+
+from trio_dispatch import QueueFull, SlotPolicy, Ticket
+
+
+def t(started_at: float, seq: int) -> Ticket:
+    return Ticket(started_at, seq)
+
+
+def test_grants_at_once_while_slots_are_free() -> None:
+    policy = SlotPolicy(2)
+    assert policy.acquire(t(5, 0)) == [t(5, 0)]
+    assert policy.acquire(t(9, 1)) == [t(9, 1)]
+    assert policy.acquire(t(1, 2)) == []
+    assert (policy.in_flight, policy.waiting) == (2, 1)
+
+
+def test_grants_go_to_the_oldest_turn_then_first_come() -> None:
+    policy = SlotPolicy(1)
+    policy.acquire(t(0, 0))
+    for ticket in [t(7, 1), t(3, 2), t(7, 3), t(3, 4), t(1, 5)]:
+        assert policy.acquire(ticket) == []
+    order = []
+    holder = t(0, 0)
+    for _ in range(5):
+        (holder,) = policy.release(holder)
+        order.append(holder)
+    assert order == [t(1, 5), t(3, 2), t(3, 4), t(7, 1), t(7, 3)]
+
+
+def test_newcomer_never_takes_a_free_slot_while_anyone_waits() -> None:
+    policy = SlotPolicy(1)
+    policy.acquire(t(10, 0))
+    policy.acquire(t(11, 1))
+    policy.pause(5.0)
+    # The release frees a slot that nobody may take while paused...
+    assert policy.release(t(10, 0)) == []
+    # ...and a newcomer does not take it either: it queues.
+    assert policy.acquire(t(12, 2)) == []
+    assert policy.tick(5.0) == [t(11, 1)]
+    assert policy.waiters() == [t(12, 2)]
+
+
+def test_an_older_turn_arriving_later_goes_before_younger_waiters() -> None:
+    policy = SlotPolicy(1)
+    policy.acquire(t(0, 0))
+    policy.acquire(t(11, 1))
+    policy.acquire(t(1, 2))
+    assert policy.release(t(0, 0)) == [t(1, 2)]
+
+
+def test_cancel_of_waiter_withdraws_it() -> None:
+    policy = SlotPolicy(1)
+    policy.acquire(t(0, 0))
+    policy.acquire(t(1, 1))
+    policy.acquire(t(2, 2))
+    assert policy.cancel(t(1, 1)) == []
+    assert policy.release(t(0, 0)) == [t(2, 2)]
+    assert policy.statistics().withdrawn_total == 1
+
+
+def test_cancel_of_holder_is_a_release() -> None:
+    policy = SlotPolicy(1)
+    policy.acquire(t(0, 0))
+    policy.acquire(t(1, 1))
+    assert policy.cancel(t(0, 0)) == [t(1, 1)]
+    assert policy.holders() == {t(1, 1)}
+
+
+def test_release_and_cancel_of_unknown_or_finished_do_nothing() -> None:
+    policy = SlotPolicy(1)
+    policy.acquire(t(0, 0))
+    policy.release(t(0, 0))
+    before = policy.statistics()
+    assert policy.release(t(0, 0)) == []
+    assert policy.cancel(t(0, 0)) == []
+    assert policy.cancel(t(5, 9)) == []
+    assert policy.statistics() == before
+
+
+def test_release_of_a_waiting_ticket_is_misuse() -> None:
+    policy = SlotPolicy(1)
+    policy.acquire(t(0, 0))
+    policy.acquire(t(1, 1))
+    with pytest.raises(
+        RuntimeError, match=r"^ticket .* is waiting, not holding a slot$"
+    ):
+        policy.release(t(1, 1))
+    assert policy.waiters() == [t(1, 1)]
+
+
+def test_duplicate_ticket_is_refused() -> None:
+    policy = SlotPolicy(1)
+    policy.acquire(t(0, 0))
+    with pytest.raises(ValueError, match=r"^ticket .* is already known$"):
+        policy.acquire(t(0, 0))
+    assert policy.in_flight == 1
+
+
+def test_lowering_the_limit_lets_holders_finish() -> None:
+    policy = SlotPolicy(3)
+    for seq in range(5):
+        policy.acquire(t(seq, seq))
+    assert policy.set_limit(1) == []
+    assert policy.release(t(0, 0)) == []
+    assert policy.release(t(1, 1)) == []
+    assert policy.in_flight == 1
+    assert policy.release(t(2, 2)) == [t(3, 3)]
+
+
+def test_raising_the_limit_grants_at_once_in_order() -> None:
+    policy = SlotPolicy(1)
+    for seq in range(4):
+        policy.acquire(t(10 - seq, seq))
+    assert policy.set_limit(3) == [t(7, 3), t(8, 2)]
+
+
+def test_lifting_the_limit_grants_everyone_and_ignores_pauses() -> None:
+    policy = SlotPolicy(1)
+    for seq in range(3):
+        policy.acquire(t(seq, seq))
+    policy.pause(100.0)
+    assert policy.set_limit(None) == [t(1, 1), t(2, 2)]
+    assert policy.acquire(t(3, 3)) == [t(3, 3)]
+
+
+def test_pause_holds_grants_until_tick_reaches_it() -> None:
+    policy = SlotPolicy(1)
+    policy.acquire(t(0, 0))
+    policy.acquire(t(1, 1))
+    policy.pause(10.0)
+    assert policy.release(t(0, 0)) == []
+    assert policy.acquire(t(2, 2)) == []
+    assert policy.tick(9.999) == []
+    assert policy.paused_until == 10.0
+    assert policy.tick(10.0) == [t(1, 1)]
+    assert policy.paused_until is None
+
+
+def test_a_later_pause_extends_and_an_earlier_one_does_not_shorten() -> None:
+    policy = SlotPolicy(1)
+    policy.pause(10.0)
+    policy.pause(5.0)
+    assert policy.paused_until == 10.0
+    policy.pause(12.5)
+    assert policy.paused_until == 12.5
+
+
+def test_pause_refuses_nan() -> None:
+    policy = SlotPolicy(1)
+    with pytest.raises(ValueError, match=r"^until must be a number, got nan$"):
+        policy.pause(math.nan)
+    assert policy.paused_until is None
+
+
+def test_max_waiting_refuses_at_once_and_changes_nothing() -> None:
+    policy = SlotPolicy(1, max_waiting=1)
+    policy.acquire(t(0, 0))
+    policy.acquire(t(1, 1))
+    before = (policy.holders(), policy.waiters())
+    with pytest.raises(QueueFull, match=r"^1 requests already wait \(max_waiting=1\)$"):
+        policy.acquire(t(0.5, 2))
+    assert (policy.holders(), policy.waiters()) == before
+    assert policy.statistics().rejected_total == 1
+
+
+def test_max_waiting_zero_grants_free_slots_and_refuses_waiting() -> None:
+    policy = SlotPolicy(1, max_waiting=0)
+    assert policy.acquire(t(0, 0)) == [t(0, 0)]
+    with pytest.raises(QueueFull):
+        policy.acquire(t(1, 1))
+
+
+@pytest.mark.parametrize(
+    ("limit", "error", "message"),
+    [
+        (0, ValueError, "limit must be a positive integer, got 0"),
+        (-3, ValueError, "limit must be a positive integer, got -3"),
+        (1.5, TypeError, "limit must be a positive integer, got 1.5"),
+        (math.nan, TypeError, "limit must be a positive integer, got nan"),
+        (True, TypeError, "limit must be a positive integer, got True"),
+        ("4", TypeError, "limit must be a positive integer, got '4'"),
+    ],
+)
+def test_bad_limits_are_refused(
+    limit: object, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=f"^{message}$"):
+        SlotPolicy(limit)  # type: ignore[arg-type]  # the point of the test
+    policy = SlotPolicy(2)
+    with pytest.raises(error, match=f"^{message}$"):
+        policy.set_limit(limit)  # type: ignore[arg-type]  # the point of the test
+    assert policy.limit == 2
+
+
+def test_cancelled_entries_are_compacted_away() -> None:
+    policy = SlotPolicy(1)
+    policy.acquire(t(0, 0))
+    for seq in range(1, 1001):
+        policy.acquire(t(seq, seq))
+    for seq in range(1, 1000):
+        policy.cancel(t(seq, seq))
+    assert policy.waiting == 1
+    assert len(policy._heap) <= 2 * policy.waiting + 64
+    assert policy.release(t(0, 0)) == [t(1000, 1000)]
+
+
+def test_statistics_count_lifetime_events() -> None:
+    policy = SlotPolicy(2)
+    for seq in range(4):
+        policy.acquire(t(seq, seq))
+    policy.cancel(t(3, 3))
+    policy.release(t(0, 0))
+    stats = policy.statistics()
+    assert (stats.in_flight, stats.waiting) == (2, 0)
+    assert (stats.granted_total, stats.released_total, stats.withdrawn_total) == (
+        3,
+        1,
+        1,
+    )
+    assert (stats.peak_in_flight, stats.peak_waiting) == (2, 2)
+    assert (
+        repr(policy) == "<SlotPolicy limit=2 in_flight=2 waiting=0 paused_until=None>"
+    )
+
+
+class PolicyMachine(RuleBasedStateMachine):
+    """Random operations on SlotPolicy, checked against a plain model.
+
+    The model is the specification written as directly as possible: a list
+    of waiters granted by ``min`` and a set of holders.
+    """
+
+    waiting = Bundle("waiting")
+    held = Bundle("held")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.limit: int | None = 2
+        self.policy = SlotPolicy(self.limit)
+        self.seq = 0
+        self.now = 0.0
+        self.paused_until: float | None = None
+        self.model_waiting: list[Ticket] = []
+        self.model_holders: set[Ticket] = set()
+        self.ended: set[Ticket] = set()
+        self.ceiling = 0
+
+    def _model_fill(self) -> list[Ticket]:
+        grants = []
+        while self.model_waiting and self._model_may_grant():
+            ticket = min(self.model_waiting)
+            self.model_waiting.remove(ticket)
+            self.model_holders.add(ticket)
+            grants.append(ticket)
+        return grants
+
+    def _model_may_grant(self) -> bool:
+        if self.limit is None:
+            return True
+        return self.paused_until is None and len(self.model_holders) < self.limit
+
+    def _check(self, got: list[Ticket], expected: list[Ticket]) -> None:
+        assert got == expected
+        assert not set(got) & self.ended, "a finished ticket was granted again"
+
+    @rule(target=waiting, started_at=st.integers(0, 5))
+    def acquire(self, started_at: int) -> Ticket:
+        ticket = Ticket(float(started_at), self.seq)
+        self.seq += 1
+        got = self.policy.acquire(ticket)
+        if not self.model_waiting and self._model_may_grant():
+            self.model_holders.add(ticket)
+            expected = [ticket]
+        else:
+            self.model_waiting.append(ticket)
+            expected = []
+        self._check(got, expected)
+        return ticket
+
+    @rule(ticket=consumes(waiting))
+    def cancel_whoever(self, ticket: Ticket) -> None:
+        # The ticket may have been granted since it was queued: then the
+        # cancel is a release, as when a grant races a cancellation.
+        if ticket in self.model_waiting:
+            self.model_waiting.remove(ticket)
+            self.ended.add(ticket)
+            expected: list[Ticket] = []
+        elif ticket in self.model_holders:
+            self.model_holders.remove(ticket)
+            self.ended.add(ticket)
+            expected = self._model_fill()
+        else:
+            expected = []
+        self._check(self.policy.cancel(ticket), expected)
+
+    @rule(data=st.data())
+    def release_a_holder(self, data: st.DataObject) -> None:
+        if not self.model_holders:
+            return
+        ticket = data.draw(st.sampled_from(sorted(self.model_holders)))
+        self.model_holders.remove(ticket)
+        self.ended.add(ticket)
+        self._check(self.policy.release(ticket), self._model_fill())
+
+    @rule(data=st.data())
+    def release_again(self, data: st.DataObject) -> None:
+        if not self.ended:
+            return
+        ticket = data.draw(st.sampled_from(sorted(self.ended)))
+        self._check(self.policy.release(ticket), [])
+        self._check(self.policy.cancel(ticket), [])
+
+    @rule(limit=st.one_of(st.none(), st.integers(1, 4)))
+    def set_limit(self, limit: int | None) -> None:
+        self.limit = limit
+        self.ceiling = len(self.model_holders)
+        self._check(self.policy.set_limit(limit), self._model_fill())
+
+    @rule(seconds=st.integers(0, 3))
+    def pause(self, seconds: int) -> None:
+        until = self.now + seconds
+        self.policy.pause(until)
+        if self.paused_until is None or until > self.paused_until:
+            self.paused_until = until
+
+    @rule(seconds=st.integers(0, 3))
+    def advance_clock(self, seconds: int) -> None:
+        self.now += seconds
+        expected: list[Ticket] = []
+        if self.paused_until is not None and self.now >= self.paused_until:
+            self.paused_until = None
+            expected = self._model_fill()
+        self._check(self.policy.tick(self.now), expected)
+
+    @invariant()
+    def matches_the_model(self) -> None:
+        assert self.policy.holders() == self.model_holders
+        assert self.policy.waiters() == sorted(self.model_waiting)
+        assert self.policy.paused_until == self.paused_until
+
+    @invariant()
+    def invariants_hold(self) -> None:
+        policy = self.policy
+        limit = policy.limit
+        # 1: never above the limit; after a lowering, the holders above it
+        # only ever shrink until in_flight is back under the limit.
+        if limit is not None:
+            assert policy.in_flight <= max(limit, self.ceiling)
+        self.ceiling = min(self.ceiling, policy.in_flight)
+        # 2: work-conserving while not paused.
+        if policy.waiting and (limit is None or policy.paused_until is None):
+            assert limit is not None
+            assert policy.in_flight >= limit
+        # 4: every ticket is in at most one place.
+        assert not policy.holders() & set(policy.waiters())
+        assert not (policy.holders() | set(policy.waiters())) & self.ended
+
+
+PolicyMachine.TestCase.settings = settings(
+    max_examples=300, stateful_step_count=60, deadline=None
+)
+test_policy_state_machine = PolicyMachine.TestCase
