@@ -17,15 +17,19 @@ Invariants, after every call:
    cancelling an unknown or finished ticket does nothing, so a grant racing
    a cancellation never leaks.
 
-Waiting tickets live in a binary heap. A ticket cancelled while waiting is
-only forgotten by the set of waiters and skipped when it surfaces; the heap
-is rebuilt when such dead entries outnumber the living.
+Waiting tickets queue in two sorted structures: a deque for those that
+arrive in ticket order (the common case, since ``started_at`` defaults to
+now), O(1) each way, and a binary heap for the others (an older turn's
+retry); the next grant is the smaller of their heads. A ticket cancelled
+while waiting is only forgotten by the set of waiters and skipped when it
+surfaces; both are rebuilt when such dead entries outnumber the living.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from typing import TYPE_CHECKING, final
 
 import attrs
@@ -71,6 +75,7 @@ class SlotPolicy:
     """
 
     __slots__ = (
+        "_fifo",
         "_granted_total",
         "_heap",
         "_holders",
@@ -93,6 +98,10 @@ class SlotPolicy:
         self._max_waiting = max_waiting
         self._holders: set[Ticket] = set()
         self._waiting: set[Ticket] = set()
+        # Waiting tickets: those that arrived in ticket order (the common
+        # case: started_at defaults to now) queue in a sorted deque, O(1);
+        # the others (an older turn's retry) go to a heap, O(log n).
+        self._fifo: deque[Ticket] = deque()
         self._heap: list[Ticket] = []
         self._paused_until: float | None = None
         self._granted_total = 0
@@ -159,10 +168,17 @@ class SlotPolicy:
                 already do. Nothing changed.
             ValueError: The ticket is already holding or waiting.
         """
-        if ticket in self._holders or ticket in self._waiting:
+        holders = self._holders
+        waiting = self._waiting
+        if ticket in holders or ticket in waiting:
             raise ValueError(f"ticket {ticket!r} is already known")
-        if not self._waiting and self._may_grant():
-            self._grant(ticket)
+        limit = self._limit
+        if not waiting and (
+            limit is None or (self._paused_until is None and len(holders) < limit)
+        ):
+            holders.add(ticket)
+            self._granted_total += 1
+            self._peak_in_flight = max(self._peak_in_flight, len(holders))
             return [ticket]
         if self._max_waiting is not None and len(self._waiting) >= self._max_waiting:
             self._rejected_total += 1
@@ -171,7 +187,11 @@ class SlotPolicy:
                 f" (max_waiting={self._max_waiting})"
             )
         self._waiting.add(ticket)
-        heapq.heappush(self._heap, ticket)
+        fifo = self._fifo
+        if not fifo or ticket > fifo[-1]:
+            fifo.append(ticket)
+        else:
+            heapq.heappush(self._heap, ticket)
         self._peak_waiting = max(self._peak_waiting, len(self._waiting))
         return []
 
@@ -190,9 +210,12 @@ class SlotPolicy:
         if ticket in self._waiting:
             self._waiting.discard(ticket)
             self._withdrawn_total += 1
-            if len(self._heap) > 2 * len(self._waiting) + _COMPACT_SLACK:
-                self._heap = list(self._waiting)
-                heapq.heapify(self._heap)
+            if (
+                len(self._heap) + len(self._fifo)
+                > 2 * len(self._waiting) + _COMPACT_SLACK
+            ):
+                self._fifo = deque(sorted(self._waiting))
+                self._heap = []
             return []
         return self._release(ticket)
 
@@ -226,27 +249,43 @@ class SlotPolicy:
         return self._paused_until is None and len(self._holders) < self._limit
 
     def _grant(self, ticket: Ticket) -> None:
-        self._holders.add(ticket)
+        holders = self._holders
+        holders.add(ticket)
         self._granted_total += 1
-        self._peak_in_flight = max(self._peak_in_flight, len(self._holders))
+        self._peak_in_flight = max(self._peak_in_flight, len(holders))
 
     def _release(self, ticket: Ticket) -> list[Ticket]:
-        if ticket not in self._holders:
+        try:
+            self._holders.remove(ticket)
+        except KeyError:
             return []
-        self._holders.remove(ticket)
         self._released_total += 1
+        if not self._waiting:
+            return []
         return self._fill()
 
     def _fill(self) -> list[Ticket]:
         grants: list[Ticket] = []
         waiting = self._waiting
+        limit = self._limit
+        if not waiting or (limit is not None and self._paused_until is not None):
+            return grants
+        fifo = self._fifo
         heap = self._heap
-        while waiting and self._may_grant():
-            ticket = heapq.heappop(heap)
+        holders = self._holders
+        heappop = heapq.heappop
+        while waiting and (limit is None or len(holders) < limit):
+            if heap and (not fifo or heap[0] < fifo[0]):
+                ticket = heappop(heap)
+            else:
+                ticket = fifo.popleft()
             if ticket in waiting:
                 waiting.remove(ticket)
-                self._grant(ticket)
+                holders.add(ticket)
                 grants.append(ticket)
+        self._granted_total += len(grants)
+        self._peak_in_flight = max(self._peak_in_flight, len(holders))
         if not waiting:
+            fifo.clear()
             heap.clear()
         return grants

@@ -180,6 +180,8 @@ class Slot:
             self._state = _HOLDING
             self.granted_at = trio.current_time()
             return self
+        # An already cancelled caller sends nothing, not an Acquire and a
+        # Cancel: a grant that nobody uses would still show in statistics.
         await trio.lowlevel.checkpoint_if_cancelled()
         ticket = actor.ticket(self.started_at)
         try:
@@ -222,9 +224,13 @@ class Slot:
             return
         self._state = _DONE
         if self._actor is not None:
-            with contextlib.suppress(trio.ClosedResourceError):
-                # Closed: the scheduler is gone, so there is nothing to give back to.
+            # try/except, not contextlib.suppress: this runs once per slot,
+            # and the context manager would cost as much as the send.
+            try:
                 self._actor.send(Release(self.ticket))  # type: ignore[arg-type]  # set with _actor
+            except trio.ClosedResourceError:
+                # Closed: the scheduler is gone, so there is nothing to give back to.
+                return
 
     # Reply, called by the scheduler actor's task.
 
@@ -329,7 +335,8 @@ class Dispatcher:
                 Defaults to now.
             max_hold: Seconds the slot may be held before the body is
                 cancelled and ``SlotHoldTimeout`` raised; defaults to the
-                dispatcher's ``max_hold``. ``None`` for no bound.
+                dispatcher's ``max_hold``. ``None`` for no bound. Applies to
+                limited providers only: an unlimited slot holds nothing.
 
         Raises:
             DispatcherClosed: On entering, if the dispatcher has closed or

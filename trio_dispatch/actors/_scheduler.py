@@ -1,30 +1,29 @@
 """The scheduler actor: one trio task per limited provider.
 
 Design note. The actor owns a ``SlotPolicy`` and is the only code that
-touches it. Everything reaches it as a message on one unbounded FIFO memory
-channel, so senders never block (``send_nowait`` works in a ``finally``
-under cancellation, without shielding) and a ``Cancel`` can never overtake
-its ``Acquire``.
+touches it. Everything reaches it as a typed message in one unbounded FIFO
+``Mailbox``, so senders never block (``send`` works in a ``finally`` under
+cancellation, without shielding) and a ``Cancel`` can never overtake its
+``Acquire``.
 
-Each time it wakes, the actor drains its inbox with ``receive_nowait``
-before it parks again: under contention one wake-up handles a whole batch
-of releases and acquires, and the grants they free are delivered to each
-waiter's own ``Reply`` right away. A grant is marked in the policy the
-moment it is delivered; a grant that reaches a requester who has just given
-up is ignored by its reply, and the requester's ``Cancel``, already behind
-in the inbox, releases it. So slots never leak through that race.
+Each time it wakes, the actor takes its whole backlog before it parks
+again: under contention one wake-up handles a whole batch of releases and
+acquires, and the grants they free are delivered to each waiter's own
+``Reply`` right away. A grant is marked in the policy the moment it is
+delivered; a grant that reaches a requester who has just given up is
+ignored by its reply, and the requester's ``Cancel``, already behind in the
+inbox, releases it. So slots never leak through that race.
 
 While the provider is paused, the actor waits for its inbox with the pause's
-end as deadline, and ticks the policy whenever it wakes. When the actor
-stops, for whatever reason, it closes its inbox and fails every waiter,
+end as deadline, and ticks the policy whenever it wakes. Once its inbox is
+closed, the actor handles nothing more: it stops and fails every waiter,
 including those whose ``Acquire`` was still unread, with
-``DispatcherClosed``.
+``DispatcherClosed``. It does the same if it is cancelled.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from typing import TYPE_CHECKING, final
 
 import trio
@@ -39,6 +38,7 @@ from ..messages import (
     SetLimit,
     Ticket,
 )
+from ._mailbox import Mailbox
 
 if TYPE_CHECKING:
     from .._policy import SlotPolicy
@@ -54,12 +54,12 @@ class SchedulerActor:
     statistics; it reflects every message the actor has handled so far.
     """
 
-    __slots__ = ("_receive", "_replies", "_send", "_seq", "policy", "provider")
+    __slots__ = ("_inbox", "_replies", "_seq", "policy", "provider")
 
     def __init__(self, provider: str, policy: SlotPolicy) -> None:
         self.provider = provider
         self.policy = policy
-        self._send, self._receive = trio.open_memory_channel[SchedulerMessage](math.inf)
+        self._inbox: Mailbox[SchedulerMessage] = Mailbox()
         self._replies: dict[Ticket, Reply] = {}
         self._seq = itertools.count()
 
@@ -76,62 +76,62 @@ class SchedulerActor:
         Raises:
             trio.ClosedResourceError: The actor has stopped.
         """
-        self._send.send_nowait(message)
+        self._inbox.send_nowait(message)
 
     def close(self) -> None:
-        """Refuse further messages; the actor fails what is left when it stops."""
-        self._send.close()
+        """Refuse further messages; the actor stops and fails the waiters."""
+        self._inbox.close()
 
     async def run(self) -> None:
-        """Serve the inbox until cancelled or closed."""
-        receive = self._receive
+        """Serve the inbox until it is closed or the task is cancelled."""
+        inbox = self._inbox
         policy = self.policy
         handle = self._handle
         try:
             while True:
                 paused_until = policy.paused_until
                 if paused_until is None:
-                    message: SchedulerMessage | None = await receive.receive()
+                    await inbox.wait()
                 else:
-                    message = None
                     with trio.move_on_at(paused_until):
-                        message = await receive.receive()
+                        await inbox.wait()
+                if inbox.closed:
+                    return
                 now = trio.current_time()
-                if message is not None:
-                    handle(message, now)
-                while True:
-                    try:
-                        message = receive.receive_nowait()
-                    except trio.WouldBlock:
-                        break
+                for message in inbox.take_all():
                     handle(message, now)
                 if policy.paused_until is not None:
                     self._deliver(policy.tick(now), now)
-        except trio.EndOfChannel:
-            pass
         finally:
             self._shutdown()
 
     def _handle(self, message: SchedulerMessage, now: float) -> None:
         policy = self.policy
-        # Ordered by how often each message comes.
+        # Ordered by how often each message comes; most free nothing, so
+        # delivery is skipped when there is nothing to deliver.
         if isinstance(message, Release):
-            self._deliver(policy.release(message.ticket), now)
+            grants = policy.release(message.ticket)
         elif isinstance(message, Acquire):
             try:
                 grants = policy.acquire(message.ticket)
             except QueueFull as exc:
                 message.reply.fail(exc)
                 return
-            self._replies[message.ticket] = message.reply
-            self._deliver(grants, now)
+            if not grants:
+                self._replies[message.ticket] = message.reply
+                return
+            message.reply.grant(Grant(message.ticket, now))
+            return
         elif isinstance(message, Cancel):
             self._replies.pop(message.ticket, None)
-            self._deliver(policy.cancel(message.ticket), now)
+            grants = policy.cancel(message.ticket)
         elif isinstance(message, SetLimit):
-            self._deliver(policy.set_limit(message.limit), now)
+            grants = policy.set_limit(message.limit)
         else:
             policy.pause(message.until)
+            return
+        if grants:
+            self._deliver(grants, now)
 
     def _deliver(self, grants: list[Ticket], now: float) -> None:
         replies = self._replies
@@ -139,19 +139,14 @@ class SchedulerActor:
             replies.pop(ticket).grant(Grant(ticket, now))
 
     def _shutdown(self) -> None:
-        self._send.close()
-        while True:
-            try:
-                message = self._receive.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel):
-                break
+        self._inbox.close()
+        for message in self._inbox.take_all():
             if isinstance(message, Acquire):
                 message.reply.fail(self._closed_error())
         replies = list(self._replies.values())
         self._replies.clear()
         for reply in replies:
             reply.fail(self._closed_error())
-        self._receive.close()
 
     def _closed_error(self) -> DispatcherClosed:
         return DispatcherClosed(
