@@ -216,8 +216,19 @@ def test_cancelled_entries_are_compacted_away() -> None:
     for seq in range(1, 1000):
         policy.cancel(t(seq, seq))
     assert policy.waiting == 1
-    assert len(policy._heap) <= 2 * policy.waiting + 64
+    assert len(policy._heap) + len(policy._fifo) <= 2 * policy.waiting + 64
     assert policy.release(t(0, 0)) == [t(1000, 1000)]
+
+
+def test_out_of_order_tickets_are_compacted_away_too() -> None:
+    policy = SlotPolicy(1)
+    policy.acquire(t(5000, 0))
+    for seq in range(1, 1001):
+        policy.acquire(t(5000 - seq, seq))  # each older than the last
+    for seq in range(1, 1000):
+        policy.cancel(t(5000 - seq, seq))
+    assert len(policy._heap) + len(policy._fifo) <= 2 * policy.waiting + 64
+    assert policy.release(t(5000, 0)) == [t(4000, 1000)]
 
 
 def test_statistics_count_lifetime_events() -> None:

@@ -47,6 +47,20 @@ async def test_acquires_still_queued_at_shutdown_are_failed() -> None:
         actor.send(Release(Ticket(0, 0)))
 
 
+async def test_closing_alone_stops_the_actor_before_it_grants_anything_queued() -> None:
+    actor = SchedulerActor("p", SlotPolicy(1))
+    queued = RecordingReply()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(actor.run)
+        await trio.testing.wait_all_tasks_blocked()
+        # The Acquire wakes the actor, but the close comes before it runs.
+        actor.send(Acquire(Ticket(0, 0), queued))
+        actor.close()
+    assert queued.grants == []
+    assert [type(e) for e in queued.errors] == [DispatcherClosed]
+    assert actor.policy.statistics().granted_total == 0
+
+
 async def test_every_message_kind_reaches_the_policy(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -4,15 +4,17 @@ One small tree; catch ``DispatchError`` for anything the dispatcher itself
 refuses::
 
     DispatchError
-    ├── DispatcherClosed   the dispatcher has shut down; nothing was acquired
-    ├── QueueFull          too many requests already wait for this provider
-    └── SlotHoldTimeout    a slot was held longer than max_hold; the body was
-                           cancelled and the slot given back
+    ├── DispatcherClosed     the dispatcher has shut down; nothing was acquired
+    ├── QueueFull            too many requests already wait for this provider
+    ├── SlotHoldTimeout      a slot was held longer than max_hold; the body was
+    │                        cancelled and the slot given back
+    ├── ConversationClosed   the conversation was closed, or its actor stopped,
+    │                        before the answer
+    └── ProviderError        talking to an LLM API went wrong (the tree under it
+                             is drawn in trio_dispatch.providers)
 
 Bad arguments raise ``TypeError`` or ``ValueError`` at the call, before
 anything changes; misuse (entering a slot twice) raises ``RuntimeError``.
-Errors from the providers' wire live in ``trio_dispatch.providers`` and
-derive from ``DispatchError`` too.
 """
 
 from __future__ import annotations
@@ -46,4 +48,14 @@ class SlotHoldTimeout(DispatchError):
 
     The body of the ``async with`` was cancelled when the time ran out, and
     the slot went back to the scheduler as the body unwound.
+    """
+
+
+@final
+class ConversationClosed(DispatchError):
+    """The conversation was closed, or its actor stopped, before the answer.
+
+    Raised by ``ask`` and ``warm`` after ``Conversation.close()``, and to
+    every caller still waiting when it is called. (When the dispatcher
+    closes instead, they get ``DispatcherClosed``.)
     """

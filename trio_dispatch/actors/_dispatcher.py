@@ -36,11 +36,16 @@ from .._validation import (
     check_seconds,
 )
 from ..messages import Acquire, Cancel, Grant, Pause, Release, SetLimit, Ticket
+from ._conversation import new_conversation
 from ._scheduler import SchedulerActor
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterator, Mapping
+    from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
     from types import TracebackType
+
+    from ..providers import Provider
+    from ._conversation import Conversation
+    from ._tools import Tool
 
 
 @final
@@ -415,6 +420,74 @@ class Dispatcher:
             seconds = self._default_pause
         self._actors[provider].send(Pause(trio.current_time() + seconds))
 
+    def start_conversation(
+        self,
+        provider: Provider,
+        *,
+        conversation_id: str | None = None,
+        tools: Iterable[Tool] = (),
+        system_prompt: str | None = None,
+        max_attempts: int = 4,
+        retry_backoff: float = 0.5,
+        max_backoff: float = 8.0,
+        context_budget: int | None = None,
+        keep_recent: int = 6,
+        max_tokens: int | None = None,
+        seed: int | None = None,
+    ) -> Conversation:
+        """Start a conversation actor with ``provider`` in this dispatcher.
+
+        Every LLM call it makes takes a slot of ``provider.id`` first (see
+        ``Conversation``). The actor runs until ``Conversation.close()`` or
+        until the dispatcher closes. Arguments are checked here, at once.
+
+        Args:
+            provider: Any ``Provider`` (an ``id`` and a ``stream`` method).
+            conversation_id: Its name in statistics and traces; a fresh
+                unique one if not given.
+            tools: The ``Tool`` values the model may call (distinct names).
+            system_prompt: Sent as ``ChatRequest.system`` with every request;
+                never part of the history.
+            max_attempts: Attempts per LLM call, the first included, when it
+                fails with a retryable ``ProviderError``.
+            retry_backoff: Seconds of the first backoff; it doubles per retry.
+            max_backoff: The longest backoff, in seconds.
+            context_budget: Estimated tokens (characters / 4 of the system
+                prompt, the history and the new question) above which a turn
+                first replaces older messages with a summary the model writes
+                (one ``system`` message starting with ``SUMMARY_PREFIX``).
+                ``None`` never compacts. If the summary call fails, the turn
+                goes on without compaction.
+            keep_recent: Messages at least that compaction keeps as they are;
+                it cuts only where a user message starts, so no tool call is
+                parted from its results.
+            max_tokens: ``ChatRequest.max_tokens`` of every call, or ``None``
+                for the provider's default.
+            seed: Seeds the backoff jitter, for reproducible runs.
+
+        Raises:
+            DispatcherClosed: The dispatcher has closed.
+        """
+        conversation = new_conversation(
+            self,
+            provider,
+            conversation_id=conversation_id,
+            tools=tools,
+            system_prompt=system_prompt,
+            max_attempts=max_attempts,
+            retry_backoff=retry_backoff,
+            max_backoff=max_backoff,
+            context_budget=context_budget,
+            keep_recent=keep_recent,
+            max_tokens=max_tokens,
+            seed=seed,
+        )
+        self._check_open()
+        self._nursery.start_soon(
+            conversation._run, name=f"trio_dispatch conversation {conversation.id!r}"
+        )
+        return conversation
+
     def statistics(self) -> DispatcherStatistics:
         """A snapshot of every limited provider.
 
@@ -513,11 +586,17 @@ async def _run_dispatcher(
             finally:
                 dispatcher._close()
     except BaseExceptionGroup as group:
-        # The schedulers never raise, so a group of one after the body raised
-        # is the nursery's wrapping of the body's exception (trio may have
-        # rebuilt a group the body raised, so identity is no test): let the
-        # exception out as itself.
-        if body_error is None or len(group.exceptions) != 1:
+        # A group of one after the body raised is the nursery's wrapping of
+        # the body's exception (trio may have rebuilt a group the body
+        # raised, so identity is no test): let the exception out as itself.
+        # But a body that was cancelled may have been cancelled because an
+        # actor crashed; then the group holds the crash, which must not be
+        # lost behind the Cancelled.
+        if (
+            body_error is None
+            or isinstance(body_error, trio.Cancelled)
+            or len(group.exceptions) != 1
+        ):
             raise
         context = body_error.__context__
         try:

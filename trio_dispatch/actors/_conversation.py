@@ -1,0 +1,822 @@
+"""Conversation actors: one trio task per conversation, one turn at a time.
+
+Design note. ``Dispatcher.start_conversation`` starts a ``Conversation``'s
+actor in the dispatcher's nursery and hands back the object, which is also
+the caller's handle. The actor owns the history and the counters, and is
+the only code that changes them; callers talk to it through an unbounded
+FIFO inbox of jobs (a turn, or a warm-up), so ``ask`` never blocks to
+queue, and turns run in the order they were asked.
+
+Each job carries its own ``trio.CancelScope``. The actor runs the job
+inside it; a caller cancelled while it waits cancels that scope (a
+synchronous call, safe from any task) and leaves. A job abandoned before
+the actor reached it is skipped, so nothing is sent for it; one abandoned
+while it runs unwinds where it is: a slot still awaited is withdrawn, a
+stream is closed and its slot given back, tools are cancelled.
+
+The history changes only between awaits, in three steps, so whatever ends
+a turn (success, a provider error, a cancellation, the dispatcher
+closing), the history is one a provider accepts:
+
+1. the user's message, when the turn starts;
+2. an assistant message that calls tools together with every result, once
+   the last tool is done;
+3. the final assistant message, when the answer is complete.
+
+A failed attempt's partial output never enters it. Every LLM call of a turn,
+retries and tool-loop steps alike, asks the dispatcher for a slot with the
+turn's ``started_at``, so a turn in progress goes before turns that started
+later; the slot is held only while the answer streams, never while tools run.
+
+Errors: a ``ProviderError`` that outlives its retries, and any other
+``DispatchError`` of the dispatcher's (``QueueFull``, ``SlotHoldTimeout``),
+fails the turn and reaches the caller of ``ask``; the actor goes on with
+the next job. Anything else is a bug and stops the actor, which stops the
+dispatcher. When the actor stops, every job still queued or running fails
+with ``DispatcherClosed`` (the dispatcher closed) or ``ConversationClosed``
+(``close()`` was called, or the actor failed).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import math
+import random
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Final, Literal, final
+
+import attrs
+import trio
+
+from .._exceptions import ConversationClosed, DispatcherClosed, DispatchError
+from .._validation import check_limit, check_provider, check_seconds
+from ..messages import ChatMessage, ChatRequest, Finish, TextDelta, ToolCall, Usage
+from ..providers._errors import Overloaded, ProviderError, RateLimited
+from ..providers._limited import wrap_provider
+from ._tools import Tool, check_arguments
+
+if TYPE_CHECKING:
+    from ..providers import Provider
+    from ._dispatcher import Dispatcher
+
+__all__ = [
+    "Conversation",
+    "ConversationClosed",
+    "ConversationStatistics",
+    "TurnResult",
+]
+
+SUMMARY_PREFIX: Final = "Summary of the conversation so far:\n\n"
+"""How the summary message that replaces compacted messages begins."""
+
+_SUMMARY_REQUEST: Final = (
+    "Summarise the conversation so far for your own later use: the user's "
+    "goals, the facts and decisions established, tool results that still "
+    "matter, and what remains open. Reply with the summary only, in plain "
+    "text, and do not call any tool."
+)
+_WARM_UP_TEXT: Final = "Hello."
+_NO_USAGE: Final = Usage(input_tokens=0, output_tokens=0)
+_MAX_EXPONENT: Final = 62  # 2.0**62 seconds: far past any max_backoff
+
+
+@final
+@attrs.frozen
+class TurnResult:
+    """How one turn of a conversation went.
+
+    Attributes:
+        text: The final answer's text (text the model wrote before calling
+            tools stays in the history, not here).
+        llm_calls: LLM requests the turn sent: tool-loop steps, retries and
+            a compaction's summary call included.
+        tool_calls: Tool calls the model made, refused ones included.
+        retries: LLM requests sent again after a retryable error.
+        usage: The tokens of every successful LLM call of the turn, summed.
+        started_at: When the turn started (trio clock): the priority of all
+            its LLM calls.
+        finished_at: When the answer was complete (trio clock).
+        finish_reason: Why the model ended its answer (``"stop"``,
+            ``"length"`` when it ran out of ``max_tokens``...), or ``None``
+            if the provider did not say.
+    """
+
+    text: str
+    llm_calls: int
+    tool_calls: int
+    retries: int
+    usage: Usage
+    started_at: float
+    finished_at: float
+    finish_reason: str | None
+
+
+@final
+@attrs.frozen
+class ConversationStatistics:
+    """A snapshot of one conversation's counters.
+
+    Attributes:
+        conversation_id: The conversation's id.
+        turns_completed: Turns answered.
+        turns_failed: Turns that ended with an error.
+        turns_cancelled: Turns whose caller gave up after they started.
+        llm_calls: LLM requests sent, retries, summaries and warm-ups included.
+        retries: LLM requests sent again after a retryable error.
+        tool_calls: Tool calls the model made.
+        compactions: Times older messages were replaced by a summary.
+        compactions_failed: Summary calls that failed (the turn went on).
+        warmups: Warm-up requests answered.
+        usage: The tokens of every successful LLM call, summed.
+        queued: Jobs (turns, warm-ups) waiting in the inbox, counting those
+            whose caller gave up until the actor reaches and skips them.
+        running: Whether a job is running now.
+        history_length: Messages in the history.
+        closed: Whether the conversation has stopped.
+    """
+
+    conversation_id: str
+    turns_completed: int
+    turns_failed: int
+    turns_cancelled: int
+    llm_calls: int
+    retries: int
+    tool_calls: int
+    compactions: int
+    compactions_failed: int
+    warmups: int
+    usage: Usage
+    queued: int
+    running: bool
+    history_length: int
+    closed: bool
+
+
+def _add(total: Usage, usage: Usage | None) -> Usage:
+    if usage is None:
+        return total
+    return Usage(
+        input_tokens=total.input_tokens + usage.input_tokens,
+        output_tokens=total.output_tokens + usage.output_tokens,
+        cache_read_tokens=total.cache_read_tokens + usage.cache_read_tokens,
+        cache_write_tokens=total.cache_write_tokens + usage.cache_write_tokens,
+    )
+
+
+@attrs.define(eq=False)
+class _Job:
+    """One queued request to the actor: a turn (``text``) or a warm-up."""
+
+    text: str | None
+    scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    done: trio.Event = attrs.Factory(trio.Event)
+    result: TurnResult | Usage | None = None
+    error: BaseException | None = None
+
+    def finish(self, result: TurnResult | Usage | None) -> None:
+        self.result = result
+        self.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done.set()
+
+
+@attrs.define
+class _Counters:
+    """One job's share of the counters."""
+
+    llm_calls: int = 0
+    retries: int = 0
+    tool_calls: int = 0
+    usage: Usage = _NO_USAGE
+
+
+@attrs.frozen
+class _Reply:
+    """One complete answer of the model."""
+
+    text: str
+    tool_calls: tuple[ToolCall, ...]
+    usage: Usage | None
+    finish: str | None
+
+
+_Stop = Literal["closed", "dispatcher", "failed"]
+
+
+@final
+class Conversation:
+    """A conversation with one provider, run by its own actor.
+
+    Made by ``Dispatcher.start_conversation``; it lives until ``close()``
+    or until the dispatcher closes. Ask with ``ask``; questions asked while
+    a turn runs wait their turn, in order.
+
+    The system prompt is sent as ``ChatRequest.system`` with every request
+    and is not part of ``history``. The history holds ``user``,
+    ``assistant`` and ``tool`` messages, and, after a compaction, one
+    ``system`` message with the summary of what it replaced (see
+    ``Dispatcher.start_conversation``).
+    """
+
+    __slots__ = (
+        "_compactions",
+        "_compactions_failed",
+        "_context_budget",
+        "_current",
+        "_dispatcher",
+        "_history",
+        "_keep_recent",
+        "_llm_calls",
+        "_max_attempts",
+        "_max_backoff",
+        "_max_tokens",
+        "_provider",
+        "_receive",
+        "_retries",
+        "_retry_backoff",
+        "_rng",
+        "_scope",
+        "_send",
+        "_specs",
+        "_stop",
+        "_system_prompt",
+        "_task",
+        "_tool_calls",
+        "_tools",
+        "_turns_cancelled",
+        "_turns_completed",
+        "_turns_failed",
+        "_usage",
+        "_warmups",
+        "id",
+    )
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        provider: Provider,
+        *,
+        conversation_id: str,
+        tools: tuple[Tool, ...],
+        system_prompt: str | None,
+        max_attempts: int,
+        retry_backoff: float,
+        max_backoff: float,
+        context_budget: int | None,
+        keep_recent: int,
+        max_tokens: int | None,
+        seed: int | None,
+    ) -> None:
+        self.id = conversation_id
+        self._dispatcher = dispatcher
+        self._provider = provider
+        self._tools = {tool.name: tool for tool in tools}
+        self._specs = tuple(tool.spec() for tool in tools)
+        self._system_prompt = system_prompt
+        self._max_attempts = max_attempts
+        self._retry_backoff = retry_backoff
+        self._max_backoff = max_backoff
+        self._context_budget = context_budget
+        self._keep_recent = keep_recent
+        self._max_tokens = max_tokens
+        self._rng = random.Random(seed)
+        self._send, self._receive = trio.open_memory_channel[_Job](math.inf)
+        self._scope = trio.CancelScope()
+        self._history: list[ChatMessage] = []
+        self._current: _Job | None = None
+        self._task: trio.lowlevel.Task | None = None
+        self._stop: _Stop | None = None
+        self._turns_completed = 0
+        self._turns_failed = 0
+        self._turns_cancelled = 0
+        self._llm_calls = 0
+        self._retries = 0
+        self._tool_calls = 0
+        self._compactions = 0
+        self._compactions_failed = 0
+        self._warmups = 0
+        self._usage = _NO_USAGE
+
+    def __repr__(self) -> str:
+        state = "closed" if self._stop is not None else "open"
+        return (
+            f"<Conversation {self.id!r} {state} provider={self._provider.id!r}"
+            f" messages={len(self._history)}>"
+        )
+
+    # -- the caller's side ---------------------------------------------------
+
+    @property
+    def history(self) -> tuple[ChatMessage, ...]:
+        """The messages so far, oldest first (the system prompt is not one)."""
+        return tuple(self._history)
+
+    @property
+    def closed(self) -> bool:
+        """Whether the conversation has stopped taking questions."""
+        return self._stop is not None
+
+    async def ask(self, text: str) -> TurnResult:
+        """Ask ``text`` and wait for the answer, running tools as the model asks.
+
+        The question waits behind any turn already queued. Cancelling the
+        caller cancels its turn: one still queued never starts and sends
+        nothing; one running is unwound (see the module notes), and the
+        history keeps only what was complete.
+
+        Raises:
+            ProviderError: The provider failed and retries did not help
+                (or the error was not retryable). The history keeps the
+                question and whatever completed before the failure; the
+                conversation stays usable.
+            QueueFull: The dispatcher refused to queue one more request.
+            SlotHoldTimeout: A slot was held past the dispatcher's
+                ``max_hold``.
+            DispatcherClosed: The dispatcher has closed, or did meanwhile.
+            ConversationClosed: ``close()`` was called, before or meanwhile.
+            RuntimeError: Called from inside the conversation's own actor
+                (from a tool), which would wait for itself forever.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a string, got {text!r}")
+        result = await self._submit(_Job(text))
+        assert isinstance(result, TurnResult)
+        return result
+
+    async def warm(self) -> Usage:
+        """Prime the provider's prompt cache with this conversation's prefix.
+
+        Sends the system prompt, the tools and the history as they are
+        (a short stand-in question if the history is empty, since the APIs
+        refuse an empty one) asking for at most one token, through the
+        dispatcher like any call (its priority is the time it is sent) and
+        in order with the turns. The answer is dropped: the history does not
+        change. Retried like a turn's calls; raises like ``ask``.
+
+        Returns:
+            The tokens the provider reported for it (cache writes and reads
+            included); all zero if it reported none.
+        """
+        result = await self._submit(_Job(None))
+        assert isinstance(result, Usage)
+        return result
+
+    def close(self) -> None:
+        """Stop the conversation now; idempotent.
+
+        The running job is cancelled (its caller gets ``ConversationClosed``;
+        the history keeps only what was complete), queued jobs fail with
+        ``ConversationClosed``, and so does every later ``ask``.
+        """
+        if self._stop is None:
+            self._stop = "closed"
+        self._scope.cancel()
+
+    def statistics(self) -> ConversationStatistics:
+        """A snapshot of the conversation's counters."""
+        return ConversationStatistics(
+            conversation_id=self.id,
+            turns_completed=self._turns_completed,
+            turns_failed=self._turns_failed,
+            turns_cancelled=self._turns_cancelled,
+            llm_calls=self._llm_calls,
+            retries=self._retries,
+            tool_calls=self._tool_calls,
+            compactions=self._compactions,
+            compactions_failed=self._compactions_failed,
+            warmups=self._warmups,
+            usage=self._usage,
+            queued=self._send.statistics().current_buffer_used,
+            running=self._current is not None,
+            history_length=len(self._history),
+            closed=self._stop is not None,
+        )
+
+    async def _submit(self, job: _Job) -> TurnResult | Usage | None:
+        if self._inside_actor():
+            raise RuntimeError("a conversation cannot wait for itself (from a tool)")
+        if self._stop is None and self._dispatcher.closed:
+            raise DispatcherClosed("the dispatcher is closed")
+        if self._stop is not None:
+            raise self._closed_error()
+        try:
+            self._send.send_nowait(job)
+        except trio.ClosedResourceError:  # pragma: no cover (_stop is set first)
+            raise self._closed_error() from None
+        try:
+            await job.done.wait()
+        except BaseException:
+            # Cancelled while waiting: give the job up. The actor skips it if
+            # it has not started, or unwinds it; either way nobody waits.
+            job.scope.cancel()
+            raise
+        error, job.error = job.error, None
+        if error is not None:
+            try:
+                raise error
+            finally:
+                del error
+        return job.result
+
+    def _inside_actor(self) -> bool:
+        """Whether the current task is the actor or one of its tools."""
+        task: trio.lowlevel.Task | None = trio.lowlevel.current_task()
+        while task is not None:
+            if task is self._task:
+                return True
+            nursery = task.parent_nursery
+            task = None if nursery is None else nursery.parent_task
+        return False
+
+    def _closed_error(self) -> DispatchError:
+        if self._stop == "dispatcher":
+            return DispatcherClosed("the dispatcher is closed")
+        if self._stop == "failed":
+            return ConversationClosed(
+                f"conversation {self.id!r} stopped: its actor failed"
+            )
+        return ConversationClosed(f"conversation {self.id!r} is closed")
+
+    # -- the actor -----------------------------------------------------------
+
+    async def _run(self) -> None:
+        """The actor's task: serve the inbox until closed or cancelled."""
+        self._task = trio.lowlevel.current_task()
+        try:
+            with self._scope:
+                await self._serve()
+        except BaseException as exc:
+            if self._stop is None:
+                cancelled = isinstance(exc, trio.Cancelled)
+                self._stop = "dispatcher" if cancelled else "failed"
+            raise
+        finally:
+            if (
+                self._stop is None
+            ):  # pragma: no cover (close() sets it before it cancels)
+                self._stop = "closed"
+            self._shut_down()
+
+    async def _serve(self) -> None:
+        async for job in self._receive:
+            if job.scope.cancel_called:
+                continue  # abandoned while queued: it never starts
+            self._current = job
+            result: TurnResult | Usage | None = None
+            try:
+                with job.scope:
+                    if job.text is None:
+                        result = await self._warm()
+                    else:
+                        result = await self._turn(job.text)
+            except DispatchError as error:
+                self._current = None
+                if job.text is not None:
+                    self._turns_failed += 1
+                job.fail(error)
+                continue
+            # Anything else that escaped the job stops the actor, and
+            # _shut_down fails the job it finds in _current.
+            self._current = None
+            if result is None and job.text is not None:
+                self._turns_cancelled += 1  # the caller gave up: job.scope caught it
+            job.finish(result)
+
+    def _shut_down(self) -> None:
+        # Runs in the actor's finally: no awaits, so nothing slips in between.
+        self._send.close()
+        pending = [] if self._current is None else [self._current]
+        self._current = None
+        while True:
+            try:
+                pending.append(self._receive.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+        self._receive.close()
+        for job in pending:
+            if not job.done.is_set():
+                job.fail(self._closed_error())
+
+    async def _turn(self, text: str) -> TurnResult:
+        started_at = trio.current_time()
+        counters = _Counters()
+        question = ChatMessage("user", text)
+        await self._compact_if_needed(question, counters)
+        self._history.append(question)
+        provider = wrap_provider(
+            self._provider,
+            self._dispatcher,
+            conversation_id=self.id,
+            started_at=started_at,
+        )
+        while True:
+            request = ChatRequest(
+                messages=self._history,
+                tools=self._specs,
+                max_tokens=self._max_tokens,
+                system=self._system_prompt,
+            )
+            reply = await self._call(provider, request, counters)
+            answer = ChatMessage("assistant", reply.text, tool_calls=reply.tool_calls)
+            if not reply.tool_calls:
+                self._history.append(answer)
+                self._turns_completed += 1
+                return TurnResult(
+                    text=reply.text,
+                    llm_calls=counters.llm_calls,
+                    tool_calls=counters.tool_calls,
+                    retries=counters.retries,
+                    usage=counters.usage,
+                    started_at=started_at,
+                    finished_at=trio.current_time(),
+                    finish_reason=reply.finish,
+                )
+            counters.tool_calls += len(reply.tool_calls)
+            self._tool_calls += len(reply.tool_calls)
+            results = await self._run_tools(reply.tool_calls)
+            # Together, after the last tool: a call never lacks its result.
+            self._history.append(answer)
+            self._history.extend(results)
+
+    async def _warm(self) -> Usage:
+        messages = self._history or [ChatMessage("user", _WARM_UP_TEXT)]
+        request = ChatRequest(
+            messages=messages,
+            tools=self._specs,
+            max_tokens=1,
+            system=self._system_prompt,
+        )
+        provider = wrap_provider(
+            self._provider,
+            self._dispatcher,
+            conversation_id=self.id,
+            started_at=trio.current_time(),
+        )
+        reply = await self._call(provider, request, _Counters())
+        self._warmups += 1
+        return _NO_USAGE if reply.usage is None else reply.usage
+
+    # -- LLM calls -----------------------------------------------------------
+
+    async def _call(
+        self, provider: Provider, request: ChatRequest, counters: _Counters
+    ) -> _Reply:
+        """One LLM call, sent again after a retryable error, with backoff."""
+        attempt = 1
+        while True:
+            counters.llm_calls += 1
+            self._llm_calls += 1
+            try:
+                reply = await _stream(provider, request)
+            except ProviderError as error:
+                if not error.retryable or attempt >= self._max_attempts:
+                    raise
+                delay = self._backoff(attempt, error)
+            else:
+                counters.usage = _add(counters.usage, reply.usage)
+                self._usage = _add(self._usage, reply.usage)
+                return reply
+            counters.retries += 1
+            self._retries += 1
+            attempt += 1
+            await trio.sleep(delay)
+
+    def _backoff(self, attempt: int, error: ProviderError) -> float:
+        """Seconds to wait before attempt ``attempt + 1``: exponential, jittered.
+
+        The ceiling doubles from ``retry_backoff`` up to ``max_backoff``, and
+        the wait is drawn between half the ceiling and the ceiling. A
+        ``Retry-After`` is honoured by the dispatcher's pause, which the next
+        attempt's slot waits for, not here; only an unlimited provider,
+        which nothing pauses, waits for it here.
+        """
+        exponent = min(attempt - 1, _MAX_EXPONENT)
+        ceiling = min(self._max_backoff, self._retry_backoff * 2.0**exponent)
+        delay = self._rng.uniform(ceiling / 2, ceiling)
+        if (
+            isinstance(error, RateLimited | Overloaded)
+            and error.retry_after is not None
+            and self._provider.id not in self._dispatcher.limits()
+        ):
+            delay = max(delay, error.retry_after)
+        return delay
+
+    # -- tools ---------------------------------------------------------------
+
+    async def _run_tools(self, calls: tuple[ToolCall, ...]) -> list[ChatMessage]:
+        """Run every call at once; their results, in the order of the calls."""
+        results = [""] * len(calls)
+
+        async def run(index: int, call: ToolCall) -> None:
+            results[index] = await self._run_tool(call)
+
+        async with trio.open_nursery() as nursery:
+            for index, call in enumerate(calls):
+                nursery.start_soon(run, index, call, name=f"tool {call.name!r}")
+        return [
+            ChatMessage("tool", result, tool_call_id=call.id)
+            for call, result in zip(calls, results, strict=True)
+        ]
+
+    async def _run_tool(self, call: ToolCall) -> str:
+        tool = self._tools.get(call.name)
+        refusal = _refusal(call, tool, self._tools)
+        if refusal is not None or tool is None:
+            await trio.lowlevel.checkpoint()
+            return f"error: {refusal}"
+        try:
+            # A copy: the call's own dict is part of the history.
+            output: object = await tool.run(copy.deepcopy(call.arguments))
+        except (
+            Exception
+        ) as exc:  # the model reads a tool's failure; Cancelled is no Exception
+            return f"error: {exc}" if str(exc) else f"error: {type(exc).__name__}"
+        if not isinstance(output, str):
+            return f"error: tool {call.name!r} returned {type(output).__name__}, not a string"
+        return output
+
+    # -- compaction ----------------------------------------------------------
+
+    async def _compact_if_needed(
+        self, question: ChatMessage, counters: _Counters
+    ) -> None:
+        if self._context_budget is None:
+            return
+        chars = len(self._system_prompt or "") + _size(question)
+        chars += sum(_size(message) for message in self._history)
+        if chars / 4 <= self._context_budget:
+            return
+        cut = self._compaction_cut()
+        if cut is None:
+            return
+        older = self._history[:cut]
+        request = ChatRequest(
+            messages=[*older, ChatMessage("user", _SUMMARY_REQUEST)],
+            tools=self._specs,
+            max_tokens=self._max_tokens,
+            system=self._system_prompt,
+        )
+        provider = wrap_provider(
+            self._provider,
+            self._dispatcher,
+            conversation_id=self.id,
+            started_at=trio.current_time(),
+        )
+        try:
+            reply = await self._call(provider, request, counters)
+        except ProviderError:
+            self._compactions_failed += 1
+            return  # the turn goes on with the whole history
+        summary = reply.text.strip()
+        if not summary:
+            self._compactions_failed += 1
+            return
+        self._history[:cut] = [ChatMessage("system", SUMMARY_PREFIX + summary)]
+        self._compactions += 1
+
+    def _compaction_cut(self) -> int | None:
+        """Where older messages end: a user message, at least ``keep_recent`` back.
+
+        ``None`` when that leaves nothing worth summarising (nothing, or only
+        the previous summary).
+        """
+        history = self._history
+        for cut in range(len(history) - self._keep_recent, 0, -1):
+            if cut == len(history) or history[cut].role == "user":
+                break
+        else:
+            return None
+        if cut == 1 and history[0].role == "system":
+            return None
+        return cut
+
+
+async def _stream(provider: Provider, request: ChatRequest) -> _Reply:
+    """Send ``request`` and collect the whole answer; the slot is held only here."""
+    text: list[str] = []
+    calls: list[ToolCall] = []
+    usage: Usage | None = None
+    finish: str | None = None
+    async with provider.stream(request) as events:
+        async for event in events:
+            if isinstance(event, TextDelta):
+                text.append(event.text)
+            elif isinstance(event, ToolCall):
+                calls.append(event)
+            elif isinstance(event, Usage):
+                usage = event
+            elif isinstance(event, Finish):
+                finish = event.reason
+    return _Reply("".join(text), tuple(calls), usage, finish)
+
+
+def _refusal(call: ToolCall, tool: Tool | None, tools: dict[str, Tool]) -> str | None:
+    """Why ``call`` cannot run, for the model; ``None`` if it can."""
+    if tool is None:
+        known = ", ".join(repr(name) for name in tools) or "none"
+        return f"unknown tool {call.name!r} (the tools are: {known})"
+    if call.arguments_error is not None:
+        return call.arguments_error
+    problem = check_arguments(call.arguments, tool.parameters)
+    if problem is not None:
+        return f"invalid arguments for {call.name!r}: {problem}"
+    return None
+
+
+def _size(message: ChatMessage) -> int:
+    """A message's size in characters, for the context estimate."""
+    size = len(message.content)
+    for call in message.tool_calls:
+        size += len(call.name) + len(call.raw_arguments or json.dumps(call.arguments))
+    return size
+
+
+# -- construction, for Dispatcher.start_conversation ------------------------
+
+_ids = itertools.count(1)
+
+
+def new_conversation(
+    dispatcher: Dispatcher,
+    provider: Provider,
+    *,
+    conversation_id: str | None,
+    tools: Iterable[Tool],
+    system_prompt: str | None,
+    max_attempts: int,
+    retry_backoff: float,
+    max_backoff: float,
+    context_budget: int | None,
+    keep_recent: int,
+    max_tokens: int | None,
+    seed: int | None,
+) -> Conversation:
+    """A ``Conversation`` with every argument checked; its actor not started.
+
+    The annotations say what callers should pass; the checks assume nothing.
+    """
+    if not hasattr(provider, "id") or not callable(getattr(provider, "stream", None)):
+        raise TypeError(
+            f"provider must have an id and a stream method, got {provider!r}"
+        )
+    check_provider(provider.id)
+    if conversation_id is None:
+        conversation_id = f"conversation-{uuid.uuid4().hex[:12]}-{next(_ids)}"
+    elif not isinstance(conversation_id, str) or not conversation_id:
+        raise ValueError(
+            f"conversation_id must be a non-empty string, got {conversation_id!r}"
+        )
+    checked_tools = _check_tools(tools)
+    if system_prompt is not None and not isinstance(system_prompt, str):
+        raise TypeError(
+            f"system_prompt must be a string or None, got {system_prompt!r}"
+        )
+    check_limit(max_attempts, "max_attempts")
+    backoff = check_seconds(retry_backoff, "retry_backoff")
+    ceiling = check_seconds(max_backoff, "max_backoff")
+    if context_budget is not None:
+        check_limit(context_budget, "context_budget")
+    if (
+        isinstance(keep_recent, bool)
+        or not isinstance(keep_recent, int)
+        or keep_recent < 0
+    ):
+        raise ValueError(
+            f"keep_recent must be a non-negative integer, got {keep_recent!r}"
+        )
+    if max_tokens is not None:
+        check_limit(max_tokens, "max_tokens")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"seed must be an integer or None, got {seed!r}")
+    return Conversation(
+        dispatcher,
+        provider,
+        conversation_id=conversation_id,
+        tools=checked_tools,
+        system_prompt=system_prompt,
+        max_attempts=max_attempts,
+        retry_backoff=backoff,
+        max_backoff=ceiling,
+        context_budget=context_budget,
+        keep_recent=keep_recent,
+        max_tokens=max_tokens,
+        seed=seed,
+    )
+
+
+def _check_tools(tools: object) -> tuple[Tool, ...]:
+    if isinstance(tools, Tool | str | Mapping) or not isinstance(tools, Iterable):
+        raise TypeError(f"tools must be an iterable of Tool values, got {tools!r}")
+    checked: list[Tool] = []
+    for tool in tools:
+        if not isinstance(tool, Tool):
+            raise TypeError(f"tools must hold Tool values, got {tool!r}")
+        if any(tool.name == other.name for other in checked):
+            raise ValueError(f"duplicate tool name {tool.name!r}")
+        checked.append(tool)
+    return tuple(checked)

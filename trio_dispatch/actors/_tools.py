@@ -1,0 +1,198 @@
+"""Tools a conversation offers its model, and the check of their arguments.
+
+A ``Tool`` is a value: a name, a description, a JSON schema for its
+arguments and an async function that runs it. The conversation checks the
+arguments the model wrote against the schema before it runs the tool, with
+``check_arguments``: a small validator for the part of JSON Schema that tool
+definitions use in practice::
+
+    type                  "string", "number", "integer", "boolean",
+                          "object", "array", "null", or a list of these
+    enum                  the value must equal one of these
+    properties            a schema per key of an object
+    required              keys an object must have
+    additionalProperties  false: no keys beyond ``properties``
+                          (a schema: every other key must match it)
+    items                 a schema every element of an array must match
+
+Anything else in a schema (``description``, ``format``, ``minimum``,
+``$ref``...) is ignored, so a call it lets through may still be refused by
+the tool itself; the tool's own error then goes back to the model.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final, final
+
+import attrs
+
+from .._converter import json_kind
+from ..messages import ToolSpec
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+__all__ = ["Tool", "check_arguments"]
+
+# What OpenAI and Anthropic both accept as a tool's name.
+_NAME: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_TYPES: Final = frozenset(
+    {"string", "number", "integer", "boolean", "object", "array", "null"}
+)
+
+
+def _check_name(_tool: object, _attribute: object, value: Any) -> None:  # noqa: ANN401 (a validator checks anything)
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise ValueError(
+            f"tool name must be 1 to 64 letters, digits, '_' or '-', got {value!r}"
+        )
+
+
+def _check_description(_tool: object, _attribute: object, value: Any) -> None:  # noqa: ANN401 (a validator checks anything)
+    if not isinstance(value, str):
+        raise TypeError(f"tool description must be a string, got {value!r}")
+
+
+def _check_parameters(_tool: object, _attribute: object, value: Any) -> None:  # noqa: ANN401 (a validator checks anything)
+    if not isinstance(value, dict):
+        raise TypeError(f"tool parameters must be a JSON schema dict, got {value!r}")
+    if value.get("type", "object") != "object":
+        raise ValueError(
+            f"tool parameters must be an object schema, got type {value['type']!r}"
+        )
+
+
+def _check_run(_tool: object, _attribute: object, value: Any) -> None:  # noqa: ANN401 (a validator checks anything)
+    if not callable(value):
+        raise TypeError(f"tool run must be an async callable, got {value!r}")
+
+
+@final
+@attrs.frozen
+class Tool:
+    """A tool the model may call during a conversation's turns.
+
+    Example::
+
+        async def weather(arguments: dict[str, Any]) -> str:
+            return f"sunny in {arguments['city']}"
+
+        tool = Tool(
+            name="weather",
+            description="Today's weather in a city.",
+            parameters={
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+            run=weather,
+        )
+
+    Attributes:
+        name: The name the model calls it by (1 to 64 letters, digits,
+            ``_`` or ``-``, as both OpenAI and Anthropic require).
+        description: What it does, for the model.
+        parameters: A JSON schema for its arguments, an ``"object"`` schema.
+            The conversation checks the model's arguments against it (see
+            ``check_arguments``) before calling ``run``.
+        run: An async function taking the arguments (a ``dict``) and
+            returning the result text for the model. An exception it raises
+            goes back to the model as an error result; it does not end the
+            turn.
+    """
+
+    name: str = attrs.field(validator=_check_name)
+    description: str = attrs.field(validator=_check_description)
+    parameters: dict[str, Any] = attrs.field(validator=_check_parameters)
+    run: Callable[[dict[str, Any]], Awaitable[str]] = attrs.field(
+        validator=_check_run, repr=False
+    )
+
+    def spec(self) -> ToolSpec:
+        """The tool as a ``ChatRequest`` declares it to the model."""
+        return ToolSpec(self.name, self.description, self.parameters)
+
+
+def check_arguments(arguments: object, schema: Mapping[str, Any]) -> str | None:
+    """Why ``arguments`` do not match ``schema``, or ``None`` if they do.
+
+    Checks the subset of JSON Schema described in the module notes and
+    reports the first mismatch with its path, such as
+    ``$.city: expected string, got number``.
+    """
+    return _check(arguments, schema, "$")
+
+
+def _check(value: object, schema: object, path: str) -> str | None:  # noqa: PLR0911, PLR0912 (one branch per keyword reads best)
+    if not isinstance(schema, Mapping):
+        return None  # true, {} and anything unknown accept everything
+    expected = schema.get("type")
+    if expected is not None:
+        kinds = [expected] if isinstance(expected, str) else list(expected)
+        if not any(_is_kind(value, kind) for kind in kinds):
+            wanted = " or ".join(str(kind) for kind in kinds)
+            return f"{path}: expected {wanted}, got {json_kind(value)}"
+    enum = schema.get("enum")
+    if isinstance(enum, list) and not any(_same(value, option) for option in enum):
+        options = ", ".join(_show(option) for option in enum)
+        return f"{path}: expected one of {options}, got {_show(value)}"
+    if isinstance(value, Mapping):
+        properties = schema.get("properties")
+        properties = properties if isinstance(properties, Mapping) else {}
+        required = schema.get("required")
+        for key in required if isinstance(required, list) else ():
+            if key not in value:
+                return f"{path}: missing required property {key!r}"
+        extra = schema.get("additionalProperties", True)
+        for key, item in value.items():
+            where = f"{path}.{key}"
+            if key in properties:
+                problem = _check(item, properties[key], where)
+            elif extra is False:
+                return f"{path}: unexpected property {key!r}"
+            else:
+                problem = _check(item, extra, where)
+            if problem is not None:
+                return problem
+    elif isinstance(value, list):
+        items = schema.get("items")
+        for index, item in enumerate(value):
+            problem = _check(item, items, f"{path}[{index}]")
+            if problem is not None:
+                return problem
+    return None
+
+
+def _is_kind(value: object, kind: object) -> bool:  # noqa: PLR0911 (one line per JSON type)
+    if kind not in _TYPES:
+        return True  # a type this validator does not know: not ours to refuse
+    if kind == "null":
+        return value is None
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "integer":
+        if isinstance(value, float):
+            return math.isfinite(value) and value.is_integer()
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "array":
+        return isinstance(value, list)
+    return isinstance(value, Mapping)
+
+
+def _same(value: object, option: object) -> bool:
+    # JSON equality: true is not 1, and 1 is 1.0.
+    if isinstance(value, bool) or isinstance(option, bool):
+        return isinstance(value, bool) and isinstance(option, bool) and value == option
+    return value == option
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

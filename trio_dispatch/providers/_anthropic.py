@@ -1,0 +1,465 @@
+"""Anthropic's Messages API, streamed.
+
+The wire format, as Anthropic documents it: ``POST {base_url}/v1/messages``
+with ``"stream": true`` answers with named server-sent events::
+
+    message_start         message.usage: input_tokens, output_tokens,
+                          cache_creation_input_tokens, cache_read_input_tokens
+    content_block_start   index, content_block: text | thinking | tool_use (id, name)
+    content_block_delta   index, delta: text_delta (text), thinking_delta
+                          (thinking), input_json_delta (partial_json),
+                          signature_delta (ignored)
+    content_block_stop    index
+    message_delta         delta.stop_reason, usage.output_tokens (cumulative)
+    message_stop          the terminator
+    ping                  keep-alive
+    error                 error: {type: overloaded_error, ..., message}
+
+Unknown event types are ignored: the documentation says new ones may be
+added. ``_AnthropicDecoder`` yields text and thinking as they come, a
+``ToolCall`` at its block's ``content_block_stop`` (its JSON input
+accumulated from ``input_json_delta``), ``Finish`` at the ``message_delta``
+with the stop reason, and ``Usage`` at ``message_stop``. A stream that ends
+before ``message_stop`` was cut short: ``StreamInterrupted``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, TypeVar, final
+
+import attrs
+
+from ..messages import Finish, ReasoningDelta, TextDelta, Usage
+from ._errors import MalformedStream, StreamInterrupted
+from ._sse import (
+    EventStream,
+    _ProviderBase,
+    error_for_type,
+    make_tool_call,
+    parse_json_data,
+    structure_event,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import httpx
+    from httpx_sse import ServerSentEvent
+
+    from ..messages import ChatRequest, StreamEvent
+    from ._base import RateLimitReporter
+
+
+_T = TypeVar("_T")
+
+
+# -- the wire, as attrs values (extra fields are ignored) --------------------
+
+
+@attrs.frozen
+class _Usage:
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cache_creation_input_tokens: int | None = None
+    cache_read_input_tokens: int | None = None
+
+
+@attrs.frozen
+class _Message:
+    usage: _Usage | None = None
+
+
+@attrs.frozen
+class _MessageStart:
+    message: _Message
+
+
+@attrs.frozen
+class _ContentBlock:
+    type: str
+    id: str | None = None
+    name: str | None = None
+    text: str | None = None
+    thinking: str | None = None
+
+
+@attrs.frozen
+class _ContentBlockStart:
+    index: int
+    content_block: _ContentBlock
+
+
+@attrs.frozen
+class _BlockDelta:
+    type: str
+    text: str | None = None
+    thinking: str | None = None
+    partial_json: str | None = None
+
+
+@attrs.frozen
+class _ContentBlockDelta:
+    index: int
+    delta: _BlockDelta
+
+
+@attrs.frozen
+class _ContentBlockStop:
+    index: int
+
+
+@attrs.frozen
+class _MessageDeltaBody:
+    stop_reason: str | None = None
+
+
+@attrs.frozen
+class _MessageDelta:
+    delta: _MessageDeltaBody
+    usage: _Usage | None = None
+
+
+@attrs.frozen
+class _ErrorBody:
+    type: str
+    message: str = ""
+
+
+@attrs.frozen
+class _Error:
+    error: _ErrorBody
+
+
+_STOP_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "tool_calls",
+    "max_tokens": "length",
+}
+
+# Which field of a delta carries its payload; other delta types (the
+# thinking block's signature_delta, citations) carry nothing we yield.
+_DELTA_FIELDS = {
+    "text_delta": "text",
+    "thinking_delta": "thinking",
+    "input_json_delta": "partial_json",
+}
+
+
+@attrs.define
+class _Block:
+    type: str
+    id: str = ""
+    name: str = ""
+    json_parts: list[str] = attrs.Factory(list)
+
+
+class _AnthropicDecoder:
+    """Messages stream events in, stream events out; see the module notes."""
+
+    def __init__(self, provider: str) -> None:
+        self._provider = provider
+        self._blocks: dict[int, _Block] = {}
+        self._input = 0
+        self._output = 0
+        self._cache_read = 0
+        self._cache_write = 0
+        self._saw_usage = False
+        self._finished = False
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def feed(self, event: ServerSentEvent) -> list[StreamEvent]:
+        if not event.data.strip():
+            return []
+        payload = parse_json_data(self._provider, event)
+        if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
+            raise self._malformed(f"an event has no type: {event.data[:80]!r}")
+        kind = payload["type"]
+        if kind == "error":
+            error = self._structure(payload, _Error).error
+            raise error_for_type(self._provider, error.type, error.message)
+        handlers: dict[str, Callable[[dict[str, Any]], list[StreamEvent]]] = {
+            "message_start": self._on_message_start,
+            "content_block_start": self._on_block_start,
+            "content_block_delta": self._on_block_delta,
+            "content_block_stop": self._on_block_stop,
+            "message_delta": self._on_message_delta,
+            "message_stop": self._on_message_stop,
+        }
+        handler = handlers.get(kind)
+        if handler is None:
+            return []  # ping, and event types added after this was written
+        return handler(payload)
+
+    def end_of_stream(self) -> list[StreamEvent]:
+        if not self._done:
+            raise StreamInterrupted(
+                f"{self._provider}: the stream ended without message_stop",
+                provider=self._provider,
+            )
+        return []
+
+    def _structure(self, payload: dict[str, Any], cls: type[_T]) -> _T:
+        return structure_event(
+            self._provider, payload, cls, f"a {payload['type']} event"
+        )
+
+    def _malformed(self, problem: str) -> MalformedStream:
+        return MalformedStream(f"{self._provider}: {problem}", provider=self._provider)
+
+    def _on_message_start(self, payload: dict[str, Any]) -> list[StreamEvent]:
+        self._on_usage(self._structure(payload, _MessageStart).message.usage)
+        return []
+
+    def _on_usage(self, usage: _Usage | None) -> None:
+        # message_delta's counts are cumulative, so the last one seen wins.
+        if usage is None:
+            return
+        self._saw_usage = True
+        if usage.input_tokens is not None:
+            self._input = usage.input_tokens
+        if usage.output_tokens is not None:
+            self._output = usage.output_tokens
+        if usage.cache_read_input_tokens is not None:
+            self._cache_read = usage.cache_read_input_tokens
+        if usage.cache_creation_input_tokens is not None:
+            self._cache_write = usage.cache_creation_input_tokens
+
+    def _on_block_start(self, payload: dict[str, Any]) -> list[StreamEvent]:
+        start = self._structure(payload, _ContentBlockStart)
+        if start.index in self._blocks:
+            raise self._malformed(f"content block {start.index} started twice")
+        content = start.content_block
+        block = _Block(content.type)
+        self._blocks[start.index] = block
+        if content.type == "tool_use":
+            if not content.id or not content.name:
+                raise self._malformed(
+                    f"tool_use block {start.index} arrived without its id and name"
+                )
+            block.id, block.name = content.id, content.name
+        elif content.type == "text" and content.text:
+            return [TextDelta(content.text)]
+        elif content.type == "thinking" and content.thinking:
+            return [ReasoningDelta(content.thinking)]
+        return []
+
+    def _on_block_delta(self, payload: dict[str, Any]) -> list[StreamEvent]:
+        delta_event = self._structure(payload, _ContentBlockDelta)
+        block = self._blocks.get(delta_event.index)
+        if block is None:
+            raise self._malformed(
+                f"a content_block_delta for block {delta_event.index}, "
+                "which never started"
+            )
+        delta = delta_event.delta
+        field = _DELTA_FIELDS.get(delta.type)
+        if field is None:
+            return []
+        value = getattr(delta, field)
+        if value is None:
+            raise self._malformed(
+                f"a {delta.type} without {field} (block {delta_event.index})"
+            )
+        if delta.type == "input_json_delta":
+            block.json_parts.append(value)
+            return []
+        if not value:
+            return []
+        if delta.type == "text_delta":
+            return [TextDelta(value)]
+        return [ReasoningDelta(value)]
+
+    def _on_block_stop(self, payload: dict[str, Any]) -> list[StreamEvent]:
+        stop = self._structure(payload, _ContentBlockStop)
+        block = self._blocks.get(stop.index)
+        if block is None:
+            raise self._malformed(
+                f"a content_block_stop for block {stop.index}, which never started"
+            )
+        if block.type != "tool_use":
+            return []
+        return [make_tool_call(block.id, block.name, "".join(block.json_parts))]
+
+    def _on_message_delta(self, payload: dict[str, Any]) -> list[StreamEvent]:
+        message_delta = self._structure(payload, _MessageDelta)
+        self._on_usage(message_delta.usage)
+        reason = message_delta.delta.stop_reason
+        if reason is None or self._finished:
+            return []
+        self._finished = True
+        return [Finish(_STOP_REASONS.get(reason, reason))]
+
+    def _on_message_stop(self, _payload: dict[str, Any]) -> list[StreamEvent]:
+        self._done = True
+        if not self._finished:
+            raise self._malformed("message_stop arrived before any stop_reason")
+        if not self._saw_usage:
+            return []
+        return [
+            Usage(
+                input_tokens=self._input,
+                output_tokens=self._output,
+                cache_read_tokens=self._cache_read,
+                cache_write_tokens=self._cache_write,
+            )
+        ]
+
+
+# -- the request -------------------------------------------------------------
+
+
+def request_body(model: str, max_tokens: int, request: ChatRequest) -> dict[str, Any]:
+    """The JSON body of a streaming Messages request for ``request``.
+
+    The system prompt goes top-level, joined with any system messages in
+    the history (the API has no system role). Tool results become
+    ``tool_result`` blocks of a user turn and tool calls ``tool_use``
+    blocks of the assistant's; consecutive turns of one role are merged,
+    since the API wants user and assistant to alternate.
+    """
+    system = [request.system] if request.system else []
+    messages: list[dict[str, Any]] = []
+    for message in request.messages:
+        if message.role == "system":
+            system.append(message.content)
+            continue
+        blocks: list[dict[str, Any]] = []
+        if message.role == "tool":
+            blocks.append(
+                {
+                    "type": "tool_result",
+                    "tool_use_id": message.tool_call_id,
+                    "content": message.content,
+                }
+            )
+        elif message.content:  # the API refuses empty text blocks
+            blocks.append({"type": "text", "text": message.content})
+        blocks.extend(
+            {
+                "type": "tool_use",
+                "id": call.id,
+                "name": call.name,
+                "input": call.arguments,
+            }
+            for call in message.tool_calls
+        )
+        if not blocks:
+            continue
+        role = "assistant" if message.role == "assistant" else "user"
+        if messages and messages[-1]["role"] == role:
+            messages[-1]["content"].extend(blocks)
+        else:
+            messages.append({"role": role, "content": blocks})
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": request.max_tokens or max_tokens,
+        "messages": messages,
+        "stream": True,
+    }
+    if system:
+        body["system"] = "\n\n".join(system)
+    if request.tools:
+        body["tools"] = [
+            {
+                "name": tool.name,
+                "description": tool.description,
+                "input_schema": tool.parameters,
+            }
+            for tool in request.tools
+        ]
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    return body
+
+
+@final
+class AnthropicProvider(_ProviderBase):
+    """Anthropic's Messages API, streamed over HTTP.
+
+    Use it as an async context manager, or call ``aclose()``, to close the
+    HTTP client it made; a client you lend it stays yours to close.
+
+    Args:
+        id: The provider's id, as the dispatcher knows it.
+        base_url: The API root without the version, as the official SDK
+            takes it; requests go to ``{base_url}/v1/messages``.
+        api_key: Sent as ``x-api-key``. Never shown in a repr, a log line
+            or an error message.
+        model: The model to ask for.
+        client: An ``httpx.AsyncClient`` to share; the provider makes (and
+            owns) one if not given.
+        anthropic_version: The ``anthropic-version`` header.
+        max_tokens: Sent when the request has no ``max_tokens`` (the API
+            requires one).
+        connect_timeout: Seconds to connect, or to wait for a pooled
+            connection.
+        read_timeout: Seconds to wait for any data: for the response to
+            start, and between events. A stalled stream ends as
+            ``ProviderConnectionError`` after this long.
+        on_rate_limit: Called with ``(id, retry_after)`` on a 429, 503 or
+            529 (and on a rate-limit or overloaded error in the stream),
+            before the error is raised: pass ``dispatcher.report_rate_limit``.
+    """
+
+    def __init__(
+        self,
+        id: str = "anthropic",
+        *,
+        base_url: str = "https://api.anthropic.com",
+        api_key: str,
+        model: str,
+        client: httpx.AsyncClient | None = None,
+        anthropic_version: str = "2023-06-01",
+        max_tokens: int = 4096,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 60.0,
+        on_rate_limit: RateLimitReporter | None = None,
+    ) -> None:
+        if not isinstance(anthropic_version, str) or not anthropic_version:
+            raise ValueError(
+                "anthropic_version must be a non-empty string, "
+                f"got {anthropic_version!r}"
+            )
+        if (
+            not isinstance(max_tokens, int)
+            or isinstance(max_tokens, bool)
+            or max_tokens < 1
+        ):
+            raise ValueError(
+                f"max_tokens must be a positive integer, got {max_tokens!r}"
+            )
+        self._anthropic_version = anthropic_version
+        self._max_tokens = max_tokens
+        # Last, once every argument is known good: it may make a client.
+        super().__init__(
+            id,
+            base_url=base_url,
+            api_key=api_key,
+            model=model,
+            client=client,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            on_rate_limit=on_rate_limit,
+        )
+
+    def stream(self, request: ChatRequest) -> EventStream:
+        """Stream the answer to ``request``; see ``Provider.stream``.
+
+        Nothing is sent until the returned context manager is entered.
+        """
+        headers = {
+            "x-api-key": self._api_key,
+            "anthropic-version": self._anthropic_version,
+            "content-type": "application/json",
+        }
+        return self._open(
+            f"{self.base_url}/v1/messages",
+            headers,
+            request_body(self.model, self._max_tokens, request),
+            _AnthropicDecoder(self.id),
+        )

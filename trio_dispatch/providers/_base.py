@@ -1,0 +1,56 @@
+"""What every provider offers: an id, and a stream per request.
+
+``stream(request)`` returns an async context manager, not an async
+generator: trio cannot promise a generator's cleanup runs, but a context
+manager's exit always does. So the rules are::
+
+    async with provider.stream(request) as events:   # the request is sent here
+        async for event in events:                    # mid-stream errors here
+            ...
+    # here the HTTP response is closed, however the block was left
+
+Nothing is sent before ``__aenter__``. A status error (429, 500, 401...)
+is raised from ``__aenter__``, before any event; errors once events flow
+are raised from the iterator. The response is closed on exit whatever
+happened: an error, a cancellation, or the consumer leaving early. That
+is what lets the dispatcher take a slot before the request and give it
+back after the last token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, TypeAlias
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from contextlib import AbstractAsyncContextManager
+
+    from ..messages import ChatRequest, StreamEvent
+
+RateLimitReporter: TypeAlias = Callable[[str, float | None], None]
+"""Told ``(provider id, retry_after seconds or None)`` on a 429, 529 or 503.
+
+Providers call it synchronously, before raising ``RateLimited`` or
+``Overloaded`` (also for a rate-limit or overloaded error inside a stream).
+Pass ``dispatcher.report_rate_limit`` to pause the provider's grants.
+"""
+
+
+class Provider(Protocol):
+    """An LLM API that streams answers to chat requests."""
+
+    @property
+    def id(self) -> str:
+        """The provider's id, as the dispatcher knows it (``"openai"``)."""
+        ...
+
+    def stream(
+        self, request: ChatRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[StreamEvent]]:
+        """An async context manager that sends ``request`` on entry.
+
+        It yields an async iterator of the answer's events and closes the
+        response on exit.
+        """
+        ...

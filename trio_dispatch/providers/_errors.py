@@ -1,0 +1,144 @@
+"""The errors a provider raises, translated from the wire at the boundary.
+
+Catch ``ProviderError`` for anything that went wrong talking to an LLM API,
+and read ``retryable`` to decide whether the same request may succeed if it
+is sent again::
+
+    DispatchError
+    └── ProviderError                  provider, status_code, retryable
+        ├── RateLimited                429: too many requests     retryable
+        ├── Overloaded                 529, 503: busy for everyone retryable
+        ├── ServerError                any other 5xx               retryable
+        ├── AuthenticationError        401, 403: the key           not retryable
+        ├── BadRequest                 any other 4xx               not retryable
+        ├── ProviderConnectionError    connect, read, timeout      retryable
+        ├── StreamInterrupted          ended without its end       retryable
+        └── MalformedStream            an event that makes no sense retryable
+
+``RateLimited`` and ``Overloaded`` carry ``retry_after`` (seconds, or
+``None`` when the provider did not say). A status error is raised when the
+stream is entered, before any event; everything else that goes wrong once
+events flow is raised from the iterator. Messages name the provider and say
+what happened; they never hold an API key.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, final
+
+from .._exceptions import DispatchError
+
+
+class ProviderError(DispatchError):
+    """Base class of everything that goes wrong between us and an LLM API.
+
+    Attributes:
+        provider: The id of the provider that failed.
+        status_code: The HTTP status, when the error came with one.
+        retryable: Whether sending the same request again may succeed.
+    """
+
+    retryable: ClassVar[bool] = False
+
+    def __init__(
+        self, message: str, *, provider: str, status_code: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.status_code = status_code
+
+
+@final
+class RateLimited(ProviderError):
+    """HTTP 429, or a rate-limit error inside the stream.
+
+    Attributes:
+        retry_after: Seconds the provider asked us to wait, or ``None``.
+    """
+
+    retryable: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str,
+        status_code: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message, provider=provider, status_code=status_code)
+        self.retry_after = retry_after
+
+
+@final
+class Overloaded(ProviderError):
+    """HTTP 529 or 503, or an overloaded error inside the stream.
+
+    The provider is busy for everyone, not refusing this account.
+
+    Attributes:
+        retry_after: Seconds the provider asked us to wait, or ``None``.
+    """
+
+    retryable: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str,
+        status_code: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message, provider=provider, status_code=status_code)
+        self.retry_after = retry_after
+
+
+@final
+class ServerError(ProviderError):
+    """Any other 5xx, or a server-side error inside the stream."""
+
+    retryable: ClassVar[bool] = True
+
+
+@final
+class AuthenticationError(ProviderError):
+    """HTTP 401 or 403: the key is wrong, revoked, or not allowed this."""
+
+
+@final
+class BadRequest(ProviderError):
+    """Any other 4xx: the request itself is wrong, and will stay wrong."""
+
+
+@final
+class ProviderConnectionError(ProviderError):
+    """The connection failed, broke before the response, or went silent.
+
+    A read timeout in the middle of a stream (the server stalled) is one of
+    these too.
+    """
+
+    retryable: ClassVar[bool] = True
+
+
+@final
+class StreamInterrupted(ProviderError):
+    """The stream ended, or the connection dropped, before its terminator.
+
+    OpenAI streams end with ``data: [DONE]`` after a finish reason;
+    Anthropic streams end with ``message_stop``. Events already yielded
+    stand, but the answer is incomplete.
+    """
+
+    retryable: ClassVar[bool] = True
+
+
+@final
+class MalformedStream(ProviderError):
+    """An event was not valid JSON, or missed fields its type requires.
+
+    The message names what was wrong and where.
+    """
+
+    retryable: ClassVar[bool] = True

@@ -1,0 +1,116 @@
+"""A provider whose every stream holds a dispatcher slot.
+
+``wrap_provider`` puts the dispatcher between a conversation and a provider:
+the slot is taken before any byte is sent and given back after the last
+event, on error, on cancellation, and when the consumer leaves the block
+early, because both are async context managers and trio always runs their
+exits. A rate-limit answer (``RateLimited``, ``Overloaded``) is reported to
+the dispatcher, so the provider is paused for every conversation, not just
+the one that hit it.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, final
+
+from .._validation import check_instant
+from ._errors import Overloaded, RateLimited
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from contextlib import AbstractAsyncContextManager
+
+    from ..actors import Dispatcher
+    from ..messages import ChatRequest, StreamEvent
+    from ._base import Provider
+
+
+@final
+class LimitedProvider:
+    """A ``Provider`` whose streams each hold a slot of its dispatcher.
+
+    Attributes:
+        provider: The provider wrapped.
+        conversation_id: Who asks, for statistics and traces.
+        started_at: The priority of every stream (when the turn began), or
+            ``None`` to use the time each stream is opened.
+    """
+
+    __slots__ = ("_dispatcher", "conversation_id", "provider", "started_at")
+
+    def __init__(
+        self,
+        provider: Provider,
+        dispatcher: Dispatcher,
+        *,
+        conversation_id: str | None = None,
+        started_at: float | None = None,
+    ) -> None:
+        self.provider = provider
+        self._dispatcher = dispatcher
+        self.conversation_id = conversation_id
+        self.started_at = (
+            None if started_at is None else check_instant(started_at, "started_at")
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<LimitedProvider {self.provider!r} conversation_id="
+            f"{self.conversation_id!r} started_at={self.started_at}>"
+        )
+
+    @property
+    def id(self) -> str:
+        """The wrapped provider's id, which names its limit."""
+        return self.provider.id
+
+    def stream(
+        self, request: ChatRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[StreamEvent]]:
+        """Take a slot, then open the provider's stream; give both back on exit."""
+        return self._stream(request)
+
+    @asynccontextmanager
+    async def _stream(
+        self, request: ChatRequest
+    ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
+        dispatcher = self._dispatcher
+        async with dispatcher.slot(
+            self.provider.id,
+            conversation_id=self.conversation_id,
+            started_at=self.started_at,
+        ):
+            try:
+                async with self.provider.stream(request) as events:
+                    yield events
+            except (RateLimited, Overloaded) as exc:
+                dispatcher.report_rate_limit(self.provider.id, exc.retry_after)
+                raise
+
+
+def wrap_provider(
+    provider: Provider,
+    dispatcher: Dispatcher,
+    *,
+    conversation_id: str | None = None,
+    started_at: float | None = None,
+) -> LimitedProvider:
+    """Limit ``provider`` through ``dispatcher``.
+
+    Args:
+        provider: Any ``Provider``; its ``id`` names the limit.
+        dispatcher: The dispatcher whose slots the streams take.
+        conversation_id: Who asks, for statistics and traces.
+        started_at: When the turn began, on the trio clock: the priority
+            of every stream opened through the result. ``None`` uses the
+            time each stream is opened.
+
+    Returns:
+        A provider whose ``stream`` takes a slot before any byte is sent and
+        gives it back after the last event or however the block is left.
+        An unlimited provider passes straight through (after a checkpoint).
+    """
+    return LimitedProvider(
+        provider, dispatcher, conversation_id=conversation_id, started_at=started_at
+    )

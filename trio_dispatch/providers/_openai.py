@@ -1,0 +1,414 @@
+"""OpenAI-compatible chat completions, streamed (OpenAI, vLLM, DeepSeek...).
+
+The wire format, as OpenAI documents it: ``POST {base_url}/chat/completions``
+with ``"stream": true`` answers with server-sent events whose data is a
+``chat.completion.chunk`` (shortened here)::
+
+    data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}
+    data: {"choices":[{"index":0,"delta":{"content":"Hel"}}]}
+    data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,
+           "id":"call_1","type":"function","function":{"name":"f","arguments":""}}]}}]}
+    data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,
+           "function":{"arguments":"{\\"a\\": 1}"}}]}}]}
+    data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}
+    data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":12,
+           "prompt_tokens_details":{"cached_tokens":0}}}
+    data: [DONE]
+
+A tool call arrives in fragments keyed by ``index``: the id and name first,
+then the arguments' JSON text in pieces. The last usage chunk comes only
+with ``stream_options.include_usage`` and has no choices. Reasoning models
+served by vLLM or DeepSeek send ``delta.reasoning_content`` (or
+``delta.reasoning``). An error after the status line arrives as a chunk
+holding an ``error`` object.
+
+``_OpenAIDecoder`` turns that into stream events: text and reasoning deltas
+as they come; each ``ToolCall`` once its choice's ``finish_reason`` arrives,
+then ``Finish``, then ``Usage``; the stream ends at ``[DONE]``. A stream
+without ``[DONE]`` (or that reaches it without a finish reason) was cut
+short: ``StreamInterrupted``. Only choice 0 is read; we never ask for more.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, final
+
+import attrs
+
+from ..messages import Finish, ReasoningDelta, TextDelta, ToolCall, Usage
+from ._errors import MalformedStream, StreamInterrupted
+from ._sse import (
+    EventStream,
+    _ProviderBase,
+    error_for_status,
+    error_for_type,
+    make_tool_call,
+    parse_json_data,
+    structure_event,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import httpx
+    from httpx_sse import ServerSentEvent
+
+    from ..messages import ChatMessage, ChatRequest, StreamEvent
+    from ._base import RateLimitReporter
+
+
+# -- the wire, as attrs values (extra fields are ignored) --------------------
+
+
+@attrs.frozen
+class _FunctionDelta:
+    name: str | None = None
+    arguments: str | None = None
+
+
+@attrs.frozen
+class _ToolCallDelta:
+    index: int
+    id: str | None = None
+    function: _FunctionDelta | None = None
+
+
+@attrs.frozen
+class _Delta:
+    content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: tuple[_ToolCallDelta, ...] | None = None
+
+
+@attrs.frozen
+class _Choice:
+    index: int = 0
+    delta: _Delta | None = None
+    finish_reason: str | None = None
+
+
+@attrs.frozen
+class _PromptTokensDetails:
+    cached_tokens: int | None = None
+
+
+@attrs.frozen
+class _Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    prompt_tokens_details: _PromptTokensDetails | None = None
+
+
+@attrs.frozen
+class _Chunk:
+    choices: tuple[_Choice, ...]
+    usage: _Usage | None = None
+
+
+_FINISH_REASONS = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "content_filter": "content_filter",
+    "function_call": "tool_calls",  # the deprecated spelling
+}
+
+
+@attrs.define
+class _PartialCall:
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = attrs.Factory(list)
+
+
+class _OpenAIDecoder:
+    """Chat completion chunks in, stream events out; see the module notes."""
+
+    def __init__(self, provider: str) -> None:
+        self._provider = provider
+        self._calls: dict[int, _PartialCall] = {}
+        self._finished = False
+        self._usage: Usage | None = None
+        self._usage_sent = False
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def feed(self, event: ServerSentEvent) -> list[StreamEvent]:
+        data = event.data.strip()
+        if not data:
+            return []  # a keep-alive
+        if data == "[DONE]":
+            return self._on_done()
+        payload = parse_json_data(self._provider, event)
+        self._raise_if_error(payload, event.event)
+        chunk = structure_event(self._provider, payload, _Chunk, "a chunk")
+        events: list[StreamEvent] = []
+        for choice in chunk.choices:
+            if choice.index == 0:
+                events.extend(self._on_choice(choice))
+        if chunk.usage is not None:
+            self._usage = _usage(chunk.usage)
+        if self._finished and self._usage is not None and not self._usage_sent:
+            # Held until after Finish, and sent once: some servers repeat it.
+            events.append(self._usage)
+            self._usage_sent = True
+        return events
+
+    def end_of_stream(self) -> list[StreamEvent]:
+        if not self._done:
+            raise StreamInterrupted(
+                f"{self._provider}: the stream ended without [DONE]",
+                provider=self._provider,
+            )
+        return []
+
+    def _on_done(self) -> list[StreamEvent]:
+        self._done = True
+        if not self._finished:
+            raise StreamInterrupted(
+                f"{self._provider}: the stream reached [DONE] without a finish_reason",
+                provider=self._provider,
+            )
+        events: list[StreamEvent] = list(self._tool_calls())
+        if self._usage is not None and not self._usage_sent:
+            events.append(self._usage)
+            self._usage_sent = True
+        return events
+
+    def _on_choice(self, choice: _Choice) -> list[StreamEvent]:
+        events: list[StreamEvent] = []
+        delta = choice.delta
+        if delta is not None:
+            reasoning = (
+                delta.reasoning_content
+                if delta.reasoning_content is not None
+                else delta.reasoning
+            )
+            if reasoning:
+                events.append(ReasoningDelta(reasoning))
+            if delta.content:
+                events.append(TextDelta(delta.content))
+            for fragment in delta.tool_calls or ():
+                self._on_fragment(fragment)
+        if choice.finish_reason is not None and not self._finished:
+            self._finished = True
+            events.extend(self._tool_calls())
+            reason = _FINISH_REASONS.get(choice.finish_reason, choice.finish_reason)
+            events.append(Finish(reason))
+        return events
+
+    def _on_fragment(self, fragment: _ToolCallDelta) -> None:
+        call = self._calls.setdefault(fragment.index, _PartialCall())
+        if fragment.id:
+            call.id = fragment.id
+        if fragment.function is not None:
+            # Strings accumulate, as the official SDK does: a name could be
+            # split too, though OpenAI sends it whole.
+            call.name += fragment.function.name or ""
+            if fragment.function.arguments:
+                call.arguments.append(fragment.function.arguments)
+
+    def _tool_calls(self) -> list[ToolCall]:
+        calls: list[ToolCall] = []
+        for index in sorted(self._calls):
+            call = self._calls.pop(index)
+            for field, value in (("id", call.id), ("function name", call.name)):
+                if not value:
+                    raise MalformedStream(
+                        f"{self._provider}: tool call {index} arrived "
+                        f"without its {field}",
+                        provider=self._provider,
+                    )
+            calls.append(make_tool_call(call.id, call.name, "".join(call.arguments)))
+        return calls
+
+    def _raise_if_error(self, payload: object, event_name: str) -> None:
+        if not isinstance(payload, dict):
+            return
+        error: object = payload.get("error")
+        if error is None and payload.get("object") == "error":
+            error = payload  # vLLM's flat error object
+        if error is None and event_name == "error":
+            error = payload
+        if error is None:
+            return
+        if not isinstance(error, dict):
+            raise error_for_type(self._provider, "error", str(error))
+        message = error.get("message")
+        text = message if isinstance(message, str) else ""
+        code = error.get("code")
+        if isinstance(code, int) and not isinstance(code, bool) and code >= 400:
+            error_type = error.get("type")
+            raise error_for_status(
+                self._provider,
+                code,
+                error_type=error_type if isinstance(error_type, str) else None,
+                message=text,
+                retry_after=None,
+            )
+        kind = next(
+            (
+                value
+                for value in (error.get("type"), code)
+                if isinstance(value, str) and value
+            ),
+            "error",
+        )
+        if isinstance(code, str) and code and code != kind:
+            kind = f"{kind} ({code})"
+        raise error_for_type(self._provider, kind, text)
+
+
+def _usage(usage: _Usage) -> Usage:
+    details = usage.prompt_tokens_details
+    cached = (details.cached_tokens or 0) if details is not None else 0
+    return Usage(
+        input_tokens=max(usage.prompt_tokens - cached, 0),
+        output_tokens=usage.completion_tokens,
+        cache_read_tokens=cached,
+    )
+
+
+# -- the request -------------------------------------------------------------
+
+
+def _wire_message(message: ChatMessage) -> dict[str, Any]:
+    wire: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        wire["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {
+                    "name": call.name,
+                    # The model's own text when we have it, even if it did
+                    # not parse: the history should say what it said.
+                    "arguments": call.raw_arguments or json.dumps(call.arguments),
+                },
+            }
+            for call in message.tool_calls
+        ]
+        if not message.content:
+            wire["content"] = None
+    if message.tool_call_id is not None:
+        wire["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        wire["name"] = message.name
+    return wire
+
+
+def request_body(model: str, request: ChatRequest) -> dict[str, Any]:
+    """The JSON body of a streaming chat completion for ``request``."""
+    messages: list[dict[str, Any]] = []
+    if request.system is not None:
+        messages.append({"role": "system", "content": request.system})
+    messages.extend(_wire_message(message) for message in request.messages)
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if request.tools:
+        body["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": tool.name,
+                    "description": tool.description,
+                    "parameters": tool.parameters,
+                },
+            }
+            for tool in request.tools
+        ]
+    if request.max_tokens is not None:
+        # ``max_tokens`` rather than the newer ``max_completion_tokens``:
+        # every OpenAI-compatible server (vLLM, llama.cpp, DeepSeek) takes it.
+        body["max_tokens"] = request.max_tokens
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    return body
+
+
+@final
+class OpenAIProvider(_ProviderBase):
+    """An OpenAI-compatible chat completions API, streamed over HTTP.
+
+    Works with OpenAI itself and with servers that speak its format (vLLM,
+    DeepSeek, llama.cpp, a proxy). Use it as an async context manager, or
+    call ``aclose()``, to close the HTTP client it made; a client you lend
+    it stays yours to close.
+
+    Args:
+        id: The provider's id, as the dispatcher knows it.
+        base_url: The API root including its version, as the official SDK
+            takes it: ``https://api.openai.com/v1``. A trailing slash is
+            dropped; requests go to ``{base_url}/chat/completions``.
+        api_key: Sent as ``Authorization: Bearer ...``. Never shown in a
+            repr, a log line or an error message.
+        model: The model to ask for.
+        client: An ``httpx.AsyncClient`` to share; the provider makes (and
+            owns) one if not given.
+        connect_timeout: Seconds to connect, or to wait for a pooled
+            connection.
+        read_timeout: Seconds to wait for any data: for the response to
+            start, and between chunks. A stalled stream ends as
+            ``ProviderConnectionError`` after this long.
+        extra_headers: More headers for every request (an organisation id,
+            a proxy's routing header).
+        on_rate_limit: Called with ``(id, retry_after)`` on a 429, 503 or
+            529 (and on a rate-limit or overloaded error in the stream),
+            before the error is raised: pass ``dispatcher.report_rate_limit``.
+    """
+
+    def __init__(
+        self,
+        id: str = "openai",
+        *,
+        base_url: str,
+        api_key: str,
+        model: str,
+        client: httpx.AsyncClient | None = None,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 60.0,
+        extra_headers: Mapping[str, str] | None = None,
+        on_rate_limit: RateLimitReporter | None = None,
+    ) -> None:
+        headers = dict(extra_headers or {})
+        for name, value in headers.items():
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise TypeError("extra_headers must map header names to strings")
+        self._extra_headers = {name.lower(): value for name, value in headers.items()}
+        # Last, once every argument is known good: it may make a client.
+        super().__init__(
+            id,
+            base_url=base_url,
+            api_key=api_key,
+            model=model,
+            client=client,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            on_rate_limit=on_rate_limit,
+        )
+
+    def stream(self, request: ChatRequest) -> EventStream:
+        """Stream the answer to ``request``; see ``Provider.stream``.
+
+        Nothing is sent until the returned context manager is entered.
+        """
+        headers = {
+            **self._extra_headers,
+            "authorization": f"Bearer {self._api_key}",
+            "content-type": "application/json",
+        }
+        return self._open(
+            f"{self.base_url}/chat/completions",
+            headers,
+            request_body(self.model, request),
+            _OpenAIDecoder(self.id),
+        )

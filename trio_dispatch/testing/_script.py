@@ -1,0 +1,241 @@
+"""What the fake LLM server answers: its script, as attrs values.
+
+A ``FakeScript`` chooses one ``FakeReply`` per request: ``choose`` (a
+function of the request) first, then the ``replies`` queue in order, then
+``default``. A reply says what to stream (text, reasoning, tool calls,
+usage), how fast (``latency`` before the headers, ``time_to_first_token``,
+``tokens_per_second``) and what to break (``fault``). The same reply is
+streamed in whichever wire format the request came in.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Literal, final
+
+import attrs
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ._fake_server import FakeRequest
+
+FaultKind = Literal[
+    "rate_limit",
+    "server_error",
+    "unavailable",
+    "overloaded",
+    "disconnect",
+    "truncate",
+    "malformed",
+    "stall",
+    "stream_error",
+]
+"""What a ``Fault`` breaks; see ``Fault``."""
+
+_FAULT_KINDS = frozenset(
+    {
+        "rate_limit",
+        "server_error",
+        "unavailable",
+        "overloaded",
+        "disconnect",
+        "truncate",
+        "malformed",
+        "stall",
+        "stream_error",
+    }
+)
+
+#: The HTTP status each status fault answers with.
+FAULT_STATUS: dict[str, int] = {
+    "rate_limit": 429,
+    "server_error": 500,
+    "unavailable": 503,
+    "overloaded": 529,
+}
+
+
+def _non_negative_seconds(_instance: object, attribute: Any, value: object) -> None:  # noqa: ANN401 (attrs' Attribute is generic)
+    if value is None:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ValueError(
+            f"{attribute.name} must be a non-negative number of seconds, got {value!r}"
+        )
+
+
+def _non_negative_int(_instance: object, attribute: Any, value: object) -> None:  # noqa: ANN401 (attrs' Attribute is generic)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"{attribute.name} must be a non-negative integer, got {value!r}"
+        )
+
+
+def _fault_kind(_instance: object, _attribute: object, value: object) -> None:
+    if value not in _FAULT_KINDS:
+        kinds = ", ".join(sorted(_FAULT_KINDS))
+        raise ValueError(f"kind must be one of {kinds}, got {value!r}")
+
+
+@final
+@attrs.frozen
+class Fault:
+    """Something for the server to get wrong, on purpose.
+
+    Status faults answer at once with an error body in the request's wire
+    format (and the retry headers, when given):
+
+    * ``"rate_limit"``: 429 (``rate_limit_error`` / ``rate_limit_exceeded``);
+    * ``"server_error"``: 500;
+    * ``"unavailable"``: 503;
+    * ``"overloaded"``: 529 with Anthropic's ``overloaded_error`` body.
+
+    Stream faults start a normal 200 stream and strike after
+    ``after_events`` events (``None``: just before the terminator):
+
+    * ``"disconnect"``: the server drops the connection;
+    * ``"truncate"``: the body ends cleanly, without the terminator;
+    * ``"malformed"``: one event whose data is not valid JSON, then the
+      rest of the stream as if nothing happened;
+    * ``"stall"``: nothing more is sent, and the response never ends (the
+      client's read timeout has to fire);
+    * ``"stream_error"``: an error event of ``error_type`` (Anthropic's
+      ``event: error``, OpenAI's ``{"error": ...}`` chunk), then the end.
+
+    Attributes:
+        kind: Which fault.
+        after_events: For stream faults, how many events go out first.
+        retry_after: For status faults, ``Retry-After`` in seconds.
+        retry_after_ms: For status faults, ``retry-after-ms``.
+        error_type: For ``"stream_error"``, the error's type.
+        message: The error message, instead of the default one.
+    """
+
+    kind: FaultKind = attrs.field(validator=_fault_kind)
+    after_events: int | None = attrs.field(default=None, validator=_non_negative_int)
+    retry_after: float | None = attrs.field(
+        default=None, validator=_non_negative_seconds
+    )
+    retry_after_ms: float | None = attrs.field(
+        default=None, validator=_non_negative_seconds
+    )
+    error_type: str = "overloaded_error"
+    message: str | None = None
+
+    @property
+    def status(self) -> int | None:
+        """The HTTP status a status fault answers with; ``None`` otherwise."""
+        return FAULT_STATUS.get(self.kind)
+
+
+@final
+@attrs.frozen
+class FakeToolCall:
+    """A tool call for the fake model to make.
+
+    Attributes:
+        name: The tool's name.
+        arguments: The arguments, streamed as JSON in pieces.
+        id: The call's id; the server makes one up when ``None``.
+        raw_arguments: Argument text to send instead of ``arguments`` (for
+            testing arguments that are not valid JSON).
+    """
+
+    name: str
+    arguments: dict[str, Any] = attrs.field(factory=dict)
+    id: str | None = None
+    raw_arguments: str | None = None
+
+
+def _positive_rate(_instance: object, _attribute: object, value: float | None) -> None:
+    if value is None:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"tokens_per_second must be a positive number, got {value!r}")
+
+
+def _positive_int(_instance: object, attribute: Any, value: object) -> None:  # noqa: ANN401 (attrs' Attribute is generic)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be a positive integer, got {value!r}")
+
+
+@final
+@attrs.frozen
+class FakeReply:
+    """One scripted answer.
+
+    The text and the reasoning are streamed a word at a time (each word
+    with the whitespace before it), tool call arguments in
+    ``argument_chunks`` pieces.
+
+    Attributes:
+        text: The visible answer.
+        reasoning: Reasoning to stream before it (``reasoning_content``
+            deltas for OpenAI, a thinking block for Anthropic).
+        tool_calls: Tool calls to make after the text.
+        input_tokens: Reported uncached prompt tokens; ``None`` estimates
+            them from the request (a token per four characters).
+        output_tokens: Reported output tokens; ``None`` counts the chunks.
+        cache_read_tokens: Reported prompt tokens read from the cache.
+        cache_write_tokens: Reported prompt tokens written to the cache
+            (Anthropic reports them apart; OpenAI counts them as prompt).
+        finish: The finish reason, in the normalised vocabulary
+            (``"stop"``, ``"tool_calls"``, ``"length"``,
+            ``"content_filter"``); ``None`` picks ``"tool_calls"`` when
+            there are tool calls and ``"stop"`` otherwise.
+        latency: Seconds before the response headers.
+        time_to_first_token: Seconds between the headers and the first
+            token.
+        tokens_per_second: The pace of the tokens after the first; ``None``
+            sends them as fast as it can.
+        argument_chunks: How many pieces each tool call's arguments come in.
+        fault: What to break, if anything.
+    """
+
+    text: str = "Hello from the fake LLM server."
+    reasoning: str = ""
+    tool_calls: tuple[FakeToolCall, ...] = ()
+    input_tokens: int | None = attrs.field(default=None, validator=_non_negative_int)
+    output_tokens: int | None = attrs.field(default=None, validator=_non_negative_int)
+    cache_read_tokens: int = attrs.field(default=0, validator=_non_negative_int)
+    cache_write_tokens: int = attrs.field(default=0, validator=_non_negative_int)
+    finish: str | None = None
+    latency: float = attrs.field(default=0.0, validator=_non_negative_seconds)
+    time_to_first_token: float = attrs.field(
+        default=0.0, validator=_non_negative_seconds
+    )
+    tokens_per_second: float | None = attrs.field(
+        default=None, validator=_positive_rate
+    )
+    argument_chunks: int = attrs.field(default=3, validator=_positive_int)
+    fault: Fault | None = None
+
+
+@final
+@attrs.frozen
+class FakeScript:
+    """How the fake server picks the reply to each request.
+
+    Attributes:
+        default: The reply when nothing else decides.
+        replies: Replies used in order, one per request, before ``default``.
+        choose: Called with each ``FakeRequest``; a reply it returns wins,
+            ``None`` falls through to ``replies`` and ``default``.
+    """
+
+    default: FakeReply = FakeReply()
+    replies: tuple[FakeReply, ...] = ()
+    choose: Callable[[FakeRequest], FakeReply | None] | None = None
