@@ -15,15 +15,16 @@ import attrs
 import pytest
 import trio
 
-from trio_dispatch import DispatcherClosed, DispatchError
-from trio_dispatch.actors import Dispatcher, open_dispatcher
-from trio_dispatch.actors._conversation import (
+from trio_dispatch import ConversationClosed, DispatcherClosed, DispatchError
+from trio_dispatch.actors import (
     SUMMARY_PREFIX,
     Conversation,
-    ConversationClosed,
+    Dispatcher,
+    Tool,
     TurnResult,
+    check_arguments,
+    open_dispatcher,
 )
-from trio_dispatch.actors._tools import Tool, check_arguments
 from trio_dispatch.messages import ChatMessage, ToolSpec, Usage
 from trio_dispatch.providers import AnthropicProvider, OpenAIProvider, Provider
 from trio_dispatch.testing import (

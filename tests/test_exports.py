@@ -12,6 +12,7 @@ import trio_dispatch
 PACKAGES = [
     "trio_dispatch",
     "trio_dispatch.actors",
+    "trio_dispatch.benchmarks",
     "trio_dispatch.messages",
     "trio_dispatch.providers",
     "trio_dispatch.testing",
@@ -45,3 +46,11 @@ def test_top_level_members_say_where_to_import_them_from() -> None:
 
 def test_version_is_a_string() -> None:
     assert isinstance(trio_dispatch.__version__, str)
+
+
+def test_strategies_module_exports_what_it_defines() -> None:
+    from trio_dispatch.testing import strategies  # noqa: PLC0415 (needs hypothesis)
+
+    assert strategies.__all__ == sorted(strategies.__all__, key=isort_style)
+    for name in strategies.__all__:
+        assert hasattr(strategies, name), name

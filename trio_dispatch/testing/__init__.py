@@ -4,6 +4,12 @@
   wire formats, latency, tool calls, faults) on loopback, for tests that
   want real sockets. It needs hypercorn, from the ``testing`` extra:
   ``pip install 'trio-dispatch[testing]'``.
+- ``run_simulation`` / ``simulate`` play a seeded ``Workload`` of agent
+  turns in virtual time through the real dispatcher, under a scheduling
+  policy, and ``SimulationResult.metrics()`` sums it up.
+- ``trio_dispatch.testing.strategies`` has hypothesis strategies for
+  workloads and operation sequences (it needs hypothesis, also in the
+  ``testing`` extra).
 """
 
 from ._fake_server import FakeLLMServer as FakeLLMServer
@@ -11,13 +17,38 @@ from ._fake_server import FakeRequest as FakeRequest
 from ._fake_server import FakeServerStatistics as FakeServerStatistics
 from ._fake_server import WireFormat as WireFormat
 from ._fake_server import open_fake_llm_server as open_fake_llm_server
+from ._metrics import PolicyMetrics as PolicyMetrics
+from ._metrics import ProviderRecord as ProviderRecord
+from ._metrics import TurnRecord as TurnRecord
+from ._metrics import compute_metrics as compute_metrics
+from ._metrics import jain_index as jain_index
+from ._metrics import percentile as percentile
 from ._script import FakeReply as FakeReply
 from ._script import FakeScript as FakeScript
 from ._script import FakeToolCall as FakeToolCall
 from ._script import Fault as Fault
 from ._script import FaultKind as FaultKind
+from ._simulation import POLICIES as POLICIES
+from ._simulation import PolicyName as PolicyName
+from ._simulation import SimulationResult as SimulationResult
+from ._simulation import run_simulation as run_simulation
+from ._simulation import simulate as simulate
+from ._workloads import BURST_SPACING as BURST_SPACING
+from ._workloads import BurstArrivals as BurstArrivals
+from ._workloads import CallsPerTurn as CallsPerTurn
+from ._workloads import Duration as Duration
+from ._workloads import PoissonArrivals as PoissonArrivals
+from ._workloads import Scenario as Scenario
+from ._workloads import SimProvider as SimProvider
+from ._workloads import TurnSpec as TurnSpec
+from ._workloads import Workload as Workload
 
 __all__ = [
+    "BURST_SPACING",
+    "POLICIES",
+    "BurstArrivals",
+    "CallsPerTurn",
+    "Duration",
     "FakeLLMServer",
     "FakeReply",
     "FakeRequest",
@@ -26,6 +57,21 @@ __all__ = [
     "FakeToolCall",
     "Fault",
     "FaultKind",
+    "PoissonArrivals",
+    "PolicyMetrics",
+    "PolicyName",
+    "ProviderRecord",
+    "Scenario",
+    "SimProvider",
+    "SimulationResult",
+    "TurnRecord",
+    "TurnSpec",
     "WireFormat",
+    "Workload",
+    "compute_metrics",
+    "jain_index",
     "open_fake_llm_server",
+    "percentile",
+    "run_simulation",
+    "simulate",
 ]

@@ -1,0 +1,427 @@
+"""The demo: a fleet of agents through the dispatcher, over real HTTP.
+
+Two fake LLM servers run on loopback, one speaking OpenAI's chat
+completions and one Anthropic's Messages API. A fleet of agent
+conversations, each with tools, asks its questions through one dispatcher
+that limits each provider. The servers script multi-call tool loops, and
+now and then answer 429 with ``Retry-After``, so the provider pause shows.
+
+Each server counts the requests it is answering at once; because each
+serves one provider, its peak is the concurrency that provider really saw,
+and it never exceeds the limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from collections.abc import Mapping  # noqa: TC003 (cattrs resolves the annotations at run time)
+from typing import TYPE_CHECKING, Any, final
+
+import attrs
+import trio
+
+from ._converter import unstructure
+from ._validation import check_limit
+from .actors import Tool, open_dispatcher
+from .providers import AnthropicProvider, OpenAIProvider, ProviderError
+from .testing import (
+    FakeLLMServer,
+    FakeReply,
+    FakeRequest,
+    FakeScript,
+    FakeToolCall,
+    Fault,
+    open_fake_llm_server,
+)
+from .testing._metrics import percentile
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .actors import Dispatcher, DispatcherStatistics
+    from .providers import Provider
+
+PROVIDERS = ("openai", "anthropic")
+
+
+def _check_count(name: str, low: int) -> Callable[[object, object, int], None]:
+    def check(_instance: object, _attribute: object, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            rule = "a positive" if low == 1 else "a non-negative"
+            raise ValueError(f"{name} must be {rule} integer, got {value!r}")
+
+    return check
+
+
+def _check_limit(
+    _instance: object, attribute: attrs.Attribute[int], value: int
+) -> None:
+    check_limit(value, attribute.name.replace("_", "-"))
+
+
+def _check_fraction(
+    _instance: object, attribute: attrs.Attribute[float], value: float
+) -> None:
+    if not 0 <= value <= 1:
+        raise ValueError(f"{attribute.name} must be between 0 and 1, got {value!r}")
+
+
+@final
+@attrs.frozen
+class DemoOptions:
+    """What the demo runs.
+
+    Attributes:
+        agents: Conversations, half on each provider.
+        turns: Questions each agent asks, one after another.
+        max_calls: The most LLM calls in one turn (tool loops of 1 to this).
+        limit_openai: Concurrent streams allowed to the OpenAI-style server.
+        limit_anthropic: Concurrent streams allowed to the Anthropic-style one.
+        load: How fast agents arrive, as a fraction of what the limits can
+            serve (above 1, queues grow).
+        rate_limit_rate: The share of requests the servers answer with 429.
+        seed: Seeds arrivals, tool loops and faults.
+    """
+
+    agents: int = attrs.field(default=60, validator=_check_count("agents", 1))
+    turns: int = attrs.field(default=3, validator=_check_count("turns", 1))
+    max_calls: int = attrs.field(default=4, validator=_check_count("max-calls", 1))
+    limit_openai: int = attrs.field(default=4, validator=_check_limit)
+    limit_anthropic: int = attrs.field(default=3, validator=_check_limit)
+    load: float = attrs.field(default=0.9, converter=float)
+    rate_limit_rate: float = attrs.field(
+        default=0.02, converter=float, validator=_check_fraction
+    )
+    seed: int = 1
+
+    @load.validator
+    def _check_load(self, _attribute: object, value: float) -> None:
+        if not 0 < value <= 10:
+            raise ValueError(f"load must be above 0 and at most 10, got {value!r}")
+
+    def limits(self) -> dict[str, int]:
+        """The dispatcher's limits."""
+        return {"openai": self.limit_openai, "anthropic": self.limit_anthropic}
+
+
+@final
+@attrs.frozen
+class ProviderSummary:
+    """What one provider saw during the demo."""
+
+    provider: str
+    limit: int
+    turns: int
+    turn_latency_p50: float
+    turn_latency_p95: float
+    turn_latency_p99: float
+    turn_latency_max: float
+    llm_calls: int
+    retries: int
+    server_requests: int
+    server_peak_in_flight: int
+    rate_limited: int
+    longest_pause: float
+
+
+@final
+@attrs.frozen
+class DemoReport:
+    """The demo's outcome, for the summary table and the JSON file."""
+
+    options: DemoOptions
+    providers: tuple[ProviderSummary, ...]
+    turns_completed: int
+    turns_failed: int
+    duration: float
+    turn_latencies: Mapping[str, tuple[float, ...]]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-ready data."""
+        data: dict[str, Any] = unstructure(self)
+        return data
+
+
+@final
+@attrs.define
+class Progress:
+    """Live counters the demo updates as it runs (read by the display)."""
+
+    turns_total: int
+    turns_done: int = 0
+    turns_failed: int = 0
+    llm_calls: int = 0
+    statistics: DispatcherStatistics | None = None
+    server_in_flight: dict[str, int] = attrs.Factory(dict)
+
+
+TOOL_DELAY = 0.05
+_ANSWER = (
+    "Based on what the tools returned, here is the answer, streamed token by"
+    " token so that the slot is held for the whole stream."
+)
+
+
+async def _lookup(arguments: dict[str, Any]) -> str:
+    await trio.sleep(TOOL_DELAY)
+    return f"fact about {arguments['topic']}"
+
+
+async def _compute(arguments: dict[str, Any]) -> str:
+    await trio.sleep(TOOL_DELAY)
+    return str(sum(int(n) for n in arguments["numbers"]))
+
+
+TOOLS = (
+    Tool(
+        name="lookup",
+        description="Look a topic up in the knowledge base.",
+        parameters={
+            "type": "object",
+            "properties": {"topic": {"type": "string"}},
+            "required": ["topic"],
+            "additionalProperties": False,
+        },
+        run=_lookup,
+    ),
+    Tool(
+        name="compute",
+        description="Add up a list of integers.",
+        parameters={
+            "type": "object",
+            "properties": {"numbers": {"type": "array", "items": {"type": "integer"}}},
+            "required": ["numbers"],
+        },
+        run=_compute,
+    ),
+)
+
+# One LLM call's length on the fake servers: latency + first token + tokens.
+_LATENCY = 0.02
+_FIRST_TOKEN = 0.03
+_TOKENS_PER_SECOND = 400.0
+_CALL_SECONDS = _LATENCY + _FIRST_TOKEN + len(_ANSWER.split()) / _TOKENS_PER_SECOND
+
+
+def _calls_planned(question: str, max_calls: int) -> int:
+    """How many LLM calls the scripted model makes for ``question``: 1 to max."""
+    digest = hashlib.sha256(question.encode()).digest()
+    return 1 + digest[0] % max_calls
+
+
+def _script(options: DemoOptions, rng: random.Random) -> FakeScript:
+    """A scripted model: a tool loop whose length the question decides."""
+
+    def choose(request: FakeRequest) -> FakeReply:
+        if rng.random() < options.rate_limit_rate:
+            return FakeReply(fault=Fault(kind="rate_limit", retry_after=0.25))
+        messages = _messages(request)
+        question = next(
+            (text for role, text in reversed(messages) if role == "user"), ""
+        )
+        done = sum(1 for role, _ in messages if role == "tool_result")
+        if done + 1 < _calls_planned(question, options.max_calls):
+            call = (
+                FakeToolCall(name="lookup", arguments={"topic": f"step {done + 1}"})
+                if done % 2 == 0
+                else FakeToolCall(name="compute", arguments={"numbers": [done, 2, 3]})
+            )
+            return _timed("Let me check.", (call,))
+        return _timed(_ANSWER, ())
+
+    return FakeScript(choose=choose)
+
+
+def _timed(text: str, tool_calls: tuple[FakeToolCall, ...]) -> FakeReply:
+    return FakeReply(
+        text=text,
+        tool_calls=tool_calls,
+        latency=_LATENCY,
+        time_to_first_token=_FIRST_TOKEN,
+        tokens_per_second=_TOKENS_PER_SECOND,
+    )
+
+
+def _messages(request: FakeRequest) -> list[tuple[str, str]]:
+    """(role, text) of a request's messages; tool results as ``tool_result``."""
+    out: list[tuple[str, str]] = []
+    for message in request.body.get("messages", []):
+        role = message.get("role", "")
+        content = message.get("content")
+        if role == "tool":
+            out.append(("tool_result", ""))
+        elif isinstance(content, str):
+            out.append((role, content))
+        elif isinstance(content, list):
+            for block in content:
+                kind = block.get("type")
+                if kind == "tool_result":
+                    out.append(("tool_result", ""))
+                elif kind == "text":
+                    out.append((role, block.get("text", "")))
+    return out
+
+
+@attrs.define
+class _Tally:
+    """What one provider's agents saw, added up as turns finish."""
+
+    latencies: list[float] = attrs.Factory(list)
+    llm_calls: int = 0
+    retries: int = 0
+    longest_pause: float = 0.0
+
+
+def _arrivals(options: DemoOptions, rng: random.Random) -> list[float]:
+    """Poisson arrival offsets that offer the limits ``options.load``.
+
+    One turn needs (1 + max_calls) / 2 calls on average; the limits serve
+    ``limit / call_seconds`` calls a second.
+    """
+    mean_calls = (1 + options.max_calls) / 2
+    capacity = (options.limit_openai + options.limit_anthropic) / _CALL_SECONDS
+    rate = options.load * capacity / (mean_calls * options.turns)
+    arrivals: list[float] = []
+    now = 0.0
+    for _ in range(options.agents):
+        now += rng.expovariate(rate)
+        arrivals.append(now)
+    return arrivals
+
+
+async def run_demo(
+    options: DemoOptions,
+    *,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> DemoReport:
+    """Run the demo; ``on_progress`` is called about ten times a second."""
+    rng = random.Random(options.seed)
+    progress = Progress(turns_total=options.agents * options.turns)
+    tallies = {name: _Tally() for name in PROVIDERS}
+    arrivals = _arrivals(options, rng)
+    started = trio.current_time()
+    async with (
+        open_fake_llm_server(_script(options, random.Random(rng.random()))) as server_o,
+        open_fake_llm_server(_script(options, random.Random(rng.random()))) as server_a,
+        OpenAIProvider(
+            id="openai",
+            base_url=server_o.openai_base_url,
+            api_key="sk-demo-openai",
+            model="demo-model",
+        ) as openai,
+        AnthropicProvider(
+            id="anthropic",
+            base_url=server_a.anthropic_base_url,
+            api_key="sk-ant-demo",
+            model="demo-model",
+        ) as anthropic,
+        open_dispatcher(options.limits(), default_pause=0.25) as dispatcher,
+    ):
+        servers = {"openai": server_o, "anthropic": server_a}
+        providers: dict[str, Provider] = {"openai": openai, "anthropic": anthropic}
+
+        async def agent(index: int, arrival: float) -> None:
+            name = PROVIDERS[index % 2]
+            tally = tallies[name]
+            await trio.sleep_until(started + arrival)
+            conversation = dispatcher.start_conversation(
+                providers[name],
+                conversation_id=f"agent-{index:03d}",
+                tools=TOOLS,
+                system_prompt="You are a helpful agent. Use the tools.",
+                seed=options.seed * 1000 + index,
+                retry_backoff=0.05,
+            )
+            try:
+                for turn in range(options.turns):
+                    question = f"agent {index} question {turn}: what do the tools say?"
+                    try:
+                        result = await conversation.ask(question)
+                    except ProviderError:
+                        progress.turns_failed += 1
+                        continue
+                    tally.latencies.append(result.finished_at - result.started_at)
+                    tally.retries += result.retries
+                    tally.llm_calls += result.llm_calls
+                    progress.llm_calls += result.llm_calls
+                    progress.turns_done += 1
+            finally:
+                conversation.close()
+
+        def observe() -> None:
+            _observe(dispatcher, servers, progress, tallies)
+            if on_progress is not None:
+                on_progress(progress)
+
+        async def watch() -> None:
+            while True:
+                observe()
+                await trio.sleep(0.1)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            async with trio.open_nursery() as agents:
+                for index, arrival in enumerate(arrivals):
+                    agents.start_soon(agent, index, arrival)
+            nursery.cancel_scope.cancel()
+        observe()
+        summaries = tuple(
+            _summary(
+                name,
+                limit=dispatcher.limits()[name],
+                server=servers[name],
+                tally=tallies[name],
+            )
+            for name in PROVIDERS
+        )
+    return DemoReport(
+        options=options,
+        providers=summaries,
+        turns_completed=progress.turns_done,
+        turns_failed=progress.turns_failed,
+        duration=trio.current_time() - started,
+        turn_latencies={
+            name: tuple(tally.latencies) for name, tally in tallies.items()
+        },
+    )
+
+
+def _observe(
+    dispatcher: Dispatcher,
+    servers: Mapping[str, FakeLLMServer],
+    progress: Progress,
+    tallies: Mapping[str, _Tally],
+) -> None:
+    stats = dispatcher.statistics()
+    progress.statistics = stats
+    now = trio.current_time()
+    for name, provider in stats.providers.items():
+        if provider.paused_until is not None:
+            tally = tallies[name]
+            tally.longest_pause = max(tally.longest_pause, provider.paused_until - now)
+    for name, server in servers.items():
+        progress.server_in_flight[name] = server.statistics().in_flight
+
+
+def _summary(
+    name: str, *, limit: int, server: FakeLLMServer, tally: _Tally
+) -> ProviderSummary:
+    server_stats = server.statistics()
+    latencies = tally.latencies
+    return ProviderSummary(
+        provider=name,
+        limit=limit,
+        turns=len(latencies),
+        turn_latency_p50=percentile(latencies, 50),
+        turn_latency_p95=percentile(latencies, 95),
+        turn_latency_p99=percentile(latencies, 99),
+        turn_latency_max=max(latencies, default=math.nan),
+        llm_calls=tally.llm_calls,
+        retries=tally.retries,
+        server_requests=server_stats.requests_total,
+        server_peak_in_flight=server_stats.peak_in_flight,
+        rate_limited=server_stats.responses_by_status.get(429, 0),
+        longest_pause=tally.longest_pause,
+    )

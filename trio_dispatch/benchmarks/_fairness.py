@@ -1,0 +1,419 @@
+"""The fairness benchmark: turn latency under load, policy against policy.
+
+One sweep plays the same seeded workloads (one per load and turn shape)
+under every policy with ``run_simulation`` and keeps each run's
+``PolicyMetrics`` and latency quantiles. The report renders as JSON, a
+markdown table and PNG plots.
+
+The claim it tests: under load, oldest-agent-first finishes agent turns
+sooner than per-call FIFO, because a turn in progress is not sent to the
+back of the queue at every step of its tool loop. With one call per turn the
+two are the same policy, and should tie. What oldest-first gives up is
+shown too: a new turn's first call waits behind every older turn's next
+steps, so the first-call wait and the longest single wait are longer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, final
+
+import attrs
+
+from .._converter import structure, unstructure
+from ..testing._metrics import PolicyMetrics, percentile
+from ..testing._simulation import POLICIES, PolicyName, run_simulation
+from ..testing._workloads import (
+    CallsPerTurn,
+    Duration,
+    PoissonArrivals,
+    SimProvider,
+    Workload,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+#: The quantiles kept per run for the distribution plot: 0, 0.5, ..., 100.
+QUANTILES: tuple[float, ...] = tuple(q / 2 for q in range(201))
+
+
+@final
+@attrs.frozen
+class FairnessConfig:
+    """What the fairness sweep runs.
+
+    Attributes:
+        loads: Offered loads, as fractions of the provider's limit.
+        shapes: Calls per turn, one sweep line each.
+        policies: The policies compared.
+        agents: Turns per run.
+        limit: The provider's limit (its capacity is the same).
+        call_duration: How long LLM calls take.
+        tool_duration: How long tool steps take.
+        retry_after: The provider's ``Retry-After`` on 429.
+        max_attempts: Attempts per call before a turn gives up.
+        seed: The seed of every workload.
+        target_load: The load of the headline comparison.
+        target_shape: The turn shape of the headline comparison.
+    """
+
+    loads: tuple[float, ...] = (0.5, 0.7, 0.85, 0.95, 1.1)
+    shapes: tuple[CallsPerTurn, ...] = (
+        CallsPerTurn(1, 1),
+        CallsPerTurn(1, 8),
+        CallsPerTurn(4, 16),
+    )
+    policies: tuple[PolicyName, ...] = POLICIES
+    agents: int = 10_000
+    limit: int = 8
+    call_duration: Duration = Duration.lognormal(2.0, 1.0)  # noqa: RUF009  # frozen value
+    tool_duration: Duration = Duration.exponential(1.0)  # noqa: RUF009  # frozen value
+    retry_after: float = 1.0
+    max_attempts: int = 10
+    seed: int = 20240501
+    target_load: float = 0.95
+    target_shape: str = "1-8"
+
+    @classmethod
+    def quick(cls) -> FairnessConfig:
+        """A sweep that runs in well under a minute."""
+        return cls(
+            loads=(0.5, 0.85, 0.95, 1.1),
+            shapes=(CallsPerTurn(1, 1), CallsPerTurn(1, 8)),
+            agents=2_000,
+        )
+
+    def workload(self, load: float, shape: CallsPerTurn) -> Workload:
+        """The seeded workload of one sweep point (the same for every policy)."""
+        return Workload(
+            agents=self.agents,
+            arrivals=PoissonArrivals(load),
+            providers=(
+                SimProvider(
+                    "provider",
+                    self.limit,
+                    capacity=self.limit,
+                    retry_after=self.retry_after,
+                ),
+            ),
+            calls=shape,
+            call_duration=self.call_duration,
+            tool_duration=self.tool_duration,
+            seed=self.seed,
+            max_attempts=self.max_attempts,
+        )
+
+
+@final
+@attrs.frozen
+class FairnessRow:
+    """One policy at one sweep point.
+
+    Attributes:
+        load: The offered load.
+        shape: Calls per turn, as ``"1-8"``.
+        metrics: The run's metrics.
+        latency_quantiles: Turn latency at each of ``QUANTILES``.
+    """
+
+    load: float
+    shape: str
+    metrics: PolicyMetrics
+    latency_quantiles: tuple[float, ...]
+
+    @property
+    def policy(self) -> str:
+        """The policy simulated."""
+        return self.metrics.policy
+
+
+@final
+@attrs.frozen
+class FairnessReport:
+    """The sweep's results, with renderers."""
+
+    config: FairnessConfig
+    rows: tuple[FairnessRow, ...]
+
+    def row(self, load: float, shape: str, policy: str) -> FairnessRow:
+        """The row of one sweep point and policy.
+
+        Raises:
+            KeyError: The sweep has no such row.
+        """
+        for row in self.rows:
+            if row.load == load and row.shape == shape and row.policy == policy:
+                return row
+        raise KeyError((load, shape, policy))
+
+    def to_json(self) -> str:
+        """The report as JSON (``NaN`` where nothing completed)."""
+        return json.dumps(unstructure(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> FairnessReport:
+        """Read a report written by ``to_json``."""
+        return structure(json.loads(text), cls)
+
+    def headline(self) -> str:
+        """The target comparison: oldest-first against FIFO, in one paragraph."""
+        config = self.config
+        try:
+            ours = self.row(config.target_load, config.target_shape, "oldest-first")
+            fifo = self.row(config.target_load, config.target_shape, "fifo")
+        except KeyError:
+            return "The sweep does not include the target point."
+        ratio = ours.metrics.latency_p95 / fifo.metrics.latency_p95
+        mean_ratio = ours.metrics.latency_mean / fifo.metrics.latency_mean
+        passed = ratio <= 0.8 and mean_ratio < 1
+        return (
+            f"At {config.target_load:.0%} load with {config.target_shape} calls per"
+            f" turn, oldest-first's p95 turn latency is {ratio:.2f}x FIFO's"
+            f" ({ours.metrics.latency_p95:.1f} s against"
+            f" {fifo.metrics.latency_p95:.1f} s) and its mean {mean_ratio:.2f}x"
+            f" ({ours.metrics.latency_mean:.1f} s against"
+            f" {fifo.metrics.latency_mean:.1f} s). Target (p95 <= 0.8x, mean"
+            f" below): {'met' if passed else 'NOT met'}."
+        )
+
+    def losses(self) -> list[str]:
+        """Where oldest-first does worse than FIFO, one line per sweep point."""
+        lines = []
+        for row in self.rows:
+            if row.policy != "oldest-first":
+                continue
+            try:
+                fifo = self.row(row.load, row.shape, "fifo").metrics
+            except KeyError:
+                continue
+            ours = row.metrics
+            worse = []
+            if ours.first_wait_p95 > fifo.first_wait_p95 * 1.05:
+                worse.append(
+                    f"first-call wait p95 {ours.first_wait_p95:.1f} s"
+                    f" vs {fifo.first_wait_p95:.1f} s"
+                )
+            if ours.max_slot_wait > fifo.max_slot_wait * 1.05:
+                worse.append(
+                    f"longest slot wait {ours.max_slot_wait:.1f} s"
+                    f" vs {fifo.max_slot_wait:.1f} s"
+                )
+            if ours.fairness < fifo.fairness * 0.95:
+                worse.append(
+                    f"Jain index of slowdowns {ours.fairness:.2f} vs {fifo.fairness:.2f}"
+                )
+            if ours.latency_p95 > fifo.latency_p95 * 1.05:
+                worse.append(
+                    f"p95 latency {ours.latency_p95:.1f} s vs {fifo.latency_p95:.1f} s"
+                )
+            if worse:
+                lines.append(f"- {row.load:.0%} load, {row.shape}: " + "; ".join(worse))
+        return lines
+
+    def to_markdown(self) -> str:
+        """The report as markdown: headline, one table per shape, the losses."""
+        config = self.config
+        out = [
+            "# Fairness benchmark",
+            "",
+            f"{config.agents} agent turns per run, one provider with limit"
+            f" {config.limit} (and the same capacity), calls"
+            f" {_describe(config.call_duration)}, tools"
+            f" {_describe(config.tool_duration)}, seed {config.seed}. Times in"
+            " virtual seconds; latency figures cover completed turns.",
+            "",
+            "`none` has no client-side limit: calls beyond the provider's capacity"
+            f" get 429 and are retried after {config.retry_after:g} s, at most"
+            f" {config.max_attempts} attempts. Turns that run out of attempts"
+            " fail and drop out of its latency figures, which flatters it:"
+            " read them with its `done` column.",
+            "",
+            self.headline(),
+            "",
+        ]
+        header = (
+            "| load | policy | mean | p50 | p95 | p99 | max | slowdown | Jain"
+            " | first wait p95 | max wait | util | done | 429s |"
+        )
+        rule = "|" + "---|" * 14
+        for shape in dict.fromkeys(row.shape for row in self.rows):
+            out += [f"## {_calls(shape)} per turn", "", header, rule]
+            for row in self.rows:
+                if row.shape != shape:
+                    continue
+                m = row.metrics
+                out.append(
+                    f"| {row.load:.0%} | {m.policy} | {m.latency_mean:.1f}"
+                    f" | {m.latency_p50:.1f} | {m.latency_p95:.1f}"
+                    f" | {m.latency_p99:.1f} | {m.latency_max:.1f}"
+                    f" | {m.slowdown_mean:.2f} | {m.fairness:.2f}"
+                    f" | {m.first_wait_p95:.1f} | {m.max_slot_wait:.1f}"
+                    f" | {m.utilisation:.2f} | {m.completed}/{m.turns}"
+                    f" | {m.rejections} |"
+                )
+            out.append("")
+        losses = self.losses()
+        out += ["## Where oldest-first does worse than FIFO", ""]
+        out += losses or ["Nowhere in this sweep."]
+        out += [
+            "",
+            "A turn's calls can only be overtaken by calls of turns that started"
+            " earlier, so oldest-first never starves a turn while the load is"
+            " below capacity: its wait is bounded by the remaining work of the"
+            " older turns. Under overload that work grows without bound, and"
+            " so does a new turn's first wait; `max_waiting` (QueueFull) is"
+            " the bound to set there. Random order has no such bound.",
+            "",
+        ]
+        return "\n".join(out)
+
+    def plot(self, out_dir: Path) -> list[Path]:
+        """Write the PNG plots into ``out_dir``; returns their paths."""
+        import matplotlib as mpl  # noqa: PLC0415  # optional dependency
+
+        mpl.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415  # after choosing the backend
+
+        shapes = list(dict.fromkeys(row.shape for row in self.rows))
+        policies = list(dict.fromkeys(row.policy for row in self.rows))
+        columns = (
+            ("p50", "latency_p50"),
+            ("p95", "latency_p95"),
+            ("p99", "latency_p99"),
+        )
+        fig, axes = plt.subplots(
+            len(shapes), len(columns), figsize=(13, 3.6 * len(shapes)), squeeze=False
+        )
+        for i, shape in enumerate(shapes):
+            for j, (label, field) in enumerate(columns):
+                ax = axes[i][j]
+                for policy in policies:
+                    points = sorted(
+                        (row.load, getattr(row.metrics, field))
+                        for row in self.rows
+                        if row.shape == shape and row.policy == policy
+                    )
+                    ax.plot(
+                        [100 * x for x, _ in points],
+                        [y for _, y in points],
+                        marker="o",
+                        label=_legend(policy),
+                    )
+                ax.set_title(f"{label} turn latency, {_calls(shape)} per turn")
+                ax.set_xlabel("load (% of capacity)")
+                ax.set_ylabel("seconds")
+                ax.set_yscale("log")
+                ax.grid(visible=True, alpha=0.3)
+        axes[0][0].legend()
+        fig.tight_layout()
+        percentiles = out_dir / "latency_vs_load.png"
+        fig.savefig(percentiles, dpi=100)
+        plt.close(fig)
+
+        config = self.config
+        high = [row for row in self.rows if row.load == config.target_load] or list(
+            self.rows
+        )
+        fig, axes = plt.subplots(
+            1, len(shapes), figsize=(5.5 * len(shapes), 4), squeeze=False
+        )
+        for j, shape in enumerate(shapes):
+            ax = axes[0][j]
+            for row in high:
+                if row.shape == shape:
+                    ax.plot(
+                        row.latency_quantiles,
+                        [q / 100 for q in QUANTILES],
+                        label=_legend(row.policy),
+                    )
+            ax.set_title(
+                f"turn latency CDF, {shape} calls/turn, load {high[0].load:.0%}"
+            )
+            ax.set_xlabel("turn latency (s)")
+            ax.set_ylabel("fraction of turns")
+            ax.set_xscale("log")
+            ax.grid(visible=True, alpha=0.3)
+            ax.legend()
+        fig.tight_layout()
+        distribution = out_dir / "latency_distribution.png"
+        fig.savefig(distribution, dpi=100)
+        plt.close(fig)
+        return [percentiles, distribution]
+
+    def write(self, out_dir: Path | str) -> list[Path]:
+        """Write ``fairness.json``, ``fairness.md`` and the plots; returns paths."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        json_path = out / "fairness.json"
+        json_path.write_text(self.to_json() + "\n", encoding="utf-8")
+        md_path = out / "fairness.md"
+        md_path.write_text(self.to_markdown(), encoding="utf-8")
+        return [json_path, md_path, *self.plot(out)]
+
+
+def _calls(shape: str) -> str:
+    return f"{shape} call" if shape == "1" else f"{shape} calls"
+
+
+def _legend(policy: str) -> str:
+    return "none (completed turns only)" if policy == "none" else policy
+
+
+def _describe(duration: Duration) -> str:
+    if duration.kind == "lognormal":
+        return f"lognormal(mean {duration.mean:g} s, sigma {duration.spread:g})"
+    if duration.kind == "uniform":
+        return f"uniform({duration.mean:g} ± {duration.spread:g} s)"
+    return f"{duration.kind}(mean {duration.mean:g} s)"
+
+
+def run_point(
+    config: FairnessConfig, load: float, shape: CallsPerTurn
+) -> list[FairnessRow]:
+    """Every policy on the workload of one sweep point."""
+    workload = config.workload(load, shape)
+    rows = []
+    for policy in config.policies:
+        result = run_simulation(workload, policy)
+        latencies = [t.latency for t in result.turns if t.completed]
+        rows.append(
+            FairnessRow(
+                load=load,
+                shape=shape.label,
+                metrics=result.metrics(),
+                latency_quantiles=tuple(
+                    percentile(latencies, q) if latencies else math.nan
+                    for q in QUANTILES
+                ),
+            )
+        )
+    return rows
+
+
+def _run_point_args(
+    args: tuple[FairnessConfig, float, CallsPerTurn],
+) -> list[FairnessRow]:
+    return run_point(*args)
+
+
+def run_fairness_sweep(config: FairnessConfig, *, jobs: int = 1) -> FairnessReport:
+    """Run the sweep; ``jobs > 1`` runs sweep points in that many processes.
+
+    Every point is a pure function of the config, so the report is the same
+    whatever ``jobs`` is.
+    """
+    points = [(config, load, shape) for shape in config.shapes for load in config.loads]
+    results: Iterable[list[FairnessRow]]
+    if jobs > 1:
+        # spawn: no fork of a process that may hold threads, on any platform.
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(jobs, mp_context=context) as pool:
+            results = list(pool.map(_run_point_args, points))
+    else:
+        results = [_run_point_args(point) for point in points]
+    return FairnessReport(config, tuple(row for rows in results for row in rows))

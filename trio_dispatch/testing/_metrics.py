@@ -1,0 +1,232 @@
+"""What a simulation measured, and the metrics computed from it.
+
+The records (``TurnRecord``, ``ProviderRecord``) are what the harness writes
+down while it runs; everything else here is a pure function of them, so the
+metrics can be checked by hand on small cases.
+
+Definitions, over the turns that completed:
+
+- *latency*: the turn's end minus its start, in (virtual) seconds;
+- *slowdown*: latency over the same turn's latency on an idle system (the
+  sum of its call and tool durations); 1.0 means it never waited;
+- *Jain's fairness index* of the slowdowns: ``(sum x)**2 / (n * sum x**2)``,
+  1.0 when every turn is slowed down alike, down to ``1/n``;
+- *percentiles*: linear interpolation between closest ranks (numpy's
+  default, "type 7");
+- *slot utilisation*: the slot time spent on calls the provider served,
+  over the summed limits times the makespan (first start to last end).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, final
+
+import attrs
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+
+@final
+@attrs.frozen
+class TurnRecord:
+    """What happened to one turn in a simulation.
+
+    Times are seconds from the simulation's start.
+
+    Attributes:
+        index: The turn's position in the scenario.
+        provider: The provider its calls went to.
+        start: When the turn started.
+        end: When it ended (completed or gave up).
+        calls: How many LLM calls it made successfully.
+        ideal: Its latency on an idle system.
+        slot_wait: Total time its calls waited for a slot.
+        max_slot_wait: The longest single wait for a slot.
+        first_slot_wait: How long its first call waited for a slot.
+        rejections: How many 429 answers it received.
+        completed: Whether every call succeeded; ``False`` if a call ran out
+            of attempts.
+    """
+
+    index: int
+    provider: str
+    start: float
+    end: float
+    calls: int
+    ideal: float
+    slot_wait: float
+    max_slot_wait: float
+    first_slot_wait: float
+    rejections: int
+    completed: bool
+
+    @property
+    def latency(self) -> float:
+        """End minus start."""
+        return self.end - self.start
+
+    @property
+    def slowdown(self) -> float:
+        """Latency over the idle-system latency (1.0 for an instant turn)."""
+        return slowdown(self.latency, self.ideal)
+
+
+@final
+@attrs.frozen
+class ProviderRecord:
+    """What one simulated provider saw.
+
+    Attributes:
+        name: The provider's name.
+        limit: The client-side limit.
+        capacity: Its own capacity, or ``None``.
+        peak_in_flight: The most calls it served at once.
+        served: Calls it served.
+        rejected: Calls it answered 429.
+        busy: Seconds of call time it served, summed over calls.
+        held_at_end: Slots still held when the simulation ended (0 unless a
+            limiter leaked).
+        waiting_at_end: Requests still waiting when it ended.
+    """
+
+    name: str
+    limit: int
+    capacity: int | None
+    peak_in_flight: int
+    served: int
+    rejected: int
+    busy: float
+    held_at_end: int
+    waiting_at_end: int
+
+
+@final
+@attrs.frozen
+class PolicyMetrics:
+    """The summary of one simulation run; see the module doc for definitions.
+
+    Latency, slowdown and wait figures cover completed turns only and are
+    ``nan`` when none completed.
+
+    Attributes:
+        policy: The policy simulated.
+        turns: Turns in the scenario.
+        completed: Turns whose every call succeeded.
+        latency_mean: Mean turn latency.
+        latency_p50: Median turn latency.
+        latency_p95: 95th percentile turn latency.
+        latency_p99: 99th percentile turn latency.
+        latency_max: Longest turn latency.
+        slowdown_mean: Mean slowdown.
+        slowdown_p95: 95th percentile slowdown.
+        fairness: Jain's index of the slowdowns.
+        first_wait_p95: 95th percentile wait of a turn's first call.
+        max_slot_wait: The longest any single call waited for a slot.
+        utilisation: Slot utilisation over the makespan.
+        makespan: First start to last end.
+        rejections: 429 answers received.
+    """
+
+    policy: str
+    turns: int
+    completed: int
+    latency_mean: float
+    latency_p50: float
+    latency_p95: float
+    latency_p99: float
+    latency_max: float
+    slowdown_mean: float
+    slowdown_p95: float
+    fairness: float
+    first_wait_p95: float
+    max_slot_wait: float
+    utilisation: float
+    makespan: float
+    rejections: int
+
+
+def mean(values: Sequence[float]) -> float:
+    """The arithmetic mean (``nan`` for no values), summed exactly."""
+    if not values:
+        return math.nan
+    return math.fsum(values) / len(values)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100), interpolating between closest ranks.
+
+    This is numpy's default method: the value at rank ``(n - 1) * q / 100``
+    of the sorted values, linearly interpolated. ``nan`` for no values.
+    """
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be between 0 and 100, got {q!r}")
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    fraction = rank - low
+    return ordered[low] + (ordered[high] - ordered[low]) * fraction
+
+
+def jain_index(values: Sequence[float]) -> float:
+    """Jain's fairness index ``(sum x)**2 / (n * sum x**2)``.
+
+    1.0 when all values are equal (or all zero); ``nan`` for no values.
+    """
+    if not values:
+        return math.nan
+    total = math.fsum(values)
+    squares = math.fsum(x * x for x in values)
+    if squares == 0:
+        return 1.0
+    return total * total / (len(values) * squares)
+
+
+def slowdown(latency: float, ideal: float) -> float:
+    """``latency / ideal``; an instant turn (``ideal == 0``) counts 1.0."""
+    if ideal <= 0:
+        return 1.0
+    return latency / ideal
+
+
+def utilisation(busy: float, limit: int, makespan: float) -> float:
+    """Busy slot time over ``limit * makespan`` (0.0 for an empty makespan)."""
+    if makespan <= 0:
+        return 0.0
+    return busy / (limit * makespan)
+
+
+def compute_metrics(
+    policy: str,
+    turns: Sequence[TurnRecord],
+    providers: Sequence[ProviderRecord],
+) -> PolicyMetrics:
+    """Summarise one run's records; see the module doc for definitions."""
+    done = [t for t in turns if t.completed]
+    latencies = [t.latency for t in done]
+    slowdowns = [t.slowdown for t in done]
+    makespan = max(t.end for t in turns) - min(t.start for t in turns) if turns else 0.0
+    busy = math.fsum(p.busy for p in providers)
+    limit = sum(p.limit for p in providers)
+    return PolicyMetrics(
+        policy=policy,
+        turns=len(turns),
+        completed=len(done),
+        latency_mean=mean(latencies),
+        latency_p50=percentile(latencies, 50),
+        latency_p95=percentile(latencies, 95),
+        latency_p99=percentile(latencies, 99),
+        latency_max=max(latencies, default=math.nan),
+        slowdown_mean=mean(slowdowns),
+        slowdown_p95=percentile(slowdowns, 95),
+        fairness=jain_index(slowdowns),
+        first_wait_p95=percentile([t.first_slot_wait for t in done], 95),
+        max_slot_wait=max((t.max_slot_wait for t in turns), default=math.nan),
+        utilisation=utilisation(busy, limit, makespan) if limit else 0.0,
+        makespan=makespan,
+        rejections=sum(t.rejections for t in turns),
+    )

@@ -1,0 +1,549 @@
+"""A virtual-time simulation harness that drives the real dispatcher.
+
+``run_simulation(workload, policy)`` plays a ``Workload`` (or a hand-written
+``Scenario``) under one admission policy, in virtual time on trio's
+``MockClock``, and returns a ``SimulationResult``: one record per turn and
+per provider, ``metrics()`` to summarise them and JSON to store them.
+``simulate`` does the same inside a trio run that is already going (give it
+a ``MockClock``; on a real clock it takes real time).
+
+Every agent turn is a trio task. For each of its calls it takes a slot,
+sleeps the call's duration while holding it, gives it back and sleeps the
+following tool step. The policies differ only in how a slot is taken:
+
+- ``"oldest-first"``: ``Dispatcher.slot(provider, started_at=turn_start)``,
+  the real dispatcher and scheduler actors;
+- ``"random"``: the same dispatcher, with every call's ``started_at`` drawn
+  from a seeded RNG, i.e. service in random order;
+- ``"fifo"``: one ``trio.CapacityLimiter`` per provider, first come first
+  served per call;
+- ``"none"``: no client-side limit at all.
+
+A provider with a ``capacity`` answers 429 (after its ``reject_latency``)
+to any call that finds ``capacity`` calls in flight. Under the dispatcher
+the agent reports it (``report_rate_limit``, which pauses the provider's
+grants until ``retry_after`` has passed), gives the slot back and asks for
+one again at once, with the same priority; without one it waits
+``retry_after`` itself. A call is sent at most ``max_attempts`` times; then
+the turn gives up and counts as not completed.
+So running with no client-side limit is simulated honestly, retry storms
+and all.
+
+Determinism: the scenario is drawn before the run, and trio only reorders
+tasks that wake at the same virtual instant, which continuous random
+durations never do (bursts are spread by ``BURST_SPACING`` for that
+reason). The same workload, seed and policy give the same result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import json
+import math
+import operator
+import random
+from typing import TYPE_CHECKING, Any, Literal, final
+
+import attrs
+import trio
+import trio.testing
+
+from .. import open_dispatcher
+from .._converter import structure, unstructure
+from ._metrics import PolicyMetrics, ProviderRecord, TurnRecord, compute_metrics
+from ._workloads import Scenario, Workload
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
+    from contextlib import AbstractAsyncContextManager
+
+    from ._workloads import SimProvider, TurnSpec
+
+PolicyName = Literal["oldest-first", "fifo", "random", "none"]
+
+#: Every policy ``run_simulation`` knows, in the order reports show them.
+POLICIES: tuple[PolicyName, ...] = ("oldest-first", "fifo", "random", "none")
+
+
+@final
+@attrs.frozen
+class SimulationResult:
+    """Everything one simulation run recorded.
+
+    Attributes:
+        policy: The policy simulated.
+        turns: One record per turn, in scenario order.
+        providers: One record per provider, in scenario order.
+    """
+
+    policy: str
+    turns: tuple[TurnRecord, ...]
+    providers: tuple[ProviderRecord, ...]
+
+    def metrics(self) -> PolicyMetrics:
+        """The summary metrics of this run."""
+        return compute_metrics(self.policy, self.turns, self.providers)
+
+    def to_json(self) -> str:
+        """The whole result as JSON; ``from_json`` reads it back."""
+        return json.dumps(unstructure(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> SimulationResult:
+        """Read a result written by ``to_json``."""
+        return structure(json.loads(text), cls)
+
+
+def _check_policy(policy: object) -> PolicyName:
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
+    return policy
+
+
+class _Timekeeper:
+    """Cheap virtual-time sleeps for the simulated agents.
+
+    ``trio.sleep`` costs a cancel scope, a deadline and a raised
+    ``Cancelled`` per call, which dominates a simulation made of little
+    else. Agents sleep here instead: their wake-up times go in one heap and
+    they park with ``wait_task_rescheduled``. The timekeeper task waits until
+    every task is blocked, then jumps the ``MockClock`` to the earlier of the
+    heap's first wake-up and trio's own next deadline (the schedulers'
+    rate-limit pauses), and wakes whoever is due: what ``autojump`` does,
+    with the agents' timers kept out of trio's deadline machinery.
+    """
+
+    __slots__ = ("_arrivals", "_clock", "_heap", "_parked", "_seq")
+
+    def __init__(self, clock: trio.testing.MockClock) -> None:
+        self._clock = clock
+        self._arrivals: list[list[Any]] = []
+        self._heap: list[list[Any]] = []
+        self._seq = itertools.count()
+        self._parked: trio.lowlevel.Task | None = None
+
+    async def sleep_until(self, deadline: float) -> None:
+        """Sleep until ``deadline`` on the virtual clock."""
+        entry: list[Any] = [deadline, next(self._seq), trio.lowlevel.current_task()]
+        heapq.heappush(self._heap, entry)
+        self._unpark_now()
+
+        def abort(_raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+            entry[2] = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    async def arrive(self, provider: _ProviderState, order: int) -> bool:
+        """Offer a call to a provider with a capacity: accepted or refused?
+
+        Calls that reach a provider at the same virtual instant (two grants
+        of one batch, say) are decided together once every task is blocked,
+        in ``order``, so that trio's scheduling order cannot pick who gets
+        the last place.
+        """
+        entry: list[Any] = [order, provider, trio.lowlevel.current_task(), False]
+        self._arrivals.append(entry)
+        self._unpark_now()
+
+        def abort(_raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+            entry[2] = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+        return bool(entry[3])
+
+    def _admit_arrivals(self) -> None:
+        arrivals = sorted(self._arrivals, key=operator.itemgetter(0))
+        self._arrivals.clear()
+        for entry in arrivals:
+            _, provider, task, _ = entry
+            if task is None:
+                continue
+            capacity = provider.capacity
+            if capacity is None or provider.in_flight < capacity:
+                provider.admit()
+                entry[3] = True
+            trio.lowlevel.reschedule(task)
+
+    def _unpark_now(self) -> None:
+        parked = self._parked
+        if parked is not None:
+            self._parked = None
+            trio.lowlevel.reschedule(parked)
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep ``seconds`` of virtual time."""
+        await self.sleep_until(self._clock.current_time() + seconds)
+
+    async def run(self) -> None:
+        """Keep time until cancelled."""
+        clock = self._clock
+        heap = self._heap
+        heappop = heapq.heappop
+        reschedule = trio.lowlevel.reschedule
+        statistics = trio.lowlevel.current_statistics
+        wait_idle = trio.testing.wait_all_tasks_blocked
+        while True:
+            await wait_idle()
+            if self._arrivals:
+                self._admit_arrivals()
+                continue
+            while heap and heap[0][2] is None:
+                heappop(heap)
+            until_deadline = statistics().seconds_to_next_deadline
+            if not heap:
+                if until_deadline == math.inf:
+                    # Nothing to wake: park until someone sleeps.
+                    self._parked = trio.lowlevel.current_task()
+                    await trio.lowlevel.wait_task_rescheduled(self._unpark)
+                else:
+                    clock.jump(max(until_deadline, 0.0))
+                continue
+            now = clock.current_time()
+            wake = heap[0][0]
+            if wake - now > until_deadline:
+                clock.jump(max(until_deadline, 0.0))
+                continue
+            if wake > now:
+                clock.jump(wake - now)
+            while heap and heap[0][0] <= wake:
+                task = heappop(heap)[2]
+                if task is not None:
+                    reschedule(task)
+
+    def _unpark(self, _raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+        self._parked = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+
+class _ProviderState:
+    __slots__ = (
+        "busy",
+        "capacity",
+        "defer",
+        "in_flight",
+        "peak",
+        "rejected",
+        "served",
+        "spec",
+    )
+
+    def __init__(self, spec: SimProvider, *, defer: bool) -> None:
+        self.spec = spec
+        self.capacity = spec.capacity
+        # Whether arrivals must be decided at the end of their instant.
+        self.defer = defer
+        self.in_flight = 0
+        self.peak = 0
+        self.served = 0
+        self.rejected = 0
+        self.busy = 0.0
+
+    def admit(self) -> None:
+        """Count one more call in flight."""
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+
+
+class _Run:
+    """The mutable state of one simulation run."""
+
+    __slots__ = (
+        "acquire",
+        "keeper",
+        "max_attempts",
+        "records",
+        "report",
+        "sleep",
+        "sleep_until",
+        "states",
+        "t0",
+    )
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        t0: float,
+        clock: _Timekeeper | None,
+        acquire: Callable[[str, float], AbstractAsyncContextManager[Any]],
+        report: Callable[[str, float], None] | None,
+        *,
+        batches: bool = False,
+    ) -> None:
+        self.t0 = t0
+        self.keeper = clock
+        self.sleep: Callable[[float], Awaitable[None]]
+        self.sleep_until: Callable[[float], Awaitable[None]]
+        if clock is None:
+            self.sleep, self.sleep_until = trio.sleep, trio.sleep_until
+        else:
+            self.sleep, self.sleep_until = clock.sleep, clock.sleep_until
+        self.acquire = acquire
+        self.report = report
+        self.max_attempts = scenario.max_attempts
+        # A batch of grants wakes several agents at one instant; if the
+        # provider can refuse some of them, who gets in must not depend on
+        # trio's scheduling order (see _Timekeeper.arrive). One grant at a
+        # time (CapacityLimiter) or no limit never makes such ties.
+        self.states = {
+            p.name: _ProviderState(
+                p,
+                defer=clock is not None
+                and batches
+                and p.capacity is not None
+                and p.limit > p.capacity,
+            )
+            for p in scenario.providers
+        }
+        self.records: list[TurnRecord | None] = [None] * len(scenario.turns)
+
+    async def drive(
+        self,
+        turns: Sequence[TurnSpec],
+        priorities: Sequence[Sequence[float]] | None,
+    ) -> None:
+        t0 = self.t0
+        order = sorted(range(len(turns)), key=lambda i: turns[i].arrival)
+        turn = self.turn
+        sleep_until = self.sleep_until
+        async with trio.open_nursery() as nursery:
+            for index in order:
+                spec = turns[index]
+                await sleep_until(t0 + spec.arrival)
+                nursery.start_soon(
+                    turn,
+                    index,
+                    spec,
+                    None if priorities is None else priorities[index],
+                    name="trio_dispatch simulated turn",
+                )
+
+    async def turn(  # noqa: PLR0912, PLR0915  # one flat loop: a coroutine per call costs
+        self, index: int, spec: TurnSpec, priorities: Sequence[float] | None
+    ) -> None:
+        state = self.states[spec.provider]
+        provider = state.spec
+        name = provider.name
+        capacity = state.capacity
+        retry_after = provider.retry_after
+        acquire = self.acquire
+        report = self.report
+        keeper = self.keeper
+        max_attempts = self.max_attempts
+        now = trio.current_time
+        sleep = self.sleep
+        tools = spec.tools
+        last_tool = len(tools)
+        started_at = self.t0 + spec.arrival
+        slot_wait = 0.0
+        max_wait = 0.0
+        first_wait = 0.0
+        rejections = 0
+        made = 0
+        completed = True
+        for position, duration in enumerate(spec.calls):
+            priority = started_at if priorities is None else priorities[position]
+            attempts = 0
+            while True:
+                asked = now()
+                async with acquire(name, priority):
+                    waited = now() - asked
+                    slot_wait += waited
+                    max_wait = max(max_wait, waited)
+                    if position == 0 and attempts == 0:
+                        first_wait = waited
+                    if capacity is None:
+                        accepted = True
+                        state.admit()
+                    elif state.defer:
+                        accepted = await keeper.arrive(state, index)  # type: ignore[union-attr]  # defer needs a keeper
+                    else:
+                        accepted = state.in_flight < capacity
+                        if accepted:
+                            state.admit()
+                    if not accepted:
+                        await sleep(provider.reject_latency)
+                        state.rejected += 1
+                        rejections += 1
+                        if report is not None:
+                            report(name, retry_after)
+                        served = False
+                    else:
+                        await sleep(duration)
+                        state.in_flight -= 1
+                        state.served += 1
+                        state.busy += duration
+                        served = True
+                if served:
+                    break
+                attempts += 1
+                if attempts >= max_attempts:
+                    completed = False
+                    break
+                if report is None:
+                    await sleep(retry_after)
+                # Else the dispatcher holds every grant until Retry-After:
+                # queue again at once, with the same priority.
+            if not completed:
+                break
+            made += 1
+            if position < last_tool:
+                await sleep(tools[position])
+        self.records[index] = TurnRecord(
+            index=index,
+            provider=name,
+            start=spec.arrival,
+            end=now() - self.t0,
+            calls=made,
+            ideal=spec.ideal,
+            slot_wait=slot_wait,
+            max_slot_wait=max_wait,
+            first_slot_wait=first_wait,
+            rejections=rejections,
+            completed=completed,
+        )
+
+    def result(
+        self, policy: str, leftovers: dict[str, tuple[int, int]]
+    ) -> SimulationResult:
+        records = self.records
+        if any(r is None for r in records):  # pragma: no cover  # the nursery waits
+            raise RuntimeError("a simulated turn did not finish")
+        providers = tuple(
+            ProviderRecord(
+                name=name,
+                limit=state.spec.limit,
+                capacity=state.capacity,
+                peak_in_flight=state.peak,
+                served=state.served,
+                rejected=state.rejected,
+                busy=state.busy,
+                held_at_end=leftovers.get(name, (0, 0))[0],
+                waiting_at_end=leftovers.get(name, (0, 0))[1],
+            )
+            for name, state in self.states.items()
+        )
+        return SimulationResult(
+            policy=policy,
+            turns=tuple(records),  # type: ignore[arg-type]  # no None left, checked above
+            providers=providers,
+        )
+
+
+def _random_priorities(scenario: Scenario, seed: int) -> list[tuple[float, ...]]:
+    rng = random.Random(f"trio_dispatch random policy {seed}")
+    draw = rng.random
+    return [tuple(draw() for _ in turn.calls) for turn in scenario.turns]
+
+
+async def simulate(
+    workload: Workload | Scenario, policy: PolicyName, *, seed: int | None = None
+) -> SimulationResult:
+    """Simulate ``workload`` under ``policy`` in the current trio run.
+
+    The run should use a ``trio.testing.MockClock`` (with
+    ``autojump_threshold=0``); times in the result are seconds from the
+    moment this is called.
+
+    Args:
+        workload: What to play: a ``Workload`` is drawn with its
+            ``scenario()`` first.
+        policy: ``"oldest-first"``, ``"fifo"``, ``"random"`` or ``"none"``.
+        seed: The seed of the ``"random"`` policy's priorities; defaults to
+            the workload's seed (0 for a ``Scenario``).
+    """
+    policy = _check_policy(policy)
+    if isinstance(workload, Workload):
+        scenario = workload.scenario()
+        if seed is None:
+            seed = workload.seed
+    else:
+        scenario = workload
+    clock = trio.lowlevel.current_clock()
+    async with trio.open_nursery() as nursery:
+        keeper = None
+        if isinstance(clock, trio.testing.MockClock):
+            keeper = _Timekeeper(clock)
+            nursery.start_soon(keeper.run, name="trio_dispatch simulation clock")
+        result = await _simulate(scenario, policy, seed, keeper)
+        nursery.cancel_scope.cancel()
+    return result
+
+
+async def _simulate(
+    scenario: Scenario, policy: PolicyName, seed: int | None, keeper: _Timekeeper | None
+) -> SimulationResult:
+    t0 = trio.current_time()
+    providers = scenario.providers
+    leftovers: dict[str, tuple[int, int]] = {}
+    if policy in ("oldest-first", "random"):
+        priorities = (
+            _random_priorities(scenario, seed or 0) if policy == "random" else None
+        )
+        async with open_dispatcher({p.name: p.limit for p in providers}) as dispatcher:
+
+            def slot(name: str, started_at: float) -> AbstractAsyncContextManager[Any]:
+                return dispatcher.slot(name, started_at=started_at)
+
+            run = _Run(
+                scenario,
+                t0,
+                keeper,
+                slot,
+                dispatcher.report_rate_limit,
+                batches=True,
+            )
+            await run.drive(scenario.turns, priorities)
+            # Let the schedulers read the last releases before looking.
+            await trio.testing.wait_all_tasks_blocked()
+            for name, stats in dispatcher.statistics().providers.items():
+                leftovers[name] = (stats.in_flight, stats.waiting)
+    elif policy == "fifo":
+        limiters = {p.name: trio.CapacityLimiter(p.limit) for p in providers}
+
+        def take(name: str, _started_at: float) -> AbstractAsyncContextManager[Any]:
+            return limiters[name]
+
+        run = _Run(scenario, t0, keeper, take, None)
+        await run.drive(scenario.turns, None)
+        for name, limiter in limiters.items():
+            limiter_stats = limiter.statistics()
+            leftovers[name] = (
+                limiter_stats.borrowed_tokens,
+                limiter_stats.tasks_waiting,
+            )
+    else:
+        free = contextlib.nullcontext()
+
+        def nothing(_name: str, _started_at: float) -> AbstractAsyncContextManager[Any]:
+            return free
+
+        run = _Run(scenario, t0, keeper, nothing, None)
+        await run.drive(scenario.turns, None)
+    return run.result(policy, leftovers)
+
+
+def run_simulation(
+    workload: Workload | Scenario,
+    policy: PolicyName,
+    *,
+    seed: int | None = None,
+    clock: trio.abc.Clock | None = None,
+) -> SimulationResult:
+    """Simulate ``workload`` under ``policy`` in a fresh trio run.
+
+    Runs on ``clock``, by default a new ``MockClock(autojump_threshold=0)``,
+    so hours of simulated traffic take seconds. See ``simulate``.
+    """
+    if clock is None:
+        clock = trio.testing.MockClock(autojump_threshold=0)
+    return trio.run(_simulate_kw, workload, policy, seed, clock=clock)
+
+
+async def _simulate_kw(
+    workload: Workload | Scenario, policy: PolicyName, seed: int | None
+) -> SimulationResult:
+    return await simulate(workload, policy, seed=seed)

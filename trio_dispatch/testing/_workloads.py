@@ -1,0 +1,415 @@
+"""Seeded, pre-generated agent workloads for the simulation harness.
+
+A ``Workload`` describes a population of agent turns statistically: how they
+arrive (a Poisson process at a given load, or bursts), which provider each
+one uses, how many LLM calls a turn makes and how long calls and the tool
+steps between them take. ``Workload.scenario()`` draws every number from one
+``random.Random(seed)`` up front and returns a ``Scenario``: the concrete
+list of turns. Because nothing is drawn while the simulation runs, the order
+in which trio happens to schedule tasks can never change the workload, and
+every policy compared on one seed sees exactly the same turns.
+
+A ``Scenario`` can also be written by hand, for exact tests.
+
+Load is a fraction of the client-side capacity: a Poisson workload at load
+``rho`` on providers whose limits sum to ``L`` has arrival rate
+``rho * L / d``, where ``d`` is the mean slot time a turn needs (mean calls
+per turn times mean call duration). With provider weights proportional to
+their limits, every provider sees the same load.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import random
+from typing import TYPE_CHECKING, Literal, final
+
+import attrs
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+#: Turns of one burst arrive this far apart, in workload order, so that their
+#: order is part of the workload rather than of trio's scheduler.
+BURST_SPACING = 1e-6
+
+
+def _check_finite_non_negative(
+    _instance: object, attribute: attrs.Attribute[float], value: float
+) -> None:
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(
+            f"{attribute.name} must be a non-negative finite number, got {value!r}"
+        )
+
+
+def _check_finite_positive(
+    _instance: object, attribute: attrs.Attribute[float], value: float
+) -> None:
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(
+            f"{attribute.name} must be a positive finite number, got {value!r}"
+        )
+
+
+def _check_positive_int(
+    _instance: object, attribute: attrs.Attribute[int], value: int
+) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be a positive integer, got {value!r}")
+
+
+DurationKind = Literal["constant", "exponential", "lognormal", "uniform"]
+
+
+@final
+@attrs.frozen
+class Duration:
+    """A distribution of durations, in seconds.
+
+    Build one with the classmethods. ``spread`` is the lognormal's shape
+    (the standard deviation of its logarithm) or the uniform's half-width;
+    it is ignored by the other kinds.
+
+    Attributes:
+        kind: ``"constant"``, ``"exponential"``, ``"lognormal"`` or
+            ``"uniform"``.
+        mean: The distribution's mean.
+        spread: Its shape parameter, see above.
+    """
+
+    kind: DurationKind = attrs.field(
+        validator=attrs.validators.in_(
+            ("constant", "exponential", "lognormal", "uniform")
+        )
+    )
+    mean: float = attrs.field(converter=float, validator=_check_finite_non_negative)
+    spread: float = attrs.field(
+        default=0.0, converter=float, validator=_check_finite_non_negative
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.kind in ("exponential", "lognormal") and self.mean == 0:
+            raise ValueError(f"a {self.kind} duration needs a positive mean, got 0")
+        if self.kind == "uniform" and self.spread > self.mean:
+            raise ValueError(
+                f"a uniform duration's spread must not exceed its mean,"
+                f" got spread={self.spread!r} > mean={self.mean!r}"
+            )
+
+    @classmethod
+    def constant(cls, seconds: float) -> Duration:
+        """Always ``seconds``."""
+        return cls("constant", seconds)
+
+    @classmethod
+    def exponential(cls, mean: float) -> Duration:
+        """Exponentially distributed with the given mean."""
+        return cls("exponential", mean)
+
+    @classmethod
+    def lognormal(cls, mean: float, sigma: float = 1.0) -> Duration:
+        """Lognormal with the given mean; ``sigma`` is the log's deviation."""
+        return cls("lognormal", mean, sigma)
+
+    @classmethod
+    def uniform(cls, low: float, high: float) -> Duration:
+        """Uniform between ``low`` and ``high``."""
+        if high < low:
+            raise ValueError(f"high must be >= low, got low={low!r} high={high!r}")
+        return cls("uniform", (low + high) / 2, (high - low) / 2)
+
+    def sample(self, rng: random.Random) -> float:
+        """One draw from ``rng``."""
+        kind = self.kind
+        if kind == "constant":
+            return self.mean
+        if kind == "exponential":
+            return rng.expovariate(1.0 / self.mean)
+        if kind == "lognormal":
+            sigma = self.spread
+            return rng.lognormvariate(math.log(self.mean) - sigma * sigma / 2, sigma)
+        return rng.uniform(self.mean - self.spread, self.mean + self.spread)
+
+
+@final
+@attrs.frozen
+class CallsPerTurn:
+    """How many LLM calls a turn makes: uniform between ``low`` and ``high``.
+
+    Attributes:
+        low: The fewest calls, at least 1.
+        high: The most calls, inclusive.
+    """
+
+    low: int = attrs.field(validator=_check_positive_int)
+    high: int = attrs.field(validator=_check_positive_int)
+
+    def __attrs_post_init__(self) -> None:
+        if self.high < self.low:
+            raise ValueError(
+                f"high must be >= low, got low={self.low!r} high={self.high!r}"
+            )
+
+    @property
+    def mean(self) -> float:
+        """The mean number of calls."""
+        return (self.low + self.high) / 2
+
+    @property
+    def label(self) -> str:
+        """A short name such as ``"1-8"`` or ``"1"``."""
+        return str(self.low) if self.low == self.high else f"{self.low}-{self.high}"
+
+    def sample(self, rng: random.Random) -> int:
+        """One draw from ``rng``."""
+        if self.low == self.high:
+            return self.low
+        return rng.randint(self.low, self.high)
+
+
+@final
+@attrs.frozen
+class PoissonArrivals:
+    """Turns arrive as a Poisson process at ``load`` times the capacity.
+
+    Attributes:
+        load: Offered slot time per second over the summed limits; 1.0 keeps
+            every slot busy on average, above 1.0 the queue grows.
+    """
+
+    load: float = attrs.field(converter=float, validator=_check_finite_positive)
+
+
+@final
+@attrs.frozen
+class BurstArrivals:
+    """Turns arrive in bursts of ``size``, one burst every ``interval`` seconds.
+
+    The first burst arrives at time 0. Turns of one burst arrive
+    ``BURST_SPACING`` apart, in order.
+
+    Attributes:
+        size: Turns per burst.
+        interval: Seconds from one burst to the next.
+    """
+
+    size: int = attrs.field(validator=_check_positive_int)
+    interval: float = attrs.field(converter=float, validator=_check_finite_positive)
+
+
+Arrivals = PoissonArrivals | BurstArrivals
+
+
+@final
+@attrs.frozen
+class SimProvider:
+    """A simulated LLM provider.
+
+    Attributes:
+        name: The provider's name, as the dispatcher knows it.
+        limit: The client-side concurrency limit the dispatcher (or the
+            FIFO limiter) enforces.
+        capacity: How many calls the provider itself serves at once; one
+            more is answered 429 after ``reject_latency`` seconds. ``None``
+            for a provider that never refuses.
+        retry_after: The ``Retry-After`` of its 429 answers, in seconds.
+        reject_latency: How long a 429 answer takes, in seconds.
+        weight: How often agents pick this provider, relative to the others.
+    """
+
+    name: str = attrs.field()
+    limit: int = attrs.field(validator=_check_positive_int)
+    capacity: int | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(_check_positive_int),
+    )
+    retry_after: float = attrs.field(
+        default=1.0, converter=float, validator=_check_finite_non_negative
+    )
+    reject_latency: float = attrs.field(
+        default=0.05, converter=float, validator=_check_finite_non_negative
+    )
+    weight: float = attrs.field(
+        default=1.0, converter=float, validator=_check_finite_positive
+    )
+
+    @name.validator
+    def _check_name(self, _attribute: attrs.Attribute[str], value: str) -> None:
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"name must be a non-empty string, got {value!r}")
+
+
+def _to_float_tuple(values: Iterable[float]) -> tuple[float, ...]:
+    return tuple(float(v) for v in values)
+
+
+def _to_provider_tuple(values: Iterable[SimProvider]) -> tuple[SimProvider, ...]:
+    return tuple(values)
+
+
+def _to_turn_tuple(values: Iterable[TurnSpec]) -> tuple[TurnSpec, ...]:
+    return tuple(values)
+
+
+@final
+@attrs.frozen
+class TurnSpec:
+    """One agent turn, fully drawn: when it starts and what it does.
+
+    The turn makes ``len(calls)`` LLM calls, each holding a slot for its
+    duration, with ``tools[i]`` seconds of tool work after call ``i``
+    (no tool step follows the last call).
+
+    Attributes:
+        arrival: When the turn starts, in seconds from the simulation's start.
+        provider: The name of the provider all its calls go to.
+        calls: Each call's duration.
+        tools: Each tool step's duration; one fewer than ``calls``.
+    """
+
+    arrival: float = attrs.field(converter=float, validator=_check_finite_non_negative)
+    provider: str
+    calls: tuple[float, ...] = attrs.field(converter=_to_float_tuple)
+    tools: tuple[float, ...] = attrs.field(converter=_to_float_tuple, factory=tuple)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.calls:
+            raise ValueError("a turn makes at least one call")
+        if len(self.tools) != len(self.calls) - 1:
+            raise ValueError(
+                f"a turn of {len(self.calls)} calls has {len(self.calls) - 1}"
+                f" tool steps, got {len(self.tools)}"
+            )
+        for value in itertools.chain(self.calls, self.tools):
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(
+                    f"durations must be non-negative finite numbers, got {value!r}"
+                )
+
+    @property
+    def ideal(self) -> float:
+        """The turn's latency on an idle system: its calls and tools end to end."""
+        return math.fsum(self.calls) + math.fsum(self.tools)
+
+
+@final
+@attrs.frozen
+class Scenario:
+    """A concrete workload: providers and every turn, ready to simulate.
+
+    Attributes:
+        providers: The providers; names are unique.
+        turns: The turns, in any order.
+        max_attempts: How many times a call is sent before its turn gives
+            up, when the provider keeps answering 429.
+    """
+
+    providers: tuple[SimProvider, ...] = attrs.field(converter=_to_provider_tuple)
+    turns: tuple[TurnSpec, ...] = attrs.field(converter=_to_turn_tuple)
+    max_attempts: int = attrs.field(default=10, validator=_check_positive_int)
+
+    def __attrs_post_init__(self) -> None:
+        names = [p.name for p in self.providers]
+        if not names:
+            raise ValueError("a scenario needs at least one provider")
+        if len(set(names)) != len(names):
+            raise ValueError(f"provider names must be unique, got {names!r}")
+        known = set(names)
+        for turn in self.turns:
+            if turn.provider not in known:
+                raise ValueError(f"turn uses unknown provider {turn.provider!r}")
+
+
+_DEFAULT_CALLS = CallsPerTurn(1, 8)
+_DEFAULT_CALL_DURATION = Duration.lognormal(2.0, 1.0)
+_DEFAULT_TOOL_DURATION = Duration.exponential(1.0)
+
+
+@final
+@attrs.frozen
+class Workload:
+    """A seeded description of agent turns; ``scenario()`` draws them.
+
+    Attributes:
+        agents: How many turns (one per agent) to draw.
+        arrivals: ``PoissonArrivals`` or ``BurstArrivals``.
+        providers: The providers; each turn picks one by ``weight``.
+        calls: LLM calls per turn.
+        call_duration: How long each LLM call holds its slot.
+        tool_duration: How long each tool step between calls takes.
+        seed: The seed of the one ``random.Random`` everything is drawn from.
+        max_attempts: See ``Scenario.max_attempts``.
+    """
+
+    agents: int = attrs.field(validator=_check_positive_int)
+    arrivals: Arrivals
+    providers: tuple[SimProvider, ...] = attrs.field(converter=_to_provider_tuple)
+    calls: CallsPerTurn = attrs.field(default=_DEFAULT_CALLS)
+    call_duration: Duration = attrs.field(default=_DEFAULT_CALL_DURATION)
+    tool_duration: Duration = attrs.field(default=_DEFAULT_TOOL_DURATION)
+    seed: int = 0
+    max_attempts: int = attrs.field(default=10, validator=_check_positive_int)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.providers:
+            raise ValueError("a workload needs at least one provider")
+        if self.call_duration.mean <= 0:
+            raise ValueError("call_duration must have a positive mean")
+
+    @property
+    def mean_demand(self) -> float:
+        """The mean slot time one turn needs, in seconds."""
+        return self.calls.mean * self.call_duration.mean
+
+    @property
+    def capacity(self) -> int:
+        """The summed client-side limits of the providers."""
+        return sum(p.limit for p in self.providers)
+
+    @property
+    def arrival_rate(self) -> float:
+        """Mean turns per second."""
+        arrivals = self.arrivals
+        if isinstance(arrivals, PoissonArrivals):
+            return arrivals.load * self.capacity / self.mean_demand
+        return arrivals.size / arrivals.interval
+
+    @property
+    def load(self) -> float:
+        """Offered slot time per second over the summed limits."""
+        return self.arrival_rate * self.mean_demand / self.capacity
+
+    def scenario(self) -> Scenario:
+        """Draw every turn from ``random.Random(seed)``, deterministically."""
+        rng = random.Random(self.seed)
+        providers = self.providers
+        names = [p.name for p in providers]
+        cumulative = list(itertools.accumulate(p.weight for p in providers))
+        total_weight = cumulative[-1]
+        last = len(providers) - 1
+        arrivals = self.arrivals
+        poisson = isinstance(arrivals, PoissonArrivals)
+        rate = self.arrival_rate
+        calls_dist = self.calls
+        call_sample = self.call_duration.sample
+        tool_sample = self.tool_duration.sample
+        turns: list[TurnSpec] = []
+        now = 0.0
+        for index in range(self.agents):
+            if poisson:
+                now += rng.expovariate(rate)
+                arrival = now
+            else:
+                assert isinstance(arrivals, BurstArrivals)
+                burst, position = divmod(index, arrivals.size)
+                arrival = burst * arrivals.interval + position * BURST_SPACING
+            pick = bisect.bisect_right(cumulative, rng.random() * total_weight)
+            provider = names[min(pick, last)]
+            count = calls_dist.sample(rng)
+            calls = tuple(call_sample(rng) for _ in range(count))
+            tools = tuple(tool_sample(rng) for _ in range(count - 1))
+            turns.append(TurnSpec(arrival, provider, calls, tools))
+        return Scenario(providers, turns, self.max_attempts)

@@ -1,0 +1,324 @@
+"""Hypothesis strategies for property-testing limits and policies.
+
+Two kinds of input:
+
+- ``workloads()`` draws small, valid ``Workload`` values to feed to
+  ``run_simulation``. Properties worth checking on any of them (and checked
+  by trio-dispatch's own suite)::
+
+      @given(workloads(), st.sampled_from(["oldest-first", "fifo"]))
+      @settings(deadline=None, max_examples=50)
+      def test_limits_hold(workload, policy):
+          result = run_simulation(workload, policy)
+          for provider in result.providers:
+              assert provider.peak_in_flight <= provider.limit
+              assert provider.held_at_end == provider.waiting_at_end == 0
+          assert all(turn.completed for turn in result.turns)
+
+- ``operation_sequences()`` draws a scripted session against a dispatcher:
+  requests that take a slot and leave (release or cancel, whichever applies
+  when they leave), limit changes, rate-limit reports and the passing of
+  time. ``replay_operations`` plays one inside a trio run (use the
+  ``autojump_clock`` fixture) and calls you back after each step, when every
+  task has settled, so you can assert on ``dispatcher.statistics()``.
+
+Hypothesis-trio is not needed: a sequence is generated first, then replayed
+in one trio run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, final
+
+import attrs
+import trio
+import trio.testing
+from hypothesis import strategies as st
+
+from ._workloads import (
+    BurstArrivals,
+    CallsPerTurn,
+    Duration,
+    PoissonArrivals,
+    SimProvider,
+    Workload,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from .. import Dispatcher
+
+__all__ = [
+    "AcquireOp",
+    "AdvanceOp",
+    "LeaveOp",
+    "Operation",
+    "RateLimitOp",
+    "SetLimitOp",
+    "durations",
+    "operation_sequences",
+    "replay_operations",
+    "workloads",
+]
+
+
+def durations(
+    *, max_mean: float = 4.0, allow_zero: bool = False
+) -> st.SearchStrategy[Duration]:
+    """Durations of every kind, with means up to ``max_mean`` seconds.
+
+    Args:
+        max_mean: The largest mean drawn.
+        allow_zero: Whether a constant zero duration may be drawn (fine for
+            tool steps; calls should take time).
+    """
+    low = 0.0 if allow_zero else 0.01
+    means = st.floats(low, max_mean, allow_nan=False, allow_infinity=False)
+    positive = st.floats(0.01, max_mean, allow_nan=False, allow_infinity=False)
+    return st.one_of(
+        means.map(Duration.constant),
+        positive.map(Duration.exponential),
+        st.builds(Duration.lognormal, positive, st.floats(0.0, 1.5)),
+        st.builds(
+            lambda mean, fraction: Duration.uniform(mean * (1 - fraction), mean),
+            positive,
+            st.floats(0.0, 1.0),
+        ),
+    )
+
+
+@st.composite
+def _providers(
+    draw: st.DrawFn, max_providers: int, max_limit: int, capacities: bool
+) -> tuple[SimProvider, ...]:
+    count = draw(st.integers(1, max_providers))
+    providers = []
+    for index in range(count):
+        limit = draw(st.integers(1, max_limit))
+        capacity = (
+            draw(st.none() | st.integers(1, max_limit + 1)) if capacities else None
+        )
+        providers.append(
+            SimProvider(
+                name=f"provider-{index}",
+                limit=limit,
+                capacity=capacity,
+                retry_after=draw(st.sampled_from([0.0, 0.5, 1.0, 2.0])),
+                reject_latency=draw(st.sampled_from([0.0, 0.05])),
+                weight=draw(st.floats(0.1, 10.0)),
+            )
+        )
+    return tuple(providers)
+
+
+def workloads(
+    *,
+    max_agents: int = 30,
+    max_providers: int = 2,
+    max_limit: int = 4,
+    max_calls: int = 5,
+    capacities: bool = False,
+) -> st.SearchStrategy[Workload]:
+    """Small valid ``Workload`` values, shrinking towards fewer, simpler turns.
+
+    Args:
+        max_agents: The most turns a workload has.
+        max_providers: The most providers it has.
+        max_limit: The largest client-side limit (and, plus one, capacity).
+        max_calls: The most calls a turn makes.
+        capacities: Whether providers may have a capacity of their own (and
+            answer 429). Off by default, so that every turn completes under a
+            client-side limit no larger than the capacity.
+    """
+
+    @st.composite
+    def build(draw: st.DrawFn) -> Workload:
+        low = draw(st.integers(1, max_calls))
+        high = draw(st.integers(low, max_calls))
+        arrivals: PoissonArrivals | BurstArrivals = draw(
+            st.one_of(
+                st.builds(PoissonArrivals, st.floats(0.1, 1.5)),
+                st.builds(BurstArrivals, st.integers(1, 8), st.floats(0.5, 20.0)),
+            )
+        )
+        return Workload(
+            agents=draw(st.integers(1, max_agents)),
+            arrivals=arrivals,
+            providers=draw(_providers(max_providers, max_limit, capacities)),
+            calls=CallsPerTurn(low, high),
+            call_duration=draw(durations()),
+            tool_duration=draw(durations(allow_zero=True)),
+            seed=draw(st.integers(0, 2**32 - 1)),
+            max_attempts=draw(st.integers(1, 5)),
+        )
+
+    return build()
+
+
+@final
+@attrs.frozen
+class AcquireOp:
+    """Request ``request`` asks ``provider`` for a slot, with this priority."""
+
+    request: int
+    provider: str
+    started_at: float
+
+
+@final
+@attrs.frozen
+class LeaveOp:
+    """Request ``request`` leaves: it releases its slot or stops waiting."""
+
+    request: int
+
+
+@final
+@attrs.frozen
+class SetLimitOp:
+    """The provider's limit changes."""
+
+    provider: str
+    limit: int
+
+
+@final
+@attrs.frozen
+class RateLimitOp:
+    """The provider answered 429; grants pause for ``retry_after`` seconds."""
+
+    provider: str
+    retry_after: float
+
+
+@final
+@attrs.frozen
+class AdvanceOp:
+    """Virtual time passes."""
+
+    seconds: float
+
+
+Operation = AcquireOp | LeaveOp | SetLimitOp | RateLimitOp | AdvanceOp
+
+
+def operation_sequences(
+    *,
+    providers: Sequence[str] = ("a", "b"),
+    max_limit: int = 3,
+    max_size: int = 40,
+) -> st.SearchStrategy[tuple[Operation, ...]]:
+    """Valid scripted sessions against a dispatcher limiting ``providers``.
+
+    Every ``LeaveOp`` names a request that was acquired and has not left;
+    ``started_at`` values come from a few instants, so ties are common. Start
+    the dispatcher with ``limits={p: 1 for p in providers}`` (or any limits)
+    and play the sequence with ``replay_operations``.
+
+    Args:
+        providers: The provider names used.
+        max_limit: The largest limit a ``SetLimitOp`` sets.
+        max_size: The most operations in one sequence.
+    """
+    names = tuple(providers)
+    if not names:
+        raise ValueError("providers must name at least one provider")
+
+    @st.composite
+    def build(draw: st.DrawFn) -> tuple[Operation, ...]:
+        size = draw(st.integers(0, max_size))
+        operations: list[Operation] = []
+        active: list[int] = []
+        next_request = 0
+        for _ in range(size):
+            kind = draw(
+                st.sampled_from(
+                    ["acquire", "acquire", "leave", "limit", "rate", "advance"]
+                )
+            )
+            if kind == "leave" and active:
+                request = active.pop(draw(st.integers(0, len(active) - 1)))
+                operations.append(LeaveOp(request))
+            elif kind == "limit":
+                operations.append(
+                    SetLimitOp(
+                        draw(st.sampled_from(names)), draw(st.integers(1, max_limit))
+                    )
+                )
+            elif kind == "rate":
+                operations.append(
+                    RateLimitOp(
+                        draw(st.sampled_from(names)),
+                        draw(st.sampled_from([0.0, 0.5, 2.0])),
+                    )
+                )
+            elif kind == "advance":
+                operations.append(AdvanceOp(draw(st.sampled_from([0.25, 1.0, 3.0]))))
+            else:
+                operations.append(
+                    AcquireOp(
+                        next_request,
+                        draw(st.sampled_from(names)),
+                        float(draw(st.integers(0, 4))),
+                    )
+                )
+                active.append(next_request)
+                next_request += 1
+        return tuple(operations)
+
+    return build()
+
+
+async def _hold(
+    dispatcher: Dispatcher, operation: AcquireOp, scope: trio.CancelScope
+) -> None:
+    with scope:
+        async with dispatcher.slot(
+            operation.provider,
+            conversation_id=f"request-{operation.request}",
+            started_at=operation.started_at,
+        ):
+            await trio.sleep_forever()
+
+
+async def replay_operations(
+    dispatcher: Dispatcher,
+    operations: Sequence[Operation],
+    *,
+    on_step: Callable[[Operation], None] | None = None,
+) -> None:
+    """Play ``operations`` against ``dispatcher`` in the current trio run.
+
+    Each ``AcquireOp`` starts a task that enters ``dispatcher.slot(...)``
+    and holds the slot until its ``LeaveOp``, which cancels it (so a waiting
+    request is withdrawn and a holder gives its slot back, as in real use).
+    After each operation every task is allowed to settle, then ``on_step``
+    is called with it. Requests still active at the end leave.
+
+    Raises:
+        ValueError: A ``LeaveOp`` names a request that is not active.
+    """
+    scopes: dict[int, trio.CancelScope] = {}
+    async with trio.open_nursery() as nursery:
+        for operation in operations:
+            if isinstance(operation, AcquireOp):
+                scope = trio.CancelScope()
+                scopes[operation.request] = scope
+                nursery.start_soon(_hold, dispatcher, operation, scope)
+            elif isinstance(operation, LeaveOp):
+                left = scopes.pop(operation.request, None)
+                if left is None:
+                    raise ValueError(f"request {operation.request} is not active")
+                left.cancel()
+            elif isinstance(operation, SetLimitOp):
+                dispatcher.set_limit(operation.provider, operation.limit)
+            elif isinstance(operation, RateLimitOp):
+                dispatcher.report_rate_limit(operation.provider, operation.retry_after)
+            else:
+                await trio.sleep(operation.seconds)
+            await trio.testing.wait_all_tasks_blocked()
+            if on_step is not None:
+                on_step(operation)
+        for scope in scopes.values():
+            scope.cancel()
