@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -64,6 +65,11 @@ def test_simulate_prints_every_policy_and_writes_json_and_plot(
     assert metrics["oldest-first"]["turns"] == 60
     assert metrics["oldest-first"]["completed"] == 60
     assert plot_path.read_bytes().startswith(PNG_MAGIC)
+    # Written whole, with the permissions any new file gets, not mkstemp's 0600.
+    umask = os.umask(0)
+    os.umask(umask)
+    assert json_path.stat().st_mode & 0o777 == 0o666 & ~umask
+    assert not [p for p in tmp_path.rglob(".*") if p.is_file()]
 
 
 def test_simulate_is_deterministic(

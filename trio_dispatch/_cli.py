@@ -298,6 +298,9 @@ def _write_files(files: dict[Path, bytes]) -> None:
     """Write every file whole: each beside its target, then renamed in place."""
     for path in files:
         path.parent.mkdir(parents=True, exist_ok=True)
+    # mkstemp makes files private (0600); give them the usual permissions.
+    umask = os.umask(0)
+    os.umask(umask)
     staged: list[tuple[str, Path]] = []
     try:
         for path, data in files.items():
@@ -305,6 +308,7 @@ def _write_files(files: dict[Path, bytes]) -> None:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
             staged.append((temporary, path))
+            os.chmod(temporary, 0o666 & ~umask)
         for temporary, path in staged:
             os.replace(temporary, path)
         staged.clear()
