@@ -111,7 +111,7 @@ def test_simulate_is_deterministic(
             ["simulate", "--load", "nan"],
             "expected a load above 0 and at most 10, got 'nan'",
         ),
-        (["simulate", "--calls", "5-2"], "1 <= LOW <= HIGH, got '5-2'"),
+        (["simulate", "--calls", "5-2"], "1 <= LOW <= HIGH, such as 1-8, got '5-2'"),
         (["simulate", "--policy", "lifo"], "invalid choice: 'lifo'"),
         (["demo", "--agents", "0"], "expected a positive integer, got '0'"),
         (["demo", "--limit-openai", "-1"], "expected a positive integer, got '-1'"),

@@ -22,7 +22,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from ._demo import DemoReport, Progress
     from .testing import PolicyMetrics
 
+_T = TypeVar("_T")
+
 _POLICIES = ("oldest-first", "fifo", "random", "none")
 _BENCHMARKS = ("fairness", "handoff", "http", "all")
 
@@ -39,81 +41,55 @@ _BENCHMARKS = ("fairness", "handoff", "http", "all")
 # ------------------------------------------------------------------ options
 
 
-def _positive_int(text: str) -> int:
+def _parsed(
+    text: str, convert: Callable[[str], _T], ok: Callable[[_T], bool], expected: str
+) -> _T:
+    """``convert(text)`` if it works and ``ok`` accepts it, else a usage error."""
     try:
-        value = int(text)
+        value = convert(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a positive integer, got {text!r}"
-        ) from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        value = None
+    if value is None or not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _parsed(text, int, lambda n: n >= 1, "a positive integer")
 
 
 def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a non-negative integer, got {text!r}"
-        ) from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(
-            f"expected a non-negative integer, got {text!r}"
-        )
-    return value
+    return _parsed(text, int, lambda n: n >= 0, "a non-negative integer")
 
 
 def _load(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a load such as 0.95, got {text!r}"
-        ) from None
-    if not math.isfinite(value) or not 0 < value <= 10:
-        raise argparse.ArgumentTypeError(
-            f"expected a load above 0 and at most 10, got {text!r}"
-        )
-    return value
+    return _parsed(
+        text,
+        float,
+        lambda x: math.isfinite(x) and 0 < x <= 10,
+        "a load above 0 and at most 10",
+    )
 
 
 def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a number from 0 to 1, got {text!r}"
-        ) from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text!r}")
-    return value
+    return _parsed(text, float, lambda x: 0 <= x <= 1, "a number from 0 to 1")
 
 
 def _calls_range(text: str) -> tuple[int, int]:
-    low_text, _, high_text = text.partition("-")
-    try:
-        low = int(low_text)
-        high = int(high_text) if high_text else low
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected calls per turn as LOW-HIGH, such as 1-8, got {text!r}"
-        ) from None
-    if not 1 <= low <= high:
-        raise argparse.ArgumentTypeError(
-            f"expected calls per turn as LOW-HIGH with 1 <= LOW <= HIGH, got {text!r}"
-        )
-    return low, high
+    def split(text: str) -> tuple[int, int]:
+        low, _, high = text.partition("-")
+        return int(low), int(high or low)
+
+    return _parsed(
+        text,
+        split,
+        lambda calls: 1 <= calls[0] <= calls[1],
+        "calls per turn as LOW-HIGH with 1 <= LOW <= HIGH, such as 1-8",
+    )
 
 
 def _port(text: str) -> int:
-    value = _non_negative_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(
-            f"expected a port from 0 to 65535, got {text!r}"
-        )
-    return value
+    return _parsed(text, int, lambda n: 0 <= n <= 65535, "a port from 0 to 65535")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -40,14 +40,15 @@ import statistics
 import sys
 import time
 import tracemalloc
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Literal, final
 
 import attrs
-import cattrs
 import trio
 import trio.testing
 
 from .. import __version__
+from .._converter import unstructure
 from ..actors import open_dispatcher
 
 if TYPE_CHECKING:
@@ -64,7 +65,6 @@ __all__ = [
 ]
 
 _PROVIDER: Final = "p"
-_converter = cattrs.Converter()
 
 
 def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -246,7 +246,7 @@ class HandoffReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON-ready data."""
-        data: dict[str, Any] = _converter.unstructure(self)
+        data: dict[str, Any] = unstructure(self)
         data["all_met"] = self.all_met
         return data
 
@@ -489,41 +489,42 @@ async def _memory_ours(waiters: int) -> float:
     async with open_dispatcher({_PROVIDER: 1}) as dispatcher:
         gate = trio.Event()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_hold_ours, dispatcher, gate)
-            await trio.testing.wait_all_tasks_blocked()
-            gc.collect()
-            traced = _Traced()
-            try:
-                for _ in range(waiters):
-                    nursery.start_soon(_hold_ours, dispatcher, gate)
-                await trio.testing.wait_all_tasks_blocked()
-                gc.collect()
-                grown = traced.grown()
-            finally:
-                traced.stop()
+            per_waiter = await _memory_per_waiter(
+                nursery, partial(_hold_ours, dispatcher, gate), waiters
+            )
             _check("waiting", _slot_statistics(dispatcher)[1], waiters)
             nursery.cancel_scope.cancel()
-    return grown / waiters
+    return per_waiter
 
 
 async def _memory_theirs(waiters: int) -> float:
     limiter = trio.CapacityLimiter(1)
     gate = trio.Event()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_hold_theirs, limiter, gate)
-        await trio.testing.wait_all_tasks_blocked()
-        gc.collect()
-        traced = _Traced()
-        try:
-            for _ in range(waiters):
-                nursery.start_soon(_hold_theirs, limiter, gate)
-            await trio.testing.wait_all_tasks_blocked()
-            gc.collect()
-            grown = traced.grown()
-        finally:
-            traced.stop()
+        per_waiter = await _memory_per_waiter(
+            nursery, partial(_hold_theirs, limiter, gate), waiters
+        )
         _check("tasks_waiting", limiter.statistics().tasks_waiting, waiters)
         nursery.cancel_scope.cancel()
+    return per_waiter
+
+
+async def _memory_per_waiter(
+    nursery: trio.Nursery, hold: Callable[[], Awaitable[None]], waiters: int
+) -> float:
+    """Bytes per task parked behind one holder, as tracemalloc counts them."""
+    nursery.start_soon(hold)
+    await trio.testing.wait_all_tasks_blocked()
+    gc.collect()
+    traced = _Traced()
+    try:
+        for _ in range(waiters):
+            nursery.start_soon(hold)
+        await trio.testing.wait_all_tasks_blocked()
+        gc.collect()
+        grown = traced.grown()
+    finally:
+        traced.stop()
     return grown / waiters
 
 

@@ -32,10 +32,10 @@ import time
 from typing import TYPE_CHECKING, Any, Final, final
 
 import attrs
-import cattrs
 import trio
 
 from .. import __version__
+from .._converter import unstructure
 from ..actors import open_dispatcher
 from ..messages import ChatMessage, ChatRequest
 from ..providers import OpenAIProvider
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
 __all__ = ["HttpBenchReport", "PathLatency", "run_http_benchmark"]
 
 _REPLY_TEXT: Final = "one two three four five six seven eight"
-_converter = cattrs.Converter()
 
 
 @final
@@ -120,7 +119,7 @@ class HttpBenchReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON-ready data."""
-        data: dict[str, Any] = _converter.unstructure(self)
+        data: dict[str, Any] = unstructure(self)
         return data
 
     def to_json(self) -> str:

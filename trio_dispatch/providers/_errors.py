@@ -48,13 +48,8 @@ class ProviderError(DispatchError):
         self.status_code = status_code
 
 
-@final
-class RateLimited(ProviderError):
-    """HTTP 429, or a rate-limit error inside the stream.
-
-    Attributes:
-        retry_after: Seconds the provider asked us to wait, or ``None``.
-    """
+class _Busy(ProviderError):
+    """A provider's "not now": it may say how long to wait."""
 
     retryable: ClassVar[bool] = True
 
@@ -71,7 +66,16 @@ class RateLimited(ProviderError):
 
 
 @final
-class Overloaded(ProviderError):
+class RateLimited(_Busy):
+    """HTTP 429, or a rate-limit error inside the stream.
+
+    Attributes:
+        retry_after: Seconds the provider asked us to wait, or ``None``.
+    """
+
+
+@final
+class Overloaded(_Busy):
     """HTTP 529 or 503, or an overloaded error inside the stream.
 
     The provider is busy for everyone, not refusing this account.
@@ -79,19 +83,6 @@ class Overloaded(ProviderError):
     Attributes:
         retry_after: Seconds the provider asked us to wait, or ``None``.
     """
-
-    retryable: ClassVar[bool] = True
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        provider: str,
-        status_code: int | None = None,
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(message, provider=provider, status_code=status_code)
-        self.retry_after = retry_after
 
 
 @final
