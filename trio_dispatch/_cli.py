@@ -146,7 +146,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     demo.add_argument(
-        "--out", type=Path, default=None, help="write demo.json and demo.png here"
+        "--out",
+        type=Path,
+        default=Path("demo-results"),
+        help="folder for demo.json and demo.png (default demo-results)",
     )
     demo.add_argument(
         "--no-live", action="store_true", help="no live display, only the summary"
@@ -357,24 +360,24 @@ def _run_demo(args: argparse.Namespace) -> int:
         report = _with_live_display(console, options)
     console.print(_demo_table(report))
     failed = report.turns_failed
+    within = all(p.server_peak_in_flight <= p.limit for p in report.providers)
     console.print(
         f"{report.turns_completed} turns completed, {failed} failed,"
-        f" in {report.duration:.1f} s. The servers' peak concurrency never"
-        " exceeded the limits."
-        if all(p.server_peak_in_flight <= p.limit for p in report.providers)
+        f" in {report.duration:.1f} s."
+    )
+    console.print(
+        "The servers' peak concurrency never exceeded the limits."
+        if within
         else "[red]A server saw more concurrent requests than its limit.[/]"
     )
-    if args.out is not None:
-        files = {
-            args.out / "demo.json": _json_bytes(report.to_dict()),
-            args.out / "demo.png": _png(lambda axes: _demo_plot(axes, report)),
-        }
-        _write_files(files)
-        for path in files:
-            console.print(f"wrote {path}")
-    ok = failed == 0 and all(
-        p.server_peak_in_flight <= p.limit for p in report.providers
-    )
+    files = {
+        args.out / "demo.json": _json_bytes(report.to_dict()),
+        args.out / "demo.png": _png(lambda axes: _demo_plot(axes, report)),
+    }
+    _write_files(files)
+    for path in files:
+        console.print(f"wrote {path}")
+    ok = failed == 0 and within
     return 0 if ok else 1
 
 
