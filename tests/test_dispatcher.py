@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -20,6 +21,8 @@ from trio_dispatch import (
     SlotHoldTimeout,
     open_dispatcher,
 )
+from trio_dispatch.actors import SchedulerActor
+from trio_dispatch.messages import Acquire, Pause, SchedulerMessage
 
 from ._helpers import settle, task_names
 
@@ -180,12 +183,15 @@ async def test_waiter_cancelled_in_queue_is_withdrawn_and_never_granted(
 # ---------------------------------------------------------------- unlimited
 
 
-async def test_unlimited_provider_checkpoints_and_takes_nothing() -> None:
+async def test_unlimited_provider_checkpoints_and_grants_at_once() -> None:
     async with open_dispatcher({"limited": 1}) as dispatcher:
         with trio.testing.assert_checkpoints():
-            async with dispatcher.slot("free") as slot:
-                assert slot.held
-                assert slot.ticket is None
+            async with (
+                dispatcher.slot("free") as first,
+                dispatcher.slot("free") as second,
+            ):
+                assert first.held
+                assert second.held
         with trio.CancelScope() as scope:
             scope.cancel()
             async with dispatcher.slot("free"):
@@ -194,6 +200,28 @@ async def test_unlimited_provider_checkpoints_and_takes_nothing() -> None:
                 )  # pragma: no cover
         assert list(dispatcher.statistics().providers) == ["limited"]
         assert dispatcher.limits() == {"limited": 1}
+
+
+async def test_a_first_limit_counts_the_slots_taken_while_unlimited(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    granted: list[float] = []
+    async with open_dispatcher() as dispatcher, trio.open_nursery() as nursery:
+
+        async def call(duration: float) -> None:
+            async with dispatcher.slot("p"):
+                granted.append(trio.current_time())
+                await trio.sleep(duration)
+
+        nursery.start_soon(call, 5)
+        nursery.start_soon(call, 3)
+        await trio.sleep(1)
+        dispatcher.set_limit("p", 1)
+        nursery.start_soon(call, 1)
+        await settle()
+        assert dispatcher.statistics().providers["p"].in_flight == 2
+    # The newcomer waits until both unlimited holders are done (at 5).
+    assert granted == [0.0, 0.0, 5.0]
 
 
 async def test_limited_slot_checkpoints_even_when_free() -> None:
@@ -790,3 +818,99 @@ def test_errors_form_one_tree() -> None:
     for error in (DispatcherClosed, QueueFull, SlotHoldTimeout):
         assert issubclass(error, DispatchError)
     assert trio_dispatch.DispatchError is DispatchError
+
+
+# ---------------------------------------------------------------- crashes
+
+
+class Boom(Exception):
+    """A bug inside a scheduler actor."""
+
+
+@pytest.fixture
+def crash_on_pause(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every scheduler crash when it handles a Pause."""
+    handle = SchedulerActor._handle
+
+    def crashing(self: SchedulerActor, message: SchedulerMessage, now: float) -> None:
+        if isinstance(message, Pause):
+            raise Boom("bug in the scheduler")
+        handle(self, message, now)
+
+    monkeypatch.setattr(SchedulerActor, "_handle", crashing)
+
+
+@pytest.mark.usefixtures("crash_on_pause")
+async def test_a_scheduler_crash_is_not_lost_behind_the_bodys_cancelled_nursery() -> (
+    None
+):
+    with pytest.RaisesGroup(Boom, match="Exceptions from Trio nursery"):
+        async with (
+            open_dispatcher({"p": 1}) as dispatcher,
+            trio.open_nursery() as inner,
+        ):
+            inner.start_soon(trio.sleep_forever)
+            dispatcher.report_rate_limit("p", 1)
+            await trio.sleep_forever()
+
+
+@pytest.mark.usefixtures("crash_on_pause")
+async def test_a_scheduler_crash_mid_batch_fails_the_acquires_behind_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    outcome: list[str] = []
+
+    async def waiter(dispatcher: Dispatcher) -> None:
+        # Shielded, so only the scheduler's answer can end the wait.
+        with trio.CancelScope(shield=True), trio.move_on_after(10) as timer:
+            try:
+                dispatcher.report_rate_limit("p", 1)  # Pause, then Acquire: one batch
+                async with dispatcher.slot("p"):
+                    outcome.append("granted")  # pragma: no cover
+            except DispatcherClosed:
+                outcome.append("closed")
+        if timer.cancelled_caught:
+            outcome.append("hung")  # pragma: no cover
+
+    async def serve(task_status: trio.TaskStatus[Dispatcher]) -> None:
+        async with open_dispatcher({"p": 1}) as dispatcher:
+            task_status.started(dispatcher)
+            await trio.sleep_forever()
+
+    with pytest.RaisesGroup(Boom, flatten_subgroups=True):
+        async with trio.open_nursery() as nursery:
+            dispatcher = await nursery.start(serve)
+            nursery.start_soon(waiter, dispatcher)
+            await trio.sleep_forever()
+    assert outcome == ["closed"]
+
+
+def test_a_keyboard_interrupt_after_the_acquire_is_sent_leaks_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    send = SchedulerActor.send
+    interrupted = False
+
+    def send_then_interrupt(self: SchedulerActor, message: SchedulerMessage) -> None:
+        nonlocal interrupted
+        send(self, message)
+        if isinstance(message, Acquire) and not interrupted:
+            interrupted = True
+            signal.raise_signal(signal.SIGINT)  # unprotected code would get KI here
+
+    monkeypatch.setattr(SchedulerActor, "send", send_then_interrupt)
+
+    async def main() -> None:
+        async with open_dispatcher({"p": 1}) as dispatcher:
+            with pytest.raises(KeyboardInterrupt):
+                async with dispatcher.slot("p"):
+                    pass  # pragma: no cover
+            await settle()
+            assert dispatcher.statistics().providers["p"].in_flight == 0
+            with trio.move_on_after(10) as timer:
+                async with dispatcher.slot("p"):
+                    pass
+            assert not timer.cancelled_caught
+
+    # trio delivers a KeyboardInterrupt to the main task: run one of our own.
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

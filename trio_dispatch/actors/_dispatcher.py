@@ -119,8 +119,7 @@ class Slot:
         provider: The provider asked for.
         conversation_id: Who asked, for traces and statistics.
         started_at: The request's priority: when its turn began.
-        ticket: The scheduler's ticket, once entered (``None`` if the
-            provider is unlimited).
+        ticket: The scheduler's ticket, once entered.
         granted_at: When the slot was granted (trio clock), once entered.
     """
 
@@ -171,6 +170,11 @@ class Slot:
         """Whether this request holds its slot now."""
         return self._state is _HOLDING
 
+    # KeyboardInterrupt is held back to the park point in the methods that
+    # change the slot's state and message the scheduler together, as in
+    # trio's own primitives: a KI between an Acquire and the state that
+    # expects its answer would leak the slot.
+    @trio.lowlevel.enable_ki_protection
     async def __aenter__(self) -> Self:
         if self._state is not _NEW:
             raise RuntimeError("a slot can be entered only once")
@@ -178,16 +182,10 @@ class Slot:
         if dispatcher._closed:
             self._state = _DONE
             raise DispatcherClosed("the dispatcher is closed")
-        actor = dispatcher._actors.get(self.provider)
-        if actor is None:
-            # Never limited: take nothing, but checkpoint like any acquire.
-            await trio.lowlevel.checkpoint()
-            self._state = _HOLDING
-            self.granted_at = trio.current_time()
-            return self
         # An already cancelled caller sends nothing, not an Acquire and a
         # Cancel: a grant that nobody uses would still show in statistics.
         await trio.lowlevel.checkpoint_if_cancelled()
+        actor = dispatcher._scheduler(self.provider)
         ticket = actor.ticket(self.started_at)
         try:
             actor.send(Acquire(ticket, self, self.conversation_id))
@@ -203,13 +201,14 @@ class Slot:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
-        if self._max_hold is not None:
+        if self._max_hold is not None and self.provider in dispatcher._limits:
             assert self.granted_at is not None
             hold = _hold_timer(self.granted_at + self._max_hold, self._max_hold)
             hold.__enter__()
             self._hold = hold
         return self
 
+    @trio.lowlevel.enable_ki_protection
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
@@ -224,6 +223,7 @@ class Slot:
         finally:
             self._give_back()
 
+    @trio.lowlevel.enable_ki_protection
     def _give_back(self) -> None:
         if self._state is not _HOLDING:
             return
@@ -239,6 +239,7 @@ class Slot:
 
     # Reply, called by the scheduler actor's task.
 
+    @trio.lowlevel.enable_ki_protection
     def grant(self, grant: Grant) -> None:
         """Take the granted slot and wake the waiting task."""
         if self._state is _WAITING:
@@ -247,6 +248,7 @@ class Slot:
             assert self._task is not None
             trio.lowlevel.reschedule(self._task)
 
+    @trio.lowlevel.enable_ki_protection
     def fail(self, error: DispatchError) -> None:
         """Wake the waiting task with ``error``; it holds nothing."""
         if self._state is _WAITING:
@@ -255,6 +257,7 @@ class Slot:
             assert self._task is not None
             trio.lowlevel.reschedule(self._task)
 
+    @trio.lowlevel.enable_ki_protection
     def _abort(self, _raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
         # The waiting task is being cancelled: give up our place. A grant
         # already on its way is ignored by grant() and released by Cancel.
@@ -282,8 +285,10 @@ class Dispatcher:
     """Per-provider concurrency limits, granted oldest turn first.
 
     Made by ``open_dispatcher``; valid inside its ``async with`` block. Each
-    limited provider has its own scheduler actor; a provider without a limit
-    is unlimited.
+    provider has its own scheduler actor, started when it is first limited or
+    used. A provider without a limit is unlimited: its scheduler grants every
+    request at once, but still counts the slots in use, so a limit set later
+    counts them too (they finish; nothing new is granted above the limit).
     """
 
     __slots__ = (
@@ -333,7 +338,7 @@ class Dispatcher:
 
         Args:
             provider: The provider's name; if it has no limit, the slot is
-                granted at once and counts nowhere.
+                granted at once (it is still counted, for a limit set later).
             conversation_id: Who asks, for statistics and traces.
             started_at: The request's priority on the trio clock: when its
                 turn began. Earlier goes first; ties go in arrival order.
@@ -341,7 +346,7 @@ class Dispatcher:
             max_hold: Seconds the slot may be held before the body is
                 cancelled and ``SlotHoldTimeout`` raised; defaults to the
                 dispatcher's ``max_hold``. ``None`` for no bound. Applies to
-                limited providers only: an unlimited slot holds nothing.
+                providers limited when the slot is granted.
 
         Raises:
             DispatcherClosed: On entering, if the dispatcher has closed or
@@ -373,17 +378,10 @@ class Dispatcher:
         check_provider(provider)
         check_limit(limit)
         self._check_open()
-        actor = self._actors.get(provider)
-        if actor is None:
-            actor = SchedulerActor(
-                provider, SlotPolicy(limit, max_waiting=self._max_waiting)
-            )
-            self._actors[provider] = actor
-            self._nursery.start_soon(
-                actor.run, name=f"trio_dispatch scheduler {provider!r}"
-            )
+        if provider in self._actors:
+            self._send(provider, SetLimit(limit))
         else:
-            actor.send(SetLimit(limit))
+            self._scheduler(provider, limit)
         self._limits[provider] = limit
 
     def remove_limit(self, provider: str) -> None:
@@ -396,7 +394,7 @@ class Dispatcher:
         check_provider(provider)
         self._check_open()
         if self._limits.pop(provider, None) is not None:
-            self._actors[provider].send(SetLimit(None))
+            self._send(provider, SetLimit(None))
 
     def limits(self) -> dict[str, int]:
         """The configured limits, provider by provider (a copy)."""
@@ -418,7 +416,9 @@ class Dispatcher:
             return
         if seconds is None:
             seconds = self._default_pause
-        self._actors[provider].send(Pause(trio.current_time() + seconds))
+        with contextlib.suppress(DispatcherClosed):
+            # Its scheduler has stopped (it crashed): there is nothing to pause.
+            self._send(provider, Pause(trio.current_time() + seconds))
 
     def start_conversation(
         self,
@@ -516,6 +516,31 @@ class Dispatcher:
             )
         return DispatcherStatistics(providers=providers, closed=self._closed)
 
+    def _scheduler(self, provider: str, limit: int | None = None) -> SchedulerActor:
+        """The scheduler of ``provider``, started on first use.
+
+        Unlimited providers get one too (with no limit, it grants at once):
+        it counts their slots in use, so a limit set later counts them.
+        """
+        actor = self._actors.get(provider)
+        if actor is None:
+            actor = SchedulerActor(
+                provider, SlotPolicy(limit, max_waiting=self._max_waiting)
+            )
+            self._actors[provider] = actor
+            self._nursery.start_soon(
+                actor.run, name=f"trio_dispatch scheduler {provider!r}"
+            )
+        return actor
+
+    def _send(self, provider: str, message: SetLimit | Pause) -> None:
+        try:
+            self._actors[provider].send(message)
+        except trio.ClosedResourceError:
+            raise DispatcherClosed(
+                f"the scheduler of {provider!r} has stopped"
+            ) from None
+
     def _check_open(self) -> None:
         if self._closed:
             raise DispatcherClosed("the dispatcher is closed")
@@ -586,21 +611,26 @@ async def _run_dispatcher(
             finally:
                 dispatcher._close()
     except BaseExceptionGroup as group:
-        # A group of one after the body raised is the nursery's wrapping of
-        # the body's exception (trio may have rebuilt a group the body
-        # raised, so identity is no test): let the exception out as itself.
-        # But a body that was cancelled may have been cancelled because an
-        # actor crashed; then the group holds the crash, which must not be
-        # lost behind the Cancelled.
-        if (
-            body_error is None
-            or isinstance(body_error, trio.Cancelled)
-            or len(group.exceptions) != 1
-        ):
+        # A group of one made only of what the body raised is the nursery's
+        # wrapping of the body's exception: let it out as itself (trio may
+        # have rebuilt a group the body raised, or trimmed the Cancelled it
+        # absorbed from it, so compare leaves, not the group). Anything
+        # else, such as an actor's crash, comes out in the group.
+        if body_error is None or len(group.exceptions) != 1:
             raise
-        context = body_error.__context__
+        only = group.exceptions[0]
+        if not _leaves(only) <= _leaves(body_error):
+            raise
+        context = only.__context__
         try:
-            raise body_error
+            raise only
         finally:
-            body_error.__context__ = context
-            del body_error, context
+            only.__context__ = context
+            del only, context
+
+
+def _leaves(exc: BaseException) -> set[int]:
+    """The identities of the exceptions in ``exc``, through any groups."""
+    if isinstance(exc, BaseExceptionGroup):
+        return set().union(*(_leaves(inner) for inner in exc.exceptions))
+    return {id(exc)}

@@ -23,6 +23,7 @@ including those whose ``Acquire`` was still unread, with
 
 from __future__ import annotations
 
+import collections
 import itertools
 from typing import TYPE_CHECKING, final
 
@@ -54,12 +55,15 @@ class SchedulerActor:
     statistics; it reflects every message the actor has handled so far.
     """
 
-    __slots__ = ("_inbox", "_replies", "_seq", "policy", "provider")
+    __slots__ = ("_batch", "_inbox", "_replies", "_seq", "policy", "provider")
 
     def __init__(self, provider: str, policy: SlotPolicy) -> None:
         self.provider = provider
         self.policy = policy
         self._inbox: Mailbox[SchedulerMessage] = Mailbox()
+        # The messages taken from the inbox and not handled yet: if handling
+        # one crashes the actor, those behind it are failed, not lost.
+        self._batch: collections.deque[SchedulerMessage] = collections.deque()
         self._replies: dict[Ticket, Reply] = {}
         self._seq = itertools.count()
 
@@ -82,6 +86,9 @@ class SchedulerActor:
         """Refuse further messages; the actor stops and fails the waiters."""
         self._inbox.close()
 
+    # KeyboardInterrupt waits for the next checkpoint: between two, the actor
+    # changes the policy and tells the requesters, which must go together.
+    @trio.lowlevel.enable_ki_protection
     async def run(self) -> None:
         """Serve the inbox until it is closed or the task is cancelled."""
         inbox = self._inbox
@@ -98,8 +105,10 @@ class SchedulerActor:
                 if inbox.closed:
                     return
                 now = trio.current_time()
-                for message in inbox.take_all():
-                    handle(message, now)
+                batch = self._batch = inbox.take_all()
+                while batch:
+                    handle(batch[0], now)
+                    batch.popleft()
                 if policy.paused_until is not None:
                     self._deliver(policy.tick(now), now)
         finally:
@@ -140,7 +149,10 @@ class SchedulerActor:
 
     def _shutdown(self) -> None:
         self._inbox.close()
-        for message in self._inbox.take_all():
+        pending = self._batch
+        self._batch = collections.deque()
+        pending.extend(self._inbox.take_all())
+        for message in pending:
             if isinstance(message, Acquire):
                 message.reply.fail(self._closed_error())
         replies = list(self._replies.values())
