@@ -452,7 +452,7 @@ class Conversation:
                 await self._serve()
         except BaseException as exc:
             if self._stop is None:
-                cancelled = isinstance(exc, trio.Cancelled)
+                cancelled = _only_cancelled(exc)
                 self._stop = "dispatcher" if cancelled else "failed"
             raise
         finally:
@@ -506,7 +506,7 @@ class Conversation:
         started_at = trio.current_time()
         counters = _Counters()
         question = ChatMessage("user", text)
-        await self._compact_if_needed(question, counters)
+        await self._compact_if_needed(question, counters, started_at)
         self._history.append(question)
         provider = wrap_provider(
             self._provider,
@@ -643,7 +643,7 @@ class Conversation:
     # -- compaction ----------------------------------------------------------
 
     async def _compact_if_needed(
-        self, question: ChatMessage, counters: _Counters
+        self, question: ChatMessage, counters: _Counters, started_at: float
     ) -> None:
         if self._context_budget is None:
             return
@@ -665,7 +665,7 @@ class Conversation:
             self._provider,
             self._dispatcher,
             conversation_id=self.id,
-            started_at=trio.current_time(),
+            started_at=started_at,
         )
         try:
             reply = await self._call(provider, request, counters)
@@ -713,6 +713,13 @@ async def _stream(provider: Provider, request: ChatRequest) -> _Reply:
             elif isinstance(event, Finish):
                 finish = event.reason
     return _Reply("".join(text), tuple(calls), usage, finish)
+
+
+def _only_cancelled(exc: BaseException) -> bool:
+    """Whether ``exc`` is ``Cancelled``, or a group (a tool nursery's) of only that."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only_cancelled(inner) for inner in exc.exceptions)
+    return isinstance(exc, trio.Cancelled)
 
 
 def _refusal(call: ToolCall, tool: Tool | None, tools: dict[str, Tool]) -> str | None:

@@ -22,6 +22,7 @@ the tool itself; the tool's own error then goes back to the model.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -63,6 +64,49 @@ def _check_parameters(_tool: object, _attribute: object, value: Any) -> None:  #
         raise ValueError(
             f"tool parameters must be an object schema, got type {value['type']!r}"
         )
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"tool parameters must be JSON: {exc}") from None
+    problem = _schema_problem(value, "$")
+    if problem is not None:
+        raise ValueError(f"tool parameters: {problem}")
+
+
+def _schema_problem(schema: object, path: str) -> str | None:  # noqa: PLR0911 (one check per keyword)
+    """What makes ``schema`` unusable by ``check_arguments``, or ``None``.
+
+    Checked when the tool is made, so that a bad schema fails there, at
+    once, and not in the middle of a turn when the model calls the tool.
+    """
+    if not isinstance(schema, Mapping):
+        return None if isinstance(schema, bool) else f"{path} must be a schema object"
+    kind = schema.get("type")
+    kinds = [kind] if isinstance(kind, str) else kind
+    if kind is not None and not (
+        isinstance(kinds, list) and all(isinstance(k, str) for k in kinds)
+    ):
+        return f"{path}.type must be a type name or a list of them, got {kind!r}"
+    required = schema.get("required")
+    if required is not None and not (
+        isinstance(required, list) and all(isinstance(k, str) for k in required)
+    ):
+        return f"{path}.required must be a list of names, got {required!r}"
+    enum = schema.get("enum")
+    if enum is not None and not isinstance(enum, list):
+        return f"{path}.enum must be a list, got {enum!r}"
+    properties = schema.get("properties", {})
+    if not isinstance(properties, Mapping):
+        return f"{path}.properties must be an object, got {properties!r}"
+    nested = [(f"{path}.properties.{name}", sub) for name, sub in properties.items()]
+    for keyword in ("items", "additionalProperties"):
+        if keyword in schema:
+            nested.append((f"{path}.{keyword}", schema[keyword]))
+    for where, sub in nested:
+        problem = _schema_problem(sub, where)
+        if problem is not None:
+            return problem
+    return None
 
 
 def _check_run(_tool: object, _attribute: object, value: Any) -> None:  # noqa: ANN401 (a validator checks anything)

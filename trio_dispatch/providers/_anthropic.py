@@ -152,13 +152,15 @@ class _Block:
     id: str = ""
     name: str = ""
     json_parts: list[str] = attrs.Factory(list)
+    stopped: bool = False
 
 
 class _AnthropicDecoder:
     """Messages stream events in, stream events out; see the module notes."""
 
-    def __init__(self, provider: str) -> None:
+    def __init__(self, provider: str, redact: Callable[[str], str] = str) -> None:
         self._provider = provider
+        self._redact = redact
         self._blocks: dict[int, _Block] = {}
         self._input = 0
         self._output = 0
@@ -175,9 +177,11 @@ class _AnthropicDecoder:
     def feed(self, event: ServerSentEvent) -> list[StreamEvent]:
         if not event.data.strip():
             return []
-        payload = parse_json_data(self._provider, event)
+        payload = parse_json_data(self._provider, event, self._redact)
         if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
-            raise self._malformed(f"an event has no type: {event.data[:80]!r}")
+            raise self._malformed(
+                f"an event has no type: {self._redact(event.data)[:80]!r}"
+            )
         kind = payload["type"]
         if kind == "error":
             error = self._structure(payload, _Error).error
@@ -256,6 +260,10 @@ class _AnthropicDecoder:
                 f"a content_block_delta for block {delta_event.index}, "
                 "which never started"
             )
+        if block.stopped:
+            raise self._malformed(
+                f"a content_block_delta for block {delta_event.index} after its stop"
+            )
         delta = delta_event.delta
         field = _DELTA_FIELDS.get(delta.type)
         if field is None:
@@ -281,6 +289,11 @@ class _AnthropicDecoder:
             raise self._malformed(
                 f"a content_block_stop for block {stop.index}, which never started"
             )
+        if block.stopped:
+            # Two stops would make two calls with one id, which the API
+            # then refuses for good when their results come back.
+            raise self._malformed(f"content block {stop.index} stopped twice")
+        block.stopped = True
         if block.type != "tool_use":
             return []
         return [make_tool_call(block.id, block.name, "".join(block.json_parts))]
@@ -461,5 +474,5 @@ class AnthropicProvider(_ProviderBase):
             f"{self.base_url}/v1/messages",
             headers,
             request_body(self.model, self._max_tokens, request),
-            _AnthropicDecoder(self.id),
+            _AnthropicDecoder(self.id, self._redact),
         )

@@ -14,6 +14,8 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, final
 
+import trio
+
 from .._validation import check_instant
 from ._errors import Overloaded, RateLimited
 
@@ -81,6 +83,9 @@ class LimitedProvider:
             conversation_id=self.conversation_id,
             started_at=self.started_at,
         ):
+            # Cancelled while the grant was on its way: send nothing, whatever
+            # the transport below would have checked before its first byte.
+            await trio.lowlevel.checkpoint_if_cancelled()
             try:
                 async with self.provider.stream(request) as events:
                     yield events

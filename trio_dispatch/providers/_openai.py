@@ -49,6 +49,7 @@ from ._sse import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from collections.abc import Mapping
 
     import httpx
@@ -126,8 +127,9 @@ class _PartialCall:
 class _OpenAIDecoder:
     """Chat completion chunks in, stream events out; see the module notes."""
 
-    def __init__(self, provider: str) -> None:
+    def __init__(self, provider: str, redact: Callable[[str], str] = str) -> None:
         self._provider = provider
+        self._redact = redact
         self._calls: dict[int, _PartialCall] = {}
         self._finished = False
         self._usage: Usage | None = None
@@ -144,7 +146,7 @@ class _OpenAIDecoder:
             return []  # a keep-alive
         if data == "[DONE]":
             return self._on_done()
-        payload = parse_json_data(self._provider, event)
+        payload = parse_json_data(self._provider, event, self._redact)
         self._raise_if_error(payload, event.event)
         chunk = structure_event(self._provider, payload, _Chunk, "a chunk")
         events: list[StreamEvent] = []
@@ -410,5 +412,5 @@ class OpenAIProvider(_ProviderBase):
             f"{self.base_url}/chat/completions",
             headers,
             request_body(self.model, request),
-            _OpenAIDecoder(self.id),
+            _OpenAIDecoder(self.id, self._redact),
         )

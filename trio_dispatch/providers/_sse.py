@@ -12,8 +12,10 @@ else lives here, once:
   iterates events, and closes the response on exit, shielded, whatever
   happened.
 * httpx's exceptions become ``ProviderError`` subclasses right where they
-  are caught, ``from None``: their detail is folded into the message or adds
-  nothing.
+  are caught: their detail is folded into the message or adds nothing. The
+  typed error is raised after the ``except`` clause, so the httpx exception
+  (which holds the request, key header included) is not kept as its
+  ``__context__`` either.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, Self, TypeVar, final
 
 import httpx
 import trio
-from httpx_sse import EventSource
+from httpx_sse import EventSource, ServerSentEvent
 
 from .._converter import describe_error, json_kind, structure
 from ..messages import ToolCall
@@ -45,10 +47,8 @@ from ._errors import (
 from ._retry_after import parse_retry_after
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, AsyncIterator
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable
     from types import TracebackType
-
-    from httpx_sse import ServerSentEvent
 
     from ..messages import StreamEvent
     from ._base import RateLimitReporter
@@ -227,20 +227,26 @@ class _ProviderBase:
             self._on_rate_limit(self._id, error.retry_after)
 
     async def _send(self, request: httpx.Request) -> httpx.Response:
+        # The typed error is raised after the except clauses, not in them:
+        # httpx's exception holds the request, headers and key included, and
+        # would ride along as __context__ (``from None`` only hides it).
+        error: ProviderError | None = None
         try:
             response = await self._client.send(request, stream=True)
         except httpx.TimeoutException as exc:
-            raise ProviderConnectionError(
+            error = ProviderConnectionError(
                 f"{self._id}: {_timeout_text(exc, self._timeout)} "
                 f"(POST {request.url.host}{request.url.path})",
                 provider=self._id,
-            ) from None
+            )
         except httpx.TransportError as exc:
             detail = self._redact(str(exc)) or type(exc).__name__
-            raise ProviderConnectionError(
+            error = ProviderConnectionError(
                 f"{self._id}: could not reach {request.url.host}: {detail}",
                 provider=self._id,
-            ) from None
+            )
+        if error is not None:
+            raise error
         checked = False
         try:
             await self._check_status(response)
@@ -263,13 +269,15 @@ class _ProviderBase:
                 )
             return
         body = await _read_bounded(response)
-        error_type, message = error_details(body)
+        # Redact before error_details shortens: a cut key would slip past.
+        text = self._redact(body.decode("utf-8", errors="replace"))
+        error_type, message = error_details(text.encode())
         retry_after = parse_retry_after(response.headers, time.time())
         error = error_for_status(
             self._id,
             status,
             error_type=error_type,
-            message=self._redact(message),
+            message=message,
             retry_after=retry_after,
         )
         self._report(error)
@@ -416,12 +424,15 @@ def _retry_after_text(retry_after: float | None) -> str:
     return "" if retry_after is None else f" (retry after {retry_after:g} s)"
 
 
-def parse_json_data(provider: str, event: ServerSentEvent) -> object:
+def parse_json_data(
+    provider: str, event: ServerSentEvent, redact: Callable[[str], str] = str
+) -> object:
     """An event's ``data`` as JSON, or ``MalformedStream`` naming the problem."""
     try:
         return json.loads(event.data)
-    except ValueError as exc:
-        excerpt = event.data if len(event.data) <= 80 else event.data[:77] + "..."
+    except (ValueError, RecursionError) as exc:
+        data = redact(event.data)  # before the cut, which could halve a key
+        excerpt = data if len(data) <= 80 else data[:77] + "..."
         reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
         raise MalformedStream(
             f"{provider}: an event's data is not valid JSON ({reason}): {excerpt!r}",
@@ -515,34 +526,40 @@ class EventStream:
         """The next server-sent event, ``None`` at the end of the body."""
         assert self._events is not None
         provider = self._provider
+        # Raised after the except clauses, as in _send: no httpx exception
+        # (holding the request and its key) as __context__.
+        error: ProviderError
         try:
-            return await self._events.__anext__()
+            event = await self._events.__anext__()
         except StopAsyncIteration:
             return None
         except httpx.TimeoutException:
-            raise ProviderConnectionError(
+            error = ProviderConnectionError(
                 f"{provider.id}: the stream stalled: no data for "
                 f"{provider._read_timeout:g} s",
                 provider=provider.id,
-            ) from None
+            )
         except (httpx.RemoteProtocolError, httpx.ReadError):
-            raise StreamInterrupted(
+            error = StreamInterrupted(
                 f"{provider.id}: the connection dropped in the middle of the stream",
                 provider=provider.id,
-            ) from None
+            )
         except httpx.TransportError as exc:
-            raise ProviderConnectionError(
+            error = ProviderConnectionError(
                 f"{provider.id}: the stream failed: {type(exc).__name__}",
                 provider=provider.id,
-            ) from None
+            )
         except httpx.DecodingError:  # pragma: no cover (a corrupt compressed body)
             # httpx raises this between its own body generators, abandoning
             # the inner ones, so trio will also warn about them; there is no
             # reaching them from here.
-            raise MalformedStream(
+            error = MalformedStream(
                 f"{provider.id}: the stream's body could not be decoded",
                 provider=provider.id,
-            ) from None
+            )
+        else:
+            return event
+        raise error
 
     async def _drain(self) -> None:
         """Read past the terminator to the end of the body, briefly.
@@ -577,7 +594,7 @@ def make_tool_call(call_id: str, name: str, raw_arguments: str) -> ToolCall:
         return ToolCall(call_id, name, {}, raw_arguments)
     try:
         arguments = json.loads(raw_arguments)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         return ToolCall(
             call_id, name, {}, raw_arguments, f"arguments are not valid JSON: {exc}"
         )

@@ -1,0 +1,398 @@
+"""Regression tests: hostile wire input, key redaction, and a turn's priority.
+
+Each guards a bug found in review: JSON nested deep enough to overflow the
+parser's recursion, API keys cut in half by an excerpt before redaction saw
+them, a dispatcher closing while tools run, and a compaction call queued
+behind its own turn.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+from httpx_sse import ServerSentEvent
+
+from trio_dispatch import DispatcherClosed, Tool, open_dispatcher
+from trio_dispatch.actors import Conversation, Dispatcher
+from trio_dispatch.messages import (
+    ChatMessage,
+    ChatRequest,
+    Finish,
+    StreamEvent,
+    TextDelta,
+    ToolCall,
+)
+from trio_dispatch.providers import (
+    AnthropicProvider,
+    MalformedStream,
+    OpenAIProvider,
+    ProviderConnectionError,
+    ProviderError,
+    StreamInterrupted,
+)
+from trio_dispatch.providers._anthropic import _AnthropicDecoder
+from trio_dispatch.providers._openai import _OpenAIDecoder
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+KEY = "sk-ant-api03-SECRETSECRETSECRETSECRET0123456789"
+DEEP = "[" * 100_000
+HI = ChatRequest([ChatMessage("user", "hi")])
+
+
+def sse(payload: object) -> bytes:
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+def openai_chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    return sse({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+
+def sse_response(body: bytes) -> httpx.Response:
+    return httpx.Response(
+        200, headers={"content-type": "text/event-stream"}, content=body
+    )
+
+
+class Scripted:
+    """An in-memory provider: each stream yields the next list of events."""
+
+    id = "memory"
+
+    def __init__(self, *answers: list[StreamEvent]) -> None:
+        self._answers = list(answers)
+
+    def stream(self, request: ChatRequest) -> Any:  # noqa: ANN401 (an async context manager)
+        del request
+        return self._events(
+            self._answers.pop(0) if len(self._answers) > 1 else self._answers[0]
+        )
+
+    @asynccontextmanager
+    async def _events(
+        self, events: list[StreamEvent]
+    ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
+        async def each() -> AsyncIterator[StreamEvent]:
+            for event in events:
+                yield event
+
+        yield each()
+
+
+# ------------------------------------------------------------------ deep JSON
+
+
+@pytest.mark.parametrize(
+    "decoder",
+    [_OpenAIDecoder("openai"), _AnthropicDecoder("anthropic")],
+    ids=["openai", "anthropic"],
+)
+def test_deeply_nested_event_data_is_a_malformed_stream(
+    decoder: _OpenAIDecoder | _AnthropicDecoder,
+) -> None:
+    with pytest.raises(MalformedStream):
+        decoder.feed(ServerSentEvent(event="ping", data=DEEP))
+
+
+async def test_deeply_nested_tool_arguments_go_back_to_the_model_as_an_error() -> None:
+    deep = '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    call = {"index": 0, "id": "call_1", "type": "function"}
+    first = b"".join(
+        [
+            openai_chunk({"role": "assistant", "content": ""}),
+            openai_chunk(
+                {"tool_calls": [{**call, "function": {"name": "t", "arguments": deep}}]}
+            ),
+            openai_chunk({}, "tool_calls"),
+            b"data: [DONE]\n\n",
+        ]
+    )
+    second = (
+        openai_chunk({"content": "done"})
+        + openai_chunk({}, "stop")
+        + b"data: [DONE]\n\n"
+    )
+    bodies = iter([first, second])
+
+    async def run(arguments: dict[str, Any]) -> str:
+        return "ran"  # pragma: no cover (the arguments never parse)
+
+    tool = Tool(name="t", description="", parameters={"type": "object"}, run=run)
+    transport = httpx.MockTransport(lambda request: sse_response(next(bodies)))
+    async with httpx.AsyncClient(transport=transport) as client:
+        provider = OpenAIProvider(
+            base_url="http://x/v1", api_key="k", model="m", client=client
+        )
+        async with open_dispatcher({"openai": 1}) as dispatcher:
+            conversation = dispatcher.start_conversation(provider, tools=[tool])
+            result = await conversation.ask("go")
+    assert result.text == "done"
+    assert conversation.history[2].role == "tool"
+    assert conversation.history[2].content.startswith("error: ")
+
+
+# ------------------------------------------------------------------ redaction
+
+
+async def test_a_status_error_never_holds_part_of_the_key() -> None:
+    message = "x" * (497 - len(KEY) + 4) + KEY  # the key straddles a 500-character cut
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = {"error": {"message": message, "type": "invalid_request_error"}}
+        return httpx.Response(400, json=body)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        provider = AnthropicProvider(
+            base_url="http://x", api_key=KEY, model="m", client=client
+        )
+        with pytest.raises(ProviderError) as info:
+            async with provider.stream(HI):
+                pass  # pragma: no cover
+    assert KEY[:12] not in str(info.value)
+
+
+async def test_a_malformed_event_excerpt_never_holds_part_of_the_key() -> None:
+    body = b"data: " + ("x" * 40 + KEY + "y" * 30).encode() + b"\n\n"
+    transport = httpx.MockTransport(lambda request: sse_response(body))
+    async with httpx.AsyncClient(transport=transport) as client:
+        provider = OpenAIProvider(
+            base_url="http://x/v1", api_key=KEY, model="m", client=client
+        )
+        with pytest.raises(MalformedStream) as info:
+            async with provider.stream(HI) as events:
+                async for _ in events:
+                    pass  # pragma: no cover
+    assert KEY[:12] not in str(info.value)
+
+
+class BreaksMidStream(httpx.AsyncByteStream):
+    """A body that sends one event, then loses the connection."""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield b'event: ping\ndata: {"type": "ping"}\n\n'
+        raise httpx.ReadError("connection reset")
+
+
+def chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and everything behind it, through causes and contexts."""
+    seen: list[BaseException] = []
+    stack = [exc]
+    while stack:
+        current = stack.pop()
+        if any(current is known for known in seen):
+            continue
+        seen.append(current)
+        stack.extend(
+            e for e in (current.__cause__, current.__context__) if e is not None
+        )
+    return seen
+
+
+async def test_a_failed_connection_carries_no_httpx_error_holding_the_key() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(refuse)) as client:
+        provider = AnthropicProvider(
+            base_url="http://x", api_key=KEY, model="m", client=client
+        )
+        with pytest.raises(ProviderConnectionError) as info:
+            async with provider.stream(HI):
+                pass  # pragma: no cover
+    # httpx's exceptions hold the request, whose x-api-key header is the key.
+    assert not [e for e in chain(info.value) if isinstance(e, httpx.HTTPError)]
+
+
+async def test_a_dropped_stream_carries_no_httpx_error_holding_the_key() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        headers = {"content-type": "text/event-stream"}
+        return httpx.Response(200, headers=headers, stream=BreaksMidStream())
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        provider = AnthropicProvider(
+            base_url="http://x", api_key=KEY, model="m", client=client
+        )
+        with pytest.raises(StreamInterrupted) as info:
+            async with provider.stream(HI) as events:
+                async for _ in events:
+                    pass  # pragma: no cover
+    assert not [e for e in chain(info.value) if isinstance(e, httpx.HTTPError)]
+
+
+# ------------------------------------------------------------------ conversations
+
+
+@pytest.mark.parametrize("tools", [1, 2])
+async def test_closing_the_dispatcher_while_tools_run_gives_dispatcher_closed(
+    tools: int,
+) -> None:
+    calls: list[StreamEvent] = [
+        ToolCall(f"c{i}", "slow", {}, "{}") for i in range(tools)
+    ]
+
+    async def slow(arguments: dict[str, Any]) -> str:
+        await trio.sleep_forever()
+        raise AssertionError  # pragma: no cover
+
+    tool = Tool(name="slow", description="", parameters={"type": "object"}, run=slow)
+    caught: list[BaseException] = []
+
+    async def ask(conversation: Conversation) -> None:
+        try:
+            await conversation.ask("hi")
+        except DispatcherClosed as exc:
+            caught.append(exc)
+
+    async with (
+        trio.open_nursery() as outside,
+        open_dispatcher({"memory": 1}) as dispatcher,
+    ):
+        provider = Scripted([*calls, Finish("tool_calls")])
+        conversation = dispatcher.start_conversation(provider, tools=[tool])
+        outside.start_soon(ask, conversation)
+        await trio.testing.wait_all_tasks_blocked()
+        assert conversation.statistics().tool_calls == tools
+    assert [type(exc) for exc in caught] == [DispatcherClosed]
+
+
+class TickingClock(trio.abc.Clock):
+    """Moves a microsecond at every reading, as a real clock does between two."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def start_clock(self) -> None:
+        """Nothing to start."""
+
+    def current_time(self) -> float:
+        self.now += 1e-6
+        return self.now
+
+    def deadline_to_sleep_time(self, deadline: float) -> float:
+        return max(0.0, deadline - self.now)
+
+
+@pytest.fixture
+def ticking_clock() -> TickingClock:
+    """pytest-trio runs the test on any Clock a fixture gives it."""
+    return TickingClock()
+
+
+@pytest.mark.usefixtures("ticking_clock")
+async def test_a_compaction_call_carries_its_turns_priority(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[float | None] = []
+    slot = Dispatcher.slot
+
+    def recording(self: Dispatcher, provider: str, **options: Any) -> Any:  # noqa: ANN401 (passes through)
+        seen.append(options.get("started_at"))
+        return slot(self, provider, **options)
+
+    monkeypatch.setattr(Dispatcher, "slot", recording)
+    provider = Scripted([TextDelta("some words"), Finish("stop")])
+    async with open_dispatcher({"memory": 1}) as dispatcher:
+        conversation = dispatcher.start_conversation(
+            provider, context_budget=1, keep_recent=0
+        )
+        await conversation.ask("first question")
+        seen.clear()
+        result = await conversation.ask("second question")
+    assert conversation.statistics().compactions == 1
+    # The summary call, then the answer: both with the turn's start.
+    assert seen == [result.started_at, result.started_at]
+
+
+# ------------------------------------------------------------------ tool schemas
+
+
+async def _never(arguments: dict[str, Any]) -> str:
+    raise AssertionError  # pragma: no cover
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        (
+            {"type": "object", "properties": {"a": {"type": 5}}},
+            r"^tool parameters: \$\.properties\.a\.type must be a type name or a list of them, got 5$",
+        ),
+        (
+            {"type": "object", "properties": {"a": {"type": [["string"]]}}},
+            r"^tool parameters: \$\.properties\.a\.type must be a type name or a list of them, got \[\['string'\]\]$",
+        ),
+        (
+            {"type": "object", "required": [["a"]]},
+            r"^tool parameters: \$\.required must be a list of names, got \[\['a'\]\]$",
+        ),
+        (
+            {"type": "object", "properties": {"a": {"items": {"enum": "x"}}}},
+            r"^tool parameters: \$\.properties\.a\.items\.enum must be a list, got 'x'$",
+        ),
+        (
+            {"type": "object", "properties": {"a": {"enum": {1, 2}}}},
+            r"^tool parameters must be JSON: Object of type set is not JSON serializable$",
+        ),
+    ],
+)
+def test_a_tool_schema_the_checker_cannot_use_is_refused_when_the_tool_is_made(
+    parameters: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        Tool(name="t", description="", parameters=parameters, run=_never)
+
+
+# ------------------------------------------------------------------ anthropic blocks
+
+
+def _anthropic_events(*events: tuple[str, dict[str, Any]]) -> list[ServerSentEvent]:
+    return [ServerSentEvent(event=name, data=json.dumps(data)) for name, data in events]
+
+
+TOOL_BLOCK = (
+    "content_block_start",
+    {
+        "type": "content_block_start",
+        "index": 0,
+        "content_block": {
+            "type": "tool_use",
+            "id": "toolu_1",
+            "name": "t",
+            "input": {},
+        },
+    },
+)
+STOP_BLOCK = ("content_block_stop", {"type": "content_block_stop", "index": 0})
+
+
+def test_a_content_block_stopped_twice_is_malformed_not_two_tool_calls() -> None:
+    decoder = _AnthropicDecoder("anthropic")
+    events: list[StreamEvent] = []
+    with pytest.raises(MalformedStream, match=r"content block 0 stopped twice"):
+        for event in _anthropic_events(TOOL_BLOCK, STOP_BLOCK, STOP_BLOCK):
+            events.extend(decoder.feed(event))
+    assert [type(e) for e in events] == [ToolCall]
+
+
+def test_a_delta_after_its_blocks_stop_is_malformed() -> None:
+    decoder = _AnthropicDecoder("anthropic")
+    late = (
+        "content_block_delta",
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": "{}"},
+        },
+    )
+    with pytest.raises(
+        MalformedStream, match=r"a content_block_delta for block 0 after its stop"
+    ):
+        for event in _anthropic_events(TOOL_BLOCK, STOP_BLOCK, late):
+            decoder.feed(event)
