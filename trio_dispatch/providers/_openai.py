@@ -49,8 +49,7 @@ from ._sse import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     import httpx
     from httpx_sse import ServerSentEvent
