@@ -396,3 +396,39 @@ def test_a_delta_after_its_blocks_stop_is_malformed() -> None:
     ):
         for event in _anthropic_events(TOOL_BLOCK, STOP_BLOCK, late):
             decoder.feed(event)
+
+
+# ------------------------------------------------------------------ tools cancelled
+
+
+async def test_a_tool_whose_cleanup_fails_as_its_turn_is_cancelled_leaves_the_conversation_usable(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def fragile(arguments: dict[str, Any]) -> str:
+        async def cleanup_fails() -> None:
+            try:
+                await trio.sleep_forever()
+            finally:
+                raise ValueError("cleanup failed")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cleanup_fails)
+            await trio.sleep_forever()
+        raise AssertionError  # pragma: no cover
+
+    tool = Tool(
+        name="fragile", description="", parameters={"type": "object"}, run=fragile
+    )
+    provider = Scripted(
+        [ToolCall("c1", "fragile", {}, "{}"), Finish("tool_calls")],
+        [TextDelta("fine"), Finish("stop")],
+    )
+    async with open_dispatcher({"memory": 1}) as dispatcher:
+        conversation = dispatcher.start_conversation(provider, tools=[tool])
+        with trio.move_on_after(1) as scope:
+            await conversation.ask("first")
+        assert scope.cancelled_caught
+        # The group of ValueError and Cancelled did not stop the actor.
+        result = await conversation.ask("second")
+        assert not conversation.closed
+    assert result.text == "fine"

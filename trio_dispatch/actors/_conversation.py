@@ -629,13 +629,19 @@ class Conversation:
         if refusal is not None or tool is None:
             await trio.lowlevel.checkpoint()
             return f"error: {refusal}"
+        failure: BaseException | None = None
         try:
             # A copy: the call's own dict is part of the history.
             output: object = await tool.run(copy.deepcopy(call.arguments))
-        except (
-            Exception
-        ) as exc:  # the model reads a tool's failure; Cancelled is no Exception
-            return f"error: {exc}" if str(exc) else f"error: {type(exc).__name__}"
+        except* Exception as group:
+            # The model reads a tool's failure. except*, not except: a tool
+            # with a nursery of its own, cancelled with its turn, may raise
+            # its errors and Cancelled in one group; the Cancelled part goes
+            # on (the turn is being cancelled), the rest is the failure.
+            failure = _first_leaf(group)
+        if failure is not None:
+            text = str(failure)
+            return f"error: {text}" if text else f"error: {type(failure).__name__}"
         if not isinstance(output, str):
             return f"error: tool {call.name!r} returned {type(output).__name__}, not a string"
         return output
@@ -713,6 +719,13 @@ async def _stream(provider: Provider, request: ChatRequest) -> _Reply:
             elif isinstance(event, Finish):
                 finish = event.reason
     return _Reply("".join(text), tuple(calls), usage, finish)
+
+
+def _first_leaf(exc: BaseException) -> BaseException:
+    """The first exception in ``exc`` that is not a group."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _only_cancelled(exc: BaseException) -> bool:
