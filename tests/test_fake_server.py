@@ -853,3 +853,13 @@ def test_fault_status() -> None:
 async def test_set_script_wants_a_script(server: FakeLLMServer) -> None:
     with pytest.raises(TypeError, match=r"^script must be a FakeScript, got "):
         server.set_script(FakeReply())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "header"),
+    [(0.25, b"0.25"), (2.0, b"2"), (1_000_000.0, b"1000000"), (0.0, b"0")],
+)
+def test_retry_headers_are_plain_numbers(seconds: float, header: bytes) -> None:
+    from trio_dispatch.testing._fake_server import _header_number  # noqa: PLC0415
+
+    assert _header_number(seconds) == header

@@ -391,9 +391,9 @@ class FakeLLMServer:
         error_type, message = _STATUS_ERRORS[wire][fault.kind]
         headers: list[tuple[bytes, bytes]] = []
         if fault.retry_after is not None:
-            headers.append((b"retry-after", f"{fault.retry_after:g}".encode()))
+            headers.append((b"retry-after", _header_number(fault.retry_after)))
         if fault.retry_after_ms is not None:
-            headers.append((b"retry-after-ms", f"{fault.retry_after_ms:g}".encode()))
+            headers.append((b"retry-after-ms", _header_number(fault.retry_after_ms)))
         body = _error_body(wire, error_type, fault.message or message)
         await self._send_json(send, status, body, headers)
 
@@ -848,3 +848,8 @@ async def open_fake_llm_server(
             yield server
         finally:
             nursery.cancel_scope.cancel()
+
+
+def _header_number(value: float) -> bytes:
+    """A number as a header value: plain digits, never an exponent."""
+    return (f"{value:.3f}".rstrip("0").rstrip(".") or "0").encode()
