@@ -243,17 +243,6 @@ class SlotPolicy:
             return self._fill()
         return []
 
-    def _may_grant(self) -> bool:
-        if self._limit is None:
-            return True
-        return self._paused_until is None and len(self._holders) < self._limit
-
-    def _grant(self, ticket: Ticket) -> None:
-        holders = self._holders
-        holders.add(ticket)
-        self._granted_total += 1
-        self._peak_in_flight = max(self._peak_in_flight, len(holders))
-
     def _release(self, ticket: Ticket) -> list[Ticket]:
         try:
             self._holders.remove(ticket)

@@ -353,7 +353,8 @@ class Dispatcher:
                 closes while waiting.
             QueueFull: On entering, if ``max_waiting`` requests already wait.
         """
-        check_provider(provider)
+        if type(provider) is not str or not provider:
+            check_provider(provider)  # raises: the common case skips the call
         if conversation_id is not None and not isinstance(conversation_id, str):
             raise TypeError(
                 f"conversation_id must be a string or None, got {conversation_id!r}"
