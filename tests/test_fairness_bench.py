@@ -91,3 +91,10 @@ def test_the_report_is_the_same_in_parallel(report: FairnessReport) -> None:
 def test_row_lookup_names_a_missing_point(report: FairnessReport) -> None:
     with pytest.raises(KeyError):
         report.row(0.7, "1", "fifo")
+
+
+def test_the_sweep_reports_its_progress_point_by_point(report: FairnessReport) -> None:
+    calls: list[tuple[int, int]] = []
+    again = run_fairness_sweep(report.config, progress=lambda *done: calls.append(done))
+    assert calls == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert again == report

@@ -582,12 +582,22 @@ def _run_bench(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _bench_progress(console: Console) -> Any:  # noqa: ANN401 (a rich Progress)
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+def _bench_progress(console: Console, *, counted: bool = False) -> Any:  # noqa: ANN401 (a rich Progress)
+    """A live progress line: a bar with counts when the total is known."""
+    from rich.progress import (  # noqa: PLC0415 (the demo extra, loaded when used)
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
+    counts = (BarColumn(), MofNCompleteColumn()) if counted else ()
     return Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
+        *counts,
         TimeElapsedColumn(),
         console=console,
         transient=True,
@@ -644,12 +654,18 @@ def _bench_fairness(args: argparse.Namespace, console: Console) -> bool:
     from .benchmarks import FairnessConfig, run_fairness_sweep  # noqa: PLC0415
 
     config = FairnessConfig.quick() if args.quick else FairnessConfig()
-    with _bench_progress(console) as bar:
-        bar.add_task(
-            f"fairness sweep: {len(config.loads) * len(config.shapes)} points x"
-            f" {len(config.policies)} policies, {config.agents} turns each"
+    points = len(config.loads) * len(config.shapes)
+    with _bench_progress(console, counted=True) as bar:
+        task = bar.add_task(
+            f"fairness sweep ({len(config.policies)} policies,"
+            f" {config.agents} turns each): points",
+            total=points,
         )
-        report = run_fairness_sweep(config, jobs=args.jobs)
+        report = run_fairness_sweep(
+            config,
+            jobs=args.jobs,
+            progress=lambda done, _total: bar.update(task, completed=done),
+        )
     console.print(report.to_markdown(), markup=False)
     out: Path = args.out / "fairness"
     # Render into a scratch folder first, then move each file whole.

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import TYPE_CHECKING, final
 
@@ -36,7 +36,7 @@ from ..testing._workloads import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable
 
 #: The quantiles kept per run for the distribution plot: 0, 0.5, ..., 100.
 QUANTILES: tuple[float, ...] = tuple(q / 2 for q in range(201))
@@ -401,19 +401,37 @@ def _run_point_args(
     return run_point(*args)
 
 
-def run_fairness_sweep(config: FairnessConfig, *, jobs: int = 1) -> FairnessReport:
+def run_fairness_sweep(
+    config: FairnessConfig,
+    *,
+    jobs: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+) -> FairnessReport:
     """Run the sweep; ``jobs > 1`` runs sweep points in that many processes.
 
     Every point is a pure function of the config, so the report is the same
-    whatever ``jobs`` is.
+    whatever ``jobs`` is. ``progress(done, total)`` is called as sweep points
+    finish (each point runs every policy).
     """
     points = [(config, load, shape) for shape in config.shapes for load in config.loads]
-    results: Iterable[list[FairnessRow]]
+    results: list[list[FairnessRow]] = [[] for _ in points]
+
+    def finished(index: int, rows: list[FairnessRow]) -> None:
+        results[index] = rows
+        if progress is not None:
+            progress(sum(1 for done in results if done), len(points))
+
     if jobs > 1:
         # spawn: no fork of a process that may hold threads, on any platform.
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(jobs, mp_context=context) as pool:
-            results = list(pool.map(_run_point_args, points))
+            futures = {
+                pool.submit(_run_point_args, point): index
+                for index, point in enumerate(points)
+            }
+            for future in as_completed(futures):
+                finished(futures[future], future.result())
     else:
-        results = [_run_point_args(point) for point in points]
+        for index, point in enumerate(points):
+            finished(index, _run_point_args(point))
     return FairnessReport(config, tuple(row for rows in results for row in rows))
