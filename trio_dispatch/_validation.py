@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import attrs
 
 
 def check_provider(provider: object) -> str:
@@ -85,3 +89,11 @@ def check_instant(value: object, name: str) -> float:
     if not math.isfinite(instant):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     return instant
+
+
+def positive_int(
+    _instance: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    """An attrs validator: a positive ``int``, not a ``bool``; else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be a positive integer, got {value!r}")

@@ -49,6 +49,7 @@ import trio.testing
 
 from .. import __version__
 from .._converter import unstructure
+from .._validation import positive_int
 from ..actors import open_dispatcher
 
 if TYPE_CHECKING:
@@ -65,11 +66,6 @@ __all__ = [
 ]
 
 _PROVIDER: Final = "p"
-
-
-def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{attribute.name} must be a positive integer, got {value!r}")
 
 
 def _waiter_counts(
@@ -102,15 +98,15 @@ class HandoffSizes:
         memory_waiters: Parked waiters of the memory benchmark.
     """
 
-    tasks: int = attrs.field(default=1_000, validator=_positive)
-    cycles: int = attrs.field(default=100, validator=_positive)
-    limit: int = attrs.field(default=8, validator=_positive)
-    round_trips: int = attrs.field(default=20_000, validator=_positive)
+    tasks: int = attrs.field(default=1_000, validator=positive_int)
+    cycles: int = attrs.field(default=100, validator=positive_int)
+    limit: int = attrs.field(default=8, validator=positive_int)
+    round_trips: int = attrs.field(default=20_000, validator=positive_int)
     waiters: tuple[int, ...] = attrs.field(
         default=(1_000, 10_000, 100_000), validator=_waiter_counts
     )
-    min_grants: int = attrs.field(default=20_000, validator=_positive)
-    memory_waiters: int = attrs.field(default=100_000, validator=_positive)
+    min_grants: int = attrs.field(default=20_000, validator=positive_int)
+    memory_waiters: int = attrs.field(default=100_000, validator=positive_int)
 
     @classmethod
     def full(cls) -> HandoffSizes:
@@ -421,18 +417,13 @@ async def _drain_ours(waiters: int, limit: int, rounds: int) -> float:
     elapsed = 0.0
     async with open_dispatcher({_PROVIDER: limit}) as dispatcher:
         for _ in range(rounds):
-            gate = trio.Event()
-            async with trio.open_nursery() as nursery:
-                for _ in range(limit):
-                    nursery.start_soon(_hold_ours, dispatcher, gate)
-                await trio.testing.wait_all_tasks_blocked()
-                for _ in range(waiters):
-                    nursery.start_soon(_pass_ours, dispatcher)
-                await trio.testing.wait_all_tasks_blocked()
-                _check("waiting", _slot_statistics(dispatcher)[1], waiters)
-                start = time.perf_counter()
-                gate.set()
-            elapsed += time.perf_counter() - start
+            elapsed += await _timed_drain(
+                partial(_hold_ours, dispatcher),
+                partial(_pass_ours, dispatcher),
+                lambda: ("waiting", _slot_statistics(dispatcher)[1]),
+                waiters=waiters,
+                limit=limit,
+            )
         await trio.testing.wait_all_tasks_blocked()
         _check("in_flight", _slot_statistics(dispatcher)[0], 0)
         _check(
@@ -448,20 +439,42 @@ async def _drain_theirs(waiters: int, limit: int, rounds: int) -> float:
     elapsed = 0.0
     limiter = trio.CapacityLimiter(limit)
     for _ in range(rounds):
-        gate = trio.Event()
-        async with trio.open_nursery() as nursery:
-            for _ in range(limit):
-                nursery.start_soon(_hold_theirs, limiter, gate)
-            await trio.testing.wait_all_tasks_blocked()
-            for _ in range(waiters):
-                nursery.start_soon(_pass_theirs, limiter)
-            await trio.testing.wait_all_tasks_blocked()
-            _check("tasks_waiting", limiter.statistics().tasks_waiting, waiters)
-            start = time.perf_counter()
-            gate.set()
-        elapsed += time.perf_counter() - start
+        elapsed += await _timed_drain(
+            partial(_hold_theirs, limiter),
+            partial(_pass_theirs, limiter),
+            lambda: ("tasks_waiting", limiter.statistics().tasks_waiting),
+            waiters=waiters,
+            limit=limit,
+        )
     _check("borrowed_tokens", limiter.borrowed_tokens, 0)
     return elapsed
+
+
+async def _timed_drain(
+    hold: Callable[[trio.Event], Awaitable[None]],
+    pass_through: Callable[[], Awaitable[None]],
+    waiting: Callable[[], tuple[str, int]],
+    *,
+    waiters: int,
+    limit: int,
+) -> float:
+    """Seconds from opening the gate to the last of ``waiters`` passing.
+
+    ``limit`` holders wait on the gate while ``waiters`` tasks park behind
+    them; spawning and parking are not timed.
+    """
+    gate = trio.Event()
+    async with trio.open_nursery() as nursery:
+        for _ in range(limit):
+            nursery.start_soon(hold, gate)
+        await trio.testing.wait_all_tasks_blocked()
+        for _ in range(waiters):
+            nursery.start_soon(pass_through)
+        await trio.testing.wait_all_tasks_blocked()
+        _check(*waiting(), waiters)
+        start = time.perf_counter()
+        gate.set()
+    return time.perf_counter() - start
 
 
 class _Traced:

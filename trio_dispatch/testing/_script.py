@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal, final
 
 import attrs
 
+from .._validation import positive_int
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -167,11 +169,6 @@ def _positive_rate(_instance: object, _attribute: object, value: float | None) -
         raise ValueError(f"tokens_per_second must be a positive number, got {value!r}")
 
 
-def _positive_int(_instance: object, attribute: Any, value: object) -> None:  # noqa: ANN401 (attrs' Attribute is generic)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{attribute.name} must be a positive integer, got {value!r}")
-
-
 @final
 @attrs.frozen
 class FakeReply:
@@ -220,7 +217,7 @@ class FakeReply:
     tokens_per_second: float | None = attrs.field(
         default=None, validator=_positive_rate
     )
-    argument_chunks: int = attrs.field(default=3, validator=_positive_int)
+    argument_chunks: int = attrs.field(default=3, validator=positive_int)
     fault: Fault | None = None
 
 

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Literal, final
 
 import attrs
 
+from .._validation import positive_int
+
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
@@ -52,13 +54,6 @@ def _check_finite_positive(
         raise ValueError(
             f"{attribute.name} must be a positive finite number, got {value!r}"
         )
-
-
-def _check_positive_int(
-    _instance: object, attribute: attrs.Attribute[int], value: int
-) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{attribute.name} must be a positive integer, got {value!r}")
 
 
 DurationKind = Literal["constant", "exponential", "lognormal", "uniform"]
@@ -144,8 +139,8 @@ class CallsPerTurn:
         high: The most calls, inclusive.
     """
 
-    low: int = attrs.field(validator=_check_positive_int)
-    high: int = attrs.field(validator=_check_positive_int)
+    low: int = attrs.field(validator=positive_int)
+    high: int = attrs.field(validator=positive_int)
 
     def __attrs_post_init__(self) -> None:
         if self.high < self.low:
@@ -196,7 +191,7 @@ class BurstArrivals:
         interval: Seconds from one burst to the next.
     """
 
-    size: int = attrs.field(validator=_check_positive_int)
+    size: int = attrs.field(validator=positive_int)
     interval: float = attrs.field(converter=float, validator=_check_finite_positive)
 
 
@@ -221,10 +216,10 @@ class SimProvider:
     """
 
     name: str = attrs.field()
-    limit: int = attrs.field(validator=_check_positive_int)
+    limit: int = attrs.field(validator=positive_int)
     capacity: int | None = attrs.field(
         default=None,
-        validator=attrs.validators.optional(_check_positive_int),
+        validator=attrs.validators.optional(positive_int),
     )
     retry_after: float = attrs.field(
         default=1.0, converter=float, validator=_check_finite_non_negative
@@ -309,7 +304,7 @@ class Scenario:
 
     providers: tuple[SimProvider, ...] = attrs.field(converter=_to_provider_tuple)
     turns: tuple[TurnSpec, ...] = attrs.field(converter=_to_turn_tuple)
-    max_attempts: int = attrs.field(default=10, validator=_check_positive_int)
+    max_attempts: int = attrs.field(default=10, validator=positive_int)
 
     def __attrs_post_init__(self) -> None:
         names = [p.name for p in self.providers]
@@ -344,14 +339,14 @@ class Workload:
         max_attempts: See ``Scenario.max_attempts``.
     """
 
-    agents: int = attrs.field(validator=_check_positive_int)
+    agents: int = attrs.field(validator=positive_int)
     arrivals: Arrivals
     providers: tuple[SimProvider, ...] = attrs.field(converter=_to_provider_tuple)
     calls: CallsPerTurn = attrs.field(default=_DEFAULT_CALLS)
     call_duration: Duration = attrs.field(default=_DEFAULT_CALL_DURATION)
     tool_duration: Duration = attrs.field(default=_DEFAULT_TOOL_DURATION)
     seed: int = 0
-    max_attempts: int = attrs.field(default=10, validator=_check_positive_int)
+    max_attempts: int = attrs.field(default=10, validator=positive_int)
 
     def __attrs_post_init__(self) -> None:
         if not self.providers:
