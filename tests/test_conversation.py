@@ -6,6 +6,7 @@ real time (small latencies), except the checks of plain values.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from contextlib import asynccontextmanager
@@ -790,6 +791,95 @@ def test_tool_checks_its_fields(
     }
     with pytest.raises(error, match=f"^{_escape(message)}$"):
         Tool(**(good | fields))
+
+
+async def _prefixed(prefix: str, arguments: dict[str, Any]) -> str:
+    await trio.lowlevel.checkpoint()
+    return f"{prefix}{sorted(arguments)}"
+
+
+class _AsyncCall:
+    async def __call__(self, arguments: dict[str, Any]) -> str:
+        return await _prefixed("called ", arguments)
+
+    async def method(self, arguments: dict[str, Any]) -> str:
+        return await _prefixed("method ", arguments)
+
+    async def with_prefix(self, prefix: str, arguments: dict[str, Any]) -> str:
+        return await _prefixed(prefix, arguments)
+
+
+class _SyncCall:
+    def __call__(self, arguments: dict[str, Any]) -> str:
+        return "sync"
+
+    def method(self, arguments: dict[str, Any]) -> str:
+        return "sync"
+
+
+def _sync(arguments: dict[str, Any]) -> str:
+    return "sync"
+
+
+def _sync_prefixed(prefix: str, arguments: dict[str, Any]) -> str:
+    return prefix
+
+
+async def _async_generator(arguments: dict[str, Any]) -> AsyncIterator[str]:
+    yield "not awaitable"
+
+
+@pytest.mark.parametrize(
+    ("run", "answer"),
+    [
+        pytest.param(_nothing, "", id="async-function"),
+        pytest.param(functools.partial(_prefixed, "p "), "p ['k']", id="partial"),
+        pytest.param(
+            functools.partial(functools.partial(_prefixed), "pp "),
+            "pp ['k']",
+            id="partial-of-partial",
+        ),
+        pytest.param(_AsyncCall(), "called ['k']", id="async-call-object"),
+        pytest.param(
+            functools.partial(_AsyncCall()), "called ['k']", id="partial-of-object"
+        ),
+        pytest.param(_AsyncCall().method, "method ['k']", id="bound-async-method"),
+        pytest.param(
+            functools.partial(_AsyncCall().with_prefix, "bp "),
+            "bp ['k']",
+            id="partial-of-bound-method",
+        ),
+    ],
+)
+async def test_tool_accepts_every_form_of_async_callable(
+    run: Callable[[dict[str, Any]], Awaitable[str]], answer: str
+) -> None:
+    made = Tool(name="t", description="", parameters={"type": "object"}, run=run)
+    assert await made.run({"k": 1}) == answer
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        pytest.param(_sync, id="function"),
+        pytest.param(
+            lambda arguments: _nothing(arguments),  # noqa: PLW0108 (sync, returns a coroutine: the case)
+            id="lambda-returning-a-coroutine",
+        ),
+        pytest.param(functools.partial(_sync_prefixed, "p"), id="partial"),
+        pytest.param(_SyncCall(), id="sync-call-object"),
+        pytest.param(_SyncCall().method, id="bound-sync-method"),
+        pytest.param(_AsyncCall, id="class-with-async-call"),
+        pytest.param(_async_generator, id="async-generator-function"),
+        pytest.param(print, id="builtin"),
+    ],
+)
+def test_tool_refuses_a_synchronous_run_when_made(run: object) -> None:
+    with pytest.raises(
+        TypeError,
+        match=f"^tool run must be an async callable, got {_escape(repr(run))}$",
+    ):
+        Tool(name="t", description="", parameters={"type": "object"}, run=run)  # type: ignore[arg-type]  # wrong on purpose
 
 
 SCHEMA: dict[str, Any] = {
