@@ -532,8 +532,9 @@ class Conversation:
                 system=self._system_prompt,
             )
             reply = await self._call(provider, request, counters)
-            answer = ChatMessage("assistant", reply.text, tool_calls=reply.tool_calls)
-            if not reply.tool_calls:
+            calls = _unique_ids(reply.tool_calls, history)
+            answer = ChatMessage("assistant", reply.text, tool_calls=calls)
+            if not calls:
                 finished_at = trio.current_time()
                 # A last schedule point before the commit: a caller whose
                 # deadline fell at this same instant has been woken but not
@@ -555,9 +556,9 @@ class Conversation:
                     finished_at=finished_at,
                     finish_reason=reply.finish,
                 )
-            counters.tool_calls += len(reply.tool_calls)
-            self._tool_calls += len(reply.tool_calls)
-            results = await self._run_tools(reply.tool_calls)
+            counters.tool_calls += len(calls)
+            self._tool_calls += len(calls)
+            results = await self._run_tools(calls)
             history.append(answer)
             history.extend(results)
 
@@ -759,6 +760,37 @@ def _only_cancelled(exc: BaseException) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return all(_only_cancelled(inner) for inner in exc.exceptions)
     return isinstance(exc, trio.Cancelled)
+
+
+def _unique_ids(
+    calls: tuple[ToolCall, ...], history: Iterable[ChatMessage]
+) -> tuple[ToolCall, ...]:
+    """``calls``, each with an id no other call of the history has.
+
+    A model (or a server in front of it) may repeat a call's id, within one
+    answer or across answers, or leave it empty; Anthropic then refuses every
+    later request of the conversation, and a result cannot say which call
+    it answers. A repeat becomes ``<id>_2`` (or ``_3``...) and an empty id
+    ``call_1`` (or ``call_2``...): the first one that no call of the
+    history and no call of ``calls`` has, as sent or as renamed. Each
+    result answers its call by the new id, so the history stays paired.
+    """
+    earlier = {call.id for message in history for call in message.tool_calls}
+    used = earlier | {call.id for call in calls}
+    kept: set[str] = set()
+    unique: list[ToolCall] = []
+    for call in calls:
+        if call.id and call.id not in earlier and call.id not in kept:
+            kept.add(call.id)
+            unique.append(call)
+            continue
+        base, number = (call.id, 2) if call.id else ("call", 1)
+        while f"{base}_{number}" in used:
+            number += 1
+        new_id = f"{base}_{number}"
+        used.add(new_id)
+        unique.append(attrs.evolve(call, id=new_id))
+    return tuple(unique)
 
 
 def _refusal(call: ToolCall, tool: Tool | None, tools: dict[str, Tool]) -> str | None:
