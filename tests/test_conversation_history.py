@@ -133,6 +133,7 @@ async def open_rig(
     answer: Callable[[dict[str, Any]], list[Part] | httpx.Response],
     **options: Any,  # noqa: ANN401 (passed to start_conversation)
 ) -> AsyncIterator[Rig]:
+    """A rig whose model answers with ``answer``; ``options`` start the conversation."""
     model = WireModel(answer)
     transport = httpx.MockTransport(model.handle)
     async with httpx.AsyncClient(transport=transport) as client:
@@ -213,6 +214,7 @@ AFTER_Q = (
 
 
 async def hold_the_slot(dispatcher: Dispatcher, seconds: float) -> None:
+    """A plug: hold the provider's only slot for ``seconds``."""
     async with dispatcher.slot("openai"):
         await trio.sleep(seconds)
 
@@ -223,6 +225,7 @@ async def ask_cancellable(
     *,
     task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """Ask ``text`` inside a scope handed to the starter, to cancel at will."""
     with trio.CancelScope() as scope:
         task_status.started(scope)
         await conversation.ask(text)
