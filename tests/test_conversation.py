@@ -6,6 +6,7 @@ real time (small latencies), except the checks of plain values.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from contextlib import asynccontextmanager
@@ -25,8 +26,19 @@ from trio_dispatch.actors import (
     check_arguments,
     open_dispatcher,
 )
-from trio_dispatch.messages import ChatMessage, ToolSpec, Usage
+from trio_dispatch.messages import (
+    ChatMessage,
+    ChatRequest,
+    Finish,
+    StreamEvent,
+    TextDelta,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
 from trio_dispatch.providers import AnthropicProvider, OpenAIProvider, Provider
+from trio_dispatch.providers._anthropic import request_body as anthropic_body
+from trio_dispatch.providers._openai import request_body as openai_body
 from trio_dispatch.testing import (
     FakeLLMServer,
     FakeReply,
@@ -268,6 +280,114 @@ async def test_parallel_tool_calls_run_at_the_same_time() -> None:
         ("b", "met b"),
         ("c", "met c"),
     ]
+
+
+def wire_tool_ids(
+    wire: str, body: dict[str, Any]
+) -> tuple[list[str], list[tuple[str, str]]]:
+    """The tool call ids a request body carried, and its results as ``(id, text)``."""
+    calls: list[str] = []
+    results: list[tuple[str, str]] = []
+    for message in body["messages"]:
+        if wire == "openai":
+            calls.extend(call["id"] for call in message.get("tool_calls") or ())
+            if message["role"] == "tool":
+                results.append((message["tool_call_id"], message["content"]))
+            continue
+        for block in message["content"]:
+            if block["type"] == "tool_use":
+                calls.append(block["id"])
+            elif block["type"] == "tool_result":
+                results.append((block["tool_use_id"], block["content"]))
+    return calls, results
+
+
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+async def test_repeated_tool_call_ids_are_renamed_so_each_call_has_one_result(
+    wire: str,
+) -> None:
+    first = (
+        FakeToolCall("add", {"a": 1, "b": 2}, id="dup"),
+        FakeToolCall("add", {"a": 3, "b": 4}, id="dup"),
+        FakeToolCall("add", {"a": 5, "b": 6}, id="dup_2"),  # the obvious rename
+    )
+    again = (FakeToolCall("add", {"a": 7, "b": 8}, id="dup"),)
+
+    def choose(request: FakeRequest) -> FakeReply:
+        if answers_tools(request):
+            return FakeReply(text="done")
+        calls = first if last_text(request) == "first" else again
+        return FakeReply(text="", tool_calls=calls)
+
+    async with open_rig(FakeScript(choose=choose), wire=wire) as rig:
+        conversation = rig.start(tools=[ADD])
+        await conversation.ask("first")
+        await conversation.ask("again")
+    bodies = [request.body for request in rig.server.requests]
+    assert len(bodies) == 4
+    # Each call once, each result once, paired with its own call.
+    assert wire_tool_ids(wire, bodies[1]) == (
+        ["dup", "dup_3", "dup_2"],
+        [("dup", "3"), ("dup_3", "7"), ("dup_2", "11")],
+    )
+    # An id repeated from an earlier answer is renamed too: Anthropic wants
+    # every tool_use id of a request unique.
+    assert wire_tool_ids(wire, bodies[3]) == (
+        ["dup", "dup_3", "dup_2", "dup_4"],
+        [("dup", "3"), ("dup_3", "7"), ("dup_2", "11"), ("dup_4", "15")],
+    )
+    assert [call.id for call in conversation.history[1].tool_calls] == [
+        "dup",
+        "dup_3",
+        "dup_2",
+    ]
+
+
+@attrs.define
+class RecordingProvider:
+    """A provider in memory: each request gets the next list of events."""
+
+    answers: list[list[StreamEvent]]
+    id: str = "memory"
+    requests: list[ChatRequest] = attrs.Factory(list)
+
+    def stream(self, request: ChatRequest) -> Any:  # noqa: ANN401 (an async context manager)
+        self.requests.append(request)
+        return self._stream(self.answers.pop(0))
+
+    @asynccontextmanager
+    async def _stream(
+        self, events: list[StreamEvent]
+    ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
+        async def each() -> AsyncIterator[StreamEvent]:
+            for event in events:
+                await trio.lowlevel.checkpoint()
+                yield event
+
+        yield each()
+
+
+async def test_empty_tool_call_ids_get_ids_of_their_own() -> None:
+    # Our providers refuse a call without an id; a provider of the user's
+    # may pass one on.
+    calls: list[StreamEvent] = [
+        ToolCall("", "add", {"a": 1, "b": 2}),
+        ToolCall("", "add", {"a": 3, "b": 4}),
+        ToolCall("call_1", "add", {"a": 5, "b": 6}),
+    ]
+    done: list[StreamEvent] = [TextDelta("done"), Finish("stop")]
+    provider = RecordingProvider([[*calls, Finish("tool_calls")], done])
+    async with open_dispatcher({"memory": 1}) as dispatcher:
+        conversation = dispatcher.start_conversation(provider, tools=[ADD])
+        result = await conversation.ask("go")
+    assert result.text == "done"
+    answered = provider.requests[1]
+    expected = (
+        ["call_2", "call_3", "call_1"],
+        [("call_2", "3"), ("call_3", "7"), ("call_1", "11")],
+    )
+    assert wire_tool_ids("openai", openai_body("m", answered)) == expected
+    assert wire_tool_ids("anthropic", anthropic_body("m", 100, answered)) == expected
 
 
 async def test_wrong_tool_calls_go_back_to_the_model_as_errors() -> None:
@@ -651,7 +771,7 @@ async def test_close_fails_the_running_and_queued_questions_and_later_ones() -> 
         with pytest.raises(ConversationClosed):
             await conversation.warm()
         await eventually(lambda: rig.in_flight() == 0)
-        assert conversation.history == (ChatMessage("user", "running"),)
+        assert conversation.history == ()
         assert isinstance(ConversationClosed("x"), DispatchError)
 
 
@@ -790,6 +910,95 @@ def test_tool_checks_its_fields(
     }
     with pytest.raises(error, match=f"^{_escape(message)}$"):
         Tool(**(good | fields))
+
+
+async def _prefixed(prefix: str, arguments: dict[str, Any]) -> str:
+    await trio.lowlevel.checkpoint()
+    return f"{prefix}{sorted(arguments)}"
+
+
+class _AsyncCall:
+    async def __call__(self, arguments: dict[str, Any]) -> str:
+        return await _prefixed("called ", arguments)
+
+    async def method(self, arguments: dict[str, Any]) -> str:
+        return await _prefixed("method ", arguments)
+
+    async def with_prefix(self, prefix: str, arguments: dict[str, Any]) -> str:
+        return await _prefixed(prefix, arguments)
+
+
+class _SyncCall:
+    def __call__(self, arguments: dict[str, Any]) -> str:
+        return "sync"
+
+    def method(self, arguments: dict[str, Any]) -> str:
+        return "sync"
+
+
+def _sync(arguments: dict[str, Any]) -> str:
+    return "sync"
+
+
+def _sync_prefixed(prefix: str, arguments: dict[str, Any]) -> str:
+    return prefix
+
+
+async def _async_generator(arguments: dict[str, Any]) -> AsyncIterator[str]:
+    yield "not awaitable"
+
+
+@pytest.mark.parametrize(
+    ("run", "answer"),
+    [
+        pytest.param(_nothing, "", id="async-function"),
+        pytest.param(functools.partial(_prefixed, "p "), "p ['k']", id="partial"),
+        pytest.param(
+            functools.partial(functools.partial(_prefixed), "pp "),
+            "pp ['k']",
+            id="partial-of-partial",
+        ),
+        pytest.param(_AsyncCall(), "called ['k']", id="async-call-object"),
+        pytest.param(
+            functools.partial(_AsyncCall()), "called ['k']", id="partial-of-object"
+        ),
+        pytest.param(_AsyncCall().method, "method ['k']", id="bound-async-method"),
+        pytest.param(
+            functools.partial(_AsyncCall().with_prefix, "bp "),
+            "bp ['k']",
+            id="partial-of-bound-method",
+        ),
+    ],
+)
+async def test_tool_accepts_every_form_of_async_callable(
+    run: Callable[[dict[str, Any]], Awaitable[str]], answer: str
+) -> None:
+    made = Tool(name="t", description="", parameters={"type": "object"}, run=run)
+    assert await made.run({"k": 1}) == answer
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        pytest.param(_sync, id="function"),
+        pytest.param(
+            lambda arguments: _nothing(arguments),  # noqa: PLW0108 (sync, returns a coroutine: the case)
+            id="lambda-returning-a-coroutine",
+        ),
+        pytest.param(functools.partial(_sync_prefixed, "p"), id="partial"),
+        pytest.param(_SyncCall(), id="sync-call-object"),
+        pytest.param(_SyncCall().method, id="bound-sync-method"),
+        pytest.param(_AsyncCall, id="class-with-async-call"),
+        pytest.param(_async_generator, id="async-generator-function"),
+        pytest.param(print, id="builtin"),
+    ],
+)
+def test_tool_refuses_a_synchronous_run_when_made(run: object) -> None:
+    with pytest.raises(
+        TypeError,
+        match=f"^tool run must be an async callable, got {_escape(repr(run))}$",
+    ):
+        Tool(name="t", description="", parameters={"type": "object"}, run=run)  # type: ignore[arg-type]  # wrong on purpose
 
 
 SCHEMA: dict[str, Any] = {

@@ -14,19 +14,19 @@ the actor reached it is skipped, so nothing is sent for it; one abandoned
 while it runs unwinds where it is: a slot still awaited is withdrawn, a
 stream is closed and its slot given back, tools are cancelled.
 
-The history changes only between awaits, in three steps, so whatever ends
-a turn (success, a provider error, a cancellation, the dispatcher
-closing), the history is one a provider accepts:
+A turn works on its own copy of the history: the question, a compaction's
+summary, each assistant message that calls tools together with every
+result, and the final answer go there, and the copy replaces the history
+in one synchronous step once the answer is complete. So whatever else ends
+a turn (a provider error, a cancellation, the dispatcher closing), at
+whatever point (waiting for a slot, streaming, running tools, compacting),
+the history is exactly what it was before the turn, and asking again sends
+the question once.
 
-1. the user's message, when the turn starts;
-2. an assistant message that calls tools together with every result, once
-   the last tool is done;
-3. the final assistant message, when the answer is complete.
-
-A failed attempt's partial output never enters it. Every LLM call of a turn,
-retries and tool-loop steps alike, asks the dispatcher for a slot with the
-turn's ``started_at``, so a turn in progress goes before turns that started
-later; the slot is held only while the answer streams, never while tools run.
+Every LLM call of a turn, retries and tool-loop steps alike, asks the
+dispatcher for a slot with the turn's ``started_at``, so a turn in progress
+goes before turns that started later; the slot is held only while the
+answer streams, never while tools run.
 
 Errors: a ``ProviderError`` that outlives its retries, and any other
 ``DispatchError`` of the dispatcher's (``QueueFull``, ``SlotHoldTimeout``),
@@ -127,7 +127,9 @@ class ConversationStatistics:
         llm_calls: LLM requests sent, retries, summaries and warm-ups included.
         retries: LLM requests sent again after a retryable error.
         tool_calls: Tool calls the model made.
-        compactions: Times older messages were replaced by a summary.
+        compactions: Times older messages were replaced by a summary (by
+            turns that completed: a failed or cancelled turn's summary is
+            dropped with the rest of the turn).
         compactions_failed: Summary calls that failed (the turn went on).
         warmups: Warm-up requests answered.
         usage: The tokens of every successful LLM call, summed.
@@ -313,7 +315,10 @@ class Conversation:
 
     @property
     def history(self) -> tuple[ChatMessage, ...]:
-        """The messages so far, oldest first (the system prompt is not one)."""
+        """The messages so far, oldest first (the system prompt is not one).
+
+        A running turn's messages join it all at once, when it completes.
+        """
         return tuple(self._history)
 
     @property
@@ -326,14 +331,14 @@ class Conversation:
 
         The question waits behind any turn already queued. Cancelling the
         caller cancels its turn: one still queued never starts and sends
-        nothing; one running is unwound (see the module notes), and the
-        history keeps only what was complete.
+        nothing; one running is unwound (see the module notes). A turn that
+        does not complete, cancelled or failed, leaves the history exactly
+        as it was before it.
 
         Raises:
             ProviderError: The provider failed and retries did not help
-                (or the error was not retryable). The history keeps the
-                question and whatever completed before the failure; the
-                conversation stays usable.
+                (or the error was not retryable). The history is left as it
+                was before the turn; the conversation stays usable.
             QueueFull: The dispatcher refused to queue one more request.
             SlotHoldTimeout: A slot was held past the dispatcher's
                 ``max_hold``.
@@ -370,7 +375,7 @@ class Conversation:
         """Stop the conversation now; idempotent.
 
         The running job is cancelled (its caller gets ``ConversationClosed``;
-        the history keeps only what was complete), queued jobs fail with
+        the history is left as it was before that turn), queued jobs fail with
         ``ConversationClosed``, and so does every later ``ask``.
         """
         if self._stop is None:
@@ -506,8 +511,13 @@ class Conversation:
         started_at = trio.current_time()
         counters = _Counters()
         question = ChatMessage("user", text)
-        await self._compact_if_needed(question, counters, started_at)
-        self._history.append(question)
+        # The turn's own copy, committed only when the answer is complete:
+        # see the module notes.
+        history = list(self._history)
+        compacted = await self._compact_if_needed(
+            history, question, counters, started_at
+        )
+        history.append(question)
         provider = wrap_provider(
             self._provider,
             self._dispatcher,
@@ -516,15 +526,25 @@ class Conversation:
         )
         while True:
             request = ChatRequest(
-                messages=self._history,
+                messages=history,
                 tools=self._specs,
                 max_tokens=self._max_tokens,
                 system=self._system_prompt,
             )
             reply = await self._call(provider, request, counters)
-            answer = ChatMessage("assistant", reply.text, tool_calls=reply.tool_calls)
-            if not reply.tool_calls:
-                self._history.append(answer)
+            calls = _unique_ids(reply.tool_calls, history)
+            answer = ChatMessage("assistant", reply.text, tool_calls=calls)
+            if not calls:
+                finished_at = trio.current_time()
+                # A last schedule point before the commit: a caller whose
+                # deadline fell at this same instant has been woken but not
+                # run yet. Running it first lets it cancel the job, so a
+                # caller that got Cancelled never finds its turn committed.
+                await trio.lowlevel.checkpoint()
+                history.append(answer)
+                self._history = history
+                if compacted:
+                    self._compactions += 1
                 self._turns_completed += 1
                 return TurnResult(
                     text=reply.text,
@@ -533,15 +553,14 @@ class Conversation:
                     retries=counters.retries,
                     usage=counters.usage,
                     started_at=started_at,
-                    finished_at=trio.current_time(),
+                    finished_at=finished_at,
                     finish_reason=reply.finish,
                 )
-            counters.tool_calls += len(reply.tool_calls)
-            self._tool_calls += len(reply.tool_calls)
-            results = await self._run_tools(reply.tool_calls)
-            # Together, after the last tool: a call never lacks its result.
-            self._history.append(answer)
-            self._history.extend(results)
+            counters.tool_calls += len(calls)
+            self._tool_calls += len(calls)
+            results = await self._run_tools(calls)
+            history.append(answer)
+            history.extend(results)
 
     async def _warm(self) -> Usage:
         messages = self._history or [ChatMessage("user", _WARM_UP_TEXT)]
@@ -649,18 +668,27 @@ class Conversation:
     # -- compaction ----------------------------------------------------------
 
     async def _compact_if_needed(
-        self, question: ChatMessage, counters: _Counters, started_at: float
-    ) -> None:
+        self,
+        history: list[ChatMessage],
+        question: ChatMessage,
+        counters: _Counters,
+        started_at: float,
+    ) -> bool:
+        """Replace ``history``'s older messages by a summary if it is too long.
+
+        Returns:
+            Whether it did.
+        """
         if self._context_budget is None:
-            return
+            return False
         chars = len(self._system_prompt or "") + _size(question)
-        chars += sum(_size(message) for message in self._history)
+        chars += sum(_size(message) for message in history)
         if chars / 4 <= self._context_budget:
-            return
-        cut = self._compaction_cut()
+            return False
+        cut = self._compaction_cut(history)
         if cut is None:
-            return
-        older = self._history[:cut]
+            return False
+        older = history[:cut]
         request = ChatRequest(
             messages=[*older, ChatMessage("user", _SUMMARY_REQUEST)],
             tools=self._specs,
@@ -677,21 +705,20 @@ class Conversation:
             reply = await self._call(provider, request, counters)
         except ProviderError:
             self._compactions_failed += 1
-            return  # the turn goes on with the whole history
+            return False  # the turn goes on with the whole history
         summary = reply.text.strip()
         if not summary:
             self._compactions_failed += 1
-            return
-        self._history[:cut] = [ChatMessage("system", SUMMARY_PREFIX + summary)]
-        self._compactions += 1
+            return False
+        history[:cut] = [ChatMessage("system", SUMMARY_PREFIX + summary)]
+        return True
 
-    def _compaction_cut(self) -> int | None:
+    def _compaction_cut(self, history: list[ChatMessage]) -> int | None:
         """Where older messages end: a user message, at least ``keep_recent`` back.
 
         ``None`` when that leaves nothing worth summarising (nothing, or only
         the previous summary).
         """
-        history = self._history
         for cut in range(len(history) - self._keep_recent, 0, -1):
             if cut == len(history) or history[cut].role == "user":
                 break
@@ -733,6 +760,37 @@ def _only_cancelled(exc: BaseException) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return all(_only_cancelled(inner) for inner in exc.exceptions)
     return isinstance(exc, trio.Cancelled)
+
+
+def _unique_ids(
+    calls: tuple[ToolCall, ...], history: Iterable[ChatMessage]
+) -> tuple[ToolCall, ...]:
+    """``calls``, each with an id no other call of the history has.
+
+    A model (or a server in front of it) may repeat a call's id, within one
+    answer or across answers, or leave it empty; Anthropic then refuses every
+    later request of the conversation, and a result cannot say which call
+    it answers. A repeat becomes ``<id>_2`` (or ``_3``...) and an empty id
+    ``call_1`` (or ``call_2``...): the first one that no call of the
+    history and no call of ``calls`` has, as sent or as renamed. Each
+    result answers its call by the new id, so the history stays paired.
+    """
+    earlier = {call.id for message in history for call in message.tool_calls}
+    used = earlier | {call.id for call in calls}
+    kept: set[str] = set()
+    unique: list[ToolCall] = []
+    for call in calls:
+        if call.id and call.id not in earlier and call.id not in kept:
+            kept.add(call.id)
+            unique.append(call)
+            continue
+        base, number = (call.id, 2) if call.id else ("call", 1)
+        while f"{base}_{number}" in used:
+            number += 1
+        new_id = f"{base}_{number}"
+        used.add(new_id)
+        unique.append(attrs.evolve(call, id=new_id))
+    return tuple(unique)
 
 
 def _refusal(call: ToolCall, tool: Tool | None, tools: dict[str, Tool]) -> str | None:

@@ -22,6 +22,8 @@ the tool itself; the tool's own error then goes back to the model.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import math
 import re
@@ -110,8 +112,27 @@ def _schema_problem(schema: object, path: str) -> str | None:  # noqa: PLR0911 (
 
 
 def _check_run(_tool: object, _attribute: object, value: Any) -> None:  # noqa: ANN401 (a validator checks anything)
-    if not callable(value):
+    # Refused here, not when the model calls it: a plain function's result
+    # cannot be awaited, and the turn would go on with that error as the
+    # tool's answer.
+    if not _is_async_callable(value):
         raise TypeError(f"tool run must be an async callable, got {value!r}")
+
+
+def _is_async_callable(value: object) -> bool:
+    """Whether calling ``value`` gives a coroutine, as far as its type tells.
+
+    ``inspect.iscoroutinefunction`` sees through bound methods and
+    ``functools.partial``, but not an object whose ``__call__`` is
+    ``async def``, nor a partial of one: those are unwrapped here.
+    """
+    while isinstance(value, functools.partial):
+        value = value.func
+    if inspect.iscoroutinefunction(value):
+        return True
+    if not callable(value) or inspect.isroutine(value) or inspect.isclass(value):
+        return False  # a function, method or class: its own flags said no
+    return inspect.iscoroutinefunction(type(value).__call__)
 
 
 @final
@@ -143,9 +164,11 @@ class Tool:
             The conversation checks the model's arguments against it (see
             ``check_arguments``) before calling ``run``.
         run: An async function taking the arguments (a ``dict``) and
-            returning the result text for the model. An exception it raises
-            goes back to the model as an error result; it does not end the
-            turn.
+            returning the result text for the model; a bound async method,
+            an object with an ``async def __call__`` or a
+            ``functools.partial`` of one of these will do, a plain function
+            is refused with ``TypeError``. An exception it raises goes back
+            to the model as an error result; it does not end the turn.
     """
 
     name: str = attrs.field(validator=_check_name)
