@@ -89,6 +89,21 @@ class WireDecoder(Protocol):
         ...
 
 
+@final
+class _EventSource(EventSource):
+    """httpx-sse's event reader, without its own content-type check.
+
+    That check is case-sensitive, though media types are not: it refused
+    ``Text/Event-Stream`` with an ``SSEError`` (a transport error, so every
+    request failed and was retried). ``_check_status`` has already checked
+    the content type, case-insensitively and with parameters allowed, so
+    that check is the only one.
+    """
+
+    def _check_content_type(self) -> None:
+        pass
+
+
 def _check_timeout(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -472,7 +487,7 @@ class EventStream:
         except BaseException:
             self._state = "closed"
             raise
-        self._events = EventSource(self._response).aiter_sse()
+        self._events = _EventSource(self._response).aiter_sse()
         return self
 
     async def __aexit__(
