@@ -47,7 +47,7 @@ from ._errors import (
 from ._retry_after import parse_retry_after
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, AsyncIterator, Callable
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
     from types import TracebackType
 
     from ..messages import StreamEvent
@@ -122,6 +122,81 @@ def _check_text(value: object, name: str) -> str:
     return value
 
 
+def _character_class(char: str) -> str:
+    """What ``char`` is, in words that do not repeat it."""
+    if char in "\r\n":
+        return "a line break"
+    if char == "\t":
+        return "a tab"
+    if char == "\0":
+        return "a NUL character"
+    if char == " ":
+        return "a space"
+    if char.isascii():
+        return "a control character"
+    return "a non-ASCII character"
+
+
+def _check_api_key(value: object) -> str:
+    """An API key: printable ASCII, no whitespace; never echoed in an error.
+
+    A trailing line break (what ``open(path).read()`` leaves) is refused,
+    not stripped: a secret is sent exactly as given or not at all, and a
+    file that holds more than the key may be damaged in other ways too. The error says which kind of character is wrong and where, never
+    the key or any part of it.
+    """
+    if not isinstance(value, str):
+        raise TypeError("api_key must be a non-empty string")
+    if not value:
+        raise ValueError("api_key must be a non-empty string")
+    rule = "api_key must be printable ASCII without spaces"
+    bad = [index for index, char in enumerate(value) if not "!" <= char <= "~"]
+    if not bad:
+        return value
+    if value[bad[0] :] in ("\n", "\r", "\r\n"):
+        raise ValueError(
+            f"{rule}, got a line break at the end (strip a key read from a file)"
+        )
+    raise ValueError(f"{rule}, got {_character_class(value[bad[0]])} at index {bad[0]}")
+
+
+def _check_header_value(value: object, name: str) -> str:
+    """A header value h11 will send: printable ASCII, inner spaces allowed.
+
+    Never echoed: a header may carry a credential. Without this check, h11
+    refuses the value when the request is sent, and its error shows it.
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, got {type(value).__name__}")
+    for index, char in enumerate(value):
+        inner = 0 < index < len(value) - 1
+        if "!" <= char <= "~" or (char in " \t" and inner):
+            continue
+        what = _character_class(char)
+        if char in " \t":
+            what = "leading or trailing whitespace"
+        raise ValueError(f"{name} must be printable ASCII, got {what} at index {index}")
+    return value
+
+
+# RFC 9110's tchar: what a header name may be made of.
+_TOKEN_CHARACTERS: Final = frozenset(
+    "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+)
+
+
+def _check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """Extra headers, names lowercased; values checked but never echoed."""
+    checked: dict[str, str] = {}
+    for name, value in dict(headers or {}).items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise TypeError("extra_headers must map header names to strings")
+        if not name or not _TOKEN_CHARACTERS.issuperset(name):
+            raise ValueError(f"extra_headers names must be HTTP tokens, got {name!r}")
+        checked[name.lower()] = _check_header_value(value, f"extra_headers[{name!r}]")
+    return checked
+
+
 def _check_base_url(value: object) -> str:
     url = _check_text(value, "base_url")
     if not url.startswith(("http://", "https://")):
@@ -147,11 +222,7 @@ class _ProviderBase:
         self._id = _check_text(id, "id")
         self._base_url = _check_base_url(base_url)
         # Checked without echoing it: a key must not reach a message.
-        if not isinstance(api_key, str):
-            raise TypeError("api_key must be a non-empty string")
-        if not api_key:
-            raise ValueError("api_key must be a non-empty string")
-        self._api_key = api_key
+        self._api_key = _check_api_key(api_key)
         self._model = _check_text(model, "model")
         connect = _check_timeout(connect_timeout, "connect_timeout")
         read = _check_timeout(read_timeout, "read_timeout")
