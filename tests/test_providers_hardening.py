@@ -23,7 +23,7 @@ from trio_dispatch.messages import (
     TextDelta,
     Usage,
 )
-from trio_dispatch.providers import AnthropicProvider, OpenAIProvider
+from trio_dispatch.providers import AnthropicProvider, OpenAIProvider, ProviderError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -256,3 +256,182 @@ async def test_a_header_value_with_inner_spaces_is_sent_as_it_is() -> None:
         await collect(provider)
     assert seen[0]["x-proxy-auth"] == "Bearer\t a b"
     assert seen[0]["authorization"] == f"Bearer {SECRET}"
+
+
+# ------------------------------------------------------------------ redaction
+
+# Printable ASCII with every character JSON may escape short: / " and \.
+KEY = 'sk-Zq8v/Xw3"Lp9\\RtYb6N'
+
+
+def escaped(key: str, which: Callable[[int], bool], upper: bool = False) -> str:
+    """``key`` as JSON string content, the characters ``which`` picks as \\uXXXX."""
+    out = []
+    for index, char in enumerate(key):
+        if which(index):
+            out.append(f"\\u{ord(char):04X}" if upper else f"\\u{ord(char):04x}")
+        else:
+            out.append(json.dumps(char)[1:-1])
+    return "".join(out)
+
+
+# Every way a JSON string can spell KEY, and the raw key (for text bodies).
+JSON_SPELLINGS = {
+    "short escapes": json.dumps(KEY)[1:-1],
+    "escaped slash": json.dumps(KEY)[1:-1].replace("/", "\\/"),
+    "all \\u, lower": escaped(KEY, lambda i: True),
+    "all \\u, upper": escaped(KEY, lambda i: True, upper=True),
+    "every other \\u": escaped(KEY, lambda i: i % 2 == 0),
+    "one \\u": escaped(KEY, lambda i: i == 5),
+}
+TEXT_SPELLINGS = {"raw": KEY, **JSON_SPELLINGS}
+
+
+def chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and everything behind it, through causes and contexts."""
+    seen: list[BaseException] = []
+    stack = [exc]
+    while stack:
+        current = stack.pop()
+        if any(current is known for known in seen):
+            continue
+        seen.append(current)
+        stack.extend(
+            e for e in (current.__cause__, current.__context__) if e is not None
+        )
+    return seen
+
+
+def answering(
+    make: Callable[..., Provider],
+    status: int,
+    body: bytes,
+    content_type: str = "application/json",
+) -> Provider:
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            status, headers={"content-type": content_type}, content=body
+        )
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    return make(client, KEY)
+
+
+async def failure(provider: Provider) -> ProviderError:
+    with pytest.raises(ProviderError) as caught:
+        await collect(provider)
+    assert [type(e) for e in chain(caught.value)] == [type(caught.value)]
+    assert leaks(caught.value, KEY) == []
+    assert KEY not in repr(vars(caught.value))
+    return caught.value
+
+
+@pytest.mark.parametrize("spelling", JSON_SPELLINGS.values(), ids=JSON_SPELLINGS)
+@pytest.mark.parametrize(("make", "body"), WIRE_FORMATS)
+async def test_a_key_echoed_json_escaped_in_an_error_body_is_redacted(
+    make: Callable[..., Provider], body: Callable[[], bytes], spelling: str
+) -> None:
+    del body
+    error = (
+        '{"error": {"type": "invalid_request_error", "code": "' + spelling + '", '
+        '"message": "bad key '
+        + spelling
+        + '; upstream: {\\"key\\": \\"'
+        + json.dumps(spelling)[1:-1]
+        + '\\"}"}}'
+    )
+    provider = answering(make, 401, error.encode())
+    exc = await failure(provider)
+    assert str(exc) == (
+        f"{provider.id}: HTTP 401 invalid_request_error ([redacted]): "
+        'bad key [redacted]; upstream: {"key": "[redacted]"}'
+    )
+
+
+@pytest.mark.parametrize("spelling", TEXT_SPELLINGS.values(), ids=TEXT_SPELLINGS)
+@pytest.mark.parametrize(("make", "body"), WIRE_FORMATS)
+async def test_a_key_echoed_in_any_spelling_in_a_text_error_body_is_redacted(
+    make: Callable[..., Provider], body: Callable[[], bytes], spelling: str
+) -> None:
+    del body
+    text = f"upstream refused {spelling}, and said so"
+    exc = await failure(answering(make, 403, text.encode(), "text/plain"))
+    assert str(exc).endswith(": HTTP 403: upstream refused [redacted], and said so")
+
+
+LIMIT = 64 * 1024  # what of an error body is kept
+
+
+@pytest.mark.parametrize("spelling", TEXT_SPELLINGS.values(), ids=TEXT_SPELLINGS)
+@pytest.mark.parametrize("before_the_cut", [1, 5, 12])
+@pytest.mark.parametrize(("make", "body"), WIRE_FORMATS)
+async def test_a_key_that_straddles_the_error_body_cut_is_redacted_whole(
+    make: Callable[..., Provider],
+    body: Callable[[], bytes],
+    before_the_cut: int,
+    spelling: str,
+) -> None:
+    del body
+    # Whitespace collapses in the message, so what was kept at the cut shows.
+    error = b" " * (LIMIT - before_the_cut) + spelling.encode() + b" and more" * 99
+    provider = answering(make, 500, error, "text/plain")
+    exc = await failure(provider)
+    assert str(exc) == f"{provider.id}: HTTP 500: [redacted]"
+
+
+@pytest.mark.parametrize("spelling", TEXT_SPELLINGS.values(), ids=TEXT_SPELLINGS)
+@pytest.mark.parametrize(("make", "body"), WIRE_FORMATS)
+async def test_a_key_that_straddles_the_end_of_what_is_read_is_dropped_with_it(
+    make: Callable[..., Provider], body: Callable[[], bytes], spelling: str
+) -> None:
+    del body
+    # The body is read a key's longest spelling (6 bytes a character) past
+    # the cut, so a key can be cut in two there too; it lies past the cut.
+    read = LIMIT + 6 * len(KEY)
+    error = b"x" * 10 + b" " * (read - 15) + spelling.encode() + b" and more" * 99
+    provider = answering(make, 500, error, "text/plain")
+    exc = await failure(provider)
+    assert str(exc) == f"{provider.id}: HTTP 500: xxxxxxxxxx"
+
+
+@pytest.mark.parametrize(("make", "body"), WIRE_FORMATS)
+async def test_a_malformed_event_holding_the_key_carries_no_context_holding_it(
+    make: Callable[..., Provider], body: Callable[[], bytes]
+) -> None:
+    del body
+    data = 'not json, "' + JSON_SPELLINGS["all \\u, lower"] + '" ' + KEY
+    provider = answering(make, 200, f"data: {data}\n\n".encode(), "text/event-stream")
+    exc = await failure(provider)
+    assert str(exc) == (
+        f"{provider.id}: an event's data is not valid JSON (Expecting value): "
+        "'not json, \"[redacted]\" [redacted]'"
+    )
+
+
+async def test_an_openai_chunk_holding_the_key_carries_no_context_holding_it() -> None:
+    chunk = {"choices": [{"index": KEY, "delta": {}}]}
+    provider = answering(
+        make_openai, 200, f"data: {json.dumps(chunk)}\n\n".encode(), "text/event-stream"
+    )
+    exc = await failure(provider)
+    assert str(exc).startswith("openai: a chunk does not fit the format: ")
+
+
+@pytest.mark.parametrize("spelling", JSON_SPELLINGS.values(), ids=JSON_SPELLINGS)
+@pytest.mark.parametrize(("make", "body"), WIRE_FORMATS)
+async def test_a_key_echoed_escaped_in_an_error_event_is_redacted(
+    make: Callable[..., Provider], body: Callable[[], bytes], spelling: str
+) -> None:
+    del body
+    # Escaped twice, as a JSON document quoted inside the error's message:
+    # decoding the event leaves the key in this spelling.
+    message = f'upstream said {{"key": "{spelling}"}}'
+    event = {"type": "error", "error": {"type": "api_error", "message": message}}
+    data = json.dumps(event)
+    provider = answering(
+        make, 200, f"event: error\ndata: {data}\n\n".encode(), "text/event-stream"
+    )
+    exc = await failure(provider)
+    assert str(exc) == (
+        f'{provider.id}: api_error in the stream: upstream said {{"key": "[redacted]"}}'
+    )

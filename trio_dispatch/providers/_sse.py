@@ -24,6 +24,7 @@ import collections
 import contextlib
 import json
 import math
+import re
 import time
 from typing import TYPE_CHECKING, Any, Final, Protocol, Self, TypeVar, final
 
@@ -64,6 +65,8 @@ _ERROR_BODY_LIMIT: Final = 64 * 1024
 # How much of a server's own message an exception repeats.
 _MESSAGE_LIMIT: Final = 500
 _REDACTED: Final = "[redacted]"
+# The longest spelling of a key character in JSON text: ``\u002f``.
+_LONGEST_SPELLING: Final = 6
 
 _T = TypeVar("_T")
 
@@ -197,6 +200,28 @@ def _check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
     return checked
 
 
+def _key_pattern(key: str) -> str:
+    """A regular expression matching every spelling of ``key`` in JSON text.
+
+    A server that echoes the key inside a JSON string may escape any of its
+    characters as ``\\uXXXX`` (hex digits in either case), and ``/``, ``"``
+    and ``\\`` also as ``\\/``, ``\\"`` and ``\\\\``, in any mix. Keys are
+    printable ASCII (``_check_api_key``), so no other escape applies, and
+    every spelling is ASCII: the same pattern serves text and bytes.
+    """
+    parts: list[str] = []
+    for char in key:
+        digits = "".join(
+            f"[{digit}{digit.upper()}]" if digit.isalpha() else digit
+            for digit in f"{ord(char):04x}"
+        )
+        spellings = [re.escape(char), r"\\u" + digits]
+        if char in '/"\\':
+            spellings.append(re.escape("\\" + char))
+        parts.append("(?:" + "|".join(spellings) + ")")
+    return "".join(parts)
+
+
 def _check_base_url(value: object) -> str:
     url = _check_text(value, "base_url")
     if not url.startswith(("http://", "https://")):
@@ -223,6 +248,9 @@ class _ProviderBase:
         self._base_url = _check_base_url(base_url)
         # Checked without echoing it: a key must not reach a message.
         self._api_key = _check_api_key(api_key)
+        pattern = _key_pattern(self._api_key)
+        self._key_text = re.compile(pattern)
+        self._key_bytes = re.compile(pattern.encode("ascii"))
         self._model = _check_text(model, "model")
         connect = _check_timeout(connect_timeout, "connect_timeout")
         read = _check_timeout(read_timeout, "read_timeout")
@@ -306,7 +334,24 @@ class _ProviderBase:
     # -- used by EventStream ------------------------------------------------
 
     def _redact(self, text: str) -> str:
-        return text.replace(self._api_key, _REDACTED)
+        """``text`` with the key, however JSON spells it, replaced."""
+        return self._key_text.sub(_REDACTED, text)
+
+    def _redact_and_cut(self, body: bytes, limit: int) -> bytes:
+        """``body`` cut at ``limit`` bytes, with the key redacted first.
+
+        A key that straddles the cut is kept whole, to be redacted, so
+        ``body`` must run past ``limit`` by a key's longest spelling (or
+        end). Then a key the end of ``body`` cuts off starts past ``limit``,
+        and goes with the rest.
+        """
+        end = min(len(body), limit)
+        for match in self._key_bytes.finditer(body):
+            if match.end() > end:
+                if match.start() < end:
+                    end = match.end()
+                break
+        return self._key_bytes.sub(_REDACTED.encode(), body[:end])
 
     def _report(self, error: ProviderError) -> None:
         if isinstance(error, RateLimited | Overloaded) and self._on_rate_limit:
@@ -354,10 +399,12 @@ class _ProviderBase:
                     status_code=status,
                 )
             return
-        body = await _read_bounded(response)
-        # Redact before error_details shortens: a cut key would slip past.
-        text = self._redact(body.decode("utf-8", errors="replace"))
-        error_type, message = error_details(text.encode())
+        # Redacted before any cut, and again once JSON is decoded: a key
+        # cut in two, or spelled with escapes, would slip past.
+        slack = _LONGEST_SPELLING * len(self._api_key)
+        body = await _read_bounded(response, _ERROR_BODY_LIMIT + slack)
+        body = self._redact_and_cut(body, _ERROR_BODY_LIMIT)
+        error_type, message = error_details(body, self._redact)
         retry_after = parse_retry_after(response.headers, time.time())
         error = error_for_status(
             self._id,
@@ -370,8 +417,8 @@ class _ProviderBase:
         raise error
 
 
-async def _read_bounded(response: httpx.Response) -> bytes:
-    """Up to ``_ERROR_BODY_LIMIT`` bytes of the body, then close the response."""
+async def _read_bounded(response: httpx.Response, limit: int) -> bytes:
+    """Up to ``limit`` bytes of the body, then close the response."""
     chunks: list[bytes] = []
     size = 0
     body = response.aiter_bytes()
@@ -379,13 +426,13 @@ async def _read_bounded(response: httpx.Response) -> bytes:
         async for chunk in body:
             chunks.append(chunk)
             size += len(chunk)
-            if size >= _ERROR_BODY_LIMIT:
+            if size >= limit:
                 break
     except (httpx.TransportError, httpx.DecodingError):
         pass  # the status says enough; the message is a courtesy
     finally:
         await _close_response(response, body)
-    return b"".join(chunks)[:_ERROR_BODY_LIMIT]
+    return b"".join(chunks)[:limit]
 
 
 async def _close_response(
@@ -417,18 +464,21 @@ def _timeout_text(exc: httpx.TimeoutException, timeout: httpx.Timeout) -> str:
     return f"no response within {timeout.read:g} s"
 
 
-def error_details(body: bytes) -> tuple[str | None, str]:
+def error_details(
+    body: bytes, redact: Callable[[str], str] = str
+) -> tuple[str | None, str]:
     """``(error type, message)`` from an error body, in either API's shape.
 
     Both OpenAI (``{"error": {"message", "type", "code"}}``) and Anthropic
     (``{"type": "error", "error": {"type", "message"}}``) nest the details
-    under ``error``; anything else is shown as text.
+    under ``error``; anything else is shown as text. What JSON decoding
+    gives is passed through ``redact`` before it is shortened.
     """
     text = body.decode("utf-8", errors="replace").strip()
     try:
         data = json.loads(text)
     except ValueError:
-        return None, _shorten(text)
+        return None, _shorten(redact(text))
     error = data.get("error") if isinstance(data, dict) else None
     if isinstance(error, dict):
         error_type = error.get("type")
@@ -437,10 +487,11 @@ def error_details(body: bytes) -> tuple[str | None, str]:
         kind = error_type if isinstance(error_type, str) and error_type else None
         if isinstance(code, str) and code and code != kind:
             kind = f"{kind} ({code})" if kind else code
-        return kind, _shorten(message if isinstance(message, str) else text)
+        text = message if isinstance(message, str) else text
+        return (None if kind is None else redact(kind)), _shorten(redact(text))
     if isinstance(error, str):
-        return None, _shorten(error)
-    return None, _shorten(text)
+        return None, _shorten(redact(error))
+    return None, _shorten(redact(text))
 
 
 def _shorten(text: str) -> str:
@@ -517,13 +568,15 @@ def parse_json_data(
     try:
         return json.loads(event.data)
     except (ValueError, RecursionError) as exc:
-        data = redact(event.data)  # before the cut, which could halve a key
-        excerpt = data if len(data) <= 80 else data[:77] + "..."
         reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-        raise MalformedStream(
-            f"{provider}: an event's data is not valid JSON ({reason}): {excerpt!r}",
-            provider=provider,
-        ) from None
+    # Raised out here, not in the except clause: the JSONDecodeError holds
+    # the whole data, key and all, and would ride along as __context__.
+    data = redact(event.data)  # before the cut, which could halve a key
+    excerpt = data if len(data) <= 80 else data[:77] + "..."
+    raise MalformedStream(
+        f"{provider}: an event's data is not valid JSON ({reason}): {excerpt!r}",
+        provider=provider,
+    )
 
 
 @final
@@ -667,10 +720,11 @@ def structure_event(provider: str, data: object, cls: type[_T], what: str) -> _T
     try:
         return structure(data, cls)
     except Exception as exc:  # cattrs raises several kinds; nothing awaits here
-        raise MalformedStream(
-            f"{provider}: {what} does not fit the format: {describe_error(exc)}",
-            provider=provider,
-        ) from None
+        problem = describe_error(exc)
+    # Out here, as in parse_json_data: cattrs' errors may hold the values.
+    raise MalformedStream(
+        f"{provider}: {what} does not fit the format: {problem}", provider=provider
+    )
 
 
 def make_tool_call(call_id: str, name: str, raw_arguments: str) -> ToolCall:
