@@ -14,19 +14,32 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+import trio
+import trio.testing
+from httpx_sse import ServerSentEvent
 
+from trio_dispatch import Tool, TurnResult, open_dispatcher
 from trio_dispatch.messages import (
     ChatMessage,
     ChatRequest,
     Finish,
     StreamEvent,
     TextDelta,
+    ToolCall,
     Usage,
 )
-from trio_dispatch.providers import AnthropicProvider, OpenAIProvider, ProviderError
+from trio_dispatch.providers import (
+    AnthropicProvider,
+    OpenAIProvider,
+    ProviderError,
+    RequestFailed,
+    ServerError,
+)
+from trio_dispatch.providers._anthropic import _AnthropicDecoder
+from trio_dispatch.providers._openai import _OpenAIDecoder
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import AsyncIterator, Callable, Iterator
 
     from trio_dispatch.providers import Provider
 
@@ -138,11 +151,11 @@ def leaks(exc: BaseException, secret: str) -> list[str]:
 
 PROVIDERS = [
     pytest.param(
-        lambda **kw: OpenAIProvider(base_url="http://x/v1", model="m", **kw),
+        lambda **kw: OpenAIProvider(**{"base_url": "http://x/v1", "model": "m", **kw}),
         id="openai",
     ),
     pytest.param(
-        lambda **kw: AnthropicProvider(base_url="http://x", model="m", **kw),
+        lambda **kw: AnthropicProvider(**{"base_url": "http://x", "model": "m", **kw}),
         id="anthropic",
     ),
 ]
@@ -380,15 +393,22 @@ async def test_a_key_that_straddles_the_error_body_cut_is_redacted_whole(
 
 
 @pytest.mark.parametrize("spelling", TEXT_SPELLINGS.values(), ids=TEXT_SPELLINGS)
-@pytest.mark.parametrize(("make", "body"), WIRE_FORMATS)
-async def test_a_key_that_straddles_the_end_of_what_is_read_is_dropped_with_it(
-    make: Callable[..., Provider], body: Callable[[], bytes], spelling: str
-) -> None:
-    del body
+@pytest.mark.parametrize(
+    "starts_at",
     # The body is read a key's longest spelling (6 bytes a character) past
     # the cut, so a key can be cut in two there too; it lies past the cut.
-    read = LIMIT + 6 * len(KEY)
-    error = b"x" * 10 + b" " * (read - 15) + spelling.encode() + b" and more" * 99
+    [LIMIT, LIMIT + 3, LIMIT + 6 * len(KEY) - 5],
+    ids=["at the cut", "past the cut", "across the end of the read"],
+)
+@pytest.mark.parametrize(("make", "body"), WIRE_FORMATS)
+async def test_a_key_past_the_error_body_cut_is_dropped_with_it(
+    make: Callable[..., Provider],
+    body: Callable[[], bytes],
+    starts_at: int,
+    spelling: str,
+) -> None:
+    del body
+    error = b"x" * 10 + b" " * (starts_at - 10) + spelling.encode() + b" more" * 99
     provider = answering(make, 500, error, "text/plain")
     exc = await failure(provider)
     assert str(exc) == f"{provider.id}: HTTP 500: xxxxxxxxxx"
@@ -435,3 +455,525 @@ async def test_a_key_echoed_escaped_in_an_error_event_is_redacted(
     assert str(exc) == (
         f'{provider.id}: api_error in the stream: upstream said {{"key": "[redacted]"}}'
     )
+
+
+# ------------------------------------------------------------------ nothing else escapes
+
+
+@pytest.mark.parametrize(
+    ("base_url", "message"),
+    [
+        (
+            "http://[::1/v1",
+            r"^base_url must be a valid URL, got 'http://\[::1/v1' "
+            r"\(invalid port: ':1'\)$",
+        ),
+        (
+            "https://\x00x/v1",
+            r"^base_url must be a valid URL, got 'https://\\x00x/v1' \(invalid "
+            r"non-printable ASCII character in URL, '\\x00' at position 8\)$",
+        ),
+        ("http://", r"^base_url must name a host, got 'http://'$"),
+        ("https:///v1", r"^base_url must name a host, got 'https:///v1'$"),
+        (
+            "http://x/v1?key=1",
+            r"^base_url must not have a query or fragment, got 'http://x/v1\?key=1'$",
+        ),
+        (
+            "http://x/v1#top",
+            r"^base_url must not have a query or fragment, got 'http://x/v1#top'$",
+        ),
+    ],
+)
+@pytest.mark.parametrize("make", PROVIDERS)
+def test_a_base_url_httpx_would_refuse_is_refused_when_the_provider_is_made(
+    make: Callable[..., Provider], base_url: str, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        make(api_key="k", base_url=base_url)
+
+
+@pytest.mark.parametrize(("make", "body"), WIRE_FORMATS)
+async def test_a_lent_client_closed_by_its_owner_fails_the_request_with_a_typed_error(
+    make: Callable[..., Provider], body: Callable[[], bytes]
+) -> None:
+    del body
+    sent: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)  # pragma: no cover (nothing is sent)
+        return httpx.Response(200)  # pragma: no cover
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        provider = make(client, KEY)
+    with pytest.raises(RequestFailed) as caught:
+        await collect(provider)
+    assert str(caught.value) == f"{provider.id}: the HTTP client is closed"
+    assert not caught.value.retryable
+    assert sent == []
+
+
+class Boom(Exception):
+    """What a transport we were lent might raise, undocumented."""
+
+
+def raising(exc: BaseException) -> Callable[[httpx.Request], httpx.Response]:
+    def answer(request: httpx.Request) -> httpx.Response:
+        raise exc
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("exc", "shown"),
+    [
+        (Boom(f"bad key {KEY}"), "Boom: bad key [redacted]"),
+        (RuntimeError(), "RuntimeError"),
+        (httpx.TooManyRedirects("Exceeded maximum allowed redirects."), None),
+        (httpx.InvalidURL("Invalid port: ':1'"), "InvalidURL: Invalid port: ':1'"),
+        (
+            ExceptionGroup("several", [Boom("a"), ValueError("b")]),
+            "ExceptionGroup: several (2 sub-exceptions)",
+        ),
+    ],
+)
+@pytest.mark.parametrize(("make", "body"), WIRE_FORMATS)
+async def test_an_unexpected_error_from_the_http_client_fails_the_request_with_a_typed_error(
+    make: Callable[..., Provider],
+    body: Callable[[], bytes],
+    exc: Exception,
+    shown: str | None,
+) -> None:
+    del body
+    shown = shown or f"{type(exc).__name__}: {exc}"
+    client = httpx.AsyncClient(transport=httpx.MockTransport(raising(exc)))
+    exc = await failure(make(client, KEY))
+    assert type(exc) is RequestFailed
+    assert not exc.retryable
+    assert str(exc).endswith(f": the HTTP client failed: {shown}")
+
+
+class BreaksOddly(httpx.AsyncByteStream):
+    """A body that sends its first bytes, then fails in no documented way."""
+
+    def __init__(self, first: bytes) -> None:
+        self._first = first
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self._first
+        raise Boom(f"lost {KEY}")
+
+
+@pytest.mark.parametrize(("make", "body"), WIRE_FORMATS)
+async def test_an_unexpected_error_in_the_middle_of_a_stream_is_a_typed_error(
+    make: Callable[..., Provider], body: Callable[[], bytes]
+) -> None:
+    first = body().partition(b"\n\n")[0] + b"\n\n"
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200,
+            headers={"content-type": "text/event-stream"},
+            stream=BreaksOddly(first),
+        )
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    provider = make(client, KEY)
+    exc = await failure(provider)
+    assert type(exc) is RequestFailed
+    assert str(exc) == f"{provider.id}: the stream failed: Boom: lost [redacted]"
+
+
+class BreaksOddlyAfter(httpx.AsyncByteStream):
+    """A body that sends all it has, then fails in no documented way."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self._body
+        raise Boom(f"lost {KEY}")
+
+
+@pytest.mark.parametrize(("make", "body"), WIRE_FORMATS)
+async def test_an_error_body_that_breaks_oddly_is_still_a_status_error(
+    make: Callable[..., Provider], body: Callable[[], bytes]
+) -> None:
+    del body
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, stream=BreaksOddlyAfter(b"busy, try later"))
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    provider = make(client, KEY)
+    exc = await failure(provider)
+    assert str(exc) == f"{provider.id}: HTTP 503: busy, try later"
+
+
+@pytest.mark.parametrize(("make", "body"), WIRE_FORMATS)
+async def test_an_unexpected_error_after_the_terminator_leaves_the_answer_whole(
+    make: Callable[..., Provider], body: Callable[[], bytes]
+) -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200,
+            headers={"content-type": "text/event-stream"},
+            stream=BreaksOddlyAfter(body()),
+        )
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        events = await collect(make(client, KEY))
+    assert events == [
+        TextDelta("hello"),
+        Finish("stop"),
+        Usage(input_tokens=3, output_tokens=1),
+    ]
+
+
+class Stop(BaseException):
+    """Like KeyboardInterrupt: never to be caught on the way."""
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [Stop(), BaseExceptionGroup("mixed", [Stop(), Boom()])],
+    ids=["base exception", "group holding one"],
+)
+@pytest.mark.parametrize(("make", "body"), WIRE_FORMATS)
+async def test_base_exceptions_from_the_http_client_pass_through_as_they_are(
+    make: Callable[..., Provider], body: Callable[[], bytes], exc: BaseException
+) -> None:
+    del body
+    client = httpx.AsyncClient(transport=httpx.MockTransport(raising(exc)))
+    with pytest.raises(BaseException) as caught:  # noqa: PT011 (checked by identity)
+        await collect(make(client, KEY))
+    assert caught.value is exc
+
+
+@pytest.mark.parametrize(("make", "body"), WIRE_FORMATS)
+async def test_a_cancelled_request_is_not_turned_into_a_provider_error(
+    make: Callable[..., Provider],
+    body: Callable[[], bytes],
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    del body, autojump_clock
+
+    async def hang(request: httpx.Request) -> httpx.Response:
+        await trio.sleep_forever()
+        raise AssertionError  # pragma: no cover
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(hang))
+    with trio.move_on_after(5) as scope:
+        await collect(make(client, KEY))
+    assert scope.cancelled_caught
+    assert trio.current_time() == 5
+
+
+def deep(levels: int) -> dict[str, Any]:
+    """An object nested ``levels`` deep, built without recursion."""
+    value: dict[str, Any] = {}
+    for _ in range(levels - 1):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    ("arguments", "reason"),
+    [
+        (deep(5000), "it nests too deeply"),
+        ({"a": {1, 2}}, "Object of type set is not JSON serializable"),
+    ],
+)
+@pytest.mark.parametrize(("make", "body"), WIRE_FORMATS)
+def test_a_request_that_cannot_be_encoded_fails_with_a_typed_error_before_sending(
+    make: Callable[..., Provider],
+    body: Callable[[], bytes],
+    arguments: dict[str, Any],
+    reason: str,
+) -> None:
+    del body
+    call = ToolCall("call_1", "t", arguments)
+    request = ChatRequest(
+        [
+            ChatMessage("user", "go"),
+            ChatMessage("assistant", "", tool_calls=(call,)),
+            ChatMessage("tool", "ok", tool_call_id="call_1"),
+        ]
+    )
+    client = httpx.AsyncClient(transport=httpx.MockTransport(raising(Boom())))
+    provider = make(client, KEY)
+    with pytest.raises(RequestFailed) as caught:
+        provider.stream(request)
+    assert str(caught.value) == (
+        f"{provider.id}: the request cannot be encoded as JSON: {reason}"
+    )
+    assert not caught.value.retryable
+
+
+def openai_call(arguments: str) -> list[ServerSentEvent]:
+    fragment = {"index": 0, "id": "call_1", "function": {"name": "t"}}
+    fragment["function"]["arguments"] = arguments  # type: ignore[index]
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"tool_calls": [fragment]}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+    ]
+    return [ServerSentEvent(data=json.dumps(chunk)) for chunk in chunks]
+
+
+def anthropic_call(arguments: str) -> list[ServerSentEvent]:
+    events: list[dict[str, Any]] = [
+        {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {"type": "tool_use", "id": "call_1", "name": "t"},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": arguments},
+        },
+        {"type": "content_block_stop", "index": 0},
+    ]
+    return [ServerSentEvent(data=json.dumps(event)) for event in events]
+
+
+DECODERS = [
+    pytest.param(lambda: _OpenAIDecoder("openai"), openai_call, id="openai"),
+    pytest.param(
+        lambda: _AnthropicDecoder("anthropic"), anthropic_call, id="anthropic"
+    ),
+]
+
+
+def nested(levels: int, inner: str = "1") -> str:
+    """JSON text: an object whose values nest ``levels`` deep, lists and objects."""
+    text = inner
+    for level in range(levels - 1):
+        text = f"[{text}]" if level % 2 else f'{{"a": {text}}}'
+    return '{"a": ' + text + "}" if levels else text
+
+
+@pytest.mark.parametrize("levels", [101, 500, 800])
+@pytest.mark.parametrize(("decoder", "events"), DECODERS)
+def test_tool_arguments_nested_too_deep_are_refused_as_they_are_decoded(
+    decoder: Callable[[], _OpenAIDecoder | _AnthropicDecoder],
+    events: Callable[[str], list[ServerSentEvent]],
+    levels: int,
+) -> None:
+    raw = nested(levels)
+    assert json.loads(raw)  # it parses: only its depth is refused
+    decoding = decoder()
+    calls = [e for event in events(raw) for e in decoding.feed(event)]
+    assert calls[0] == ToolCall(
+        "call_1", "t", {}, raw, "arguments nest deeper than 100 levels"
+    )
+
+
+@pytest.mark.parametrize(("decoder", "events"), DECODERS)
+def test_tool_arguments_nested_as_deep_as_allowed_are_kept(
+    decoder: Callable[[], _OpenAIDecoder | _AnthropicDecoder],
+    events: Callable[[str], list[ServerSentEvent]],
+) -> None:
+    raw = nested(100)
+    decoding = decoder()
+    calls = [e for event in events(raw) for e in decoding.feed(event)]
+    assert calls[0] == ToolCall("call_1", "t", json.loads(raw), raw)
+
+
+@pytest.mark.parametrize(("make", "body"), WIRE_FORMATS)
+async def test_a_deeply_nested_error_body_is_still_a_status_error(
+    make: Callable[..., Provider], body: Callable[[], bytes]
+) -> None:
+    del body
+    provider = answering(make, 500, b'{"error": ' + b"[" * 100_000)
+    exc = await failure(provider)
+    assert type(exc) is ServerError
+    assert str(exc) == f'{provider.id}: HTTP 500: {{"error": ' + "[" * 487 + "..."
+
+
+# ------------------------------------------------------------------ one bad call
+
+
+class Gated(httpx.AsyncByteStream):
+    """A body that sends its first event, then waits for ``gate``."""
+
+    def __init__(self, body: bytes, gate: trio.Event) -> None:
+        self._first, _, self._rest = body.partition(b"\n\n")
+        self._gate = gate
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self._first + b"\n\n"
+        await self._gate.wait()
+        yield self._rest
+
+
+def anthropic_events(*events: dict[str, Any]) -> bytes:
+    return "".join(
+        f"event: {event['type']}\ndata: {json.dumps(event)}\n\n" for event in events
+    ).encode()
+
+
+def anthropic_tool_call(arguments: str) -> bytes:
+    return anthropic_events(
+        {"type": "message_start", "message": {"usage": {"input_tokens": 1}}},
+        {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {"type": "tool_use", "id": "toolu_1", "name": "t"},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": arguments},
+        },
+        {"type": "content_block_stop", "index": 0},
+        {"type": "message_delta", "delta": {"stop_reason": "tool_use"}},
+        {"type": "message_stop"},
+    )
+
+
+def bad_transport(how: str) -> httpx.MockTransport:
+    """What makes the failing conversation's calls fail, by name."""
+    stream = {"content-type": "text/event-stream"}
+    if how in ("the transport raises", "the client is closed"):
+        return httpx.MockTransport(raising(Boom("no")))
+    if how == "the stream breaks oddly":
+        return httpx.MockTransport(
+            lambda request: httpx.Response(
+                200, headers=stream, stream=BreaksOddly(anthropic_body()[:40])
+            )
+        )
+    assert how == "the error body nests deep"
+    return httpx.MockTransport(
+        lambda request: httpx.Response(500, content=b"[" * 100_000)
+    )
+
+
+@pytest.mark.parametrize(
+    ("how", "outcome"),
+    [
+        ("the client is closed", "RequestFailed: bad: the HTTP client is closed"),
+        (
+            "the transport raises",
+            "RequestFailed: bad: the HTTP client failed: Boom: no",
+        ),
+        (
+            "the stream breaks oddly",
+            "RequestFailed: bad: the stream failed: Boom: lost [redacted]",
+        ),
+        ("the error body nests deep", "ServerError: bad: HTTP 500: " + "[" * 497),
+    ],
+)
+async def test_one_bad_call_fails_only_its_turn_and_other_conversations_finish(
+    how: str, outcome: str
+) -> None:
+    gate = trio.Event()
+    good_transport = httpx.MockTransport(
+        lambda request: httpx.Response(
+            200,
+            headers={"content-type": "text/event-stream"},
+            stream=Gated(openai_body(), gate),
+        )
+    )
+    good_client = httpx.AsyncClient(transport=good_transport)
+    bad_client = httpx.AsyncClient(transport=bad_transport(how))
+    if how == "the client is closed":
+        await bad_client.aclose()
+    good = OpenAIProvider(
+        "good", base_url="http://x/v1", api_key=KEY, model="m", client=good_client
+    )
+    bad = AnthropicProvider(
+        "bad", base_url="http://x", api_key=KEY, model="m", client=bad_client
+    )
+    answers: list[TurnResult] = []
+    async with open_dispatcher({"good": 2, "bad": 1}) as dispatcher:
+        first = dispatcher.start_conversation(good)
+        second = dispatcher.start_conversation(good)
+        failing = dispatcher.start_conversation(bad, max_attempts=1)
+
+        async def ask(conversation: Any) -> None:  # noqa: ANN401 (a Conversation)
+            answers.append(await conversation.ask("hi"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask, first)
+            nursery.start_soon(ask, second)
+            await trio.testing.wait_all_tasks_blocked()
+            # Both good turns are streaming, halfway, when the bad call fails.
+            assert dispatcher.statistics().providers["good"].in_flight == 2
+            with pytest.raises(ProviderError) as caught:
+                await failing.ask("go")
+            gate.set()
+        assert f"{type(caught.value).__name__}: {caught.value}".startswith(outcome)
+        assert [answer.text for answer in answers] == ["hello", "hello"]
+        assert not failing.closed
+        assert not dispatcher.closed
+        # The conversations go on: the good one answers, the bad one fails again.
+        assert (await first.ask("again")).text == "hello"
+        with pytest.raises(type(caught.value)):
+            await failing.ask("again")
+
+
+async def test_deep_tool_arguments_never_stop_the_dispatcher() -> None:
+    # Arguments nested just short of the recursion limit parse, and then the
+    # next request cannot be encoded. Where that window lies depends on the
+    # stack in use, so every depth across the parser's own limit is tried.
+    depths = range(880, 1001)
+
+    def bodies() -> Iterator[bytes]:
+        for levels in depths:
+            yield anthropic_tool_call(nested(levels))
+            yield anthropic_body()
+
+    answers = bodies()
+    stream = {"content-type": "text/event-stream"}
+    bad_transport = httpx.MockTransport(
+        lambda request: httpx.Response(200, headers=stream, content=next(answers))
+    )
+    gate = trio.Event()
+    good_transport = httpx.MockTransport(
+        lambda request: httpx.Response(
+            200, headers=stream, stream=Gated(openai_body(), gate)
+        )
+    )
+    good = OpenAIProvider(
+        "good",
+        base_url="http://x/v1",
+        api_key=KEY,
+        model="m",
+        client=httpx.AsyncClient(transport=good_transport),
+    )
+    bad = AnthropicProvider(
+        "bad",
+        base_url="http://x",
+        api_key=KEY,
+        model="m",
+        client=httpx.AsyncClient(transport=bad_transport),
+    )
+
+    async def t(arguments: dict[str, Any]) -> str:
+        raise AssertionError  # pragma: no cover (its arguments are refused)
+
+    tool = Tool(name="t", description="", parameters={"type": "object"}, run=t)
+    refusals: list[str] = []
+    answered: list[TurnResult] = []
+    async with open_dispatcher({"good": 1, "bad": 1}) as dispatcher:
+        waiting = dispatcher.start_conversation(good)
+        deep = dispatcher.start_conversation(bad, tools=[tool])
+
+        async def ask() -> None:
+            answered.append(await waiting.ask("hi"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask)
+            await trio.testing.wait_all_tasks_blocked()
+            for _ in depths:
+                assert (await deep.ask("go")).text == "hello"
+                refusals.append(deep.history[-2].content)
+            gate.set()
+        assert not dispatcher.closed
+    assert [answer.text for answer in answered] == ["hello"]
+    parsed = "error: arguments nest deeper than 100 levels"
+    too_deep = "error: arguments are not valid JSON: maximum recursion depth exceeded"
+    assert parsed in refusals  # the sweep starts where arguments still parse
+    assert refusals[-1].startswith(too_deep)  # and ends past the parser's limit
+    assert all(r == parsed or r.startswith(too_deep) for r in refusals)

@@ -25,6 +25,7 @@ before ``message_stop`` was cut short: ``StreamInterrupted``.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import attrs
@@ -478,6 +479,6 @@ class AnthropicProvider(_ProviderBase):
         return self._open(
             f"{self.base_url}/v1/messages",
             headers,
-            request_body(self.model, self._max_tokens, request),
+            functools.partial(request_body, self.model, self._max_tokens, request),
             _AnthropicDecoder(self.id, self._redact),
         )

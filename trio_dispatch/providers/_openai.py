@@ -31,6 +31,7 @@ short: ``StreamInterrupted``. Only choice 0 is read; we never ask for more.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import TYPE_CHECKING, Any, final
 
@@ -412,6 +413,6 @@ class OpenAIProvider(_ProviderBase):
         return self._open(
             f"{self.base_url}/chat/completions",
             headers,
-            request_body(self.model, request),
+            functools.partial(request_body, self.model, request),
             _OpenAIDecoder(self.id, self._redact),
         )

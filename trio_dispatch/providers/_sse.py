@@ -42,6 +42,7 @@ from ._errors import (
     ProviderConnectionError,
     ProviderError,
     RateLimited,
+    RequestFailed,
     ServerError,
     StreamInterrupted,
 )
@@ -67,6 +68,10 @@ _MESSAGE_LIMIT: Final = 500
 _REDACTED: Final = "[redacted]"
 # The longest spelling of a key character in JSON text: ``\u002f``.
 _LONGEST_SPELLING: Final = 6
+# Tool arguments nested deeper are refused as they are decoded: far past any
+# tool's schema, far short of the recursion limits on their way (encoding
+# the next request, copying them for the tool, checking them).
+_MAX_ARGUMENT_DEPTH: Final = 100
 
 _T = TypeVar("_T")
 
@@ -163,14 +168,12 @@ def _check_api_key(value: object) -> str:
     raise ValueError(f"{rule}, got {_character_class(value[bad[0]])} at index {bad[0]}")
 
 
-def _check_header_value(value: object, name: str) -> str:
+def _check_header_value(value: str, name: str) -> str:
     """A header value h11 will send: printable ASCII, inner spaces allowed.
 
     Never echoed: a header may carry a credential. Without this check, h11
     refuses the value when the request is sent, and its error shows it.
     """
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a string, got {type(value).__name__}")
     for index, char in enumerate(value):
         inner = 0 < index < len(value) - 1
         if "!" <= char <= "~" or (char in " \t" and inner):
@@ -223,9 +226,27 @@ def _key_pattern(key: str) -> str:
 
 
 def _check_base_url(value: object) -> str:
+    """A URL httpx can send to, with a host; paths are appended to it.
+
+    Checked whole here, since httpx would only refuse it when a request is
+    built, with an error outside the ``ProviderError`` tree.
+    """
     url = _check_text(value, "base_url")
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"base_url must start with http:// or https://, got {url!r}")
+    try:
+        host = httpx.URL(url).host
+    except httpx.InvalidURL as exc:
+        reason = str(exc).rstrip(".")
+        reason = reason[:1].lower() + reason[1:]
+        raise ValueError(
+            f"base_url must be a valid URL, got {url!r} ({reason})"
+        ) from None
+    if not host:
+        raise ValueError(f"base_url must name a host, got {url!r}")
+    if "?" in url or "#" in url:
+        # The request's path is appended to base_url, after a query would be.
+        raise ValueError(f"base_url must not have a query or fragment, got {url!r}")
     return url.rstrip("/")
 
 
@@ -315,21 +336,33 @@ class _ProviderBase:
         self,
         url: str,
         headers: dict[str, str],
-        body: dict[str, Any],
+        body: Callable[[], dict[str, Any]],
         decoder: WireDecoder,
     ) -> EventStream:
-        request = self._client.build_request(
-            "POST",
-            url,
-            headers={
-                "accept": "text/event-stream",
-                "cache-control": "no-store",
-                **headers,
-            },
-            content=json.dumps(body).encode(),
-            timeout=self._timeout,
+        """The stream of one request: ``body`` is built and encoded here."""
+        try:
+            content = json.dumps(body()).encode()
+        except RecursionError:
+            reason = "it nests too deeply"
+        except (TypeError, ValueError) as exc:
+            reason = str(exc)  # names a type, or a circular reference
+        else:
+            request = self._client.build_request(
+                "POST",
+                url,
+                headers={
+                    "accept": "text/event-stream",
+                    "cache-control": "no-store",
+                    **headers,
+                },
+                content=content,
+                timeout=self._timeout,
+            )
+            return EventStream(self, request, decoder)
+        raise RequestFailed(
+            f"{self._id}: the request cannot be encoded as JSON: {reason}",
+            provider=self._id,
         )
-        return EventStream(self, request, decoder)
 
     # -- used by EventStream ------------------------------------------------
 
@@ -358,6 +391,10 @@ class _ProviderBase:
             self._on_rate_limit(self._id, error.retry_after)
 
     async def _send(self, request: httpx.Request) -> httpx.Response:
+        if self._client.is_closed:
+            raise RequestFailed(
+                f"{self._id}: the HTTP client is closed", provider=self._id
+            )
         # The typed error is raised after the except clauses, not in them:
         # httpx's exception holds the request, headers and key included, and
         # would ride along as __context__ (``from None`` only hides it).
@@ -374,6 +411,15 @@ class _ProviderBase:
             detail = self._redact(str(exc)) or type(exc).__name__
             error = ProviderConnectionError(
                 f"{self._id}: could not reach {request.url.host}: {detail}",
+                provider=self._id,
+            )
+        except Exception as exc:
+            # Whatever else the client raises (a lent transport's own error,
+            # a client closed as we sent) fails this request, not the
+            # dispatcher. Cancelled and KeyboardInterrupt are BaseExceptions,
+            # as is any group holding one, so they are never caught here.
+            error = RequestFailed(
+                f"{self._id}: the HTTP client failed: {_describe(exc, self._redact)}",
                 provider=self._id,
             )
         if error is not None:
@@ -428,7 +474,7 @@ async def _read_bounded(response: httpx.Response, limit: int) -> bytes:
             size += len(chunk)
             if size >= limit:
                 break
-    except (httpx.TransportError, httpx.DecodingError):
+    except Exception:  # not BaseException: Cancelled goes on
         pass  # the status says enough; the message is a courtesy
     finally:
         await _close_response(response, body)
@@ -454,6 +500,12 @@ async def _close_response(
                     pass
 
 
+def _describe(exc: Exception, redact: Callable[[str], str]) -> str:
+    """An unexpected exception in one line: its type, and its message redacted."""
+    detail = _shorten(redact(str(exc)))
+    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+
+
 def _timeout_text(exc: httpx.TimeoutException, timeout: httpx.Timeout) -> str:
     if isinstance(exc, httpx.ConnectTimeout):
         return f"could not connect within {timeout.connect:g} s"
@@ -477,7 +529,7 @@ def error_details(
     text = body.decode("utf-8", errors="replace").strip()
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None, _shorten(redact(text))
     error = data.get("error") if isinstance(data, dict) else None
     if isinstance(error, dict):
@@ -696,6 +748,13 @@ class EventStream:
                 f"{provider.id}: the stream's body could not be decoded",
                 provider=provider.id,
             )
+        except Exception as exc:
+            # As in _send: anything else fails this stream only, and
+            # Cancelled (a BaseException) is never caught.
+            error = RequestFailed(
+                f"{provider.id}: the stream failed: {_describe(exc, provider._redact)}",
+                provider=provider.id,
+            )
         else:
             return event
         raise error
@@ -711,7 +770,7 @@ class EventStream:
             try:
                 async for _ in self._events:
                     pass
-            except (httpx.TransportError, httpx.DecodingError):
+            except Exception:  # not BaseException: Cancelled goes on
                 pass  # the answer is complete; the connection is closed on exit
 
 
@@ -738,6 +797,16 @@ def make_tool_call(call_id: str, name: str, raw_arguments: str) -> ToolCall:
         return ToolCall(
             call_id, name, {}, raw_arguments, f"arguments are not valid JSON: {exc}"
         )
+    if _nests_deeper(arguments, _MAX_ARGUMENT_DEPTH):
+        # Refused now, so the conversation never keeps what the next
+        # request could not encode.
+        return ToolCall(
+            call_id,
+            name,
+            {},
+            raw_arguments,
+            f"arguments nest deeper than {_MAX_ARGUMENT_DEPTH} levels",
+        )
     if not isinstance(arguments, dict):
         return ToolCall(
             call_id,
@@ -747,3 +816,21 @@ def make_tool_call(call_id: str, name: str, raw_arguments: str) -> ToolCall:
             f"arguments must be a JSON object, got {json_kind(arguments)}",
         )
     return ToolCall(call_id, name, arguments, raw_arguments)
+
+
+def _nests_deeper(value: object, limit: int) -> bool:
+    """Whether JSON ``value`` has arrays and objects nested over ``limit`` deep.
+
+    A loop, not recursion: the point is to stay clear of the limit.
+    """
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if not isinstance(item, list):
+            continue
+        if depth + 1 > limit:
+            return True
+        stack.extend((child, depth + 1) for child in item)
+    return False
