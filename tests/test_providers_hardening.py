@@ -663,7 +663,7 @@ def deep(levels: int) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("arguments", "reason"),
     [
-        (deep(5000), "it nests too deeply"),
+        (deep(100_000), "it nests too deeply"),
         ({"a": {1, 2}}, "Object of type set is not JSON serializable"),
     ],
 )
@@ -899,7 +899,10 @@ async def test_one_bad_call_fails_only_its_turn_and_other_conversations_finish(
 async def test_deep_tool_arguments_never_stop_the_dispatcher() -> None:
     # Arguments nested just short of the recursion limit parse, and then the
     # next request cannot be encoded. Where that window lies depends on the
-    # stack in use, so every depth across the parser's own limit is tried.
+    # stack in use, so a range of depths is tried: on Python 3.11 it spans
+    # the window and the parser's own limit. (Newer Pythons count JSON's
+    # recursion apart, with other limits; the bound refuses these depths
+    # there just the same.)
     depths = range(880, 1001)
 
     def bodies() -> Iterator[bytes]:
@@ -958,6 +961,5 @@ async def test_deep_tool_arguments_never_stop_the_dispatcher() -> None:
     assert [answer.text for answer in answered] == ["hello"]
     parsed = "error: arguments nest deeper than 100 levels"
     too_deep = "error: arguments are not valid JSON: maximum recursion depth exceeded"
-    assert parsed in refusals  # the sweep starts where arguments still parse
-    assert refusals[-1].startswith(too_deep)  # and ends past the parser's limit
+    assert refusals[0] == parsed  # the sweep starts where arguments still parse
     assert all(r == parsed or r.startswith(too_deep) for r in refusals)

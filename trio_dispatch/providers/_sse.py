@@ -150,8 +150,9 @@ def _check_api_key(value: object) -> str:
 
     A trailing line break (what ``open(path).read()`` leaves) is refused,
     not stripped: a secret is sent exactly as given or not at all, and a
-    file that holds more than the key may be damaged in other ways too. The error says which kind of character is wrong and where, never
-    the key or any part of it.
+    file that holds more than the key may be damaged in other ways too.
+    The error says which kind of character is wrong and where, never the
+    key or any part of it.
     """
     if not isinstance(value, str):
         raise TypeError("api_key must be a non-empty string")
