@@ -38,6 +38,8 @@ from trio_dispatch.providers import (
 from trio_dispatch.providers._anthropic import _AnthropicDecoder
 from trio_dispatch.providers._openai import _OpenAIDecoder
 
+from ._helpers import chain
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator
 
@@ -56,8 +58,14 @@ def openai_body() -> bytes:
     return "".join(f"data: {line}\n\n" for line in lines).encode()
 
 
+def anthropic_events(*events: dict[str, Any]) -> bytes:
+    return "".join(
+        f"event: {event['type']}\ndata: {json.dumps(event)}\n\n" for event in events
+    ).encode()
+
+
 def anthropic_body() -> bytes:
-    events: list[dict[str, Any]] = [
+    return anthropic_events(
         {
             "type": "message_start",
             "message": {"usage": {"input_tokens": 3, "output_tokens": 0}},
@@ -79,10 +87,7 @@ def anthropic_body() -> bytes:
             "usage": {"output_tokens": 1},
         },
         {"type": "message_stop"},
-    ]
-    return "".join(
-        f"event: {event['type']}\ndata: {json.dumps(event)}\n\n" for event in events
-    ).encode()
+    )
 
 
 def make_openai(client: httpx.AsyncClient, key: str = "k") -> Provider:
@@ -294,21 +299,6 @@ JSON_SPELLINGS = {
     "one \\u": escaped(KEY, lambda i: i == 5),
 }
 TEXT_SPELLINGS = {"raw": KEY, **JSON_SPELLINGS}
-
-
-def chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and everything behind it, through causes and contexts."""
-    seen: list[BaseException] = []
-    stack = [exc]
-    while stack:
-        current = stack.pop()
-        if any(current is known for known in seen):
-            continue
-        seen.append(current)
-        stack.extend(
-            e for e in (current.__cause__, current.__context__) if e is not None
-        )
-    return seen
 
 
 def answering(
@@ -543,13 +533,13 @@ async def test_an_unexpected_error_from_the_http_client_fails_the_request_with_a
 
 
 class BreaksOddly(httpx.AsyncByteStream):
-    """A body that sends its first bytes, then fails in no documented way."""
+    """A body that sends what it is given, then fails in no documented way."""
 
-    def __init__(self, first: bytes) -> None:
-        self._first = first
+    def __init__(self, sent: bytes) -> None:
+        self._sent = sent
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        yield self._first
+        yield self._sent
         raise Boom(f"lost {KEY}")
 
 
@@ -573,23 +563,12 @@ async def test_an_unexpected_error_in_the_middle_of_a_stream_is_a_typed_error(
     assert str(exc) == f"{provider.id}: the stream failed: Boom: lost [redacted]"
 
 
-class BreaksOddlyAfter(httpx.AsyncByteStream):
-    """A body that sends all it has, then fails in no documented way."""
-
-    def __init__(self, body: bytes) -> None:
-        self._body = body
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        yield self._body
-        raise Boom(f"lost {KEY}")
-
-
 @pytest.mark.parametrize("make", MAKERS)
 async def test_an_error_body_that_breaks_oddly_is_still_a_status_error(
     make: Callable[..., Provider],
 ) -> None:
     def answer(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(503, stream=BreaksOddlyAfter(b"busy, try later"))
+        return httpx.Response(503, stream=BreaksOddly(b"busy, try later"))
 
     client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
     provider = make(client, KEY)
@@ -605,7 +584,7 @@ async def test_an_unexpected_error_after_the_terminator_leaves_the_answer_whole(
         return httpx.Response(
             200,
             headers={"content-type": "text/event-stream"},
-            stream=BreaksOddlyAfter(body()),
+            stream=BreaksOddly(body()),
         )
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
@@ -701,8 +680,9 @@ def openai_call(arguments: str) -> list[ServerSentEvent]:
     return [ServerSentEvent(data=json.dumps(chunk)) for chunk in chunks]
 
 
-def anthropic_call(arguments: str) -> list[ServerSentEvent]:
-    events: list[dict[str, Any]] = [
+def tool_use_block(arguments: str) -> list[dict[str, Any]]:
+    """An Anthropic tool_use content block, its arguments in one delta."""
+    return [
         {
             "type": "content_block_start",
             "index": 0,
@@ -715,7 +695,10 @@ def anthropic_call(arguments: str) -> list[ServerSentEvent]:
         },
         {"type": "content_block_stop", "index": 0},
     ]
-    return [ServerSentEvent(data=json.dumps(event)) for event in events]
+
+
+def anthropic_call(arguments: str) -> list[ServerSentEvent]:
+    return [ServerSentEvent(data=json.dumps(e)) for e in tool_use_block(arguments)]
 
 
 DECODERS = [
@@ -787,26 +770,10 @@ class Gated(httpx.AsyncByteStream):
         yield self._rest
 
 
-def anthropic_events(*events: dict[str, Any]) -> bytes:
-    return "".join(
-        f"event: {event['type']}\ndata: {json.dumps(event)}\n\n" for event in events
-    ).encode()
-
-
 def anthropic_tool_call(arguments: str) -> bytes:
     return anthropic_events(
         {"type": "message_start", "message": {"usage": {"input_tokens": 1}}},
-        {
-            "type": "content_block_start",
-            "index": 0,
-            "content_block": {"type": "tool_use", "id": "toolu_1", "name": "t"},
-        },
-        {
-            "type": "content_block_delta",
-            "index": 0,
-            "delta": {"type": "input_json_delta", "partial_json": arguments},
-        },
-        {"type": "content_block_stop", "index": 0},
+        *tool_use_block(arguments),
         {"type": "message_delta", "delta": {"stop_reason": "tool_use"}},
         {"type": "message_stop"},
     )
