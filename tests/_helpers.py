@@ -23,3 +23,18 @@ def task_names() -> list[str]:
         for nursery in task.child_nurseries:
             stack.extend(nursery.child_tasks)
     return names
+
+
+def chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and everything behind it, through causes and contexts."""
+    seen: list[BaseException] = []
+    stack = [exc]
+    while stack:
+        current = stack.pop()
+        if any(current is known for known in seen):
+            continue
+        seen.append(current)
+        stack.extend(
+            e for e in (current.__cause__, current.__context__) if e is not None
+        )
+    return seen

@@ -47,6 +47,7 @@ from trio_dispatch.providers import (
     ProviderConnectionError,
     ProviderError,
     RateLimited,
+    RequestFailed,
     ServerError,
     StreamInterrupted,
 )
@@ -977,7 +978,9 @@ async def test_a_lent_client_stays_open(server: FakeLLMServer) -> None:
 async def test_an_owned_client_is_closed() -> None:
     provider = OpenAIProvider(base_url="http://127.0.0.1:9/v1", api_key=KEY, model="m")
     await provider.aclose()
-    with pytest.raises(RuntimeError, match="client has been closed"):
+    # A typed error that fails one turn, not a RuntimeError that stops the
+    # dispatcher.
+    with pytest.raises(RequestFailed, match=r"^openai: the HTTP client is closed$"):
         await collect(provider)
 
 

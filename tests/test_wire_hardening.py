@@ -39,6 +39,8 @@ from trio_dispatch.providers import (
 from trio_dispatch.providers._anthropic import _AnthropicDecoder
 from trio_dispatch.providers._openai import _OpenAIDecoder
 
+from ._helpers import chain
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
@@ -178,21 +180,6 @@ class BreaksMidStream(httpx.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         yield b'event: ping\ndata: {"type": "ping"}\n\n'
         raise httpx.ReadError("connection reset")
-
-
-def chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and everything behind it, through causes and contexts."""
-    seen: list[BaseException] = []
-    stack = [exc]
-    while stack:
-        current = stack.pop()
-        if any(current is known for known in seen):
-            continue
-        seen.append(current)
-        stack.extend(
-            e for e in (current.__cause__, current.__context__) if e is not None
-        )
-    return seen
 
 
 async def test_a_failed_connection_carries_no_httpx_error_holding_the_key() -> None:

@@ -16,6 +16,7 @@ from ._errors import Overloaded as Overloaded
 from ._errors import ProviderConnectionError as ProviderConnectionError
 from ._errors import ProviderError as ProviderError
 from ._errors import RateLimited as RateLimited
+from ._errors import RequestFailed as RequestFailed
 from ._errors import ServerError as ServerError
 from ._errors import StreamInterrupted as StreamInterrupted
 from ._limited import LimitedProvider as LimitedProvider
@@ -38,6 +39,7 @@ __all__ = [
     "ProviderError",
     "RateLimitReporter",
     "RateLimited",
+    "RequestFailed",
     "ServerError",
     "StreamInterrupted",
     "parse_retry_after",

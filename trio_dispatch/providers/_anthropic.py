@@ -25,6 +25,7 @@ before ``message_stop`` was cut short: ``StreamInterrupted``.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import attrs
@@ -33,6 +34,7 @@ from ..messages import Finish, ReasoningDelta, TextDelta, Usage
 from ._errors import MalformedStream, StreamInterrupted
 from ._sse import (
     EventStream,
+    _check_header_value,
     _ProviderBase,
     error_for_type,
     make_tool_call,
@@ -402,7 +404,10 @@ class AnthropicProvider(_ProviderBase):
         base_url: The API root without the version, as the official SDK
             takes it; requests go to ``{base_url}/v1/messages``.
         api_key: Sent as ``x-api-key``. Never shown in a repr, a log line
-            or an error message.
+            or an error message. It must be printable ASCII without spaces:
+            a key with a trailing line break (as read from a file) is
+            refused, not stripped: a key is sent exactly as given or not
+            at all.
         model: The model to ask for.
         client: An ``httpx.AsyncClient`` to share; the provider makes (and
             owns) one if not given.
@@ -438,6 +443,7 @@ class AnthropicProvider(_ProviderBase):
                 "anthropic_version must be a non-empty string, "
                 f"got {anthropic_version!r}"
             )
+        _check_header_value(anthropic_version, "anthropic_version")
         if (
             not isinstance(max_tokens, int)
             or isinstance(max_tokens, bool)
@@ -473,6 +479,6 @@ class AnthropicProvider(_ProviderBase):
         return self._open(
             f"{self.base_url}/v1/messages",
             headers,
-            request_body(self.model, self._max_tokens, request),
+            functools.partial(request_body, self.model, self._max_tokens, request),
             _AnthropicDecoder(self.id, self._redact),
         )

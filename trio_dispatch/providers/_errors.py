@@ -13,13 +13,20 @@ is sent again::
         ├── BadRequest                 any other 4xx               not retryable
         ├── ProviderConnectionError    connect, read, timeout      retryable
         ├── StreamInterrupted          ended without its end       retryable
-        └── MalformedStream            an event that makes no sense retryable
+        ├── MalformedStream            an event that makes no sense retryable
+        └── RequestFailed              on our side: JSON, client   not retryable
 
 ``RateLimited`` and ``Overloaded`` carry ``retry_after`` (seconds, or
 ``None`` when the provider did not say). A status error is raised when the
 stream is entered, before any event; everything else that goes wrong once
 events flow is raised from the iterator. Messages name the provider and say
 what happened; they never hold an API key.
+
+Nothing else escapes a provider's stream: a request that cannot be encoded
+is ``RequestFailed`` from ``stream()`` itself, before anything is sent, and
+whatever else the HTTP client raises becomes ``RequestFailed`` too, so one
+bad call fails its turn and never the dispatcher. ``trio.Cancelled``,
+``KeyboardInterrupt`` and every other ``BaseException`` pass untouched.
 """
 
 from __future__ import annotations
@@ -133,3 +140,14 @@ class MalformedStream(ProviderError):
     """
 
     retryable: ClassVar[bool] = True
+
+
+@final
+class RequestFailed(ProviderError):
+    """The request could not be encoded or sent, for a reason on our side.
+
+    The history holds something JSON cannot encode, the HTTP client was
+    closed, or it failed in a way it does not document. Sending the same
+    request again would fail the same way, so it is not retryable; the turn
+    fails, and the dispatcher and its other conversations go on.
+    """

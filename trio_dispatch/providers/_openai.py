@@ -31,6 +31,7 @@ short: ``StreamInterrupted``. Only choice 0 is read; we never ask for more.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import TYPE_CHECKING, Any, final
 
@@ -40,6 +41,7 @@ from ..messages import Finish, ReasoningDelta, TextDelta, ToolCall, Usage
 from ._errors import MalformedStream, StreamInterrupted
 from ._sse import (
     EventStream,
+    _check_headers,
     _ProviderBase,
     error_for_status,
     error_for_type,
@@ -351,7 +353,10 @@ class OpenAIProvider(_ProviderBase):
             takes it: ``https://api.openai.com/v1``. A trailing slash is
             dropped; requests go to ``{base_url}/chat/completions``.
         api_key: Sent as ``Authorization: Bearer ...``. Never shown in a
-            repr, a log line or an error message.
+            repr, a log line or an error message. It must be printable
+            ASCII without spaces: a key with a trailing line break (as read
+            from a file) is refused, not stripped: a key is sent exactly as
+            given or not at all.
         model: The model to ask for.
         client: An ``httpx.AsyncClient`` to share; the provider makes (and
             owns) one if not given.
@@ -361,7 +366,9 @@ class OpenAIProvider(_ProviderBase):
             start, and between chunks. A stalled stream ends as
             ``ProviderConnectionError`` after this long.
         extra_headers: More headers for every request (an organisation id,
-            a proxy's routing header).
+            a proxy's routing header). Names must be HTTP tokens and values
+            printable ASCII; a bad value is refused without being shown,
+            since it may be a credential.
         on_rate_limit: Called with ``(id, retry_after)`` on a 429, 503 or
             529 (and on a rate-limit or overloaded error in the stream),
             before the error is raised: pass ``dispatcher.report_rate_limit``.
@@ -380,11 +387,7 @@ class OpenAIProvider(_ProviderBase):
         extra_headers: Mapping[str, str] | None = None,
         on_rate_limit: RateLimitReporter | None = None,
     ) -> None:
-        headers = dict(extra_headers or {})
-        for name, value in headers.items():
-            if not isinstance(name, str) or not isinstance(value, str):
-                raise TypeError("extra_headers must map header names to strings")
-        self._extra_headers = {name.lower(): value for name, value in headers.items()}
+        self._extra_headers = _check_headers(extra_headers)
         # Last, once every argument is known good: it may make a client.
         super().__init__(
             id,
@@ -410,6 +413,6 @@ class OpenAIProvider(_ProviderBase):
         return self._open(
             f"{self.base_url}/chat/completions",
             headers,
-            request_body(self.model, request),
+            functools.partial(request_body, self.model, request),
             _OpenAIDecoder(self.id, self._redact),
         )

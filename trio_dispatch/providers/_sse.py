@@ -24,6 +24,7 @@ import collections
 import contextlib
 import json
 import math
+import re
 import time
 from typing import TYPE_CHECKING, Any, Final, Protocol, Self, TypeVar, final
 
@@ -41,13 +42,14 @@ from ._errors import (
     ProviderConnectionError,
     ProviderError,
     RateLimited,
+    RequestFailed,
     ServerError,
     StreamInterrupted,
 )
 from ._retry_after import parse_retry_after
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, AsyncIterator, Callable
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
     from types import TracebackType
 
     from ..messages import StreamEvent
@@ -64,6 +66,12 @@ _ERROR_BODY_LIMIT: Final = 64 * 1024
 # How much of a server's own message an exception repeats.
 _MESSAGE_LIMIT: Final = 500
 _REDACTED: Final = "[redacted]"
+# The longest spelling of a key character in JSON text: ``\u002f``.
+_LONGEST_SPELLING: Final = 6
+# Tool arguments nested deeper are refused as they are decoded: far past any
+# tool's schema, far short of the recursion limits on their way (encoding
+# the next request, copying them for the tool, checking them).
+_MAX_ARGUMENT_DEPTH: Final = 100
 
 _T = TypeVar("_T")
 
@@ -89,6 +97,21 @@ class WireDecoder(Protocol):
         ...
 
 
+@final
+class _EventSource(EventSource):
+    """httpx-sse's event reader, without its own content-type check.
+
+    That check is case-sensitive, though media types are not: it refused
+    ``Text/Event-Stream`` with an ``SSEError`` (a transport error, so every
+    request failed and was retried). ``_check_status`` has already checked
+    the content type, case-insensitively and with parameters allowed, so
+    that check is the only one.
+    """
+
+    def _check_content_type(self) -> None:
+        pass
+
+
 def _check_timeout(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -107,10 +130,124 @@ def _check_text(value: object, name: str) -> str:
     return value
 
 
+def _character_class(char: str) -> str:
+    """What ``char`` is, in words that do not repeat it."""
+    if char in "\r\n":
+        return "a line break"
+    if char == "\t":
+        return "a tab"
+    if char == "\0":
+        return "a NUL character"
+    if char == " ":
+        return "a space"
+    if char.isascii():
+        return "a control character"
+    return "a non-ASCII character"
+
+
+def _check_api_key(value: object) -> str:
+    """An API key: printable ASCII, no whitespace; never echoed in an error.
+
+    A trailing line break (what ``open(path).read()`` leaves) is refused,
+    not stripped: a secret is sent exactly as given or not at all, and a
+    file that holds more than the key may be damaged in other ways too.
+    The error says which kind of character is wrong and where, never the
+    key or any part of it.
+    """
+    if not isinstance(value, str):
+        raise TypeError("api_key must be a non-empty string")
+    if not value:
+        raise ValueError("api_key must be a non-empty string")
+    rule = "api_key must be printable ASCII without spaces"
+    bad = [index for index, char in enumerate(value) if not "!" <= char <= "~"]
+    if not bad:
+        return value
+    if value[bad[0] :] in ("\n", "\r", "\r\n"):
+        raise ValueError(
+            f"{rule}, got a line break at the end (strip a key read from a file)"
+        )
+    raise ValueError(f"{rule}, got {_character_class(value[bad[0]])} at index {bad[0]}")
+
+
+def _check_header_value(value: str, name: str) -> str:
+    """A header value h11 will send: printable ASCII, inner spaces allowed.
+
+    Never echoed: a header may carry a credential. Without this check, h11
+    refuses the value when the request is sent, and its error shows it.
+    """
+    for index, char in enumerate(value):
+        inner = 0 < index < len(value) - 1
+        if "!" <= char <= "~" or (char in " \t" and inner):
+            continue
+        what = _character_class(char)
+        if char in " \t":
+            what = "leading or trailing whitespace"
+        raise ValueError(f"{name} must be printable ASCII, got {what} at index {index}")
+    return value
+
+
+# RFC 9110's tchar: what a header name may be made of.
+_TOKEN_CHARACTERS: Final = frozenset(
+    "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+)
+
+
+def _check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """Extra headers, names lowercased; values checked but never echoed."""
+    checked: dict[str, str] = {}
+    for name, value in dict(headers or {}).items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise TypeError("extra_headers must map header names to strings")
+        if not name or not _TOKEN_CHARACTERS.issuperset(name):
+            raise ValueError(f"extra_headers names must be HTTP tokens, got {name!r}")
+        checked[name.lower()] = _check_header_value(value, f"extra_headers[{name!r}]")
+    return checked
+
+
+def _key_pattern(key: str) -> str:
+    """A regular expression matching every spelling of ``key`` in JSON text.
+
+    A server that echoes the key inside a JSON string may escape any of its
+    characters as ``\\uXXXX`` (hex digits in either case), and ``/``, ``"``
+    and ``\\`` also as ``\\/``, ``\\"`` and ``\\\\``, in any mix. Keys are
+    printable ASCII (``_check_api_key``), so no other escape applies, and
+    every spelling is ASCII: the same pattern serves text and bytes.
+    """
+    parts: list[str] = []
+    for char in key:
+        digits = "".join(
+            f"[{digit}{digit.upper()}]" if digit.isalpha() else digit
+            for digit in f"{ord(char):04x}"
+        )
+        spellings = [re.escape(char), r"\\u" + digits]
+        if char in '/"\\':
+            spellings.append(re.escape("\\" + char))
+        parts.append("(?:" + "|".join(spellings) + ")")
+    return "".join(parts)
+
+
 def _check_base_url(value: object) -> str:
+    """A URL httpx can send to, with a host; paths are appended to it.
+
+    Checked whole here, since httpx would only refuse it when a request is
+    built, with an error outside the ``ProviderError`` tree.
+    """
     url = _check_text(value, "base_url")
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"base_url must start with http:// or https://, got {url!r}")
+    try:
+        host = httpx.URL(url).host
+    except httpx.InvalidURL as exc:
+        reason = str(exc).rstrip(".")
+        reason = reason[:1].lower() + reason[1:]
+        raise ValueError(
+            f"base_url must be a valid URL, got {url!r} ({reason})"
+        ) from None
+    if not host:
+        raise ValueError(f"base_url must name a host, got {url!r}")
+    if "?" in url or "#" in url:
+        # The request's path is appended to base_url, after a query would be.
+        raise ValueError(f"base_url must not have a query or fragment, got {url!r}")
     return url.rstrip("/")
 
 
@@ -132,11 +269,10 @@ class _ProviderBase:
         self._id = _check_text(id, "id")
         self._base_url = _check_base_url(base_url)
         # Checked without echoing it: a key must not reach a message.
-        if not isinstance(api_key, str):
-            raise TypeError("api_key must be a non-empty string")
-        if not api_key:
-            raise ValueError("api_key must be a non-empty string")
-        self._api_key = api_key
+        self._api_key = _check_api_key(api_key)
+        pattern = _key_pattern(self._api_key)
+        self._key_text = re.compile(pattern)
+        self._key_bytes = re.compile(pattern.encode("ascii"))
         self._model = _check_text(model, "model")
         connect = _check_timeout(connect_timeout, "connect_timeout")
         read = _check_timeout(read_timeout, "read_timeout")
@@ -201,32 +337,65 @@ class _ProviderBase:
         self,
         url: str,
         headers: dict[str, str],
-        body: dict[str, Any],
+        body: Callable[[], dict[str, Any]],
         decoder: WireDecoder,
     ) -> EventStream:
-        request = self._client.build_request(
-            "POST",
-            url,
-            headers={
-                "accept": "text/event-stream",
-                "cache-control": "no-store",
-                **headers,
-            },
-            content=json.dumps(body).encode(),
-            timeout=self._timeout,
+        """The stream of one request: ``body`` is built and encoded here."""
+        try:
+            content = json.dumps(body()).encode()
+        except RecursionError:
+            reason = "it nests too deeply"
+        except (TypeError, ValueError) as exc:
+            reason = str(exc)  # names a type, or a circular reference
+        else:
+            request = self._client.build_request(
+                "POST",
+                url,
+                headers={
+                    "accept": "text/event-stream",
+                    "cache-control": "no-store",
+                    **headers,
+                },
+                content=content,
+                timeout=self._timeout,
+            )
+            return EventStream(self, request, decoder)
+        raise RequestFailed(
+            f"{self._id}: the request cannot be encoded as JSON: {reason}",
+            provider=self._id,
         )
-        return EventStream(self, request, decoder)
 
     # -- used by EventStream ------------------------------------------------
 
     def _redact(self, text: str) -> str:
-        return text.replace(self._api_key, _REDACTED)
+        """``text`` with the key, however JSON spells it, replaced."""
+        return self._key_text.sub(_REDACTED, text)
+
+    def _redact_and_cut(self, body: bytes, limit: int) -> bytes:
+        """``body`` cut at ``limit`` bytes, with the key redacted first.
+
+        A key that straddles the cut is kept whole, to be redacted, so
+        ``body`` must run past ``limit`` by a key's longest spelling (or
+        end). Then a key the end of ``body`` cuts off starts past ``limit``,
+        and goes with the rest.
+        """
+        end = min(len(body), limit)
+        for match in self._key_bytes.finditer(body):
+            if match.end() > end:
+                if match.start() < end:
+                    end = match.end()
+                break
+        return self._key_bytes.sub(_REDACTED.encode(), body[:end])
 
     def _report(self, error: ProviderError) -> None:
         if isinstance(error, RateLimited | Overloaded) and self._on_rate_limit:
             self._on_rate_limit(self._id, error.retry_after)
 
     async def _send(self, request: httpx.Request) -> httpx.Response:
+        if self._client.is_closed:
+            raise RequestFailed(
+                f"{self._id}: the HTTP client is closed", provider=self._id
+            )
         # The typed error is raised after the except clauses, not in them:
         # httpx's exception holds the request, headers and key included, and
         # would ride along as __context__ (``from None`` only hides it).
@@ -243,6 +412,15 @@ class _ProviderBase:
             detail = self._redact(str(exc)) or type(exc).__name__
             error = ProviderConnectionError(
                 f"{self._id}: could not reach {request.url.host}: {detail}",
+                provider=self._id,
+            )
+        except Exception as exc:
+            # Whatever else the client raises (a lent transport's own error,
+            # a client closed as we sent) fails this request, not the
+            # dispatcher. Cancelled and KeyboardInterrupt are BaseExceptions,
+            # as is any group holding one, so they are never caught here.
+            error = RequestFailed(
+                f"{self._id}: the HTTP client failed: {_describe(exc, self._redact)}",
                 provider=self._id,
             )
         if error is not None:
@@ -268,10 +446,12 @@ class _ProviderBase:
                     status_code=status,
                 )
             return
-        body = await _read_bounded(response)
-        # Redact before error_details shortens: a cut key would slip past.
-        text = self._redact(body.decode("utf-8", errors="replace"))
-        error_type, message = error_details(text.encode())
+        # Redacted before any cut, and again once JSON is decoded: a key
+        # cut in two, or spelled with escapes, would slip past.
+        slack = _LONGEST_SPELLING * len(self._api_key)
+        body = await _read_bounded(response, _ERROR_BODY_LIMIT + slack)
+        body = self._redact_and_cut(body, _ERROR_BODY_LIMIT)
+        error_type, message = error_details(body, self._redact)
         retry_after = parse_retry_after(response.headers, time.time())
         error = error_for_status(
             self._id,
@@ -284,8 +464,8 @@ class _ProviderBase:
         raise error
 
 
-async def _read_bounded(response: httpx.Response) -> bytes:
-    """Up to ``_ERROR_BODY_LIMIT`` bytes of the body, then close the response."""
+async def _read_bounded(response: httpx.Response, limit: int) -> bytes:
+    """Up to ``limit`` bytes of the body, then close the response."""
     chunks: list[bytes] = []
     size = 0
     body = response.aiter_bytes()
@@ -293,13 +473,13 @@ async def _read_bounded(response: httpx.Response) -> bytes:
         async for chunk in body:
             chunks.append(chunk)
             size += len(chunk)
-            if size >= _ERROR_BODY_LIMIT:
+            if size >= limit:
                 break
-    except (httpx.TransportError, httpx.DecodingError):
+    except Exception:  # not BaseException: Cancelled goes on
         pass  # the status says enough; the message is a courtesy
     finally:
         await _close_response(response, body)
-    return b"".join(chunks)[:_ERROR_BODY_LIMIT]
+    return b"".join(chunks)[:limit]
 
 
 async def _close_response(
@@ -321,6 +501,12 @@ async def _close_response(
                     pass
 
 
+def _describe(exc: Exception, redact: Callable[[str], str]) -> str:
+    """An unexpected exception in one line: its type, and its message redacted."""
+    detail = _shorten(redact(str(exc)))
+    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+
+
 def _timeout_text(exc: httpx.TimeoutException, timeout: httpx.Timeout) -> str:
     if isinstance(exc, httpx.ConnectTimeout):
         return f"could not connect within {timeout.connect:g} s"
@@ -331,18 +517,21 @@ def _timeout_text(exc: httpx.TimeoutException, timeout: httpx.Timeout) -> str:
     return f"no response within {timeout.read:g} s"
 
 
-def error_details(body: bytes) -> tuple[str | None, str]:
+def error_details(
+    body: bytes, redact: Callable[[str], str] = str
+) -> tuple[str | None, str]:
     """``(error type, message)`` from an error body, in either API's shape.
 
     Both OpenAI (``{"error": {"message", "type", "code"}}``) and Anthropic
     (``{"type": "error", "error": {"type", "message"}}``) nest the details
-    under ``error``; anything else is shown as text.
+    under ``error``; anything else is shown as text. What JSON decoding
+    gives is passed through ``redact`` before it is shortened.
     """
     text = body.decode("utf-8", errors="replace").strip()
     try:
         data = json.loads(text)
-    except ValueError:
-        return None, _shorten(text)
+    except (ValueError, RecursionError):
+        return None, _shorten(redact(text))
     error = data.get("error") if isinstance(data, dict) else None
     if isinstance(error, dict):
         error_type = error.get("type")
@@ -351,10 +540,11 @@ def error_details(body: bytes) -> tuple[str | None, str]:
         kind = error_type if isinstance(error_type, str) and error_type else None
         if isinstance(code, str) and code and code != kind:
             kind = f"{kind} ({code})" if kind else code
-        return kind, _shorten(message if isinstance(message, str) else text)
+        text = message if isinstance(message, str) else text
+        return (None if kind is None else redact(kind)), _shorten(redact(text))
     if isinstance(error, str):
-        return None, _shorten(error)
-    return None, _shorten(text)
+        return None, _shorten(redact(error))
+    return None, _shorten(redact(text))
 
 
 def _shorten(text: str) -> str:
@@ -431,13 +621,15 @@ def parse_json_data(
     try:
         return json.loads(event.data)
     except (ValueError, RecursionError) as exc:
-        data = redact(event.data)  # before the cut, which could halve a key
-        excerpt = data if len(data) <= 80 else data[:77] + "..."
         reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-        raise MalformedStream(
-            f"{provider}: an event's data is not valid JSON ({reason}): {excerpt!r}",
-            provider=provider,
-        ) from None
+    # Raised out here, not in the except clause: the JSONDecodeError holds
+    # the whole data, key and all, and would ride along as __context__.
+    data = redact(event.data)  # before the cut, which could halve a key
+    excerpt = data if len(data) <= 80 else data[:77] + "..."
+    raise MalformedStream(
+        f"{provider}: an event's data is not valid JSON ({reason}): {excerpt!r}",
+        provider=provider,
+    )
 
 
 @final
@@ -472,7 +664,7 @@ class EventStream:
         except BaseException:
             self._state = "closed"
             raise
-        self._events = EventSource(self._response).aiter_sse()
+        self._events = _EventSource(self._response).aiter_sse()
         return self
 
     async def __aexit__(
@@ -557,6 +749,13 @@ class EventStream:
                 f"{provider.id}: the stream's body could not be decoded",
                 provider=provider.id,
             )
+        except Exception as exc:
+            # As in _send: anything else fails this stream only, and
+            # Cancelled (a BaseException) is never caught.
+            error = RequestFailed(
+                f"{provider.id}: the stream failed: {_describe(exc, provider._redact)}",
+                provider=provider.id,
+            )
         else:
             return event
         raise error
@@ -572,7 +771,7 @@ class EventStream:
             try:
                 async for _ in self._events:
                     pass
-            except (httpx.TransportError, httpx.DecodingError):
+            except Exception:  # not BaseException: Cancelled goes on
                 pass  # the answer is complete; the connection is closed on exit
 
 
@@ -581,10 +780,11 @@ def structure_event(provider: str, data: object, cls: type[_T], what: str) -> _T
     try:
         return structure(data, cls)
     except Exception as exc:  # cattrs raises several kinds; nothing awaits here
-        raise MalformedStream(
-            f"{provider}: {what} does not fit the format: {describe_error(exc)}",
-            provider=provider,
-        ) from None
+        problem = describe_error(exc)
+    # Out here, as in parse_json_data: cattrs' errors may hold the values.
+    raise MalformedStream(
+        f"{provider}: {what} does not fit the format: {problem}", provider=provider
+    )
 
 
 def make_tool_call(call_id: str, name: str, raw_arguments: str) -> ToolCall:
@@ -598,6 +798,16 @@ def make_tool_call(call_id: str, name: str, raw_arguments: str) -> ToolCall:
         return ToolCall(
             call_id, name, {}, raw_arguments, f"arguments are not valid JSON: {exc}"
         )
+    if _nests_deeper(arguments, _MAX_ARGUMENT_DEPTH):
+        # Refused now, so the conversation never keeps what the next
+        # request could not encode.
+        return ToolCall(
+            call_id,
+            name,
+            {},
+            raw_arguments,
+            f"arguments nest deeper than {_MAX_ARGUMENT_DEPTH} levels",
+        )
     if not isinstance(arguments, dict):
         return ToolCall(
             call_id,
@@ -607,3 +817,21 @@ def make_tool_call(call_id: str, name: str, raw_arguments: str) -> ToolCall:
             f"arguments must be a JSON object, got {json_kind(arguments)}",
         )
     return ToolCall(call_id, name, arguments, raw_arguments)
+
+
+def _nests_deeper(value: object, limit: int) -> bool:
+    """Whether JSON ``value`` has arrays and objects nested over ``limit`` deep.
+
+    A loop, not recursion: the point is to stay clear of the limit.
+    """
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if not isinstance(item, list):
+            continue
+        if depth + 1 > limit:
+            return True
+        stack.extend((child, depth + 1) for child in item)
+    return False
