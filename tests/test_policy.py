@@ -168,6 +168,98 @@ def test_pause_refuses_nan() -> None:
     assert policy.paused_until is None
 
 
+# -- rate-limit reports: clamped pauses, resume ---------------------------------
+
+
+def test_a_server_delay_is_honoured_up_to_max_pause() -> None:
+    policy = SlotPolicy(2, default_pause=1.0, max_pause=60.0)
+    policy.report_rate_limit(0.0, retry_after=999_999_999)
+    assert policy.paused_until == 60.0
+    policy.report_rate_limit(10.0, retry_after=0.5)  # never shortens
+    assert policy.paused_until == 60.0
+    policy.report_rate_limit(30.0, retry_after=999)  # extends, up to max_pause
+    assert policy.paused_until == 90.0
+
+
+def test_resume_ends_the_pause_and_grants_in_ticket_order() -> None:
+    policy = SlotPolicy(2, default_pause=1.0, max_pause=60.0)
+    policy.acquire(t(0, 0))
+    policy.report_rate_limit(0.0, retry_after=50)
+    policy.release(t(0, 0))
+    for ticket in [t(9, 1), t(3, 2), t(5, 3)]:
+        assert policy.acquire(ticket) == []
+    assert policy.resume() == [t(3, 2), t(5, 3)]
+    assert (policy.paused_until, policy.waiters()) == (None, [t(9, 1)])
+    policy.report_rate_limit(7.0)
+    assert policy.paused_until == 8.0
+    assert policy.resume() == []
+    assert policy.resume() == []  # not paused: nothing to do
+
+
+def test_a_raw_pause_takes_an_int_beyond_any_float_as_forever() -> None:
+    # pause() is the raw instrument: it accepts inf, so 10**400 is inf too,
+    # where float() would raise OverflowError. resume() ends it.
+    policy = SlotPolicy(1)
+    policy.acquire(t(0, 0))
+    policy.acquire(t(1, 1))
+    policy.pause(10**400)
+    assert policy.paused_until == math.inf
+    assert policy.release(t(0, 0)) == []
+    assert policy.resume() == [t(1, 1)]
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        (
+            {"max_pause": 0},
+            ValueError,
+            "max_pause must be a positive number of seconds, got 0",
+        ),
+        (
+            {"max_pause": math.inf},
+            ValueError,
+            "max_pause must be a positive number of seconds, got inf",
+        ),
+        (
+            {"max_pause": "60"},
+            TypeError,
+            "max_pause must be a positive number of seconds, got '60'",
+        ),
+        (
+            {"default_pause": -1},
+            ValueError,
+            "default_pause must be a non-negative number of seconds, got -1",
+        ),
+        (
+            {"default_pause": 61, "max_pause": 60},
+            ValueError,
+            "default_pause must be at most max_pause=60, got 61",
+        ),
+    ],
+)
+def test_bad_pause_settings_are_refused(
+    options: dict[str, object], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=f"^{message}$"):
+        SlotPolicy(1, **options)  # type: ignore[arg-type]  # the point of the test
+
+
+def test_a_bad_report_is_refused_and_changes_nothing() -> None:
+    policy = SlotPolicy(1, default_pause=1.0, max_pause=60.0)
+    policy.acquire(t(0, 0))
+    with pytest.raises(ValueError, match=r"^now must be a finite number, got nan$"):
+        policy.report_rate_limit(math.nan)
+    with pytest.raises(
+        ValueError,
+        match=r"^retry_after must be a non-negative number of seconds, got -1$",
+    ):
+        policy.report_rate_limit(0.0, retry_after=-1)
+    assert policy.paused_until is None
+    policy.report_rate_limit(0.0)
+    assert policy.paused_until == 1.0
+
+
 def test_max_waiting_refuses_at_once_and_changes_nothing() -> None:
     policy = SlotPolicy(1, max_waiting=1)
     policy.acquire(t(0, 0))

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from trio_dispatch import Dispatcher, open_dispatcher, wrap_provider
+from trio_dispatch import Dispatcher, SlotPolicy, open_dispatcher, wrap_provider
 from trio_dispatch.providers import AnthropicProvider, LimitedProvider, OpenAIProvider
 from trio_dispatch.testing import FakeReply, Fault
 
@@ -49,6 +49,7 @@ def _anthropic(**options: Any) -> object:  # noqa: ANN401 (any value is the poin
 # Each call gets an open dispatcher, whether it needs one or not.
 CALLS: list[tuple[str, str, Callable[[Dispatcher, Any], object]]] = [
     ("default_pause", SECONDS, lambda d, v: open_dispatcher(default_pause=v)),
+    ("max_pause", POSITIVE_SECONDS, lambda d, v: open_dispatcher(max_pause=v)),
     ("max_hold", POSITIVE_SECONDS, lambda d, v: open_dispatcher(max_hold=v)),
     ("max_hold", POSITIVE_SECONDS, lambda d, v: d.slot("p", max_hold=v)),
     ("started_at", INSTANT, lambda d, v: d.slot("p", started_at=v)),
@@ -69,6 +70,10 @@ CALLS: list[tuple[str, str, Callable[[Dispatcher, Any], object]]] = [
         INSTANT,
         lambda d, v: LimitedProvider(_Named(), d, started_at=v),
     ),
+    ("default_pause", SECONDS, lambda d, v: SlotPolicy(1, default_pause=v)),
+    ("max_pause", POSITIVE_SECONDS, lambda d, v: SlotPolicy(1, max_pause=v)),
+    ("now", INSTANT, lambda d, v: SlotPolicy(1).report_rate_limit(v)),
+    ("retry_after", SECONDS, lambda d, v: SlotPolicy(1).report_rate_limit(0.0, v)),
     ("connect_timeout", POSITIVE_SECONDS, lambda d, v: _openai(connect_timeout=v)),
     ("read_timeout", POSITIVE_SECONDS, lambda d, v: _openai(read_timeout=v)),
     ("connect_timeout", POSITIVE_SECONDS, lambda d, v: _anthropic(connect_timeout=v)),

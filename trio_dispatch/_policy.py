@@ -16,6 +16,12 @@ Invariants, after every call:
    waiting, or refused. Cancelling a granted ticket releases it; releasing or
    cancelling an unknown or finished ticket does nothing, so a grant racing
    a cancellation never leaks.
+5. A pause never ends before its time, whatever is reported later; only
+   ``resume`` ends it early. Holders are never touched by a pause.
+
+Rate-limit reports pause grants for the server's delay (``Retry-After``),
+or ``default_pause`` when it names none, and never for longer than
+``max_pause``. ``resume`` ends a pause.
 
 Waiting tickets queue in two sorted structures: a deque for those that
 arrive in ticket order (the common case, since ``started_at`` defaults to
@@ -35,7 +41,14 @@ from typing import TYPE_CHECKING, final
 import attrs
 
 from ._exceptions import QueueFull
-from ._validation import check_limit, check_max_waiting
+from ._validation import (
+    as_float,
+    check_instant,
+    check_limit,
+    check_max_waiting,
+    check_optional_seconds,
+    check_pauses,
+)
 
 if TYPE_CHECKING:
     from .messages import Ticket
@@ -72,14 +85,20 @@ class SlotPolicy:
         limit: At most this many tickets hold a slot at once, or ``None``.
         max_waiting: At most this many tickets wait; a ticket that would wait
             beyond it is refused with ``QueueFull``. ``None`` for no bound.
+        default_pause: Seconds a rate-limit report that names no delay
+            pauses grants.
+        max_pause: The longest pause a rate-limit report causes, in
+            seconds, whatever delay it names. At least ``default_pause``.
     """
 
     __slots__ = (
+        "_default_pause",
         "_fifo",
         "_granted_total",
         "_heap",
         "_holders",
         "_limit",
+        "_max_pause",
         "_max_waiting",
         "_paused_until",
         "_peak_in_flight",
@@ -90,10 +109,18 @@ class SlotPolicy:
         "_withdrawn_total",
     )
 
-    def __init__(self, limit: int | None, *, max_waiting: int | None = None) -> None:
+    def __init__(
+        self,
+        limit: int | None,
+        *,
+        max_waiting: int | None = None,
+        default_pause: float = 30.0,
+        max_pause: float = 60.0,
+    ) -> None:
         if limit is not None:
             check_limit(limit)
         check_max_waiting(max_waiting)
+        self._default_pause, self._max_pause = check_pauses(default_pause, max_pause)
         self._limit = limit
         self._max_waiting = max_waiting
         self._holders: set[Ticket] = set()
@@ -230,11 +257,33 @@ class SlotPolicy:
         return self._fill()
 
     def pause(self, until: float) -> None:
-        """Grant nothing before ``until``; a pause is never shortened."""
+        """Grant nothing before ``until``; a pause is never shortened.
+
+        The raw instrument, taken as given: ``max_pause`` bounds the pauses
+        of ``report_rate_limit``, and ``resume`` ends any pause.
+        """
+        until = as_float(until)
         if math.isnan(until):
             raise ValueError("until must be a number, got nan")
         if self._paused_until is None or until > self._paused_until:
             self._paused_until = until
+
+    def report_rate_limit(self, now: float, retry_after: float | None = None) -> None:
+        """Pause grants after a rate-limit answer that arrived at ``now``.
+
+        With ``retry_after``, the server's delay in seconds, grants pause
+        that long; without, for ``default_pause``. Either way for at most
+        ``max_pause``, and never less than a pause already running.
+        """
+        now = check_instant(now, "now")
+        delay = check_optional_seconds(retry_after, "retry_after")
+        seconds = self._default_pause if delay is None else delay
+        self.pause(now + min(seconds, self._max_pause))
+
+    def resume(self) -> list[Ticket]:
+        """End the pause now; waiters are granted in ticket order."""
+        self._paused_until = None
+        return self._fill()
 
     def tick(self, now: float) -> list[Ticket]:
         """Tell the policy the time; a pause that has run out ends and grants resume."""

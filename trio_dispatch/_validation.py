@@ -104,6 +104,18 @@ def check_optional_seconds(
     return None if value is None else check_seconds(value, name, positive=positive)
 
 
+def check_pauses(default_pause: object, max_pause: object) -> tuple[float, float]:
+    """``0 <= default_pause <= max_pause``, and ``max_pause > 0``, in seconds."""
+    first = check_seconds(default_pause, "default_pause")
+    ceiling = check_seconds(max_pause, "max_pause", positive=True)
+    if first > ceiling:
+        raise ValueError(
+            f"default_pause must be at most max_pause={max_pause!r},"
+            f" got {default_pause!r}"
+        )
+    return first, ceiling
+
+
 def check_instant(value: object, name: str) -> float:
     """An instant on the trio clock is a finite real number."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
