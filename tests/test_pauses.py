@@ -226,9 +226,9 @@ async def test_resume_checks_its_argument_and_ignores_a_provider_never_used() ->
             "max_pause must be a positive number of seconds, got '60'",
         ),
         (
-            {"max_pause": 20},
+            {"max_pause": 0.5},
             ValueError,
-            r"default_pause must be at most max_pause=20, got 30\.0",
+            r"default_pause must be at most max_pause=0\.5, got 1\.0",
         ),
         (
             {"default_pause": 90, "max_pause": 60},
@@ -242,3 +242,88 @@ def test_bad_pause_options_are_refused_at_the_call(
 ) -> None:
     with pytest.raises(error, match=f"^{message}$"):
         open_dispatcher(**options)
+
+
+# -- pauses without a Retry-After ------------------------------------------------
+
+
+async def test_an_overloaded_answer_without_retry_after_pauses_one_second(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Anthropic's 529 usually names no delay: the turn takes 1 s, not 30.
+    answers = Answers(refused(529), ok("anthropic_text.sse"))
+    async with (
+        anthropic(answers) as provider,
+        open_dispatcher({provider.id: 1}) as dispatcher,
+    ):
+        conversation = dispatcher.start_conversation(provider, retry_backoff=0.01)
+        result = await conversation.ask("hello")
+    assert answers.sent_at == [0.0, 1.0]
+    assert (result.started_at, result.finished_at) == (0.0, 1.0)
+
+
+async def test_consecutive_refusals_double_the_pause_and_a_success_resets_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    answers = Answers(
+        refused(529),
+        refused(503),
+        refused(429),
+        ok("anthropic_text.sse"),
+        refused(529),
+        ok("anthropic_text.sse"),
+    )
+    async with (
+        anthropic(answers) as provider,
+        open_dispatcher({provider.id: 1}) as dispatcher,
+    ):
+        conversation = dispatcher.start_conversation(provider, retry_backoff=0.01)
+        await conversation.ask("first")
+        await conversation.ask("second")
+    assert answers.sent_at == [0.0, 1.0, 3.0, 7.0, 7.0, 8.0]
+
+
+async def test_the_backoff_stops_growing_at_max_pause(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    answers = Answers(*[refused(529)] * 5, ok("anthropic_text.sse"))
+    async with (
+        anthropic(answers) as provider,
+        open_dispatcher({provider.id: 1}, max_pause=3) as dispatcher,
+    ):
+        conversation = dispatcher.start_conversation(
+            provider, max_attempts=6, retry_backoff=0.01
+        )
+        await conversation.ask("hello")
+    assert answers.sent_at == [0.0, 1.0, 3.0, 6.0, 9.0, 12.0]
+
+
+async def test_requests_refused_together_share_one_pause(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Three requests in flight at once, all refused: one round, one second,
+    # not 1 + 2 + 4 as if each refusal came after the last pause.
+    answers = Answers(*[refused(529)] * 3, *[ok("anthropic_text.sse")] * 3)
+    async with (
+        anthropic(answers) as provider,
+        open_dispatcher({provider.id: 3}) as dispatcher,
+        trio.open_nursery() as nursery,
+    ):
+        for _ in range(3):
+            conversation = dispatcher.start_conversation(provider, retry_backoff=0.01)
+            nursery.start_soon(conversation.ask, "hello")
+    assert answers.sent_at == [0.0] * 3 + [1.0] * 3
+
+
+async def test_one_answer_reported_twice_counts_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The provider's on_rate_limit and the conversation's wrapper both
+    # report each refusal: the backoff still doubles once per refusal.
+    answers = Answers(refused(529), refused(529), ok("anthropic_text.sse"))
+    async with open_dispatcher({"anthropic": 1}) as dispatcher:
+        report = dispatcher.report_rate_limit
+        async with anthropic(answers, on_rate_limit=report) as provider:
+            conversation = dispatcher.start_conversation(provider, retry_backoff=0.01)
+            await conversation.ask("hello")
+    assert answers.sent_at == [0.0, 1.0, 3.0]

@@ -418,12 +418,21 @@ class Dispatcher:
     ) -> None:
         """Pause grants for ``provider`` after it answered 429, 529 or similar.
 
-        Holders are not touched; nothing is granted until ``retry_after``
-        seconds (or the dispatcher's ``default_pause``) have passed, and
-        never longer than the dispatcher's ``max_pause``. A later report can
-        only extend the pause; ``resume`` ends it. Ignored for an unlimited
-        provider and after the dispatcher has closed, since nothing waits
-        there.
+        Holders are not touched; nothing is granted until the pause ends.
+        With ``retry_after`` (the server's ``Retry-After``, in seconds) the
+        pause lasts that long. Without, it backs off: the dispatcher's
+        ``default_pause`` for the first report of a streak, doubling with
+        each later round up to ``max_pause``. A report opens a new round
+        when a slot was granted since the previous report; reports with no
+        grant between them (requests that were in flight together) share a
+        round. A report with ``retry_after`` counts as a round too. The
+        streak ends on a success, a slot granted after the latest report
+        and given back with no report while it was held, or on ``resume``.
+
+        No pause is longer than the dispatcher's ``max_pause``, and a later
+        report can only extend a pause, never shorten it. Ignored for an
+        unlimited provider and after the dispatcher has closed, since
+        nothing waits there.
         """
         check_provider(provider)
         seconds = check_optional_seconds(retry_after, "retry_after")
@@ -434,7 +443,7 @@ class Dispatcher:
             self._send(provider, Pause(trio.current_time(), seconds))
 
     def resume(self, provider: str) -> None:
-        """End the pause of ``provider`` now.
+        """End the pause of ``provider`` now, and its backoff streak.
 
         Waiting requests are granted at once, in ticket order, as slots
         allow. Nothing happens for a provider that is not paused or has
@@ -587,7 +596,7 @@ class Dispatcher:
 def open_dispatcher(
     limits: Mapping[str, int] | None = None,
     *,
-    default_pause: float = 30.0,
+    default_pause: float = 1.0,
     max_pause: float = 60.0,
     max_hold: float | None = None,
     max_waiting: int | None = None,
@@ -599,8 +608,11 @@ def open_dispatcher(
     Args:
         limits: Provider name to its concurrency limit (a positive int).
             Providers not named are unlimited until ``set_limit``.
-        default_pause: Seconds a rate-limit report pauses a provider when it
-            names no ``retry_after``. Non-negative, and at most
+        default_pause: Seconds a rate-limit report that names no
+            ``retry_after`` pauses a provider, the first time: consecutive
+            reports without a success between them double the pause, up to
+            ``max_pause``, and a success starts again from here (see
+            ``Dispatcher.report_rate_limit``). Non-negative, and at most
             ``max_pause``, else ``ValueError``.
         max_pause: The longest pause a rate-limit report causes, in seconds
             (positive): a longer ``Retry-After`` is cut to it, as the

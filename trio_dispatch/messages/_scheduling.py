@@ -97,9 +97,9 @@ class SetLimit:
 class Pause:
     """A rate-limit answer arrived at ``reported_at`` (trio clock): pause grants.
 
-    For ``retry_after`` seconds, the server's delay, or ``default_pause``
-    when it is ``None``; at most ``max_pause`` (see ``SlotPolicy``). A
-    later pause can extend it, never shorten it.
+    For ``retry_after`` seconds, the server's delay, or for the backoff when
+    it is ``None``; at most ``max_pause`` (see ``SlotPolicy``). A later
+    pause can extend it, never shorten it.
     """
 
     reported_at: float
@@ -109,7 +109,7 @@ class Pause:
 @final
 @attrs.frozen
 class Resume:
-    """End the pause now."""
+    """End the pause and the backoff streak now."""
 
 
 SchedulerMessage = Acquire | Release | Cancel | SetLimit | Pause | Resume
