@@ -7,14 +7,22 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from trio_dispatch import Dispatcher, SlotPolicy, open_dispatcher, wrap_provider
+from trio_dispatch.messages import ChatMessage, ChatRequest
 from trio_dispatch.providers import AnthropicProvider, LimitedProvider, OpenAIProvider
-from trio_dispatch.testing import FakeReply, Fault
+from trio_dispatch.testing import (
+    BurstArrivals,
+    Duration,
+    FakeReply,
+    Fault,
+    SimProvider,
+    TurnSpec,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
     from contextlib import AbstractAsyncContextManager
 
-    from trio_dispatch.messages import ChatRequest, StreamEvent
+    from trio_dispatch.messages import StreamEvent
 
 HUGE = 10**400  # an int, and finite, but beyond any float
 SECONDS = "must be a non-negative number of seconds"
@@ -128,3 +136,56 @@ async def test_an_int_too_long_to_print_is_named_by_its_size() -> None:
             r" got an integer of 16610 bits$",
         ):
             dispatcher.report_rate_limit("p", 10**5000)
+
+
+# The simulation's workloads convert their seconds with float() semantics:
+# an int beyond any float is refused as the infinity it would round to.
+WORKLOADS: list[tuple[str, Callable[[Any], object]]] = [
+    ("mean must be a non-negative finite number", Duration.constant),
+    (
+        "spread must be a non-negative finite number",
+        lambda v: Duration("uniform", 1.0, v),
+    ),
+    ("interval must be a positive finite number", lambda v: BurstArrivals(1, v)),
+    (
+        "retry_after must be a non-negative finite number",
+        lambda v: SimProvider("p", 1, retry_after=v),
+    ),
+    (
+        "reject_latency must be a non-negative finite number",
+        lambda v: SimProvider("p", 1, reject_latency=v),
+    ),
+    (
+        "arrival must be a non-negative finite number",
+        lambda v: TurnSpec(v, "p", (1.0,)),
+    ),
+    (
+        "durations must be non-negative finite numbers",
+        lambda v: TurnSpec(0.0, "p", (v,)),
+    ),
+    (
+        "durations must be non-negative finite numbers",
+        lambda v: TurnSpec(0.0, "p", (1.0, 1.0), (v,)),
+    ),
+]
+
+
+@pytest.mark.parametrize(("message", "call"), WORKLOADS)
+@pytest.mark.parametrize(
+    ("value", "shown"), [(HUGE, "inf"), (-HUGE, "-inf")], ids=["huge", "minus-huge"]
+)
+def test_workload_seconds_too_large_for_a_float_get_the_usual_value_error(
+    message: str, call: Callable[[Any], object], value: int, shown: str
+) -> None:
+    with pytest.raises(ValueError, match=rf"^{message}, got {shown}$"):
+        call(value)
+
+
+@pytest.mark.parametrize("value", [HUGE, -HUGE], ids=["huge", "minus-huge"])
+def test_a_temperature_too_large_for_a_float_gets_the_usual_value_error(
+    value: int,
+) -> None:
+    with pytest.raises(
+        ValueError, match=rf"^temperature must be a non-negative number, got {value}$"
+    ):
+        ChatRequest([ChatMessage("user", "x")], temperature=value)
