@@ -168,6 +168,178 @@ def test_pause_refuses_nan() -> None:
     assert policy.paused_until is None
 
 
+# -- rate-limit reports: clamped pauses, backoff, resume -------------------------
+
+
+def _refused_at(policy: SlotPolicy, now: float, ticket: Ticket) -> float:
+    """Grant ``ticket`` at ``now``, report a rate limit, release; the pause's end."""
+    assert policy.tick(now) == []
+    assert policy.acquire(ticket) == [ticket]
+    policy.report_rate_limit(now)
+    assert policy.release(ticket) == []
+    assert policy.paused_until is not None
+    return policy.paused_until
+
+
+def test_reports_without_a_delay_back_off_from_default_pause_to_max_pause() -> None:
+    policy = SlotPolicy(1, default_pause=1.0, max_pause=8.0)
+    now = 0.0
+    pauses = []
+    for seq in range(6):
+        until = _refused_at(policy, now, t(seq, seq))
+        pauses.append(until - now)
+        now = until
+    assert pauses == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    # A success (granted after the latest report, released with none since)
+    # ends the streak: the next report starts from default_pause again.
+    assert policy.tick(now) == []
+    assert policy.acquire(t(6, 6)) == [t(6, 6)]
+    assert policy.release(t(6, 6)) == []
+    assert _refused_at(policy, now, t(7, 7)) == now + 1.0
+
+
+def test_reports_with_no_grant_between_them_share_a_round() -> None:
+    # Three requests in flight together are refused together: one round.
+    policy = SlotPolicy(3, default_pause=1.0, max_pause=60.0)
+    holders = [t(seq, seq) for seq in range(3)]
+    for ticket in holders:
+        policy.acquire(ticket)
+    for index, ticket in enumerate(holders):
+        policy.report_rate_limit(0.25 * index)
+        policy.release(ticket)
+    assert policy.paused_until == 1.5
+    # The next request, granted after them, is refused: the second round.
+    assert _refused_at(policy, 1.5, t(3, 3)) == 3.5
+
+
+def test_a_slot_held_across_a_report_is_no_success_when_it_comes_back() -> None:
+    policy = SlotPolicy(2, default_pause=1.0, max_pause=60.0)
+    policy.acquire(t(0, 0))  # held across every report below
+    policy.acquire(t(1, 1))
+    policy.report_rate_limit(0.0)
+    policy.release(t(1, 1))
+    policy.acquire(t(2, 2))
+    assert policy.tick(1.0) == [t(2, 2)]
+    assert policy.release(t(0, 0)) == []  # granted before the report
+    policy.report_rate_limit(1.5)  # t(2, 2) was granted since: round two
+    assert policy.paused_until == 3.5
+    assert policy.release(t(2, 2)) == []  # held across that report
+    assert _refused_at(policy, 3.5, t(3, 3)) == 7.5  # round three
+
+
+def test_a_grant_cancelled_before_use_is_no_success() -> None:
+    policy = SlotPolicy(1, default_pause=1.0, max_pause=60.0)
+    policy.acquire(t(0, 0))
+    policy.acquire(t(1, 1))
+    policy.report_rate_limit(0.0)
+    policy.release(t(0, 0))
+    assert policy.tick(1.0) == [t(1, 1)]
+    assert policy.cancel(t(1, 1)) == []  # the grant raced a cancellation
+    assert _refused_at(policy, 1.0, t(2, 2)) == 3.0
+
+
+def test_a_server_delay_is_honoured_up_to_max_pause_and_counts_as_a_round() -> None:
+    policy = SlotPolicy(2, default_pause=1.0, max_pause=60.0)
+    policy.report_rate_limit(0.0, retry_after=999_999_999)
+    assert policy.paused_until == 60.0
+    policy.report_rate_limit(10.0, retry_after=0.5)  # never shortens
+    assert policy.paused_until == 60.0
+    policy.report_rate_limit(30.0, retry_after=999)  # extends, up to max_pause
+    assert policy.paused_until == 90.0
+    assert policy.tick(90.0) == []
+    policy.acquire(t(0, 0))
+    policy.report_rate_limit(90.0, retry_after=2.5)  # round two, as given
+    assert policy.paused_until == 92.5
+    policy.release(t(0, 0))
+    assert _refused_at(policy, 92.5, t(1, 1)) == 96.5  # round three: 4 s
+
+
+def test_resume_ends_the_pause_and_the_streak_and_grants_in_ticket_order() -> None:
+    policy = SlotPolicy(2, default_pause=1.0, max_pause=60.0)
+    policy.acquire(t(0, 0))
+    policy.report_rate_limit(0.0, retry_after=50)
+    policy.release(t(0, 0))
+    for ticket in [t(9, 1), t(3, 2), t(5, 3)]:
+        assert policy.acquire(ticket) == []
+    assert policy.resume() == [t(3, 2), t(5, 3)]
+    assert (policy.paused_until, policy.waiters()) == (None, [t(9, 1)])
+    # The streak is over too: the next report starts from default_pause.
+    policy.report_rate_limit(7.0)
+    assert policy.paused_until == 8.0
+    assert policy.resume() == []
+    assert policy.resume() == []  # not paused: nothing to do
+
+
+def test_a_raw_pause_takes_an_int_beyond_any_float_as_forever() -> None:
+    # pause() is the raw instrument: it accepts inf, so 10**400 is inf too,
+    # where float() would raise OverflowError. resume() ends it.
+    policy = SlotPolicy(1)
+    policy.acquire(t(0, 0))
+    policy.acquire(t(1, 1))
+    policy.pause(10**400)
+    assert policy.paused_until == math.inf
+    assert policy.release(t(0, 0)) == []
+    assert policy.resume() == [t(1, 1)]
+
+
+def test_a_default_pause_of_zero_stays_zero() -> None:
+    policy = SlotPolicy(1, default_pause=0, max_pause=1.0)
+    assert [_refused_at(policy, 5.0, t(seq, seq)) for seq in range(3)] == [5.0] * 3
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        (
+            {"max_pause": 0},
+            ValueError,
+            "max_pause must be a positive number of seconds, got 0",
+        ),
+        (
+            {"max_pause": math.inf},
+            ValueError,
+            "max_pause must be a positive number of seconds, got inf",
+        ),
+        (
+            {"max_pause": "60"},
+            TypeError,
+            "max_pause must be a positive number of seconds, got '60'",
+        ),
+        (
+            {"default_pause": -1},
+            ValueError,
+            "default_pause must be a non-negative number of seconds, got -1",
+        ),
+        (
+            {"default_pause": 61, "max_pause": 60},
+            ValueError,
+            "default_pause must be at most max_pause=60, got 61",
+        ),
+    ],
+)
+def test_bad_pause_settings_are_refused(
+    options: dict[str, object], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=f"^{message}$"):
+        SlotPolicy(1, **options)  # type: ignore[arg-type]  # the point of the test
+
+
+def test_a_bad_report_is_refused_and_changes_nothing() -> None:
+    policy = SlotPolicy(1, default_pause=1.0, max_pause=60.0)
+    policy.acquire(t(0, 0))
+    with pytest.raises(ValueError, match=r"^now must be a finite number, got nan$"):
+        policy.report_rate_limit(math.nan)
+    with pytest.raises(
+        ValueError,
+        match=r"^retry_after must be a non-negative number of seconds, got -1$",
+    ):
+        policy.report_rate_limit(0.0, retry_after=-1)
+    assert policy.paused_until is None
+    # No streak was started: the first real report is the first round.
+    policy.report_rate_limit(0.0)
+    assert policy.paused_until == 1.0
+
+
 def test_max_waiting_refuses_at_once_and_changes_nothing() -> None:
     policy = SlotPolicy(1, max_waiting=1)
     policy.acquire(t(0, 0))
@@ -250,11 +422,20 @@ def test_statistics_count_lifetime_events() -> None:
     )
 
 
+DEFAULT_PAUSE = 1.0
+MAX_PAUSE = 8.0
+
+
 class PolicyMachine(RuleBasedStateMachine):
     """Random operations on SlotPolicy, checked against a plain model.
 
     The model is the specification written as directly as possible: a list
-    of waiters granted by ``min`` and a set of holders.
+    of waiters granted by ``min``, the holders with the moment (a count of
+    events) each was granted, and the pause rules: a report opens a round
+    if it starts a streak or a grant came after the previous report; its
+    pause is the server's delay or ``DEFAULT_PAUSE * 2 ** (rounds - 1)``,
+    at most ``MAX_PAUSE``; releasing a slot granted after the latest report
+    ends the streak, and so does ``resume``.
     """
 
     waiting = Bundle("waiting")
@@ -263,21 +444,31 @@ class PolicyMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.limit: int | None = 2
-        self.policy = SlotPolicy(self.limit)
+        self.policy = SlotPolicy(
+            self.limit, default_pause=DEFAULT_PAUSE, max_pause=MAX_PAUSE
+        )
         self.seq = 0
         self.now = 0.0
         self.paused_until: float | None = None
         self.model_waiting: list[Ticket] = []
-        self.model_holders: set[Ticket] = set()
+        self.model_holders: dict[Ticket, int] = {}
         self.ended: set[Ticket] = set()
         self.ceiling = 0
+        self.events = 0
+        self.last_grant = 0
+        self.last_report = 0
+        self.rounds = 0
+
+    def _model_grant(self, ticket: Ticket) -> None:
+        self.events += 1
+        self.model_holders[ticket] = self.last_grant = self.events
 
     def _model_fill(self) -> list[Ticket]:
         grants = []
         while self.model_waiting and self._model_may_grant():
             ticket = min(self.model_waiting)
             self.model_waiting.remove(ticket)
-            self.model_holders.add(ticket)
+            self._model_grant(ticket)
             grants.append(ticket)
         return grants
 
@@ -296,7 +487,7 @@ class PolicyMachine(RuleBasedStateMachine):
         self.seq += 1
         got = self.policy.acquire(ticket)
         if not self.model_waiting and self._model_may_grant():
-            self.model_holders.add(ticket)
+            self._model_grant(ticket)
             expected = [ticket]
         else:
             self.model_waiting.append(ticket)
@@ -313,7 +504,7 @@ class PolicyMachine(RuleBasedStateMachine):
             self.ended.add(ticket)
             expected: list[Ticket] = []
         elif ticket in self.model_holders:
-            self.model_holders.remove(ticket)
+            del self.model_holders[ticket]  # never used: no success
             self.ended.add(ticket)
             expected = self._model_fill()
         else:
@@ -325,7 +516,8 @@ class PolicyMachine(RuleBasedStateMachine):
         if not self.model_holders:
             return
         ticket = data.draw(st.sampled_from(sorted(self.model_holders)))
-        self.model_holders.remove(ticket)
+        if self.model_holders.pop(ticket) > self.last_report:
+            self.rounds = 0  # a success ends the streak
         self.ended.add(ticket)
         self._check(self.policy.release(ticket), self._model_fill())
 
@@ -350,7 +542,28 @@ class PolicyMachine(RuleBasedStateMachine):
         if self.paused_until is None or until > self.paused_until:
             self.paused_until = until
 
-    @rule(seconds=st.integers(0, 3))
+    @rule(retry_after=st.one_of(st.none(), st.integers(0, 12)))
+    def report_rate_limit(self, retry_after: int | None) -> None:
+        if self.rounds == 0 or self.last_grant > self.last_report:
+            self.rounds += 1
+        self.events += 1
+        self.last_report = self.events
+        if retry_after is None:
+            seconds = min(DEFAULT_PAUSE * 2 ** (self.rounds - 1), MAX_PAUSE)
+        else:
+            seconds = min(retry_after, MAX_PAUSE)
+        until = self.now + seconds
+        self.policy.report_rate_limit(self.now, retry_after)
+        if self.paused_until is None or until > self.paused_until:
+            self.paused_until = until
+
+    @rule()
+    def resume(self) -> None:
+        self.paused_until = None
+        self.rounds = 0
+        self._check(self.policy.resume(), self._model_fill())
+
+    @rule(seconds=st.integers(0, 8))
     def advance_clock(self, seconds: int) -> None:
         self.now += seconds
         expected: list[Ticket] = []
@@ -361,9 +574,18 @@ class PolicyMachine(RuleBasedStateMachine):
 
     @invariant()
     def matches_the_model(self) -> None:
-        assert self.policy.holders() == self.model_holders
+        assert self.policy.holders() == set(self.model_holders)
         assert self.policy.waiters() == sorted(self.model_waiting)
         assert self.policy.paused_until == self.paused_until
+        # Private, but a wrong streak would otherwise show only several
+        # steps later, in the length of a pause.
+        assert self.policy._streak == self.rounds
+
+    @invariant()
+    def no_pause_outlasts_max_pause(self) -> None:
+        # The raw pause() rule pauses for 3 s at most, below MAX_PAUSE too.
+        paused_until = self.policy.paused_until
+        assert paused_until is None or paused_until <= self.now + MAX_PAUSE
 
     @invariant()
     def invariants_hold(self) -> None:

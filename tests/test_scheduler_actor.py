@@ -9,7 +9,15 @@ import trio.testing
 
 from trio_dispatch import DispatcherClosed, DispatchError, SlotPolicy, Ticket
 from trio_dispatch.actors import SchedulerActor
-from trio_dispatch.messages import Acquire, Cancel, Grant, Pause, Release, SetLimit
+from trio_dispatch.messages import (
+    Acquire,
+    Cancel,
+    Grant,
+    Pause,
+    Release,
+    Resume,
+    SetLimit,
+)
 
 
 @attrs.define
@@ -74,7 +82,7 @@ async def test_every_message_kind_reaches_the_policy(
         await trio.testing.wait_all_tasks_blocked()
         assert (policy.in_flight, policy.waiting) == (1, 2)
         actor.send(Cancel(Ticket(1.0, 1)))
-        actor.send(Pause(3.0))
+        actor.send(Pause(0.0, retry_after=3.0))
         actor.send(Release(Ticket(0.0, 0)))
         await trio.testing.wait_all_tasks_blocked()
         assert (policy.in_flight, policy.waiting, policy.paused_until) == (0, 1, 3.0)
@@ -84,6 +92,12 @@ async def test_every_message_kind_reaches_the_policy(
         actor.send(SetLimit(4))
         await trio.testing.wait_all_tasks_blocked()
         assert policy.limit == 4
+        actor.send(Pause(5.0, retry_after=2.0))
+        await trio.testing.wait_all_tasks_blocked()
+        assert policy.paused_until == 7.0
+        actor.send(Resume())
+        await trio.testing.wait_all_tasks_blocked()
+        assert policy.statistics().paused_until is None
         assert repr(actor) == (
             "<SchedulerActor provider='p' <SlotPolicy limit=4 in_flight=1"
             " waiting=0 paused_until=None>>"

@@ -16,6 +16,21 @@ Invariants, after every call:
    waiting, or refused. Cancelling a granted ticket releases it; releasing or
    cancelling an unknown or finished ticket does nothing, so a grant racing
    a cancellation never leaks.
+5. A pause never ends before its time, whatever is reported later; only
+   ``resume`` ends it early. Holders are never touched by a pause.
+
+Rate-limit reports pause grants, each for at most ``max_pause``. A report
+that names the server's delay (``Retry-After``) pauses for that delay. One
+that does not backs off: ``default_pause`` for the first report of a
+streak, doubling with each later round, up to ``max_pause``. A report opens
+a new round when it starts a streak or when a slot was granted since the
+previous report (its request may be the one refused); reports with no grant
+between them come from requests already in flight together, so they share a
+round and its pause. Every round counts towards the streak, a server's
+delay or not: a rate limit is never a success. The streak ends on a success,
+a slot granted after the latest report and released with no report while it
+was held; the policy needs no per-slot record for that, only the set of
+holders at the latest report. ``resume`` ends the pause and the streak.
 
 Waiting tickets queue in two sorted structures: a deque for those that
 arrive in ticket order (the common case, since ``started_at`` defaults to
@@ -35,7 +50,14 @@ from typing import TYPE_CHECKING, final
 import attrs
 
 from ._exceptions import QueueFull
-from ._validation import check_limit, check_max_waiting
+from ._validation import (
+    as_float,
+    check_instant,
+    check_limit,
+    check_max_waiting,
+    check_optional_seconds,
+    check_pauses,
+)
 
 if TYPE_CHECKING:
     from .messages import Ticket
@@ -72,28 +94,46 @@ class SlotPolicy:
         limit: At most this many tickets hold a slot at once, or ``None``.
         max_waiting: At most this many tickets wait; a ticket that would wait
             beyond it is refused with ``QueueFull``. ``None`` for no bound.
+        default_pause: Seconds of the first pause of a streak of rate-limit
+            reports that name no delay; it doubles with each later round.
+        max_pause: The longest pause a rate-limit report causes, in
+            seconds, whatever delay it names. At least ``default_pause``.
     """
 
     __slots__ = (
+        "_default_pause",
         "_fifo",
+        "_granted_at_report",
         "_granted_total",
         "_heap",
         "_holders",
         "_limit",
+        "_max_pause",
         "_max_waiting",
         "_paused_until",
         "_peak_in_flight",
         "_peak_waiting",
         "_rejected_total",
         "_released_total",
+        "_reported",
+        "_step",
+        "_streak",
         "_waiting",
         "_withdrawn_total",
     )
 
-    def __init__(self, limit: int | None, *, max_waiting: int | None = None) -> None:
+    def __init__(
+        self,
+        limit: int | None,
+        *,
+        max_waiting: int | None = None,
+        default_pause: float = 1.0,
+        max_pause: float = 60.0,
+    ) -> None:
         if limit is not None:
             check_limit(limit)
         check_max_waiting(max_waiting)
+        self._default_pause, self._max_pause = check_pauses(default_pause, max_pause)
         self._limit = limit
         self._max_waiting = max_waiting
         self._holders: set[Ticket] = set()
@@ -104,6 +144,14 @@ class SlotPolicy:
         self._fifo: deque[Ticket] = deque()
         self._heap: list[Ticket] = []
         self._paused_until: float | None = None
+        # The backoff: rounds of rate-limit reports since the last success
+        # (0: no streak), the pause of the current round without a delay,
+        # granted_total at the latest report, and the holders at the latest
+        # report that still hold (their release is not a success).
+        self._streak = 0
+        self._step = self._default_pause
+        self._granted_at_report = 0
+        self._reported: set[Ticket] = set()
         self._granted_total = 0
         self._released_total = 0
         self._withdrawn_total = 0
@@ -203,6 +251,8 @@ class SlotPolicy:
         """
         if ticket in self._waiting:
             raise RuntimeError(f"ticket {ticket!r} is waiting, not holding a slot")
+        if self._streak:
+            self._end_streak_if_success(ticket)
         return self._release(ticket)
 
     def cancel(self, ticket: Ticket) -> list[Ticket]:
@@ -217,6 +267,9 @@ class SlotPolicy:
                 self._fifo = deque(sorted(self._waiting))
                 self._heap = []
             return []
+        # A grant that raced a cancellation: never sent, so not a success.
+        if self._streak:
+            self._reported.discard(ticket)
         return self._release(ticket)
 
     def set_limit(self, limit: int | None) -> list[Ticket]:
@@ -230,11 +283,47 @@ class SlotPolicy:
         return self._fill()
 
     def pause(self, until: float) -> None:
-        """Grant nothing before ``until``; a pause is never shortened."""
+        """Grant nothing before ``until``; a pause is never shortened.
+
+        The raw instrument, taken as given: ``max_pause`` bounds the pauses
+        of ``report_rate_limit``, and ``resume`` ends any pause.
+        """
+        until = as_float(until)
         if math.isnan(until):
             raise ValueError("until must be a number, got nan")
         if self._paused_until is None or until > self._paused_until:
             self._paused_until = until
+
+    def report_rate_limit(self, now: float, retry_after: float | None = None) -> None:
+        """Pause grants after a rate-limit answer that arrived at ``now``.
+
+        With ``retry_after``, the server's delay in seconds, grants pause
+        that long; without, for the backoff of the streak's current round
+        (see the module's docstring). Either way for at most ``max_pause``,
+        and never less than a pause already running.
+        """
+        now = check_instant(now, "now")
+        delay = check_optional_seconds(retry_after, "retry_after")
+        if not self._streak or self._granted_total != self._granted_at_report:
+            # A new round. The step doubles as a float held at max_pause,
+            # so no streak, however long, can overflow it.
+            self._step = (
+                min(2.0 * self._step, self._max_pause)
+                if self._streak
+                else self._default_pause
+            )
+            self._streak += 1
+            self._granted_at_report = self._granted_total
+            self._reported = set(self._holders)
+        seconds = self._step if delay is None else min(delay, self._max_pause)
+        self.pause(now + seconds)
+
+    def resume(self) -> list[Ticket]:
+        """End the pause and the backoff streak now; waiters go in ticket order."""
+        self._paused_until = None
+        self._streak = 0
+        self._reported = set()
+        return self._fill()
 
     def tick(self, now: float) -> list[Ticket]:
         """Tell the policy the time; a pause that has run out ends and grants resume."""
@@ -242,6 +331,16 @@ class SlotPolicy:
             self._paused_until = None
             return self._fill()
         return []
+
+    def _end_streak_if_success(self, ticket: Ticket) -> None:
+        reported = self._reported
+        if ticket in reported:
+            reported.remove(ticket)  # held across a report: not a success
+        elif ticket in self._holders:
+            # Granted after the latest report and released, with no report
+            # while it was held (it would be in ``reported``): a success.
+            self._streak = 0
+            reported.clear()
 
     def _release(self, ticket: Ticket) -> list[Ticket]:
         try:

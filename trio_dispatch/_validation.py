@@ -63,14 +63,37 @@ def check_max_waiting(max_waiting: object) -> int | None:
     return max_waiting
 
 
+def as_float(value: float) -> float:
+    """``float(value)``, with an ``int`` beyond any float as an infinity.
+
+    ``float(10**400)`` raises ``OverflowError``; as an infinity, a check for
+    a finite number refuses it with the same ``ValueError`` as any other.
+    """
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def _shown(value: float) -> str:
+    """``repr(value)``, or a short stand-in for an int too long to print."""
+    try:
+        return repr(value)
+    except ValueError:
+        # Beyond sys.get_int_max_str_digits(), an int refuses to print.
+        return f"an integer of {int(value).bit_length()} bits"
+
+
 def check_seconds(value: object, name: str, *, positive: bool = False) -> float:
     """A duration is a finite real number of seconds, >= 0 (or > 0)."""
     rule = "a positive" if positive else "a non-negative"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be {rule} number of seconds, got {value!r}")
-    seconds = float(value)
+    seconds = as_float(value)
     if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
-        raise ValueError(f"{name} must be {rule} number of seconds, got {value!r}")
+        raise ValueError(
+            f"{name} must be {rule} number of seconds, got {_shown(value)}"
+        )
     return seconds
 
 
@@ -81,13 +104,25 @@ def check_optional_seconds(
     return None if value is None else check_seconds(value, name, positive=positive)
 
 
+def check_pauses(default_pause: object, max_pause: object) -> tuple[float, float]:
+    """``0 <= default_pause <= max_pause``, and ``max_pause > 0``, in seconds."""
+    first = check_seconds(default_pause, "default_pause")
+    ceiling = check_seconds(max_pause, "max_pause", positive=True)
+    if first > ceiling:
+        raise ValueError(
+            f"default_pause must be at most max_pause={max_pause!r},"
+            f" got {default_pause!r}"
+        )
+    return first, ceiling
+
+
 def check_instant(value: object, name: str) -> float:
     """An instant on the trio clock is a finite real number."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a finite number, got {value!r}")
-    instant = float(value)
+    instant = as_float(value)
     if not math.isfinite(instant):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+        raise ValueError(f"{name} must be a finite number, got {_shown(value)}")
     return instant
 
 

@@ -612,7 +612,8 @@ class Conversation:
         the wait is drawn between half the ceiling and the ceiling. A
         ``Retry-After`` is honoured by the dispatcher's pause, which the next
         attempt's slot waits for, not here; only an unlimited provider,
-        which nothing pauses, waits for it here.
+        which nothing pauses, waits for it here, for at most the
+        dispatcher's ``max_pause``, as a pause would.
         """
         exponent = min(attempt - 1, _MAX_EXPONENT)
         ceiling = min(self._max_backoff, self._retry_backoff * 2.0**exponent)
@@ -622,7 +623,7 @@ class Conversation:
             and error.retry_after is not None
             and self._provider.id not in self._dispatcher.limits()
         ):
-            delay = max(delay, error.retry_after)
+            delay = max(delay, min(error.retry_after, self._dispatcher._max_pause))
         return delay
 
     # -- tools ---------------------------------------------------------------

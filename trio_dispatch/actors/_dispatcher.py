@@ -32,10 +32,19 @@ from .._validation import (
     check_limits,
     check_max_waiting,
     check_optional_seconds,
+    check_pauses,
     check_provider,
-    check_seconds,
 )
-from ..messages import Acquire, Cancel, Grant, Pause, Release, SetLimit, Ticket
+from ..messages import (
+    Acquire,
+    Cancel,
+    Grant,
+    Pause,
+    Release,
+    Resume,
+    SetLimit,
+    Ticket,
+)
 from ._conversation import new_conversation
 from ._scheduler import SchedulerActor
 
@@ -297,6 +306,7 @@ class Dispatcher:
         "_default_pause",
         "_limits",
         "_max_hold",
+        "_max_pause",
         "_max_waiting",
         "_nursery",
     )
@@ -306,11 +316,13 @@ class Dispatcher:
         nursery: trio.Nursery,
         *,
         default_pause: float,
+        max_pause: float,
         max_hold: float | None,
         max_waiting: int | None,
     ) -> None:
         self._nursery = nursery
         self._default_pause = default_pause
+        self._max_pause = max_pause
         self._max_hold = max_hold
         self._max_waiting = max_waiting
         self._actors: dict[str, SchedulerActor] = {}
@@ -406,20 +418,44 @@ class Dispatcher:
     ) -> None:
         """Pause grants for ``provider`` after it answered 429, 529 or similar.
 
-        Holders are not touched; nothing is granted until ``retry_after``
-        seconds (or the dispatcher's ``default_pause``) have passed. A later
-        report can only extend the pause. Ignored for an unlimited provider
-        and after the dispatcher has closed, since nothing waits there.
+        Holders are not touched; nothing is granted until the pause ends.
+        With ``retry_after`` (the server's ``Retry-After``, in seconds) the
+        pause lasts that long. Without, it backs off: the dispatcher's
+        ``default_pause`` for the first report of a streak, doubling with
+        each later round up to ``max_pause``. A report opens a new round
+        when a slot was granted since the previous report; reports with no
+        grant between them (requests that were in flight together) share a
+        round. A report with ``retry_after`` counts as a round too. The
+        streak ends on a success, a slot granted after the latest report
+        and given back with no report while it was held, or on ``resume``.
+
+        No pause is longer than the dispatcher's ``max_pause``, and a later
+        report can only extend a pause, never shorten it. Ignored for an
+        unlimited provider and after the dispatcher has closed, since
+        nothing waits there.
         """
         check_provider(provider)
         seconds = check_optional_seconds(retry_after, "retry_after")
         if self._closed or provider not in self._limits:
             return
-        if seconds is None:
-            seconds = self._default_pause
         with contextlib.suppress(DispatcherClosed):
             # Its scheduler has stopped (it crashed): there is nothing to pause.
-            self._send(provider, Pause(trio.current_time() + seconds))
+            self._send(provider, Pause(trio.current_time(), seconds))
+
+    def resume(self, provider: str) -> None:
+        """End the pause of ``provider`` now, and its backoff streak.
+
+        Waiting requests are granted at once, in ticket order, as slots
+        allow. Nothing happens for a provider that is not paused or has
+        never been used.
+
+        Raises:
+            DispatcherClosed: The dispatcher has closed.
+        """
+        check_provider(provider)
+        self._check_open()
+        if provider in self._actors:
+            self._send(provider, Resume())
 
     def start_conversation(
         self,
@@ -525,16 +561,20 @@ class Dispatcher:
         """
         actor = self._actors.get(provider)
         if actor is None:
-            actor = SchedulerActor(
-                provider, SlotPolicy(limit, max_waiting=self._max_waiting)
+            policy = SlotPolicy(
+                limit,
+                max_waiting=self._max_waiting,
+                default_pause=self._default_pause,
+                max_pause=self._max_pause,
             )
+            actor = SchedulerActor(provider, policy)
             self._actors[provider] = actor
             self._nursery.start_soon(
                 actor.run, name=f"trio_dispatch scheduler {provider!r}"
             )
         return actor
 
-    def _send(self, provider: str, message: SetLimit | Pause) -> None:
+    def _send(self, provider: str, message: SetLimit | Pause | Resume) -> None:
         try:
             self._actors[provider].send(message)
         except trio.ClosedResourceError:
@@ -556,7 +596,8 @@ class Dispatcher:
 def open_dispatcher(
     limits: Mapping[str, int] | None = None,
     *,
-    default_pause: float = 30.0,
+    default_pause: float = 1.0,
+    max_pause: float = 60.0,
     max_hold: float | None = None,
     max_waiting: int | None = None,
 ) -> contextlib.AbstractAsyncContextManager[Dispatcher]:
@@ -567,8 +608,17 @@ def open_dispatcher(
     Args:
         limits: Provider name to its concurrency limit (a positive int).
             Providers not named are unlimited until ``set_limit``.
-        default_pause: Seconds a rate-limit report pauses a provider when it
-            names no ``retry_after``.
+        default_pause: Seconds a rate-limit report that names no
+            ``retry_after`` pauses a provider, the first time: consecutive
+            reports without a success between them double the pause, up to
+            ``max_pause``, and a success starts again from here (see
+            ``Dispatcher.report_rate_limit``). Non-negative, and at most
+            ``max_pause``, else ``ValueError``.
+        max_pause: The longest pause a rate-limit report causes, in seconds
+            (positive): a longer ``Retry-After`` is cut to it, as the
+            official OpenAI and Anthropic SDKs ignore server delays beyond
+            a minute or two. A conversation's backoff for an unlimited
+            provider honours ``Retry-After`` up to it as well.
         max_hold: Seconds a slot may be held before its body is cancelled
             and ``SlotHoldTimeout`` raised; ``None`` for no bound.
         max_waiting: At most this many requests wait per provider; one more
@@ -580,16 +630,17 @@ def open_dispatcher(
     them back does nothing. An exception from the block comes out as itself.
     """
     checked = check_limits(limits)
-    pause = check_seconds(default_pause, "default_pause")
+    pause, longest = check_pauses(default_pause, max_pause)
     hold = check_optional_seconds(max_hold, "max_hold", positive=True)
     waiting = check_max_waiting(max_waiting)
-    return _run_dispatcher(checked, pause, hold, waiting)
+    return _run_dispatcher(checked, pause, longest, hold, waiting)
 
 
 @asynccontextmanager
 async def _run_dispatcher(
     limits: dict[str, int],
     default_pause: float,
+    max_pause: float,
     max_hold: float | None,
     max_waiting: int | None,
 ) -> AsyncIterator[Dispatcher]:
@@ -599,6 +650,7 @@ async def _run_dispatcher(
             dispatcher = Dispatcher(
                 nursery,
                 default_pause=default_pause,
+                max_pause=max_pause,
                 max_hold=max_hold,
                 max_waiting=max_waiting,
             )

@@ -34,6 +34,7 @@ from ..messages import (
     Acquire,
     Cancel,
     Grant,
+    Pause,
     Release,
     SchedulerMessage,
     SetLimit,
@@ -136,9 +137,11 @@ class SchedulerActor:
             grants = policy.cancel(message.ticket)
         elif isinstance(message, SetLimit):
             grants = policy.set_limit(message.limit)
-        else:
-            policy.pause(message.until)
+        elif isinstance(message, Pause):
+            policy.report_rate_limit(message.reported_at, message.retry_after)
             return
+        else:
+            grants = policy.resume()
         if grants:
             self._deliver(grants, now)
 

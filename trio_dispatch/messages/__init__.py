@@ -10,6 +10,7 @@ from ._scheduling import Grant as Grant
 from ._scheduling import Pause as Pause
 from ._scheduling import Release as Release
 from ._scheduling import Reply as Reply
+from ._scheduling import Resume as Resume
 from ._scheduling import SchedulerMessage as SchedulerMessage
 from ._scheduling import SetLimit as SetLimit
 from ._scheduling import Ticket as Ticket
@@ -31,6 +32,7 @@ __all__ = [
     "ReasoningDelta",
     "Release",
     "Reply",
+    "Resume",
     "Role",
     "SchedulerMessage",
     "SetLimit",

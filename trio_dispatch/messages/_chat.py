@@ -14,6 +14,7 @@ from typing import Any, Literal, final
 
 import attrs
 
+from .._validation import as_float
 from ._stream import ToolCall
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -119,7 +120,7 @@ def _check_temperature(
     if (
         not isinstance(value, int | float)
         or isinstance(value, bool)
-        or not math.isfinite(value)
+        or not math.isfinite(as_float(value))
         or value < 0
     ):
         raise ValueError(f"temperature must be a non-negative number, got {value!r}")

@@ -3,9 +3,10 @@
 A requester sends ``Acquire`` with a fresh ``Ticket`` and a ``Reply`` to
 answer on; the scheduler answers exactly once, through the reply, with a
 ``Grant`` or an error. The requester then sends ``Release`` when it is done
-with the slot, or ``Cancel`` if it stopped waiting. ``SetLimit`` and
-``Pause`` come from the dispatcher. All of them travel over one FIFO memory
-channel per scheduler, so a ``Cancel`` can never overtake its ``Acquire``.
+with the slot, or ``Cancel`` if it stopped waiting. ``SetLimit``, ``Pause``
+and ``Resume`` come from the dispatcher. All of them travel over one FIFO
+memory channel per scheduler, so a ``Cancel`` can never overtake its
+``Acquire``.
 """
 
 from __future__ import annotations
@@ -94,10 +95,22 @@ class SetLimit:
 @final
 @attrs.frozen
 class Pause:
-    """Grant nothing before ``until`` (trio clock); a later pause extends it."""
+    """A rate-limit answer arrived at ``reported_at`` (trio clock): pause grants.
 
-    until: float
+    For ``retry_after`` seconds, the server's delay, or for the backoff when
+    it is ``None``; at most ``max_pause`` (see ``SlotPolicy``). A later
+    pause can extend it, never shorten it.
+    """
+
+    reported_at: float
+    retry_after: float | None = None
 
 
-SchedulerMessage = Acquire | Release | Cancel | SetLimit | Pause
+@final
+@attrs.frozen
+class Resume:
+    """End the pause and the backoff streak now."""
+
+
+SchedulerMessage = Acquire | Release | Cancel | SetLimit | Pause | Resume
 """Everything a scheduler actor reads from its inbox."""

@@ -23,7 +23,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
-import math
 import re
 import time
 from typing import TYPE_CHECKING, Any, Final, Protocol, Self, TypeVar, final
@@ -33,6 +32,7 @@ import trio
 from httpx_sse import EventSource, ServerSentEvent
 
 from .._converter import describe_error, json_kind, structure
+from .._validation import check_seconds
 from ..messages import ToolCall
 from ._errors import (
     AuthenticationError,
@@ -110,14 +110,6 @@ class _EventSource(EventSource):
 
     def _check_content_type(self) -> None:
         pass
-
-
-def _check_timeout(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a positive number of seconds, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
 
 
 def _check_text(value: object, name: str) -> str:
@@ -274,8 +266,8 @@ class _ProviderBase:
         self._key_text = re.compile(pattern)
         self._key_bytes = re.compile(pattern.encode("ascii"))
         self._model = _check_text(model, "model")
-        connect = _check_timeout(connect_timeout, "connect_timeout")
-        read = _check_timeout(read_timeout, "read_timeout")
+        connect = check_seconds(connect_timeout, "connect_timeout", positive=True)
+        read = check_seconds(read_timeout, "read_timeout", positive=True)
         if client is not None and not isinstance(client, httpx.AsyncClient):
             raise TypeError(
                 f"client must be an httpx.AsyncClient, got {type(client).__name__}"

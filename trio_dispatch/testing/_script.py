@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, final
 
 import attrs
 
-from .._validation import positive_int
+from .._validation import as_float, positive_int
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -64,7 +64,7 @@ def _non_negative_seconds(_instance: object, attribute: Any, value: object) -> N
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
-        or not math.isfinite(value)
+        or not math.isfinite(as_float(value))
         or value < 0
     ):
         raise ValueError(
@@ -163,7 +163,7 @@ def _positive_rate(_instance: object, _attribute: object, value: float | None) -
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
-        or not math.isfinite(value)
+        or not math.isfinite(as_float(value))
         or value <= 0
     ):
         raise ValueError(f"tokens_per_second must be a positive number, got {value!r}")

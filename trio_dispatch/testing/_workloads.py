@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Literal, final
 
 import attrs
 
-from .._validation import positive_int
+from .._validation import as_float, positive_int
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -80,9 +80,9 @@ class Duration:
             ("constant", "exponential", "lognormal", "uniform")
         )
     )
-    mean: float = attrs.field(converter=float, validator=_check_finite_non_negative)
+    mean: float = attrs.field(converter=as_float, validator=_check_finite_non_negative)
     spread: float = attrs.field(
-        default=0.0, converter=float, validator=_check_finite_non_negative
+        default=0.0, converter=as_float, validator=_check_finite_non_negative
     )
 
     def __attrs_post_init__(self) -> None:
@@ -175,7 +175,7 @@ class PoissonArrivals:
             every slot busy on average, above 1.0 the queue grows.
     """
 
-    load: float = attrs.field(converter=float, validator=_check_finite_positive)
+    load: float = attrs.field(converter=as_float, validator=_check_finite_positive)
 
 
 @final
@@ -192,7 +192,7 @@ class BurstArrivals:
     """
 
     size: int = attrs.field(validator=positive_int)
-    interval: float = attrs.field(converter=float, validator=_check_finite_positive)
+    interval: float = attrs.field(converter=as_float, validator=_check_finite_positive)
 
 
 Arrivals = PoissonArrivals | BurstArrivals
@@ -222,13 +222,13 @@ class SimProvider:
         validator=attrs.validators.optional(positive_int),
     )
     retry_after: float = attrs.field(
-        default=1.0, converter=float, validator=_check_finite_non_negative
+        default=1.0, converter=as_float, validator=_check_finite_non_negative
     )
     reject_latency: float = attrs.field(
-        default=0.05, converter=float, validator=_check_finite_non_negative
+        default=0.05, converter=as_float, validator=_check_finite_non_negative
     )
     weight: float = attrs.field(
-        default=1.0, converter=float, validator=_check_finite_positive
+        default=1.0, converter=as_float, validator=_check_finite_positive
     )
 
     @name.validator
@@ -238,7 +238,7 @@ class SimProvider:
 
 
 def _to_float_tuple(values: Iterable[float]) -> tuple[float, ...]:
-    return tuple(float(v) for v in values)
+    return tuple(as_float(v) for v in values)
 
 
 def _to_provider_tuple(values: Iterable[SimProvider]) -> tuple[SimProvider, ...]:
@@ -265,7 +265,9 @@ class TurnSpec:
         tools: Each tool step's duration; one fewer than ``calls``.
     """
 
-    arrival: float = attrs.field(converter=float, validator=_check_finite_non_negative)
+    arrival: float = attrs.field(
+        converter=as_float, validator=_check_finite_non_negative
+    )
     provider: str
     calls: tuple[float, ...] = attrs.field(converter=_to_float_tuple)
     tools: tuple[float, ...] = attrs.field(converter=_to_float_tuple, factory=tuple)
