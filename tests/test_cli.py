@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 
+import trio_dispatch
 import trio_dispatch.benchmarks
-from trio_dispatch._cli import main
+from trio_dispatch import _cli
+from trio_dispatch._cli import _parser, _print_table, main
 from trio_dispatch.benchmarks import FairnessConfig, HandoffSizes
 from trio_dispatch.testing import CallsPerTurn
 
 if TYPE_CHECKING:
-    from pathlib import Path
+    from collections.abc import Sequence
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -30,6 +36,33 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
         status = int(exit_.code or 0)
     out, err = capsys.readouterr()
     return status, out, err
+
+
+def cli_argv(*argv: str, without: Sequence[str] = ()) -> list[str]:
+    """The command in a fresh interpreter, as if ``without`` were not installed.
+
+    ``sys.modules[name] = None`` makes ``import name`` fail as a missing
+    package does. SIGINT gets Python's own handler back, in case the tests
+    run where SIGINT is ignored (a shell's background job): a child would
+    inherit that, and Ctrl+C could not be tested.
+    """
+    code = (
+        "import signal, sys\n"
+        f"for name in {list(without)!r}: sys.modules[name] = None\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "from trio_dispatch._cli import main\n"
+        "sys.exit(main())\n"
+    )
+    return [sys.executable, "-c", code, *argv]
+
+
+def block_imports(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+    """Make ``import name`` (and its submodules) fail, as if not installed."""
+    for name in names:
+        for loaded in [m for m in sys.modules if m.startswith(f"{name}.")]:
+            monkeypatch.delitem(sys.modules, loaded)
+        # None in sys.modules makes the import fail.
+        monkeypatch.setitem(sys.modules, name, None)
 
 
 # ------------------------------------------------------------------ simulate
@@ -99,10 +132,19 @@ def test_simulate_is_deterministic(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["simulate", "--agents", "-5"], "expected a positive integer, got '-5'"),
-        (["simulate", "--agents", "many"], "expected a positive integer, got 'many'"),
-        (["simulate", "--limit", "0"], "expected a positive integer, got '0'"),
-        (["simulate", "--limit", "2.5"], "expected a positive integer, got '2.5'"),
+        (
+            ["simulate", "--agents", "-5"],
+            "expected an integer from 1 to 100000, got '-5'",
+        ),
+        (
+            ["simulate", "--agents", "many"],
+            "expected an integer from 1 to 100000, got 'many'",
+        ),
+        (["simulate", "--limit", "0"], "expected an integer from 1 to 10000, got '0'"),
+        (
+            ["simulate", "--limit", "2.5"],
+            "expected an integer from 1 to 10000, got '2.5'",
+        ),
         (
             ["simulate", "--load", "0"],
             "expected a load above 0 and at most 10, got '0'",
@@ -111,10 +153,16 @@ def test_simulate_is_deterministic(
             ["simulate", "--load", "nan"],
             "expected a load above 0 and at most 10, got 'nan'",
         ),
-        (["simulate", "--calls", "5-2"], "1 <= LOW <= HIGH, such as 1-8, got '5-2'"),
+        (
+            ["simulate", "--calls", "5-2"],
+            "1 <= LOW <= HIGH <= 100, such as 1-8, got '5-2'",
+        ),
         (["simulate", "--policy", "lifo"], "invalid choice: 'lifo'"),
-        (["demo", "--agents", "0"], "expected a positive integer, got '0'"),
-        (["demo", "--limit-openai", "-1"], "expected a positive integer, got '-1'"),
+        (["demo", "--agents", "0"], "expected an integer from 1 to 1000, got '0'"),
+        (
+            ["demo", "--limit-openai", "-1"],
+            "expected an integer from 1 to 100, got '-1'",
+        ),
         (["demo", "--rate-limits", "2"], "expected a number from 0 to 1, got '2'"),
         (["bench", "everything"], "invalid choice: 'everything'"),
         (
@@ -137,6 +185,7 @@ def test_bad_options_exit_2_with_a_reason_and_write_nothing(
     )
     assert status == 2
     assert message in err
+    assert len(err.splitlines()) == 1
     assert out == ""
     assert list(tmp_path.iterdir()) == []
 
@@ -250,7 +299,7 @@ def test_bench_all_writes_every_result(
 # ------------------------------------------------------------------ serve-fake
 
 
-def test_serve_fake_answers_on_loopback_until_interrupted() -> None:
+def test_serve_fake_answers_on_loopback_until_terminated() -> None:
     with subprocess.Popen(
         [sys.executable, "-m", "trio_dispatch._cli", "serve-fake", "--port", "0"],
         stdout=subprocess.PIPE,
@@ -277,6 +326,8 @@ def test_serve_fake_answers_on_loopback_until_interrupted() -> None:
         finally:
             process.terminate()
             process.wait(timeout=10)
+    # SIGTERM still stops it at once, by the signal's default action.
+    assert process.returncode == -signal.SIGTERM
 
 
 def test_serve_fake_on_a_port_in_use_exits_2() -> None:
@@ -300,5 +351,433 @@ def test_serve_fake_on_a_port_in_use_exits_2() -> None:
             check=False,
         )
     assert done.returncode == 2
-    assert f"cannot serve on 127.0.0.1:{port}:" in done.stderr
+    assert done.stderr.startswith(
+        f"trio-dispatch serve-fake: error: cannot serve on 127.0.0.1:{port}: "
+    )
+    assert len(done.stderr.splitlines()) == 1
     assert done.stdout == ""
+
+
+def test_serve_fake_refuses_an_empty_api_key(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Refused while parsing, before anything is served: such a server would
+    # answer every request 401.
+    for key in ("", " sk-x"):
+        with pytest.raises(SystemExit) as exit_:
+            _parser().parse_args(["serve-fake", "--api-key", key])
+        assert exit_.value.code == 2
+        _, err = capsys.readouterr()
+        assert err == (
+            "trio-dispatch serve-fake: error: argument --api-key: expected a"
+            " non-empty key without leading or trailing whitespace"
+            " (see trio-dispatch serve-fake --help)\n"
+        )
+    assert _parser().parse_args(["serve-fake", "--api-key", "sk-x"]).api_key == "sk-x"
+
+
+# ------------------------------------------------------------------ sizes
+
+
+@pytest.mark.parametrize(
+    ("argv", "bound"),
+    [
+        (["demo", "--agents"], 1000),
+        (["demo", "--turns"], 100),
+        (["demo", "--max-calls"], 20),
+        (["demo", "--limit-openai"], 100),
+        (["demo", "--limit-anthropic"], 100),
+        (["simulate", "--agents"], 100_000),
+        (["simulate", "--limit"], 10_000),
+        (["simulate", "--capacity"], 10_000),
+        (["bench", "handoff", "--jobs"], 64),
+    ],
+)
+def test_sizes_have_upper_bounds_stated_in_help(
+    capsys: pytest.CaptureFixture[str], argv: list[str], bound: int
+) -> None:
+    *command, option = argv
+    destination = option.removeprefix("--").replace("-", "_")
+    assert getattr(_parser().parse_args([*argv, str(bound)]), destination) == bound
+    for too_big in (bound + 1, 10**12):
+        with pytest.raises(SystemExit) as exit_:
+            _parser().parse_args([*argv, str(too_big)])
+        assert exit_.value.code == 2
+        out, err = capsys.readouterr()
+        prog = f"trio-dispatch {command[0]}"
+        assert (out, err) == (
+            "",
+            f"{prog}: error: argument {option}: expected an integer from 1 to"
+            f" {bound}, got '{too_big}' (see {prog} --help)\n",
+        )
+    with pytest.raises(SystemExit):
+        _parser().parse_args([command[0], "--help"])
+    # argparse wraps help text; the bound is stated in the option's own help.
+    help_text = " ".join(capsys.readouterr().out.split())
+    metavar = option.removeprefix("--").upper().replace("-", "_")
+    options = help_text.split("options:", 1)[1]
+    described = options.split(f"{option} {metavar} ", 1)[1].split(" --", 1)[0]
+    assert f"1 to {bound} (default" in described
+
+
+def test_calls_per_turn_have_an_upper_bound(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _parser().parse_args(["simulate", "--calls", "1-100"]).calls == (1, 100)
+    with pytest.raises(SystemExit) as exit_:
+        _parser().parse_args(["simulate", "--calls", "1-1000000000000"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (
+        "trio-dispatch simulate: error: argument --calls: expected calls per"
+        " turn as LOW-HIGH with 1 <= LOW <= HIGH <= 100, such as 1-8,"
+        " got '1-1000000000000' (see trio-dispatch simulate --help)\n"
+    )
+
+
+# ------------------------------------------------------------------ outputs
+
+
+@pytest.fixture
+def a_file_and_a_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("keep me")
+    (tmp_path / "adir").mkdir()
+    return tmp_path
+
+
+def tree(root: Path) -> list[str]:
+    return sorted(str(path.relative_to(root)) for path in root.rglob("*"))
+
+
+@pytest.mark.usefixtures("tiny_benchmarks")
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["simulate", "--json", "afile/x.json"],
+            "cannot write afile/x.json: afile is not a directory",
+        ),
+        (
+            ["simulate", "--json", "newdir/x.json", "--plot", "afile/p.png"],
+            "cannot write afile/p.png: afile is not a directory",
+        ),
+        (
+            ["simulate", "--plot", "afile/sub/deeper/p.png"],
+            "cannot write afile/sub/deeper/p.png: afile is not a directory",
+        ),
+        (["simulate", "--json", "adir"], "cannot write adir: it is a directory"),
+        (
+            ["simulate", "--json", "newdir/m.out", "--plot", "newdir/../newdir/m.out"],
+            "cannot write newdir/../newdir/m.out twice",
+        ),
+        (
+            ["demo", "--out", "afile/sub"],
+            "cannot write afile/sub/demo.json: afile is not a directory",
+        ),
+        (
+            ["demo", "--out", "afile"],
+            "cannot write afile/demo.json: afile is not a directory",
+        ),
+        (
+            ["bench", "handoff", "--quick", "--out", "afile"],
+            "cannot write afile/handoff: afile is not a directory",
+        ),
+        (
+            ["bench", "all", "--quick", "--out", "newdir/afile"],
+            "cannot write newdir/afile/handoff: newdir/afile is not a directory",
+        ),
+    ],
+)
+def test_outputs_are_checked_before_the_run_and_nothing_is_created(
+    capsys: pytest.CaptureFixture[str],
+    a_file_and_a_folder: Path,
+    argv: list[str],
+    message: str,
+) -> None:
+    if argv[-1] == "newdir/afile":
+        (a_file_and_a_folder / "newdir").mkdir()
+        (a_file_and_a_folder / "newdir" / "afile").write_text("keep me")
+    before = tree(a_file_and_a_folder)
+    status, out, err = run_cli(capsys, *argv, *(["--no-live"] * (argv[0] == "demo")))
+    assert status == 2
+    assert err == f"trio-dispatch {argv[0]}: error: {message}\n"
+    assert out == "", "refused before the run"
+    assert tree(a_file_and_a_folder) == before
+    assert (a_file_and_a_folder / "afile").read_text() == "keep me"
+
+
+def test_an_output_folder_that_is_not_writable_is_refused(
+    capsys: pytest.CaptureFixture[str],
+    a_file_and_a_folder: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Faked: these tests may run as root, whom permissions do not stop.
+    real_access = os.access
+    monkeypatch.setattr(
+        os,
+        "access",
+        lambda path, mode: Path(path) != Path("adir") and real_access(path, mode),
+    )
+    for target in ("adir/x.json", "adir/new/x.json"):
+        status, out, err = run_cli(capsys, "simulate", "--json", target)
+        assert (status, out) == (2, "")
+        assert err == (
+            f"trio-dispatch simulate: error: cannot write {target}: adir is not writable\n"
+        )
+    assert tree(a_file_and_a_folder) == ["adir", "afile"]
+
+
+def test_a_failed_write_is_one_line_and_leaves_nothing_behind(
+    capsys: pytest.CaptureFixture[str],
+    a_file_and_a_folder: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def full(source: str, target: str) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "replace", full)
+    status, out, err = run_cli(
+        capsys,
+        "simulate",
+        "--agents",
+        "10",
+        "--policy",
+        "fifo",
+        "--json",
+        "new/sub/m.json",
+    )
+    assert status == 1
+    assert "fifo" in out, "the run itself finished"
+    assert err == (
+        "trio-dispatch simulate: error: cannot write new/sub/m.json:"
+        f" {os.strerror(errno.ENOSPC)}\n"
+    )
+    assert tree(a_file_and_a_folder) == ["adir", "afile"]
+
+
+# ------------------------------------------------------------------ Ctrl+C
+
+
+def interrupt_when_ready(
+    argv: list[str], ready: str, *, settle: float = 0.0
+) -> tuple[int, str]:
+    """Start the command, SIGINT it once it prints ``ready``; status and stderr."""
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:
+        try:
+            assert process.stdout is not None
+            assert process.stdout.readline().startswith(ready)
+            time.sleep(settle)
+            process.send_signal(signal.SIGINT)
+            _, err = process.communicate(timeout=60)
+        finally:
+            process.kill()
+    return process.returncode, err
+
+
+def test_ctrl_c_stops_serve_fake_with_one_line_and_status_130() -> None:
+    status, err = interrupt_when_ready(
+        cli_argv("serve-fake", "--port", "0"), "fake LLM server at http://"
+    )
+    assert err == "trio-dispatch: interrupted\n"
+    assert status == 130
+
+
+def test_ctrl_c_stops_a_running_demo_with_one_line_and_status_130(
+    tmp_path: Path,
+) -> None:
+    # Sizes for hours of work; the header is printed just before the run,
+    # and a moment later Ctrl+C lands inside it, among the agents' tasks.
+    status, err = interrupt_when_ready(
+        cli_argv(
+            "demo",
+            "--agents",
+            "1000",
+            "--turns",
+            "100",
+            "--no-live",
+            "--out",
+            str(tmp_path / "out"),
+        ),
+        "trio-dispatch demo: 1000 agents x 100 turns",
+        settle=0.5,
+    )
+    assert err == "trio-dispatch: interrupted\n"
+    assert status == 130
+    assert list(tmp_path.iterdir()) == [], "an interrupted run writes nothing"
+
+
+@pytest.mark.parametrize(
+    "interrupt",
+    [
+        KeyboardInterrupt(),
+        BaseExceptionGroup("nursery", [KeyboardInterrupt()]),
+        BaseExceptionGroup(
+            "outer", [BaseExceptionGroup("inner", [KeyboardInterrupt()])]
+        ),
+    ],
+)
+def test_an_interrupt_inside_exception_groups_is_one_line(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    interrupt: BaseException,
+) -> None:
+    def run(args: object) -> int:
+        raise interrupt
+
+    monkeypatch.setattr(_cli, "_run_simulate", run)
+    assert run_cli(capsys, "simulate") == (130, "", "trio-dispatch: interrupted\n")
+
+
+def test_an_error_beside_an_interrupt_keeps_its_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    group = BaseExceptionGroup("nursery", [KeyboardInterrupt(), ValueError("bug")])
+
+    def run(args: object) -> int:
+        raise group
+
+    monkeypatch.setattr(_cli, "_run_simulate", run)
+    with pytest.raises(BaseExceptionGroup) as raised:
+        main(["simulate"])
+    assert raised.value is group
+
+
+# ------------------------------------------------------------------ optional packages
+
+
+def test_plain_tables_line_up(capsys: pytest.CaptureFixture[str]) -> None:
+    _print_table(
+        None,
+        "a title",
+        ("policy", "p50", "done"),
+        [("fifo", "1.5", "10"), ("oldest-first", "12.0", "9")],
+    )
+    assert capsys.readouterr().out == (
+        "a title\n"
+        "policy         p50  done\n"
+        "fifo           1.5    10\n"
+        "oldest-first  12.0     9\n"
+    )
+
+
+def test_simulate_needs_neither_rich_nor_matplotlib(tmp_path: Path) -> None:
+    done = subprocess.run(
+        cli_argv(
+            "simulate",
+            "--agents",
+            "20",
+            "--policy",
+            "fifo",
+            "--policy",
+            "oldest-first",
+            "--json",
+            "m.json",
+            without=("rich", "matplotlib"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    title, header, *rows, wrote = done.stdout.splitlines()
+    assert (
+        title
+        == "20 turns, 1-8 calls each, load 0.95, limit 8, seed 1 (virtual seconds)"
+    )
+    assert header.split()[:3] == ["policy", "mean", "p50"]
+    assert [row.split()[0] for row in rows] == ["fifo", "oldest-first"]
+    assert all(len(row) == len(header) for row in rows), "aligned columns"
+    assert wrote == "wrote m.json"
+    assert sorted(json.loads((tmp_path / "m.json").read_text())) == [
+        "fifo",
+        "oldest-first",
+    ]
+
+
+def test_serve_fake_needs_no_rich() -> None:
+    status, err = interrupt_when_ready(
+        cli_argv("serve-fake", "--port", "0", without=("rich", "matplotlib")),
+        "fake LLM server at http://",
+    )
+    assert (status, err) == (130, "trio-dispatch: interrupted\n")
+
+
+@pytest.mark.usefixtures("tiny_benchmarks")
+def test_bench_handoff_needs_no_rich(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    block_imports(monkeypatch, "rich")
+    status, out, err = run_cli(
+        capsys, "bench", "handoff", "--quick", "--out", str(tmp_path)
+    )
+    assert status in (0, 1)  # tiny sizes may miss the targets
+    assert err == ""
+    assert out.startswith("Hand-off benchmarks")
+    assert out.endswith(
+        f"wrote {tmp_path}/handoff/handoff.json and {tmp_path}/handoff/handoff.md\n"
+    )
+
+
+DEMO_EXTRA = "needs the demo extra: pip install 'trio-dispatch[demo]'"
+TESTING_EXTRA = "needs the testing extra: pip install 'trio-dispatch[testing]'"
+
+
+@pytest.mark.usefixtures("tiny_benchmarks")
+@pytest.mark.parametrize(
+    ("missing", "argv", "message"),
+    [
+        ("rich", ["demo", "--agents", "2"], f"trio-dispatch demo {DEMO_EXTRA}"),
+        ("matplotlib", ["demo", "--agents", "2"], f"trio-dispatch demo {DEMO_EXTRA}"),
+        ("hypercorn", ["demo", "--agents", "2"], f"trio-dispatch demo {DEMO_EXTRA}"),
+        (
+            "matplotlib",
+            ["simulate", "--agents", "10", "--plot", "p.png"],
+            f"trio-dispatch simulate --plot {DEMO_EXTRA}",
+        ),
+        (
+            "hypercorn",
+            ["serve-fake", "--port", "0"],
+            f"trio-dispatch serve-fake {TESTING_EXTRA}",
+        ),
+        (
+            "matplotlib",
+            ["bench", "fairness", "--quick"],
+            f"trio-dispatch bench fairness {DEMO_EXTRA}",
+        ),
+        (
+            "hypercorn",
+            ["bench", "http", "--quick"],
+            f"trio-dispatch bench http {TESTING_EXTRA}",
+        ),
+        (
+            "matplotlib",
+            ["bench", "all", "--quick"],
+            f"trio-dispatch bench all {DEMO_EXTRA}",
+        ),
+    ],
+)
+def test_a_missing_package_names_its_extra_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    missing: str,
+    argv: list[str],
+    message: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    block_imports(monkeypatch, missing)
+    status, out, err = run_cli(capsys, *argv)
+    assert (status, out, err) == (1, "", f"{message}\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run_cli(capsys, "--version")
+    assert (status, out, err) == (0, f"trio-dispatch {trio_dispatch.__version__}\n", "")

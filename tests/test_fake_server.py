@@ -179,6 +179,26 @@ async def test_a_configured_key_must_match(client: httpx.AsyncClient) -> None:
 
 
 @pytest.mark.parametrize(
+    ("api_key", "error", "message"),
+    [
+        ("", ValueError, r"^api_key must not be empty; pass None to accept any key$"),
+        (" sk-x", ValueError, r"^api_key must not begin or end with whitespace$"),
+        ("sk-x\n", ValueError, r"^api_key must not begin or end with whitespace$"),
+        (b"sk-x", TypeError, r"^api_key must be a string or None, got bytes$"),
+    ],
+)
+def test_a_key_no_request_could_match_is_refused_at_the_call(
+    api_key: object, error: type[Exception], message: str
+) -> None:
+    # Refused when called, outside any trio run: nothing is bound, and no
+    # server is left answering every request with 401.
+    with pytest.raises(error, match=message):
+        open_fake_llm_server(api_key=api_key)  # type: ignore[arg-type]
+    with pytest.raises(error, match=message):
+        FakeLLMServer(FakeScript(), api_key=api_key)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
     ("wire", "body", "headers", "message"),
     [
         (

@@ -7,25 +7,39 @@
     trio-dispatch bench NAME   the benchmarks: fairness, handoff, http, or all
     trio-dispatch serve-fake   the fake LLM server on its own
 
-Bad options exit with status 2 and a one-line reason, before anything runs.
-Files are written only when a run has finished, each one whole (written
-beside its target, then renamed into place), so a failed or interrupted run
-leaves nothing half-written.
+Bad options exit with status 2 and a one-line reason, before anything runs:
+sizes have upper bounds (shown in ``--help``), and every output path is
+checked (a folder that exists or can be made, writable, and not a folder
+where a file goes) without creating anything. Files are written only when
+a run has finished, each one whole (written beside its target, then renamed
+into place), so a failed or interrupted run leaves nothing half-written.
+
+Ctrl+C stops any command with status 130 and one line on stderr.
+
+``demo`` needs the ``demo`` extra (rich, matplotlib, hypercorn), and so do
+plots (``simulate --plot``, ``bench fairness``); ``serve-fake`` and ``bench
+http`` need the ``testing`` extra (hypercorn). Without rich, the others
+print plain text. A command missing a package it needs says, in one line
+and before it starts, which extra to install (status 1).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import math
 import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+from . import __version__
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
     from rich.console import Console
 
@@ -36,6 +50,20 @@ _T = TypeVar("_T")
 
 _POLICIES = ("oldest-first", "fifo", "random", "none")
 _BENCHMARKS = ("fairness", "handoff", "http", "all")
+
+# Upper bounds for sizes: far past what a demo or a simulation is for, yet
+# small enough that a slip of the keyboard fails at once instead of building
+# a billion-entry list. The demo runs in real time over real sockets, and
+# its providers' HTTP clients pool at most 100 connections, so a limit past
+# that would only queue inside the client.
+_MAX_DEMO_AGENTS = 1000
+_MAX_DEMO_TURNS = 100
+_MAX_DEMO_CALLS = 20
+_MAX_DEMO_LIMIT = 100
+_MAX_SIM_AGENTS = 100_000
+_MAX_SIM_CALLS = 100
+_MAX_SIM_LIMIT = 10_000
+_MAX_JOBS = 64
 
 
 # ------------------------------------------------------------------ options
@@ -54,8 +82,15 @@ def _parsed(
     return value
 
 
-def _positive_int(text: str) -> int:
-    return _parsed(text, int, lambda n: n >= 1, "a positive integer")
+def _count(high: int) -> Callable[[str], int]:
+    """An option type: an integer from 1 to ``high``."""
+
+    def count(text: str) -> int:
+        return _parsed(
+            text, int, lambda n: 1 <= n <= high, f"an integer from 1 to {high}"
+        )
+
+    return count
 
 
 def _non_negative_int(text: str) -> int:
@@ -83,8 +118,9 @@ def _calls_range(text: str) -> tuple[int, int]:
     return _parsed(
         text,
         split,
-        lambda calls: 1 <= calls[0] <= calls[1],
-        "calls per turn as LOW-HIGH with 1 <= LOW <= HIGH, such as 1-8",
+        lambda calls: 1 <= calls[0] <= calls[1] <= _MAX_SIM_CALLS,
+        f"calls per turn as LOW-HIGH with 1 <= LOW <= HIGH <= {_MAX_SIM_CALLS},"
+        " such as 1-8",
     )
 
 
@@ -92,10 +128,30 @@ def _port(text: str) -> int:
     return _parsed(text, int, lambda n: 0 <= n <= 65535, "a port from 0 to 65535")
 
 
+def _api_key(text: str) -> str:
+    # Clients' keys are stripped and must be non-empty, so such a key would
+    # answer every request 401. The message never repeats the key.
+    if not text or text != text.strip():
+        raise argparse.ArgumentTypeError(
+            "expected a non-empty key without leading or trailing whitespace"
+        )
+    return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with errors in one line: the reason, and where help is."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="trio-dispatch",
         description="Oldest-agent-first concurrency limits for LLM providers, as trio actors.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"trio-dispatch {__version__}"
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -109,28 +165,36 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     demo.add_argument(
-        "--agents", type=_positive_int, default=60, help="conversations (default 60)"
+        "--agents",
+        type=_count(_MAX_DEMO_AGENTS),
+        default=60,
+        help=f"conversations, 1 to {_MAX_DEMO_AGENTS} (default 60)",
     )
     demo.add_argument(
-        "--turns", type=_positive_int, default=3, help="questions per agent (default 3)"
+        "--turns",
+        type=_count(_MAX_DEMO_TURNS),
+        default=3,
+        help=f"questions per agent, 1 to {_MAX_DEMO_TURNS} (default 3)",
     )
     demo.add_argument(
         "--max-calls",
-        type=_positive_int,
+        type=_count(_MAX_DEMO_CALLS),
         default=4,
-        help="longest tool loop, in LLM calls (default 4)",
+        help=f"longest tool loop, in LLM calls, 1 to {_MAX_DEMO_CALLS} (default 4)",
     )
     demo.add_argument(
         "--limit-openai",
-        type=_positive_int,
+        type=_count(_MAX_DEMO_LIMIT),
         default=4,
-        help="concurrent streams to the OpenAI-style server (default 4)",
+        help="concurrent streams to the OpenAI-style server,"
+        f" 1 to {_MAX_DEMO_LIMIT} (default 4)",
     )
     demo.add_argument(
         "--limit-anthropic",
-        type=_positive_int,
+        type=_count(_MAX_DEMO_LIMIT),
         default=3,
-        help="concurrent streams to the Anthropic-style server (default 3)",
+        help="concurrent streams to the Anthropic-style server,"
+        f" 1 to {_MAX_DEMO_LIMIT} (default 3)",
     )
     demo.add_argument(
         "--load",
@@ -166,9 +230,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument(
         "--agents",
-        type=_positive_int,
+        type=_count(_MAX_SIM_AGENTS),
         default=2000,
-        help="turns to simulate (default 2000)",
+        help=f"turns to simulate, 1 to {_MAX_SIM_AGENTS} (default 2000)",
     )
     simulate.add_argument(
         "--load",
@@ -180,19 +244,20 @@ def _parser() -> argparse.ArgumentParser:
         "--calls",
         type=_calls_range,
         default=(1, 8),
-        help="LLM calls per turn, LOW-HIGH (default 1-8)",
+        help=f"LLM calls per turn, LOW-HIGH, at most {_MAX_SIM_CALLS} (default 1-8)",
     )
     simulate.add_argument(
         "--limit",
-        type=_positive_int,
+        type=_count(_MAX_SIM_LIMIT),
         default=8,
-        help="the provider's limit (default 8)",
+        help=f"the provider's limit, 1 to {_MAX_SIM_LIMIT} (default 8)",
     )
     simulate.add_argument(
         "--capacity",
-        type=_positive_int,
+        type=_count(_MAX_SIM_LIMIT),
         default=None,
-        help="the provider's own capacity, past which it answers 429 (default: the limit)",
+        help="the provider's own capacity, past which it answers 429,"
+        f" 1 to {_MAX_SIM_LIMIT} (default: the limit)",
     )
     simulate.add_argument(
         "--policy",
@@ -229,9 +294,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--jobs",
-        type=_positive_int,
+        type=_count(_MAX_JOBS),
         default=1,
-        help="processes for the fairness sweep (default 1)",
+        help=f"processes for the fairness sweep, 1 to {_MAX_JOBS} (default 1)",
     )
     bench.set_defaults(run=_run_bench)
 
@@ -247,7 +312,10 @@ def _parser() -> argparse.ArgumentParser:
         "--port", type=_port, default=8000, help="port (default 8000; 0 picks one)"
     )
     serve.add_argument(
-        "--api-key", default=None, help="the only key accepted (default: any)"
+        "--api-key",
+        type=_api_key,
+        default=None,
+        help="the only key accepted, non-empty (default: any non-empty key)",
     )
     serve.set_defaults(run=_run_serve)
     return parser
@@ -260,28 +328,117 @@ def main(argv: Sequence[str] | None = None) -> int:
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return run(args)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, BaseExceptionGroup) as exc:
+        # trio.run raises Ctrl+C's KeyboardInterrupt inside an exception
+        # group when it unwinds nurseries; anything else in the group is a
+        # real error, and keeps its traceback.
+        if not _only_interrupts(exc):
+            raise
+        print("trio-dispatch: interrupted", file=sys.stderr)
         return 130
     except _UsageError as exc:
-        parser.error(str(exc))  # exits 2
+        print(f"{parser.prog} {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except _Failure as exc:
+        print(f"{parser.prog} {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except _MissingExtra as exc:
+        print(exc, file=sys.stderr)
+        return 1
 
 
 class _UsageError(Exception):
-    """Options that parse but do not fit together."""
+    """Options that parse but cannot work: nothing has run yet (status 2)."""
+
+
+class _Failure(Exception):
+    """A run that could not finish its job, such as writing its files (status 1)."""
+
+
+class _MissingExtra(Exception):
+    """A package the command needs is not installed (status 1)."""
+
+
+def _only_interrupts(exc: BaseException) -> bool:
+    """Whether ``exc`` is KeyboardInterrupt, or a group of nothing else."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(KeyboardInterrupt)[1] is None
+    return isinstance(exc, KeyboardInterrupt)
+
+
+# Which extra brings each optional package; ``demo`` includes ``testing``.
+_EXTRAS = {"hypercorn": "testing", "matplotlib": "demo", "rich": "demo"}
+
+
+def _require(what: str, modules: Sequence[str]) -> None:
+    """Refuse to start ``what`` unless every one of ``modules`` imports.
+
+    The message names the one extra that brings all of them.
+    """
+    if not all(map(_importable, modules)):
+        extra = "demo" if any(_EXTRAS[m] == "demo" for m in modules) else "testing"
+        raise _MissingExtra(
+            f"trio-dispatch {what} needs the {extra} extra:"
+            f" pip install 'trio-dispatch[{extra}]'"
+        )
+
+
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
 
 
 # ------------------------------------------------------------------ files
 
 
-def _write_files(files: dict[Path, bytes]) -> None:
-    """Write every file whole: each beside its target, then renamed in place."""
+def _check_outputs(files: Iterable[Path] = (), folders: Iterable[Path] = ()) -> None:
+    """Refuse, before any work, outputs that could not be written.
+
+    A file must not be a folder, nor named twice; its folder (and each
+    output folder) must be a writable directory, or else missing with its
+    nearest existing ancestor a writable directory, so it can be made.
+    Nothing is created here.
+    """
+    seen: set[Path] = set()
     for path in files:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir():
+            raise _UsageError(f"cannot write {path}: it is a directory")
+        if (resolved := path.resolve()) in seen:
+            raise _UsageError(f"cannot write {path} twice")
+        seen.add(resolved)
+        _check_folder(path.parent, path)
+    for folder in folders:
+        _check_folder(folder, folder)
+
+
+def _check_folder(folder: Path, target: Path) -> None:
+    existing = folder
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise _UsageError(f"cannot write {target}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise _UsageError(f"cannot write {target}: {existing} is not writable")
+
+
+def _write_files(files: dict[Path, bytes]) -> None:
+    """Write every file whole: each beside its target, then renamed in place.
+
+    If one cannot be written, the run fails with one line, and what was
+    staged and the folders made for it are removed again.
+    """
     # mkstemp makes files private (0600); give them the usual permissions.
     umask = os.umask(0)
     os.umask(umask)
+    made: list[Path] = []
     staged: list[tuple[str, Path]] = []
+    path = Path()
     try:
+        for path in files:
+            _make_folders(path.parent, made)
         for path, data in files.items():
             fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
             with os.fdopen(fd, "wb") as handle:
@@ -291,9 +448,27 @@ def _write_files(files: dict[Path, bytes]) -> None:
         for temporary, path in staged:
             os.replace(temporary, path)
         staged.clear()
+        made.clear()
+    except OSError as exc:
+        raise _Failure(f"cannot write {path}: {exc.strerror or exc}") from None
     finally:
         for temporary, _ in staged:
             Path(temporary).unlink(missing_ok=True)
+        for folder in reversed(made):
+            # Only if still empty: a file renamed into it before the failure stays.
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def _make_folders(folder: Path, made: list[Path]) -> None:
+    """Make ``folder`` and its missing parents, adding each one made to ``made``."""
+    missing: list[Path] = []
+    while not os.path.lexists(folder) and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for each in reversed(missing):
+        each.mkdir()
+        made.append(each)
 
 
 def _json_bytes(data: object) -> bytes:
@@ -308,6 +483,55 @@ def _console() -> Console:
         # Piped or captured: tables as wide as they need, not 80 columns.
         console.width = 160
     return console
+
+
+def _maybe_console() -> Console | None:
+    """rich's console if rich is installed, else ``None``: plain output."""
+    return _console() if _importable("rich") else None
+
+
+def _say(console: Console | None, text: str) -> None:
+    """Print ``text`` as it is (never as markup), with rich or without."""
+    if console is None:
+        print(text, flush=True)
+    else:
+        console.print(text, markup=False)
+
+
+def _print_table(
+    console: Console | None,
+    title: str,
+    columns: Sequence[str],
+    rows: Iterable[Sequence[str]],
+) -> None:
+    """A table, first column to the left and the rest to the right."""
+    rows = list(rows)
+    if console is not None:
+        from rich.table import Table  # noqa: PLC0415 (the demo extra, loaded when used)
+
+        table = Table(title=title)
+        for index, column in enumerate(columns):
+            table.add_column(column, justify="left" if index == 0 else "right")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+        return
+    widths = [max(map(len, cells)) for cells in zip(columns, *rows, strict=True)]
+    lines = [title]
+    for first, *rest in (columns, *rows):
+        cells = [first.ljust(widths[0])]
+        cells += [
+            cell.rjust(width) for cell, width in zip(rest, widths[1:], strict=True)
+        ]
+        lines.append("  ".join(cells))
+    print("\n".join(lines), flush=True)
+
+
+def _status(
+    console: Console | None, text: str
+) -> contextlib.AbstractContextManager[object]:
+    """rich's spinner with ``text`` while the block runs; nothing without rich."""
+    return contextlib.nullcontext() if console is None else console.status(text)
 
 
 def _png(draw: Callable[[Any], None]) -> bytes:
@@ -334,6 +558,10 @@ def _png(draw: Callable[[Any], None]) -> bytes:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
+    outputs = (args.out / "demo.json", args.out / "demo.png")
+    _check_outputs(outputs)
+    _require("demo", ("rich", "matplotlib", "hypercorn"))
+
     import trio  # noqa: PLC0415
 
     from ._demo import DemoOptions, run_demo  # noqa: PLC0415
@@ -371,8 +599,8 @@ def _run_demo(args: argparse.Namespace) -> int:
         else "[red]A server saw more concurrent requests than its limit.[/]"
     )
     files = {
-        args.out / "demo.json": _json_bytes(report.to_dict()),
-        args.out / "demo.png": _png(lambda axes: _demo_plot(axes, report)),
+        outputs[0]: _json_bytes(report.to_dict()),
+        outputs[1]: _png(lambda axes: _demo_plot(axes, report)),
     }
     _write_files(files)
     for path in files:
@@ -463,6 +691,10 @@ def _demo_plot(axes: Any, report: DemoReport) -> None:  # noqa: ANN401 (matplotl
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
+    _check_outputs(path for path in (args.json, args.plot) if path is not None)
+    if args.plot is not None:
+        _require("simulate --plot", ("matplotlib",))
+
     from .testing import (  # noqa: PLC0415
         CallsPerTurn,
         PoissonArrivals,
@@ -480,13 +712,13 @@ def _run_simulate(args: argparse.Namespace) -> int:
         calls=CallsPerTurn(*args.calls),
         seed=args.seed,
     )
-    console = _console()
+    console = _maybe_console()
     results = {}
     for policy in dict.fromkeys(policies):
-        with console.status(f"simulating {policy}"):
+        with _status(console, f"simulating {policy}"):
             results[policy] = run_simulation(workload, policy)  # type: ignore[arg-type]  # argparse choices
     metrics = {policy: result.metrics() for policy, result in results.items()}
-    console.print(_metrics_table(metrics, args))
+    _print_table(console, *_metrics_table(metrics, args))
     files: dict[Path, bytes] = {}
     if args.json is not None:
         files[args.json] = _json_bytes(
@@ -500,7 +732,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
         files[args.plot] = _png(lambda axes: _cdf_plot(axes, latencies, args))
     _write_files(files)
     for path in files:
-        console.print(f"wrote {path}")
+        _say(console, f"wrote {path}")
     return 0
 
 
@@ -511,17 +743,16 @@ def _plain(metrics: PolicyMetrics) -> dict[str, Any]:
     return data
 
 
-def _metrics_table(metrics: dict[str, PolicyMetrics], args: argparse.Namespace) -> Any:  # noqa: ANN401 (a rich renderable)
-    from rich.table import Table  # noqa: PLC0415
-
+def _metrics_table(
+    metrics: dict[str, PolicyMetrics], args: argparse.Namespace
+) -> tuple[str, tuple[str, ...], list[tuple[str, ...]]]:
+    """The metrics as a table's title, columns and rows."""
     low, high = args.calls
-    table = Table(
-        title=(
-            f"{args.agents} turns, {low}-{high} calls each, load {args.load:g},"
-            f" limit {args.limit}, seed {args.seed} (virtual seconds)"
-        )
+    title = (
+        f"{args.agents} turns, {low}-{high} calls each, load {args.load:g},"
+        f" limit {args.limit}, seed {args.seed} (virtual seconds)"
     )
-    columns = (
+    columns: tuple[str, ...] = (
         "policy",
         "mean",
         "p50",
@@ -534,10 +765,8 @@ def _metrics_table(metrics: dict[str, PolicyMetrics], args: argparse.Namespace) 
         "done",
         "429s",
     )
-    for column in columns:
-        table.add_column(column, justify="left" if column == "policy" else "right")
-    for policy, m in metrics.items():
-        table.add_row(
+    rows: list[tuple[str, ...]] = [
+        (
             policy,
             f"{m.latency_mean:.1f}",
             f"{m.latency_p50:.1f}",
@@ -550,7 +779,9 @@ def _metrics_table(metrics: dict[str, PolicyMetrics], args: argparse.Namespace) 
             str(m.completed),
             str(m.rejections),
         )
-    return table
+        for policy, m in metrics.items()
+    ]
+    return title, columns, rows
 
 
 def _cdf_plot(
@@ -573,17 +804,25 @@ def _cdf_plot(
 # ------------------------------------------------------------------ bench
 
 
+# The optional packages each benchmark needs: a fake server, plots.
+_BENCH_NEEDS = {"handoff": (), "http": ("hypercorn",), "fairness": ("matplotlib",)}
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     names = ("handoff", "http", "fairness") if args.name == "all" else (args.name,)
-    console = _console()
+    _check_outputs(folders=[args.out / name for name in names])
+    _require(f"bench {args.name}", [m for name in names for m in _BENCH_NEEDS[name]])
+    console = _maybe_console()
     ok = True
     for name in names:
         ok &= _BENCH_RUNNERS[name](args, console)
     return 0 if ok else 1
 
 
-def _bench_progress(console: Console, *, counted: bool = False) -> Any:  # noqa: ANN401 (a rich Progress)
+def _bench_progress(console: Console | None, *, counted: bool = False) -> Any:  # noqa: ANN401 (a rich Progress)
     """A live progress line: a bar with counts when the total is known."""
+    if console is None:
+        return _NoProgress()
     from rich.progress import (  # noqa: PLC0415 (the demo extra, loaded when used)
         BarColumn,
         MofNCompleteColumn,
@@ -604,7 +843,23 @@ def _bench_progress(console: Console, *, counted: bool = False) -> Any:  # noqa:
     )
 
 
-def _bench_handoff(args: argparse.Namespace, console: Console) -> bool:
+class _NoProgress:
+    """What the benchmarks use of rich's ``Progress``, showing nothing."""
+
+    def __enter__(self) -> _NoProgress:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+    def add_task(self, description: str, **fields: object) -> int:
+        return 0
+
+    def update(self, task: int, **fields: object) -> None:
+        return None
+
+
+def _bench_handoff(args: argparse.Namespace, console: Console | None) -> bool:
     from .benchmarks import run_handoff_benchmarks  # noqa: PLC0415
 
     with _bench_progress(console) as bar:
@@ -616,7 +871,7 @@ def _bench_handoff(args: argparse.Namespace, console: Console) -> bool:
             ),
         )
     markdown = report.to_markdown()
-    console.print(markdown, markup=False)
+    _say(console, markdown)
     out: Path = args.out / "handoff"
     _write_files(
         {
@@ -624,11 +879,11 @@ def _bench_handoff(args: argparse.Namespace, console: Console) -> bool:
             out / "handoff.md": markdown.encode(),
         }
     )
-    console.print(f"wrote {out / 'handoff.json'} and {out / 'handoff.md'}")
+    _say(console, f"wrote {out / 'handoff.json'} and {out / 'handoff.md'}")
     return report.all_met
 
 
-def _bench_http(args: argparse.Namespace, console: Console) -> bool:
+def _bench_http(args: argparse.Namespace, console: Console | None) -> bool:
     from .benchmarks import run_http_benchmark  # noqa: PLC0415
 
     with _bench_progress(console) as bar:
@@ -638,7 +893,7 @@ def _bench_http(args: argparse.Namespace, console: Console) -> bool:
             progress=lambda message: bar.update(task, description=f"http: {message}"),
         )
     markdown = report.to_markdown()
-    console.print(markdown, markup=False)
+    _say(console, markdown)
     out: Path = args.out / "http"
     _write_files(
         {
@@ -646,11 +901,11 @@ def _bench_http(args: argparse.Namespace, console: Console) -> bool:
             out / "http.md": markdown.encode(),
         }
     )
-    console.print(f"wrote {out / 'http.json'} and {out / 'http.md'}")
+    _say(console, f"wrote {out / 'http.json'} and {out / 'http.md'}")
     return True
 
 
-def _bench_fairness(args: argparse.Namespace, console: Console) -> bool:
+def _bench_fairness(args: argparse.Namespace, console: Console | None) -> bool:
     from .benchmarks import FairnessConfig, run_fairness_sweep  # noqa: PLC0415
 
     config = FairnessConfig.quick() if args.quick else FairnessConfig()
@@ -666,18 +921,18 @@ def _bench_fairness(args: argparse.Namespace, console: Console) -> bool:
             jobs=args.jobs,
             progress=lambda done, _total: bar.update(task, completed=done),
         )
-    console.print(report.to_markdown(), markup=False)
+    _say(console, report.to_markdown())
     out: Path = args.out / "fairness"
     # Render into a scratch folder first, then move each file whole.
     with tempfile.TemporaryDirectory() as scratch:
         written = report.write(scratch)
         _write_files({out / path.name: path.read_bytes() for path in written})
         for path in written:
-            console.print(f"wrote {out / path.name}")
+            _say(console, f"wrote {out / path.name}")
     return True
 
 
-_BENCH_RUNNERS: dict[str, Callable[[argparse.Namespace, Console], bool]] = {
+_BENCH_RUNNERS: dict[str, Callable[[argparse.Namespace, Console | None], bool]] = {
     "handoff": _bench_handoff,
     "http": _bench_http,
     "fairness": _bench_fairness,
@@ -688,20 +943,24 @@ _BENCH_RUNNERS: dict[str, Callable[[argparse.Namespace, Console], bool]] = {
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    _require("serve-fake", ("hypercorn",))
+
     import trio  # noqa: PLC0415
 
     from .testing import open_fake_llm_server  # noqa: PLC0415
-
-    console = _console()
 
     async def serve() -> None:
         async with open_fake_llm_server(
             host=args.host, port=args.port, api_key=args.api_key
         ) as server:
-            console.print(f"fake LLM server at {server.base_url}")
-            console.print(f"  OpenAI-compatible:  base_url={server.openai_base_url}")
-            console.print(f"  Anthropic Messages: base_url={server.anthropic_base_url}")
-            console.print("Ctrl+C to stop.")
+            # Plain text, flushed: whoever started it may wait for this line.
+            print(
+                f"fake LLM server at {server.base_url}\n"
+                f"  OpenAI-compatible:  base_url={server.openai_base_url}\n"
+                f"  Anthropic Messages: base_url={server.anthropic_base_url}\n"
+                "Ctrl+C to stop.",
+                flush=True,
+            )
             await trio.sleep_forever()
 
     try:

@@ -37,6 +37,7 @@ from ._script import FakeReply, FakeScript, FakeToolCall, Fault
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+    from contextlib import AbstractAsyncContextManager
 
     Message = dict[str, Any]
     Receive = Callable[[], Awaitable[Message]]
@@ -136,6 +137,7 @@ class FakeLLMServer:
     def __init__(self, script: FakeScript, *, api_key: str | None = None) -> None:
         if not isinstance(script, FakeScript):
             raise TypeError(f"script must be a FakeScript, got {script!r}")
+        _check_api_key(api_key)
         self._script = script
         self._replies_used = 0
         self._api_key = api_key
@@ -804,29 +806,63 @@ def _anthropic_events(plan: _Plan) -> list[_Event]:
     return events
 
 
-@asynccontextmanager
-async def open_fake_llm_server(
+def _check_api_key(api_key: str | None) -> None:
+    """Refuse a key no client could ever present, so every request got 401.
+
+    Presented keys are stripped and must be non-empty (see
+    ``FakeLLMServer._authenticated``). The messages never show the key.
+    """
+    if api_key is None:
+        return
+    if not isinstance(api_key, str):
+        raise TypeError(
+            f"api_key must be a string or None, got {type(api_key).__name__}"
+        )
+    if not api_key:
+        raise ValueError("api_key must not be empty; pass None to accept any key")
+    if api_key != api_key.strip():
+        raise ValueError("api_key must not begin or end with whitespace")
+
+
+def open_fake_llm_server(
     script: FakeScript | None = None,
     *,
     api_key: str | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
-) -> AsyncIterator[FakeLLMServer]:
+) -> AbstractAsyncContextManager[FakeLLMServer]:
     """Serve a ``FakeLLMServer`` on loopback for the ``async with`` block.
 
     Args:
         script: What to answer; a default ``FakeScript`` if not given.
-        api_key: If given, the only key accepted; otherwise any non-empty
-            key is.
+        api_key: If given, the only key accepted; otherwise (``None``) any
+            non-empty key is. It must be non-empty, without leading or
+            trailing whitespace, or no request could ever present it.
         host: The address to bind.
         port: The port to bind; ``0`` picks a free one.
 
-    Yields:
-        The server, serving; ``server.base_url`` says where.
+    Returns:
+        An async context manager yielding the server, serving;
+        ``server.base_url`` says where.
 
+    Raises:
+        TypeError: ``script`` is not a ``FakeScript``, or ``api_key`` is
+            not a string.
+        ValueError: ``api_key`` is empty or has surrounding whitespace.
+
+    The arguments are checked here, at the call, before anything is bound.
     On exit the server stops at once: requests still being answered are
     cancelled and their connections closed.
     """
+    server = FakeLLMServer(FakeScript() if script is None else script, api_key=api_key)
+    return _serve(server, host=host, port=port)
+
+
+@asynccontextmanager
+async def _serve(
+    server: FakeLLMServer, *, host: str, port: int
+) -> AsyncIterator[FakeLLMServer]:
+    """Serve ``server`` with hypercorn for the ``async with`` block."""
     try:
         from hypercorn.config import Config  # noqa: PLC0415 (an optional dependency)
         from hypercorn.trio import serve  # noqa: PLC0415 (an optional dependency)
@@ -836,7 +872,6 @@ async def open_fake_llm_server(
         raise ModuleNotFoundError(
             "the fake LLM server needs hypercorn: pip install 'trio-dispatch[testing]'"
         ) from exc
-    server = FakeLLMServer(FakeScript() if script is None else script, api_key=api_key)
     config = Config()
     config.bind = [f"{host}:{port}"]
     config.accesslog = None
