@@ -8,7 +8,7 @@ import pytest
 
 from trio_dispatch import Dispatcher, SlotPolicy, open_dispatcher, wrap_provider
 from trio_dispatch.messages import ChatMessage, ChatRequest
-from trio_dispatch.providers import AnthropicProvider, LimitedProvider, OpenAIProvider
+from trio_dispatch.providers import AnthropicProvider, OpenAIProvider
 from trio_dispatch.testing import (
     BurstArrivals,
     Duration,
@@ -76,7 +76,7 @@ CALLS: list[tuple[str, str, Callable[[Dispatcher, Any], object]]] = [
     (
         "started_at",
         INSTANT,
-        lambda d, v: LimitedProvider(_Named(), d, started_at=v),
+        lambda d, v: wrap_provider(_Named(), d, started_at=v),
     ),
     ("default_pause", SECONDS, lambda d, v: SlotPolicy(1, default_pause=v)),
     ("max_pause", POSITIVE_SECONDS, lambda d, v: SlotPolicy(1, max_pause=v)),

@@ -3,10 +3,12 @@
 from ._exceptions import ConversationClosed as ConversationClosed
 from ._exceptions import DispatcherClosed as DispatcherClosed
 from ._exceptions import DispatchError as DispatchError
+from ._exceptions import ProviderError as ProviderError
 from ._exceptions import QueueFull as QueueFull
 from ._exceptions import SlotHoldTimeout as SlotHoldTimeout
 from ._policy import PolicyStatistics as PolicyStatistics
 from ._policy import SlotPolicy as SlotPolicy
+from ._provider import Provider as Provider
 from .actors import Conversation as Conversation
 from .actors import ConversationStatistics as ConversationStatistics
 from .actors import Dispatcher as Dispatcher
@@ -16,11 +18,8 @@ from .actors import Slot as Slot
 from .actors import Tool as Tool
 from .actors import TurnResult as TurnResult
 from .actors import open_dispatcher as open_dispatcher
+from .actors import wrap_provider as wrap_provider
 from .messages import Ticket as Ticket
-from .providers import LimitedProvider as LimitedProvider
-from .providers import Provider as Provider
-from .providers import ProviderError as ProviderError
-from .providers import wrap_provider as wrap_provider
 
 __version__ = "0.1.0.dev0"
 
@@ -32,7 +31,6 @@ __all__ = [
     "Dispatcher",
     "DispatcherClosed",
     "DispatcherStatistics",
-    "LimitedProvider",
     "PolicyStatistics",
     "Provider",
     "ProviderError",

@@ -1,7 +1,9 @@
-"""The exceptions trio-dispatch raises.
+"""The exceptions trio-dispatch raises: one small tree.
 
-One small tree; catch ``DispatchError`` for anything the dispatcher itself
-refuses::
+Catch ``DispatchError`` for anything the dispatcher or a provider refuses,
+``ProviderError`` for anything that went wrong talking to an LLM API (and
+read ``retryable`` to decide whether the same request may succeed if it is
+sent again)::
 
     DispatchError
     ├── DispatcherClosed     the dispatcher has shut down; nothing was acquired
@@ -10,16 +12,39 @@ refuses::
     │                        cancelled and the slot given back
     ├── ConversationClosed   the conversation was closed, or its actor stopped,
     │                        before the answer
-    └── ProviderError        talking to an LLM API went wrong (the tree under it
-                             is drawn in trio_dispatch.providers)
+    └── ProviderError                  provider, status_code, retryable
+        ├── RateLimited                429: too many requests     retryable
+        ├── Overloaded                 529, 503: busy for everyone retryable
+        ├── ServerError                any other 5xx               retryable
+        ├── AuthenticationError        401, 403: the key           not retryable
+        ├── BadRequest                 any other 4xx               not retryable
+        ├── ProviderConnectionError    connect, read, timeout      retryable
+        ├── StreamInterrupted          ended without its end       retryable
+        ├── MalformedStream            an event that makes no sense retryable
+        └── RequestFailed              on our side: JSON, client   not retryable
 
 Bad arguments raise ``TypeError`` or ``ValueError`` at the call, before
 anything changes; misuse (entering a slot twice) raises ``RuntimeError``.
+
+The provider errors are the contract between the dispatcher's side and the
+providers' side, so they live here, beside the rest, and importing them
+loads no HTTP library. ``RateLimited`` and ``Overloaded`` carry
+``retry_after`` (seconds, or ``None`` when the provider did not say). A
+status error is raised when the stream is entered, before any event;
+everything else that goes wrong once events flow is raised from the
+iterator. Messages name the provider and say what happened; they never hold
+an API key.
+
+Nothing else escapes a provider's stream: a request that cannot be encoded
+is ``RequestFailed`` from ``stream()`` itself, before anything is sent, and
+whatever else the HTTP client raises becomes ``RequestFailed`` too, so one
+bad call fails its turn and never the dispatcher. ``trio.Cancelled``,
+``KeyboardInterrupt`` and every other ``BaseException`` pass untouched.
 """
 
 from __future__ import annotations
 
-from typing import final
+from typing import ClassVar, final
 
 
 class DispatchError(Exception):
@@ -58,4 +83,121 @@ class ConversationClosed(DispatchError):
     Raised by ``ask`` and ``warm`` after ``Conversation.close()``, and to
     every caller still waiting when it is called. (When the dispatcher
     closes instead, they get ``DispatcherClosed``.)
+    """
+
+
+class ProviderError(DispatchError):
+    """Base class of everything that goes wrong between us and an LLM API.
+
+    Attributes:
+        provider: The id of the provider that failed.
+        status_code: The HTTP status, when the error came with one.
+        retryable: Whether sending the same request again may succeed.
+    """
+
+    retryable: ClassVar[bool] = False
+
+    def __init__(
+        self, message: str, *, provider: str, status_code: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.status_code = status_code
+
+
+class _Busy(ProviderError):
+    """A provider's "not now": it may say how long to wait."""
+
+    retryable: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str,
+        status_code: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message, provider=provider, status_code=status_code)
+        self.retry_after = retry_after
+
+
+@final
+class RateLimited(_Busy):
+    """HTTP 429, or a rate-limit error inside the stream.
+
+    Attributes:
+        retry_after: Seconds the provider asked us to wait, or ``None``.
+    """
+
+
+@final
+class Overloaded(_Busy):
+    """HTTP 529 or 503, or an overloaded error inside the stream.
+
+    The provider is busy for everyone, not refusing this account.
+
+    Attributes:
+        retry_after: Seconds the provider asked us to wait, or ``None``.
+    """
+
+
+@final
+class ServerError(ProviderError):
+    """Any other 5xx, or a server-side error inside the stream."""
+
+    retryable: ClassVar[bool] = True
+
+
+@final
+class AuthenticationError(ProviderError):
+    """HTTP 401 or 403: the key is wrong, revoked, or not allowed this."""
+
+
+@final
+class BadRequest(ProviderError):
+    """Any other 4xx: the request itself is wrong, and will stay wrong."""
+
+
+@final
+class ProviderConnectionError(ProviderError):
+    """The connection failed, broke before the response, or went silent.
+
+    A read timeout in the middle of a stream (the server stalled) is one of
+    these too.
+    """
+
+    retryable: ClassVar[bool] = True
+
+
+@final
+class StreamInterrupted(ProviderError):
+    """The stream ended, or the connection dropped, before its terminator.
+
+    OpenAI streams end with ``data: [DONE]`` after a finish reason;
+    Anthropic streams end with ``message_stop``. Events already yielded
+    stand, but the answer is incomplete.
+    """
+
+    retryable: ClassVar[bool] = True
+
+
+@final
+class MalformedStream(ProviderError):
+    """An event was not valid JSON, or missed fields its type requires.
+
+    The message names what was wrong and where.
+    """
+
+    retryable: ClassVar[bool] = True
+
+
+@final
+class RequestFailed(ProviderError):
+    """The request could not be encoded or sent, for a reason on our side.
+
+    The history holds something JSON cannot encode, the HTTP client was
+    closed, or it failed in a way it does not document. Sending the same
+    request again would fail the same way, so it is not retryable; the turn
+    fails, and the dispatcher and its other conversations go on.
     """

@@ -10,6 +10,7 @@ from ._dispatcher import DispatcherStatistics as DispatcherStatistics
 from ._dispatcher import ProviderStatistics as ProviderStatistics
 from ._dispatcher import Slot as Slot
 from ._dispatcher import open_dispatcher as open_dispatcher
+from ._limited import wrap_provider as wrap_provider
 from ._scheduler import SchedulerActor as SchedulerActor
 from ._tools import Tool as Tool
 from ._tools import check_arguments as check_arguments
@@ -27,4 +28,5 @@ __all__ = [
     "TurnResult",
     "check_arguments",
     "open_dispatcher",
+    "wrap_provider",
 ]

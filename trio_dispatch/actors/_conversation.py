@@ -51,15 +51,21 @@ from typing import TYPE_CHECKING, Final, Literal, final
 import attrs
 import trio
 
-from .._exceptions import ConversationClosed, DispatcherClosed, DispatchError
+from .._exceptions import (
+    ConversationClosed,
+    DispatcherClosed,
+    DispatchError,
+    Overloaded,
+    ProviderError,
+    RateLimited,
+)
 from .._validation import check_limit, check_provider, check_seconds
 from ..messages import ChatMessage, ChatRequest, Finish, TextDelta, ToolCall, Usage
-from ..providers._errors import Overloaded, ProviderError, RateLimited
-from ..providers._limited import wrap_provider
+from ._limited import wrap_provider
 from ._tools import Tool, check_arguments
 
 if TYPE_CHECKING:
-    from ..providers import Provider
+    from .._provider import Provider
     from ._dispatcher import Dispatcher
 
 __all__ = [

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
     from types import TracebackType
 
-    from ..providers import Provider
+    from .._provider import Provider
     from ._conversation import Conversation
     from ._tools import Tool
 

@@ -36,10 +36,9 @@ import trio
 
 from .. import __version__
 from .._converter import unstructure
-from ..actors import open_dispatcher
+from ..actors import open_dispatcher, wrap_provider
 from ..messages import ChatMessage, ChatRequest
 from ..providers import OpenAIProvider
-from ..providers._limited import wrap_provider
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence

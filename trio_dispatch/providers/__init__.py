@@ -1,26 +1,27 @@
-"""LLM providers over HTTP: the protocol, two wire formats, their errors.
+"""LLM providers over HTTP: two wire formats, the protocol, their errors.
 
 ``OpenAIProvider`` speaks OpenAI-compatible chat completions (OpenAI, vLLM,
 DeepSeek, ...), ``AnthropicProvider`` Anthropic's Messages API. Both stream
 ``trio_dispatch.messages`` events through an async context manager and
-raise the ``ProviderError`` tree drawn in ``_errors``.
+raise the ``ProviderError`` tree drawn in ``trio_dispatch``'s exceptions
+(re-exported here). ``Provider`` is the protocol any provider follows; the
+dispatcher's side and this side share it and the errors, and nothing on the
+dispatcher's side imports this package.
 """
 
+from .._exceptions import AuthenticationError as AuthenticationError
+from .._exceptions import BadRequest as BadRequest
+from .._exceptions import MalformedStream as MalformedStream
+from .._exceptions import Overloaded as Overloaded
+from .._exceptions import ProviderConnectionError as ProviderConnectionError
+from .._exceptions import ProviderError as ProviderError
+from .._exceptions import RateLimited as RateLimited
+from .._exceptions import RequestFailed as RequestFailed
+from .._exceptions import ServerError as ServerError
+from .._exceptions import StreamInterrupted as StreamInterrupted
+from .._provider import Provider as Provider
+from .._provider import RateLimitReporter as RateLimitReporter
 from ._anthropic import AnthropicProvider as AnthropicProvider
-from ._base import Provider as Provider
-from ._base import RateLimitReporter as RateLimitReporter
-from ._errors import AuthenticationError as AuthenticationError
-from ._errors import BadRequest as BadRequest
-from ._errors import MalformedStream as MalformedStream
-from ._errors import Overloaded as Overloaded
-from ._errors import ProviderConnectionError as ProviderConnectionError
-from ._errors import ProviderError as ProviderError
-from ._errors import RateLimited as RateLimited
-from ._errors import RequestFailed as RequestFailed
-from ._errors import ServerError as ServerError
-from ._errors import StreamInterrupted as StreamInterrupted
-from ._limited import LimitedProvider as LimitedProvider
-from ._limited import wrap_provider as wrap_provider
 from ._openai import OpenAIProvider as OpenAIProvider
 from ._retry_after import parse_retry_after as parse_retry_after
 from ._sse import EventStream as EventStream
@@ -30,7 +31,6 @@ __all__ = [
     "AuthenticationError",
     "BadRequest",
     "EventStream",
-    "LimitedProvider",
     "MalformedStream",
     "OpenAIProvider",
     "Overloaded",
@@ -43,5 +43,4 @@ __all__ = [
     "ServerError",
     "StreamInterrupted",
     "parse_retry_after",
-    "wrap_provider",
 ]

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import attrs
 
+from .._exceptions import MalformedStream, StreamInterrupted
 from ..messages import Finish, ReasoningDelta, TextDelta, Usage
-from ._errors import MalformedStream, StreamInterrupted
 from ._sse import (
     EventStream,
     _check_header_value,
@@ -48,8 +48,8 @@ if TYPE_CHECKING:
     import httpx
     from httpx_sse import ServerSentEvent
 
+    from .._provider import RateLimitReporter
     from ..messages import ChatRequest, StreamEvent
-    from ._base import RateLimitReporter
 
 
 _T = TypeVar("_T")

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any, final
 
 import attrs
 
+from .._exceptions import MalformedStream, StreamInterrupted
 from ..messages import Finish, ReasoningDelta, TextDelta, ToolCall, Usage
-from ._errors import MalformedStream, StreamInterrupted
 from ._sse import (
     EventStream,
     _check_headers,
@@ -56,8 +56,8 @@ if TYPE_CHECKING:
     import httpx
     from httpx_sse import ServerSentEvent
 
+    from .._provider import RateLimitReporter
     from ..messages import ChatMessage, ChatRequest, StreamEvent
-    from ._base import RateLimitReporter
 
 
 # -- the wire, as attrs values (extra fields are ignored) --------------------

@@ -32,9 +32,7 @@ import trio
 from httpx_sse import EventSource, ServerSentEvent
 
 from .._converter import describe_error, json_kind, structure
-from .._validation import check_seconds
-from ..messages import ToolCall
-from ._errors import (
+from .._exceptions import (
     AuthenticationError,
     BadRequest,
     MalformedStream,
@@ -46,14 +44,16 @@ from ._errors import (
     ServerError,
     StreamInterrupted,
 )
+from .._validation import check_seconds
+from ..messages import ToolCall
 from ._retry_after import parse_retry_after
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
     from types import TracebackType
 
+    from .._provider import RateLimitReporter
     from ..messages import StreamEvent
-    from ._base import RateLimitReporter
 
 # Closing a response never waits on the peer for long, but it is cleanup,
 # so it runs shielded (cancellation is level-triggered) and bounded.

@@ -16,20 +16,20 @@ from typing import TYPE_CHECKING, final
 
 import trio
 
+from .._exceptions import Overloaded, RateLimited
 from .._validation import check_instant
-from ._errors import Overloaded, RateLimited
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
     from contextlib import AbstractAsyncContextManager
 
-    from ..actors import Dispatcher
+    from .._provider import Provider
     from ..messages import ChatRequest, StreamEvent
-    from ._base import Provider
+    from ._dispatcher import Dispatcher
 
 
 @final
-class LimitedProvider:
+class _LimitedProvider:
     """A ``Provider`` whose streams each hold a slot of its dispatcher.
 
     Attributes:
@@ -58,7 +58,7 @@ class LimitedProvider:
 
     def __repr__(self) -> str:
         return (
-            f"<LimitedProvider {self.provider!r} conversation_id="
+            f"<wrap_provider {self.provider!r} conversation_id="
             f"{self.conversation_id!r} started_at={self.started_at}>"
         )
 
@@ -100,7 +100,7 @@ def wrap_provider(
     *,
     conversation_id: str | None = None,
     started_at: float | None = None,
-) -> LimitedProvider:
+) -> Provider:
     """Limit ``provider`` through ``dispatcher``.
 
     Args:
@@ -114,8 +114,9 @@ def wrap_provider(
     Returns:
         A provider whose ``stream`` takes a slot before any byte is sent and
         gives it back after the last event or however the block is left.
-        An unlimited provider passes straight through (after a checkpoint).
+        A provider with no limit takes a slot too (granted at once, and
+        counted, so that a limit set later counts the streams running).
     """
-    return LimitedProvider(
+    return _LimitedProvider(
         provider, dispatcher, conversation_id=conversation_id, started_at=started_at
     )

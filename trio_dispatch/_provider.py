@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
     from contextlib import AbstractAsyncContextManager
 
-    from ..messages import ChatRequest, StreamEvent
+    from .messages import ChatRequest, StreamEvent
 
 RateLimitReporter: TypeAlias = Callable[[str, float | None], None]
 """Told ``(provider id, retry_after seconds or None)`` on a 429, 529 or 503.
