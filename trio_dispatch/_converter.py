@@ -26,6 +26,7 @@ from cattrs.gen import make_dict_structure_fn
 from cattrs.strategies import configure_tagged_union
 from cattrs.v import format_exception
 
+from ._json import json_kind
 from .messages._stream import (
     Finish,
     ReasoningDelta,
@@ -43,24 +44,6 @@ _T = TypeVar("_T")
 
 class _WrongType(TypeError):
     """A JSON value of the wrong kind; the message says which."""
-
-
-def json_kind(value: object) -> str:
-    """The JSON name of a decoded value's kind, for messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    kinds: tuple[tuple[type | tuple[type, ...], str], ...] = (
-        ((int, float), "number"),
-        (str, "string"),
-        ((list, tuple), "array"),
-        (Mapping, "object"),
-    )
-    for types, kind in kinds:
-        if isinstance(value, types):
-            return kind
-    return type(value).__name__
 
 
 def _structure_str(value: object, _type: object) -> str:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 import attrs
 
-from .._converter import json_kind
+from .._json import json_kind
 from ..messages import ToolSpec
 
 if TYPE_CHECKING:

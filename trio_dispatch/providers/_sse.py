@@ -31,7 +31,7 @@ import httpx
 import trio
 from httpx_sse import EventSource, ServerSentEvent
 
-from .._converter import describe_error, json_kind, structure
+from .._converter import describe_error, structure
 from .._exceptions import (
     AuthenticationError,
     BadRequest,
@@ -44,6 +44,7 @@ from .._exceptions import (
     ServerError,
     StreamInterrupted,
 )
+from .._json import json_kind
 from .._validation import check_seconds
 from ..messages import ToolCall
 from ._retry_after import parse_retry_after
