@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final, Self, final
 import attrs
 import trio
 
-from .._exceptions import DispatcherClosed, DispatchError, SlotHoldTimeout
+from .._exceptions import DispatcherClosed, SlotHoldTimeout
 from .._policy import SlotPolicy
 from .._validation import (
     check_instant,
@@ -154,7 +154,7 @@ class Slot:
         self._state = _NEW
         self._actor: SchedulerActor | None = None
         self._task: trio.lowlevel.Task | None = None
-        self._error: DispatchError | None = None
+        self._error: Exception | None = None
         self._hold: contextlib.AbstractContextManager[None] | None = None
         self.ticket: Ticket | None = None
         self.granted_at: float | None = None
@@ -249,7 +249,7 @@ class Slot:
             trio.lowlevel.reschedule(self._task)
 
     @trio.lowlevel.enable_ki_protection
-    def fail(self, error: DispatchError) -> None:
+    def fail(self, error: Exception) -> None:
         """Wake the waiting task with ``error``; it holds nothing."""
         if self._state is _WAITING:
             self._state = _DONE

@@ -14,6 +14,15 @@ delivered; a grant that reaches a requester who has just given up is
 ignored by its reply, and the requester's ``Cancel``, already behind in the
 inbox, releases it. So slots never leak through that race.
 
+A message the policy refuses as a misuse (a ticket it already knows, the
+release of a ticket that still waits, a bad limit) fails only the request it
+concerns, never the actor: an ``Acquire`` is answered with the error, a
+``Release`` of a waiting ticket withdraws that ticket and fails its
+requester (granting it later would give a slot to a requester that thinks
+it gave it back), and a ``SetLimit`` or ``Pause`` that nobody can be told
+about is logged and dropped. The policy changes nothing when it refuses, so
+its invariants hold.
+
 While the provider is paused, the actor waits for its inbox with the pause's
 end as deadline, and ticks the policy whenever it wakes. Once its inbox is
 closed, the actor handles nothing more: it stops and fails every waiter,
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 from typing import TYPE_CHECKING, final
 
 import trio
@@ -43,7 +53,9 @@ from ._mailbox import Mailbox
 
 if TYPE_CHECKING:
     from .._policy import SlotPolicy
-    from ..messages import Reply
+    from ..messages import Pause, Reply
+
+_logger = logging.getLogger("trio_dispatch")
 
 
 @final
@@ -117,14 +129,20 @@ class SchedulerActor:
     def _handle(self, message: SchedulerMessage, now: float) -> None:
         policy = self.policy
         # Ordered by how often each message comes; most free nothing, so
-        # delivery is skipped when there is nothing to deliver.
+        # delivery is skipped when there is nothing to deliver. The policy's
+        # refusals are caught per message: a misuse fails its own request,
+        # never the actor (and a try costs nothing until it raises).
         if isinstance(message, Release):
-            grants = policy.release(message.ticket)
+            try:
+                grants = policy.release(message.ticket)
+            except RuntimeError as exc:
+                self._withdraw(message.ticket, exc)
+                return
         elif isinstance(message, Acquire):
             try:
                 grants = policy.acquire(message.ticket)
-            except QueueFull as exc:
-                message.reply.fail(exc)
+            except (QueueFull, ValueError) as exc:
+                self._refuse(message, exc)
                 return
             if not grants:
                 self._replies[message.ticket] = message.reply
@@ -135,12 +153,39 @@ class SchedulerActor:
             self._replies.pop(message.ticket, None)
             grants = policy.cancel(message.ticket)
         elif isinstance(message, SetLimit):
-            grants = policy.set_limit(message.limit)
+            try:
+                grants = policy.set_limit(message.limit)
+            except (TypeError, ValueError) as exc:
+                self._drop(message, exc)
+                return
         else:
-            policy.pause(message.until)
+            try:
+                policy.pause(message.until)
+            except (TypeError, ValueError) as exc:
+                self._drop(message, exc)
             return
         if grants:
             self._deliver(grants, now)
+
+    def _refuse(self, message: Acquire, error: Exception) -> None:
+        reply = message.reply
+        if self._replies.get(message.ticket) is reply:
+            # The requester that waits on this ticket asked again: failing
+            # it ends its wait, so its ticket must not be granted later to
+            # a requester that is gone.
+            self._withdraw(message.ticket, error)
+            return
+        reply.fail(error)
+
+    def _withdraw(self, ticket: Ticket, error: Exception) -> None:
+        reply = self._replies.pop(ticket)
+        self.policy.cancel(ticket)
+        reply.fail(error)
+
+    def _drop(self, message: SetLimit | Pause, error: Exception) -> None:
+        _logger.error(
+            "the scheduler of %r ignored %r: %s", self.provider, message, error
+        )
 
     def _deliver(self, grants: list[Ticket], now: float) -> None:
         replies = self._replies
