@@ -492,12 +492,14 @@ class Dispatcher:
     def statistics(self) -> DispatcherStatistics:
         """A snapshot of every limited provider.
 
-        Each scheduler reports the state after the messages it has handled;
-        a message sent a moment ago (``set_limit``, a release) shows once the
-        scheduler has run, which is within the same scheduling round.
+        It reflects everything done before the call: a ``set_limit``, a
+        slot given back or asked for a moment ago shows at once, without
+        waiting for the schedulers to run (each handles its queued messages
+        first, synchronously, as it would itself).
         """
         providers: dict[str, ProviderStatistics] = {}
         for provider, actor in self._actors.items():
+            actor.handle_backlog()
             stats = actor.policy.statistics()
             if stats.limit is None:
                 continue
