@@ -289,6 +289,9 @@ class Dispatcher:
     used. A provider without a limit is unlimited: its scheduler grants every
     request at once, but still counts the slots in use, so a limit set later
     counts them too (they finish; nothing new is granted above the limit).
+    The scheduler of an unlimited provider stops when no slot is held and
+    nothing waits, and starts again on the next request, so names used once
+    (model ids, say) leave no task behind; its counters carry on.
     """
 
     __slots__ = (
@@ -299,6 +302,7 @@ class Dispatcher:
         "_max_hold",
         "_max_waiting",
         "_nursery",
+        "_policies",
     )
 
     def __init__(
@@ -313,7 +317,10 @@ class Dispatcher:
         self._default_pause = default_pause
         self._max_hold = max_hold
         self._max_waiting = max_waiting
+        # The running schedulers, and the policy of every provider seen: a
+        # stopped scheduler's policy waits here for its next one.
         self._actors: dict[str, SchedulerActor] = {}
+        self._policies: dict[str, SlotPolicy] = {}
         self._limits: dict[str, int] = {}
         self._closed = False
 
@@ -382,7 +389,10 @@ class Dispatcher:
         if provider in self._actors:
             self._send(provider, SetLimit(limit))
         else:
-            self._scheduler(provider, limit)
+            # No scheduler runs, so none holds the policy: nothing waits and
+            # nothing is granted; the new scheduler starts limited.
+            self._policy(provider).set_limit(limit)
+            self._scheduler(provider)
         self._limits[provider] = limit
 
     def remove_limit(self, provider: str) -> None:
@@ -497,10 +507,11 @@ class Dispatcher:
         waiting for the schedulers to run (each handles its queued messages
         first, synchronously, as it would itself).
         """
-        providers: dict[str, ProviderStatistics] = {}
-        for provider, actor in self._actors.items():
+        for actor in self._actors.values():
             actor.handle_backlog()
-            stats = actor.policy.statistics()
+        providers: dict[str, ProviderStatistics] = {}
+        for provider, policy in self._policies.items():
+            stats = policy.statistics()
             if stats.limit is None:
                 continue
             providers[provider] = ProviderStatistics(
@@ -519,22 +530,39 @@ class Dispatcher:
             )
         return DispatcherStatistics(providers=providers, closed=self._closed)
 
-    def _scheduler(self, provider: str, limit: int | None = None) -> SchedulerActor:
-        """The scheduler of ``provider``, started on first use.
+    def _scheduler(self, provider: str) -> SchedulerActor:
+        """The running scheduler of ``provider``, started if there is none.
 
         Unlimited providers get one too (with no limit, it grants at once):
-        it counts their slots in use, so a limit set later counts them.
+        it counts their slots in use, so a limit set later counts them. It
+        stops when idle (see ``_serve``); the next call starts a new one on
+        the same policy.
         """
         actor = self._actors.get(provider)
         if actor is None:
-            actor = SchedulerActor(
-                provider, SlotPolicy(limit, max_waiting=self._max_waiting)
-            )
+            actor = SchedulerActor(provider, self._policy(provider))
             self._actors[provider] = actor
             self._nursery.start_soon(
-                actor.run, name=f"trio_dispatch scheduler {provider!r}"
+                self._serve, actor, name=f"trio_dispatch scheduler {provider!r}"
             )
         return actor
+
+    def _policy(self, provider: str) -> SlotPolicy:
+        policy = self._policies.get(provider)
+        if policy is None:
+            policy = SlotPolicy(None, max_waiting=self._max_waiting)
+            self._policies[provider] = policy
+        return policy
+
+    # Protected so that no KeyboardInterrupt comes between the actor's
+    # decision to stop and its removal: a request in between would find a
+    # closed inbox.
+    @trio.lowlevel.enable_ki_protection
+    async def _serve(self, actor: SchedulerActor) -> None:
+        if await actor.run(stop_when_idle=True):
+            # Idle and unlimited: it stopped with nothing held, waiting or
+            # queued, in this same step, so no request was sent to it since.
+            del self._actors[actor.provider]
 
     def _send(self, provider: str, message: SetLimit | Pause) -> None:
         try:

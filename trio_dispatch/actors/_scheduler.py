@@ -1,4 +1,4 @@
-"""The scheduler actor: one trio task per limited provider.
+"""The scheduler actor: one trio task per provider in use.
 
 Design note. The actor owns a ``SlotPolicy`` and is the only code that
 touches it. Everything reaches it as a typed message in one unbounded FIFO
@@ -102,8 +102,19 @@ class SchedulerActor:
     # KeyboardInterrupt waits for the next checkpoint: between two, the actor
     # changes the policy and tells the requesters, which must go together.
     @trio.lowlevel.enable_ki_protection
-    async def run(self) -> None:
-        """Serve the inbox until it is closed or the task is cancelled."""
+    async def run(self, *, stop_when_idle: bool = False) -> bool:
+        """Serve the inbox until it is closed or the task is cancelled.
+
+        Args:
+            stop_when_idle: Also stop, closing the inbox, as soon as the
+                provider is unlimited and idle: no slot held, none waiting,
+                nothing queued. Then nobody can have a ticket to release or
+                cancel here, so no message can be lost; the policy can be
+                handed to a new actor on the next request.
+
+        Returns:
+            ``True`` if it stopped because it was idle.
+        """
         inbox = self._inbox
         policy = self.policy
         try:
@@ -119,8 +130,16 @@ class SchedulerActor:
                     with trio.move_on_at(paused_until):
                         await inbox.wait()
                 if inbox.closed:
-                    return
+                    return False
                 self._handle_batch(inbox.take_all(), trio.current_time())
+                if (
+                    stop_when_idle
+                    and policy.limit is None
+                    and not policy.in_flight
+                    and not policy.waiting
+                    and not len(inbox)
+                ):
+                    return True
         finally:
             self._shutdown()
 
