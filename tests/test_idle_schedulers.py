@@ -26,7 +26,7 @@ def totals(dispatcher: Dispatcher, provider: str) -> tuple[int, int, int]:
 
 
 async def test_an_unlimited_scheduler_stops_when_idle_and_starts_again() -> None:
-    async with open_dispatcher({"limited": 1}) as dispatcher:
+    async with open_dispatcher({"limited": 1}, unknown_providers="allow") as dispatcher:
         await settle()
         assert schedulers() == ["trio_dispatch scheduler 'limited'"]
         async with dispatcher.slot("free"):
@@ -51,7 +51,7 @@ async def test_an_unlimited_scheduler_stops_when_idle_and_starts_again() -> None
 
 
 async def test_a_thousand_provider_names_leave_no_scheduler_task_behind() -> None:
-    async with open_dispatcher({"limited": 2}) as dispatcher:
+    async with open_dispatcher({"limited": 2}, unknown_providers="allow") as dispatcher:
         for i in range(1_000):
             async with dispatcher.slot(f"model-{i}"):
                 pass
@@ -67,6 +67,13 @@ async def test_a_thousand_provider_names_leave_no_scheduler_task_behind() -> Non
             done.set()
         await settle()
         assert schedulers() == ["trio_dispatch scheduler 'limited'"]
+        stats = dispatcher.statistics().providers
+        assert len(stats) == 1_001
+        assert {
+            (s.limit, s.in_flight, s.granted_total, s.released_total)
+            for name, s in stats.items()
+            if name != "limited"
+        } == {(None, 0, 2, 2)}
         dispatcher.set_limit("model-999", 1)
         assert totals(dispatcher, "model-999") == (0, 2, 2)
 
@@ -77,7 +84,7 @@ async def _hold_until(dispatcher: Dispatcher, provider: str, done: trio.Event) -
 
 
 async def test_an_acquire_reaching_a_scheduler_as_it_turns_idle_is_served() -> None:
-    async with open_dispatcher() as dispatcher:
+    async with open_dispatcher(unknown_providers="allow") as dispatcher:
         first = dispatcher.slot("p")
         await first.__aenter__()
         await settle()
@@ -100,7 +107,7 @@ async def test_an_acquire_reaching_a_scheduler_as_it_turns_idle_is_served() -> N
 
 
 async def test_a_scheduler_never_stops_under_a_holder_so_no_release_is_lost() -> None:
-    async with open_dispatcher() as dispatcher:
+    async with open_dispatcher(unknown_providers="allow") as dispatcher:
         outer = dispatcher.slot("p")
         await outer.__aenter__()
         for _ in range(3):
@@ -126,7 +133,10 @@ async def test_set_limit_on_a_provider_whose_scheduler_just_stopped(
             granted.append(trio.current_time())
             await trio.sleep(1)
 
-    async with open_dispatcher() as dispatcher, trio.open_nursery() as nursery:
+    async with (
+        open_dispatcher(unknown_providers="allow") as dispatcher,
+        trio.open_nursery() as nursery,
+    ):
         async with dispatcher.slot("p"):
             pass
         await settle()
@@ -142,7 +152,7 @@ async def test_set_limit_on_a_provider_whose_scheduler_just_stopped(
 
 
 async def test_set_limit_reaching_a_scheduler_as_it_turns_idle_keeps_it() -> None:
-    async with open_dispatcher() as dispatcher:
+    async with open_dispatcher(unknown_providers="allow") as dispatcher:
         for handle_release_first in (False, True):
             provider = f"p-{handle_release_first}"
             slot = dispatcher.slot(provider)

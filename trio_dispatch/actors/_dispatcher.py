@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Final, Self, final
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, final
 
 import attrs
 import trio
@@ -47,20 +48,27 @@ if TYPE_CHECKING:
     from ._conversation import Conversation
     from ._tools import Tool
 
+_logger = logging.getLogger("trio_dispatch")
+
+_UnknownProviders = Literal["allow", "warn", "error"]
+_UNKNOWN_PROVIDERS: Final[tuple[_UnknownProviders, ...]] = ("allow", "warn", "error")
+
 
 @final
 @attrs.frozen
 class ProviderStatistics:
-    """One limited provider, as its scheduler last saw it.
+    """One provider, limited or not, as its scheduler sees it.
 
     Attributes:
         provider: The provider's name.
-        limit: The limit the scheduler enforces.
+        limit: The limit the scheduler enforces, or ``None`` for an
+            unlimited provider (every request is granted at once, and still
+            counted).
         in_flight: Slots held now.
         waiting: Requests waiting for a slot now.
         paused: Whether grants are paused by a rate-limit report.
         paused_until: When the pause ends (trio clock), or ``None``.
-        granted_total: Slots granted since the provider was limited.
+        granted_total: Slots granted since the provider was first used.
         released_total: Slots given back.
         withdrawn_total: Requests cancelled while they waited.
         rejected_total: Requests refused with ``QueueFull``.
@@ -69,7 +77,7 @@ class ProviderStatistics:
     """
 
     provider: str
-    limit: int
+    limit: int | None
     in_flight: int
     waiting: int
     paused: bool
@@ -85,7 +93,7 @@ class ProviderStatistics:
 @final
 @attrs.frozen
 class DispatcherStatistics:
-    """A snapshot of a dispatcher: one entry per limited provider."""
+    """A snapshot of a dispatcher: one entry per provider limited or used."""
 
     providers: Mapping[str, ProviderStatistics]
     closed: bool
@@ -292,17 +300,25 @@ class Dispatcher:
     The scheduler of an unlimited provider stops when no slot is held and
     nothing waits, and starts again on the next request, so names used once
     (model ids, say) leave no task behind; its counters carry on.
+
+    A provider is *known* once it is named in ``limits``, given a limit with
+    ``set_limit``, or made unlimited on purpose with ``remove_limit`` (it
+    stays known). A slot of any other provider is unlimited by accident, as
+    a misspelt name would be: ``unknown_providers`` says what happens then.
     """
 
     __slots__ = (
         "_actors",
+        "_cleared",
         "_closed",
         "_default_pause",
+        "_known",
         "_limits",
         "_max_hold",
         "_max_waiting",
         "_nursery",
         "_policies",
+        "_unknown_providers",
     )
 
     def __init__(
@@ -312,6 +328,7 @@ class Dispatcher:
         default_pause: float,
         max_hold: float | None,
         max_waiting: int | None,
+        unknown_providers: _UnknownProviders = "warn",
     ) -> None:
         self._nursery = nursery
         self._default_pause = default_pause
@@ -322,6 +339,12 @@ class Dispatcher:
         self._actors: dict[str, SchedulerActor] = {}
         self._policies: dict[str, SlotPolicy] = {}
         self._limits: dict[str, int] = {}
+        self._unknown_providers = unknown_providers
+        # Known providers, and the names slot() lets through without a
+        # look: the known ones and the unknown ones already allowed or
+        # warned about.
+        self._known: set[str] = set()
+        self._cleared: set[str] = set()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -356,6 +379,8 @@ class Dispatcher:
                 providers limited when the slot is granted.
 
         Raises:
+            ValueError: At once, if ``provider`` is unknown and the
+                dispatcher's ``unknown_providers`` is ``"error"``.
             DispatcherClosed: On entering, if the dispatcher has closed or
                 closes while waiting.
             QueueFull: On entering, if ``max_waiting`` requests already wait.
@@ -374,6 +399,8 @@ class Dispatcher:
             max_hold = self._max_hold
         else:
             max_hold = check_optional_seconds(max_hold, "max_hold", positive=True)
+        if provider not in self._cleared:
+            self._unknown(provider)
         return Slot(self, provider, conversation_id, started_at, max_hold)
 
     def set_limit(self, provider: str, limit: int) -> None:
@@ -394,18 +421,24 @@ class Dispatcher:
             self._policy(provider).set_limit(limit)
             self._scheduler(provider)
         self._limits[provider] = limit
+        self._known.add(provider)
+        self._cleared.add(provider)
 
     def remove_limit(self, provider: str) -> None:
         """Lift the limit of ``provider``: waiters go through, nobody waits.
 
         Its scheduler keeps counting the slots in use (granting every request
         at once), so a limit set again later counts every holder and the
-        provider never sees more than the new limit once they finish.
+        provider never sees more than the new limit once they finish. The
+        provider stays known (even one never limited): it is unlimited on
+        purpose, so ``unknown_providers`` does not apply to it.
         """
         check_provider(provider)
         self._check_open()
         if self._limits.pop(provider, None) is not None:
             self._send(provider, SetLimit(None))
+        self._known.add(provider)
+        self._cleared.add(provider)
 
     def limits(self) -> dict[str, int]:
         """The configured limits, provider by provider (a copy)."""
@@ -477,6 +510,8 @@ class Dispatcher:
             seed: Seeds the backoff jitter, for reproducible runs.
 
         Raises:
+            ValueError: ``provider.id`` is unknown and the dispatcher's
+                ``unknown_providers`` is ``"error"``; or a bad argument.
             DispatcherClosed: The dispatcher has closed.
         """
         conversation = new_conversation(
@@ -493,6 +528,8 @@ class Dispatcher:
             max_tokens=max_tokens,
             seed=seed,
         )
+        if provider.id not in self._cleared:
+            self._unknown(provider.id)
         self._check_open()
         self._nursery.start_soon(
             conversation._run, name=f"trio_dispatch conversation {conversation.id!r}"
@@ -500,7 +537,7 @@ class Dispatcher:
         return conversation
 
     def statistics(self) -> DispatcherStatistics:
-        """A snapshot of every limited provider.
+        """A snapshot of every provider limited or used, unlimited ones too.
 
         It reflects everything done before the call: a ``set_limit``, a
         slot given back or asked for a moment ago shows at once, without
@@ -512,8 +549,6 @@ class Dispatcher:
         providers: dict[str, ProviderStatistics] = {}
         for provider, policy in self._policies.items():
             stats = policy.statistics()
-            if stats.limit is None:
-                continue
             providers[provider] = ProviderStatistics(
                 provider=provider,
                 limit=stats.limit,
@@ -529,6 +564,21 @@ class Dispatcher:
                 peak_waiting=stats.peak_waiting,
             )
         return DispatcherStatistics(providers=providers, closed=self._closed)
+
+    def _unknown(self, provider: str) -> None:
+        """Apply ``unknown_providers`` to a provider first seen unknown."""
+        if self._unknown_providers == "error":
+            raise ValueError(
+                f"provider {provider!r} has no limit;"
+                f" known providers: {_names(self._known)}"
+            )
+        if self._unknown_providers == "warn":
+            _logger.warning(
+                "provider %r has no limit, so it runs unlimited; limited providers: %s",
+                provider,
+                _names(self._limits),
+            )
+        self._cleared.add(provider)
 
     def _scheduler(self, provider: str) -> SchedulerActor:
         """The running scheduler of ``provider``, started if there is none.
@@ -589,6 +639,7 @@ def open_dispatcher(
     default_pause: float = 30.0,
     max_hold: float | None = None,
     max_waiting: int | None = None,
+    unknown_providers: _UnknownProviders = "warn",
 ) -> contextlib.AbstractAsyncContextManager[Dispatcher]:
     """Run a dispatcher for the duration of an ``async with`` block.
 
@@ -603,6 +654,13 @@ def open_dispatcher(
             and ``SlotHoldTimeout`` raised; ``None`` for no bound.
         max_waiting: At most this many requests wait per provider; one more
             gets ``QueueFull`` at once. ``None`` for no bound.
+        unknown_providers: What a slot of an unknown provider (one never
+            named in ``limits``, ``set_limit`` or ``remove_limit``, such as
+            a misspelt name) does: ``"allow"`` runs it unlimited quietly,
+            ``"warn"`` does too but logs one warning per name on the
+            ``"trio_dispatch"`` logger, naming the limited providers, and
+            ``"error"`` refuses it at once with ``ValueError`` at
+            ``dispatcher.slot()`` (and ``start_conversation``).
 
     When the block ends, the schedulers stop: every request still waiting,
     wherever its task lives, and every later ``slot`` gets
@@ -613,7 +671,8 @@ def open_dispatcher(
     pause = check_seconds(default_pause, "default_pause")
     hold = check_optional_seconds(max_hold, "max_hold", positive=True)
     waiting = check_max_waiting(max_waiting)
-    return _run_dispatcher(checked, pause, hold, waiting)
+    unknown = _check_unknown_providers(unknown_providers)
+    return _run_dispatcher(checked, pause, hold, waiting, unknown)
 
 
 @asynccontextmanager
@@ -622,6 +681,7 @@ async def _run_dispatcher(
     default_pause: float,
     max_hold: float | None,
     max_waiting: int | None,
+    unknown_providers: _UnknownProviders,
 ) -> AsyncIterator[Dispatcher]:
     body_error: BaseException | None = None
     try:
@@ -631,6 +691,7 @@ async def _run_dispatcher(
                 default_pause=default_pause,
                 max_hold=max_hold,
                 max_waiting=max_waiting,
+                unknown_providers=unknown_providers,
             )
             for provider, limit in limits.items():
                 dispatcher.set_limit(provider, limit)
@@ -658,6 +719,21 @@ async def _run_dispatcher(
         finally:
             only.__context__ = context
             del only, context
+
+
+def _check_unknown_providers(value: object) -> _UnknownProviders:
+    for mode in _UNKNOWN_PROVIDERS:
+        if value == mode:
+            return mode
+    rule = "unknown_providers must be 'allow', 'warn' or 'error'"
+    if not isinstance(value, str):
+        raise TypeError(f"{rule}, got {value!r}")
+    raise ValueError(f"{rule}, got {value!r}")
+
+
+def _names(providers: Iterable[str]) -> str:
+    """Provider names for a message: sorted, quoted, or ``none``."""
+    return ", ".join(repr(name) for name in sorted(providers)) or "none"
 
 
 def _leaves(exc: BaseException) -> set[int]:
