@@ -11,18 +11,17 @@ import logging
 import math
 from typing import TYPE_CHECKING
 
+import pytest
 import trio
 import trio.testing
 
-from trio_dispatch import open_dispatcher
+from trio_dispatch import Slot, open_dispatcher
 from trio_dispatch.messages import Acquire, Pause, Release, SetLimit
 
 from ._helpers import RecordingReply, settle
 
 if TYPE_CHECKING:
-    import pytest
-
-    from trio_dispatch import Dispatcher, Slot
+    from trio_dispatch import Dispatcher
 
 
 async def _hold(slot: Slot, outcomes: list[str]) -> None:
@@ -155,3 +154,83 @@ async def test_a_bad_limit_or_pause_sent_to_a_scheduler_is_logged_and_dropped(
             " got nan",
         ),
     ]
+
+
+# ---------------------------------------------------------------- slots
+
+
+LEFT_ELSEWHERE = r"^a slot must be left by the task that entered it$"
+
+
+@pytest.mark.parametrize("max_hold", [None, 5.0], ids=["plain", "max_hold"])
+async def test_a_slot_left_from_another_task_is_given_back_once_then_refused(
+    max_hold: float | None, autojump_clock: trio.testing.MockClock
+) -> None:
+    events: list[tuple[str, float]] = []
+    async with (
+        open_dispatcher({"p": 1}, max_hold=max_hold) as dispatcher,
+        trio.open_nursery() as nursery,
+    ):
+        slot = dispatcher.slot("p")
+        entered = trio.Event()
+
+        async def task_a() -> None:
+            await slot.__aenter__()
+            entered.set()
+            # Well past max_hold: nothing may cancel this task now.
+            await trio.sleep(20)
+            events.append(("a done", trio.current_time()))
+
+        async def task_b() -> None:
+            await entered.wait()
+            await trio.sleep(1)
+            with pytest.raises(RuntimeError, match=LEFT_ELSEWHERE):
+                await slot.__aexit__(None, None, None)
+            events.append(("b refused", trio.current_time()))
+            assert not slot.held
+            # Leaving again, from anywhere, gives nothing back twice.
+            with pytest.raises(RuntimeError, match=LEFT_ELSEWHERE):
+                await slot.__aexit__(None, None, None)
+
+        async def next_in_line() -> None:
+            await entered.wait()
+            async with dispatcher.slot("p", max_hold=None) as other:
+                assert other.granted_at is not None
+                events.append(("next granted", other.granted_at))
+
+        nursery.start_soon(task_a)
+        nursery.start_soon(task_b)
+        nursery.start_soon(next_in_line)
+    assert events == [("b refused", 1.0), ("next granted", 1.0), ("a done", 20.0)]
+    stats = dispatcher.statistics().providers["p"]
+    assert (stats.in_flight, stats.granted_total, stats.released_total) == (0, 2, 2)
+
+
+@pytest.mark.parametrize("max_hold", [None, 5.0], ids=["plain", "max_hold"])
+async def test_a_slot_left_elsewhere_then_by_its_own_task_closes_cleanly(
+    max_hold: float | None, autojump_clock: trio.testing.MockClock
+) -> None:
+    events: list[tuple[str, float]] = []
+    async with open_dispatcher({"p": 1}, max_hold=max_hold) as dispatcher:
+
+        async def leave_elsewhere(slot: Slot) -> None:
+            with pytest.raises(RuntimeError, match=LEFT_ELSEWHERE):
+                await slot.__aexit__(None, None, None)
+            events.append(("left elsewhere", trio.current_time()))
+
+        with trio.CancelScope() as outer:
+            async with dispatcher.slot("p") as slot:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(leave_elsewhere, slot)
+                await trio.sleep(10)
+                events.append(("body done", trio.current_time()))
+            events.append(("left", trio.current_time()))
+        assert not outer.cancelled_caught
+        await trio.sleep(10)
+        stats = dispatcher.statistics().providers["p"]
+        assert (stats.in_flight, stats.granted_total, stats.released_total) == (
+            0,
+            1,
+            1,
+        )
+    assert events == [("left elsewhere", 0.0), ("body done", 10.0), ("left", 10.0)]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import math
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, Literal, Self, final
 
@@ -41,7 +42,7 @@ from ._conversation import new_conversation
 from ._scheduler import SchedulerActor
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+    from collections.abc import AsyncIterator, Iterable, Mapping
     from types import TracebackType
 
     from ..providers import Provider
@@ -123,6 +124,13 @@ class Slot:
     cancellation or ``SlotHoldTimeout`` alike. If entering raises, nothing
     is held. A slot is entered once.
 
+    A slot is left by the task that entered it. Its ``max_hold`` timer is a
+    cancel scope of that task, which trio lets only that task close, so a
+    slot cannot move to another task, with ``max_hold`` or without (both
+    behave the same): leaving it from another task gives the slot back
+    there and then, and raises ``RuntimeError``. The entering task's timer
+    is disarmed then, and is closed when that task leaves the slot too.
+
     Attributes:
         provider: The provider asked for.
         conversation_id: Who asked, for traces and statistics.
@@ -163,7 +171,7 @@ class Slot:
         self._actor: SchedulerActor | None = None
         self._task: trio.lowlevel.Task | None = None
         self._error: Exception | None = None
-        self._hold: contextlib.AbstractContextManager[None] | None = None
+        self._hold: trio.CancelScope | None = None
         self.ticket: Ticket | None = None
         self.granted_at: float | None = None
 
@@ -205,13 +213,14 @@ class Slot:
         self._task = trio.lowlevel.current_task()
         self._state = _WAITING
         await trio.lowlevel.wait_task_rescheduled(self._abort)
-        self._task = None
         if self._error is not None:
+            self._task = None
             error, self._error = self._error, None
             raise error
+        # _task stays set: the task that must leave the slot.
         if self._max_hold is not None and self.provider in dispatcher._limits:
             assert self.granted_at is not None
-            hold = _hold_timer(self.granted_at + self._max_hold, self._max_hold)
+            hold = trio.CancelScope(deadline=self.granted_at + self._max_hold)
             hold.__enter__()
             self._hold = hold
         return self
@@ -223,11 +232,27 @@ class Slot:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
+        hold = self._hold
+        task = self._task
+        if task is not None and task is not trio.lowlevel.current_task():
+            # Only the entering task may close its timer's cancel scope:
+            # closing it here would corrupt trio's state in both tasks.
+            # Disarmed, it can no longer cancel what that task does next.
+            if hold is not None:
+                hold.deadline = math.inf
+            self._give_back()
+            raise RuntimeError("a slot must be left by the task that entered it")
+        self._task = None
         try:
-            if self._hold is not None:
-                hold, self._hold = self._hold, None
-                return hold.__exit__(exc_type, exc, tb)
-            return None
+            if hold is None:
+                return None
+            self._hold = None
+            swallowed = hold.__exit__(exc_type, exc, tb)
+            if hold.cancelled_caught:
+                raise SlotHoldTimeout(
+                    f"slot held longer than max_hold={self._max_hold} seconds"
+                )
+            return swallowed
         finally:
             self._give_back()
 
@@ -275,14 +300,6 @@ class Slot:
             # Closed: the scheduler is gone and holds nothing for us.
             self._actor.send(Cancel(self.ticket))  # type: ignore[union-attr, arg-type]  # set before parking
         return trio.lowlevel.Abort.SUCCEEDED
-
-
-@contextlib.contextmanager
-def _hold_timer(deadline: float, max_hold: float) -> Iterator[None]:
-    with trio.CancelScope(deadline=deadline) as scope:
-        yield
-    if scope.cancelled_caught:
-        raise SlotHoldTimeout(f"slot held longer than max_hold={max_hold} seconds")
 
 
 _UNSET: Any = object()
