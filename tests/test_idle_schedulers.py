@@ -10,9 +10,10 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from trio_dispatch import Dispatcher, open_dispatcher
+from trio_dispatch import Dispatcher, Ticket, open_dispatcher
+from trio_dispatch.messages import Acquire, Release
 
-from ._helpers import settle, task_names
+from ._helpers import RecordingReply, settle, task_names
 
 
 def schedulers() -> list[str]:
@@ -169,3 +170,17 @@ async def test_set_limit_reaching_a_scheduler_as_it_turns_idle_keeps_it() -> Non
         dispatcher.remove_limit("p-True")
         await settle()
         assert schedulers() == ["trio_dispatch scheduler 'p-False'"]
+
+
+async def test_a_scheduler_whose_work_statistics_did_before_it_ran_stops() -> None:
+    async with open_dispatcher(unknown_providers="allow") as dispatcher:
+        # Started, but its task has not run yet: statistics() does its work.
+        actor = dispatcher._scheduler("p")
+        reply = RecordingReply()
+        actor.send(Acquire(Ticket(0.0, 0), reply))
+        dispatcher.statistics()
+        assert [grant.ticket for grant in reply.grants] == [Ticket(0.0, 0)]
+        actor.send(Release(Ticket(0.0, 0)))
+        assert totals(dispatcher, "p") == (0, 1, 1)
+        await settle()
+        assert schedulers() == []

@@ -119,6 +119,11 @@ class SchedulerActor:
         policy = self.policy
         try:
             while True:
+                # Checked before every wait, not only after a batch:
+                # handle_backlog may have done this actor's work before its
+                # task first ran, and then nothing would wake it.
+                if stop_when_idle and self._idle():
+                    return True
                 paused_until = policy.paused_until
                 if self._batch:
                     # Left by a crash in handle_backlog, which may have
@@ -132,16 +137,21 @@ class SchedulerActor:
                 if inbox.closed:
                     return False
                 self._handle_batch(inbox.take_all(), trio.current_time())
-                if (
-                    stop_when_idle
-                    and policy.limit is None
-                    and not policy.in_flight
-                    and not policy.waiting
-                    and not len(inbox)
-                ):
-                    return True
         finally:
             self._shutdown()
+
+    def _idle(self) -> bool:
+        """Unlimited, no slot held or waiting, nothing to handle: may stop."""
+        policy = self.policy
+        inbox = self._inbox
+        return (
+            policy.limit is None
+            and not policy.in_flight
+            and not policy.waiting
+            and not len(inbox)
+            and not inbox.closed
+            and not self._batch
+        )
 
     # Called from any task (statistics), so protected like run: a
     # KeyboardInterrupt between a policy change and its delivery would lose
