@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import attrs
 import trio
 import trio.testing
+
+if TYPE_CHECKING:
+    from trio_dispatch.messages import Grant
 
 
 async def settle() -> None:
@@ -38,3 +44,17 @@ def chain(exc: BaseException) -> list[BaseException]:
             e for e in (current.__cause__, current.__context__) if e is not None
         )
     return seen
+
+
+@attrs.define
+class RecordingReply:
+    """A scheduler ``Reply`` that keeps what it is sent."""
+
+    grants: list[Grant] = attrs.Factory(list)
+    errors: list[Exception] = attrs.Factory(list)
+
+    def grant(self, grant: Grant) -> None:
+        self.grants.append(grant)
+
+    def fail(self, error: Exception) -> None:
+        self.errors.append(error)

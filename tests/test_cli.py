@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import signal
@@ -18,8 +19,9 @@ import pytest
 
 import trio_dispatch
 import trio_dispatch.benchmarks
-from trio_dispatch import _cli
-from trio_dispatch._cli import _parser, _print_table, main
+from trio_dispatch import DispatcherStatistics, ProviderStatistics, _cli
+from trio_dispatch._cli import _parser, _print_table, _progress_table, main
+from trio_dispatch._demo import Progress
 from trio_dispatch.benchmarks import FairnessConfig, HandoffSizes
 from trio_dispatch.testing import CallsPerTurn
 
@@ -228,6 +230,46 @@ def test_demo_runs_a_fleet_over_http_within_the_limits(
     assert sum(p["turns"] for p in report["providers"]) == 12
     assert all(p["llm_calls"] >= p["turns"] for p in report["providers"])
     assert (tmp_path / "demo.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_the_live_table_shows_a_limit_or_none_for_an_unlimited_provider() -> None:
+    from rich.console import Console  # noqa: PLC0415 (the demo extra)
+
+    def provider(name: str, limit: int | None) -> ProviderStatistics:
+        return ProviderStatistics(
+            provider=name,
+            limit=limit,
+            in_flight=2,
+            waiting=0,
+            paused=False,
+            paused_until=None,
+            granted_total=2,
+            released_total=0,
+            withdrawn_total=0,
+            rejected_total=0,
+            peak_in_flight=2,
+            peak_waiting=0,
+        )
+
+    progress = Progress(
+        turns_total=1,
+        statistics=DispatcherStatistics(
+            providers={
+                "openai": provider("openai", 4),
+                "local": provider("local", None),
+            },
+            closed=False,
+        ),
+    )
+    console = Console(width=100, record=True, file=io.StringIO())
+    console.print(_progress_table(progress))
+    rows = {
+        cells[0]: cells[1:3]
+        for line in console.export_text().splitlines()
+        if len(cells := [cell.strip() for cell in line.split("│")[1:-1]]) > 2
+    }
+    assert rows["openai"] == ["4", "## 2"]
+    assert rows["local"] == ["none", "## 2"]
 
 
 # ------------------------------------------------------------------ bench

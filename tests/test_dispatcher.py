@@ -184,7 +184,7 @@ async def test_waiter_cancelled_in_queue_is_withdrawn_and_never_granted(
 
 
 async def test_unlimited_provider_checkpoints_and_grants_at_once() -> None:
-    async with open_dispatcher({"limited": 1}) as dispatcher:
+    async with open_dispatcher({"limited": 1}, unknown_providers="allow") as dispatcher:
         with trio.testing.assert_checkpoints():
             async with (
                 dispatcher.slot("free") as first,
@@ -198,7 +198,10 @@ async def test_unlimited_provider_checkpoints_and_grants_at_once() -> None:
                 pytest.fail(
                     "a cancelled caller must not get a slot"
                 )  # pragma: no cover
-        assert list(dispatcher.statistics().providers) == ["limited"]
+        stats = dispatcher.statistics().providers
+        assert list(stats) == ["limited", "free"]
+        free = stats["free"]
+        assert (free.limit, free.in_flight, free.granted_total) == (None, 0, 2)
         assert dispatcher.limits() == {"limited": 1}
 
 
@@ -366,7 +369,8 @@ async def test_remove_limit_lets_waiters_through_and_frees_later_calls(
         dispatcher.remove_limit("p")
         assert dispatcher.limits() == {}
         await settle()
-        assert "p" not in dispatcher.statistics().providers
+        stats = dispatcher.statistics().providers["p"]
+        assert (stats.limit, stats.in_flight, stats.waiting) == (None, 3, 0)
         nursery.start_soon(call)
         # Limiting it again counts every slot still held, from before the
         # removal and since; the holders finish before anyone else goes.
@@ -421,7 +425,9 @@ async def test_rate_limit_report_pauses_grants_until_retry_after(
 async def test_rate_limit_report_without_retry_after_uses_the_default_pause(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with open_dispatcher({"p": 1}, default_pause=30.0) as dispatcher:
+    async with open_dispatcher(
+        {"p": 1}, default_pause=30.0, unknown_providers="allow"
+    ) as dispatcher:
         dispatcher.report_rate_limit("p")
         async with dispatcher.slot("p") as slot:
             assert slot.granted_at == 30.0
@@ -430,8 +436,9 @@ async def test_rate_limit_report_without_retry_after_uses_the_default_pause(
             assert slot.granted_at == 30.0
         await settle()
         stats = dispatcher.statistics()
-        assert list(stats.providers) == ["p"]
+        assert list(stats.providers) == ["p", "unlimited"]
         assert not stats.providers["p"].paused
+        assert not stats.providers["unlimited"].paused
 
 
 async def test_pause_of_zero_resumes_at_once(

@@ -102,12 +102,14 @@ class Checker:
         assert all(agent.bodies <= 1 for agent in self.agents)
         assert all(agent.bodies == 0 for agent in self.of(State.WITHDRAWN))
         stats = self.dispatcher.statistics().providers.get("p")
+        assert stats is not None
         if self.limit is None:
-            assert stats is None
+            # Unlimited: listed, every holder still counted, nobody waits.
+            assert (stats.limit, stats.waiting) == (None, 0)
+            assert stats.in_flight == len(holding)
             assert not waiting
             self.waiting_before = set()
             return
-        assert stats is not None
         assert stats.limit == self.limit
         # The scheduler's books match what the tasks themselves see.
         assert stats.in_flight == len(holding)

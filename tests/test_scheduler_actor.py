@@ -2,34 +2,22 @@
 
 from __future__ import annotations
 
-import attrs
 import pytest
 import trio
 import trio.testing
 
-from trio_dispatch import DispatcherClosed, DispatchError, SlotPolicy, Ticket
+from trio_dispatch import DispatcherClosed, SlotPolicy, Ticket
 from trio_dispatch.actors import SchedulerActor
 from trio_dispatch.messages import (
     Acquire,
     Cancel,
-    Grant,
     Pause,
     Release,
     Resume,
     SetLimit,
 )
 
-
-@attrs.define
-class RecordingReply:
-    grants: list[Grant] = attrs.Factory(list)
-    errors: list[DispatchError] = attrs.Factory(list)
-
-    def grant(self, grant: Grant) -> None:
-        self.grants.append(grant)
-
-    def fail(self, error: DispatchError) -> None:
-        self.errors.append(error)
+from ._helpers import RecordingReply
 
 
 async def test_acquires_still_queued_at_shutdown_are_failed() -> None:

@@ -253,6 +253,7 @@ async def replay_and_check(operations: tuple[Operation, ...]) -> None:
                     operation.provider
                 ].granted_total
             for name, provider in stats.items():
+                assert provider.limit is not None  # both are limited from the start
                 holding[name] = provider.in_flight
                 if provider.in_flight > provider.limit:
                     # Only the holders from before a lowering may exceed it.

@@ -135,13 +135,16 @@ async def test_an_unlimited_provider_streams_through_at_once() -> None:
         OpenAIProvider(
             base_url=server.openai_base_url, api_key="k", model="fake"
         ) as provider,
-        open_dispatcher() as dispatcher,
+        open_dispatcher(unknown_providers="allow") as dispatcher,
     ):
         limited = wrap_provider(provider, dispatcher, conversation_id="c", started_at=1)
         assert limited.id == "openai"
         assert repr(limited).startswith("<wrap_provider OpenAIProvider(")
         assert TextDelta("re:") in await collect(limited, "hello")
-        assert dispatcher.statistics().providers == {}
+        stats = dispatcher.statistics().providers
+        assert list(stats) == ["openai"]
+        openai = stats["openai"]
+        assert (openai.limit, openai.in_flight, openai.granted_total) == (None, 0, 1)
         assert len(server.requests) == 1
 
 

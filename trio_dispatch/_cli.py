@@ -644,7 +644,7 @@ def _progress_table(progress: Progress) -> Any:  # noqa: ANN401 (a rich renderab
         for name, provider in stats.providers.items():
             table.add_row(
                 name,
-                str(provider.limit),
+                "none" if provider.limit is None else str(provider.limit),
                 "#" * provider.in_flight + f" {provider.in_flight}",
                 str(provider.waiting),
                 "yes" if provider.paused else "",

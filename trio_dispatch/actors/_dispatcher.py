@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
+import math
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Final, Self, final
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, final
 
 import attrs
 import trio
 
-from .._exceptions import DispatcherClosed, DispatchError, SlotHoldTimeout
+from .._exceptions import DispatcherClosed, SlotHoldTimeout
 from .._policy import SlotPolicy
 from .._validation import (
     check_instant,
@@ -49,27 +51,34 @@ from ._conversation import new_conversation
 from ._scheduler import SchedulerActor
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+    from collections.abc import AsyncIterator, Iterable, Mapping
     from types import TracebackType
 
     from .._provider import Provider
     from ._conversation import Conversation
     from ._tools import Tool
 
+_logger = logging.getLogger("trio_dispatch")
+
+_UnknownProviders = Literal["allow", "warn", "error"]
+_UNKNOWN_PROVIDERS: Final[tuple[_UnknownProviders, ...]] = ("allow", "warn", "error")
+
 
 @final
 @attrs.frozen
 class ProviderStatistics:
-    """One limited provider, as its scheduler last saw it.
+    """One provider, limited or not, as its scheduler sees it.
 
     Attributes:
         provider: The provider's name.
-        limit: The limit the scheduler enforces.
+        limit: The limit the scheduler enforces, or ``None`` for an
+            unlimited provider (every request is granted at once, and still
+            counted).
         in_flight: Slots held now.
         waiting: Requests waiting for a slot now.
         paused: Whether grants are paused by a rate-limit report.
         paused_until: When the pause ends (trio clock), or ``None``.
-        granted_total: Slots granted since the provider was limited.
+        granted_total: Slots granted since the provider was first used.
         released_total: Slots given back.
         withdrawn_total: Requests cancelled while they waited.
         rejected_total: Requests refused with ``QueueFull``.
@@ -78,7 +87,7 @@ class ProviderStatistics:
     """
 
     provider: str
-    limit: int
+    limit: int | None
     in_flight: int
     waiting: int
     paused: bool
@@ -94,7 +103,7 @@ class ProviderStatistics:
 @final
 @attrs.frozen
 class DispatcherStatistics:
-    """A snapshot of a dispatcher: one entry per limited provider."""
+    """A snapshot of a dispatcher: one entry per provider limited or used."""
 
     providers: Mapping[str, ProviderStatistics]
     closed: bool
@@ -123,6 +132,13 @@ class Slot:
     ``started_at`` first); leaving gives it back, on success, error,
     cancellation or ``SlotHoldTimeout`` alike. If entering raises, nothing
     is held. A slot is entered once.
+
+    A slot is left by the task that entered it. Its ``max_hold`` timer is a
+    cancel scope of that task, which trio lets only that task close, so a
+    slot cannot move to another task, with ``max_hold`` or without (both
+    behave the same): leaving it from another task gives the slot back
+    there and then, and raises ``RuntimeError``. The entering task's timer
+    is disarmed then, and is closed when that task leaves the slot too.
 
     Attributes:
         provider: The provider asked for.
@@ -163,8 +179,8 @@ class Slot:
         self._state = _NEW
         self._actor: SchedulerActor | None = None
         self._task: trio.lowlevel.Task | None = None
-        self._error: DispatchError | None = None
-        self._hold: contextlib.AbstractContextManager[None] | None = None
+        self._error: Exception | None = None
+        self._hold: trio.CancelScope | None = None
         self.ticket: Ticket | None = None
         self.granted_at: float | None = None
 
@@ -206,13 +222,14 @@ class Slot:
         self._task = trio.lowlevel.current_task()
         self._state = _WAITING
         await trio.lowlevel.wait_task_rescheduled(self._abort)
-        self._task = None
         if self._error is not None:
+            self._task = None
             error, self._error = self._error, None
             raise error
+        # _task stays set: the task that must leave the slot.
         if self._max_hold is not None and self.provider in dispatcher._limits:
             assert self.granted_at is not None
-            hold = _hold_timer(self.granted_at + self._max_hold, self._max_hold)
+            hold = trio.CancelScope(deadline=self.granted_at + self._max_hold)
             hold.__enter__()
             self._hold = hold
         return self
@@ -224,11 +241,27 @@ class Slot:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
+        hold = self._hold
+        task = self._task
+        if task is not None and task is not trio.lowlevel.current_task():
+            # Only the entering task may close its timer's cancel scope:
+            # closing it here would corrupt trio's state in both tasks.
+            # Disarmed, it can no longer cancel what that task does next.
+            if hold is not None:
+                hold.deadline = math.inf
+            self._give_back()
+            raise RuntimeError("a slot must be left by the task that entered it")
+        self._task = None
         try:
-            if self._hold is not None:
-                hold, self._hold = self._hold, None
-                return hold.__exit__(exc_type, exc, tb)
-            return None
+            if hold is None:
+                return None
+            self._hold = None
+            swallowed = hold.__exit__(exc_type, exc, tb)
+            if hold.cancelled_caught:
+                raise SlotHoldTimeout(
+                    f"slot held longer than max_hold={self._max_hold} seconds"
+                )
+            return swallowed
         finally:
             self._give_back()
 
@@ -258,7 +291,7 @@ class Slot:
             trio.lowlevel.reschedule(self._task)
 
     @trio.lowlevel.enable_ki_protection
-    def fail(self, error: DispatchError) -> None:
+    def fail(self, error: Exception) -> None:
         """Wake the waiting task with ``error``; it holds nothing."""
         if self._state is _WAITING:
             self._state = _DONE
@@ -278,12 +311,15 @@ class Slot:
         return trio.lowlevel.Abort.SUCCEEDED
 
 
-@contextlib.contextmanager
-def _hold_timer(deadline: float, max_hold: float) -> Iterator[None]:
-    with trio.CancelScope(deadline=deadline) as scope:
-        yield
-    if scope.cancelled_caught:
-        raise SlotHoldTimeout(f"slot held longer than max_hold={max_hold} seconds")
+@attrs.frozen
+class _Settings:
+    """A dispatcher's settings, checked by ``open_dispatcher``."""
+
+    default_pause: float
+    max_pause: float
+    max_hold: float | None
+    max_waiting: int | None
+    unknown_providers: _UnknownProviders
 
 
 _UNSET: Any = object()
@@ -298,36 +334,50 @@ class Dispatcher:
     used. A provider without a limit is unlimited: its scheduler grants every
     request at once, but still counts the slots in use, so a limit set later
     counts them too (they finish; nothing new is granted above the limit).
+    The scheduler of an unlimited provider stops when no slot is held and
+    nothing waits, and starts again on the next request, so names used once
+    (model ids, say) leave no task behind; its counters carry on.
+
+    A provider is *known* once it is named in ``limits``, given a limit with
+    ``set_limit``, or made unlimited on purpose with ``remove_limit`` (it
+    stays known). A slot of any other provider is unlimited by accident, as
+    a misspelt name would be: ``unknown_providers`` says what happens then.
     """
 
     __slots__ = (
         "_actors",
+        "_cleared",
         "_closed",
-        "_default_pause",
+        "_known",
         "_limits",
-        "_max_hold",
-        "_max_pause",
-        "_max_waiting",
         "_nursery",
+        "_policies",
+        "_settings",
     )
 
     def __init__(
         self,
         nursery: trio.Nursery,
-        *,
-        default_pause: float,
-        max_pause: float,
-        max_hold: float | None,
-        max_waiting: int | None,
+        settings: _Settings,
     ) -> None:
         self._nursery = nursery
-        self._default_pause = default_pause
-        self._max_pause = max_pause
-        self._max_hold = max_hold
-        self._max_waiting = max_waiting
+        self._settings = settings
+        # The running schedulers, and the policy of every provider seen: a
+        # stopped scheduler's policy waits here for its next one.
         self._actors: dict[str, SchedulerActor] = {}
+        self._policies: dict[str, SlotPolicy] = {}
         self._limits: dict[str, int] = {}
+        # Known providers, and the names slot() lets through without a
+        # look: the known ones and the unknown ones already allowed or
+        # warned about.
+        self._known: set[str] = set()
+        self._cleared: set[str] = set()
         self._closed = False
+
+    @property
+    def _max_pause(self) -> float:
+        """The longest pause, which also caps a conversation's retry wait."""
+        return self._settings.max_pause
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -361,6 +411,8 @@ class Dispatcher:
                 providers limited when the slot is granted.
 
         Raises:
+            ValueError: At once, if ``provider`` is unknown and the
+                dispatcher's ``unknown_providers`` is ``"error"``.
             DispatcherClosed: On entering, if the dispatcher has closed or
                 closes while waiting.
             QueueFull: On entering, if ``max_waiting`` requests already wait.
@@ -376,9 +428,11 @@ class Dispatcher:
         else:
             started_at = check_instant(started_at, "started_at")
         if max_hold is _UNSET:
-            max_hold = self._max_hold
+            max_hold = self._settings.max_hold
         else:
             max_hold = check_optional_seconds(max_hold, "max_hold", positive=True)
+        if provider not in self._cleared:
+            self._unknown(provider)
         return Slot(self, provider, conversation_id, started_at, max_hold)
 
     def set_limit(self, provider: str, limit: int) -> None:
@@ -394,20 +448,29 @@ class Dispatcher:
         if provider in self._actors:
             self._send(provider, SetLimit(limit))
         else:
-            self._scheduler(provider, limit)
+            # No scheduler runs, so none holds the policy: nothing waits and
+            # nothing is granted; the new scheduler starts limited.
+            self._policy(provider).set_limit(limit)
+            self._scheduler(provider)
         self._limits[provider] = limit
+        self._known.add(provider)
+        self._cleared.add(provider)
 
     def remove_limit(self, provider: str) -> None:
         """Lift the limit of ``provider``: waiters go through, nobody waits.
 
         Its scheduler keeps counting the slots in use (granting every request
         at once), so a limit set again later counts every holder and the
-        provider never sees more than the new limit once they finish.
+        provider never sees more than the new limit once they finish. The
+        provider stays known (even one never limited): it is unlimited on
+        purpose, so ``unknown_providers`` does not apply to it.
         """
         check_provider(provider)
         self._check_open()
         if self._limits.pop(provider, None) is not None:
             self._send(provider, SetLimit(None))
+        self._known.add(provider)
+        self._cleared.add(provider)
 
     def limits(self) -> dict[str, int]:
         """The configured limits, provider by provider (a copy)."""
@@ -503,6 +566,8 @@ class Dispatcher:
             seed: Seeds the backoff jitter, for reproducible runs.
 
         Raises:
+            ValueError: ``provider.id`` is unknown and the dispatcher's
+                ``unknown_providers`` is ``"error"``; or a bad argument.
             DispatcherClosed: The dispatcher has closed.
         """
         conversation = new_conversation(
@@ -519,6 +584,8 @@ class Dispatcher:
             max_tokens=max_tokens,
             seed=seed,
         )
+        if provider.id not in self._cleared:
+            self._unknown(provider.id)
         self._check_open()
         self._nursery.start_soon(
             conversation._run, name=f"trio_dispatch conversation {conversation.id!r}"
@@ -526,17 +593,18 @@ class Dispatcher:
         return conversation
 
     def statistics(self) -> DispatcherStatistics:
-        """A snapshot of every limited provider.
+        """A snapshot of every provider limited or used, unlimited ones too.
 
-        Each scheduler reports the state after the messages it has handled;
-        a message sent a moment ago (``set_limit``, a release) shows once the
-        scheduler has run, which is within the same scheduling round.
+        It reflects everything done before the call: a ``set_limit``, a
+        slot given back or asked for a moment ago shows at once, without
+        waiting for the schedulers to run (each handles its queued messages
+        first, synchronously, as it would itself).
         """
+        for actor in self._actors.values():
+            actor.handle_backlog()
         providers: dict[str, ProviderStatistics] = {}
-        for provider, actor in self._actors.items():
-            stats = actor.policy.statistics()
-            if stats.limit is None:
-                continue
+        for provider, policy in self._policies.items():
+            stats = policy.statistics()
             providers[provider] = ProviderStatistics(
                 provider=provider,
                 limit=stats.limit,
@@ -553,26 +621,59 @@ class Dispatcher:
             )
         return DispatcherStatistics(providers=providers, closed=self._closed)
 
-    def _scheduler(self, provider: str, limit: int | None = None) -> SchedulerActor:
-        """The scheduler of ``provider``, started on first use.
+    def _unknown(self, provider: str) -> None:
+        """Apply ``unknown_providers`` to a provider first seen unknown."""
+        if self._settings.unknown_providers == "error":
+            raise ValueError(
+                f"provider {provider!r} has no limit;"
+                f" known providers: {_names(self._known)}"
+            )
+        if self._settings.unknown_providers == "warn":
+            _logger.warning(
+                "provider %r has no limit, so it runs unlimited; limited providers: %s",
+                provider,
+                _names(self._limits),
+            )
+        self._cleared.add(provider)
+
+    def _scheduler(self, provider: str) -> SchedulerActor:
+        """The running scheduler of ``provider``, started if there is none.
 
         Unlimited providers get one too (with no limit, it grants at once):
-        it counts their slots in use, so a limit set later counts them.
+        it counts their slots in use, so a limit set later counts them. It
+        stops when idle (see ``_serve``); the next call starts a new one on
+        the same policy.
         """
         actor = self._actors.get(provider)
         if actor is None:
-            policy = SlotPolicy(
-                limit,
-                max_waiting=self._max_waiting,
-                default_pause=self._default_pause,
-                max_pause=self._max_pause,
-            )
-            actor = SchedulerActor(provider, policy)
+            actor = SchedulerActor(provider, self._policy(provider))
             self._actors[provider] = actor
             self._nursery.start_soon(
-                actor.run, name=f"trio_dispatch scheduler {provider!r}"
+                self._serve, actor, name=f"trio_dispatch scheduler {provider!r}"
             )
         return actor
+
+    def _policy(self, provider: str) -> SlotPolicy:
+        policy = self._policies.get(provider)
+        if policy is None:
+            policy = SlotPolicy(
+                None,
+                max_waiting=self._settings.max_waiting,
+                default_pause=self._settings.default_pause,
+                max_pause=self._settings.max_pause,
+            )
+            self._policies[provider] = policy
+        return policy
+
+    # Protected so that no KeyboardInterrupt comes between the actor's
+    # decision to stop and its removal: a request in between would find a
+    # closed inbox.
+    @trio.lowlevel.enable_ki_protection
+    async def _serve(self, actor: SchedulerActor) -> None:
+        if await actor.run(stop_when_idle=True):
+            # Idle and unlimited: it stopped with nothing held, waiting or
+            # queued, in this same step, so no request was sent to it since.
+            del self._actors[actor.provider]
 
     def _send(self, provider: str, message: SetLimit | Pause | Resume) -> None:
         try:
@@ -600,6 +701,7 @@ def open_dispatcher(
     max_pause: float = 60.0,
     max_hold: float | None = None,
     max_waiting: int | None = None,
+    unknown_providers: _UnknownProviders = "warn",
 ) -> contextlib.AbstractAsyncContextManager[Dispatcher]:
     """Run a dispatcher for the duration of an ``async with`` block.
 
@@ -623,6 +725,13 @@ def open_dispatcher(
             and ``SlotHoldTimeout`` raised; ``None`` for no bound.
         max_waiting: At most this many requests wait per provider; one more
             gets ``QueueFull`` at once. ``None`` for no bound.
+        unknown_providers: What a slot of an unknown provider (one never
+            named in ``limits``, ``set_limit`` or ``remove_limit``, such as
+            a misspelt name) does: ``"allow"`` runs it unlimited quietly,
+            ``"warn"`` does too but logs one warning per name on the
+            ``"trio_dispatch"`` logger, naming the limited providers, and
+            ``"error"`` refuses it at once with ``ValueError`` at
+            ``dispatcher.slot()`` (and ``start_conversation``).
 
     When the block ends, the schedulers stop: every request still waiting,
     wherever its task lives, and every later ``slot`` gets
@@ -633,27 +742,24 @@ def open_dispatcher(
     pause, longest = check_pauses(default_pause, max_pause)
     hold = check_optional_seconds(max_hold, "max_hold", positive=True)
     waiting = check_max_waiting(max_waiting)
-    return _run_dispatcher(checked, pause, longest, hold, waiting)
+    settings = _Settings(
+        default_pause=pause,
+        max_pause=longest,
+        max_hold=hold,
+        max_waiting=waiting,
+        unknown_providers=_check_unknown_providers(unknown_providers),
+    )
+    return _run_dispatcher(checked, settings)
 
 
 @asynccontextmanager
 async def _run_dispatcher(
-    limits: dict[str, int],
-    default_pause: float,
-    max_pause: float,
-    max_hold: float | None,
-    max_waiting: int | None,
+    limits: dict[str, int], settings: _Settings
 ) -> AsyncIterator[Dispatcher]:
     body_error: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:
-            dispatcher = Dispatcher(
-                nursery,
-                default_pause=default_pause,
-                max_pause=max_pause,
-                max_hold=max_hold,
-                max_waiting=max_waiting,
-            )
+            dispatcher = Dispatcher(nursery, settings)
             for provider, limit in limits.items():
                 dispatcher.set_limit(provider, limit)
             try:
@@ -680,6 +786,21 @@ async def _run_dispatcher(
         finally:
             only.__context__ = context
             del only, context
+
+
+def _check_unknown_providers(value: object) -> _UnknownProviders:
+    for mode in _UNKNOWN_PROVIDERS:
+        if value == mode:
+            return mode
+    rule = "unknown_providers must be 'allow', 'warn' or 'error'"
+    if not isinstance(value, str):
+        raise TypeError(f"{rule}, got {value!r}")
+    raise ValueError(f"{rule}, got {value!r}")
+
+
+def _names(providers: Iterable[str]) -> str:
+    """Provider names for a message: sorted, quoted, or ``none``."""
+    return ", ".join(repr(name) for name in sorted(providers)) or "none"
 
 
 def _leaves(exc: BaseException) -> set[int]:

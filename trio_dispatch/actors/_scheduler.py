@@ -1,4 +1,4 @@
-"""The scheduler actor: one trio task per limited provider.
+"""The scheduler actor: one trio task per provider in use.
 
 Design note. The actor owns a ``SlotPolicy`` and is the only code that
 touches it. Everything reaches it as a typed message in one unbounded FIFO
@@ -14,6 +14,15 @@ delivered; a grant that reaches a requester who has just given up is
 ignored by its reply, and the requester's ``Cancel``, already behind in the
 inbox, releases it. So slots never leak through that race.
 
+A message the policy refuses as a misuse (a ticket it already knows, the
+release of a ticket that still waits, a bad limit) fails only the request it
+concerns, never the actor: an ``Acquire`` is answered with the error, a
+``Release`` of a waiting ticket withdraws that ticket and fails its
+requester (granting it later would give a slot to a requester that thinks
+it gave it back), and a ``SetLimit`` or ``Pause`` that nobody can be told
+about is logged and dropped. The policy changes nothing when it refuses, so
+its invariants hold.
+
 While the provider is paused, the actor waits for its inbox with the pause's
 end as deadline, and ticks the policy whenever it wakes. Once its inbox is
 closed, the actor handles nothing more: it stops and fails every waiter,
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 from typing import TYPE_CHECKING, final
 
 import trio
@@ -46,6 +56,8 @@ if TYPE_CHECKING:
     from .._policy import SlotPolicy
     from ..messages import Reply
 
+_logger = logging.getLogger("trio_dispatch")
+
 
 @final
 class SchedulerActor:
@@ -53,7 +65,8 @@ class SchedulerActor:
 
     Construct it with its policy, start ``run`` in a nursery, and talk to it
     only with ``send``. ``policy`` may be read between checkpoints for
-    statistics; it reflects every message the actor has handled so far.
+    statistics; it reflects every message the actor has handled so far, and
+    every message sent so far right after ``handle_backlog``.
     """
 
     __slots__ = ("_batch", "_inbox", "_replies", "_seq", "policy", "provider")
@@ -90,42 +103,114 @@ class SchedulerActor:
     # KeyboardInterrupt waits for the next checkpoint: between two, the actor
     # changes the policy and tells the requesters, which must go together.
     @trio.lowlevel.enable_ki_protection
-    async def run(self) -> None:
-        """Serve the inbox until it is closed or the task is cancelled."""
+    async def run(self, *, stop_when_idle: bool = False) -> bool:
+        """Serve the inbox until it is closed or the task is cancelled.
+
+        Args:
+            stop_when_idle: Also stop, closing the inbox, as soon as the
+                provider is unlimited and idle: no slot held, none waiting,
+                nothing queued. Then nobody can have a ticket to release or
+                cancel here, so no message can be lost; the policy can be
+                handed to a new actor on the next request.
+
+        Returns:
+            ``True`` if it stopped because it was idle.
+        """
         inbox = self._inbox
         policy = self.policy
-        handle = self._handle
         try:
             while True:
+                # Checked before every wait, not only after a batch:
+                # handle_backlog may have done this actor's work before its
+                # task first ran, and then nothing would wake it.
+                if stop_when_idle and self._idle():
+                    return True
                 paused_until = policy.paused_until
-                if paused_until is None:
+                if self._batch:
+                    # Left by a crash in handle_backlog, which may have
+                    # emptied the inbox: nothing would wake us for it.
+                    await trio.lowlevel.checkpoint()
+                elif paused_until is None:
                     await inbox.wait()
                 else:
                     with trio.move_on_at(paused_until):
                         await inbox.wait()
                 if inbox.closed:
-                    return
-                now = trio.current_time()
-                batch = self._batch = inbox.take_all()
-                while batch:
-                    handle(batch[0], now)
-                    batch.popleft()
-                if policy.paused_until is not None:
-                    self._deliver(policy.tick(now), now)
+                    return False
+                self._handle_batch(inbox.take_all(), trio.current_time())
         finally:
             self._shutdown()
+
+    def _idle(self) -> bool:
+        """Unlimited, no slot held or waiting, nothing to handle: may stop."""
+        policy = self.policy
+        inbox = self._inbox
+        return (
+            policy.limit is None
+            and not policy.in_flight
+            and not policy.waiting
+            and not len(inbox)
+            and not inbox.closed
+            and not self._batch
+        )
+
+    # Called from any task (statistics), so protected like run: a
+    # KeyboardInterrupt between a policy change and its delivery would lose
+    # a grant.
+    @trio.lowlevel.enable_ki_protection
+    def handle_backlog(self) -> None:
+        """Handle every queued message now, in the calling task; never blocks.
+
+        Afterwards ``policy`` reflects every message sent so far, and a
+        pause that has run out has ended. The actor handles a batch the same
+        way without a checkpoint, so this never splits one; its task, woken
+        by those messages, finds nothing left to do. Costs a length check
+        when the inbox is empty. Does nothing once the actor is closed.
+        """
+        inbox = self._inbox
+        if inbox.closed:
+            return
+        if not len(inbox):
+            paused_until = self.policy.paused_until
+            if paused_until is None or trio.current_time() < paused_until:
+                return
+        self._handle_batch(inbox.take_all(), trio.current_time())
+
+    def _handle_batch(
+        self, messages: collections.deque[SchedulerMessage], now: float
+    ) -> None:
+        batch = self._batch
+        if batch:
+            # Left by a crash in handle_backlog: the actor's task meets the
+            # same message next, in order, and crashes the usual way.
+            batch.extend(messages)
+        else:
+            self._batch = batch = messages
+        handle = self._handle
+        while batch:
+            handle(batch[0], now)
+            batch.popleft()
+        policy = self.policy
+        if policy.paused_until is not None:
+            self._deliver(policy.tick(now), now)
 
     def _handle(self, message: SchedulerMessage, now: float) -> None:
         policy = self.policy
         # Ordered by how often each message comes; most free nothing, so
-        # delivery is skipped when there is nothing to deliver.
+        # delivery is skipped when there is nothing to deliver. The policy's
+        # refusals are caught per message: a misuse fails its own request,
+        # never the actor (and a try costs nothing until it raises).
         if isinstance(message, Release):
-            grants = policy.release(message.ticket)
+            try:
+                grants = policy.release(message.ticket)
+            except RuntimeError as exc:
+                self._withdraw(message.ticket, exc)
+                return
         elif isinstance(message, Acquire):
             try:
                 grants = policy.acquire(message.ticket)
-            except QueueFull as exc:
-                message.reply.fail(exc)
+            except (QueueFull, ValueError) as exc:
+                self._refuse(message, exc)
                 return
             if not grants:
                 self._replies[message.ticket] = message.reply
@@ -136,14 +221,41 @@ class SchedulerActor:
             self._replies.pop(message.ticket, None)
             grants = policy.cancel(message.ticket)
         elif isinstance(message, SetLimit):
-            grants = policy.set_limit(message.limit)
+            try:
+                grants = policy.set_limit(message.limit)
+            except (TypeError, ValueError) as exc:
+                self._drop(message, exc)
+                return
         elif isinstance(message, Pause):
-            policy.report_rate_limit(message.reported_at, message.retry_after)
+            try:
+                policy.report_rate_limit(message.reported_at, message.retry_after)
+            except (TypeError, ValueError) as exc:
+                self._drop(message, exc)
             return
         else:
             grants = policy.resume()
         if grants:
             self._deliver(grants, now)
+
+    def _refuse(self, message: Acquire, error: Exception) -> None:
+        reply = message.reply
+        if self._replies.get(message.ticket) is reply:
+            # The requester that waits on this ticket asked again: failing
+            # it ends its wait, so its ticket must not be granted later to
+            # a requester that is gone.
+            self._withdraw(message.ticket, error)
+            return
+        reply.fail(error)
+
+    def _withdraw(self, ticket: Ticket, error: Exception) -> None:
+        reply = self._replies.pop(ticket)
+        self.policy.cancel(ticket)
+        reply.fail(error)
+
+    def _drop(self, message: SetLimit | Pause, error: Exception) -> None:
+        _logger.error(
+            "the scheduler of %r ignored %r: %s", self.provider, message, error
+        )
 
     def _deliver(self, grants: list[Ticket], now: float) -> None:
         replies = self._replies

@@ -11,12 +11,9 @@ memory channel per scheduler, so a ``Cancel`` can never overtake its
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple, Protocol, final
+from typing import NamedTuple, Protocol, final
 
 import attrs
-
-if TYPE_CHECKING:
-    from .._exceptions import DispatchError
 
 
 @final
@@ -54,8 +51,13 @@ class Reply(Protocol):
     def grant(self, grant: Grant) -> None:
         """Deliver the slot."""
 
-    def fail(self, error: DispatchError) -> None:
-        """Deliver a refusal; the requester holds nothing."""
+    def fail(self, error: Exception) -> None:
+        """Deliver a refusal; the requester holds nothing.
+
+        A ``DispatchError`` when the dispatcher refuses (``QueueFull``,
+        ``DispatcherClosed``); the policy's ``ValueError`` or
+        ``RuntimeError`` when the request misused the protocol.
+        """
 
 
 @final

@@ -1,0 +1,170 @@
+"""A provider name that matches no limit is unlimited by accident: say so.
+
+``OpenAIProvider(id="OpenAI")`` under ``open_dispatcher({"openai": 2})``
+used to put every request on the wire at once, and ``statistics()`` did not
+show it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+import trio.testing
+
+from trio_dispatch import open_dispatcher
+
+from ._helpers import settle, task_names
+
+if TYPE_CHECKING:
+    from trio_dispatch import Dispatcher
+
+
+def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "trio_dispatch" and record.levelno == logging.WARNING
+    ]
+
+
+async def _call_ten_at_once(dispatcher: Dispatcher, provider: str) -> None:
+    gate = trio.Event()
+
+    async def call() -> None:
+        async with dispatcher.slot(provider):
+            await gate.wait()
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(10):
+            nursery.start_soon(call)
+        await settle()
+        gate.set()
+
+
+async def test_an_unknown_provider_warns_once_per_name_and_shows_in_statistics(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with open_dispatcher({"openai": 2, "anthropic": 1}) as dispatcher:
+        await _call_ten_at_once(dispatcher, "OpenAI")
+        await _call_ten_at_once(dispatcher, "OpenAI")
+        await _call_ten_at_once(dispatcher, "openai")
+        async with dispatcher.slot("gpt-x"):
+            pass
+        assert warnings(caplog) == [
+            "provider 'OpenAI' has no limit, so it runs unlimited;"
+            " limited providers: 'anthropic', 'openai'",
+            "provider 'gpt-x' has no limit, so it runs unlimited;"
+            " limited providers: 'anthropic', 'openai'",
+        ]
+        stats = dispatcher.statistics().providers
+        assert list(stats) == ["openai", "anthropic", "OpenAI", "gpt-x"]
+        wrong = stats["OpenAI"]
+        assert (wrong.limit, wrong.peak_in_flight, wrong.granted_total) == (
+            None,
+            10,
+            20,
+        )
+        right = stats["openai"]
+        assert (right.limit, right.peak_in_flight, right.granted_total) == (2, 2, 10)
+
+
+async def test_a_warning_names_no_limited_provider_when_there_is_none(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with open_dispatcher() as dispatcher, dispatcher.slot("p"):
+        pass
+    assert warnings(caplog) == [
+        "provider 'p' has no limit, so it runs unlimited; limited providers: none"
+    ]
+
+
+async def test_an_unknown_provider_is_refused_at_once_in_error_mode(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with open_dispatcher(
+        {"openai": 2, "anthropic": 1}, unknown_providers="error"
+    ) as dispatcher:
+        with pytest.raises(
+            ValueError,
+            match=r"^provider 'OpenAI' has no limit;"
+            r" known providers: 'anthropic', 'openai'$",
+        ):
+            dispatcher.slot("OpenAI")
+        with pytest.raises(
+            ValueError,
+            match=r"^provider 'OpenAI' has no limit;"
+            r" known providers: 'anthropic', 'openai'$",
+        ):
+            dispatcher.start_conversation(_NamedProvider("OpenAI"))
+        await settle()
+        # Nothing changed: no scheduler, no statistics, no conversation.
+        assert list(dispatcher.statistics().providers) == ["openai", "anthropic"]
+        assert sum(name.startswith("trio_dispatch") for name in task_names()) == 2
+        # Named on purpose, it is known: limited, or unlimited by choice.
+        dispatcher.set_limit("OpenAI", 1)
+        dispatcher.remove_limit("local")
+        async with dispatcher.slot("OpenAI") as limited, dispatcher.slot("local"):
+            assert limited.held
+        with pytest.raises(
+            ValueError,
+            match=r"^provider 'other' has no limit;"
+            r" known providers: 'OpenAI', 'anthropic', 'local', 'openai'$",
+        ):
+            dispatcher.slot("other")
+        stats = dispatcher.statistics().providers
+        assert (stats["OpenAI"].limit, stats["local"].limit) == (1, None)
+        assert "other" not in stats
+    assert warnings(caplog) == []
+
+
+async def test_allow_mode_and_remove_limit_run_unlimited_without_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with open_dispatcher({"openai": 2}, unknown_providers="allow") as dispatcher:
+        await _call_ten_at_once(dispatcher, "OpenAI")
+        assert dispatcher.statistics().providers["OpenAI"].peak_in_flight == 10
+    async with open_dispatcher({"openai": 2}) as dispatcher:
+        dispatcher.remove_limit("local")
+        dispatcher.remove_limit("openai")
+        await _call_ten_at_once(dispatcher, "local")
+        await _call_ten_at_once(dispatcher, "openai")
+        stats = dispatcher.statistics().providers
+        assert (stats["local"].limit, stats["local"].peak_in_flight) == (None, 10)
+        assert (stats["openai"].limit, stats["openai"].peak_in_flight) == (None, 10)
+    assert warnings(caplog) == []
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        ("ignore", ValueError),
+        ("WARN", ValueError),
+        ("", ValueError),
+        (None, TypeError),
+        (True, TypeError),
+        (["warn"], TypeError),
+    ],
+)
+def test_a_bad_unknown_providers_is_refused_at_the_call(
+    value: object, error: type[Exception]
+) -> None:
+    with pytest.raises(
+        error,
+        match=rf"^unknown_providers must be 'allow', 'warn' or 'error',"
+        rf" got {re.escape(repr(value))}$",
+    ):
+        open_dispatcher({"p": 1}, unknown_providers=value)  # type: ignore[arg-type]  # the point
+
+
+class _NamedProvider:
+    """Just enough of a ``Provider`` for ``start_conversation`` to check it."""
+
+    def __init__(self, name: str) -> None:
+        self.id = name
+
+    def stream(self, request: Any) -> Any:  # noqa: ANN401 (never called)
+        raise NotImplementedError
