@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 if TYPE_CHECKING:
-    from trio_dispatch.messages import Grant
+    from trio_dispatch.lowlevel import Grant
 
 
 async def settle() -> None:
@@ -53,8 +53,8 @@ class RecordingReply:
     grants: list[Grant] = attrs.Factory(list)
     errors: list[Exception] = attrs.Factory(list)
 
-    def grant(self, grant: Grant) -> None:
+    def _grant(self, grant: Grant) -> None:
         self.grants.append(grant)
 
-    def fail(self, error: Exception) -> None:
+    def _fail(self, error: Exception) -> None:
         self.errors.append(error)

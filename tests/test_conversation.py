@@ -16,16 +16,19 @@ import attrs
 import pytest
 import trio
 
-from trio_dispatch import ConversationClosed, DispatcherClosed, DispatchError
-from trio_dispatch.actors import (
+from trio_dispatch import (
     SUMMARY_PREFIX,
     Conversation,
+    ConversationClosed,
     Dispatcher,
+    DispatcherClosed,
+    DispatchError,
+    Provider,
     Tool,
     TurnResult,
-    check_arguments,
     open_dispatcher,
 )
+from trio_dispatch.lowlevel import check_arguments
 from trio_dispatch.messages import (
     ChatMessage,
     ChatRequest,
@@ -36,7 +39,7 @@ from trio_dispatch.messages import (
     ToolSpec,
     Usage,
 )
-from trio_dispatch.providers import AnthropicProvider, OpenAIProvider, Provider
+from trio_dispatch.providers import AnthropicProvider, OpenAIProvider
 from trio_dispatch.providers._anthropic import request_body as anthropic_body
 from trio_dispatch.providers._openai import request_body as openai_body
 from trio_dispatch.testing import (

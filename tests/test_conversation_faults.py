@@ -15,13 +15,11 @@ import pytest
 import trio
 import trio.testing
 
-from trio_dispatch import ConversationClosed
-from trio_dispatch.actors import open_dispatcher
+from trio_dispatch import ConversationClosed, ProviderError, open_dispatcher
 from trio_dispatch.messages import ChatMessage, Finish, TextDelta, Usage
 from trio_dispatch.providers import (
     AuthenticationError,
     BadRequest,
-    ProviderError,
     RateLimited,
     ServerError,
 )

@@ -21,14 +21,14 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trio_dispatch.actors import SUMMARY_PREFIX, Tool, open_dispatcher
+from trio_dispatch import SUMMARY_PREFIX, Tool, open_dispatcher
 from trio_dispatch.messages import ChatMessage, ToolCall
 from trio_dispatch.providers import OpenAIProvider, ServerError
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
-    from trio_dispatch.actors import Conversation, Dispatcher
+    from trio_dispatch import Conversation, Dispatcher
 
 # -- a model in memory, over the wire ----------------------------------------------
 

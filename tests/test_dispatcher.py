@@ -21,8 +21,7 @@ from trio_dispatch import (
     SlotHoldTimeout,
     open_dispatcher,
 )
-from trio_dispatch.actors import SchedulerActor
-from trio_dispatch.messages import Acquire, Pause, SchedulerMessage
+from trio_dispatch.lowlevel import Acquire, Pause, SchedulerActor, SchedulerMessage
 
 from ._helpers import settle, task_names
 

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from trio_dispatch import DispatcherClosed, open_dispatcher
 
 if TYPE_CHECKING:
-    from trio_dispatch import Dispatcher, Slot, Ticket
+    from trio_dispatch import Dispatcher, Slot
+    from trio_dispatch.lowlevel import Ticket
 
 
 class State(enum.Enum):

@@ -1,22 +1,34 @@
-"""The public surface: every public name is exported, and only once."""
+"""The public surface: small, complete, named where it is imported from.
+
+And the import graph under it: no cycle, and a policy core that needs
+nothing but the standard library and attrs.
+"""
 
 from __future__ import annotations
 
+import ast
 import importlib
+import pathlib
+import subprocess
+import sys
 import types
 
 import pytest
 
 import trio_dispatch
+import trio_dispatch.lowlevel
+import trio_dispatch.messages
+import trio_dispatch.providers
 
-PACKAGES = [
+PUBLIC_MODULES = [
     "trio_dispatch",
-    "trio_dispatch.actors",
-    "trio_dispatch.benchmarks",
+    "trio_dispatch.lowlevel",
     "trio_dispatch.messages",
     "trio_dispatch.providers",
     "trio_dispatch.testing",
 ]
+
+PACKAGE = pathlib.Path(trio_dispatch.__file__).parent
 
 
 def isort_style(name: str) -> tuple[int, str]:
@@ -26,7 +38,40 @@ def isort_style(name: str) -> tuple[int, str]:
     return (1 if name[0].isupper() else 2, name)
 
 
-@pytest.mark.parametrize("name", PACKAGES)
+def test_the_top_level_is_what_an_application_uses() -> None:
+    # Written out on purpose: a name added here is an API decision.
+    assert trio_dispatch.__all__ == [
+        "SUMMARY_PREFIX",
+        "Conversation",
+        "ConversationClosed",
+        "ConversationStatistics",
+        "DispatchError",
+        "Dispatcher",
+        "DispatcherClosed",
+        "DispatcherStatistics",
+        "Provider",
+        "ProviderError",
+        "ProviderStatistics",
+        "QueueFull",
+        "Slot",
+        "SlotHoldTimeout",
+        "Tool",
+        "TurnResult",
+        "open_dispatcher",
+        "wrap_provider",
+    ]
+
+
+def test_the_plumbing_is_in_lowlevel_only() -> None:
+    plumbing = {"Ticket", "SlotPolicy", "PolicyStatistics", "SchedulerActor"}
+    plumbing |= {"Acquire", "Release", "Cancel", "Grant", "Reply", "SetLimit"}
+    plumbing |= {"Pause", "Resume", "SchedulerMessage", "check_arguments"}
+    assert plumbing <= set(trio_dispatch.lowlevel.__all__)
+    for name in ("trio_dispatch", "trio_dispatch.messages", "trio_dispatch.providers"):
+        assert not plumbing & set(importlib.import_module(name).__all__), name
+
+
+@pytest.mark.parametrize("name", PUBLIC_MODULES)
 def test_all_is_sorted_and_complete(name: str) -> None:
     module = importlib.import_module(name)
     exported = list(module.__all__)
@@ -39,9 +84,37 @@ def test_all_is_sorted_and_complete(name: str) -> None:
     assert public == set(exported)
 
 
-def test_top_level_members_say_where_to_import_them_from() -> None:
-    for attribute in trio_dispatch.__all__:
-        assert getattr(trio_dispatch, attribute).__module__ == "trio_dispatch"
+@pytest.mark.parametrize("name", PUBLIC_MODULES)
+def test_every_public_name_says_a_public_module(name: str) -> None:
+    module = importlib.import_module(name)
+    for attribute in module.__all__:
+        value = getattr(module, attribute)
+        if isinstance(value, type | types.FunctionType):
+            assert value.__module__ in PUBLIC_MODULES, (attribute, value.__module__)
+
+
+def test_each_name_says_the_first_public_module_that_exports_it() -> None:
+    assert trio_dispatch.ProviderError.__module__ == "trio_dispatch"
+    assert trio_dispatch.providers.ProviderError is trio_dispatch.ProviderError
+    assert trio_dispatch.providers.RateLimited.__module__ == "trio_dispatch.providers"
+    assert trio_dispatch.lowlevel.Ticket.__module__ == "trio_dispatch.lowlevel"
+    assert trio_dispatch.messages.ChatMessage.__module__ == "trio_dispatch.messages"
+
+
+def test_attrs_values_still_resolve_their_hints_after_the_move() -> None:
+    # get_type_hints looks names up in the module __module__ names.
+    import typing  # noqa: PLC0415 (only this test needs it)
+
+    hints = typing.get_type_hints(trio_dispatch.messages.ChatRequest)
+    assert "messages" in hints
+
+
+@pytest.mark.parametrize("cls", [trio_dispatch.Dispatcher, trio_dispatch.Slot])
+def test_objects_only_a_factory_builds_have_no_public_constructor(cls: type) -> None:
+    with pytest.raises(
+        TypeError, match=r"^trio_dispatch\.\w+ has no public constructor$"
+    ):
+        cls()
 
 
 def test_version_is_a_string() -> None:
@@ -54,3 +127,122 @@ def test_strategies_module_exports_what_it_defines() -> None:
     assert strategies.__all__ == sorted(strategies.__all__, key=isort_style)
     for name in strategies.__all__:
         assert hasattr(strategies, name), name
+
+
+# -- the import graph --------------------------------------------------------
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _runtime_imports(path: pathlib.Path) -> set[str]:
+    """What a module imports when it is imported: module level, not for types."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            continue
+        statements = node.body if isinstance(node, ast.Try) else [node]
+        for statement in statements:
+            if isinstance(statement, ast.Import):
+                found.update(alias.name for alias in statement.names)
+            elif isinstance(statement, ast.ImportFrom):
+                if statement.level:
+                    base = package.rsplit(".", statement.level - 1)[0]
+                    module = f"{base}.{statement.module}" if statement.module else base
+                else:
+                    module = statement.module or ""
+                for alias in statement.names:
+                    submodule = f"{module}.{alias.name}"
+                    found.add(submodule if submodule in GRAPH_NAMES else module)
+    return found
+
+
+GRAPH_NAMES = {_module_name(path) for path in PACKAGE.rglob("*.py")}
+GRAPH = {
+    _module_name(path): {
+        imported
+        for imported in _runtime_imports(path)
+        if imported.split(".")[0] == "trio_dispatch"
+    }
+    for path in PACKAGE.rglob("*.py")
+}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of ``graph`` (its first module repeated at the end), or None."""
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        if module in path:
+            return [*path[path.index(module) :], module]
+        if module in done or module not in graph:
+            return None
+        for imported in sorted(graph[module]):
+            cycle = visit(imported, [*path, module])
+            if cycle is not None:
+                return cycle
+        done.add(module)
+        return None
+
+    for module in sorted(graph):
+        cycle = visit(module, [])
+        if cycle is not None:
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    assert len(GRAPH) > 30
+    assert find_cycle(GRAPH) is None
+
+
+def test_the_policy_core_needs_only_the_standard_library_and_attrs() -> None:
+    core: set[str] = set()
+    stack = ["trio_dispatch._policy"]
+    while stack:
+        module = stack.pop()
+        if module in core:
+            continue
+        core.add(module)
+        stack.extend(GRAPH[module] - {"trio_dispatch"})
+    outside: set[str] = set()
+    for module in core:
+        path = PACKAGE.parent / (module.replace(".", "/") + ".py")
+        outside |= {
+            imported.split(".")[0]
+            for imported in _runtime_imports(path)
+            if imported.split(".")[0] != "trio_dispatch"
+        }
+    assert outside <= set(sys.stdlib_module_names) | {"attrs", "__future__"}, outside
+    assert "trio_dispatch.actors._scheduler" not in core
+
+
+def test_importing_the_package_loads_no_http_or_optional_library() -> None:
+    code = (
+        "import sys, trio_dispatch, trio_dispatch.lowlevel\n"
+        "heavy = {'httpx', 'httpx_sse', 'cattrs', 'hypercorn', 'hypothesis',"
+        " 'rich', 'matplotlib'}\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert done.stdout == "[]\n"

@@ -10,8 +10,8 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from trio_dispatch import Dispatcher, Ticket, open_dispatcher
-from trio_dispatch.messages import Acquire, Release
+from trio_dispatch import Dispatcher, open_dispatcher
+from trio_dispatch.lowlevel import Acquire, Release, Ticket
 
 from ._helpers import RecordingReply, settle, task_names
 

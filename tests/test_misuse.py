@@ -16,7 +16,7 @@ import trio
 import trio.testing
 
 from trio_dispatch import Slot, open_dispatcher
-from trio_dispatch.messages import Acquire, Pause, Release, SetLimit
+from trio_dispatch.lowlevel import Acquire, Pause, Release, SetLimit
 
 from ._helpers import RecordingReply, settle
 

@@ -15,7 +15,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from trio_dispatch import QueueFull, SlotPolicy, Ticket
+from trio_dispatch import QueueFull
+from trio_dispatch.lowlevel import SlotPolicy, Ticket
 
 
 def t(started_at: float, seq: int) -> Ticket:

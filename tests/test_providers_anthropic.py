@@ -23,6 +23,7 @@ import pytest
 import trio
 import trio.testing
 
+from trio_dispatch import Provider, ProviderError
 from trio_dispatch.messages import (
     ChatMessage,
     ChatRequest,
@@ -40,9 +41,7 @@ from trio_dispatch.providers import (
     BadRequest,
     MalformedStream,
     Overloaded,
-    Provider,
     ProviderConnectionError,
-    ProviderError,
     RateLimited,
     ServerError,
     StreamInterrupted,

@@ -18,7 +18,7 @@ import trio
 import trio.testing
 from httpx_sse import ServerSentEvent
 
-from trio_dispatch import Conversation, Tool, TurnResult, open_dispatcher
+from trio_dispatch import Conversation, ProviderError, Tool, TurnResult, open_dispatcher
 from trio_dispatch.messages import (
     ChatMessage,
     ChatRequest,
@@ -31,7 +31,6 @@ from trio_dispatch.messages import (
 from trio_dispatch.providers import (
     AnthropicProvider,
     OpenAIProvider,
-    ProviderError,
     RequestFailed,
     ServerError,
 )
@@ -43,7 +42,7 @@ from ._helpers import chain
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator
 
-    from trio_dispatch.providers import Provider
+    from trio_dispatch import Provider
 
 HI = ChatRequest([ChatMessage("user", "hi")])
 

@@ -26,6 +26,7 @@ import trio
 import trio.testing
 
 import trio_dispatch.providers
+from trio_dispatch import Provider, ProviderError
 from trio_dispatch.messages import (
     ChatMessage,
     ChatRequest,
@@ -43,9 +44,7 @@ from trio_dispatch.providers import (
     MalformedStream,
     OpenAIProvider,
     Overloaded,
-    Provider,
     ProviderConnectionError,
-    ProviderError,
     RateLimited,
     RequestFailed,
     ServerError,

@@ -6,15 +6,17 @@ import pytest
 import trio
 import trio.testing
 
-from trio_dispatch import DispatcherClosed, SlotPolicy, Ticket
-from trio_dispatch.actors import SchedulerActor
-from trio_dispatch.messages import (
+from trio_dispatch import DispatcherClosed
+from trio_dispatch.lowlevel import (
     Acquire,
     Cancel,
     Pause,
     Release,
     Resume,
+    SchedulerActor,
     SetLimit,
+    SlotPolicy,
+    Ticket,
 )
 
 from ._helpers import RecordingReply

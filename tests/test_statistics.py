@@ -9,9 +9,14 @@ import pytest
 import trio
 import trio.testing
 
-from trio_dispatch import Dispatcher, DispatcherClosed, Ticket, open_dispatcher
-from trio_dispatch.actors import SchedulerActor
-from trio_dispatch.messages import Acquire, Pause, SchedulerMessage
+from trio_dispatch import Dispatcher, DispatcherClosed, open_dispatcher
+from trio_dispatch.lowlevel import (
+    Acquire,
+    Pause,
+    SchedulerActor,
+    SchedulerMessage,
+    Ticket,
+)
 
 from ._helpers import RecordingReply, settle
 

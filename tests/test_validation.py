@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from trio_dispatch import Dispatcher, SlotPolicy, open_dispatcher, wrap_provider
+from trio_dispatch import Dispatcher, open_dispatcher, wrap_provider
+from trio_dispatch.lowlevel import SlotPolicy
 from trio_dispatch.messages import ChatMessage, ChatRequest
 from trio_dispatch.providers import AnthropicProvider, OpenAIProvider
 from trio_dispatch.testing import (

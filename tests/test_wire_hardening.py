@@ -18,8 +18,14 @@ import trio
 import trio.testing
 from httpx_sse import ServerSentEvent
 
-from trio_dispatch import DispatcherClosed, Tool, open_dispatcher
-from trio_dispatch.actors import Conversation, Dispatcher
+from trio_dispatch import (
+    Conversation,
+    Dispatcher,
+    DispatcherClosed,
+    ProviderError,
+    Tool,
+    open_dispatcher,
+)
 from trio_dispatch.messages import (
     ChatMessage,
     ChatRequest,
@@ -33,7 +39,6 @@ from trio_dispatch.providers import (
     MalformedStream,
     OpenAIProvider,
     ProviderConnectionError,
-    ProviderError,
     StreamInterrupted,
 )
 from trio_dispatch.providers._anthropic import _AnthropicDecoder

@@ -17,8 +17,8 @@ from trio_dispatch.testing import FakeReply, FakeScript, Fault, open_fake_llm_se
 from .test_conversation import echo, eventually, last_text, open_rig
 
 if TYPE_CHECKING:
+    from trio_dispatch import Provider
     from trio_dispatch.messages import StreamEvent
-    from trio_dispatch.providers import Provider
 
 
 def question(text: str) -> ChatRequest:

@@ -1,4 +1,12 @@
-"""Oldest-agent-first concurrency limits for LLM providers, as trio actors."""
+"""Oldest-agent-first concurrency limits for LLM providers, as trio actors.
+
+The public API of an application: ``open_dispatcher`` and what it gives
+(``Dispatcher``, ``Slot``, ``Conversation``), the values they take and
+return, and one exception tree. Beside it: ``trio_dispatch.messages`` (the
+chat model and stream events), ``trio_dispatch.providers`` (LLM APIs over
+HTTP), ``trio_dispatch.testing`` (a fake LLM server, a scripted provider,
+the simulator) and ``trio_dispatch.lowlevel`` (the plumbing, less stable).
+"""
 
 from ._exceptions import ConversationClosed as ConversationClosed
 from ._exceptions import DispatcherClosed as DispatcherClosed
@@ -6,24 +14,24 @@ from ._exceptions import DispatchError as DispatchError
 from ._exceptions import ProviderError as ProviderError
 from ._exceptions import QueueFull as QueueFull
 from ._exceptions import SlotHoldTimeout as SlotHoldTimeout
-from ._policy import PolicyStatistics as PolicyStatistics
-from ._policy import SlotPolicy as SlotPolicy
 from ._provider import Provider as Provider
-from .actors import Conversation as Conversation
-from .actors import ConversationStatistics as ConversationStatistics
-from .actors import Dispatcher as Dispatcher
-from .actors import DispatcherStatistics as DispatcherStatistics
-from .actors import ProviderStatistics as ProviderStatistics
-from .actors import Slot as Slot
-from .actors import Tool as Tool
-from .actors import TurnResult as TurnResult
-from .actors import open_dispatcher as open_dispatcher
-from .actors import wrap_provider as wrap_provider
-from .messages import Ticket as Ticket
+from ._util import fixup_module_metadata
+from .actors._conversation import SUMMARY_PREFIX as SUMMARY_PREFIX
+from .actors._conversation import Conversation as Conversation
+from .actors._conversation import ConversationStatistics as ConversationStatistics
+from .actors._conversation import TurnResult as TurnResult
+from .actors._dispatcher import Dispatcher as Dispatcher
+from .actors._dispatcher import DispatcherStatistics as DispatcherStatistics
+from .actors._dispatcher import ProviderStatistics as ProviderStatistics
+from .actors._dispatcher import Slot as Slot
+from .actors._dispatcher import open_dispatcher as open_dispatcher
+from .actors._limited import wrap_provider as wrap_provider
+from .actors._tools import Tool as Tool
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "SUMMARY_PREFIX",
     "Conversation",
     "ConversationClosed",
     "ConversationStatistics",
@@ -31,15 +39,12 @@ __all__ = [
     "Dispatcher",
     "DispatcherClosed",
     "DispatcherStatistics",
-    "PolicyStatistics",
     "Provider",
     "ProviderError",
     "ProviderStatistics",
     "QueueFull",
     "Slot",
     "SlotHoldTimeout",
-    "SlotPolicy",
-    "Ticket",
     "Tool",
     "TurnResult",
     "open_dispatcher",
@@ -47,6 +52,5 @@ __all__ = [
 ]
 
 # Show the public names where users import them from, as httpx and trio do.
-for _name in __all__:
-    globals()[_name].__module__ = __name__
-del _name
+fixup_module_metadata(__name__, globals())
+del fixup_module_metadata

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any, final
 import attrs
 import trio
 
+from . import Tool, open_dispatcher
 from ._converter import unstructure
 from ._validation import check_limit
-from .actors import Tool, open_dispatcher
 from .providers import AnthropicProvider, OpenAIProvider, ProviderError
 from .testing import (
     FakeLLMServer,
@@ -40,8 +40,7 @@ from .testing._metrics import percentile
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .actors import Dispatcher, DispatcherStatistics
-    from .providers import Provider
+    from . import Dispatcher, DispatcherStatistics, Provider
 
 PROVIDERS = ("openai", "anthropic")
 

@@ -60,7 +60,7 @@ from ._validation import (
 )
 
 if TYPE_CHECKING:
-    from .messages import Ticket
+    from .messages._scheduling import Ticket
 
 _COMPACT_SLACK = 64
 

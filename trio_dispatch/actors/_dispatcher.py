@@ -28,6 +28,7 @@ import trio
 
 from .._exceptions import DispatcherClosed, SlotHoldTimeout
 from .._policy import SlotPolicy
+from .._util import NoPublicConstructor
 from .._validation import (
     check_instant,
     check_limit,
@@ -37,7 +38,7 @@ from .._validation import (
     check_pauses,
     check_provider,
 )
-from ..messages import (
+from ..messages._scheduling import (
     Acquire,
     Cancel,
     Grant,
@@ -125,7 +126,7 @@ _DONE: Final = _State.DONE
 
 
 @final
-class Slot:
+class Slot(metaclass=NoPublicConstructor):
     """One request for a provider slot: ``async with dispatcher.slot(...)``.
 
     Entering waits for the provider's scheduler to grant a slot (oldest
@@ -282,7 +283,7 @@ class Slot:
     # Reply, called by the scheduler actor's task.
 
     @trio.lowlevel.enable_ki_protection
-    def grant(self, grant: Grant) -> None:
+    def _grant(self, grant: Grant) -> None:
         """Take the granted slot and wake the waiting task."""
         if self._state is _WAITING:
             self._state = _HOLDING
@@ -291,7 +292,7 @@ class Slot:
             trio.lowlevel.reschedule(self._task)
 
     @trio.lowlevel.enable_ki_protection
-    def fail(self, error: Exception) -> None:
+    def _fail(self, error: Exception) -> None:
         """Wake the waiting task with ``error``; it holds nothing."""
         if self._state is _WAITING:
             self._state = _DONE
@@ -326,7 +327,7 @@ _UNSET: Any = object()
 
 
 @final
-class Dispatcher:
+class Dispatcher(metaclass=NoPublicConstructor):
     """Per-provider concurrency limits, granted oldest turn first.
 
     Made by ``open_dispatcher``; valid inside its ``async with`` block. Each
@@ -433,7 +434,7 @@ class Dispatcher:
             max_hold = check_optional_seconds(max_hold, "max_hold", positive=True)
         if provider not in self._cleared:
             self._unknown(provider)
-        return Slot(self, provider, conversation_id, started_at, max_hold)
+        return Slot._create(self, provider, conversation_id, started_at, max_hold)
 
     def set_limit(self, provider: str, limit: int) -> None:
         """Limit ``provider`` to ``limit`` concurrent slots, now.
@@ -759,7 +760,7 @@ async def _run_dispatcher(
     body_error: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:
-            dispatcher = Dispatcher(nursery, settings)
+            dispatcher = Dispatcher._create(nursery, settings)
             for provider, limit in limits.items():
                 dispatcher.set_limit(provider, limit)
             try:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, final
 import trio
 
 from .._exceptions import DispatcherClosed, QueueFull
-from ..messages import (
+from ..messages._scheduling import (
     Acquire,
     Cancel,
     Grant,
@@ -54,7 +54,7 @@ from ._mailbox import Mailbox
 
 if TYPE_CHECKING:
     from .._policy import SlotPolicy
-    from ..messages import Reply
+    from ..messages._scheduling import Reply
 
 _logger = logging.getLogger("trio_dispatch")
 
@@ -215,7 +215,7 @@ class SchedulerActor:
             if not grants:
                 self._replies[message.ticket] = message.reply
                 return
-            message.reply.grant(Grant(message.ticket, now))
+            message.reply._grant(Grant(message.ticket, now))
             return
         elif isinstance(message, Cancel):
             self._replies.pop(message.ticket, None)
@@ -245,12 +245,12 @@ class SchedulerActor:
             # a requester that is gone.
             self._withdraw(message.ticket, error)
             return
-        reply.fail(error)
+        reply._fail(error)
 
     def _withdraw(self, ticket: Ticket, error: Exception) -> None:
         reply = self._replies.pop(ticket)
         self.policy.cancel(ticket)
-        reply.fail(error)
+        reply._fail(error)
 
     def _drop(self, message: SetLimit | Pause, error: Exception) -> None:
         _logger.error(
@@ -260,7 +260,7 @@ class SchedulerActor:
     def _deliver(self, grants: list[Ticket], now: float) -> None:
         replies = self._replies
         for ticket in grants:
-            replies.pop(ticket).grant(Grant(ticket, now))
+            replies.pop(ticket)._grant(Grant(ticket, now))
 
     def _shutdown(self) -> None:
         self._inbox.close()
@@ -269,11 +269,11 @@ class SchedulerActor:
         pending.extend(self._inbox.take_all())
         for message in pending:
             if isinstance(message, Acquire):
-                message.reply.fail(self._closed_error())
+                message.reply._fail(self._closed_error())
         replies = list(self._replies.values())
         self._replies.clear()
         for reply in replies:
-            reply.fail(self._closed_error())
+            reply._fail(self._closed_error())
 
     def _closed_error(self) -> DispatcherClosed:
         return DispatcherClosed(

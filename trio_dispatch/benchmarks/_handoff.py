@@ -47,15 +47,14 @@ import attrs
 import trio
 import trio.testing
 
-from .. import __version__
+from .. import __version__, open_dispatcher
 from .._converter import unstructure
 from .._validation import positive_int
-from ..actors import open_dispatcher
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
-    from ..actors import Dispatcher
+    from .. import Dispatcher
 
 __all__ = [
     "HandoffReport",

@@ -34,16 +34,15 @@ from typing import TYPE_CHECKING, Any, Final, final
 import attrs
 import trio
 
-from .. import __version__
+from .. import __version__, open_dispatcher, wrap_provider
 from .._converter import unstructure
-from ..actors import open_dispatcher, wrap_provider
 from ..messages import ChatMessage, ChatRequest
 from ..providers import OpenAIProvider
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from ..providers import Provider
+    from .. import Provider
 
 __all__ = ["HttpBenchReport", "PathLatency", "run_http_benchmark"]
 

@@ -43,15 +43,19 @@ class Grant:
 class Reply(Protocol):
     """Where the scheduler sends its one answer to an ``Acquire``.
 
+    The methods' leading underscore keeps them off the public face of
+    ``Slot``, which implements them: only the scheduler may call them, and a
+    stray call would put a slot and its scheduler out of step.
+
     Both methods are called from the scheduler's task and must not block.
     A reply whose requester already gave up ignores the call; the slot of a
     grant that finds nobody is returned by the requester's ``Cancel``.
     """
 
-    def grant(self, grant: Grant) -> None:
+    def _grant(self, grant: Grant) -> None:
         """Deliver the slot."""
 
-    def fail(self, error: Exception) -> None:
+    def _fail(self, error: Exception) -> None:
         """Deliver a refusal; the requester holds nothing.
 
         A ``DispatchError`` when the dispatcher refuses (``QueueFull``,

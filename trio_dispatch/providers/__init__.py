@@ -21,16 +21,15 @@ from .._exceptions import ServerError as ServerError
 from .._exceptions import StreamInterrupted as StreamInterrupted
 from .._provider import Provider as Provider
 from .._provider import RateLimitReporter as RateLimitReporter
+from .._util import fixup_module_metadata
 from ._anthropic import AnthropicProvider as AnthropicProvider
 from ._openai import OpenAIProvider as OpenAIProvider
 from ._retry_after import parse_retry_after as parse_retry_after
-from ._sse import EventStream as EventStream
 
 __all__ = [
     "AnthropicProvider",
     "AuthenticationError",
     "BadRequest",
-    "EventStream",
     "MalformedStream",
     "OpenAIProvider",
     "Overloaded",
@@ -44,3 +43,6 @@ __all__ = [
     "StreamInterrupted",
     "parse_retry_after",
 ]
+
+fixup_module_metadata(__name__, globals())
+del fixup_module_metadata

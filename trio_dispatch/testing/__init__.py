@@ -12,6 +12,7 @@
   ``testing`` extra).
 """
 
+from .._util import fixup_module_metadata
 from ._fake_server import FakeLLMServer as FakeLLMServer
 from ._fake_server import FakeRequest as FakeRequest
 from ._fake_server import FakeServerStatistics as FakeServerStatistics
@@ -75,3 +76,6 @@ __all__ = [
     "run_simulation",
     "simulate",
 ]
+
+fixup_module_metadata(__name__, globals())
+del fixup_module_metadata

@@ -1,0 +1,65 @@
+"""Helpers for the package's public face, as trio's ``_util`` has them."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+import attrs
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+T = TypeVar("T")
+
+
+class NoPublicConstructor(type):
+    """A metaclass for classes that only the package builds.
+
+    Calling the class raises ``TypeError``; the package builds instances
+    with ``cls._create(...)``. A ``Dispatcher`` made by hand would bypass
+    the close logic of ``open_dispatcher``; a ``Slot`` made by hand would
+    belong to no dispatcher.
+    """
+
+    def __call__(cls, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError(
+            f"{cls.__module__}.{cls.__qualname__} has no public constructor"
+        )
+
+    def _create(cls: type[T], *args: Any, **kwargs: Any) -> T:  # noqa: ANN401 (the class's own __init__ arguments)
+        return super().__call__(*args, **kwargs)  # type: ignore[misc, no-any-return]  # type.__call__ of the class itself
+
+
+def fixup_module_metadata(module_name: str, namespace: Mapping[str, object]) -> None:
+    """Show each public name of ``namespace`` where users import it from.
+
+    Sets ``__module__`` of every function and class in ``__all__`` that is
+    still marked as defined in a private module, so the first public module
+    that exports a name (``trio_dispatch`` before ``trio_dispatch.providers``,
+    say) is the one its repr, its docs and its pickles name.
+
+    An attrs class's string annotations are resolved first, in the module
+    that defines it: ``typing.get_type_hints`` (and so cattrs) looks names up
+    in ``sys.modules[cls.__module__]``, which would then be the public
+    module. One that names what only type checkers import is left as it is.
+    """
+    for name in namespace["__all__"]:  # type: ignore[attr-defined]  # every public module has __all__
+        value = namespace[name]
+        module = getattr(value, "__module__", None)
+        if (
+            isinstance(module, str)
+            and module.startswith("trio_dispatch.")
+            and any(part.startswith("_") for part in module.split("."))
+        ):
+            if isinstance(value, type) and attrs.has(value):
+                _resolve_types(value, vars(sys.modules[module]))
+            value.__module__ = module_name
+
+
+def _resolve_types(cls: type, namespace: dict[str, Any]) -> None:
+    # NameError: it names a type only imported for type checkers; no
+    # converter structures it, and its hints stay strings.
+    with contextlib.suppress(NameError):
+        attrs.resolve_types(cls, globalns=namespace)

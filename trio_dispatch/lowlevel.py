@@ -1,0 +1,52 @@
+"""The plumbing under trio-dispatch, for tests, simulations and new backends.
+
+Less stable than the rest of the package: names here may change between
+minor versions. An application needs none of them; ``trio_dispatch``,
+``trio_dispatch.messages``, ``trio_dispatch.providers`` and
+``trio_dispatch.testing`` are its API.
+
+- The scheduling core: ``SlotPolicy`` (the synchronous, I/O-free state
+  machine that decides every grant), its ``PolicyStatistics`` and the
+  ``Ticket`` that orders requests.
+- The scheduler actor, ``SchedulerActor``, and the protocol it speaks:
+  ``Acquire``, ``Release``, ``Cancel``, ``SetLimit``, ``Pause``, ``Resume``
+  (together ``SchedulerMessage``), answered with a ``Grant`` through a
+  ``Reply``.
+- Tool arguments checked against their JSON schema: ``check_arguments``.
+"""
+
+from ._policy import PolicyStatistics as PolicyStatistics
+from ._policy import SlotPolicy as SlotPolicy
+from ._util import fixup_module_metadata
+from .actors._scheduler import SchedulerActor as SchedulerActor
+from .actors._tools import check_arguments as check_arguments
+from .messages._scheduling import Acquire as Acquire
+from .messages._scheduling import Cancel as Cancel
+from .messages._scheduling import Grant as Grant
+from .messages._scheduling import Pause as Pause
+from .messages._scheduling import Release as Release
+from .messages._scheduling import Reply as Reply
+from .messages._scheduling import Resume as Resume
+from .messages._scheduling import SchedulerMessage as SchedulerMessage
+from .messages._scheduling import SetLimit as SetLimit
+from .messages._scheduling import Ticket as Ticket
+
+__all__ = [
+    "Acquire",
+    "Cancel",
+    "Grant",
+    "Pause",
+    "PolicyStatistics",
+    "Release",
+    "Reply",
+    "Resume",
+    "SchedulerActor",
+    "SchedulerMessage",
+    "SetLimit",
+    "SlotPolicy",
+    "Ticket",
+    "check_arguments",
+]
+
+fixup_module_metadata(__name__, globals())
+del fixup_module_metadata
