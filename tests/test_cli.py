@@ -20,8 +20,8 @@ import trio_dispatch
 import trio_dispatch.benchmarks
 from trio_dispatch import _cli
 from trio_dispatch._cli import _parser, _print_table, main
-from trio_dispatch.benchmarks import FairnessConfig, HandoffSizes
-from trio_dispatch.testing import CallsPerTurn
+from trio_dispatch.benchmarks import HandoffSizes
+from trio_dispatch.testing import CallsPerTurn, FairnessConfig
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -906,7 +906,7 @@ def _bench_http(args: argparse.Namespace, console: Console | None) -> bool:
 
 
 def _bench_fairness(args: argparse.Namespace, console: Console | None) -> bool:
-    from .benchmarks import FairnessConfig, run_fairness_sweep  # noqa: PLC0415
+    from .testing import FairnessConfig, run_fairness_sweep  # noqa: PLC0415
 
     config = FairnessConfig.quick() if args.quick else FairnessConfig()
     points = len(config.loads) * len(config.shapes)

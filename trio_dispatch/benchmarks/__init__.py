@@ -5,16 +5,16 @@
 - ``run_http_benchmark``: the latency the dispatcher adds to an LLM call
   over loopback HTTP (``bench/http_latency.py``).
 - ``run_fairness_sweep``: turn latency per scheduling policy across loads
-  and turn shapes, in virtual time (``bench/fairness.py``).
+  and turn shapes, in virtual time (now in ``trio_dispatch.testing``).
 
 All of them run from ``trio-dispatch bench``.
 """
 
-from ._fairness import QUANTILES as QUANTILES
-from ._fairness import FairnessConfig as FairnessConfig
-from ._fairness import FairnessReport as FairnessReport
-from ._fairness import FairnessRow as FairnessRow
-from ._fairness import run_fairness_sweep as run_fairness_sweep
+from ..testing import FAIRNESS_QUANTILES as QUANTILES
+from ..testing import FairnessConfig as FairnessConfig
+from ..testing import FairnessReport as FairnessReport
+from ..testing import FairnessRow as FairnessRow
+from ..testing import run_fairness_sweep as run_fairness_sweep
 from ._handoff import HandoffReport as HandoffReport
 from ._handoff import HandoffSizes as HandoffSizes
 from ._handoff import Measurement as Measurement
