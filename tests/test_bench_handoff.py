@@ -1,4 +1,4 @@
-"""Smoke test of the hand-off benchmarks at tiny sizes.
+"""Smoke test of the hand-off benchmarks (``bench/handoff.py``) at tiny sizes.
 
 It checks the report's shape and that its numbers hang together, never how
 fast anything ran: timings on a shared machine are not a test.
@@ -9,15 +9,25 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from typing import TYPE_CHECKING
 
+import attrs
 import pytest
 
-from trio_dispatch.benchmarks import (
-    HandoffReport,
-    HandoffSizes,
-    Measurement,
-    run_handoff_benchmarks,
-)
+from ._bench import load_bench_script
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    # mypy reads bench/handoff.py itself (bench/ is among its files).
+    import handoff
+else:
+    handoff = load_bench_script("handoff")
+
+HandoffReport = handoff.HandoffReport
+HandoffSizes = handoff.HandoffSizes
+Measurement = handoff.Measurement
+run_handoff_benchmarks = handoff.run_handoff_benchmarks
 
 TINY = HandoffSizes(
     tasks=6,
@@ -163,3 +173,56 @@ def test_sizes_are_checked() -> None:
         ValueError, match=r"^repeats must be a positive integer, got 0$"
     ):
         run_handoff_benchmarks(repeats=0, sizes=TINY)
+
+
+def test_the_script_runs_its_options_and_writes_its_report(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.setattr(HandoffSizes, "quick", classmethod(lambda cls: TINY))
+    path = tmp_path / "handoff.json"
+    status = handoff.main(["--quick", "--repeats", "1", "--json", str(path)])
+    out, err = capsys.readouterr()
+    data = json.loads(path.read_text(encoding="utf-8"))
+    # The exit status says whether the targets were met, as the report does.
+    assert status == (0 if data["all_met"] else 1)
+    assert (data["quick"], data["repeats"]) == (True, 1)
+    assert data["sizes"] == {**attrs.asdict(TINY), "waiters": [3, 12]}
+    assert [m["key"] for m in data["measurements"]] == [
+        "contended",
+        "uncontended",
+        "scaling_3",
+        "scaling_12",
+        "scaling_growth",
+        "memory",
+    ]
+    assert list(data["environment"]) == [
+        "python",
+        "trio",
+        "trio_dispatch",
+        "platform",
+        "cpus",
+    ]
+    # The markdown goes to stdout (bench/reports/handoff.md), progress to stderr.
+    assert out.startswith("Hand-off benchmarks: trio-dispatch ")
+    assert ", quick run.\nMedians of 1 interleaved pairs;" in out
+    assert sum(line.startswith("|") for line in out.splitlines()) == 6 + 4 + 4
+    assert err.startswith("  warm-up\n")
+    assert "  memory: pair 1/1\n" in err
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two"])
+def test_the_script_refuses_a_bad_repeat_count_before_running(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, value: str
+) -> None:
+    path = tmp_path / "handoff.json"
+    with pytest.raises(SystemExit) as exit_:
+        handoff.main(["--repeats", value, "--json", str(path)])
+    assert exit_.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.endswith(
+        f"error: argument --repeats: expected a positive integer, got {value!r}\n"
+    )
+    assert not path.exists()

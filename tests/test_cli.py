@@ -6,24 +6,23 @@ import errno
 import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 
 import trio_dispatch
-import trio_dispatch.benchmarks
 from trio_dispatch import DispatcherStatistics, ProviderStatistics, _cli
 from trio_dispatch._cli import _parser, _print_table, _progress_table, main
 from trio_dispatch._demo import Progress
-from trio_dispatch.benchmarks import FairnessConfig, HandoffSizes
-from trio_dispatch.testing import CallsPerTurn
+from trio_dispatch.testing import CallsPerTurn, FairnessConfig
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -167,6 +166,9 @@ def test_simulate_is_deterministic(
         ),
         (["demo", "--rate-limits", "2"], "expected a number from 0 to 1, got '2'"),
         (["bench", "everything"], "invalid choice: 'everything'"),
+        (["bench", "handoff"], "invalid choice: 'handoff'"),
+        (["bench", "http"], "invalid choice: 'http'"),
+        (["bench", "all"], "invalid choice: 'all'"),
         (
             ["serve-fake", "--port", "70000"],
             "expected a port from 0 to 65535, got '70000'",
@@ -276,57 +278,41 @@ def test_the_live_table_shows_a_limit_or_none_for_an_unlimited_provider() -> Non
 
 
 @pytest.fixture
-def tiny_benchmarks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run the real benchmark code at sizes a test can afford."""
-    handoff = trio_dispatch.benchmarks.run_handoff_benchmarks
-    http = trio_dispatch.benchmarks.run_http_benchmark
-    tiny_sizes = HandoffSizes(
-        tasks=6,
-        cycles=3,
-        limit=2,
-        round_trips=20,
-        waiters=(3, 12),
-        min_grants=12,
-        memory_waiters=40,
-    )
+def tiny_fairness(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the real sweep, ``--quick``, at a size a test can afford."""
 
-    def tiny_handoff(**options: Any) -> Any:  # noqa: ANN401 (passes through)
-        return handoff(**{**options, "sizes": tiny_sizes, "repeats": 1})
-
-    def tiny_http(**options: Any) -> Any:  # noqa: ANN401 (passes through)
-        return http(**{**options, "calls": 4, "warmup": 1})
-
-    def tiny_fairness() -> FairnessConfig:
+    def tiny() -> FairnessConfig:
         return FairnessConfig(
             loads=(0.9,),
             shapes=(CallsPerTurn(1, 3),),
             agents=40,
         )
 
-    monkeypatch.setattr(
-        trio_dispatch.benchmarks, "run_handoff_benchmarks", tiny_handoff
-    )
-    monkeypatch.setattr(trio_dispatch.benchmarks, "run_http_benchmark", tiny_http)
-    monkeypatch.setattr(FairnessConfig, "quick", staticmethod(tiny_fairness))
+    monkeypatch.setattr(FairnessConfig, "quick", staticmethod(tiny))
 
 
-@pytest.mark.usefixtures("tiny_benchmarks")
-def test_bench_all_writes_every_result(
+FAIRNESS_FILES = [
+    "fairness.json",
+    "fairness.md",
+    "latency_vs_load.png",
+    "latency_distribution.png",
+]
+
+
+@pytest.mark.usefixtures("tiny_fairness")
+def test_bench_fairness_writes_its_report(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    status, out, _ = run_cli(capsys, "bench", "all", "--quick", "--out", str(tmp_path))
-    # Tiny sizes may miss the hand-off targets; the status says so (0 or 1).
-    assert status in (0, 1)
-    assert "Contended hand-off" in out
-    handoff = json.loads((tmp_path / "handoff" / "handoff.json").read_text())
-    assert handoff["measurements"]
-    assert (
-        (tmp_path / "handoff" / "handoff.md")
-        .read_text()
-        .startswith("Hand-off benchmarks")
+    status, out, _ = run_cli(
+        capsys, "bench", "fairness", "--quick", "--out", str(tmp_path)
     )
-    assert json.loads((tmp_path / "http" / "http.json").read_text())
+    assert status == 0
+    assert "# Fairness benchmark" in out
+    assert sorted(p.name for p in (tmp_path / "fairness").iterdir()) == sorted(
+        FAIRNESS_FILES
+    )
     fairness = json.loads((tmp_path / "fairness" / "fairness.json").read_text())
+    assert fairness["config"]["agents"] == 40
     assert {row["metrics"]["policy"] for row in fairness["rows"]} == {
         "oldest-first",
         "fifo",
@@ -336,6 +322,18 @@ def test_bench_all_writes_every_result(
     for name in ("latency_vs_load.png", "latency_distribution.png"):
         assert (tmp_path / "fairness" / name).read_bytes().startswith(PNG_MAGIC)
     assert not [p for p in tmp_path.rglob(".*") if p.is_file()], "no staging files left"
+
+
+def test_bench_offers_only_the_fairness_sweep(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The project's own micro-benchmarks live in bench/, outside the package.
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["bench", "--help"])
+    help_text = capsys.readouterr().out
+    assert help_text.startswith("usage: trio-dispatch bench [-h] [--quick]")
+    # The choices, in the usage line and in the list of arguments.
+    assert re.findall(r"\{(.*?)\}", help_text) == ["fairness", "fairness"]
 
 
 # ------------------------------------------------------------------ serve-fake
@@ -432,7 +430,7 @@ def test_serve_fake_refuses_an_empty_api_key(
         (["simulate", "--agents"], 100_000),
         (["simulate", "--limit"], 10_000),
         (["simulate", "--capacity"], 10_000),
-        (["bench", "handoff", "--jobs"], 64),
+        (["bench", "fairness", "--jobs"], 64),
     ],
 )
 def test_sizes_have_upper_bounds_stated_in_help(
@@ -491,7 +489,7 @@ def tree(root: Path) -> list[str]:
     return sorted(str(path.relative_to(root)) for path in root.rglob("*"))
 
 
-@pytest.mark.usefixtures("tiny_benchmarks")
+@pytest.mark.usefixtures("tiny_fairness")
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -521,12 +519,12 @@ def tree(root: Path) -> list[str]:
             "cannot write afile/demo.json: afile is not a directory",
         ),
         (
-            ["bench", "handoff", "--quick", "--out", "afile"],
-            "cannot write afile/handoff: afile is not a directory",
+            ["bench", "fairness", "--quick", "--out", "afile"],
+            "cannot write afile/fairness: afile is not a directory",
         ),
         (
-            ["bench", "all", "--quick", "--out", "newdir/afile"],
-            "cannot write newdir/afile/handoff: newdir/afile is not a directory",
+            ["bench", "fairness", "--quick", "--out", "newdir/afile"],
+            "cannot write newdir/afile/fairness: newdir/afile is not a directory",
         ),
     ],
 )
@@ -748,21 +746,20 @@ def test_serve_fake_needs_no_rich() -> None:
     assert (status, err) == (130, "trio-dispatch: interrupted\n")
 
 
-@pytest.mark.usefixtures("tiny_benchmarks")
-def test_bench_handoff_needs_no_rich(
+@pytest.mark.usefixtures("tiny_fairness")
+def test_bench_fairness_needs_no_rich(
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     block_imports(monkeypatch, "rich")
     status, out, err = run_cli(
-        capsys, "bench", "handoff", "--quick", "--out", str(tmp_path)
+        capsys, "bench", "fairness", "--quick", "--out", str(tmp_path)
     )
-    assert status in (0, 1)  # tiny sizes may miss the targets
-    assert err == ""
-    assert out.startswith("Hand-off benchmarks")
+    assert (status, err) == (0, "")
+    assert out.startswith("# Fairness benchmark\n")
     assert out.endswith(
-        f"wrote {tmp_path}/handoff/handoff.json and {tmp_path}/handoff/handoff.md\n"
+        "".join(f"wrote {tmp_path}/fairness/{name}\n" for name in FAIRNESS_FILES)
     )
 
 
@@ -770,7 +767,7 @@ DEMO_EXTRA = "needs the demo extra: pip install 'trio-dispatch[demo]'"
 TESTING_EXTRA = "needs the testing extra: pip install 'trio-dispatch[testing]'"
 
 
-@pytest.mark.usefixtures("tiny_benchmarks")
+@pytest.mark.usefixtures("tiny_fairness")
 @pytest.mark.parametrize(
     ("missing", "argv", "message"),
     [
@@ -791,16 +788,6 @@ TESTING_EXTRA = "needs the testing extra: pip install 'trio-dispatch[testing]'"
             "matplotlib",
             ["bench", "fairness", "--quick"],
             f"trio-dispatch bench fairness {DEMO_EXTRA}",
-        ),
-        (
-            "hypercorn",
-            ["bench", "http", "--quick"],
-            f"trio-dispatch bench http {TESTING_EXTRA}",
-        ),
-        (
-            "matplotlib",
-            ["bench", "all", "--quick"],
-            f"trio-dispatch bench all {DEMO_EXTRA}",
         ),
     ],
 )

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import pathlib
 import subprocess
 import sys
 import types
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -19,6 +21,11 @@ import trio_dispatch
 import trio_dispatch.lowlevel
 import trio_dispatch.messages
 import trio_dispatch.providers
+
+from ._bench import BENCH
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 PUBLIC_MODULES = [
     "trio_dispatch",
@@ -246,3 +253,52 @@ def test_importing_the_package_loads_no_http_or_optional_library() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert done.stdout == "[]\n"
+
+
+def test_the_package_installs_no_benchmarks() -> None:
+    # The project's micro-benchmarks, with their targets, live in bench/;
+    # users get the fairness sweep from trio_dispatch.testing.
+    assert importlib.util.find_spec("trio_dispatch.benchmarks") is None
+
+
+def private_imports(source: str) -> list[str]:
+    """Every private trio_dispatch module or name that ``source`` imports."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found += [
+            name
+            for name in names
+            if name.split(".")[0] == "trio_dispatch"
+            and any(map(is_private, name.split(".")[1:]))
+        ]
+    return found
+
+
+def is_private(name: str) -> bool:
+    """``_name``, but not ``__name__`` (such as ``__version__``)."""
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def test_private_imports_are_found() -> None:
+    source = (
+        "import trio_dispatch._converter\n"
+        "from trio_dispatch.providers._limited import wrap_provider\n"
+        "from trio_dispatch import __version__, open_dispatcher\n"
+        "from trio_dispatch.testing import percentile\n"
+        "from _common import count\n"
+    )
+    assert private_imports(source) == [
+        "trio_dispatch._converter",
+        "trio_dispatch.providers._limited.wrap_provider",
+    ]
+
+
+@pytest.mark.parametrize("script", sorted(BENCH.glob("*.py")), ids=lambda p: p.name)
+def test_bench_scripts_use_only_the_public_api(script: Path) -> None:
+    assert private_imports(script.read_text(encoding="utf-8")) == []

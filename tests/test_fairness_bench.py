@@ -1,4 +1,4 @@
-"""The fairness benchmark, on a sweep small enough for the test suite."""
+"""The fairness sweep of ``trio_dispatch.testing``, small enough for the suite."""
 
 from __future__ import annotations
 
@@ -8,18 +8,19 @@ from typing import TYPE_CHECKING
 import attrs
 import pytest
 
-from trio_dispatch.benchmarks import (
-    QUANTILES,
+from trio_dispatch.testing import (
+    FAIRNESS_QUANTILES,
+    CallsPerTurn,
     FairnessConfig,
     FairnessReport,
+    FairnessRow,
     run_fairness_sweep,
 )
-from trio_dispatch.testing import CallsPerTurn
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from trio_dispatch.testing._metrics import PolicyMetrics
+    from trio_dispatch.testing import PolicyMetrics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -41,7 +42,8 @@ def test_the_sweep_runs_every_policy_at_every_point(report: FairnessReport) -> N
     assert len(points) == len(report.rows) == 2 * 2 * 4
     for row in report.rows:
         assert row.metrics.turns == 60
-        assert len(row.latency_quantiles) == len(QUANTILES)
+        assert isinstance(row, FairnessRow)
+        assert len(row.latency_quantiles) == len(FAIRNESS_QUANTILES)
         assert list(row.latency_quantiles) == sorted(row.latency_quantiles)
 
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 import pytest
 import trio
 
 from trio_dispatch import open_dispatcher, wrap_provider
-from trio_dispatch.benchmarks import PathLatency, run_http_benchmark
 from trio_dispatch.messages import ChatMessage, ChatRequest, Finish, TextDelta
 from trio_dispatch.providers import OpenAIProvider, RateLimited, ServerError
 from trio_dispatch.testing import FakeReply, FakeScript, Fault, open_fake_llm_server
@@ -146,40 +144,3 @@ async def test_an_unlimited_provider_streams_through_at_once() -> None:
         openai = stats["openai"]
         assert (openai.limit, openai.in_flight, openai.granted_total) == (None, 0, 1)
         assert len(server.requests) == 1
-
-
-# -- the latency benchmark, tiny (its structure, never its timings) -----------------
-
-
-def test_the_http_benchmark_runs_tiny_and_reports_both_paths() -> None:
-    report = run_http_benchmark(calls=3, warmup=1)
-    data = json.loads(report.to_json())
-    assert (data["calls"], data["warmup"], data["limit"]) == (3, 1, 8)
-    for measure in ("first_event", "stream_end"):
-        assert set(data[measure]) == {
-            "direct_p50",
-            "direct_p99",
-            "wrapped_p50",
-            "wrapped_p99",
-            "added_p50",
-            "added_p99",
-            "added_paired_median",
-        }
-        latency: PathLatency = getattr(report, measure)
-        assert latency.added_p50 == pytest.approx(
-            latency.wrapped_p50 - latency.direct_p50
-        )
-    table = report.to_markdown().splitlines()
-    assert table[-2].startswith("| Time to first event |")
-    assert table[-1].startswith("| Time to stream end |")
-
-
-def test_the_http_benchmark_checks_its_arguments() -> None:
-    with pytest.raises(ValueError, match=r"^calls must be a positive integer, got 0$"):
-        run_http_benchmark(calls=0)
-    with pytest.raises(
-        ValueError, match=r"^warmup must be a non-negative integer, got -1$"
-    ):
-        run_http_benchmark(warmup=-1)
-    with pytest.raises(ValueError, match=r"^samples must come in pairs, at least one$"):
-        PathLatency.from_samples([], [])

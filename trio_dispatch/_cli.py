@@ -4,7 +4,7 @@
 
     trio-dispatch demo         a fleet of agents through the dispatcher, over HTTP
     trio-dispatch simulate     one virtual-time simulation, policies side by side
-    trio-dispatch bench NAME   the benchmarks: fairness, handoff, http, or all
+    trio-dispatch bench NAME   a benchmark: fairness (policies under load, swept)
     trio-dispatch serve-fake   the fake LLM server on its own
 
 Bad options exit with status 2 and a one-line reason, before anything runs:
@@ -17,10 +17,10 @@ into place), so a failed or interrupted run leaves nothing half-written.
 Ctrl+C stops any command with status 130 and one line on stderr.
 
 ``demo`` needs the ``demo`` extra (rich, matplotlib, hypercorn), and so do
-plots (``simulate --plot``, ``bench fairness``); ``serve-fake`` and ``bench
-http`` need the ``testing`` extra (hypercorn). Without rich, the others
-print plain text. A command missing a package it needs says, in one line
-and before it starts, which extra to install (status 1).
+plots (``simulate --plot``, ``bench fairness``); ``serve-fake`` needs the
+``testing`` extra (hypercorn). Without rich, the others print plain text. A
+command missing a package it needs says, in one line and before it starts,
+which extra to install (status 1).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 
 _POLICIES = ("oldest-first", "fifo", "random", "none")
-_BENCHMARKS = ("fairness", "handoff", "http", "all")
+_BENCHMARKS = ("fairness",)
 
 # Upper bounds for sizes: far past what a demo or a simulation is for, yet
 # small enough that a slip of the keyboard fails at once instead of building
@@ -279,8 +279,12 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser(
         "bench",
-        help="run the benchmarks",
-        description="Run a benchmark (or all of them) and write its results.",
+        help="benchmark fairness under load, policy against policy",
+        description=(
+            "Run the fairness sweep: seeded workloads at several loads and"
+            " turn shapes, in virtual time, under every policy; write its"
+            " report (JSON, markdown, plots)."
+        ),
     )
     bench.add_argument("name", choices=_BENCHMARKS, help="which benchmark")
     bench.add_argument(
@@ -296,7 +300,7 @@ def _parser() -> argparse.ArgumentParser:
         "--jobs",
         type=_count(_MAX_JOBS),
         default=1,
-        help=f"processes for the fairness sweep, 1 to {_MAX_JOBS} (default 1)",
+        help=f"processes to run sweep points in, 1 to {_MAX_JOBS} (default 1)",
     )
     bench.set_defaults(run=_run_bench)
 
@@ -804,23 +808,39 @@ def _cdf_plot(
 # ------------------------------------------------------------------ bench
 
 
-# The optional packages each benchmark needs: a fake server, plots.
-_BENCH_NEEDS = {"handoff": (), "http": ("hypercorn",), "fairness": ("matplotlib",)}
-
-
 def _run_bench(args: argparse.Namespace) -> int:
-    names = ("handoff", "http", "fairness") if args.name == "all" else (args.name,)
-    _check_outputs(folders=[args.out / name for name in names])
-    _require(f"bench {args.name}", [m for name in names for m in _BENCH_NEEDS[name]])
+    out: Path = args.out / args.name
+    _check_outputs(folders=[out])
+    _require(f"bench {args.name}", ("matplotlib",))
+
+    from .testing import FairnessConfig, run_fairness_sweep  # noqa: PLC0415
+
     console = _maybe_console()
-    ok = True
-    for name in names:
-        ok &= _BENCH_RUNNERS[name](args, console)
-    return 0 if ok else 1
+    config = FairnessConfig.quick() if args.quick else FairnessConfig()
+    points = len(config.loads) * len(config.shapes)
+    with _bench_progress(console) as bar:
+        task = bar.add_task(
+            f"fairness sweep ({len(config.policies)} policies,"
+            f" {config.agents} turns each): points",
+            total=points,
+        )
+        report = run_fairness_sweep(
+            config,
+            jobs=args.jobs,
+            progress=lambda done, _total: bar.update(task, completed=done),
+        )
+    _say(console, report.to_markdown())
+    # Render into a scratch folder first, then move each file whole.
+    with tempfile.TemporaryDirectory() as scratch:
+        written = report.write(scratch)
+        _write_files({out / path.name: path.read_bytes() for path in written})
+        for path in written:
+            _say(console, f"wrote {out / path.name}")
+    return 0
 
 
-def _bench_progress(console: Console | None, *, counted: bool = False) -> Any:  # noqa: ANN401 (a rich Progress)
-    """A live progress line: a bar with counts when the total is known."""
+def _bench_progress(console: Console | None) -> Any:  # noqa: ANN401 (a rich Progress)
+    """A live progress line: a bar with counts."""
     if console is None:
         return _NoProgress()
     from rich.progress import (  # noqa: PLC0415 (the demo extra, loaded when used)
@@ -832,11 +852,11 @@ def _bench_progress(console: Console | None, *, counted: bool = False) -> Any:  
         TimeElapsedColumn,
     )
 
-    counts = (BarColumn(), MofNCompleteColumn()) if counted else ()
     return Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
-        *counts,
+        BarColumn(),
+        MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=console,
         transient=True,
@@ -844,7 +864,7 @@ def _bench_progress(console: Console | None, *, counted: bool = False) -> Any:  
 
 
 class _NoProgress:
-    """What the benchmarks use of rich's ``Progress``, showing nothing."""
+    """What the benchmark uses of rich's ``Progress``, showing nothing."""
 
     def __enter__(self) -> _NoProgress:
         return self
@@ -857,86 +877,6 @@ class _NoProgress:
 
     def update(self, task: int, **fields: object) -> None:
         return None
-
-
-def _bench_handoff(args: argparse.Namespace, console: Console | None) -> bool:
-    from .benchmarks import run_handoff_benchmarks  # noqa: PLC0415
-
-    with _bench_progress(console) as bar:
-        task = bar.add_task("hand-off benchmarks")
-        report = run_handoff_benchmarks(
-            quick=args.quick,
-            progress=lambda message: bar.update(
-                task, description=f"hand-off: {message}"
-            ),
-        )
-    markdown = report.to_markdown()
-    _say(console, markdown)
-    out: Path = args.out / "handoff"
-    _write_files(
-        {
-            out / "handoff.json": (report.to_json() + "\n").encode(),
-            out / "handoff.md": markdown.encode(),
-        }
-    )
-    _say(console, f"wrote {out / 'handoff.json'} and {out / 'handoff.md'}")
-    return report.all_met
-
-
-def _bench_http(args: argparse.Namespace, console: Console | None) -> bool:
-    from .benchmarks import run_http_benchmark  # noqa: PLC0415
-
-    with _bench_progress(console) as bar:
-        task = bar.add_task("HTTP benchmark")
-        report = run_http_benchmark(
-            calls=100 if args.quick else 400,
-            progress=lambda message: bar.update(task, description=f"http: {message}"),
-        )
-    markdown = report.to_markdown()
-    _say(console, markdown)
-    out: Path = args.out / "http"
-    _write_files(
-        {
-            out / "http.json": (report.to_json() + "\n").encode(),
-            out / "http.md": markdown.encode(),
-        }
-    )
-    _say(console, f"wrote {out / 'http.json'} and {out / 'http.md'}")
-    return True
-
-
-def _bench_fairness(args: argparse.Namespace, console: Console | None) -> bool:
-    from .benchmarks import FairnessConfig, run_fairness_sweep  # noqa: PLC0415
-
-    config = FairnessConfig.quick() if args.quick else FairnessConfig()
-    points = len(config.loads) * len(config.shapes)
-    with _bench_progress(console, counted=True) as bar:
-        task = bar.add_task(
-            f"fairness sweep ({len(config.policies)} policies,"
-            f" {config.agents} turns each): points",
-            total=points,
-        )
-        report = run_fairness_sweep(
-            config,
-            jobs=args.jobs,
-            progress=lambda done, _total: bar.update(task, completed=done),
-        )
-    _say(console, report.to_markdown())
-    out: Path = args.out / "fairness"
-    # Render into a scratch folder first, then move each file whole.
-    with tempfile.TemporaryDirectory() as scratch:
-        written = report.write(scratch)
-        _write_files({out / path.name: path.read_bytes() for path in written})
-        for path in written:
-            _say(console, f"wrote {out / path.name}")
-    return True
-
-
-_BENCH_RUNNERS: dict[str, Callable[[argparse.Namespace, Console | None], bool]] = {
-    "handoff": _bench_handoff,
-    "http": _bench_http,
-    "fairness": _bench_fairness,
-}
 
 
 # ------------------------------------------------------------------ serve-fake

@@ -7,12 +7,21 @@
 - ``run_simulation`` / ``simulate`` play a seeded ``Workload`` of agent
   turns in virtual time through the real dispatcher, under a scheduling
   policy, and ``SimulationResult.metrics()`` sums it up.
+- ``run_fairness_sweep`` plays the same seeded workloads at several loads
+  and turn shapes under every policy, and its ``FairnessReport`` renders
+  them as JSON, markdown and plots (the plots need matplotlib, from the
+  ``demo`` extra).
 - ``trio_dispatch.testing.strategies`` has hypothesis strategies for
   workloads and operation sequences (it needs hypothesis, also in the
   ``testing`` extra).
 """
 
 from .._util import fixup_module_metadata
+from ._fairness import FAIRNESS_QUANTILES as FAIRNESS_QUANTILES
+from ._fairness import FairnessConfig as FairnessConfig
+from ._fairness import FairnessReport as FairnessReport
+from ._fairness import FairnessRow as FairnessRow
+from ._fairness import run_fairness_sweep as run_fairness_sweep
 from ._fake_server import FakeLLMServer as FakeLLMServer
 from ._fake_server import FakeRequest as FakeRequest
 from ._fake_server import FakeServerStatistics as FakeServerStatistics
@@ -46,10 +55,14 @@ from ._workloads import Workload as Workload
 
 __all__ = [
     "BURST_SPACING",
+    "FAIRNESS_QUANTILES",
     "POLICIES",
     "BurstArrivals",
     "CallsPerTurn",
     "Duration",
+    "FairnessConfig",
+    "FairnessReport",
+    "FairnessRow",
     "FakeLLMServer",
     "FakeReply",
     "FakeRequest",
@@ -73,6 +86,7 @@ __all__ = [
     "jain_index",
     "open_fake_llm_server",
     "percentile",
+    "run_fairness_sweep",
     "run_simulation",
     "simulate",
 ]

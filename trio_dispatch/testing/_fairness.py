@@ -3,7 +3,8 @@
 One sweep plays the same seeded workloads (one per load and turn shape)
 under every policy with ``run_simulation`` and keeps each run's
 ``PolicyMetrics`` and latency quantiles. The report renders as JSON, a
-markdown table and PNG plots.
+markdown table and PNG plots. ``trio-dispatch bench fairness`` runs it from
+the command line.
 
 The claim it tests: under load, oldest-agent-first finishes agent turns
 sooner than per-call FIFO, because a turn in progress is not sent to the
@@ -25,9 +26,9 @@ from typing import TYPE_CHECKING, final
 import attrs
 
 from .._converter import structure, unstructure
-from ..testing._metrics import PolicyMetrics, percentile
-from ..testing._simulation import POLICIES, PolicyName, run_simulation
-from ..testing._workloads import (
+from ._metrics import PolicyMetrics, percentile
+from ._simulation import POLICIES, PolicyName, run_simulation
+from ._workloads import (
     CallsPerTurn,
     Duration,
     PoissonArrivals,
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 #: The quantiles kept per run for the distribution plot: 0, 0.5, ..., 100.
-QUANTILES: tuple[float, ...] = tuple(q / 2 for q in range(201))
+FAIRNESS_QUANTILES: tuple[float, ...] = tuple(q / 2 for q in range(201))
 
 
 @final
@@ -118,7 +119,7 @@ class FairnessRow:
         load: The offered load.
         shape: Calls per turn, as ``"1-8"``.
         metrics: The run's metrics.
-        latency_quantiles: Turn latency at each of ``QUANTILES``.
+        latency_quantiles: Turn latency at each of ``FAIRNESS_QUANTILES``.
     """
 
     load: float
@@ -328,7 +329,7 @@ class FairnessReport:
                 if row.shape == shape:
                     ax.plot(
                         row.latency_quantiles,
-                        [q / 100 for q in QUANTILES],
+                        [q / 100 for q in FAIRNESS_QUANTILES],
                         label=_legend(row.policy),
                     )
             ax.set_title(
@@ -388,7 +389,7 @@ def run_point(
                 metrics=result.metrics(),
                 latency_quantiles=tuple(
                     percentile(latencies, q) if latencies else math.nan
-                    for q in QUANTILES
+                    for q in FAIRNESS_QUANTILES
                 ),
             )
         )

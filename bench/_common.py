@@ -1,0 +1,141 @@
+"""What the benchmark scripts share: argument checks, paired samples, reports.
+
+The scripts in ``bench/`` import this as ``_common``: run as
+``python bench/NAME.py``, their own folder is the first entry of
+``sys.path``. They use only the public API of trio_dispatch, as a user's
+code would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+import trio
+
+import trio_dispatch
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from pathlib import Path
+
+
+class Report(Protocol):
+    """What a benchmark's report renders to."""
+
+    def to_json(self) -> str:
+        """The report as a JSON document."""
+        ...
+
+    def to_markdown(self) -> str:
+        """The report as markdown."""
+        ...
+
+
+def count(value: object, name: str, *, zero: bool = False) -> int:
+    """``value`` if it is a positive ``int`` (or zero, with ``zero``), else ValueError.
+
+    A ``bool`` is not a count.
+    """
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < (0 if zero else 1)
+    ):
+        rule = "a non-negative" if zero else "a positive"
+        raise ValueError(f"{name} must be {rule} integer, got {value!r}")
+    return value
+
+
+def count_option(*, zero: bool = False) -> Callable[[str], int]:
+    """An argparse type: a positive integer (or zero, with ``zero``).
+
+    A bad value is a usage error (status 2) before anything runs.
+    """
+    rule = "a non-negative" if zero else "a positive"
+
+    def parse(text: str) -> int:
+        try:
+            return count(int(text), "value", zero=zero)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {rule} integer, got {text!r}"
+            ) from None
+
+    return parse
+
+
+def positive_int(
+    _instance: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    """An attrs validator: a positive ``int``, not a ``bool``; else ValueError."""
+    count(value, attribute.name)
+
+
+def paired(
+    first: Sequence[float], second: Sequence[float]
+) -> list[tuple[float, float]]:
+    """Samples taken in turns, as pairs; ValueError unless there is one at least.
+
+    The benchmarks alternate their two sides, so a sample's neighbour on the
+    other side ran under the same machine load: comparisons are made pair
+    by pair, and summed up by their median.
+    """
+    if not first or len(first) != len(second):
+        raise ValueError("samples must come in pairs, at least one")
+    return list(zip(first, second, strict=True))
+
+
+def plain(value: attrs.AttrsInstance) -> dict[str, Any]:
+    """An attrs value as JSON's own types: fields as keys, tuples as lists."""
+    return attrs.asdict(value, value_serializer=_listed)
+
+
+def _listed(_instance: object, _field: object, value: object) -> object:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def environment(*, httpx: bool = False) -> dict[str, str]:
+    """Interpreter, library versions and machine, for a report's header.
+
+    Args:
+        httpx: Include httpx's version (the HTTP benchmark's client).
+    """
+    found = {
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "trio": trio.__version__,
+    }
+    if httpx:
+        import httpx as client  # noqa: PLC0415 (only for its version)
+
+        found["httpx"] = client.__version__
+    found |= {
+        "trio_dispatch": trio_dispatch.__version__,
+        "platform": f"{sys.platform} {platform.machine()}",
+        "cpus": str(os.cpu_count()),
+    }
+    return found
+
+
+def show_progress(message: str) -> None:
+    """Show how a run is going, on stderr: stdout is for the report."""
+    print(f"  {message}", file=sys.stderr, flush=True)
+
+
+def finish(report: Report, *, json_path: Path | None, started: float) -> None:
+    """Print the report's markdown, and write its JSON to ``json_path`` if given.
+
+    Args:
+        report: The finished run's report.
+        json_path: Where to write the JSON report, or ``None``.
+        started: ``time.perf_counter()`` when the run started.
+    """
+    show_progress(f"done in {time.perf_counter() - started:.1f} s")
+    print(report.to_markdown(), end="")
+    if json_path is not None:
+        json_path.write_text(report.to_json() + "\n", encoding="utf-8")
