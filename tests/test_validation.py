@@ -6,7 +6,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from trio_dispatch import Dispatcher, SlotPolicy, open_dispatcher, wrap_provider
+from trio_dispatch import (
+    ConversationOptions,
+    Dispatcher,
+    SlotPolicy,
+    open_dispatcher,
+    wrap_provider,
+)
 from trio_dispatch.messages import ChatMessage, ChatRequest
 from trio_dispatch.providers import AnthropicProvider, LimitedProvider, OpenAIProvider
 from trio_dispatch.testing import (
@@ -65,12 +71,12 @@ CALLS: list[tuple[str, str, Callable[[Dispatcher, Any], object]]] = [
     (
         "retry_backoff",
         SECONDS,
-        lambda d, v: d.start_conversation(_Named(), retry_backoff=v),
+        lambda d, v: ConversationOptions(retry_backoff=v),
     ),
     (
         "max_backoff",
         SECONDS,
-        lambda d, v: d.start_conversation(_Named(), max_backoff=v),
+        lambda d, v: ConversationOptions(max_backoff=v),
     ),
     ("started_at", INSTANT, lambda d, v: wrap_provider(_Named(), d, started_at=v)),
     (

@@ -8,6 +8,7 @@ from ._exceptions import SlotHoldTimeout as SlotHoldTimeout
 from ._policy import PolicyStatistics as PolicyStatistics
 from ._policy import SlotPolicy as SlotPolicy
 from .actors import Conversation as Conversation
+from .actors import ConversationOptions as ConversationOptions
 from .actors import ConversationStatistics as ConversationStatistics
 from .actors import Dispatcher as Dispatcher
 from .actors import DispatcherStatistics as DispatcherStatistics
@@ -27,6 +28,7 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "Conversation",
     "ConversationClosed",
+    "ConversationOptions",
     "ConversationStatistics",
     "DispatchError",
     "Dispatcher",

@@ -24,7 +24,7 @@ import trio
 
 from ._converter import unstructure
 from ._validation import check_limit
-from .actors import Tool, open_dispatcher
+from .actors import ConversationOptions, Tool, open_dispatcher
 from .providers import AnthropicProvider, OpenAIProvider, ProviderError
 from .testing import (
     FakeLLMServer,
@@ -331,8 +331,9 @@ async def run_demo(
                 conversation_id=f"agent-{index:03d}",
                 tools=TOOLS,
                 system_prompt="You are a helpful agent. Use the tools.",
-                seed=options.seed * 1000 + index,
-                retry_backoff=0.05,
+                options=ConversationOptions(
+                    retry_backoff=0.05, seed=options.seed * 1000 + index
+                ),
             )
             try:
                 for turn in range(options.turns):
