@@ -16,25 +16,23 @@ The rule:
 
 Each check is a plain function, ``check_x(value, name)``, that returns the
 value to use (seconds as a ``float``). Classes made with attrs use the same
-functions: ``validator`` turns a check into an attrs validator and
-``converter`` into an attrs converter (for fields stored as the checked
-value), both naming the field after the attribute. The validators that
-fields use most are ready below (``positive_int``...). Wrap one in
-``attrs.validators.optional`` for a field that may be ``None``.
+functions: ``validator`` turns a check into an attrs validator that names
+the field after the attribute, and the validators fields use most are
+ready below (``positive_int``...). Wrap one in
+``attrs.validators.optional`` for a field that may be ``None``. Validators
+leave the value as given (an ``int`` stays an ``int``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
-
-import attrs
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-_T = TypeVar("_T")
+    import attrs
 
 
 def check_text(value: object, name: str) -> str:
@@ -218,19 +216,6 @@ def validator(
         check(value, attribute.name)
 
     return validate
-
-
-def converter(check: Callable[[Any, str], _T]) -> attrs.Converter[Any, _T]:
-    """An attrs converter that stores ``check(value, attribute.name)``.
-
-    For fields kept as the checked value (seconds as a ``float``); attrs runs
-    converters before validators, so the check sees the value as given.
-    """
-
-    def convert(value: object, attribute: attrs.Attribute[Any]) -> _T:
-        return check(value, attribute.name)
-
-    return attrs.Converter(convert, takes_field=True)
 
 
 positive_int = validator(check_limit)
