@@ -68,7 +68,7 @@ from _common import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from trio_dispatch.providers import Provider
+    from trio_dispatch import Provider
 
 _REPLY_TEXT: Final = "one two three four five six seven eight"
 

@@ -20,6 +20,7 @@ from trio_dispatch import (
     SUMMARY_PREFIX,
     Conversation,
     ConversationClosed,
+    ConversationOptions,
     Dispatcher,
     DispatcherClosed,
     DispatchError,
@@ -52,10 +53,20 @@ from trio_dispatch.testing import (
     open_fake_llm_server,
 )
 
+from ._helpers import settle, task_names
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
 
 # -- helpers, shared with the other conversation test modules ----------------
+
+QUICK = ConversationOptions(retry_backoff=0.001, max_backoff=0.01, seed=1)
+"""Quick retries and a fixed seed: what a rig's conversations use by default."""
+
+
+def quick(**changes: Any) -> ConversationOptions:  # noqa: ANN401 (ConversationOptions' fields)
+    """``QUICK`` with ``changes``."""
+    return attrs.evolve(QUICK, **changes)
 
 
 @attrs.frozen
@@ -66,12 +77,16 @@ class Rig:
     provider: Provider
     dispatcher: Dispatcher
 
-    def start(self, **options: Any) -> Conversation:  # noqa: ANN401 (passed through)
+    def start(
+        self,
+        *,
+        options: ConversationOptions = QUICK,
+        **arguments: Any,  # noqa: ANN401 (passed through)
+    ) -> Conversation:
         """A conversation with the rig's provider; quick retries by default."""
-        options.setdefault("retry_backoff", 0.001)
-        options.setdefault("max_backoff", 0.01)
-        options.setdefault("seed", 1)
-        return self.dispatcher.start_conversation(self.provider, **options)
+        return self.dispatcher.start_conversation(
+            self.provider, options=options, **arguments
+        )
 
     def in_flight(self) -> int:
         """Slots of the provider held now."""
@@ -499,7 +514,7 @@ async def test_tool_arguments_are_a_copy_the_history_keeps_intact() -> None:
 async def test_reasoning_is_not_part_of_the_answer_and_the_finish_is_reported() -> None:
     reply = FakeReply(text="short", reasoning="let me think", finish="length")
     async with open_rig(FakeScript(default=reply)) as rig:
-        conversation = rig.start(max_tokens=5)
+        conversation = rig.start(options=quick(max_tokens=5))
         result = await conversation.ask("go")
     assert (result.text, result.finish_reason) == ("short", "length")
     assert conversation.history[-1] == ChatMessage("assistant", "short")
@@ -615,7 +630,7 @@ def compacting_model(summary: FakeReply) -> FakeScript:
 
 async def test_compaction_replaces_older_messages_with_a_summary() -> None:
     async with open_rig(compacting_model(FakeReply(text="they said 1"))) as rig:
-        conversation = rig.start(context_budget=10, keep_recent=2)
+        conversation = rig.start(options=quick(context_budget=10, keep_recent=2))
         await conversation.ask("1" * 20)  # 5 tokens: under budget
         await conversation.ask("2" * 20)  # over, but only 2 messages: none to cut
         assert len(rig.server.requests) == 2
@@ -653,7 +668,9 @@ async def test_compaction_cuts_only_where_a_user_message_starts() -> None:
         return FakeReply(text="", tool_calls=calls)
 
     async with open_rig(FakeScript(choose=choose)) as rig:
-        conversation = rig.start(tools=[ADD], context_budget=100, keep_recent=2)
+        conversation = rig.start(
+            tools=[ADD], options=quick(context_budget=100, keep_recent=2)
+        )
         await conversation.ask("hello")
         await conversation.ask("tools please")
         assert roles(conversation.history) == [
@@ -690,7 +707,9 @@ async def test_a_failed_summary_leaves_the_history_whole_and_the_turn_goes_on(
     summary: FakeReply, summary_calls: int
 ) -> None:
     async with open_rig(compacting_model(summary)) as rig:
-        conversation = rig.start(context_budget=1, keep_recent=0, max_attempts=2)
+        conversation = rig.start(
+            options=quick(context_budget=1, keep_recent=0, max_attempts=2)
+        )
         await conversation.ask("first")
         result = await conversation.ask("second")
     assert result.text == "re: second"
@@ -821,18 +840,12 @@ async def _nothing(arguments: dict[str, Any]) -> str:
     ("options", "error", "message"),
     [
         ({"conversation_id": ""}, ValueError, "conversation_id must be a non-empty string, got ''"),
+        ({"conversation_id": 3}, TypeError, "conversation_id must be a non-empty string, got 3"),
         ({"tools": "add"}, TypeError, "tools must be an iterable of Tool values, got 'add'"),
         ({"tools": [object]}, TypeError, "tools must hold Tool values, got <class 'object'>"),
         ({"tools": [ADD, ADD]}, ValueError, "duplicate tool name 'add'"),
         ({"system_prompt": 1}, TypeError, "system_prompt must be a string or None, got 1"),
-        ({"max_attempts": 0}, ValueError, "max_attempts must be a positive integer, got 0"),
-        ({"max_attempts": 1.5}, TypeError, "max_attempts must be a positive integer, got 1.5"),
-        ({"retry_backoff": -1}, ValueError, "retry_backoff must be a non-negative number of seconds, got -1"),
-        ({"max_backoff": math.inf}, ValueError, "max_backoff must be a non-negative number of seconds, got inf"),
-        ({"context_budget": 0}, ValueError, "context_budget must be a positive integer, got 0"),
-        ({"keep_recent": -1}, ValueError, "keep_recent must be a non-negative integer, got -1"),
-        ({"max_tokens": 0}, ValueError, "max_tokens must be a positive integer, got 0"),
-        ({"seed": "x"}, TypeError, "seed must be an integer or None, got 'x'"),
+        ({"options": {"seed": 1}}, TypeError, "options must be a ConversationOptions or None, got {'seed': 1}"),
     ],
 )  # fmt: skip
 async def test_start_conversation_checks_its_arguments_at_once(
@@ -843,6 +856,47 @@ async def test_start_conversation_checks_its_arguments_at_once(
         async with provider:
             with pytest.raises(error, match=f"^{_escape(message)}$"):
                 dispatcher.start_conversation(provider, **options)
+            await settle()
+            assert not [
+                name
+                for name in task_names()
+                if name.startswith("trio_dispatch conversation")
+            ]
+
+
+@pytest.mark.parametrize("name", [f.name for f in attrs.fields(ConversationOptions)])
+async def test_start_conversation_takes_its_settings_only_as_options(name: str) -> None:
+    value = getattr(ConversationOptions(), name)
+    async with open_dispatcher() as dispatcher:
+        provider = OpenAIProvider(base_url="http://x", api_key="k", model="m")
+        async with provider:
+            with pytest.raises(
+                TypeError,
+                match=rf"^Dispatcher\.start_conversation\(\) got an unexpected"
+                rf" keyword argument '{name}'$",
+            ):
+                dispatcher.start_conversation(provider, **{name: value})
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"max_attempts": 0}, ValueError, "max_attempts must be a positive integer, got 0"),
+        ({"max_attempts": 1.5}, TypeError, "max_attempts must be a positive integer, got 1.5"),
+        ({"retry_backoff": -1}, ValueError, "retry_backoff must be a non-negative number of seconds, got -1"),
+        ({"max_backoff": math.inf}, ValueError, "max_backoff must be a non-negative number of seconds, got inf"),
+        ({"context_budget": 0}, ValueError, "context_budget must be a positive integer, got 0"),
+        ({"keep_recent": -1}, ValueError, "keep_recent must be a non-negative integer, got -1"),
+        ({"keep_recent": "x"}, TypeError, "keep_recent must be a non-negative integer, got 'x'"),
+        ({"max_tokens": 0}, ValueError, "max_tokens must be a positive integer, got 0"),
+        ({"seed": "x"}, TypeError, "seed must be an integer or None, got 'x'"),
+    ],
+)  # fmt: skip
+def test_conversation_options_check_their_fields_when_made(
+    options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=f"^{_escape(message)}$"):
+        ConversationOptions(**options)
 
 
 async def test_start_conversation_wants_a_provider() -> None:

@@ -15,7 +15,12 @@ import pytest
 import trio
 import trio.testing
 
-from trio_dispatch import ConversationClosed, ProviderError, open_dispatcher
+from trio_dispatch import (
+    ConversationClosed,
+    ConversationOptions,
+    ProviderError,
+    open_dispatcher,
+)
 from trio_dispatch.messages import ChatMessage, Finish, TextDelta, Usage
 from trio_dispatch.providers import (
     AuthenticationError,
@@ -30,6 +35,7 @@ from .test_conversation import (
     eventually,
     last_text,
     open_rig,
+    quick,
     roles,
     tool,
     tools_then,
@@ -106,7 +112,7 @@ async def test_429_retry_after_pauses_the_provider_and_the_retry_waits_for_it() 
 async def test_when_attempts_run_out_the_typed_error_reaches_the_caller() -> None:
     script = FakeScript(default=FakeReply(fault=Fault("server_error")))
     async with open_rig(script) as rig:
-        conversation = rig.start(max_attempts=3)
+        conversation = rig.start(options=quick(max_attempts=3))
         with pytest.raises(ServerError) as caught:
             await conversation.ask("hello")
         assert caught.value.status_code == 500
@@ -146,7 +152,9 @@ async def test_a_failure_in_a_tool_loop_leaves_the_history_as_it_was() -> None:
         default=FakeReply(text=BROKEN_TEXT, fault=Fault("disconnect", after_events=2)),
     )
     async with open_rig(script) as rig:
-        conversation = rig.start(tools=[tool("ping", ping)], max_attempts=2)
+        conversation = rig.start(
+            tools=[tool("ping", ping)], options=quick(max_attempts=2)
+        )
         with pytest.raises(ProviderError):
             await conversation.ask("go")
         assert conversation.history == ()
@@ -309,7 +317,10 @@ async def _gaps(seed: int, autojump_clock: trio.testing.MockClock) -> list[float
     provider = MemoryProvider([*_errors(5), "ok"])
     async with open_dispatcher({"memory": 1}) as dispatcher:
         conversation = dispatcher.start_conversation(
-            provider, max_attempts=6, retry_backoff=1.0, max_backoff=4.0, seed=seed
+            provider,
+            options=ConversationOptions(
+                max_attempts=6, retry_backoff=1.0, max_backoff=4.0, seed=seed
+            ),
         )
         result = await conversation.ask("hello")
     assert (result.text, result.retries, result.llm_calls) == ("ok", 5, 6)
@@ -349,7 +360,9 @@ async def test_retry_after_is_honoured_once_limited_or_not(
     )
     provider = MemoryProvider([limited_error, "ok"])
     async with open_dispatcher({"memory": 1} if limited else {}) as dispatcher:
-        conversation = dispatcher.start_conversation(provider, retry_backoff=0.5)
+        conversation = dispatcher.start_conversation(
+            provider, options=ConversationOptions(retry_backoff=0.5)
+        )
         result: TurnResult = await conversation.ask("hello")
     first, second = provider.sent_at
     # The pause (limited) or the backoff (unlimited) waits exactly the

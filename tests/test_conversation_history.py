@@ -21,7 +21,7 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trio_dispatch import SUMMARY_PREFIX, Tool, open_dispatcher
+from trio_dispatch import SUMMARY_PREFIX, ConversationOptions, Tool, open_dispatcher
 from trio_dispatch.messages import ChatMessage, ToolCall
 from trio_dispatch.providers import OpenAIProvider, ServerError
 
@@ -202,7 +202,8 @@ async def step(arguments: dict[str, Any]) -> str:
 
 
 STEP = Tool(name="step", description="", parameters={"type": "object"}, run=step)
-OPTIONS: dict[str, Any] = {"tools": [STEP], "context_budget": 1, "keep_recent": 0}
+COMPACTING = ConversationOptions(context_budget=1, keep_recent=0)
+OPTIONS: dict[str, Any] = {"tools": [STEP], "options": COMPACTING}
 AFTER_Q = (
     ChatMessage("system", SUMMARY_PREFIX + "what happened"),
     ChatMessage("user", "q"),
@@ -356,7 +357,9 @@ async def test_a_turn_that_fails_after_compacting_leaves_the_history_as_it_was(
             return httpx.Response(500, json={"error": {"message": "boom"}})
         return script(body)
 
-    async with open_rig(failing, max_attempts=1, **OPTIONS) as rig:
+    async with open_rig(
+        failing, tools=[STEP], options=attrs.evolve(COMPACTING, max_attempts=1)
+    ) as rig:
         await rig.conversation.ask("first")
         before = rig.conversation.history
         with pytest.raises(ServerError):

@@ -13,6 +13,7 @@ import pathlib
 import subprocess
 import sys
 import types
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -51,6 +52,7 @@ def test_the_top_level_is_what_an_application_uses() -> None:
         "SUMMARY_PREFIX",
         "Conversation",
         "ConversationClosed",
+        "ConversationOptions",
         "ConversationStatistics",
         "DispatchError",
         "Dispatcher",
@@ -302,3 +304,39 @@ def test_private_imports_are_found() -> None:
 @pytest.mark.parametrize("script", sorted(BENCH.glob("*.py")), ids=lambda p: p.name)
 def test_bench_scripts_use_only_the_public_api(script: Path) -> None:
     assert private_imports(script.read_text(encoding="utf-8")) == []
+
+
+def test_conversation_options_are_public() -> None:
+    assert "ConversationOptions" in trio_dispatch.__all__
+    assert trio_dispatch.ConversationOptions.__module__ == "trio_dispatch"
+
+
+def _defined(tree: ast.Module) -> set[str]:
+    """The names a module's own top-level code defines (imports excluded)."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+PRIVATE_MODULES = sorted(
+    path
+    for path in PACKAGE.rglob("_*.py")
+    if path.name != "__init__.py"
+)
+
+
+@pytest.mark.parametrize("path", PRIVATE_MODULES, ids=[p.stem for p in PRIVATE_MODULES])
+def test_a_private_module_lists_in_all_only_names_it_defines(path: Path) -> None:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    listed: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            listed = ast.literal_eval(node.value)
+    assert set(listed) <= _defined(tree)

@@ -89,7 +89,7 @@ def test_a_conversation() -> None:
         ),
         (
             lambda: ChatRequest([], max_tokens=True),
-            ValueError,
+            TypeError,
             r"^max_tokens must be a positive integer, got True$",
         ),
         (

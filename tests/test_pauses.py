@@ -12,12 +12,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import httpx
 import pytest
 import trio
 import trio.testing
 
-from trio_dispatch import DispatcherClosed, open_dispatcher
+from trio_dispatch import ConversationOptions, DispatcherClosed, open_dispatcher
 from trio_dispatch.providers import AnthropicProvider, OpenAIProvider
 
 from ._helpers import settle, task_names
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SSE_HEADERS = {"content-type": "text/event-stream"}
+QUICK_RETRIES = ConversationOptions(retry_backoff=0.01)
 
 # What a server may send that would pause a provider for decades.
 ENDLESS = [
@@ -101,7 +103,7 @@ async def test_a_retry_after_of_decades_pauses_for_max_pause_only(
         openai(answers) as provider,
         open_dispatcher({provider.id: 1} if limited else {}) as dispatcher,
     ):
-        conversation = dispatcher.start_conversation(provider, retry_backoff=0.01)
+        conversation = dispatcher.start_conversation(provider, options=QUICK_RETRIES)
         result = await conversation.ask("hello")
     assert answers.sent_at == [0.0, 60.0]
     assert (result.retries, result.finished_at) == (1, 60.0)
@@ -120,7 +122,7 @@ async def test_max_pause_is_the_dispatchers_own(
             {provider.id: 1} if limited else {}, default_pause=0.5, max_pause=5
         ) as dispatcher,
     ):
-        conversation = dispatcher.start_conversation(provider, retry_backoff=0.01)
+        conversation = dispatcher.start_conversation(provider, options=QUICK_RETRIES)
         await conversation.ask("hello")
     assert answers.sent_at == [0.0, 5.0]
 
@@ -256,7 +258,7 @@ async def test_an_overloaded_answer_without_retry_after_pauses_one_second(
         anthropic(answers) as provider,
         open_dispatcher({provider.id: 1}) as dispatcher,
     ):
-        conversation = dispatcher.start_conversation(provider, retry_backoff=0.01)
+        conversation = dispatcher.start_conversation(provider, options=QUICK_RETRIES)
         result = await conversation.ask("hello")
     assert answers.sent_at == [0.0, 1.0]
     assert (result.started_at, result.finished_at) == (0.0, 1.0)
@@ -277,7 +279,7 @@ async def test_consecutive_refusals_double_the_pause_and_a_success_resets_it(
         anthropic(answers) as provider,
         open_dispatcher({provider.id: 1}) as dispatcher,
     ):
-        conversation = dispatcher.start_conversation(provider, retry_backoff=0.01)
+        conversation = dispatcher.start_conversation(provider, options=QUICK_RETRIES)
         await conversation.ask("first")
         await conversation.ask("second")
     assert answers.sent_at == [0.0, 1.0, 3.0, 7.0, 7.0, 8.0]
@@ -292,7 +294,7 @@ async def test_the_backoff_stops_growing_at_max_pause(
         open_dispatcher({provider.id: 1}, max_pause=3) as dispatcher,
     ):
         conversation = dispatcher.start_conversation(
-            provider, max_attempts=6, retry_backoff=0.01
+            provider, options=attrs.evolve(QUICK_RETRIES, max_attempts=6)
         )
         await conversation.ask("hello")
     assert answers.sent_at == [0.0, 1.0, 3.0, 6.0, 9.0, 12.0]
@@ -310,7 +312,9 @@ async def test_requests_refused_together_share_one_pause(
         trio.open_nursery() as nursery,
     ):
         for _ in range(3):
-            conversation = dispatcher.start_conversation(provider, retry_backoff=0.01)
+            conversation = dispatcher.start_conversation(
+                provider, options=QUICK_RETRIES
+            )
             nursery.start_soon(conversation.ask, "hello")
     assert answers.sent_at == [0.0] * 3 + [1.0] * 3
 
@@ -324,6 +328,8 @@ async def test_one_answer_reported_twice_counts_once(
     async with open_dispatcher({"anthropic": 1}) as dispatcher:
         report = dispatcher.report_rate_limit
         async with anthropic(answers, on_rate_limit=report) as provider:
-            conversation = dispatcher.start_conversation(provider, retry_backoff=0.01)
+            conversation = dispatcher.start_conversation(
+                provider, options=QUICK_RETRIES
+            )
             await conversation.ask("hello")
     assert answers.sent_at == [0.0, 1.0, 3.0]

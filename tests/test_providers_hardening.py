@@ -18,7 +18,14 @@ import trio
 import trio.testing
 from httpx_sse import ServerSentEvent
 
-from trio_dispatch import Conversation, ProviderError, Tool, TurnResult, open_dispatcher
+from trio_dispatch import (
+    Conversation,
+    ConversationOptions,
+    ProviderError,
+    Tool,
+    TurnResult,
+    open_dispatcher,
+)
 from trio_dispatch.messages import (
     ChatMessage,
     ChatRequest,
@@ -838,7 +845,9 @@ async def test_one_bad_call_fails_only_its_turn_and_other_conversations_finish(
     async with open_dispatcher({"good": 2, "bad": 1}) as dispatcher:
         first = dispatcher.start_conversation(good)
         second = dispatcher.start_conversation(good)
-        failing = dispatcher.start_conversation(bad, max_attempts=1)
+        failing = dispatcher.start_conversation(
+            bad, options=ConversationOptions(max_attempts=1)
+        )
 
         async def ask(conversation: Conversation) -> None:
             answers.append(await conversation.ask("hi"))

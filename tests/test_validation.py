@@ -1,22 +1,40 @@
-"""Every public argument that takes seconds or an instant, refused alike."""
+"""Every public argument that takes a count, seconds or a number, refused alike.
+
+The rule (``trio_dispatch._validation``): a value of the wrong type raises
+``TypeError``, a value of the right type out of range raises ``ValueError``,
+both as ``"{name} must be {rule}, got {value!r}"``, and nothing changes.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import math
+import re
+from typing import TYPE_CHECKING, Any, TypeAlias
 
+import attrs
 import pytest
 
-from trio_dispatch import Dispatcher, open_dispatcher, wrap_provider
+from trio_dispatch import (
+    ConversationOptions,
+    Dispatcher,
+    open_dispatcher,
+    wrap_provider,
+)
+from trio_dispatch._validation import check_limit, positive_int, validator
 from trio_dispatch.lowlevel import SlotPolicy
 from trio_dispatch.messages import ChatMessage, ChatRequest
 from trio_dispatch.providers import AnthropicProvider, OpenAIProvider
 from trio_dispatch.testing import (
     BurstArrivals,
+    CallsPerTurn,
     Duration,
     FakeReply,
     Fault,
+    PoissonArrivals,
+    Scenario,
     SimProvider,
     TurnSpec,
+    Workload,
 )
 
 if TYPE_CHECKING:
@@ -25,10 +43,40 @@ if TYPE_CHECKING:
 
     from trio_dispatch.messages import StreamEvent
 
+    Call: TypeAlias = Callable[[Dispatcher, Any], object]
+
 HUGE = 10**400  # an int, and finite, but beyond any float
-SECONDS = "must be a non-negative number of seconds"
-POSITIVE_SECONDS = "must be a positive number of seconds"
-INSTANT = "must be a finite number"
+
+
+@attrs.frozen
+class Kind:
+    """What an argument takes: the rule's words, wrong types, values out of range."""
+
+    rule: str
+    wrong: tuple[object, ...]
+    bad: tuple[object, ...]
+
+
+_NOT_INTEGERS = ("1", 1.0, True)
+_NOT_NUMBERS = ("1", True, None)
+_OUT_OF_RANGE = (-1, -0.5, math.nan, math.inf, -math.inf, HUGE, -HUGE)
+
+POSITIVE_INTEGER = Kind("a positive integer", _NOT_INTEGERS, (0, -1))
+NON_NEGATIVE_INTEGER = Kind("a non-negative integer", _NOT_INTEGERS, (-1,))
+SECONDS = Kind("a non-negative number of seconds", _NOT_NUMBERS, _OUT_OF_RANGE)
+POSITIVE_SECONDS = Kind(
+    "a positive number of seconds", _NOT_NUMBERS, (0, 0.0, *_OUT_OF_RANGE)
+)
+NUMBER = Kind("a non-negative number", _NOT_NUMBERS, _OUT_OF_RANGE)
+POSITIVE_NUMBER = Kind("a positive number", _NOT_NUMBERS, (0, 0.0, *_OUT_OF_RANGE))
+INSTANT = Kind("a finite number", _NOT_NUMBERS, (math.nan, math.inf, -math.inf, HUGE))
+DEADLINE = Kind("a number", _NOT_NUMBERS, (math.nan,))  # infinities: never
+SEED = Kind("an integer or None", ("1", 1.0, True), ())  # any int will do
+
+
+def optional(kind: Kind) -> Kind:
+    """``kind``, for an argument that also takes ``None``."""
+    return attrs.evolve(kind, wrong=tuple(w for w in kind.wrong if w is not None))
 
 
 class _Named:
@@ -44,10 +92,7 @@ class _Named:
 
 def _openai(**options: Any) -> object:  # noqa: ANN401 (any value is the point)
     return OpenAIProvider(
-        base_url="https://api.test/v1",
-        api_key="k",
-        model="m",
-        **options,
+        base_url="https://api.test/v1", api_key="k", model="m", **options
     )
 
 
@@ -55,73 +100,158 @@ def _anthropic(**options: Any) -> object:  # noqa: ANN401 (any value is the poin
     return AnthropicProvider(api_key="k", model="m", **options)
 
 
-# Each call gets an open dispatcher, whether it needs one or not.
-CALLS: list[tuple[str, str, Callable[[Dispatcher, Any], object]]] = [
+SIM = (SimProvider("p", 1),)
+
+# (argument, what it takes, a call that passes the value; each call gets an
+# open dispatcher limiting "p" to 1, whether it needs one or not).
+ENTRY_POINTS: list[tuple[str, Kind, Call]] = [
+    # The dispatcher.
+    ("limit for 'p'", POSITIVE_INTEGER, lambda d, v: open_dispatcher({"p": v})),
+    ("max_waiting", NON_NEGATIVE_INTEGER, lambda d, v: open_dispatcher(max_waiting=v)),
     ("default_pause", SECONDS, lambda d, v: open_dispatcher(default_pause=v)),
     ("max_pause", POSITIVE_SECONDS, lambda d, v: open_dispatcher(max_pause=v)),
-    ("max_hold", POSITIVE_SECONDS, lambda d, v: open_dispatcher(max_hold=v)),
-    ("max_hold", POSITIVE_SECONDS, lambda d, v: d.slot("p", max_hold=v)),
-    ("started_at", INSTANT, lambda d, v: d.slot("p", started_at=v)),
-    ("retry_after", SECONDS, lambda d, v: d.report_rate_limit("p", v)),
-    (
-        "retry_backoff",
-        SECONDS,
-        lambda d, v: d.start_conversation(_Named(), retry_backoff=v),
-    ),
-    (
-        "max_backoff",
-        SECONDS,
-        lambda d, v: d.start_conversation(_Named(), max_backoff=v),
-    ),
-    ("started_at", INSTANT, lambda d, v: wrap_provider(_Named(), d, started_at=v)),
+    ("max_hold", optional(POSITIVE_SECONDS), lambda d, v: open_dispatcher(max_hold=v)),
+    ("max_hold", optional(POSITIVE_SECONDS), lambda d, v: d.slot("p", max_hold=v)),
+    ("started_at", optional(INSTANT), lambda d, v: d.slot("p", started_at=v)),
+    ("limit", POSITIVE_INTEGER, lambda d, v: d.set_limit("p", v)),
+    ("retry_after", optional(SECONDS), lambda d, v: d.report_rate_limit("p", v)),
     (
         "started_at",
-        INSTANT,
+        optional(INSTANT),
         lambda d, v: wrap_provider(_Named(), d, started_at=v),
     ),
+    # The policy core.
+    ("limit", POSITIVE_INTEGER, lambda d, v: SlotPolicy(v)),
+    ("max_waiting", NON_NEGATIVE_INTEGER, lambda d, v: SlotPolicy(1, max_waiting=v)),
     ("default_pause", SECONDS, lambda d, v: SlotPolicy(1, default_pause=v)),
     ("max_pause", POSITIVE_SECONDS, lambda d, v: SlotPolicy(1, max_pause=v)),
+    ("limit", POSITIVE_INTEGER, lambda d, v: SlotPolicy(1).set_limit(v)),
     ("now", INSTANT, lambda d, v: SlotPolicy(1).report_rate_limit(v)),
-    ("retry_after", SECONDS, lambda d, v: SlotPolicy(1).report_rate_limit(0.0, v)),
+    (
+        "retry_after",
+        optional(SECONDS),
+        lambda d, v: SlotPolicy(1).report_rate_limit(0.0, v),
+    ),
+    ("until", DEADLINE, lambda d, v: SlotPolicy(1).pause(v)),
+    # Conversations.
+    ("max_attempts", POSITIVE_INTEGER, lambda d, v: ConversationOptions(max_attempts=v)),
+    ("retry_backoff", SECONDS, lambda d, v: ConversationOptions(retry_backoff=v)),
+    ("max_backoff", SECONDS, lambda d, v: ConversationOptions(max_backoff=v)),
+    (
+        "context_budget",
+        POSITIVE_INTEGER,
+        lambda d, v: ConversationOptions(context_budget=v),
+    ),
+    ("keep_recent", NON_NEGATIVE_INTEGER, lambda d, v: ConversationOptions(keep_recent=v)),
+    ("max_tokens", POSITIVE_INTEGER, lambda d, v: ConversationOptions(max_tokens=v)),
+    ("seed", SEED, lambda d, v: ConversationOptions(seed=v)),
+    # Providers and requests.
     ("connect_timeout", POSITIVE_SECONDS, lambda d, v: _openai(connect_timeout=v)),
     ("read_timeout", POSITIVE_SECONDS, lambda d, v: _openai(read_timeout=v)),
     ("connect_timeout", POSITIVE_SECONDS, lambda d, v: _anthropic(connect_timeout=v)),
     ("read_timeout", POSITIVE_SECONDS, lambda d, v: _anthropic(read_timeout=v)),
+    ("max_tokens", POSITIVE_INTEGER, lambda d, v: _anthropic(max_tokens=v)),
+    (
+        "max_tokens",
+        POSITIVE_INTEGER,
+        lambda d, v: ChatRequest([ChatMessage("user", "x")], max_tokens=v),
+    ),
+    (
+        "temperature",
+        optional(NUMBER),
+        lambda d, v: ChatRequest([ChatMessage("user", "x")], temperature=v),
+    ),
+    # The fake server's script.
     ("latency", SECONDS, lambda d, v: FakeReply(latency=v)),
-    (
-        "time_to_first_token",
-        SECONDS,
-        lambda d, v: FakeReply(time_to_first_token=v),
-    ),
-    ("retry_after", SECONDS, lambda d, v: Fault("rate_limit", retry_after=v)),
-    (
-        "retry_after_ms",
-        SECONDS,
-        lambda d, v: Fault("rate_limit", retry_after_ms=v),
-    ),
+    ("time_to_first_token", SECONDS, lambda d, v: FakeReply(time_to_first_token=v)),
     (
         "tokens_per_second",
-        "must be a positive number",
+        optional(POSITIVE_NUMBER),
         lambda d, v: FakeReply(tokens_per_second=v),
     ),
-]
+    ("argument_chunks", POSITIVE_INTEGER, lambda d, v: FakeReply(argument_chunks=v)),
+    ("input_tokens", NON_NEGATIVE_INTEGER, lambda d, v: FakeReply(input_tokens=v)),
+    ("output_tokens", NON_NEGATIVE_INTEGER, lambda d, v: FakeReply(output_tokens=v)),
+    ("cache_read_tokens", NON_NEGATIVE_INTEGER, lambda d, v: FakeReply(cache_read_tokens=v)),
+    ("cache_write_tokens", NON_NEGATIVE_INTEGER, lambda d, v: FakeReply(cache_write_tokens=v)),
+    (
+        "after_events",
+        NON_NEGATIVE_INTEGER,
+        lambda d, v: Fault("disconnect", after_events=v),
+    ),
+    ("retry_after", optional(SECONDS), lambda d, v: Fault("rate_limit", retry_after=v)),
+    (
+        "retry_after_ms",
+        optional(NUMBER),
+        lambda d, v: Fault("rate_limit", retry_after_ms=v),
+    ),
+    # The simulation's workloads.
+    ("mean", SECONDS, lambda d, v: Duration.constant(v)),
+    ("spread", NUMBER, lambda d, v: Duration("uniform", 1.0, v)),
+    ("low", POSITIVE_INTEGER, lambda d, v: CallsPerTurn(v, 5)),
+    ("high", POSITIVE_INTEGER, lambda d, v: CallsPerTurn(1, v)),
+    ("load", POSITIVE_NUMBER, lambda d, v: PoissonArrivals(v)),
+    ("size", POSITIVE_INTEGER, lambda d, v: BurstArrivals(v, 1.0)),
+    ("interval", POSITIVE_SECONDS, lambda d, v: BurstArrivals(1, v)),
+    ("limit", POSITIVE_INTEGER, lambda d, v: SimProvider("p", v)),
+    ("capacity", POSITIVE_INTEGER, lambda d, v: SimProvider("p", 1, capacity=v)),
+    ("retry_after", SECONDS, lambda d, v: SimProvider("p", 1, retry_after=v)),
+    ("reject_latency", SECONDS, lambda d, v: SimProvider("p", 1, reject_latency=v)),
+    ("weight", POSITIVE_NUMBER, lambda d, v: SimProvider("p", 1, weight=v)),
+    ("arrival", SECONDS, lambda d, v: TurnSpec(v, "p", (1.0,))),
+    ("calls", SECONDS, lambda d, v: TurnSpec(0.0, "p", (1.0, v))),
+    ("tools", SECONDS, lambda d, v: TurnSpec(0.0, "p", (1.0, 1.0), (v,))),
+    ("max_attempts", POSITIVE_INTEGER, lambda d, v: Scenario(SIM, (), v)),
+    ("agents", POSITIVE_INTEGER, lambda d, v: Workload(v, PoissonArrivals(0.5), SIM)),
+    (
+        "max_attempts",
+        POSITIVE_INTEGER,
+        lambda d, v: Workload(1, PoissonArrivals(0.5), SIM, max_attempts=v),
+    ),
+]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("name", "rule", "call"),
-    CALLS,
-    ids=[f"{name}-{index}" for index, (name, _, _) in enumerate(CALLS)],
-)
-@pytest.mark.parametrize("value", [HUGE, -HUGE], ids=["huge", "minus-huge"])
-async def test_numbers_too_large_for_a_float_get_the_usual_value_error(
-    name: str, rule: str, call: Callable[[Dispatcher, Any], object], value: int
+def _cases(errors: str) -> list[Any]:
+    cases = []
+    for index, (name, kind, call) in enumerate(ENTRY_POINTS):
+        for value in kind.wrong if errors == "wrong" else kind.bad:
+            shown = f"{value!r}"[:12]
+            cases.append(
+                pytest.param(name, kind.rule, call, value, id=f"{index}-{name}-{shown}")
+            )
+    return cases
+
+
+async def _refused(
+    error: type[Exception], name: str, rule: str, call: Call, value: object
 ) -> None:
     async with open_dispatcher({"p": 1}) as dispatcher:
-        with pytest.raises(ValueError, match=rf"^{name} {rule}, got {value}$"):
+        message = re.escape(f"{name} must be {rule}, got {value!r}")
+        with pytest.raises(error, match=rf"^{message}$"):
             call(dispatcher, value)
+        # Refused at once: the dispatcher is as it was.
         stats = dispatcher.statistics().providers["p"]
-        assert (stats.paused, stats.granted_total, stats.waiting) == (False, 0, 0)
+        assert (stats.limit, stats.paused, stats.granted_total, stats.waiting) == (
+            1,
+            False,
+            0,
+            0,
+        )
         assert dispatcher.limits() == {"p": 1}
+
+
+@pytest.mark.parametrize(("name", "rule", "call", "value"), _cases("wrong"))
+async def test_a_value_of_the_wrong_type_is_a_type_error(
+    name: str, rule: str, call: Call, value: object
+) -> None:
+    await _refused(TypeError, name, rule, call, value)
+
+
+@pytest.mark.parametrize(("name", "rule", "call", "value"), _cases("bad"))
+async def test_a_value_out_of_range_is_a_value_error(
+    name: str, rule: str, call: Call, value: object
+) -> None:
+    await _refused(ValueError, name, rule, call, value)
 
 
 async def test_an_int_too_long_to_print_is_named_by_its_size() -> None:
@@ -139,54 +269,45 @@ async def test_an_int_too_long_to_print_is_named_by_its_size() -> None:
             dispatcher.report_rate_limit("p", 10**5000)
 
 
-# The simulation's workloads convert their seconds with float() semantics:
-# an int beyond any float is refused as the infinity it would round to.
-WORKLOADS: list[tuple[str, Callable[[Any], object]]] = [
-    ("mean must be a non-negative finite number", Duration.constant),
-    (
-        "spread must be a non-negative finite number",
-        lambda v: Duration("uniform", 1.0, v),
-    ),
-    ("interval must be a positive finite number", lambda v: BurstArrivals(1, v)),
-    (
-        "retry_after must be a non-negative finite number",
-        lambda v: SimProvider("p", 1, retry_after=v),
-    ),
-    (
-        "reject_latency must be a non-negative finite number",
-        lambda v: SimProvider("p", 1, reject_latency=v),
-    ),
-    (
-        "arrival must be a non-negative finite number",
-        lambda v: TurnSpec(v, "p", (1.0,)),
-    ),
-    (
-        "durations must be non-negative finite numbers",
-        lambda v: TurnSpec(0.0, "p", (v,)),
-    ),
-    (
-        "durations must be non-negative finite numbers",
-        lambda v: TurnSpec(0.0, "p", (1.0, 1.0), (v,)),
-    ),
-]
+def test_an_attrs_validator_is_the_check_named_after_the_field() -> None:
+    @attrs.frozen
+    class Sizes:
+        chunks: int = attrs.field(validator=validator(check_limit))
+        pieces: int = attrs.field(default=1, validator=positive_int)
 
-
-@pytest.mark.parametrize(("message", "call"), WORKLOADS)
-@pytest.mark.parametrize(
-    ("value", "shown"), [(HUGE, "inf"), (-HUGE, "-inf")], ids=["huge", "minus-huge"]
-)
-def test_workload_seconds_too_large_for_a_float_get_the_usual_value_error(
-    message: str, call: Callable[[Any], object], value: int, shown: str
-) -> None:
-    with pytest.raises(ValueError, match=rf"^{message}, got {shown}$"):
-        call(value)
-
-
-@pytest.mark.parametrize("value", [HUGE, -HUGE], ids=["huge", "minus-huge"])
-def test_a_temperature_too_large_for_a_float_gets_the_usual_value_error(
-    value: int,
-) -> None:
+    assert Sizes(2) == Sizes(2, 1)
     with pytest.raises(
-        ValueError, match=rf"^temperature must be a non-negative number, got {value}$"
+        TypeError, match=r"^chunks must be a positive integer, got 2\.0$"
     ):
-        ChatRequest([ChatMessage("user", "x")], temperature=value)
+        Sizes(2.0)  # type: ignore[arg-type]  # wrong on purpose
+    with pytest.raises(ValueError, match=r"^pieces must be a positive integer, got 0$"):
+        Sizes(1, 0)
+
+
+def test_every_entry_point_is_tried_with_both_errors() -> None:
+    # A kind with nothing to try would make its entry point's checks vacuous.
+    for name, kind, _ in ENTRY_POINTS:
+        assert kind.wrong, name
+        assert kind.bad or kind is SEED, name
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"agents": "3"}, TypeError, "agents must be a positive integer, got '3'"),
+        ({"max_calls": 0}, ValueError, "max_calls must be a positive integer, got 0"),
+        ({"limit_openai": 2.0}, TypeError, "limit_openai must be a positive integer, got 2.0"),
+        ({"load": "1"}, TypeError, "load must be a positive number, got '1'"),
+        ({"load": math.nan}, ValueError, "load must be a positive number, got nan"),
+        ({"load": 11}, ValueError, "load must be a positive number at most 10, got 11"),
+        ({"rate_limit_rate": True}, TypeError, "rate_limit_rate must be a number from 0 to 1, got True"),
+        ({"rate_limit_rate": 1.5}, ValueError, "rate_limit_rate must be a number from 0 to 1, got 1.5"),
+    ],
+)  # fmt: skip
+def test_the_demo_options_follow_the_same_rule(
+    options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    from trio_dispatch._demo import DemoOptions  # noqa: PLC0415 (needs the demo's extras)
+
+    with pytest.raises(error, match=rf"^{re.escape(message)}$"):
+        DemoOptions(**options)

@@ -20,6 +20,7 @@ from httpx_sse import ServerSentEvent
 
 from trio_dispatch import (
     Conversation,
+    ConversationOptions,
     Dispatcher,
     DispatcherClosed,
     ProviderError,
@@ -292,7 +293,7 @@ async def test_a_compaction_call_carries_its_turns_priority(
     provider = Scripted([TextDelta("some words"), Finish("stop")])
     async with open_dispatcher({"memory": 1}) as dispatcher:
         conversation = dispatcher.start_conversation(
-            provider, context_budget=1, keep_recent=0
+            provider, options=ConversationOptions(context_budget=1, keep_recent=0)
         )
         await conversation.ask("first question")
         seen.clear()

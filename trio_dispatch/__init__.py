@@ -16,7 +16,7 @@ from ._exceptions import QueueFull as QueueFull
 from ._exceptions import SlotHoldTimeout as SlotHoldTimeout
 from ._provider import Provider as Provider
 from ._util import fixup_module_metadata
-from .actors._conversation import SUMMARY_PREFIX as SUMMARY_PREFIX
+from .actors._compaction import SUMMARY_PREFIX as SUMMARY_PREFIX
 from .actors._conversation import Conversation as Conversation
 from .actors._conversation import ConversationStatistics as ConversationStatistics
 from .actors._conversation import TurnResult as TurnResult
@@ -26,6 +26,7 @@ from .actors._dispatcher import ProviderStatistics as ProviderStatistics
 from .actors._dispatcher import Slot as Slot
 from .actors._dispatcher import open_dispatcher as open_dispatcher
 from .actors._limited import wrap_provider as wrap_provider
+from .actors._options import ConversationOptions as ConversationOptions
 from .actors._tools import Tool as Tool
 
 __version__ = "0.1.0.dev0"
@@ -34,6 +35,7 @@ __all__ = [
     "SUMMARY_PREFIX",
     "Conversation",
     "ConversationClosed",
+    "ConversationOptions",
     "ConversationStatistics",
     "DispatchError",
     "Dispatcher",

@@ -37,6 +37,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from . import __version__
+from ._validation import (
+    check_count,
+    check_fraction,
+    check_limit,
+    check_positive_number,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -82,32 +88,51 @@ def _parsed(
     return value
 
 
+def _accepted(
+    check: Callable[[float, str], object], high: float = math.inf
+) -> Callable[[float], bool]:
+    """An ``ok`` for ``_parsed``: the API's own ``check`` passes, and ``<= high``.
+
+    The same rules as the Python API, so the command line and the classes
+    it builds cannot disagree; the usage error says it in option terms.
+    """
+
+    def ok(value: float) -> bool:
+        try:
+            check(value, "value")
+        except ValueError:
+            return False
+        return value <= high
+
+    return ok
+
+
 def _count(high: int) -> Callable[[str], int]:
     """An option type: an integer from 1 to ``high``."""
 
     def count(text: str) -> int:
         return _parsed(
-            text, int, lambda n: 1 <= n <= high, f"an integer from 1 to {high}"
+            text, int, _accepted(check_limit, high), f"an integer from 1 to {high}"
         )
 
     return count
 
 
 def _non_negative_int(text: str) -> int:
-    return _parsed(text, int, lambda n: n >= 0, "a non-negative integer")
+    return _parsed(text, int, _accepted(check_count), "a non-negative integer")
 
 
 def _load(text: str) -> float:
     return _parsed(
         text,
         float,
-        lambda x: math.isfinite(x) and 0 < x <= 10,
+        _accepted(check_positive_number, 10),
         "a load above 0 and at most 10",
     )
 
 
 def _fraction(text: str) -> float:
-    return _parsed(text, float, lambda x: 0 <= x <= 1, "a number from 0 to 1")
+    return _parsed(text, float, _accepted(check_fraction), "a number from 0 to 1")
 
 
 def _calls_range(text: str) -> tuple[int, int]:

@@ -22,9 +22,14 @@ from typing import TYPE_CHECKING, Any, final
 import attrs
 import trio
 
-from . import Tool, open_dispatcher
+from . import ConversationOptions, Tool, open_dispatcher
 from ._converter import unstructure
-from ._validation import check_limit
+from ._validation import (
+    check_fraction,
+    check_positive_number,
+    positive_int,
+    validator,
+)
 from .providers import AnthropicProvider, OpenAIProvider, ProviderError
 from .testing import (
     FakeLLMServer,
@@ -43,28 +48,7 @@ if TYPE_CHECKING:
     from . import Dispatcher, DispatcherStatistics, Provider
 
 PROVIDERS = ("openai", "anthropic")
-
-
-def _check_count(name: str, low: int) -> Callable[[object, object, int], None]:
-    def check(_instance: object, _attribute: object, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            rule = "a positive" if low == 1 else "a non-negative"
-            raise ValueError(f"{name} must be {rule} integer, got {value!r}")
-
-    return check
-
-
-def _check_limit(
-    _instance: object, attribute: attrs.Attribute[int], value: int
-) -> None:
-    check_limit(value, attribute.name.replace("_", "-"))
-
-
-def _check_fraction(
-    _instance: object, attribute: attrs.Attribute[float], value: float
-) -> None:
-    if not 0 <= value <= 1:
-        raise ValueError(f"{attribute.name} must be between 0 and 1, got {value!r}")
+_MAX_LOAD = 10
 
 
 @final
@@ -84,21 +68,23 @@ class DemoOptions:
         seed: Seeds arrivals, tool loops and faults.
     """
 
-    agents: int = attrs.field(default=60, validator=_check_count("agents", 1))
-    turns: int = attrs.field(default=3, validator=_check_count("turns", 1))
-    max_calls: int = attrs.field(default=4, validator=_check_count("max-calls", 1))
-    limit_openai: int = attrs.field(default=4, validator=_check_limit)
-    limit_anthropic: int = attrs.field(default=3, validator=_check_limit)
-    load: float = attrs.field(default=0.9, converter=float)
+    agents: int = attrs.field(default=60, validator=positive_int)
+    turns: int = attrs.field(default=3, validator=positive_int)
+    max_calls: int = attrs.field(default=4, validator=positive_int)
+    limit_openai: int = attrs.field(default=4, validator=positive_int)
+    limit_anthropic: int = attrs.field(default=3, validator=positive_int)
+    load: float = attrs.field(default=0.9)
     rate_limit_rate: float = attrs.field(
-        default=0.02, converter=float, validator=_check_fraction
+        default=0.02, validator=validator(check_fraction)
     )
     seed: int = 1
 
     @load.validator
-    def _check_load(self, _attribute: object, value: float) -> None:
-        if not 0 < value <= 10:
-            raise ValueError(f"load must be above 0 and at most 10, got {value!r}")
+    def _check_load(self, attribute: attrs.Attribute[float], value: float) -> None:
+        if check_positive_number(value, attribute.name) > _MAX_LOAD:
+            raise ValueError(
+                f"load must be a positive number at most {_MAX_LOAD}, got {value!r}"
+            )
 
     def limits(self) -> dict[str, int]:
         """The dispatcher's limits."""
@@ -330,8 +316,9 @@ async def run_demo(
                 conversation_id=f"agent-{index:03d}",
                 tools=TOOLS,
                 system_prompt="You are a helpful agent. Use the tools.",
-                seed=options.seed * 1000 + index,
-                retry_backoff=0.05,
+                options=ConversationOptions(
+                    retry_backoff=0.05, seed=options.seed * 1000 + index
+                ),
             )
             try:
                 for turn in range(options.turns):

@@ -43,7 +43,6 @@ surfaces; both are rebuilt when such dead entries outnumber the living.
 from __future__ import annotations
 
 import heapq
-import math
 from collections import deque
 from typing import TYPE_CHECKING, final
 
@@ -51,7 +50,7 @@ import attrs
 
 from ._exceptions import QueueFull
 from ._validation import (
-    as_float,
+    check_deadline,
     check_instant,
     check_limit,
     check_max_waiting,
@@ -288,9 +287,7 @@ class SlotPolicy:
         The raw instrument, taken as given: ``max_pause`` bounds the pauses
         of ``report_rate_limit``, and ``resume`` ends any pause.
         """
-        until = as_float(until)
-        if math.isnan(until):
-            raise ValueError("until must be a number, got nan")
+        until = check_deadline(until, "until")
         if self._paused_until is None or until > self._paused_until:
             self._paused_until = until
 

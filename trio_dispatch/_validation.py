@@ -1,7 +1,26 @@
-"""Argument checks shared by the public entry points.
+"""Argument checks shared by the public entry points, and the one rule they keep.
 
-Each raises at once with a short lowercase message naming the argument and
-the value it got, before anything has changed.
+The rule:
+
+* a value of the wrong type raises ``TypeError``: anything but an ``int``
+  where an integer is expected (a ``float`` such as ``2.0`` included), a
+  ``bool`` where any number is expected, a string anywhere;
+* a value of the right type outside its range raises ``ValueError``: a
+  negative number, zero where a positive one is needed, NaN, an infinity
+  where a finite number is needed, an ``int`` too large for a float (it is
+  the infinity it would round to);
+* both say ``"{name} must be {rule}, got {value!r}"``, as in
+  ``"limit must be a positive integer, got 0"`` or
+  ``"retry_after must be a non-negative number of seconds, got '1'"``, and
+  are raised at once, before anything has changed.
+
+Each check is a plain function, ``check_x(value, name)``, that returns the
+value to use (seconds as a ``float``). Classes made with attrs use the same
+functions: ``validator`` turns a check into an attrs validator that names
+the field after the attribute, and the validators fields use most are
+ready below (``positive_int``...). Wrap one in
+``attrs.validators.optional`` for a field that may be ``None``. Validators
+leave the value as given (an ``int`` stays an ``int``).
 """
 
 from __future__ import annotations
@@ -11,25 +30,48 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import attrs
+
+
+def check_text(value: object, name: str) -> str:
+    """A non-empty ``str``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a non-empty string, got {value!r}")
+    if not value:
+        raise ValueError(f"{name} must be a non-empty string, got ''")
+    return value
 
 
 def check_provider(provider: object) -> str:
     """A provider name is a non-empty string."""
-    if not isinstance(provider, str):
-        raise TypeError(f"provider must be a non-empty string, got {provider!r}")
-    if not provider:
-        raise ValueError("provider must be a non-empty string, got ''")
-    return provider
+    return check_text(provider, "provider")
 
 
 def check_limit(limit: object, name: str = "limit") -> int:
-    """A limit is a positive ``int`` (not a ``bool``, not a float)."""
+    """A positive ``int`` (not a ``bool``, not a float): limits and counts >= 1."""
     if not isinstance(limit, int) or isinstance(limit, bool):
         raise TypeError(f"{name} must be a positive integer, got {limit!r}")
     if limit < 1:
         raise ValueError(f"{name} must be a positive integer, got {limit!r}")
     return limit
+
+
+def check_count(count: object, name: str) -> int:
+    """A non-negative ``int`` (not a ``bool``, not a float)."""
+    if not isinstance(count, int) or isinstance(count, bool):
+        raise TypeError(f"{name} must be a non-negative integer, got {count!r}")
+    if count < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {count!r}")
+    return count
+
+
+def check_seed(seed: object, name: str = "seed") -> int | None:
+    """A seed is an ``int`` (not a ``bool``) or ``None``; any such value will do."""
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise TypeError(f"{name} must be an integer or None, got {seed!r}")
+    return seed
 
 
 def check_limits(limits: object) -> dict[str, int]:
@@ -52,15 +94,7 @@ def check_max_waiting(max_waiting: object) -> int | None:
     """``max_waiting`` is ``None`` or a non-negative ``int``."""
     if max_waiting is None:
         return None
-    if not isinstance(max_waiting, int) or isinstance(max_waiting, bool):
-        raise TypeError(
-            f"max_waiting must be a non-negative integer, got {max_waiting!r}"
-        )
-    if max_waiting < 0:
-        raise ValueError(
-            f"max_waiting must be a non-negative integer, got {max_waiting!r}"
-        )
-    return max_waiting
+    return check_count(max_waiting, "max_waiting")
 
 
 def as_float(value: float) -> float:
@@ -75,26 +109,62 @@ def as_float(value: float) -> float:
         return math.inf if value > 0 else -math.inf
 
 
-def _shown(value: float) -> str:
+def _shown(value: object) -> str:
     """``repr(value)``, or a short stand-in for an int too long to print."""
     try:
         return repr(value)
     except ValueError:
         # Beyond sys.get_int_max_str_digits(), an int refuses to print.
-        return f"an integer of {int(value).bit_length()} bits"
+        assert isinstance(value, int)
+        return f"an integer of {value.bit_length()} bits"
+
+
+def _real(value: object, name: str, rule: str) -> float:
+    """``value`` as a float if it is an ``int`` or a ``float``; else TypeError."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be {rule}, got {value!r}")
+    return as_float(value)
+
+
+def check_number(value: object, name: str, *, positive: bool = False) -> float:
+    """A finite real number, >= 0 (or > 0): rates, weights, temperatures."""
+    rule = "a positive number" if positive else "a non-negative number"
+    number = _real(value, name, rule)
+    if not math.isfinite(number) or number < 0 or (positive and number == 0):
+        raise ValueError(f"{name} must be {rule}, got {_shown(value)}")
+    return number
+
+
+def check_positive_number(value: object, name: str) -> float:
+    """A finite real number > 0."""
+    return check_number(value, name, positive=True)
+
+
+def check_fraction(value: object, name: str) -> float:
+    """A real number from 0 to 1, both included."""
+    rule = "a number from 0 to 1"
+    number = _real(value, name, rule)
+    if not 0 <= number <= 1:
+        raise ValueError(f"{name} must be {rule}, got {_shown(value)}")
+    return number
 
 
 def check_seconds(value: object, name: str, *, positive: bool = False) -> float:
     """A duration is a finite real number of seconds, >= 0 (or > 0)."""
-    rule = "a positive" if positive else "a non-negative"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be {rule} number of seconds, got {value!r}")
-    seconds = as_float(value)
+    rule = (
+        "a positive number of seconds"
+        if positive
+        else "a non-negative number of seconds"
+    )
+    seconds = _real(value, name, rule)
     if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
-        raise ValueError(
-            f"{name} must be {rule} number of seconds, got {_shown(value)}"
-        )
+        raise ValueError(f"{name} must be {rule}, got {_shown(value)}")
     return seconds
+
+
+def check_positive_seconds(value: object, name: str) -> float:
+    """A finite real number of seconds > 0."""
+    return check_seconds(value, name, positive=True)
 
 
 def check_optional_seconds(
@@ -118,17 +188,50 @@ def check_pauses(default_pause: object, max_pause: object) -> tuple[float, float
 
 def check_instant(value: object, name: str) -> float:
     """An instant on the trio clock is a finite real number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a finite number, got {value!r}")
-    instant = as_float(value)
+    instant = _real(value, name, "a finite number")
     if not math.isfinite(instant):
         raise ValueError(f"{name} must be a finite number, got {_shown(value)}")
     return instant
 
 
-def positive_int(
-    _instance: object, attribute: attrs.Attribute[Any], value: object
-) -> None:
-    """An attrs validator: a positive ``int``, not a ``bool``; else ValueError."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{attribute.name} must be a positive integer, got {value!r}")
+def check_deadline(value: object, name: str) -> float:
+    """An instant on the trio clock or an infinity (never): any number but NaN."""
+    deadline = _real(value, name, "a number")
+    if math.isnan(deadline):
+        raise ValueError(f"{name} must be a number, got {_shown(value)}")
+    return deadline
+
+
+# -- the same checks for attrs classes ------------------------------------------
+
+
+def validator(
+    check: Callable[[Any, str], object],
+) -> Callable[[object, attrs.Attribute[Any], object], None]:
+    """An attrs validator that runs ``check(value, attribute.name)``."""
+
+    def validate(
+        _instance: object, attribute: attrs.Attribute[Any], value: object
+    ) -> None:
+        check(value, attribute.name)
+
+    return validate
+
+
+positive_int = validator(check_limit)
+"""An attrs validator: a positive ``int``, not a ``bool``."""
+
+non_negative_int = validator(check_count)
+"""An attrs validator: a non-negative ``int``, not a ``bool``."""
+
+non_negative_seconds = validator(check_seconds)
+"""An attrs validator: a finite, non-negative number of seconds."""
+
+positive_seconds = validator(check_positive_seconds)
+"""An attrs validator: a finite, positive number of seconds."""
+
+non_negative_number = validator(check_number)
+"""An attrs validator: a finite, non-negative real number."""
+
+positive_number = validator(check_positive_number)
+"""An attrs validator: a finite, positive real number."""

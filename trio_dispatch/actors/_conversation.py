@@ -26,7 +26,10 @@ the question once.
 Every LLM call of a turn, retries and tool-loop steps alike, asks the
 dispatcher for a slot with the turn's ``started_at``, so a turn in progress
 goes before turns that started later; the slot is held only while the
-answer streams, never while tools run.
+answer streams, never while tools run. When to retry and how long to back
+off is decided in ``_retry``; when and where to compact, and what to ask
+for the summary, in ``_compaction``: both pure, both fed the conversation's
+``ConversationOptions``.
 
 Errors: a ``ProviderError`` that outlives its retries, and any other
 ``DispatchError`` of the dispatcher's (``QueueFull``, ``SlotHoldTimeout``),
@@ -41,7 +44,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import math
 import random
 import uuid
@@ -55,38 +57,22 @@ from .._exceptions import (
     ConversationClosed,
     DispatcherClosed,
     DispatchError,
-    Overloaded,
     ProviderError,
-    RateLimited,
 )
-from .._validation import check_limit, check_provider, check_seconds
+from .._validation import check_provider, check_text
 from ..messages import ChatMessage, ChatRequest, Finish, TextDelta, ToolCall, Usage
+from ._compaction import compaction_cut, summary_message, summary_request
 from ._limited import wrap_provider
+from ._options import ConversationOptions
+from ._retry import backoff, should_retry
 from ._tools import Tool, check_arguments
 
 if TYPE_CHECKING:
     from .._provider import Provider
     from ._dispatcher import Dispatcher
 
-__all__ = [
-    "Conversation",
-    "ConversationClosed",
-    "ConversationStatistics",
-    "TurnResult",
-]
-
-SUMMARY_PREFIX: Final = "Summary of the conversation so far:\n\n"
-"""How the summary message that replaces compacted messages begins."""
-
-_SUMMARY_REQUEST: Final = (
-    "Summarise the conversation so far for your own later use: the user's "
-    "goals, the facts and decisions established, tool results that still "
-    "matter, and what remains open. Reply with the summary only, in plain "
-    "text, and do not call any tool."
-)
 _WARM_UP_TEXT: Final = "Hello."
 _NO_USAGE: Final = Usage(input_tokens=0, output_tokens=0)
-_MAX_EXPONENT: Final = 62  # 2.0**62 seconds: far past any max_backoff
 
 
 @final
@@ -228,25 +214,20 @@ class Conversation:
     and is not part of ``history``. The history holds ``user``,
     ``assistant`` and ``tool`` messages, and, after a compaction, one
     ``system`` message with the summary of what it replaced (see
-    ``Dispatcher.start_conversation``).
+    ``ConversationOptions.context_budget``).
     """
 
     __slots__ = (
         "_compactions",
         "_compactions_failed",
-        "_context_budget",
         "_current",
         "_dispatcher",
         "_history",
-        "_keep_recent",
         "_llm_calls",
-        "_max_attempts",
-        "_max_backoff",
-        "_max_tokens",
+        "_options",
         "_provider",
         "_receive",
         "_retries",
-        "_retry_backoff",
         "_rng",
         "_scope",
         "_send",
@@ -272,13 +253,7 @@ class Conversation:
         conversation_id: str,
         tools: tuple[Tool, ...],
         system_prompt: str | None,
-        max_attempts: int,
-        retry_backoff: float,
-        max_backoff: float,
-        context_budget: int | None,
-        keep_recent: int,
-        max_tokens: int | None,
-        seed: int | None,
+        options: ConversationOptions,
     ) -> None:
         self.id = conversation_id
         self._dispatcher = dispatcher
@@ -286,13 +261,8 @@ class Conversation:
         self._tools = {tool.name: tool for tool in tools}
         self._specs = tuple(tool.spec() for tool in tools)
         self._system_prompt = system_prompt
-        self._max_attempts = max_attempts
-        self._retry_backoff = retry_backoff
-        self._max_backoff = max_backoff
-        self._context_budget = context_budget
-        self._keep_recent = keep_recent
-        self._max_tokens = max_tokens
-        self._rng = random.Random(seed)
+        self._options = options
+        self._rng = random.Random(options.seed)
         self._send, self._receive = trio.open_memory_channel[_Job](math.inf)
         self._scope = trio.CancelScope()
         self._history: list[ChatMessage] = []
@@ -534,7 +504,7 @@ class Conversation:
             request = ChatRequest(
                 messages=history,
                 tools=self._specs,
-                max_tokens=self._max_tokens,
+                max_tokens=self._options.max_tokens,
                 system=self._system_prompt,
             )
             reply = await self._call(provider, request, counters)
@@ -599,9 +569,11 @@ class Conversation:
             try:
                 reply = await _stream(provider, request)
             except ProviderError as error:
-                if not error.retryable or attempt >= self._max_attempts:
+                if not should_retry(error, attempt, self._options):
                     raise
-                delay = self._backoff(attempt, error)
+                delay = backoff(
+                    attempt, error, self._options, self._rng, self._pause_cap()
+                )
             else:
                 counters.usage = _add(counters.usage, reply.usage)
                 self._usage = _add(self._usage, reply.usage)
@@ -611,26 +583,15 @@ class Conversation:
             attempt += 1
             await trio.sleep(delay)
 
-    def _backoff(self, attempt: int, error: ProviderError) -> float:
-        """Seconds to wait before attempt ``attempt + 1``: exponential, jittered.
+    def _pause_cap(self) -> float | None:
+        """The longest ``Retry-After`` a backoff honours itself (see ``backoff``).
 
-        The ceiling doubles from ``retry_backoff`` up to ``max_backoff``, and
-        the wait is drawn between half the ceiling and the ceiling. A
-        ``Retry-After`` is honoured by the dispatcher's pause, which the next
-        attempt's slot waits for, not here; only an unlimited provider,
-        which nothing pauses, waits for it here, for at most the
-        dispatcher's ``max_pause``, as a pause would.
+        ``None`` for a limited provider, whose pause honours it; the
+        dispatcher's ``max_pause`` for an unlimited one, which nothing pauses.
         """
-        exponent = min(attempt - 1, _MAX_EXPONENT)
-        ceiling = min(self._max_backoff, self._retry_backoff * 2.0**exponent)
-        delay = self._rng.uniform(ceiling / 2, ceiling)
-        if (
-            isinstance(error, RateLimited | Overloaded)
-            and error.retry_after is not None
-            and self._provider.id not in self._dispatcher.limits()
-        ):
-            delay = max(delay, min(error.retry_after, self._dispatcher._max_pause))
-        return delay
+        if self._provider.id in self._dispatcher.limits():
+            return None
+        return self._dispatcher._max_pause
 
     # -- tools ---------------------------------------------------------------
 
@@ -686,21 +647,19 @@ class Conversation:
         Returns:
             Whether it did.
         """
-        if self._context_budget is None:
-            return False
-        chars = len(self._system_prompt or "") + _size(question)
-        chars += sum(_size(message) for message in history)
-        if chars / 4 <= self._context_budget:
-            return False
-        cut = self._compaction_cut(history)
+        cut = compaction_cut(
+            history,
+            question,
+            system_prompt=self._system_prompt,
+            options=self._options,
+        )
         if cut is None:
             return False
-        older = history[:cut]
-        request = ChatRequest(
-            messages=[*older, ChatMessage("user", _SUMMARY_REQUEST)],
+        request = summary_request(
+            history[:cut],
             tools=self._specs,
-            max_tokens=self._max_tokens,
-            system=self._system_prompt,
+            system_prompt=self._system_prompt,
+            max_tokens=self._options.max_tokens,
         )
         provider = wrap_provider(
             self._provider,
@@ -713,27 +672,12 @@ class Conversation:
         except ProviderError:
             self._compactions_failed += 1
             return False  # the turn goes on with the whole history
-        summary = reply.text.strip()
-        if not summary:
+        summary = summary_message(reply.text)
+        if summary is None:
             self._compactions_failed += 1
             return False
-        history[:cut] = [ChatMessage("system", SUMMARY_PREFIX + summary)]
+        history[:cut] = [summary]
         return True
-
-    def _compaction_cut(self, history: list[ChatMessage]) -> int | None:
-        """Where older messages end: a user message, at least ``keep_recent`` back.
-
-        ``None`` when that leaves nothing worth summarising (nothing, or only
-        the previous summary).
-        """
-        for cut in range(len(history) - self._keep_recent, 0, -1):
-            if cut == len(history) or history[cut].role == "user":
-                break
-        else:
-            return None
-        if cut == 1 and history[0].role == "system":
-            return None
-        return cut
 
 
 async def _stream(provider: Provider, request: ChatRequest) -> _Reply:
@@ -813,14 +757,6 @@ def _refusal(call: ToolCall, tool: Tool | None, tools: dict[str, Tool]) -> str |
     return None
 
 
-def _size(message: ChatMessage) -> int:
-    """A message's size in characters, for the context estimate."""
-    size = len(message.content)
-    for call in message.tool_calls:
-        size += len(call.name) + len(call.raw_arguments or json.dumps(call.arguments))
-    return size
-
-
 # -- construction, for Dispatcher.start_conversation ------------------------
 
 _ids = itertools.count(1)
@@ -833,17 +769,12 @@ def new_conversation(
     conversation_id: str | None,
     tools: Iterable[Tool],
     system_prompt: str | None,
-    max_attempts: int,
-    retry_backoff: float,
-    max_backoff: float,
-    context_budget: int | None,
-    keep_recent: int,
-    max_tokens: int | None,
-    seed: int | None,
+    options: ConversationOptions | None,
 ) -> Conversation:
     """A ``Conversation`` with every argument checked; its actor not started.
 
     The annotations say what callers should pass; the checks assume nothing.
+    ``options`` checked its own fields when it was made.
     """
     if not hasattr(provider, "id") or not callable(getattr(provider, "stream", None)):
         raise TypeError(
@@ -852,45 +783,26 @@ def new_conversation(
     check_provider(provider.id)
     if conversation_id is None:
         conversation_id = f"conversation-{uuid.uuid4().hex[:12]}-{next(_ids)}"
-    elif not isinstance(conversation_id, str) or not conversation_id:
-        raise ValueError(
-            f"conversation_id must be a non-empty string, got {conversation_id!r}"
-        )
+    else:
+        check_text(conversation_id, "conversation_id")
     checked_tools = _check_tools(tools)
     if system_prompt is not None and not isinstance(system_prompt, str):
         raise TypeError(
             f"system_prompt must be a string or None, got {system_prompt!r}"
         )
-    check_limit(max_attempts, "max_attempts")
-    backoff = check_seconds(retry_backoff, "retry_backoff")
-    ceiling = check_seconds(max_backoff, "max_backoff")
-    if context_budget is not None:
-        check_limit(context_budget, "context_budget")
-    if (
-        isinstance(keep_recent, bool)
-        or not isinstance(keep_recent, int)
-        or keep_recent < 0
-    ):
-        raise ValueError(
-            f"keep_recent must be a non-negative integer, got {keep_recent!r}"
+    if options is None:
+        options = ConversationOptions()
+    elif not isinstance(options, ConversationOptions):
+        raise TypeError(
+            f"options must be a ConversationOptions or None, got {options!r}"
         )
-    if max_tokens is not None:
-        check_limit(max_tokens, "max_tokens")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise TypeError(f"seed must be an integer or None, got {seed!r}")
     return Conversation(
         dispatcher,
         provider,
         conversation_id=conversation_id,
         tools=checked_tools,
         system_prompt=system_prompt,
-        max_attempts=max_attempts,
-        retry_backoff=backoff,
-        max_backoff=ceiling,
-        context_budget=context_budget,
-        keep_recent=keep_recent,
-        max_tokens=max_tokens,
-        seed=seed,
+        options=options,
     )
 
 

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 
     from .._provider import Provider
     from ._conversation import Conversation
+    from ._options import ConversationOptions
     from ._tools import Tool
 
 _logger = logging.getLogger("trio_dispatch")
@@ -528,13 +529,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         conversation_id: str | None = None,
         tools: Iterable[Tool] = (),
         system_prompt: str | None = None,
-        max_attempts: int = 4,
-        retry_backoff: float = 0.5,
-        max_backoff: float = 8.0,
-        context_budget: int | None = None,
-        keep_recent: int = 6,
-        max_tokens: int | None = None,
-        seed: int | None = None,
+        options: ConversationOptions | None = None,
     ) -> Conversation:
         """Start a conversation actor with ``provider`` in this dispatcher.
 
@@ -549,22 +544,9 @@ class Dispatcher(metaclass=NoPublicConstructor):
             tools: The ``Tool`` values the model may call (distinct names).
             system_prompt: Sent as ``ChatRequest.system`` with every request;
                 never part of the history.
-            max_attempts: Attempts per LLM call, the first included, when it
-                fails with a retryable ``ProviderError``.
-            retry_backoff: Seconds of the first backoff; it doubles per retry.
-            max_backoff: The longest backoff, in seconds.
-            context_budget: Estimated tokens (characters / 4 of the system
-                prompt, the history and the new question) above which a turn
-                first replaces older messages with a summary the model writes
-                (one ``system`` message starting with ``SUMMARY_PREFIX``).
-                ``None`` never compacts. If the summary call fails, the turn
-                goes on without compaction.
-            keep_recent: Messages at least that compaction keeps as they are;
-                it cuts only where a user message starts, so no tool call is
-                parted from its results.
-            max_tokens: ``ChatRequest.max_tokens`` of every call, or ``None``
-                for the provider's default.
-            seed: Seeds the backoff jitter, for reproducible runs.
+            options: Retries, backoff, compaction, ``max_tokens`` and the
+                jitter's seed, as a ``ConversationOptions``; ``None`` for the
+                defaults.
 
         Raises:
             ValueError: ``provider.id`` is unknown and the dispatcher's
@@ -577,13 +559,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             conversation_id=conversation_id,
             tools=tools,
             system_prompt=system_prompt,
-            max_attempts=max_attempts,
-            retry_backoff=retry_backoff,
-            max_backoff=max_backoff,
-            context_budget=context_budget,
-            keep_recent=keep_recent,
-            max_tokens=max_tokens,
-            seed=seed,
+            options=options,
         )
         if provider.id not in self._cleared:
             self._unknown(provider.id)

@@ -9,12 +9,11 @@ tool result answers one of them by ``tool_call_id``.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal, final
 
 import attrs
 
-from .._validation import as_float
+from .._validation import non_negative_number, positive_int
 from ._stream import ToolCall
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -105,27 +104,6 @@ def _tools(value: Any) -> tuple[ToolSpec, ...]:  # noqa: ANN401 (an attrs conver
     return tools
 
 
-def _check_max_tokens(_request: object, _attribute: object, value: int | None) -> None:
-    if value is None:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"max_tokens must be a positive integer, got {value!r}")
-
-
-def _check_temperature(
-    _request: object, _attribute: object, value: float | None
-) -> None:
-    if value is None:
-        return
-    if (
-        not isinstance(value, int | float)
-        or isinstance(value, bool)
-        or not math.isfinite(as_float(value))
-        or value < 0
-    ):
-        raise ValueError(f"temperature must be a non-negative number, got {value!r}")
-
-
 @final
 @attrs.frozen
 class ChatRequest:
@@ -144,6 +122,10 @@ class ChatRequest:
 
     messages: tuple[ChatMessage, ...] = attrs.field(converter=_messages)
     tools: tuple[ToolSpec, ...] = attrs.field(default=(), converter=_tools)
-    max_tokens: int | None = attrs.field(default=None, validator=_check_max_tokens)
-    temperature: float | None = attrs.field(default=None, validator=_check_temperature)
+    max_tokens: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(positive_int)
+    )
+    temperature: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(non_negative_number)
+    )
     system: str | None = None

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, final
 import attrs
 
 from .._exceptions import MalformedStream, StreamInterrupted
+from .._validation import check_limit, check_text
 from ..messages import Finish, ReasoningDelta, TextDelta, Usage
 from ._sse import (
     EventStream,
@@ -438,20 +439,9 @@ class AnthropicProvider(_ProviderBase):
         read_timeout: float = 60.0,
         on_rate_limit: RateLimitReporter | None = None,
     ) -> None:
-        if not isinstance(anthropic_version, str) or not anthropic_version:
-            raise ValueError(
-                "anthropic_version must be a non-empty string, "
-                f"got {anthropic_version!r}"
-            )
+        check_text(anthropic_version, "anthropic_version")
         _check_header_value(anthropic_version, "anthropic_version")
-        if (
-            not isinstance(max_tokens, int)
-            or isinstance(max_tokens, bool)
-            or max_tokens < 1
-        ):
-            raise ValueError(
-                f"max_tokens must be a positive integer, got {max_tokens!r}"
-            )
+        check_limit(max_tokens, "max_tokens")
         self._anthropic_version = anthropic_version
         self._max_tokens = max_tokens
         # Last, once every argument is known good: it may make a client.

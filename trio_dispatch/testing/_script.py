@@ -10,12 +10,17 @@ streamed in whichever wire format the request came in.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, Literal, final
 
 import attrs
 
-from .._validation import as_float, positive_int
+from .._validation import (
+    non_negative_int,
+    non_negative_number,
+    non_negative_seconds,
+    positive_int,
+    positive_number,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -58,29 +63,6 @@ FAULT_STATUS: dict[str, int] = {
 }
 
 
-def _non_negative_seconds(_instance: object, attribute: Any, value: object) -> None:  # noqa: ANN401 (attrs' Attribute is generic)
-    if value is None:
-        return
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(as_float(value))
-        or value < 0
-    ):
-        raise ValueError(
-            f"{attribute.name} must be a non-negative number of seconds, got {value!r}"
-        )
-
-
-def _non_negative_int(_instance: object, attribute: Any, value: object) -> None:  # noqa: ANN401 (attrs' Attribute is generic)
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(
-            f"{attribute.name} must be a non-negative integer, got {value!r}"
-        )
-
-
 def _fault_kind(_instance: object, _attribute: object, value: object) -> None:
     if value not in _FAULT_KINDS:
         kinds = ", ".join(sorted(_FAULT_KINDS))
@@ -116,18 +98,21 @@ class Fault:
         kind: Which fault.
         after_events: For stream faults, how many events go out first.
         retry_after: For status faults, ``Retry-After`` in seconds.
-        retry_after_ms: For status faults, ``retry-after-ms``.
+        retry_after_ms: For status faults, ``retry-after-ms``, in
+            milliseconds.
         error_type: For ``"stream_error"``, the error's type.
         message: The error message, instead of the default one.
     """
 
     kind: FaultKind = attrs.field(validator=_fault_kind)
-    after_events: int | None = attrs.field(default=None, validator=_non_negative_int)
+    after_events: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(non_negative_int)
+    )
     retry_after: float | None = attrs.field(
-        default=None, validator=_non_negative_seconds
+        default=None, validator=attrs.validators.optional(non_negative_seconds)
     )
     retry_after_ms: float | None = attrs.field(
-        default=None, validator=_non_negative_seconds
+        default=None, validator=attrs.validators.optional(non_negative_number)
     )
     error_type: str = "overloaded_error"
     message: str | None = None
@@ -155,18 +140,6 @@ class FakeToolCall:
     arguments: dict[str, Any] = attrs.field(factory=dict)
     id: str | None = None
     raw_arguments: str | None = None
-
-
-def _positive_rate(_instance: object, _attribute: object, value: float | None) -> None:
-    if value is None:
-        return
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(as_float(value))
-        or value <= 0
-    ):
-        raise ValueError(f"tokens_per_second must be a positive number, got {value!r}")
 
 
 @final
@@ -205,17 +178,21 @@ class FakeReply:
     text: str = "Hello from the fake LLM server."
     reasoning: str = ""
     tool_calls: tuple[FakeToolCall, ...] = ()
-    input_tokens: int | None = attrs.field(default=None, validator=_non_negative_int)
-    output_tokens: int | None = attrs.field(default=None, validator=_non_negative_int)
-    cache_read_tokens: int = attrs.field(default=0, validator=_non_negative_int)
-    cache_write_tokens: int = attrs.field(default=0, validator=_non_negative_int)
+    input_tokens: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(non_negative_int)
+    )
+    output_tokens: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(non_negative_int)
+    )
+    cache_read_tokens: int = attrs.field(default=0, validator=non_negative_int)
+    cache_write_tokens: int = attrs.field(default=0, validator=non_negative_int)
     finish: str | None = None
-    latency: float = attrs.field(default=0.0, validator=_non_negative_seconds)
+    latency: float = attrs.field(default=0.0, validator=non_negative_seconds)
     time_to_first_token: float = attrs.field(
-        default=0.0, validator=_non_negative_seconds
+        default=0.0, validator=non_negative_seconds
     )
     tokens_per_second: float | None = attrs.field(
-        default=None, validator=_positive_rate
+        default=None, validator=attrs.validators.optional(positive_number)
     )
     argument_chunks: int = attrs.field(default=3, validator=positive_int)
     fault: Fault | None = None

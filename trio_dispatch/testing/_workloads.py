@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING, Literal, final
 
 import attrs
 
-from .._validation import as_float, positive_int
+from .._validation import (
+    check_text,
+    non_negative_number,
+    non_negative_seconds,
+    positive_int,
+    positive_number,
+    positive_seconds,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -36,24 +43,6 @@ if TYPE_CHECKING:
 #: Turns of one burst arrive this far apart, in workload order, so that their
 #: order is part of the workload rather than of trio's scheduler.
 BURST_SPACING = 1e-6
-
-
-def _check_finite_non_negative(
-    _instance: object, attribute: attrs.Attribute[float], value: float
-) -> None:
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(
-            f"{attribute.name} must be a non-negative finite number, got {value!r}"
-        )
-
-
-def _check_finite_positive(
-    _instance: object, attribute: attrs.Attribute[float], value: float
-) -> None:
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(
-            f"{attribute.name} must be a positive finite number, got {value!r}"
-        )
 
 
 DurationKind = Literal["constant", "exponential", "lognormal", "uniform"]
@@ -80,10 +69,8 @@ class Duration:
             ("constant", "exponential", "lognormal", "uniform")
         )
     )
-    mean: float = attrs.field(converter=as_float, validator=_check_finite_non_negative)
-    spread: float = attrs.field(
-        default=0.0, converter=as_float, validator=_check_finite_non_negative
-    )
+    mean: float = attrs.field(validator=non_negative_seconds)
+    spread: float = attrs.field(default=0.0, validator=non_negative_number)
 
     def __attrs_post_init__(self) -> None:
         if self.kind in ("exponential", "lognormal") and self.mean == 0:
@@ -175,7 +162,7 @@ class PoissonArrivals:
             every slot busy on average, above 1.0 the queue grows.
     """
 
-    load: float = attrs.field(converter=as_float, validator=_check_finite_positive)
+    load: float = attrs.field(validator=positive_number)
 
 
 @final
@@ -192,7 +179,7 @@ class BurstArrivals:
     """
 
     size: int = attrs.field(validator=positive_int)
-    interval: float = attrs.field(converter=as_float, validator=_check_finite_positive)
+    interval: float = attrs.field(validator=positive_seconds)
 
 
 Arrivals = PoissonArrivals | BurstArrivals
@@ -221,24 +208,21 @@ class SimProvider:
         default=None,
         validator=attrs.validators.optional(positive_int),
     )
-    retry_after: float = attrs.field(
-        default=1.0, converter=as_float, validator=_check_finite_non_negative
-    )
-    reject_latency: float = attrs.field(
-        default=0.05, converter=as_float, validator=_check_finite_non_negative
-    )
-    weight: float = attrs.field(
-        default=1.0, converter=as_float, validator=_check_finite_positive
-    )
+    retry_after: float = attrs.field(default=1.0, validator=non_negative_seconds)
+    reject_latency: float = attrs.field(default=0.05, validator=non_negative_seconds)
+    weight: float = attrs.field(default=1.0, validator=positive_number)
 
     @name.validator
-    def _check_name(self, _attribute: attrs.Attribute[str], value: str) -> None:
-        if not isinstance(value, str) or not value:
-            raise ValueError(f"name must be a non-empty string, got {value!r}")
+    def _check_name(self, attribute: attrs.Attribute[str], value: str) -> None:
+        check_text(value, attribute.name)
 
 
-def _to_float_tuple(values: Iterable[float]) -> tuple[float, ...]:
-    return tuple(as_float(v) for v in values)
+def _to_duration_tuple(values: Iterable[float]) -> tuple[float, ...]:
+    return tuple(values)
+
+
+# Each call's or tool step's duration, checked like any number of seconds.
+_durations = attrs.validators.deep_iterable(non_negative_seconds)
 
 
 def _to_provider_tuple(values: Iterable[SimProvider]) -> tuple[SimProvider, ...]:
@@ -265,12 +249,14 @@ class TurnSpec:
         tools: Each tool step's duration; one fewer than ``calls``.
     """
 
-    arrival: float = attrs.field(
-        converter=as_float, validator=_check_finite_non_negative
-    )
+    arrival: float = attrs.field(validator=non_negative_seconds)
     provider: str
-    calls: tuple[float, ...] = attrs.field(converter=_to_float_tuple)
-    tools: tuple[float, ...] = attrs.field(converter=_to_float_tuple, factory=tuple)
+    calls: tuple[float, ...] = attrs.field(
+        converter=_to_duration_tuple, validator=_durations
+    )
+    tools: tuple[float, ...] = attrs.field(
+        converter=_to_duration_tuple, factory=tuple, validator=_durations
+    )
 
     def __attrs_post_init__(self) -> None:
         if not self.calls:
@@ -280,11 +266,6 @@ class TurnSpec:
                 f"a turn of {len(self.calls)} calls has {len(self.calls) - 1}"
                 f" tool steps, got {len(self.tools)}"
             )
-        for value in itertools.chain(self.calls, self.tools):
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(
-                    f"durations must be non-negative finite numbers, got {value!r}"
-                )
 
     @property
     def ideal(self) -> float:

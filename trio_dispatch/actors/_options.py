@@ -1,0 +1,57 @@
+"""The settings of a conversation, as one checked frozen value."""
+
+from __future__ import annotations
+
+from typing import final
+
+import attrs
+
+from .._validation import (
+    check_seed,
+    non_negative_int,
+    non_negative_seconds,
+    positive_int,
+    validator,
+)
+
+
+@final
+@attrs.frozen
+class ConversationOptions:
+    """How a conversation retries, compacts and asks.
+
+    Pass one to ``Dispatcher.start_conversation``. Every field is checked
+    when the value is made, so a bad setting fails there, before any
+    conversation starts; make variants with ``attrs.evolve``.
+
+    Attributes:
+        max_attempts: Attempts per LLM call, the first included, when it
+            fails with a retryable ``ProviderError``.
+        retry_backoff: Seconds of the first backoff; it doubles per retry.
+        max_backoff: The longest backoff, in seconds.
+        context_budget: Estimated tokens (characters / 4 of the system
+            prompt, the history and the new question) above which a turn
+            first replaces older messages with a summary the model writes
+            (one ``system`` message starting with ``SUMMARY_PREFIX``).
+            ``None`` never compacts. If the summary call fails, the turn
+            goes on without compaction.
+        keep_recent: Messages at least that compaction keeps as they are;
+            it cuts only where a user message starts, so no tool call is
+            parted from its results.
+        max_tokens: ``ChatRequest.max_tokens`` of every call, or ``None``
+            for the provider's default.
+        seed: Seeds the backoff jitter, for reproducible runs; ``None``
+            seeds it from the system.
+    """
+
+    max_attempts: int = attrs.field(default=4, validator=positive_int)
+    retry_backoff: float = attrs.field(default=0.5, validator=non_negative_seconds)
+    max_backoff: float = attrs.field(default=8.0, validator=non_negative_seconds)
+    context_budget: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(positive_int)
+    )
+    keep_recent: int = attrs.field(default=6, validator=non_negative_int)
+    max_tokens: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(positive_int)
+    )
+    seed: int | None = attrs.field(default=None, validator=validator(check_seed))
