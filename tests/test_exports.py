@@ -324,9 +324,7 @@ def _defined(tree: ast.Module) -> set[str]:
 
 
 PRIVATE_MODULES = sorted(
-    path
-    for path in PACKAGE.rglob("_*.py")
-    if path.name != "__init__.py"
+    path for path in PACKAGE.rglob("_*.py") if path.name != "__init__.py"
 )
 
 

@@ -36,7 +36,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from . import __version__
+from . import __version__, _groups
 from ._validation import (
     check_count,
     check_fraction,
@@ -361,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # trio.run raises Ctrl+C's KeyboardInterrupt inside an exception
         # group when it unwinds nurseries; anything else in the group is a
         # real error, and keeps its traceback.
-        if not _only_interrupts(exc):
+        if not _groups.only(exc, KeyboardInterrupt):
             raise
         print("trio-dispatch: interrupted", file=sys.stderr)
         return 130
@@ -386,13 +386,6 @@ class _Failure(Exception):
 
 class _MissingExtra(Exception):
     """A package the command needs is not installed (status 1)."""
-
-
-def _only_interrupts(exc: BaseException) -> bool:
-    """Whether ``exc`` is KeyboardInterrupt, or a group of nothing else."""
-    if isinstance(exc, BaseExceptionGroup):
-        return exc.split(KeyboardInterrupt)[1] is None
-    return isinstance(exc, KeyboardInterrupt)
 
 
 # Which extra brings each optional package; ``demo`` includes ``testing``.
@@ -931,24 +924,13 @@ def _run_serve(args: argparse.Namespace) -> int:
     try:
         trio.run(serve)
     except (OSError, BaseExceptionGroup) as exc:
-        error = _find(exc, OSError)
+        error = _groups.first(exc, OSError)
         if error is None:
             raise
         raise _UsageError(
             f"cannot serve on {args.host}:{args.port}: {error.strerror}"
         ) from None
     return 0
-
-
-def _find(exc: BaseException, kind: type[OSError]) -> OSError | None:
-    """The first ``kind`` in ``exc``, looking inside exception groups."""
-    if isinstance(exc, kind):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            if (found := _find(inner, kind)) is not None:
-                return found
-    return None
 
 
 if __name__ == "__main__":  # pragma: no cover

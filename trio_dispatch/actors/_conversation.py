@@ -59,6 +59,7 @@ from .._exceptions import (
     DispatchError,
     ProviderError,
 )
+from .._groups import leaves, only
 from .._validation import check_provider, check_text
 from ..messages import ChatMessage, ChatRequest, Finish, TextDelta, ToolCall, Usage
 from ._compaction import compaction_cut, summary_message, summary_request
@@ -433,7 +434,7 @@ class Conversation:
                 await self._serve()
         except BaseException as exc:
             if self._stop is None:
-                cancelled = _only_cancelled(exc)
+                cancelled = only(exc, trio.Cancelled)
                 self._stop = "dispatcher" if cancelled else "failed"
             raise
         finally:
@@ -625,7 +626,7 @@ class Conversation:
             # with a nursery of its own, cancelled with its turn, may raise
             # its errors and Cancelled in one group; the Cancelled part goes
             # on (the turn is being cancelled), the rest is the failure.
-            failure = _first_leaf(group)
+            failure = next(leaves(group))
         if failure is not None:
             text = str(failure)
             return f"error: {text}" if text else f"error: {type(failure).__name__}"
@@ -697,20 +698,6 @@ async def _stream(provider: Provider, request: ChatRequest) -> _Reply:
             elif isinstance(event, Finish):
                 finish = event.reason
     return _Reply("".join(text), tuple(calls), usage, finish)
-
-
-def _first_leaf(exc: BaseException) -> BaseException:
-    """The first exception in ``exc`` that is not a group."""
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
-
-
-def _only_cancelled(exc: BaseException) -> bool:
-    """Whether ``exc`` is ``Cancelled``, or a group (a tool nursery's) of only that."""
-    if isinstance(exc, BaseExceptionGroup):
-        return all(_only_cancelled(inner) for inner in exc.exceptions)
-    return isinstance(exc, trio.Cancelled)
 
 
 def _unique_ids(

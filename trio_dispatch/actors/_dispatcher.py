@@ -27,6 +27,7 @@ import attrs
 import trio
 
 from .._exceptions import DispatcherClosed, SlotHoldTimeout
+from .._groups import leaves
 from .._policy import SlotPolicy
 from .._util import NoPublicConstructor
 from .._validation import (
@@ -755,7 +756,7 @@ async def _run_dispatcher(
         if body_error is None or len(group.exceptions) != 1:
             raise
         only = group.exceptions[0]
-        if not _leaves(only) <= _leaves(body_error):
+        if not _identities(only) <= _identities(body_error):
             raise
         context = only.__context__
         try:
@@ -780,8 +781,6 @@ def _names(providers: Iterable[str]) -> str:
     return ", ".join(repr(name) for name in sorted(providers)) or "none"
 
 
-def _leaves(exc: BaseException) -> set[int]:
+def _identities(exc: BaseException) -> set[int]:
     """The identities of the exceptions in ``exc``, through any groups."""
-    if isinstance(exc, BaseExceptionGroup):
-        return set().union(*(_leaves(inner) for inner in exc.exceptions))
-    return {id(exc)}
+    return {id(leaf) for leaf in leaves(exc)}
