@@ -118,7 +118,9 @@ def test_attrs_values_still_resolve_their_hints_after_the_move() -> None:
     assert "messages" in hints
 
 
-@pytest.mark.parametrize("cls", [trio_dispatch.Dispatcher, trio_dispatch.Slot])
+@pytest.mark.parametrize(
+    "cls", [trio_dispatch.Dispatcher, trio_dispatch.Slot, trio_dispatch.Conversation]
+)
 def test_objects_only_a_factory_builds_have_no_public_constructor(cls: type) -> None:
     with pytest.raises(
         TypeError, match=r"^trio_dispatch\.\w+ has no public constructor$"

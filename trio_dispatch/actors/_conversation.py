@@ -60,6 +60,7 @@ from .._exceptions import (
     ProviderError,
 )
 from .._groups import leaves, only
+from .._util import NoPublicConstructor
 from .._validation import check_provider, check_text
 from ..messages import ChatMessage, ChatRequest, Finish, TextDelta, ToolCall, Usage
 from ._compaction import compaction_cut, summary_message, summary_request
@@ -204,7 +205,7 @@ _Stop = Literal["closed", "dispatcher", "failed"]
 
 
 @final
-class Conversation:
+class Conversation(metaclass=NoPublicConstructor):
     """A conversation with one provider, run by its own actor.
 
     Made by ``Dispatcher.start_conversation``; it lives until ``close()``
@@ -783,7 +784,7 @@ def new_conversation(
         raise TypeError(
             f"options must be a ConversationOptions or None, got {options!r}"
         )
-    return Conversation(
+    return Conversation._create(
         dispatcher,
         provider,
         conversation_id=conversation_id,

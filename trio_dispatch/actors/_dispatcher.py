@@ -145,7 +145,8 @@ class Slot(metaclass=NoPublicConstructor):
 
     Attributes:
         provider: The provider asked for.
-        conversation_id: Who asked, for traces and statistics.
+        conversation_id: Who asked: the conversation's id, or what the caller
+            passed; it travels with the request to the scheduler.
         started_at: The request's priority: when its turn began.
         ticket: The scheduler's ticket, once entered.
         granted_at: When the slot was granted (trio clock), once entered.
@@ -404,7 +405,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
         Args:
             provider: The provider's name; if it has no limit, the slot is
                 granted at once (it is still counted, for a limit set later).
-            conversation_id: Who asks, for statistics and traces.
+            conversation_id: Who asks: kept on the slot and sent with the
+                request to the scheduler.
             started_at: The request's priority on the trio clock: when its
                 turn began. Earlier goes first; ties go in arrival order.
                 Defaults to now.
@@ -540,7 +542,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
 
         Args:
             provider: Any ``Provider`` (an ``id`` and a ``stream`` method).
-            conversation_id: Its name in statistics and traces; a fresh
+            conversation_id: Its name (``Conversation.id``, and the
+                ``conversation_id`` of every slot it takes); a fresh
                 unique one if not given.
             tools: The ``Tool`` values the model may call (distinct names).
             system_prompt: Sent as ``ChatRequest.system`` with every request;

@@ -34,7 +34,7 @@ class _LimitedProvider:
 
     Attributes:
         provider: The provider wrapped.
-        conversation_id: Who asks, for statistics and traces.
+        conversation_id: Who asks: the ``conversation_id`` of every slot.
         started_at: The priority of every stream (when the turn began), or
             ``None`` to use the time each stream is opened.
     """
@@ -106,7 +106,7 @@ def wrap_provider(
     Args:
         provider: Any ``Provider``; its ``id`` names the limit.
         dispatcher: The dispatcher whose slots the streams take.
-        conversation_id: Who asks, for statistics and traces.
+        conversation_id: Who asks: the ``conversation_id`` of every slot.
         started_at: When the turn began, on the trio clock: the priority
             of every stream opened through the result. ``None`` uses the
             time each stream is opened.
