@@ -457,8 +457,18 @@ async def test_a_key_echoed_escaped_in_an_error_event_is_redacted(
         ),
         (
             "https://\x00x/v1",
-            r"^base_url must be a valid URL, got 'https://\\x00x/v1' \(invalid "
-            r"non-printable ASCII character in URL, '\\x00' at position 8\)$",
+            r"^base_url must be a valid URL, got 'https://\\x00x/v1'"
+            r" \(a control character or space at index 8\)$",
+        ),
+        (
+            "http://a b/v1",
+            r"^base_url must be a valid URL, got 'http://a b/v1'"
+            r" \(a control character or space at index 8\)$",
+        ),
+        (
+            "http://ab/v1\x7f",
+            r"^base_url must be a valid URL, got 'http://ab/v1\\x7f'"
+            r" \(a control character or space at index 12\)$",
         ),
         ("http://", r"^base_url must name a host, got 'http://'$"),
         ("https:///v1", r"^base_url must name a host, got 'https:///v1'$"),

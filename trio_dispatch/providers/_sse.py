@@ -228,6 +228,13 @@ def _check_base_url(value: object) -> str:
     url = _check_text(value, "base_url")
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"base_url must start with http:// or https://, got {url!r}")
+    for index, char in enumerate(url):
+        # Checked here rather than by httpx, whose wording varies by version.
+        if char <= " " or char == "\x7f":
+            raise ValueError(
+                f"base_url must be a valid URL, got {url!r}"
+                f" (a control character or space at index {index})"
+            )
     try:
         host = httpx.URL(url).host
     except httpx.InvalidURL as exc:
