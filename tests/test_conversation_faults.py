@@ -25,7 +25,7 @@ from trio_dispatch.providers import (
 )
 from trio_dispatch.testing import FakeReply, FakeScript, FakeToolCall, Fault
 
-from .test_conversation import (
+from ._rigs import (
     echo,
     eventually,
     last_text,
