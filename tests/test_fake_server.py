@@ -880,6 +880,6 @@ async def test_set_script_wants_a_script(server: FakeLLMServer) -> None:
     [(0.25, b"0.25"), (2.0, b"2"), (1_000_000.0, b"1000000"), (0.0, b"0")],
 )
 def test_retry_headers_are_plain_numbers(seconds: float, header: bytes) -> None:
-    from trio_dispatch.testing._fake_server import _header_number  # noqa: PLC0415
+    from trio_dispatch.testing._encoders import header_number  # noqa: PLC0415
 
-    assert _header_number(seconds) == header
+    assert header_number(seconds) == header
