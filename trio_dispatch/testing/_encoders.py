@@ -6,11 +6,14 @@ readers. Pure functions, no trio and no ASGI: ``encode_reply`` turns a
 stream or of Anthropic's Messages stream, ``status_fault_answer`` a status
 fault into its status, retry headers and error body, and ``error_event``
 and ``MALFORMED`` are what the stream faults send. When each event goes
-out, and where a fault strikes, is the server's business.
+out, and where a fault strikes, is ``_playback``'s business.
 
 The text and the reasoning go a word at a time (each word with the
 whitespace before it), a tool call's arguments in ``argument_chunks``
-pieces; events that carry a token are marked, for the server to pace.
+pieces; events that carry a token are marked, for pacing. Each event also
+says what it means: the stream events our providers' decoders yield for
+it. ``ScriptedProvider`` plays those in memory, event for event, and the
+round-trip tests hold the decoders and this module to them.
 """
 
 from __future__ import annotations
@@ -22,19 +25,32 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from .._wire import make_tool_call
+from ..messages import Finish, ReasoningDelta, TextDelta, Usage
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from ..messages import StreamEvent, ToolCall
     from ._request import WireFormat
     from ._script import FakeReply, FakeToolCall, Fault
 
 
-@attrs.define
+@attrs.frozen
 class WireEvent:
-    """One SSE event ready to send; ``token`` events are paced."""
+    """One server-sent event, ready to send, and what it means.
+
+    Attributes:
+        data: The event's bytes.
+        token: Whether it carries a token; those are paced.
+        events: The stream events our providers' decoders yield for it.
+        malformed: Why they refuse it as ``MalformedStream``, if they do.
+    """
 
     data: bytes
     token: bool = False
+    events: tuple[StreamEvent, ...] = ()
+    malformed: str | None = None
 
 
 def encode_reply(
@@ -154,9 +170,13 @@ MALFORMED: dict[WireFormat, bytes] = {
 }
 
 
+#: A ``"stream_error"`` fault's message, unless the fault gives one.
+STREAM_ERROR_MESSAGE = "the fake server failed mid-stream"
+
+
 def error_event(wire: WireFormat, fault: Fault) -> bytes:
     """What a ``"stream_error"`` fault sends: an error event in ``wire``'s shape."""
-    message = fault.message or "the fake server failed mid-stream"
+    message = fault.message or STREAM_ERROR_MESSAGE
     if wire == "anthropic":
         payload = {
             "type": "error",
@@ -218,7 +238,12 @@ class _Plan:
 
 def _openai_events(plan: _Plan, *, include_usage: bool) -> list[WireEvent]:
     def chunk(
-        delta: dict[str, Any], finish: str | None = None, *, token: bool = True
+        delta: dict[str, Any],
+        finish: str | None = None,
+        *,
+        token: bool = True,
+        events: tuple[StreamEvent, ...] = (),
+        malformed: str | None = None,
     ) -> WireEvent:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         payload = {
@@ -228,11 +253,16 @@ def _openai_events(plan: _Plan, *, include_usage: bool) -> list[WireEvent]:
             "model": plan.model,
             "choices": [choice],
         }
-        return WireEvent(sse(payload), token=token)
+        return WireEvent(sse(payload), token, events, malformed)
 
     events = [chunk({"role": "assistant", "content": ""}, token=False)]
-    events.extend(chunk({"reasoning_content": word}) for word in plan.reasoning)
-    events.extend(chunk({"content": word}) for word in plan.text)
+    events.extend(
+        chunk({"reasoning_content": word}, events=(ReasoningDelta(word),))
+        for word in plan.reasoning
+    )
+    events.extend(
+        chunk({"content": word}, events=(TextDelta(word),)) for word in plan.text
+    )
     for index, (call, call_id, pieces) in enumerate(plan.calls):
         head = {
             "index": index,
@@ -245,7 +275,22 @@ def _openai_events(plan: _Plan, *, include_usage: bool) -> list[WireEvent]:
             chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
             for piece in pieces
         )
-    events.append(chunk({}, plan.finish, token=False))
+    # The decoder completes the calls at the finish reason, in index order.
+    missing = [
+        f"tool call {index} arrived without its {field}"
+        for index, (call, call_id, _) in enumerate(plan.calls)
+        for field, value in (("id", call_id), ("function name", call.name))
+        if not value
+    ]
+    events.append(
+        chunk(
+            {},
+            plan.finish,
+            token=False,
+            events=(*_tool_calls(plan), Finish(plan.finish)),
+            malformed=missing[0] if missing else None,
+        )
+    )
     if include_usage:
         prompt = plan.input_tokens + plan.cache_read + plan.cache_write
         usage = {
@@ -262,7 +307,13 @@ def _openai_events(plan: _Plan, *, include_usage: bool) -> list[WireEvent]:
             "choices": [],
             "usage": usage,
         }
-        events.append(WireEvent(sse(payload)))
+        # OpenAI counts the cache writes as plain prompt tokens.
+        parts = Usage(
+            input_tokens=plan.input_tokens + plan.cache_write,
+            output_tokens=plan.output_tokens,
+            cache_read_tokens=plan.cache_read,
+        )
+        events.append(WireEvent(sse(payload), events=(parts,)))
     events.append(WireEvent(b"data: [DONE]\n\n"))
     return events
 
@@ -276,8 +327,16 @@ _ANTHROPIC_STOP = {
 
 
 def _anthropic_events(plan: _Plan) -> list[WireEvent]:
-    def event(name: str, *, token: bool = False, **fields: object) -> WireEvent:
-        return WireEvent(sse({"type": name, **fields}, name), token=token)
+    def event(
+        name: str,
+        *,
+        token: bool = False,
+        events: tuple[StreamEvent, ...] = (),
+        malformed: str | None = None,
+        **fields: object,
+    ) -> WireEvent:
+        data = sse({"type": name, **fields}, name)
+        return WireEvent(data, token, events, malformed)
 
     events = [
         event(
@@ -315,6 +374,7 @@ def _anthropic_events(plan: _Plan) -> list[WireEvent]:
                 token=True,
                 index=index,
                 delta={"type": "thinking_delta", "thinking": word},
+                events=(ReasoningDelta(word),),
             )
             for word in plan.reasoning
         )
@@ -341,14 +401,29 @@ def _anthropic_events(plan: _Plan) -> list[WireEvent]:
                 token=True,
                 index=index,
                 delta={"type": "text_delta", "text": word},
+                events=(TextDelta(word),),
             )
             for word in plan.text
         )
         events.append(event("content_block_stop", index=index))
         index += 1
-    for call, call_id, pieces in plan.calls:
+    for (call, call_id, pieces), tool_call in zip(
+        plan.calls, _tool_calls(plan), strict=True
+    ):
         block = {"type": "tool_use", "id": call_id, "name": call.name, "input": {}}
-        events.append(event("content_block_start", index=index, content_block=block))
+        missing = not call_id or not call.name
+        events.append(
+            event(
+                "content_block_start",
+                index=index,
+                content_block=block,
+                malformed=(
+                    f"tool_use block {index} arrived without its id and name"
+                    if missing
+                    else None
+                ),
+            )
+        )
         events.extend(
             event(
                 "content_block_delta",
@@ -358,7 +433,7 @@ def _anthropic_events(plan: _Plan) -> list[WireEvent]:
             )
             for piece in ["", *pieces]
         )
-        events.append(event("content_block_stop", index=index))
+        events.append(event("content_block_stop", index=index, events=(tool_call,)))
         index += 1
     events.append(
         event(
@@ -368,7 +443,22 @@ def _anthropic_events(plan: _Plan) -> list[WireEvent]:
                 "stop_sequence": None,
             },
             usage={"output_tokens": plan.output_tokens},
+            events=(Finish(plan.finish),),
         )
     )
-    events.append(event("message_stop"))
+    usage = Usage(
+        input_tokens=plan.input_tokens,
+        output_tokens=plan.output_tokens,
+        cache_read_tokens=plan.cache_read,
+        cache_write_tokens=plan.cache_write,
+    )
+    events.append(event("message_stop", events=(usage,)))
     return events
+
+
+def _tool_calls(plan: _Plan) -> list[ToolCall]:
+    """The plan's tool calls, as the decoders make them from their pieces."""
+    return [
+        make_tool_call(call_id, call.name, "".join(pieces))
+        for call, call_id, pieces in plan.calls
+    ]

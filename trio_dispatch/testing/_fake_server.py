@@ -35,6 +35,7 @@ from ._encoders import (
     error_event,
     status_fault_answer,
 )
+from ._playback import pick_reply, strike_index, token_delay
 from ._request import ROUTES, FakeRequest
 from ._script import FakeReply, FakeScript
 
@@ -340,15 +341,10 @@ class FakeLLMServer:
             nursery.cancel_scope.cancel()
 
     def _choose(self, request: FakeRequest) -> FakeReply:
-        script = self._script
-        if script.choose is not None:
-            chosen = script.choose(request)
-            if chosen is not None:
-                return chosen
-        if self._replies_used < len(script.replies):
-            self._replies_used += 1
-            return script.replies[self._replies_used - 1]
-        return script.default
+        reply, self._replies_used = pick_reply(
+            self._script, request, self._replies_used
+        )
+        return reply
 
     async def _send_status_fault(
         self, wire: WireFormat, fault: Fault, send: Send
@@ -366,9 +362,7 @@ class FakeLLMServer:
     ) -> None:
         *body, terminator = events
         fault = reply.fault
-        strike_at = len(body)
-        if fault is not None and fault.after_events is not None:
-            strike_at = min(fault.after_events, len(body))
+        strike_at = strike_index(reply, len(body))
         tokens_sent = 0
         for index, event in enumerate([*body, None]):
             if fault is not None and index == strike_at:
@@ -400,10 +394,7 @@ class FakeLLMServer:
             if event is None:
                 break
             if event.token:
-                if tokens_sent == 0:
-                    await _sleep(reply.time_to_first_token)
-                elif reply.tokens_per_second is not None:
-                    await _sleep(1 / reply.tokens_per_second)
+                await _sleep(token_delay(reply, tokens_sent))
                 tokens_sent += 1
             await send(
                 {"type": "http.response.body", "body": event.data, "more_body": True}
