@@ -4,6 +4,9 @@
   wire formats, latency, tool calls, faults) on loopback, for tests that
   want real sockets. It needs hypercorn, from the ``testing`` extra:
   ``pip install 'trio-dispatch[testing]'``.
+- ``ScriptedProvider`` plays the same ``FakeScript`` in memory, as a
+  ``Provider``: the same events and errors, no sockets, exact under
+  ``autojump_clock``.
 - ``run_simulation`` / ``simulate`` play a seeded ``Workload`` of agent
   turns in virtual time through the real dispatcher, under a scheduling
   policy, and ``SimulationResult.metrics()`` sums it up.
@@ -37,6 +40,7 @@ from ._script import FakeScript as FakeScript
 from ._script import FakeToolCall as FakeToolCall
 from ._script import Fault as Fault
 from ._script import FaultKind as FaultKind
+from ._scripted import ScriptedProvider as ScriptedProvider
 from ._serve import open_fake_llm_server as open_fake_llm_server
 from ._simulation import POLICIES as POLICIES
 from ._simulation import PolicyName as PolicyName
@@ -76,6 +80,7 @@ __all__ = [
     "PolicyName",
     "ProviderRecord",
     "Scenario",
+    "ScriptedProvider",
     "SimProvider",
     "SimulationResult",
     "TurnRecord",
