@@ -56,7 +56,7 @@ _SECRET_HEADERS = frozenset({"authorization", "x-api-key"})
 @final
 @attrs.frozen
 class FakeServerStatistics:
-    """A snapshot of what the fake server has seen.
+    """A snapshot of what the fake server (or a ``ScriptedProvider``) has seen.
 
     Attributes:
         requests_total: LLM requests received (rejected ones included).

@@ -86,12 +86,13 @@ class ScriptedProvider:
     provider keeps every request it was asked (``requests``) and the fake
     server's statistics.
 
-    Example::
+    Example, with ``add`` a ``Tool`` that adds ``a`` and ``b``::
 
+        call = FakeToolCall("add", {"a": 2, "b": 2})
         provider = ScriptedProvider(
             FakeScript(
                 replies=(
-                    FakeReply(text="", tool_calls=(FakeToolCall("add", {"a": 2}),)),
+                    FakeReply(text="", tool_calls=(call,)),
                     FakeReply(text="it is 4", time_to_first_token=0.5),
                 )
             )
@@ -278,7 +279,7 @@ class ScriptedProvider:
         return encode_reply(
             reply,
             self._wire,
-            model=self._id,
+            model="scripted",
             estimated_input_tokens=_estimate(request),
             # Our HTTP providers always ask for OpenAI's usage chunk.
             include_usage=True,
