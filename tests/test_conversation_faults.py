@@ -1,13 +1,13 @@
 """Conversations when things go wrong: retries, typed errors, cancellation.
 
 Through the fake server on loopback (real time, small delays), except the
-exact backoff timings, which use an in-memory provider in virtual time.
+exact backoff timings, which play the same scripts in memory
+(``ScriptedProvider``) in virtual time.
 """
 
 from __future__ import annotations
 
 import itertools
-from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -21,16 +21,21 @@ from trio_dispatch import (
     ProviderError,
     open_dispatcher,
 )
-from trio_dispatch.messages import ChatMessage, Finish, TextDelta, Usage
+from trio_dispatch.messages import ChatMessage, Usage
 from trio_dispatch.providers import (
     AuthenticationError,
     BadRequest,
-    RateLimited,
     ServerError,
 )
-from trio_dispatch.testing import FakeReply, FakeScript, FakeToolCall, Fault
+from trio_dispatch.testing import (
+    FakeReply,
+    FakeScript,
+    FakeToolCall,
+    Fault,
+    ScriptedProvider,
+)
 
-from .test_conversation import (
+from ._rigs import (
     echo,
     eventually,
     last_text,
@@ -42,10 +47,11 @@ from .test_conversation import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import Callable
 
     from trio_dispatch.actors._conversation import TurnResult
-    from trio_dispatch.messages import ChatRequest, StreamEvent
+    from trio_dispatch.messages import ChatRequest
+    from trio_dispatch.testing import FakeRequest
 
 FINE = FakeReply(text="fine answer")
 BROKEN_TEXT = "partial words that must not stay"
@@ -274,47 +280,27 @@ async def test_a_question_cancelled_while_tools_run_leaves_no_half_tool_call() -
 # -- backoff, exactly, in virtual time ------------------------------------------------
 
 
-@attrs.define
-class _Events:
-    events: list[StreamEvent]
-
-    def __aiter__(self) -> _Events:
-        return self
-
-    async def __anext__(self) -> StreamEvent:
-        await trio.lowlevel.checkpoint()
-        if not self.events:
-            raise StopAsyncIteration
-        return self.events.pop(0)
+def _errors(n: int) -> tuple[FakeReply, ...]:
+    return (FakeReply(fault=Fault("server_error")),) * n
 
 
-@attrs.define
-class MemoryProvider:
-    """A provider in memory: each request pops an error to raise or a text."""
+def arrivals(times: list[float]) -> Callable[[FakeRequest], None]:
+    """A script's ``choose`` that notes when each request arrives, in ``times``."""
 
-    outcomes: list[ProviderError | str]
-    id: str = "memory"
-    sent_at: list[float] = attrs.Factory(list)
+    def choose(request: FakeRequest) -> None:
+        times.append(request.arrived_at)  # and leaves the answer to the replies
 
-    def stream(self, request: ChatRequest) -> Any:  # noqa: ANN401 (an async context manager)
-        return self._stream(request)
-
-    @asynccontextmanager
-    async def _stream(self, request: ChatRequest) -> AsyncIterator[_Events]:
-        await trio.lowlevel.checkpoint()
-        self.sent_at.append(trio.current_time())
-        outcome = self.outcomes.pop(0)
-        if isinstance(outcome, ProviderError):
-            raise outcome
-        yield _Events([TextDelta(outcome), Finish("stop"), Usage(1, 1)])
-
-
-def _errors(n: int) -> list[ProviderError | str]:
-    return [ServerError("boom", provider="memory", status_code=500)] * n
+    return choose
 
 
 async def _gaps(seed: int, autojump_clock: trio.testing.MockClock) -> list[float]:
-    provider = MemoryProvider([*_errors(5), "ok"])
+    times: list[float] = []
+    script = FakeScript(
+        choose=arrivals(times),
+        replies=_errors(5),
+        default=FakeReply(text="ok", input_tokens=1, output_tokens=1),
+    )
+    provider = ScriptedProvider(script, id="memory")
     async with open_dispatcher({"memory": 1}) as dispatcher:
         conversation = dispatcher.start_conversation(
             provider,
@@ -325,7 +311,6 @@ async def _gaps(seed: int, autojump_clock: trio.testing.MockClock) -> list[float
         result = await conversation.ask("hello")
     assert (result.text, result.retries, result.llm_calls) == ("ok", 5, 6)
     assert result.usage == Usage(1, 1)
-    times = provider.sent_at
     return [later - earlier for earlier, later in itertools.pairwise(times)]
 
 
@@ -343,28 +328,31 @@ async def test_backoff_doubles_up_to_its_cap_with_jitter_from_the_seed(
 async def test_a_non_retryable_error_is_raised_at_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    provider = MemoryProvider([BadRequest("no", provider="memory", status_code=400)])
+    fault = Fault("stream_error", error_type="invalid_request_error", message="no")
+    provider = ScriptedProvider(FakeScript(default=FakeReply(fault=fault)), id="memory")
     async with open_dispatcher({"memory": 1}) as dispatcher:
         conversation = dispatcher.start_conversation(provider)
-        with pytest.raises(BadRequest, match=r"^no$"):
+        with pytest.raises(
+            BadRequest, match=r"^memory: invalid_request_error in the stream: no$"
+        ):
             await conversation.ask("hello")
-    assert len(provider.sent_at) == 1
+    assert len(provider.requests) == 1
 
 
 @pytest.mark.parametrize("limited", [True, False])
 async def test_retry_after_is_honoured_once_limited_or_not(
     limited: bool, autojump_clock: trio.testing.MockClock
 ) -> None:
-    limited_error = RateLimited(
-        "slow down", provider="memory", status_code=429, retry_after=10.0
-    )
-    provider = MemoryProvider([limited_error, "ok"])
+    times: list[float] = []
+    limited_reply = FakeReply(fault=Fault("rate_limit", retry_after=10.0))
+    script = FakeScript(choose=arrivals(times), replies=(limited_reply,))
+    provider = ScriptedProvider(script, id="memory")
     async with open_dispatcher({"memory": 1} if limited else {}) as dispatcher:
         conversation = dispatcher.start_conversation(
             provider, options=ConversationOptions(retry_backoff=0.5)
         )
         result: TurnResult = await conversation.ask("hello")
-    first, second = provider.sent_at
+    first, second = times
     # The pause (limited) or the backoff (unlimited) waits exactly the
     # Retry-After, not the Retry-After plus a backoff.
     assert second - first == 10.0

@@ -7,6 +7,7 @@ provider makes of it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from typing import TYPE_CHECKING, Any
@@ -25,11 +26,12 @@ from trio_dispatch.testing import (
     Fault,
     open_fake_llm_server,
 )
+from trio_dispatch.testing._encoders import encode_reply
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
-    from trio_dispatch.testing import FaultKind
+    from trio_dispatch.testing import FaultKind, WireFormat
 
 KEY = "sk-fake-server-test"
 OPENAI_BODY: dict[str, Any] = {
@@ -43,6 +45,7 @@ ANTHROPIC_BODY: dict[str, Any] = {
     "messages": [{"role": "user", "content": "Hello"}],
     "stream": True,
 }
+USAGE = {"stream_options": {"include_usage": True}}
 OPENAI_HEADERS = {"authorization": f"Bearer {KEY}"}
 ANTHROPIC_HEADERS = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
 
@@ -303,197 +306,38 @@ async def test_recorded_requests_keep_no_secrets(
 # -- what it streams ---------------------------------------------------------------
 
 
-async def test_openai_stream_shape(
+async def test_the_server_streams_what_the_encoders_make(
     server: FakeLLMServer, client: httpx.AsyncClient
 ) -> None:
-    server.set_script(
-        FakeScript(
-            default=FakeReply(
-                text="Hi there",
-                input_tokens=10,
-                output_tokens=4,
-                cache_read_tokens=3,
-                cache_write_tokens=2,
-            )
-        )
-    )
-    body = {**OPENAI_BODY, "stream_options": {"include_usage": True}}
-    response = await post_openai(client, server, body)
-    assert response.status_code == 200
-    assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
-    events = events_of(response)
-    assert events[-1] == ("", "[DONE]")
-    chunks = openai_chunks(response)
-    assert all(
-        c["object"] == "chat.completion.chunk" and c["model"] == "gpt-test"
-        for c in chunks
-    )
-    assert [c["choices"][0]["delta"] for c in chunks[:-1]] == [
-        {"role": "assistant", "content": ""},
-        {"content": "Hi"},
-        {"content": " there"},
-        {},
-    ]
-    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [
-        None,
-        None,
-        None,
-        "stop",
-    ]
-    assert chunks[-1]["choices"] == []
-    assert chunks[-1]["usage"] == {
-        "prompt_tokens": 15,  # the cache counts are part of OpenAI's prompt
-        "completion_tokens": 4,
-        "total_tokens": 19,
-        "prompt_tokens_details": {"cached_tokens": 3},
-    }
-
-
-async def test_openai_usage_only_when_asked(
-    server: FakeLLMServer, client: httpx.AsyncClient
-) -> None:
-    response = await post_openai(client, server)
-    assert all("usage" not in chunk for chunk in openai_chunks(response))
-
-
-async def test_openai_tool_calls_in_pieces(
-    server: FakeLLMServer, client: httpx.AsyncClient
-) -> None:
-    calls = (
-        FakeToolCall("f", {"a": 1, "b": "two"}),
-        FakeToolCall("g", raw_arguments='{"broken": '),
-    )
-    server.set_script(
-        FakeScript(default=FakeReply(text="", tool_calls=calls, argument_chunks=3))
-    )
-    chunks = openai_chunks(await post_openai(client, server))
-    fragments = [
-        fragment
-        for chunk in chunks
-        for fragment in chunk["choices"][0]["delta"].get("tool_calls", [])
-    ]
-    heads = [f for f in fragments if "id" in f]
-    assert [(h["index"], h["function"]["name"]) for h in heads] == [(0, "f"), (1, "g")]
-    assert all(
-        h["id"].startswith("call_fake_") and h["type"] == "function" for h in heads
-    )
-    pieces = {0: [], 1: []}  # type: dict[int, list[str]]
-    for fragment in fragments:
-        if "id" not in fragment:
-            pieces[fragment["index"]].append(fragment["function"]["arguments"])
-    assert len(pieces[0]) == 3
-    assert "".join(pieces[0]) == '{"a": 1, "b": "two"}'
-    assert "".join(pieces[1]) == '{"broken": '
-    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
-
-
-async def test_openai_reasoning_content(
-    server: FakeLLMServer, client: httpx.AsyncClient
-) -> None:
-    server.set_script(
-        FakeScript(default=FakeReply(text="Yes.", reasoning="Think it over."))
-    )
-    response = await post_openai(client, server)
-    assert openai_text(response, "reasoning_content") == "Think it over."
-    assert openai_text(response) == "Yes."
-
-
-@pytest.mark.parametrize(
-    "text", ["  leading and trailing  ", "tabs\tand\nnew lines\n\n", "one", " ", ""]
-)
-async def test_words_join_back_exactly(
-    server: FakeLLMServer, client: httpx.AsyncClient, text: str
-) -> None:
-    server.set_script(FakeScript(default=FakeReply(text=text)))
-    assert openai_text(await post_openai(client, server)) == text
-
-
-async def test_anthropic_stream_shape(
-    server: FakeLLMServer, client: httpx.AsyncClient
-) -> None:
+    # The shape of each format is the encoders' (test_fake_encoders.py); the
+    # server sends their bytes as they are, with the request's model and
+    # usage option, numbering its ids from 1.
     reply = FakeReply(
         text="Hi there",
         reasoning="Hmm.",
-        tool_calls=(FakeToolCall("f", {"x": 1}, id="toolu_given"),),
+        tool_calls=(FakeToolCall("f", {"x": 1}),),
         input_tokens=10,
-        output_tokens=4,
-        cache_read_tokens=3,
-        cache_write_tokens=2,
-        argument_chunks=2,
     )
     server.set_script(FakeScript(default=reply))
-    response = await post_anthropic(client, server)
-    events = events_of(response)
-    names = [name for name, _ in events]
-    data = [json.loads(d) for _, d in events]
-    assert all(name == d["type"] for name, d in zip(names, data, strict=True))
-    assert names == [
-        "message_start",
-        "ping",
-        "content_block_start",  # thinking
-        "content_block_delta",
-        "content_block_delta",  # the signature
-        "content_block_stop",
-        "content_block_start",  # text
-        "content_block_delta",
-        "content_block_delta",
-        "content_block_stop",
-        "content_block_start",  # tool_use
-        "content_block_delta",
-        "content_block_delta",
-        "content_block_delta",
-        "content_block_stop",
-        "message_delta",
-        "message_stop",
+    ids = itertools.count(1)
+    asked: list[tuple[Any, WireFormat, dict[str, Any], bool]] = [
+        (post_openai, "openai", OPENAI_BODY, False),
+        (post_openai, "openai", {**OPENAI_BODY, **USAGE}, True),
+        (post_anthropic, "anthropic", ANTHROPIC_BODY, True),
     ]
-    assert data[0]["message"]["model"] == "claude-test"
-    assert data[0]["message"]["usage"] == {
-        "input_tokens": 10,
-        "cache_creation_input_tokens": 2,
-        "cache_read_input_tokens": 3,
-        "output_tokens": 1,
-    }
-    assert data[2]["content_block"] == {"type": "thinking", "thinking": ""}
-    assert data[3]["delta"] == {"type": "thinking_delta", "thinking": "Hmm."}
-    assert data[4]["delta"]["type"] == "signature_delta"
-    assert [d["delta"]["text"] for d in data[7:9]] == ["Hi", " there"]
-    assert data[10]["content_block"] == {
-        "type": "tool_use",
-        "id": "toolu_given",
-        "name": "f",
-        "input": {},
-    }
-    assert "".join(d["delta"]["partial_json"] for d in data[11:14]) == '{"x": 1}'
-    assert data[11]["delta"]["partial_json"] == ""  # as the API starts a tool's input
-    assert [d["index"] for d in data[2:15] if "index" in d] == [0] * 4 + [1] * 4 + [
-        2
-    ] * 5
-    assert data[15]["delta"]["stop_reason"] == "tool_use"
-    assert data[15]["usage"] == {"output_tokens": 4}
-
-
-@pytest.mark.parametrize(
-    ("finish", "openai", "anthropic"),
-    [
-        (None, "stop", "end_turn"),
-        ("length", "length", "max_tokens"),
-        ("content_filter", "content_filter", "refusal"),
-        ("tool_calls", "tool_calls", "tool_use"),
-        ("weird", "weird", "weird"),
-    ],
-)
-async def test_finish_reasons_in_each_vocabulary(
-    server: FakeLLMServer,
-    client: httpx.AsyncClient,
-    finish: str | None,
-    openai: str,
-    anthropic: str,
-) -> None:
-    server.set_script(FakeScript(default=FakeReply(finish=finish)))
-    chunks = openai_chunks(await post_openai(client, server))
-    assert chunks[-1]["choices"][0]["finish_reason"] == openai
-    data = [json.loads(d) for _, d in events_of(await post_anthropic(client, server))]
-    assert data[-2]["delta"]["stop_reason"] == anthropic
+    for post, wire, body, include_usage in asked:
+        response = await post(client, server, body)
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
+        events = encode_reply(
+            reply,
+            wire,
+            model=body["model"],
+            estimated_input_tokens=1,
+            include_usage=include_usage,
+            ids=ids,
+        )
+        assert response.content == b"".join(event.data for event in events)
 
 
 async def test_estimated_usage(
@@ -873,13 +717,3 @@ def test_fault_status() -> None:
 async def test_set_script_wants_a_script(server: FakeLLMServer) -> None:
     with pytest.raises(TypeError, match=r"^script must be a FakeScript, got "):
         server.set_script(FakeReply())  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize(
-    ("seconds", "header"),
-    [(0.25, b"0.25"), (2.0, b"2"), (1_000_000.0, b"1000000"), (0.0, b"0")],
-)
-def test_retry_headers_are_plain_numbers(seconds: float, header: bytes) -> None:
-    from trio_dispatch.testing._fake_server import _header_number  # noqa: PLC0415
-
-    assert _header_number(seconds) == header

@@ -14,7 +14,7 @@ import trio
 
 from trio_dispatch.testing import FakeReply, FakeScript, FakeToolCall
 
-from .test_conversation import answers_tools, eventually, last_text, open_rig, tool
+from ._rigs import answers_tools, eventually, last_text, open_rig, tool
 
 if TYPE_CHECKING:
     from trio_dispatch.actors._conversation import Conversation, TurnResult

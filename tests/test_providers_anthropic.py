@@ -229,7 +229,7 @@ async def test_documented_overloaded_error_event() -> None:
         ("stop_sequence", "stop"),
         ("tool_use", "tool_calls"),
         ("max_tokens", "length"),
-        ("refusal", "refusal"),
+        ("refusal", "content_filter"),
         ("pause_turn", "pause_turn"),
     ],
 )

@@ -9,7 +9,6 @@ behind its own turn.
 from __future__ import annotations
 
 import json
-from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -30,9 +29,7 @@ from trio_dispatch import (
 from trio_dispatch.messages import (
     ChatMessage,
     ChatRequest,
-    Finish,
     StreamEvent,
-    TextDelta,
     ToolCall,
 )
 from trio_dispatch.providers import (
@@ -44,6 +41,7 @@ from trio_dispatch.providers import (
 )
 from trio_dispatch.providers._anthropic import _AnthropicDecoder
 from trio_dispatch.providers._openai import _OpenAIDecoder
+from trio_dispatch.testing import FakeReply, FakeScript, FakeToolCall, ScriptedProvider
 
 from ._helpers import chain
 
@@ -67,31 +65,6 @@ def sse_response(body: bytes) -> httpx.Response:
     return httpx.Response(
         200, headers={"content-type": "text/event-stream"}, content=body
     )
-
-
-class Scripted:
-    """An in-memory provider: each stream yields the next list of events."""
-
-    id = "memory"
-
-    def __init__(self, *answers: list[StreamEvent]) -> None:
-        self._answers = list(answers)
-
-    def stream(self, request: ChatRequest) -> Any:  # noqa: ANN401 (an async context manager)
-        del request
-        return self._events(
-            self._answers.pop(0) if len(self._answers) > 1 else self._answers[0]
-        )
-
-    @asynccontextmanager
-    async def _events(
-        self, events: list[StreamEvent]
-    ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
-        async def each() -> AsyncIterator[StreamEvent]:
-            for event in events:
-                yield event
-
-        yield each()
 
 
 # ------------------------------------------------------------------ deep JSON
@@ -226,9 +199,7 @@ async def test_a_dropped_stream_carries_no_httpx_error_holding_the_key() -> None
 async def test_closing_the_dispatcher_while_tools_run_gives_dispatcher_closed(
     tools: int,
 ) -> None:
-    calls: list[StreamEvent] = [
-        ToolCall(f"c{i}", "slow", {}, "{}") for i in range(tools)
-    ]
+    calls = tuple(FakeToolCall("slow", {}, id=f"c{i}") for i in range(tools))
 
     async def slow(arguments: dict[str, Any]) -> str:
         await trio.sleep_forever()
@@ -247,7 +218,8 @@ async def test_closing_the_dispatcher_while_tools_run_gives_dispatcher_closed(
         trio.open_nursery() as outside,
         open_dispatcher({"memory": 1}) as dispatcher,
     ):
-        provider = Scripted([*calls, Finish("tool_calls")])
+        reply = FakeReply(text="", tool_calls=calls)
+        provider = ScriptedProvider(FakeScript(default=reply), id="memory")
         conversation = dispatcher.start_conversation(provider, tools=[tool])
         outside.start_soon(ask, conversation)
         await trio.testing.wait_all_tasks_blocked()
@@ -290,7 +262,9 @@ async def test_a_compaction_call_carries_its_turns_priority(
         return slot(self, provider, **options)
 
     monkeypatch.setattr(Dispatcher, "slot", recording)
-    provider = Scripted([TextDelta("some words"), Finish("stop")])
+    provider = ScriptedProvider(
+        FakeScript(default=FakeReply(text="some words")), id="memory"
+    )
     async with open_dispatcher({"memory": 1}) as dispatcher:
         conversation = dispatcher.start_conversation(
             provider, options=ConversationOptions(context_budget=1, keep_recent=0)
@@ -412,10 +386,12 @@ async def test_a_tool_whose_cleanup_fails_as_its_turn_is_cancelled_leaves_the_co
     tool = Tool(
         name="fragile", description="", parameters={"type": "object"}, run=fragile
     )
-    provider = Scripted(
-        [ToolCall("c1", "fragile", {}, "{}"), Finish("tool_calls")],
-        [TextDelta("fine"), Finish("stop")],
+    call = FakeToolCall("fragile", {}, id="c1")
+    script = FakeScript(
+        replies=(FakeReply(text="", tool_calls=(call,)),),
+        default=FakeReply(text="fine"),
     )
+    provider = ScriptedProvider(script, id="memory")
     async with open_dispatcher({"memory": 1}) as dispatcher:
         conversation = dispatcher.start_conversation(provider, tools=[tool])
         with trio.move_on_after(1) as scope:

@@ -12,7 +12,7 @@ from trio_dispatch.messages import ChatMessage, ChatRequest, Finish, TextDelta
 from trio_dispatch.providers import OpenAIProvider, RateLimited, ServerError
 from trio_dispatch.testing import FakeReply, FakeScript, Fault, open_fake_llm_server
 
-from .test_conversation import echo, eventually, last_text, open_rig
+from ._rigs import echo, eventually, last_text, open_rig
 
 if TYPE_CHECKING:
     from trio_dispatch import Provider

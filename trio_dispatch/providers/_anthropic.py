@@ -32,13 +32,12 @@ import attrs
 
 from .._exceptions import MalformedStream, StreamInterrupted
 from .._validation import check_limit, check_text
+from .._wire import error_for_type, make_tool_call
 from ..messages import Finish, ReasoningDelta, TextDelta, Usage
 from ._sse import (
     EventStream,
     _check_header_value,
     _ProviderBase,
-    error_for_type,
-    make_tool_call,
     parse_json_data,
     structure_event,
 )
@@ -138,6 +137,7 @@ _STOP_REASONS = {
     "stop_sequence": "stop",
     "tool_use": "tool_calls",
     "max_tokens": "length",
+    "refusal": "content_filter",
 }
 
 # Which field of a delta carries its payload; other delta types (the

@@ -38,14 +38,12 @@ from typing import TYPE_CHECKING, Any, final
 import attrs
 
 from .._exceptions import MalformedStream, StreamInterrupted
+from .._wire import error_for_status, error_for_type, make_tool_call
 from ..messages import Finish, ReasoningDelta, TextDelta, ToolCall, Usage
 from ._sse import (
     EventStream,
     _check_headers,
     _ProviderBase,
-    error_for_status,
-    error_for_type,
-    make_tool_call,
     parse_json_data,
     structure_event,
 )

@@ -33,20 +33,16 @@ from httpx_sse import EventSource, ServerSentEvent
 
 from .._converter import describe_error, structure
 from .._exceptions import (
-    AuthenticationError,
-    BadRequest,
     MalformedStream,
     Overloaded,
     ProviderConnectionError,
     ProviderError,
     RateLimited,
     RequestFailed,
-    ServerError,
     StreamInterrupted,
 )
-from .._json import json_kind
 from .._validation import check_seconds
-from ..messages import ToolCall
+from .._wire import error_for_status
 from ._retry_after import parse_retry_after
 
 if TYPE_CHECKING:
@@ -69,10 +65,6 @@ _MESSAGE_LIMIT: Final = 500
 _REDACTED: Final = "[redacted]"
 # The longest spelling of a key character in JSON text: ``\u002f``.
 _LONGEST_SPELLING: Final = 6
-# Tool arguments nested deeper are refused as they are decoded: far past any
-# tool's schema, far short of the recursion limits on their way (encoding
-# the next request, copying them for the tool, checking them).
-_MAX_ARGUMENT_DEPTH: Final = 100
 
 _T = TypeVar("_T")
 
@@ -554,66 +546,6 @@ def _shorten(text: str) -> str:
     return text
 
 
-def error_for_status(
-    provider: str,
-    status: int,
-    *,
-    error_type: str | None,
-    message: str,
-    retry_after: float | None,
-) -> ProviderError:
-    """The typed error for an HTTP status; the status decides the class."""
-    what = f"HTTP {status}" + (f" {error_type}" if error_type else "")
-    text = f"{provider}: {what}" + (f": {message}" if message else "")
-    if status == 429:
-        return RateLimited(
-            text + _retry_after_text(retry_after),
-            provider=provider,
-            status_code=status,
-            retry_after=retry_after,
-        )
-    if status in (503, 529):
-        return Overloaded(
-            text + _retry_after_text(retry_after),
-            provider=provider,
-            status_code=status,
-            retry_after=retry_after,
-        )
-    if status >= 500:
-        return ServerError(text, provider=provider, status_code=status)
-    if status in (401, 403):
-        return AuthenticationError(text, provider=provider, status_code=status)
-    # Other 4xx, and statuses an API should never answer a POST with (a
-    # redirect means a wrong base_url): sending again will not help.
-    return BadRequest(text, provider=provider, status_code=status)
-
-
-def error_for_type(provider: str, error_type: str, message: str) -> ProviderError:
-    """The typed error for an error reported inside a stream, by its type.
-
-    Knows both APIs' vocabularies (``rate_limit_error``,
-    ``rate_limit_exceeded``, ``overloaded_error``, ``invalid_request_error``,
-    ...); an unknown type is taken for a server-side failure.
-    """
-    text = f"{provider}: {error_type} in the stream" + (
-        f": {message}" if message else ""
-    )
-    kind = error_type.lower()
-    if "rate_limit" in kind:
-        return RateLimited(text, provider=provider)
-    if "overloaded" in kind or "unavailable" in kind:
-        return Overloaded(text, provider=provider)
-    if any(word in kind for word in ("authentication", "permission", "api_key")):
-        return AuthenticationError(text, provider=provider)
-    if any(word in kind for word in ("invalid_request", "not_found", "too_large")):
-        return BadRequest(text, provider=provider)
-    return ServerError(text, provider=provider)
-
-
-def _retry_after_text(retry_after: float | None) -> str:
-    return "" if retry_after is None else f" (retry after {retry_after:g} s)"
-
-
 def parse_json_data(
     provider: str, event: ServerSentEvent, redact: Callable[[str], str] = str
 ) -> object:
@@ -785,53 +717,3 @@ def structure_event(provider: str, data: object, cls: type[_T], what: str) -> _T
     raise MalformedStream(
         f"{provider}: {what} does not fit the format: {problem}", provider=provider
     )
-
-
-def make_tool_call(call_id: str, name: str, raw_arguments: str) -> ToolCall:
-    """A ``ToolCall`` with its arguments parsed, or the reason they did not."""
-    if not raw_arguments.strip():
-        # A tool without parameters may get no argument text at all.
-        return ToolCall(call_id, name, {}, raw_arguments)
-    try:
-        arguments = json.loads(raw_arguments)
-    except (ValueError, RecursionError) as exc:
-        return ToolCall(
-            call_id, name, {}, raw_arguments, f"arguments are not valid JSON: {exc}"
-        )
-    if _nests_deeper(arguments, _MAX_ARGUMENT_DEPTH):
-        # Refused now, so the conversation never keeps what the next
-        # request could not encode.
-        return ToolCall(
-            call_id,
-            name,
-            {},
-            raw_arguments,
-            f"arguments nest deeper than {_MAX_ARGUMENT_DEPTH} levels",
-        )
-    if not isinstance(arguments, dict):
-        return ToolCall(
-            call_id,
-            name,
-            {},
-            raw_arguments,
-            f"arguments must be a JSON object, got {json_kind(arguments)}",
-        )
-    return ToolCall(call_id, name, arguments, raw_arguments)
-
-
-def _nests_deeper(value: object, limit: int) -> bool:
-    """Whether JSON ``value`` has arrays and objects nested over ``limit`` deep.
-
-    A loop, not recursion: the point is to stay clear of the limit.
-    """
-    stack: list[tuple[object, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        if not isinstance(item, list):
-            continue
-        if depth + 1 > limit:
-            return True
-        stack.extend((child, depth + 1) for child in item)
-    return False

@@ -4,6 +4,9 @@
   wire formats, latency, tool calls, faults) on loopback, for tests that
   want real sockets. It needs hypercorn, from the ``testing`` extra:
   ``pip install 'trio-dispatch[testing]'``.
+- ``ScriptedProvider`` plays the same ``FakeScript`` in memory, as a
+  ``Provider``: the same events and errors, no sockets, exact under
+  ``autojump_clock``.
 - ``run_simulation`` / ``simulate`` play a seeded ``Workload`` of agent
   turns in virtual time through the real dispatcher, under a scheduling
   policy, and ``SimulationResult.metrics()`` sums it up.
@@ -23,21 +26,22 @@ from ._fairness import FairnessReport as FairnessReport
 from ._fairness import FairnessRow as FairnessRow
 from ._fairness import run_fairness_sweep as run_fairness_sweep
 from ._fake_server import FakeLLMServer as FakeLLMServer
-from ._fake_server import FakeRequest as FakeRequest
 from ._fake_server import FakeServerStatistics as FakeServerStatistics
-from ._fake_server import WireFormat as WireFormat
-from ._fake_server import open_fake_llm_server as open_fake_llm_server
 from ._metrics import PolicyMetrics as PolicyMetrics
 from ._metrics import ProviderRecord as ProviderRecord
 from ._metrics import TurnRecord as TurnRecord
 from ._metrics import compute_metrics as compute_metrics
 from ._metrics import jain_index as jain_index
 from ._metrics import percentile as percentile
+from ._request import FakeRequest as FakeRequest
+from ._request import WireFormat as WireFormat
 from ._script import FakeReply as FakeReply
 from ._script import FakeScript as FakeScript
 from ._script import FakeToolCall as FakeToolCall
 from ._script import Fault as Fault
 from ._script import FaultKind as FaultKind
+from ._scripted import ScriptedProvider as ScriptedProvider
+from ._serve import open_fake_llm_server as open_fake_llm_server
 from ._simulation import POLICIES as POLICIES
 from ._simulation import PolicyName as PolicyName
 from ._simulation import SimulationResult as SimulationResult
@@ -76,6 +80,7 @@ __all__ = [
     "PolicyName",
     "ProviderRecord",
     "Scenario",
+    "ScriptedProvider",
     "SimProvider",
     "SimulationResult",
     "TurnRecord",

@@ -1,10 +1,10 @@
-"""A fake LLM HTTP server speaking both wire formats, for tests and demos.
+"""The fake LLM API as an ASGI app: it checks, records, counts and streams.
 
 ``FakeLLMServer`` is a plain ASGI 3 application (no framework) answering
 ``POST /v1/chat/completions`` in OpenAI's streaming format and
-``POST /v1/messages`` in Anthropic's, from a ``FakeScript``.
-``open_fake_llm_server`` serves it with hypercorn, on trio, on an ephemeral
-loopback port, so clients talk to it through real sockets.
+``POST /v1/messages`` in Anthropic's, from a ``FakeScript``; the bytes come
+from the encoders in ``_encoders``, and ``open_fake_llm_server`` (in
+``_serve``) serves it on loopback.
 
 It checks what a real API would refuse: a missing key (401), a wrong one
 when the server was given one (401), a missing ``anthropic-version``, a
@@ -23,66 +23,40 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
-import math
-import re
-from contextlib import asynccontextmanager
-from functools import partial
-from typing import TYPE_CHECKING, Any, Literal, final
+from typing import TYPE_CHECKING, Any, final
 
 import attrs
 import trio
 
-from ._script import FakeReply, FakeScript, FakeToolCall, Fault
+from ._encoders import (
+    MALFORMED,
+    encode_reply,
+    error_body,
+    error_event,
+    status_fault_answer,
+)
+from ._playback import pick_reply, strike_index, token_delay
+from ._request import ROUTES, FakeRequest
+from ._script import FakeReply, FakeScript
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-    from contextlib import AbstractAsyncContextManager
+    from collections.abc import Awaitable, Callable, Mapping
+
+    from ._encoders import WireEvent
+    from ._request import WireFormat
+    from ._script import Fault
 
     Message = dict[str, Any]
     Receive = Callable[[], Awaitable[Message]]
     Send = Callable[[Message], Awaitable[None]]
 
-WireFormat = Literal["openai", "anthropic"]
-
-_ROUTES: dict[str, WireFormat] = {
-    "/v1/chat/completions": "openai",
-    "/v1/messages": "anthropic",
-}
 _SECRET_HEADERS = frozenset({"authorization", "x-api-key"})
-_logger = logging.getLogger("trio_dispatch.testing.fake_server")
-
-
-@final
-@attrs.frozen
-class FakeRequest:
-    """One request the fake server received, as it arrived (minus the key).
-
-    Attributes:
-        format: ``"openai"`` or ``"anthropic"``, from the path.
-        path: The request path.
-        body: The parsed JSON body, or ``None`` if it was not JSON.
-        headers: The request headers, names lowercased, without
-            ``authorization`` and ``x-api-key``.
-        authenticated: Whether it passed the server's key check.
-        arrived_at: When it arrived, on the trio clock.
-        client: The client's ``(host, port)``; requests over one kept-alive
-            connection share it.
-    """
-
-    format: WireFormat
-    path: str
-    body: Any
-    headers: Mapping[str, str]
-    authenticated: bool
-    arrived_at: float
-    client: tuple[str, int] | None = None
 
 
 @final
 @attrs.frozen
 class FakeServerStatistics:
-    """A snapshot of what the fake server has seen.
+    """A snapshot of what the fake server (or a ``ScriptedProvider``) has seen.
 
     Attributes:
         requests_total: LLM requests received (rejected ones included).
@@ -116,14 +90,6 @@ class _Progress:
     """Whether a stream has been sent to its scripted end."""
 
     finished: bool = False
-
-
-@attrs.define
-class _Event:
-    """One SSE event ready to send; ``token`` events are paced."""
-
-    data: bytes
-    token: bool = False
 
 
 @final
@@ -278,7 +244,7 @@ class FakeLLMServer:
         self, scope: Mapping[str, Any], receive: Receive, send: Send
     ) -> None:
         path = scope["path"]
-        wire = _ROUTES.get(path)
+        wire = ROUTES.get(path)
         if wire is None or scope["method"] != "POST":
             status = 404 if wire is None else 405
             await self._send_json(
@@ -341,7 +307,7 @@ class FakeLLMServer:
             await self._send_json(
                 send,
                 rejected.status,
-                _error_body(request.format, rejected.error_type, rejected.message),
+                error_body(request.format, rejected.error_type, rejected.message),
             )
             return
         if reply.latency:
@@ -375,43 +341,28 @@ class FakeLLMServer:
             nursery.cancel_scope.cancel()
 
     def _choose(self, request: FakeRequest) -> FakeReply:
-        script = self._script
-        if script.choose is not None:
-            chosen = script.choose(request)
-            if chosen is not None:
-                return chosen
-        if self._replies_used < len(script.replies):
-            self._replies_used += 1
-            return script.replies[self._replies_used - 1]
-        return script.default
+        reply, self._replies_used = pick_reply(
+            self._script, request, self._replies_used
+        )
+        return reply
 
     async def _send_status_fault(
         self, wire: WireFormat, fault: Fault, send: Send
     ) -> None:
-        status = fault.status
-        assert status is not None
-        error_type, message = _STATUS_ERRORS[wire][fault.kind]
-        headers: list[tuple[bytes, bytes]] = []
-        if fault.retry_after is not None:
-            headers.append((b"retry-after", _header_number(fault.retry_after)))
-        if fault.retry_after_ms is not None:
-            headers.append((b"retry-after-ms", _header_number(fault.retry_after_ms)))
-        body = _error_body(wire, error_type, fault.message or message)
+        status, headers, body = status_fault_answer(wire, fault)
         await self._send_json(send, status, body, headers)
 
     async def _stream(
         self,
         wire: WireFormat,
         reply: FakeReply,
-        events: list[_Event],
+        events: list[WireEvent],
         send: Send,
         progress: _Progress,
     ) -> None:
         *body, terminator = events
         fault = reply.fault
-        strike_at = len(body)
-        if fault is not None and fault.after_events is not None:
-            strike_at = min(fault.after_events, len(body))
+        strike_at = strike_index(reply, len(body))
         tokens_sent = 0
         for index, event in enumerate([*body, None]):
             if fault is not None and index == strike_at:
@@ -425,7 +376,7 @@ class FakeLLMServer:
                 if fault.kind == "stall":
                     await trio.sleep_forever()
                 if fault.kind == "stream_error":
-                    error = _error_event(wire, fault)
+                    error = error_event(wire, fault)
                     await send(
                         {"type": "http.response.body", "body": error, "more_body": True}
                     )
@@ -436,17 +387,14 @@ class FakeLLMServer:
                     await send(
                         {
                             "type": "http.response.body",
-                            "body": _MALFORMED[wire],
+                            "body": MALFORMED[wire],
                             "more_body": True,
                         }
                     )
             if event is None:
                 break
             if event.token:
-                if tokens_sent == 0:
-                    await _sleep(reply.time_to_first_token)
-                elif reply.tokens_per_second is not None:
-                    await _sleep(1 / reply.tokens_per_second)
+                await _sleep(token_delay(reply, tokens_sent))
                 tokens_sent += 1
             await send(
                 {"type": "http.response.body", "body": event.data, "more_body": True}
@@ -462,46 +410,19 @@ class FakeLLMServer:
 
     # -- what to send --------------------------------------------------------
 
-    def _events(self, request: FakeRequest, reply: FakeReply) -> list[_Event]:
+    def _events(self, request: FakeRequest, reply: FakeReply) -> list[WireEvent]:
         body = request.body
         assert isinstance(body, dict)
-        reasoning = _words(reply.reasoning)
-        text = _words(reply.text)
-        calls = [
-            (call, self._call_id(request.format, call), _pieces(call, reply))
-            for call in reply.tool_calls
-        ]
-        chunks = len(reasoning) + len(text) + sum(len(p) for _, _, p in calls)
-        input_tokens = reply.input_tokens
-        if input_tokens is None:
-            input_tokens = max(1, len(json.dumps(body.get("messages"))) // 4)
-        output_tokens = chunks if reply.output_tokens is None else reply.output_tokens
-        finish = reply.finish or ("tool_calls" if reply.tool_calls else "stop")
-        plan = _Plan(
+        options = body.get("stream_options")
+        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        return encode_reply(
+            reply,
+            request.format,
             model=str(body.get("model")),
-            message_id=f"fake-{next(self._ids)}",
-            reasoning=reasoning,
-            text=text,
-            calls=calls,
-            finish=finish,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            cache_read=reply.cache_read_tokens,
-            cache_write=reply.cache_write_tokens,
+            estimated_input_tokens=max(1, len(json.dumps(body.get("messages"))) // 4),
+            include_usage=include_usage,
+            ids=self._ids,
         )
-        if request.format == "openai":
-            options = body.get("stream_options")
-            include_usage = isinstance(options, dict) and bool(
-                options.get("include_usage")
-            )
-            return _openai_events(plan, include_usage=include_usage)
-        return _anthropic_events(plan)
-
-    def _call_id(self, wire: WireFormat, call: FakeToolCall) -> str:
-        if call.id is not None:
-            return call.id
-        prefix = "call" if wire == "openai" else "toolu"
-        return f"{prefix}_fake_{next(self._ids)}"
 
 
 def _client(scope: Mapping[str, Any]) -> tuple[str, int] | None:
@@ -553,259 +474,6 @@ def _check_request(request: FakeRequest, headers: Mapping[str, str]) -> None:
         )
 
 
-def _error_body(wire: WireFormat, error_type: str, message: str) -> dict[str, Any]:
-    if wire == "anthropic":
-        return {
-            "type": "error",
-            "error": {"type": error_type, "message": message},
-            "request_id": "req_fake",
-        }
-    return {
-        "error": {"message": message, "type": error_type, "param": None, "code": None}
-    }
-
-
-# Per format, the error type and default message of each status fault, in
-# the vocabulary of that API.
-_STATUS_ERRORS: dict[WireFormat, dict[str, tuple[str, str]]] = {
-    "openai": {
-        "rate_limit": ("rate_limit_exceeded", "Rate limit reached for requests."),
-        "server_error": ("server_error", "The server had an error."),
-        "unavailable": ("service_unavailable", "The engine is overloaded."),
-        "overloaded": ("overloaded_error", "Overloaded"),
-    },
-    "anthropic": {
-        "rate_limit": (
-            "rate_limit_error",
-            "Number of requests has exceeded your rate limit.",
-        ),
-        "server_error": ("api_error", "Internal server error"),
-        "unavailable": ("overloaded_error", "Service unavailable"),
-        "overloaded": ("overloaded_error", "Overloaded"),
-    },
-}
-
-_MALFORMED: dict[WireFormat, bytes] = {
-    "openai": b'data: {"choices": [{"index": 0, "delta": {"content": "oops\n\n',
-    "anthropic": (
-        b"event: content_block_delta\n"
-        b'data: {"type": "content_block_delta", "index": 0,\n\n'
-    ),
-}
-
-
-def _error_event(wire: WireFormat, fault: Fault) -> bytes:
-    message = fault.message or "the fake server failed mid-stream"
-    if wire == "anthropic":
-        payload = {
-            "type": "error",
-            "error": {"type": fault.error_type, "message": message},
-        }
-        return _sse(payload, "error")
-    error = {"message": message, "type": fault.error_type, "param": None, "code": None}
-    return _sse({"error": error})
-
-
-def _sse(payload: object, event: str | None = None) -> bytes:
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {json.dumps(payload)}\n\n".encode()
-
-
-_WORD = re.compile(r"\s*\S+")
-
-
-def _words(text: str) -> list[str]:
-    """``text`` in word-sized chunks that join back to exactly ``text``."""
-    words = _WORD.findall(text)
-    rest = text[sum(map(len, words)) :]
-    if rest:
-        if words:
-            words[-1] += rest
-        else:
-            words = [rest]
-    return words
-
-
-def _pieces(call: FakeToolCall, reply: FakeReply) -> list[str]:
-    text = call.raw_arguments
-    if text is None:
-        text = json.dumps(call.arguments)
-    size = max(1, math.ceil(len(text) / reply.argument_chunks))
-    return [text[i : i + size] for i in range(0, len(text), size)]
-
-
-@attrs.frozen
-class _Plan:
-    model: str
-    message_id: str
-    reasoning: list[str]
-    text: list[str]
-    calls: list[tuple[FakeToolCall, str, list[str]]]
-    finish: str
-    input_tokens: int
-    output_tokens: int
-    cache_read: int
-    cache_write: int
-
-
-def _openai_events(plan: _Plan, *, include_usage: bool) -> list[_Event]:
-    def chunk(
-        delta: dict[str, Any], finish: str | None = None, *, token: bool = True
-    ) -> _Event:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        payload = {
-            "id": f"chatcmpl-{plan.message_id}",
-            "object": "chat.completion.chunk",
-            "created": 1700000000,
-            "model": plan.model,
-            "choices": [choice],
-        }
-        return _Event(_sse(payload), token=token)
-
-    events = [chunk({"role": "assistant", "content": ""}, token=False)]
-    events.extend(chunk({"reasoning_content": word}) for word in plan.reasoning)
-    events.extend(chunk({"content": word}) for word in plan.text)
-    for index, (call, call_id, pieces) in enumerate(plan.calls):
-        head = {
-            "index": index,
-            "id": call_id,
-            "type": "function",
-            "function": {"name": call.name, "arguments": ""},
-        }
-        events.append(chunk({"tool_calls": [head]}))
-        events.extend(
-            chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
-            for piece in pieces
-        )
-    events.append(chunk({}, plan.finish, token=False))
-    if include_usage:
-        prompt = plan.input_tokens + plan.cache_read + plan.cache_write
-        usage = {
-            "prompt_tokens": prompt,
-            "completion_tokens": plan.output_tokens,
-            "total_tokens": prompt + plan.output_tokens,
-            "prompt_tokens_details": {"cached_tokens": plan.cache_read},
-        }
-        payload = {
-            "id": f"chatcmpl-{plan.message_id}",
-            "object": "chat.completion.chunk",
-            "created": 1700000000,
-            "model": plan.model,
-            "choices": [],
-            "usage": usage,
-        }
-        events.append(_Event(_sse(payload)))
-    events.append(_Event(b"data: [DONE]\n\n"))
-    return events
-
-
-_ANTHROPIC_STOP = {
-    "stop": "end_turn",
-    "tool_calls": "tool_use",
-    "length": "max_tokens",
-    "content_filter": "refusal",
-}
-
-
-def _anthropic_events(plan: _Plan) -> list[_Event]:
-    def event(name: str, *, token: bool = False, **fields: object) -> _Event:
-        return _Event(_sse({"type": name, **fields}, name), token=token)
-
-    events = [
-        event(
-            "message_start",
-            message={
-                "id": f"msg_{plan.message_id}",
-                "type": "message",
-                "role": "assistant",
-                "model": plan.model,
-                "content": [],
-                "stop_reason": None,
-                "stop_sequence": None,
-                "usage": {
-                    "input_tokens": plan.input_tokens,
-                    "cache_creation_input_tokens": plan.cache_write,
-                    "cache_read_input_tokens": plan.cache_read,
-                    "output_tokens": 1,
-                },
-            },
-        ),
-        event("ping"),
-    ]
-    index = 0
-    if plan.reasoning:
-        events.append(
-            event(
-                "content_block_start",
-                index=index,
-                content_block={"type": "thinking", "thinking": ""},
-            )
-        )
-        events.extend(
-            event(
-                "content_block_delta",
-                token=True,
-                index=index,
-                delta={"type": "thinking_delta", "thinking": word},
-            )
-            for word in plan.reasoning
-        )
-        events.append(
-            event(
-                "content_block_delta",
-                index=index,
-                delta={"type": "signature_delta", "signature": "ZmFrZQ=="},
-            )
-        )
-        events.append(event("content_block_stop", index=index))
-        index += 1
-    if plan.text:
-        events.append(
-            event(
-                "content_block_start",
-                index=index,
-                content_block={"type": "text", "text": ""},
-            )
-        )
-        events.extend(
-            event(
-                "content_block_delta",
-                token=True,
-                index=index,
-                delta={"type": "text_delta", "text": word},
-            )
-            for word in plan.text
-        )
-        events.append(event("content_block_stop", index=index))
-        index += 1
-    for call, call_id, pieces in plan.calls:
-        block = {"type": "tool_use", "id": call_id, "name": call.name, "input": {}}
-        events.append(event("content_block_start", index=index, content_block=block))
-        events.extend(
-            event(
-                "content_block_delta",
-                token=True,
-                index=index,
-                delta={"type": "input_json_delta", "partial_json": piece},
-            )
-            for piece in ["", *pieces]
-        )
-        events.append(event("content_block_stop", index=index))
-        index += 1
-    events.append(
-        event(
-            "message_delta",
-            delta={
-                "stop_reason": _ANTHROPIC_STOP.get(plan.finish, plan.finish),
-                "stop_sequence": None,
-            },
-            usage={"output_tokens": plan.output_tokens},
-        )
-    )
-    events.append(event("message_stop"))
-    return events
-
-
 def _check_api_key(api_key: str | None) -> None:
     """Refuse a key no client could ever present, so every request got 401.
 
@@ -822,69 +490,3 @@ def _check_api_key(api_key: str | None) -> None:
         raise ValueError("api_key must not be empty; pass None to accept any key")
     if api_key != api_key.strip():
         raise ValueError("api_key must not begin or end with whitespace")
-
-
-def open_fake_llm_server(
-    script: FakeScript | None = None,
-    *,
-    api_key: str | None = None,
-    host: str = "127.0.0.1",
-    port: int = 0,
-) -> AbstractAsyncContextManager[FakeLLMServer]:
-    """Serve a ``FakeLLMServer`` on loopback for the ``async with`` block.
-
-    Args:
-        script: What to answer; a default ``FakeScript`` if not given.
-        api_key: If given, the only key accepted; otherwise (``None``) any
-            non-empty key is. It must be non-empty, without leading or
-            trailing whitespace, or no request could ever present it.
-        host: The address to bind.
-        port: The port to bind; ``0`` picks a free one.
-
-    Returns:
-        An async context manager yielding the server, serving;
-        ``server.base_url`` says where.
-
-    Raises:
-        TypeError: ``script`` is not a ``FakeScript``, or ``api_key`` is
-            not a string.
-        ValueError: ``api_key`` is empty or has surrounding whitespace.
-
-    The arguments are checked here, at the call, before anything is bound.
-    On exit the server stops at once: requests still being answered are
-    cancelled and their connections closed.
-    """
-    server = FakeLLMServer(FakeScript() if script is None else script, api_key=api_key)
-    return _serve(server, host=host, port=port)
-
-
-@asynccontextmanager
-async def _serve(
-    server: FakeLLMServer, *, host: str, port: int
-) -> AsyncIterator[FakeLLMServer]:
-    """Serve ``server`` with hypercorn for the ``async with`` block."""
-    try:
-        from hypercorn.config import Config  # noqa: PLC0415 (an optional dependency)
-        from hypercorn.trio import serve  # noqa: PLC0415 (an optional dependency)
-    except (
-        ModuleNotFoundError
-    ) as exc:  # pragma: no cover (hypercorn is installed for tests)
-        raise ModuleNotFoundError(
-            "the fake LLM server needs hypercorn: pip install 'trio-dispatch[testing]'"
-        ) from exc
-    config = Config()
-    config.bind = [f"{host}:{port}"]
-    config.accesslog = None
-    config.errorlog = _logger
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(partial(serve, server, config, mode="asgi"))  # type: ignore[arg-type]  # FakeLLMServer is an ASGI app; hypercorn's TypedDicts are stricter than its Mapping
-        server._base_url = binds[0]
-        try:
-            yield server
-        finally:
-            nursery.cancel_scope.cancel()
-
-
-def _header_number(value: float) -> bytes:
-    """A number as a header value: plain digits, never an exponent."""
-    return (f"{value:.3f}".rstrip("0").rstrip(".") or "0").encode()

@@ -25,7 +25,7 @@ from .._validation import (
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ._fake_server import FakeRequest
+    from ._request import FakeRequest
 
 FaultKind = Literal[
     "rate_limit",

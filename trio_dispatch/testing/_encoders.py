@@ -1,0 +1,464 @@
+"""The fake LLM's wire encoders: a scripted reply in, bytes out.
+
+The counterpart of the providers' decoders, as h11 keeps writers beside
+readers. Pure functions, no trio and no ASGI: ``encode_reply`` turns a
+``FakeReply`` into the server-sent events of OpenAI's chat completions
+stream or of Anthropic's Messages stream, ``status_fault_answer`` a status
+fault into its status, retry headers and error body, and ``error_event``
+and ``MALFORMED`` are what the stream faults send. When each event goes
+out, and where a fault strikes, is ``_playback``'s business.
+
+The text and the reasoning go a word at a time (each word with the
+whitespace before it), a tool call's arguments in ``argument_chunks``
+pieces; events that carry a token are marked, for pacing. Each event also
+says what it means: the stream events our providers' decoders yield for
+it. ``ScriptedProvider`` plays those in memory, event for event, and the
+round-trip tests hold the decoders and this module to them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from .._wire import make_tool_call
+from ..messages import Finish, ReasoningDelta, TextDelta, Usage
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from ..messages import StreamEvent, ToolCall
+    from ._request import WireFormat
+    from ._script import FakeReply, FakeToolCall, Fault
+
+
+@attrs.frozen
+class WireEvent:
+    """One server-sent event, ready to send, and what it means.
+
+    Attributes:
+        data: The event's bytes.
+        token: Whether it carries a token; those are paced.
+        events: The stream events our providers' decoders yield for it.
+        malformed: Why they refuse it as ``MalformedStream``, if they do.
+    """
+
+    data: bytes
+    token: bool = False
+    events: tuple[StreamEvent, ...] = ()
+    malformed: str | None = None
+
+
+def encode_reply(
+    reply: FakeReply,
+    wire: WireFormat,
+    *,
+    model: str,
+    estimated_input_tokens: int,
+    include_usage: bool,
+    ids: Iterator[int],
+) -> list[WireEvent]:
+    """The events of ``reply``'s stream in ``wire``'s format, terminator last.
+
+    Args:
+        reply: What to stream. Its ``fault`` and timing are not used here.
+        wire: ``"openai"`` or ``"anthropic"``.
+        model: The model the request asked for, echoed in the events.
+        estimated_input_tokens: The prompt's size, when the reply does not
+            say it.
+        include_usage: For OpenAI, whether the request asked for the usage
+            chunk (``stream_options.include_usage``); Anthropic always
+            reports usage.
+        ids: Numbers for the message id and for tool calls without one.
+    """
+    reasoning = words(reply.reasoning)
+    text = words(reply.text)
+    calls = [
+        (call, _call_id(wire, call, ids), pieces(call, reply))
+        for call in reply.tool_calls
+    ]
+    chunks = len(reasoning) + len(text) + sum(len(p) for _, _, p in calls)
+    input_tokens = reply.input_tokens
+    if input_tokens is None:
+        input_tokens = estimated_input_tokens
+    output_tokens = chunks if reply.output_tokens is None else reply.output_tokens
+    finish = reply.finish or ("tool_calls" if reply.tool_calls else "stop")
+    plan = _Plan(
+        model=model,
+        message_id=f"fake-{next(ids)}",
+        reasoning=reasoning,
+        text=text,
+        calls=calls,
+        finish=finish,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cache_read=reply.cache_read_tokens,
+        cache_write=reply.cache_write_tokens,
+    )
+    if wire == "openai":
+        return _openai_events(plan, include_usage=include_usage)
+    return _anthropic_events(plan)
+
+
+def _call_id(wire: WireFormat, call: FakeToolCall, ids: Iterator[int]) -> str:
+    if call.id is not None:
+        return call.id
+    prefix = "call" if wire == "openai" else "toolu"
+    return f"{prefix}_fake_{next(ids)}"
+
+
+def error_body(wire: WireFormat, error_type: str, message: str) -> dict[str, Any]:
+    """An error response's JSON body, in ``wire``'s shape."""
+    if wire == "anthropic":
+        return {
+            "type": "error",
+            "error": {"type": error_type, "message": message},
+            "request_id": "req_fake",
+        }
+    return {
+        "error": {"message": message, "type": error_type, "param": None, "code": None}
+    }
+
+
+# Per format, the error type and default message of each status fault, in
+# the vocabulary of that API.
+STATUS_ERRORS: dict[WireFormat, dict[str, tuple[str, str]]] = {
+    "openai": {
+        "rate_limit": ("rate_limit_exceeded", "Rate limit reached for requests."),
+        "server_error": ("server_error", "The server had an error."),
+        "unavailable": ("service_unavailable", "The engine is overloaded."),
+        "overloaded": ("overloaded_error", "Overloaded"),
+    },
+    "anthropic": {
+        "rate_limit": (
+            "rate_limit_error",
+            "Number of requests has exceeded your rate limit.",
+        ),
+        "server_error": ("api_error", "Internal server error"),
+        "unavailable": ("overloaded_error", "Service unavailable"),
+        "overloaded": ("overloaded_error", "Overloaded"),
+    },
+}
+
+
+def status_fault_answer(
+    wire: WireFormat, fault: Fault
+) -> tuple[int, list[tuple[bytes, bytes]], dict[str, Any]]:
+    """A status fault's ``(status, retry headers, error body)``."""
+    status = fault.status
+    assert status is not None
+    error_type, message = STATUS_ERRORS[wire][fault.kind]
+    headers: list[tuple[bytes, bytes]] = []
+    if fault.retry_after is not None:
+        headers.append((b"retry-after", header_number(fault.retry_after)))
+    if fault.retry_after_ms is not None:
+        headers.append((b"retry-after-ms", header_number(fault.retry_after_ms)))
+    return status, headers, error_body(wire, error_type, fault.message or message)
+
+
+#: What a ``"malformed"`` fault sends: an event whose data is not JSON.
+MALFORMED: dict[WireFormat, bytes] = {
+    "openai": b'data: {"choices": [{"index": 0, "delta": {"content": "oops\n\n',
+    "anthropic": (
+        b"event: content_block_delta\n"
+        b'data: {"type": "content_block_delta", "index": 0,\n\n'
+    ),
+}
+
+
+#: A ``"stream_error"`` fault's message, unless the fault gives one.
+STREAM_ERROR_MESSAGE = "the fake server failed mid-stream"
+
+
+def error_event(wire: WireFormat, fault: Fault) -> bytes:
+    """What a ``"stream_error"`` fault sends: an error event in ``wire``'s shape."""
+    message = fault.message or STREAM_ERROR_MESSAGE
+    if wire == "anthropic":
+        payload = {
+            "type": "error",
+            "error": {"type": fault.error_type, "message": message},
+        }
+        return sse(payload, "error")
+    error = {"message": message, "type": fault.error_type, "param": None, "code": None}
+    return sse({"error": error})
+
+
+def sse(payload: object, event: str | None = None) -> bytes:
+    """One server-sent event: ``payload`` as JSON data, with its name if given."""
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(payload)}\n\n".encode()
+
+
+def header_number(value: float) -> bytes:
+    """A number as a header value: plain digits, never an exponent."""
+    return (f"{value:.3f}".rstrip("0").rstrip(".") or "0").encode()
+
+
+_WORD = re.compile(r"\s*\S+")
+
+
+def words(text: str) -> list[str]:
+    """``text`` in word-sized chunks that join back to exactly ``text``."""
+    found = _WORD.findall(text)
+    rest = text[sum(map(len, found)) :]
+    if rest:
+        if found:
+            found[-1] += rest
+        else:
+            found = [rest]
+    return found
+
+
+def pieces(call: FakeToolCall, reply: FakeReply) -> list[str]:
+    """A tool call's argument text, cut in ``reply.argument_chunks`` pieces."""
+    text = call.raw_arguments
+    if text is None:
+        text = json.dumps(call.arguments)
+    size = max(1, math.ceil(len(text) / reply.argument_chunks))
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+@attrs.frozen
+class _Plan:
+    model: str
+    message_id: str
+    reasoning: list[str]
+    text: list[str]
+    calls: list[tuple[FakeToolCall, str, list[str]]]
+    finish: str
+    input_tokens: int
+    output_tokens: int
+    cache_read: int
+    cache_write: int
+
+
+def _openai_events(plan: _Plan, *, include_usage: bool) -> list[WireEvent]:
+    def chunk(
+        delta: dict[str, Any],
+        finish: str | None = None,
+        *,
+        token: bool = True,
+        events: tuple[StreamEvent, ...] = (),
+        malformed: str | None = None,
+    ) -> WireEvent:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        payload = {
+            "id": f"chatcmpl-{plan.message_id}",
+            "object": "chat.completion.chunk",
+            "created": 1700000000,
+            "model": plan.model,
+            "choices": [choice],
+        }
+        return WireEvent(sse(payload), token, events, malformed)
+
+    events = [chunk({"role": "assistant", "content": ""}, token=False)]
+    events.extend(
+        chunk({"reasoning_content": word}, events=(ReasoningDelta(word),))
+        for word in plan.reasoning
+    )
+    events.extend(
+        chunk({"content": word}, events=(TextDelta(word),)) for word in plan.text
+    )
+    for index, (call, call_id, pieces) in enumerate(plan.calls):
+        head = {
+            "index": index,
+            "id": call_id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": ""},
+        }
+        events.append(chunk({"tool_calls": [head]}))
+        events.extend(
+            chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+            for piece in pieces
+        )
+    # The decoder completes the calls at the finish reason, in index order.
+    missing = [
+        f"tool call {index} arrived without its {field}"
+        for index, (call, call_id, _) in enumerate(plan.calls)
+        for field, value in (("id", call_id), ("function name", call.name))
+        if not value
+    ]
+    events.append(
+        chunk(
+            {},
+            plan.finish,
+            token=False,
+            events=(*_tool_calls(plan), Finish(plan.finish)),
+            malformed=missing[0] if missing else None,
+        )
+    )
+    if include_usage:
+        prompt = plan.input_tokens + plan.cache_read + plan.cache_write
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": plan.output_tokens,
+            "total_tokens": prompt + plan.output_tokens,
+            "prompt_tokens_details": {"cached_tokens": plan.cache_read},
+        }
+        payload = {
+            "id": f"chatcmpl-{plan.message_id}",
+            "object": "chat.completion.chunk",
+            "created": 1700000000,
+            "model": plan.model,
+            "choices": [],
+            "usage": usage,
+        }
+        # OpenAI counts the cache writes as plain prompt tokens.
+        parts = Usage(
+            input_tokens=plan.input_tokens + plan.cache_write,
+            output_tokens=plan.output_tokens,
+            cache_read_tokens=plan.cache_read,
+        )
+        events.append(WireEvent(sse(payload), events=(parts,)))
+    events.append(WireEvent(b"data: [DONE]\n\n"))
+    return events
+
+
+_ANTHROPIC_STOP = {
+    "stop": "end_turn",
+    "tool_calls": "tool_use",
+    "length": "max_tokens",
+    "content_filter": "refusal",
+}
+
+
+def _anthropic_events(plan: _Plan) -> list[WireEvent]:
+    def event(
+        name: str,
+        *,
+        token: bool = False,
+        events: tuple[StreamEvent, ...] = (),
+        malformed: str | None = None,
+        **fields: object,
+    ) -> WireEvent:
+        data = sse({"type": name, **fields}, name)
+        return WireEvent(data, token, events, malformed)
+
+    events = [
+        event(
+            "message_start",
+            message={
+                "id": f"msg_{plan.message_id}",
+                "type": "message",
+                "role": "assistant",
+                "model": plan.model,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {
+                    "input_tokens": plan.input_tokens,
+                    "cache_creation_input_tokens": plan.cache_write,
+                    "cache_read_input_tokens": plan.cache_read,
+                    "output_tokens": 1,
+                },
+            },
+        ),
+        event("ping"),
+    ]
+    index = 0
+    if plan.reasoning:
+        events.append(
+            event(
+                "content_block_start",
+                index=index,
+                content_block={"type": "thinking", "thinking": ""},
+            )
+        )
+        events.extend(
+            event(
+                "content_block_delta",
+                token=True,
+                index=index,
+                delta={"type": "thinking_delta", "thinking": word},
+                events=(ReasoningDelta(word),),
+            )
+            for word in plan.reasoning
+        )
+        events.append(
+            event(
+                "content_block_delta",
+                index=index,
+                delta={"type": "signature_delta", "signature": "ZmFrZQ=="},
+            )
+        )
+        events.append(event("content_block_stop", index=index))
+        index += 1
+    if plan.text:
+        events.append(
+            event(
+                "content_block_start",
+                index=index,
+                content_block={"type": "text", "text": ""},
+            )
+        )
+        events.extend(
+            event(
+                "content_block_delta",
+                token=True,
+                index=index,
+                delta={"type": "text_delta", "text": word},
+                events=(TextDelta(word),),
+            )
+            for word in plan.text
+        )
+        events.append(event("content_block_stop", index=index))
+        index += 1
+    for (call, call_id, pieces), tool_call in zip(
+        plan.calls, _tool_calls(plan), strict=True
+    ):
+        block = {"type": "tool_use", "id": call_id, "name": call.name, "input": {}}
+        missing = not call_id or not call.name
+        events.append(
+            event(
+                "content_block_start",
+                index=index,
+                content_block=block,
+                malformed=(
+                    f"tool_use block {index} arrived without its id and name"
+                    if missing
+                    else None
+                ),
+            )
+        )
+        events.extend(
+            event(
+                "content_block_delta",
+                token=True,
+                index=index,
+                delta={"type": "input_json_delta", "partial_json": piece},
+            )
+            for piece in ["", *pieces]
+        )
+        events.append(event("content_block_stop", index=index, events=(tool_call,)))
+        index += 1
+    events.append(
+        event(
+            "message_delta",
+            delta={
+                "stop_reason": _ANTHROPIC_STOP.get(plan.finish, plan.finish),
+                "stop_sequence": None,
+            },
+            usage={"output_tokens": plan.output_tokens},
+            events=(Finish(plan.finish),),
+        )
+    )
+    usage = Usage(
+        input_tokens=plan.input_tokens,
+        output_tokens=plan.output_tokens,
+        cache_read_tokens=plan.cache_read,
+        cache_write_tokens=plan.cache_write,
+    )
+    events.append(event("message_stop", events=(usage,)))
+    return events
+
+
+def _tool_calls(plan: _Plan) -> list[ToolCall]:
+    """The plan's tool calls, as the decoders make them from their pieces."""
+    return [
+        make_tool_call(call_id, call.name, "".join(pieces))
+        for call, call_id, pieces in plan.calls
+    ]

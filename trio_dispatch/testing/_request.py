@@ -1,0 +1,59 @@
+"""A request as the fake LLM received it, and the wire formats.
+
+Its own module so that the script (whose ``choose`` is called with a
+``FakeRequest``), the encoders, the server and the scripted provider can
+all name it without importing each other.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal, final
+
+import attrs
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ..messages import ChatRequest
+
+WireFormat = Literal["openai", "anthropic"]
+
+#: The fake server's routes, and the wire format each one speaks.
+ROUTES: dict[str, WireFormat] = {
+    "/v1/chat/completions": "openai",
+    "/v1/messages": "anthropic",
+}
+
+
+@final
+@attrs.frozen
+class FakeRequest:
+    """One request the fake server received, as it arrived (minus the key).
+
+    A ``ScriptedProvider`` makes one for its script's ``choose`` too: with
+    its own wire format and that format's path, no body, no headers, and
+    the ``ChatRequest`` itself as ``chat``.
+
+    Attributes:
+        format: ``"openai"`` or ``"anthropic"``, from the path.
+        path: The request path.
+        body: The parsed JSON body, or ``None`` if it was not JSON (or
+            never went on the wire).
+        headers: The request headers, names lowercased, without
+            ``authorization`` and ``x-api-key``.
+        authenticated: Whether it passed the server's key check.
+        arrived_at: When it arrived, on the trio clock.
+        client: The client's ``(host, port)``; requests over one kept-alive
+            connection share it.
+        chat: The ``ChatRequest`` a ``ScriptedProvider`` was asked; the
+            fake server sees only the wire, and leaves it ``None``.
+    """
+
+    format: WireFormat
+    path: str
+    body: Any
+    headers: Mapping[str, str]
+    authenticated: bool
+    arrived_at: float
+    client: tuple[str, int] | None = None
+    chat: ChatRequest | None = None

@@ -1,0 +1,84 @@
+"""The fake LLM server on loopback: ``FakeLLMServer`` served by hypercorn.
+
+hypercorn runs on trio and is an optional dependency (the ``testing``
+extra), imported only when a server starts.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import TYPE_CHECKING
+
+import trio
+
+from ._fake_server import FakeLLMServer
+from ._script import FakeScript
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from contextlib import AbstractAsyncContextManager
+
+_logger = logging.getLogger("trio_dispatch.testing.fake_server")
+
+
+def open_fake_llm_server(
+    script: FakeScript | None = None,
+    *,
+    api_key: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+) -> AbstractAsyncContextManager[FakeLLMServer]:
+    """Serve a ``FakeLLMServer`` on loopback for the ``async with`` block.
+
+    Args:
+        script: What to answer; a default ``FakeScript`` if not given.
+        api_key: If given, the only key accepted; otherwise (``None``) any
+            non-empty key is. It must be non-empty, without leading or
+            trailing whitespace, or no request could ever present it.
+        host: The address to bind.
+        port: The port to bind; ``0`` picks a free one.
+
+    Returns:
+        An async context manager yielding the server, serving;
+        ``server.base_url`` says where.
+
+    Raises:
+        TypeError: ``script`` is not a ``FakeScript``, or ``api_key`` is
+            not a string.
+        ValueError: ``api_key`` is empty or has surrounding whitespace.
+
+    The arguments are checked here, at the call, before anything is bound.
+    On exit the server stops at once: requests still being answered are
+    cancelled and their connections closed.
+    """
+    server = FakeLLMServer(FakeScript() if script is None else script, api_key=api_key)
+    return _serve(server, host=host, port=port)
+
+
+@asynccontextmanager
+async def _serve(
+    server: FakeLLMServer, *, host: str, port: int
+) -> AsyncIterator[FakeLLMServer]:
+    """Serve ``server`` with hypercorn for the ``async with`` block."""
+    try:
+        from hypercorn.config import Config  # noqa: PLC0415 (an optional dependency)
+        from hypercorn.trio import serve  # noqa: PLC0415 (an optional dependency)
+    except (
+        ModuleNotFoundError
+    ) as exc:  # pragma: no cover (hypercorn is installed for tests)
+        raise ModuleNotFoundError(
+            "the fake LLM server needs hypercorn: pip install 'trio-dispatch[testing]'"
+        ) from exc
+    config = Config()
+    config.bind = [f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = _logger
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(partial(serve, server, config, mode="asgi"))  # type: ignore[arg-type]  # FakeLLMServer is an ASGI app; hypercorn's TypedDicts are stricter than its Mapping
+        server._base_url = binds[0]
+        try:
+            yield server
+        finally:
+            nursery.cancel_scope.cancel()
