@@ -76,7 +76,6 @@ if TYPE_CHECKING:
 
 FORMATS: Final = ("openai", "anthropic")
 KINDS: Final = ("text", "reasoning", "tool")
-CLIENTS: Final = ("minimal", "provider", "slot", "sdk")
 TARGET: Final = 1.3
 REPORTS: Final = pathlib.Path(__file__).resolve().parent / "reports"
 
@@ -90,6 +89,7 @@ _LABELS: Final = {
     ("anthropic", "slot"): "`AnthropicProvider` through a slot",
     ("anthropic", "sdk"): "official `anthropic` SDK (`AsyncAnthropic`)",
 }
+_FORMAT_LABELS: Final = {"openai": "OpenAI", "anthropic": "Anthropic"}
 _KIND_LABELS: Final = {
     "text": "text",
     "reasoning": "reasoning",
@@ -466,7 +466,8 @@ class DecodeReport:
         for case in self.cases:
             for result in case.clients:
                 lines.append(
-                    f"| {case.format} | {_KIND_LABELS[case.kind]} | {result.label}"
+                    f"| {_FORMAT_LABELS[case.format]} | {_KIND_LABELS[case.kind]}"
+                    f" | {result.label}"
                     f" | {result.per_chunk_us:,.2f} | {result.ratio:.2f}x |"
                 )
         lines += [

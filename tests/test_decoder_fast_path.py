@@ -2,13 +2,16 @@
 
 Both wire decoders read a plain text, reasoning or tool-call delta with
 dict lookups and hand everything else to the full path (cattrs, whose
-messages name the wrong field). Two kinds of test hold that together:
+messages name the wrong field). These tests hold that together:
 
 * the common deltas never reach cattrs (the point of the fast path, and
   what would quietly regress if a check in it went wrong);
-* hypothesis feeds the same events, valid and slightly malformed, to a
-  decoder and to one whose fast path always declines, and the two must
-  yield the same events and raise the same errors, event by event.
+* the same events go to a decoder and to one whose fast path always
+  declines, and the two must yield the same events and raise the same
+  errors, event by event, through to the end of the stream: hypothesis
+  streams of valid and slightly malformed events, one broken event between
+  a set-up and an ending, and every field of the shapes the fast paths
+  take, deleted or replaced by each kind of wrong value in turn.
 """
 
 from __future__ import annotations
