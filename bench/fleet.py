@@ -2,7 +2,8 @@
 
 Usage::
 
-    python bench/fleet.py [--quick] [--rate 50] [--threshold-ms 100] [--out DIR]
+    python bench/fleet.py [--quick] [--rate 50] [--threshold-ms 100]
+                          [--client ours|minimal] [--out DIR]
 
 A separate process (``bench/_fleet_server.py``: plain sockets and a
 selector, on 127.0.0.1 only, gone when this one closes its stdin or after
@@ -33,6 +34,10 @@ about ten seconds (one to start the streams, two of warm-up, a five-second
 window, the streams' end), and no level starts after 200 seconds, so the
 whole run stays well under five minutes. The machine's load average is in
 the report: a busy machine means a run to repeat.
+
+``--client minimal`` runs the same search with a minimal loop (httpx,
+httpx-sse and ``json.loads``, no slot) instead, to show what our layer
+costs over real sockets; its report goes to ``fleet-minimal.md``/``.json``.
 """
 
 from __future__ import annotations
@@ -50,12 +55,18 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import httpx
+import httpx_sse
 import trio
 
 import trio_dispatch
 from trio_dispatch.actors import open_dispatcher
 from trio_dispatch.messages import ChatMessage, ChatRequest, TextDelta
-from trio_dispatch.providers import OpenAIProvider, ProviderError, wrap_provider
+from trio_dispatch.providers import (
+    LimitedProvider,
+    OpenAIProvider,
+    ProviderError,
+    wrap_provider,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -66,6 +77,7 @@ _REQUEST: Final = ChatRequest([ChatMessage("user", "Stream a long answer.")])
 # The server's own p99 lateness past which a level says nothing about us.
 _SERVER_SLACK: Final = 0.010
 QUICK_LEVELS: Final = (2, 4)
+CLIENTS: Final = ("ours", "minimal")
 
 
 def _check_positive(value: object, name: str) -> None:
@@ -92,6 +104,8 @@ class Level:
         late_max_ms: The latest token.
         cpu_share: The client's process time over wall time in the window
             (1.0 is one core busy).
+        cpu_us_per_token: ``cpu_share`` over the tokens due per second: the
+            client's CPU microseconds per token.
         failed: Streams that raised.
         server_p99_ms: The server's own p99 lateness in sending tokens.
         server_cpu_share: The server's CPU share over the level.
@@ -104,6 +118,7 @@ class Level:
     late_p99_ms: float
     late_max_ms: float
     cpu_share: float
+    cpu_us_per_token: float
     failed: int
     server_p99_ms: float
     server_cpu_share: float
@@ -129,6 +144,7 @@ class FleetReport:
     """The search's result and every level it ran.
 
     Attributes:
+        client: ``ours`` or ``minimal``.
         carried: The most concurrent streams carried (0 if none were).
         threshold_ms: The p99 lateness that counts as falling behind.
         timing: Rate and phases.
@@ -137,6 +153,7 @@ class FleetReport:
         environment: Interpreter, library versions, machine and load.
     """
 
+    client: str
     carried: int
     threshold_ms: float
     timing: Timing
@@ -156,8 +173,13 @@ class FleetReport:
             f" httpx {env['httpx']}, {env['python']} on {env['platform']},"
             f" {env['cpus']} CPUs. Load average {env['load_before']} before,"
             f" {env['load_after']} after.",
-            f"OpenAI streams at {timing.rate:g} tokens/s through `OpenAIProvider`"
-            " and a dispatcher slot each, from a paced server in another process"
+            f"OpenAI streams at {timing.rate:g} tokens/s through "
+            + (
+                "`OpenAIProvider` and a dispatcher slot each"
+                if self.client == "ours"
+                else "a minimal loop (httpx + httpx-sse + json.loads)"
+            )
+            + ", from a paced server in another process"
             f" on loopback; streams start over {timing.stagger:g} s, then"
             f" {timing.warmup:g} s of warm-up and a {timing.window:g} s window."
             f" Carried: no stream fails and tokens reach the consumer at most"
@@ -167,14 +189,16 @@ class FleetReport:
             f" ({self.carried * timing.rate:,.0f} tokens/s).",
             "",
             "| Streams | Carried | Lateness p50 (ms) | p99 (ms) | max (ms)"
-            " | Client CPU | Failed | Server p99 (ms) | Server CPU |",
-            "|--:|---|--:|--:|--:|--:|--:|--:|--:|",
+            " | Client CPU | CPU µs per token | Failed | Server p99 (ms)"
+            " | Server CPU |",
+            "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|",
         ]
         for level in sorted(self.levels, key=lambda level: level.streams):
             lines.append(
                 f"| {level.streams:,} | {'yes' if level.carried else 'no'}"
                 f" | {level.late_p50_ms:,.1f} | {level.late_p99_ms:,.1f}"
                 f" | {level.late_max_ms:,.1f} | {level.cpu_share:.0%}"
+                f" | {level.cpu_us_per_token:,.0f}"
                 f" | {level.failed} | {level.server_p99_ms:,.1f}"
                 f" | {level.server_cpu_share:.0%} |"
             )
@@ -190,32 +214,51 @@ def _quantile(ordered: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-async def _stream(
-    limited: Any,  # noqa: ANN401 (a LimitedProvider; its type lives in a private module)
-    start_in: float,
-    interval: float,
-    window: tuple[float, float],
-    lateness: list[float],
-) -> None:
-    await trio.sleep(start_in)
-    index = -1
-    anchor = 0.0
+class _Clock:
+    """Notes how late each token of one stream reached the consumer."""
+
+    __slots__ = ("anchor", "index", "interval", "lateness", "window")
+
+    def __init__(
+        self, interval: float, window: tuple[float, float], lateness: list[float]
+    ) -> None:
+        self.interval = interval
+        self.window = window
+        self.lateness = lateness
+        self.index = -1
+        self.anchor = 0.0
+
+    def token(self, text: str) -> None:
+        now = time.monotonic()
+        self.index += 1
+        if self.index == 0:
+            self.anchor = float(text)  # the schedule's start, from the server
+            return
+        due = self.anchor + self.index * self.interval
+        if self.window[0] <= due < self.window[1]:
+            self.lateness.append(now - due)
+
+
+async def _ours(limited: LimitedProvider, clock: _Clock) -> None:
     async with limited.stream(_REQUEST) as events:
         async for event in events:
-            if type(event) is not TextDelta:
+            if type(event) is TextDelta:
+                clock.token(event.text)
+
+
+async def _minimal(client: httpx.AsyncClient, url: str, clock: _Clock) -> None:
+    async with client.stream("POST", url, json={}) as response:
+        async for sse in httpx_sse.EventSource(response).aiter_sse():
+            if sse.data == "[DONE]":
                 continue
-            now = time.monotonic()
-            index += 1
-            if index == 0:
-                anchor = float(event.text)
-                continue
-            due = anchor + index * interval
-            if window[0] <= due < window[1]:
-                lateness.append(now - due)
+            choices = json.loads(sse.data)["choices"]
+            content = choices[0]["delta"].get("content") if choices else None
+            if content:
+                clock.token(content)
 
 
 async def _level(
-    port: int, streams: int, timing: Timing
+    port: int, streams: int, timing: Timing, client_kind: str
 ) -> tuple[list[float], float, int]:
     """Run one level: the lateness samples, the client's CPU share, failures."""
     interval = 1.0 / timing.rate
@@ -236,20 +279,25 @@ async def _level(
 
     async def one(i: int) -> None:
         nonlocal failed
+        await trio.sleep(timing.stagger * i / streams)
+        clock = _Clock(interval, window, lateness)
         try:
-            await _stream(
-                limited, timing.stagger * i / streams, interval, window, lateness
-            )
-        except ProviderError:
+            if client_kind == "minimal":
+                await _minimal(client, f"{base_url}/chat/completions", clock)
+            else:
+                await _ours(limited, clock)
+        except (ProviderError, httpx.HTTPError):
             failed += 1
 
+    base_url = f"http://127.0.0.1:{port}/v1"
     client = httpx.AsyncClient(
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=0)
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
+        timeout=httpx.Timeout(10.0, read=30.0),
     )
     async with (
         OpenAIProvider(
             "fleet",
-            base_url=f"http://127.0.0.1:{port}/v1",
+            base_url=base_url,
             api_key="fleet",
             model="fleet",
             client=client,
@@ -313,10 +361,16 @@ class _ServerProcess:
 
 
 def _run_level(
-    server: _ServerProcess, streams: int, timing: Timing, threshold: float
+    server: _ServerProcess,
+    streams: int,
+    timing: Timing,
+    threshold: float,
+    client_kind: str,
 ) -> Level:
     server.report()  # start the server's figures afresh
-    samples, cpu_share, failed = trio.run(_level, server.port, streams, timing)
+    samples, cpu_share, failed = trio.run(
+        _level, server.port, streams, timing, client_kind
+    )
     served = server.report()
     ordered = sorted(samples)
     p99 = _quantile(ordered, 0.99) if ordered else math.inf
@@ -328,6 +382,7 @@ def _run_level(
         late_p99_ms=1e3 * p99,
         late_max_ms=1e3 * ordered[-1] if ordered else math.inf,
         cpu_share=cpu_share,
+        cpu_us_per_token=1e6 * cpu_share / (streams * timing.rate),
         failed=failed,
         server_p99_ms=served["late_p99_ms"],
         server_cpu_share=served["cpu_share"],
@@ -341,12 +396,15 @@ def run(
     start: int = 100,
     largest: int = 6400,
     levels: Sequence[int] | None = None,
+    client: str = "ours",
     progress: Callable[[str], None] | None = None,
 ) -> FleetReport:
     """Find the most streams one process carries; see the module notes.
 
     Args:
         timing: Rate and phases of every level.
+        client: ``ours`` (``OpenAIProvider`` through slots) or ``minimal``
+            (httpx, httpx-sse and ``json.loads``, for comparison).
         threshold_ms: The p99 lateness that counts as falling behind.
         start: The first level; levels double from there.
         largest: Never try more streams than this.
@@ -357,6 +415,8 @@ def run(
     for value, name in ((start, "start"), (largest, "largest")):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if client not in CLIENTS:
+        raise ValueError(f"client must be one of {', '.join(CLIENTS)}, got {client!r}")
     threshold = threshold_ms / 1e3
     lifetime = 280.0
     load_before = _load()
@@ -368,7 +428,7 @@ def run(
 
         def attempt(streams: int) -> Level | None:
             nonlocal inconclusive
-            level = _run_level(server, streams, timing, threshold)
+            level = _run_level(server, streams, timing, threshold, client)
             ran.append(level)
             if progress is not None:
                 progress(
@@ -404,6 +464,7 @@ def run(
         "load_after": _load(),
     }
     return FleetReport(
+        client=client,
         carried=best,
         threshold_ms=threshold_ms,
         timing=timing,
@@ -461,6 +522,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--start", type=int, default=100, help="the first level")
     parser.add_argument(
+        "--client",
+        choices=CLIENTS,
+        default="ours",
+        help="our provider through slots, or the minimal loop to compare",
+    )
+    parser.add_argument(
         "--out", type=pathlib.Path, default=REPORTS, help="where fleet.md/json go"
     )
     args = parser.parse_args(argv)
@@ -470,6 +537,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             timing=timing,
             threshold_ms=args.threshold_ms,
             levels=QUICK_LEVELS,
+            client=args.client,
             progress=_progress,
         )
     else:
@@ -478,13 +546,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             timing=timing,
             threshold_ms=args.threshold_ms,
             start=args.start,
+            client=args.client,
             progress=_progress,
         )
     markdown = report.to_markdown()
     print(markdown, end="")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "fleet.md").write_text(markdown, encoding="utf-8")
-    (args.out / "fleet.json").write_text(
+    name = "fleet" if args.client == "ours" else f"fleet-{args.client}"
+    (args.out / f"{name}.md").write_text(markdown, encoding="utf-8")
+    (args.out / f"{name}.json").write_text(
         json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8"
     )
     return 0

@@ -34,6 +34,7 @@ def test_quick_run_measures_every_stream_of_each_level(tmp_path: pathlib.Path) -
     bench = load_bench()
     assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "fleet.json").read_text(encoding="utf-8"))
+    assert report["client"] == "ours"
     levels = report["levels"]
     streams = [level["streams"] for level in levels]
     # A level the server could not keep pace with ends the run early.
@@ -50,6 +51,9 @@ def test_quick_run_measures_every_stream_of_each_level(tmp_path: pathlib.Path) -
             assert math.isfinite(level[key])
         assert level["late_p50_ms"] <= level["late_p99_ms"] <= level["late_max_ms"]
         assert level["cpu_share"] > 0
+        assert level["cpu_us_per_token"] == pytest.approx(
+            1e6 * level["cpu_share"] / (level["streams"] * timing["rate"])
+        )
         assert level["server_cpu_share"] >= 0
         assert level["carried"] == (level["late_p99_ms"] <= report["threshold_ms"])
     assert report["carried"] == max(
@@ -86,3 +90,7 @@ def test_bad_search_bounds_are_refused_before_the_server_starts() -> None:
         ValueError, match=r"^threshold_ms must be a positive number, got -1$"
     ):
         bench.run(timing=timing, threshold_ms=-1)
+    with pytest.raises(
+        ValueError, match=r"^client must be one of ours, minimal, got 'sdk'$"
+    ):
+        bench.run(timing=timing, client="sdk")
