@@ -545,15 +545,24 @@ def test_openai_every_field_broken_gives_the_same_outcome_on_both_paths(
         )
 
 
-@pytest.mark.parametrize(
-    "kind", ["text_delta", "thinking_delta", "input_json_delta", "signature_delta"]
-)
+ANTHROPIC_DELTA_SHAPES = [
+    # As the API sends them, then with every field the full path checks.
+    {"type": "text_delta", "text": "a"},
+    {"type": "thinking_delta", "thinking": "b"},
+    {"type": "input_json_delta", "partial_json": "c"},
+    *(
+        {"type": kind, "text": "a", "thinking": "b", "partial_json": "c"}
+        for kind in ("text_delta", "thinking_delta", "input_json_delta", "x_delta")
+    ),
+]
+
+
+@pytest.mark.parametrize("delta", ANTHROPIC_DELTA_SHAPES)
 @pytest.mark.parametrize("index", [0, 1, 2, 3])
 @pytest.mark.parametrize("layout", ["plain", "trailing text"])
 def test_anthropic_every_field_broken_gives_the_same_outcome_on_both_paths(
-    kind: str, index: int, layout: str
+    delta: dict[str, str], index: int, layout: str
 ) -> None:
-    delta = {"type": kind, "text": "a", "thinking": "b", "partial_json": "c"}
     payload = {"type": "content_block_delta", "index": index, "delta": delta}
     for what, broken in broken_copies(payload):
         events = [

@@ -278,7 +278,9 @@ class _AnthropicDecoder:
             return [ReasoningDelta(content.thinking)]
         return []
 
-    def _fast_block_delta(self, payload: dict[str, Any]) -> list[StreamEvent] | None:
+    def _fast_block_delta(  # noqa: PLR0911 (the hot path, kept flat)
+        self, payload: dict[str, Any]
+    ) -> list[StreamEvent] | None:
         """A ``content_block_delta``'s events, or ``None`` to take the full path.
 
         Checks every field ``_ContentBlockDelta`` would, and that its block
@@ -289,7 +291,21 @@ class _AnthropicDecoder:
         # type(), not isinstance(): a bool is an int, and not an index.
         if type(index) is not int or not isinstance(delta, dict):
             return None
+        block = self._blocks.get(index)
+        if block is None or block.stopped:
+            return None
         kind = delta.get("type")
+        if len(delta) == 2:
+            # The commonest shapes, {"type": "text_delta", "text": ...} and
+            # its thinking twin, have no other field to check.
+            if kind == "text_delta":
+                value = delta.get("text")
+                if isinstance(value, str):
+                    return [TextDelta(value)] if value else []
+            elif kind == "thinking_delta":
+                value = delta.get("thinking")
+                if isinstance(value, str):
+                    return [ReasoningDelta(value)] if value else []
         text = delta.get("text")
         thinking = delta.get("thinking")
         partial_json = delta.get("partial_json")
@@ -300,11 +316,6 @@ class _AnthropicDecoder:
             and (partial_json is None or isinstance(partial_json, str))
         ):
             return None
-        block = self._blocks.get(index)
-        if block is None or block.stopped:
-            return None
-        if kind == "text_delta":  # the commonest, without the table
-            return self._on_delta(block, index, kind, "text", text)
         field = _DELTA_FIELDS.get(kind)
         if field is None:
             return []
