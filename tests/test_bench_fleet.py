@@ -44,9 +44,10 @@ def test_quick_run_measures_every_stream_of_each_level(tmp_path: pathlib.Path) -
     timing = report["timing"]
     for level in levels:
         assert level["failed"] == 0
-        # Every stream saw about window * rate tokens due in the window.
-        expected = level["streams"] * timing["window"] * timing["rate"]
-        assert abs(level["tokens"] - expected) <= level["streams"]
+        # At most window * rate tokens of each stream are due in the window
+        # (one more at its edge); fewer if a stream started late.
+        most = level["streams"] * (timing["window"] * timing["rate"] + 1)
+        assert 0 < level["tokens"] <= most
         for key in ("late_p50_ms", "late_p99_ms", "late_max_ms", "server_p99_ms"):
             assert math.isfinite(level[key])
         assert level["late_p50_ms"] <= level["late_p99_ms"] <= level["late_max_ms"]
