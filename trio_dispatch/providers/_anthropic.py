@@ -21,6 +21,14 @@ added. ``_AnthropicDecoder`` yields text and thinking as they come, a
 accumulated from ``input_json_delta``), ``Finish`` at the ``message_delta``
 with the stop reason, and ``Usage`` at ``message_stop``. A stream that ends
 before ``message_stop`` was cut short: ``StreamInterrupted``.
+
+Almost every event is a ``content_block_delta``, and one process decodes
+every stream of a fleet, so those take a fast path: plain dict lookups that
+check every field ``_ContentBlockDelta`` would. One it does not fully
+recognise (a field of the wrong type, a block that never started or has
+stopped) goes through the full path, the attrs classes below structured by
+cattrs, whose messages name the wrong field; both paths share the state
+changes, and a property test holds them to the same events and errors.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from ._sse import (
     _check_header_value,
     _ProviderBase,
     parse_json_data,
+    raw_json,
     structure_event,
 )
 
@@ -178,6 +187,23 @@ class _AnthropicDecoder:
         return self._done
 
     def feed(self, event: ServerSentEvent) -> list[StreamEvent]:
+        data = event.data
+        try:
+            payload, end = raw_json(data)
+        except (ValueError, RecursionError):
+            pass  # a keep-alive, or not JSON: the full path says which
+        else:
+            if (
+                end == len(data)
+                and isinstance(payload, dict)
+                and payload.get("type") == "content_block_delta"
+            ):
+                fast = self._fast_block_delta(payload)
+                if fast is not None:
+                    return fast
+        return self._feed(event)
+
+    def _feed(self, event: ServerSentEvent) -> list[StreamEvent]:
         if not event.data.strip():
             return []
         payload = parse_json_data(self._provider, event, self._redact)
@@ -255,6 +281,49 @@ class _AnthropicDecoder:
             return [ReasoningDelta(content.thinking)]
         return []
 
+    def _fast_block_delta(  # noqa: PLR0911 (the hot path, kept flat)
+        self, payload: dict[str, Any]
+    ) -> list[StreamEvent] | None:
+        """A ``content_block_delta``'s events, or ``None`` to take the full path.
+
+        Checks every field ``_ContentBlockDelta`` would, and that its block
+        is open; leaves everything else (and every message) to the full path.
+        """
+        index = payload.get("index")
+        delta = payload.get("delta")
+        # type(), not isinstance(): a bool is an int, and not an index.
+        if type(index) is not int or not isinstance(delta, dict):
+            return None
+        block = self._blocks.get(index)
+        if block is None or block.stopped:
+            return None
+        kind = delta.get("type")
+        if len(delta) == 2:
+            # The commonest shapes, {"type": "text_delta", "text": ...} and
+            # its thinking twin, have no other field to check.
+            if kind == "text_delta":
+                value = delta.get("text")
+                if isinstance(value, str):
+                    return [TextDelta(value)] if value else []
+            elif kind == "thinking_delta":
+                value = delta.get("thinking")
+                if isinstance(value, str):
+                    return [ReasoningDelta(value)] if value else []
+        text = delta.get("text")
+        thinking = delta.get("thinking")
+        partial_json = delta.get("partial_json")
+        if not (
+            isinstance(kind, str)
+            and (text is None or isinstance(text, str))
+            and (thinking is None or isinstance(thinking, str))
+            and (partial_json is None or isinstance(partial_json, str))
+        ):
+            return None
+        field = _DELTA_FIELDS.get(kind)
+        if field is None:
+            return []
+        return self._on_delta(block, index, kind, field, delta.get(field))
+
     def _on_block_delta(self, payload: dict[str, Any]) -> list[StreamEvent]:
         delta_event = self._structure(payload, _ContentBlockDelta)
         block = self._blocks.get(delta_event.index)
@@ -271,17 +340,22 @@ class _AnthropicDecoder:
         field = _DELTA_FIELDS.get(delta.type)
         if field is None:
             return []
-        value = getattr(delta, field)
+        return self._on_delta(
+            block, delta_event.index, delta.type, field, getattr(delta, field)
+        )
+
+    def _on_delta(
+        self, block: _Block, index: int, kind: str, field: str, value: str | None
+    ) -> list[StreamEvent]:
+        """What a block's delta yields, whichever path decoded it."""
         if value is None:
-            raise self._malformed(
-                f"a {delta.type} without {field} (block {delta_event.index})"
-            )
-        if delta.type == "input_json_delta":
+            raise self._malformed(f"a {kind} without {field} (block {index})")
+        if kind == "input_json_delta":
             block.json_parts.append(value)
             return []
         if not value:
             return []
-        if delta.type == "text_delta":
+        if kind == "text_delta":
             return [TextDelta(value)]
         return [ReasoningDelta(value)]
 

@@ -27,13 +27,22 @@ as they come; each ``ToolCall`` once its choice's ``finish_reason`` arrives,
 then ``Finish``, then ``Usage``; the stream ends at ``[DONE]``. A stream
 without ``[DONE]`` (or that reaches it without a finish reason) was cut
 short: ``StreamInterrupted``. Only choice 0 is read; we never ask for more.
+
+Almost every chunk is one delta of text, reasoning or tool-call arguments,
+and one process decodes every stream of a fleet, so those take a fast path:
+plain dict lookups that check every field the full path would check. A
+chunk it does not fully recognise (a finish reason, usage, an error, more
+than one choice, a field of the wrong type) goes through the full path,
+the attrs classes below structured by cattrs, whose messages name the
+wrong field; both paths share the state changes, and a property test
+holds them to the same events and the same errors.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, Any, TypeAlias, final
 
 import attrs
 
@@ -45,11 +54,12 @@ from ._sse import (
     _check_headers,
     _ProviderBase,
     parse_json_data,
+    raw_json,
     structure_event,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Mapping, Sequence
 
     import httpx
     from httpx_sse import ServerSentEvent
@@ -116,6 +126,10 @@ _FINISH_REASONS = {
 }
 
 
+# A tool-call fragment, flattened: (index, id, function name, arguments).
+_Fragment: TypeAlias = tuple[int, str | None, str | None, str | None]
+
+
 @attrs.define
 class _PartialCall:
     id: str = ""
@@ -140,6 +154,21 @@ class _OpenAIDecoder:
         return self._done
 
     def feed(self, event: ServerSentEvent) -> list[StreamEvent]:
+        data = event.data
+        try:
+            payload, end = raw_json(data)
+        except (ValueError, RecursionError):
+            pass  # [DONE], a keep-alive, or not JSON: the full path says which
+        else:
+            if end == len(data) and event.event != "error":
+                # No finish reason and no usage here, so nothing held for
+                # later (Usage waits for Finish) can be due.
+                fast = self._fast_chunk(payload)
+                if fast is not None:
+                    return fast
+        return self._feed(event)
+
+    def _feed(self, event: ServerSentEvent) -> list[StreamEvent]:
         data = event.data.strip()
         if not data:
             return []  # a keep-alive
@@ -181,21 +210,58 @@ class _OpenAIDecoder:
             self._usage_sent = True
         return events
 
+    def _fast_chunk(self, payload: object) -> list[StreamEvent] | None:
+        """The events of a plain delta chunk, or ``None`` to take the full path.
+
+        Accepts exactly what ``_Chunk`` would, minus what the full path
+        alone handles: one choice, with index 0, a delta object and no
+        finish reason; no usage, no error. Nothing changes before every
+        field has been checked, so a ``None`` leaves the decoder as it was.
+        """
+        if (
+            not isinstance(payload, dict)
+            or payload.get("usage") is not None
+            or payload.get("error") is not None
+            or payload.get("object") == "error"
+        ):
+            return None
+        choices = payload.get("choices")
+        choice = choices[0] if isinstance(choices, list) and len(choices) == 1 else None
+        if not isinstance(choice, dict) or choice.get("finish_reason") is not None:
+            return None
+        index = choice.get("index", 0)
+        delta = choice.get("delta")
+        # type(), not isinstance(): a bool is an int, and not an index.
+        if type(index) is not int or index != 0 or not isinstance(delta, dict):
+            return None
+        content = delta.get("content")
+        reasoning_content = delta.get("reasoning_content")
+        reasoning = delta.get("reasoning")
+        tool_calls = delta.get("tool_calls")
+        fragments = () if tool_calls is None else _fast_fragments(tool_calls)
+        if fragments is None or not (
+            (content is None or isinstance(content, str))
+            and (reasoning_content is None or isinstance(reasoning_content, str))
+            and (reasoning is None or isinstance(reasoning, str))
+        ):
+            return None
+        return self._on_delta(
+            reasoning_content if reasoning_content is not None else reasoning,
+            content,
+            fragments,
+        )
+
     def _on_choice(self, choice: _Choice) -> list[StreamEvent]:
         events: list[StreamEvent] = []
         delta = choice.delta
         if delta is not None:
-            reasoning = (
+            events = self._on_delta(
                 delta.reasoning_content
                 if delta.reasoning_content is not None
-                else delta.reasoning
+                else delta.reasoning,
+                delta.content,
+                [_flatten(fragment) for fragment in delta.tool_calls or ()],
             )
-            if reasoning:
-                events.append(ReasoningDelta(reasoning))
-            if delta.content:
-                events.append(TextDelta(delta.content))
-            for fragment in delta.tool_calls or ():
-                self._on_fragment(fragment)
         if choice.finish_reason is not None and not self._finished:
             self._finished = True
             events.extend(self._tool_calls())
@@ -203,16 +269,29 @@ class _OpenAIDecoder:
             events.append(Finish(reason))
         return events
 
-    def _on_fragment(self, fragment: _ToolCallDelta) -> None:
-        call = self._calls.setdefault(fragment.index, _PartialCall())
-        if fragment.id:
-            call.id = fragment.id
-        if fragment.function is not None:
+    def _on_delta(
+        self,
+        reasoning: str | None,
+        content: str | None,
+        fragments: Sequence[_Fragment],
+    ) -> list[StreamEvent]:
+        """What a delta yields and accumulates, whichever path decoded it."""
+        events: list[StreamEvent] = []
+        if reasoning:
+            events.append(ReasoningDelta(reasoning))
+        if content:
+            events.append(TextDelta(content))
+        for index, call_id, name, arguments in fragments:
+            call = self._calls.setdefault(index, _PartialCall())
+            if call_id:
+                call.id = call_id
             # Strings accumulate, as the official SDK does: a name could be
             # split too, though OpenAI sends it whole.
-            call.name += fragment.function.name or ""
-            if fragment.function.arguments:
-                call.arguments.append(fragment.function.arguments)
+            if name:
+                call.name += name
+            if arguments:
+                call.arguments.append(arguments)
+        return events
 
     def _tool_calls(self) -> list[ToolCall]:
         calls: list[ToolCall] = []
@@ -263,6 +342,42 @@ class _OpenAIDecoder:
         if isinstance(code, str) and code and code != kind:
             kind = f"{kind} ({code})"
         raise error_for_type(self._provider, kind, text)
+
+
+def _fast_fragments(tool_calls: object) -> list[_Fragment] | None:
+    """A delta's ``tool_calls`` as ``_Delta`` would take them, else ``None``."""
+    if not isinstance(tool_calls, list):
+        return None
+    fragments: list[_Fragment] = []
+    for item in tool_calls:
+        if not isinstance(item, dict):
+            return None
+        index = item.get("index")
+        call_id = item.get("id")
+        function = item.get("function")
+        if function is None:
+            name = arguments = None
+        elif isinstance(function, dict):
+            name = function.get("name")
+            arguments = function.get("arguments")
+        else:
+            return None
+        if not (
+            type(index) is int
+            and (call_id is None or isinstance(call_id, str))
+            and (name is None or isinstance(name, str))
+            and (arguments is None or isinstance(arguments, str))
+        ):
+            return None
+        fragments.append((index, call_id, name, arguments))
+    return fragments
+
+
+def _flatten(fragment: _ToolCallDelta) -> _Fragment:
+    function = fragment.function
+    if function is None:
+        return fragment.index, fragment.id, None, None
+    return fragment.index, fragment.id, function.name, function.arguments
 
 
 def _usage(usage: _Usage) -> Usage:
