@@ -118,12 +118,13 @@ class SchedulerActor:
         """
         inbox = self._inbox
         policy = self.policy
+        handle = self._handle
         try:
             while True:
                 # Checked before every wait, not only after a batch:
                 # handle_backlog may have done this actor's work before its
                 # task first ran, and then nothing would wake it.
-                if stop_when_idle and self._idle():
+                if stop_when_idle and policy.limit is None and self._idle():
                     return True
                 paused_until = policy.paused_until
                 if self._batch:
@@ -137,7 +138,18 @@ class SchedulerActor:
                         await inbox.wait()
                 if inbox.closed:
                     return False
-                self._handle_batch(inbox.take_all(), trio.current_time())
+                now = trio.current_time()
+                if self._batch:
+                    self._handle_batch(inbox.take_all(), now)
+                    continue
+                # _handle_batch's common case, inline: this loop is the hot
+                # path of every hand-off, and a call per wake-up shows.
+                batch = self._batch = inbox.take_all()
+                while batch:
+                    handle(batch[0], now)
+                    batch.popleft()
+                if policy.paused_until is not None:
+                    self._deliver(policy.tick(now), now)
         finally:
             self._shutdown()
 
