@@ -26,7 +26,6 @@ from ._fairness import FairnessReport as FairnessReport
 from ._fairness import FairnessRow as FairnessRow
 from ._fairness import run_fairness_sweep as run_fairness_sweep
 from ._fake_server import FakeLLMServer as FakeLLMServer
-from ._fake_server import FakeServerStatistics as FakeServerStatistics
 from ._metrics import PolicyMetrics as PolicyMetrics
 from ._metrics import ProviderRecord as ProviderRecord
 from ._metrics import TurnRecord as TurnRecord
@@ -47,6 +46,7 @@ from ._simulation import PolicyName as PolicyName
 from ._simulation import SimulationResult as SimulationResult
 from ._simulation import run_simulation as run_simulation
 from ._simulation import simulate as simulate
+from ._tally import FakeServerStatistics as FakeServerStatistics
 from ._workloads import BURST_SPACING as BURST_SPACING
 from ._workloads import BurstArrivals as BurstArrivals
 from ._workloads import CallsPerTurn as CallsPerTurn

@@ -38,6 +38,7 @@ from ._encoders import (
 from ._playback import pick_reply, strike_index, token_delay
 from ._request import ROUTES, FakeRequest
 from ._script import FakeReply, FakeScript
+from ._tally import FakeServerStatistics, Tally
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
@@ -51,28 +52,6 @@ if TYPE_CHECKING:
     Send = Callable[[Message], Awaitable[None]]
 
 _SECRET_HEADERS = frozenset({"authorization", "x-api-key"})
-
-
-@final
-@attrs.frozen
-class FakeServerStatistics:
-    """A snapshot of what the fake server (or a ``ScriptedProvider``) has seen.
-
-    Attributes:
-        requests_total: LLM requests received (rejected ones included).
-        in_flight: LLM requests being answered now.
-        peak_in_flight: The most LLM requests ever answered at once.
-        responses_by_status: Responses started, by HTTP status.
-        completed: Streams sent to their end as scripted (faults included).
-        client_disconnects: Streams the client left before their end.
-    """
-
-    requests_total: int
-    in_flight: int
-    peak_in_flight: int
-    responses_by_status: Mapping[int, int]
-    completed: int
-    client_disconnects: int
 
 
 class _Rejected(Exception):
@@ -109,11 +88,7 @@ class FakeLLMServer:
         self._api_key = api_key
         self._base_url: str | None = None
         self._requests: list[FakeRequest] = []
-        self._in_flight = 0
-        self._peak_in_flight = 0
-        self._by_status: dict[int, int] = {}
-        self._completed = 0
-        self._client_disconnects = 0
+        self._tally = Tally(self._changed_now)
         self._ids = itertools.count(1)
         self._changed = trio.Event()
 
@@ -162,14 +137,7 @@ class FakeLLMServer:
 
     def statistics(self) -> FakeServerStatistics:
         """A snapshot of the counters."""
-        return FakeServerStatistics(
-            requests_total=len(self._requests),
-            in_flight=self._in_flight,
-            peak_in_flight=self._peak_in_flight,
-            responses_by_status=dict(self._by_status),
-            completed=self._completed,
-            client_disconnects=self._client_disconnects,
-        )
+        return self._tally.snapshot()
 
     async def wait_until(
         self, predicate: Callable[[FakeServerStatistics], bool]
@@ -218,8 +186,7 @@ class FakeLLMServer:
         await send(
             {"type": "http.response.start", "status": status, "headers": headers}
         )
-        self._by_status[status] = self._by_status.get(status, 0) + 1
-        self._changed_now()
+        self._tally.answered(status)
 
     async def _send_json(
         self,
@@ -274,14 +241,11 @@ class FakeLLMServer:
             client=_client(scope),
         )
         self._requests.append(request)
-        self._in_flight += 1
-        self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
-        self._changed_now()
+        self._tally.arrived()
         try:
             await self._answer(request, headers, receive, send)
         finally:
-            self._in_flight -= 1
-            self._changed_now()
+            self._tally.departed()
 
     def _authenticated(self, wire: WireFormat, headers: Mapping[str, str]) -> bool:
         if wire == "openai":
@@ -323,7 +287,7 @@ class FakeLLMServer:
                 pass
             # hypercorn also reports the end of a response we finished.
             if not progress.finished:
-                self._client_disconnects += 1
+                self._tally.abandoned()
                 cancel_scope.cancel()
 
         async with trio.open_nursery() as nursery:
@@ -405,8 +369,7 @@ class FakeLLMServer:
     def _finish(self, progress: _Progress) -> None:
         # Before the last send: from then on a disconnect is ours, not theirs.
         progress.finished = True
-        self._completed += 1
-        self._changed_now()
+        self._tally.finished()
 
     # -- what to send --------------------------------------------------------
 

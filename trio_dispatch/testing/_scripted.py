@@ -41,10 +41,10 @@ from ._encoders import (
     encode_reply,
     header_number,
 )
-from ._fake_server import FakeServerStatistics
 from ._playback import pick_reply, strike_index, token_delay
 from ._request import ROUTES, FakeRequest
 from ._script import FakeScript
+from ._tally import FakeServerStatistics, Tally
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -156,11 +156,7 @@ class ScriptedProvider:
         self._on_rate_limit = on_rate_limit
         self._closed = False
         self._requests: list[ChatRequest] = []
-        self._in_flight = 0
-        self._peak_in_flight = 0
-        self._by_status: dict[int, int] = {}
-        self._completed = 0
-        self._left_early = 0
+        self._tally = Tally()
         self._ids = itertools.count(1)
 
     def __repr__(self) -> str:
@@ -205,14 +201,7 @@ class ScriptedProvider:
         ``read_timeout``; ``responses_by_status`` has ``200`` for each
         stream and the status of each status fault.
         """
-        return FakeServerStatistics(
-            requests_total=len(self._requests),
-            in_flight=self._in_flight,
-            peak_in_flight=self._peak_in_flight,
-            responses_by_status=dict(self._by_status),
-            completed=self._completed,
-            client_disconnects=self._left_early,
-        )
+        return self._tally.snapshot()
 
     def stream(self, request: ChatRequest) -> _ScriptedStream:
         """Play the answer to ``request``; see ``Provider.stream``.
@@ -251,8 +240,7 @@ class ScriptedProvider:
                 f"{self._id}: the provider is closed", provider=self._id
             )
         self._requests.append(request)
-        self._in_flight += 1
-        self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
+        self._tally.arrived()
         fake = FakeRequest(
             format=self._wire,
             path=_PATHS[self._wire],
@@ -266,14 +254,15 @@ class ScriptedProvider:
         return reply
 
     def _answer(self, status: int) -> None:
-        self._by_status[status] = self._by_status.get(status, 0) + 1
+        self._tally.answered(status)
 
     def _leave(self, outcome: Literal["completed", "refused"] | None) -> None:
-        self._in_flight -= 1
+        tally = self._tally
+        tally.departed()
         if outcome == "completed":
-            self._completed += 1
+            tally.finished()
         elif outcome is None:
-            self._left_early += 1
+            tally.abandoned()
 
     def _events(self, request: ChatRequest, reply: FakeReply) -> list[WireEvent]:
         return encode_reply(

@@ -1,0 +1,90 @@
+"""What a fake LLM has seen: the counters the fake server and
+``ScriptedProvider`` keep alike, and their snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping  # noqa: TC003 (attrs resolves the annotations)
+from typing import TYPE_CHECKING, final
+
+import attrs
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+@final
+@attrs.frozen
+class FakeServerStatistics:
+    """A snapshot of what the fake server (or a ``ScriptedProvider``) has seen.
+
+    Attributes:
+        requests_total: LLM requests received (rejected ones included).
+        in_flight: LLM requests being answered now.
+        peak_in_flight: The most LLM requests ever answered at once.
+        responses_by_status: Responses started, by HTTP status.
+        completed: Streams sent to their end as scripted (faults included).
+        client_disconnects: Streams the client left before their end.
+    """
+
+    requests_total: int
+    in_flight: int
+    peak_in_flight: int
+    responses_by_status: Mapping[int, int]
+    completed: int
+    client_disconnects: int
+
+
+def _nothing() -> None:
+    pass
+
+
+@attrs.define(eq=False)
+class Tally:
+    """The counters behind ``FakeServerStatistics``; ``on_change`` after each."""
+
+    on_change: Callable[[], None] = _nothing
+    requests_total: int = 0
+    in_flight: int = 0
+    peak_in_flight: int = 0
+    by_status: dict[int, int] = attrs.Factory(dict)
+    completed: int = 0
+    left_early: int = 0
+
+    def arrived(self) -> None:
+        """A request came in and is being answered."""
+        self.requests_total += 1
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        self.on_change()
+
+    def answered(self, status: int) -> None:
+        """A response started with ``status``."""
+        self.by_status[status] = self.by_status.get(status, 0) + 1
+        self.on_change()
+
+    def finished(self) -> None:
+        """A stream reached its scripted end."""
+        self.completed += 1
+        self.on_change()
+
+    def abandoned(self) -> None:
+        """The client left a stream before its end."""
+        self.left_early += 1
+        self.on_change()
+
+    def departed(self) -> None:
+        """A request is no longer being answered."""
+        self.in_flight -= 1
+        self.on_change()
+
+    def snapshot(self) -> FakeServerStatistics:
+        """The counters, frozen."""
+        return FakeServerStatistics(
+            requests_total=self.requests_total,
+            in_flight=self.in_flight,
+            peak_in_flight=self.peak_in_flight,
+            responses_by_status=dict(self.by_status),
+            completed=self.completed,
+            client_disconnects=self.left_early,
+        )
