@@ -32,7 +32,7 @@ from trio_dispatch.providers._openai import _OpenAIDecoder
 
 if TYPE_CHECKING:
     from trio_dispatch.messages import StreamEvent
-    from trio_dispatch.providers._sse import WireDecoder
+    from trio_dispatch.providers._decode import WireDecoder
 
 
 class FullPathOpenAIDecoder(_OpenAIDecoder):

@@ -42,14 +42,9 @@ from .._exceptions import MalformedStream, StreamInterrupted
 from .._validation import check_limit, check_text
 from .._wire import error_for_type, make_tool_call
 from ..messages import Finish, ReasoningDelta, TextDelta, Usage
-from ._sse import (
-    EventStream,
-    _check_header_value,
-    _ProviderBase,
-    parse_json_data,
-    raw_json,
-    structure_event,
-)
+from ._checks import _check_header_value
+from ._decode import parse_json_data, raw_json, structure_event
+from ._http import EventStream, _ProviderBase
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -49,14 +49,9 @@ import attrs
 from .._exceptions import MalformedStream, StreamInterrupted
 from .._wire import error_for_status, error_for_type, make_tool_call
 from ..messages import Finish, ReasoningDelta, TextDelta, ToolCall, Usage
-from ._sse import (
-    EventStream,
-    _check_headers,
-    _ProviderBase,
-    parse_json_data,
-    raw_json,
-    structure_event,
-)
+from ._checks import _check_headers
+from ._decode import parse_json_data, raw_json, structure_event
+from ._http import EventStream, _ProviderBase
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence

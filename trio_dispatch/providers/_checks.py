@@ -1,0 +1,134 @@
+"""What a provider is made with, checked when it is made.
+
+Each check raises ``TypeError`` or ``ValueError`` at once, before anything
+is built, with a short message that never repeats a secret: an API key or
+a header value (which may carry a credential) is described by the kind of
+character that is wrong and where, not shown. What passes here is what h11
+and httpx will send, so nothing fails later, when a request is built, with
+an error outside the ``ProviderError`` tree.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+import httpx
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+
+def _check_text(value: object, name: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(
+            f"{name} must be a non-empty string, got {type(value).__name__}"
+        )
+    if not value:
+        raise ValueError(f"{name} must be a non-empty string, got ''")
+    return value
+
+
+def _character_class(char: str) -> str:
+    """What ``char`` is, in words that do not repeat it."""
+    if char in "\r\n":
+        return "a line break"
+    if char == "\t":
+        return "a tab"
+    if char == "\0":
+        return "a NUL character"
+    if char == " ":
+        return "a space"
+    if char.isascii():
+        return "a control character"
+    return "a non-ASCII character"
+
+
+def _check_api_key(value: object) -> str:
+    """An API key: printable ASCII, no whitespace; never echoed in an error.
+
+    A trailing line break (what ``open(path).read()`` leaves) is refused,
+    not stripped: a secret is sent exactly as given or not at all, and a
+    file that holds more than the key may be damaged in other ways too.
+    The error says which kind of character is wrong and where, never the
+    key or any part of it.
+    """
+    if not isinstance(value, str):
+        raise TypeError("api_key must be a non-empty string")
+    if not value:
+        raise ValueError("api_key must be a non-empty string")
+    rule = "api_key must be printable ASCII without spaces"
+    bad = [index for index, char in enumerate(value) if not "!" <= char <= "~"]
+    if not bad:
+        return value
+    if value[bad[0] :] in ("\n", "\r", "\r\n"):
+        raise ValueError(
+            f"{rule}, got a line break at the end (strip a key read from a file)"
+        )
+    raise ValueError(f"{rule}, got {_character_class(value[bad[0]])} at index {bad[0]}")
+
+
+def _check_header_value(value: str, name: str) -> str:
+    """A header value h11 will send: printable ASCII, inner spaces allowed.
+
+    Never echoed: a header may carry a credential. Without this check, h11
+    refuses the value when the request is sent, and its error shows it.
+    """
+    for index, char in enumerate(value):
+        inner = 0 < index < len(value) - 1
+        if "!" <= char <= "~" or (char in " \t" and inner):
+            continue
+        what = _character_class(char)
+        if char in " \t":
+            what = "leading or trailing whitespace"
+        raise ValueError(f"{name} must be printable ASCII, got {what} at index {index}")
+    return value
+
+
+# RFC 9110's tchar: what a header name may be made of.
+_TOKEN_CHARACTERS: Final = frozenset(
+    "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+)
+
+
+def _check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """Extra headers, names lowercased; values checked but never echoed."""
+    checked: dict[str, str] = {}
+    for name, value in dict(headers or {}).items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise TypeError("extra_headers must map header names to strings")
+        if not name or not _TOKEN_CHARACTERS.issuperset(name):
+            raise ValueError(f"extra_headers names must be HTTP tokens, got {name!r}")
+        checked[name.lower()] = _check_header_value(value, f"extra_headers[{name!r}]")
+    return checked
+
+
+def _check_base_url(value: object) -> str:
+    """A URL httpx can send to, with a host; paths are appended to it.
+
+    Checked whole here, since httpx would only refuse it when a request is
+    built, with an error outside the ``ProviderError`` tree.
+    """
+    url = _check_text(value, "base_url")
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"base_url must start with http:// or https://, got {url!r}")
+    for index, char in enumerate(url):
+        # Checked here rather than by httpx, whose wording varies by version.
+        if char <= " " or char == "\x7f":
+            raise ValueError(
+                f"base_url must be a valid URL, got {url!r}"
+                f" (a control character or space at index {index})"
+            )
+    try:
+        host = httpx.URL(url).host
+    except httpx.InvalidURL as exc:
+        reason = str(exc).rstrip(".")
+        reason = reason[:1].lower() + reason[1:]
+        raise ValueError(
+            f"base_url must be a valid URL, got {url!r} ({reason})"
+        ) from None
+    if not host:
+        raise ValueError(f"base_url must name a host, got {url!r}")
+    if "?" in url or "#" in url:
+        # The request's path is appended to base_url, after a query would be.
+        raise ValueError(f"base_url must not have a query or fragment, got {url!r}")
+    return url.rstrip("/")

@@ -1,0 +1,303 @@
+"""Where a provider's typed errors come from: every mapping, in one place.
+
+What httpx raises and what an HTTP answer says become ``ProviderError``
+subclasses here and nowhere else in this package, as httpx maps httpcore's
+exceptions in one module::
+
+    sending the request             send_error
+      httpx.ConnectTimeout,           ProviderConnectionError: could not
+      PoolTimeout, WriteTimeout,        connect / no free connection / could
+      ReadTimeout                       not send / no response within N s
+      other httpx.TransportError      ProviderConnectionError: could not reach
+      anything else                   RequestFailed: the HTTP client failed
+    the status line                 content_type_error, status_error
+      2xx, not text/event-stream      MalformedStream
+      any other status                error_for_status, with the error body's
+                                        type and message and Retry-After
+    reading the body                read_error
+      httpx.TimeoutException          ProviderConnectionError: stalled
+      httpx.ReadError,                StreamInterrupted: the connection dropped
+      RemoteProtocolError
+      other httpx.TransportError      ProviderConnectionError: the stream failed
+      httpx.DecodingError             MalformedStream
+      anything else                   RequestFailed: the stream failed
+    an error event in the stream    error_for_type (called by the decoders)
+
+``error_for_status`` and ``error_for_type`` themselves, the vocabulary of
+both APIs, live in ``trio_dispatch._wire``, which loads no HTTP library:
+``trio_dispatch.testing.ScriptedProvider`` raises exactly what they make.
+
+Every function here returns the error; the caller raises it after its
+``except`` clause, not in it: httpx's exception holds the request, key
+header included, and would ride along as ``__context__`` (``from None``
+only hides it). And no error text shows the API key: ``Redactor`` finds it
+in every spelling JSON allows, and every text taken from the server or from
+httpx passes through it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import TYPE_CHECKING, Final, final
+
+import httpx
+
+from .._exceptions import (
+    MalformedStream,
+    ProviderConnectionError,
+    ProviderError,
+    RequestFailed,
+    StreamInterrupted,
+)
+from .._wire import error_for_status
+from ._retry_after import parse_retry_after
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+# An error body is read for its message only; never all of a huge one.
+ERROR_BODY_LIMIT: Final = 64 * 1024
+# How much of a server's own message an exception repeats.
+_MESSAGE_LIMIT: Final = 500
+_REDACTED: Final = "[redacted]"
+# The longest spelling of a key character in JSON text: ``\u002f``.
+_LONGEST_SPELLING: Final = 6
+
+
+@final
+class Redactor:
+    """Replaces one API key, however JSON spells it, in error texts.
+
+    Called with a text, it returns the text redacted; a provider passes it
+    to its decoder as the ``redact`` function.
+    """
+
+    __slots__ = ("_bytes", "_text", "slack")
+
+    def __init__(self, key: str) -> None:
+        pattern = _key_pattern(key)
+        self._text = re.compile(pattern)
+        self._bytes = re.compile(pattern.encode("ascii"))
+        #: How far the key's longest spelling can run past a cut.
+        self.slack: Final = _LONGEST_SPELLING * len(key)
+
+    def __call__(self, text: str) -> str:
+        """``text`` with the key, however JSON spells it, replaced."""
+        return self._text.sub(_REDACTED, text)
+
+    def cut(self, body: bytes, limit: int) -> bytes:
+        """``body`` cut at ``limit`` bytes, with the key redacted first.
+
+        A key that straddles the cut is kept whole, to be redacted, so
+        ``body`` must run past ``limit`` by ``slack`` bytes (or end). Then
+        a key the end of ``body`` cuts off starts past ``limit``, and goes
+        with the rest.
+        """
+        end = min(len(body), limit)
+        for match in self._bytes.finditer(body):
+            if match.end() > end:
+                if match.start() < end:
+                    end = match.end()
+                break
+        return self._bytes.sub(_REDACTED.encode(), body[:end])
+
+    def scrub(self, error: ProviderError) -> None:
+        """Redact ``error``'s message in place.
+
+        For errors a decoder made from what the server sent: a server could
+        echo the key in an error event.
+        """
+        error.args = tuple(
+            self(arg) if isinstance(arg, str) else arg for arg in error.args
+        )
+
+
+def _key_pattern(key: str) -> str:
+    """A regular expression matching every spelling of ``key`` in JSON text.
+
+    A server that echoes the key inside a JSON string may escape any of its
+    characters as ``\\uXXXX`` (hex digits in either case), and ``/``, ``"``
+    and ``\\`` also as ``\\/``, ``\\"`` and ``\\\\``, in any mix. Keys are
+    printable ASCII (``_check_api_key``), so no other escape applies, and
+    every spelling is ASCII: the same pattern serves text and bytes.
+    """
+    parts: list[str] = []
+    for char in key:
+        digits = "".join(
+            f"[{digit}{digit.upper()}]" if digit.isalpha() else digit
+            for digit in f"{ord(char):04x}"
+        )
+        spellings = [re.escape(char), r"\\u" + digits]
+        if char in '/"\\':
+            spellings.append(re.escape("\\" + char))
+        parts.append("(?:" + "|".join(spellings) + ")")
+    return "".join(parts)
+
+
+def send_error(
+    provider: str,
+    exc: Exception,
+    request: httpx.Request,
+    timeout: httpx.Timeout,
+    redact: Callable[[str], str],
+) -> ProviderError:
+    """The typed error for ``exc``, raised by the client sending ``request``.
+
+    Whatever the client raises that is not httpx's own (a lent transport's
+    error, a client closed as we sent) fails this request, not the
+    dispatcher: ``RequestFailed``.
+    """
+    if isinstance(exc, httpx.TimeoutException):
+        return ProviderConnectionError(
+            f"{provider}: {_timeout_text(exc, timeout)} "
+            f"(POST {request.url.host}{request.url.path})",
+            provider=provider,
+        )
+    if isinstance(exc, httpx.TransportError):
+        detail = redact(str(exc)) or type(exc).__name__
+        return ProviderConnectionError(
+            f"{provider}: could not reach {request.url.host}: {detail}",
+            provider=provider,
+        )
+    return RequestFailed(
+        f"{provider}: the HTTP client failed: {_describe(exc, redact)}",
+        provider=provider,
+    )
+
+
+def _timeout_text(exc: httpx.TimeoutException, timeout: httpx.Timeout) -> str:
+    if isinstance(exc, httpx.ConnectTimeout):
+        return f"could not connect within {timeout.connect:g} s"
+    if isinstance(exc, httpx.PoolTimeout):
+        return f"no free connection within {timeout.pool:g} s"
+    if isinstance(exc, httpx.WriteTimeout):
+        return f"could not send the request within {timeout.write:g} s"
+    return f"no response within {timeout.read:g} s"
+
+
+def content_type_error(
+    provider: str, status: int, content_type: str
+) -> MalformedStream | None:
+    """``MalformedStream`` unless a 2xx answer is an event stream.
+
+    Media types are matched without regard to case, parameters allowed.
+    """
+    if content_type.partition(";")[0].strip().lower() == "text/event-stream":
+        return None
+    return MalformedStream(
+        f"{provider}: expected an event stream, got HTTP {status} "
+        f"with content-type {content_type!r}",
+        provider=provider,
+        status_code=status,
+    )
+
+
+def status_error(
+    provider: str,
+    status: int,
+    headers: httpx.Headers,
+    body: bytes,
+    redact: Redactor,
+) -> ProviderError:
+    """The typed error for an error status, from its headers and body.
+
+    ``body`` is the start of the error body: ``ERROR_BODY_LIMIT`` bytes and
+    ``redact.slack`` more (or all of it, if shorter).
+    """
+    # Redacted before any cut, and again once JSON is decoded: a key
+    # cut in two, or spelled with escapes, would slip past.
+    body = redact.cut(body, ERROR_BODY_LIMIT)
+    error_type, message = error_details(body, redact)
+    retry_after = parse_retry_after(headers, time.time())
+    return error_for_status(
+        provider,
+        status,
+        error_type=error_type,
+        message=message,
+        retry_after=retry_after,
+    )
+
+
+def error_details(
+    body: bytes, redact: Callable[[str], str] = str
+) -> tuple[str | None, str]:
+    """``(error type, message)`` from an error body, in either API's shape.
+
+    Both OpenAI (``{"error": {"message", "type", "code"}}``) and Anthropic
+    (``{"type": "error", "error": {"type", "message"}}``) nest the details
+    under ``error``; anything else is shown as text. What JSON decoding
+    gives is passed through ``redact`` before it is shortened.
+    """
+    text = body.decode("utf-8", errors="replace").strip()
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return None, _shorten(redact(text))
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict):
+        error_type = error.get("type")
+        code = error.get("code")
+        message = error.get("message")
+        kind = error_type if isinstance(error_type, str) and error_type else None
+        if isinstance(code, str) and code and code != kind:
+            kind = f"{kind} ({code})" if kind else code
+        text = message if isinstance(message, str) else text
+        return (None if kind is None else redact(kind)), _shorten(redact(text))
+    if isinstance(error, str):
+        return None, _shorten(redact(error))
+    return None, _shorten(redact(text))
+
+
+def read_error(
+    provider: str,
+    exc: Exception,
+    read_timeout: float,
+    redact: Callable[[str], str],
+) -> ProviderError:
+    """The typed error for ``exc``, raised reading a stream's body.
+
+    Anything that is not httpx's own fails this stream only:
+    ``RequestFailed``.
+    """
+    if isinstance(exc, httpx.TimeoutException):
+        return ProviderConnectionError(
+            f"{provider}: the stream stalled: no data for {read_timeout:g} s",
+            provider=provider,
+        )
+    if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError):
+        return StreamInterrupted(
+            f"{provider}: the connection dropped in the middle of the stream",
+            provider=provider,
+        )
+    if isinstance(exc, httpx.TransportError):
+        return ProviderConnectionError(
+            f"{provider}: the stream failed: {type(exc).__name__}",
+            provider=provider,
+        )
+    # A corrupt compressed body: httpx raises this between its own body
+    # generators, abandoning the inner ones, so trio will also warn about
+    # them; there is no reaching them from here. No test makes httpx do it.
+    if isinstance(exc, httpx.DecodingError):  # pragma: no cover
+        return MalformedStream(
+            f"{provider}: the stream's body could not be decoded",
+            provider=provider,
+        )
+    return RequestFailed(
+        f"{provider}: the stream failed: {_describe(exc, redact)}",
+        provider=provider,
+    )
+
+
+def _describe(exc: Exception, redact: Callable[[str], str]) -> str:
+    """An unexpected exception in one line: its type, and its message redacted."""
+    detail = _shorten(redact(str(exc)))
+    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+
+
+def _shorten(text: str) -> str:
+    text = " ".join(text.split())
+    if len(text) > _MESSAGE_LIMIT:
+        return text[: _MESSAGE_LIMIT - 3] + "..."
+    return text

@@ -1,0 +1,397 @@
+"""The HTTP half every provider shares: send, check the status, read SSE.
+
+A provider supplies the request and a decoder (``WireDecoder``, in
+``_decode.py``). Everything else lives here, once:
+
+* ``_ProviderBase`` holds the httpx client (owned or lent), the timeouts,
+  the key and the rate-limit hook, and its repr shows no key. What it is
+  made with is checked in ``_checks.py``.
+* ``EventStream`` is what ``stream()`` returns: an async context manager
+  that sends the request on entry, raises the typed status error there,
+  iterates events, and closes the response on exit, shielded, whatever
+  happened.
+* What goes wrong becomes a ``ProviderError`` subclass right where it is
+  caught, through the mappings in ``_errors.py``. The typed error is raised
+  after the ``except`` clause, so the httpx exception (which holds the
+  request, key header included) is not kept as its ``__context__``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+from typing import TYPE_CHECKING, Any, Final, Self, final
+
+import httpx
+import trio
+from httpx_sse import EventSource, ServerSentEvent
+
+from .._exceptions import (
+    Overloaded,
+    ProviderError,
+    RateLimited,
+    RequestFailed,
+)
+from .._validation import check_seconds
+from ._checks import _check_api_key, _check_base_url, _check_text
+from ._errors import (
+    ERROR_BODY_LIMIT,
+    Redactor,
+    content_type_error,
+    read_error,
+    send_error,
+    status_error,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable
+    from types import TracebackType
+
+    from .._provider import RateLimitReporter
+    from ..messages import StreamEvent
+    from ._decode import WireDecoder
+
+# Closing a response never waits on the peer for long, but it is cleanup,
+# so it runs shielded (cancellation is level-triggered) and bounded.
+_CLOSE_TIMEOUT: Final = 5.0
+# After the terminator we read on to the end of the body, so the connection
+# can be reused; a server that holds it open gets this long, then we close.
+_DRAIN_TIMEOUT: Final = 0.5
+
+
+@final
+class _EventSource(EventSource):
+    """httpx-sse's event reader, without its own content-type check.
+
+    That check is case-sensitive, though media types are not: it refused
+    ``Text/Event-Stream`` with an ``SSEError`` (a transport error, so every
+    request failed and was retried). ``_check_status`` has already checked
+    the content type, case-insensitively and with parameters allowed, so
+    that check is the only one.
+    """
+
+    def _check_content_type(self) -> None:
+        pass
+
+
+class _ProviderBase:
+    """What both HTTP providers share; see ``OpenAIProvider`` for the API."""
+
+    def __init__(
+        self,
+        id: str,
+        *,
+        base_url: str,
+        api_key: str,
+        model: str,
+        client: httpx.AsyncClient | None,
+        connect_timeout: float,
+        read_timeout: float,
+        on_rate_limit: RateLimitReporter | None,
+    ) -> None:
+        self._id = _check_text(id, "id")
+        self._base_url = _check_base_url(base_url)
+        # Checked without echoing it: a key must not reach a message.
+        self._api_key = _check_api_key(api_key)
+        self._redact = Redactor(self._api_key)
+        self._model = _check_text(model, "model")
+        connect = check_seconds(connect_timeout, "connect_timeout", positive=True)
+        read = check_seconds(read_timeout, "read_timeout", positive=True)
+        if client is not None and not isinstance(client, httpx.AsyncClient):
+            raise TypeError(
+                f"client must be an httpx.AsyncClient, got {type(client).__name__}"
+            )
+        if on_rate_limit is not None and not callable(on_rate_limit):
+            raise TypeError("on_rate_limit must be callable")
+        self._read_timeout = read
+        # Passed with every request, so a lent client gets our timeouts too;
+        # the read timeout is what turns a stalled stream into an error.
+        self._timeout = httpx.Timeout(
+            connect=connect, read=read, write=read, pool=connect
+        )
+        self._owns_client = client is None
+        self._client = httpx.AsyncClient() if client is None else client
+        self._on_rate_limit = on_rate_limit
+
+    @property
+    def id(self) -> str:
+        """The provider's id, as the dispatcher knows it."""
+        return self._id
+
+    @property
+    def model(self) -> str:
+        """The model every request asks for."""
+        return self._model
+
+    @property
+    def base_url(self) -> str:
+        """The API's base URL, without a trailing slash."""
+        return self._base_url
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(id={self._id!r}, base_url={self._base_url!r}, "
+            f"model={self._model!r})"
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP client, if the provider made it (not if it was lent)."""
+        if self._owns_client:
+            await self._client.aclose()
+        else:
+            await trio.lowlevel.checkpoint()
+
+    async def __aenter__(self) -> Self:
+        await trio.lowlevel.checkpoint()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        with trio.move_on_after(_CLOSE_TIMEOUT, shield=True):
+            await self.aclose()
+
+    def _open(
+        self,
+        url: str,
+        headers: dict[str, str],
+        body: Callable[[], dict[str, Any]],
+        decoder: WireDecoder,
+    ) -> EventStream:
+        """The stream of one request: ``body`` is built and encoded here."""
+        try:
+            content = json.dumps(body()).encode()
+        except RecursionError:
+            reason = "it nests too deeply"
+        except (TypeError, ValueError) as exc:
+            reason = str(exc)  # names a type, or a circular reference
+        else:
+            request = self._client.build_request(
+                "POST",
+                url,
+                headers={
+                    "accept": "text/event-stream",
+                    "cache-control": "no-store",
+                    **headers,
+                },
+                content=content,
+                timeout=self._timeout,
+            )
+            return EventStream(self, request, decoder)
+        raise RequestFailed(
+            f"{self._id}: the request cannot be encoded as JSON: {reason}",
+            provider=self._id,
+        )
+
+    # -- used by EventStream ------------------------------------------------
+
+    def _report(self, error: ProviderError) -> None:
+        if isinstance(error, RateLimited | Overloaded) and self._on_rate_limit:
+            self._on_rate_limit(self._id, error.retry_after)
+
+    async def _send(self, request: httpx.Request) -> httpx.Response:
+        if self._client.is_closed:
+            raise RequestFailed(
+                f"{self._id}: the HTTP client is closed", provider=self._id
+            )
+        # The typed error is raised after the except clause, not in it:
+        # httpx's exception holds the request, headers and key included, and
+        # would ride along as __context__ (``from None`` only hides it).
+        error: ProviderError | None = None
+        try:
+            response = await self._client.send(request, stream=True)
+        except Exception as exc:
+            # Whatever the client raises fails this request, not the
+            # dispatcher. Cancelled and KeyboardInterrupt are BaseExceptions,
+            # as is any group holding one, so they are never caught here.
+            error = send_error(self._id, exc, request, self._timeout, self._redact)
+        if error is not None:
+            raise error
+        checked = False
+        try:
+            await self._check_status(response)
+            checked = True
+        finally:
+            if not checked:
+                await _close_response(response, None)
+        return response
+
+    async def _check_status(self, response: httpx.Response) -> None:
+        status = response.status_code
+        if 200 <= status < 300:
+            content_type = response.headers.get("content-type", "")
+            wrong = content_type_error(self._id, status, content_type)
+            if wrong is not None:
+                raise wrong
+            return
+        # A key the limit cuts in two is read whole, to be redacted whole.
+        limit = ERROR_BODY_LIMIT + self._redact.slack
+        body = await _read_bounded(response, limit)
+        error = status_error(self._id, status, response.headers, body, self._redact)
+        self._report(error)
+        raise error
+
+
+async def _read_bounded(response: httpx.Response, limit: int) -> bytes:
+    """Up to ``limit`` bytes of the body, then close the response."""
+    chunks: list[bytes] = []
+    size = 0
+    body = response.aiter_bytes()
+    try:
+        async for chunk in body:
+            chunks.append(chunk)
+            size += len(chunk)
+            if size >= limit:
+                break
+    except Exception:  # not BaseException: Cancelled goes on
+        pass  # the status says enough; the message is a courtesy
+    finally:
+        await _close_response(response, body)
+    return b"".join(chunks)[:limit]
+
+
+async def _close_response(
+    response: httpx.Response, body: AsyncIterator[object] | None
+) -> None:
+    """Close ``response``, then run its body iterator to its end. Shielded.
+
+    httpx and httpcore read a body through a chain of async generators, and
+    closing only the outermost one abandons the others, which trio reports
+    (a ``ResourceWarning`` each) when they are garbage collected. With the
+    connection closed first, the next step fails at the bottom of the chain
+    and the failure finishes every generator on its way up.
+    """
+    with trio.move_on_after(_CLOSE_TIMEOUT, shield=True):
+        await response.aclose()
+        if body is not None:
+            with contextlib.suppress(Exception):  # expected: the connection is closed
+                async for _ in body:
+                    pass
+
+
+@final
+class EventStream:
+    """One request's answer: entered to send, iterated for events.
+
+    Returned by a provider's ``stream()``; see ``Provider`` for the rules.
+    It may be entered once.
+    """
+
+    def __init__(
+        self, provider: _ProviderBase, request: httpx.Request, decoder: WireDecoder
+    ) -> None:
+        self._provider = provider
+        self._request = request
+        self._decoder = decoder
+        self._state = "new"  # -> "open" -> "closed"
+        self._finished = False
+        self._pending: collections.deque[StreamEvent] = collections.deque()
+        self._response: httpx.Response | None = None
+        self._events: AsyncGenerator[ServerSentEvent, None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<EventStream {self._provider.id!r} {self._state}>"
+
+    async def __aenter__(self) -> Self:
+        if self._state != "new":
+            raise RuntimeError("a provider stream can be entered only once")
+        self._state = "open"
+        try:
+            self._response = await self._provider._send(self._request)
+        except BaseException:
+            self._state = "closed"
+            raise
+        self._events = _EventSource(self._response).aiter_sse()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._state = "closed"
+        if self._response is not None:
+            await _close_response(self._response, self._events)
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        if self._state != "open":
+            raise RuntimeError("iterate a provider stream inside its async with block")
+        pending = self._pending
+        if pending:
+            await trio.lowlevel.checkpoint()
+            return pending.popleft()
+        if self._finished:
+            await trio.lowlevel.checkpoint()
+            raise StopAsyncIteration
+        assert self._events is not None
+        # Every chunk passes here: the next server-sent event is read in
+        # place, not through a helper coroutine, and a lone event (the
+        # common case) skips the deque.
+        read = self._events.__anext__
+        decoder = self._decoder
+        try:
+            while True:
+                if decoder.done:
+                    await self._drain()
+                    self._finished = True
+                    raise StopAsyncIteration
+                # Raised after the except clauses, as in _send: no httpx
+                # exception (holding the request and its key) as __context__.
+                failure: ProviderError | None = None
+                try:
+                    sse = await read()
+                except StopAsyncIteration:
+                    sse = None
+                except Exception as exc:
+                    # As in _send: whatever it is fails this stream only, and
+                    # Cancelled (a BaseException) is never caught.
+                    failure = read_error(
+                        self._provider.id,
+                        exc,
+                        self._provider._read_timeout,
+                        self._provider._redact,
+                    )
+                if failure is not None:
+                    raise failure
+                events = self._end_of_body() if sse is None else decoder.feed(sse)
+                if events:
+                    break
+        except ProviderError as error:
+            self._finished = True
+            # A server could echo the key in an error event; it stops here.
+            self._provider._redact.scrub(error)
+            self._provider._report(error)
+            raise
+        if len(events) > 1:
+            pending.extend(events[1:])
+        return events[0]
+
+    def _end_of_body(self) -> list[StreamEvent]:
+        """The decoder's last events, or ``StopAsyncIteration`` if none."""
+        self._finished = True
+        events = self._decoder.end_of_stream()
+        if not events:
+            raise StopAsyncIteration
+        return events
+
+    async def _drain(self) -> None:
+        """Read past the terminator to the end of the body, briefly.
+
+        A body read to its end lets httpx reuse the connection; one that is
+        not is closed on exit, which is also fine.
+        """
+        assert self._events is not None
+        with trio.move_on_after(_DRAIN_TIMEOUT):
+            try:
+                async for _ in self._events:
+                    pass
+            except Exception:  # not BaseException: Cancelled goes on
+                pass  # the answer is complete; the connection is closed on exit
