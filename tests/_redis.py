@@ -7,6 +7,7 @@ persistence, so a test can kill it and start it again empty.
 from __future__ import annotations
 
 import contextlib
+import gc
 import shutil
 import socket
 import subprocess
@@ -23,6 +24,15 @@ REDIS_SERVER = shutil.which("redis-server")
 
 needs_redis = pytest.mark.skipif(
     REDIS_SERVER is None, reason="redis-server is not installed"
+)
+
+# coredis (6.2 to 6.9 at least) leaves a connection's memory streams
+# unclosed when connecting fails; their ResourceWarning says nothing about
+# this code. Tests that meet a refused connection ignore it, and the
+# server's teardown collects the garbage under the test's warning filters,
+# so that the warning cannot surface in a later test.
+coredis_leaks = pytest.mark.filterwarnings(
+    "ignore:Unclosed <MemoryObject(Send|Receive)Stream:ResourceWarning"
 )
 
 
@@ -94,3 +104,4 @@ def running_redis(directory: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.kill()
+        gc.collect()

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 import attrs
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     import coredis
     from coredis.commands.script import Script
@@ -304,6 +304,9 @@ class Ledger:
         "_step",
         "lease",
         "namespace",
+        "on_idle",
+        "on_lost",
+        "users",
     )
 
     def __init__(
@@ -316,6 +319,27 @@ class Ledger:
         self._set_limit: Script[str] = client.register_script(_SET_LIMIT)
         self._pause: Script[str] = client.register_script(_PAUSE)
         self._resume: Script[str] = client.register_script(_RESUME)
+        # Set by whoever listens for wake-ups, to hear that Redis was lost.
+        self.on_lost: Callable[[], object] | None = None
+        # The schedulers using it, so that the client outlives their last
+        # releases; on_idle is called when the last one is done.
+        self.users = 0
+        self.on_idle: Callable[[], object] | None = None
+
+    def enter(self) -> None:
+        """A scheduler starts using the ledger."""
+        self.users += 1
+
+    def leave(self) -> None:
+        """A scheduler is done with the ledger, its last releases sent."""
+        self.users -= 1
+        if not self.users and self.on_idle is not None:
+            self.on_idle()
+
+    def lost(self) -> None:
+        """A call failed: whoever listens for wake-ups should subscribe again."""
+        if self.on_lost is not None:
+            self.on_lost()
 
     async def step(
         self,
