@@ -359,10 +359,12 @@ class SharedSchedulerActor:
 
     def _down(self, now: float, error: BaseException) -> None:
         if self._view.up:
+            # The error as text: a log record that kept the exception would
+            # keep its traceback's frames, and the dead connection, alive.
             _logger.warning(
                 "the shared ledger of %r is unreachable, granting nothing: %s",
                 self.provider,
-                error,
+                str(error),
             )
         self._view = attrs.evolve(self._view, up=False)
         self._ledger.lost()
