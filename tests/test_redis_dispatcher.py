@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import coredis
 import pytest
@@ -20,6 +20,7 @@ import trio.testing
 
 import trio_dispatch
 from trio_dispatch import BackendUnavailable, open_dispatcher
+from trio_dispatch._ledger import Ledger, StepResult
 
 from ._redis import (
     RedisServer,
@@ -306,3 +307,33 @@ def test_bad_backend_arguments_fail_at_the_call(
 
 def test_the_exception_is_public() -> None:
     assert issubclass(trio_dispatch.BackendUnavailable, trio_dispatch.DispatchError)
+
+
+async def test_a_process_is_not_woken_by_its_own_releases(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rounds = 0
+    step = Ledger.step
+
+    async def counted(self: Ledger, *args: Any, **kwargs: Any) -> StepResult:  # noqa: ANN401  # passed through
+        nonlocal rounds
+        rounds += 1
+        return await step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Ledger, "step", counted)
+    async with open_dispatcher(
+        {"p": 1}, redis_url=server.url, namespace="ns", lease=LEASE
+    ) as dispatcher:
+        async with dispatcher.slot("p"):
+            pass
+        await trio.sleep(0.1)
+        rounds = 0
+        for _ in range(20):
+            async with dispatcher.slot("p"):
+                pass
+        # One round per cycle: the release and the next request go
+        # together, and the wake-up that release publishes is not ours to
+        # act on.
+        assert rounds == 20
+        await trio.sleep(0.1)
+        assert rounds == 21

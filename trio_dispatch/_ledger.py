@@ -29,7 +29,9 @@ A grant goes to the head of the queue within free capacity: with ``free``
 slots, a process may take only those of its own entries among the first
 ``free`` of the queue, so the others in that window keep their capacity
 until their process asks. Every release, withdrawal, limit change and
-resume publishes a wake-up on the provider's channel.
+resume publishes a wake-up on the provider's channel; the message names
+the process whose round caused it (``wake`` when nobody in particular), so
+that this process need not run a round for its own changes.
 """
 
 from __future__ import annotations
@@ -156,7 +158,8 @@ elseif pause == 0 then
     end
   end
 end
-if changed > 0 then redis.call('PUBLISH', channel, 'wake') end
+-- Signed, so that the process that caused it need not wake for it.
+if changed > 0 then redis.call('PUBLISH', channel, node) end
 local waiting = 0
 for _, w in ipairs(redis.call('HVALS', nwait)) do waiting = waiting + tonumber(w) end
 return {created, granted, limit or '', redis.call('ZCARD', leases),

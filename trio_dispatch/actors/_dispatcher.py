@@ -764,8 +764,11 @@ class Dispatcher(metaclass=NoPublicConstructor):
         else:
             self._limits[provider] = limit
 
-    def _wake(self, provider: str | None) -> None:
-        """A wake-up for ``provider`` (``None``: all) came from Redis."""
+    def _wake(self, provider: str | None, source: str | None) -> None:
+        """A wake-up for ``provider`` (``None``: all) came from Redis.
+
+        ``source`` names the process whose round sent it, if any.
+        """
         if provider is None:
             actors = list(self._actors.values())
         else:
@@ -773,7 +776,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             actors = [] if actor is None else [actor]
         for actor in actors:
             if not isinstance(actor, SchedulerActor):
-                actor.wake()
+                actor.wake(source)
 
     def _policy(self, provider: str) -> SlotPolicy:
         policy = self._policies.get(provider)

@@ -40,7 +40,7 @@ _LAST_RETRY = 1.0
 async def serve_ledger(
     settings: _Settings,
     limits: Mapping[str, int],
-    wake: Callable[[str | None], None],
+    wake: Callable[[str | None, str | None], None],
     closing: trio.Event,
     *,
     task_status: trio.TaskStatus[tuple[Ledger, dict[str, int | None]]],
@@ -114,7 +114,9 @@ async def _close_when_done(
 
 
 async def _listen(
-    client: coredis.Redis[str], ledger: Ledger, wake: Callable[[str | None], None]
+    client: coredis.Redis[str],
+    ledger: Ledger,
+    wake: Callable[[str | None, str | None], None],
 ) -> None:
     pattern = "{" + ledger.namespace + ":*}:wake"
     delay = _FIRST_RETRY
@@ -127,13 +129,13 @@ async def _listen(
                         if message["type"] == "psubscribe":
                             delay = _FIRST_RETRY
                             # Wake-ups may have been missed meanwhile.
-                            wake(None)
+                            wake(None, None)
                         elif message["type"] == "pmessage":
                             provider = provider_of_channel(
                                 ledger.namespace, _text(message["channel"])
                             )
                             if provider is not None:
-                                wake(provider)
+                                wake(provider, _text(message["data"]))
             except BaseException as exc:
                 # A lost connection ends this subscription; anything else,
                 # a cancellation among it included, goes on without the

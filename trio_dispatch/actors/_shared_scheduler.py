@@ -185,8 +185,14 @@ class SharedSchedulerActor:
         """
         self._inbox.send_nowait(message)
 
-    def wake(self) -> None:
-        """Run a round soon: something changed in Redis. Never blocks."""
+    def wake(self, source: str | None = None) -> None:
+        """Run a round soon: something changed in Redis. Never blocks.
+
+        A wake-up that ``source`` names as this process's own is ignored:
+        its round already saw what it changed.
+        """
+        if source == self.book.node:
+            return
         if not self._dirty and not self._inbox.closed:
             self._dirty = True
             self._inbox.send_nowait(_WAKE)
