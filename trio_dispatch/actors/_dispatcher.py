@@ -892,6 +892,32 @@ def open_dispatcher(
     wherever its task lives, and every later ``slot`` gets
     ``DispatcherClosed``. Slots held outside the block stay usable; giving
     them back does nothing. An exception from the block comes out as itself.
+
+    With ``redis_url``, every provider, named or not, is scheduled through
+    Redis (an unknown one runs unlimited until the fleet stores a limit
+    for it), and:
+
+    * the oldest turn of the whole fleet goes first: turn starts are
+      compared on the wall clock, so across hosts the order is as good as
+      their clocks agree (NTP: a few milliseconds); each process publishes
+      only its own oldest waiters, at most the limit, so a younger waiter
+      of another process can pass an older one that is not published yet
+      for the time of one exchange with Redis;
+    * a rate-limit report pauses the provider for the fleet, on the Redis
+      server's clock, with the backoff of ``report_rate_limit`` kept
+      fleet-wide (a round opens when any process was granted a slot since
+      the previous report; a success anywhere ends the streak);
+    * while Redis cannot be reached nothing new is granted (there is no
+      local fallback: the ledger alone knows what the fleet holds);
+      holders keep their slots, waiters keep waiting (their own deadlines
+      apply), ``statistics()`` shows ``backend_up=False``, and the
+      schedulers reconnect with a growing delay (at most a second);
+    * if Redis restarts empty, each holder registers its slot again at its
+      process's next exchange with Redis (at once after a failed one, else
+      within a third of ``lease``): until then the fleet may be granted up
+      to one limit too many, never more;
+    * a process that vanishes holds its slots and its queued requests for
+      at most ``lease`` seconds.
     """
     checked = check_limits(limits)
     pause, longest = check_pauses(default_pause, max_pause)
