@@ -337,3 +337,66 @@ async def test_a_process_is_not_woken_by_its_own_releases(
         assert rounds == 20
         await trio.sleep(0.1)
         assert rounds == 21
+
+
+async def test_requests_taken_by_statistics_during_a_round_get_their_own_round(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    step = Ledger.step
+    gate: trio.Event | None = None
+
+    async def gated(self: Ledger, *args: Any, **kwargs: Any) -> StepResult:  # noqa: ANN401  # passed through
+        if gate is not None:
+            await gate.wait()
+        return await step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Ledger, "step", gated)
+    granted: list[str] = []
+    async with (
+        open_dispatcher(
+            {"p": 3}, redis_url=server.url, namespace="ns", lease=LEASE
+        ) as dispatcher,
+        trio.open_nursery() as nursery,
+    ):
+        release = trio.Event()
+
+        async def hold(name: str) -> None:
+            async with dispatcher.slot("p"):
+                granted.append(name)
+                await release.wait()
+
+        nursery.start_soon(hold, "a")
+        await until(lambda: granted == ["a"])
+        gate = trio.Event()
+        nursery.start_soon(hold, "b")
+        await trio.sleep(0.05)  # b's round is on its way, held at the gate
+        nursery.start_soon(hold, "c")
+        await trio.sleep(0.01)
+        assert dispatcher.statistics().providers["p"].local_waiting == 2
+        gate.set()
+        gate = None
+        # Not left for the slow poll (a third of the lease).
+        with trio.fail_after(LEASE / 6):
+            await until(lambda: len(granted) == 3)
+        release.set()
+
+
+async def test_a_fleet_limit_binds_a_process_that_never_named_the_provider(
+    server: RedisServer,
+) -> None:
+    async with AsyncExitStack() as stack:
+        one, two = await open_fleet(stack, server, 2, unknown_providers="allow")
+        one.set_limit("q", 1)
+        async with one.slot("q"):
+            with trio.move_on_after(0.3) as waited:
+                async with two.slot("q"):
+                    pytest.fail("an unknown name passed the fleet's limit")
+            assert waited.cancelled_caught
+        assert two.limits() == {"q": 1}
+        # Unlimited names still go straight through, and their scheduler
+        # stops when idle, as in a local dispatcher.
+        async with two.slot("free"):
+            pass
+        stats = two.statistics().providers["free"]
+        assert (stats.limit, stats.granted_total, stats.released_total) == (None, 1, 1)
+        await until(lambda: "free" not in two._actors)

@@ -211,6 +211,9 @@ class SharedSchedulerActor:
         if inbox.closed or not len(inbox):
             return
         self._take(inbox.take_all(), trio.current_time())
+        # The actor may be in a round now: it must run another for these,
+        # though it will find the inbox empty.
+        self._dirty = True
 
     @trio.lowlevel.enable_ki_protection
     async def run(self, *, stop_when_idle: bool = False) -> bool:
