@@ -19,7 +19,12 @@ import trio
 import trio.testing
 
 import trio_dispatch
-from trio_dispatch import BackendUnavailable, open_dispatcher
+from trio_dispatch import (
+    BackendUnavailable,
+    DispatcherClosed,
+    QueueFull,
+    open_dispatcher,
+)
 from trio_dispatch._ledger import Ledger, StepResult
 
 from ._redis import (
@@ -400,3 +405,73 @@ async def test_a_fleet_limit_binds_a_process_that_never_named_the_provider(
         stats = two.statistics().providers["free"]
         assert (stats.limit, stats.granted_total, stats.released_total) == (None, 1, 1)
         await until(lambda: "free" not in two._actors)
+
+
+async def test_resume_ends_the_pause_of_the_fleet(server: RedisServer) -> None:
+    async with AsyncExitStack() as stack:
+        one, two = await open_fleet(stack, server, 2, {"p": 1})
+        one.report_rate_limit("p", retry_after=30.0)
+        await until(lambda: one.statistics().providers["p"].paused)
+        async with trio.open_nursery() as nursery:
+            granted = trio.Event()
+
+            async def wait() -> None:
+                async with two.slot("p"):
+                    granted.set()
+
+            nursery.start_soon(wait)
+            await until(lambda: two.statistics().providers["p"].paused)
+            assert not granted.is_set()
+            one.resume("p")
+            with trio.fail_after(LEASE / 3):
+                await granted.wait()
+
+
+async def test_max_waiting_counts_this_process_waiters(server: RedisServer) -> None:
+    async with AsyncExitStack() as stack:
+        [dispatcher] = await open_fleet(stack, server, 1, {"p": 1}, max_waiting=1)
+        async with dispatcher.slot("p"), trio.open_nursery() as nursery:
+            nursery.start_soon(dispatcher.slot("p").__aenter__)
+            await until(
+                lambda: dispatcher.statistics().providers["p"].local_waiting == 1
+            )
+            with pytest.raises(
+                QueueFull, match=r"^1 requests already wait \(max_waiting=1\)$"
+            ):
+                async with dispatcher.slot("p"):
+                    pytest.fail("granted beyond max_waiting")
+            assert dispatcher.statistics().providers["p"].rejected_total == 1
+            nursery.cancel_scope.cancel()
+
+
+async def test_closing_fails_the_waiters_and_withdraws_their_entries(
+    server: RedisServer,
+) -> None:
+    failed: list[BaseException] = []
+    async with (
+        open_dispatcher(
+            {"p": 1}, redis_url=server.url, namespace="ns", lease=LEASE
+        ) as holder,
+        holder.slot("p"),
+        coredis.Redis.from_url(server.url, decode_responses=True) as client,
+        trio.open_nursery() as nursery,
+    ):
+        async with open_dispatcher(
+            {"p": 1}, redis_url=server.url, namespace="ns", lease=LEASE
+        ) as dispatcher:
+
+            async def wait() -> None:
+                try:
+                    async with dispatcher.slot("p"):
+                        pytest.fail("granted while the only slot was held")
+                except DispatcherClosed as exc:
+                    failed.append(exc)
+
+            nursery.start_soon(wait)
+            await until(lambda: dispatcher.statistics().providers["p"].waiting == 1)
+        await until(lambda: bool(failed))
+        assert [str(e) for e in failed] == [
+            "the dispatcher closed while waiting for 'p'"
+        ]
+        # Withdrawn as it closed, not left to expire.
+        assert await client.zcard("{ns:p}:queue") == 0
