@@ -50,6 +50,7 @@ def test_the_top_level_is_what_an_application_uses() -> None:
     # Written out on purpose: a name added here is an API decision.
     assert trio_dispatch.__all__ == [
         "SUMMARY_PREFIX",
+        "BackendUnavailable",
         "Conversation",
         "ConversationClosed",
         "ConversationOptions",

@@ -8,6 +8,7 @@ HTTP), ``trio_dispatch.testing`` (a fake LLM server, a scripted provider,
 the simulator) and ``trio_dispatch.lowlevel`` (the plumbing, less stable).
 """
 
+from ._exceptions import BackendUnavailable as BackendUnavailable
 from ._exceptions import ConversationClosed as ConversationClosed
 from ._exceptions import DispatcherClosed as DispatcherClosed
 from ._exceptions import DispatchError as DispatchError
@@ -33,6 +34,7 @@ __version__ = "0.1.0.dev0"
 
 __all__ = [
     "SUMMARY_PREFIX",
+    "BackendUnavailable",
     "Conversation",
     "ConversationClosed",
     "ConversationOptions",

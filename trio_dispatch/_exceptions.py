@@ -12,6 +12,8 @@ sent again)::
     │                        cancelled and the slot given back
     ├── ConversationClosed   the conversation was closed, or its actor stopped,
     │                        before the answer
+    ├── BackendUnavailable   the shared backend (Redis) cannot be reached at
+    │                        open_dispatcher
     └── ProviderError                  provider, status_code, retryable
         ├── RateLimited                429: too many requests     retryable
         ├── Overloaded                 529, 503: busy for everyone retryable
@@ -73,6 +75,16 @@ class SlotHoldTimeout(DispatchError):
 
     The body of the ``async with`` was cancelled when the time ran out, and
     the slot went back to the scheduler as the body unwound.
+    """
+
+
+@final
+class BackendUnavailable(DispatchError):
+    """``open_dispatcher`` could not reach its shared backend (Redis).
+
+    The message names the URL without its password. Nothing was started.
+    Once running, a dispatcher never raises this: while Redis is away it
+    grants nothing new and says so in ``statistics()``.
     """
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -235,3 +236,50 @@ non_negative_number = validator(check_number)
 
 positive_number = validator(check_positive_number)
 """An attrs validator: a finite, positive real number."""
+
+
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def check_redis_url(url: object) -> str | None:
+    """``None``, or a ``redis://``, ``rediss://`` or ``unix://`` URL."""
+    if url is None:
+        return None
+    rule = "redis_url must be a redis://, rediss:// or unix:// URL"
+    if not isinstance(url, str):
+        raise TypeError(f"{rule}, got {url!r}")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  # parsing the port is the check
+    except ValueError:
+        raise ValueError(f"{rule}, got {redact_url(url)!r}") from None
+    if parts.scheme not in _REDIS_SCHEMES or (
+        not parts.hostname if parts.scheme != "unix" else not parts.path
+    ):
+        raise ValueError(f"{rule}, got {redact_url(url)!r}")
+    return url
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its password, for messages."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        password = None
+        parts = None
+    if parts is None or password is None:
+        return url if "@" not in url else "<a URL with credentials>"
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{user}:***@{host}").geturl()
+
+
+def check_namespace(namespace: object) -> str:
+    """A non-empty string without the key separator ``:`` or braces."""
+    namespace = check_text(namespace, "namespace")
+    if any(char in namespace for char in ":{}"):
+        raise ValueError(
+            f"namespace must not contain ':', '{{' or '}}', got {namespace!r}"
+        )
+    return namespace

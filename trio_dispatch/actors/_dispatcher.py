@@ -35,9 +35,12 @@ from .._validation import (
     check_limit,
     check_limits,
     check_max_waiting,
+    check_namespace,
     check_optional_seconds,
     check_pauses,
+    check_positive_seconds,
     check_provider,
+    check_redis_url,
 )
 from ..messages._scheduling import (
     Acquire,
@@ -56,10 +59,15 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable, Mapping
     from types import TracebackType
 
+    from .._ledger import Ledger
     from .._provider import Provider
+    from .._shared_book import SharedBook
     from ._conversation import Conversation
     from ._options import ConversationOptions
+    from ._shared_scheduler import SharedSchedulerActor
     from ._tools import Tool
+
+    _Actor = SchedulerActor | SharedSchedulerActor
 
 _logger = logging.getLogger("trio_dispatch")
 
@@ -87,6 +95,18 @@ class ProviderStatistics:
         rejected_total: Requests refused with ``QueueFull``.
         peak_in_flight: The most slots ever held at once.
         peak_waiting: The most requests ever waiting at once.
+        backend: ``"local"`` for a dispatcher of its own, ``"redis"`` for
+            one that shares its limits through Redis (``redis_url``). Then
+            ``limit``, ``in_flight``, ``waiting`` and ``paused_until`` are
+            the fleet's, as the latest exchange with Redis saw them (at most
+            a poll interval old), and the totals and peaks are this
+            process's own.
+        backend_up: Whether the backend can grant: ``False`` while Redis
+            is unreachable (nothing new is granted then).
+        local_in_flight: Slots held by this process (``in_flight`` when
+            local).
+        local_waiting: Requests waiting in this process (``waiting`` when
+            local).
     """
 
     provider: str
@@ -101,6 +121,10 @@ class ProviderStatistics:
     rejected_total: int
     peak_in_flight: int
     peak_waiting: int
+    backend: Literal["local", "redis"] = "local"
+    backend_up: bool = True
+    local_in_flight: int = 0
+    local_waiting: int = 0
 
 
 @final
@@ -181,7 +205,7 @@ class Slot(metaclass=NoPublicConstructor):
         self.started_at = started_at
         self._max_hold = max_hold
         self._state = _NEW
-        self._actor: SchedulerActor | None = None
+        self._actor: _Actor | None = None
         self._task: trio.lowlevel.Task | None = None
         self._error: Exception | None = None
         self._hold: trio.CancelScope | None = None
@@ -324,6 +348,9 @@ class _Settings:
     max_hold: float | None
     max_waiting: int | None
     unknown_providers: _UnknownProviders
+    redis_url: str | None = None
+    namespace: str = "trio-dispatch"
+    lease: float = 15.0
 
 
 _UNSET: Any = object()
@@ -351,9 +378,12 @@ class Dispatcher(metaclass=NoPublicConstructor):
 
     __slots__ = (
         "_actors",
+        "_books",
         "_cleared",
         "_closed",
+        "_closing",
         "_known",
+        "_ledger",
         "_limits",
         "_nursery",
         "_policies",
@@ -364,13 +394,18 @@ class Dispatcher(metaclass=NoPublicConstructor):
         self,
         nursery: trio.Nursery,
         settings: _Settings,
+        ledger: Ledger | None = None,
     ) -> None:
         self._nursery = nursery
         self._settings = settings
-        # The running schedulers, and the policy of every provider seen: a
-        # stopped scheduler's policy waits here for its next one.
-        self._actors: dict[str, SchedulerActor] = {}
+        # Set when the limits are shared through Redis: then every provider
+        # has a shared scheduler, and a book instead of a policy.
+        self._ledger = ledger
+        # The running schedulers, and the policy (or book) of every provider
+        # seen: a stopped scheduler's policy waits here for its next one.
+        self._actors: dict[str, _Actor] = {}
         self._policies: dict[str, SlotPolicy] = {}
+        self._books: dict[str, SharedBook] = {}
         self._limits: dict[str, int] = {}
         # Known providers, and the names slot() lets through without a
         # look: the known ones and the unknown ones already allowed or
@@ -378,6 +413,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
         self._known: set[str] = set()
         self._cleared: set[str] = set()
         self._closed = False
+        # Set when closing, for the task that holds the Redis client.
+        self._closing: trio.Event | None = None
 
     @property
     def _max_pause(self) -> float:
@@ -453,7 +490,10 @@ class Dispatcher(metaclass=NoPublicConstructor):
         check_provider(provider)
         check_limit(limit)
         self._check_open()
-        if provider in self._actors:
+        if self._ledger is not None:
+            # Stored in Redis by the scheduler, for the whole fleet.
+            self._send_shared(provider, SetLimit(limit))
+        elif provider in self._actors:
             self._send(provider, SetLimit(limit))
         else:
             # No scheduler runs, so none holds the policy: nothing waits and
@@ -475,7 +515,10 @@ class Dispatcher(metaclass=NoPublicConstructor):
         """
         check_provider(provider)
         self._check_open()
-        if self._limits.pop(provider, None) is not None:
+        if self._ledger is not None:
+            self._limits.pop(provider, None)
+            self._send_shared(provider, SetLimit(None))
+        elif self._limits.pop(provider, None) is not None:
             self._send(provider, SetLimit(None))
         self._known.add(provider)
         self._cleared.add(provider)
@@ -587,6 +630,14 @@ class Dispatcher(metaclass=NoPublicConstructor):
         for actor in self._actors.values():
             actor.handle_backlog()
         providers: dict[str, ProviderStatistics] = {}
+        if self._ledger is not None:
+            return DispatcherStatistics(
+                providers={
+                    provider: self._shared_statistics(provider, book)
+                    for provider, book in self._books.items()
+                },
+                closed=self._closed,
+            )
         for provider, policy in self._policies.items():
             stats = policy.statistics()
             providers[provider] = ProviderStatistics(
@@ -602,8 +653,39 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 rejected_total=stats.rejected_total,
                 peak_in_flight=stats.peak_in_flight,
                 peak_waiting=stats.peak_waiting,
+                local_in_flight=stats.in_flight,
+                local_waiting=stats.waiting,
             )
         return DispatcherStatistics(providers=providers, closed=self._closed)
+
+    def _shared_statistics(self, provider: str, book: SharedBook) -> ProviderStatistics:
+        actor = self._actors.get(provider)
+        if actor is None:
+            # Stopped when idle and unlimited: nothing held or waiting here.
+            up, in_flight, waiting, paused_until = True, 0, 0, None
+        else:
+            assert not isinstance(actor, SchedulerActor)
+            view = actor.view
+            up, in_flight, waiting = view.up, view.in_flight, view.waiting
+            paused_until = view.paused_until
+        return ProviderStatistics(
+            provider=provider,
+            limit=self._limits.get(provider),
+            in_flight=in_flight,
+            waiting=waiting,
+            paused=paused_until is not None,
+            paused_until=paused_until,
+            granted_total=book.granted_total,
+            released_total=book.released_total,
+            withdrawn_total=book.withdrawn_total,
+            rejected_total=book.rejected_total,
+            peak_in_flight=book.peak_in_flight,
+            peak_waiting=book.peak_waiting,
+            backend="redis",
+            backend_up=up,
+            local_in_flight=book.in_flight,
+            local_waiting=book.waiting,
+        )
 
     def _unknown(self, provider: str) -> None:
         """Apply ``unknown_providers`` to a provider first seen unknown."""
@@ -620,7 +702,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             )
         self._cleared.add(provider)
 
-    def _scheduler(self, provider: str) -> SchedulerActor:
+    def _scheduler(self, provider: str) -> _Actor:
         """The running scheduler of ``provider``, started if there is none.
 
         Unlimited providers get one too (with no limit, it grants at once):
@@ -630,12 +712,74 @@ class Dispatcher(metaclass=NoPublicConstructor):
         """
         actor = self._actors.get(provider)
         if actor is None:
-            actor = SchedulerActor(provider, self._policy(provider))
+            if self._ledger is not None:
+                actor = self._shared_scheduler(provider, self._ledger)
+            else:
+                actor = SchedulerActor(provider, self._policy(provider))
             self._actors[provider] = actor
             self._nursery.start_soon(
                 self._serve, actor, name=f"trio_dispatch scheduler {provider!r}"
             )
         return actor
+
+    async def _share(self, limits: Mapping[str, int]) -> None:
+        """Connect to Redis, store ``limits`` where none is, start the schedulers.
+
+        Raises:
+            BackendUnavailable: Redis cannot be reached.
+        """
+        from ._shared_backend import serve_ledger  # noqa: PLC0415  # coredis only when asked for
+
+        self._closing = trio.Event()
+        ledger, stored = await self._nursery.start(
+            serve_ledger, self._settings, limits, self._wake, self._closing
+        )
+        self._ledger = ledger
+        for provider, limit in stored.items():
+            self._learn_limit(provider, limit)
+            self._known.add(provider)
+            self._cleared.add(provider)
+            # Started now, so that a pause or a limit reaches it at once.
+            self._scheduler(provider)
+
+    def _shared_scheduler(self, provider: str, ledger: Ledger) -> _Actor:
+        from .._shared_book import SharedBook  # noqa: PLC0415  # coredis only when asked for
+        from ._shared_scheduler import SharedSchedulerActor, new_node  # noqa: PLC0415
+
+        book = self._books.get(provider)
+        if book is None:
+            book = SharedBook(new_node(), max_waiting=self._settings.max_waiting)
+            self._books[provider] = book
+        return SharedSchedulerActor(
+            provider,
+            book,
+            ledger,
+            limit=self._limits.get(provider),
+            default_pause=self._settings.default_pause,
+            max_pause=self._settings.max_pause,
+            on_limit=self._learn_limit,
+        )
+
+    def _learn_limit(self, provider: str, limit: int | None) -> None:
+        """A shared scheduler learned the fleet's limit from Redis."""
+        if limit is None:
+            self._limits.pop(provider, None)
+        else:
+            self._limits[provider] = limit
+
+    def _wake(self, provider: str | None, source: str | None) -> None:
+        """A wake-up for ``provider`` (``None``: all) came from Redis.
+
+        ``source`` names the process whose round sent it, if any.
+        """
+        if provider is None:
+            actors = list(self._actors.values())
+        else:
+            actor = self._actors.get(provider)
+            actors = [] if actor is None else [actor]
+        for actor in actors:
+            if not isinstance(actor, SchedulerActor):
+                actor.wake(source)
 
     def _policy(self, provider: str) -> SlotPolicy:
         policy = self._policies.get(provider)
@@ -653,7 +797,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
     # decision to stop and its removal: a request in between would find a
     # closed inbox.
     @trio.lowlevel.enable_ki_protection
-    async def _serve(self, actor: SchedulerActor) -> None:
+    async def _serve(self, actor: _Actor) -> None:
         if await actor.run(stop_when_idle=True):
             # Idle and unlimited: it stopped with nothing held, waiting or
             # queued, in this same step, so no request was sent to it since.
@@ -667,12 +811,22 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 f"the scheduler of {provider!r} has stopped"
             ) from None
 
+    def _send_shared(self, provider: str, message: SetLimit) -> None:
+        try:
+            self._scheduler(provider).send(message)
+        except trio.ClosedResourceError:
+            raise DispatcherClosed(
+                f"the scheduler of {provider!r} has stopped"
+            ) from None
+
     def _check_open(self) -> None:
         if self._closed:
             raise DispatcherClosed("the dispatcher is closed")
 
     def _close(self) -> None:
         self._closed = True
+        if self._closing is not None:
+            self._closing.set()
         for actor in self._actors.values():
             actor.close()
         self._nursery.cancel_scope.cancel()
@@ -686,6 +840,9 @@ def open_dispatcher(
     max_hold: float | None = None,
     max_waiting: int | None = None,
     unknown_providers: _UnknownProviders = "warn",
+    redis_url: str | None = None,
+    namespace: str = "trio-dispatch",
+    lease: float = 15.0,
 ) -> contextlib.AbstractAsyncContextManager[Dispatcher]:
     """Run a dispatcher for the duration of an ``async with`` block.
 
@@ -716,11 +873,54 @@ def open_dispatcher(
             ``"trio_dispatch"`` logger, naming the limited providers, and
             ``"error"`` refuses it at once with ``ValueError`` at
             ``dispatcher.slot()`` (and ``start_conversation``).
+        redis_url: Share the limits, the oldest-first order and the pauses
+            with every process that uses the same Redis and ``namespace``
+            (``redis://[[user]:password@]host[:port][/db]``, ``rediss://``
+            for TLS, or ``unix://path``); needs the ``redis`` extra. A limit
+            in ``limits`` is stored only if the fleet has none stored for
+            that provider: a stored limit, written by ``set_limit`` or
+            ``remove_limit`` in any process, wins, and survives restarts.
+            ``None`` (the default) keeps everything in this process.
+        namespace: The prefix of every key in Redis: processes with the same
+            namespace share their limits. Not empty, and without ``:``,
+            ``{`` or ``}``.
+        lease: Seconds the slots and queued requests of a process that
+            vanished stay taken (positive, finite). Holders renew every
+            third of it.
+
+    Raises:
+        BackendUnavailable: ``redis_url`` cannot be reached (on entering).
 
     When the block ends, the schedulers stop: every request still waiting,
     wherever its task lives, and every later ``slot`` gets
     ``DispatcherClosed``. Slots held outside the block stay usable; giving
     them back does nothing. An exception from the block comes out as itself.
+
+    With ``redis_url``, every provider, named or not, is scheduled through
+    Redis (an unknown one runs unlimited until the fleet stores a limit
+    for it), and:
+
+    * the oldest turn of the whole fleet goes first: turn starts are
+      compared on the wall clock, so across hosts the order is as good as
+      their clocks agree (NTP: a few milliseconds); each process publishes
+      only its own oldest waiters, at most the limit, so a younger waiter
+      of another process can pass an older one that is not published yet
+      for the time of one exchange with Redis;
+    * a rate-limit report pauses the provider for the fleet, on the Redis
+      server's clock, with the backoff of ``report_rate_limit`` kept
+      fleet-wide (a round opens when any process was granted a slot since
+      the previous report; a success anywhere ends the streak);
+    * while Redis cannot be reached nothing new is granted (there is no
+      local fallback: the ledger alone knows what the fleet holds);
+      holders keep their slots, waiters keep waiting (their own deadlines
+      apply), ``statistics()`` shows ``backend_up=False``, and the
+      schedulers reconnect with a growing delay (at most a second);
+    * if Redis restarts empty, each holder registers its slot again at its
+      process's next exchange with Redis (at once after a failed one, else
+      within a third of ``lease``): until then the fleet may be granted up
+      to one limit too many, never more;
+    * a process that vanishes holds its slots and its queued requests for
+      at most ``lease`` seconds.
     """
     checked = check_limits(limits)
     pause, longest = check_pauses(default_pause, max_pause)
@@ -732,6 +932,9 @@ def open_dispatcher(
         max_hold=hold,
         max_waiting=waiting,
         unknown_providers=_check_unknown_providers(unknown_providers),
+        redis_url=check_redis_url(redis_url),
+        namespace=check_namespace(namespace),
+        lease=check_positive_seconds(lease, "lease"),
     )
     return _run_dispatcher(checked, settings)
 
@@ -744,8 +947,16 @@ async def _run_dispatcher(
     try:
         async with trio.open_nursery() as nursery:
             dispatcher = Dispatcher._create(nursery, settings)
-            for provider, limit in limits.items():
-                dispatcher.set_limit(provider, limit)
+            if settings.redis_url is None:
+                for provider, limit in limits.items():
+                    dispatcher.set_limit(provider, limit)
+            else:
+                try:
+                    await dispatcher._share(limits)
+                except BaseException as exc:
+                    body_error = exc
+                    dispatcher._close()
+                    raise
             try:
                 yield dispatcher
             except BaseException as exc:

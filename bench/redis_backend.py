@@ -1,0 +1,383 @@
+"""The shared backend's cost: a dispatcher on Redis against one of its own.
+
+Usage::
+
+    python bench/redis_backend.py [--quick] [--redis-url URL] [--json PATH]
+
+Starts its own ``redis-server`` on a free loopback port (unless given
+``--redis-url``), prints the results as a markdown table on stdout
+(progress goes to stderr) and, with ``--json``, writes the full report to
+``PATH``. The report in ``bench/reports/`` comes from::
+
+    python bench/redis_backend.py --quick --json bench/reports/redis_backend.json > bench/reports/redis_backend.md
+
+Three measurements:
+
+1. **Grant latency**: one task, nobody else, ``round_trips`` times enters
+   and leaves a slot; the time to enter is the latency of a grant. p50 and
+   p99 in microseconds, for a local dispatcher and for one on Redis (the
+   difference is what the shared backend adds: one script call on
+   loopback, and the scheduler's round).
+2. **Contended hand-offs**: ``tasks`` tasks each run ``cycles`` cycles of
+   (acquire, one checkpoint, release) under a limit of ``limit``, in one
+   process. Hand-offs per second, local and on Redis, in the same run.
+3. **Scaling**: 1, 2, 4 and 8 OS processes share a limit of ``limit``;
+   each runs ``tasks`` tasks of ``cycles`` cycles (acquire, hold
+   ``hold`` seconds, release). Grants per second over the whole fleet, and
+   the cross-process order inversions: pairs of requests from different
+   processes where the one that asked later was granted first although the
+   other was already waiting at least ``tolerance`` seconds earlier (turns
+   start when they ask, so asking earlier is an older turn).
+
+Method. Wall-clock timings (``time.perf_counter``, ``time.time`` across
+processes) on trio's real clock; every measurement alternates local and
+Redis runs after one untimed warm-up each. Only the public API is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import pathlib
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import TYPE_CHECKING, Any, Final, final
+
+import attrs
+import trio
+import trio.testing
+
+from trio_dispatch import open_dispatcher
+
+from _common import environment, finish, plain, positive_int, show_progress
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+_PROVIDER: Final = "p"
+_PROCESSES: Final = (1, 2, 4, 8)
+
+
+@final
+@attrs.frozen
+class Sizes:
+    """How big each measurement is."""
+
+    round_trips: int = attrs.field(default=2_000, validator=positive_int)
+    tasks: int = attrs.field(default=100, validator=positive_int)
+    cycles: int = attrs.field(default=20, validator=positive_int)
+    limit: int = attrs.field(default=4, validator=positive_int)
+    fleet_tasks: int = attrs.field(default=20, validator=positive_int)
+    fleet_cycles: int = attrs.field(default=10, validator=positive_int)
+    hold: float = 0.002
+    tolerance: float = 0.002
+    repeats: int = attrs.field(default=3, validator=positive_int)
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        """A first look, in well under a minute."""
+        return cls(round_trips=500, tasks=50, cycles=10, fleet_cycles=5, repeats=2)
+
+
+@final
+@attrs.frozen
+class ScalingRow:
+    """One fleet size."""
+
+    processes: int
+    grants: int
+    grants_per_second: float
+    inversions: int
+    peak_in_flight: int
+
+
+@final
+@attrs.frozen
+class RedisBackendReport:
+    """Everything measured, for JSON and markdown."""
+
+    environment: dict[str, str]
+    sizes: Sizes
+    latency_local_p50_us: float
+    latency_local_p99_us: float
+    latency_redis_p50_us: float
+    latency_redis_p99_us: float
+    handoffs_local_per_s: float
+    handoffs_redis_per_s: float
+    scaling: tuple[ScalingRow, ...]
+
+    def to_json(self) -> str:
+        """The report as a JSON document."""
+        return json.dumps(plain(self), indent=2)
+
+    def to_markdown(self) -> str:
+        """The report as markdown."""
+        lines = [
+            "# Shared backend (Redis) against a local dispatcher",
+            "",
+            "| measurement | local | redis |",
+            "| --- | ---: | ---: |",
+            f"| grant latency p50 (µs) | {self.latency_local_p50_us:.0f}"
+            f" | {self.latency_redis_p50_us:.0f} |",
+            f"| grant latency p99 (µs) | {self.latency_local_p99_us:.0f}"
+            f" | {self.latency_redis_p99_us:.0f} |",
+            f"| contended hand-offs per second | {self.handoffs_local_per_s:,.0f}"
+            f" | {self.handoffs_redis_per_s:,.0f} |",
+            "",
+            f"Scaling: processes sharing a limit of {self.sizes.limit} on Redis,"
+            f" each with {self.sizes.fleet_tasks} tasks of"
+            f" {self.sizes.fleet_cycles} cycles holding {self.sizes.hold * 1000:g} ms.",
+            "",
+            "| processes | grants | grants per second | cross-process inversions"
+            " | peak in flight |",
+            "| ---: | ---: | ---: | ---: | ---: |",
+        ]
+        lines += [
+            f"| {row.processes} | {row.grants} | {row.grants_per_second:,.0f}"
+            f" | {row.inversions} | {row.peak_in_flight} |"
+            for row in self.scaling
+        ]
+        lines += [
+            "",
+            "Environment: "
+            + ", ".join(f"{k} {v}" for k, v in self.environment.items()),
+            "",
+        ]
+        return "\n".join(lines)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def _redis_server() -> Iterator[str]:
+    """Run a throwaway redis-server; yields its URL."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        sys.exit("redis-server is not installed (apt-get install redis-server)")
+    port = _free_port()
+    with tempfile.TemporaryDirectory() as directory:
+        process = subprocess.Popen(
+            [
+                *(binary, "--port", str(port), "--bind", "127.0.0.1"),
+                *("--save", "", "--appendonly", "no", "--dir", directory),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    with socket.create_connection(("127.0.0.1", port), 0.2):
+                        break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02)
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            process.kill()
+            process.wait()
+
+
+def _options(redis_url: str | None, namespace: str) -> dict[str, Any]:
+    if redis_url is None:
+        return {}
+    return {"redis_url": redis_url, "namespace": namespace, "lease": 5.0}
+
+
+async def _latencies(rounds: int, redis_url: str | None, namespace: str) -> list[float]:
+    found = []
+    async with open_dispatcher(
+        {_PROVIDER: 1}, **_options(redis_url, namespace)
+    ) as dispatcher:
+        for _ in range(rounds):
+            slot = dispatcher.slot(_PROVIDER)
+            started = time.perf_counter()
+            async with slot:
+                found.append(time.perf_counter() - started)
+    return found
+
+
+async def _handoffs(sizes: Sizes, redis_url: str | None, namespace: str) -> float:
+    async with open_dispatcher(
+        {_PROVIDER: sizes.limit}, **_options(redis_url, namespace)
+    ) as dispatcher:
+        gate = trio.Event()
+
+        async def cycle() -> None:
+            await gate.wait()
+            for _ in range(sizes.cycles):
+                async with dispatcher.slot(_PROVIDER):
+                    await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(sizes.tasks):
+                nursery.start_soon(cycle)
+            await trio.testing.wait_all_tasks_blocked()
+            started = time.perf_counter()
+            gate.set()
+        return sizes.tasks * sizes.cycles / (time.perf_counter() - started)
+
+
+async def _worker(settings: dict[str, Any]) -> None:
+    """One process of the scaling fleet: prints its grants as JSON."""
+    records: list[tuple[float, float, float]] = []
+    holding = 0
+    peak = 0
+    async with open_dispatcher(
+        {_PROVIDER: settings["limit"]},
+        redis_url=settings["redis_url"],
+        namespace=settings["namespace"],
+        lease=5.0,
+    ) as dispatcher:
+        # Everyone starts together, at a wall-clock instant.
+        await trio.sleep(max(0.0, settings["start"] - time.time()))
+
+        async def cycle() -> None:
+            nonlocal holding, peak
+            for _ in range(settings["cycles"]):
+                asked = time.time()
+                async with dispatcher.slot(_PROVIDER):
+                    granted = time.time()
+                    holding += 1
+                    peak = max(peak, holding)
+                    await trio.sleep(settings["hold"])
+                    holding -= 1
+                records.append((asked, granted, time.time()))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(settings["tasks"]):
+                nursery.start_soon(cycle)
+    print(json.dumps({"records": records, "peak": peak}), flush=True)
+
+
+def _inversions(
+    fleets: list[list[tuple[float, float, float]]], tolerance: float
+) -> int:
+    """Pairs from different processes granted against the order they asked in."""
+    tagged = sorted(
+        (asked, granted, n)
+        for n, records in enumerate(fleets)
+        for asked, granted, _ in records
+    )
+    found = 0
+    for i, (asked_i, granted_i, n_i) in enumerate(tagged):
+        for asked_j, granted_j, n_j in tagged[i + 1 :]:
+            if asked_j - asked_i < tolerance:
+                continue
+            # j asked clearly later, from another process, yet was granted
+            # before i, which was waiting by then.
+            if n_j != n_i and granted_j < granted_i and asked_j < granted_i:
+                found += 1
+    return found
+
+
+def _scaling(sizes: Sizes, redis_url: str, processes: int, run: int) -> ScalingRow:
+    start = time.time() + 1.5 + 0.2 * processes
+    settings = {
+        "redis_url": redis_url,
+        "namespace": f"scaling-{processes}-{run}",
+        "limit": sizes.limit,
+        "tasks": sizes.fleet_tasks,
+        "cycles": sizes.fleet_cycles,
+        "hold": sizes.hold,
+        "start": start,
+    }
+    workers = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--worker", json.dumps(settings)],
+            stdout=subprocess.PIPE,
+        )
+        for _ in range(processes)
+    ]
+    outputs = [json.loads(w.communicate()[0]) for w in workers]
+    fleets = [[tuple(r) for r in out["records"]] for out in outputs]
+    every = [r for fleet in fleets for r in fleet]
+    # Fleet-wide peak, from the grant and release instants.
+    events = sorted([(g, 1) for _, g, _ in every] + [(e, -1) for _, _, e in every])
+    holding = peak = 0
+    for _, step in events:
+        holding += step
+        peak = max(peak, holding)
+    span = max(e for _, _, e in every) - min(a for a, _, _ in every)
+    return ScalingRow(
+        processes=processes,
+        grants=len(every),
+        grants_per_second=len(every) / span,
+        inversions=_inversions(fleets, sizes.tolerance),
+        peak_in_flight=peak,
+    )
+
+
+def run(sizes: Sizes, redis_url: str) -> RedisBackendReport:
+    """Take every measurement."""
+    show_progress("grant latency")
+    trio.run(_latencies, 50, None, "warm")
+    trio.run(_latencies, 50, redis_url, "warm")
+    local: list[float] = []
+    shared: list[float] = []
+    for n in range(sizes.repeats):
+        local += trio.run(_latencies, sizes.round_trips, None, "lat")
+        shared += trio.run(_latencies, sizes.round_trips, redis_url, f"lat{n}")
+    show_progress("contended hand-offs")
+    local_rates = []
+    shared_rates = []
+    for n in range(sizes.repeats):
+        local_rates.append(trio.run(_handoffs, sizes, None, "h"))
+        shared_rates.append(trio.run(_handoffs, sizes, redis_url, f"h{n}"))
+    rows = []
+    for processes in _PROCESSES:
+        show_progress(f"scaling: {processes} processes")
+        rows.append(_scaling(sizes, redis_url, processes, 0))
+    return RedisBackendReport(
+        environment=environment(),
+        sizes=sizes,
+        latency_local_p50_us=_quantile(local, 0.50) * 1e6,
+        latency_local_p99_us=_quantile(local, 0.99) * 1e6,
+        latency_redis_p50_us=_quantile(shared, 0.50) * 1e6,
+        latency_redis_p99_us=_quantile(shared, 0.99) * 1e6,
+        handoffs_local_per_s=statistics.median(local_rates),
+        handoffs_redis_per_s=statistics.median(shared_rates),
+        scaling=tuple(rows),
+    )
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    """The command line: see the module's docstring."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller runs")
+    parser.add_argument("--redis-url", help="an existing Redis (else one is started)")
+    parser.add_argument("--json", type=pathlib.Path, help="write the JSON report here")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker is not None:
+        trio.run(_worker, json.loads(args.worker))
+        return
+    sizes = Sizes.quick() if args.quick else Sizes()
+    started = time.perf_counter()
+    if args.redis_url is not None:
+        report = run(sizes, args.redis_url)
+    else:
+        with _redis_server() as url:
+            report = run(sizes, url)
+    finish(report, json_path=args.json, started=started)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""One process of a fleet sharing a provider through Redis, for the fleet tests.
+
+Run as ``python -m tests._fleet_worker '<json settings>'``. It prints one
+JSON line on stdout when it is ready (``{"ready": ...}``) and, in
+``conversations`` mode, one when it is done (``{"turns": ...}``).
+
+Modes:
+
+* ``conversations``: ``count`` conversations with the fake server at
+  ``base_url``, each asking ``questions`` questions; every turn must
+  complete (a conversation retries what the server refuses).
+* ``hold``: take ``count`` slots and hold them until killed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import trio
+
+from trio_dispatch import ConversationOptions, open_dispatcher
+from trio_dispatch.providers import OpenAIProvider
+
+
+def say(**fields: Any) -> None:  # noqa: ANN401  # JSON values
+    print(json.dumps(fields), flush=True)
+
+
+async def conversations(settings: dict[str, Any]) -> None:
+    provider = OpenAIProvider(
+        base_url=settings["base_url"], api_key="test-key", model="fake"
+    )
+    async with (
+        provider,
+        open_dispatcher(
+            {provider.id: settings["limit"]},
+            redis_url=settings["redis_url"],
+            namespace=settings["namespace"],
+            lease=settings["lease"],
+        ) as dispatcher,
+    ):
+        say(ready=True)
+        turns = 0
+
+        async def agent(n: int) -> None:
+            nonlocal turns
+            conversation = dispatcher.start_conversation(
+                provider,
+                conversation_id=f"{settings['name']}-{n}",
+                options=ConversationOptions(max_attempts=10, retry_backoff=0.05),
+            )
+            for q in range(settings["questions"]):
+                await conversation.ask(f"q{n}-{q}")
+                turns += 1
+
+        async with trio.open_nursery() as nursery:
+            for n in range(settings["count"]):
+                nursery.start_soon(agent, n)
+        say(turns=turns)
+
+
+async def hold(settings: dict[str, Any]) -> None:
+    async with open_dispatcher(
+        {"p": settings["limit"]},
+        redis_url=settings["redis_url"],
+        namespace=settings["namespace"],
+        lease=settings["lease"],
+    ) as dispatcher:
+        slots = [dispatcher.slot("p") for _ in range(settings["count"])]
+        for slot in slots:
+            await slot.__aenter__()
+        say(ready=True, held=len(slots))
+        await trio.sleep_forever()
+
+
+def main() -> None:
+    settings = json.loads(sys.argv[1])
+    trio.run({"conversations": conversations, "hold": hold}[settings["mode"]], settings)
+
+
+if __name__ == "__main__":
+    main()

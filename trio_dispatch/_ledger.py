@@ -1,0 +1,445 @@
+"""The shared ledger: one provider's leases, queue, limit and pause in Redis.
+
+Design note. Every key of a provider lives under one hash tag,
+``{<namespace>:<provider>}``, so the scripts below touch one Redis Cluster
+slot, and each operation is one Lua script, atomic on the server:
+
+* ``leases``: a ZSET of lease ids scored by their expiry, in the Redis
+  server's own time (``TIME`` inside the script, never a client's clock).
+  The state is this set of live leases, never a counter, so nothing can go
+  negative or drift: an expired lease is pruned by the next script, a
+  released one is removed by id (twice is harmless).
+* ``queue``: a ZSET of published waiters scored by their turn's start on
+  the wall clock; each member is a zero-padded number from ``seq`` (an
+  INCR), a colon and the waiter's lease id, so equal starts sort by arrival.
+  ``qexp`` scores the same members by their expiry, renewed by their
+  process: a vanished process's entries go with it.
+* ``conf``: a HASH with the stored ``limit`` (``none`` for unlimited on
+  purpose; absent when nobody stored one, which is unlimited too), the
+  pause's end ``pause_until`` (server milliseconds), and the fleet-wide
+  backoff of rate-limit reports (``streak``, ``step``, ``granted`` and
+  ``granted_at_report``, as in the local policy).
+* ``nodes`` and ``nwait``: each live process's expiry and its own count of
+  waiters, for the fleet-wide ``waiting`` figure.
+* ``grantno``: the number of each lease's grant, which tells a success (a
+  lease granted after the latest rate-limit report) from a lease held
+  across one.
+
+A grant goes to the head of the queue within free capacity: with ``free``
+slots, a process may take only those of its own entries among the first
+``free`` of the queue, so the others in that window keep their capacity
+until their process asks. Every release, withdrawal, limit change and
+resume publishes a wake-up on the provider's channel; the message names
+the process whose round caused it (``wake`` when nobody in particular), so
+that this process need not run a round for its own changes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final, final
+
+import attrs
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    import coredis
+    from coredis.commands.script import Script
+
+# Members of the queue: a 16-digit arrival number, a colon, the lease id.
+MEMBER_PREFIX: Final = 17
+
+_PRELUDE = """
+local leases, queue, qexp, conf, seq, nodes, nwait, grantno =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function prune()
+  local pruned = 0
+  local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', now)
+  for _, id in ipairs(gone) do redis.call('HDEL', grantno, id) end
+  pruned = pruned + redis.call('ZREMRANGEBYSCORE', leases, '-inf', now)
+  gone = redis.call('ZRANGEBYSCORE', qexp, '-inf', now)
+  for _, m in ipairs(gone) do redis.call('ZREM', queue, m) end
+  pruned = pruned + redis.call('ZREMRANGEBYSCORE', qexp, '-inf', now)
+  gone = redis.call('ZRANGEBYSCORE', nodes, '-inf', now)
+  for _, n in ipairs(gone) do redis.call('HDEL', nwait, n) end
+  redis.call('ZREMRANGEBYSCORE', nodes, '-inf', now)
+  return pruned
+end
+local function paused_for()
+  local u = tonumber(redis.call('HGET', conf, 'pause_until') or '0')
+  if u > now then return u - now end
+  if u > 0 then redis.call('HDEL', conf, 'pause_until') end
+  return 0
+end
+"""
+
+# ARGV: node, ttl (ms), this node's waiters, limit to store if none is
+# (empty: none), wake channel, then five counted lists: lease ids to
+# release; members to withdraw; (lease id, start) pairs to enqueue;
+# (member, start) pairs to renew; lease ids to renew; and the members that
+# ask for a grant (those just enqueued ask too).
+_STEP = (
+    _PRELUDE
+    + """
+local node, ttl, mywait, seed, channel =
+  ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local i = 6
+local changed = prune()
+if seed ~= '' then redis.call('HSETNX', conf, 'limit', seed) end
+local n = tonumber(ARGV[i]); i = i + 1
+for j = 1, n do
+  local id = ARGV[i]; i = i + 1
+  if redis.call('ZREM', leases, id) == 1 then
+    changed = changed + 1
+    local g = tonumber(redis.call('HGET', grantno, id) or '0')
+    redis.call('HDEL', grantno, id)
+    local streak = tonumber(redis.call('HGET', conf, 'streak') or '0')
+    if streak > 0 and g > tonumber(redis.call('HGET', conf, 'granted_at_report') or '0') then
+      redis.call('HSET', conf, 'streak', 0)
+    end
+  end
+end
+n = tonumber(ARGV[i]); i = i + 1
+for j = 1, n do
+  local m = ARGV[i]; i = i + 1
+  changed = changed + redis.call('ZREM', queue, m)
+  redis.call('ZREM', qexp, m)
+end
+local asking = {}
+local created = {}
+n = tonumber(ARGV[i]); i = i + 1
+for j = 1, n do
+  local id, start = ARGV[i], ARGV[i + 1]; i = i + 2
+  local m = string.format('%016d', redis.call('INCR', seq)) .. ':' .. id
+  redis.call('ZADD', queue, start, m)
+  redis.call('ZADD', qexp, now + ttl, m)
+  created[#created + 1] = m
+  asking[m] = true
+end
+n = tonumber(ARGV[i]); i = i + 1
+for j = 1, n do
+  local m, start = ARGV[i], ARGV[i + 1]; i = i + 2
+  redis.call('ZADD', queue, start, m)
+  redis.call('ZADD', qexp, now + ttl, m)
+end
+n = tonumber(ARGV[i]); i = i + 1
+for j = 1, n do
+  -- ZADD, not XX: after Redis restarted empty, holders register again.
+  redis.call('ZADD', leases, now + ttl, ARGV[i]); i = i + 1
+end
+n = tonumber(ARGV[i]); i = i + 1
+for j = 1, n do asking[ARGV[i]] = true; i = i + 1 end
+redis.call('ZADD', nodes, now + ttl, node)
+redis.call('HSET', nwait, node, mywait)
+local granted = {}
+local pause = paused_for()
+local limit = redis.call('HGET', conf, 'limit')
+local function grant(m)
+  local id = string.sub(m, 18)
+  redis.call('ZREM', queue, m)
+  redis.call('ZREM', qexp, m)
+  redis.call('ZADD', leases, now + ttl, id)
+  redis.call('HSET', grantno, id, redis.call('HINCRBY', conf, 'granted', 1))
+  granted[#granted + 1] = m
+end
+if not limit or limit == 'none' then
+  -- Unlimited: pauses do not apply, as in the local policy.
+  for m, _ in pairs(asking) do
+    if redis.call('ZSCORE', queue, m) then grant(m) end
+  end
+  table.sort(granted)
+elseif pause == 0 then
+  local free = tonumber(limit) - redis.call('ZCARD', leases)
+  if free > 0 then
+    for _, m in ipairs(redis.call('ZRANGE', queue, 0, free - 1)) do
+      if asking[m] then grant(m) end
+    end
+  end
+end
+-- Signed, so that the process that caused it need not wake for it.
+if changed > 0 then redis.call('PUBLISH', channel, node) end
+local waiting = 0
+for _, w in ipairs(redis.call('HVALS', nwait)) do waiting = waiting + tonumber(w) end
+return {created, granted, limit or '', redis.call('ZCARD', leases),
+  redis.call('ZCARD', queue), waiting, pause, now}
+"""
+)
+
+# ARGV: the limit to store (a positive integer, or ``none``), whether to
+# overwrite one already stored (``1``) or only fill a gap (``0``), channel.
+_SET_LIMIT = (
+    _PRELUDE
+    + """
+if ARGV[2] == '1' then
+  redis.call('HSET', conf, 'limit', ARGV[1])
+  redis.call('PUBLISH', ARGV[3], 'wake')
+else
+  redis.call('HSETNX', conf, 'limit', ARGV[1])
+end
+return redis.call('HGET', conf, 'limit')
+"""
+)
+
+# ARGV: the server's delay in ms (empty: none), the default pause, the
+# longest pause (ms). The backoff is the local policy's, kept fleet-wide.
+_PAUSE = (
+    _PRELUDE
+    + """
+local delay, default, longest = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local streak = tonumber(redis.call('HGET', conf, 'streak') or '0')
+local granted = redis.call('HGET', conf, 'granted') or '0'
+local step = tonumber(redis.call('HGET', conf, 'step') or default)
+if streak == 0 or granted ~= redis.call('HGET', conf, 'granted_at_report') then
+  if streak > 0 then step = math.min(2 * step, longest) else step = default end
+  redis.call('HSET', conf, 'streak', streak + 1, 'step', step,
+    'granted_at_report', granted)
+end
+local seconds = step
+if delay ~= '' then seconds = math.min(tonumber(delay), longest) end
+local current = tonumber(redis.call('HGET', conf, 'pause_until') or '0')
+if now + seconds > current then
+  redis.call('HSET', conf, 'pause_until', now + seconds)
+end
+return paused_for()
+"""
+)
+
+# ARGV: channel. Ends the pause and the streak.
+_RESUME = (
+    _PRELUDE
+    + """
+redis.call('HDEL', conf, 'pause_until')
+redis.call('HSET', conf, 'streak', 0)
+redis.call('PUBLISH', ARGV[1], 'wake')
+return 0
+"""
+)
+
+
+def keys_of(namespace: str, provider: str) -> list[str]:
+    """The keys of one provider, in the order the scripts take them."""
+    tag = "{" + namespace + ":" + provider + "}"
+    return [
+        f"{tag}:{name}"
+        for name in (
+            "leases",
+            "queue",
+            "qexp",
+            "conf",
+            "seq",
+            "nodes",
+            "nwait",
+            "grantno",
+        )
+    ]
+
+
+def channel_of(namespace: str, provider: str) -> str:
+    """The channel that carries a provider's wake-ups."""
+    return "{" + namespace + ":" + provider + "}:wake"
+
+
+def provider_of_channel(namespace: str, channel: str) -> str | None:
+    """The provider a wake-up channel belongs to, or ``None`` if not ours."""
+    head = "{" + namespace + ":"
+    tail = "}:wake"
+    if channel.startswith(head) and channel.endswith(tail):
+        return channel[len(head) : -len(tail)]
+    return None
+
+
+def lease_of(member: str) -> str:
+    """The lease id inside a queue member."""
+    return member[MEMBER_PREFIX:]
+
+
+@final
+@attrs.frozen
+class StepResult:
+    """What one ``step`` did and saw, in the server's terms.
+
+    Attributes:
+        created: The queue members made for the enqueued waiters, in order.
+        granted: The members granted a lease, in queue order.
+        limit: The stored limit, or ``None`` when there is none or it is
+            unlimited on purpose.
+        in_flight: Live leases of the whole fleet.
+        queued: Entries in the shared queue.
+        waiting: Waiters of the whole fleet, as their processes report them.
+        paused_for: Seconds left of the pause, or 0.
+        server_time: The server's clock, in seconds.
+    """
+
+    created: list[str]
+    granted: list[str]
+    limit: int | None
+    in_flight: int
+    queued: int
+    waiting: int
+    paused_for: float
+    server_time: float
+
+
+def _limit_of(stored: object) -> int | None:
+    if stored in (None, "", "none"):
+        return None
+    return int(str(stored))
+
+
+@final
+class Ledger:
+    """The scripts of one namespace, bound to a coredis client.
+
+    Args:
+        client: A coredis client opened with ``decode_responses=True``.
+        namespace: The prefix of every key; processes that share it share
+            their limits.
+        lease: Seconds a lease or a queue entry lives without renewal.
+    """
+
+    __slots__ = (
+        "_client",
+        "_pause",
+        "_resume",
+        "_set_limit",
+        "_step",
+        "lease",
+        "namespace",
+        "on_idle",
+        "on_lost",
+        "users",
+    )
+
+    def __init__(
+        self, client: coredis.Redis[str], namespace: str, lease: float
+    ) -> None:
+        self._client = client
+        self.namespace = namespace
+        self.lease = lease
+        self._step: Script[str] = client.register_script(_STEP)
+        self._set_limit: Script[str] = client.register_script(_SET_LIMIT)
+        self._pause: Script[str] = client.register_script(_PAUSE)
+        self._resume: Script[str] = client.register_script(_RESUME)
+        # Set by whoever listens for wake-ups, to hear that Redis was lost.
+        self.on_lost: Callable[[], object] | None = None
+        # The schedulers using it, so that the client outlives their last
+        # releases; on_idle is called when the last one is done.
+        self.users = 0
+        self.on_idle: Callable[[], object] | None = None
+
+    def enter(self) -> None:
+        """A scheduler starts using the ledger."""
+        self.users += 1
+
+    def leave(self) -> None:
+        """A scheduler is done with the ledger, its last releases sent."""
+        self.users -= 1
+        if not self.users and self.on_idle is not None:
+            self.on_idle()
+
+    def lost(self) -> None:
+        """A call failed: whoever listens for wake-ups should subscribe again."""
+        if self.on_lost is not None:
+            self.on_lost()
+
+    async def step(
+        self,
+        provider: str,
+        node: str,
+        *,
+        waiting: int = 0,
+        seed: int | None = None,
+        release: Sequence[str] = (),
+        withdraw: Sequence[str] = (),
+        enqueue: Sequence[tuple[str, float]] = (),
+        renew_entries: Sequence[tuple[str, float]] = (),
+        renew_leases: Sequence[str] = (),
+        ask: Sequence[str] = (),
+    ) -> StepResult:
+        """Apply one round of a process's changes, in order, atomically.
+
+        Releases ``release`` (lease ids), withdraws ``withdraw`` (members),
+        enqueues ``enqueue`` (lease id and wall-clock start), renews entries
+        and leases (adding them back if they are gone), stores ``seed`` as
+        the limit if none is stored, then grants what it can of ``ask`` and
+        of the new entries.
+        """
+        args: list[str | int | float] = [
+            node,
+            round(self.lease * 1000),
+            waiting,
+            "" if seed is None else seed,
+            channel_of(self.namespace, provider),
+        ]
+        args.append(len(release))
+        args.extend(release)
+        args.append(len(withdraw))
+        args.extend(withdraw)
+        args.append(len(enqueue))
+        for lease_id, start in enqueue:
+            args.extend((lease_id, repr(start)))
+        args.append(len(renew_entries))
+        for member, start in renew_entries:
+            args.extend((member, repr(start)))
+        args.append(len(renew_leases))
+        args.extend(renew_leases)
+        args.append(len(ask))
+        args.extend(ask)
+        # A Lua script's answer is untyped; this one has a fixed shape.
+        reply: Any = await self._step(keys=keys_of(self.namespace, provider), args=args)
+        created, granted, limit, in_flight, queued, waiting_all, pause, now = reply
+        return StepResult(
+            created=list(created),
+            granted=list(granted),
+            limit=_limit_of(limit),
+            in_flight=int(in_flight),
+            queued=int(queued),
+            waiting=int(waiting_all),
+            paused_for=int(pause) / 1000,
+            server_time=int(now) / 1000,
+        )
+
+    async def set_limit(
+        self, provider: str, limit: int | None, *, overwrite: bool = True
+    ) -> int | None:
+        """Store ``limit`` (``None``: unlimited); returns the stored limit.
+
+        With ``overwrite=False`` a limit already stored wins.
+        """
+        stored: Any = await self._set_limit(
+            keys=keys_of(self.namespace, provider),
+            args=[
+                "none" if limit is None else limit,
+                "1" if overwrite else "0",
+                channel_of(self.namespace, provider),
+            ],
+        )
+        return _limit_of(stored)
+
+    async def pause(
+        self,
+        provider: str,
+        retry_after: float | None,
+        *,
+        default_pause: float,
+        max_pause: float,
+    ) -> float:
+        """Pause the provider fleet-wide; returns the seconds left of the pause."""
+        left: Any = await self._pause(
+            keys=keys_of(self.namespace, provider),
+            args=[
+                "" if retry_after is None else round(retry_after * 1000),
+                round(default_pause * 1000),
+                round(max_pause * 1000),
+            ],
+        )
+        return int(str(left)) / 1000
+
+    async def resume(self, provider: str) -> None:
+        """End the provider's pause and its backoff streak, fleet-wide."""
+        await self._resume(
+            keys=keys_of(self.namespace, provider),
+            args=[channel_of(self.namespace, provider)],
+        )

@@ -1,0 +1,258 @@
+"""One process's share of a provider shared through the ledger: pure bookkeeping.
+
+A plain synchronous class with no I/O and no trio, the shared counterpart
+of ``SlotPolicy``: the shared scheduler actor feeds it messages, asks it for
+the next round's ``Plan`` to send to the ledger, and tells it what the
+ledger answered. It decides which local waiters are published to the shared
+queue (the oldest ``limit`` of them: no more can be granted in one round,
+so the Redis queue stays small) and keeps the published entries and the
+leases of this process.
+
+Invariants, after every call:
+
+1. Every local ticket is in exactly one state: waiting (published or not)
+   or holding a lease. A ticket that leaves, by release or cancel, has its
+   lease or its queue entry queued for release or withdrawal, so nothing
+   it had in Redis outlives it (and what a failed round could not send is
+   sent by the next).
+2. The published waiters are the oldest local waiters, at most ``limit``.
+3. A grant is delivered only to a ticket still waiting; a grant that
+   arrives for a ticket cancelled meanwhile is queued for release at once.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import TYPE_CHECKING, final
+
+import attrs
+
+from ._exceptions import QueueFull
+from ._ledger import lease_of
+
+if TYPE_CHECKING:
+    from .messages._scheduling import Ticket
+
+
+@final
+@attrs.frozen
+class Plan:
+    """One round's changes for the ledger, in the order it applies them."""
+
+    release: list[str]
+    withdraw: list[str]
+    enqueue: list[tuple[str, float]]
+    renew_entries: list[tuple[str, float]]
+    renew_leases: list[str]
+    ask: list[str]
+    # The tickets of ``enqueue``, in the same order.
+    enqueued: list[Ticket]
+
+
+@final
+class SharedBook:
+    """The local waiters, published entries and leases of one provider.
+
+    Args:
+        node: This process's unique name for the provider; lease ids are
+            ``<node>:<seq>``.
+        max_waiting: At most this many local tickets wait (not yet
+            granted); one more is refused with ``QueueFull``.
+    """
+
+    __slots__ = (
+        "_holders",
+        "_max_waiting",
+        "_members",
+        "_order",
+        "_published",
+        "_release",
+        "_start",
+        "_withdraw",
+        "granted_total",
+        "node",
+        "peak_in_flight",
+        "peak_waiting",
+        "rejected_total",
+        "released_total",
+        "withdrawn_total",
+    )
+
+    def __init__(self, node: str, *, max_waiting: int | None = None) -> None:
+        self.node = node
+        self._max_waiting = max_waiting
+        # Waiting tickets, sorted, and their turn's start on the wall clock.
+        self._order: list[Ticket] = []
+        self._start: dict[Ticket, float] = {}
+        self._published: dict[Ticket, str] = {}
+        self._members: dict[str, Ticket] = {}
+        self._holders: dict[Ticket, str] = {}
+        self._release: list[str] = []
+        self._withdraw: list[str] = []
+        self.granted_total = 0
+        self.released_total = 0
+        self.withdrawn_total = 0
+        self.rejected_total = 0
+        self.peak_in_flight = 0
+        self.peak_waiting = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"<SharedBook node={self.node!r} holding={len(self._holders)}"
+            f" waiting={len(self._order)} published={len(self._published)}>"
+        )
+
+    @property
+    def in_flight(self) -> int:
+        """Leases this process holds."""
+        return len(self._holders)
+
+    @property
+    def waiting(self) -> int:
+        """Local tickets waiting for a lease."""
+        return len(self._order)
+
+    @property
+    def published(self) -> int:
+        """Local waiters with an entry in the shared queue."""
+        return len(self._published)
+
+    def busy(self) -> bool:
+        """Whether anything is held, waiting, or left to send to the ledger."""
+        return bool(self._order or self._holders or self._release or self._withdraw)
+
+    def unsent(self) -> bool:
+        """Whether releases or withdrawals wait for the next round."""
+        return bool(self._release or self._withdraw)
+
+    def lease_id(self, ticket: Ticket) -> str:
+        """The lease id of a local ticket."""
+        return f"{self.node}:{ticket.seq}"
+
+    def waiters(self) -> list[Ticket]:
+        """The waiting tickets, oldest first."""
+        return list(self._order)
+
+    def holders(self) -> frozenset[Ticket]:
+        """The tickets holding a lease."""
+        return frozenset(self._holders)
+
+    def acquire(self, ticket: Ticket, start: float) -> None:
+        """Queue ``ticket``, whose turn began at ``start`` (wall clock).
+
+        Raises:
+            ValueError: The ticket is already known.
+            QueueFull: ``max_waiting`` tickets already wait. Nothing changed.
+        """
+        if ticket in self._start or ticket in self._holders:
+            raise ValueError(f"ticket {ticket!r} is already known")
+        if self._max_waiting is not None and len(self._order) >= self._max_waiting:
+            self.rejected_total += 1
+            raise QueueFull(
+                f"{len(self._order)} requests already wait"
+                f" (max_waiting={self._max_waiting})"
+            )
+        bisect.insort(self._order, ticket)
+        self._start[ticket] = start
+        self.peak_waiting = max(self.peak_waiting, len(self._order))
+
+    def release(self, ticket: Ticket) -> None:
+        """Give back a lease; does nothing for an unknown or finished ticket.
+
+        Raises:
+            RuntimeError: The ticket is still waiting; cancel it instead.
+        """
+        if ticket in self._start:
+            raise RuntimeError(f"ticket {ticket!r} is waiting, not holding a slot")
+        self._drop_lease(ticket)
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Withdraw a waiting ticket, or give back its lease if it has one."""
+        if ticket in self._start:
+            self._remove_waiter(ticket)
+            self.withdrawn_total += 1
+            return
+        self._drop_lease(ticket)
+
+    def plan(self, limit: int | None, *, renew: bool) -> Plan:
+        """The next round: what to send, publish, renew and ask for.
+
+        The releases and withdrawals are taken out of the book: hand them
+        back with ``failed`` if the round does not reach the ledger.
+        """
+        wanted = self._order if limit is None else self._order[:limit]
+        target = set(wanted)
+        # An older waiter arrived (an older turn's retry): the youngest
+        # published ones leave the queue to make room for it.
+        for ticket in [t for t in self._published if t not in target]:
+            member = self._published.pop(ticket)
+            del self._members[member]
+            self._withdraw.append(member)
+        enqueued = [t for t in wanted if t not in self._published]
+        plan = Plan(
+            release=self._release,
+            withdraw=self._withdraw,
+            enqueue=[(self.lease_id(t), self._start[t]) for t in enqueued],
+            renew_entries=(
+                [(m, self._start[t]) for t, m in self._published.items()]
+                if renew
+                else []
+            ),
+            renew_leases=list(self._holders.values()) if renew else [],
+            ask=list(self._published.values()),
+            enqueued=enqueued,
+        )
+        self._release = []
+        self._withdraw = []
+        return plan
+
+    def failed(self, plan: Plan) -> None:
+        """The round did not reach the ledger: keep its releases for the next."""
+        self._release = plan.release + self._release
+        self._withdraw = plan.withdraw + self._withdraw
+
+    def applied(
+        self, plan: Plan, created: list[str], granted: list[str]
+    ) -> list[Ticket]:
+        """The ledger applied ``plan``: returns the tickets granted, in order.
+
+        ``created`` are the queue members made for ``plan.enqueued``;
+        ``granted`` the members granted a lease.
+        """
+        for ticket, member in zip(plan.enqueued, created, strict=True):
+            if ticket in self._start:
+                self._published[ticket] = member
+                self._members[member] = ticket
+            else:
+                # Cancelled while the round was on its way.
+                self._withdraw.append(member)
+        grants: list[Ticket] = []
+        for member in granted:
+            owner = self._members.pop(member, None)
+            if owner is None:
+                # Its ticket left while the round was on its way.
+                self._release.append(lease_of(member))
+                continue
+            del self._published[owner]
+            self._order.remove(owner)
+            del self._start[owner]
+            self._holders[owner] = lease_of(member)
+            grants.append(owner)
+        self.granted_total += len(grants)
+        self.peak_in_flight = max(self.peak_in_flight, len(self._holders))
+        return grants
+
+    def _remove_waiter(self, ticket: Ticket) -> None:
+        index = bisect.bisect_left(self._order, ticket)
+        del self._order[index]
+        del self._start[ticket]
+        member = self._published.pop(ticket, None)
+        if member is not None:
+            del self._members[member]
+            self._withdraw.append(member)
+
+    def _drop_lease(self, ticket: Ticket) -> None:
+        lease = self._holders.pop(ticket, None)
+        if lease is not None:
+            self._release.append(lease)
+            self.released_total += 1

@@ -1,0 +1,155 @@
+"""The dispatcher's connection to Redis: one long-lived task holds the client.
+
+``serve_ledger`` runs in the dispatcher's nursery. It opens the coredis
+client (whose own tasks live inside it, so nothing the dispatcher's body
+raises passes through them), checks that Redis answers, stores the limits
+given to ``open_dispatcher`` where none is stored yet, and reports the
+ledger and the stored limits to the dispatcher. Then it listens for
+wake-ups on the namespace's channels and hands each to the provider's
+scheduler, until the dispatcher closes.
+
+A pub/sub connection to a Redis that died may stay silent rather than fail,
+so the schedulers tell the listener when they lose the ledger (``lost``),
+and it subscribes again; on each new subscription every scheduler runs a
+round, for what it may have missed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import coredis
+import trio
+from coredis.retry import NoRetryPolicy
+
+from .._exceptions import BackendUnavailable
+from .._groups import leaves
+from .._ledger import Ledger, provider_of_channel
+from .._validation import redact_url
+from ._shared_scheduler import BACKEND_ERRORS
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from ._dispatcher import _Settings
+
+_FIRST_RETRY = 0.05
+_LAST_RETRY = 1.0
+
+
+async def serve_ledger(
+    settings: _Settings,
+    limits: Mapping[str, int],
+    wake: Callable[[str | None, str | None], None],
+    closing: trio.Event,
+    *,
+    task_status: trio.TaskStatus[tuple[Ledger, dict[str, int | None]]],
+) -> None:
+    """Hold the client, report the ledger, then relay wake-ups until closing.
+
+    The client lives in a shielded scope: the schedulers give their leases
+    back as the dispatcher's nursery is cancelled, so the client (and the
+    tasks coredis runs inside it) must outlive that cancellation. Once
+    ``closing`` is set, it waits (briefly) for the schedulers to be done,
+    then ends. Connecting is bounded by a timeout, so the shield never
+    holds a cancellation back for long.
+
+    Raises:
+        BackendUnavailable: Before reporting, if Redis cannot be reached.
+    """
+    url = settings.redis_url
+    assert url is not None
+    # A call may take a third of the lease at most, so that a holder whose
+    # renewal hangs learns it before its lease runs out.
+    timeout = min(5.0, settings.lease / 3)
+    client: coredis.Redis[str] = coredis.Redis.from_url(
+        url,
+        decode_responses=True,
+        retry_policy=NoRetryPolicy(),
+        connect_timeout=timeout,
+        stream_timeout=timeout,
+    )
+    reported = False
+    try:
+        with trio.CancelScope(shield=True) as held:
+            async with client:
+                with trio.fail_after(max(timeout, 1.0)):
+                    await client.ping()
+                    ledger = Ledger(client, settings.namespace, settings.lease)
+                    stored = {
+                        provider: await ledger.set_limit(
+                            provider, limit, overwrite=False
+                        )
+                        for provider, limit in limits.items()
+                    }
+                reported = True
+                task_status.started((ledger, stored))
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_close_when_done, closing, ledger, held)
+                    await _listen(client, ledger, wake)
+    except BaseException as exc:
+        if reported or not all(
+            isinstance(leaf, (*BACKEND_ERRORS, trio.TooSlowError))
+            for leaf in leaves(exc)
+        ):
+            raise
+        reason = next(iter(leaves(exc)))
+        raise BackendUnavailable(
+            f"cannot reach redis at {redact_url(url)}: {reason}"
+        ) from None
+
+
+async def _close_when_done(
+    closing: trio.Event, ledger: Ledger, held: trio.CancelScope
+) -> None:
+    await closing.wait()
+    # The schedulers give their leases back as they stop: keep the client
+    # open for them, within a bound.
+    with trio.move_on_after(2.0):
+        if ledger.users:
+            idle = trio.Event()
+            ledger.on_idle = idle.set
+            await idle.wait()
+    held.cancel()
+
+
+async def _listen(
+    client: coredis.Redis[str],
+    ledger: Ledger,
+    wake: Callable[[str | None, str | None], None],
+) -> None:
+    pattern = "{" + ledger.namespace + ":*}:wake"
+    delay = _FIRST_RETRY
+    while True:
+        with trio.CancelScope() as scope:
+            ledger.on_lost = scope.cancel
+            try:
+                async with client.pubsub(patterns=[pattern]) as pubsub:
+                    async for message in pubsub:
+                        if message["type"] == "psubscribe":
+                            delay = _FIRST_RETRY
+                            # Wake-ups may have been missed meanwhile.
+                            wake(None, None)
+                        elif message["type"] == "pmessage":
+                            provider = provider_of_channel(
+                                ledger.namespace, _text(message["channel"])
+                            )
+                            if provider is not None:
+                                wake(provider, _text(message["data"]))
+            except BaseException as exc:
+                # A lost connection ends this subscription; anything else,
+                # a cancellation among it included, goes on without the
+                # connection's errors.
+                if isinstance(exc, BaseExceptionGroup):
+                    rest = exc.split(BACKEND_ERRORS)[1]
+                    if rest is not None:
+                        raise rest from None
+                elif not isinstance(exc, BACKEND_ERRORS):
+                    raise
+        ledger.on_lost = None
+        await trio.sleep(delay)
+        delay = min(2 * delay, _LAST_RETRY)
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else str(value)

@@ -1,0 +1,452 @@
+"""The shared scheduler actor: one provider's slots, granted fleet-wide via Redis.
+
+Design note. It speaks the same protocol as ``SchedulerActor`` (the same
+inbox and messages, the same ``Reply``), so ``Slot`` and the dispatcher use
+either; the in-process actor keeps its hot path untouched. This actor is
+the only code that talks to Redis for its provider. It keeps its local
+waiters in a ``SharedBook`` (oldest first) and, in rounds, sends the
+ledger one ``step``: the leases given back and the entries withdrawn since
+the last round, its oldest waiters to publish, its renewals, and a request
+for the grants that the global queue allows it. Grants are delivered as in
+the local actor; a grant that reaches a requester who has just given up is
+released by that requester's ``Cancel`` in the next round.
+
+A round runs when a message arrives, when a wake-up is published on the
+provider's channel (every release, withdrawal, limit change and resume
+publishes one), when leases and entries are due for renewal (every third
+of the lease), when a pause ends, and, while anything waits, on a slow
+poll: the safety net for a lost wake-up.
+
+While the ledger cannot be reached nothing new is granted (the ledger
+alone can say that a slot is free); holders keep their slots, waiters keep
+waiting, and rounds are retried with a growing delay. Releases and
+withdrawals not sent yet are kept for the next round that reaches Redis;
+those that were sent without an answer, and the leases of a process that
+vanished, expire after ``lease``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+import uuid
+from typing import TYPE_CHECKING, Final, final
+
+import anyio
+import attrs
+import trio
+from coredis.exceptions import RedisError
+
+from .._exceptions import DispatcherClosed, QueueFull
+from ..messages._scheduling import (
+    Acquire,
+    Cancel,
+    Grant,
+    Pause,
+    Release,
+    SchedulerMessage,
+    SetLimit,
+    Ticket,
+)
+from ._mailbox import Mailbox
+
+if TYPE_CHECKING:
+    import collections
+    from collections.abc import Callable
+
+    from .._ledger import Ledger, StepResult
+    from .._shared_book import Plan, SharedBook
+    from ..messages._scheduling import Reply
+
+_logger = logging.getLogger("trio_dispatch")
+
+# What a lost connection raises, from coredis, anyio or the socket below.
+BACKEND_ERRORS: Final = (
+    RedisError,
+    OSError,
+    TimeoutError,
+    trio.BrokenResourceError,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+)
+
+_FIRST_RETRY: Final = 0.05
+_LAST_RETRY: Final = 1.0
+
+
+@final
+class _Wake:
+    """A wake-up from the provider's channel: run a round."""
+
+
+_WAKE: Final = _Wake()
+
+
+@final
+@attrs.frozen
+class SharedView:
+    """What the last round saw of the whole fleet, for ``statistics()``."""
+
+    in_flight: int = 0
+    waiting: int = 0
+    paused_until: float | None = None
+    up: bool = True
+
+
+@final
+class SharedSchedulerActor:
+    """The scheduler of one provider whose limit is shared through Redis.
+
+    Args:
+        provider: The provider's name.
+        book: Its bookkeeping, kept by the dispatcher across restarts.
+        ledger: The namespace's scripts.
+        limit: The limit known when it starts (stored in Redis if none is).
+        default_pause: The backoff's first pause, as the dispatcher's.
+        max_pause: The longest pause, as the dispatcher's.
+        on_limit: Called with the stored limit whenever a round learns it.
+    """
+
+    __slots__ = (
+        "_backoff",
+        "_default_pause",
+        "_dirty",
+        "_inbox",
+        "_last_round",
+        "_ledger",
+        "_limit_writes",
+        "_max_pause",
+        "_next_renew",
+        "_on_limit",
+        "_pauses",
+        "_replies",
+        "_resume",
+        "_retry_at",
+        "_seq",
+        "_view",
+        "book",
+        "limit",
+        "provider",
+    )
+
+    def __init__(
+        self,
+        provider: str,
+        book: SharedBook,
+        ledger: Ledger,
+        *,
+        limit: int | None,
+        default_pause: float,
+        max_pause: float,
+        on_limit: Callable[[str, int | None], None],
+    ) -> None:
+        self.provider = provider
+        self.book = book
+        self.limit = limit
+        self._ledger = ledger
+        self._default_pause = default_pause
+        self._max_pause = max_pause
+        self._on_limit = on_limit
+        self._inbox: Mailbox[SchedulerMessage | _Wake] = Mailbox()
+        self._replies: dict[Ticket, Reply] = {}
+        self._seq = itertools.count()
+        self._limit_writes: list[int | None] = []
+        self._pauses: list[float | None] = []
+        self._resume = False
+        self._dirty = True
+        self._next_renew = -math.inf
+        self._last_round = -math.inf
+        self._retry_at = -math.inf
+        self._backoff = _FIRST_RETRY
+        self._view = SharedView()
+        # Counted from now: the client stays open until run() is done,
+        # even if the dispatcher closes before run() first gets to run.
+        ledger.enter()
+
+    def __repr__(self) -> str:
+        return f"<SharedSchedulerActor provider={self.provider!r} {self.book!r}>"
+
+    @property
+    def view(self) -> SharedView:
+        """The fleet as the last round saw it."""
+        return self._view
+
+    def ticket(self, started_at: float) -> Ticket:
+        """A fresh ticket; its ``seq`` matches the order of the inbox."""
+        return Ticket(started_at, next(self._seq))
+
+    def send(self, message: SchedulerMessage) -> None:
+        """Put a message in the inbox; never blocks.
+
+        Raises:
+            trio.ClosedResourceError: The actor has stopped.
+        """
+        self._inbox.send_nowait(message)
+
+    def wake(self, source: str | None = None) -> None:
+        """Run a round soon: something changed in Redis. Never blocks.
+
+        A wake-up that ``source`` names as this process's own is ignored:
+        its round already saw what it changed.
+        """
+        if source == self.book.node:
+            return
+        if not self._dirty and not self._inbox.closed:
+            self._dirty = True
+            self._inbox.send_nowait(_WAKE)
+
+    def close(self) -> None:
+        """Refuse further messages; the actor stops and fails the waiters."""
+        self._inbox.close()
+
+    def handle_backlog(self) -> None:
+        """Take every queued message into the book now; never blocks.
+
+        The local figures then reflect every message sent so far; the
+        fleet's figures are those of the last round.
+        """
+        inbox = self._inbox
+        if inbox.closed or not len(inbox):
+            return
+        self._take(inbox.take_all(), trio.current_time())
+        # The actor may be in a round now: it must run another for these,
+        # though it will find the inbox empty.
+        self._dirty = True
+
+    @trio.lowlevel.enable_ki_protection
+    async def run(self, *, stop_when_idle: bool = False) -> bool:
+        """Serve the inbox and the ledger until closed or cancelled.
+
+        Args:
+            stop_when_idle: Also stop once the provider is unlimited and
+                nothing is held, waiting, queued or left to send.
+
+        Returns:
+            ``True`` if it stopped because it was idle.
+        """
+        inbox = self._inbox
+        try:
+            while True:
+                if stop_when_idle and self._idle():
+                    return True
+                if not self._view.up:
+                    # The ledger is away: messages are taken into the book
+                    # and wait for the next retry.
+                    with trio.move_on_at(self._retry_at):
+                        await inbox.wait()
+                elif not self._dirty:
+                    with trio.move_on_at(self._deadline()):
+                        await inbox.wait()
+                if inbox.closed:
+                    return False
+                now = trio.current_time()
+                self._take(inbox.take_all(), now)
+                if now < self._retry_at:
+                    continue
+                self._dirty = False
+                await self._round(now)
+        finally:
+            try:
+                await self._shutdown()
+            finally:
+                self._ledger.leave()
+
+    def _idle(self) -> bool:
+        return (
+            self.limit is None
+            and not self.book.busy()
+            and not len(self._inbox)
+            and not self._inbox.closed
+            and not self._limit_writes
+            and not self._pauses
+            and not self._resume
+        )
+
+    def _deadline(self) -> float:
+        book = self.book
+        deadline = math.inf
+        if book.in_flight or book.waiting:
+            deadline = self._next_renew
+        if book.waiting:
+            # The safety net for a lost wake-up, and the end of a pause.
+            poll = min(1.0, self._ledger.lease / 3)
+            deadline = min(deadline, self._last_round + poll)
+            paused_until = self._view.paused_until
+            if paused_until is not None:
+                deadline = min(deadline, paused_until)
+        return deadline
+
+    def _take(
+        self, messages: collections.deque[SchedulerMessage | _Wake], now: float
+    ) -> None:
+        book = self.book
+        for message in messages:
+            if isinstance(message, Release):
+                try:
+                    book.release(message.ticket)
+                except RuntimeError as exc:
+                    reply = self._replies.pop(message.ticket)
+                    book.cancel(message.ticket)
+                    reply._fail(exc)
+            elif isinstance(message, Acquire):
+                self._acquire(message, now)
+            elif isinstance(message, Cancel):
+                self._replies.pop(message.ticket, None)
+                book.cancel(message.ticket)
+            elif isinstance(message, SetLimit):
+                self.limit = message.limit
+                self._limit_writes.append(message.limit)
+            elif isinstance(message, Pause):
+                self._pauses.append(message.retry_after)
+            elif isinstance(message, _Wake):
+                continue
+            else:
+                self._resume = True
+
+    def _acquire(self, message: Acquire, now: float) -> None:
+        ticket = message.ticket
+        # The turn's start on the wall clock, so that processes (and hosts,
+        # as far as their clocks agree) compare starts.
+        start = time.time() - now + ticket.started_at
+        try:
+            self.book.acquire(ticket, start)
+        except (QueueFull, ValueError) as exc:
+            if self._replies.get(ticket) is message.reply:
+                self._replies.pop(ticket)
+                self.book.cancel(ticket)
+            message.reply._fail(exc)
+            return
+        self._replies[ticket] = message.reply
+
+    async def _round(self, now: float) -> None:
+        renew = now >= self._next_renew
+        plan: Plan | None = None
+        try:
+            await self._write()
+            book = self.book
+            plan = book.plan(self.limit, renew=renew)
+            result = await self._ledger.step(
+                self.provider,
+                book.node,
+                waiting=book.waiting,
+                seed=self.limit,
+                release=plan.release,
+                withdraw=plan.withdraw,
+                enqueue=plan.enqueue,
+                renew_entries=plan.renew_entries,
+                renew_leases=plan.renew_leases,
+                ask=plan.ask,
+            )
+        except BACKEND_ERRORS as exc:
+            if plan is not None:
+                self.book.failed(plan)
+            self._down(now, exc)
+            return
+        self._up(now, renew, plan, result)
+
+    async def _write(self) -> None:
+        """Store the limits, pauses and resumes asked for, in order."""
+        ledger = self._ledger
+        provider = self.provider
+        while self._limit_writes:
+            stored = await ledger.set_limit(provider, self._limit_writes[0])
+            self._limit_writes.pop(0)
+            self._learn_limit(stored)
+        while self._pauses:
+            await ledger.pause(
+                provider,
+                self._pauses[0],
+                default_pause=self._default_pause,
+                max_pause=self._max_pause,
+            )
+            self._pauses.pop(0)
+        if self._resume:
+            await ledger.resume(provider)
+            self._resume = False
+
+    def _down(self, now: float, error: BaseException) -> None:
+        if self._view.up:
+            # The error as text: a log record that kept the exception would
+            # keep its traceback's frames, and the dead connection, alive.
+            _logger.warning(
+                "the shared ledger of %r is unreachable, granting nothing: %s",
+                self.provider,
+                str(error),
+            )
+        self._view = attrs.evolve(self._view, up=False)
+        self._ledger.lost()
+        self._retry_at = now + self._backoff
+        self._backoff = min(2 * self._backoff, _LAST_RETRY)
+        # Renew at once when it is back: Redis may have restarted empty.
+        self._next_renew = -math.inf
+
+    def _up(self, now: float, renewed: bool, plan: Plan, result: StepResult) -> None:
+        if not self._view.up:
+            _logger.warning("the shared ledger of %r is back", self.provider)
+        self._backoff = _FIRST_RETRY
+        self._retry_at = -math.inf
+        self._last_round = now
+        if renewed:
+            self._next_renew = now + self._ledger.lease / 3
+        self._learn_limit(result.limit)
+        book = self.book
+        grants = book.applied(plan, result.created, result.granted)
+        replies = self._replies
+        for ticket in grants:
+            replies.pop(ticket)._grant(Grant(ticket, now))
+        self._view = SharedView(
+            in_flight=result.in_flight,
+            waiting=result.waiting,
+            paused_until=now + result.paused_for if result.paused_for else None,
+            up=True,
+        )
+        if book.unsent():
+            # Grants or entries for tickets that left while the round was
+            # on its way: give them back in another round now.
+            self._dirty = True
+
+    def _learn_limit(self, stored: int | None) -> None:
+        if stored != self.limit and not self._limit_writes:
+            self.limit = stored
+            self._on_limit(self.provider, stored)
+
+    async def _shutdown(self) -> None:
+        self._inbox.close()
+        self._take(self._inbox.take_all(), trio.current_time())
+        book = self.book
+        replies = list(self._replies.values())
+        self._replies.clear()
+        for reply in replies:
+            reply._fail(
+                DispatcherClosed(
+                    f"the dispatcher closed while waiting for {self.provider!r}"
+                )
+            )
+        for ticket in book.waiters():
+            book.cancel(ticket)
+        for ticket in book.holders():
+            book.release(ticket)
+        plan = book.plan(self.limit, renew=False)
+        if not (plan.release or plan.withdraw or self._limit_writes):
+            return
+        # Cleanup awaits only shielded, and briefly: what is not given
+        # back here expires after the lease. A limit set just before the
+        # end is stored still: the fleet keeps it.
+        with trio.move_on_after(1.0, shield=True):
+            try:
+                await self._write()
+                await self._ledger.step(
+                    self.provider,
+                    book.node,
+                    release=plan.release,
+                    withdraw=plan.withdraw,
+                )
+            except BACKEND_ERRORS:
+                book.failed(plan)
+
+
+def new_node() -> str:
+    """A name for one process's share of a provider, unique in the fleet."""
+    return uuid.uuid4().hex[:16]
