@@ -17,7 +17,11 @@ Three measurements:
    and leaves a slot; the time to enter is the latency of a grant. p50 and
    p99 in microseconds, for a local dispatcher and for one on Redis (the
    difference is what the shared backend adds: one script call on
-   loopback, and the scheduler's round).
+   loopback, and the scheduler's round). Measured twice: back to back (the
+   next request arrives while the scheduler still gives the last slot back
+   to Redis, so it waits for that round too: two script calls) and to an
+   idle scheduler (a 5 ms pause, untimed, between cycles: one script call,
+   the case of requests that hold their slot for a model's answer).
 2. **Contended hand-offs**: ``tasks`` tasks each run ``cycles`` cycles of
    (acquire, one checkpoint, release) under a limit of ``limit``, in one
    process. Hand-offs per second, local and on Redis, in the same run.
@@ -108,6 +112,10 @@ class RedisBackendReport:
     latency_local_p99_us: float
     latency_redis_p50_us: float
     latency_redis_p99_us: float
+    idle_latency_local_p50_us: float
+    idle_latency_local_p99_us: float
+    idle_latency_redis_p50_us: float
+    idle_latency_redis_p99_us: float
     handoffs_local_per_s: float
     handoffs_redis_per_s: float
     scaling: tuple[ScalingRow, ...]
@@ -123,10 +131,16 @@ class RedisBackendReport:
             "",
             "| measurement | local | redis |",
             "| --- | ---: | ---: |",
-            f"| grant latency p50 (µs) | {self.latency_local_p50_us:.0f}"
+            f"| grant latency p50, back to back (µs) | {self.latency_local_p50_us:.0f}"
             f" | {self.latency_redis_p50_us:.0f} |",
-            f"| grant latency p99 (µs) | {self.latency_local_p99_us:.0f}"
+            f"| grant latency p99, back to back (µs) | {self.latency_local_p99_us:.0f}"
             f" | {self.latency_redis_p99_us:.0f} |",
+            f"| grant latency p50, idle scheduler (µs)"
+            f" | {self.idle_latency_local_p50_us:.0f}"
+            f" | {self.idle_latency_redis_p50_us:.0f} |",
+            f"| grant latency p99, idle scheduler (µs)"
+            f" | {self.idle_latency_local_p99_us:.0f}"
+            f" | {self.idle_latency_redis_p99_us:.0f} |",
             f"| contended hand-offs per second | {self.handoffs_local_per_s:,.0f}"
             f" | {self.handoffs_redis_per_s:,.0f} |",
             "",
@@ -196,7 +210,12 @@ def _options(redis_url: str | None, namespace: str) -> dict[str, Any]:
     return {"redis_url": redis_url, "namespace": namespace, "lease": 5.0}
 
 
-async def _latencies(rounds: int, redis_url: str | None, namespace: str) -> list[float]:
+_IDLE_GAP = 0.005
+
+
+async def _latencies(
+    rounds: int, redis_url: str | None, namespace: str, gap: float = 0.0
+) -> list[float]:
     found = []
     async with open_dispatcher(
         {_PROVIDER: 1}, **_options(redis_url, namespace)
@@ -206,6 +225,8 @@ async def _latencies(rounds: int, redis_url: str | None, namespace: str) -> list
             started = time.perf_counter()
             async with slot:
                 found.append(time.perf_counter() - started)
+            if gap:
+                await trio.sleep(gap)
     return found
 
 
@@ -327,9 +348,16 @@ def run(sizes: Sizes, redis_url: str) -> RedisBackendReport:
     trio.run(_latencies, 50, redis_url, "warm")
     local: list[float] = []
     shared: list[float] = []
+    idle_local: list[float] = []
+    idle_shared: list[float] = []
+    idle_rounds = max(1, sizes.round_trips // 4)
     for n in range(sizes.repeats):
         local += trio.run(_latencies, sizes.round_trips, None, "lat")
         shared += trio.run(_latencies, sizes.round_trips, redis_url, f"lat{n}")
+        idle_local += trio.run(_latencies, idle_rounds, None, "idle", _IDLE_GAP)
+        idle_shared += trio.run(
+            _latencies, idle_rounds, redis_url, f"idle{n}", _IDLE_GAP
+        )
     show_progress("contended hand-offs")
     local_rates = []
     shared_rates = []
@@ -347,6 +375,10 @@ def run(sizes: Sizes, redis_url: str) -> RedisBackendReport:
         latency_local_p99_us=_quantile(local, 0.99) * 1e6,
         latency_redis_p50_us=_quantile(shared, 0.50) * 1e6,
         latency_redis_p99_us=_quantile(shared, 0.99) * 1e6,
+        idle_latency_local_p50_us=_quantile(idle_local, 0.50) * 1e6,
+        idle_latency_local_p99_us=_quantile(idle_local, 0.99) * 1e6,
+        idle_latency_redis_p50_us=_quantile(idle_shared, 0.50) * 1e6,
+        idle_latency_redis_p99_us=_quantile(idle_shared, 0.99) * 1e6,
         handoffs_local_per_s=statistics.median(local_rates),
         handoffs_redis_per_s=statistics.median(shared_rates),
         scaling=tuple(rows),
