@@ -745,6 +745,8 @@ async def test_start_conversation_takes_its_settings_only_as_options(name: str) 
         ({"keep_recent": "x"}, TypeError, "keep_recent must be a non-negative integer, got 'x'"),
         ({"max_tokens": 0}, ValueError, "max_tokens must be a positive integer, got 0"),
         ({"seed": "x"}, TypeError, "seed must be an integer or None, got 'x'"),
+        ({"max_tool_rounds": 0}, ValueError, "max_tool_rounds must be a positive integer, got 0"),
+        ({"max_tool_rounds": None}, TypeError, "max_tool_rounds must be a positive integer, got None"),
     ],
 )  # fmt: skip
 def test_conversation_options_check_their_fields_when_made(

@@ -12,6 +12,8 @@ sent again)::
     │                        cancelled and the slot given back
     ├── ConversationClosed   the conversation was closed, or its actor stopped,
     │                        before the answer
+    ├── TooManyToolRounds    the model kept calling tools past max_tool_rounds;
+    │                        the turn failed and the history is unchanged
     └── ProviderError                  provider, status_code, retryable
         ├── RateLimited                429: too many requests     retryable
         ├── Overloaded                 529, 503: busy for everyone retryable
@@ -84,6 +86,23 @@ class ConversationClosed(DispatchError):
     every caller still waiting when it is called. (When the dispatcher
     closes instead, they get ``DispatcherClosed``.)
     """
+
+
+@final
+class TooManyToolRounds(DispatchError):
+    """The model asked for tools once more after ``max_tool_rounds`` rounds.
+
+    The turn failed without running that round's tools, and the history is
+    as it was before the turn (like any failed turn); the conversation
+    stays usable.
+
+    Attributes:
+        rounds: The rounds of tools the turn ran (``max_tool_rounds``).
+    """
+
+    def __init__(self, message: str, *, rounds: int) -> None:
+        super().__init__(message)
+        self.rounds = rounds
 
 
 class ProviderError(DispatchError):
