@@ -701,6 +701,9 @@ async def _nothing(arguments: dict[str, Any]) -> str:
         ({"tools": [ADD, ADD]}, ValueError, "duplicate tool name 'add'"),
         ({"system_prompt": 1}, TypeError, "system_prompt must be a string or None, got 1"),
         ({"options": {"seed": 1}}, TypeError, "options must be a ConversationOptions or None, got {'seed': 1}"),
+        ({"history": "hi"}, TypeError, "history must be an iterable of ChatMessage values, got 'hi'"),
+        ({"history": [ChatMessage("tool", "5", tool_call_id="c1")]}, ValueError,
+         "history message 0: a tool result without its call: none right before it has id 'c1'"),
     ],
 )  # fmt: skip
 async def test_start_conversation_checks_its_arguments_at_once(

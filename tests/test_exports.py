@@ -72,6 +72,8 @@ def test_the_top_level_is_what_an_application_uses() -> None:
         "TurnFinished",
         "TurnResult",
         "TurnStream",
+        "dump_history",
+        "load_history",
         "open_dispatcher",
         "wrap_provider",
     ]

@@ -31,6 +31,8 @@ from .actors._events import Retrying as Retrying
 from .actors._events import ToolResult as ToolResult
 from .actors._events import TurnEvent as TurnEvent
 from .actors._events import TurnFinished as TurnFinished
+from .actors._history import dump_history as dump_history
+from .actors._history import load_history as load_history
 from .actors._limited import wrap_provider as wrap_provider
 from .actors._options import ConversationOptions as ConversationOptions
 from .actors._tools import Tool as Tool
@@ -61,6 +63,8 @@ __all__ = [
     "TurnFinished",
     "TurnResult",
     "TurnStream",
+    "dump_history",
+    "load_history",
     "open_dispatcher",
     "wrap_provider",
 ]

@@ -81,6 +81,7 @@ from ..messages import (
 )
 from ._compaction import compaction_cut, summary_message, summary_request
 from ._events import Retrying, ToolResult, TurnEvent, TurnFinished
+from ._history import check_history, dump_history
 from ._limited import wrap_provider
 from ._options import ConversationOptions
 from ._retry import backoff, should_retry
@@ -258,6 +259,11 @@ class Conversation(metaclass=NoPublicConstructor):
     or until the dispatcher closes. Ask with ``ask``; questions asked while
     a turn runs wait their turn, in order.
 
+    A conversation can start from a history (``start_conversation``'s
+    ``history``), and its history can be saved as JSON with
+    ``export_history`` and read back with ``load_history``, to resume it
+    after a restart.
+
     The system prompt is sent as ``ChatRequest.system`` with every request
     and is not part of ``history``. The history holds ``user``,
     ``assistant`` and ``tool`` messages, and, after a compaction, one
@@ -302,6 +308,7 @@ class Conversation(metaclass=NoPublicConstructor):
         tools: tuple[Tool, ...],
         system_prompt: str | None,
         options: ConversationOptions,
+        history: tuple[ChatMessage, ...],
     ) -> None:
         self.id = conversation_id
         self._dispatcher = dispatcher
@@ -313,7 +320,7 @@ class Conversation(metaclass=NoPublicConstructor):
         self._rng = random.Random(options.seed)
         self._send, self._receive = trio.open_memory_channel[_Job](math.inf)
         self._scope = trio.CancelScope()
-        self._history: list[ChatMessage] = []
+        self._history = list(history)
         self._current: _Job | None = None
         self._task: trio.lowlevel.Task | None = None
         self._stop: _Stop | None = None
@@ -344,6 +351,17 @@ class Conversation(metaclass=NoPublicConstructor):
         A running turn's messages join it all at once, when it completes.
         """
         return tuple(self._history)
+
+    def export_history(self) -> str:
+        """The history as JSON text, to save and resume after a restart.
+
+        Give the text to ``load_history``, and its result to
+        ``Dispatcher.start_conversation(..., history=...)``. Only complete
+        turns are in it (see ``history``), so it can be taken at any time,
+        even while a turn runs. The system prompt, the tools and the
+        options are not part of it: pass them again.
+        """
+        return dump_history(self._history)
 
     @property
     def closed(self) -> bool:
@@ -978,6 +996,7 @@ def new_conversation(
     tools: Iterable[Tool],
     system_prompt: str | None,
     options: ConversationOptions | None,
+    history: Iterable[ChatMessage] = (),
 ) -> Conversation:
     """A ``Conversation`` with every argument checked; its actor not started.
 
@@ -1004,6 +1023,7 @@ def new_conversation(
         raise TypeError(
             f"options must be a ConversationOptions or None, got {options!r}"
         )
+    checked_history = check_history(history)
     return Conversation._create(
         dispatcher,
         provider,
@@ -1011,6 +1031,7 @@ def new_conversation(
         tools=checked_tools,
         system_prompt=system_prompt,
         options=options,
+        history=checked_history,
     )
 
 

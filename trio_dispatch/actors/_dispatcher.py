@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from .._provider import Provider
+    from ..messages import ChatMessage
     from ._conversation import Conversation
     from ._options import ConversationOptions
     from ._tools import Tool
@@ -536,6 +537,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         tools: Iterable[Tool] = (),
         system_prompt: str | None = None,
         options: ConversationOptions | None = None,
+        history: Iterable[ChatMessage] = (),
     ) -> Conversation:
         """Start a conversation actor with ``provider`` in this dispatcher.
 
@@ -554,6 +556,11 @@ class Dispatcher(metaclass=NoPublicConstructor):
             options: Retries, backoff, compaction, ``max_tokens`` and the
                 jitter's seed, as a ``ConversationOptions``; ``None`` for the
                 defaults.
+            history: The messages to start from, oldest first: the
+                ``history`` of an earlier conversation, or what
+                ``load_history`` read back. Checked here: a tool call
+                without its result, or a result without its call, is
+                refused (see ``load_history``).
 
         Raises:
             ValueError: ``provider.id`` is unknown and the dispatcher's
@@ -567,6 +574,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             tools=tools,
             system_prompt=system_prompt,
             options=options,
+            history=history,
         )
         if provider.id not in self._cleared:
             self._unknown(provider.id)
