@@ -333,6 +333,7 @@ async def test_a_turn_stream_is_entered_once_and_read_inside_its_block() -> None
         with pytest.raises(TypeError, match=r"^text must be a string, got 5$"):
             conversation.stream(5)  # type: ignore[arg-type]  # (checked at run time)
         turn = conversation.stream("hi")
+        assert repr(turn) == f"<TurnStream of {conversation.id!r} new>"
         with pytest.raises(
             RuntimeError,
             match=r"^enter the turn stream \(async with\) before reading it$",
@@ -497,3 +498,24 @@ async def test_a_failed_summary_is_tried_once_per_turn(wire: str) -> None:
     assert summaries == 1
     stats = conversation.statistics()
     assert (stats.compactions, stats.compactions_failed) == (0, 1)
+
+
+async def test_leaving_a_stream_still_queued_sends_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    script = FakeScript(default=FakeReply(text="ok", latency=5.0))
+    provider = ScriptedProvider(script, id="memory")
+    async with open_dispatcher({"memory": 1}) as dispatcher:
+        conversation = dispatcher.start_conversation(provider)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conversation.ask, "first")
+            await trio.testing.wait_all_tasks_blocked()
+            async with conversation.stream("second"):
+                assert conversation.statistics().queued == 1
+        await trio.testing.wait_all_tasks_blocked()
+        assert [r.messages[-1].content for r in provider.requests] == ["first"]
+        assert conversation.history == (
+            ChatMessage("user", "first"),
+            ChatMessage("assistant", "ok"),
+        )
+        assert trio.current_time() == 5.0

@@ -221,9 +221,9 @@ class _Job:
         assert self.events is not None
         try:
             await self.events.send(event)
-        except trio.BrokenResourceError:
-            # The reader closed its end: it left, and cancels the job as it
-            # does (first, so this is only a safety net). Unwind the turn.
+        except trio.BrokenResourceError:  # pragma: no cover (a safety net)
+            # The reader closed its end: it left. It cancels the job before
+            # it closes, so this does not happen; if it did, unwind the turn.
             self.scope.cancel()
             await trio.lowlevel.checkpoint()
 
@@ -879,11 +879,11 @@ class TurnStream(metaclass=NoPublicConstructor):
         # Synchronous on purpose: leaving must work under cancellation. The
         # job is cancelled before the channel is closed, so the actor unwinds
         # the turn as a cancelled one (a no-op if it has ended).
+        assert self._job is not None
+        assert self._receive is not None
         self._state = "left"
-        if self._job is not None:
-            self._job.scope.cancel()
-        if self._receive is not None:
-            self._receive.close()
+        self._job.scope.cancel()
+        self._receive.close()
 
     def __aiter__(self) -> Self:
         return self
