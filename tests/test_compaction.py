@@ -77,7 +77,9 @@ def test_compaction_is_due_only_over_the_context_budget(
     assert CHARS % 4 == 0  # so that the boundary is exact
     options = ConversationOptions(context_budget=budget, keep_recent=2)
     assert (
-        compaction_cut(HISTORY, QUESTION, system_prompt=system_prompt, options=options)
+        compaction_cut(
+            HISTORY, [QUESTION], system_prompt=system_prompt, options=options
+        )
         == cut
     )
 
@@ -106,3 +108,34 @@ def test_the_summary_replaces_the_older_messages_as_one_system_message() -> None
 @pytest.mark.parametrize("text", ["", "  \n\t"])
 def test_an_empty_summary_replaces_nothing(text: str) -> None:
     assert summary_message(text) is None
+
+
+def test_the_tool_definitions_count_in_the_estimate() -> None:
+    # Every request declares the tools: a budget the messages alone fit in
+    # can be exceeded by the definitions.
+    spec = ToolSpec("add", "adds", {"type": "object"})
+    options = ConversationOptions(context_budget=CHARS // 4, keep_recent=2)
+    assert (
+        compaction_cut(HISTORY, [QUESTION], system_prompt=None, options=options) is None
+    )
+    assert (
+        compaction_cut(
+            HISTORY, [QUESTION], system_prompt=None, tools=(spec,), options=options
+        )
+        == 4
+    )
+
+
+def test_the_turn_so_far_counts_and_only_earlier_messages_are_cut() -> None:
+    # Mid-turn: the question, a tool call and its long result are the turn's;
+    # the cut stays within what came before it.
+    options = ConversationOptions(context_budget=CHARS // 4, keep_recent=0)
+    turn = [
+        QUESTION,
+        ChatMessage("assistant", "", tool_calls=[ToolCall("c9", "read", {}, "{}")]),
+        ChatMessage("tool", "x" * 100, tool_call_id="c9"),
+    ]
+    assert (
+        compaction_cut(HISTORY, [QUESTION], system_prompt=None, options=options) is None
+    )
+    assert compaction_cut(HISTORY, turn, system_prompt=None, options=options) == 8

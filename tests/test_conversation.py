@@ -701,6 +701,9 @@ async def _nothing(arguments: dict[str, Any]) -> str:
         ({"tools": [ADD, ADD]}, ValueError, "duplicate tool name 'add'"),
         ({"system_prompt": 1}, TypeError, "system_prompt must be a string or None, got 1"),
         ({"options": {"seed": 1}}, TypeError, "options must be a ConversationOptions or None, got {'seed': 1}"),
+        ({"history": "hi"}, TypeError, "history must be an iterable of ChatMessage values, got 'hi'"),
+        ({"history": [ChatMessage("tool", "5", tool_call_id="c1")]}, ValueError,
+         "history message 0: a tool result without its call: none right before it has id 'c1'"),
     ],
 )  # fmt: skip
 async def test_start_conversation_checks_its_arguments_at_once(
@@ -745,6 +748,8 @@ async def test_start_conversation_takes_its_settings_only_as_options(name: str) 
         ({"keep_recent": "x"}, TypeError, "keep_recent must be a non-negative integer, got 'x'"),
         ({"max_tokens": 0}, ValueError, "max_tokens must be a positive integer, got 0"),
         ({"seed": "x"}, TypeError, "seed must be an integer or None, got 'x'"),
+        ({"max_tool_rounds": 0}, ValueError, "max_tool_rounds must be a positive integer, got 0"),
+        ({"max_tool_rounds": None}, TypeError, "max_tool_rounds must be a positive integer, got None"),
     ],
 )  # fmt: skip
 def test_conversation_options_check_their_fields_when_made(

@@ -15,17 +15,25 @@ from ._exceptions import DispatchError as DispatchError
 from ._exceptions import ProviderError as ProviderError
 from ._exceptions import QueueFull as QueueFull
 from ._exceptions import SlotHoldTimeout as SlotHoldTimeout
+from ._exceptions import TooManyToolRounds as TooManyToolRounds
 from ._provider import Provider as Provider
 from ._util import fixup_module_metadata
 from .actors._compaction import SUMMARY_PREFIX as SUMMARY_PREFIX
 from .actors._conversation import Conversation as Conversation
 from .actors._conversation import ConversationStatistics as ConversationStatistics
 from .actors._conversation import TurnResult as TurnResult
+from .actors._conversation import TurnStream as TurnStream
 from .actors._dispatcher import Dispatcher as Dispatcher
 from .actors._dispatcher import DispatcherStatistics as DispatcherStatistics
 from .actors._dispatcher import ProviderStatistics as ProviderStatistics
 from .actors._dispatcher import Slot as Slot
 from .actors._dispatcher import open_dispatcher as open_dispatcher
+from .actors._events import Retrying as Retrying
+from .actors._events import ToolResult as ToolResult
+from .actors._events import TurnEvent as TurnEvent
+from .actors._events import TurnFinished as TurnFinished
+from .actors._history import dump_history as dump_history
+from .actors._history import load_history as load_history
 from .actors._limited import wrap_provider as wrap_provider
 from .actors._options import ConversationOptions as ConversationOptions
 from .actors._tools import Tool as Tool
@@ -47,10 +55,18 @@ __all__ = [
     "ProviderError",
     "ProviderStatistics",
     "QueueFull",
+    "Retrying",
     "Slot",
     "SlotHoldTimeout",
+    "TooManyToolRounds",
     "Tool",
+    "ToolResult",
+    "TurnEvent",
+    "TurnFinished",
     "TurnResult",
+    "TurnStream",
+    "dump_history",
+    "load_history",
     "open_dispatcher",
     "wrap_provider",
 ]

@@ -14,6 +14,8 @@ sent again)::
     │                        before the answer
     ├── BackendUnavailable   the shared backend (Redis) cannot be reached at
     │                        open_dispatcher
+    ├── TooManyToolRounds    the model kept calling tools past max_tool_rounds;
+    │                        the turn failed and the history is unchanged
     └── ProviderError                  provider, status_code, retryable
         ├── RateLimited                429: too many requests     retryable
         ├── Overloaded                 529, 503: busy for everyone retryable
@@ -96,6 +98,23 @@ class ConversationClosed(DispatchError):
     every caller still waiting when it is called. (When the dispatcher
     closes instead, they get ``DispatcherClosed``.)
     """
+
+
+@final
+class TooManyToolRounds(DispatchError):
+    """The model asked for tools once more after ``max_tool_rounds`` rounds.
+
+    The turn failed without running that round's tools, and the history is
+    as it was before the turn (like any failed turn); the conversation
+    stays usable.
+
+    Attributes:
+        rounds: The rounds of tools the turn ran (``max_tool_rounds``).
+    """
+
+    def __init__(self, message: str, *, rounds: int) -> None:
+        super().__init__(message)
+        self.rounds = rounds
 
 
 class ProviderError(DispatchError):

@@ -33,21 +33,29 @@ _SUMMARY_REQUEST: Final = (
 
 def compaction_cut(
     history: Sequence[ChatMessage],
-    question: ChatMessage,
+    turn: Sequence[ChatMessage],
     *,
     system_prompt: str | None,
+    tools: Sequence[ToolSpec] = (),
     options: ConversationOptions,
 ) -> int | None:
-    """Where ``history``'s older messages end, if asking ``question`` needs a cut.
+    """Where ``history``'s older messages end, if the next call needs a cut.
+
+    ``history`` is what came before the running turn, the only part a
+    compaction may replace; ``turn`` is the turn so far (its question, then
+    any answers that called tools and their results). A turn asks before
+    each of its LLM calls, since tool results can grow it past the budget
+    after it started.
 
     ``None`` when no compaction is due: no ``context_budget``, an estimate
-    (characters / 4 of the system prompt, the history and the question)
-    within it, or nothing worth summarising (see ``choose_cut``).
+    (characters / 4 of the system prompt, the tool definitions, the history
+    and the turn) within it, or nothing worth summarising (see
+    ``choose_cut``).
     """
     if options.context_budget is None:
         return None
-    chars = len(system_prompt or "") + _size(question)
-    chars += sum(_size(message) for message in history)
+    chars = len(system_prompt or "") + sum(_tool_size(spec) for spec in tools)
+    chars += sum(_size(message) for message in (*history, *turn))
     if chars / 4 <= options.context_budget:
         return None
     return choose_cut(history, options.keep_recent)
@@ -97,6 +105,11 @@ def summary_message(text: str) -> ChatMessage | None:
     if not summary:
         return None
     return ChatMessage("system", SUMMARY_PREFIX + summary)
+
+
+def _tool_size(spec: ToolSpec) -> int:
+    """A tool definition's size in characters: every request carries it."""
+    return len(spec.name) + len(spec.description) + len(json.dumps(spec.parameters))
 
 
 def _size(message: ChatMessage) -> int:

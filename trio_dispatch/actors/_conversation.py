@@ -23,6 +23,13 @@ whatever point (waiting for a slot, streaming, running tools, compacting),
 the history is exactly what it was before the turn, and asking again sends
 the question once.
 
+A turn asked with ``stream`` sends its events (deltas, tool calls and
+results, retries) to the reader's task through a small bounded channel:
+the actor waits while the reader is behind, so nothing piles up, and a
+reader that leaves cancels the job before it closes its end, so the actor
+never waits for a reader that is gone. ``ask`` is ``stream`` read to its
+end. A turn runs at most ``max_tool_rounds`` rounds of tools.
+
 Every LLM call of a turn, retries and tool-loop steps alike, asks the
 dispatcher for a slot with the turn's ``started_at``, so a turn in progress
 goes before turns that started later; the slot is held only while the
@@ -48,7 +55,7 @@ import math
 import random
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Final, Literal, final
+from typing import TYPE_CHECKING, Final, Literal, Self, final
 
 import attrs
 import trio
@@ -58,23 +65,40 @@ from .._exceptions import (
     DispatcherClosed,
     DispatchError,
     ProviderError,
+    TooManyToolRounds,
 )
 from .._groups import leaves, only
 from .._util import NoPublicConstructor
 from .._validation import check_provider, check_text
-from ..messages import ChatMessage, ChatRequest, Finish, TextDelta, ToolCall, Usage
+from ..messages import (
+    ChatMessage,
+    ChatRequest,
+    Finish,
+    ReasoningDelta,
+    TextDelta,
+    ToolCall,
+    Usage,
+)
 from ._compaction import compaction_cut, summary_message, summary_request
+from ._events import Retrying, ToolResult, TurnEvent, TurnFinished
+from ._history import check_history, dump_history
 from ._limited import wrap_provider
 from ._options import ConversationOptions
 from ._retry import backoff, should_retry
 from ._tools import Tool, check_arguments
 
 if TYPE_CHECKING:
+    from types import TracebackType
+
     from .._provider import Provider
     from ._dispatcher import Dispatcher
 
 _WARM_UP_TEXT: Final = "Hello."
 _NO_USAGE: Final = Usage(input_tokens=0, output_tokens=0)
+# Events a streamed turn may hold before the actor waits for its reader: a
+# few, so a reader that keeps up never makes it wait, and one that stops
+# reading holds back the turn (and the stream under it), not memory.
+_EVENT_BUFFER: Final = 16
 
 
 @final
@@ -164,9 +188,15 @@ def _add(total: Usage, usage: Usage | None) -> Usage:
 
 @attrs.define(eq=False)
 class _Job:
-    """One queued request to the actor: a turn (``text``) or a warm-up."""
+    """One queued request to the actor: a turn (``text``) or a warm-up.
+
+    A turn's events go to its reader through ``events``; the channel is
+    closed when the job ends, after ``done`` is set, so a reader that sees
+    its end finds the outcome.
+    """
 
     text: str | None
+    events: trio.MemorySendChannel[TurnEvent] | None = None
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
     done: trio.Event = attrs.Factory(trio.Event)
     result: TurnResult | Usage | None = None
@@ -175,10 +205,27 @@ class _Job:
     def finish(self, result: TurnResult | Usage | None) -> None:
         self.result = result
         self.done.set()
+        self._close()
 
     def fail(self, error: BaseException) -> None:
         self.error = error
         self.done.set()
+        self._close()
+
+    def _close(self) -> None:
+        if self.events is not None:
+            self.events.close()
+
+    async def emit(self, event: TurnEvent) -> None:
+        """Give ``event`` to the reader, waiting while its buffer is full."""
+        assert self.events is not None
+        try:
+            await self.events.send(event)
+        except trio.BrokenResourceError:  # pragma: no cover (a safety net)
+            # The reader closed its end: it left. It cancels the job before
+            # it closes, so this does not happen; if it did, unwind the turn.
+            self.scope.cancel()
+            await trio.lowlevel.checkpoint()
 
 
 @attrs.define
@@ -211,6 +258,11 @@ class Conversation(metaclass=NoPublicConstructor):
     Made by ``Dispatcher.start_conversation``; it lives until ``close()``
     or until the dispatcher closes. Ask with ``ask``; questions asked while
     a turn runs wait their turn, in order.
+
+    A conversation can start from a history (``start_conversation``'s
+    ``history``), and its history can be saved as JSON with
+    ``export_history`` and read back with ``load_history``, to resume it
+    after a restart.
 
     The system prompt is sent as ``ChatRequest.system`` with every request
     and is not part of ``history``. The history holds ``user``,
@@ -256,6 +308,7 @@ class Conversation(metaclass=NoPublicConstructor):
         tools: tuple[Tool, ...],
         system_prompt: str | None,
         options: ConversationOptions,
+        history: tuple[ChatMessage, ...],
     ) -> None:
         self.id = conversation_id
         self._dispatcher = dispatcher
@@ -267,7 +320,7 @@ class Conversation(metaclass=NoPublicConstructor):
         self._rng = random.Random(options.seed)
         self._send, self._receive = trio.open_memory_channel[_Job](math.inf)
         self._scope = trio.CancelScope()
-        self._history: list[ChatMessage] = []
+        self._history = list(history)
         self._current: _Job | None = None
         self._task: trio.lowlevel.Task | None = None
         self._stop: _Stop | None = None
@@ -299,6 +352,17 @@ class Conversation(metaclass=NoPublicConstructor):
         """
         return tuple(self._history)
 
+    def export_history(self) -> str:
+        """The history as JSON text, to save and resume after a restart.
+
+        Give the text to ``load_history``, and its result to
+        ``Dispatcher.start_conversation(..., history=...)``. Only complete
+        turns are in it (see ``history``), so it can be taken at any time,
+        even while a turn runs. The system prompt, the tools and the
+        options are not part of it: pass them again.
+        """
+        return dump_history(self._history)
+
     @property
     def closed(self) -> bool:
         """Whether the conversation has stopped taking questions."""
@@ -311,12 +375,16 @@ class Conversation(metaclass=NoPublicConstructor):
         caller cancels its turn: one still queued never starts and sends
         nothing; one running is unwound (see the module notes). A turn that
         does not complete, cancelled or failed, leaves the history exactly
-        as it was before it.
+        as it was before it. The same as reading ``stream(text)`` to its
+        end.
 
         Raises:
             ProviderError: The provider failed and retries did not help
                 (or the error was not retryable). The history is left as it
                 was before the turn; the conversation stays usable.
+            TooManyToolRounds: The model kept calling tools past
+                ``ConversationOptions.max_tool_rounds``; the history is left
+                as it was before the turn.
             QueueFull: The dispatcher refused to queue one more request.
             SlotHoldTimeout: A slot was held past the dispatcher's
                 ``max_hold``.
@@ -325,11 +393,41 @@ class Conversation(metaclass=NoPublicConstructor):
             RuntimeError: Called from inside the conversation's own actor
                 (from a tool), which would wait for itself forever.
         """
+        async with self.stream(text) as turn:
+            async for _event in turn:
+                pass
+        return turn.result
+
+    def stream(self, text: str) -> TurnStream:
+        """Ask ``text`` and read the turn as it happens.
+
+        An async context manager; its value is an async iterator of
+        ``TurnEvent`` values (see ``trio_dispatch.TurnEvent``) that ends
+        with ``TurnFinished``, whose ``result`` is what ``ask`` would have
+        returned (also ``TurnStream.result`` once read)::
+
+            async with conversation.stream("What is 2 + 3?") as turn:
+                async for event in turn:
+                    if isinstance(event, TextDelta):
+                        print(event.text, end="")
+            print(turn.result.usage)
+
+        The question is queued when the block is entered and runs in the
+        conversation's actor, like ``ask``'s. Events wait in a small buffer
+        for the reader; a reader that falls behind holds back the turn (and
+        keeps its slot while an answer streams: the dispatcher's
+        ``max_hold`` still bounds that). Leaving the block before
+        ``TurnFinished``, by ``break``, an error or a cancellation, cancels
+        the turn as a cancelled ``ask`` is: the history stays as it was
+        before the turn. Errors are raised from the iterator, as ``ask``
+        raises them.
+
+        Raises:
+            TypeError: ``text`` is not a string.
+        """
         if not isinstance(text, str):
             raise TypeError(f"text must be a string, got {text!r}")
-        result = await self._submit(_Job(text))
-        assert isinstance(result, TurnResult)
-        return result
+        return TurnStream._create(self, text)
 
     async def warm(self) -> Usage:
         """Prime the provider's prompt cache with this conversation's prefix.
@@ -380,7 +478,7 @@ class Conversation(metaclass=NoPublicConstructor):
             closed=self._stop is not None,
         )
 
-    async def _submit(self, job: _Job) -> TurnResult | Usage | None:
+    def _enqueue(self, job: _Job) -> None:
         if self._inside_actor():
             raise RuntimeError("a conversation cannot wait for itself (from a tool)")
         if self._stop is None and self._dispatcher.closed:
@@ -391,6 +489,9 @@ class Conversation(metaclass=NoPublicConstructor):
             self._send.send_nowait(job)
         except trio.ClosedResourceError:  # pragma: no cover (_stop is set first)
             raise self._closed_error() from None
+
+    async def _submit(self, job: _Job) -> TurnResult | Usage | None:
+        self._enqueue(job)
         try:
             await job.done.wait()
         except BaseException:
@@ -456,7 +557,7 @@ class Conversation(metaclass=NoPublicConstructor):
                     if job.text is None:
                         result = await self._warm()
                     else:
-                        result = await self._turn(job.text)
+                        result = await self._turn(job)
             except DispatchError as error:
                 self._current = None
                 if job.text is not None:
@@ -485,17 +586,17 @@ class Conversation(metaclass=NoPublicConstructor):
             if not job.done.is_set():
                 job.fail(self._closed_error())
 
-    async def _turn(self, text: str) -> TurnResult:
+    async def _turn(self, job: _Job) -> TurnResult:
+        assert job.text is not None
         started_at = trio.current_time()
         counters = _Counters()
-        question = ChatMessage("user", text)
-        # The turn's own copy, committed only when the answer is complete:
-        # see the module notes.
-        history = list(self._history)
-        compacted = await self._compact_if_needed(
-            history, question, counters, started_at
-        )
-        history.append(question)
+        # The turn's own copies, committed only when the answer is complete
+        # (see the module notes): what came before it, whose older part a
+        # compaction may replace, and the turn so far.
+        earlier = list(self._history)
+        turn = [ChatMessage("user", job.text)]
+        compacted = summarised = False
+        rounds = 0
         provider = wrap_provider(
             self._provider,
             self._dispatcher,
@@ -503,14 +604,23 @@ class Conversation(metaclass=NoPublicConstructor):
             started_at=started_at,
         )
         while True:
+            # Before every call, not only the first: tool results can take
+            # the turn over the budget. One summary call per turn at most, so
+            # one that failed is not sent again and again.
+            if not summarised:
+                outcome = await self._compact_if_needed(
+                    earlier, turn, counters, started_at
+                )
+                summarised = outcome is not None
+                compacted = outcome is True
             request = ChatRequest(
-                messages=history,
+                messages=[*earlier, *turn],
                 tools=self._specs,
                 max_tokens=self._options.max_tokens,
                 system=self._system_prompt,
             )
-            reply = await self._call(provider, request, counters)
-            calls = _unique_ids(reply.tool_calls, history)
+            reply = await self._call(provider, request, counters, job)
+            calls = _unique_ids(reply.tool_calls, [*earlier, *turn])
             answer = ChatMessage("assistant", reply.text, tool_calls=calls)
             if not calls:
                 finished_at = trio.current_time()
@@ -519,8 +629,7 @@ class Conversation(metaclass=NoPublicConstructor):
                 # run yet. Running it first lets it cancel the job, so a
                 # caller that got Cancelled never finds its turn committed.
                 await trio.lowlevel.checkpoint()
-                history.append(answer)
-                self._history = history
+                self._history = [*earlier, *turn, answer]
                 if compacted:
                     self._compactions += 1
                 self._turns_completed += 1
@@ -534,11 +643,20 @@ class Conversation(metaclass=NoPublicConstructor):
                     finished_at=finished_at,
                     finish_reason=reply.finish,
                 )
+            if rounds == self._options.max_tool_rounds:
+                raise TooManyToolRounds(
+                    f"the model asked for tools after {rounds} rounds"
+                    f" (max_tool_rounds is {rounds})",
+                    rounds=rounds,
+                )
+            rounds += 1
             counters.tool_calls += len(calls)
             self._tool_calls += len(calls)
-            results = await self._run_tools(calls)
-            history.append(answer)
-            history.extend(results)
+            for call in calls:
+                await job.emit(call)
+            results = await self._run_tools(calls, job)
+            turn.append(answer)
+            turn.extend(results)
 
     async def _warm(self) -> Usage:
         messages = self._history or [ChatMessage("user", _WARM_UP_TEXT)]
@@ -561,27 +679,38 @@ class Conversation(metaclass=NoPublicConstructor):
     # -- LLM calls -----------------------------------------------------------
 
     async def _call(
-        self, provider: Provider, request: ChatRequest, counters: _Counters
+        self,
+        provider: Provider,
+        request: ChatRequest,
+        counters: _Counters,
+        job: _Job | None = None,
     ) -> _Reply:
-        """One LLM call, sent again after a retryable error, with backoff."""
+        """One LLM call, sent again after a retryable error, with backoff.
+
+        With a streamed turn's ``job``, its deltas and retries go to the
+        reader as they happen.
+        """
         attempt = 1
         while True:
             counters.llm_calls += 1
             self._llm_calls += 1
             try:
-                reply = await _stream(provider, request)
+                reply = await _stream(provider, request, job)
             except ProviderError as error:
                 if not should_retry(error, attempt, self._options):
                     raise
                 delay = backoff(
                     attempt, error, self._options, self._rng, self._pause_cap()
                 )
+                retrying = Retrying(attempt=attempt, error=error, delay=delay)
             else:
                 counters.usage = _add(counters.usage, reply.usage)
                 self._usage = _add(self._usage, reply.usage)
                 return reply
             counters.retries += 1
             self._retries += 1
+            if job is not None:
+                await job.emit(retrying)
             attempt += 1
             await trio.sleep(delay)
 
@@ -597,12 +726,18 @@ class Conversation(metaclass=NoPublicConstructor):
 
     # -- tools ---------------------------------------------------------------
 
-    async def _run_tools(self, calls: tuple[ToolCall, ...]) -> list[ChatMessage]:
-        """Run every call at once; their results, in the order of the calls."""
+    async def _run_tools(
+        self, calls: tuple[ToolCall, ...], job: _Job
+    ) -> list[ChatMessage]:
+        """Run every call at once; their results, in the order of the calls.
+
+        Each result goes to a streamed turn's reader as its tool finishes.
+        """
         results = [""] * len(calls)
 
         async def run(index: int, call: ToolCall) -> None:
             results[index] = await self._run_tool(call)
+            await job.emit(ToolResult(call=call, content=results[index]))
 
         async with trio.open_nursery() as nursery:
             for index, call in enumerate(calls):
@@ -639,26 +774,30 @@ class Conversation(metaclass=NoPublicConstructor):
 
     async def _compact_if_needed(
         self,
-        history: list[ChatMessage],
-        question: ChatMessage,
+        earlier: list[ChatMessage],
+        turn: list[ChatMessage],
         counters: _Counters,
         started_at: float,
-    ) -> bool:
-        """Replace ``history``'s older messages by a summary if it is too long.
+    ) -> bool | None:
+        """Replace ``earlier``'s older messages by a summary if the turn is too long.
+
+        ``earlier`` is what came before the turn, ``turn`` the turn so far
+        (see ``compaction_cut``).
 
         Returns:
-            Whether it did.
+            ``None`` if no compaction was due; else whether it succeeded.
         """
         cut = compaction_cut(
-            history,
-            question,
+            earlier,
+            turn,
             system_prompt=self._system_prompt,
+            tools=self._specs,
             options=self._options,
         )
         if cut is None:
-            return False
+            return None
         request = summary_request(
-            history[:cut],
+            earlier[:cut],
             tools=self._specs,
             system_prompt=self._system_prompt,
             max_tokens=self._options.max_tokens,
@@ -678,18 +817,117 @@ class Conversation(metaclass=NoPublicConstructor):
         if summary is None:
             self._compactions_failed += 1
             return False
-        history[:cut] = [summary]
+        earlier[:cut] = [summary]
         return True
 
 
-async def _stream(provider: Provider, request: ChatRequest) -> _Reply:
-    """Send ``request`` and collect the whole answer; the slot is held only here."""
+@final
+class TurnStream(metaclass=NoPublicConstructor):
+    """One streamed turn: what ``Conversation.stream`` returns.
+
+    Enter it (``async with``) to queue the question, then iterate it for
+    the turn's ``TurnEvent`` values; ``TurnFinished`` comes last. Leaving
+    the block before it cancels the turn. Single use.
+    """
+
+    __slots__ = ("_conversation", "_job", "_receive", "_result", "_state", "_text")
+
+    def __init__(self, conversation: Conversation, text: str) -> None:
+        self._conversation = conversation
+        self._text = text
+        self._job: _Job | None = None
+        self._receive: trio.MemoryReceiveChannel[TurnEvent] | None = None
+        self._result: TurnResult | None = None
+        self._state: Literal["new", "open", "ended", "left"] = "new"
+
+    def __repr__(self) -> str:
+        return f"<TurnStream of {self._conversation.id!r} {self._state}>"
+
+    @property
+    def result(self) -> TurnResult:
+        """The turn's result, once ``TurnFinished`` has been read.
+
+        Raises:
+            RuntimeError: The turn has not finished (or did not complete).
+        """
+        if self._result is None:
+            raise RuntimeError("the turn has not finished")
+        return self._result
+
+    async def __aenter__(self) -> Self:
+        if self._state != "new":
+            raise RuntimeError("a turn stream can be entered only once")
+        send, receive = trio.open_memory_channel[TurnEvent](_EVENT_BUFFER)
+        job = _Job(self._text, events=send)
+        self._conversation._enqueue(job)
+        self._job, self._receive, self._state = job, receive, "open"
+        try:
+            await trio.lowlevel.checkpoint()
+        except BaseException:
+            # Cancelled on the way in: no __aexit__ follows, so give the
+            # job up here (the actor skips it).
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        # Synchronous on purpose: leaving must work under cancellation. The
+        # job is cancelled before the channel is closed, so the actor unwinds
+        # the turn as a cancelled one (a no-op if it has ended).
+        assert self._job is not None
+        assert self._receive is not None
+        self._state = "left"
+        self._job.scope.cancel()
+        self._receive.close()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> TurnEvent:
+        if self._state == "new":
+            raise RuntimeError("enter the turn stream (async with) before reading it")
+        if self._state == "left":
+            raise RuntimeError("the turn stream was left")
+        if self._state == "ended":
+            raise StopAsyncIteration
+        assert self._receive is not None
+        assert self._job is not None
+        try:
+            return await self._receive.receive()
+        except trio.EndOfChannel:
+            pass
+        # The actor closes the channel only once the job is done.
+        self._state = "ended"
+        job = self._job
+        error, job.error = job.error, None
+        if error is not None:
+            try:
+                raise error
+            finally:
+                del error
+        assert isinstance(job.result, TurnResult)
+        self._result = job.result
+        return TurnFinished(job.result)
+
+
+async def _stream(provider: Provider, request: ChatRequest, job: _Job | None) -> _Reply:
+    """Send ``request`` and collect the whole answer; the slot is held only here.
+
+    A streamed turn's ``job`` gets the text and reasoning deltas as they come.
+    """
     text: list[str] = []
     calls: list[ToolCall] = []
     usage: Usage | None = None
     finish: str | None = None
     async with provider.stream(request) as events:
         async for event in events:
+            if isinstance(event, TextDelta | ReasoningDelta) and job is not None:
+                await job.emit(event)
             if isinstance(event, TextDelta):
                 text.append(event.text)
             elif isinstance(event, ToolCall):
@@ -758,6 +996,7 @@ def new_conversation(
     tools: Iterable[Tool],
     system_prompt: str | None,
     options: ConversationOptions | None,
+    history: Iterable[ChatMessage] = (),
 ) -> Conversation:
     """A ``Conversation`` with every argument checked; its actor not started.
 
@@ -784,6 +1023,7 @@ def new_conversation(
         raise TypeError(
             f"options must be a ConversationOptions or None, got {options!r}"
         )
+    checked_history = check_history(history)
     return Conversation._create(
         dispatcher,
         provider,
@@ -791,6 +1031,7 @@ def new_conversation(
         tools=checked_tools,
         system_prompt=system_prompt,
         options=options,
+        history=checked_history,
     )
 
 

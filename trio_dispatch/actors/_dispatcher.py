@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from .._ledger import Ledger
     from .._provider import Provider
     from .._shared_book import SharedBook
+    from ..messages import ChatMessage
     from ._conversation import Conversation
     from ._options import ConversationOptions
     from ._shared_scheduler import SharedSchedulerActor
@@ -579,6 +580,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         tools: Iterable[Tool] = (),
         system_prompt: str | None = None,
         options: ConversationOptions | None = None,
+        history: Iterable[ChatMessage] = (),
     ) -> Conversation:
         """Start a conversation actor with ``provider`` in this dispatcher.
 
@@ -597,6 +599,11 @@ class Dispatcher(metaclass=NoPublicConstructor):
             options: Retries, backoff, compaction, ``max_tokens`` and the
                 jitter's seed, as a ``ConversationOptions``; ``None`` for the
                 defaults.
+            history: The messages to start from, oldest first: the
+                ``history`` of an earlier conversation, or what
+                ``load_history`` read back. Checked here: a tool call
+                without its result, or a result without its call, is
+                refused (see ``load_history``).
 
         Raises:
             ValueError: ``provider.id`` is unknown and the dispatcher's
@@ -610,6 +617,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             tools=tools,
             system_prompt=system_prompt,
             options=options,
+            history=history,
         )
         if provider.id not in self._cleared:
             self._unknown(provider.id)

@@ -30,16 +30,26 @@ class ConversationOptions:
         retry_backoff: Seconds of the first backoff; it doubles per retry.
         max_backoff: The longest backoff, in seconds.
         context_budget: Estimated tokens (characters / 4 of the system
-            prompt, the history and the new question) above which a turn
-            first replaces older messages with a summary the model writes
-            (one ``system`` message starting with ``SUMMARY_PREFIX``).
-            ``None`` never compacts. If the summary call fails, the turn
-            goes on without compaction.
+            prompt, the tool definitions, the history and the turn so far)
+            above which a turn replaces older messages with a summary the
+            model writes (one ``system`` message starting with
+            ``SUMMARY_PREFIX``). Checked before every LLM call of a turn,
+            so tool results that grow a turn past it compact before the
+            next call; only messages from before the turn are replaced,
+            and one turn sends at most one summary call. ``None`` never
+            compacts. If the summary call fails, the turn goes on without
+            compaction.
         keep_recent: Messages at least that compaction keeps as they are;
             it cuts only where a user message starts, so no tool call is
             parted from its results.
         max_tokens: ``ChatRequest.max_tokens`` of every call, or ``None``
             for the provider's default.
+        max_tool_rounds: Rounds of tools one turn may run (a round: one
+            answer of the model that calls tools, and running them). A
+            model that asks for tools once more fails the turn with
+            ``TooManyToolRounds``, leaving the history as it was before
+            the turn. 16 by default: room for a real agent's loop, but a
+            model stuck calling tools stops in bounded time and cost.
         seed: Seeds the backoff jitter, for reproducible runs; ``None``
             seeds it from the system.
     """
@@ -55,3 +65,4 @@ class ConversationOptions:
         default=None, validator=attrs.validators.optional(positive_int)
     )
     seed: int | None = attrs.field(default=None, validator=validator(check_seed))
+    max_tool_rounds: int = attrs.field(default=16, validator=positive_int)

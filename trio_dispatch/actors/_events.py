@@ -1,0 +1,74 @@
+"""What a streamed turn yields, as it happens: ``TurnEvent`` values.
+
+``Conversation.stream`` yields, in order: the text and reasoning deltas of
+each answer as they arrive (``TextDelta``, ``ReasoningDelta``), the tool
+calls of an answer that calls tools once that answer is complete
+(``ToolCall``, with the ids the history keeps), each tool's result as it
+finishes (``ToolResult``), a ``Retrying`` when an LLM call failed and will
+be sent again, and last ``TurnFinished`` with the turn's ``TurnResult``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, TypeAlias, final
+
+import attrs
+
+from ..messages import ReasoningDelta, TextDelta, ToolCall
+
+if TYPE_CHECKING:
+    from .._exceptions import ProviderError
+    from ._conversation import TurnResult
+
+
+@final
+@attrs.frozen
+class ToolResult:
+    """A tool call's result, as the model will read it.
+
+    Attributes:
+        call: The call it answers (its ``id`` is the result's
+            ``tool_call_id`` in the history).
+        content: The tool's output, or ``"error: ..."`` when the call was
+            refused or the tool failed.
+    """
+
+    call: ToolCall
+    content: str
+
+
+@final
+@attrs.frozen
+class Retrying:
+    """An LLM call of the turn failed and will be sent again after ``delay``.
+
+    The deltas streamed since the last ``ToolResult`` (or since the turn
+    began) belonged to the failed attempt: the answer starts over.
+
+    Attributes:
+        attempt: The attempt that failed, the first being 1.
+        error: Why it failed.
+        delay: Seconds of backoff before the next attempt.
+    """
+
+    attempt: int
+    error: ProviderError
+    delay: float
+
+
+@final
+@attrs.frozen
+class TurnFinished:
+    """The turn is complete and committed to the history; always the last event.
+
+    Attributes:
+        result: What ``Conversation.ask`` returns for the same turn.
+    """
+
+    result: TurnResult
+
+
+TurnEvent: TypeAlias = (
+    TextDelta | ReasoningDelta | ToolCall | ToolResult | Retrying | TurnFinished
+)
+"""Anything ``Conversation.stream`` yields."""
