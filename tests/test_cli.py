@@ -17,10 +17,18 @@ from typing import TYPE_CHECKING
 
 import httpx
 import pytest
+import trio
+import trio.testing
 
 import trio_dispatch
 from trio_dispatch import DispatcherStatistics, ProviderStatistics, _cli
-from trio_dispatch._cli import _parser, _print_table, _progress_table, main
+from trio_dispatch._cli import (
+    _parser,
+    _print_table,
+    _progress_table,
+    _run_trio,
+    main,
+)
 from trio_dispatch._demo import Progress
 from trio_dispatch.testing import CallsPerTurn, FairnessConfig
 
@@ -39,18 +47,20 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
     return status, out, err
 
 
-def cli_argv(*argv: str, without: Sequence[str] = ()) -> list[str]:
+def cli_argv(*argv: str, without: Sequence[str] = (), setup: str = "") -> list[str]:
     """The command in a fresh interpreter, as if ``without`` were not installed.
 
     ``sys.modules[name] = None`` makes ``import name`` fail as a missing
     package does. SIGINT gets Python's own handler back, in case the tests
     run where SIGINT is ignored (a shell's background job): a child would
-    inherit that, and Ctrl+C could not be tested.
+    inherit that, and Ctrl+C could not be tested. ``setup`` is code run
+    just before the command (``signal`` is imported).
     """
     code = (
         "import signal, sys\n"
         f"for name in {list(without)!r}: sys.modules[name] = None\n"
         "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        f"{setup}\n"
         "from trio_dispatch._cli import main\n"
         "sys.exit(main())\n"
     )
@@ -646,6 +656,159 @@ def test_ctrl_c_stops_a_running_demo_with_one_line_and_status_130(
     assert err == "trio-dispatch: interrupted\n"
     assert status == 130
     assert list(tmp_path.iterdir()) == [], "an interrupted run writes nothing"
+
+
+def test_ctrl_c_cancels_the_run_even_where_a_task_would_swallow_it() -> None:
+    # In a trio run with Ctrl+C as KeyboardInterrupt, a task that takes it
+    # for its cue to stop (as hypercorn's serve does) leaves the rest of the
+    # run going on.
+    async def press_ctrl_c() -> None:
+        signal.raise_signal(signal.SIGINT)
+        await trio.sleep_forever()
+
+    async def swallows_ctrl_c() -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(press_ctrl_c)
+                await trio.sleep_forever()
+        except BaseExceptionGroup as group:
+            _, others = group.split(KeyboardInterrupt)
+            if others is not None:
+                raise others from None
+
+    async def run() -> float:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(swallows_ctrl_c)
+            await trio.sleep(3600)
+            return trio.current_time()
+
+    with pytest.raises(KeyboardInterrupt):
+        _run_trio(run, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_second_ctrl_c_while_the_run_unwinds_changes_nothing() -> None:
+    cleaned_up_at: list[float] = []
+
+    async def presses_again_while_cleaning_up() -> None:
+        try:
+            signal.raise_signal(signal.SIGINT)
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                signal.raise_signal(signal.SIGINT)
+                await trio.sleep(1)
+                cleaned_up_at.append(trio.current_time())
+
+    with pytest.raises(KeyboardInterrupt):
+        _run_trio(
+            presses_again_while_cleaning_up,
+            clock=trio.testing.MockClock(autojump_threshold=0),
+        )
+    assert cleaned_up_at == [1.0]
+
+
+def test_an_ignored_ctrl_c_stays_ignored() -> None:
+    # As trio does: a background job that ignores SIGINT keeps ignoring it.
+    async def press_ctrl_c_and_work_on() -> float:
+        signal.raise_signal(signal.SIGINT)
+        await trio.sleep(1)
+        return trio.current_time()
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        worked_until = _run_trio(
+            press_ctrl_c_and_work_on,
+            clock=trio.testing.MockClock(autojump_threshold=0),
+        )
+    except KeyboardInterrupt:
+        pytest.fail("an ignored Ctrl+C interrupted the run")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert worked_until == 1.0
+
+
+# Ctrl+C raised from inside code we do not own, at a chosen moment: where
+# trio's own Ctrl+C would raise KeyboardInterrupt, since that code runs.
+CTRL_C_AS_HYPERCORN_LISTENS = """
+import trio
+listen = trio.serve_listeners
+async def ctrl_c_then_listen(*args, **kwargs):
+    signal.raise_signal(signal.SIGINT)
+    return await listen(*args, **kwargs)
+trio.serve_listeners = ctrl_c_then_listen
+"""
+
+CTRL_C_IN_A_FAKE_SERVER_RESPONSE = """
+from trio_dispatch.testing._fake_server import FakeLLMServer
+stream = FakeLLMServer._stream
+async def ctrl_c_then_stream(self, *args, **kwargs):
+    if not getattr(FakeLLMServer, "pressed", False):
+        FakeLLMServer.pressed = True
+        signal.raise_signal(signal.SIGINT)
+    return await stream(self, *args, **kwargs)
+FakeLLMServer._stream = ctrl_c_then_stream
+"""
+
+
+def test_ctrl_c_while_hypercorn_starts_listening_stops_serve_fake() -> None:
+    # hypercorn took a KeyboardInterrupt in one of its tasks as its cue to
+    # stop, and swallowed it: the server was gone and serve-fake slept on.
+    done = subprocess.run(
+        cli_argv("serve-fake", "--port", "0", setup=CTRL_C_AS_HYPERCORN_LISTENS),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.stderr == "trio-dispatch: interrupted\n"
+    assert done.returncode == 130
+
+
+def test_ctrl_c_while_a_fake_server_answers_stops_the_demo(tmp_path: Path) -> None:
+    # hypercorn logged a KeyboardInterrupt in a request's handler as an
+    # error in the application, and the demo went on for hours.
+    done = subprocess.run(
+        cli_argv(
+            "demo",
+            "--agents",
+            "1000",
+            "--turns",
+            "100",
+            "--no-live",
+            "--out",
+            str(tmp_path / "out"),
+            setup=CTRL_C_IN_A_FAKE_SERVER_RESPONSE,
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.stderr == "trio-dispatch: interrupted\n"
+    assert done.returncode == 130
+    assert list(tmp_path.iterdir()) == [], "an interrupted run writes nothing"
+
+
+def test_sigterm_still_ends_serve_fake() -> None:
+    with subprocess.Popen(
+        cli_argv(
+            "serve-fake",
+            "--port",
+            "0",
+            setup="signal.signal(signal.SIGTERM, signal.SIG_DFL)",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as process:
+        try:
+            assert process.stdout is not None
+            assert process.stdout.readline().startswith("fake LLM server at http://")
+            process.send_signal(signal.SIGTERM)
+            process.communicate(timeout=60)
+        finally:
+            process.kill()
+    assert process.returncode == -signal.SIGTERM
 
 
 @pytest.mark.parametrize(

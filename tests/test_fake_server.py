@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -29,7 +30,7 @@ from trio_dispatch.testing import (
 from trio_dispatch.testing._encoders import encode_reply
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable
 
     from trio_dispatch.testing import FaultKind, WireFormat
 
@@ -667,6 +668,33 @@ async def test_exit_stops_streams_in_flight() -> None:
             # Leaving the server's block first stops it, so the request
             # fails (rather than hangs) before the nursery waits for it.
     assert len(failures) == 1
+
+
+async def test_a_ctrl_c_that_hypercorn_swallows_still_ends_the_block(
+    monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
+) -> None:
+    # trio raises Ctrl+C's KeyboardInterrupt in whatever task is running;
+    # here, one of hypercorn's, once it listens. hypercorn takes it as its
+    # cue to stop and returns, and the block slept on with no server.
+    listen = trio.serve_listeners
+
+    async def ctrl_c_once_listening(
+        handler: Callable[[trio.SocketStream], Awaitable[object]],
+        listeners: list[trio.SocketListener],
+        *,
+        handler_nursery: trio.Nursery | None = None,
+    ) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                partial(listen, handler, listeners, handler_nursery=handler_nursery)
+            )
+            await trio.testing.wait_all_tasks_blocked()
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(trio, "serve_listeners", ctrl_c_once_listening)
+    with pytest.RaisesGroup(KeyboardInterrupt), trio.fail_after(60):
+        async with open_fake_llm_server():
+            await trio.sleep_forever()
 
 
 # -- the script's own checks --------------------------------------------------------------

@@ -31,8 +31,10 @@ import importlib
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -45,8 +47,9 @@ from ._validation import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Awaitable, Callable, Iterable, Sequence
 
+    import trio
     from rich.console import Console
 
     from ._demo import DemoReport, Progress
@@ -388,6 +391,56 @@ class _MissingExtra(Exception):
     """A package the command needs is not installed (status 1)."""
 
 
+def _run_trio(
+    async_fn: Callable[[], Awaitable[_T]], *, clock: trio.abc.Clock | None = None
+) -> _T:
+    """``trio.run(async_fn)``, where Ctrl+C cancels the run.
+
+    trio's own Ctrl+C raises KeyboardInterrupt in whatever code happens to
+    be running, and code we do not own may take it for something else:
+    hypercorn takes one in its tasks as its cue to stop, and swallows it,
+    so ``serve-fake`` slept on with no server left, and the demo lost one
+    in a request's handler and went on. Here SIGINT arrives as a message
+    instead and cancels the run, which every task knows how to end; once
+    everything has unwound, KeyboardInterrupt is raised from here. Pressing
+    Ctrl+C again while the run unwinds changes nothing.
+
+    If SIGINT is not Python's default handler (ignored, as in a background
+    job, or taken by whoever called us), it is left alone, as trio does.
+
+    Raises:
+        KeyboardInterrupt: Ctrl+C came while ``async_fn`` ran.
+    """
+    import trio  # noqa: PLC0415
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return trio.run(async_fn, clock=clock)
+    interrupted = False
+
+    async def cancelled_by_ctrl_c() -> _T:
+        # The receiver is open before anything else starts, so that no
+        # task of the run ever sees a KeyboardInterrupt of its own.
+        with trio.open_signal_receiver(signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+
+                async def cancel_on_ctrl_c() -> None:
+                    nonlocal interrupted
+                    async for _ in signals:
+                        interrupted = True
+                        nursery.cancel_scope.cancel()
+
+                nursery.start_soon(cancel_on_ctrl_c)
+                result = await async_fn()
+                nursery.cancel_scope.cancel()
+        # Even if async_fn finished in the same moment: the user asked to
+        # stop, and must not see the command go on to write its files.
+        if interrupted:
+            raise KeyboardInterrupt
+        return result
+
+    return trio.run(cancelled_by_ctrl_c, clock=clock)
+
+
 # Which extra brings each optional package; ``demo`` includes ``testing``.
 _EXTRAS = {"hypercorn": "testing", "matplotlib": "demo", "rich": "demo"}
 
@@ -584,8 +637,6 @@ def _run_demo(args: argparse.Namespace) -> int:
     _check_outputs(outputs)
     _require("demo", ("rich", "matplotlib", "hypercorn"))
 
-    import trio  # noqa: PLC0415
-
     from ._demo import DemoOptions, run_demo  # noqa: PLC0415
 
     options = DemoOptions(
@@ -605,7 +656,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         f" load {options.load:g}, seed {options.seed}"
     )
     if args.no_live or not console.is_terminal:
-        report = trio.run(run_demo, options)
+        report = _run_trio(partial(run_demo, options))
     else:
         report = _with_live_display(console, options)
     console.print(_demo_table(report))
@@ -632,7 +683,6 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _with_live_display(console: Console, options: Any) -> DemoReport:  # noqa: ANN401 (DemoOptions, imported lazily)
-    import trio  # noqa: PLC0415
     from rich.live import Live  # noqa: PLC0415
 
     from ._demo import run_demo  # noqa: PLC0415
@@ -642,7 +692,7 @@ def _with_live_display(console: Console, options: Any) -> DemoReport:  # noqa: A
         def show(progress: Progress) -> None:
             live.update(_progress_table(progress))
 
-        return trio.run(lambda: run_demo(options, on_progress=show))
+        return _run_trio(partial(run_demo, options, on_progress=show))
 
 
 def _progress_table(progress: Progress) -> Any:  # noqa: ANN401 (a rich renderable)
@@ -717,12 +767,14 @@ def _run_simulate(args: argparse.Namespace) -> int:
     if args.plot is not None:
         _require("simulate --plot", ("matplotlib",))
 
+    import trio.testing  # noqa: PLC0415
+
     from .testing import (  # noqa: PLC0415
         CallsPerTurn,
         PoissonArrivals,
         SimProvider,
         Workload,
-        run_simulation,
+        simulate,
     )
 
     capacity = args.capacity if args.capacity is not None else args.limit
@@ -738,7 +790,11 @@ def _run_simulate(args: argparse.Namespace) -> int:
     results = {}
     for policy in dict.fromkeys(policies):
         with _status(console, f"simulating {policy}"):
-            results[policy] = run_simulation(workload, policy)  # type: ignore[arg-type]  # argparse choices
+            # What run_simulation does, with Ctrl+C as a cancellation.
+            results[policy] = _run_trio(
+                partial(simulate, workload, policy),  # type: ignore[arg-type]  # argparse choices
+                clock=trio.testing.MockClock(autojump_threshold=0),
+            )
     metrics = {policy: result.metrics() for policy, result in results.items()}
     _print_table(console, *_metrics_table(metrics, args))
     files: dict[Path, bytes] = {}
@@ -922,7 +978,7 @@ def _run_serve(args: argparse.Namespace) -> int:
             await trio.sleep_forever()
 
     try:
-        trio.run(serve)
+        _run_trio(serve)
     except (OSError, BaseExceptionGroup) as exc:
         error = _groups.first(exc, OSError)
         if error is None:

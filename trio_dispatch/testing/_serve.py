@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from contextlib import asynccontextmanager
-from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
@@ -76,7 +75,19 @@ async def _serve(
     config.accesslog = None
     config.errorlog = _logger
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(partial(serve, server, config, mode="asgi"))  # type: ignore[arg-type]  # FakeLLMServer is an ASGI app; hypercorn's TypedDicts are stricter than its Mapping
+
+        async def run(task_status: trio.TaskStatus[list[str]]) -> None:
+            await serve(server, config, mode="asgi", task_status=task_status)  # type: ignore[arg-type]  # FakeLLMServer is an ASGI app; hypercorn's TypedDicts are stricter than its Mapping
+            # hypercorn returns only when told to shut down, and nothing here
+            # tells it to (no shutdown trigger, no request limit) but a
+            # KeyboardInterrupt landing in one of its tasks, which it takes
+            # as that cue and swallows. Raise it again: whoever pressed
+            # Ctrl+C meant to stop, and the block must not go on against a
+            # server that is gone.
+            if not nursery.cancel_scope.cancel_called:
+                raise KeyboardInterrupt
+
+        binds = await nursery.start(run)
         server._base_url = binds[0]
         try:
             yield server
