@@ -475,3 +475,81 @@ async def test_closing_fails_the_waiters_and_withdraws_their_entries(
         ]
         # Withdrawn as it closed, not left to expire.
         assert await client.zcard("{ns:p}:queue") == 0
+
+
+async def test_a_release_in_flight_when_the_dispatcher_closes_reaches_redis(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The round that gives the slot back is still waiting for Redis's
+    # answer when the block ends: it must finish, not leave the lease taken
+    # in Redis for a whole lease.
+    step = Ledger.step
+    slow = trio.Event()
+
+    async def slow_step(self: Ledger, *args: Any, **kwargs: Any) -> StepResult:  # noqa: ANN401 (passed through)
+        if slow.is_set():
+            await trio.sleep(0.3)
+        return await step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Ledger, "step", slow_step)
+    async with coredis.Redis.from_url(server.url, decode_responses=True) as client:
+        async with open_dispatcher(
+            {"p": 1}, redis_url=server.url, namespace="ns", lease=30.0
+        ) as dispatcher:
+            slot = dispatcher.slot("p")
+            await slot.__aenter__()
+            assert await client.zcard("{ns:p}:leases") == 1
+            slow.set()
+            await slot.__aexit__(None, None, None)
+            # The round that gives it back has started and waits on Redis:
+            # close now.
+            await trio.sleep(0.1)
+        assert await client.zcard("{ns:p}:leases") == 0
+        assert await client.zcard("{ns:p}:queue") == 0
+
+
+async def test_a_grant_in_flight_when_the_dispatcher_closes_is_given_back(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Redis grants the waiter, and the answer is slow to come back while the
+    # block ends: whichever way the waiter ends (the slot, or
+    # DispatcherClosed), the lease must not stay taken in Redis.
+    step = Ledger.step
+    slow = trio.Event()
+
+    async def slow_step(self: Ledger, *args: Any, **kwargs: Any) -> StepResult:  # noqa: ANN401 (passed through)
+        result = await step(self, *args, **kwargs)
+        if slow.is_set():
+            await trio.sleep(0.3)
+        return result
+
+    monkeypatch.setattr(Ledger, "step", slow_step)
+    outcomes: list[str] = []
+    async with coredis.Redis.from_url(server.url, decode_responses=True) as client:
+        async with (
+            trio.open_nursery() as nursery,
+            open_dispatcher(
+                {"p": 1}, redis_url=server.url, namespace="ns", lease=30.0
+            ) as dispatcher,
+        ):
+
+            async def wait() -> None:
+                try:
+                    async with dispatcher.slot("p"):
+                        outcomes.append("granted")
+                except DispatcherClosed:
+                    outcomes.append("closed")
+
+            slow.set()
+            nursery.start_soon(wait)
+            await until_async(lambda: client.zcard("{ns:p}:leases"), 1)
+        assert len(outcomes) == 1
+        assert await client.zcard("{ns:p}:leases") == 0
+        assert await client.zcard("{ns:p}:queue") == 0
+
+
+async def until_async(read: Callable[[], Any], expected: object) -> None:
+    """Poll the awaitable ``read()`` until it gives ``expected``, for 5 s."""
+    with trio.fail_after(5):
+        while await read() != expected:  # noqa: ASYNC110 (Redis's state)
+            await trio.sleep(0.01)

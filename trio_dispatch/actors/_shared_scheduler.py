@@ -63,6 +63,10 @@ if TYPE_CHECKING:
 _logger = logging.getLogger("trio_dispatch")
 
 # What a lost connection raises, from coredis, anyio or the socket below.
+# The longest a round may take, answer included, before it counts as a
+# failure of the backend; it also bounds how long a close can wait for it.
+_ROUND_TIMEOUT: Final = 1.0
+
 BACKEND_ERRORS: Final = (
     RedisError,
     OSError,
@@ -323,26 +327,42 @@ class SharedSchedulerActor:
     async def _round(self, now: float) -> None:
         renew = now >= self._next_renew
         plan: Plan | None = None
-        try:
-            await self._write()
-            book = self.book
-            plan = book.plan(self.limit, renew=renew)
-            result = await self._ledger.step(
-                self.provider,
-                book.node,
-                waiting=book.waiting,
-                seed=self.limit,
-                release=plan.release,
-                withdraw=plan.withdraw,
-                enqueue=plan.enqueue,
-                renew_entries=plan.renew_entries,
-                renew_leases=plan.renew_leases,
-                ask=plan.ask,
-            )
-        except BACKEND_ERRORS as exc:
+        result: StepResult | None = None
+        # A round runs to its end even when the dispatcher closes meanwhile:
+        # the book hands the round its releases, withdrawals and asks, and
+        # only the answer completes them (a grant it brings is given back
+        # by the shutdown that follows). Cancelled halfway, a lease given
+        # back or granted in Redis would stay taken for a whole lease.
+        # Bounded, so that a Redis that does not answer cannot hold the
+        # close back for long.
+        with trio.move_on_after(_ROUND_TIMEOUT, shield=True):
+            try:
+                await self._write()
+                book = self.book
+                plan = book.plan(self.limit, renew=renew)
+                result = await self._ledger.step(
+                    self.provider,
+                    book.node,
+                    waiting=book.waiting,
+                    seed=self.limit,
+                    release=plan.release,
+                    withdraw=plan.withdraw,
+                    enqueue=plan.enqueue,
+                    renew_entries=plan.renew_entries,
+                    renew_leases=plan.renew_leases,
+                    ask=plan.ask,
+                )
+            except BACKEND_ERRORS as exc:
+                if plan is not None:
+                    self.book.failed(plan)
+                self._down(now, exc)
+                return
+        if plan is None or result is None:
             if plan is not None:
                 self.book.failed(plan)
-            self._down(now, exc)
+            self._down(
+                now, TimeoutError(f"no answer within {_ROUND_TIMEOUT:g} seconds")
+            )
             return
         self._up(now, renew, plan, result)
 
