@@ -273,12 +273,20 @@ async def test_an_unreachable_redis_fails_at_open_without_the_password(
         (
             {"namespace": "a:b"},
             ValueError,
-            "namespace must not contain ':', '{' or '}', got 'a:b'",
+            "namespace must not contain ':', '{', '}', '*', '?', '[', ']' or '\\',"
+            " got 'a:b'",
         ),
         (
             {"namespace": "{a}"},
             ValueError,
-            "namespace must not contain ':', '{' or '}', got '{a}'",
+            "namespace must not contain ':', '{', '}', '*', '?', '[', ']' or '\\',"
+            " got '{a}'",
+        ),
+        (
+            {"namespace": "a[b]c"},
+            ValueError,
+            "namespace must not contain ':', '{', '}', '*', '?', '[', ']' or '\\',"
+            " got 'a[b]c'",
         ),
         ({"lease": 0}, ValueError, "lease must be a positive number of seconds, got 0"),
         (

@@ -276,10 +276,13 @@ def redact_url(url: str) -> str:
 
 
 def check_namespace(namespace: object) -> str:
-    """A non-empty string without the key separator ``:`` or braces."""
+    """A non-empty string without the key separator ``:``, braces, or glob
+    characters (the pub/sub pattern of a namespace's wake-ups is built from
+    it, and a glob character in it would silently match nothing)."""
     namespace = check_text(namespace, "namespace")
-    if any(char in namespace for char in ":{}"):
+    if any(char in namespace for char in ":{}*?[]\\"):
         raise ValueError(
-            f"namespace must not contain ':', '{{' or '}}', got {namespace!r}"
+            "namespace must not contain ':', '{', '}', '*', '?', '[', ']' or"
+            f" '\\', got {namespace!r}"
         )
     return namespace
