@@ -457,8 +457,15 @@ def request_body(model: str, max_tokens: int, request: ChatRequest) -> dict[str,
             }
             for tool in request.tools
         ]
-    if request.temperature is not None:
-        body["temperature"] = request.temperature
+    sampling = {
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "stop_sequences": None if request.stop is None else list(request.stop),
+    }
+    body.update((key, value) for key, value in sampling.items() if value is not None)
+    if request.extra:
+        # Last, and never over a field set above: ChatRequest refuses those.
+        body.update(request.extra)
     return body
 
 
