@@ -350,6 +350,25 @@ async def test_the_request_asks_for_a_stream_and_its_key_stays_in_its_header(
     assert wire.key_header not in recorded.headers  # the server keeps no secrets
 
 
+async def test_extra_headers_reach_the_wire_and_never_replace_the_providers_own(
+    wire: Wire, server: FakeLLMServer
+) -> None:
+    extra = {"X-Route": "eu-1", "Content-Type": "text/plain"}
+    async with wire.over(server, extra_headers=extra) as provider:
+        await collect(provider)
+    (recorded,) = server.requests
+    assert recorded.headers["x-route"] == "eu-1"
+    assert recorded.headers["content-type"] == "application/json"
+    assert recorded.authenticated
+
+
+def test_extra_headers_that_are_not_strings_are_refused(wire: Wire) -> None:
+    with pytest.raises(
+        TypeError, match=r"^extra_headers must map header names to strings$"
+    ):
+        wire.provider(extra_headers={"x": 1})
+
+
 async def test_nothing_is_sent_before_enter(wire: Wire, server: FakeLLMServer) -> None:
     async with wire.over(server) as provider:
         stream = provider.stream(HELLO)

@@ -10,6 +10,7 @@ whole dispatcher down with one call.
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -221,31 +222,26 @@ def test_a_key_that_cannot_be_sent_is_refused_without_showing_it(
         ("Bearer " + SECRET + "\t", r"leading or trailing whitespace at index 26"),
     ],
 )
+@pytest.mark.parametrize("make", CONSTRUCTORS)
 def test_an_extra_header_value_that_cannot_be_sent_is_refused_without_showing_it(
-    value: str, message: str
+    make: Callable[..., Provider], value: str, message: str
 ) -> None:
     rule = r"^extra_headers\['X-Proxy-Auth'\] must be printable ASCII, got "
     with pytest.raises(ValueError, match=rf"{rule}{message}$") as caught:
-        OpenAIProvider(
-            base_url="http://x/v1",
-            api_key="k",
-            model="m",
-            extra_headers={"X-Proxy-Auth": value},
-        )
+        make(api_key="k", extra_headers={"X-Proxy-Auth": value})
     assert leaks(caught.value, SECRET) == []
 
 
 @pytest.mark.parametrize("name", ["", "x proxy", "x:proxy", "x\nproxy", "é"])
-def test_an_extra_header_name_that_is_not_a_token_is_refused(name: str) -> None:
+@pytest.mark.parametrize("make", CONSTRUCTORS)
+def test_an_extra_header_name_that_is_not_a_token_is_refused(
+    make: Callable[..., Provider], name: str
+) -> None:
     with pytest.raises(
-        ValueError, match=r"^extra_headers names must be HTTP tokens, got .+$"
+        ValueError,
+        match=rf"^extra_headers names must be HTTP tokens, got {re.escape(repr(name))}$",
     ):
-        OpenAIProvider(
-            base_url="http://x/v1",
-            api_key="k",
-            model="m",
-            extra_headers={name: "v"},
-        )
+        make(api_key="k", extra_headers={name: "v"})
 
 
 def test_an_anthropic_version_that_cannot_be_sent_is_refused() -> None:

@@ -37,6 +37,7 @@ from .actors._history import load_history as load_history
 from .actors._limited import wrap_provider as wrap_provider
 from .actors._options import ConversationOptions as ConversationOptions
 from .actors._tools import Tool as Tool
+from .messages._chat import RequestOptions as RequestOptions
 
 __version__ = "0.1.0.dev0"
 
@@ -55,6 +56,7 @@ __all__ = [
     "ProviderError",
     "ProviderStatistics",
     "QueueFull",
+    "RequestOptions",
     "Retrying",
     "Slot",
     "SlotHoldTimeout",

@@ -79,11 +79,12 @@ from ..messages import (
     ToolCall,
     Usage,
 )
+from ..messages._chat import RequestOptions, merge_options
 from ._compaction import compaction_cut, summary_message, summary_request
 from ._events import Retrying, ToolResult, TurnEvent, TurnFinished
 from ._history import check_history, dump_history
 from ._limited import wrap_provider
-from ._options import ConversationOptions
+from ._options import ConversationOptions, check_request_options
 from ._retry import backoff, should_retry
 from ._tools import Tool, check_arguments
 
@@ -197,6 +198,8 @@ class _Job:
 
     text: str | None
     events: trio.MemorySendChannel[TurnEvent] | None = None
+    # The turn's options, the conversation's merged with its own.
+    options: RequestOptions = attrs.Factory(RequestOptions)
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
     done: trio.Event = attrs.Factory(trio.Event)
     result: TurnResult | Usage | None = None
@@ -368,15 +371,24 @@ class Conversation(metaclass=NoPublicConstructor):
         """Whether the conversation has stopped taking questions."""
         return self._stop is not None
 
-    async def ask(self, text: str) -> TurnResult:
+    async def ask(
+        self, text: str, *, options: RequestOptions | None = None
+    ) -> TurnResult:
         """Ask ``text`` and wait for the answer, running tools as the model asks.
 
         The question waits behind any turn already queued. Cancelling the
         caller cancels its turn: one still queued never starts and sends
         nothing; one running is unwound (see the module notes). A turn that
         does not complete, cancelled or failed, leaves the history exactly
-        as it was before it. The same as reading ``stream(text)`` to its
-        end.
+        as it was before it. The same as reading ``stream(text, options=...)``
+        to its end.
+
+        Args:
+            text: The question.
+            options: How this turn's answers are sampled; its fields that
+                are set win over ``ConversationOptions.request_options``,
+                field by field (``extra`` key by key). ``None`` for the
+                conversation's.
 
         Raises:
             ProviderError: The provider failed and retries did not help
@@ -392,13 +404,15 @@ class Conversation(metaclass=NoPublicConstructor):
             ConversationClosed: ``close()`` was called, before or meanwhile.
             RuntimeError: Called from inside the conversation's own actor
                 (from a tool), which would wait for itself forever.
+            TypeError: ``text`` is not a string, or ``options`` not a
+                ``RequestOptions``.
         """
-        async with self.stream(text) as turn:
+        async with self.stream(text, options=options) as turn:
             async for _event in turn:
                 pass
         return turn.result
 
-    def stream(self, text: str) -> TurnStream:
+    def stream(self, text: str, *, options: RequestOptions | None = None) -> TurnStream:
         """Ask ``text`` and read the turn as it happens.
 
         An async context manager; its value is an async iterator of
@@ -420,14 +434,18 @@ class Conversation(metaclass=NoPublicConstructor):
         ``TurnFinished``, by ``break``, an error or a cancellation, cancels
         the turn as a cancelled ``ask`` is: the history stays as it was
         before the turn. Errors are raised from the iterator, as ``ask``
-        raises them.
+        raises them. ``options`` are as ``ask`` takes them.
 
         Raises:
-            TypeError: ``text`` is not a string.
+            TypeError: ``text`` is not a string, or ``options`` not a
+                ``RequestOptions``.
         """
         if not isinstance(text, str):
             raise TypeError(f"text must be a string, got {text!r}")
-        return TurnStream._create(self, text)
+        if options is not None:
+            check_request_options(options, "options")
+        merged = merge_options(self._options.request_options, options)
+        return TurnStream._create(self, text, merged)
 
     async def warm(self) -> Usage:
         """Prime the provider's prompt cache with this conversation's prefix.
@@ -613,11 +631,20 @@ class Conversation(metaclass=NoPublicConstructor):
                 )
                 summarised = outcome is not None
                 compacted = outcome is True
+            options = job.options
             request = ChatRequest(
                 messages=[*earlier, *turn],
                 tools=self._specs,
-                max_tokens=self._options.max_tokens,
+                max_tokens=(
+                    self._options.max_tokens
+                    if options.max_tokens is None
+                    else options.max_tokens
+                ),
+                temperature=options.temperature,
                 system=self._system_prompt,
+                top_p=options.top_p,
+                stop=options.stop,
+                extra=options.extra,
             )
             reply = await self._call(provider, request, counters, job)
             calls = _unique_ids(reply.tool_calls, [*earlier, *turn])
@@ -830,11 +857,22 @@ class TurnStream(metaclass=NoPublicConstructor):
     the block before it cancels the turn. Single use.
     """
 
-    __slots__ = ("_conversation", "_job", "_receive", "_result", "_state", "_text")
+    __slots__ = (
+        "_conversation",
+        "_job",
+        "_options",
+        "_receive",
+        "_result",
+        "_state",
+        "_text",
+    )
 
-    def __init__(self, conversation: Conversation, text: str) -> None:
+    def __init__(
+        self, conversation: Conversation, text: str, options: RequestOptions
+    ) -> None:
         self._conversation = conversation
         self._text = text
+        self._options = options
         self._job: _Job | None = None
         self._receive: trio.MemoryReceiveChannel[TurnEvent] | None = None
         self._result: TurnResult | None = None
@@ -858,7 +896,7 @@ class TurnStream(metaclass=NoPublicConstructor):
         if self._state != "new":
             raise RuntimeError("a turn stream can be entered only once")
         send, receive = trio.open_memory_channel[TurnEvent](_EVENT_BUFFER)
-        job = _Job(self._text, events=send)
+        job = _Job(self._text, events=send, options=self._options)
         self._conversation._enqueue(job)
         self._job, self._receive, self._state = job, receive, "open"
         try:

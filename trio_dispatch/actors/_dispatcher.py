@@ -596,7 +596,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
             tools: The ``Tool`` values the model may call (distinct names).
             system_prompt: Sent as ``ChatRequest.system`` with every request;
                 never part of the history.
-            options: Retries, backoff, compaction, ``max_tokens`` and the
+            options: Retries, backoff, compaction, ``max_tokens``, the
+                request options of its turns (``request_options``) and the
                 jitter's seed, as a ``ConversationOptions``; ``None`` for the
                 defaults.
             history: The messages to start from, oldest first: the

@@ -13,6 +13,13 @@ from .._validation import (
     positive_int,
     validator,
 )
+from ..messages._chat import RequestOptions
+
+
+def check_request_options(value: object, name: str) -> None:
+    """``value`` is a ``RequestOptions``; its fields were checked when it was made."""
+    if not isinstance(value, RequestOptions):
+        raise TypeError(f"{name} must be a RequestOptions, got {value!r}")
 
 
 @final
@@ -43,7 +50,13 @@ class ConversationOptions:
             it cuts only where a user message starts, so no tool call is
             parted from its results.
         max_tokens: ``ChatRequest.max_tokens`` of every call, or ``None``
-            for the provider's default.
+            for the provider's default. Also settable in
+            ``request_options``, but not in both.
+        request_options: How the turns' answers are sampled (temperature,
+            top_p, max_tokens, stop sequences, extra body fields), as a
+            ``RequestOptions``; a turn's own ``options`` win over it field
+            by field. The summary calls of compaction and ``warm`` do not
+            use it.
         max_tool_rounds: Rounds of tools one turn may run (a round: one
             answer of the model that calls tools, and running them). A
             model that asks for tools once more fails the turn with
@@ -66,3 +79,13 @@ class ConversationOptions:
     )
     seed: int | None = attrs.field(default=None, validator=validator(check_seed))
     max_tool_rounds: int = attrs.field(default=16, validator=positive_int)
+    request_options: RequestOptions = attrs.field(
+        default=RequestOptions(), validator=validator(check_request_options)
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_tokens is not None and self.request_options.max_tokens is not None:
+            raise ValueError(
+                "max_tokens must be set in ConversationOptions"
+                " or in its request_options, not both"
+            )

@@ -9,11 +9,14 @@ tool result answers one of them by ``tool_call_id``.
 
 from __future__ import annotations
 
-from typing import Any, Literal, final
+import json
+import math
+from collections.abc import Mapping
+from typing import Any, Final, Literal, final
 
 import attrs
 
-from .._validation import non_negative_number, positive_int
+from .._validation import _real, _shown, non_negative_number, positive_int, validator
 from ._stream import ToolCall
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -104,6 +107,167 @@ def _tools(value: Any) -> tuple[ToolSpec, ...]:  # noqa: ANN401 (an attrs conver
     return tools
 
 
+# -- request options -------------------------------------------------------
+
+# What either wire format's request body sets itself: ``extra`` may not set
+# these, in either format, so one ``RequestOptions`` means the same thing
+# whichever provider it goes to.
+_RESERVED_FIELDS: Final = frozenset(
+    {
+        "model",
+        "messages",
+        "system",
+        "stream",
+        "stream_options",
+        "tools",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "stop",
+        "stop_sequences",
+    }
+)
+
+
+def _check_temperature(value: object, name: str) -> None:
+    rule = "a number from 0 to 2"
+    number = _real(value, name, rule)
+    if not (math.isfinite(number) and 0 <= number <= 2):
+        raise ValueError(f"{name} must be {rule}, got {_shown(value)}")
+
+
+def _check_top_p(value: object, name: str) -> None:
+    rule = "a number above 0 and at most 1"
+    number = _real(value, name, rule)
+    if not 0 < number <= 1:
+        raise ValueError(f"{name} must be {rule}, got {_shown(value)}")
+
+
+def _stop(value: Any) -> tuple[str, ...] | None:  # noqa: ANN401 (an attrs converter takes anything)
+    """Stop sequences as a tuple of non-empty strings; ``None`` for none."""
+    if value is None:
+        return None
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+        raise TypeError(f"stop must be a tuple of strings, got {value!r}")
+    for item in value:
+        if not isinstance(item, str):
+            raise TypeError(f"stop must be a tuple of strings, got {item!r} in it")
+        if not item:
+            raise ValueError("stop sequences must be non-empty strings, got ''")
+    if not value:
+        raise ValueError("stop must hold at least one string, got ()")
+    return tuple(value)
+
+
+def _check_json(value: object, where: str) -> None:
+    """``value`` is JSON: null, a boolean, a finite number, a string, an array, an object."""
+    if value is None or isinstance(value, bool | str | int):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{where} must be JSON, got {value!r}")
+        return
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _check_json(item, f"{where}[{index}]")
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{where} must be JSON, got the key {key!r}")
+            _check_json(item, f"{where}[{key!r}]")
+        return
+    raise TypeError(f"{where} must be JSON, got {type(value).__name__}")
+
+
+def _extra(value: Any) -> dict[str, object] | None:  # noqa: ANN401 (an attrs converter takes anything)
+    """Checked body fields, as a deep copy; ``None`` for none."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"extra must be a mapping of field names to JSON, got {value!r}"
+        )
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise TypeError(f"extra keys must be non-empty strings, got {key!r}")
+        if not key:
+            raise ValueError("extra keys must be non-empty strings, got ''")
+        if key in _RESERVED_FIELDS:
+            raise ValueError(f"extra must not set {key!r}: the request sets it")
+        _check_json(item, f"extra[{key!r}]")
+    # A copy through JSON: later changes to the caller's dicts change
+    # nothing here, and what is held is exactly what will be sent.
+    copied: dict[str, object] = json.loads(json.dumps(dict(value)))
+    return copied
+
+
+def _merge_extra(
+    base: dict[str, object] | None, over: dict[str, object] | None
+) -> dict[str, object] | None:
+    if base is None or over is None:
+        return over if base is None else base
+    return {**base, **over}
+
+
+@final
+@attrs.frozen
+class RequestOptions:
+    """How to sample an answer: one frozen value for every LLM call of a turn.
+
+    Give one per conversation (``ConversationOptions.request_options``)
+    and per turn (``Conversation.ask(text, options=...)`` and
+    ``Conversation.stream(text, options=...)``): a turn's fields that are
+    set win over the conversation's, field by field, and ``extra`` merges
+    key by key, the turn's keys winning. ``None`` leaves a field to the
+    conversation, then to the provider's default. Every field is checked
+    when the value is made.
+
+    Attributes:
+        temperature: The sampling temperature, from 0 to 2 (OpenAI's
+            range; Anthropic's is 0 to 1, and its API refuses more with a
+            ``ProviderBadRequest``).
+        top_p: Nucleus sampling: above 0 and at most 1.
+        max_tokens: The most tokens to generate, a positive integer.
+        stop: Stop sequences: a tuple (or list) of non-empty strings, sent
+            as OpenAI's ``stop`` and Anthropic's ``stop_sequences``. Not
+            capped here: OpenAI's own API takes at most 4 and refuses more,
+            Anthropic and OpenAI-compatible servers (vLLM) take more.
+        extra: More fields for the request body, as JSON values, added
+            last: a provider's own settings (``tool_choice``, ``seed``,
+            ``top_k``, ``response_format``...). A field that either wire
+            format sets itself (``model``, ``messages``, ``system``,
+            ``stream``, ``stream_options``, ``tools``, ``max_tokens``,
+            ``temperature``, ``top_p``, ``stop``, ``stop_sequences``) is
+            refused, so nothing the request sets is silently replaced.
+    """
+
+    temperature: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(validator(_check_temperature))
+    )
+    top_p: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(validator(_check_top_p))
+    )
+    max_tokens: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(positive_int)
+    )
+    stop: tuple[str, ...] | None = attrs.field(default=None, converter=_stop)
+    extra: dict[str, object] | None = attrs.field(default=None, converter=_extra)
+
+
+def merge_options(base: RequestOptions, over: RequestOptions | None) -> RequestOptions:
+    """``over``'s fields that are set, over ``base``'s; ``extra`` key by key."""
+    if over is None:
+        return base
+    return RequestOptions(
+        temperature=base.temperature if over.temperature is None else over.temperature,
+        top_p=base.top_p if over.top_p is None else over.top_p,
+        max_tokens=base.max_tokens if over.max_tokens is None else over.max_tokens,
+        stop=base.stop if over.stop is None else over.stop,
+        extra=_merge_extra(base.extra, over.extra),
+    )
+
+
 @final
 @attrs.frozen
 class ChatRequest:
@@ -118,6 +282,10 @@ class ChatRequest:
         temperature: The sampling temperature, or ``None`` for the default.
         system: A system prompt, sent before the messages (as OpenAI's
             first system message, as Anthropic's top-level ``system``).
+        top_p: Nucleus sampling, above 0 and at most 1, or ``None``.
+        stop: Stop sequences (non-empty strings), or ``None``.
+        extra: More request body fields, added last (see
+            ``RequestOptions.extra``), or ``None``.
     """
 
     messages: tuple[ChatMessage, ...] = attrs.field(converter=_messages)
@@ -129,3 +297,8 @@ class ChatRequest:
         default=None, validator=attrs.validators.optional(non_negative_number)
     )
     system: str | None = None
+    top_p: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(validator(_check_top_p))
+    )
+    stop: tuple[str, ...] | None = attrs.field(default=None, converter=_stop)
+    extra: dict[str, object] | None = attrs.field(default=None, converter=_extra)

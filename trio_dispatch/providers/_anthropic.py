@@ -42,12 +42,12 @@ from .._exceptions import MalformedStream, StreamInterrupted
 from .._validation import check_limit, check_text
 from .._wire import error_for_type, make_tool_call
 from ..messages import Finish, ReasoningDelta, TextDelta, Usage
-from ._checks import _check_header_value
+from ._checks import _check_header_value, _check_headers
 from ._decode import parse_json_data, raw_json, structure_event
 from ._http import EventStream, _ProviderBase
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     import httpx
     from httpx_sse import ServerSentEvent
@@ -457,8 +457,15 @@ def request_body(model: str, max_tokens: int, request: ChatRequest) -> dict[str,
             }
             for tool in request.tools
         ]
-    if request.temperature is not None:
-        body["temperature"] = request.temperature
+    sampling = {
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "stop_sequences": None if request.stop is None else list(request.stop),
+    }
+    body.update((key, value) for key, value in sampling.items() if value is not None)
+    if request.extra:
+        # Last, and never over a field set above: ChatRequest refuses those.
+        body.update(request.extra)
     return body
 
 
@@ -489,6 +496,11 @@ class AnthropicProvider(_ProviderBase):
         read_timeout: Seconds to wait for any data: for the response to
             start, and between events. A stalled stream ends as
             ``ProviderConnectionError`` after this long.
+        extra_headers: More headers for every request (an ``anthropic-beta``
+            flag, a proxy's routing header). Names must be HTTP tokens and
+            values printable ASCII; a bad value is refused without being
+            shown, since it may be a credential. The key, version and
+            content type headers are always the provider's own.
         on_rate_limit: Called with ``(id, retry_after)`` on a 429, 503 or
             529 (and on a rate-limit or overloaded error in the stream),
             before the error is raised: pass ``dispatcher.report_rate_limit``.
@@ -506,11 +518,13 @@ class AnthropicProvider(_ProviderBase):
         max_tokens: int = 4096,
         connect_timeout: float = 10.0,
         read_timeout: float = 60.0,
+        extra_headers: Mapping[str, str] | None = None,
         on_rate_limit: RateLimitReporter | None = None,
     ) -> None:
         check_text(anthropic_version, "anthropic_version")
         _check_header_value(anthropic_version, "anthropic_version")
         check_limit(max_tokens, "max_tokens")
+        self._extra_headers = _check_headers(extra_headers)
         self._anthropic_version = anthropic_version
         self._max_tokens = max_tokens
         # Last, once every argument is known good: it may make a client.
@@ -531,6 +545,7 @@ class AnthropicProvider(_ProviderBase):
         Nothing is sent until the returned context manager is entered.
         """
         headers = {
+            **self._extra_headers,
             "x-api-key": self._api_key,
             "anthropic-version": self._anthropic_version,
             "content-type": "application/json",

@@ -443,6 +443,13 @@ def request_body(model: str, request: ChatRequest) -> dict[str, Any]:
         body["max_tokens"] = request.max_tokens
     if request.temperature is not None:
         body["temperature"] = request.temperature
+    if request.top_p is not None:
+        body["top_p"] = request.top_p
+    if request.stop is not None:
+        body["stop"] = list(request.stop)
+    if request.extra:
+        # Last, and never over a field set above: ChatRequest refuses those.
+        body.update(request.extra)
     return body
 
 
