@@ -113,7 +113,13 @@ async def test_tool_turn_calls_the_tool_feeds_the_result_and_answers(
             assert messages_of(first)[0] == {"role": "system", "content": "Be brief."}
             assert first.body["tools"][0]["function"]["name"] == "add"
         else:
-            assert first.body["system"] == "Be brief."
+            assert first.body["system"] == [
+                {
+                    "type": "text",
+                    "text": "Be brief.",
+                    "cache_control": {"type": "ephemeral"},
+                }
+            ]
             assert first.body["tools"][0]["name"] == "add"
         stats = conversation.statistics()
         assert (stats.turns_completed, stats.llm_calls, stats.tool_calls) == (1, 2, 1)

@@ -399,12 +399,19 @@ async def test_request_json_shape(server: FakeLLMServer) -> None:
             },
         ],
         "stream": True,
-        "system": "Be brief.\n\nMention the source.",
+        "system": [
+            {
+                "type": "text",
+                "text": "Be brief.\n\nMention the source.",
+                "cache_control": {"type": "ephemeral"},
+            }
+        ],
         "tools": [
             {
                 "name": "get_weather",
                 "description": "Weather for a city",
                 "input_schema": {"type": "object"},
+                "cache_control": {"type": "ephemeral"},
             }
         ],
         "temperature": 0.5,

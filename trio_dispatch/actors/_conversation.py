@@ -645,6 +645,9 @@ class Conversation(metaclass=NoPublicConstructor):
                 top_p=options.top_p,
                 stop=options.stop,
                 extra=options.extra,
+                # What came before the turn is sent again on the next call.
+                stable_prefix=len(earlier),
+                cache_key=self.id,
             )
             reply = await self._call(provider, request, counters, job)
             calls = _unique_ids(reply.tool_calls, [*earlier, *turn])
@@ -692,6 +695,9 @@ class Conversation(metaclass=NoPublicConstructor):
             tools=self._specs,
             max_tokens=1,
             system=self._system_prompt,
+            # The history, not the stand-in question: what the turns resend.
+            stable_prefix=len(self._history),
+            cache_key=self.id,
         )
         provider = wrap_provider(
             self._provider,

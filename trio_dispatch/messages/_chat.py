@@ -16,7 +16,14 @@ from typing import Any, Final, Literal, final
 
 import attrs
 
-from .._validation import _real, _shown, non_negative_number, positive_int, validator
+from .._validation import (
+    _real,
+    _shown,
+    non_negative_int,
+    non_negative_number,
+    positive_int,
+    validator,
+)
 from ._stream import ToolCall
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -141,6 +148,11 @@ def _check_top_p(value: object, name: str) -> None:
     number = _real(value, name, rule)
     if not 0 < number <= 1:
         raise ValueError(f"{name} must be {rule}, got {_shown(value)}")
+
+
+def _check_cache_key(value: object, name: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a non-empty string, got {_shown(value)}")
 
 
 def _stop(value: Any) -> tuple[str, ...] | None:  # noqa: ANN401 (an attrs converter takes anything)
@@ -286,6 +298,13 @@ class ChatRequest:
         stop: Stop sequences (non-empty strings), or ``None``.
         extra: More request body fields, added last (see
             ``RequestOptions.extra``), or ``None``.
+        stable_prefix: How many of ``messages``, from the first, will be
+            sent again unchanged on the conversation's next calls: the
+            prefix worth caching (Anthropic marks its end with a
+            ``cache_control`` breakpoint). 0, the default, marks none.
+        cache_key: A stable key for the conversation, sent as OpenAI's
+            ``prompt_cache_key`` so its calls reach the same prompt cache;
+            ``None`` sends none.
     """
 
     messages: tuple[ChatMessage, ...] = attrs.field(converter=_messages)
@@ -302,3 +321,15 @@ class ChatRequest:
     )
     stop: tuple[str, ...] | None = attrs.field(default=None, converter=_stop)
     extra: dict[str, object] | None = attrs.field(default=None, converter=_extra)
+    stable_prefix: int = attrs.field(default=0, validator=non_negative_int)
+    cache_key: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(validator(_check_cache_key))
+    )
+
+    @stable_prefix.validator
+    def _check_stable_prefix(self, _attribute: object, value: int) -> None:
+        if value > len(self.messages):
+            raise ValueError(
+                "stable_prefix must be at most the number of messages"
+                f" ({len(self.messages)}), got {value}"
+            )

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from httpx_sse import ServerSentEvent
 
     from .._provider import RateLimitReporter
-    from ..messages import ChatRequest, StreamEvent
+    from ..messages import ChatMessage, ChatRequest, StreamEvent
 
 
 _T = TypeVar("_T")
@@ -398,6 +398,36 @@ class _AnthropicDecoder:
 # -- the request -------------------------------------------------------------
 
 
+def _blocks(message: ChatMessage) -> list[dict[str, Any]]:
+    """The content blocks of a user, assistant or tool message."""
+    blocks: list[dict[str, Any]] = []
+    if message.role == "tool":
+        blocks.append(
+            {
+                "type": "tool_result",
+                "tool_use_id": message.tool_call_id,
+                "content": message.content,
+            }
+        )
+    elif message.content:  # the API refuses empty text blocks
+        blocks.append({"type": "text", "text": message.content})
+    blocks.extend(
+        {
+            "type": "tool_use",
+            "id": call.id,
+            "name": call.name,
+            "input": call.arguments,
+        }
+        for call in message.tool_calls
+    )
+    return blocks
+
+
+# A fresh dict at each use: the body is the caller's to change.
+def _ephemeral() -> dict[str, str]:
+    return {"type": "ephemeral"}
+
+
 def request_body(model: str, max_tokens: int, request: ChatRequest) -> dict[str, Any]:
     """The JSON body of a streaming Messages request for ``request``.
 
@@ -406,33 +436,23 @@ def request_body(model: str, max_tokens: int, request: ChatRequest) -> dict[str,
     ``tool_result`` blocks of a user turn and tool calls ``tool_use``
     blocks of the assistant's; consecutive turns of one role are merged,
     since the API wants user and assistant to alternate.
+
+    Prompt caching: a ``cache_control`` breakpoint goes on the last tool,
+    on the system prompt and on the last block of the request's stable
+    prefix (its first ``stable_prefix`` messages), each only when there is
+    one: at most three of the API's four. The API caches the prefix up to
+    each breakpoint, and a later request whose prefix matches reads it.
     """
     system = [request.system] if request.system else []
     messages: list[dict[str, Any]] = []
-    for message in request.messages:
+    stable_end: dict[str, Any] | None = None
+    for index, message in enumerate(request.messages):
+        if index == request.stable_prefix and messages:
+            stable_end = messages[-1]["content"][-1]
         if message.role == "system":
             system.append(message.content)
             continue
-        blocks: list[dict[str, Any]] = []
-        if message.role == "tool":
-            blocks.append(
-                {
-                    "type": "tool_result",
-                    "tool_use_id": message.tool_call_id,
-                    "content": message.content,
-                }
-            )
-        elif message.content:  # the API refuses empty text blocks
-            blocks.append({"type": "text", "text": message.content})
-        blocks.extend(
-            {
-                "type": "tool_use",
-                "id": call.id,
-                "name": call.name,
-                "input": call.arguments,
-            }
-            for call in message.tool_calls
-        )
+        blocks = _blocks(message)
         if not blocks:
             continue
         role = "assistant" if message.role == "assistant" else "user"
@@ -440,6 +460,10 @@ def request_body(model: str, max_tokens: int, request: ChatRequest) -> dict[str,
             messages[-1]["content"].extend(blocks)
         else:
             messages.append({"role": role, "content": blocks})
+    if request.stable_prefix == len(request.messages) and messages:
+        stable_end = messages[-1]["content"][-1]
+    if stable_end is not None:
+        stable_end["cache_control"] = _ephemeral()
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": request.max_tokens or max_tokens,
@@ -447,7 +471,10 @@ def request_body(model: str, max_tokens: int, request: ChatRequest) -> dict[str,
         "stream": True,
     }
     if system:
-        body["system"] = "\n\n".join(system)
+        # As a block, since only a block takes a breakpoint.
+        body["system"] = [
+            {"type": "text", "text": "\n\n".join(system), "cache_control": _ephemeral()}
+        ]
     if request.tools:
         body["tools"] = [
             {
@@ -457,6 +484,7 @@ def request_body(model: str, max_tokens: int, request: ChatRequest) -> dict[str,
             }
             for tool in request.tools
         ]
+        body["tools"][-1]["cache_control"] = _ephemeral()
     sampling = {
         "temperature": request.temperature,
         "top_p": request.top_p,

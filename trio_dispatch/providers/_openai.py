@@ -414,7 +414,10 @@ def _wire_message(message: ChatMessage) -> dict[str, Any]:
 
 
 def request_body(model: str, request: ChatRequest) -> dict[str, Any]:
-    """The JSON body of a streaming chat completion for ``request``."""
+    """The JSON body of a streaming chat completion for ``request``.
+
+    ``request.cache_key`` goes out as ``prompt_cache_key``.
+    """
     messages: list[dict[str, Any]] = []
     if request.system is not None:
         messages.append({"role": "system", "content": request.system})
@@ -447,8 +450,13 @@ def request_body(model: str, request: ChatRequest) -> dict[str, Any]:
         body["top_p"] = request.top_p
     if request.stop is not None:
         body["stop"] = list(request.stop)
+    if request.cache_key is not None:
+        # Routes the conversation's calls to one prompt cache; OpenAI caches
+        # the longest prefix seen before, which the conversation keeps stable.
+        body["prompt_cache_key"] = request.cache_key
     if request.extra:
-        # Last, and never over a field set above: ChatRequest refuses those.
+        # Last, and never over a field set above (ChatRequest refuses
+        # those) but ``prompt_cache_key``: a key given there is meant.
         body.update(request.extra)
     return body
 

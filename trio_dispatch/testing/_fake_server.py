@@ -13,7 +13,9 @@ body that is not JSON or lacks ``model``, ``messages`` (and Anthropic's
 every request it is sent (without the key) and keeps statistics, including
 the peak number of requests in flight at once and how many streams the
 client abandoned before their end (it watches for the disconnect, so an
-abandoned stream stops at once, even a stalled one).
+abandoned stream stops at once, even a stalled one). It keeps a prompt
+cache per API key (``_cache``), and its usage reports the cache reads and
+writes of a request that asks for caching, unless the script sets them.
 
 All timing is ``trio.sleep``; with real sockets, tests run in real time, so
 keep latencies small.
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING, Any, final
 import attrs
 import trio
 
+from ._cache import PromptCache
 from ._encoders import (
     MALFORMED,
     encode_reply,
@@ -91,6 +94,7 @@ class FakeLLMServer:
         self._tally = Tally(self._changed_now)
         self._ids = itertools.count(1)
         self._changed = trio.Event()
+        self._cache = PromptCache()
 
     def __repr__(self) -> str:
         where = self._base_url or "not serving"
@@ -248,13 +252,7 @@ class FakeLLMServer:
             self._tally.departed()
 
     def _authenticated(self, wire: WireFormat, headers: Mapping[str, str]) -> bool:
-        if wire == "openai":
-            scheme, _, key = headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer":
-                key = ""
-        else:
-            key = headers.get("x-api-key", "")
-        key = key.strip()
+        key = _key_in(wire, headers)
         return bool(key) and (self._api_key is None or key == self._api_key)
 
     async def _answer(
@@ -292,7 +290,7 @@ class FakeLLMServer:
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_for_disconnect, nursery.cancel_scope)
-            events = self._events(request, reply)
+            events = self._events(request, reply, _key_in(request.format, headers))
             await self._start(
                 send,
                 200,
@@ -373,9 +371,25 @@ class FakeLLMServer:
 
     # -- what to send --------------------------------------------------------
 
-    def _events(self, request: FakeRequest, reply: FakeReply) -> list[WireEvent]:
+    def _events(
+        self, request: FakeRequest, reply: FakeReply, api_key: str
+    ) -> list[WireEvent]:
         body = request.body
         assert isinstance(body, dict)
+        if (
+            reply.input_tokens is None
+            and reply.cache_read_tokens == 0
+            and reply.cache_write_tokens == 0
+        ):
+            # Only when the script leaves the prompt's usage to the server.
+            cached = self._cache.use(request.format, api_key, body)
+            if cached is not None:
+                reply = attrs.evolve(
+                    reply,
+                    input_tokens=cached.input_tokens,
+                    cache_read_tokens=cached.read_tokens,
+                    cache_write_tokens=cached.write_tokens,
+                )
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         return encode_reply(
@@ -386,6 +400,17 @@ class FakeLLMServer:
             include_usage=include_usage,
             ids=self._ids,
         )
+
+
+def _key_in(wire: WireFormat, headers: Mapping[str, str]) -> str:
+    """The API key the request presents, or ``""``."""
+    if wire == "openai":
+        scheme, _, key = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            key = ""
+    else:
+        key = headers.get("x-api-key", "")
+    return key.strip()
 
 
 def _client(scope: Mapping[str, Any]) -> tuple[str, int] | None:

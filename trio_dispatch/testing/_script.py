@@ -162,6 +162,10 @@ class FakeReply:
         cache_read_tokens: Reported prompt tokens read from the cache.
         cache_write_tokens: Reported prompt tokens written to the cache
             (Anthropic reports them apart; OpenAI counts them as prompt).
+            When these two are 0 and ``input_tokens`` is ``None``, the fake
+            server reports what its own prompt cache read and wrote for a
+            request that asks for caching (``cache_control`` breakpoints,
+            a ``prompt_cache_key``); a ``ScriptedProvider`` has no cache.
         finish: The finish reason, in the normalised vocabulary
             (``"stop"``, ``"tool_calls"``, ``"length"``,
             ``"content_filter"``); ``None`` picks ``"tool_calls"`` when
