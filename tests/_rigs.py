@@ -179,3 +179,17 @@ def tool(
 def roles(history: tuple[ChatMessage, ...]) -> list[str]:
     """The roles of the history, in order."""
     return [message.role for message in history]
+
+
+async def add(arguments: dict[str, Any]) -> str:
+    """A tool: the sum of ``a`` and ``b``."""
+    await trio.lowlevel.checkpoint()
+    return str(arguments["a"] + arguments["b"])
+
+
+ADD = tool(
+    "add",
+    add,
+    {"a": {"type": "integer"}, "b": {"type": "integer"}},
+    required=["a", "b"],
+)

@@ -52,6 +52,7 @@ from trio_dispatch.testing import (
 
 from ._helpers import settle, task_names
 from ._rigs import (
+    ADD,
     answers_tools,
     echo,
     eventually,
@@ -69,20 +70,6 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
 
 # -- helpers ------------------------------------------------------------------
-
-
-async def add(arguments: dict[str, Any]) -> str:
-    """A tool: the sum of ``a`` and ``b``."""
-    await trio.lowlevel.checkpoint()
-    return str(arguments["a"] + arguments["b"])
-
-
-ADD = tool(
-    "add",
-    add,
-    {"a": {"type": "integer"}, "b": {"type": "integer"}},
-    required=["a", "b"],
-)
 
 
 # -- tool turns ---------------------------------------------------------------

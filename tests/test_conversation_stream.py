@@ -38,6 +38,8 @@ from trio_dispatch.testing import (
 )
 
 from ._rigs import (
+    ADD,
+    add,
     answers_tools,
     eventually,
     last_text,
@@ -53,18 +55,6 @@ if TYPE_CHECKING:
     from trio_dispatch import Conversation, TurnEvent
 
 
-async def add(arguments: dict[str, Any]) -> str:
-    """A tool: the sum of ``a`` and ``b``."""
-    await trio.lowlevel.checkpoint()
-    return str(arguments["a"] + arguments["b"])
-
-
-ADD = tool(
-    "add",
-    add,
-    {"a": {"type": "integer"}, "b": {"type": "integer"}},
-    required=["a", "b"],
-)
 CALL = FakeToolCall("add", {"a": 2, "b": 3}, id="c1")
 
 
