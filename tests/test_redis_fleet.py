@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from trio_dispatch import Dispatcher
-    from trio_dispatch.testing import FakeRequest
+    from trio_dispatch.testing import FakeLLMServer, FakeRequest
 
 pytestmark = needs_redis
 
@@ -94,11 +94,17 @@ async def until(condition: Callable[[], bool]) -> None:
             await trio.sleep(0.005)
 
 
-async def test_a_fleet_of_processes_never_exceeds_the_limit_and_every_turn_completes(
+async def run_conversations(
+    llm: FakeLLMServer,
     server: RedisServer,
-) -> None:
-    script = FakeScript(default=FakeReply(text="done", latency=0.03))
-    async with open_fake_llm_server(script) as llm, AsyncExitStack() as stack:
+    *,
+    processes: int,
+    limit: int,
+    count: int,
+    questions: int,
+) -> list[object]:
+    """Run ``processes`` workers of conversations on one namespace; their reports."""
+    async with AsyncExitStack() as stack:
         workers = [
             await stack.enter_async_context(
                 worker(
@@ -108,17 +114,27 @@ async def test_a_fleet_of_processes_never_exceeds_the_limit_and_every_turn_compl
                     redis_url=server.url,
                     namespace="fleet",
                     lease=LEASE,
-                    limit=3,
-                    count=10,
-                    questions=1,
+                    limit=limit,
+                    count=count,
+                    questions=questions,
                 )
             )
-            for n in range(4)
+            for n in range(processes)
         ]
         with trio.fail_after(60):
             for w in workers:
                 assert await w.line() == {"ready": True}
-            done = [await w.line() for w in workers]
+            return [await w.line() for w in workers]
+
+
+async def test_a_fleet_of_processes_never_exceeds_the_limit_and_every_turn_completes(
+    server: RedisServer,
+) -> None:
+    script = FakeScript(default=FakeReply(text="done", latency=0.03))
+    async with open_fake_llm_server(script) as llm:
+        done = await run_conversations(
+            llm, server, processes=4, limit=3, count=10, questions=1
+        )
         assert done == [{"turns": 10}] * 4
         stats = llm.statistics()
         assert stats.requests_total == 40
@@ -137,27 +153,10 @@ async def test_a_rate_limit_in_one_process_pauses_the_fleet(
         return None
 
     script = FakeScript(default=FakeReply(text="ok", latency=0.02), choose=choose)
-    async with open_fake_llm_server(script) as llm, AsyncExitStack() as stack:
-        workers = [
-            await stack.enter_async_context(
-                worker(
-                    mode="conversations",
-                    name=f"w{n}",
-                    base_url=llm.openai_base_url,
-                    redis_url=server.url,
-                    namespace="fleet",
-                    lease=LEASE,
-                    limit=2,
-                    count=4,
-                    questions=3,
-                )
-            )
-            for n in range(2)
-        ]
-        with trio.fail_after(60):
-            for w in workers:
-                assert await w.line() == {"ready": True}
-            done = [await w.line() for w in workers]
+    async with open_fake_llm_server(script) as llm:
+        done = await run_conversations(
+            llm, server, processes=2, limit=2, count=4, questions=3
+        )
         assert done == [{"turns": 12}] * 2
         # The server's own clock: after the 429, and once the pause is
         # stored (a few milliseconds), nothing arrives from either process
