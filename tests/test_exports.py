@@ -58,6 +58,8 @@ def test_the_top_level_is_what_an_application_uses() -> None:
         "ProviderError",
         "ProviderStatistics",
         "QueueFull",
+        "Quota",
+        "RateLimitInfo",
         "RequestOptions",
         "Retrying",
         "Slot",

@@ -17,6 +17,8 @@ from ._exceptions import QueueFull as QueueFull
 from ._exceptions import SlotHoldTimeout as SlotHoldTimeout
 from ._exceptions import TooManyToolRounds as TooManyToolRounds
 from ._provider import Provider as Provider
+from ._ratelimits import Quota as Quota
+from ._ratelimits import RateLimitInfo as RateLimitInfo
 from ._util import fixup_module_metadata
 from .actors._compaction import SUMMARY_PREFIX as SUMMARY_PREFIX
 from .actors._conversation import Conversation as Conversation
@@ -56,6 +58,8 @@ __all__ = [
     "ProviderError",
     "ProviderStatistics",
     "QueueFull",
+    "Quota",
+    "RateLimitInfo",
     "RequestOptions",
     "Retrying",
     "Slot",
