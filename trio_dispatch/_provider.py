@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
+from ._ratelimits import RateLimitInfo
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
     from contextlib import AbstractAsyncContextManager
@@ -34,6 +36,16 @@ RateLimitReporter: TypeAlias = Callable[[str, float | None], None]
 Providers call it synchronously, before raising ``RateLimited`` or
 ``Overloaded`` (also for a rate-limit or overloaded error inside a stream).
 Pass ``dispatcher.report_rate_limit`` to pause the provider's grants.
+"""
+
+RateLimitObserver: TypeAlias = Callable[[str, RateLimitInfo], None]
+"""Told ``(provider id, figures)`` for every answer that carries rate limits.
+
+Providers call it synchronously with what the answer's rate-limit headers
+say (``x-ratelimit-*``, ``anthropic-ratelimit-*``, ``Retry-After``), for a
+success or an error alike, before the stream is returned or the error
+raised. It must not block; an exception it raises is logged, and the call
+goes on.
 """
 
 

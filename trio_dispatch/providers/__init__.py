@@ -20,6 +20,7 @@ from .._exceptions import RequestFailed as RequestFailed
 from .._exceptions import ServerError as ServerError
 from .._exceptions import StreamInterrupted as StreamInterrupted
 from .._provider import Provider as Provider
+from .._provider import RateLimitObserver as RateLimitObserver
 from .._provider import RateLimitReporter as RateLimitReporter
 from .._util import fixup_module_metadata
 from ._anthropic import AnthropicProvider as AnthropicProvider
@@ -36,6 +37,7 @@ __all__ = [
     "Provider",
     "ProviderConnectionError",
     "ProviderError",
+    "RateLimitObserver",
     "RateLimitReporter",
     "RateLimited",
     "RequestFailed",

@@ -45,6 +45,7 @@ from ..messages import Finish, ReasoningDelta, TextDelta, Usage
 from ._checks import _check_header_value, _check_headers
 from ._decode import parse_json_data, raw_json, structure_event
 from ._http import EventStream, _ProviderBase
+from ._ratelimit_headers import anthropic_rate_limits
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     import httpx
     from httpx_sse import ServerSentEvent
 
-    from .._provider import RateLimitReporter
+    from .._provider import RateLimitObserver, RateLimitReporter
     from ..messages import ChatMessage, ChatRequest, StreamEvent
 
 
@@ -532,6 +533,12 @@ class AnthropicProvider(_ProviderBase):
         on_rate_limit: Called with ``(id, retry_after)`` on a 429, 503 or
             529 (and on a rate-limit or overloaded error in the stream),
             before the error is raised: pass ``dispatcher.report_rate_limit``.
+        on_rate_limits: Called with ``(id, RateLimitInfo)`` for every answer
+            whose headers carry rate-limit figures, success or error,
+            before the stream is returned or the error raised: pass
+            ``dispatcher.observe_rate_limits``. Malformed headers are
+            ignored (and logged once per header name); an exception the
+            observer raises is logged, not raised.
     """
 
     def __init__(
@@ -548,6 +555,7 @@ class AnthropicProvider(_ProviderBase):
         read_timeout: float = 60.0,
         extra_headers: Mapping[str, str] | None = None,
         on_rate_limit: RateLimitReporter | None = None,
+        on_rate_limits: RateLimitObserver | None = None,
     ) -> None:
         check_text(anthropic_version, "anthropic_version")
         _check_header_value(anthropic_version, "anthropic_version")
@@ -565,6 +573,8 @@ class AnthropicProvider(_ProviderBase):
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
             on_rate_limit=on_rate_limit,
+            on_rate_limits=on_rate_limits,
+            read_rate_limits=anthropic_rate_limits,
         )
 
     def stream(self, request: ChatRequest) -> EventStream:

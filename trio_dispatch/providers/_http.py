@@ -4,7 +4,9 @@ A provider supplies the request and a decoder (``WireDecoder``, in
 ``_decode.py``). Everything else lives here, once:
 
 * ``_ProviderBase`` holds the httpx client (owned or lent), the timeouts,
-  the key and the rate-limit hook, and its repr shows no key. What it is
+  the key and the rate-limit hooks, and its repr shows no key. Every
+  answer's headers pass ``_observe`` first, whatever its status: their
+  rate-limit figures go to ``on_rate_limits``. What it is
   made with is checked in ``_checks.py``.
 * ``EventStream`` is what ``stream()`` returns: an async context manager
   that sends the request on entry, raises the typed status error there,
@@ -21,6 +23,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import logging
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Self, final
 
 import httpx
@@ -43,12 +47,14 @@ from ._errors import (
     send_error,
     status_error,
 )
+from ._ratelimit_headers import MalformedHeaderLog
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, AsyncIterator, Callable
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
     from types import TracebackType
 
-    from .._provider import RateLimitReporter
+    from .._provider import RateLimitObserver, RateLimitReporter
+    from .._ratelimits import RateLimitInfo
     from ..messages import StreamEvent
     from ._decode import WireDecoder
 
@@ -58,6 +64,8 @@ _CLOSE_TIMEOUT: Final = 5.0
 # After the terminator we read on to the end of the body, so the connection
 # can be reused; a server that holds it open gets this long, then we close.
 _DRAIN_TIMEOUT: Final = 0.5
+
+_logger = logging.getLogger("trio_dispatch")
 
 
 @final
@@ -89,6 +97,8 @@ class _ProviderBase:
         connect_timeout: float,
         read_timeout: float,
         on_rate_limit: RateLimitReporter | None,
+        on_rate_limits: RateLimitObserver | None,
+        read_rate_limits: Callable[..., RateLimitInfo],
     ) -> None:
         self._id = _check_text(id, "id")
         self._base_url = _check_base_url(base_url)
@@ -104,6 +114,8 @@ class _ProviderBase:
             )
         if on_rate_limit is not None and not callable(on_rate_limit):
             raise TypeError("on_rate_limit must be callable")
+        if on_rate_limits is not None and not callable(on_rate_limits):
+            raise TypeError("on_rate_limits must be callable")
         self._read_timeout = read
         # Passed with every request, so a lent client gets our timeouts too;
         # the read timeout is what turns a stalled stream into an error.
@@ -113,6 +125,9 @@ class _ProviderBase:
         self._owns_client = client is None
         self._client = httpx.AsyncClient() if client is None else client
         self._on_rate_limit = on_rate_limit
+        self._on_rate_limits = on_rate_limits
+        self._read_rate_limits = read_rate_limits
+        self._malformed_headers = MalformedHeaderLog(self._id, self._redact)
 
     @property
     def id(self) -> str:
@@ -189,6 +204,25 @@ class _ProviderBase:
 
     # -- used by EventStream ------------------------------------------------
 
+    def _observe(self, headers: Mapping[str, str]) -> None:
+        """Tell ``on_rate_limits`` what an answer's headers say of the limits.
+
+        Called once per answer, as soon as its headers are in. A failing
+        observer is logged, not raised: the answer is still the caller's.
+        """
+        observer = self._on_rate_limits
+        if observer is None:
+            return
+        info = self._read_rate_limits(
+            headers, now=datetime.now(UTC), on_malformed=self._malformed_headers
+        )
+        if info.empty:
+            return
+        try:
+            observer(self._id, info)
+        except Exception:
+            _logger.exception("%s: the on_rate_limits observer failed", self._id)
+
     def _report(self, error: ProviderError) -> None:
         if isinstance(error, RateLimited | Overloaded) and self._on_rate_limit:
             self._on_rate_limit(self._id, error.retry_after)
@@ -213,6 +247,7 @@ class _ProviderBase:
             raise error
         checked = False
         try:
+            self._observe(response.headers)
             await self._check_status(response)
             checked = True
         finally:

@@ -52,6 +52,7 @@ from ..messages import Finish, ReasoningDelta, TextDelta, ToolCall, Usage
 from ._checks import _check_headers
 from ._decode import parse_json_data, raw_json, structure_event
 from ._http import EventStream, _ProviderBase
+from ._ratelimit_headers import openai_rate_limits
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -59,7 +60,7 @@ if TYPE_CHECKING:
     import httpx
     from httpx_sse import ServerSentEvent
 
-    from .._provider import RateLimitReporter
+    from .._provider import RateLimitObserver, RateLimitReporter
     from ..messages import ChatMessage, ChatRequest, StreamEvent
 
 
@@ -495,6 +496,12 @@ class OpenAIProvider(_ProviderBase):
         on_rate_limit: Called with ``(id, retry_after)`` on a 429, 503 or
             529 (and on a rate-limit or overloaded error in the stream),
             before the error is raised: pass ``dispatcher.report_rate_limit``.
+        on_rate_limits: Called with ``(id, RateLimitInfo)`` for every answer
+            whose headers carry rate-limit figures, success or error,
+            before the stream is returned or the error raised: pass
+            ``dispatcher.observe_rate_limits``. Malformed headers are
+            ignored (and logged once per header name); an exception the
+            observer raises is logged, not raised.
     """
 
     def __init__(
@@ -509,6 +516,7 @@ class OpenAIProvider(_ProviderBase):
         read_timeout: float = 60.0,
         extra_headers: Mapping[str, str] | None = None,
         on_rate_limit: RateLimitReporter | None = None,
+        on_rate_limits: RateLimitObserver | None = None,
     ) -> None:
         self._extra_headers = _check_headers(extra_headers)
         # Last, once every argument is known good: it may make a client.
@@ -521,6 +529,8 @@ class OpenAIProvider(_ProviderBase):
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
             on_rate_limit=on_rate_limit,
+            on_rate_limits=on_rate_limits,
+            read_rate_limits=openai_rate_limits,
         )
 
     def stream(self, request: ChatRequest) -> EventStream:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 from typing import TYPE_CHECKING, Literal, Self, final
 
 import trio
@@ -32,6 +33,7 @@ from .._exceptions import (
     RequestFailed,
     StreamInterrupted,
 )
+from .._ratelimits import RateLimitInfo
 from .._validation import check_seconds
 from .._wire import error_for_status, error_for_type
 from ..messages import ChatRequest
@@ -49,11 +51,13 @@ from ._tally import FakeServerStatistics, Tally
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from .._provider import RateLimitReporter
+    from .._provider import RateLimitObserver, RateLimitReporter
     from ..messages import StreamEvent
     from ._encoders import WireEvent
     from ._request import WireFormat
     from ._script import FakeReply, Fault
+
+_logger = logging.getLogger("trio_dispatch")
 
 _PATHS: dict[WireFormat, str] = {wire: path for path, wire in ROUTES.items()}
 _TERMINATORS: dict[WireFormat, str] = {
@@ -118,10 +122,16 @@ class ScriptedProvider:
         on_rate_limit: Called with ``(id, retry_after)`` before a
             ``RateLimited`` or ``Overloaded`` is raised: pass
             ``dispatcher.report_rate_limit``.
+        on_rate_limits: Called with ``(id, RateLimitInfo)`` for each answer
+            that carries rate-limit figures, before its error is raised,
+            as the HTTP providers do: here, a status fault with
+            ``retry_after`` or ``retry_after_ms`` (the only rate-limit
+            headers a script sends). An exception it raises is logged.
 
     Raises:
         TypeError: ``script`` is not a ``FakeScript``, ``id`` not a string,
-            ``read_timeout`` not a number, or ``on_rate_limit`` not callable.
+            ``read_timeout`` not a number, or ``on_rate_limit`` or
+            ``on_rate_limits`` not callable.
         ValueError: ``id`` is empty, ``wire`` unknown, or ``read_timeout``
             not a positive number of seconds.
     """
@@ -134,6 +144,7 @@ class ScriptedProvider:
         wire: WireFormat = "openai",
         read_timeout: float = 60.0,
         on_rate_limit: RateLimitReporter | None = None,
+        on_rate_limits: RateLimitObserver | None = None,
     ) -> None:
         if script is None:
             script = FakeScript()
@@ -148,12 +159,15 @@ class ScriptedProvider:
         timeout = check_seconds(read_timeout, "read_timeout", positive=True)
         if on_rate_limit is not None and not callable(on_rate_limit):
             raise TypeError("on_rate_limit must be callable")
+        if on_rate_limits is not None and not callable(on_rate_limits):
+            raise TypeError("on_rate_limits must be callable")
         self._script = script
         self._replies_used = 0
         self._id = id
         self._wire: WireFormat = wire
         self._read_timeout = timeout
         self._on_rate_limit = on_rate_limit
+        self._on_rate_limits = on_rate_limits
         self._closed = False
         self._requests: list[ChatRequest] = []
         self._tally = Tally()
@@ -323,6 +337,17 @@ class ScriptedProvider:
             provider=self._id,
         )
 
+    def _observe(self, error: ProviderError) -> None:
+        """Tell ``on_rate_limits`` a status fault's retry headers, if it has any."""
+        observer = self._on_rate_limits
+        retry_after = getattr(error, "retry_after", None)
+        if observer is None or retry_after is None:
+            return
+        try:
+            observer(self._id, RateLimitInfo(retry_after=retry_after))
+        except Exception:
+            _logger.exception("%s: the on_rate_limits observer failed", self._id)
+
     def _report(self, error: ProviderError) -> None:
         if isinstance(error, RateLimited | Overloaded) and self._on_rate_limit:
             self._on_rate_limit(self._id, error.retry_after)
@@ -429,6 +454,7 @@ class _ScriptedStream:
             provider._answer(fault.status)
             self._outcome = "refused"
             error = provider._status_error(fault)
+            provider._observe(error)
             provider._report(error)
             raise error
         provider._answer(200)

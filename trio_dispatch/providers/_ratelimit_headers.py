@@ -1,0 +1,367 @@
+"""Rate-limit headers of both wire formats, read into ``RateLimitInfo``.
+
+OpenAI (and the servers that copy it) sends, on every answer::
+
+    x-ratelimit-limit-requests: 60          x-ratelimit-limit-tokens: 150000
+    x-ratelimit-remaining-requests: 59      x-ratelimit-remaining-tokens: 149984
+    x-ratelimit-reset-requests: 1s          x-ratelimit-reset-tokens: 6m0s
+
+Resets are durations in Go's notation (``12ms``, ``6m0s``, ``1h2m3.5s``); a
+plain number is taken for seconds. Anthropic sends
+``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,
+remaining,reset}``, its resets as RFC 3339 times (``2025-08-21T12:40:59Z``),
+turned here into seconds after the answer. Both send ``retry-after`` (and
+OpenAI ``retry-after-ms``) on a 429, read by ``parse_retry_after``.
+
+Reading never fails, whatever a server sends:
+
+* a missing header is a missing figure (``None``);
+* ``-1`` means "unknown" (``None``), and so does a limit of ``0``: some
+  compatible servers send those when they keep no limit, and no account
+  has a limit of nothing. A quota whose limit says so is dropped whole;
+* a value that does not parse is ignored, and reported to ``on_malformed``
+  (``MalformedHeaderLog`` logs it, once per provider and header name);
+* enormous values are capped: counts at ``MAX_COUNT`` (10**12), times at
+  ``MAX_SECONDS`` (a day, the longest window either API has);
+* a reset in the past is ``0.0``: the quota is full again.
+
+This module loads no HTTP library: it takes any ``Mapping[str, str]`` of
+headers and matches names without regard to case.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import math
+import re
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Final, final
+
+from .._ratelimits import Quota, RateLimitInfo
+from ._retry_after import parse_retry_after
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+_logger = logging.getLogger("trio_dispatch")
+
+#: The largest count (requests or tokens) a header is taken to say.
+MAX_COUNT: Final = 10**12
+#: The longest time, in seconds, a header is taken to say: a day.
+MAX_SECONDS: Final = 86_400.0
+
+# A count: digits, perhaps a fraction (dropped), perhaps a sign.
+_COUNT = re.compile(r"([+-]?)(\d+)(?:\.\d*)?")
+# A Go duration: one or more number-unit pairs (``1h2m3.5s``), or "0".
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_DURATION = re.compile(r"(?:(?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|μs|ms|s|m|h))+")
+_PLAIN_SECONDS = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
+# Seconds as (multiplier, divisor): ``12ms`` is ``12 / 1000``, exactly the
+# double nearest 0.012, which ``12 * 0.001`` is not.
+_UNITS: Final = {
+    "ns": (1.0, 1e9),
+    "us": (1.0, 1e6),
+    "µs": (1.0, 1e6),
+    "μs": (1.0, 1e6),
+    "ms": (1.0, 1e3),
+    "s": (1.0, 1.0),
+    "m": (60.0, 1.0),
+    "h": (3600.0, 1.0),
+}
+# Longer than this, a header value is not a figure (and not worth parsing).
+_MAX_VALUE_LENGTH: Final = 64
+# A reset more than this before the answer's date is still "full now", but
+# the clocks disagree: the ``date`` header wins over the caller's ``now``.
+_DATE_RESOLUTION: Final = timedelta(seconds=2)
+
+_OPENAI_KINDS: Final = (("requests", "requests"), ("tokens", "tokens"))
+_ANTHROPIC_KINDS: Final = (
+    ("requests", "requests"),
+    ("tokens", "tokens"),
+    ("input_tokens", "input-tokens"),
+    ("output_tokens", "output-tokens"),
+)
+
+
+def _ignore(name: str, value: str) -> None:
+    pass
+
+
+class _Reader:
+    """Headers with lowercased names, and where to report what does not parse."""
+
+    __slots__ = ("_headers", "_on_malformed")
+
+    def __init__(
+        self,
+        headers: Mapping[str, str],
+        on_malformed: Callable[[str, str], None] | None,
+    ) -> None:
+        self._headers = {str(name).lower(): value for name, value in headers.items()}
+        self._on_malformed = _ignore if on_malformed is None else on_malformed
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return self._headers
+
+    def get(self, name: str) -> str | None:
+        value = self._headers.get(name)
+        return value if isinstance(value, str) else None
+
+    def malformed(self, name: str, value: str) -> None:
+        self._on_malformed(name, value)
+
+    def count(self, name: str) -> tuple[int | None, bool]:
+        """A count, and whether the header said "unknown" (``-1``)."""
+        value = self.get(name)
+        if value is None:
+            return None, False
+        match = _COUNT.fullmatch(value.strip())
+        if match is None or len(value) > _MAX_VALUE_LENGTH:
+            self.malformed(name, value)
+            return None, False
+        sign, digits = match.group(1), match.group(2)
+        if sign == "-":
+            if digits.lstrip("0") == "1":
+                return None, True
+            self.malformed(name, value)
+            return None, False
+        # Compared as text first: int() refuses thousands of digits.
+        if len(digits.lstrip("0")) > len(str(MAX_COUNT)):
+            return MAX_COUNT, False
+        return min(int(digits), MAX_COUNT), False
+
+    def duration(self, name: str) -> float | None:
+        """OpenAI's reset: a Go duration, or a plain number of seconds."""
+        value = self.get(name)
+        if value is None:
+            return None
+        text = value.strip()
+        if len(text) > _MAX_VALUE_LENGTH:
+            self.malformed(name, value)
+            return None
+        if _PLAIN_SECONDS.fullmatch(text):
+            seconds = float(text)
+            if seconds < 0:
+                if seconds != -1:
+                    self.malformed(name, value)
+                return None
+            return _seconds(seconds)
+        if not _DURATION.fullmatch(text):
+            self.malformed(name, value)
+            return None
+        seconds = math.fsum(
+            float(number) * _UNITS[unit][0] / _UNITS[unit][1]
+            for number, unit in _DURATION_PART.findall(text)
+        )
+        return _seconds(seconds)
+
+    def instant(self, name: str, reference: datetime) -> float | None:
+        """Anthropic's reset: an RFC 3339 time, as seconds after ``reference``."""
+        value = self.get(name)
+        if value is None:
+            return None
+        when = _rfc3339(value)
+        if when is None:
+            self.malformed(name, value)
+            return None
+        return _seconds((when - reference).total_seconds())
+
+
+def _seconds(seconds: float) -> float:
+    """Clamped to ``[0, MAX_SECONDS]``; NaN (from ``inf - inf``) is 0."""
+    if not seconds > 0:
+        return 0.0
+    return min(seconds, MAX_SECONDS)
+
+
+def _rfc3339(text: str) -> datetime | None:
+    text = text.strip().upper()
+    if len(text) > _MAX_VALUE_LENGTH or "T" not in text:
+        return None
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        # RFC 3339 always has an offset; a server that leaves it out means UTC.
+        when = when.replace(tzinfo=UTC)
+    return when
+
+
+def _http_date(text: str | None) -> datetime | None:
+    if text is None or len(text) > _MAX_VALUE_LENGTH:
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when
+
+
+def _reference(date: datetime | None, now: datetime | None) -> datetime:
+    """The moment Anthropic's resets are counted from.
+
+    The answer's ``date`` is the server's clock, the one its resets are
+    on, but it has whole seconds only: the answer came up to a second
+    after it. ``now`` (the caller's clock, when the answer arrived) is
+    precise, so it is used while it agrees with ``date``; when the two
+    clocks disagree by more than the ``date`` resolution, ``date`` wins.
+    """
+    if now is not None and now.tzinfo is None:
+        now = now.replace(tzinfo=UTC)
+    if date is None:
+        return datetime.now(UTC) if now is None else now
+    if now is not None and date <= now < date + _DATE_RESOLUTION:
+        return now
+    return date
+
+
+def _quota(
+    reader: _Reader, limit: str, remaining: str, reset: float | None
+) -> Quota | None:
+    """One quota, or ``None`` if the headers say nothing of it."""
+    limit_value, unknown = reader.count(limit)
+    if unknown or limit_value == 0:
+        # The server keeps no such limit; what it says of the rest is noise.
+        return None
+    remaining_value, _ = reader.count(remaining)
+    if limit_value is None and remaining_value is None and reset is None:
+        return None
+    return Quota(limit=limit_value, remaining=remaining_value, reset=reset)
+
+
+def _retry_after(reader: _Reader, reference: datetime) -> float | None:
+    headers = reader.headers
+    present = [name for name in ("retry-after-ms", "retry-after") if name in headers]
+    if not present:
+        return None
+    try:
+        delay = parse_retry_after(headers, reference.timestamp())
+    except (OverflowError, ValueError):  # a date past what datetime can hold
+        delay = None
+    if delay is None:
+        for name in present:
+            reader.malformed(name, headers[name])
+        return None
+    return min(delay, MAX_SECONDS)
+
+
+def openai_rate_limits(
+    headers: Mapping[str, str],
+    *,
+    now: datetime | None = None,
+    on_malformed: Callable[[str, str], None] | None = None,
+) -> RateLimitInfo:
+    """The figures of OpenAI's ``x-ratelimit-*`` and retry headers.
+
+    Args:
+        headers: The answer's headers; names are matched without regard
+            to case.
+        now: When the answer arrived (for a ``Retry-After`` given as an
+            HTTP date); the system clock if not given.
+        on_malformed: Told ``(header name, value)`` for each header that
+            does not parse.
+
+    Returns:
+        The figures; ``RateLimitInfo().empty`` if the headers had none.
+    """
+    reader = _Reader(headers, on_malformed)
+    quotas = {
+        field: _quota(
+            reader,
+            f"x-ratelimit-limit-{kind}",
+            f"x-ratelimit-remaining-{kind}",
+            reader.duration(f"x-ratelimit-reset-{kind}"),
+        )
+        for field, kind in _OPENAI_KINDS
+    }
+    reference = _reference(None, now)
+    return RateLimitInfo(
+        requests=quotas["requests"],
+        tokens=quotas["tokens"],
+        retry_after=_retry_after(reader, reference),
+    )
+
+
+def anthropic_rate_limits(
+    headers: Mapping[str, str],
+    *,
+    now: datetime | None = None,
+    on_malformed: Callable[[str, str], None] | None = None,
+) -> RateLimitInfo:
+    """The figures of Anthropic's ``anthropic-ratelimit-*`` and retry headers.
+
+    Resets are RFC 3339 times, counted from the answer's own ``date``
+    header, or from ``now`` while it agrees with ``date`` to within the
+    ``date`` header's resolution (whole seconds), or from ``now`` alone,
+    or from the system clock.
+
+    Args:
+        headers: The answer's headers; names are matched without regard
+            to case.
+        now: When the answer arrived (naive means UTC).
+        on_malformed: Told ``(header name, value)`` for each header that
+            does not parse.
+
+    Returns:
+        The figures; ``RateLimitInfo().empty`` if the headers had none.
+    """
+    reader = _Reader(headers, on_malformed)
+    reference = _reference(_http_date(reader.get("date")), now)
+    quotas = {
+        field: _quota(
+            reader,
+            f"anthropic-ratelimit-{kind}-limit",
+            f"anthropic-ratelimit-{kind}-remaining",
+            reader.instant(f"anthropic-ratelimit-{kind}-reset", reference),
+        )
+        for field, kind in _ANTHROPIC_KINDS
+    }
+    return RateLimitInfo(
+        requests=quotas["requests"],
+        tokens=quotas["tokens"],
+        input_tokens=quotas["input_tokens"],
+        output_tokens=quotas["output_tokens"],
+        retry_after=_retry_after(reader, reference),
+    )
+
+
+# How much of a malformed value a log line shows.
+_SHOWN: Final = 40
+
+
+@final
+class MalformedHeaderLog:
+    """Logs each malformed header once per provider and header name.
+
+    Passed as ``on_malformed``: the first bad value of a header is logged
+    on the ``trio_dispatch`` logger at WARNING, shortened and passed
+    through ``redact`` (a server could echo anything); later ones are not,
+    so a server that always sends it does not flood the log.
+    """
+
+    __slots__ = ("_provider", "_redact", "_seen")
+
+    def __init__(self, provider: str, redact: Callable[[str], str] = str) -> None:
+        self._provider = provider
+        self._redact = redact
+        self._seen: set[str] = set()
+
+    def __call__(self, name: str, value: str) -> None:
+        """Log ``name``'s bad ``value``, unless ``name`` was logged before."""
+        if name in self._seen:
+            return
+        self._seen.add(name)
+        shown = self._redact(value)
+        if len(shown) > _SHOWN:
+            shown = shown[: _SHOWN - 3] + "..."
+        _logger.warning(
+            "%s: ignoring the %s header, which does not parse: %r",
+            self._provider,
+            name,
+            shown,
+        )
