@@ -2,7 +2,7 @@
 
 - ``open_fake_llm_server`` serves a scripted LLM API (OpenAI and Anthropic
   wire formats, latency, tool calls, faults) on loopback, for tests that
-  want real sockets. It needs hypercorn, from the ``testing`` extra:
+  want real sockets; ``FakeQuotas`` gives it per-key rate limits. It needs hypercorn, from the ``testing`` extra:
   ``pip install 'trio-dispatch[testing]'``.
 - ``ScriptedProvider`` plays the same ``FakeScript`` in memory, as a
   ``Provider``: the same events and errors, no sockets, exact under
@@ -32,6 +32,7 @@ from ._metrics import TurnRecord as TurnRecord
 from ._metrics import compute_metrics as compute_metrics
 from ._metrics import jain_index as jain_index
 from ._metrics import percentile as percentile
+from ._quotas import FakeQuotas as FakeQuotas
 from ._request import FakeRequest as FakeRequest
 from ._request import WireFormat as WireFormat
 from ._script import FakeReply as FakeReply
@@ -68,6 +69,7 @@ __all__ = [
     "FairnessReport",
     "FairnessRow",
     "FakeLLMServer",
+    "FakeQuotas",
     "FakeReply",
     "FakeRequest",
     "FakeScript",

@@ -17,6 +17,14 @@ abandoned stream stops at once, even a stalled one). It keeps a prompt
 cache per API key (``_cache``), and its usage reports the cache reads and
 writes of a request that asks for caching, unless the script sets them.
 
+Given ``FakeQuotas``, it also keeps each key's rate limits as the real APIs
+do (``_quotas``): requests and tokens per minute in buckets that refill
+continuously, and a concurrency cap. A request beyond them is answered 429
+with the true ``Retry-After``, and every answer to a key carries the
+rate-limit headers of its wire format. The buckets run on trio's clock, so
+``MockClock`` drives them; Anthropic's RFC 3339 resets are that clock
+mapped onto the wall clock when the server first needed it.
+
 All timing is ``trio.sleep``; with real sockets, tests run in real time, so
 keep latencies small.
 """
@@ -25,11 +33,14 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import TYPE_CHECKING, Any, final
+import time
+from typing import TYPE_CHECKING, Any, Final, final
 
 import attrs
 import trio
 
+from .._ratelimits import RateLimitInfo
+from ..messages import Usage
 from ._cache import PromptCache
 from ._encoders import (
     MALFORMED,
@@ -39,6 +50,14 @@ from ._encoders import (
     status_fault_answer,
 )
 from ._playback import pick_reply, strike_index, token_delay
+from ._quotas import (
+    REFUSAL_ERRORS,
+    FakeQuotas,
+    QuotaBook,
+    Refusal,
+    quota_headers,
+    refusal_headers,
+)
 from ._request import ROUTES, FakeRequest
 from ._script import FakeReply, FakeScript
 from ._tally import FakeServerStatistics, Tally
@@ -69,9 +88,10 @@ class _Rejected(Exception):
 
 @attrs.define
 class _Progress:
-    """Whether a stream has been sent to its scripted end."""
+    """Whether a stream has been sent to its scripted end, and its tokens."""
 
     finished: bool = False
+    tokens: int = 0
 
 
 @final
@@ -82,10 +102,20 @@ class FakeLLMServer:
     served.
     """
 
-    def __init__(self, script: FakeScript, *, api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        script: FakeScript,
+        *,
+        api_key: str | None = None,
+        quotas: FakeQuotas | None = None,
+    ) -> None:
         if not isinstance(script, FakeScript):
             raise TypeError(f"script must be a FakeScript, got {script!r}")
         _check_api_key(api_key)
+        if quotas is not None and not isinstance(quotas, FakeQuotas):
+            raise TypeError(f"quotas must be a FakeQuotas or None, got {quotas!r}")
+        self._book = None if quotas is None else QuotaBook(quotas)
+        self._wall_offset: float | None = None
         self._script = script
         self._replies_used = 0
         self._api_key = api_key
@@ -142,6 +172,29 @@ class FakeLLMServer:
     def statistics(self) -> FakeServerStatistics:
         """A snapshot of the counters."""
         return self._tally.snapshot()
+
+    @property
+    def quotas(self) -> FakeQuotas | None:
+        """The per-key rate limits it keeps, if any."""
+        return None if self._book is None else self._book.quotas
+
+    def rate_limits(self, api_key: str) -> RateLimitInfo:
+        """What an answer to ``api_key`` would say of its limits now.
+
+        The figures its rate-limit headers carry (times rounded up to the
+        millisecond, as the headers have them); empty without quotas.
+        """
+        if self._book is None:
+            return _NO_LIMITS
+        return self._book.rate_limits(api_key, trio.current_time())
+
+    def wall_time(self, when: float) -> float:
+        """The Unix time of ``when`` on the trio clock, as the headers tell it."""
+        if self._wall_offset is None:
+            # Whole milliseconds, as the headers tell times: a reset then
+            # reads back exactly against this clock.
+            self._wall_offset = round(time.time() - trio.current_time(), 3)
+        return self._wall_offset + when
 
     async def wait_until(
         self, predicate: Callable[[FakeServerStatistics], bool]
@@ -262,6 +315,8 @@ class FakeLLMServer:
         receive: Receive,
         send: Send,
     ) -> None:
+        # Only a key that passed the check has buckets.
+        key = _key_in(request.format, headers) if request.authenticated else ""
         try:
             _check_request(request, headers)
             reply = self._choose(request)
@@ -270,15 +325,87 @@ class FakeLLMServer:
                 send,
                 rejected.status,
                 error_body(request.format, rejected.error_type, rejected.message),
+                self._limit_headers(request.format, key),
             )
             return
+        book = self._book
+        progress = _Progress()
+        if book is None:
+            await self._reply(
+                request,
+                reply,
+                headers=headers,
+                receive=receive,
+                send=send,
+                limits=[],
+                progress=progress,
+            )
+            return
+        body = request.body
+        assert isinstance(body, dict)
+        cost = book.estimate(_estimated_input_tokens(body), _max_tokens(body))
+        refusal = book.admit(key, cost, trio.current_time())
+        if refusal is not None:
+            await self._refuse(request.format, key, refusal, send)
+            return
+        try:
+            limits = self._limit_headers(request.format, key)
+            await self._reply(
+                request,
+                reply,
+                headers=headers,
+                receive=receive,
+                send=send,
+                limits=limits,
+                progress=progress,
+            )
+        finally:
+            book.settle(key, cost, progress.tokens, trio.current_time())
+
+    def _limit_headers(self, wire: WireFormat, key: str) -> list[tuple[bytes, bytes]]:
+        """The rate-limit headers of an answer to ``key``, now; none without."""
+        if self._book is None or not key:
+            return []
+        now = trio.current_time()
+        info = self._book.rate_limits(key, now)
+        return quota_headers(wire, info, self.wall_time(now))
+
+    async def _refuse(
+        self, wire: WireFormat, key: str, refusal: Refusal, send: Send
+    ) -> None:
+        """Answer 429 for ``refusal``, in ``wire``'s words and headers."""
+        self._tally.refused()
+        error_type, message = REFUSAL_ERRORS[wire]
+        await self._send_json(
+            send,
+            429,
+            error_body(
+                wire, error_type, message.format(reason=_REASONS[refusal.reason])
+            ),
+            [
+                *self._limit_headers(wire, key),
+                *refusal_headers(wire, refusal.retry_after),
+            ],
+        )
+
+    async def _reply(
+        self,
+        request: FakeRequest,
+        reply: FakeReply,
+        *,
+        headers: Mapping[str, str],
+        receive: Receive,
+        send: Send,
+        limits: list[tuple[bytes, bytes]],
+        progress: _Progress,
+    ) -> None:
+        """Answer an admitted request with ``reply``; ``limits`` go with it."""
         if reply.latency:
             await trio.sleep(reply.latency)
         fault = reply.fault
         if fault is not None and fault.status is not None:
-            await self._send_status_fault(request.format, fault, send)
+            await self._send_status_fault(request.format, fault, send, limits)
             return
-        progress = _Progress()
 
         async def watch_for_disconnect(cancel_scope: trio.CancelScope) -> None:
             while (await receive())["type"] != "http.disconnect":
@@ -290,13 +417,18 @@ class FakeLLMServer:
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_for_disconnect, nursery.cancel_scope)
-            events = self._events(request, reply, _key_in(request.format, headers))
+            events, progress.tokens = self._events(
+                request, reply, _key_in(request.format, headers)
+            )
+            # Charged as used, even if the client leaves before the end.
+            self._tally.served(progress.tokens)
             await self._start(
                 send,
                 200,
                 [
                     (b"content-type", b"text/event-stream; charset=utf-8"),
                     (b"cache-control", b"no-cache"),
+                    *limits,
                 ],
             )
             await self._stream(request.format, reply, events, send, progress)
@@ -309,10 +441,14 @@ class FakeLLMServer:
         return reply
 
     async def _send_status_fault(
-        self, wire: WireFormat, fault: Fault, send: Send
+        self,
+        wire: WireFormat,
+        fault: Fault,
+        send: Send,
+        limits: list[tuple[bytes, bytes]],
     ) -> None:
         status, headers, body = status_fault_answer(wire, fault)
-        await self._send_json(send, status, body, headers)
+        await self._send_json(send, status, body, [*limits, *headers])
 
     async def _stream(
         self,
@@ -373,7 +509,8 @@ class FakeLLMServer:
 
     def _events(
         self, request: FakeRequest, reply: FakeReply, api_key: str
-    ) -> list[WireEvent]:
+    ) -> tuple[list[WireEvent], int]:
+        """The stream's events, and the tokens (prompt and output) it uses."""
         body = request.body
         assert isinstance(body, dict)
         if (
@@ -392,14 +529,49 @@ class FakeLLMServer:
                 )
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        return encode_reply(
+        # Encoded with the usage always, so the server knows what it served;
+        # OpenAI's usage chunk goes out only to a request that asked for it.
+        events = encode_reply(
             reply,
             request.format,
             model=str(body.get("model")),
-            estimated_input_tokens=max(1, len(json.dumps(body.get("messages"))) // 4),
-            include_usage=include_usage,
+            estimated_input_tokens=_estimated_input_tokens(body),
+            include_usage=True,
             ids=self._ids,
         )
+        used = 0
+        for event in events:
+            usage = [e for e in event.events if isinstance(e, Usage)]
+            used += sum(u.prompt_tokens + u.output_tokens for u in usage)
+        if request.format == "openai" and not include_usage:
+            events = [
+                e for e in events if not any(isinstance(x, Usage) for x in e.events)
+            ]
+        return events, used
+
+
+_NO_LIMITS: Final = RateLimitInfo()
+
+_REASONS: Final = {
+    "requests": "requests per minute",
+    "tokens": "tokens per minute",
+    "too_large": "tokens per minute (the request alone is larger)",
+    "concurrency": "concurrent requests",
+}
+
+
+def _estimated_input_tokens(body: Mapping[str, Any]) -> int:
+    """A prompt's tokens, roughly: one per four characters of its messages."""
+    return max(1, len(json.dumps(body.get("messages"))) // 4)
+
+
+def _max_tokens(body: Mapping[str, Any]) -> int | None:
+    """The output a request asks for at most, if it says."""
+    for field in ("max_tokens", "max_completion_tokens"):
+        value = body.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
 
 
 def _key_in(wire: WireFormat, headers: Mapping[str, str]) -> str:

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
     from contextlib import AbstractAsyncContextManager
 
+    from ._quotas import FakeQuotas
+
 _logger = logging.getLogger("trio_dispatch.testing.fake_server")
 
 
@@ -26,6 +28,7 @@ def open_fake_llm_server(
     script: FakeScript | None = None,
     *,
     api_key: str | None = None,
+    quotas: FakeQuotas | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
 ) -> AbstractAsyncContextManager[FakeLLMServer]:
@@ -36,6 +39,8 @@ def open_fake_llm_server(
         api_key: If given, the only key accepted; otherwise (``None``) any
             non-empty key is. It must be non-empty, without leading or
             trailing whitespace, or no request could ever present it.
+        quotas: Rate limits to keep for each API key (requests and tokens
+            per minute, concurrency); none if not given.
         host: The address to bind.
         port: The port to bind; ``0`` picks a free one.
 
@@ -44,15 +49,17 @@ def open_fake_llm_server(
         ``server.base_url`` says where.
 
     Raises:
-        TypeError: ``script`` is not a ``FakeScript``, or ``api_key`` is
-            not a string.
+        TypeError: ``script`` is not a ``FakeScript``, ``api_key`` is
+            not a string, or ``quotas`` not a ``FakeQuotas``.
         ValueError: ``api_key`` is empty or has surrounding whitespace.
 
     The arguments are checked here, at the call, before anything is bound.
     On exit the server stops at once: requests still being answered are
     cancelled and their connections closed.
     """
-    server = FakeLLMServer(FakeScript() if script is None else script, api_key=api_key)
+    server = FakeLLMServer(
+        FakeScript() if script is None else script, api_key=api_key, quotas=quotas
+    )
     return _serve(server, host=host, port=port)
 
 

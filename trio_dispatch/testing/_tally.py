@@ -25,6 +25,10 @@ class FakeServerStatistics:
         responses_by_status: Responses started, by HTTP status.
         completed: Streams sent to their end as scripted (faults included).
         client_disconnects: Streams the client left before their end.
+        quota_refusals: Requests answered 429 because a key's quota
+            (``FakeQuotas``) was spent; scripted 429s are not counted here.
+        tokens_served: Prompt and output tokens of the streams started,
+            as their usage reports them.
     """
 
     requests_total: int
@@ -33,6 +37,8 @@ class FakeServerStatistics:
     responses_by_status: Mapping[int, int]
     completed: int
     client_disconnects: int
+    quota_refusals: int = 0
+    tokens_served: int = 0
 
 
 def _nothing() -> None:
@@ -50,6 +56,8 @@ class Tally:
     by_status: dict[int, int] = attrs.Factory(dict)
     completed: int = 0
     left_early: int = 0
+    refusals: int = 0
+    tokens: int = 0
 
     def arrived(self) -> None:
         """A request came in and is being answered."""
@@ -73,6 +81,16 @@ class Tally:
         self.left_early += 1
         self.on_change()
 
+    def refused(self) -> None:
+        """A request was refused for a spent quota."""
+        self.refusals += 1
+        self.on_change()
+
+    def served(self, tokens: int) -> None:
+        """A stream of ``tokens`` tokens (prompt and output) started."""
+        self.tokens += tokens
+        self.on_change()
+
     def departed(self) -> None:
         """A request is no longer being answered."""
         self.in_flight -= 1
@@ -87,4 +105,6 @@ class Tally:
             responses_by_status=dict(self.by_status),
             completed=self.completed,
             client_disconnects=self.left_early,
+            quota_refusals=self.refusals,
+            tokens_served=self.tokens,
         )

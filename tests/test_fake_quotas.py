@@ -1,0 +1,399 @@
+"""The fake LLM server's per-key quotas: refill, 429s, headers, round trips."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trio_dispatch import Quota, RateLimitInfo
+from trio_dispatch.messages import ChatMessage, ChatRequest
+from trio_dispatch.providers import AnthropicProvider, OpenAIProvider, RateLimited
+from trio_dispatch.providers._ratelimit_headers import (
+    anthropic_rate_limits,
+    openai_rate_limits,
+)
+from trio_dispatch.testing import (
+    FakeLLMServer,
+    FakeQuotas,
+    FakeReply,
+    FakeScript,
+    Fault,
+    open_fake_llm_server,
+)
+from trio_dispatch.testing._quotas import QuotaBook, Refusal, go_duration, rfc3339
+
+if TYPE_CHECKING:
+    from trio_dispatch.testing import WireFormat
+
+KEY = "sk-fake-quota-key"
+PATHS = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
+
+
+# -- the buckets, with times given ------------------------------------------------
+
+
+def test_requests_refill_continuously() -> None:
+    book = QuotaBook(FakeQuotas(requests_per_minute=60))
+    for _ in range(60):
+        assert book.admit(KEY, 0, 0.0) is None
+        book.settle(KEY, 0, 0, 0.0)
+    assert book.admit(KEY, 0, 0.0) == Refusal("requests", 1.0)
+    assert book.admit(KEY, 0, 0.25) == Refusal("requests", 0.75)
+    assert book.admit(KEY, 0, 1.0) is None
+    assert book.rate_limits(KEY, 1.0) == RateLimitInfo(
+        requests=Quota(limit=60, remaining=0, reset=60.0)
+    )
+    assert book.rate_limits(KEY, 31.5) == RateLimitInfo(
+        requests=Quota(limit=60, remaining=30, reset=29.5)
+    )
+    # Full again, and never fuller.
+    assert book.rate_limits(KEY, 500.0).requests == Quota(60, 60, 0.0)
+
+
+def test_tokens_are_charged_the_estimate_then_the_usage() -> None:
+    book = QuotaBook(FakeQuotas(tokens_per_minute=600))  # 10 a second
+    assert book.estimate(30, 70) == 100
+    for _ in range(6):
+        assert book.admit(KEY, 100, 0.0) is None
+    assert book.admit(KEY, 100, 0.0) == Refusal("tokens", 10.0)
+    # One request used 40 of its 100: 60 come back at once.
+    book.settle(KEY, 100, 40, 0.0)
+    assert book.rate_limits(KEY, 0.0).tokens == Quota(600, 60, 54.0)
+    assert book.admit(KEY, 100, 0.0) == Refusal("tokens", 4.0)
+    # One used 250: the bucket is in debt, and says 0 left.
+    book.settle(KEY, 100, 250, 0.0)
+    assert book.rate_limits(KEY, 0.0).tokens == Quota(600, 0, 69.0)
+    assert book.admit(KEY, 100, 0.0) == Refusal("tokens", 19.0)
+    assert book.admit(KEY, 100, 19.0) is None
+
+
+def test_the_longest_wait_decides() -> None:
+    book = QuotaBook(FakeQuotas(requests_per_minute=2, tokens_per_minute=60))
+    assert book.admit(KEY, 10, 0.0) is None
+    assert book.admit(KEY, 50, 0.0) is None
+    # Requests: 1 needed, 0 there, 2 a minute: 30 s. Tokens: 5 needed: 5 s.
+    assert book.admit(KEY, 5, 0.0) == Refusal("requests", 30.0)
+    assert book.admit(KEY, 45, 30.0) == Refusal("tokens", 15.0)
+
+
+def test_concurrency_and_too_large() -> None:
+    book = QuotaBook(
+        FakeQuotas(tokens_per_minute=100, max_concurrency=2, busy_retry_after=1.5)
+    )
+    assert book.admit(KEY, 1, 0.0) is None
+    assert book.admit(KEY, 1, 0.0) is None
+    assert book.admit(KEY, 1, 0.0) == Refusal("concurrency", 1.5)
+    assert book.admit("another key", 1, 0.0) is None
+    book.settle(KEY, 1, 1, 0.0)
+    assert book.admit(KEY, 101, 0.0) == Refusal("too_large", None)
+    assert book.admit(KEY, 1, 0.0) is None
+
+
+def test_a_request_without_max_tokens_is_charged_the_default() -> None:
+    assert QuotaBook(FakeQuotas()).estimate(12, None) == 12
+    assert QuotaBook(FakeQuotas(default_max_tokens=500)).estimate(12, None) == 512
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [
+        ("requests_per_minute", 0, ValueError),
+        ("tokens_per_minute", -1, ValueError),
+        ("max_concurrency", 1.5, TypeError),
+        ("default_max_tokens", -1, ValueError),
+        ("busy_retry_after", math.nan, ValueError),
+    ],
+)
+def test_quotas_are_checked(field: str, value: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match=field):
+        FakeQuotas(**{field: value})  # type: ignore[arg-type]  # the point of the test
+
+
+def test_a_server_wants_fake_quotas() -> None:
+    with pytest.raises(TypeError, match=r"^quotas must be a FakeQuotas or None"):
+        FakeLLMServer(FakeScript(), quotas={"requests_per_minute": 5})  # type: ignore[arg-type]  # the point
+
+
+# -- the header formats ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0.0, "0s"),
+        (0.012, "12ms"),
+        (0.0121, "13ms"),
+        (1.0, "1s"),
+        (17.28, "17.28s"),
+        (360.0, "6m0s"),
+        (3723.5, "1h2m3.5s"),
+        (3600.0, "1h0m0s"),
+    ],
+)
+def test_go_durations(seconds: float, text: str) -> None:
+    assert go_duration(seconds) == text
+
+
+def test_rfc3339() -> None:
+    assert rfc3339(1755780059.0) == "2025-08-21T12:40:59Z"
+    assert rfc3339(1755780059.1234) == "2025-08-21T12:40:59.124Z"
+
+
+@given(st.integers(min_value=0, max_value=86_400_000))
+def test_our_durations_read_back_exactly(ms: int) -> None:
+    headers = {"x-ratelimit-reset-tokens": go_duration(ms / 1000)}
+    info = openai_rate_limits(headers)
+    assert info.tokens == Quota(reset=ms / 1000)
+
+
+# -- the ASGI app, in memory, in virtual time -------------------------------------
+
+
+def _body(wire: WireFormat, *, max_tokens: int | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "x" * 200}],
+        "stream": True,
+    }
+    if wire == "anthropic" or max_tokens is not None:
+        body["max_tokens"] = 0 if max_tokens is None else max_tokens
+    return body
+
+
+def _prompt_estimate(body: dict[str, Any]) -> int:
+    # The charging rule the server documents: a token per 4 characters.
+    return max(1, len(json.dumps(body["messages"])) // 4)
+
+
+def _auth(wire: WireFormat, key: str = KEY) -> list[tuple[bytes, bytes]]:
+    if wire == "openai":
+        return [(b"authorization", f"Bearer {key}".encode())]
+    return [(b"x-api-key", key.encode()), (b"anthropic-version", b"2023-06-01")]
+
+
+async def _call(
+    server: FakeLLMServer,
+    wire: WireFormat,
+    body: dict[str, Any],
+    auth: list[tuple[bytes, bytes]] | None = None,
+) -> tuple[int, dict[str, str]]:
+    """One request straight into the ASGI app: its status and headers."""
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": PATHS[wire],
+        "headers": [*(_auth(wire) if auth is None else auth)],
+        "client": ("127.0.0.1", 1),
+    }
+    incoming = [{"type": "http.request", "body": json.dumps(body).encode()}]
+    done = trio.Event()
+    start: dict[str, Any] = {}
+
+    async def receive() -> dict[str, Any]:
+        if incoming:
+            return incoming.pop()
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            start.update(message)
+        elif not message.get("more_body", False):
+            done.set()
+
+    await server(scope, receive, send)
+    headers = {k.decode(): v.decode() for k, v in start["headers"]}
+    return start["status"], headers
+
+
+def _figures(wire: WireFormat, headers: dict[str, str], now: float) -> RateLimitInfo:
+    if wire == "openai":
+        return openai_rate_limits(headers)
+    from datetime import UTC, datetime  # noqa: PLC0415 (this branch only)
+
+    return anthropic_rate_limits(headers, now=datetime.fromtimestamp(now, UTC))
+
+
+WIRES = ["openai", "anthropic"]
+
+
+@pytest.mark.parametrize("wire", WIRES)
+async def test_every_answer_carries_the_headers_and_refill_is_exact(
+    wire: WireFormat, autojump_clock: trio.testing.MockClock
+) -> None:
+    quotas = FakeQuotas(requests_per_minute=60, tokens_per_minute=6000)
+    server = FakeLLMServer(
+        FakeScript(replies=(FakeReply(fault=Fault("server_error")),)), quotas=quotas
+    )
+    body = _body(wire)
+    cost = _prompt_estimate(body)
+    # A scripted 500: charged a request, its tokens given back.
+    status, headers = await _call(server, wire, body)
+    assert status == 500
+    figures = _figures(wire, headers, server.wall_time(trio.current_time()))
+    assert figures.requests == Quota(limit=60, remaining=59, reset=1.0)
+    assert figures.tokens == Quota(limit=6000, remaining=6000 - cost, reset=cost / 100)
+    assert server.rate_limits(KEY).tokens == Quota(6000, 6000, 0.0)
+    # Two streams at t=0, then one 1.5 s later.
+    for _ in range(2):
+        status, headers = await _call(server, wire, body)
+        assert status == 200
+    await trio.sleep(1.5)
+    status, headers = await _call(server, wire, body)
+    figures = _figures(wire, headers, server.wall_time(trio.current_time()))
+    # 60 - 3 + 1.5 - 1 = 57.5 requests: 57 whole, full in 2.5 s.
+    assert figures.requests == Quota(limit=60, remaining=57, reset=2.5)
+    # A bad request is charged nothing, and says so too.
+    status, headers = await _call(server, wire, {"model": "m", "stream": True})
+    assert status == 400
+    assert _figures(wire, headers, server.wall_time(trio.current_time())).requests == (
+        Quota(limit=60, remaining=57, reset=2.5)
+    )
+    # Without a key there is no key's figures to give.
+    status, headers = await _call(server, wire, body, auth=[])
+    assert status == 401
+    assert _figures(wire, headers, 0.0).empty
+    stats = server.statistics()
+    assert stats.quota_refusals == 0
+    usage = cost + len(FakeReply().text.split())  # prompt and one token a word
+    assert stats.tokens_served == 3 * usage
+
+
+@pytest.mark.parametrize("wire", WIRES)
+async def test_429_retry_after_is_the_true_wait_rounded_up(
+    wire: WireFormat, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeLLMServer(FakeScript(), quotas=FakeQuotas(requests_per_minute=2))
+    body = _body(wire)
+    for _ in range(2):
+        assert (await _call(server, wire, body))[0] == 200
+    status, headers = await _call(server, wire, body)
+    assert status == 429
+    assert headers["retry-after"] == "30"
+    assert headers.get("retry-after-ms") == ("30000" if wire == "openai" else None)
+    await trio.sleep(10.25)
+    status, headers = await _call(server, wire, body)
+    assert status == 429
+    assert headers["retry-after"] == "20"  # 19.75 s, rounded up
+    figures = _figures(wire, headers, server.wall_time(trio.current_time()))
+    assert figures.retry_after == (19.75 if wire == "openai" else 20.0)
+    assert figures.requests == Quota(limit=2, remaining=0, reset=49.75)
+    await trio.sleep(19.75)
+    assert (await _call(server, wire, body))[0] == 200
+    stats = server.statistics()
+    assert stats.quota_refusals == 2
+    assert stats.responses_by_status == {200: 3, 429: 2}
+
+
+async def test_a_token_refusal_waits_for_the_tokens(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = FakeLLMServer(FakeScript(), quotas=FakeQuotas(tokens_per_minute=600))
+    body = _body("openai", max_tokens=50)
+    cost = _prompt_estimate(body) + 50
+    used = _prompt_estimate(body) + len(FakeReply().text.split())
+    admitted = 0
+    while (await _call(server, "openai", body))[0] == 200:
+        admitted += 1
+    # Each stream is corrected to what it used as soon as it ends.
+    level, expected = 600, 0
+    while level >= cost:
+        level, expected = level - used, expected + 1
+    assert admitted == expected
+    assert server.rate_limits(KEY).tokens == Quota(600, level, (600 - level) / 10)
+    _, headers = await _call(server, "openai", body)
+    wait = (cost - level) / 10
+    assert headers["retry-after-ms"] == str(math.ceil(wait * 1000))
+    assert headers["retry-after"] == str(math.ceil(wait))
+
+
+async def test_the_concurrency_cap(autojump_clock: trio.testing.MockClock) -> None:
+    slow = FakeReply(latency=5.0)
+    server = FakeLLMServer(
+        FakeScript(default=slow), quotas=FakeQuotas(max_concurrency=2)
+    )
+    statuses: list[tuple[float, int, str | None]] = []
+
+    async def one() -> None:
+        status, headers = await _call(server, "anthropic", _body("anthropic"))
+        statuses.append((trio.current_time(), status, headers.get("retry-after")))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(one)
+    assert sorted(statuses) == [(0.0, 429, None), (5.0, 200, None), (5.0, 200, None)]
+    assert server.statistics().peak_in_flight == 3  # the refused one arrived too
+
+
+# -- round trips: our providers against the server, over sockets ------------------
+
+
+@pytest.mark.parametrize("wire", WIRES)
+async def test_round_trip_figures_equal_the_server_state(
+    wire: WireFormat, mock_clock: trio.testing.MockClock
+) -> None:
+    # A still clock: the state does not move while the bytes travel. The
+    # reply's usage is its estimate, so nothing is corrected at the end.
+    quotas = FakeQuotas(requests_per_minute=3, tokens_per_minute=60_000)
+    reply = FakeReply(output_tokens=20)
+    seen: list[RateLimitInfo] = []
+    request = ChatRequest([ChatMessage("user", "Hello " * 30)], max_tokens=20)
+    async with open_fake_llm_server(FakeScript(default=reply), quotas=quotas) as server:
+        provider: OpenAIProvider | AnthropicProvider
+        if wire == "openai":
+            provider = OpenAIProvider(
+                base_url=server.openai_base_url,
+                api_key=KEY,
+                model="m",
+                on_rate_limits=lambda _, info: seen.append(info),
+            )
+        else:
+            provider = AnthropicProvider(
+                base_url=server.anthropic_base_url,
+                api_key=KEY,
+                model="m",
+                on_rate_limits=lambda _, info: seen.append(info),
+            )
+        async with provider:
+            states = []
+            for _ in range(3):
+                async with provider.stream(request) as events:
+                    async for _event in events:
+                        pass
+                states.append(server.rate_limits(KEY))
+            with pytest.raises(RateLimited) as refused:
+                async with provider.stream(request):
+                    pass  # pragma: no cover (entering raises)
+            states.append(server.rate_limits(KEY))
+    assert refused.value.retry_after == 20.0
+    assert [s.requests for s in states] == [
+        Quota(3, 2, 20.0),
+        Quota(3, 1, 40.0),
+        Quota(3, 0, 60.0),
+        Quota(3, 0, 60.0),
+    ]
+    assert states[2].tokens is not None
+    assert states[2].tokens.remaining is not None
+    assert states[2].tokens.remaining < 60_000
+    assert len(seen) == 4
+    assert seen[3].retry_after == 20.0
+    for info, state in zip(seen, states, strict=True):
+        if wire == "openai":
+            assert (info.requests, info.tokens) == (state.requests, state.tokens)
+            continue
+        # Anthropic's resets are wall-clock times: they come back less the
+        # real time the round trip took.
+        for got, want in ((info.requests, state.requests), (info.tokens, state.tokens)):
+            assert got is not None
+            assert want is not None
+            assert (got.limit, got.remaining) == (want.limit, want.remaining)
+            assert got.reset is not None
+            assert want.reset is not None
+            assert want.reset - 2.0 <= got.reset <= want.reset

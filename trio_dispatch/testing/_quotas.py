@@ -1,0 +1,284 @@
+"""The fake LLM server's rate limits: per-key quotas, as real APIs keep them.
+
+``FakeQuotas`` configures them; ``QuotaBook`` keeps them, one set of
+buckets per API key, and ``quota_headers`` / ``refusal_headers`` write what
+they say in either wire format. Pure: times are passed in (the server
+passes ``trio.current_time()``, so ``MockClock`` drives the refill), and
+nothing here does I/O.
+
+Each per-minute quota is a token bucket, as OpenAI and Anthropic describe
+theirs: it holds up to the per-minute figure, starts full, and refills
+continuously at a sixtieth of it per second. A request is admitted only if
+a concurrency slot (when capped), a request and its estimated tokens are
+all there; it is then charged one request and its estimate (the prompt's
+estimate plus ``max_tokens``, as OpenAI counts), and when it ends the
+estimate is replaced by what it really used (prompt and output tokens, as
+its usage reports them), which may leave the bucket in debt for a while.
+A refused request is charged nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Final, Literal, final
+
+import attrs
+
+from .._ratelimits import Quota, RateLimitInfo
+from .._validation import non_negative_int, non_negative_seconds, positive_int
+
+if TYPE_CHECKING:
+    from ._request import WireFormat
+
+_positive = attrs.validators.optional(positive_int)
+
+# How finely the headers tell times: milliseconds, rounded up, so a client
+# that waits what it is told is never early.
+_MS: Final = 1000
+
+
+@final
+@attrs.frozen
+class FakeQuotas:
+    """Rate limits the fake server keeps for each API key.
+
+    Every key gets its own buckets, all starting full. A request beyond
+    any of them is answered 429 in its wire format, with ``Retry-After``
+    (whole seconds, rounded up; OpenAI's answers also carry
+    ``retry-after-ms``) equal to the time until the buckets hold enough
+    for it; and every answer to a key carries the rate-limit headers of
+    its format (``x-ratelimit-*`` with durations, or
+    ``anthropic-ratelimit-*`` with RFC 3339 times).
+
+    Attributes:
+        requests_per_minute: Requests a key may make per minute.
+        tokens_per_minute: Tokens (prompt and output together) per minute.
+        max_concurrency: Requests a key may have in flight at once.
+        default_max_tokens: The output a request without ``max_tokens`` is
+            charged for at admission (corrected at its end like any
+            other estimate).
+        busy_retry_after: The ``Retry-After`` of a request refused for
+            concurrency; ``None`` sends none, since no one knows when a
+            stream in flight will end.
+    """
+
+    requests_per_minute: int | None = attrs.field(default=None, validator=_positive)
+    tokens_per_minute: int | None = attrs.field(default=None, validator=_positive)
+    max_concurrency: int | None = attrs.field(default=None, validator=_positive)
+    default_max_tokens: int = attrs.field(default=0, validator=non_negative_int)
+    busy_retry_after: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(non_negative_seconds)
+    )
+
+
+def _ceil_ms(seconds: float) -> int:
+    """Whole milliseconds, rounded up (after rounding off float noise)."""
+    return math.ceil(round(seconds * _MS, 6))
+
+
+@attrs.define
+class _Bucket:
+    """A token bucket: ``capacity`` per minute, refilled continuously."""
+
+    capacity: int
+    level: float
+    updated: float
+
+    @property
+    def rate(self) -> float:
+        return self.capacity / 60
+
+    def refill(self, now: float) -> None:
+        if now > self.updated and self.level < self.capacity:
+            self.level = min(
+                float(self.capacity), self.level + (now - self.updated) * self.rate
+            )
+        self.updated = max(self.updated, now)
+
+    def wait(self, amount: float) -> float:
+        """Seconds until the bucket holds ``amount`` (0: it does now)."""
+        return max(0.0, (amount - self.level) / self.rate)
+
+    def quota(self) -> Quota:
+        """What the headers say of it: limit, whole remaining, time to full."""
+        reset = _ceil_ms((self.capacity - self.level) / self.rate) / _MS
+        return Quota(
+            limit=self.capacity,
+            remaining=max(0, math.floor(self.level)),
+            reset=reset,
+        )
+
+
+@attrs.define
+class _Key:
+    requests: _Bucket | None
+    tokens: _Bucket | None
+    in_flight: int = 0
+
+
+@final
+@attrs.frozen
+class Refusal:
+    """Why a request was refused, and how long until it would not be.
+
+    Attributes:
+        reason: ``"requests"``, ``"tokens"``, ``"too_large"`` (more tokens
+            than the bucket can ever hold) or ``"concurrency"``.
+        retry_after: Seconds until enough is back; ``None`` if unknown.
+    """
+
+    reason: Literal["requests", "tokens", "too_large", "concurrency"]
+    retry_after: float | None
+
+
+@final
+class QuotaBook:
+    """The buckets of every key under one ``FakeQuotas``; see the module notes."""
+
+    def __init__(self, quotas: FakeQuotas) -> None:
+        self._quotas = quotas
+        self._keys: dict[str, _Key] = {}
+
+    @property
+    def quotas(self) -> FakeQuotas:
+        """The limits it keeps."""
+        return self._quotas
+
+    def _key(self, key: str, now: float) -> _Key:
+        state = self._keys.get(key)
+        if state is None:
+            q = self._quotas
+            state = _Key(
+                requests=None
+                if q.requests_per_minute is None
+                else _Bucket(q.requests_per_minute, q.requests_per_minute, now),
+                tokens=None
+                if q.tokens_per_minute is None
+                else _Bucket(q.tokens_per_minute, q.tokens_per_minute, now),
+            )
+            self._keys[key] = state
+        for bucket in (state.requests, state.tokens):
+            if bucket is not None:
+                bucket.refill(now)
+        return state
+
+    def estimate(self, prompt_tokens: int, max_tokens: int | None) -> int:
+        """What a request is charged at admission."""
+        output = self._quotas.default_max_tokens if max_tokens is None else max_tokens
+        return prompt_tokens + output
+
+    def admit(self, key: str, cost: int, now: float) -> Refusal | None:
+        """Admit a request of ``cost`` tokens and charge it, or say why not."""
+        state = self._key(key, now)
+        cap = self._quotas.max_concurrency
+        if cap is not None and state.in_flight >= cap:
+            return Refusal("concurrency", self._quotas.busy_retry_after)
+        if state.tokens is not None and cost > state.tokens.capacity:
+            return Refusal("too_large", None)
+        waits = {
+            reason: bucket.wait(amount)
+            for reason, bucket, amount in (
+                ("requests", state.requests, 1),
+                ("tokens", state.tokens, cost),
+            )
+            if bucket is not None
+        }
+        longest = max(waits.values(), default=0.0)
+        if longest > 0:
+            if waits.get("requests", 0.0) == longest:
+                return Refusal("requests", longest)
+            return Refusal("tokens", longest)
+        if state.requests is not None:
+            state.requests.level -= 1
+        if state.tokens is not None:
+            state.tokens.level -= cost
+        state.in_flight += 1
+        return None
+
+    def settle(self, key: str, charged: int, used: int, now: float) -> None:
+        """An admitted request ended: its estimate is replaced by ``used``."""
+        state = self._key(key, now)
+        if state.tokens is not None:
+            state.tokens.level += charged - used
+        state.in_flight -= 1
+
+    def rate_limits(self, key: str, now: float) -> RateLimitInfo:
+        """What the headers of an answer to ``key`` at ``now`` say."""
+        state = self._key(key, now)
+        return RateLimitInfo(
+            requests=None if state.requests is None else state.requests.quota(),
+            tokens=None if state.tokens is None else state.tokens.quota(),
+        )
+
+
+# -- the headers -----------------------------------------------------------------
+
+
+def go_duration(seconds: float) -> str:
+    """``seconds`` as OpenAI writes a reset: ``12ms``, ``1s``, ``6m0s``, ``1h2m3.5s``."""
+    ms = _ceil_ms(seconds)
+    if ms < _MS:
+        return f"{ms}ms" if ms else "0s"
+    hours, ms = divmod(ms, 3600 * _MS)
+    minutes, ms = divmod(ms, 60 * _MS)
+    whole, fraction = divmod(ms, _MS)
+    text = f"{whole}" + (f".{fraction:03d}".rstrip("0") if fraction else "") + "s"
+    if hours or minutes:
+        text = f"{minutes}m{text}"
+    if hours:
+        text = f"{hours}h{text}"
+    return text
+
+
+def rfc3339(wall: float) -> str:
+    """A Unix time as RFC 3339 in UTC, to the millisecond (``...:59.123Z``)."""
+    ms = _ceil_ms(wall)
+    when = datetime.fromtimestamp(ms // _MS, UTC)
+    fraction = ms % _MS
+    text = when.strftime("%Y-%m-%dT%H:%M:%S")
+    return text + (f".{fraction:03d}" if fraction else "") + "Z"
+
+
+def quota_headers(
+    wire: WireFormat, info: RateLimitInfo, wall_now: float
+) -> list[tuple[bytes, bytes]]:
+    """``info`` as the rate-limit headers of ``wire``; ``wall_now`` is Unix time."""
+    headers: list[tuple[str, str]] = []
+    for kind, quota in (("requests", info.requests), ("tokens", info.tokens)):
+        if quota is None:
+            continue
+        assert quota.reset is not None
+        if wire == "openai":
+            headers += [
+                (f"x-ratelimit-limit-{kind}", str(quota.limit)),
+                (f"x-ratelimit-remaining-{kind}", str(quota.remaining)),
+                (f"x-ratelimit-reset-{kind}", go_duration(quota.reset)),
+            ]
+        else:
+            headers += [
+                (f"anthropic-ratelimit-{kind}-limit", str(quota.limit)),
+                (f"anthropic-ratelimit-{kind}-remaining", str(quota.remaining)),
+                (f"anthropic-ratelimit-{kind}-reset", rfc3339(wall_now + quota.reset)),
+            ]
+    return [(name.encode(), value.encode()) for name, value in headers]
+
+
+def refusal_headers(
+    wire: WireFormat, retry_after: float | None
+) -> list[tuple[bytes, bytes]]:
+    """A 429's ``Retry-After`` (and OpenAI's ``retry-after-ms``), rounded up."""
+    if retry_after is None:
+        return []
+    ms = _ceil_ms(retry_after)
+    headers = [(b"retry-after", str(-(-ms // _MS)).encode())]
+    if wire == "openai":
+        headers.append((b"retry-after-ms", str(ms).encode()))
+    return headers
+
+
+#: The message of each kind of refusal, per wire format's error vocabulary.
+REFUSAL_ERRORS: dict[WireFormat, tuple[str, str]] = {
+    "openai": ("rate_limit_exceeded", "Rate limit reached for {reason}."),
+    "anthropic": ("rate_limit_error", "This request would exceed your {reason} limit."),
+}
