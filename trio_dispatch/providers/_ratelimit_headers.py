@@ -31,9 +31,9 @@ headers and matches names without regard to case.
 
 from __future__ import annotations
 
+import decimal
 import email.utils
 import logging
-import math
 import re
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Final, final
@@ -57,18 +57,19 @@ _COUNT = re.compile(r"([+-]?)(\d+)(?:\.\d*)?")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 _DURATION = re.compile(r"(?:(?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|μs|ms|s|m|h))+")
 _PLAIN_SECONDS = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
-# Seconds as (multiplier, divisor): ``12ms`` is ``12 / 1000``, exactly the
-# double nearest 0.012, which ``12 * 0.001`` is not.
+# Seconds per unit, as decimals: ``1m24.734s`` adds up to exactly 84.734
+# before it becomes a float (in floats, ``60 + 24.734`` is not 84.734).
 _UNITS: Final = {
-    "ns": (1.0, 1e9),
-    "us": (1.0, 1e6),
-    "µs": (1.0, 1e6),
-    "μs": (1.0, 1e6),
-    "ms": (1.0, 1e3),
-    "s": (1.0, 1.0),
-    "m": (60.0, 1.0),
-    "h": (3600.0, 1.0),
+    "ns": decimal.Decimal("1e-9"),
+    "us": decimal.Decimal("1e-6"),
+    "µs": decimal.Decimal("1e-6"),
+    "μs": decimal.Decimal("1e-6"),
+    "ms": decimal.Decimal("1e-3"),
+    "s": decimal.Decimal(1),
+    "m": decimal.Decimal(60),
+    "h": decimal.Decimal(3600),
 }
+_EXACT: Final = decimal.Context(prec=60)
 # Longer than this, a header value is not a figure (and not worth parsing).
 _MAX_VALUE_LENGTH: Final = 64
 # A reset more than this before the answer's date is still "full now", but
@@ -151,11 +152,12 @@ class _Reader:
         if not _DURATION.fullmatch(text):
             self.malformed(name, value)
             return None
-        seconds = math.fsum(
-            float(number) * _UNITS[unit][0] / _UNITS[unit][1]
-            for number, unit in _DURATION_PART.findall(text)
-        )
-        return _seconds(seconds)
+        total = decimal.Decimal(0)
+        for number, unit in _DURATION_PART.findall(text):
+            total = _EXACT.add(
+                total, _EXACT.multiply(decimal.Decimal(number), _UNITS[unit])
+            )
+        return _seconds(float(total))
 
     def instant(self, name: str, reference: datetime) -> float | None:
         """Anthropic's reset: an RFC 3339 time, as seconds after ``reference``."""
