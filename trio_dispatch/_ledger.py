@@ -10,8 +10,9 @@ slot, and each operation is one Lua script, atomic on the server:
   negative or drift: an expired lease is pruned by the next script, a
   released one is removed by id (twice is harmless).
 * ``queue``: a ZSET of published waiters scored by their turn's start on
-  the wall clock; each member is a zero-padded number from ``seq`` (an
-  INCR), a colon and the waiter's lease id, so equal starts sort by arrival.
+  the wall clock; each member is the waiter's arrival (16 digits of
+  microseconds on its process's wall clock, strictly increasing in each
+  process), a colon and its lease id, so equal starts sort by arrival.
   ``qexp`` scores the same members by their expiry, renewed by their
   process: a vanished process's entries go with it.
 * ``conf``: a HASH with the stored ``limit`` (``none`` for unlimited on
@@ -24,6 +25,14 @@ slot, and each operation is one Lua script, atomic on the server:
 * ``grantno``: the number of each lease's grant, which tells a success (a
   lease granted after the latest rate-limit report) from a lease held
   across one.
+
+A process makes its members itself, so every step is idempotent: the
+answer of a step can be lost after the server ran it (the connection
+dropped), and the process then sends the same changes again. Enqueuing a
+member again renews it rather than adding a second one; a member whose
+lease id is already among the leases was granted by a step whose answer
+was lost, and is reported granted again; withdrawing a member gives back
+its lease too, if such a step granted it.
 
 A grant goes to the head of the queue within free capacity: with ``free``
 slots, a process may take only those of its own entries among the first
@@ -46,12 +55,12 @@ if TYPE_CHECKING:
     import coredis
     from coredis.commands.script import Script
 
-# Members of the queue: a 16-digit arrival number, a colon, the lease id.
+# Members of the queue: a 16-digit arrival, a colon, the lease id.
 MEMBER_PREFIX: Final = 17
 
 _PRELUDE = """
-local leases, queue, qexp, conf, seq, nodes, nwait, grantno =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local leases, queue, qexp, conf, nodes, nwait, grantno =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function prune()
@@ -76,10 +85,10 @@ end
 """
 
 # ARGV: node, ttl (ms), this node's waiters, limit to store if none is
-# (empty: none), wake channel, then five counted lists: lease ids to
-# release; members to withdraw; (lease id, start) pairs to enqueue;
-# (member, start) pairs to renew; lease ids to renew; and the members that
-# ask for a grant (those just enqueued ask too).
+# (empty: none), wake channel, then four counted lists: lease ids to
+# release; members to withdraw; (member, start) pairs to enqueue or renew;
+# lease ids to renew; and the members that ask for a grant (those
+# enqueued ask too).
 _STEP = (
     _PRELUDE
     + """
@@ -106,23 +115,34 @@ for j = 1, n do
   local m = ARGV[i]; i = i + 1
   changed = changed + redis.call('ZREM', queue, m)
   redis.call('ZREM', qexp, m)
+  -- Granted by a step whose answer was lost: nobody holds it.
+  local id = string.sub(m, 18)
+  if redis.call('ZREM', leases, id) == 1 then
+    changed = changed + 1
+    redis.call('HDEL', grantno, id)
+  end
 end
 local asking = {}
-local created = {}
-n = tonumber(ARGV[i]); i = i + 1
-for j = 1, n do
-  local id, start = ARGV[i], ARGV[i + 1]; i = i + 2
-  local m = string.format('%016d', redis.call('INCR', seq)) .. ':' .. id
-  redis.call('ZADD', queue, start, m)
-  redis.call('ZADD', qexp, now + ttl, m)
-  created[#created + 1] = m
-  asking[m] = true
+local granted = {}
+-- Whether a step whose answer was lost granted m: then it is granted
+-- again, the same lease renewed.
+local function held(m)
+  local id = string.sub(m, 18)
+  if redis.call('ZSCORE', leases, id) then
+    redis.call('ZADD', leases, now + ttl, id)
+    granted[#granted + 1] = m
+    return true
+  end
+  return false
 end
 n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   local m, start = ARGV[i], ARGV[i + 1]; i = i + 2
-  redis.call('ZADD', queue, start, m)
-  redis.call('ZADD', qexp, now + ttl, m)
+  if not held(m) then
+    redis.call('ZADD', queue, start, m)
+    redis.call('ZADD', qexp, now + ttl, m)
+    asking[m] = true
+  end
 end
 n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
@@ -130,10 +150,12 @@ for j = 1, n do
   redis.call('ZADD', leases, now + ttl, ARGV[i]); i = i + 1
 end
 n = tonumber(ARGV[i]); i = i + 1
-for j = 1, n do asking[ARGV[i]] = true; i = i + 1 end
+for j = 1, n do
+  local m = ARGV[i]; i = i + 1
+  if not held(m) then asking[m] = true end
+end
 redis.call('ZADD', nodes, now + ttl, node)
 redis.call('HSET', nwait, node, mywait)
-local granted = {}
 local pause = paused_for()
 local limit = redis.call('HGET', conf, 'limit')
 local function grant(m)
@@ -162,7 +184,7 @@ end
 if changed > 0 then redis.call('PUBLISH', channel, node) end
 local waiting = 0
 for _, w in ipairs(redis.call('HVALS', nwait)) do waiting = waiting + tonumber(w) end
-return {created, granted, limit or '', redis.call('ZCARD', leases),
+return {granted, limit or '', redis.call('ZCARD', leases),
   redis.call('ZCARD', queue), waiting, pause, now}
 """
 )
@@ -228,7 +250,6 @@ def keys_of(namespace: str, provider: str) -> list[str]:
             "queue",
             "qexp",
             "conf",
-            "seq",
             "nodes",
             "nwait",
             "grantno",
@@ -255,14 +276,19 @@ def lease_of(member: str) -> str:
     return member[MEMBER_PREFIX:]
 
 
+def member_of(arrival: int, lease_id: str) -> str:
+    """The queue member of a waiter that arrived at ``arrival`` (microseconds)."""
+    return f"{arrival:016d}:{lease_id}"
+
+
 @final
 @attrs.frozen
 class StepResult:
     """What one ``step`` did and saw, in the server's terms.
 
     Attributes:
-        created: The queue members made for the enqueued waiters, in order.
-        granted: The members granted a lease, in queue order.
+        granted: The members granted a lease: those that a step whose
+            answer was lost had granted, then the others in queue order.
         limit: The stored limit, or ``None`` when there is none or it is
             unlimited on purpose.
         in_flight: Live leases of the whole fleet.
@@ -272,7 +298,6 @@ class StepResult:
         server_time: The server's clock, in seconds.
     """
 
-    created: list[str]
     granted: list[str]
     limit: int | None
     in_flight: int
@@ -354,17 +379,17 @@ class Ledger:
         release: Sequence[str] = (),
         withdraw: Sequence[str] = (),
         enqueue: Sequence[tuple[str, float]] = (),
-        renew_entries: Sequence[tuple[str, float]] = (),
         renew_leases: Sequence[str] = (),
         ask: Sequence[str] = (),
     ) -> StepResult:
         """Apply one round of a process's changes, in order, atomically.
 
-        Releases ``release`` (lease ids), withdraws ``withdraw`` (members),
-        enqueues ``enqueue`` (lease id and wall-clock start), renews entries
-        and leases (adding them back if they are gone), stores ``seed`` as
-        the limit if none is stored, then grants what it can of ``ask`` and
-        of the new entries.
+        Releases ``release`` (lease ids), withdraws ``withdraw`` (members,
+        and their leases if they have any), enqueues or renews ``enqueue``
+        (member and wall-clock start), renews ``renew_leases`` (adding them
+        back if they are gone), stores ``seed`` as the limit if none is
+        stored, then grants what it can of ``ask`` and of ``enqueue``. Sent
+        twice, the same changes leave the same state.
         """
         args: list[str | int | float] = [
             node,
@@ -378,10 +403,7 @@ class Ledger:
         args.append(len(withdraw))
         args.extend(withdraw)
         args.append(len(enqueue))
-        for lease_id, start in enqueue:
-            args.extend((lease_id, repr(start)))
-        args.append(len(renew_entries))
-        for member, start in renew_entries:
+        for member, start in enqueue:
             args.extend((member, repr(start)))
         args.append(len(renew_leases))
         args.extend(renew_leases)
@@ -389,9 +411,8 @@ class Ledger:
         args.extend(ask)
         # A Lua script's answer is untyped; this one has a fixed shape.
         reply: Any = await self._step(keys=keys_of(self.namespace, provider), args=args)
-        created, granted, limit, in_flight, queued, waiting_all, pause, now = reply
+        granted, limit, in_flight, queued, waiting_all, pause, now = reply
         return StepResult(
-            created=list(created),
             granted=list(granted),
             limit=_limit_of(limit),
             in_flight=int(in_flight),

@@ -19,15 +19,17 @@ poll: the safety net for a lost wake-up.
 
 While the ledger cannot be reached nothing new is granted (the ledger
 alone can say that a slot is free); holders keep their slots, waiters keep
-waiting, and rounds are retried with a growing delay. Releases and
-withdrawals not sent yet are kept for the next round that reaches Redis;
-those that were sent without an answer, and the leases of a process that
-vanished, expire after ``lease``.
+waiting, and rounds are retried with a growing delay. A round whose
+answer did not come may or may not have been applied: the next round that
+reaches Redis sends the same releases, withdrawals and entries again (the
+ledger's steps are idempotent), so nothing is queued twice and a grant the
+lost answer carried reaches its waiter, or is given back if the waiter
+left meanwhile. The leases and entries of a process that vanished expire
+after ``lease``.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import time
@@ -155,7 +157,8 @@ class SharedSchedulerActor:
         self._on_limit = on_limit
         self._inbox: Mailbox[SchedulerMessage | _Wake] = Mailbox()
         self._replies: dict[Ticket, Reply] = {}
-        self._seq = itertools.count()
+        # The book's: lease ids stay unique when a new actor takes over.
+        self._seq = book.seq
         self._limit_writes: list[int | None] = []
         self._pauses: list[float | None] = []
         self._resume = False
@@ -313,9 +316,10 @@ class SharedSchedulerActor:
         ticket = message.ticket
         # The turn's start on the wall clock, so that processes (and hosts,
         # as far as their clocks agree) compare starts.
-        start = time.time() - now + ticket.started_at
+        arrival = time.time()
+        start = arrival - now + ticket.started_at
         try:
-            self.book.acquire(ticket, start)
+            self.book.acquire(ticket, start, arrival)
         except (QueueFull, ValueError) as exc:
             if self._replies.get(ticket) is message.reply:
                 self._replies.pop(ticket)
@@ -348,7 +352,6 @@ class SharedSchedulerActor:
                     release=plan.release,
                     withdraw=plan.withdraw,
                     enqueue=plan.enqueue,
-                    renew_entries=plan.renew_entries,
                     renew_leases=plan.renew_leases,
                     ask=plan.ask,
                 )
@@ -412,7 +415,7 @@ class SharedSchedulerActor:
             self._next_renew = now + self._ledger.lease / 3
         self._learn_limit(result.limit)
         book = self.book
-        grants = book.applied(plan, result.created, result.granted)
+        grants = book.applied(plan, result.granted)
         replies = self._replies
         for ticket in grants:
             replies.pop(ticket)._grant(Grant(ticket, now))
