@@ -95,16 +95,30 @@ async def test_withdrawn_entries_leave_the_queue_and_wake_the_fleet(
     book = ledger(client)
     await book.set_limit("p", 1)
     await book.step("p", "h", enqueue=[(m("h:1"), 0.0)])
-    entry = m("x:1")
-    await book.step("p", "x", enqueue=[(entry, 1.0)])
+    quiet, entry, other = m("q:1"), m("x:1"), m("y:1")
+    await book.step("p", "q", enqueue=[(quiet, 1.0)], waiting=1)
     async with client.pubsub(channels=["{ns:p}:wake"]) as pubsub:
+        # Nobody else waits: nobody is woken.
+        withdrawn = await book.step("p", "q", withdraw=[quiet])
+        assert (withdrawn.queued, withdrawn.waiting) == (0, 0)
+        await book.step("p", "y", enqueue=[(other, 2.0)], waiting=1)
+        await book.step("p", "x", enqueue=[(entry, 1.0)], waiting=1)
         withdrawn = await book.step("p", "x", withdraw=[entry])
-        assert withdrawn.queued == 0
+        assert (withdrawn.queued, withdrawn.waiting) == (1, 1)
         with trio.fail_after(5):
             async for message in pubsub:
                 if message["type"] == "message":
-                    # Signed by the process whose round caused it.
+                    # Signed by the process whose round caused it, and
+                    # the first one: the first withdrawal woke nobody.
                     assert message["data"] == "x"
+                    break
+        await book.step("p", "y", withdraw=[other])
+        # Sent after y's withdrawal (which woke nobody): nothing came between.
+        await client.publish("{ns:p}:wake", "end")
+        with trio.fail_after(5):
+            async for message in pubsub:
+                if message["type"] == "message":
+                    assert message["data"] == "end"
                     break
 
 
