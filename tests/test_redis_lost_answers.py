@@ -18,12 +18,11 @@ from typing import TYPE_CHECKING, Any
 import coredis
 import pytest
 import trio
-from coredis.exceptions import ConnectionError as RedisConnectionError
 
 from trio_dispatch import open_dispatcher
-from trio_dispatch._ledger import Ledger, StepResult, lease_of
+from trio_dispatch._ledger import lease_of
 
-from ._redis import RedisServer, needs_redis, running_redis
+from ._redis import Faults, RedisServer, needs_redis, node_of, running_redis
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -42,42 +41,9 @@ def server(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
 
 
-class Faults:
-    """Which processes lose the answer of their next step that enqueues, or fail."""
-
-    def __init__(self) -> None:
-        self.lose_next: set[str] = set()
-        self.down: set[str] = set()
-        self.lost: list[StepResult] = []
-
-
 @pytest.fixture
 def faults(monkeypatch: pytest.MonkeyPatch) -> Faults:
-    faults = Faults()
-    step = Ledger.step
-
-    async def faulty(
-        self: Ledger,
-        provider: str,
-        node: str,
-        *args: Any,  # noqa: ANN401  # passed through
-        **kwargs: Any,  # noqa: ANN401  # passed through
-    ) -> StepResult:
-        if node in faults.lose_next and kwargs.get("enqueue"):
-            # Redis runs the script; its answer never reaches the process.
-            faults.lose_next.discard(node)
-            faults.lost.append(await step(self, provider, node, *args, **kwargs))
-            raise RedisConnectionError("connection closed by server")
-        if node in faults.down:
-            raise RedisConnectionError("connection refused")
-        return await step(self, provider, node, *args, **kwargs)
-
-    monkeypatch.setattr(Ledger, "step", faulty)
-    return faults
-
-
-def node_of(dispatcher: Dispatcher) -> str:
-    return dispatcher._books["p"].node
+    return Faults.install(monkeypatch)
 
 
 async def until(condition: Callable[[], bool]) -> None:
