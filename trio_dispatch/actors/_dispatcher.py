@@ -351,7 +351,9 @@ class Slot(metaclass=NoPublicConstructor):
         """
         self._lease_deadline = deadline
         hold = self._hold
-        if hold is not None:
+        # Not once given back: a timer disarmed by a leave from another
+        # task stays disarmed.
+        if hold is not None and self._state is _HOLDING:
             hold.deadline = self._deadline()
 
     @trio.lowlevel.enable_ki_protection
