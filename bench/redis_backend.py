@@ -18,14 +18,16 @@ Three measurements:
    p99 in microseconds, for a local dispatcher and for one on Redis (the
    difference is what the shared backend adds: one script call on
    loopback, and the scheduler's round). Measured twice: back to back (the
-   next request arrives while the scheduler still gives the last slot back
-   to Redis, so it waits for that round too: two script calls) and to an
-   idle scheduler (a 5 ms pause, untimed, between cycles: one script call,
-   the case of requests that hold their slot for a model's answer).
+   release and the next request go to Redis in one script call) and to an
+   idle scheduler (a 5 ms pause, untimed, between cycles: the case of
+   requests that hold their slot for a model's answer). Beside them, in
+   the same run, a bare call of a trivial script through coredis (a
+   client of its own, no dispatcher): the floor that the machine and the
+   client set.
 2. **Contended hand-offs**: ``tasks`` tasks each run ``cycles`` cycles of
    (acquire, one checkpoint, release) under a limit of ``limit``, in one
    process. Hand-offs per second, local and on Redis, in the same run.
-3. **Scaling**: 1, 2, 4 and 8 OS processes share a limit of ``limit``;
+3. **Scaling**: 1, 2, 4 and 8 OS processes (``processes``) share a limit of ``limit``;
    each runs ``tasks`` tasks of ``cycles`` cycles (acquire, hold
    ``hold`` seconds, release). Grants per second over the whole fleet, and
    the cross-process order inversions: pairs of requests from different
@@ -54,6 +56,7 @@ import time
 from typing import TYPE_CHECKING, Any, Final, final
 
 import attrs
+import coredis
 import trio
 import trio.testing
 
@@ -65,7 +68,6 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
 _PROVIDER: Final = "p"
-_PROCESSES: Final = (1, 2, 4, 8)
 
 
 @final
@@ -82,6 +84,7 @@ class Sizes:
     hold: float = 0.002
     tolerance: float = 0.002
     repeats: int = attrs.field(default=3, validator=positive_int)
+    processes: tuple[int, ...] = (1, 2, 4, 8)
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -108,6 +111,8 @@ class RedisBackendReport:
 
     environment: dict[str, str]
     sizes: Sizes
+    bare_call_p50_us: float
+    bare_call_p99_us: float
     latency_local_p50_us: float
     latency_local_p99_us: float
     latency_redis_p50_us: float
@@ -131,6 +136,8 @@ class RedisBackendReport:
             "",
             "| measurement | local | redis |",
             "| --- | ---: | ---: |",
+            f"| bare script call p50 / p99, no dispatcher (µs) | |"
+            f" {self.bare_call_p50_us:.0f} / {self.bare_call_p99_us:.0f} |",
             f"| grant latency p50, back to back (µs) | {self.latency_local_p50_us:.0f}"
             f" | {self.latency_redis_p50_us:.0f} |",
             f"| grant latency p99, back to back (µs) | {self.latency_local_p99_us:.0f}"
@@ -227,6 +234,19 @@ async def _latencies(
                 found.append(time.perf_counter() - started)
             if gap:
                 await trio.sleep(gap)
+    return found
+
+
+async def _bare_calls(rounds: int, redis_url: str) -> list[float]:
+    """A trivial script on its own client: the floor under a grant."""
+    found = []
+    async with coredis.Redis.from_url(redis_url, decode_responses=True) as client:
+        script = client.register_script("return redis.call('TIME')")
+        await script(keys=["{bare}:k"], args=[])
+        for _ in range(rounds):
+            started = time.perf_counter()
+            await script(keys=["{bare}:k"], args=[])
+            found.append(time.perf_counter() - started)
     return found
 
 
@@ -346,12 +366,14 @@ def run(sizes: Sizes, redis_url: str) -> RedisBackendReport:
     show_progress("grant latency")
     trio.run(_latencies, 50, None, "warm")
     trio.run(_latencies, 50, redis_url, "warm")
+    bare: list[float] = []
     local: list[float] = []
     shared: list[float] = []
     idle_local: list[float] = []
     idle_shared: list[float] = []
     idle_rounds = max(1, sizes.round_trips // 4)
     for n in range(sizes.repeats):
+        bare += trio.run(_bare_calls, sizes.round_trips, redis_url)
         local += trio.run(_latencies, sizes.round_trips, None, "lat")
         shared += trio.run(_latencies, sizes.round_trips, redis_url, f"lat{n}")
         idle_local += trio.run(_latencies, idle_rounds, None, "idle", _IDLE_GAP)
@@ -365,12 +387,14 @@ def run(sizes: Sizes, redis_url: str) -> RedisBackendReport:
         local_rates.append(trio.run(_handoffs, sizes, None, "h"))
         shared_rates.append(trio.run(_handoffs, sizes, redis_url, f"h{n}"))
     rows = []
-    for processes in _PROCESSES:
+    for processes in sizes.processes:
         show_progress(f"scaling: {processes} processes")
         rows.append(_scaling(sizes, redis_url, processes, 0))
     return RedisBackendReport(
         environment=environment(),
         sizes=sizes,
+        bare_call_p50_us=_quantile(bare, 0.50) * 1e6,
+        bare_call_p99_us=_quantile(bare, 0.99) * 1e6,
         latency_local_p50_us=_quantile(local, 0.50) * 1e6,
         latency_local_p99_us=_quantile(local, 0.99) * 1e6,
         latency_redis_p50_us=_quantile(shared, 0.50) * 1e6,

@@ -1,7 +1,8 @@
 """Real redis-server processes for the shared-backend tests.
 
 Each server runs on a free loopback port in its own directory, with no
-persistence, so a test can kill it and start it again empty.
+persistence, so a test can kill it and start it again empty. ``Faults``
+cuts one process off from it, or loses the answer of one of its steps.
 """
 
 from __future__ import annotations
@@ -12,13 +13,18 @@ import shutil
 import socket
 import subprocess
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from coredis.exceptions import ConnectionError as RedisConnectionError
+
+from trio_dispatch._ledger import Ledger, StepResult
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
+
+    from trio_dispatch import Dispatcher
 
 REDIS_SERVER = shutil.which("redis-server")
 
@@ -105,3 +111,47 @@ def running_redis(directory: Path) -> Iterator[RedisServer]:
     finally:
         server.kill()
         gc.collect()
+
+
+class Faults:
+    """Steps that fail, per process (its book's node), in place of ``Ledger.step``.
+
+    A node in ``down`` cannot reach Redis (a partition: the others can); a
+    node in ``lose_next`` loses the answer of its next step that enqueues,
+    after Redis ran it (kept in ``lost``).
+    """
+
+    def __init__(self) -> None:
+        self.lose_next: set[str] = set()
+        self.down: set[str] = set()
+        self.lost: list[StepResult] = []
+
+    @classmethod
+    def install(cls, monkeypatch: pytest.MonkeyPatch) -> Faults:
+        """Patch ``Ledger.step`` for the test; returns the switches."""
+        faults = cls()
+        step = Ledger.step
+
+        async def faulty(
+            self: Ledger,
+            provider: str,
+            node: str,
+            *args: Any,  # noqa: ANN401  # passed through
+            **kwargs: Any,  # noqa: ANN401  # passed through
+        ) -> StepResult:
+            if node in faults.lose_next and kwargs.get("enqueue"):
+                # Redis runs the script; its answer never reaches the process.
+                faults.lose_next.discard(node)
+                faults.lost.append(await step(self, provider, node, *args, **kwargs))
+                raise RedisConnectionError("connection closed by server")
+            if node in faults.down:
+                raise RedisConnectionError("connection refused")
+            return await step(self, provider, node, *args, **kwargs)
+
+        monkeypatch.setattr(Ledger, "step", faulty)
+        return faults
+
+
+def node_of(dispatcher: Dispatcher, provider: str = "p") -> str:
+    """The node name of a dispatcher's share of ``provider``."""
+    return dispatcher._books[provider].node

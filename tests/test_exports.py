@@ -54,6 +54,7 @@ def test_the_top_level_is_what_an_application_uses() -> None:
         "Dispatcher",
         "DispatcherClosed",
         "DispatcherStatistics",
+        "LeaseLost",
         "Provider",
         "ProviderError",
         "ProviderStatistics",

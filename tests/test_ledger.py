@@ -8,7 +8,7 @@ import coredis
 import pytest
 import trio
 
-from trio_dispatch._ledger import Ledger, keys_of, lease_of
+from trio_dispatch._ledger import Ledger, keys_of, lease_of, member_of
 
 from ._redis import RedisServer, needs_redis, running_redis
 
@@ -35,24 +35,33 @@ def ledger(client: coredis.Redis[str], lease: float = 10.0) -> Ledger:
     return Ledger(client, "ns", lease)
 
 
+arrivals = iter(range(1_000_000, 2_000_000))
+
+
+def m(lease_id: str) -> str:
+    """A member for ``lease_id``, arriving after every earlier one."""
+    return member_of(next(arrivals), lease_id)
+
+
 async def test_a_step_grants_the_head_of_the_queue_within_the_limit(
     client: coredis.Redis[str],
 ) -> None:
     book = ledger(client)
     await book.set_limit("p", 2)
-    first = await book.step("p", "a", enqueue=[("a:1", 10.0), ("a:2", 20.0)])
-    assert first.granted == first.created
-    assert [lease_of(m) for m in first.granted] == ["a:1", "a:2"]
+    a1, a2, b1 = m("a:1"), m("a:2"), m("b:1")
+    first = await book.step("p", "a", enqueue=[(a1, 10.0), (a2, 20.0)])
+    assert first.granted == [a1, a2]
+    assert [lease_of(g) for g in first.granted] == ["a:1", "a:2"]
     assert (first.limit, first.in_flight, first.queued) == (2, 2, 0)
-    full = await book.step("p", "b", enqueue=[("b:1", 5.0)], waiting=1)
+    full = await book.step("p", "b", enqueue=[(b1, 5.0)], waiting=1)
     assert full.granted == []
     assert (full.in_flight, full.queued, full.waiting) == (2, 1, 1)
     # A release frees a slot for the waiter of another process, which must
     # ask for it: the releasing process gets nothing it did not ask for.
     after = await book.step("p", "a", release=["a:1"])
     assert (after.granted, after.in_flight, after.queued) == ([], 1, 1)
-    served = await book.step("p", "b", ask=full.created)
-    assert served.granted == full.created
+    served = await book.step("p", "b", ask=[b1])
+    assert served.granted == [b1]
     assert served.in_flight == 2
 
 
@@ -61,22 +70,23 @@ async def test_a_process_takes_only_its_own_entries_inside_the_free_window(
 ) -> None:
     book = ledger(client)
     await book.set_limit("p", 1)
-    holder = await book.step("p", "h", enqueue=[("h:1", 0.0)])
+    holder = await book.step("p", "h", enqueue=[(m("h:1"), 0.0)])
     assert len(holder.granted) == 1
-    old = await book.step("p", "x", enqueue=[("x:1", 1.0)])
-    young = await book.step("p", "y", enqueue=[("y:1", 2.0)])
+    old, young = m("x:1"), m("y:1")
+    await book.step("p", "x", enqueue=[(old, 1.0)])
+    await book.step("p", "y", enqueue=[(young, 2.0)])
     await book.step("p", "h", release=["h:1"])
     # y's entry is second in the queue and one slot is free: x's turn.
-    assert (await book.step("p", "y", ask=young.created)).granted == []
-    assert (await book.step("p", "x", ask=old.created)).granted == old.created
-    # Equal starts go by arrival.
+    assert (await book.step("p", "y", ask=[young])).granted == []
+    assert (await book.step("p", "x", ask=[old])).granted == [old]
+    # Equal starts go by arrival, although z's lease id sorts first.
     await book.set_limit("p", 2)
-    tie = await book.step("p", "z", enqueue=[("z:1", 2.0)])
-    assert tie.created[0] > young.created[0]
-    assert (await book.step("p", "z", ask=tie.created)).granted == []
-    assert (await book.step("p", "y", ask=young.created)).granted == young.created
+    tie = member_of(2_500_000, "a:9")
+    await book.step("p", "z", enqueue=[(tie, 2.0)])
+    assert (await book.step("p", "z", ask=[tie])).granted == []
+    assert (await book.step("p", "y", ask=[young])).granted == [young]
     await book.set_limit("p", 3)
-    assert (await book.step("p", "z", ask=tie.created)).granted == tie.created
+    assert (await book.step("p", "z", ask=[tie])).granted == [tie]
 
 
 async def test_withdrawn_entries_leave_the_queue_and_wake_the_fleet(
@@ -84,16 +94,31 @@ async def test_withdrawn_entries_leave_the_queue_and_wake_the_fleet(
 ) -> None:
     book = ledger(client)
     await book.set_limit("p", 1)
-    await book.step("p", "h", enqueue=[("h:1", 0.0)])
-    entry = await book.step("p", "x", enqueue=[("x:1", 1.0)])
+    await book.step("p", "h", enqueue=[(m("h:1"), 0.0)])
+    quiet, entry, other = m("q:1"), m("x:1"), m("y:1")
+    await book.step("p", "q", enqueue=[(quiet, 1.0)], waiting=1)
     async with client.pubsub(channels=["{ns:p}:wake"]) as pubsub:
-        withdrawn = await book.step("p", "x", withdraw=entry.created)
-        assert withdrawn.queued == 0
+        # Nobody else waits: nobody is woken.
+        withdrawn = await book.step("p", "q", withdraw=[quiet])
+        assert (withdrawn.queued, withdrawn.waiting) == (0, 0)
+        await book.step("p", "y", enqueue=[(other, 2.0)], waiting=1)
+        await book.step("p", "x", enqueue=[(entry, 1.0)], waiting=1)
+        withdrawn = await book.step("p", "x", withdraw=[entry])
+        assert (withdrawn.queued, withdrawn.waiting) == (1, 1)
         with trio.fail_after(5):
             async for message in pubsub:
                 if message["type"] == "message":
-                    # Signed by the process whose round caused it.
+                    # Signed by the process whose round caused it, and
+                    # the first one: the first withdrawal woke nobody.
                     assert message["data"] == "x"
+                    break
+        await book.step("p", "y", withdraw=[other])
+        # Sent after y's withdrawal (which woke nobody): nothing came between.
+        await client.publish("{ns:p}:wake", "end")
+        with trio.fail_after(5):
+            async for message in pubsub:
+                if message["type"] == "message":
+                    assert message["data"] == "end"
                     break
 
 
@@ -102,15 +127,16 @@ async def test_leases_and_entries_expire_in_server_time(
 ) -> None:
     book = ledger(client, lease=0.2)
     await book.set_limit("p", 1)
-    held = await book.step("p", "dead", enqueue=[("dead:1", 0.0)])
-    await book.step("p", "dead", enqueue=[("dead:2", 1.0)], waiting=1)
+    held = await book.step("p", "dead", enqueue=[(m("dead:1"), 0.0)])
+    await book.step("p", "dead", enqueue=[(m("dead:2"), 1.0)], waiting=1)
     leases, queue = keys_of("ns", "p")[:2]
     scores = await client.zrange(leases, 0, -1, withscores=True)
     # Scored by the server's clock (TIME in the script) plus the lease.
     assert scores[0][1] == round(held.server_time * 1000) + 200
     await trio.sleep(0.3)
-    alive = await book.step("p", "live", enqueue=[("live:1", 5.0)])
-    assert alive.granted == alive.created
+    live = m("live:1")
+    alive = await book.step("p", "live", enqueue=[(live, 5.0)])
+    assert alive.granted == [live]
     assert (alive.in_flight, alive.queued, alive.waiting) == (1, 0, 0)
     assert held.granted[0] not in await client.zrange(queue, 0, -1)
 
@@ -120,17 +146,17 @@ async def test_renewal_keeps_leases_and_adds_back_what_a_restart_lost(
 ) -> None:
     book = ledger(client, lease=0.3)
     await book.set_limit("p", 1)
-    held = await book.step("p", "a", enqueue=[("a:1", 0.0)], seed=1)
+    held = await book.step("p", "a", enqueue=[(m("a:1"), 0.0)], seed=1)
     for _ in range(3):
         await trio.sleep(0.15)
         await book.step("p", "a", renew_leases=["a:1"], seed=1)
-    assert (await book.step("p", "b", enqueue=[("b:1", 1.0)])).granted == []
+    assert (await book.step("p", "b", enqueue=[(m("b:1"), 1.0)])).granted == []
     await client.flushall()
     # Redis lost everything: the holder's renewal registers its lease and
     # the stored limit again (it was only seeded, so a stored one would win).
     again = await book.step("p", "a", renew_leases=[lease_of(held.granted[0])], seed=1)
     assert (again.limit, again.in_flight) == (1, 1)
-    assert (await book.step("p", "c", enqueue=[("c:1", 2.0)])).granted == []
+    assert (await book.step("p", "c", enqueue=[(m("c:1"), 2.0)])).granted == []
 
 
 async def test_a_stored_limit_wins_over_a_seed_and_set_limit_overwrites(
@@ -151,8 +177,9 @@ async def test_unlimited_grants_every_asker_even_when_paused(
     book = ledger(client)
     await book.set_limit("p", None)
     await book.pause("p", 30.0, default_pause=1.0, max_pause=60.0)
-    result = await book.step("p", "a", enqueue=[("a:1", 1.0), ("a:2", 0.0)])
-    assert sorted(result.granted) == sorted(result.created)
+    a1, a2 = m("a:1"), m("a:2")
+    result = await book.step("p", "a", enqueue=[(a1, 1.0), (a2, 0.0)])
+    assert sorted(result.granted) == [a1, a2]
     assert result.in_flight == 2
 
 
@@ -165,12 +192,13 @@ async def test_a_pause_holds_grants_fleet_wide_in_server_time(
     assert 0.2 < left <= 0.3
     # A shorter report never shortens it; max_pause caps a long one.
     assert await book.pause("p", 0.01, default_pause=1.0, max_pause=60.0) > 0.2
-    paused = await book.step("p", "b", enqueue=[("b:1", 0.0)])
+    b1 = m("b:1")
+    paused = await book.step("p", "b", enqueue=[(b1, 0.0)])
     assert paused.granted == []
     assert 0 < paused.paused_for <= 0.3
     await trio.sleep(0.35)
-    after = await book.step("p", "b", ask=paused.created)
-    assert (after.granted, after.paused_for) == (paused.created, 0)
+    after = await book.step("p", "b", ask=[b1])
+    assert (after.granted, after.paused_for) == ([b1], 0)
     assert await book.pause("p", 500.0, default_pause=1.0, max_pause=2.0) <= 2.0
 
 
@@ -185,18 +213,56 @@ async def test_the_backoff_doubles_per_round_and_a_success_ends_the_streak(
 
     assert 0.05 < await report() <= 0.1
     await trio.sleep(0.12)
-    first = await book.step("p", "a", enqueue=[("a:1", 0.0)])
+    first = await book.step("p", "a", enqueue=[(m("a:1"), 0.0)])
     assert 0.15 < await report() <= 0.2  # a grant since: a new round
     await trio.sleep(0.22)
-    second = await book.step("p", "a", enqueue=[("a:2", 0.0)])
+    second = await book.step("p", "a", enqueue=[(m("a:2"), 0.0)])
     assert 0.3 < await report() <= 0.35  # capped at max_pause
     # a:1 was held across reports: its release is no success.
     await book.step("p", "a", release=[lease_of(first.granted[0])])
     await trio.sleep(0.37)
-    third = await book.step("p", "a", enqueue=[("a:3", 0.0)])
-    assert third.granted == third.created
+    a3 = m("a:3")
+    third = await book.step("p", "a", enqueue=[(a3, 0.0)])
+    assert third.granted == [a3]
     await book.step("p", "a", release=[lease_of(third.granted[0])])
     assert 0.05 < await report() <= 0.1  # the streak ended
     await book.resume("p")
     assert (await book.step("p", "a", ask=[])).paused_for == 0
     assert second.granted
+
+
+async def test_a_step_sent_again_leaves_one_entry_and_grants_the_same_lease(
+    client: coredis.Redis[str],
+) -> None:
+    # As when a step's answer is lost after the server ran it: the process
+    # sends the same changes again.
+    book = ledger(client)
+    await book.set_limit("p", 1)
+    held, waiter = m("h:1"), m("w:1")
+    for _ in range(2):
+        granted = await book.step("p", "h", enqueue=[(held, 0.0)])
+        assert granted.granted == [held]
+        assert (granted.in_flight, granted.queued) == (1, 0)
+    for _ in range(2):
+        queued = await book.step("p", "w", enqueue=[(waiter, 1.0)], waiting=1)
+        assert (queued.granted, queued.in_flight, queued.queued) == ([], 1, 1)
+    # Asked again after a grant whose answer was lost: granted again.
+    await book.step("p", "h", release=["h:1"])
+    assert (await book.step("p", "w", ask=[waiter])).granted == [waiter]
+    again = await book.step("p", "w", ask=[waiter])
+    assert (again.granted, again.in_flight, again.queued) == ([waiter], 1, 0)
+    assert await client.zrange(keys_of("ns", "p")[0], 0, -1) == ("w:1",)
+
+
+async def test_withdrawing_a_member_gives_back_the_lease_a_lost_answer_granted(
+    client: coredis.Redis[str],
+) -> None:
+    book = ledger(client)
+    await book.set_limit("p", 1)
+    lost = m("a:1")
+    assert (await book.step("p", "a", enqueue=[(lost, 0.0)])).granted == [lost]
+    # The process never learned of that grant, and its waiter left.
+    gone = await book.step("p", "a", withdraw=[lost])
+    assert (gone.in_flight, gone.queued) == (0, 0)
+    other = m("b:1")
+    assert (await book.step("p", "b", enqueue=[(other, 1.0)])).granted == [other]

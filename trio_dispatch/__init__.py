@@ -12,6 +12,7 @@ from ._exceptions import BackendUnavailable as BackendUnavailable
 from ._exceptions import ConversationClosed as ConversationClosed
 from ._exceptions import DispatcherClosed as DispatcherClosed
 from ._exceptions import DispatchError as DispatchError
+from ._exceptions import LeaseLost as LeaseLost
 from ._exceptions import ProviderError as ProviderError
 from ._exceptions import QueueFull as QueueFull
 from ._exceptions import SlotHoldTimeout as SlotHoldTimeout
@@ -54,6 +55,7 @@ __all__ = [
     "Dispatcher",
     "DispatcherClosed",
     "DispatcherStatistics",
+    "LeaseLost",
     "Provider",
     "ProviderError",
     "ProviderStatistics",

@@ -10,6 +10,8 @@ sent again)::
     ├── QueueFull            too many requests already wait for this provider
     ├── SlotHoldTimeout      a slot was held longer than max_hold; the body was
     │                        cancelled and the slot given back
+    ├── LeaseLost            a slot's lease in Redis went unrenewed for a whole
+    │                        lease; the body was cancelled, the slot given back
     ├── ConversationClosed   the conversation was closed, or its actor stopped,
     │                        before the answer
     ├── BackendUnavailable   the shared backend (Redis) cannot be reached at
@@ -87,6 +89,17 @@ class BackendUnavailable(DispatchError):
     The message names the URL without its password. Nothing was started.
     Once running, a dispatcher never raises this: while Redis is away it
     grants nothing new and says so in ``statistics()``.
+    """
+
+
+@final
+class LeaseLost(DispatchError):
+    """A slot shared through Redis went a whole ``lease`` without renewal.
+
+    Its process could not reach Redis for that long (a partition, a loop
+    blocked), so the fleet may already have granted the slot again: the
+    body of the ``async with`` was cancelled when the time ran out, and the
+    slot went back as the body unwound.
     """
 
 

@@ -10,8 +10,9 @@ slot, and each operation is one Lua script, atomic on the server:
   negative or drift: an expired lease is pruned by the next script, a
   released one is removed by id (twice is harmless).
 * ``queue``: a ZSET of published waiters scored by their turn's start on
-  the wall clock; each member is a zero-padded number from ``seq`` (an
-  INCR), a colon and the waiter's lease id, so equal starts sort by arrival.
+  the wall clock; each member is the waiter's arrival (16 digits of
+  microseconds on its process's wall clock, strictly increasing in each
+  process), a colon and its lease id, so equal starts sort by arrival.
   ``qexp`` scores the same members by their expiry, renewed by their
   process: a vanished process's entries go with it.
 * ``conf``: a HASH with the stored ``limit`` (``none`` for unlimited on
@@ -21,17 +22,31 @@ slot, and each operation is one Lua script, atomic on the server:
   ``granted_at_report``, as in the local policy).
 * ``nodes`` and ``nwait``: each live process's expiry and its own count of
   waiters, for the fleet-wide ``waiting`` figure.
-* ``grantno``: the number of each lease's grant, which tells a success (a
-  lease granted after the latest rate-limit report) from a lease held
-  across one.
+* ``grantno``: while a streak of rate-limit reports lasts, the number of
+  each lease granted during it (``granted`` in ``conf`` counts them), which
+  tells a success (a lease granted after the latest report) from a lease
+  held across one; a lease without a number was granted before the streak.
+  The numbers go when the streak ends, so that, outside a streak, a grant
+  and a release cost nothing here.
+
+A process makes its members itself, so every step is idempotent: the
+answer of a step can be lost after the server ran it (the connection
+dropped), and the process then sends the same changes again. Enqueuing a
+member again renews it rather than adding a second one; a member whose
+lease id is already among the leases was granted by a step whose answer
+was lost, and is reported granted again; withdrawing a member gives back
+its lease too, if such a step granted it.
 
 A grant goes to the head of the queue within free capacity: with ``free``
 slots, a process may take only those of its own entries among the first
 ``free`` of the queue, so the others in that window keep their capacity
-until their process asks. Every release, withdrawal, limit change and
-resume publishes a wake-up on the provider's channel; the message names
-the process whose round caused it (``wake`` when nobody in particular), so
-that this process need not run a round for its own changes.
+until their process asks. Every limit change and resume publishes a
+wake-up on the provider's channel, and so does every release, withdrawal
+and expiry while another process has waiters (as the processes last
+reported them: one that has not reported its waiters yet will ask in the
+round that does); the message names the process whose round caused it
+(``wake`` when nobody in particular), so that this process need not run a
+round for its own changes.
 """
 
 from __future__ import annotations
@@ -46,25 +61,31 @@ if TYPE_CHECKING:
     import coredis
     from coredis.commands.script import Script
 
-# Members of the queue: a 16-digit arrival number, a colon, the lease id.
+# Members of the queue: a 16-digit arrival, a colon, the lease id.
 MEMBER_PREFIX: Final = 17
 
 _PRELUDE = """
-local leases, queue, qexp, conf, seq, nodes, nwait, grantno =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local leases, queue, qexp, conf, nodes, nwait, grantno =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function prune()
   local pruned = 0
   local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', now)
-  for _, id in ipairs(gone) do redis.call('HDEL', grantno, id) end
-  pruned = pruned + redis.call('ZREMRANGEBYSCORE', leases, '-inf', now)
+  if #gone > 0 then
+    for _, id in ipairs(gone) do redis.call('HDEL', grantno, id) end
+    pruned = pruned + redis.call('ZREMRANGEBYSCORE', leases, '-inf', now)
+  end
   gone = redis.call('ZRANGEBYSCORE', qexp, '-inf', now)
-  for _, m in ipairs(gone) do redis.call('ZREM', queue, m) end
-  pruned = pruned + redis.call('ZREMRANGEBYSCORE', qexp, '-inf', now)
+  if #gone > 0 then
+    for _, m in ipairs(gone) do redis.call('ZREM', queue, m) end
+    pruned = pruned + redis.call('ZREMRANGEBYSCORE', qexp, '-inf', now)
+  end
   gone = redis.call('ZRANGEBYSCORE', nodes, '-inf', now)
-  for _, n in ipairs(gone) do redis.call('HDEL', nwait, n) end
-  redis.call('ZREMRANGEBYSCORE', nodes, '-inf', now)
+  if #gone > 0 then
+    for _, n in ipairs(gone) do redis.call('HDEL', nwait, n) end
+    redis.call('ZREMRANGEBYSCORE', nodes, '-inf', now)
+  end
   return pruned
 end
 local function paused_for()
@@ -76,10 +97,11 @@ end
 """
 
 # ARGV: node, ttl (ms), this node's waiters, limit to store if none is
-# (empty: none), wake channel, then five counted lists: lease ids to
-# release; members to withdraw; (lease id, start) pairs to enqueue;
-# (member, start) pairs to renew; lease ids to renew; and the members that
-# ask for a grant (those just enqueued ask too).
+# (empty: none), wake channel, then four counted lists: lease ids to
+# release; members to withdraw; (member, start) pairs to enqueue or renew;
+# lease ids to renew; and the members that ask for a grant (those
+# enqueued ask too). Every server call counts on the grant's path: the
+# step reads ``conf`` once, and publishes only when another process waits.
 _STEP = (
     _PRELUDE
     + """
@@ -87,17 +109,30 @@ local node, ttl, mywait, seed, channel =
   ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local i = 6
 local changed = prune()
-if seed ~= '' then redis.call('HSETNX', conf, 'limit', seed) end
+local c = redis.call('HMGET', conf, 'limit', 'pause_until', 'streak',
+  'granted_at_report')
+local limit = c[1]
+local pause_until = tonumber(c[2] or '0')
+local streak = tonumber(c[3] or '0')
+local at_report = tonumber(c[4] or '0')
+if not limit and seed ~= '' then
+  redis.call('HSET', conf, 'limit', seed)
+  limit = seed
+end
 local n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   local id = ARGV[i]; i = i + 1
   if redis.call('ZREM', leases, id) == 1 then
     changed = changed + 1
-    local g = tonumber(redis.call('HGET', grantno, id) or '0')
-    redis.call('HDEL', grantno, id)
-    local streak = tonumber(redis.call('HGET', conf, 'streak') or '0')
-    if streak > 0 and g > tonumber(redis.call('HGET', conf, 'granted_at_report') or '0') then
-      redis.call('HSET', conf, 'streak', 0)
+    if streak > 0 then
+      local g = tonumber(redis.call('HGET', grantno, id) or '0')
+      redis.call('HDEL', grantno, id)
+      if g > at_report then
+        -- A success: the streak ends, and with it the grant numbers.
+        redis.call('HSET', conf, 'streak', 0)
+        redis.call('DEL', grantno)
+        streak = 0
+      end
     end
   end
 end
@@ -106,23 +141,34 @@ for j = 1, n do
   local m = ARGV[i]; i = i + 1
   changed = changed + redis.call('ZREM', queue, m)
   redis.call('ZREM', qexp, m)
+  -- Granted by a step whose answer was lost: nobody holds it.
+  local id = string.sub(m, 18)
+  if redis.call('ZREM', leases, id) == 1 then
+    changed = changed + 1
+    redis.call('HDEL', grantno, id)
+  end
 end
 local asking = {}
-local created = {}
-n = tonumber(ARGV[i]); i = i + 1
-for j = 1, n do
-  local id, start = ARGV[i], ARGV[i + 1]; i = i + 2
-  local m = string.format('%016d', redis.call('INCR', seq)) .. ':' .. id
-  redis.call('ZADD', queue, start, m)
-  redis.call('ZADD', qexp, now + ttl, m)
-  created[#created + 1] = m
-  asking[m] = true
+local granted = {}
+-- Whether a step whose answer was lost granted m: then it is granted
+-- again, the same lease renewed.
+local function held(m)
+  local id = string.sub(m, 18)
+  if redis.call('ZSCORE', leases, id) then
+    redis.call('ZADD', leases, now + ttl, id)
+    granted[#granted + 1] = m
+    return true
+  end
+  return false
 end
 n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   local m, start = ARGV[i], ARGV[i + 1]; i = i + 2
-  redis.call('ZADD', queue, start, m)
-  redis.call('ZADD', qexp, now + ttl, m)
+  if not held(m) then
+    redis.call('ZADD', queue, start, m)
+    redis.call('ZADD', qexp, now + ttl, m)
+    asking[m] = true
+  end
 end
 n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
@@ -130,19 +176,29 @@ for j = 1, n do
   redis.call('ZADD', leases, now + ttl, ARGV[i]); i = i + 1
 end
 n = tonumber(ARGV[i]); i = i + 1
-for j = 1, n do asking[ARGV[i]] = true; i = i + 1 end
+for j = 1, n do
+  local m = ARGV[i]; i = i + 1
+  if not held(m) then asking[m] = true end
+end
 redis.call('ZADD', nodes, now + ttl, node)
 redis.call('HSET', nwait, node, mywait)
-local granted = {}
-local pause = paused_for()
-local limit = redis.call('HGET', conf, 'limit')
+local pause = 0
+if pause_until > now then
+  pause = pause_until - now
+elseif pause_until > 0 then
+  redis.call('HDEL', conf, 'pause_until')
+end
+local in_flight = redis.call('ZCARD', leases)
 local function grant(m)
   local id = string.sub(m, 18)
   redis.call('ZREM', queue, m)
   redis.call('ZREM', qexp, m)
   redis.call('ZADD', leases, now + ttl, id)
-  redis.call('HSET', grantno, id, redis.call('HINCRBY', conf, 'granted', 1))
+  if streak > 0 then
+    redis.call('HSET', grantno, id, redis.call('HINCRBY', conf, 'granted', 1))
+  end
   granted[#granted + 1] = m
+  in_flight = in_flight + 1
 end
 if not limit or limit == 'none' then
   -- Unlimited: pauses do not apply, as in the local policy.
@@ -151,19 +207,20 @@ if not limit or limit == 'none' then
   end
   table.sort(granted)
 elseif pause == 0 then
-  local free = tonumber(limit) - redis.call('ZCARD', leases)
+  local free = tonumber(limit) - in_flight
   if free > 0 then
     for _, m in ipairs(redis.call('ZRANGE', queue, 0, free - 1)) do
       if asking[m] then grant(m) end
     end
   end
 end
--- Signed, so that the process that caused it need not wake for it.
-if changed > 0 then redis.call('PUBLISH', channel, node) end
 local waiting = 0
 for _, w in ipairs(redis.call('HVALS', nwait)) do waiting = waiting + tonumber(w) end
-return {created, granted, limit or '', redis.call('ZCARD', leases),
-  redis.call('ZCARD', queue), waiting, pause, now}
+-- Signed, so that the process that caused it need not wake for it, and
+-- only when another process waits: nobody else has anything to do.
+if changed > 0 and waiting > mywait then redis.call('PUBLISH', channel, node) end
+return {granted, limit or '', in_flight, redis.call('ZCARD', queue), waiting, pause,
+  now}
 """
 )
 
@@ -212,6 +269,7 @@ _RESUME = (
     + """
 redis.call('HDEL', conf, 'pause_until')
 redis.call('HSET', conf, 'streak', 0)
+redis.call('DEL', grantno)
 redis.call('PUBLISH', ARGV[1], 'wake')
 return 0
 """
@@ -228,7 +286,6 @@ def keys_of(namespace: str, provider: str) -> list[str]:
             "queue",
             "qexp",
             "conf",
-            "seq",
             "nodes",
             "nwait",
             "grantno",
@@ -255,14 +312,19 @@ def lease_of(member: str) -> str:
     return member[MEMBER_PREFIX:]
 
 
+def member_of(arrival: int, lease_id: str) -> str:
+    """The queue member of a waiter that arrived at ``arrival`` (microseconds)."""
+    return f"{arrival:016d}:{lease_id}"
+
+
 @final
 @attrs.frozen
 class StepResult:
     """What one ``step`` did and saw, in the server's terms.
 
     Attributes:
-        created: The queue members made for the enqueued waiters, in order.
-        granted: The members granted a lease, in queue order.
+        granted: The members granted a lease: those that a step whose
+            answer was lost had granted, then the others in queue order.
         limit: The stored limit, or ``None`` when there is none or it is
             unlimited on purpose.
         in_flight: Live leases of the whole fleet.
@@ -272,7 +334,6 @@ class StepResult:
         server_time: The server's clock, in seconds.
     """
 
-    created: list[str]
     granted: list[str]
     limit: int | None
     in_flight: int
@@ -301,6 +362,7 @@ class Ledger:
 
     __slots__ = (
         "_client",
+        "_names",
         "_pause",
         "_resume",
         "_set_limit",
@@ -322,6 +384,9 @@ class Ledger:
         self._set_limit: Script[str] = client.register_script(_SET_LIMIT)
         self._pause: Script[str] = client.register_script(_PAUSE)
         self._resume: Script[str] = client.register_script(_RESUME)
+        # Each provider's keys and channel, made once: a step is on the
+        # path of every grant.
+        self._names: dict[str, tuple[list[str], str]] = {}
         # Set by whoever listens for wake-ups, to hear that Redis was lost.
         self.on_lost: Callable[[], object] | None = None
         # The schedulers using it, so that the client outlives their last
@@ -339,6 +404,16 @@ class Ledger:
         if not self.users and self.on_idle is not None:
             self.on_idle()
 
+    def names(self, provider: str) -> tuple[list[str], str]:
+        """The keys and the wake-up channel of ``provider``."""
+        names = self._names.get(provider)
+        if names is None:
+            names = self._names[provider] = (
+                keys_of(self.namespace, provider),
+                channel_of(self.namespace, provider),
+            )
+        return names
+
     def lost(self) -> None:
         """A call failed: whoever listens for wake-ups should subscribe again."""
         if self.on_lost is not None:
@@ -354,44 +429,41 @@ class Ledger:
         release: Sequence[str] = (),
         withdraw: Sequence[str] = (),
         enqueue: Sequence[tuple[str, float]] = (),
-        renew_entries: Sequence[tuple[str, float]] = (),
         renew_leases: Sequence[str] = (),
         ask: Sequence[str] = (),
     ) -> StepResult:
         """Apply one round of a process's changes, in order, atomically.
 
-        Releases ``release`` (lease ids), withdraws ``withdraw`` (members),
-        enqueues ``enqueue`` (lease id and wall-clock start), renews entries
-        and leases (adding them back if they are gone), stores ``seed`` as
-        the limit if none is stored, then grants what it can of ``ask`` and
-        of the new entries.
+        Releases ``release`` (lease ids), withdraws ``withdraw`` (members,
+        and their leases if they have any), enqueues or renews ``enqueue``
+        (member and wall-clock start), renews ``renew_leases`` (adding them
+        back if they are gone), stores ``seed`` as the limit if none is
+        stored, then grants what it can of ``ask`` and of ``enqueue``. Sent
+        twice, the same changes leave the same state.
         """
+        keys, channel = self.names(provider)
         args: list[str | int | float] = [
             node,
             round(self.lease * 1000),
             waiting,
             "" if seed is None else seed,
-            channel_of(self.namespace, provider),
+            channel,
         ]
         args.append(len(release))
         args.extend(release)
         args.append(len(withdraw))
         args.extend(withdraw)
         args.append(len(enqueue))
-        for lease_id, start in enqueue:
-            args.extend((lease_id, repr(start)))
-        args.append(len(renew_entries))
-        for member, start in renew_entries:
+        for member, start in enqueue:
             args.extend((member, repr(start)))
         args.append(len(renew_leases))
         args.extend(renew_leases)
         args.append(len(ask))
         args.extend(ask)
         # A Lua script's answer is untyped; this one has a fixed shape.
-        reply: Any = await self._step(keys=keys_of(self.namespace, provider), args=args)
-        created, granted, limit, in_flight, queued, waiting_all, pause, now = reply
+        reply: Any = await self._step(keys=keys, args=args)
+        granted, limit, in_flight, queued, waiting_all, pause, now = reply
         return StepResult(
-            created=list(created),
             granted=list(granted),
             limit=_limit_of(limit),
             in_flight=int(in_flight),

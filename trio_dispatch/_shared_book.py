@@ -8,14 +8,22 @@ queue (the oldest ``limit`` of them: no more can be granted in one round,
 so the Redis queue stays small) and keeps the published entries and the
 leases of this process.
 
+Each waiter's queue member is made here, once, when it arrives, so a
+round whose answer was lost (the ledger may have applied it, or not) is
+simply sent again: the ledger's steps are idempotent. A waiter is *sent*
+once a round has carried its entry (it may be in Redis from then on) and
+*published* once an answer has confirmed it.
+
 Invariants, after every call:
 
-1. Every local ticket is in exactly one state: waiting (published or not)
-   or holding a lease. A ticket that leaves, by release or cancel, has its
-   lease or its queue entry queued for release or withdrawal, so nothing
-   it had in Redis outlives it (and what a failed round could not send is
-   sent by the next).
-2. The published waiters are the oldest local waiters, at most ``limit``.
+1. Every local ticket is in exactly one state: waiting (sent or not,
+   published or not) or holding a lease. A ticket that leaves, by release
+   or cancel, has its lease or its queue entry queued for release or
+   withdrawal (a withdrawal gives back the lease a lost answer may have
+   granted), so nothing it had in Redis outlives it (and what a failed
+   round could not send is sent by the next).
+2. The sent waiters are the oldest local waiters, at most ``limit``; the
+   published ones are among them.
 3. A grant is delivered only to a ticket still waiting; a grant that
    arrives for a ticket cancelled meanwhile is queued for release at once.
 """
@@ -23,12 +31,13 @@ Invariants, after every call:
 from __future__ import annotations
 
 import bisect
+import itertools
 from typing import TYPE_CHECKING, final
 
 import attrs
 
 from ._exceptions import QueueFull
-from ._ledger import lease_of
+from ._ledger import lease_of, member_of
 
 if TYPE_CHECKING:
     from .messages._scheduling import Ticket
@@ -41,8 +50,8 @@ class Plan:
 
     release: list[str]
     withdraw: list[str]
+    # New entries, entries whose answer was lost, and renewed ones.
     enqueue: list[tuple[str, float]]
-    renew_entries: list[tuple[str, float]]
     renew_leases: list[str]
     ask: list[str]
     # The tickets of ``enqueue``, in the same order.
@@ -55,19 +64,23 @@ class SharedBook:
 
     Args:
         node: This process's unique name for the provider; lease ids are
-            ``<node>:<seq>``.
+            ``<node>:<seq>``, with ``seq`` from ``seq``, which the
+            scheduler's tickets take theirs from (schedulers come and go,
+            the book stays, and lease ids are never reused).
         max_waiting: At most this many local tickets wait (not yet
             granted); one more is refused with ``QueueFull``.
     """
 
     __slots__ = (
+        "_entries",
         "_holders",
+        "_last_arrival",
         "_max_waiting",
         "_members",
         "_order",
         "_published",
         "_release",
-        "_start",
+        "_sent",
         "_withdraw",
         "granted_total",
         "node",
@@ -75,17 +88,23 @@ class SharedBook:
         "peak_waiting",
         "rejected_total",
         "released_total",
+        "seq",
         "withdrawn_total",
     )
 
     def __init__(self, node: str, *, max_waiting: int | None = None) -> None:
         self.node = node
         self._max_waiting = max_waiting
-        # Waiting tickets, sorted, and their turn's start on the wall clock.
+        self.seq = itertools.count()
+        # Waiting tickets, sorted, and their queue member and turn's start
+        # on the wall clock.
         self._order: list[Ticket] = []
-        self._start: dict[Ticket, float] = {}
-        self._published: dict[Ticket, str] = {}
+        self._entries: dict[Ticket, tuple[str, float]] = {}
+        self._last_arrival = 0
+        # Sent waiters, by ticket and by member; the published among them.
+        self._sent: dict[Ticket, str] = {}
         self._members: dict[str, Ticket] = {}
+        self._published: set[Ticket] = set()
         self._holders: dict[Ticket, str] = {}
         self._release: list[str] = []
         self._withdraw: list[str] = []
@@ -114,7 +133,7 @@ class SharedBook:
 
     @property
     def published(self) -> int:
-        """Local waiters with an entry in the shared queue."""
+        """Local waiters whose entry in the shared queue is confirmed."""
         return len(self._published)
 
     def busy(self) -> bool:
@@ -137,14 +156,17 @@ class SharedBook:
         """The tickets holding a lease."""
         return frozenset(self._holders)
 
-    def acquire(self, ticket: Ticket, start: float) -> None:
-        """Queue ``ticket``, whose turn began at ``start`` (wall clock).
+    def acquire(self, ticket: Ticket, start: float, arrival: float) -> None:
+        """Queue ``ticket``, whose turn began at ``start``, arriving at ``arrival``.
+
+        Both are wall-clock seconds. Arrivals break ties between equal
+        starts; in one book they are made strictly increasing.
 
         Raises:
             ValueError: The ticket is already known.
             QueueFull: ``max_waiting`` tickets already wait. Nothing changed.
         """
-        if ticket in self._start or ticket in self._holders:
+        if ticket in self._entries or ticket in self._holders:
             raise ValueError(f"ticket {ticket!r} is already known")
         if self._max_waiting is not None and len(self._order) >= self._max_waiting:
             self.rejected_total += 1
@@ -153,7 +175,9 @@ class SharedBook:
                 f" (max_waiting={self._max_waiting})"
             )
         bisect.insort(self._order, ticket)
-        self._start[ticket] = start
+        micros = max(round(arrival * 1_000_000), self._last_arrival + 1)
+        self._last_arrival = micros
+        self._entries[ticket] = (member_of(micros, self.lease_id(ticket)), start)
         self.peak_waiting = max(self.peak_waiting, len(self._order))
 
     def release(self, ticket: Ticket) -> None:
@@ -162,13 +186,13 @@ class SharedBook:
         Raises:
             RuntimeError: The ticket is still waiting; cancel it instead.
         """
-        if ticket in self._start:
+        if ticket in self._entries:
             raise RuntimeError(f"ticket {ticket!r} is waiting, not holding a slot")
         self._drop_lease(ticket)
 
     def cancel(self, ticket: Ticket) -> None:
         """Withdraw a waiting ticket, or give back its lease if it has one."""
-        if ticket in self._start:
+        if ticket in self._entries:
             self._remove_waiter(ticket)
             self.withdrawn_total += 1
             return
@@ -183,23 +207,23 @@ class SharedBook:
         wanted = self._order if limit is None else self._order[:limit]
         target = set(wanted)
         # An older waiter arrived (an older turn's retry): the youngest
-        # published ones leave the queue to make room for it.
-        for ticket in [t for t in self._published if t not in target]:
-            member = self._published.pop(ticket)
-            del self._members[member]
-            self._withdraw.append(member)
-        enqueued = [t for t in wanted if t not in self._published]
+        # sent ones leave the queue to make room for it.
+        for ticket in [t for t in self._sent if t not in target]:
+            self._unsend(ticket)
+        published = self._published
+        # Renewing an entry is sending it again.
+        enqueued = wanted if renew else [t for t in wanted if t not in published]
+        entries = self._entries
+        for ticket in enqueued:
+            member = entries[ticket][0]
+            self._sent[ticket] = member
+            self._members[member] = ticket
         plan = Plan(
             release=self._release,
             withdraw=self._withdraw,
-            enqueue=[(self.lease_id(t), self._start[t]) for t in enqueued],
-            renew_entries=(
-                [(m, self._start[t]) for t, m in self._published.items()]
-                if renew
-                else []
-            ),
+            enqueue=[entries[t] for t in enqueued],
             renew_leases=list(self._holders.values()) if renew else [],
-            ask=list(self._published.values()),
+            ask=[] if renew else [self._sent[t] for t in wanted if t in published],
             enqueued=enqueued,
         )
         self._release = []
@@ -207,25 +231,25 @@ class SharedBook:
         return plan
 
     def failed(self, plan: Plan) -> None:
-        """The round did not reach the ledger: keep its releases for the next."""
+        """The round's answer did not come: keep its releases for the next.
+
+        The ledger may have applied it or not; the next round sends the
+        same again (its entries stay sent, unconfirmed).
+        """
         self._release = plan.release + self._release
         self._withdraw = plan.withdraw + self._withdraw
 
-    def applied(
-        self, plan: Plan, created: list[str], granted: list[str]
-    ) -> list[Ticket]:
+    def applied(self, plan: Plan, granted: list[str]) -> list[Ticket]:
         """The ledger applied ``plan``: returns the tickets granted, in order.
 
-        ``created`` are the queue members made for ``plan.enqueued``;
-        ``granted`` the members granted a lease.
+        ``granted`` are the members granted a lease.
         """
-        for ticket, member in zip(plan.enqueued, created, strict=True):
-            if ticket in self._start:
-                self._published[ticket] = member
-                self._members[member] = ticket
-            else:
-                # Cancelled while the round was on its way.
-                self._withdraw.append(member)
+        sent = self._sent
+        for ticket in plan.enqueued:
+            # Unless it left while the round was on its way (then its
+            # withdrawal is queued).
+            if ticket in sent:
+                self._published.add(ticket)
         grants: list[Ticket] = []
         for member in granted:
             owner = self._members.pop(member, None)
@@ -233,9 +257,10 @@ class SharedBook:
                 # Its ticket left while the round was on its way.
                 self._release.append(lease_of(member))
                 continue
-            del self._published[owner]
+            del sent[owner]
+            self._published.discard(owner)
             self._order.remove(owner)
-            del self._start[owner]
+            del self._entries[owner]
             self._holders[owner] = lease_of(member)
             grants.append(owner)
         self.granted_total += len(grants)
@@ -245,11 +270,17 @@ class SharedBook:
     def _remove_waiter(self, ticket: Ticket) -> None:
         index = bisect.bisect_left(self._order, ticket)
         del self._order[index]
-        del self._start[ticket]
-        member = self._published.pop(ticket, None)
-        if member is not None:
-            del self._members[member]
-            self._withdraw.append(member)
+        del self._entries[ticket]
+        if ticket in self._sent:
+            self._unsend(ticket)
+
+    def _unsend(self, ticket: Ticket) -> None:
+        # Its entry may be in Redis, and granted by a round whose answer
+        # was lost: the withdrawal takes both back.
+        member = self._sent.pop(ticket)
+        del self._members[member]
+        self._published.discard(ticket)
+        self._withdraw.append(member)
 
     def _drop_lease(self, ticket: Ticket) -> None:
         lease = self._holders.pop(ticket, None)

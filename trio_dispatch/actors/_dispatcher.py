@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Self, final
 import attrs
 import trio
 
-from .._exceptions import DispatcherClosed, SlotHoldTimeout
+from .._exceptions import DispatcherClosed, LeaseLost, SlotHoldTimeout
 from .._groups import leaves
 from .._policy import SlotPolicy
 from .._util import NoPublicConstructor
@@ -182,6 +182,7 @@ class Slot(metaclass=NoPublicConstructor):
         "_dispatcher",
         "_error",
         "_hold",
+        "_lease_deadline",
         "_max_hold",
         "_state",
         "_task",
@@ -210,6 +211,8 @@ class Slot(metaclass=NoPublicConstructor):
         self._task: trio.lowlevel.Task | None = None
         self._error: Exception | None = None
         self._hold: trio.CancelScope | None = None
+        # Set by a shared scheduler: when the slot's lease may run out.
+        self._lease_deadline: float | None = None
         self.ticket: Ticket | None = None
         self.granted_at: float | None = None
 
@@ -256,12 +259,23 @@ class Slot(metaclass=NoPublicConstructor):
             error, self._error = self._error, None
             raise error
         # _task stays set: the task that must leave the slot.
-        if self._max_hold is not None and self.provider in dispatcher._limits:
-            assert self.granted_at is not None
-            hold = trio.CancelScope(deadline=self.granted_at + self._max_hold)
+        if self._lease_deadline is not None or (
+            self._max_hold is not None and self.provider in dispatcher._limits
+        ):
+            hold = trio.CancelScope(deadline=self._deadline())
             hold.__enter__()
             self._hold = hold
         return self
+
+    def _max_hold_deadline(self) -> float:
+        if self._max_hold is None or self.provider not in self._dispatcher._limits:
+            return math.inf
+        assert self.granted_at is not None
+        return self.granted_at + self._max_hold
+
+    def _deadline(self) -> float:
+        lease = math.inf if self._lease_deadline is None else self._lease_deadline
+        return min(self._max_hold_deadline(), lease)
 
     @trio.lowlevel.enable_ki_protection
     async def __aexit__(
@@ -286,6 +300,16 @@ class Slot(metaclass=NoPublicConstructor):
                 return None
             self._hold = None
             swallowed = hold.__exit__(exc_type, exc, tb)
+            lease = self._lease_deadline
+            if (
+                hold.cancelled_caught
+                and lease is not None
+                and lease <= self._max_hold_deadline()
+            ):
+                raise LeaseLost(
+                    f"the lease of a slot of {self.provider!r} went"
+                    f" {self._dispatcher._settings.lease:g} seconds without renewal"
+                )
             if hold.cancelled_caught:
                 raise SlotHoldTimeout(
                     f"slot held longer than max_hold={self._max_hold} seconds"
@@ -318,6 +342,19 @@ class Slot(metaclass=NoPublicConstructor):
             self.granted_at = grant.granted_at
             assert self._task is not None
             trio.lowlevel.reschedule(self._task)
+
+    def _lease_until(self, deadline: float) -> None:
+        """The slot's lease is sure to live until ``deadline`` (trio clock).
+
+        Called by a shared scheduler, before the grant and at each renewal:
+        once it passes, the body is cancelled and ``LeaseLost`` raised.
+        """
+        self._lease_deadline = deadline
+        hold = self._hold
+        # Not once given back: a timer disarmed by a leave from another
+        # task stays disarmed.
+        if hold is not None and self._state is _HOLDING:
+            hold.deadline = self._deadline()
 
     @trio.lowlevel.enable_ki_protection
     def _fail(self, error: Exception) -> None:
@@ -895,10 +932,13 @@ def open_dispatcher(
             ``{`` or ``}``.
         lease: Seconds the slots and queued requests of a process that
             vanished stay taken (positive, finite). Holders renew every
-            third of it.
+            third of it; a holder whose lease went unrenewed this long is
+            stopped with ``LeaseLost`` (see below).
 
     Raises:
         BackendUnavailable: ``redis_url`` cannot be reached (on entering).
+        LeaseLost: From a slot of a limited provider (on leaving it), if its
+            lease in Redis went ``lease`` seconds without renewal.
 
     When the block ends, the schedulers stop: every request still waiting,
     wherever its task lives, and every later ``slot`` gets
@@ -923,13 +963,26 @@ def open_dispatcher(
       local fallback: the ledger alone knows what the fleet holds);
       holders keep their slots, waiters keep waiting (their own deadlines
       apply), ``statistics()`` shows ``backend_up=False``, and the
-      schedulers reconnect with a growing delay (at most a second);
+      schedulers reconnect with a growing delay (at most a second, and
+      a sixth of ``lease``);
     * if Redis restarts empty, each holder registers its slot again at its
       process's next exchange with Redis (at once after a failed one, else
       within a third of ``lease``): until then the fleet may be granted up
       to one limit too many, never more;
     * a process that vanishes holds its slots and its queued requests for
-      at most ``lease`` seconds.
+      at most ``lease`` seconds;
+    * a process cut off from Redis (a partition, a loop blocked) keeps its
+      slots only while their leases are sure to live: once ``lease``
+      seconds have passed since the start of the last exchange that
+      granted or renewed a slot of a limited provider, the body holding it
+      is cancelled, and leaving the slot raises ``LeaseLost`` (the slot is
+      given back), so that this process stops before the fleet may grant
+      that slot again. An outage that ends within half a lease costs
+      holders nothing (renewals come every third of ``lease``, retries at
+      least every sixth): their leases are renewed at the first exchange
+      that reaches Redis.
+      The bound is kept on the process's clock against the Redis server's,
+      so it assumes they run at the same rate (not that they agree).
     """
     checked = check_limits(limits)
     pause, longest = check_pauses(default_pause, max_pause)

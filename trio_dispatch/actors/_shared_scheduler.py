@@ -19,20 +19,28 @@ poll: the safety net for a lost wake-up.
 
 While the ledger cannot be reached nothing new is granted (the ledger
 alone can say that a slot is free); holders keep their slots, waiters keep
-waiting, and rounds are retried with a growing delay. Releases and
-withdrawals not sent yet are kept for the next round that reaches Redis;
-those that were sent without an answer, and the leases of a process that
-vanished, expire after ``lease``.
+waiting, and rounds are retried with a growing delay. A holder's lease is
+sure to live until ``lease`` after the start of the last round that
+granted or renewed it (Redis counts from when it ran the round, later):
+at that moment, if no round has renewed it since, the holder's body is
+cancelled and its slot given back with ``LeaseLost``, since the fleet may
+grant that slot again from then on. Each grant and renewal moves the
+holder's deadline (``_lease_until``), so nothing here watches the time. A round whose
+answer did not come may or may not have been applied: the next round that
+reaches Redis sends the same releases, withdrawals and entries again (the
+ledger's steps are idempotent), so nothing is queued twice and a grant the
+lost answer carried reaches its waiter, or is given back if the waiter
+left meanwhile. The leases and entries of a process that vanished expire
+after ``lease``.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import time
 import uuid
-from typing import TYPE_CHECKING, Final, final
+from typing import TYPE_CHECKING, Final, Protocol, cast, final
 
 import anyio
 import attrs
@@ -88,6 +96,12 @@ class _Wake:
 _WAKE: Final = _Wake()
 
 
+class _Leased(Protocol):
+    """A reply that can be told how long its lease lives (``Slot``)."""
+
+    def _lease_until(self, deadline: float) -> None: ...
+
+
 @final
 @attrs.frozen
 class SharedView:
@@ -117,6 +131,7 @@ class SharedSchedulerActor:
         "_backoff",
         "_default_pause",
         "_dirty",
+        "_holding",
         "_inbox",
         "_last_round",
         "_ledger",
@@ -155,7 +170,10 @@ class SharedSchedulerActor:
         self._on_limit = on_limit
         self._inbox: Mailbox[SchedulerMessage | _Wake] = Mailbox()
         self._replies: dict[Ticket, Reply] = {}
-        self._seq = itertools.count()
+        # The replies of the tickets holding a lease that can expire.
+        self._holding: dict[Ticket, _Leased] = {}
+        # The book's: lease ids stay unique when a new actor takes over.
+        self._seq = book.seq
         self._limit_writes: list[int | None] = []
         self._pauses: list[float | None] = []
         self._resume = False
@@ -288,6 +306,7 @@ class SharedSchedulerActor:
         book = self.book
         for message in messages:
             if isinstance(message, Release):
+                self._holding.pop(message.ticket, None)
                 try:
                     book.release(message.ticket)
                 except RuntimeError as exc:
@@ -298,6 +317,7 @@ class SharedSchedulerActor:
                 self._acquire(message, now)
             elif isinstance(message, Cancel):
                 self._replies.pop(message.ticket, None)
+                self._holding.pop(message.ticket, None)
                 book.cancel(message.ticket)
             elif isinstance(message, SetLimit):
                 self.limit = message.limit
@@ -313,9 +333,10 @@ class SharedSchedulerActor:
         ticket = message.ticket
         # The turn's start on the wall clock, so that processes (and hosts,
         # as far as their clocks agree) compare starts.
-        start = time.time() - now + ticket.started_at
+        arrival = time.time()
+        start = arrival - now + ticket.started_at
         try:
-            self.book.acquire(ticket, start)
+            self.book.acquire(ticket, start, arrival)
         except (QueueFull, ValueError) as exc:
             if self._replies.get(ticket) is message.reply:
                 self._replies.pop(ticket)
@@ -348,7 +369,6 @@ class SharedSchedulerActor:
                     release=plan.release,
                     withdraw=plan.withdraw,
                     enqueue=plan.enqueue,
-                    renew_entries=plan.renew_entries,
                     renew_leases=plan.renew_leases,
                     ask=plan.ask,
                 )
@@ -398,7 +418,9 @@ class SharedSchedulerActor:
         self._view = attrs.evolve(self._view, up=False)
         self._ledger.lost()
         self._retry_at = now + self._backoff
-        self._backoff = min(2 * self._backoff, _LAST_RETRY)
+        # At most a sixth of the lease: holders renew as soon as it is back,
+        # well before their leases run out.
+        self._backoff = min(2 * self._backoff, _LAST_RETRY, self._ledger.lease / 6)
         # Renew at once when it is back: Redis may have restarted empty.
         self._next_renew = -math.inf
 
@@ -412,10 +434,23 @@ class SharedSchedulerActor:
             self._next_renew = now + self._ledger.lease / 3
         self._learn_limit(result.limit)
         book = self.book
-        grants = book.applied(plan, result.created, result.granted)
+        grants = book.applied(plan, result.granted)
         replies = self._replies
+        holding = self._holding
+        # Redis ran the round after ``now``: the leases it granted or
+        # renewed live until ``lease`` after ``now`` at least. An unlimited
+        # provider's leases need no watch: nobody can be over-admitted.
+        until = math.inf if self.limit is None else now + self._ledger.lease
+        if renewed:
+            for leased in holding.values():
+                leased._lease_until(until)
         for ticket in grants:
-            replies.pop(ticket)._grant(Grant(ticket, now))
+            reply = replies.pop(ticket)
+            lease_until = getattr(reply, "_lease_until", None)
+            if lease_until is not None:
+                lease_until(until)
+                holding[ticket] = cast("_Leased", reply)
+            reply._grant(Grant(ticket, now))
         self._view = SharedView(
             in_flight=result.in_flight,
             waiting=result.waiting,
@@ -438,6 +473,7 @@ class SharedSchedulerActor:
         book = self.book
         replies = list(self._replies.values())
         self._replies.clear()
+        self._holding.clear()
         for reply in replies:
             reply._fail(
                 DispatcherClosed(
