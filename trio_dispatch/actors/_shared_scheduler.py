@@ -177,9 +177,9 @@ class SharedSchedulerActor:
         """The fleet as the last round saw it."""
         return self._view
 
-    def ticket(self, started_at: float) -> Ticket:
+    def ticket(self, rank: float, priority: int = 0) -> Ticket:
         """A fresh ticket; its ``seq`` matches the order of the inbox."""
-        return Ticket(started_at, next(self._seq))
+        return Ticket(rank, next(self._seq), priority)
 
     def send(self, message: SchedulerMessage) -> None:
         """Put a message in the inbox; never blocks.
@@ -311,9 +311,10 @@ class SharedSchedulerActor:
 
     def _acquire(self, message: Acquire, now: float) -> None:
         ticket = message.ticket
-        # The turn's start on the wall clock, so that processes (and hosts,
-        # as far as their clocks agree) compare starts.
-        start = time.time() - now + ticket.started_at
+        # The ticket's rank (its turn's start less its priority's credit) on
+        # the wall clock, so that processes (and hosts, as far as their
+        # clocks agree) compare ranks.
+        start = time.time() - now + ticket.rank
         try:
             self.book.acquire(ticket, start)
         except (QueueFull, ValueError) as exc:
