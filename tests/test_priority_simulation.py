@@ -140,4 +140,6 @@ def test_the_sweep_reports_every_class_and_strict_classes_favour_the_higher() ->
         aged_low.call_wait_max - aged_high.call_wait_max
         < strict_low.call_wait_max - strict_high.call_wait_max
     )
-    assert "| 110% | 5 s | 0 |" in report.to_markdown()
+    markdown = report.to_markdown()
+    assert "| 110% | 5 s | 0 |" in markdown
+    assert "| 110% | 1e9 s (strict) | 1 |" in markdown
