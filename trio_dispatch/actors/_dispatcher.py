@@ -989,12 +989,15 @@ def open_dispatcher(
             class (positive, finite). Requests go by class first (higher
             first), then oldest turn, then arrival: a request of class ``p``
             ranks as if its turn had started ``p * priority_aging`` seconds
-            earlier. So a lower class is never starved: a request is passed
-            by a request of a class ``k`` higher only if that one's turn
-            started less than ``k * priority_aging`` seconds after its own,
-            and those are finitely many (at 60 s, the default, a class-0
-            turn waits at most for the higher-class turns that began within
-            a minute after it, and the older turns of its own class).
+            earlier, and equal ranks go first come, first served. So a
+            lower class is never starved: a waiting request is passed only
+            by requests of its class or a lower one whose turns began
+            before its own, and by requests of a class ``k`` higher whose
+            turns began less than ``k * priority_aging`` seconds after its
+            own, finitely many. A class's lead is that time credit and no
+            more: when waits grow far beyond it (sustained overload) the
+            classes mix, oldest turn first; set it above the waits a higher
+            class should be spared.
 
     Raises:
         BackendUnavailable: ``redis_url`` cannot be reached (on entering).
