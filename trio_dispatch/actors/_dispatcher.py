@@ -250,9 +250,12 @@ class Slot(metaclass=NoPublicConstructor):
         await trio.lowlevel.checkpoint_if_cancelled()
         actor = dispatcher._scheduler(self.provider)
         priority = self.priority
-        # The rank of Ticket: the turn's start less the class's credit.
+        # The rank of Ticket: the turn's start less the class's credit. In
+        # class 0, the common case, the start itself: no float to make.
         ticket = actor.ticket(
-            self.started_at - priority * dispatcher._settings.priority_aging,
+            self.started_at - priority * dispatcher._settings.priority_aging
+            if priority
+            else self.started_at,
             priority,
         )
         try:
