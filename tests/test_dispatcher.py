@@ -813,7 +813,7 @@ async def test_reprs_name_the_state() -> None:
         slot = dispatcher.slot("p", conversation_id="c1", started_at=1.5)
         assert (
             repr(slot)
-            == "<Slot provider='p' conversation_id='c1' started_at=1.5 state=new>"
+            == "<Slot provider='p' conversation_id='c1' started_at=1.5 priority=0 state=new>"
         )
         async with slot:
             assert "state=holding" in repr(slot)

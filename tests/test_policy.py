@@ -425,13 +425,19 @@ def test_statistics_count_lifetime_events() -> None:
 
 DEFAULT_PAUSE = 1.0
 MAX_PAUSE = 8.0
+# Seconds of turn age worth one priority class: small beside the starts
+# drawn (0 to 5), so that classes cross and tie often.
+AGING = 2
 
 
 class PolicyMachine(RuleBasedStateMachine):
     """Random operations on SlotPolicy, checked against a plain model.
 
     The model is the specification written as directly as possible: a list
-    of waiters granted by ``min``, the holders with the moment (a count of
+    of waiters granted by ``min`` of their place (class first, a class
+    worth ``AGING`` seconds of turn age, then the turn's start, then
+    arrival), each grant checked to pass only waiters that rule lets it
+    pass, the holders with the moment (a count of
     events) each was granted, and the pause rules: a report opens a round
     if it starts a streak or a grant came after the previous report; its
     pause is the server's delay or ``DEFAULT_PAUSE * 2 ** (rounds - 1)``,
@@ -452,6 +458,8 @@ class PolicyMachine(RuleBasedStateMachine):
         self.now = 0.0
         self.paused_until: float | None = None
         self.model_waiting: list[Ticket] = []
+        # Each ticket's turn start and class, as the requester gave them.
+        self.turns: dict[Ticket, tuple[int, int]] = {}
         self.model_holders: dict[Ticket, int] = {}
         self.ended: set[Ticket] = set()
         self.ceiling = 0
@@ -464,10 +472,29 @@ class PolicyMachine(RuleBasedStateMachine):
         self.events += 1
         self.model_holders[ticket] = self.last_grant = self.events
 
+    def _place(self, ticket: Ticket) -> tuple[int, int]:
+        started_at, priority = self.turns[ticket]
+        return started_at - priority * AGING, ticket.seq
+
+    def _may_pass(self, ticket: Ticket, other: Ticket) -> bool:
+        """Whether ``ticket`` may be granted while ``other`` still waits.
+
+        The bound of the aging rule, stated class by class: a lower class
+        passes a higher one only with a turn older by ``AGING`` seconds per
+        class between them, and a higher class passes a lower one only
+        while its turn is younger by less than that.
+        """
+        start, priority = self.turns[ticket]
+        other_start, other_priority = self.turns[other]
+        credit = (priority - other_priority) * AGING
+        if start - credit != other_start:
+            return start - credit < other_start
+        return ticket.seq < other.seq
+
     def _model_fill(self) -> list[Ticket]:
         grants = []
         while self.model_waiting and self._model_may_grant():
-            ticket = min(self.model_waiting)
+            ticket = min(self.model_waiting, key=self._place)
             self.model_waiting.remove(ticket)
             self._model_grant(ticket)
             grants.append(ticket)
@@ -481,10 +508,15 @@ class PolicyMachine(RuleBasedStateMachine):
     def _check(self, got: list[Ticket], expected: list[Ticket]) -> None:
         assert got == expected
         assert not set(got) & self.ended, "a finished ticket was granted again"
+        # Each grant passed only waiters the class rule lets it pass.
+        still = self.policy.waiters()
+        assert all(self._may_pass(g, w) for g in got for w in still)
 
-    @rule(target=waiting, started_at=st.integers(0, 5))
-    def acquire(self, started_at: int) -> Ticket:
-        ticket = Ticket(float(started_at), self.seq)
+    @rule(target=waiting, started_at=st.integers(0, 5), priority=st.integers(0, 2))
+    def acquire(self, started_at: int, priority: int) -> Ticket:
+        # The rank as the dispatcher computes it for a slot.
+        ticket = Ticket(float(started_at - priority * AGING), self.seq, priority)
+        self.turns[ticket] = (started_at, priority)
         self.seq += 1
         got = self.policy.acquire(ticket)
         if not self.model_waiting and self._model_may_grant():
@@ -576,7 +608,7 @@ class PolicyMachine(RuleBasedStateMachine):
     @invariant()
     def matches_the_model(self) -> None:
         assert self.policy.holders() == set(self.model_holders)
-        assert self.policy.waiters() == sorted(self.model_waiting)
+        assert self.policy.waiters() == sorted(self.model_waiting, key=self._place)
         assert self.policy.paused_until == self.paused_until
         # Private, but a wrong streak would otherwise show only several
         # steps later, in the length of a pause.

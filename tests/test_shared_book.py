@@ -230,7 +230,8 @@ def test_a_known_ticket_is_refused() -> None:
     book = SharedBook("n")
     book.acquire(Ticket(1.0, 0), 1.0, 1.0)
     with pytest.raises(
-        ValueError, match=r"^ticket Ticket\(started_at=1\.0, seq=0\) is already known$"
+        ValueError,
+        match=r"^ticket Ticket\(rank=1\.0, seq=0, priority=0\) is already known$",
     ):
         book.acquire(Ticket(1.0, 0), 1.0, 1.0)
     assert book.waiting == 1

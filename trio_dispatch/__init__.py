@@ -20,6 +20,8 @@ from ._exceptions import TooManyToolRounds as TooManyToolRounds
 from ._provider import Provider as Provider
 from ._ratelimits import Quota as Quota
 from ._ratelimits import RateLimitInfo as RateLimitInfo
+from ._turn import Turn as Turn
+from ._turn import current_turn as current_turn
 from ._util import fixup_module_metadata
 from .actors._compaction import SUMMARY_PREFIX as SUMMARY_PREFIX
 from .actors._conversation import Conversation as Conversation
@@ -69,10 +71,12 @@ __all__ = [
     "TooManyToolRounds",
     "Tool",
     "ToolResult",
+    "Turn",
     "TurnEvent",
     "TurnFinished",
     "TurnResult",
     "TurnStream",
+    "current_turn",
     "dump_history",
     "load_history",
     "open_dispatcher",

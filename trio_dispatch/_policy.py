@@ -10,8 +10,9 @@ Invariants, after every call:
    above it finish: nothing is granted until ``in_flight < limit``.
 2. Work-conserving: while not paused, ``waiting > 0`` implies
    ``in_flight >= limit``.
-3. Grants go in ticket order (``started_at``, then arrival); a newcomer
-   never takes a free slot while anyone waits.
+3. Grants go in ticket order (``rank``: the turn's start less its priority
+   class's credit; then arrival); a newcomer never takes a free slot while
+   anyone waits.
 4. Every ticket ends exactly once: granted then released, cancelled while
    waiting, or refused. Cancelling a granted ticket releases it; releasing or
    cancelling an unknown or finished ticket does nothing, so a grant racing
@@ -33,9 +34,9 @@ was held; the policy needs no per-slot record for that, only the set of
 holders at the latest report. ``resume`` ends the pause and the streak.
 
 Waiting tickets queue in two sorted structures: a deque for those that
-arrive in ticket order (the common case, since ``started_at`` defaults to
-now), O(1) each way, and a binary heap for the others (an older turn's
-retry); the next grant is the smaller of their heads. A ticket cancelled
+arrive in ticket order (the common case, since a turn starts when its
+first request is made), O(1) each way, and a binary heap for the others
+(an older turn's retry, a higher class); the next grant is the smaller of their heads. A ticket cancelled
 while waiting is only forgotten by the set of waiters and skipped when it
 surfaces; both are rebuilt when such dead entries outnumber the living.
 """

@@ -68,6 +68,22 @@ def check_count(count: object, name: str) -> int:
     return count
 
 
+#: The priorities a request may have: far more classes than anyone needs,
+#: and few enough that a class's credit (``priority * priority_aging``) stays
+#: a float of useful precision.
+MAX_PRIORITY = 1_000_000
+
+
+def check_priority(priority: object, name: str = "priority") -> int:
+    """A priority class: an ``int`` (not a ``bool``) within ``MAX_PRIORITY`` of 0."""
+    rule = f"an integer from -{MAX_PRIORITY} to {MAX_PRIORITY}"
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise TypeError(f"{name} must be {rule}, got {priority!r}")
+    if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+        raise ValueError(f"{name} must be {rule}, got {_shown(priority)}")
+    return priority
+
+
 def check_seed(seed: object, name: str = "seed") -> int | None:
     """A seed is an ``int`` (not a ``bool``) or ``None``; any such value will do."""
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):

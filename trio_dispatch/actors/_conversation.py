@@ -30,9 +30,11 @@ reader that leaves cancels the job before it closes its end, so the actor
 never waits for a reader that is gone. ``ask`` is ``stream`` read to its
 end. A turn runs at most ``max_tool_rounds`` rounds of tools.
 
-Every LLM call of a turn, retries and tool-loop steps alike, asks the
-dispatcher for a slot with the turn's ``started_at``, so a turn in progress
-goes before turns that started later; the slot is held only while the
+Every job runs inside a ``Dispatcher.turn()`` of the conversation's id,
+class and the turn's start, so every LLM call of a turn, retries and
+tool-loop steps alike, and every slot its tools take (their tasks start
+inside it), asks the dispatcher for a slot with the turn's ``started_at``
+and ``priority``: a turn in progress goes before turns that started later; the slot is held only while the
 answer streams, never while tools run. When to retry and how long to back
 off is decided in ``_retry``; when and where to compact, and what to ask
 for the summary, in ``_compaction``: both pure, both fed the conversation's
@@ -69,7 +71,7 @@ from .._exceptions import (
 )
 from .._groups import leaves, only
 from .._util import NoPublicConstructor
-from .._validation import check_provider, check_text
+from .._validation import check_priority, check_provider, check_text
 from ..messages import (
     ChatMessage,
     ChatRequest,
@@ -282,6 +284,7 @@ class Conversation(metaclass=NoPublicConstructor):
         "_history",
         "_llm_calls",
         "_options",
+        "_priority",
         "_provider",
         "_receive",
         "_retries",
@@ -312,8 +315,10 @@ class Conversation(metaclass=NoPublicConstructor):
         system_prompt: str | None,
         options: ConversationOptions,
         history: tuple[ChatMessage, ...],
+        priority: int = 0,
     ) -> None:
         self.id = conversation_id
+        self._priority = priority
         self._dispatcher = dispatcher
         self._provider = provider
         self._tools = {tool.name: tool for tool in tools}
@@ -365,6 +370,11 @@ class Conversation(metaclass=NoPublicConstructor):
         options are not part of it: pass them again.
         """
         return dump_history(self._history)
+
+    @property
+    def priority(self) -> int:
+        """The priority class of its turns (``start_conversation``'s ``priority``)."""
+        return self._priority
 
     @property
     def closed(self) -> bool:
@@ -605,8 +615,16 @@ class Conversation(metaclass=NoPublicConstructor):
                 job.fail(self._closed_error())
 
     async def _turn(self, job: _Job) -> TurnResult:
-        assert job.text is not None
+        # Every slot taken in the turn, by its LLM calls or by its tools
+        # (their tasks start inside it), reads its start and class here.
         started_at = trio.current_time()
+        with self._dispatcher.turn(
+            conversation_id=self.id, started_at=started_at, priority=self._priority
+        ):
+            return await self._run_turn(job, started_at)
+
+    async def _run_turn(self, job: _Job, started_at: float) -> TurnResult:
+        assert job.text is not None
         counters = _Counters()
         # The turn's own copies, committed only when the answer is complete
         # (see the module notes): what came before it, whose older part a
@@ -615,20 +633,13 @@ class Conversation(metaclass=NoPublicConstructor):
         turn = [ChatMessage("user", job.text)]
         compacted = summarised = False
         rounds = 0
-        provider = wrap_provider(
-            self._provider,
-            self._dispatcher,
-            conversation_id=self.id,
-            started_at=started_at,
-        )
+        provider = wrap_provider(self._provider, self._dispatcher)
         while True:
             # Before every call, not only the first: tool results can take
             # the turn over the budget. One summary call per turn at most, so
             # one that failed is not sent again and again.
             if not summarised:
-                outcome = await self._compact_if_needed(
-                    earlier, turn, counters, started_at
-                )
+                outcome = await self._compact_if_needed(earlier, turn, counters)
                 summarised = outcome is not None
                 compacted = outcome is True
             options = job.options
@@ -689,6 +700,10 @@ class Conversation(metaclass=NoPublicConstructor):
             turn.extend(results)
 
     async def _warm(self) -> Usage:
+        with self._dispatcher.turn(conversation_id=self.id, priority=self._priority):
+            return await self._send_warm_up()
+
+    async def _send_warm_up(self) -> Usage:
         messages = self._history or [ChatMessage("user", _WARM_UP_TEXT)]
         request = ChatRequest(
             messages=messages,
@@ -699,12 +714,7 @@ class Conversation(metaclass=NoPublicConstructor):
             stable_prefix=len(self._history),
             cache_key=self.id,
         )
-        provider = wrap_provider(
-            self._provider,
-            self._dispatcher,
-            conversation_id=self.id,
-            started_at=trio.current_time(),
-        )
+        provider = wrap_provider(self._provider, self._dispatcher)
         reply = await self._call(provider, request, _Counters())
         self._warmups += 1
         return _NO_USAGE if reply.usage is None else reply.usage
@@ -810,7 +820,6 @@ class Conversation(metaclass=NoPublicConstructor):
         earlier: list[ChatMessage],
         turn: list[ChatMessage],
         counters: _Counters,
-        started_at: float,
     ) -> bool | None:
         """Replace ``earlier``'s older messages by a summary if the turn is too long.
 
@@ -835,12 +844,7 @@ class Conversation(metaclass=NoPublicConstructor):
             system_prompt=self._system_prompt,
             max_tokens=self._options.max_tokens,
         )
-        provider = wrap_provider(
-            self._provider,
-            self._dispatcher,
-            conversation_id=self.id,
-            started_at=started_at,
-        )
+        provider = wrap_provider(self._provider, self._dispatcher)
         try:
             reply = await self._call(provider, request, counters)
         except ProviderError:
@@ -1041,6 +1045,7 @@ def new_conversation(
     system_prompt: str | None,
     options: ConversationOptions | None,
     history: Iterable[ChatMessage] = (),
+    priority: int = 0,
 ) -> Conversation:
     """A ``Conversation`` with every argument checked; its actor not started.
 
@@ -1068,6 +1073,7 @@ def new_conversation(
             f"options must be a ConversationOptions or None, got {options!r}"
         )
     checked_history = check_history(history)
+    checked_priority = check_priority(priority)
     return Conversation._create(
         dispatcher,
         provider,
@@ -1076,6 +1082,7 @@ def new_conversation(
         system_prompt=system_prompt,
         options=options,
         history=checked_history,
+        priority=checked_priority,
     )
 
 

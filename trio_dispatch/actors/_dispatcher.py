@@ -29,6 +29,7 @@ import trio
 from .._exceptions import DispatcherClosed, LeaseLost, SlotHoldTimeout
 from .._groups import leaves
 from .._policy import SlotPolicy
+from .._turn import CURRENT_TURN, Turn, TurnScope
 from .._util import NoPublicConstructor
 from .._validation import (
     check_instant,
@@ -39,6 +40,7 @@ from .._validation import (
     check_optional_seconds,
     check_pauses,
     check_positive_seconds,
+    check_priority,
     check_provider,
     check_redis_url,
 )
@@ -172,7 +174,10 @@ class Slot(metaclass=NoPublicConstructor):
         provider: The provider asked for.
         conversation_id: Who asked: the conversation's id, or what the caller
             passed; it travels with the request to the scheduler.
-        started_at: The request's priority: when its turn began.
+        started_at: When the request's turn began: its place in line within
+            its priority class.
+        priority: The request's priority class; higher goes first (see
+            ``open_dispatcher``'s ``priority_aging``).
         ticket: The scheduler's ticket, once entered.
         granted_at: When the slot was granted (trio clock), once entered.
     """
@@ -188,23 +193,26 @@ class Slot(metaclass=NoPublicConstructor):
         "_task",
         "conversation_id",
         "granted_at",
+        "priority",
         "provider",
         "started_at",
         "ticket",
     )
 
-    def __init__(
+    def __init__(  # noqa: PLR0917  # made only by slot(), positionally: the hot path
         self,
         dispatcher: Dispatcher,
         provider: str,
         conversation_id: str | None,
         started_at: float,
+        priority: int,
         max_hold: float | None,
     ) -> None:
         self._dispatcher = dispatcher
         self.provider = provider
         self.conversation_id = conversation_id
         self.started_at = started_at
+        self.priority = priority
         self._max_hold = max_hold
         self._state = _NEW
         self._actor: _Actor | None = None
@@ -219,7 +227,8 @@ class Slot(metaclass=NoPublicConstructor):
     def __repr__(self) -> str:
         return (
             f"<Slot provider={self.provider!r} conversation_id={self.conversation_id!r}"
-            f" started_at={self.started_at} state={self._state.value}>"
+            f" started_at={self.started_at} priority={self.priority}"
+            f" state={self._state.value}>"
         )
 
     @property
@@ -243,7 +252,15 @@ class Slot(metaclass=NoPublicConstructor):
         # Cancel: a grant that nobody uses would still show in statistics.
         await trio.lowlevel.checkpoint_if_cancelled()
         actor = dispatcher._scheduler(self.provider)
-        ticket = actor.ticket(self.started_at)
+        priority = self.priority
+        # The rank of Ticket: the turn's start less the class's credit. In
+        # class 0, the common case, the start itself: no float to make.
+        ticket = actor.ticket(
+            self.started_at - priority * dispatcher._settings.priority_aging
+            if priority
+            else self.started_at,
+            priority,
+        )
         try:
             actor.send(Acquire(ticket, self, self.conversation_id))
         except trio.ClosedResourceError:
@@ -389,6 +406,7 @@ class _Settings:
     redis_url: str | None = None
     namespace: str = "trio-dispatch"
     lease: float = 15.0
+    priority_aging: float = 60.0
 
 
 _UNSET: Any = object()
@@ -468,24 +486,79 @@ class Dispatcher(metaclass=NoPublicConstructor):
         """Whether the dispatcher has shut down."""
         return self._closed
 
+    def turn(
+        self,
+        *,
+        conversation_id: str | None = None,
+        started_at: float | None = None,
+        priority: int = 0,
+    ) -> contextlib.AbstractContextManager[Turn]:
+        """A turn, for a plain ``with``: every slot taken inside it is its call.
+
+        Inside the block, ``slot()`` (and so ``wrap_provider``'s streams,
+        conversations and anything else that takes a slot without naming
+        them) uses the turn's ``conversation_id``, ``started_at`` and
+        ``priority`` where it is not given them: every LLM call of the turn
+        keeps the place in line that the turn's start gave it. Tasks started
+        inside the block belong to the turn too (trio copies the context at
+        spawn). A turn entered inside another replaces it, whole, until its
+        block ends. The turn is plain data, tied to no dispatcher: a slot of
+        any dispatcher taken inside it carries it. Outside any turn, each
+        request is its own turn (it starts when the slot is asked for, with
+        priority 0).
+
+        Args:
+            conversation_id: Who asks, for every slot of the turn.
+            started_at: When the turn began, on the trio clock; defaults to
+                now.
+            priority: The turn's priority class (see ``open_dispatcher``'s
+                ``priority_aging``); higher goes first.
+
+        Returns:
+            A context manager, entered once, whose value is the ``Turn``.
+
+        Raises:
+            TypeError: ``conversation_id`` not a string or ``None``,
+                ``started_at`` not a number, ``priority`` not an int.
+            ValueError: ``started_at`` not finite, ``priority`` out of range.
+        """
+        if conversation_id is not None and not isinstance(conversation_id, str):
+            raise TypeError(
+                f"conversation_id must be a string or None, got {conversation_id!r}"
+            )
+        started_at = (
+            trio.current_time()
+            if started_at is None
+            else check_instant(started_at, "started_at")
+        )
+        return TurnScope(Turn(conversation_id, started_at, check_priority(priority)))
+
     def slot(
         self,
         provider: str,
         *,
         conversation_id: str | None = None,
         started_at: float | None = None,
+        priority: int | None = None,
         max_hold: float | None = _UNSET,
     ) -> Slot:
         """A slot of ``provider``, to hold with ``async with``.
+
+        Requests go in priority class first (higher first, with the aging
+        of ``open_dispatcher``'s ``priority_aging``), then oldest turn, then
+        arrival order. What is not given comes from the current ``turn()``,
+        field by field; outside any turn the request is a turn of its own.
 
         Args:
             provider: The provider's name; if it has no limit, the slot is
                 granted at once (it is still counted, for a limit set later).
             conversation_id: Who asks: kept on the slot and sent with the
-                request to the scheduler.
-            started_at: The request's priority on the trio clock: when its
-                turn began. Earlier goes first; ties go in arrival order.
-                Defaults to now.
+                request to the scheduler. Defaults to the current turn's.
+            started_at: When the request's turn began, on the trio clock:
+                earlier goes first within a class. Defaults to the current
+                turn's start, or now outside any turn.
+            priority: The request's priority class, an int; higher goes
+                first. Defaults to the current turn's, or 0.
             max_hold: Seconds the slot may be held before the body is
                 cancelled and ``SlotHoldTimeout`` raised; defaults to the
                 dispatcher's ``max_hold``. ``None`` for no bound. Applies to
@@ -500,14 +573,26 @@ class Dispatcher(metaclass=NoPublicConstructor):
         """
         if type(provider) is not str or not provider:
             check_provider(provider)  # raises: the common case skips the call
-        if conversation_id is not None and not isinstance(conversation_id, str):
+        turn = (
+            CURRENT_TURN.get()
+            if conversation_id is None or started_at is None or priority is None
+            else None
+        )
+        if conversation_id is None:
+            if turn is not None:
+                conversation_id = turn.conversation_id
+        elif not isinstance(conversation_id, str):
             raise TypeError(
                 f"conversation_id must be a string or None, got {conversation_id!r}"
             )
         if started_at is None:
-            started_at = trio.current_time()
+            started_at = trio.current_time() if turn is None else turn.started_at
         else:
             started_at = check_instant(started_at, "started_at")
+        if priority is None:
+            priority = 0 if turn is None else turn.priority
+        else:
+            priority = check_priority(priority)
         if max_hold is _UNSET:
             max_hold = self._settings.max_hold
         else:
@@ -516,7 +601,9 @@ class Dispatcher(metaclass=NoPublicConstructor):
             self._unknown(provider)
         # type.__call__ is what Slot._create does, without its Python frame:
         # this is the hot path of every request.
-        return _make(Slot, self, provider, conversation_id, started_at, max_hold)  # type: ignore[no-any-return]  # type.__call__ is untyped
+        return _make(  # type: ignore[no-any-return]  # type.__call__ is untyped
+            Slot, self, provider, conversation_id, started_at, priority, max_hold
+        )
 
     def set_limit(self, provider: str, limit: int) -> None:
         """Limit ``provider`` to ``limit`` concurrent slots, now.
@@ -618,6 +705,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         system_prompt: str | None = None,
         options: ConversationOptions | None = None,
         history: Iterable[ChatMessage] = (),
+        priority: int = 0,
     ) -> Conversation:
         """Start a conversation actor with ``provider`` in this dispatcher.
 
@@ -642,6 +730,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 ``load_history`` read back. Checked here: a tool call
                 without its result, or a result without its call, is
                 refused (see ``load_history``).
+            priority: The priority class of its turns (an int, higher
+                first): each turn runs in a ``turn()`` of this class.
 
         Raises:
             ValueError: ``provider.id`` is unknown and the dispatcher's
@@ -656,6 +746,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             system_prompt=system_prompt,
             options=options,
             history=history,
+            priority=priority,
         )
         if provider.id not in self._cleared:
             self._unknown(provider.id)
@@ -889,6 +980,7 @@ def open_dispatcher(
     redis_url: str | None = None,
     namespace: str = "trio-dispatch",
     lease: float = 15.0,
+    priority_aging: float = 60.0,
 ) -> contextlib.AbstractAsyncContextManager[Dispatcher]:
     """Run a dispatcher for the duration of an ``async with`` block.
 
@@ -934,6 +1026,19 @@ def open_dispatcher(
             vanished stay taken (positive, finite). Holders renew every
             third of it; a holder whose lease went unrenewed this long is
             stopped with ``LeaseLost`` (see below).
+        priority_aging: Seconds of turn age that make up for one priority
+            class (positive, finite). Requests go by class first (higher
+            first), then oldest turn, then arrival: a request of class ``p``
+            ranks as if its turn had started ``p * priority_aging`` seconds
+            earlier, and equal ranks go first come, first served. So a
+            lower class is never starved: a waiting request is passed only
+            by requests of its class or a lower one whose turns began
+            before its own, and by requests of a class ``k`` higher whose
+            turns began less than ``k * priority_aging`` seconds after its
+            own, finitely many. A class's lead is that time credit and no
+            more: when waits grow far beyond it (sustained overload) the
+            classes mix, oldest turn first; set it above the waits a higher
+            class should be spared.
 
     Raises:
         BackendUnavailable: ``redis_url`` cannot be reached (on entering).
@@ -949,8 +1054,10 @@ def open_dispatcher(
     Redis (an unknown one runs unlimited until the fleet stores a limit
     for it), and:
 
-    * the oldest turn of the whole fleet goes first: turn starts are
-      compared on the wall clock, so across hosts the order is as good as
+    * the oldest turn of the whole fleet goes first, by the same rank as
+      in one process (the turn's start less its class's credit; the fleet
+      should share one ``priority_aging``): ranks are compared on the wall
+      clock, so across hosts the order is as good as
       their clocks agree (NTP: a few milliseconds); each process publishes
       only its own oldest waiters, at most the limit, so a younger waiter
       of another process can pass an older one that is not published yet
@@ -997,6 +1104,7 @@ def open_dispatcher(
         redis_url=check_redis_url(redis_url),
         namespace=check_namespace(namespace),
         lease=check_positive_seconds(lease, "lease"),
+        priority_aging=check_positive_seconds(priority_aging, "priority_aging"),
     )
     return _run_dispatcher(checked, settings)
 

@@ -34,9 +34,11 @@ class _LimitedProvider:
 
     Attributes:
         provider: The provider wrapped.
-        conversation_id: Who asks: the ``conversation_id`` of every slot.
+        conversation_id: Who asks: the ``conversation_id`` of every slot,
+            or ``None`` for the current turn's.
         started_at: The priority of every stream (when the turn began), or
-            ``None`` to use the time each stream is opened.
+            ``None`` for the current turn's start, or the time each stream
+            is opened outside any turn.
     """
 
     __slots__ = ("_dispatcher", "conversation_id", "provider", "started_at")
@@ -107,9 +109,13 @@ def wrap_provider(
         provider: Any ``Provider``; its ``id`` names the limit.
         dispatcher: The dispatcher whose slots the streams take.
         conversation_id: Who asks: the ``conversation_id`` of every slot.
+            ``None`` uses the current ``Dispatcher.turn()``'s when a stream
+            is opened.
         started_at: When the turn began, on the trio clock: the priority
             of every stream opened through the result. ``None`` uses the
-            time each stream is opened.
+            start of the turn current when each stream is opened (its
+            priority class too), or the time it is opened outside any
+            turn.
 
     Returns:
         A provider whose ``stream`` takes a slot before any byte is sent and

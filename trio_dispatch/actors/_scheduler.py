@@ -84,9 +84,9 @@ class SchedulerActor:
     def __repr__(self) -> str:
         return f"<SchedulerActor provider={self.provider!r} {self.policy!r}>"
 
-    def ticket(self, started_at: float) -> Ticket:
+    def ticket(self, rank: float, priority: int = 0) -> Ticket:
         """A fresh ticket; its ``seq`` matches the order of the inbox."""
-        return Ticket(started_at, next(self._seq))
+        return Ticket(rank, next(self._seq), priority)
 
     def send(self, message: SchedulerMessage) -> None:
         """Put a message in the inbox; never blocks.

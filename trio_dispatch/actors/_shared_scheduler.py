@@ -195,9 +195,9 @@ class SharedSchedulerActor:
         """The fleet as the last round saw it."""
         return self._view
 
-    def ticket(self, started_at: float) -> Ticket:
+    def ticket(self, rank: float, priority: int = 0) -> Ticket:
         """A fresh ticket; its ``seq`` matches the order of the inbox."""
-        return Ticket(started_at, next(self._seq))
+        return Ticket(rank, next(self._seq), priority)
 
     def send(self, message: SchedulerMessage) -> None:
         """Put a message in the inbox; never blocks.
@@ -331,10 +331,11 @@ class SharedSchedulerActor:
 
     def _acquire(self, message: Acquire, now: float) -> None:
         ticket = message.ticket
-        # The turn's start on the wall clock, so that processes (and hosts,
-        # as far as their clocks agree) compare starts.
+        # The ticket's rank (its turn's start less its priority's credit) on
+        # the wall clock, so that processes (and hosts, as far as their
+        # clocks agree) compare ranks.
         arrival = time.time()
-        start = arrival - now + ticket.started_at
+        start = arrival - now + ticket.rank
         try:
             self.book.acquire(ticket, start, arrival)
         except (QueueFull, ValueError) as exc:

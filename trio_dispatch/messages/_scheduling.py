@@ -18,17 +18,32 @@ import attrs
 
 @final
 class Ticket(NamedTuple):
-    """The identity and priority of one request for a slot.
+    """The identity and place in line of one request for a slot.
 
-    Tickets order by ``started_at`` (when the request's turn began), then by
-    ``seq`` (the order the scheduler received them), so earlier turns go
-    first and ties are first come, first served. A ``NamedTuple`` rather than
-    an attrs class because the scheduler keeps waiting tickets in a heap, and
-    tuples compare in C.
+    Tickets order by ``rank``, then by ``seq`` (the order the scheduler
+    received them), so that a tuple's own comparison, done in C, is the
+    grant order; ties are first come, first served. A ``NamedTuple`` rather
+    than an attrs class because the scheduler keeps waiting tickets in a
+    heap, and tuples compare in C.
+
+    The rank is when the request's turn began, on the trio clock, minus the
+    credit of its priority class: ``started_at - priority * priority_aging``
+    (see ``open_dispatcher``). A request of class ``p`` ranks as if its turn
+    had started ``p * priority_aging`` seconds earlier: within a class the
+    oldest turn goes first, and a lower class passes a higher one once its
+    turn is older by that many seconds per class between them. With
+    priority 0 the rank is the turn's start.
+
+    Attributes:
+        rank: When the turn began, less the priority's credit.
+        seq: The scheduler's count of tickets, unique per scheduler.
+        priority: The request's priority class (higher first), carried for
+            whoever reads the ticket; the order needs only ``rank``.
     """
 
-    started_at: float
+    rank: float
     seq: int
+    priority: int = 0
 
 
 @final

@@ -14,6 +14,9 @@
   and turn shapes under every policy, and its ``FairnessReport`` renders
   them as JSON, markdown and plots (the plots need matplotlib, from the
   ``demo`` extra).
+- ``run_priority_classes`` plays workloads of turns of several priority
+  classes at several loads and ``priority_aging`` values, and its
+  ``PriorityClassesReport`` gives each class's waits.
 - ``trio_dispatch.testing.strategies`` has hypothesis strategies for
   workloads and operation sequences (it needs hypothesis, also in the
   ``testing`` extra).
@@ -24,7 +27,11 @@ from ._fairness import FAIRNESS_QUANTILES as FAIRNESS_QUANTILES
 from ._fairness import FairnessConfig as FairnessConfig
 from ._fairness import FairnessReport as FairnessReport
 from ._fairness import FairnessRow as FairnessRow
+from ._fairness import PriorityClassesConfig as PriorityClassesConfig
+from ._fairness import PriorityClassesReport as PriorityClassesReport
+from ._fairness import PriorityClassRow as PriorityClassRow
 from ._fairness import run_fairness_sweep as run_fairness_sweep
+from ._fairness import run_priority_classes as run_priority_classes
 from ._fake_server import FakeLLMServer as FakeLLMServer
 from ._metrics import PolicyMetrics as PolicyMetrics
 from ._metrics import ProviderRecord as ProviderRecord
@@ -80,6 +87,9 @@ __all__ = [
     "PoissonArrivals",
     "PolicyMetrics",
     "PolicyName",
+    "PriorityClassRow",
+    "PriorityClassesConfig",
+    "PriorityClassesReport",
     "ProviderRecord",
     "Scenario",
     "ScriptedProvider",
@@ -94,6 +104,7 @@ __all__ = [
     "open_fake_llm_server",
     "percentile",
     "run_fairness_sweep",
+    "run_priority_classes",
     "run_simulation",
     "simulate",
 ]

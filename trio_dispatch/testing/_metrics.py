@@ -48,6 +48,7 @@ class TurnRecord:
         rejections: How many 429 answers it received.
         completed: Whether every call succeeded; ``False`` if a call ran out
             of attempts.
+        priority: The turn's priority class.
     """
 
     index: int
@@ -61,6 +62,7 @@ class TurnRecord:
     first_slot_wait: float
     rejections: int
     completed: bool
+    priority: int = 0
 
     @property
     def latency(self) -> float:

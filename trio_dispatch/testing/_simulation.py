@@ -11,8 +11,9 @@ Every agent turn is a trio task. For each of its calls it takes a slot,
 sleeps the call's duration while holding it, gives it back and sleeps the
 following tool step. The policies differ only in how a slot is taken:
 
-- ``"oldest-first"``: ``Dispatcher.slot(provider, started_at=turn_start)``,
-  the real dispatcher and scheduler actors;
+- ``"oldest-first"``: ``Dispatcher.slot(provider, started_at=turn_start,
+  priority=turn_class)``, the real dispatcher and scheduler actors (ranking
+  classes with ``priority_aging``);
 - ``"random"``: the same dispatcher, with every call's ``started_at`` drawn
   from a seeded RNG, i.e. service in random order;
 - ``"fifo"``: one ``trio.CapacityLimiter`` per provider, first come first
@@ -52,6 +53,7 @@ import trio.testing
 
 from .. import open_dispatcher
 from .._converter import structure, unstructure
+from .._validation import check_positive_seconds
 from ._metrics import PolicyMetrics, ProviderRecord, TurnRecord, compute_metrics
 from ._workloads import Scenario, Workload
 
@@ -268,7 +270,7 @@ class _Run:
         scenario: Scenario,
         t0: float,
         clock: _Timekeeper | None,
-        acquire: Callable[[str, float], AbstractAsyncContextManager[Any]],
+        acquire: Callable[[str, float, int], AbstractAsyncContextManager[Any]],
         report: Callable[[str, float], None] | None,
         *,
         batches: bool = False,
@@ -349,7 +351,7 @@ class _Run:
             attempts = 0
             while True:
                 asked = now()
-                async with acquire(name, priority):
+                async with acquire(name, priority, spec.priority):
                     waited = now() - asked
                     slot_wait += waited
                     max_wait = max(max_wait, waited)
@@ -404,6 +406,7 @@ class _Run:
             first_slot_wait=first_wait,
             rejections=rejections,
             completed=completed,
+            priority=spec.priority,
         )
 
     def result(
@@ -440,7 +443,11 @@ def _random_priorities(scenario: Scenario, seed: int) -> list[tuple[float, ...]]
 
 
 async def simulate(
-    workload: Workload | Scenario, policy: PolicyName, *, seed: int | None = None
+    workload: Workload | Scenario,
+    policy: PolicyName,
+    *,
+    seed: int | None = None,
+    priority_aging: float = 60.0,
 ) -> SimulationResult:
     """Simulate ``workload`` under ``policy`` in the current trio run.
 
@@ -454,8 +461,11 @@ async def simulate(
         policy: ``"oldest-first"``, ``"fifo"``, ``"random"`` or ``"none"``.
         seed: The seed of the ``"random"`` policy's priorities; defaults to
             the workload's seed (0 for a ``Scenario``).
+        priority_aging: The dispatcher's ``priority_aging``, for turns of
+            several priority classes (only ``"oldest-first"`` has classes).
     """
     policy = _check_policy(policy)
+    priority_aging = check_positive_seconds(priority_aging, "priority_aging")
     if isinstance(workload, Workload):
         scenario = workload.scenario()
         if seed is None:
@@ -468,13 +478,17 @@ async def simulate(
         if isinstance(clock, trio.testing.MockClock):
             keeper = _Timekeeper(clock)
             nursery.start_soon(keeper.run, name="trio_dispatch simulation clock")
-        result = await _simulate(scenario, policy, seed, keeper)
+        result = await _simulate(scenario, policy, seed, keeper, priority_aging)
         nursery.cancel_scope.cancel()
     return result
 
 
 async def _simulate(
-    scenario: Scenario, policy: PolicyName, seed: int | None, keeper: _Timekeeper | None
+    scenario: Scenario,
+    policy: PolicyName,
+    seed: int | None,
+    keeper: _Timekeeper | None,
+    priority_aging: float = 60.0,
 ) -> SimulationResult:
     t0 = trio.current_time()
     providers = scenario.providers
@@ -483,10 +497,18 @@ async def _simulate(
         priorities = (
             _random_priorities(scenario, seed or 0) if policy == "random" else None
         )
-        async with open_dispatcher({p.name: p.limit for p in providers}) as dispatcher:
+        async with open_dispatcher(
+            {p.name: p.limit for p in providers}, priority_aging=priority_aging
+        ) as dispatcher:
+            # The random policy's draws stand for the whole order: no classes.
+            classes = policy == "oldest-first"
 
-            def slot(name: str, started_at: float) -> AbstractAsyncContextManager[Any]:
-                return dispatcher.slot(name, started_at=started_at)
+            def slot(
+                name: str, started_at: float, priority: int
+            ) -> AbstractAsyncContextManager[Any]:
+                return dispatcher.slot(
+                    name, started_at=started_at, priority=priority if classes else 0
+                )
 
             run = _Run(
                 scenario,
@@ -504,7 +526,9 @@ async def _simulate(
     elif policy == "fifo":
         limiters = {p.name: trio.CapacityLimiter(p.limit) for p in providers}
 
-        def take(name: str, _started_at: float) -> AbstractAsyncContextManager[Any]:
+        def take(
+            name: str, _started_at: float, _priority: int
+        ) -> AbstractAsyncContextManager[Any]:
             return limiters[name]
 
         run = _Run(scenario, t0, keeper, take, None)
@@ -518,7 +542,9 @@ async def _simulate(
     else:
         free = contextlib.nullcontext()
 
-        def nothing(_name: str, _started_at: float) -> AbstractAsyncContextManager[Any]:
+        def nothing(
+            _name: str, _started_at: float, _priority: int
+        ) -> AbstractAsyncContextManager[Any]:
             return free
 
         run = _Run(scenario, t0, keeper, nothing, None)
@@ -532,18 +558,23 @@ def run_simulation(
     *,
     seed: int | None = None,
     clock: trio.abc.Clock | None = None,
+    priority_aging: float = 60.0,
 ) -> SimulationResult:
     """Simulate ``workload`` under ``policy`` in a fresh trio run.
 
     Runs on ``clock``, by default a new ``MockClock(autojump_threshold=0)``,
     so hours of simulated traffic take seconds. See ``simulate``.
     """
+    priority_aging = check_positive_seconds(priority_aging, "priority_aging")
     if clock is None:
         clock = trio.testing.MockClock(autojump_threshold=0)
-    return trio.run(_simulate_kw, workload, policy, seed, clock=clock)
+    return trio.run(_simulate_kw, workload, policy, seed, priority_aging, clock=clock)
 
 
 async def _simulate_kw(
-    workload: Workload | Scenario, policy: PolicyName, seed: int | None
+    workload: Workload | Scenario,
+    policy: PolicyName,
+    seed: int | None,
+    priority_aging: float,
 ) -> SimulationResult:
-    return await simulate(workload, policy, seed=seed)
+    return await simulate(workload, policy, seed=seed, priority_aging=priority_aging)

@@ -29,12 +29,15 @@ from typing import TYPE_CHECKING, Literal, final
 import attrs
 
 from .._validation import (
+    check_positive_number,
+    check_priority,
     check_text,
     non_negative_number,
     non_negative_seconds,
     positive_int,
     positive_number,
     positive_seconds,
+    validator,
 )
 
 if TYPE_CHECKING:
@@ -247,6 +250,8 @@ class TurnSpec:
         provider: The name of the provider all its calls go to.
         calls: Each call's duration.
         tools: Each tool step's duration; one fewer than ``calls``.
+        priority: The turn's priority class (``Dispatcher.turn``'s
+            ``priority``); higher goes first.
     """
 
     arrival: float = attrs.field(validator=non_negative_seconds)
@@ -257,6 +262,7 @@ class TurnSpec:
     tools: tuple[float, ...] = attrs.field(
         converter=_to_duration_tuple, factory=tuple, validator=_durations
     )
+    priority: int = attrs.field(default=0, validator=validator(check_priority))
 
     def __attrs_post_init__(self) -> None:
         if not self.calls:
@@ -301,6 +307,21 @@ class Scenario:
                 raise ValueError(f"turn uses unknown provider {turn.provider!r}")
 
 
+def _to_classes(values: Iterable[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    return tuple((priority, weight) for priority, weight in values)
+
+
+def _check_classes(
+    _instance: object, _attribute: object, value: tuple[tuple[int, float], ...]
+) -> None:
+    for priority, weight in value:
+        check_priority(priority, "a class's priority")
+        check_positive_number(weight, "a class's weight")
+    priorities = [priority for priority, _ in value]
+    if len(set(priorities)) != len(priorities):
+        raise ValueError(f"classes must name each priority once, got {priorities!r}")
+
+
 _DEFAULT_CALLS = CallsPerTurn(1, 8)
 _DEFAULT_CALL_DURATION = Duration.lognormal(2.0, 1.0)
 _DEFAULT_TOOL_DURATION = Duration.exponential(1.0)
@@ -320,6 +341,11 @@ class Workload:
         tool_duration: How long each tool step between calls takes.
         seed: The seed of the one ``random.Random`` everything is drawn from.
         max_attempts: See ``Scenario.max_attempts``.
+        classes: Priority classes and their shares of the turns, as
+            ``(priority, weight)`` pairs; empty (the default), every turn is
+            of class 0. Each turn's class is drawn from a generator of its
+            own (seeded from ``seed``), so the turns, their arrivals and
+            durations are the same whatever the classes.
     """
 
     agents: int = attrs.field(validator=positive_int)
@@ -330,6 +356,9 @@ class Workload:
     tool_duration: Duration = attrs.field(default=_DEFAULT_TOOL_DURATION)
     seed: int = 0
     max_attempts: int = attrs.field(default=10, validator=positive_int)
+    classes: tuple[tuple[int, float], ...] = attrs.field(
+        default=(), converter=_to_classes, validator=_check_classes
+    )
 
     def __attrs_post_init__(self) -> None:
         if not self.providers:
@@ -376,6 +405,10 @@ class Workload:
         tool_sample = self.tool_duration.sample
         turns: list[TurnSpec] = []
         now = 0.0
+        classes = self.classes
+        class_rng = random.Random(f"trio_dispatch classes {self.seed}")
+        priorities = [priority for priority, _ in classes]
+        class_weights = [weight for _, weight in classes]
         for index in range(self.agents):
             if poisson:
                 now += rng.expovariate(rate)
@@ -389,5 +422,6 @@ class Workload:
             count = calls_dist.sample(rng)
             calls = tuple(call_sample(rng) for _ in range(count))
             tools = tuple(tool_sample(rng) for _ in range(count - 1))
-            turns.append(TurnSpec(arrival, provider, calls, tools))
+            priority = class_rng.choices(priorities, class_weights)[0] if classes else 0
+            turns.append(TurnSpec(arrival, provider, calls, tools, priority))
         return Scenario(providers, turns, self.max_attempts)
