@@ -26,14 +26,23 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Self, final
 import attrs
 import trio
 
+from .._budgets import (
+    DEFAULT_MAX_TOKENS,
+    AdaptiveLimit,
+    Throttle,
+    check_budgets,
+    check_limit_mapping,
+    check_limit_value,
+    estimate_tokens,
+)
 from .._exceptions import DispatcherClosed, SlotHoldTimeout
 from .._groups import leaves
 from .._policy import SlotPolicy
+from .._ratelimits import RateLimitInfo
 from .._util import NoPublicConstructor
 from .._validation import (
+    check_count,
     check_instant,
-    check_limit,
-    check_limits,
     check_max_waiting,
     check_namespace,
     check_optional_seconds,
@@ -44,10 +53,13 @@ from .._validation import (
 )
 from ..messages._scheduling import (
     Acquire,
+    Adapt,
     Cancel,
     Grant,
+    ObserveRateLimits,
     Pause,
     Release,
+    ReportUsage,
     Resume,
     SetLimit,
     Ticket,
@@ -59,10 +71,11 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable, Mapping
     from types import TracebackType
 
+    from .._budgets import Budget, BudgetStatistics
     from .._ledger import Ledger
     from .._provider import Provider
     from .._shared_book import SharedBook
-    from ..messages import ChatMessage
+    from ..messages import ChatMessage, ChatRequest
     from ._conversation import Conversation
     from ._options import ConversationOptions
     from ._shared_scheduler import SharedSchedulerActor
@@ -108,6 +121,9 @@ class ProviderStatistics:
             local).
         local_waiting: Requests waiting in this process (``waiting`` when
             local).
+        adaptive: Whether ``limit`` is an ``AdaptiveLimit``'s current value.
+        budget: The request and token budgets, configured or learned from
+            the provider's answers, or ``None`` if there is none.
     """
 
     provider: str
@@ -126,6 +142,8 @@ class ProviderStatistics:
     backend_up: bool = True
     local_in_flight: int = 0
     local_waiting: int = 0
+    adaptive: bool = False
+    budget: BudgetStatistics | None = None
 
 
 @final
@@ -173,6 +191,8 @@ class Slot(metaclass=NoPublicConstructor):
         conversation_id: Who asked: the conversation's id, or what the caller
             passed; it travels with the request to the scheduler.
         started_at: The request's priority: when its turn began.
+        tokens: The request's estimated tokens, charged to the provider's
+            token budget when the slot is granted (0: none).
         ticket: The scheduler's ticket, once entered.
         granted_at: When the slot was granted (trio clock), once entered.
     """
@@ -190,6 +210,7 @@ class Slot(metaclass=NoPublicConstructor):
         "provider",
         "started_at",
         "ticket",
+        "tokens",
     )
 
     def __init__(
@@ -199,8 +220,11 @@ class Slot(metaclass=NoPublicConstructor):
         conversation_id: str | None,
         started_at: float,
         max_hold: float | None,
+        *,
+        tokens: int = 0,
     ) -> None:
         self._dispatcher = dispatcher
+        self.tokens = tokens
         self.provider = provider
         self.conversation_id = conversation_id
         self.started_at = started_at
@@ -242,7 +266,7 @@ class Slot(metaclass=NoPublicConstructor):
         actor = dispatcher._scheduler(self.provider)
         ticket = actor.ticket(self.started_at)
         try:
-            actor.send(Acquire(ticket, self, self.conversation_id))
+            actor.send(Acquire(ticket, self, self.conversation_id, self.tokens))
         except trio.ClosedResourceError:
             self._state = _DONE
             raise DispatcherClosed("the dispatcher is closed") from None
@@ -293,6 +317,25 @@ class Slot(metaclass=NoPublicConstructor):
             return swallowed
         finally:
             self._give_back()
+
+    def report_usage(self, tokens: int) -> None:
+        """Tell the scheduler how many tokens the request used, prompt and answer.
+
+        Its charge against the provider's token budget becomes ``tokens``:
+        what the estimate took too much is given back, what it took too
+        little is taken now. The latest report counts. Never blocks.
+
+        Raises:
+            RuntimeError: The slot is not held.
+        """
+        check_count(tokens, "tokens")
+        if self._state is not _HOLDING:
+            raise RuntimeError("usage can be reported only while the slot is held")
+        actor = self._actor
+        if isinstance(actor, SchedulerActor):
+            with contextlib.suppress(trio.ClosedResourceError):
+                # Closed: the scheduler is gone, with its budgets.
+                actor.send(ReportUsage(self.ticket, tokens))  # type: ignore[arg-type]  # set with _actor
 
     @trio.lowlevel.enable_ki_protection
     def _give_back(self) -> None:
@@ -352,6 +395,8 @@ class _Settings:
     redis_url: str | None = None
     namespace: str = "trio-dispatch"
     lease: float = 15.0
+    budgets: Mapping[str, Budget] = attrs.field(factory=dict)
+    learn_budgets: bool = True
 
 
 _UNSET: Any = object()
@@ -438,6 +483,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         conversation_id: str | None = None,
         started_at: float | None = None,
         max_hold: float | None = _UNSET,
+        tokens: int | None = None,
     ) -> Slot:
         """A slot of ``provider``, to hold with ``async with``.
 
@@ -453,6 +499,10 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 cancelled and ``SlotHoldTimeout`` raised; defaults to the
                 dispatcher's ``max_hold``. ``None`` for no bound. Applies to
                 providers limited when the slot is granted.
+            tokens: The request's estimated tokens (prompt and answer),
+                charged to the provider's token budget when the slot is
+                granted; correct it with ``Slot.report_usage``. ``None``
+                charges none up front.
 
         Raises:
             ValueError: At once, if ``provider`` is unknown and the
@@ -475,22 +525,41 @@ class Dispatcher(metaclass=NoPublicConstructor):
             max_hold = self._settings.max_hold
         else:
             max_hold = check_optional_seconds(max_hold, "max_hold", positive=True)
+        if tokens is not None:
+            check_count(tokens, "tokens")
         if provider not in self._cleared:
             self._unknown(provider)
         # type.__call__ is what Slot._create does, without its Python frame:
         # this is the hot path of every request.
-        return _make(Slot, self, provider, conversation_id, started_at, max_hold)  # type: ignore[no-any-return]  # type.__call__ is untyped
+        slot: Slot = _make(
+            Slot,
+            self,
+            provider,
+            conversation_id,
+            started_at,
+            max_hold,
+            tokens=tokens or 0,
+        )
+        return slot
 
-    def set_limit(self, provider: str, limit: int) -> None:
+    def set_limit(self, provider: str, limit: int | AdaptiveLimit) -> None:
         """Limit ``provider`` to ``limit`` concurrent slots, now.
 
         A higher limit grants waiting requests at once; a lower one lets the
         current holders finish and grants nothing until fewer than ``limit``
-        hold a slot.
+        hold a slot. An ``AdaptiveLimit`` starts at its ``initial`` value
+        and moves on its own; an int replaces it by a fixed limit.
+
+        Raises:
+            ValueError: An ``AdaptiveLimit`` for a dispatcher shared
+                through Redis (not supported yet).
         """
         check_provider(provider)
-        check_limit(limit)
+        check_limit_value(limit)
         self._check_open()
+        if isinstance(limit, AdaptiveLimit):
+            self._adapt(provider, limit)
+            return
         if self._ledger is not None:
             # Stored in Redis by the scheduler, for the whole fleet.
             self._send_shared(provider, SetLimit(limit))
@@ -524,9 +593,78 @@ class Dispatcher(metaclass=NoPublicConstructor):
         self._known.add(provider)
         self._cleared.add(provider)
 
+    def _adapt(self, provider: str, limit: AdaptiveLimit) -> None:
+        if self._ledger is not None or self._settings.redis_url is not None:
+            raise ValueError(
+                "an AdaptiveLimit is not shared through Redis yet; use an int limit"
+            )
+        if provider in self._actors:
+            self._send(provider, Adapt(limit))
+        else:
+            self._policy(provider).set_limit(limit)
+            self._scheduler(provider)
+        self._limits[provider] = limit.initial
+        self._known.add(provider)
+        self._cleared.add(provider)
+
     def limits(self) -> dict[str, int]:
-        """The configured limits, provider by provider (a copy)."""
-        return dict(self._limits)
+        """The limits, provider by provider (a copy); an adaptive one's current value."""
+        limits = dict(self._limits)
+        for provider in limits:
+            policy = self._policies.get(provider)
+            throttle = None if policy is None else policy.throttle
+            if throttle is not None and throttle.limit is not None:
+                limits[provider] = throttle.limit
+        return limits
+
+    def observe_rate_limits(self, provider: str, info: RateLimitInfo) -> None:
+        """Learn from the rate-limit figures of one of ``provider``'s answers.
+
+        Providers call it with every answer that carries rate-limit headers,
+        success or error (``on_rate_limits=``). The figures pace the
+        provider's budgets (see ``open_dispatcher``'s ``budgets`` and
+        ``learn_budgets``). Synchronous, never blocks, and never raises for
+        what ``info`` says; ignored once the dispatcher has closed, with
+        ``learn_budgets=False``, and when the limits are shared through
+        Redis (budgets are not shared yet).
+
+        Raises:
+            TypeError: ``provider`` is not a string or ``info`` not a
+                ``RateLimitInfo``.
+        """
+        check_provider(provider)
+        if not isinstance(info, RateLimitInfo):
+            raise TypeError(f"info must be a RateLimitInfo, got {info!r}")
+        settings = self._settings
+        if (
+            self._closed
+            or not settings.learn_budgets
+            or settings.redis_url is not None
+            or info.empty
+        ):
+            return
+        now = trio.current_time()
+        actor = self._actors.get(provider)
+        if actor is None:
+            # No scheduler runs, so none holds the policy: update it here.
+            self._policy(provider).observe_rate_limits(now, info)
+            return
+        with contextlib.suppress(trio.ClosedResourceError):
+            # Closed: its scheduler has stopped, and nothing waits there.
+            actor.send(ObserveRateLimits(now, info))
+
+    def _estimate(self, provider: str, request: ChatRequest) -> int:
+        """The tokens ``request`` is charged for a slot of ``provider``."""
+        policy = self._policies.get(provider)
+        throttle = None if policy is None else policy.throttle
+        budget = self._settings.budgets.get(provider)
+        if throttle is not None:
+            default = throttle.default_max_tokens
+        elif budget is not None:
+            default = budget.default_max_tokens
+        else:
+            default = DEFAULT_MAX_TOKENS
+        return estimate_tokens(request, default)
 
     def report_rate_limit(
         self, provider: str, retry_after: float | None = None
@@ -649,6 +787,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             )
         for provider, policy in self._policies.items():
             stats = policy.statistics()
+            throttle = policy.throttle
             providers[provider] = ProviderStatistics(
                 provider=provider,
                 limit=stats.limit,
@@ -664,6 +803,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 peak_waiting=stats.peak_waiting,
                 local_in_flight=stats.in_flight,
                 local_waiting=stats.waiting,
+                adaptive=throttle is not None and throttle.adaptive is not None,
+                budget=policy.budget_statistics(),
             )
         return DispatcherStatistics(providers=providers, closed=self._closed)
 
@@ -793,11 +934,19 @@ class Dispatcher(metaclass=NoPublicConstructor):
     def _policy(self, provider: str) -> SlotPolicy:
         policy = self._policies.get(provider)
         if policy is None:
+            budget = self._settings.budgets.get(provider)
             policy = SlotPolicy(
                 None,
                 max_waiting=self._settings.max_waiting,
                 default_pause=self._settings.default_pause,
                 max_pause=self._settings.max_pause,
+                throttle=None
+                if budget is None
+                else Throttle(
+                    budget,
+                    learn=self._settings.learn_budgets,
+                    now=trio.current_time(),
+                ),
             )
             self._policies[provider] = policy
         return policy
@@ -812,7 +961,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             # queued, in this same step, so no request was sent to it since.
             del self._actors[actor.provider]
 
-    def _send(self, provider: str, message: SetLimit | Pause | Resume) -> None:
+    def _send(self, provider: str, message: SetLimit | Adapt | Pause | Resume) -> None:
         try:
             self._actors[provider].send(message)
         except trio.ClosedResourceError:
@@ -842,8 +991,10 @@ class Dispatcher(metaclass=NoPublicConstructor):
 
 
 def open_dispatcher(
-    limits: Mapping[str, int] | None = None,
+    limits: Mapping[str, int | AdaptiveLimit] | None = None,
     *,
+    budgets: Mapping[str, Budget] | None = None,
+    learn_budgets: bool = True,
     default_pause: float = 1.0,
     max_pause: float = 60.0,
     max_hold: float | None = None,
@@ -858,8 +1009,23 @@ def open_dispatcher(
     Arguments are checked here, at the call, before anything starts.
 
     Args:
-        limits: Provider name to its concurrency limit (a positive int).
-            Providers not named are unlimited until ``set_limit``.
+        limits: Provider name to its concurrency limit: a positive int, or
+            an ``AdaptiveLimit`` that finds its own value between its
+            bounds. Providers not named are unlimited until ``set_limit``.
+        budgets: Provider name to its ``Budget``: requests and tokens per
+            minute. A slot is granted when a slot is free and the budget
+            holds the request: 1 request and its estimated tokens (the
+            prompt's estimate plus ``max_tokens``, or the budget's
+            ``default_max_tokens``), charged at grant time and corrected
+            by the usage the answer reports. Grants stay oldest first: a
+            request waiting for its tokens holds back the younger ones
+            behind it, however small. Budgets apply to unlimited providers
+            too.
+        learn_budgets: Pace every provider by the rate-limit figures its
+            answers report (``Dispatcher.observe_rate_limits``), so that a
+            fleet that configured no budget stays below the provider's
+            limits; with a ``budgets`` entry, the figures only lower what
+            is left. ``False`` ignores the figures.
         default_pause: Seconds a rate-limit report that names no
             ``retry_after`` pauses a provider, the first time: consecutive
             reports without a success between them double the pause, up to
@@ -899,6 +1065,8 @@ def open_dispatcher(
 
     Raises:
         BackendUnavailable: ``redis_url`` cannot be reached (on entering).
+        ValueError: ``budgets`` or an ``AdaptiveLimit`` with ``redis_url``
+            (not shared through Redis yet).
 
     When the block ends, the schedulers stop: every request still waiting,
     wherever its task lives, and every later ``slot`` gets
@@ -931,7 +1099,18 @@ def open_dispatcher(
     * a process that vanishes holds its slots and its queued requests for
       at most ``lease`` seconds.
     """
-    checked = check_limits(limits)
+    checked = check_limit_mapping(limits)
+    checked_budgets = check_budgets(budgets)
+    if not isinstance(learn_budgets, bool):
+        raise TypeError(f"learn_budgets must be True or False, got {learn_budgets!r}")
+    if redis_url is not None and (
+        checked_budgets
+        or any(isinstance(limit, AdaptiveLimit) for limit in checked.values())
+    ):
+        raise ValueError(
+            "budgets and adaptive limits are not shared through Redis yet;"
+            " use int limits with redis_url"
+        )
     pause, longest = check_pauses(default_pause, max_pause)
     hold = check_optional_seconds(max_hold, "max_hold", positive=True)
     waiting = check_max_waiting(max_waiting)
@@ -944,13 +1123,15 @@ def open_dispatcher(
         redis_url=check_redis_url(redis_url),
         namespace=check_namespace(namespace),
         lease=check_positive_seconds(lease, "lease"),
+        budgets=checked_budgets,
+        learn_budgets=learn_budgets,
     )
     return _run_dispatcher(checked, settings)
 
 
 @asynccontextmanager
 async def _run_dispatcher(
-    limits: dict[str, int], settings: _Settings
+    limits: dict[str, int | AdaptiveLimit], settings: _Settings
 ) -> AsyncIterator[Dispatcher]:
     body_error: BaseException | None = None
     try:
@@ -961,7 +1142,10 @@ async def _run_dispatcher(
                     dispatcher.set_limit(provider, limit)
             else:
                 try:
-                    await dispatcher._share(limits)
+                    # Only int limits with Redis: open_dispatcher checked.
+                    await dispatcher._share(
+                        {p: n for p, n in limits.items() if isinstance(n, int)}
+                    )
                 except BaseException as exc:
                     body_error = exc
                     dispatcher._close()
