@@ -246,6 +246,12 @@ class Bucket:
         if seconds > 0 and self.level < self.capacity:
             self.level = min(self.capacity, self.level + self.rate * seconds)
 
+    def at(self, seconds: float) -> float:
+        """The level ``seconds`` from now, if nothing is charged meanwhile."""
+        if seconds <= 0 or self.level >= self.capacity:
+            return self.level
+        return min(self.capacity, self.level + self.rate * seconds)
+
     def take(self, amount: float) -> None:
         """Charge ``amount`` (a negative amount gives back, up to the capacity)."""
         self.level = min(self.capacity, self.level - amount)
@@ -538,16 +544,17 @@ class Throttle:
             if self._tokens is not None and self._tokens.learn(info.tokens, held):
                 self._learned = True
 
-    def statistics(self) -> BudgetStatistics | None:
-        """The budgets now, or ``None`` if there is none."""
+    def statistics(self, now: float | None = None) -> BudgetStatistics | None:
+        """The budgets at ``now`` (default: the latest ``advance``), or ``None``."""
         requests, tokens = self._requests, self._tokens
         if requests is None and tokens is None:
             return None
+        seconds = 0.0 if now is None else max(0.0, now - self._now)
         return BudgetStatistics(
             requests_per_minute=None if requests is None else requests.rate * 60.0,
             tokens_per_minute=None if tokens is None else tokens.rate * 60.0,
-            requests_available=None if requests is None else requests.level,
-            tokens_available=None if tokens is None else tokens.level,
+            requests_available=None if requests is None else requests.at(seconds),
+            tokens_available=None if tokens is None else tokens.at(seconds),
             learned=self._learned,
             waiting_for_budget=self._blocked is not None,
         )

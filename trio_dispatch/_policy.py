@@ -216,9 +216,9 @@ class SlotPolicy:
             return paused_until
         return gate.ready_at()
 
-    def budget_statistics(self) -> BudgetStatistics | None:
-        """The budgets now, or ``None`` if there is none."""
-        return None if self._gate is None else self._gate.statistics()
+    def budget_statistics(self, now: float | None = None) -> BudgetStatistics | None:
+        """The budgets at ``now`` (default: the latest time told), or ``None``."""
+        return None if self._gate is None else self._gate.statistics(now)
 
     def holders(self) -> frozenset[Ticket]:
         """The tickets that hold a slot."""

@@ -785,6 +785,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 },
                 closed=self._closed,
             )
+        now = trio.current_time()
         for provider, policy in self._policies.items():
             stats = policy.statistics()
             throttle = policy.throttle
@@ -804,7 +805,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 local_in_flight=stats.in_flight,
                 local_waiting=stats.waiting,
                 adaptive=throttle is not None and throttle.adaptive is not None,
-                budget=policy.budget_statistics(),
+                budget=policy.budget_statistics(now),
             )
         return DispatcherStatistics(providers=providers, closed=self._closed)
 
