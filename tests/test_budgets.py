@@ -341,12 +341,24 @@ class Answering:
     async def _stream(
         self, request: ChatRequest
     ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
-        async def events() -> AsyncIterator[StreamEvent]:
-            yield TextDelta("hi")
-            yield Finish("stop")
-            yield self.used
+        await trio.lowlevel.checkpoint()
+        yield Events([TextDelta("hi"), Finish("stop"), self.used])
 
-        yield events()
+
+class Events:
+    """An async iterator over a list of events."""
+
+    def __init__(self, events: list[StreamEvent]) -> None:
+        self.events = events
+
+    def __aiter__(self) -> Events:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        await trio.lowlevel.checkpoint()
+        if not self.events:
+            raise StopAsyncIteration
+        return self.events.pop(0)
 
 
 async def test_wrap_provider_charges_the_estimate_and_corrects_it_with_usage(
@@ -486,3 +498,35 @@ async def test_slot_checks_its_tokens() -> None:
             TypeError, match=r"^tokens must be a non-negative integer, got True$"
         ):
             dispatcher.slot("p", tokens=True)
+
+
+def test_only_requests_whose_answer_has_not_started_are_taken_again() -> None:
+    policy = SlotPolicy(10)
+    policy.observe_rate_limits(0.0, tokens(6000, 6000, 0.0))
+    policy.acquire(t(0, 0), 1000)
+    policy.acquire(t(0, 1), 500)
+    # The first one's answer started: the server counted it in remaining.
+    policy.answered(t(0, 0))
+    policy.observe_rate_limits(0.0, tokens(6000, 4000, 20.0))
+    assert available(policy) == 3500
+    # A reported usage means the answer started too.
+    policy.report_usage(t(0, 1), 500)
+    policy.observe_rate_limits(0.0, tokens(6000, 3000, 30.0))
+    assert available(policy) == 3000
+
+
+async def test_wrap_provider_marks_the_answer_started(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    used = Usage(input_tokens=10, output_tokens=20)
+    request = ChatRequest([ChatMessage("user", "x" * 400)], max_tokens=1000)
+    async with open_dispatcher({"p": 1}) as dispatcher:
+        dispatcher.observe_rate_limits("p", tokens(60_000, 60_000, 0.0))
+        provider = wrap_provider(Answering(used), dispatcher)  # type: ignore[arg-type]  # a Provider
+        async with provider.stream(request) as events:
+            assert await events.__anext__() == TextDelta("hi")
+            # The server says what it has left with this request counted.
+            dispatcher.observe_rate_limits("p", tokens(60_000, 50_000, 10.0))
+            budget = dispatcher.statistics().providers["p"].budget
+            assert budget is not None
+            assert budget.tokens_available == 50_000

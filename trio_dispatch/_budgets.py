@@ -34,13 +34,15 @@ the figures become a bucket state:
 * ``limit`` is the capacity, and ``limit / 60`` per second the refill,
   lowered to ``(limit - remaining) / reset`` when the server says it takes
   longer than that to refill (a window longer than a minute);
-* ``remaining`` only ever lowers the level, never raises it, and the
-  requests this process holds are taken from it again:
-  ``level = min(level, remaining - held)``. The server may not have counted
-  a request granted a moment ago, and we cannot tell which it has, so all
-  are counted as not yet seen. Counting twice the ones it has seen costs a
-  fixed margin (the bucket is kept ``held`` below the server's), not
-  throughput: in the steady state both buckets refill at the same rate.
+* ``remaining`` only ever lowers the level, never raises it, and what
+  the server may not have counted yet is taken from it again:
+  ``level = min(level, remaining - unanswered)``, where ``unanswered`` is
+  the charge of the slots held whose answer has not started (a server
+  counts a request when it arrives, before it answers; a slot's answer
+  starts when ``wrap_provider`` gets its stream open, or when its usage is
+  reported). Counting a request the server has seen costs a margin, never
+  an excess: a slot taken without ``wrap_provider`` counts as unanswered
+  until its usage is reported.
 
 A configured ``Budget`` keeps its own rates; the figures still lower its
 level. Until the first figures arrive, nothing is paced by a budget that is
@@ -329,7 +331,6 @@ class Throttle:
         "_granted",
         "_granted_at_round",
         "_held",
-        "_held_tokens",
         "_in_use",
         "_learn",
         "_learned",
@@ -337,6 +338,8 @@ class Throttle:
         "_reported",
         "_requests",
         "_tokens",
+        "_unanswered",
+        "_unanswered_tokens",
         "default_max_tokens",
     )
 
@@ -362,7 +365,9 @@ class Throttle:
         # Estimated tokens of waiting tickets, and the charge of each holder.
         self._costs: dict[Ticket, int] = {}
         self._held: dict[Ticket, int] = {}
-        self._held_tokens = 0
+        # The holders whose answer has not started, and their charges.
+        self._unanswered: set[Ticket] = set()
+        self._unanswered_tokens = 0
         # The cost the oldest waiter waits for, if the budget holds it back.
         self._blocked: int | None = None
         # The adaptive limit's bookkeeping: holders granted with the limit in
@@ -443,7 +448,8 @@ class Throttle:
             if tokens is not None:
                 tokens.take(cost)
         self._held[ticket] = cost
-        self._held_tokens += cost
+        self._unanswered.add(ticket)
+        self._unanswered_tokens += cost
         self._granted += 1
         if (
             self._adaptive is not None
@@ -482,7 +488,7 @@ class Throttle:
         cost = self._held.pop(ticket, None)
         if cost is None:
             return None
-        self._held_tokens -= cost
+        self.answered(ticket, cost)
         in_use = ticket in self._in_use
         self._in_use.discard(ticket)
         if ticket in self._reported:
@@ -504,11 +510,17 @@ class Throttle:
         charged = self._held.get(ticket)
         if charged is None:
             return False
+        self.answered(ticket)
         self._held[ticket] = tokens
-        self._held_tokens += tokens - charged
         if self._tokens is not None:
             self._tokens.take(tokens - charged)
         return tokens < charged
+
+    def answered(self, ticket: Ticket, cost: int | None = None) -> None:
+        """The answer of held ``ticket`` started: the server has counted it."""
+        if ticket in self._unanswered:
+            self._unanswered.remove(ticket)
+            self._unanswered_tokens -= self._held[ticket] if cost is None else cost
 
     def rate_limited(self, holders: frozenset[Ticket] | set[Ticket]) -> int | None:
         """A rate-limit answer arrived; the new adaptive limit, if it changed.
@@ -530,12 +542,12 @@ class Throttle:
         """Learn from the rate-limit figures of one answer (see the module notes)."""
         if not self._learn:
             return
-        held = float(self._held_tokens)
+        held = float(self._unanswered_tokens)
         if info.requests is not None:
             if self._requests is None:
                 self._requests = _learned_bucket(info.requests)
             if self._requests is not None and self._requests.learn(
-                info.requests, float(len(self._held))
+                info.requests, float(len(self._unanswered))
             ):
                 self._learned = True
         if info.tokens is not None:

@@ -354,6 +354,11 @@ class SlotPolicy:
             return []
         return self._fill()
 
+    def answered(self, ticket: Ticket) -> None:
+        """The answer of held ``ticket`` started: the server has counted it."""
+        if self._gate is not None:
+            self._gate.answered(ticket)
+
     def observe_rate_limits(self, now: float, info: RateLimitInfo) -> list[Ticket]:
         """Learn from the rate-limit figures of an answer that arrived at ``now``.
 

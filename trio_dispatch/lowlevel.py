@@ -11,7 +11,7 @@ minor versions. An application needs none of them; ``trio_dispatch``,
   budgets and adaptive limits.
 - The scheduler actor, ``SchedulerActor``, and the protocol it speaks:
   ``Acquire``, ``Release``, ``Cancel``, ``SetLimit``, ``Adapt``, ``Pause``,
-  ``Resume``, ``ReportUsage``, ``ObserveRateLimits`` (together
+  ``Resume``, ``Answered``, ``ReportUsage``, ``ObserveRateLimits`` (together
   ``SchedulerMessage``), answered with a ``Grant`` through a ``Reply``.
 - Tool arguments checked against their JSON schema: ``check_arguments``.
 """
@@ -24,6 +24,7 @@ from .actors._scheduler import SchedulerActor as SchedulerActor
 from .actors._tools import check_arguments as check_arguments
 from .messages._scheduling import Acquire as Acquire
 from .messages._scheduling import Adapt as Adapt
+from .messages._scheduling import Answered as Answered
 from .messages._scheduling import Cancel as Cancel
 from .messages._scheduling import Grant as Grant
 from .messages._scheduling import ObserveRateLimits as ObserveRateLimits
@@ -39,6 +40,7 @@ from .messages._scheduling import Ticket as Ticket
 __all__ = [
     "Acquire",
     "Adapt",
+    "Answered",
     "Cancel",
     "Grant",
     "ObserveRateLimits",

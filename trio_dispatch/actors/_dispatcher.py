@@ -54,6 +54,7 @@ from .._validation import (
 from ..messages._scheduling import (
     Acquire,
     Adapt,
+    Answered,
     Cancel,
     Grant,
     ObserveRateLimits,
@@ -336,6 +337,18 @@ class Slot(metaclass=NoPublicConstructor):
             with contextlib.suppress(trio.ClosedResourceError):
                 # Closed: the scheduler is gone, with its budgets.
                 actor.send(ReportUsage(self.ticket, tokens))  # type: ignore[arg-type]  # set with _actor
+
+    def _answered(self) -> None:
+        """The request's answer started: the provider has counted it.
+
+        Learned budgets count the requests whose answer has not started as
+        not yet seen by the provider (see ``observe_rate_limits``).
+        """
+        actor = self._actor
+        if self._state is _HOLDING and isinstance(actor, SchedulerActor):
+            with contextlib.suppress(trio.ClosedResourceError):
+                # Closed: the scheduler is gone, with its budgets.
+                actor.send(Answered(self.ticket))  # type: ignore[arg-type]  # set with _actor
 
     @trio.lowlevel.enable_ki_protection
     def _give_back(self) -> None:

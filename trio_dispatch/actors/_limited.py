@@ -96,6 +96,7 @@ class _LimitedProvider:
             await trio.lowlevel.checkpoint_if_cancelled()
             try:
                 async with self.provider.stream(request) as events:
+                    slot._answered()
                     yield _Metered(events, slot)
             except (RateLimited, Overloaded) as exc:
                 dispatcher.report_rate_limit(self.provider.id, exc.retry_after)

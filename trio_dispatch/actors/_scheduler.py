@@ -45,6 +45,7 @@ from .._exceptions import DispatcherClosed, QueueFull
 from ..messages._scheduling import (
     Acquire,
     Adapt,
+    Answered,
     Cancel,
     Grant,
     ObserveRateLimits,
@@ -258,7 +259,7 @@ class SchedulerActor:
             self._deliver(grants, now)
 
     def _rarely(
-        self, message: Resume | ReportUsage | ObserveRateLimits | Adapt
+        self, message: Resume | ReportUsage | Answered | ObserveRateLimits | Adapt
     ) -> list[Ticket]:
         """The messages that come least often: resume, budgets, adaptive limits."""
         policy = self.policy
@@ -266,6 +267,9 @@ class SchedulerActor:
             return policy.report_usage(message.ticket, message.tokens)
         if isinstance(message, ObserveRateLimits):
             return policy.observe_rate_limits(message.observed_at, message.info)
+        if isinstance(message, Answered):
+            policy.answered(message.ticket)
+            return []
         if isinstance(message, Adapt):
             return policy.set_limit(message.limit)
         return policy.resume()

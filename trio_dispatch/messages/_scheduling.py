@@ -6,8 +6,9 @@ answer on; the scheduler answers exactly once, through the reply, with a
 with the slot, or ``Cancel`` if it stopped waiting. ``SetLimit``, ``Pause``
 and ``Resume`` come from the dispatcher, and so do ``Adapt`` (an adaptive
 limit), ``ObserveRateLimits``
-(an answer's rate-limit figures, for the budgets) and ``ReportUsage`` (a
-request's tokens, which correct its estimate). All of them travel over one FIFO
+(an answer's rate-limit figures, for the budgets), ``Answered`` (a
+request's answer started) and ``ReportUsage`` (a request's tokens, which
+correct its estimate). All of them travel over one FIFO
 memory channel per scheduler, so a ``Cancel`` can never overtake its
 ``Acquire``.
 """
@@ -148,6 +149,14 @@ class ReportUsage:
 
 @final
 @attrs.frozen
+class Answered:
+    """The answer of a held ticket started: the provider has counted it."""
+
+    ticket: Ticket
+
+
+@final
+@attrs.frozen
 class ObserveRateLimits:
     """An answer that arrived at ``observed_at`` (trio clock) reported ``info``."""
 
@@ -164,6 +173,7 @@ SchedulerMessage = (
     | Resume
     | Adapt
     | ReportUsage
+    | Answered
     | ObserveRateLimits
 )
 """Everything a scheduler actor reads from its inbox."""
