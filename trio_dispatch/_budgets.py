@@ -226,10 +226,11 @@ class BudgetStatistics:
 class Bucket:
     """A budget that refills continuously: ``rate`` per second, up to ``capacity``."""
 
-    __slots__ = ("capacity", "configured", "level", "rate")
+    __slots__ = ("capacity", "configured", "level", "per_minute", "rate")
 
     def __init__(self, per_minute: float, *, configured: bool) -> None:
         self.capacity = per_minute
+        self.per_minute = per_minute
         self.rate = per_minute / 60.0
         self.level = per_minute
         self.configured = configured
@@ -261,18 +262,21 @@ class Bucket:
     def learn(self, quota: Quota, held: float) -> bool:
         """Take a quota's figures into account; ``False`` if they say nothing usable."""
         limit = quota.limit
-        if limit is not None and 0 < limit < 1e15 and not self.configured:
-            self.capacity = float(limit)
-            rate = self.capacity / 60.0
+        usable = limit is not None and 0 < limit < 1e15
+        if usable and not self.configured:
+            assert limit is not None
+            self.capacity = self.per_minute = float(limit)
+            self.rate = self.capacity / 60.0
             remaining, reset = quota.remaining, quota.reset
             if remaining is not None and reset and remaining < limit:
-                rate = min(rate, (limit - remaining) / reset)
-            if rate > 0:
-                self.rate = rate
+                slower = (limit - remaining) / reset
+                if slower < self.rate:
+                    self.rate = slower
+                    self.per_minute = 60.0 * slower
             self.level = min(self.level, self.capacity)
         remaining = quota.remaining
         if remaining is None or remaining >= 1e15:
-            return limit is not None
+            return usable
         self.level = min(self.level, remaining - held)
         return True
 
@@ -563,8 +567,8 @@ class Throttle:
             return None
         seconds = 0.0 if now is None else max(0.0, now - self._now)
         return BudgetStatistics(
-            requests_per_minute=None if requests is None else requests.rate * 60.0,
-            tokens_per_minute=None if tokens is None else tokens.rate * 60.0,
+            requests_per_minute=None if requests is None else requests.per_minute,
+            tokens_per_minute=None if tokens is None else tokens.per_minute,
             requests_available=None if requests is None else requests.at(seconds),
             tokens_available=None if tokens is None else tokens.at(seconds),
             learned=self._learned,
