@@ -121,12 +121,14 @@ class Budget:
 class AdaptiveLimit:
     """A concurrency limit that finds its own value, usable wherever an int limit is.
 
-    It starts at ``initial``, shrinks by ``backoff`` after each round of
-    rate-limit answers (which also pause the provider, as always), and grows
-    while requests succeed with the limit in use (see the throttle's notes
-    in the README). ``statistics()`` shows its current value
-    (``ProviderStatistics.limit``) and ``adaptive=True``; ``set_limit``
-    with an int replaces it by a fixed limit.
+    It starts at ``initial``, is multiplied by ``backoff`` after each round
+    of rate-limit answers (which also pause the provider, as always), and
+    grows while requests succeed with the limit in use (at least half of it
+    held): by 1 per success until the first rate limit, then by about 1 per
+    round trip of the whole limit. It never leaves ``[minimum, maximum]``.
+    ``statistics()`` shows its current value (``ProviderStatistics.limit``)
+    and ``adaptive=True``; ``set_limit`` with an int replaces it by a fixed
+    limit. Not shared through Redis yet.
 
     Attributes:
         initial: The first value, from ``minimum`` to ``maximum``.
