@@ -45,7 +45,10 @@ def test_the_top_level_is_what_an_application_uses() -> None:
     # Written out on purpose: a name added here is an API decision.
     assert trio_dispatch.__all__ == [
         "SUMMARY_PREFIX",
+        "AdaptiveLimit",
         "BackendUnavailable",
+        "Budget",
+        "BudgetStatistics",
         "Conversation",
         "ConversationClosed",
         "ConversationOptions",

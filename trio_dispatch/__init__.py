@@ -8,6 +8,9 @@ HTTP), ``trio_dispatch.testing`` (a fake LLM server, a scripted provider,
 the simulator) and ``trio_dispatch.lowlevel`` (the plumbing, less stable).
 """
 
+from ._budgets import AdaptiveLimit as AdaptiveLimit
+from ._budgets import Budget as Budget
+from ._budgets import BudgetStatistics as BudgetStatistics
 from ._exceptions import BackendUnavailable as BackendUnavailable
 from ._exceptions import ConversationClosed as ConversationClosed
 from ._exceptions import DispatcherClosed as DispatcherClosed
@@ -48,7 +51,10 @@ __version__ = "0.1.0.dev0"
 
 __all__ = [
     "SUMMARY_PREFIX",
+    "AdaptiveLimit",
     "BackendUnavailable",
+    "Budget",
+    "BudgetStatistics",
     "Conversation",
     "ConversationClosed",
     "ConversationOptions",

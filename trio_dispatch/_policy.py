@@ -33,6 +33,13 @@ a slot granted after the latest report and released with no report while it
 was held; the policy needs no per-slot record for that, only the set of
 holders at the latest report. ``resume`` ends the pause and the streak.
 
+Budgets and an adaptive limit live in an optional ``Throttle`` (see
+``_budgets``), asked before each grant: a ticket whose budget is not there
+yet holds back every ticket behind it (``wake_at`` says when to look
+again), and the throttle may move the limit after a release or a
+rate-limit report. Invariant 2 then reads: while not paused and not held
+back by the budget.
+
 Waiting tickets queue in two sorted structures: a deque for those that
 arrive in ticket order (the common case, since a turn starts when its
 first request is made), O(1) each way, and a binary heap for the others
@@ -49,6 +56,7 @@ from typing import TYPE_CHECKING, final
 
 import attrs
 
+from ._budgets import AdaptiveLimit, Throttle
 from ._exceptions import QueueFull
 from ._validation import (
     check_deadline,
@@ -60,6 +68,8 @@ from ._validation import (
 )
 
 if TYPE_CHECKING:
+    from ._budgets import BudgetStatistics
+    from ._ratelimits import RateLimitInfo
     from .messages._scheduling import Ticket
 
 _COMPACT_SLACK = 64
@@ -103,6 +113,7 @@ class SlotPolicy:
     __slots__ = (
         "_default_pause",
         "_fifo",
+        "_gate",
         "_granted_at_report",
         "_granted_total",
         "_heap",
@@ -129,9 +140,14 @@ class SlotPolicy:
         max_waiting: int | None = None,
         default_pause: float = 1.0,
         max_pause: float = 60.0,
+        throttle: Throttle | None = None,
     ) -> None:
         if limit is not None:
             check_limit(limit)
+        # Budgets and the adaptive limit, when there are any (see _budgets).
+        self._gate = throttle
+        if throttle is not None and throttle.limit is not None:
+            limit = throttle.limit
         check_max_waiting(max_waiting)
         self._default_pause, self._max_pause = check_pauses(default_pause, max_pause)
         self._limit = limit
@@ -185,6 +201,26 @@ class SlotPolicy:
         """Until when grants are paused, or ``None``."""
         return self._paused_until
 
+    @property
+    def throttle(self) -> Throttle | None:
+        """The budgets and adaptive limit asked before each grant, or ``None``."""
+        return self._gate
+
+    @property
+    def wake_at(self) -> float | None:
+        """When the policy must be ticked next: a pause ends or budget is back."""
+        paused_until = self._paused_until
+        gate = self._gate
+        if gate is None or not self._waiting or not gate.blocked:
+            return paused_until
+        if paused_until is not None and self._limit is not None:
+            return paused_until
+        return gate.ready_at()
+
+    def budget_statistics(self, now: float | None = None) -> BudgetStatistics | None:
+        """The budgets at ``now`` (default: the latest time told), or ``None``."""
+        return None if self._gate is None else self._gate.statistics(now)
+
     def holders(self) -> frozenset[Ticket]:
         """The tickets that hold a slot."""
         return frozenset(self._holders)
@@ -208,8 +244,10 @@ class SlotPolicy:
             peak_waiting=self._peak_waiting,
         )
 
-    def acquire(self, ticket: Ticket) -> list[Ticket]:
+    def acquire(self, ticket: Ticket, tokens: int = 0) -> list[Ticket]:
         """Admit ``ticket``: grant it at once if a slot is free, else queue it.
+
+        ``tokens`` is its estimated cost for a token budget (0: none).
 
         Raises:
             QueueFull: It would have to wait and ``max_waiting`` tickets
@@ -221,8 +259,13 @@ class SlotPolicy:
         if ticket in holders or ticket in waiting:
             raise ValueError(f"ticket {ticket!r} is already known")
         limit = self._limit
-        if not waiting and (
-            limit is None or (self._paused_until is None and len(holders) < limit)
+        gate = self._gate
+        if gate is not None:
+            gate.expect(ticket, tokens)
+        if (
+            not waiting
+            and (limit is None or (self._paused_until is None and len(holders) < limit))
+            and (gate is None or gate.admit(ticket, len(holders), limit))
         ):
             holders.add(ticket)
             self._granted_total += 1
@@ -230,6 +273,8 @@ class SlotPolicy:
             return [ticket]
         if self._max_waiting is not None and len(self._waiting) >= self._max_waiting:
             self._rejected_total += 1
+            if gate is not None:
+                gate.forget(ticket)
             raise QueueFull(
                 f"{len(self._waiting)} requests already wait"
                 f" (max_waiting={self._max_waiting})"
@@ -253,34 +298,80 @@ class SlotPolicy:
             raise RuntimeError(f"ticket {ticket!r} is waiting, not holding a slot")
         if self._streak:
             self._end_streak_if_success(ticket)
-        return self._release(ticket)
+        return self._release(ticket, success=True)
 
     def cancel(self, ticket: Ticket) -> list[Ticket]:
         """Withdraw a waiting ticket, or release it if it was already granted."""
         if ticket in self._waiting:
             self._waiting.discard(ticket)
             self._withdrawn_total += 1
-            if (
-                len(self._heap) + len(self._fifo)
-                > 2 * len(self._waiting) + _COMPACT_SLACK
-            ):
-                self._fifo = deque(sorted(self._waiting))
-                self._heap = []
+            gate = self._gate
+            if gate is not None:
+                gate.forget(ticket)
+                if gate.blocked:
+                    # It may have been the head the budget held back.
+                    self._compact()
+                    return self._fill()
+            self._compact()
             return []
         # A grant that raced a cancellation: never sent, so not a success.
         if self._streak:
             self._reported.discard(ticket)
-        return self._release(ticket)
+        return self._release(ticket, success=False)
 
-    def set_limit(self, limit: int | None) -> list[Ticket]:
+    def _compact(self) -> None:
+        if len(self._heap) + len(self._fifo) > 2 * len(self._waiting) + _COMPACT_SLACK:
+            self._fifo = deque(sorted(self._waiting))
+            self._heap = []
+
+    def set_limit(self, limit: int | AdaptiveLimit | None) -> list[Ticket]:
         """Change the limit.
 
-        Raising it grants at once; lowering it lets the holders finish.
+        Raising it grants at once; lowering it lets the holders finish. An
+        ``AdaptiveLimit`` starts at its ``initial`` value and moves on its
+        own from there; an int or ``None`` replaces it.
         """
+        if isinstance(limit, AdaptiveLimit):
+            if self._gate is None:
+                self._gate = Throttle()
+            self._limit = self._gate.adapt(limit)
+            return self._fill()
         if limit is not None:
             check_limit(limit)
+        if self._gate is not None:
+            self._gate.adapt(None)
         self._limit = limit
         return self._fill()
+
+    def advance(self, now: float) -> None:
+        """Tell the budgets the time, before handling what arrived at ``now``."""
+        if self._gate is not None:
+            self._gate.advance(now)
+
+    def report_usage(self, ticket: Ticket, tokens: int) -> list[Ticket]:
+        """The request of held ``ticket`` used ``tokens`` in all: correct its charge."""
+        gate = self._gate
+        if gate is None or not gate.report_usage(ticket, tokens) or not gate.blocked:
+            return []
+        return self._fill()
+
+    def answered(self, ticket: Ticket) -> None:
+        """The answer of held ``ticket`` started: the server has counted it."""
+        if self._gate is not None:
+            self._gate.answered(ticket)
+
+    def observe_rate_limits(self, now: float, info: RateLimitInfo) -> list[Ticket]:
+        """Learn from the rate-limit figures of an answer that arrived at ``now``.
+
+        Creates the throttle if there is none, so a provider that was never
+        given a budget is paced by what it reports.
+        """
+        gate = self._gate
+        if gate is None:
+            gate = self._gate = Throttle(learn=True, now=now)
+        gate.advance(now)
+        gate.observe(info)
+        return []
 
     def pause(self, until: float) -> None:
         """Grant nothing before ``until``; a pause is never shortened.
@@ -315,6 +406,11 @@ class SlotPolicy:
             self._reported = set(self._holders)
         seconds = self._step if delay is None else min(delay, self._max_pause)
         self.pause(now + seconds)
+        gate = self._gate
+        if gate is not None:
+            limit = gate.rate_limited(self._holders)
+            if limit is not None:
+                self._limit = limit
 
     def resume(self) -> list[Ticket]:
         """End the pause and the backoff streak now; waiters go in ticket order."""
@@ -324,9 +420,17 @@ class SlotPolicy:
         return self._fill()
 
     def tick(self, now: float) -> list[Ticket]:
-        """Tell the policy the time; a pause that has run out ends and grants resume."""
+        """Tell the policy the time; a pause that has run out ends and grants resume.
+
+        So do grants the budget held back, once it holds the oldest waiter.
+        """
+        gate = self._gate
+        if gate is not None:
+            gate.advance(now)
         if self._paused_until is not None and now >= self._paused_until:
             self._paused_until = None
+            return self._fill()
+        if gate is not None and gate.blocked:
             return self._fill()
         return []
 
@@ -340,12 +444,17 @@ class SlotPolicy:
             self._streak = 0
             reported.clear()
 
-    def _release(self, ticket: Ticket) -> list[Ticket]:
+    def _release(self, ticket: Ticket, *, success: bool) -> list[Ticket]:
         try:
             self._holders.remove(ticket)
         except KeyError:
             return []
         self._released_total += 1
+        gate = self._gate
+        if gate is not None:
+            limit = gate.release(ticket, success=success)
+            if limit is not None:
+                self._limit = limit
         if not self._waiting:
             return []
         return self._fill()
@@ -354,6 +463,9 @@ class SlotPolicy:
         grants: list[Ticket] = []
         waiting = self._waiting
         limit = self._limit
+        gate = self._gate
+        if gate is not None:
+            gate.unblock()
         if not waiting or (limit is not None and self._paused_until is not None):
             return grants
         fifo = self._fifo
@@ -366,6 +478,10 @@ class SlotPolicy:
             else:
                 ticket = fifo.popleft()
             if ticket in waiting:
+                if gate is not None and not gate.admit(ticket, len(holders), limit):
+                    # Oldest first: nobody passes a head the budget holds back.
+                    fifo.appendleft(ticket)
+                    break
                 waiting.remove(ticket)
                 holders.add(ticket)
                 grants.append(ticket)

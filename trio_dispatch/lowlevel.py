@@ -6,26 +6,32 @@ minor versions. An application needs none of them; ``trio_dispatch``,
 ``trio_dispatch.testing`` are its API.
 
 - The scheduling core: ``SlotPolicy`` (the synchronous, I/O-free state
-  machine that decides every grant), its ``PolicyStatistics`` and the
-  ``Ticket`` that orders requests.
+  machine that decides every grant), its ``PolicyStatistics``, the
+  ``Ticket`` that orders requests, and the ``Throttle`` it asks about
+  budgets and adaptive limits.
 - The scheduler actor, ``SchedulerActor``, and the protocol it speaks:
-  ``Acquire``, ``Release``, ``Cancel``, ``SetLimit``, ``Pause``, ``Resume``
-  (together ``SchedulerMessage``), answered with a ``Grant`` through a
-  ``Reply``.
+  ``Acquire``, ``Release``, ``Cancel``, ``SetLimit``, ``Adapt``, ``Pause``,
+  ``Resume``, ``Answered``, ``ReportUsage``, ``ObserveRateLimits`` (together
+  ``SchedulerMessage``), answered with a ``Grant`` through a ``Reply``.
 - Tool arguments checked against their JSON schema: ``check_arguments``.
 """
 
+from ._budgets import Throttle as Throttle
 from ._policy import PolicyStatistics as PolicyStatistics
 from ._policy import SlotPolicy as SlotPolicy
 from ._util import fixup_module_metadata
 from .actors._scheduler import SchedulerActor as SchedulerActor
 from .actors._tools import check_arguments as check_arguments
 from .messages._scheduling import Acquire as Acquire
+from .messages._scheduling import Adapt as Adapt
+from .messages._scheduling import Answered as Answered
 from .messages._scheduling import Cancel as Cancel
 from .messages._scheduling import Grant as Grant
+from .messages._scheduling import ObserveRateLimits as ObserveRateLimits
 from .messages._scheduling import Pause as Pause
 from .messages._scheduling import Release as Release
 from .messages._scheduling import Reply as Reply
+from .messages._scheduling import ReportUsage as ReportUsage
 from .messages._scheduling import Resume as Resume
 from .messages._scheduling import SchedulerMessage as SchedulerMessage
 from .messages._scheduling import SetLimit as SetLimit
@@ -33,17 +39,22 @@ from .messages._scheduling import Ticket as Ticket
 
 __all__ = [
     "Acquire",
+    "Adapt",
+    "Answered",
     "Cancel",
     "Grant",
+    "ObserveRateLimits",
     "Pause",
     "PolicyStatistics",
     "Release",
     "Reply",
+    "ReportUsage",
     "Resume",
     "SchedulerActor",
     "SchedulerMessage",
     "SetLimit",
     "SlotPolicy",
+    "Throttle",
     "Ticket",
     "check_arguments",
 ]

@@ -26,15 +26,24 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Self, final
 import attrs
 import trio
 
+from .._budgets import (
+    DEFAULT_MAX_TOKENS,
+    AdaptiveLimit,
+    Throttle,
+    check_budgets,
+    check_limit_mapping,
+    check_limit_value,
+    estimate_tokens,
+)
 from .._exceptions import DispatcherClosed, LeaseLost, SlotHoldTimeout
 from .._groups import leaves
 from .._policy import SlotPolicy
+from .._ratelimits import RateLimitInfo
 from .._turn import CURRENT_TURN, Turn, TurnScope
 from .._util import NoPublicConstructor
 from .._validation import (
+    check_count,
     check_instant,
-    check_limit,
-    check_limits,
     check_max_waiting,
     check_namespace,
     check_optional_seconds,
@@ -46,10 +55,14 @@ from .._validation import (
 )
 from ..messages._scheduling import (
     Acquire,
+    Adapt,
+    Answered,
     Cancel,
     Grant,
+    ObserveRateLimits,
     Pause,
     Release,
+    ReportUsage,
     Resume,
     SetLimit,
     Ticket,
@@ -61,10 +74,11 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable, Mapping
     from types import TracebackType
 
+    from .._budgets import Budget, BudgetStatistics
     from .._ledger import Ledger
     from .._provider import Provider
     from .._shared_book import SharedBook
-    from ..messages import ChatMessage
+    from ..messages import ChatMessage, ChatRequest
     from ._conversation import Conversation
     from ._options import ConversationOptions
     from ._shared_scheduler import SharedSchedulerActor
@@ -110,6 +124,9 @@ class ProviderStatistics:
             local).
         local_waiting: Requests waiting in this process (``waiting`` when
             local).
+        adaptive: Whether ``limit`` is an ``AdaptiveLimit``'s current value.
+        budget: The request and token budgets, configured or learned from
+            the provider's answers, or ``None`` if there is none.
     """
 
     provider: str
@@ -128,6 +145,8 @@ class ProviderStatistics:
     backend_up: bool = True
     local_in_flight: int = 0
     local_waiting: int = 0
+    adaptive: bool = False
+    budget: BudgetStatistics | None = None
 
 
 @final
@@ -178,6 +197,8 @@ class Slot(metaclass=NoPublicConstructor):
             its priority class.
         priority: The request's priority class; higher goes first (see
             ``open_dispatcher``'s ``priority_aging``).
+        tokens: The request's estimated tokens, charged to the provider's
+            token budget when the slot is granted (0: none).
         ticket: The scheduler's ticket, once entered.
         granted_at: When the slot was granted (trio clock), once entered.
     """
@@ -197,6 +218,7 @@ class Slot(metaclass=NoPublicConstructor):
         "provider",
         "started_at",
         "ticket",
+        "tokens",
     )
 
     def __init__(  # noqa: PLR0917  # made only by slot(), positionally: the hot path
@@ -207,8 +229,11 @@ class Slot(metaclass=NoPublicConstructor):
         started_at: float,
         priority: int,
         max_hold: float | None,
+        *,
+        tokens: int = 0,
     ) -> None:
         self._dispatcher = dispatcher
+        self.tokens = tokens
         self.provider = provider
         self.conversation_id = conversation_id
         self.started_at = started_at
@@ -262,7 +287,7 @@ class Slot(metaclass=NoPublicConstructor):
             priority,
         )
         try:
-            actor.send(Acquire(ticket, self, self.conversation_id))
+            actor.send(Acquire(ticket, self, self.conversation_id, self.tokens))
         except trio.ClosedResourceError:
             self._state = _DONE
             raise DispatcherClosed("the dispatcher is closed") from None
@@ -334,6 +359,37 @@ class Slot(metaclass=NoPublicConstructor):
             return swallowed
         finally:
             self._give_back()
+
+    def report_usage(self, tokens: int) -> None:
+        """Tell the scheduler how many tokens the request used, prompt and answer.
+
+        Its charge against the provider's token budget becomes ``tokens``:
+        what the estimate took too much is given back, what it took too
+        little is taken now. The latest report counts. Never blocks.
+
+        Raises:
+            RuntimeError: The slot is not held.
+        """
+        check_count(tokens, "tokens")
+        if self._state is not _HOLDING:
+            raise RuntimeError("usage can be reported only while the slot is held")
+        actor = self._actor
+        if isinstance(actor, SchedulerActor):
+            with contextlib.suppress(trio.ClosedResourceError):
+                # Closed: the scheduler is gone, with its budgets.
+                actor.send(ReportUsage(self.ticket, tokens))  # type: ignore[arg-type]  # set with _actor
+
+    def _answered(self) -> None:
+        """The request's answer started: the provider has counted it.
+
+        Learned budgets count the requests whose answer has not started as
+        not yet seen by the provider (see ``observe_rate_limits``).
+        """
+        actor = self._actor
+        if self._state is _HOLDING and isinstance(actor, SchedulerActor):
+            with contextlib.suppress(trio.ClosedResourceError):
+                # Closed: the scheduler is gone, with its budgets.
+                actor.send(Answered(self.ticket))  # type: ignore[arg-type]  # set with _actor
 
     @trio.lowlevel.enable_ki_protection
     def _give_back(self) -> None:
@@ -407,6 +463,8 @@ class _Settings:
     namespace: str = "trio-dispatch"
     lease: float = 15.0
     priority_aging: float = 60.0
+    budgets: Mapping[str, Budget] = attrs.field(factory=dict)
+    learn_budgets: bool = True
 
 
 _UNSET: Any = object()
@@ -541,6 +599,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         started_at: float | None = None,
         priority: int | None = None,
         max_hold: float | None = _UNSET,
+        tokens: int | None = None,
     ) -> Slot:
         """A slot of ``provider``, to hold with ``async with``.
 
@@ -563,6 +622,10 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 cancelled and ``SlotHoldTimeout`` raised; defaults to the
                 dispatcher's ``max_hold``. ``None`` for no bound. Applies to
                 providers limited when the slot is granted.
+            tokens: The request's estimated tokens (prompt and answer),
+                charged to the provider's token budget when the slot is
+                granted; correct it with ``Slot.report_usage``. ``None``
+                charges none up front.
 
         Raises:
             ValueError: At once, if ``provider`` is unknown and the
@@ -597,24 +660,42 @@ class Dispatcher(metaclass=NoPublicConstructor):
             max_hold = self._settings.max_hold
         else:
             max_hold = check_optional_seconds(max_hold, "max_hold", positive=True)
+        if tokens is not None:
+            check_count(tokens, "tokens")
         if provider not in self._cleared:
             self._unknown(provider)
         # type.__call__ is what Slot._create does, without its Python frame:
         # this is the hot path of every request.
-        return _make(  # type: ignore[no-any-return]  # type.__call__ is untyped
-            Slot, self, provider, conversation_id, started_at, priority, max_hold
+        slot: Slot = _make(
+            Slot,
+            self,
+            provider,
+            conversation_id,
+            started_at,
+            priority,
+            max_hold,
+            tokens=tokens or 0,
         )
+        return slot
 
-    def set_limit(self, provider: str, limit: int) -> None:
+    def set_limit(self, provider: str, limit: int | AdaptiveLimit) -> None:
         """Limit ``provider`` to ``limit`` concurrent slots, now.
 
         A higher limit grants waiting requests at once; a lower one lets the
         current holders finish and grants nothing until fewer than ``limit``
-        hold a slot.
+        hold a slot. An ``AdaptiveLimit`` starts at its ``initial`` value
+        and moves on its own; an int replaces it by a fixed limit.
+
+        Raises:
+            ValueError: An ``AdaptiveLimit`` for a dispatcher shared
+                through Redis (not supported yet).
         """
         check_provider(provider)
-        check_limit(limit)
+        check_limit_value(limit)
         self._check_open()
+        if isinstance(limit, AdaptiveLimit):
+            self._adapt(provider, limit)
+            return
         if self._ledger is not None:
             # Stored in Redis by the scheduler, for the whole fleet.
             self._send_shared(provider, SetLimit(limit))
@@ -648,9 +729,78 @@ class Dispatcher(metaclass=NoPublicConstructor):
         self._known.add(provider)
         self._cleared.add(provider)
 
+    def _adapt(self, provider: str, limit: AdaptiveLimit) -> None:
+        if self._ledger is not None or self._settings.redis_url is not None:
+            raise ValueError(
+                "an AdaptiveLimit is not shared through Redis yet; use an int limit"
+            )
+        if provider in self._actors:
+            self._send(provider, Adapt(limit))
+        else:
+            self._policy(provider).set_limit(limit)
+            self._scheduler(provider)
+        self._limits[provider] = limit.initial
+        self._known.add(provider)
+        self._cleared.add(provider)
+
     def limits(self) -> dict[str, int]:
-        """The configured limits, provider by provider (a copy)."""
-        return dict(self._limits)
+        """The limits, provider by provider (a copy); an adaptive one's current value."""
+        limits = dict(self._limits)
+        for provider in limits:
+            policy = self._policies.get(provider)
+            throttle = None if policy is None else policy.throttle
+            if throttle is not None and throttle.limit is not None:
+                limits[provider] = throttle.limit
+        return limits
+
+    def observe_rate_limits(self, provider: str, info: RateLimitInfo) -> None:
+        """Learn from the rate-limit figures of one of ``provider``'s answers.
+
+        Providers call it with every answer that carries rate-limit headers,
+        success or error (``on_rate_limits=``). The figures pace the
+        provider's budgets (see ``open_dispatcher``'s ``budgets`` and
+        ``learn_budgets``). Synchronous, never blocks, and never raises for
+        what ``info`` says; ignored once the dispatcher has closed, with
+        ``learn_budgets=False``, and when the limits are shared through
+        Redis (budgets are not shared yet).
+
+        Raises:
+            TypeError: ``provider`` is not a string or ``info`` not a
+                ``RateLimitInfo``.
+        """
+        check_provider(provider)
+        if not isinstance(info, RateLimitInfo):
+            raise TypeError(f"info must be a RateLimitInfo, got {info!r}")
+        settings = self._settings
+        if (
+            self._closed
+            or not settings.learn_budgets
+            or settings.redis_url is not None
+            or info.empty
+        ):
+            return
+        now = trio.current_time()
+        actor = self._actors.get(provider)
+        if actor is None:
+            # No scheduler runs, so none holds the policy: update it here.
+            self._policy(provider).observe_rate_limits(now, info)
+            return
+        with contextlib.suppress(trio.ClosedResourceError):
+            # Closed: its scheduler has stopped, and nothing waits there.
+            actor.send(ObserveRateLimits(now, info))
+
+    def _estimate(self, provider: str, request: ChatRequest) -> int:
+        """The tokens ``request`` is charged for a slot of ``provider``."""
+        policy = self._policies.get(provider)
+        throttle = None if policy is None else policy.throttle
+        budget = self._settings.budgets.get(provider)
+        if throttle is not None:
+            default = throttle.default_max_tokens
+        elif budget is not None:
+            default = budget.default_max_tokens
+        else:
+            default = DEFAULT_MAX_TOKENS
+        return estimate_tokens(request, default)
 
     def report_rate_limit(
         self, provider: str, retry_after: float | None = None
@@ -775,8 +925,10 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 },
                 closed=self._closed,
             )
+        now = trio.current_time()
         for provider, policy in self._policies.items():
             stats = policy.statistics()
+            throttle = policy.throttle
             providers[provider] = ProviderStatistics(
                 provider=provider,
                 limit=stats.limit,
@@ -792,6 +944,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 peak_waiting=stats.peak_waiting,
                 local_in_flight=stats.in_flight,
                 local_waiting=stats.waiting,
+                adaptive=throttle is not None and throttle.adaptive is not None,
+                budget=policy.budget_statistics(now),
             )
         return DispatcherStatistics(providers=providers, closed=self._closed)
 
@@ -921,11 +1075,19 @@ class Dispatcher(metaclass=NoPublicConstructor):
     def _policy(self, provider: str) -> SlotPolicy:
         policy = self._policies.get(provider)
         if policy is None:
+            budget = self._settings.budgets.get(provider)
             policy = SlotPolicy(
                 None,
                 max_waiting=self._settings.max_waiting,
                 default_pause=self._settings.default_pause,
                 max_pause=self._settings.max_pause,
+                throttle=None
+                if budget is None
+                else Throttle(
+                    budget,
+                    learn=self._settings.learn_budgets,
+                    now=trio.current_time(),
+                ),
             )
             self._policies[provider] = policy
         return policy
@@ -940,7 +1102,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             # queued, in this same step, so no request was sent to it since.
             del self._actors[actor.provider]
 
-    def _send(self, provider: str, message: SetLimit | Pause | Resume) -> None:
+    def _send(self, provider: str, message: SetLimit | Adapt | Pause | Resume) -> None:
         try:
             self._actors[provider].send(message)
         except trio.ClosedResourceError:
@@ -970,8 +1132,10 @@ class Dispatcher(metaclass=NoPublicConstructor):
 
 
 def open_dispatcher(
-    limits: Mapping[str, int] | None = None,
+    limits: Mapping[str, int | AdaptiveLimit] | None = None,
     *,
+    budgets: Mapping[str, Budget] | None = None,
+    learn_budgets: bool = True,
     default_pause: float = 1.0,
     max_pause: float = 60.0,
     max_hold: float | None = None,
@@ -987,8 +1151,23 @@ def open_dispatcher(
     Arguments are checked here, at the call, before anything starts.
 
     Args:
-        limits: Provider name to its concurrency limit (a positive int).
-            Providers not named are unlimited until ``set_limit``.
+        limits: Provider name to its concurrency limit: a positive int, or
+            an ``AdaptiveLimit`` that finds its own value between its
+            bounds. Providers not named are unlimited until ``set_limit``.
+        budgets: Provider name to its ``Budget``: requests and tokens per
+            minute. A slot is granted when a slot is free and the budget
+            holds the request: 1 request and its estimated tokens (the
+            prompt's estimate plus ``max_tokens``, or the budget's
+            ``default_max_tokens``), charged at grant time and corrected
+            by the usage the answer reports. Grants stay oldest first: a
+            request waiting for its tokens holds back the younger ones
+            behind it, however small. Budgets apply to unlimited providers
+            too.
+        learn_budgets: Pace every provider by the rate-limit figures its
+            answers report (``Dispatcher.observe_rate_limits``), so that a
+            fleet that configured no budget stays below the provider's
+            limits; with a ``budgets`` entry, the figures only lower what
+            is left. ``False`` ignores the figures.
         default_pause: Seconds a rate-limit report that names no
             ``retry_after`` pauses a provider, the first time: consecutive
             reports without a success between them double the pause, up to
@@ -1044,6 +1223,8 @@ def open_dispatcher(
         BackendUnavailable: ``redis_url`` cannot be reached (on entering).
         LeaseLost: From a slot of a limited provider (on leaving it), if its
             lease in Redis went ``lease`` seconds without renewal.
+        ValueError: ``budgets`` or an ``AdaptiveLimit`` with ``redis_url``
+            (not shared through Redis yet).
 
     When the block ends, the schedulers stop: every request still waiting,
     wherever its task lives, and every later ``slot`` gets
@@ -1091,7 +1272,18 @@ def open_dispatcher(
       The bound is kept on the process's clock against the Redis server's,
       so it assumes they run at the same rate (not that they agree).
     """
-    checked = check_limits(limits)
+    checked = check_limit_mapping(limits)
+    checked_budgets = check_budgets(budgets)
+    if not isinstance(learn_budgets, bool):
+        raise TypeError(f"learn_budgets must be True or False, got {learn_budgets!r}")
+    if redis_url is not None and (
+        checked_budgets
+        or any(isinstance(limit, AdaptiveLimit) for limit in checked.values())
+    ):
+        raise ValueError(
+            "budgets and adaptive limits are not shared through Redis yet;"
+            " use int limits with redis_url"
+        )
     pause, longest = check_pauses(default_pause, max_pause)
     hold = check_optional_seconds(max_hold, "max_hold", positive=True)
     waiting = check_max_waiting(max_waiting)
@@ -1105,13 +1297,15 @@ def open_dispatcher(
         namespace=check_namespace(namespace),
         lease=check_positive_seconds(lease, "lease"),
         priority_aging=check_positive_seconds(priority_aging, "priority_aging"),
+        budgets=checked_budgets,
+        learn_budgets=learn_budgets,
     )
     return _run_dispatcher(checked, settings)
 
 
 @asynccontextmanager
 async def _run_dispatcher(
-    limits: dict[str, int], settings: _Settings
+    limits: dict[str, int | AdaptiveLimit], settings: _Settings
 ) -> AsyncIterator[Dispatcher]:
     body_error: BaseException | None = None
     try:
@@ -1122,7 +1316,10 @@ async def _run_dispatcher(
                     dispatcher.set_limit(provider, limit)
             else:
                 try:
-                    await dispatcher._share(limits)
+                    # Only int limits with Redis: open_dispatcher checked.
+                    await dispatcher._share(
+                        {p: n for p, n in limits.items() if isinstance(n, int)}
+                    )
                 except BaseException as exc:
                     body_error = exc
                     dispatcher._close()

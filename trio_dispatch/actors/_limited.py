@@ -7,6 +7,11 @@ early, because both are async context managers and trio always runs their
 exits. A rate-limit answer (``RateLimited``, ``Overloaded``) is reported to
 the dispatcher, so the provider is paused for every conversation, not just
 the one that hit it.
+
+Each stream is charged to the provider's token budget: the slot carries the
+request's estimate (its prompt, about 4 characters a token, plus
+``max_tokens``), and the ``Usage`` event at the end of the answer corrects
+it to what the request really used.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import trio
 
 from .._exceptions import Overloaded, RateLimited
 from .._validation import check_instant
+from ..messages._stream import Usage
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -25,7 +31,7 @@ if TYPE_CHECKING:
 
     from .._provider import Provider
     from ..messages import ChatRequest, StreamEvent
-    from ._dispatcher import Dispatcher
+    from ._dispatcher import Dispatcher, Slot
 
 
 @final
@@ -80,20 +86,43 @@ class _LimitedProvider:
         self, request: ChatRequest
     ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
         dispatcher = self._dispatcher
+        provider_id = self.provider.id
         async with dispatcher.slot(
-            self.provider.id,
+            provider_id,
             conversation_id=self.conversation_id,
             started_at=self.started_at,
-        ):
+            tokens=dispatcher._estimate(provider_id, request),
+        ) as slot:
             # Cancelled while the grant was on its way: send nothing, whatever
             # the transport below would have checked before its first byte.
             await trio.lowlevel.checkpoint_if_cancelled()
             try:
                 async with self.provider.stream(request) as events:
-                    yield events
+                    slot._answered()
+                    yield _Metered(events, slot)
             except (RateLimited, Overloaded) as exc:
                 dispatcher.report_rate_limit(self.provider.id, exc.retry_after)
                 raise
+
+
+@final
+class _Metered:
+    """A stream's events, passed on; its ``Usage`` corrects the slot's estimate."""
+
+    __slots__ = ("_events", "_slot")
+
+    def __init__(self, events: AsyncIterator[StreamEvent], slot: Slot) -> None:
+        self._events = events
+        self._slot = slot
+
+    def __aiter__(self) -> _Metered:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        event = await self._events.__anext__()
+        if type(event) is Usage and self._slot.held:
+            self._slot.report_usage(event.prompt_tokens + event.output_tokens)
+        return event
 
 
 def wrap_provider(

@@ -23,8 +23,10 @@ it gave it back), and a ``SetLimit`` or ``Pause`` that nobody can be told
 about is logged and dropped. The policy changes nothing when it refuses, so
 its invariants hold.
 
-While the provider is paused, the actor waits for its inbox with the pause's
-end as deadline, and ticks the policy whenever it wakes. Once its inbox is
+While the provider is paused, or its oldest waiter waits for budget, the
+actor waits for its inbox with the policy's ``wake_at`` as deadline (the
+pause's end, the instant the budget holds the waiter), and ticks the
+policy whenever it wakes. Once its inbox is
 closed, the actor handles nothing more: it stops and fails every waiter,
 including those whose ``Acquire`` was still unread, with
 ``DispatcherClosed``. It does the same if it is cancelled.
@@ -42,10 +44,15 @@ import trio
 from .._exceptions import DispatcherClosed, QueueFull
 from ..messages._scheduling import (
     Acquire,
+    Adapt,
+    Answered,
     Cancel,
     Grant,
+    ObserveRateLimits,
     Pause,
     Release,
+    ReportUsage,
+    Resume,
     SchedulerMessage,
     SetLimit,
     Ticket,
@@ -126,7 +133,7 @@ class SchedulerActor:
                 # task first ran, and then nothing would wake it.
                 if stop_when_idle and policy.limit is None and self._idle():
                     return True
-                paused_until = policy.paused_until
+                paused_until = policy.wake_at
                 if self._batch:
                     # Left by a crash in handle_backlog, which may have
                     # emptied the inbox: nothing would wake us for it.
@@ -139,6 +146,7 @@ class SchedulerActor:
                 if inbox.closed:
                     return False
                 now = trio.current_time()
+                policy.advance(now)
                 if self._batch:
                     self._handle_batch(inbox.take_all(), now)
                     continue
@@ -148,7 +156,7 @@ class SchedulerActor:
                 while batch:
                     handle(batch[0], now)
                     batch.popleft()
-                if policy.paused_until is not None:
+                if policy.wake_at is not None:
                     self._deliver(policy.tick(now), now)
         finally:
             self._shutdown()
@@ -183,7 +191,7 @@ class SchedulerActor:
         if inbox.closed:
             return
         if not len(inbox):
-            paused_until = self.policy.paused_until
+            paused_until = self.policy.wake_at
             if paused_until is None or trio.current_time() < paused_until:
                 return
         self._handle_batch(inbox.take_all(), trio.current_time())
@@ -198,12 +206,13 @@ class SchedulerActor:
             batch.extend(messages)
         else:
             self._batch = batch = messages
+        self.policy.advance(now)
         handle = self._handle
         while batch:
             handle(batch[0], now)
             batch.popleft()
         policy = self.policy
-        if policy.paused_until is not None:
+        if policy.wake_at is not None:
             self._deliver(policy.tick(now), now)
 
     def _handle(self, message: SchedulerMessage, now: float) -> None:
@@ -220,7 +229,7 @@ class SchedulerActor:
                 return
         elif isinstance(message, Acquire):
             try:
-                grants = policy.acquire(message.ticket)
+                grants = policy.acquire(message.ticket, message.tokens)
             except (QueueFull, ValueError) as exc:
                 self._refuse(message, exc)
                 return
@@ -245,9 +254,25 @@ class SchedulerActor:
                 self._drop(message, exc)
             return
         else:
-            grants = policy.resume()
+            grants = self._rarely(message)
         if grants:
             self._deliver(grants, now)
+
+    def _rarely(
+        self, message: Resume | ReportUsage | Answered | ObserveRateLimits | Adapt
+    ) -> list[Ticket]:
+        """The messages that come least often: resume, budgets, adaptive limits."""
+        policy = self.policy
+        if isinstance(message, ReportUsage):
+            return policy.report_usage(message.ticket, message.tokens)
+        if isinstance(message, ObserveRateLimits):
+            return policy.observe_rate_limits(message.observed_at, message.info)
+        if isinstance(message, Answered):
+            policy.answered(message.ticket)
+            return []
+        if isinstance(message, Adapt):
+            return policy.set_limit(message.limit)
+        return policy.resume()
 
     def _refuse(self, message: Acquire, error: Exception) -> None:
         reply = message.reply

@@ -4,16 +4,24 @@ A requester sends ``Acquire`` with a fresh ``Ticket`` and a ``Reply`` to
 answer on; the scheduler answers exactly once, through the reply, with a
 ``Grant`` or an error. The requester then sends ``Release`` when it is done
 with the slot, or ``Cancel`` if it stopped waiting. ``SetLimit``, ``Pause``
-and ``Resume`` come from the dispatcher. All of them travel over one FIFO
+and ``Resume`` come from the dispatcher, and so do ``Adapt`` (an adaptive
+limit), ``ObserveRateLimits``
+(an answer's rate-limit figures, for the budgets), ``Answered`` (a
+request's answer started) and ``ReportUsage`` (a request's tokens, which
+correct its estimate). All of them travel over one FIFO
 memory channel per scheduler, so a ``Cancel`` can never overtake its
 ``Acquire``.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol, final
+from typing import TYPE_CHECKING, NamedTuple, Protocol, final
 
 import attrs
+
+if TYPE_CHECKING:
+    from .._budgets import AdaptiveLimit
+    from .._ratelimits import RateLimitInfo
 
 
 @final
@@ -82,11 +90,15 @@ class Reply(Protocol):
 @final
 @attrs.frozen
 class Acquire:
-    """Ask for a slot; the answer goes to ``reply``."""
+    """Ask for a slot; the answer goes to ``reply``.
+
+    ``tokens`` is the request's estimated cost for a token budget (0: none).
+    """
 
     ticket: Ticket
     reply: Reply = attrs.field(eq=False, repr=False)
     conversation_id: str | None = None
+    tokens: int = 0
 
 
 @final
@@ -115,6 +127,14 @@ class SetLimit:
 
 @final
 @attrs.frozen
+class Adapt:
+    """Give the provider an adaptive limit, starting at its ``initial`` value."""
+
+    limit: AdaptiveLimit
+
+
+@final
+@attrs.frozen
 class Pause:
     """A rate-limit answer arrived at ``reported_at`` (trio clock): pause grants.
 
@@ -133,5 +153,42 @@ class Resume:
     """End the pause and the backoff streak now."""
 
 
-SchedulerMessage = Acquire | Release | Cancel | SetLimit | Pause | Resume
+@final
+@attrs.frozen
+class ReportUsage:
+    """The request of a held ticket used ``tokens`` in all: correct its charge."""
+
+    ticket: Ticket
+    tokens: int
+
+
+@final
+@attrs.frozen
+class Answered:
+    """The answer of a held ticket started: the provider has counted it."""
+
+    ticket: Ticket
+
+
+@final
+@attrs.frozen
+class ObserveRateLimits:
+    """An answer that arrived at ``observed_at`` (trio clock) reported ``info``."""
+
+    observed_at: float
+    info: RateLimitInfo
+
+
+SchedulerMessage = (
+    Acquire
+    | Release
+    | Cancel
+    | SetLimit
+    | Pause
+    | Resume
+    | Adapt
+    | ReportUsage
+    | Answered
+    | ObserveRateLimits
+)
 """Everything a scheduler actor reads from its inbox."""

@@ -1,0 +1,608 @@
+"""Request and token budgets, and an adaptive concurrency limit: the pure core.
+
+Providers limit requests and tokens per minute, not concurrent streams. A
+``Throttle`` is what a provider's ``SlotPolicy`` asks, beside its
+concurrency limit, before it grants a slot: whether the budget holds the
+request, and how the limit should move. Like the policy, it is a plain
+synchronous state machine with no I/O and no trio: time comes in through
+``advance(now)``, and everything else is a method call.
+
+Budgets. Each budget (requests, tokens) is a bucket that refills
+continuously, ``per_minute / 60`` per second, up to ``per_minute``. A grant
+takes 1 from the request bucket and the request's estimated tokens (its
+prompt estimate plus ``max_tokens``) from the token bucket; when the answer
+reports its usage, the difference is given back or taken too (a bucket may
+go below zero: the debt is paid by the refill before the next grant). A
+request needs ``min(cost, per_minute)``: one larger than a whole minute's
+budget goes when the bucket is full, and leaves it in debt.
+
+Grants stay oldest-first: when the oldest waiter's cost is not there yet,
+nobody passes it, not even a request small enough to fit. That keeps the
+order the dispatcher promises, and a large old request cannot be starved by
+a stream of small new ones; what it costs is head-of-line blocking: while
+the head waits for its tokens, the smaller requests behind it wait too, at
+most ``cost / rate`` seconds, the time the bucket takes to hold the head's
+cost. The policy is told when that is (``ready_at``), so the scheduler
+wakes at that exact instant.
+
+Learned budgets. Every answer's rate-limit figures (``RateLimitInfo``)
+teach the throttle the provider's own budgets, so a fleet whose code never
+configured one stays below the provider's limits. For requests and for
+tokens (``tokens``: Anthropic sends its most restrictive token limit there)
+the figures become a bucket state:
+
+* ``limit`` is the capacity, and ``limit / 60`` per second the refill,
+  lowered to ``(limit - remaining) / reset`` when the server says it takes
+  longer than that to refill (a window longer than a minute);
+* ``remaining`` only ever lowers the level, never raises it, and what
+  the server may not have counted yet is taken from it again:
+  ``level = min(level, remaining - unanswered)``, where ``unanswered`` is
+  the charge of the slots held whose answer has not started (a server
+  counts a request when it arrives, before it answers; a slot's answer
+  starts when ``wrap_provider`` gets its stream open, or when its usage is
+  reported). Counting a request the server has seen costs a margin, never
+  an excess: a slot taken without ``wrap_provider`` counts as unanswered
+  until its usage is reported.
+
+A configured ``Budget`` keeps its own rates; the figures still lower its
+level. Until the first figures arrive, nothing is paced by a budget that is
+only learned. Malformed figures (a zero or enormous limit) are ignored.
+
+The adaptive limit. AIMD on the honest signals, as TCP's congestion
+control and Netflix's concurrency-limits do it: every round of rate-limit
+reports (reports with no grant between them come from requests in flight
+together, so they share a round, as the policy's pauses do) multiplies the
+limit by ``backoff``; every success of a request granted while the limit
+was in use (at least half of it held, counting that request) adds to it: 1
+per success until the first rate limit (a slow start, so that a limit set
+far too low catches up in a few round trips), then ``1 / limit`` per
+success, about 1 per round trip of the whole limit. A success is a slot
+given back with no rate-limit report while it was held. The limit never
+leaves ``[minimum, maximum]``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, final
+
+import attrs
+
+from ._validation import (
+    check_fraction,
+    check_limit,
+    check_provider,
+    positive_int,
+    positive_number,
+)
+
+if TYPE_CHECKING:
+    from ._ratelimits import Quota, RateLimitInfo
+    from .messages._chat import ChatRequest
+    from .messages._scheduling import Ticket
+
+DEFAULT_MAX_TOKENS = 4096
+"""Tokens charged for the answer of a request that sets no ``max_tokens``."""
+
+_optional_rate = attrs.validators.optional(positive_number)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Budget:
+    """A provider's requests and tokens per minute, as configured.
+
+    Either may be ``None`` (no budget of that kind, unless one is learned
+    from the provider's answers). A request is charged 1 request and its
+    estimated tokens at grant time (see ``open_dispatcher``'s ``budgets``).
+
+    Attributes:
+        requests_per_minute: Requests per minute (a positive number).
+        tokens_per_minute: Tokens per minute, prompt and answer together.
+        default_max_tokens: Tokens charged for the answer of a request that
+            sets no ``max_tokens`` (a positive integer).
+    """
+
+    requests_per_minute: float | None = attrs.field(
+        default=None, validator=_optional_rate
+    )
+    tokens_per_minute: float | None = attrs.field(
+        default=None, validator=_optional_rate
+    )
+    default_max_tokens: int = attrs.field(
+        default=DEFAULT_MAX_TOKENS, validator=positive_int
+    )
+
+
+@final
+@attrs.frozen(kw_only=True)
+class AdaptiveLimit:
+    """A concurrency limit that finds its own value, usable wherever an int limit is.
+
+    It starts at ``initial``, is multiplied by ``backoff`` after each round
+    of rate-limit answers (which also pause the provider, as always), and
+    grows while requests succeed with the limit in use (at least half of it
+    held): by 1 per success until the first rate limit, then by about 1 per
+    round trip of the whole limit. It never leaves ``[minimum, maximum]``.
+    ``statistics()`` shows its current value (``ProviderStatistics.limit``)
+    and ``adaptive=True``; ``set_limit`` with an int replaces it by a fixed
+    limit. Not shared through Redis yet.
+
+    Attributes:
+        initial: The first value, from ``minimum`` to ``maximum``.
+        minimum: The lowest value (a positive integer).
+        maximum: The highest value, at least ``minimum``.
+        backoff: The factor of a decrease, above 0 and below 1.
+    """
+
+    initial: int = attrs.field(validator=positive_int)
+    minimum: int = attrs.field(default=1, validator=positive_int)
+    maximum: int = attrs.field(validator=positive_int)
+    backoff: float = attrs.field(default=0.9)
+
+    @backoff.validator
+    def _check_backoff(self, _attribute: object, value: object) -> None:
+        factor = check_fraction(value, "backoff")
+        if factor in (0, 1):
+            raise ValueError(
+                f"backoff must be a number between 0 and 1, both excluded, got {value!r}"
+            )
+
+    def __attrs_post_init__(self) -> None:
+        if self.minimum > self.maximum:
+            raise ValueError(
+                f"minimum must be at most maximum={self.maximum!r},"
+                f" got {self.minimum!r}"
+            )
+        if not self.minimum <= self.initial <= self.maximum:
+            raise ValueError(
+                f"initial must be from minimum={self.minimum!r} to"
+                f" maximum={self.maximum!r}, got {self.initial!r}"
+            )
+
+
+def check_limit_value(limit: object, name: str = "limit") -> int | AdaptiveLimit:
+    """A positive ``int`` or an ``AdaptiveLimit``."""
+    if isinstance(limit, AdaptiveLimit):
+        return limit
+    return check_limit(limit, name)
+
+
+def estimate_prompt_tokens(request: ChatRequest) -> int:
+    """A rough count of the tokens ``request`` sends: 4 characters a token.
+
+    Counts the system prompt, every message's text, tool calls and tool
+    specifications, plus a few tokens of framing per message. Meant to be
+    corrected by the usage the answer reports, not to be exact.
+    """
+    chars = len(request.system or "")
+    framing = 3
+    for message in request.messages:
+        framing += 4
+        chars += len(message.content)
+        for call in message.tool_calls:
+            chars += len(call.name) + len(call.raw_arguments or str(call.arguments))
+    for spec in request.tools:
+        chars += len(spec.name) + len(spec.description)
+        chars += len(json.dumps(spec.parameters))
+    return framing + (chars + 3) // 4
+
+
+def estimate_tokens(request: ChatRequest, default_max_tokens: int) -> int:
+    """The tokens a request is charged at grant time: prompt plus answer."""
+    answer = request.max_tokens
+    return estimate_prompt_tokens(request) + (
+        default_max_tokens if answer is None else answer
+    )
+
+
+@final
+@attrs.frozen
+class BudgetStatistics:
+    """A provider's budgets as its scheduler sees them now.
+
+    Attributes:
+        requests_per_minute: The request budget in use (configured, else
+            learned), or ``None``.
+        tokens_per_minute: The token budget in use, or ``None``.
+        requests_available: Requests the budget holds now (may be below 0
+            for a while after a request larger than a minute's budget), or
+            ``None``.
+        tokens_available: Tokens the budget holds now, or ``None``.
+        learned: Whether figures from the provider's answers were used.
+        waiting_for_budget: Whether the oldest waiter waits for budget, not
+            for a slot.
+    """
+
+    requests_per_minute: float | None
+    tokens_per_minute: float | None
+    requests_available: float | None
+    tokens_available: float | None
+    learned: bool
+    waiting_for_budget: bool
+
+
+@final
+class Bucket:
+    """A budget that refills continuously: ``rate`` per second, up to ``capacity``."""
+
+    __slots__ = ("capacity", "configured", "level", "per_minute", "rate")
+
+    def __init__(self, per_minute: float, *, configured: bool) -> None:
+        self.capacity = per_minute
+        self.per_minute = per_minute
+        self.rate = per_minute / 60.0
+        self.level = per_minute
+        self.configured = configured
+
+    def __repr__(self) -> str:
+        return f"<Bucket {self.level}/{self.capacity} +{self.rate}/s>"
+
+    def need(self, cost: float) -> float:
+        """How much is missing before ``cost`` may be charged (0: nothing)."""
+        missing = min(cost, self.capacity) - self.level
+        # A hair of float error must not keep a request out for good.
+        return missing if missing > 1e-9 * max(1.0, cost) else 0.0
+
+    def refill(self, seconds: float) -> None:
+        """Add what ``seconds`` bring, up to the capacity."""
+        if seconds > 0 and self.level < self.capacity:
+            self.level = min(self.capacity, self.level + self.rate * seconds)
+
+    def at(self, seconds: float) -> float:
+        """The level ``seconds`` from now, if nothing is charged meanwhile."""
+        if seconds <= 0 or self.level >= self.capacity:
+            return self.level
+        return min(self.capacity, self.level + self.rate * seconds)
+
+    def take(self, amount: float) -> None:
+        """Charge ``amount`` (a negative amount gives back, up to the capacity)."""
+        self.level = min(self.capacity, self.level - amount)
+
+    def learn(self, quota: Quota, held: float) -> bool:
+        """Take a quota's figures into account; ``False`` if they say nothing usable."""
+        limit = quota.limit
+        usable = limit is not None and 0 < limit < 1e15
+        if usable and not self.configured:
+            assert limit is not None
+            self.capacity = self.per_minute = float(limit)
+            self.rate = self.capacity / 60.0
+            remaining, reset = quota.remaining, quota.reset
+            if remaining is not None and reset and remaining < limit:
+                slower = (limit - remaining) / reset
+                if slower < self.rate:
+                    self.rate = slower
+                    self.per_minute = 60.0 * slower
+            self.level = min(self.level, self.capacity)
+        remaining = quota.remaining
+        if remaining is None or remaining >= 1e15:
+            return usable
+        self.level = min(self.level, remaining - held)
+        return True
+
+
+def _learned_bucket(quota: Quota | None) -> Bucket | None:
+    """A new bucket for a quota with a usable limit, else ``None``."""
+    if quota is None or quota.limit is None or not 0 < quota.limit < 1e15:
+        return None
+    return Bucket(float(quota.limit), configured=False)
+
+
+@final
+class Adaptive:
+    """The state of an ``AdaptiveLimit``: AIMD between its bounds."""
+
+    __slots__ = ("maximum", "minimum", "slow_start", "spec", "value")
+
+    def __init__(self, spec: AdaptiveLimit) -> None:
+        self.spec = spec
+        self.minimum = spec.minimum
+        self.maximum = spec.maximum
+        self.value = float(spec.initial)
+        self.slow_start = True
+
+    @property
+    def limit(self) -> int:
+        """The current limit: the value rounded down, within the bounds."""
+        return min(self.maximum, max(self.minimum, int(self.value)))
+
+    def increase(self) -> None:
+        """One success with the limit in use."""
+        step = 1.0 if self.slow_start else 1.0 / self.limit
+        self.value = min(float(self.maximum), self.value + step)
+
+    def decrease(self) -> None:
+        """One round of rate-limit reports."""
+        self.slow_start = False
+        self.value = max(float(self.minimum), self.limit * self.spec.backoff)
+
+
+@final
+class Throttle:
+    """Budgets and an adaptive limit for one provider's policy.
+
+    Args:
+        budget: The configured budget, or ``None``.
+        adaptive: The adaptive limit, or ``None`` for a fixed one.
+        learn: Whether ``observe`` learns from rate-limit figures.
+        now: The time of creation, on the policy's clock.
+    """
+
+    __slots__ = (
+        "_adaptive",
+        "_blocked",
+        "_costs",
+        "_granted",
+        "_granted_at_round",
+        "_held",
+        "_in_use",
+        "_learn",
+        "_learned",
+        "_now",
+        "_reported",
+        "_requests",
+        "_tokens",
+        "_unanswered",
+        "_unanswered_tokens",
+        "default_max_tokens",
+    )
+
+    def __init__(
+        self,
+        budget: Budget | None = None,
+        adaptive: AdaptiveLimit | None = None,
+        *,
+        learn: bool = True,
+        now: float = 0.0,
+    ) -> None:
+        self._now = now
+        self._learn = learn
+        self._learned = False
+        rpm = None if budget is None else budget.requests_per_minute
+        tpm = None if budget is None else budget.tokens_per_minute
+        self._requests = None if rpm is None else Bucket(rpm, configured=True)
+        self._tokens = None if tpm is None else Bucket(tpm, configured=True)
+        self.default_max_tokens = (
+            DEFAULT_MAX_TOKENS if budget is None else budget.default_max_tokens
+        )
+        self._adaptive = None if adaptive is None else Adaptive(adaptive)
+        # Estimated tokens of waiting tickets, and the charge of each holder.
+        self._costs: dict[Ticket, int] = {}
+        self._held: dict[Ticket, int] = {}
+        # The holders whose answer has not started, and their charges.
+        self._unanswered: set[Ticket] = set()
+        self._unanswered_tokens = 0
+        # The cost the oldest waiter waits for, if the budget holds it back.
+        self._blocked: int | None = None
+        # The adaptive limit's bookkeeping: holders granted with the limit in
+        # use, holders at the latest rate-limit report (not a success when
+        # they end), and grants since the latest round of reports.
+        self._in_use: set[Ticket] = set()
+        self._reported: set[Ticket] = set()
+        self._granted = 0
+        self._granted_at_round = -1
+
+    def __repr__(self) -> str:
+        return (
+            f"<Throttle requests={self._requests!r} tokens={self._tokens!r}"
+            f" limit={None if self._adaptive is None else self._adaptive.limit}>"
+        )
+
+    @property
+    def adaptive(self) -> AdaptiveLimit | None:
+        """The adaptive limit in use, or ``None``."""
+        return None if self._adaptive is None else self._adaptive.spec
+
+    @property
+    def limit(self) -> int | None:
+        """The adaptive limit's current value, or ``None`` for a fixed limit."""
+        return None if self._adaptive is None else self._adaptive.limit
+
+    @property
+    def learns(self) -> bool:
+        """Whether rate-limit figures are learned."""
+        return self._learn
+
+    def adapt(self, adaptive: AdaptiveLimit | None) -> int | None:
+        """Use ``adaptive`` from now on (``None``: a fixed limit); its first value."""
+        self._adaptive = None if adaptive is None else Adaptive(adaptive)
+        self._in_use.clear()
+        self._reported.clear()
+        return None if self._adaptive is None else self._adaptive.limit
+
+    def advance(self, now: float) -> None:
+        """The time is ``now``: the buckets refill."""
+        seconds = now - self._now
+        if seconds <= 0:
+            return
+        self._now = now
+        if self._requests is not None:
+            self._requests.refill(seconds)
+        if self._tokens is not None:
+            self._tokens.refill(seconds)
+
+    def expect(self, ticket: Ticket, tokens: int) -> None:
+        """``ticket`` asks for a slot and is estimated at ``tokens``."""
+        if tokens:
+            self._costs[ticket] = tokens
+
+    def forget(self, ticket: Ticket) -> None:
+        """``ticket`` stopped waiting."""
+        self._costs.pop(ticket, None)
+
+    def admit(self, ticket: Ticket, in_flight: int, limit: int | None) -> bool:
+        """Charge ``ticket`` and return ``True`` if the budgets hold it now.
+
+        ``in_flight`` is how many hold a slot before this grant, and
+        ``limit`` the limit it is granted under. When the budgets do not
+        hold it, nothing changes but ``ready_at``.
+        """
+        cost = self._costs.get(ticket, 0)
+        requests, tokens = self._requests, self._tokens
+        if (requests is not None and requests.need(1)) or (
+            tokens is not None and cost and tokens.need(cost)
+        ):
+            self._blocked = cost
+            return False
+        self._blocked = None
+        if requests is not None:
+            requests.take(1)
+        if cost:
+            del self._costs[ticket]
+            if tokens is not None:
+                tokens.take(cost)
+        self._held[ticket] = cost
+        self._unanswered.add(ticket)
+        self._unanswered_tokens += cost
+        self._granted += 1
+        if (
+            self._adaptive is not None
+            and limit is not None
+            and 2 * (in_flight + 1) >= limit
+        ):
+            self._in_use.add(ticket)
+        return True
+
+    def unblock(self) -> None:
+        """Forget what the oldest waiter waited for: the policy looks again."""
+        self._blocked = None
+
+    @property
+    def blocked(self) -> bool:
+        """Whether the oldest waiter waits for budget."""
+        return self._blocked is not None
+
+    def ready_at(self) -> float | None:
+        """When the budgets will hold the oldest waiter, if they hold it back."""
+        cost = self._blocked
+        if cost is None:
+            return None
+        seconds = 0.0
+        for bucket, amount in ((self._requests, 1), (self._tokens, cost)):
+            if bucket is not None and amount:
+                missing = bucket.need(amount)
+                if missing:
+                    seconds = max(seconds, missing / bucket.rate)
+        ready = self._now + seconds
+        # At least one float step ahead, so that waking there makes progress.
+        return ready if ready > self._now else math.nextafter(self._now, math.inf)
+
+    def release(self, ticket: Ticket, *, success: bool) -> int | None:
+        """``ticket`` gave its slot back; the new adaptive limit, if it changed."""
+        cost = self._held.pop(ticket, None)
+        if cost is None:
+            return None
+        self.answered(ticket, cost)
+        in_use = ticket in self._in_use
+        self._in_use.discard(ticket)
+        if ticket in self._reported:
+            self._reported.discard(ticket)
+            return None
+        adaptive = self._adaptive
+        if not success or not in_use or adaptive is None:
+            return None
+        before = adaptive.limit
+        adaptive.increase()
+        return adaptive.limit if adaptive.limit != before else None
+
+    def report_usage(self, ticket: Ticket, tokens: int) -> bool:
+        """The request of held ``ticket`` used ``tokens`` in all.
+
+        Its charge becomes ``tokens``: the difference is given back or taken.
+        Returns whether that gave tokens back (the head may fit now).
+        """
+        charged = self._held.get(ticket)
+        if charged is None:
+            return False
+        self.answered(ticket)
+        self._held[ticket] = tokens
+        if self._tokens is not None:
+            self._tokens.take(tokens - charged)
+        return tokens < charged
+
+    def answered(self, ticket: Ticket, cost: int | None = None) -> None:
+        """The answer of held ``ticket`` started: the server has counted it."""
+        if ticket in self._unanswered:
+            self._unanswered.remove(ticket)
+            self._unanswered_tokens -= self._held[ticket] if cost is None else cost
+
+    def rate_limited(self, holders: frozenset[Ticket] | set[Ticket]) -> int | None:
+        """A rate-limit answer arrived; the new adaptive limit, if it changed.
+
+        Reports with no grant since the previous one share its round and its
+        decrease. ``holders`` are the slots held now: none of them counts as
+        a success when it ends.
+        """
+        self._reported = set(holders)
+        adaptive = self._adaptive
+        if adaptive is None or self._granted == self._granted_at_round:
+            return None
+        self._granted_at_round = self._granted
+        before = adaptive.limit
+        adaptive.decrease()
+        return adaptive.limit if adaptive.limit != before else None
+
+    def observe(self, info: RateLimitInfo) -> None:
+        """Learn from the rate-limit figures of one answer (see the module notes)."""
+        if not self._learn:
+            return
+        held = float(self._unanswered_tokens)
+        if info.requests is not None:
+            if self._requests is None:
+                self._requests = _learned_bucket(info.requests)
+            if self._requests is not None and self._requests.learn(
+                info.requests, float(len(self._unanswered))
+            ):
+                self._learned = True
+        if info.tokens is not None:
+            if self._tokens is None:
+                self._tokens = _learned_bucket(info.tokens)
+            if self._tokens is not None and self._tokens.learn(info.tokens, held):
+                self._learned = True
+
+    def statistics(self, now: float | None = None) -> BudgetStatistics | None:
+        """The budgets at ``now`` (default: the latest ``advance``), or ``None``."""
+        requests, tokens = self._requests, self._tokens
+        if requests is None and tokens is None:
+            return None
+        seconds = 0.0 if now is None else max(0.0, now - self._now)
+        return BudgetStatistics(
+            requests_per_minute=None if requests is None else requests.per_minute,
+            tokens_per_minute=None if tokens is None else tokens.per_minute,
+            requests_available=None if requests is None else requests.at(seconds),
+            tokens_available=None if tokens is None else tokens.at(seconds),
+            learned=self._learned,
+            waiting_for_budget=self._blocked is not None,
+        )
+
+
+def check_limit_mapping(limits: object) -> dict[str, int | AdaptiveLimit]:
+    """A mapping of provider names to limits (ints or adaptive), checked whole."""
+    if limits is None:
+        return {}
+    if not isinstance(limits, Mapping):
+        raise TypeError(
+            f"limits must be a mapping of provider to limit, got {limits!r}"
+        )
+    return {
+        check_provider(provider): check_limit_value(limit, f"limit for {provider!r}")
+        for provider, limit in limits.items()
+    }
+
+
+def check_budgets(budgets: object) -> dict[str, Budget]:
+    """A mapping of provider names to ``Budget`` values, checked whole."""
+    if budgets is None:
+        return {}
+    if not isinstance(budgets, Mapping):
+        raise TypeError(
+            f"budgets must be a mapping of provider to Budget, got {budgets!r}"
+        )
+    checked: dict[str, Budget] = {}
+    for provider, budget in budgets.items():
+        if not isinstance(budget, Budget):
+            raise TypeError(f"budget for {provider!r} must be a Budget, got {budget!r}")
+        checked[check_provider(provider)] = budget
+    return checked
