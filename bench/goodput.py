@@ -15,8 +15,10 @@ on arrival and gives back what the answer did not use at its end.
 Closed-loop agents (each starts within the first 30 seconds, then sends its
 next turn as soon as the last one is answered, retrying a 429 until it
 succeeds) run through the real dispatcher and ``wrap_provider`` under
-trio's ``MockClock``, so a run of ten virtual minutes takes seconds and is
-exactly repeatable. Each scheme runs the same workload:
+trio's ``MockClock``, so a run of ten virtual minutes takes seconds. The
+workload is seeded; trio's own shuffling of tasks woken together can move
+the figures of the schemes that meet many 429s by a few tenths of a
+percent from run to run. Each scheme runs the same workload:
 
 (a) a fixed limit set too high; (b) a fixed limit set too low; (c) a
 LiteLLM-style cooldown: a fixed limit too high and a 5-second pause after
