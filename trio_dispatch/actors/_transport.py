@@ -42,7 +42,6 @@ import httpx2
 import trio
 
 from .._exceptions import SlotHoldTimeout
-from ..providers._retry_after import parse_retry_after
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -163,6 +162,9 @@ class Hold:
     def answered(self, status: int, headers: Mapping[str, str]) -> None:
         """Pause the provider if the answer says so; the answer is not touched."""
         if status in RATE_LIMITED:
+            # Only now: the providers package loads their HTTP client.
+            from ..providers._retry_after import parse_retry_after  # noqa: PLC0415
+
             self._dispatcher.report_rate_limit(
                 self._slot.provider, parse_retry_after(headers, time.time())
             )
