@@ -21,7 +21,7 @@ import enum
 import logging
 import math
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Final, Literal, Self, final
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, final, overload
 
 import attrs
 import trio
@@ -73,6 +73,9 @@ from ._scheduler import SchedulerActor
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable, Mapping
     from types import TracebackType
+
+    import httpx
+    import httpx2
 
     from .._budgets import Budget, BudgetStatistics
     from .._ledger import Ledger
@@ -267,6 +270,19 @@ class Slot(metaclass=NoPublicConstructor):
     # expects its answer would leak the slot.
     @trio.lowlevel.enable_ki_protection
     async def __aenter__(self) -> Self:
+        await self._acquire()
+        # _task stays set: the task that must leave the slot.
+        if self._lease_deadline is not None or (
+            self._max_hold is not None and self.provider in self._dispatcher._limits
+        ):
+            hold = trio.CancelScope(deadline=self._deadline())
+            hold.__enter__()
+            self._hold = hold
+        return self
+
+    @trio.lowlevel.enable_ki_protection
+    async def _acquire(self) -> None:
+        """Wait for the grant; no timer yet (``__aenter__`` arms it)."""
         if self._state is not _NEW:
             raise RuntimeError("a slot can be entered only once")
         dispatcher = self._dispatcher
@@ -300,14 +316,6 @@ class Slot(metaclass=NoPublicConstructor):
             self._task = None
             error, self._error = self._error, None
             raise error
-        # _task stays set: the task that must leave the slot.
-        if self._lease_deadline is not None or (
-            self._max_hold is not None and self.provider in dispatcher._limits
-        ):
-            hold = trio.CancelScope(deadline=self._deadline())
-            hold.__enter__()
-            self._hold = hold
-        return self
 
     def _max_hold_deadline(self) -> float:
         if self._max_hold is None or self.provider not in self._dispatcher._limits:
@@ -677,6 +685,81 @@ class Dispatcher(metaclass=NoPublicConstructor):
             tokens=tokens or 0,
         )
         return slot
+
+    @overload
+    def transport(
+        self, provider: str, *, inner: httpx.AsyncBaseTransport
+    ) -> httpx.AsyncBaseTransport: ...
+
+    @overload
+    def transport(
+        self, provider: str, *, inner: httpx2.AsyncBaseTransport | None = None
+    ) -> httpx2.AsyncBaseTransport: ...
+
+    def transport(
+        self,
+        provider: str,
+        *,
+        inner: httpx2.AsyncBaseTransport | httpx.AsyncBaseTransport | None = None,
+    ) -> httpx2.AsyncBaseTransport | httpx.AsyncBaseTransport:
+        """An HTTP transport whose model calls each hold a slot of ``provider``.
+
+        Give it to the client an SDK uses (``httpx2.AsyncClient(transport=
+        dispatcher.transport("openai"))``). A model call (a ``POST`` whose
+        path ends in ``/chat/completions``, ``/completions``,
+        ``/responses``, ``/messages``, ``/complete`` or ``/embeddings``)
+        takes a slot before its first byte is sent and gives it back when
+        its response is closed: after the last byte, or when it is closed
+        early, fails or is cancelled. Anything else (``GET /models``,
+        files, batches, token counts) passes without a slot. A 429, 503 or
+        529 answer to a model call pauses the provider (``Retry-After``,
+        ``retry-after-ms``, see ``report_rate_limit``); the answer goes
+        back to the caller unchanged. The slot is the current turn's, as
+        with ``slot()`` without ``started_at``. ``max_hold`` bounds a model
+        call from its grant to its response's close: past it, the request
+        or the read under way fails with ``SlotHoldTimeout``, a response
+        that nobody reads is closed, and the slot goes back.
+
+        Args:
+            provider: The provider's name: whose slots the calls take.
+            inner: The transport that sends the requests:
+                ``httpx2.AsyncHTTPTransport()`` if ``None``. Given a legacy
+                ``httpx.AsyncBaseTransport``, the result is one too.
+
+        Raises:
+            TypeError: ``provider`` is not a string, or ``inner`` is not an
+                httpx2 or httpx async transport.
+            ValueError: ``provider`` is empty, or unknown while the
+                dispatcher's ``unknown_providers`` is ``"error"``.
+        """
+        from ._transport import transport_for  # noqa: PLC0415  # httpx2 only when asked for
+
+        check_provider(provider)
+        make = transport_for(inner)
+        if provider not in self._cleared:
+            self._unknown(provider)
+        return make(self, provider)
+
+    async def _hold(self, provider: str) -> tuple[Slot, float]:
+        """A granted slot of ``provider`` that any task may give back.
+
+        For a hold that does not end where it began (an HTTP response is
+        closed later, perhaps by another task), so it enters no cancel
+        scope: give it back with ``Slot._give_back()``. Returns the slot
+        and its ``max_hold`` deadline (trio clock; ``inf`` for none), which
+        the holder enforces. The turn is the current one (``slot()`` with
+        neither ``started_at`` nor ``conversation_id``).
+        """
+        slot = self.slot(provider, max_hold=None)
+        # Granted without the timer's cancel scope, which only the entering
+        # task could close (a lease deadline from Redis would arm one).
+        await slot._acquire()
+        slot._task = None
+        max_hold = self._settings.max_hold
+        if max_hold is None or provider not in self._limits:
+            return slot, math.inf
+        assert slot.granted_at is not None
+        return slot, slot.granted_at + max_hold
 
     def set_limit(self, provider: str, limit: int | AdaptiveLimit) -> None:
         """Limit ``provider`` to ``limit`` concurrent slots, now.

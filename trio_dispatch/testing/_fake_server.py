@@ -6,7 +6,8 @@
 from the encoders in ``_encoders``, and ``open_fake_llm_server`` (in
 ``_serve``) serves it on loopback.
 
-It checks what a real API would refuse: a missing key (401), a wrong one
+It checks what a real API would refuse: a missing key (401; Anthropic's
+``x-api-key`` or a bearer ``Authorization``, OpenAI's bearer), a wrong one
 when the server was given one (401), a missing ``anthropic-version``, a
 body that is not JSON or lacks ``model``, ``messages`` (and Anthropic's
 ``max_tokens``), or a request that does not ask to stream (400). It records
@@ -575,13 +576,20 @@ def _max_tokens(body: Mapping[str, Any]) -> int | None:
 
 
 def _key_in(wire: WireFormat, headers: Mapping[str, str]) -> str:
-    """The API key the request presents, or ``""``."""
-    if wire == "openai":
-        scheme, _, key = headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer":
-            key = ""
-    else:
-        key = headers.get("x-api-key", "")
+    """The API key the request presents, or ``""``.
+
+    OpenAI takes ``Authorization: Bearer <key>``. Anthropic takes its
+    ``x-api-key`` header or, as the official SDK sends an ``api_key`` or an
+    ``auth_token`` since its 2.x line, ``Authorization: Bearer <key>``;
+    ``x-api-key`` wins when a request carries both.
+    """
+    if wire == "anthropic":
+        key = headers.get("x-api-key", "").strip()
+        if key:
+            return key
+    scheme, _, key = headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        return ""
     return key.strip()
 
 

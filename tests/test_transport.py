@@ -1,0 +1,467 @@
+"""``Dispatcher.transport`` on in-memory transports, in virtual time.
+
+An ``httpx2.MockTransport`` stands in for the network: its handler runs
+where the request would be sent, so it sees whether a slot was held then,
+and a scripted body shows when the response is closed. The SDKs over real
+sockets are in ``test_transport_sdks.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import subprocess
+import sys
+from typing import TYPE_CHECKING
+
+import httpx
+import httpx2
+import pytest
+import trio
+import trio.testing
+
+from trio_dispatch import SlotHoldTimeout, open_dispatcher
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from trio_dispatch import Dispatcher
+
+URL = "https://llm.test/v1/chat/completions"
+
+
+class Body(httpx2.AsyncByteStream):
+    """A streamed body: ``chunks`` one ``gap`` apart; notes when it is closed."""
+
+    def __init__(self, chunks: int = 3, gap: float = 1.0) -> None:
+        self.chunks = chunks
+        self.gap = gap
+        self.closed_at: float | None = None
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for i in range(self.chunks):
+            await trio.sleep(self.gap)
+            yield b"chunk %d\n" % i
+
+    async def aclose(self) -> None:
+        if self.closed_at is None:
+            self.closed_at = trio.current_time()
+
+
+def in_flight(dispatcher: Dispatcher, provider: str = "p") -> int:
+    """Slots of ``provider`` held now."""
+    return dispatcher.statistics().providers[provider].in_flight
+
+
+def streaming(
+    dispatcher: Dispatcher, bodies: list[Body], sent: list[float], **body: float
+) -> httpx2.MockTransport:
+    """A mock network answering 200 with a new ``Body`` each time, noting when."""
+
+    def handle(request: httpx2.Request) -> httpx2.Response:
+        assert in_flight(dispatcher) >= 1
+        sent.append(trio.current_time())
+        bodies.append(Body(**body))  # type: ignore[arg-type]  # chunks is an int
+        return httpx2.Response(200, stream=bodies[-1])
+
+    return httpx2.MockTransport(handle)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "held"),
+    [
+        ("POST", "/v1/chat/completions", True),
+        ("POST", "/v1/completions", True),
+        ("POST", "/v1/responses", True),
+        ("POST", "/v1/embeddings", True),
+        ("POST", "/v1/messages", True),
+        ("POST", "/v1/complete", True),
+        ("POST", "/openai/deployments/gpt/chat/completions/", True),
+        ("GET", "/v1/models", False),
+        ("GET", "/v1/chat/completions", False),
+        ("POST", "/v1/messages/count_tokens", False),
+        ("POST", "/v1/messages/batches", False),
+        ("POST", "/v1/files", False),
+        ("POST", "/v1/responses/resp_1/cancel", False),
+        ("DELETE", "/v1/responses/resp_1", False),
+    ],
+)
+async def test_model_calls_hold_a_slot_while_they_are_sent_and_nothing_else_does(
+    method: str, path: str, held: bool
+) -> None:
+    seen: list[int | None] = []
+    async with open_dispatcher({"p": 1}) as dispatcher:
+
+        def handle(request: httpx2.Request) -> httpx2.Response:
+            stats = dispatcher.statistics().providers.get("p")
+            seen.append(None if stats is None else stats.in_flight)
+            return httpx2.Response(200, json={"ok": True})
+
+        transport = dispatcher.transport("p", inner=httpx2.MockTransport(handle))
+        async with httpx2.AsyncClient(transport=transport) as client:
+            response = await client.request(method, f"https://llm.test{path}")
+        assert response.json() == {"ok": True}
+        stats = dispatcher.statistics().providers["p"]
+    assert seen == [1 if held else 0]
+    assert (stats.granted_total, stats.in_flight) == (int(held), 0)
+
+
+async def test_a_stream_holds_its_slot_until_its_last_byte(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    bodies: list[Body] = []
+    sent: list[float] = []
+    ends: list[float] = []
+    released: list[int] = []
+    async with open_dispatcher({"p": 1}) as dispatcher:
+        inner = streaming(dispatcher, bodies, sent, chunks=3, gap=1.0)
+        client = httpx2.AsyncClient(transport=dispatcher.transport("p", inner=inner))
+
+        async def call() -> None:
+            async with client.stream("POST", URL) as response:
+                assert [c async for c in response.aiter_raw()] == [
+                    b"chunk 0\n",
+                    b"chunk 1\n",
+                    b"chunk 2\n",
+                ]
+                # Given back after the last byte, before the response is closed
+                # (and granted to the next request at once).
+                released.append(dispatcher.statistics().providers["p"].released_total)
+            ends.append(trio.current_time())
+
+        async with client, trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(call)
+        stats = dispatcher.statistics().providers["p"]
+    # One at a time: each request is sent when the one before has ended.
+    assert sent == [0.0, 3.0, 6.0]
+    assert ends == [3.0, 6.0, 9.0]
+    assert released == [1, 2, 3]
+    assert [body.closed_at for body in bodies] == [3.0, 6.0, 9.0]
+    assert (stats.granted_total, stats.released_total, stats.peak_in_flight) == (
+        3,
+        3,
+        1,
+    )
+
+
+async def test_closing_a_stream_early_gives_its_slot_back_at_once(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    bodies: list[Body] = []
+    sent: list[float] = []
+    async with open_dispatcher({"p": 1}) as dispatcher:
+        inner = streaming(dispatcher, bodies, sent, chunks=10, gap=1.0)
+        async with httpx2.AsyncClient(
+            transport=dispatcher.transport("p", inner=inner)
+        ) as client:
+            async with (
+                client.stream("POST", URL) as response,
+                contextlib.aclosing(response.aiter_raw()) as chunks,
+            ):
+                assert await anext(chunks) == b"chunk 0\n"
+                assert in_flight(dispatcher) == 1
+            assert in_flight(dispatcher) == 0
+    assert bodies[0].closed_at == 1.0
+
+
+async def test_cancelling_a_read_gives_the_slot_back(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    bodies: list[Body] = []
+    sent: list[float] = []
+    async with open_dispatcher({"p": 1}) as dispatcher:
+        inner = streaming(dispatcher, bodies, sent, chunks=10, gap=1.0)
+        async with httpx2.AsyncClient(
+            transport=dispatcher.transport("p", inner=inner)
+        ) as client:
+            with trio.move_on_after(2.5):
+                async with client.stream("POST", URL) as response:
+                    async for _ in response.aiter_raw():
+                        pass
+            assert in_flight(dispatcher) == 0
+    assert bodies[0].closed_at == 2.5
+
+
+async def test_an_error_before_the_answer_gives_the_slot_back() -> None:
+    async with open_dispatcher({"p": 1}) as dispatcher:
+
+        def refuse(request: httpx2.Request) -> httpx2.Response:
+            raise httpx2.ConnectError("refused", request=request)
+
+        transport = dispatcher.transport("p", inner=httpx2.MockTransport(refuse))
+        async with httpx2.AsyncClient(transport=transport) as client:
+            with pytest.raises(httpx2.ConnectError, match=r"^refused$"):
+                await client.post(URL)
+        stats = dispatcher.statistics().providers["p"]
+    assert (stats.granted_total, stats.released_total) == (1, 1)
+
+
+async def test_a_request_cancelled_while_it_waits_is_never_sent(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    bodies: list[Body] = []
+    sent: list[float] = []
+    async with open_dispatcher({"p": 1}) as dispatcher:
+        inner = streaming(dispatcher, bodies, sent, chunks=2, gap=1.0)
+        async with httpx2.AsyncClient(
+            transport=dispatcher.transport("p", inner=inner)
+        ) as client:
+
+            async def call() -> None:
+                async with client.stream("POST", URL) as response:
+                    await response.aread()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(call)
+                await trio.testing.wait_all_tasks_blocked()
+                with trio.CancelScope() as waiting:
+                    waiting.cancel()
+                    await client.post(URL)
+                with trio.move_on_after(1.0):
+                    await client.post(URL)
+            stats = dispatcher.statistics().providers["p"]
+    assert sent == [0.0]
+    assert (stats.granted_total, stats.withdrawn_total) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "pause"),
+    [
+        (429, {"retry-after": "2"}, 2.0),
+        (503, {"retry-after-ms": "1500"}, 1.5),
+        (529, {}, 0.25),
+        (500, {"retry-after": "2"}, None),
+    ],
+)
+async def test_a_rate_limit_answer_pauses_the_provider_and_reaches_the_caller_unchanged(
+    autojump_clock: trio.abc.Clock,
+    status: int,
+    headers: dict[str, str],
+    pause: float | None,
+) -> None:
+    body = {"error": {"type": "rate_limit_error", "message": "slow down"}}
+    async with open_dispatcher({"p": 2}, default_pause=0.25) as dispatcher:
+        await trio.sleep(10)
+
+        def handle(request: httpx2.Request) -> httpx2.Response:
+            return httpx2.Response(status, headers=headers, json=body)
+
+        transport = dispatcher.transport("p", inner=httpx2.MockTransport(handle))
+        async with httpx2.AsyncClient(transport=transport) as client:
+            response = await client.post(URL)
+        stats = dispatcher.statistics().providers["p"]
+    assert response.status_code == status
+    assert response.json() == body
+    for name, value in headers.items():
+        assert response.headers[name] == value
+    assert stats.paused_until == (None if pause is None else 10.0 + pause)
+    assert stats.in_flight == 0
+
+
+async def test_max_hold_cuts_a_request_waiting_for_its_answer(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with open_dispatcher({"p": 1}, max_hold=5.0) as dispatcher:
+
+        async def slow(request: httpx2.Request) -> httpx2.Response:
+            await trio.sleep(60)
+            return httpx2.Response(200)
+
+        transport = dispatcher.transport("p", inner=httpx2.MockTransport(slow))
+        async with httpx2.AsyncClient(transport=transport) as client:
+            with pytest.raises(
+                SlotHoldTimeout,
+                match=r"^slot held longer than max_hold=5.0 seconds$",
+            ):
+                await client.post(URL)
+        assert trio.current_time() == 5.0
+        assert in_flight(dispatcher) == 0
+
+
+async def test_max_hold_cuts_a_read_and_closes_the_body(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    bodies: list[Body] = []
+    sent: list[float] = []
+    async with open_dispatcher({"p": 1}, max_hold=2.5) as dispatcher:
+        inner = streaming(dispatcher, bodies, sent, chunks=10, gap=1.0)
+        async with httpx2.AsyncClient(
+            transport=dispatcher.transport("p", inner=inner)
+        ) as client:
+            got: list[bytes] = []
+            with pytest.raises(SlotHoldTimeout):
+                async with client.stream("POST", URL) as response:
+                    async for chunk in response.aiter_raw():
+                        got.append(chunk)
+            assert trio.current_time() == 2.5
+            assert got == [b"chunk 0\n", b"chunk 1\n"]
+            assert in_flight(dispatcher) == 0
+    assert bodies[0].closed_at == 2.5
+
+
+async def test_max_hold_closes_a_body_nobody_reads_and_a_later_read_fails(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    bodies: list[Body] = []
+    sent: list[float] = []
+    async with open_dispatcher({"p": 1}, max_hold=2.5) as dispatcher:
+        inner = streaming(dispatcher, bodies, sent, chunks=2, gap=1.0)
+        async with httpx2.AsyncClient(
+            transport=dispatcher.transport("p", inner=inner)
+        ) as client:
+            async with client.stream("POST", URL) as response:
+                chunks = response.aiter_raw()
+                assert await anext(chunks) == b"chunk 0\n"
+                # The consumer stops reading: the timer closes the body and
+                # gives the slot back at the deadline, while it sleeps.
+                await trio.sleep(2.0)
+                assert (in_flight(dispatcher), bodies[0].closed_at) == (0, 2.5)
+                with pytest.raises(SlotHoldTimeout):
+                    await anext(chunks)
+                # The next request goes at once.
+                second = await client.post(URL)
+                assert second.status_code == 200
+                await chunks.aclose()
+            stats = dispatcher.statistics().providers["p"]
+    assert sent == [0.0, 3.0]
+    assert (stats.granted_total, stats.released_total, stats.peak_in_flight) == (
+        2,
+        2,
+        1,
+    )
+
+
+async def test_without_max_hold_a_body_nobody_reads_keeps_its_slot(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    bodies: list[Body] = []
+    sent: list[float] = []
+    async with open_dispatcher({"p": 1}) as dispatcher:
+        inner = streaming(dispatcher, bodies, sent, chunks=3, gap=1.0)
+        async with (
+            httpx2.AsyncClient(
+                transport=dispatcher.transport("p", inner=inner)
+            ) as client,
+            client.stream("POST", URL) as response,
+        ):
+            await trio.sleep(100)
+            assert in_flight(dispatcher) == 1
+            assert bodies[0].closed_at is None
+            await response.aread()
+            assert in_flight(dispatcher) == 0
+
+
+async def test_a_legacy_httpx_inner_gives_a_legacy_transport(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    sent: list[float] = []
+    async with open_dispatcher({"p": 1}, max_hold=10.0) as dispatcher:
+
+        class LegacyBody(httpx.AsyncByteStream):
+            async def __aiter__(self) -> AsyncIterator[bytes]:
+                for _ in range(2):
+                    await trio.sleep(1.0)
+                    yield b"x"
+
+        def handle(request: httpx.Request) -> httpx.Response:
+            sent.append(trio.current_time())
+            assert in_flight(dispatcher) == 1
+            return httpx.Response(200, stream=LegacyBody())
+
+        transport = dispatcher.transport("p", inner=httpx.MockTransport(handle))
+        assert isinstance(transport, httpx.AsyncBaseTransport)
+        assert type(transport).__mro__[1] is httpx.AsyncBaseTransport
+        async with (
+            httpx.AsyncClient(transport=transport) as client,
+            trio.open_nursery() as nursery,
+        ):
+            for _ in range(2):
+                nursery.start_soon(client.post, URL)
+        stats = dispatcher.statistics().providers["p"]
+    assert sent == [0.0, 2.0]
+    assert (stats.granted_total, stats.released_total) == (2, 2)
+
+
+async def test_the_default_inner_is_an_httpx2_http_transport() -> None:
+    async with open_dispatcher({"p": 1}) as dispatcher:
+        transport = dispatcher.transport("p")
+        assert isinstance(transport, httpx2.AsyncBaseTransport)
+        assert repr(transport).startswith("<trio_dispatch transport 'p' inner=")
+        assert "AsyncHTTPTransport" in repr(transport)
+        await transport.aclose()
+
+
+@pytest.mark.parametrize(
+    ("provider", "inner", "error", "message"),
+    [
+        (
+            b"p",
+            None,
+            TypeError,
+            r"^provider must be a non-empty string, got b'p'$",
+        ),
+        (
+            "p",
+            object(),
+            TypeError,
+            r"^inner must be an httpx2.AsyncBaseTransport or an"
+            r" httpx.AsyncBaseTransport, got object$",
+        ),
+        (
+            "p",
+            httpx2.AsyncClient,
+            TypeError,
+            r"^inner must be an httpx2.AsyncBaseTransport or an"
+            r" httpx.AsyncBaseTransport, got type$",
+        ),
+        ("", None, ValueError, r"^provider must be a non-empty string, got ''$"),
+    ],
+)
+async def test_bad_arguments_are_refused_at_the_call(
+    provider: object,
+    inner: object,
+    error: type[Exception],
+    message: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with open_dispatcher({"known": 1}) as dispatcher:
+        with pytest.raises(error, match=message):
+            dispatcher.transport(provider, inner=inner)  # type: ignore[call-overload]  # wrong on purpose
+        assert set(dispatcher.statistics().providers) == {"known"}
+    # Refused before the unknown provider was looked at.
+    assert not caplog.records
+
+
+async def test_an_unknown_provider_is_refused_at_the_call_when_asked(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with open_dispatcher({"known": 1}, unknown_providers="error") as dispatcher:
+        with pytest.raises(
+            ValueError,
+            match=r"^provider 'typo' has no limit; known providers: 'known'$",
+        ):
+            dispatcher.transport("typo")
+    async with open_dispatcher({"known": 1}) as dispatcher:
+        with caplog.at_level(logging.WARNING, logger="trio_dispatch"):
+            transport = dispatcher.transport("typo")
+            await transport.aclose()
+    assert [record.getMessage() for record in caplog.records] == [
+        "provider 'typo' has no limit, so it runs unlimited; limited providers: 'known'"
+    ]
+
+
+def test_a_transport_on_httpx2_imports_no_legacy_httpx() -> None:
+    code = (
+        "import sys, trio, trio_dispatch\n"
+        "async def main():\n"
+        "    async with trio_dispatch.open_dispatcher({'p': 1}) as d:\n"
+        "        await d.transport('p').aclose()\n"
+        "assert 'httpx2' not in sys.modules\n"
+        "trio.run(main)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'httpx'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert done.stdout == "[]\n"

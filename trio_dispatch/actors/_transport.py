@@ -1,0 +1,332 @@
+"""An HTTP transport whose model calls hold dispatcher slots: ``Dispatcher.transport``.
+
+The official SDKs (``openai``, ``anthropic``) send every request through an
+``httpx2.AsyncClient``, whose transport is the one place that sees both the
+request before its first byte and the response until it is closed. So the
+slot is taken in ``handle_async_request`` and given back when the response
+body is closed, after its last byte or earlier, whoever closes it.
+
+That hold does not nest: it begins in the task that sends the request and
+ends wherever the response is closed, later, maybe in another task. So it
+is taken with ``Dispatcher._hold`` (no cancel scope, given back by any
+task) and ``max_hold`` is enforced here, without a scope that would outlive
+the call that entered it:
+
+* until the response headers, and during each read of the body, the
+  reading task's own ``move_on_at(deadline)``, entered and left inside the
+  one call, so trio's scopes stay nested;
+* between reads, a timer task in the dispatcher's nursery: at the deadline,
+  if no read is under way, it closes the body itself (a read under way has
+  its own deadline), so a consumer that stopped reading cannot hold the
+  slot, nor the server's stream, past ``max_hold``.
+
+Either way the body's connection is closed before the slot goes back, so
+the provider never sees more streams than the limit. A later read raises
+``SlotHoldTimeout``.
+
+Which requests take a slot: a ``POST`` whose path ends in a model call's
+endpoint (see ``takes_slot``). Everything else an SDK sends (listing
+models, files, batches, token counts) passes straight through.
+
+``_transport_legacy`` holds the same transport for the legacy ``httpx``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import TYPE_CHECKING, Final, final
+
+import httpx2
+import trio
+
+from .._exceptions import SlotHoldTimeout
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+    from types import TracebackType
+
+    import httpx
+
+    from ._dispatcher import Dispatcher, Slot
+
+    MakeTransport = Callable[
+        [Dispatcher, str], httpx2.AsyncBaseTransport | httpx.AsyncBaseTransport
+    ]
+
+#: Answers that say "slow down" for the whole account: they pause the provider.
+RATE_LIMITED: Final = frozenset({429, 503, 529})
+
+#: The last path segments of the endpoints that run a model: OpenAI's chat
+#: completions, completions, responses and embeddings, Anthropic's messages
+#: and legacy completions. Matched at the end of the path, so a base URL
+#: with a prefix (``/v1``, ``/openai/deployments/x``) still matches.
+MODEL_CALLS: Final = (
+    "/completions",
+    "/responses",
+    "/messages",
+    "/complete",
+    "/embeddings",
+)
+
+
+def takes_slot(method: str, path: str) -> bool:
+    """Whether a request runs a model, and so takes a slot: a ``POST`` to a model call."""
+    return method == "POST" and path.rstrip("/").endswith(MODEL_CALLS)
+
+
+def transport_for(inner: object) -> MakeTransport:
+    """How to make a transport around ``inner``; TypeError if it is no transport.
+
+    ``None`` is a new ``httpx2.AsyncHTTPTransport``, made only once the
+    call's other checks have passed.
+    """
+    if inner is None:
+        return lambda dispatcher, provider: DispatchTransport(
+            dispatcher, provider, httpx2.AsyncHTTPTransport()
+        )
+    if isinstance(inner, httpx2.AsyncBaseTransport):
+        checked = inner
+        return lambda dispatcher, provider: DispatchTransport(
+            dispatcher, provider, checked
+        )
+    # An httpx transport exists only if httpx was imported: do not import it
+    # just to say no.
+    legacy = sys.modules.get("httpx")
+    if legacy is not None and isinstance(inner, legacy.AsyncBaseTransport):
+        from ._transport_legacy import LegacyDispatchTransport  # noqa: PLC0415
+
+        old = inner
+        return lambda dispatcher, provider: LegacyDispatchTransport(
+            dispatcher, provider, old
+        )
+    raise TypeError(
+        "inner must be an httpx2.AsyncBaseTransport or an httpx.AsyncBaseTransport,"
+        f" got {type(inner).__name__}"
+    )
+
+
+def hold_timeout(max_hold: float | None) -> SlotHoldTimeout:
+    """The error of a transport's call held past ``max_hold``."""
+    return SlotHoldTimeout(f"slot held longer than max_hold={max_hold} seconds")
+
+
+@final
+class Hold:
+    """One model call's slot, from its request until its response is closed.
+
+    Shared by both transports, whatever their httpx. ``give_back`` is
+    synchronous and idempotent; ``close`` closes the body, then gives back.
+    """
+
+    __slots__ = (
+        "_closing",
+        "_deadline",
+        "_dispatcher",
+        "_expired",
+        "_reading",
+        "_slot",
+        "_timer",
+    )
+
+    def __init__(self, dispatcher: Dispatcher, slot: Slot, deadline: float) -> None:
+        self._dispatcher = dispatcher
+        self._slot = slot
+        self._deadline = deadline
+        self._reading = False
+        self._expired = False
+        self._closing = False
+        self._timer: trio.CancelScope | None = None
+
+    @classmethod
+    async def take(cls, dispatcher: Dispatcher, provider: str) -> Hold:
+        """Wait for a slot of ``provider``; if this raises, nothing is held."""
+        slot, deadline = await dispatcher._hold(provider)
+        return cls(dispatcher, slot, deadline)
+
+    def give_back(self) -> None:
+        """Give the slot back now (again: nothing), and stop the timer."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._slot._give_back()
+
+    def timeout(self) -> SlotHoldTimeout:
+        """The error of this call held past ``max_hold``."""
+        return hold_timeout(self._dispatcher._settings.max_hold)
+
+    def timed(self) -> _Timed:
+        """A block cut at the deadline: it then raises ``SlotHoldTimeout``."""
+        return _Timed(self)
+
+    def answered(self, status: int, headers: Mapping[str, str]) -> None:
+        """Pause the provider if the answer says so; the answer is not touched."""
+        if status in RATE_LIMITED:
+            # Only now: the providers package loads their HTTP client.
+            from ..providers._retry_after import parse_retry_after  # noqa: PLC0415
+
+            self._dispatcher.report_rate_limit(
+                self._slot.provider, parse_retry_after(headers, time.time())
+            )
+
+    def watch(self, close: Callable[[], Awaitable[None]]) -> None:
+        """Close the body with ``close`` at the deadline, unless a read is under way."""
+        if math.isinf(self._deadline) or self._dispatcher.closed:
+            return
+        self._timer = trio.CancelScope(deadline=self._deadline)
+        self._dispatcher._nursery.start_soon(
+            self._expire, close, self._timer, name="trio_dispatch transport max_hold"
+        )
+
+    async def _expire(
+        self, close: Callable[[], Awaitable[None]], timer: trio.CancelScope
+    ) -> None:
+        with timer:
+            await trio.sleep_forever()
+        # Cancelled by give_back (done) or by its deadline; a read under way
+        # has the same deadline in its own task, and stops itself.
+        if not self._slot.held or self._closing or self._reading:
+            return
+        self._expired = True
+        await close()
+
+    async def read(
+        self, chunks: AsyncIterator[bytes], close: Callable[[], Awaitable[None]]
+    ) -> bytes | None:
+        """The next chunk of the body, or ``None`` after the last one.
+
+        After the last one the slot goes back; past the deadline the body is
+        closed with ``close`` first.
+
+        Raises:
+            SlotHoldTimeout: The deadline passed.
+        """
+        if self._expired:
+            raise self.timeout()
+        if math.isinf(self._deadline):
+            try:
+                return await anext(chunks)
+            except StopAsyncIteration:
+                self.give_back()
+                return None
+        self._reading = True
+        try:
+            with trio.move_on_at(self._deadline):
+                return await anext(chunks)
+        except StopAsyncIteration:
+            self.give_back()
+            return None
+        finally:
+            self._reading = False
+        self._expired = True
+        await close()
+        raise self.timeout()
+
+    async def close(self, close_inner: Callable[[], Awaitable[None]]) -> None:
+        """Close the body with ``close_inner`` (once), then give the slot back."""
+        if self._closing:
+            return
+        self._closing = True
+        try:
+            await close_inner()
+        finally:
+            self.give_back()
+
+
+@final
+class _Timed:
+    """``Hold.timed()``: the reading task's own scope, cut at the deadline."""
+
+    __slots__ = ("_hold", "_scope")
+
+    def __init__(self, hold: Hold) -> None:
+        self._hold = hold
+        self._scope = trio.CancelScope(deadline=hold._deadline)
+
+    def __enter__(self) -> None:
+        self._scope.__enter__()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        swallowed = self._scope.__exit__(exc_type, exc, tb)
+        if self._scope.cancelled_caught:
+            raise self._hold.timeout()
+        return swallowed
+
+
+@final
+class _HeldBody(httpx2.AsyncByteStream):
+    """A response body that holds its call's slot until it is closed."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, hold: Hold) -> None:
+        self._inner = inner
+        self._hold = hold
+        hold.watch(self.aclose)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        chunks = self._inner.__aiter__()
+        try:
+            while (chunk := await self._hold.read(chunks, self.aclose)) is not None:
+                yield chunk
+        finally:
+            # As httpx closes the body's iterator: the inner one, at once.
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def aclose(self) -> None:
+        await self._hold.close(self._inner.aclose)
+
+
+@final
+class DispatchTransport(httpx2.AsyncBaseTransport):
+    """``Dispatcher.transport``: model calls hold a slot of one provider."""
+
+    def __init__(
+        self, dispatcher: Dispatcher, provider: str, inner: httpx2.AsyncBaseTransport
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._provider = provider
+        self._inner = inner
+
+    def __repr__(self) -> str:
+        return f"<trio_dispatch transport {self._provider!r} inner={self._inner!r}>"
+
+    async def __aenter__(self) -> DispatchTransport:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> None:
+        await self._inner.__aexit__(exc_type, exc_value, traceback)
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        """Send ``request``, holding a slot first if it is a model call."""
+        if not takes_slot(request.method, request.url.path):
+            return await self._inner.handle_async_request(request)
+        hold = await Hold.take(self._dispatcher, self._provider)
+        try:
+            with hold.timed():
+                response = await self._inner.handle_async_request(request)
+            hold.answered(response.status_code, response.headers)
+        except BaseException:
+            hold.give_back()
+            raise
+        if response.is_closed:
+            # Its body was read already (a mock's): nothing more on the wire.
+            hold.give_back()
+        else:
+            assert isinstance(response.stream, httpx2.AsyncByteStream)
+            response.stream = _HeldBody(response.stream, hold)
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()

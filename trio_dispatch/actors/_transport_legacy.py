@@ -1,0 +1,94 @@
+"""``Dispatcher.transport`` for code still on the legacy ``httpx``.
+
+The same transport as ``_transport``'s, built on httpx's own base classes
+(an ``httpx.AsyncClient`` takes nothing else); the holding is shared.
+Imported only when ``inner`` is an ``httpx.AsyncBaseTransport``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, final
+
+import httpx
+
+from ._transport import Hold, takes_slot
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from types import TracebackType
+
+    from ._dispatcher import Dispatcher
+
+
+@final
+class _LegacyHeldBody(httpx.AsyncByteStream):
+    """A response body that holds its call's slot until it is closed."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, hold: Hold) -> None:
+        self._inner = inner
+        self._hold = hold
+        hold.watch(self.aclose)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        chunks = self._inner.__aiter__()
+        try:
+            while (chunk := await self._hold.read(chunks, self.aclose)) is not None:
+                yield chunk
+        finally:
+            # As httpx closes the body's iterator: the inner one, at once.
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def aclose(self) -> None:
+        await self._hold.close(self._inner.aclose)
+
+
+@final
+class LegacyDispatchTransport(httpx.AsyncBaseTransport):
+    """``Dispatcher.transport`` around an httpx transport."""
+
+    def __init__(
+        self, dispatcher: Dispatcher, provider: str, inner: httpx.AsyncBaseTransport
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._provider = provider
+        self._inner = inner
+
+    def __repr__(self) -> str:
+        return f"<trio_dispatch transport {self._provider!r} inner={self._inner!r}>"
+
+    async def __aenter__(self) -> LegacyDispatchTransport:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> None:
+        await self._inner.__aexit__(exc_type, exc_value, traceback)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request``, holding a slot first if it is a model call."""
+        if not takes_slot(request.method, request.url.path):
+            return await self._inner.handle_async_request(request)
+        hold = await Hold.take(self._dispatcher, self._provider)
+        try:
+            with hold.timed():
+                response = await self._inner.handle_async_request(request)
+            hold.answered(response.status_code, response.headers)
+        except BaseException:
+            hold.give_back()
+            raise
+        if response.is_closed:
+            # Its body was read already (a mock's): nothing more on the wire.
+            hold.give_back()
+        else:
+            assert isinstance(response.stream, httpx.AsyncByteStream)
+            response.stream = _LegacyHeldBody(response.stream, hold)
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
