@@ -225,19 +225,20 @@ class AdminApp(metaclass=NoPublicConstructor):
     def _metrics(self, scope: Mapping[str, Any]) -> tuple[int, object]:
         """The Prometheus exposition, in the format the scraper asks for."""
         if self._registry is None:
-            # Imported at the first scrape: both are optional.
+            # Imported at the first scrape: both are optional. Without them
+            # there are no metrics to find (404): not a server error.
             try:
                 exposition = importlib.import_module("prometheus_client.exposition")
                 registry_module = importlib.import_module("prometheus_client.registry")
             except ImportError:
                 raise _Refused(
-                    501, "metrics need the prometheus_client package"
+                    404, "metrics need the prometheus_client package"
                 ) from None
             try:
                 metrics = importlib.import_module("trio_dispatch.metrics")
             except ImportError:
                 raise _Refused(
-                    501, "this trio-dispatch has no Prometheus collector"
+                    404, "this trio-dispatch has no Prometheus collector"
                 ) from None
             registry = registry_module.CollectorRegistry(auto_describe=True)
             registry.register(metrics.PrometheusCollector(self._dispatcher))

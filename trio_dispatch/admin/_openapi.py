@@ -300,8 +300,9 @@ _PATHS: dict[str, Any] = {
                     },
                 },
                 "401": _UNAUTHORIZED,
-                "501": _problem(
-                    "The prometheus_client package or the collector is not installed."
+                "404": _problem(
+                    "No metrics: the prometheus_client package or the"
+                    " collector is not installed."
                 ),
             },
         }
