@@ -253,13 +253,17 @@ def admin_app(dispatcher: Dispatcher, *, token: str) -> AdminApp:
     """The admin API of ``dispatcher``, as an ASGI 3 application.
 
     Serve it in the trio run that holds the dispatcher, with hypercorn on
-    trio, for instance in the dispatcher's own nursery::
+    trio, as one more task of the application's nursery::
 
-        config = hypercorn.Config()
+        from hypercorn.config import Config
+        from hypercorn.trio import serve
+
+        config = Config()
         config.bind = ["127.0.0.1:8081"]
-        nursery.start_soon(
-            partial(hypercorn.trio.serve, app, config, shutdown_trigger=stop.wait)
-        )
+        app = admin_app(dispatcher, token=os.environ["ADMIN_TOKEN"])
+        await nursery.start(partial(serve, app, config, shutdown_trigger=stop.wait))
+
+    The server stops when ``stop`` is set (or the nursery is cancelled).
 
     Every route but ``GET /healthz`` needs ``Authorization: Bearer <token>``;
     ``GET /openapi.json`` describes them. The token is never logged, shown
