@@ -8,6 +8,7 @@ after are compared.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import subprocess
@@ -136,10 +137,14 @@ async def test_the_app_refuses_to_run_outside_its_dispatchers_trio_run(
     def elsewhere() -> None:
         trio.run(app, scope, never, refuse)
 
-    with pytest.raises(
-        RuntimeError, match=r"^the admin app must be served in the trio run"
-    ):
-        await trio.to_thread.run_sync(elsewhere)
+    def under_asyncio() -> None:
+        asyncio.run(app(scope, never, refuse))
+
+    for run in (elsewhere, under_asyncio):
+        with pytest.raises(
+            RuntimeError, match=r"^the admin app must be served in the trio run"
+        ):
+            await trio.to_thread.run_sync(run)
 
 
 # -- served as an application serves it ------------------------------------------
