@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 PUBLIC_MODULES = [
     "trio_dispatch",
+    "trio_dispatch.admin",
     "trio_dispatch.lowlevel",
     "trio_dispatch.messages",
     "trio_dispatch.providers",

@@ -1,0 +1,565 @@
+"""The admin API as a plain ASGI 3 application.
+
+Every request goes through the same checks, in this order, and the
+dispatcher is touched only after the last one passed, so a refused request
+changes nothing:
+
+1. ``/healthz`` answers anyone, before any other check;
+2. the token (``Authorization: Bearer <token>``, compared in constant time),
+   before anything else about the request is looked at: 401 with
+   ``WWW-Authenticate: Bearer``;
+3. the path: a route that does not exist is 404, a method the route does
+   not have 405 with ``Allow``, a provider name that is not valid
+   percent-encoded UTF-8 400, one longer than ``MAX_PROVIDER_LENGTH`` 422;
+4. the body, for ``PUT`` only: longer than ``MAX_BODY_BYTES`` 413, not
+   JSON 400, not exactly ``{"limit": n}`` with ``1 <= n <= MAX_LIMIT`` 422.
+
+Errors are RFC 9457 problem details (``application/problem+json``). The
+app calls only the dispatcher's public methods, each synchronous, from the
+task hypercorn runs the request in; so it must be served in the trio run
+that holds the dispatcher, which it checks.
+"""
+
+from __future__ import annotations
+
+import hmac
+import importlib
+import json
+import logging
+import re
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any, Final, final
+
+import trio
+
+from .._exceptions import DispatcherClosed
+from .._json import json_kind
+from .._util import NoPublicConstructor
+from ..actors._dispatcher import Dispatcher
+from ._caps import MAX_BODY_BYTES, MAX_LIMIT, MAX_PROVIDER_LENGTH, MIN_TOKEN_LENGTH
+from ._openapi import openapi_document
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Iterable, Mapping
+
+    from ..actors._dispatcher import ProviderStatistics
+
+    Message = dict[str, Any]
+    Receive = Callable[[], Awaitable[Message]]
+    Send = Callable[[Message], Awaitable[None]]
+    Headers = Iterable[tuple[bytes, bytes]]
+
+_logger = logging.getLogger("trio_dispatch.admin")
+
+_TOKEN: Final = re.compile(r"[\x21-\x7e]+")
+_ESCAPE: Final = re.compile(rb"%[0-9A-Fa-f]{2}")
+_REALM: Final = b'Bearer realm="trio-dispatch"'
+_BAD_TOKEN: Final = _REALM + b', error="invalid_token"'
+
+# The routes and the methods each takes, by the name ``_route`` gives them.
+_ALLOWED: Final[Mapping[str, tuple[str, ...]]] = {
+    "limits": ("GET",),
+    "limit": ("PUT", "DELETE"),
+    "status": ("GET",),
+    "resume": ("POST",),
+    "metrics": ("GET",),
+    "healthz": ("GET",),
+    "openapi": ("GET",),
+}
+
+
+class _Refused(Exception):
+    """Raised while handling a request to answer with a problem."""
+
+    def __init__(
+        self, status: int, detail: str, headers: tuple[tuple[bytes, bytes], ...] = ()
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.headers = headers
+
+
+class _Disconnected(Exception):
+    """The client left before its request was read whole."""
+
+
+@final
+class AdminApp(metaclass=NoPublicConstructor):
+    """The admin API of one dispatcher, as an ASGI 3 application.
+
+    Made by ``admin_app``. Serve it in the trio run that holds the
+    dispatcher; its repr shows no token.
+    """
+
+    __slots__ = ("_dispatcher", "_document", "_registry", "_run", "_token")
+
+    def __init__(self, dispatcher: Dispatcher, token: bytes) -> None:
+        self._dispatcher = dispatcher
+        self._token = token
+        self._run = trio.lowlevel.current_trio_token()
+        self._document = json.dumps(openapi_document()).encode()
+        # The Prometheus registry, made at the first scrape.
+        self._registry: Any = None
+
+    def __repr__(self) -> str:
+        return f"<AdminApp of {self._dispatcher!r}>"
+
+    async def __call__(
+        self, scope: Mapping[str, Any], receive: Receive, send: Send
+    ) -> None:
+        """The ASGI 3 entry point."""
+        try:
+            run = trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            run = None
+        if run is not self._run:
+            raise RuntimeError(
+                "the admin app must be served in the trio run of its dispatcher,"
+                " for instance with hypercorn.trio.serve in the same nursery"
+            )
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+        elif scope["type"] == "websocket":
+            await receive()  # websocket.connect
+            await send({"type": "websocket.close", "code": 1008})
+
+    async def _http(
+        self, scope: Mapping[str, Any], receive: Receive, send: Send
+    ) -> None:
+        method: str = scope["method"]
+        path = _raw_path(scope)
+        try:
+            if path != b"/healthz":
+                self._authenticate(scope, method, path)
+            route, raw_provider = _route(path)
+            allowed = _ALLOWED[route]
+            if method not in allowed:
+                raise _Refused(
+                    405,
+                    f"{method} is not allowed here; allowed: {', '.join(allowed)}",
+                    ((b"allow", ", ".join(allowed).encode()),),
+                )
+            provider = None if raw_provider is None else _provider(raw_provider)
+            status, payload = await self._answer(
+                route, method, provider, scope, receive
+            )
+        except _Refused as refused:
+            await _send_problem(send, refused)
+        except _Disconnected:
+            return
+        else:
+            if isinstance(payload, tuple):
+                body, content_type = payload
+                await _send(send, status, body, content_type)
+            else:
+                await _send_json(send, status, payload)
+
+    def _authenticate(self, scope: Mapping[str, Any], method: str, path: bytes) -> None:
+        """Raise ``_Refused`` (401) unless the request carries the token."""
+        presented = [
+            value
+            for name, value in scope["headers"]
+            if name.lower() == b"authorization"
+        ]
+        if not presented:
+            _refused_log(scope, method, path, "no token")
+            raise _Refused(
+                401,
+                "this route needs Authorization: Bearer <token>",
+                ((b"www-authenticate", _REALM),),
+            )
+        scheme, _, credentials = presented[0].strip().partition(b" ")
+        # Every request pays for one comparison of the whole token, whatever
+        # else is wrong with its header, so timing says nothing about it.
+        matches = hmac.compare_digest(credentials.strip(b" \t"), self._token)
+        if not matches or len(presented) != 1 or scheme.lower() != b"bearer":
+            _refused_log(scope, method, path, "a wrong token")
+            raise _Refused(
+                401, "the token is not valid", ((b"www-authenticate", _BAD_TOKEN),)
+            )
+
+    async def _answer(  # noqa: PLR0911 (one return per route)
+        self,
+        route: str,
+        method: str,
+        provider: str | None,
+        scope: Mapping[str, Any],
+        receive: Receive,
+    ) -> tuple[int, object]:
+        """Do what the request asks; its status and JSON payload (or bytes)."""
+        dispatcher = self._dispatcher
+        if route == "healthz":
+            if dispatcher.closed:
+                return 503, {"status": "closed"}
+            return 200, {"status": "ok"}
+        if route == "openapi":
+            return 200, (self._document, b"application/json")
+        if route == "limits":
+            return 200, {"limits": dispatcher.limits()}
+        if route == "status":
+            return 200, _status(dispatcher)
+        if route == "metrics":
+            return self._metrics(scope)
+        assert provider is not None
+        if route == "resume":
+            if provider not in dispatcher.statistics().providers:
+                raise _Refused(
+                    404, f"no provider named {provider!r} is limited or used"
+                )
+            _closed_is_503(dispatcher.resume, provider)
+            _logger.info("admin API: resumed %r", provider)
+            stats = dispatcher.statistics().providers[provider]
+            return 200, _provider_status(stats, trio.current_time())
+        if method == "DELETE":
+            _closed_is_503(dispatcher.remove_limit, provider)
+            _logger.info("admin API: removed the limit of %r", provider)
+            return 200, {"provider": provider, "limit": None}
+        limit = _limit_in(await _read_body(scope, receive))
+        _closed_is_503(dispatcher.set_limit, provider, limit)
+        _logger.info("admin API: set the limit of %r to %d", provider, limit)
+        return 200, {"provider": provider, "limit": limit}
+
+    def _metrics(self, scope: Mapping[str, Any]) -> tuple[int, object]:
+        """The Prometheus exposition, in the format the scraper asks for."""
+        if self._registry is None:
+            # Imported at the first scrape: both are optional. Without them
+            # there are no metrics to find (404): not a server error.
+            try:
+                exposition = importlib.import_module("prometheus_client.exposition")
+                registry_module = importlib.import_module("prometheus_client.registry")
+            except ImportError:
+                raise _Refused(
+                    404, "metrics need the prometheus_client package"
+                ) from None
+            try:
+                metrics = importlib.import_module("trio_dispatch.metrics")
+            except ImportError:
+                raise _Refused(
+                    404, "this trio-dispatch has no Prometheus collector"
+                ) from None
+            registry = registry_module.CollectorRegistry(auto_describe=True)
+            registry.register(metrics.PrometheusCollector(self._dispatcher))
+            self._registry = (registry, exposition)
+        registry, exposition = self._registry
+        accept = _header(scope, b"accept").decode("latin-1")
+        encode, content_type = exposition.choose_encoder(accept)
+        return 200, (encode(registry), content_type.encode())
+
+
+def admin_app(dispatcher: Dispatcher, *, token: str) -> AdminApp:
+    """The admin API of ``dispatcher``, as an ASGI 3 application.
+
+    Serve it in the trio run that holds the dispatcher, with hypercorn on
+    trio, as one more task of the application's nursery::
+
+        from hypercorn.config import Config
+        from hypercorn.trio import serve
+
+        config = Config()
+        config.bind = ["127.0.0.1:8081"]
+        app = admin_app(dispatcher, token=os.environ["ADMIN_TOKEN"])
+        await nursery.start(partial(serve, app, config, shutdown_trigger=stop.wait))
+
+    The server stops when ``stop`` is set (or the nursery is cancelled).
+
+    Every route but ``GET /healthz`` needs ``Authorization: Bearer <token>``;
+    ``GET /openapi.json`` describes them. The token is never logged, shown
+    in a repr or sent back.
+
+    Args:
+        dispatcher: The dispatcher to show and steer (from
+            ``open_dispatcher``).
+        token: The bearer token every request must present: at least
+            ``MIN_TOKEN_LENGTH`` characters, each visible ASCII (no spaces),
+            such as ``secrets.token_urlsafe(32)``.
+
+    Raises:
+        TypeError: ``dispatcher`` is not a ``Dispatcher``, or ``token`` not
+            a ``str``.
+        ValueError: ``token`` is too short or has other characters.
+        RuntimeError: Not called inside a trio run.
+    """
+    if not isinstance(dispatcher, Dispatcher):
+        raise TypeError(
+            f"dispatcher must be a Dispatcher, got {type(dispatcher).__name__}"
+        )
+    # The messages below never show the token, only what is wrong with it.
+    if not isinstance(token, str):
+        raise TypeError(f"token must be a string, got {type(token).__name__}")
+    if len(token) < MIN_TOKEN_LENGTH:
+        raise ValueError(
+            f"token must be at least {MIN_TOKEN_LENGTH} characters, got {len(token)}"
+        )
+    if _TOKEN.fullmatch(token) is None:
+        raise ValueError(
+            "token must be visible ASCII characters only (no spaces),"
+            " such as secrets.token_urlsafe(32) gives"
+        )
+    return AdminApp._create(dispatcher, token.encode("ascii"))
+
+
+# -- requests ---------------------------------------------------------------------
+
+
+def _raw_path(scope: Mapping[str, Any]) -> bytes:
+    """The path as sent, percent-escapes kept, without the app's root path.
+
+    The decoded ``path`` cannot tell ``a%2Fb`` (one provider named ``a/b``)
+    from ``a/b`` (two segments), nor say whether its escapes were valid.
+    """
+    raw = scope.get("raw_path")
+    path = scope["path"].encode("utf-8") if raw is None else bytes(raw)
+    root = scope.get("root_path", "").encode("utf-8")
+    if root and path.startswith(root + b"/"):
+        path = path[len(root) :]
+    return path
+
+
+def _route(path: bytes) -> tuple[str, bytes | None]:  # noqa: PLR0911 (one return per route)
+    """The route ``path`` names and its raw provider segment; else 404."""
+    match path.split(b"/"):
+        case [b"", b"limits"]:
+            return "limits", None
+        case [b"", b"limits", provider] if provider:
+            return "limit", provider
+        case [b"", b"status"]:
+            return "status", None
+        case [b"", b"providers", provider, b"resume"] if provider:
+            return "resume", provider
+        case [b"", b"metrics"]:
+            return "metrics", None
+        case [b"", b"healthz"]:
+            return "healthz", None
+        case [b"", b"openapi.json"]:
+            return "openapi", None
+    raise _Refused(404, "no such route; GET /openapi.json lists them")
+
+
+def _provider(raw: bytes) -> str:
+    """A provider name from its path segment: percent-encoded UTF-8."""
+    if raw.count(b"%") != len(_ESCAPE.findall(raw)):
+        raise _Refused(400, "the provider name has a bad percent-escape")
+    try:
+        name = _unquote(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        raise _Refused(400, "the provider name is not UTF-8") from None
+    if len(name) > MAX_PROVIDER_LENGTH:
+        raise _Refused(
+            422,
+            f"provider must be at most {MAX_PROVIDER_LENGTH} characters,"
+            f" got {len(name)}",
+        )
+    return name
+
+
+def _unquote(raw: bytes) -> bytes:
+    return _ESCAPE.sub(lambda escape: bytes([int(escape[0][1:], 16)]), raw)
+
+
+def _header(scope: Mapping[str, Any], wanted: bytes) -> bytes:
+    """The first value of a header, or ``b""``."""
+    for name, value in scope["headers"]:
+        if name.lower() == wanted:
+            return bytes(value)
+    return b""
+
+
+async def _read_body(scope: Mapping[str, Any], receive: Receive) -> bytes:
+    """The request body, refused (413) beyond ``MAX_BODY_BYTES``."""
+    too_large = _Refused(413, f"the body must be at most {MAX_BODY_BYTES} bytes")
+    length = _header(scope, b"content-length")
+    if length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_large
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _limit_in(body: bytes) -> int:
+    """The limit of a ``{"limit": n}`` body, checked whole; else 400 or 422."""
+    try:
+        document = json.loads(
+            body.decode("utf-8"),
+            parse_constant=_no_constant,
+            object_pairs_hook=_unique_keys,
+        )
+    except UnicodeDecodeError:
+        raise _Refused(400, "the body is not UTF-8") from None
+    except RecursionError:
+        raise _Refused(400, "the body is nested too deeply") from None
+    except ValueError as exc:
+        raise _Refused(400, f"the body is not JSON: {exc}") from None
+    rule = f"a JSON object {{'limit': n}}, n an integer from 1 to {MAX_LIMIT}"
+    if not isinstance(document, dict):
+        raise _Refused(422, f"the body must be {rule}, got {json_kind(document)}")
+    unknown = sorted(set(document) - {"limit"})
+    if unknown:
+        raise _Refused(422, f"unknown field {_shown(unknown[0])}; the body is {rule}")
+    if "limit" not in document:
+        raise _Refused(422, f"limit is required; the body is {rule}")
+    limit = document["limit"]
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise _Refused(422, f"limit must be a positive integer, got {_shown(limit)}")
+    if limit > MAX_LIMIT:
+        raise _Refused(
+            422,
+            f"limit must be at most {MAX_LIMIT}, got {_shown(limit)};"
+            " DELETE the limit to lift it",
+        )
+    return limit
+
+
+def _no_constant(name: str) -> object:
+    raise _Refused(400, f"the body is not JSON: {name} is not a JSON number")
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        raise _Refused(400, "the body repeats a key")
+    return document
+
+
+def _shown(value: object) -> str:
+    """``value`` as JSON, cut short, for a message.
+
+    Every number in a body fits ``MAX_BODY_BYTES``, far below the digits
+    Python refuses to print.
+    """
+    shown = json.dumps(value)
+    return shown if len(shown) <= 40 else f"{shown[:37]}..."
+
+
+def _closed_is_503(action: Callable[..., None], *args: object) -> None:
+    try:
+        action(*args)
+    except DispatcherClosed:
+        raise _Refused(503, "the dispatcher is closed") from None
+
+
+def _refused_log(scope: Mapping[str, Any], method: str, path: bytes, why: str) -> None:
+    # The path is the client's, so it is shown quoted and cut short; the
+    # token never is.
+    _logger.info(
+        "admin API: refused %s %r from %s: %s",
+        method,
+        path[:80],
+        _client(scope),
+        why,
+    )
+
+
+def _client(scope: Mapping[str, Any]) -> str:
+    client = scope.get("client")
+    if not client:
+        return "an unknown client"
+    host, port = client
+    return f"{host}:{port}"
+
+
+# -- answers ----------------------------------------------------------------------
+
+
+def _status(dispatcher: Dispatcher) -> dict[str, object]:
+    """The dispatcher's statistics as plain JSON types."""
+    statistics = dispatcher.statistics()
+    now = trio.current_time()
+    return {
+        "closed": statistics.closed,
+        "providers": {
+            name: _provider_status(stats, now)
+            for name, stats in statistics.providers.items()
+        },
+    }
+
+
+def _provider_status(stats: ProviderStatistics, now: float) -> dict[str, object]:
+    """One provider's statistics; the pause end as seconds from ``now``.
+
+    A trio-clock instant means nothing outside the process, so the end of a
+    pause is shown as the seconds left until it (0.0 when it is due).
+    """
+    paused_until = stats.paused_until
+    return {
+        "provider": stats.provider,
+        "limit": stats.limit,
+        "in_flight": stats.in_flight,
+        "waiting": stats.waiting,
+        "paused": stats.paused,
+        "pause_remaining": (
+            None if paused_until is None else max(0.0, float(paused_until - now))
+        ),
+        "granted_total": stats.granted_total,
+        "released_total": stats.released_total,
+        "withdrawn_total": stats.withdrawn_total,
+        "rejected_total": stats.rejected_total,
+        "peak_in_flight": stats.peak_in_flight,
+        "peak_waiting": stats.peak_waiting,
+        "backend": stats.backend,
+        "backend_up": stats.backend_up,
+        "local_in_flight": stats.local_in_flight,
+        "local_waiting": stats.local_waiting,
+    }
+
+
+async def _send(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: bytes,
+    headers: Iterable[tuple[bytes, bytes]] = (),
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", content_type),
+                (b"content-length", str(len(body)).encode()),
+                (b"cache-control", b"no-store"),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _send_json(send: Send, status: int, payload: object) -> None:
+    body = json.dumps(payload, allow_nan=False).encode()
+    await _send(send, status, body, b"application/json")
+
+
+async def _send_problem(send: Send, refused: _Refused) -> None:
+    problem = {
+        "type": "about:blank",
+        "title": HTTPStatus(refused.status).phrase,
+        "status": refused.status,
+        "detail": refused.detail,
+    }
+    body = json.dumps(problem).encode()
+    await _send(
+        send, refused.status, body, b"application/problem+json", refused.headers
+    )
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
