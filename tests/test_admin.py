@@ -23,7 +23,7 @@ import trio
 import trio.testing
 from hypercorn.trio import serve
 
-from trio_dispatch import open_dispatcher
+from trio_dispatch import AdaptiveLimit, Budget, open_dispatcher
 from trio_dispatch.admin import (
     MAX_BODY_BYTES,
     MAX_LIMIT,
@@ -326,6 +326,8 @@ async def test_status_is_the_statistics_as_plain_json(
         "backend_up": True,
         "local_in_flight": 1,
         "local_waiting": 0,
+        "adaptive": False,
+        "budget": None,
     }
     assert stats.released_total == 1  # given back since
     anthropic = body["providers"]["anthropic"]
@@ -954,3 +956,25 @@ def re_full(pattern: str, text: str) -> bool:
     import re  # noqa: PLC0415 (only this helper needs it)
 
     return re.fullmatch(pattern, text) is not None
+
+
+async def test_status_shows_budgets_and_adaptive_limits() -> None:
+    async with (
+        open_dispatcher(
+            {"openai": AdaptiveLimit(initial=4, minimum=1, maximum=8)},
+            budgets={"openai": Budget(requests_per_minute=60, tokens_per_minute=6000)},
+        ) as dispatcher,
+        serve_admin(dispatcher) as base_url,
+        httpx.AsyncClient(base_url=base_url) as client,
+        dispatcher.slot("openai", tokens=100),
+    ):
+        response = await client.get("/status", headers=AUTH)
+    assert response.status_code == 200
+    openai = response.json()["providers"]["openai"]
+    assert (openai["limit"], openai["adaptive"]) == (4, True)
+    budget = openai["budget"]
+    assert (budget["requests_per_minute"], budget["tokens_per_minute"]) == (60, 6000)
+    assert (budget["learned"], budget["waiting_for_budget"]) == (False, False)
+    # One request and 100 tokens taken, and a little refilled since.
+    assert 59.0 <= budget["requests_available"] < 60.0
+    assert 5900.0 <= budget["tokens_available"] < 6000.0

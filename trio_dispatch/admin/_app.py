@@ -30,6 +30,7 @@ import re
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Final, final
 
+import attrs
 import trio
 
 from .._exceptions import DispatcherClosed
@@ -512,6 +513,8 @@ def _provider_status(stats: ProviderStatistics, now: float) -> dict[str, object]
         "backend_up": stats.backend_up,
         "local_in_flight": stats.local_in_flight,
         "local_waiting": stats.local_waiting,
+        "adaptive": stats.adaptive,
+        "budget": None if stats.budget is None else attrs.asdict(stats.budget),
     }
 
 

@@ -138,6 +138,8 @@ _SCHEMAS: dict[str, Any] = {
             "backend_up",
             "local_in_flight",
             "local_waiting",
+            "adaptive",
+            "budget",
         ],
         "additionalProperties": False,
         "properties": {
@@ -165,6 +167,35 @@ _SCHEMAS: dict[str, Any] = {
             "backend_up": {"type": "boolean"},
             "local_in_flight": _COUNT,
             "local_waiting": _COUNT,
+            "adaptive": {
+                "type": "boolean",
+                "description": "Whether the limit is an AdaptiveLimit's value now.",
+            },
+            "budget": {
+                "oneOf": [{"$ref": "#/components/schemas/Budget"}, {"type": "null"}],
+                "description": "The budgets in use (configured or learned), or null.",
+            },
+        },
+    },
+    "Budget": {
+        "type": "object",
+        "description": "A provider's requests and tokens per minute budgets now.",
+        "required": [
+            "requests_per_minute",
+            "tokens_per_minute",
+            "requests_available",
+            "tokens_available",
+            "learned",
+            "waiting_for_budget",
+        ],
+        "additionalProperties": False,
+        "properties": {
+            "requests_per_minute": {"type": ["number", "null"], "exclusiveMinimum": 0},
+            "tokens_per_minute": {"type": ["number", "null"], "exclusiveMinimum": 0},
+            "requests_available": {"type": ["number", "null"]},
+            "tokens_available": {"type": ["number", "null"]},
+            "learned": {"type": "boolean"},
+            "waiting_for_budget": {"type": "boolean"},
         },
     },
     "Status": {
