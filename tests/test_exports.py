@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import trio_dispatch
+import trio_dispatch.events
 import trio_dispatch.lowlevel
 import trio_dispatch.messages
 import trio_dispatch.providers
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
 PUBLIC_MODULES = [
     "trio_dispatch",
+    "trio_dispatch.events",
     "trio_dispatch.lowlevel",
     "trio_dispatch.messages",
     "trio_dispatch.providers",

@@ -53,6 +53,13 @@ from ..messages._scheduling import (
     Ticket,
 )
 from ._conversation import new_conversation
+from ._observe import (
+    DispatchEvent,
+    EventHub,
+    EventSubscription,
+    LimitChanged,
+    RateLimitsReceived,
+)
 from ._scheduler import SchedulerActor
 
 if TYPE_CHECKING:
@@ -61,6 +68,7 @@ if TYPE_CHECKING:
 
     from .._ledger import Ledger
     from .._provider import Provider
+    from .._ratelimits import RateLimitInfo
     from .._shared_book import SharedBook
     from ..messages import ChatMessage
     from ._conversation import Conversation
@@ -383,6 +391,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         "_cleared",
         "_closed",
         "_closing",
+        "_hub",
         "_known",
         "_ledger",
         "_limits",
@@ -416,6 +425,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
         self._closed = False
         # Set when closing, for the task that holds the Redis client.
         self._closing: trio.Event | None = None
+        # Where the schedulers emit their events (see events()).
+        self._hub = EventHub()
 
     @property
     def _max_pause(self) -> float:
@@ -499,8 +510,16 @@ class Dispatcher(metaclass=NoPublicConstructor):
         else:
             # No scheduler runs, so none holds the policy: nothing waits and
             # nothing is granted; the new scheduler starts limited.
-            self._policy(provider).set_limit(limit)
+            policy = self._policy(provider)
+            previous = policy.limit
+            policy.set_limit(limit)
             self._scheduler(provider)
+            if previous != limit:
+                _logger.info("provider %r: limit %s (was none)", provider, limit)
+                if self._hub.sinks:
+                    self._hub.emit(
+                        LimitChanged(provider, trio.current_time(), limit, previous)
+                    )
         self._limits[provider] = limit
         self._known.add(provider)
         self._cleared.add(provider)
@@ -571,6 +590,42 @@ class Dispatcher(metaclass=NoPublicConstructor):
         self._check_open()
         if provider in self._actors:
             self._send(provider, Resume())
+
+    def events(self, *, buffer: int = 1024) -> EventSubscription:
+        """Every event of every provider, from now on, to read in a block.
+
+        ``async with dispatcher.events() as events: async for event in
+        events`` yields a ``trio_dispatch.events`` value for each thing that
+        happens to a slot or a provider while the block runs: ``Queued``,
+        ``Granted`` (with the wait), ``Released`` (with the hold time),
+        ``Withdrawn``, ``Refused``, ``Paused``, ``Resumed``,
+        ``LimitChanged`` and ``RateLimitsReceived``. The iteration ends
+        when the dispatcher closes, once the buffer is read.
+
+        The schedulers never wait for the reader: they keep up to
+        ``buffer`` events for it, and count the events they drop when the
+        buffer is full in the subscription's ``dropped``. While nothing
+        subscribes, no event is made at all.
+
+        Args:
+            buffer: The most events kept until read (a positive int).
+
+        Raises:
+            DispatcherClosed: On entering, if the dispatcher has closed.
+        """
+        check_limit(buffer, "buffer")
+        return EventSubscription._create(self._hub, buffer)
+
+    def _emit(self, event: DispatchEvent) -> None:
+        """Hand ``event`` to the subscribers, if any; never blocks."""
+        hub = self._hub
+        if hub.sinks:
+            hub.emit(event)
+
+    def _emit_rate_limits(self, provider: str, info: RateLimitInfo) -> None:
+        """Tell the subscribers what an answer of ``provider`` said of its limits."""
+        if self._hub.sinks:
+            self._hub.emit(RateLimitsReceived(provider, trio.current_time(), info))
 
     def start_conversation(
         self,
@@ -724,7 +779,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             if self._ledger is not None:
                 actor = self._shared_scheduler(provider, self._ledger)
             else:
-                actor = SchedulerActor(provider, self._policy(provider))
+                actor = SchedulerActor(provider, self._policy(provider), self._hub)
             self._actors[provider] = actor
             self._nursery.start_soon(
                 self._serve, actor, name=f"trio_dispatch scheduler {provider!r}"
@@ -767,6 +822,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             default_pause=self._settings.default_pause,
             max_pause=self._settings.max_pause,
             on_limit=self._learn_limit,
+            hub=self._hub,
         )
 
     def _learn_limit(self, provider: str, limit: int | None) -> None:
@@ -838,6 +894,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             self._closing.set()
         for actor in self._actors.values():
             actor.close()
+        self._hub.close()
         self._nursery.cancel_scope.cancel()
 
 
