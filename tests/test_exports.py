@@ -36,6 +36,7 @@ PUBLIC_MODULES = [
     "trio_dispatch.events",
     "trio_dispatch.lowlevel",
     "trio_dispatch.messages",
+    "trio_dispatch.metrics",
     "trio_dispatch.providers",
     "trio_dispatch.testing",
 ]
@@ -257,7 +258,7 @@ def test_importing_the_package_loads_no_http_or_optional_library() -> None:
     code = (
         "import sys, trio_dispatch, trio_dispatch.lowlevel\n"
         "heavy = {'httpx', 'httpx_sse', 'cattrs', 'hypercorn', 'hypothesis',"
-        " 'rich', 'matplotlib'}\n"
+        " 'rich', 'matplotlib', 'prometheus_client', 'opentelemetry'}\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
     )
     done = subprocess.run(
