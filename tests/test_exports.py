@@ -37,6 +37,7 @@ PUBLIC_MODULES = [
     "trio_dispatch.lowlevel",
     "trio_dispatch.messages",
     "trio_dispatch.metrics",
+    "trio_dispatch.otel",
     "trio_dispatch.providers",
     "trio_dispatch.testing",
 ]

@@ -54,6 +54,8 @@ from ..messages._scheduling import (
 )
 from ._conversation import new_conversation
 from ._observe import (
+    CallObserver,
+    CallWatch,
     DispatchEvent,
     EventHub,
     EventSubscription,
@@ -388,6 +390,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
     __slots__ = (
         "_actors",
         "_books",
+        "_call_observers",
         "_cleared",
         "_closed",
         "_closing",
@@ -425,8 +428,10 @@ class Dispatcher(metaclass=NoPublicConstructor):
         self._closed = False
         # Set when closing, for the task that holds the Redis client.
         self._closing: trio.Event | None = None
-        # Where the schedulers emit their events (see events()).
+        # Where the schedulers emit their events (see events()), and who
+        # is told of every LLM call (the OpenTelemetry metrics).
         self._hub = EventHub()
+        self._call_observers: tuple[CallObserver, ...] = ()
 
     @property
     def _max_pause(self) -> float:
@@ -621,6 +626,11 @@ class Dispatcher(metaclass=NoPublicConstructor):
         hub = self._hub
         if hub.sinks:
             hub.emit(event)
+
+    def _watch_call(self, provider: Provider) -> CallWatch | None:
+        """An LLM call to ``provider`` begins: a watch, if anything observes calls."""
+        observers = self._call_observers
+        return None if not observers else CallWatch(provider, observers)
 
     def _emit_rate_limits(self, provider: str, info: RateLimitInfo) -> None:
         """Tell the subscribers what an answer of ``provider`` said of its limits."""

@@ -20,18 +20,24 @@ Times are on the trio clock (``trio.current_time()``).
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Protocol, Self, TypeAlias, final
+from typing import TYPE_CHECKING, Protocol, Self, TypeAlias, TypeVar, final
 
 import attrs
 import trio
 
 from .._exceptions import DispatcherClosed
 from .._util import NoPublicConstructor
+from ..messages._stream import Usage
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
     from types import TracebackType
 
+    from .._provider import Provider
     from .._ratelimits import RateLimitInfo
+    from ..messages import StreamEvent
+
+_T = TypeVar("_T")
 
 
 @final
@@ -390,3 +396,81 @@ class EventSubscription(metaclass=NoPublicConstructor):
         """No event follows: the reader ends once it has read the buffer."""
         self._open = False
         self._lot.unpark_all()
+
+
+def read_in_trio(read: Callable[[], _T], token: trio.lowlevel.TrioToken) -> _T | None:
+    """``read()`` in the trio thread of ``token``, from that thread or another.
+
+    Metrics are scraped from wherever the exporter runs (``prometheus_client``
+    and OpenTelemetry's periodic reader use threads of their own), but a
+    dispatcher may be read only in its trio thread. ``None`` once that run
+    is over.
+    """
+    if trio.lowlevel.in_trio_run():
+        return read()
+    try:
+        return trio.from_thread.run_sync(read, trio_token=token)
+    except trio.RunFinishedError:
+        return None
+
+
+# -- LLM calls -----------------------------------------------------------
+
+
+class CallObserver(Protocol):
+    """Told of every LLM call made through ``wrap_provider`` (conversations too)."""
+
+    def call_ended(
+        self,
+        provider: Provider,
+        duration: float,
+        usage: Usage | None,
+        error: BaseException | None,
+    ) -> None:
+        """A call ended, after ``duration`` seconds from its first byte sent.
+
+        ``usage`` is the last ``Usage`` the stream reported, if any; ``error``
+        what ended it, if it did not end normally. Called in the caller's
+        task; must neither block nor raise.
+        """
+
+
+@final
+class CallWatch:
+    """One LLM call, timed and watched for its usage, for the call observers."""
+
+    __slots__ = ("_observers", "provider", "started", "usage")
+
+    def __init__(self, provider: Provider, observers: tuple[CallObserver, ...]) -> None:
+        self.provider = provider
+        self._observers = observers
+        self.started = trio.current_time()
+        self.usage: Usage | None = None
+
+    def events(self, events: AsyncIterator[StreamEvent]) -> AsyncIterator[StreamEvent]:
+        """``events``, noting the usage they report as they pass."""
+        return _WatchedEvents(events, self)
+
+    def end(self, error: BaseException | None) -> None:
+        """The call ended: tell the observers."""
+        duration = trio.current_time() - self.started
+        for observer in self._observers:
+            observer.call_ended(self.provider, duration, self.usage, error)
+
+
+@final
+class _WatchedEvents:
+    __slots__ = ("_events", "_watch")
+
+    def __init__(self, events: AsyncIterator[StreamEvent], watch: CallWatch) -> None:
+        self._events = events
+        self._watch = watch
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        event = await self._events.__anext__()
+        if isinstance(event, Usage):
+            self._watch.usage = event
+        return event
