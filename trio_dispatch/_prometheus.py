@@ -14,7 +14,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from .actors._observe import Granted, Paused
+from .actors._observe import Granted, Paused, read_in_trio
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Sequence
@@ -132,16 +132,10 @@ class PrometheusCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         """The metrics now; called by the registry at each scrape."""
-        if trio.lowlevel.in_trio_run():
-            snapshot = self._snapshot()
-        else:
-            try:
-                snapshot = trio.from_thread.run_sync(
-                    self._snapshot, trio_token=self._token
-                )
-            except trio.RunFinishedError:
-                # The dispatcher's trio run is over: nothing to report.
-                return []
+        snapshot = read_in_trio(self._snapshot, self._token)
+        if snapshot is None:
+            # The dispatcher's trio run is over: nothing to report.
+            return []
         return list(self._families(snapshot))
 
     def describe(self) -> Iterable[Metric]:
