@@ -465,14 +465,14 @@ class SharedSchedulerActor:
             self._next_renew = now + self._ledger.lease / 3
         self._learn_limit(result.limit)
         book = self.book
+        paused_until = now + result.paused_for if result.paused_for else None
+        self._emit_pause(self._view.paused_until, paused_until, now)
         grants = book.applied(plan, result.created, result.granted)
         replies = self._replies
         for ticket in grants:
             replies.pop(ticket)._grant(Grant(ticket, now))
         if grants and self._hub.sinks:
             self._emit_grants(grants, now)
-        paused_until = now + result.paused_for if result.paused_for else None
-        self._emit_pause(self._view.paused_until, paused_until, now)
         self._view = SharedView(
             in_flight=result.in_flight,
             waiting=result.waiting,
