@@ -520,7 +520,12 @@ class Dispatcher(metaclass=NoPublicConstructor):
             policy.set_limit(limit)
             self._scheduler(provider)
             if previous != limit:
-                _logger.info("provider %r: limit %s (was none)", provider, limit)
+                _logger.info(
+                    "provider %r: limit %s (was %s)",
+                    provider,
+                    limit,
+                    "none" if previous is None else previous,
+                )
                 if self._hub.sinks:
                     self._hub.emit(
                         LimitChanged(provider, trio.current_time(), limit, previous)
