@@ -241,6 +241,18 @@ def test_demo_runs_a_fleet_over_http_within_the_limits(
     assert by_provider["anthropic"]["server_peak_in_flight"] <= 1
     assert sum(p["turns"] for p in report["providers"]) == 12
     assert all(p["llm_calls"] >= p["turns"] for p in report["providers"])
+    # The timeline from the dispatcher's events: within the limits, back
+    # to idle at the end; and the same fleet again, FIFO.
+    limits = {"openai": 2, "anthropic": 1}
+    for name, points in report["timeline"].items():
+        assert max(in_use for _, in_use, _ in points) == limits[name]
+        assert points[-1][1:] == [0, 0]
+        assert [t for t, _, _ in points] == sorted(t for t, _, _ in points)
+    assert sorted(report["pauses"]) == ["anthropic", "openai"]
+    assert {k: len(v) for k, v in report["fifo_latencies"].items()} == {
+        "openai": 6,
+        "anthropic": 6,
+    }
     assert (tmp_path / "demo.png").read_bytes().startswith(PNG_MAGIC)
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import trio_dispatch
+import trio_dispatch.events
 import trio_dispatch.lowlevel
 import trio_dispatch.messages
 import trio_dispatch.providers
@@ -33,8 +34,11 @@ if TYPE_CHECKING:
 PUBLIC_MODULES = [
     "trio_dispatch",
     "trio_dispatch.admin",
+    "trio_dispatch.events",
     "trio_dispatch.lowlevel",
     "trio_dispatch.messages",
+    "trio_dispatch.metrics",
+    "trio_dispatch.otel",
     "trio_dispatch.providers",
     "trio_dispatch.testing",
 ]
@@ -262,7 +266,7 @@ def test_importing_the_package_loads_no_http_or_optional_library() -> None:
     code = (
         "import sys, trio_dispatch, trio_dispatch.lowlevel\n"
         "heavy = {'httpx', 'httpx_sse', 'cattrs', 'hypercorn', 'hypothesis',"
-        " 'rich', 'matplotlib'}\n"
+        " 'rich', 'matplotlib', 'prometheus_client', 'opentelemetry'}\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
     )
     done = subprocess.run(

@@ -629,6 +629,27 @@ def _png(draw: Callable[[Any], None]) -> bytes:
         plt.close(figure)
 
 
+def _figure_png(
+    draw: Callable[[Any], None], size: tuple[float, float] = (12, 6.5)
+) -> bytes:
+    """Draw with matplotlib on a fresh, empty figure; return the PNG bytes."""
+    import io  # noqa: PLC0415
+
+    import matplotlib  # noqa: PLC0415 (the demo extra, loaded when used)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    figure = plt.figure(figsize=size)
+    try:
+        draw(figure)
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", dpi=100)
+        return buffer.getvalue()
+    finally:
+        plt.close(figure)
+
+
 # ------------------------------------------------------------------ demo
 
 
@@ -673,7 +694,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     )
     files = {
         outputs[0]: _json_bytes(report.to_dict()),
-        outputs[1]: _png(lambda axes: _demo_plot(axes, report)),
+        outputs[1]: _figure_png(lambda figure: _demo_plot(figure, report)),
     }
     _write_files(files)
     for path in files:
@@ -749,14 +770,105 @@ def _demo_table(report: DemoReport) -> Any:  # noqa: ANN401 (a rich renderable)
     return table
 
 
-def _demo_plot(axes: Any, report: DemoReport) -> None:  # noqa: ANN401 (matplotlib Axes)
-    for name, values in report.turn_latencies.items():
-        if values:
-            axes.hist(values, bins=20, alpha=0.6, label=f"{name} ({len(values)} turns)")
-    axes.set_xlabel("turn latency (s)")
-    axes.set_ylabel("turns")
-    axes.set_title("trio-dispatch demo: turn latency per provider")
-    axes.legend()
+def _demo_plot(figure: Any, report: DemoReport) -> None:  # noqa: ANN401 (matplotlib Figure)
+    """What the dispatcher did over time, per provider, beside the latencies."""
+    from .testing._metrics import percentile  # noqa: PLC0415 (the demo's own import)
+
+    names = [p.provider for p in report.providers]
+    limits = {p.provider: p.limit for p in report.providers}
+    grid = figure.add_gridspec(len(names), 2, width_ratios=(2.3, 1))
+    timelines: list[Any] = []
+    for row, name in enumerate(names):
+        axes = figure.add_subplot(
+            grid[row, 0], sharex=timelines[0] if timelines else None
+        )
+        timelines.append(axes)
+        points = report.timeline.get(name, ())
+        times = [t for t, _, _ in points]
+        axes.fill_between(
+            times,
+            [n for _, n, _ in points],
+            step="post",
+            alpha=0.45,
+            color="tab:blue",
+            label="slots in use",
+        )
+        axes.step(
+            times,
+            [w for _, _, w in points],
+            where="post",
+            color="tab:orange",
+            linewidth=1.2,
+            label="calls waiting",
+        )
+        axes.axhline(
+            limits[name], color="black", linestyle="--", linewidth=1, label="limit"
+        )
+        for index, (start, end) in enumerate(report.pauses.get(name, ())):
+            axes.axvspan(
+                start,
+                end,
+                color="tab:red",
+                alpha=0.2,
+                linewidth=0,
+                label="paused (429)" if index == 0 else None,
+            )
+        axes.set_ylabel(f"{name}\n(limit {limits[name]})")
+        axes.set_ylim(bottom=0)
+        axes.grid(axis="y", alpha=0.3)
+        if row == 0:
+            axes.set_title("what the dispatcher did (oldest-first run)", pad=24)
+            axes.legend(
+                loc="lower left",
+                bbox_to_anchor=(0, 1.0),
+                fontsize="small",
+                ncols=4,
+                frameon=False,
+            )
+        if row < len(names) - 1:
+            axes.tick_params(labelbottom=False)
+    timelines[-1].set_xlabel("seconds since the start")
+
+    bars = figure.add_subplot(grid[:, 1])
+    quantiles = (50, 95, 99)
+    width = 0.38
+    for offset, (label, latencies, color) in enumerate(
+        (
+            ("oldest-first", report.turn_latencies, "tab:blue"),
+            ("FIFO", report.fifo_latencies, "tab:gray"),
+        )
+    ):
+        positions = []
+        heights = []
+        for group, name in enumerate(names):
+            values = latencies.get(name, ())
+            for index, q in enumerate(quantiles):
+                positions.append(group * 4 + index + (offset - 0.5) * width)
+                heights.append(percentile(values, q) if values else 0.0)
+        bars.bar(positions, heights, width=width, color=color, label=label)
+    bars.set_xticks(
+        [group * 4 + index for group in range(len(names)) for index in range(3)],
+        [f"p{q}" for _ in names for q in quantiles],
+        fontsize="small",
+    )
+    for group, name in enumerate(names):
+        bars.text(
+            group * 4 + 1,
+            -0.09,
+            name,
+            transform=bars.get_xaxis_transform(),
+            ha="center",
+            va="top",
+        )
+    bars.set_ylabel("turn latency (s)")
+    bars.set_title("turn latency, the same fleet", pad=24)
+    bars.grid(axis="y", alpha=0.3)
+    bars.legend(fontsize="small")
+    figure.suptitle(
+        f"trio-dispatch demo: {report.options.agents} agents x"
+        f" {report.options.turns} turns, load {report.options.load:g}"
+    )
+    figure.tight_layout()
 
 
 # ------------------------------------------------------------------ simulate

@@ -9,6 +9,13 @@ now and then answer 429 with ``Retry-After``, so the provider pause shows.
 Each server counts the requests it is answering at once; because each
 serves one provider, its peak is the concurrency that provider really saw,
 and it never exceeds the limit.
+
+While the fleet runs, the dispatcher's events are recorded: the slots in
+use, the calls waiting and the pauses of each provider over time. Then the
+same fleet (the same arrivals, questions and faults) runs again with each
+provider behind a plain ``trio.CapacityLimiter`` of the same size, first
+come first served per call, so the report shows the turn latencies of
+oldest-first and FIFO side by side.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import hashlib
 import math
 import random
 from collections.abc import Mapping  # noqa: TC003 (cattrs resolves the annotations at run time)
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, final
 
 import attrs
@@ -30,6 +38,7 @@ from ._validation import (
     positive_int,
     validator,
 )
+from .events import Granted, Paused, Queued, Released, Resumed, Withdrawn
 from .providers import AnthropicProvider, OpenAIProvider, ProviderError
 from .testing import (
     FakeLLMServer,
@@ -43,9 +52,11 @@ from .testing import (
 from .testing._metrics import percentile
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import AsyncIterator, Callable
+    from contextlib import AbstractAsyncContextManager
 
     from . import Dispatcher, DispatcherStatistics, Provider
+    from .messages import ChatRequest, StreamEvent
 
 PROVIDERS = ("openai", "anthropic")
 _MAX_LOAD = 10
@@ -114,7 +125,14 @@ class ProviderSummary:
 @final
 @attrs.frozen
 class DemoReport:
-    """The demo's outcome, for the summary table and the JSON file."""
+    """The demo's outcome, for the summary table and the JSON file.
+
+    ``timeline`` holds, per provider, ``(seconds, slots in use, calls
+    waiting)`` after each change, and ``pauses`` its paused spans
+    ``(start, end)``, in seconds from the start of the run; both come from
+    the dispatcher's events. ``fifo_latencies`` are the turn latencies of
+    the same fleet run again behind a FIFO limiter of the same sizes.
+    """
 
     options: DemoOptions
     providers: tuple[ProviderSummary, ...]
@@ -122,6 +140,11 @@ class DemoReport:
     turns_failed: int
     duration: float
     turn_latencies: Mapping[str, tuple[float, ...]]
+    timeline: Mapping[str, tuple[tuple[float, int, int], ...]] = attrs.field(
+        factory=dict
+    )
+    pauses: Mapping[str, tuple[tuple[float, float], ...]] = attrs.field(factory=dict)
+    fifo_latencies: Mapping[str, tuple[float, ...]] = attrs.field(factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON-ready data."""
@@ -282,12 +305,133 @@ async def run_demo(
     on_progress: Callable[[Progress], None] | None = None,
 ) -> DemoReport:
     """Run the demo; ``on_progress`` is called about ten times a second."""
-    rng = random.Random(options.seed)
+    started = trio.current_time()
     progress = Progress(turns_total=options.agents * options.turns)
+    run = await _run_fleet(options, progress, on_progress, fifo=False)
+    # The same fleet again, first come first served: the baseline.
+    fifo = await _run_fleet(
+        options, Progress(turns_total=progress.turns_total), None, fifo=True
+    )
+    return DemoReport(
+        options=options,
+        providers=run.summaries,
+        turns_completed=progress.turns_done,
+        turns_failed=progress.turns_failed,
+        duration=trio.current_time() - started,
+        turn_latencies={
+            name: tuple(tally.latencies) for name, tally in run.tallies.items()
+        },
+        timeline=run.timeline.points(),
+        pauses=run.timeline.spans(run.ended),
+        fifo_latencies={
+            name: tuple(tally.latencies) for name, tally in fifo.tallies.items()
+        },
+    )
+
+
+@final
+class _Timeline:
+    """What the dispatcher did, over time, from its events."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self._points: dict[str, list[tuple[float, int, int]]] = {
+            name: [(0.0, 0, 0)] for name in PROVIDERS
+        }
+        self._paused: dict[str, list[tuple[float, float | None]]] = {
+            name: [] for name in PROVIDERS
+        }
+
+    async def record(
+        self,
+        dispatcher: Dispatcher,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        async with dispatcher.events(buffer=1 << 16) as events:
+            task_status.started()
+            async for event in events:
+                at = event.at - self.started
+                if isinstance(event, Granted | Queued | Released | Withdrawn):
+                    self._points[event.provider].append(
+                        (at, event.in_flight, event.waiting)
+                    )
+                elif isinstance(event, Paused) and event.until is not None:
+                    spans = self._paused[event.provider]
+                    if not spans or spans[-1][1] is not None:
+                        spans.append((at, None))
+                elif isinstance(event, Resumed):
+                    spans = self._paused[event.provider]
+                    if spans and spans[-1][1] is None:
+                        spans[-1] = (spans[-1][0], at)
+
+    def points(self) -> dict[str, tuple[tuple[float, int, int], ...]]:
+        """Per provider, ``(seconds, slots in use, calls waiting)`` after each change."""
+        return {name: tuple(points) for name, points in self._points.items()}
+
+    def spans(self, ended: float) -> dict[str, tuple[tuple[float, float], ...]]:
+        """The paused spans; one still open ends at ``ended``."""
+        return {
+            name: tuple(
+                (start, ended - self.started if end is None else end)
+                for start, end in spans
+            )
+            for name, spans in self._paused.items()
+        }
+
+
+@final
+@attrs.frozen
+class _Fleet:
+    tallies: dict[str, _Tally]
+    summaries: tuple[ProviderSummary, ...]
+    timeline: _Timeline
+    ended: float
+
+
+@final
+class _FifoProvider:
+    """A provider behind a ``trio.CapacityLimiter``: FIFO per call."""
+
+    def __init__(self, provider: Provider, limiter: trio.CapacityLimiter) -> None:
+        self._provider = provider
+        self._limiter = limiter
+
+    @property
+    def id(self) -> str:
+        return self._provider.id
+
+    def stream(
+        self, request: ChatRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[StreamEvent]]:
+        return self._stream(request)
+
+    @asynccontextmanager
+    async def _stream(
+        self, request: ChatRequest
+    ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
+        async with self._limiter, self._provider.stream(request) as events:
+            yield events
+
+
+async def _run_fleet(
+    options: DemoOptions,
+    progress: Progress,
+    on_progress: Callable[[Progress], None] | None,
+    *,
+    fifo: bool,
+) -> _Fleet:
+    """Run the fleet once: oldest-first through the dispatcher, or FIFO."""
+    rng = random.Random(options.seed)
     tallies = {name: _Tally() for name in PROVIDERS}
     arrivals = _arrivals(options, rng)
     started = trio.current_time()
+    timeline = _Timeline(started)
+    limits = options.limits()
     async with (
+        # Outside the dispatcher: it reads the events to the end after the
+        # dispatcher closes.
+        trio.open_nursery() as recorder,
         open_fake_llm_server(_script(options, random.Random(rng.random()))) as server_o,
         open_fake_llm_server(_script(options, random.Random(rng.random()))) as server_a,
         OpenAIProvider(
@@ -302,10 +446,18 @@ async def run_demo(
             api_key="sk-ant-demo",
             model="demo-model",
         ) as anthropic,
-        open_dispatcher(options.limits(), default_pause=0.25) as dispatcher,
+        open_dispatcher(
+            {} if fifo else limits, default_pause=0.25, unknown_providers="allow"
+        ) as dispatcher,
     ):
+        await recorder.start(timeline.record, dispatcher)
         servers = {"openai": server_o, "anthropic": server_a}
         providers: dict[str, Provider] = {"openai": openai, "anthropic": anthropic}
+        if fifo:
+            providers = {
+                name: _FifoProvider(provider, trio.CapacityLimiter(limits[name]))
+                for name, provider in providers.items()
+            }
 
         async def agent(index: int, arrival: float) -> None:
             name = PROVIDERS[index % 2]
@@ -353,25 +505,14 @@ async def run_demo(
                     agents.start_soon(agent, index, arrival)
             nursery.cancel_scope.cancel()
         observe()
+        ended = trio.current_time()
         summaries = tuple(
             _summary(
-                name,
-                limit=dispatcher.limits()[name],
-                server=servers[name],
-                tally=tallies[name],
+                name, limit=limits[name], server=servers[name], tally=tallies[name]
             )
             for name in PROVIDERS
         )
-    return DemoReport(
-        options=options,
-        providers=summaries,
-        turns_completed=progress.turns_done,
-        turns_failed=progress.turns_failed,
-        duration=trio.current_time() - started,
-        turn_latencies={
-            name: tuple(tally.latencies) for name, tally in tallies.items()
-        },
-    )
+    return _Fleet(tallies, summaries, timeline, ended)
 
 
 def _observe(

@@ -44,6 +44,7 @@ from .._util import NoPublicConstructor
 from .._validation import (
     check_count,
     check_instant,
+    check_limit,
     check_max_waiting,
     check_namespace,
     check_optional_seconds,
@@ -68,6 +69,15 @@ from ..messages._scheduling import (
     Ticket,
 )
 from ._conversation import new_conversation
+from ._observe import (
+    CallObserver,
+    CallWatch,
+    DispatchEvent,
+    EventHub,
+    EventSubscription,
+    LimitChanged,
+    RateLimitsReceived,
+)
 from ._scheduler import SchedulerActor
 
 if TYPE_CHECKING:
@@ -501,9 +511,11 @@ class Dispatcher(metaclass=NoPublicConstructor):
     __slots__ = (
         "_actors",
         "_books",
+        "_call_observers",
         "_cleared",
         "_closed",
         "_closing",
+        "_hub",
         "_known",
         "_ledger",
         "_limits",
@@ -537,6 +549,10 @@ class Dispatcher(metaclass=NoPublicConstructor):
         self._closed = False
         # Set when closing, for the task that holds the Redis client.
         self._closing: trio.Event | None = None
+        # Where the schedulers emit their events (see events()), and who
+        # is told of every LLM call (the OpenTelemetry metrics).
+        self._hub = EventHub(settings.priority_aging)
+        self._call_observers: tuple[CallObserver, ...] = ()
 
     @property
     def _max_pause(self) -> float:
@@ -787,8 +803,21 @@ class Dispatcher(metaclass=NoPublicConstructor):
         else:
             # No scheduler runs, so none holds the policy: nothing waits and
             # nothing is granted; the new scheduler starts limited.
-            self._policy(provider).set_limit(limit)
+            policy = self._policy(provider)
+            previous = policy.limit
+            policy.set_limit(limit)
             self._scheduler(provider)
+            if previous != limit:
+                _logger.info(
+                    "provider %r: limit %s (was %s)",
+                    provider,
+                    limit,
+                    "none" if previous is None else previous,
+                )
+                if self._hub.sinks:
+                    self._hub.emit(
+                        LimitChanged(provider, trio.current_time(), limit, previous)
+                    )
         self._limits[provider] = limit
         self._known.add(provider)
         self._cleared.add(provider)
@@ -843,9 +872,11 @@ class Dispatcher(metaclass=NoPublicConstructor):
         success or error (``on_rate_limits=``). The figures pace the
         provider's budgets (see ``open_dispatcher``'s ``budgets`` and
         ``learn_budgets``). Synchronous, never blocks, and never raises for
-        what ``info`` says; ignored once the dispatcher has closed, with
-        ``learn_budgets=False``, and when the limits are shared through
-        Redis (budgets are not shared yet).
+        what ``info`` says. Subscribers to ``events()`` get each as a
+        ``RateLimitsReceived``; the budgets ignore them with
+        ``learn_budgets=False`` and when the limits are shared through
+        Redis (budgets are not shared yet). Ignored once the dispatcher has
+        closed.
 
         Raises:
             TypeError: ``provider`` is not a string or ``info`` not a
@@ -854,13 +885,11 @@ class Dispatcher(metaclass=NoPublicConstructor):
         check_provider(provider)
         if not isinstance(info, RateLimitInfo):
             raise TypeError(f"info must be a RateLimitInfo, got {info!r}")
+        if self._closed or info.empty:
+            return
+        self._emit_rate_limits(provider, info)
         settings = self._settings
-        if (
-            self._closed
-            or not settings.learn_budgets
-            or settings.redis_url is not None
-            or info.empty
-        ):
+        if not settings.learn_budgets or settings.redis_url is not None:
             return
         now = trio.current_time()
         actor = self._actors.get(provider)
@@ -928,6 +957,47 @@ class Dispatcher(metaclass=NoPublicConstructor):
         self._check_open()
         if provider in self._actors:
             self._send(provider, Resume())
+
+    def events(self, *, buffer: int = 1024) -> EventSubscription:
+        """Every event of every provider, from now on, to read in a block.
+
+        ``async with dispatcher.events() as events: async for event in
+        events`` yields a ``trio_dispatch.events`` value for each thing that
+        happens to a slot or a provider while the block runs: ``Queued``,
+        ``Granted`` (with the wait), ``Released`` (with the hold time),
+        ``Withdrawn``, ``Refused``, ``Paused``, ``Resumed``,
+        ``LimitChanged`` and ``RateLimitsReceived``. The iteration ends
+        when the dispatcher closes, once the buffer is read.
+
+        The schedulers never wait for the reader: they keep up to
+        ``buffer`` events for it, and count the events they drop when the
+        buffer is full in the subscription's ``dropped``. While nothing
+        subscribes, no event is made at all.
+
+        Args:
+            buffer: The most events kept until read (a positive int).
+
+        Raises:
+            DispatcherClosed: On entering, if the dispatcher has closed.
+        """
+        check_limit(buffer, "buffer")
+        return EventSubscription._create(self._hub, buffer)
+
+    def _emit(self, event: DispatchEvent) -> None:
+        """Hand ``event`` to the subscribers, if any; never blocks."""
+        hub = self._hub
+        if hub.sinks:
+            hub.emit(event)
+
+    def _watch_call(self, provider: Provider) -> CallWatch | None:
+        """An LLM call to ``provider`` begins: a watch, if anything observes calls."""
+        observers = self._call_observers
+        return None if not observers else CallWatch(provider, observers)
+
+    def _emit_rate_limits(self, provider: str, info: RateLimitInfo) -> None:
+        """Tell the subscribers what an answer of ``provider`` said of its limits."""
+        if self._hub.sinks:
+            self._hub.emit(RateLimitsReceived(provider, trio.current_time(), info))
 
     def start_conversation(
         self,
@@ -1089,7 +1159,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             if self._ledger is not None:
                 actor = self._shared_scheduler(provider, self._ledger)
             else:
-                actor = SchedulerActor(provider, self._policy(provider))
+                actor = SchedulerActor(provider, self._policy(provider), self._hub)
             self._actors[provider] = actor
             self._nursery.start_soon(
                 self._serve, actor, name=f"trio_dispatch scheduler {provider!r}"
@@ -1132,6 +1202,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             default_pause=self._settings.default_pause,
             max_pause=self._settings.max_pause,
             on_limit=self._learn_limit,
+            hub=self._hub,
         )
 
     def _learn_limit(self, provider: str, limit: int | None) -> None:
@@ -1211,6 +1282,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             self._closing.set()
         for actor in self._actors.values():
             actor.close()
+        self._hub.close()
         self._nursery.cancel_scope.cancel()
 
 

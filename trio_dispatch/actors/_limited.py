@@ -96,13 +96,21 @@ class _LimitedProvider:
             # Cancelled while the grant was on its way: send nothing, whatever
             # the transport below would have checked before its first byte.
             await trio.lowlevel.checkpoint_if_cancelled()
+            # Timed for the metrics, if any observe the calls.
+            watch = dispatcher._watch_call(self.provider)
             try:
                 async with self.provider.stream(request) as events:
                     slot._answered()
-                    yield _Metered(events, slot)
-            except (RateLimited, Overloaded) as exc:
-                dispatcher.report_rate_limit(self.provider.id, exc.retry_after)
+                    metered = _Metered(events, slot)
+                    yield metered if watch is None else watch.events(metered)
+            except BaseException as exc:
+                if isinstance(exc, RateLimited | Overloaded):
+                    dispatcher.report_rate_limit(self.provider.id, exc.retry_after)
+                if watch is not None:
+                    watch.end(exc)
                 raise
+            if watch is not None:
+                watch.end(None)
 
 
 @final

@@ -23,6 +23,13 @@ it gave it back), and a ``SetLimit`` or ``Pause`` that nobody can be told
 about is logged and dropped. The policy changes nothing when it refuses, so
 its invariants hold.
 
+While anything listens to the dispatcher's events (``EventHub.sinks``),
+the actor handles its messages with ``_handle_observed`` instead, which
+does the same and also emits an event for each thing that happens; it also
+remembers who holds or waits since when, to tell the wait and the hold
+time. The choice is made once per batch, so nobody listening costs one
+check per wake-up, not one per message.
+
 While the provider is paused, or its oldest waiter waits for budget, the
 actor waits for its inbox with the policy's ``wake_at`` as deadline (the
 pause's end, the instant the budget holds the waiter), and ticks the
@@ -58,6 +65,17 @@ from ..messages._scheduling import (
     Ticket,
 )
 from ._mailbox import Mailbox
+from ._observe import (
+    EventHub,
+    Granted,
+    LimitChanged,
+    Paused,
+    Queued,
+    Refused,
+    Released,
+    Resumed,
+    Withdrawn,
+)
 
 if TYPE_CHECKING:
     from .._policy import SlotPolicy
@@ -76,11 +94,26 @@ class SchedulerActor:
     every message sent so far right after ``handle_backlog``.
     """
 
-    __slots__ = ("_batch", "_inbox", "_replies", "_seq", "policy", "provider")
+    __slots__ = (
+        "_batch",
+        "_hub",
+        "_inbox",
+        "_replies",
+        "_seen",
+        "_seq",
+        "policy",
+        "provider",
+    )
 
-    def __init__(self, provider: str, policy: SlotPolicy) -> None:
+    def __init__(
+        self, provider: str, policy: SlotPolicy, hub: EventHub | None = None
+    ) -> None:
         self.provider = provider
         self.policy = policy
+        self._hub = EventHub() if hub is None else hub
+        # While events are listened to: who asked, and since when, of each
+        # ticket seen waiting or granted (queued at, then granted at).
+        self._seen: dict[Ticket, tuple[str | None, float]] = {}
         self._inbox: Mailbox[SchedulerMessage] = Mailbox()
         # The messages taken from the inbox and not handled yet: if handling
         # one crashes the actor, those behind it are failed, not lost.
@@ -110,7 +143,7 @@ class SchedulerActor:
     # KeyboardInterrupt waits for the next checkpoint: between two, the actor
     # changes the policy and tells the requesters, which must go together.
     @trio.lowlevel.enable_ki_protection
-    async def run(self, *, stop_when_idle: bool = False) -> bool:
+    async def run(self, *, stop_when_idle: bool = False) -> bool:  # noqa: PLR0912 (the hot loop stays inline, see below)
         """Serve the inbox until it is closed or the task is cancelled.
 
         Args:
@@ -125,7 +158,10 @@ class SchedulerActor:
         """
         inbox = self._inbox
         policy = self.policy
-        handle = self._handle
+        hub = self._hub
+        seen = self._seen
+        plain = self._handle
+        observed = self._handle_observed
         try:
             while True:
                 # Checked before every wait, not only after a batch:
@@ -152,12 +188,20 @@ class SchedulerActor:
                     continue
                 # _handle_batch's common case, inline: this loop is the hot
                 # path of every hand-off, and a call per wake-up shows.
+                if hub.sinks:
+                    handle = observed
+                else:
+                    handle = plain
+                    if seen:
+                        # Tickets that change while nothing listens would
+                        # be misdated: forget them.
+                        seen.clear()
                 batch = self._batch = inbox.take_all()
                 while batch:
                     handle(batch[0], now)
                     batch.popleft()
                 if policy.wake_at is not None:
-                    self._deliver(policy.tick(now), now)
+                    self._tick(now)
         finally:
             self._shutdown()
 
@@ -207,13 +251,32 @@ class SchedulerActor:
         else:
             self._batch = batch = messages
         self.policy.advance(now)
-        handle = self._handle
+        if self._hub.sinks:
+            handle = self._handle_observed
+        else:
+            handle = self._handle
+            # Tickets that change while nothing listens would be misdated.
+            self._seen.clear()
         while batch:
             handle(batch[0], now)
             batch.popleft()
+        if self.policy.wake_at is not None:
+            self._tick(now)
+
+    def _tick(self, now: float) -> None:
+        """Tell the paused policy the time: a pause that ran out ends."""
         policy = self.policy
-        if policy.wake_at is not None:
-            self._deliver(policy.tick(now), now)
+        hub = self._hub
+        paused = policy.paused_until is not None
+        grants = policy.tick(now)
+        if paused and policy.paused_until is None:
+            _logger.info("provider %r: pause over, granting again", self.provider)
+            if hub.sinks:
+                hub.emit(Resumed(self.provider, now, "expired"))
+        if hub.sinks:
+            self._deliver_observed(grants, now)
+        elif grants:
+            self._deliver(grants, now)
 
     def _handle(self, message: SchedulerMessage, now: float) -> None:
         policy = self.policy
@@ -242,16 +305,15 @@ class SchedulerActor:
             self._replies.pop(message.ticket, None)
             grants = policy.cancel(message.ticket)
         elif isinstance(message, SetLimit):
+            previous = policy.limit
             try:
                 grants = policy.set_limit(message.limit)
             except (TypeError, ValueError) as exc:
                 self._drop(message, exc)
                 return
+            self._log_limit(previous, message.limit)
         elif isinstance(message, Pause):
-            try:
-                policy.report_rate_limit(message.reported_at, message.retry_after)
-            except (TypeError, ValueError) as exc:
-                self._drop(message, exc)
+            self._pause(message, now)
             return
         else:
             grants = self._rarely(message)
@@ -272,9 +334,206 @@ class SchedulerActor:
             return []
         if isinstance(message, Adapt):
             return policy.set_limit(message.limit)
+        return self._resume()
+
+    def _handle_observed(self, message: SchedulerMessage, now: float) -> None:
+        """``_handle``, emitting an event for each thing that happens."""
+        policy = self.policy
+        emit = self._hub.emit
+        provider = self.provider
+        if isinstance(message, Release | Cancel):
+            grants = self._leave_observed(message, now)
+        elif isinstance(message, Acquire):
+            self._acquire_observed(message, now)
+            return
+        elif isinstance(message, SetLimit):
+            previous = policy.limit
+            try:
+                grants = policy.set_limit(message.limit)
+            except (TypeError, ValueError) as exc:
+                self._drop(message, exc)
+                return
+            self._log_limit(previous, message.limit)
+            if previous != message.limit:
+                emit(LimitChanged(provider, now, message.limit, previous))
+        elif isinstance(message, Pause):
+            if self._pause(message, now):
+                until = policy.paused_until if policy.limit is not None else None
+                emit(Paused(provider, now, until, "rate_limited", message.retry_after))
+            return
+        else:
+            paused = policy.paused_until is not None
+            previous = policy.limit
+            grants = self._rarely(message)
+            if isinstance(message, Resume) and paused:
+                emit(Resumed(provider, now, "resumed"))
+            if policy.limit != previous:
+                emit(LimitChanged(provider, now, policy.limit, previous))
+        self._deliver_observed(grants, now)
+
+    def _leave_observed(self, message: Release | Cancel, now: float) -> list[Ticket]:
+        """A release or cancel, observed: returns the grants it freed."""
+        policy = self.policy
+        ticket = message.ticket
+        waiting = policy.waiting
+        in_flight = policy.in_flight
+        if isinstance(message, Release):
+            try:
+                grants = policy.release(ticket)
+            except RuntimeError as exc:
+                self._withdraw(ticket, exc)
+                self._emit_withdrawn(ticket, now)
+                return []
+        else:
+            self._replies.pop(ticket, None)
+            grants = policy.cancel(ticket)
+        # A release's grants leave the queue too: only a drop beyond them
+        # is the ticket's own withdrawal.
+        if policy.waiting + len(grants) < waiting:
+            self._emit_withdrawn(ticket, now)
+        elif policy.in_flight - len(grants) < in_flight:
+            who, since = self._seen.pop(ticket, (None, None))
+            self._hub.emit(
+                Released(
+                    self.provider,
+                    now,
+                    who,
+                    self._hub.started_at(ticket),
+                    None if since is None else now - since,
+                    policy.in_flight - len(grants),
+                    policy.waiting + len(grants),
+                )
+            )
+        return grants
+
+    def _acquire_observed(self, message: Acquire, now: float) -> None:
+        policy = self.policy
+        emit = self._hub.emit
+        ticket = message.ticket
+        who = message.conversation_id
+        try:
+            grants = policy.acquire(ticket, message.tokens)
+        except (QueueFull, ValueError) as exc:
+            withdrawn = self._replies.get(ticket) is message.reply
+            self._refuse(message, exc)
+            if withdrawn:
+                self._emit_withdrawn(ticket, now)
+            if isinstance(exc, QueueFull):
+                emit(
+                    Refused(
+                        self.provider,
+                        now,
+                        who,
+                        self._hub.started_at(ticket),
+                        str(exc),
+                        policy.in_flight,
+                        policy.waiting,
+                    )
+                )
+            return
+        self._seen[ticket] = (who, now)
+        if not grants:
+            self._replies[ticket] = message.reply
+            event: Queued | Granted = Queued(
+                self.provider,
+                now,
+                who,
+                self._hub.started_at(ticket),
+                policy.in_flight,
+                policy.waiting,
+            )
+        else:
+            message.reply._grant(Grant(ticket, now))
+            event = Granted(
+                self.provider,
+                now,
+                who,
+                self._hub.started_at(ticket),
+                0.0,
+                policy.in_flight,
+                policy.waiting,
+            )
+        emit(event)
+
+    def _pause(self, message: Pause, now: float) -> bool:
+        """Apply a rate-limit report; ``False`` if it was dropped as a misuse."""
+        policy = self.policy
+        try:
+            policy.report_rate_limit(message.reported_at, message.retry_after)
+        except (TypeError, ValueError) as exc:
+            self._drop(message, exc)
+            return False
+        if policy.limit is not None:
+            assert policy.paused_until is not None
+            _logger.info(
+                "provider %r rate-limited: granting nothing for %.3g s",
+                self.provider,
+                policy.paused_until - now,
+            )
+        return True
+
+    def _resume(self) -> list[Ticket]:
+        policy = self.policy
+        if policy.paused_until is not None:
+            _logger.info("provider %r resumed: granting again", self.provider)
         return policy.resume()
 
+    def _log_limit(self, previous: int | None, limit: int | None) -> None:
+        if previous != limit:
+            _logger.info(
+                "provider %r: limit %s (was %s)",
+                self.provider,
+                "none" if limit is None else limit,
+                "none" if previous is None else previous,
+            )
+
+    def _emit_withdrawn(self, ticket: Ticket, now: float) -> None:
+        who, since = self._seen.pop(ticket, (None, None))
+        policy = self.policy
+        self._hub.emit(
+            Withdrawn(
+                self.provider,
+                now,
+                who,
+                self._hub.started_at(ticket),
+                None if since is None else now - since,
+                policy.in_flight,
+                policy.waiting,
+            )
+        )
+
+    def _deliver_observed(self, grants: list[Ticket], now: float) -> None:
+        """``_deliver``, emitting ``Granted`` for each, with the state after it."""
+        replies = self._replies
+        seen = self._seen
+        emit = self._hub.emit
+        policy = self.policy
+        # The policy granted them all at once; each event tells the state
+        # just after its own grant.
+        in_flight = policy.in_flight - len(grants)
+        waiting = policy.waiting + len(grants)
+        for ticket in grants:
+            replies.pop(ticket)._grant(Grant(ticket, now))
+            who, since = seen.get(ticket, (None, None))
+            if since is not None:
+                seen[ticket] = (who, now)
+            in_flight += 1
+            waiting -= 1
+            emit(
+                Granted(
+                    self.provider,
+                    now,
+                    who,
+                    self._hub.started_at(ticket),
+                    None if since is None else now - since,
+                    in_flight,
+                    waiting,
+                )
+            )
+
     def _refuse(self, message: Acquire, error: Exception) -> None:
+        if isinstance(error, QueueFull):
+            _logger.info("provider %r refused a request: %s", self.provider, error)
         reply = message.reply
         if self._replies.get(message.ticket) is reply:
             # The requester that waits on this ticket asked again: failing

@@ -59,6 +59,17 @@ from ..messages._scheduling import (
     Ticket,
 )
 from ._mailbox import Mailbox
+from ._observe import (
+    EventHub,
+    Granted,
+    LimitChanged,
+    Paused,
+    Queued,
+    Refused,
+    Released,
+    Resumed,
+    Withdrawn,
+)
 
 if TYPE_CHECKING:
     import collections
@@ -85,6 +96,7 @@ BACKEND_ERRORS: Final = (
 )
 
 _FIRST_RETRY: Final = 0.05
+_PAUSE_SLACK: Final = 0.05
 _LAST_RETRY: Final = 1.0
 
 
@@ -132,6 +144,7 @@ class SharedSchedulerActor:
         "_default_pause",
         "_dirty",
         "_holding",
+        "_hub",
         "_inbox",
         "_last_round",
         "_ledger",
@@ -143,6 +156,7 @@ class SharedSchedulerActor:
         "_replies",
         "_resume",
         "_retry_at",
+        "_seen",
         "_seq",
         "_view",
         "book",
@@ -160,6 +174,7 @@ class SharedSchedulerActor:
         default_pause: float,
         max_pause: float,
         on_limit: Callable[[str, int | None], None],
+        hub: EventHub | None = None,
     ) -> None:
         self.provider = provider
         self.book = book
@@ -183,6 +198,9 @@ class SharedSchedulerActor:
         self._retry_at = -math.inf
         self._backoff = _FIRST_RETRY
         self._view = SharedView()
+        # Events: who asked and since when, while anything listens.
+        self._hub = EventHub() if hub is None else hub
+        self._seen: dict[Ticket, tuple[str | None, float]] = {}
         # Counted from now: the client stays open until run() is done,
         # even if the dispatcher closes before run() first gets to run.
         ledger.enter()
@@ -304,22 +322,29 @@ class SharedSchedulerActor:
         self, messages: collections.deque[SchedulerMessage | _Wake], now: float
     ) -> None:
         book = self.book
+        if not self._hub.sinks:
+            self._seen.clear()
         for message in messages:
             if isinstance(message, Release):
                 self._holding.pop(message.ticket, None)
+                before = book.in_flight, book.waiting
                 try:
                     book.release(message.ticket)
                 except RuntimeError as exc:
                     reply = self._replies.pop(message.ticket)
                     book.cancel(message.ticket)
                     reply._fail(exc)
+                self._emit_left(message.ticket, before, now)
             elif isinstance(message, Acquire):
                 self._acquire(message, now)
             elif isinstance(message, Cancel):
+                before = book.in_flight, book.waiting
                 self._replies.pop(message.ticket, None)
                 self._holding.pop(message.ticket, None)
                 book.cancel(message.ticket)
+                self._emit_left(message.ticket, before, now)
             elif isinstance(message, SetLimit):
+                self._emit_limit(self.limit, message.limit, now)
                 self.limit = message.limit
                 self._limit_writes.append(message.limit)
             elif isinstance(message, Pause):
@@ -336,15 +361,43 @@ class SharedSchedulerActor:
         # clocks agree) compare ranks.
         arrival = time.time()
         start = arrival - now + ticket.rank
+        book = self.book
+        hub = self._hub
         try:
-            self.book.acquire(ticket, start, arrival)
+            book.acquire(ticket, start, arrival)
         except (QueueFull, ValueError) as exc:
             if self._replies.get(ticket) is message.reply:
                 self._replies.pop(ticket)
-                self.book.cancel(ticket)
+                book.cancel(ticket)
             message.reply._fail(exc)
+            if isinstance(exc, QueueFull):
+                _logger.info("provider %r refused a request: %s", self.provider, exc)
+                if hub.sinks:
+                    hub.emit(
+                        Refused(
+                            self.provider,
+                            now,
+                            message.conversation_id,
+                            self._hub.started_at(ticket),
+                            str(exc),
+                            book.in_flight,
+                            book.waiting,
+                        )
+                    )
             return
         self._replies[ticket] = message.reply
+        if hub.sinks:
+            self._seen[ticket] = (message.conversation_id, now)
+            hub.emit(
+                Queued(
+                    self.provider,
+                    now,
+                    message.conversation_id,
+                    self._hub.started_at(ticket),
+                    book.in_flight,
+                    book.waiting,
+                )
+            )
 
     async def _round(self, now: float) -> None:
         renew = now >= self._next_renew
@@ -435,6 +488,8 @@ class SharedSchedulerActor:
             self._next_renew = now + self._ledger.lease / 3
         self._learn_limit(result.limit)
         book = self.book
+        paused_until = now + result.paused_for if result.paused_for else None
+        self._emit_pause(self._view.paused_until, paused_until, now)
         grants = book.applied(plan, result.granted)
         replies = self._replies
         holding = self._holding
@@ -452,10 +507,12 @@ class SharedSchedulerActor:
                 lease_until(until)
                 holding[ticket] = cast("_Leased", reply)
             reply._grant(Grant(ticket, now))
+        if grants and self._hub.sinks:
+            self._emit_grants(grants, now)
         self._view = SharedView(
             in_flight=result.in_flight,
             waiting=result.waiting,
-            paused_until=now + result.paused_for if result.paused_for else None,
+            paused_until=paused_until,
             up=True,
         )
         if book.unsent():
@@ -463,8 +520,77 @@ class SharedSchedulerActor:
             # on its way: give them back in another round now.
             self._dirty = True
 
+    def _emit_left(self, ticket: Ticket, before: tuple[int, int], now: float) -> None:
+        """A ticket was released or withdrawn, if the book's counts dropped."""
+        hub = self._hub
+        if not hub.sinks:
+            return
+        book = self.book
+        who, since = self._seen.pop(ticket, (None, None))
+        took = None if since is None else now - since
+        args = (self.provider, now, who, self._hub.started_at(ticket), took)
+        if book.waiting < before[1]:
+            hub.emit(Withdrawn(*args, book.in_flight, book.waiting))
+        elif book.in_flight < before[0]:
+            hub.emit(Released(*args, book.in_flight, book.waiting))
+
+    def _emit_grants(self, grants: list[Ticket], now: float) -> None:
+        book = self.book
+        seen = self._seen
+        in_flight = book.in_flight - len(grants)
+        waiting = book.waiting + len(grants)
+        for ticket in grants:
+            who, since = seen.get(ticket, (None, None))
+            if since is not None:
+                seen[ticket] = (who, now)
+            in_flight += 1
+            waiting -= 1
+            self._hub.emit(
+                Granted(
+                    self.provider,
+                    now,
+                    who,
+                    self._hub.started_at(ticket),
+                    None if since is None else now - since,
+                    in_flight,
+                    waiting,
+                )
+            )
+
+    def _emit_pause(
+        self, before: float | None, after: float | None, now: float
+    ) -> None:
+        """The fleet's pause, as a round saw it, began, grew or ended."""
+        # Read on Redis' clock through a round trip: an end that moves by
+        # less than _PAUSE_SLACK is the same pause.
+        if after is not None and (before is None or after > before + _PAUSE_SLACK):
+            _logger.info(
+                "provider %r paused for the fleet: granting nothing for %.3g s",
+                self.provider,
+                after - now,
+            )
+            if self._hub.sinks:
+                self._hub.emit(Paused(self.provider, now, after, "rate_limited", None))
+        elif after is None and before is not None:
+            _logger.info("provider %r: pause over, granting again", self.provider)
+            if self._hub.sinks:
+                self._hub.emit(Resumed(self.provider, now, "expired"))
+
+    def _emit_limit(self, previous: int | None, limit: int | None, now: float) -> None:
+        if previous == limit:
+            return
+        _logger.info(
+            "provider %r: limit %s (was %s)",
+            self.provider,
+            "none" if limit is None else limit,
+            "none" if previous is None else previous,
+        )
+        if self._hub.sinks:
+            self._hub.emit(LimitChanged(self.provider, now, limit, previous))
+
     def _learn_limit(self, stored: int | None) -> None:
         if stored != self.limit and not self._limit_writes:
+            self._emit_limit(self.limit, stored, trio.current_time())
             self.limit = stored
             self._on_limit(self.provider, stored)
 

@@ -1,0 +1,300 @@
+"""``dispatcher.events()``: exact event sequences in virtual time."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+import trio
+import trio.testing
+
+from trio_dispatch import (
+    DispatcherClosed,
+    QueueFull,
+    Quota,
+    RateLimitInfo,
+    open_dispatcher,
+)
+from trio_dispatch.events import (
+    EventSubscription,
+    Granted,
+    LimitChanged,
+    Paused,
+    Queued,
+    RateLimitsReceived,
+    Refused,
+    Released,
+    Resumed,
+    Withdrawn,
+)
+
+from ._events import record
+from ._helpers import settle
+
+if TYPE_CHECKING:
+    from trio_dispatch import Dispatcher
+    from trio_dispatch.events import DispatchEvent
+
+
+async def hold(
+    dispatcher: Dispatcher,
+    conversation_id: str,
+    after: float,
+    seconds: float,
+) -> None:
+    await trio.sleep(after)
+    async with dispatcher.slot("p", conversation_id=conversation_id):
+        await trio.sleep(seconds)
+
+
+async def test_a_contended_slot_tells_queued_granted_with_the_wait_and_released(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    events: list[DispatchEvent] = []
+    async with open_dispatcher({"p": 1}) as dispatcher, trio.open_nursery() as nursery:
+        await nursery.start(record, dispatcher, events)
+        start = trio.current_time()
+        async with trio.open_nursery() as agents:
+            agents.start_soon(hold, dispatcher, "a", 0, 2)
+            agents.start_soon(hold, dispatcher, "b", 0.5, 1)
+        await settle()
+        nursery.cancel_scope.cancel()
+    t = start
+    assert events == [
+        Granted("p", t, "a", t, 0.0, in_flight=1, waiting=0),
+        Queued("p", t + 0.5, "b", t + 0.5, in_flight=1, waiting=1),
+        Released("p", t + 2, "a", t, 2.0, in_flight=0, waiting=1),
+        Granted("p", t + 2, "b", t + 0.5, 1.5, in_flight=1, waiting=0),
+        Released("p", t + 3, "b", t + 0.5, 1.0, in_flight=0, waiting=0),
+    ]
+
+
+async def test_a_raised_limit_grants_in_ticket_order_each_event_with_its_state(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    events: list[DispatchEvent] = []
+    async with open_dispatcher({"p": 1}) as dispatcher, trio.open_nursery() as nursery:
+        await nursery.start(record, dispatcher, events)
+        t = trio.current_time()
+        nursery.start_soon(hold, dispatcher, "a", 0, 10)
+        await settle()
+        nursery.start_soon(hold, dispatcher, "b", 0, 10)
+        await settle()
+        nursery.start_soon(hold, dispatcher, "c", 0, 10)
+        await trio.sleep(1)
+        dispatcher.set_limit("p", 3)
+        await settle()
+        nursery.cancel_scope.cancel()
+    assert events[3:] == [
+        LimitChanged("p", t + 1, limit=3, previous=1),
+        Granted("p", t + 1, "b", t, 1.0, in_flight=2, waiting=1),
+        Granted("p", t + 1, "c", t, 1.0, in_flight=3, waiting=0),
+    ]
+    assert [type(e) for e in events[:3]] == [Granted, Queued, Queued]
+
+
+async def test_a_cancelled_waiter_is_withdrawn_and_a_full_queue_refuses(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    events: list[DispatchEvent] = []
+    refused: list[BaseException] = []
+
+    async def refused_waiter() -> None:
+        with pytest.raises(QueueFull) as caught:
+            await dispatcher.slot("p", conversation_id="c").__aenter__()
+        refused.append(caught.value)
+
+    async with (
+        open_dispatcher({"p": 1}, max_waiting=1) as dispatcher,
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(record, dispatcher, events)
+        t = trio.current_time()
+        nursery.start_soon(hold, dispatcher, "a", 0, 10)
+        await settle()
+        async with trio.open_nursery() as waiters:
+            waiters.start_soon(hold, dispatcher, "b", 0, 1)
+            await settle()
+            await refused_waiter()
+            await trio.sleep(3)
+            waiters.cancel_scope.cancel()
+        await trio.sleep(8)
+        nursery.cancel_scope.cancel()
+    assert events == [
+        Granted("p", t, "a", t, 0.0, in_flight=1, waiting=0),
+        Queued("p", t, "b", t, in_flight=1, waiting=1),
+        Refused("p", t, "c", t, str(refused[0]), in_flight=1, waiting=1),
+        Withdrawn("p", t + 3, "b", t, 3.0, in_flight=1, waiting=0),
+        Released("p", t + 10, "a", t, 10.0, in_flight=0, waiting=0),
+    ]
+    assert str(refused[0]) == "1 requests already wait (max_waiting=1)"
+
+
+async def test_a_rate_limit_pause_and_its_end_and_a_resume(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    events: list[DispatchEvent] = []
+    async with (
+        open_dispatcher({"p": 1}, default_pause=2.0) as dispatcher,
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(record, dispatcher, events)
+        t = trio.current_time()
+        dispatcher.report_rate_limit("p", 5.0)
+        await trio.sleep(1)
+        dispatcher.report_rate_limit("p")
+        await trio.sleep(10)
+        dispatcher.report_rate_limit("p")
+        await trio.sleep(1)
+        dispatcher.resume("p")
+        await settle()
+        nursery.cancel_scope.cancel()
+    assert events == [
+        Paused("p", t, until=t + 5, why="rate_limited", retry_after=5.0),
+        # A report within the pause that would end earlier extends nothing.
+        Paused("p", t + 1, until=t + 5, why="rate_limited", retry_after=None),
+        Resumed("p", t + 5, why="expired"),
+        # No slot was granted since the last report: the same round of the
+        # backoff, so the same default pause.
+        Paused("p", t + 11, until=t + 13, why="rate_limited", retry_after=None),
+        Resumed("p", t + 12, why="resumed"),
+    ]
+
+
+async def test_rate_limit_figures_reach_the_subscribers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    info = RateLimitInfo(requests=Quota(limit=500, remaining=499, reset=0.12))
+    events: list[DispatchEvent] = []
+    async with open_dispatcher({"p": 1}) as dispatcher:
+        # Nobody listens: nothing to do, and nothing fails.
+        dispatcher.observe_rate_limits("p", info)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(record, dispatcher, events)
+            await trio.sleep(1)
+            dispatcher.observe_rate_limits("p", info)
+            # Figures that say nothing are no event.
+            dispatcher.observe_rate_limits("p", RateLimitInfo())
+            t = trio.current_time()
+            await settle()
+            nursery.cancel_scope.cancel()
+    assert events == [RateLimitsReceived("p", t, info)]
+
+
+async def test_rate_limit_figures_are_events_even_when_budgets_ignore_them(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    info = RateLimitInfo(tokens=Quota(limit=1000, remaining=10, reset=6.0))
+    events: list[DispatchEvent] = []
+    async with open_dispatcher({"p": 1}, learn_budgets=False) as dispatcher:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(record, dispatcher, events)
+            dispatcher.observe_rate_limits("p", info)
+            t = trio.current_time()
+            await settle()
+            nursery.cancel_scope.cancel()
+        assert dispatcher.statistics().providers["p"].budget is None
+    assert events == [RateLimitsReceived("p", t, info)]
+
+
+async def test_a_slow_subscriber_never_delays_a_grant_and_counts_its_drops(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    granted: list[tuple[str, float]] = []
+
+    async def agent(dispatcher: Dispatcher, name: str) -> None:
+        async with dispatcher.slot("p", conversation_id=name):
+            granted.append((name, trio.current_time()))
+            await trio.sleep(1)
+
+    async with (
+        open_dispatcher({"p": 1}) as dispatcher,
+        dispatcher.events(buffer=2) as events,
+    ):
+        t = trio.current_time()
+        async with trio.open_nursery() as agents:
+            for name in "abcde":
+                agents.start_soon(agent, dispatcher, name)
+                await settle()
+        await settle()
+        # Never read while the agents ran: 1 grant at once, 4 queued,
+        # 5 released, 4 granted on release, of which 2 are kept.
+        assert (events.pending, events.dropped) == (2, 12)
+        kept = [await events.__anext__() for _ in range(2)]
+    assert granted == [(name, t + i) for i, name in enumerate("abcde")]
+    assert kept == [
+        Granted("p", t, "a", t, 0.0, in_flight=1, waiting=0),
+        Queued("p", t, "b", t, in_flight=1, waiting=1),
+    ]
+
+
+async def test_a_slot_granted_before_subscribing_is_released_without_its_hold(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    events: list[DispatchEvent] = []
+    async with open_dispatcher({"p": 1}) as dispatcher, trio.open_nursery() as nursery:
+        nursery.start_soon(hold, dispatcher, "a", 0, 2)
+        await settle()
+        await nursery.start(record, dispatcher, events)
+        t = trio.current_time()
+        await trio.sleep(5)
+        nursery.cancel_scope.cancel()
+    assert events == [Released("p", t + 2, None, t, None, in_flight=0, waiting=0)]
+
+
+async def test_the_iteration_ends_when_the_dispatcher_closes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    events: list[DispatchEvent] = []
+    async with trio.open_nursery() as nursery:
+        async with open_dispatcher() as dispatcher:
+            subscription = await nursery.start(record, dispatcher, events)
+            dispatcher.set_limit("q", 2)
+            t = trio.current_time()
+        await settle()
+        # record() returned on its own: the nursery has nothing left to wait for.
+        assert nursery.child_tasks == frozenset()
+    assert events == [LimitChanged("q", t, 2, None)]
+    assert subscription.dropped == 0
+    with pytest.raises(DispatcherClosed, match=r"^the dispatcher is closed$"):
+        async with dispatcher.events():
+            pass
+
+
+async def test_misuse_of_a_subscription(autojump_clock: trio.testing.MockClock) -> None:
+    async with open_dispatcher() as dispatcher:
+        subscription = dispatcher.events()
+        assert isinstance(subscription, EventSubscription)
+        with pytest.raises(RuntimeError, match=r"^read events inside"):
+            await subscription.__anext__()
+        async with subscription:
+            pass
+        with pytest.raises(RuntimeError, match=r"^an event subscription can be"):
+            await subscription.__aenter__()
+        # Left: the iteration ends at once.
+        assert [event async for event in subscription] == []
+        with pytest.raises(ValueError, match=r"^buffer must be a positive integer"):
+            dispatcher.events(buffer=0)
+        with pytest.raises(TypeError, match=r"^buffer must be a positive integer"):
+            dispatcher.events(buffer=1.5)  # type: ignore[arg-type]  # the error is the point
+        with pytest.raises(TypeError, match=r"has no public constructor$"):
+            EventSubscription()  # type: ignore[call-arg]  # the error is the point
+
+
+async def test_two_subscribers_see_the_same_events_and_a_left_one_sees_no_more(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    first: list[DispatchEvent] = []
+    second: list[DispatchEvent] = []
+    async with open_dispatcher() as dispatcher, trio.open_nursery() as nursery:
+        await nursery.start(record, dispatcher, first)
+        async with trio.open_nursery() as inner:
+            await inner.start(record, dispatcher, second)
+            dispatcher.set_limit("p", 1)
+            await settle()
+            inner.cancel_scope.cancel()
+        dispatcher.set_limit("p", 2)
+        await settle()
+        nursery.cancel_scope.cancel()
+    assert [(e.limit, e.previous) for e in first] == [(1, None), (2, 1)]  # type: ignore[union-attr]  # all LimitChanged
+    assert second == first[:1]

@@ -1,0 +1,101 @@
+"""What the ``trio_dispatch`` logger says: provider-level news, never a secret."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from trio_dispatch import ConversationOptions, QueueFull, open_dispatcher
+from trio_dispatch.providers import OpenAIProvider
+
+if TYPE_CHECKING:
+    from trio_dispatch import Dispatcher
+
+FIXTURES = Path(__file__).parent / "fixtures"
+KEY = "sk-live-0123456789abcdef"
+PROMPT = "the launch code is PROMPT-7f3a"
+
+
+def answers(request: httpx.Request) -> httpx.Response:
+    answers.calls += 1  # type: ignore[attr-defined]  # a counter on the function
+    if answers.calls == 1:  # type: ignore[attr-defined]
+        body = {"error": {"type": "rate_limit_exceeded", "message": "slow down"}}
+        return httpx.Response(
+            429, headers={"retry-after": "2"}, content=json.dumps(body).encode()
+        )
+    return httpx.Response(
+        200,
+        headers={"content-type": "text/event-stream"},
+        content=(FIXTURES / "openai_text.sse").read_bytes(),
+    )
+
+
+async def wait_for_slot(dispatcher: Dispatcher) -> None:
+    async with dispatcher.slot("openai"):
+        pass
+
+
+async def test_pauses_limits_and_refusals_are_logged_grants_never_above_debug(
+    caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    answers.calls = 0  # type: ignore[attr-defined]
+    caplog.set_level(logging.DEBUG)
+    async with (
+        httpx.AsyncClient(transport=httpx.MockTransport(answers)) as client,
+        open_dispatcher({"openai": 2}, max_waiting=1) as dispatcher,
+    ):
+        provider = OpenAIProvider(
+            base_url="https://api.test/v1", api_key=KEY, model="m", client=client
+        )
+        conversation = dispatcher.start_conversation(
+            provider, options=ConversationOptions(retry_backoff=0.01)
+        )
+        result = await conversation.ask(PROMPT)
+        dispatcher.set_limit("openai", 1)
+        async with trio.open_nursery() as nursery, dispatcher.slot("openai"):
+            nursery.start_soon(wait_for_slot, dispatcher)
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(QueueFull):
+                async with dispatcher.slot("openai"):
+                    pass
+        dispatcher.report_rate_limit("openai", 30)
+        await trio.testing.wait_all_tasks_blocked()
+        dispatcher.resume("openai")
+        await trio.testing.wait_all_tasks_blocked()
+    assert result.retries == 1
+    ours = [r for r in caplog.records if r.name.startswith("trio_dispatch")]
+    said = [(r.levelname, r.getMessage()) for r in ours]
+    assert said == [
+        ("INFO", "provider 'openai': limit 2 (was none)"),
+        ("INFO", "provider 'openai' rate-limited: granting nothing for 2 s"),
+        ("INFO", "provider 'openai': pause over, granting again"),
+        ("INFO", "provider 'openai': limit 1 (was 2)"),
+        (
+            "INFO",
+            "provider 'openai' refused a request: 1 requests already wait (max_waiting=1)",
+        ),
+        ("INFO", "provider 'openai' rate-limited: granting nothing for 30 s"),
+        ("INFO", "provider 'openai' resumed: granting again"),
+    ]
+    for record in caplog.records:
+        text = record.getMessage()
+        assert KEY not in text
+        assert "PROMPT-7f3a" not in text
+
+
+async def test_a_limit_set_before_any_request_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="trio_dispatch")
+    async with open_dispatcher() as dispatcher:
+        dispatcher.set_limit("p", 4)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "provider 'p': limit 4 (was none)")
+    ]

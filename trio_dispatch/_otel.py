@@ -1,0 +1,230 @@
+"""The OpenTelemetry metrics; public in ``trio_dispatch.otel``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final, final
+
+import trio
+from opentelemetry import metrics
+
+from .actors._observe import Granted, Paused, read_in_trio
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
+
+    from . import Dispatcher, DispatcherStatistics
+    from ._provider import Provider
+    from .actors._observe import DispatchEvent
+    from .messages import Usage
+
+__all__ = ["DURATION_BUCKETS", "TOKEN_BUCKETS", "OpenTelemetryMetrics"]
+
+DURATION_BUCKETS: Final = (
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+    0.64,
+    1.28,
+    2.56,
+    5.12,
+    10.24,
+    20.48,
+    40.96,
+    81.92,
+)
+"""``gen_ai.client.operation.duration``'s bucket boundaries, from the conventions."""
+
+TOKEN_BUCKETS: Final = (
+    1,
+    4,
+    16,
+    64,
+    256,
+    1024,
+    4096,
+    16384,
+    65536,
+    262144,
+    1048576,
+    4194304,
+    16777216,
+    67108864,
+)
+"""``gen_ai.client.token.usage``'s bucket boundaries, from the conventions."""
+
+_PROVIDER: Final = "gen_ai.provider.name"
+
+if TYPE_CHECKING:
+    _Read = Callable[[DispatcherStatistics], Iterable[tuple[str, int]]]
+    _Callback = Callable[[CallbackOptions], Iterable[Observation]]
+
+
+@final
+class OpenTelemetryMetrics:
+    """A dispatcher's metrics through the OpenTelemetry API.
+
+    The GenAI client metrics of the semantic conventions, recorded for every
+    LLM call made through ``wrap_provider`` (so every call of every
+    conversation):
+
+    - ``gen_ai.client.operation.duration`` (histogram, ``s``): from the
+      request's first byte to the stream's end, the slot's wait excluded;
+    - ``gen_ai.client.token.usage`` (histogram, ``{token}``): the tokens a
+      call's answer reported, with ``gen_ai.token.type`` ``input`` (the
+      whole prompt, cache reads and writes included) or ``output``.
+
+    Both carry ``gen_ai.operation.name`` (``chat``), ``gen_ai.provider.name``
+    (the provider's ``id``), ``gen_ai.request.model`` (the provider's
+    ``model``, when it has one) and, for a call that failed, ``error.type``
+    (the exception's class name), with the conventions' bucket boundaries
+    as advice to the SDK.
+
+    And the limiter's figures, by ``gen_ai.provider.name``:
+    ``trio_dispatch.slots.in_use``, ``trio_dispatch.slots.limit``,
+    ``trio_dispatch.requests.waiting`` and ``trio_dispatch.paused``
+    (gauges read from ``statistics()`` at each collection),
+    ``trio_dispatch.queue.wait`` (histogram, ``s``) and
+    ``trio_dispatch.rate_limits`` (counter of the rate-limit reports that
+    paused the provider).
+
+    Only the API is used: the application chooses the SDK, its readers and
+    exporters (``meter_provider``, or the global one). Create it inside the
+    dispatcher's trio run, when the dispatcher opens; it counts from then on.
+
+    Args:
+        dispatcher: The dispatcher to report on.
+        meter_provider: Where the meter comes from; ``None`` for the global
+            ``MeterProvider``.
+    """
+
+    def __init__(
+        self, dispatcher: Dispatcher, *, meter_provider: MeterProvider | None = None
+    ) -> None:
+        from . import __version__  # noqa: PLC0415  # the package, loaded by now
+
+        meter = metrics.get_meter(
+            "trio_dispatch", __version__, meter_provider=meter_provider
+        )
+        self._dispatcher = dispatcher
+        self._token = trio.lowlevel.current_trio_token()
+        self._duration = meter.create_histogram(
+            "gen_ai.client.operation.duration",
+            unit="s",
+            description="GenAI operation duration.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self._tokens = meter.create_histogram(
+            "gen_ai.client.token.usage",
+            unit="{token}",
+            description="Number of input and output tokens used.",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+        )
+        self._wait = meter.create_histogram(
+            "trio_dispatch.queue.wait",
+            unit="s",
+            description="Seconds from asking for a slot to getting it.",
+        )
+        self._rate_limits = meter.create_counter(
+            "trio_dispatch.rate_limits",
+            unit="{report}",
+            description="Rate-limit reports that paused the provider.",
+        )
+        for name, unit, description, read in (
+            ("trio_dispatch.slots.in_use", "{slot}", "Slots held now.", _in_use),
+            ("trio_dispatch.slots.limit", "{slot}", "The concurrency limit.", _limit),
+            (
+                "trio_dispatch.requests.waiting",
+                "{request}",
+                "Requests waiting for a slot now.",
+                _waiting,
+            ),
+            (
+                "trio_dispatch.paused",
+                "1",
+                "1 while grants are paused after a rate limit.",
+                _paused,
+            ),
+        ):
+            meter.create_observable_gauge(
+                name, [self._gauge(read)], unit=unit, description=description
+            )
+        dispatcher._call_observers = (*dispatcher._call_observers, self)
+        dispatcher._hub.attach(self)
+
+    def __repr__(self) -> str:
+        return f"<OpenTelemetryMetrics {self._dispatcher!r}>"
+
+    # CallObserver
+
+    def call_ended(
+        self,
+        provider: Provider,
+        duration: float,
+        usage: Usage | None,
+        error: BaseException | None,
+    ) -> None:
+        """Record one LLM call's duration and token usage."""
+        attributes: dict[str, str] = {
+            "gen_ai.operation.name": "chat",
+            _PROVIDER: provider.id,
+        }
+        model = getattr(provider, "model", None)
+        if isinstance(model, str):
+            attributes["gen_ai.request.model"] = model
+        if error is not None:
+            attributes["error.type"] = type(error).__qualname__
+        self._duration.record(duration, attributes)
+        if usage is not None:
+            prompt = (
+                usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
+            )
+            self._tokens.record(prompt, {**attributes, "gen_ai.token.type": "input"})
+            self._tokens.record(
+                usage.output_tokens, {**attributes, "gen_ai.token.type": "output"}
+            )
+
+    # EventSink
+
+    def push(self, event: DispatchEvent) -> None:
+        """Record a grant's wait or a rate-limit report."""
+        if type(event) is Granted:
+            if event.wait is not None:
+                self._wait.record(event.wait, {_PROVIDER: event.provider})
+        elif type(event) is Paused:
+            self._rate_limits.add(1, {_PROVIDER: event.provider})
+
+    def close(self) -> None:
+        """The dispatcher closed: nothing more to record."""
+
+    def _gauge(self, read: _Read) -> _Callback:
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            stats = read_in_trio(self._dispatcher.statistics, self._token)
+            if stats is None:
+                return []
+            return [
+                metrics.Observation(value, {_PROVIDER: name})
+                for name, value in read(stats)
+            ]
+
+        return callback
+
+
+def _in_use(stats: DispatcherStatistics) -> Iterable[tuple[str, int]]:
+    return ((n, p.in_flight) for n, p in stats.providers.items())
+
+
+def _limit(stats: DispatcherStatistics) -> Iterable[tuple[str, int]]:
+    return ((n, p.limit) for n, p in stats.providers.items() if p.limit is not None)
+
+
+def _waiting(stats: DispatcherStatistics) -> Iterable[tuple[str, int]]:
+    return ((n, p.waiting) for n, p in stats.providers.items())
+
+
+def _paused(stats: DispatcherStatistics) -> Iterable[tuple[str, int]]:
+    return ((n, int(p.paused)) for n, p in stats.providers.items())

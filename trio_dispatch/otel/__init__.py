@@ -1,0 +1,27 @@
+"""OpenTelemetry metrics of a dispatcher: ``OpenTelemetryMetrics``.
+
+Needs the ``otel`` extra (``opentelemetry-api`` only: the application
+chooses the SDK and the exporter)::
+
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    meter_provider = MeterProvider(metric_readers=[...])
+    async with open_dispatcher(limits) as dispatcher:
+        OpenTelemetryMetrics(dispatcher, meter_provider=meter_provider)
+        ...
+
+It records the GenAI client metrics of the semantic conventions,
+``gen_ai.client.operation.duration`` and ``gen_ai.client.token.usage``,
+for every LLM call made through ``wrap_provider`` or a conversation, and
+the limiter's own figures (see ``OpenTelemetryMetrics``).
+"""
+
+from .._otel import DURATION_BUCKETS as DURATION_BUCKETS
+from .._otel import TOKEN_BUCKETS as TOKEN_BUCKETS
+from .._otel import OpenTelemetryMetrics as OpenTelemetryMetrics
+from .._util import fixup_module_metadata
+
+__all__ = ["DURATION_BUCKETS", "TOKEN_BUCKETS", "OpenTelemetryMetrics"]
+
+fixup_module_metadata(__name__, globals())
+del fixup_module_metadata
