@@ -298,3 +298,39 @@ async def test_two_subscribers_see_the_same_events_and_a_left_one_sees_no_more(
         nursery.cancel_scope.cancel()
     assert [(e.limit, e.previous) for e in first] == [(1, None), (2, 1)]  # type: ignore[union-attr]  # all LimitChanged
     assert second == first[:1]
+
+
+async def test_events_carry_the_turns_start_whatever_the_priority_class(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    events: list[DispatchEvent] = []
+
+    async def high(t: float) -> None:
+        async with dispatcher.slot(
+            "p", conversation_id="high", started_at=t + 0.25, priority=3
+        ):
+            pass
+
+    async with (
+        open_dispatcher({"p": 1}, priority_aging=7.0) as dispatcher,
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(record, dispatcher, events)
+        t = trio.current_time()
+        async with (
+            trio.open_nursery() as agents,
+            dispatcher.slot("p", conversation_id="low"),
+        ):
+            agents.start_soon(high, t)
+            await trio.sleep(1)
+        await settle()
+        nursery.cancel_scope.cancel()
+    assert [type(event) for event in events] == [
+        Granted,
+        Queued,
+        Released,
+        Granted,
+        Released,
+    ]
+    starts = {event.conversation_id: event.started_at for event in events}  # type: ignore[union-attr]  # slot events only
+    assert starts == {"low": t, "high": t + 0.25}
