@@ -258,8 +258,10 @@ async def test_a_compaction_call_carries_its_turns_priority(
     slot = Dispatcher.slot
 
     def recording(self: Dispatcher, provider: str, **options: Any) -> Any:  # noqa: ANN401 (passes through)
-        seen.append(options.get("started_at"))
-        return slot(self, provider, **options)
+        # What the slot takes, given or from the current turn.
+        taken = slot(self, provider, **options)
+        seen.append(taken.started_at)
+        return taken
 
     monkeypatch.setattr(Dispatcher, "slot", recording)
     provider = ScriptedProvider(
