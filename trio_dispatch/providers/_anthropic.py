@@ -49,11 +49,11 @@ from ._http import EventStream, _ProviderBase
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    import httpx
-    from httpx_sse import ServerSentEvent
+    import httpx2
 
     from .._provider import RateLimitReporter
     from ..messages import ChatMessage, ChatRequest, StreamEvent
+    from ._sse import ServerSentEvent
 
 
 _T = TypeVar("_T")
@@ -514,8 +514,9 @@ class AnthropicProvider(_ProviderBase):
             refused, not stripped: a key is sent exactly as given or not
             at all.
         model: The model to ask for.
-        client: An ``httpx.AsyncClient`` to share; the provider makes (and
-            owns) one if not given.
+        client: An ``httpx2.AsyncClient`` to share; the provider makes (and
+            owns) one if not given. A legacy ``httpx.AsyncClient`` is
+            refused with ``TypeError``.
         anthropic_version: The ``anthropic-version`` header.
         max_tokens: Sent when the request has no ``max_tokens`` (the API
             requires one).
@@ -541,7 +542,7 @@ class AnthropicProvider(_ProviderBase):
         base_url: str = "https://api.anthropic.com",
         api_key: str,
         model: str,
-        client: httpx.AsyncClient | None = None,
+        client: httpx2.AsyncClient | None = None,
         anthropic_version: str = "2023-06-01",
         max_tokens: int = 4096,
         connect_timeout: float = 10.0,
