@@ -100,20 +100,20 @@ def _listed(_instance: object, _field: object, value: object) -> object:
     return list(value) if isinstance(value, tuple) else value
 
 
-def environment(*, httpx: bool = False) -> dict[str, str]:
+def environment(*, httpx2: bool = False) -> dict[str, str]:
     """Interpreter, library versions and machine, for a report's header.
 
     Args:
-        httpx: Include httpx's version (the HTTP benchmark's client).
+        httpx2: Include httpx2's version (the HTTP benchmark's client).
     """
     found = {
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "trio": trio.__version__,
     }
-    if httpx:
-        import httpx as client  # noqa: PLC0415 (only for its version)
+    if httpx2:
+        import httpx2 as client  # noqa: PLC0415 (only for its version)
 
-        found["httpx"] = client.__version__
+        found["httpx2"] = client.__version__
     found |= {
         "trio_dispatch": trio_dispatch.__version__,
         "platform": f"{sys.platform} {platform.machine()}",

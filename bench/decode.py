@@ -7,10 +7,10 @@ Usage::
 One trio process serves every stream of a fleet, so the CPU time spent on
 each streamed chunk decides how many streams it carries. This measures it
 for both wire formats and three kinds of delta (text, reasoning, tool-call
-arguments), over in-memory ``httpx.MockTransport`` bodies of ``--chunks``
+arguments), over in-memory ``httpx2.MockTransport`` bodies of ``--chunks``
 chunks each (no socket, no server), for:
 
-* the minimal loop: httpx, httpx-sse and ``json.loads``, reading the one
+* the minimal loop: httpx2, its ``EventSource`` and ``json.loads``, reading the one
   field that carries the delta (``choices[0].delta.content`` and its
   reasoning and tool-call neighbours; ``delta.text``, ``delta.thinking``
   or ``delta.partial_json`` of each ``content_block_delta``);
@@ -54,8 +54,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import attrs
-import httpx
-import httpx_sse
+import httpx2
 import trio
 
 import trio_dispatch
@@ -80,11 +79,11 @@ TARGET: Final = 1.3
 REPORTS: Final = pathlib.Path(__file__).resolve().parent / "reports"
 
 _LABELS: Final = {
-    ("openai", "minimal"): "minimal loop (httpx + httpx-sse + json.loads)",
+    ("openai", "minimal"): "minimal loop (httpx2 + its EventSource + json.loads)",
     ("openai", "provider"): "`OpenAIProvider.stream`",
     ("openai", "slot"): "`OpenAIProvider` through a slot",
     ("openai", "sdk"): "official `openai` SDK (`AsyncOpenAI`)",
-    ("anthropic", "minimal"): "minimal loop (httpx + httpx-sse + json.loads)",
+    ("anthropic", "minimal"): "minimal loop (httpx2 + its EventSource + json.loads)",
     ("anthropic", "provider"): "`AnthropicProvider.stream`",
     ("anthropic", "slot"): "`AnthropicProvider` through a slot",
     ("anthropic", "sdk"): "official `anthropic` SDK (`AsyncAnthropic`)",
@@ -228,7 +227,7 @@ def anthropic_body(kind: str, chunks: int) -> bytes:
     return "".join(events).encode()
 
 
-def _mock_client(module: Any, body: bytes) -> Any:  # noqa: ANN401 (httpx or httpx2)
+def _mock_client(module: Any, body: bytes) -> Any:  # noqa: ANN401 (httpx2's types)
     """An ``AsyncClient`` of ``module`` whose every request gets ``body``."""
 
     def answer(request: Any) -> Any:  # noqa: ANN401 (either module's types)
@@ -250,7 +249,7 @@ _Consumer: TypeAlias = "tuple[_Consume, Callable[[], Awaitable[None]]]"
 _Samples: TypeAlias = dict[str, list[float]]
 
 
-def _minimal(client: httpx.AsyncClient, fmt: str, kind: str) -> _Consume:
+def _minimal(client: httpx2.AsyncClient, fmt: str, kind: str) -> _Consume:
     url = (
         f"{_BASE_URL}/v1/chat/completions"
         if fmt == "openai"
@@ -261,7 +260,7 @@ def _minimal(client: httpx.AsyncClient, fmt: str, kind: str) -> _Consume:
     async def openai() -> str:
         pieces: list[str] = []
         async with client.stream("POST", url, json={}) as response:
-            async for sse in httpx_sse.EventSource(response).aiter_sse():
+            async for sse in httpx2.EventSource(response):
                 if sse.data == "[DONE]":
                     continue  # read on to the end, as a client must
                 choices = loads(sse.data)["choices"]
@@ -284,7 +283,7 @@ def _minimal(client: httpx.AsyncClient, fmt: str, kind: str) -> _Consume:
     async def anthropic() -> str:
         pieces: list[str] = []
         async with client.stream("POST", url, json={}) as response:
-            async for sse in httpx_sse.EventSource(response).aiter_sse():
+            async for sse in httpx2.EventSource(response):
                 event = loads(sse.data)
                 if event["type"] == "content_block_delta":
                     pieces.append(event["delta"][field])
@@ -314,7 +313,6 @@ def _sdk(fmt: str, kind: str, body: bytes) -> _Consumer | None:
     """The official SDK's client and its closer, or ``None`` if not installed."""
     try:
         sdk = importlib.import_module(fmt)
-        httpx2 = importlib.import_module("httpx2")
     except ImportError:
         return None
     http_client = _mock_client(httpx2, body)
@@ -450,12 +448,12 @@ class DecodeReport:
         sdks = [f"{name} {env[name]}" for name in FORMATS if name not in self.skipped]
         lines = [
             f"Per-chunk decode cost: trio-dispatch {env['trio_dispatch']}, trio"
-            f" {env['trio']}, httpx {env['httpx']}, httpx-sse {env['httpx_sse']},"
+            f" {env['trio']}, httpx2 {env['httpx2']},"
             f" {env['python']} on {env['platform']}, {env['cpus']} CPUs"
-            + (f"; {' and '.join(sdks)} on httpx2 {env['httpx2']}" if sdks else "")
+            + (f"; {' and '.join(sdks)}" if sdks else "")
             + ".",
             f"{self.chunks:,} chunks per stream from an in-memory"
-            f" `httpx.MockTransport` body; {self.repeats} interleaved rounds after"
+            f" `httpx2.MockTransport` body; {self.repeats} interleaved rounds after"
             " a warm-up; the median CPU µs per chunk (`time.thread_time`), and the"
             " median of the per-round ratios to the minimal loop. Load average"
             f" {env['load_before']} before, {env['load_after']} after.",
@@ -484,7 +482,7 @@ class DecodeReport:
 
 
 def _provider(
-    fmt: str, client: httpx.AsyncClient
+    fmt: str, client: httpx2.AsyncClient
 ) -> OpenAIProvider | AnthropicProvider:
     if fmt == "openai":
         return OpenAIProvider(
@@ -510,7 +508,7 @@ async def _measure_case(
     sdk = _sdk(fmt, kind, body)
     try:
         async with (
-            _mock_client(httpx, body) as client,
+            _mock_client(httpx2, body) as client,
             open_dispatcher({"bench": 8}) as dispatcher,
         ):
             provider = _provider(fmt, client)
@@ -623,12 +621,10 @@ def run(
     environment = {
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "trio": trio.__version__,
-        "httpx": httpx.__version__,
-        "httpx_sse": _version("httpx_sse"),
         "trio_dispatch": trio_dispatch.__version__,
         "openai": _version("openai"),
         "anthropic": _version("anthropic"),
-        "httpx2": _version("httpx2"),
+        "httpx2": httpx2.__version__,
         "platform": f"{sys.platform} {platform.machine()}",
         "cpus": str(os.cpu_count()),
         "load_before": load_before,

@@ -35,8 +35,8 @@ window, the streams' end), and no level starts after 200 seconds, so the
 whole run stays well under five minutes. The machine's load average is in
 the report: a busy machine means a run to repeat.
 
-``--client minimal`` runs the same search with a minimal loop (httpx,
-httpx-sse and ``json.loads``, no slot) instead, to show what our layer
+``--client minimal`` runs the same search with a minimal loop (httpx2,
+its ``EventSource`` and ``json.loads``, no slot) instead, to show what our layer
 costs over real sockets; its report goes to ``fleet-minimal.md``/``.json``.
 """
 
@@ -54,8 +54,7 @@ import time
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
-import httpx
-import httpx_sse
+import httpx2
 import trio
 
 import trio_dispatch
@@ -165,14 +164,14 @@ class FleetReport:
         env, timing = self.environment, self.timing
         lines = [
             f"Fleet capacity: trio-dispatch {env['trio_dispatch']}, trio {env['trio']},"
-            f" httpx {env['httpx']}, {env['python']} on {env['platform']},"
+            f" httpx2 {env['httpx2']}, {env['python']} on {env['platform']},"
             f" {env['cpus']} CPUs. Load average {env['load_before']} before,"
             f" {env['load_after']} after.",
             f"OpenAI streams at {timing.rate:g} tokens/s through "
             + (
                 "`OpenAIProvider` and a dispatcher slot each"
                 if self.client == "ours"
-                else "a minimal loop (httpx + httpx-sse + json.loads)"
+                else "a minimal loop (httpx2 + its EventSource + json.loads)"
             )
             + ", from a paced server in another process"
             f" on loopback; streams start over {timing.stagger:g} s, then"
@@ -241,9 +240,9 @@ async def _ours(limited: Provider, clock: _Clock) -> None:
                 clock.token(event.text)
 
 
-async def _minimal(client: httpx.AsyncClient, url: str, clock: _Clock) -> None:
+async def _minimal(client: httpx2.AsyncClient, url: str, clock: _Clock) -> None:
     async with client.stream("POST", url, json={}) as response:
-        async for sse in httpx_sse.EventSource(response).aiter_sse():
+        async for sse in httpx2.EventSource(response):
             if sse.data == "[DONE]":
                 continue
             choices = json.loads(sse.data)["choices"]
@@ -281,13 +280,13 @@ async def _level(
                 await _minimal(client, f"{base_url}/chat/completions", clock)
             else:
                 await _ours(limited, clock)
-        except (ProviderError, httpx.HTTPError):
+        except (ProviderError, httpx2.HTTPError):
             failed += 1
 
     base_url = f"http://127.0.0.1:{port}/v1"
-    client = httpx.AsyncClient(
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
-        timeout=httpx.Timeout(10.0, read=30.0),
+    client = httpx2.AsyncClient(
+        limits=httpx2.Limits(max_connections=None, max_keepalive_connections=0),
+        timeout=httpx2.Timeout(10.0, read=30.0),
     )
     async with (
         OpenAIProvider(
@@ -399,7 +398,7 @@ def run(
     Args:
         timing: Rate and phases of every level.
         client: ``ours`` (``OpenAIProvider`` through slots) or ``minimal``
-            (httpx, httpx-sse and ``json.loads``, for comparison).
+            (httpx2, its ``EventSource`` and ``json.loads``, for comparison).
         threshold_ms: The p99 lateness that counts as falling behind.
         start: The first level; levels double from there.
         largest: Never try more streams than this.
@@ -451,7 +450,7 @@ def run(
     environment = {
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "trio": trio.__version__,
-        "httpx": httpx.__version__,
+        "httpx2": httpx2.__version__,
         "trio_dispatch": trio_dispatch.__version__,
         "platform": f"{sys.platform} {platform.machine()}",
         "cpus": str(os.cpu_count()),

@@ -151,7 +151,7 @@ class HttpBenchReport:
         env = self.environment
         lines = [
             f"Latency added by the dispatcher per LLM call: trio-dispatch"
-            f" {env['trio_dispatch']}, trio {env['trio']}, httpx {env['httpx']},"
+            f" {env['trio_dispatch']}, trio {env['trio']}, httpx2 {env['httpx2']},"
             f" {env['python']} on {env['platform']}, {env['cpus']} CPUs.",
             f"{self.calls:,} calls per path against the fake LLM server on loopback,"
             f" interleaved, after {self.warmup} warm-up calls each; µs.",
@@ -262,7 +262,7 @@ def run_http_benchmark(
         stream_end=PathLatency.from_samples(
             [end for _, end in direct], [end for _, end in wrapped]
         ),
-        environment=environment(httpx=True),
+        environment=environment(httpx2=True),
     )
 
 

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, final
 
-import httpx
+import httpx2
 
 from trio_dispatch.messages import ChatMessage, ChatRequest, StreamEvent, Usage
 from trio_dispatch.providers import AnthropicProvider, OpenAIProvider
@@ -190,13 +190,13 @@ class Wire:
         """A provider whose every request is answered with ``body``, in memory."""
         content = body.encode() if isinstance(body, str) else body
 
-        def handler(request: httpx.Request) -> httpx.Response:
-            return httpx.Response(
+        def handler(request: httpx2.Request) -> httpx2.Response:
+            return httpx2.Response(
                 status, headers=headers or SSE_HEADERS, content=content
             )
 
         return self.provider(
-            client=httpx.AsyncClient(transport=httpx.MockTransport(handler)),
+            client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)),
             on_rate_limit=on_rate_limit,
         )
 

@@ -113,7 +113,7 @@ def test_the_script_runs_as_a_command_and_writes_its_report(tmp_path: Path) -> N
     assert list(data["environment"]) == [
         "python",
         "trio",
-        "httpx",
+        "httpx2",
         "trio_dispatch",
         "platform",
         "cpus",

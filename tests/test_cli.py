@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import httpx
+import httpx2
 import pytest
 import trio
 import trio.testing
@@ -373,7 +373,7 @@ def test_serve_fake_answers_on_loopback_until_terminated() -> None:
             first = process.stdout.readline()
             assert first.startswith("fake LLM server at http://127.0.0.1:")
             base_url = first.split(" at ", 1)[1].strip()
-            response = httpx.post(
+            response = httpx2.post(
                 f"{base_url}/v1/chat/completions",
                 headers={"Authorization": "Bearer sk-test"},
                 json={

@@ -2,7 +2,7 @@
 
 A turn that does not complete (cancelled or failed, wherever it was) leaves
 the history exactly as it was before it, and asking again sends the
-question once. These run an OpenAI provider over ``httpx.MockTransport``
+question once. These run an OpenAI provider over ``httpx2.MockTransport``
 against a model in memory, so the whole system runs in virtual time and
 every request body is checked as it went over the wire.
 """
@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import attrs
-import httpx
+import httpx2
 import pytest
 import trio
 import trio.testing
@@ -77,7 +77,7 @@ def tool_answer(calls: list[tuple[str, str]], pause: float) -> list[Part]:
 
 
 @attrs.define(eq=False)
-class _Body(httpx.AsyncByteStream):
+class _Body(httpx2.AsyncByteStream):
     """A response body sent part by part, pausing in virtual time."""
 
     parts: list[Part]
@@ -99,18 +99,18 @@ class WireModel:
     """An OpenAI-compatible endpoint in memory: records bodies, answers by script.
 
     ``answer`` is given each request's JSON body and returns the parts to
-    stream, or a whole ``httpx.Response`` (an error).
+    stream, or a whole ``httpx2.Response`` (an error).
     """
 
-    answer: Callable[[dict[str, Any]], list[Part] | httpx.Response]
+    answer: Callable[[dict[str, Any]], list[Part] | httpx2.Response]
     bodies: list[dict[str, Any]] = attrs.Factory(list)
 
-    async def handle(self, request: httpx.Request) -> httpx.Response:
+    async def handle(self, request: httpx2.Request) -> httpx2.Response:
         self.bodies.append(json.loads(await request.aread()))
         answer = self.answer(self.bodies[-1])
-        if isinstance(answer, httpx.Response):
+        if isinstance(answer, httpx2.Response):
             return answer
-        return httpx.Response(
+        return httpx2.Response(
             200, headers={"content-type": "text/event-stream"}, stream=_Body(answer)
         )
 
@@ -130,13 +130,13 @@ class Rig:
 
 @asynccontextmanager
 async def open_rig(
-    answer: Callable[[dict[str, Any]], list[Part] | httpx.Response],
+    answer: Callable[[dict[str, Any]], list[Part] | httpx2.Response],
     **options: Any,  # noqa: ANN401 (passed to start_conversation)
 ) -> AsyncIterator[Rig]:
     """A rig whose model answers with ``answer``; ``options`` start the conversation."""
     model = WireModel(answer)
-    transport = httpx.MockTransport(model.handle)
-    async with httpx.AsyncClient(transport=transport) as client:
+    transport = httpx2.MockTransport(model.handle)
+    async with httpx2.AsyncClient(transport=transport) as client:
         provider = OpenAIProvider(
             base_url="http://model/v1", api_key="k", model="m", client=client
         )
@@ -183,7 +183,7 @@ POINTS = {
 }
 
 
-def script(body: dict[str, Any]) -> list[Part] | httpx.Response:
+def script(body: dict[str, Any]) -> list[Part] | httpx2.Response:
     """The model of the scenario above."""
     if is_summary_request(body):
         return text_answer("what happened", 1.0)
@@ -314,7 +314,7 @@ async def test_a_turn_cancelled_between_tool_calls_leaves_the_history_as_it_was(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     # No compaction here: the tool round is the only thing the turn did.
-    answers: list[list[Part] | httpx.Response] = [
+    answers: list[list[Part] | httpx2.Response] = [
         tool_answer([("c1", "step")], 0.0),
         text_answer("all done", 0.0),
     ]
@@ -352,9 +352,9 @@ async def test_a_turn_cancelled_between_tool_calls_leaves_the_history_as_it_was(
 async def test_a_turn_that_fails_after_compacting_leaves_the_history_as_it_was(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    def failing(body: dict[str, Any]) -> list[Part] | httpx.Response:
+    def failing(body: dict[str, Any]) -> list[Part] | httpx2.Response:
         if wire_messages(body)[-1][0] == "tool":
-            return httpx.Response(500, json={"error": {"message": "boom"}})
+            return httpx2.Response(500, json={"error": {"message": "boom"}})
         return script(body)
 
     async with open_rig(

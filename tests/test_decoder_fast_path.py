@@ -21,7 +21,6 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from httpx_sse import ServerSentEvent
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -29,6 +28,7 @@ from trio_dispatch.messages import Finish, ReasoningDelta, TextDelta, ToolCall, 
 from trio_dispatch.providers import ProviderError, _anthropic, _openai
 from trio_dispatch.providers._anthropic import _AnthropicDecoder
 from trio_dispatch.providers._openai import _OpenAIDecoder
+from trio_dispatch.providers._sse import ServerSentEvent
 
 if TYPE_CHECKING:
     from trio_dispatch.messages import StreamEvent
@@ -51,7 +51,7 @@ class FullPathAnthropicDecoder(_AnthropicDecoder):
 
 def event(data: object, name: str | None = None) -> ServerSentEvent:
     text = data if isinstance(data, str) else json.dumps(data)
-    return ServerSentEvent(event=name, data=text)
+    return ServerSentEvent(event=name or "message", data=text)
 
 
 @pytest.fixture
@@ -323,7 +323,7 @@ def test_openai_fast_and_full_paths_yield_the_same_events_and_errors(
     chunks: list[tuple[object, str, str | None]],
 ) -> None:
     events = [
-        ServerSentEvent(event=name, data=as_data(payload, layout))
+        ServerSentEvent(event=name or "message", data=as_data(payload, layout))
         for payload, layout, name in chunks
     ]
     events.append(ServerSentEvent(data="[DONE]"))
@@ -406,7 +406,9 @@ def test_anthropic_fast_and_full_paths_yield_the_same_events_and_errors(
 ) -> None:
     events = [
         ServerSentEvent(
-            event=payload.get("type") if isinstance(payload, dict) else None,
+            event=str(payload.get("type", "message"))
+            if isinstance(payload, dict)
+            else "message",
             data=as_data(payload, layout),
         )
         for payload, layout in [*payloads, *((end, "plain") for end in ANTHROPIC_END)]
@@ -536,7 +538,7 @@ def test_openai_every_field_broken_gives_the_same_outcome_on_both_paths(
     name: str | None, layout: str
 ) -> None:
     for what, payload in broken_copies(OPENAI_FULL_CHUNK):
-        broken = ServerSentEvent(event=name, data=as_data(payload, layout))
+        broken = ServerSentEvent(event=name or "message", data=as_data(payload, layout))
         assert_same(
             _OpenAIDecoder("openai"),
             FullPathOpenAIDecoder("openai"),

@@ -265,8 +265,9 @@ def test_the_policy_core_needs_only_the_standard_library_and_attrs() -> None:
 def test_importing_the_package_loads_no_http_or_optional_library() -> None:
     code = (
         "import sys, trio_dispatch, trio_dispatch.lowlevel\n"
-        "heavy = {'httpx', 'httpx_sse', 'cattrs', 'hypercorn', 'hypothesis',"
-        " 'rich', 'matplotlib', 'prometheus_client', 'opentelemetry'}\n"
+        "heavy = {'httpx', 'httpx2', 'httpx_sse', 'httpcore', 'httpcore2', 'cattrs',"
+        " 'hypercorn', 'hypothesis', 'rich', 'matplotlib', 'prometheus_client',"
+        " 'opentelemetry'}\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
     )
     done = subprocess.run(

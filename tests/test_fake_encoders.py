@@ -16,9 +16,8 @@ import re
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-import httpx
+import httpx2
 import pytest
-from httpx_sse import ServerSentEvent
 
 from trio_dispatch.messages import (
     ChatMessage,
@@ -39,6 +38,7 @@ from trio_dispatch.providers import (
 )
 from trio_dispatch.providers._anthropic import _AnthropicDecoder
 from trio_dispatch.providers._openai import _OpenAIDecoder
+from trio_dispatch.providers._sse import ServerSentEvent
 from trio_dispatch.testing import FakeReply, FakeToolCall, Fault
 from trio_dispatch.testing._encoders import (
     MALFORMED,
@@ -124,15 +124,15 @@ async def replaying(
 ) -> AsyncIterator[OpenAIProvider | AnthropicProvider]:
     """A provider of ``wire`` whose requests are answered with ``body``, in memory."""
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: httpx2.Request) -> httpx2.Response:
         content_type = "text/event-stream" if status == 200 else "application/json"
-        return httpx.Response(
+        return httpx2.Response(
             status,
             headers=[(b"content-type", content_type.encode()), *(headers or [])],
             content=body,
         )
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+    async with httpx2.AsyncClient(transport=httpx2.MockTransport(handler)) as client:
         if wire == "openai":
             yield OpenAIProvider(
                 "p", base_url="http://x/v1", api_key="k", model="m", client=client

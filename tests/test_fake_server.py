@@ -1,6 +1,6 @@
 """The fake LLM server: what it checks, what it streams, what it counts.
 
-These tests talk to it with plain httpx over loopback, reading the raw
+These tests talk to it with plain httpx2 over loopback, reading the raw
 server-sent events, so they check the wire itself rather than what a
 provider makes of it.
 """
@@ -13,7 +13,7 @@ import re
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import httpx
+import httpx2
 import pytest
 import trio
 import trio.testing
@@ -58,17 +58,17 @@ async def server() -> AsyncIterator[FakeLLMServer]:
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as http:
+async def client() -> AsyncIterator[httpx2.AsyncClient]:
+    async with httpx2.AsyncClient() as http:
         yield http
 
 
 async def post_openai(
-    client: httpx.AsyncClient,
+    client: httpx2.AsyncClient,
     server: FakeLLMServer,
     body: object = None,
     headers: dict[str, str] | None = None,
-) -> httpx.Response:
+) -> httpx2.Response:
     return await client.post(
         f"{server.openai_base_url}/chat/completions",
         json=OPENAI_BODY if body is None else body,
@@ -77,11 +77,11 @@ async def post_openai(
 
 
 async def post_anthropic(
-    client: httpx.AsyncClient,
+    client: httpx2.AsyncClient,
     server: FakeLLMServer,
     body: object = None,
     headers: dict[str, str] | None = None,
-) -> httpx.Response:
+) -> httpx2.Response:
     return await client.post(
         f"{server.anthropic_base_url}/v1/messages",
         json=ANTHROPIC_BODY if body is None else body,
@@ -89,7 +89,7 @@ async def post_anthropic(
     )
 
 
-def events_of(response: httpx.Response) -> list[tuple[str, str]]:
+def events_of(response: httpx2.Response) -> list[tuple[str, str]]:
     """``(event name, data)`` of every server-sent event in a whole body."""
     events = []
     for block in response.text.split("\n\n"):
@@ -100,11 +100,11 @@ def events_of(response: httpx.Response) -> list[tuple[str, str]]:
     return events
 
 
-def openai_chunks(response: httpx.Response) -> list[Any]:
+def openai_chunks(response: httpx2.Response) -> list[Any]:
     return [json.loads(data) for _, data in events_of(response) if data != "[DONE]"]
 
 
-def openai_text(response: httpx.Response, field: str = "content") -> str:
+def openai_text(response: httpx2.Response, field: str = "content") -> str:
     return "".join(
         chunk["choices"][0]["delta"].get(field) or ""
         for chunk in openai_chunks(response)
@@ -137,7 +137,7 @@ async def test_two_servers_get_two_ports() -> None:
 
 
 async def test_openai_without_a_key_is_401(
-    server: FakeLLMServer, client: httpx.AsyncClient
+    server: FakeLLMServer, client: httpx2.AsyncClient
 ) -> None:
     response = await post_openai(client, server, headers={})
     assert response.status_code == 401
@@ -154,7 +154,7 @@ async def test_openai_without_a_key_is_401(
 
 
 async def test_anthropic_without_a_key_is_401(
-    server: FakeLLMServer, client: httpx.AsyncClient
+    server: FakeLLMServer, client: httpx2.AsyncClient
 ) -> None:
     response = await post_anthropic(
         client, server, headers={"anthropic-version": "2023-06-01"}
@@ -167,7 +167,7 @@ async def test_anthropic_without_a_key_is_401(
     }
 
 
-async def test_a_configured_key_must_match(client: httpx.AsyncClient) -> None:
+async def test_a_configured_key_must_match(client: httpx2.AsyncClient) -> None:
     async with open_fake_llm_server(api_key="right") as server:
         wrong = await post_openai(
             client, server, headers={"authorization": "Bearer wrong"}
@@ -236,7 +236,7 @@ def test_a_key_no_request_could_match_is_refused_at_the_call(
 )
 async def test_bad_requests_are_400(
     server: FakeLLMServer,
-    client: httpx.AsyncClient,
+    client: httpx2.AsyncClient,
     *,
     wire: str,
     body: object,
@@ -252,7 +252,7 @@ async def test_bad_requests_are_400(
 
 
 async def test_a_body_that_is_not_json(
-    server: FakeLLMServer, client: httpx.AsyncClient
+    server: FakeLLMServer, client: httpx2.AsyncClient
 ) -> None:
     response = await client.post(
         f"{server.openai_base_url}/chat/completions",
@@ -265,7 +265,7 @@ async def test_a_body_that_is_not_json(
 
 
 async def test_unknown_routes_and_methods(
-    server: FakeLLMServer, client: httpx.AsyncClient
+    server: FakeLLMServer, client: httpx2.AsyncClient
 ) -> None:
     assert (await client.post(f"{server.base_url}/v1/completions")).status_code == 404
     assert (
@@ -276,7 +276,7 @@ async def test_unknown_routes_and_methods(
 
 
 async def test_recorded_requests_keep_no_secrets(
-    server: FakeLLMServer, client: httpx.AsyncClient
+    server: FakeLLMServer, client: httpx2.AsyncClient
 ) -> None:
     before = trio.current_time()
     await post_openai(client, server, headers={**OPENAI_HEADERS, "x-trace": "t1"})
@@ -308,7 +308,7 @@ async def test_recorded_requests_keep_no_secrets(
 
 
 async def test_the_server_streams_what_the_encoders_make(
-    server: FakeLLMServer, client: httpx.AsyncClient
+    server: FakeLLMServer, client: httpx2.AsyncClient
 ) -> None:
     # The shape of each format is the encoders' (test_fake_encoders.py); the
     # server sends their bytes as they are, with the request's model and
@@ -342,7 +342,7 @@ async def test_the_server_streams_what_the_encoders_make(
 
 
 async def test_estimated_usage(
-    server: FakeLLMServer, client: httpx.AsyncClient
+    server: FakeLLMServer, client: httpx2.AsyncClient
 ) -> None:
     server.set_script(FakeScript(default=FakeReply(text="a b c", reasoning="d e")))
     data = [json.loads(d) for _, d in events_of(await post_anthropic(client, server))]
@@ -365,7 +365,7 @@ async def test_estimated_usage(
 )
 async def test_status_faults_on_the_wire(
     server: FakeLLMServer,
-    client: httpx.AsyncClient,
+    client: httpx2.AsyncClient,
     *,
     kind: FaultKind,
     status: int,
@@ -390,7 +390,7 @@ async def test_status_faults_on_the_wire(
 
 
 async def test_overloaded_529_is_anthropics_body(
-    server: FakeLLMServer, client: httpx.AsyncClient
+    server: FakeLLMServer, client: httpx2.AsyncClient
 ) -> None:
     server.set_script(FakeScript(default=FakeReply(fault=Fault("overloaded"))))
     response = await post_anthropic(client, server)
@@ -404,7 +404,7 @@ async def test_overloaded_529_is_anthropics_body(
 
 
 async def test_truncate_ends_cleanly_without_the_terminator(
-    server: FakeLLMServer, client: httpx.AsyncClient
+    server: FakeLLMServer, client: httpx2.AsyncClient
 ) -> None:
     server.set_script(FakeScript(default=FakeReply(fault=Fault("truncate"))))
     response = await post_openai(client, server)
@@ -417,17 +417,17 @@ async def test_truncate_ends_cleanly_without_the_terminator(
 
 
 async def test_disconnect_drops_the_connection(
-    server: FakeLLMServer, client: httpx.AsyncClient
+    server: FakeLLMServer, client: httpx2.AsyncClient
 ) -> None:
     server.set_script(
         FakeScript(default=FakeReply(fault=Fault("disconnect", after_events=2)))
     )
-    with pytest.raises(httpx.RemoteProtocolError):
+    with pytest.raises(httpx2.RemoteProtocolError):
         await post_openai(client, server)
 
 
 async def test_malformed_sends_invalid_json_then_the_rest(
-    server: FakeLLMServer, client: httpx.AsyncClient
+    server: FakeLLMServer, client: httpx2.AsyncClient
 ) -> None:
     server.set_script(
         FakeScript(
@@ -442,7 +442,7 @@ async def test_malformed_sends_invalid_json_then_the_rest(
 
 
 async def test_stream_error_event(
-    server: FakeLLMServer, client: httpx.AsyncClient
+    server: FakeLLMServer, client: httpx2.AsyncClient
 ) -> None:
     fault = Fault(
         "stream_error", after_events=1, error_type="api_error", message="oops"
@@ -461,17 +461,17 @@ async def test_stream_error_event(
 
 
 async def test_a_stall_lasts_until_the_client_leaves(
-    server: FakeLLMServer, client: httpx.AsyncClient
+    server: FakeLLMServer, client: httpx2.AsyncClient
 ) -> None:
     server.set_script(
         FakeScript(default=FakeReply(fault=Fault("stall", after_events=1)))
     )
-    with pytest.raises(httpx.ReadTimeout):
+    with pytest.raises(httpx2.ReadTimeout):
         await client.post(
             f"{server.openai_base_url}/chat/completions",
             json=OPENAI_BODY,
             headers=OPENAI_HEADERS,
-            timeout=httpx.Timeout(5, read=0.1),
+            timeout=httpx2.Timeout(5, read=0.1),
         )
     with trio.fail_after(2):
         stats = await server.wait_idle()
@@ -483,7 +483,7 @@ async def test_a_stall_lasts_until_the_client_leaves(
 
 
 async def test_latency_delays_the_headers(
-    server: FakeLLMServer, client: httpx.AsyncClient
+    server: FakeLLMServer, client: httpx2.AsyncClient
 ) -> None:
     server.set_script(FakeScript(default=FakeReply(latency=0.1)))
     started = trio.current_time()
@@ -499,7 +499,7 @@ async def test_latency_delays_the_headers(
 
 
 async def test_time_to_first_token_and_rate(
-    server: FakeLLMServer, client: httpx.AsyncClient
+    server: FakeLLMServer, client: httpx2.AsyncClient
 ) -> None:
     server.set_script(
         FakeScript(
@@ -528,7 +528,7 @@ async def test_time_to_first_token_and_rate(
 
 
 async def test_replies_in_order_then_the_default(
-    server: FakeLLMServer, client: httpx.AsyncClient
+    server: FakeLLMServer, client: httpx2.AsyncClient
 ) -> None:
     server.set_script(
         FakeScript(
@@ -541,7 +541,7 @@ async def test_replies_in_order_then_the_default(
 
 
 async def test_choose_decides_first(
-    server: FakeLLMServer, client: httpx.AsyncClient
+    server: FakeLLMServer, client: httpx2.AsyncClient
 ) -> None:
     def choose(request: FakeRequest) -> FakeReply | None:
         if request.format == "anthropic":
@@ -565,7 +565,7 @@ async def test_choose_decides_first(
 
 
 async def test_set_script_starts_the_replies_again(
-    server: FakeLLMServer, client: httpx.AsyncClient
+    server: FakeLLMServer, client: httpx2.AsyncClient
 ) -> None:
     script = FakeScript(
         replies=(FakeReply(text="one"),), default=FakeReply(text="later")
@@ -579,7 +579,7 @@ async def test_set_script_starts_the_replies_again(
 
 
 async def test_the_script_can_change_while_a_stream_runs(
-    server: FakeLLMServer, client: httpx.AsyncClient
+    server: FakeLLMServer, client: httpx2.AsyncClient
 ) -> None:
     server.set_script(
         FakeScript(default=FakeReply(text="slow answer here", tokens_per_second=20))
@@ -603,7 +603,7 @@ async def test_peak_concurrency_and_disconnects(server: FakeLLMServer) -> None:
     server.set_script(
         FakeScript(default=FakeReply(fault=Fault("stall", after_events=1)))
     )
-    async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
+    async with httpx2.AsyncClient() as client, trio.open_nursery() as nursery:
         for _ in range(3):
             nursery.start_soon(post_openai, client, server)
         with trio.fail_after(2):
@@ -621,7 +621,7 @@ async def test_peak_concurrency_and_disconnects(server: FakeLLMServer) -> None:
 
 
 async def test_requests_one_at_a_time_peak_at_one(
-    server: FakeLLMServer, client: httpx.AsyncClient
+    server: FakeLLMServer, client: httpx2.AsyncClient
 ) -> None:
     for _ in range(3):
         await post_openai(client, server)
@@ -632,7 +632,7 @@ async def test_requests_one_at_a_time_peak_at_one(
 
 
 async def test_statistics_are_a_snapshot(
-    server: FakeLLMServer, client: httpx.AsyncClient
+    server: FakeLLMServer, client: httpx2.AsyncClient
 ) -> None:
     before = server.statistics()
     await post_openai(client, server)
@@ -651,15 +651,15 @@ async def test_exit_stops_streams_in_flight() -> None:
     script = FakeScript(default=FakeReply(fault=Fault("stall", after_events=1)))
     failures: list[BaseException] = []
 
-    async def request(client: httpx.AsyncClient, server: FakeLLMServer) -> None:
+    async def request(client: httpx2.AsyncClient, server: FakeLLMServer) -> None:
         try:
             await post_openai(client, server)
-        except httpx.TransportError as exc:
+        except httpx2.TransportError as exc:
             failures.append(exc)
 
     with trio.fail_after(2):
         async with (
-            httpx.AsyncClient() as client,
+            httpx2.AsyncClient() as client,
             trio.open_nursery() as nursery,
             open_fake_llm_server(script) as server,
         ):

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import httpx
+import httpx2
 import pytest
 import trio
 import trio.testing
@@ -23,14 +23,14 @@ KEY = "sk-live-0123456789abcdef"
 PROMPT = "the launch code is PROMPT-7f3a"
 
 
-def answers(request: httpx.Request) -> httpx.Response:
+def answers(request: httpx2.Request) -> httpx2.Response:
     answers.calls += 1  # type: ignore[attr-defined]  # a counter on the function
     if answers.calls == 1:  # type: ignore[attr-defined]
         body = {"error": {"type": "rate_limit_exceeded", "message": "slow down"}}
-        return httpx.Response(
+        return httpx2.Response(
             429, headers={"retry-after": "2"}, content=json.dumps(body).encode()
         )
-    return httpx.Response(
+    return httpx2.Response(
         200,
         headers={"content-type": "text/event-stream"},
         content=(FIXTURES / "openai_text.sse").read_bytes(),
@@ -48,7 +48,7 @@ async def test_pauses_limits_and_refusals_are_logged_grants_never_above_debug(
     answers.calls = 0  # type: ignore[attr-defined]
     caplog.set_level(logging.DEBUG)
     async with (
-        httpx.AsyncClient(transport=httpx.MockTransport(answers)) as client,
+        httpx2.AsyncClient(transport=httpx2.MockTransport(answers)) as client,
         open_dispatcher({"openai": 2}, max_waiting=1) as dispatcher,
     ):
         provider = OpenAIProvider(

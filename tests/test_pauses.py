@@ -1,6 +1,6 @@
 """Rate-limit pauses end to end: ``max_pause``, the backoff, ``resume``.
 
-Through the real providers (answers from ``httpx.MockTransport``), the
+Through the real providers (answers from ``httpx2.MockTransport``), the
 conversation actor and the dispatcher, in virtual time, with exact times.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
-import httpx
+import httpx2
 import pytest
 import trio
 import trio.testing
@@ -43,32 +43,32 @@ ENDLESS = [
 class Answers:
     """Scripted HTTP answers, one per request, and when each request came."""
 
-    def __init__(self, *answers: httpx.Response) -> None:
+    def __init__(self, *answers: httpx2.Response) -> None:
         self.answers = list(answers)
         self.sent_at: list[float] = []
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
         self.sent_at.append(trio.current_time())
         return self.answers.pop(0)
 
 
-def ok(name: str) -> httpx.Response:
-    return httpx.Response(
+def ok(name: str) -> httpx2.Response:
+    return httpx2.Response(
         200, headers=SSE_HEADERS, content=(FIXTURES / name).read_bytes()
     )
 
 
-def refused(status: int, headers: dict[str, str] | None = None) -> httpx.Response:
+def refused(status: int, headers: dict[str, str] | None = None) -> httpx2.Response:
     kind = "rate_limit_error" if status == 429 else "overloaded_error"
     body = {"type": "error", "error": {"type": kind, "message": "slow down"}}
-    return httpx.Response(status, headers=headers, content=json.dumps(body).encode())
+    return httpx2.Response(status, headers=headers, content=json.dumps(body).encode())
 
 
 @asynccontextmanager
 async def openai(
     answers: Answers, on_rate_limit: RateLimitReporter | None = None
 ) -> AsyncIterator[OpenAIProvider]:
-    async with httpx.AsyncClient(transport=httpx.MockTransport(answers)) as client:
+    async with httpx2.AsyncClient(transport=httpx2.MockTransport(answers)) as client:
         yield OpenAIProvider(
             base_url="https://api.test/v1",
             api_key="k",
@@ -82,7 +82,7 @@ async def openai(
 async def anthropic(
     answers: Answers, on_rate_limit: RateLimitReporter | None = None
 ) -> AsyncIterator[AnthropicProvider]:
-    async with httpx.AsyncClient(transport=httpx.MockTransport(answers)) as client:
+    async with httpx2.AsyncClient(transport=httpx2.MockTransport(answers)) as client:
         yield AnthropicProvider(
             api_key="k", model="m", client=client, on_rate_limit=on_rate_limit
         )

@@ -7,7 +7,7 @@ for both formats, so every test here runs for each, through the table in
 ``_wires.py``. Where the formats differ in what they say (a path, a
 terminator, an error body's shape), a small table beside the test holds
 each format's expectation. In-memory tests replay a body through
-``httpx.MockTransport``; the rest run through loopback sockets against the
+``httpx2.MockTransport``; the rest run through loopback sockets against the
 fake LLM server.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
-import httpx
+import httpx2
 import pytest
 import trio
 import trio.testing
@@ -213,17 +213,17 @@ async def test_an_error_body_is_read_only_so_far(wire: Wire) -> None:
     assert len(str(caught.value)) < 600
 
 
-# -- what httpx raises -------------------------------------------------------------
+# -- what httpx2 raises -------------------------------------------------------------
 
 
 def raising(wire: Wire, exc: Exception) -> Provider:
     """A provider whose transport fails every request with ``exc``."""
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: httpx2.Request) -> httpx2.Response:
         raise exc
 
     return wire.provider(
-        client=httpx.AsyncClient(transport=httpx.MockTransport(handler)),
+        client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)),
         connect_timeout=3,
         read_timeout=7,
     )
@@ -233,21 +233,24 @@ def raising(wire: Wire, exc: Exception) -> Provider:
     ("exc", "message"),
     [
         (
-            httpx.ConnectTimeout("t"),
+            httpx2.ConnectTimeout("t"),
             "could not connect within 3 s (POST api.test{path})",
         ),
-        (httpx.PoolTimeout("t"), "no free connection within 3 s (POST api.test{path})"),
         (
-            httpx.WriteTimeout("t"),
+            httpx2.PoolTimeout("t"),
+            "no free connection within 3 s (POST api.test{path})",
+        ),
+        (
+            httpx2.WriteTimeout("t"),
             "could not send the request within 7 s (POST api.test{path})",
         ),
-        (httpx.ReadTimeout("t"), "no response within 7 s (POST api.test{path})"),
+        (httpx2.ReadTimeout("t"), "no response within 7 s (POST api.test{path})"),
         (
-            httpx.ConnectError("Name or service not known"),
+            httpx2.ConnectError("Name or service not known"),
             "could not reach api.test: Name or service not known",
         ),
         (
-            httpx.RemoteProtocolError(""),
+            httpx2.RemoteProtocolError(""),
             "could not reach api.test: RemoteProtocolError",
         ),
     ],
@@ -259,10 +262,10 @@ async def test_failures_before_the_response(
         await collect(raising(wire, exc))
     assert str(caught.value) == f"{wire.name}: " + message.format(path=wire.path)
     assert caught.value.retryable
-    assert caught.value.__context__ is None  # nothing of httpx rides along
+    assert caught.value.__context__ is None  # nothing of httpx2 rides along
 
 
-class _Failing(httpx.AsyncByteStream):
+class _Failing(httpx2.AsyncByteStream):
     """A body that sends one chunk, then fails with ``exc``."""
 
     def __init__(self, first: bytes, exc: Exception) -> None:
@@ -278,22 +281,22 @@ class _Failing(httpx.AsyncByteStream):
     ("exc", "error", "message"),
     [
         (
-            httpx.ReadError("reset"),
+            httpx2.ReadError("reset"),
             StreamInterrupted,
             "the connection dropped in the middle of the stream",
         ),
         (
-            httpx.RemoteProtocolError("incomplete chunked read"),
+            httpx2.RemoteProtocolError("incomplete chunked read"),
             StreamInterrupted,
             "the connection dropped in the middle of the stream",
         ),
         (
-            httpx.ReadTimeout("t"),
+            httpx2.ReadTimeout("t"),
             ProviderConnectionError,
             "the stream stalled: no data for 60 s",
         ),
         (
-            httpx.WriteError("w"),
+            httpx2.WriteError("w"),
             ProviderConnectionError,
             "the stream failed: WriteError",
         ),
@@ -304,11 +307,11 @@ async def test_failures_in_the_middle_of_the_stream(
 ) -> None:
     first = wire.text_stream("a", finish=False, terminator=False).encode()
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, headers=SSE_HEADERS, stream=_Failing(first, exc))
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, headers=SSE_HEADERS, stream=_Failing(first, exc))
 
     provider = wire.provider(
-        client=httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler))
     )
     received: list[StreamEvent] = []
     with pytest.raises(error) as caught:
@@ -733,7 +736,7 @@ async def test_a_finished_stream_leaves_its_connection_for_the_next(
 
 
 async def test_a_lent_client_stays_open(wire: Wire, server: FakeLLMServer) -> None:
-    async with httpx.AsyncClient() as client:
+    async with httpx2.AsyncClient() as client:
         async with wire.over(server, client=client) as provider:
             await collect(provider)
         assert not client.is_closed
@@ -847,7 +850,7 @@ async def test_the_key_never_shows(
         (
             {"client": object()},
             TypeError,
-            r"^client must be an httpx\.AsyncClient, got object$",
+            r"^client must be an httpx2\.AsyncClient, got object$",
         ),
         ({"on_rate_limit": 3}, TypeError, r"^on_rate_limit must be callable$"),
     ],
@@ -899,16 +902,16 @@ def test_the_providers_package_exports_every_public_name_once() -> None:
 
 
 def httpx_exceptions_named(source: str) -> set[str]:
-    """The httpx exception classes ``source`` names as ``httpx.Name``."""
+    """The httpx2 exception classes ``source`` names as ``httpx2.Name``."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(source)):
         if not (
             isinstance(node, ast.Attribute)
             and isinstance(node.value, ast.Name)
-            and node.value.id == "httpx"
+            and node.value.id == "httpx2"
         ):
             continue
-        value = getattr(httpx, node.attr, None)
+        value = getattr(httpx2, node.attr, None)
         if isinstance(value, type) and issubclass(value, BaseException):
             found.add(node.attr)
     return found
@@ -916,10 +919,10 @@ def httpx_exceptions_named(source: str) -> set[str]:
 
 def test_the_checker_finds_httpx_exceptions() -> None:
     source = (
-        "import httpx\n"
-        "client: httpx.AsyncClient\n"
-        "timeout = httpx.Timeout(1.0)\n"
-        "try:\n    pass\nexcept (httpx.ReadError, httpx.HTTPError):\n    pass\n"
+        "import httpx2\n"
+        "client: httpx2.AsyncClient\n"
+        "timeout = httpx2.Timeout(1.0)\n"
+        "try:\n    pass\nexcept (httpx2.ReadError, httpx2.HTTPError):\n    pass\n"
     )
     assert httpx_exceptions_named(source) == {"ReadError", "HTTPError"}
 
@@ -932,7 +935,7 @@ def test_httpx_exceptions_become_typed_errors_in_one_module() -> None:
         if (found := httpx_exceptions_named(path.read_text(encoding="utf-8")))
     }
     assert named == {
-        # A base URL httpx cannot parse is a bad argument: ValueError.
+        # A base URL httpx2 cannot parse is a bad argument: ValueError.
         "_checks": {"InvalidURL"},
         "_errors": {
             "ConnectTimeout",

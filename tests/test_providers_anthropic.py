@@ -1,7 +1,7 @@
 """``AnthropicProvider``: Messages streaming over real HTTP.
 
 Parser tests replay recorded streams from ``tests/fixtures`` through
-``httpx.MockTransport``: ``anthropic_text.sse`` and
+``httpx2.MockTransport``: ``anthropic_text.sse`` and
 ``anthropic_tool_use.sse`` are anthropic-sdk-python's fixtures
 (``tests/lib/streaming/fixtures/basic_response.txt``,
 ``tool_use_response.txt``); ``anthropic_thinking.sse`` is the full event

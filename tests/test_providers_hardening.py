@@ -13,11 +13,10 @@ import json
 import re
 from typing import TYPE_CHECKING, Any
 
-import httpx
+import httpx2
 import pytest
 import trio
 import trio.testing
-from httpx_sse import ServerSentEvent
 
 from trio_dispatch import (
     Conversation,
@@ -44,6 +43,7 @@ from trio_dispatch.providers import (
 )
 from trio_dispatch.providers._anthropic import _AnthropicDecoder
 from trio_dispatch.providers._openai import _OpenAIDecoder
+from trio_dispatch.providers._sse import ServerSentEvent
 
 from ._helpers import chain
 
@@ -97,11 +97,11 @@ def anthropic_body() -> bytes:
     )
 
 
-def make_openai(client: httpx.AsyncClient, key: str = "k") -> Provider:
+def make_openai(client: httpx2.AsyncClient, key: str = "k") -> Provider:
     return OpenAIProvider(base_url="http://x/v1", api_key=key, model="m", client=client)
 
 
-def make_anthropic(client: httpx.AsyncClient, key: str = "k") -> Provider:
+def make_anthropic(client: httpx2.AsyncClient, key: str = "k") -> Provider:
     return AnthropicProvider(base_url="http://x", api_key=key, model="m", client=client)
 
 
@@ -135,16 +135,16 @@ async def collect(provider: Provider, request: ChatRequest = HI) -> list[StreamE
 )
 @pytest.mark.parametrize(("make", "body"), WIRE_FORMATS)
 async def test_an_event_stream_content_type_is_matched_in_any_case(
-    make: Callable[[httpx.AsyncClient], Provider],
+    make: Callable[[httpx2.AsyncClient], Provider],
     body: Callable[[], bytes],
     content_type: str,
 ) -> None:
-    def answer(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(
             200, headers={"content-type": content_type}, content=body()
         )
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+    async with httpx2.AsyncClient(transport=httpx2.MockTransport(answer)) as client:
         events = await collect(make(client))
     assert events == [
         TextDelta("hello"),
@@ -253,15 +253,15 @@ def test_an_anthropic_version_that_cannot_be_sent_is_refused() -> None:
 
 
 async def test_a_header_value_with_inner_spaces_is_sent_as_it_is() -> None:
-    seen: list[httpx.Headers] = []
+    seen: list[httpx2.Headers] = []
 
-    def answer(request: httpx.Request) -> httpx.Response:
+    def answer(request: httpx2.Request) -> httpx2.Response:
         seen.append(request.headers)
-        return httpx.Response(
+        return httpx2.Response(
             200, headers={"content-type": "text/event-stream"}, content=openai_body()
         )
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+    async with httpx2.AsyncClient(transport=httpx2.MockTransport(answer)) as client:
         provider = OpenAIProvider(
             base_url="http://x/v1",
             api_key=SECRET,
@@ -309,12 +309,12 @@ def answering(
     body: bytes,
     content_type: str = "application/json",
 ) -> Provider:
-    def answer(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(
             status, headers={"content-type": content_type}, content=body
         )
 
-    client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    client = httpx2.AsyncClient(transport=httpx2.MockTransport(answer))
     return make(client, KEY)
 
 
@@ -490,13 +490,13 @@ def test_a_base_url_httpx_would_refuse_is_refused_when_the_provider_is_made(
 async def test_a_lent_client_closed_by_its_owner_fails_the_request_with_a_typed_error(
     make: Callable[..., Provider],
 ) -> None:
-    sent: list[httpx.Request] = []
+    sent: list[httpx2.Request] = []
 
-    def answer(request: httpx.Request) -> httpx.Response:
+    def answer(request: httpx2.Request) -> httpx2.Response:
         sent.append(request)  # pragma: no cover (nothing is sent)
-        return httpx.Response(200)  # pragma: no cover
+        return httpx2.Response(200)  # pragma: no cover
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+    async with httpx2.AsyncClient(transport=httpx2.MockTransport(answer)) as client:
         provider = make(client, KEY)
     with pytest.raises(RequestFailed) as caught:
         await collect(provider)
@@ -509,8 +509,8 @@ class Boom(Exception):
     """What a transport we were lent might raise, undocumented."""
 
 
-def raising(exc: BaseException) -> Callable[[httpx.Request], httpx.Response]:
-    def answer(request: httpx.Request) -> httpx.Response:
+def raising(exc: BaseException) -> Callable[[httpx2.Request], httpx2.Response]:
+    def answer(request: httpx2.Request) -> httpx2.Response:
         raise exc
 
     return answer
@@ -521,8 +521,8 @@ def raising(exc: BaseException) -> Callable[[httpx.Request], httpx.Response]:
     [
         (Boom(f"bad key {KEY}"), "Boom: bad key [redacted]"),
         (RuntimeError(), "RuntimeError"),
-        (httpx.TooManyRedirects("Exceeded maximum allowed redirects."), None),
-        (httpx.InvalidURL("Invalid port: ':1'"), "InvalidURL: Invalid port: ':1'"),
+        (httpx2.TooManyRedirects("Exceeded maximum allowed redirects."), None),
+        (httpx2.InvalidURL("Invalid port: ':1'"), "InvalidURL: Invalid port: ':1'"),
         (
             ExceptionGroup("several", [Boom("a"), ValueError("b")]),
             "ExceptionGroup: several (2 sub-exceptions)",
@@ -536,7 +536,7 @@ async def test_an_unexpected_error_from_the_http_client_fails_the_request_with_a
     shown: str | None,
 ) -> None:
     shown = shown or f"{type(exc).__name__}: {exc}"
-    client = httpx.AsyncClient(transport=httpx.MockTransport(raising(exc)))
+    client = httpx2.AsyncClient(transport=httpx2.MockTransport(raising(exc)))
     provider = make(client, KEY)
     error = await failure(provider)
     assert type(error) is RequestFailed
@@ -544,7 +544,7 @@ async def test_an_unexpected_error_from_the_http_client_fails_the_request_with_a
     assert str(error) == f"{provider.id}: the HTTP client failed: {shown}"
 
 
-class BreaksOddly(httpx.AsyncByteStream):
+class BreaksOddly(httpx2.AsyncByteStream):
     """A body that sends what it is given, then fails in no documented way."""
 
     def __init__(self, sent: bytes) -> None:
@@ -561,14 +561,14 @@ async def test_an_unexpected_error_in_the_middle_of_a_stream_is_a_typed_error(
 ) -> None:
     first = body().partition(b"\n\n")[0] + b"\n\n"
 
-    def answer(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(
             200,
             headers={"content-type": "text/event-stream"},
             stream=BreaksOddly(first),
         )
 
-    client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    client = httpx2.AsyncClient(transport=httpx2.MockTransport(answer))
     provider = make(client, KEY)
     exc = await failure(provider)
     assert type(exc) is RequestFailed
@@ -579,10 +579,10 @@ async def test_an_unexpected_error_in_the_middle_of_a_stream_is_a_typed_error(
 async def test_an_error_body_that_breaks_oddly_is_still_a_status_error(
     make: Callable[..., Provider],
 ) -> None:
-    def answer(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(503, stream=BreaksOddly(b"busy, try later"))
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(503, stream=BreaksOddly(b"busy, try later"))
 
-    client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    client = httpx2.AsyncClient(transport=httpx2.MockTransport(answer))
     provider = make(client, KEY)
     exc = await failure(provider)
     assert str(exc) == f"{provider.id}: HTTP 503: busy, try later"
@@ -592,14 +592,14 @@ async def test_an_error_body_that_breaks_oddly_is_still_a_status_error(
 async def test_an_unexpected_error_after_the_terminator_leaves_the_answer_whole(
     make: Callable[..., Provider], body: Callable[[], bytes]
 ) -> None:
-    def answer(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(
             200,
             headers={"content-type": "text/event-stream"},
             stream=BreaksOddly(body()),
         )
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+    async with httpx2.AsyncClient(transport=httpx2.MockTransport(answer)) as client:
         events = await collect(make(client, KEY))
     assert events == [
         TextDelta("hello"),
@@ -621,7 +621,7 @@ class Stop(BaseException):
 async def test_base_exceptions_from_the_http_client_pass_through_as_they_are(
     make: Callable[..., Provider], exc: BaseException
 ) -> None:
-    client = httpx.AsyncClient(transport=httpx.MockTransport(raising(exc)))
+    client = httpx2.AsyncClient(transport=httpx2.MockTransport(raising(exc)))
     with pytest.raises(BaseException) as caught:  # noqa: PT011 (checked by identity)
         await collect(make(client, KEY))
     assert caught.value is exc
@@ -632,11 +632,11 @@ async def test_a_cancelled_request_is_not_turned_into_a_provider_error(
     make: Callable[..., Provider],
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async def hang(request: httpx.Request) -> httpx.Response:
+    async def hang(request: httpx2.Request) -> httpx2.Response:
         await trio.sleep_forever()
         raise AssertionError  # pragma: no cover
 
-    client = httpx.AsyncClient(transport=httpx.MockTransport(hang))
+    client = httpx2.AsyncClient(transport=httpx2.MockTransport(hang))
     with trio.move_on_after(5) as scope:
         await collect(make(client, KEY))
     assert scope.cancelled_caught
@@ -672,7 +672,7 @@ def test_a_request_that_cannot_be_encoded_fails_with_a_typed_error_before_sendin
             ChatMessage("tool", "ok", tool_call_id="call_1"),
         ]
     )
-    client = httpx.AsyncClient(transport=httpx.MockTransport(raising(Boom())))
+    client = httpx2.AsyncClient(transport=httpx2.MockTransport(raising(Boom())))
     provider = make(client, KEY)
     with pytest.raises(RequestFailed) as caught:
         provider.stream(request)
@@ -769,7 +769,7 @@ async def test_a_deeply_nested_error_body_is_still_a_status_error(
 # ------------------------------------------------------------------ one bad call
 
 
-class Gated(httpx.AsyncByteStream):
+class Gated(httpx2.AsyncByteStream):
     """A body that sends its first event, then waits for ``gate``."""
 
     def __init__(self, body: bytes, gate: trio.Event) -> None:
@@ -791,20 +791,20 @@ def anthropic_tool_call(arguments: str) -> bytes:
     )
 
 
-def bad_transport(how: str) -> httpx.MockTransport:
+def bad_transport(how: str) -> httpx2.MockTransport:
     """What makes the failing conversation's calls fail, by name."""
     stream = {"content-type": "text/event-stream"}
     if how in ("the transport raises", "the client is closed"):
-        return httpx.MockTransport(raising(Boom("no")))
+        return httpx2.MockTransport(raising(Boom("no")))
     if how == "the stream breaks oddly":
-        return httpx.MockTransport(
-            lambda request: httpx.Response(
+        return httpx2.MockTransport(
+            lambda request: httpx2.Response(
                 200, headers=stream, stream=BreaksOddly(anthropic_body()[:40])
             )
         )
     assert how == "the error body nests deep"
-    return httpx.MockTransport(
-        lambda request: httpx.Response(500, content=b"[" * 100_000)
+    return httpx2.MockTransport(
+        lambda request: httpx2.Response(500, content=b"[" * 100_000)
     )
 
 
@@ -830,15 +830,15 @@ async def test_one_bad_call_fails_only_its_turn_and_other_conversations_finish(
     how: str, outcome: str
 ) -> None:
     gate = trio.Event()
-    good_transport = httpx.MockTransport(
-        lambda request: httpx.Response(
+    good_transport = httpx2.MockTransport(
+        lambda request: httpx2.Response(
             200,
             headers={"content-type": "text/event-stream"},
             stream=Gated(openai_body(), gate),
         )
     )
-    good_client = httpx.AsyncClient(transport=good_transport)
-    bad_client = httpx.AsyncClient(transport=bad_transport(how))
+    good_client = httpx2.AsyncClient(transport=good_transport)
+    bad_client = httpx2.AsyncClient(transport=bad_transport(how))
     if how == "the client is closed":
         await bad_client.aclose()
     good = OpenAIProvider(
@@ -893,12 +893,12 @@ async def test_deep_tool_arguments_never_stop_the_dispatcher() -> None:
 
     answers = bodies()
     stream = {"content-type": "text/event-stream"}
-    bad_transport = httpx.MockTransport(
-        lambda request: httpx.Response(200, headers=stream, content=next(answers))
+    bad_transport = httpx2.MockTransport(
+        lambda request: httpx2.Response(200, headers=stream, content=next(answers))
     )
     gate = trio.Event()
-    good_transport = httpx.MockTransport(
-        lambda request: httpx.Response(
+    good_transport = httpx2.MockTransport(
+        lambda request: httpx2.Response(
             200, headers=stream, stream=Gated(openai_body(), gate)
         )
     )
@@ -907,14 +907,14 @@ async def test_deep_tool_arguments_never_stop_the_dispatcher() -> None:
         base_url="http://x/v1",
         api_key=KEY,
         model="m",
-        client=httpx.AsyncClient(transport=good_transport),
+        client=httpx2.AsyncClient(transport=good_transport),
     )
     bad = AnthropicProvider(
         "bad",
         base_url="http://x",
         api_key=KEY,
         model="m",
-        client=httpx.AsyncClient(transport=bad_transport),
+        client=httpx2.AsyncClient(transport=bad_transport),
     )
 
     async def t(arguments: dict[str, Any]) -> str:

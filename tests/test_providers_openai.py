@@ -1,7 +1,7 @@
 """``OpenAIProvider``: chat completions streaming over real HTTP.
 
 Two kinds of test. Parser tests replay recorded streams from
-``tests/fixtures`` through ``httpx.MockTransport`` (a socket adds nothing
+``tests/fixtures`` through ``httpx2.MockTransport`` (a socket adds nothing
 there): ``openai_text.sse``, ``openai_tool_call.sse`` and
 ``openai_parallel_tool_calls.sse`` are openai-python's recordings of the
 live API (``.inline-snapshot/external/038a5c69c34c…``, ``dae1b261f197…``,

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import attrs
-import httpx
+import httpx2
 import pytest
 
 from trio_dispatch import Quota, RateLimitInfo
@@ -48,7 +48,7 @@ ANTHROPIC_HEADERS = {
 ANTHROPIC_INFO = RateLimitInfo(requests=Quota(limit=1000, remaining=999, reset=30.0))
 
 Wire = tuple[
-    Callable[[httpx.AsyncClient, RateLimitObserver | None], "HTTPProvider"],
+    Callable[[httpx2.AsyncClient, RateLimitObserver | None], "HTTPProvider"],
     str,
     dict[str, str],
     RateLimitInfo,
@@ -56,7 +56,7 @@ Wire = tuple[
 
 
 def _openai(
-    client: httpx.AsyncClient, observer: RateLimitObserver | None
+    client: httpx2.AsyncClient, observer: RateLimitObserver | None
 ) -> HTTPProvider:
     return OpenAIProvider(
         base_url="http://x/v1",
@@ -68,7 +68,7 @@ def _openai(
 
 
 def _anthropic(
-    client: httpx.AsyncClient, observer: RateLimitObserver | None
+    client: httpx2.AsyncClient, observer: RateLimitObserver | None
 ) -> HTTPProvider:
     return AnthropicProvider(
         base_url="http://x",
@@ -86,11 +86,11 @@ WIRES: list[Wire] = [
 IDS = ["openai", "anthropic"]
 
 
-def _client(status: int, headers: dict[str, str], body: bytes) -> httpx.AsyncClient:
-    def answer(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(status, headers=headers, content=body)
+def _client(status: int, headers: dict[str, str], body: bytes) -> httpx2.AsyncClient:
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(status, headers=headers, content=body)
 
-    return httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    return httpx2.AsyncClient(transport=httpx2.MockTransport(answer))
 
 
 @pytest.mark.parametrize("wire", WIRES, ids=IDS)
@@ -183,9 +183,9 @@ async def test_a_malformed_header_is_logged_once_and_never_fails_the_call(
 
 @pytest.mark.parametrize("make", [_openai, _anthropic], ids=IDS)
 async def test_an_observer_must_be_callable(
-    make: Callable[[httpx.AsyncClient, object], HTTPProvider],
+    make: Callable[[httpx2.AsyncClient, object], HTTPProvider],
 ) -> None:
-    async with httpx.AsyncClient() as client:
+    async with httpx2.AsyncClient() as client:
         with pytest.raises(TypeError, match=r"^on_rate_limits must be callable$"):
             make(client, "dispatcher.observe_rate_limits")
     with pytest.raises(TypeError, match=r"^on_rate_limits must be callable$"):

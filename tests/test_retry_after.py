@@ -5,7 +5,7 @@ from __future__ import annotations
 import email.utils
 import math
 
-import httpx
+import httpx2
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -100,7 +100,7 @@ def test_names_are_case_insensitive_in_a_plain_dict() -> None:
 
 
 def test_httpx_headers() -> None:
-    headers = httpx.Headers({"Retry-After": "9", "X-Other": "1"})
+    headers = httpx2.Headers({"Retry-After": "9", "X-Other": "1"})
     assert parse_retry_after(headers, NOW) == 9.0
 
 

@@ -507,7 +507,7 @@ def test_playing_a_script_loads_no_http_library() -> None:
         "    async with provider.stream(request) as events:\n"
         "        assert [event async for event in events]\n"
         "trio.run(main)\n"
-        "heavy = {'httpx', 'httpx_sse', 'hypercorn', 'h11', 'anyio'}\n"
+        "heavy = {'httpx', 'httpx2', 'httpx_sse', 'httpcore', 'httpcore2', 'hypercorn', 'h11', 'anyio'}\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
     )
     done = subprocess.run(

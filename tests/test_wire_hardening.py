@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-import httpx
+import httpx2
 import pytest
 import trio
 import trio.testing
-from httpx_sse import ServerSentEvent
 
 from trio_dispatch import (
     Conversation,
@@ -41,6 +40,7 @@ from trio_dispatch.providers import (
 )
 from trio_dispatch.providers._anthropic import _AnthropicDecoder
 from trio_dispatch.providers._openai import _OpenAIDecoder
+from trio_dispatch.providers._sse import ServerSentEvent
 from trio_dispatch.testing import FakeReply, FakeScript, FakeToolCall, ScriptedProvider
 
 from ._helpers import chain
@@ -61,8 +61,8 @@ def openai_chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
     return sse({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
 
 
-def sse_response(body: bytes) -> httpx.Response:
-    return httpx.Response(
+def sse_response(body: bytes) -> httpx2.Response:
+    return httpx2.Response(
         200, headers={"content-type": "text/event-stream"}, content=body
     )
 
@@ -106,8 +106,8 @@ async def test_deeply_nested_tool_arguments_go_back_to_the_model_as_an_error() -
         return "ran"  # pragma: no cover (the arguments never parse)
 
     tool = Tool(name="t", description="", parameters={"type": "object"}, run=run)
-    transport = httpx.MockTransport(lambda request: sse_response(next(bodies)))
-    async with httpx.AsyncClient(transport=transport) as client:
+    transport = httpx2.MockTransport(lambda request: sse_response(next(bodies)))
+    async with httpx2.AsyncClient(transport=transport) as client:
         provider = OpenAIProvider(
             base_url="http://x/v1", api_key="k", model="m", client=client
         )
@@ -125,11 +125,11 @@ async def test_deeply_nested_tool_arguments_go_back_to_the_model_as_an_error() -
 async def test_a_status_error_never_holds_part_of_the_key() -> None:
     message = "x" * (497 - len(KEY) + 4) + KEY  # the key straddles a 500-character cut
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: httpx2.Request) -> httpx2.Response:
         body = {"error": {"message": message, "type": "invalid_request_error"}}
-        return httpx.Response(400, json=body)
+        return httpx2.Response(400, json=body)
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+    async with httpx2.AsyncClient(transport=httpx2.MockTransport(handler)) as client:
         provider = AnthropicProvider(
             base_url="http://x", api_key=KEY, model="m", client=client
         )
@@ -141,8 +141,8 @@ async def test_a_status_error_never_holds_part_of_the_key() -> None:
 
 async def test_a_malformed_event_excerpt_never_holds_part_of_the_key() -> None:
     body = b"data: " + ("x" * 40 + KEY + "y" * 30).encode() + b"\n\n"
-    transport = httpx.MockTransport(lambda request: sse_response(body))
-    async with httpx.AsyncClient(transport=transport) as client:
+    transport = httpx2.MockTransport(lambda request: sse_response(body))
+    async with httpx2.AsyncClient(transport=transport) as client:
         provider = OpenAIProvider(
             base_url="http://x/v1", api_key=KEY, model="m", client=client
         )
@@ -153,35 +153,35 @@ async def test_a_malformed_event_excerpt_never_holds_part_of_the_key() -> None:
     assert KEY[:12] not in str(info.value)
 
 
-class BreaksMidStream(httpx.AsyncByteStream):
+class BreaksMidStream(httpx2.AsyncByteStream):
     """A body that sends one event, then loses the connection."""
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         yield b'event: ping\ndata: {"type": "ping"}\n\n'
-        raise httpx.ReadError("connection reset")
+        raise httpx2.ReadError("connection reset")
 
 
 async def test_a_failed_connection_carries_no_httpx_error_holding_the_key() -> None:
-    def refuse(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("connection refused", request=request)
+    def refuse(request: httpx2.Request) -> httpx2.Response:
+        raise httpx2.ConnectError("connection refused", request=request)
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(refuse)) as client:
+    async with httpx2.AsyncClient(transport=httpx2.MockTransport(refuse)) as client:
         provider = AnthropicProvider(
             base_url="http://x", api_key=KEY, model="m", client=client
         )
         with pytest.raises(ProviderConnectionError) as info:
             async with provider.stream(HI):
                 pass  # pragma: no cover
-    # httpx's exceptions hold the request, whose x-api-key header is the key.
-    assert not [e for e in chain(info.value) if isinstance(e, httpx.HTTPError)]
+    # httpx2's exceptions hold the request, whose x-api-key header is the key.
+    assert not [e for e in chain(info.value) if isinstance(e, httpx2.HTTPError)]
 
 
 async def test_a_dropped_stream_carries_no_httpx_error_holding_the_key() -> None:
-    def answer(request: httpx.Request) -> httpx.Response:
+    def answer(request: httpx2.Request) -> httpx2.Response:
         headers = {"content-type": "text/event-stream"}
-        return httpx.Response(200, headers=headers, stream=BreaksMidStream())
+        return httpx2.Response(200, headers=headers, stream=BreaksMidStream())
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+    async with httpx2.AsyncClient(transport=httpx2.MockTransport(answer)) as client:
         provider = AnthropicProvider(
             base_url="http://x", api_key=KEY, model="m", client=client
         )
@@ -189,7 +189,7 @@ async def test_a_dropped_stream_carries_no_httpx_error_holding_the_key() -> None
             async with provider.stream(HI) as events:
                 async for _ in events:
                     pass  # pragma: no cover
-    assert not [e for e in chain(info.value) if isinstance(e, httpx.HTTPError)]
+    assert not [e for e in chain(info.value) if isinstance(e, httpx2.HTTPError)]
 
 
 # ------------------------------------------------------------------ conversations

@@ -50,11 +50,11 @@ from ._ratelimit_headers import anthropic_rate_limits
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    import httpx
-    from httpx_sse import ServerSentEvent
+    import httpx2
 
     from .._provider import RateLimitObserver, RateLimitReporter
     from ..messages import ChatMessage, ChatRequest, StreamEvent
+    from ._sse import ServerSentEvent
 
 
 _T = TypeVar("_T")
@@ -515,8 +515,9 @@ class AnthropicProvider(_ProviderBase):
             refused, not stripped: a key is sent exactly as given or not
             at all.
         model: The model to ask for.
-        client: An ``httpx.AsyncClient`` to share; the provider makes (and
-            owns) one if not given.
+        client: An ``httpx2.AsyncClient`` to share; the provider makes (and
+            owns) one if not given. A legacy ``httpx.AsyncClient`` is
+            refused with ``TypeError``.
         anthropic_version: The ``anthropic-version`` header.
         max_tokens: Sent when the request has no ``max_tokens`` (the API
             requires one).
@@ -548,7 +549,7 @@ class AnthropicProvider(_ProviderBase):
         base_url: str = "https://api.anthropic.com",
         api_key: str,
         model: str,
-        client: httpx.AsyncClient | None = None,
+        client: httpx2.AsyncClient | None = None,
         anthropic_version: str = "2023-06-01",
         max_tokens: int = 4096,
         connect_timeout: float = 10.0,

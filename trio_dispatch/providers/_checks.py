@@ -4,7 +4,7 @@ Each check raises ``TypeError`` or ``ValueError`` at once, before anything
 is built, with a short message that never repeats a secret: an API key or
 a header value (which may carry a credential) is described by the kind of
 character that is wrong and where, not shown. What passes here is what h11
-and httpx will send, so nothing fails later, when a request is built, with
+and httpx2 will send, so nothing fails later, when a request is built, with
 an error outside the ``ProviderError`` tree.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-import httpx
+import httpx2
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -103,24 +103,24 @@ def _check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
 
 
 def _check_base_url(value: object) -> str:
-    """A URL httpx can send to, with a host; paths are appended to it.
+    """A URL httpx2 can send to, with a host; paths are appended to it.
 
-    Checked whole here, since httpx would only refuse it when a request is
+    Checked whole here, since httpx2 would only refuse it when a request is
     built, with an error outside the ``ProviderError`` tree.
     """
     url = _check_text(value, "base_url")
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"base_url must start with http:// or https://, got {url!r}")
     for index, char in enumerate(url):
-        # Checked here rather than by httpx, whose wording varies by version.
+        # Checked here rather than by httpx2, whose wording varies by version.
         if char <= " " or char == "\x7f":
             raise ValueError(
                 f"base_url must be a valid URL, got {url!r}"
                 f" (a control character or space at index {index})"
             )
     try:
-        host = httpx.URL(url).host
-    except httpx.InvalidURL as exc:
+        host = httpx2.URL(url).host
+    except httpx2.InvalidURL as exc:
         reason = str(exc).rstrip(".")
         reason = reason[:1].lower() + reason[1:]
         raise ValueError(

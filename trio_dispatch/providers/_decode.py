@@ -21,9 +21,8 @@ from .._exceptions import MalformedStream
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from httpx_sse import ServerSentEvent
-
     from ..messages import StreamEvent
+    from ._sse import ServerSentEvent
 
 _T = TypeVar("_T")
 

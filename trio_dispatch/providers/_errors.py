@@ -1,25 +1,27 @@
 """Where a provider's typed errors come from: every mapping, in one place.
 
-What httpx raises and what an HTTP answer says become ``ProviderError``
+What httpx2 raises and what an HTTP answer says become ``ProviderError``
 subclasses here and nowhere else in this package, as httpx maps httpcore's
 exceptions in one module::
 
+    making the provider             client_type_error
+      a legacy httpx.AsyncClient      TypeError: use httpx2.AsyncClient
     sending the request             send_error
-      httpx.ConnectTimeout,           ProviderConnectionError: could not
+      httpx2.ConnectTimeout,          ProviderConnectionError: could not
       PoolTimeout, WriteTimeout,        connect / no free connection / could
       ReadTimeout                       not send / no response within N s
-      other httpx.TransportError      ProviderConnectionError: could not reach
+      other httpx2.TransportError     ProviderConnectionError: could not reach
       anything else                   RequestFailed: the HTTP client failed
     the status line                 content_type_error, status_error
       2xx, not text/event-stream      MalformedStream
       any other status                error_for_status, with the error body's
                                         type and message and Retry-After
     reading the body                read_error
-      httpx.TimeoutException          ProviderConnectionError: stalled
-      httpx.ReadError,                StreamInterrupted: the connection dropped
+      httpx2.TimeoutException         ProviderConnectionError: stalled
+      httpx2.ReadError,               StreamInterrupted: the connection dropped
       RemoteProtocolError
-      other httpx.TransportError      ProviderConnectionError: the stream failed
-      httpx.DecodingError             MalformedStream
+      other httpx2.TransportError     ProviderConnectionError: the stream failed
+      httpx2.DecodingError            MalformedStream
       anything else                   RequestFailed: the stream failed
     an error event in the stream    error_for_type (called by the decoders)
 
@@ -28,11 +30,11 @@ both APIs, live in ``trio_dispatch._wire``, which loads no HTTP library:
 ``trio_dispatch.testing.ScriptedProvider`` raises exactly what they make.
 
 Every function here returns the error; the caller raises it after its
-``except`` clause, not in it: httpx's exception holds the request, key
+``except`` clause, not in it: httpx2's exception holds the request, key
 header included, and would ride along as ``__context__`` (``from None``
 only hides it). And no error text shows the API key: ``Redactor`` finds it
 in every spelling JSON allows, and every text taken from the server or from
-httpx passes through it.
+httpx2 passes through it.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Final, final
 
-import httpx
+import httpx2
 
 from .._exceptions import (
     MalformedStream,
@@ -136,26 +138,42 @@ def _key_pattern(key: str) -> str:
     return "".join(parts)
 
 
+def client_type_error(client: object) -> TypeError:
+    """The error for a ``client=`` that is not an ``httpx2.AsyncClient``.
+
+    A legacy ``httpx`` client is recognised by its type's module, so httpx
+    is not imported to tell (it may not be installed).
+    """
+    cls = type(client)
+    if cls.__module__.partition(".")[0] == "httpx":
+        return TypeError(
+            f"client must be an httpx2.AsyncClient, got httpx.{cls.__name__}: "
+            "the providers use httpx2, httpx's maintained line; "
+            "use httpx2.AsyncClient instead"
+        )
+    return TypeError(f"client must be an httpx2.AsyncClient, got {cls.__name__}")
+
+
 def send_error(
     provider: str,
     exc: Exception,
-    request: httpx.Request,
-    timeout: httpx.Timeout,
+    request: httpx2.Request,
+    timeout: httpx2.Timeout,
     redact: Callable[[str], str],
 ) -> ProviderError:
     """The typed error for ``exc``, raised by the client sending ``request``.
 
-    Whatever the client raises that is not httpx's own (a lent transport's
+    Whatever the client raises that is not httpx2's own (a lent transport's
     error, a client closed as we sent) fails this request, not the
     dispatcher: ``RequestFailed``.
     """
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, httpx2.TimeoutException):
         return ProviderConnectionError(
             f"{provider}: {_timeout_text(exc, timeout)} "
             f"(POST {request.url.host}{request.url.path})",
             provider=provider,
         )
-    if isinstance(exc, httpx.TransportError):
+    if isinstance(exc, httpx2.TransportError):
         detail = redact(str(exc)) or type(exc).__name__
         return ProviderConnectionError(
             f"{provider}: could not reach {request.url.host}: {detail}",
@@ -167,12 +185,12 @@ def send_error(
     )
 
 
-def _timeout_text(exc: httpx.TimeoutException, timeout: httpx.Timeout) -> str:
-    if isinstance(exc, httpx.ConnectTimeout):
+def _timeout_text(exc: httpx2.TimeoutException, timeout: httpx2.Timeout) -> str:
+    if isinstance(exc, httpx2.ConnectTimeout):
         return f"could not connect within {timeout.connect:g} s"
-    if isinstance(exc, httpx.PoolTimeout):
+    if isinstance(exc, httpx2.PoolTimeout):
         return f"no free connection within {timeout.pool:g} s"
-    if isinstance(exc, httpx.WriteTimeout):
+    if isinstance(exc, httpx2.WriteTimeout):
         return f"could not send the request within {timeout.write:g} s"
     return f"no response within {timeout.read:g} s"
 
@@ -197,7 +215,7 @@ def content_type_error(
 def status_error(
     provider: str,
     status: int,
-    headers: httpx.Headers,
+    headers: httpx2.Headers,
     body: bytes,
     redact: Redactor,
 ) -> ProviderError:
@@ -258,28 +276,28 @@ def read_error(
 ) -> ProviderError:
     """The typed error for ``exc``, raised reading a stream's body.
 
-    Anything that is not httpx's own fails this stream only:
+    Anything that is not httpx2's own fails this stream only:
     ``RequestFailed``.
     """
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, httpx2.TimeoutException):
         return ProviderConnectionError(
             f"{provider}: the stream stalled: no data for {read_timeout:g} s",
             provider=provider,
         )
-    if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError):
+    if isinstance(exc, httpx2.RemoteProtocolError | httpx2.ReadError):
         return StreamInterrupted(
             f"{provider}: the connection dropped in the middle of the stream",
             provider=provider,
         )
-    if isinstance(exc, httpx.TransportError):
+    if isinstance(exc, httpx2.TransportError):
         return ProviderConnectionError(
             f"{provider}: the stream failed: {type(exc).__name__}",
             provider=provider,
         )
-    # A corrupt compressed body: httpx raises this between its own body
+    # A corrupt compressed body: httpx2 raises this between its own body
     # generators, abandoning the inner ones, so trio will also warn about
-    # them; there is no reaching them from here. No test makes httpx do it.
-    if isinstance(exc, httpx.DecodingError):  # pragma: no cover
+    # them; there is no reaching them from here. No test makes httpx2 do it.
+    if isinstance(exc, httpx2.DecodingError):  # pragma: no cover
         return MalformedStream(
             f"{provider}: the stream's body could not be decoded",
             provider=provider,

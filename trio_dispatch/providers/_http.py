@@ -3,7 +3,7 @@
 A provider supplies the request and a decoder (``WireDecoder``, in
 ``_decode.py``). Everything else lives here, once:
 
-* ``_ProviderBase`` holds the httpx client (owned or lent), the timeouts,
+* ``_ProviderBase`` holds the httpx2 client (owned or lent), the timeouts,
   the key and the rate-limit hooks, and its repr shows no key. Every
   answer's headers pass ``_observe`` first, whatever its status: their
   rate-limit figures go to ``on_rate_limits``. What it is
@@ -11,10 +11,13 @@ A provider supplies the request and a decoder (``WireDecoder``, in
 * ``EventStream`` is what ``stream()`` returns: an async context manager
   that sends the request on entry, raises the typed status error there,
   iterates events, and closes the response on exit, shielded, whatever
-  happened.
+  happened. The body's bytes go through ``SSEDecoder`` (``_sse.py``), then
+  through the wire format's decoder.
+* ``_check_status`` is where an answer's status and headers are first
+  seen, for every answer, success or not.
 * What goes wrong becomes a ``ProviderError`` subclass right where it is
   caught, through the mappings in ``_errors.py``. The typed error is raised
-  after the ``except`` clause, so the httpx exception (which holds the
+  after the ``except`` clause, so the httpx2 exception (which holds the
   request, key header included) is not kept as its ``__context__``.
 """
 
@@ -27,9 +30,8 @@ import logging
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Self, final
 
-import httpx
+import httpx2
 import trio
-from httpx_sse import EventSource, ServerSentEvent
 
 from .._exceptions import (
     Overloaded,
@@ -42,12 +44,14 @@ from ._checks import _check_api_key, _check_base_url, _check_text
 from ._errors import (
     ERROR_BODY_LIMIT,
     Redactor,
+    client_type_error,
     content_type_error,
     read_error,
     send_error,
     status_error,
 )
 from ._ratelimit_headers import MalformedHeaderLog
+from ._sse import SSEDecoder
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
@@ -57,6 +61,7 @@ if TYPE_CHECKING:
     from .._ratelimits import RateLimitInfo
     from ..messages import StreamEvent
     from ._decode import WireDecoder
+    from ._sse import ServerSentEvent
 
 # Closing a response never waits on the peer for long, but it is cleanup,
 # so it runs shielded (cancellation is level-triggered) and bounded.
@@ -66,21 +71,6 @@ _CLOSE_TIMEOUT: Final = 5.0
 _DRAIN_TIMEOUT: Final = 0.5
 
 _logger = logging.getLogger("trio_dispatch")
-
-
-@final
-class _EventSource(EventSource):
-    """httpx-sse's event reader, without its own content-type check.
-
-    That check is case-sensitive, though media types are not: it refused
-    ``Text/Event-Stream`` with an ``SSEError`` (a transport error, so every
-    request failed and was retried). ``_check_status`` has already checked
-    the content type, case-insensitively and with parameters allowed, so
-    that check is the only one.
-    """
-
-    def _check_content_type(self) -> None:
-        pass
 
 
 class _ProviderBase:
@@ -93,7 +83,7 @@ class _ProviderBase:
         base_url: str,
         api_key: str,
         model: str,
-        client: httpx.AsyncClient | None,
+        client: httpx2.AsyncClient | None,
         connect_timeout: float,
         read_timeout: float,
         on_rate_limit: RateLimitReporter | None,
@@ -108,10 +98,8 @@ class _ProviderBase:
         self._model = _check_text(model, "model")
         connect = check_seconds(connect_timeout, "connect_timeout", positive=True)
         read = check_seconds(read_timeout, "read_timeout", positive=True)
-        if client is not None and not isinstance(client, httpx.AsyncClient):
-            raise TypeError(
-                f"client must be an httpx.AsyncClient, got {type(client).__name__}"
-            )
+        if client is not None and not isinstance(client, httpx2.AsyncClient):
+            raise client_type_error(client)
         if on_rate_limit is not None and not callable(on_rate_limit):
             raise TypeError("on_rate_limit must be callable")
         if on_rate_limits is not None and not callable(on_rate_limits):
@@ -119,11 +107,11 @@ class _ProviderBase:
         self._read_timeout = read
         # Passed with every request, so a lent client gets our timeouts too;
         # the read timeout is what turns a stalled stream into an error.
-        self._timeout = httpx.Timeout(
+        self._timeout = httpx2.Timeout(
             connect=connect, read=read, write=read, pool=connect
         )
         self._owns_client = client is None
-        self._client = httpx.AsyncClient() if client is None else client
+        self._client = httpx2.AsyncClient() if client is None else client
         self._on_rate_limit = on_rate_limit
         self._on_rate_limits = on_rate_limits
         self._read_rate_limits = read_rate_limits
@@ -227,13 +215,13 @@ class _ProviderBase:
         if isinstance(error, RateLimited | Overloaded) and self._on_rate_limit:
             self._on_rate_limit(self._id, error.retry_after)
 
-    async def _send(self, request: httpx.Request) -> httpx.Response:
+    async def _send(self, request: httpx2.Request) -> httpx2.Response:
         if self._client.is_closed:
             raise RequestFailed(
                 f"{self._id}: the HTTP client is closed", provider=self._id
             )
         # The typed error is raised after the except clause, not in it:
-        # httpx's exception holds the request, headers and key included, and
+        # httpx2's exception holds the request, headers and key included, and
         # would ride along as __context__ (``from None`` only hides it).
         error: ProviderError | None = None
         try:
@@ -255,7 +243,11 @@ class _ProviderBase:
                 await _close_response(response, None)
         return response
 
-    async def _check_status(self, response: httpx.Response) -> None:
+    async def _check_status(self, response: httpx2.Response) -> None:
+        """Raise the typed error of an answer that is not a stream of events.
+
+        Every answer's status line and headers are first seen here.
+        """
         status = response.status_code
         if 200 <= status < 300:
             content_type = response.headers.get("content-type", "")
@@ -271,7 +263,7 @@ class _ProviderBase:
         raise error
 
 
-async def _read_bounded(response: httpx.Response, limit: int) -> bytes:
+async def _read_bounded(response: httpx2.Response, limit: int) -> bytes:
     """Up to ``limit`` bytes of the body, then close the response."""
     chunks: list[bytes] = []
     size = 0
@@ -290,11 +282,11 @@ async def _read_bounded(response: httpx.Response, limit: int) -> bytes:
 
 
 async def _close_response(
-    response: httpx.Response, body: AsyncIterator[object] | None
+    response: httpx2.Response, body: AsyncIterator[object] | None
 ) -> None:
     """Close ``response``, then run its body iterator to its end. Shielded.
 
-    httpx and httpcore read a body through a chain of async generators, and
+    httpx2 reads a body through a chain of async generators, and
     closing only the outermost one abandons the others, which trio reports
     (a ``ResourceWarning`` each) when they are garbage collected. With the
     connection closed first, the next step fails at the bottom of the chain
@@ -317,7 +309,7 @@ class EventStream:
     """
 
     def __init__(
-        self, provider: _ProviderBase, request: httpx.Request, decoder: WireDecoder
+        self, provider: _ProviderBase, request: httpx2.Request, decoder: WireDecoder
     ) -> None:
         self._provider = provider
         self._request = request
@@ -325,8 +317,11 @@ class EventStream:
         self._state = "new"  # -> "open" -> "closed"
         self._finished = False
         self._pending: collections.deque[StreamEvent] = collections.deque()
-        self._response: httpx.Response | None = None
-        self._events: AsyncGenerator[ServerSentEvent, None] | None = None
+        self._response: httpx2.Response | None = None
+        self._body: AsyncGenerator[bytes, None] | None = None
+        self._sse = SSEDecoder()
+        # Server-sent events already decoded from the body, not yet fed.
+        self._sse_pending: collections.deque[ServerSentEvent] = collections.deque()
 
     def __repr__(self) -> str:
         return f"<EventStream {self._provider.id!r} {self._state}>"
@@ -340,7 +335,7 @@ class EventStream:
         except BaseException:
             self._state = "closed"
             raise
-        self._events = _EventSource(self._response).aiter_sse()
+        self._body = self._response.aiter_bytes()
         return self
 
     async def __aexit__(
@@ -351,12 +346,12 @@ class EventStream:
     ) -> None:
         self._state = "closed"
         if self._response is not None:
-            await _close_response(self._response, self._events)
+            await _close_response(self._response, self._body)
 
     def __aiter__(self) -> Self:
         return self
 
-    async def __anext__(self) -> StreamEvent:
+    async def __anext__(self) -> StreamEvent:  # noqa: PLR0912 (the hot loop, kept whole)
         if self._state != "open":
             raise RuntimeError("iterate a provider stream inside its async with block")
         pending = self._pending
@@ -366,11 +361,13 @@ class EventStream:
         if self._finished:
             await trio.lowlevel.checkpoint()
             raise StopAsyncIteration
-        assert self._events is not None
-        # Every chunk passes here: the next server-sent event is read in
-        # place, not through a helper coroutine, and a lone event (the
-        # common case) skips the deque.
-        read = self._events.__anext__
+        assert self._body is not None
+        # Every chunk passes here: the body's next bytes are read in place,
+        # not through a helper coroutine, the server-sent events of one read
+        # wait in a deque, and a lone event (the common case) skips it.
+        read = self._body.__anext__
+        split = self._sse.feed
+        queued = self._sse_pending
         decoder = self._decoder
         try:
             while True:
@@ -378,25 +375,37 @@ class EventStream:
                     await self._drain()
                     self._finished = True
                     raise StopAsyncIteration
-                # Raised after the except clauses, as in _send: no httpx
-                # exception (holding the request and its key) as __context__.
-                failure: ProviderError | None = None
-                try:
-                    sse = await read()
-                except StopAsyncIteration:
-                    sse = None
-                except Exception as exc:
-                    # As in _send: whatever it is fails this stream only, and
-                    # Cancelled (a BaseException) is never caught.
-                    failure = read_error(
-                        self._provider.id,
-                        exc,
-                        self._provider._read_timeout,
-                        self._provider._redact,
-                    )
-                if failure is not None:
-                    raise failure
-                events = self._end_of_body() if sse is None else decoder.feed(sse)
+                if queued:
+                    events = decoder.feed(queued.popleft())
+                else:
+                    # Raised after the except clauses, as in _send: no httpx2
+                    # exception (holding the request and its key) as
+                    # __context__.
+                    failure: ProviderError | None = None
+                    try:
+                        chunk = await read()
+                    except StopAsyncIteration:
+                        chunk = None
+                    except Exception as exc:
+                        # As in _send: whatever it is fails this stream only,
+                        # and Cancelled (a BaseException) is never caught.
+                        failure = read_error(
+                            self._provider.id,
+                            exc,
+                            self._provider._read_timeout,
+                            self._provider._redact,
+                        )
+                    if failure is not None:
+                        raise failure
+                    if chunk is None:
+                        events = self._end_of_body()
+                    else:
+                        sses = split(chunk)
+                        if not sses:
+                            continue
+                        if len(sses) > 1:
+                            queued.extend(sses[1:])
+                        events = decoder.feed(sses[0])
                 if events:
                     break
         except ProviderError as error:
@@ -410,7 +419,11 @@ class EventStream:
         return events[0]
 
     def _end_of_body(self) -> list[StreamEvent]:
-        """The decoder's last events, or ``StopAsyncIteration`` if none."""
+        """The decoder's last events, or ``StopAsyncIteration`` if none.
+
+        An event the body left unfinished (no blank line after it) is
+        discarded, as the specification says.
+        """
         self._finished = True
         events = self._decoder.end_of_stream()
         if not events:
@@ -420,13 +433,13 @@ class EventStream:
     async def _drain(self) -> None:
         """Read past the terminator to the end of the body, briefly.
 
-        A body read to its end lets httpx reuse the connection; one that is
+        A body read to its end lets httpx2 reuse the connection; one that is
         not is closed on exit, which is also fine.
         """
-        assert self._events is not None
+        assert self._body is not None
         with trio.move_on_after(_DRAIN_TIMEOUT):
             try:
-                async for _ in self._events:
+                async for _ in self._body:
                     pass
             except Exception:  # not BaseException: Cancelled goes on
                 pass  # the answer is complete; the connection is closed on exit

@@ -57,11 +57,11 @@ from ._ratelimit_headers import openai_rate_limits
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
-    import httpx
-    from httpx_sse import ServerSentEvent
+    import httpx2
 
     from .._provider import RateLimitObserver, RateLimitReporter
     from ..messages import ChatMessage, ChatRequest, StreamEvent
+    from ._sse import ServerSentEvent
 
 
 # -- the wire, as attrs values (extra fields are ignored) --------------------
@@ -482,8 +482,9 @@ class OpenAIProvider(_ProviderBase):
             from a file) is refused, not stripped: a key is sent exactly as
             given or not at all.
         model: The model to ask for.
-        client: An ``httpx.AsyncClient`` to share; the provider makes (and
-            owns) one if not given.
+        client: An ``httpx2.AsyncClient`` to share; the provider makes (and
+            owns) one if not given. A legacy ``httpx.AsyncClient`` is
+            refused with ``TypeError``.
         connect_timeout: Seconds to connect, or to wait for a pooled
             connection.
         read_timeout: Seconds to wait for any data: for the response to
@@ -511,7 +512,7 @@ class OpenAIProvider(_ProviderBase):
         base_url: str,
         api_key: str,
         model: str,
-        client: httpx.AsyncClient | None = None,
+        client: httpx2.AsyncClient | None = None,
         connect_timeout: float = 10.0,
         read_timeout: float = 60.0,
         extra_headers: Mapping[str, str] | None = None,

@@ -59,7 +59,7 @@ def parse_retry_after(headers: Mapping[str, str], now: float) -> float | None:
     """Seconds to wait before retrying, or ``None`` if the headers do not say.
 
     Args:
-        headers: The response headers (``httpx.Headers`` or any mapping;
+        headers: The response headers (``httpx2.Headers`` or any mapping;
             names are matched without regard to case).
         now: The current time as a Unix timestamp (``time.time()``), to
             turn an HTTP-date into a delay.
