@@ -9,6 +9,12 @@ Our own providers talk to it over loopback and report what its headers say
 turns. The server's buckets and the dispatcher both run on trio's clock, so
 ``autojump_clock`` runs minutes of traffic in about a second, and the 429s
 counted are the server's own (``FakeServerStatistics.quota_refusals``).
+
+The fleets speak OpenAI's format, whose resets are durations and read true
+in virtual time. Anthropic's are wall-clock times, which the fake server
+maps from trio's clock once, so under a clock that jumps they drift from
+the client's wall clock by the virtual time gained, and the learned pace
+with them.
 """
 
 from __future__ import annotations
