@@ -730,7 +730,12 @@ class Dispatcher(metaclass=NoPublicConstructor):
         files, batches, token counts) passes without a slot. A 429, 503 or
         529 answer to a model call pauses the provider (``Retry-After``,
         ``retry-after-ms``, see ``report_rate_limit``); the answer goes
-        back to the caller unchanged. The slot is the current turn's, as
+        back to the caller unchanged. Every answer's rate-limit headers
+        (``x-ratelimit-*`` or ``anthropic-ratelimit-*``) go to
+        ``observe_rate_limits``, and a call whose JSON body has
+        ``messages`` is charged its estimated tokens (prompt and
+        ``max_tokens``), not corrected from its usage, which only the SDK
+        reads. The slot is the current turn's, as
         with ``slot()`` without ``started_at``. ``max_hold`` bounds a model
         call from its grant to its response's close: past it, the request
         or the read under way fails with ``SlotHoldTimeout``, a response
@@ -756,7 +761,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             self._unknown(provider)
         return make(self, provider)
 
-    async def _hold(self, provider: str) -> tuple[Slot, float]:
+    async def _hold(self, provider: str, tokens: int = 0) -> tuple[Slot, float]:
         """A granted slot of ``provider`` that any task may give back.
 
         For a hold that does not end where it began (an HTTP response is
@@ -764,9 +769,9 @@ class Dispatcher(metaclass=NoPublicConstructor):
         scope: give it back with ``Slot._give_back()``. Returns the slot
         and its ``max_hold`` deadline (trio clock; ``inf`` for none), which
         the holder enforces. The turn is the current one (``slot()`` with
-        neither ``started_at`` nor ``conversation_id``).
+        neither ``started_at`` nor ``conversation_id``), charged ``tokens``.
         """
-        slot = self.slot(provider, max_hold=None)
+        slot = self.slot(provider, max_hold=None, tokens=tokens)
         # Granted without the timer's cancel scope, which only the entering
         # task could close (a lease deadline from Redis would arm one).
         await slot._acquire()
@@ -903,16 +908,16 @@ class Dispatcher(metaclass=NoPublicConstructor):
 
     def _estimate(self, provider: str, request: ChatRequest) -> int:
         """The tokens ``request`` is charged for a slot of ``provider``."""
+        return estimate_tokens(request, self._default_max_tokens(provider))
+
+    def _default_max_tokens(self, provider: str) -> int:
+        """The answer charged for a request of ``provider`` without ``max_tokens``."""
         policy = self._policies.get(provider)
         throttle = None if policy is None else policy.throttle
-        budget = self._settings.budgets.get(provider)
         if throttle is not None:
-            default = throttle.default_max_tokens
-        elif budget is not None:
-            default = budget.default_max_tokens
-        else:
-            default = DEFAULT_MAX_TOKENS
-        return estimate_tokens(request, default)
+            return throttle.default_max_tokens
+        budget = self._settings.budgets.get(provider)
+        return DEFAULT_MAX_TOKENS if budget is None else budget.default_max_tokens
 
     def report_rate_limit(
         self, provider: str, retry_after: float | None = None

@@ -28,14 +28,37 @@ Which requests take a slot: a ``POST`` whose path ends in a model call's
 endpoint (see ``takes_slot``). Everything else an SDK sends (listing
 models, files, batches, token counts) passes straight through.
 
+What a model call tells the budgets, as ``wrap_provider`` does for our own
+providers:
+
+* its estimate: a JSON body with ``messages`` (chat completions, Anthropic
+  messages) is charged its prompt, about 4 characters a token (the text
+  of its messages, system prompt and tools; images, audio and files are
+  not counted), plus ``n`` times its ``max_tokens`` or
+  ``max_completion_tokens`` (the provider's ``default_max_tokens`` when it
+  sets neither). Any other body is charged nothing. The estimate is not
+  corrected from the answer's usage: the usage is in the body, which the
+  SDK parses, not the transport (in a stream, its last events). So a call
+  keeps its estimate, as OpenAI's cookbook charges ``max_tokens`` and
+  never corrects, and a token budget paced through the transport errs on
+  the safe side by what the answers did not use; the figures of later
+  answers only ever lower the budget, never raise it;
+* its answer started when its headers arrive (``Slot._answered``);
+* the rate-limit figures of those headers, OpenAI's ``x-ratelimit-*`` or
+  Anthropic's ``anthropic-ratelimit-*``, whichever are there, go to
+  ``Dispatcher.observe_rate_limits``, success or error; a malformed
+  header is logged once per transport and header name, and ignored.
+
 ``_transport_legacy`` holds the same transport for the legacy ``httpx``.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Final, final
 
 import httpx2
@@ -49,6 +72,7 @@ if TYPE_CHECKING:
 
     import httpx
 
+    from .._ratelimits import RateLimitInfo
     from ._dispatcher import Dispatcher, Slot
 
     MakeTransport = Callable[
@@ -74,6 +98,113 @@ MODEL_CALLS: Final = (
 def takes_slot(method: str, path: str) -> bool:
     """Whether a request runs a model, and so takes a slot: a ``POST`` to a model call."""
     return method == "POST" and path.rstrip("/").endswith(MODEL_CALLS)
+
+
+#: Content parts that are not text: not counted in a prompt's estimate.
+NOT_TEXT: Final = frozenset(
+    {
+        "audio",
+        "document",
+        "file",
+        "image",
+        "image_url",
+        "input_audio",
+        "input_file",
+        "input_image",
+    }
+)
+
+
+def _text_length(value: object) -> int:
+    """The characters of the strings in a JSON value, parts not text left out."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(_text_length(item) for item in value)
+    if isinstance(value, dict):
+        if value.get("type") in NOT_TEXT:
+            return 0
+        return sum(_text_length(item) for item in value.values())
+    return 0
+
+
+def _count(value: object) -> int | None:
+    """A JSON count (an int, not a bool, not negative), or ``None``."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def estimate_body_tokens(content: bytes, default_max_tokens: int) -> int:
+    """The tokens a model call's body is charged at grant time; 0 for none.
+
+    A JSON object with a ``messages`` list: its prompt (the text of its
+    messages, ``system`` and ``tools``, 4 characters a token, plus a few
+    tokens of framing per message, as ``estimate_prompt_tokens`` counts a
+    ``ChatRequest``) and ``n`` answers of ``max_tokens`` (or
+    ``max_completion_tokens``; ``default_max_tokens`` if neither). Any
+    other body, JSON or not, is 0.
+    """
+    if not content.startswith(b"{"):
+        return 0
+    try:
+        body = json.loads(content)
+    except (ValueError, RecursionError):
+        return 0
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list):
+        return 0
+    chars = sum(
+        _text_length(body.get(field)) for field in ("messages", "system", "tools")
+    )
+    prompt = 3 + 4 * len(messages) + (chars + 3) // 4
+    answer = _count(body.get("max_tokens"))
+    if answer is None:
+        answer = _count(body.get("max_completion_tokens"))
+    if answer is None:
+        answer = default_max_tokens
+    answers = _count(body.get("n")) or 1
+    return prompt + answers * answer
+
+
+@final
+class RateLimitReader:
+    """Reads the rate-limit figures of a transport's answers, either format.
+
+    One per transport: a malformed header is logged once per transport and
+    header name (``MalformedHeaderLog``).
+    """
+
+    __slots__ = ("_malformed", "_provider")
+
+    def __init__(self, provider: str) -> None:
+        self._provider = provider
+        self._malformed: Callable[[str, str], None] | None = None
+
+    def read(self, headers: Mapping[str, str]) -> RateLimitInfo | None:
+        """The figures of ``headers``, or ``None`` if they carry none."""
+        anthropic = openai = False
+        for name in headers:
+            lowered = name.lower()
+            if lowered.startswith("anthropic-ratelimit-"):
+                anthropic = True
+                break
+            if lowered.startswith("x-ratelimit-"):
+                openai = True
+        if not (anthropic or openai):
+            return None
+        # Only now: the providers package loads their HTTP client.
+        from ..providers._ratelimit_headers import (  # noqa: PLC0415
+            MalformedHeaderLog,
+            anthropic_rate_limits,
+            openai_rate_limits,
+        )
+
+        if self._malformed is None:
+            self._malformed = MalformedHeaderLog(self._provider)
+        parse = anthropic_rate_limits if anthropic else openai_rate_limits
+        info = parse(headers, now=datetime.now(UTC), on_malformed=self._malformed)
+        return None if info.empty else info
 
 
 def transport_for(inner: object) -> MakeTransport:
@@ -125,25 +256,48 @@ class Hold:
         "_deadline",
         "_dispatcher",
         "_expired",
+        "_reader",
         "_reading",
         "_slot",
         "_timer",
     )
 
-    def __init__(self, dispatcher: Dispatcher, slot: Slot, deadline: float) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        slot: Slot,
+        deadline: float,
+        reader: RateLimitReader,
+    ) -> None:
         self._dispatcher = dispatcher
         self._slot = slot
         self._deadline = deadline
+        self._reader = reader
         self._reading = False
         self._expired = False
         self._closing = False
         self._timer: trio.CancelScope | None = None
 
     @classmethod
-    async def take(cls, dispatcher: Dispatcher, provider: str) -> Hold:
-        """Wait for a slot of ``provider``; if this raises, nothing is held."""
-        slot, deadline = await dispatcher._hold(provider)
-        return cls(dispatcher, slot, deadline)
+    async def take(
+        cls,
+        dispatcher: Dispatcher,
+        provider: str,
+        reader: RateLimitReader,
+        content: bytes | None,
+    ) -> Hold:
+        """Wait for a slot of ``provider`` for a call whose body is ``content``.
+
+        The slot is charged the body's estimate (nothing if ``content`` is
+        ``None``: not read yet). If this raises, nothing is held.
+        """
+        tokens = (
+            0
+            if content is None
+            else estimate_body_tokens(content, dispatcher._default_max_tokens(provider))
+        )
+        slot, deadline = await dispatcher._hold(provider, tokens)
+        return cls(dispatcher, slot, deadline, reader)
 
     def give_back(self) -> None:
         """Give the slot back now (again: nothing), and stop the timer."""
@@ -160,13 +314,26 @@ class Hold:
         return _Timed(self)
 
     def answered(self, status: int, headers: Mapping[str, str]) -> None:
-        """Pause the provider if the answer says so; the answer is not touched."""
+        """The answer's headers are in: tell the dispatcher what they say.
+
+        The answer started (the provider has counted the call), its
+        rate-limit figures are observed, and a rate-limit answer pauses the
+        provider. The answer is not touched.
+        """
+        dispatcher = self._dispatcher
+        provider = self._slot.provider
+        # Answered first: the figures count this call, so it is no longer
+        # one the provider may not have counted yet.
+        self._slot._answered()
+        info = self._reader.read(headers)
+        if info is not None:
+            dispatcher.observe_rate_limits(provider, info)
         if status in RATE_LIMITED:
             # Only now: the providers package loads their HTTP client.
             from ..providers._retry_after import parse_retry_after  # noqa: PLC0415
 
-            self._dispatcher.report_rate_limit(
-                self._slot.provider, parse_retry_after(headers, time.time())
+            dispatcher.report_rate_limit(
+                provider, parse_retry_after(headers, time.time())
             )
 
     def watch(self, close: Callable[[], Awaitable[None]]) -> None:
@@ -292,6 +459,7 @@ class DispatchTransport(httpx2.AsyncBaseTransport):
         self._dispatcher = dispatcher
         self._provider = provider
         self._inner = inner
+        self._reader = RateLimitReader(provider)
 
     def __repr__(self) -> str:
         return f"<trio_dispatch transport {self._provider!r} inner={self._inner!r}>"
@@ -312,7 +480,11 @@ class DispatchTransport(httpx2.AsyncBaseTransport):
         """Send ``request``, holding a slot first if it is a model call."""
         if not takes_slot(request.method, request.url.path):
             return await self._inner.handle_async_request(request)
-        hold = await Hold.take(self._dispatcher, self._provider)
+        try:
+            content: bytes | None = request.content
+        except httpx2.RequestNotRead:
+            content = None
+        hold = await Hold.take(self._dispatcher, self._provider, self._reader, content)
         try:
             with hold.timed():
                 response = await self._inner.handle_async_request(request)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, final
 
 import httpx
 
-from ._transport import Hold, takes_slot
+from ._transport import Hold, RateLimitReader, takes_slot
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -54,6 +54,7 @@ class LegacyDispatchTransport(httpx.AsyncBaseTransport):
         self._dispatcher = dispatcher
         self._provider = provider
         self._inner = inner
+        self._reader = RateLimitReader(provider)
 
     def __repr__(self) -> str:
         return f"<trio_dispatch transport {self._provider!r} inner={self._inner!r}>"
@@ -74,7 +75,11 @@ class LegacyDispatchTransport(httpx.AsyncBaseTransport):
         """Send ``request``, holding a slot first if it is a model call."""
         if not takes_slot(request.method, request.url.path):
             return await self._inner.handle_async_request(request)
-        hold = await Hold.take(self._dispatcher, self._provider)
+        try:
+            content: bytes | None = request.content
+        except httpx.RequestNotRead:
+            content = None
+        hold = await Hold.take(self._dispatcher, self._provider, self._reader, content)
         try:
             with hold.timed():
                 response = await self._inner.handle_async_request(request)
