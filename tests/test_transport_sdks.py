@@ -233,7 +233,8 @@ async def test_max_hold_closes_an_sdk_stream_nobody_reads() -> None:
             assert stats(dispatcher, "openai") == (0, 1, 1)
             with pytest.raises(SlotHoldTimeout):
                 await anext(chunks)
-        assert server.statistics().in_flight == 0
+        # The server ends its side of the stream when it next writes.
+        await eventually(lambda: server.statistics().in_flight == 0)
 
 
 def arrivals(server: FakeLLMServer, prompt: str) -> list[FakeRequest]:
