@@ -22,9 +22,10 @@ chunks each (no socket, no server), for:
 
 Method. Each case (format, kind) runs its clients in rounds, one stream
 each per round, in an order that rotates from round to round, after one
-untimed warm-up round; ``gc.collect()`` runs before each stream and the
-collector stays on while it is timed, because allocation is part of the
-cost. Every client must see the same delta text, or the run stops. A
+untimed warm-up round, after which what is alive is frozen out of the
+collector's way (``gc.freeze()``); ``gc.collect()`` runs before each
+stream and the collector stays on while it is timed, because allocation is
+part of the cost. Every client must see the same delta text, or the run stops. A
 client's figure is the median of its per-chunk CPU times (the stream's
 ``time.thread_time``, which time spent waiting for the CPU on a shared
 machine does not inflate, over ``--chunks``; everything runs in one
@@ -523,6 +524,13 @@ async def _measure_case(
             samples: _Samples = {name: [] for name in names}
             walls: _Samples = {name: [] for name in names}
             for round_ in range(-1, repeats):  # round -1 warms up
+                if round_ == 0:
+                    # What the warm-up loaded (the SDKs' modules and models)
+                    # lives on: out of the collector's way, so that a
+                    # collection costs what the streams allocate, not the
+                    # size of the heap.
+                    gc.collect()
+                    gc.freeze()
                 shift = round_ % len(names)
                 for name in names[shift:] + names[:shift]:
                     gc.collect()
@@ -540,6 +548,7 @@ async def _measure_case(
         if sdk is not None:
             with trio.CancelScope(shield=True):
                 await sdk[1]()
+        gc.unfreeze()
         gc.collect()  # what the last stream left is finalised in this run
     return samples, walls, sdk is not None
 

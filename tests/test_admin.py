@@ -978,3 +978,45 @@ async def test_status_shows_budgets_and_adaptive_limits() -> None:
     # One request and 100 tokens taken, and a little refilled since.
     assert 59.0 <= budget["requests_available"] < 60.0
     assert 5900.0 <= budget["tokens_available"] < 6000.0
+
+
+async def test_metrics_serves_the_real_collector_agreeing_with_statistics(
+    client: httpx.AsyncClient, dispatcher: Dispatcher
+) -> None:
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    async with trio.open_nursery() as nursery:
+        release = trio.Event()
+
+        async def hold() -> None:
+            async with dispatcher.slot("openai"):
+                await release.wait()
+
+        for _ in range(3):
+            nursery.start_soon(hold)
+        await trio.testing.wait_all_tasks_blocked()
+        response = await client.get("/metrics", headers=AUTH)
+        stats = dispatcher.statistics().providers
+        release.set()
+    assert response.status_code == 200
+    families = {f.name: f for f in text_string_to_metric_families(response.text)}
+
+    def by_provider(name: str) -> dict[str, float]:
+        return {s.labels["provider"]: s.value for s in families[name].samples}
+
+    assert by_provider("trio_dispatch_slots_limit") == {"openai": 2.0, "anthropic": 3.0}
+    assert (
+        by_provider("trio_dispatch_slots_in_use")["openai"]
+        == stats["openai"].in_flight
+        == 2
+    )
+    assert (
+        by_provider("trio_dispatch_waiting")["openai"] == stats["openai"].waiting == 1
+    )
+    assert by_provider("trio_dispatch_paused") == {"openai": 0.0, "anthropic": 1.0}
+    grants = {
+        s.labels["provider"]: s.value
+        for s in families["trio_dispatch_grants"].samples
+        if s.name == "trio_dispatch_grants_total"
+    }
+    assert grants["openai"] == stats["openai"].granted_total == 2
