@@ -432,21 +432,80 @@ class _HeldBody(httpx2.AsyncByteStream):
     def __init__(self, inner: httpx2.AsyncByteStream, hold: Hold) -> None:
         self._inner = inner
         self._hold = hold
+        self._chunks: HeldChunks | None = None
         hold.watch(self.aclose)
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        chunks = self._inner.__aiter__()
-        try:
-            while (chunk := await self._hold.read(chunks, self.aclose)) is not None:
-                yield chunk
-        finally:
-            # As httpx closes the body's iterator: the inner one, at once.
-            aclose = getattr(chunks, "aclose", None)
-            if aclose is not None:
-                await aclose()
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        self._chunks = HeldChunks(self._inner.__aiter__(), self._hold, self.aclose)
+        return self._chunks
 
     async def aclose(self) -> None:
         await self._hold.close(self._inner.aclose)
+        if self._chunks is not None:
+            # Closed before its end: the inner iterator is closed too.
+            await self._chunks.close_inner()
+
+
+@final
+class HeldChunks:
+    """The chunks of a held body, read under the hold's deadline.
+
+    An iterator object, not an async generator: one that its reader drops
+    unfinished (an SDK that stops at ``[DONE]``, a client that closes the
+    response instead) leaves nothing for the garbage collector to finalise.
+    The inner iterator is closed when the chunks end or a read fails, as
+    httpx closes a body's iterator.
+    """
+
+    __slots__ = ("_chunks", "_close", "_ended", "_hold", "_inner_closed")
+
+    def __init__(
+        self,
+        chunks: AsyncIterator[bytes],
+        hold: Hold,
+        close: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._chunks = chunks
+        self._hold = hold
+        self._close = close
+        self._ended = False
+        self._inner_closed = False
+
+    def __aiter__(self) -> HeldChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._ended:
+            raise StopAsyncIteration
+        try:
+            chunk = await self._hold.read(self._chunks, self._close)
+        except BaseException:
+            self._ended = True
+            await self.close_inner()
+            raise
+        if chunk is None:
+            self._ended = True
+            await self.close_inner()
+            raise StopAsyncIteration
+        return chunk
+
+    async def aclose(self) -> None:
+        """End the iteration, and close the inner iterator."""
+        self._ended = True
+        await self.close_inner()
+
+    async def close_inner(self) -> None:
+        """Close the inner iterator, once; a later read still says why.
+
+        Called when the body is closed under the reader (``max_hold``):
+        the next read raises ``SlotHoldTimeout``, not the end of the body.
+        """
+        if self._inner_closed:
+            return
+        self._inner_closed = True
+        aclose = getattr(self._chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 @final

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, final
 
 import httpx
 
-from ._transport import Hold, RateLimitReader, takes_slot
+from ._transport import HeldChunks, Hold, RateLimitReader, takes_slot
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -27,21 +27,18 @@ class _LegacyHeldBody(httpx.AsyncByteStream):
     def __init__(self, inner: httpx.AsyncByteStream, hold: Hold) -> None:
         self._inner = inner
         self._hold = hold
+        self._chunks: HeldChunks | None = None
         hold.watch(self.aclose)
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        chunks = self._inner.__aiter__()
-        try:
-            while (chunk := await self._hold.read(chunks, self.aclose)) is not None:
-                yield chunk
-        finally:
-            # As httpx closes the body's iterator: the inner one, at once.
-            aclose = getattr(chunks, "aclose", None)
-            if aclose is not None:
-                await aclose()
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        self._chunks = HeldChunks(self._inner.__aiter__(), self._hold, self.aclose)
+        return self._chunks
 
     async def aclose(self) -> None:
         await self._hold.close(self._inner.aclose)
+        if self._chunks is not None:
+            # Closed before its end: the inner iterator is closed too.
+            await self._chunks.close_inner()
 
 
 @final
