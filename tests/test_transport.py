@@ -27,9 +27,9 @@ if TYPE_CHECKING:
 
     from trio_dispatch import Dispatcher
 
-# Older httpx2 releases (2.7 among them) leave their own wrapper of a response's stream unclosed
-# when the response is closed before its end; trio warns when it is
-# collected. Ours are closed, and not excused here.
+# Older httpx2 releases (2.7 among them) leave their own wrapper of a
+# response's stream unclosed when the response is closed before its end;
+# trio warns when it is collected. Ours are closed, and not excused here.
 pytestmark = pytest.mark.filterwarnings(
     r"ignore:Async generator 'httpx2\.:ResourceWarning"
 )
