@@ -215,14 +215,6 @@ def test_bad_adaptive_limits_are_refused_at_the_call(
         AdaptiveLimit(**kwargs)  # type: ignore[arg-type]  # the errors tested
 
 
-async def test_an_adaptive_limit_is_refused_with_redis() -> None:
-    spec = AdaptiveLimit(initial=2, maximum=4)
-    with pytest.raises(
-        ValueError, match=r"^budgets and adaptive limits are not shared"
-    ):
-        open_dispatcher({"p": spec}, redis_url="redis://localhost")
-
-
 # -- property: never outside its range, never above the current limit ------
 
 

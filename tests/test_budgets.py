@@ -460,10 +460,6 @@ def test_open_dispatcher_checks_budgets_at_the_call() -> None:
         open_dispatcher(budgets={1: Budget()})  # type: ignore[dict-item]  # the error tested
     with pytest.raises(TypeError, match=r"^learn_budgets must be True or False"):
         open_dispatcher(learn_budgets=1)  # type: ignore[arg-type]  # the error tested
-    with pytest.raises(
-        ValueError, match=r"^budgets and adaptive limits are not shared"
-    ):
-        open_dispatcher(budgets={"p": Budget()}, redis_url="redis://localhost")
 
 
 async def test_observe_rate_limits_checks_its_types_and_never_fails_on_content() -> (

@@ -29,6 +29,33 @@ slot, and each operation is one Lua script, atomic on the server:
   The numbers go when the streak ends, so that, outside a streak, a grant
   and a release cost nothing here.
 
+Budgets and the adaptive limit, fleet-wide (the pure core's rules, in
+``_budgets``, applied here to the whole fleet):
+
+* The budgets are two buckets in ``conf`` (``r_*`` for requests, ``t_*``
+  for tokens): capacity, refill per millisecond, level, the server time of
+  that level, and whether it was configured (else learned). Every step
+  refills them to the server's ``TIME`` first, so no client's clock is in
+  them. A configured ``Budget`` is written by each process that opens with
+  one (the latest wins); the figures of answers (``observed``) lower the
+  level and teach a learned bucket its capacity and rate, as
+  ``Bucket.learn`` does.
+* ``qcost``: the estimated tokens of a queued member; ``charge``: the
+  tokens a lease was charged (corrected by usage reports, which give back
+  or take the difference); ``unans``: the leases whose answer has not
+  started, which learning counts as not yet seen by the provider.
+* A grant walks the head of the queue in order and stops at the first
+  entry the budgets cannot hold yet: nobody passes it, whichever process
+  it belongs to. The entries of other processes ahead keep their cost
+  (reserved) until their process asks, as they keep their slot. The step
+  answers when the head will fit (``ready_in``), so that waiting processes
+  run their next round then.
+* An adaptive limit is the stored ``limit`` plus its bounds and value
+  (``a_*`` in ``conf``): a success of a lease granted with the limit in use
+  (``inuse``, a SET) adds to it in the releasing step, a new round of
+  rate-limit reports multiplies it by the backoff in ``pause``; a report
+  empties ``inuse``, since the slots held then are not successes.
+
 A process makes its members itself, so every step is idempotent: the
 answer of a step can be lost after the server ran it (the connection
 dropped), and the process then sends the same changes again. Enqueuing a
@@ -56,29 +83,45 @@ from typing import TYPE_CHECKING, Any, Final, final
 import attrs
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     import coredis
     from coredis.commands.script import Script
+
+    from ._budgets import AdaptiveLimit, Budget
+    from ._ratelimits import RateLimitInfo
 
 # Members of the queue: a 16-digit arrival, a colon, the lease id.
 MEMBER_PREFIX: Final = 17
 
 _PRELUDE = """
-local leases, queue, qexp, conf, nodes, nwait, grantno =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local leases, queue, qexp, conf, nodes, nwait, grantno, qcost, charge, unans, inuse =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8],
+  KEYS[9], KEYS[10], KEYS[11]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Numbers stored as text keep every bit of a double.
+local function num(x) return string.format('%.17g', x) end
+-- Everything a lease leaves behind, once it is given back or expired.
+local function forget_lease(id)
+  redis.call('HDEL', grantno, id)
+  redis.call('HDEL', charge, id)
+  redis.call('SREM', unans, id)
+  redis.call('SREM', inuse, id)
+end
 local function prune()
   local pruned = 0
   local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', now)
   if #gone > 0 then
-    for _, id in ipairs(gone) do redis.call('HDEL', grantno, id) end
+    for _, id in ipairs(gone) do forget_lease(id) end
     pruned = pruned + redis.call('ZREMRANGEBYSCORE', leases, '-inf', now)
   end
   gone = redis.call('ZRANGEBYSCORE', qexp, '-inf', now)
   if #gone > 0 then
-    for _, m in ipairs(gone) do redis.call('ZREM', queue, m) end
+    for _, m in ipairs(gone) do
+      redis.call('ZREM', queue, m)
+      redis.call('HDEL', qcost, m)
+    end
     pruned = pruned + redis.call('ZREMRANGEBYSCORE', qexp, '-inf', now)
   end
   gone = redis.call('ZRANGEBYSCORE', nodes, '-inf', now)
@@ -94,46 +137,122 @@ local function paused_for()
   if u > 0 then redis.call('HDEL', conf, 'pause_until') end
   return 0
 end
+-- A limit as a process sends it: 'none', 'N', or 'N,minimum,maximum,backoff'
+-- for an adaptive limit starting at N. Stores it; returns the limit.
+local function store_limit(spec)
+  local value, low, high, backoff = string.match(spec, '^(%d+),(%d+),(%d+),(.+)$')
+  if value then
+    redis.call('HSET', conf, 'limit', value, 'a_min', low, 'a_max', high,
+      'a_backoff', backoff, 'a_val', value, 'a_slow', 1)
+    return value
+  end
+  redis.call('HSET', conf, 'limit', spec)
+  redis.call('HDEL', conf, 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow')
+  return spec
+end
 """
 
 # ARGV: node, ttl (ms), this node's waiters, limit to store if none is
-# (empty: none), wake channel, then four counted lists: lease ids to
-# release; members to withdraw; (member, start) pairs to enqueue or renew;
-# lease ids to renew; and the members that ask for a grant (those
-# enqueued ask too). Every server call counts on the grant's path: the
-# step reads ``conf`` once, and publishes only when another process waits.
+# (empty: none; as ``store_limit`` takes it), wake channel, the rate-limit
+# figures to learn from (empty: none; else six comma-separated fields, each
+# possibly empty: request limit, remaining, reset in seconds, then the
+# same for tokens), then eight counted lists: lease ids given back without
+# success; (lease id, tokens) pairs of usage reports; lease ids to release; members to withdraw; (member, start,
+# tokens) triples to enqueue or renew; lease ids to renew; the members
+# that ask for a grant (those enqueued ask too); lease ids whose answer
+# started. Every server call
+# counts on the grant's path: the step reads ``conf`` once, writes the
+# budgets back only when there are some, and publishes only when another
+# process waits.
 _STEP = (
     _PRELUDE
     + """
-local node, ttl, mywait, seed, channel =
-  ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local i = 6
+local node, ttl, mywait, seed, channel, observed =
+  ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
+local i = 7
 local changed = prune()
 local c = redis.call('HMGET', conf, 'limit', 'pause_until', 'streak',
-  'granted_at_report')
+  'granted_at_report', 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow',
+  'r_cap', 'r_rate', 'r_lvl', 'r_at', 'r_cfg',
+  't_cap', 't_rate', 't_lvl', 't_at', 't_cfg', 'learned')
 local limit = c[1]
 local pause_until = tonumber(c[2] or '0')
 local streak = tonumber(c[3] or '0')
 local at_report = tonumber(c[4] or '0')
-if not limit and seed ~= '' then
-  redis.call('HSET', conf, 'limit', seed)
-  limit = seed
+if not limit and seed ~= '' then limit = store_limit(seed) end
+-- The adaptive limit, if the stored limit is one.
+local adaptive = nil
+if limit and c[5] then
+  adaptive = {low = tonumber(c[5]), high = tonumber(c[6]),
+    backoff = tonumber(c[7]), value = tonumber(c[8]), slow = c[9] == '1',
+    moved = false}
 end
+-- The budgets: capacity, refill per ms, level, time of the level, and
+-- whether it was configured (else learned); refilled up to now.
+local function bucket(o)
+  if not c[o] then return nil end
+  local b = {cap = tonumber(c[o]), rate = tonumber(c[o + 1]),
+    lvl = tonumber(c[o + 2]), at = tonumber(c[o + 3]), cfg = c[o + 4] == '1'}
+  if now > b.at then
+    if b.lvl < b.cap then b.lvl = math.min(b.cap, b.lvl + b.rate * (now - b.at)) end
+    b.at = now
+  end
+  return b
+end
+local R, T = bucket(10), bucket(15)
+local learned = c[20] == '1'
+local budgeted = R ~= nil or T ~= nil
+local spoiled = {}
 local n = tonumber(ARGV[i]); i = i + 1
+for j = 1, n do
+  local id = ARGV[i]; i = i + 1
+  spoiled[id] = true
+  redis.call('SREM', inuse, id)
+end
+-- Usage reports before the releases: a report and the release after it
+-- may come in one step.
+n = tonumber(ARGV[i]); i = i + 1
+for j = 1, n do
+  local id, tokens = ARGV[i], tonumber(ARGV[i + 1]); i = i + 2
+  if redis.call('ZSCORE', leases, id) then
+    local before = tonumber(redis.call('HGET', charge, id) or '0')
+    if T and tokens ~= before then
+      T.lvl = math.min(T.cap, T.lvl - (tokens - before))
+      if tokens < before then changed = changed + 1 end
+    end
+    redis.call('HSET', charge, id, tokens)
+    redis.call('SREM', unans, id)
+  end
+end
+local function adapt_up()
+  local step = 1
+  if not adaptive.slow then step = 1 / tonumber(limit) end
+  adaptive.value = math.min(adaptive.high, adaptive.value + step)
+  adaptive.moved = true
+  local new = math.min(adaptive.high, math.max(adaptive.low, math.floor(adaptive.value)))
+  if new ~= tonumber(limit) then
+    limit = tostring(new)
+    changed = changed + 1
+  end
+end
+n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   local id = ARGV[i]; i = i + 1
   if redis.call('ZREM', leases, id) == 1 then
     changed = changed + 1
+    local success = not spoiled[id]
     if streak > 0 then
       local g = tonumber(redis.call('HGET', grantno, id) or '0')
-      redis.call('HDEL', grantno, id)
-      if g > at_report then
+      if success and g > at_report then
         -- A success: the streak ends, and with it the grant numbers.
         redis.call('HSET', conf, 'streak', 0)
         redis.call('DEL', grantno)
         streak = 0
       end
     end
+    local counted = redis.call('SREM', inuse, id) == 1
+    forget_lease(id)
+    if success and counted and adaptive then adapt_up() end
   end
 end
 n = tonumber(ARGV[i]); i = i + 1
@@ -141,11 +260,12 @@ for j = 1, n do
   local m = ARGV[i]; i = i + 1
   changed = changed + redis.call('ZREM', queue, m)
   redis.call('ZREM', qexp, m)
+  redis.call('HDEL', qcost, m)
   -- Granted by a step whose answer was lost: nobody holds it.
   local id = string.sub(m, 18)
   if redis.call('ZREM', leases, id) == 1 then
     changed = changed + 1
-    redis.call('HDEL', grantno, id)
+    forget_lease(id)
   end
 end
 local asking = {}
@@ -163,10 +283,11 @@ local function held(m)
 end
 n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
-  local m, start = ARGV[i], ARGV[i + 1]; i = i + 2
+  local m, start, tokens = ARGV[i], ARGV[i + 1], ARGV[i + 2]; i = i + 3
   if not held(m) then
     redis.call('ZADD', queue, start, m)
     redis.call('ZADD', qexp, now + ttl, m)
+    if tokens ~= '0' then redis.call('HSET', qcost, m, tokens) end
     asking[m] = true
   end
 end
@@ -180,6 +301,48 @@ for j = 1, n do
   local m = ARGV[i]; i = i + 1
   if not held(m) then asking[m] = true end
 end
+n = tonumber(ARGV[i]); i = i + 1
+for j = 1, n do
+  redis.call('SREM', unans, ARGV[i]); i = i + 1
+end
+-- Learn from the figures of an answer (see the ledger's notes).
+local function learn(b, limit_, remaining, reset, held_now)
+  local usable = limit_ and limit_ > 0 and limit_ < 1e15
+  if not b then
+    if not usable then return nil end
+    b = {cap = limit_, rate = limit_ / 60000, lvl = limit_, at = now, cfg = false}
+  end
+  if usable and not b.cfg then
+    b.cap = limit_
+    b.rate = limit_ / 60000
+    if remaining and reset and reset > 0 and remaining < limit_ then
+      local slower = (limit_ - remaining) / (reset * 1000)
+      if slower < b.rate then b.rate = slower end
+    end
+    b.lvl = math.min(b.lvl, b.cap)
+  end
+  if remaining and remaining < 1e15 then
+    b.lvl = math.min(b.lvl, remaining - held_now)
+    learned = true
+  elseif usable then
+    learned = true
+  end
+  return b
+end
+if observed ~= '' then
+  local f = {}
+  for part in string.gmatch(observed .. ',', '([^,]*),') do f[#f + 1] = tonumber(part) end
+  local ids = redis.call('SMEMBERS', unans)
+  if f[1] or f[2] then R = learn(R, f[1], f[2], f[3], #ids) end
+  if f[4] or f[5] then
+    local tokens = 0
+    for _, id in ipairs(ids) do
+      tokens = tokens + tonumber(redis.call('HGET', charge, id) or '0')
+    end
+    T = learn(T, f[4], f[5], f[6], tokens)
+  end
+  budgeted = R ~= nil or T ~= nil
+end
 redis.call('ZADD', nodes, now + ttl, node)
 redis.call('HSET', nwait, node, mywait)
 local pause = 0
@@ -189,7 +352,27 @@ elseif pause_until > 0 then
   redis.call('HDEL', conf, 'pause_until')
 end
 local in_flight = redis.call('ZCARD', leases)
-local function grant(m)
+-- What the budgets lack for a cost, beside what the entries of other
+-- processes ahead of it keep (reserved): 0 when it fits.
+local reserved_r, reserved_t = 0, 0
+local ready_in = -1
+local function fits(cost)
+  local wait = 0
+  if R then
+    local missing = 1 - (R.lvl - reserved_r)
+    if missing > 1e-9 then wait = math.max(wait, missing / R.rate) end
+  end
+  if T and cost > 0 then
+    local missing = math.min(cost, T.cap) - (T.lvl - reserved_t)
+    if missing > 1e-9 * math.max(1, cost) then wait = math.max(wait, missing / T.rate) end
+  end
+  if wait > 0 then
+    ready_in = math.ceil(wait)
+    return false
+  end
+  return true
+end
+local function grant(m, cost)
   local id = string.sub(m, 18)
   redis.call('ZREM', queue, m)
   redis.call('ZREM', qexp, m)
@@ -197,22 +380,79 @@ local function grant(m)
   if streak > 0 then
     redis.call('HSET', grantno, id, redis.call('HINCRBY', conf, 'granted', 1))
   end
+  if adaptive and 2 * (in_flight + 1) >= tonumber(limit) then
+    redis.call('SADD', inuse, id)
+  end
+  if budgeted then
+    if R then R.lvl = R.lvl - 1 end
+    if cost > 0 then
+      redis.call('HDEL', qcost, m)
+      redis.call('HSET', charge, id, cost)
+      if T then T.lvl = T.lvl - cost end
+    end
+    redis.call('SADD', unans, id)
+  end
   granted[#granted + 1] = m
   in_flight = in_flight + 1
 end
-if not limit or limit == 'none' then
-  -- Unlimited: pauses do not apply, as in the local policy.
-  for m, _ in pairs(asking) do
-    if redis.call('ZSCORE', queue, m) then grant(m) end
-  end
-  table.sort(granted)
-elseif pause == 0 then
-  local free = tonumber(limit) - in_flight
-  if free > 0 then
-    for _, m in ipairs(redis.call('ZRANGE', queue, 0, free - 1)) do
-      if asking[m] then grant(m) end
+-- The first entries of the queue, oldest first, as far as the budgets go:
+-- nobody passes an entry the budgets cannot hold yet.
+local function grant_in_order(window)
+  for _, m in ipairs(redis.call('ZRANGE', queue, 0, window - 1)) do
+    local cost = 0
+    if budgeted then
+      cost = tonumber(redis.call('HGET', qcost, m) or '0')
+      if not fits(cost) then break end
+    end
+    if asking[m] then
+      grant(m, cost)
+    elseif budgeted then
+      reserved_r = reserved_r + 1
+      reserved_t = reserved_t + cost
     end
   end
+end
+if not limit or limit == 'none' then
+  -- Unlimited: pauses do not apply, as in the local policy.
+  if budgeted then
+    grant_in_order(0)
+  else
+    for m, _ in pairs(asking) do
+      if redis.call('ZSCORE', queue, m) then grant(m, 0) end
+    end
+    table.sort(granted)
+  end
+elseif pause == 0 then
+  local free = tonumber(limit) - in_flight
+  if free > 0 then grant_in_order(free) end
+end
+if adaptive and adaptive.moved then
+  redis.call('HSET', conf, 'limit', limit, 'a_val', num(adaptive.value))
+end
+local budget = ''
+if budgeted then
+  local fields = {}
+  local shown = {}
+  for _, pair in ipairs({{'r', R}, {'t', T}}) do
+    local b = pair[2]
+    if b then
+      fields[#fields + 1] = pair[1] .. '_cap'; fields[#fields + 1] = num(b.cap)
+      fields[#fields + 1] = pair[1] .. '_rate'; fields[#fields + 1] = num(b.rate)
+      fields[#fields + 1] = pair[1] .. '_lvl'; fields[#fields + 1] = num(b.lvl)
+      fields[#fields + 1] = pair[1] .. '_at'; fields[#fields + 1] = now
+      fields[#fields + 1] = pair[1] .. '_cfg'; fields[#fields + 1] = b.cfg and 1 or 0
+      shown[#shown + 1] = num(b.rate * 60000) .. ',' .. num(b.lvl)
+    else
+      shown[#shown + 1] = ','
+    end
+  end
+  if learned then fields[#fields + 1] = 'learned'; fields[#fields + 1] = 1 end
+  redis.call('HSET', conf, unpack(fields))
+  budget = shown[1] .. ',' .. shown[2] .. ',' .. (learned and 1 or 0) .. ',' .. ready_in
+end
+local spec = ''
+if adaptive then
+  spec = adaptive.low .. ',' .. adaptive.high .. ',' .. num(adaptive.backoff)
 end
 local waiting = 0
 for _, w in ipairs(redis.call('HVALS', nwait)) do waiting = waiting + tonumber(w) end
@@ -220,27 +460,63 @@ for _, w in ipairs(redis.call('HVALS', nwait)) do waiting = waiting + tonumber(w
 -- only when another process waits: nobody else has anything to do.
 if changed > 0 and waiting > mywait then redis.call('PUBLISH', channel, node) end
 return {granted, limit or '', in_flight, redis.call('ZCARD', queue), waiting, pause,
-  now}
+  now, budget, spec}
 """
 )
 
-# ARGV: the limit to store (a positive integer, or ``none``), whether to
+# ARGV: the limit to store (as ``store_limit`` takes it), whether to
 # overwrite one already stored (``1``) or only fill a gap (``0``), channel.
+# Returns the stored limit and, for an adaptive one, its bounds.
 _SET_LIMIT = (
     _PRELUDE
     + """
 if ARGV[2] == '1' then
-  redis.call('HSET', conf, 'limit', ARGV[1])
+  store_limit(ARGV[1])
   redis.call('PUBLISH', ARGV[3], 'wake')
-else
-  redis.call('HSETNX', conf, 'limit', ARGV[1])
+elseif redis.call('HEXISTS', conf, 'limit') == 0 then
+  store_limit(ARGV[1])
 end
-return redis.call('HGET', conf, 'limit')
+local c = redis.call('HMGET', conf, 'limit', 'a_min', 'a_max', 'a_backoff')
+if c[2] then return {c[1], c[2] .. ',' .. c[3] .. ',' .. c[4]} end
+return {c[1] or '', ''}
+"""
+)
+
+# ARGV: requests per minute, tokens per minute (each empty: none
+# configured), channel. A configured budget replaces the stored one of its
+# kind, its level kept (at most the new capacity); none configured turns a
+# configured budget of that kind into a learned one (which learning refills
+# from the next figures), and leaves a learned one alone.
+_SET_BUDGET = (
+    _PRELUDE
+    + """
+for j, k in ipairs({'r', 't'}) do
+  local per_minute = tonumber(ARGV[j])
+  local c = redis.call('HMGET', conf, k .. '_cap', k .. '_rate', k .. '_lvl',
+    k .. '_at', k .. '_cfg')
+  if per_minute then
+    local lvl = per_minute
+    if c[1] then
+      lvl = tonumber(c[3])
+      local at = tonumber(c[4])
+      if now > at then lvl = math.min(tonumber(c[1]), lvl + tonumber(c[2]) * (now - at)) end
+      lvl = math.min(lvl, per_minute)
+    end
+    redis.call('HSET', conf, k .. '_cap', num(per_minute), k .. '_rate',
+      num(per_minute / 60000), k .. '_lvl', num(lvl), k .. '_at', now, k .. '_cfg', 1)
+  elseif c[5] == '1' then
+    redis.call('HDEL', conf, k .. '_cap', k .. '_rate', k .. '_lvl', k .. '_at',
+      k .. '_cfg')
+  end
+end
+redis.call('PUBLISH', ARGV[3], 'wake')
+return 0
 """
 )
 
 # ARGV: the server's delay in ms (empty: none), the default pause, the
-# longest pause (ms). The backoff is the local policy's, kept fleet-wide.
+# longest pause (ms). The backoff is the local policy's, kept fleet-wide,
+# and so is the adaptive limit's decrease: once per round of reports.
 _PAUSE = (
     _PRELUDE
     + """
@@ -252,7 +528,15 @@ if streak == 0 or granted ~= redis.call('HGET', conf, 'granted_at_report') then
   if streak > 0 then step = math.min(2 * step, longest) else step = default end
   redis.call('HSET', conf, 'streak', streak + 1, 'step', step,
     'granted_at_report', granted)
+  local a = redis.call('HMGET', conf, 'limit', 'a_min', 'a_max', 'a_backoff')
+  if a[2] then
+    local value = math.max(tonumber(a[2]), tonumber(a[1]) * tonumber(a[4]))
+    local new = math.min(tonumber(a[3]), math.max(tonumber(a[2]), math.floor(value)))
+    redis.call('HSET', conf, 'limit', new, 'a_val', num(value), 'a_slow', 0)
+  end
 end
+-- The slots held now are not successes when they end.
+redis.call('DEL', inuse)
 local seconds = step
 if delay ~= '' then seconds = math.min(tonumber(delay), longest) end
 local current = tonumber(redis.call('HGET', conf, 'pause_until') or '0')
@@ -289,6 +573,10 @@ def keys_of(namespace: str, provider: str) -> list[str]:
             "nodes",
             "nwait",
             "grantno",
+            "qcost",
+            "charge",
+            "unans",
+            "inuse",
         )
     ]
 
@@ -341,6 +629,81 @@ class StepResult:
     waiting: int
     paused_for: float
     server_time: float
+    budget: LedgerBudget | None = None
+    adaptive: tuple[int, int, float] | None = None
+
+
+@final
+@attrs.frozen
+class LedgerBudget:
+    """A provider's fleet-wide budgets after one step.
+
+    Attributes:
+        requests_per_minute: The request budget's rate, or ``None``.
+        requests_available: Requests its bucket holds, or ``None``.
+        tokens_per_minute: The token budget's rate, or ``None``.
+        tokens_available: Tokens its bucket holds, or ``None``.
+        learned: Whether figures of answers were learned.
+        ready_in: Seconds until the head of the queue fits the budgets,
+            if they hold it back (else ``None``).
+    """
+
+    requests_per_minute: float | None
+    requests_available: float | None
+    tokens_per_minute: float | None
+    tokens_available: float | None
+    learned: bool
+    ready_in: float | None
+
+
+def _float(text: str) -> float | None:
+    return None if text == "" else float(text)
+
+
+def _budget_of(text: str) -> LedgerBudget | None:
+    if not text:
+        return None
+    r_pm, r_lvl, t_pm, t_lvl, learned, ready_in = text.split(",")
+    return LedgerBudget(
+        requests_per_minute=_float(r_pm),
+        requests_available=_float(r_lvl),
+        tokens_per_minute=_float(t_pm),
+        tokens_available=_float(t_lvl),
+        learned=learned == "1",
+        ready_in=None if int(ready_in) < 0 else int(ready_in) / 1000,
+    )
+
+
+def _bounds_of(text: str) -> tuple[int, int, float] | None:
+    if not text:
+        return None
+    low, high, backoff = text.split(",")
+    return int(low), int(high), float(backoff)
+
+
+def limit_spec(limit: int | AdaptiveLimit | None) -> str:
+    """A limit as the scripts take it: ``none``, ``N``, or ``N,min,max,backoff``."""
+    if limit is None:
+        return "none"
+    if isinstance(limit, int):
+        return str(limit)
+    return f"{limit.initial},{limit.minimum},{limit.maximum},{limit.backoff!r}"
+
+
+def _figures(info: RateLimitInfo | None) -> str:
+    """The figures of ``info`` that budgets learn from, as the step takes them."""
+    if info is None:
+        return ""
+    parts: list[str] = []
+    for quota in (info.requests, info.tokens):
+        if quota is None:
+            parts.extend(("", "", ""))
+        else:
+            parts.extend(
+                "" if value is None else repr(value)
+                for value in (quota.limit, quota.remaining, quota.reset)
+            )
+    return ",".join(parts)
 
 
 def _limit_of(stored: object) -> int | None:
@@ -365,6 +728,7 @@ class Ledger:
         "_names",
         "_pause",
         "_resume",
+        "_set_budget",
         "_set_limit",
         "_step",
         "lease",
@@ -382,6 +746,7 @@ class Ledger:
         self.lease = lease
         self._step: Script[str] = client.register_script(_STEP)
         self._set_limit: Script[str] = client.register_script(_SET_LIMIT)
+        self._set_budget: Script[str] = client.register_script(_SET_BUDGET)
         self._pause: Script[str] = client.register_script(_PAUSE)
         self._resume: Script[str] = client.register_script(_RESUME)
         # Each provider's keys and channel, made once: a step is on the
@@ -425,44 +790,63 @@ class Ledger:
         node: str,
         *,
         waiting: int = 0,
-        seed: int | None = None,
+        seed: int | AdaptiveLimit | None = None,
+        observed: RateLimitInfo | None = None,
+        spoil: Sequence[str] = (),
+        usage: Sequence[tuple[str, int]] = (),
         release: Sequence[str] = (),
         withdraw: Sequence[str] = (),
         enqueue: Sequence[tuple[str, float]] = (),
+        costs: Mapping[str, int] | None = None,
         renew_leases: Sequence[str] = (),
         ask: Sequence[str] = (),
+        answered: Sequence[str] = (),
     ) -> StepResult:
         """Apply one round of a process's changes, in order, atomically.
 
-        Releases ``release`` (lease ids), withdraws ``withdraw`` (members,
-        and their leases if they have any), enqueues or renews ``enqueue``
-        (member and wall-clock start), renews ``renew_leases`` (adding them
-        back if they are gone), stores ``seed`` as the limit if none is
-        stored, then grants what it can of ``ask`` and of ``enqueue``. Sent
-        twice, the same changes leave the same state.
+        Stores ``seed`` as the limit if none is stored; takes ``spoil``
+        (lease ids given back without success: no adaptive increase, no end
+        of a backoff streak) and ``usage`` (lease id and the tokens its
+        request used: its charge is corrected); releases ``release`` (lease
+        ids), withdraws ``withdraw`` (members, and their leases if they
+        have any), enqueues or renews ``enqueue`` (member and wall-clock
+        start; ``costs`` gives a member's estimated tokens), renews
+        ``renew_leases`` (adding them back if they are gone), marks
+        ``answered`` leases as counted by the provider, learns from
+        ``observed``, then grants what it can of ``ask`` and of ``enqueue``.
+        Sent twice, the same changes leave the same state.
         """
         keys, channel = self.names(provider)
         args: list[str | int | float] = [
             node,
             round(self.lease * 1000),
             waiting,
-            "" if seed is None else seed,
+            "" if seed is None else limit_spec(seed),
             channel,
+            _figures(observed),
+            len(spoil),
+            *spoil,
+            len(usage),
         ]
+        for lease_id, tokens in usage:
+            args.extend((lease_id, tokens))
         args.append(len(release))
         args.extend(release)
         args.append(len(withdraw))
         args.extend(withdraw)
         args.append(len(enqueue))
+        tokens_of = {} if costs is None else costs
         for member, start in enqueue:
-            args.extend((member, repr(start)))
+            args.extend((member, repr(start), tokens_of.get(member, 0)))
         args.append(len(renew_leases))
         args.extend(renew_leases)
         args.append(len(ask))
         args.extend(ask)
+        args.append(len(answered))
+        args.extend(answered)
         # A Lua script's answer is untyped; this one has a fixed shape.
         reply: Any = await self._step(keys=keys, args=args)
-        granted, limit, in_flight, queued, waiting_all, pause, now = reply
+        granted, limit, in_flight, queued, waiting_all, pause, now, budget, spec = reply
         return StepResult(
             granted=list(granted),
             limit=_limit_of(limit),
@@ -471,24 +855,46 @@ class Ledger:
             waiting=int(waiting_all),
             paused_for=int(pause) / 1000,
             server_time=int(now) / 1000,
+            budget=_budget_of(budget),
+            adaptive=_bounds_of(spec),
         )
 
     async def set_limit(
-        self, provider: str, limit: int | None, *, overwrite: bool = True
+        self,
+        provider: str,
+        limit: int | AdaptiveLimit | None,
+        *,
+        overwrite: bool = True,
     ) -> int | None:
         """Store ``limit`` (``None``: unlimited); returns the stored limit.
 
-        With ``overwrite=False`` a limit already stored wins.
+        An ``AdaptiveLimit`` is stored at its ``initial`` value, with its
+        bounds. With ``overwrite=False`` a limit already stored wins.
         """
         stored: Any = await self._set_limit(
             keys=keys_of(self.namespace, provider),
             args=[
-                "none" if limit is None else limit,
+                limit_spec(limit),
                 "1" if overwrite else "0",
                 channel_of(self.namespace, provider),
             ],
         )
-        return _limit_of(stored)
+        return _limit_of(stored[0])
+
+    async def set_budget(self, provider: str, budget: Budget) -> None:
+        """Store the fleet's configured budgets of ``provider`` (see ``_SET_BUDGET``)."""
+        await self._set_budget(
+            keys=keys_of(self.namespace, provider),
+            args=[
+                ""
+                if budget.requests_per_minute is None
+                else repr(float(budget.requests_per_minute)),
+                ""
+                if budget.tokens_per_minute is None
+                else repr(float(budget.tokens_per_minute)),
+                channel_of(self.namespace, provider),
+            ],
+        )
 
     async def pause(
         self,

@@ -56,6 +56,13 @@ class Plan:
     ask: list[str]
     # The tickets of ``enqueue``, in the same order.
     enqueued: list[Ticket]
+    # For the budgets and the adaptive limit: the estimated tokens of the
+    # entries that have some, the leases given back without success, the
+    # tokens reported used, the leases whose answer started.
+    costs: dict[str, int] = attrs.field(factory=dict)
+    spoil: list[str] = attrs.field(factory=list)
+    usage: list[tuple[str, int]] = attrs.field(factory=list)
+    answered: list[str] = attrs.field(factory=list)
 
 
 @final
@@ -72,6 +79,8 @@ class SharedBook:
     """
 
     __slots__ = (
+        "_answered",
+        "_costs",
         "_entries",
         "_holders",
         "_last_arrival",
@@ -81,6 +90,8 @@ class SharedBook:
         "_published",
         "_release",
         "_sent",
+        "_spoil",
+        "_usage",
         "_withdraw",
         "granted_total",
         "node",
@@ -100,6 +111,8 @@ class SharedBook:
         # on the wall clock.
         self._order: list[Ticket] = []
         self._entries: dict[Ticket, tuple[str, float]] = {}
+        # The estimated tokens of waiting tickets' members, if any.
+        self._costs: dict[str, int] = {}
         self._last_arrival = 0
         # Sent waiters, by ticket and by member; the published among them.
         self._sent: dict[Ticket, str] = {}
@@ -108,6 +121,11 @@ class SharedBook:
         self._holders: dict[Ticket, str] = {}
         self._release: list[str] = []
         self._withdraw: list[str] = []
+        # For the next round: leases given back without success, the latest
+        # usage reported of each lease, leases whose answer started.
+        self._spoil: list[str] = []
+        self._usage: dict[str, int] = {}
+        self._answered: list[str] = []
         self.granted_total = 0
         self.released_total = 0
         self.withdrawn_total = 0
@@ -156,11 +174,14 @@ class SharedBook:
         """The tickets holding a lease."""
         return frozenset(self._holders)
 
-    def acquire(self, ticket: Ticket, start: float, arrival: float) -> None:
+    def acquire(
+        self, ticket: Ticket, start: float, arrival: float, tokens: int = 0
+    ) -> None:
         """Queue ``ticket``, whose turn began at ``start``, arriving at ``arrival``.
 
         Both are wall-clock seconds. Arrivals break ties between equal
-        starts; in one book they are made strictly increasing.
+        starts; in one book they are made strictly increasing. ``tokens``
+        is the request's estimated cost for a token budget.
 
         Raises:
             ValueError: The ticket is already known.
@@ -177,7 +198,10 @@ class SharedBook:
         bisect.insort(self._order, ticket)
         micros = max(round(arrival * 1_000_000), self._last_arrival + 1)
         self._last_arrival = micros
-        self._entries[ticket] = (member_of(micros, self.lease_id(ticket)), start)
+        member = member_of(micros, self.lease_id(ticket))
+        self._entries[ticket] = (member, start)
+        if tokens:
+            self._costs[member] = tokens
         self.peak_waiting = max(self.peak_waiting, len(self._order))
 
     def release(self, ticket: Ticket) -> None:
@@ -191,12 +215,31 @@ class SharedBook:
         self._drop_lease(ticket)
 
     def cancel(self, ticket: Ticket) -> None:
-        """Withdraw a waiting ticket, or give back its lease if it has one."""
+        """Withdraw a waiting ticket, or give back its lease if it has one.
+
+        A lease given back by a cancel is not a success (for the adaptive
+        limit and the backoff): the request was cancelled or never sent.
+        """
         if ticket in self._entries:
             self._remove_waiter(ticket)
             self.withdrawn_total += 1
             return
+        lease = self._holders.get(ticket)
+        if lease is not None:
+            self._spoil.append(lease)
         self._drop_lease(ticket)
+
+    def report_usage(self, ticket: Ticket, tokens: int) -> None:
+        """A holder's request used ``tokens``; sent with the next round."""
+        lease = self._holders.get(ticket)
+        if lease is not None:
+            self._usage[lease] = tokens
+
+    def answered(self, ticket: Ticket) -> None:
+        """A holder's answer started; sent with the next round."""
+        lease = self._holders.get(ticket)
+        if lease is not None:
+            self._answered.append(lease)
 
     def plan(self, limit: int | None, *, renew: bool) -> Plan:
         """The next round: what to send, publish, renew and ask for.
@@ -218,16 +261,25 @@ class SharedBook:
             member = entries[ticket][0]
             self._sent[ticket] = member
             self._members[member] = ticket
+        costs = self._costs
+        enqueue = [entries[t] for t in enqueued]
         plan = Plan(
             release=self._release,
             withdraw=self._withdraw,
-            enqueue=[entries[t] for t in enqueued],
+            enqueue=enqueue,
             renew_leases=list(self._holders.values()) if renew else [],
             ask=[] if renew else [self._sent[t] for t in wanted if t in published],
             enqueued=enqueued,
+            costs={m: costs[m] for m, _ in enqueue if m in costs} if costs else {},
+            spoil=self._spoil,
+            usage=list(self._usage.items()),
+            answered=self._answered,
         )
         self._release = []
         self._withdraw = []
+        self._spoil = []
+        self._usage = {}
+        self._answered = []
         return plan
 
     def failed(self, plan: Plan) -> None:
@@ -238,6 +290,10 @@ class SharedBook:
         """
         self._release = plan.release + self._release
         self._withdraw = plan.withdraw + self._withdraw
+        self._spoil = plan.spoil + self._spoil
+        # A report made since the plan is newer than the plan's.
+        self._usage = dict(plan.usage) | self._usage
+        self._answered = plan.answered + self._answered
 
     def applied(self, plan: Plan, granted: list[str]) -> list[Ticket]:
         """The ledger applied ``plan``: returns the tickets granted, in order.
@@ -261,6 +317,7 @@ class SharedBook:
             self._published.discard(owner)
             self._order.remove(owner)
             del self._entries[owner]
+            self._costs.pop(member, None)
             self._holders[owner] = lease_of(member)
             grants.append(owner)
         self.granted_total += len(grants)
@@ -270,7 +327,8 @@ class SharedBook:
     def _remove_waiter(self, ticket: Ticket) -> None:
         index = bisect.bisect_left(self._order, ticket)
         del self._order[index]
-        del self._entries[ticket]
+        member = self._entries.pop(ticket)[0]
+        self._costs.pop(member, None)
         if ticket in self._sent:
             self._unsend(ticket)
 

@@ -392,7 +392,7 @@ class Slot(metaclass=NoPublicConstructor):
         if self._state is not _HOLDING:
             raise RuntimeError("usage can be reported only while the slot is held")
         actor = self._actor
-        if isinstance(actor, SchedulerActor):
+        if actor is not None:
             with contextlib.suppress(trio.ClosedResourceError):
                 # Closed: the scheduler is gone, with its budgets.
                 actor.send(ReportUsage(self.ticket, tokens))  # type: ignore[arg-type]  # set with _actor
@@ -404,7 +404,7 @@ class Slot(metaclass=NoPublicConstructor):
         not yet seen by the provider (see ``observe_rate_limits``).
         """
         actor = self._actor
-        if self._state is _HOLDING and isinstance(actor, SchedulerActor):
+        if self._state is _HOLDING and actor is not None:
             with contextlib.suppress(trio.ClosedResourceError):
                 # Closed: the scheduler is gone, with its budgets.
                 actor.send(Answered(self.ticket))  # type: ignore[arg-type]  # set with _actor
@@ -790,9 +790,9 @@ class Dispatcher(metaclass=NoPublicConstructor):
         hold a slot. An ``AdaptiveLimit`` starts at its ``initial`` value
         and moves on its own; an int replaces it by a fixed limit.
 
-        Raises:
-            ValueError: An ``AdaptiveLimit`` for a dispatcher shared
-                through Redis (not supported yet).
+        With ``redis_url``, the limit is stored in Redis for the whole
+        fleet, an ``AdaptiveLimit`` too: every process then follows its
+        value, which the fleet's successes and rate limits move.
         """
         check_provider(provider)
         check_limit_value(limit)
@@ -847,11 +847,10 @@ class Dispatcher(metaclass=NoPublicConstructor):
         self._cleared.add(provider)
 
     def _adapt(self, provider: str, limit: AdaptiveLimit) -> None:
-        if self._ledger is not None or self._settings.redis_url is not None:
-            raise ValueError(
-                "an AdaptiveLimit is not shared through Redis yet; use an int limit"
-            )
-        if provider in self._actors:
+        if self._ledger is not None:
+            # Stored in Redis by the scheduler, for the whole fleet.
+            self._send_shared(provider, Adapt(limit))
+        elif provider in self._actors:
             self._send(provider, Adapt(limit))
         else:
             self._policy(provider).set_limit(limit)
@@ -879,9 +878,9 @@ class Dispatcher(metaclass=NoPublicConstructor):
         ``learn_budgets``). Synchronous, never blocks, and never raises for
         what ``info`` says. Subscribers to ``events()`` get each as a
         ``RateLimitsReceived``; the budgets ignore them with
-        ``learn_budgets=False`` and when the limits are shared through
-        Redis (budgets are not shared yet). Ignored once the dispatcher has
-        closed.
+        ``learn_budgets=False``. With ``redis_url``, the fleet's budgets in
+        Redis learn them, with the scheduler's next exchange. Ignored once
+        the dispatcher has closed.
 
         Raises:
             TypeError: ``provider`` is not a string or ``info`` not a
@@ -894,9 +893,14 @@ class Dispatcher(metaclass=NoPublicConstructor):
             return
         self._emit_rate_limits(provider, info)
         settings = self._settings
-        if not settings.learn_budgets or settings.redis_url is not None:
+        if not settings.learn_budgets:
             return
         now = trio.current_time()
+        if self._ledger is not None:
+            # The fleet's budgets, in Redis: the next round takes them there.
+            with contextlib.suppress(trio.ClosedResourceError):
+                self._scheduler(provider).send(ObserveRateLimits(now, info))
+            return
         actor = self._actors.get(provider)
         if actor is None:
             # No scheduler runs, so none holds the policy: update it here.
@@ -1110,13 +1114,15 @@ class Dispatcher(metaclass=NoPublicConstructor):
     def _shared_statistics(self, provider: str, book: SharedBook) -> ProviderStatistics:
         actor = self._actors.get(provider)
         if actor is None:
+            from ._shared_scheduler import SharedView  # noqa: PLC0415  # coredis only when asked for
+
             # Stopped when idle and unlimited: nothing held or waiting here.
-            up, in_flight, waiting, paused_until = True, 0, 0, None
+            view = SharedView()
         else:
             assert not isinstance(actor, SchedulerActor)
             view = actor.view
-            up, in_flight, waiting = view.up, view.in_flight, view.waiting
-            paused_until = view.paused_until
+        up, in_flight, waiting = view.up, view.in_flight, view.waiting
+        paused_until = view.paused_until
         return ProviderStatistics(
             provider=provider,
             limit=self._limits.get(provider),
@@ -1134,6 +1140,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
             backend_up=up,
             local_in_flight=book.in_flight,
             local_waiting=book.waiting,
+            adaptive=view.adaptive is not None,
+            budget=view.budget_statistics(trio.current_time()),
         )
 
     def _unknown(self, provider: str) -> None:
@@ -1171,7 +1179,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             )
         return actor
 
-    async def _share(self, limits: Mapping[str, int]) -> None:
+    async def _share(self, limits: Mapping[str, int | AdaptiveLimit]) -> None:
         """Connect to Redis, store ``limits`` where none is, start the schedulers.
 
         Raises:
@@ -1269,7 +1277,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 f"the scheduler of {provider!r} has stopped"
             ) from None
 
-    def _send_shared(self, provider: str, message: SetLimit) -> None:
+    def _send_shared(self, provider: str, message: SetLimit | Adapt) -> None:
         try:
             self._scheduler(provider).send(message)
         except trio.ClosedResourceError:
@@ -1383,8 +1391,6 @@ def open_dispatcher(
         BackendUnavailable: ``redis_url`` cannot be reached (on entering).
         LeaseLost: From a slot of a limited provider (on leaving it), if its
             lease in Redis went ``lease`` seconds without renewal.
-        ValueError: ``budgets`` or an ``AdaptiveLimit`` with ``redis_url``
-            (not shared through Redis yet).
 
     When the block ends, the schedulers stop: every request still waiting,
     wherever its task lives, and every later ``slot`` gets
@@ -1436,14 +1442,6 @@ def open_dispatcher(
     checked_budgets = check_budgets(budgets)
     if not isinstance(learn_budgets, bool):
         raise TypeError(f"learn_budgets must be True or False, got {learn_budgets!r}")
-    if redis_url is not None and (
-        checked_budgets
-        or any(isinstance(limit, AdaptiveLimit) for limit in checked.values())
-    ):
-        raise ValueError(
-            "budgets and adaptive limits are not shared through Redis yet;"
-            " use int limits with redis_url"
-        )
     pause, longest = check_pauses(default_pause, max_pause)
     hold = check_optional_seconds(max_hold, "max_hold", positive=True)
     waiting = check_max_waiting(max_waiting)
@@ -1476,10 +1474,7 @@ async def _run_dispatcher(
                     dispatcher.set_limit(provider, limit)
             else:
                 try:
-                    # Only int limits with Redis: open_dispatcher checked.
-                    await dispatcher._share(
-                        {p: n for p, n in limits.items() if isinstance(n, int)}
-                    )
+                    await dispatcher._share(limits)
                 except BaseException as exc:
                     body_error = exc
                     dispatcher._close()

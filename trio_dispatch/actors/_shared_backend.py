@@ -3,7 +3,8 @@
 ``serve_ledger`` runs in the dispatcher's nursery. It opens the coredis
 client (whose own tasks live inside it, so nothing the dispatcher's body
 raises passes through them), checks that Redis answers, stores the limits
-given to ``open_dispatcher`` where none is stored yet, and reports the
+given to ``open_dispatcher`` where none is stored yet and its budgets
+(which replace the fleet's configured ones), and reports the
 ledger and the stored limits to the dispatcher. Then it listens for
 wake-ups on the namespace's channels and hands each to the provider's
 scheduler, until the dispatcher closes.
@@ -31,6 +32,7 @@ from ._shared_scheduler import BACKEND_ERRORS
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from .._budgets import AdaptiveLimit
     from ._dispatcher import _Settings
 
 _FIRST_RETRY = 0.05
@@ -39,7 +41,7 @@ _LAST_RETRY = 1.0
 
 async def serve_ledger(
     settings: _Settings,
-    limits: Mapping[str, int],
+    limits: Mapping[str, int | AdaptiveLimit],
     wake: Callable[[str | None, str | None], None],
     closing: trio.Event,
     *,
@@ -82,6 +84,8 @@ async def serve_ledger(
                         )
                         for provider, limit in limits.items()
                     }
+                    for provider, budget in settings.budgets.items():
+                        await ledger.set_budget(provider, budget)
                 reported = True
                 task_status.started((ledger, stored))
                 async with trio.open_nursery() as nursery:

@@ -47,13 +47,19 @@ import attrs
 import trio
 from coredis.exceptions import RedisError
 
+from .._budgets import AdaptiveLimit, BudgetStatistics
 from .._exceptions import DispatcherClosed, QueueFull
 from ..messages._scheduling import (
     Acquire,
+    Adapt,
+    Answered,
     Cancel,
     Grant,
+    ObserveRateLimits,
     Pause,
     Release,
+    ReportUsage,
+    Resume,
     SchedulerMessage,
     SetLimit,
     Ticket,
@@ -75,7 +81,8 @@ if TYPE_CHECKING:
     import collections
     from collections.abc import Callable
 
-    from .._ledger import Ledger, StepResult
+    from .._ledger import Ledger, LedgerBudget, StepResult
+    from .._ratelimits import RateLimitInfo
     from .._shared_book import Plan, SharedBook
     from ..messages._scheduling import Reply
 
@@ -117,12 +124,55 @@ class _Leased(Protocol):
 @final
 @attrs.frozen
 class SharedView:
-    """What the last round saw of the whole fleet, for ``statistics()``."""
+    """What the last round saw of the whole fleet, for ``statistics()``.
+
+    ``budget_ready_at`` is when the head of the fleet's queue will fit its
+    budgets (trio clock), if they hold it back.
+    """
 
     in_flight: int = 0
     waiting: int = 0
     paused_until: float | None = None
     up: bool = True
+    adaptive: AdaptiveLimit | None = None
+    budget: LedgerBudget | None = None
+    budget_at: float = 0.0
+    budget_ready_at: float | None = None
+
+    def budget_statistics(self, now: float) -> BudgetStatistics | None:
+        """The fleet's budgets at ``now``, as the last round saw them."""
+        budget = self.budget
+        if budget is None:
+            return None
+        seconds = max(0.0, now - self.budget_at)
+        return BudgetStatistics(
+            requests_per_minute=budget.requests_per_minute,
+            tokens_per_minute=budget.tokens_per_minute,
+            requests_available=_refilled(
+                budget.requests_available, budget.requests_per_minute, seconds
+            ),
+            tokens_available=_refilled(
+                budget.tokens_available, budget.tokens_per_minute, seconds
+            ),
+            learned=budget.learned,
+            waiting_for_budget=self.budget_ready_at is not None,
+        )
+
+
+def _refilled(
+    level: float | None, per_minute: float | None, seconds: float
+) -> float | None:
+    """A bucket's level ``seconds`` later: refilled, up to a minute's worth.
+
+    The capacity of a learned bucket may exceed its rate's minute (a window
+    longer than a minute); the level shown then stops at that minute's worth,
+    a lower bound of what the ledger holds.
+    """
+    if level is None or per_minute is None:
+        return level
+    if level >= per_minute:
+        return level
+    return min(per_minute, level + per_minute / 60.0 * seconds)
 
 
 @final
@@ -151,6 +201,7 @@ class SharedSchedulerActor:
         "_limit_writes",
         "_max_pause",
         "_next_renew",
+        "_observed",
         "_on_limit",
         "_pauses",
         "_replies",
@@ -189,7 +240,9 @@ class SharedSchedulerActor:
         self._holding: dict[Ticket, _Leased] = {}
         # The book's: lease ids stay unique when a new actor takes over.
         self._seq = book.seq
-        self._limit_writes: list[int | None] = []
+        self._limit_writes: list[int | AdaptiveLimit | None] = []
+        # The latest rate-limit figures not yet sent to the ledger.
+        self._observed: RateLimitInfo | None = None
         self._pauses: list[float | None] = []
         self._resume = False
         self._dirty = True
@@ -282,8 +335,11 @@ class SharedSchedulerActor:
                 if inbox.closed:
                     return False
                 now = trio.current_time()
-                self._take(inbox.take_all(), now)
+                urgent = self._take(inbox.take_all(), now)
                 if now < self._retry_at:
+                    continue
+                if not (urgent or self._dirty) and now < self._deadline():
+                    # Only news that can wait for the next round.
                     continue
                 self._dirty = False
                 await self._round(now)
@@ -302,6 +358,7 @@ class SharedSchedulerActor:
             and not self._limit_writes
             and not self._pauses
             and not self._resume
+            and self._observed is None
         )
 
     def _deadline(self) -> float:
@@ -313,18 +370,29 @@ class SharedSchedulerActor:
             # The safety net for a lost wake-up, and the end of a pause.
             poll = min(1.0, self._ledger.lease / 3)
             deadline = min(deadline, self._last_round + poll)
-            paused_until = self._view.paused_until
-            if paused_until is not None:
-                deadline = min(deadline, paused_until)
+            view = self._view
+            if view.paused_until is not None:
+                deadline = min(deadline, view.paused_until)
+            if view.budget_ready_at is not None:
+                deadline = min(deadline, view.budget_ready_at)
         return deadline
 
     def _take(
         self, messages: collections.deque[SchedulerMessage | _Wake], now: float
-    ) -> None:
+    ) -> bool:
+        """Take ``messages`` into the book; whether a round should run now.
+
+        Only an answer's start (``Answered``) can wait for the next round.
+        """
         book = self.book
         if not self._hub.sinks:
             self._seen.clear()
+        urgent = False
         for message in messages:
+            if isinstance(message, Answered):
+                book.answered(message.ticket)
+                continue
+            urgent = True
             if isinstance(message, Release):
                 self._holding.pop(message.ticket, None)
                 before = book.in_flight, book.waiting
@@ -343,16 +411,32 @@ class SharedSchedulerActor:
                 self._holding.pop(message.ticket, None)
                 book.cancel(message.ticket)
                 self._emit_left(message.ticket, before, now)
-            elif isinstance(message, SetLimit):
-                self._emit_limit(self.limit, message.limit, now)
-                self.limit = message.limit
-                self._limit_writes.append(message.limit)
-            elif isinstance(message, Pause):
-                self._pauses.append(message.retry_after)
-            elif isinstance(message, _Wake):
-                continue
-            else:
-                self._resume = True
+            elif not isinstance(message, _Wake):
+                self._take_setting(message, now)
+        return urgent
+
+    def _take_setting(
+        self,
+        message: SetLimit | Adapt | Pause | Resume | ReportUsage | ObserveRateLimits,
+        now: float,
+    ) -> None:
+        """A message about the provider's limits, pauses or budgets."""
+        if isinstance(message, SetLimit):
+            self._emit_limit(self.limit, message.limit, now)
+            self.limit = message.limit
+            self._limit_writes.append(message.limit)
+        elif isinstance(message, Adapt):
+            self._emit_limit(self.limit, message.limit.initial, now)
+            self.limit = message.limit.initial
+            self._limit_writes.append(message.limit)
+        elif isinstance(message, Pause):
+            self._pauses.append(message.retry_after)
+        elif isinstance(message, ReportUsage):
+            self.book.report_usage(message.ticket, message.tokens)
+        elif isinstance(message, ObserveRateLimits):
+            self._observed = message.info
+        else:
+            self._resume = True
 
     def _acquire(self, message: Acquire, now: float) -> None:
         ticket = message.ticket
@@ -364,7 +448,7 @@ class SharedSchedulerActor:
         book = self.book
         hub = self._hub
         try:
-            book.acquire(ticket, start, arrival)
+            book.acquire(ticket, start, arrival, message.tokens)
         except (QueueFull, ValueError) as exc:
             if self._replies.get(ticket) is message.reply:
                 self._replies.pop(ticket)
@@ -415,30 +499,51 @@ class SharedSchedulerActor:
                 await self._write()
                 book = self.book
                 plan = book.plan(self.limit, renew=renew)
+                observed, self._observed = self._observed, None
                 result = await self._ledger.step(
                     self.provider,
                     book.node,
                     waiting=book.waiting,
-                    seed=self.limit,
+                    seed=self._seed(),
+                    observed=observed,
+                    spoil=plan.spoil,
+                    usage=plan.usage,
                     release=plan.release,
                     withdraw=plan.withdraw,
                     enqueue=plan.enqueue,
+                    costs=plan.costs,
                     renew_leases=plan.renew_leases,
                     ask=plan.ask,
+                    answered=plan.answered,
                 )
             except BACKEND_ERRORS as exc:
                 if plan is not None:
-                    self.book.failed(plan)
+                    self._failed(plan, observed)
                 self._down(now, exc)
                 return
         if plan is None or result is None:
             if plan is not None:
-                self.book.failed(plan)
+                self._failed(plan, observed)
             self._down(
                 now, TimeoutError(f"no answer within {_ROUND_TIMEOUT:g} seconds")
             )
             return
         self._up(now, renew, plan, result)
+
+    def _seed(self) -> int | AdaptiveLimit | None:
+        """The limit to store if Redis has none (it restarted empty)."""
+        adaptive = self._view.adaptive
+        limit = self.limit
+        if adaptive is None or limit is None:
+            return limit
+        # The adaptive limit goes on from its current value.
+        return attrs.evolve(adaptive, initial=limit)
+
+    def _failed(self, plan: Plan, observed: RateLimitInfo | None) -> None:
+        """A round did not reach the ledger: its changes go with the next."""
+        self.book.failed(plan)
+        if self._observed is None:
+            self._observed = observed
 
     async def _write(self) -> None:
         """Store the limits, pauses and resumes asked for, in order."""
@@ -509,16 +614,44 @@ class SharedSchedulerActor:
             reply._grant(Grant(ticket, now))
         if grants and self._hub.sinks:
             self._emit_grants(grants, now)
+        budget = result.budget
+        ready_in = None if budget is None else budget.ready_in
         self._view = SharedView(
             in_flight=result.in_flight,
             waiting=result.waiting,
             paused_until=paused_until,
             up=True,
+            adaptive=self._adaptive_of(result.adaptive),
+            budget=budget,
+            budget_at=now,
+            budget_ready_at=None if ready_in is None else now + ready_in,
         )
         if book.unsent():
             # Grants or entries for tickets that left while the round was
             # on its way: give them back in another round now.
             self._dirty = True
+
+    def _adaptive_of(
+        self, bounds: tuple[int, int, float] | None
+    ) -> AdaptiveLimit | None:
+        """The stored adaptive limit, at its current value (``self.limit``)."""
+        if bounds is None or self.limit is None:
+            return None
+        low, high, backoff = bounds
+        previous = self._view.adaptive
+        if previous is not None and (
+            previous.initial,
+            previous.minimum,
+            previous.maximum,
+            previous.backoff,
+        ) == (self.limit, low, high, backoff):
+            return previous
+        return AdaptiveLimit(
+            initial=min(high, max(low, self.limit)),
+            minimum=low,
+            maximum=high,
+            backoff=backoff,
+        )
 
     def _emit_left(self, ticket: Ticket, before: tuple[int, int], now: float) -> None:
         """A ticket was released or withdrawn, if the book's counts dropped."""
