@@ -13,16 +13,20 @@ import shutil
 import socket
 import subprocess
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
+import trio
 from coredis.exceptions import ConnectionError as RedisConnectionError
+from hypothesis import HealthCheck, settings
 
-from trio_dispatch._ledger import Ledger, StepResult
+from trio_dispatch._ledger import Ledger, StepResult, keys_of, member_of
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
+
+    import coredis
 
     from trio_dispatch import Dispatcher
 
@@ -155,3 +159,107 @@ class Faults:
 def node_of(dispatcher: Dispatcher, provider: str = "p") -> str:
     """The node name of a dispatcher's share of ``provider``."""
     return dispatcher._books[provider].node
+
+
+def _lost(*_args: Any, **_kwargs: Any) -> NoReturn:  # noqa: ANN401  # any call
+    raise RedisConnectionError("the process is gone")
+
+
+def crash(dispatcher: Dispatcher) -> None:
+    """Cut ``dispatcher`` off from Redis for good, as if its process died."""
+    ledger = dispatcher._ledger
+    assert ledger is not None
+    for name in ("_step", "_set_limit", "_set_budget", "_pause", "_resume"):
+        setattr(ledger, name, _lost)
+
+
+async def wait_until_drained(
+    client: coredis.Redis[str], namespace: str, lease: float, *, crashed: bool
+) -> None:
+    """Wait until the ledger of provider ``p`` holds nothing at all.
+
+    Live processes give everything back at once (well within half a
+    lease); what crashed ones held or queued expires after a lease. A step
+    prunes what has expired and reports what is left; then every key of
+    per-lease and per-entry bookkeeping must be empty too.
+    """
+    probe = Ledger(client, namespace, lease)
+    with trio.fail_after(lease * 2 + 2 if crashed else lease / 2):
+        while True:
+            seen = await probe.step("p", "probe")
+            if seen.in_flight == seen.queued == 0:
+                break
+            await trio.sleep(0.02)
+    keys = keys_of(namespace, "p")
+    leftovers = {
+        name: await client.exists([key])
+        for name, key in zip(
+            ("leases", "queue", "qexp", "grantno", "qcost", "charge", "unans", "inuse"),
+            (*keys[:3], *keys[6:]),
+            strict=True,
+        )
+    }
+    assert leftovers == dict.fromkeys(leftovers, 0)
+
+
+class FleetRequest:
+    """One request of a random interleaving over a fleet of dispatchers.
+
+    ``tokens`` is its estimate, ``used`` the usage it reports at the end.
+    """
+
+    def __init__(self, node: int, tokens: int = 0, used: int = 0) -> None:
+        self.node = node
+        self.tokens = tokens
+        self.used = used
+        self.scope = trio.CancelScope()
+        self.release = trio.Event()
+        self.state = "waiting"
+
+
+async def end_all(
+    requests: list[FleetRequest], *, lease: float, cancel_waiting: bool = False
+) -> None:
+    """Let every holder go as soon as granted, until every request has ended.
+
+    With ``cancel_waiting``, the waiters still waiting after half a second
+    (held back by a budget for longer than an example lasts) are cancelled.
+    """
+    await trio.sleep(0.1)
+    with trio.fail_after(lease * 3 + 5):
+        if cancel_waiting:
+            for _ in range(50):
+                for request in requests:
+                    if request.state == "holding":
+                        request.release.set()
+                await trio.sleep(0.01)
+            for request in requests:
+                if request.state == "waiting":
+                    request.scope.cancel()
+        while any(r.state in {"waiting", "holding"} for r in requests):
+            for request in requests:
+                if request.state == "holding":
+                    request.release.set()
+            await trio.sleep(0.01)
+
+
+_arrivals = iter(range(1_000_000, 9_000_000))
+
+
+def next_member(lease_id: str) -> str:
+    """A queue member for ``lease_id``, arriving after every earlier one."""
+    return member_of(next(_arrivals), lease_id)
+
+
+def fleet_examples(count: int) -> settings:
+    """Hypothesis settings for examples that open a fleet on a real Redis.
+
+    Time is real there, so examples are few, and none has a deadline; the
+    module-scoped server is shared by every example (each on a namespace of
+    its own).
+    """
+    return settings(
+        max_examples=count,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture],
+    )

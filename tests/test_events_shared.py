@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import pytest
 import trio
 
 from trio_dispatch import open_dispatcher
@@ -18,24 +17,15 @@ from trio_dispatch.events import (
 )
 
 from ._events import record
-from ._redis import needs_redis, running_redis
+from ._redis import needs_redis
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-    from pathlib import Path
-
     from trio_dispatch import Dispatcher
     from trio_dispatch.events import DispatchEvent
 
     from ._redis import RedisServer
 
 pytestmark = needs_redis
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    with running_redis(tmp_path) as server:
-        yield server
 
 
 async def until(events: list[DispatchEvent], count: int) -> None:

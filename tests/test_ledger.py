@@ -4,43 +4,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import coredis
-import pytest
 import trio
 
 from trio_dispatch._ledger import Ledger, keys_of, lease_of, member_of
 
-from ._redis import RedisServer, needs_redis, running_redis
+from ._redis import RedisServer, needs_redis, next_member
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterator
-    from pathlib import Path
+    import coredis
 
 pytestmark = needs_redis
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    with running_redis(tmp_path) as server:
-        yield server
-
-
-@pytest.fixture
-async def client(server: RedisServer) -> AsyncIterator[coredis.Redis[str]]:
-    async with coredis.Redis.from_url(server.url, decode_responses=True) as client:
-        yield client
 
 
 def ledger(client: coredis.Redis[str], lease: float = 10.0) -> Ledger:
     return Ledger(client, "ns", lease)
 
 
-arrivals = iter(range(1_000_000, 2_000_000))
-
-
-def m(lease_id: str) -> str:
-    """A member for ``lease_id``, arriving after every earlier one."""
-    return member_of(next(arrivals), lease_id)
+m = next_member
 
 
 async def test_a_step_grants_the_head_of_the_queue_within_the_limit(

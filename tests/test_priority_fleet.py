@@ -10,21 +10,12 @@ import trio
 
 from trio_dispatch import open_dispatcher
 
-from ._redis import RedisServer, needs_redis, running_redis
+from ._redis import RedisServer, needs_redis
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-    from pathlib import Path
-
     from trio_dispatch import Dispatcher
 
 pytestmark = needs_redis
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    with running_redis(tmp_path) as server:
-        yield server
 
 
 async def _until_waiting(fleet: list[Dispatcher], count: int) -> None:

@@ -31,24 +31,16 @@ from ._redis import (
     RedisServer,
     coredis_leaks,
     needs_redis,
-    running_redis,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
-    from pathlib import Path
+    from collections.abc import Callable
 
     from trio_dispatch import Dispatcher
 
 pytestmark = needs_redis
 
 LEASE = 1.5
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    with running_redis(tmp_path) as server:
-        yield server
 
 
 async def open_fleet(

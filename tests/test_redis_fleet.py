@@ -29,11 +29,10 @@ from trio_dispatch.testing import (
     open_fake_llm_server,
 )
 
-from ._redis import RedisServer, coredis_leaks, needs_redis, running_redis
+from ._redis import RedisServer, coredis_leaks, needs_redis
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterator
-    from pathlib import Path
+    from collections.abc import AsyncIterator, Callable
 
     from trio_dispatch import Dispatcher
     from trio_dispatch.testing import FakeLLMServer, FakeRequest
@@ -42,12 +41,6 @@ pytestmark = needs_redis
 
 ROOT = pathlib.Path(__file__).parent.parent
 LEASE = 1.5
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    with running_redis(tmp_path) as server:
-        yield server
 
 
 class Worker:

@@ -19,23 +19,16 @@ import trio
 
 from trio_dispatch import DispatchError, LeaseLost, SlotHoldTimeout, open_dispatcher
 
-from ._redis import Faults, RedisServer, needs_redis, node_of, running_redis
+from ._redis import Faults, RedisServer, needs_redis, node_of
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
-    from pathlib import Path
+    from collections.abc import Callable
 
     from trio_dispatch import Dispatcher
 
 pytestmark = needs_redis
 
 LEASE = 1.5
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    with running_redis(tmp_path) as server:
-        yield server
 
 
 @pytest.fixture

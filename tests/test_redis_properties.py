@@ -16,23 +16,27 @@ from __future__ import annotations
 
 import uuid
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING
 
 import coredis
-import pytest
 import trio
-from coredis.exceptions import ConnectionError as RedisConnectionError
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from trio_dispatch import open_dispatcher
-from trio_dispatch._ledger import Ledger
 
-from ._redis import RedisServer, coredis_leaks, needs_redis, running_redis
+from ._redis import (
+    FleetRequest,
+    RedisServer,
+    coredis_leaks,
+    crash,
+    end_all,
+    fleet_examples,
+    needs_redis,
+    wait_until_drained,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     from trio_dispatch import Dispatcher
 
 pytestmark = needs_redis
@@ -56,38 +60,14 @@ operations = st.lists(
 )
 
 
-@pytest.fixture(scope="module")
-def shared_server(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[RedisServer]:
-    with running_redis(tmp_path_factory.mktemp("redis")) as server:
-        yield server
-
-
-def _lost(*_args: Any, **_kwargs: Any) -> NoReturn:  # noqa: ANN401  # any call
-    raise RedisConnectionError("the process is gone")
-
-
-class Request:
-    def __init__(self, node: int) -> None:
-        self.node = node
-        self.scope = trio.CancelScope()
-        self.release = trio.Event()
-        self.state = "waiting"
-
-
 @coredis_leaks
-@settings(
-    max_examples=15,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+@fleet_examples(15)
 @given(ops=operations)
 async def test_random_interleavings_keep_the_fleet_invariants(
     shared_server: RedisServer, ops: list[tuple[str, int, int]]
 ) -> None:
     namespace = uuid.uuid4().hex
-    requests: list[Request] = []
+    requests: list[FleetRequest] = []
     crashed: set[int] = set()
     live_peak = 0
 
@@ -96,7 +76,9 @@ async def test_random_interleavings_keep_the_fleet_invariants(
             1 for r in requests if r.state == "holding" and r.node not in crashed
         )
 
-    async def run(dispatcher: Dispatcher, request: Request, started_at: float) -> None:
+    async def run(
+        dispatcher: Dispatcher, request: FleetRequest, started_at: float
+    ) -> None:
         nonlocal live_peak
         with request.scope:
             async with dispatcher.slot("p", started_at=started_at):
@@ -124,7 +106,7 @@ async def test_random_interleavings_keep_the_fleet_invariants(
         async with trio.open_nursery() as nursery:
             for op, a, b in ops:
                 if op == "acquire" and a % NODES not in crashed:
-                    request = Request(a % NODES)
+                    request = FleetRequest(a % NODES)
                     requests.append(request)
                     started_at = trio.current_time() - b * 0.01
                     nursery.start_soon(run, nodes[a % NODES], request, started_at)
@@ -135,36 +117,19 @@ async def test_random_interleavings_keep_the_fleet_invariants(
                 elif op == "crash" and not crashed:
                     victim = a % NODES
                     crashed.add(victim)
-                    ledger = nodes[victim]._ledger
-                    assert ledger is not None
-                    for name in ("_step", "_set_limit", "_pause", "_resume"):
-                        setattr(ledger, name, _lost)
+                    crash(nodes[victim])
                     for request in requests:
                         if request.node == victim:
                             request.scope.cancel()
                 elif op == "settle":
                     await trio.sleep(0.05)
                 await trio.sleep(0.005)
-            # Let the last requests reach the ledger, then everyone lets go
-            # as soon as granted: every request must end.
-            await trio.sleep(0.1)
-            with trio.fail_after(LEASE * 3 + 5):
-                while any(r.state in {"waiting", "holding"} for r in requests):
-                    for request in requests:
-                        if request.state == "holding":
-                            request.release.set()
-                    await trio.sleep(0.01)
+            # Every request must end: holders let go as soon as granted.
+            await end_all(requests, lease=LEASE)
         assert live_peak <= LIMIT
-        # Nothing leaks: live nodes give everything back at once (well
-        # within a lease), and what crashed nodes held or queued expires.
-        # A step prunes what has expired, and reports what is left.
-        probe = Ledger(client, namespace, LEASE)
-        with trio.fail_after(LEASE * 2 + 2 if crashed else LEASE / 2):
-            while True:
-                seen = await probe.step("p", "probe")
-                if seen.in_flight == seen.queued == 0:
-                    break
-                await trio.sleep(0.02)
+        # Nothing leaks: live nodes give everything back at once, and what
+        # crashed nodes held or queued expires.
+        await wait_until_drained(client, namespace, LEASE, crashed=bool(crashed))
         for n, node in enumerate(nodes):
             if n not in crashed:
                 stats = node.statistics().providers["p"]

@@ -14,16 +14,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import httpx2
-import pytest
 import trio
 
 from trio_dispatch import open_dispatcher
 
-from ._redis import RedisServer, needs_redis, running_redis
+from ._redis import RedisServer, needs_redis
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterator
-    from pathlib import Path
+    from collections.abc import AsyncIterator
 
     from trio_dispatch import Dispatcher
 
@@ -32,12 +30,6 @@ pytestmark = needs_redis
 URL = "https://llm.test/v1/chat/completions"
 LEASE = 1.5
 CHUNKS = [b"data: one\n\n", b"data: two\n\n", b"data: [DONE]\n\n"]
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    with running_redis(tmp_path) as server:
-        yield server
 
 
 class Body(httpx2.AsyncByteStream):

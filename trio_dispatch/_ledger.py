@@ -179,7 +179,11 @@ local limit = c[1]
 local pause_until = tonumber(c[2] or '0')
 local streak = tonumber(c[3] or '0')
 local at_report = tonumber(c[4] or '0')
-if not limit and seed ~= '' then limit = store_limit(seed) end
+if not limit and seed ~= '' then
+  limit = store_limit(seed)
+  local a = redis.call('HMGET', conf, 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow')
+  for j = 1, 5 do c[4 + j] = a[j] end
+end
 -- The adaptive limit, if the stored limit is one.
 local adaptive = nil
 if limit and c[5] then

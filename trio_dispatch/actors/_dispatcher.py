@@ -1330,7 +1330,9 @@ def open_dispatcher(
             by the usage the answer reports. Grants stay oldest first: a
             request waiting for its tokens holds back the younger ones
             behind it, however small. Budgets apply to unlimited providers
-            too.
+            too. With ``redis_url``, the budgets live in Redis for the
+            whole fleet, and a process's ``Budget`` replaces the fleet's
+            configured one of its kinds when it opens.
         learn_budgets: Pace every provider by the rate-limit figures its
             answers report (``Dispatcher.observe_rate_limits``), so that a
             fleet that configured no budget stays below the provider's
@@ -1358,8 +1360,8 @@ def open_dispatcher(
             ``"trio_dispatch"`` logger, naming the limited providers, and
             ``"error"`` refuses it at once with ``ValueError`` at
             ``dispatcher.slot()`` (and ``start_conversation``).
-        redis_url: Share the limits, the oldest-first order and the pauses
-            with every process that uses the same Redis and ``namespace``
+        redis_url: Share the limits (adaptive ones too), the budgets, the
+            oldest-first order and the pauses with every process that uses the same Redis and ``namespace``
             (``redis://[[user]:password@]host[:port][/db]``, ``rediss://``
             for TLS, or ``unix://path``); needs the ``redis`` extra. A limit
             in ``limits`` is stored only if the fleet has none stored for

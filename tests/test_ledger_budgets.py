@@ -1,0 +1,346 @@
+"""The ledger's budgets and adaptive limit, fleet-wide, against a real redis-server.
+
+Each test drives the Lua scripts directly, as several processes (nodes)
+would, and reads what the step answers and what Redis holds. Redis keeps
+its own clock: the budgets here refill slowly enough (a few tokens or
+requests per minute) that the milliseconds a test takes change nothing
+asserted, and every wait asserted is bounded on both sides.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+import trio
+
+from trio_dispatch import AdaptiveLimit, Budget
+from trio_dispatch._ledger import Ledger, keys_of, lease_of
+from trio_dispatch._ratelimits import Quota, RateLimitInfo
+
+from ._redis import needs_redis, next_member
+
+if TYPE_CHECKING:
+    import coredis
+
+pytestmark = needs_redis
+
+
+@pytest.fixture
+def ledger(client: coredis.Redis[str]) -> Ledger:
+    return Ledger(client, "ns", 10.0)
+
+
+m = next_member
+
+
+async def conf(client: coredis.Redis[str]) -> dict[str, str]:
+    return dict(await client.hgetall(keys_of("ns", "p")[3]))
+
+
+async def test_a_request_budget_grants_its_capacity_then_says_when_the_next_fits(
+    ledger: Ledger,
+) -> None:
+    # 3 a minute: a request every 20 s once the bucket is empty.
+    await ledger.set_budget("p", Budget(requests_per_minute=3))
+    members = [m(f"a:{n}") for n in range(5)]
+    result = await ledger.step(
+        "p", "a", enqueue=[(x, float(n)) for n, x in enumerate(members)]
+    )
+    assert result.granted == members[:3]
+    budget = result.budget
+    assert budget is not None
+    assert budget.requests_per_minute == pytest.approx(3)
+    assert budget.tokens_per_minute is None
+    assert budget.requests_available is not None
+    assert 0 <= budget.requests_available < 0.01
+    assert budget.ready_in is not None
+    assert 19.5 < budget.ready_in <= 20.0
+    assert budget.learned is False
+    # Asking again a moment later changes nothing but the wait.
+    again = await ledger.step("p", "a", ask=members[3:])
+    assert again.granted == []
+    assert again.budget is not None
+    assert again.budget.ready_in is not None
+    assert again.budget.ready_in <= budget.ready_in
+
+
+async def test_nobody_passes_a_head_the_token_budget_cannot_hold_yet(
+    ledger: Ledger,
+) -> None:
+    # 1,000 tokens a minute: about 16.7 a second.
+    await ledger.set_budget("p", Budget(tokens_per_minute=1000))
+    b1 = m("b:1")
+    first = await ledger.step("p", "b", enqueue=[(b1, 0.0)], costs={b1: 600})
+    assert first.granted == [b1]
+    # a's request is older than b's next one, and does not fit yet.
+    a1, b2 = m("a:1"), m("b:2")
+    blocked = await ledger.step("p", "a", enqueue=[(a1, 1.0)], costs={a1: 500})
+    assert blocked.granted == []
+    assert blocked.budget is not None
+    assert blocked.budget.ready_in is not None
+    assert 5.5 < blocked.budget.ready_in <= 6.0  # 100 tokens at 1000/60 a second
+    small = await ledger.step("p", "b", enqueue=[(b2, 2.0)], costs={b2: 100})
+    assert small.granted == []  # it would fit, but a's head comes first
+    # b's first request used far less than charged: the tokens come back,
+    # and a's head fits.
+    await ledger.step("p", "b", usage=[("b:1", 100)], waiting=1)
+    granted = await ledger.step("p", "a", ask=[a1])
+    assert granted.granted == [a1]
+    then = await ledger.step("p", "b", ask=[b2])
+    assert then.granted == [b2]
+    assert then.budget is not None
+    assert then.budget.tokens_available is not None
+    # 1000 - 100 (b:1, corrected) - 500 - 100, plus a little refill.
+    assert 300 <= then.budget.tokens_available < 310
+
+
+async def test_another_process_entry_ahead_keeps_its_cost_until_it_asks(
+    ledger: Ledger,
+) -> None:
+    await ledger.set_limit("p", 5)
+    await ledger.set_budget("p", Budget(tokens_per_minute=1000))
+    # b's entry is older and fits; b has not asked since it was queued
+    # (its first step was paused out of grants).
+    await ledger.pause("p", 0.3, default_pause=1.0, max_pause=60.0)
+    b1 = m("b:1")
+    paused = await ledger.step("p", "b", enqueue=[(b1, 0.0)], costs={b1: 700})
+    assert paused.granted == []
+    await ledger.resume("p")
+    a1 = m("a:1")
+    # 1000 - 700 reserved for b: a's 400 must wait, though the bucket holds it.
+    result = await ledger.step("p", "a", enqueue=[(a1, 1.0)], costs={a1: 400})
+    assert result.granted == []
+    assert result.budget is not None
+    assert result.budget.tokens_available == pytest.approx(1000, abs=1)
+    assert (await ledger.step("p", "b", ask=[b1])).granted == [b1]
+
+
+async def test_usage_reports_are_idempotent_and_need_a_held_lease(
+    client: coredis.Redis[str], ledger: Ledger
+) -> None:
+    await ledger.set_budget("p", Budget(tokens_per_minute=600))
+    a1 = m("a:1")
+    assert (
+        await ledger.step("p", "a", enqueue=[(a1, 0.0)], costs={a1: 500})
+    ).granted == [a1]
+    once = await ledger.step("p", "a", usage=[("a:1", 800)])
+    twice = await ledger.step("p", "a", usage=[("a:1", 800)])
+    assert once.budget is not None
+    assert twice.budget is not None
+    assert once.budget.tokens_available is not None
+    assert twice.budget.tokens_available is not None
+    # 600 - 800 (a debt), refilling 10 a second: sent twice, charged once.
+    assert -200 <= once.budget.tokens_available < -195
+    assert twice.budget.tokens_available - once.budget.tokens_available < 1
+    # Given back in the same step as its report: the report still counts,
+    # and the lease leaves nothing behind.
+    a2 = m("a:2")
+    await ledger.step("p", "a", enqueue=[(a2, 1.0)], costs={a2: 5})
+    assert await client.hget(keys_of("ns", "p")[8], "a:1") == "800"
+    await ledger.step("p", "a", usage=[("a:1", 0)], release=["a:1"])
+    assert await client.hget(keys_of("ns", "p")[8], "a:1") is None
+    late = await ledger.step("p", "a", usage=[("a:1", 0)])
+    assert late.budget is not None
+    assert late.budget.tokens_available is not None
+    # 800 came back once (the report at release), not twice.
+    assert 595 <= late.budget.tokens_available <= 600
+
+
+async def test_learned_figures_lower_the_level_less_what_the_server_has_not_seen(
+    ledger: Ledger,
+) -> None:
+    info = RateLimitInfo(requests=Quota(limit=100, remaining=3, reset=60.0))
+    first = await ledger.step("p", "a", observed=info)
+    assert first.budget is not None
+    assert first.budget.learned is True
+    assert first.budget.requests_available == pytest.approx(3, abs=0.01)
+    # (100 - 3) / 60 s refill: slower than 100 a minute, so learned so.
+    assert first.budget.requests_per_minute == pytest.approx(97)
+    a1, a2, a3 = m("a:1"), m("a:2"), m("a:3")
+    two = await ledger.step("p", "a", enqueue=[(a1, 0.0), (a2, 1.0)])
+    assert two.granted == [a1, a2]
+    # The same figures again: the two requests granted have no answer yet,
+    # so the server may not have counted them: 3 - 2 left.
+    again = await ledger.step("p", "a", observed=info, enqueue=[(a3, 2.0)])
+    assert again.granted == [a3]
+    b1 = m("b:1")
+    out = await ledger.step("p", "b", enqueue=[(b1, 3.0)])
+    assert out.granted == []
+    assert out.budget is not None
+    assert out.budget.ready_in is not None
+    # Once answered, they count as seen: the same figures lower nothing more.
+    answered = await ledger.step("p", "a", answered=["a:1", "a:2", "a:3"])
+    assert answered.budget is not None
+    level = answered.budget.requests_available
+    assert level is not None
+    seen = await ledger.step("p", "a", observed=info)
+    assert seen.budget is not None
+    assert seen.budget.requests_available == pytest.approx(level, abs=0.05)
+
+
+async def test_malformed_figures_teach_nothing(ledger: Ledger) -> None:
+    for quota in (
+        Quota(limit=0, remaining=0),
+        Quota(limit=10**18, remaining=10**18),
+        Quota(),
+    ):
+        result = await ledger.step(
+            "p", "a", observed=RateLimitInfo(requests=quota, tokens=quota)
+        )
+        assert result.budget is None
+
+
+async def test_a_configured_budget_keeps_its_rate_and_figures_only_lower_it(
+    client: coredis.Redis[str], ledger: Ledger
+) -> None:
+    await ledger.set_budget("p", Budget(requests_per_minute=50))
+    info = RateLimitInfo(requests=Quota(limit=1000, remaining=10, reset=1.0))
+    result = await ledger.step("p", "a", observed=info)
+    assert result.budget is not None
+    assert result.budget.requests_per_minute == pytest.approx(50)
+    assert result.budget.requests_available == pytest.approx(10, abs=0.01)
+    # A process opening with no configured request budget turns it into a
+    # learned one, which the next figures rebuild.
+    await ledger.set_budget("p", Budget())
+    assert "r_cap" not in await conf(client)
+    relearned = await ledger.step("p", "a", observed=info)
+    assert relearned.budget is not None
+    assert relearned.budget.requests_per_minute == pytest.approx(1000)
+
+
+async def test_a_new_configured_budget_keeps_the_level_below_its_capacity(
+    ledger: Ledger,
+) -> None:
+    await ledger.set_budget("p", Budget(tokens_per_minute=10_000))
+    a1 = m("a:1")
+    await ledger.step("p", "a", enqueue=[(a1, 0.0)], costs={a1: 9_000})
+    await ledger.set_budget("p", Budget(tokens_per_minute=5_000))
+    result = await ledger.step("p", "a")
+    assert result.budget is not None
+    assert result.budget.tokens_per_minute == pytest.approx(5_000)
+    assert result.budget.tokens_available is not None
+    assert 1_000 <= result.budget.tokens_available < 1_010
+    await ledger.set_budget("p", Budget(tokens_per_minute=500))
+    lower = await ledger.step("p", "a")
+    assert lower.budget is not None
+    assert lower.budget.tokens_available == pytest.approx(500)
+
+
+async def test_unlimited_providers_grant_in_order_within_their_budget(
+    ledger: Ledger,
+) -> None:
+    await ledger.set_limit("p", None)
+    await ledger.set_budget("p", Budget(requests_per_minute=2))
+    a = [m(f"a:{n}") for n in range(3)]
+    result = await ledger.step(
+        "p", "a", enqueue=[(a[2], 0.0), (a[0], 1.0), (a[1], 2.0)]
+    )
+    assert result.granted == [a[2], a[0]]
+    assert result.limit is None
+
+
+async def test_an_adaptive_limit_grows_on_successes_in_use_and_shrinks_per_round(
+    client: coredis.Redis[str], ledger: Ledger
+) -> None:
+    spec = AdaptiveLimit(initial=4, minimum=2, maximum=6, backoff=0.5)
+    assert await ledger.set_limit("p", spec) == 4
+    members = [m(f"a:{n}") for n in range(4)]
+    result = await ledger.step(
+        "p", "a", enqueue=[(x, float(n)) for n, x in enumerate(members)]
+    )
+    assert result.granted == members
+    assert result.adaptive == (2, 6, 0.5)
+    # Granted with at least half of the limit in use: the 2nd, 3rd, 4th.
+    in_use = set(await client.smembers(keys_of("ns", "p")[10]))
+    assert in_use == {"a:1", "a:2", "a:3"}
+    # A success of the first (not in use) moves nothing; of the second,
+    # one up (slow start); a cancelled holder's end is no success.
+    assert (await ledger.step("p", "a", release=["a:0"])).limit == 4
+    assert (await ledger.step("p", "a", release=["a:1"])).limit == 5
+    assert (await ledger.step("p", "a", spoil=["a:2"], release=["a:2"])).limit == 5
+    # A rate limit: the limit halves, and the slot held across it is no
+    # success when it ends.
+    await ledger.pause("p", 0.0, default_pause=1.0, max_pause=60.0)
+    assert (await ledger.step("p", "a")).limit == 2
+    # A second report with no grant since shares the round.
+    await ledger.pause("p", 0.0, default_pause=1.0, max_pause=60.0)
+    assert (await ledger.step("p", "a", release=["a:3"])).limit == 2
+    stored = await conf(client)
+    assert stored["a_slow"] == "0"
+    assert float(stored["a_val"]) == pytest.approx(2.5)  # 5 x 0.5, shown as 2
+    # Past the slow start: 1 / limit per success, about one per round trip
+    # of the whole limit.
+    b = [m(f"b:{n}") for n in range(2)]
+    assert (
+        await ledger.step("p", "b", enqueue=[(b[0], 10.0), (b[1], 11.0)])
+    ).granted == b
+    assert (await ledger.step("p", "b", release=["b:0"])).limit == 3  # 2.5 + 1/2
+    assert (await ledger.step("p", "b", release=["b:1"])).limit == 3  # + 1/3
+    assert float((await conf(client))["a_val"]) == pytest.approx(3 + 1 / 3)
+
+
+async def test_an_adaptive_limit_stays_within_its_bounds(ledger: Ledger) -> None:
+    await ledger.set_limit("p", AdaptiveLimit(initial=2, minimum=2, maximum=3))
+    for _ in range(4):
+        await ledger.pause("p", 0.0, default_pause=1.0, max_pause=60.0)
+        x = m("a:x")
+        await ledger.step("p", "a", enqueue=[(x, 0.0)])
+        await ledger.step("p", "a", release=[lease_of(x)])
+    assert (await ledger.step("p", "a")).limit == 2
+    for n in range(6):
+        x, y = m(f"b:{2 * n}"), m(f"b:{2 * n + 1}")
+        await ledger.step("p", "b", enqueue=[(x, 0.0), (y, 0.0)])
+        await ledger.step("p", "b", release=[lease_of(x), lease_of(y)])
+    assert (await ledger.step("p", "b")).limit == 3
+
+
+async def test_a_fixed_limit_replaces_an_adaptive_one_and_a_seed_restores_it(
+    client: coredis.Redis[str], ledger: Ledger
+) -> None:
+    await ledger.set_limit("p", AdaptiveLimit(initial=3, maximum=5))
+    assert (await ledger.step("p", "a")).adaptive == (1, 5, 0.9)
+    await ledger.set_limit("p", 7)
+    fixed = await ledger.step("p", "a")
+    assert (fixed.limit, fixed.adaptive) == (7, None)
+    assert not {"a_min", "a_max", "a_val"} & set(await conf(client))
+    # Redis restarted empty: a process's seed brings the adaptive limit back.
+    await client.flushall()
+    seeded = await ledger.step(
+        "p", "a", seed=AdaptiveLimit(initial=4, minimum=2, maximum=5)
+    )
+    assert (seeded.limit, seeded.adaptive) == (4, (2, 5, 0.9))
+    # A limit stored wins over a seed.
+    assert (await ledger.step("p", "a", seed=9)).limit == 4
+    assert await ledger.set_limit("p", AdaptiveLimit(initial=2, maximum=3)) == 2
+    kept = await ledger.set_limit("p", 6, overwrite=False)
+    assert kept == 2
+
+
+async def test_expired_leases_and_entries_leave_no_budget_bookkeeping(
+    client: coredis.Redis[str],
+) -> None:
+    short = Ledger(client, "ns", 0.2)
+    await short.set_budget("p", Budget(tokens_per_minute=1000))
+    await short.set_limit("p", AdaptiveLimit(initial=2, maximum=4))
+    a1, a2, a3 = m("a:1"), m("a:2"), m("a:3")
+    result = await short.step(
+        "p",
+        "a",
+        enqueue=[(a1, 0.0), (a2, 1.0), (a3, 2.0)],
+        costs={a1: 10, a2: 10, a3: 10},
+    )
+    assert result.granted == [a1, a2]
+    keys = keys_of("ns", "p")
+    assert await client.hlen(keys[7]) == 1  # a3's cost, queued
+    assert await client.hlen(keys[8]) == 2  # the charges
+    assert await client.scard(keys[9]) == 2  # unanswered
+    assert await client.scard(keys[10]) == 2  # in use
+    # The process vanishes; a later step of another prunes it all.
+    await trio.sleep(0.3)
+    after = await short.step("p", "b")
+    assert (after.in_flight, after.queued) == (0, 0)
+    for key in keys[7:9]:
+        assert await client.hlen(key) == 0
+    for key in keys[9:11]:
+        assert await client.scard(key) == 0
