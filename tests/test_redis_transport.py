@@ -11,14 +11,16 @@ takes its slot without one (``Dispatcher._hold``).
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING
 
 import httpx2
+import pytest
 import trio
 
-from trio_dispatch import open_dispatcher
+from trio_dispatch import LeaseLost, open_dispatcher
 
-from ._redis import RedisServer, needs_redis
+from ._redis import Faults, RedisServer, needs_redis, node_of
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -45,6 +47,11 @@ class Body(httpx2.AsyncByteStream):
 
     async def aclose(self) -> None:
         self.closed = True
+
+
+@pytest.fixture
+def faults(monkeypatch: pytest.MonkeyPatch) -> Faults:
+    return Faults.install(monkeypatch)
 
 
 def held(dispatcher: Dispatcher) -> int:
@@ -101,3 +108,89 @@ async def test_a_stream_closed_after_its_call_returned_gives_its_slot_back(
     assert held_when_sent == [1, 1]
     assert (stats.granted_total, stats.released_total) == (2, 2)
     assert (stats.in_flight, stats.local_in_flight) == (0, 0)
+
+
+class Endless(httpx2.AsyncByteStream):
+    """A streamed body that never ends; notes when it is closed."""
+
+    def __init__(self) -> None:
+        self.closed_at: float | None = None
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while True:
+            await trio.sleep(0.05)
+            yield b"data: more\n\n"
+
+    async def aclose(self) -> None:
+        if self.closed_at is None:
+            self.closed_at = trio.current_time()
+
+
+@pytest.mark.parametrize("reading", [True, False], ids=["reading", "not-reading"])
+async def test_a_call_cut_off_from_redis_for_a_lease_is_closed_before_regranting(
+    server: RedisServer, faults: Faults, *, reading: bool
+) -> None:
+    bodies: list[Endless] = []
+    errors: list[BaseException] = []
+    granted: list[float] = []
+    async with AsyncExitStack() as stack:
+        cut, other = [
+            await stack.enter_async_context(
+                open_dispatcher(
+                    {"openai": 1}, redis_url=server.url, namespace="ns", lease=LEASE
+                )
+            )
+            for _ in range(2)
+        ]
+
+        def handle(request: httpx2.Request) -> httpx2.Response:
+            bodies.append(Endless())
+            return httpx2.Response(200, stream=bodies[-1])
+
+        transport = cut.transport("openai", inner=httpx2.MockTransport(handle))
+        client = await stack.enter_async_context(
+            httpx2.AsyncClient(transport=transport)
+        )
+        response = await client.send(
+            client.build_request("POST", URL, json={"n": 1}), stream=True
+        )
+
+        async def wait() -> None:
+            async with other.slot("openai"):
+                granted.append(trio.current_time())
+
+        async def read() -> None:
+            try:
+                async for _ in response.aiter_raw():
+                    pass
+            except LeaseLost as exc:
+                errors.append(exc)
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(wait)
+                with trio.fail_after(5):
+                    while other.statistics().providers["openai"].waiting != 1:  # noqa: ASYNC110 (the state is in Redis, across a socket)
+                        await trio.sleep(0.005)
+                if reading:
+                    nursery.start_soon(read)
+                faults.down.add(node_of(cut, "openai"))
+                down_at = trio.current_time()
+        if not reading:
+            # Nobody read: the body was closed under the consumer, whose
+            # next read says why.
+            await read()
+        [error] = errors
+        assert str(error) == (
+            f"the lease of a slot of 'openai' went {LEASE:g} seconds without renewal"
+        )
+        [body] = bodies
+        assert body.closed_at is not None
+        # Renewed a third of a lease before the cut at the earliest; closed
+        # before the fleet could grant the slot again.
+        assert body.closed_at - down_at >= LEASE * 2 / 3
+        [granted_at] = granted
+        assert body.closed_at <= granted_at
+        stats = cut.statistics().providers["openai"]
+        assert (stats.local_in_flight, stats.released_total) == (0, 1)
+        await response.aclose()

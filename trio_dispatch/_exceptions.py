@@ -99,8 +99,17 @@ class LeaseLost(DispatchError):
     Its process could not reach Redis for that long (a partition, a loop
     blocked), so the fleet may already have granted the slot again: the
     body of the ``async with`` was cancelled when the time ran out, and the
-    slot went back as the body unwound.
+    slot went back as the body unwound. A call through
+    ``Dispatcher.transport`` has its response body closed instead, and its
+    next read raises this.
     """
+
+
+def lease_lost(provider: str, lease: float) -> LeaseLost:
+    """The ``LeaseLost`` of a slot of ``provider`` whose ``lease`` ran out."""
+    return LeaseLost(
+        f"the lease of a slot of {provider!r} went {lease:g} seconds without renewal"
+    )
 
 
 @final

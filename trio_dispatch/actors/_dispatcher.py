@@ -35,7 +35,7 @@ from .._budgets import (
     check_limit_value,
     estimate_tokens,
 )
-from .._exceptions import DispatcherClosed, LeaseLost, SlotHoldTimeout
+from .._exceptions import DispatcherClosed, SlotHoldTimeout, lease_lost
 from .._groups import leaves
 from .._policy import SlotPolicy
 from .._ratelimits import RateLimitInfo
@@ -81,7 +81,7 @@ from ._observe import (
 from ._scheduler import SchedulerActor
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterable, Mapping
+    from collections.abc import AsyncIterator, Callable, Iterable, Mapping
     from types import TracebackType
 
     import httpx
@@ -223,6 +223,7 @@ class Slot(metaclass=NoPublicConstructor):
         "_hold",
         "_lease_deadline",
         "_max_hold",
+        "_on_lease",
         "_state",
         "_task",
         "conversation_id",
@@ -257,8 +258,10 @@ class Slot(metaclass=NoPublicConstructor):
         self._task: trio.lowlevel.Task | None = None
         self._error: Exception | None = None
         self._hold: trio.CancelScope | None = None
-        # Set by a shared scheduler: when the slot's lease may run out.
+        # Set by a shared scheduler: when the slot's lease may run out; and
+        # who else wants to know (a transport's hold, which has no scope).
         self._lease_deadline: float | None = None
+        self._on_lease: Callable[[float], None] | None = None
         self.ticket: Ticket | None = None
         self.granted_at: float | None = None
 
@@ -366,10 +369,7 @@ class Slot(metaclass=NoPublicConstructor):
                 and lease is not None
                 and lease <= self._max_hold_deadline()
             ):
-                raise LeaseLost(
-                    f"the lease of a slot of {self.provider!r} went"
-                    f" {self._dispatcher._settings.lease:g} seconds without renewal"
-                )
+                raise lease_lost(self.provider, self._dispatcher._settings.lease)
             if hold.cancelled_caught:
                 raise SlotHoldTimeout(
                     f"slot held longer than max_hold={self._max_hold} seconds"
@@ -446,6 +446,9 @@ class Slot(metaclass=NoPublicConstructor):
         # task stays disarmed.
         if hold is not None and self._state is _HOLDING:
             hold.deadline = self._deadline()
+        on_lease = self._on_lease
+        if on_lease is not None:
+            on_lease(deadline)
 
     @trio.lowlevel.enable_ki_protection
     def _fail(self, error: Exception) -> None:

@@ -24,6 +24,13 @@ Either way the body's connection is closed before the slot goes back, so
 the provider never sees more streams than the limit. A later read raises
 ``SlotHoldTimeout``.
 
+With ``redis_url``, the slot's lease is a deadline too: the same scopes
+and timer end at the earlier of the two, and the lease's moves with every
+renewal (the shared scheduler tells the slot, which tells its hold). A
+call whose lease ran out (its process could not reach Redis for a whole
+``lease``) has its body closed before the fleet may grant its slot again,
+and its read raises ``LeaseLost``.
+
 Which requests take a slot: a ``POST`` whose path ends in a model call's
 endpoint (see ``takes_slot``). Everything else an SDK sends (listing
 models, files, batches, token counts) passes straight through.
@@ -64,7 +71,7 @@ from typing import TYPE_CHECKING, Final, final
 import httpx2
 import trio
 
-from .._exceptions import SlotHoldTimeout
+from .._exceptions import LeaseLost, SlotHoldTimeout, lease_lost
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -256,8 +263,11 @@ class Hold:
         "_deadline",
         "_dispatcher",
         "_expired",
+        "_lease",
+        "_max_hold",
         "_reader",
         "_reading",
+        "_scopes",
         "_slot",
         "_timer",
     )
@@ -271,12 +281,29 @@ class Hold:
     ) -> None:
         self._dispatcher = dispatcher
         self._slot = slot
-        self._deadline = deadline
+        self._max_hold = deadline
+        # The lease's deadline, with Redis (set before the grant, moved by
+        # every renewal); the hold ends at the earlier of the two.
+        lease = slot._lease_deadline
+        self._lease = math.inf if lease is None else lease
+        self._deadline = min(deadline, self._lease)
         self._reader = reader
         self._reading = False
         self._expired = False
         self._closing = False
         self._timer: trio.CancelScope | None = None
+        # The scopes cut at the deadline now: a read's, the request's.
+        self._scopes: list[trio.CancelScope] = []
+        slot._on_lease = self._lease_moved
+
+    def _lease_moved(self, lease: float) -> None:
+        """A renewal moved the lease: every scope cut at the deadline follows."""
+        self._lease = lease
+        deadline = self._deadline = min(self._max_hold, lease)
+        for scope in self._scopes:
+            scope.deadline = deadline
+        if self._timer is not None:
+            self._timer.deadline = deadline
 
     @classmethod
     async def take(
@@ -303,14 +330,19 @@ class Hold:
         """Give the slot back now (again: nothing), and stop the timer."""
         if self._timer is not None:
             self._timer.cancel()
-        self._slot._give_back()
+        slot = self._slot
+        slot._on_lease = None
+        slot._give_back()
 
-    def timeout(self) -> SlotHoldTimeout:
-        """The error of this call held past ``max_hold``."""
-        return hold_timeout(self._dispatcher._settings.max_hold)
+    def timeout(self) -> SlotHoldTimeout | LeaseLost:
+        """The error of this call held past its deadline: which one ran out."""
+        settings = self._dispatcher._settings
+        if self._lease <= self._max_hold:
+            return lease_lost(self._slot.provider, settings.lease)
+        return hold_timeout(settings.max_hold)
 
     def timed(self) -> _Timed:
-        """A block cut at the deadline: it then raises ``SlotHoldTimeout``."""
+        """A block cut at the deadline: it then raises ``timeout()``."""
         return _Timed(self)
 
     def answered(self, status: int, headers: Mapping[str, str]) -> None:
@@ -366,7 +398,8 @@ class Hold:
         closed with ``close`` first.
 
         Raises:
-            SlotHoldTimeout: The deadline passed.
+            SlotHoldTimeout: ``max_hold`` passed.
+            LeaseLost: The lease ran out first.
         """
         if self._expired:
             raise self.timeout()
@@ -377,14 +410,17 @@ class Hold:
                 self.give_back()
                 return None
         self._reading = True
+        scope = trio.CancelScope(deadline=self._deadline)
+        self._scopes.append(scope)
         try:
-            with trio.move_on_at(self._deadline):
+            with scope:
                 return await anext(chunks)
         except StopAsyncIteration:
             self.give_back()
             return None
         finally:
             self._reading = False
+            self._scopes.remove(scope)
         self._expired = True
         await close()
         raise self.timeout()
@@ -412,6 +448,7 @@ class _Timed:
 
     def __enter__(self) -> None:
         self._scope.__enter__()
+        self._hold._scopes.append(self._scope)
 
     def __exit__(
         self,
@@ -419,6 +456,7 @@ class _Timed:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
+        self._hold._scopes.remove(self._scope)
         swallowed = self._scope.__exit__(exc_type, exc, tb)
         if self._scope.cancelled_caught:
             raise self._hold.timeout()
