@@ -427,6 +427,29 @@ async def test_resume_ends_the_pause_of_the_fleet(server: RedisServer) -> None:
                 await granted.wait()
 
 
+async def test_a_process_that_never_used_the_provider_resumes_the_fleet(
+    server: RedisServer,
+) -> None:
+    async with AsyncExitStack() as stack:
+        one, two = await open_fleet(stack, server, 2, {"p": 1})
+        bystander = (await open_fleet(stack, server, 1))[0]
+        one.report_rate_limit("p", retry_after=30.0)
+        await until(lambda: one.statistics().providers["p"].paused)
+        async with trio.open_nursery() as nursery:
+            granted = trio.Event()
+
+            async def wait() -> None:
+                async with two.slot("p"):
+                    granted.set()
+
+            nursery.start_soon(wait)
+            await until(lambda: two.statistics().providers["p"].paused)
+            assert "p" not in bystander.statistics().providers
+            bystander.resume("p")
+            with trio.fail_after(LEASE / 3):
+                await granted.wait()
+
+
 async def test_max_waiting_counts_this_process_waiters(server: RedisServer) -> None:
     async with AsyncExitStack() as stack:
         [dispatcher] = await open_fleet(stack, server, 1, {"p": 1}, max_waiting=1)

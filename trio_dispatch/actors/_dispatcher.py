@@ -960,14 +960,17 @@ class Dispatcher(metaclass=NoPublicConstructor):
 
         Waiting requests are granted at once, in ticket order, as slots
         allow. Nothing happens for a provider that is not paused or has
-        never been used.
+        never been used. With ``redis_url``, it ends the pause of the whole
+        fleet, from any process (one that never used the provider too).
 
         Raises:
             DispatcherClosed: The dispatcher has closed.
         """
         check_provider(provider)
         self._check_open()
-        if provider in self._actors:
+        if self._ledger is not None:
+            self._send_shared(provider, Resume())
+        elif provider in self._actors:
             self._send(provider, Resume())
 
     def events(self, *, buffer: int = 1024) -> EventSubscription:
@@ -1280,7 +1283,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 f"the scheduler of {provider!r} has stopped"
             ) from None
 
-    def _send_shared(self, provider: str, message: SetLimit | Adapt) -> None:
+    def _send_shared(self, provider: str, message: SetLimit | Adapt | Resume) -> None:
         try:
             self._scheduler(provider).send(message)
         except trio.ClosedResourceError:
