@@ -69,6 +69,7 @@ from ..messages._scheduling import (
     Ticket,
 )
 from ._conversation import new_conversation
+from ._limited import OPENING
 from ._observe import (
     CallObserver,
     CallWatch,
@@ -898,6 +899,11 @@ class Dispatcher(metaclass=NoPublicConstructor):
         settings = self._settings
         if not settings.learn_budgets:
             return
+        opening = OPENING.get()
+        if opening is not None and opening.provider == provider:
+            # Reported by a wrapped stream as it opens: the figures count
+            # its request, which has its answer now.
+            opening._answered()
         now = trio.current_time()
         if self._ledger is not None:
             # The fleet's budgets, in Redis: the next round takes them there.

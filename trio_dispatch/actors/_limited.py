@@ -17,7 +17,8 @@ it to what the request really used.
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, final
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Final, final
 
 import trio
 
@@ -28,6 +29,7 @@ from ..messages._stream import Usage
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
     from contextlib import AbstractAsyncContextManager
+    from contextvars import Token
 
     from .._provider import Provider
     from ..messages import ChatRequest, StreamEvent
@@ -98,12 +100,21 @@ class _LimitedProvider:
             await trio.lowlevel.checkpoint_if_cancelled()
             # Timed for the metrics, if any observe the calls.
             watch = dispatcher._watch_call(self.provider)
+            # While the stream opens, the figures its headers carry
+            # (``on_rate_limits``) count this request: it is answered.
+            opening: Token[Slot | None] | None = OPENING.set(slot)
             try:
                 async with self.provider.stream(request) as events:
+                    if opening is not None:
+                        OPENING.reset(opening)
+                        opening = None
                     slot._answered()
                     metered = _Metered(events, slot)
                     yield metered if watch is None else watch.events(metered)
             except BaseException as exc:
+                if opening is not None:
+                    OPENING.reset(opening)
+                    opening = None
                 if isinstance(exc, RateLimited | Overloaded):
                     dispatcher.report_rate_limit(self.provider.id, exc.retry_after)
                 if watch is not None:
@@ -111,6 +122,12 @@ class _LimitedProvider:
                 raise
             if watch is not None:
                 watch.end(None)
+
+
+OPENING: Final[ContextVar[Slot | None]] = ContextVar(
+    "trio_dispatch_opening", default=None
+)
+"""The slot whose provider stream the current task is opening, if any."""
 
 
 @final
