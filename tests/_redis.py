@@ -31,14 +31,21 @@ if TYPE_CHECKING:
     from trio_dispatch import Dispatcher
 
 REDIS_SERVER = shutil.which("redis-server")
+# Debian's redis-server depends on redis-tools, which has redis-cli.
+REDIS_CLI = shutil.which("redis-cli")
 
 needs_redis = pytest.mark.skipif(
     REDIS_SERVER is None, reason="redis-server is not installed"
 )
+needs_redis_cli = pytest.mark.skipif(
+    REDIS_SERVER is None or REDIS_CLI is None,
+    reason="redis-server or redis-cli is not installed",
+)
 
 # coredis (6.2 to 6.9 at least) leaves a connection's memory streams
-# unclosed when connecting fails; their ResourceWarning says nothing about
-# this code. Tests that meet a refused connection ignore it, and the
+# unclosed when connecting fails, and a cluster client's layout never
+# closes its error stream; their ResourceWarning says nothing about this
+# code. Tests that meet a refused connection ignore it, and the
 # server's teardown collects the garbage under the test's warning filters,
 # so that the warning cannot surface in a later test.
 coredis_leaks = pytest.mark.filterwarnings(
@@ -54,12 +61,33 @@ def free_port() -> int:
         return port
 
 
-class RedisServer:
-    """One redis-server process that a test may kill and start again."""
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (10,000 above it) is free too."""
+    for _ in range(100):
+        port = free_port()
+        if port + 10_000 > 65_535:
+            port = 10_000 + port % 40_000
+        with contextlib.ExitStack() as probes:
+            try:
+                for candidate in (port, port + 10_000):
+                    sock = probes.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", candidate))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
 
-    def __init__(self, directory: Path) -> None:
+
+class RedisServer:
+    """One redis-server process that a test may kill and start again.
+
+    With ``cluster``, a node of a Redis Cluster (see ``running_cluster``).
+    """
+
+    def __init__(self, directory: Path, *, cluster: bool = False) -> None:
         self.directory = directory
-        self.port = free_port()
+        self.port = _cluster_port() if cluster else free_port()
+        self.cluster = cluster
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -81,6 +109,11 @@ class RedisServer:
                 "no",
                 "--dir",
                 str(self.directory),
+                *(
+                    ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+                    if self.cluster
+                    else []
+                ),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -104,6 +137,53 @@ class RedisServer:
             self.process.kill()
             self.process.wait()
             self.process = None
+
+
+@contextlib.contextmanager
+def running_cluster(directory: Path, nodes: int = 3) -> Iterator[list[RedisServer]]:
+    """A Redis Cluster of ``nodes`` masters, every slot covered, no replicas."""
+    assert REDIS_CLI is not None
+    servers = []
+    try:
+        for n in range(nodes):
+            (directory / str(n)).mkdir()
+            server = RedisServer(directory / str(n), cluster=True)
+            servers.append(server)
+            server.start()
+        subprocess.run(
+            [
+                REDIS_CLI,
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{server.port}" for server in servers),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while not all(_cluster_ok(server.port) for server in servers):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the cluster did not come up")
+            time.sleep(0.05)
+        yield servers
+    finally:
+        for server in servers:
+            server.kill()
+        gc.collect()
+
+
+def _cluster_ok(port: int) -> bool:
+    answer = subprocess.run(
+        [REDIS_CLI or "redis-cli", "-p", str(port), "cluster", "info"],
+        check=False,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return "cluster_state:ok" in answer
 
 
 @contextlib.contextmanager

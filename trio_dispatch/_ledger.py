@@ -78,7 +78,7 @@ round for its own changes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, final
 
 import attrs
 
@@ -90,6 +90,9 @@ if TYPE_CHECKING:
 
     from ._budgets import AdaptiveLimit, Budget
     from ._ratelimits import RateLimitInfo
+
+    Client: TypeAlias = coredis.Redis[str] | coredis.RedisCluster[str]
+    """A client of one Redis server, or of a Redis Cluster."""
 
 # Members of the queue: a 16-digit arrival, a colon, the lease id.
 MEMBER_PREFIX: Final = 17
@@ -742,9 +745,7 @@ class Ledger:
         "users",
     )
 
-    def __init__(
-        self, client: coredis.Redis[str], namespace: str, lease: float
-    ) -> None:
+    def __init__(self, client: Client, namespace: str, lease: float) -> None:
         self._client = client
         self.namespace = namespace
         self.lease = lease

@@ -1375,7 +1375,8 @@ def open_dispatcher(
         redis_url: Share the limits (adaptive ones too), the budgets, the
             oldest-first order and the pauses with every process that uses the same Redis and ``namespace``
             (``redis://[[user]:password@]host[:port][/db]``, ``rediss://``
-            for TLS, or ``unix://path``); needs the ``redis`` extra. A limit
+            for TLS, or ``unix://path``; a single server or any node of a
+            Redis Cluster); needs the ``redis`` extra. A limit
             in ``limits`` is stored only if the fleet has none stored for
             that provider: a stored limit, written by ``set_limit`` or
             ``remove_limit`` in any process, wins, and survives restarts.

@@ -9,6 +9,12 @@ ledger and the stored limits to the dispatcher. Then it listens for
 wake-ups on the namespace's channels and hands each to the provider's
 scheduler, until the dispatcher closes.
 
+``redis_url`` may name a single server or any node of a Redis Cluster:
+the first connection asks (``INFO cluster``), and a cluster gets coredis's
+cluster client. Every exchange touches one provider's keys, which share a
+hash tag, so one slot; wake-ups use classic pub/sub, which a cluster
+delivers to subscribers on every node.
+
 A pub/sub connection to a Redis that died may stay silent rather than fail,
 so the schedulers tell the listener when they lose the ledger (``lost``),
 and it subscribes again; on each new subscription every scheduler runs a
@@ -17,7 +23,8 @@ round, for what it may have missed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import warnings
+from typing import TYPE_CHECKING, Any
 
 import coredis
 import trio
@@ -33,6 +40,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from .._budgets import AdaptiveLimit
+    from .._ledger import Client
     from ._dispatcher import _Settings
 
 _FIRST_RETRY = 0.05
@@ -64,16 +72,11 @@ async def serve_ledger(
     # A call may take a third of the lease at most, so that a holder whose
     # renewal hangs learns it before its lease runs out.
     timeout = min(5.0, settings.lease / 3)
-    client: coredis.Redis[str] = coredis.Redis.from_url(
-        url,
-        decode_responses=True,
-        retry_policy=NoRetryPolicy(),
-        connect_timeout=timeout,
-        stream_timeout=timeout,
-    )
     reported = False
     try:
         with trio.CancelScope(shield=True) as held:
+            with trio.fail_after(max(timeout, 1.0)):
+                client = await _open_client(url, timeout)
             async with client:
                 with trio.fail_after(max(timeout, 1.0)):
                     await client.ping()
@@ -103,6 +106,35 @@ async def serve_ledger(
         ) from None
 
 
+async def _open_client(url: str, call_timeout: float) -> Client:
+    """A client for ``url``: coredis's cluster client if it names a cluster node.
+
+    The retries are the schedulers' own (every exchange is idempotent, and
+    a failed one is sent again after a growing delay), so coredis makes
+    none.
+    """
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        "retry_policy": NoRetryPolicy(),
+        "connect_timeout": call_timeout,
+        "stream_timeout": call_timeout,
+    }
+    async with coredis.Redis.from_url(url, **options) as probe:
+        info = await probe.info("cluster")
+    if info.get("cluster_enabled"):
+        with warnings.catch_warnings():
+            # coredis 6.x warns about how its own from_url passes the node.
+            warnings.filterwarnings(
+                "ignore", "Use coredis.connection.TCPLocation", DeprecationWarning
+            )
+            cluster: coredis.RedisCluster[str] = coredis.RedisCluster.from_url(
+                url, **options
+            )
+        return cluster
+    single: coredis.Redis[str] = coredis.Redis.from_url(url, **options)
+    return single
+
+
 async def _close_when_done(
     closing: trio.Event, ledger: Ledger, held: trio.CancelScope
 ) -> None:
@@ -118,7 +150,7 @@ async def _close_when_done(
 
 
 async def _listen(
-    client: coredis.Redis[str],
+    client: Client,
     ledger: Ledger,
     wake: Callable[[str | None, str | None], None],
 ) -> None:
