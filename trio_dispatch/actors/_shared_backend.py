@@ -12,10 +12,18 @@ A pub/sub connection to a Redis that died may stay silent rather than fail,
 so the schedulers tell the listener when they lose the ledger (``lost``),
 and it subscribes again; on each new subscription every scheduler runs a
 round, for what it may have missed.
+
+Each subscription has a client of its own. A coredis pool never gets back
+the place of a connection that died while lent out, as a subscription's
+is: on the ledger's client, every lost subscription would shrink the pool
+by one, until the scripts found no connection at all. A client per
+subscription takes its pool with it, and the ledger's client only ever
+lends a connection for the time it takes to send a command.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import coredis
@@ -62,13 +70,7 @@ async def serve_ledger(
     # A call may take a third of the lease at most, so that a holder whose
     # renewal hangs learns it before its lease runs out.
     timeout = min(5.0, settings.lease / 3)
-    client: coredis.Redis[str] = coredis.Redis.from_url(
-        url,
-        decode_responses=True,
-        retry_policy=NoRetryPolicy(),
-        connect_timeout=timeout,
-        stream_timeout=timeout,
-    )
+    client = _open_client(url, timeout)
     reported = False
     try:
         with trio.CancelScope(shield=True) as held:
@@ -86,7 +88,9 @@ async def serve_ledger(
                 task_status.started((ledger, stored))
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(_close_when_done, closing, ledger, held)
-                    await _listen(client, ledger, wake)
+                    await _listen(
+                        functools.partial(_open_client, url, timeout), ledger, wake
+                    )
     except BaseException as exc:
         if reported or not all(
             isinstance(leaf, (*BACKEND_ERRORS, trio.TooSlowError))
@@ -113,8 +117,18 @@ async def _close_when_done(
     held.cancel()
 
 
+def _open_client(url: str, timeout: float) -> coredis.Redis[str]:
+    return coredis.Redis.from_url(
+        url,
+        decode_responses=True,
+        retry_policy=NoRetryPolicy(),
+        connect_timeout=timeout,
+        stream_timeout=timeout,
+    )
+
+
 async def _listen(
-    client: coredis.Redis[str],
+    new_client: Callable[[], coredis.Redis[str]],
     ledger: Ledger,
     wake: Callable[[str | None, str | None], None],
 ) -> None:
@@ -124,18 +138,29 @@ async def _listen(
         with trio.CancelScope() as scope:
             ledger.on_lost = scope.cancel
             try:
-                async with client.pubsub(patterns=[pattern]) as pubsub:
-                    async for message in pubsub:
-                        if message["type"] == "psubscribe":
-                            delay = _FIRST_RETRY
-                            # Wake-ups may have been missed meanwhile.
-                            wake(None, None)
-                        elif message["type"] == "pmessage":
-                            provider = provider_of_channel(
-                                ledger.namespace, _text(message["channel"])
-                            )
-                            if provider is not None:
-                                wake(provider, _text(message["data"]))
+                async with new_client() as client:
+                    # Connected first, under a shield that its connect
+                    # timeout bounds: coredis leaves a connection cancelled
+                    # while it connects unclosed. The subscription takes
+                    # this connection.
+                    with trio.CancelScope(shield=True):
+                        await client.ping()
+                    # No retries inside: a lost connection ends the
+                    # subscription, and the next one starts on a new client.
+                    async with client.pubsub(
+                        patterns=[pattern], retry_policy=NoRetryPolicy()
+                    ) as pubsub:
+                        async for message in pubsub:
+                            if message["type"] == "psubscribe":
+                                delay = _FIRST_RETRY
+                                # Wake-ups may have been missed meanwhile.
+                                wake(None, None)
+                            elif message["type"] == "pmessage":
+                                provider = provider_of_channel(
+                                    ledger.namespace, _text(message["channel"])
+                                )
+                                if provider is not None:
+                                    wake(provider, _text(message["data"]))
             except BaseException as exc:
                 # A lost connection ends this subscription; anything else,
                 # a cancellation among it included, goes on without the
