@@ -17,8 +17,9 @@ Each subscription has a client of its own. A coredis pool never gets back
 the place of a connection that died while lent out, as a subscription's
 is: on the ledger's client, every lost subscription would shrink the pool
 by one, until the scripts found no connection at all. A client per
-subscription takes its pool with it, and the ledger's client only ever
-lends a connection for the time it takes to send a command.
+subscription takes its pool with it. The ledger's client lends a
+connection only for the time it takes to send a command, which the
+ledger's calls count on: they share a connection that is back in the pool.
 """
 
 from __future__ import annotations
