@@ -17,13 +17,15 @@ Each subscription has a client of its own. A coredis pool never gets back
 the place of a connection that died while lent out, as a subscription's
 is: on the ledger's client, every lost subscription would shrink the pool
 by one, until the scripts found no connection at all. A client per
-subscription takes its pool with it. The ledger's client lends a
+subscription takes its pool with it (the first one connects as the
+dispatcher opens, beside the ledger's). The ledger's client lends a
 connection only for the time it takes to send a command, which the
 ledger's calls count on: they share a connection that is back in the pool.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import TYPE_CHECKING
 
@@ -72,12 +74,17 @@ async def serve_ledger(
     # renewal hangs learns it before its lease runs out.
     timeout = min(5.0, settings.lease / 3)
     client = _open_client(url, timeout)
+    listener = _open_client(url, timeout)
     reported = False
     try:
         with trio.CancelScope(shield=True) as held:
-            async with client:
+            async with client, listener:
                 with trio.fail_after(max(timeout, 1.0)):
                     await client.ping()
+                    # The first subscription's connection, made here: coredis
+                    # leaves a connection cancelled while it connects
+                    # unclosed, and a dispatcher may close at once.
+                    await listener.ping()
                     ledger = Ledger(client, settings.namespace, settings.lease)
                     stored = {
                         provider: await ledger.set_limit(
@@ -90,7 +97,10 @@ async def serve_ledger(
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(_close_when_done, closing, ledger, held)
                     await _listen(
-                        functools.partial(_open_client, url, timeout), ledger, wake
+                        listener,
+                        functools.partial(_open_client, url, timeout),
+                        ledger,
+                        wake,
                     )
     except BaseException as exc:
         if reported or not all(
@@ -129,39 +139,39 @@ def _open_client(url: str, timeout: float) -> coredis.Redis[str]:
 
 
 async def _listen(
+    first: coredis.Redis[str],
     new_client: Callable[[], coredis.Redis[str]],
     ledger: Ledger,
     wake: Callable[[str | None, str | None], None],
 ) -> None:
+    """Relay wake-ups: first on ``first`` (open), then each time on a new client."""
     pattern = "{" + ledger.namespace + ":*}:wake"
     delay = _FIRST_RETRY
+    opening: contextlib.AbstractAsyncContextManager[coredis.Redis[str]]
+    opening = contextlib.nullcontext(first)
     while True:
         with trio.CancelScope() as scope:
             ledger.on_lost = scope.cancel
             try:
-                async with new_client() as client:
-                    # Connected first, under a shield that its connect
-                    # timeout bounds: coredis leaves a connection cancelled
-                    # while it connects unclosed. The subscription takes
-                    # this connection.
-                    with trio.CancelScope(shield=True):
-                        await client.ping()
-                    # No retries inside: a lost connection ends the
-                    # subscription, and the next one starts on a new client.
-                    async with client.pubsub(
+                # No retries inside: a lost connection ends the
+                # subscription, and the next one starts on a new client.
+                async with (
+                    opening as client,
+                    client.pubsub(
                         patterns=[pattern], retry_policy=NoRetryPolicy()
-                    ) as pubsub:
-                        async for message in pubsub:
-                            if message["type"] == "psubscribe":
-                                delay = _FIRST_RETRY
-                                # Wake-ups may have been missed meanwhile.
-                                wake(None, None)
-                            elif message["type"] == "pmessage":
-                                provider = provider_of_channel(
-                                    ledger.namespace, _text(message["channel"])
-                                )
-                                if provider is not None:
-                                    wake(provider, _text(message["data"]))
+                    ) as pubsub,
+                ):
+                    async for message in pubsub:
+                        if message["type"] == "psubscribe":
+                            delay = _FIRST_RETRY
+                            # Wake-ups may have been missed meanwhile.
+                            wake(None, None)
+                        elif message["type"] == "pmessage":
+                            provider = provider_of_channel(
+                                ledger.namespace, _text(message["channel"])
+                            )
+                            if provider is not None:
+                                wake(provider, _text(message["data"]))
             except BaseException as exc:
                 # A lost connection ends this subscription; anything else,
                 # a cancellation among it included, goes on without the
@@ -173,6 +183,7 @@ async def _listen(
                 elif not isinstance(exc, BACKEND_ERRORS):
                     raise
         ledger.on_lost = None
+        opening = new_client()
         await trio.sleep(delay)
         delay = min(2 * delay, _LAST_RETRY)
 
