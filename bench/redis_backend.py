@@ -22,8 +22,10 @@ Three measurements:
    idle scheduler (a 5 ms pause, untimed, between cycles: the case of
    requests that hold their slot for a model's answer). Beside them, in
    the same run, a bare call of a trivial script through coredis (a
-   client of its own, no dispatcher): the floor that the machine and the
-   client set.
+   client of its own, no dispatcher), two ways: through coredis's
+   ``Script`` object, and as the ledger sends its scripts (``EVALSHA``
+   straight on a connection of the pool): the floor that the machine and
+   the client set.
 2. **Contended hand-offs**: ``tasks`` tasks each run ``cycles`` cycles of
    (acquire, one checkpoint, release) under a limit of ``limit``, in one
    process. Hand-offs per second, local and on Redis, in the same run.
@@ -113,6 +115,8 @@ class RedisBackendReport:
     sizes: Sizes
     bare_call_p50_us: float
     bare_call_p99_us: float
+    bare_request_p50_us: float
+    bare_request_p99_us: float
     latency_local_p50_us: float
     latency_local_p99_us: float
     latency_redis_p50_us: float
@@ -138,6 +142,8 @@ class RedisBackendReport:
             "| --- | ---: | ---: |",
             f"| bare script call p50 / p99, no dispatcher (µs) | |"
             f" {self.bare_call_p50_us:.0f} / {self.bare_call_p99_us:.0f} |",
+            f"| bare EVALSHA on a connection p50 / p99, no dispatcher (µs) | |"
+            f" {self.bare_request_p50_us:.0f} / {self.bare_request_p99_us:.0f} |",
             f"| grant latency p50, back to back (µs) | {self.latency_local_p50_us:.0f}"
             f" | {self.latency_redis_p50_us:.0f} |",
             f"| grant latency p99, back to back (µs) | {self.latency_local_p99_us:.0f}"
@@ -237,15 +243,33 @@ async def _latencies(
     return found
 
 
+_BARE_SCRIPT: Final = "return redis.call('TIME')"
+
+
 async def _bare_calls(rounds: int, redis_url: str) -> list[float]:
     """A trivial script on its own client: the floor under a grant."""
     found = []
     async with coredis.Redis.from_url(redis_url, decode_responses=True) as client:
-        script = client.register_script("return redis.call('TIME')")
+        script = client.register_script(_BARE_SCRIPT)
         await script(keys=["{bare}:k"], args=[])
         for _ in range(rounds):
             started = time.perf_counter()
             await script(keys=["{bare}:k"], args=[])
+            found.append(time.perf_counter() - started)
+    return found
+
+
+async def _bare_requests(rounds: int, redis_url: str) -> list[float]:
+    """The same script as the ledger runs its own: EVALSHA on a connection."""
+    found = []
+    async with coredis.Redis.from_url(redis_url, decode_responses=True) as client:
+        sha = await client.script_load(_BARE_SCRIPT)
+        pool = client.connection_pool
+        connection = await pool.get_connection()
+        pool.release(connection)
+        for _ in range(rounds):
+            started = time.perf_counter()
+            await connection.create_request(b"EVALSHA", sha, 1, "{bare}:k")
             found.append(time.perf_counter() - started)
     return found
 
@@ -367,6 +391,7 @@ def run(sizes: Sizes, redis_url: str) -> RedisBackendReport:
     trio.run(_latencies, 50, None, "warm")
     trio.run(_latencies, 50, redis_url, "warm")
     bare: list[float] = []
+    bare_requests: list[float] = []
     local: list[float] = []
     shared: list[float] = []
     idle_local: list[float] = []
@@ -374,6 +399,7 @@ def run(sizes: Sizes, redis_url: str) -> RedisBackendReport:
     idle_rounds = max(1, sizes.round_trips // 4)
     for n in range(sizes.repeats):
         bare += trio.run(_bare_calls, sizes.round_trips, redis_url)
+        bare_requests += trio.run(_bare_requests, sizes.round_trips, redis_url)
         local += trio.run(_latencies, sizes.round_trips, None, "lat")
         shared += trio.run(_latencies, sizes.round_trips, redis_url, f"lat{n}")
         idle_local += trio.run(_latencies, idle_rounds, None, "idle", _IDLE_GAP)
@@ -395,6 +421,8 @@ def run(sizes: Sizes, redis_url: str) -> RedisBackendReport:
         sizes=sizes,
         bare_call_p50_us=_quantile(bare, 0.50) * 1e6,
         bare_call_p99_us=_quantile(bare, 0.99) * 1e6,
+        bare_request_p50_us=_quantile(bare_requests, 0.50) * 1e6,
+        bare_request_p99_us=_quantile(bare_requests, 0.99) * 1e6,
         latency_local_p50_us=_quantile(local, 0.50) * 1e6,
         latency_local_p99_us=_quantile(local, 0.99) * 1e6,
         latency_redis_p50_us=_quantile(shared, 0.50) * 1e6,

@@ -13,7 +13,7 @@ import shutil
 import socket
 import subprocess
 import time
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -241,16 +241,15 @@ def node_of(dispatcher: Dispatcher, provider: str = "p") -> str:
     return dispatcher._books[provider].node
 
 
-def _lost(*_args: Any, **_kwargs: Any) -> NoReturn:  # noqa: ANN401  # any call
-    raise RedisConnectionError("the process is gone")
+def crash(dispatcher: Dispatcher, dead: set[Ledger]) -> None:
+    """Cut ``dispatcher`` off from Redis for good, as if its process died.
 
-
-def crash(dispatcher: Dispatcher) -> None:
-    """Cut ``dispatcher`` off from Redis for good, as if its process died."""
+    ``dead`` is the ``dead_ledgers`` fixture's set: every script a ledger
+    in it runs fails.
+    """
     ledger = dispatcher._ledger
     assert ledger is not None
-    for name in ("_step", "_set_limit", "_set_budget", "_pause", "_resume"):
-        setattr(ledger, name, _lost)
+    dead.add(ledger)
 
 
 async def wait_until_drained(

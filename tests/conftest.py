@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import coredis
 import pytest
+from coredis.exceptions import ConnectionError as RedisConnectionError
 from hypothesis import settings
+
+from trio_dispatch._ledger import Ledger
 
 from ._redis import RedisServer, running_redis
 
@@ -41,3 +44,22 @@ async def client(server: RedisServer) -> AsyncIterator[coredis.Redis[str]]:
     """A coredis client of the test's redis-server, as the ledger wants one."""
     async with coredis.Redis.from_url(server.url, decode_responses=True) as client:
         yield client
+
+
+@pytest.fixture(scope="module")
+def dead_ledgers() -> Iterator[set[Ledger]]:
+    """The ledgers of crashed processes (``crash``): every script they run fails."""
+    dead: set[Ledger] = set()
+    run = Ledger._run
+
+    async def run_unless_dead(
+        ledger: Ledger,
+        *args: Any,  # noqa: ANN401  # passed through
+    ) -> Any:  # noqa: ANN401  # passed through
+        if ledger in dead:
+            raise RedisConnectionError("the process is gone")
+        return await run(ledger, *args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Ledger, "_run", run_unless_dead)
+        yield dead

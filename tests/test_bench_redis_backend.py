@@ -48,6 +48,7 @@ def test_every_latency_is_a_sane_pair_of_quantiles(report: RedisBackendReport) -
     assert report.sizes == TINY
     pairs = [
         (report.bare_call_p50_us, report.bare_call_p99_us),
+        (report.bare_request_p50_us, report.bare_request_p99_us),
         (report.latency_local_p50_us, report.latency_local_p99_us),
         (report.latency_redis_p50_us, report.latency_redis_p99_us),
         (report.idle_latency_local_p50_us, report.idle_latency_local_p99_us),
@@ -85,9 +86,9 @@ def test_json_and_markdown_hold_the_same_figures(report: RedisBackendReport) -> 
     ]
     markdown = report.to_markdown()
     rows = [line for line in markdown.splitlines() if line.startswith("| ")]
-    # Two tables, each with a header and a separator: six measurements,
+    # Two tables, each with a header and a separator: seven measurements,
     # then one row per fleet.
-    assert len(rows) == 4 + 6 + len(report.scaling)
+    assert len(rows) == 4 + 7 + len(report.scaling)
     assert f"{report.latency_redis_p50_us:.0f}" in markdown
     for row in report.scaling:
         assert f"| {row.processes} | {row.grants} |" in markdown

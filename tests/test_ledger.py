@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+import coredis
 import trio
 
 from trio_dispatch._ledger import Ledger, keys_of, lease_of, member_of
 
 from ._redis import RedisServer, needs_redis, next_member
-
-if TYPE_CHECKING:
-    import coredis
 
 pytestmark = needs_redis
 
@@ -70,14 +66,19 @@ async def test_a_process_takes_only_its_own_entries_inside_the_free_window(
 
 
 async def test_withdrawn_entries_leave_the_queue_and_wake_the_fleet(
-    client: coredis.Redis[str],
+    server: RedisServer, client: coredis.Redis[str]
 ) -> None:
     book = ledger(client)
     await book.set_limit("p", 1)
     await book.step("p", "h", enqueue=[(m("h:1"), 0.0)])
     quiet, entry, other = m("q:1"), m("x:1"), m("y:1")
     await book.step("p", "q", enqueue=[(quiet, 1.0)], waiting=1)
-    async with client.pubsub(channels=["{ns:p}:wake"]) as pubsub:
+    # A subscription on a client of its own: the ledger's calls share the
+    # connections of its client's pool.
+    async with (
+        coredis.Redis.from_url(server.url, decode_responses=True) as listener,
+        listener.pubsub(channels=["{ns:p}:wake"]) as pubsub,
+    ):
         # Nobody else waits: nobody is woken.
         withdrawn = await book.step("p", "q", withdraw=[quiet])
         assert (withdrawn.queued, withdrawn.waiting) == (0, 0)
@@ -100,6 +101,41 @@ async def test_withdrawn_entries_leave_the_queue_and_wake_the_fleet(
                 if message["type"] == "message":
                     assert message["data"] == "end"
                     break
+
+
+async def test_a_script_that_redis_lost_is_loaded_again(
+    client: coredis.Redis[str],
+) -> None:
+    book = ledger(client)
+    await book.set_limit("p", 1)
+    # As after a restart, or a SCRIPT FLUSH: Redis answers NOSCRIPT.
+    await client.script_flush()
+    first = m("a:1")
+    assert (await book.step("p", "a", enqueue=[(first, 1.0)])).granted == [first]
+    await client.script_flush()
+    assert await book.set_limit("p", 2) == 2
+    await client.script_flush()
+    assert await book.pause("p", 2.0, default_pause=1.0, max_pause=5.0) > 1.5
+    await client.script_flush()
+    await book.resume("p")
+    assert (await book.step("p", "a")).paused_for == 0
+
+
+async def test_a_ledger_whose_connection_was_lost_takes_another(
+    server: RedisServer, client: coredis.Redis[str]
+) -> None:
+    book = ledger(client)
+    await book.set_limit("p", 1)
+    connection = book._connection
+    assert connection is not None
+    async with coredis.Redis.from_url(server.url) as killer:
+        await killer.client_kill(identifier=connection.client_id)
+    with trio.fail_after(5):
+        while connection.usable:  # noqa: ASYNC110 (the socket's end, seen by coredis)
+            await trio.sleep(0.01)
+    first = m("a:1")
+    assert (await book.step("p", "a", enqueue=[(first, 1.0)])).granted == [first]
+    assert book._connection is not connection
 
 
 async def test_leases_and_entries_expire_in_server_time(

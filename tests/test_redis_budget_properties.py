@@ -48,6 +48,7 @@ from ._redis import (
 
 if TYPE_CHECKING:
     from trio_dispatch import Dispatcher
+    from trio_dispatch._ledger import Ledger
 
 pytestmark = needs_redis
 
@@ -77,7 +78,9 @@ operations = st.lists(
 @fleet_examples(10)
 @given(ops=operations)
 async def test_random_interleavings_keep_the_fleet_budgets(
-    shared_server: RedisServer, ops: list[tuple[str, int, int, int]]
+    shared_server: RedisServer,
+    dead_ledgers: set[Ledger],
+    ops: list[tuple[str, int, int, int]],
 ) -> None:
     namespace = uuid.uuid4().hex
     requests: list[FleetRequest] = []
@@ -144,7 +147,7 @@ async def test_random_interleavings_keep_the_fleet_budgets(
                     nodes[node].report_rate_limit("p", 0.02)
                 elif op == "crash" and not crashed:
                     crashed.add(node)
-                    crash(nodes[node])
+                    crash(nodes[node], dead_ledgers)
                     for request in requests:
                         if request.node == node:
                             request.scope.cancel()

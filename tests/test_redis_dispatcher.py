@@ -17,6 +17,7 @@ import coredis
 import pytest
 import trio
 import trio.testing
+from coredis.tokens import PureToken
 
 import trio_dispatch
 from trio_dispatch import (
@@ -576,3 +577,28 @@ async def until_async(read: Callable[[], Any], expected: object) -> None:
     with trio.fail_after(5):
         while await read() != expected:  # noqa: ASYNC110 (Redis's state)
             await trio.sleep(0.01)
+
+
+async def test_grants_go_on_after_the_wake_up_connection_is_lost_again_and_again(
+    server: RedisServer,
+) -> None:
+    # Each lost subscription must leave the connection pool as it found it.
+    # A pool of two connections here, so that a connection it never gets
+    # back shows at once (in the default pool of 64, after 63 losses).
+    async with (
+        coredis.Redis.from_url(server.url, decode_responses=True) as client,
+        open_dispatcher(
+            {"p": 1},
+            redis_url=server.url + "?max_connections=2",
+            namespace="ns",
+            lease=LEASE,
+        ) as dispatcher,
+    ):
+        for _ in range(3):
+            await until_async(client.pubsub_numpat, 1)
+            await client.client_kill(type_=PureToken.PUBSUB)
+            await until_async(client.pubsub_numpat, 0)
+        await until_async(client.pubsub_numpat, 1)
+        with trio.fail_after(5):
+            async with dispatcher.slot("p"):
+                pass

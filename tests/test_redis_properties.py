@@ -38,6 +38,7 @@ from ._redis import (
 
 if TYPE_CHECKING:
     from trio_dispatch import Dispatcher
+    from trio_dispatch._ledger import Ledger
 
 pytestmark = needs_redis
 
@@ -64,7 +65,9 @@ operations = st.lists(
 @fleet_examples(15)
 @given(ops=operations)
 async def test_random_interleavings_keep_the_fleet_invariants(
-    shared_server: RedisServer, ops: list[tuple[str, int, int]]
+    shared_server: RedisServer,
+    dead_ledgers: set[Ledger],
+    ops: list[tuple[str, int, int]],
 ) -> None:
     namespace = uuid.uuid4().hex
     requests: list[FleetRequest] = []
@@ -117,7 +120,7 @@ async def test_random_interleavings_keep_the_fleet_invariants(
                 elif op == "crash" and not crashed:
                     victim = a % NODES
                     crashed.add(victim)
-                    crash(nodes[victim])
+                    crash(nodes[victim], dead_ledgers)
                     for request in requests:
                         if request.node == victim:
                             request.scope.cancel()

@@ -78,15 +78,15 @@ round for its own changes.
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, final
 
 import attrs
+import coredis
+from coredis.exceptions import NoScriptError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
-
-    import coredis
-    from coredis.commands.script import Script
 
     from ._budgets import AdaptiveLimit, Budget
     from ._ratelimits import RateLimitInfo
@@ -567,6 +567,27 @@ return 0
 )
 
 
+@final
+class _Script:
+    """A script's text and the digest by which Redis runs it."""
+
+    __slots__ = ("sha", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.sha = hashlib.sha1(text.encode()).hexdigest()
+
+
+_STEP_SCRIPT: Final = _Script(_STEP)
+_SET_LIMIT_SCRIPT: Final = _Script(_SET_LIMIT)
+_PAUSE_SCRIPT: Final = _Script(_PAUSE)
+_RESUME_SCRIPT: Final = _Script(_RESUME)
+_SET_BUDGET_SCRIPT: Final = _Script(_SET_BUDGET)
+
+_EVALSHA: Final = b"EVALSHA"
+_SCRIPT_LOAD: Final = b"SCRIPT LOAD"
+
+
 def keys_of(namespace: str, provider: str) -> list[str]:
     """The keys of one provider, in the order the scripts take them."""
     tag = "{" + namespace + ":" + provider + "}"
@@ -723,8 +744,23 @@ def _limit_of(stored: object) -> int | None:
 class Ledger:
     """The scripts of one namespace, bound to a coredis client.
 
+    A script runs by its digest (``EVALSHA``) on a connection of the
+    client's pool, straight through the connection's request: a step is on
+    the path of every grant, and coredis's general command path (a command
+    object wrapped for the retry and the answer's transformation, each
+    copy serialising the arguments again, the pool's lock) cost about as
+    much as the round trip itself. The ledger keeps the connection of its
+    last call while it is usable, as coredis's own commands share one: it
+    is back in the pool as soon as a command is sent, so the pool replaces
+    it if it dies. Redis answers ``NOSCRIPT`` when it has lost the script
+    (restarted empty, or its cache flushed): the script is loaded on the
+    same connection and run once more.
+
     Args:
-        client: A coredis client opened with ``decode_responses=True``.
+        client: A coredis client whose pool lends a connection only for
+            the time it takes to send a command (no subscription, blocking
+            command or transaction on it), since calls go on a connection
+            that is back in the pool.
         namespace: The prefix of every key; processes that share it share
             their limits.
         lease: Seconds a lease or a queue entry lives without renewal.
@@ -732,12 +768,8 @@ class Ledger:
 
     __slots__ = (
         "_client",
+        "_connection",
         "_names",
-        "_pause",
-        "_resume",
-        "_set_budget",
-        "_set_limit",
-        "_step",
         "lease",
         "namespace",
         "on_idle",
@@ -747,13 +779,9 @@ class Ledger:
 
     def __init__(self, client: Client, namespace: str, lease: float) -> None:
         self._client = client
+        self._connection: coredis.BaseConnection | None = None
         self.namespace = namespace
         self.lease = lease
-        self._step: Script[str] = client.register_script(_STEP)
-        self._set_limit: Script[str] = client.register_script(_SET_LIMIT)
-        self._set_budget: Script[str] = client.register_script(_SET_BUDGET)
-        self._pause: Script[str] = client.register_script(_PAUSE)
-        self._resume: Script[str] = client.register_script(_RESUME)
         # Each provider's keys and channel, made once: a step is on the
         # path of every grant.
         self._names: dict[str, tuple[list[str], str]] = {}
@@ -788,6 +816,36 @@ class Ledger:
         """A call failed: whoever listens for wake-ups should subscribe again."""
         if self.on_lost is not None:
             self.on_lost()
+
+    async def _run(
+        self, script: _Script, keys: Sequence[str], *args: str | int | float
+    ) -> Any:  # noqa: ANN401 (a Lua script's answer is untyped)
+        """Run ``script`` on ``keys`` and ``args``; its answer, decoded."""
+        client = self._client
+        if isinstance(client, coredis.RedisCluster):
+            # A cluster's pool lends a connection per node: coredis routes
+            # the call to the node of the keys' slot.
+            try:
+                return await client.evalsha(script.sha, keys, args)
+            except NoScriptError:
+                await client.script_load(script.text)
+                return await client.evalsha(script.sha, keys, args)
+        connection = self._connection
+        if connection is None or not connection.usable:
+            pool = client.connection_pool
+            connection = await pool.get_connection()
+            # Back at once: requests share a connection (see the class).
+            pool.release(connection)
+            self._connection = connection
+        try:
+            return await connection.create_request(
+                _EVALSHA, script.sha, len(keys), *keys, *args, decode=True
+            )
+        except NoScriptError:
+            await connection.create_request(_SCRIPT_LOAD, script.text)
+            return await connection.create_request(
+                _EVALSHA, script.sha, len(keys), *keys, *args, decode=True
+            )
 
     async def step(
         self,
@@ -850,7 +908,7 @@ class Ledger:
         args.append(len(answered))
         args.extend(answered)
         # A Lua script's answer is untyped; this one has a fixed shape.
-        reply: Any = await self._step(keys=keys, args=args)
+        reply: Any = await self._run(_STEP_SCRIPT, keys, *args)
         granted, limit, in_flight, queued, waiting_all, pause, now, budget, spec = reply
         return StepResult(
             granted=list(granted),
@@ -876,29 +934,29 @@ class Ledger:
         An ``AdaptiveLimit`` is stored at its ``initial`` value, with its
         bounds. With ``overwrite=False`` a limit already stored wins.
         """
-        stored: Any = await self._set_limit(
-            keys=keys_of(self.namespace, provider),
-            args=[
-                limit_spec(limit),
-                "1" if overwrite else "0",
-                channel_of(self.namespace, provider),
-            ],
+        keys, channel = self.names(provider)
+        stored = await self._run(
+            _SET_LIMIT_SCRIPT,
+            keys,
+            limit_spec(limit),
+            "1" if overwrite else "0",
+            channel,
         )
         return _limit_of(stored[0])
 
     async def set_budget(self, provider: str, budget: Budget) -> None:
         """Store the fleet's configured budgets of ``provider`` (see ``_SET_BUDGET``)."""
-        await self._set_budget(
-            keys=keys_of(self.namespace, provider),
-            args=[
-                ""
-                if budget.requests_per_minute is None
-                else repr(float(budget.requests_per_minute)),
-                ""
-                if budget.tokens_per_minute is None
-                else repr(float(budget.tokens_per_minute)),
-                channel_of(self.namespace, provider),
-            ],
+        keys, channel = self.names(provider)
+        await self._run(
+            _SET_BUDGET_SCRIPT,
+            keys,
+            ""
+            if budget.requests_per_minute is None
+            else repr(float(budget.requests_per_minute)),
+            ""
+            if budget.tokens_per_minute is None
+            else repr(float(budget.tokens_per_minute)),
+            channel,
         )
 
     async def pause(
@@ -910,19 +968,16 @@ class Ledger:
         max_pause: float,
     ) -> float:
         """Pause the provider fleet-wide; returns the seconds left of the pause."""
-        left: Any = await self._pause(
-            keys=keys_of(self.namespace, provider),
-            args=[
-                "" if retry_after is None else round(retry_after * 1000),
-                round(default_pause * 1000),
-                round(max_pause * 1000),
-            ],
+        left = await self._run(
+            _PAUSE_SCRIPT,
+            self.names(provider)[0],
+            "" if retry_after is None else round(retry_after * 1000),
+            round(default_pause * 1000),
+            round(max_pause * 1000),
         )
         return int(str(left)) / 1000
 
     async def resume(self, provider: str) -> None:
         """End the provider's pause and its backoff streak, fleet-wide."""
-        await self._resume(
-            keys=keys_of(self.namespace, provider),
-            args=[channel_of(self.namespace, provider)],
-        )
+        keys, channel = self.names(provider)
+        await self._run(_RESUME_SCRIPT, keys, channel)

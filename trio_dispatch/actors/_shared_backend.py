@@ -10,7 +10,7 @@ wake-ups on the namespace's channels and hands each to the provider's
 scheduler, until the dispatcher closes.
 
 ``redis_url`` may name a single server or any node of a Redis Cluster:
-the first connection asks (``INFO cluster``), and a cluster gets coredis's
+a first connection asks (``INFO cluster``), and a cluster gets coredis's
 cluster client. Every exchange touches one provider's keys, which share a
 hash tag, so one slot; wake-ups use classic pub/sub, which a cluster
 delivers to subscribers on every node.
@@ -19,10 +19,21 @@ A pub/sub connection to a Redis that died may stay silent rather than fail,
 so the schedulers tell the listener when they lose the ledger (``lost``),
 and it subscribes again; on each new subscription every scheduler runs a
 round, for what it may have missed.
+
+Each subscription has a client of its own. A coredis pool never gets back
+the place of a connection that died while lent out, as a subscription's
+is: on the ledger's client, every lost subscription would shrink the pool
+by one, until the scripts found no connection at all. A client per
+subscription takes its pool with it (the first one connects as the
+dispatcher opens, beside the ledger's). The ledger's client lends a
+connection only for the time it takes to send a command, which the
+ledger's calls count on: they share a connection that is back in the pool.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -76,10 +87,16 @@ async def serve_ledger(
     try:
         with trio.CancelScope(shield=True) as held:
             with trio.fail_after(max(timeout, 1.0)):
-                client = await _open_client(url, timeout)
-            async with client:
+                cluster = await _is_cluster(url, timeout)
+            client = _open_client(url, timeout, cluster=cluster)
+            listener = _open_client(url, timeout, cluster=cluster)
+            async with client, listener:
                 with trio.fail_after(max(timeout, 1.0)):
                     await client.ping()
+                    # The first subscription's connection, made here: coredis
+                    # leaves a connection cancelled while it connects
+                    # unclosed, and a dispatcher may close at once.
+                    await listener.ping()
                     ledger = Ledger(client, settings.namespace, settings.lease)
                     stored = {
                         provider: await ledger.set_limit(
@@ -93,7 +110,12 @@ async def serve_ledger(
                 task_status.started((ledger, stored))
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(_close_when_done, closing, ledger, held)
-                    await _listen(client, ledger, wake)
+                    await _listen(
+                        listener,
+                        functools.partial(_open_client, url, timeout, cluster=cluster),
+                        ledger,
+                        wake,
+                    )
     except BaseException as exc:
         if reported or not all(
             isinstance(leaf, (*BACKEND_ERRORS, trio.TooSlowError))
@@ -104,35 +126,6 @@ async def serve_ledger(
         raise BackendUnavailable(
             f"cannot reach redis at {redact_url(url)}: {reason}"
         ) from None
-
-
-async def _open_client(url: str, call_timeout: float) -> Client:
-    """A client for ``url``: coredis's cluster client if it names a cluster node.
-
-    The retries are the schedulers' own (every exchange is idempotent, and
-    a failed one is sent again after a growing delay), so coredis makes
-    none.
-    """
-    options: dict[str, Any] = {
-        "decode_responses": True,
-        "retry_policy": NoRetryPolicy(),
-        "connect_timeout": call_timeout,
-        "stream_timeout": call_timeout,
-    }
-    async with coredis.Redis.from_url(url, **options) as probe:
-        info = await probe.info("cluster")
-    if info.get("cluster_enabled"):
-        with warnings.catch_warnings():
-            # coredis 6.x warns about how its own from_url passes the node.
-            warnings.filterwarnings(
-                "ignore", "Use coredis.connection.TCPLocation", DeprecationWarning
-            )
-            cluster: coredis.RedisCluster[str] = coredis.RedisCluster.from_url(
-                url, **options
-            )
-        return cluster
-    single: coredis.Redis[str] = coredis.Redis.from_url(url, **options)
-    return single
 
 
 async def _close_when_done(
@@ -149,18 +142,63 @@ async def _close_when_done(
     held.cancel()
 
 
+def _options(call_timeout: float) -> dict[str, Any]:
+    # The retries are the schedulers' own (every exchange is idempotent,
+    # and a failed one is sent again after a growing delay): none in coredis.
+    return {
+        "decode_responses": True,
+        "retry_policy": NoRetryPolicy(),
+        "connect_timeout": call_timeout,
+        "stream_timeout": call_timeout,
+    }
+
+
+async def _is_cluster(url: str, call_timeout: float) -> bool:
+    """Whether ``url`` names a node of a Redis Cluster."""
+    async with coredis.Redis.from_url(url, **_options(call_timeout)) as probe:
+        info = await probe.info("cluster")
+    return bool(info.get("cluster_enabled"))
+
+
+def _open_client(url: str, call_timeout: float, *, cluster: bool) -> Client:
+    """A client of ``url``: coredis's cluster client for a cluster's node."""
+    if cluster:
+        with warnings.catch_warnings():
+            # coredis 6.x warns about how its own from_url passes the node.
+            warnings.filterwarnings(
+                "ignore", "Use coredis.connection.TCPLocation", DeprecationWarning
+            )
+            clustered: coredis.RedisCluster[str] = coredis.RedisCluster.from_url(
+                url, **_options(call_timeout)
+            )
+        return clustered
+    single: coredis.Redis[str] = coredis.Redis.from_url(url, **_options(call_timeout))
+    return single
+
+
 async def _listen(
-    client: Client,
+    first: Client,
+    new_client: Callable[[], Client],
     ledger: Ledger,
     wake: Callable[[str | None, str | None], None],
 ) -> None:
+    """Relay wake-ups: first on ``first`` (open), then each time on a new client."""
     pattern = "{" + ledger.namespace + ":*}:wake"
     delay = _FIRST_RETRY
+    opening: contextlib.AbstractAsyncContextManager[Client]
+    opening = contextlib.nullcontext(first)
     while True:
         with trio.CancelScope() as scope:
             ledger.on_lost = scope.cancel
             try:
-                async with client.pubsub(patterns=[pattern]) as pubsub:
+                # No retries inside: a lost connection ends the
+                # subscription, and the next one starts on a new client.
+                async with (
+                    opening as client,
+                    client.pubsub(
+                        patterns=[pattern], retry_policy=NoRetryPolicy()
+                    ) as pubsub,
+                ):
                     async for message in pubsub:
                         if message["type"] == "psubscribe":
                             delay = _FIRST_RETRY
@@ -183,6 +221,7 @@ async def _listen(
                 elif not isinstance(exc, BACKEND_ERRORS):
                     raise
         ledger.on_lost = None
+        opening = new_client()
         await trio.sleep(delay)
         delay = min(2 * delay, _LAST_RETRY)
 
