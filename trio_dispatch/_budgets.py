@@ -128,7 +128,8 @@ class AdaptiveLimit:
     round trip of the whole limit. It never leaves ``[minimum, maximum]``.
     ``statistics()`` shows its current value (``ProviderStatistics.limit``)
     and ``adaptive=True``; ``set_limit`` with an int replaces it by a fixed
-    limit. Not shared through Redis yet.
+    limit. With ``redis_url`` its value is the fleet's, kept in Redis (see
+    ``open_dispatcher``).
 
     Attributes:
         initial: The first value, from ``minimum`` to ``maximum``.
