@@ -96,6 +96,25 @@ def test_concurrency_and_too_large() -> None:
     assert book.admit(KEY, 1, 0.0) is None
 
 
+def test_buckets_may_start_partly_spent() -> None:
+    quotas = FakeQuotas(requests_per_minute=60, tokens_per_minute=600, initial_fill=0.1)
+    book = QuotaBook(quotas)
+    # A key's first request finds a tenth of each bucket, at any time.
+    assert book.rate_limits(KEY, 100.0) == RateLimitInfo(
+        requests=Quota(limit=60, remaining=6, reset=54.0),
+        tokens=Quota(limit=600, remaining=60, reset=54.0),
+    )
+    for _ in range(6):
+        assert book.admit(KEY, 10, 100.0) is None
+    assert book.admit(KEY, 10, 100.0) == Refusal("requests", 1.0)
+    # From there it refills as any bucket does, up to full.
+    assert book.admit(KEY, 10, 101.0) is None
+    assert book.rate_limits(KEY, 200.0).requests == Quota(60, 60, 0.0)
+    assert QuotaBook(FakeQuotas(requests_per_minute=60, initial_fill=0)).admit(
+        KEY, 0, 0.0
+    ) == Refusal("requests", 1.0)
+
+
 def test_a_request_without_max_tokens_is_charged_the_default() -> None:
     assert QuotaBook(FakeQuotas()).estimate(12, None) == 12
     assert QuotaBook(FakeQuotas(default_max_tokens=500)).estimate(12, None) == 512
@@ -109,6 +128,8 @@ def test_a_request_without_max_tokens_is_charged_the_default() -> None:
         ("max_concurrency", 1.5, TypeError),
         ("default_max_tokens", -1, ValueError),
         ("busy_retry_after", math.nan, ValueError),
+        ("initial_fill", 1.5, ValueError),
+        ("initial_fill", "full", TypeError),
     ],
 )
 def test_quotas_are_checked(field: str, value: object, error: type[Exception]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import coredis
 import trio
 
+from trio_dispatch import Quota, RateLimitInfo
 from trio_dispatch._ledger import Ledger, keys_of, lease_of, member_of
 
 from ._redis import RedisServer, needs_redis, next_member
@@ -282,3 +283,20 @@ async def test_withdrawing_a_member_gives_back_the_lease_a_lost_answer_granted(
     assert (gone.in_flight, gone.queued) == (0, 0)
     other = m("b:1")
     assert (await book.step("p", "b", enqueue=[(other, 1.0)])).granted == [other]
+
+
+async def test_figures_with_missing_fields_are_learned_in_their_own_places(
+    client: coredis.Redis[str],
+) -> None:
+    # Regression: the step read the figures' empty fields as absent, so the
+    # fields after them moved up: a token quota alone became a request
+    # budget, and a request quota without its limit took its remaining
+    # figure for one.
+    book = ledger(client)
+    tokens_only = RateLimitInfo(tokens=Quota(limit=60_000, remaining=59_000, reset=1.0))
+    learned = (await book.step("p", "a", observed=tokens_only)).budget
+    assert learned is not None
+    assert (learned.requests_per_minute, learned.requests_available) == (None, None)
+    assert (learned.tokens_per_minute, learned.tokens_available) == (60_000, 59_000)
+    no_limit = RateLimitInfo(requests=Quota(remaining=5))
+    assert (await book.step("q", "a", observed=no_limit)).budget is None

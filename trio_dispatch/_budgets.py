@@ -129,7 +129,7 @@ class AdaptiveLimit:
     ``statistics()`` shows its current value (``ProviderStatistics.limit``)
     and ``adaptive=True``; ``set_limit`` with an int replaces it by a fixed
     limit. With ``redis_url``, the value lives in Redis and moves for the
-    whole fleet.
+    whole fleet (see ``open_dispatcher``).
 
     Attributes:
         initial: The first value, from ``minimum`` to ``maximum``.

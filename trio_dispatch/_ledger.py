@@ -337,8 +337,13 @@ local function learn(b, limit_, remaining, reset, held_now)
   return b
 end
 if observed ~= '' then
-  local f = {}
-  for part in string.gmatch(observed .. ',', '([^,]*),') do f[#f + 1] = tonumber(part) end
+  -- Six fields by position: an empty one is nil, and #f cannot count
+  -- past a nil, so the fields are numbered here.
+  local f, k = {}, 0
+  for part in string.gmatch(observed .. ',', '([^,]*),') do
+    k = k + 1
+    f[k] = tonumber(part)
+  end
   local ids = redis.call('SMEMBERS', unans)
   if f[1] or f[2] then R = learn(R, f[1], f[2], f[3], #ids) end
   if f[4] or f[5] then

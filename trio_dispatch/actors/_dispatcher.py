@@ -1428,6 +1428,14 @@ def open_dispatcher(
       server's clock, with the backoff of ``report_rate_limit`` kept
       fleet-wide (a round opens when any process was granted a slot since
       the previous report; a success anywhere ends the streak);
+    * budgets and adaptive limits are the fleet's too: a provider has one
+      request bucket and one token bucket in Redis, refilled on the Redis
+      server's clock and charged by every grant of every process; a
+      ``Budget`` given to any process configures them (the latest process
+      to open with one wins), and the rate-limit figures any process
+      observes teach them. An ``AdaptiveLimit`` is stored like any limit,
+      and its value rises with successes and falls with rounds of
+      rate-limit reports anywhere in the fleet;
     * while Redis cannot be reached nothing new is granted (there is no
       local fallback: the ledger alone knows what the fleet holds);
       holders keep their slots, waiters keep waiting (their own deadlines

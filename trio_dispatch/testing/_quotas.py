@@ -7,10 +7,10 @@ passes ``trio.current_time()``, so ``MockClock`` drives the refill), and
 nothing here does I/O.
 
 Each per-minute quota is a token bucket, as OpenAI and Anthropic describe
-theirs: it holds up to the per-minute figure, starts full, and refills
-continuously at a sixtieth of it per second. A request is admitted only if
-a concurrency slot (when capped), a request and its estimated tokens are
-all there; it is then charged one request and its estimate (the prompt's
+theirs: it holds up to the per-minute figure, starts full (or at
+``initial_fill`` of it), and refills continuously at a sixtieth of it per
+second. A request is admitted only if a concurrency slot (when capped), a
+request and its estimated tokens are all there; it is then charged one request and its estimate (the prompt's
 estimate plus ``max_tokens``, as OpenAI counts), and when it ends the
 estimate is replaced by what it really used (prompt and output tokens, as
 its usage reports them), which may leave the bucket in debt for a while.
@@ -26,12 +26,19 @@ from typing import TYPE_CHECKING, Final, Literal, final
 import attrs
 
 from .._ratelimits import Quota, RateLimitInfo
-from .._validation import non_negative_int, non_negative_seconds, positive_int
+from .._validation import (
+    check_fraction,
+    non_negative_int,
+    non_negative_seconds,
+    positive_int,
+    validator,
+)
 
 if TYPE_CHECKING:
     from ._request import WireFormat
 
 _positive = attrs.validators.optional(positive_int)
+_fraction = validator(check_fraction)
 
 # How finely the headers tell times: milliseconds, rounded up, so a client
 # that waits what it is told is never early.
@@ -43,13 +50,13 @@ _MS: Final = 1000
 class FakeQuotas:
     """Rate limits the fake server keeps for each API key.
 
-    Every key gets its own buckets, all starting full. A request beyond
-    any of them is answered 429 in its wire format, with ``Retry-After``
-    (whole seconds, rounded up; OpenAI's answers also carry
-    ``retry-after-ms``) equal to the time until the buckets hold enough
-    for it; and every answer to a key carries the rate-limit headers of
-    its format (``x-ratelimit-*`` with durations, or
-    ``anthropic-ratelimit-*`` with RFC 3339 times).
+    Every key gets its own buckets, all starting full unless
+    ``initial_fill`` says otherwise. A request beyond any of them is
+    answered 429 in its wire format, with ``Retry-After`` (whole seconds,
+    rounded up; OpenAI's answers also carry ``retry-after-ms``) equal to
+    the time until the buckets hold enough for it; and every answer to a
+    key carries the rate-limit headers of its format (``x-ratelimit-*``
+    with durations, or ``anthropic-ratelimit-*`` with RFC 3339 times).
 
     Attributes:
         requests_per_minute: Requests a key may make per minute.
@@ -61,6 +68,11 @@ class FakeQuotas:
         busy_retry_after: The ``Retry-After`` of a request refused for
             concurrency; ``None`` sends none, since no one knows when a
             stream in flight will end.
+        initial_fill: The share of each bucket there when the server
+            first sees a key, from 0 to 1 (it refills from then on): 1,
+            full, as an idle account is; lower starts the key as if it had
+            just spent the rest, so that a short run meets the refill rate
+            at once, not after a minute's worth of requests.
     """
 
     requests_per_minute: int | None = attrs.field(default=None, validator=_positive)
@@ -70,6 +82,7 @@ class FakeQuotas:
     busy_retry_after: float | None = attrs.field(
         default=None, validator=attrs.validators.optional(non_negative_seconds)
     )
+    initial_fill: float = attrs.field(default=1.0, validator=_fraction)
 
 
 def _ceil_ms(seconds: float) -> int:
@@ -108,6 +121,13 @@ class _Bucket:
             remaining=max(0, math.floor(self.level)),
             reset=reset,
         )
+
+
+def _new_bucket(per_minute: int | None, fill: float, now: float) -> _Bucket | None:
+    """A key's bucket of ``per_minute``, ``fill`` of it there, or ``None``."""
+    if per_minute is None:
+        return None
+    return _Bucket(per_minute, per_minute * fill, now)
 
 
 @attrs.define
@@ -150,12 +170,8 @@ class QuotaBook:
         if state is None:
             q = self._quotas
             state = _Key(
-                requests=None
-                if q.requests_per_minute is None
-                else _Bucket(q.requests_per_minute, q.requests_per_minute, now),
-                tokens=None
-                if q.tokens_per_minute is None
-                else _Bucket(q.tokens_per_minute, q.tokens_per_minute, now),
+                requests=_new_bucket(q.requests_per_minute, q.initial_fill, now),
+                tokens=_new_bucket(q.tokens_per_minute, q.initial_fill, now),
             )
             self._keys[key] = state
         for bucket in (state.requests, state.tokens):
