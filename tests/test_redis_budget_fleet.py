@@ -15,13 +15,8 @@ process's clock, with the budget's own capacity and rate.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import pathlib
-import subprocess
-import sys
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -37,9 +32,10 @@ from trio_dispatch.testing import (
 )
 
 from ._redis import RedisServer, needs_redis, running_redis
+from ._workers import Worker, worker
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+    from collections.abc import Awaitable, Callable, Iterator
     from pathlib import Path
 
     from trio_dispatch import Dispatcher
@@ -58,52 +54,6 @@ CONVERSATIONS = 10
 def redis(tmp_path: Path) -> Iterator[RedisServer]:
     with running_redis(tmp_path) as server:
         yield server
-
-
-class Worker:
-    """A fleet process: lines in on stdin, JSON lines out on stdout."""
-
-    def __init__(self, process: trio.Process) -> None:
-        self.process = process
-        self._buffer = b""
-
-    async def line(self) -> dict[str, Any]:
-        stdout = self.process.stdout
-        assert stdout is not None
-        while b"\n" not in self._buffer:
-            chunk = await stdout.receive_some()
-            if not chunk:
-                raise AssertionError(f"the worker ended: {self.process.returncode}")
-            self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        result: dict[str, Any] = json.loads(line)
-        return result
-
-    async def tell(self) -> None:
-        """Send a line: the first starts the conversations, the next opens a phase."""
-        stdin = self.process.stdin
-        assert stdin is not None
-        # A worker that has done its turns and ended has nothing left to hear.
-        with contextlib.suppress(trio.BrokenResourceError):
-            await stdin.send_all(b"\n")
-
-
-@asynccontextmanager
-async def worker(**settings: Any) -> AsyncIterator[Worker]:  # noqa: ANN401  # JSON values
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "tests._budget_worker", json.dumps(settings)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        cwd=ROOT,
-        env=env,
-    )
-    try:
-        yield Worker(process)
-    finally:
-        process.kill()
-        with trio.move_on_after(5, shield=True):
-            await process.wait()
 
 
 async def run_fleet(
@@ -126,6 +76,8 @@ async def run_fleet(
         workers = [
             await stack.enter_async_context(
                 worker(
+                    "tests._budget_worker",
+                    stdin=True,
                     name=f"w{n}",
                     base_url=llm.openai_base_url,
                     api_key=KEY,

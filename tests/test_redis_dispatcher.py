@@ -408,9 +408,14 @@ async def test_a_fleet_limit_binds_a_process_that_never_named_the_provider(
         await until(lambda: "free" not in two._actors)
 
 
-async def test_resume_ends_the_pause_of_the_fleet(server: RedisServer) -> None:
+@pytest.mark.parametrize("bystander", [False, True], ids=["reporter", "bystander"])
+async def test_resume_ends_the_pause_of_the_fleet(
+    server: RedisServer, *, bystander: bool
+) -> None:
     async with AsyncExitStack() as stack:
         one, two = await open_fleet(stack, server, 2, {"p": 1})
+        # A process that never used the provider resumes the fleet as well.
+        resumer = (await open_fleet(stack, server, 1))[0] if bystander else one
         one.report_rate_limit("p", retry_after=30.0)
         await until(lambda: one.statistics().providers["p"].paused)
         async with trio.open_nursery() as nursery:
@@ -423,30 +428,7 @@ async def test_resume_ends_the_pause_of_the_fleet(server: RedisServer) -> None:
             nursery.start_soon(wait)
             await until(lambda: two.statistics().providers["p"].paused)
             assert not granted.is_set()
-            one.resume("p")
-            with trio.fail_after(LEASE / 3):
-                await granted.wait()
-
-
-async def test_a_process_that_never_used_the_provider_resumes_the_fleet(
-    server: RedisServer,
-) -> None:
-    async with AsyncExitStack() as stack:
-        one, two = await open_fleet(stack, server, 2, {"p": 1})
-        bystander = (await open_fleet(stack, server, 1))[0]
-        one.report_rate_limit("p", retry_after=30.0)
-        await until(lambda: one.statistics().providers["p"].paused)
-        async with trio.open_nursery() as nursery:
-            granted = trio.Event()
-
-            async def wait() -> None:
-                async with two.slot("p"):
-                    granted.set()
-
-            nursery.start_soon(wait)
-            await until(lambda: two.statistics().providers["p"].paused)
-            assert "p" not in bystander.statistics().providers
-            bystander.resume("p")
+            resumer.resume("p")
             with trio.fail_after(LEASE / 3):
                 await granted.wait()
 

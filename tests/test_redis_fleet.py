@@ -9,14 +9,10 @@ slack, and the order of events is what is asserted.
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
 import signal
-import subprocess
-import sys
-from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING
 
 import pytest
 import trio
@@ -30,9 +26,10 @@ from trio_dispatch.testing import (
 )
 
 from ._redis import RedisServer, coredis_leaks, needs_redis
+from ._workers import worker
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import Callable
 
     from trio_dispatch import Dispatcher
     from trio_dispatch.testing import FakeLLMServer, FakeRequest
@@ -41,43 +38,6 @@ pytestmark = needs_redis
 
 ROOT = pathlib.Path(__file__).parent.parent
 LEASE = 1.5
-
-
-class Worker:
-    """A fleet process, read line by line."""
-
-    def __init__(self, process: trio.Process) -> None:
-        self.process = process
-        self._buffer = b""
-
-    async def line(self) -> dict[str, Any]:
-        stdout = self.process.stdout
-        assert stdout is not None
-        while b"\n" not in self._buffer:
-            chunk = await stdout.receive_some()
-            if not chunk:
-                raise AssertionError(f"the worker ended: {self.process.returncode}")
-            self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        result: dict[str, Any] = json.loads(line)
-        return result
-
-
-@asynccontextmanager
-async def worker(**settings: Any) -> AsyncIterator[Worker]:  # noqa: ANN401  # JSON values
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "tests._fleet_worker", json.dumps(settings)],
-        stdout=subprocess.PIPE,
-        cwd=ROOT,
-        env=env,
-    )
-    try:
-        yield Worker(process)
-    finally:
-        process.kill()
-        with trio.move_on_after(5, shield=True):
-            await process.wait()
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -101,6 +61,7 @@ async def run_conversations(
         workers = [
             await stack.enter_async_context(
                 worker(
+                    "tests._fleet_worker",
                     mode="conversations",
                     name=f"w{n}",
                     base_url=llm.openai_base_url,
@@ -165,6 +126,7 @@ async def test_slots_of_a_killed_process_come_back_after_the_lease(
 ) -> None:
     async with (
         worker(
+            "tests._fleet_worker",
             mode="hold",
             redis_url=server.url,
             namespace="fleet",
