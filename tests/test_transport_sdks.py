@@ -286,15 +286,16 @@ async def test_a_429_with_retry_after_pauses_every_call_of_the_provider(
 
 
 async def test_an_sdk_retry_of_a_429_waits_for_the_pause() -> None:
-    # "a" gets a 429 saying 1 s; "b", in flight beside it, a 429 saying 2 s
-    # a little later. The SDK retries "a" after its own 1 s, outside the
-    # slot: it queues again, and waits until the pause of "b" ends.
+    # "b" is in flight first, and gets a 429 saying 2 s half a second after
+    # it arrived; "a", sent once "b" has arrived, gets a 429 saying 1 s at
+    # once. The SDK retries "a" after its own 1 s, outside the slot, when
+    # the pause of "b" has begun: it queues again, and waits until it ends.
     def choose(request: FakeRequest) -> FakeReply | None:
         retry = request.headers.get("x-stainless-retry-count", "0")
         if last_text(request) == "a" and retry == "0":
             return FakeReply(fault=Fault("rate_limit", retry_after=1))
         if last_text(request) == "b":
-            return FakeReply(latency=0.2, fault=Fault("rate_limit", retry_after=2))
+            return FakeReply(latency=0.5, fault=Fault("rate_limit", retry_after=2))
         return None
 
     script = FakeScript(default=FakeReply(text=TEXT), choose=choose)
@@ -310,15 +311,21 @@ async def test_an_sdk_retry_of_a_429_waits_for_the_pause() -> None:
                 await openai_text(oa, "b")
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(a)
             nursery.start_soon(b)
+            # Ordered by what the server saw, not by time: a loaded machine
+            # may take long to send "b".
+            with trio.fail_after(10):
+                while not arrivals(server, "b"):  # noqa: ASYNC110 (the server's record, across a socket)
+                    await trio.sleep(0.005)
+            nursery.start_soon(a)
     assert texts == [TEXT]
     first, retry = arrivals(server, "a")
     (other,) = arrivals(server, "b")
+    assert first.arrived_at >= other.arrived_at
     assert retry.headers["x-stainless-retry-count"] == "1"
-    # The SDK alone would have sent it again 1 s after the first answer.
-    assert retry.arrived_at >= other.arrived_at + 0.2 + 2.0
-    assert retry.arrived_at >= first.arrived_at + 2.0
+    # The SDK alone would have sent it again 1 s after the first answer;
+    # the pause of "b" held it until 2 s after the answer of "b".
+    assert retry.arrived_at >= other.arrived_at + 0.5 + 2.0
 
 
 async def test_requests_that_run_no_model_pass_without_a_slot() -> None:
