@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING
 import httpx
 import httpx2
 import pytest
+import trio
 
 from trio_dispatch.messages import TextDelta
+from trio_dispatch.providers import MalformedStream
 
 from ._wires import SSE_HEADERS, WIRES, Wire, collect
 
@@ -127,3 +129,53 @@ async def test_a_stream_is_utf8_whatever_charset_the_content_type_names(
         wire, [body], {"content-type": "text/event-stream; charset=iso-8859-1"}
     )
     assert TextDelta("caf\u00e9") in events
+
+
+class _Endless(httpx2.AsyncByteStream):
+    """A body that sends ``piece`` until closed, counting what was read of it."""
+
+    def __init__(self, piece: bytes) -> None:
+        self.piece = piece
+        self.sent = 0
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while not self.closed:
+            await trio.lowlevel.checkpoint()
+            self.sent += len(self.piece)
+            yield self.piece
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class _Streaming(httpx2.AsyncBaseTransport):
+    """Answers with ``body``, unread (``MockTransport`` reads a body whole)."""
+
+    def __init__(self, body: httpx2.AsyncByteStream) -> None:
+        self.body = body
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, headers=SSE_HEADERS, stream=self.body)
+
+
+@pytest.mark.parametrize(
+    "piece",
+    [b"x" * 65_536, b"data: " + b"x" * 65_530 + b"\n"],
+    ids=["a line never ended", "an event never ended"],
+)
+async def test_an_event_that_never_ends_fails_the_stream_at_its_bound(
+    wire: Wire, piece: bytes
+) -> None:
+    body = _Endless(piece)
+    client = httpx2.AsyncClient(transport=_Streaming(body))
+    async with client, wire.provider(client=client) as provider:
+        with pytest.raises(
+            MalformedStream,
+            match=r"a server-sent event grew past 16777216 bytes without ending$",
+        ):
+            await collect(provider)
+    # Read up to the bound, not on and on, and closed.
+    assert body.closed
+    # (The held bytes are the values: a little less than the lines sent.)
+    assert 16 * 1024 * 1024 < body.sent <= 16 * 1024 * 1024 + 2 * len(piece)

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trio_dispatch.providers._sse import ServerSentEvent, SSEDecoder
+from trio_dispatch.providers._sse import EventTooLarge, ServerSentEvent, SSEDecoder
 
 
 def decode(*chunks: bytes) -> list[ServerSentEvent]:
@@ -332,3 +332,63 @@ def test_every_byte_alone_decodes_as_the_whole_stream(stream: bytes) -> None:
     decoder = SSEDecoder()
     events = [e for i in range(len(stream)) for e in decoder.feed(stream[i : i + 1])]
     assert events == decode_all(stream)[0]
+
+
+# -- the bound on one event ------------------------------------------------------
+
+
+def test_an_unended_line_past_the_bound_raises() -> None:
+    decoder = SSEDecoder(max_event_bytes=10)
+    assert decoder.feed(b"data: 1234") == []  # 10 bytes: at the bound
+    with pytest.raises(
+        EventTooLarge, match=r"^a server-sent event grew past 10 bytes without ending$"
+    ):
+        decoder.feed(b"5")
+
+
+def test_an_event_whose_data_lines_pass_the_bound_raises() -> None:
+    decoder = SSEDecoder(max_event_bytes=10)
+    # Each data line holds its value and the line feed that joins it.
+    assert decoder.feed(b"data: 1234\ndata: 5678\n") == []
+    with pytest.raises(EventTooLarge):
+        decoder.feed(b"data: 9\n")
+
+
+def test_a_dispatched_event_frees_its_bytes() -> None:
+    # A line counts whole until it ends ("data: " too), then by its value.
+    decoder = SSEDecoder(max_event_bytes=14)
+    for n in range(100):
+        assert decoder.feed(b"data: 12345678\n\n") == [ServerSentEvent("12345678")]
+        assert decoder.feed(b": a comment is no part of the event\n") == []
+        assert decoder.feed(f"data: {n:08d}".encode()) == []
+        assert decoder.feed(b"\n\n") == [ServerSentEvent(f"{n:08d}")]
+
+
+@settings(max_examples=200)
+@given(
+    lines=st.lists(
+        st.binary(max_size=12).filter(lambda b: b"\n" not in b and b"\r" not in b),
+        max_size=8,
+    ),
+    limit=st.integers(1, 40),
+)
+def test_the_bound_is_the_unended_line_and_the_event_data(
+    lines: list[bytes], limit: int
+) -> None:
+    # One data line after another, never dispatched: it raises exactly
+    # when what it holds (values and their line feeds) passes the bound.
+    decoder = SSEDecoder(max_event_bytes=limit)
+    held = 0
+    for value in lines:
+        line = b"data:" + value
+        if held + len(line) > limit:
+            with pytest.raises(EventTooLarge):
+                decoder.feed(line)
+            return
+        assert decoder.feed(line) == []
+        held += len(value.removeprefix(b" ")) + 1
+        if held > limit:
+            with pytest.raises(EventTooLarge):
+                decoder.feed(b"\n")
+            return
+        assert decoder.feed(b"\n") == []

@@ -34,6 +34,7 @@ import httpx2
 import trio
 
 from .._exceptions import (
+    MalformedStream,
     Overloaded,
     ProviderError,
     RateLimited,
@@ -51,7 +52,7 @@ from ._errors import (
     status_error,
 )
 from ._ratelimit_headers import MalformedHeaderLog
-from ._sse import SSEDecoder
+from ._sse import EventTooLarge, SSEDecoder
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
@@ -408,15 +409,32 @@ class EventStream:
                         events = decoder.feed(sses[0])
                 if events:
                     break
-        except ProviderError as error:
-            self._finished = True
-            # A server could echo the key in an error event; it stops here.
-            self._provider._redact.scrub(error)
-            self._provider._report(error)
-            raise
+        except (ProviderError, EventTooLarge) as caught:
+            error = self._failed(caught)
+            if error is caught:
+                raise
+            raise error from None
         if len(events) > 1:
             pending.extend(events[1:])
         return events[0]
+
+    def _failed(self, caught: ProviderError | EventTooLarge) -> ProviderError:
+        """The stream failed with ``caught``: its error, scrubbed and reported.
+
+        An event too large to hold is a malformed stream.
+        """
+        self._finished = True
+        error = (
+            caught
+            if isinstance(caught, ProviderError)
+            else MalformedStream(
+                f"{self._provider.id}: {caught}", provider=self._provider.id
+            )
+        )
+        # A server could echo the key in an error event; it stops here.
+        self._provider._redact.scrub(error)
+        self._provider._report(error)
+        return error
 
     def _end_of_body(self) -> list[StreamEvent]:
         """The decoder's last events, or ``StopAsyncIteration`` if none.

@@ -19,6 +19,11 @@ stream" (https://html.spec.whatwg.org/multipage/server-sent-events.html):
   dispatches nothing but still resets the type;
 * an event not closed by a blank line when the stream ends is discarded.
 
+One thing the specification leaves to the client: how much an event may
+hold before it ends. A server that never ends a line, or an event, would
+make the decoder hold all it sends; past ``max_event_bytes`` (the unended
+line and the event's data so far) ``feed`` raises ``EventTooLarge``.
+
 Neither httpx-sse nor httpx2's own reader does all of this: both keep the
 byte order mark (so the first field is misread), dispatch events without
 data, and decode with the response's charset; httpx2's also accepts
@@ -36,6 +41,13 @@ from __future__ import annotations
 from typing import Final, NamedTuple, final
 
 _BOM: Final = b"\xef\xbb\xbf"
+
+MAX_EVENT_BYTES: Final = 16 * 1024 * 1024
+"""The default bound on one event (16 MiB): far above any model's answer."""
+
+
+class EventTooLarge(ValueError):
+    """An event, or a line of one, grew past the decoder's bound unended."""
 
 
 class ServerSentEvent(NamedTuple):
@@ -62,14 +74,21 @@ class SSEDecoder:
     __slots__ = (
         "_data",
         "_event",
+        "_held",
         "_last_id",
+        "_limit",
         "_parts",
         "_skip_lf",
         "_started",
+        "_unended",
         "retry",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self._limit = max_event_bytes
+        # Bytes of the current event's data lines, and of the unended line.
+        self._held = 0
+        self._unended = 0
         self._parts: list[bytes] = []  # the line not yet ended
         self._started = False  # whether the byte order mark was looked for
         self._skip_lf = False  # the last chunk ended in CR: LF may follow
@@ -85,7 +104,12 @@ class SSEDecoder:
         return self._last_id
 
     def feed(self, chunk: bytes) -> list[ServerSentEvent]:
-        """The events that ``chunk`` completes, in order (often none)."""
+        """The events that ``chunk`` completes, in order (often none).
+
+        Raises:
+            EventTooLarge: The current event (its data and its unended
+                line) holds more than ``max_event_bytes``.
+        """
         if not chunk:
             return []
         if self._skip_lf:
@@ -107,6 +131,8 @@ class SSEDecoder:
         if b"\n" not in chunk:
             if chunk:
                 self._parts.append(chunk)
+                self._unended += len(chunk)
+                self._check()
             return []
         lines = chunk.split(b"\n")
         parts = self._parts
@@ -115,9 +141,19 @@ class SSEDecoder:
             lines[0] = b"".join(parts)
             parts.clear()
         last = lines.pop()
+        events = self._interpret(lines)
+        self._unended = len(last)
         if last:
             parts.append(last)
-        return self._interpret(lines)
+        if self._held or last:
+            self._check()
+        return events
+
+    def _check(self) -> None:
+        if self._held + self._unended > self._limit:
+            raise EventTooLarge(
+                f"a server-sent event grew past {self._limit} bytes without ending"
+            )
 
     def _interpret(self, lines: list[bytes]) -> list[ServerSentEvent]:
         events: list[ServerSentEvent] = []
@@ -137,6 +173,7 @@ class SSEDecoder:
                         )
                     )
                     data.clear()
+                    self._held = 0
                 self._event = b""
                 continue
             if line[0] == 0x3A:  # ":" a comment
@@ -151,6 +188,7 @@ class SSEDecoder:
                     value = value[1:]
             if name == b"data":
                 data.append(value)
+                self._held += len(value) + 1
             elif name == b"event":
                 self._event = value
             elif name == b"id":
