@@ -66,7 +66,7 @@ import math
 import sys
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Final, final
+from typing import TYPE_CHECKING, Final, Generic, Protocol, Self, TypeVar, final
 
 import httpx2
 import trio
@@ -463,11 +463,21 @@ class _Timed:
         return swallowed
 
 
-@final
-class _HeldBody(httpx2.AsyncByteStream):
-    """A response body that holds its call's slot until it is closed."""
+class _Stream(Protocol):
+    """A response body of either httpx: chunks, and a close."""
 
-    def __init__(self, inner: httpx2.AsyncByteStream, hold: Hold) -> None:
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class HeldBodyBase:
+    """A response body that holds its call's slot until it is closed.
+
+    Mixed into each httpx's ``AsyncByteStream``, before it.
+    """
+
+    def __init__(self, inner: _Stream, hold: Hold) -> None:
         self._inner = inner
         self._hold = hold
         self._chunks: HeldChunks | None = None
@@ -482,6 +492,11 @@ class _HeldBody(httpx2.AsyncByteStream):
         if self._chunks is not None:
             # Closed before its end: the inner iterator is closed too.
             await self._chunks.close_inner()
+
+
+@final
+class _HeldBody(HeldBodyBase, httpx2.AsyncByteStream):
+    """An httpx2 response body that holds its call's slot until it is closed."""
 
 
 @final
@@ -546,13 +561,42 @@ class HeldChunks:
             await aclose()
 
 
-@final
-class DispatchTransport(httpx2.AsyncBaseTransport):
-    """``Dispatcher.transport``: model calls hold a slot of one provider."""
+class _Inner(Protocol):
+    """A transport of either httpx, as the wrapper uses it."""
 
-    def __init__(
-        self, dispatcher: Dispatcher, provider: str, inner: httpx2.AsyncBaseTransport
-    ) -> None:
+    async def __aenter__(self) -> object: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _Answer(Protocol):
+    """What a hold needs of a response of either httpx."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def is_closed(self) -> bool: ...
+
+
+InnerT = TypeVar("InnerT", bound=_Inner)
+AnswerT = TypeVar("AnswerT", bound=_Answer)
+
+
+class TransportBase(Generic[InnerT]):
+    """``Dispatcher.transport`` whatever its httpx; mixed in before its base."""
+
+    def __init__(self, dispatcher: Dispatcher, provider: str, inner: InnerT) -> None:
         self._dispatcher = dispatcher
         self._provider = provider
         self._inner = inner
@@ -561,7 +605,7 @@ class DispatchTransport(httpx2.AsyncBaseTransport):
     def __repr__(self) -> str:
         return f"<trio_dispatch transport {self._provider!r} inner={self._inner!r}>"
 
-    async def __aenter__(self) -> DispatchTransport:
+    async def __aenter__(self) -> Self:
         await self._inner.__aenter__()
         return self
 
@@ -573,29 +617,51 @@ class DispatchTransport(httpx2.AsyncBaseTransport):
     ) -> None:
         await self._inner.__aexit__(exc_type, exc_value, traceback)
 
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        """Send ``request``, holding a slot first if it is a model call."""
-        if not takes_slot(request.method, request.url.path):
-            return await self._inner.handle_async_request(request)
-        try:
-            content: bytes | None = request.content
-        except httpx2.RequestNotRead:
-            content = None
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def _held(
+        self, content: bytes | None, send: Callable[[], Awaitable[AnswerT]]
+    ) -> tuple[AnswerT, Hold | None]:
+        """Send a model call under a slot (``send``): its answer, and its hold.
+
+        The hold is ``None`` when nothing more is on the wire (a body read
+        already, as a mock's): the slot is back. Otherwise the response's
+        body keeps it until closed.
+        """
         hold = await Hold.take(self._dispatcher, self._provider, self._reader, content)
         try:
             with hold.timed():
-                response = await self._inner.handle_async_request(request)
+                response = await send()
             hold.answered(response.status_code, response.headers)
         except BaseException:
             hold.give_back()
             raise
         if response.is_closed:
-            # Its body was read already (a mock's): nothing more on the wire.
             hold.give_back()
-        else:
+            return response, None
+        return response, hold
+
+
+@final
+class DispatchTransport(
+    TransportBase[httpx2.AsyncBaseTransport], httpx2.AsyncBaseTransport
+):
+    """``Dispatcher.transport``: model calls hold a slot of one provider."""
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        """Send ``request``, holding a slot first if it is a model call."""
+        inner = self._inner
+        if not takes_slot(request.method, request.url.path):
+            return await inner.handle_async_request(request)
+        try:
+            content: bytes | None = request.content
+        except httpx2.RequestNotRead:
+            content = None
+        response, hold = await self._held(
+            content, lambda: inner.handle_async_request(request)
+        )
+        if hold is not None:
             assert isinstance(response.stream, httpx2.AsyncByteStream)
             response.stream = _HeldBody(response.stream, hold)
         return response
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
