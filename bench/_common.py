@@ -11,14 +11,16 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, final
 
 import attrs
 import trio
 
 import trio_dispatch
+from trio_dispatch.testing import percentile
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -89,6 +91,49 @@ def paired(
     if not first or len(first) != len(second):
         raise ValueError("samples must come in pairs, at least one")
     return list(zip(first, second, strict=True))
+
+
+@final
+@attrs.frozen
+class AddedLatency:
+    """Latency of one measure, direct and through trio-dispatch, in microseconds.
+
+    Attributes:
+        direct_p50: Median of the direct calls.
+        direct_p99: 99th percentile of the direct calls.
+        through_p50: Median of the calls through trio-dispatch.
+        through_p99: 99th percentile of the calls through it.
+        added_p50: ``through_p50 - direct_p50``.
+        added_p99: ``through_p99 - direct_p99``.
+        added_paired_median: Median of the per-pair differences.
+    """
+
+    direct_p50: float
+    direct_p99: float
+    through_p50: float
+    through_p99: float
+    added_p50: float
+    added_p99: float
+    added_paired_median: float
+
+    @classmethod
+    def from_samples(
+        cls, direct: Sequence[float], through: Sequence[float]
+    ) -> AddedLatency:
+        """Summarise paired samples, in seconds, as microseconds."""
+        pairs = paired(direct, through)
+        d50, d99 = percentile(direct, 50), percentile(direct, 99)
+        t50, t99 = percentile(through, 50), percentile(through, 99)
+        added = statistics.median(t - d for d, t in pairs)
+        return cls(
+            direct_p50=1e6 * d50,
+            direct_p99=1e6 * d99,
+            through_p50=1e6 * t50,
+            through_p99=1e6 * t99,
+            added_p50=1e6 * (t50 - d50),
+            added_p99=1e6 * (t99 - d99),
+            added_paired_median=1e6 * added,
+        )
 
 
 def plain(value: attrs.AttrsInstance) -> dict[str, Any]:

@@ -39,7 +39,6 @@ import gc
 import json
 import math
 import pathlib
-import statistics
 import sys
 import time
 import warnings
@@ -55,67 +54,23 @@ from trio_dispatch.testing import (
     FakeReply,
     FakeScript,
     open_fake_llm_server,
-    percentile,
 )
 
 from _common import (
+    AddedLatency,
     count,
     count_option,
     environment,
     finish,
-    paired,
     plain,
     show_progress,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable
 
 _REPLY_TEXT: Final = "one two three four five six seven eight"
 _MESSAGES: Final[list[Any]] = [{"role": "user", "content": "Say eight words."}]
-
-
-@final
-@attrs.frozen
-class CallLatency:
-    """One measure (first chunk, or stream end), both paths, in µs.
-
-    Attributes:
-        direct_p50: Median of the direct calls.
-        direct_p99: 99th percentile of the direct calls.
-        transport_p50: Median of the calls through the transport.
-        transport_p99: 99th percentile of the calls through the transport.
-        added_p50: ``transport_p50 - direct_p50``.
-        added_p99: ``transport_p99 - direct_p99``.
-        added_paired_median: Median of the per-pair differences.
-    """
-
-    direct_p50: float
-    direct_p99: float
-    transport_p50: float
-    transport_p99: float
-    added_p50: float
-    added_p99: float
-    added_paired_median: float
-
-    @classmethod
-    def from_samples(
-        cls, direct: Sequence[float], through: Sequence[float]
-    ) -> CallLatency:
-        """Summarise paired samples, in seconds, as microseconds."""
-        pairs = paired(direct, through)
-        d50, d99 = percentile(direct, 50), percentile(direct, 99)
-        t50, t99 = percentile(through, 50), percentile(through, 99)
-        added = statistics.median(t - d for d, t in pairs)
-        return cls(
-            direct_p50=1e6 * d50,
-            direct_p99=1e6 * d99,
-            transport_p50=1e6 * t50,
-            transport_p99=1e6 * t99,
-            added_p50=1e6 * (t50 - d50),
-            added_p99=1e6 * (t99 - d99),
-            added_paired_median=1e6 * added,
-        )
 
 
 @final
@@ -136,8 +91,8 @@ class TransportBenchReport:
     calls: int
     warmup: int
     limit: int
-    first_chunk: CallLatency
-    stream_end: CallLatency
+    first_chunk: AddedLatency
+    stream_end: AddedLatency
     environment: dict[str, str]
 
     def to_dict(self) -> dict[str, Any]:
@@ -168,9 +123,9 @@ class TransportBenchReport:
             ("Time to stream end", self.stream_end),
         ):
             lines.append(
-                f"| {label} | {m.direct_p50:,.0f} | {m.transport_p50:,.0f}"
+                f"| {label} | {m.direct_p50:,.0f} | {m.through_p50:,.0f}"
                 f" | {m.added_p50:+,.0f} | {m.direct_p99:,.0f}"
-                f" | {m.transport_p99:,.0f} | {m.added_p99:+,.0f}"
+                f" | {m.through_p99:,.0f} | {m.added_p99:+,.0f}"
                 f" | {m.added_paired_median:+,.0f} |"
             )
         return "\n".join(lines) + "\n"
@@ -279,10 +234,10 @@ def run_transport_benchmark(
         calls=calls,
         warmup=warmup,
         limit=limit,
-        first_chunk=CallLatency.from_samples(
+        first_chunk=AddedLatency.from_samples(
             [first for first, _ in direct], [first for first, _ in through]
         ),
-        stream_end=CallLatency.from_samples(
+        stream_end=AddedLatency.from_samples(
             [end for _, end in direct], [end for _, end in through]
         ),
         environment=_environment(),

@@ -18,19 +18,22 @@ from ._bench import BENCH, ROOT, load_bench_script
 if TYPE_CHECKING:
     from pathlib import Path
 
-    # mypy reads bench/http_latency.py itself (bench/ is among its files).
     import http_latency
+
+    # mypy reads bench/ itself (it is among its files).
+    import _common
 else:
+    _common = load_bench_script("_common")
     http_latency = load_bench_script("http_latency")
 
-PathLatency = http_latency.PathLatency
+AddedLatency = _common.AddedLatency
 run_http_benchmark = http_latency.run_http_benchmark
 
 LATENCY_FIELDS = {
     "direct_p50",
     "direct_p99",
-    "wrapped_p50",
-    "wrapped_p99",
+    "through_p50",
+    "through_p99",
     "added_p50",
     "added_p99",
     "added_paired_median",
@@ -44,9 +47,9 @@ def test_the_http_benchmark_runs_tiny_and_reports_both_paths() -> None:
     assert (data["calls"], data["warmup"], data["limit"]) == (3, 1, 8)
     for measure in ("first_event", "stream_end"):
         assert set(data[measure]) == LATENCY_FIELDS
-        latency: PathLatency = getattr(report, measure)
+        latency: _common.AddedLatency = getattr(report, measure)
         assert latency.added_p50 == pytest.approx(
-            latency.wrapped_p50 - latency.direct_p50
+            latency.through_p50 - latency.direct_p50
         )
     table = report.to_markdown().splitlines()
     assert table[-2].startswith("| Time to first event |")
@@ -63,18 +66,18 @@ def test_the_http_benchmark_checks_its_arguments() -> None:
     with pytest.raises(ValueError, match=r"^limit must be a positive integer, got 0$"):
         run_http_benchmark(limit=0)
     with pytest.raises(ValueError, match=r"^samples must come in pairs, at least one$"):
-        PathLatency.from_samples([], [])
+        AddedLatency.from_samples([], [])
     with pytest.raises(ValueError, match=r"^samples must come in pairs, at least one$"):
-        PathLatency.from_samples([1.0, 2.0], [1.0])
+        AddedLatency.from_samples([1.0, 2.0], [1.0])
 
 
 def test_paired_summaries_use_the_interpolated_percentiles() -> None:
     # Seconds in, microseconds out; p99 of two samples lies 99% of the way up.
-    latency = PathLatency.from_samples([0.001, 0.003], [0.002, 0.005])
+    latency = AddedLatency.from_samples([0.001, 0.003], [0.002, 0.005])
     assert latency.direct_p50 == pytest.approx(2000)
     assert latency.direct_p99 == pytest.approx(2980)
-    assert latency.wrapped_p50 == pytest.approx(3500)
-    assert latency.wrapped_p99 == pytest.approx(4970)
+    assert latency.through_p50 == pytest.approx(3500)
+    assert latency.through_p99 == pytest.approx(4970)
     assert latency.added_p50 == pytest.approx(1500)
     assert latency.added_p99 == pytest.approx(1990)
     # The pairs differ by 1 ms and 2 ms.
