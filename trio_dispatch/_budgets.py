@@ -225,6 +225,13 @@ class BudgetStatistics:
     waiting_for_budget: bool
 
 
+def refilled(level: float, capacity: float, rate: float, seconds: float) -> float:
+    """A bucket's level ``seconds`` later, refilling ``rate`` per second."""
+    if seconds <= 0 or level >= capacity:
+        return level
+    return min(capacity, level + rate * seconds)
+
+
 @final
 class Bucket:
     """A budget that refills continuously: ``rate`` per second, up to ``capacity``."""
@@ -254,9 +261,7 @@ class Bucket:
 
     def at(self, seconds: float) -> float:
         """The level ``seconds`` from now, if nothing is charged meanwhile."""
-        if seconds <= 0 or self.level >= self.capacity:
-            return self.level
-        return min(self.capacity, self.level + self.rate * seconds)
+        return refilled(self.level, self.capacity, self.rate, seconds)
 
     def take(self, amount: float) -> None:
         """Charge ``amount`` (a negative amount gives back, up to the capacity)."""

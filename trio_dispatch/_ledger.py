@@ -140,6 +140,17 @@ local function paused_for()
   if u > 0 then redis.call('HDEL', conf, 'pause_until') end
   return 0
 end
+-- A budget's bucket from its stored fields (capacity, refill per ms, level,
+-- server time of the level, configured or learned), refilled up to now.
+local function load_bucket(cap, rate, lvl, at, cfg)
+  local b = {cap = tonumber(cap), rate = tonumber(rate), lvl = tonumber(lvl),
+    at = tonumber(at), cfg = cfg == '1'}
+  if now > b.at then
+    if b.lvl < b.cap then b.lvl = math.min(b.cap, b.lvl + b.rate * (now - b.at)) end
+    b.at = now
+  end
+  return b
+end
 -- A limit as a process sends it: 'none', 'N', or 'N,minimum,maximum,backoff'
 -- for an adaptive limit starting at N. Stores it; returns the limit.
 local function store_limit(spec)
@@ -198,13 +209,7 @@ end
 -- whether it was configured (else learned); refilled up to now.
 local function bucket(o)
   if not c[o] then return nil end
-  local b = {cap = tonumber(c[o]), rate = tonumber(c[o + 1]),
-    lvl = tonumber(c[o + 2]), at = tonumber(c[o + 3]), cfg = c[o + 4] == '1'}
-  if now > b.at then
-    if b.lvl < b.cap then b.lvl = math.min(b.cap, b.lvl + b.rate * (now - b.at)) end
-    b.at = now
-  end
-  return b
+  return load_bucket(c[o], c[o + 1], c[o + 2], c[o + 3], c[o + 4])
 end
 local R, T = bucket(10), bucket(15)
 local learned = c[20] == '1'
@@ -453,9 +458,9 @@ if budgeted then
       fields[#fields + 1] = pair[1] .. '_lvl'; fields[#fields + 1] = num(b.lvl)
       fields[#fields + 1] = pair[1] .. '_at'; fields[#fields + 1] = now
       fields[#fields + 1] = pair[1] .. '_cfg'; fields[#fields + 1] = b.cfg and 1 or 0
-      shown[#shown + 1] = num(b.rate * 60000) .. ',' .. num(b.lvl)
+      shown[#shown + 1] = num(b.rate * 60000) .. ',' .. num(b.lvl) .. ',' .. num(b.cap)
     else
-      shown[#shown + 1] = ','
+      shown[#shown + 1] = ',,'
     end
   end
   if learned then fields[#fields + 1] = 'learned'; fields[#fields + 1] = 1 end
@@ -509,10 +514,7 @@ for j, k in ipairs({'r', 't'}) do
   if per_minute then
     local lvl = per_minute
     if c[1] then
-      lvl = tonumber(c[3])
-      local at = tonumber(c[4])
-      if now > at then lvl = math.min(tonumber(c[1]), lvl + tonumber(c[2]) * (now - at)) end
-      lvl = math.min(lvl, per_minute)
+      lvl = math.min(load_bucket(c[1], c[2], c[3], c[4], c[5]).lvl, per_minute)
     end
     redis.call('HSET', conf, k .. '_cap', num(per_minute), k .. '_rate',
       num(per_minute / 60000), k .. '_lvl', num(lvl), k .. '_at', now, k .. '_cfg', 1)
@@ -674,8 +676,10 @@ class LedgerBudget:
     Attributes:
         requests_per_minute: The request budget's rate, or ``None``.
         requests_available: Requests its bucket holds, or ``None``.
+        requests_capacity: The most its bucket holds, or ``None``.
         tokens_per_minute: The token budget's rate, or ``None``.
         tokens_available: Tokens its bucket holds, or ``None``.
+        tokens_capacity: The most its bucket holds, or ``None``.
         learned: Whether figures of answers were learned.
         ready_in: Seconds until the head of the queue fits the budgets,
             if they hold it back (else ``None``).
@@ -683,8 +687,10 @@ class LedgerBudget:
 
     requests_per_minute: float | None
     requests_available: float | None
+    requests_capacity: float | None
     tokens_per_minute: float | None
     tokens_available: float | None
+    tokens_capacity: float | None
     learned: bool
     ready_in: float | None
 
@@ -696,12 +702,14 @@ def _float(text: str) -> float | None:
 def _budget_of(text: str) -> LedgerBudget | None:
     if not text:
         return None
-    r_pm, r_lvl, t_pm, t_lvl, learned, ready_in = text.split(",")
+    r_pm, r_lvl, r_cap, t_pm, t_lvl, t_cap, learned, ready_in = text.split(",")
     return LedgerBudget(
         requests_per_minute=_float(r_pm),
         requests_available=_float(r_lvl),
+        requests_capacity=_float(r_cap),
         tokens_per_minute=_float(t_pm),
         tokens_available=_float(t_lvl),
+        tokens_capacity=_float(t_cap),
         learned=learned == "1",
         ready_in=None if int(ready_in) < 0 else int(ready_in) / 1000,
     )

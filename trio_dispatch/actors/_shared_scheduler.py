@@ -47,7 +47,7 @@ import attrs
 import trio
 from coredis.exceptions import RedisError
 
-from .._budgets import AdaptiveLimit, BudgetStatistics
+from .._budgets import AdaptiveLimit, BudgetStatistics, refilled
 from .._exceptions import DispatcherClosed, QueueFull
 from ..messages._scheduling import (
     Acquire,
@@ -148,31 +148,33 @@ class SharedView:
         return BudgetStatistics(
             requests_per_minute=budget.requests_per_minute,
             tokens_per_minute=budget.tokens_per_minute,
-            requests_available=_refilled(
-                budget.requests_available, budget.requests_per_minute, seconds
+            requests_available=_level(
+                budget.requests_available,
+                budget.requests_capacity,
+                budget.requests_per_minute,
+                seconds,
             ),
-            tokens_available=_refilled(
-                budget.tokens_available, budget.tokens_per_minute, seconds
+            tokens_available=_level(
+                budget.tokens_available,
+                budget.tokens_capacity,
+                budget.tokens_per_minute,
+                seconds,
             ),
             learned=budget.learned,
             waiting_for_budget=self.budget_ready_at is not None,
         )
 
 
-def _refilled(
-    level: float | None, per_minute: float | None, seconds: float
+def _level(
+    level: float | None,
+    capacity: float | None,
+    per_minute: float | None,
+    seconds: float,
 ) -> float | None:
-    """A bucket's level ``seconds`` later: refilled, up to a minute's worth.
-
-    The capacity of a learned bucket may exceed its rate's minute (a window
-    longer than a minute); the level shown then stops at that minute's worth,
-    a lower bound of what the ledger holds.
-    """
-    if level is None or per_minute is None:
+    """A bucket's level ``seconds`` after the round that saw it, if it has one."""
+    if level is None or capacity is None or per_minute is None:
         return level
-    if level >= per_minute:
-        return level
-    return min(per_minute, level + per_minute / 60.0 * seconds)
+    return refilled(level, capacity, per_minute / 60.0, seconds)
 
 
 @final
