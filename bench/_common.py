@@ -136,6 +136,23 @@ class AddedLatency:
         )
 
 
+def latency_table(through: str, rows: Sequence[tuple[str, AddedLatency]]) -> list[str]:
+    """A markdown table of ``rows`` (label, latency), in µs; ``through`` names the path."""
+    lines = [
+        f"| Measure | Direct p50 | {through} p50 | Added p50 | Direct p99"
+        f" | {through} p99 | Added p99 | Added, paired median |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for label, m in rows:
+        lines.append(
+            f"| {label} | {m.direct_p50:,.0f} | {m.through_p50:,.0f}"
+            f" | {m.added_p50:+,.0f} | {m.direct_p99:,.0f}"
+            f" | {m.through_p99:,.0f} | {m.added_p99:+,.0f}"
+            f" | {m.added_paired_median:+,.0f} |"
+        )
+    return lines
+
+
 def plain(value: attrs.AttrsInstance) -> dict[str, Any]:
     """An attrs value as JSON's own types: fields as keys, tuples as lists."""
     return attrs.asdict(value, value_serializer=_listed)

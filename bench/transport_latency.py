@@ -62,6 +62,7 @@ from _common import (
     count_option,
     environment,
     finish,
+    latency_table,
     plain,
     show_progress,
 )
@@ -114,20 +115,14 @@ class TransportBenchReport:
             f"{self.calls:,} calls per path against the fake LLM server on loopback,"
             f" interleaved, after {self.warmup} warm-up calls each; µs.",
             "",
-            "| Measure | Direct p50 | Transport p50 | Added p50 | Direct p99"
-            " | Transport p99 | Added p99 | Added, paired median |",
-            "|---|--:|--:|--:|--:|--:|--:|--:|",
+            *latency_table(
+                "Transport",
+                [
+                    ("Time to first chunk", self.first_chunk),
+                    ("Time to stream end", self.stream_end),
+                ],
+            ),
         ]
-        for label, m in (
-            ("Time to first chunk", self.first_chunk),
-            ("Time to stream end", self.stream_end),
-        ):
-            lines.append(
-                f"| {label} | {m.direct_p50:,.0f} | {m.through_p50:,.0f}"
-                f" | {m.added_p50:+,.0f} | {m.direct_p99:,.0f}"
-                f" | {m.through_p99:,.0f} | {m.added_p99:+,.0f}"
-                f" | {m.added_paired_median:+,.0f} |"
-            )
         return "\n".join(lines) + "\n"
 
 
