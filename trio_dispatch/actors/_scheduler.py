@@ -305,13 +305,10 @@ class SchedulerActor:
             self._replies.pop(message.ticket, None)
             grants = policy.cancel(message.ticket)
         elif isinstance(message, SetLimit):
-            previous = policy.limit
-            try:
-                grants = policy.set_limit(message.limit)
-            except (TypeError, ValueError) as exc:
-                self._drop(message, exc)
+            applied = self._set_limit(message)
+            if applied is None:
                 return
-            self._log_limit(previous, message.limit)
+            grants = applied[1]
         elif isinstance(message, Pause):
             self._pause(message, now)
             return
@@ -319,6 +316,18 @@ class SchedulerActor:
             grants = self._rarely(message)
         if grants:
             self._deliver(grants, now)
+
+    def _set_limit(self, message: SetLimit) -> tuple[int | None, list[Ticket]] | None:
+        """Apply ``message``: the limit before and the grants, or ``None`` if refused."""
+        policy = self.policy
+        previous = policy.limit
+        try:
+            grants = policy.set_limit(message.limit)
+        except (TypeError, ValueError) as exc:
+            self._drop(message, exc)
+            return None
+        self._log_limit(previous, message.limit)
+        return previous, grants
 
     def _rarely(
         self, message: Resume | ReportUsage | Answered | ObserveRateLimits | Adapt
@@ -347,13 +356,10 @@ class SchedulerActor:
             self._acquire_observed(message, now)
             return
         elif isinstance(message, SetLimit):
-            previous = policy.limit
-            try:
-                grants = policy.set_limit(message.limit)
-            except (TypeError, ValueError) as exc:
-                self._drop(message, exc)
+            applied = self._set_limit(message)
+            if applied is None:
                 return
-            self._log_limit(previous, message.limit)
+            previous, grants = applied
             if previous != message.limit:
                 emit(LimitChanged(provider, now, message.limit, previous))
         elif isinstance(message, Pause):
