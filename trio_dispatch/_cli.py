@@ -191,7 +191,9 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Start two fake LLM servers on loopback (OpenAI and Anthropic wire"
             " formats), run a fleet of agent conversations with tools through"
-            " one dispatcher, show live progress, and end with a summary."
+            " one dispatcher (oldest-first), then the same fleet behind a plain"
+            " FIFO limiter against the same scripted servers; show live"
+            " progress, and end with both runs side by side."
         ),
     )
     demo.add_argument(
@@ -215,16 +217,16 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--limit-openai",
         type=_count(_MAX_DEMO_LIMIT),
-        default=4,
+        default=6,
         help="concurrent streams to the OpenAI-style server,"
-        f" 1 to {_MAX_DEMO_LIMIT} (default 4)",
+        f" 1 to {_MAX_DEMO_LIMIT} (default 6)",
     )
     demo.add_argument(
         "--limit-anthropic",
         type=_count(_MAX_DEMO_LIMIT),
-        default=3,
+        default=4,
         help="concurrent streams to the Anthropic-style server,"
-        f" 1 to {_MAX_DEMO_LIMIT} (default 3)",
+        f" 1 to {_MAX_DEMO_LIMIT} (default 4)",
     )
     demo.add_argument(
         "--load",

@@ -101,8 +101,8 @@ class DemoOptions:
     agents: int = attrs.field(default=100, validator=positive_int)
     turns: int = attrs.field(default=1, validator=positive_int)
     max_calls: int = attrs.field(default=8, validator=positive_int)
-    limit_openai: int = attrs.field(default=4, validator=positive_int)
-    limit_anthropic: int = attrs.field(default=3, validator=positive_int)
+    limit_openai: int = attrs.field(default=6, validator=positive_int)
+    limit_anthropic: int = attrs.field(default=4, validator=positive_int)
     load: float = attrs.field(default=1.0)
     rate_limit_rate: float = attrs.field(
         default=0.02, validator=validator(check_fraction)
