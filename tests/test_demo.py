@@ -67,15 +67,15 @@ async def test_both_runs_meet_the_same_scripted_provider() -> None:
             assert summary.server_peak_in_flight <= summary.limit
     for provider in PROVIDERS:
         assert first.answers[provider] == fifo.answers[provider]
-    answers = [a for provider in PROVIDERS for a in first.answers[provider]]
-    assert any(a.status == 429 for a in answers)
-    assert any(a.call > 0 for a in answers), "multi-call tool loops"
+    every = [a for provider in PROVIDERS for a in first.answers[provider]]
+    assert any(a.status == 429 for a in every)
+    assert any(a.call > 0 for a in every), "multi-call tool loops"
     # Each retry after a 429 is the next attempt at the same call.
-    for a in answers:
+    for a in every:
         if a.attempt:
             assert (
                 ScriptedAnswer(a.agent, a.turn, a.call, a.attempt - 1, 429, 0.0)
-                in answers
+                in every
             )
     # The FIFO baseline honours Retry-After as the dispatcher does.
     assert sum(map(len, fifo.pauses.values())) > 0
@@ -348,7 +348,7 @@ def test_ctrl_c_in_the_fifo_run_keeps_the_first_runs_results(tmp_path: Path) -> 
     ) as process:
         try:
             assert process.stdout is not None
-            lines = []
+            lines: list[str] = []
             while not (line := process.stdout.readline()).startswith("1/2 "):
                 assert line, f"the first run never ended: {lines}"
                 lines.append(line)
