@@ -9,7 +9,10 @@ import subprocess
 import time
 from typing import TYPE_CHECKING
 
+import pytest
+
 from trio_dispatch._cli import (
+    _binned,
     _demo_plot,
     _demo_table,
     _figure_png,
@@ -369,3 +372,16 @@ def test_ctrl_c_in_the_fifo_run_keeps_the_first_runs_results(tmp_path: Path) -> 
     assert sum(p["turns"] for p in report["oldest_first"]["providers"]) == 12
     assert (out / "demo.png").read_bytes().startswith(PNG_MAGIC)
     assert sorted(path.name for path in out.iterdir()) == ["demo.json", "demo.png"]
+
+
+def test_the_timeline_means_stay_within_what_was_drawn() -> None:
+    # Changes on the bins' edges, where rounding once put a whole span
+    # into one bin and drew more slots in use than the limit.
+    points = [(k * 0.1, 4 - k % 2, k % 3) for k in range(100)]
+    times, means = _binned(points, 1, 0.2, 10.0)
+    assert len(times) == len(means) == 51
+    assert times[:3] == [0.0, 0.2, 0.4]
+    assert means == pytest.approx([3.5] * 51)
+    assert max(means) <= 4
+    _, waiting = _binned([(0.0, 0, 0), (0.1, 2, 1), (0.5, 0, 0)], 2, 0.2, 0.6)
+    assert waiting == pytest.approx([0.5, 1.0, 0.5, 0.5])

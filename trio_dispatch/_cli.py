@@ -1009,13 +1009,13 @@ def _binned(
     ):
         start, stop = changed, min(following[0], end)
         value = values[column - 1]
+        index = min(int(start / width), count - 1)
         while start < stop:
-            index = min(int(start / width), count - 1)
-            edge = min(stop, (index + 1) * width)
-            if edge <= start:  # the last bin, past its edge by rounding
-                edge = stop
-            sums[index] += value * (edge - start)
+            # The bin's end; the last bin takes whatever rounding leaves.
+            edge = stop if index == count - 1 else min(stop, (index + 1) * width)
+            sums[index] += value * max(0.0, edge - start)
             start = edge
+            index += 1
     times = [index * width for index in range(count)]
     return [*times, count * width], [
         *(total / width for total in sums),
@@ -1098,7 +1098,7 @@ def _latency_bars(axes: Any, report: DemoReport) -> None:  # noqa: ANN401 (matpl
                 fontweight="bold",
                 color="tab:green" if ours < fifo else "tab:red",
             )
-        axes.margins(y=0.15)
+        axes.margins(y=0.4)  # room for the ratios and the legend
     axes.set_xticks(range(len(labels)), labels, fontsize="small")
     axes.set_ylabel("seconds, both providers")
     axes.set_title("pooled figures, oldest-first / FIFO above", loc="left")
