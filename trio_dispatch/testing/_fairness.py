@@ -545,7 +545,7 @@ def draw_distribution(fig: Any, report: FairnessReport) -> None:  # noqa: ANN401
             f"turn latency, {_calls(shape)} per turn, load {high[0].load:.0%}",
             fontsize="medium",
         )
-        ax.set_xlabel("turn latency (s)")
+        ax.set_xlabel("turn latency, seconds")
         ax.set_ylabel("share of all turns done within")
         ax.set_ylim(0, 1.02)
         _scale(ax, "x", [x for row in here.values() for x in row.latency_quantiles])
