@@ -232,27 +232,27 @@ def test_demo_runs_a_fleet_over_http_within_the_limits(
         str(tmp_path),
     )
     assert status == 0, out
-    assert "12 turns completed, 0 failed" in out
-    assert "never exceeded the limits" in out
+    assert "1/2 oldest-first: 12 turns completed, 0 failed" in out
+    assert "2/2 FIFO, same fleet: 12 turns completed, 0 failed" in out
+    assert "never exceeded the limits, in either run" in out
     report = json.loads((tmp_path / "demo.json").read_text())
-    assert report["turns_completed"] == 12
-    by_provider = {p["provider"]: p for p in report["providers"]}
-    assert by_provider["openai"]["server_peak_in_flight"] <= 2
-    assert by_provider["anthropic"]["server_peak_in_flight"] <= 1
-    assert sum(p["turns"] for p in report["providers"]) == 12
-    assert all(p["llm_calls"] >= p["turns"] for p in report["providers"])
-    # The timeline from the dispatcher's events: within the limits, back
-    # to idle at the end; and the same fleet again, FIFO.
+    assert report["complete"] is True
     limits = {"openai": 2, "anthropic": 1}
-    for name, points in report["timeline"].items():
-        assert max(in_use for _, in_use, _ in points) == limits[name]
-        assert points[-1][1:] == [0, 0]
-        assert [t for t, _, _ in points] == sorted(t for t, _, _ in points)
-    assert sorted(report["pauses"]) == ["anthropic", "openai"]
-    assert {k: len(v) for k, v in report["fifo_latencies"].items()} == {
-        "openai": 6,
-        "anthropic": 6,
-    }
+    for run in (report["oldest_first"], report["fifo"]):
+        assert run["turns_completed"] == 12
+        by_provider = {p["provider"]: p for p in run["providers"]}
+        assert by_provider["openai"]["server_peak_in_flight"] <= 2
+        assert by_provider["anthropic"]["server_peak_in_flight"] <= 1
+        assert sum(p["turns"] for p in run["providers"]) == 12
+        assert all(p["llm_calls"] >= p["turns"] for p in run["providers"])
+        # The timeline (the dispatcher's events, or the FIFO limiter's):
+        # within the limits, back to idle at the end.
+        for name, points in run["timeline"].items():
+            assert max(in_use for _, in_use, _ in points) == limits[name]
+            assert points[-1][1:] == [0, 0]
+            assert [t for t, _, _ in points] == sorted(t for t, _, _ in points)
+        assert sorted(run["pauses"]) == ["anthropic", "openai"]
+        assert sum(len(v) for v in run["turn_latencies"].values()) == 12
     assert (tmp_path / "demo.png").read_bytes().startswith(PNG_MAGIC)
 
 

@@ -16,9 +16,16 @@ from trio_dispatch.testing import (
     FairnessRow,
     run_fairness_sweep,
 )
+from trio_dispatch.testing._fairness import (
+    VS_LOAD_PANELS,
+    draw_distribution,
+    draw_vs_load,
+)
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
+    from typing import Any
 
     from trio_dispatch.testing import PolicyMetrics
 
@@ -100,3 +107,146 @@ def test_the_sweep_reports_its_progress_point_by_point(report: FairnessReport) -
     again = run_fairness_sweep(report.config, progress=lambda *done: calls.append(done))
     assert calls == [(1, 4), (2, 4), (3, 4), (4, 4)]
     assert again == report
+
+
+# ------------------------------------------------------------------ plots
+
+
+def fixed_metrics(policy: str, load: float, shape: str) -> PolicyMetrics:
+    """Made-up figures: oldest-first and fifo tie on one call per turn,
+    and ``none`` drops a fifth of its turns at the high load."""
+    from trio_dispatch.testing import PolicyMetrics  # noqa: PLC0415
+
+    scale = {"oldest-first": 0.7, "fifo": 1.0, "none": 0.4}[policy]
+    if shape == "1" and policy == "oldest-first":
+        scale = 1.0
+    high = load > 0.9
+    base = (30.0 if high else 3.0) * scale
+    return PolicyMetrics(
+        policy=policy,
+        turns=100,
+        completed=80 if policy == "none" and high else 100,
+        latency_mean=base,
+        latency_p50=base / 2,
+        latency_p95=base * 2,
+        latency_p99=base * 3,
+        latency_max=base * 4,
+        slowdown_mean=1.0,
+        slowdown_p95=1.0,
+        fairness=0.5,
+        first_wait_p95=0.0 if policy == "none" else (2.0 if high else 0.5) / scale,
+        max_slot_wait=0.0 if policy == "none" else (20.0 if high else 4.0) / scale,
+        utilisation=0.9,
+        makespan=100.0,
+        rejections=0,
+    )
+
+
+@pytest.fixture
+def fixed_report() -> FairnessReport:
+    rows = []
+    for shape in ("1", "1-3"):
+        for load in (0.5, 0.95):
+            for policy in ("oldest-first", "fifo", "none"):
+                metrics = fixed_metrics(policy, load, shape)
+                quantiles = tuple(
+                    metrics.latency_p50 * (0.2 + q / 50) for q in FAIRNESS_QUANTILES
+                )
+                rows.append(FairnessRow(load, shape, metrics, quantiles))
+    config = FairnessConfig(
+        loads=(0.5, 0.95),
+        shapes=(CallsPerTurn(1, 1), CallsPerTurn(1, 3)),
+        target_shape="1-3",
+    )
+    return FairnessReport(config, tuple(rows))
+
+
+def drawn(draw: Callable[[Any, FairnessReport], None], report: FairnessReport) -> Any:  # noqa: ANN401 (a matplotlib Figure)
+    import matplotlib  # noqa: PLC0415  # optional dependency
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    figure = plt.figure(figsize=(20, 8))
+    draw(figure, report)
+    figure.canvas.draw()  # so that the tick labels are made
+    plt.close(figure)
+    return figure
+
+
+def lines_by_label(axes: Any) -> dict[str, Any]:  # noqa: ANN401 (a matplotlib Axes)
+    return {line.get_label(): line for line in axes.get_lines()}
+
+
+def test_the_load_plot_shows_wins_losses_and_completed_turns(
+    fixed_report: FairnessReport,
+) -> None:
+    figure = drawn(draw_vs_load, fixed_report)
+    axes = figure.axes
+    assert [a.get_title() for a in axes] == [
+        f"{title}, {calls} per turn"
+        for calls in ("1 call", "1-3 calls")
+        for title, _, _ in VS_LOAD_PANELS
+    ]
+    assert [title for title, _, _ in VS_LOAD_PANELS] == [
+        "p95 turn latency",
+        "p99 turn latency",
+        "first-call wait p95",
+        "longest single wait",
+        "turns completed",
+    ]
+    for each in axes:
+        assert set(lines_by_label(each)) == {
+            "oldest-first",
+            "fifo",
+            "none (completed turns only)",
+        }
+    # The completion rate: no limit drops a fifth of its turns at 95%.
+    completed = lines_by_label(axes[4])
+    assert list(completed["none (completed turns only)"].get_ydata()) == [100.0, 80.0]
+    assert list(completed["oldest-first"].get_ydata()) == [100.0, 100.0]
+    assert axes[4].get_ylabel() == "% of turns"
+    # Where the lines coincide (one call per turn), a note says so, and
+    # oldest-first's line is drawn on top of FIFO's, thinner.
+    first_row, second_row = axes[:5], axes[5:]
+    notes = "oldest-first = fifo here\n(the dashed line on the thick one)"
+    assert all(notes in [t.get_text() for t in a.texts] for a in first_row[:2])
+    assert not any(len(a.texts) for a in second_row[:4])
+    p95 = lines_by_label(first_row[0])
+    assert p95["oldest-first"].get_zorder() >= p95["fifo"].get_zorder()
+    assert list(first_row[0].get_lines()).index(p95["oldest-first"]) > list(
+        first_row[0].get_lines()
+    ).index(p95["fifo"])
+    assert p95["oldest-first"].get_linewidth() < p95["fifo"].get_linewidth()
+    # Where it loses: its first-call wait above FIFO's on multi-call turns.
+    waits = lines_by_label(second_row[2])
+    assert list(waits["oldest-first"].get_ydata()) > list(waits["fifo"].get_ydata())
+    assert axes[0].get_legend() is not None
+
+
+def test_plots_have_plain_tick_labels(fixed_report: FairnessReport) -> None:
+    for draw in (draw_vs_load, draw_distribution):
+        figure = drawn(draw, fixed_report)
+        for each in figure.axes:
+            labels = [t.get_text() for t in each.get_yticklabels()]
+            labels += [t.get_text() for t in each.get_xticklabels()]
+            assert labels
+            for label in labels:
+                assert "times" not in label
+                assert "^" not in label
+                assert "$" not in label
+        assert not any("1 calls" in a.get_title() for a in figure.axes)
+
+
+def test_the_distribution_counts_dropped_turns(fixed_report: FairnessReport) -> None:
+    figure = drawn(draw_distribution, fixed_report)
+    one, many = figure.axes
+    assert one.get_title() == "turn latency, 1 call per turn, load 95%"
+    assert many.get_title() == "turn latency, 1-3 calls per turn, load 95%"
+    assert one.get_ylabel() == "share of all turns done within"
+    lines = lines_by_label(many)
+    assert set(lines) == {"oldest-first", "fifo", "none (20% of turns dropped)"}
+    assert max(lines["none (20% of turns dropped)"].get_ydata()) == pytest.approx(0.8)
+    assert max(lines["fifo"].get_ydata()) == 1.0
+    assert [t.get_text() for t in one.texts] == ["oldest-first = fifo here"]
+    assert len(many.texts) == 0

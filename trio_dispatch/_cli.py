@@ -12,7 +12,9 @@ sizes have upper bounds (shown in ``--help``), and every output path is
 checked (a folder that exists or can be made, writable, and not a folder
 where a file goes) without creating anything. Files are written only when
 a run has finished, each one whole (written beside its target, then renamed
-into place), so a failed or interrupted run leaves nothing half-written.
+into place), so a failed or interrupted run leaves nothing half-written; the
+demo interrupted during its second (FIFO) run writes what its first run
+measured, and says the comparison is incomplete.
 
 Ctrl+C stops any command with status 130 and one line on stderr.
 
@@ -189,46 +191,48 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Start two fake LLM servers on loopback (OpenAI and Anthropic wire"
             " formats), run a fleet of agent conversations with tools through"
-            " one dispatcher, show live progress, and end with a summary."
+            " one dispatcher (oldest-first), then the same fleet behind a plain"
+            " FIFO limiter against the same scripted servers; show live"
+            " progress, and end with both runs side by side."
         ),
     )
     demo.add_argument(
         "--agents",
         type=_count(_MAX_DEMO_AGENTS),
-        default=60,
-        help=f"conversations, 1 to {_MAX_DEMO_AGENTS} (default 60)",
+        default=100,
+        help=f"conversations, 1 to {_MAX_DEMO_AGENTS} (default 100)",
     )
     demo.add_argument(
         "--turns",
         type=_count(_MAX_DEMO_TURNS),
-        default=3,
-        help=f"questions per agent, 1 to {_MAX_DEMO_TURNS} (default 3)",
+        default=1,
+        help=f"questions per agent, 1 to {_MAX_DEMO_TURNS} (default 1)",
     )
     demo.add_argument(
         "--max-calls",
         type=_count(_MAX_DEMO_CALLS),
-        default=4,
-        help=f"longest tool loop, in LLM calls, 1 to {_MAX_DEMO_CALLS} (default 4)",
+        default=8,
+        help=f"longest tool loop, in LLM calls, 1 to {_MAX_DEMO_CALLS} (default 8)",
     )
     demo.add_argument(
         "--limit-openai",
         type=_count(_MAX_DEMO_LIMIT),
-        default=4,
+        default=6,
         help="concurrent streams to the OpenAI-style server,"
-        f" 1 to {_MAX_DEMO_LIMIT} (default 4)",
+        f" 1 to {_MAX_DEMO_LIMIT} (default 6)",
     )
     demo.add_argument(
         "--limit-anthropic",
         type=_count(_MAX_DEMO_LIMIT),
-        default=3,
+        default=4,
         help="concurrent streams to the Anthropic-style server,"
-        f" 1 to {_MAX_DEMO_LIMIT} (default 3)",
+        f" 1 to {_MAX_DEMO_LIMIT} (default 4)",
     )
     demo.add_argument(
         "--load",
         type=_load,
-        default=0.9,
-        help="arrival rate as a fraction of capacity (default 0.9)",
+        default=1.0,
+        help="arrival rate as a fraction of capacity (default 1)",
     )
     demo.add_argument(
         "--rate-limits",
@@ -658,7 +662,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     _check_outputs(outputs)
     _require("demo", ("rich", "matplotlib", "hypercorn"))
 
-    from ._demo import DemoOptions, run_demo  # noqa: PLC0415
+    from ._demo import RUNS, DemoOptions  # noqa: PLC0415
 
     options = DemoOptions(
         agents=args.agents,
@@ -672,55 +676,99 @@ def _run_demo(args: argparse.Namespace) -> int:
     )
     console = _console()
     console.print(
-        f"[bold]trio-dispatch demo[/]: {options.agents} agents x {options.turns} turns,"
-        f" limits openai={options.limit_openai} anthropic={options.limit_anthropic},"
-        f" load {options.load:g}, seed {options.seed}"
+        f"[bold]trio-dispatch demo[/]: {options.agents} agents x {options.turns}"
+        f" {'turn' if options.turns == 1 else 'turns'}"
+        f" of 1-{options.max_calls} LLM calls, limits openai={options.limit_openai}"
+        f" anthropic={options.limit_anthropic}, load {options.load:g},"
+        f" seed {options.seed}"
     )
-    if args.no_live or not console.is_terminal:
-        report = _run_trio(partial(run_demo, options))
-    else:
-        report = _with_live_display(console, options)
+    console.print(
+        f"Two runs of the same fleet, the same scripted provider: 1. {RUNS['oldest-first']},"
+        f" 2. {RUNS['fifo']}."
+    )
+    finished: list[DemoReport] = []
+
+    def on_run(report: DemoReport) -> None:
+        finished[:] = [report]
+        run = report.runs()[-1]
+        console.print(
+            f"{len(report.runs())}/2 {RUNS[run.name]}: {run.turns_completed} turns"
+            f" completed, {run.turns_failed} failed, in {run.duration:.1f} s."
+        )
+
+    live = not (args.no_live or not console.is_terminal)
+    try:
+        report = _with_live_display(console, options, on_run, live=live)
+    except (KeyboardInterrupt, BaseExceptionGroup) as exc:
+        if not finished or not _groups.only(exc, KeyboardInterrupt):
+            raise
+        # Interrupted during the FIFO run: what the first run measured stays.
+        partial_report = finished[0]
+        console.print(_demo_table(partial_report))
+        console.print(
+            "Interrupted during the FIFO run: the comparison is incomplete;"
+            " the oldest-first run's figures are kept."
+        )
+        _write_demo(console, outputs, partial_report)
+        raise
     console.print(_demo_table(report))
-    failed = report.turns_failed
-    within = all(p.server_peak_in_flight <= p.limit for p in report.providers)
-    console.print(
-        f"{report.turns_completed} turns completed, {failed} failed,"
-        f" in {report.duration:.1f} s."
+    console.print(_verdict(report))
+    failed = sum(run.turns_failed for run in report.runs())
+    within = all(
+        p.server_peak_in_flight <= p.limit
+        for run in report.runs()
+        for p in run.providers
     )
     console.print(
-        "The servers' peak concurrency never exceeded the limits."
+        "The servers' peak concurrency never exceeded the limits, in either run."
         if within
         else "[red]A server saw more concurrent requests than its limit.[/]"
     )
-    files = {
-        outputs[0]: _json_bytes(report.to_dict()),
-        outputs[1]: _figure_png(lambda figure: _demo_plot(figure, report)),
-    }
-    _write_files(files)
-    for path in files:
-        console.print(f"wrote {path}")
+    _write_demo(console, outputs, report)
     ok = failed == 0 and within
     return 0 if ok else 1
 
 
-def _with_live_display(console: Console, options: Any) -> DemoReport:  # noqa: ANN401 (DemoOptions, imported lazily)
+def _write_demo(
+    console: Console, outputs: tuple[Path, Path], report: DemoReport
+) -> None:
+    files = {
+        outputs[0]: _json_bytes(report.to_dict()),
+        outputs[1]: _figure_png(lambda figure: _demo_plot(figure, report), (13, 7.5)),
+    }
+    _write_files(files)
+    for path in files:
+        console.print(f"wrote {path}")
+
+
+def _with_live_display(
+    console: Console,
+    options: Any,  # noqa: ANN401 (DemoOptions, imported lazily)
+    on_run: Callable[[DemoReport], None],
+    *,
+    live: bool,
+) -> DemoReport:
     from rich.live import Live  # noqa: PLC0415
 
     from ._demo import run_demo  # noqa: PLC0415
 
-    with Live(console=console, refresh_per_second=10, transient=True) as live:
+    if not live:
+        return _run_trio(partial(run_demo, options, on_run=on_run))
+    with Live(console=console, refresh_per_second=10, transient=True) as display:
 
         def show(progress: Progress) -> None:
-            live.update(_progress_table(progress))
+            display.update(_progress_table(progress))
 
-        return _run_trio(partial(run_demo, options, on_progress=show))
+        return _run_trio(partial(run_demo, options, on_progress=show, on_run=on_run))
 
 
 def _progress_table(progress: Progress) -> Any:  # noqa: ANN401 (a rich renderable)
     from rich.table import Table  # noqa: PLC0415
 
+    from ._demo import ProviderRow  # noqa: PLC0415
+
     table = Table(
-        title=f"turns {progress.turns_done}/{progress.turns_total}"
+        title=f"{progress.phase}: turns {progress.turns_done}/{progress.turns_total}"
         f" (failed {progress.turns_failed}), LLM calls {progress.llm_calls}"
     )
     for column in (
@@ -732,143 +780,330 @@ def _progress_table(progress: Progress) -> Any:  # noqa: ANN401 (a rich renderab
         "server in flight",
     ):
         table.add_column(column, justify="right" if column != "provider" else "left")
+    rows = dict(progress.rows)
     stats = progress.statistics
-    if stats is not None:
-        for name, provider in stats.providers.items():
-            table.add_row(
-                name,
-                "none" if provider.limit is None else str(provider.limit),
-                "#" * provider.in_flight + f" {provider.in_flight}",
-                str(provider.waiting),
-                "yes" if provider.paused else "",
-                str(progress.server_in_flight.get(name, 0)),
+    if not rows and stats is not None:
+        rows = {
+            name: ProviderRow(
+                limit=provider.limit,
+                in_use=provider.in_flight,
+                waiting=provider.waiting,
+                paused=provider.paused,
             )
+            for name, provider in stats.providers.items()
+        }
+    for name, row in rows.items():
+        table.add_row(
+            name,
+            "none" if row.limit is None else str(row.limit),
+            "#" * row.in_use + f" {row.in_use}",
+            str(row.waiting),
+            "yes" if row.paused else "",
+            str(progress.server_in_flight.get(name, 0)),
+        )
     return table
+
+
+# The summary's figures: (column, figure, percentile; None for the maximum).
+_SUMMARY_FIGURES: tuple[tuple[str, str, float | None], ...] = (
+    ("p50", "latency", 50),
+    ("p95", "latency", 95),
+    ("p99", "latency", 99),
+    ("max", "latency", None),
+    ("1st call\nwait p95", "first_call_wait", 95),
+)
+
+
+def _figure(values: Sequence[float], q: float | None) -> float:
+    from .testing._metrics import percentile  # noqa: PLC0415 (the demo's own import)
+
+    if not values:
+        return math.nan
+    return max(values) if q is None else percentile(values, q)
+
+
+def _run_figures(run: Any, provider: str | None) -> list[float]:  # noqa: ANN401 (RunReport)
+    """The summary's figures of ``run``, for ``provider`` or pooled (``None``)."""
+    out = []
+    for _, figure, q in _SUMMARY_FIGURES:
+        source = run.turn_latencies if figure == "latency" else run.first_call_waits
+        if provider is None:
+            values: Sequence[float] = run.pooled(figure)
+        else:
+            values = source.get(provider, ())
+        out.append(_figure(values, q))
+    return out
 
 
 def _demo_table(report: DemoReport) -> Any:  # noqa: ANN401 (a rich renderable)
+    """Both runs side by side, per provider and pooled, with FIFO's ratio."""
+    from rich import box  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
 
-    table = Table(title="turn latency (seconds) and what the servers saw")
+    from ._demo import RUNS  # noqa: PLC0415
+
+    table = Table(
+        title="turn latency and first-call wait (seconds), the same fleet",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
     table.add_column("provider", no_wrap=True)
-    for column in ("turns", "p50", "p95", "p99", "max", "calls", "retries", "429s"):
-        table.add_column(column, justify="right")
-    table.add_column("peak/limit", justify="right", no_wrap=True)
-    for p in report.providers:
-        table.add_row(
-            p.provider,
-            str(p.turns),
-            f"{p.turn_latency_p50:.2f}",
-            f"{p.turn_latency_p95:.2f}",
-            f"{p.turn_latency_p99:.2f}",
-            f"{p.turn_latency_max:.2f}",
-            str(p.llm_calls),
-            str(p.retries),
-            str(p.rate_limited),
-            f"{p.server_peak_in_flight}/{p.limit}",
-        )
+    table.add_column("run", no_wrap=True)
+    table.add_column("turns", justify="right")
+    for column, _, _ in _SUMMARY_FIGURES:
+        table.add_column(column, justify="right", no_wrap=True)
+    groups: list[tuple[str, str | None]] = [
+        (p.provider, p.provider) for p in report.oldest_first.providers
+    ]
+    groups.append(("pooled", None))
+    for label, provider in groups:
+        rows = []
+        for run in report.runs():
+            turns = (
+                run.turns_completed
+                if provider is None
+                else len(run.turn_latencies.get(provider, ()))
+            )
+            figures = _run_figures(run, provider)
+            rows.append(figures)
+            table.add_row(
+                label if run is report.oldest_first else "",
+                RUNS[run.name].split(",")[0],
+                str(turns),
+                *(f"{value:.2f}" for value in figures),
+            )
+        if len(rows) == 2:
+            table.add_row(
+                "",
+                "ratio",
+                "",
+                *(_ratio(ours, fifo) for ours, fifo in zip(*rows, strict=True)),
+                end_section=True,
+            )
+    if not report.complete:
+        table.caption = "the FIFO run did not finish: no comparison"
+    else:
+        table.caption = "ratio: oldest-first / FIFO (below 1: oldest-first is faster)"
     return table
 
 
+def _ratio(ours: float, fifo: float) -> str:
+    if not (fifo > 0 and math.isfinite(ours)):
+        return "-"
+    return f"{ours / fifo:.2f}x"
+
+
+def _verdict(report: DemoReport) -> str:
+    """One line: where oldest-first won and where it lost, pooled."""
+    if report.fifo is None:
+        return "The comparison is incomplete: the FIFO run did not finish."
+    ours = _run_figures(report.oldest_first, None)
+    fifo = _run_figures(report.fifo, None)
+    won: list[str] = []
+    lost: list[str] = []
+    even: list[str] = []
+    for (column, figure, _), a, b in zip(_SUMMARY_FIGURES, ours, fifo, strict=True):
+        name = f"turn {column}" if figure == "latency" else "first-call wait p95"
+        if not (b > 0 and math.isfinite(a)):
+            continue
+        ratio = a / b
+        text = f"{name} {ratio:.2f}x"
+        (won if ratio < 0.98 else lost if ratio > 1.02 else even).append(text)
+    parts = [
+        f"{title} {', '.join(items)}"
+        for title, items in (("won on", won), ("lost on", lost), ("even on", even))
+        if items
+    ]
+    return f"Oldest-first against FIFO, pooled: {'; '.join(parts)}."
+
+
+_RUN_COLOURS = {"oldest-first": "tab:blue", "fifo": "tab:orange"}
+
+
 def _demo_plot(figure: Any, report: DemoReport) -> None:  # noqa: ANN401 (matplotlib Figure)
-    """What the dispatcher did over time, per provider, beside the latencies."""
-    from .testing._metrics import percentile  # noqa: PLC0415 (the demo's own import)
+    """Both runs on the same axes: slots and queues over time, then latencies."""
+    from ._demo import RUNS  # noqa: PLC0415
 
-    names = [p.provider for p in report.providers]
-    limits = {p.provider: p.limit for p in report.providers}
-    grid = figure.add_gridspec(len(names), 2, width_ratios=(2.3, 1))
-    timelines: list[Any] = []
+    runs = report.runs()
+    names = [p.provider for p in report.oldest_first.providers]
+    limits = {p.provider: p.limit for p in report.oldest_first.providers}
+    outer = figure.add_gridspec(1, 2, width_ratios=(1.6, 1), wspace=0.2)
+    left = outer[0].subgridspec(
+        2 * len(names), 1, height_ratios=[1, 1.5] * len(names), hspace=0.3
+    )
+    right = outer[1].subgridspec(2, 1, hspace=0.45)
+    end = max((run.duration for run in runs), default=0.0)
+    width = max(0.2, end / 60)
+    first: Any = None
+    waiting: Any = None
     for row, name in enumerate(names):
-        axes = figure.add_subplot(
-            grid[row, 0], sharex=timelines[0] if timelines else None
+        slots = figure.add_subplot(left[2 * row], sharex=first)
+        first = first or slots
+        waiting = figure.add_subplot(left[2 * row + 1], sharex=first)
+        for run in runs:
+            points = run.timeline.get(name, ())
+            colour = _RUN_COLOURS[run.name]
+            for axes, column in ((slots, 1), (waiting, 2)):
+                times, means = _binned(points, column, width, run.duration)
+                axes.step(
+                    times,
+                    means,
+                    where="post",
+                    color=colour,
+                    linewidth=1.4,
+                    label=RUNS[run.name],
+                )
+        slots.axhline(limits[name], color="black", linestyle="--", linewidth=1)
+        slots.set_ylim(0, limits[name] * 1.3)
+        slots.set_ylabel(f"{name}\nslots in use", fontsize="small")
+        slots.text(
+            0.005,
+            limits[name] * 1.02,
+            f"limit {limits[name]}",
+            transform=slots.get_yaxis_transform(),
+            ha="left",
+            va="bottom",
+            fontsize="small",
         )
-        timelines.append(axes)
-        points = report.timeline.get(name, ())
-        times = [t for t, _, _ in points]
-        axes.fill_between(
-            times,
-            [n for _, n, _ in points],
-            step="post",
-            alpha=0.45,
-            color="tab:blue",
-            label="slots in use",
-        )
-        axes.step(
-            times,
-            [w for _, _, w in points],
-            where="post",
-            color="tab:orange",
-            linewidth=1.2,
-            label="calls waiting",
-        )
-        axes.axhline(
-            limits[name], color="black", linestyle="--", linewidth=1, label="limit"
-        )
-        for index, (start, end) in enumerate(report.pauses.get(name, ())):
-            axes.axvspan(
-                start,
-                end,
-                color="tab:red",
-                alpha=0.2,
-                linewidth=0,
-                label="paused (429)" if index == 0 else None,
-            )
-        axes.set_ylabel(f"{name}\n(limit {limits[name]})")
-        axes.set_ylim(bottom=0)
-        axes.grid(axis="y", alpha=0.3)
-        if row == 0:
-            axes.set_title("what the dispatcher did (oldest-first run)", pad=24)
-            axes.legend(
-                loc="lower left",
-                bbox_to_anchor=(0, 1.0),
-                fontsize="small",
-                ncols=4,
-                frameon=False,
-            )
-        if row < len(names) - 1:
+        waiting.set_ylabel(f"{name}\ncalls waiting", fontsize="small")
+        waiting.set_ylim(bottom=0)
+        for axes in (slots, waiting):
+            axes.grid(axis="y", alpha=0.3)
             axes.tick_params(labelbottom=False)
-    timelines[-1].set_xlabel("seconds since the start")
+        if row == 0:
+            slots.set_title(
+                f"slots in use and calls waiting (means over {width:.2g} s)",
+                loc="left",
+            )
+            waiting.legend(loc="upper left", fontsize="small", ncols=2)
+    if waiting is not None:
+        waiting.tick_params(labelbottom=True)
+        waiting.set_xlabel("seconds since the run started")
 
-    bars = figure.add_subplot(grid[:, 1])
-    quantiles = (50, 95, 99)
-    width = 0.38
-    for offset, (label, latencies, color) in enumerate(
-        (
-            ("oldest-first", report.turn_latencies, "tab:blue"),
-            ("FIFO", report.fifo_latencies, "tab:gray"),
-        )
+    _latency_cdf(figure.add_subplot(right[0]), report)
+    _latency_bars(figure.add_subplot(right[1]), report)
+    options = report.options
+    turns = "turn" if options.turns == 1 else "turns"
+    title = (
+        f"trio-dispatch demo: {options.agents} agents x {options.turns} {turns} of"
+        f" 1-{options.max_calls} LLM calls, load {options.load:g}, seed {options.seed}"
+    )
+    if not report.complete:
+        title += " (FIFO run interrupted: no comparison)"
+    figure.suptitle(title, fontweight="bold")
+    figure.subplots_adjust(left=0.07, right=0.98, top=0.9, bottom=0.08)
+
+
+def _binned(
+    points: Sequence[tuple[float, int, int]], column: int, width: float, end: float
+) -> tuple[list[float], list[float]]:
+    """The time-weighted mean of ``column`` over bins of ``width`` seconds.
+
+    ``points`` hold the values after each change, in time order; the last
+    value lasts until ``end``. Returns the bins' starts and means.
+    """
+    count = max(1, math.ceil(end / width))
+    sums = [0.0] * count
+    for (changed, *values), following in zip(
+        points, [*points[1:], (end, 0, 0)], strict=True
     ):
-        positions = []
-        heights = []
-        for group, name in enumerate(names):
-            values = latencies.get(name, ())
-            for index, q in enumerate(quantiles):
-                positions.append(group * 4 + index + (offset - 0.5) * width)
-                heights.append(percentile(values, q) if values else 0.0)
-        bars.bar(positions, heights, width=width, color=color, label=label)
-    bars.set_xticks(
-        [group * 4 + index for group in range(len(names)) for index in range(3)],
-        [f"p{q}" for _ in names for q in quantiles],
-        fontsize="small",
-    )
-    for group, name in enumerate(names):
-        bars.text(
-            group * 4 + 1,
-            -0.09,
-            name,
-            transform=bars.get_xaxis_transform(),
-            ha="center",
+        start, stop = changed, min(following[0], end)
+        value = values[column - 1]
+        index = min(int(start / width), count - 1)
+        while start < stop:
+            # The bin's end; the last bin takes whatever rounding leaves.
+            edge = stop if index == count - 1 else min(stop, (index + 1) * width)
+            sums[index] += value * max(0.0, edge - start)
+            start = edge
+            index += 1
+    times = [index * width for index in range(count)]
+    return [*times, count * width], [
+        *(total / width for total in sums),
+        sums[-1] / width,
+    ]
+
+
+def _latency_cdf(axes: Any, report: DemoReport) -> None:  # noqa: ANN401 (matplotlib Axes)
+    """The pooled turn latency distributions of both runs, p95 marked."""
+    from ._demo import RUNS  # noqa: PLC0415
+
+    p95 = {}
+    for run in report.runs():
+        values = run.pooled("latency")
+        if not values:
+            continue
+        fractions = [(i + 1) / len(values) for i in range(len(values))]
+        colour = _RUN_COLOURS[run.name]
+        axes.step(values, fractions, where="post", color=colour, label=RUNS[run.name])
+        p95[run.name] = _figure(values, 95)
+        axes.axvline(p95[run.name], color=colour, linestyle=":", linewidth=1.2)
+    axes.axhline(0.95, color="gray", linewidth=0.6)
+    axes.set_xlim(left=0)
+    axes.set_ylim(0, 1.02)
+    axes.set_xlabel("turn latency (s), both providers")
+    axes.set_ylabel("share of turns done within")
+    axes.set_title("turn latency distribution", loc="left")
+    axes.grid(alpha=0.3)
+    axes.legend(loc="lower right", fontsize="small")
+    if len(p95) == 2:
+        ours, fifo = p95["oldest-first"], p95["fifo"]
+        axes.text(
+            0.03,
+            0.97,
+            f"p95: {ours:.2f} s vs {fifo:.2f} s\noldest-first = {ours / fifo:.2f}x FIFO",
+            transform=axes.transAxes,
             va="top",
+            fontsize="medium",
+            fontweight="bold",
+            bbox={"facecolor": "white", "edgecolor": "gray", "alpha": 0.9},
         )
-    bars.set_ylabel("turn latency (s)")
-    bars.set_title("turn latency, the same fleet", pad=24)
-    bars.grid(axis="y", alpha=0.3)
-    bars.legend(fontsize="small")
-    figure.suptitle(
-        f"trio-dispatch demo: {report.options.agents} agents x"
-        f" {report.options.turns} turns, load {report.options.load:g}"
-    )
-    figure.tight_layout()
+
+
+def _latency_bars(axes: Any, report: DemoReport) -> None:  # noqa: ANN401 (matplotlib Axes)
+    """Pooled figures of both runs, side by side, the ratio above each pair."""
+    from ._demo import RUNS  # noqa: PLC0415
+
+    labels = [
+        "turn\n" + column if figure == "latency" else "first-call\nwait p95"
+        for column, figure, _ in _SUMMARY_FIGURES
+    ]
+    width = 0.38
+    heights: dict[str, list[float]] = {}
+    runs = report.runs()
+    for offset, run in enumerate(runs):
+        heights[run.name] = _run_figures(run, None)
+        positions = [
+            i + (offset - (len(runs) - 1) / 2) * width for i in range(len(labels))
+        ]
+        axes.bar(
+            positions,
+            [0.0 if math.isnan(h) else h for h in heights[run.name]],
+            width=width,
+            color=_RUN_COLOURS[run.name],
+            label=RUNS[run.name],
+        )
+    if len(heights) == 2:
+        for index, (ours, fifo) in enumerate(
+            zip(heights["oldest-first"], heights["fifo"], strict=True)
+        ):
+            ratio = _ratio(ours, fifo)
+            top = max(ours, fifo)
+            axes.text(
+                index,
+                top,
+                ratio,
+                ha="center",
+                va="bottom",
+                fontsize="small",
+                fontweight="bold",
+                color="tab:green" if ours < fifo else "tab:red",
+            )
+        axes.margins(y=0.4)  # room for the ratios and the legend
+    axes.set_xticks(range(len(labels)), labels, fontsize="small")
+    axes.set_ylabel("seconds, both providers")
+    axes.set_title("pooled figures, oldest-first / FIFO above", loc="left")
+    axes.grid(axis="y", alpha=0.3)
+    axes.legend(loc="upper left", fontsize="small")
 
 
 # ------------------------------------------------------------------ simulate

@@ -21,7 +21,7 @@ import math
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Any, final
 
 import attrs
 
@@ -281,66 +281,14 @@ class FairnessReport:
         import matplotlib.pyplot as plt  # noqa: PLC0415  # after choosing the backend
 
         shapes = list(dict.fromkeys(row.shape for row in self.rows))
-        policies = list(dict.fromkeys(row.policy for row in self.rows))
-        columns = (
-            ("p50", "latency_p50"),
-            ("p95", "latency_p95"),
-            ("p99", "latency_p99"),
-        )
-        fig, axes = plt.subplots(
-            len(shapes), len(columns), figsize=(13, 3.6 * len(shapes)), squeeze=False
-        )
-        for i, shape in enumerate(shapes):
-            for j, (label, field) in enumerate(columns):
-                ax = axes[i][j]
-                for policy in policies:
-                    points = sorted(
-                        (row.load, getattr(row.metrics, field))
-                        for row in self.rows
-                        if row.shape == shape and row.policy == policy
-                    )
-                    ax.plot(
-                        [100 * x for x, _ in points],
-                        [y for _, y in points],
-                        marker="o",
-                        label=_legend(policy),
-                    )
-                ax.set_title(f"{label} turn latency, {_calls(shape)} per turn")
-                ax.set_xlabel("load (% of capacity)")
-                ax.set_ylabel("seconds")
-                ax.set_yscale("log")
-                ax.grid(visible=True, alpha=0.3)
-        axes[0][0].legend()
-        fig.tight_layout()
+        fig = plt.figure(figsize=(4 * len(VS_LOAD_PANELS), 3.8 * len(shapes)))
+        draw_vs_load(fig, self)
         percentiles = out_dir / "latency_vs_load.png"
         fig.savefig(percentiles, dpi=100)
         plt.close(fig)
 
-        config = self.config
-        high = [row for row in self.rows if row.load == config.target_load] or list(
-            self.rows
-        )
-        fig, axes = plt.subplots(
-            1, len(shapes), figsize=(5.5 * len(shapes), 4), squeeze=False
-        )
-        for j, shape in enumerate(shapes):
-            ax = axes[0][j]
-            for row in high:
-                if row.shape == shape:
-                    ax.plot(
-                        row.latency_quantiles,
-                        [q / 100 for q in FAIRNESS_QUANTILES],
-                        label=_legend(row.policy),
-                    )
-            ax.set_title(
-                f"turn latency CDF, {shape} calls/turn, load {high[0].load:.0%}"
-            )
-            ax.set_xlabel("turn latency (s)")
-            ax.set_ylabel("fraction of turns")
-            ax.set_xscale("log")
-            ax.grid(visible=True, alpha=0.3)
-            ax.legend()
-        fig.tight_layout()
+        fig = plt.figure(figsize=(6 * len(shapes), 4.6))
+        draw_distribution(fig, self)
         distribution = out_dir / "latency_distribution.png"
         fig.savefig(distribution, dpi=100)
         plt.close(fig)
@@ -371,6 +319,239 @@ def _describe(duration: Duration) -> str:
     if duration.kind == "uniform":
         return f"uniform({duration.mean:g} ± {duration.spread:g} s)"
     return f"{duration.kind}(mean {duration.mean:g} s)"
+
+
+#: The panels of ``latency_vs_load.png``, one column each: (title, field,
+#: what it shows). Where oldest-first wins (turn latency) comes first, then
+#: where it loses (the waits of single calls), then the work each policy
+#: finished, so a policy cannot look fast by dropping turns.
+VS_LOAD_PANELS: tuple[tuple[str, str, str], ...] = (
+    ("p95 turn latency", "latency_p95", "seconds"),
+    ("p99 turn latency", "latency_p99", "seconds"),
+    ("first-call wait p95", "first_wait_p95", "seconds"),
+    ("longest single wait", "max_slot_wait", "seconds"),
+    ("turns completed", "completed", "% of turns"),
+)
+
+# Each policy's look: drawn in this order, later ones on top and thinner,
+# so a line that coincides with another still shows through it.
+_STYLES: dict[str, dict[str, object]] = {
+    "none": {"color": "tab:gray", "marker": "s", "linestyle": ":", "markersize": 7},
+    "random": {"color": "tab:green", "marker": "^", "linestyle": "-.", "markersize": 7},
+    "fifo": {
+        "color": "tab:orange",
+        "marker": "o",
+        "linestyle": "-",
+        "markersize": 10,
+        "linewidth": 3.5,
+        "alpha": 0.8,
+    },
+    "oldest-first": {
+        "color": "tab:blue",
+        "marker": "o",
+        "linestyle": "--",
+        "markersize": 4,
+        "linewidth": 1.6,
+    },
+}
+
+
+def _style(policy: str) -> dict[str, object]:
+    return dict(_STYLES.get(policy, {"marker": "o"}))
+
+
+def _ordered(policies: list[str]) -> list[str]:
+    """Policies in drawing order: the known ones as ``_STYLES`` has them."""
+    known = [p for p in _STYLES if p in policies]
+    return [p for p in policies if p not in _STYLES] + known
+
+
+def _seconds(value: float, _position: object = None) -> str:
+    """A tick label in plain numbers: 0.5, 2, 10, 200."""
+    return f"{value:g}"
+
+
+def _readable_log_axis(axis: Any, *, symlog: bool = False) -> None:  # noqa: ANN401 (a matplotlib Axis)
+    """Log ticks written as plain numbers: 1, 2 and 5 of each decade, or
+    only the decades when the axis spans more than three of them.
+
+    ``symlog``: the axis is linear around 0 (for values that may be 0).
+    """
+    from matplotlib.ticker import (  # noqa: PLC0415  # optional dependency
+        FuncFormatter,
+        LogLocator,
+        NullFormatter,
+        SymmetricalLogLocator,
+    )
+
+    low, high = sorted(axis.get_view_interval())
+    wide = low <= 0 or high / low > 1000
+    subs = (1.0,) if wide else (1.0, 2.0, 5.0)
+    if symlog:
+        axis.set_major_locator(SymmetricalLogLocator(base=10, linthresh=1, subs=subs))
+    else:
+        axis.set_major_locator(LogLocator(base=10, subs=subs))
+    axis.set_major_formatter(FuncFormatter(_seconds))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _scale(ax: Any, which: str, values: list[float]) -> None:  # noqa: ANN401 (a matplotlib Axes)
+    """Log scale where ``values`` span more than a decade, else linear.
+
+    With zeros among them (no limit never waits), linear up to 1 s and log
+    above. Either way the ticks read as plain numbers.
+    """
+    finite = [v for v in values if math.isfinite(v)]
+    high = max(finite, default=0.0)
+    positive = [v for v in finite if v > 0]
+    axis = ax.yaxis if which == "y" else ax.xaxis
+    set_scale = ax.set_yscale if which == "y" else ax.set_xscale
+    if positive and len(positive) == len(finite) and high > 10 * min(positive):
+        set_scale("log")
+        _readable_log_axis(axis)
+    elif positive and high > 10:
+        set_scale("symlog", linthresh=1)
+        if which == "y":
+            ax.set_ylim(bottom=0)
+        else:
+            ax.set_xlim(left=0)
+        _readable_log_axis(axis, symlog=True)
+    unit = {"log": " (log scale)", "symlog": " (0 to 1, then log scale)"}
+    label = ax.get_ylabel() if which == "y" else ax.get_xlabel()
+    suffix = unit.get(axis.get_scale(), "")
+    if suffix and not label.endswith(suffix):
+        (ax.set_ylabel if which == "y" else ax.set_xlabel)(label + suffix)
+
+
+def _completed_share(metrics: PolicyMetrics) -> float:
+    return 100 * metrics.completed / metrics.turns if metrics.turns else math.nan
+
+
+def draw_vs_load(fig: Any, report: FairnessReport) -> None:  # noqa: ANN401 (a matplotlib Figure)
+    """Each policy's figures against the load: one row per turn shape.
+
+    Where oldest-first wins and where it loses sit side by side, and the
+    last column shows the share of turns each policy completed (``none``
+    drops turns that run out of attempts, and its latencies cover only the
+    rest). Where oldest-first's line lies under FIFO's, a note says so.
+    """
+    rows = report.rows
+    shapes = list(dict.fromkeys(row.shape for row in rows))
+    policies = _ordered(list(dict.fromkeys(row.policy for row in rows)))
+    axes = fig.subplots(len(shapes), len(VS_LOAD_PANELS), squeeze=False)
+    for i, shape in enumerate(shapes):
+        for j, (title, field, unit) in enumerate(VS_LOAD_PANELS):
+            ax = axes[i][j]
+            lines: dict[str, list[tuple[float, float]]] = {}
+            for policy in policies:
+                points = sorted(
+                    (
+                        100 * row.load,
+                        _completed_share(row.metrics)
+                        if field == "completed"
+                        else getattr(row.metrics, field),
+                    )
+                    for row in rows
+                    if row.shape == shape and row.policy == policy
+                )
+                lines[policy] = points
+                ax.plot(
+                    [x for x, _ in points],
+                    [y for _, y in points],
+                    label=_legend(policy),
+                    **_style(policy),
+                )
+            ax.set_title(f"{title}, {_calls(shape)} per turn", fontsize="medium")
+            ax.set_xlabel("load (% of capacity)")
+            ax.set_ylabel(unit)
+            completed = field == "completed"
+            if completed:
+                low = min((y for p in lines.values() for _, y in p), default=100.0)
+                ax.set_ylim(min(90.0, math.floor(low / 5) * 5), 101)
+            else:
+                _scale(ax, "y", [y for p in lines.values() for _, y in p])
+            ax.grid(visible=True, alpha=0.3)
+            if _coincide(lines, "oldest-first", "fifo"):
+                ax.text(
+                    0.03,
+                    0.03 if completed else 0.97,
+                    "oldest-first = fifo here\n(the dashed line on the thick one)",
+                    transform=ax.transAxes,
+                    va="bottom" if completed else "top",
+                    fontsize="small",
+                )
+    axes[0][0].legend(fontsize="small")
+    fig.suptitle(
+        "Fairness sweep: where oldest-first wins (turn latency), where it loses"
+        " (single waits), and the work each policy completed",
+        fontweight="bold",
+    )
+    fig.tight_layout()
+
+
+def _coincide(
+    lines: dict[str, list[tuple[float, float]]], first: str, second: str
+) -> bool:
+    """Whether two policies' lines are drawn on top of each other."""
+    a, b = lines.get(first), lines.get(second)
+    return bool(a) and a == b
+
+
+def draw_distribution(fig: Any, report: FairnessReport) -> None:  # noqa: ANN401 (a matplotlib Figure)
+    """Turn latency CDFs at the target load, one panel per turn shape.
+
+    The curves count every turn of the run, so a policy that dropped turns
+    (``none``) never reaches 100%: the gap at the top is its dropped work.
+    """
+    config = report.config
+    high = [row for row in report.rows if row.load == config.target_load] or list(
+        report.rows
+    )
+    shapes = list(dict.fromkeys(row.shape for row in high))
+    axes = fig.subplots(1, len(shapes), squeeze=False)
+    fractions = [q / 100 for q in FAIRNESS_QUANTILES]
+    for j, shape in enumerate(shapes):
+        ax = axes[0][j]
+        here = {row.policy: row for row in high if row.shape == shape}
+        for policy in _ordered(list(here)):
+            row = here[policy]
+            done = row.metrics.completed / row.metrics.turns if row.metrics.turns else 0
+            label = _legend(policy)
+            if done < 1:
+                label = f"{policy} ({1 - done:.0%} of turns dropped)"
+            style = _style(policy)
+            style.pop("marker")
+            style.pop("markersize")
+            ax.plot(
+                row.latency_quantiles,
+                [f * done for f in fractions],
+                label=label,
+                **style,
+            )
+        if (
+            "oldest-first" in here
+            and "fifo" in here
+            and here["oldest-first"].latency_quantiles == here["fifo"].latency_quantiles
+        ):
+            ax.text(
+                0.03,
+                0.97,
+                "oldest-first = fifo here",
+                transform=ax.transAxes,
+                va="top",
+                fontsize="small",
+            )
+        ax.set_title(
+            f"turn latency, {_calls(shape)} per turn, load {high[0].load:.0%}",
+            fontsize="medium",
+        )
+        ax.set_xlabel("turn latency, seconds")
+        ax.set_ylabel("share of all turns done within")
+        ax.set_ylim(0, 1.02)
+        _scale(ax, "x", [x for row in here.values() for x in row.latency_quantiles])
+        ax.grid(visible=True, alpha=0.3)
+        ax.legend(fontsize="small", loc="lower right")
+    fig.tight_layout()
 
 
 def run_point(
