@@ -1098,12 +1098,18 @@ def _latency_bars(axes: Any, report: DemoReport) -> None:  # noqa: ANN401 (matpl
                 fontweight="bold",
                 color="tab:green" if ours < fifo else "tab:red",
             )
-        axes.margins(y=0.4)  # room for the ratios and the legend
+    # Room above the tallest bar for its ratio, and above that for the
+    # legend, so neither ever covers a bar or a ratio.
+    tallest = max(
+        (h for figures in heights.values() for h in figures if not math.isnan(h)),
+        default=1.0,
+    )
+    axes.set_ylim(0.0, tallest * 1.45 or 1.0)
     axes.set_xticks(range(len(labels)), labels, fontsize="small")
     axes.set_ylabel("seconds, both providers")
     axes.set_title("pooled figures, oldest-first / FIFO above", loc="left")
     axes.grid(axis="y", alpha=0.3)
-    axes.legend(loc="upper left", fontsize="small")
+    axes.legend(loc="upper center", fontsize="small", ncols=2)
 
 
 # ------------------------------------------------------------------ simulate
