@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import TYPE_CHECKING
 
 import attrs
@@ -58,3 +59,9 @@ class RecordingReply:
 
     def _fail(self, error: Exception) -> None:
         self.errors.append(error)
+
+
+def drop(holder: list[object]) -> None:
+    """Drop what ``holder`` holds (its one reference), and collect garbage."""
+    holder.clear()
+    gc.collect()
