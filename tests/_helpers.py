@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gc
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -61,7 +61,7 @@ class RecordingReply:
         self.errors.append(error)
 
 
-def drop(holder: list[object]) -> None:
+def drop(holder: list[Any]) -> None:
     """Drop what ``holder`` holds (its one reference), and collect garbage."""
     holder.clear()
     gc.collect()

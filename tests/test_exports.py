@@ -398,4 +398,4 @@ def test_every_public_subpackage_is_an_attribute_of_the_package() -> None:
     with pytest.raises(
         AttributeError, match=r"^module 'trio_dispatch' has no attribute 'event'$"
     ):
-        trio_dispatch.event  # type: ignore[attr-defined]  # noqa: B018  # the misspelling is the test
+        trio_dispatch.event  # noqa: B018  # the misspelling is the test
