@@ -1352,7 +1352,8 @@ def open_dispatcher(
     Arguments are checked here, at the call, before anything starts.
 
     Args:
-        limits: Provider name to its concurrency limit: a positive int, or
+        limits: Provider name to its concurrency limit: an int from 1 to
+            100000 (the one bound of every limit, the admin API's too), or
             an ``AdaptiveLimit`` that finds its own value between its
             bounds. Providers not named are unlimited until ``set_limit``.
         budgets: Provider name to its ``Budget``: requests and tokens per
