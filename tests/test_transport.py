@@ -586,3 +586,30 @@ async def test_a_dropped_response_held_under_max_hold_is_collected_too(
                 )
             await second.aclose()
     assert sent == [0.0, 0.0]
+
+
+async def test_a_legacy_response_dropped_unclosed_gives_its_slot_back() -> None:
+    class LegacyBody(httpx.AsyncByteStream):
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            yield b"x"  # pragma: no cover (never read)
+
+    async with open_dispatcher({"p": 1}) as dispatcher:
+        transport = dispatcher.transport(
+            "p",
+            inner=httpx.MockTransport(
+                lambda _: httpx.Response(200, stream=LegacyBody())
+            ),
+        )
+        async with httpx.AsyncClient(transport=transport) as client:
+            dropped = [
+                await client.send(client.build_request("POST", URL), stream=True)
+            ]
+            with pytest.warns(ResourceWarning, match=r"^a model call to 'p' was never"):
+                drop(dropped)
+            with trio.fail_after(10):
+                second = await client.send(
+                    client.build_request("POST", URL), stream=True
+                )
+            await second.aclose()
+        stats = dispatcher.statistics().providers["p"]
+    assert (stats.granted_total, stats.released_total) == (2, 2)
