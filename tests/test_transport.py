@@ -613,3 +613,22 @@ async def test_a_legacy_response_dropped_unclosed_gives_its_slot_back() -> None:
             await second.aclose()
         stats = dispatcher.statistics().providers["p"]
     assert (stats.granted_total, stats.released_total) == (2, 2)
+
+
+def test_a_response_dropped_after_its_run_ended_is_left_alone() -> None:
+    # The run, its dispatcher and its slots are gone: nothing to give back.
+    async def main() -> list[httpx2.Response]:
+        bodies: list[Body] = []
+        sent: list[float] = []
+        async with open_dispatcher({"p": 1}) as dispatcher:
+            inner = streaming(dispatcher, bodies, sent)
+            client = httpx2.AsyncClient(
+                transport=dispatcher.transport("p", inner=inner)
+            )
+            return [await client.send(client.build_request("POST", URL), stream=True)]
+
+    left = trio.run(main)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        drop(left)
+    assert [str(w.message) for w in caught if "model call" in str(w.message)] == []
