@@ -762,7 +762,9 @@ class Dispatcher(metaclass=NoPublicConstructor):
         with ``slot()`` without ``started_at``. ``max_hold`` bounds a model
         call from its grant to its response's close: past it, the request
         or the read under way fails with ``SlotHoldTimeout``, a response
-        that nobody reads is closed, and the slot goes back.
+        that nobody reads is closed, and the slot goes back. A response
+        dropped without being closed gives its slot back when it is
+        garbage-collected, with a ``ResourceWarning`` naming the provider.
 
         Args:
             provider: The provider's name: whose slots the calls take.
@@ -772,7 +774,9 @@ class Dispatcher(metaclass=NoPublicConstructor):
 
         Raises:
             TypeError: ``provider`` is not a string, or ``inner`` is not an
-                httpx2 or httpx async transport.
+                httpx2 or httpx async transport. Later, from a request of
+                the other httpx's client (an ``httpx.AsyncClient`` given a
+                transport made without ``inner``), before any slot.
             ValueError: ``provider`` is empty, or unknown while the
                 dispatcher's ``unknown_providers`` is ``"error"``.
         """

@@ -56,6 +56,11 @@ providers:
   ``Dispatcher.observe_rate_limits``, success or error; a malformed
   header is logged once per transport and header name, and ignored.
 
+A response dropped unclosed (an SDK stream nobody reads or closes, then
+garbage-collected) would keep its slot for ever: its body's finalizer asks
+the trio run to give the slot back (``run_sync_soon``, safe from any thread
+the collector runs in; never awaiting) and warns with a ``ResourceWarning``.
+
 ``_transport_legacy`` holds the same transport for the legacy ``httpx``.
 """
 
