@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import gc
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -58,3 +59,9 @@ class RecordingReply:
 
     def _fail(self, error: Exception) -> None:
         self.errors.append(error)
+
+
+def drop(holder: list[Any]) -> None:
+    """Drop what ``holder`` holds (its one reference), and collect garbage."""
+    holder.clear()
+    gc.collect()

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from typing import TYPE_CHECKING, Any
 
 import coredis
@@ -63,3 +65,25 @@ def dead_ledgers() -> Iterator[set[Ledger]]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Ledger, "_run", run_unless_dead)
         yield dead
+
+
+@pytest.fixture
+def ctrl_c() -> Iterator[None]:
+    """Ctrl+C raises KeyboardInterrupt for the test, as in a terminal.
+
+    A background job (``cmd &``, ``nohup``) and many CI runners start with
+    SIGINT ignored, and a raised SIGINT then does nothing at all: a test
+    waiting for its KeyboardInterrupt would wait for ever. trio turns
+    SIGINT into KeyboardInterrupt only when Python's own handler is
+    installed as ``trio.run`` starts, so the test gets that handler, and the
+    previous one is put back after it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("SIGINT's handler can only be set from the main thread")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        # None: a handler not set from Python, which Python cannot put back.
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)

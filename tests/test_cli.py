@@ -670,6 +670,7 @@ def test_ctrl_c_stops_a_running_demo_with_one_line_and_status_130(
     assert list(tmp_path.iterdir()) == [], "an interrupted run writes nothing"
 
 
+@pytest.mark.usefixtures("ctrl_c")
 def test_ctrl_c_cancels_the_run_even_where_a_task_would_swallow_it() -> None:
     # In a trio run with Ctrl+C as KeyboardInterrupt, a task that takes it
     # for its cue to stop (as hypercorn's serve does) leaves the rest of the
@@ -698,6 +699,7 @@ def test_ctrl_c_cancels_the_run_even_where_a_task_would_swallow_it() -> None:
         _run_trio(run, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
+@pytest.mark.usefixtures("ctrl_c")
 def test_a_second_ctrl_c_while_the_run_unwinds_changes_nothing() -> None:
     cleaned_up_at: list[float] = []
 

@@ -891,6 +891,7 @@ async def test_a_scheduler_crash_mid_batch_fails_the_acquires_behind_it(
     assert outcome == ["closed"]
 
 
+@pytest.mark.usefixtures("ctrl_c")
 def test_a_keyboard_interrupt_after_the_acquire_is_sent_leaks_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

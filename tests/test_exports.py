@@ -357,3 +357,45 @@ def test_a_private_module_lists_in_all_only_names_it_defines(path: Path) -> None
         ):
             listed = ast.literal_eval(node.value)
     assert set(listed) <= _defined(tree)
+
+
+def test_subpackages_load_on_first_attribute_access() -> None:
+    # import trio_dispatch, then trio_dispatch.events.Granted, as the README
+    # shows it; the extras load only with the subpackage that needs them.
+    code = (
+        "import sys, trio_dispatch\n"
+        "assert 'prometheus_client' not in sys.modules\n"
+        "print(trio_dispatch.events.Granted.__module__)\n"
+        "print(trio_dispatch.providers.OpenAIProvider.__module__)\n"
+        "print(trio_dispatch.testing.FakeReply.__module__)\n"
+        "print(trio_dispatch.metrics.PrometheusCollector.__module__)\n"
+        "print(trio_dispatch.otel.OpenTelemetryMetrics.__module__)\n"
+        "print(trio_dispatch.admin.admin_app.__module__)\n"
+        "print('prometheus_client' in sys.modules)\n"
+        "print(trio_dispatch.metrics is sys.modules['trio_dispatch.metrics'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == [
+        "trio_dispatch.events",
+        "trio_dispatch.providers",
+        "trio_dispatch.testing",
+        "trio_dispatch.metrics",
+        "trio_dispatch.otel",
+        "trio_dispatch.admin",
+        "True",
+        "True",
+    ]
+
+
+def test_every_public_subpackage_is_an_attribute_of_the_package() -> None:
+    subpackages = {name.rpartition(".")[2] for name in PUBLIC_MODULES[1:]}
+    assert subpackages <= set(dir(trio_dispatch))
+    assert set(trio_dispatch.__all__) <= set(dir(trio_dispatch))
+    for name in subpackages:
+        assert getattr(trio_dispatch, name).__name__ == f"trio_dispatch.{name}"
+    with pytest.raises(
+        AttributeError, match=r"^module 'trio_dispatch' has no attribute 'event'$"
+    ):
+        trio_dispatch.event  # noqa: B018  # the misspelling is the test

@@ -1,29 +1,382 @@
-"""The README's quickstarts run as written and show what they say."""
+"""The README's code blocks run as written and show what they say.
+
+Every ```python block of README.md is one of two kinds, and the test
+finds out which, so that none is skipped:
+
+* a program (it calls ``trio.run``): it runs verbatim in a fresh
+  interpreter, and must exit cleanly;
+* a fragment, marked on the line before its fence by an HTML comment
+  (``<!-- fragment: NAME -->``, not shown on GitHub or PyPI) that names the
+  harness running it: the fragment, verbatim, becomes the body of an
+  ``async def`` that the harness calls with what the fragment takes from
+  the text around it (``dispatcher``, ``provider``, ``run_tool``), and the
+  harness checks that it did something. Beside ``trio`` and
+  ``trio_dispatch``, a fragment must import whatever else it uses.
+
+A program with a fixed port or a secret (the admin API's) is marked
+``<!-- program: NAME -->`` and run by its harness with a free port and a
+token. The only changes ever made to a block's text are those addresses.
+"""
 
 from __future__ import annotations
 
+import builtins
+import json
+import os
 import pathlib
 import re
+import socket
 import subprocess
+import symtable
 import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from typing import TYPE_CHECKING, NamedTuple
+
+import pytest
+
+if TYPE_CHECKING:
+    from ._redis import RedisServer
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 
+BLOCK = re.compile(
+    r"(?:^<!-- (?P<kind>fragment|program): (?P<harness>[\w-]+) -->\n)?"
+    r"^```python\n(?P<code>.*?)^```$",
+    re.S | re.M,
+)
+
+
+class Block(NamedTuple):
+    """One ```python block of the README."""
+
+    line: int
+    kind: str  # "program" or "fragment"
+    harness: str | None
+    code: str
+
+
+def readme_blocks() -> list[Block]:
+    """Every ```python block of the README, with its kind and its harness."""
+    text = README.read_text(encoding="utf-8")
+    blocks = []
+    for match in BLOCK.finditer(text):
+        line = text.count("\n", 0, match.start("code"))
+        code = match["code"]
+        kind = match["kind"] or ("program" if _is_program(code) else "unmarked")
+        blocks.append(Block(line, kind, match["harness"], code))
+    return blocks
+
+
+def _is_program(code: str) -> bool:
+    return re.search(r"^trio\.run\(", code, re.M) is not None
+
 
 def _python_blocks() -> list[str]:
-    return re.findall(r"^```python\n(.*?)^```$", README.read_text(), re.S | re.M)
+    return [block.code for block in readme_blocks()]
 
 
-def _run(block: str) -> list[str]:
+def _run(block: str, *, env: dict[str, str] | None = None) -> list[str]:
     done = subprocess.run(
         [sys.executable, "-W", "error::DeprecationWarning", "-c", block],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
+        env=env,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
+
+
+# -- what a fragment may take from the text around it, and how it is run ------
+
+# Every fragment gets these three, whether it uses them or not.
+PARAMETERS = ("dispatcher", "provider", "run_tool")
+# The module names a fragment may use without importing them: the
+# quickstarts import them.
+GIVEN = frozenset({"trio", "trio_dispatch"})
+
+PRELUDE = """\
+import trio
+import trio.testing
+import trio_dispatch
+"""
+
+HARNESSES = {
+    # Inside an open dispatcher with an OpenAI provider on the fake server:
+    # the fragment must have taken slots.
+    "in-dispatcher": """
+async def main() -> None:
+    from trio_dispatch.providers import OpenAIProvider
+    from trio_dispatch.testing import FakeReply, FakeScript, open_fake_llm_server
+
+    async def run_tool() -> None:
+        await trio.sleep(0)
+
+    async with (
+        open_fake_llm_server(FakeScript(default=FakeReply(text="ok"))) as server,
+        OpenAIProvider(
+            id="openai", base_url=server.openai_base_url, api_key="sk-test", model="m"
+        ) as provider,
+        trio_dispatch.open_dispatcher({"openai": 8}) as dispatcher,
+    ):
+        with trio.fail_after(30):
+            await fragment(dispatcher, provider, run_tool)
+        print("granted", dispatcher.statistics().providers["openai"].granted_total)
+
+
+trio.run(main)
+""",
+    # On its own: it opens what it needs.
+    "standalone": """
+async def main() -> None:
+    with trio.fail_after(30):
+        await fragment(None, None, None)
+    print("done")
+
+
+trio.run(main)
+""",
+    # The README's events loop, subscribed, while a turn takes a slot.
+    "events": """
+async def main() -> None:
+    async with (
+        trio_dispatch.open_dispatcher({"openai": 8}) as dispatcher,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(fragment, dispatcher, None, None)
+        await trio.testing.wait_all_tasks_blocked()
+        with dispatcher.turn(conversation_id="agent-7"):
+            async with dispatcher.slot("openai"):
+                pass
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+
+
+trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+""",
+    # The collector registered, served, and scraped after a grant.
+    "prometheus": """
+def serve_on_a_free_port() -> list[int]:
+    # The README's port (9100) may be taken here: the server gets a free one.
+    import prometheus_client
+
+    start = prometheus_client.start_http_server
+    ports: list[int] = []
+
+    def start_on_a_free_port(port, addr="0.0.0.0", registry=None, **options):
+        server, thread = start(0, addr="127.0.0.1", registry=registry, **options)
+        ports.append(server.server_port)
+        return server, thread
+
+    prometheus_client.start_http_server = start_on_a_free_port
+    return ports
+
+
+async def main() -> None:
+    import urllib.request
+
+    ports = serve_on_a_free_port()
+    async with trio_dispatch.open_dispatcher({"openai": 8}) as dispatcher:
+        await fragment(dispatcher, None, None)
+        async with dispatcher.slot("openai"):
+            pass
+        url = f"http://127.0.0.1:{ports[0]}/metrics"
+        text = await trio.to_thread.run_sync(
+            lambda: urllib.request.urlopen(url, timeout=10).read().decode()
+        )
+    for line in text.splitlines():
+        if line.startswith("trio_dispatch_grants_total"):
+            print(line)
+
+
+trio.run(main)
+""",
+}
+# The fleet's fragment runs on its own too, against the test's Redis.
+HARNESSES["fleet"] = HARNESSES["standalone"]
+
+
+def fragment_program(block: Block) -> str:
+    """The fragment as the body of ``fragment``, followed by its harness."""
+    assert block.harness is not None
+    body = textwrap.indent(block.code, "    ")
+    return (
+        f"{PRELUDE}\n\n"
+        f"async def fragment({', '.join(PARAMETERS)}) -> None:\n{body}\n"
+        f"{HARNESSES[block.harness]}"
+    )
+
+
+def free_names(code: str) -> set[str]:
+    """The global names the body of ``fragment`` (nested scopes too) reads."""
+    (table,) = (
+        child
+        for child in symtable.symtable(code, "<readme>", "exec").get_children()
+        if child.get_name() == "fragment"
+    )
+    found: set[str] = set()
+    stack = [table]
+    while stack:
+        scope = stack.pop()
+        found |= {
+            symbol.get_name()
+            for symbol in scope.get_symbols()
+            if symbol.is_global() and symbol.is_referenced()
+        }
+        stack.extend(scope.get_children())
+    return found
+
+
+def fragment_of(harness: str) -> list[Block]:
+    return [b for b in readme_blocks() if b.harness == harness]
+
+
+# -- every block is run -------------------------------------------------------
+
+
+def test_every_block_is_a_program_or_a_marked_fragment() -> None:
+    blocks = readme_blocks()
+    assert len(blocks) >= 9
+    unmarked = [b.line for b in blocks if b.kind == "unmarked"]
+    assert unmarked == [], "README blocks neither a program nor a marked fragment"
+    for block in blocks:
+        compile(
+            block.code if block.kind == "program" else fragment_program(block),
+            f"README.md:{block.line}",
+            "exec",
+        )
+        if block.kind == "fragment":
+            assert not _is_program(block.code), block.line
+            assert block.harness in HARNESSES, block.line
+        elif block.harness is not None:
+            assert block.harness in PROGRAM_HARNESSES, block.line
+    # Each harness is used (a renamed one would leave a block unrun).
+    used = {b.harness for b in blocks} - {None}
+    assert used == set(HARNESSES) | set(PROGRAM_HARNESSES)
+
+
+def test_a_fragment_imports_what_it_uses() -> None:
+    for block in readme_blocks():
+        if block.kind == "fragment":
+            missing = free_names(fragment_program(block)) - GIVEN - set(dir(builtins))
+            assert missing == set(), f"README.md:{block.line} uses {missing}"
+
+
+def test_the_name_checker_finds_a_missing_import() -> None:
+    block = Block(1, "fragment", "standalone", "registry = prometheus_client.R()\n")
+    assert free_names(fragment_program(block)) == {"prometheus_client"}
+    block = Block(1, "fragment", "standalone", "import json\nprint(json.dumps(1))\n")
+    assert free_names(fragment_program(block)) == {"print"}
+
+
+@pytest.mark.parametrize(
+    "block",
+    [b for b in readme_blocks() if b.kind == "program" and b.harness is None],
+    ids=lambda b: f"line{b.line}",
+)
+def test_every_program_runs(block: Block) -> None:
+    _run(block.code)
+
+
+@pytest.mark.parametrize(
+    "block", fragment_of("in-dispatcher"), ids=lambda b: f"line{b.line}"
+)
+def test_a_fragment_inside_a_dispatcher_runs_and_takes_slots(block: Block) -> None:
+    last = _run(fragment_program(block))[-1]
+    assert re.fullmatch(r"granted [1-9]\d*", last), last
+
+
+def test_the_budgets_fragment_runs() -> None:
+    (block,) = fragment_of("standalone")
+    assert _run(fragment_program(block)) == ["done"]
+
+
+def test_the_fleet_fragment_runs_against_redis(server: RedisServer) -> None:
+    (block,) = fragment_of("fleet")
+    address = "redis://127.0.0.1:6379/0"
+    assert block.code.count(address) == 1
+    moved = block._replace(code=block.code.replace(address, server.url))
+    assert _run(fragment_program(moved)) == ["done"]
+
+
+def test_the_events_fragment_prints_a_grant() -> None:
+    (block,) = fragment_of("events")
+    assert _run(fragment_program(block)) == ["openai agent-7 waited 0.00 s"]
+
+
+def test_the_prometheus_fragment_serves_the_collector() -> None:
+    (block,) = fragment_of("prometheus")
+    lines = _run(fragment_program(block))
+    assert lines == ['trio_dispatch_grants_total{provider="openai"} 1.0']
+
+
+# -- programs with an address or a secret ------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _get(url: str, token: str | None = None) -> tuple[int, object]:
+    request = urllib.request.Request(url)
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_the_admin_program_serves_its_dispatcher() -> None:
+    (block,) = fragment_of("served")
+    address = "127.0.0.1:8081"
+    assert block.code.count(address) == 1
+    port = _free_port()
+    token = "a-token-for-the-readme-test"
+    env = {**os.environ, "TRIO_DISPATCH_ADMIN_TOKEN": token}
+    code = block.code.replace(address, f"127.0.0.1:{port}")
+    with subprocess.Popen(
+        [sys.executable, "-W", "error::DeprecationWarning", "-c", code],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as process:
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    health = _get(f"http://127.0.0.1:{port}/healthz")
+                    break
+                except OSError:
+                    assert process.poll() is None, process.communicate()
+                    assert time.monotonic() < deadline, "the admin API never answered"
+                    time.sleep(0.05)
+            limits = _get(f"http://127.0.0.1:{port}/limits", token)
+            status = _get(f"http://127.0.0.1:{port}/status", token)
+            refused = _get(f"http://127.0.0.1:{port}/limits")
+        finally:
+            # It would hold its slot for a minute: enough has been seen.
+            process.kill()
+    assert health == (200, {"status": "ok"})
+    assert limits == (200, {"limits": {"anthropic": 4, "openai": 8}})
+    assert status[0] == 200
+    assert status[1]["providers"]["openai"]["in_flight"] == 1  # type: ignore[index]  # JSON
+    assert refused[0] == 401
+
+
+PROGRAM_HARNESSES = {"served": test_the_admin_program_serves_its_dispatcher}
+
+
+# -- what the quickstarts show ----------------------------------------------
 
 
 def test_the_sdk_quickstart_comes_first_and_holds_a_slot_per_call() -> None:

@@ -46,3 +46,59 @@ def test_no_test_module_imports_another() -> None:
     }
     assert len(importing) > 30
     assert {name: found for name, found in importing.items() if found} == {}
+
+
+def raises_sigint_unprepared(source: str) -> list[str]:
+    """The tests in ``source`` that raise SIGINT in-process unprepared.
+
+    Where SIGINT is ignored (a background job, many CI runners) a raised
+    SIGINT does nothing, and a test waiting for its KeyboardInterrupt hangs.
+    Such a test takes the ``ctrl_c`` fixture, or sets SIGINT's handler
+    itself.
+    """
+    found: list[str] = []
+    for test in ast.walk(ast.parse(source)):
+        if not isinstance(test, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        if not test.name.startswith("test_"):
+            continue
+        calls = [
+            ast.unparse(node.func)
+            for node in ast.walk(test)
+            if isinstance(node, ast.Call)
+            and any("SIGINT" in ast.unparse(arg) for arg in node.args)
+        ]
+        raises = any(c.endswith(("raise_signal", "os.kill")) for c in calls)
+        sets_handler = any(c.endswith("signal.signal") for c in calls)
+        prepared = "ctrl_c" in [a.arg for a in test.args.args] or any(
+            "ctrl_c" in ast.unparse(d) for d in test.decorator_list
+        )
+        if raises and not (sets_handler or prepared):
+            found.append(test.name)
+    return found
+
+
+def test_the_checker_finds_tests_that_raise_sigint_unprepared() -> None:
+    source = (
+        "def test_bare():\n    signal.raise_signal(signal.SIGINT)\n"
+        "def test_kill():\n    os.kill(os.getpid(), SIGINT)\n"
+        "def test_nested():\n"
+        "    async def press():\n        signal.raise_signal(signal.SIGINT)\n"
+        "@pytest.mark.usefixtures('ctrl_c')\n"
+        "def test_marked():\n    signal.raise_signal(signal.SIGINT)\n"
+        "def test_taking_it(ctrl_c):\n    signal.raise_signal(signal.SIGINT)\n"
+        "def test_ignoring():\n"
+        "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "    signal.raise_signal(signal.SIGINT)\n"
+        "def test_other_signal():\n    signal.raise_signal(signal.SIGTERM)\n"
+    )
+    assert raises_sigint_unprepared(source) == ["test_bare", "test_kill", "test_nested"]
+
+
+def test_every_test_raising_sigint_makes_it_a_keyboard_interrupt() -> None:
+    unprepared = {
+        path.name: found
+        for path in sorted(TESTS.glob("test_*.py"))
+        if (found := raises_sigint_unprepared(path.read_text(encoding="utf-8")))
+    }
+    assert unprepared == {}

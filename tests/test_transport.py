@@ -9,9 +9,11 @@ sockets are in ``test_transport_sdks.py``.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import subprocess
 import sys
+import warnings
 from typing import TYPE_CHECKING
 
 import httpx
@@ -21,6 +23,8 @@ import trio
 import trio.testing
 
 from trio_dispatch import SlotHoldTimeout, open_dispatcher
+
+from ._helpers import drop
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -473,3 +477,158 @@ def test_a_transport_on_httpx2_imports_no_legacy_httpx() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert done.stdout == "[]\n"
+
+
+async def test_a_legacy_httpx_client_is_refused_before_any_slot() -> None:
+    # httpx.AsyncClient hands the transport an httpx.Request, which the
+    # httpx2 transport inside failed on with an empty AssertionError, after
+    # the slot was granted.
+    sent: list[httpx2.Request] = []
+
+    def handle(request: httpx2.Request) -> httpx2.Response:
+        sent.append(request)  # pragma: no cover (refused before)
+        return httpx2.Response(200)  # pragma: no cover
+
+    async with open_dispatcher({"openai": 1}) as dispatcher:
+        transport = dispatcher.transport("openai", inner=httpx2.MockTransport(handle))
+        async with httpx.AsyncClient(transport=transport) as client:  # type: ignore[arg-type]  # the misuse under test
+            for path in ("/v1/chat/completions", "/v1/models"):
+                with pytest.raises(
+                    TypeError,
+                    match=r"^dispatcher\.transport\('openai'\) serves an"
+                    r" httpx2\.AsyncClient, got httpx\.Request: use"
+                    r" httpx2\.AsyncClient, or for an httpx\.AsyncClient make it"
+                    r" with inner=httpx\.AsyncHTTPTransport\(\)$",
+                ):
+                    await client.post(f"https://llm.test{path}")
+        stats = dispatcher.statistics().providers["openai"]
+    assert sent == []
+    assert (stats.granted_total, stats.in_flight) == (0, 0)
+
+
+async def test_an_httpx2_client_is_refused_by_a_legacy_transport() -> None:
+    async with open_dispatcher({"openai": 1}) as dispatcher:
+        transport = dispatcher.transport(
+            "openai", inner=httpx.MockTransport(lambda _: httpx.Response(200))
+        )
+        async with httpx2.AsyncClient(transport=transport) as client:  # type: ignore[arg-type]  # the misuse under test
+            with pytest.raises(
+                TypeError,
+                match=r"^dispatcher\.transport\('openai', inner=<an httpx transport>\)"
+                r" serves an httpx\.AsyncClient, got httpx2\.Request: give it to"
+                r" an httpx\.AsyncClient, or make it without inner= for an"
+                r" httpx2\.AsyncClient$",
+            ):
+                await client.post(URL)
+        stats = dispatcher.statistics().providers["openai"]
+    assert (stats.granted_total, stats.in_flight) == (0, 0)
+
+
+async def test_a_response_dropped_unclosed_gives_its_slot_back_with_a_warning(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    bodies: list[Body] = []
+    sent: list[float] = []
+    async with open_dispatcher({"p": 2}) as dispatcher:
+        transport = dispatcher.transport("p", inner=streaming(dispatcher, bodies, sent))
+        async with httpx2.AsyncClient(transport=transport) as client:
+            kept = await client.send(client.build_request("POST", URL), stream=True)
+            dropped = [
+                await client.send(client.build_request("POST", URL), stream=True)
+            ]
+            assert in_flight(dispatcher) == 2
+            with pytest.warns(
+                ResourceWarning,
+                match=r"^a model call to 'p' was never closed: its response was"
+                r" dropped unclosed, and its slot is given back now; close"
+                r" responses \(async with, or aclose\(\)\)$",
+            ):
+                drop(dropped)
+            # The third call gets the dropped call's slot, at once.
+            with trio.fail_after(1):
+                third = await client.send(
+                    client.build_request("POST", URL), stream=True
+                )
+            assert sent == [0.0, 0.0, 0.0]
+            assert in_flight(dispatcher) == 2
+            await third.aclose()
+            await kept.aclose()
+            # Closed responses, collected, warn of nothing.
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                del third, kept
+                gc.collect()
+            assert [
+                str(w.message) for w in caught if "model call" in str(w.message)
+            ] == []
+            await trio.testing.wait_all_tasks_blocked()
+        stats = dispatcher.statistics().providers["p"]
+    assert (stats.granted_total, stats.released_total, stats.in_flight) == (3, 3, 0)
+
+
+async def test_a_dropped_response_held_under_max_hold_is_collected_too(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # The max_hold timer must not keep the dropped body alive.
+    bodies: list[Body] = []
+    sent: list[float] = []
+    async with open_dispatcher({"p": 1}, max_hold=3600.0) as dispatcher:
+        transport = dispatcher.transport("p", inner=streaming(dispatcher, bodies, sent))
+        async with httpx2.AsyncClient(transport=transport) as client:
+            dropped = [
+                await client.send(client.build_request("POST", URL), stream=True)
+            ]
+            with pytest.warns(ResourceWarning, match=r"^a model call to 'p' was never"):
+                drop(dropped)
+            with trio.fail_after(1):
+                second = await client.send(
+                    client.build_request("POST", URL), stream=True
+                )
+            await second.aclose()
+    assert sent == [0.0, 0.0]
+
+
+async def test_a_legacy_response_dropped_unclosed_gives_its_slot_back() -> None:
+    class LegacyBody(httpx.AsyncByteStream):
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            yield b"x"  # pragma: no cover (never read)
+
+    async with open_dispatcher({"p": 1}) as dispatcher:
+        transport = dispatcher.transport(
+            "p",
+            inner=httpx.MockTransport(
+                lambda _: httpx.Response(200, stream=LegacyBody())
+            ),
+        )
+        async with httpx.AsyncClient(transport=transport) as client:
+            dropped = [
+                await client.send(client.build_request("POST", URL), stream=True)
+            ]
+            with pytest.warns(ResourceWarning, match=r"^a model call to 'p' was never"):
+                drop(dropped)
+            with trio.fail_after(10):
+                second = await client.send(
+                    client.build_request("POST", URL), stream=True
+                )
+            await second.aclose()
+        stats = dispatcher.statistics().providers["p"]
+    assert (stats.granted_total, stats.released_total) == (2, 2)
+
+
+def test_a_response_dropped_after_its_run_ended_is_left_alone() -> None:
+    # The run, its dispatcher and its slots are gone: nothing to give back.
+    async def main() -> list[httpx2.Response]:
+        bodies: list[Body] = []
+        sent: list[float] = []
+        async with open_dispatcher({"p": 1}) as dispatcher:
+            inner = streaming(dispatcher, bodies, sent)
+            client = httpx2.AsyncClient(
+                transport=dispatcher.transport("p", inner=inner)
+            )
+            return [await client.send(client.build_request("POST", URL), stream=True)]
+
+    left = trio.run(main)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        drop(left)
+    assert [str(w.message) for w in caught if "model call" in str(w.message)] == []

@@ -22,6 +22,7 @@ import trio
 from trio_dispatch import SlotHoldTimeout, open_dispatcher
 from trio_dispatch.testing import FakeReply, FakeScript, Fault, open_fake_llm_server
 
+from ._helpers import drop
 from ._rigs import eventually, last_text
 
 if TYPE_CHECKING:
@@ -169,6 +170,25 @@ async def test_closing_an_sdk_stream_early_gives_the_slot_back() -> None:
         server.set_script(FakeScript(default=FakeReply(text=TEXT)))
         assert await openai_text(oa) == TEXT
         assert server.statistics().peak_in_flight == 1
+
+
+async def test_an_sdk_stream_dropped_unclosed_gives_its_slot_back() -> None:
+    # Limit 2: two SDK streams taken and left unread; one is dropped. Its
+    # slot used to stay taken for ever, and the third call waited for ever.
+    async with open_sdks(SLOW, limit=2) as (server, dispatcher, oa, _an):
+        kept = await slow_stream(oa)
+        dropped = [await slow_stream(oa)]
+        assert stats(dispatcher, "openai") == (2, 2, 0)
+        with pytest.warns(
+            ResourceWarning, match=r"^a model call to 'openai' was never closed: "
+        ):
+            drop(dropped)
+        server.set_script(FakeScript(default=FakeReply(text=TEXT)))
+        with trio.fail_after(30):
+            assert await openai_text(oa) == TEXT
+        assert stats(dispatcher, "openai") == (1, 3, 2)
+        await kept.close()
+        assert stats(dispatcher, "openai") == (0, 3, 3)
 
 
 async def test_cancelling_an_sdk_stream_gives_the_slot_back() -> None:

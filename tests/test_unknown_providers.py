@@ -56,7 +56,7 @@ async def test_an_unknown_provider_warns_once_per_name_and_shows_in_statistics(
             pass
         assert warnings(caplog) == [
             "provider 'OpenAI' has no limit, so it runs unlimited;"
-            " limited providers: 'anthropic', 'openai'",
+            " limited providers: 'anthropic', 'openai'; did you mean 'openai'?",
             "provider 'gpt-x' has no limit, so it runs unlimited;"
             " limited providers: 'anthropic', 'openai'",
         ]
@@ -70,6 +70,36 @@ async def test_an_unknown_provider_warns_once_per_name_and_shows_in_statistics(
         )
         right = stats["openai"]
         assert (right.limit, right.peak_in_flight, right.granted_total) == (2, 2, 10)
+
+
+@pytest.mark.parametrize("slip", ["opneai", "OpenAI", "OPENAI", "openia"])
+async def test_a_name_close_to_a_limited_one_suggests_it(
+    caplog: pytest.LogCaptureFixture, slip: str
+) -> None:
+    async with open_dispatcher({"openai": 2, "anthropic": 1}) as dispatcher:
+        async with dispatcher.slot(slip):
+            pass
+        async with dispatcher.slot("claude"):
+            pass
+    assert warnings(caplog) == [
+        f"provider {slip!r} has no limit, so it runs unlimited;"
+        " limited providers: 'anthropic', 'openai'; did you mean 'openai'?",
+        "provider 'claude' has no limit, so it runs unlimited;"
+        " limited providers: 'anthropic', 'openai'",
+    ]
+    async with open_dispatcher(
+        {"openai": 2, "anthropic": 1}, unknown_providers="error"
+    ) as dispatcher:
+        with pytest.raises(
+            ValueError,
+            match=rf"^provider {slip!r} has no limit;"
+            r" known providers: 'anthropic', 'openai'; did you mean 'openai'\?$",
+        ):
+            dispatcher.slot(slip)
+        with pytest.raises(
+            ValueError, match=r"^provider 'anthropc' has no limit;.*'anthropic'\?$"
+        ):
+            dispatcher.slot("anthropc")
 
 
 async def test_a_warning_names_no_limited_provider_when_there_is_none(
@@ -91,13 +121,13 @@ async def test_an_unknown_provider_is_refused_at_once_in_error_mode(
         with pytest.raises(
             ValueError,
             match=r"^provider 'OpenAI' has no limit;"
-            r" known providers: 'anthropic', 'openai'$",
+            r" known providers: 'anthropic', 'openai'; did you mean 'openai'\?$",
         ):
             dispatcher.slot("OpenAI")
         with pytest.raises(
             ValueError,
             match=r"^provider 'OpenAI' has no limit;"
-            r" known providers: 'anthropic', 'openai'$",
+            r" known providers: 'anthropic', 'openai'; did you mean 'openai'\?$",
         ):
             dispatcher.start_conversation(_NamedProvider("OpenAI"))
         await settle()

@@ -6,7 +6,17 @@ return, and one exception tree. Beside it: ``trio_dispatch.messages`` (the
 chat model and stream events), ``trio_dispatch.providers`` (LLM APIs over
 HTTP), ``trio_dispatch.testing`` (a fake LLM server, a scripted provider,
 the simulator) and ``trio_dispatch.lowlevel`` (the plumbing, less stable).
+
+Those, and ``events``, ``metrics``, ``otel`` and ``admin``, load on first
+use (PEP 562): after ``import trio_dispatch``, ``trio_dispatch.events.Granted``
+works, and importing the package alone loads no HTTP library and no
+optional extra.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 from ._budgets import AdaptiveLimit as AdaptiveLimit
 from ._budgets import Budget as Budget
@@ -26,6 +36,7 @@ from ._ratelimits import RateLimitInfo as RateLimitInfo
 from ._turn import Turn as Turn
 from ._turn import current_turn as current_turn
 from ._util import fixup_module_metadata
+from ._version import __version__ as __version__
 from .actors._compaction import SUMMARY_PREFIX as SUMMARY_PREFIX
 from .actors._conversation import Conversation as Conversation
 from .actors._conversation import ConversationStatistics as ConversationStatistics
@@ -47,7 +58,17 @@ from .actors._options import ConversationOptions as ConversationOptions
 from .actors._tools import Tool as Tool
 from .messages._chat import RequestOptions as RequestOptions
 
-__version__ = "0.1.0.dev0"
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from . import admin as admin
+    from . import events as events
+    from . import lowlevel as lowlevel
+    from . import messages as messages
+    from . import metrics as metrics
+    from . import otel as otel
+    from . import providers as providers
+    from . import testing as testing
 
 __all__ = [
     "SUMMARY_PREFIX",
@@ -91,4 +112,33 @@ __all__ = [
 
 # Show the public names where users import them from, as httpx and trio do.
 fixup_module_metadata(__name__, globals())
-del fixup_module_metadata
+# Only names of the API stay public in the namespace.
+del fixup_module_metadata, TYPE_CHECKING, annotations
+
+# The public subpackages, imported on first attribute access. ``metrics``,
+# ``otel``, ``admin`` and ``testing`` need extras; their import says which.
+_SUBPACKAGES = frozenset(
+    {
+        "admin",
+        "events",
+        "lowlevel",
+        "messages",
+        "metrics",
+        "otel",
+        "providers",
+        "testing",
+    }
+)
+
+
+def __getattr__(name: str) -> ModuleType:
+    """``trio_dispatch.events`` and the other subpackages, imported when first used."""
+    if name in _SUBPACKAGES:
+        # The import system sets the attribute too: later lookups never get here.
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public names and the subpackages, loaded or not (for completion)."""
+    return sorted({*__all__, *_SUBPACKAGES, "__version__"})

@@ -72,10 +72,11 @@ import attrs
 
 from ._validation import (
     check_fraction,
-    check_limit,
     check_provider,
+    check_slot_limit,
     positive_int,
     positive_number,
+    slot_limit,
 )
 
 if TYPE_CHECKING:
@@ -138,9 +139,9 @@ class AdaptiveLimit:
         backoff: The factor of a decrease, above 0 and below 1.
     """
 
-    initial: int = attrs.field(validator=positive_int)
-    minimum: int = attrs.field(default=1, validator=positive_int)
-    maximum: int = attrs.field(validator=positive_int)
+    initial: int = attrs.field(validator=slot_limit)
+    minimum: int = attrs.field(default=1, validator=slot_limit)
+    maximum: int = attrs.field(validator=slot_limit)
     backoff: float = attrs.field(default=0.9)
 
     @backoff.validator
@@ -168,7 +169,7 @@ def check_limit_value(limit: object, name: str = "limit") -> int | AdaptiveLimit
     """A positive ``int`` or an ``AdaptiveLimit``."""
     if isinstance(limit, AdaptiveLimit):
         return limit
-    return check_limit(limit, name)
+    return check_slot_limit(limit, name)
 
 
 def estimate_prompt_tokens(request: ChatRequest) -> int:

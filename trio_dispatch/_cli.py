@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from . import __version__, _groups
+from ._util import needs_extra
 from ._validation import (
     check_count,
     check_fraction,
@@ -456,10 +457,7 @@ def _require(what: str, modules: Sequence[str]) -> None:
     """
     if not all(map(_importable, modules)):
         extra = "demo" if any(_EXTRAS[m] == "demo" for m in modules) else "testing"
-        raise _MissingExtra(
-            f"trio-dispatch {what} needs the {extra} extra:"
-            f" pip install 'trio-dispatch[{extra}]'"
-        )
+        raise _MissingExtra(needs_extra(f"trio-dispatch {what}", extra))
 
 
 def _importable(module: str) -> bool:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Final, final
 import trio
 from opentelemetry import metrics
 
+from ._version import __version__
 from .actors._observe import Granted, Paused, read_in_trio
 
 if TYPE_CHECKING:
@@ -105,8 +106,6 @@ class OpenTelemetryMetrics:
     def __init__(
         self, dispatcher: Dispatcher, *, meter_provider: MeterProvider | None = None
     ) -> None:
-        from . import __version__  # noqa: PLC0415  # the package, loaded by now
-
         meter = metrics.get_meter(
             "trio_dispatch", __version__, meter_provider=meter_provider
         )

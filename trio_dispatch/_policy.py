@@ -61,10 +61,10 @@ from ._exceptions import QueueFull
 from ._validation import (
     check_deadline,
     check_instant,
-    check_limit,
     check_max_waiting,
     check_optional_seconds,
     check_pauses,
+    check_slot_limit,
 )
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ class SlotPolicy:
         throttle: Throttle | None = None,
     ) -> None:
         if limit is not None:
-            check_limit(limit)
+            check_slot_limit(limit)
         # Budgets and the adaptive limit, when there are any (see _budgets).
         self._gate = throttle
         if throttle is not None and throttle.limit is not None:
@@ -337,7 +337,7 @@ class SlotPolicy:
             self._limit = self._gate.adapt(limit)
             return self._fill()
         if limit is not None:
-            check_limit(limit)
+            check_slot_limit(limit)
         if self._gate is not None:
             self._gate.adapt(None)
         self._limit = limit

@@ -32,6 +32,27 @@ class NoPublicConstructor(type):
         return super().__call__(*args, **kwargs)  # type: ignore[misc, no-any-return]  # type.__call__ of the class itself
 
 
+def needs_extra(what: str, extra: str) -> str:
+    """The one-line hint for ``what`` when the ``extra`` it needs is missing."""
+    return f"{what} needs the {extra} extra: pip install 'trio-dispatch[{extra}]'"
+
+
+def raise_if_extra_missing(
+    exc: ModuleNotFoundError, what: str, extra: str, *packages: str
+) -> None:
+    """Raise the hint naming ``extra`` if ``exc`` is one of ``packages`` missing.
+
+    Any other missing module (a bug, a broken install) is left to the caller
+    to re-raise as it is.
+
+    Raises:
+        ModuleNotFoundError: ``exc`` says one of ``packages`` is not installed.
+    """
+    package = (exc.name or "").partition(".")[0]
+    if package in packages:
+        raise ModuleNotFoundError(needs_extra(what, extra), name=package) from exc
+
+
 def fixup_module_metadata(module_name: str, namespace: Mapping[str, object]) -> None:
     """Show each public name of ``namespace`` where users import it from.
 

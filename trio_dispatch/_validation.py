@@ -59,6 +59,22 @@ def check_limit(limit: object, name: str = "limit") -> int:
     return limit
 
 
+#: The highest concurrency limit anywhere: ``open_dispatcher``, ``set_limit``,
+#: ``AdaptiveLimit`` and the admin API's ``PUT /limits/{provider}``. More
+#: concurrent streams than any provider account takes; for no limit at all,
+#: ``remove_limit``.
+MAX_LIMIT = 100_000
+
+
+def check_slot_limit(limit: object, name: str = "limit") -> int:
+    """A concurrency limit: a positive ``int`` (not a ``bool``) up to ``MAX_LIMIT``."""
+    check_limit(limit, name)
+    assert isinstance(limit, int)  # checked just above
+    if limit > MAX_LIMIT:
+        raise ValueError(f"{name} must be at most {MAX_LIMIT}, got {_shown(limit)}")
+    return limit
+
+
 def check_count(count: object, name: str) -> int:
     """A non-negative ``int`` (not a ``bool``, not a float)."""
     if not isinstance(count, int) or isinstance(count, bool):
@@ -101,7 +117,7 @@ def check_limits(limits: object) -> dict[str, int]:
         )
     checked: dict[str, int] = {}
     for provider, limit in limits.items():
-        checked[check_provider(provider)] = check_limit(
+        checked[check_provider(provider)] = check_slot_limit(
             limit, f"limit for {provider!r}"
         )
     return checked
@@ -237,6 +253,9 @@ def validator(
 
 positive_int = validator(check_limit)
 """An attrs validator: a positive ``int``, not a ``bool``."""
+
+slot_limit = validator(check_slot_limit)
+"""An attrs validator: a concurrency limit, from 1 to ``MAX_LIMIT``."""
 
 non_negative_int = validator(check_count)
 """An attrs validator: a non-negative ``int``, not a ``bool``."""

@@ -17,6 +17,7 @@ that ``Cancel`` gives it back.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import enum
 import logging
 import math
@@ -40,7 +41,7 @@ from .._groups import leaves
 from .._policy import SlotPolicy
 from .._ratelimits import RateLimitInfo
 from .._turn import CURRENT_TURN, Turn, TurnScope
-from .._util import NoPublicConstructor
+from .._util import NoPublicConstructor, raise_if_extra_missing
 from .._validation import (
     check_count,
     check_instant,
@@ -490,6 +491,24 @@ class _Settings:
 
 
 _UNSET: Any = object()
+
+
+class _DefaultNamespace(str):
+    """The default ``namespace``: it shows as its value, and ``is`` tells it apart."""
+
+    __slots__ = ()
+
+
+class _DefaultLease(float):
+    """The default ``lease``: it shows as its value, and ``is`` tells it apart."""
+
+    __slots__ = ()
+
+
+# Given explicitly, even with these very values, namespace and lease need a
+# redis_url: either alone would be silently ignored.
+_DEFAULT_NAMESPACE: Final = _DefaultNamespace("trio-dispatch")
+_DEFAULT_LEASE: Final = _DefaultLease(15.0)
 _make: Final = type.__call__
 
 
@@ -743,7 +762,9 @@ class Dispatcher(metaclass=NoPublicConstructor):
         with ``slot()`` without ``started_at``. ``max_hold`` bounds a model
         call from its grant to its response's close: past it, the request
         or the read under way fails with ``SlotHoldTimeout``, a response
-        that nobody reads is closed, and the slot goes back.
+        that nobody reads is closed, and the slot goes back. A response
+        dropped without being closed gives its slot back when it is
+        garbage-collected, with a ``ResourceWarning`` naming the provider.
 
         Args:
             provider: The provider's name: whose slots the calls take.
@@ -753,7 +774,9 @@ class Dispatcher(metaclass=NoPublicConstructor):
 
         Raises:
             TypeError: ``provider`` is not a string, or ``inner`` is not an
-                httpx2 or httpx async transport.
+                httpx2 or httpx async transport. Later, from a request of
+                the other httpx's client (an ``httpx.AsyncClient`` given a
+                transport made without ``inner``), before any slot.
             ValueError: ``provider`` is empty, or unknown while the
                 dispatcher's ``unknown_providers`` is ``"error"``.
         """
@@ -1162,12 +1185,14 @@ class Dispatcher(metaclass=NoPublicConstructor):
             raise ValueError(
                 f"provider {provider!r} has no limit;"
                 f" known providers: {_names(self._known)}"
+                f"{_did_you_mean(provider, self._known)}"
             )
         if self._settings.unknown_providers == "warn":
             _logger.warning(
-                "provider %r has no limit, so it runs unlimited; limited providers: %s",
+                "provider %r has no limit, so it runs unlimited; limited providers: %s%s",
                 provider,
                 _names(self._limits),
+                _did_you_mean(provider, self._limits),
             )
         self._cleared.add(provider)
 
@@ -1322,8 +1347,8 @@ def open_dispatcher(
     max_waiting: int | None = None,
     unknown_providers: _UnknownProviders = "warn",
     redis_url: str | None = None,
-    namespace: str = "trio-dispatch",
-    lease: float = 15.0,
+    namespace: str = _DEFAULT_NAMESPACE,
+    lease: float = _DEFAULT_LEASE,
     priority_aging: float = 60.0,
 ) -> contextlib.AbstractAsyncContextManager[Dispatcher]:
     """Run a dispatcher for the duration of an ``async with`` block.
@@ -1331,7 +1356,8 @@ def open_dispatcher(
     Arguments are checked here, at the call, before anything starts.
 
     Args:
-        limits: Provider name to its concurrency limit: a positive int, or
+        limits: Provider name to its concurrency limit: an int from 1 to
+            100000 (the one bound of every limit, the admin API's too), or
             an ``AdaptiveLimit`` that finds its own value between its
             bounds. Providers not named are unlimited until ``set_limit``.
         budgets: Provider name to its ``Budget``: requests and tokens per
@@ -1376,18 +1402,21 @@ def open_dispatcher(
             oldest-first order and the pauses with every process that uses the same Redis and ``namespace``
             (``redis://[[user]:password@]host[:port][/db]``, ``rediss://``
             for TLS, or ``unix://path``; a single server or any node of a
-            Redis Cluster); needs the ``redis`` extra. A limit
+            Redis Cluster); needs the ``redis`` extra (without it,
+            ``ModuleNotFoundError`` says which to install). A limit
             in ``limits`` is stored only if the fleet has none stored for
             that provider: a stored limit, written by ``set_limit`` or
             ``remove_limit`` in any process, wins, and survives restarts.
             ``None`` (the default) keeps everything in this process.
         namespace: The prefix of every key in Redis: processes with the same
             namespace share their limits. Not empty, and without ``:``,
-            ``{`` or ``}``.
+            ``{`` or ``}``. Only with ``redis_url``: given without it, even
+            as the default ``"trio-dispatch"``, it is a ``ValueError``.
         lease: Seconds the slots and queued requests of a process that
             vanished stay taken (positive, finite). Holders renew every
             third of it; a holder whose lease went unrenewed this long is
-            stopped with ``LeaseLost`` (see below).
+            stopped with ``LeaseLost`` (see below). Only with
+            ``redis_url``, as ``namespace``.
         priority_aging: Seconds of turn age that make up for one priority
             class (positive, finite). Requests go by class first (higher
             first), then oldest turn, then arrival: a request of class ``p``
@@ -1468,20 +1497,43 @@ def open_dispatcher(
     pause, longest = check_pauses(default_pause, max_pause)
     hold = check_optional_seconds(max_hold, "max_hold", positive=True)
     waiting = check_max_waiting(max_waiting)
+    url = check_redis_url(redis_url)
+    checked_namespace = check_namespace(namespace)
+    checked_lease = check_positive_seconds(lease, "lease")
+    if url is None:
+        if namespace is not _DEFAULT_NAMESPACE:
+            raise ValueError("namespace needs redis_url")
+        if lease is not _DEFAULT_LEASE:
+            raise ValueError("lease needs redis_url")
+    else:
+        _require_redis()
     settings = _Settings(
         default_pause=pause,
         max_pause=longest,
         max_hold=hold,
         max_waiting=waiting,
         unknown_providers=_check_unknown_providers(unknown_providers),
-        redis_url=check_redis_url(redis_url),
-        namespace=check_namespace(namespace),
-        lease=check_positive_seconds(lease, "lease"),
+        redis_url=url,
+        namespace=str(checked_namespace),
+        lease=float(checked_lease),
         priority_aging=check_positive_seconds(priority_aging, "priority_aging"),
         budgets=checked_budgets,
         learn_budgets=learn_budgets,
     )
     return _run_dispatcher(checked, settings)
+
+
+def _require_redis() -> None:
+    """Refuse ``redis_url`` at once, with a hint, if the ``redis`` extra is missing.
+
+    Raises:
+        ModuleNotFoundError: coredis is not installed.
+    """
+    try:
+        import coredis  # noqa: F401, PLC0415  # the redis extra, only when asked for
+    except ModuleNotFoundError as exc:
+        raise_if_extra_missing(exc, "redis_url", "redis", "coredis")
+        raise
 
 
 @asynccontextmanager
@@ -1541,6 +1593,24 @@ def _check_unknown_providers(value: object) -> _UnknownProviders:
 def _names(providers: Iterable[str]) -> str:
     """Provider names for a message: sorted, quoted, or ``none``."""
     return ", ".join(repr(name) for name in sorted(providers)) or "none"
+
+
+def _did_you_mean(provider: str, names: Iterable[str]) -> str:
+    """``"; did you mean 'openai'?"`` for a name close to ``provider``, or ``""``.
+
+    Compared case-folded, so ``"OpenAI"`` finds ``"openai"`` and
+    ``"opneai"`` does too; a name merely unlike every other finds nothing.
+    """
+    by_folded = {name.casefold(): name for name in sorted(names, reverse=True)}
+    close = difflib.get_close_matches(
+        provider.casefold(), by_folded, n=1, cutoff=_CLOSE_NAME
+    )
+    return f"; did you mean {by_folded[close[0]]!r}?" if close else ""
+
+
+# difflib's similarity above which an unknown name is taken for a slip of
+# the keyboard: "opneai" (0.83) and "OpenAI" (1.0) for "openai", not "gpt-x".
+_CLOSE_NAME: Final = 0.8
 
 
 def _identities(exc: BaseException) -> set[int]:

@@ -56,6 +56,11 @@ providers:
   ``Dispatcher.observe_rate_limits``, success or error; a malformed
   header is logged once per transport and header name, and ignored.
 
+A response dropped unclosed (an SDK stream nobody reads or closes, then
+garbage-collected) would keep its slot for ever: its body's finalizer asks
+the trio run to give the slot back (``run_sync_soon``, safe from any thread
+the collector runs in; never awaiting) and warns with a ``ResourceWarning``.
+
 ``_transport_legacy`` holds the same transport for the legacy ``httpx``.
 """
 
@@ -65,6 +70,8 @@ import json
 import math
 import sys
 import time
+import warnings
+import weakref
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Final, Generic, Protocol, Self, TypeVar, final
 
@@ -245,6 +252,29 @@ def transport_for(inner: object) -> MakeTransport:
     )
 
 
+def wrong_client(provider: str, request: object, *, legacy: bool) -> TypeError:
+    """The error of a request from the other httpx's client than the transport's.
+
+    An ``httpx.AsyncClient`` given an httpx2 transport (and the reverse)
+    hands it requests of its own kind, which the inner transport fails on
+    with an empty ``AssertionError`` deep inside, after the slot was taken.
+    So the request's kind is checked first, by its class (httpx itself need
+    not be imported to tell).
+    """
+    kind = f"{type(request).__module__.partition('.')[0]}.{type(request).__qualname__}"
+    if legacy:
+        return TypeError(
+            f"dispatcher.transport({provider!r}, inner=<an httpx transport>) serves"
+            f" an httpx.AsyncClient, got {kind}: give it to an httpx.AsyncClient,"
+            " or make it without inner= for an httpx2.AsyncClient"
+        )
+    return TypeError(
+        f"dispatcher.transport({provider!r}) serves an httpx2.AsyncClient, got"
+        f" {kind}: use httpx2.AsyncClient, or for an httpx.AsyncClient make it with"
+        " inner=httpx.AsyncHTTPTransport()"
+    )
+
+
 def hold_timeout(max_hold: float | None) -> SlotHoldTimeout:
     """The error of a transport's call held past ``max_hold``."""
     return SlotHoldTimeout(f"slot held longer than max_hold={max_hold} seconds")
@@ -270,6 +300,7 @@ class Hold:
         "_scopes",
         "_slot",
         "_timer",
+        "_token",
     )
 
     def __init__(
@@ -292,6 +323,8 @@ class Hold:
         self._expired = False
         self._closing = False
         self._timer: trio.CancelScope | None = None
+        # Where a response dropped unclosed gives its slot back from.
+        self._token = trio.lowlevel.current_trio_token()
         # The scopes cut at the deadline now: a read's, the request's.
         self._scopes: list[trio.CancelScope] = []
         slot._on_lease = self._lease_moved
@@ -334,6 +367,28 @@ class Hold:
         slot._on_lease = None
         slot._give_back()
 
+    def dropped(self) -> None:
+        """The response was collected unclosed: warn, and give the slot back.
+
+        Called by the garbage collector, so anywhere: in another thread, or
+        between any two lines of the trio run. It only asks the run to give
+        the slot back (``give_back`` is synchronous and never waits), and
+        does nothing once the slot is back or the run has ended.
+        """
+        if not self._slot.held:
+            return
+        try:
+            self._token.run_sync_soon(self.give_back)
+        except trio.RunFinishedError:
+            return
+        warnings.warn(
+            f"a model call to {self._slot.provider!r} was never closed: its"
+            " response was dropped unclosed, and its slot is given back now;"
+            " close responses (async with, or aclose())",
+            ResourceWarning,
+            stacklevel=1,
+        )
+
     def timeout(self) -> SlotHoldTimeout | LeaseLost:
         """The error of this call held past its deadline: which one ran out."""
         settings = self._dispatcher._settings
@@ -368,8 +423,11 @@ class Hold:
                 provider, parse_retry_after(headers, time.time())
             )
 
-    def watch(self, close: Callable[[], Awaitable[None]]) -> None:
-        """Close the body with ``close`` at the deadline, unless a read is under way."""
+    def watch(self, close: weakref.WeakMethod[Callable[[], Awaitable[None]]]) -> None:
+        """Close the body with ``close`` at the deadline, unless a read is under way.
+
+        Held weakly: the timer must not keep a dropped body alive.
+        """
         if math.isinf(self._deadline) or self._dispatcher.closed:
             return
         self._timer = trio.CancelScope(deadline=self._deadline)
@@ -378,7 +436,9 @@ class Hold:
         )
 
     async def _expire(
-        self, close: Callable[[], Awaitable[None]], timer: trio.CancelScope
+        self,
+        close: weakref.WeakMethod[Callable[[], Awaitable[None]]],
+        timer: trio.CancelScope,
     ) -> None:
         with timer:
             await trio.sleep_forever()
@@ -386,8 +446,11 @@ class Hold:
         # has the same deadline in its own task, and stops itself.
         if not self._slot.held or self._closing or self._reading:
             return
+        body_close = close()
+        if body_close is None:  # pragma: no cover (collected: dropped() gives back)
+            return
         self._expired = True
-        await close()
+        await body_close()
 
     async def read(
         self, chunks: AsyncIterator[bytes], close: Callable[[], Awaitable[None]]
@@ -481,7 +544,12 @@ class HeldBodyBase:
         self._inner = inner
         self._hold = hold
         self._chunks: HeldChunks | None = None
-        hold.watch(self.aclose)
+        hold.watch(weakref.WeakMethod(self.aclose))
+        # A body dropped unclosed (an SDK stream left unread, then
+        # collected) would hold its slot for ever: collected, it gives it
+        # back, with a ResourceWarning, as unclosed files and sockets warn.
+        # Not at exit: the run, and its slots, are gone by then.
+        weakref.finalize(self, hold.dropped).atexit = False
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         self._chunks = HeldChunks(self._inner.__aiter__(), self._hold, self.aclose)
@@ -650,7 +718,14 @@ class DispatchTransport(
     """``Dispatcher.transport``: model calls hold a slot of one provider."""
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        """Send ``request``, holding a slot first if it is a model call."""
+        """Send ``request``, holding a slot first if it is a model call.
+
+        Raises:
+            TypeError: ``request`` is not an ``httpx2.Request`` (the client
+                is a legacy ``httpx.AsyncClient``), before any slot is taken.
+        """
+        if not isinstance(request, httpx2.Request):
+            raise wrong_client(self._provider, request, legacy=False)
         inner = self._inner
         if not takes_slot(request.method, request.url.path):
             return await inner.handle_async_request(request)

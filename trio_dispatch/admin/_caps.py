@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Final
 
-MAX_LIMIT: Final = 100_000
+from .._validation import MAX_LIMIT as _MAX_LIMIT
+
+MAX_LIMIT: Final = _MAX_LIMIT
 """The highest limit ``PUT /limits/{provider}`` sets; more is refused (422).
 
-For more than that, lift the limit with ``DELETE /limits/{provider}``.
+The same bound as everywhere else (``open_dispatcher``, ``set_limit``,
+``AdaptiveLimit``). For no limit at all, ``DELETE /limits/{provider}``.
 """
 
 MAX_PROVIDER_LENGTH: Final = 256

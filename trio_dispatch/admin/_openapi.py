@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from .. import __version__
+from .._version import __version__
 from ._caps import MAX_BODY_BYTES as _MAX_BODY_BYTES
 from ._caps import MAX_LIMIT as _MAX_LIMIT
 from ._caps import MAX_PROVIDER_LENGTH as _MAX_PROVIDER_LENGTH

@@ -37,11 +37,16 @@ server runs in one): the collector then reads the dispatcher in its trio
 thread, through ``trio.from_thread``.
 """
 
-from .._prometheus import DEFAULT_WAIT_BUCKETS as DEFAULT_WAIT_BUCKETS
-from .._prometheus import PrometheusCollector as PrometheusCollector
-from .._util import fixup_module_metadata
+from .._util import fixup_module_metadata, raise_if_extra_missing
+
+try:
+    from .._prometheus import DEFAULT_WAIT_BUCKETS as DEFAULT_WAIT_BUCKETS
+    from .._prometheus import PrometheusCollector as PrometheusCollector
+except ModuleNotFoundError as exc:  # pragma: no cover (tested in a fresh interpreter)
+    raise_if_extra_missing(exc, "trio_dispatch.metrics", "metrics", "prometheus_client")
+    raise
 
 __all__ = ["DEFAULT_WAIT_BUCKETS", "PrometheusCollector"]
 
 fixup_module_metadata(__name__, globals())
-del fixup_module_metadata
+del fixup_module_metadata, raise_if_extra_missing

@@ -16,12 +16,17 @@ for every LLM call made through ``wrap_provider`` or a conversation, and
 the limiter's own figures (see ``OpenTelemetryMetrics``).
 """
 
-from .._otel import DURATION_BUCKETS as DURATION_BUCKETS
-from .._otel import TOKEN_BUCKETS as TOKEN_BUCKETS
-from .._otel import OpenTelemetryMetrics as OpenTelemetryMetrics
-from .._util import fixup_module_metadata
+from .._util import fixup_module_metadata, raise_if_extra_missing
+
+try:
+    from .._otel import DURATION_BUCKETS as DURATION_BUCKETS
+    from .._otel import TOKEN_BUCKETS as TOKEN_BUCKETS
+    from .._otel import OpenTelemetryMetrics as OpenTelemetryMetrics
+except ModuleNotFoundError as exc:  # pragma: no cover (tested in a fresh interpreter)
+    raise_if_extra_missing(exc, "trio_dispatch.otel", "otel", "opentelemetry")
+    raise
 
 __all__ = ["DURATION_BUCKETS", "TOKEN_BUCKETS", "OpenTelemetryMetrics"]
 
 fixup_module_metadata(__name__, globals())
-del fixup_module_metadata
+del fixup_module_metadata, raise_if_extra_missing

@@ -51,9 +51,9 @@ import attrs
 import trio
 import trio.testing
 
-from .. import open_dispatcher
 from .._converter import structure, unstructure
 from .._validation import check_positive_seconds
+from ..actors._dispatcher import open_dispatcher
 from ._metrics import PolicyMetrics, ProviderRecord, TurnRecord, compute_metrics
 from ._workloads import Scenario, Workload
 

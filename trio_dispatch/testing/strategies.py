@@ -47,7 +47,7 @@ from ._workloads import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from .. import Dispatcher
+    from ..actors._dispatcher import Dispatcher
 
 __all__ = [
     "AcquireOp",
