@@ -33,11 +33,9 @@ from trio_dispatch import (
 )
 from trio_dispatch.providers import OpenAIProvider
 
+from ._fleet_worker import backend, say
+
 PROVIDER = "openai"
-
-
-def say(**fields: Any) -> None:  # noqa: ANN401  # JSON values
-    print(json.dumps(fields), flush=True)
 
 
 def limit_of(dispatcher: Dispatcher) -> int | None:
@@ -58,9 +56,7 @@ async def run(settings: dict[str, Any]) -> None:
         trio.lowlevel.FdStream(os.dup(sys.stdin.fileno())) as stdin,
         open_dispatcher(
             {PROVIDER: limit},
-            redis_url=settings["redis_url"],
-            namespace=settings["namespace"],
-            lease=settings["lease"],
+            **backend(settings),
             default_pause=0.1,
             max_pause=2.0,
         ) as dispatcher,

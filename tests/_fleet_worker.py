@@ -28,6 +28,14 @@ def say(**fields: Any) -> None:  # noqa: ANN401  # JSON values
     print(json.dumps(fields), flush=True)
 
 
+def backend(settings: dict[str, Any]) -> dict[str, Any]:
+    """The shared backend's arguments, or none for a dispatcher of its own."""
+    if settings["redis_url"] is None:
+        return {}
+    keys = ("redis_url", "namespace", "lease")
+    return {key: settings[key] for key in keys}
+
+
 async def conversations(settings: dict[str, Any]) -> None:
     provider = OpenAIProvider(
         base_url=settings["base_url"], api_key="test-key", model="fake"
@@ -36,9 +44,7 @@ async def conversations(settings: dict[str, Any]) -> None:
         provider,
         open_dispatcher(
             {provider.id: settings["limit"]},
-            redis_url=settings["redis_url"],
-            namespace=settings["namespace"],
-            lease=settings["lease"],
+            **backend(settings),
         ) as dispatcher,
     ):
         say(ready=True)
@@ -64,9 +70,7 @@ async def conversations(settings: dict[str, Any]) -> None:
 async def hold(settings: dict[str, Any]) -> None:
     async with open_dispatcher(
         {"p": settings["limit"]},
-        redis_url=settings["redis_url"],
-        namespace=settings["namespace"],
-        lease=settings["lease"],
+        **backend(settings),
     ) as dispatcher:
         slots = [dispatcher.slot("p") for _ in range(settings["count"])]
         for slot in slots:

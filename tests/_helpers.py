@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import sys
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -10,6 +11,8 @@ import trio
 import trio.testing
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from trio_dispatch.lowlevel import Grant
 
 
@@ -65,3 +68,26 @@ def drop(holder: list[Any]) -> None:
     """Drop what ``holder`` holds (its one reference), and collect garbage."""
     holder.clear()
     gc.collect()
+
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def cli_argv(*argv: str, without: Sequence[str] = (), setup: str = "") -> list[str]:
+    """The command in a fresh interpreter, as if ``without`` were not installed.
+
+    ``sys.modules[name] = None`` makes ``import name`` fail as a missing
+    package does. SIGINT gets Python's own handler back, in case the tests
+    run where SIGINT is ignored (a shell's background job): a child would
+    inherit that, and Ctrl+C could not be tested. ``setup`` is code run
+    just before the command (``signal`` is imported).
+    """
+    code = (
+        "import signal, sys\n"
+        f"for name in {list(without)!r}: sys.modules[name] = None\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        f"{setup}\n"
+        "from trio_dispatch._cli import main\n"
+        "sys.exit(main())\n"
+    )
+    return [sys.executable, "-c", code, *argv]

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import httpx2
 import pytest
@@ -32,10 +31,7 @@ from trio_dispatch._cli import (
 from trio_dispatch._demo import Progress
 from trio_dispatch.testing import CallsPerTurn, FairnessConfig
 
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+from ._helpers import PNG_MAGIC, cli_argv
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -45,26 +41,6 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
         status = int(exit_.code or 0)
     out, err = capsys.readouterr()
     return status, out, err
-
-
-def cli_argv(*argv: str, without: Sequence[str] = (), setup: str = "") -> list[str]:
-    """The command in a fresh interpreter, as if ``without`` were not installed.
-
-    ``sys.modules[name] = None`` makes ``import name`` fail as a missing
-    package does. SIGINT gets Python's own handler back, in case the tests
-    run where SIGINT is ignored (a shell's background job): a child would
-    inherit that, and Ctrl+C could not be tested. ``setup`` is code run
-    just before the command (``signal`` is imported).
-    """
-    code = (
-        "import signal, sys\n"
-        f"for name in {list(without)!r}: sys.modules[name] = None\n"
-        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-        f"{setup}\n"
-        "from trio_dispatch._cli import main\n"
-        "sys.exit(main())\n"
-    )
-    return [sys.executable, "-c", code, *argv]
 
 
 def block_imports(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:

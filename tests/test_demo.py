@@ -32,7 +32,7 @@ from trio_dispatch._demo import (
     run_demo,
 )
 
-from .test_cli import PNG_MAGIC, cli_argv
+from ._helpers import PNG_MAGIC, cli_argv
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -295,8 +295,13 @@ async def configured_fleet(redis: RedisServer | None) -> list[float]:
             open_dispatcher(
                 {PROVIDER: 16},
                 budgets={PROVIDER: Budget(requests_per_minute=RPM)},
-                redis_url=None if redis is None else redis.url,
+                redis_url=redis.url,
                 namespace="fleet",
+            )
+            if redis is not None
+            # The control: a dispatcher of its own (namespace needs redis_url).
+            else open_dispatcher(
+                {PROVIDER: 16}, budgets={PROVIDER: Budget(requests_per_minute=RPM)}
             )
         )
         spent = 0
