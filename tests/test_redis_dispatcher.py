@@ -211,6 +211,28 @@ async def test_a_rate_limit_in_one_dispatcher_pauses_all(server: RedisServer) ->
         assert stats.granted_total == 1
 
 
+async def test_the_fleet_waiting_figure_is_exact_in_the_granting_process(
+    server: RedisServer,
+) -> None:
+    async def wait() -> None:
+        async with two.slot("p"):
+            stats = two.statistics().providers["p"]
+            assert (stats.in_flight, stats.waiting) == (1, 0)
+
+    async with AsyncExitStack() as stack:
+        one, two = await open_fleet(stack, server, 2, {"p": 1})
+        async with trio.open_nursery() as nursery, one.slot("p"):
+            # Granted in the exchange that published it: not waiting.
+            stats = one.statistics().providers["p"]
+            assert (stats.in_flight, stats.waiting) == (1, 0)
+            assert (stats.local_in_flight, stats.local_waiting) == (1, 0)
+            nursery.start_soon(wait)
+            await until(lambda: two.statistics().providers["p"].waiting == 1)
+            stats = two.statistics().providers["p"]
+            assert (stats.in_flight, stats.local_waiting) == (1, 1)
+        assert two.statistics().providers["p"].granted_total == 1
+
+
 async def test_local_statistics_say_local(autojump_clock: trio.abc.Clock) -> None:
     async with open_dispatcher({"p": 1}) as dispatcher, dispatcher.slot("p"):
         stats = dispatcher.statistics().providers["p"]
