@@ -13,9 +13,11 @@ tokens the milliseconds of a test refill.
 
 from __future__ import annotations
 
+import json
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING
 
+import httpx2
 import pytest
 import trio
 
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 pytestmark = needs_redis
 
 m = next_member
+URL = "https://llm.test/v1/chat/completions"
 CONF = keys_of("ns", "p")[3]
 CHARGE = keys_of("ns", "p")[8]
 
@@ -154,3 +157,40 @@ async def test_a_dispatcher_survives_an_absurd_estimate_and_so_does_the_fleet(
         assert stats.budget is not None
         assert stats.budget.tokens_available is not None
         assert -6000 <= stats.budget.tokens_available <= 6000
+
+
+async def test_an_sdk_call_with_an_absurd_max_tokens_through_the_transport(
+    server: RedisServer,
+) -> None:
+    body = json.dumps(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 10**15,
+        }
+    ).encode()
+
+    def handle(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, json={"choices": []})
+
+    async with open_dispatcher(
+        {"openai": 2},
+        redis_url=server.url,
+        namespace="sdk",
+        budgets={"openai": Budget(tokens_per_minute=6000)},
+    ) as dispatcher:
+        transport = dispatcher.transport("openai", inner=httpx2.MockTransport(handle))
+        async with httpx2.AsyncClient(transport=transport) as client:
+            with trio.fail_after(5):
+                first = await client.post(URL, content=body)
+                budget = dispatcher.statistics().providers["openai"].budget
+                assert budget is not None
+                assert budget.tokens_available is not None
+                assert 0 <= budget.tokens_available <= 6000
+                # Charged a whole minute's budget at most, so the bucket is
+                # empty, not in debt: a small call waits for its own tokens
+                # (a few, 100 a second), no more.
+                small = {"model": "m", "messages": [], "max_tokens": 1}
+                second = await client.post(URL, json=small)
+        assert (first.status_code, second.status_code) == (200, 200)
+        assert dispatcher.statistics().providers["openai"].granted_total == 2
