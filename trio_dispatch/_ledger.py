@@ -56,6 +56,25 @@ Budgets and the adaptive limit, fleet-wide (the pure core's rules, in
   rate-limit reports multiplies it by the backoff in ``pause``; a report
   empties ``inuse``, since the slots held then are not successes.
 
+What stays in Redis. Every key above but ``conf`` is bookkeeping: each
+entry goes with what it tracks (a lease, a queue entry, a process), and
+each script sets the keys to expire at the latest expiry of a live process
+of the provider (every lease and entry expires with its process's own), so
+a provider nobody uses leaves nothing behind. ``conf`` persists while it
+holds a stored limit (``none`` included) or a configured budget, which
+outlive every process; else (learned budgets, a pause, a backoff streak)
+it expires with the rest, or at the end of its pause.
+
+Numbers. The scripts apply the budgets' rule of ``_budgets``: one
+request's charge, estimated or reported, is at most the bucket's capacity,
+a charge takes the level down to 0 at most, and the level stays within
+``[-capacity, capacity]``. Token counts enter as whole numbers up to
+``MAX_TOKENS`` (exact in a double, Lua's only number); whole numbers leave
+as digits (Lua's own ``tostring`` writes large ones with an exponent) and
+others as 17 significant digits. A stored value that is not a finite
+number, or is out of its range, is repaired by the next script that reads
+it, never passed on.
+
 A process makes its members itself, so every step is idempotent: the
 answer of a step can be lost after the server ran it (the connection
 dropped), and the process then sends the same changes again. Enqueuing a
