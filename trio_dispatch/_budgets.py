@@ -219,10 +219,13 @@ class BudgetStatistics:
         requests_per_minute: The request budget in use (configured, else
             learned), or ``None``.
         tokens_per_minute: The token budget in use, or ``None``.
-        requests_available: Requests the budget holds now (may be below 0
-            for a while after a request larger than a minute's budget), or
-            ``None``.
-        tokens_available: Tokens the budget holds now, or ``None``.
+        requests_available: Requests the budget holds now, or ``None``:
+            from minus to plus a minute's budget (below 0 for a while only
+            when the provider's figures say it counted requests not yet
+            answered).
+        tokens_available: Tokens the budget holds now, likewise, or
+            ``None``. A request's charge is at most a minute's budget, so no
+            estimate or usage report takes it below 0.
         learned: Whether figures from the provider's answers were used.
         waiting_for_budget: Whether the oldest waiter waits for budget, not
             for a slot.
