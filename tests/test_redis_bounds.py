@@ -194,3 +194,21 @@ async def test_an_sdk_call_with_an_absurd_max_tokens_through_the_transport(
                 second = await client.post(URL, json=small)
         assert (first.status_code, second.status_code) == (200, 200)
         assert dispatcher.statistics().providers["openai"].granted_total == 2
+
+
+async def test_a_damaged_stored_limit_is_replaced_not_passed_on(
+    client: coredis.Redis[str], ledger: Ledger
+) -> None:
+    await client.hset(CONF, {"limit": "9.9999999999999e+18"})
+    # Opening stores its limit where none is usable.
+    assert await ledger.set_limit("p", 3, overwrite=False) == 3
+    await client.hset(CONF, {"limit": "garbage"})
+    a1 = m("a:1")
+    result = await ledger.step("p", "a", seed=2, enqueue=[(a1, 0.0)])
+    assert (result.limit, result.granted) == (2, [a1])
+    await client.hset(CONF, {"limit": "0"})
+    # With no limit to put in its place: unlimited, as with none stored.
+    b1 = m("b:1")
+    unlimited = await ledger.step("p", "b", enqueue=[(b1, 0.0)])
+    assert (unlimited.limit, unlimited.granted) == (None, [b1])
+    assert await client.hget(CONF, "limit") is None

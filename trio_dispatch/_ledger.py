@@ -236,6 +236,16 @@ local function expire_idle(floor, kept, pause_until)
     redis.call('PEXPIREAT', conf, whole(math.max(at, stored(pause_until, 0))))
   end
 end
+-- The stored limit, or false if there is none or it is damaged (not 'none'
+-- nor a positive count): then it is dropped, for the next limit sent to
+-- replace it.
+local function stored_limit(limit)
+  if limit and limit ~= 'none' and not string.match(limit, '^[1-9]%d*$') then
+    redis.call('HDEL', conf, 'limit')
+    return false
+  end
+  return limit
+end
 -- A limit as a process sends it: 'none', 'N', or 'N,minimum,maximum,backoff'
 -- for an adaptive limit starting at N. Stores it (``conf`` then persists);
 -- returns the limit.
@@ -276,7 +286,7 @@ local c = redis.call('HMGET', conf, 'limit', 'pause_until', 'streak',
   'granted_at_report', 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow',
   'r_cap', 'r_rate', 'r_lvl', 'r_at', 'r_cfg',
   't_cap', 't_rate', 't_lvl', 't_at', 't_cfg', 'learned')
-local limit = c[1]
+local limit = stored_limit(c[1])
 local pause_until = stored(c[2], 0)
 local streak = stored(c[3], 0)
 local at_report = stored(c[4], 0)
@@ -592,7 +602,7 @@ _SET_LIMIT = (
 if ARGV[2] == '1' then
   store_limit(ARGV[1])
   redis.call('PUBLISH', ARGV[3], 'wake')
-elseif redis.call('HEXISTS', conf, 'limit') == 0 then
+elseif not stored_limit(redis.call('HGET', conf, 'limit')) then
   store_limit(ARGV[1])
 end
 local c = redis.call('HMGET', conf, 'limit', 'a_min', 'a_max', 'a_backoff')
