@@ -84,10 +84,14 @@ class RedisServer:
     With ``cluster``, a node of a Redis Cluster (see ``running_cluster``).
     """
 
-    def __init__(self, directory: Path, *, cluster: bool = False) -> None:
+    def __init__(
+        self, directory: Path, *, cluster: bool = False, password: str | None = None
+    ) -> None:
         self.directory = directory
         self.port = _cluster_port() if cluster else free_port()
         self.cluster = cluster
+        # With a password, clients must AUTH (``requirepass``).
+        self.password = password
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -114,6 +118,7 @@ class RedisServer:
                     if self.cluster
                     else []
                 ),
+                *([] if self.password is None else ["--requirepass", self.password]),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -126,7 +131,9 @@ class RedisServer:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock,
             ):
                 sock.sendall(b"PING\r\n")
-                if sock.recv(16).startswith(b"+PONG"):
+                # Without AUTH, a server with a password answers NOAUTH:
+                # it is up all the same.
+                if sock.recv(16).startswith((b"+PONG", b"-NOAUTH")):
                     return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server did not start on {self.port}")

@@ -83,10 +83,64 @@ def test_a_request_larger_than_the_budget_goes_when_the_bucket_is_full() -> None
     assert policy.tick(10.0) == [t(0, 1)]
     stats = policy.budget_statistics()
     assert stats is not None
-    assert stats.tokens_available == -3000
-    # The debt is paid before the next grant.
+    # Charged the capacity, not its 9000: it empties the bucket, no more.
+    assert stats.tokens_available == 0
+    # The next request waits for its own tokens only.
     assert policy.acquire(t(0, 2), 100) == []
-    assert policy.wake_at == 41.0
+    assert policy.wake_at == 11.0
+
+
+def test_an_absurd_estimate_is_charged_the_capacity_and_waits_one_refill_at_most() -> (
+    None
+):
+    # 6000 a minute: a full refill takes 60 s, whatever the estimate says.
+    policy = SlotPolicy(10, throttle=Throttle(tokens_per_second(100)))
+    assert policy.acquire(t(0, 0), 10**16) == [t(0, 0)]
+    stats = policy.budget_statistics()
+    assert stats is not None
+    assert stats.tokens_available == 0
+    assert policy.acquire(t(0, 1), 10**400) == []
+    assert policy.wake_at == 60.0
+    assert policy.tick(60.0) == [t(0, 1)]
+    # A usage is charged at most the capacity too: no debt, and what the
+    # first charge took beyond its usage comes back.
+    assert policy.report_usage(t(0, 1), 10**30) == []
+    assert policy.report_usage(t(0, 0), 100) == []
+    stats = policy.budget_statistics()
+    assert stats is not None
+    assert stats.tokens_available == 5900
+    assert policy.acquire(t(0, 2), 10**16) == []
+    assert policy.wake_at == 61.0
+
+
+def test_a_usage_report_above_the_level_empties_the_bucket_and_no_more() -> None:
+    policy = SlotPolicy(10, throttle=Throttle(tokens_per_second(100)))
+    assert policy.acquire(t(0, 0), 1000) == [t(0, 0)]
+    assert policy.acquire(t(0, 1), 1000) == [t(0, 1)]
+    # Each used a whole minute's budget: the bucket is empty, not in debt.
+    assert policy.report_usage(t(0, 0), 6000) == []
+    assert policy.report_usage(t(0, 1), 6000) == []
+    stats = policy.budget_statistics()
+    assert stats is not None
+    assert stats.tokens_available == 0
+    assert policy.acquire(t(0, 2), 6000) == []
+    assert policy.wake_at == 60.0
+
+
+def test_learning_never_lowers_the_level_below_minus_the_capacity() -> None:
+    throttle = Throttle()
+    policy = SlotPolicy(10, throttle=throttle)
+    figures = RateLimitInfo(tokens=Quota(limit=6000, remaining=6000))
+    throttle.observe(figures)
+    assert policy.acquire(t(0, 0), 10**16) == [t(0, 0)]
+    assert policy.acquire(t(0, 1), 10**16) == []
+    policy.advance(60.0)
+    assert policy.tick(60.0) == [t(0, 1)]
+    # Two unanswered requests of a whole budget each, and nothing left.
+    throttle.observe(RateLimitInfo(tokens=Quota(limit=6000, remaining=0)))
+    stats = policy.budget_statistics()
+    assert stats is not None
+    assert stats.tokens_available == -6000
 
 
 def test_usage_gives_back_what_the_estimate_took_too_much() -> None:

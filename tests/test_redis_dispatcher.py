@@ -8,12 +8,15 @@ generous; the order of events is what is asserted.
 
 from __future__ import annotations
 
+import gc
+import logging
 import math
 import re
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
 import coredis
+import httpx
 import pytest
 import trio
 import trio.testing
@@ -28,6 +31,7 @@ from trio_dispatch import (
 )
 from trio_dispatch._ledger import Ledger, StepResult
 
+from ._admin import AUTH, serve_admin
 from ._redis import (
     RedisServer,
     coredis_leaks,
@@ -35,7 +39,8 @@ from ._redis import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
+    from pathlib import Path
 
     from trio_dispatch import Dispatcher
 
@@ -211,6 +216,28 @@ async def test_a_rate_limit_in_one_dispatcher_pauses_all(server: RedisServer) ->
         assert stats.granted_total == 1
 
 
+async def test_the_fleet_waiting_figure_is_exact_in_the_granting_process(
+    server: RedisServer,
+) -> None:
+    async def wait() -> None:
+        async with two.slot("p"):
+            stats = two.statistics().providers["p"]
+            assert (stats.in_flight, stats.waiting) == (1, 0)
+
+    async with AsyncExitStack() as stack:
+        one, two = await open_fleet(stack, server, 2, {"p": 1})
+        async with trio.open_nursery() as nursery, one.slot("p"):
+            # Granted in the exchange that published it: not waiting.
+            stats = one.statistics().providers["p"]
+            assert (stats.in_flight, stats.waiting) == (1, 0)
+            assert (stats.local_in_flight, stats.local_waiting) == (1, 0)
+            nursery.start_soon(wait)
+            await until(lambda: two.statistics().providers["p"].waiting == 1)
+            stats = two.statistics().providers["p"]
+            assert (stats.in_flight, stats.local_waiting) == (1, 1)
+        assert two.statistics().providers["p"].granted_total == 1
+
+
 async def test_local_statistics_say_local(autojump_clock: trio.abc.Clock) -> None:
     async with open_dispatcher({"p": 1}) as dispatcher, dispatcher.slot("p"):
         stats = dispatcher.statistics().providers["p"]
@@ -229,9 +256,62 @@ async def test_an_unreachable_redis_fails_at_open_without_the_password(
             pytest.fail("opened without Redis")
     message = str(caught.value)
     assert re.match(
-        r"^cannot reach redis at redis://user:\*\*\*@127\.0\.0\.1:\d+/0: ", message
+        r"^cannot reach redis at redis://\*\*\*@127\.0\.0\.1:\d+/0: ", message
     )
     assert "secret" not in message
+    assert "user" not in message
+
+
+SECRET = "hunter2-secret"
+
+
+@pytest.fixture
+def locked_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server that wants ``SECRET`` as the default user's password."""
+    server = RedisServer(tmp_path, password=SECRET)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+        # coredis's leaks surface here, under the test's filters.
+        gc.collect()
+
+
+@coredis_leaks
+async def test_credentials_in_the_url_show_in_no_error_log_repr_or_statistics(
+    locked_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = locked_server.port
+    url = f"redis://127.0.0.1:{port}/0?username=default&password={SECRET}"
+    shown = f"redis://127.0.0.1:{port}/0?username=***&password=***"
+    caplog.set_level(logging.DEBUG)
+    async with open_dispatcher({"p": 1}, redis_url=url, lease=LEASE) as dispatcher:
+        async with dispatcher.slot("p"):
+            pass
+        assert repr(shown) in repr(dispatcher._settings)
+        async with (
+            serve_admin(dispatcher) as base_url,
+            httpx.AsyncClient(base_url=base_url, headers=AUTH) as client,
+        ):
+            for path in ("/status", "/limits", "/metrics"):
+                response = await client.get(path)
+                assert response.status_code == 200
+                assert SECRET not in response.text
+        locked_server.kill()
+        with trio.move_on_after(LEASE / 2):
+            async with dispatcher.slot("p"):
+                pytest.fail("granted without Redis")
+        stats = dispatcher.statistics()
+        assert not stats.providers["p"].backend_up
+        assert SECRET not in repr(stats)
+    with pytest.raises(BackendUnavailable) as caught:
+        async with open_dispatcher({"p": 1}, redis_url=url, lease=LEASE):
+            pytest.fail("opened without Redis")
+    assert str(caught.value).startswith(f"cannot reach redis at {shown}: ")
+    assert "unreachable" in caplog.text
+    assert SECRET not in caplog.text
+    assert all(SECRET not in str(record.args) for record in caplog.records)
 
 
 @pytest.mark.parametrize(
@@ -255,7 +335,13 @@ async def test_an_unreachable_redis_fails_at_open_without_the_password(
         (
             {"redis_url": "redis://:pw@host:99999"},
             ValueError,
-            "redis_url must be a redis://, rediss:// or unix:// URL, got 'redis://:***@host:99999'",
+            "redis_url must be a redis://, rediss:// or unix:// URL, got 'redis://***@host:99999'",
+        ),
+        (
+            {"redis_url": "redis://host:99999/0?db=0&password=pw"},
+            ValueError,
+            "redis_url must be a redis://, rediss:// or unix:// URL,"
+            " got 'redis://host:99999/0?db=0&password=***'",
         ),
         ({"namespace": ""}, ValueError, "namespace must be a non-empty string, got ''"),
         (

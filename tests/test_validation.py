@@ -20,7 +20,7 @@ from trio_dispatch import (
     open_dispatcher,
     wrap_provider,
 )
-from trio_dispatch._validation import check_limit, positive_int, validator
+from trio_dispatch._validation import check_limit, positive_int, redact_url, validator
 from trio_dispatch.lowlevel import SlotPolicy
 from trio_dispatch.messages import ChatMessage, ChatRequest
 from trio_dispatch.providers import AnthropicProvider, OpenAIProvider
@@ -311,3 +311,32 @@ def test_the_demo_options_follow_the_same_rule(
 
     with pytest.raises(error, match=rf"^{re.escape(message)}$"):
         DemoOptions(**options)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+        ("redis://user:secret@host:6379/0", "redis://***@host:6379/0"),
+        ("redis://:secret@host", "redis://***@host"),
+        ("redis://token@host", "redis://***@host"),
+        ("redis://host:6379/0?password=secret", "redis://host:6379/0?password=***"),
+        (
+            "rediss://u:p@host/0?db=1&Password=s&username=u&api%5Fkey=k&ssl_cert_reqs=none",
+            "rediss://***@host/0?db=1&Password=***&username=***&api%5Fkey=***"
+            "&ssl_cert_reqs=none",
+        ),
+        ("redis://host/0?access_token=t#frag", "redis://host/0?access_token=***#frag"),
+        (
+            "unix:///tmp/redis.sock?password=p&db=0",
+            "unix:///tmp/redis.sock?password=***&db=0",
+        ),
+        ("redis://host/0?db=1&ssl=true", "redis://host/0?db=1&ssl=true"),
+        # An '@' outside the userinfo, or a URL that does not parse: hidden.
+        ("redis://u:pa?ss@host/0", "<a URL with credentials>"),
+        ("redis://[::1/0?password=x", "<a URL with credentials>"),
+        ("redis://[::1/0", "redis://[::1/0"),
+    ],
+)
+def test_redact_url_masks_every_credential(url: str, shown: str) -> None:
+    assert redact_url(url) == shown

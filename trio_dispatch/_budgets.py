@@ -11,10 +11,14 @@ Budgets. Each budget (requests, tokens) is a bucket that refills
 continuously, ``per_minute / 60`` per second, up to ``per_minute``. A grant
 takes 1 from the request bucket and the request's estimated tokens (its
 prompt estimate plus ``max_tokens``) from the token bucket; when the answer
-reports its usage, the difference is given back or taken too (a bucket may
-go below zero: the debt is paid by the refill before the next grant). A
-request needs ``min(cost, per_minute)``: one larger than a whole minute's
-budget goes when the bucket is full, and leaves it in debt.
+reports its usage, the difference is given back or taken too. One
+request's charge, estimated or reported, is at most the bucket's capacity
+(a whole minute's budget): one larger goes when the bucket is full, and
+empties it. A charge takes the level down to zero at most, so no estimate
+or usage report, however absurd, makes a budget wait longer than one full
+refill; the level never leaves ``[-capacity, capacity]`` (learning may
+lower it below zero, for requests the provider has not counted yet). The
+Redis ledger's scripts apply the same rules to the fleet's buckets.
 
 Grants stay oldest-first: when the oldest waiter's cost is not there yet,
 nobody passes it, not even a request small enough to fit. That keeps the
@@ -86,6 +90,13 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_TOKENS = 4096
 """Tokens charged for the answer of a request that sets no ``max_tokens``."""
+
+MAX_TOKENS = 10**15
+"""The most tokens one estimate or usage report counts for.
+
+More than any budget holds (a charge is at most its budget's capacity
+anyway), and exact in a double, the only number of Redis' Lua.
+"""
 
 _optional_rate = attrs.validators.optional(positive_number)
 
@@ -209,10 +220,13 @@ class BudgetStatistics:
         requests_per_minute: The request budget in use (configured, else
             learned), or ``None``.
         tokens_per_minute: The token budget in use, or ``None``.
-        requests_available: Requests the budget holds now (may be below 0
-            for a while after a request larger than a minute's budget), or
-            ``None``.
-        tokens_available: Tokens the budget holds now, or ``None``.
+        requests_available: Requests the budget holds now, or ``None``:
+            from minus to plus a minute's budget (below 0 for a while only
+            when the provider's figures say it counted requests not yet
+            answered).
+        tokens_available: Tokens the budget holds now, likewise, or
+            ``None``. A request's charge is at most a minute's budget, so no
+            estimate or usage report takes it below 0.
         learned: Whether figures from the provider's answers were used.
         waiting_for_budget: Whether the oldest waiter waits for budget, not
             for a slot.
@@ -237,23 +251,34 @@ def refilled(level: float, capacity: float, rate: float, seconds: float) -> floa
 class Bucket:
     """A budget that refills continuously: ``rate`` per second, up to ``capacity``."""
 
-    __slots__ = ("capacity", "configured", "level", "per_minute", "rate")
+    __slots__ = ("_level", "capacity", "configured", "per_minute", "rate")
 
     def __init__(self, per_minute: float, *, configured: bool) -> None:
         self.capacity = per_minute
         self.per_minute = per_minute
         self.rate = per_minute / 60.0
-        self.level = per_minute
+        self._level = per_minute
         self.configured = configured
+
+    @property
+    def level(self) -> float:
+        """What the bucket holds now, within ``[-capacity, capacity]``."""
+        return self._level
+
+    @level.setter
+    def level(self, value: float) -> None:
+        capacity = self.capacity
+        self._level = max(-capacity, min(capacity, value))
 
     def __repr__(self) -> str:
         return f"<Bucket {self.level}/{self.capacity} +{self.rate}/s>"
 
     def need(self, cost: float) -> float:
         """How much is missing before ``cost`` may be charged (0: nothing)."""
-        missing = min(cost, self.capacity) - self.level
+        amount = self.charge_of(cost)
+        missing = amount - self.level
         # A hair of float error must not keep a request out for good.
-        return missing if missing > 1e-9 * max(1.0, cost) else 0.0
+        return missing if missing > 1e-9 * max(1.0, amount) else 0.0
 
     def refill(self, seconds: float) -> None:
         """Add what ``seconds`` bring, up to the capacity."""
@@ -264,9 +289,21 @@ class Bucket:
         """The level ``seconds`` from now, if nothing is charged meanwhile."""
         return refilled(self.level, self.capacity, self.rate, seconds)
 
+    def charge_of(self, tokens: float) -> float:
+        """What a request of ``tokens`` is charged: at most the capacity."""
+        return min(tokens, self.capacity)
+
     def take(self, amount: float) -> None:
-        """Charge ``amount`` (a negative amount gives back, up to the capacity)."""
-        self.level = min(self.capacity, self.level - amount)
+        """Charge ``amount``, down to a level of 0 at most.
+
+        A negative amount gives back, up to the capacity. A charge never
+        deepens a debt: only learning sets the level below 0.
+        """
+        level = self._level
+        if amount > 0:
+            self.level = max(min(level, 0.0), level - amount)
+        else:
+            self.level = level - amount
 
     def learn(self, quota: Quota, held: float) -> bool:
         """Take a quota's figures into account; ``False`` if they say nothing usable."""
@@ -377,10 +414,10 @@ class Throttle:
         self._adaptive = None if adaptive is None else Adaptive(adaptive)
         # Estimated tokens of waiting tickets, and the charge of each holder.
         self._costs: dict[Ticket, int] = {}
-        self._held: dict[Ticket, int] = {}
+        self._held: dict[Ticket, float] = {}
         # The holders whose answer has not started, and their charges.
         self._unanswered: set[Ticket] = set()
-        self._unanswered_tokens = 0
+        self._unanswered_tokens = 0.0
         # The cost the oldest waiter waits for, if the budget holds it back.
         self._blocked: int | None = None
         # The adaptive limit's bookkeeping: holders granted with the limit in
@@ -433,7 +470,7 @@ class Throttle:
     def expect(self, ticket: Ticket, tokens: int) -> None:
         """``ticket`` asks for a slot and is estimated at ``tokens``."""
         if tokens:
-            self._costs[ticket] = tokens
+            self._costs[ticket] = min(tokens, MAX_TOKENS)
 
     def forget(self, ticket: Ticket) -> None:
         """``ticket`` stopped waiting."""
@@ -456,13 +493,16 @@ class Throttle:
         self._blocked = None
         if requests is not None:
             requests.take(1)
+        charge: float = cost
         if cost:
             del self._costs[ticket]
             if tokens is not None:
-                tokens.take(cost)
-        self._held[ticket] = cost
+                # One request's charge is at most the capacity.
+                charge = tokens.charge_of(cost)
+                tokens.take(charge)
+        self._held[ticket] = charge
         self._unanswered.add(ticket)
-        self._unanswered_tokens += cost
+        self._unanswered_tokens += charge
         self._granted += 1
         if (
             self._adaptive is not None
@@ -517,19 +557,22 @@ class Throttle:
     def report_usage(self, ticket: Ticket, tokens: int) -> bool:
         """The request of held ``ticket`` used ``tokens`` in all.
 
-        Its charge becomes ``tokens``: the difference is given back or taken.
-        Returns whether that gave tokens back (the head may fit now).
+        Its charge becomes ``tokens`` (at most the capacity): the difference
+        is given back or taken. Returns whether that gave tokens back (the
+        head may fit now).
         """
         charged = self._held.get(ticket)
         if charged is None:
             return False
         self.answered(ticket)
-        self._held[ticket] = tokens
+        used: float = min(tokens, MAX_TOKENS)
         if self._tokens is not None:
-            self._tokens.take(tokens - charged)
-        return tokens < charged
+            used = self._tokens.charge_of(used)
+            self._tokens.take(used - charged)
+        self._held[ticket] = used
+        return used < charged
 
-    def answered(self, ticket: Ticket, cost: int | None = None) -> None:
+    def answered(self, ticket: Ticket, cost: float | None = None) -> None:
         """The answer of held ``ticket`` started: the server has counted it."""
         if ticket in self._unanswered:
             self._unanswered.remove(ticket)

@@ -86,7 +86,7 @@ class SlotHoldTimeout(DispatchError):
 class BackendUnavailable(DispatchError):
     """``open_dispatcher`` could not reach its shared backend (Redis).
 
-    The message names the URL without its password. Nothing was started.
+    The message names the URL without its credentials. Nothing was started.
     Once running, a dispatcher never raises this: while Redis is away it
     grants nothing new and says so in ``statistics()``.
     """

@@ -56,6 +56,25 @@ Budgets and the adaptive limit, fleet-wide (the pure core's rules, in
   rate-limit reports multiplies it by the backoff in ``pause``; a report
   empties ``inuse``, since the slots held then are not successes.
 
+What stays in Redis. Every key above but ``conf`` is bookkeeping: each
+entry goes with what it tracks (a lease, a queue entry, a process), and
+each script sets the keys to expire at the latest expiry of a live process
+of the provider (every lease and entry expires with its process's own), so
+a provider nobody uses leaves nothing behind. ``conf`` persists while it
+holds a stored limit (``none`` included) or a configured budget, which
+outlive every process; else (learned budgets, a pause, a backoff streak)
+it expires with the rest, or at the end of its pause.
+
+Numbers. The scripts apply the budgets' rule of ``_budgets``: one
+request's charge, estimated or reported, is at most the bucket's capacity,
+a charge takes the level down to 0 at most, and the level stays within
+``[-capacity, capacity]``. Token counts enter as whole numbers up to
+``MAX_TOKENS`` (exact in a double, Lua's only number); whole numbers leave
+as digits (Lua's own ``tostring`` writes large ones with an exponent) and
+others as 17 significant digits. A stored value that is not a finite
+number, or is out of its range, is repaired by the next script that reads
+it, never passed on.
+
 A process makes its members itself, so every step is idempotent: the
 answer of a step can be lost after the server ran it (the connection
 dropped), and the process then sends the same changes again. Enqueuing a
@@ -85,6 +104,8 @@ import attrs
 import coredis
 from coredis.exceptions import NoScriptError
 
+from ._budgets import MAX_TOKENS
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
@@ -97,14 +118,32 @@ if TYPE_CHECKING:
 # Members of the queue: a 16-digit arrival, a colon, the lease id.
 MEMBER_PREFIX: Final = 17
 
+
 _PRELUDE = """
 local leases, queue, qexp, conf, nodes, nwait, grantno, qcost, charge, unans, inuse =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8],
   KEYS[9], KEYS[10], KEYS[11]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- Numbers stored as text keep every bit of a double.
+-- Numbers stored as text keep every bit of a double; whole numbers are
+-- written out in digits (Lua's own tostring keeps 14 digits and writes
+-- larger numbers with an exponent, which no integer parser takes).
 local function num(x) return string.format('%.17g', x) end
+local function whole(x) return string.format('%d', x) end
+-- The most tokens one estimate or usage report counts for: exact in a
+-- double, and more than any budget holds.
+local MAX_TOKENS = @MAX_TOKENS@
+-- A stored number, or ``default`` when it is missing or not a finite
+-- number: a damaged value is repaired here, never passed on.
+local function stored(x, default)
+  local v = tonumber(x)
+  if v == nil or v ~= v or v == math.huge or v == -math.huge then return default end
+  return v
+end
+-- A count of tokens as a process sends it: a whole number from 0 to MAX_TOKENS.
+local function tokens_of(x)
+  return math.floor(math.max(0, math.min(MAX_TOKENS, stored(x, 0))))
+end
 -- Everything a lease leaves behind, once it is given back or expired.
 local function forget_lease(id)
   redis.call('HDEL', grantno, id)
@@ -135,25 +174,83 @@ local function prune()
   return pruned
 end
 local function paused_for()
-  local u = tonumber(redis.call('HGET', conf, 'pause_until') or '0')
+  local u = stored(redis.call('HGET', conf, 'pause_until'), 0)
   if u > now then return u - now end
   if u > 0 then redis.call('HDEL', conf, 'pause_until') end
   return 0
 end
+-- A bucket's level stays within [-capacity, capacity] (as Bucket.level).
+local function settle(b)
+  if b then b.lvl = math.max(-b.cap, math.min(b.cap, b.lvl)) end
+end
+-- A charge takes the level down to 0 at most (one request's charge is at
+-- most the capacity, so no estimate or usage report makes a budget wait
+-- longer than one full refill); a negative one gives back, up to the
+-- capacity. As Bucket.take.
+local function take(b, amount)
+  if amount > 0 then
+    b.lvl = math.max(math.min(b.lvl, 0), b.lvl - amount)
+  else
+    b.lvl = math.min(b.cap, b.lvl - amount)
+  end
+end
 -- A budget's bucket from its stored fields (capacity, refill per ms, level,
--- server time of the level, configured or learned), refilled up to now.
+-- server time of the level, configured or learned), refilled up to now;
+-- ``nil`` if its capacity is not a usable number. A stored value out of
+-- range is repaired: a rate that is not positive becomes the capacity a
+-- minute, a level outside [-capacity, capacity] is brought back within,
+-- a time ahead of now becomes now.
 local function load_bucket(cap, rate, lvl, at, cfg)
-  local b = {cap = tonumber(cap), rate = tonumber(rate), lvl = tonumber(lvl),
-    at = tonumber(at), cfg = cfg == '1'}
+  local b = {cap = stored(cap, 0), rate = stored(rate, 0), lvl = stored(lvl, 0),
+    at = stored(at, now), cfg = cfg == '1'}
+  if b.cap <= 0 then return nil end
+  if b.rate <= 0 then b.rate = b.cap / 60000 end
+  settle(b)
+  if b.at > now then b.at = now end
   if now > b.at then
     if b.lvl < b.cap then b.lvl = math.min(b.cap, b.lvl + b.rate * (now - b.at)) end
     b.at = now
   end
   return b
 end
+-- Bookkeeping expires once idle: the keys of leases, entries and
+-- processes (and of what each of them left) at the latest expiry of a live
+-- process, which every lease and entry of that process shares, or at
+-- ``floor`` if that is later. ``conf`` persists while it holds a limit or
+-- a configured budget (``kept``), else it goes with the rest, or at the
+-- end of its pause.
+local function expire_idle(floor, kept, pause_until)
+  local last = redis.call('ZREVRANGE', nodes, 0, 0, 'WITHSCORES')[2]
+  local at = math.max(floor, stored(last, 0))
+  local when = whole(at)
+  for _, k in ipairs({leases, queue, qexp, nodes, nwait, grantno, qcost, charge,
+      unans, inuse}) do
+    redis.call('PEXPIREAT', k, when)
+  end
+  if kept == nil then
+    local c = redis.call('HMGET', conf, 'limit', 'r_cfg', 't_cfg', 'pause_until')
+    kept = c[1] ~= false or c[2] == '1' or c[3] == '1'
+    pause_until = c[4]
+  end
+  if not kept then
+    redis.call('PEXPIREAT', conf, whole(math.max(at, stored(pause_until, 0))))
+  end
+end
+-- The stored limit, or false if there is none or it is damaged (not 'none'
+-- nor a positive count): then it is dropped, for the next limit sent to
+-- replace it.
+local function stored_limit(limit)
+  if limit and limit ~= 'none' and not string.match(limit, '^[1-9]%d*$') then
+    redis.call('HDEL', conf, 'limit')
+    return false
+  end
+  return limit
+end
 -- A limit as a process sends it: 'none', 'N', or 'N,minimum,maximum,backoff'
--- for an adaptive limit starting at N. Stores it; returns the limit.
+-- for an adaptive limit starting at N. Stores it (``conf`` then persists);
+-- returns the limit.
 local function store_limit(spec)
+  redis.call('PERSIST', conf)
   local value, low, high, backoff = string.match(spec, '^(%d+),(%d+),(%d+),(.+)$')
   if value then
     redis.call('HSET', conf, 'limit', value, 'a_min', low, 'a_max', high,
@@ -164,7 +261,7 @@ local function store_limit(spec)
   redis.call('HDEL', conf, 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow')
   return spec
 end
-"""
+""".replace("@MAX_TOKENS@", str(MAX_TOKENS))
 
 # ARGV: node, ttl (ms), this node's waiters, limit to store if none is
 # (empty: none; as ``store_limit`` takes it), wake channel, the rate-limit
@@ -189,10 +286,10 @@ local c = redis.call('HMGET', conf, 'limit', 'pause_until', 'streak',
   'granted_at_report', 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow',
   'r_cap', 'r_rate', 'r_lvl', 'r_at', 'r_cfg',
   't_cap', 't_rate', 't_lvl', 't_at', 't_cfg', 'learned')
-local limit = c[1]
-local pause_until = tonumber(c[2] or '0')
-local streak = tonumber(c[3] or '0')
-local at_report = tonumber(c[4] or '0')
+local limit = stored_limit(c[1])
+local pause_until = stored(c[2], 0)
+local streak = stored(c[3], 0)
+local at_report = stored(c[4], 0)
 if not limit and seed ~= '' then
   limit = store_limit(seed)
   local a = redis.call('HMGET', conf, 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow')
@@ -225,14 +322,16 @@ end
 -- may come in one step.
 n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
-  local id, tokens = ARGV[i], tonumber(ARGV[i + 1]); i = i + 2
+  local id, tokens = ARGV[i], tokens_of(ARGV[i + 1]); i = i + 2
   if redis.call('ZSCORE', leases, id) then
-    local before = tonumber(redis.call('HGET', charge, id) or '0')
+    local before = stored(redis.call('HGET', charge, id), 0)
+    -- One request's charge is at most the capacity, its usage too.
+    if T then tokens = math.min(tokens, T.cap) end
     if T and tokens ~= before then
-      T.lvl = math.min(T.cap, T.lvl - (tokens - before))
+      take(T, tokens - before)
       if tokens < before then changed = changed + 1 end
     end
-    redis.call('HSET', charge, id, tokens)
+    redis.call('HSET', charge, id, num(tokens))
     redis.call('SREM', unans, id)
   end
 end
@@ -243,7 +342,7 @@ local function adapt_up()
   adaptive.moved = true
   local new = math.min(adaptive.high, math.max(adaptive.low, math.floor(adaptive.value)))
   if new ~= tonumber(limit) then
-    limit = tostring(new)
+    limit = whole(new)
     changed = changed + 1
   end
 end
@@ -295,11 +394,11 @@ local function held(m)
 end
 n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
-  local m, start, tokens = ARGV[i], ARGV[i + 1], ARGV[i + 2]; i = i + 3
+  local m, start, tokens = ARGV[i], ARGV[i + 1], tokens_of(ARGV[i + 2]); i = i + 3
   if not held(m) then
     redis.call('ZADD', queue, start, m)
     redis.call('ZADD', qexp, now + ttl, m)
-    if tokens ~= '0' then redis.call('HSET', qcost, m, tokens) end
+    if tokens > 0 then redis.call('HSET', qcost, m, whole(tokens)) end
     asking[m] = true
   end
 end
@@ -354,14 +453,15 @@ if observed ~= '' then
   if f[4] or f[5] then
     local tokens = 0
     for _, id in ipairs(ids) do
-      tokens = tokens + tonumber(redis.call('HGET', charge, id) or '0')
+      tokens = tokens + stored(redis.call('HGET', charge, id), 0)
     end
     T = learn(T, f[4], f[5], f[6], tokens)
   end
+  settle(R)
+  settle(T)
   budgeted = R ~= nil or T ~= nil
 end
 redis.call('ZADD', nodes, now + ttl, node)
-redis.call('HSET', nwait, node, mywait)
 local pause = 0
 if pause_until > now then
   pause = pause_until - now
@@ -380,11 +480,12 @@ local function fits(cost)
     if missing > 1e-9 then wait = math.max(wait, missing / R.rate) end
   end
   if T and cost > 0 then
-    local missing = math.min(cost, T.cap) - (T.lvl - reserved_t)
-    if missing > 1e-9 * math.max(1, cost) then wait = math.max(wait, missing / T.rate) end
+    local amount = math.min(cost, T.cap)
+    local missing = amount - (T.lvl - reserved_t)
+    if missing > 1e-9 * math.max(1, amount) then wait = math.max(wait, missing / T.rate) end
   end
   if wait > 0 then
-    ready_in = math.ceil(wait)
+    ready_in = math.ceil(math.min(wait, 1e15))
     return false
   end
   return true
@@ -400,12 +501,16 @@ local function grant(m, cost)
   if adaptive and 2 * (in_flight + 1) >= tonumber(limit) then
     redis.call('SADD', inuse, id)
   end
+  -- Its estimate goes with its entry (read only when budgeted, but kept
+  -- for a budget that may come while it waits).
+  if cost > 0 or not budgeted then redis.call('HDEL', qcost, m) end
   if budgeted then
-    if R then R.lvl = R.lvl - 1 end
+    if R then take(R, 1) end
     if cost > 0 then
-      redis.call('HDEL', qcost, m)
-      redis.call('HSET', charge, id, cost)
-      if T then T.lvl = T.lvl - cost end
+      -- One request's charge is at most the capacity.
+      if T then cost = math.min(cost, T.cap) end
+      redis.call('HSET', charge, id, num(cost))
+      if T then take(T, cost) end
     end
     redis.call('SADD', unans, id)
   end
@@ -418,14 +523,14 @@ local function grant_in_order(window)
   for _, m in ipairs(redis.call('ZRANGE', queue, 0, window - 1)) do
     local cost = 0
     if budgeted then
-      cost = tonumber(redis.call('HGET', qcost, m) or '0')
+      cost = tokens_of(redis.call('HGET', qcost, m))
       if not fits(cost) then break end
     end
     if asking[m] then
       grant(m, cost)
     elseif budgeted then
       reserved_r = reserved_r + 1
-      reserved_t = reserved_t + cost
+      if T then reserved_t = reserved_t + math.min(cost, T.cap) end
     end
   end
 end
@@ -465,17 +570,24 @@ if budgeted then
   end
   if learned then fields[#fields + 1] = 'learned'; fields[#fields + 1] = 1 end
   redis.call('HSET', conf, unpack(fields))
-  budget = shown[1] .. ',' .. shown[2] .. ',' .. (learned and 1 or 0) .. ',' .. ready_in
+  budget = shown[1] .. ',' .. shown[2] .. ',' .. (learned and 1 or 0) .. ',' .. whole(ready_in)
 end
 local spec = ''
 if adaptive then
   spec = adaptive.low .. ',' .. adaptive.high .. ',' .. num(adaptive.backoff)
 end
+-- This process's waiters, less those this step granted (every grant of a
+-- step goes to the process that sent it): the fleet's figure is exact
+-- after the step, not one step late.
+mywait = math.max(0, mywait - #granted)
+redis.call('HSET', nwait, node, mywait)
 local waiting = 0
-for _, w in ipairs(redis.call('HVALS', nwait)) do waiting = waiting + tonumber(w) end
+for _, w in ipairs(redis.call('HVALS', nwait)) do waiting = waiting + stored(w, 0) end
 -- Signed, so that the process that caused it need not wake for it, and
 -- only when another process waits: nobody else has anything to do.
 if changed > 0 and waiting > mywait then redis.call('PUBLISH', channel, node) end
+expire_idle(now, (not not limit) or (R ~= nil and R.cfg) or (T ~= nil and T.cfg),
+  pause_until)
 return {granted, limit or '', in_flight, redis.call('ZCARD', queue), waiting, pause,
   now, budget, spec}
 """
@@ -490,7 +602,7 @@ _SET_LIMIT = (
 if ARGV[2] == '1' then
   store_limit(ARGV[1])
   redis.call('PUBLISH', ARGV[3], 'wake')
-elseif redis.call('HEXISTS', conf, 'limit') == 0 then
+elseif not stored_limit(redis.call('HGET', conf, 'limit')) then
   store_limit(ARGV[1])
 end
 local c = redis.call('HMGET', conf, 'limit', 'a_min', 'a_max', 'a_backoff')
@@ -513,9 +625,8 @@ for j, k in ipairs({'r', 't'}) do
     k .. '_at', k .. '_cfg')
   if per_minute then
     local lvl = per_minute
-    if c[1] then
-      lvl = math.min(load_bucket(c[1], c[2], c[3], c[4], c[5]).lvl, per_minute)
-    end
+    local b = c[1] and load_bucket(c[1], c[2], c[3], c[4], c[5])
+    if b then lvl = math.max(-per_minute, math.min(b.lvl, per_minute)) end
     redis.call('HSET', conf, k .. '_cap', num(per_minute), k .. '_rate',
       num(per_minute / 60000), k .. '_lvl', num(lvl), k .. '_at', now, k .. '_cfg', 1)
   elseif c[5] == '1' then
@@ -523,6 +634,8 @@ for j, k in ipairs({'r', 't'}) do
       k .. '_cfg')
   end
 end
+redis.call('PERSIST', conf)
+expire_idle(now)
 redis.call('PUBLISH', ARGV[3], 'wake')
 return 0
 """
@@ -535,7 +648,7 @@ _PAUSE = (
     _PRELUDE
     + """
 local delay, default, longest = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local streak = tonumber(redis.call('HGET', conf, 'streak') or '0')
+local streak = stored(redis.call('HGET', conf, 'streak'), 0)
 local granted = redis.call('HGET', conf, 'granted') or '0'
 local step = tonumber(redis.call('HGET', conf, 'step') or default)
 if streak == 0 or granted ~= redis.call('HGET', conf, 'granted_at_report') then
@@ -546,17 +659,18 @@ if streak == 0 or granted ~= redis.call('HGET', conf, 'granted_at_report') then
   if a[2] then
     local value = math.max(tonumber(a[2]), tonumber(a[1]) * tonumber(a[4]))
     local new = math.min(tonumber(a[3]), math.max(tonumber(a[2]), math.floor(value)))
-    redis.call('HSET', conf, 'limit', new, 'a_val', num(value), 'a_slow', 0)
+    redis.call('HSET', conf, 'limit', whole(new), 'a_val', num(value), 'a_slow', 0)
   end
 end
 -- The slots held now are not successes when they end.
 redis.call('DEL', inuse)
 local seconds = step
 if delay ~= '' then seconds = math.min(tonumber(delay), longest) end
-local current = tonumber(redis.call('HGET', conf, 'pause_until') or '0')
+local current = stored(redis.call('HGET', conf, 'pause_until'), 0)
 if now + seconds > current then
-  redis.call('HSET', conf, 'pause_until', now + seconds)
+  redis.call('HSET', conf, 'pause_until', whole(now + seconds))
 end
+expire_idle(now)
 return paused_for()
 """
 )
@@ -568,6 +682,7 @@ _RESUME = (
 redis.call('HDEL', conf, 'pause_until')
 redis.call('HSET', conf, 'streak', 0)
 redis.call('DEL', grantno)
+expire_idle(now)
 redis.call('PUBLISH', ARGV[1], 'wake')
 return 0
 """
@@ -747,6 +862,11 @@ def _figures(info: RateLimitInfo | None) -> str:
     return ",".join(parts)
 
 
+def _tokens(tokens: int) -> int:
+    """A count of tokens as the scripts take it: from 0 to ``MAX_TOKENS``."""
+    return max(0, min(MAX_TOKENS, tokens))
+
+
 def _limit_of(stored: object) -> int | None:
     if stored in (None, "", "none"):
         return None
@@ -905,7 +1025,7 @@ class Ledger:
             len(usage),
         ]
         for lease_id, tokens in usage:
-            args.extend((lease_id, tokens))
+            args.extend((lease_id, _tokens(tokens)))
         args.append(len(release))
         args.extend(release)
         args.append(len(withdraw))
@@ -913,7 +1033,7 @@ class Ledger:
         args.append(len(enqueue))
         tokens_of = {} if costs is None else costs
         for member, start in enqueue:
-            args.extend((member, repr(start), tokens_of.get(member, 0)))
+            args.extend((member, repr(start), _tokens(tokens_of.get(member, 0))))
         args.append(len(renew_leases))
         args.extend(renew_leases)
         args.append(len(ask))

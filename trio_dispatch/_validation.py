@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -295,19 +295,50 @@ def check_redis_url(url: object) -> str | None:
     return url
 
 
+# Query parameters whose names contain one of these (compared in lower
+# case) carry a credential: password, username, token, secret, api key...
+_CREDENTIAL_WORDS = ("pass", "pwd", "user", "token", "secret", "key", "auth", "cred")
+_MASK = "***"
+
+
 def redact_url(url: str) -> str:
-    """``url`` without its password, for messages."""
+    """``url`` with every credential masked, for errors, logs and reprs.
+
+    The whole userinfo (``user:password@``) becomes ``***@``, and so does
+    the value of every query parameter whose name speaks of a credential
+    (``password``, ``username``, ``token``, ``secret``, ``api_key``,
+    ``auth``...: coredis takes ``password`` and ``username`` there). A URL
+    that cannot be parsed is not shown if it might hold one.
+    """
     try:
         parts = urlsplit(url)
-        password = parts.password
     except ValueError:
-        password = None
         parts = None
-    if parts is None or password is None:
-        return url if "@" not in url else "<a URL with credentials>"
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return parts._replace(netloc=f"{user}:***@{host}").geturl()
+    if parts is None or ("@" in url and "@" not in parts.netloc):
+        # Unparsable, or an '@' outside the userinfo (a password with a
+        # '/', '?' or '#' not percent-encoded): shown, it could leak.
+        return "<a URL with credentials>" if "@" in url or "?" in url else url
+    redacted = url
+    if "@" in parts.netloc:
+        start = url.index(parts.netloc)
+        host = parts.netloc.rpartition("@")[2]
+        redacted = f"{url[:start]}{_MASK}@{host}{url[start + len(parts.netloc) :]}"
+    query = "&".join(_redact_parameter(part) for part in parts.query.split("&"))
+    if query != parts.query:
+        # The original text around it, as given (geturl() would normalise).
+        base, _, tail = redacted.partition("?")
+        _, hash_, fragment = tail.partition("#")
+        redacted = f"{base}?{query}{hash_}{fragment}"
+    return redacted
+
+
+def _redact_parameter(parameter: str) -> str:
+    """``name=value`` with the value masked if the name speaks of a credential."""
+    name, equals, _value = parameter.partition("=")
+    lowered = unquote_plus(name).lower()
+    if equals and any(word in lowered for word in _CREDENTIAL_WORDS):
+        return f"{name}={_MASK}"
+    return parameter
 
 
 def check_namespace(namespace: object) -> str:

@@ -54,6 +54,7 @@ from .._validation import (
     check_priority,
     check_provider,
     check_redis_url,
+    redact_url,
 )
 from ..messages._scheduling import (
     Acquire,
@@ -482,7 +483,10 @@ class _Settings:
     max_hold: float | None
     max_waiting: int | None
     unknown_providers: _UnknownProviders
-    redis_url: str | None = None
+    # Its credentials never show in a repr.
+    redis_url: str | None = attrs.field(
+        default=None, repr=lambda url: repr(_shown(url))
+    )
     namespace: str = "trio-dispatch"
     lease: float = 15.0
     priority_aging: float = 60.0
@@ -1403,7 +1407,9 @@ def open_dispatcher(
             (``redis://[[user]:password@]host[:port][/db]``, ``rediss://``
             for TLS, or ``unix://path``; a single server or any node of a
             Redis Cluster); needs the ``redis`` extra (without it,
-            ``ModuleNotFoundError`` says which to install). A limit
+            ``ModuleNotFoundError`` says which to install). Its credentials
+            (the userinfo, and query parameters such as ``password``) never
+            show in an error, a log line or a repr. A limit
             in ``limits`` is stored only if the fleet has none stored for
             that provider: a stored limit, written by ``set_limit`` or
             ``remove_limit`` in any process, wins, and survives restarts.
@@ -1588,6 +1594,11 @@ def _check_unknown_providers(value: object) -> _UnknownProviders:
     if not isinstance(value, str):
         raise TypeError(f"{rule}, got {value!r}")
     raise ValueError(f"{rule}, got {value!r}")
+
+
+def _shown(url: str | None) -> str | None:
+    """A URL as a repr shows it: without its credentials."""
+    return None if url is None else redact_url(url)
 
 
 def _names(providers: Iterable[str]) -> str:
