@@ -85,6 +85,8 @@ import attrs
 import coredis
 from coredis.exceptions import NoScriptError
 
+from ._ratelimits import server_delay
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
@@ -980,11 +982,17 @@ class Ledger:
         default_pause: float,
         max_pause: float,
     ) -> float:
-        """Pause the provider fleet-wide; returns the seconds left of the pause."""
+        """Pause the provider fleet-wide; returns the seconds left of the pause.
+
+        A ``retry_after`` that is not positive names no delay
+        (``server_delay``): the fleet backs off, as the local policy does.
+        """
+        delay = server_delay(retry_after)
         left = await self._run(
             _PAUSE_SCRIPT,
             self.names(provider)[0],
-            "" if retry_after is None else round(retry_after * 1000),
+            # At least a millisecond: a positive delay never rounds to none.
+            "" if delay is None else max(1, round(delay * 1000)),
             round(default_pause * 1000),
             round(max_pause * 1000),
         )
