@@ -261,12 +261,14 @@ async def test_an_adaptive_limit_grows_on_successes_in_use_and_shrinks_per_round
     assert (await ledger.step("p", "a", release=["a:1"])).limit == 5
     assert (await ledger.step("p", "a", spoil=["a:2"], release=["a:2"])).limit == 5
     # A rate limit: the limit halves, and the slot held across it is no
-    # success when it ends.
-    await ledger.pause("p", 0.0, default_pause=1.0, max_pause=60.0)
+    # success when it ends. (Pauses of a millisecond: a delay of 0 names
+    # none, and would back off for a second.)
+    await ledger.pause("p", 0.001, default_pause=1.0, max_pause=60.0)
     assert (await ledger.step("p", "a")).limit == 2
     # A second report with no grant since shares the round.
-    await ledger.pause("p", 0.0, default_pause=1.0, max_pause=60.0)
+    await ledger.pause("p", 0.001, default_pause=1.0, max_pause=60.0)
     assert (await ledger.step("p", "a", release=["a:3"])).limit == 2
+    await trio.sleep(0.01)
     stored = await conf(client)
     assert stored["a_slow"] == "0"
     assert float(stored["a_val"]) == pytest.approx(2.5)  # 5 x 0.5, shown as 2
@@ -284,7 +286,8 @@ async def test_an_adaptive_limit_grows_on_successes_in_use_and_shrinks_per_round
 async def test_an_adaptive_limit_stays_within_its_bounds(ledger: Ledger) -> None:
     await ledger.set_limit("p", AdaptiveLimit(initial=2, minimum=2, maximum=3))
     for _ in range(4):
-        await ledger.pause("p", 0.0, default_pause=1.0, max_pause=60.0)
+        await ledger.pause("p", 0.001, default_pause=1.0, max_pause=60.0)
+        await trio.sleep(0.01)
         x = m("a:x")
         await ledger.step("p", "a", enqueue=[(x, 0.0)])
         await ledger.step("p", "a", release=[lease_of(x)])
