@@ -34,16 +34,26 @@ Budgets and the adaptive limit, fleet-wide (the pure core's rules, in
 
 * The budgets are two buckets in ``conf`` (``r_*`` for requests, ``t_*``
   for tokens): capacity, refill per millisecond, level, the server time of
-  that level, and whether it was configured (else learned). Every step
+  that level, whether it was configured (else learned), and a configured
+  budget's own count (``*_own``), charged and refilled with the level but
+  never moved by figures. Every step
   refills them to the server's ``TIME`` first, so no client's clock is in
   them. A configured ``Budget`` is written by each process that opens with
-  one (the latest wins); the figures of answers (``observed``) lower the
-  level and teach a learned bucket its capacity and rate, as
-  ``Bucket.learn`` does.
+  one (the latest wins); the figures of answers (``observed``) set or
+  lower the level and teach a learned bucket its capacity and rate, as
+  ``Bucket.learn`` does: the newest answer's figures (the last of the
+  step's ``answered`` leases, granted after every lease answered before
+  it) set it, up to the capacity (a configured budget's own count), and
+  other figures only lower it.
 * ``qcost``: the estimated tokens of a queued member; ``charge``: the
   tokens a lease was charged (corrected by usage reports, which give back
-  or take the difference); ``unans``: the leases whose answer has not
-  started, which learning counts as not yet seen by the provider.
+  or take the difference; a charge the newest figures counted is stored
+  negated, settled: its usage report gives nothing back, as in
+  ``Throttle``); ``unans``: the leases whose answer has not started, a
+  ZSET scored by the server time of their grant, and ``seen`` in
+  ``conf``: the latest grant time of a lease whose answer started.
+  Learning counts as not yet seen by the provider only the leases granted
+  since then (in the same millisecond too), as ``Throttle`` does.
 * A grant walks the head of the queue in order and stops at the first
   entry the budgets cannot hold yet: nobody passes it, whichever process
   it belongs to. The entries of other processes ahead keep their cost
@@ -111,8 +121,21 @@ local function num(x) return string.format('%.17g', x) end
 local function forget_lease(id)
   redis.call('HDEL', grantno, id)
   redis.call('HDEL', charge, id)
-  redis.call('SREM', unans, id)
+  redis.call('ZREM', unans, id)
   redis.call('SREM', inuse, id)
+end
+-- The answer of lease id started: the provider has counted it, and every
+-- lease granted before it (see ``seen`` above). Whether it is the newest
+-- answer (granted after every lease whose answer started before it), whose
+-- figures may raise a level: ``newest``, as ``Throttle`` keeps it.
+local newest = false
+local function see(id, answer)
+  local number = redis.call('ZSCORE', unans, id)
+  if not number then return end
+  redis.call('ZREM', unans, id)
+  local higher = tonumber(number) > tonumber(redis.call('HGET', conf, 'seen') or '-1')
+  newest = answer and higher
+  if higher then redis.call('HSET', conf, 'seen', number) end
 end
 local function prune()
   local pruned = 0
@@ -143,12 +166,15 @@ local function paused_for()
   return 0
 end
 -- A budget's bucket from its stored fields (capacity, refill per ms, level,
--- server time of the level, configured or learned), refilled up to now.
-local function load_bucket(cap, rate, lvl, at, cfg)
+-- server time of the level, configured or learned, and a configured
+-- budget's own count, which figures never move), refilled up to now.
+local function load_bucket(cap, rate, lvl, at, cfg, own)
   local b = {cap = tonumber(cap), rate = tonumber(rate), lvl = tonumber(lvl),
     at = tonumber(at), cfg = cfg == '1'}
+  b.own = tonumber(own or '') or b.lvl
   if now > b.at then
     if b.lvl < b.cap then b.lvl = math.min(b.cap, b.lvl + b.rate * (now - b.at)) end
+    if b.own < b.cap then b.own = math.min(b.cap, b.own + b.rate * (now - b.at)) end
     b.at = now
   end
   return b
@@ -190,7 +216,7 @@ local changed = prune()
 local c = redis.call('HMGET', conf, 'limit', 'pause_until', 'streak',
   'granted_at_report', 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow',
   'r_cap', 'r_rate', 'r_lvl', 'r_at', 'r_cfg',
-  't_cap', 't_rate', 't_lvl', 't_at', 't_cfg', 'learned')
+  't_cap', 't_rate', 't_lvl', 't_at', 't_cfg', 'learned', 'r_own', 't_own')
 local limit = c[1]
 local pause_until = tonumber(c[2] or '0')
 local streak = tonumber(c[3] or '0')
@@ -211,7 +237,7 @@ end
 -- whether it was configured (else learned); refilled up to now.
 local function bucket(o)
   if not c[o] then return nil end
-  return load_bucket(c[o], c[o + 1], c[o + 2], c[o + 3], c[o + 4])
+  return load_bucket(c[o], c[o + 1], c[o + 2], c[o + 3], c[o + 4], c[21 + (o - 10) / 5])
 end
 local R, T = bucket(10), bucket(15)
 local learned = c[20] == '1'
@@ -230,12 +256,20 @@ for j = 1, n do
   local id, tokens = ARGV[i], tonumber(ARGV[i + 1]); i = i + 2
   if redis.call('ZSCORE', leases, id) then
     local before = tonumber(redis.call('HGET', charge, id) or '0')
+    -- Settled (negated): the server's figures counted it; what the server
+    -- gives back for it, its next figures will say.
+    local settled = before < 0
+    if settled then before = -before end
     if T and tokens ~= before then
-      T.lvl = math.min(T.cap, T.lvl - (tokens - before))
+      local taken = tokens - before
+      if settled then taken = math.max(0, taken) end
+      T.lvl = math.min(T.cap, T.lvl - taken)
+      T.own = math.min(T.cap, T.own - (tokens - before))
       if tokens < before then changed = changed + 1 end
     end
+    if settled then tokens = -tokens end
     redis.call('HSET', charge, id, tokens)
-    redis.call('SREM', unans, id)
+    see(id, false)
   end
 end
 local function adapt_up()
@@ -317,14 +351,16 @@ for j = 1, n do
 end
 n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
-  redis.call('SREM', unans, ARGV[i]); i = i + 1
+  see(ARGV[i], true); i = i + 1
 end
 -- Learn from the figures of an answer (see the ledger's notes).
-local function learn(b, limit_, remaining, reset, held_now)
+-- SLOWEST_REFILL: a learned budget refills whole in an hour at most.
+local function learn(b, limit_, remaining, reset, unseen)
   local usable = limit_ and limit_ > 0 and limit_ < 1e15
   if not b then
     if not usable then return nil end
-    b = {cap = limit_, rate = limit_ / 60000, lvl = limit_, at = now, cfg = false}
+    b = {cap = limit_, rate = limit_ / 60000, lvl = limit_, at = now, cfg = false,
+      own = limit_}
   end
   if usable and not b.cfg then
     b.cap = limit_
@@ -333,10 +369,18 @@ local function learn(b, limit_, remaining, reset, held_now)
       local slower = (limit_ - remaining) / (reset * 1000)
       if slower < b.rate then b.rate = slower end
     end
+    b.rate = math.max(b.rate, b.cap / 3600000)
     b.lvl = math.min(b.lvl, b.cap)
   end
   if remaining and remaining < 1e15 then
-    b.lvl = math.min(b.lvl, remaining - held_now)
+    -- The newest answer's figures set the level, up to the capacity (a
+    -- configured budget: up to its own count); others only lower it.
+    local ceiling = b.lvl
+    if newest then
+      ceiling = b.cap
+      if b.cfg then ceiling = b.own end
+    end
+    b.lvl = math.min(ceiling, remaining - unseen)
     learned = true
   elseif usable then
     learned = true
@@ -351,7 +395,8 @@ if observed ~= '' then
     k = k + 1
     f[k] = tonumber(part)
   end
-  local ids = redis.call('SMEMBERS', unans)
+  local ids = redis.call('ZRANGEBYSCORE', unans,
+    redis.call('HGET', conf, 'seen') or '-inf', '+inf')
   if f[1] or f[2] then R = learn(R, f[1], f[2], f[3], #ids) end
   if f[4] or f[5] then
     local tokens = 0
@@ -359,6 +404,16 @@ if observed ~= '' then
       tokens = tokens + tonumber(redis.call('HGET', charge, id) or '0')
     end
     T = learn(T, f[4], f[5], f[6], tokens)
+    if T and newest then
+      -- The charges of the leases answered so far are in these figures.
+      local held = redis.call('HGETALL', charge)
+      for k = 1, #held, 2 do
+        local c = tonumber(held[k + 1])
+        if c > 0 and not redis.call('ZSCORE', unans, held[k]) then
+          redis.call('HSET', charge, held[k], -c)
+        end
+      end
+    end
   end
   budgeted = R ~= nil or T ~= nil
 end
@@ -403,13 +458,13 @@ local function grant(m, cost)
     redis.call('SADD', inuse, id)
   end
   if budgeted then
-    if R then R.lvl = R.lvl - 1 end
+    if R then R.lvl = R.lvl - 1; R.own = R.own - 1 end
     if cost > 0 then
       redis.call('HDEL', qcost, m)
       redis.call('HSET', charge, id, cost)
-      if T then T.lvl = T.lvl - cost end
+      if T then T.lvl = T.lvl - cost; T.own = T.own - cost end
     end
-    redis.call('SADD', unans, id)
+    redis.call('ZADD', unans, now, id)
   end
   granted[#granted + 1] = m
   in_flight = in_flight + 1
@@ -458,6 +513,7 @@ if budgeted then
       fields[#fields + 1] = pair[1] .. '_cap'; fields[#fields + 1] = num(b.cap)
       fields[#fields + 1] = pair[1] .. '_rate'; fields[#fields + 1] = num(b.rate)
       fields[#fields + 1] = pair[1] .. '_lvl'; fields[#fields + 1] = num(b.lvl)
+      fields[#fields + 1] = pair[1] .. '_own'; fields[#fields + 1] = num(b.own)
       fields[#fields + 1] = pair[1] .. '_at'; fields[#fields + 1] = now
       fields[#fields + 1] = pair[1] .. '_cfg'; fields[#fields + 1] = b.cfg and 1 or 0
       shown[#shown + 1] = num(b.rate * 60000) .. ',' .. num(b.lvl) .. ',' .. num(b.cap)
@@ -519,10 +575,11 @@ for j, k in ipairs({'r', 't'}) do
       lvl = math.min(load_bucket(c[1], c[2], c[3], c[4], c[5]).lvl, per_minute)
     end
     redis.call('HSET', conf, k .. '_cap', num(per_minute), k .. '_rate',
-      num(per_minute / 60000), k .. '_lvl', num(lvl), k .. '_at', now, k .. '_cfg', 1)
+      num(per_minute / 60000), k .. '_lvl', num(lvl), k .. '_at', now, k .. '_cfg', 1,
+      k .. '_own', num(lvl))
   elseif c[5] == '1' then
     redis.call('HDEL', conf, k .. '_cap', k .. '_rate', k .. '_lvl', k .. '_at',
-      k .. '_cfg')
+      k .. '_cfg', k .. '_own')
   end
 end
 redis.call('PUBLISH', ARGV[3], 'wake')
