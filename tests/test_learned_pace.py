@@ -88,6 +88,20 @@ def test_requests_granted_before_an_answered_one_are_not_counted_twice() -> None
     assert budget(policy).requests_available == 96
 
 
+def test_answers_reported_together_count_as_unseen_but_the_last() -> None:
+    policy = SlotPolicy(8)
+    policy.observe_rate_limits(0.0, requests(100, 100, 0.0))
+    for seq in range(3):
+        policy.tick(float(seq))
+        assert policy.acquire(t(seq)) == [t(seq)]
+    # Three answers start before any figures: these are the last one's,
+    # and the two others may have reached the server after it.
+    for seq in range(3):
+        policy.answered(t(seq))
+    policy.observe_rate_limits(3.0, requests(100, 97, 1.8))
+    assert budget(policy).requests_available == 95
+
+
 def test_requests_granted_at_the_same_instant_count_as_unseen() -> None:
     policy = SlotPolicy(8)
     policy.observe_rate_limits(0.0, requests(100, 100, 0.0))

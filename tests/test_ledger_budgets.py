@@ -464,3 +464,21 @@ async def test_a_charge_the_newest_figures_counted_gives_nothing_back(
     more = await ledger.step("p", "a", usage=[("a:1", 1500)])
     assert more.budget is not None
     assert more.budget.tokens_available == pytest.approx(3700, abs=1)
+
+
+async def test_answers_reported_in_one_step_count_as_unseen_but_the_last(
+    ledger: Ledger,
+) -> None:
+    full = RateLimitInfo(requests=Quota(limit=100, remaining=100, reset=0.0))
+    await ledger.step("p", "a", observed=full)
+    for n in range(3):
+        await trio.sleep(0.005)
+        x = m(f"a:{n}")
+        assert (await ledger.step("p", "a", enqueue=[(x, float(n))])).granted == [x]
+    # The figures are the last answer's; the two others may have reached
+    # the server after it.
+    result = await ledger.step(
+        "p", "a", answered=["a:0", "a:1", "a:2"], observed=per_day(100, 97)
+    )
+    assert result.budget is not None
+    assert result.budget.requests_available == pytest.approx(95, abs=0.01)

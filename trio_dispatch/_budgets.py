@@ -44,12 +44,16 @@ the figures become a bucket state:
   requests arrive in the order they were granted, so ``unseen`` is the
   charge of the slots held whose answer has not started and that were
   granted since the latest one whose answer did (at the same instant
-  too: which of those arrived first, nobody knows). Those granted before
+  too: which of those arrived first, nobody knows), and of the slots
+  whose answer started since figures were last learned from, all but the
+  last, whose figures these are (the others may have reached the server
+  after it: several answers reported at once). Those granted before
   it are in its ``remaining`` already: taking them again would waste as
   much of the budget as there are requests in flight. The figures of the
   newest answer (its slot's answer started just before them, and it was
-  granted after every slot whose answer started before) set the level,
-  up to the capacity: a later answer lowers it or raises it again. Other
+  granted after every slot whose answer had started when figures were
+  last learned from) set the level, up to the capacity: a later answer
+  lowers it or raises it again. Other
   figures (an older request answered late, or figures reported with no
   answer) only lower it. A slot's answer starts when the transport or
   ``wrap_provider`` gets its headers, or when its usage is reported (which
@@ -400,7 +404,9 @@ class Throttle:
         "_reported",
         "_requests",
         "_seen",
+        "_seen_learned",
         "_settled",
+        "_since",
         "_tokens",
         "_unanswered",
         "default_max_tokens",
@@ -433,6 +439,12 @@ class Throttle:
         # whose answer started.
         self._unanswered: dict[Ticket, float] = {}
         self._seen = -math.inf
+        # ...and what it was when figures were last learned from.
+        self._seen_learned = -math.inf
+        # The holders whose answer started since figures were last learned
+        # from, in order: all but the last (whose figures come next) may
+        # have reached the server after it.
+        self._since: dict[Ticket, None] = {}
         # Holders whose answer started before the newest figures set the
         # level: those figures counted their charge, as the server made it.
         self._settled: set[Ticket] = set()
@@ -561,6 +573,7 @@ class Throttle:
         # Gone: whether the server saw it no longer matters.
         self._unanswered.pop(ticket, None)
         self._settled.discard(ticket)
+        self._since.pop(ticket, None)
         in_use = ticket in self._in_use
         self._in_use.discard(ticket)
         if ticket in self._reported:
@@ -595,8 +608,9 @@ class Throttle:
     def answered(self, ticket: Ticket) -> None:
         """The answer of held ``ticket`` started: the server has counted it.
 
-        The figures observed next are its answer's: the newest so far if no
-        slot granted after it has had its answer start (see the module notes).
+        The figures observed next are its answer's: the newest if it was
+        granted after every slot whose answer had started when figures were
+        last learned from (see the module notes).
         """
         self._see(ticket, newest=True)
 
@@ -604,20 +618,26 @@ class Throttle:
         granted_at = self._unanswered.pop(ticket, None)
         if granted_at is None:
             return
-        self._newest = newest and granted_at > self._seen
+        self._since[ticket] = None
+        self._newest = newest and granted_at > self._seen_learned
         self._seen = max(self._seen, granted_at)
 
     def _unseen(self) -> tuple[int, int]:
-        """Requests and tokens held unanswered, granted since the latest answered.
+        """Requests and tokens the server may not have counted in the next figures.
 
-        Those granted at the same instant count too: which of them reached
-        the server first, nobody knows.
+        The holders unanswered granted since the latest answered (at the
+        same instant too: which of them reached the server first, nobody
+        knows), and those whose answer started since figures were last
+        learned from, but the last, whose figures these are.
         """
         requests = tokens = 0
         # Latest first: the unseen are at the end, in grant order.
         for ticket in reversed(self._unanswered):
             if self._unanswered[ticket] < self._seen:
                 break
+            requests += 1
+            tokens += self._held[ticket]
+        for ticket in list(self._since)[:-1]:
             requests += 1
             tokens += self._held[ticket]
         return requests, tokens
@@ -644,6 +664,8 @@ class Throttle:
             return
         requests, tokens = self._unseen()
         newest, self._newest = self._newest, False
+        self._seen_learned = self._seen
+        self._since.clear()
         if info.requests is not None:
             if self._requests is None:
                 self._requests = _learned_bucket(info.requests)

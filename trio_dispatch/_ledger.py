@@ -51,9 +51,11 @@ Budgets and the adaptive limit, fleet-wide (the pure core's rules, in
   negated, settled: its usage report gives nothing back, as in
   ``Throttle``); ``unans``: the leases whose answer has not started, a
   ZSET scored by the server time of their grant, and ``seen`` in
-  ``conf``: the latest grant time of a lease whose answer started.
+  ``conf``: the latest grant time of a lease whose answer started
+  (``seen_l``: what it was when figures were last learned from).
   Learning counts as not yet seen by the provider only the leases granted
-  since then (in the same millisecond too), as ``Throttle`` does.
+  since then (in the same millisecond too), and those whose answer started
+  in the step but the last, as ``Throttle`` does.
 * A grant walks the head of the queue in order and stops at the first
   entry the budgets cannot hold yet: nobody passes it, whichever process
   it belongs to. The entries of other processes ahead keep their cost
@@ -126,16 +128,23 @@ local function forget_lease(id)
 end
 -- The answer of lease id started: the provider has counted it, and every
 -- lease granted before it (see ``seen`` above). Whether it is the newest
--- answer (granted after every lease whose answer started before it), whose
--- figures may raise a level: ``newest``, as ``Throttle`` keeps it.
+-- answer (granted after every lease whose answer had started when figures
+-- were last learned from: ``seen_l``), whose figures may raise a level:
+-- ``newest``, as ``Throttle`` keeps it.
 local newest = false
+-- The leases whose answer started in this step, in order: all but the last
+-- (whose figures come with it) may have reached the server after it.
+local since = {}
 local function see(id, answer)
   local number = redis.call('ZSCORE', unans, id)
   if not number then return end
   redis.call('ZREM', unans, id)
-  local higher = tonumber(number) > tonumber(redis.call('HGET', conf, 'seen') or '-1')
-  newest = answer and higher
-  if higher then redis.call('HSET', conf, 'seen', number) end
+  since[#since + 1] = id
+  number = tonumber(number)
+  newest = answer and number > tonumber(redis.call('HGET', conf, 'seen_l') or '-1')
+  if number > tonumber(redis.call('HGET', conf, 'seen') or '-1') then
+    redis.call('HSET', conf, 'seen', number)
+  end
 end
 local function prune()
   local pruned = 0
@@ -395,8 +404,10 @@ if observed ~= '' then
     k = k + 1
     f[k] = tonumber(part)
   end
-  local ids = redis.call('ZRANGEBYSCORE', unans,
-    redis.call('HGET', conf, 'seen') or '-inf', '+inf')
+  local seen = redis.call('HGET', conf, 'seen')
+  if seen then redis.call('HSET', conf, 'seen_l', seen) end
+  local ids = redis.call('ZRANGEBYSCORE', unans, seen or '-inf', '+inf')
+  for k = 1, #since - 1 do ids[#ids + 1] = since[k] end
   if f[1] or f[2] then R = learn(R, f[1], f[2], f[3], #ids) end
   if f[4] or f[5] then
     local tokens = 0
