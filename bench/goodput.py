@@ -31,11 +31,28 @@ The report: tokens served per minute as a share of the quota (answers
 completed after a one-minute warm-up), the share of requests answered 429
 (the whole run), and turn latency (from a turn's start to its answer, its
 429s and retries included) p50 and p95. Uses only the public API.
+
+``--loopback`` runs over real HTTP instead, in real time: the fake LLM
+server on loopback (``open_fake_llm_server`` with ``FakeQuotas``, a
+request quota as OpenAI keeps it: a full bucket, then a sixtieth of it a
+second) and the ``openai`` SDK whose HTTP client uses
+``dispatcher.transport("openai")``. Closed-loop agents (all start at once)
+each make ``--calls`` streamed calls, retrying a 429 until it succeeds; the
+report sets the fleet's end beside the ideal one (every request sent as
+soon as the quota holds it, its answer ``--latency`` later), with nothing
+configured (budgets learned from the answers' headers) and with
+``Budget(requests_per_minute=...)`` configured. Needs the ``testing``
+extra and ``openai``::
+
+    python bench/goodput.py --loopback [--agents 30] [--calls 10]
+        [--requests-per-minute 240] [--latency 0.3] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import heapq
 import json
 import math
 import random
@@ -361,19 +378,218 @@ def run_goodput(
     )
 
 
+# -- over loopback HTTP ------------------------------------------------------
+
+
+def ideal_end(*, agents: int, calls: int, per_minute: int, latency: float) -> float:
+    """When a closed-loop fleet ends at best under a request quota.
+
+    Each agent sends its next call as soon as its last one is answered and
+    the quota's bucket (``per_minute`` full, refilled at a sixtieth of it a
+    second) holds a request; an answer takes ``latency``.
+    """
+    rate = per_minute / 60.0
+    level, at, end = float(per_minute), 0.0, 0.0
+    free = [(0.0, agent) for agent in range(agents)]
+    left = [calls] * agents
+    while free:
+        ready, agent = heapq.heappop(free)
+        now = max(ready, at)
+        level = min(float(per_minute), level + (now - at) * rate)
+        if level < 1.0:
+            now += (1.0 - level) / rate
+            level = 1.0
+        level -= 1.0
+        at = now
+        done = now + latency
+        end = max(end, done)
+        left[agent] -= 1
+        if left[agent]:
+            heapq.heappush(free, (done, agent))
+    return end
+
+
+@attrs.frozen
+class LoopbackRow:
+    """One configuration's run over loopback HTTP."""
+
+    setting: str
+    end: float
+    ideal: float
+    ratio: float
+    requests: int
+    answered_429: int
+
+
+@attrs.frozen
+class LoopbackReport:
+    """The fleet's end beside the ideal one, for each configuration."""
+
+    agents: int
+    calls: int
+    requests_per_minute: int
+    latency: float
+    rows: tuple[LoopbackRow, ...]
+    environment: dict[str, str]
+
+    def to_json(self) -> str:
+        return json.dumps(plain(self), indent=2)
+
+    def to_markdown(self) -> str:
+        lines = [
+            f"Goodput over loopback HTTP (openai SDK through"
+            f" dispatcher.transport): {self.agents} agents x {self.calls} calls,"
+            f" {self.requests_per_minute} requests/min, answers in"
+            f" {self.latency:g} s",
+            "",
+            "| configured | fleet ends | ideal | ratio | requests | answered 429 |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for row in self.rows:
+            lines.append(
+                f"| {row.setting} | {row.end:.2f} s | {row.ideal:.2f} s"
+                f" | {row.ratio:.2f}x | {row.requests} | {row.answered_429} |"
+            )
+        return "\n".join(lines) + "\n"
+
+
+async def _loopback_fleet(
+    *, agents: int, calls: int, per_minute: int, latency: float, budget: bool
+) -> tuple[float, int, int]:
+    """One fleet's end (seconds), requests sent and answers of 429."""
+    import httpx2  # noqa: PLC0415 (only over loopback)
+    import openai  # noqa: PLC0415
+
+    from trio_dispatch.testing import (  # noqa: PLC0415
+        FakeQuotas,
+        FakeReply,
+        FakeScript,
+        open_fake_llm_server,
+    )
+
+    script = FakeScript(default=FakeReply(text="ok", latency=latency))
+    quotas = FakeQuotas(requests_per_minute=per_minute)
+    budgets = (
+        {"openai": trio_dispatch.Budget(requests_per_minute=per_minute)}
+        if budget
+        else {}
+    )
+    async with (
+        open_fake_llm_server(script, quotas=quotas) as server,
+        trio_dispatch.open_dispatcher(
+            {"openai": agents}, budgets=budgets
+        ) as dispatcher,
+        httpx2.AsyncClient(
+            transport=dispatcher.transport("openai"), timeout=60.0
+        ) as http,
+    ):
+        client = openai.AsyncOpenAI(
+            api_key="bench",
+            base_url=server.openai_base_url,
+            http_client=http,
+            max_retries=0,
+        )
+        refused = 0
+
+        async def agent() -> None:
+            nonlocal refused
+            done = 0
+            while done < calls:
+                try:
+                    stream = await client.chat.completions.create(
+                        model="fake",
+                        messages=[{"role": "user", "content": "hi"}],
+                        stream=True,
+                    )
+                except openai.RateLimitError:
+                    refused += 1
+                    continue
+                async with stream:
+                    async for _ in stream:
+                        pass
+                done += 1
+
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            for _ in range(agents):
+                nursery.start_soon(agent)
+        end = trio.current_time() - start
+        sent = server.statistics().requests_total
+    return end, sent, refused
+
+
+def run_loopback(
+    *, agents: int, calls: int, per_minute: int, latency: float
+) -> LoopbackReport:
+    """Run the fleet over loopback HTTP, learned and configured, in real time."""
+    import warnings  # noqa: PLC0415
+
+    ideal = ideal_end(
+        agents=agents, calls=calls, per_minute=per_minute, latency=latency
+    )
+    rows = []
+    for setting, budget in (
+        ("nothing", False),
+        (f"Budget(requests_per_minute={per_minute})", True),
+    ):
+        show_progress(f"over loopback, {setting} configured")
+        with warnings.catch_warnings():
+            # The openai SDK leaves the async generators under a stream
+            # unclosed when it stops at [DONE]; trio warns when collected.
+            warnings.filterwarnings(
+                "ignore",
+                message=r"Async generator '(openai|httpx2|httpcore2)\.",
+                category=ResourceWarning,
+            )
+            fleet = functools.partial(
+                _loopback_fleet,
+                agents=agents,
+                calls=calls,
+                per_minute=per_minute,
+                latency=latency,
+                budget=budget,
+            )
+            end, sent, refused = trio.run(fleet)
+        rows.append(LoopbackRow(setting, end, ideal, end / ideal, sent, refused))
+    return LoopbackReport(
+        agents=agents,
+        calls=calls,
+        requests_per_minute=per_minute,
+        latency=latency,
+        rows=tuple(rows),
+        environment=environment(),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print markdown, and write JSON with ``--json``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 virtual minutes")
     parser.add_argument("--minutes", type=count_option(), default=10)
-    parser.add_argument("--agents", type=count_option(), default=40)
+    parser.add_argument("--agents", type=count_option(), default=None)
     parser.add_argument("--json", default=None, help="write the JSON report here")
+    parser.add_argument(
+        "--loopback", action="store_true", help="real HTTP on loopback, real time"
+    )
+    parser.add_argument("--calls", type=count_option(), default=10)
+    parser.add_argument("--requests-per-minute", type=count_option(), default=240)
+    parser.add_argument("--latency", type=float, default=0.3)
     args = parser.parse_args(argv)
     from pathlib import Path  # noqa: PLC0415 (only for --json)
 
     started = time.perf_counter()
-    minutes = 3 if args.quick else args.minutes
-    report = run_goodput(agents=args.agents, minutes=minutes)
+    report: GoodputReport | LoopbackReport
+    if args.loopback:
+        report = run_loopback(
+            agents=30 if args.agents is None else args.agents,
+            calls=args.calls,
+            per_minute=args.requests_per_minute,
+            latency=args.latency,
+        )
+    else:
+        minutes = 3 if args.quick else args.minutes
+        agents = 40 if args.agents is None else args.agents
+        report = run_goodput(agents=agents, minutes=minutes)
     finish(
         report,
         json_path=None if args.json is None else Path(args.json),

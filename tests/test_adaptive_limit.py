@@ -102,9 +102,9 @@ def test_a_fixed_limit_replaces_it() -> None:
 def test_lowering_lets_the_holders_finish() -> None:
     policy = adaptive_policy(4)
     holders = hold(policy, 4)
-    policy.report_rate_limit(0.0, 0.0)
+    policy.report_rate_limit(0.0, 0.5)
     assert policy.limit == 3
-    policy.tick(0.0)
+    policy.tick(0.5)
     assert policy.acquire(t(1, 9)) == []
     assert policy.release(holders[0]) == []  # 3 hold: at the limit
     assert policy.release(holders[1]) == [t(1, 9)]

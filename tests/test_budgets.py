@@ -260,11 +260,11 @@ def test_a_learned_budget_paces_grants() -> None:
 
 def test_a_window_longer_than_a_minute_refills_slower() -> None:
     policy = SlotPolicy(10)
-    # 3600 used and an hour to refill them: 1 a second, not 6000 / 60.
-    policy.observe_rate_limits(0.0, tokens(6000, 2400, 3600.0))
+    # 3600 used and half an hour to refill them: 2 a second, not 6000 / 60.
+    policy.observe_rate_limits(0.0, tokens(6000, 2400, 1800.0))
     stats = policy.budget_statistics()
     assert stats is not None
-    assert stats.tokens_per_minute == 60
+    assert stats.tokens_per_minute == 120
 
 
 def test_requests_figures_pace_requests() -> None:

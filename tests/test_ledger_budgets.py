@@ -174,9 +174,9 @@ async def test_learned_figures_lower_the_level_less_what_the_server_has_not_seen
     assert out.budget.ready_in is not None
     # Once answered, they count as seen by the server: no longer held.
     unanswered = keys_of("ns", "p")[9]
-    assert await client.scard(unanswered) == 3
+    assert await client.zcard(unanswered) == 3
     await ledger.step("p", "a", answered=["a:1", "a:2"])
-    assert await client.smembers(unanswered) == {"a:3"}
+    assert await client.zrange(unanswered, 0, -1) == ("a:3",)
 
 
 async def test_malformed_figures_teach_nothing(ledger: Ledger) -> None:
@@ -261,12 +261,14 @@ async def test_an_adaptive_limit_grows_on_successes_in_use_and_shrinks_per_round
     assert (await ledger.step("p", "a", release=["a:1"])).limit == 5
     assert (await ledger.step("p", "a", spoil=["a:2"], release=["a:2"])).limit == 5
     # A rate limit: the limit halves, and the slot held across it is no
-    # success when it ends.
-    await ledger.pause("p", 0.0, default_pause=1.0, max_pause=60.0)
+    # success when it ends. (Pauses of a millisecond: a delay of 0 names
+    # none, and would back off for a second.)
+    await ledger.pause("p", 0.001, default_pause=1.0, max_pause=60.0)
     assert (await ledger.step("p", "a")).limit == 2
     # A second report with no grant since shares the round.
-    await ledger.pause("p", 0.0, default_pause=1.0, max_pause=60.0)
+    await ledger.pause("p", 0.001, default_pause=1.0, max_pause=60.0)
     assert (await ledger.step("p", "a", release=["a:3"])).limit == 2
+    await trio.sleep(0.01)
     stored = await conf(client)
     assert stored["a_slow"] == "0"
     assert float(stored["a_val"]) == pytest.approx(2.5)  # 5 x 0.5, shown as 2
@@ -284,7 +286,8 @@ async def test_an_adaptive_limit_grows_on_successes_in_use_and_shrinks_per_round
 async def test_an_adaptive_limit_stays_within_its_bounds(ledger: Ledger) -> None:
     await ledger.set_limit("p", AdaptiveLimit(initial=2, minimum=2, maximum=3))
     for _ in range(4):
-        await ledger.pause("p", 0.0, default_pause=1.0, max_pause=60.0)
+        await ledger.pause("p", 0.001, default_pause=1.0, max_pause=60.0)
+        await trio.sleep(0.01)
         x = m("a:x")
         await ledger.step("p", "a", enqueue=[(x, 0.0)])
         await ledger.step("p", "a", release=[lease_of(x)])
@@ -335,7 +338,7 @@ async def test_expired_leases_and_entries_leave_no_budget_bookkeeping(
     keys = keys_of("ns", "p")
     assert await client.hlen(keys[7]) == 1  # a3's cost, queued
     assert await client.hlen(keys[8]) == 2  # the charges
-    assert await client.scard(keys[9]) == 2  # unanswered
+    assert await client.zcard(keys[9]) == 2  # unanswered
     assert await client.scard(keys[10]) == 2  # in use
     # The process vanishes; a later step of another prunes it all.
     await trio.sleep(0.3)
@@ -345,3 +348,137 @@ async def test_expired_leases_and_entries_leave_no_budget_bookkeeping(
         assert await client.hlen(key) == 0
     for key in keys[9:11]:
         assert await client.scard(key) == 0
+
+
+# -- learning as Bucket.learn does it (the same figures as test_learned_pace) --
+
+
+def per_day(limit: int, remaining: int) -> RateLimitInfo:
+    """Figures whose reset claims a day."""
+    return RateLimitInfo(
+        requests=Quota(limit=limit, remaining=remaining, reset=86_400.0)
+    )
+
+
+async def test_a_reset_of_a_day_cannot_stall_a_learned_pace(ledger: Ledger) -> None:
+    result = await ledger.step("p", "a", observed=per_day(100, 99))
+    assert result.budget is not None
+    # Not 1 request a day: the whole limit within an hour at the slowest.
+    assert result.budget.requests_per_minute == pytest.approx(100 / 60)
+    info = RateLimitInfo(requests=Quota(limit=100, remaining=50, reset=1200.0))
+    believed = await ledger.step("p", "a", observed=info)
+    assert believed.budget is not None
+    assert believed.budget.requests_per_minute == pytest.approx(2.5)
+
+
+async def test_the_newest_answer_sets_the_level_and_an_older_one_only_lowers_it(
+    ledger: Ledger,
+) -> None:
+    full = RateLimitInfo(requests=Quota(limit=100, remaining=100, reset=0.0))
+    await ledger.step("p", "a", observed=full)
+    for n in range(4):
+        # One after the other: granted in the same millisecond, they would
+        # all count as unseen (which reached the server first is unknown).
+        await trio.sleep(0.005)
+        x = m(f"a:{n}")
+        assert (await ledger.step("p", "a", enqueue=[(x, float(n))])).granted == [x]
+    # The third answer starts: the server counted it and the two granted
+    # before it; only the fourth may not have reached it yet.
+    third = await ledger.step("p", "a", answered=["a:2"], observed=per_day(100, 97))
+    assert third.budget is not None
+    assert third.budget.requests_available == pytest.approx(96, abs=0.01)
+    # The first answer comes late: older figures, which cannot raise it.
+    first = await ledger.step("p", "a", answered=["a:0"], observed=per_day(100, 99))
+    assert first.budget is not None
+    assert first.budget.requests_available == pytest.approx(96, abs=0.01)
+    # The newest answer raises it again, up to the limit.
+    last = await ledger.step("p", "a", answered=["a:3"], observed=per_day(100, 10**6))
+    assert last.budget is not None
+    assert last.budget.requests_available == pytest.approx(100, abs=0.01)
+    # Figures with no answer only lower it.
+    unpaired = await ledger.step("p", "a", observed=per_day(100, 99))
+    assert unpaired.budget is not None
+    assert unpaired.budget.requests_available == pytest.approx(99, abs=0.01)
+
+
+async def test_a_configured_budget_is_raised_by_the_newest_answer_up_to_its_own_count(
+    ledger: Ledger,
+) -> None:
+    await ledger.set_budget("p", Budget(requests_per_minute=60))
+    for n in range(2):
+        await trio.sleep(0.005)
+        x = m(f"a:{n}")
+        assert (await ledger.step("p", "a", enqueue=[(x, float(n))])).granted == [x]
+    # A server that counted more than the budget did lowers the level...
+    low = await ledger.step("p", "a", answered=["a:0"], observed=per_day(600, 5))
+    assert low.budget is not None
+    assert low.budget.requests_available == pytest.approx(4, abs=0.5)
+    # ...and a newer answer lifts it back, never past the budget's own
+    # count: 60, less the 2 granted.
+    high = await ledger.step("p", "a", answered=["a:1"], observed=per_day(600, 500))
+    assert high.budget is not None
+    assert high.budget.requests_per_minute == pytest.approx(60)
+    # (Refilled by a second's sixtieth a millisecond meanwhile.)
+    assert high.budget.requests_available == pytest.approx(58, abs=0.5)
+
+
+async def test_leases_granted_in_the_same_millisecond_count_as_unseen(
+    ledger: Ledger,
+) -> None:
+    full = RateLimitInfo(requests=Quota(limit=100, remaining=100, reset=0.0))
+    await ledger.step("p", "a", observed=full)
+    members = [m(f"a:{n}") for n in range(4)]
+    result = await ledger.step(
+        "p", "a", enqueue=[(x, float(n)) for n, x in enumerate(members)]
+    )
+    assert result.granted == members
+    third = await ledger.step("p", "a", answered=["a:2"], observed=per_day(100, 97))
+    assert third.budget is not None
+    assert third.budget.requests_available == pytest.approx(94, abs=0.01)
+    fourth = await ledger.step("p", "a", answered=["a:3"], observed=per_day(100, 99))
+    assert fourth.budget is not None
+    assert fourth.budget.requests_available == pytest.approx(94, abs=0.01)
+
+
+def tokens_left(remaining: int) -> RateLimitInfo:
+    return RateLimitInfo(tokens=Quota(limit=6000, remaining=remaining, reset=0.0))
+
+
+async def test_a_charge_the_newest_figures_counted_gives_nothing_back(
+    ledger: Ledger,
+) -> None:
+    await ledger.step("p", "a", observed=tokens_left(6000))
+    await trio.sleep(0.005)
+    a1 = m("a:1")
+    granted = await ledger.step("p", "a", enqueue=[(a1, 0.0)], costs={a1: 1000})
+    assert granted.granted == [a1]
+    # The server charged its own estimate, 1100: its figures say so.
+    seen = await ledger.step("p", "a", answered=["a:1"], observed=tokens_left(4900))
+    assert seen.budget is not None
+    assert seen.budget.tokens_available == pytest.approx(4900, abs=1)
+    # 300 used: what the server gives back, its next figures will say.
+    used = await ledger.step("p", "a", usage=[("a:1", 300)])
+    assert used.budget is not None
+    assert used.budget.tokens_available == pytest.approx(4900, abs=1)
+    # More than charged: the excess is taken.
+    more = await ledger.step("p", "a", usage=[("a:1", 1500)])
+    assert more.budget is not None
+    assert more.budget.tokens_available == pytest.approx(3700, abs=1)
+
+
+async def test_answers_reported_in_one_step_count_as_unseen_but_the_last(
+    ledger: Ledger,
+) -> None:
+    full = RateLimitInfo(requests=Quota(limit=100, remaining=100, reset=0.0))
+    await ledger.step("p", "a", observed=full)
+    for n in range(3):
+        await trio.sleep(0.005)
+        x = m(f"a:{n}")
+        assert (await ledger.step("p", "a", enqueue=[(x, float(n))])).granted == [x]
+    # The figures are the last answer's; the two others may have reached
+    # the server after it.
+    result = await ledger.step(
+        "p", "a", answered=["a:0", "a:1", "a:2"], observed=per_day(100, 97)
+    )
+    assert result.budget is not None
+    assert result.budget.requests_available == pytest.approx(95, abs=0.01)

@@ -581,7 +581,7 @@ class PolicyMachine(RuleBasedStateMachine):
             self.rounds += 1
         self.events += 1
         self.last_report = self.events
-        if retry_after is None:
+        if not retry_after:  # none, or 0: no delay named
             seconds = min(DEFAULT_PAUSE * 2 ** (self.rounds - 1), MAX_PAUSE)
         else:
             seconds = min(retry_after, MAX_PAUSE)

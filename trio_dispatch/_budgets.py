@@ -37,19 +37,40 @@ the figures become a bucket state:
 
 * ``limit`` is the capacity, and ``limit / 60`` per second the refill,
   lowered to ``(limit - remaining) / reset`` when the server says it takes
-  longer than that to refill (a window longer than a minute);
-* ``remaining`` only ever lowers the level, never raises it, and what
-  the server may not have counted yet is taken from it again:
-  ``level = min(level, remaining - unanswered)``, where ``unanswered`` is
-  the charge of the slots held whose answer has not started (a server
-  counts a request when it arrives, before it answers; a slot's answer
-  starts when ``wrap_provider`` gets its stream open, or when its usage is
-  reported). Counting a request the server has seen costs a margin, never
-  an excess: a slot taken without ``wrap_provider`` counts as unanswered
-  until its usage is reported.
+  longer than that to refill (a window longer than a minute). What a reset
+  can claim is bounded: the pace never drops below ``limit / 3600`` per
+  second (``SLOWEST_REFILL``: the whole limit back within an hour), so a
+  server that says one request of 100 comes back in a day slows the fleet
+  down, never stalls it;
+* ``remaining`` is what the server had left when it counted the request
+  it answers; less ``unseen``, what it has not counted yet, it is the
+  level. A server counts a request when it arrives, before it answers, and
+  requests arrive in the order they were granted, so ``unseen`` is the
+  charge of the slots held whose answer has not started and that were
+  granted since the latest one whose answer did (at the same instant
+  too: which of those arrived first, nobody knows), and of the slots
+  whose answer started since figures were last learned from, all but the
+  last, whose figures these are (the others may have reached the server
+  after it: several answers reported at once). Those granted before
+  it are in its ``remaining`` already: taking them again would waste as
+  much of the budget as there are requests in flight. The figures of the
+  newest answer (its slot's answer started just before them, and it was
+  granted after every slot whose answer had started when figures were
+  last learned from) set the level, up to the capacity: a later answer
+  lowers it or raises it again. Other
+  figures (an older request answered late, or figures reported with no
+  answer) only lower it. A slot's answer starts when the transport or
+  ``wrap_provider`` gets its headers, or when its usage is reported (which
+  makes no figures the newest). The charges of the slots answered before
+  the newest figures are in them, as the server made them (its estimate
+  may not be ours): a usage report then takes what was used beyond the
+  charge and gives nothing back; what the server gave back, its next
+  figures say.
 
-A configured ``Budget`` keeps its own rates; the figures still lower its
-level. Until the first figures arrive, nothing is paced by a budget that is
+A configured ``Budget`` keeps its own rates, and its own count beside the
+level: the level is charged and refilled with it, lowered by any figures,
+and raised by the newest answer's figures up to that count, never above.
+Until the first figures arrive, nothing is paced by a budget that is
 only learned. Malformed figures (a zero or enormous limit) are ignored.
 
 The adaptive limit. AIMD on the honest signals, as TCP's congestion
@@ -96,6 +117,12 @@ MAX_TOKENS = 10**15
 
 More than any budget holds (a charge is at most its budget's capacity
 anyway), and exact in a double, the only number of Redis' Lua.
+"""
+
+SLOWEST_REFILL = 3600.0
+"""Seconds a learned budget takes at most to refill whole, whatever a reset says.
+
+The Redis ledger's ``learn`` holds the same figure (in milliseconds).
 """
 
 _optional_rate = attrs.validators.optional(positive_number)
@@ -247,17 +274,33 @@ def refilled(level: float, capacity: float, rate: float, seconds: float) -> floa
     return min(capacity, level + rate * seconds)
 
 
+def charged(value: float, amount: float, capacity: float) -> float:
+    """``value`` less a charge of ``amount``, as a bucket counts it.
+
+    A charge takes it down to 0 at most (one request's charge is at most
+    the capacity, so nothing makes a budget wait longer than one full
+    refill); a negative one gives back, up to ``capacity``. The Redis
+    ledger's ``charged`` is the same rule.
+    """
+    if amount > 0:
+        return max(min(value, 0.0), value - amount)
+    return min(capacity, value - amount)
+
+
 @final
 class Bucket:
     """A budget that refills continuously: ``rate`` per second, up to ``capacity``."""
 
-    __slots__ = ("_level", "capacity", "configured", "per_minute", "rate")
+    __slots__ = ("_level", "_own", "capacity", "configured", "per_minute", "rate")
 
     def __init__(self, per_minute: float, *, configured: bool) -> None:
         self.capacity = per_minute
         self.per_minute = per_minute
         self.rate = per_minute / 60.0
         self._level = per_minute
+        # A configured budget's own count, charged and refilled as the
+        # level is but never moved by figures: what they may raise it to.
+        self._own = per_minute
         self.configured = configured
 
     @property
@@ -269,6 +312,16 @@ class Bucket:
     def level(self, value: float) -> None:
         capacity = self.capacity
         self._level = max(-capacity, min(capacity, value))
+
+    @property
+    def own(self) -> float:
+        """A configured budget's own count, within ``[-capacity, capacity]``."""
+        return self._own
+
+    @own.setter
+    def own(self, value: float) -> None:
+        capacity = self.capacity
+        self._own = max(-capacity, min(capacity, value))
 
     def __repr__(self) -> str:
         return f"<Bucket {self.level}/{self.capacity} +{self.rate}/s>"
@@ -282,8 +335,9 @@ class Bucket:
 
     def refill(self, seconds: float) -> None:
         """Add what ``seconds`` bring, up to the capacity."""
-        if seconds > 0 and self.level < self.capacity:
-            self.level = min(self.capacity, self.level + self.rate * seconds)
+        if seconds > 0:
+            self.level = refilled(self.level, self.capacity, self.rate, seconds)
+            self.own = refilled(self.own, self.capacity, self.rate, seconds)
 
     def at(self, seconds: float) -> float:
         """The level ``seconds`` from now, if nothing is charged meanwhile."""
@@ -294,36 +348,55 @@ class Bucket:
         return min(tokens, self.capacity)
 
     def take(self, amount: float) -> None:
-        """Charge ``amount``, down to a level of 0 at most.
+        """Charge ``amount``, down to a level of 0 at most (see ``charged``).
 
         A negative amount gives back, up to the capacity. A charge never
-        deepens a debt: only learning sets the level below 0.
+        deepens a debt: only learning sets the level below 0. The own count
+        is charged alike.
         """
-        level = self._level
-        if amount > 0:
-            self.level = max(min(level, 0.0), level - amount)
-        else:
-            self.level = level - amount
+        self.level = charged(self._level, amount, self.capacity)
+        self.own = charged(self._own, amount, self.capacity)
 
-    def learn(self, quota: Quota, held: float) -> bool:
-        """Take a quota's figures into account; ``False`` if they say nothing usable."""
+    def settle(self, amount: float) -> None:
+        """Correct a charge the server's figures already counted, by ``amount``.
+
+        The level only takes: what the server gives back for it, its next
+        figures will say (it may have charged another estimate). The own
+        count is corrected in full.
+        """
+        self.level = charged(self._level, max(0.0, amount), self.capacity)
+        self.own = charged(self._own, amount, self.capacity)
+
+    def learn(self, quota: Quota, unseen: float, *, newest: bool) -> bool:
+        """Take a quota's figures into account; ``False`` if they say nothing usable.
+
+        ``unseen`` is what was charged for the requests the server may not
+        have counted yet, and ``newest`` whether the figures are those of
+        the newest answer, which may raise the level (see the module notes).
+        """
         limit = quota.limit
         usable = limit is not None and 0 < limit < 1e15
         if usable and not self.configured:
             assert limit is not None
-            self.capacity = self.per_minute = float(limit)
-            self.rate = self.capacity / 60.0
+            self.capacity = float(limit)
+            rate = self.capacity / 60.0
             remaining, reset = quota.remaining, quota.reset
             if remaining is not None and reset and remaining < limit:
-                slower = (limit - remaining) / reset
-                if slower < self.rate:
-                    self.rate = slower
-                    self.per_minute = 60.0 * slower
+                rate = min(rate, (limit - remaining) / reset)
+            self.rate = max(rate, self.capacity / SLOWEST_REFILL)
+            self.per_minute = 60.0 * self.rate
             self.level = min(self.level, self.capacity)
         remaining = quota.remaining
         if remaining is None or remaining >= 1e15:
             return usable
-        self.level = min(self.level, remaining - held)
+        told = remaining - unseen
+        if not newest:
+            # Figures that may be older than what the bucket knows.
+            self.level = min(self.level, told)
+        else:
+            # The server's count now; a configured budget's own count stays
+            # a ceiling, which the server's may lower but never lift.
+            self.level = min(self.own if self.configured else self.capacity, told)
         return True
 
 
@@ -384,12 +457,16 @@ class Throttle:
         "_in_use",
         "_learn",
         "_learned",
+        "_newest",
         "_now",
         "_reported",
         "_requests",
+        "_seen",
+        "_seen_learned",
+        "_settled",
+        "_since",
         "_tokens",
         "_unanswered",
-        "_unanswered_tokens",
         "default_max_tokens",
     )
 
@@ -415,9 +492,23 @@ class Throttle:
         # Estimated tokens of waiting tickets, and the charge of each holder.
         self._costs: dict[Ticket, int] = {}
         self._held: dict[Ticket, float] = {}
-        # The holders whose answer has not started, and their charges.
-        self._unanswered: set[Ticket] = set()
-        self._unanswered_tokens = 0.0
+        # The holders whose answer has not started, with the time of their
+        # grant (in grant order), and the latest grant time of a holder
+        # whose answer started.
+        self._unanswered: dict[Ticket, float] = {}
+        self._seen = -math.inf
+        # ...and what it was when figures were last learned from.
+        self._seen_learned = -math.inf
+        # The holders whose answer started since figures were last learned
+        # from, in order: all but the last (whose figures come next) may
+        # have reached the server after it.
+        self._since: dict[Ticket, None] = {}
+        # Holders whose answer started before the newest figures set the
+        # level: those figures counted their charge, as the server made it.
+        self._settled: set[Ticket] = set()
+        # Whether the latest answer to start was the newest so far: its
+        # figures, observed next, may raise the budgets' level.
+        self._newest = False
         # The cost the oldest waiter waits for, if the budget holds it back.
         self._blocked: int | None = None
         # The adaptive limit's bookkeeping: holders granted with the limit in
@@ -501,9 +592,8 @@ class Throttle:
                 charge = tokens.charge_of(cost)
                 tokens.take(charge)
         self._held[ticket] = charge
-        self._unanswered.add(ticket)
-        self._unanswered_tokens += charge
         self._granted += 1
+        self._unanswered[ticket] = self._now
         if (
             self._adaptive is not None
             and limit is not None
@@ -541,7 +631,10 @@ class Throttle:
         cost = self._held.pop(ticket, None)
         if cost is None:
             return None
-        self.answered(ticket, cost)
+        # Gone: whether the server saw it no longer matters.
+        self._unanswered.pop(ticket, None)
+        self._settled.discard(ticket)
+        self._since.pop(ticket, None)
         in_use = ticket in self._in_use
         self._in_use.discard(ticket)
         if ticket in self._reported:
@@ -564,19 +657,56 @@ class Throttle:
         charged = self._held.get(ticket)
         if charged is None:
             return False
-        self.answered(ticket)
+        # The answer is in, but no figures come with a usage report.
+        self._see(ticket, newest=False)
         used: float = min(tokens, MAX_TOKENS)
         if self._tokens is not None:
+            # One request's charge is at most the capacity, its usage too.
             used = self._tokens.charge_of(used)
-            self._tokens.take(used - charged)
+            if ticket in self._settled:
+                self._tokens.settle(used - charged)
+            else:
+                self._tokens.take(used - charged)
         self._held[ticket] = used
         return used < charged
 
-    def answered(self, ticket: Ticket, cost: float | None = None) -> None:
-        """The answer of held ``ticket`` started: the server has counted it."""
-        if ticket in self._unanswered:
-            self._unanswered.remove(ticket)
-            self._unanswered_tokens -= self._held[ticket] if cost is None else cost
+    def answered(self, ticket: Ticket) -> None:
+        """The answer of held ``ticket`` started: the server has counted it.
+
+        The figures observed next are its answer's: the newest if it was
+        granted after every slot whose answer had started when figures were
+        last learned from (see the module notes).
+        """
+        self._see(ticket, newest=True)
+
+    def _see(self, ticket: Ticket, *, newest: bool) -> None:
+        granted_at = self._unanswered.pop(ticket, None)
+        if granted_at is None:
+            return
+        self._since[ticket] = None
+        self._newest = newest and granted_at > self._seen_learned
+        self._seen = max(self._seen, granted_at)
+
+    def _unseen(self) -> tuple[int, float]:
+        """Requests and tokens the server may not have counted in the next figures.
+
+        The holders unanswered granted since the latest answered (at the
+        same instant too: which of them reached the server first, nobody
+        knows), and those whose answer started since figures were last
+        learned from, but the last, whose figures these are.
+        """
+        requests = 0
+        tokens = 0.0
+        # Latest first: the unseen are at the end, in grant order.
+        for ticket in reversed(self._unanswered):
+            if self._unanswered[ticket] < self._seen:
+                break
+            requests += 1
+            tokens += self._held[ticket]
+        for ticket in list(self._since)[:-1]:
+            requests += 1
+            tokens += self._held[ticket]
+        return requests, tokens
 
     def rate_limited(self, holders: frozenset[Ticket] | set[Ticket]) -> int | None:
         """A rate-limit answer arrived; the new adaptive limit, if it changed.
@@ -598,19 +728,28 @@ class Throttle:
         """Learn from the rate-limit figures of one answer (see the module notes)."""
         if not self._learn:
             return
-        held = float(self._unanswered_tokens)
+        requests, tokens = self._unseen()
+        newest, self._newest = self._newest, False
+        self._seen_learned = self._seen
+        self._since.clear()
         if info.requests is not None:
             if self._requests is None:
                 self._requests = _learned_bucket(info.requests)
             if self._requests is not None and self._requests.learn(
-                info.requests, float(len(self._unanswered))
+                info.requests, float(requests), newest=newest
             ):
                 self._learned = True
         if info.tokens is not None:
             if self._tokens is None:
                 self._tokens = _learned_bucket(info.tokens)
-            if self._tokens is not None and self._tokens.learn(info.tokens, held):
+            if self._tokens is not None and self._tokens.learn(
+                info.tokens, float(tokens), newest=newest
+            ):
                 self._learned = True
+            if newest and self._tokens is not None:
+                # The charges of the holders answered so far are in them.
+                unanswered = self._unanswered
+                self._settled.update(t for t in self._held if t not in unanswered)
 
     def statistics(self, now: float | None = None) -> BudgetStatistics | None:
         """The budgets at ``now`` (default: the latest ``advance``), or ``None``."""

@@ -34,16 +34,28 @@ Budgets and the adaptive limit, fleet-wide (the pure core's rules, in
 
 * The budgets are two buckets in ``conf`` (``r_*`` for requests, ``t_*``
   for tokens): capacity, refill per millisecond, level, the server time of
-  that level, and whether it was configured (else learned). Every step
+  that level, whether it was configured (else learned), and a configured
+  budget's own count (``*_own``), charged and refilled with the level but
+  never moved by figures. Every step
   refills them to the server's ``TIME`` first, so no client's clock is in
   them. A configured ``Budget`` is written by each process that opens with
-  one (the latest wins); the figures of answers (``observed``) lower the
-  level and teach a learned bucket its capacity and rate, as
-  ``Bucket.learn`` does.
+  one (the latest wins); the figures of answers (``observed``) set or
+  lower the level and teach a learned bucket its capacity and rate, as
+  ``Bucket.learn`` does: the newest answer's figures (the last of the
+  step's ``answered`` leases, granted after every lease answered before
+  it) set it, up to the capacity (a configured budget's own count), and
+  other figures only lower it.
 * ``qcost``: the estimated tokens of a queued member; ``charge``: the
   tokens a lease was charged (corrected by usage reports, which give back
-  or take the difference); ``unans``: the leases whose answer has not
-  started, which learning counts as not yet seen by the provider.
+  or take the difference; a charge the newest figures counted is stored
+  negated, settled: its usage report gives nothing back, as in
+  ``Throttle``); ``unans``: the leases whose answer has not started, a
+  ZSET scored by the server time of their grant, and ``seen`` in
+  ``conf``: the latest grant time of a lease whose answer started
+  (``seen_l``: what it was when figures were last learned from).
+  Learning counts as not yet seen by the provider only the leases granted
+  since then (in the same millisecond too), and those whose answer started
+  in the step but the last, as ``Throttle`` does.
 * A grant walks the head of the queue in order and stops at the first
   entry the budgets cannot hold yet: nobody passes it, whichever process
   it belongs to. The entries of other processes ahead keep their cost
@@ -105,6 +117,7 @@ import coredis
 from coredis.exceptions import NoScriptError
 
 from ._budgets import MAX_TOKENS
+from ._ratelimits import server_delay
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -148,8 +161,28 @@ end
 local function forget_lease(id)
   redis.call('HDEL', grantno, id)
   redis.call('HDEL', charge, id)
-  redis.call('SREM', unans, id)
+  redis.call('ZREM', unans, id)
   redis.call('SREM', inuse, id)
+end
+-- The answer of lease id started: the provider has counted it, and every
+-- lease granted before it (see ``seen`` above). Whether it is the newest
+-- answer (granted after every lease whose answer had started when figures
+-- were last learned from: ``seen_l``), whose figures may raise a level:
+-- ``newest``, as ``Throttle`` keeps it.
+local newest = false
+-- The leases whose answer started in this step, in order: all but the last
+-- (whose figures come with it) may have reached the server after it.
+local since = {}
+local function see(id, answer)
+  local number = redis.call('ZSCORE', unans, id)
+  if not number then return end
+  redis.call('ZREM', unans, id)
+  since[#since + 1] = id
+  number = tonumber(number)
+  newest = answer and number > tonumber(redis.call('HGET', conf, 'seen_l') or '-1')
+  if number > tonumber(redis.call('HGET', conf, 'seen') or '-1') then
+    redis.call('HSET', conf, 'seen', number)
+  end
 end
 local function prune()
   local pruned = 0
@@ -179,36 +212,45 @@ local function paused_for()
   if u > 0 then redis.call('HDEL', conf, 'pause_until') end
   return 0
 end
--- A bucket's level stays within [-capacity, capacity] (as Bucket.level).
+-- A bucket's level and own count stay within [-capacity, capacity] (as
+-- Bucket.level).
 local function settle(b)
-  if b then b.lvl = math.max(-b.cap, math.min(b.cap, b.lvl)) end
-end
--- A charge takes the level down to 0 at most (one request's charge is at
--- most the capacity, so no estimate or usage report makes a budget wait
--- longer than one full refill); a negative one gives back, up to the
--- capacity. As Bucket.take.
-local function take(b, amount)
-  if amount > 0 then
-    b.lvl = math.max(math.min(b.lvl, 0), b.lvl - amount)
-  else
-    b.lvl = math.min(b.cap, b.lvl - amount)
+  if b then
+    b.lvl = math.max(-b.cap, math.min(b.cap, b.lvl))
+    b.own = math.max(-b.cap, math.min(b.cap, b.own))
   end
 end
+-- ``v`` less a charge of ``amount``: down to 0 at most (one request's
+-- charge is at most the capacity, so no estimate or usage report makes a
+-- budget wait longer than one full refill); a negative one gives back, up
+-- to the capacity. As budgets' ``charged``.
+local function charged(v, amount, cap)
+  if amount > 0 then return math.max(math.min(v, 0), v - amount) end
+  return math.min(cap, v - amount)
+end
+-- Charge a bucket's level and its own count, as Bucket.take.
+local function take(b, amount)
+  b.lvl = charged(b.lvl, amount, b.cap)
+  b.own = charged(b.own, amount, b.cap)
+end
 -- A budget's bucket from its stored fields (capacity, refill per ms, level,
--- server time of the level, configured or learned), refilled up to now;
+-- server time of the level, configured or learned, and a configured
+-- budget's own count, which figures never move), refilled up to now;
 -- ``nil`` if its capacity is not a usable number. A stored value out of
 -- range is repaired: a rate that is not positive becomes the capacity a
--- minute, a level outside [-capacity, capacity] is brought back within,
--- a time ahead of now becomes now.
-local function load_bucket(cap, rate, lvl, at, cfg)
+-- minute, a level (or own count) outside [-capacity, capacity] is brought
+-- back within, a time ahead of now becomes now.
+local function load_bucket(cap, rate, lvl, at, cfg, own)
   local b = {cap = stored(cap, 0), rate = stored(rate, 0), lvl = stored(lvl, 0),
     at = stored(at, now), cfg = cfg == '1'}
   if b.cap <= 0 then return nil end
   if b.rate <= 0 then b.rate = b.cap / 60000 end
+  b.own = stored(own, b.lvl)
   settle(b)
   if b.at > now then b.at = now end
   if now > b.at then
     if b.lvl < b.cap then b.lvl = math.min(b.cap, b.lvl + b.rate * (now - b.at)) end
+    if b.own < b.cap then b.own = math.min(b.cap, b.own + b.rate * (now - b.at)) end
     b.at = now
   end
   return b
@@ -285,7 +327,7 @@ local changed = prune()
 local c = redis.call('HMGET', conf, 'limit', 'pause_until', 'streak',
   'granted_at_report', 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow',
   'r_cap', 'r_rate', 'r_lvl', 'r_at', 'r_cfg',
-  't_cap', 't_rate', 't_lvl', 't_at', 't_cfg', 'learned')
+  't_cap', 't_rate', 't_lvl', 't_at', 't_cfg', 'learned', 'r_own', 't_own')
 local limit = stored_limit(c[1])
 local pause_until = stored(c[2], 0)
 local streak = stored(c[3], 0)
@@ -306,7 +348,7 @@ end
 -- whether it was configured (else learned); refilled up to now.
 local function bucket(o)
   if not c[o] then return nil end
-  return load_bucket(c[o], c[o + 1], c[o + 2], c[o + 3], c[o + 4])
+  return load_bucket(c[o], c[o + 1], c[o + 2], c[o + 3], c[o + 4], c[21 + (o - 10) / 5])
 end
 local R, T = bucket(10), bucket(15)
 local learned = c[20] == '1'
@@ -325,14 +367,25 @@ for j = 1, n do
   local id, tokens = ARGV[i], tokens_of(ARGV[i + 1]); i = i + 2
   if redis.call('ZSCORE', leases, id) then
     local before = stored(redis.call('HGET', charge, id), 0)
+    -- Settled (negated): the server's figures counted it; what the server
+    -- gives back for it, its next figures will say.
+    local settled = before < 0
+    if settled then before = -before end
     -- One request's charge is at most the capacity, its usage too.
     if T then tokens = math.min(tokens, T.cap) end
     if T and tokens ~= before then
-      take(T, tokens - before)
+      local taken = tokens - before
+      if settled then
+        T.lvl = charged(T.lvl, math.max(0, taken), T.cap)
+        T.own = charged(T.own, taken, T.cap)
+      else
+        take(T, taken)
+      end
       if tokens < before then changed = changed + 1 end
     end
+    if settled then tokens = -tokens end
     redis.call('HSET', charge, id, num(tokens))
-    redis.call('SREM', unans, id)
+    see(id, false)
   end
 end
 local function adapt_up()
@@ -414,14 +467,16 @@ for j = 1, n do
 end
 n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
-  redis.call('SREM', unans, ARGV[i]); i = i + 1
+  see(ARGV[i], true); i = i + 1
 end
 -- Learn from the figures of an answer (see the ledger's notes).
-local function learn(b, limit_, remaining, reset, held_now)
+-- SLOWEST_REFILL: a learned budget refills whole in an hour at most.
+local function learn(b, limit_, remaining, reset, unseen)
   local usable = limit_ and limit_ > 0 and limit_ < 1e15
   if not b then
     if not usable then return nil end
-    b = {cap = limit_, rate = limit_ / 60000, lvl = limit_, at = now, cfg = false}
+    b = {cap = limit_, rate = limit_ / 60000, lvl = limit_, at = now, cfg = false,
+      own = limit_}
   end
   if usable and not b.cfg then
     b.cap = limit_
@@ -430,10 +485,18 @@ local function learn(b, limit_, remaining, reset, held_now)
       local slower = (limit_ - remaining) / (reset * 1000)
       if slower < b.rate then b.rate = slower end
     end
+    b.rate = math.max(b.rate, b.cap / 3600000)
     b.lvl = math.min(b.lvl, b.cap)
   end
   if remaining and remaining < 1e15 then
-    b.lvl = math.min(b.lvl, remaining - held_now)
+    -- The newest answer's figures set the level, up to the capacity (a
+    -- configured budget: up to its own count); others only lower it.
+    local ceiling = b.lvl
+    if newest then
+      ceiling = b.cap
+      if b.cfg then ceiling = b.own end
+    end
+    b.lvl = math.min(ceiling, remaining - unseen)
     learned = true
   elseif usable then
     learned = true
@@ -448,7 +511,10 @@ if observed ~= '' then
     k = k + 1
     f[k] = tonumber(part)
   end
-  local ids = redis.call('SMEMBERS', unans)
+  local seen = redis.call('HGET', conf, 'seen')
+  if seen then redis.call('HSET', conf, 'seen_l', seen) end
+  local ids = redis.call('ZRANGEBYSCORE', unans, seen or '-inf', '+inf')
+  for k = 1, #since - 1 do ids[#ids + 1] = since[k] end
   if f[1] or f[2] then R = learn(R, f[1], f[2], f[3], #ids) end
   if f[4] or f[5] then
     local tokens = 0
@@ -456,6 +522,16 @@ if observed ~= '' then
       tokens = tokens + stored(redis.call('HGET', charge, id), 0)
     end
     T = learn(T, f[4], f[5], f[6], tokens)
+    if T and newest then
+      -- The charges of the leases answered so far are in these figures.
+      local held = redis.call('HGETALL', charge)
+      for k = 1, #held, 2 do
+        local c = tonumber(held[k + 1])
+        if c > 0 and not redis.call('ZSCORE', unans, held[k]) then
+          redis.call('HSET', charge, held[k], -c)
+        end
+      end
+    end
   end
   settle(R)
   settle(T)
@@ -512,7 +588,7 @@ local function grant(m, cost)
       redis.call('HSET', charge, id, num(cost))
       if T then take(T, cost) end
     end
-    redis.call('SADD', unans, id)
+    redis.call('ZADD', unans, now, id)
   end
   granted[#granted + 1] = m
   in_flight = in_flight + 1
@@ -561,6 +637,7 @@ if budgeted then
       fields[#fields + 1] = pair[1] .. '_cap'; fields[#fields + 1] = num(b.cap)
       fields[#fields + 1] = pair[1] .. '_rate'; fields[#fields + 1] = num(b.rate)
       fields[#fields + 1] = pair[1] .. '_lvl'; fields[#fields + 1] = num(b.lvl)
+      fields[#fields + 1] = pair[1] .. '_own'; fields[#fields + 1] = num(b.own)
       fields[#fields + 1] = pair[1] .. '_at'; fields[#fields + 1] = now
       fields[#fields + 1] = pair[1] .. '_cfg'; fields[#fields + 1] = b.cfg and 1 or 0
       shown[#shown + 1] = num(b.rate * 60000) .. ',' .. num(b.lvl) .. ',' .. num(b.cap)
@@ -628,10 +705,11 @@ for j, k in ipairs({'r', 't'}) do
     local b = c[1] and load_bucket(c[1], c[2], c[3], c[4], c[5])
     if b then lvl = math.max(-per_minute, math.min(b.lvl, per_minute)) end
     redis.call('HSET', conf, k .. '_cap', num(per_minute), k .. '_rate',
-      num(per_minute / 60000), k .. '_lvl', num(lvl), k .. '_at', now, k .. '_cfg', 1)
+      num(per_minute / 60000), k .. '_lvl', num(lvl), k .. '_at', now, k .. '_cfg', 1,
+      k .. '_own', num(lvl))
   elseif c[5] == '1' then
     redis.call('HDEL', conf, k .. '_cap', k .. '_rate', k .. '_lvl', k .. '_at',
-      k .. '_cfg')
+      k .. '_cfg', k .. '_own')
   end
 end
 redis.call('PERSIST', conf)
@@ -1100,11 +1178,17 @@ class Ledger:
         default_pause: float,
         max_pause: float,
     ) -> float:
-        """Pause the provider fleet-wide; returns the seconds left of the pause."""
+        """Pause the provider fleet-wide; returns the seconds left of the pause.
+
+        A ``retry_after`` that is not positive names no delay
+        (``server_delay``): the fleet backs off, as the local policy does.
+        """
+        delay = server_delay(retry_after)
         left = await self._run(
             _PAUSE_SCRIPT,
             self.names(provider)[0],
-            "" if retry_after is None else round(retry_after * 1000),
+            # At least a millisecond: a positive delay never rounds to none.
+            "" if delay is None else max(1, round(delay * 1000)),
             round(default_pause * 1000),
             round(max_pause * 1000),
         )

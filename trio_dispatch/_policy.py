@@ -22,7 +22,8 @@ Invariants, after every call:
 
 Rate-limit reports pause grants, each for at most ``max_pause``. A report
 that names the server's delay (``Retry-After``) pauses for that delay. One
-that does not backs off: ``default_pause`` for the first report of a
+that does not, or names one that is not positive (``Retry-After: 0``, a
+date in the past: ``server_delay``), backs off: ``default_pause`` for the first report of a
 streak, doubling with each later round, up to ``max_pause``. A report opens
 a new round when it starts a streak or when a slot was granted since the
 previous report (its request may be the one refused); reports with no grant
@@ -58,6 +59,7 @@ import attrs
 
 from ._budgets import AdaptiveLimit, Throttle
 from ._exceptions import QueueFull
+from ._ratelimits import server_delay
 from ._validation import (
     check_deadline,
     check_instant,
@@ -387,12 +389,13 @@ class SlotPolicy:
         """Pause grants after a rate-limit answer that arrived at ``now``.
 
         With ``retry_after``, the server's delay in seconds, grants pause
-        that long; without, for the backoff of the streak's current round
-        (see the module's docstring). Either way for at most ``max_pause``,
+        that long; without, or with one that is not positive (which names
+        no delay, ``server_delay``), for the backoff of the streak's
+        current round (see the module's docstring). Either way for at most ``max_pause``,
         and never less than a pause already running.
         """
         now = check_instant(now, "now")
-        delay = check_optional_seconds(retry_after, "retry_after")
+        delay = server_delay(check_optional_seconds(retry_after, "retry_after"))
         if not self._streak or self._granted_total != self._granted_at_report:
             # A new round. The step doubles as a float held at max_pause,
             # so no streak, however long, can overflow it.

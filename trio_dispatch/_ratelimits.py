@@ -51,7 +51,8 @@ class RateLimitInfo:
         input_tokens: Input tokens per window (Anthropic only).
         output_tokens: Output tokens per window (Anthropic only).
         retry_after: Seconds the server asked to wait (``Retry-After`` or
-            ``retry-after-ms``), on a 429, 503 or 529.
+            ``retry-after-ms``), on a 429, 503 or 529 (``None`` if it named
+            no positive delay, see ``parse_retry_after``).
     """
 
     requests: Quota | None = attrs.field(default=None, validator=_quota)
@@ -67,3 +68,16 @@ class RateLimitInfo:
 
 
 _EMPTY = RateLimitInfo()
+
+
+def server_delay(seconds: float | None) -> float | None:
+    """A server's ``Retry-After`` as the pauses take it: ``None`` unless positive.
+
+    The one rule for every reader of the delay (the header parser, the
+    dispatcher's pauses, local and in Redis): ``Retry-After: 0``, a
+    negative delay, ``retry-after-ms: 0`` or an HTTP-date in the past name
+    no delay, so they count as no header at all, and the pause backs off
+    (``default_pause``, doubling) instead of letting every waiter go at
+    once and meet the same answer again.
+    """
+    return seconds if seconds is not None and seconds > 0 else None

@@ -966,7 +966,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
 
         Holders are not touched; nothing is granted until the pause ends.
         With ``retry_after`` (the server's ``Retry-After``, in seconds) the
-        pause lasts that long. Without, it backs off: the dispatcher's
+        pause lasts that long. Without, or with ``0`` (a server's
+        ``Retry-After: 0`` names no delay), it backs off: the dispatcher's
         ``default_pause`` for the first report of a streak, doubling with
         each later round up to ``max_pause``. A report opens a new round
         when a slot was granted since the previous report; reports with no

@@ -23,7 +23,9 @@ Reading never fails, whatever a server sends:
   (``MalformedHeaderLog`` logs it, once per provider and header name);
 * enormous values are capped: counts at ``MAX_COUNT`` (10**12), times at
   ``MAX_SECONDS`` (a day, the longest window either API has);
-* a reset in the past is ``0.0``: the quota is full again.
+* a reset in the past is ``0.0``: the quota is full again;
+* a ``retry-after`` that is not positive names no delay (``None``), as
+  ``parse_retry_after`` reads it.
 
 This module loads no HTTP library: it takes any ``Mapping[str, str]`` of
 headers and matches names without regard to case.
@@ -38,8 +40,8 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Final, final
 
-from .._ratelimits import Quota, RateLimitInfo
-from ._retry_after import parse_retry_after
+from .._ratelimits import Quota, RateLimitInfo, server_delay
+from ._retry_after import header_delay
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -242,14 +244,14 @@ def _retry_after(reader: _Reader, reference: datetime) -> float | None:
     if not present:
         return None
     try:
-        delay = parse_retry_after(headers, reference.timestamp())
+        delay = header_delay(headers, reference.timestamp())
     except (OverflowError, ValueError):  # a date past what datetime can hold
         delay = None
     if delay is None:
         for name in present:
             reader.malformed(name, headers[name])
         return None
-    return min(delay, MAX_SECONDS)
+    return server_delay(min(delay, MAX_SECONDS))
 
 
 def openai_rate_limits(

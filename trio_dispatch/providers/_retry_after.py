@@ -4,8 +4,10 @@ Two headers say it. ``retry-after-ms`` (milliseconds, a number; OpenAI and
 Anthropic send it) is the more precise and wins when it makes sense.
 ``Retry-After`` (RFC 9110 section 10.2.3) is either delta-seconds or an
 HTTP-date; a date is turned into seconds from ``now``. A value that does not
-parse is ignored, as if the header were absent; a negative delay or a date
-in the past means "now", ``0.0``.
+parse is ignored, as if the header were absent, and so is a delay that is
+not positive (``0``, a negative delay, a date in the past): it names no
+delay, so the dispatcher backs off as without the header
+(``server_delay``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import email.utils
 import math
 import re
 from typing import TYPE_CHECKING
+
+from .._ratelimits import server_delay
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -58,6 +62,11 @@ def _http_date(text: str, now: float) -> float | None:
 def parse_retry_after(headers: Mapping[str, str], now: float) -> float | None:
     """Seconds to wait before retrying, or ``None`` if the headers do not say.
 
+    A delay that is not positive (``Retry-After: 0``, ``retry-after-ms: 0``,
+    a negative delay, an HTTP-date in the past) says nothing: ``None``, as
+    if the header were absent, so a rate-limit answer that carries it backs
+    off like one without.
+
     Args:
         headers: The response headers (``httpx2.Headers`` or any mapping;
             names are matched without regard to case).
@@ -65,17 +74,28 @@ def parse_retry_after(headers: Mapping[str, str], now: float) -> float | None:
             turn an HTTP-date into a delay.
 
     Returns:
-        A finite, non-negative number of seconds, or ``None``.
+        A finite, positive number of seconds, or ``None``.
     """
+    return server_delay(header_delay(headers, now))
+
+
+def header_delay(headers: Mapping[str, str], now: float) -> float | None:
+    """The delay the headers write, ``0.0`` for one that is not positive.
+
+    ``None`` only when neither header is there or parses: what tells a
+    malformed header from one that names no delay. A positive
+    ``retry-after-ms`` wins; one of ``0`` gives way to ``Retry-After``.
+    """
+    fallback: float | None = None
     milliseconds = _lookup(headers, "retry-after-ms")
     if milliseconds is not None:
-        delay = _delay(milliseconds, 0.001)
-        if delay is not None:
-            return delay
+        fallback = _delay(milliseconds, 0.001)
+        if fallback:
+            return fallback
     value = _lookup(headers, "retry-after")
     if value is None:
-        return None
+        return fallback
     delay = _delay(value, 1.0)
-    if delay is not None:
-        return delay
-    return _http_date(value, now)
+    if delay is None:
+        delay = _http_date(value, now)
+    return fallback if delay is None else delay
