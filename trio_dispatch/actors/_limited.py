@@ -98,7 +98,7 @@ class LimitedProvider:
     ) -> AbstractAsyncContextManager[AsyncIterator[StreamEvent]]:
         """``stream(request)``, if its slot is granted by ``deadline`` (trio clock).
 
-        Raises ``trio.TooSlowError`` on entry, having sent nothing, if the
+        Raises ``NotGrantedInTime`` on entry, having sent nothing, if the
         slot is not granted by then; once granted, nothing is cut.
         """
         return self._stream(request, deadline)
@@ -145,7 +145,7 @@ class LimitedProvider:
                 if watch is not None:
                     watch.end(None)
         if waiting.cancelled_caught:
-            raise trio.TooSlowError
+            raise NotGrantedInTime
 
     def _told(self, call: WrappedCall, error: ProviderError) -> None:
         """Tell the dispatcher what ``error``'s answer said, unless it was told."""
@@ -158,6 +158,11 @@ class LimitedProvider:
             dispatcher.observe_rate_limits(provider_id, info)
         if isinstance(error, RateLimited | Overloaded) and not call.reported:
             dispatcher.report_rate_limit(provider_id, error.retry_after)
+
+
+@final
+class NotGrantedInTime(Exception):
+    """``LimitedProvider.stream_granted_by``: no slot by the deadline; nothing sent."""
 
 
 @final
