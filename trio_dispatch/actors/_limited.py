@@ -25,6 +25,7 @@ it to what the request really used.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -110,14 +111,17 @@ class LimitedProvider:
         dispatcher = self._dispatcher
         provider_id = self.provider.id
         # The wait for the grant is cut at the deadline; the call is not.
-        with trio.CancelScope(deadline=deadline) as waiting:
+        # No scope at all without one: it would cost as much as the rest.
+        waiting = None if math.isinf(deadline) else trio.CancelScope(deadline=deadline)
+        with contextlib.nullcontext() if waiting is None else waiting:
             async with dispatcher.slot(
                 provider_id,
                 conversation_id=self.conversation_id,
                 started_at=self.started_at,
                 tokens=dispatcher._estimate(provider_id, request),
             ) as slot:
-                waiting.deadline = math.inf
+                if waiting is not None:
+                    waiting.deadline = math.inf
                 # Cancelled while the grant was on its way: send nothing,
                 # whatever the transport below would have checked before its
                 # first byte.
@@ -144,7 +148,7 @@ class LimitedProvider:
                     CALL.reset(token)
                 if watch is not None:
                     watch.end(None)
-        if waiting.cancelled_caught:
+        if waiting is not None and waiting.cancelled_caught:
             raise NotGrantedInTime
 
     def _told(self, call: WrappedCall, error: ProviderError) -> None:
