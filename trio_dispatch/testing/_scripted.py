@@ -120,8 +120,9 @@ class ScriptedProvider:
             what a ``"stall"`` fault, or a longer ``latency`` or pause
             between tokens, runs into.
         on_rate_limit: Called with ``(id, retry_after)`` before a
-            ``RateLimited`` or ``Overloaded`` is raised: pass
-            ``dispatcher.report_rate_limit``.
+            ``RateLimited`` or ``Overloaded`` is raised, for use without a
+            dispatcher's slot (through one, the error itself tells it):
+            pass ``dispatcher.report_rate_limit``.
         on_rate_limits: Called with ``(id, RateLimitInfo)`` for each answer
             that carries rate-limit figures, before its error is raised,
             as the HTTP providers do: here, a status fault with
