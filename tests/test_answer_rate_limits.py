@@ -20,7 +20,7 @@ import trio.testing
 from trio_dispatch import Quota, RateLimitInfo, open_dispatcher, wrap_provider
 from trio_dispatch.events import Paused, RateLimitsReceived
 from trio_dispatch.messages import ChatMessage, ChatRequest, Finish, TextDelta
-from trio_dispatch.providers import OpenAIProvider, RateLimited
+from trio_dispatch.providers import AnthropicProvider, OpenAIProvider, RateLimited
 from trio_dispatch.testing import (
     FakeQuotas,
     FakeReply,
@@ -173,31 +173,73 @@ async def test_a_provider_given_the_callbacks_too_is_counted_once(
     assert [(event.at, event.retry_after) for event in paused] == [(0.0, 3.0)]
 
 
-async def test_an_http_answer_carries_its_figures_on_the_stream_and_the_error() -> None:
+async def test_a_rate_limit_inside_a_stream_is_reported_once_with_the_callback(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fault = Fault("stream_error", error_type="rate_limit_error", after_events=1)
+    script = FakeScript(replies=(FakeReply(text="a b c", fault=fault),))
+    async with open_dispatcher({"p": 2}, default_pause=2.0) as dispatcher:
+        scripted = ScriptedProvider(
+            script, id="p", on_rate_limit=dispatcher.report_rate_limit
+        )
+        provider = wrap_provider(scripted, dispatcher)
+        seen: list[Event] = []
+        async with dispatcher.events() as subscription:
+
+            async def collect() -> None:
+                async for event in subscription:
+                    seen.append(event)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(collect)
+                with pytest.raises(RateLimited):
+                    await read(provider, question())
+                await drained(dispatcher, seen)
+                nursery.cancel_scope.cancel()
+    paused = [event for event in seen if isinstance(event, Paused)]
+    assert [(event.at, event.until, event.retry_after) for event in paused] == [
+        (0.0, 2.0, None)
+    ]
+
+
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+async def test_an_http_answer_carries_its_figures_on_the_stream_and_the_error(
+    wire: str,
+) -> None:
     quotas = FakeQuotas(requests_per_minute=2)
-    async with (
-        open_fake_llm_server(quotas=quotas) as server,
-        OpenAIProvider(
-            base_url=server.openai_base_url, api_key="sk-test", model="fake"
-        ) as provider,
-    ):
-        stream = provider.stream(question())
-        before = stream.rate_limits
-        async with stream as events:
-            info = stream.rate_limits
-            assert Finish("stop") in [event async for event in events]
-        assert before is None
-        assert info is not None
-        assert info.requests is not None
-        assert (info.requests.limit, info.requests.remaining) == (2, 1)
+    async with open_fake_llm_server(quotas=quotas) as server:
+        provider: OpenAIProvider | AnthropicProvider = (
+            OpenAIProvider(
+                base_url=server.openai_base_url, api_key="sk-test", model="fake"
+            )
+            if wire == "openai"
+            else AnthropicProvider(
+                base_url=server.anthropic_base_url, api_key="sk-test", model="fake"
+            )
+        )
+        async with provider:
+            await check_figures(provider)
+
+
+async def check_figures(provider: OpenAIProvider | AnthropicProvider) -> None:
+    """Two answers within a quota of 2 requests, then a 429: their figures."""
+    stream = provider.stream(question())
+    before = stream.rate_limits
+    async with stream as events:
+        info = stream.rate_limits
+        assert Finish("stop") in [event async for event in events]
+    assert before is None
+    assert info is not None
+    assert info.requests is not None
+    assert (info.requests.limit, info.requests.remaining) == (2, 1)
+    await read(provider, question())
+    with pytest.raises(RateLimited) as caught:
         await read(provider, question())
-        with pytest.raises(RateLimited) as caught:
-            await read(provider, question())
-        refused = caught.value.rate_limits
-        assert refused is not None
-        assert refused.requests is not None
-        assert refused.requests.remaining == 0
-        assert refused.retry_after == caught.value.retry_after
+    refused = caught.value.rate_limits
+    assert refused is not None
+    assert refused.requests is not None
+    assert refused.requests.remaining == 0
+    assert refused.retry_after == caught.value.retry_after
 
 
 async def test_the_readme_conversation_shape_learns_a_quota_with_nothing_wired() -> (
