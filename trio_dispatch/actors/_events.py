@@ -51,7 +51,8 @@ class Retrying:
         error: Why it failed.
         delay: Seconds of backoff before the next attempt: ``0.0`` for a
             rate limit of a limited provider, whose next attempt queues at
-            once and goes when the dispatcher's pause ends.
+            once and goes when the dispatcher's pause ends (a backoff if
+            the dispatcher did not pause).
     """
 
     attempt: int

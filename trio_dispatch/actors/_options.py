@@ -44,8 +44,9 @@ class ConversationOptions:
             dispatcher has a limit for) is paused by each such answer, and
             the call is sent again when the pause ends, from the
             provider's queue with its turn's place (oldest turn first),
-            without backoff of its own and without using up
-            ``max_attempts``. Once the patience has run out (at a rate
+            without backoff of its own (unless the answer asked for no
+            pause at all, ``Retry-After: 0``: then it backs off first) and
+            without using up ``max_attempts``. Once the patience has run out (at a rate
             limit, or while the call waits in the queue) the call fails
             with its last ``RateLimited`` or ``Overloaded``. 300 seconds
             by default: long enough for a per-minute quota to refill;
