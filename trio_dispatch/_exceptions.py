@@ -35,7 +35,9 @@ anything changes; misuse (entering a slot twice) raises ``RuntimeError``.
 The provider errors are the contract between the dispatcher's side and the
 providers' side, so they live here, beside the rest, and importing them
 loads no HTTP library. ``RateLimited`` and ``Overloaded`` carry
-``retry_after`` (seconds, or ``None`` when the provider did not say). A
+``retry_after`` (seconds, or ``None`` when the provider did not say), and
+an error made from a status answer carries what that answer's headers said
+of the account's limits (``rate_limits``), as an opened stream does. A
 status error is raised when the stream is entered, before any event;
 everything else that goes wrong once events flow is raised from the
 iterator. Messages name the provider and say what happened; they never hold
@@ -50,7 +52,10 @@ bad call fails its turn and never the dispatcher. ``trio.Cancelled``,
 
 from __future__ import annotations
 
-from typing import ClassVar, final
+from typing import TYPE_CHECKING, ClassVar, final
+
+if TYPE_CHECKING:
+    from ._ratelimits import RateLimitInfo
 
 
 class DispatchError(Exception):
@@ -146,16 +151,27 @@ class ProviderError(DispatchError):
         provider: The id of the provider that failed.
         status_code: The HTTP status, when the error came with one.
         retryable: Whether sending the same request again may succeed.
+        rate_limits: What the answer's headers said of the account's rate
+            limits (``x-ratelimit-*``, ``anthropic-ratelimit-*``,
+            ``Retry-After``), or ``None`` when it said nothing or there
+            was no answer. A dispatcher the call went through learns from
+            it (see ``Provider``).
     """
 
     retryable: ClassVar[bool] = False
 
     def __init__(
-        self, message: str, *, provider: str, status_code: int | None = None
+        self,
+        message: str,
+        *,
+        provider: str,
+        status_code: int | None = None,
+        rate_limits: RateLimitInfo | None = None,
     ) -> None:
         super().__init__(message)
         self.provider = provider
         self.status_code = status_code
+        self.rate_limits = rate_limits
 
 
 class _Busy(ProviderError):
@@ -170,8 +186,14 @@ class _Busy(ProviderError):
         provider: str,
         status_code: int | None = None,
         retry_after: float | None = None,
+        rate_limits: RateLimitInfo | None = None,
     ) -> None:
-        super().__init__(message, provider=provider, status_code=status_code)
+        super().__init__(
+            message,
+            provider=provider,
+            status_code=status_code,
+            rate_limits=rate_limits,
+        )
         self.retry_after = retry_after
 
 

@@ -15,6 +15,18 @@ are raised from the iterator. The response is closed on exit whatever
 happened: an error, a cancellation, or the consumer leaving early. That
 is what lets the dispatcher take a slot before the request and give it
 back after the last token.
+
+What an answer says of the account's rate limits travels with it, so that
+a dispatcher the call goes through learns without any wiring: the opened
+stream (what ``__aenter__`` returns) may have a ``rate_limits`` attribute,
+a ``RateLimitInfo`` of the answer's headers or ``None``, and a status
+error carries them as ``ProviderError.rate_limits``. Both are optional
+for a provider of your own; ``OpenAIProvider``, ``AnthropicProvider`` and
+``ScriptedProvider`` have them. ``wrap_provider`` and conversations read
+them off the answer and tell the dispatcher (``observe_rate_limits``,
+and ``report_rate_limit`` for a ``RateLimited`` or ``Overloaded``). The
+callbacks below are for a provider used without a dispatcher's slot; a
+provider given them and used through that dispatcher too is counted once.
 """
 
 from __future__ import annotations
@@ -35,7 +47,9 @@ RateLimitReporter: TypeAlias = Callable[[str, float | None], None]
 
 Providers call it synchronously, before raising ``RateLimited`` or
 ``Overloaded`` (also for a rate-limit or overloaded error inside a stream).
-Pass ``dispatcher.report_rate_limit`` to pause the provider's grants.
+Pass ``dispatcher.report_rate_limit`` to pause the provider's grants when
+it is used without a slot of that dispatcher; calls through it report by
+themselves.
 """
 
 RateLimitObserver: TypeAlias = Callable[[str, RateLimitInfo], None]
@@ -45,7 +59,8 @@ Providers call it synchronously with what the answer's rate-limit headers
 say (``x-ratelimit-*``, ``anthropic-ratelimit-*``, ``Retry-After``), for a
 success or an error alike, before the stream is returned or the error
 raised. It must not block; an exception it raises is logged, and the call
-goes on.
+goes on. Calls through a dispatcher need none: the figures travel with the
+answer (see the module's notes).
 """
 
 
@@ -63,6 +78,8 @@ class Provider(Protocol):
         """An async context manager that sends ``request`` on entry.
 
         It yields an async iterator of the answer's events and closes the
-        response on exit.
+        response on exit. That iterator may have ``rate_limits``: what the
+        answer said of the account's rate limits (optional; see the
+        module's notes).
         """
         ...

@@ -85,15 +85,18 @@ from ..messages._chat import RequestOptions, merge_options
 from ._compaction import compaction_cut, summary_message, summary_request
 from ._events import Retrying, ToolResult, TurnEvent, TurnFinished
 from ._history import check_history, dump_history
-from ._limited import wrap_provider
+from ._limited import LimitedProvider, NotGrantedInTime
 from ._options import ConversationOptions, check_request_options
-from ._retry import backoff, should_retry
+from ._retry import backoff, should_retry, waits_out
 from ._tools import Tool, check_arguments
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from contextlib import AbstractAsyncContextManager
     from types import TracebackType
 
     from .._provider import Provider
+    from ..messages import StreamEvent
     from ._dispatcher import Dispatcher
 
 _WARM_UP_TEXT: Final = "Hello."
@@ -633,7 +636,7 @@ class Conversation(metaclass=NoPublicConstructor):
         turn = [ChatMessage("user", job.text)]
         compacted = summarised = False
         rounds = 0
-        provider = wrap_provider(self._provider, self._dispatcher)
+        provider = LimitedProvider(self._provider, self._dispatcher)
         while True:
             # Before every call, not only the first: tool results can take
             # the turn over the budget. One summary call per turn at most, so
@@ -714,7 +717,7 @@ class Conversation(metaclass=NoPublicConstructor):
             stable_prefix=len(self._history),
             cache_key=self.id,
         )
-        provider = wrap_provider(self._provider, self._dispatcher)
+        provider = LimitedProvider(self._provider, self._dispatcher)
         reply = await self._call(provider, request, _Counters())
         self._warmups += 1
         return _NO_USAGE if reply.usage is None else reply.usage
@@ -723,28 +726,71 @@ class Conversation(metaclass=NoPublicConstructor):
 
     async def _call(
         self,
-        provider: Provider,
+        provider: LimitedProvider,
         request: ChatRequest,
         counters: _Counters,
         job: _Job | None = None,
     ) -> _Reply:
         """One LLM call, sent again after a retryable error, with backoff.
 
-        With a streamed turn's ``job``, its deltas and retries go to the
-        reader as they happen.
+        A rate limit of a limited provider is waited out in its queue, for
+        ``rate_limit_patience`` from the first one, and uses up no attempt
+        (see ``waits_out``). With a streamed turn's ``job``, its deltas and
+        retries go to the reader as they happen.
         """
-        attempt = 1
+        attempt = 1  # this send's number, for ``Retrying``
+        failures = 0  # the failed attempts ``max_attempts`` bounds
+        waits = 0  # the rate limits waited out
+        # When the patience runs out: set by the first rate limit waited out.
+        deadline = math.inf
+        # The latest error, if a rate limit waited out: the next attempt's
+        # wait for a slot is cut at the deadline.
+        waited: ProviderError | None = None
         while True:
             counters.llm_calls += 1
             self._llm_calls += 1
             try:
-                reply = await _stream(provider, request, job)
-            except ProviderError as error:
-                if not should_retry(error, attempt, self._options):
-                    raise
-                delay = backoff(
-                    attempt, error, self._options, self._rng, self._pause_cap()
+                reply = await _stream(
+                    provider.stream_granted_by(
+                        request, math.inf if waited is None else deadline
+                    ),
+                    job,
                 )
+            except NotGrantedInTime:
+                # The patience ran out in the queue: this retry was not sent.
+                counters.llm_calls -= 1
+                self._llm_calls -= 1
+                counters.retries -= 1
+                self._retries -= 1
+                assert waited is not None
+                raise waited from None
+            except ProviderError as error:
+                waited = None
+                if waits_out(error, self._limited()):
+                    now = trio.current_time()
+                    if waits == 0:
+                        patience = self._options.rate_limit_patience
+                        deadline = math.inf if patience is None else now + patience
+                    if now >= deadline:
+                        raise
+                    waits += 1
+                    waited = error
+                    # The dispatcher's pause is the wait: the next attempt
+                    # queues at once, keeping its turn's place. A rate
+                    # limit it does not pause for (a Retry-After of 0)
+                    # backs off first, so that nothing spins.
+                    delay = (
+                        0.0
+                        if self._paused()
+                        else backoff(waits, error, self._options, self._rng, None)
+                    )
+                else:
+                    failures += 1
+                    if not should_retry(error, failures, self._options):
+                        raise
+                    delay = backoff(
+                        failures, error, self._options, self._rng, self._pause_cap()
+                    )
                 retrying = Retrying(attempt=attempt, error=error, delay=delay)
             else:
                 counters.usage = _add(counters.usage, reply.usage)
@@ -755,7 +801,22 @@ class Conversation(metaclass=NoPublicConstructor):
             if job is not None:
                 await job.emit(retrying)
             attempt += 1
-            await trio.sleep(delay)
+            wake = trio.current_time() + delay
+            # Not past the patience: then the next attempt ends the call.
+            await trio.sleep_until(wake if waited is None else min(wake, deadline))
+
+    def _paused(self) -> bool:
+        """Whether the provider is paused now: its next grant waits for that."""
+        stats = self._dispatcher.statistics().providers.get(self._provider.id)
+        return (
+            stats is not None
+            and stats.paused_until is not None
+            and stats.paused_until > trio.current_time()
+        )
+
+    def _limited(self) -> bool:
+        """Whether the dispatcher limits the provider, and so pauses it."""
+        return self._provider.id in self._dispatcher.limits()
 
     def _pause_cap(self) -> float | None:
         """The longest ``Retry-After`` a backoff honours itself (see ``backoff``).
@@ -763,7 +824,7 @@ class Conversation(metaclass=NoPublicConstructor):
         ``None`` for a limited provider, whose pause honours it; the
         dispatcher's ``max_pause`` for an unlimited one, which nothing pauses.
         """
-        if self._provider.id in self._dispatcher.limits():
+        if self._limited():
             return None
         return self._dispatcher._max_pause
 
@@ -844,7 +905,7 @@ class Conversation(metaclass=NoPublicConstructor):
             system_prompt=self._system_prompt,
             max_tokens=self._options.max_tokens,
         )
-        provider = wrap_provider(self._provider, self._dispatcher)
+        provider = LimitedProvider(self._provider, self._dispatcher)
         try:
             reply = await self._call(provider, request, counters)
         except ProviderError:
@@ -963,16 +1024,19 @@ class TurnStream(metaclass=NoPublicConstructor):
         return TurnFinished(job.result)
 
 
-async def _stream(provider: Provider, request: ChatRequest, job: _Job | None) -> _Reply:
-    """Send ``request`` and collect the whole answer; the slot is held only here.
+async def _stream(
+    opened: AbstractAsyncContextManager[AsyncIterator[StreamEvent]], job: _Job | None
+) -> _Reply:
+    """Send a request (enter ``opened``) and collect the whole answer.
 
-    A streamed turn's ``job`` gets the text and reasoning deltas as they come.
+    The slot is held only here. A streamed turn's ``job`` gets the text and
+    reasoning deltas as they come.
     """
     text: list[str] = []
     calls: list[ToolCall] = []
     usage: Usage | None = None
     finish: str | None = None
-    async with provider.stream(request) as events:
+    async with opened as events:
         async for event in events:
             if isinstance(event, TextDelta | ReasoningDelta) and job is not None:
                 await job.emit(event)

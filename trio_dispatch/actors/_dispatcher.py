@@ -71,7 +71,7 @@ from ..messages._scheduling import (
     Ticket,
 )
 from ._conversation import new_conversation
-from ._limited import OPENING
+from ._limited import CALL
 from ._observe import (
     CallObserver,
     CallWatch,
@@ -903,8 +903,12 @@ class Dispatcher(metaclass=NoPublicConstructor):
     def observe_rate_limits(self, provider: str, info: RateLimitInfo) -> None:
         """Learn from the rate-limit figures of one of ``provider``'s answers.
 
-        Providers call it with every answer that carries rate-limit headers,
-        success or error (``on_rate_limits=``). The figures pace the
+        Every answer that carries rate-limit headers, success or error,
+        comes here: by itself for the calls made through the dispatcher
+        (``wrap_provider``, conversations, ``transport()``), which read
+        the figures off the answer; through a provider's
+        ``on_rate_limits=`` for one used without a dispatcher's slot (a
+        provider given both is counted once). The figures pace the
         provider's budgets (see ``open_dispatcher``'s ``budgets`` and
         ``learn_budgets``). Synchronous, never blocks, and never raises for
         what ``info`` says. Subscribers to ``events()`` get each as a
@@ -922,15 +926,17 @@ class Dispatcher(metaclass=NoPublicConstructor):
             raise TypeError(f"info must be a RateLimitInfo, got {info!r}")
         if self._closed or info.empty:
             return
+        call = CALL.get()
+        if call is not None and call.concerns(self, provider):
+            # The provider's callback, for a call through ``wrap_provider``:
+            # the wrapper will not tell these figures again. They count its
+            # request, which has its answer now.
+            call.observed = True
+            call.answered()
         self._emit_rate_limits(provider, info)
         settings = self._settings
         if not settings.learn_budgets:
             return
-        opening = OPENING.get()
-        if opening is not None and opening.provider == provider:
-            # Reported by a wrapped stream as it opens: the figures count
-            # its request, which has its answer now.
-            opening._answered()
         now = trio.current_time()
         if self._ledger is not None:
             # The fleet's budgets, in Redis: the next round takes them there.
@@ -964,6 +970,11 @@ class Dispatcher(metaclass=NoPublicConstructor):
     ) -> None:
         """Pause grants for ``provider`` after it answered 429, 529 or similar.
 
+        Calls through the dispatcher (``wrap_provider``, conversations,
+        ``transport()``) report their rate-limit answers by themselves; a
+        provider's ``on_rate_limit=`` is for calls made without a slot (a
+        provider given both reports an answer once).
+
         Holders are not touched; nothing is granted until the pause ends.
         With ``retry_after`` (the server's ``Retry-After``, in seconds) the
         pause lasts that long. Without, or with ``0`` (a server's
@@ -983,6 +994,11 @@ class Dispatcher(metaclass=NoPublicConstructor):
         """
         check_provider(provider)
         seconds = check_optional_seconds(retry_after, "retry_after")
+        call = CALL.get()
+        if call is not None and call.concerns(self, provider):
+            # The provider's callback, for a call through ``wrap_provider``:
+            # the wrapper will not report this answer again.
+            call.reported = True
         if self._closed or provider not in self._limits:
             return
         with contextlib.suppress(DispatcherClosed):

@@ -46,9 +46,13 @@ class Retrying:
     began) belonged to the failed attempt: the answer starts over.
 
     Attributes:
-        attempt: The attempt that failed, the first being 1.
+        attempt: The attempt that failed, the first being 1 (rate limits
+            waited out count here, though not against ``max_attempts``).
         error: Why it failed.
-        delay: Seconds of backoff before the next attempt.
+        delay: Seconds of backoff before the next attempt: ``0.0`` for a
+            rate limit of a limited provider, whose next attempt queues at
+            once and goes when the dispatcher's pause ends (a backoff if
+            the dispatcher did not pause).
     """
 
     attempt: int

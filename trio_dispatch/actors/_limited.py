@@ -8,6 +8,15 @@ exits. A rate-limit answer (``RateLimited``, ``Overloaded``) is reported to
 the dispatcher, so the provider is paused for every conversation, not just
 the one that hit it.
 
+What an answer says of the account's rate limits travels with it: the
+opened stream's ``rate_limits``, or the status error's. The wrapper reads
+them there and tells the dispatcher (``observe_rate_limits``), so learned
+budgets need no wiring. A provider also given the dispatcher's own
+callbacks (``on_rate_limits=dispatcher.observe_rate_limits``,
+``on_rate_limit=dispatcher.report_rate_limit``) is counted once: the
+dispatcher notes what its callbacks heard for the call under way
+(``CALL``), and the wrapper does not report it again.
+
 Each stream is charged to the provider's token budget: the slot carries the
 request's estimate (its prompt, about 4 characters a token, plus
 ``max_tokens``), and the ``Usage`` event at the end of the answer corrects
@@ -16,20 +25,22 @@ it to what the request really used.
 
 from __future__ import annotations
 
+import contextlib
+import math
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Final, final
 
 import trio
 
-from .._exceptions import Overloaded, RateLimited
+from .._exceptions import Overloaded, ProviderError, RateLimited
+from .._ratelimits import RateLimitInfo
 from .._validation import check_instant
 from ..messages._stream import Usage
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
     from contextlib import AbstractAsyncContextManager
-    from contextvars import Token
 
     from .._provider import Provider
     from ..messages import ChatRequest, StreamEvent
@@ -37,7 +48,7 @@ if TYPE_CHECKING:
 
 
 @final
-class _LimitedProvider:
+class LimitedProvider:
     """A ``Provider`` whose streams each hold a slot of its dispatcher.
 
     Attributes:
@@ -81,53 +92,123 @@ class _LimitedProvider:
         self, request: ChatRequest
     ) -> AbstractAsyncContextManager[AsyncIterator[StreamEvent]]:
         """Take a slot, then open the provider's stream; give both back on exit."""
-        return self._stream(request)
+        return self._stream(request, math.inf)
+
+    def stream_granted_by(
+        self, request: ChatRequest, deadline: float
+    ) -> AbstractAsyncContextManager[AsyncIterator[StreamEvent]]:
+        """``stream(request)``, if its slot is granted by ``deadline`` (trio clock).
+
+        Raises ``NotGrantedInTime`` on entry, having sent nothing, if the
+        slot is not granted by then; once granted, nothing is cut.
+        """
+        return self._stream(request, deadline)
 
     @asynccontextmanager
     async def _stream(
-        self, request: ChatRequest
+        self, request: ChatRequest, deadline: float
     ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
         dispatcher = self._dispatcher
         provider_id = self.provider.id
-        async with dispatcher.slot(
-            provider_id,
-            conversation_id=self.conversation_id,
-            started_at=self.started_at,
-            tokens=dispatcher._estimate(provider_id, request),
-        ) as slot:
-            # Cancelled while the grant was on its way: send nothing, whatever
-            # the transport below would have checked before its first byte.
-            await trio.lowlevel.checkpoint_if_cancelled()
-            # Timed for the metrics, if any observe the calls.
-            watch = dispatcher._watch_call(self.provider)
-            # While the stream opens, the figures its headers carry
-            # (``on_rate_limits``) count this request: it is answered.
-            opening: Token[Slot | None] | None = OPENING.set(slot)
-            try:
-                async with self.provider.stream(request) as events:
-                    if opening is not None:
-                        OPENING.reset(opening)
-                        opening = None
-                    slot._answered()
-                    metered = _Metered(events, slot)
-                    yield metered if watch is None else watch.events(metered)
-            except BaseException as exc:
-                if opening is not None:
-                    OPENING.reset(opening)
-                    opening = None
-                if isinstance(exc, RateLimited | Overloaded):
-                    dispatcher.report_rate_limit(self.provider.id, exc.retry_after)
+        # The wait for the grant is cut at the deadline; the call is not.
+        # No scope at all without one: it would cost as much as the rest.
+        waiting = None if math.isinf(deadline) else trio.CancelScope(deadline=deadline)
+        with contextlib.nullcontext() if waiting is None else waiting:
+            async with dispatcher.slot(
+                provider_id,
+                conversation_id=self.conversation_id,
+                started_at=self.started_at,
+                tokens=dispatcher._estimate(provider_id, request),
+            ) as slot:
+                if waiting is not None:
+                    waiting.deadline = math.inf
+                # Cancelled while the grant was on its way: send nothing,
+                # whatever the transport below would have checked before its
+                # first byte.
+                await trio.lowlevel.checkpoint_if_cancelled()
+                # Timed for the metrics, if any observe the calls.
+                watch = dispatcher._watch_call(self.provider)
+                call = WrappedCall(dispatcher, slot)
+                token = CALL.set(call)
+                try:
+                    async with self.provider.stream(request) as events:
+                        call.answered()
+                        info = getattr(events, "rate_limits", None)
+                        if isinstance(info, RateLimitInfo) and not call.observed:
+                            dispatcher.observe_rate_limits(provider_id, info)
+                        metered = _Metered(events, slot)
+                        yield metered if watch is None else watch.events(metered)
+                except BaseException as exc:
+                    if isinstance(exc, ProviderError):
+                        self._told(call, exc)
+                    if watch is not None:
+                        watch.end(exc)
+                    raise
+                finally:
+                    CALL.reset(token)
                 if watch is not None:
-                    watch.end(exc)
-                raise
-            if watch is not None:
-                watch.end(None)
+                    watch.end(None)
+        if waiting is not None and waiting.cancelled_caught:
+            raise NotGrantedInTime
+
+    def _told(self, call: WrappedCall, error: ProviderError) -> None:
+        """Tell the dispatcher what ``error``'s answer said, unless it was told."""
+        dispatcher = self._dispatcher
+        provider_id = self.provider.id
+        info = error.rate_limits
+        if info is not None and not call.observed:
+            # A status answer: the figures count this request.
+            call.answered()
+            dispatcher.observe_rate_limits(provider_id, info)
+        if isinstance(error, RateLimited | Overloaded) and not call.reported:
+            dispatcher.report_rate_limit(provider_id, error.retry_after)
 
 
-OPENING: Final[ContextVar[Slot | None]] = ContextVar(
-    "trio_dispatch_opening", default=None
+@final
+class NotGrantedInTime(Exception):
+    """``LimitedProvider.stream_granted_by``: no slot by the deadline; nothing sent."""
+
+
+@final
+class WrappedCall:
+    """A call through ``wrap_provider`` under way: its slot, and what was told.
+
+    Set in ``CALL`` while the provider's stream opens and runs. The
+    dispatcher's ``observe_rate_limits`` and ``report_rate_limit`` note here
+    that the provider's own callbacks told them of this call's answer, so
+    the wrapper does not tell them again.
+
+    Attributes:
+        dispatcher: The dispatcher whose slot the call holds.
+        slot: The slot.
+        observed: The answer's rate-limit figures reached the dispatcher.
+        reported: The answer's rate limit (429, 529, 503) paused it.
+    """
+
+    __slots__ = ("_answered", "dispatcher", "observed", "reported", "slot")
+
+    def __init__(self, dispatcher: Dispatcher, slot: Slot) -> None:
+        self.dispatcher = dispatcher
+        self.slot = slot
+        self.observed = False
+        self.reported = False
+        self._answered = False
+
+    def concerns(self, dispatcher: Dispatcher, provider: str) -> bool:
+        """Whether this call is ``dispatcher``'s and ``provider``'s."""
+        return dispatcher is self.dispatcher and provider == self.slot.provider
+
+    def answered(self) -> None:
+        """The call's answer started: its slot says so to the scheduler, once."""
+        if not self._answered:
+            self._answered = True
+            self.slot._answered()
+
+
+CALL: Final[ContextVar[WrappedCall | None]] = ContextVar(
+    "trio_dispatch_call", default=None
 )
-"""The slot whose provider stream the current task is opening, if any."""
+"""The call through ``wrap_provider`` the current task is making, if any."""
 
 
 @final
@@ -177,6 +258,6 @@ def wrap_provider(
         A provider with no limit takes a slot too (granted at once, and
         counted, so that a limit set later counts the streams running).
     """
-    return _LimitedProvider(
+    return LimitedProvider(
         provider, dispatcher, conversation_id=conversation_id, started_at=started_at
     )

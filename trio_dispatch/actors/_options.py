@@ -7,6 +7,7 @@ from typing import final
 import attrs
 
 from .._validation import (
+    check_optional_seconds,
     check_seed,
     non_negative_int,
     non_negative_seconds,
@@ -33,7 +34,26 @@ class ConversationOptions:
 
     Attributes:
         max_attempts: Attempts per LLM call, the first included, when it
-            fails with a retryable ``ProviderError``.
+            fails with a retryable ``ProviderError``: a broken call (5xx,
+            a dropped connection, a malformed stream). A rate limit the
+            dispatcher pauses the provider for does not use one up (see
+            ``rate_limit_patience``).
+        rate_limit_patience: Seconds an LLM call waits out rate limits,
+            counted from its first rate-limit answer (``RateLimited``, or
+            ``Overloaded``: 429, 529, 503). A limited provider (one the
+            dispatcher has a limit for) is paused by each such answer, and
+            the call is sent again when the pause ends, from the
+            provider's queue with its turn's place (oldest turn first),
+            without backoff of its own (unless the answer asked for no
+            pause at all, ``Retry-After: 0``: then it backs off first) and
+            without using up ``max_attempts``. Once the patience has run out (at a rate
+            limit, or while the call waits in the queue) the call fails
+            with its last ``RateLimited`` or ``Overloaded``. 300 seconds
+            by default: long enough for a per-minute quota to refill;
+            ``None`` waits as long as it takes. An unlimited provider,
+            which nothing pauses, keeps the bounded behaviour: each rate
+            limit uses up an attempt and waits a backoff (at least its
+            ``Retry-After``, at most the dispatcher's ``max_pause``).
         retry_backoff: Seconds of the first backoff; it doubles per retry.
         max_backoff: The longest backoff, in seconds.
         context_budget: Estimated tokens (characters / 4 of the system
@@ -81,6 +101,9 @@ class ConversationOptions:
     max_tool_rounds: int = attrs.field(default=16, validator=positive_int)
     request_options: RequestOptions = attrs.field(
         default=RequestOptions(), validator=validator(check_request_options)
+    )
+    rate_limit_patience: float | None = attrs.field(
+        default=300.0, validator=validator(check_optional_seconds)
     )
 
     def __attrs_post_init__(self) -> None:

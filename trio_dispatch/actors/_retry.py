@@ -21,10 +21,25 @@ if TYPE_CHECKING:
 _MAX_EXPONENT: Final = 62  # 2.0**62 seconds: far past any max_backoff
 
 
+def waits_out(error: ProviderError, limited: bool) -> bool:
+    """Whether a call waits ``error`` out in its provider's queue.
+
+    A rate limit (``RateLimited``, ``Overloaded``) of a ``limited``
+    provider, which the dispatcher pauses: the call is sent again when the
+    pause ends, within ``rate_limit_patience``, and uses up no attempt. An
+    unlimited provider's rate limits are broken calls like any other.
+    """
+    return limited and isinstance(error, RateLimited | Overloaded)
+
+
 def should_retry(
     error: ProviderError, attempt: int, options: ConversationOptions
 ) -> bool:
-    """Whether a call whose attempt ``attempt`` (from 1) failed goes again."""
+    """Whether a call whose attempt ``attempt`` (from 1) failed goes again.
+
+    ``attempt`` counts the attempts ``max_attempts`` bounds: not the rate
+    limits a call waits out (see ``waits_out``).
+    """
     return error.retryable and attempt < options.max_attempts
 
 

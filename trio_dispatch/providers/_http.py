@@ -5,8 +5,9 @@ A provider supplies the request and a decoder (``WireDecoder``, in
 
 * ``_ProviderBase`` holds the httpx2 client (owned or lent), the timeouts,
   the key and the rate-limit hooks, and its repr shows no key. Every
-  answer's headers pass ``_observe`` first, whatever its status: their
-  rate-limit figures go to ``on_rate_limits``. What it is
+  answer's headers are read once, whatever its status: their rate-limit
+  figures travel with the answer (``EventStream.rate_limits``, or the
+  status error's ``rate_limits``) and go to ``on_rate_limits``. What it is
   made with is checked in ``_checks.py``.
 * ``EventStream`` is what ``stream()`` returns: an async context manager
   that sends the request on entry, raises the typed status error there,
@@ -193,30 +194,34 @@ class _ProviderBase:
 
     # -- used by EventStream ------------------------------------------------
 
-    def _observe(self, headers: Mapping[str, str]) -> None:
-        """Tell ``on_rate_limits`` what an answer's headers say of the limits.
+    def _observe(self, headers: Mapping[str, str]) -> RateLimitInfo | None:
+        """What an answer's headers say of the limits; ``on_rate_limits`` is told.
 
-        Called once per answer, as soon as its headers are in. A failing
-        observer is logged, not raised: the answer is still the caller's.
+        Called once per answer, as soon as its headers are in. ``None`` if
+        they say nothing. A failing observer is logged, not raised: the
+        answer is still the caller's.
         """
-        observer = self._on_rate_limits
-        if observer is None:
-            return
         info = self._read_rate_limits(
             headers, now=datetime.now(UTC), on_malformed=self._malformed_headers
         )
         if info.empty:
-            return
-        try:
-            observer(self._id, info)
-        except Exception:
-            _logger.exception("%s: the on_rate_limits observer failed", self._id)
+            return None
+        observer = self._on_rate_limits
+        if observer is not None:
+            try:
+                observer(self._id, info)
+            except Exception:
+                _logger.exception("%s: the on_rate_limits observer failed", self._id)
+        return info
 
     def _report(self, error: ProviderError) -> None:
         if isinstance(error, RateLimited | Overloaded) and self._on_rate_limit:
             self._on_rate_limit(self._id, error.retry_after)
 
-    async def _send(self, request: httpx2.Request) -> httpx2.Response:
+    async def _send(
+        self, request: httpx2.Request
+    ) -> tuple[httpx2.Response, RateLimitInfo | None]:
+        """The answer to ``request``, and its rate-limit figures; or its error."""
         if self._client.is_closed:
             raise RequestFailed(
                 f"{self._id}: the HTTP client is closed", provider=self._id
@@ -236,30 +241,35 @@ class _ProviderBase:
             raise error
         checked = False
         try:
-            self._observe(response.headers)
-            await self._check_status(response)
+            info = self._observe(response.headers)
+            await self._check_status(response, info)
             checked = True
         finally:
             if not checked:
                 await _close_response(response, None)
-        return response
+        return response, info
 
-    async def _check_status(self, response: httpx2.Response) -> None:
+    async def _check_status(
+        self, response: httpx2.Response, info: RateLimitInfo | None
+    ) -> None:
         """Raise the typed error of an answer that is not a stream of events.
 
-        Every answer's status line and headers are first seen here.
+        Every answer's status line and headers are first seen here; the
+        error carries their rate-limit figures, ``info``.
         """
         status = response.status_code
         if 200 <= status < 300:
             content_type = response.headers.get("content-type", "")
             wrong = content_type_error(self._id, status, content_type)
             if wrong is not None:
+                wrong.rate_limits = info
                 raise wrong
             return
         # A key the limit cuts in two is read whole, to be redacted whole.
         limit = ERROR_BODY_LIMIT + self._redact.slack
         body = await _read_bounded(response, limit)
         error = status_error(self._id, status, response.headers, body, self._redact)
+        error.rate_limits = info
         self._report(error)
         raise error
 
@@ -323,16 +333,27 @@ class EventStream:
         self._sse = SSEDecoder()
         # Server-sent events already decoded from the body, not yet fed.
         self._sse_pending: collections.deque[ServerSentEvent] = collections.deque()
+        self._rate_limits: RateLimitInfo | None = None
 
     def __repr__(self) -> str:
         return f"<EventStream {self._provider.id!r} {self._state}>"
+
+    @property
+    def rate_limits(self) -> RateLimitInfo | None:
+        """What the answer's headers said of the account's rate limits.
+
+        Set once entered; ``None`` before, or if the headers said nothing.
+        """
+        return self._rate_limits
 
     async def __aenter__(self) -> Self:
         if self._state != "new":
             raise RuntimeError("a provider stream can be entered only once")
         self._state = "open"
         try:
-            self._response = await self._provider._send(self._request)
+            self._response, self._rate_limits = await self._provider._send(
+                self._request
+            )
         except BaseException:
             self._state = "closed"
             raise

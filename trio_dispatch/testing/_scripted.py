@@ -120,13 +120,15 @@ class ScriptedProvider:
             what a ``"stall"`` fault, or a longer ``latency`` or pause
             between tokens, runs into.
         on_rate_limit: Called with ``(id, retry_after)`` before a
-            ``RateLimited`` or ``Overloaded`` is raised: pass
-            ``dispatcher.report_rate_limit``.
+            ``RateLimited`` or ``Overloaded`` is raised, for use without a
+            dispatcher's slot (through one, the error itself tells it):
+            pass ``dispatcher.report_rate_limit``.
         on_rate_limits: Called with ``(id, RateLimitInfo)`` for each answer
             that carries rate-limit figures, before its error is raised,
             as the HTTP providers do: here, a status fault with
             ``retry_after`` or ``retry_after_ms`` (the only rate-limit
-            headers a script sends). An exception it raises is logged.
+            headers a script sends), which the error's ``rate_limits``
+            carries too. An exception it raises is logged.
 
     Raises:
         TypeError: ``script`` is not a ``FakeScript``, ``id`` not a string,
@@ -338,13 +340,20 @@ class ScriptedProvider:
         )
 
     def _observe(self, error: ProviderError) -> None:
-        """Tell ``on_rate_limits`` a status fault's retry headers, if it has any."""
-        observer = self._on_rate_limits
+        """Put a status fault's retry headers on ``error``; tell ``on_rate_limits``.
+
+        Its ``rate_limits``, as the HTTP providers' status errors carry
+        them, if it has any.
+        """
         retry_after = getattr(error, "retry_after", None)
-        if observer is None or retry_after is None:
+        if retry_after is None:
+            return
+        info = error.rate_limits = RateLimitInfo(retry_after=retry_after)
+        observer = self._on_rate_limits
+        if observer is None:
             return
         try:
-            observer(self._id, RateLimitInfo(retry_after=retry_after))
+            observer(self._id, info)
         except Exception:
             _logger.exception("%s: the on_rate_limits observer failed", self._id)
 
@@ -376,8 +385,12 @@ class _ScriptedStream:
     """One answer, played from its wire events; entered once, then iterated.
 
     What ``ScriptedProvider.stream`` returns; the same rules as the HTTP
-    providers' streams (see ``Provider``).
+    providers' streams (see ``Provider``). A script sends no rate-limit
+    headers with a stream, so its ``rate_limits`` is always ``None``.
     """
+
+    #: What the answer said of the rate limits: a script says nothing.
+    rate_limits: RateLimitInfo | None = None
 
     def __init__(self, provider: ScriptedProvider, request: ChatRequest) -> None:
         self._provider = provider
