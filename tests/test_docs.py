@@ -1,7 +1,7 @@
-"""The README's code blocks run as written and show what they say.
+"""The README's and the docs' code blocks run as written and show what they say.
 
-Every ```python block of README.md is one of two kinds, and the test
-finds out which, so that none is skipped:
+Every ```python block of README.md and of docs/*.md is one of two kinds,
+and the test finds out which, so that none is skipped:
 
 * a program (it calls ``trio.run``): it runs verbatim in a fresh
   interpreter, and must exit cleanly;
@@ -16,6 +16,10 @@ finds out which, so that none is skipped:
 A program with a fixed port or a secret (the admin API's) is marked
 ``<!-- program: NAME -->`` and run by its harness with a free port and a
 token. The only changes ever made to a block's text are those addresses.
+
+Every other fence is a ``console`` or ``text`` block, shown and not run.
+Every relative link of these files, and the heading it points at, exists;
+the README stays short, its two commands and its quickstarts first.
 """
 
 from __future__ import annotations
@@ -40,7 +44,10 @@ import pytest
 if TYPE_CHECKING:
     from ._redis import RedisServer
 
-README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+# Every page run here: the README, then the docs, in a stable order.
+PAGES = (README, *sorted((ROOT / "docs").glob("*.md")))
 
 BLOCK = re.compile(
     r"(?:^<!-- (?P<kind>fragment|program): (?P<harness>[\w-]+) -->\n)?"
@@ -50,24 +57,35 @@ BLOCK = re.compile(
 
 
 class Block(NamedTuple):
-    """One ```python block of the README."""
+    """One ```python block of a page."""
 
+    page: str  # the path from the repository's root, as in a link
     line: int
     kind: str  # "program" or "fragment"
     harness: str | None
     code: str
 
 
-def readme_blocks() -> list[Block]:
-    """Every ```python block of the README, with its kind and its harness."""
-    text = README.read_text(encoding="utf-8")
+def page_blocks(page: pathlib.Path) -> list[Block]:
+    """Every ```python block of a page, with its kind and its harness."""
+    text = page.read_text(encoding="utf-8")
+    name = page.relative_to(ROOT).as_posix()
     blocks = []
     for match in BLOCK.finditer(text):
         line = text.count("\n", 0, match.start("code"))
         code = match["code"]
         kind = match["kind"] or ("program" if _is_program(code) else "unmarked")
-        blocks.append(Block(line, kind, match["harness"], code))
+        blocks.append(Block(name, line, kind, match["harness"], code))
     return blocks
+
+
+def doc_blocks() -> list[Block]:
+    """Every ```python block of every page, the README's first."""
+    return [block for page in PAGES for block in page_blocks(page)]
+
+
+def _where(block: Block) -> str:
+    return f"{block.page}:{block.line}"
 
 
 def _is_program(code: str) -> bool:
@@ -75,7 +93,8 @@ def _is_program(code: str) -> bool:
 
 
 def _python_blocks() -> list[str]:
-    return [block.code for block in readme_blocks()]
+    """The README's own blocks (the quickstarts must stay in it)."""
+    return [block.code for block in page_blocks(README)]
 
 
 def _run(block: str, *, env: dict[str, str] | None = None) -> list[str]:
@@ -140,7 +159,7 @@ async def main() -> None:
 
 trio.run(main)
 """,
-    # The README's events loop, subscribed, while a turn takes a slot.
+    # The manual's events loop, subscribed, while a turn takes a slot.
     "events": """
 async def main() -> None:
     async with (
@@ -161,7 +180,7 @@ trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     # The collector registered, served, and scraped after a grant.
     "prometheus": """
 def serve_on_a_free_port() -> list[int]:
-    # The README's port (9100) may be taken here: the server gets a free one.
+    # The manual's port (9100) may be taken here: the server gets a free one.
     import prometheus_client
 
     start = prometheus_client.start_http_server
@@ -232,59 +251,61 @@ def free_names(code: str) -> set[str]:
 
 
 def fragment_of(harness: str) -> list[Block]:
-    return [b for b in readme_blocks() if b.harness == harness]
+    return [b for b in doc_blocks() if b.harness == harness]
 
 
 # -- every block is run -------------------------------------------------------
 
 
 def test_every_block_is_a_program_or_a_marked_fragment() -> None:
-    blocks = readme_blocks()
+    blocks = doc_blocks()
     assert len(blocks) >= 9
-    unmarked = [b.line for b in blocks if b.kind == "unmarked"]
-    assert unmarked == [], "README blocks neither a program nor a marked fragment"
+    unmarked = [_where(b) for b in blocks if b.kind == "unmarked"]
+    assert unmarked == [], "blocks neither a program nor a marked fragment"
     for block in blocks:
         compile(
             block.code if block.kind == "program" else fragment_program(block),
-            f"README.md:{block.line}",
+            _where(block),
             "exec",
         )
         if block.kind == "fragment":
-            assert not _is_program(block.code), block.line
-            assert block.harness in HARNESSES, block.line
+            assert not _is_program(block.code), _where(block)
+            assert block.harness in HARNESSES, _where(block)
         elif block.harness is not None:
-            assert block.harness in PROGRAM_HARNESSES, block.line
+            assert block.harness in PROGRAM_HARNESSES, _where(block)
     # Each harness is used (a renamed one would leave a block unrun).
     used = {b.harness for b in blocks} - {None}
     assert used == set(HARNESSES) | set(PROGRAM_HARNESSES)
 
 
 def test_a_fragment_imports_what_it_uses() -> None:
-    for block in readme_blocks():
+    for block in doc_blocks():
         if block.kind == "fragment":
             missing = free_names(fragment_program(block)) - GIVEN - set(dir(builtins))
-            assert missing == set(), f"README.md:{block.line} uses {missing}"
+            assert missing == set(), f"{_where(block)} uses {missing}"
 
 
 def test_the_name_checker_finds_a_missing_import() -> None:
-    block = Block(1, "fragment", "standalone", "registry = prometheus_client.R()\n")
+    block = Block(
+        "-", 1, "fragment", "standalone", "registry = prometheus_client.R()\n"
+    )
     assert free_names(fragment_program(block)) == {"prometheus_client"}
-    block = Block(1, "fragment", "standalone", "import json\nprint(json.dumps(1))\n")
+    block = Block(
+        "-", 1, "fragment", "standalone", "import json\nprint(json.dumps(1))\n"
+    )
     assert free_names(fragment_program(block)) == {"print"}
 
 
 @pytest.mark.parametrize(
     "block",
-    [b for b in readme_blocks() if b.kind == "program" and b.harness is None],
-    ids=lambda b: f"line{b.line}",
+    [b for b in doc_blocks() if b.kind == "program" and b.harness is None],
+    ids=_where,
 )
 def test_every_program_runs(block: Block) -> None:
     _run(block.code)
 
 
-@pytest.mark.parametrize(
-    "block", fragment_of("in-dispatcher"), ids=lambda b: f"line{b.line}"
-)
+@pytest.mark.parametrize("block", fragment_of("in-dispatcher"), ids=_where)
 def test_a_fragment_inside_a_dispatcher_runs_and_takes_slots(block: Block) -> None:
     last = _run(fragment_program(block))[-1]
     assert re.fullmatch(r"granted [1-9]\d*", last), last
@@ -312,6 +333,135 @@ def test_the_prometheus_fragment_serves_the_collector() -> None:
     (block,) = fragment_of("prometheus")
     lines = _run(fragment_program(block))
     assert lines == ['trio_dispatch_grants_total{provider="openai"} 1.0']
+
+
+# -- the pages: fences, links, the README's shape -----------------------------
+
+FENCE = re.compile(r"^```(?P<info>.*)$")
+# What a fence may hold: Python (run above), or what is shown and not run.
+LANGUAGES = frozenset({"python", "console", "text"})
+LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)\s]+)\)")
+HEADING = re.compile(r"^#{1,6} +(?P<title>.+?) *$")
+
+
+def fences(text: str) -> list[str]:
+    """The info string of every fenced block, checking that each one closes."""
+    found = []
+    inside = False
+    for line in text.splitlines():
+        match = FENCE.match(line)
+        if match is None:
+            continue
+        if inside:
+            assert match["info"] == "", f"a fence opens inside another: {line!r}"
+        else:
+            found.append(match["info"])
+        inside = not inside
+    assert not inside, "a fence never closes"
+    return found
+
+
+def prose(text: str) -> str:
+    """The text outside fenced blocks (a ``#`` in a block is no heading)."""
+    lines = []
+    inside = False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            inside = not inside
+        elif not inside:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def anchors(text: str) -> set[str]:
+    """The anchors GitHub gives the headings of a page."""
+    seen: dict[str, int] = {}
+    for line in prose(text).splitlines():
+        match = HEADING.match(line)
+        if match is None:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", match["title"].lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        if count:
+            seen[f"{slug}-{count}"] = 1
+    return set(seen)
+
+
+def leads_somewhere(page: pathlib.Path, text: str, target: str) -> bool:
+    """Whether a link of a page names a file of the repository, and its heading."""
+    if re.match(r"^[a-z][a-z0-9+.-]*:", target):
+        return True  # an absolute address: not this repository's to check
+    path, _, anchor = target.partition("#")
+    file = (page.parent / path).resolve() if path else page
+    if path and (not file.is_relative_to(ROOT) or not file.exists()):
+        return False
+    if not anchor:
+        return True
+    heads = anchors(text if file == page else file.read_text(encoding="utf-8"))
+    return file.suffix == ".md" and anchor in heads
+
+
+def broken_links(page: pathlib.Path, text: str) -> list[str]:
+    """The relative links of a page whose file or heading does not exist."""
+    targets = [match["target"] for match in LINK.finditer(prose(text))]
+    return [target for target in targets if not leads_somewhere(page, text, target)]
+
+
+def test_the_docs_are_the_manual_the_fleet_the_design_and_the_benchmarks() -> None:
+    assert PAGES[0] == README
+    names = {page.name for page in PAGES[1:]}
+    assert {"manual.md", "fleet.md", "design.md", "benchmarks.md"} <= names
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_fence_is_run_or_only_shown(page: pathlib.Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    infos = fences(text)
+    assert set(infos) <= LANGUAGES, set(infos) - LANGUAGES
+    # Every ```python fence is a block that the tests above run.
+    assert infos.count("python") == len(page_blocks(page))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_relative_link_leads_somewhere(page: pathlib.Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    assert LINK.search(text) is not None
+    assert broken_links(page, text) == []
+
+
+def test_the_link_checker_finds_what_is_broken() -> None:
+    page = ROOT / "docs" / "page.md"
+    text = (
+        "# A page\n\n## Hand-offs against `trio.CapacityLimiter`\n\n"
+        "[ok](#hand-offs-against-triocapacitylimiter) [no](#hand-offs)\n"
+        "[ok](../README.md#quickstart) [no](../README.md#quick-start)\n"
+        "[ok](../bench/reports) [no](../bench/report) [no](../../outside)\n"
+        "[ok](https://example.com/x) ![no](latency.png)\n"
+        "```text\n[not a link](nowhere)\n```\n"
+    )
+    assert broken_links(page, text) == [
+        "#hand-offs",
+        "../README.md#quick-start",
+        "../bench/report",
+        "../../outside",
+        "latency.png",
+    ]
+
+
+def test_the_readme_is_short_with_the_two_commands_and_the_quickstarts_first() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 300
+    # .ci/run and the demo point at these two lines, as they are.
+    assert (
+        "```console\n"
+        "$ pip install -e '.[demo]' && trio-dispatch demo           # the main job\n"
+        "$ pip install -e '.[test]' && python -m pytest -n auto     # the tests\n"
+        "```\n"
+    ) in text
+    sections = re.findall(r"^## (.+)$", prose(text), re.M)
+    assert sections[:2] == ["Two commands", "Quickstart"]
+    assert "What is where" in sections
 
 
 # -- programs with an address or a secret ------------------------------------
