@@ -151,7 +151,7 @@ async def test_the_app_refuses_to_run_outside_its_dispatchers_trio_run(
 
 
 async def test_served_by_hypercorn_inside_the_applications_nursery() -> None:
-    # What the README shows: the server is one more task of the nursery that
+    # What docs/manual.md shows: the server is one more task of the nursery that
     # holds the application's work, stopped by its shutdown trigger.
     async with (
         open_dispatcher({"openai": 8}) as dispatcher,
