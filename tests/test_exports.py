@@ -360,7 +360,7 @@ def test_a_private_module_lists_in_all_only_names_it_defines(path: Path) -> None
 
 
 def test_subpackages_load_on_first_attribute_access() -> None:
-    # import trio_dispatch, then trio_dispatch.events.Granted, as the README
+    # import trio_dispatch, then trio_dispatch.events.Granted, as docs/manual.md
     # shows it; the extras load only with the subpackage that needs them.
     code = (
         "import sys, trio_dispatch\n"
