@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import errno
 import io
 import json
@@ -20,15 +21,12 @@ import trio
 import trio.testing
 
 import trio_dispatch
-from trio_dispatch import DispatcherStatistics, ProviderStatistics, _cli
-from trio_dispatch._cli import (
-    _parser,
-    _print_table,
-    _progress_table,
-    _run_trio,
-    main,
-)
-from trio_dispatch._demo import Progress
+from trio_dispatch import DispatcherStatistics, ProviderStatistics
+from trio_dispatch._cli import _commands, main
+from trio_dispatch._cli._common import print_table, run_trio
+from trio_dispatch._cli._demo import Progress
+from trio_dispatch._cli._demo_command import progress_table
+from trio_dispatch._cli._main import build_parser
 from trio_dispatch.testing import CallsPerTurn, FairnessConfig
 
 from ._helpers import PNG_MAGIC, cli_argv
@@ -262,7 +260,7 @@ def test_the_live_table_shows_a_limit_or_none_for_an_unlimited_provider() -> Non
         ),
     )
     console = Console(width=100, record=True, file=io.StringIO())
-    console.print(_progress_table(progress))
+    console.print(progress_table(progress))
     rows = {
         cells[0]: cells[1:3]
         for line in console.export_text().splitlines()
@@ -327,7 +325,7 @@ def test_bench_offers_only_the_fairness_sweep(
 ) -> None:
     # The project's own micro-benchmarks live in bench/, outside the package.
     with pytest.raises(SystemExit):
-        _parser().parse_args(["bench", "--help"])
+        build_parser().parse_args(["bench", "--help"])
     help_text = capsys.readouterr().out
     assert help_text.startswith("usage: trio-dispatch bench [-h] [--quick]")
     # The choices, in the usage line and in the list of arguments.
@@ -403,7 +401,7 @@ def test_serve_fake_refuses_an_empty_api_key(
     # answer every request 401.
     for key in ("", " sk-x"):
         with pytest.raises(SystemExit) as exit_:
-            _parser().parse_args(["serve-fake", "--api-key", key])
+            build_parser().parse_args(["serve-fake", "--api-key", key])
         assert exit_.value.code == 2
         _, err = capsys.readouterr()
         assert err == (
@@ -411,7 +409,9 @@ def test_serve_fake_refuses_an_empty_api_key(
             " non-empty key without leading or trailing whitespace"
             " (see trio-dispatch serve-fake --help)\n"
         )
-    assert _parser().parse_args(["serve-fake", "--api-key", "sk-x"]).api_key == "sk-x"
+    assert (
+        build_parser().parse_args(["serve-fake", "--api-key", "sk-x"]).api_key == "sk-x"
+    )
 
 
 # ------------------------------------------------------------------ sizes
@@ -436,10 +436,10 @@ def test_sizes_have_upper_bounds_stated_in_help(
 ) -> None:
     *command, option = argv
     destination = option.removeprefix("--").replace("-", "_")
-    assert getattr(_parser().parse_args([*argv, str(bound)]), destination) == bound
+    assert getattr(build_parser().parse_args([*argv, str(bound)]), destination) == bound
     for too_big in (bound + 1, 10**12):
         with pytest.raises(SystemExit) as exit_:
-            _parser().parse_args([*argv, str(too_big)])
+            build_parser().parse_args([*argv, str(too_big)])
         assert exit_.value.code == 2
         out, err = capsys.readouterr()
         prog = f"trio-dispatch {command[0]}"
@@ -449,7 +449,7 @@ def test_sizes_have_upper_bounds_stated_in_help(
             f" {bound}, got '{too_big}' (see {prog} --help)\n",
         )
     with pytest.raises(SystemExit):
-        _parser().parse_args([command[0], "--help"])
+        build_parser().parse_args([command[0], "--help"])
     # argparse wraps help text; the bound is stated in the option's own help.
     help_text = " ".join(capsys.readouterr().out.split())
     metavar = option.removeprefix("--").upper().replace("-", "_")
@@ -461,9 +461,9 @@ def test_sizes_have_upper_bounds_stated_in_help(
 def test_calls_per_turn_have_an_upper_bound(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert _parser().parse_args(["simulate", "--calls", "1-100"]).calls == (1, 100)
+    assert build_parser().parse_args(["simulate", "--calls", "1-100"]).calls == (1, 100)
     with pytest.raises(SystemExit) as exit_:
-        _parser().parse_args(["simulate", "--calls", "1-1000000000000"])
+        build_parser().parse_args(["simulate", "--calls", "1-1000000000000"])
     assert exit_.value.code == 2
     assert capsys.readouterr().err == (
         "trio-dispatch simulate: error: argument --calls: expected calls per"
@@ -672,7 +672,7 @@ def test_ctrl_c_cancels_the_run_even_where_a_task_would_swallow_it() -> None:
             return trio.current_time()
 
     with pytest.raises(KeyboardInterrupt):
-        _run_trio(run, clock=trio.testing.MockClock(autojump_threshold=0))
+        run_trio(run, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
 @pytest.mark.usefixtures("ctrl_c")
@@ -690,7 +690,7 @@ def test_a_second_ctrl_c_while_the_run_unwinds_changes_nothing() -> None:
                 cleaned_up_at.append(trio.current_time())
 
     with pytest.raises(KeyboardInterrupt):
-        _run_trio(
+        run_trio(
             presses_again_while_cleaning_up,
             clock=trio.testing.MockClock(autojump_threshold=0),
         )
@@ -706,7 +706,7 @@ def test_an_ignored_ctrl_c_stays_ignored() -> None:
 
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        worked_until = _run_trio(
+        worked_until = run_trio(
             press_ctrl_c_and_work_on,
             clock=trio.testing.MockClock(autojump_threshold=0),
         )
@@ -819,7 +819,7 @@ def test_an_interrupt_inside_exception_groups_is_one_line(
     def run(args: object) -> int:
         raise interrupt
 
-    monkeypatch.setattr(_cli, "_run_simulate", run)
+    monkeypatch.setattr(_commands, "simulate_command", run)
     assert run_cli(capsys, "simulate") == (130, "", "trio-dispatch: interrupted\n")
 
 
@@ -831,7 +831,7 @@ def test_an_error_beside_an_interrupt_keeps_its_traceback(
     def run(args: object) -> int:
         raise group
 
-    monkeypatch.setattr(_cli, "_run_simulate", run)
+    monkeypatch.setattr(_commands, "simulate_command", run)
     with pytest.raises(BaseExceptionGroup) as raised:
         main(["simulate"])
     assert raised.value is group
@@ -841,7 +841,7 @@ def test_an_error_beside_an_interrupt_keeps_its_traceback(
 
 
 def test_plain_tables_line_up(capsys: pytest.CaptureFixture[str]) -> None:
-    _print_table(
+    print_table(
         None,
         "a title",
         ("policy", "p50", "done"),
@@ -963,3 +963,88 @@ def test_a_missing_package_names_its_extra_in_one_line(
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     status, out, err = run_cli(capsys, "--version")
     assert (status, out, err) == (0, f"trio-dispatch {trio_dispatch.__version__}\n", "")
+
+
+# ------------------------------------------------------------------ apart from the library
+
+_PACKAGE = Path(trio_dispatch.__file__).parent
+_CLI = "trio_dispatch._cli"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(_PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported(text: str, package: str) -> set[str]:
+    """Every module ``text`` imports, anywhere (functions, TYPE_CHECKING).
+
+    ``package`` is the package relative imports start from. ``from x
+    import y`` counts as importing ``x.y`` too (``y`` may be a module), and
+    ``importlib.import_module("x")`` with a literal counts as well.
+    """
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, *([module] if module else [])])
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+        elif (
+            isinstance(node, ast.Call)
+            and ast.unparse(node.func) in {"importlib.import_module", "__import__"}
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            found.add(node.args[0].value)
+    return found
+
+
+def _cli_imports(text: str, package: str) -> list[str]:
+    return sorted(
+        module
+        for module in _imported(text, package)
+        if module == _CLI or module.startswith(f"{_CLI}.")
+    )
+
+
+def test_nothing_in_the_library_imports_the_command_line() -> None:
+    # The command line, the demo and their plots are built on the library,
+    # never the other way: an import of them from anywhere else in the
+    # package is refused, at module level, in a function or under
+    # TYPE_CHECKING.
+    assert (_PACKAGE / "_cli" / "__init__.py").is_file()
+    found = {}
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        name = _module_name(path)
+        if name == _CLI or name.startswith(f"{_CLI}."):
+            continue
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        imports = _cli_imports(path.read_text(encoding="utf-8"), package)
+        if imports:
+            found[name] = imports
+    assert found == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "package"),
+    [
+        ("from ._cli import main\n", "trio_dispatch"),
+        ("def f():\n    from . import _cli\n", "trio_dispatch"),
+        (
+            "if TYPE_CHECKING:\n    from .._cli._demo import DemoReport\n",
+            "trio_dispatch.testing",
+        ),
+        ("import trio_dispatch._cli._main\n", "trio_dispatch.admin"),
+        ("importlib.import_module('trio_dispatch._cli')\n", "trio_dispatch"),
+    ],
+)
+def test_the_import_check_sees_every_kind_of_import(text: str, package: str) -> None:
+    # What the check above forbids, it must find, however it is written.
+    assert _cli_imports(text, package) != []
+    assert _cli_imports("from . import _validation\n", package) == []
