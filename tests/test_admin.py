@@ -31,9 +31,6 @@ from trio_dispatch.admin import (
     MIN_TOKEN_LENGTH,
     admin_app,
 )
-from trio_dispatch.admin._openapi import openapi_document
-from trio_dispatch.admin._routes import ROUTES as TABLE
-from trio_dispatch.admin._routes import Route
 
 from ._admin import AUTH, TOKEN, loopback_config, serve_admin
 from ._helpers import settle
@@ -545,42 +542,6 @@ async def test_metrics_serves_the_collector_in_prometheus_text(
 async def test_metrics_needs_the_token(client: httpx.AsyncClient) -> None:
     response = await client.get("/metrics")
     problem(response, 401)
-
-
-def test_the_document_has_one_operation_per_route_of_the_table() -> None:
-    paths = openapi_document()["paths"]
-    documented = [
-        (method.upper(), path, operation["operationId"])
-        for path, item in paths.items()
-        for method, operation in item.items()
-        if method != "parameters"
-    ]
-    assert documented == [
-        (route.method, route.path, route.operation_id) for route in TABLE
-    ]
-    assert [(method, path) for method, path, _ in documented] == ROUTES
-
-
-@pytest.mark.parametrize("route", TABLE, ids=lambda route: route.operation_id)
-async def test_each_route_of_the_table_is_served_as_it_says(
-    client: httpx.AsyncClient, dispatcher: Dispatcher, route: Route
-) -> None:
-    # The table names the handler, the need for the token and the answers;
-    # the app serves each route by it, and the document says the same.
-    operation = openapi_document()["paths"][route.path][route.method.lower()]
-    assert ("security" in operation) is not route.auth
-    assert list(operation["responses"]) == [str(status) for status in route.responses]
-    path = route.path.replace("{provider}", "anthropic")
-    body = {"limit": 1} if route.request is not None else None
-    before = state(dispatcher)
-    refused = await client.request(route.method, path, json=body)
-    assert refused.status_code == (401 if route.auth else 200)
-    assert state(dispatcher) == before
-    answered = await client.request(route.method, path, headers=AUTH, json=body)
-    assert answered.status_code == 200, answered.text
-    assert str(answered.status_code) in operation["responses"]
-    media_type = answered.headers["content-type"].partition(";")[0]
-    assert media_type in operation["responses"]["200"]["content"]
 
 
 # -- the token -------------------------------------------------------------------
