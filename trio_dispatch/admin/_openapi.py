@@ -18,7 +18,6 @@ from ._routes import PROVIDER, ROUTES, Route
 
 _COUNT = {"type": "integer", "minimum": 0}
 
-
 _PROVIDER = {
     "name": "provider",
     "in": "path",
@@ -30,79 +29,56 @@ _PROVIDER = {
     "schema": {"type": "string", "minLength": 1, "maxLength": _MAX_PROVIDER_LENGTH},
 }
 
+
+def _record(
+    properties: dict[str, Any], description: str | None = None, *, closed: bool = True
+) -> dict[str, Any]:
+    """An object schema whose every property is required; ``closed``: no others."""
+    schema: dict[str, Any] = {"type": "object"}
+    if description is not None:
+        schema["description"] = description
+    schema["required"] = list(properties)
+    if closed:
+        schema["additionalProperties"] = False
+    schema["properties"] = properties
+    return schema
+
+
 _SCHEMAS: dict[str, Any] = {
-    "Problem": {
-        "type": "object",
-        "description": "An error, as RFC 9457 problem details.",
-        "required": ["type", "title", "status", "detail"],
-        "properties": {
+    "Problem": _record(
+        {
             "type": {"type": "string"},
             "title": {"type": "string"},
             "status": {"type": "integer"},
             "detail": {"type": "string"},
         },
-    },
-    "Limits": {
-        "type": "object",
-        "required": ["limits"],
-        "additionalProperties": False,
-        "properties": {
+        "An error, as RFC 9457 problem details.",
+        closed=False,
+    ),
+    "Limits": _record(
+        {
             "limits": {
                 "type": "object",
                 "description": "Each limited provider's limit.",
                 "additionalProperties": {"type": "integer", "minimum": 1},
             }
-        },
-    },
-    "LimitUpdate": {
-        "type": "object",
-        "required": ["limit"],
-        "additionalProperties": False,
-        "properties": {
-            "limit": {"type": "integer", "minimum": 1, "maximum": _MAX_LIMIT}
-        },
-    },
-    "ProviderLimit": {
-        "type": "object",
-        "required": ["provider", "limit"],
-        "additionalProperties": False,
-        "properties": {
+        }
+    ),
+    "LimitUpdate": _record(
+        {"limit": {"type": "integer", "minimum": 1, "maximum": _MAX_LIMIT}}
+    ),
+    "ProviderLimit": _record(
+        {
             "provider": {"type": "string"},
             "limit": {
                 "type": ["integer", "null"],
                 "minimum": 1,
                 "description": "The limit now; null for none (unlimited).",
             },
-        },
-    },
-    "ProviderStatus": {
-        "type": "object",
-        "description": (
-            "One provider's statistics, as ``Dispatcher.statistics()`` has"
-            " them, but for the end of a pause, shown as the seconds left."
-        ),
-        "required": [
-            "provider",
-            "limit",
-            "in_flight",
-            "waiting",
-            "paused",
-            "pause_remaining",
-            "granted_total",
-            "released_total",
-            "withdrawn_total",
-            "rejected_total",
-            "peak_in_flight",
-            "peak_waiting",
-            "backend",
-            "backend_up",
-            "local_in_flight",
-            "local_waiting",
-            "adaptive",
-            "budget",
-        ],
-        "additionalProperties": False,
-        "properties": {
+        }
+    ),
+    "ProviderStatus": _record(
+        {
             "provider": {"type": "string"},
             "limit": {
                 "type": ["integer", "null"],
@@ -136,20 +112,11 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "The budgets in use (configured or learned), or null.",
             },
         },
-    },
-    "Budget": {
-        "type": "object",
-        "description": "A provider's requests and tokens per minute budgets now.",
-        "required": [
-            "requests_per_minute",
-            "tokens_per_minute",
-            "requests_available",
-            "tokens_available",
-            "learned",
-            "waiting_for_budget",
-        ],
-        "additionalProperties": False,
-        "properties": {
+        "One provider's statistics, as ``Dispatcher.statistics()`` has"
+        " them, but for the end of a pause, shown as the seconds left.",
+    ),
+    "Budget": _record(
+        {
             "requests_per_minute": {"type": ["number", "null"], "exclusiveMinimum": 0},
             "tokens_per_minute": {"type": ["number", "null"], "exclusiveMinimum": 0},
             "requests_available": {"type": ["number", "null"]},
@@ -157,26 +124,19 @@ _SCHEMAS: dict[str, Any] = {
             "learned": {"type": "boolean"},
             "waiting_for_budget": {"type": "boolean"},
         },
-    },
-    "Status": {
-        "type": "object",
-        "required": ["closed", "providers"],
-        "additionalProperties": False,
-        "properties": {
+        "A provider's requests and tokens per minute budgets now.",
+    ),
+    "Status": _record(
+        {
             "closed": {"type": "boolean"},
             "providers": {
                 "type": "object",
                 "description": "Every provider limited or used, by name.",
                 "additionalProperties": {"$ref": "#/components/schemas/ProviderStatus"},
             },
-        },
-    },
-    "Health": {
-        "type": "object",
-        "required": ["status"],
-        "additionalProperties": False,
-        "properties": {"status": {"type": "string", "enum": ["ok", "closed"]}},
-    },
+        }
+    ),
+    "Health": _record({"status": {"type": "string", "enum": ["ok", "closed"]}}),
 }
 
 
