@@ -20,15 +20,12 @@ import trio
 import trio.testing
 
 import trio_dispatch
-from trio_dispatch import DispatcherStatistics, ProviderStatistics, _cli
-from trio_dispatch._cli import (
-    _parser,
-    _print_table,
-    _progress_table,
-    _run_trio,
-    main,
-)
-from trio_dispatch._demo import Progress
+from trio_dispatch import DispatcherStatistics, ProviderStatistics
+from trio_dispatch._cli import _commands, main
+from trio_dispatch._cli._common import print_table, run_trio
+from trio_dispatch._cli._demo import Progress
+from trio_dispatch._cli._demo_command import progress_table
+from trio_dispatch._cli._main import build_parser
 from trio_dispatch.testing import CallsPerTurn, FairnessConfig
 
 from ._helpers import PNG_MAGIC, cli_argv
@@ -262,7 +259,7 @@ def test_the_live_table_shows_a_limit_or_none_for_an_unlimited_provider() -> Non
         ),
     )
     console = Console(width=100, record=True, file=io.StringIO())
-    console.print(_progress_table(progress))
+    console.print(progress_table(progress))
     rows = {
         cells[0]: cells[1:3]
         for line in console.export_text().splitlines()
@@ -327,7 +324,7 @@ def test_bench_offers_only_the_fairness_sweep(
 ) -> None:
     # The project's own micro-benchmarks live in bench/, outside the package.
     with pytest.raises(SystemExit):
-        _parser().parse_args(["bench", "--help"])
+        build_parser().parse_args(["bench", "--help"])
     help_text = capsys.readouterr().out
     assert help_text.startswith("usage: trio-dispatch bench [-h] [--quick]")
     # The choices, in the usage line and in the list of arguments.
@@ -403,7 +400,7 @@ def test_serve_fake_refuses_an_empty_api_key(
     # answer every request 401.
     for key in ("", " sk-x"):
         with pytest.raises(SystemExit) as exit_:
-            _parser().parse_args(["serve-fake", "--api-key", key])
+            build_parser().parse_args(["serve-fake", "--api-key", key])
         assert exit_.value.code == 2
         _, err = capsys.readouterr()
         assert err == (
@@ -411,7 +408,9 @@ def test_serve_fake_refuses_an_empty_api_key(
             " non-empty key without leading or trailing whitespace"
             " (see trio-dispatch serve-fake --help)\n"
         )
-    assert _parser().parse_args(["serve-fake", "--api-key", "sk-x"]).api_key == "sk-x"
+    assert (
+        build_parser().parse_args(["serve-fake", "--api-key", "sk-x"]).api_key == "sk-x"
+    )
 
 
 # ------------------------------------------------------------------ sizes
@@ -436,10 +435,10 @@ def test_sizes_have_upper_bounds_stated_in_help(
 ) -> None:
     *command, option = argv
     destination = option.removeprefix("--").replace("-", "_")
-    assert getattr(_parser().parse_args([*argv, str(bound)]), destination) == bound
+    assert getattr(build_parser().parse_args([*argv, str(bound)]), destination) == bound
     for too_big in (bound + 1, 10**12):
         with pytest.raises(SystemExit) as exit_:
-            _parser().parse_args([*argv, str(too_big)])
+            build_parser().parse_args([*argv, str(too_big)])
         assert exit_.value.code == 2
         out, err = capsys.readouterr()
         prog = f"trio-dispatch {command[0]}"
@@ -449,7 +448,7 @@ def test_sizes_have_upper_bounds_stated_in_help(
             f" {bound}, got '{too_big}' (see {prog} --help)\n",
         )
     with pytest.raises(SystemExit):
-        _parser().parse_args([command[0], "--help"])
+        build_parser().parse_args([command[0], "--help"])
     # argparse wraps help text; the bound is stated in the option's own help.
     help_text = " ".join(capsys.readouterr().out.split())
     metavar = option.removeprefix("--").upper().replace("-", "_")
@@ -461,9 +460,9 @@ def test_sizes_have_upper_bounds_stated_in_help(
 def test_calls_per_turn_have_an_upper_bound(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert _parser().parse_args(["simulate", "--calls", "1-100"]).calls == (1, 100)
+    assert build_parser().parse_args(["simulate", "--calls", "1-100"]).calls == (1, 100)
     with pytest.raises(SystemExit) as exit_:
-        _parser().parse_args(["simulate", "--calls", "1-1000000000000"])
+        build_parser().parse_args(["simulate", "--calls", "1-1000000000000"])
     assert exit_.value.code == 2
     assert capsys.readouterr().err == (
         "trio-dispatch simulate: error: argument --calls: expected calls per"
@@ -672,7 +671,7 @@ def test_ctrl_c_cancels_the_run_even_where_a_task_would_swallow_it() -> None:
             return trio.current_time()
 
     with pytest.raises(KeyboardInterrupt):
-        _run_trio(run, clock=trio.testing.MockClock(autojump_threshold=0))
+        run_trio(run, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
 @pytest.mark.usefixtures("ctrl_c")
@@ -690,7 +689,7 @@ def test_a_second_ctrl_c_while_the_run_unwinds_changes_nothing() -> None:
                 cleaned_up_at.append(trio.current_time())
 
     with pytest.raises(KeyboardInterrupt):
-        _run_trio(
+        run_trio(
             presses_again_while_cleaning_up,
             clock=trio.testing.MockClock(autojump_threshold=0),
         )
@@ -706,7 +705,7 @@ def test_an_ignored_ctrl_c_stays_ignored() -> None:
 
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        worked_until = _run_trio(
+        worked_until = run_trio(
             press_ctrl_c_and_work_on,
             clock=trio.testing.MockClock(autojump_threshold=0),
         )
@@ -819,7 +818,7 @@ def test_an_interrupt_inside_exception_groups_is_one_line(
     def run(args: object) -> int:
         raise interrupt
 
-    monkeypatch.setattr(_cli, "_run_simulate", run)
+    monkeypatch.setattr(_commands, "simulate_command", run)
     assert run_cli(capsys, "simulate") == (130, "", "trio-dispatch: interrupted\n")
 
 
@@ -831,7 +830,7 @@ def test_an_error_beside_an_interrupt_keeps_its_traceback(
     def run(args: object) -> int:
         raise group
 
-    monkeypatch.setattr(_cli, "_run_simulate", run)
+    monkeypatch.setattr(_commands, "simulate_command", run)
     with pytest.raises(BaseExceptionGroup) as raised:
         main(["simulate"])
     assert raised.value is group
@@ -841,7 +840,7 @@ def test_an_error_beside_an_interrupt_keeps_its_traceback(
 
 
 def test_plain_tables_line_up(capsys: pytest.CaptureFixture[str]) -> None:
-    _print_table(
+    print_table(
         None,
         "a title",
         ("policy", "p50", "done"),

@@ -11,16 +11,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from trio_dispatch._cli import (
-    _binned,
-    _demo_plot,
-    _demo_table,
-    _figure_png,
-    _parser,
-    _progress_table,
-    _verdict,
-)
-from trio_dispatch._demo import (
+from trio_dispatch._cli._common import figure_png
+from trio_dispatch._cli._demo import (
     PROVIDERS,
     DemoOptions,
     DemoReport,
@@ -31,13 +23,21 @@ from trio_dispatch._demo import (
     ScriptedAnswer,
     run_demo,
 )
+from trio_dispatch._cli._demo_command import (
+    binned,
+    demo_plot,
+    demo_table,
+    progress_table,
+    verdict,
+)
+from trio_dispatch._cli._main import build_parser
 
 from ._helpers import PNG_MAGIC, cli_argv
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from trio_dispatch._demo import RunName
+    from trio_dispatch._cli._demo import RunName
 
 # Small enough for the suite, busy enough that 429s and queues happen.
 SMALL = DemoOptions(
@@ -140,7 +140,7 @@ def rendered(renderable: object, width: int = 80) -> list[str]:
 
 
 def test_the_summary_shows_both_runs_side_by_side_within_80_columns() -> None:
-    lines = rendered(_demo_table(FIXED))
+    lines = rendered(demo_table(FIXED))
     assert max(map(len, lines)) <= 80
     rows = [line.split() for line in lines]
     # Per provider and pooled: oldest-first, FIFO and the ratio of the two.
@@ -188,24 +188,24 @@ def test_the_verdict_says_where_oldest_first_won_and_lost() -> None:
         oldest_first=fixed_run("oldest-first", 1.0),
         fifo=fixed_run("fifo", 1.0),
     )
-    assert _verdict(FIXED) == (
+    assert verdict(FIXED) == (
         "Oldest-first against FIFO, pooled: won on turn p95 0.53x, turn p99"
         " 0.51x, turn max 0.50x; lost on first-call wait p95 1.08x; even on"
         " turn p50 1.00x."
     )
-    assert _verdict(lost) == (
+    assert verdict(lost) == (
         "Oldest-first against FIFO, pooled: even on turn p50 1.00x, turn p95"
         " 1.00x, turn p99 1.00x, turn max 1.00x, first-call wait p95 1.00x."
     )
     incomplete = DemoReport(options=FIXED.options, oldest_first=FIXED.oldest_first)
-    assert _verdict(incomplete) == (
+    assert verdict(incomplete) == (
         "The comparison is incomplete: the FIFO run did not finish."
     )
 
 
 def test_an_incomplete_summary_shows_the_first_run_and_says_so() -> None:
     incomplete = DemoReport(options=FIXED.options, oldest_first=FIXED.oldest_first)
-    lines = rendered(_demo_table(incomplete))
+    lines = rendered(demo_table(incomplete))
     text = "\n".join(lines)
     assert "FIFO" not in text.replace("the FIFO run did not finish", "")
     assert "ratio" not in text
@@ -223,7 +223,7 @@ def test_the_live_display_names_the_run_going_on() -> None:
         rows={"openai": ProviderRow(limit=4, in_use=4, waiting=7, paused=True)},
         server_in_flight={"openai": 4},
     )
-    lines = rendered(_progress_table(progress), width=100)
+    lines = rendered(progress_table(progress), width=100)
     assert "FIFO, same fleet: turns 3/10 (failed 0), LLM calls 0" in lines[0]
     cells = [
         [cell.strip() for cell in line.split("│")[1:-1]]
@@ -249,7 +249,7 @@ def drawn_figure(report: DemoReport) -> object:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     figure = plt.figure(figsize=(13, 7.5))
-    _demo_plot(figure, report)
+    demo_plot(figure, report)
     plt.close(figure)
     return figure
 
@@ -295,12 +295,12 @@ def test_an_incomplete_plot_shows_the_first_run_and_says_so() -> None:
     assert title.endswith("(FIFO run interrupted: no comparison)")
     assert legend(figure.axes[4]) == ["oldest-first"]  # type: ignore[attr-defined]
     assert texts(figure.axes[5]) == []  # type: ignore[attr-defined]
-    png = _figure_png(lambda f: _demo_plot(f, incomplete))
+    png = figure_png(lambda f: demo_plot(f, incomplete))
     assert png.startswith(PNG_MAGIC)
 
 
 def test_the_command_line_defaults_are_the_demo_options() -> None:
-    args = _parser().parse_args(["demo"])
+    args = build_parser().parse_args(["demo"])
     defaults = DemoOptions()
     assert (
         args.agents,
@@ -378,10 +378,10 @@ def test_the_timeline_means_stay_within_what_was_drawn() -> None:
     # Changes on the bins' edges, where rounding once put a whole span
     # into one bin and drew more slots in use than the limit.
     points = [(k * 0.1, 4 - k % 2, k % 3) for k in range(100)]
-    times, means = _binned(points, 1, 0.2, 10.0)
+    times, means = binned(points, 1, 0.2, 10.0)
     assert len(times) == len(means) == 51
     assert times[:3] == [0.0, 0.2, 0.4]
     assert means == pytest.approx([3.5] * 51)
     assert max(means) <= 4
-    _, waiting = _binned([(0.0, 0, 0), (0.1, 2, 1), (0.5, 0, 0)], 2, 0.2, 0.6)
+    _, waiting = binned([(0.0, 0, 0), (0.1, 2, 1), (0.5, 0, 0)], 2, 0.2, 0.6)
     assert waiting == pytest.approx([0.5, 1.0, 0.5, 0.5])

@@ -307,7 +307,7 @@ def test_every_entry_point_is_tried_with_both_errors() -> None:
 def test_the_demo_options_follow_the_same_rule(
     options: dict[str, Any], error: type[Exception], message: str
 ) -> None:
-    from trio_dispatch._demo import DemoOptions  # noqa: PLC0415 (needs the demo's extras)
+    from trio_dispatch._cli._demo import DemoOptions  # noqa: PLC0415 (needs the demo's extras)
 
     with pytest.raises(error, match=rf"^{re.escape(message)}$"):
         DemoOptions(**options)

@@ -39,6 +39,7 @@ from .._util import NoPublicConstructor
 from ..actors._dispatcher import Dispatcher
 from ._caps import MAX_BODY_BYTES, MAX_LIMIT, MAX_PROVIDER_LENGTH, MIN_TOKEN_LENGTH
 from ._openapi import openapi_document
+from ._routes import ROUTES, match
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     Receive = Callable[[], Awaitable[Message]]
     Send = Callable[[Message], Awaitable[None]]
     Headers = Iterable[tuple[bytes, bytes]]
+    _Handler = Callable[["_Request"], Awaitable[tuple[int, object]]]
 
 _logger = logging.getLogger("trio_dispatch.admin")
 
@@ -56,17 +58,6 @@ _TOKEN: Final = re.compile(r"[\x21-\x7e]+")
 _ESCAPE: Final = re.compile(rb"%[0-9A-Fa-f]{2}")
 _REALM: Final = b'Bearer realm="trio-dispatch"'
 _BAD_TOKEN: Final = _REALM + b', error="invalid_token"'
-
-# The routes and the methods each takes, by the name ``_route`` gives them.
-_ALLOWED: Final[Mapping[str, tuple[str, ...]]] = {
-    "limits": ("GET",),
-    "limit": ("PUT", "DELETE"),
-    "status": ("GET",),
-    "resume": ("POST",),
-    "metrics": ("GET",),
-    "healthz": ("GET",),
-    "openapi": ("GET",),
-}
 
 
 class _Refused(Exception):
@@ -85,6 +76,21 @@ class _Disconnected(Exception):
     """The client left before its request was read whole."""
 
 
+@attrs.frozen
+class _Request:
+    """What a handler gets of a request that passed every check of its route."""
+
+    provider: str | None
+    scope: Mapping[str, Any]
+    receive: Receive
+
+    @property
+    def named(self) -> str:
+        """The provider a ``{provider}`` route names."""
+        assert self.provider is not None
+        return self.provider
+
+
 @final
 class AdminApp(metaclass=NoPublicConstructor):
     """The admin API of one dispatcher, as an ASGI 3 application.
@@ -93,7 +99,14 @@ class AdminApp(metaclass=NoPublicConstructor):
     dispatcher; its repr shows no token.
     """
 
-    __slots__ = ("_dispatcher", "_document", "_registry", "_run", "_token")
+    __slots__ = (
+        "_dispatcher",
+        "_document",
+        "_handlers",
+        "_registry",
+        "_run",
+        "_token",
+    )
 
     def __init__(self, dispatcher: Dispatcher, token: bytes) -> None:
         self._dispatcher = dispatcher
@@ -102,6 +115,10 @@ class AdminApp(metaclass=NoPublicConstructor):
         self._document = json.dumps(openapi_document()).encode()
         # The Prometheus registry, made at the first scrape.
         self._registry: Any = None
+        # Each route of the table answered by the method it names.
+        self._handlers: dict[str, _Handler] = {
+            route.handler: getattr(self, f"_{route.handler}") for route in ROUTES
+        }
 
     def __repr__(self) -> str:
         return f"<AdminApp of {self._dispatcher!r}>"
@@ -132,21 +149,28 @@ class AdminApp(metaclass=NoPublicConstructor):
     ) -> None:
         method: str = scope["method"]
         path = _raw_path(scope)
+        routes, raw_provider = match(path)
         try:
-            if path != b"/healthz":
+            # A path is open (``/healthz``) when every route on it is; an
+            # unknown path needs the token before it is told it is unknown.
+            if not routes or any(route.auth for route in routes):
                 self._authenticate(scope, method, path)
-            route, raw_provider = _route(path)
-            allowed = _ALLOWED[route]
-            if method not in allowed:
+            if not routes:
+                raise _Refused(404, "no such route; GET /openapi.json lists them")
+            chosen = [route for route in routes if route.method == method]
+            if not chosen:
+                allowed = ", ".join(route.method for route in routes)
                 raise _Refused(
                     405,
-                    f"{method} is not allowed here; allowed: {', '.join(allowed)}",
-                    ((b"allow", ", ".join(allowed).encode()),),
+                    f"{method} is not allowed here; allowed: {allowed}",
+                    ((b"allow", allowed.encode()),),
                 )
-            provider = None if raw_provider is None else _provider(raw_provider)
-            status, payload = await self._answer(
-                route, method, provider, scope, receive
+            request = _Request(
+                None if raw_provider is None else _provider(raw_provider),
+                scope,
+                receive,
             )
+            status, payload = await self._handlers[chosen[0].handler](request)
         except _Refused as refused:
             await _send_problem(send, refused)
         except _Disconnected:
@@ -182,44 +206,44 @@ class AdminApp(metaclass=NoPublicConstructor):
                 401, "the token is not valid", ((b"www-authenticate", _BAD_TOKEN),)
             )
 
-    async def _answer(  # noqa: PLR0911 (one return per route)
-        self,
-        route: str,
-        method: str,
-        provider: str | None,
-        scope: Mapping[str, Any],
-        receive: Receive,
-    ) -> tuple[int, object]:
-        """Do what the request asks; its status and JSON payload (or bytes)."""
-        dispatcher = self._dispatcher
-        if route == "healthz":
-            if dispatcher.closed:
-                return 503, {"status": "closed"}
-            return 200, {"status": "ok"}
-        if route == "openapi":
-            return 200, (self._document, b"application/json")
-        if route == "limits":
-            return 200, {"limits": dispatcher.limits()}
-        if route == "status":
-            return 200, _status(dispatcher)
-        if route == "metrics":
-            return self._metrics(scope)
-        assert provider is not None
-        if route == "resume":
-            if provider not in dispatcher.statistics().providers:
-                raise _Refused(
-                    404, f"no provider named {provider!r} is limited or used"
-                )
-            _closed_is_503(dispatcher.resume, provider)
-            _logger.info("admin API: resumed %r", provider)
-            stats = dispatcher.statistics().providers[provider]
-            return 200, _provider_status(stats, trio.current_time())
-        if method == "DELETE":
-            _closed_is_503(dispatcher.remove_limit, provider)
-            _logger.info("admin API: removed the limit of %r", provider)
-            return 200, {"provider": provider, "limit": None}
-        limit = _limit_in(await _read_body(scope, receive))
-        _closed_is_503(dispatcher.set_limit, provider, limit)
+    # -- the handlers the route table names ----------------------------------------
+
+    async def _get_health(self, request: _Request) -> tuple[int, object]:
+        if self._dispatcher.closed:
+            return 503, {"status": "closed"}
+        return 200, {"status": "ok"}
+
+    async def _get_openapi(self, request: _Request) -> tuple[int, object]:
+        return 200, (self._document, b"application/json")
+
+    async def _get_limits(self, request: _Request) -> tuple[int, object]:
+        return 200, {"limits": self._dispatcher.limits()}
+
+    async def _get_status(self, request: _Request) -> tuple[int, object]:
+        return 200, _status(self._dispatcher)
+
+    async def _get_metrics(self, request: _Request) -> tuple[int, object]:
+        return self._metrics(request.scope)
+
+    async def _resume(self, request: _Request) -> tuple[int, object]:
+        dispatcher, provider = self._dispatcher, request.named
+        if provider not in dispatcher.statistics().providers:
+            raise _Refused(404, f"no provider named {provider!r} is limited or used")
+        _closed_is_503(dispatcher.resume, provider)
+        _logger.info("admin API: resumed %r", provider)
+        stats = dispatcher.statistics().providers[provider]
+        return 200, _provider_status(stats, trio.current_time())
+
+    async def _remove_limit(self, request: _Request) -> tuple[int, object]:
+        provider = request.named
+        _closed_is_503(self._dispatcher.remove_limit, provider)
+        _logger.info("admin API: removed the limit of %r", provider)
+        return 200, {"provider": provider, "limit": None}
+
+    async def _set_limit(self, request: _Request) -> tuple[int, object]:
+        provider = request.named
+        limit = _limit_in(await _read_body(request.scope, request.receive))
+        _closed_is_503(self._dispatcher.set_limit, provider, limit)
         _logger.info("admin API: set the limit of %r to %d", provider, limit)
         return 200, {"provider": provider, "limit": limit}
 
@@ -317,26 +341,6 @@ def _raw_path(scope: Mapping[str, Any]) -> bytes:
     if root and path.startswith(root + b"/"):
         path = path[len(root) :]
     return path
-
-
-def _route(path: bytes) -> tuple[str, bytes | None]:  # noqa: PLR0911 (one return per route)
-    """The route ``path`` names and its raw provider segment; else 404."""
-    match path.split(b"/"):
-        case [b"", b"limits"]:
-            return "limits", None
-        case [b"", b"limits", provider] if provider:
-            return "limit", provider
-        case [b"", b"status"]:
-            return "status", None
-        case [b"", b"providers", provider, b"resume"] if provider:
-            return "resume", provider
-        case [b"", b"metrics"]:
-            return "metrics", None
-        case [b"", b"healthz"]:
-            return "healthz", None
-        case [b"", b"openapi.json"]:
-            return "openapi", None
-    raise _Refused(404, "no such route; GET /openapi.json lists them")
 
 
 def _provider(raw: bytes) -> str:

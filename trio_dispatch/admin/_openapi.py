@@ -1,7 +1,8 @@
 """The OpenAPI 3.1 document of the admin API, served at ``GET /openapi.json``.
 
-Written out by hand beside the routes it describes; the tests hold the two
-together (every route answers as documented, and a schema-driven run
+The paths are built from the route table (``_routes.ROUTES``) that the app
+routes by; the schemas they name are here. The tests hold the document to
+the app (every route answers as documented, and a schema-driven run
 against this document finds no request that the app answers otherwise).
 """
 
@@ -11,53 +12,11 @@ import copy
 from typing import Any
 
 from .._version import __version__
-from ._caps import MAX_BODY_BYTES as _MAX_BODY_BYTES
 from ._caps import MAX_LIMIT as _MAX_LIMIT
 from ._caps import MAX_PROVIDER_LENGTH as _MAX_PROVIDER_LENGTH
+from ._routes import PROVIDER, ROUTES, Route
 
 _COUNT = {"type": "integer", "minimum": 0}
-
-
-def _problem(description: str, **headers: dict[str, Any]) -> dict[str, Any]:
-    response: dict[str, Any] = {
-        "description": description,
-        "content": {
-            "application/problem+json": {
-                "schema": {"$ref": "#/components/schemas/Problem"}
-            }
-        },
-    }
-    if headers:
-        response["headers"] = headers
-    return response
-
-
-def _json(description: str, schema: str) -> dict[str, Any]:
-    return {
-        "description": description,
-        "content": {
-            "application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}
-        },
-    }
-
-
-_UNAUTHORIZED = _problem(
-    "No token, or not the right one. Nothing was changed.",
-    **{
-        "WWW-Authenticate": {
-            "description": "``Bearer realm=...``, with ``error=invalid_token`` for a wrong token.",
-            "schema": {"type": "string"},
-        }
-    },
-)
-_NOT_FOUND = _problem(
-    "No such route (a ``/`` in a provider name must be sent as ``%2F``)."
-)
-_BAD_PATH = _problem("The provider name is not valid percent-encoded UTF-8.")
-_BAD_NAME = _problem(
-    f"The provider name is longer than {_MAX_PROVIDER_LENGTH} characters."
-)
-_CLOSED = _problem("The dispatcher is closed. Nothing was changed.")
 
 _PROVIDER = {
     "name": "provider",
@@ -70,79 +29,56 @@ _PROVIDER = {
     "schema": {"type": "string", "minLength": 1, "maxLength": _MAX_PROVIDER_LENGTH},
 }
 
+
+def _record(
+    properties: dict[str, Any], description: str | None = None, *, closed: bool = True
+) -> dict[str, Any]:
+    """An object schema whose every property is required; ``closed``: no others."""
+    schema: dict[str, Any] = {"type": "object"}
+    if description is not None:
+        schema["description"] = description
+    schema["required"] = list(properties)
+    if closed:
+        schema["additionalProperties"] = False
+    schema["properties"] = properties
+    return schema
+
+
 _SCHEMAS: dict[str, Any] = {
-    "Problem": {
-        "type": "object",
-        "description": "An error, as RFC 9457 problem details.",
-        "required": ["type", "title", "status", "detail"],
-        "properties": {
+    "Problem": _record(
+        {
             "type": {"type": "string"},
             "title": {"type": "string"},
             "status": {"type": "integer"},
             "detail": {"type": "string"},
         },
-    },
-    "Limits": {
-        "type": "object",
-        "required": ["limits"],
-        "additionalProperties": False,
-        "properties": {
+        "An error, as RFC 9457 problem details.",
+        closed=False,
+    ),
+    "Limits": _record(
+        {
             "limits": {
                 "type": "object",
                 "description": "Each limited provider's limit.",
                 "additionalProperties": {"type": "integer", "minimum": 1},
             }
-        },
-    },
-    "LimitUpdate": {
-        "type": "object",
-        "required": ["limit"],
-        "additionalProperties": False,
-        "properties": {
-            "limit": {"type": "integer", "minimum": 1, "maximum": _MAX_LIMIT}
-        },
-    },
-    "ProviderLimit": {
-        "type": "object",
-        "required": ["provider", "limit"],
-        "additionalProperties": False,
-        "properties": {
+        }
+    ),
+    "LimitUpdate": _record(
+        {"limit": {"type": "integer", "minimum": 1, "maximum": _MAX_LIMIT}}
+    ),
+    "ProviderLimit": _record(
+        {
             "provider": {"type": "string"},
             "limit": {
                 "type": ["integer", "null"],
                 "minimum": 1,
                 "description": "The limit now; null for none (unlimited).",
             },
-        },
-    },
-    "ProviderStatus": {
-        "type": "object",
-        "description": (
-            "One provider's statistics, as ``Dispatcher.statistics()`` has"
-            " them, but for the end of a pause, shown as the seconds left."
-        ),
-        "required": [
-            "provider",
-            "limit",
-            "in_flight",
-            "waiting",
-            "paused",
-            "pause_remaining",
-            "granted_total",
-            "released_total",
-            "withdrawn_total",
-            "rejected_total",
-            "peak_in_flight",
-            "peak_waiting",
-            "backend",
-            "backend_up",
-            "local_in_flight",
-            "local_waiting",
-            "adaptive",
-            "budget",
-        ],
-        "additionalProperties": False,
-        "properties": {
+        }
+    ),
+    "ProviderStatus": _record(
+        {
             "provider": {"type": "string"},
             "limit": {
                 "type": ["integer", "null"],
@@ -176,20 +112,11 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "The budgets in use (configured or learned), or null.",
             },
         },
-    },
-    "Budget": {
-        "type": "object",
-        "description": "A provider's requests and tokens per minute budgets now.",
-        "required": [
-            "requests_per_minute",
-            "tokens_per_minute",
-            "requests_available",
-            "tokens_available",
-            "learned",
-            "waiting_for_budget",
-        ],
-        "additionalProperties": False,
-        "properties": {
+        "One provider's statistics, as ``Dispatcher.statistics()`` has"
+        " them, but for the end of a pause, shown as the seconds left.",
+    ),
+    "Budget": _record(
+        {
             "requests_per_minute": {"type": ["number", "null"], "exclusiveMinimum": 0},
             "tokens_per_minute": {"type": ["number", "null"], "exclusiveMinimum": 0},
             "requests_available": {"type": ["number", "null"]},
@@ -197,172 +124,56 @@ _SCHEMAS: dict[str, Any] = {
             "learned": {"type": "boolean"},
             "waiting_for_budget": {"type": "boolean"},
         },
-    },
-    "Status": {
-        "type": "object",
-        "required": ["closed", "providers"],
-        "additionalProperties": False,
-        "properties": {
+        "A provider's requests and tokens per minute budgets now.",
+    ),
+    "Status": _record(
+        {
             "closed": {"type": "boolean"},
             "providers": {
                 "type": "object",
                 "description": "Every provider limited or used, by name.",
                 "additionalProperties": {"$ref": "#/components/schemas/ProviderStatus"},
             },
-        },
-    },
-    "Health": {
-        "type": "object",
-        "required": ["status"],
-        "additionalProperties": False,
-        "properties": {"status": {"type": "string", "enum": ["ok", "closed"]}},
-    },
+        }
+    ),
+    "Health": _record({"status": {"type": "string", "enum": ["ok", "closed"]}}),
 }
 
-_PATHS: dict[str, Any] = {
-    "/limits": {
-        "get": {
-            "operationId": "getLimits",
-            "summary": "The limit of every limited provider.",
-            "responses": {
-                "200": _json("The limits.", "Limits"),
-                "401": _UNAUTHORIZED,
+
+def _operation(route: Route) -> dict[str, Any]:
+    """The OpenAPI operation object of one route."""
+    operation: dict[str, Any] = {
+        "operationId": route.operation_id,
+        "summary": route.summary,
+    }
+    if route.description is not None:
+        operation["description"] = route.description
+    if not route.auth:
+        operation["security"] = []
+    if route.request is not None:
+        operation["requestBody"] = {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {"$ref": f"#/components/schemas/{route.request}"}
+                }
             },
         }
-    },
-    "/limits/{provider}": {
-        "parameters": [_PROVIDER],
-        "put": {
-            "operationId": "setLimit",
-            "summary": "Limit a provider to this many concurrent slots, now.",
-            "description": (
-                "A higher limit grants waiting requests at once; a lower one"
-                " lets the holders finish and grants nothing until fewer than"
-                " the limit hold a slot. The body is read as JSON whatever"
-                f" its Content-Type, at most {_MAX_BODY_BYTES} bytes."
-            ),
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/json": {
-                        "schema": {"$ref": "#/components/schemas/LimitUpdate"}
-                    }
-                },
-            },
-            "responses": {
-                "200": _json("The limit is set.", "ProviderLimit"),
-                "400": _problem(
-                    "The body is not JSON, or the provider name not valid"
-                    " percent-encoded UTF-8. Nothing was changed."
-                ),
-                "401": _UNAUTHORIZED,
-                "404": _NOT_FOUND,
-                "413": _problem(
-                    f"The body is larger than {_MAX_BODY_BYTES} bytes."
-                    " Nothing was changed."
-                ),
-                "422": _problem(
-                    'The body is not exactly ``{"limit": n}`` with n an'
-                    f" integer from 1 to {_MAX_LIMIT}, or the provider name is"
-                    f" longer than {_MAX_PROVIDER_LENGTH} characters. Nothing"
-                    " was changed."
-                ),
-                "503": _CLOSED,
-            },
-        },
-        "delete": {
-            "operationId": "removeLimit",
-            "summary": "Lift a provider's limit: waiters go through, nobody waits.",
-            "responses": {
-                "200": _json("The provider is unlimited.", "ProviderLimit"),
-                "400": _BAD_PATH,
-                "401": _UNAUTHORIZED,
-                "404": _NOT_FOUND,
-                "422": _BAD_NAME,
-                "503": _CLOSED,
-            },
-        },
-    },
-    "/status": {
-        "get": {
-            "operationId": "getStatus",
-            "summary": "The dispatcher's statistics, provider by provider.",
-            "responses": {
-                "200": _json("The statistics.", "Status"),
-                "401": _UNAUTHORIZED,
-            },
-        }
-    },
-    "/providers/{provider}/resume": {
-        "parameters": [_PROVIDER],
-        "post": {
-            "operationId": "resume",
-            "summary": "End a provider's rate-limit pause now, and its backoff.",
-            "description": "Takes no body; one sent is not read.",
-            "responses": {
-                "200": _json(
-                    "Resumed (or it was not paused): the provider's status now.",
-                    "ProviderStatus",
-                ),
-                "400": _BAD_PATH,
-                "401": _UNAUTHORIZED,
-                "404": _problem(
-                    "No such route, or the dispatcher has never limited or"
-                    " used a provider of that name."
-                ),
-                "422": _BAD_NAME,
-                "503": _CLOSED,
-            },
-        },
-    },
-    "/metrics": {
-        "get": {
-            "operationId": "getMetrics",
-            "summary": "The Prometheus metrics of the dispatcher.",
-            "description": (
-                "The text format, or OpenMetrics when the Accept header asks for it."
-            ),
-            "responses": {
-                "200": {
-                    "description": "The metrics.",
-                    "content": {
-                        "text/plain": {"schema": {"type": "string"}},
-                        "application/openmetrics-text": {"schema": {"type": "string"}},
-                    },
-                },
-                "401": _UNAUTHORIZED,
-                "404": _problem(
-                    "No metrics: the prometheus_client package or the"
-                    " collector is not installed."
-                ),
-            },
-        }
-    },
-    "/healthz": {
-        "get": {
-            "operationId": "getHealth",
-            "summary": "Whether the dispatcher runs. Needs no token.",
-            "security": [],
-            "responses": {
-                "200": _json("The dispatcher runs.", "Health"),
-                "503": _json("The dispatcher is closed.", "Health"),
-            },
-        }
-    },
-    "/openapi.json": {
-        "get": {
-            "operationId": "getOpenAPI",
-            "summary": "This document.",
-            "responses": {
-                "200": {
-                    "description": "The OpenAPI document.",
-                    "content": {"application/json": {"schema": {"type": "object"}}},
-                },
-                "401": _UNAUTHORIZED,
-            },
-        }
-    },
-}
+    operation["responses"] = {
+        str(status): response for status, response in route.responses.items()
+    }
+    return operation
+
+
+def _paths() -> dict[str, Any]:
+    """The document's paths, one operation per route of the table."""
+    paths: dict[str, Any] = {}
+    for route in ROUTES:
+        item = paths.setdefault(route.path, {})
+        if PROVIDER in route.segments:
+            item.setdefault("parameters", [_PROVIDER])
+        item[route.method.lower()] = _operation(route)
+    return paths
 
 
 def openapi_document() -> dict[str, Any]:
@@ -379,7 +190,7 @@ def openapi_document() -> dict[str, Any]:
                     " 9457 problem details; a refused request changes nothing."
                 ),
             },
-            "paths": _PATHS,
+            "paths": _paths(),
             "components": {
                 "schemas": _SCHEMAS,
                 "securitySchemes": {

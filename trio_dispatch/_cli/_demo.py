@@ -36,17 +36,17 @@ from typing import TYPE_CHECKING, Any, Final, Literal, final
 import attrs
 import trio
 
-from . import ConversationOptions, Tool, open_dispatcher
-from ._converter import unstructure
-from ._validation import (
+from .. import ConversationOptions, Tool, open_dispatcher
+from .._converter import unstructure
+from .._validation import (
     check_fraction,
     check_positive_number,
     positive_int,
     validator,
 )
-from .events import Granted, Paused, Queued, Released, Resumed, Withdrawn
-from .providers import AnthropicProvider, OpenAIProvider, ProviderError, RateLimited
-from .testing import (
+from ..events import Granted, Paused, Queued, Released, Resumed, Withdrawn
+from ..providers import AnthropicProvider, OpenAIProvider, ProviderError, RateLimited
+from ..testing import (
     FakeLLMServer,
     FakeReply,
     FakeRequest,
@@ -54,15 +54,15 @@ from .testing import (
     FakeToolCall,
     Fault,
     open_fake_llm_server,
+    percentile,
 )
-from .testing._metrics import percentile
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable
     from contextlib import AbstractAsyncContextManager
 
-    from . import Dispatcher, DispatcherStatistics, Provider
-    from .messages import ChatRequest, StreamEvent
+    from .. import Dispatcher, DispatcherStatistics, Provider
+    from ..messages import ChatRequest, StreamEvent
 
 PROVIDERS = ("openai", "anthropic")
 _MAX_LOAD = 10
