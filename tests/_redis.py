@@ -46,8 +46,9 @@ needs_redis_cli = pytest.mark.skipif(
 # unclosed when connecting fails, and a cluster client's layout never
 # closes its error stream; their ResourceWarning says nothing about this
 # code. Tests that meet a refused connection ignore it, and the
-# server's teardown collects the garbage under the test's warning filters,
-# so that the warning cannot surface in a later test.
+# server's teardown collects the garbage under the test's warning filters;
+# pyproject.toml ignores anyio's warning of it too, for garbage that a
+# coverage tracer or a lingering reference lets a later test collect.
 coredis_leaks = pytest.mark.filterwarnings(
     "ignore:Unclosed <MemoryObject(Send|Receive)Stream:ResourceWarning"
 )
