@@ -48,6 +48,8 @@ from typing import TYPE_CHECKING, final
 
 import trio
 
+from .._backend import ProviderStatistics
+from .._budgets import AdaptiveLimit
 from .._exceptions import DispatcherClosed, QueueFull
 from ..messages._scheduling import (
     Acquire,
@@ -79,6 +81,7 @@ from ._observe import (
 
 if TYPE_CHECKING:
     from .._policy import SlotPolicy
+    from .._ratelimits import RateLimitInfo
     from ..messages._scheduling import Reply
 
 _logger = logging.getLogger("trio_dispatch")
@@ -140,6 +143,83 @@ class SchedulerActor:
         """Refuse further messages; the actor stops and fails the waiters."""
         self._inbox.close()
 
+    # The Backend interface: each queues one message, never blocks, and
+    # raises trio.ClosedResourceError once the actor is closed.
+
+    def acquire(
+        self,
+        ticket: Ticket,
+        reply: Reply,
+        conversation_id: str | None = None,
+        tokens: int = 0,
+    ) -> None:
+        """Queue a request for a slot; the answer goes to ``reply``."""
+        self._inbox.send_nowait(Acquire(ticket, reply, conversation_id, tokens))
+
+    def release(self, ticket: Ticket) -> None:
+        """Give back the slot of a granted ticket."""
+        self._inbox.send_nowait(Release(ticket))
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Withdraw a ticket, waiting or granted."""
+        self._inbox.send_nowait(Cancel(ticket))
+
+    def answered(self, ticket: Ticket) -> None:
+        """The answer of a granted ticket's request has started."""
+        self._inbox.send_nowait(Answered(ticket))
+
+    def report_usage(self, ticket: Ticket, tokens: int) -> None:
+        """The tokens a granted ticket's request used."""
+        self._inbox.send_nowait(ReportUsage(ticket, tokens))
+
+    def set_limit(self, limit: int | AdaptiveLimit | None) -> None:
+        """A new limit: fixed, adaptive, or ``None`` for unlimited."""
+        self._inbox.send_nowait(
+            Adapt(limit) if isinstance(limit, AdaptiveLimit) else SetLimit(limit)
+        )
+
+    def pause(self, reported_at: float, retry_after: float | None) -> None:
+        """A rate-limit answer: pause the grants."""
+        self._inbox.send_nowait(Pause(reported_at, retry_after))
+
+    def resume(self) -> None:
+        """End the pause and its backoff streak."""
+        self._inbox.send_nowait(Resume())
+
+    def observe_rate_limits(self, observed_at: float, info: RateLimitInfo) -> None:
+        """The rate-limit figures of one of the provider's answers."""
+        self._inbox.send_nowait(ObserveRateLimits(observed_at, info))
+
+    def adaptive_value(self) -> int | None:
+        """The adaptive limit's current value, or ``None`` for a fixed one."""
+        throttle = self.policy.throttle
+        return None if throttle is None else throttle.limit
+
+    def statistics(self) -> ProviderStatistics:
+        """The provider's snapshot, every message sent so far handled."""
+        self.handle_backlog()
+        policy = self.policy
+        stats = policy.statistics()
+        throttle = policy.throttle
+        return ProviderStatistics(
+            provider=self.provider,
+            limit=stats.limit,
+            in_flight=stats.in_flight,
+            waiting=stats.waiting,
+            paused=stats.paused_until is not None,
+            paused_until=stats.paused_until,
+            granted_total=stats.granted_total,
+            released_total=stats.released_total,
+            withdrawn_total=stats.withdrawn_total,
+            rejected_total=stats.rejected_total,
+            peak_in_flight=stats.peak_in_flight,
+            peak_waiting=stats.peak_waiting,
+            local_in_flight=stats.in_flight,
+            local_waiting=stats.waiting,
+            adaptive=throttle is not None and throttle.adaptive is not None,
+            budget=policy.budget_statistics(trio.current_time()),
+        )
+
     # KeyboardInterrupt waits for the next checkpoint: between two, the actor
     # changes the policy and tells the requesters, which must go together.
     @trio.lowlevel.enable_ki_protection
@@ -162,12 +242,16 @@ class SchedulerActor:
         seen = self._seen
         plain = self._handle
         observed = self._handle_observed
+        stopped_idle = False
         try:
             while True:
                 # Checked before every wait, not only after a batch:
                 # handle_backlog may have done this actor's work before its
                 # task first ran, and then nothing would wake it.
                 if stop_when_idle and policy.limit is None and self._idle():
+                    # Nothing to fail, and the inbox stays open: the
+                    # dispatcher runs this actor again on the next message.
+                    stopped_idle = True
                     return True
                 paused_until = policy.wake_at
                 if self._batch:
@@ -203,7 +287,8 @@ class SchedulerActor:
                 if policy.wake_at is not None:
                     self._tick(now)
         finally:
-            self._shutdown()
+            if not stopped_idle:
+                self._shutdown()
 
     def _idle(self) -> bool:
         """Unlimited, no slot held or waiting, nothing to handle: may stop."""

@@ -47,6 +47,7 @@ import attrs
 import trio
 from coredis.exceptions import RedisError
 
+from .._backend import ProviderStatistics
 from .._budgets import AdaptiveLimit, BudgetStatistics, refilled
 from .._exceptions import DispatcherClosed, QueueFull
 from ..messages._scheduling import (
@@ -195,6 +196,7 @@ class SharedSchedulerActor:
         "_backoff",
         "_default_pause",
         "_dirty",
+        "_entered",
         "_holding",
         "_hub",
         "_inbox",
@@ -209,6 +211,7 @@ class SharedSchedulerActor:
         "_replies",
         "_resume",
         "_retry_at",
+        "_running",
         "_seen",
         "_seq",
         "_view",
@@ -257,8 +260,12 @@ class SharedSchedulerActor:
         self._hub = EventHub() if hub is None else hub
         self._seen: dict[Ticket, tuple[str | None, float]] = {}
         # Counted from now: the client stays open until run() is done,
-        # even if the dispatcher closes before run() first gets to run.
+        # even if the dispatcher closes before run() first gets to run. An
+        # actor stopped when idle leaves, and enters again with its next
+        # message.
         ledger.enter()
+        self._entered = True
+        self._running = False
 
     def __repr__(self) -> str:
         return f"<SharedSchedulerActor provider={self.provider!r} {self.book!r}>"
@@ -279,14 +286,95 @@ class SharedSchedulerActor:
             trio.ClosedResourceError: The actor has stopped.
         """
         self._inbox.send_nowait(message)
+        if not self._entered:
+            # Its run() is about to start again, and will use the client.
+            self._ledger.enter()
+            self._entered = True
+
+    # The Backend interface: each queues one message, never blocks, and
+    # raises trio.ClosedResourceError once the actor is closed.
+
+    def acquire(
+        self,
+        ticket: Ticket,
+        reply: Reply,
+        conversation_id: str | None = None,
+        tokens: int = 0,
+    ) -> None:
+        """Queue a request for a slot; the answer goes to ``reply``."""
+        self.send(Acquire(ticket, reply, conversation_id, tokens))
+
+    def release(self, ticket: Ticket) -> None:
+        """Give back the slot of a granted ticket."""
+        self.send(Release(ticket))
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Withdraw a ticket, waiting or granted."""
+        self.send(Cancel(ticket))
+
+    def answered(self, ticket: Ticket) -> None:
+        """The answer of a granted ticket's request has started."""
+        self.send(Answered(ticket))
+
+    def report_usage(self, ticket: Ticket, tokens: int) -> None:
+        """The tokens a granted ticket's request used."""
+        self.send(ReportUsage(ticket, tokens))
+
+    def set_limit(self, limit: int | AdaptiveLimit | None) -> None:
+        """A new limit for the fleet: fixed, adaptive, or ``None``."""
+        self.send(Adapt(limit) if isinstance(limit, AdaptiveLimit) else SetLimit(limit))
+
+    def pause(self, reported_at: float, retry_after: float | None) -> None:
+        """A rate-limit answer: pause the fleet's grants."""
+        self.send(Pause(reported_at, retry_after))
+
+    def resume(self) -> None:
+        """End the fleet's pause and its backoff streak."""
+        self.send(Resume())
+
+    def observe_rate_limits(self, observed_at: float, info: RateLimitInfo) -> None:
+        """The rate-limit figures of an answer, for the fleet's budgets."""
+        self.send(ObserveRateLimits(observed_at, info))
+
+    def adaptive_value(self) -> int | None:
+        """The fleet's adaptive limit's value as last seen, or ``None``."""
+        return None if self._view.adaptive is None else self.limit
+
+    def statistics(self) -> ProviderStatistics:
+        """The fleet's figures as the last round saw them, this process's own totals."""
+        self.handle_backlog()
+        view = self._view
+        book = self.book
+        paused_until = view.paused_until
+        return ProviderStatistics(
+            provider=self.provider,
+            limit=self.limit,
+            in_flight=view.in_flight,
+            waiting=view.waiting,
+            paused=paused_until is not None,
+            paused_until=paused_until,
+            granted_total=book.granted_total,
+            released_total=book.released_total,
+            withdrawn_total=book.withdrawn_total,
+            rejected_total=book.rejected_total,
+            peak_in_flight=book.peak_in_flight,
+            peak_waiting=book.peak_waiting,
+            backend="redis",
+            backend_up=view.up,
+            local_in_flight=book.in_flight,
+            local_waiting=book.waiting,
+            adaptive=view.adaptive is not None,
+            budget=view.budget_statistics(trio.current_time()),
+        )
 
     def wake(self, source: str | None = None) -> None:
         """Run a round soon: something changed in Redis. Never blocks.
 
         A wake-up that ``source`` names as this process's own is ignored:
-        its round already saw what it changed.
+        its round already saw what it changed; so is one while the actor
+        is stopped (it runs a round when it starts again).
         """
-        if source == self.book.node:
+        if source == self.book.node or not self._running:
             return
         if not self._dirty and not self._inbox.closed:
             self._dirty = True
@@ -322,9 +410,20 @@ class SharedSchedulerActor:
             ``True`` if it stopped because it was idle.
         """
         inbox = self._inbox
+        stopped_idle = False
+        if not self._entered and not inbox.closed:
+            self._ledger.enter()
+            self._entered = True
+        self._running = True
+        self._dirty = True
         try:
             while True:
                 if stop_when_idle and self._idle():
+                    # The inbox stays open: the dispatcher runs this actor
+                    # again on its next message. Until then the fleet is
+                    # unknown here.
+                    stopped_idle = True
+                    self._view = SharedView()
                     return True
                 if not self._view.up:
                     # The ledger is away: messages are taken into the book
@@ -346,10 +445,14 @@ class SharedSchedulerActor:
                 self._dirty = False
                 await self._round(now)
         finally:
+            self._running = False
             try:
-                await self._shutdown()
+                if not stopped_idle:
+                    await self._shutdown()
             finally:
-                self._ledger.leave()
+                if self._entered:
+                    self._entered = False
+                    self._ledger.leave()
 
     def _idle(self) -> bool:
         return (

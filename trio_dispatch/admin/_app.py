@@ -43,7 +43,7 @@ from ._openapi import openapi_document
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable, Mapping
 
-    from ..actors._dispatcher import ProviderStatistics
+    from .._backend import ProviderStatistics
 
     Message = dict[str, Any]
     Receive = Callable[[], Awaitable[Message]]
