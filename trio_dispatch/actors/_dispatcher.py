@@ -243,16 +243,29 @@ class Slot(metaclass=NoPublicConstructor):
             else self.started_at,
             priority,
         )
+        self._actor = actor
+        self.ticket = ticket
+        self._state = _WAITING
         try:
+            # The backend may answer before this returns, in this task
+            # (_grant or _fail find no task parked then).
             actor.acquire(ticket, self, self.conversation_id, self.tokens)
         except trio.ClosedResourceError:
             self._state = _DONE
+            self._actor = None
             raise DispatcherClosed("the dispatcher is closed") from None
-        self._actor = actor
-        self.ticket = ticket
         self._task = trio.lowlevel.current_task()
-        self._state = _WAITING
-        await trio.lowlevel.wait_task_rescheduled(self._abort)
+        if self._state is _WAITING:
+            await trio.lowlevel.wait_task_rescheduled(self._abort)
+        else:
+            # Answered at once: still a checkpoint, as if it had waited. A
+            # cancellation (or KeyboardInterrupt) met there gives the grant
+            # back, as it would have while waiting.
+            try:
+                await trio.lowlevel.checkpoint()
+            except BaseException:
+                self._give_back()
+                raise
         if self._error is not None:
             self._task = None
             error, self._error = self._error, None
@@ -359,8 +372,9 @@ class Slot(metaclass=NoPublicConstructor):
         if self._state is _WAITING:
             self._state = _HOLDING
             self.granted_at = grant.granted_at
-            assert self._task is not None
-            trio.lowlevel.reschedule(self._task)
+            task = self._task
+            if task is not None:  # None: granted inside acquire, not parked
+                trio.lowlevel.reschedule(task)
 
     def _lease_until(self, deadline: float) -> None:
         """The slot's lease is sure to live until ``deadline`` (trio clock).
@@ -384,8 +398,9 @@ class Slot(metaclass=NoPublicConstructor):
         if self._state is _WAITING:
             self._state = _DONE
             self._error = error
-            assert self._task is not None
-            trio.lowlevel.reschedule(self._task)
+            task = self._task
+            if task is not None:  # None: refused inside acquire, not parked
+                trio.lowlevel.reschedule(task)
 
     @trio.lowlevel.enable_ki_protection
     def _abort(self, _raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:

@@ -66,17 +66,8 @@ from ..messages._scheduling import (
     Ticket,
 )
 from ._mailbox import Mailbox
-from ._observe import (
-    EventHub,
-    Granted,
-    LimitChanged,
-    Paused,
-    Queued,
-    Refused,
-    Released,
-    Resumed,
-    Withdrawn,
-)
+from ._observe import EventHub
+from ._outcomes import FLEET_PAUSE, Translator
 
 if TYPE_CHECKING:
     import collections
@@ -197,8 +188,8 @@ class SharedSchedulerActor:
         "_default_pause",
         "_dirty",
         "_entered",
+        "_events",
         "_holding",
-        "_hub",
         "_inbox",
         "_last_round",
         "_ledger",
@@ -212,7 +203,6 @@ class SharedSchedulerActor:
         "_resume",
         "_retry_at",
         "_running",
-        "_seen",
         "_seq",
         "_view",
         "book",
@@ -256,9 +246,11 @@ class SharedSchedulerActor:
         self._retry_at = -math.inf
         self._backoff = _FIRST_RETRY
         self._view = SharedView()
-        # Events: who asked and since when, while anything listens.
-        self._hub = EventHub() if hub is None else hub
-        self._seen: dict[Ticket, tuple[str | None, float]] = {}
+        # What each round and message does becomes events and log lines
+        # there, as for the local scheduler.
+        self._events = Translator(
+            provider, EventHub() if hub is None else hub, FLEET_PAUSE
+        )
         # Counted from now: the client stays open until run() is done,
         # even if the dispatcher closes before run() first gets to run. An
         # actor stopped when idle leaves, and enters again with its next
@@ -490,8 +482,10 @@ class SharedSchedulerActor:
         Only an answer's start (``Answered``) can wait for the next round.
         """
         book = self.book
-        if not self._hub.sinks:
-            self._seen.clear()
+        events = self._events
+        listening = events.listening
+        if not listening:
+            events.forget()
         urgent = False
         for message in messages:
             if isinstance(message, Answered):
@@ -507,7 +501,10 @@ class SharedSchedulerActor:
                     reply = self._replies.pop(message.ticket)
                     book.cancel(message.ticket)
                     reply._fail(exc)
-                self._emit_left(message.ticket, before, now)
+                if listening:
+                    events.left(
+                        message.ticket, now, before, book.in_flight, book.waiting
+                    )
             elif isinstance(message, Acquire):
                 self._acquire(message, now)
             elif isinstance(message, Cancel):
@@ -515,7 +512,10 @@ class SharedSchedulerActor:
                 self._replies.pop(message.ticket, None)
                 self._holding.pop(message.ticket, None)
                 book.cancel(message.ticket)
-                self._emit_left(message.ticket, before, now)
+                if listening:
+                    events.left(
+                        message.ticket, now, before, book.in_flight, book.waiting
+                    )
             elif not isinstance(message, _Wake):
                 self._take_setting(message, now)
         return urgent
@@ -527,11 +527,11 @@ class SharedSchedulerActor:
     ) -> None:
         """A message about the provider's limits, pauses or budgets."""
         if isinstance(message, SetLimit):
-            self._emit_limit(self.limit, message.limit, now)
+            self._events.limit_changed(self.limit, message.limit, now)
             self.limit = message.limit
             self._limit_writes.append(message.limit)
         elif isinstance(message, Adapt):
-            self._emit_limit(self.limit, message.limit.initial, now)
+            self._events.limit_changed(self.limit, message.limit.initial, now)
             self.limit = message.limit.initial
             self._limit_writes.append(message.limit)
         elif isinstance(message, Pause):
@@ -551,7 +551,7 @@ class SharedSchedulerActor:
         arrival = time.time()
         start = arrival - now + ticket.rank
         book = self.book
-        hub = self._hub
+        events = self._events
         try:
             book.acquire(ticket, start, arrival, message.tokens)
         except (QueueFull, ValueError) as exc:
@@ -560,32 +560,19 @@ class SharedSchedulerActor:
                 book.cancel(ticket)
             message.reply._fail(exc)
             if isinstance(exc, QueueFull):
-                _logger.info("provider %r refused a request: %s", self.provider, exc)
-                if hub.sinks:
-                    hub.emit(
-                        Refused(
-                            self.provider,
-                            now,
-                            message.conversation_id,
-                            self._hub.started_at(ticket),
-                            str(exc),
-                            book.in_flight,
-                            book.waiting,
-                        )
-                    )
-            return
-        self._replies[ticket] = message.reply
-        if hub.sinks:
-            self._seen[ticket] = (message.conversation_id, now)
-            hub.emit(
-                Queued(
-                    self.provider,
-                    now,
+                events.refused(
+                    ticket,
                     message.conversation_id,
-                    self._hub.started_at(ticket),
+                    now,
+                    exc,
                     book.in_flight,
                     book.waiting,
                 )
+            return
+        self._replies[ticket] = message.reply
+        if events.listening:
+            events.queued(
+                ticket, message.conversation_id, now, book.in_flight, book.waiting
             )
 
     async def _round(self, now: float) -> None:
@@ -717,8 +704,8 @@ class SharedSchedulerActor:
                 lease_until(until)
                 holding[ticket] = cast("_Leased", reply)
             reply._grant(Grant(ticket, now))
-        if grants and self._hub.sinks:
-            self._emit_grants(grants, now)
+        if grants and self._events.listening:
+            self._events.granted(grants, now, book.in_flight, book.waiting)
         budget = result.budget
         ready_in = None if budget is None else budget.ready_in
         self._view = SharedView(
@@ -758,43 +745,6 @@ class SharedSchedulerActor:
             backoff=backoff,
         )
 
-    def _emit_left(self, ticket: Ticket, before: tuple[int, int], now: float) -> None:
-        """A ticket was released or withdrawn, if the book's counts dropped."""
-        hub = self._hub
-        if not hub.sinks:
-            return
-        book = self.book
-        who, since = self._seen.pop(ticket, (None, None))
-        took = None if since is None else now - since
-        args = (self.provider, now, who, self._hub.started_at(ticket), took)
-        if book.waiting < before[1]:
-            hub.emit(Withdrawn(*args, book.in_flight, book.waiting))
-        elif book.in_flight < before[0]:
-            hub.emit(Released(*args, book.in_flight, book.waiting))
-
-    def _emit_grants(self, grants: list[Ticket], now: float) -> None:
-        book = self.book
-        seen = self._seen
-        in_flight = book.in_flight - len(grants)
-        waiting = book.waiting + len(grants)
-        for ticket in grants:
-            who, since = seen.get(ticket, (None, None))
-            if since is not None:
-                seen[ticket] = (who, now)
-            in_flight += 1
-            waiting -= 1
-            self._hub.emit(
-                Granted(
-                    self.provider,
-                    now,
-                    who,
-                    self._hub.started_at(ticket),
-                    None if since is None else now - since,
-                    in_flight,
-                    waiting,
-                )
-            )
-
     def _emit_pause(
         self, before: float | None, after: float | None, now: float
     ) -> None:
@@ -802,33 +752,13 @@ class SharedSchedulerActor:
         # Read on Redis' clock through a round trip: an end that moves by
         # less than _PAUSE_SLACK is the same pause.
         if after is not None and (before is None or after > before + _PAUSE_SLACK):
-            _logger.info(
-                "provider %r paused for the fleet: granting nothing for %.3g s",
-                self.provider,
-                after - now,
-            )
-            if self._hub.sinks:
-                self._hub.emit(Paused(self.provider, now, after, "rate_limited", None))
+            self._events.paused(now, after, None)
         elif after is None and before is not None:
-            _logger.info("provider %r: pause over, granting again", self.provider)
-            if self._hub.sinks:
-                self._hub.emit(Resumed(self.provider, now, "expired"))
-
-    def _emit_limit(self, previous: int | None, limit: int | None, now: float) -> None:
-        if previous == limit:
-            return
-        _logger.info(
-            "provider %r: limit %s (was %s)",
-            self.provider,
-            "none" if limit is None else limit,
-            "none" if previous is None else previous,
-        )
-        if self._hub.sinks:
-            self._hub.emit(LimitChanged(self.provider, now, limit, previous))
+            self._events.resumed(now, "expired")
 
     def _learn_limit(self, stored: int | None) -> None:
         if stored != self.limit and not self._limit_writes:
-            self._emit_limit(self.limit, stored, trio.current_time())
+            self._events.limit_changed(self.limit, stored, trio.current_time())
             self.limit = stored
             self._on_limit(self.provider, stored)
 
