@@ -14,11 +14,19 @@ import pytest
 import trio
 import trio.testing
 
-from trio_dispatch import AdaptiveLimit, ProviderStatistics, Quota, RateLimitInfo
+from trio_dispatch import (
+    AdaptiveLimit,
+    ProviderStatistics,
+    Quota,
+    RateLimitInfo,
+    open_dispatcher,
+)
+from trio_dispatch.actors._mailbox import Mailbox
 from trio_dispatch.lowlevel import (
     Backend,
     Reply,
     SchedulerActor,
+    SchedulerMessage,
     SlotPolicy,
     Ticket,
     open_dispatcher_with,
@@ -220,3 +228,36 @@ async def test_open_dispatcher_with_checks_its_arguments() -> None:
         ValueError, match=r"^limit for 'p' must be a positive integer, got 0$"
     ):
         open_dispatcher_with(Made(), {"p": 0})
+
+
+async def test_an_uncontended_slot_never_wakes_the_scheduler_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The caller's task handles its Acquire and Release itself, through the
+    # actor's handler, when nothing is queued before them: the actor's task
+    # takes no batch at all.
+    batches = 0
+    take_all = Mailbox.take_all
+
+    def counting(
+        self: Mailbox[SchedulerMessage],
+    ) -> collections.deque[SchedulerMessage]:
+        nonlocal batches
+        batches += 1
+        return take_all(self)
+
+    monkeypatch.setattr(Mailbox, "take_all", counting)
+    async with open_dispatcher({"p": 2}) as dispatcher:
+        await settle()
+        batches = 0  # the limit, set as it opened
+        for _ in range(10):
+            async with dispatcher.slot("p") as slot:
+                assert slot.held
+            await settle()
+        stats = dispatcher.statistics().providers["p"]
+        assert (stats.granted_total, stats.released_total, stats.in_flight) == (
+            10,
+            10,
+            0,
+        )
+        assert batches == 0
