@@ -257,6 +257,14 @@ class Slot(metaclass=NoPublicConstructor):
         self._task = trio.lowlevel.current_task()
         if self._state is _WAITING:
             await trio.lowlevel.wait_task_rescheduled(self._abort)
+            if self.held:  # the answer changed the state
+                # Granted, but cancelled before it could run: the grant
+                # goes back unused, as if the cancellation had come first.
+                try:
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                except BaseException:
+                    self._give_back()
+                    raise
         else:
             # Answered at once: still a checkpoint, as if it had waited. A
             # cancellation (or KeyboardInterrupt) met there gives the grant

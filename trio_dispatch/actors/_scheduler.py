@@ -96,6 +96,7 @@ class SchedulerActor:
         "_hub",
         "_inbox",
         "_listening",
+        "_plain",
         "_replies",
         "_seq",
         "policy",
@@ -112,6 +113,9 @@ class SchedulerActor:
         # only while anything listens, checked once per batch.
         self._events = Translator(provider, self._hub)
         self._listening = False
+        # No budget, no pause: nothing to watch the clock for, so a hot
+        # message may be handled in the caller's task (see _take).
+        self._plain = policy.throttle is None and policy.wake_at is None
         self._inbox: Mailbox[SchedulerMessage] = Mailbox()
         # The messages taken from the inbox and not handled yet: if handling
         # one crashes the actor, those behind it are failed, not lost.
@@ -153,20 +157,11 @@ class SchedulerActor:
 
     def release(self, ticket: Ticket) -> None:
         """Give back the slot of a granted ticket."""
-        if self.policy.waiting:
-            # Its grants go out from the actor's task, a batch at a time:
-            # cheaper under contention, and until then a waiter cancelled
-            # meanwhile gives its grant back unseen.
-            self._inbox.send_nowait(Release(ticket))
-        else:
-            self._take(Release(ticket))
+        self._take(Release(ticket))
 
     def cancel(self, ticket: Ticket) -> None:
         """Withdraw a ticket, waiting or granted."""
-        if self.policy.waiting:
-            self._inbox.send_nowait(Cancel(ticket))
-        else:
-            self._take(Cancel(ticket))
+        self._take(Cancel(ticket))
 
     # Protected like run: the policy changes and the requesters are told
     # together.
@@ -187,17 +182,15 @@ class SchedulerActor:
             trio.ClosedResourceError: The actor is closed.
         """
         inbox = self._inbox
-        policy = self.policy
-        if len(inbox) or self._batch or inbox.closed or policy.wake_at is not None:
+        if not self._plain or len(inbox) or self._batch or inbox.closed:
             inbox.send_nowait(message)
             return
-        now = trio.current_time()
-        policy.advance(now)
-        self._listen()
-        self._handle(message, now)
-        if policy.wake_at is not None or (
-            policy.limit is None and not policy.in_flight and not policy.waiting
-        ):
+        self._listening = listening = bool(self._hub.sinks)
+        if not listening:
+            self._events.forget()
+        self._handle(message, trio.current_time())
+        policy = self.policy
+        if policy.limit is None and not policy.in_flight and not policy.waiting:
             inbox.nudge()
 
     def answered(self, ticket: Ticket) -> None:
@@ -311,6 +304,7 @@ class SchedulerActor:
                     batch.popleft()
                 if policy.wake_at is not None:
                     self._tick(now)
+                self._plain = policy.throttle is None and policy.wake_at is None
         finally:
             if not stopped_idle:
                 self._shutdown()
@@ -374,8 +368,10 @@ class SchedulerActor:
         while batch:
             self._handle(batch[0], now)
             batch.popleft()
-        if self.policy.wake_at is not None:
+        policy = self.policy
+        if policy.wake_at is not None:
             self._tick(now)
+        self._plain = policy.throttle is None and policy.wake_at is None
 
     def _tick(self, now: float) -> None:
         """Tell the paused policy the time: a pause that ran out ends."""
