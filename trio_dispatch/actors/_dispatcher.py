@@ -233,7 +233,10 @@ class Slot(metaclass=NoPublicConstructor):
         # An already cancelled caller sends nothing, not an Acquire and a
         # Cancel: a grant that nobody uses would still show in statistics.
         await trio.lowlevel.checkpoint_if_cancelled()
-        actor = dispatcher._scheduler(self.provider)
+        # The running backend, without a call in the common case.
+        actor = dispatcher._actors.get(self.provider) or dispatcher._scheduler(
+            self.provider
+        )
         priority = self.priority
         # The rank of Ticket: the turn's start less the class's credit. In
         # class 0, the common case, the start itself: no float to make.

@@ -14,6 +14,15 @@ delivered; a grant that reaches a requester who has just given up is
 ignored by its reply, and the requester's ``Cancel``, already behind in the
 inbox, releases it. So slots never leak through that race.
 
+The actor need not be woken for every message. While the provider has no
+budget and no pause, an ``Acquire``, ``Release`` or ``Cancel`` that finds
+the inbox empty is handled at once in the sender's task, by the same
+handler and with the same effect as if the actor's task had taken it next
+(that is the order of the inbox); a release's grants go to their waiters
+from there, as ``trio.CapacityLimiter`` hands a token on. A waiter woken
+with a grant that was cancelled before it ran gives the grant back, as a
+grant that reached it after its cancellation would be.
+
 A message the policy refuses as a misuse (a ticket it already knows, the
 release of a ticket that still waits, a bad limit) fails only the request it
 concerns, never the actor: an ``Acquire`` is answered with the error, a
@@ -169,14 +178,15 @@ class SchedulerActor:
     def _take(self, message: Acquire | Release | Cancel) -> None:
         """Handle ``message`` now, in the calling task, if nothing is before it.
 
-        The uncontended path: when the inbox is empty, no batch is under
-        way and no pause or budget needs the clock watched, an ``Acquire``
-        (or a ``Release`` or ``Cancel`` that nobody waits behind) goes
-        through ``_handle`` at once, exactly as the actor's task would
-        handle it next, and that task is not woken at all. It is nudged
-        only if it must look again: a pause or budget to watch (its
-        deadline), or an unlimited provider gone idle (it may stop).
-        Otherwise the message is queued, behind what came before it.
+        The hot path of every hand-off: when the inbox is empty, no batch
+        is under way and the provider has no budget and no pause (nothing
+        to watch the clock for, ``_plain``), the message goes through
+        ``_handle`` at once, exactly as the actor's task would handle it
+        next, and the grants a release frees go to their waiters from here,
+        as ``trio.CapacityLimiter`` hands a released token on. The actor's
+        task is not woken, unless an unlimited provider went idle (it may
+        stop then). Otherwise the message is queued, behind what came
+        before it.
 
         Raises:
             trio.ClosedResourceError: The actor is closed.
@@ -185,9 +195,7 @@ class SchedulerActor:
         if not self._plain or len(inbox) or self._batch or inbox.closed:
             inbox.send_nowait(message)
             return
-        self._listening = listening = bool(self._hub.sinks)
-        if not listening:
-            self._events.forget()
+        self._listen()
         self._handle(message, trio.current_time())
         policy = self.policy
         if policy.limit is None and not policy.in_flight and not policy.waiting:
@@ -313,9 +321,10 @@ class SchedulerActor:
         """Check, once per batch, whether anything listens to the events."""
         if self._hub.sinks:
             self._listening = True
-        else:
+        elif self._listening:
             self._listening = False
-            # Tickets that change while nothing listens would be misdated.
+            # Tickets that change while nothing listens would be misdated;
+            # none is remembered while nothing listens.
             self._events.forget()
 
     def _idle(self) -> bool:
