@@ -10,9 +10,12 @@ import attrs
 import trio
 import trio.testing
 
+from trio_dispatch.lowlevel import SchedulerActor
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from trio_dispatch import Dispatcher
     from trio_dispatch.lowlevel import Grant
 
 
@@ -91,3 +94,10 @@ def cli_argv(*argv: str, without: Sequence[str] = (), setup: str = "") -> list[s
         "sys.exit(main())\n"
     )
     return [sys.executable, "-c", code, *argv]
+
+
+def local_scheduler(dispatcher: Dispatcher, provider: str) -> SchedulerActor:
+    """The running local scheduler actor of ``provider``, to send it messages."""
+    actor = dispatcher._scheduler(provider)
+    assert isinstance(actor, SchedulerActor)
+    return actor

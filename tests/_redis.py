@@ -21,6 +21,8 @@ from coredis.exceptions import ConnectionError as RedisConnectionError
 from hypothesis import HealthCheck, settings
 
 from trio_dispatch._ledger import Ledger, StepResult, keys_of, member_of
+from trio_dispatch.actors._shared_backend import SharedBackends
+from trio_dispatch.actors._shared_scheduler import SharedSchedulerActor
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -246,7 +248,9 @@ class Faults:
 
 def node_of(dispatcher: Dispatcher, provider: str = "p") -> str:
     """The node name of a dispatcher's share of ``provider``."""
-    return dispatcher._books[provider].node
+    actor = dispatcher._backends[provider]
+    assert isinstance(actor, SharedSchedulerActor)
+    return actor.book.node
 
 
 def crash(dispatcher: Dispatcher, dead: set[Ledger]) -> None:
@@ -255,7 +259,10 @@ def crash(dispatcher: Dispatcher, dead: set[Ledger]) -> None:
     ``dead`` is the ``dead_ledgers`` fixture's set: every script a ledger
     in it runs fails.
     """
-    ledger = dispatcher._ledger
+    # The maker of its backends holds the ledger they share.
+    shared = getattr(dispatcher._new_backend, "__self__", None)
+    assert isinstance(shared, SharedBackends)
+    ledger = shared.ledger
     assert ledger is not None
     dead.add(ledger)
 

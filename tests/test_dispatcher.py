@@ -21,7 +21,13 @@ from trio_dispatch import (
     SlotHoldTimeout,
     open_dispatcher,
 )
-from trio_dispatch.lowlevel import Acquire, Pause, SchedulerActor, SchedulerMessage
+from trio_dispatch.lowlevel import (
+    Pause,
+    Reply,
+    SchedulerActor,
+    SchedulerMessage,
+    Ticket,
+)
 
 from ._helpers import settle, task_names
 
@@ -895,17 +901,24 @@ async def test_a_scheduler_crash_mid_batch_fails_the_acquires_behind_it(
 def test_a_keyboard_interrupt_after_the_acquire_is_sent_leaks_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    send = SchedulerActor.send
+    # The Acquire reaches the scheduler through its acquire() (Backend).
+    acquire = SchedulerActor.acquire
     interrupted = False
 
-    def send_then_interrupt(self: SchedulerActor, message: SchedulerMessage) -> None:
+    def send_then_interrupt(
+        self: SchedulerActor,
+        ticket: Ticket,
+        reply: Reply,
+        conversation_id: str | None = None,
+        tokens: int = 0,
+    ) -> None:
         nonlocal interrupted
-        send(self, message)
-        if isinstance(message, Acquire) and not interrupted:
+        acquire(self, ticket, reply, conversation_id, tokens)
+        if not interrupted:
             interrupted = True
             signal.raise_signal(signal.SIGINT)  # unprotected code would get KI here
 
-    monkeypatch.setattr(SchedulerActor, "send", send_then_interrupt)
+    monkeypatch.setattr(SchedulerActor, "acquire", send_then_interrupt)
 
     async def main() -> None:
         async with open_dispatcher({"p": 1}) as dispatcher:

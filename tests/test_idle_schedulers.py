@@ -13,7 +13,7 @@ import trio.testing
 from trio_dispatch import Dispatcher, open_dispatcher
 from trio_dispatch.lowlevel import Acquire, Release, Ticket
 
-from ._helpers import RecordingReply, settle, task_names
+from ._helpers import RecordingReply, local_scheduler, settle, task_names
 
 
 def schedulers() -> list[str]:
@@ -175,7 +175,7 @@ async def test_set_limit_reaching_a_scheduler_as_it_turns_idle_keeps_it() -> Non
 async def test_a_scheduler_whose_work_statistics_did_before_it_ran_stops() -> None:
     async with open_dispatcher(unknown_providers="allow") as dispatcher:
         # Started, but its task has not run yet: statistics() does its work.
-        actor = dispatcher._scheduler("p")
+        actor = local_scheduler(dispatcher, "p")
         reply = RecordingReply()
         actor.send(Acquire(Ticket(0.0, 0), reply))
         dispatcher.statistics()

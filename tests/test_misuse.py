@@ -18,7 +18,7 @@ import trio.testing
 from trio_dispatch import Slot, open_dispatcher
 from trio_dispatch.lowlevel import Acquire, Pause, Release, SetLimit
 
-from ._helpers import RecordingReply, settle
+from ._helpers import RecordingReply, local_scheduler, settle
 
 if TYPE_CHECKING:
     from trio_dispatch import Dispatcher
@@ -56,7 +56,7 @@ async def test_an_acquire_with_a_known_ticket_fails_alone_and_others_are_served(
         waiter = dispatcher.slot("p")
         nursery.start_soon(_hold, waiter, outcomes)
         await settle()
-        actor = dispatcher._scheduler("p")
+        actor = local_scheduler(dispatcher, "p")
         on_holder, on_waiter = RecordingReply(), RecordingReply()
         actor.send(Acquire(holder.ticket, on_holder))  # type: ignore[arg-type]  # set once entered
         actor.send(Acquire(waiter.ticket, on_waiter))  # type: ignore[arg-type]  # set once entered
@@ -88,7 +88,7 @@ async def test_a_waiter_asking_again_with_its_own_ticket_is_failed_and_withdrawn
         await settle()
         nursery.start_soon(_hold, patient, outcomes)
         await settle()
-        dispatcher._scheduler("p").send(Acquire(confused.ticket, confused))  # type: ignore[arg-type]  # set once entered
+        local_scheduler(dispatcher, "p").send(Acquire(confused.ticket, confused))  # type: ignore[arg-type]  # set once entered
         await settle()
         assert outcomes == [f"ValueError: ticket {confused.ticket!r} is already known"]
         # Its ticket no longer waits: it is never granted to nobody.
@@ -111,7 +111,7 @@ async def test_a_release_of_a_waiting_ticket_withdraws_it_and_fails_its_requeste
         await settle()
         nursery.start_soon(_hold, patient, outcomes)
         await settle()
-        dispatcher._scheduler("p").send(Release(victim.ticket))  # type: ignore[arg-type]  # set once entered
+        local_scheduler(dispatcher, "p").send(Release(victim.ticket))  # type: ignore[arg-type]  # set once entered
         await settle()
         assert outcomes == [
             f"RuntimeError: ticket {victim.ticket!r} is waiting, not holding a slot"
@@ -131,7 +131,7 @@ async def test_a_bad_limit_or_pause_sent_to_a_scheduler_is_logged_and_dropped(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async with open_dispatcher({"p": 2}) as dispatcher:
-        actor = dispatcher._scheduler("p")
+        actor = local_scheduler(dispatcher, "p")
         actor.send(SetLimit(0))
         actor.send(Pause(math.nan))
         await settle()

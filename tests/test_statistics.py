@@ -18,7 +18,7 @@ from trio_dispatch.lowlevel import (
     Ticket,
 )
 
-from ._helpers import RecordingReply, settle
+from ._helpers import RecordingReply, local_scheduler, settle
 
 
 async def _hold(dispatcher: Dispatcher, seconds: float) -> None:
@@ -97,7 +97,7 @@ async def test_a_scheduler_bug_met_by_statistics_still_fails_the_requests_behind
     with pytest.RaisesGroup(Boom, flatten_subgroups=True):
         async with open_dispatcher({"p": 1}) as dispatcher:
             dispatcher.report_rate_limit("p", 1)
-            dispatcher._scheduler("p").send(Acquire(Ticket(0.0, 99), behind))
+            local_scheduler(dispatcher, "p").send(Acquire(Ticket(0.0, 99), behind))
             with pytest.raises(Boom, match=r"^bug in the scheduler$"):
                 dispatcher.statistics()
             # The scheduler's own task meets the same message, crashes, and

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from ._backend import ProviderStatistics as ProviderStatistics
 from ._budgets import AdaptiveLimit as AdaptiveLimit
 from ._budgets import Budget as Budget
 from ._budgets import BudgetStatistics as BudgetStatistics
@@ -44,7 +45,6 @@ from .actors._conversation import TurnResult as TurnResult
 from .actors._conversation import TurnStream as TurnStream
 from .actors._dispatcher import Dispatcher as Dispatcher
 from .actors._dispatcher import DispatcherStatistics as DispatcherStatistics
-from .actors._dispatcher import ProviderStatistics as ProviderStatistics
 from .actors._dispatcher import Slot as Slot
 from .actors._dispatcher import open_dispatcher as open_dispatcher
 from .actors._events import Retrying as Retrying

@@ -13,13 +13,25 @@ minor versions. An application needs none of them; ``trio_dispatch``,
   ``Acquire``, ``Release``, ``Cancel``, ``SetLimit``, ``Adapt``, ``Pause``,
   ``Resume``, ``Answered``, ``ReportUsage``, ``ObserveRateLimits`` (together
   ``SchedulerMessage``), answered with a ``Grant`` through a ``Reply``.
+- The backend interface, ``Backend``: what the dispatcher asks of each
+  provider's scheduler (``acquire``, ``release``, ``cancel``,
+  ``set_limit``, ``pause``, ``resume``, ``report_usage``,
+  ``observe_rate_limits``, ``statistics``, ``close``, and ``run``, which
+  the dispatcher starts in its nursery). ``SchedulerActor`` implements it
+  in one process, the Redis-shared scheduler of ``redis_url`` for a fleet.
+  ``open_dispatcher_with(new_backend, limits, **options)`` opens a
+  dispatcher whose providers each get the backend ``new_backend(provider)``
+  returns: a third backend needs only the names here and
+  ``trio_dispatch.ProviderStatistics``.
 - Tool arguments checked against their JSON schema: ``check_arguments``.
 """
 
+from ._backend import Backend as Backend
 from ._budgets import Throttle as Throttle
 from ._policy import PolicyStatistics as PolicyStatistics
 from ._policy import SlotPolicy as SlotPolicy
 from ._util import fixup_module_metadata
+from .actors._dispatcher import open_dispatcher_with as open_dispatcher_with
 from .actors._scheduler import SchedulerActor as SchedulerActor
 from .actors._tools import check_arguments as check_arguments
 from .messages._scheduling import Acquire as Acquire
@@ -41,6 +53,7 @@ __all__ = [
     "Acquire",
     "Adapt",
     "Answered",
+    "Backend",
     "Cancel",
     "Grant",
     "ObserveRateLimits",
@@ -57,6 +70,7 @@ __all__ = [
     "Throttle",
     "Ticket",
     "check_arguments",
+    "open_dispatcher_with",
 ]
 
 fixup_module_metadata(__name__, globals())

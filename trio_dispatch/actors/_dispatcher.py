@@ -56,20 +56,6 @@ from .._validation import (
     check_redis_url,
     redact_url,
 )
-from ..messages._scheduling import (
-    Acquire,
-    Adapt,
-    Answered,
-    Cancel,
-    Grant,
-    ObserveRateLimits,
-    Pause,
-    Release,
-    ReportUsage,
-    Resume,
-    SetLimit,
-    Ticket,
-)
 from ._conversation import new_conversation
 from ._limited import CALL
 from ._observe import (
@@ -78,7 +64,6 @@ from ._observe import (
     DispatchEvent,
     EventHub,
     EventSubscription,
-    LimitChanged,
     RateLimitsReceived,
 )
 from ._scheduler import SchedulerActor
@@ -90,79 +75,19 @@ if TYPE_CHECKING:
     import httpx
     import httpx2
 
-    from .._budgets import Budget, BudgetStatistics
-    from .._ledger import Ledger
+    from .._backend import Backend, ProviderStatistics
+    from .._budgets import Budget
     from .._provider import Provider
-    from .._shared_book import SharedBook
     from ..messages import ChatMessage, ChatRequest
+    from ..messages._scheduling import Grant, Ticket
     from ._conversation import Conversation
     from ._options import ConversationOptions
-    from ._shared_scheduler import SharedSchedulerActor
     from ._tools import Tool
-
-    _Actor = SchedulerActor | SharedSchedulerActor
 
 _logger = logging.getLogger("trio_dispatch")
 
 _UnknownProviders = Literal["allow", "warn", "error"]
 _UNKNOWN_PROVIDERS: Final[tuple[_UnknownProviders, ...]] = ("allow", "warn", "error")
-
-
-@final
-@attrs.frozen
-class ProviderStatistics:
-    """One provider, limited or not, as its scheduler sees it.
-
-    Attributes:
-        provider: The provider's name.
-        limit: The limit the scheduler enforces, or ``None`` for an
-            unlimited provider (every request is granted at once, and still
-            counted).
-        in_flight: Slots held now.
-        waiting: Requests waiting for a slot now.
-        paused: Whether grants are paused by a rate-limit report.
-        paused_until: When the pause ends (trio clock), or ``None``.
-        granted_total: Slots granted since the provider was first used.
-        released_total: Slots given back.
-        withdrawn_total: Requests cancelled while they waited.
-        rejected_total: Requests refused with ``QueueFull``.
-        peak_in_flight: The most slots ever held at once.
-        peak_waiting: The most requests ever waiting at once.
-        backend: ``"local"`` for a dispatcher of its own, ``"redis"`` for
-            one that shares its limits through Redis (``redis_url``). Then
-            ``limit``, ``in_flight``, ``waiting`` and ``paused_until`` are
-            the fleet's, as the latest exchange with Redis saw them (at most
-            a poll interval old), and the totals and peaks are this
-            process's own.
-        backend_up: Whether the backend can grant: ``False`` while Redis
-            is unreachable (nothing new is granted then).
-        local_in_flight: Slots held by this process (``in_flight`` when
-            local).
-        local_waiting: Requests waiting in this process (``waiting`` when
-            local).
-        adaptive: Whether ``limit`` is an ``AdaptiveLimit``'s current value.
-        budget: The request and token budgets, configured or learned from
-            the provider's answers, or ``None`` if there is none.
-    """
-
-    provider: str
-    limit: int | None
-    in_flight: int
-    waiting: int
-    paused: bool
-    paused_until: float | None
-    granted_total: int
-    released_total: int
-    withdrawn_total: int
-    rejected_total: int
-    peak_in_flight: int
-    peak_waiting: int
-    backend: Literal["local", "redis"] = "local"
-    backend_up: bool = True
-    local_in_flight: int = 0
-    local_waiting: int = 0
-    adaptive: bool = False
-    budget: BudgetStatistics | None = None
 
 
 @final
@@ -257,7 +182,7 @@ class Slot(metaclass=NoPublicConstructor):
         self.priority = priority
         self._max_hold = max_hold
         self._state = _NEW
-        self._actor: _Actor | None = None
+        self._actor: Backend | None = None
         self._task: trio.lowlevel.Task | None = None
         self._error: Exception | None = None
         self._hold: trio.CancelScope | None = None
@@ -308,7 +233,10 @@ class Slot(metaclass=NoPublicConstructor):
         # An already cancelled caller sends nothing, not an Acquire and a
         # Cancel: a grant that nobody uses would still show in statistics.
         await trio.lowlevel.checkpoint_if_cancelled()
-        actor = dispatcher._scheduler(self.provider)
+        # The running backend, without a call in the common case.
+        actor = dispatcher._actors.get(self.provider) or dispatcher._scheduler(
+            self.provider
+        )
         priority = self.priority
         # The rank of Ticket: the turn's start less the class's credit. In
         # class 0, the common case, the start itself: no float to make.
@@ -318,16 +246,37 @@ class Slot(metaclass=NoPublicConstructor):
             else self.started_at,
             priority,
         )
-        try:
-            actor.send(Acquire(ticket, self, self.conversation_id, self.tokens))
-        except trio.ClosedResourceError:
-            self._state = _DONE
-            raise DispatcherClosed("the dispatcher is closed") from None
         self._actor = actor
         self.ticket = ticket
-        self._task = trio.lowlevel.current_task()
         self._state = _WAITING
-        await trio.lowlevel.wait_task_rescheduled(self._abort)
+        try:
+            # The backend may answer before this returns, in this task
+            # (_grant or _fail find no task parked then).
+            actor.acquire(ticket, self, self.conversation_id, self.tokens)
+        except trio.ClosedResourceError:
+            self._state = _DONE
+            self._actor = None
+            raise DispatcherClosed("the dispatcher is closed") from None
+        self._task = trio.lowlevel.current_task()
+        if self._state is _WAITING:
+            await trio.lowlevel.wait_task_rescheduled(self._abort)
+            if self.held:  # the answer changed the state
+                # Granted, but cancelled before it could run: the grant
+                # goes back unused, as if the cancellation had come first.
+                try:
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                except BaseException:
+                    self._give_back()
+                    raise
+        else:
+            # Answered at once: still a checkpoint, as if it had waited. A
+            # cancellation (or KeyboardInterrupt) met there gives the grant
+            # back, as it would have while waiting.
+            try:
+                await trio.lowlevel.checkpoint()
+            except BaseException:
+                self._give_back()
+                raise
         if self._error is not None:
             self._task = None
             error, self._error = self._error, None
@@ -398,7 +347,7 @@ class Slot(metaclass=NoPublicConstructor):
         if actor is not None:
             with contextlib.suppress(trio.ClosedResourceError):
                 # Closed: the scheduler is gone, with its budgets.
-                actor.send(ReportUsage(self.ticket, tokens))  # type: ignore[arg-type]  # set with _actor
+                actor.report_usage(self.ticket, tokens)  # type: ignore[arg-type]  # set with _actor
 
     def _answered(self) -> None:
         """The request's answer started: the provider has counted it.
@@ -410,7 +359,7 @@ class Slot(metaclass=NoPublicConstructor):
         if self._state is _HOLDING and actor is not None:
             with contextlib.suppress(trio.ClosedResourceError):
                 # Closed: the scheduler is gone, with its budgets.
-                actor.send(Answered(self.ticket))  # type: ignore[arg-type]  # set with _actor
+                actor.answered(self.ticket)  # type: ignore[arg-type]  # set with _actor
 
     @trio.lowlevel.enable_ki_protection
     def _give_back(self) -> None:
@@ -421,7 +370,7 @@ class Slot(metaclass=NoPublicConstructor):
             # try/except, not contextlib.suppress: this runs once per slot,
             # and the context manager would cost as much as the send.
             try:
-                self._actor.send(Release(self.ticket))  # type: ignore[arg-type]  # set with _actor
+                self._actor.release(self.ticket)  # type: ignore[arg-type]  # set with _actor
             except trio.ClosedResourceError:
                 # Closed: the scheduler is gone, so there is nothing to give back to.
                 return
@@ -434,8 +383,9 @@ class Slot(metaclass=NoPublicConstructor):
         if self._state is _WAITING:
             self._state = _HOLDING
             self.granted_at = grant.granted_at
-            assert self._task is not None
-            trio.lowlevel.reschedule(self._task)
+            task = self._task
+            if task is not None:  # None: granted inside acquire, not parked
+                trio.lowlevel.reschedule(task)
 
     def _lease_until(self, deadline: float) -> None:
         """The slot's lease is sure to live until ``deadline`` (trio clock).
@@ -459,8 +409,9 @@ class Slot(metaclass=NoPublicConstructor):
         if self._state is _WAITING:
             self._state = _DONE
             self._error = error
-            assert self._task is not None
-            trio.lowlevel.reschedule(self._task)
+            task = self._task
+            if task is not None:  # None: refused inside acquire, not parked
+                trio.lowlevel.reschedule(task)
 
     @trio.lowlevel.enable_ki_protection
     def _abort(self, _raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
@@ -470,7 +421,7 @@ class Slot(metaclass=NoPublicConstructor):
         self._task = None
         with contextlib.suppress(trio.ClosedResourceError):
             # Closed: the scheduler is gone and holds nothing for us.
-            self._actor.send(Cancel(self.ticket))  # type: ignore[union-attr, arg-type]  # set before parking
+            self._actor.cancel(self.ticket)  # type: ignore[union-attr, arg-type]  # set before parking
         return trio.lowlevel.Abort.SUCCEEDED
 
 
@@ -492,6 +443,9 @@ class _Settings:
     priority_aging: float = 60.0
     budgets: Mapping[str, Budget] = attrs.field(factory=dict)
     learn_budgets: bool = True
+    # A backend for each provider, instead of the local scheduler: given by
+    # trio_dispatch.lowlevel.open_dispatcher_with.
+    new_backend: Callable[[str], Backend] | None = attrs.field(default=None, repr=False)
 
 
 _UNSET: Any = object()
@@ -537,36 +491,31 @@ class Dispatcher(metaclass=NoPublicConstructor):
 
     __slots__ = (
         "_actors",
-        "_books",
+        "_backends",
         "_call_observers",
         "_cleared",
         "_closed",
         "_closing",
         "_hub",
         "_known",
-        "_ledger",
         "_limits",
+        "_new_backend",
         "_nursery",
-        "_policies",
         "_settings",
     )
 
-    def __init__(
-        self,
-        nursery: trio.Nursery,
-        settings: _Settings,
-        ledger: Ledger | None = None,
-    ) -> None:
+    def __init__(self, nursery: trio.Nursery, settings: _Settings) -> None:
         self._nursery = nursery
         self._settings = settings
-        # Set when the limits are shared through Redis: then every provider
-        # has a shared scheduler, and a book instead of a policy.
-        self._ledger = ledger
-        # The running schedulers, and the policy (or book) of every provider
-        # seen: a stopped scheduler's policy waits here for its next one.
-        self._actors: dict[str, _Actor] = {}
-        self._policies: dict[str, SlotPolicy] = {}
-        self._books: dict[str, SharedBook] = {}
+        # The backend of every provider seen, and those whose task runs: a
+        # backend stopped when idle keeps its state for its next run.
+        self._new_backend: Callable[[str], Backend] = (
+            self._local_backend
+            if settings.new_backend is None
+            else settings.new_backend
+        )
+        self._backends: dict[str, Backend] = {}
+        self._actors: dict[str, Backend] = {}
         self._limits: dict[str, int] = {}
         # Known providers, and the names slot() lets through without a
         # look: the known ones and the unknown ones already allowed or
@@ -828,33 +777,10 @@ class Dispatcher(metaclass=NoPublicConstructor):
         check_provider(provider)
         check_limit_value(limit)
         self._check_open()
-        if isinstance(limit, AdaptiveLimit):
-            self._adapt(provider, limit)
-            return
-        if self._ledger is not None:
-            # Stored in Redis by the scheduler, for the whole fleet.
-            self._send_shared(provider, SetLimit(limit))
-        elif provider in self._actors:
-            self._send(provider, SetLimit(limit))
-        else:
-            # No scheduler runs, so none holds the policy: nothing waits and
-            # nothing is granted; the new scheduler starts limited.
-            policy = self._policy(provider)
-            previous = policy.limit
-            policy.set_limit(limit)
-            self._scheduler(provider)
-            if previous != limit:
-                _logger.info(
-                    "provider %r: limit %s (was %s)",
-                    provider,
-                    limit,
-                    "none" if previous is None else previous,
-                )
-                if self._hub.sinks:
-                    self._hub.emit(
-                        LimitChanged(provider, trio.current_time(), limit, previous)
-                    )
-        self._limits[provider] = limit
+        self._tell(provider, lambda backend: backend.set_limit(limit))
+        self._limits[provider] = (
+            limit.initial if isinstance(limit, AdaptiveLimit) else limit
+        )
         self._known.add(provider)
         self._cleared.add(provider)
 
@@ -869,24 +795,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
         """
         check_provider(provider)
         self._check_open()
-        if self._ledger is not None:
-            self._limits.pop(provider, None)
-            self._send_shared(provider, SetLimit(None))
-        elif self._limits.pop(provider, None) is not None:
-            self._send(provider, SetLimit(None))
-        self._known.add(provider)
-        self._cleared.add(provider)
-
-    def _adapt(self, provider: str, limit: AdaptiveLimit) -> None:
-        if self._ledger is not None:
-            # Stored in Redis by the scheduler, for the whole fleet.
-            self._send_shared(provider, Adapt(limit))
-        elif provider in self._actors:
-            self._send(provider, Adapt(limit))
-        else:
-            self._policy(provider).set_limit(limit)
-            self._scheduler(provider)
-        self._limits[provider] = limit.initial
+        self._limits.pop(provider, None)
+        self._tell(provider, lambda backend: backend.set_limit(None))
         self._known.add(provider)
         self._cleared.add(provider)
 
@@ -894,10 +804,10 @@ class Dispatcher(metaclass=NoPublicConstructor):
         """The limits, provider by provider (a copy); an adaptive one's current value."""
         limits = dict(self._limits)
         for provider in limits:
-            policy = self._policies.get(provider)
-            throttle = None if policy is None else policy.throttle
-            if throttle is not None and throttle.limit is not None:
-                limits[provider] = throttle.limit
+            backend = self._backends.get(provider)
+            value = None if backend is None else backend.adaptive_value()
+            if value is not None:
+                limits[provider] = value
         return limits
 
     def observe_rate_limits(self, provider: str, info: RateLimitInfo) -> None:
@@ -937,20 +847,12 @@ class Dispatcher(metaclass=NoPublicConstructor):
         settings = self._settings
         if not settings.learn_budgets:
             return
-        now = trio.current_time()
-        if self._ledger is not None:
-            # The fleet's budgets, in Redis: the next round takes them there.
-            with contextlib.suppress(trio.ClosedResourceError):
-                self._scheduler(provider).send(ObserveRateLimits(now, info))
-            return
-        actor = self._actors.get(provider)
-        if actor is None:
-            # No scheduler runs, so none holds the policy: update it here.
-            self._policy(provider).observe_rate_limits(now, info)
-            return
-        with contextlib.suppress(trio.ClosedResourceError):
+        with contextlib.suppress(DispatcherClosed):
             # Closed: its scheduler has stopped, and nothing waits there.
-            actor.send(ObserveRateLimits(now, info))
+            self._tell(
+                provider,
+                lambda backend: backend.observe_rate_limits(trio.current_time(), info),
+            )
 
     def _estimate(self, provider: str, request: ChatRequest) -> int:
         """The tokens ``request`` is charged for a slot of ``provider``."""
@@ -958,10 +860,6 @@ class Dispatcher(metaclass=NoPublicConstructor):
 
     def _default_max_tokens(self, provider: str) -> int:
         """The answer charged for a request of ``provider`` without ``max_tokens``."""
-        policy = self._policies.get(provider)
-        throttle = None if policy is None else policy.throttle
-        if throttle is not None:
-            return throttle.default_max_tokens
         budget = self._settings.budgets.get(provider)
         return DEFAULT_MAX_TOKENS if budget is None else budget.default_max_tokens
 
@@ -1003,7 +901,9 @@ class Dispatcher(metaclass=NoPublicConstructor):
             return
         with contextlib.suppress(DispatcherClosed):
             # Its scheduler has stopped (it crashed): there is nothing to pause.
-            self._send(provider, Pause(trio.current_time(), seconds))
+            self._tell(
+                provider, lambda backend: backend.pause(trio.current_time(), seconds)
+            )
 
     def resume(self, provider: str) -> None:
         """End the pause of ``provider`` now, and its backoff streak.
@@ -1018,10 +918,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         """
         check_provider(provider)
         self._check_open()
-        if self._ledger is not None:
-            self._send_shared(provider, Resume())
-        elif provider in self._actors:
-            self._send(provider, Resume())
+        self._tell(provider, lambda backend: backend.resume())
 
     def events(self, *, buffer: int = 1024) -> EventSubscription:
         """Every event of every provider, from now on, to read in a block.
@@ -1132,72 +1029,12 @@ class Dispatcher(metaclass=NoPublicConstructor):
         waiting for the schedulers to run (each handles its queued messages
         first, synchronously, as it would itself).
         """
-        for actor in self._actors.values():
-            actor.handle_backlog()
-        providers: dict[str, ProviderStatistics] = {}
-        if self._ledger is not None:
-            return DispatcherStatistics(
-                providers={
-                    provider: self._shared_statistics(provider, book)
-                    for provider, book in self._books.items()
-                },
-                closed=self._closed,
-            )
-        now = trio.current_time()
-        for provider, policy in self._policies.items():
-            stats = policy.statistics()
-            throttle = policy.throttle
-            providers[provider] = ProviderStatistics(
-                provider=provider,
-                limit=stats.limit,
-                in_flight=stats.in_flight,
-                waiting=stats.waiting,
-                paused=stats.paused_until is not None,
-                paused_until=stats.paused_until,
-                granted_total=stats.granted_total,
-                released_total=stats.released_total,
-                withdrawn_total=stats.withdrawn_total,
-                rejected_total=stats.rejected_total,
-                peak_in_flight=stats.peak_in_flight,
-                peak_waiting=stats.peak_waiting,
-                local_in_flight=stats.in_flight,
-                local_waiting=stats.waiting,
-                adaptive=throttle is not None and throttle.adaptive is not None,
-                budget=policy.budget_statistics(now),
-            )
-        return DispatcherStatistics(providers=providers, closed=self._closed)
-
-    def _shared_statistics(self, provider: str, book: SharedBook) -> ProviderStatistics:
-        actor = self._actors.get(provider)
-        if actor is None:
-            from ._shared_scheduler import SharedView  # noqa: PLC0415  # coredis only when asked for
-
-            # Stopped when idle and unlimited: nothing held or waiting here.
-            view = SharedView()
-        else:
-            assert not isinstance(actor, SchedulerActor)
-            view = actor.view
-        up, in_flight, waiting = view.up, view.in_flight, view.waiting
-        paused_until = view.paused_until
-        return ProviderStatistics(
-            provider=provider,
-            limit=self._limits.get(provider),
-            in_flight=in_flight,
-            waiting=waiting,
-            paused=paused_until is not None,
-            paused_until=paused_until,
-            granted_total=book.granted_total,
-            released_total=book.released_total,
-            withdrawn_total=book.withdrawn_total,
-            rejected_total=book.rejected_total,
-            peak_in_flight=book.peak_in_flight,
-            peak_waiting=book.peak_waiting,
-            backend="redis",
-            backend_up=up,
-            local_in_flight=book.in_flight,
-            local_waiting=book.waiting,
-            adaptive=view.adaptive is not None,
-            budget=view.budget_statistics(trio.current_time()),
+        return DispatcherStatistics(
+            providers={
+                provider: backend.statistics()
+                for provider, backend in self._backends.items()
+            },
+            closed=self._closed,
         )
 
     def _unknown(self, provider: str) -> None:
@@ -1217,25 +1054,44 @@ class Dispatcher(metaclass=NoPublicConstructor):
             )
         self._cleared.add(provider)
 
-    def _scheduler(self, provider: str) -> _Actor:
-        """The running scheduler of ``provider``, started if there is none.
+    def _scheduler(self, provider: str) -> Backend:
+        """The backend of ``provider``, made if there is none, its task running.
 
         Unlimited providers get one too (with no limit, it grants at once):
-        it counts their slots in use, so a limit set later counts them. It
-        stops when idle (see ``_serve``); the next call starts a new one on
-        the same policy.
+        it counts their slots in use, so a limit set later counts them. Its
+        task stops when idle (see ``_serve``); the next call starts it again
+        on the same backend.
         """
         actor = self._actors.get(provider)
         if actor is None:
-            if self._ledger is not None:
-                actor = self._shared_scheduler(provider, self._ledger)
-            else:
-                actor = SchedulerActor(provider, self._policy(provider), self._hub)
+            actor = self._backends.get(provider)
+            if actor is None:
+                actor = self._backends[provider] = self._new_backend(provider)
             self._actors[provider] = actor
             self._nursery.start_soon(
                 self._serve, actor, name=f"trio_dispatch scheduler {provider!r}"
             )
         return actor
+
+    def _tell(self, provider: str, change: Callable[[Backend], None]) -> None:
+        """Make ``change`` to the backend of ``provider``, started if need be.
+
+        A backend whose task was not running handles it at once, in this
+        task, through its own message handling: its task finds it done.
+
+        Raises:
+            DispatcherClosed: Its backend is closed.
+        """
+        started = provider not in self._actors
+        backend = self._scheduler(provider)
+        try:
+            change(backend)
+        except trio.ClosedResourceError:
+            raise DispatcherClosed(
+                f"the scheduler of {provider!r} has stopped"
+            ) from None
+        if started:
+            backend.handle_backlog()
 
     async def _share(self, limits: Mapping[str, int | AdaptiveLimit]) -> None:
         """Connect to Redis, store ``limits`` where none is, start the schedulers.
@@ -1243,38 +1099,23 @@ class Dispatcher(metaclass=NoPublicConstructor):
         Raises:
             BackendUnavailable: Redis cannot be reached.
         """
-        from ._shared_backend import serve_ledger  # noqa: PLC0415  # coredis only when asked for
+        from ._shared_backend import SharedBackends, serve_ledger  # noqa: PLC0415  # coredis only when asked for
 
         self._closing = trio.Event()
-        ledger, stored = await self._nursery.start(
-            serve_ledger, self._settings, limits, self._wake, self._closing
+        shared = SharedBackends(
+            self._settings, self._hub, self._limits, self._learn_limit
         )
-        self._ledger = ledger
+        ledger, stored = await self._nursery.start(
+            serve_ledger, self._settings, limits, shared.wake, self._closing
+        )
+        shared.ledger = ledger
+        self._new_backend = shared.new
         for provider, limit in stored.items():
             self._learn_limit(provider, limit)
             self._known.add(provider)
             self._cleared.add(provider)
             # Started now, so that a pause or a limit reaches it at once.
             self._scheduler(provider)
-
-    def _shared_scheduler(self, provider: str, ledger: Ledger) -> _Actor:
-        from .._shared_book import SharedBook  # noqa: PLC0415  # coredis only when asked for
-        from ._shared_scheduler import SharedSchedulerActor, new_node  # noqa: PLC0415
-
-        book = self._books.get(provider)
-        if book is None:
-            book = SharedBook(new_node(), max_waiting=self._settings.max_waiting)
-            self._books[provider] = book
-        return SharedSchedulerActor(
-            provider,
-            book,
-            ledger,
-            limit=self._limits.get(provider),
-            default_pause=self._settings.default_pause,
-            max_pause=self._settings.max_pause,
-            on_limit=self._learn_limit,
-            hub=self._hub,
-        )
 
     def _learn_limit(self, provider: str, limit: int | None) -> None:
         """A shared scheduler learned the fleet's limit from Redis."""
@@ -1283,65 +1124,34 @@ class Dispatcher(metaclass=NoPublicConstructor):
         else:
             self._limits[provider] = limit
 
-    def _wake(self, provider: str | None, source: str | None) -> None:
-        """A wake-up for ``provider`` (``None``: all) came from Redis.
-
-        ``source`` names the process whose round sent it, if any.
-        """
-        if provider is None:
-            actors = list(self._actors.values())
-        else:
-            actor = self._actors.get(provider)
-            actors = [] if actor is None else [actor]
-        for actor in actors:
-            if not isinstance(actor, SchedulerActor):
-                actor.wake(source)
-
-    def _policy(self, provider: str) -> SlotPolicy:
-        policy = self._policies.get(provider)
-        if policy is None:
-            budget = self._settings.budgets.get(provider)
-            policy = SlotPolicy(
-                None,
-                max_waiting=self._settings.max_waiting,
-                default_pause=self._settings.default_pause,
-                max_pause=self._settings.max_pause,
-                throttle=None
-                if budget is None
-                else Throttle(
-                    budget,
-                    learn=self._settings.learn_budgets,
-                    now=trio.current_time(),
-                ),
-            )
-            self._policies[provider] = policy
-        return policy
+    def _local_backend(self, provider: str) -> Backend:
+        """The scheduler actor of ``provider`` in this process."""
+        settings = self._settings
+        budget = settings.budgets.get(provider)
+        policy = SlotPolicy(
+            None,
+            max_waiting=settings.max_waiting,
+            default_pause=settings.default_pause,
+            max_pause=settings.max_pause,
+            throttle=None
+            if budget is None
+            else Throttle(
+                budget,
+                learn=settings.learn_budgets,
+                now=trio.current_time(),
+            ),
+        )
+        return SchedulerActor(provider, policy, self._hub)
 
     # Protected so that no KeyboardInterrupt comes between the actor's
     # decision to stop and its removal: a request in between would find a
     # closed inbox.
     @trio.lowlevel.enable_ki_protection
-    async def _serve(self, actor: _Actor) -> None:
+    async def _serve(self, actor: Backend) -> None:
         if await actor.run(stop_when_idle=True):
             # Idle and unlimited: it stopped with nothing held, waiting or
             # queued, in this same step, so no request was sent to it since.
             del self._actors[actor.provider]
-
-    def _send(self, provider: str, message: SetLimit | Adapt | Pause | Resume) -> None:
-        try:
-            self._actors[provider].send(message)
-        except trio.ClosedResourceError:
-            raise DispatcherClosed(
-                f"the scheduler of {provider!r} has stopped"
-            ) from None
-
-    def _send_shared(self, provider: str, message: SetLimit | Adapt | Resume) -> None:
-        try:
-            self._scheduler(provider).send(message)
-        except trio.ClosedResourceError:
-            raise DispatcherClosed(
-                f"the scheduler of {provider!r} has stopped"
-            ) from None
 
     def _check_open(self) -> None:
         if self._closed:
@@ -1351,8 +1161,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
         self._closed = True
         if self._closing is not None:
             self._closing.set()
-        for actor in self._actors.values():
-            actor.close()
+        for backend in self._backends.values():
+            backend.close()
         self._hub.close()
         self._nursery.cancel_scope.cancel()
 
@@ -1513,6 +1323,66 @@ def open_dispatcher(
       The bound is kept on the process's clock against the Redis server's,
       so it assumes they run at the same rate (not that they agree).
     """
+    checked, settings = _checked_settings(
+        limits,
+        budgets=budgets,
+        learn_budgets=learn_budgets,
+        default_pause=default_pause,
+        max_pause=max_pause,
+        max_hold=max_hold,
+        max_waiting=max_waiting,
+        unknown_providers=unknown_providers,
+        redis_url=redis_url,
+        namespace=namespace,
+        lease=lease,
+        priority_aging=priority_aging,
+    )
+    return _run_dispatcher(checked, settings)
+
+
+def open_dispatcher_with(
+    new_backend: Callable[[str], Backend],
+    limits: Mapping[str, int | AdaptiveLimit] | None = None,
+    **options: Any,  # noqa: ANN401  # open_dispatcher's keywords, checked there
+) -> contextlib.AbstractAsyncContextManager[Dispatcher]:
+    """``open_dispatcher`` whose providers are scheduled by backends of your own.
+
+    ``new_backend(provider)`` is called once per provider, when it is first
+    limited or used, and returns its ``Backend``; the dispatcher runs the
+    backend's ``run`` in its nursery and talks to it through the protocol
+    only. ``options`` are ``open_dispatcher``'s keywords, checked the same
+    way, but for ``redis_url``, ``namespace`` and ``lease``: what a backend
+    shares is its own business.
+
+    Raises:
+        TypeError: ``new_backend`` is not callable, or an option is unknown
+            or one of those three.
+    """
+    if not callable(new_backend):
+        raise TypeError(f"new_backend must be callable, got {new_backend!r}")
+    for name in ("redis_url", "namespace", "lease"):
+        if name in options:
+            raise TypeError(f"open_dispatcher_with() takes no {name}")
+    checked, settings = _checked_settings(limits, **options)
+    return _run_dispatcher(checked, attrs.evolve(settings, new_backend=new_backend))
+
+
+def _checked_settings(  # open_dispatcher's keywords, once
+    limits: Mapping[str, int | AdaptiveLimit] | None = None,
+    *,
+    budgets: Mapping[str, Budget] | None = None,
+    learn_budgets: bool = True,
+    default_pause: float = 1.0,
+    max_pause: float = 60.0,
+    max_hold: float | None = None,
+    max_waiting: int | None = None,
+    unknown_providers: _UnknownProviders = "warn",
+    redis_url: str | None = None,
+    namespace: str = _DEFAULT_NAMESPACE,
+    lease: float = _DEFAULT_LEASE,
+    priority_aging: float = 60.0,
+) -> tuple[dict[str, int | AdaptiveLimit], _Settings]:
+    """``open_dispatcher``'s arguments, checked: the limits and the settings."""
     checked = check_limit_mapping(limits)
     checked_budgets = check_budgets(budgets)
     if not isinstance(learn_budgets, bool):
@@ -1543,7 +1413,7 @@ def open_dispatcher(
         budgets=checked_budgets,
         learn_budgets=learn_budgets,
     )
-    return _run_dispatcher(checked, settings)
+    return checked, settings
 
 
 def _require_redis() -> None:

@@ -54,6 +54,10 @@ class Mailbox(Generic[T]):
         self._queue.append(message)
         self._wake()
 
+    def nudge(self) -> None:
+        """Wake the reader without a message, so it looks at its state again."""
+        self._wake()
+
     def close(self) -> None:
         """Refuse further messages and wake the reader. Idempotent."""
         self._closed = True

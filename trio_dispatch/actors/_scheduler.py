@@ -14,6 +14,15 @@ delivered; a grant that reaches a requester who has just given up is
 ignored by its reply, and the requester's ``Cancel``, already behind in the
 inbox, releases it. So slots never leak through that race.
 
+The actor need not be woken for every message. While the provider has no
+budget and no pause, an ``Acquire``, ``Release`` or ``Cancel`` that finds
+the inbox empty is handled at once in the sender's task, by the same
+handler and with the same effect as if the actor's task had taken it next
+(that is the order of the inbox); a release's grants go to their waiters
+from there, as ``trio.CapacityLimiter`` hands a token on. A waiter woken
+with a grant that was cancelled before it ran gives the grant back, as a
+grant that reached it after its cancellation would be.
+
 A message the policy refuses as a misuse (a ticket it already knows, the
 release of a ticket that still waits, a bad limit) fails only the request it
 concerns, never the actor: an ``Acquire`` is answered with the error, a
@@ -23,12 +32,14 @@ it gave it back), and a ``SetLimit`` or ``Pause`` that nobody can be told
 about is logged and dropped. The policy changes nothing when it refuses, so
 its invariants hold.
 
-While anything listens to the dispatcher's events (``EventHub.sinks``),
-the actor handles its messages with ``_handle_observed`` instead, which
-does the same and also emits an event for each thing that happens; it also
-remembers who holds or waits since when, to tell the wait and the hold
-time. The choice is made once per batch, so nobody listening costs one
-check per wake-up, not one per message.
+Every message goes through one handler, ``_handle``. What each step of
+the policy does (a ticket queued, granted, released, withdrawn or
+refused; a pause, a resume, a new limit) goes to a ``Translator``, which
+makes the log lines and, while anything listens to the dispatcher's
+events (``EventHub.sinks``), the events; the Redis-shared scheduler uses
+the same translator. Whether anything listens is checked once per batch,
+so nobody listening costs one check per wake-up and a flag test per
+message, and no event is built.
 
 While the provider is paused, or its oldest waiter waits for budget, the
 actor waits for its inbox with the policy's ``wake_at`` as deadline (the
@@ -48,6 +59,8 @@ from typing import TYPE_CHECKING, final
 
 import trio
 
+from .._backend import ProviderStatistics
+from .._budgets import AdaptiveLimit
 from .._exceptions import DispatcherClosed, QueueFull
 from ..messages._scheduling import (
     Acquire,
@@ -65,20 +78,12 @@ from ..messages._scheduling import (
     Ticket,
 )
 from ._mailbox import Mailbox
-from ._observe import (
-    EventHub,
-    Granted,
-    LimitChanged,
-    Paused,
-    Queued,
-    Refused,
-    Released,
-    Resumed,
-    Withdrawn,
-)
+from ._observe import EventHub
+from ._outcomes import Translator
 
 if TYPE_CHECKING:
     from .._policy import SlotPolicy
+    from .._ratelimits import RateLimitInfo
     from ..messages._scheduling import Reply
 
 _logger = logging.getLogger("trio_dispatch")
@@ -96,10 +101,12 @@ class SchedulerActor:
 
     __slots__ = (
         "_batch",
+        "_events",
         "_hub",
         "_inbox",
+        "_listening",
+        "_plain",
         "_replies",
-        "_seen",
         "_seq",
         "policy",
         "provider",
@@ -111,9 +118,13 @@ class SchedulerActor:
         self.provider = provider
         self.policy = policy
         self._hub = EventHub() if hub is None else hub
-        # While events are listened to: who asked, and since when, of each
-        # ticket seen waiting or granted (queued at, then granted at).
-        self._seen: dict[Ticket, tuple[str | None, float]] = {}
+        # What each step does becomes events and log lines there; events
+        # only while anything listens, checked once per batch.
+        self._events = Translator(provider, self._hub)
+        self._listening = False
+        # No budget, no pause: nothing to watch the clock for, so a hot
+        # message may be handled in the caller's task (see _take).
+        self._plain = policy.throttle is None and policy.wake_at is None
         self._inbox: Mailbox[SchedulerMessage] = Mailbox()
         # The messages taken from the inbox and not handled yet: if handling
         # one crashes the actor, those behind it are failed, not lost.
@@ -140,34 +151,140 @@ class SchedulerActor:
         """Refuse further messages; the actor stops and fails the waiters."""
         self._inbox.close()
 
+    # The Backend interface: each queues one message, never blocks, and
+    # raises trio.ClosedResourceError once the actor is closed.
+
+    def acquire(
+        self,
+        ticket: Ticket,
+        reply: Reply,
+        conversation_id: str | None = None,
+        tokens: int = 0,
+    ) -> None:
+        """Ask for a slot; the answer goes to ``reply``, perhaps before this returns."""
+        self._take(Acquire(ticket, reply, conversation_id, tokens))
+
+    def release(self, ticket: Ticket) -> None:
+        """Give back the slot of a granted ticket."""
+        self._take(Release(ticket))
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Withdraw a ticket, waiting or granted."""
+        self._take(Cancel(ticket))
+
+    # Protected like run: the policy changes and the requesters are told
+    # together.
+    @trio.lowlevel.enable_ki_protection
+    def _take(self, message: Acquire | Release | Cancel) -> None:
+        """Handle ``message`` now, in the calling task, if nothing is before it.
+
+        The hot path of every hand-off: when the inbox is empty, no batch
+        is under way and the provider has no budget and no pause (nothing
+        to watch the clock for, ``_plain``), the message goes through
+        ``_handle`` at once, exactly as the actor's task would handle it
+        next, and the grants a release frees go to their waiters from here,
+        as ``trio.CapacityLimiter`` hands a released token on. The actor's
+        task is not woken, unless an unlimited provider went idle (it may
+        stop then). Otherwise the message is queued, behind what came
+        before it.
+
+        Raises:
+            trio.ClosedResourceError: The actor is closed.
+        """
+        inbox = self._inbox
+        if not self._plain or len(inbox) or self._batch or inbox.closed:
+            inbox.send_nowait(message)
+            return
+        self._listen()
+        self._handle(message, trio.current_time())
+        policy = self.policy
+        if policy.limit is None and not policy.in_flight and not policy.waiting:
+            inbox.nudge()
+
+    def answered(self, ticket: Ticket) -> None:
+        """The answer of a granted ticket's request has started."""
+        self._inbox.send_nowait(Answered(ticket))
+
+    def report_usage(self, ticket: Ticket, tokens: int) -> None:
+        """The tokens a granted ticket's request used."""
+        self._inbox.send_nowait(ReportUsage(ticket, tokens))
+
+    def set_limit(self, limit: int | AdaptiveLimit | None) -> None:
+        """A new limit: fixed, adaptive, or ``None`` for unlimited."""
+        self._inbox.send_nowait(
+            Adapt(limit) if isinstance(limit, AdaptiveLimit) else SetLimit(limit)
+        )
+
+    def pause(self, reported_at: float, retry_after: float | None) -> None:
+        """A rate-limit answer: pause the grants."""
+        self._inbox.send_nowait(Pause(reported_at, retry_after))
+
+    def resume(self) -> None:
+        """End the pause and its backoff streak."""
+        self._inbox.send_nowait(Resume())
+
+    def observe_rate_limits(self, observed_at: float, info: RateLimitInfo) -> None:
+        """The rate-limit figures of one of the provider's answers."""
+        self._inbox.send_nowait(ObserveRateLimits(observed_at, info))
+
+    def adaptive_value(self) -> int | None:
+        """The adaptive limit's current value, or ``None`` for a fixed one."""
+        throttle = self.policy.throttle
+        return None if throttle is None else throttle.limit
+
+    def statistics(self) -> ProviderStatistics:
+        """The provider's snapshot, every message sent so far handled."""
+        self.handle_backlog()
+        policy = self.policy
+        stats = policy.statistics()
+        throttle = policy.throttle
+        return ProviderStatistics(
+            provider=self.provider,
+            limit=stats.limit,
+            in_flight=stats.in_flight,
+            waiting=stats.waiting,
+            paused=stats.paused_until is not None,
+            paused_until=stats.paused_until,
+            granted_total=stats.granted_total,
+            released_total=stats.released_total,
+            withdrawn_total=stats.withdrawn_total,
+            rejected_total=stats.rejected_total,
+            peak_in_flight=stats.peak_in_flight,
+            peak_waiting=stats.peak_waiting,
+            local_in_flight=stats.in_flight,
+            local_waiting=stats.waiting,
+            adaptive=throttle is not None and throttle.adaptive is not None,
+            budget=policy.budget_statistics(trio.current_time()),
+        )
+
     # KeyboardInterrupt waits for the next checkpoint: between two, the actor
     # changes the policy and tells the requesters, which must go together.
     @trio.lowlevel.enable_ki_protection
-    async def run(self, *, stop_when_idle: bool = False) -> bool:  # noqa: PLR0912 (the hot loop stays inline, see below)
+    async def run(self, *, stop_when_idle: bool = False) -> bool:
         """Serve the inbox until it is closed or the task is cancelled.
 
         Args:
-            stop_when_idle: Also stop, closing the inbox, as soon as the
-                provider is unlimited and idle: no slot held, none waiting,
-                nothing queued. Then nobody can have a ticket to release or
-                cancel here, so no message can be lost; the policy can be
-                handed to a new actor on the next request.
+            stop_when_idle: Also stop as soon as the provider is unlimited
+                and idle: no slot held, none waiting, nothing queued. Then
+                nobody can have a ticket to release or cancel here, so no
+                message can be lost; the inbox stays open, and ``run`` may
+                be called again (the dispatcher does, on the next request).
 
         Returns:
             ``True`` if it stopped because it was idle.
         """
         inbox = self._inbox
         policy = self.policy
-        hub = self._hub
-        seen = self._seen
-        plain = self._handle
-        observed = self._handle_observed
+        handle = self._handle
+        stopped_idle = False
         try:
             while True:
                 # Checked before every wait, not only after a batch:
                 # handle_backlog may have done this actor's work before its
                 # task first ran, and then nothing would wake it.
                 if stop_when_idle and policy.limit is None and self._idle():
+                    # Nothing to fail, and the inbox stays open.
+                    stopped_idle = True
                     return True
                 paused_until = policy.wake_at
                 if self._batch:
@@ -188,22 +305,27 @@ class SchedulerActor:
                     continue
                 # _handle_batch's common case, inline: this loop is the hot
                 # path of every hand-off, and a call per wake-up shows.
-                if hub.sinks:
-                    handle = observed
-                else:
-                    handle = plain
-                    if seen:
-                        # Tickets that change while nothing listens would
-                        # be misdated: forget them.
-                        seen.clear()
+                self._listen()
                 batch = self._batch = inbox.take_all()
                 while batch:
                     handle(batch[0], now)
                     batch.popleft()
                 if policy.wake_at is not None:
                     self._tick(now)
+                self._plain = policy.throttle is None and policy.wake_at is None
         finally:
-            self._shutdown()
+            if not stopped_idle:
+                self._shutdown()
+
+    def _listen(self) -> None:
+        """Check, once per batch, whether anything listens to the events."""
+        if self._hub.sinks:
+            self._listening = True
+        elif self._listening:
+            self._listening = False
+            # Tickets that change while nothing listens would be misdated;
+            # none is remembered while nothing listens.
+            self._events.forget()
 
     def _idle(self) -> bool:
         """Unlimited, no slot held or waiting, nothing to handle: may stop."""
@@ -251,295 +373,157 @@ class SchedulerActor:
         else:
             self._batch = batch = messages
         self.policy.advance(now)
-        if self._hub.sinks:
-            handle = self._handle_observed
-        else:
-            handle = self._handle
-            # Tickets that change while nothing listens would be misdated.
-            self._seen.clear()
+        self._listen()
         while batch:
-            handle(batch[0], now)
+            self._handle(batch[0], now)
             batch.popleft()
-        if self.policy.wake_at is not None:
+        policy = self.policy
+        if policy.wake_at is not None:
             self._tick(now)
+        self._plain = policy.throttle is None and policy.wake_at is None
 
     def _tick(self, now: float) -> None:
         """Tell the paused policy the time: a pause that ran out ends."""
         policy = self.policy
-        hub = self._hub
         paused = policy.paused_until is not None
         grants = policy.tick(now)
         if paused and policy.paused_until is None:
-            _logger.info("provider %r: pause over, granting again", self.provider)
-            if hub.sinks:
-                hub.emit(Resumed(self.provider, now, "expired"))
-        if hub.sinks:
-            self._deliver_observed(grants, now)
-        elif grants:
+            self._events.resumed(now, "expired")
+        if grants:
             self._deliver(grants, now)
 
     def _handle(self, message: SchedulerMessage, now: float) -> None:
+        """Apply one message to the policy, and tell whoever it concerns.
+
+        The one handler of every message: its outcomes go to the
+        translator's events while anything listens (``_listening``, set
+        per batch), and to its log lines always.
+        """
         policy = self.policy
         # Ordered by how often each message comes; most free nothing, so
         # delivery is skipped when there is nothing to deliver. The policy's
         # refusals are caught per message: a misuse fails its own request,
         # never the actor (and a try costs nothing until it raises).
         if isinstance(message, Release):
-            try:
-                grants = policy.release(message.ticket)
-            except RuntimeError as exc:
-                self._withdraw(message.ticket, exc)
-                return
-        elif isinstance(message, Acquire):
-            try:
-                grants = policy.acquire(message.ticket, message.tokens)
-            except (QueueFull, ValueError) as exc:
-                self._refuse(message, exc)
-                return
-            if not grants:
-                self._replies[message.ticket] = message.reply
-                return
-            message.reply._grant(Grant(message.ticket, now))
-            return
-        elif isinstance(message, Cancel):
-            self._replies.pop(message.ticket, None)
-            grants = policy.cancel(message.ticket)
-        elif isinstance(message, SetLimit):
-            applied = self._set_limit(message)
-            if applied is None:
-                return
-            grants = applied[1]
-        elif isinstance(message, Pause):
-            self._pause(message, now)
-            return
-        else:
-            grants = self._rarely(message)
-        if grants:
-            self._deliver(grants, now)
-
-    def _set_limit(self, message: SetLimit) -> tuple[int | None, list[Ticket]] | None:
-        """Apply ``message``: the limit before and the grants, or ``None`` if refused."""
-        policy = self.policy
-        previous = policy.limit
-        try:
-            grants = policy.set_limit(message.limit)
-        except (TypeError, ValueError) as exc:
-            self._drop(message, exc)
-            return None
-        self._log_limit(previous, message.limit)
-        return previous, grants
-
-    def _rarely(
-        self, message: Resume | ReportUsage | Answered | ObserveRateLimits | Adapt
-    ) -> list[Ticket]:
-        """The messages that come least often: resume, budgets, adaptive limits."""
-        policy = self.policy
-        if isinstance(message, ReportUsage):
-            return policy.report_usage(message.ticket, message.tokens)
-        if isinstance(message, ObserveRateLimits):
-            return policy.observe_rate_limits(message.observed_at, message.info)
-        if isinstance(message, Answered):
-            policy.answered(message.ticket)
-            return []
-        if isinstance(message, Adapt):
-            return policy.set_limit(message.limit)
-        return self._resume()
-
-    def _handle_observed(self, message: SchedulerMessage, now: float) -> None:
-        """``_handle``, emitting an event for each thing that happens."""
-        policy = self.policy
-        emit = self._hub.emit
-        provider = self.provider
-        if isinstance(message, Release | Cancel):
-            grants = self._leave_observed(message, now)
-        elif isinstance(message, Acquire):
-            self._acquire_observed(message, now)
-            return
-        elif isinstance(message, SetLimit):
-            applied = self._set_limit(message)
-            if applied is None:
-                return
-            previous, grants = applied
-            if previous != message.limit:
-                emit(LimitChanged(provider, now, message.limit, previous))
-        elif isinstance(message, Pause):
-            if self._pause(message, now):
-                until = policy.paused_until if policy.limit is not None else None
-                emit(Paused(provider, now, until, "rate_limited", message.retry_after))
-            return
-        else:
-            paused = policy.paused_until is not None
-            previous = policy.limit
-            grants = self._rarely(message)
-            if isinstance(message, Resume) and paused:
-                emit(Resumed(provider, now, "resumed"))
-            if policy.limit != previous:
-                emit(LimitChanged(provider, now, policy.limit, previous))
-        self._deliver_observed(grants, now)
-
-    def _leave_observed(self, message: Release | Cancel, now: float) -> list[Ticket]:
-        """A release or cancel, observed: returns the grants it freed."""
-        policy = self.policy
-        ticket = message.ticket
-        waiting = policy.waiting
-        in_flight = policy.in_flight
-        if isinstance(message, Release):
+            ticket = message.ticket
+            listening = self._listening
+            before = (policy.in_flight, policy.waiting) if listening else None
             try:
                 grants = policy.release(ticket)
             except RuntimeError as exc:
                 self._withdraw(ticket, exc)
-                self._emit_withdrawn(ticket, now)
-                return []
-        else:
-            self._replies.pop(ticket, None)
-            grants = policy.cancel(ticket)
-        # A release's grants leave the queue too: only a drop beyond them
-        # is the ticket's own withdrawal.
-        if policy.waiting + len(grants) < waiting:
-            self._emit_withdrawn(ticket, now)
-        elif policy.in_flight - len(grants) < in_flight:
-            who, since = self._seen.pop(ticket, (None, None))
-            self._hub.emit(
-                Released(
-                    self.provider,
-                    now,
-                    who,
-                    self._hub.started_at(ticket),
-                    None if since is None else now - since,
-                    policy.in_flight - len(grants),
-                    policy.waiting + len(grants),
+                if listening:
+                    self._events.withdrawn(
+                        ticket, now, policy.in_flight, policy.waiting
+                    )
+                return
+            if before is not None:
+                self._events.left(
+                    ticket, now, before, policy.in_flight, policy.waiting, len(grants)
                 )
-            )
-        return grants
+        elif isinstance(message, Acquire):
+            self._acquire(message, now)
+            return
+        elif isinstance(message, Cancel):
+            ticket = message.ticket
+            self._replies.pop(ticket, None)
+            before = (policy.in_flight, policy.waiting) if self._listening else None
+            grants = policy.cancel(ticket)
+            if before is not None:
+                self._events.left(
+                    ticket, now, before, policy.in_flight, policy.waiting, len(grants)
+                )
+        elif isinstance(message, SetLimit):
+            previous = policy.limit
+            try:
+                grants = policy.set_limit(message.limit)
+            except (TypeError, ValueError) as exc:
+                self._drop(message, exc)
+                return
+            self._events.limit_changed(previous, message.limit, now)
+        elif isinstance(message, Pause):
+            self._pause(message, now)
+            return
+        else:
+            grants = self._rarely(message, now)
+        if grants:
+            self._deliver(grants, now)
 
-    def _acquire_observed(self, message: Acquire, now: float) -> None:
+    def _acquire(self, message: Acquire, now: float) -> None:
         policy = self.policy
-        emit = self._hub.emit
         ticket = message.ticket
-        who = message.conversation_id
         try:
             grants = policy.acquire(ticket, message.tokens)
         except (QueueFull, ValueError) as exc:
             withdrawn = self._replies.get(ticket) is message.reply
             self._refuse(message, exc)
-            if withdrawn:
-                self._emit_withdrawn(ticket, now)
+            if withdrawn and self._listening:
+                self._events.withdrawn(ticket, now, policy.in_flight, policy.waiting)
             if isinstance(exc, QueueFull):
-                emit(
-                    Refused(
-                        self.provider,
-                        now,
-                        who,
-                        self._hub.started_at(ticket),
-                        str(exc),
-                        policy.in_flight,
-                        policy.waiting,
-                    )
+                self._events.refused(
+                    ticket,
+                    message.conversation_id,
+                    now,
+                    exc,
+                    policy.in_flight,
+                    policy.waiting,
                 )
             return
-        self._seen[ticket] = (who, now)
         if not grants:
             self._replies[ticket] = message.reply
-            event: Queued | Granted = Queued(
-                self.provider,
-                now,
-                who,
-                self._hub.started_at(ticket),
-                policy.in_flight,
-                policy.waiting,
+            if self._listening:
+                self._events.queued(
+                    ticket,
+                    message.conversation_id,
+                    now,
+                    policy.in_flight,
+                    policy.waiting,
+                )
+            return
+        message.reply._grant(Grant(ticket, now))
+        if self._listening:
+            self._events.granted_at_once(
+                ticket, message.conversation_id, now, policy.in_flight, policy.waiting
             )
-        else:
-            message.reply._grant(Grant(ticket, now))
-            event = Granted(
-                self.provider,
-                now,
-                who,
-                self._hub.started_at(ticket),
-                0.0,
-                policy.in_flight,
-                policy.waiting,
-            )
-        emit(event)
 
-    def _pause(self, message: Pause, now: float) -> bool:
-        """Apply a rate-limit report; ``False`` if it was dropped as a misuse."""
+    def _rarely(
+        self,
+        message: Resume | ReportUsage | Answered | ObserveRateLimits | Adapt,
+        now: float,
+    ) -> list[Ticket]:
+        """The messages that come least often: resume, budgets, adaptive limits."""
+        policy = self.policy
+        previous = policy.limit
+        if isinstance(message, ReportUsage):
+            grants = policy.report_usage(message.ticket, message.tokens)
+        elif isinstance(message, ObserveRateLimits):
+            grants = policy.observe_rate_limits(message.observed_at, message.info)
+        elif isinstance(message, Answered):
+            policy.answered(message.ticket)
+            return []
+        elif isinstance(message, Adapt):
+            grants = policy.set_limit(message.limit)
+        else:
+            paused = policy.paused_until is not None
+            grants = policy.resume()
+            if paused:
+                self._events.resumed(now, "resumed")
+        # The adaptive limit's own moves have no log line.
+        self._events.limit_changed(previous, policy.limit, now, log=False)
+        return grants
+
+    def _pause(self, message: Pause, now: float) -> None:
+        """Apply a rate-limit report, or drop it as a misuse."""
         policy = self.policy
         try:
             policy.report_rate_limit(message.reported_at, message.retry_after)
         except (TypeError, ValueError) as exc:
             self._drop(message, exc)
-            return False
-        if policy.limit is not None:
-            assert policy.paused_until is not None
-            _logger.info(
-                "provider %r rate-limited: granting nothing for %.3g s",
-                self.provider,
-                policy.paused_until - now,
-            )
-        return True
-
-    def _resume(self) -> list[Ticket]:
-        policy = self.policy
-        if policy.paused_until is not None:
-            _logger.info("provider %r resumed: granting again", self.provider)
-        return policy.resume()
-
-    def _log_limit(self, previous: int | None, limit: int | None) -> None:
-        if previous != limit:
-            _logger.info(
-                "provider %r: limit %s (was %s)",
-                self.provider,
-                "none" if limit is None else limit,
-                "none" if previous is None else previous,
-            )
-
-    def _emit_withdrawn(self, ticket: Ticket, now: float) -> None:
-        who, since = self._seen.pop(ticket, (None, None))
-        policy = self.policy
-        self._hub.emit(
-            Withdrawn(
-                self.provider,
-                now,
-                who,
-                self._hub.started_at(ticket),
-                None if since is None else now - since,
-                policy.in_flight,
-                policy.waiting,
-            )
-        )
-
-    def _deliver_observed(self, grants: list[Ticket], now: float) -> None:
-        """``_deliver``, emitting ``Granted`` for each, with the state after it."""
-        replies = self._replies
-        seen = self._seen
-        emit = self._hub.emit
-        policy = self.policy
-        # The policy granted them all at once; each event tells the state
-        # just after its own grant.
-        in_flight = policy.in_flight - len(grants)
-        waiting = policy.waiting + len(grants)
-        for ticket in grants:
-            replies.pop(ticket)._grant(Grant(ticket, now))
-            who, since = seen.get(ticket, (None, None))
-            if since is not None:
-                seen[ticket] = (who, now)
-            in_flight += 1
-            waiting -= 1
-            emit(
-                Granted(
-                    self.provider,
-                    now,
-                    who,
-                    self._hub.started_at(ticket),
-                    None if since is None else now - since,
-                    in_flight,
-                    waiting,
-                )
-            )
+            return
+        until = policy.paused_until if policy.limit is not None else None
+        self._events.paused(now, until, message.retry_after)
 
     def _refuse(self, message: Acquire, error: Exception) -> None:
-        if isinstance(error, QueueFull):
-            _logger.info("provider %r refused a request: %s", self.provider, error)
         reply = message.reply
         if self._replies.get(message.ticket) is reply:
             # The requester that waits on this ticket asked again: failing
@@ -563,6 +547,9 @@ class SchedulerActor:
         replies = self._replies
         for ticket in grants:
             replies.pop(ticket)._grant(Grant(ticket, now))
+        if self._listening:
+            policy = self.policy
+            self._events.granted(grants, now, policy.in_flight, policy.waiting)
 
     def _shutdown(self) -> None:
         self._inbox.close()

@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, final
 
 import coredis
 import trio
@@ -44,15 +44,93 @@ from coredis.retry import NoRetryPolicy
 from .._exceptions import BackendUnavailable
 from .._groups import leaves
 from .._ledger import Ledger, provider_of_channel
+from .._shared_book import SharedBook
 from .._validation import redact_url
-from ._shared_scheduler import BACKEND_ERRORS
+from ._shared_scheduler import BACKEND_ERRORS, SharedSchedulerActor, new_node
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    from .._budgets import AdaptiveLimit
+    from .._budgets import AdaptiveLimit, Budget
     from .._ledger import Client
-    from ._dispatcher import _Settings
+    from ._observe import EventHub
+
+
+class _Settings(Protocol):
+    """What the ledger and its schedulers take of a dispatcher's settings."""
+
+    @property
+    def redis_url(self) -> str | None: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def lease(self) -> float: ...
+    @property
+    def budgets(self) -> Mapping[str, Budget]: ...
+    @property
+    def max_waiting(self) -> int | None: ...
+    @property
+    def default_pause(self) -> float: ...
+    @property
+    def max_pause(self) -> float: ...
+
+
+@final
+class SharedBackends:
+    """Makes the shared scheduler of each provider, and relays wake-ups to them.
+
+    ``ledger`` is set once Redis is reached, before the first is made.
+    ``limits`` are the limits known to the dispatcher, which ``on_limit``
+    keeps up to date with what the schedulers learn from Redis.
+    """
+
+    __slots__ = ("_actors", "_hub", "_limits", "_on_limit", "_settings", "ledger")
+
+    def __init__(
+        self,
+        settings: _Settings,
+        hub: EventHub,
+        limits: Mapping[str, int],
+        on_limit: Callable[[str, int | None], None],
+    ) -> None:
+        self._settings = settings
+        self._hub = hub
+        self._limits = limits
+        self._on_limit = on_limit
+        self._actors: dict[str, SharedSchedulerActor] = {}
+        self.ledger: Ledger | None = None
+
+    def new(self, provider: str) -> SharedSchedulerActor:
+        """The shared scheduler of ``provider`` (it stores its limit in Redis)."""
+        ledger = self.ledger
+        assert ledger is not None
+        settings = self._settings
+        actor = SharedSchedulerActor(
+            provider,
+            SharedBook(new_node(), max_waiting=settings.max_waiting),
+            ledger,
+            limit=self._limits.get(provider),
+            default_pause=settings.default_pause,
+            max_pause=settings.max_pause,
+            on_limit=self._on_limit,
+            hub=self._hub,
+        )
+        self._actors[provider] = actor
+        return actor
+
+    def wake(self, provider: str | None, source: str | None) -> None:
+        """A wake-up for ``provider`` (``None``: all) came from Redis.
+
+        ``source`` names the process whose round sent it, if any.
+        """
+        if provider is None:
+            actors = list(self._actors.values())
+        else:
+            actor = self._actors.get(provider)
+            actors = [] if actor is None else [actor]
+        for actor in actors:
+            actor.wake(source)
+
 
 _FIRST_RETRY = 0.05
 _LAST_RETRY = 1.0

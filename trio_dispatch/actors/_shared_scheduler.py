@@ -47,6 +47,7 @@ import attrs
 import trio
 from coredis.exceptions import RedisError
 
+from .._backend import ProviderStatistics
 from .._budgets import AdaptiveLimit, BudgetStatistics, refilled
 from .._exceptions import DispatcherClosed, QueueFull
 from ..messages._scheduling import (
@@ -65,17 +66,8 @@ from ..messages._scheduling import (
     Ticket,
 )
 from ._mailbox import Mailbox
-from ._observe import (
-    EventHub,
-    Granted,
-    LimitChanged,
-    Paused,
-    Queued,
-    Refused,
-    Released,
-    Resumed,
-    Withdrawn,
-)
+from ._observe import EventHub
+from ._outcomes import FLEET_PAUSE, Translator
 
 if TYPE_CHECKING:
     import collections
@@ -195,8 +187,9 @@ class SharedSchedulerActor:
         "_backoff",
         "_default_pause",
         "_dirty",
+        "_entered",
+        "_events",
         "_holding",
-        "_hub",
         "_inbox",
         "_last_round",
         "_ledger",
@@ -209,7 +202,7 @@ class SharedSchedulerActor:
         "_replies",
         "_resume",
         "_retry_at",
-        "_seen",
+        "_running",
         "_seq",
         "_view",
         "book",
@@ -253,12 +246,18 @@ class SharedSchedulerActor:
         self._retry_at = -math.inf
         self._backoff = _FIRST_RETRY
         self._view = SharedView()
-        # Events: who asked and since when, while anything listens.
-        self._hub = EventHub() if hub is None else hub
-        self._seen: dict[Ticket, tuple[str | None, float]] = {}
+        # What each round and message does becomes events and log lines
+        # there, as for the local scheduler.
+        self._events = Translator(
+            provider, EventHub() if hub is None else hub, FLEET_PAUSE
+        )
         # Counted from now: the client stays open until run() is done,
-        # even if the dispatcher closes before run() first gets to run.
+        # even if the dispatcher closes before run() first gets to run. An
+        # actor stopped when idle leaves, and enters again with its next
+        # message.
         ledger.enter()
+        self._entered = True
+        self._running = False
 
     def __repr__(self) -> str:
         return f"<SharedSchedulerActor provider={self.provider!r} {self.book!r}>"
@@ -279,14 +278,95 @@ class SharedSchedulerActor:
             trio.ClosedResourceError: The actor has stopped.
         """
         self._inbox.send_nowait(message)
+        if not self._entered:
+            # Its run() is about to start again, and will use the client.
+            self._ledger.enter()
+            self._entered = True
+
+    # The Backend interface: each queues one message, never blocks, and
+    # raises trio.ClosedResourceError once the actor is closed.
+
+    def acquire(
+        self,
+        ticket: Ticket,
+        reply: Reply,
+        conversation_id: str | None = None,
+        tokens: int = 0,
+    ) -> None:
+        """Queue a request for a slot; the answer goes to ``reply``."""
+        self.send(Acquire(ticket, reply, conversation_id, tokens))
+
+    def release(self, ticket: Ticket) -> None:
+        """Give back the slot of a granted ticket."""
+        self.send(Release(ticket))
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Withdraw a ticket, waiting or granted."""
+        self.send(Cancel(ticket))
+
+    def answered(self, ticket: Ticket) -> None:
+        """The answer of a granted ticket's request has started."""
+        self.send(Answered(ticket))
+
+    def report_usage(self, ticket: Ticket, tokens: int) -> None:
+        """The tokens a granted ticket's request used."""
+        self.send(ReportUsage(ticket, tokens))
+
+    def set_limit(self, limit: int | AdaptiveLimit | None) -> None:
+        """A new limit for the fleet: fixed, adaptive, or ``None``."""
+        self.send(Adapt(limit) if isinstance(limit, AdaptiveLimit) else SetLimit(limit))
+
+    def pause(self, reported_at: float, retry_after: float | None) -> None:
+        """A rate-limit answer: pause the fleet's grants."""
+        self.send(Pause(reported_at, retry_after))
+
+    def resume(self) -> None:
+        """End the fleet's pause and its backoff streak."""
+        self.send(Resume())
+
+    def observe_rate_limits(self, observed_at: float, info: RateLimitInfo) -> None:
+        """The rate-limit figures of an answer, for the fleet's budgets."""
+        self.send(ObserveRateLimits(observed_at, info))
+
+    def adaptive_value(self) -> int | None:
+        """The fleet's adaptive limit's value as last seen, or ``None``."""
+        return None if self._view.adaptive is None else self.limit
+
+    def statistics(self) -> ProviderStatistics:
+        """The fleet's figures as the last round saw them, this process's own totals."""
+        self.handle_backlog()
+        view = self._view
+        book = self.book
+        paused_until = view.paused_until
+        return ProviderStatistics(
+            provider=self.provider,
+            limit=self.limit,
+            in_flight=view.in_flight,
+            waiting=view.waiting,
+            paused=paused_until is not None,
+            paused_until=paused_until,
+            granted_total=book.granted_total,
+            released_total=book.released_total,
+            withdrawn_total=book.withdrawn_total,
+            rejected_total=book.rejected_total,
+            peak_in_flight=book.peak_in_flight,
+            peak_waiting=book.peak_waiting,
+            backend="redis",
+            backend_up=view.up,
+            local_in_flight=book.in_flight,
+            local_waiting=book.waiting,
+            adaptive=view.adaptive is not None,
+            budget=view.budget_statistics(trio.current_time()),
+        )
 
     def wake(self, source: str | None = None) -> None:
         """Run a round soon: something changed in Redis. Never blocks.
 
         A wake-up that ``source`` names as this process's own is ignored:
-        its round already saw what it changed.
+        its round already saw what it changed; so is one while the actor
+        is stopped (it runs a round when it starts again).
         """
-        if source == self.book.node:
+        if source == self.book.node or not self._running:
             return
         if not self._dirty and not self._inbox.closed:
             self._dirty = True
@@ -322,9 +402,20 @@ class SharedSchedulerActor:
             ``True`` if it stopped because it was idle.
         """
         inbox = self._inbox
+        stopped_idle = False
+        if not self._entered and not inbox.closed:
+            self._ledger.enter()
+            self._entered = True
+        self._running = True
+        self._dirty = True
         try:
             while True:
                 if stop_when_idle and self._idle():
+                    # The inbox stays open: the dispatcher runs this actor
+                    # again on its next message. Until then the fleet is
+                    # unknown here.
+                    stopped_idle = True
+                    self._view = SharedView()
                     return True
                 if not self._view.up:
                     # The ledger is away: messages are taken into the book
@@ -346,10 +437,14 @@ class SharedSchedulerActor:
                 self._dirty = False
                 await self._round(now)
         finally:
+            self._running = False
             try:
-                await self._shutdown()
+                if not stopped_idle:
+                    await self._shutdown()
             finally:
-                self._ledger.leave()
+                if self._entered:
+                    self._entered = False
+                    self._ledger.leave()
 
     def _idle(self) -> bool:
         return (
@@ -387,8 +482,10 @@ class SharedSchedulerActor:
         Only an answer's start (``Answered``) can wait for the next round.
         """
         book = self.book
-        if not self._hub.sinks:
-            self._seen.clear()
+        events = self._events
+        listening = events.listening
+        if not listening:
+            events.forget()
         urgent = False
         for message in messages:
             if isinstance(message, Answered):
@@ -404,7 +501,10 @@ class SharedSchedulerActor:
                     reply = self._replies.pop(message.ticket)
                     book.cancel(message.ticket)
                     reply._fail(exc)
-                self._emit_left(message.ticket, before, now)
+                if listening:
+                    events.left(
+                        message.ticket, now, before, book.in_flight, book.waiting
+                    )
             elif isinstance(message, Acquire):
                 self._acquire(message, now)
             elif isinstance(message, Cancel):
@@ -412,7 +512,10 @@ class SharedSchedulerActor:
                 self._replies.pop(message.ticket, None)
                 self._holding.pop(message.ticket, None)
                 book.cancel(message.ticket)
-                self._emit_left(message.ticket, before, now)
+                if listening:
+                    events.left(
+                        message.ticket, now, before, book.in_flight, book.waiting
+                    )
             elif not isinstance(message, _Wake):
                 self._take_setting(message, now)
         return urgent
@@ -424,11 +527,11 @@ class SharedSchedulerActor:
     ) -> None:
         """A message about the provider's limits, pauses or budgets."""
         if isinstance(message, SetLimit):
-            self._emit_limit(self.limit, message.limit, now)
+            self._events.limit_changed(self.limit, message.limit, now)
             self.limit = message.limit
             self._limit_writes.append(message.limit)
         elif isinstance(message, Adapt):
-            self._emit_limit(self.limit, message.limit.initial, now)
+            self._events.limit_changed(self.limit, message.limit.initial, now)
             self.limit = message.limit.initial
             self._limit_writes.append(message.limit)
         elif isinstance(message, Pause):
@@ -448,7 +551,7 @@ class SharedSchedulerActor:
         arrival = time.time()
         start = arrival - now + ticket.rank
         book = self.book
-        hub = self._hub
+        events = self._events
         try:
             book.acquire(ticket, start, arrival, message.tokens)
         except (QueueFull, ValueError) as exc:
@@ -457,32 +560,19 @@ class SharedSchedulerActor:
                 book.cancel(ticket)
             message.reply._fail(exc)
             if isinstance(exc, QueueFull):
-                _logger.info("provider %r refused a request: %s", self.provider, exc)
-                if hub.sinks:
-                    hub.emit(
-                        Refused(
-                            self.provider,
-                            now,
-                            message.conversation_id,
-                            self._hub.started_at(ticket),
-                            str(exc),
-                            book.in_flight,
-                            book.waiting,
-                        )
-                    )
-            return
-        self._replies[ticket] = message.reply
-        if hub.sinks:
-            self._seen[ticket] = (message.conversation_id, now)
-            hub.emit(
-                Queued(
-                    self.provider,
-                    now,
+                events.refused(
+                    ticket,
                     message.conversation_id,
-                    self._hub.started_at(ticket),
+                    now,
+                    exc,
                     book.in_flight,
                     book.waiting,
                 )
+            return
+        self._replies[ticket] = message.reply
+        if events.listening:
+            events.queued(
+                ticket, message.conversation_id, now, book.in_flight, book.waiting
             )
 
     async def _round(self, now: float) -> None:
@@ -614,8 +704,8 @@ class SharedSchedulerActor:
                 lease_until(until)
                 holding[ticket] = cast("_Leased", reply)
             reply._grant(Grant(ticket, now))
-        if grants and self._hub.sinks:
-            self._emit_grants(grants, now)
+        if grants and self._events.listening:
+            self._events.granted(grants, now, book.in_flight, book.waiting)
         budget = result.budget
         ready_in = None if budget is None else budget.ready_in
         self._view = SharedView(
@@ -655,43 +745,6 @@ class SharedSchedulerActor:
             backoff=backoff,
         )
 
-    def _emit_left(self, ticket: Ticket, before: tuple[int, int], now: float) -> None:
-        """A ticket was released or withdrawn, if the book's counts dropped."""
-        hub = self._hub
-        if not hub.sinks:
-            return
-        book = self.book
-        who, since = self._seen.pop(ticket, (None, None))
-        took = None if since is None else now - since
-        args = (self.provider, now, who, self._hub.started_at(ticket), took)
-        if book.waiting < before[1]:
-            hub.emit(Withdrawn(*args, book.in_flight, book.waiting))
-        elif book.in_flight < before[0]:
-            hub.emit(Released(*args, book.in_flight, book.waiting))
-
-    def _emit_grants(self, grants: list[Ticket], now: float) -> None:
-        book = self.book
-        seen = self._seen
-        in_flight = book.in_flight - len(grants)
-        waiting = book.waiting + len(grants)
-        for ticket in grants:
-            who, since = seen.get(ticket, (None, None))
-            if since is not None:
-                seen[ticket] = (who, now)
-            in_flight += 1
-            waiting -= 1
-            self._hub.emit(
-                Granted(
-                    self.provider,
-                    now,
-                    who,
-                    self._hub.started_at(ticket),
-                    None if since is None else now - since,
-                    in_flight,
-                    waiting,
-                )
-            )
-
     def _emit_pause(
         self, before: float | None, after: float | None, now: float
     ) -> None:
@@ -699,33 +752,13 @@ class SharedSchedulerActor:
         # Read on Redis' clock through a round trip: an end that moves by
         # less than _PAUSE_SLACK is the same pause.
         if after is not None and (before is None or after > before + _PAUSE_SLACK):
-            _logger.info(
-                "provider %r paused for the fleet: granting nothing for %.3g s",
-                self.provider,
-                after - now,
-            )
-            if self._hub.sinks:
-                self._hub.emit(Paused(self.provider, now, after, "rate_limited", None))
+            self._events.paused(now, after, None)
         elif after is None and before is not None:
-            _logger.info("provider %r: pause over, granting again", self.provider)
-            if self._hub.sinks:
-                self._hub.emit(Resumed(self.provider, now, "expired"))
-
-    def _emit_limit(self, previous: int | None, limit: int | None, now: float) -> None:
-        if previous == limit:
-            return
-        _logger.info(
-            "provider %r: limit %s (was %s)",
-            self.provider,
-            "none" if limit is None else limit,
-            "none" if previous is None else previous,
-        )
-        if self._hub.sinks:
-            self._hub.emit(LimitChanged(self.provider, now, limit, previous))
+            self._events.resumed(now, "expired")
 
     def _learn_limit(self, stored: int | None) -> None:
         if stored != self.limit and not self._limit_writes:
-            self._emit_limit(self.limit, stored, trio.current_time())
+            self._events.limit_changed(self.limit, stored, trio.current_time())
             self.limit = stored
             self._on_limit(self.provider, stored)
 

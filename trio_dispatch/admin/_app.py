@@ -44,7 +44,7 @@ from ._routes import ROUTES, match
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable, Mapping
 
-    from ..actors._dispatcher import ProviderStatistics
+    from .._backend import ProviderStatistics
 
     Message = dict[str, Any]
     Receive = Callable[[], Awaitable[Message]]

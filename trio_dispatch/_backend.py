@@ -1,0 +1,171 @@
+"""The backend interface: what the dispatcher asks of one provider's scheduler.
+
+The dispatcher holds one ``Backend`` per provider and never asks which
+kind it is: the local ``SchedulerActor`` (one process, on ``SlotPolicy``)
+and the Redis-shared scheduler (a fleet, through the ledger) both
+implement it, and so can a third written with the names of
+``trio_dispatch.lowlevel`` alone.
+
+A backend is an actor: one task (``run``, which the dispatcher starts in
+its nursery) owns its state, and every change to that state goes through
+its message handling. Every method below except ``run`` is synchronous and
+never blocks, so a slot is given back from a ``finally`` under
+cancellation without a shield. The methods that queue a message raise
+``trio.ClosedResourceError`` once the backend is closed.
+
+``run(stop_when_idle=True)`` may return ``True`` when the provider is
+unlimited and nothing is held, waiting or queued; the dispatcher calls
+``run`` again when the provider is next used, on the same backend, which
+keeps its counters.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal, Protocol, final
+
+import attrs
+
+if TYPE_CHECKING:
+    from ._budgets import AdaptiveLimit, BudgetStatistics
+    from ._ratelimits import RateLimitInfo
+    from .messages._scheduling import Reply, Ticket
+
+
+@final
+@attrs.frozen
+class ProviderStatistics:
+    """One provider, limited or not, as its scheduler sees it.
+
+    Attributes:
+        provider: The provider's name.
+        limit: The limit the scheduler enforces, or ``None`` for an
+            unlimited provider (every request is granted at once, and still
+            counted).
+        in_flight: Slots held now.
+        waiting: Requests waiting for a slot now.
+        paused: Whether grants are paused by a rate-limit report.
+        paused_until: When the pause ends (trio clock), or ``None``.
+        granted_total: Slots granted since the provider was first used.
+        released_total: Slots given back.
+        withdrawn_total: Requests cancelled while they waited.
+        rejected_total: Requests refused with ``QueueFull``.
+        peak_in_flight: The most slots ever held at once.
+        peak_waiting: The most requests ever waiting at once.
+        backend: ``"local"`` for a dispatcher of its own, ``"redis"`` for
+            one that shares its limits through Redis (``redis_url``). Then
+            ``limit``, ``in_flight``, ``waiting`` and ``paused_until`` are
+            the fleet's, as the latest exchange with Redis saw them (at most
+            a poll interval old), and the totals and peaks are this
+            process's own.
+        backend_up: Whether the backend can grant: ``False`` while Redis
+            is unreachable (nothing new is granted then).
+        local_in_flight: Slots held by this process (``in_flight`` when
+            local).
+        local_waiting: Requests waiting in this process (``waiting`` when
+            local).
+        adaptive: Whether ``limit`` is an ``AdaptiveLimit``'s current value.
+        budget: The request and token budgets, configured or learned from
+            the provider's answers, or ``None`` if there is none.
+    """
+
+    provider: str
+    limit: int | None
+    in_flight: int
+    waiting: int
+    paused: bool
+    paused_until: float | None
+    granted_total: int
+    released_total: int
+    withdrawn_total: int
+    rejected_total: int
+    peak_in_flight: int
+    peak_waiting: int
+    backend: Literal["local", "redis"] = "local"
+    backend_up: bool = True
+    local_in_flight: int = 0
+    local_waiting: int = 0
+    adaptive: bool = False
+    budget: BudgetStatistics | None = None
+
+
+class Backend(Protocol):
+    """One provider's scheduler, as the dispatcher uses it.
+
+    Requests: ``ticket`` orders one, ``acquire`` queues it with the
+    ``Reply`` the answer goes to (``Slot`` is one), and exactly one of
+    ``release`` (once granted) or ``cancel`` (any time; of a granted
+    ticket it is a release) ends it. Settings: ``set_limit``, ``pause``,
+    ``resume``, and what the provider's answers teach (``answered``,
+    ``report_usage``, ``observe_rate_limits``).
+    """
+
+    @property
+    def provider(self) -> str:
+        """The provider's name."""
+        ...
+
+    def ticket(self, rank: float, priority: int = 0) -> Ticket:
+        """A fresh ticket of ``rank``: its ``seq`` orders it among equal ranks."""
+        ...
+
+    def acquire(
+        self,
+        ticket: Ticket,
+        reply: Reply,
+        conversation_id: str | None = None,
+        tokens: int = 0,
+    ) -> None:
+        """Queue a request; its grant or refusal goes to ``reply``."""
+        ...
+
+    def release(self, ticket: Ticket) -> None:
+        """Give back the slot of a granted ticket."""
+        ...
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Withdraw a ticket: a waiting one leaves, a granted one is released."""
+        ...
+
+    def answered(self, ticket: Ticket) -> None:
+        """The answer of a granted ticket's request has started."""
+        ...
+
+    def report_usage(self, ticket: Ticket, tokens: int) -> None:
+        """The tokens a granted ticket's request used, to correct its charge."""
+        ...
+
+    def set_limit(self, limit: int | AdaptiveLimit | None) -> None:
+        """A new limit: fixed, adaptive, or ``None`` for unlimited."""
+        ...
+
+    def pause(self, reported_at: float, retry_after: float | None) -> None:
+        """A rate-limit answer came at ``reported_at``: pause the grants."""
+        ...
+
+    def resume(self) -> None:
+        """End the pause now, and its backoff streak."""
+        ...
+
+    def observe_rate_limits(self, observed_at: float, info: RateLimitInfo) -> None:
+        """The rate-limit figures of one of the provider's answers."""
+        ...
+
+    def adaptive_value(self) -> int | None:
+        """An adaptive limit's current value, or ``None`` if not known here."""
+        ...
+
+    def handle_backlog(self) -> None:
+        """Handle the queued messages now, in the calling task, if it can."""
+        ...
+
+    def statistics(self) -> ProviderStatistics:
+        """A snapshot of the provider, every message queued so far handled."""
+        ...
+
+    def close(self) -> None:
+        """Refuse further messages; ``run`` stops and fails every waiter."""
+        ...
+
+    async def run(self, *, stop_when_idle: bool = False) -> bool:
+        """Serve until closed or cancelled; ``True`` if it stopped when idle."""
+        ...
