@@ -83,7 +83,7 @@ from ..messages import (
 )
 from ..messages._chat import RequestOptions, merge_options
 from ._compaction import compaction_cut, summary_message, summary_request
-from ._events import Retrying, ToolResult, TurnEvent, TurnFinished
+from ._events import Retrying, ToolResult, TurnEvent, TurnFinished, TurnResult
 from ._history import check_history, dump_history
 from ._limited import LimitedProvider, NotGrantedInTime
 from ._options import ConversationOptions, check_request_options
@@ -105,37 +105,6 @@ _NO_USAGE: Final = Usage(input_tokens=0, output_tokens=0)
 # few, so a reader that keeps up never makes it wait, and one that stops
 # reading holds back the turn (and the stream under it), not memory.
 _EVENT_BUFFER: Final = 16
-
-
-@final
-@attrs.frozen
-class TurnResult:
-    """How one turn of a conversation went.
-
-    Attributes:
-        text: The final answer's text (text the model wrote before calling
-            tools stays in the history, not here).
-        llm_calls: LLM requests the turn sent: tool-loop steps, retries and
-            a compaction's summary call included.
-        tool_calls: Tool calls the model made, refused ones included.
-        retries: LLM requests sent again after a retryable error.
-        usage: The tokens of every successful LLM call of the turn, summed.
-        started_at: When the turn started (trio clock): the priority of all
-            its LLM calls.
-        finished_at: When the answer was complete (trio clock).
-        finish_reason: Why the model ended its answer (``"stop"``,
-            ``"length"`` when it ran out of ``max_tokens``...), or ``None``
-            if the provider did not say.
-    """
-
-    text: str
-    llm_calls: int
-    tool_calls: int
-    retries: int
-    usage: Usage
-    started_at: float
-    finished_at: float
-    finish_reason: str | None
 
 
 @final
@@ -826,7 +795,7 @@ class Conversation(metaclass=NoPublicConstructor):
         """
         if self._limited():
             return None
-        return self._dispatcher._max_pause
+        return self._dispatcher.max_pause
 
     # -- tools ---------------------------------------------------------------
 
@@ -1148,6 +1117,41 @@ def new_conversation(
         history=checked_history,
         priority=checked_priority,
     )
+
+
+def start_conversation(
+    dispatcher: Dispatcher,
+    provider: Provider,
+    *,
+    conversation_id: str | None,
+    tools: Iterable[Tool],
+    system_prompt: str | None,
+    options: ConversationOptions | None,
+    history: Iterable[ChatMessage] = (),
+    priority: int = 0,
+) -> Conversation:
+    """``Dispatcher.start_conversation``: a checked conversation, its actor started.
+
+    Its actor runs in the dispatcher's nursery, until it is closed or the
+    dispatcher closes.
+    """
+    conversation = new_conversation(
+        dispatcher,
+        provider,
+        conversation_id=conversation_id,
+        tools=tools,
+        system_prompt=system_prompt,
+        options=options,
+        history=history,
+        priority=priority,
+    )
+    dispatcher.check_known(provider.id)
+    if dispatcher.closed:
+        raise DispatcherClosed("the dispatcher is closed")
+    dispatcher.start_soon(
+        conversation._run, name=f"trio_dispatch conversation {conversation.id!r}"
+    )
+    return conversation
 
 
 def _check_tools(tools: object) -> tuple[Tool, ...]:

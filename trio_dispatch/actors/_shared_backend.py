@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import coredis
 import trio
@@ -50,9 +50,21 @@ from ._shared_scheduler import BACKEND_ERRORS
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    from .._budgets import AdaptiveLimit
+    from .._budgets import AdaptiveLimit, Budget
     from .._ledger import Client
-    from ._dispatcher import _Settings
+
+    class _Settings(Protocol):
+        """What the ledger's task needs of the dispatcher's settings."""
+
+        @property
+        def redis_url(self) -> str | None: ...
+        @property
+        def namespace(self) -> str: ...
+        @property
+        def lease(self) -> float: ...
+        @property
+        def budgets(self) -> Mapping[str, Budget]: ...
+
 
 _FIRST_RETRY = 0.05
 _LAST_RETRY = 1.0
