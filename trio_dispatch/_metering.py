@@ -11,7 +11,7 @@ The transport, ``wrap_provider`` and conversations (through
   (``figures_of``: an opened stream's or a status error's
   ``rate_limits``), or off raw headers (``RateLimitReader``, either wire
   format);
-* one "answered, then maybe pause" (``answered``): the slot's answer
+* one "answered, then maybe pause" (``Meter.answered``): the slot's answer
   started (the provider has counted the request, before the figures that
   count it), the figures go to ``Dispatcher.observe_rate_limits``, and a
   rate-limit answer pauses the provider (``report_rate_limit``);
@@ -33,7 +33,6 @@ from .messages._stream import Usage
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping
 
-    from ._call import WrappedCall
     from .actors._dispatcher import Dispatcher, Slot
     from .messages import ChatRequest, StreamEvent
 
@@ -183,35 +182,75 @@ class RateLimitReader:
         return None if info.empty else info
 
 
-def answered(  # one routine for every integration
-    dispatcher: Dispatcher,
-    slot: Slot,
-    info: RateLimitInfo | None,
-    *,
-    started: bool = True,
-    pause: bool = False,
-    retry_after: float | None = None,
-    call: WrappedCall | None = None,
-) -> None:
-    """An answer to ``slot``'s call arrived: tell the dispatcher what it says.
+@final
+class Meter:
+    """One model call's metering: "answered, then maybe pause", once.
 
-    ``started``: the answer started, so the provider has counted the
-    request (said first: the figures count it). ``info``: the answer's
-    rate-limit figures, observed. ``pause``: a rate-limit answer (429, 503,
-    529), which pauses the provider for ``retry_after`` (or backs off).
-    ``call``: a call through ``wrap_provider`` whose provider's own
-    callbacks may have told the dispatcher already; that is not told again.
+    The one routine every integration runs when an answer arrives
+    (``answered``): the slot's answer started, so the provider has counted
+    the request (said first, once: the figures count it); its rate-limit
+    figures go to ``Dispatcher.observe_rate_limits``; a rate-limit answer
+    (429, 503, 529) pauses the provider (``report_rate_limit``).
+
+    ``observe=False`` or ``report=False``: the provider's own callbacks are
+    the dispatcher's (``on_rate_limits=dispatcher.observe_rate_limits``,
+    ``on_rate_limit=dispatcher.report_rate_limit``), so they have told it
+    already, and the meter does not tell it again.
     """
-    provider = slot.provider
-    if started:
-        if call is None:
+
+    __slots__ = ("_dispatcher", "_observe", "_report", "_slot", "_started")
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        slot: Slot,
+        *,
+        observe: bool = True,
+        report: bool = True,
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._slot = slot
+        self._observe = observe
+        self._report = report
+        self._started = False
+
+    def answered(
+        self,
+        info: RateLimitInfo | None,
+        *,
+        started: bool = True,
+        pause: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
+        """An answer arrived: its start, its figures ``info``, maybe a pause.
+
+        ``started=False`` for an answer that may not have reached the
+        provider (an error without figures); ``retry_after`` is the pause a
+        rate-limit answer (``pause``) asked for, or ``None`` to back off.
+        """
+        dispatcher = self._dispatcher
+        slot = self._slot
+        if started and not self._started:
+            self._started = True
             slot.answered()
-        else:
-            call.answered()
-    if info is not None and (call is None or not call.observed):
-        dispatcher.observe_rate_limits(provider, info)
-    if pause and (call is None or not call.reported):
-        dispatcher.report_rate_limit(provider, retry_after)
+        if info is not None and self._observe:
+            dispatcher.observe_rate_limits(slot.provider, info)
+        if pause and self._report:
+            dispatcher.report_rate_limit(slot.provider, retry_after)
+
+
+def tells_itself(provider: object, dispatcher: Dispatcher) -> tuple[bool, bool]:
+    """Whether ``provider``'s own callbacks are ``dispatcher``'s: figures, pauses.
+
+    A provider made with ``on_rate_limits=dispatcher.observe_rate_limits``
+    tells the dispatcher its answers' figures by itself, and one with
+    ``on_rate_limit=dispatcher.report_rate_limit`` its rate limits: a call
+    through a slot counts them once.
+    """
+    return (
+        getattr(provider, "on_rate_limits", None) == dispatcher.observe_rate_limits,
+        getattr(provider, "on_rate_limit", None) == dispatcher.report_rate_limit,
+    )
 
 
 @final

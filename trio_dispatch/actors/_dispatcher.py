@@ -34,7 +34,6 @@ from .._budgets import (
     check_limit_mapping,
     check_limit_value,
 )
-from .._call import CALL
 from .._exceptions import DispatcherClosed, SlotHoldTimeout, lease_lost
 from .._groups import leaves
 from .._policy import SlotPolicy
@@ -922,13 +921,6 @@ class Dispatcher(metaclass=NoPublicConstructor):
             raise TypeError(f"info must be a RateLimitInfo, got {info!r}")
         if self._closed or info.empty:
             return
-        call = CALL.get()
-        if call is not None and call.concerns(self, provider):
-            # The provider's callback, for a call through ``wrap_provider``:
-            # the wrapper will not tell these figures again. They count its
-            # request, which has its answer now.
-            call.observed = True
-            call.answered()
         self._emit_rate_limits(provider, info)
         settings = self._settings
         if not settings.learn_budgets:
@@ -990,11 +982,6 @@ class Dispatcher(metaclass=NoPublicConstructor):
         """
         check_provider(provider)
         seconds = check_optional_seconds(retry_after, "retry_after")
-        call = CALL.get()
-        if call is not None and call.concerns(self, provider):
-            # The provider's callback, for a call through ``wrap_provider``:
-            # the wrapper will not report this answer again.
-            call.reported = True
         if self._closed or provider not in self._limits:
             return
         with contextlib.suppress(DispatcherClosed):

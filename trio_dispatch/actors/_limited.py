@@ -14,8 +14,10 @@ them there and tells the dispatcher (``observe_rate_limits``), so learned
 budgets need no wiring. A provider also given the dispatcher's own
 callbacks (``on_rate_limits=dispatcher.observe_rate_limits``,
 ``on_rate_limit=dispatcher.report_rate_limit``) is counted once: the
-dispatcher notes what its callbacks heard for the call under way
-(``CALL``), and the wrapper does not report it again.
+wrapper sees those callbacks on the provider (its ``on_rate_limits`` and
+``on_rate_limit``) and does not tell the dispatcher again. The metering
+(estimate, figures, "answered, then maybe pause", usage) is the one the
+transport uses too (``_metering``).
 
 Each stream is charged to the provider's token budget: the slot carries the
 request's estimate (its prompt, about 4 characters a token, plus
@@ -32,9 +34,14 @@ from typing import TYPE_CHECKING, final
 
 import trio
 
-from .._call import CALL, WrappedCall
 from .._exceptions import Overloaded, ProviderError, RateLimited
-from .._metering import MeteredEvents, answered, estimate_tokens, figures_of
+from .._metering import (
+    Meter,
+    MeteredEvents,
+    estimate_tokens,
+    figures_of,
+    tells_itself,
+)
 from .._validation import check_instant
 
 if TYPE_CHECKING:
@@ -129,11 +136,13 @@ class LimitedProvider:
                 await trio.lowlevel.checkpoint_if_cancelled()
                 # Timed for the metrics, if any observe the calls.
                 watch = dispatcher.watch_call(self.provider)
-                call = WrappedCall(dispatcher, slot)
-                token = CALL.set(call)
+                # A provider given the dispatcher's own callbacks has told
+                # it already: told once.
+                figures, pauses = tells_itself(self.provider, dispatcher)
+                meter = Meter(dispatcher, slot, observe=not figures, report=not pauses)
                 try:
                     async with self.provider.stream(request) as events:
-                        answered(dispatcher, slot, figures_of(events), call=call)
+                        meter.answered(figures_of(events))
                         metered = MeteredEvents(events, slot)
                         yield metered if watch is None else watch.events(metered)
                 except BaseException as exc:
@@ -141,20 +150,15 @@ class LimitedProvider:
                         # A status answer: its figures count this request.
                         info = figures_of(exc)
                         limited = isinstance(exc, RateLimited | Overloaded)
-                        answered(
-                            dispatcher,
-                            slot,
+                        meter.answered(
                             info,
                             started=info is not None,
                             pause=limited,
                             retry_after=_retry_after(exc),
-                            call=call,
                         )
                     if watch is not None:
                         watch.end(exc)
                     raise
-                finally:
-                    CALL.reset(token)
                 if watch is not None:
                     watch.end(None)
         if waiting is not None and waiting.cancelled_caught:

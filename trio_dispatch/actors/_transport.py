@@ -76,7 +76,7 @@ import httpx2
 import trio
 
 from .._exceptions import LeaseLost, SlotHoldTimeout, lease_lost
-from .._metering import RateLimitReader, answered, estimate_body_tokens
+from .._metering import Meter, RateLimitReader, estimate_body_tokens
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -267,12 +267,8 @@ class Hold:
             from ..providers._retry_after import parse_retry_after  # noqa: PLC0415
 
             retry_after = parse_retry_after(headers, time.time())
-        answered(
-            self._dispatcher,
-            self._slot,
-            self._reader.read(headers),
-            pause=pause,
-            retry_after=retry_after,
+        Meter(self._dispatcher, self._slot).answered(
+            self._reader.read(headers), pause=pause, retry_after=retry_after
         )
 
     def watch(self, close: weakref.WeakMethod[Callable[[], Awaitable[None]]]) -> None:
