@@ -37,7 +37,6 @@ from ._util import fixup_module_metadata
 from ._version import __version__ as __version__
 from .actors._compaction import SUMMARY_PREFIX as SUMMARY_PREFIX
 from .actors._conversation import Conversation as Conversation
-from .actors._conversation import ConversationStatistics as ConversationStatistics
 from .actors._conversation import TurnStream as TurnStream
 from .actors._dispatcher import DispatcherStatistics as DispatcherStatistics
 from .actors._dispatcher import ProviderStatistics as ProviderStatistics
@@ -54,6 +53,7 @@ from .actors._history import load_history as load_history
 from .actors._limited import wrap_provider as wrap_provider
 from .actors._options import ConversationOptions as ConversationOptions
 from .actors._tools import Tool as Tool
+from .actors._turn_parts import ConversationStatistics as ConversationStatistics
 from .messages._chat import RequestOptions as RequestOptions
 from .messages._limits import AdaptiveLimit as AdaptiveLimit
 from .messages._limits import Budget as Budget
