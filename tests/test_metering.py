@@ -1,59 +1,57 @@
-"""One metering path: who tells the dispatcher what an answer said, once."""
+"""One metering path: what a provider tells by itself is its call's, once."""
 
 from __future__ import annotations
 
 import trio
+import trio.testing
 
-from trio_dispatch import open_dispatcher
-from trio_dispatch._metering import tells_itself
-from trio_dispatch.testing import FakeScript, ScriptedProvider
+from trio_dispatch import Quota, RateLimitInfo, open_dispatcher
 
-
-def test_providers_show_the_callbacks_they_were_given() -> None:
-    def figures(provider: str, info: object) -> None: ...
-
-    def pauses(provider: str, retry_after: float | None) -> None: ...
-
-    scripted = ScriptedProvider(
-        FakeScript(replies=()), id="p", on_rate_limit=pauses, on_rate_limits=figures
-    )
-    assert scripted.on_rate_limits is figures
-    assert scripted.on_rate_limit is pauses
-    assert ScriptedProvider(FakeScript(replies=()), id="p").on_rate_limits is None
+FIGURES = RateLimitInfo(requests=Quota(limit=600, remaining=100, reset=50.0))
 
 
-async def test_only_the_dispatchers_own_callbacks_tell_it_by_themselves() -> None:
+async def test_a_callback_from_the_calling_task_is_its_calls() -> None:
     async with (
-        open_dispatcher({"p": 1}) as dispatcher,
-        open_dispatcher({"p": 1}) as other,
+        open_dispatcher({"p": 2, "q": 2}) as dispatcher,
+        dispatcher.slot("p") as slot,
     ):
-        own = ScriptedProvider(
-            FakeScript(replies=()),
-            id="p",
-            on_rate_limit=dispatcher.report_rate_limit,
-            on_rate_limits=dispatcher.observe_rate_limits,
-        )
-        figures_only = ScriptedProvider(
-            FakeScript(replies=()),
-            id="p",
-            on_rate_limits=dispatcher.observe_rate_limits,
-        )
-        others = ScriptedProvider(
-            FakeScript(replies=()),
-            id="p",
-            on_rate_limit=other.report_rate_limit,
-            on_rate_limits=other.observe_rate_limits,
-        )
-        wrapped = ScriptedProvider(
-            FakeScript(replies=()),
-            id="p",
-            on_rate_limits=lambda provider, info: dispatcher.observe_rate_limits(  # noqa: PLW0108  # a callback of its own, which calls the dispatcher
-                provider, info
-            ),
-        )
-        assert tells_itself(own, dispatcher) == (True, True)
-        assert tells_itself(figures_only, dispatcher) == (True, False)
-        assert tells_itself(others, dispatcher) == (False, False)
-        assert tells_itself(wrapped, dispatcher) == (False, False)
-        assert tells_itself(object(), dispatcher) == (False, False)
-        await trio.lowlevel.checkpoint()
+        with dispatcher.calling(slot) as call:
+            dispatcher.observe_rate_limits("q", FIGURES)  # another provider
+            assert (call.observed, call.reported) == (False, False)
+            dispatcher.observe_rate_limits("p", FIGURES)
+            assert (call.observed, call.reported) == (True, False)
+            dispatcher.report_rate_limit("p", 1.0)
+            assert (call.observed, call.reported) == (True, True)
+        assert call.slot is slot
+
+
+async def test_a_callback_from_another_task_is_not_the_calls() -> None:
+    async with (
+        open_dispatcher({"p": 2}) as dispatcher,
+        dispatcher.slot("p") as slot,
+    ):
+
+        async def callbacks() -> None:
+            dispatcher.observe_rate_limits("p", FIGURES)
+            dispatcher.report_rate_limit("p", None)
+            await trio.lowlevel.checkpoint()
+
+        with dispatcher.calling(slot) as call:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(callbacks)
+            assert (call.observed, call.reported) == (False, False)
+
+
+async def test_calls_nest_and_the_outer_one_comes_back() -> None:
+    async with (
+        open_dispatcher({"p": 2}) as dispatcher,
+        dispatcher.slot("p") as outer_slot,
+        dispatcher.slot("p") as slot,
+    ):
+        with dispatcher.calling(outer_slot) as outer:
+            with dispatcher.calling(slot) as inner:
+                dispatcher.observe_rate_limits("p", FIGURES)
+            assert inner.observed
+            assert not outer.observed
+            dispatcher.observe_rate_limits("p", FIGURES)
+            assert outer.observed

@@ -33,7 +33,7 @@ from .messages._stream import Usage
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping
 
-    from .actors._dispatcher import Dispatcher, Slot
+    from .actors._dispatcher import Dispatcher, ModelCall, Slot
     from .messages import ChatRequest, StreamEvent
 
 
@@ -192,26 +192,19 @@ class Meter:
     figures go to ``Dispatcher.observe_rate_limits``; a rate-limit answer
     (429, 503, 529) pauses the provider (``report_rate_limit``).
 
-    ``observe=False`` or ``report=False``: the provider's own callbacks are
-    the dispatcher's (``on_rate_limits=dispatcher.observe_rate_limits``,
-    ``on_rate_limit=dispatcher.report_rate_limit``), so they have told it
-    already, and the meter does not tell it again.
+    ``call``: the call as ``Dispatcher.calling()`` tracks it, for a
+    provider that may tell the dispatcher by itself (its own callbacks);
+    what it told is not told again.
     """
 
-    __slots__ = ("_dispatcher", "_observe", "_report", "_slot", "_started")
+    __slots__ = ("_call", "_dispatcher", "_slot", "_started")
 
     def __init__(
-        self,
-        dispatcher: Dispatcher,
-        slot: Slot,
-        *,
-        observe: bool = True,
-        report: bool = True,
+        self, dispatcher: Dispatcher, slot: Slot, call: ModelCall | None = None
     ) -> None:
         self._dispatcher = dispatcher
         self._slot = slot
-        self._observe = observe
-        self._report = report
+        self._call = call
         self._started = False
 
     def answered(
@@ -229,28 +222,18 @@ class Meter:
         rate-limit answer (``pause``) asked for, or ``None`` to back off.
         """
         dispatcher = self._dispatcher
-        slot = self._slot
-        if started and not self._started:
-            self._started = True
-            slot.answered()
-        if info is not None and self._observe:
-            dispatcher.observe_rate_limits(slot.provider, info)
-        if pause and self._report:
-            dispatcher.report_rate_limit(slot.provider, retry_after)
-
-
-def tells_itself(provider: object, dispatcher: Dispatcher) -> tuple[bool, bool]:
-    """Whether ``provider``'s own callbacks are ``dispatcher``'s: figures, pauses.
-
-    A provider made with ``on_rate_limits=dispatcher.observe_rate_limits``
-    tells the dispatcher its answers' figures by itself, and one with
-    ``on_rate_limit=dispatcher.report_rate_limit`` its rate limits: a call
-    through a slot counts them once.
-    """
-    return (
-        getattr(provider, "on_rate_limits", None) == dispatcher.observe_rate_limits,
-        getattr(provider, "on_rate_limit", None) == dispatcher.report_rate_limit,
-    )
+        provider = self._slot.provider
+        call = self._call
+        if started:
+            if call is not None:
+                call.answered()
+            elif not self._started:
+                self._started = True
+                self._slot.answered()
+        if info is not None and (call is None or not call.observed):
+            dispatcher.observe_rate_limits(provider, info)
+        if pause and (call is None or not call.reported):
+            dispatcher.report_rate_limit(provider, retry_after)
 
 
 @final

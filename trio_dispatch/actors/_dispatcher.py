@@ -86,6 +86,7 @@ if TYPE_CHECKING:
         Awaitable,
         Callable,
         Iterable,
+        Iterator,
         Mapping,
     )
     from types import TracebackType
@@ -498,6 +499,36 @@ class Slot(metaclass=NoPublicConstructor):
         return trio.lowlevel.Abort.SUCCEEDED
 
 
+@final
+class ModelCall(metaclass=NoPublicConstructor):
+    """A model call under way: its slot, and what the provider told by itself.
+
+    Made by ``Dispatcher.calling()``. ``observed``: the answer's rate-limit
+    figures reached the dispatcher through the provider's own callback;
+    ``reported``: its rate limit did. The integration tells what is not
+    told yet, once.
+
+    Attributes:
+        slot: The slot the call holds.
+        observed: The answer's figures were observed.
+        reported: The answer's rate limit was reported.
+    """
+
+    __slots__ = ("_started", "observed", "reported", "slot")
+
+    def __init__(self, slot: Slot) -> None:
+        self.slot = slot
+        self.observed = False
+        self.reported = False
+        self._started = False
+
+    def answered(self) -> None:
+        """The call's answer started: its slot says so to the scheduler, once."""
+        if not self._started:
+            self._started = True
+            self.slot.answered()
+
+
 @attrs.frozen
 class _Settings:
     """A dispatcher's settings, checked by ``open_dispatcher``."""
@@ -571,6 +602,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         "_actors",
         "_books",
         "_call_observers",
+        "_calls",
         "_cleared",
         "_closed",
         "_closing",
@@ -605,6 +637,9 @@ class Dispatcher(metaclass=NoPublicConstructor):
         # warned about.
         self._known: set[str] = set()
         self._cleared: set[str] = set()
+        # The model calls under way through integrations, by the task that
+        # holds each one's slot (see calling()).
+        self._calls: dict[trio.lowlevel.Task, ModelCall] = {}
         self._closed = False
         # Set when closing, for the task that holds the Redis client.
         self._closing: trio.Event | None = None
@@ -808,6 +843,32 @@ class Dispatcher(metaclass=NoPublicConstructor):
         assert slot.granted_at is not None
         return slot, slot.granted_at + max_hold
 
+    @contextlib.contextmanager
+    def calling(self, slot: Slot) -> Iterator[ModelCall]:
+        """The model call of held ``slot`` is under way in this task, in the block.
+
+        Plumbing for integrations (``wrap_provider`` is built on it): a
+        provider may tell this dispatcher of its answer by itself, through
+        callbacks (``on_rate_limits=dispatcher.observe_rate_limits``,
+        ``on_rate_limit=dispatcher.report_rate_limit``) called as the
+        answer arrives. What those hear of ``slot``'s provider from this
+        task while the block runs is this call's answer: its start is said
+        first (the figures count the request), and the ``ModelCall`` notes
+        it, so the integration does not tell it again.
+        """
+        task = trio.lowlevel.current_task()
+        call = ModelCall._create(slot)
+        calls = self._calls
+        outer = calls.get(task)
+        calls[task] = call
+        try:
+            yield call
+        finally:
+            if outer is None:
+                del calls[task]
+            else:
+                calls[task] = outer
+
     def set_limit(self, provider: str, limit: int | AdaptiveLimit) -> None:
         """Limit ``provider`` to ``limit`` concurrent slots, now.
 
@@ -921,6 +982,14 @@ class Dispatcher(metaclass=NoPublicConstructor):
             raise TypeError(f"info must be a RateLimitInfo, got {info!r}")
         if self._closed or info.empty:
             return
+        if self._calls:
+            call = self._calls.get(trio.lowlevel.current_task())
+            if call is not None and call.slot.provider == provider:
+                # A provider's own callback, as the answer of the call under
+                # way in this task arrives: the figures count its request,
+                # whose answer has started, and the call is not told again.
+                call.observed = True
+                call.answered()
         self._emit_rate_limits(provider, info)
         settings = self._settings
         if not settings.learn_budgets:
@@ -982,6 +1051,12 @@ class Dispatcher(metaclass=NoPublicConstructor):
         """
         check_provider(provider)
         seconds = check_optional_seconds(retry_after, "retry_after")
+        if self._calls:
+            call = self._calls.get(trio.lowlevel.current_task())
+            if call is not None and call.slot.provider == provider:
+                # A provider's own callback for the call under way in this
+                # task: the integration does not report this answer again.
+                call.reported = True
         if self._closed or provider not in self._limits:
             return
         with contextlib.suppress(DispatcherClosed):

@@ -14,8 +14,9 @@ them there and tells the dispatcher (``observe_rate_limits``), so learned
 budgets need no wiring. A provider also given the dispatcher's own
 callbacks (``on_rate_limits=dispatcher.observe_rate_limits``,
 ``on_rate_limit=dispatcher.report_rate_limit``) is counted once: the
-wrapper sees those callbacks on the provider (its ``on_rate_limits`` and
-``on_rate_limit``) and does not tell the dispatcher again. The metering
+wrapper runs the call in ``Dispatcher.calling()``, so the dispatcher
+recognises what the callbacks tell it from the task that holds the slot,
+and the wrapper does not tell it again. The metering
 (estimate, figures, "answered, then maybe pause", usage) is the one the
 transport uses too (``_metering``).
 
@@ -35,13 +36,7 @@ from typing import TYPE_CHECKING, final
 import trio
 
 from .._exceptions import Overloaded, ProviderError, RateLimited
-from .._metering import (
-    Meter,
-    MeteredEvents,
-    estimate_tokens,
-    figures_of,
-    tells_itself,
-)
+from .._metering import Meter, MeteredEvents, estimate_tokens, figures_of
 from .._validation import check_instant
 
 if TYPE_CHECKING:
@@ -136,29 +131,28 @@ class LimitedProvider:
                 await trio.lowlevel.checkpoint_if_cancelled()
                 # Timed for the metrics, if any observe the calls.
                 watch = dispatcher.watch_call(self.provider)
-                # A provider given the dispatcher's own callbacks has told
-                # it already: told once.
-                figures, pauses = tells_itself(self.provider, dispatcher)
-                meter = Meter(dispatcher, slot, observe=not figures, report=not pauses)
-                try:
-                    async with self.provider.stream(request) as events:
-                        meter.answered(figures_of(events))
-                        metered = MeteredEvents(events, slot)
-                        yield metered if watch is None else watch.events(metered)
-                except BaseException as exc:
-                    if isinstance(exc, ProviderError):
-                        # A status answer: its figures count this request.
-                        info = figures_of(exc)
-                        limited = isinstance(exc, RateLimited | Overloaded)
-                        meter.answered(
-                            info,
-                            started=info is not None,
-                            pause=limited,
-                            retry_after=_retry_after(exc),
-                        )
-                    if watch is not None:
-                        watch.end(exc)
-                    raise
+                # A provider may tell the dispatcher of its answer by itself
+                # (its own callbacks): told once, its start first.
+                with dispatcher.calling(slot) as call:
+                    meter = Meter(dispatcher, slot, call)
+                    try:
+                        async with self.provider.stream(request) as events:
+                            meter.answered(figures_of(events))
+                            metered = MeteredEvents(events, slot)
+                            yield metered if watch is None else watch.events(metered)
+                    except BaseException as exc:
+                        if isinstance(exc, ProviderError):
+                            # A status answer: its figures count this request.
+                            info = figures_of(exc)
+                            meter.answered(
+                                info,
+                                started=info is not None,
+                                pause=isinstance(exc, RateLimited | Overloaded),
+                                retry_after=_retry_after(exc),
+                            )
+                        if watch is not None:
+                            watch.end(exc)
+                        raise
                 if watch is not None:
                     watch.end(None)
         if waiting is not None and waiting.cancelled_caught:

@@ -125,16 +125,6 @@ class _ProviderBase:
         return self._id
 
     @property
-    def on_rate_limit(self) -> RateLimitReporter | None:
-        """The ``on_rate_limit`` callback given, or ``None``."""
-        return self._on_rate_limit
-
-    @property
-    def on_rate_limits(self) -> RateLimitObserver | None:
-        """The ``on_rate_limits`` callback given, or ``None``."""
-        return self._on_rate_limits
-
-    @property
     def model(self) -> str:
         """The model every request asks for."""
         return self._model

@@ -179,16 +179,6 @@ class ScriptedProvider:
         return f"ScriptedProvider(id={self._id!r}, wire={self._wire!r})"
 
     @property
-    def on_rate_limit(self) -> RateLimitReporter | None:
-        """The ``on_rate_limit`` callback given, or ``None``."""
-        return self._on_rate_limit
-
-    @property
-    def on_rate_limits(self) -> RateLimitObserver | None:
-        """The ``on_rate_limits`` callback given, or ``None``."""
-        return self._on_rate_limits
-
-    @property
     def id(self) -> str:
         """The provider's id, as the dispatcher knows it."""
         return self._id
