@@ -86,7 +86,6 @@ if TYPE_CHECKING:
         Awaitable,
         Callable,
         Iterable,
-        Iterator,
         Mapping,
     )
     from types import TracebackType
@@ -514,13 +513,44 @@ class ModelCall(metaclass=NoPublicConstructor):
         reported: The answer's rate limit was reported.
     """
 
-    __slots__ = ("_started", "observed", "reported", "slot")
+    __slots__ = (
+        "_calls",
+        "_outer",
+        "_started",
+        "_task",
+        "observed",
+        "reported",
+        "slot",
+    )
 
-    def __init__(self, slot: Slot) -> None:
+    def __init__(self, slot: Slot, calls: dict[trio.lowlevel.Task, ModelCall]) -> None:
         self.slot = slot
         self.observed = False
         self.reported = False
         self._started = False
+        self._calls = calls
+        self._task: trio.lowlevel.Task | None = None
+        self._outer: ModelCall | None = None
+
+    def __enter__(self) -> Self:
+        task = self._task = trio.lowlevel.current_task()
+        calls = self._calls
+        self._outer = calls.get(task)
+        calls[task] = self
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task = self._task
+        assert task is not None
+        if self._outer is None:
+            del self._calls[task]
+        else:
+            self._calls[task] = self._outer
 
     def answered(self) -> None:
         """The call's answer started: its slot says so to the scheduler, once."""
@@ -843,8 +873,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         assert slot.granted_at is not None
         return slot, slot.granted_at + max_hold
 
-    @contextlib.contextmanager
-    def calling(self, slot: Slot) -> Iterator[ModelCall]:
+    def calling(self, slot: Slot) -> ModelCall:
         """The model call of held ``slot`` is under way in this task, in the block.
 
         Plumbing for integrations (``wrap_provider`` is built on it): a
@@ -854,20 +883,11 @@ class Dispatcher(metaclass=NoPublicConstructor):
         answer arrives. What those hear of ``slot``'s provider from this
         task while the block runs is this call's answer: its start is said
         first (the figures count the request), and the ``ModelCall`` notes
-        it, so the integration does not tell it again.
+        it, so the integration does not tell it again. Use it in a plain
+        ``with``, entered and left by the task that holds the slot.
         """
-        task = trio.lowlevel.current_task()
-        call = ModelCall._create(slot)
-        calls = self._calls
-        outer = calls.get(task)
-        calls[task] = call
-        try:
-            yield call
-        finally:
-            if outer is None:
-                del calls[task]
-            else:
-                calls[task] = outer
+        call: ModelCall = _make(ModelCall, slot, self._calls)
+        return call
 
     def set_limit(self, provider: str, limit: int | AdaptiveLimit) -> None:
         """Limit ``provider`` to ``limit`` concurrent slots, now.
