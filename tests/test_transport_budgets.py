@@ -21,7 +21,7 @@ import trio
 import trio.testing
 
 from trio_dispatch import Budget, open_dispatcher
-from trio_dispatch.actors._transport import estimate_body_tokens
+from trio_dispatch._metering import estimate_body_tokens
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

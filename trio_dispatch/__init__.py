@@ -19,8 +19,6 @@ import importlib
 from typing import TYPE_CHECKING
 
 from ._backend import ProviderStatistics as ProviderStatistics
-from ._budgets import AdaptiveLimit as AdaptiveLimit
-from ._budgets import Budget as Budget
 from ._budgets import BudgetStatistics as BudgetStatistics
 from ._exceptions import BackendUnavailable as BackendUnavailable
 from ._exceptions import ConversationClosed as ConversationClosed
@@ -40,23 +38,25 @@ from ._util import fixup_module_metadata
 from ._version import __version__ as __version__
 from .actors._compaction import SUMMARY_PREFIX as SUMMARY_PREFIX
 from .actors._conversation import Conversation as Conversation
-from .actors._conversation import ConversationStatistics as ConversationStatistics
-from .actors._conversation import TurnResult as TurnResult
 from .actors._conversation import TurnStream as TurnStream
-from .actors._dispatcher import Dispatcher as Dispatcher
 from .actors._dispatcher import DispatcherStatistics as DispatcherStatistics
 from .actors._dispatcher import Slot as Slot
-from .actors._dispatcher import open_dispatcher as open_dispatcher
 from .actors._events import Retrying as Retrying
 from .actors._events import ToolResult as ToolResult
 from .actors._events import TurnEvent as TurnEvent
 from .actors._events import TurnFinished as TurnFinished
+from .actors._events import TurnResult as TurnResult
+from .actors._front import Dispatcher as Dispatcher
+from .actors._front import open_dispatcher as open_dispatcher
 from .actors._history import dump_history as dump_history
 from .actors._history import load_history as load_history
 from .actors._limited import wrap_provider as wrap_provider
 from .actors._options import ConversationOptions as ConversationOptions
 from .actors._tools import Tool as Tool
+from .actors._turn_parts import ConversationStatistics as ConversationStatistics
 from .messages._chat import RequestOptions as RequestOptions
+from .messages._limits import AdaptiveLimit as AdaptiveLimit
+from .messages._limits import Budget as Budget
 
 if TYPE_CHECKING:
     from types import ModuleType

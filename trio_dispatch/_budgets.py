@@ -88,29 +88,23 @@ leaves ``[minimum, maximum]``.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, final
 
 import attrs
 
-from ._validation import (
-    check_fraction,
-    check_provider,
-    check_slot_limit,
-    positive_int,
-    positive_number,
-    slot_limit,
-)
+from ._validation import check_provider, check_slot_limit
+
+# The values the rules act on, defined with the messages; still importable
+# from here, beside their rules.
+from .messages._limits import DEFAULT_MAX_TOKENS as DEFAULT_MAX_TOKENS  # noqa: PLC0414  # re-exported
+from .messages._limits import AdaptiveLimit as AdaptiveLimit  # noqa: PLC0414  # re-exported
+from .messages._limits import Budget as Budget  # noqa: PLC0414  # re-exported
 
 if TYPE_CHECKING:
     from ._ratelimits import Quota, RateLimitInfo
-    from .messages._chat import ChatRequest
     from .messages._scheduling import Ticket
-
-DEFAULT_MAX_TOKENS = 4096
-"""Tokens charged for the answer of a request that sets no ``max_tokens``."""
 
 MAX_TOKENS = 10**15
 """The most tokens one estimate or usage report counts for.
@@ -125,117 +119,12 @@ SLOWEST_REFILL = 3600.0
 The Redis ledger's ``learn`` holds the same figure (in milliseconds).
 """
 
-_optional_rate = attrs.validators.optional(positive_number)
-
-
-@final
-@attrs.frozen(kw_only=True)
-class Budget:
-    """A provider's requests and tokens per minute, as configured.
-
-    Either may be ``None`` (no budget of that kind, unless one is learned
-    from the provider's answers). A request is charged 1 request and its
-    estimated tokens at grant time (see ``open_dispatcher``'s ``budgets``).
-
-    Attributes:
-        requests_per_minute: Requests per minute (a positive number).
-        tokens_per_minute: Tokens per minute, prompt and answer together.
-        default_max_tokens: Tokens charged for the answer of a request that
-            sets no ``max_tokens`` (a positive integer).
-    """
-
-    requests_per_minute: float | None = attrs.field(
-        default=None, validator=_optional_rate
-    )
-    tokens_per_minute: float | None = attrs.field(
-        default=None, validator=_optional_rate
-    )
-    default_max_tokens: int = attrs.field(
-        default=DEFAULT_MAX_TOKENS, validator=positive_int
-    )
-
-
-@final
-@attrs.frozen(kw_only=True)
-class AdaptiveLimit:
-    """A concurrency limit that finds its own value, usable wherever an int limit is.
-
-    It starts at ``initial``, is multiplied by ``backoff`` after each round
-    of rate-limit answers (which also pause the provider, as always), and
-    grows while requests succeed with the limit in use (at least half of it
-    held): by 1 per success until the first rate limit, then by about 1 per
-    round trip of the whole limit. It never leaves ``[minimum, maximum]``.
-    ``statistics()`` shows its current value (``ProviderStatistics.limit``)
-    and ``adaptive=True``; ``set_limit`` with an int replaces it by a fixed
-    limit. With ``redis_url``, the value lives in Redis and moves for the
-    whole fleet (see ``open_dispatcher``).
-
-    Attributes:
-        initial: The first value, from ``minimum`` to ``maximum``.
-        minimum: The lowest value (a positive integer).
-        maximum: The highest value, at least ``minimum``.
-        backoff: The factor of a decrease, above 0 and below 1.
-    """
-
-    initial: int = attrs.field(validator=slot_limit)
-    minimum: int = attrs.field(default=1, validator=slot_limit)
-    maximum: int = attrs.field(validator=slot_limit)
-    backoff: float = attrs.field(default=0.9)
-
-    @backoff.validator
-    def _check_backoff(self, _attribute: object, value: object) -> None:
-        factor = check_fraction(value, "backoff")
-        if factor in (0, 1):
-            raise ValueError(
-                f"backoff must be a number between 0 and 1, both excluded, got {value!r}"
-            )
-
-    def __attrs_post_init__(self) -> None:
-        if self.minimum > self.maximum:
-            raise ValueError(
-                f"minimum must be at most maximum={self.maximum!r},"
-                f" got {self.minimum!r}"
-            )
-        if not self.minimum <= self.initial <= self.maximum:
-            raise ValueError(
-                f"initial must be from minimum={self.minimum!r} to"
-                f" maximum={self.maximum!r}, got {self.initial!r}"
-            )
-
 
 def check_limit_value(limit: object, name: str = "limit") -> int | AdaptiveLimit:
     """A positive ``int`` or an ``AdaptiveLimit``."""
     if isinstance(limit, AdaptiveLimit):
         return limit
     return check_slot_limit(limit, name)
-
-
-def estimate_prompt_tokens(request: ChatRequest) -> int:
-    """A rough count of the tokens ``request`` sends: 4 characters a token.
-
-    Counts the system prompt, every message's text, tool calls and tool
-    specifications, plus a few tokens of framing per message. Meant to be
-    corrected by the usage the answer reports, not to be exact.
-    """
-    chars = len(request.system or "")
-    framing = 3
-    for message in request.messages:
-        framing += 4
-        chars += len(message.content)
-        for call in message.tool_calls:
-            chars += len(call.name) + len(call.raw_arguments or str(call.arguments))
-    for spec in request.tools:
-        chars += len(spec.name) + len(spec.description)
-        chars += len(json.dumps(spec.parameters))
-    return framing + (chars + 3) // 4
-
-
-def estimate_tokens(request: ChatRequest, default_max_tokens: int) -> int:
-    """The tokens a request is charged at grant time: prompt plus answer."""
-    answer = request.max_tokens
-    return estimate_prompt_tokens(request) + (
-        default_max_tokens if answer is None else answer
-    )
 
 
 @final

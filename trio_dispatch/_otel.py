@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 
     from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
-    from . import Dispatcher, DispatcherStatistics
     from ._provider import Provider
+    from .actors._dispatcher import Dispatcher, DispatcherStatistics
     from .actors._observe import DispatchEvent
     from .messages import Usage
 

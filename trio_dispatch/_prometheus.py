@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from prometheus_client.metrics_core import Metric
 
-    from . import Dispatcher, DispatcherStatistics
+    from .actors._dispatcher import Dispatcher, DispatcherStatistics
     from .actors._observe import DispatchEvent
 
 __all__ = ["DEFAULT_WAIT_BUCKETS", "PrometheusCollector"]

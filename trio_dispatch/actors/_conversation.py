@@ -59,7 +59,6 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Final, Literal, Self, final
 
-import attrs
 import trio
 
 from .._exceptions import (
@@ -75,28 +74,32 @@ from .._validation import check_priority, check_provider, check_text
 from ..messages import (
     ChatMessage,
     ChatRequest,
-    Finish,
-    ReasoningDelta,
-    TextDelta,
     ToolCall,
     Usage,
 )
 from ..messages._chat import RequestOptions, merge_options
 from ._compaction import compaction_cut, summary_message, summary_request
-from ._events import Retrying, ToolResult, TurnEvent, TurnFinished
+from ._events import Retrying, ToolResult, TurnEvent, TurnFinished, TurnResult
 from ._history import check_history, dump_history
 from ._limited import LimitedProvider, NotGrantedInTime
 from ._options import ConversationOptions, check_request_options
 from ._retry import backoff, should_retry, waits_out
-from ._tools import Tool, check_arguments
+from ._tools import Tool
+from ._turn_parts import (
+    ConversationStatistics,
+    Counters,
+    Job,
+    Reply,
+    add_usage,
+    collect_answer,
+    refusal_of,
+    unique_ids,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
-    from contextlib import AbstractAsyncContextManager
     from types import TracebackType
 
     from .._provider import Provider
-    from ..messages import StreamEvent
     from ._dispatcher import Dispatcher
 
 _WARM_UP_TEXT: Final = "Hello."
@@ -105,155 +108,6 @@ _NO_USAGE: Final = Usage(input_tokens=0, output_tokens=0)
 # few, so a reader that keeps up never makes it wait, and one that stops
 # reading holds back the turn (and the stream under it), not memory.
 _EVENT_BUFFER: Final = 16
-
-
-@final
-@attrs.frozen
-class TurnResult:
-    """How one turn of a conversation went.
-
-    Attributes:
-        text: The final answer's text (text the model wrote before calling
-            tools stays in the history, not here).
-        llm_calls: LLM requests the turn sent: tool-loop steps, retries and
-            a compaction's summary call included.
-        tool_calls: Tool calls the model made, refused ones included.
-        retries: LLM requests sent again after a retryable error.
-        usage: The tokens of every successful LLM call of the turn, summed.
-        started_at: When the turn started (trio clock): the priority of all
-            its LLM calls.
-        finished_at: When the answer was complete (trio clock).
-        finish_reason: Why the model ended its answer (``"stop"``,
-            ``"length"`` when it ran out of ``max_tokens``...), or ``None``
-            if the provider did not say.
-    """
-
-    text: str
-    llm_calls: int
-    tool_calls: int
-    retries: int
-    usage: Usage
-    started_at: float
-    finished_at: float
-    finish_reason: str | None
-
-
-@final
-@attrs.frozen
-class ConversationStatistics:
-    """A snapshot of one conversation's counters.
-
-    Attributes:
-        conversation_id: The conversation's id.
-        turns_completed: Turns answered.
-        turns_failed: Turns that ended with an error.
-        turns_cancelled: Turns whose caller gave up after they started.
-        llm_calls: LLM requests sent, retries, summaries and warm-ups included.
-        retries: LLM requests sent again after a retryable error.
-        tool_calls: Tool calls the model made.
-        compactions: Times older messages were replaced by a summary (by
-            turns that completed: a failed or cancelled turn's summary is
-            dropped with the rest of the turn).
-        compactions_failed: Summary calls that failed (the turn went on).
-        warmups: Warm-up requests answered.
-        usage: The tokens of every successful LLM call, summed.
-        queued: Jobs (turns, warm-ups) waiting in the inbox, counting those
-            whose caller gave up until the actor reaches and skips them.
-        running: Whether a job is running now.
-        history_length: Messages in the history.
-        closed: Whether the conversation has stopped.
-    """
-
-    conversation_id: str
-    turns_completed: int
-    turns_failed: int
-    turns_cancelled: int
-    llm_calls: int
-    retries: int
-    tool_calls: int
-    compactions: int
-    compactions_failed: int
-    warmups: int
-    usage: Usage
-    queued: int
-    running: bool
-    history_length: int
-    closed: bool
-
-
-def _add(total: Usage, usage: Usage | None) -> Usage:
-    if usage is None:
-        return total
-    return Usage(
-        input_tokens=total.input_tokens + usage.input_tokens,
-        output_tokens=total.output_tokens + usage.output_tokens,
-        cache_read_tokens=total.cache_read_tokens + usage.cache_read_tokens,
-        cache_write_tokens=total.cache_write_tokens + usage.cache_write_tokens,
-    )
-
-
-@attrs.define(eq=False)
-class _Job:
-    """One queued request to the actor: a turn (``text``) or a warm-up.
-
-    A turn's events go to its reader through ``events``; the channel is
-    closed when the job ends, after ``done`` is set, so a reader that sees
-    its end finds the outcome.
-    """
-
-    text: str | None
-    events: trio.MemorySendChannel[TurnEvent] | None = None
-    # The turn's options, the conversation's merged with its own.
-    options: RequestOptions = attrs.Factory(RequestOptions)
-    scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
-    done: trio.Event = attrs.Factory(trio.Event)
-    result: TurnResult | Usage | None = None
-    error: BaseException | None = None
-
-    def finish(self, result: TurnResult | Usage | None) -> None:
-        self.result = result
-        self.done.set()
-        self._close()
-
-    def fail(self, error: BaseException) -> None:
-        self.error = error
-        self.done.set()
-        self._close()
-
-    def _close(self) -> None:
-        if self.events is not None:
-            self.events.close()
-
-    async def emit(self, event: TurnEvent) -> None:
-        """Give ``event`` to the reader, waiting while its buffer is full."""
-        assert self.events is not None
-        try:
-            await self.events.send(event)
-        except trio.BrokenResourceError:  # pragma: no cover (a safety net)
-            # The reader closed its end: it left. It cancels the job before
-            # it closes, so this does not happen; if it did, unwind the turn.
-            self.scope.cancel()
-            await trio.lowlevel.checkpoint()
-
-
-@attrs.define
-class _Counters:
-    """One job's share of the counters."""
-
-    llm_calls: int = 0
-    retries: int = 0
-    tool_calls: int = 0
-    usage: Usage = _NO_USAGE
-
-
-@attrs.frozen
-class _Reply:
-    """One complete answer of the model."""
-
-    text: str
-    tool_calls: tuple[ToolCall, ...]
-    usage: Usage | None
-    finish: str | None
 
 
 _Stop = Literal["closed", "dispatcher", "failed"]
@@ -329,10 +183,10 @@ class Conversation(metaclass=NoPublicConstructor):
         self._system_prompt = system_prompt
         self._options = options
         self._rng = random.Random(options.seed)
-        self._send, self._receive = trio.open_memory_channel[_Job](math.inf)
+        self._send, self._receive = trio.open_memory_channel[Job](math.inf)
         self._scope = trio.CancelScope()
         self._history = list(history)
-        self._current: _Job | None = None
+        self._current: Job | None = None
         self._task: trio.lowlevel.Task | None = None
         self._stop: _Stop | None = None
         self._turns_completed = 0
@@ -474,7 +328,7 @@ class Conversation(metaclass=NoPublicConstructor):
             The tokens the provider reported for it (cache writes and reads
             included); all zero if it reported none.
         """
-        result = await self._submit(_Job(None))
+        result = await self._submit(Job(None))
         assert isinstance(result, Usage)
         return result
 
@@ -509,7 +363,7 @@ class Conversation(metaclass=NoPublicConstructor):
             closed=self._stop is not None,
         )
 
-    def _enqueue(self, job: _Job) -> None:
+    def _enqueue(self, job: Job) -> None:
         if self._inside_actor():
             raise RuntimeError("a conversation cannot wait for itself (from a tool)")
         if self._stop is None and self._dispatcher.closed:
@@ -521,7 +375,7 @@ class Conversation(metaclass=NoPublicConstructor):
         except trio.ClosedResourceError:  # pragma: no cover (_stop is set first)
             raise self._closed_error() from None
 
-    async def _submit(self, job: _Job) -> TurnResult | Usage | None:
+    async def _submit(self, job: Job) -> TurnResult | Usage | None:
         self._enqueue(job)
         try:
             await job.done.wait()
@@ -617,7 +471,7 @@ class Conversation(metaclass=NoPublicConstructor):
             if not job.done.is_set():
                 job.fail(self._closed_error())
 
-    async def _turn(self, job: _Job) -> TurnResult:
+    async def _turn(self, job: Job) -> TurnResult:
         # Every slot taken in the turn, by its LLM calls or by its tools
         # (their tasks start inside it), reads its start and class here.
         started_at = trio.current_time()
@@ -626,9 +480,9 @@ class Conversation(metaclass=NoPublicConstructor):
         ):
             return await self._run_turn(job, started_at)
 
-    async def _run_turn(self, job: _Job, started_at: float) -> TurnResult:
+    async def _run_turn(self, job: Job, started_at: float) -> TurnResult:
         assert job.text is not None
-        counters = _Counters()
+        counters = Counters()
         # The turn's own copies, committed only when the answer is complete
         # (see the module notes): what came before it, whose older part a
         # compaction may replace, and the turn so far.
@@ -664,7 +518,7 @@ class Conversation(metaclass=NoPublicConstructor):
                 cache_key=self.id,
             )
             reply = await self._call(provider, request, counters, job)
-            calls = _unique_ids(reply.tool_calls, [*earlier, *turn])
+            calls = unique_ids(reply.tool_calls, [*earlier, *turn])
             answer = ChatMessage("assistant", reply.text, tool_calls=calls)
             if not calls:
                 finished_at = trio.current_time()
@@ -718,7 +572,7 @@ class Conversation(metaclass=NoPublicConstructor):
             cache_key=self.id,
         )
         provider = LimitedProvider(self._provider, self._dispatcher)
-        reply = await self._call(provider, request, _Counters())
+        reply = await self._call(provider, request, Counters())
         self._warmups += 1
         return _NO_USAGE if reply.usage is None else reply.usage
 
@@ -728,9 +582,9 @@ class Conversation(metaclass=NoPublicConstructor):
         self,
         provider: LimitedProvider,
         request: ChatRequest,
-        counters: _Counters,
-        job: _Job | None = None,
-    ) -> _Reply:
+        counters: Counters,
+        job: Job | None = None,
+    ) -> Reply:
         """One LLM call, sent again after a retryable error, with backoff.
 
         A rate limit of a limited provider is waited out in its queue, for
@@ -750,7 +604,7 @@ class Conversation(metaclass=NoPublicConstructor):
             counters.llm_calls += 1
             self._llm_calls += 1
             try:
-                reply = await _stream(
+                reply = await collect_answer(
                     provider.stream_granted_by(
                         request, math.inf if waited is None else deadline
                     ),
@@ -793,8 +647,8 @@ class Conversation(metaclass=NoPublicConstructor):
                     )
                 retrying = Retrying(attempt=attempt, error=error, delay=delay)
             else:
-                counters.usage = _add(counters.usage, reply.usage)
-                self._usage = _add(self._usage, reply.usage)
+                counters.usage = add_usage(counters.usage, reply.usage)
+                self._usage = add_usage(self._usage, reply.usage)
                 return reply
             counters.retries += 1
             self._retries += 1
@@ -826,12 +680,12 @@ class Conversation(metaclass=NoPublicConstructor):
         """
         if self._limited():
             return None
-        return self._dispatcher._max_pause
+        return self._dispatcher.max_pause
 
     # -- tools ---------------------------------------------------------------
 
     async def _run_tools(
-        self, calls: tuple[ToolCall, ...], job: _Job
+        self, calls: tuple[ToolCall, ...], job: Job
     ) -> list[ChatMessage]:
         """Run every call at once; their results, in the order of the calls.
 
@@ -853,7 +707,7 @@ class Conversation(metaclass=NoPublicConstructor):
 
     async def _run_tool(self, call: ToolCall) -> str:
         tool = self._tools.get(call.name)
-        refusal = _refusal(call, tool, self._tools)
+        refusal = refusal_of(call, tool, self._tools)
         if refusal is not None or tool is None:
             await trio.lowlevel.checkpoint()
             return f"error: {refusal}"
@@ -880,7 +734,7 @@ class Conversation(metaclass=NoPublicConstructor):
         self,
         earlier: list[ChatMessage],
         turn: list[ChatMessage],
-        counters: _Counters,
+        counters: Counters,
     ) -> bool | None:
         """Replace ``earlier``'s older messages by a summary if the turn is too long.
 
@@ -944,7 +798,7 @@ class TurnStream(metaclass=NoPublicConstructor):
         self._conversation = conversation
         self._text = text
         self._options = options
-        self._job: _Job | None = None
+        self._job: Job | None = None
         self._receive: trio.MemoryReceiveChannel[TurnEvent] | None = None
         self._result: TurnResult | None = None
         self._state: Literal["new", "open", "ended", "left"] = "new"
@@ -967,7 +821,7 @@ class TurnStream(metaclass=NoPublicConstructor):
         if self._state != "new":
             raise RuntimeError("a turn stream can be entered only once")
         send, receive = trio.open_memory_channel[TurnEvent](_EVENT_BUFFER)
-        job = _Job(self._text, events=send, options=self._options)
+        job = Job(self._text, events=send, options=self._options)
         self._conversation._enqueue(job)
         self._job, self._receive, self._state = job, receive, "open"
         try:
@@ -1024,77 +878,6 @@ class TurnStream(metaclass=NoPublicConstructor):
         return TurnFinished(job.result)
 
 
-async def _stream(
-    opened: AbstractAsyncContextManager[AsyncIterator[StreamEvent]], job: _Job | None
-) -> _Reply:
-    """Send a request (enter ``opened``) and collect the whole answer.
-
-    The slot is held only here. A streamed turn's ``job`` gets the text and
-    reasoning deltas as they come.
-    """
-    text: list[str] = []
-    calls: list[ToolCall] = []
-    usage: Usage | None = None
-    finish: str | None = None
-    async with opened as events:
-        async for event in events:
-            if isinstance(event, TextDelta | ReasoningDelta) and job is not None:
-                await job.emit(event)
-            if isinstance(event, TextDelta):
-                text.append(event.text)
-            elif isinstance(event, ToolCall):
-                calls.append(event)
-            elif isinstance(event, Usage):
-                usage = event
-            elif isinstance(event, Finish):
-                finish = event.reason
-    return _Reply("".join(text), tuple(calls), usage, finish)
-
-
-def _unique_ids(
-    calls: tuple[ToolCall, ...], history: Iterable[ChatMessage]
-) -> tuple[ToolCall, ...]:
-    """``calls``, each with an id no other call of the history has.
-
-    A model (or a server in front of it) may repeat a call's id, within one
-    answer or across answers, or leave it empty; Anthropic then refuses every
-    later request of the conversation, and a result cannot say which call
-    it answers. A repeat becomes ``<id>_2`` (or ``_3``...) and an empty id
-    ``call_1`` (or ``call_2``...): the first one that no call of the
-    history and no call of ``calls`` has, as sent or as renamed. Each
-    result answers its call by the new id, so the history stays paired.
-    """
-    earlier = {call.id for message in history for call in message.tool_calls}
-    used = earlier | {call.id for call in calls}
-    kept: set[str] = set()
-    unique: list[ToolCall] = []
-    for call in calls:
-        if call.id and call.id not in earlier and call.id not in kept:
-            kept.add(call.id)
-            unique.append(call)
-            continue
-        base, number = (call.id, 2) if call.id else ("call", 1)
-        while f"{base}_{number}" in used:
-            number += 1
-        new_id = f"{base}_{number}"
-        used.add(new_id)
-        unique.append(attrs.evolve(call, id=new_id))
-    return tuple(unique)
-
-
-def _refusal(call: ToolCall, tool: Tool | None, tools: dict[str, Tool]) -> str | None:
-    """Why ``call`` cannot run, for the model; ``None`` if it can."""
-    if tool is None:
-        known = ", ".join(repr(name) for name in tools) or "none"
-        return f"unknown tool {call.name!r} (the tools are: {known})"
-    if call.arguments_error is not None:
-        return call.arguments_error
-    problem = check_arguments(call.arguments, tool.parameters)
-    if problem is not None:
-        return f"invalid arguments for {call.name!r}: {problem}"
-    return None
-
-
 # -- construction, for Dispatcher.start_conversation ------------------------
 
 _ids = itertools.count(1)
@@ -1148,6 +931,41 @@ def new_conversation(
         history=checked_history,
         priority=checked_priority,
     )
+
+
+def start_conversation(
+    dispatcher: Dispatcher,
+    provider: Provider,
+    *,
+    conversation_id: str | None,
+    tools: Iterable[Tool],
+    system_prompt: str | None,
+    options: ConversationOptions | None,
+    history: Iterable[ChatMessage] = (),
+    priority: int = 0,
+) -> Conversation:
+    """``Dispatcher.start_conversation``: a checked conversation, its actor started.
+
+    Its actor runs in the dispatcher's nursery, until it is closed or the
+    dispatcher closes.
+    """
+    conversation = new_conversation(
+        dispatcher,
+        provider,
+        conversation_id=conversation_id,
+        tools=tools,
+        system_prompt=system_prompt,
+        options=options,
+        history=history,
+        priority=priority,
+    )
+    dispatcher.check_known(provider.id)
+    if dispatcher.closed:
+        raise DispatcherClosed("the dispatcher is closed")
+    dispatcher.start_soon(
+        conversation._run, name=f"trio_dispatch conversation {conversation.id!r}"
+    )
+    return conversation
 
 
 def _check_tools(tools: object) -> tuple[Tool, ...]:

@@ -22,19 +22,17 @@ import enum
 import logging
 import math
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Final, Literal, Self, final, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, Self, final
 
 import attrs
 import trio
 
 from .._budgets import (
-    DEFAULT_MAX_TOKENS,
     AdaptiveLimit,
     Throttle,
     check_budgets,
     check_limit_mapping,
     check_limit_value,
-    estimate_tokens,
 )
 from .._exceptions import DispatcherClosed, SlotHoldTimeout, lease_lost
 from .._groups import leaves
@@ -56,8 +54,11 @@ from .._validation import (
     check_redis_url,
     redact_url,
 )
-from ._conversation import new_conversation
-from ._limited import CALL
+from ..messages._limits import DEFAULT_MAX_TOKENS
+from ..messages._scheduling import (
+    Grant,
+    Ticket,
+)
 from ._observe import (
     CallObserver,
     CallWatch,
@@ -69,20 +70,19 @@ from ._observe import (
 from ._scheduler import SchedulerActor
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+    from collections.abc import (
+        AsyncIterator,
+        Awaitable,
+        Callable,
+        Iterable,
+        Mapping,
+    )
     from types import TracebackType
-
-    import httpx
-    import httpx2
 
     from .._backend import Backend, ProviderStatistics
     from .._budgets import Budget
     from .._provider import Provider
-    from ..messages import ChatMessage, ChatRequest
     from ..messages._scheduling import Grant, Ticket
-    from ._conversation import Conversation
-    from ._options import ConversationOptions
-    from ._tools import Tool
 
 _logger = logging.getLogger("trio_dispatch")
 
@@ -349,17 +349,45 @@ class Slot(metaclass=NoPublicConstructor):
                 # Closed: the scheduler is gone, with its budgets.
                 actor.report_usage(self.ticket, tokens)  # type: ignore[arg-type]  # set with _actor
 
-    def _answered(self) -> None:
+    def answered(self) -> None:
         """The request's answer started: the provider has counted it.
 
         Learned budgets count the requests whose answer has not started as
         not yet seen by the provider (see ``observe_rate_limits``).
+        ``wrap_provider``, conversations and ``transport()`` say it by
+        themselves; an integration of one's own says it when the answer's
+        headers are in. Never blocks; nothing once the slot is given back.
         """
         actor = self._actor
         if self._state is _HOLDING and actor is not None:
             with contextlib.suppress(trio.ClosedResourceError):
                 # Closed: the scheduler is gone, with its budgets.
                 actor.answered(self.ticket)  # type: ignore[arg-type]  # set with _actor
+
+    def release(self) -> None:
+        """Give the slot back now, from any task; nothing if it is not held.
+
+        Plumbing for a slot taken with ``Dispatcher.hold()``: one entered
+        with ``async with`` is given back on leaving the block. Synchronous
+        and idempotent; never blocks.
+        """
+        self._give_back()
+
+    @property
+    def lease_deadline(self) -> float | None:
+        """Until when the slot's lease is sure to live (trio clock), with Redis.
+
+        ``None`` for a slot of a local dispatcher, which has no lease.
+        """
+        return self._lease_deadline
+
+    def follow_lease(self, callback: Callable[[float], None] | None) -> None:
+        """Call ``callback(deadline)`` at each renewal of the slot's lease.
+
+        Plumbing for a hold that enforces the lease without the slot's
+        cancel scope (``Dispatcher.hold()``); ``None`` stops it.
+        """
+        self._on_lease = callback
 
     @trio.lowlevel.enable_ki_protection
     def _give_back(self) -> None:
@@ -425,6 +453,67 @@ class Slot(metaclass=NoPublicConstructor):
         return trio.lowlevel.Abort.SUCCEEDED
 
 
+@final
+class ModelCall(metaclass=NoPublicConstructor):
+    """A model call under way: its slot, and what the provider told by itself.
+
+    Made by ``Dispatcher.calling()``. ``observed``: the answer's rate-limit
+    figures reached the dispatcher through the provider's own callback;
+    ``reported``: its rate limit did. The integration tells what is not
+    told yet, once.
+
+    Attributes:
+        slot: The slot the call holds.
+        observed: The answer's figures were observed.
+        reported: The answer's rate limit was reported.
+    """
+
+    __slots__ = (
+        "_calls",
+        "_outer",
+        "_started",
+        "_task",
+        "observed",
+        "reported",
+        "slot",
+    )
+
+    def __init__(self, slot: Slot, calls: dict[trio.lowlevel.Task, ModelCall]) -> None:
+        self.slot = slot
+        self.observed = False
+        self.reported = False
+        self._started = False
+        self._calls = calls
+        self._task: trio.lowlevel.Task | None = None
+        self._outer: ModelCall | None = None
+
+    def __enter__(self) -> Self:
+        task = self._task = trio.lowlevel.current_task()
+        calls = self._calls
+        self._outer = calls.get(task)
+        calls[task] = self
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task = self._task
+        assert task is not None
+        if self._outer is None:
+            del self._calls[task]
+        else:
+            self._calls[task] = self._outer
+
+    def answered(self) -> None:
+        """The call's answer started: its slot says so to the scheduler, once."""
+        if not self._started:
+            self._started = True
+            self.slot.answered()
+
+
 @attrs.frozen
 class _Settings:
     """A dispatcher's settings, checked by ``open_dispatcher``."""
@@ -470,7 +559,6 @@ _DEFAULT_LEASE: Final = _DefaultLease(15.0)
 _make: Final = type.__call__
 
 
-@final
 class Dispatcher(metaclass=NoPublicConstructor):
     """Per-provider concurrency limits, granted oldest turn first.
 
@@ -489,10 +577,20 @@ class Dispatcher(metaclass=NoPublicConstructor):
     a misspelt name would be: ``unknown_providers`` says what happens then.
     """
 
+    # The class open_dispatcher makes: the front that adds the integrations
+    # (trio_dispatch.actors._front, above them), once it is defined; this
+    # core until then. The core never imports what is built on it.
+    _front: ClassVar[type[Dispatcher]]
+
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        Dispatcher._front = cls
+
     __slots__ = (
         "_actors",
         "_backends",
         "_call_observers",
+        "_calls",
         "_cleared",
         "_closed",
         "_closing",
@@ -522,6 +620,9 @@ class Dispatcher(metaclass=NoPublicConstructor):
         # warned about.
         self._known: set[str] = set()
         self._cleared: set[str] = set()
+        # The model calls under way through integrations, by the task that
+        # holds each one's slot (see calling()).
+        self._calls: dict[trio.lowlevel.Task, ModelCall] = {}
         self._closed = False
         # Set when closing, for the task that holds the Redis client.
         self._closing: trio.Event | None = None
@@ -531,9 +632,32 @@ class Dispatcher(metaclass=NoPublicConstructor):
         self._call_observers: tuple[CallObserver, ...] = ()
 
     @property
-    def _max_pause(self) -> float:
-        """The longest pause, which also caps a conversation's retry wait."""
+    def max_pause(self) -> float:
+        """The longest pause (``open_dispatcher``'s ``max_pause``), in seconds.
+
+        It also caps a conversation's retry wait.
+        """
         return self._settings.max_pause
+
+    @property
+    def max_hold(self) -> float | None:
+        """How long a slot may be held (``open_dispatcher``'s ``max_hold``), or ``None``."""
+        return self._settings.max_hold
+
+    @property
+    def lease(self) -> float:
+        """The lease of a slot shared through Redis, in seconds (``open_dispatcher``'s ``lease``)."""
+        return self._settings.lease
+
+    def start_soon(
+        self, function: Callable[..., Awaitable[object]], *args: object, name: str
+    ) -> None:
+        """Run ``function(*args)`` in the dispatcher's nursery, until it closes.
+
+        Plumbing for integrations: a task that outlives the call that
+        starts it (the transport's ``max_hold`` timer).
+        """
+        self._nursery.start_soon(function, *args, name=name)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -678,78 +802,18 @@ class Dispatcher(metaclass=NoPublicConstructor):
         )
         return slot
 
-    @overload
-    def transport(
-        self, provider: str, *, inner: httpx.AsyncBaseTransport
-    ) -> httpx.AsyncBaseTransport: ...
-
-    @overload
-    def transport(
-        self, provider: str, *, inner: httpx2.AsyncBaseTransport | None = None
-    ) -> httpx2.AsyncBaseTransport: ...
-
-    def transport(
-        self,
-        provider: str,
-        *,
-        inner: httpx2.AsyncBaseTransport | httpx.AsyncBaseTransport | None = None,
-    ) -> httpx2.AsyncBaseTransport | httpx.AsyncBaseTransport:
-        """An HTTP transport whose model calls each hold a slot of ``provider``.
-
-        Give it to the client an SDK uses (``httpx2.AsyncClient(transport=
-        dispatcher.transport("openai"))``). A model call (a ``POST`` whose
-        path ends in ``/chat/completions``, ``/completions``,
-        ``/responses``, ``/messages``, ``/complete`` or ``/embeddings``)
-        takes a slot before its first byte is sent and gives it back when
-        its response is closed: after the last byte, or when it is closed
-        early, fails or is cancelled. Anything else (``GET /models``,
-        files, batches, token counts) passes without a slot. A 429, 503 or
-        529 answer to a model call pauses the provider (``Retry-After``,
-        ``retry-after-ms``, see ``report_rate_limit``); the answer goes
-        back to the caller unchanged. Every answer's rate-limit headers
-        (``x-ratelimit-*`` or ``anthropic-ratelimit-*``) go to
-        ``observe_rate_limits``, and a call whose JSON body has
-        ``messages`` is charged its estimated tokens (prompt and
-        ``max_tokens``), not corrected from its usage, which only the SDK
-        reads. The slot is the current turn's, as
-        with ``slot()`` without ``started_at``. ``max_hold`` bounds a model
-        call from its grant to its response's close: past it, the request
-        or the read under way fails with ``SlotHoldTimeout``, a response
-        that nobody reads is closed, and the slot goes back. A response
-        dropped without being closed gives its slot back when it is
-        garbage-collected, with a ``ResourceWarning`` naming the provider.
-
-        Args:
-            provider: The provider's name: whose slots the calls take.
-            inner: The transport that sends the requests:
-                ``httpx2.AsyncHTTPTransport()`` if ``None``. Given a legacy
-                ``httpx.AsyncBaseTransport``, the result is one too.
-
-        Raises:
-            TypeError: ``provider`` is not a string, or ``inner`` is not an
-                httpx2 or httpx async transport. Later, from a request of
-                the other httpx's client (an ``httpx.AsyncClient`` given a
-                transport made without ``inner``), before any slot.
-            ValueError: ``provider`` is empty, or unknown while the
-                dispatcher's ``unknown_providers`` is ``"error"``.
-        """
-        from ._transport import transport_for  # noqa: PLC0415  # httpx2 only when asked for
-
-        check_provider(provider)
-        make = transport_for(inner)
-        if provider not in self._cleared:
-            self._unknown(provider)
-        return make(self, provider)
-
-    async def _hold(self, provider: str, tokens: int = 0) -> tuple[Slot, float]:
+    async def hold(self, provider: str, tokens: int = 0) -> tuple[Slot, float]:
         """A granted slot of ``provider`` that any task may give back.
 
-        For a hold that does not end where it began (an HTTP response is
-        closed later, perhaps by another task), so it enters no cancel
-        scope: give it back with ``Slot._give_back()``. Returns the slot
-        and its ``max_hold`` deadline (trio clock; ``inf`` for none), which
-        the holder enforces. The turn is the current one (``slot()`` with
-        neither ``started_at`` nor ``conversation_id``), charged ``tokens``.
+        Plumbing for integrations (``transport()`` is built on it): for a
+        hold that does not end where it began (an HTTP response is closed
+        later, perhaps by another task), so it enters no cancel scope: give
+        it back with ``Slot.release()``. Returns the slot and its
+        ``max_hold`` deadline (trio clock; ``inf`` for none), which the
+        holder enforces, as it follows the slot's lease (``Slot.lease_deadline``,
+        ``Slot.follow_lease``). The turn is the current one (``slot()``
+        with neither ``started_at`` nor ``conversation_id``), charged
+        ``tokens``.
         """
         slot = self.slot(provider, max_hold=None, tokens=tokens)
         # Granted without the timer's cancel scope, which only the entering
@@ -761,6 +825,22 @@ class Dispatcher(metaclass=NoPublicConstructor):
             return slot, math.inf
         assert slot.granted_at is not None
         return slot, slot.granted_at + max_hold
+
+    def calling(self, slot: Slot) -> ModelCall:
+        """The model call of held ``slot`` is under way in this task, in the block.
+
+        Plumbing for integrations (``wrap_provider`` is built on it): a
+        provider may tell this dispatcher of its answer by itself, through
+        callbacks (``on_rate_limits=dispatcher.observe_rate_limits``,
+        ``on_rate_limit=dispatcher.report_rate_limit``) called as the
+        answer arrives. What those hear of ``slot``'s provider from this
+        task while the block runs is this call's answer: its start is said
+        first (the figures count the request), and the ``ModelCall`` notes
+        it, so the integration does not tell it again. Use it in a plain
+        ``with``, entered and left by the task that holds the slot.
+        """
+        call: ModelCall = _make(ModelCall, slot, self._calls)
+        return call
 
     def set_limit(self, provider: str, limit: int | AdaptiveLimit) -> None:
         """Limit ``provider`` to ``limit`` concurrent slots, now.
@@ -836,13 +916,14 @@ class Dispatcher(metaclass=NoPublicConstructor):
             raise TypeError(f"info must be a RateLimitInfo, got {info!r}")
         if self._closed or info.empty:
             return
-        call = CALL.get()
-        if call is not None and call.concerns(self, provider):
-            # The provider's callback, for a call through ``wrap_provider``:
-            # the wrapper will not tell these figures again. They count its
-            # request, which has its answer now.
-            call.observed = True
-            call.answered()
+        if self._calls:
+            call = self._calls.get(trio.lowlevel.current_task())
+            if call is not None and call.slot.provider == provider:
+                # A provider's own callback, as the answer of the call under
+                # way in this task arrives: the figures count its request,
+                # whose answer has started, and the call is not told again.
+                call.observed = True
+                call.answered()
         self._emit_rate_limits(provider, info)
         settings = self._settings
         if not settings.learn_budgets:
@@ -854,12 +935,13 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 lambda backend: backend.observe_rate_limits(trio.current_time(), info),
             )
 
-    def _estimate(self, provider: str, request: ChatRequest) -> int:
-        """The tokens ``request`` is charged for a slot of ``provider``."""
-        return estimate_tokens(request, self._default_max_tokens(provider))
+    def default_max_tokens(self, provider: str) -> int:
+        """The answer charged for a request of ``provider`` without ``max_tokens``.
 
-    def _default_max_tokens(self, provider: str) -> int:
-        """The answer charged for a request of ``provider`` without ``max_tokens``."""
+        Its budget's ``default_max_tokens`` (the configured budget's, or
+        the default); what an integration's token estimate counts for such
+        a request.
+        """
         budget = self._settings.budgets.get(provider)
         return DEFAULT_MAX_TOKENS if budget is None else budget.default_max_tokens
 
@@ -892,11 +974,12 @@ class Dispatcher(metaclass=NoPublicConstructor):
         """
         check_provider(provider)
         seconds = check_optional_seconds(retry_after, "retry_after")
-        call = CALL.get()
-        if call is not None and call.concerns(self, provider):
-            # The provider's callback, for a call through ``wrap_provider``:
-            # the wrapper will not report this answer again.
-            call.reported = True
+        if self._calls:
+            call = self._calls.get(trio.lowlevel.current_task())
+            if call is not None and call.slot.provider == provider:
+                # A provider's own callback for the call under way in this
+                # task: the integration does not report this answer again.
+                call.reported = True
         if self._closed or provider not in self._limits:
             return
         with contextlib.suppress(DispatcherClosed):
@@ -951,8 +1034,12 @@ class Dispatcher(metaclass=NoPublicConstructor):
         if hub.sinks:
             hub.emit(event)
 
-    def _watch_call(self, provider: Provider) -> CallWatch | None:
-        """An LLM call to ``provider`` begins: a watch, if anything observes calls."""
+    def watch_call(self, provider: Provider) -> CallWatch | None:
+        """An LLM call to ``provider`` begins: a watch, if anything observes calls.
+
+        Plumbing for integrations: the watch times the call for the
+        metrics (OpenTelemetry); ``None`` when nothing observes calls.
+        """
         observers = self._call_observers
         return None if not observers else CallWatch(provider, observers)
 
@@ -960,66 +1047,6 @@ class Dispatcher(metaclass=NoPublicConstructor):
         """Tell the subscribers what an answer of ``provider`` said of its limits."""
         if self._hub.sinks:
             self._hub.emit(RateLimitsReceived(provider, trio.current_time(), info))
-
-    def start_conversation(
-        self,
-        provider: Provider,
-        *,
-        conversation_id: str | None = None,
-        tools: Iterable[Tool] = (),
-        system_prompt: str | None = None,
-        options: ConversationOptions | None = None,
-        history: Iterable[ChatMessage] = (),
-        priority: int = 0,
-    ) -> Conversation:
-        """Start a conversation actor with ``provider`` in this dispatcher.
-
-        Every LLM call it makes takes a slot of ``provider.id`` first (see
-        ``Conversation``). The actor runs until ``Conversation.close()`` or
-        until the dispatcher closes. Arguments are checked here, at once.
-
-        Args:
-            provider: Any ``Provider`` (an ``id`` and a ``stream`` method).
-            conversation_id: Its name (``Conversation.id``, and the
-                ``conversation_id`` of every slot it takes); a fresh
-                unique one if not given.
-            tools: The ``Tool`` values the model may call (distinct names).
-            system_prompt: Sent as ``ChatRequest.system`` with every request;
-                never part of the history.
-            options: Retries, backoff, compaction, ``max_tokens``, the
-                request options of its turns (``request_options``) and the
-                jitter's seed, as a ``ConversationOptions``; ``None`` for the
-                defaults.
-            history: The messages to start from, oldest first: the
-                ``history`` of an earlier conversation, or what
-                ``load_history`` read back. Checked here: a tool call
-                without its result, or a result without its call, is
-                refused (see ``load_history``).
-            priority: The priority class of its turns (an int, higher
-                first): each turn runs in a ``turn()`` of this class.
-
-        Raises:
-            ValueError: ``provider.id`` is unknown and the dispatcher's
-                ``unknown_providers`` is ``"error"``; or a bad argument.
-            DispatcherClosed: The dispatcher has closed.
-        """
-        conversation = new_conversation(
-            self,
-            provider,
-            conversation_id=conversation_id,
-            tools=tools,
-            system_prompt=system_prompt,
-            options=options,
-            history=history,
-            priority=priority,
-        )
-        if provider.id not in self._cleared:
-            self._unknown(provider.id)
-        self._check_open()
-        self._nursery.start_soon(
-            conversation._run, name=f"trio_dispatch conversation {conversation.id!r}"
-        )
-        return conversation
 
     def statistics(self) -> DispatcherStatistics:
         """A snapshot of every provider limited or used, unlimited ones too.
@@ -1153,6 +1180,23 @@ class Dispatcher(metaclass=NoPublicConstructor):
             # queued, in this same step, so no request was sent to it since.
             del self._actors[actor.provider]
 
+    def check_known(self, provider: str) -> None:
+        """Let ``provider`` through as ``slot()`` does, or refuse it at once.
+
+        Plumbing for integrations that take slots later (``transport()``,
+        ``start_conversation()``): ``unknown_providers`` applies to a
+        provider never named in ``limits``, ``set_limit`` or
+        ``remove_limit`` (a warning, or ``ValueError`` with ``"error"``).
+
+        Raises:
+            TypeError: ``provider`` is not a string.
+            ValueError: ``provider`` is empty, or unknown while
+                ``unknown_providers`` is ``"error"``.
+        """
+        check_provider(provider)
+        if provider not in self._cleared:
+            self._unknown(provider)
+
     def _check_open(self) -> None:
         if self._closed:
             raise DispatcherClosed("the dispatcher is closed")
@@ -1165,6 +1209,9 @@ class Dispatcher(metaclass=NoPublicConstructor):
             backend.close()
         self._hub.close()
         self._nursery.cancel_scope.cancel()
+
+
+Dispatcher._front = Dispatcher
 
 
 def open_dispatcher(
@@ -1436,7 +1483,7 @@ async def _run_dispatcher(
     body_error: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:
-            dispatcher = Dispatcher._create(nursery, settings)
+            dispatcher = Dispatcher._front._create(nursery, settings)
             if settings.redis_url is None:
                 for provider, limit in limits.items():
                     dispatcher.set_limit(provider, limit)

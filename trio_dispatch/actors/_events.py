@@ -18,7 +18,38 @@ from ..messages import ReasoningDelta, TextDelta, ToolCall
 
 if TYPE_CHECKING:
     from .._exceptions import ProviderError
-    from ._conversation import TurnResult
+    from ..messages import Usage
+
+
+@final
+@attrs.frozen
+class TurnResult:
+    """How one turn of a conversation went.
+
+    Attributes:
+        text: The final answer's text (text the model wrote before calling
+            tools stays in the history, not here).
+        llm_calls: LLM requests the turn sent: tool-loop steps, retries and
+            a compaction's summary call included.
+        tool_calls: Tool calls the model made, refused ones included.
+        retries: LLM requests sent again after a retryable error.
+        usage: The tokens of every successful LLM call of the turn, summed.
+        started_at: When the turn started (trio clock): the priority of all
+            its LLM calls.
+        finished_at: When the answer was complete (trio clock).
+        finish_reason: Why the model ended its answer (``"stop"``,
+            ``"length"`` when it ran out of ``max_tokens``...), or ``None``
+            if the provider did not say.
+    """
+
+    text: str
+    llm_calls: int
+    tool_calls: int
+    retries: int
+    usage: Usage
+    started_at: float
+    finished_at: float
+    finish_reason: str | None
 
 
 @final

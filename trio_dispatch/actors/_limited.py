@@ -14,8 +14,11 @@ them there and tells the dispatcher (``observe_rate_limits``), so learned
 budgets need no wiring. A provider also given the dispatcher's own
 callbacks (``on_rate_limits=dispatcher.observe_rate_limits``,
 ``on_rate_limit=dispatcher.report_rate_limit``) is counted once: the
-dispatcher notes what its callbacks heard for the call under way
-(``CALL``), and the wrapper does not report it again.
+wrapper runs the call in ``Dispatcher.calling()``, so the dispatcher
+recognises what the callbacks tell it from the task that holds the slot,
+and the wrapper does not tell it again. The metering
+(estimate, figures, "answered, then maybe pause", usage) is the one the
+transport uses too (``_metering``).
 
 Each stream is charged to the provider's token budget: the slot carries the
 request's estimate (its prompt, about 4 characters a token, plus
@@ -28,15 +31,13 @@ from __future__ import annotations
 import contextlib
 import math
 from contextlib import asynccontextmanager
-from contextvars import ContextVar
-from typing import TYPE_CHECKING, Final, final
+from typing import TYPE_CHECKING, final
 
 import trio
 
 from .._exceptions import Overloaded, ProviderError, RateLimited
-from .._ratelimits import RateLimitInfo
+from .._metering import Meter, MeteredEvents, estimate_tokens, figures_of
 from .._validation import check_instant
-from ..messages._stream import Usage
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 
     from .._provider import Provider
     from ..messages import ChatRequest, StreamEvent
-    from ._dispatcher import Dispatcher, Slot
+    from ._dispatcher import Dispatcher
 
 
 @final
@@ -118,7 +119,9 @@ class LimitedProvider:
                 provider_id,
                 conversation_id=self.conversation_id,
                 started_at=self.started_at,
-                tokens=dispatcher._estimate(provider_id, request),
+                tokens=estimate_tokens(
+                    request, dispatcher.default_max_tokens(provider_id)
+                ),
             ) as slot:
                 if waiting is not None:
                     waiting.deadline = math.inf
@@ -127,108 +130,45 @@ class LimitedProvider:
                 # first byte.
                 await trio.lowlevel.checkpoint_if_cancelled()
                 # Timed for the metrics, if any observe the calls.
-                watch = dispatcher._watch_call(self.provider)
-                call = WrappedCall(dispatcher, slot)
-                token = CALL.set(call)
-                try:
-                    async with self.provider.stream(request) as events:
-                        call.answered()
-                        info = getattr(events, "rate_limits", None)
-                        if isinstance(info, RateLimitInfo) and not call.observed:
-                            dispatcher.observe_rate_limits(provider_id, info)
-                        metered = _Metered(events, slot)
-                        yield metered if watch is None else watch.events(metered)
-                except BaseException as exc:
-                    if isinstance(exc, ProviderError):
-                        self._told(call, exc)
-                    if watch is not None:
-                        watch.end(exc)
-                    raise
-                finally:
-                    CALL.reset(token)
+                watch = dispatcher.watch_call(self.provider)
+                # A provider may tell the dispatcher of its answer by itself
+                # (its own callbacks): told once, its start first.
+                with dispatcher.calling(slot) as call:
+                    meter = Meter(dispatcher, slot, call)
+                    try:
+                        async with self.provider.stream(request) as events:
+                            meter.answered(figures_of(events))
+                            metered = MeteredEvents(events, slot)
+                            yield metered if watch is None else watch.events(metered)
+                    except BaseException as exc:
+                        if isinstance(exc, ProviderError):
+                            # A status answer: its figures count this request.
+                            info = figures_of(exc)
+                            meter.answered(
+                                info,
+                                started=info is not None,
+                                pause=isinstance(exc, RateLimited | Overloaded),
+                                retry_after=_retry_after(exc),
+                            )
+                        if watch is not None:
+                            watch.end(exc)
+                        raise
                 if watch is not None:
                     watch.end(None)
         if waiting is not None and waiting.cancelled_caught:
             raise NotGrantedInTime
 
-    def _told(self, call: WrappedCall, error: ProviderError) -> None:
-        """Tell the dispatcher what ``error``'s answer said, unless it was told."""
-        dispatcher = self._dispatcher
-        provider_id = self.provider.id
-        info = error.rate_limits
-        if info is not None and not call.observed:
-            # A status answer: the figures count this request.
-            call.answered()
-            dispatcher.observe_rate_limits(provider_id, info)
-        if isinstance(error, RateLimited | Overloaded) and not call.reported:
-            dispatcher.report_rate_limit(provider_id, error.retry_after)
+
+def _retry_after(error: ProviderError) -> float | None:
+    """The pause a rate-limit answer asked for, if it is one."""
+    if isinstance(error, RateLimited | Overloaded):
+        return error.retry_after
+    return None
 
 
 @final
 class NotGrantedInTime(Exception):
     """``LimitedProvider.stream_granted_by``: no slot by the deadline; nothing sent."""
-
-
-@final
-class WrappedCall:
-    """A call through ``wrap_provider`` under way: its slot, and what was told.
-
-    Set in ``CALL`` while the provider's stream opens and runs. The
-    dispatcher's ``observe_rate_limits`` and ``report_rate_limit`` note here
-    that the provider's own callbacks told them of this call's answer, so
-    the wrapper does not tell them again.
-
-    Attributes:
-        dispatcher: The dispatcher whose slot the call holds.
-        slot: The slot.
-        observed: The answer's rate-limit figures reached the dispatcher.
-        reported: The answer's rate limit (429, 529, 503) paused it.
-    """
-
-    __slots__ = ("_answered", "dispatcher", "observed", "reported", "slot")
-
-    def __init__(self, dispatcher: Dispatcher, slot: Slot) -> None:
-        self.dispatcher = dispatcher
-        self.slot = slot
-        self.observed = False
-        self.reported = False
-        self._answered = False
-
-    def concerns(self, dispatcher: Dispatcher, provider: str) -> bool:
-        """Whether this call is ``dispatcher``'s and ``provider``'s."""
-        return dispatcher is self.dispatcher and provider == self.slot.provider
-
-    def answered(self) -> None:
-        """The call's answer started: its slot says so to the scheduler, once."""
-        if not self._answered:
-            self._answered = True
-            self.slot._answered()
-
-
-CALL: Final[ContextVar[WrappedCall | None]] = ContextVar(
-    "trio_dispatch_call", default=None
-)
-"""The call through ``wrap_provider`` the current task is making, if any."""
-
-
-@final
-class _Metered:
-    """A stream's events, passed on; its ``Usage`` corrects the slot's estimate."""
-
-    __slots__ = ("_events", "_slot")
-
-    def __init__(self, events: AsyncIterator[StreamEvent], slot: Slot) -> None:
-        self._events = events
-        self._slot = slot
-
-    def __aiter__(self) -> _Metered:
-        return self
-
-    async def __anext__(self) -> StreamEvent:
-        event = await self._events.__anext__()
-        if type(event) is Usage and self._slot.held:
-            self._slot.report_usage(event.prompt_tokens + event.output_tokens)
-        return event
 
 
 def wrap_provider(

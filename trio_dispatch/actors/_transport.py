@@ -8,7 +8,7 @@ body is closed, after its last byte or earlier, whoever closes it.
 
 That hold does not nest: it begins in the task that sends the request and
 ends wherever the response is closed, later, maybe in another task. So it
-is taken with ``Dispatcher._hold`` (no cancel scope, given back by any
+is taken with ``Dispatcher.hold`` (no cancel scope, given back by any
 task) and ``max_hold`` is enforced here, without a scope that would outlive
 the call that entered it:
 
@@ -50,7 +50,7 @@ providers:
   never corrects, and a token budget paced through the transport errs on
   the safe side by what the answers did not use; the figures of later
   answers only ever lower the budget, never raise it;
-* its answer started when its headers arrive (``Slot._answered``);
+* its answer started when its headers arrive (``Slot.answered``);
 * the rate-limit figures of those headers, OpenAI's ``x-ratelimit-*`` or
   Anthropic's ``anthropic-ratelimit-*``, whichever are there, go to
   ``Dispatcher.observe_rate_limits``, success or error; a malformed
@@ -66,32 +66,23 @@ the collector runs in; never awaiting) and warns with a ``ResourceWarning``.
 
 from __future__ import annotations
 
-import json
 import math
-import sys
 import time
 import warnings
 import weakref
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Final, Generic, Protocol, Self, TypeVar, final
 
 import httpx2
 import trio
 
 from .._exceptions import LeaseLost, SlotHoldTimeout, lease_lost
+from .._metering import Meter, RateLimitReader, estimate_body_tokens
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
     from types import TracebackType
 
-    import httpx
-
-    from .._ratelimits import RateLimitInfo
     from ._dispatcher import Dispatcher, Slot
-
-    MakeTransport = Callable[
-        [Dispatcher, str], httpx2.AsyncBaseTransport | httpx.AsyncBaseTransport
-    ]
 
 #: Answers that say "slow down" for the whole account: they pause the provider.
 RATE_LIMITED: Final = frozenset({429, 503, 529})
@@ -112,144 +103,6 @@ MODEL_CALLS: Final = (
 def takes_slot(method: str, path: str) -> bool:
     """Whether a request runs a model, and so takes a slot: a ``POST`` to a model call."""
     return method == "POST" and path.rstrip("/").endswith(MODEL_CALLS)
-
-
-#: Content parts that are not text: not counted in a prompt's estimate.
-NOT_TEXT: Final = frozenset(
-    {
-        "audio",
-        "document",
-        "file",
-        "image",
-        "image_url",
-        "input_audio",
-        "input_file",
-        "input_image",
-    }
-)
-
-
-def _text_length(value: object) -> int:
-    """The characters of the strings in a JSON value, parts not text left out."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, list):
-        return sum(_text_length(item) for item in value)
-    if isinstance(value, dict):
-        if value.get("type") in NOT_TEXT:
-            return 0
-        return sum(_text_length(item) for item in value.values())
-    return 0
-
-
-def _count(value: object) -> int | None:
-    """A JSON count (an int, not a bool, not negative), or ``None``."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
-
-
-def estimate_body_tokens(content: bytes, default_max_tokens: int) -> int:
-    """The tokens a model call's body is charged at grant time; 0 for none.
-
-    A JSON object with a ``messages`` list: its prompt (the text of its
-    messages, ``system`` and ``tools``, 4 characters a token, plus a few
-    tokens of framing per message, as ``estimate_prompt_tokens`` counts a
-    ``ChatRequest``) and ``n`` answers of ``max_tokens`` (or
-    ``max_completion_tokens``; ``default_max_tokens`` if neither). Any
-    other body, JSON or not, is 0.
-    """
-    if not content.startswith(b"{"):
-        return 0
-    try:
-        body = json.loads(content)
-    except (ValueError, RecursionError):
-        return 0
-    messages = body.get("messages") if isinstance(body, dict) else None
-    if not isinstance(messages, list):
-        return 0
-    chars = sum(
-        _text_length(body.get(field)) for field in ("messages", "system", "tools")
-    )
-    prompt = 3 + 4 * len(messages) + (chars + 3) // 4
-    answer = _count(body.get("max_tokens"))
-    if answer is None:
-        answer = _count(body.get("max_completion_tokens"))
-    if answer is None:
-        answer = default_max_tokens
-    answers = _count(body.get("n")) or 1
-    return prompt + answers * answer
-
-
-@final
-class RateLimitReader:
-    """Reads the rate-limit figures of a transport's answers, either format.
-
-    One per transport: a malformed header is logged once per transport and
-    header name (``MalformedHeaderLog``).
-    """
-
-    __slots__ = ("_malformed", "_provider")
-
-    def __init__(self, provider: str) -> None:
-        self._provider = provider
-        self._malformed: Callable[[str, str], None] | None = None
-
-    def read(self, headers: Mapping[str, str]) -> RateLimitInfo | None:
-        """The figures of ``headers``, or ``None`` if they carry none."""
-        anthropic = openai = False
-        for name in headers:
-            lowered = name.lower()
-            if lowered.startswith("anthropic-ratelimit-"):
-                anthropic = True
-                break
-            if lowered.startswith("x-ratelimit-"):
-                openai = True
-        if not (anthropic or openai):
-            return None
-        # Only now: the providers package loads their HTTP client.
-        from ..providers._ratelimit_headers import (  # noqa: PLC0415
-            MalformedHeaderLog,
-            anthropic_rate_limits,
-            openai_rate_limits,
-        )
-
-        if self._malformed is None:
-            self._malformed = MalformedHeaderLog(self._provider)
-        parse = anthropic_rate_limits if anthropic else openai_rate_limits
-        info = parse(headers, now=datetime.now(UTC), on_malformed=self._malformed)
-        return None if info.empty else info
-
-
-def transport_for(inner: object) -> MakeTransport:
-    """How to make a transport around ``inner``; TypeError if it is no transport.
-
-    ``None`` is a new ``httpx2.AsyncHTTPTransport``, made only once the
-    call's other checks have passed.
-    """
-    if inner is None:
-        return lambda dispatcher, provider: DispatchTransport(
-            dispatcher, provider, httpx2.AsyncHTTPTransport()
-        )
-    if isinstance(inner, httpx2.AsyncBaseTransport):
-        checked = inner
-        return lambda dispatcher, provider: DispatchTransport(
-            dispatcher, provider, checked
-        )
-    # An httpx transport exists only if httpx was imported: do not import it
-    # just to say no.
-    legacy = sys.modules.get("httpx")
-    if legacy is not None and isinstance(inner, legacy.AsyncBaseTransport):
-        from ._transport_legacy import LegacyDispatchTransport  # noqa: PLC0415
-
-        old = inner
-        return lambda dispatcher, provider: LegacyDispatchTransport(
-            dispatcher, provider, old
-        )
-    raise TypeError(
-        "inner must be an httpx2.AsyncBaseTransport or an httpx.AsyncBaseTransport,"
-        f" got {type(inner).__name__}"
-    )
 
 
 def wrong_client(provider: str, request: object, *, legacy: bool) -> TypeError:
@@ -315,7 +168,7 @@ class Hold:
         self._max_hold = deadline
         # The lease's deadline, with Redis (set before the grant, moved by
         # every renewal); the hold ends at the earlier of the two.
-        lease = slot._lease_deadline
+        lease = slot.lease_deadline
         self._lease = math.inf if lease is None else lease
         self._deadline = min(deadline, self._lease)
         self._reader = reader
@@ -327,7 +180,7 @@ class Hold:
         self._token = trio.lowlevel.current_trio_token()
         # The scopes cut at the deadline now: a read's, the request's.
         self._scopes: list[trio.CancelScope] = []
-        slot._on_lease = self._lease_moved
+        slot.follow_lease(self._lease_moved)
 
     def _lease_moved(self, lease: float) -> None:
         """A renewal moved the lease: every scope cut at the deadline follows."""
@@ -354,9 +207,9 @@ class Hold:
         tokens = (
             0
             if content is None
-            else estimate_body_tokens(content, dispatcher._default_max_tokens(provider))
+            else estimate_body_tokens(content, dispatcher.default_max_tokens(provider))
         )
-        slot, deadline = await dispatcher._hold(provider, tokens)
+        slot, deadline = await dispatcher.hold(provider, tokens)
         return cls(dispatcher, slot, deadline, reader)
 
     def give_back(self) -> None:
@@ -364,8 +217,8 @@ class Hold:
         if self._timer is not None:
             self._timer.cancel()
         slot = self._slot
-        slot._on_lease = None
-        slot._give_back()
+        slot.follow_lease(None)
+        slot.release()
 
     def dropped(self) -> None:
         """The response was collected unclosed: warn, and give the slot back.
@@ -391,10 +244,10 @@ class Hold:
 
     def timeout(self) -> SlotHoldTimeout | LeaseLost:
         """The error of this call held past its deadline: which one ran out."""
-        settings = self._dispatcher._settings
+        dispatcher = self._dispatcher
         if self._lease <= self._max_hold:
-            return lease_lost(self._slot.provider, settings.lease)
-        return hold_timeout(settings.max_hold)
+            return lease_lost(self._slot.provider, dispatcher.lease)
+        return hold_timeout(dispatcher.max_hold)
 
     def timed(self) -> _Timed:
         """A block cut at the deadline: it then raises ``timeout()``."""
@@ -407,21 +260,16 @@ class Hold:
         rate-limit figures are observed, and a rate-limit answer pauses the
         provider. The answer is not touched.
         """
-        dispatcher = self._dispatcher
-        provider = self._slot.provider
-        # Answered first: the figures count this call, so it is no longer
-        # one the provider may not have counted yet.
-        self._slot._answered()
-        info = self._reader.read(headers)
-        if info is not None:
-            dispatcher.observe_rate_limits(provider, info)
-        if status in RATE_LIMITED:
+        retry_after = None
+        pause = status in RATE_LIMITED
+        if pause:
             # Only now: the providers package loads their HTTP client.
             from ..providers._retry_after import parse_retry_after  # noqa: PLC0415
 
-            dispatcher.report_rate_limit(
-                provider, parse_retry_after(headers, time.time())
-            )
+            retry_after = parse_retry_after(headers, time.time())
+        Meter(self._dispatcher, self._slot).answered(
+            self._reader.read(headers), pause=pause, retry_after=retry_after
+        )
 
     def watch(self, close: weakref.WeakMethod[Callable[[], Awaitable[None]]]) -> None:
         """Close the body with ``close`` at the deadline, unless a read is under way.
@@ -431,7 +279,7 @@ class Hold:
         if math.isinf(self._deadline) or self._dispatcher.closed:
             return
         self._timer = trio.CancelScope(deadline=self._deadline)
-        self._dispatcher._nursery.start_soon(
+        self._dispatcher.start_soon(
             self._expire, close, self._timer, name="trio_dispatch transport max_hold"
         )
 

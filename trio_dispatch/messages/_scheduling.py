@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, final
 import attrs
 
 if TYPE_CHECKING:
-    from .._budgets import AdaptiveLimit
     from .._ratelimits import RateLimitInfo
+    from ._limits import AdaptiveLimit
 
 
 @final

@@ -1,0 +1,191 @@
+"""Imports point one way: no cycle in the package, counting every import.
+
+The module graph here holds every import of every module of
+``trio_dispatch``: at module level, inside functions, and under ``if
+TYPE_CHECKING:``. A cycle hidden in a function or behind the type checker
+still ties two modules together. Plus the layers' own rules: the
+dispatcher core imports nothing built on it, the Redis backend nothing of
+the dispatcher's, the message values no rules, the policy core no I/O.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+import trio_dispatch
+
+PACKAGE = pathlib.Path(trio_dispatch.__file__).parent
+
+
+def module_name(path: pathlib.Path) -> str:
+    """``trio_dispatch.actors._dispatcher`` for its file."""
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+NAMES = frozenset(module_name(path) for path in PACKAGE.rglob("*.py"))
+
+
+def imports_of(source: str, name: str, *, is_package: bool = False) -> set[str]:
+    """Every module ``source`` (the module ``name``) imports, anywhere in it.
+
+    Relative imports are resolved; ``from package import module`` counts the
+    module; a name of the package that is no module counts the package.
+    """
+    package = name if is_package else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0]
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            for alias in node.names:
+                submodule = f"{module}.{alias.name}"
+                found.add(submodule if submodule in NAMES else module)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = module_name(path)
+        imported = imports_of(
+            path.read_text(encoding="utf-8"),
+            name,
+            is_package=path.name == "__init__.py",
+        )
+        graph[name] = {module for module in imported if module in NAMES} - {name}
+    return graph
+
+
+GRAPH = _graph()
+ALL_IMPORTS = {
+    module_name(path): imports_of(
+        path.read_text(encoding="utf-8"),
+        module_name(path),
+        is_package=path.name == "__init__.py",
+    )
+    for path in PACKAGE.rglob("*.py")
+}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of ``graph`` (its first module repeated at the end), or None."""
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        if module in path:
+            return [*path[path.index(module) :], module]
+        if module in done or module not in graph:
+            return None
+        for imported in sorted(graph[module]):
+            cycle = visit(imported, [*path, module])
+            if cycle is not None:
+                return cycle
+        done.add(module)
+        return None
+
+    for module in sorted(graph):
+        cycle = visit(module, [])
+        if cycle is not None:
+            return cycle
+    return None
+
+
+def test_every_kind_of_import_is_collected() -> None:
+    source = (
+        "from __future__ import annotations\n"
+        "from typing import TYPE_CHECKING\n"
+        "from .._budgets import Throttle\n"
+        "from . import _limited\n"
+        "if TYPE_CHECKING:\n"
+        "    from ._conversation import Conversation\n"
+        "def later():\n"
+        "    from ._transport import Hold\n"
+        "    import trio_dispatch.providers\n"
+    )
+    found = imports_of(source, "trio_dispatch.actors._dispatcher")
+    assert {
+        "trio_dispatch._budgets",
+        "trio_dispatch.actors._limited",
+        "trio_dispatch.actors._conversation",
+        "trio_dispatch.actors._transport",
+        "trio_dispatch.providers",
+    } <= found
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_whole_import_graph_has_no_cycle() -> None:
+    assert len(GRAPH) > 30
+    cycle = find_cycle(GRAPH)
+    assert cycle is None, " -> ".join(cycle or ())
+
+
+INTEGRATIONS = (
+    "trio_dispatch.actors._conversation",
+    "trio_dispatch.actors._front",
+    "trio_dispatch.actors._limited",
+    "trio_dispatch.actors._transport",
+    "trio_dispatch.actors._transport_legacy",
+    "trio_dispatch._metering",
+)
+
+
+def test_the_dispatcher_core_imports_nothing_built_on_it() -> None:
+    imported = ALL_IMPORTS["trio_dispatch.actors._dispatcher"]
+    assert not imported & set(INTEGRATIONS), imported & set(INTEGRATIONS)
+
+
+@pytest.mark.parametrize(
+    "module",
+    sorted(
+        name
+        for name in NAMES
+        if name.rpartition(".")[2] in {"_ledger", "_shared_book"}
+        or name.rpartition(".")[2].startswith("_shared_")
+    ),
+)
+def test_the_redis_backend_imports_nothing_of_the_dispatchers(module: str) -> None:
+    assert "trio_dispatch.actors._dispatcher" not in ALL_IMPORTS[module]
+    assert not ALL_IMPORTS[module] & set(INTEGRATIONS)
+
+
+@pytest.mark.parametrize(
+    "module",
+    sorted(name for name in NAMES if name.startswith("trio_dispatch.messages")),
+)
+def test_the_message_values_import_no_rules(module: str) -> None:
+    rules = {"trio_dispatch._budgets", "trio_dispatch._policy"}
+    assert not ALL_IMPORTS[module] & rules
+
+
+@pytest.mark.parametrize("module", ["trio_dispatch._policy", "trio_dispatch._budgets"])
+def test_the_pure_core_imports_no_io_library(module: str) -> None:
+    roots = {imported.split(".")[0] for imported in ALL_IMPORTS[module]}
+    assert not roots & {"trio", "httpx", "httpx2", "coredis", "anyio"}, roots
+
+
+def test_the_rules_above_would_catch_a_breach() -> None:
+    # The dispatcher's own transport import of old, inside a function: found.
+    breach = "def transport():\n    from ._transport import transport_for\n"
+    found = imports_of(breach, "trio_dispatch.actors._dispatcher")
+    assert "trio_dispatch.actors._transport" in found
+    graph = {**GRAPH}
+    graph["trio_dispatch.actors._dispatcher"] = graph[
+        "trio_dispatch.actors._dispatcher"
+    ] | {"trio_dispatch.actors._transport"}
+    assert find_cycle(graph) is not None

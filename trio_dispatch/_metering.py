@@ -1,0 +1,256 @@
+"""One metering path for every integration: what a model call costs and says.
+
+The transport, ``wrap_provider`` and conversations (through
+``wrap_provider``) all meter their calls here, and nowhere else:
+
+* one token estimate, about 4 characters a token plus a few tokens of
+  framing per message, of a ``ChatRequest`` (``estimate_tokens``) or of a
+  model call's JSON body (``estimate_body_tokens``), plus the answer's
+  ``max_tokens`` (or the provider's ``default_max_tokens``);
+* one reader of rate-limit figures: off an answer that carries them
+  (``figures_of``: an opened stream's or a status error's
+  ``rate_limits``), or off raw headers (``RateLimitReader``, either wire
+  format);
+* one "answered, then maybe pause" (``Meter.answered``): the slot's answer
+  started (the provider has counted the request, before the figures that
+  count it), the figures go to ``Dispatcher.observe_rate_limits``, and a
+  rate-limit answer pauses the provider (``report_rate_limit``);
+* the usage an answer reports corrects its slot's estimate
+  (``MeteredEvents``).
+
+It uses the dispatcher's public names only.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Final, final
+
+from ._ratelimits import RateLimitInfo
+from .messages._stream import Usage
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Mapping
+
+    from .actors._dispatcher import Dispatcher, ModelCall, Slot
+    from .messages import ChatRequest, StreamEvent
+
+
+def estimate_prompt_tokens(request: ChatRequest) -> int:
+    """A rough count of the tokens ``request`` sends: 4 characters a token.
+
+    Counts the system prompt, every message's text, tool calls and tool
+    specifications, plus a few tokens of framing per message. Meant to be
+    corrected by the usage the answer reports, not to be exact.
+    """
+    chars = len(request.system or "")
+    framing = 3
+    for message in request.messages:
+        framing += 4
+        chars += len(message.content)
+        for call in message.tool_calls:
+            chars += len(call.name) + len(call.raw_arguments or str(call.arguments))
+    for spec in request.tools:
+        chars += len(spec.name) + len(spec.description)
+        chars += len(json.dumps(spec.parameters))
+    return framing + (chars + 3) // 4
+
+
+def estimate_tokens(request: ChatRequest, default_max_tokens: int) -> int:
+    """The tokens a request is charged at grant time: prompt plus answer."""
+    answer = request.max_tokens
+    return estimate_prompt_tokens(request) + (
+        default_max_tokens if answer is None else answer
+    )
+
+
+#: Content parts that are not text: not counted in a prompt's estimate.
+NOT_TEXT: Final = frozenset(
+    {
+        "audio",
+        "document",
+        "file",
+        "image",
+        "image_url",
+        "input_audio",
+        "input_file",
+        "input_image",
+    }
+)
+
+
+def _text_length(value: object) -> int:
+    """The characters of the strings in a JSON value, parts not text left out."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(_text_length(item) for item in value)
+    if isinstance(value, dict):
+        if value.get("type") in NOT_TEXT:
+            return 0
+        return sum(_text_length(item) for item in value.values())
+    return 0
+
+
+def _count(value: object) -> int | None:
+    """A JSON count (an int, not a bool, not negative), or ``None``."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def estimate_body_tokens(content: bytes, default_max_tokens: int) -> int:
+    """The tokens a model call's body is charged at grant time; 0 for none.
+
+    A JSON object with a ``messages`` list: its prompt (the text of its
+    messages, ``system`` and ``tools``, 4 characters a token, plus a few
+    tokens of framing per message, as ``estimate_prompt_tokens`` counts a
+    ``ChatRequest``) and ``n`` answers of ``max_tokens`` (or
+    ``max_completion_tokens``; ``default_max_tokens`` if neither). Any
+    other body, JSON or not, is 0.
+    """
+    if not content.startswith(b"{"):
+        return 0
+    try:
+        body = json.loads(content)
+    except (ValueError, RecursionError):
+        return 0
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list):
+        return 0
+    chars = sum(
+        _text_length(body.get(field)) for field in ("messages", "system", "tools")
+    )
+    prompt = 3 + 4 * len(messages) + (chars + 3) // 4
+    answer = _count(body.get("max_tokens"))
+    if answer is None:
+        answer = _count(body.get("max_completion_tokens"))
+    if answer is None:
+        answer = default_max_tokens
+    answers = _count(body.get("n")) or 1
+    return prompt + answers * answer
+
+
+def figures_of(answer: object) -> RateLimitInfo | None:
+    """The rate-limit figures an answer carries (``rate_limits``), or ``None``.
+
+    An opened stream of a provider, or a ``ProviderError``: both carry what
+    their answer's headers said, when there were figures.
+    """
+    info = getattr(answer, "rate_limits", None)
+    return info if isinstance(info, RateLimitInfo) and not info.empty else None
+
+
+@final
+class RateLimitReader:
+    """Reads the rate-limit figures of raw answer headers, either format.
+
+    One per transport: a malformed header is logged once per reader and
+    header name (``MalformedHeaderLog``).
+    """
+
+    __slots__ = ("_malformed", "_provider")
+
+    def __init__(self, provider: str) -> None:
+        self._provider = provider
+        self._malformed: Callable[[str, str], None] | None = None
+
+    def read(self, headers: Mapping[str, str]) -> RateLimitInfo | None:
+        """The figures of ``headers``, or ``None`` if they carry none."""
+        anthropic = openai = False
+        for name in headers:
+            lowered = name.lower()
+            if lowered.startswith("anthropic-ratelimit-"):
+                anthropic = True
+                break
+            if lowered.startswith("x-ratelimit-"):
+                openai = True
+        if not (anthropic or openai):
+            return None
+        # Only now: the providers package loads their HTTP client.
+        from .providers._ratelimit_headers import (  # noqa: PLC0415
+            MalformedHeaderLog,
+            anthropic_rate_limits,
+            openai_rate_limits,
+        )
+
+        if self._malformed is None:
+            self._malformed = MalformedHeaderLog(self._provider)
+        parse = anthropic_rate_limits if anthropic else openai_rate_limits
+        info = parse(headers, now=datetime.now(UTC), on_malformed=self._malformed)
+        return None if info.empty else info
+
+
+@final
+class Meter:
+    """One model call's metering: "answered, then maybe pause", once.
+
+    The one routine every integration runs when an answer arrives
+    (``answered``): the slot's answer started, so the provider has counted
+    the request (said first, once: the figures count it); its rate-limit
+    figures go to ``Dispatcher.observe_rate_limits``; a rate-limit answer
+    (429, 503, 529) pauses the provider (``report_rate_limit``).
+
+    ``call``: the call as ``Dispatcher.calling()`` tracks it, for a
+    provider that may tell the dispatcher by itself (its own callbacks);
+    what it told is not told again.
+    """
+
+    __slots__ = ("_call", "_dispatcher", "_slot", "_started")
+
+    def __init__(
+        self, dispatcher: Dispatcher, slot: Slot, call: ModelCall | None = None
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._slot = slot
+        self._call = call
+        self._started = False
+
+    def answered(
+        self,
+        info: RateLimitInfo | None,
+        *,
+        started: bool = True,
+        pause: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
+        """An answer arrived: its start, its figures ``info``, maybe a pause.
+
+        ``started=False`` for an answer that may not have reached the
+        provider (an error without figures); ``retry_after`` is the pause a
+        rate-limit answer (``pause``) asked for, or ``None`` to back off.
+        """
+        dispatcher = self._dispatcher
+        provider = self._slot.provider
+        call = self._call
+        if started:
+            if call is not None:
+                call.answered()
+            elif not self._started:
+                self._started = True
+                self._slot.answered()
+        if info is not None and (call is None or not call.observed):
+            dispatcher.observe_rate_limits(provider, info)
+        if pause and (call is None or not call.reported):
+            dispatcher.report_rate_limit(provider, retry_after)
+
+
+@final
+class MeteredEvents:
+    """A stream's events, passed on; its ``Usage`` corrects the slot's estimate."""
+
+    __slots__ = ("_events", "_slot")
+
+    def __init__(self, events: AsyncIterator[StreamEvent], slot: Slot) -> None:
+        self._events = events
+        self._slot = slot
+
+    def __aiter__(self) -> MeteredEvents:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        event = await self._events.__anext__()
+        if type(event) is Usage and self._slot.held:
+            self._slot.report_usage(event.prompt_tokens + event.output_tokens)
+        return event

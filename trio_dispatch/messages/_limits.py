@@ -1,0 +1,97 @@
+"""The limits and budgets a user configures, as frozen attrs values.
+
+``Budget`` (requests and tokens per minute) and ``AdaptiveLimit`` (a
+concurrency limit that finds its own value) are plain data, checked on
+their fields; the rules that act on them (refill, learning, the adaptive
+moves) are in the policy core (``_budgets``), which imports these values,
+never the reverse.
+"""
+
+from __future__ import annotations
+
+from typing import final
+
+import attrs
+
+from .._validation import check_fraction, positive_int, positive_number, slot_limit
+
+DEFAULT_MAX_TOKENS = 4096
+"""Tokens charged for the answer of a request that sets no ``max_tokens``."""
+
+
+_optional_rate = attrs.validators.optional(positive_number)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Budget:
+    """A provider's requests and tokens per minute, as configured.
+
+    Either may be ``None`` (no budget of that kind, unless one is learned
+    from the provider's answers). A request is charged 1 request and its
+    estimated tokens at grant time (see ``open_dispatcher``'s ``budgets``).
+
+    Attributes:
+        requests_per_minute: Requests per minute (a positive number).
+        tokens_per_minute: Tokens per minute, prompt and answer together.
+        default_max_tokens: Tokens charged for the answer of a request that
+            sets no ``max_tokens`` (a positive integer).
+    """
+
+    requests_per_minute: float | None = attrs.field(
+        default=None, validator=_optional_rate
+    )
+    tokens_per_minute: float | None = attrs.field(
+        default=None, validator=_optional_rate
+    )
+    default_max_tokens: int = attrs.field(
+        default=DEFAULT_MAX_TOKENS, validator=positive_int
+    )
+
+
+@final
+@attrs.frozen(kw_only=True)
+class AdaptiveLimit:
+    """A concurrency limit that finds its own value, usable wherever an int limit is.
+
+    It starts at ``initial``, is multiplied by ``backoff`` after each round
+    of rate-limit answers (which also pause the provider, as always), and
+    grows while requests succeed with the limit in use (at least half of it
+    held): by 1 per success until the first rate limit, then by about 1 per
+    round trip of the whole limit. It never leaves ``[minimum, maximum]``.
+    ``statistics()`` shows its current value (``ProviderStatistics.limit``)
+    and ``adaptive=True``; ``set_limit`` with an int replaces it by a fixed
+    limit. With ``redis_url``, the value lives in Redis and moves for the
+    whole fleet (see ``open_dispatcher``).
+
+    Attributes:
+        initial: The first value, from ``minimum`` to ``maximum``.
+        minimum: The lowest value (a positive integer).
+        maximum: The highest value, at least ``minimum``.
+        backoff: The factor of a decrease, above 0 and below 1.
+    """
+
+    initial: int = attrs.field(validator=slot_limit)
+    minimum: int = attrs.field(default=1, validator=slot_limit)
+    maximum: int = attrs.field(validator=slot_limit)
+    backoff: float = attrs.field(default=0.9)
+
+    @backoff.validator
+    def _check_backoff(self, _attribute: object, value: object) -> None:
+        factor = check_fraction(value, "backoff")
+        if factor in (0, 1):
+            raise ValueError(
+                f"backoff must be a number between 0 and 1, both excluded, got {value!r}"
+            )
+
+    def __attrs_post_init__(self) -> None:
+        if self.minimum > self.maximum:
+            raise ValueError(
+                f"minimum must be at most maximum={self.maximum!r},"
+                f" got {self.minimum!r}"
+            )
+        if not self.minimum <= self.initial <= self.maximum:
+            raise ValueError(
+                f"initial must be from minimum={self.minimum!r} to"
+                f" maximum={self.maximum!r}, got {self.initial!r}"
+            )
