@@ -207,40 +207,6 @@ GRAPH = {
 }
 
 
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """A cycle of ``graph`` (its first module repeated at the end), or None."""
-    done: set[str] = set()
-
-    def visit(module: str, path: list[str]) -> list[str] | None:
-        if module in path:
-            return [*path[path.index(module) :], module]
-        if module in done or module not in graph:
-            return None
-        for imported in sorted(graph[module]):
-            cycle = visit(imported, [*path, module])
-            if cycle is not None:
-                return cycle
-        done.add(module)
-        return None
-
-    for module in sorted(graph):
-        cycle = visit(module, [])
-        if cycle is not None:
-            return cycle
-    return None
-
-
-def test_the_cycle_finder_finds_cycles() -> None:
-    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
-    assert find_cycle(graph) == ["a", "b", "c", "a"]
-    assert find_cycle({"a": {"b"}, "b": set()}) is None
-
-
-def test_the_import_graph_has_no_cycle() -> None:
-    assert len(GRAPH) > 30
-    assert find_cycle(GRAPH) is None
-
-
 def test_the_policy_core_needs_only_the_standard_library_and_attrs() -> None:
     core: set[str] = set()
     stack = ["trio_dispatch._policy"]
