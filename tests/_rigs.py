@@ -92,6 +92,34 @@ async def open_rig(
             yield Rig(server, provider, dispatcher)
 
 
+async def run_agents(
+    dispatcher: Dispatcher, provider: Provider, *, agents: int, turns: int
+) -> tuple[int, list[BaseException]]:
+    """``agents`` conversations asking ``turns`` questions each, at once.
+
+    Returns the turns completed and the errors of those that failed (a
+    failed turn is counted, not raised, so a test asserts on all of them).
+    """
+    failed: list[BaseException] = []
+    completed = 0
+
+    async def agent(index: int) -> None:
+        nonlocal completed
+        conversation = dispatcher.start_conversation(provider)
+        for turn in range(turns):
+            try:
+                await conversation.ask(f"turn {turn} of agent {index}")
+            except Exception as exc:  # counted, and asserted by the caller
+                failed.append(exc)
+            else:
+                completed += 1
+
+    async with trio.open_nursery() as nursery:
+        for index in range(agents):
+            nursery.start_soon(agent, index)
+    return completed, failed
+
+
 async def eventually(predicate: Callable[[], bool]) -> None:
     """Poll ``predicate`` until it holds, for at most 3 seconds.
 

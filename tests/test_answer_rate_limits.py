@@ -30,6 +30,8 @@ from trio_dispatch.testing import (
     open_fake_llm_server,
 )
 
+from ._rigs import run_agents
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
@@ -253,8 +255,6 @@ async def test_the_readme_conversation_shape_learns_a_quota_with_nothing_wired()
     (real sockets): about 15 s, what the quota takes for 300 requests.
     """
     script = FakeScript(default=FakeReply(text="It is 21 °C and sunny.", latency=0.3))
-    failed: list[BaseException] = []
-    completed = 0
     async with (
         open_fake_llm_server(
             script, quotas=FakeQuotas(requests_per_minute=240)
@@ -267,21 +267,7 @@ async def test_the_readme_conversation_shape_learns_a_quota_with_nothing_wired()
         ) as openai,
         open_dispatcher({"openai": 8}) as dispatcher,
     ):
-
-        async def agent(index: int) -> None:
-            nonlocal completed
-            conversation = dispatcher.start_conversation(openai)
-            for turn in range(10):
-                try:
-                    await conversation.ask(f"turn {turn} of agent {index}")
-                except Exception as exc:  # counted, and asserted below
-                    failed.append(exc)
-                else:
-                    completed += 1
-
-        async with trio.open_nursery() as nursery:
-            for index in range(30):
-                nursery.start_soon(agent, index)
+        completed, failed = await run_agents(dispatcher, openai, agents=30, turns=10)
         stats = server.statistics()
     assert failed == []
     assert completed == 300

@@ -28,6 +28,8 @@ from trio_dispatch.testing import (
     open_fake_llm_server,
 )
 
+from ._rigs import run_agents
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
@@ -258,8 +260,6 @@ async def test_conversations_wait_out_a_quota_without_learning_and_all_complete(
     sockets): about 20 s, what the quota takes for 40 requests.
     """
     script = FakeScript(default=FakeReply(text="fine", latency=0.3))
-    failed: list[BaseException] = []
-    completed = 0
     async with (
         open_fake_llm_server(
             script, quotas=FakeQuotas(requests_per_minute=30)
@@ -269,21 +269,7 @@ async def test_conversations_wait_out_a_quota_without_learning_and_all_complete(
         ) as openai,
         open_dispatcher({"openai": 8}, learn_budgets=False) as dispatcher,
     ):
-
-        async def agent(index: int) -> None:
-            nonlocal completed
-            conversation = dispatcher.start_conversation(openai)
-            for turn in range(4):
-                try:
-                    await conversation.ask(f"turn {turn} of agent {index}")
-                except Exception as exc:  # counted, and asserted below
-                    failed.append(exc)
-                else:
-                    completed += 1
-
-        async with trio.open_nursery() as nursery:
-            for index in range(10):
-                nursery.start_soon(agent, index)
+        completed, failed = await run_agents(dispatcher, openai, agents=10, turns=4)
         stats = server.statistics()
     assert failed == []
     assert completed == 40
