@@ -107,14 +107,20 @@ def _optional(value: float | None) -> str:
 
 
 def figures_arg(info: RateLimitInfo | None) -> str:
-    """The figures of ``info`` budgets learn from: six fields, comma-separated."""
+    """The figures of ``info`` budgets learn from: eight fields, comma-separated.
+
+    For requests, then tokens: ``1`` if there are figures (even with no
+    usable field: token figures settle the charges answered so far), then
+    the limit, remaining and reset, each empty when missing.
+    """
     if info is None:
         return ""
     parts: list[str] = []
     for quota in (info.requests, info.tokens):
         if quota is None:
-            parts.extend(("", "", ""))
+            parts.extend(("", "", "", ""))
         else:
+            parts.append("1")
             parts.extend(
                 _optional(value)
                 for value in (quota.limit, quota.remaining, quota.reset)

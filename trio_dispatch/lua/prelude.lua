@@ -25,27 +25,44 @@ end
 local function tokens_of(x)
   return math.floor(math.max(0, math.min(MAX_TOKENS, stored(x, 0))))
 end
+-- The answer of lease id started: the provider has counted it, and every
+-- lease granted before it (see ``seen`` above). Whether it is the newest
+-- answer (granted after every lease whose answer had started when figures
+-- were last learned from: ``seen_l``), whose figures may raise a level:
+-- ``newest``, as ``Throttle`` keeps it. And the leases whose answer started
+-- since figures were last learned from, in order: all but the last (whose
+-- figures come next) may have reached the server after it. Both are kept
+-- in ``conf`` (``newest``, ``since``: lease ids, one a line) between steps,
+-- loaded by the step (``load_seen``), written back if they changed.
+local newest = false
+local since = {}
+local seen_moved = false
+local function load_seen(text, flag)
+  if text then
+    for id in string.gmatch(text, '[^\n]+') do since[#since + 1] = id end
+  end
+  newest = flag == '1'
+end
 -- Everything a lease leaves behind, once it is given back or expired.
 local function forget_lease(id)
   redis.call('HDEL', grantno, id)
   redis.call('HDEL', charge, id)
   redis.call('ZREM', unans, id)
   redis.call('SREM', inuse, id)
+  for k = 1, #since do
+    if since[k] == id then
+      table.remove(since, k)
+      seen_moved = true
+      break
+    end
+  end
 end
--- The answer of lease id started: the provider has counted it, and every
--- lease granted before it (see ``seen`` above). Whether it is the newest
--- answer (granted after every lease whose answer had started when figures
--- were last learned from: ``seen_l``), whose figures may raise a level:
--- ``newest``, as ``Throttle`` keeps it.
-local newest = false
--- The leases whose answer started in this step, in order: all but the last
--- (whose figures come with it) may have reached the server after it.
-local since = {}
 local function see(id, answer)
   local number = redis.call('ZSCORE', unans, id)
   if not number then return end
   redis.call('ZREM', unans, id)
   since[#since + 1] = id
+  seen_moved = true
   number = tonumber(number)
   newest = answer and number > tonumber(redis.call('HGET', conf, 'seen_l') or '-1')
   if number > tonumber(redis.call('HGET', conf, 'seen') or '-1') then
@@ -165,8 +182,11 @@ local function store_limit(spec)
   if value then
     redis.call('HSET', conf, 'limit', value, 'a_min', low, 'a_max', high,
       'a_backoff', backoff, 'a_val', value, 'a_slow', 1)
+    -- A new limit: no slot held now was granted with it in use.
+    redis.call('DEL', inuse)
     return value
   end
+  redis.call('DEL', inuse)
   redis.call('HSET', conf, 'limit', spec)
   redis.call('HDEL', conf, 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow')
   return spec

@@ -2,9 +2,9 @@
 -- ARGV, as StepArgs.pack (trio_dispatch/_scripts.py) lays it out: node,
 -- ttl (ms), this node's waiters, the limit to store if none is (empty:
 -- none; as store_limit takes it), wake channel, the rate-limit figures to
--- learn from (empty: none; else six comma-separated fields, each possibly
--- empty: request limit, remaining, reset in seconds, then the same for
--- tokens), then eight counted lists: lease ids given back without success;
+-- learn from (empty: none; else eight comma-separated fields, each possibly
+-- empty: whether requests have figures ('1'), their limit, remaining and
+-- reset in seconds, then the same for tokens), then eight counted lists: lease ids given back without success;
 -- (lease id, tokens) pairs of usage reports; lease ids to release; members
 -- to withdraw; (member, start, tokens) triples to enqueue or renew; lease
 -- ids to renew; the members that ask for a grant (those enqueued ask too);
@@ -14,11 +14,13 @@
 local node, ttl, mywait, seed, channel, observed =
   ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
 local i = 7
-local changed = prune()
 local c = redis.call('HMGET', conf, 'limit', 'pause_until', 'streak',
   'granted_at_report', 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow',
   'r_cap', 'r_rate', 'r_lvl', 'r_at', 'r_cfg',
-  't_cap', 't_rate', 't_lvl', 't_at', 't_cfg', 'learned', 'r_own', 't_own')
+  't_cap', 't_rate', 't_lvl', 't_at', 't_cfg', 'learned', 'r_own', 't_own', 'a_dec',
+  'since', 'newest')
+load_seen(c[24], c[25])
+local changed = prune()
 local limit = stored_limit(c[1])
 local pause_until = stored(c[2], 0)
 local streak = stored(c[3], 0)
@@ -57,11 +59,11 @@ n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   local id, tokens = ARGV[i], tokens_of(ARGV[i + 1]); i = i + 2
   if redis.call('ZSCORE', leases, id) then
-    local before = stored(redis.call('HGET', charge, id), 0)
-    -- Settled (negated): the server's figures counted it; what the server
-    -- gives back for it, its next figures will say.
-    local settled = before < 0
-    if settled then before = -before end
+    local raw = redis.call('HGET', charge, id)
+    -- Settled (a minus sign, '-0' too): the server's figures counted it;
+    -- what the server gives back for it, its next figures will say.
+    local settled = raw and string.sub(raw, 1, 1) == '-'
+    local before = math.abs(stored(raw, 0))
     -- One request's charge is at most the capacity, its usage too.
     if T then tokens = math.min(tokens, T.cap) end
     if T and tokens ~= before then
@@ -74,8 +76,11 @@ for j = 1, n do
       end
       if tokens < before then changed = changed + 1 end
     end
-    if settled then tokens = -tokens end
-    redis.call('HSET', charge, id, num(tokens))
+    if settled then
+      redis.call('HSET', charge, id, '-' .. num(tokens))
+    else
+      redis.call('HSET', charge, id, num(tokens))
+    end
     see(id, false)
   end
 end
@@ -195,8 +200,10 @@ local function learn(b, limit_, remaining, reset, unseen)
   return b
 end
 if observed ~= '' then
-  -- Six fields by position: an empty one is nil, and #f cannot count
-  -- past a nil, so the fields are numbered here.
+  -- Eight fields by position (figures_arg): for requests, then tokens,
+  -- whether there are figures ('1') and the limit, remaining and reset.
+  -- An empty one is nil, and #f cannot count past a nil, so the fields are
+  -- numbered here.
   local f, k = {}, 0
   for part in string.gmatch(observed .. ',', '([^,]*),') do
     k = k + 1
@@ -206,20 +213,27 @@ if observed ~= '' then
   if seen then redis.call('HSET', conf, 'seen_l', seen) end
   local ids = redis.call('ZRANGEBYSCORE', unans, seen or '-inf', '+inf')
   for k = 1, #since - 1 do ids[#ids + 1] = since[k] end
-  if f[1] or f[2] then R = learn(R, f[1], f[2], f[3], #ids) end
-  if f[4] or f[5] then
+  if f[2] or f[3] then R = learn(R, f[2], f[3], f[4], #ids) end
+  -- Token figures, even with no usable field: the charges answered so
+  -- far are settled by them all the same, as in Throttle.observe.
+  if f[5] then
     local tokens = 0
     for _, id in ipairs(ids) do
       tokens = tokens + stored(redis.call('HGET', charge, id), 0)
     end
-    T = learn(T, f[4], f[5], f[6], tokens)
+    T = learn(T, f[6], f[7], f[8], tokens)
     if T and newest then
-      -- The charges of the leases answered so far are in these figures.
-      local held = redis.call('HGETALL', charge)
-      for k = 1, #held, 2 do
-        local c = tonumber(held[k + 1])
-        if c > 0 and not redis.call('ZSCORE', unans, held[k]) then
-          redis.call('HSET', charge, held[k], -c)
+      -- The charges of the leases answered so far are in these figures,
+      -- whatever they are (0 too): settled.
+      local held = redis.call('ZRANGE', leases, 0, -1)
+      if #held > 0 then
+        local charges = redis.call('HMGET', charge, unpack(held))
+        local open = redis.call('ZMSCORE', unans, unpack(held))
+        for k, id in ipairs(held) do
+          local raw = charges[k]
+          if not open[k] and not (raw and string.sub(raw, 1, 1) == '-') then
+            redis.call('HSET', charge, id, '-' .. num(stored(raw, 0)))
+          end
         end
       end
     end
@@ -227,6 +241,18 @@ if observed ~= '' then
   settle(R)
   settle(T)
   budgeted = R ~= nil or T ~= nil
+  -- Learned from: the next figures start afresh, as Throttle.observe.
+  since = {}
+  newest = false
+  seen_moved = true
+end
+if seen_moved then
+  if #since > 0 or newest then
+    redis.call('HSET', conf, 'since', table.concat(since, '\n'), 'newest',
+      newest and 1 or 0)
+  else
+    redis.call('HDEL', conf, 'since', 'newest')
+  end
 end
 redis.call('ZADD', nodes, now + ttl, node)
 local pause = 0
@@ -257,6 +283,8 @@ local function fits(cost)
   end
   return true
 end
+-- Leases granted by this step (not those a lost answer had granted).
+local fresh = 0
 local function grant(m, cost)
   local id = string.sub(m, 18)
   redis.call('ZREM', queue, m)
@@ -282,6 +310,7 @@ local function grant(m, cost)
     redis.call('ZADD', unans, now, id)
   end
   granted[#granted + 1] = m
+  fresh = fresh + 1
   in_flight = in_flight + 1
 end
 -- The first entries of the queue, oldest first, as far as the budgets go:
@@ -315,6 +344,9 @@ elseif pause == 0 then
   local free = tonumber(limit) - in_flight
   if free > 0 then grant_in_order(free) end
 end
+-- A grant since the adaptive limit's latest decrease: the next report
+-- opens a round for it (see pause.lua).
+if fresh > 0 and c[23] then redis.call('HDEL', conf, 'a_dec') end
 if adaptive and adaptive.moved then
   redis.call('HSET', conf, 'limit', limit, 'a_val', num(adaptive.value))
 end
