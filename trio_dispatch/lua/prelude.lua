@@ -44,11 +44,18 @@ local function load_seen(text, flag)
   newest = flag == '1'
 end
 -- Everything a lease leaves behind, once it is given back or expired.
-local function forget_lease(id)
-  redis.call('HDEL', grantno, id)
-  redis.call('HDEL', charge, id)
-  redis.call('ZREM', unans, id)
-  redis.call('SREM', inuse, id)
+-- A step tells which of their keys may hold anything (``keeps``): grant
+-- numbers only during a streak, charges and unanswered leases only with a
+-- budget, the leases in use only with an adaptive limit (each is emptied
+-- when that ends); other scripts forget everything.
+local keeps = {grantno = true, budget = true, inuse = true}
+local function forget_lease(id, inuse_done)
+  if keeps.grantno then redis.call('HDEL', grantno, id) end
+  if keeps.budget then
+    redis.call('HDEL', charge, id)
+    redis.call('ZREM', unans, id)
+  end
+  if keeps.inuse and not inuse_done then redis.call('SREM', inuse, id) end
   for k = 1, #since do
     if since[k] == id then
       table.remove(since, k)
@@ -146,12 +153,14 @@ end
 -- ``floor`` if that is later. ``conf`` persists while it holds a limit or
 -- a configured budget (``kept``), else it goes with the rest, or at the
 -- end of its pause.
-local function expire_idle(floor, kept, pause_until)
+local function expire_idle(floor, kept, pause_until, present)
   local last = redis.call('ZREVRANGE', nodes, 0, 0, 'WITHSCORES')[2]
   local at = math.max(floor, stored(last, 0))
   local when = whole(at)
-  for _, k in ipairs({leases, queue, qexp, nodes, nwait, grantno, qcost, charge,
-      unans, inuse}) do
+  -- ``present``: the keys that may exist (a step knows; a key it leaves
+  -- out is empty), else all of them.
+  for _, k in ipairs(present or {leases, queue, qexp, nodes, nwait, grantno, qcost,
+      charge, unans, inuse}) do
     redis.call('PEXPIREAT', k, when)
   end
   if kept == nil then

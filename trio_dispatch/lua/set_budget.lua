@@ -21,6 +21,10 @@ for j, k in ipairs({'r', 't'}) do
       k .. '_cfg', k .. '_own')
   end
 end
+-- No budget left: nothing keeps the charges and unanswered leases (a step
+-- forgets them only while a budget is there).
+local left = redis.call('HMGET', conf, 'r_cap', 't_cap')
+if not left[1] and not left[2] then redis.call('DEL', charge, unans) end
 redis.call('PERSIST', conf)
 expire_idle(now)
 redis.call('PUBLISH', ARGV[3], 'wake')

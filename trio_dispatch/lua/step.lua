@@ -20,6 +20,10 @@ local c = redis.call('HMGET', conf, 'limit', 'pause_until', 'streak',
   't_cap', 't_rate', 't_lvl', 't_at', 't_cfg', 'learned', 'r_own', 't_own', 'a_dec',
   'since', 'newest')
 load_seen(c[24], c[25])
+-- What the leases may have left behind (see ``keeps``): a stored adaptive
+-- limit, a budget, a streak.
+keeps = {grantno = stored(c[3], 0) > 0, budget = c[10] ~= false or c[15] ~= false,
+  inuse = c[5] ~= false}
 local changed = prune()
 local limit = stored_limit(c[1])
 local pause_until = stored(c[2], 0)
@@ -51,7 +55,7 @@ local n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   local id = ARGV[i]; i = i + 1
   spoiled[id] = true
-  redis.call('SREM', inuse, id)
+  if keeps.inuse then redis.call('SREM', inuse, id) end
 end
 -- Usage reports before the releases: a report and the release after it
 -- may come in one step.
@@ -110,8 +114,8 @@ for j = 1, n do
         streak = 0
       end
     end
-    local counted = redis.call('SREM', inuse, id) == 1
-    forget_lease(id)
+    local counted = keeps.inuse and redis.call('SREM', inuse, id) == 1
+    forget_lease(id, true)
     if success and counted and adaptive then adapt_up() end
   end
 end
@@ -132,9 +136,26 @@ local asking = {}
 local granted = {}
 -- Whether a step whose answer was lost granted m: then it is granted
 -- again, the same lease renewed.
+-- Which they are, asked for the members sent (enqueued or asking) in one
+-- call per thousand: every server call counts on the grant's path.
+local lost = {}
+do
+  local ids, k = {}, i
+  for j = 1, tonumber(ARGV[k]) do ids[#ids + 1] = string.sub(ARGV[k + 1 + 3 * (j - 1)], 18) end
+  k = k + 1 + 3 * tonumber(ARGV[k])
+  k = k + 1 + tonumber(ARGV[k])
+  for j = 1, tonumber(ARGV[k]) do ids[#ids + 1] = string.sub(ARGV[k + j], 18) end
+  for first = 1, #ids, 1000 do
+    local chunk = {unpack(ids, first, math.min(#ids, first + 999))}
+    local scores = redis.call('ZMSCORE', leases, unpack(chunk))
+    for j, id in ipairs(chunk) do
+      if scores[j] then lost[id] = true end
+    end
+  end
+end
 local function held(m)
   local id = string.sub(m, 18)
-  if redis.call('ZSCORE', leases, id) then
+  if lost[id] then
     redis.call('ZADD', leases, now + ttl, id)
     granted[#granted + 1] = m
     return true
@@ -285,6 +306,8 @@ local function fits(cost)
 end
 -- Leases granted by this step (not those a lost answer had granted).
 local fresh = 0
+-- Whether any queued member has an estimate (asked once, at the first grant).
+local costly = nil
 local function grant(m, cost)
   local id = string.sub(m, 18)
   redis.call('ZREM', queue, m)
@@ -298,7 +321,10 @@ local function grant(m, cost)
   end
   -- Its estimate goes with its entry (read only when budgeted, but kept
   -- for a budget that may come while it waits).
-  if cost > 0 or not budgeted then redis.call('HDEL', qcost, m) end
+  if cost > 0 or not budgeted then
+    if costly == nil then costly = redis.call('EXISTS', qcost) == 1 end
+    if costly then redis.call('HDEL', qcost, m) end
+  end
   if budgeted then
     if R then take(R, 1) end
     if cost > 0 then
@@ -386,7 +412,22 @@ for _, w in ipairs(redis.call('HVALS', nwait)) do waiting = waiting + stored(w, 
 -- Signed, so that the process that caused it need not wake for it, and
 -- only when another process waits: nobody else has anything to do.
 if changed > 0 and waiting > mywait then redis.call('PUBLISH', channel, node) end
+-- Only the keys that may hold anything after the step (the others are
+-- empty, so absent): every server call counts on the grant's path.
+local queued = redis.call('ZCARD', queue)
+local present = {nodes, nwait}
+if in_flight > 0 then present[#present + 1] = leases end
+if queued > 0 then
+  present[#present + 1] = queue
+  present[#present + 1] = qexp
+  present[#present + 1] = qcost
+end
+if streak > 0 or keeps.grantno then present[#present + 1] = grantno end
+if budgeted or keeps.budget then
+  present[#present + 1] = charge
+  present[#present + 1] = unans
+end
+if adaptive or keeps.inuse then present[#present + 1] = inuse end
 expire_idle(now, (not not limit) or (R ~= nil and R.cfg) or (T ~= nil and T.cfg),
-  pause_until)
-return {granted, limit or '', in_flight, redis.call('ZCARD', queue), waiting, pause,
-  now, budget, spec}
+  pause_until, present)
+return {granted, limit or '', in_flight, queued, waiting, pause, now, budget, spec}
