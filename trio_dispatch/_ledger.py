@@ -2,7 +2,10 @@
 
 Design note. Every key of a provider lives under one hash tag,
 ``{<namespace>:<provider>}``, so the scripts below touch one Redis Cluster
-slot, and each operation is one Lua script, atomic on the server:
+slot, and each operation is one Lua script, atomic on the server (the
+scripts are ``trio_dispatch/lua/*.lua``, their arguments laid out by the
+packers of ``_scripts``; a differential test holds them to the pure core's
+rules, which they repeat):
 
 * ``leases``: a ZSET of lease ids scored by their expiry, in the Redis
   server's own time (``TIME`` inside the script, never a client's clock).
@@ -48,14 +51,16 @@ Budgets and the adaptive limit, fleet-wide (the pure core's rules, in
 * ``qcost``: the estimated tokens of a queued member; ``charge``: the
   tokens a lease was charged (corrected by usage reports, which give back
   or take the difference; a charge the newest figures counted is stored
-  negated, settled: its usage report gives nothing back, as in
-  ``Throttle``); ``unans``: the leases whose answer has not started, a
-  ZSET scored by the server time of their grant, and ``seen`` in
-  ``conf``: the latest grant time of a lease whose answer started
+  with a minus sign, ``-0`` too, settled: its usage report gives nothing
+  back, as in ``Throttle``); ``unans``: the leases whose answer has not
+  started, a ZSET scored by the server time of their grant, and ``seen``
+  in ``conf``: the latest grant time of a lease whose answer started
   (``seen_l``: what it was when figures were last learned from).
   Learning counts as not yet seen by the provider only the leases granted
   since then (in the same millisecond too), and those whose answer started
-  in the step but the last, as ``Throttle`` does.
+  since figures were last learned from but the last (``since`` in
+  ``conf``, with ``newest``: whether that last one was the newest answer,
+  kept from step to step), as ``Throttle`` does.
 * A grant walks the head of the queue in order and stops at the first
   entry the budgets cannot hold yet: nobody passes it, whichever process
   it belongs to. The entries of other processes ahead keep their cost
@@ -65,8 +70,10 @@ Budgets and the adaptive limit, fleet-wide (the pure core's rules, in
 * An adaptive limit is the stored ``limit`` plus its bounds and value
   (``a_*`` in ``conf``): a success of a lease granted with the limit in use
   (``inuse``, a SET) adds to it in the releasing step, a new round of
-  rate-limit reports multiplies it by the backoff in ``pause``; a report
-  empties ``inuse``, since the slots held then are not successes.
+  rate-limit reports multiplies it by the backoff in ``pause`` (the first
+  report after a grant since its latest decrease: ``a_dec`` marks one with
+  no grant since); a report empties ``inuse``, since the slots held then
+  are not successes, and so does a new limit.
 
 What stays in Redis. Every key above but ``conf`` is bookkeeping: each
 entry goes with what it tracks (a lease, a queue entry, a process), and
