@@ -418,6 +418,31 @@ HALVING = AdaptiveLimit(initial=2, minimum=1, maximum=3, backoff=0.5)
             ],
             id="a_newcomer_before_the_head_the_budget_holds_back_is_granted_at_once",
         ),
+        # Rules a random sequence reaches only now and then, kept as cases.
+        pytest.param(
+            AdaptiveLimit(initial=2, minimum=1, maximum=6, backoff=0.5),
+            TOKENS,
+            [
+                ("acquire", 0, 0, 0),
+                ("acquire", 0, 0, 0),
+                ("rate_limit", 2.0),
+                ("wait", 8),
+                ("release", 0),
+                ("release", 0),
+                ("acquire", 0, 0, 0),
+                ("release", 0),
+            ],
+            id="after_a_rate_limit_the_adaptive_limit_grows_one_per_round_trip_of_it",
+        ),
+        pytest.param(
+            1,
+            TOKENS,
+            [
+                ("acquire", 0, 0, 50),
+                ("answer", 0, RateLimitInfo(tokens=Quota(remaining=40))),
+            ],
+            id="the_newest_figures_raise_a_configured_budget_up_to_its_own_count",
+        ),
     ],
 )
 async def test_the_ledger_and_the_pure_core_agree_on(
