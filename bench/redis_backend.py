@@ -37,6 +37,15 @@ Three measurements:
    other was already waiting at least ``tolerance`` seconds earlier (turns
    start when they ask, so asking earlier is an older turn).
 
+4. **Redis commands per grant**: the contended hand-offs of 2. again, on
+   Redis only, with the server's ``INFO commandstats`` read before and
+   after: every command the server ran (the scripts' own calls counted
+   one by one, ``INFO`` itself left out) over the grants made. Beside it, in
+   the same run, a plain Lua counting semaphore written here (a ZSET of
+   leases: one script to take a slot, one to give it back with a wake-up
+   publish; a waiter in the process retries when a slot of the process is
+   given back): the floor that any Redis semaphore pays.
+
 Method. Wall-clock timings (``time.perf_counter``, ``time.time`` across
 processes) on trio's real clock; every measurement alternates local and
 Redis runs after one untimed warm-up each. Only the public API is used.
@@ -128,6 +137,8 @@ class RedisBackendReport:
     handoffs_local_per_s: float
     handoffs_redis_per_s: float
     scaling: tuple[ScalingRow, ...]
+    commands_per_grant: float = 0.0
+    semaphore_commands_per_grant: float = 0.0
 
     def to_json(self) -> str:
         """The report as a JSON document."""
@@ -156,6 +167,9 @@ class RedisBackendReport:
             f" | {self.idle_latency_redis_p99_us:.0f} |",
             f"| contended hand-offs per second | {self.handoffs_local_per_s:,.0f}"
             f" | {self.handoffs_redis_per_s:,.0f} |",
+            f"| Redis commands per grant, contended (plain Lua semaphore:"
+            f" {self.semaphore_commands_per_grant:.1f}) |"
+            f" | {self.commands_per_grant:.1f} |",
             "",
             f"Scaling: processes sharing a limit of {self.sizes.limit} on Redis,"
             f" each with {self.sizes.fleet_tasks} tasks of"
@@ -295,6 +309,80 @@ async def _handoffs(sizes: Sizes, redis_url: str | None, namespace: str) -> floa
         return sizes.tasks * sizes.cycles / (time.perf_counter() - started)
 
 
+async def _commands(client: coredis.Redis[str]) -> int:
+    """Commands the server has run so far, ``INFO`` left out."""
+    stats = await client.info("commandstats")
+    total = 0
+    for name, value in stats.items():
+        if name.startswith("cmdstat_") and name != "cmdstat_info":
+            assert isinstance(value, dict)
+            total += int(value["calls"])
+    return total
+
+
+async def _commands_per_grant(sizes: Sizes, redis_url: str, namespace: str) -> float:
+    """The contended hand-offs on Redis: server commands over grants."""
+    async with coredis.Redis.from_url(redis_url, decode_responses=True) as client:
+        before = await _commands(client)
+        await _handoffs(sizes, redis_url, namespace)
+        return (await _commands(client) - before) / (sizes.tasks * sizes.cycles)
+
+
+# A plain counting semaphore in Lua: leases in a ZSET scored by expiry on the
+# server's clock, pruned, counted and added in one script; removed and
+# announced in another.
+_TAKE: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[1]) then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[3])
+  return 1
+end
+return 0
+"""
+_GIVE: Final = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('PUBLISH', KEYS[2], '1')
+return 0
+"""
+
+
+async def _semaphore_commands_per_grant(
+    sizes: Sizes, redis_url: str, namespace: str
+) -> float:
+    """The same hand-offs on the plain semaphore: server commands over grants."""
+    keys = [f"{{{namespace}}}:leases", f"{{{namespace}}}:wake"]
+    async with coredis.Redis.from_url(redis_url, decode_responses=True) as client:
+        take = await client.script_load(_TAKE)
+        give = await client.script_load(_GIVE)
+        freed = trio.Condition()
+        ids = iter(range(1 << 62))
+        gate = trio.Event()
+
+        async def cycle() -> None:
+            await gate.wait()
+            for _ in range(sizes.cycles):
+                lease = str(next(ids))
+                while not await client.evalsha(
+                    take, keys[:1], [str(sizes.limit), "5000", lease]
+                ):
+                    async with freed:
+                        await freed.wait()
+                await trio.lowlevel.checkpoint()
+                await client.evalsha(give, keys, [lease])
+                async with freed:
+                    freed.notify()
+
+        before = await _commands(client)
+        async with trio.open_nursery() as nursery:
+            for _ in range(sizes.tasks):
+                nursery.start_soon(cycle)
+            await trio.testing.wait_all_tasks_blocked()
+            gate.set()
+        return (await _commands(client) - before) / (sizes.tasks * sizes.cycles)
+
+
 async def _worker(settings: dict[str, Any]) -> None:
     """One process of the scaling fleet: prints its grants as JSON."""
     records: list[tuple[float, float, float]] = []
@@ -412,6 +500,9 @@ def run(sizes: Sizes, redis_url: str) -> RedisBackendReport:
     for n in range(sizes.repeats):
         local_rates.append(trio.run(_handoffs, sizes, None, "h"))
         shared_rates.append(trio.run(_handoffs, sizes, redis_url, f"h{n}"))
+    show_progress("commands per grant")
+    commands = trio.run(_commands_per_grant, sizes, redis_url, "cmds")
+    semaphore = trio.run(_semaphore_commands_per_grant, sizes, redis_url, "sem")
     rows = []
     for processes in sizes.processes:
         show_progress(f"scaling: {processes} processes")
@@ -434,6 +525,8 @@ def run(sizes: Sizes, redis_url: str) -> RedisBackendReport:
         handoffs_local_per_s=statistics.median(local_rates),
         handoffs_redis_per_s=statistics.median(shared_rates),
         scaling=tuple(rows),
+        commands_per_grant=commands,
+        semaphore_commands_per_grant=semaphore,
     )
 
 

@@ -2,7 +2,10 @@
 
 Design note. Every key of a provider lives under one hash tag,
 ``{<namespace>:<provider>}``, so the scripts below touch one Redis Cluster
-slot, and each operation is one Lua script, atomic on the server:
+slot, and each operation is one Lua script, atomic on the server (the
+scripts are ``trio_dispatch/lua/*.lua``, their arguments laid out by the
+packers of ``_scripts``; a differential test holds them to the pure core's
+rules, which they repeat):
 
 * ``leases``: a ZSET of lease ids scored by their expiry, in the Redis
   server's own time (``TIME`` inside the script, never a client's clock).
@@ -48,14 +51,16 @@ Budgets and the adaptive limit, fleet-wide (the pure core's rules, in
 * ``qcost``: the estimated tokens of a queued member; ``charge``: the
   tokens a lease was charged (corrected by usage reports, which give back
   or take the difference; a charge the newest figures counted is stored
-  negated, settled: its usage report gives nothing back, as in
-  ``Throttle``); ``unans``: the leases whose answer has not started, a
-  ZSET scored by the server time of their grant, and ``seen`` in
-  ``conf``: the latest grant time of a lease whose answer started
+  with a minus sign, ``-0`` too, settled: its usage report gives nothing
+  back, as in ``Throttle``); ``unans``: the leases whose answer has not
+  started, a ZSET scored by the server time of their grant, and ``seen``
+  in ``conf``: the latest grant time of a lease whose answer started
   (``seen_l``: what it was when figures were last learned from).
   Learning counts as not yet seen by the provider only the leases granted
   since then (in the same millisecond too), and those whose answer started
-  in the step but the last, as ``Throttle`` does.
+  since figures were last learned from but the last (``since`` in
+  ``conf``, with ``newest``: whether that last one was the newest answer,
+  kept from step to step), as ``Throttle`` does.
 * A grant walks the head of the queue in order and stops at the first
   entry the budgets cannot hold yet: nobody passes it, whichever process
   it belongs to. The entries of other processes ahead keep their cost
@@ -65,8 +70,10 @@ Budgets and the adaptive limit, fleet-wide (the pure core's rules, in
 * An adaptive limit is the stored ``limit`` plus its bounds and value
   (``a_*`` in ``conf``): a success of a lease granted with the limit in use
   (``inuse``, a SET) adds to it in the releasing step, a new round of
-  rate-limit reports multiplies it by the backoff in ``pause``; a report
-  empties ``inuse``, since the slots held then are not successes.
+  rate-limit reports multiplies it by the backoff in ``pause`` (the first
+  report after a grant since its latest decrease: ``a_dec`` marks one with
+  no grant since); a report empties ``inuse``, since the slots held then
+  are not successes, and so does a new limit.
 
 What stays in Redis. Every key above but ``conf`` is bookkeeping: each
 entry goes with what it tracks (a lease, a queue entry, a process), and
@@ -109,21 +116,28 @@ round for its own changes.
 
 from __future__ import annotations
 
-import hashlib
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, final
 
 import attrs
 import coredis
 from coredis.exceptions import NoScriptError
 
-from ._budgets import MAX_TOKENS
 from ._ratelimits import server_delay
+from ._scripts import (
+    PauseArgs,
+    ResumeArgs,
+    SetBudgetArgs,
+    SetLimitArgs,
+    StepArgs,
+    load_scripts,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
     from ._budgets import AdaptiveLimit, Budget
     from ._ratelimits import RateLimitInfo
+    from ._scripts import Script, Scripts
 
     Client: TypeAlias = coredis.Redis[str] | coredis.RedisCluster[str]
     """A client of one Redis server, or of a Redis Cluster."""
@@ -131,658 +145,7 @@ if TYPE_CHECKING:
 # Members of the queue: a 16-digit arrival, a colon, the lease id.
 MEMBER_PREFIX: Final = 17
 
-
-_PRELUDE = """
-local leases, queue, qexp, conf, nodes, nwait, grantno, qcost, charge, unans, inuse =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8],
-  KEYS[9], KEYS[10], KEYS[11]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- Numbers stored as text keep every bit of a double; whole numbers are
--- written out in digits (Lua's own tostring keeps 14 digits and writes
--- larger numbers with an exponent, which no integer parser takes).
-local function num(x) return string.format('%.17g', x) end
-local function whole(x) return string.format('%d', x) end
--- The most tokens one estimate or usage report counts for: exact in a
--- double, and more than any budget holds.
-local MAX_TOKENS = @MAX_TOKENS@
--- A stored number, or ``default`` when it is missing or not a finite
--- number: a damaged value is repaired here, never passed on.
-local function stored(x, default)
-  local v = tonumber(x)
-  if v == nil or v ~= v or v == math.huge or v == -math.huge then return default end
-  return v
-end
--- A count of tokens as a process sends it: a whole number from 0 to MAX_TOKENS.
-local function tokens_of(x)
-  return math.floor(math.max(0, math.min(MAX_TOKENS, stored(x, 0))))
-end
--- Everything a lease leaves behind, once it is given back or expired.
-local function forget_lease(id)
-  redis.call('HDEL', grantno, id)
-  redis.call('HDEL', charge, id)
-  redis.call('ZREM', unans, id)
-  redis.call('SREM', inuse, id)
-end
--- The answer of lease id started: the provider has counted it, and every
--- lease granted before it (see ``seen`` above). Whether it is the newest
--- answer (granted after every lease whose answer had started when figures
--- were last learned from: ``seen_l``), whose figures may raise a level:
--- ``newest``, as ``Throttle`` keeps it.
-local newest = false
--- The leases whose answer started in this step, in order: all but the last
--- (whose figures come with it) may have reached the server after it.
-local since = {}
-local function see(id, answer)
-  local number = redis.call('ZSCORE', unans, id)
-  if not number then return end
-  redis.call('ZREM', unans, id)
-  since[#since + 1] = id
-  number = tonumber(number)
-  newest = answer and number > tonumber(redis.call('HGET', conf, 'seen_l') or '-1')
-  if number > tonumber(redis.call('HGET', conf, 'seen') or '-1') then
-    redis.call('HSET', conf, 'seen', number)
-  end
-end
-local function prune()
-  local pruned = 0
-  local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', now)
-  if #gone > 0 then
-    for _, id in ipairs(gone) do forget_lease(id) end
-    pruned = pruned + redis.call('ZREMRANGEBYSCORE', leases, '-inf', now)
-  end
-  gone = redis.call('ZRANGEBYSCORE', qexp, '-inf', now)
-  if #gone > 0 then
-    for _, m in ipairs(gone) do
-      redis.call('ZREM', queue, m)
-      redis.call('HDEL', qcost, m)
-    end
-    pruned = pruned + redis.call('ZREMRANGEBYSCORE', qexp, '-inf', now)
-  end
-  gone = redis.call('ZRANGEBYSCORE', nodes, '-inf', now)
-  if #gone > 0 then
-    for _, n in ipairs(gone) do redis.call('HDEL', nwait, n) end
-    redis.call('ZREMRANGEBYSCORE', nodes, '-inf', now)
-  end
-  return pruned
-end
-local function paused_for()
-  local u = stored(redis.call('HGET', conf, 'pause_until'), 0)
-  if u > now then return u - now end
-  if u > 0 then redis.call('HDEL', conf, 'pause_until') end
-  return 0
-end
--- A bucket's level and own count stay within [-capacity, capacity] (as
--- Bucket.level).
-local function settle(b)
-  if b then
-    b.lvl = math.max(-b.cap, math.min(b.cap, b.lvl))
-    b.own = math.max(-b.cap, math.min(b.cap, b.own))
-  end
-end
--- ``v`` less a charge of ``amount``: down to 0 at most (one request's
--- charge is at most the capacity, so no estimate or usage report makes a
--- budget wait longer than one full refill); a negative one gives back, up
--- to the capacity. As budgets' ``charged``.
-local function charged(v, amount, cap)
-  if amount > 0 then return math.max(math.min(v, 0), v - amount) end
-  return math.min(cap, v - amount)
-end
--- Charge a bucket's level and its own count, as Bucket.take.
-local function take(b, amount)
-  b.lvl = charged(b.lvl, amount, b.cap)
-  b.own = charged(b.own, amount, b.cap)
-end
--- A budget's bucket from its stored fields (capacity, refill per ms, level,
--- server time of the level, configured or learned, and a configured
--- budget's own count, which figures never move), refilled up to now;
--- ``nil`` if its capacity is not a usable number. A stored value out of
--- range is repaired: a rate that is not positive becomes the capacity a
--- minute, a level (or own count) outside [-capacity, capacity] is brought
--- back within, a time ahead of now becomes now.
-local function load_bucket(cap, rate, lvl, at, cfg, own)
-  local b = {cap = stored(cap, 0), rate = stored(rate, 0), lvl = stored(lvl, 0),
-    at = stored(at, now), cfg = cfg == '1'}
-  if b.cap <= 0 then return nil end
-  if b.rate <= 0 then b.rate = b.cap / 60000 end
-  b.own = stored(own, b.lvl)
-  settle(b)
-  if b.at > now then b.at = now end
-  if now > b.at then
-    if b.lvl < b.cap then b.lvl = math.min(b.cap, b.lvl + b.rate * (now - b.at)) end
-    if b.own < b.cap then b.own = math.min(b.cap, b.own + b.rate * (now - b.at)) end
-    b.at = now
-  end
-  return b
-end
--- Bookkeeping expires once idle: the keys of leases, entries and
--- processes (and of what each of them left) at the latest expiry of a live
--- process, which every lease and entry of that process shares, or at
--- ``floor`` if that is later. ``conf`` persists while it holds a limit or
--- a configured budget (``kept``), else it goes with the rest, or at the
--- end of its pause.
-local function expire_idle(floor, kept, pause_until)
-  local last = redis.call('ZREVRANGE', nodes, 0, 0, 'WITHSCORES')[2]
-  local at = math.max(floor, stored(last, 0))
-  local when = whole(at)
-  for _, k in ipairs({leases, queue, qexp, nodes, nwait, grantno, qcost, charge,
-      unans, inuse}) do
-    redis.call('PEXPIREAT', k, when)
-  end
-  if kept == nil then
-    local c = redis.call('HMGET', conf, 'limit', 'r_cfg', 't_cfg', 'pause_until')
-    kept = c[1] ~= false or c[2] == '1' or c[3] == '1'
-    pause_until = c[4]
-  end
-  if not kept then
-    redis.call('PEXPIREAT', conf, whole(math.max(at, stored(pause_until, 0))))
-  end
-end
--- The stored limit, or false if there is none or it is damaged (not 'none'
--- nor a positive count): then it is dropped, for the next limit sent to
--- replace it.
-local function stored_limit(limit)
-  if limit and limit ~= 'none' and not string.match(limit, '^[1-9]%d*$') then
-    redis.call('HDEL', conf, 'limit')
-    return false
-  end
-  return limit
-end
--- A limit as a process sends it: 'none', 'N', or 'N,minimum,maximum,backoff'
--- for an adaptive limit starting at N. Stores it (``conf`` then persists);
--- returns the limit.
-local function store_limit(spec)
-  redis.call('PERSIST', conf)
-  local value, low, high, backoff = string.match(spec, '^(%d+),(%d+),(%d+),(.+)$')
-  if value then
-    redis.call('HSET', conf, 'limit', value, 'a_min', low, 'a_max', high,
-      'a_backoff', backoff, 'a_val', value, 'a_slow', 1)
-    return value
-  end
-  redis.call('HSET', conf, 'limit', spec)
-  redis.call('HDEL', conf, 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow')
-  return spec
-end
-""".replace("@MAX_TOKENS@", str(MAX_TOKENS))
-
-# ARGV: node, ttl (ms), this node's waiters, limit to store if none is
-# (empty: none; as ``store_limit`` takes it), wake channel, the rate-limit
-# figures to learn from (empty: none; else six comma-separated fields, each
-# possibly empty: request limit, remaining, reset in seconds, then the
-# same for tokens), then eight counted lists: lease ids given back without
-# success; (lease id, tokens) pairs of usage reports; lease ids to release; members to withdraw; (member, start,
-# tokens) triples to enqueue or renew; lease ids to renew; the members
-# that ask for a grant (those enqueued ask too); lease ids whose answer
-# started. Every server call
-# counts on the grant's path: the step reads ``conf`` once, writes the
-# budgets back only when there are some, and publishes only when another
-# process waits.
-_STEP = (
-    _PRELUDE
-    + """
-local node, ttl, mywait, seed, channel, observed =
-  ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
-local i = 7
-local changed = prune()
-local c = redis.call('HMGET', conf, 'limit', 'pause_until', 'streak',
-  'granted_at_report', 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow',
-  'r_cap', 'r_rate', 'r_lvl', 'r_at', 'r_cfg',
-  't_cap', 't_rate', 't_lvl', 't_at', 't_cfg', 'learned', 'r_own', 't_own')
-local limit = stored_limit(c[1])
-local pause_until = stored(c[2], 0)
-local streak = stored(c[3], 0)
-local at_report = stored(c[4], 0)
-if not limit and seed ~= '' then
-  limit = store_limit(seed)
-  local a = redis.call('HMGET', conf, 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow')
-  for j = 1, 5 do c[4 + j] = a[j] end
-end
--- The adaptive limit, if the stored limit is one.
-local adaptive = nil
-if limit and c[5] then
-  adaptive = {low = tonumber(c[5]), high = tonumber(c[6]),
-    backoff = tonumber(c[7]), value = tonumber(c[8]), slow = c[9] == '1',
-    moved = false}
-end
--- The budgets: capacity, refill per ms, level, time of the level, and
--- whether it was configured (else learned); refilled up to now.
-local function bucket(o)
-  if not c[o] then return nil end
-  return load_bucket(c[o], c[o + 1], c[o + 2], c[o + 3], c[o + 4], c[21 + (o - 10) / 5])
-end
-local R, T = bucket(10), bucket(15)
-local learned = c[20] == '1'
-local budgeted = R ~= nil or T ~= nil
-local spoiled = {}
-local n = tonumber(ARGV[i]); i = i + 1
-for j = 1, n do
-  local id = ARGV[i]; i = i + 1
-  spoiled[id] = true
-  redis.call('SREM', inuse, id)
-end
--- Usage reports before the releases: a report and the release after it
--- may come in one step.
-n = tonumber(ARGV[i]); i = i + 1
-for j = 1, n do
-  local id, tokens = ARGV[i], tokens_of(ARGV[i + 1]); i = i + 2
-  if redis.call('ZSCORE', leases, id) then
-    local before = stored(redis.call('HGET', charge, id), 0)
-    -- Settled (negated): the server's figures counted it; what the server
-    -- gives back for it, its next figures will say.
-    local settled = before < 0
-    if settled then before = -before end
-    -- One request's charge is at most the capacity, its usage too.
-    if T then tokens = math.min(tokens, T.cap) end
-    if T and tokens ~= before then
-      local taken = tokens - before
-      if settled then
-        T.lvl = charged(T.lvl, math.max(0, taken), T.cap)
-        T.own = charged(T.own, taken, T.cap)
-      else
-        take(T, taken)
-      end
-      if tokens < before then changed = changed + 1 end
-    end
-    if settled then tokens = -tokens end
-    redis.call('HSET', charge, id, num(tokens))
-    see(id, false)
-  end
-end
-local function adapt_up()
-  local step = 1
-  if not adaptive.slow then step = 1 / tonumber(limit) end
-  adaptive.value = math.min(adaptive.high, adaptive.value + step)
-  adaptive.moved = true
-  local new = math.min(adaptive.high, math.max(adaptive.low, math.floor(adaptive.value)))
-  if new ~= tonumber(limit) then
-    limit = whole(new)
-    changed = changed + 1
-  end
-end
-n = tonumber(ARGV[i]); i = i + 1
-for j = 1, n do
-  local id = ARGV[i]; i = i + 1
-  if redis.call('ZREM', leases, id) == 1 then
-    changed = changed + 1
-    local success = not spoiled[id]
-    if streak > 0 then
-      local g = tonumber(redis.call('HGET', grantno, id) or '0')
-      if success and g > at_report then
-        -- A success: the streak ends, and with it the grant numbers.
-        redis.call('HSET', conf, 'streak', 0)
-        redis.call('DEL', grantno)
-        streak = 0
-      end
-    end
-    local counted = redis.call('SREM', inuse, id) == 1
-    forget_lease(id)
-    if success and counted and adaptive then adapt_up() end
-  end
-end
-n = tonumber(ARGV[i]); i = i + 1
-for j = 1, n do
-  local m = ARGV[i]; i = i + 1
-  changed = changed + redis.call('ZREM', queue, m)
-  redis.call('ZREM', qexp, m)
-  redis.call('HDEL', qcost, m)
-  -- Granted by a step whose answer was lost: nobody holds it.
-  local id = string.sub(m, 18)
-  if redis.call('ZREM', leases, id) == 1 then
-    changed = changed + 1
-    forget_lease(id)
-  end
-end
-local asking = {}
-local granted = {}
--- Whether a step whose answer was lost granted m: then it is granted
--- again, the same lease renewed.
-local function held(m)
-  local id = string.sub(m, 18)
-  if redis.call('ZSCORE', leases, id) then
-    redis.call('ZADD', leases, now + ttl, id)
-    granted[#granted + 1] = m
-    return true
-  end
-  return false
-end
-n = tonumber(ARGV[i]); i = i + 1
-for j = 1, n do
-  local m, start, tokens = ARGV[i], ARGV[i + 1], tokens_of(ARGV[i + 2]); i = i + 3
-  if not held(m) then
-    redis.call('ZADD', queue, start, m)
-    redis.call('ZADD', qexp, now + ttl, m)
-    if tokens > 0 then redis.call('HSET', qcost, m, whole(tokens)) end
-    asking[m] = true
-  end
-end
-n = tonumber(ARGV[i]); i = i + 1
-for j = 1, n do
-  -- ZADD, not XX: after Redis restarted empty, holders register again.
-  redis.call('ZADD', leases, now + ttl, ARGV[i]); i = i + 1
-end
-n = tonumber(ARGV[i]); i = i + 1
-for j = 1, n do
-  local m = ARGV[i]; i = i + 1
-  if not held(m) then asking[m] = true end
-end
-n = tonumber(ARGV[i]); i = i + 1
-for j = 1, n do
-  see(ARGV[i], true); i = i + 1
-end
--- Learn from the figures of an answer (see the ledger's notes).
--- SLOWEST_REFILL: a learned budget refills whole in an hour at most.
-local function learn(b, limit_, remaining, reset, unseen)
-  local usable = limit_ and limit_ > 0 and limit_ < 1e15
-  if not b then
-    if not usable then return nil end
-    b = {cap = limit_, rate = limit_ / 60000, lvl = limit_, at = now, cfg = false,
-      own = limit_}
-  end
-  if usable and not b.cfg then
-    b.cap = limit_
-    b.rate = limit_ / 60000
-    if remaining and reset and reset > 0 and remaining < limit_ then
-      local slower = (limit_ - remaining) / (reset * 1000)
-      if slower < b.rate then b.rate = slower end
-    end
-    b.rate = math.max(b.rate, b.cap / 3600000)
-    b.lvl = math.min(b.lvl, b.cap)
-  end
-  if remaining and remaining < 1e15 then
-    -- The newest answer's figures set the level, up to the capacity (a
-    -- configured budget: up to its own count); others only lower it.
-    local ceiling = b.lvl
-    if newest then
-      ceiling = b.cap
-      if b.cfg then ceiling = b.own end
-    end
-    b.lvl = math.min(ceiling, remaining - unseen)
-    learned = true
-  elseif usable then
-    learned = true
-  end
-  return b
-end
-if observed ~= '' then
-  -- Six fields by position: an empty one is nil, and #f cannot count
-  -- past a nil, so the fields are numbered here.
-  local f, k = {}, 0
-  for part in string.gmatch(observed .. ',', '([^,]*),') do
-    k = k + 1
-    f[k] = tonumber(part)
-  end
-  local seen = redis.call('HGET', conf, 'seen')
-  if seen then redis.call('HSET', conf, 'seen_l', seen) end
-  local ids = redis.call('ZRANGEBYSCORE', unans, seen or '-inf', '+inf')
-  for k = 1, #since - 1 do ids[#ids + 1] = since[k] end
-  if f[1] or f[2] then R = learn(R, f[1], f[2], f[3], #ids) end
-  if f[4] or f[5] then
-    local tokens = 0
-    for _, id in ipairs(ids) do
-      tokens = tokens + stored(redis.call('HGET', charge, id), 0)
-    end
-    T = learn(T, f[4], f[5], f[6], tokens)
-    if T and newest then
-      -- The charges of the leases answered so far are in these figures.
-      local held = redis.call('HGETALL', charge)
-      for k = 1, #held, 2 do
-        local c = tonumber(held[k + 1])
-        if c > 0 and not redis.call('ZSCORE', unans, held[k]) then
-          redis.call('HSET', charge, held[k], -c)
-        end
-      end
-    end
-  end
-  settle(R)
-  settle(T)
-  budgeted = R ~= nil or T ~= nil
-end
-redis.call('ZADD', nodes, now + ttl, node)
-local pause = 0
-if pause_until > now then
-  pause = pause_until - now
-elseif pause_until > 0 then
-  redis.call('HDEL', conf, 'pause_until')
-end
-local in_flight = redis.call('ZCARD', leases)
--- What the budgets lack for a cost, beside what the entries of other
--- processes ahead of it keep (reserved): 0 when it fits.
-local reserved_r, reserved_t = 0, 0
-local ready_in = -1
-local function fits(cost)
-  local wait = 0
-  if R then
-    local missing = 1 - (R.lvl - reserved_r)
-    if missing > 1e-9 then wait = math.max(wait, missing / R.rate) end
-  end
-  if T and cost > 0 then
-    local amount = math.min(cost, T.cap)
-    local missing = amount - (T.lvl - reserved_t)
-    if missing > 1e-9 * math.max(1, amount) then wait = math.max(wait, missing / T.rate) end
-  end
-  if wait > 0 then
-    ready_in = math.ceil(math.min(wait, 1e15))
-    return false
-  end
-  return true
-end
-local function grant(m, cost)
-  local id = string.sub(m, 18)
-  redis.call('ZREM', queue, m)
-  redis.call('ZREM', qexp, m)
-  redis.call('ZADD', leases, now + ttl, id)
-  if streak > 0 then
-    redis.call('HSET', grantno, id, redis.call('HINCRBY', conf, 'granted', 1))
-  end
-  if adaptive and 2 * (in_flight + 1) >= tonumber(limit) then
-    redis.call('SADD', inuse, id)
-  end
-  -- Its estimate goes with its entry (read only when budgeted, but kept
-  -- for a budget that may come while it waits).
-  if cost > 0 or not budgeted then redis.call('HDEL', qcost, m) end
-  if budgeted then
-    if R then take(R, 1) end
-    if cost > 0 then
-      -- One request's charge is at most the capacity.
-      if T then cost = math.min(cost, T.cap) end
-      redis.call('HSET', charge, id, num(cost))
-      if T then take(T, cost) end
-    end
-    redis.call('ZADD', unans, now, id)
-  end
-  granted[#granted + 1] = m
-  in_flight = in_flight + 1
-end
--- The first entries of the queue, oldest first, as far as the budgets go:
--- nobody passes an entry the budgets cannot hold yet.
-local function grant_in_order(window)
-  for _, m in ipairs(redis.call('ZRANGE', queue, 0, window - 1)) do
-    local cost = 0
-    if budgeted then
-      cost = tokens_of(redis.call('HGET', qcost, m))
-      if not fits(cost) then break end
-    end
-    if asking[m] then
-      grant(m, cost)
-    elseif budgeted then
-      reserved_r = reserved_r + 1
-      if T then reserved_t = reserved_t + math.min(cost, T.cap) end
-    end
-  end
-end
-if not limit or limit == 'none' then
-  -- Unlimited: pauses do not apply, as in the local policy.
-  if budgeted then
-    grant_in_order(0)
-  else
-    for m, _ in pairs(asking) do
-      if redis.call('ZSCORE', queue, m) then grant(m, 0) end
-    end
-    table.sort(granted)
-  end
-elseif pause == 0 then
-  local free = tonumber(limit) - in_flight
-  if free > 0 then grant_in_order(free) end
-end
-if adaptive and adaptive.moved then
-  redis.call('HSET', conf, 'limit', limit, 'a_val', num(adaptive.value))
-end
-local budget = ''
-if budgeted then
-  local fields = {}
-  local shown = {}
-  for _, pair in ipairs({{'r', R}, {'t', T}}) do
-    local b = pair[2]
-    if b then
-      fields[#fields + 1] = pair[1] .. '_cap'; fields[#fields + 1] = num(b.cap)
-      fields[#fields + 1] = pair[1] .. '_rate'; fields[#fields + 1] = num(b.rate)
-      fields[#fields + 1] = pair[1] .. '_lvl'; fields[#fields + 1] = num(b.lvl)
-      fields[#fields + 1] = pair[1] .. '_own'; fields[#fields + 1] = num(b.own)
-      fields[#fields + 1] = pair[1] .. '_at'; fields[#fields + 1] = now
-      fields[#fields + 1] = pair[1] .. '_cfg'; fields[#fields + 1] = b.cfg and 1 or 0
-      shown[#shown + 1] = num(b.rate * 60000) .. ',' .. num(b.lvl) .. ',' .. num(b.cap)
-    else
-      shown[#shown + 1] = ',,'
-    end
-  end
-  if learned then fields[#fields + 1] = 'learned'; fields[#fields + 1] = 1 end
-  redis.call('HSET', conf, unpack(fields))
-  budget = shown[1] .. ',' .. shown[2] .. ',' .. (learned and 1 or 0) .. ',' .. whole(ready_in)
-end
-local spec = ''
-if adaptive then
-  spec = adaptive.low .. ',' .. adaptive.high .. ',' .. num(adaptive.backoff)
-end
--- This process's waiters, less those this step granted (every grant of a
--- step goes to the process that sent it): the fleet's figure is exact
--- after the step, not one step late.
-mywait = math.max(0, mywait - #granted)
-redis.call('HSET', nwait, node, mywait)
-local waiting = 0
-for _, w in ipairs(redis.call('HVALS', nwait)) do waiting = waiting + stored(w, 0) end
--- Signed, so that the process that caused it need not wake for it, and
--- only when another process waits: nobody else has anything to do.
-if changed > 0 and waiting > mywait then redis.call('PUBLISH', channel, node) end
-expire_idle(now, (not not limit) or (R ~= nil and R.cfg) or (T ~= nil and T.cfg),
-  pause_until)
-return {granted, limit or '', in_flight, redis.call('ZCARD', queue), waiting, pause,
-  now, budget, spec}
-"""
-)
-
-# ARGV: the limit to store (as ``store_limit`` takes it), whether to
-# overwrite one already stored (``1``) or only fill a gap (``0``), channel.
-# Returns the stored limit and, for an adaptive one, its bounds.
-_SET_LIMIT = (
-    _PRELUDE
-    + """
-if ARGV[2] == '1' then
-  store_limit(ARGV[1])
-  redis.call('PUBLISH', ARGV[3], 'wake')
-elseif not stored_limit(redis.call('HGET', conf, 'limit')) then
-  store_limit(ARGV[1])
-end
-local c = redis.call('HMGET', conf, 'limit', 'a_min', 'a_max', 'a_backoff')
-if c[2] then return {c[1], c[2] .. ',' .. c[3] .. ',' .. c[4]} end
-return {c[1] or '', ''}
-"""
-)
-
-# ARGV: requests per minute, tokens per minute (each empty: none
-# configured), channel. A configured budget replaces the stored one of its
-# kind, its level kept (at most the new capacity); none configured turns a
-# configured budget of that kind into a learned one (which learning refills
-# from the next figures), and leaves a learned one alone.
-_SET_BUDGET = (
-    _PRELUDE
-    + """
-for j, k in ipairs({'r', 't'}) do
-  local per_minute = tonumber(ARGV[j])
-  local c = redis.call('HMGET', conf, k .. '_cap', k .. '_rate', k .. '_lvl',
-    k .. '_at', k .. '_cfg')
-  if per_minute then
-    local lvl = per_minute
-    local b = c[1] and load_bucket(c[1], c[2], c[3], c[4], c[5])
-    if b then lvl = math.max(-per_minute, math.min(b.lvl, per_minute)) end
-    redis.call('HSET', conf, k .. '_cap', num(per_minute), k .. '_rate',
-      num(per_minute / 60000), k .. '_lvl', num(lvl), k .. '_at', now, k .. '_cfg', 1,
-      k .. '_own', num(lvl))
-  elseif c[5] == '1' then
-    redis.call('HDEL', conf, k .. '_cap', k .. '_rate', k .. '_lvl', k .. '_at',
-      k .. '_cfg', k .. '_own')
-  end
-end
-redis.call('PERSIST', conf)
-expire_idle(now)
-redis.call('PUBLISH', ARGV[3], 'wake')
-return 0
-"""
-)
-
-# ARGV: the server's delay in ms (empty: none), the default pause, the
-# longest pause (ms). The backoff is the local policy's, kept fleet-wide,
-# and so is the adaptive limit's decrease: once per round of reports.
-_PAUSE = (
-    _PRELUDE
-    + """
-local delay, default, longest = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local streak = stored(redis.call('HGET', conf, 'streak'), 0)
-local granted = redis.call('HGET', conf, 'granted') or '0'
-local step = tonumber(redis.call('HGET', conf, 'step') or default)
-if streak == 0 or granted ~= redis.call('HGET', conf, 'granted_at_report') then
-  if streak > 0 then step = math.min(2 * step, longest) else step = default end
-  redis.call('HSET', conf, 'streak', streak + 1, 'step', step,
-    'granted_at_report', granted)
-  local a = redis.call('HMGET', conf, 'limit', 'a_min', 'a_max', 'a_backoff')
-  if a[2] then
-    local value = math.max(tonumber(a[2]), tonumber(a[1]) * tonumber(a[4]))
-    local new = math.min(tonumber(a[3]), math.max(tonumber(a[2]), math.floor(value)))
-    redis.call('HSET', conf, 'limit', whole(new), 'a_val', num(value), 'a_slow', 0)
-  end
-end
--- The slots held now are not successes when they end.
-redis.call('DEL', inuse)
-local seconds = step
-if delay ~= '' then seconds = math.min(tonumber(delay), longest) end
-local current = stored(redis.call('HGET', conf, 'pause_until'), 0)
-if now + seconds > current then
-  redis.call('HSET', conf, 'pause_until', whole(now + seconds))
-end
-expire_idle(now)
-return paused_for()
-"""
-)
-
-# ARGV: channel. Ends the pause and the streak.
-_RESUME = (
-    _PRELUDE
-    + """
-redis.call('HDEL', conf, 'pause_until')
-redis.call('HSET', conf, 'streak', 0)
-redis.call('DEL', grantno)
-expire_idle(now)
-redis.call('PUBLISH', ARGV[1], 'wake')
-return 0
-"""
-)
-
-
-@final
-class _Script:
-    """A script's text and the digest by which Redis runs it."""
-
-    __slots__ = ("sha", "text")
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.sha = hashlib.sha1(text.encode()).hexdigest()
-
-
-_STEP_SCRIPT: Final = _Script(_STEP)
-_SET_LIMIT_SCRIPT: Final = _Script(_SET_LIMIT)
-_PAUSE_SCRIPT: Final = _Script(_PAUSE)
-_RESUME_SCRIPT: Final = _Script(_RESUME)
-_SET_BUDGET_SCRIPT: Final = _Script(_SET_BUDGET)
+_SCRIPTS: Final = load_scripts()
 
 _EVALSHA: Final = b"EVALSHA"
 _SCRIPT_LOAD: Final = b"SCRIPT LOAD"
@@ -915,36 +278,6 @@ def _bounds_of(text: str) -> tuple[int, int, float] | None:
     return int(low), int(high), float(backoff)
 
 
-def limit_spec(limit: int | AdaptiveLimit | None) -> str:
-    """A limit as the scripts take it: ``none``, ``N``, or ``N,min,max,backoff``."""
-    if limit is None:
-        return "none"
-    if isinstance(limit, int):
-        return str(limit)
-    return f"{limit.initial},{limit.minimum},{limit.maximum},{limit.backoff!r}"
-
-
-def _figures(info: RateLimitInfo | None) -> str:
-    """The figures of ``info`` that budgets learn from, as the step takes them."""
-    if info is None:
-        return ""
-    parts: list[str] = []
-    for quota in (info.requests, info.tokens):
-        if quota is None:
-            parts.extend(("", "", ""))
-        else:
-            parts.extend(
-                "" if value is None else repr(value)
-                for value in (quota.limit, quota.remaining, quota.reset)
-            )
-    return ",".join(parts)
-
-
-def _tokens(tokens: int) -> int:
-    """A count of tokens as the scripts take it: from 0 to ``MAX_TOKENS``."""
-    return max(0, min(MAX_TOKENS, tokens))
-
-
 def _limit_of(stored: object) -> int | None:
     if stored in (None, "", "none"):
         return None
@@ -975,12 +308,15 @@ class Ledger:
         namespace: The prefix of every key; processes that share it share
             their limits.
         lease: Seconds a lease or a queue entry lives without renewal.
+        scripts: The scripts to run (``load_scripts``); the default reads
+            the server's clock.
     """
 
     __slots__ = (
         "_client",
         "_connection",
         "_names",
+        "_scripts",
         "lease",
         "namespace",
         "on_idle",
@@ -988,8 +324,16 @@ class Ledger:
         "users",
     )
 
-    def __init__(self, client: Client, namespace: str, lease: float) -> None:
+    def __init__(
+        self,
+        client: Client,
+        namespace: str,
+        lease: float,
+        *,
+        scripts: Scripts | None = None,
+    ) -> None:
         self._client = client
+        self._scripts = _SCRIPTS if scripts is None else scripts
         self._connection: coredis.BaseConnection | None = None
         self.namespace = namespace
         self.lease = lease
@@ -1029,7 +373,7 @@ class Ledger:
             self.on_lost()
 
     async def _run(
-        self, script: _Script, keys: Sequence[str], *args: str | int | float
+        self, script: Script, keys: Sequence[str], args: Sequence[str]
     ) -> Any:  # noqa: ANN401 (a Lua script's answer is untyped)
         """Run ``script`` on ``keys`` and ``args``; its answer, decoded."""
         client = self._client
@@ -1091,35 +435,25 @@ class Ledger:
         Sent twice, the same changes leave the same state.
         """
         keys, channel = self.names(provider)
-        args: list[str | int | float] = [
-            node,
-            round(self.lease * 1000),
-            waiting,
-            "" if seed is None else limit_spec(seed),
-            channel,
-            _figures(observed),
-            len(spoil),
-            *spoil,
-            len(usage),
-        ]
-        for lease_id, tokens in usage:
-            args.extend((lease_id, _tokens(tokens)))
-        args.append(len(release))
-        args.extend(release)
-        args.append(len(withdraw))
-        args.extend(withdraw)
-        args.append(len(enqueue))
         tokens_of = {} if costs is None else costs
-        for member, start in enqueue:
-            args.extend((member, repr(start), _tokens(tokens_of.get(member, 0))))
-        args.append(len(renew_leases))
-        args.extend(renew_leases)
-        args.append(len(ask))
-        args.extend(ask)
-        args.append(len(answered))
-        args.extend(answered)
+        args = StepArgs(
+            node=node,
+            ttl=round(self.lease * 1000),
+            waiting=waiting,
+            seed=seed,
+            channel=channel,
+            observed=observed,
+            spoil=list(spoil),
+            usage=list(usage),
+            release=list(release),
+            withdraw=list(withdraw),
+            enqueue=[(m, start, tokens_of.get(m, 0)) for m, start in enqueue],
+            renew_leases=list(renew_leases),
+            ask=list(ask),
+            answered=list(answered),
+        )
         # A Lua script's answer is untyped; this one has a fixed shape.
-        reply: Any = await self._run(_STEP_SCRIPT, keys, *args)
+        reply: Any = await self._run(self._scripts.step, keys, args.pack())
         granted, limit, in_flight, queued, waiting_all, pause, now, budget, spec = reply
         return StepResult(
             granted=list(granted),
@@ -1146,29 +480,19 @@ class Ledger:
         bounds. With ``overwrite=False`` a limit already stored wins.
         """
         keys, channel = self.names(provider)
-        stored = await self._run(
-            _SET_LIMIT_SCRIPT,
-            keys,
-            limit_spec(limit),
-            "1" if overwrite else "0",
-            channel,
-        )
+        args = SetLimitArgs(limit=limit, overwrite=overwrite, channel=channel)
+        stored = await self._run(self._scripts.set_limit, keys, args.pack())
         return _limit_of(stored[0])
 
     async def set_budget(self, provider: str, budget: Budget) -> None:
-        """Store the fleet's configured budgets of ``provider`` (see ``_SET_BUDGET``)."""
+        """Store the fleet's configured budgets of ``provider`` (``set_budget.lua``)."""
         keys, channel = self.names(provider)
-        await self._run(
-            _SET_BUDGET_SCRIPT,
-            keys,
-            ""
-            if budget.requests_per_minute is None
-            else repr(float(budget.requests_per_minute)),
-            ""
-            if budget.tokens_per_minute is None
-            else repr(float(budget.tokens_per_minute)),
-            channel,
+        args = SetBudgetArgs(
+            requests_per_minute=budget.requests_per_minute,
+            tokens_per_minute=budget.tokens_per_minute,
+            channel=channel,
         )
+        await self._run(self._scripts.set_budget, keys, args.pack())
 
     async def pause(
         self,
@@ -1184,17 +508,18 @@ class Ledger:
         (``server_delay``): the fleet backs off, as the local policy does.
         """
         delay = server_delay(retry_after)
-        left = await self._run(
-            _PAUSE_SCRIPT,
-            self.names(provider)[0],
+        args = PauseArgs(
             # At least a millisecond: a positive delay never rounds to none.
-            "" if delay is None else max(1, round(delay * 1000)),
-            round(default_pause * 1000),
-            round(max_pause * 1000),
+            delay=None if delay is None else max(1, round(delay * 1000)),
+            default_pause=round(default_pause * 1000),
+            max_pause=round(max_pause * 1000),
+        )
+        left = await self._run(
+            self._scripts.pause, self.names(provider)[0], args.pack()
         )
         return int(str(left)) / 1000
 
     async def resume(self, provider: str) -> None:
         """End the provider's pause and its backoff streak, fleet-wide."""
         keys, channel = self.names(provider)
-        await self._run(_RESUME_SCRIPT, keys, channel)
+        await self._run(self._scripts.resume, keys, ResumeArgs(channel=channel).pack())

@@ -288,6 +288,9 @@ class SlotPolicy:
         else:
             heapq.heappush(self._heap, ticket)
         self._peak_waiting = max(self._peak_waiting, len(self._waiting))
+        if gate is not None and gate.blocked:
+            # It may go before the head the budget holds back, and fit.
+            return self._fill()
         return []
 
     def release(self, ticket: Ticket) -> list[Ticket]:

@@ -1,0 +1,264 @@
+"""The ledger's Lua scripts and the one typed description of their arguments.
+
+The scripts live in ``trio_dispatch/lua/*.lua``, shipped in the package:
+``prelude.lua`` (the keys, the clock, the rules every script shares) and
+one file per operation. ``load_scripts`` composes each operation with the
+prelude, as Redis needs one text per script, and the clock (``clock.lua``:
+the server's own ``TIME``) in place of the prelude's ``--@CLOCK@`` marker.
+
+Each script's ``ARGV`` is laid out by exactly one frozen value here, whose
+``pack()`` gives the strings in order: numbers go as whole numbers in
+digits, or as ``repr`` of a float (the shortest text that reads back as the
+same double), never in a form the other side could read differently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+from typing import TYPE_CHECKING, Final, final
+
+import attrs
+
+from ._budgets import MAX_TOKENS, AdaptiveLimit
+
+if TYPE_CHECKING:
+    from ._ratelimits import RateLimitInfo
+
+_CLOCK_MARK: Final = "--@CLOCK@\n"
+
+
+def _lua(name: str) -> str:
+    return (
+        importlib.resources.files(__package__ or "trio_dispatch")
+        .joinpath("lua", f"{name}.lua")
+        .read_text(encoding="utf-8")
+    )
+
+
+@final
+class Script:
+    """A script's text and the digest by which Redis runs it."""
+
+    __slots__ = ("sha", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.sha = hashlib.sha1(text.encode()).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"<Script {self.sha[:12]}>"
+
+
+@final
+@attrs.frozen
+class Scripts:
+    """The ledger's five scripts, each composed with the prelude."""
+
+    step: Script
+    set_limit: Script
+    set_budget: Script
+    pause: Script
+    resume: Script
+
+
+def load_scripts(clock: str | None = None) -> Scripts:
+    """The scripts, with ``clock`` (Lua setting ``now`` in ms; default: ``TIME``)."""
+    prelude = _lua("prelude").replace("@MAX_TOKENS@", str(MAX_TOKENS))
+    if _CLOCK_MARK not in prelude:  # pragma: no cover (the file is ours)
+        raise RuntimeError("prelude.lua has no clock marker")
+    prelude = prelude.replace(_CLOCK_MARK, _lua("clock") if clock is None else clock)
+
+    def script(name: str) -> Script:
+        return Script(prelude + _lua(name))
+
+    return Scripts(
+        step=script("step"),
+        set_limit=script("set_limit"),
+        set_budget=script("set_budget"),
+        pause=script("pause"),
+        resume=script("resume"),
+    )
+
+
+def limit_spec(limit: int | AdaptiveLimit | None) -> str:
+    """A limit as the scripts take it: ``none``, ``N``, or ``N,min,max,backoff``."""
+    if limit is None:
+        return "none"
+    if isinstance(limit, AdaptiveLimit):
+        return f"{limit.initial},{limit.minimum},{limit.maximum},{limit.backoff!r}"
+    return str(limit)
+
+
+def tokens_arg(tokens: int) -> str:
+    """A count of tokens as the scripts take it: digits, from 0 to ``MAX_TOKENS``."""
+    return str(max(0, min(MAX_TOKENS, int(tokens))))
+
+
+def _number(value: float) -> str:
+    """A number in digits if whole, else the shortest exact text of its double."""
+    if isinstance(value, int):
+        return str(value)
+    return repr(float(value))
+
+
+def _optional(value: float | None) -> str:
+    return "" if value is None else _number(value)
+
+
+def figures_arg(info: RateLimitInfo | None) -> str:
+    """The figures of ``info`` budgets learn from: eight fields, comma-separated.
+
+    For requests, then tokens: ``1`` if there are figures (even with no
+    usable field: token figures settle the charges answered so far), then
+    the limit, remaining and reset, each empty when missing.
+    """
+    if info is None:
+        return ""
+    parts: list[str] = []
+    for quota in (info.requests, info.tokens):
+        if quota is None:
+            parts.extend(("", "", "", ""))
+        else:
+            parts.append("1")
+            parts.extend(
+                _optional(value)
+                for value in (quota.limit, quota.remaining, quota.reset)
+            )
+    return ",".join(parts)
+
+
+def _counted(items: list[str]) -> list[str]:
+    return [str(len(items)), *items]
+
+
+@final
+@attrs.frozen(kw_only=True)
+class StepArgs:
+    """``step.lua``'s arguments: one round of a process's changes, in order.
+
+    Attributes:
+        node: The process's name for the provider.
+        ttl: Milliseconds a lease, an entry or the process lives unrenewed.
+        waiting: The process's waiters.
+        seed: The limit to store if none is, or ``None``.
+        channel: The provider's wake-up channel.
+        observed: Rate-limit figures to learn from, or ``None``.
+        spoil: Lease ids given back without success.
+        usage: Lease ids and the tokens their requests used.
+        release: Lease ids given back.
+        withdraw: Queue members withdrawn.
+        enqueue: Members, their wall-clock start, and estimated tokens.
+        renew_leases: Lease ids renewed (added back if gone).
+        ask: Members that ask for a grant.
+        answered: Lease ids whose answer started.
+    """
+
+    node: str
+    ttl: int
+    waiting: int
+    seed: int | AdaptiveLimit | None
+    channel: str
+    observed: RateLimitInfo | None = None
+    spoil: list[str] = attrs.field(factory=list)
+    usage: list[tuple[str, int]] = attrs.field(factory=list)
+    release: list[str] = attrs.field(factory=list)
+    withdraw: list[str] = attrs.field(factory=list)
+    enqueue: list[tuple[str, float, int]] = attrs.field(factory=list)
+    renew_leases: list[str] = attrs.field(factory=list)
+    ask: list[str] = attrs.field(factory=list)
+    answered: list[str] = attrs.field(factory=list)
+
+    def pack(self) -> list[str]:
+        """``ARGV``, in the script's order."""
+        args = [
+            self.node,
+            str(self.ttl),
+            str(self.waiting),
+            "" if self.seed is None else limit_spec(self.seed),
+            self.channel,
+            figures_arg(self.observed),
+            *_counted(self.spoil),
+            str(len(self.usage)),
+        ]
+        for lease_id, tokens in self.usage:
+            args += (lease_id, tokens_arg(tokens))
+        args += _counted(self.release)
+        args += _counted(self.withdraw)
+        args.append(str(len(self.enqueue)))
+        for member, start, tokens in self.enqueue:
+            args += (member, _number(start), tokens_arg(tokens))
+        args += _counted(self.renew_leases)
+        args += _counted(self.ask)
+        args += _counted(self.answered)
+        return args
+
+
+@final
+@attrs.frozen(kw_only=True)
+class SetLimitArgs:
+    """``set_limit.lua``'s arguments: the limit, whether it overwrites, channel."""
+
+    limit: int | AdaptiveLimit | None
+    overwrite: bool
+    channel: str
+
+    def pack(self) -> list[str]:
+        """``ARGV``, in the script's order."""
+        return [limit_spec(self.limit), "1" if self.overwrite else "0", self.channel]
+
+
+@final
+@attrs.frozen(kw_only=True)
+class SetBudgetArgs:
+    """``set_budget.lua``'s arguments: configured rates per minute, channel."""
+
+    requests_per_minute: float | None
+    tokens_per_minute: float | None
+    channel: str
+
+    def pack(self) -> list[str]:
+        """``ARGV``, in the script's order."""
+        return [
+            _optional(
+                None
+                if self.requests_per_minute is None
+                else float(self.requests_per_minute)
+            ),
+            _optional(
+                None
+                if self.tokens_per_minute is None
+                else float(self.tokens_per_minute)
+            ),
+            self.channel,
+        ]
+
+
+@final
+@attrs.frozen(kw_only=True)
+class PauseArgs:
+    """``pause.lua``'s arguments, in milliseconds: delay (or none), default, longest."""
+
+    delay: int | None
+    default_pause: int
+    max_pause: int
+
+    def pack(self) -> list[str]:
+        """``ARGV``, in the script's order."""
+        return [
+            "" if self.delay is None else str(self.delay),
+            str(self.default_pause),
+            str(self.max_pause),
+        ]
+
+
+@final
+@attrs.frozen(kw_only=True)
+class ResumeArgs:
+    """``resume.lua``'s arguments: the channel."""
+
+    channel: str
+
+    def pack(self) -> list[str]:
+        """``ARGV``, in the script's order."""
+        return [self.channel]

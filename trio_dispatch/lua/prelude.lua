@@ -1,0 +1,202 @@
+-- The prelude of every ledger script (see trio_dispatch/_scripts.py, which
+-- composes it, and trio_dispatch/_ledger.py, whose notes describe the keys).
+-- The clock (clock.lua: the server's TIME, in milliseconds) is put in place
+-- of the marker below when the scripts are loaded.
+local leases, queue, qexp, conf, nodes, nwait, grantno, qcost, charge, unans, inuse =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8],
+  KEYS[9], KEYS[10], KEYS[11]
+--@CLOCK@
+-- Numbers stored as text keep every bit of a double; whole numbers are
+-- written out in digits (Lua's own tostring keeps 14 digits and writes
+-- larger numbers with an exponent, which no integer parser takes).
+local function num(x) return string.format('%.17g', x) end
+local function whole(x) return string.format('%d', x) end
+-- The most tokens one estimate or usage report counts for: exact in a
+-- double, and more than any budget holds.
+local MAX_TOKENS = @MAX_TOKENS@
+-- A stored number, or ``default`` when it is missing or not a finite
+-- number: a damaged value is repaired here, never passed on.
+local function stored(x, default)
+  local v = tonumber(x)
+  if v == nil or v ~= v or v == math.huge or v == -math.huge then return default end
+  return v
+end
+-- A count of tokens as a process sends it: a whole number from 0 to MAX_TOKENS.
+local function tokens_of(x)
+  return math.floor(math.max(0, math.min(MAX_TOKENS, stored(x, 0))))
+end
+-- The answer of lease id started: the provider has counted it, and every
+-- lease granted before it (see ``seen`` above). Whether it is the newest
+-- answer (granted after every lease whose answer had started when figures
+-- were last learned from: ``seen_l``), whose figures may raise a level:
+-- ``newest``, as ``Throttle`` keeps it. And the leases whose answer started
+-- since figures were last learned from, in order: all but the last (whose
+-- figures come next) may have reached the server after it. Both are kept
+-- in ``conf`` (``newest``, ``since``: lease ids, one a line) between steps,
+-- loaded by the step (``load_seen``), written back if they changed.
+local newest = false
+local since = {}
+local seen_moved = false
+local function load_seen(text, flag)
+  if text then
+    for id in string.gmatch(text, '[^\n]+') do since[#since + 1] = id end
+  end
+  newest = flag == '1'
+end
+-- Everything a lease leaves behind, once it is given back or expired.
+-- A step tells which of their keys may hold anything (``keeps``): grant
+-- numbers only during a streak, charges and unanswered leases only with a
+-- budget, the leases in use only with an adaptive limit (each is emptied
+-- when that ends); other scripts forget everything.
+local keeps = {grantno = true, budget = true, inuse = true}
+local function forget_lease(id, inuse_done)
+  if keeps.grantno then redis.call('HDEL', grantno, id) end
+  if keeps.budget then
+    redis.call('HDEL', charge, id)
+    redis.call('ZREM', unans, id)
+  end
+  if keeps.inuse and not inuse_done then redis.call('SREM', inuse, id) end
+  for k = 1, #since do
+    if since[k] == id then
+      table.remove(since, k)
+      seen_moved = true
+      break
+    end
+  end
+end
+local function see(id, answer)
+  local number = redis.call('ZSCORE', unans, id)
+  if not number then return end
+  redis.call('ZREM', unans, id)
+  since[#since + 1] = id
+  seen_moved = true
+  number = tonumber(number)
+  newest = answer and number > tonumber(redis.call('HGET', conf, 'seen_l') or '-1')
+  if number > tonumber(redis.call('HGET', conf, 'seen') or '-1') then
+    redis.call('HSET', conf, 'seen', number)
+  end
+end
+local function prune()
+  local pruned = 0
+  local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', now)
+  if #gone > 0 then
+    for _, id in ipairs(gone) do forget_lease(id) end
+    pruned = pruned + redis.call('ZREMRANGEBYSCORE', leases, '-inf', now)
+  end
+  gone = redis.call('ZRANGEBYSCORE', qexp, '-inf', now)
+  if #gone > 0 then
+    for _, m in ipairs(gone) do
+      redis.call('ZREM', queue, m)
+      redis.call('HDEL', qcost, m)
+    end
+    pruned = pruned + redis.call('ZREMRANGEBYSCORE', qexp, '-inf', now)
+  end
+  gone = redis.call('ZRANGEBYSCORE', nodes, '-inf', now)
+  if #gone > 0 then
+    for _, n in ipairs(gone) do redis.call('HDEL', nwait, n) end
+    redis.call('ZREMRANGEBYSCORE', nodes, '-inf', now)
+  end
+  return pruned
+end
+local function paused_for()
+  local u = stored(redis.call('HGET', conf, 'pause_until'), 0)
+  if u > now then return u - now end
+  if u > 0 then redis.call('HDEL', conf, 'pause_until') end
+  return 0
+end
+-- A bucket's level and own count stay within [-capacity, capacity] (as
+-- Bucket.level).
+local function settle(b)
+  if b then
+    b.lvl = math.max(-b.cap, math.min(b.cap, b.lvl))
+    b.own = math.max(-b.cap, math.min(b.cap, b.own))
+  end
+end
+-- ``v`` less a charge of ``amount``: down to 0 at most (one request's
+-- charge is at most the capacity, so no estimate or usage report makes a
+-- budget wait longer than one full refill); a negative one gives back, up
+-- to the capacity. As budgets' ``charged``.
+local function charged(v, amount, cap)
+  if amount > 0 then return math.max(math.min(v, 0), v - amount) end
+  return math.min(cap, v - amount)
+end
+-- Charge a bucket's level and its own count, as Bucket.take.
+local function take(b, amount)
+  b.lvl = charged(b.lvl, amount, b.cap)
+  b.own = charged(b.own, amount, b.cap)
+end
+-- A budget's bucket from its stored fields (capacity, refill per ms, level,
+-- server time of the level, configured or learned, and a configured
+-- budget's own count, which figures never move), refilled up to now;
+-- ``nil`` if its capacity is not a usable number. A stored value out of
+-- range is repaired: a rate that is not positive becomes the capacity a
+-- minute, a level (or own count) outside [-capacity, capacity] is brought
+-- back within, a time ahead of now becomes now.
+local function load_bucket(cap, rate, lvl, at, cfg, own)
+  local b = {cap = stored(cap, 0), rate = stored(rate, 0), lvl = stored(lvl, 0),
+    at = stored(at, now), cfg = cfg == '1'}
+  if b.cap <= 0 then return nil end
+  if b.rate <= 0 then b.rate = b.cap / 60000 end
+  b.own = stored(own, b.lvl)
+  settle(b)
+  if b.at > now then b.at = now end
+  if now > b.at then
+    if b.lvl < b.cap then b.lvl = math.min(b.cap, b.lvl + b.rate * (now - b.at)) end
+    if b.own < b.cap then b.own = math.min(b.cap, b.own + b.rate * (now - b.at)) end
+    b.at = now
+  end
+  return b
+end
+-- Bookkeeping expires once idle: the keys of leases, entries and
+-- processes (and of what each of them left) at the latest expiry of a live
+-- process, which every lease and entry of that process shares, or at
+-- ``floor`` if that is later. ``conf`` persists while it holds a limit or
+-- a configured budget (``kept``), else it goes with the rest, or at the
+-- end of its pause.
+local function expire_idle(floor, kept, pause_until, present)
+  local last = redis.call('ZREVRANGE', nodes, 0, 0, 'WITHSCORES')[2]
+  local at = math.max(floor, stored(last, 0))
+  local when = whole(at)
+  -- ``present``: the keys that may exist (a step knows; a key it leaves
+  -- out is empty), else all of them.
+  for _, k in ipairs(present or {leases, queue, qexp, nodes, nwait, grantno, qcost,
+      charge, unans, inuse}) do
+    redis.call('PEXPIREAT', k, when)
+  end
+  if kept == nil then
+    local c = redis.call('HMGET', conf, 'limit', 'r_cfg', 't_cfg', 'pause_until')
+    kept = c[1] ~= false or c[2] == '1' or c[3] == '1'
+    pause_until = c[4]
+  end
+  if not kept then
+    redis.call('PEXPIREAT', conf, whole(math.max(at, stored(pause_until, 0))))
+  end
+end
+-- The stored limit, or false if there is none or it is damaged (not 'none'
+-- nor a positive count): then it is dropped, for the next limit sent to
+-- replace it.
+local function stored_limit(limit)
+  if limit and limit ~= 'none' and not string.match(limit, '^[1-9]%d*$') then
+    redis.call('HDEL', conf, 'limit')
+    return false
+  end
+  return limit
+end
+-- A limit as a process sends it: 'none', 'N', or 'N,minimum,maximum,backoff'
+-- for an adaptive limit starting at N. Stores it (``conf`` then persists);
+-- returns the limit.
+local function store_limit(spec)
+  redis.call('PERSIST', conf)
+  local value, low, high, backoff = string.match(spec, '^(%d+),(%d+),(%d+),(.+)$')
+  if value then
+    redis.call('HSET', conf, 'limit', value, 'a_min', low, 'a_max', high,
+      'a_backoff', backoff, 'a_val', value, 'a_slow', 1)
+    -- A new limit: no slot held now was granted with it in use.
+    redis.call('DEL', inuse)
+    return value
+  end
+  redis.call('DEL', inuse)
+  redis.call('HSET', conf, 'limit', spec)
+  redis.call('HDEL', conf, 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow')
+  return spec
+end

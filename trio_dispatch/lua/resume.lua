@@ -1,0 +1,8 @@
+-- End the pause and the backoff streak (Ledger.resume). ARGV, as
+-- ResumeArgs.pack lays it out: channel.
+redis.call('HDEL', conf, 'pause_until')
+redis.call('HSET', conf, 'streak', 0)
+redis.call('DEL', grantno)
+expire_idle(now)
+redis.call('PUBLISH', ARGV[1], 'wake')
+return 0

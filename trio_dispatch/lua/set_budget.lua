@@ -1,0 +1,31 @@
+-- Store the fleet's configured budgets (Ledger.set_budget). ARGV, as
+-- SetBudgetArgs.pack lays it out: requests per minute, tokens per minute
+-- (each empty: none configured), channel. A configured budget replaces the
+-- stored one of its kind, its level kept (at most the new capacity); none
+-- configured turns a configured budget of that kind into a learned one
+-- (which learning refills from the next figures), and leaves a learned one
+-- alone.
+for j, k in ipairs({'r', 't'}) do
+  local per_minute = tonumber(ARGV[j])
+  local c = redis.call('HMGET', conf, k .. '_cap', k .. '_rate', k .. '_lvl',
+    k .. '_at', k .. '_cfg')
+  if per_minute then
+    local lvl = per_minute
+    local b = c[1] and load_bucket(c[1], c[2], c[3], c[4], c[5])
+    if b then lvl = math.max(-per_minute, math.min(b.lvl, per_minute)) end
+    redis.call('HSET', conf, k .. '_cap', num(per_minute), k .. '_rate',
+      num(per_minute / 60000), k .. '_lvl', num(lvl), k .. '_at', now, k .. '_cfg', 1,
+      k .. '_own', num(lvl))
+  elseif c[5] == '1' then
+    redis.call('HDEL', conf, k .. '_cap', k .. '_rate', k .. '_lvl', k .. '_at',
+      k .. '_cfg', k .. '_own')
+  end
+end
+-- No budget left: nothing keeps the charges and unanswered leases (a step
+-- forgets them only while a budget is there).
+local left = redis.call('HMGET', conf, 'r_cap', 't_cap')
+if not left[1] and not left[2] then redis.call('DEL', charge, unans) end
+redis.call('PERSIST', conf)
+expire_idle(now)
+redis.call('PUBLISH', ARGV[3], 'wake')
+return 0
