@@ -16,8 +16,9 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
     from ._provider import Provider
-    from .actors._dispatcher import Dispatcher, DispatcherStatistics
+    from .actors._dispatcher import Dispatcher
     from .actors._observe import DispatchEvent
+    from .actors._statistics import DispatcherStatistics
     from .messages import Usage
 
 __all__ = ["DURATION_BUCKETS", "TOKEN_BUCKETS", "OpenTelemetryMetrics"]

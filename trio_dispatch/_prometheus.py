@@ -21,8 +21,9 @@ if TYPE_CHECKING:
 
     from prometheus_client.metrics_core import Metric
 
-    from .actors._dispatcher import Dispatcher, DispatcherStatistics
+    from .actors._dispatcher import Dispatcher
     from .actors._observe import DispatchEvent
+    from .actors._statistics import DispatcherStatistics
 
 __all__ = ["DEFAULT_WAIT_BUCKETS", "PrometheusCollector"]
 

@@ -31,7 +31,7 @@ from ._budgets import Throttle as Throttle
 from ._policy import PolicyStatistics as PolicyStatistics
 from ._policy import SlotPolicy as SlotPolicy
 from ._util import fixup_module_metadata
-from .actors._dispatcher import open_dispatcher_with as open_dispatcher_with
+from .actors._open import open_dispatcher_with as open_dispatcher_with
 from .actors._scheduler import SchedulerActor as SchedulerActor
 from .actors._tools import check_arguments as check_arguments
 from .messages._scheduling import Acquire as Acquire
