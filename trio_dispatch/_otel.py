@@ -153,8 +153,8 @@ class OpenTelemetryMetrics:
             meter.create_observable_gauge(
                 name, [self._gauge(read)], unit=unit, description=description
             )
-        dispatcher._call_observers = (*dispatcher._call_observers, self)
-        dispatcher._hub.attach(self)
+        dispatcher.observe_calls(self)
+        dispatcher.observe_events(self)
 
     def __repr__(self) -> str:
         return f"<OpenTelemetryMetrics {self._dispatcher!r}>"

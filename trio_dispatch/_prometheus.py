@@ -126,7 +126,7 @@ class PrometheusCollector(Collector):
         self._dispatcher = dispatcher
         self._token = trio.lowlevel.current_trio_token()
         self._accumulator = _Accumulator(bounds)
-        dispatcher._hub.attach(self._accumulator)
+        dispatcher.observe_events(self._accumulator)
 
     def __repr__(self) -> str:
         return f"<PrometheusCollector {self._dispatcher!r}>"

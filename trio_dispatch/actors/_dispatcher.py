@@ -41,6 +41,7 @@ from ._observe import (
     CallWatch,
     DispatchEvent,
     EventHub,
+    EventSink,
     EventSubscription,
     RateLimitsReceived,
 )
@@ -543,6 +544,38 @@ class Dispatcher(metaclass=NoPublicConstructor):
         """
         check_limit(buffer, "buffer")
         return EventSubscription._create(self._hub, buffer)
+
+    def observe_events(self, sink: EventSink) -> None:
+        """Hand every event of every provider to ``sink``, from now on, as it happens.
+
+        Plumbing for metrics (``trio_dispatch.metrics``,
+        ``trio_dispatch.otel``): ``sink.push(event)`` is called in the
+        scheduler's task for each event ``events()`` would yield, without
+        a buffer, so it must neither block nor raise; ``sink.close()`` is
+        called once when the dispatcher closes (at once if it has).
+
+        Raises:
+            TypeError: ``sink`` has no ``push`` or no ``close`` method.
+        """
+        for method in ("push", "close"):
+            if not callable(getattr(sink, method, None)):
+                raise TypeError(f"sink must have a {method} method, got {sink!r}")
+        self._hub.attach(sink)
+
+    def observe_calls(self, observer: CallObserver) -> None:
+        """Tell ``observer`` of every LLM call made through this dispatcher, from now on.
+
+        Plumbing for metrics (``trio_dispatch.otel``): each call made
+        through ``wrap_provider`` or a conversation ends with
+        ``observer.call_ended(provider, duration, usage, error)``, in the
+        caller's task; it must neither block nor raise.
+
+        Raises:
+            TypeError: ``observer`` has no ``call_ended`` method.
+        """
+        if not callable(getattr(observer, "call_ended", None)):
+            raise TypeError(f"observer must have a call_ended method, got {observer!r}")
+        self._call_observers = (*self._call_observers, observer)
 
     def _emit(self, event: DispatchEvent) -> None:
         """Hand ``event`` to the subscribers, if any; never blocks."""
