@@ -145,9 +145,33 @@ INTEGRATIONS = (
 )
 
 
-def test_the_dispatcher_core_imports_nothing_built_on_it() -> None:
-    imported = ALL_IMPORTS["trio_dispatch.actors._dispatcher"]
+# The dispatcher core, split by concern: the Dispatcher, its slots, its
+# settings, its snapshot, and open_dispatcher.
+CORE = (
+    "trio_dispatch.actors._dispatcher",
+    "trio_dispatch.actors._open",
+    "trio_dispatch.actors._settings",
+    "trio_dispatch.actors._slot",
+    "trio_dispatch.actors._statistics",
+)
+
+
+def test_the_core_modules_exist() -> None:
+    assert set(CORE) <= NAMES
+
+
+@pytest.mark.parametrize("module", CORE)
+def test_the_dispatcher_core_imports_nothing_built_on_it(module: str) -> None:
+    imported = ALL_IMPORTS[module]
     assert not imported & set(INTEGRATIONS), imported & set(INTEGRATIONS)
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["trio_dispatch.actors._slot", "trio_dispatch.actors._statistics"],
+)
+def test_slots_and_statistics_import_nothing_of_the_dispatchers(module: str) -> None:
+    assert not ALL_IMPORTS[module] & (set(CORE) - {module})
 
 
 @pytest.mark.parametrize(
@@ -161,6 +185,7 @@ def test_the_dispatcher_core_imports_nothing_built_on_it() -> None:
 )
 def test_the_redis_backend_imports_nothing_of_the_dispatchers(module: str) -> None:
     assert "trio_dispatch.actors._dispatcher" not in ALL_IMPORTS[module]
+    assert not ALL_IMPORTS[module] & set(CORE)
     assert not ALL_IMPORTS[module] & set(INTEGRATIONS)
 
 

@@ -39,8 +39,6 @@ from ._version import __version__ as __version__
 from .actors._compaction import SUMMARY_PREFIX as SUMMARY_PREFIX
 from .actors._conversation import Conversation as Conversation
 from .actors._conversation import TurnStream as TurnStream
-from .actors._dispatcher import DispatcherStatistics as DispatcherStatistics
-from .actors._dispatcher import Slot as Slot
 from .actors._events import Retrying as Retrying
 from .actors._events import ToolResult as ToolResult
 from .actors._events import TurnEvent as TurnEvent
@@ -52,6 +50,8 @@ from .actors._history import dump_history as dump_history
 from .actors._history import load_history as load_history
 from .actors._limited import wrap_provider as wrap_provider
 from .actors._options import ConversationOptions as ConversationOptions
+from .actors._slot import Slot as Slot
+from .actors._statistics import DispatcherStatistics as DispatcherStatistics
 from .actors._tools import Tool as Tool
 from .actors._turn_parts import ConversationStatistics as ConversationStatistics
 from .messages._chat import RequestOptions as RequestOptions

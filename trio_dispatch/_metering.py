@@ -33,7 +33,8 @@ from .messages._stream import Usage
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping
 
-    from .actors._dispatcher import Dispatcher, ModelCall, Slot
+    from .actors._dispatcher import Dispatcher
+    from .actors._slot import ModelCall, Slot
     from .messages import ChatRequest, StreamEvent
 
 

@@ -16,8 +16,9 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
     from ._provider import Provider
-    from .actors._dispatcher import Dispatcher, DispatcherStatistics
+    from .actors._dispatcher import Dispatcher
     from .actors._observe import DispatchEvent
+    from .actors._statistics import DispatcherStatistics
     from .messages import Usage
 
 __all__ = ["DURATION_BUCKETS", "TOKEN_BUCKETS", "OpenTelemetryMetrics"]
@@ -152,8 +153,8 @@ class OpenTelemetryMetrics:
             meter.create_observable_gauge(
                 name, [self._gauge(read)], unit=unit, description=description
             )
-        dispatcher._call_observers = (*dispatcher._call_observers, self)
-        dispatcher._hub.attach(self)
+        dispatcher.observe_calls(self)
+        dispatcher.observe_events(self)
 
     def __repr__(self) -> str:
         return f"<OpenTelemetryMetrics {self._dispatcher!r}>"

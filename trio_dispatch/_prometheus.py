@@ -21,8 +21,9 @@ if TYPE_CHECKING:
 
     from prometheus_client.metrics_core import Metric
 
-    from .actors._dispatcher import Dispatcher, DispatcherStatistics
+    from .actors._dispatcher import Dispatcher
     from .actors._observe import DispatchEvent
+    from .actors._statistics import DispatcherStatistics
 
 __all__ = ["DEFAULT_WAIT_BUCKETS", "PrometheusCollector"]
 
@@ -125,7 +126,7 @@ class PrometheusCollector(Collector):
         self._dispatcher = dispatcher
         self._token = trio.lowlevel.current_trio_token()
         self._accumulator = _Accumulator(bounds)
-        dispatcher._hub.attach(self._accumulator)
+        dispatcher.observe_events(self._accumulator)
 
     def __repr__(self) -> str:
         return f"<PrometheusCollector {self._dispatcher!r}>"

@@ -23,6 +23,9 @@ minor versions. An application needs none of them; ``trio_dispatch``,
   dispatcher whose providers each get the backend ``new_backend(provider)``
   returns: a third backend needs only the names here and
   ``trio_dispatch.ProviderStatistics``.
+- What metrics observe: an ``EventSink`` (``Dispatcher.observe_events``)
+  is handed every event as it happens, a ``CallObserver``
+  (``Dispatcher.observe_calls``) is told of every LLM call's end.
 - Tool arguments checked against their JSON schema: ``check_arguments``.
 """
 
@@ -31,7 +34,9 @@ from ._budgets import Throttle as Throttle
 from ._policy import PolicyStatistics as PolicyStatistics
 from ._policy import SlotPolicy as SlotPolicy
 from ._util import fixup_module_metadata
-from .actors._dispatcher import open_dispatcher_with as open_dispatcher_with
+from .actors._observe import CallObserver as CallObserver
+from .actors._observe import EventSink as EventSink
+from .actors._open import open_dispatcher_with as open_dispatcher_with
 from .actors._scheduler import SchedulerActor as SchedulerActor
 from .actors._tools import check_arguments as check_arguments
 from .messages._scheduling import Acquire as Acquire
@@ -54,7 +59,9 @@ __all__ = [
     "Adapt",
     "Answered",
     "Backend",
+    "CallObserver",
     "Cancel",
+    "EventSink",
     "Grant",
     "ObserveRateLimits",
     "Pause",

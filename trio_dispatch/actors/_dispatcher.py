@@ -1,73 +1,53 @@
-"""The dispatcher: per-provider schedulers under one nursery, and slots.
+"""The dispatcher core: one backend per provider under one nursery.
 
-``open_dispatcher`` owns a nursery holding one ``SchedulerActor`` per
-limited provider. ``Dispatcher.slot`` is the requester's side of the
-protocol: an async context manager that sends ``Acquire``, parks its task
-until the scheduler answers, and sends ``Release`` on the way out, whatever
-way that is. Sending never blocks, so giving a slot back needs no shield.
-
-The requester parks with ``wait_task_rescheduled`` rather than on an
-``Event``: the reply is the ``Slot`` itself, which holds its task, so a
-waiting request costs one small object and nothing else. Its abort function
-(run by trio when the waiting task is cancelled) marks it abandoned and
-sends ``Cancel``; a grant that reaches an abandoned slot is ignored, and
-that ``Cancel`` gives it back.
+``open_dispatcher`` owns a nursery holding the backend of each provider
+limited or used (the local ``SchedulerActor``, or the Redis-shared
+scheduler); the ``Dispatcher`` talks to each through the ``Backend``
+protocol only, never asking which it has. Its slots (``_slot``) are the
+requester's side; its settings and their checks live in ``_settings``,
+its snapshot in ``_statistics``. The core imports nothing built on it:
+the integrations and the front ``Dispatcher`` users get sit above it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
-import enum
 import logging
 import math
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, Self, final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
-import attrs
 import trio
 
-from .._budgets import (
-    AdaptiveLimit,
-    Throttle,
-    check_budgets,
-    check_limit_mapping,
-    check_limit_value,
-)
-from .._exceptions import DispatcherClosed, SlotHoldTimeout, lease_lost
+from .._budgets import AdaptiveLimit, Throttle, check_limit_value
+from .._exceptions import DispatcherClosed
 from .._groups import leaves
 from .._policy import SlotPolicy
 from .._ratelimits import RateLimitInfo
 from .._turn import CURRENT_TURN, Turn, TurnScope
-from .._util import NoPublicConstructor, raise_if_extra_missing
+from .._util import NoPublicConstructor
 from .._validation import (
     check_count,
     check_instant,
     check_limit,
-    check_max_waiting,
-    check_namespace,
     check_optional_seconds,
-    check_pauses,
-    check_positive_seconds,
     check_priority,
     check_provider,
-    check_redis_url,
-    redact_url,
 )
 from ..messages._limits import DEFAULT_MAX_TOKENS
-from ..messages._scheduling import (
-    Grant,
-    Ticket,
-)
 from ._observe import (
     CallObserver,
     CallWatch,
     DispatchEvent,
     EventHub,
+    EventSink,
     EventSubscription,
     RateLimitsReceived,
 )
 from ._scheduler import SchedulerActor
+from ._slot import ModelCall, Slot, SlotHost, acquire_unscoped
+from ._statistics import DispatcherStatistics
 
 if TYPE_CHECKING:
     from collections.abc import (
@@ -77,485 +57,14 @@ if TYPE_CHECKING:
         Iterable,
         Mapping,
     )
-    from types import TracebackType
 
-    from .._backend import Backend, ProviderStatistics
-    from .._budgets import Budget
+    from .._backend import Backend
     from .._provider import Provider
-    from ..messages._scheduling import Grant, Ticket
+    from ._settings import Settings
 
 _logger = logging.getLogger("trio_dispatch")
 
-_UnknownProviders = Literal["allow", "warn", "error"]
-_UNKNOWN_PROVIDERS: Final[tuple[_UnknownProviders, ...]] = ("allow", "warn", "error")
-
-
-@final
-@attrs.frozen
-class DispatcherStatistics:
-    """A snapshot of a dispatcher: one entry per provider limited or used."""
-
-    providers: Mapping[str, ProviderStatistics]
-    closed: bool
-
-
-class _State(enum.Enum):
-    NEW = "new"
-    WAITING = "waiting"
-    HOLDING = "holding"
-    ABANDONED = "abandoned"
-    DONE = "done"
-
-
-_NEW: Final = _State.NEW
-_WAITING: Final = _State.WAITING
-_HOLDING: Final = _State.HOLDING
-_ABANDONED: Final = _State.ABANDONED
-_DONE: Final = _State.DONE
-
-
-@final
-class Slot(metaclass=NoPublicConstructor):
-    """One request for a provider slot: ``async with dispatcher.slot(...)``.
-
-    Entering waits for the provider's scheduler to grant a slot (oldest
-    ``started_at`` first); leaving gives it back, on success, error,
-    cancellation or ``SlotHoldTimeout`` alike. If entering raises, nothing
-    is held. A slot is entered once.
-
-    A slot is left by the task that entered it. Its ``max_hold`` timer is a
-    cancel scope of that task, which trio lets only that task close, so a
-    slot cannot move to another task, with ``max_hold`` or without (both
-    behave the same): leaving it from another task gives the slot back
-    there and then, and raises ``RuntimeError``. The entering task's timer
-    is disarmed then, and is closed when that task leaves the slot too.
-
-    Attributes:
-        provider: The provider asked for.
-        conversation_id: Who asked: the conversation's id, or what the caller
-            passed; it travels with the request to the scheduler.
-        started_at: When the request's turn began: its place in line within
-            its priority class.
-        priority: The request's priority class; higher goes first (see
-            ``open_dispatcher``'s ``priority_aging``).
-        tokens: The request's estimated tokens, charged to the provider's
-            token budget when the slot is granted (0: none).
-        ticket: The scheduler's ticket, once entered.
-        granted_at: When the slot was granted (trio clock), once entered.
-    """
-
-    __slots__ = (
-        "_actor",
-        "_dispatcher",
-        "_error",
-        "_hold",
-        "_lease_deadline",
-        "_max_hold",
-        "_on_lease",
-        "_state",
-        "_task",
-        "conversation_id",
-        "granted_at",
-        "priority",
-        "provider",
-        "started_at",
-        "ticket",
-        "tokens",
-    )
-
-    def __init__(  # noqa: PLR0917  # made only by slot(), positionally: the hot path
-        self,
-        dispatcher: Dispatcher,
-        provider: str,
-        conversation_id: str | None,
-        started_at: float,
-        priority: int,
-        max_hold: float | None,
-        *,
-        tokens: int = 0,
-    ) -> None:
-        self._dispatcher = dispatcher
-        self.tokens = tokens
-        self.provider = provider
-        self.conversation_id = conversation_id
-        self.started_at = started_at
-        self.priority = priority
-        self._max_hold = max_hold
-        self._state = _NEW
-        self._actor: Backend | None = None
-        self._task: trio.lowlevel.Task | None = None
-        self._error: Exception | None = None
-        self._hold: trio.CancelScope | None = None
-        # Set by a shared scheduler: when the slot's lease may run out; and
-        # who else wants to know (a transport's hold, which has no scope).
-        self._lease_deadline: float | None = None
-        self._on_lease: Callable[[float], None] | None = None
-        self.ticket: Ticket | None = None
-        self.granted_at: float | None = None
-
-    def __repr__(self) -> str:
-        return (
-            f"<Slot provider={self.provider!r} conversation_id={self.conversation_id!r}"
-            f" started_at={self.started_at} priority={self.priority}"
-            f" state={self._state.value}>"
-        )
-
-    @property
-    def held(self) -> bool:
-        """Whether this request holds its slot now."""
-        return self._state is _HOLDING
-
-    # KeyboardInterrupt is held back to the park point in the methods that
-    # change the slot's state and message the scheduler together, as in
-    # trio's own primitives: a KI between an Acquire and the state that
-    # expects its answer would leak the slot.
-    @trio.lowlevel.enable_ki_protection
-    async def __aenter__(self) -> Self:
-        await self._acquire()
-        # _task stays set: the task that must leave the slot.
-        if self._lease_deadline is not None or (
-            self._max_hold is not None and self.provider in self._dispatcher._limits
-        ):
-            hold = trio.CancelScope(deadline=self._deadline())
-            hold.__enter__()
-            self._hold = hold
-        return self
-
-    @trio.lowlevel.enable_ki_protection
-    async def _acquire(self) -> None:
-        """Wait for the grant; no timer yet (``__aenter__`` arms it)."""
-        if self._state is not _NEW:
-            raise RuntimeError("a slot can be entered only once")
-        dispatcher = self._dispatcher
-        if dispatcher._closed:
-            self._state = _DONE
-            raise DispatcherClosed("the dispatcher is closed")
-        # An already cancelled caller sends nothing, not an Acquire and a
-        # Cancel: a grant that nobody uses would still show in statistics.
-        await trio.lowlevel.checkpoint_if_cancelled()
-        # The running backend, without a call in the common case.
-        actor = dispatcher._actors.get(self.provider) or dispatcher._scheduler(
-            self.provider
-        )
-        priority = self.priority
-        # The rank of Ticket: the turn's start less the class's credit. In
-        # class 0, the common case, the start itself: no float to make.
-        ticket = actor.ticket(
-            self.started_at - priority * dispatcher._settings.priority_aging
-            if priority
-            else self.started_at,
-            priority,
-        )
-        self._actor = actor
-        self.ticket = ticket
-        self._state = _WAITING
-        try:
-            # The backend may answer before this returns, in this task
-            # (_grant or _fail find no task parked then).
-            actor.acquire(ticket, self, self.conversation_id, self.tokens)
-        except trio.ClosedResourceError:
-            self._state = _DONE
-            self._actor = None
-            raise DispatcherClosed("the dispatcher is closed") from None
-        self._task = trio.lowlevel.current_task()
-        if self._state is _WAITING:
-            await trio.lowlevel.wait_task_rescheduled(self._abort)
-            if self.held:  # the answer changed the state
-                # Granted, but cancelled before it could run: the grant
-                # goes back unused, as if the cancellation had come first.
-                try:
-                    await trio.lowlevel.checkpoint_if_cancelled()
-                except BaseException:
-                    self._give_back()
-                    raise
-        else:
-            # Answered at once: still a checkpoint, as if it had waited. A
-            # cancellation (or KeyboardInterrupt) met there gives the grant
-            # back, as it would have while waiting.
-            try:
-                await trio.lowlevel.checkpoint()
-            except BaseException:
-                self._give_back()
-                raise
-        if self._error is not None:
-            self._task = None
-            error, self._error = self._error, None
-            raise error
-
-    def _max_hold_deadline(self) -> float:
-        if self._max_hold is None or self.provider not in self._dispatcher._limits:
-            return math.inf
-        assert self.granted_at is not None
-        return self.granted_at + self._max_hold
-
-    def _deadline(self) -> float:
-        lease = math.inf if self._lease_deadline is None else self._lease_deadline
-        return min(self._max_hold_deadline(), lease)
-
-    @trio.lowlevel.enable_ki_protection
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        hold = self._hold
-        task = self._task
-        if task is not None and task is not trio.lowlevel.current_task():
-            # Only the entering task may close its timer's cancel scope:
-            # closing it here would corrupt trio's state in both tasks.
-            # Disarmed, it can no longer cancel what that task does next.
-            if hold is not None:
-                hold.deadline = math.inf
-            self._give_back()
-            raise RuntimeError("a slot must be left by the task that entered it")
-        self._task = None
-        try:
-            if hold is None:
-                return None
-            self._hold = None
-            swallowed = hold.__exit__(exc_type, exc, tb)
-            lease = self._lease_deadline
-            if (
-                hold.cancelled_caught
-                and lease is not None
-                and lease <= self._max_hold_deadline()
-            ):
-                raise lease_lost(self.provider, self._dispatcher._settings.lease)
-            if hold.cancelled_caught:
-                raise SlotHoldTimeout(
-                    f"slot held longer than max_hold={self._max_hold} seconds"
-                )
-            return swallowed
-        finally:
-            self._give_back()
-
-    def report_usage(self, tokens: int) -> None:
-        """Tell the scheduler how many tokens the request used, prompt and answer.
-
-        Its charge against the provider's token budget becomes ``tokens``:
-        what the estimate took too much is given back, what it took too
-        little is taken now. The latest report counts. Never blocks.
-
-        Raises:
-            RuntimeError: The slot is not held.
-        """
-        check_count(tokens, "tokens")
-        if self._state is not _HOLDING:
-            raise RuntimeError("usage can be reported only while the slot is held")
-        actor = self._actor
-        if actor is not None:
-            with contextlib.suppress(trio.ClosedResourceError):
-                # Closed: the scheduler is gone, with its budgets.
-                actor.report_usage(self.ticket, tokens)  # type: ignore[arg-type]  # set with _actor
-
-    def answered(self) -> None:
-        """The request's answer started: the provider has counted it.
-
-        Learned budgets count the requests whose answer has not started as
-        not yet seen by the provider (see ``observe_rate_limits``).
-        ``wrap_provider``, conversations and ``transport()`` say it by
-        themselves; an integration of one's own says it when the answer's
-        headers are in. Never blocks; nothing once the slot is given back.
-        """
-        actor = self._actor
-        if self._state is _HOLDING and actor is not None:
-            with contextlib.suppress(trio.ClosedResourceError):
-                # Closed: the scheduler is gone, with its budgets.
-                actor.answered(self.ticket)  # type: ignore[arg-type]  # set with _actor
-
-    def release(self) -> None:
-        """Give the slot back now, from any task; nothing if it is not held.
-
-        Plumbing for a slot taken with ``Dispatcher.hold()``: one entered
-        with ``async with`` is given back on leaving the block. Synchronous
-        and idempotent; never blocks.
-        """
-        self._give_back()
-
-    @property
-    def lease_deadline(self) -> float | None:
-        """Until when the slot's lease is sure to live (trio clock), with Redis.
-
-        ``None`` for a slot of a local dispatcher, which has no lease.
-        """
-        return self._lease_deadline
-
-    def follow_lease(self, callback: Callable[[float], None] | None) -> None:
-        """Call ``callback(deadline)`` at each renewal of the slot's lease.
-
-        Plumbing for a hold that enforces the lease without the slot's
-        cancel scope (``Dispatcher.hold()``); ``None`` stops it.
-        """
-        self._on_lease = callback
-
-    @trio.lowlevel.enable_ki_protection
-    def _give_back(self) -> None:
-        if self._state is not _HOLDING:
-            return
-        self._state = _DONE
-        if self._actor is not None:
-            # try/except, not contextlib.suppress: this runs once per slot,
-            # and the context manager would cost as much as the send.
-            try:
-                self._actor.release(self.ticket)  # type: ignore[arg-type]  # set with _actor
-            except trio.ClosedResourceError:
-                # Closed: the scheduler is gone, so there is nothing to give back to.
-                return
-
-    # Reply, called by the scheduler actor's task.
-
-    @trio.lowlevel.enable_ki_protection
-    def _grant(self, grant: Grant) -> None:
-        """Take the granted slot and wake the waiting task."""
-        if self._state is _WAITING:
-            self._state = _HOLDING
-            self.granted_at = grant.granted_at
-            task = self._task
-            if task is not None:  # None: granted inside acquire, not parked
-                trio.lowlevel.reschedule(task)
-
-    def _lease_until(self, deadline: float) -> None:
-        """The slot's lease is sure to live until ``deadline`` (trio clock).
-
-        Called by a shared scheduler, before the grant and at each renewal:
-        once it passes, the body is cancelled and ``LeaseLost`` raised.
-        """
-        self._lease_deadline = deadline
-        hold = self._hold
-        # Not once given back: a timer disarmed by a leave from another
-        # task stays disarmed.
-        if hold is not None and self._state is _HOLDING:
-            hold.deadline = self._deadline()
-        on_lease = self._on_lease
-        if on_lease is not None:
-            on_lease(deadline)
-
-    @trio.lowlevel.enable_ki_protection
-    def _fail(self, error: Exception) -> None:
-        """Wake the waiting task with ``error``; it holds nothing."""
-        if self._state is _WAITING:
-            self._state = _DONE
-            self._error = error
-            task = self._task
-            if task is not None:  # None: refused inside acquire, not parked
-                trio.lowlevel.reschedule(task)
-
-    @trio.lowlevel.enable_ki_protection
-    def _abort(self, _raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
-        # The waiting task is being cancelled: give up our place. A grant
-        # already on its way is ignored by grant() and released by Cancel.
-        self._state = _ABANDONED
-        self._task = None
-        with contextlib.suppress(trio.ClosedResourceError):
-            # Closed: the scheduler is gone and holds nothing for us.
-            self._actor.cancel(self.ticket)  # type: ignore[union-attr, arg-type]  # set before parking
-        return trio.lowlevel.Abort.SUCCEEDED
-
-
-@final
-class ModelCall(metaclass=NoPublicConstructor):
-    """A model call under way: its slot, and what the provider told by itself.
-
-    Made by ``Dispatcher.calling()``. ``observed``: the answer's rate-limit
-    figures reached the dispatcher through the provider's own callback;
-    ``reported``: its rate limit did. The integration tells what is not
-    told yet, once.
-
-    Attributes:
-        slot: The slot the call holds.
-        observed: The answer's figures were observed.
-        reported: The answer's rate limit was reported.
-    """
-
-    __slots__ = (
-        "_calls",
-        "_outer",
-        "_started",
-        "_task",
-        "observed",
-        "reported",
-        "slot",
-    )
-
-    def __init__(self, slot: Slot, calls: dict[trio.lowlevel.Task, ModelCall]) -> None:
-        self.slot = slot
-        self.observed = False
-        self.reported = False
-        self._started = False
-        self._calls = calls
-        self._task: trio.lowlevel.Task | None = None
-        self._outer: ModelCall | None = None
-
-    def __enter__(self) -> Self:
-        task = self._task = trio.lowlevel.current_task()
-        calls = self._calls
-        self._outer = calls.get(task)
-        calls[task] = self
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        task = self._task
-        assert task is not None
-        if self._outer is None:
-            del self._calls[task]
-        else:
-            self._calls[task] = self._outer
-
-    def answered(self) -> None:
-        """The call's answer started: its slot says so to the scheduler, once."""
-        if not self._started:
-            self._started = True
-            self.slot.answered()
-
-
-@attrs.frozen
-class _Settings:
-    """A dispatcher's settings, checked by ``open_dispatcher``."""
-
-    default_pause: float
-    max_pause: float
-    max_hold: float | None
-    max_waiting: int | None
-    unknown_providers: _UnknownProviders
-    # Its credentials never show in a repr.
-    redis_url: str | None = attrs.field(
-        default=None, repr=lambda url: repr(_shown(url))
-    )
-    namespace: str = "trio-dispatch"
-    lease: float = 15.0
-    priority_aging: float = 60.0
-    budgets: Mapping[str, Budget] = attrs.field(factory=dict)
-    learn_budgets: bool = True
-    # A backend for each provider, instead of the local scheduler: given by
-    # trio_dispatch.lowlevel.open_dispatcher_with.
-    new_backend: Callable[[str], Backend] | None = attrs.field(default=None, repr=False)
-
-
 _UNSET: Any = object()
-
-
-class _DefaultNamespace(str):
-    """The default ``namespace``: it shows as its value, and ``is`` tells it apart."""
-
-    __slots__ = ()
-
-
-class _DefaultLease(float):
-    """The default ``lease``: it shows as its value, and ``is`` tells it apart."""
-
-    __slots__ = ()
-
-
-# Given explicitly, even with these very values, namespace and lease need a
-# redis_url: either alone would be silently ignored.
-_DEFAULT_NAMESPACE: Final = _DefaultNamespace("trio-dispatch")
-_DEFAULT_LEASE: Final = _DefaultLease(15.0)
 _make: Final = type.__call__
 
 
@@ -594,6 +103,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         "_cleared",
         "_closed",
         "_closing",
+        "_host",
         "_hub",
         "_known",
         "_limits",
@@ -602,7 +112,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         "_settings",
     )
 
-    def __init__(self, nursery: trio.Nursery, settings: _Settings) -> None:
+    def __init__(self, nursery: trio.Nursery, settings: Settings) -> None:
         self._nursery = nursery
         self._settings = settings
         # The backend of every provider seen, and those whose task runs: a
@@ -630,6 +140,14 @@ class Dispatcher(metaclass=NoPublicConstructor):
         # is told of every LLM call (the OpenTelemetry metrics).
         self._hub = EventHub(settings.priority_aging)
         self._call_observers: tuple[CallObserver, ...] = ()
+        # What the slots read of this dispatcher: its own dicts, shared.
+        self._host = SlotHost(
+            self._actors,
+            self._limits,
+            self._scheduler,
+            settings.priority_aging,
+            settings.lease,
+        )
 
     @property
     def max_pause(self) -> float:
@@ -792,7 +310,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         # this is the hot path of every request.
         slot: Slot = _make(
             Slot,
-            self,
+            self._host,
             provider,
             conversation_id,
             started_at,
@@ -818,8 +336,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         slot = self.slot(provider, max_hold=None, tokens=tokens)
         # Granted without the timer's cancel scope, which only the entering
         # task could close (a lease deadline from Redis would arm one).
-        await slot._acquire()
-        slot._task = None
+        await acquire_unscoped(slot)
         max_hold = self._settings.max_hold
         if max_hold is None or provider not in self._limits:
             return slot, math.inf
@@ -1028,6 +545,38 @@ class Dispatcher(metaclass=NoPublicConstructor):
         check_limit(buffer, "buffer")
         return EventSubscription._create(self._hub, buffer)
 
+    def observe_events(self, sink: EventSink) -> None:
+        """Hand every event of every provider to ``sink``, from now on, as it happens.
+
+        Plumbing for metrics (``trio_dispatch.metrics``,
+        ``trio_dispatch.otel``): ``sink.push(event)`` is called in the
+        scheduler's task for each event ``events()`` would yield, without
+        a buffer, so it must neither block nor raise; ``sink.close()`` is
+        called once when the dispatcher closes (at once if it has).
+
+        Raises:
+            TypeError: ``sink`` has no ``push`` or no ``close`` method.
+        """
+        for method in ("push", "close"):
+            if not callable(getattr(sink, method, None)):
+                raise TypeError(f"sink must have a {method} method, got {sink!r}")
+        self._hub.attach(sink)
+
+    def observe_calls(self, observer: CallObserver) -> None:
+        """Tell ``observer`` of every LLM call made through this dispatcher, from now on.
+
+        Plumbing for metrics (``trio_dispatch.otel``): each call made
+        through ``wrap_provider`` or a conversation ends with
+        ``observer.call_ended(provider, duration, usage, error)``, in the
+        caller's task; it must neither block nor raise.
+
+        Raises:
+            TypeError: ``observer`` has no ``call_ended`` method.
+        """
+        if not callable(getattr(observer, "call_ended", None)):
+            raise TypeError(f"observer must have a call_ended method, got {observer!r}")
+        self._call_observers = (*self._call_observers, observer)
+
     def _emit(self, event: DispatchEvent) -> None:
         """Hand ``event`` to the subscribers, if any; never blocks."""
         hub = self._hub
@@ -1203,6 +752,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
 
     def _close(self) -> None:
         self._closed = True
+        self._host.closed = True
         if self._closing is not None:
             self._closing.set()
         for backend in self._backends.values():
@@ -1214,272 +764,11 @@ class Dispatcher(metaclass=NoPublicConstructor):
 Dispatcher._front = Dispatcher
 
 
-def open_dispatcher(
-    limits: Mapping[str, int | AdaptiveLimit] | None = None,
-    *,
-    budgets: Mapping[str, Budget] | None = None,
-    learn_budgets: bool = True,
-    default_pause: float = 1.0,
-    max_pause: float = 60.0,
-    max_hold: float | None = None,
-    max_waiting: int | None = None,
-    unknown_providers: _UnknownProviders = "warn",
-    redis_url: str | None = None,
-    namespace: str = _DEFAULT_NAMESPACE,
-    lease: float = _DEFAULT_LEASE,
-    priority_aging: float = 60.0,
-) -> contextlib.AbstractAsyncContextManager[Dispatcher]:
-    """Run a dispatcher for the duration of an ``async with`` block.
-
-    Arguments are checked here, at the call, before anything starts.
-
-    Args:
-        limits: Provider name to its concurrency limit: an int from 1 to
-            100000 (the one bound of every limit, the admin API's too), or
-            an ``AdaptiveLimit`` that finds its own value between its
-            bounds. Providers not named are unlimited until ``set_limit``.
-        budgets: Provider name to its ``Budget``: requests and tokens per
-            minute. A slot is granted when a slot is free and the budget
-            holds the request: 1 request and its estimated tokens (the
-            prompt's estimate plus ``max_tokens``, or the budget's
-            ``default_max_tokens``), charged at grant time and corrected
-            by the usage the answer reports. Grants stay oldest first: a
-            request waiting for its tokens holds back the younger ones
-            behind it, however small. Budgets apply to unlimited providers
-            too. With ``redis_url``, the budgets live in Redis for the
-            whole fleet, and a process's ``Budget`` replaces the fleet's
-            configured one of its kinds when it opens.
-        learn_budgets: Pace every provider by the rate-limit figures its
-            answers report (``Dispatcher.observe_rate_limits``), so that a
-            fleet that configured no budget stays below the provider's
-            limits; with a ``budgets`` entry, the figures only lower what
-            is left. ``False`` ignores the figures.
-        default_pause: Seconds a rate-limit report that names no
-            ``retry_after`` pauses a provider, the first time: consecutive
-            reports without a success between them double the pause, up to
-            ``max_pause``, and a success starts again from here (see
-            ``Dispatcher.report_rate_limit``). Non-negative, and at most
-            ``max_pause``, else ``ValueError``.
-        max_pause: The longest pause a rate-limit report causes, in seconds
-            (positive): a longer ``Retry-After`` is cut to it, as the
-            official OpenAI and Anthropic SDKs ignore server delays beyond
-            a minute or two. A conversation's backoff for an unlimited
-            provider honours ``Retry-After`` up to it as well.
-        max_hold: Seconds a slot may be held before its body is cancelled
-            and ``SlotHoldTimeout`` raised; ``None`` for no bound.
-        max_waiting: At most this many requests wait per provider; one more
-            gets ``QueueFull`` at once. ``None`` for no bound.
-        unknown_providers: What a slot of an unknown provider (one never
-            named in ``limits``, ``set_limit`` or ``remove_limit``, such as
-            a misspelt name) does: ``"allow"`` runs it unlimited quietly,
-            ``"warn"`` does too but logs one warning per name on the
-            ``"trio_dispatch"`` logger, naming the limited providers, and
-            ``"error"`` refuses it at once with ``ValueError`` at
-            ``dispatcher.slot()`` (and ``start_conversation``).
-        redis_url: Share the limits (adaptive ones too), the budgets, the
-            oldest-first order and the pauses with every process that uses the same Redis and ``namespace``
-            (``redis://[[user]:password@]host[:port][/db]``, ``rediss://``
-            for TLS, or ``unix://path``; a single server or any node of a
-            Redis Cluster); needs the ``redis`` extra (without it,
-            ``ModuleNotFoundError`` says which to install). Its credentials
-            (the userinfo, and query parameters such as ``password``) never
-            show in an error, a log line or a repr. A limit
-            in ``limits`` is stored only if the fleet has none stored for
-            that provider: a stored limit, written by ``set_limit`` or
-            ``remove_limit`` in any process, wins, and survives restarts.
-            ``None`` (the default) keeps everything in this process.
-        namespace: The prefix of every key in Redis: processes with the same
-            namespace share their limits. Not empty, and without ``:``,
-            ``{`` or ``}``. Only with ``redis_url``: given without it, even
-            as the default ``"trio-dispatch"``, it is a ``ValueError``.
-        lease: Seconds the slots and queued requests of a process that
-            vanished stay taken (positive, finite). Holders renew every
-            third of it; a holder whose lease went unrenewed this long is
-            stopped with ``LeaseLost`` (see below). Only with
-            ``redis_url``, as ``namespace``.
-        priority_aging: Seconds of turn age that make up for one priority
-            class (positive, finite). Requests go by class first (higher
-            first), then oldest turn, then arrival: a request of class ``p``
-            ranks as if its turn had started ``p * priority_aging`` seconds
-            earlier, and equal ranks go first come, first served. So a
-            lower class is never starved: a waiting request is passed only
-            by requests of its class or a lower one whose turns began
-            before its own, and by requests of a class ``k`` higher whose
-            turns began less than ``k * priority_aging`` seconds after its
-            own, finitely many. A class's lead is that time credit and no
-            more: when waits grow far beyond it (sustained overload) the
-            classes mix, oldest turn first; set it above the waits a higher
-            class should be spared.
-
-    Raises:
-        BackendUnavailable: ``redis_url`` cannot be reached (on entering).
-        LeaseLost: From a slot of a limited provider (on leaving it), if its
-            lease in Redis went ``lease`` seconds without renewal.
-
-    When the block ends, the schedulers stop: every request still waiting,
-    wherever its task lives, and every later ``slot`` gets
-    ``DispatcherClosed``. Slots held outside the block stay usable; giving
-    them back does nothing. An exception from the block comes out as itself.
-
-    With ``redis_url``, every provider, named or not, is scheduled through
-    Redis (an unknown one runs unlimited until the fleet stores a limit
-    for it), and:
-
-    * the oldest turn of the whole fleet goes first, by the same rank as
-      in one process (the turn's start less its class's credit; the fleet
-      should share one ``priority_aging``): ranks are compared on the wall
-      clock, so across hosts the order is as good as
-      their clocks agree (NTP: a few milliseconds); each process publishes
-      only its own oldest waiters, at most the limit, so a younger waiter
-      of another process can pass an older one that is not published yet
-      for the time of one exchange with Redis;
-    * a rate-limit report pauses the provider for the fleet, on the Redis
-      server's clock, with the backoff of ``report_rate_limit`` kept
-      fleet-wide (a round opens when any process was granted a slot since
-      the previous report; a success anywhere ends the streak);
-    * budgets and adaptive limits are the fleet's too: a provider has one
-      request bucket and one token bucket in Redis, refilled on the Redis
-      server's clock and charged by every grant of every process; a
-      ``Budget`` given to any process configures them (the latest process
-      to open with one wins), and the rate-limit figures any process
-      observes teach them. An ``AdaptiveLimit`` is stored like any limit,
-      and its value rises with successes and falls with rounds of
-      rate-limit reports anywhere in the fleet;
-    * while Redis cannot be reached nothing new is granted (there is no
-      local fallback: the ledger alone knows what the fleet holds);
-      holders keep their slots, waiters keep waiting (their own deadlines
-      apply), ``statistics()`` shows ``backend_up=False``, and the
-      schedulers reconnect with a growing delay (at most a second, and
-      a sixth of ``lease``);
-    * if Redis restarts empty, each holder registers its slot again at its
-      process's next exchange with Redis (at once after a failed one, else
-      within a third of ``lease``): until then the fleet may be granted up
-      to one limit too many, never more;
-    * a process that vanishes holds its slots and its queued requests for
-      at most ``lease`` seconds;
-    * a process cut off from Redis (a partition, a loop blocked) keeps its
-      slots only while their leases are sure to live: once ``lease``
-      seconds have passed since the start of the last exchange that
-      granted or renewed a slot of a limited provider, the body holding it
-      is cancelled, and leaving the slot raises ``LeaseLost`` (the slot is
-      given back), so that this process stops before the fleet may grant
-      that slot again. An outage that ends within half a lease costs
-      holders nothing (renewals come every third of ``lease``, retries at
-      least every sixth): their leases are renewed at the first exchange
-      that reaches Redis.
-      The bound is kept on the process's clock against the Redis server's,
-      so it assumes they run at the same rate (not that they agree).
-    """
-    checked, settings = _checked_settings(
-        limits,
-        budgets=budgets,
-        learn_budgets=learn_budgets,
-        default_pause=default_pause,
-        max_pause=max_pause,
-        max_hold=max_hold,
-        max_waiting=max_waiting,
-        unknown_providers=unknown_providers,
-        redis_url=redis_url,
-        namespace=namespace,
-        lease=lease,
-        priority_aging=priority_aging,
-    )
-    return _run_dispatcher(checked, settings)
-
-
-def open_dispatcher_with(
-    new_backend: Callable[[str], Backend],
-    limits: Mapping[str, int | AdaptiveLimit] | None = None,
-    **options: Any,  # noqa: ANN401  # open_dispatcher's keywords, checked there
-) -> contextlib.AbstractAsyncContextManager[Dispatcher]:
-    """``open_dispatcher`` whose providers are scheduled by backends of your own.
-
-    ``new_backend(provider)`` is called once per provider, when it is first
-    limited or used, and returns its ``Backend``; the dispatcher runs the
-    backend's ``run`` in its nursery and talks to it through the protocol
-    only. ``options`` are ``open_dispatcher``'s keywords, checked the same
-    way, but for ``redis_url``, ``namespace`` and ``lease``: what a backend
-    shares is its own business.
-
-    Raises:
-        TypeError: ``new_backend`` is not callable, or an option is unknown
-            or one of those three.
-    """
-    if not callable(new_backend):
-        raise TypeError(f"new_backend must be callable, got {new_backend!r}")
-    for name in ("redis_url", "namespace", "lease"):
-        if name in options:
-            raise TypeError(f"open_dispatcher_with() takes no {name}")
-    checked, settings = _checked_settings(limits, **options)
-    return _run_dispatcher(checked, attrs.evolve(settings, new_backend=new_backend))
-
-
-def _checked_settings(  # open_dispatcher's keywords, once
-    limits: Mapping[str, int | AdaptiveLimit] | None = None,
-    *,
-    budgets: Mapping[str, Budget] | None = None,
-    learn_budgets: bool = True,
-    default_pause: float = 1.0,
-    max_pause: float = 60.0,
-    max_hold: float | None = None,
-    max_waiting: int | None = None,
-    unknown_providers: _UnknownProviders = "warn",
-    redis_url: str | None = None,
-    namespace: str = _DEFAULT_NAMESPACE,
-    lease: float = _DEFAULT_LEASE,
-    priority_aging: float = 60.0,
-) -> tuple[dict[str, int | AdaptiveLimit], _Settings]:
-    """``open_dispatcher``'s arguments, checked: the limits and the settings."""
-    checked = check_limit_mapping(limits)
-    checked_budgets = check_budgets(budgets)
-    if not isinstance(learn_budgets, bool):
-        raise TypeError(f"learn_budgets must be True or False, got {learn_budgets!r}")
-    pause, longest = check_pauses(default_pause, max_pause)
-    hold = check_optional_seconds(max_hold, "max_hold", positive=True)
-    waiting = check_max_waiting(max_waiting)
-    url = check_redis_url(redis_url)
-    checked_namespace = check_namespace(namespace)
-    checked_lease = check_positive_seconds(lease, "lease")
-    if url is None:
-        if namespace is not _DEFAULT_NAMESPACE:
-            raise ValueError("namespace needs redis_url")
-        if lease is not _DEFAULT_LEASE:
-            raise ValueError("lease needs redis_url")
-    else:
-        _require_redis()
-    settings = _Settings(
-        default_pause=pause,
-        max_pause=longest,
-        max_hold=hold,
-        max_waiting=waiting,
-        unknown_providers=_check_unknown_providers(unknown_providers),
-        redis_url=url,
-        namespace=str(checked_namespace),
-        lease=float(checked_lease),
-        priority_aging=check_positive_seconds(priority_aging, "priority_aging"),
-        budgets=checked_budgets,
-        learn_budgets=learn_budgets,
-    )
-    return checked, settings
-
-
-def _require_redis() -> None:
-    """Refuse ``redis_url`` at once, with a hint, if the ``redis`` extra is missing.
-
-    Raises:
-        ModuleNotFoundError: coredis is not installed.
-    """
-    try:
-        import coredis  # noqa: F401, PLC0415  # the redis extra, only when asked for
-    except ModuleNotFoundError as exc:
-        raise_if_extra_missing(exc, "redis_url", "redis", "coredis")
-        raise
-
-
 @asynccontextmanager
-async def _run_dispatcher(
-    limits: dict[str, int | AdaptiveLimit], settings: _Settings
+async def run_dispatcher(
+    limits: dict[str, int | AdaptiveLimit], settings: Settings
 ) -> AsyncIterator[Dispatcher]:
+    """Run a dispatcher of checked ``limits`` and ``settings`` (``open_dispatcher``)."""
     body_error: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:
@@ -1518,21 +807,6 @@ async def _run_dispatcher(
         finally:
             only.__context__ = context
             del only, context
-
-
-def _check_unknown_providers(value: object) -> _UnknownProviders:
-    for mode in _UNKNOWN_PROVIDERS:
-        if value == mode:
-            return mode
-    rule = "unknown_providers must be 'allow', 'warn' or 'error'"
-    if not isinstance(value, str):
-        raise TypeError(f"{rule}, got {value!r}")
-    raise ValueError(f"{rule}, got {value!r}")
-
-
-def _shown(url: str | None) -> str | None:
-    """A URL as a repr shows it: without its credentials."""
-    return None if url is None else redact_url(url)
 
 
 def _names(providers: Iterable[str]) -> str:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, ParamSpec, final, overload
 from .._validation import check_provider
 from ._conversation import start_conversation
 from ._dispatcher import Dispatcher as _Core
-from ._dispatcher import open_dispatcher as _open_core
+from ._open import open_dispatcher as _open_core
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable

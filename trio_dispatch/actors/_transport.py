@@ -82,7 +82,8 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
     from types import TracebackType
 
-    from ._dispatcher import Dispatcher, Slot
+    from ._dispatcher import Dispatcher
+    from ._slot import Slot
 
 #: Answers that say "slow down" for the whole account: they pause the provider.
 RATE_LIMITED: Final = frozenset({429, 503, 529})

@@ -53,7 +53,7 @@ import trio.testing
 
 from .._converter import structure, unstructure
 from .._validation import check_positive_seconds
-from ..actors._dispatcher import open_dispatcher
+from ..actors._open import open_dispatcher
 from ._metrics import PolicyMetrics, ProviderRecord, TurnRecord, compute_metrics
 from ._workloads import Scenario, Workload
 

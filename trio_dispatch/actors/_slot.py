@@ -1,0 +1,500 @@
+"""Slots: the requester's side of the scheduling protocol, and its parking.
+
+``Dispatcher.slot`` makes a ``Slot``: an async context manager that sends
+``Acquire`` to the provider's backend, parks its task until the backend
+answers, and sends ``Release`` on the way out, whatever way that is.
+Sending never blocks, so giving a slot back needs no shield.
+
+The requester parks with ``wait_task_rescheduled`` rather than on an
+``Event``: the reply is the ``Slot`` itself, which holds its task, so a
+waiting request costs one small object and nothing else. Its abort function
+(run by trio when the waiting task is cancelled) marks it abandoned and
+sends ``Cancel``; a grant that reaches an abandoned slot is ignored, and
+that ``Cancel`` gives it back.
+
+A slot reads what it needs of its dispatcher through a ``SlotHost``, which
+the dispatcher owns and shares its state with (by reference): this module
+imports nothing of the dispatcher's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import math
+from typing import TYPE_CHECKING, Final, Self, final
+
+import trio
+
+from .._exceptions import DispatcherClosed, SlotHoldTimeout, lease_lost
+from .._util import NoPublicConstructor
+from .._validation import check_count
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import TracebackType
+
+    from .._backend import Backend
+    from ..messages._scheduling import Grant, Ticket
+
+
+@final
+class SlotHost:
+    """What a dispatcher's slots read of it, shared by reference.
+
+    The dispatcher makes one and keeps it current: ``actors`` and
+    ``limits`` are its own dicts, ``closed`` is set when it closes, and
+    ``scheduler(provider)`` starts the backend of a provider not running.
+
+    Attributes:
+        actors: The backends whose task runs, by provider.
+        limits: The limits of the limited providers.
+        scheduler: The backend of a provider, started if need be.
+        priority_aging: Seconds of turn age one priority class is worth.
+        lease: The lease of a slot shared through Redis, in seconds.
+        closed: Whether the dispatcher has shut down.
+    """
+
+    __slots__ = ("actors", "closed", "lease", "limits", "priority_aging", "scheduler")
+
+    def __init__(
+        self,
+        actors: dict[str, Backend],
+        limits: dict[str, int],
+        scheduler: Callable[[str], Backend],
+        priority_aging: float,
+        lease: float,
+    ) -> None:
+        self.actors = actors
+        self.limits = limits
+        self.scheduler = scheduler
+        self.priority_aging = priority_aging
+        self.lease = lease
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"<SlotHost closed={self.closed} limits={self.limits!r}>"
+
+
+class _State(enum.Enum):
+    NEW = "new"
+    WAITING = "waiting"
+    HOLDING = "holding"
+    ABANDONED = "abandoned"
+    DONE = "done"
+
+
+_NEW: Final = _State.NEW
+_WAITING: Final = _State.WAITING
+_HOLDING: Final = _State.HOLDING
+_ABANDONED: Final = _State.ABANDONED
+_DONE: Final = _State.DONE
+
+
+@final
+class Slot(metaclass=NoPublicConstructor):
+    """One request for a provider slot: ``async with dispatcher.slot(...)``.
+
+    Entering waits for the provider's scheduler to grant a slot (oldest
+    ``started_at`` first); leaving gives it back, on success, error,
+    cancellation or ``SlotHoldTimeout`` alike. If entering raises, nothing
+    is held. A slot is entered once.
+
+    A slot is left by the task that entered it. Its ``max_hold`` timer is a
+    cancel scope of that task, which trio lets only that task close, so a
+    slot cannot move to another task, with ``max_hold`` or without (both
+    behave the same): leaving it from another task gives the slot back
+    there and then, and raises ``RuntimeError``. The entering task's timer
+    is disarmed then, and is closed when that task leaves the slot too.
+
+    Attributes:
+        provider: The provider asked for.
+        conversation_id: Who asked: the conversation's id, or what the caller
+            passed; it travels with the request to the scheduler.
+        started_at: When the request's turn began: its place in line within
+            its priority class.
+        priority: The request's priority class; higher goes first (see
+            ``open_dispatcher``'s ``priority_aging``).
+        tokens: The request's estimated tokens, charged to the provider's
+            token budget when the slot is granted (0: none).
+        ticket: The scheduler's ticket, once entered.
+        granted_at: When the slot was granted (trio clock), once entered.
+    """
+
+    __slots__ = (
+        "_actor",
+        "_error",
+        "_hold",
+        "_host",
+        "_lease_deadline",
+        "_max_hold",
+        "_on_lease",
+        "_state",
+        "_task",
+        "conversation_id",
+        "granted_at",
+        "priority",
+        "provider",
+        "started_at",
+        "ticket",
+        "tokens",
+    )
+
+    def __init__(  # noqa: PLR0917  # made only by slot(), positionally: the hot path
+        self,
+        host: SlotHost,
+        provider: str,
+        conversation_id: str | None,
+        started_at: float,
+        priority: int,
+        max_hold: float | None,
+        *,
+        tokens: int = 0,
+    ) -> None:
+        self._host = host
+        self.tokens = tokens
+        self.provider = provider
+        self.conversation_id = conversation_id
+        self.started_at = started_at
+        self.priority = priority
+        self._max_hold = max_hold
+        self._state = _NEW
+        self._actor: Backend | None = None
+        self._task: trio.lowlevel.Task | None = None
+        self._error: Exception | None = None
+        self._hold: trio.CancelScope | None = None
+        # Set by a shared scheduler: when the slot's lease may run out; and
+        # who else wants to know (a transport's hold, which has no scope).
+        self._lease_deadline: float | None = None
+        self._on_lease: Callable[[float], None] | None = None
+        self.ticket: Ticket | None = None
+        self.granted_at: float | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<Slot provider={self.provider!r} conversation_id={self.conversation_id!r}"
+            f" started_at={self.started_at} priority={self.priority}"
+            f" state={self._state.value}>"
+        )
+
+    @property
+    def held(self) -> bool:
+        """Whether this request holds its slot now."""
+        return self._state is _HOLDING
+
+    # KeyboardInterrupt is held back to the park point in the methods that
+    # change the slot's state and message the scheduler together, as in
+    # trio's own primitives: a KI between an Acquire and the state that
+    # expects its answer would leak the slot.
+    @trio.lowlevel.enable_ki_protection
+    async def __aenter__(self) -> Self:
+        await self._acquire()
+        # _task stays set: the task that must leave the slot.
+        if self._lease_deadline is not None or (
+            self._max_hold is not None and self.provider in self._host.limits
+        ):
+            hold = trio.CancelScope(deadline=self._deadline())
+            hold.__enter__()
+            self._hold = hold
+        return self
+
+    @trio.lowlevel.enable_ki_protection
+    async def _acquire(self) -> None:
+        """Wait for the grant; no timer yet (``__aenter__`` arms it)."""
+        if self._state is not _NEW:
+            raise RuntimeError("a slot can be entered only once")
+        host = self._host
+        if host.closed:
+            self._state = _DONE
+            raise DispatcherClosed("the dispatcher is closed")
+        # An already cancelled caller sends nothing, not an Acquire and a
+        # Cancel: a grant that nobody uses would still show in statistics.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        # The running backend, without a call in the common case.
+        actor = host.actors.get(self.provider) or host.scheduler(self.provider)
+        priority = self.priority
+        # The rank of Ticket: the turn's start less the class's credit. In
+        # class 0, the common case, the start itself: no float to make.
+        ticket = actor.ticket(
+            self.started_at - priority * host.priority_aging
+            if priority
+            else self.started_at,
+            priority,
+        )
+        self._actor = actor
+        self.ticket = ticket
+        self._state = _WAITING
+        try:
+            # The backend may answer before this returns, in this task
+            # (_grant or _fail find no task parked then).
+            actor.acquire(ticket, self, self.conversation_id, self.tokens)
+        except trio.ClosedResourceError:
+            self._state = _DONE
+            self._actor = None
+            raise DispatcherClosed("the dispatcher is closed") from None
+        self._task = trio.lowlevel.current_task()
+        if self._state is _WAITING:
+            await trio.lowlevel.wait_task_rescheduled(self._abort)
+            if self.held:  # the answer changed the state
+                # Granted, but cancelled before it could run: the grant
+                # goes back unused, as if the cancellation had come first.
+                try:
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                except BaseException:
+                    self._give_back()
+                    raise
+        else:
+            # Answered at once: still a checkpoint, as if it had waited. A
+            # cancellation (or KeyboardInterrupt) met there gives the grant
+            # back, as it would have while waiting.
+            try:
+                await trio.lowlevel.checkpoint()
+            except BaseException:
+                self._give_back()
+                raise
+        if self._error is not None:
+            self._task = None
+            error, self._error = self._error, None
+            raise error
+
+    def _max_hold_deadline(self) -> float:
+        if self._max_hold is None or self.provider not in self._host.limits:
+            return math.inf
+        assert self.granted_at is not None
+        return self.granted_at + self._max_hold
+
+    def _deadline(self) -> float:
+        lease = math.inf if self._lease_deadline is None else self._lease_deadline
+        return min(self._max_hold_deadline(), lease)
+
+    @trio.lowlevel.enable_ki_protection
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        hold = self._hold
+        task = self._task
+        if task is not None and task is not trio.lowlevel.current_task():
+            # Only the entering task may close its timer's cancel scope:
+            # closing it here would corrupt trio's state in both tasks.
+            # Disarmed, it can no longer cancel what that task does next.
+            if hold is not None:
+                hold.deadline = math.inf
+            self._give_back()
+            raise RuntimeError("a slot must be left by the task that entered it")
+        self._task = None
+        try:
+            if hold is None:
+                return None
+            self._hold = None
+            swallowed = hold.__exit__(exc_type, exc, tb)
+            lease = self._lease_deadline
+            if (
+                hold.cancelled_caught
+                and lease is not None
+                and lease <= self._max_hold_deadline()
+            ):
+                raise lease_lost(self.provider, self._host.lease)
+            if hold.cancelled_caught:
+                raise SlotHoldTimeout(
+                    f"slot held longer than max_hold={self._max_hold} seconds"
+                )
+            return swallowed
+        finally:
+            self._give_back()
+
+    def report_usage(self, tokens: int) -> None:
+        """Tell the scheduler how many tokens the request used, prompt and answer.
+
+        Its charge against the provider's token budget becomes ``tokens``:
+        what the estimate took too much is given back, what it took too
+        little is taken now. The latest report counts. Never blocks.
+
+        Raises:
+            RuntimeError: The slot is not held.
+        """
+        check_count(tokens, "tokens")
+        if self._state is not _HOLDING:
+            raise RuntimeError("usage can be reported only while the slot is held")
+        actor = self._actor
+        if actor is not None:
+            with contextlib.suppress(trio.ClosedResourceError):
+                # Closed: the scheduler is gone, with its budgets.
+                actor.report_usage(self.ticket, tokens)  # type: ignore[arg-type]  # set with _actor
+
+    def answered(self) -> None:
+        """The request's answer started: the provider has counted it.
+
+        Learned budgets count the requests whose answer has not started as
+        not yet seen by the provider (see ``observe_rate_limits``).
+        ``wrap_provider``, conversations and ``transport()`` say it by
+        themselves; an integration of one's own says it when the answer's
+        headers are in. Never blocks; nothing once the slot is given back.
+        """
+        actor = self._actor
+        if self._state is _HOLDING and actor is not None:
+            with contextlib.suppress(trio.ClosedResourceError):
+                # Closed: the scheduler is gone, with its budgets.
+                actor.answered(self.ticket)  # type: ignore[arg-type]  # set with _actor
+
+    def release(self) -> None:
+        """Give the slot back now, from any task; nothing if it is not held.
+
+        Plumbing for a slot taken with ``Dispatcher.hold()``: one entered
+        with ``async with`` is given back on leaving the block. Synchronous
+        and idempotent; never blocks.
+        """
+        self._give_back()
+
+    @property
+    def lease_deadline(self) -> float | None:
+        """Until when the slot's lease is sure to live (trio clock), with Redis.
+
+        ``None`` for a slot of a local dispatcher, which has no lease.
+        """
+        return self._lease_deadline
+
+    def follow_lease(self, callback: Callable[[float], None] | None) -> None:
+        """Call ``callback(deadline)`` at each renewal of the slot's lease.
+
+        Plumbing for a hold that enforces the lease without the slot's
+        cancel scope (``Dispatcher.hold()``); ``None`` stops it.
+        """
+        self._on_lease = callback
+
+    @trio.lowlevel.enable_ki_protection
+    def _give_back(self) -> None:
+        if self._state is not _HOLDING:
+            return
+        self._state = _DONE
+        if self._actor is not None:
+            # try/except, not contextlib.suppress: this runs once per slot,
+            # and the context manager would cost as much as the send.
+            try:
+                self._actor.release(self.ticket)  # type: ignore[arg-type]  # set with _actor
+            except trio.ClosedResourceError:
+                # Closed: the scheduler is gone, so there is nothing to give back to.
+                return
+
+    # Reply, called by the scheduler actor's task.
+
+    @trio.lowlevel.enable_ki_protection
+    def _grant(self, grant: Grant) -> None:
+        """Take the granted slot and wake the waiting task."""
+        if self._state is _WAITING:
+            self._state = _HOLDING
+            self.granted_at = grant.granted_at
+            task = self._task
+            if task is not None:  # None: granted inside acquire, not parked
+                trio.lowlevel.reschedule(task)
+
+    def _lease_until(self, deadline: float) -> None:
+        """The slot's lease is sure to live until ``deadline`` (trio clock).
+
+        Called by a shared scheduler, before the grant and at each renewal:
+        once it passes, the body is cancelled and ``LeaseLost`` raised.
+        """
+        self._lease_deadline = deadline
+        hold = self._hold
+        # Not once given back: a timer disarmed by a leave from another
+        # task stays disarmed.
+        if hold is not None and self._state is _HOLDING:
+            hold.deadline = self._deadline()
+        on_lease = self._on_lease
+        if on_lease is not None:
+            on_lease(deadline)
+
+    @trio.lowlevel.enable_ki_protection
+    def _fail(self, error: Exception) -> None:
+        """Wake the waiting task with ``error``; it holds nothing."""
+        if self._state is _WAITING:
+            self._state = _DONE
+            self._error = error
+            task = self._task
+            if task is not None:  # None: refused inside acquire, not parked
+                trio.lowlevel.reschedule(task)
+
+    @trio.lowlevel.enable_ki_protection
+    def _abort(self, _raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+        # The waiting task is being cancelled: give up our place. A grant
+        # already on its way is ignored by grant() and released by Cancel.
+        self._state = _ABANDONED
+        self._task = None
+        with contextlib.suppress(trio.ClosedResourceError):
+            # Closed: the scheduler is gone and holds nothing for us.
+            self._actor.cancel(self.ticket)  # type: ignore[union-attr, arg-type]  # set before parking
+        return trio.lowlevel.Abort.SUCCEEDED
+
+
+@final
+class ModelCall(metaclass=NoPublicConstructor):
+    """A model call under way: its slot, and what the provider told by itself.
+
+    Made by ``Dispatcher.calling()``. ``observed``: the answer's rate-limit
+    figures reached the dispatcher through the provider's own callback;
+    ``reported``: its rate limit did. The integration tells what is not
+    told yet, once.
+
+    Attributes:
+        slot: The slot the call holds.
+        observed: The answer's figures were observed.
+        reported: The answer's rate limit was reported.
+    """
+
+    __slots__ = (
+        "_calls",
+        "_outer",
+        "_started",
+        "_task",
+        "observed",
+        "reported",
+        "slot",
+    )
+
+    def __init__(self, slot: Slot, calls: dict[trio.lowlevel.Task, ModelCall]) -> None:
+        self.slot = slot
+        self.observed = False
+        self.reported = False
+        self._started = False
+        self._calls = calls
+        self._task: trio.lowlevel.Task | None = None
+        self._outer: ModelCall | None = None
+
+    def __enter__(self) -> Self:
+        task = self._task = trio.lowlevel.current_task()
+        calls = self._calls
+        self._outer = calls.get(task)
+        calls[task] = self
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task = self._task
+        assert task is not None
+        if self._outer is None:
+            del self._calls[task]
+        else:
+            self._calls[task] = self._outer
+
+    def answered(self) -> None:
+        """The call's answer started: its slot says so to the scheduler, once."""
+        if not self._started:
+            self._started = True
+            self.slot.answered()
+
+
+async def acquire_unscoped(slot: Slot) -> None:
+    """Wait for ``slot``'s grant, with no timer, for a hold any task gives back.
+
+    What ``Dispatcher.hold()`` takes: the slot is granted without the
+    cancel scope of ``async with``, which only the entering task could
+    close, and no task is bound to leave it (``Slot.release()`` from any).
+    """
+    await slot._acquire()
+    slot._task = None
