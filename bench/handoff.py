@@ -687,14 +687,14 @@ def _targets(
             "Contended rate, ours / CapacityLimiter",
             measurements["contended"].ratio,
             ">=",
-            0.75,
+            0.9,
         ),
         Target.check(
             "uncontended_ratio",
             "Uncontended time per cycle, ours / CapacityLimiter",
             measurements["uncontended"].ratio,
             "<=",
-            3.0,
+            2.0,
         ),
         Target.check(
             "scaling_growth",
