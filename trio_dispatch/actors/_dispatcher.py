@@ -69,21 +69,11 @@ _make: Final = type.__call__
 
 
 class Dispatcher(metaclass=NoPublicConstructor):
-    """Per-provider concurrency limits, granted oldest turn first.
+    """The core of a dispatcher: limits, slots, turns, pauses, statistics.
 
-    Made by ``open_dispatcher``; valid inside its ``async with`` block. Each
-    provider has its own scheduler actor, started when it is first limited or
-    used. A provider without a limit is unlimited: its scheduler grants every
-    request at once, but still counts the slots in use, so a limit set later
-    counts them too (they finish; nothing new is granted above the limit).
-    The scheduler of an unlimited provider stops when no slot is held and
-    nothing waits, and starts again on the next request, so names used once
-    (model ids, say) leave no task behind; its counters carry on.
-
-    A provider is *known* once it is named in ``limits``, given a limit with
-    ``set_limit``, or made unlimited on purpose with ``remove_limit`` (it
-    stays known). A slot of any other provider is unlimited by accident, as
-    a misspelt name would be: ``unknown_providers`` says what happens then.
+    Applications get ``trio_dispatch.Dispatcher``, the front defined above
+    the integrations (``actors/_front.py``), which adds ``transport()`` and
+    ``start_conversation()``; its docstring tells the behaviour.
     """
 
     # The class open_dispatcher makes: the front that adds the integrations
