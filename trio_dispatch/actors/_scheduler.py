@@ -181,7 +181,7 @@ class SchedulerActor:
             return
         if self._listening or self._hub.sinks:
             self._listen()
-        self._on_acquire(ticket, reply, conversation_id, tokens, trio.current_time())
+        self._on_acquire(ticket, reply, conversation_id, tokens, None)
         self._after_hot()
 
     @trio.lowlevel.enable_ki_protection
@@ -193,7 +193,7 @@ class SchedulerActor:
             return
         if self._listening or self._hub.sinks:
             self._listen()
-        self._on_release(ticket, trio.current_time())
+        self._on_release(ticket, None)
         self._after_hot()
 
     @trio.lowlevel.enable_ki_protection
@@ -205,7 +205,7 @@ class SchedulerActor:
             return
         if self._listening or self._hub.sinks:
             self._listen()
-        self._on_cancel(ticket, trio.current_time())
+        self._on_cancel(ticket, None)
         self._after_hot()
 
     def _after_hot(self) -> None:
@@ -450,10 +450,14 @@ class SchedulerActor:
             self._deliver(grants, now)
 
     # The handlers of the hot messages take their fields, not the message:
-    # the caller's task runs them without building one (see acquire).
+    # the caller's task runs them without building one (see acquire), and
+    # passes ``now=None``: the clock is read only if a grant or an event
+    # needs it, once (while anything listens, at the start).
 
-    def _on_release(self, ticket: Ticket, now: float) -> None:
+    def _on_release(self, ticket: Ticket, now: float | None) -> None:
         policy = self.policy
+        if now is None and self._listening:
+            now = trio.current_time()
         listening = self._listening
         before = (policy.in_flight, policy.waiting) if listening else None
         try:
@@ -461,26 +465,30 @@ class SchedulerActor:
         except RuntimeError as exc:
             self._withdraw(ticket, exc)
             if listening:
-                self._events.withdrawn(ticket, now, policy.in_flight, policy.waiting)
+                self._events.withdrawn(
+                    ticket, _now(now), policy.in_flight, policy.waiting
+                )
             return
         if before is not None:
             self._events.left(
-                ticket, now, before, policy.in_flight, policy.waiting, len(grants)
+                ticket, _now(now), before, policy.in_flight, policy.waiting, len(grants)
             )
         if grants:
-            self._deliver(grants, now)
+            self._deliver(grants, _now(now))
 
-    def _on_cancel(self, ticket: Ticket, now: float) -> None:
+    def _on_cancel(self, ticket: Ticket, now: float | None) -> None:
         policy = self.policy
+        if now is None and self._listening:
+            now = trio.current_time()
         self._replies.pop(ticket, None)
         before = (policy.in_flight, policy.waiting) if self._listening else None
         grants = policy.cancel(ticket)
         if before is not None:
             self._events.left(
-                ticket, now, before, policy.in_flight, policy.waiting, len(grants)
+                ticket, _now(now), before, policy.in_flight, policy.waiting, len(grants)
             )
         if grants:
-            self._deliver(grants, now)
+            self._deliver(grants, _now(now))
 
     def _on_acquire(
         self,
@@ -488,21 +496,25 @@ class SchedulerActor:
         reply: Reply,
         conversation_id: str | None,
         tokens: int,
-        now: float,
+        now: float | None,
     ) -> None:
         policy = self.policy
+        if now is None and self._listening:
+            now = trio.current_time()
         try:
             grants = policy.acquire(ticket, tokens)
         except (QueueFull, ValueError) as exc:
             withdrawn = self._replies.get(ticket) is reply
             self._refuse(ticket, reply, exc)
             if withdrawn and self._listening:
-                self._events.withdrawn(ticket, now, policy.in_flight, policy.waiting)
+                self._events.withdrawn(
+                    ticket, _now(now), policy.in_flight, policy.waiting
+                )
             if isinstance(exc, QueueFull):
                 self._events.refused(
                     ticket,
                     conversation_id,
-                    now,
+                    _now(now),
                     exc,
                     policy.in_flight,
                     policy.waiting,
@@ -514,15 +526,15 @@ class SchedulerActor:
                 self._events.queued(
                     ticket,
                     conversation_id,
-                    now,
+                    _now(now),
                     policy.in_flight,
                     policy.waiting,
                 )
             return
-        reply._grant(Grant(ticket, now))
+        reply._grant(Grant(ticket, _now(now)))
         if self._listening:
             self._events.granted_at_once(
-                ticket, conversation_id, now, policy.in_flight, policy.waiting
+                ticket, conversation_id, _now(now), policy.in_flight, policy.waiting
             )
 
     def _rarely(
@@ -606,3 +618,8 @@ class SchedulerActor:
         return DispatcherClosed(
             f"the dispatcher closed while waiting for {self.provider!r}"
         )
+
+
+def _now(now: float | None) -> float:
+    """``now``, or the trio clock's time when it was not read yet."""
+    return trio.current_time() if now is None else now
