@@ -88,6 +88,8 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger("trio_dispatch")
 
+_new_ticket = tuple.__new__
+
 
 @final
 class SchedulerActor:
@@ -123,7 +125,9 @@ class SchedulerActor:
         self._events = Translator(provider, self._hub)
         self._listening = False
         # No budget, no pause: nothing to watch the clock for, so a hot
-        # message may be handled in the caller's task (see acquire).
+        # message may be handled in the caller's task (see acquire). False
+        # once the inbox is closed, so that the message meets the closed
+        # inbox and its error.
         self._plain = policy.throttle is None and policy.wake_at is None
         self._inbox: Mailbox[SchedulerMessage] = Mailbox()
         # The messages taken from the inbox and not handled yet: if handling
@@ -137,7 +141,9 @@ class SchedulerActor:
 
     def ticket(self, rank: float, priority: int = 0) -> Ticket:
         """A fresh ticket; its ``seq`` matches the order of the inbox."""
-        return Ticket(rank, next(self._seq), priority)
+        # tuple.__new__ is what Ticket's own __new__ calls, without its
+        # Python frame: one ticket per request.
+        return _new_ticket(Ticket, (rank, next(self._seq), priority))
 
     def send(self, message: SchedulerMessage) -> None:
         """Put a message in the inbox; never blocks.
@@ -150,6 +156,7 @@ class SchedulerActor:
     def close(self) -> None:
         """Refuse further messages; the actor stops and fails the waiters."""
         self._inbox.close()
+        self._plain = False
 
     # The Backend interface: each queues one message, never blocks, and
     # raises trio.ClosedResourceError once the actor is closed.
@@ -176,7 +183,7 @@ class SchedulerActor:
     ) -> None:
         """Ask for a slot; the answer goes to ``reply``, perhaps before this returns."""
         inbox = self._inbox
-        if not self._plain or len(inbox) or self._batch or inbox.closed:
+        if not self._plain or len(inbox) or self._batch:
             inbox.send_nowait(Acquire(ticket, reply, conversation_id, tokens))
             return
         if self._listening or self._hub.sinks:
@@ -188,7 +195,7 @@ class SchedulerActor:
     def release(self, ticket: Ticket) -> None:
         """Give back the slot of a granted ticket."""
         inbox = self._inbox
-        if not self._plain or len(inbox) or self._batch or inbox.closed:
+        if not self._plain or len(inbox) or self._batch:
             inbox.send_nowait(Release(ticket))
             return
         if self._listening or self._hub.sinks:
@@ -200,7 +207,7 @@ class SchedulerActor:
     def cancel(self, ticket: Ticket) -> None:
         """Withdraw a ticket, waiting or granted."""
         inbox = self._inbox
-        if not self._plain or len(inbox) or self._batch or inbox.closed:
+        if not self._plain or len(inbox) or self._batch:
             inbox.send_nowait(Cancel(ticket))
             return
         if self._listening or self._hub.sinks:
@@ -326,7 +333,11 @@ class SchedulerActor:
                     batch.popleft()
                 if policy.wake_at is not None:
                     self._tick(now)
-                self._plain = policy.throttle is None and policy.wake_at is None
+                self._plain = (
+                    policy.throttle is None
+                    and policy.wake_at is None
+                    and not inbox.closed
+                )
         finally:
             if not stopped_idle:
                 self._shutdown()
@@ -394,7 +405,11 @@ class SchedulerActor:
         policy = self.policy
         if policy.wake_at is not None:
             self._tick(now)
-        self._plain = policy.throttle is None and policy.wake_at is None
+        self._plain = (
+            policy.throttle is None
+            and policy.wake_at is None
+            and not self._inbox.closed
+        )
 
     def _tick(self, now: float) -> None:
         """Tell the paused policy the time: a pause that ran out ends."""
@@ -603,6 +618,7 @@ class SchedulerActor:
 
     def _shutdown(self) -> None:
         self._inbox.close()
+        self._plain = False
         pending = self._batch
         self._batch = collections.deque()
         pending.extend(self._inbox.take_all())
