@@ -189,7 +189,9 @@ class SchedulerActor:
         if self._listening or self._hub.sinks:
             self._listen()
         self._on_acquire(ticket, reply, conversation_id, tokens, None)
-        self._after_hot()
+        policy = self.policy
+        if policy.limit is None and not policy.in_flight and not policy.waiting:
+            inbox.nudge()  # an idle unlimited provider's actor may stop
 
     @trio.lowlevel.enable_ki_protection
     def release(self, ticket: Ticket) -> None:
@@ -201,7 +203,9 @@ class SchedulerActor:
         if self._listening or self._hub.sinks:
             self._listen()
         self._on_release(ticket, None)
-        self._after_hot()
+        policy = self.policy
+        if policy.limit is None and not policy.in_flight and not policy.waiting:
+            inbox.nudge()  # an idle unlimited provider's actor may stop
 
     @trio.lowlevel.enable_ki_protection
     def cancel(self, ticket: Ticket) -> None:
@@ -213,14 +217,9 @@ class SchedulerActor:
         if self._listening or self._hub.sinks:
             self._listen()
         self._on_cancel(ticket, None)
-        self._after_hot()
-
-    def _after_hot(self) -> None:
-        """After a message handled in the caller's task: an idle unlimited
-        provider's actor is woken, as it may stop."""
         policy = self.policy
         if policy.limit is None and not policy.in_flight and not policy.waiting:
-            self._inbox.nudge()
+            inbox.nudge()  # an idle unlimited provider's actor may stop
 
     def answered(self, ticket: Ticket) -> None:
         """The answer of a granted ticket's request has started."""
