@@ -235,7 +235,7 @@ class Slot(metaclass=NoPublicConstructor):
         self._task = trio.lowlevel.current_task()
         if self._state is _WAITING:
             await trio.lowlevel.wait_task_rescheduled(self._abort)
-            if self._state is _HOLDING:  # the answer changed the state
+            if self.held:  # the answer changed the state
                 # Granted, but cancelled before it could run: the grant
                 # goes back unused, as if the cancellation had come first.
                 try:
