@@ -478,21 +478,23 @@ class SlotPolicy:
         heap = self._heap
         holders = self._holders
         heappop = heapq.heappop
-        while waiting and (limit is None or len(holders) < limit):
+        held = len(holders)  # kept in step with holders, one len less a grant
+        while waiting and (limit is None or held < limit):
             if heap and (not fifo or heap[0] < fifo[0]):
                 ticket = heappop(heap)
             else:
                 ticket = fifo.popleft()
             if ticket in waiting:
-                if gate is not None and not gate.admit(ticket, len(holders), limit):
+                if gate is not None and not gate.admit(ticket, held, limit):
                     # Oldest first: nobody passes a head the budget holds back.
                     fifo.appendleft(ticket)
                     break
                 waiting.remove(ticket)
                 holders.add(ticket)
                 grants.append(ticket)
+                held += 1
         self._granted_total += len(grants)
-        self._peak_in_flight = max(self._peak_in_flight, len(holders))
+        self._peak_in_flight = max(self._peak_in_flight, held)
         if not waiting:
             fifo.clear()
             heap.clear()

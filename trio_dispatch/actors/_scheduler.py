@@ -88,6 +88,8 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger("trio_dispatch")
 
+_new_ticket = tuple.__new__
+
 
 @final
 class SchedulerActor:
@@ -123,7 +125,9 @@ class SchedulerActor:
         self._events = Translator(provider, self._hub)
         self._listening = False
         # No budget, no pause: nothing to watch the clock for, so a hot
-        # message may be handled in the caller's task (see _take).
+        # message may be handled in the caller's task (see acquire). False
+        # once the inbox is closed, so that the message meets the closed
+        # inbox and its error.
         self._plain = policy.throttle is None and policy.wake_at is None
         self._inbox: Mailbox[SchedulerMessage] = Mailbox()
         # The messages taken from the inbox and not handled yet: if handling
@@ -137,7 +141,9 @@ class SchedulerActor:
 
     def ticket(self, rank: float, priority: int = 0) -> Ticket:
         """A fresh ticket; its ``seq`` matches the order of the inbox."""
-        return Ticket(rank, next(self._seq), priority)
+        # tuple.__new__ is what Ticket's own __new__ calls, without its
+        # Python frame: one ticket per request.
+        return _new_ticket(Ticket, (rank, next(self._seq), priority))
 
     def send(self, message: SchedulerMessage) -> None:
         """Put a message in the inbox; never blocks.
@@ -150,10 +156,24 @@ class SchedulerActor:
     def close(self) -> None:
         """Refuse further messages; the actor stops and fails the waiters."""
         self._inbox.close()
+        self._plain = False
 
     # The Backend interface: each queues one message, never blocks, and
     # raises trio.ClosedResourceError once the actor is closed.
 
+    # The hot path of every hand-off: when the inbox is empty, no batch is
+    # under way and the provider has no budget and no pause (nothing to
+    # watch the clock for, ``_plain``), acquire, release and cancel go
+    # through the actor's own handlers at once, in the calling task, exactly
+    # as the actor's task would handle their messages next, and the grants a
+    # release frees go to their waiters from here, as ``trio.CapacityLimiter``
+    # hands a released token on. No message is built then. The actor's task
+    # is not woken, unless an unlimited provider went idle (it may stop
+    # then). Otherwise the message is queued, behind what came before it.
+    # Protected like run: the policy changes and the requesters are told
+    # together.
+
+    @trio.lowlevel.enable_ki_protection
     def acquire(
         self,
         ticket: Ticket,
@@ -162,44 +182,44 @@ class SchedulerActor:
         tokens: int = 0,
     ) -> None:
         """Ask for a slot; the answer goes to ``reply``, perhaps before this returns."""
-        self._take(Acquire(ticket, reply, conversation_id, tokens))
-
-    def release(self, ticket: Ticket) -> None:
-        """Give back the slot of a granted ticket."""
-        self._take(Release(ticket))
-
-    def cancel(self, ticket: Ticket) -> None:
-        """Withdraw a ticket, waiting or granted."""
-        self._take(Cancel(ticket))
-
-    # Protected like run: the policy changes and the requesters are told
-    # together.
-    @trio.lowlevel.enable_ki_protection
-    def _take(self, message: Acquire | Release | Cancel) -> None:
-        """Handle ``message`` now, in the calling task, if nothing is before it.
-
-        The hot path of every hand-off: when the inbox is empty, no batch
-        is under way and the provider has no budget and no pause (nothing
-        to watch the clock for, ``_plain``), the message goes through
-        ``_handle`` at once, exactly as the actor's task would handle it
-        next, and the grants a release frees go to their waiters from here,
-        as ``trio.CapacityLimiter`` hands a released token on. The actor's
-        task is not woken, unless an unlimited provider went idle (it may
-        stop then). Otherwise the message is queued, behind what came
-        before it.
-
-        Raises:
-            trio.ClosedResourceError: The actor is closed.
-        """
         inbox = self._inbox
-        if not self._plain or len(inbox) or self._batch or inbox.closed:
-            inbox.send_nowait(message)
+        if not self._plain or len(inbox) or self._batch:
+            inbox.send_nowait(Acquire(ticket, reply, conversation_id, tokens))
             return
-        self._listen()
-        self._handle(message, trio.current_time())
+        if self._listening or self._hub.sinks:
+            self._listen()
+        self._on_acquire(ticket, reply, conversation_id, tokens, None)
         policy = self.policy
         if policy.limit is None and not policy.in_flight and not policy.waiting:
-            inbox.nudge()
+            inbox.nudge()  # an idle unlimited provider's actor may stop
+
+    @trio.lowlevel.enable_ki_protection
+    def release(self, ticket: Ticket) -> None:
+        """Give back the slot of a granted ticket."""
+        inbox = self._inbox
+        if not self._plain or len(inbox) or self._batch:
+            inbox.send_nowait(Release(ticket))
+            return
+        if self._listening or self._hub.sinks:
+            self._listen()
+        self._on_release(ticket, None)
+        policy = self.policy
+        if policy.limit is None and not policy.in_flight and not policy.waiting:
+            inbox.nudge()  # an idle unlimited provider's actor may stop
+
+    @trio.lowlevel.enable_ki_protection
+    def cancel(self, ticket: Ticket) -> None:
+        """Withdraw a ticket, waiting or granted."""
+        inbox = self._inbox
+        if not self._plain or len(inbox) or self._batch:
+            inbox.send_nowait(Cancel(ticket))
+            return
+        if self._listening or self._hub.sinks:
+            self._listen()
+        self._on_cancel(ticket, None)
+        policy = self.policy
+        if policy.limit is None and not policy.in_flight and not policy.waiting:
+            inbox.nudge()  # an idle unlimited provider's actor may stop
 
     def answered(self, ticket: Ticket) -> None:
         """The answer of a granted ticket's request has started."""
@@ -312,7 +332,11 @@ class SchedulerActor:
                     batch.popleft()
                 if policy.wake_at is not None:
                     self._tick(now)
-                self._plain = policy.throttle is None and policy.wake_at is None
+                self._plain = (
+                    policy.throttle is None
+                    and policy.wake_at is None
+                    and not inbox.closed
+                )
         finally:
             if not stopped_idle:
                 self._shutdown()
@@ -380,7 +404,11 @@ class SchedulerActor:
         policy = self.policy
         if policy.wake_at is not None:
             self._tick(now)
-        self._plain = policy.throttle is None and policy.wake_at is None
+        self._plain = (
+            policy.throttle is None
+            and policy.wake_at is None
+            and not self._inbox.closed
+        )
 
     def _tick(self, now: float) -> None:
         """Tell the paused policy the time: a pause that ran out ends."""
@@ -405,35 +433,21 @@ class SchedulerActor:
         # refusals are caught per message: a misuse fails its own request,
         # never the actor (and a try costs nothing until it raises).
         if isinstance(message, Release):
-            ticket = message.ticket
-            listening = self._listening
-            before = (policy.in_flight, policy.waiting) if listening else None
-            try:
-                grants = policy.release(ticket)
-            except RuntimeError as exc:
-                self._withdraw(ticket, exc)
-                if listening:
-                    self._events.withdrawn(
-                        ticket, now, policy.in_flight, policy.waiting
-                    )
-                return
-            if before is not None:
-                self._events.left(
-                    ticket, now, before, policy.in_flight, policy.waiting, len(grants)
-                )
-        elif isinstance(message, Acquire):
-            self._acquire(message, now)
+            self._on_release(message.ticket, now)
             return
-        elif isinstance(message, Cancel):
-            ticket = message.ticket
-            self._replies.pop(ticket, None)
-            before = (policy.in_flight, policy.waiting) if self._listening else None
-            grants = policy.cancel(ticket)
-            if before is not None:
-                self._events.left(
-                    ticket, now, before, policy.in_flight, policy.waiting, len(grants)
-                )
-        elif isinstance(message, SetLimit):
+        if isinstance(message, Acquire):
+            self._on_acquire(
+                message.ticket,
+                message.reply,
+                message.conversation_id,
+                message.tokens,
+                now,
+            )
+            return
+        if isinstance(message, Cancel):
+            self._on_cancel(message.ticket, now)
+            return
+        if isinstance(message, SetLimit):
             previous = policy.limit
             try:
                 grants = policy.set_limit(message.limit)
@@ -449,41 +463,92 @@ class SchedulerActor:
         if grants:
             self._deliver(grants, now)
 
-    def _acquire(self, message: Acquire, now: float) -> None:
+    # The handlers of the hot messages take their fields, not the message:
+    # the caller's task runs them without building one (see acquire), and
+    # passes ``now=None``: the clock is read only if a grant or an event
+    # needs it, once (while anything listens, at the start).
+
+    def _on_release(self, ticket: Ticket, now: float | None) -> None:
         policy = self.policy
-        ticket = message.ticket
+        if now is None and self._listening:
+            now = trio.current_time()
+        listening = self._listening
+        before = (policy.in_flight, policy.waiting) if listening else None
         try:
-            grants = policy.acquire(ticket, message.tokens)
+            grants = policy.release(ticket)
+        except RuntimeError as exc:
+            self._withdraw(ticket, exc)
+            if listening:
+                self._events.withdrawn(
+                    ticket, _now(now), policy.in_flight, policy.waiting
+                )
+            return
+        if before is not None:
+            self._events.left(
+                ticket, _now(now), before, policy.in_flight, policy.waiting, len(grants)
+            )
+        if grants:
+            self._deliver(grants, _now(now))
+
+    def _on_cancel(self, ticket: Ticket, now: float | None) -> None:
+        policy = self.policy
+        if now is None and self._listening:
+            now = trio.current_time()
+        self._replies.pop(ticket, None)
+        before = (policy.in_flight, policy.waiting) if self._listening else None
+        grants = policy.cancel(ticket)
+        if before is not None:
+            self._events.left(
+                ticket, _now(now), before, policy.in_flight, policy.waiting, len(grants)
+            )
+        if grants:
+            self._deliver(grants, _now(now))
+
+    def _on_acquire(
+        self,
+        ticket: Ticket,
+        reply: Reply,
+        conversation_id: str | None,
+        tokens: int,
+        now: float | None,
+    ) -> None:
+        policy = self.policy
+        if now is None and self._listening:
+            now = trio.current_time()
+        try:
+            grants = policy.acquire(ticket, tokens)
         except (QueueFull, ValueError) as exc:
-            withdrawn = self._replies.get(ticket) is message.reply
-            self._refuse(message, exc)
+            withdrawn = self._replies.get(ticket) is reply
+            self._refuse(ticket, reply, exc)
             if withdrawn and self._listening:
-                self._events.withdrawn(ticket, now, policy.in_flight, policy.waiting)
+                self._events.withdrawn(
+                    ticket, _now(now), policy.in_flight, policy.waiting
+                )
             if isinstance(exc, QueueFull):
                 self._events.refused(
                     ticket,
-                    message.conversation_id,
-                    now,
+                    conversation_id,
+                    _now(now),
                     exc,
                     policy.in_flight,
                     policy.waiting,
                 )
             return
         if not grants:
-            self._replies[ticket] = message.reply
+            self._replies[ticket] = reply
             if self._listening:
                 self._events.queued(
                     ticket,
-                    message.conversation_id,
-                    now,
+                    conversation_id,
+                    _now(now),
                     policy.in_flight,
                     policy.waiting,
                 )
             return
-        message.reply._grant(Grant(ticket, now))
+        reply._grant(Grant(ticket, _now(now)))
         if self._listening:
             self._events.granted_at_once(
-                ticket, message.conversation_id, now, policy.in_flight, policy.waiting
+                ticket, conversation_id, _now(now), policy.in_flight, policy.waiting
             )
 
     def _rarely(
@@ -523,13 +588,12 @@ class SchedulerActor:
         until = policy.paused_until if policy.limit is not None else None
         self._events.paused(now, until, message.retry_after)
 
-    def _refuse(self, message: Acquire, error: Exception) -> None:
-        reply = message.reply
-        if self._replies.get(message.ticket) is reply:
+    def _refuse(self, ticket: Ticket, reply: Reply, error: Exception) -> None:
+        if self._replies.get(ticket) is reply:
             # The requester that waits on this ticket asked again: failing
             # it ends its wait, so its ticket must not be granted later to
             # a requester that is gone.
-            self._withdraw(message.ticket, error)
+            self._withdraw(ticket, error)
             return
         reply._fail(error)
 
@@ -553,6 +617,7 @@ class SchedulerActor:
 
     def _shutdown(self) -> None:
         self._inbox.close()
+        self._plain = False
         pending = self._batch
         self._batch = collections.deque()
         pending.extend(self._inbox.take_all())
@@ -568,3 +633,8 @@ class SchedulerActor:
         return DispatcherClosed(
             f"the dispatcher closed while waiting for {self.provider!r}"
         )
+
+
+def _now(now: float | None) -> float:
+    """``now``, or the trio clock's time when it was not read yet."""
+    return trio.current_time() if now is None else now
