@@ -328,6 +328,8 @@ async def test_status_is_the_statistics_as_plain_json(
         "local_waiting": 0,
         "adaptive": False,
         "budget": None,
+        "models": {},
+        "tenants": {},
     }
     assert stats.released_total == 1  # given back since
     anthropic = body["providers"]["anthropic"]

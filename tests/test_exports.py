@@ -73,6 +73,7 @@ def test_the_top_level_is_what_an_application_uses() -> None:
         "Retrying",
         "Slot",
         "SlotHoldTimeout",
+        "Tenant",
         "TooManyToolRounds",
         "Tool",
         "ToolResult",

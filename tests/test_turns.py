@@ -179,7 +179,7 @@ async def test_a_turn_is_entered_once_and_left_where_it_was_entered() -> None:
     async with open_dispatcher() as dispatcher:
         scope = dispatcher.turn(started_at=2, priority=1)
         assert repr(scope) == (
-            "<TurnScope Turn(conversation_id=None, started_at=2.0, priority=1)>"
+            "<TurnScope Turn(conversation_id=None, started_at=2.0, priority=1, tenant=None)>"
         )
         with scope:
             pass

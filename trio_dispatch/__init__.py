@@ -57,6 +57,7 @@ from .actors._turn_parts import ConversationStatistics as ConversationStatistics
 from .messages._chat import RequestOptions as RequestOptions
 from .messages._limits import AdaptiveLimit as AdaptiveLimit
 from .messages._limits import Budget as Budget
+from .messages._limits import Tenant as Tenant
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -95,6 +96,7 @@ __all__ = [
     "Retrying",
     "Slot",
     "SlotHoldTimeout",
+    "Tenant",
     "TooManyToolRounds",
     "Tool",
     "ToolResult",

@@ -26,9 +26,38 @@ from typing import TYPE_CHECKING, Literal, Protocol, final
 import attrs
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from ._budgets import AdaptiveLimit, BudgetStatistics
     from ._ratelimits import RateLimitInfo
     from .messages._scheduling import Reply, Ticket
+
+
+@final
+@attrs.frozen
+class TenantStatistics:
+    """One tenant's part of one provider, as its scheduler sees it.
+
+    Attributes:
+        tenant: The tenant's name.
+        weight: Its share weight (``Tenant.weight``).
+        limit: Its cap on the provider's slots (``Tenant.limit``), or
+            ``None``.
+        in_flight: Slots the tenant holds now.
+        waiting: The tenant's requests waiting now.
+        service: The tenant's service counter: the slot-seconds it has
+            received, divided by its weight, raised when it starts waiting
+            to the least counter of the tenants already waiting (idle time
+            is not banked). The next free slot goes to the waiting tenant
+            with the least counter.
+    """
+
+    tenant: str
+    weight: float
+    limit: int | None
+    in_flight: int
+    waiting: int
+    service: float
 
 
 @final
@@ -66,6 +95,11 @@ class ProviderStatistics:
         adaptive: Whether ``limit`` is an ``AdaptiveLimit``'s current value.
         budget: The request and token budgets, configured or learned from
             the provider's answers, or ``None`` if there is none.
+        models: The budgets of each model of the provider (configured as
+            ``"provider/model"`` or learned from that model's answers), by
+            model name; ``budget`` is the provider's own, over all models.
+        tenants: Each tenant the provider has seen or been configured
+            with, by name (requests made for no tenant are not shown).
     """
 
     provider: str
@@ -86,6 +120,8 @@ class ProviderStatistics:
     local_waiting: int = 0
     adaptive: bool = False
     budget: BudgetStatistics | None = None
+    models: Mapping[str, BudgetStatistics] = attrs.field(factory=dict)
+    tenants: Mapping[str, TenantStatistics] = attrs.field(factory=dict)
 
 
 class Backend(Protocol):

@@ -51,11 +51,13 @@ class Turn:
         started_at: When the turn began (trio clock): the priority, within
             its class, of every call of the turn.
         priority: The turn's priority class; higher goes first.
+        tenant: The tenant every slot of the turn is taken for, or ``None``.
     """
 
     conversation_id: str | None
     started_at: float
     priority: int
+    tenant: str | None = None
 
 
 def current_turn() -> Turn | None:

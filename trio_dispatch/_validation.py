@@ -50,6 +50,28 @@ def check_provider(provider: object) -> str:
     return check_text(provider, "provider")
 
 
+#: The longest tenant name: ``Tenant`` keys, ``tenant=`` arguments, the
+#: admin API's ``/tenants/{tenant}``.
+MAX_TENANT_NAME = 256
+
+
+def check_tenant_name(tenant: object, name: str = "tenant") -> str:
+    """A tenant's name: a non-empty ``str`` of at most ``MAX_TENANT_NAME`` characters."""
+    check_text(tenant, name)
+    assert isinstance(tenant, str)  # checked just above
+    if len(tenant) > MAX_TENANT_NAME:
+        raise ValueError(
+            f"{name} must be at most {MAX_TENANT_NAME} characters,"
+            f" got one of {len(tenant)}"
+        )
+    return tenant
+
+
+def check_optional_tenant(tenant: object, name: str = "tenant") -> str | None:
+    """``None`` (no tenant), or a tenant's name."""
+    return None if tenant is None else check_tenant_name(tenant, name)
+
+
 def check_limit(limit: object, name: str = "limit") -> int:
     """A positive ``int`` (not a ``bool``, not a float): limits and counts >= 1."""
     if not isinstance(limit, int) or isinstance(limit, bool):

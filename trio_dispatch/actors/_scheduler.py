@@ -143,7 +143,7 @@ class SchedulerActor:
         """A fresh ticket; its ``seq`` matches the order of the inbox."""
         # tuple.__new__ is what Ticket's own __new__ calls, without its
         # Python frame: one ticket per request.
-        return _new_ticket(Ticket, (rank, next(self._seq), priority))
+        return _new_ticket(Ticket, (rank, next(self._seq), priority, None, None))
 
     def send(self, message: SchedulerMessage) -> None:
         """Put a message in the inbox; never blocks.

@@ -519,6 +519,12 @@ def _provider_status(stats: ProviderStatistics, now: float) -> dict[str, object]
         "local_waiting": stats.local_waiting,
         "adaptive": stats.adaptive,
         "budget": None if stats.budget is None else attrs.asdict(stats.budget),
+        "models": {
+            model: attrs.asdict(budget) for model, budget in stats.models.items()
+        },
+        "tenants": {
+            name: attrs.asdict(tenant) for name, tenant in stats.tenants.items()
+        },
     }
 
 

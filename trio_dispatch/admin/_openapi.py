@@ -111,9 +111,33 @@ _SCHEMAS: dict[str, Any] = {
                 "oneOf": [{"$ref": "#/components/schemas/Budget"}, {"type": "null"}],
                 "description": "The budgets in use (configured or learned), or null.",
             },
+            "models": {
+                "type": "object",
+                "description": "Each model's own budgets, by model name.",
+                "additionalProperties": {"$ref": "#/components/schemas/Budget"},
+            },
+            "tenants": {
+                "type": "object",
+                "description": "Each tenant's share of the provider, by name.",
+                "additionalProperties": {"$ref": "#/components/schemas/TenantStatus"},
+            },
         },
         "One provider's statistics, as ``Dispatcher.statistics()`` has"
         " them, but for the end of a pause, shown as the seconds left.",
+    ),
+    "TenantStatus": _record(
+        {
+            "tenant": {"type": "string"},
+            "weight": {"type": "number", "exclusiveMinimum": 0},
+            "limit": {"type": ["integer", "null"], "minimum": 1},
+            "in_flight": _COUNT,
+            "waiting": _COUNT,
+            "service": {
+                "type": "number",
+                "description": "Slot-seconds received, divided by the weight.",
+            },
+        },
+        "One tenant's part of one provider.",
     ),
     "Budget": _record(
         {

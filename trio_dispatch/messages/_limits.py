@@ -1,7 +1,8 @@
 """The limits and budgets a user configures, as frozen attrs values.
 
-``Budget`` (requests and tokens per minute) and ``AdaptiveLimit`` (a
-concurrency limit that finds its own value) are plain data, checked on
+``Budget`` (requests and tokens per minute), ``AdaptiveLimit`` (a
+concurrency limit that finds its own value) and ``Tenant`` (a share of
+every provider's slots) are plain data, checked on
 their fields; the rules that act on them (refill, learning, the adaptive
 moves) are in the policy core (``_budgets``), which imports these values,
 never the reverse.
@@ -13,7 +14,12 @@ from typing import final
 
 import attrs
 
-from .._validation import check_fraction, positive_int, positive_number, slot_limit
+from .._validation import (
+    check_fraction,
+    positive_int,
+    positive_number,
+    slot_limit,
+)
 
 DEFAULT_MAX_TOKENS = 4096
 """Tokens charged for the answer of a request that sets no ``max_tokens``."""
@@ -95,3 +101,29 @@ class AdaptiveLimit:
                 f"initial must be from minimum={self.minimum!r} to"
                 f" maximum={self.maximum!r}, got {self.initial!r}"
             )
+
+
+@final
+@attrs.frozen
+class Tenant:
+    """One tenant's share of every provider's slots: a weight and an optional cap.
+
+    Between tenants whose requests wait, a provider's next free slot goes
+    to the one that has received the least service for its weight (see
+    ``open_dispatcher``'s ``tenants``); within a tenant, the oldest turn
+    goes first, as always. Tenants not configured have the defaults.
+
+    Attributes:
+        weight: The tenant's share, relative to the others' (a finite,
+            positive number): a tenant of weight 2 receives twice the
+            service of a tenant of weight 1 while both have requests
+            waiting.
+        limit: At most this many slots of each provider held by the
+            tenant at once (from 1 to ``MAX_LIMIT``), or ``None`` for no
+            cap of its own.
+    """
+
+    weight: float = attrs.field(default=1.0, validator=positive_number)
+    limit: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(slot_limit)
+    )

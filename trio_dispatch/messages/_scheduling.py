@@ -47,11 +47,28 @@ class Ticket(NamedTuple):
         seq: The scheduler's count of tickets, unique per scheduler.
         priority: The request's priority class (higher first), carried for
             whoever reads the ticket; the order needs only ``rank``.
+        tenant: The tenant the request is made for, or ``None`` (see
+            ``Tenant``): the policy queues each tenant's tickets apart.
+        model: The model the request asks for, or ``None``: a budget of
+            that model (configured as ``"provider/model"``, or learned from
+            its answers) must hold it too.
     """
 
     rank: float
     seq: int
     priority: int = 0
+    tenant: str | None = None
+    model: str | None = None
+
+    def __repr__(self) -> str:
+        shown = (
+            f"Ticket(rank={self.rank!r}, seq={self.seq!r}, priority={self.priority!r}"
+        )
+        if self.tenant is not None:
+            shown += f", tenant={self.tenant!r}"
+        if self.model is not None:
+            shown += f", model={self.model!r}"
+        return shown + ")"
 
 
 @final
