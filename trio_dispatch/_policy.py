@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, final
 
 import attrs
 
-from ._budgets import AdaptiveLimit, Throttle
+from ._budgets import AdaptiveLimit, Budget, Throttle
 from ._exceptions import QueueFull
 from ._ratelimits import server_delay
 from ._validation import (
@@ -67,9 +67,13 @@ from ._validation import (
     check_optional_seconds,
     check_pauses,
     check_slot_limit,
+    check_tenant_name,
+    check_text,
 )
+from .messages._limits import Tenant
 
 if TYPE_CHECKING:
+    from ._backend import TenantStatistics
     from ._budgets import BudgetStatistics
     from ._ratelimits import RateLimitInfo
     from .messages._scheduling import Ticket
@@ -365,7 +369,50 @@ class SlotPolicy:
         if self._gate is not None:
             self._gate.answered(ticket)
 
-    def observe_rate_limits(self, now: float, info: RateLimitInfo) -> list[Ticket]:
+    def set_tenant(self, tenant: str, settings: Tenant | None) -> list[Ticket]:
+        """Give ``tenant`` a weight and a cap; ``None``: back to the defaults.
+
+        Returns the tickets the change lets through (a cap raised).
+
+        Raises:
+            TypeError: ``tenant`` is not a string, or ``settings`` not a
+                ``Tenant`` or ``None``.
+            ValueError: ``tenant`` is empty or too long.
+        """
+        check_tenant_name(tenant)
+        if settings is not None and not isinstance(settings, Tenant):
+            raise TypeError(f"settings must be a Tenant or None, got {settings!r}")
+        return []
+
+    def set_model_budget(self, model: str, budget: Budget) -> list[Ticket]:
+        """Give ``model`` a budget of its own, asked beside the provider's.
+
+        Returns the tickets the change lets through.
+
+        Raises:
+            TypeError: ``model`` is not a string or ``budget`` not a ``Budget``.
+            ValueError: ``model`` is empty.
+        """
+        check_text(model, "model")
+        if not isinstance(budget, Budget):
+            raise TypeError(f"budget must be a Budget, got {budget!r}")
+        return []
+
+    def tenant_statistics(
+        self, now: float | None = None
+    ) -> dict[str, TenantStatistics]:
+        """Each named tenant's share at ``now`` (default: the latest time told)."""
+        return {}
+
+    def model_budget_statistics(
+        self, now: float | None = None
+    ) -> dict[str, BudgetStatistics]:
+        """Each model's budgets at ``now`` (default: the latest time told)."""
+        return {}
+
+    def observe_rate_limits(
+        self, now: float, info: RateLimitInfo, model: str | None = None
+    ) -> list[Ticket]:
         """Learn from the rate-limit figures of an answer that arrived at ``now``.
 
         Creates the throttle if there is none, so a provider that was never
