@@ -15,7 +15,8 @@ ignored by its reply, and the requester's ``Cancel``, already behind in the
 inbox, releases it. So slots never leak through that race.
 
 The actor need not be woken for every message. While the provider has no
-budget and no pause, an ``Acquire``, ``Release`` or ``Cancel`` that finds
+budget (of its own or of a model) and no pause, an ``Acquire``, ``Release``
+or ``Cancel`` that finds
 the inbox empty is handled at once in the sender's task, by the same
 handler and with the same effect as if the actor's task had taken it next
 (that is the order of the inbox); a release's grants go to their waiters
@@ -132,7 +133,7 @@ class SchedulerActor:
         # message may be handled in the caller's task (see acquire). False
         # once the inbox is closed, so that the message meets the closed
         # inbox and its error.
-        self._plain = policy.throttle is None and policy.wake_at is None
+        self._plain = not policy.throttled and policy.wake_at is None
         self._inbox: Mailbox[SchedulerMessage] = Mailbox()
         # The messages taken from the inbox and not handled yet: if handling
         # one crashes the actor, those behind it are failed, not lost.
@@ -375,7 +376,7 @@ class SchedulerActor:
                 if policy.wake_at is not None:
                     self._tick(now)
                 self._plain = (
-                    policy.throttle is None
+                    not policy.throttled
                     and policy.wake_at is None
                     and not inbox.closed
                 )
@@ -447,7 +448,7 @@ class SchedulerActor:
         if policy.wake_at is not None:
             self._tick(now)
         self._plain = (
-            policy.throttle is None
+            not policy.throttled
             and policy.wake_at is None
             and not self._inbox.closed
         )
@@ -508,12 +509,15 @@ class SchedulerActor:
     # The handlers of the hot messages take their fields, not the message:
     # the caller's task runs them without building one (see acquire), and
     # passes ``now=None``: the clock is read only if a grant or an event
-    # needs it, once (while anything listens, at the start).
+    # needs it, once (while anything listens, or once the policy counts
+    # tenants' service, ``needs_clock``: at the start, and told to it).
 
     def _on_release(self, ticket: Ticket, now: float | None) -> None:
         policy = self.policy
-        if now is None and self._listening:
+        if now is None and (self._listening or policy.needs_clock):
+            # Tenants' service needs the time of grants and releases.
             now = trio.current_time()
+            policy.advance(now)
         listening = self._listening
         before = (policy.in_flight, policy.waiting) if listening else None
         try:
@@ -534,8 +538,10 @@ class SchedulerActor:
 
     def _on_cancel(self, ticket: Ticket, now: float | None) -> None:
         policy = self.policy
-        if now is None and self._listening:
+        if now is None and (self._listening or policy.needs_clock):
+            # Tenants' service needs the time of grants and releases.
             now = trio.current_time()
+            policy.advance(now)
         self._replies.pop(ticket, None)
         before = (policy.in_flight, policy.waiting) if self._listening else None
         grants = policy.cancel(ticket)
@@ -555,8 +561,10 @@ class SchedulerActor:
         now: float | None,
     ) -> None:
         policy = self.policy
-        if now is None and self._listening:
+        if now is None and (self._listening or policy.needs_clock):
+            # Tenants' service needs the time of grants and releases.
             now = trio.current_time()
+            policy.advance(now)
         try:
             grants = policy.acquire(ticket, tokens)
         except (QueueFull, ValueError) as exc:
