@@ -376,9 +376,7 @@ class SchedulerActor:
                 if policy.wake_at is not None:
                     self._tick(now)
                 self._plain = (
-                    not policy.throttled
-                    and policy.wake_at is None
-                    and not inbox.closed
+                    not policy.throttled and policy.wake_at is None and not inbox.closed
                 )
         finally:
             if not stopped_idle:
@@ -448,9 +446,7 @@ class SchedulerActor:
         if policy.wake_at is not None:
             self._tick(now)
         self._plain = (
-            not policy.throttled
-            and policy.wake_at is None
-            and not self._inbox.closed
+            not policy.throttled and policy.wake_at is None and not self._inbox.closed
         )
 
     def _tick(self, now: float) -> None:
