@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import itertools
 
-from trio_dispatch import Budget, Quota, RateLimitInfo
+import pytest
+
+from trio_dispatch import Budget, QueueFull, Quota, RateLimitInfo, Tenant
 from trio_dispatch.lowlevel import SlotPolicy, Throttle, Ticket
 
 ONE_PER_MINUTE = Budget(requests_per_minute=1)
@@ -228,3 +230,79 @@ def test_models_and_tenants_together() -> None:
     assert policy.release(a4) == []
     assert wake_at(policy) == 60.0
     assert policy.tick(60.0) == [b2]
+
+
+def test_an_answer_for_a_model_makes_its_next_figures_the_newest() -> None:
+    # The figures of the answer of a request granted after the latest
+    # figures may raise the learned level (see _budgets), for a model too.
+    t = Tickets()
+    policy = SlotPolicy(4)
+    policy.advance(0.0)
+    first = RateLimitInfo(requests=Quota(limit=60, remaining=10, reset=60.0))
+    policy.observe_rate_limits(0.0, first, model="m")
+    m0 = t(0, "m")
+    assert policy.acquire(m0) == [m0]
+    policy.answered(m0)
+    later = RateLimitInfo(requests=Quota(limit=60, remaining=50, reset=60.0))
+    policy.observe_rate_limits(0.0, later, model="m")
+    assert policy.model_budget_statistics()["m"].requests_available == 50.0
+
+
+def test_queue_full_refuses_a_newcomer_held_back_by_a_budget() -> None:
+    t = Tickets()
+    policy = SlotPolicy(
+        4,
+        max_waiting=1,
+        throttle=Throttle(Budget(tokens_per_minute=100)),
+        models={"slow": Throttle(ONE_PER_MINUTE)},
+        tenants={"a": Tenant()},
+    )
+    policy.advance(0.0)
+    slow0, slow1 = t(0, "slow"), t(1, "slow")
+    assert policy.acquire(slow0, 1) == [slow0]
+    assert policy.acquire(slow1) == []
+    # The queue is full: a newcomer of the held-back model is refused...
+    with pytest.raises(QueueFull):
+        policy.acquire(t(2, "slow"))
+    # ...and so is one the provider's tokens do not hold (99 left).
+    with pytest.raises(QueueFull):
+        policy.acquire(t(3, "fast"), 100)
+    # One that may go, goes.
+    fast4 = t(4, "fast")
+    assert policy.acquire(fast4, 50) == [fast4]
+    assert policy.statistics().rejected_total == 2
+
+
+def test_withdrawing_the_head_the_provider_holds_back_lets_the_next_go() -> None:
+    t = Tickets()
+    policy = SlotPolicy(
+        4, throttle=Throttle(Budget(tokens_per_minute=100)), tenants={"a": Tenant()}
+    )
+    policy.advance(0.0)
+    big0, big1, small2 = t(0, "m", "a"), t(1, "m", "a"), t(2, "m", "a")
+    assert policy.acquire(big0, 80) == [big0]
+    assert policy.acquire(big1, 80) == []
+    assert policy.acquire(small2, 10) == []  # nobody passes the held-back head
+    assert wake_at(policy) == 36.0
+    assert policy.cancel(big1) == [small2]
+    assert wake_at(policy) is None
+
+
+def test_a_pause_outlasts_a_held_back_model() -> None:
+    t = Tickets()
+    policy = SlotPolicy(4, models={"slow": Throttle(ONE_PER_MINUTE)})
+    policy.advance(0.0)
+    policy.acquire(t(0, "slow"))
+    policy.acquire(t(1, "slow"))
+    assert wake_at(policy) == 60.0
+    policy.pause(90.0)
+    assert wake_at(policy) == 90.0
+    assert policy.tick(60.0) == []
+    assert wake_at(policy) == 90.0
+
+
+def test_model_throttles_are_checked_by_the_constructor() -> None:
+    with pytest.raises(TypeError, match=r"^throttle of 'm' must be a Throttle, got 5$"):
+        SlotPolicy(1, models={"m": 5})  # type: ignore[dict-item]  # on purpose
+    with pytest.raises(ValueError, match=r"^model must be a non-empty string, got ''$"):
+        SlotPolicy(1, models={"": Throttle()})
