@@ -259,3 +259,31 @@ async def test_an_acquire_granted_with_others_delivers_every_grant(
         ]
         assert policy.waiting == 0
         nursery.cancel_scope.cancel()
+
+
+async def test_a_withdrawal_that_lets_a_waiter_through_delivers_its_grant(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    # B waits for the provider's budget, back at 60; C waits behind it. At
+    # 70 C's requester misuses the protocol (a release of a waiting ticket):
+    # C is withdrawn and failed, and the fill that withdrawal makes grants
+    # B, which must reach B. (Regression: the grant was dropped, the slot
+    # held by nobody.)
+    policy = SlotPolicy(4, throttle=Throttle(Budget(requests_per_minute=1)))
+    actor = SchedulerActor("p", policy)
+    a, b, c = RecordingReply(), RecordingReply(), RecordingReply()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(actor.run)
+        actor.acquire(actor.ticket(0.0), a)
+        b_ticket = actor.ticket(1.0)
+        actor.acquire(b_ticket, b)
+        c_ticket = actor.ticket(2.0)
+        actor.acquire(c_ticket, c)
+        await trio.testing.wait_all_tasks_blocked()
+        mock_clock.jump(70)
+        actor.release(c_ticket)
+        await trio.testing.wait_all_tasks_blocked()
+        assert [type(e) for e in c.errors] == [RuntimeError]
+        assert [(g.ticket, g.granted_at) for g in b.grants] == [(b_ticket, 70.0)]
+        assert (policy.in_flight, policy.waiting) == (2, 0)
+        nursery.cancel_scope.cancel()

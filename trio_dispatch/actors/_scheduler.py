@@ -662,8 +662,12 @@ class SchedulerActor:
 
     def _withdraw(self, ticket: Ticket, error: Exception) -> None:
         reply = self._replies.pop(ticket)
-        self.policy.cancel(ticket)
+        # It may have been the head a budget held back: the others it lets
+        # through are granted now, and must be told.
+        grants = self.policy.cancel(ticket)
         reply._fail(error)
+        if grants:
+            self._deliver(grants, trio.current_time())
 
     def _drop(self, message: SetLimit | Pause, error: Exception) -> None:
         _logger.error(
