@@ -91,7 +91,7 @@ async def test_three_to_one_weights_give_three_slots_for_one(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with open_dispatcher(
-        {"p": 1}, tenants={"heavy": Tenant(weight=3.0)}
+        {"p": 1}, tenants={"heavy": Tenant(weight=3.0), "light": Tenant()}
     ) as dispatcher:
         order = await grant_order(dispatcher, ["heavy"] * 10 + ["light"] * 4)
         stats = dispatcher.statistics().providers["p"]
