@@ -213,3 +213,37 @@ async def test_a_provider_tells_its_model_to_an_observer_that_takes_one(
             async for _ in stream:
                 pass
     assert told == [("openai", "gpt-4o" if observer_takes_model else None)]
+
+
+async def test_a_provider_s_own_two_argument_callback_teaches_its_call_s_model(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from trio_dispatch.testing import FakeQuotas  # noqa: PLC0415  # this test only
+
+    server = FakeLLMServer(FakeScript(), quotas=FakeQuotas(requests_per_minute=60))
+    http = httpx2.AsyncClient(transport=asgi(server))
+    async with open_dispatcher({"openai": 2}) as dispatcher:
+
+        def observe(provider: str, info: RateLimitInfo) -> None:
+            # Told no model: the call under way in this task names it.
+            dispatcher.observe_rate_limits(provider, info)
+
+        async with (
+            http,
+            OpenAIProvider(
+                id="openai",
+                base_url="http://fake.test/v1",
+                api_key="sk-test",
+                model="gpt-4o",
+                client=http,
+                on_rate_limits=observe,
+            ) as provider,
+        ):
+            request = ChatRequest(messages=[ChatMessage("user", "hi")])
+            async with wrap_provider(provider, dispatcher).stream(request) as stream:
+                async for _ in stream:
+                    pass
+        stats = dispatcher.statistics().providers["openai"]
+    assert stats.budget is None
+    assert stats.models["gpt-4o"].requests_per_minute == 60
+    assert stats.models["gpt-4o"].learned
