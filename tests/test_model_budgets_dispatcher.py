@@ -27,7 +27,8 @@ from trio_dispatch import (
 )
 from trio_dispatch.messages import ChatMessage, ChatRequest
 from trio_dispatch.providers import OpenAIProvider
-from trio_dispatch.testing import FakeLLMServer, FakeReply, FakeScript
+from trio_dispatch.providers._checks import takes_model
+from trio_dispatch.testing import FakeLLMServer, FakeQuotas, FakeReply, FakeScript
 
 URL = "http://fake.test/v1/chat/completions"
 
@@ -183,8 +184,6 @@ async def test_our_provider_s_model_goes_with_its_slot_and_its_figures(
 async def test_a_provider_tells_its_model_to_an_observer_that_takes_one(
     autojump_clock: trio.testing.MockClock, observer_takes_model: bool
 ) -> None:
-    from trio_dispatch.testing import FakeQuotas  # noqa: PLC0415  # this test only
-
     server = FakeLLMServer(FakeScript(), quotas=FakeQuotas(requests_per_minute=60))
     told: list[tuple[str, str | None]] = []
 
@@ -218,8 +217,6 @@ async def test_a_provider_tells_its_model_to_an_observer_that_takes_one(
 async def test_a_provider_s_own_two_argument_callback_teaches_its_call_s_model(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    from trio_dispatch.testing import FakeQuotas  # noqa: PLC0415  # this test only
-
     server = FakeLLMServer(FakeScript(), quotas=FakeQuotas(requests_per_minute=60))
     http = httpx2.AsyncClient(transport=asgi(server))
     async with open_dispatcher({"openai": 2}) as dispatcher:
@@ -247,3 +244,41 @@ async def test_a_provider_s_own_two_argument_callback_teaches_its_call_s_model(
     assert stats.budget is None
     assert stats.models["gpt-4o"].requests_per_minute == 60
     assert stats.models["gpt-4o"].learned
+
+
+def _two(provider: str, info: RateLimitInfo) -> None: ...
+
+
+def _keyword(
+    provider: str, info: RateLimitInfo, *, model: str | None = None
+) -> None: ...
+
+
+def _named(provider: str, info: RateLimitInfo, model: str | None = None) -> None: ...
+
+
+def _positional(
+    provider: str, info: RateLimitInfo, model: str | None = None, /
+) -> None: ...
+
+
+def _anything(*args: object, **kwargs: object) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("observer", "told"),
+    [
+        (_two, False),
+        (_keyword, True),
+        (_named, True),
+        (_positional, False),
+        (_anything, True),
+        (min, False),  # a builtin without a signature to read
+    ],
+    ids=["two", "keyword", "named", "positional", "anything", "builtin"],
+)
+def test_an_observer_is_told_the_model_if_it_takes_a_model_keyword(
+    observer: Any,  # noqa: ANN401 (any callable)
+    told: bool,
+) -> None:
+    assert takes_model(observer) is told
