@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trio_dispatch import Tenant, open_dispatcher
 from trio_dispatch.messages import ChatMessage
@@ -228,3 +230,57 @@ async def test_a_backend_made_later_gets_the_tenants_set_earlier(
         stats = dispatcher.statistics().providers["late"].tenants
         assert stats["acme"].weight == 2.0
         assert stats["acme"].limit == 2
+
+
+async def _grant_times(
+    requests: list[tuple[float, int]], tenant: str | None, tenants: dict[str, Tenant]
+) -> dict[int, float]:
+    """When each of ``requests`` (turn start, class), all of ``tenant``, was granted.
+
+    Times, not the order of the records: slots granted at the same instant
+    run in whatever order trio picks.
+    """
+    granted: dict[int, float] = {}
+    async with open_dispatcher({"p": 2}, tenants=tenants) as dispatcher:
+
+        async def call(index: int, started_at: float, priority: int) -> None:
+            async with dispatcher.slot(
+                "p", started_at=started_at, priority=priority, tenant=tenant
+            ):
+                granted[index] = trio.current_time()
+                await trio.sleep(1 + index % 3)
+
+        async with trio.open_nursery() as nursery:
+            for index, (started_at, priority) in enumerate(requests):
+                nursery.start_soon(call, index, started_at, priority)
+                await trio.testing.wait_all_tasks_blocked()
+    return granted
+
+
+@given(
+    requests=st.lists(
+        st.tuples(
+            st.integers(min_value=-20, max_value=0).map(float),
+            st.integers(min_value=0, max_value=2),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    weight=st.sampled_from([0.5, 1.0, 3.0]),
+)
+@settings(deadline=None)
+def test_one_tenant_is_today_s_order_whatever_its_weight(
+    requests: list[tuple[float, int]], weight: float
+) -> None:
+    def run(tenant: str | None, tenants: dict[str, Tenant]) -> dict[int, float]:
+        return trio.run(
+            _grant_times,
+            requests,
+            tenant,
+            tenants,
+            clock=trio.testing.MockClock(autojump_threshold=0),
+        )
+
+    today = run(None, {})
+    assert run("solo", {}) == today
+    assert run("solo", {"solo": Tenant(weight=weight)}) == today
