@@ -230,13 +230,12 @@ class Slot(metaclass=NoPublicConstructor):
             if priority
             else self.started_at
         )
-        tenant = self.tenant
-        model = self.model
         # Without a tenant or a model, the common case, two arguments fewer.
+        # No locals for them: every parked request keeps this frame.
         ticket = (
             actor.ticket(rank, priority)
-            if tenant is None and model is None
-            else actor.ticket(rank, priority, tenant, model)
+            if self.tenant is None and self.model is None
+            else actor.ticket(rank, priority, self.tenant, self.model)
         )
         self._actor = actor
         self.ticket = ticket
