@@ -17,9 +17,12 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trio_dispatch import Tenant, open_dispatcher
+from trio_dispatch import Budget, Tenant, open_dispatcher
+from trio_dispatch.lowlevel import open_dispatcher_with
 from trio_dispatch.messages import ChatMessage
 from trio_dispatch.testing import FakeReply, FakeScript, ScriptedProvider
+
+from .test_backends import Made
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -284,3 +287,29 @@ def test_one_tenant_is_today_s_order_whatever_its_weight(
     today = run(None, {})
     assert run("solo", {}) == today
     assert run("solo", {"solo": Tenant(weight=weight)}) == today
+
+
+async def test_tenants_and_model_budgets_reach_every_backend_through_the_protocol(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    made = Made()
+    async with open_dispatcher_with(
+        made,
+        {"p": 2, "q": 2},
+        tenants={"acme": Tenant(weight=2.0), "beta": Tenant(limit=1)},
+        budgets={"p/m": Budget(requests_per_minute=60)},
+    ) as dispatcher:
+        dispatcher.set_tenant("gamma", Tenant(weight=0.5))
+        dispatcher.remove_tenant("beta")
+        dispatcher.remove_tenant("never-configured")
+        dispatcher.set_limit("late", 1)
+        stats = dispatcher.statistics().providers
+    # Told at birth (two tenants, then gamma's and beta's removal), and
+    # each model's budget to its own provider only.
+    calls = {name: backend.calls for name, backend in made.backends.items()}
+    assert [calls[name]["set_tenant"] for name in ("p", "q", "late")] == [4, 4, 2]
+    assert [calls[name]["set_model_budget"] for name in ("p", "q", "late")] == [1, 0, 0]
+    assert set(stats["p"].models) == {"m"}
+    assert stats["q"].models == {}
+    assert set(stats["late"].tenants) == {"acme", "gamma"}
+    assert stats["late"].tenants["gamma"].weight == 0.5
