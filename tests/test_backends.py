@@ -1,8 +1,9 @@
 """The backend interface: a third backend, written with lowlevel names only.
 
-``CountingBackend`` (``tests/_backend_rigs.py``) wraps the local scheduler and counts what the
-dispatcher asks of it: the dispatcher must reach every backend through
-``trio_dispatch.lowlevel.Backend`` alone, and never ask which it has.
+``CountingBackend`` (in ``tests/_backend_rigs.py``) wraps the local
+scheduler and counts what the dispatcher asks of it: the dispatcher must
+reach every backend through ``trio_dispatch.lowlevel.Backend`` alone, and
+never ask which it has.
 """
 
 from __future__ import annotations
