@@ -322,7 +322,6 @@ async def model_fleet(*, learn_budgets: bool) -> dict[str, list[int]]:
             headers={"authorization": "Bearer sk-test"},
         ) as client,
     ):
-
         end = trio.current_time() + RUN
 
         async def agent(model: str) -> None:
