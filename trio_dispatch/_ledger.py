@@ -128,6 +128,7 @@ from ._scripts import (
     ResumeArgs,
     SetBudgetArgs,
     SetLimitArgs,
+    SetTenantArgs,
     StepArgs,
     load_scripts,
 )
@@ -136,6 +137,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
     from ._budgets import AdaptiveLimit, Budget
+    from .messages._limits import Tenant
     from ._ratelimits import RateLimitInfo
     from ._scripts import Script, Scripts
 
@@ -168,6 +170,12 @@ def keys_of(namespace: str, provider: str) -> list[str]:
             "charge",
             "unans",
             "inuse",
+            "tconf",
+            "tstate",
+            "tback",
+            "qmeta",
+            "lmeta",
+            "models",
         )
     ]
 
@@ -222,6 +230,28 @@ class StepResult:
     server_time: float
     budget: LedgerBudget | None = None
     adaptive: tuple[int, int, float] | None = None
+    tenants: dict[str, LedgerTenant] = attrs.field(factory=dict)
+    models: dict[str, LedgerBudget] = attrs.field(factory=dict)
+
+
+@final
+@attrs.frozen
+class LedgerTenant:
+    """One tenant of a provider, fleet-wide, after one step.
+
+    Attributes:
+        weight: Its share weight.
+        limit: Its cap on the provider's slots, or ``None``.
+        in_flight: Leases it holds, fleet-wide.
+        queued: Its entries in the shared queue.
+        service: Its counter (seconds of slots held, divided by its weight).
+    """
+
+    weight: float
+    limit: int | None
+    in_flight: int
+    queued: int
+    service: float
 
 
 @final
@@ -269,6 +299,28 @@ def _budget_of(text: str) -> LedgerBudget | None:
         learned=learned == "1",
         ready_in=None if int(ready_in) < 0 else int(ready_in) / 1000,
     )
+
+
+def _tenants_of(rows: list[str]) -> dict[str, LedgerTenant]:
+    return {
+        rows[k]: LedgerTenant(
+            weight=float(rows[k + 1]),
+            limit=int(rows[k + 2]) if rows[k + 2] else None,
+            in_flight=int(rows[k + 3]),
+            queued=int(rows[k + 4]),
+            service=float(rows[k + 5]),
+        )
+        for k in range(0, len(rows), 6)
+    }
+
+
+def _models_of(rows: list[str]) -> dict[str, LedgerBudget]:
+    models: dict[str, LedgerBudget] = {}
+    for k in range(0, len(rows), 2):
+        budget = _budget_of(rows[k + 1])
+        if budget is not None:
+            models[rows[k]] = budget
+    return models
 
 
 def _bounds_of(text: str) -> tuple[int, int, float] | None:
@@ -410,12 +462,14 @@ class Ledger:
         waiting: int = 0,
         seed: int | AdaptiveLimit | None = None,
         observed: RateLimitInfo | None = None,
+        observed_models: Mapping[str, RateLimitInfo] | None = None,
         spoil: Sequence[str] = (),
         usage: Sequence[tuple[str, int]] = (),
         release: Sequence[str] = (),
         withdraw: Sequence[str] = (),
         enqueue: Sequence[tuple[str, float]] = (),
         costs: Mapping[str, int] | None = None,
+        meta: Mapping[str, tuple[str | None, str | None]] | None = None,
         renew_leases: Sequence[str] = (),
         ask: Sequence[str] = (),
         answered: Sequence[str] = (),
@@ -431,30 +485,53 @@ class Ledger:
         start; ``costs`` gives a member's estimated tokens), renews
         ``renew_leases`` (adding them back if they are gone), marks
         ``answered`` leases as counted by the provider, learns from
-        ``observed``, then grants what it can of ``ask`` and of ``enqueue``.
-        Sent twice, the same changes leave the same state.
+        ``observed`` (the provider's figures) and ``observed_models`` (each
+        model's), then grants what it can of ``ask`` and of ``enqueue``.
+        ``meta`` gives an enqueued member's tenant and model, if it has
+        either. Sent twice, the same changes leave the same state.
         """
         keys, channel = self.names(provider)
         tokens_of = {} if costs is None else costs
+        meta_of = {} if meta is None else meta
+        figures: list[tuple[str | None, RateLimitInfo]] = []
+        if observed is not None:
+            figures.append((None, observed))
+        if observed_models:
+            figures += observed_models.items()
         args = StepArgs(
             node=node,
             ttl=round(self.lease * 1000),
             waiting=waiting,
             seed=seed,
             channel=channel,
-            observed=observed,
+            observed=figures,
             spoil=list(spoil),
             usage=list(usage),
             release=list(release),
             withdraw=list(withdraw),
-            enqueue=[(m, start, tokens_of.get(m, 0)) for m, start in enqueue],
+            enqueue=[
+                (m, start, tokens_of.get(m, 0), *meta_of.get(m, (None, None)))
+                for m, start in enqueue
+            ],
             renew_leases=list(renew_leases),
             ask=list(ask),
             answered=list(answered),
         )
         # A Lua script's answer is untyped; this one has a fixed shape.
         reply: Any = await self._run(self._scripts.step, keys, args.pack())
-        granted, limit, in_flight, queued, waiting_all, pause, now, budget, spec = reply
+        (
+            granted,
+            limit,
+            in_flight,
+            queued,
+            waiting_all,
+            pause,
+            now,
+            budget,
+            spec,
+            tenants,
+            models,
+        ) = reply
         return StepResult(
             granted=list(granted),
             limit=_limit_of(limit),
@@ -465,6 +542,8 @@ class Ledger:
             server_time=int(now) / 1000,
             budget=_budget_of(budget),
             adaptive=_bounds_of(spec),
+            tenants=_tenants_of(tenants),
+            models=_models_of(models),
         )
 
     async def set_limit(
@@ -484,15 +563,31 @@ class Ledger:
         stored = await self._run(self._scripts.set_limit, keys, args.pack())
         return _limit_of(stored[0])
 
-    async def set_budget(self, provider: str, budget: Budget) -> None:
-        """Store the fleet's configured budgets of ``provider`` (``set_budget.lua``)."""
+    async def set_budget(
+        self, provider: str, budget: Budget, *, model: str | None = None
+    ) -> None:
+        """Store the fleet's configured budgets of ``provider`` or of its ``model``."""
         keys, channel = self.names(provider)
         args = SetBudgetArgs(
             requests_per_minute=budget.requests_per_minute,
             tokens_per_minute=budget.tokens_per_minute,
             channel=channel,
+            model=model,
         )
         await self._run(self._scripts.set_budget, keys, args.pack())
+
+    async def set_tenant(
+        self, provider: str, tenant: str, settings: Tenant | None
+    ) -> None:
+        """Store a tenant's weight and cap for the fleet (``None``: the defaults)."""
+        keys, channel = self.names(provider)
+        args = SetTenantArgs(
+            tenant=tenant,
+            weight=None if settings is None else settings.weight,
+            limit=None if settings is None else settings.limit,
+            channel=channel,
+        )
+        await self._run(self._scripts.set_tenant, keys, args.pack())
 
     async def pause(
         self,
