@@ -137,9 +137,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
     from ._budgets import AdaptiveLimit, Budget
-    from .messages._limits import Tenant
     from ._ratelimits import RateLimitInfo
     from ._scripts import Script, Scripts
+    from .messages._limits import Tenant
 
     Client: TypeAlias = coredis.Redis[str] | coredis.RedisCluster[str]
     """A client of one Redis server, or of a Redis Cluster."""

@@ -197,7 +197,13 @@ class StepArgs:
         args += _counted(self.withdraw)
         args.append(str(len(self.enqueue)))
         for member, start, tokens, tenant, model in self.enqueue:
-            args += (member, _number(start), tokens_arg(tokens), tenant or "", model or "")
+            args += (
+                member,
+                _number(start),
+                tokens_arg(tokens),
+                tenant or "",
+                model or "",
+            )
         args += _counted(self.renew_leases)
         args += _counted(self.ask)
         args += _counted(self.answered)

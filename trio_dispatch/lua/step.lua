@@ -422,10 +422,11 @@ for j = 1, n do
   i = i + 5
   if not held(m) then
     if xm then
+      local s = tenant(t)
       local added = redis.call('ZADD', queue_of(t), start, m)
       META[m] = {t, model}
       if t ~= '' or model ~= '' then redis.call('HSET', qmeta, m, t .. '\n' .. model) end
-      if added == 1 then waiting_moved(tenant(t), 1) end
+      if added == 1 then waiting_moved(s, 1) end
     else
       redis.call('ZADD', queue, start, m)
     end
@@ -581,11 +582,6 @@ local function reserve(sc, cost)
   sc.res_r = sc.res_r + 1
   if sc.T then sc.res_t = sc.res_t + math.min(cost, sc.T.cap) end
 end
--- The earliest time a head held back by a budget fits (-1: none).
-local ready_in = -1
-local function held_back(wait)
-  if ready_in < 0 or wait < ready_in then ready_in = wait end
-end
 -- A scope's charge for a grant.
 local function charge_to(sc, id, cost)
   if sc.R then take(sc.R, 1) end
@@ -648,11 +644,7 @@ local function grant_in_order(window)
     local cost = 0
     if budgeted then
       cost = tokens_of(redis.call('HGET', qcost, m))
-      local wait = lacks(P, cost)
-      if wait > 0 then
-        held_back(wait)
-        break
-      end
+      if lacks(P, cost) > 0 then break end
     end
     if asking[m] then
       grant(m, cost)
@@ -733,14 +725,8 @@ local function grant_fairly(free)
     local sc = model ~= '' and scope_of(model)
     local cost = 0
     if budgeted or sc then cost = tokens_of(redis.call('HGET', qcost, m)) end
-    local wait = budgeted and lacks(P, cost) or 0
-    if wait > 0 then
-      held_back(wait)
-      break
-    end
-    wait = sc and lacks(sc, cost) or 0
-    if wait > 0 then
-      held_back(wait)
+    if budgeted and lacks(P, cost) > 0 then break end
+    if sc and lacks(sc, cost) > 0 then
       blocked[model] = true
     else
       be.taken = true
@@ -812,7 +798,7 @@ local function write_scope(sc, fields)
 end
 local budget = ''
 if budgeted then
-  budget = write_scope(P, {}) .. ',' .. whole(ready_in)
+  budget = write_scope(P, {}) .. ',' .. whole(P.wait)
 elseif P.moved then
   write_scope(P, {})
 end
