@@ -113,12 +113,12 @@ local function expire_idle(floor, kept, pause_until, present)
     redis.call('PEXPIREAT', conf, whole(math.max(at, stored(pause_until, 0))))
   end
 end
--- Tenants and models are counted from the first time either is seen (a
--- tenant configured, a member of a tenant or with a model queued, a model's
--- budget or figures): ``xm`` in ``conf``, the server time it began. Then
--- the tenant of no name has a counter too, its holders counted from then
--- (their service before is not counted: nothing kept their grant times).
--- Returns that time.
+-- Tenants are counted from the first time tenants or model budgets are
+-- seen (a tenant configured, a member of a tenant queued, a model's budget
+-- configured or its figures learned), as the pure core does: ``xm`` in
+-- ``conf``, the server time it began. From then on the tenant of no name
+-- ('') has a counter too, its holders counted from then (nothing kept the
+-- times of their grants). Returns that time.
 local function extend()
   local xm = redis.call('HGET', conf, 'xm')
   if xm then return tonumber(xm) end
@@ -126,26 +126,27 @@ local function extend()
   local held = redis.call('ZCARD', leases)
   local waiting = redis.call('ZCARD', queue)
   if held > 0 or waiting > 0 then
-    redis.call('HSET', tstate, '', '0,' .. held .. ',' .. whole(held * now) .. ',' .. now)
+    redis.call('HSET', tstate, '', '0,' .. held .. ',' .. now)
   end
   if waiting > 0 then redis.call('SADD', tback, '') end
   return now
 end
--- A tenant's state as stored (base counter, holders, sum of their grant
--- times in ms, and the time of its latest fold: a holder granted before it
--- counts from then), and its settings (weight, cap), parsed.
+-- A tenant's state as stored: its counter (slot-seconds over its weight)
+-- as of ``last`` (server ms), its holders, and ``last``; accruing since by
+-- ``held * (now - last) / weight`` and folded in at every grant, release,
+-- weight change and raise (as the pure core's ``TenantState``).
 local function tenant_state(text)
-  local base, held, sum, fold = 0, 0, 0, 0
+  local base, held, last = 0, 0, 0
   if text then
-    local b, h, s, f = string.match(text, '^([^,]*),([^,]*),([^,]*),([^,]*)$')
-    base, held, sum, fold = stored(b, 0), math.max(0, stored(h, 0)), stored(s, 0),
-      stored(f, 0)
+    local b, h, l = string.match(text, '^([^,]*),([^,]*),([^,]*)$')
+    base, held, last = stored(b, 0), math.max(0, stored(h, 0)), stored(l, 0)
   end
-  return base, held, sum, fold
+  return base, held, last
 end
-local function tenant_text(base, held, sum, fold)
-  return num(base) .. ',' .. whole(held) .. ',' .. whole(sum) .. ',' .. whole(fold)
+local function tenant_text(base, held, last)
+  return num(base) .. ',' .. whole(held) .. ',' .. whole(last)
 end
+-- A tenant's settings as stored: weight and cap (empty: none).
 local function tenant_settings(text)
   if not text then return 1, nil end
   local w, cap = string.match(text, '^([^,]*),([^,]*)$')

@@ -27,7 +27,7 @@ local c = redis.call('HMGET', conf, 'limit', 'pause_until', 'streak',
   'granted_at_report', 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow',
   'r_cap', 'r_rate', 'r_lvl', 'r_at', 'r_cfg',
   't_cap', 't_rate', 't_lvl', 't_at', 't_cfg', 'learned', 'r_own', 't_own', 'a_dec',
-  'since', 'newest', 'xm', 't_last')
+  'since', 'newest', 'xm', 't_last', 'qm')
 
 -- Where the counted lists start: enqueue, renew, ask (read ahead, for the
 -- members a lost answer granted and for whether tenants or models appear).
@@ -41,8 +41,11 @@ do
   at_enqueue = k
 end
 
--- Tenants and models: counted once either is seen (see ``extend``).
+-- Tenants: counted once a tenant or a model's figures are seen (see
+-- ``extend``). Before, a member with a model keeps it in ``qmeta`` (``qm``
+-- in ``conf`` says some may), for when they are.
 local xm = tonumber(c[26])
+local qm = c[28] ~= false
 if not xm then
   local seen_one = false
   for _, f in ipairs(figures) do
@@ -50,7 +53,11 @@ if not xm then
   end
   for j = 1, tonumber(ARGV[at_enqueue]) do
     local base = at_enqueue + 1 + 5 * (j - 1)
-    if ARGV[base + 3] ~= '' or ARGV[base + 4] ~= '' then seen_one = true end
+    if ARGV[base + 3] ~= '' then seen_one = true end
+    if ARGV[base + 4] ~= '' and not qm then
+      qm = true
+      redis.call('HSET', conf, 'qm', 1)
+    end
   end
   if seen_one then xm = extend() end
 end
@@ -135,7 +142,7 @@ local BL = {}
 local function tenant(t)
   local s = TS[t]
   if s then return s end
-  local base, held, sum, fold = tenant_state(redis.call('HGET', tstate, t))
+  local base, held, last = tenant_state(redis.call('HGET', tstate, t))
   local w, cap, cfg = 1, nil, false
   if t ~= '' then
     local text = redis.call('HGET', tconf, t)
@@ -144,14 +151,23 @@ local function tenant(t)
       cfg = true
     end
   end
-  s = {name = t, base = base, held = held, sum = sum, fold = fold, w = w, cap = cap,
+  s = {name = t, base = base, held = held, last = last, w = w, cap = cap,
     cfg = cfg, waiting = redis.call('ZCARD', queue_of(t)), dirty = false}
   TS[t] = s
   return s
 end
--- c_t(now) = base + (held * now - sum of grant times) / weight, in seconds.
-local function counter(s, held, sum)
-  return s.base + (held * now - sum) / 1000 / s.w
+-- The counter now: c_t = base + held * (now - last) / weight, in seconds
+-- (the same expression, in the same order, as the pure core's).
+local function counter(s)
+  if s.held == 0 or now <= s.last then return s.base end
+  return s.base + s.held * (now - s.last) / 1000 / s.w
+end
+local function fold(s)
+  if now > s.last then
+    s.base = counter(s)
+    s.last = now
+    s.dirty = true
+  end
 end
 -- A tenant's waiting count moves: one that becomes backlogged is raised to
 -- the floor (the least counter of the others backlogged, or the counter of
@@ -164,33 +180,32 @@ local function waiting_moved(s, delta)
     local floor = nil
     for name, _ in pairs(BL) do
       if name ~= s.name then
-        local o = tenant(name)
-        local v = counter(o, o.held, o.sum)
+        local v = counter(tenant(name))
         if floor == nil or v < floor then floor = v end
       end
     end
     if floor == nil then floor = t_last end
-    if counter(s, s.held, s.sum) < floor then
-      s.base, s.sum, s.fold, s.dirty = floor, s.held * now, now, true
+    fold(s)
+    if s.base < floor then
+      s.base = floor
+      s.dirty = true
     end
     BL[s.name] = true
     redis.call('SADD', tback, s.name)
   elseif before > 0 and s.waiting <= 0 then
     s.waiting = 0
-    t_last, t_last_moved = counter(s, s.held, s.sum), true
+    t_last, t_last_moved = counter(s), true
     BL[s.name] = nil
     redis.call('SREM', tback, s.name)
   end
 end
--- The tenant and model of a lease (and its grant time, or that of the
--- tenant's latest fold if later), from ``lmeta``; a lease without one was
+-- The tenant and model of a lease, from ``lmeta``; a lease without one was
 -- granted to the tenant of no name before tenants were counted.
 local function lease_meta(id)
   local text = redis.call('HGET', lmeta, id)
-  if not text then return '', '', xm end
-  local t, model, g = string.match(text, '^(.*)\n(.*)\n(%d+)$')
-  if not t then return '', '', xm end
-  return t, model, tonumber(g)
+  if not text then return '', '' end
+  local t, model = string.match(text, '^(.*)\n(.*)$')
+  return t or '', model or ''
 end
 -- The tenant and model of a queued member.
 local META = {}
@@ -222,15 +237,13 @@ local function forget_lease(id, inuse_done)
   if keeps.budget then forget_charge(P, id) end
   if keeps.inuse and not inuse_done then redis.call('SREM', inuse, id) end
   if xm then
-    local t, model, g = lease_meta(id)
+    local t, model = lease_meta(id)
     redis.call('HDEL', lmeta, id)
     local s = tenant(t)
     if s.held > 0 then
-      g = math.max(g, s.fold)
       -- Its service so far stays the tenant's.
-      s.base = s.base + (now - g) / 1000 / s.w
+      fold(s)
       s.held = s.held - 1
-      s.sum = s.sum - g
       s.dirty = true
     end
     if model ~= '' then
@@ -255,6 +268,7 @@ local function prune()
         redis.call('HDEL', qmeta, m)
       else
         redis.call('ZREM', queue, m)
+        if qm then redis.call('HDEL', qmeta, m) end
       end
       redis.call('HDEL', qcost, m)
     end
@@ -375,6 +389,7 @@ for j = 1, n do
     redis.call('HDEL', qmeta, m)
   else
     changed = changed + redis.call('ZREM', queue, m)
+    if qm then redis.call('HDEL', qmeta, m) end
   end
   redis.call('ZREM', qexp, m)
   redis.call('HDEL', qcost, m)
@@ -429,6 +444,7 @@ for j = 1, n do
       if added == 1 then waiting_moved(s, 1) end
     else
       redis.call('ZADD', queue, start, m)
+      if model ~= '' then redis.call('HSET', qmeta, m, '\n' .. model) end
     end
     redis.call('ZADD', qexp, now + ttl, m)
     if tokens > 0 then redis.call('HSET', qcost, m, whole(tokens)) end
@@ -606,6 +622,7 @@ local function grant(m, cost, s, model)
     redis.call('ZREM', queue_of(s.name), m)
   else
     redis.call('ZREM', queue, m)
+    if qm then redis.call('HDEL', qmeta, m) end
   end
   redis.call('ZREM', qexp, m)
   redis.call('ZADD', leases, now + ttl, id)
@@ -626,9 +643,9 @@ local function grant(m, cost, s, model)
   if sc then charge_to(sc, id, cost) end
   if s then
     if s.name ~= '' or model ~= '' then redis.call('HDEL', qmeta, m) end
-    redis.call('HSET', lmeta, id, s.name .. '\n' .. model .. '\n' .. now)
+    redis.call('HSET', lmeta, id, s.name .. '\n' .. model)
+    fold(s)
     s.held = s.held + 1
-    s.sum = s.sum + now
     s.dirty = true
     s.removed = (s.removed or 0) + 1
     waiting_moved(s, -1)
@@ -665,7 +682,7 @@ local function grant_fairly(free)
   local cands = {}
   for name, _ in pairs(BL) do
     local s = tenant(name)
-    s.buf, s.k, s.vh, s.vs, s.removed, s.done = {}, 1, 0, 0, 0, false
+    s.buf, s.k, s.vh, s.removed, s.done = {}, 1, 0, 0, false
     cands[#cands + 1] = s
   end
   local blocked = {}
@@ -711,7 +728,7 @@ local function grant_fairly(free)
       if not (s.cap and h >= s.cap) then
         local e = head(s)
         if e then
-          local v = counter(s, h, s.sum + s.vs)
+          local v = counter(s)
           local share = h / s.w
           if best == nil or v < k1 or (v == k1 and (share < k2 or (share == k2 and
               (e.score < be.score or (e.score == be.score and e.m < be.m))))) then
@@ -734,7 +751,6 @@ local function grant_fairly(free)
         grant(m, cost, best, model)
       else
         best.vh = best.vh + 1
-        best.vs = best.vs + now
         if budgeted then reserve(P, cost) end
         if sc then reserve(sc, cost) end
       end
@@ -838,7 +854,7 @@ if xm then
     if not s.cfg and s.held <= 0 and s.waiting <= 0 then
       redis.call('HDEL', tstate, name)
     elseif s.dirty then
-      redis.call('HSET', tstate, name, tenant_text(s.base, s.held, s.sum, s.fold))
+      redis.call('HSET', tstate, name, tenant_text(s.base, s.held, s.last))
     end
   end
   if t_last_moved then redis.call('HSET', conf, 't_last', num(t_last)) end
@@ -853,7 +869,7 @@ if xm then
       tenant_rows[#tenant_rows + 1] = s.cap and whole(s.cap) or ''
       tenant_rows[#tenant_rows + 1] = whole(s.held)
       tenant_rows[#tenant_rows + 1] = whole(s.waiting)
-      tenant_rows[#tenant_rows + 1] = num(counter(s, s.held, s.sum))
+      tenant_rows[#tenant_rows + 1] = num(counter(s))
     end
   end
 else
@@ -884,6 +900,7 @@ if budgeted or keeps.budget then
   present[#present + 1] = unans
 end
 if adaptive or keeps.inuse then present[#present + 1] = inuse end
+if qm and not xm then present[#present + 1] = qmeta end
 if xm then
   for _, k in ipairs({tstate, tback, qmeta, lmeta, models}) do present[#present + 1] = k end
   for name, _ in pairs(BL) do
