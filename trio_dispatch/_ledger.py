@@ -219,6 +219,13 @@ class StepResult:
         waiting: Waiters of the whole fleet, as their processes report them.
         paused_for: Seconds left of the pause, or 0.
         server_time: The server's clock, in seconds.
+        budget: The provider's budgets, if it has any.
+        adaptive: An adaptive limit's bounds and backoff, if the limit is one.
+        tenants: The tenants configured or in play, fleet-wide (once
+            tenants are counted), by name.
+        models: Each model's budgets, by model.
+        counting: Whether the fleet counts tenants (from the first tenant
+            or model budget seen): then every waiter is published.
     """
 
     granted: list[str]
@@ -232,6 +239,7 @@ class StepResult:
     adaptive: tuple[int, int, float] | None = None
     tenants: dict[str, LedgerTenant] = attrs.field(factory=dict)
     models: dict[str, LedgerBudget] = attrs.field(factory=dict)
+    counting: bool = False
 
 
 @final
@@ -531,6 +539,7 @@ class Ledger:
             spec,
             tenants,
             models,
+            counting,
         ) = reply
         return StepResult(
             granted=list(granted),
@@ -544,6 +553,7 @@ class Ledger:
             adaptive=_bounds_of(spec),
             tenants=_tenants_of(tenants),
             models=_models_of(models),
+            counting=counting == 1,
         )
 
     async def set_limit(

@@ -6,9 +6,10 @@ the next round's ``Plan`` to send to the ledger, and tells it what the
 ledger answered. It decides which local waiters are published to the shared
 queue (the oldest ``limit`` of them: no more can be granted in one round,
 so the Redis queue stays small; once a ticket of a tenant or with a model
-was seen, the oldest ``limit`` of each tenant and model, since a round may
-grant them all to one tenant, or pass a model the budgets hold back) and
-keeps the published entries and the leases of this process.
+was seen, all of them: the ledger then counts a tenant's waiting requests,
+whose first and last decide its counter, and a round may grant any
+tenant's or pass a model the budgets hold back) and keeps the published
+entries and the leases of this process.
 
 Each waiter's queue member is made here, once, when it arrives, so a
 round whose answer was lost (the ledger may have applied it, or not) is
@@ -24,9 +25,8 @@ Invariants, after every call:
    withdrawal (a withdrawal gives back the lease a lost answer may have
    granted), so nothing it had in Redis outlives it (and what a failed
    round could not send is sent by the next).
-2. The sent waiters are the oldest local waiters, at most ``limit`` (of
-   each tenant and model, once either was seen); the published ones are
-   among them.
+2. The sent waiters are the oldest local waiters, at most ``limit`` (all,
+   once a tenant or a model was seen); the published ones are among them.
 3. A grant is delivered only to a ticket still waiting; a grant that
    arrives for a ticket cancelled meanwhile is queued for release at once.
 """
@@ -170,6 +170,16 @@ class SharedBook:
         """Whether releases or withdrawals wait for the next round."""
         return bool(self._release or self._withdraw)
 
+    def group(self) -> bool:
+        """The fleet counts tenants: publish every waiter from now on.
+
+        Returns whether waiters are left to publish now.
+        """
+        if self._grouped:
+            return False
+        self._grouped = True
+        return len(self._sent) < len(self._order)
+
     def lease_id(self, ticket: Ticket) -> str:
         """The lease id of a local ticket."""
         return f"{self.node}:{ticket.seq}"
@@ -257,12 +267,8 @@ class SharedBook:
         The releases and withdrawals are taken out of the book: hand them
         back with ``failed`` if the round does not reach the ledger.
         """
-        if limit is None:
-            wanted = self._order
-        elif self._grouped:
-            wanted = self._wanted(limit)
-        else:
-            wanted = self._order[:limit]
+        grouped = limit is None or self._grouped
+        wanted = self._order if grouped else self._order[:limit]
         target = set(wanted)
         # An older waiter arrived (an older turn's retry): the youngest
         # sent ones leave the queue to make room for it.
@@ -303,18 +309,6 @@ class SharedBook:
         self._usage = {}
         self._answered = []
         return plan
-
-    def _wanted(self, limit: int) -> list[Ticket]:
-        """The oldest ``limit`` waiters of each tenant and model, in order."""
-        counts: dict[tuple[str | None, str | None], int] = {}
-        wanted: list[Ticket] = []
-        for ticket in self._order:
-            group = (ticket.tenant, ticket.model)
-            count = counts.get(group, 0)
-            if count < limit:
-                counts[group] = count + 1
-                wanted.append(ticket)
-        return wanted
 
     def failed(self, plan: Plan) -> None:
         """The round's answer did not come: keep its releases for the next.

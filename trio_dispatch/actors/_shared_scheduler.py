@@ -819,6 +819,9 @@ class SharedSchedulerActor:
         paused_until = now + result.paused_for if result.paused_for else None
         self._emit_pause(self._view.paused_until, paused_until, now)
         grants = book.applied(plan, result.granted)
+        if result.counting and book.group():
+            # Its waiters count for their tenants: the next round sends them.
+            self._dirty = True
         replies = self._replies
         holding = self._holding
         # Redis ran the round after ``now``: the leases it granted or

@@ -911,4 +911,4 @@ end
 expire_idle(now, (not not limit) or (P.R ~= nil and P.R.cfg) or (P.T ~= nil and P.T.cfg)
   or (xm ~= nil and redis.call('HLEN', tconf) > 0), pause_until, present)
 return {granted, limit or '', in_flight, queued, waiting, pause, now, budget, spec,
-  tenant_rows, model_rows}
+  tenant_rows, model_rows, xm and 1 or 0}
