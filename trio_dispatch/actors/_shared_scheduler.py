@@ -63,6 +63,8 @@ from ..messages._scheduling import (
     Resume,
     SchedulerMessage,
     SetLimit,
+    SetModelBudget,
+    SetTenant,
     Ticket,
 )
 from ._mailbox import Mailbox
@@ -107,37 +109,6 @@ class _Wake:
 
 
 _WAKE: Final = _Wake()
-
-
-@final
-@attrs.frozen
-class _SetTenant:
-    """A tenant's settings for the fleet (``None``: back to the defaults)."""
-
-    tenant: str
-    settings: Tenant | None
-
-
-@final
-@attrs.frozen
-class _SetModelBudget:
-    """A model's configured budget for the fleet."""
-
-    model: str
-    budget: Budget
-
-
-@final
-@attrs.frozen
-class _ObserveModel:
-    """The rate-limit figures of an answer of ``model``."""
-
-    observed_at: float
-    info: RateLimitInfo
-    model: str
-
-
-_Setting = _SetTenant | _SetModelBudget | _ObserveModel
 
 
 class _Leased(Protocol):
@@ -293,7 +264,7 @@ class SharedSchedulerActor:
         self._default_pause = default_pause
         self._max_pause = max_pause
         self._on_limit = on_limit
-        self._inbox: Mailbox[SchedulerMessage | _Wake | _Setting] = Mailbox()
+        self._inbox: Mailbox[SchedulerMessage | _Wake] = Mailbox()
         self._replies: dict[Ticket, Reply] = {}
         # The replies of the tickets holding a lease that can expire.
         self._holding: dict[Ticket, _Leased] = {}
@@ -346,7 +317,7 @@ class SharedSchedulerActor:
         """A fresh ticket; its ``seq`` matches the order of the inbox."""
         return Ticket(rank, next(self._seq), priority, tenant, model)
 
-    def send(self, message: SchedulerMessage | _Setting) -> None:
+    def send(self, message: SchedulerMessage) -> None:
         """Put a message in the inbox; never blocks.
 
         Raises:
@@ -403,18 +374,15 @@ class SharedSchedulerActor:
         self, observed_at: float, info: RateLimitInfo, model: str | None = None
     ) -> None:
         """The rate-limit figures of an answer (of ``model``), for the fleet's budgets."""
-        if model is None:
-            self.send(ObserveRateLimits(observed_at, info))
-        else:
-            self.send(_ObserveModel(observed_at, info, model))
+        self.send(ObserveRateLimits(observed_at, info, model))
 
     def set_tenant(self, tenant: str, settings: Tenant | None) -> None:
         """A tenant's weight and cap for the fleet (``None``: the defaults)."""
-        self.send(_SetTenant(tenant, settings))
+        self.send(SetTenant(tenant, settings))
 
     def set_model_budget(self, model: str, budget: Budget) -> None:
         """A model's configured budget, for the fleet."""
-        self.send(_SetModelBudget(model, budget))
+        self.send(SetModelBudget(model, budget))
 
     def adaptive_value(self) -> int | None:
         """The fleet's adaptive limit's value as last seen, or ``None``."""
@@ -570,7 +538,7 @@ class SharedSchedulerActor:
 
     def _take(
         self,
-        messages: collections.deque[SchedulerMessage | _Wake | _Setting],
+        messages: collections.deque[SchedulerMessage | _Wake],
         now: float,
     ) -> bool:
         """Take ``messages`` into the book; whether a round should run now.
@@ -624,18 +592,17 @@ class SharedSchedulerActor:
         | Resume
         | ReportUsage
         | ObserveRateLimits
-        | _Setting,
+        | SetTenant
+        | SetModelBudget,
         now: float,
     ) -> None:
         """A message about the provider's limits, pauses, budgets or tenants."""
-        if isinstance(message, _SetTenant):
+        if isinstance(message, SetTenant):
             self._tenant_writes.pop(message.tenant, None)
             self._tenant_writes[message.tenant] = message.settings
-        elif isinstance(message, _SetModelBudget):
+        elif isinstance(message, SetModelBudget):
             self._model_budgets.pop(message.model, None)
             self._model_budgets[message.model] = message.budget
-        elif isinstance(message, _ObserveModel):
-            self._observed_models[message.model] = message.info
         elif isinstance(message, SetLimit):
             self._events.limit_changed(self.limit, message.limit, now)
             self.limit = message.limit
@@ -649,7 +616,10 @@ class SharedSchedulerActor:
         elif isinstance(message, ReportUsage):
             self.book.report_usage(message.ticket, message.tokens)
         elif isinstance(message, ObserveRateLimits):
-            self._observed = message.info
+            if message.model is None:
+                self._observed = message.info
+            else:
+                self._observed_models[message.model] = message.info
         else:
             self._resume = True
 
