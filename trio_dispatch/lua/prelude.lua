@@ -101,7 +101,7 @@ local function expire_idle(floor, kept, pause_until, present)
   -- ``present``: the keys that may exist (a step knows; a key it leaves
   -- out is empty), else all of them.
   for _, k in ipairs(present or {leases, queue, qexp, nodes, nwait, grantno, qcost,
-      charge, unans, inuse, tstate, tback, qmeta, lmeta, models}) do
+      charge, unans, inuse, tstate, tback, qmeta, lmeta}) do
     redis.call('PEXPIREAT', k, when)
   end
   if kept == nil then

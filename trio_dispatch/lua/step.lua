@@ -826,7 +826,8 @@ if xm then
   local listed = {}
   for _, model in ipairs(redis.call('SMEMBERS', models)) do
     listed[model] = true
-    scope_of(model)
+    -- A learned model's budgets expired with the fleet's bookkeeping.
+    if not scope_of(model) then redis.call('SREM', models, model) end
   end
   for model, sc in pairs(MS) do
     if sc and (sc.R or sc.T) then
@@ -902,7 +903,7 @@ end
 if adaptive or keeps.inuse then present[#present + 1] = inuse end
 if qm and not xm then present[#present + 1] = qmeta end
 if xm then
-  for _, k in ipairs({tstate, tback, qmeta, lmeta, models}) do present[#present + 1] = k end
+  for _, k in ipairs({tstate, tback, qmeta, lmeta}) do present[#present + 1] = k end
   for name, _ in pairs(BL) do
     if name ~= '' then present[#present + 1] = queue_of(name) end
   end
