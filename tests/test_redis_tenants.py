@@ -1,0 +1,156 @@
+"""Tenants' shares and caps hold across a fleet sharing one real Redis.
+
+Two shared schedulers of one provider ("nodes", as two processes run
+them) on one namespace, each with requests of its own tenant, or with
+both; the ledger's clock is the test's (``open_fleet``), so that the
+service counters, and with them the grant orders, are exact. The fleet is
+paused while the requests queue on both nodes, then resumed; each holder
+holds for a set time on that clock, then gives its slot back, and the
+next grant, whichever node it goes to, is the one the tenant rule names.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from trio_dispatch import Tenant
+
+from ._redis import needs_redis, open_fleet
+
+if TYPE_CHECKING:
+    from ._redis import Fleet, RedisServer
+
+pytestmark = needs_redis
+
+
+async def serve_one_by_one(fleet: Fleet, hold_ms: int, count: int) -> str:
+    """Release each holder after ``hold_ms`` until ``count`` grants; their tenants."""
+    await fleet.resume(1)
+    for n in range(1, count):
+        await fleet.clock(n * hold_ms)
+        fleet.release(fleet.grants[n - 1])
+        await fleet.settle(n + 1)
+    return "".join(str(reply.ticket.tenant) for reply in fleet.grants)
+
+
+async def test_equal_weights_share_one_slot_turn_about_across_two_nodes(
+    shared_server: RedisServer,
+) -> None:
+    async with open_fleet(shared_server.url, nodes=2, limit=1) as fleet:
+        await fleet.pause()
+        # Tenant a's turns are all older: oldest-first alone would serve
+        # every one of them before b's.
+        for _ in range(6):
+            fleet.acquire(0, older=10.0, tenant="a")
+        for _ in range(6):
+            fleet.acquire(1, tenant="b")
+        order = await serve_one_by_one(fleet, 1000, 12)
+        view = await fleet.view()
+    assert order == "abababababab"
+    assert {reply.node for reply in fleet.grants if reply.ticket.tenant == "b"} == {1}
+    # At 11 s: b held 5 slots of 1 s, and its sixth since now; a, which
+    # nobody configured, holds and waits for nothing: forgotten.
+    assert {name: (t.in_flight, t.service) for name, t in view.tenants.items()} == {
+        "b": (1, 5.0)
+    }
+
+
+async def test_weights_three_to_one_share_one_slot_three_to_one_across_two_nodes(
+    shared_server: RedisServer,
+) -> None:
+    async with open_fleet(shared_server.url, nodes=2, limit=1) as fleet:
+        await fleet.pause()
+        # Set by one node, for the whole fleet.
+        fleet.nodes[1].set_tenant("b", Tenant(weight=3.0))
+        for _ in range(6):
+            fleet.acquire(0, older=10.0, tenant="a")
+        for _ in range(9):
+            fleet.acquire(1, tenant="b")
+        # Holds of 3 s: every counter is a whole number of seconds.
+        order = await serve_one_by_one(fleet, 3000, 12)
+        view = await fleet.view()
+        shown = fleet.nodes[0].statistics().tenants
+    assert order == "abbbabbbabbb"
+    # At 33 s: a held three slots of 3 s; b eight of 3 s, at weight 3, and
+    # its ninth since now.
+    assert {
+        name: (t.weight, t.in_flight, t.service) for name, t in view.tenants.items()
+    } == {"a": (1.0, 0, 9.0), "b": (3.0, 1, 8.0)}
+    # Each node shows the fleet's tenants as its latest round saw them.
+    assert set(shown) == {"a", "b"}
+    assert shown["b"].weight == 3.0
+
+
+async def test_a_tenants_cap_holds_fleet_wide(shared_server: RedisServer) -> None:
+    async with open_fleet(shared_server.url, nodes=2, limit=3) as fleet:
+        await fleet.pause()
+        fleet.nodes[0].set_tenant("a", Tenant(limit=2))
+        # A hundredth of a second apart: the nodes' clocks agree closer.
+        a = [fleet.acquire(n % 2, older=10.0 - n / 100, tenant="a") for n in range(4)]
+        b = [fleet.acquire(1, tenant="b") for _ in range(2)]
+        await fleet.resume(3)
+        # Nobody has service yet: a's oldest, then b's (fewer held for its
+        # weight), then a's next; whichever node's round came first.
+        assert set(fleet.grants) == {a[0], b[0], a[1]}
+        await fleet.clock(1000)
+        fleet.release(a[0])
+        await fleet.settle(4)
+        # a held two slots for a second, b one: b's.
+        assert fleet.grants[3:] == [b[1]]
+        await fleet.clock(2000)
+        fleet.release(b[0])
+        await fleet.settle(5)
+        await fleet.settle()
+        assert fleet.grants[4:] == [a[2]]
+        await fleet.clock(3000)
+        fleet.release(b[1])
+        await fleet.settle()
+        # A slot is free and a's oldest request waits, on both nodes'
+        # queues: a holds its cap, on two nodes.
+        assert len(fleet.grants) == 5
+        view = await fleet.view()
+        assert (view.in_flight, view.limit) == (2, 3)
+        capped = view.tenants["a"]
+        assert (capped.limit, capped.in_flight, capped.queued) == (2, 2, 1)
+        await fleet.clock(4000)
+        fleet.release(a[1])
+        await fleet.settle(6)
+        assert fleet.grants[5:] == [a[3]]
+
+
+async def test_no_tenant_anywhere_keeps_the_oldest_first_order_and_todays_keys(
+    shared_server: RedisServer,
+) -> None:
+    async with open_fleet(shared_server.url, nodes=2, limit=1) as fleet:
+        await fleet.pause()
+        replies = [fleet.acquire(n % 2, older=float(10 - n)) for n in range(6)]
+        await serve_one_by_one(fleet, 1000, 6)
+        stats = fleet.nodes[0].statistics()
+        view = await fleet.view()
+        tag = fleet.ledger.names("p")[0][0][: -len("leases")]
+        keys = await fleet.client.keys(tag + "*")
+    assert fleet.grants == replies
+    assert stats.tenants == {}
+    assert view.tenants == {}
+    assert not view.counting
+    # Nothing of tenants or models is kept.
+    kept = {key[len(tag) :] for key in keys}
+    assert not kept & {"tconf", "tstate", "tback", "qmeta", "lmeta", "models"}
+
+
+async def test_a_tenant_set_at_run_time_on_one_node_steers_the_other(
+    shared_server: RedisServer,
+) -> None:
+    async with open_fleet(shared_server.url, nodes=2, limit=1) as fleet:
+        await fleet.pause()
+        for _ in range(4):
+            fleet.acquire(1, older=10.0, tenant="a")
+        for _ in range(4):
+            fleet.acquire(1, tenant="b")
+        # Node 0 holds nothing and waits for nothing: the setting reaches
+        # the ledger all the same, and node 1 grants by it.
+        fleet.nodes[0].set_tenant("a", Tenant(weight=2.0))
+        order = await serve_one_by_one(fleet, 1000, 6)
+    # a (weight 2) gets two slots of a second for each of b's; ties go to
+    # the older head, a's.
+    assert order == "abaaba"
