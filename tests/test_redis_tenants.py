@@ -11,11 +11,17 @@ next grant, whichever node it goes to, is the one the tenant rule names.
 
 from __future__ import annotations
 
+import math
+import uuid
 from typing import TYPE_CHECKING
 
-from trio_dispatch import Tenant
+import coredis
 
-from ._redis import needs_redis, open_fleet
+from trio_dispatch import Tenant
+from trio_dispatch._ledger import Ledger, member_of
+from trio_dispatch._scripts import load_scripts
+
+from ._redis import SET_CLOCK, needs_redis, open_fleet
 
 if TYPE_CHECKING:
     from ._redis import Fleet, RedisServer
@@ -154,3 +160,44 @@ async def test_a_tenant_set_at_run_time_on_one_node_steers_the_other(
     # a (weight 2) gets two slots of a second for each of b's; ties go to
     # the older head, a's.
     assert order == "abaaba"
+
+
+async def test_a_lost_processs_leases_give_its_tenants_slots_back(
+    shared_server: RedisServer,
+) -> None:
+    async with coredis.Redis.from_url(
+        shared_server.url, decode_responses=True
+    ) as client:
+        base_ms = math.ceil((await client.time()).timestamp() * 1000)
+        ledger = Ledger(client, uuid.uuid4().hex, 1.0, scripts=load_scripts(SET_CLOCK))
+        clock = ledger.names("p")[0][0] + ":clock"
+        await client.set(clock, str(base_ms))
+        await ledger.set_limit("p", 2)
+        await ledger.set_tenant("p", "a", Tenant(limit=2))
+        lost = [member_of(n, f"gone:{n}") for n in range(1, 4)]
+        first = await ledger.step(
+            "p",
+            "gone",
+            enqueue=[(m, 0.0) for m in lost],
+            meta=dict.fromkeys(lost, ("a", None)),
+            waiting=3,
+        )
+        assert first.granted == lost[:2]
+        assert first.tenants["a"].in_flight == 2
+        # The process is gone: nothing renews its leases or its entry.
+        # Another one's request of tenant b waits meanwhile.
+        waiter = member_of(9, "here:1")
+        await client.set(clock, str(base_ms + 500))
+        kept = await ledger.step(
+            "p", "here", enqueue=[(waiter, 1.0)], meta={waiter: ("b", None)}, waiting=1
+        )
+        assert kept.granted == []
+        await client.set(clock, str(base_ms + 1_200))
+        after = await ledger.step("p", "here", ask=[waiter], waiting=1)
+    # Its leases expired: tenant a holds nothing (its service, two slots
+    # until they were pruned, stays), its entry is gone, b is served.
+    assert after.granted == [waiter]
+    assert (after.in_flight, after.queued) == (1, 0)
+    assert after.tenants["a"].in_flight == after.tenants["a"].queued == 0
+    assert after.tenants["a"].service == 2 * 1.2
+    assert after.tenants["b"].in_flight == 1
