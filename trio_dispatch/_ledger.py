@@ -75,6 +75,47 @@ Budgets and the adaptive limit, fleet-wide (the pure core's rules, in
   no grant since); a report empties ``inuse``, since the slots held then
   are not successes, and so does a new limit.
 
+Tenants and models (the pure core's rule of ``_tenants`` and ``_policy``,
+applied to the whole fleet, on the server's clock in milliseconds):
+
+* Counted from the first tenant seen (``set_tenant``, a member of a
+  tenant) or the first budget of a model (configured, or learned from a
+  model's figures), as the pure core counts them: ``xm`` in ``conf`` is
+  the server time it began. Until then, nothing below is read or written
+  (a member with a model keeps it in ``qmeta``, ``qm`` in ``conf``
+  saying so), and a step costs what it did before tenants existed. From
+  then on the tenant of no name ('') has a counter too, its holders
+  counted from then; every process publishes all its waiters (the
+  ``counting`` of a step's answer), since a tenant's first and last
+  waiter move its counter.
+* ``tconf``: each configured tenant's weight and cap (the latest writer
+  wins; it persists, like a configured budget). ``tstate``: each
+  tenant's counter (slot-seconds over its weight) as of its ``last``
+  fold, and its holders, folded at every grant, release, weight change
+  and raise exactly as ``TenantState`` folds them, so that both compute
+  the same doubles. ``tback``: the backlogged tenants (those with
+  entries in the shared queue); ``t_last`` in ``conf``: the counter of
+  the tenant that last stopped being backlogged.
+* A named tenant's entries queue in ``q:<tenant>`` (the unnamed
+  tenant's in ``queue``), a key the scripts build from the provider's
+  hash tag, so it shares the provider's Cluster slot though no script
+  declares it. ``qmeta`` and ``lmeta`` give the tenant and model of a
+  queued member and of a lease; a lease's expiry or release gives its
+  tenant's slot back, like its own.
+* A model's budgets are the provider's two buckets again, with their
+  charges and unanswered leases, under ``m:<model>``, ``mc:<model>``
+  and ``mu:<model>`` (keys the scripts build, as above); ``models``
+  lists the models that have one. A grant asks the provider's buckets
+  and those of its member's model: the provider's holding the head back
+  stops the grants (nobody passes), a model's blocks that model's
+  members for the rest of the step. Each model's figures in the step's
+  answer carry when its held-back head fits.
+* A grant, for each free slot, goes to the backlogged tenant below its
+  cap with the least (counter, holders / weight, head), for its head
+  (its oldest entry of a model not held back). Entries of other
+  processes so chosen keep their slot, and count as held for the rest
+  of the step, until their process asks.
+
 What stays in Redis. Every key above but ``conf`` is bookkeeping: each
 entry goes with what it tracks (a lease, a queue entry, a process), and
 each script sets the keys to expire at the latest expiry of a live process
@@ -82,7 +123,9 @@ of the provider (every lease and entry expires with its process's own), so
 a provider nobody uses leaves nothing behind. ``conf`` persists while it
 holds a stored limit (``none`` included) or a configured budget, which
 outlive every process; else (learned budgets, a pause, a backoff streak)
-it expires with the rest, or at the end of its pause.
+it expires with the rest, or at the end of its pause. ``tconf``
+persists (and keeps ``conf``), and so do a configured model's buckets
+and ``models``.
 
 Numbers. The scripts apply the budgets' rule of ``_budgets``: one
 request's charge, estimated or reported, is at most the bucket's capacity,
