@@ -12,16 +12,19 @@ next grant, whichever node it goes to, is the one the tenant rule names.
 from __future__ import annotations
 
 import math
+import signal
 import uuid
 from typing import TYPE_CHECKING
 
 import coredis
+import trio
 
-from trio_dispatch import Tenant
+from trio_dispatch import Tenant, open_dispatcher
 from trio_dispatch._ledger import Ledger, member_of
 from trio_dispatch._scripts import load_scripts
 
 from ._redis import SET_CLOCK, needs_redis, open_fleet
+from ._workers import worker
 
 if TYPE_CHECKING:
     from ._redis import Fleet, RedisServer
@@ -201,3 +204,55 @@ async def test_a_lost_processs_leases_give_its_tenants_slots_back(
     assert after.tenants["a"].in_flight == after.tenants["a"].queued == 0
     assert after.tenants["a"].service == 2 * 1.2
     assert after.tenants["b"].in_flight == 1
+
+
+async def test_a_tenants_cap_holds_across_os_processes(server: RedisServer) -> None:
+    lease = 1.5
+    async with (
+        worker(
+            "tests._fleet_worker",
+            mode="hold",
+            redis_url=server.url,
+            namespace="tenants",
+            lease=lease,
+            limit=4,
+            count=4,
+            held=2,
+            tenant="a",
+            tenants={"a": [1.0, 2]},
+        ) as holder,
+        open_dispatcher(
+            {"p": 4}, redis_url=server.url, namespace="tenants", lease=lease
+        ) as dispatcher,
+    ):
+        with trio.fail_after(30):
+            # Four requests of a, two of them held for a whole lease: the
+            # cap, set by that process, for the fleet.
+            assert await holder.line() == {"ready": True, "held": 2}
+        order: list[str] = []
+
+        async def request(tenant: str, started_at: float) -> None:
+            async with dispatcher.slot("p", tenant=tenant, started_at=started_at):
+                order.append(tenant)
+                await trio.sleep_forever()
+
+        async with trio.open_nursery() as nursery:
+            # a's turn started first, but a holds its cap in the fleet.
+            nursery.start_soon(request, "a", trio.current_time() - 60)
+            await trio.sleep(0.05)
+            nursery.start_soon(request, "b", trio.current_time())
+            with trio.fail_after(10):
+                while not order:  # noqa: ASYNC110 (state across processes)
+                    await trio.sleep(0.01)
+            await trio.sleep(lease / 2)
+            assert order == ["b"]
+            stats = dispatcher.statistics().providers["p"]
+            assert (stats.in_flight, stats.limit) == (3, 4)
+            assert (stats.tenants["a"].limit, stats.tenants["a"].in_flight) == (2, 2)
+            # The other process dies: its leases expire, a's slots with
+            # them, and a's requests (this one the oldest) get them.
+            holder.process.send_signal(signal.SIGKILL)
+            with trio.fail_after(lease * 3 + 5):
+                while order != ["b", "a"]:  # noqa: ASYNC110 (state across processes)
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
