@@ -12,12 +12,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pytest
+import trio
 
-from trio_dispatch import Budget, Quota, RateLimitInfo
+from trio_dispatch import Budget, Quota, RateLimitInfo, open_dispatcher
 
 from ._redis import needs_redis, open_fleet
 
 if TYPE_CHECKING:
+    from contextlib import AbstractAsyncContextManager
+
+    from trio_dispatch import Dispatcher
+
     from ._redis import RedisServer
 
 pytestmark = needs_redis
@@ -87,3 +92,44 @@ async def test_a_models_figures_on_one_node_pace_its_requests_on_the_other(
         await fleet.settle(3)
         assert fleet.grants[2:] == [small[1]]
         assert fleet.nodes[1].statistics().models["small"].learned
+
+
+async def test_two_dispatchers_share_a_models_budget_and_pass_its_held_back_head(
+    server: RedisServer,
+) -> None:
+    budgets = {"p/slow": Budget(requests_per_minute=1)}
+
+    def opening() -> AbstractAsyncContextManager[Dispatcher]:
+        return open_dispatcher(
+            {"p": 4}, budgets=budgets, redis_url=server.url, namespace="models"
+        )
+
+    async with opening() as first, opening() as second:
+        granted: list[str] = []
+
+        async def request(dispatcher: Dispatcher, model: str, name: str) -> None:
+            async with dispatcher.slot("p", model=model):
+                granted.append(name)
+                await trio.sleep_forever()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(request, first, "slow", "first slow")
+            with trio.fail_after(10):
+                while not granted:  # noqa: ASYNC110 (state across dispatchers)
+                    await trio.sleep(0.01)
+            # The slow model's budget (one a minute) is the fleet's: the
+            # other dispatcher's request of it waits, its fast one passes.
+            nursery.start_soon(request, second, "slow", "second slow")
+            await trio.sleep(0.05)
+            nursery.start_soon(request, second, "fast", "second fast")
+            with trio.fail_after(10):
+                while len(granted) < 2:  # noqa: ASYNC110 (state across dispatchers)
+                    await trio.sleep(0.01)
+            await trio.sleep(0.5)
+            assert granted == ["first slow", "second fast"]
+            stats = second.statistics().providers["p"]
+            assert (stats.in_flight, stats.waiting) == (2, 1)
+            slow = stats.models["slow"]
+            assert slow.requests_per_minute == 1.0
+            assert slow.waiting_for_budget
+            nursery.cancel_scope.cancel()

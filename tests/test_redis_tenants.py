@@ -256,3 +256,46 @@ async def test_a_tenants_cap_holds_across_os_processes(server: RedisServer) -> N
                 while order != ["b", "a"]:  # noqa: ASYNC110 (state across processes)
                     await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
+
+
+async def test_two_dispatchers_share_a_tenants_cap_and_a_change_of_it(
+    server: RedisServer,
+) -> None:
+    async with (
+        open_dispatcher(
+            {"p": 3},
+            tenants={"a": Tenant(limit=1)},
+            redis_url=server.url,
+            namespace="caps",
+        ) as first,
+        open_dispatcher({"p": 3}, redis_url=server.url, namespace="caps") as second,
+    ):
+        granted: list[str] = []
+
+        async def request(tenant: str, name: str) -> None:
+            async with second.slot("p", tenant=tenant):
+                granted.append(name)
+                await trio.sleep_forever()
+
+        async def until(count: int) -> None:
+            with trio.fail_after(10):
+                while len(granted) < count:  # noqa: ASYNC110 (state across dispatchers)
+                    await trio.sleep(0.01)
+
+        async with trio.open_nursery() as nursery:
+            # The first dispatcher's cap for a, in the second's grants.
+            nursery.start_soon(request, "a", "a1")
+            await until(1)
+            nursery.start_soon(request, "a", "a2")
+            await trio.sleep(0.05)
+            nursery.start_soon(request, "b", "b1")
+            await until(2)
+            await trio.sleep(0.5)
+            assert granted == ["a1", "b1"]
+            a = second.statistics().providers["p"].tenants["a"]
+            assert (a.limit, a.in_flight, a.waiting) == (1, 1, 1)
+            # Raised at run time in the first: the second's a2 goes.
+            first.set_tenant("a", Tenant(limit=2))
+            await until(3)
+            assert granted == ["a1", "b1", "a2"]
+            nursery.cancel_scope.cancel()
