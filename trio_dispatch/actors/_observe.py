@@ -53,6 +53,8 @@ class Queued:
         started_at: When its turn began: its place in the queue.
         in_flight: Slots held after the event (in this process).
         waiting: Requests waiting after the event (in this process).
+        tenant: The tenant the request was made for, or ``None``.
+        model: The model the request asked for, or ``None``.
     """
 
     provider: str
@@ -61,6 +63,8 @@ class Queued:
     started_at: float
     in_flight: int
     waiting: int
+    tenant: str | None = None
+    model: str | None = None
 
 
 @final
@@ -78,6 +82,8 @@ class Granted:
             ``None`` if it was queued while nothing listened.
         in_flight: Slots held after the event (in this process).
         waiting: Requests waiting after the event (in this process).
+        tenant: The tenant the request was made for, or ``None``.
+        model: The model the request asked for, or ``None``.
     """
 
     provider: str
@@ -87,6 +93,8 @@ class Granted:
     wait: float | None
     in_flight: int
     waiting: int
+    tenant: str | None = None
+    model: str | None = None
 
 
 @final
@@ -104,6 +112,8 @@ class Released:
             nothing listened.
         in_flight: Slots held after the event (in this process).
         waiting: Requests waiting after the event (in this process).
+        tenant: The tenant the request was made for, or ``None``.
+        model: The model the request asked for, or ``None``.
     """
 
     provider: str
@@ -113,6 +123,8 @@ class Released:
     held: float | None
     in_flight: int
     waiting: int
+    tenant: str | None = None
+    model: str | None = None
 
 
 @final
@@ -130,6 +142,8 @@ class Withdrawn:
             nothing listened.
         in_flight: Slots held after the event (in this process).
         waiting: Requests waiting after the event (in this process).
+        tenant: The tenant the request was made for, or ``None``.
+        model: The model the request asked for, or ``None``.
     """
 
     provider: str
@@ -139,6 +153,8 @@ class Withdrawn:
     waited: float | None
     in_flight: int
     waiting: int
+    tenant: str | None = None
+    model: str | None = None
 
 
 @final
@@ -154,6 +170,8 @@ class Refused:
         reason: The error's message.
         in_flight: Slots held after the event (in this process).
         waiting: Requests waiting after the event (in this process).
+        tenant: The tenant the request was made for, or ``None``.
+        model: The model the request asked for, or ``None``.
     """
 
     provider: str
@@ -163,6 +181,8 @@ class Refused:
     reason: str
     in_flight: int
     waiting: int
+    tenant: str | None = None
+    model: str | None = None
 
 
 @final
@@ -233,11 +253,14 @@ class RateLimitsReceived:
         provider: The provider that answered.
         at: When the figures reached the dispatcher (trio clock).
         info: The figures (times in seconds after the answer).
+        model: The model the answer was for, or ``None``: figures of the
+            provider's, over all its models.
     """
 
     provider: str
     at: float
     info: RateLimitInfo
+    model: str | None = None
 
 
 DispatchEvent: TypeAlias = (
