@@ -14,6 +14,7 @@ from trio_dispatch import (
     QueueFull,
     Quota,
     RateLimitInfo,
+    Tenant,
     open_dispatcher,
 )
 from trio_dispatch.actors._observe import EventHub
@@ -397,3 +398,35 @@ def test_events_without_a_tenant_or_model_are_as_before() -> None:
         "p", 1.0, "a", 0.0, 0.0, 1, 0, tenant=None, model=None
     )
     assert RateLimitsReceived("p", 1.0, RateLimitInfo()).model is None
+
+
+async def test_a_dispatchers_events_name_the_tenant_and_model_of_each_request(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    events: list[DispatchEvent] = []
+
+    async def ask(tenant: str | None, model: str | None, seconds: float) -> None:
+        async with dispatcher.slot(
+            "p", conversation_id=tenant, tenant=tenant, model=model
+        ):
+            await trio.sleep(seconds)
+
+    async with (
+        open_dispatcher({"p": 1}, tenants={"acme": Tenant(weight=2.0)}) as dispatcher,
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(record, dispatcher, events)
+        t = trio.current_time()
+        async with trio.open_nursery() as agents:
+            agents.start_soon(ask, "acme", "gpt-4o", 2)
+            await settle()
+            agents.start_soon(ask, "beta", None, 1)
+        await settle()
+        nursery.cancel_scope.cancel()
+    assert events == [
+        Granted("p", t, "acme", t, 0.0, 1, 0, tenant="acme", model="gpt-4o"),
+        Queued("p", t, "beta", t, 1, 1, tenant="beta"),
+        Released("p", t + 2, "acme", t, 2.0, 0, 1, tenant="acme", model="gpt-4o"),
+        Granted("p", t + 2, "beta", t, 2.0, 1, 0, tenant="beta"),
+        Released("p", t + 3, "beta", t, 1.0, 0, 0, tenant="beta"),
+    ]
