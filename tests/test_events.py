@@ -430,3 +430,21 @@ async def test_a_dispatchers_events_name_the_tenant_and_model_of_each_request(
         Granted("p", t + 2, "beta", t, 2.0, 1, 0, tenant="beta"),
         Released("p", t + 3, "beta", t, 1.0, 0, 0, tenant="beta"),
     ]
+
+
+async def test_rate_limit_figures_name_the_model_they_are_for(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    info = RateLimitInfo(requests=Quota(limit=500, remaining=499, reset=0.12))
+    events: list[DispatchEvent] = []
+    async with open_dispatcher({"p": 1}) as dispatcher, trio.open_nursery() as nursery:
+        await nursery.start(record, dispatcher, events)
+        t = trio.current_time()
+        dispatcher.observe_rate_limits("p", info, model="gpt-4o")
+        dispatcher.observe_rate_limits("p", info)
+        await settle()
+        nursery.cancel_scope.cancel()
+    assert events == [
+        RateLimitsReceived("p", t, info, model="gpt-4o"),
+        RateLimitsReceived("p", t, info, model=None),
+    ]
