@@ -531,6 +531,9 @@ ROUTES: list[tuple[str, str]] = [
     ("DELETE", "/limits/{provider}"),
     ("GET", "/status"),
     ("POST", "/providers/{provider}/resume"),
+    ("GET", "/tenants"),
+    ("PUT", "/tenants/{tenant}"),
+    ("DELETE", "/tenants/{tenant}"),
     ("GET", "/metrics"),
     ("GET", "/healthz"),
     ("GET", "/openapi.json"),
@@ -557,7 +560,7 @@ async def test_every_route_but_healthz_needs_the_token(
     client: httpx.AsyncClient, dispatcher: Dispatcher, method: str, path: str
 ) -> None:
     before = state(dispatcher)
-    url = path.format(provider="anthropic")
+    url = path.format(provider="anthropic", tenant="acme")
     body = json.dumps({"limit": 1}) if method == "PUT" else None
     for headers in WRONG_AUTHORIZATIONS:
         response = await client.request(method, url, headers=headers, content=body)
@@ -602,7 +605,7 @@ async def test_the_token_is_never_logged_or_sent_back(
     texts = []
     for headers in [*WRONG_AUTHORIZATIONS, list(AUTH.items())]:
         for method, path in ROUTES:
-            url = path.format(provider="openai")
+            url = path.format(provider="openai", tenant="acme")
             body = json.dumps({"limit": 2}) if method == "PUT" else None
             response = await client.request(method, url, headers=headers, content=body)
             texts.append(response.text)

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from .actors._statistics import DispatcherStatistics
     from .messages._limits import Tenant
 
-__all__ = ["DEFAULT_WAIT_BUCKETS", "OTHER_TENANT", "PrometheusCollector"]
+__all__ = ["DEFAULT_WAIT_BUCKETS", "PrometheusCollector"]
 
 DEFAULT_WAIT_BUCKETS: Final = (
     0.005,

@@ -46,9 +46,9 @@ The ``tenant`` label is bounded by the configuration, not by the traffic:
 only the tenants configured at the scrape (``dispatcher.tenants()``: from
 ``open_dispatcher(tenants=...)``, ``set_tenant`` or the admin API) get a
 series of their own, every provider one for each; every other tenant, and
-every request made for no tenant, is counted under ``tenant="other"``
-(``OTHER_TENANT``), so a thousand users the operator never configured
-make one series, not a thousand. The ``other`` gauges are what the
+every request made for no tenant, is counted under ``tenant="other"``,
+so a thousand users the operator never configured make one series, not a
+thousand. The ``other`` gauges are what the
 provider holds and queues beyond the configured tenants; ``other`` has no
 service counter (the scheduler compares tenants' counters, never their
 sum). A removed tenant's series end and its counts join ``other``, whose
@@ -87,13 +87,12 @@ from .._util import fixup_module_metadata, raise_if_extra_missing
 
 try:
     from .._prometheus import DEFAULT_WAIT_BUCKETS as DEFAULT_WAIT_BUCKETS
-    from .._prometheus import OTHER_TENANT as OTHER_TENANT
     from .._prometheus import PrometheusCollector as PrometheusCollector
 except ModuleNotFoundError as exc:  # pragma: no cover (tested in a fresh interpreter)
     raise_if_extra_missing(exc, "trio_dispatch.metrics", "metrics", "prometheus_client")
     raise
 
-__all__ = ["DEFAULT_WAIT_BUCKETS", "OTHER_TENANT", "PrometheusCollector"]
+__all__ = ["DEFAULT_WAIT_BUCKETS", "PrometheusCollector"]
 
 fixup_module_metadata(__name__, globals())
 del fixup_module_metadata, raise_if_extra_missing
