@@ -264,3 +264,36 @@ async def test_a_closed_dispatcher_refuses_tenant_changes() -> None:
         assert response.json()["tenants"] == {
             "beta": {"tenant": "beta", "weight": 1.0, "limit": None}
         }
+
+
+async def test_a_service_counter_too_large_for_json_is_shown_as_null() -> None:
+    # A weight near 0 divides the slot-seconds into an infinity, which JSON
+    # cannot carry: the statistics still answer.
+    release = trio.Event()
+    async with (
+        open_dispatcher(
+            {"p": 1}, tenants={"tiny": Tenant(weight=5e-324)}
+        ) as dispatcher,
+        trio.open_nursery() as nursery,
+    ):
+
+        async def hold() -> None:
+            async with dispatcher.slot("p", tenant="tiny"):
+                await release.wait()
+
+        nursery.start_soon(hold)
+        # Real time: any hold at all is an infinity of service.
+        await trio.sleep(0.01)
+        assert dispatcher.statistics().providers["p"].tenants["tiny"].service == (
+            float("inf")
+        )
+        async with (
+            serve_admin(dispatcher) as base_url,
+            httpx.AsyncClient(base_url=base_url, headers=AUTH) as client,
+        ):
+            tenants = await client.get("/tenants")
+            status = await client.get("/status")
+        release.set()
+    assert tenants.status_code == status.status_code == 200
+    assert tenants.json()["providers"]["p"]["tiny"]["service"] is None
+    assert status.json()["providers"]["p"]["tenants"]["tiny"]["service"] is None

@@ -29,6 +29,7 @@ import hmac
 import importlib
 import json
 import logging
+import math
 import re
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Final, final
@@ -49,7 +50,7 @@ from ._routes import ROUTES, TENANT, match
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable, Mapping
 
-    from .._backend import ProviderStatistics
+    from .._backend import ProviderStatistics, TenantStatistics
 
     Message = dict[str, Any]
     Receive = Callable[[], Awaitable[Message]]
@@ -262,7 +263,7 @@ class AdminApp(metaclass=NoPublicConstructor):
             },
             "providers": {
                 provider: {
-                    name: attrs.asdict(tenant)
+                    name: _tenant_status(tenant)
                     for name, tenant in sorted(stats.tenants.items())
                 }
                 for provider, stats in dispatcher.statistics().providers.items()
@@ -500,6 +501,18 @@ def _tenant_in(body: bytes) -> Tenant:
         raise _Refused(422, str(exc)) from None
 
 
+def _tenant_status(stats: TenantStatistics) -> dict[str, object]:
+    """One tenant's statistics as plain JSON types.
+
+    A service counter too large for a float (a weight near 0 divides it)
+    is shown as ``null``: JSON has no infinity.
+    """
+    status = attrs.asdict(stats)
+    if not math.isfinite(stats.service):
+        status["service"] = None
+    return status
+
+
 def _tenant_settings(tenant: str, settings: Tenant) -> dict[str, object]:
     """A tenant's settings as plain JSON types."""
     return {"tenant": tenant, "weight": settings.weight, "limit": settings.limit}
@@ -601,7 +614,7 @@ def _provider_status(stats: ProviderStatistics, now: float) -> dict[str, object]
             model: attrs.asdict(budget) for model, budget in stats.models.items()
         },
         "tenants": {
-            name: attrs.asdict(tenant) for name, tenant in stats.tenants.items()
+            name: _tenant_status(tenant) for name, tenant in stats.tenants.items()
         },
     }
 
