@@ -525,3 +525,93 @@ async def test_a_thousand_unconfigured_tenants_make_one_other_series(
     assert ("p", "acme") in tenant_samples(mid, "trio_dispatch_tenant_service")
     assert samples[("trio_dispatch_tenant_weight", (("tenant", "acme"),))] == 2.0
     assert samples[("trio_dispatch_tenant_limit", (("tenant", "acme"),))] == 1
+
+
+async def test_tenant_series_add_up_to_the_providers_and_never_go_down(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Random traffic of configured, unconfigured and no tenants, with
+    # tenants configured and removed while it runs: at every scrape, the
+    # tenant families add up to the provider's series, the label values
+    # are the configured tenants and "other", and no counter goes down.
+    rng = random.Random(21)
+    names = [*["acme", "beta", "gamma", None] * 5, *(f"user-{i}" for i in range(20))]
+
+    async def agent(dispatcher: Dispatcher) -> None:
+        await trio.sleep(rng.uniform(0, 20))
+        tenant = rng.choice(names)
+        with trio.move_on_after(rng.uniform(0.5, 6)):
+            try:
+                async with dispatcher.slot(rng.choice("pq"), tenant=tenant):
+                    await trio.sleep(rng.uniform(0.1, 2))
+            except QueueFull:
+                pass
+
+    counters = [
+        "trio_dispatch_tenant_grants_total",
+        "trio_dispatch_tenant_releases_total",
+        "trio_dispatch_tenant_withdrawn_total",
+        "trio_dispatch_tenant_rejected_total",
+        "trio_dispatch_tenant_queue_wait_seconds_count",
+    ]
+    async with open_dispatcher(
+        {"p": 3, "q": 2}, max_waiting=20, tenants={"acme": Tenant(weight=2.0)}
+    ) as dispatcher:
+        registry = CollectorRegistry()
+        registry.register(PrometheusCollector(dispatcher))
+        seen: dict[tuple[str, str, str], float] = {}
+        scrapes = 0
+        async with trio.open_nursery() as nursery:
+            for _ in range(400):
+                nursery.start_soon(agent, dispatcher)
+            for step in range(25):
+                await trio.sleep(1)
+                if step == 5:
+                    dispatcher.set_tenant("beta", Tenant(limit=1))
+                if step == 12:
+                    dispatcher.remove_tenant("acme")
+                if step == 15:
+                    dispatcher.set_tenant("gamma", Tenant(weight=0.5))
+                samples = scrape(registry)
+                stats = dispatcher.statistics()
+                configured = set(dispatcher.tenants())
+                scrapes += 1
+                for provider, p in stats.providers.items():
+                    for family, total in [
+                        ("trio_dispatch_tenant_slots_in_use", p.in_flight),
+                        ("trio_dispatch_tenant_waiting", p.waiting),
+                        ("trio_dispatch_tenant_grants_total", p.granted_total),
+                        ("trio_dispatch_tenant_releases_total", p.released_total),
+                        ("trio_dispatch_tenant_withdrawn_total", p.withdrawn_total),
+                        ("trio_dispatch_tenant_rejected_total", p.rejected_total),
+                    ]:
+                        values = {
+                            tenant: value
+                            for (name, tenant), value in tenant_samples(
+                                samples, family
+                            ).items()
+                            if name == provider
+                        }
+                        assert set(values) == configured | {"other"}, family
+                        assert sum(values.values()) == total, (family, provider)
+                for family in counters:
+                    for (provider, tenant), value in tenant_samples(
+                        samples, family
+                    ).items():
+                        key = (family, provider, tenant)
+                        # A removed tenant's series ends; while it is shown
+                        # it never goes down, nor does "other".
+                        assert value >= seen.get(key, 0), key
+                        seen[key] = value
+                seen = {
+                    key: value
+                    for key, value in seen.items()
+                    if key[2] in configured | {"other"}
+                }
+    assert scrapes == 25
+    # The run went through every path: grants to the configured tenants
+    # and the rest, withdrawals and refusals.
+    for family in counters[:4]:
+        assert seen[(family, "p", "other")] > 0, family
+    assert seen[("trio_dispatch_tenant_grants_total", "p", "beta")] > 0
+    assert seen[("trio_dispatch_tenant_grants_total", "q", "gamma")] > 0
