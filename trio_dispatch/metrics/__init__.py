@@ -27,7 +27,8 @@ name                                    type       what
 The same figures per tenant are families of their own, labelled by
 ``provider`` and ``tenant``, so the provider's series above stay exactly
 as they were (no dashboard breaks) and each tenant family sums, over
-``tenant``, to its provider's figure:
+``tenant``, to its provider's figure (the counters, for a collector made
+as the dispatcher opened):
 
 ============================================  =========  =========================
 name                                          type       what
