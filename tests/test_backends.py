@@ -16,9 +16,11 @@ import trio.testing
 
 from trio_dispatch import (
     AdaptiveLimit,
+    Budget,
     ProviderStatistics,
     Quota,
     RateLimitInfo,
+    Tenant,
     open_dispatcher,
 )
 from trio_dispatch.actors._mailbox import Mailbox
@@ -50,8 +52,14 @@ class CountingBackend:
     def provider(self) -> str:
         return self.inner.provider
 
-    def ticket(self, rank: float, priority: int = 0) -> Ticket:
-        return self.inner.ticket(rank, priority)
+    def ticket(
+        self,
+        rank: float,
+        priority: int = 0,
+        tenant: str | None = None,
+        model: str | None = None,
+    ) -> Ticket:
+        return self.inner.ticket(rank, priority, tenant, model)
 
     def acquire(
         self,
@@ -91,9 +99,19 @@ class CountingBackend:
         self.calls["resume"] += 1
         self.inner.resume()
 
-    def observe_rate_limits(self, observed_at: float, info: RateLimitInfo) -> None:
+    def set_tenant(self, tenant: str, settings: Tenant | None) -> None:
+        self.calls["set_tenant"] += 1
+        self.inner.set_tenant(tenant, settings)
+
+    def set_model_budget(self, model: str, budget: Budget) -> None:
+        self.calls["set_model_budget"] += 1
+        self.inner.set_model_budget(model, budget)
+
+    def observe_rate_limits(
+        self, observed_at: float, info: RateLimitInfo, model: str | None = None
+    ) -> None:
         self.calls["observe_rate_limits"] += 1
-        self.inner.observe_rate_limits(observed_at, info)
+        self.inner.observe_rate_limits(observed_at, info, model)
 
     def adaptive_value(self) -> int | None:
         return self.inner.adaptive_value()

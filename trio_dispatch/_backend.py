@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from ._budgets import AdaptiveLimit, BudgetStatistics
     from ._ratelimits import RateLimitInfo
+    from .messages._limits import Budget, Tenant
     from .messages._scheduling import Reply, Ticket
 
 
@@ -130,9 +131,13 @@ class Backend(Protocol):
     Requests: ``ticket`` orders one, ``acquire`` queues it with the
     ``Reply`` the answer goes to (``Slot`` is one), and exactly one of
     ``release`` (once granted) or ``cancel`` (any time; of a granted
-    ticket it is a release) ends it. Settings: ``set_limit``, ``pause``,
-    ``resume``, and what the provider's answers teach (``answered``,
-    ``report_usage``, ``observe_rate_limits``).
+    ticket it is a release) ends it. A ticket names the tenant it is made
+    for and the model it asks for, if any: the next free slot goes to the
+    waiting tenant with the least service for its weight, and a request of
+    a model needs that model's budget too. Settings: ``set_limit``,
+    ``pause``, ``resume``, ``set_tenant``, ``set_model_budget``, and what
+    the provider's answers teach (``answered``, ``report_usage``,
+    ``observe_rate_limits``).
     """
 
     @property
@@ -140,8 +145,20 @@ class Backend(Protocol):
         """The provider's name."""
         ...
 
-    def ticket(self, rank: float, priority: int = 0) -> Ticket:
-        """A fresh ticket of ``rank``: its ``seq`` orders it among equal ranks."""
+    def ticket(
+        self,
+        rank: float,
+        priority: int = 0,
+        tenant: str | None = None,
+        model: str | None = None,
+    ) -> Ticket:
+        """A fresh ticket of ``rank``: its ``seq`` orders it among equal ranks.
+
+        ``tenant`` is the tenant the request is made for (``None``: the
+        default tenant), ``model`` the model it asks for (``None``: none
+        named); both are carried by the ticket, unchecked (the caller
+        checked them).
+        """
         ...
 
     def acquire(
@@ -182,8 +199,42 @@ class Backend(Protocol):
         """End the pause now, and its backoff streak."""
         ...
 
-    def observe_rate_limits(self, observed_at: float, info: RateLimitInfo) -> None:
-        """The rate-limit figures of one of the provider's answers."""
+    def set_tenant(self, tenant: str, settings: Tenant | None) -> None:
+        """Give ``tenant`` a weight and a cap from now on; ``None``: the defaults.
+
+        Raising a cap or a weight may grant at once; lowering a cap lets
+        the tenant's holders finish.
+
+        Raises:
+            TypeError: ``tenant`` is not a string, or ``settings`` is not a
+                ``Tenant`` or ``None``.
+            ValueError: ``tenant`` is empty or longer than 256 characters.
+        """
+        ...
+
+    def set_model_budget(self, model: str, budget: Budget) -> None:
+        """Give ``model`` a budget of its own, beside the provider's.
+
+        A request for ``model`` is granted only when both budgets hold
+        it. The budget starts full; figures from the model's answers still
+        lower it (as they do the provider's).
+
+        Raises:
+            TypeError: ``model`` is not a string or ``budget`` not a
+                ``Budget``.
+            ValueError: ``model`` is empty.
+        """
+        ...
+
+    def observe_rate_limits(
+        self, observed_at: float, info: RateLimitInfo, model: str | None = None
+    ) -> None:
+        """The rate-limit figures of one of the provider's answers.
+
+        ``model`` is the model the answer is for: the figures teach that
+        model's budget (learned from its first figures on); ``None``, the
+        provider's.
+        """
         ...
 
     def adaptive_value(self) -> int | None:
@@ -195,7 +246,11 @@ class Backend(Protocol):
         ...
 
     def statistics(self) -> ProviderStatistics:
-        """A snapshot of the provider, every message queued so far handled."""
+        """A snapshot of the provider, every message queued so far handled.
+
+        Its ``models`` and ``tenants`` show each model's budget and each
+        tenant's share.
+        """
         ...
 
     def close(self) -> None:

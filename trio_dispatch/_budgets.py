@@ -436,6 +436,24 @@ class Throttle:
         self._reported.clear()
         return None if self._adaptive is None else self._adaptive.limit
 
+    def configure(self, budget: Budget) -> None:
+        """Use ``budget`` from now on: its budgets start full.
+
+        A kind ``budget`` leaves out (``None``) keeps a learned bucket and
+        drops a configured one.
+        """
+        rpm, tpm = budget.requests_per_minute, budget.tokens_per_minute
+        requests, tokens = self._requests, self._tokens
+        if rpm is not None:
+            self._requests = Bucket(rpm, configured=True)
+        elif requests is not None and requests.configured:
+            self._requests = None
+        if tpm is not None:
+            self._tokens = Bucket(tpm, configured=True)
+        elif tokens is not None and tokens.configured:
+            self._tokens = None
+        self.default_max_tokens = budget.default_max_tokens
+
     def advance(self, now: float) -> None:
         """The time is ``now``: the buckets refill."""
         seconds = now - self._now
@@ -463,14 +481,43 @@ class Throttle:
         ``limit`` the limit it is granted under. When the budgets do not
         hold it, nothing changes but ``ready_at``.
         """
+        if not self.holds(ticket):
+            return False
+        self.take(ticket, in_flight, limit)
+        return True
+
+    def holds(self, ticket: Ticket) -> bool:
+        """Whether the budgets hold ``ticket`` now; charges nothing.
+
+        When they do not, ``ready_at`` says when they will (``blocked``
+        until the policy looks again).
+        """
         cost = self._costs.get(ticket, 0)
-        requests, tokens = self._requests, self._tokens
-        if (requests is not None and requests.need(1)) or (
-            tokens is not None and cost and tokens.need(cost)
-        ):
+        if self._short(cost):
             self._blocked = cost
             return False
         self._blocked = None
+        return True
+
+    def fits(self, tokens: int) -> bool:
+        """Whether the budgets hold a request of ``tokens`` now; changes nothing."""
+        return not self._short(min(tokens, MAX_TOKENS))
+
+    def _short(self, cost: int) -> bool:
+        """Whether a budget lacks what a request of ``cost`` tokens is charged."""
+        requests, tokens = self._requests, self._tokens
+        return bool(
+            (requests is not None and requests.need(1))
+            or (tokens is not None and cost and tokens.need(cost))
+        )
+
+    def take(self, ticket: Ticket, in_flight: int, limit: int | None) -> None:
+        """Charge ``ticket``, which the budgets hold (``holds``), for its grant.
+
+        ``in_flight`` and ``limit`` as for ``admit``.
+        """
+        cost = self._costs.get(ticket, 0)
+        requests, tokens = self._requests, self._tokens
         if requests is not None:
             requests.take(1)
         charge: float = cost
@@ -489,7 +536,6 @@ class Throttle:
             and 2 * (in_flight + 1) >= limit
         ):
             self._in_use.add(ticket)
-        return True
 
     def unblock(self) -> None:
         """Forget what the oldest waiter waited for: the policy looks again."""

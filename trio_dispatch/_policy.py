@@ -47,6 +47,59 @@ first request is made), O(1) each way, and a binary heap for the others
 (an older turn's retry, a higher class); the next grant is the smaller of their heads. A ticket cancelled
 while waiting is only forgotten by the set of waiters and skipped when it
 surfaces; both are rebuilt when such dead entries outnumber the living.
+
+Tenants. Every ticket belongs to a tenant: its ``tenant``, or the default
+tenant for ``None`` (weight 1, no cap). Each tenant has a service counter,
+the slot-seconds its holders have had divided by its weight, accruing while
+they hold: ``c_t(now) = base_t + (held_t * now - sum of grant times) /
+w_t`` (``_tenants`` keeps it folded). A tenant that becomes backlogged
+(something of it waits) is raised to the floor: the least counter among the
+other backlogged tenants, or if none is, the counter of the tenant that
+most recently stopped being backlogged, taken then. Each free slot goes to
+the backlogged tenant below its cap with the least ``(c_t, held_t / w_t,
+head)``, for its head, its oldest waiting ticket in ticket order (of a
+model not held back). With no tenant anywhere this is exactly the order
+above, and the queues are the deque and heap above: the policy counts
+tenants only from the first ticket with a tenant or the first
+``set_tenant`` (then ``needs_clock`` turns true: grants and releases need
+the time, from ``advance`` or ``tick``), or the first budget of a model.
+Per grant that costs O(T * M) for T backlogged tenants of M models each.
+Then, besides 1, 4 and 5:
+
+6. Work-conserving: a slot is never free while a ticket waits that may
+   take it: not paused, its tenant below its cap, its head held back by
+   no budget.
+7. Caps: no tenant holds more than its cap through a grant (lowering a cap
+   lets its holders finish).
+8. Oldest first within a tenant, and within a model: a ticket is granted
+   only when no older one of its tenant waits but of a model held back.
+9. The service gap. Let L be the limit and H the longest hold. While no
+   backlogged tenant is capped or held back by a budget (and weights do
+   not change), every backlogged tenant f has ``c_f <= m + L * H / w_f``,
+   where m is the least counter among the backlogged; so for any two
+   backlogged f and g, ``c_f - c_g <= L * H / w_f``. Why: m never goes
+   down (counters only grow; a tenant joins at the floor m or above it;
+   the least one leaving leaves a larger least, and ``last_left`` is the
+   counter of the last to leave, at least the m it was). When f is
+   granted a slot it has the least counter, m. Afterwards, until its next
+   grant, only the slots it held at that grant accrue, at most L of them,
+   each for at most H: c_f grows by at most ``L * H / w_f`` while m does
+   not fall. A tenant that joins without a grant since its last one keeps
+   that bound, or is raised to m itself.
+
+Unconfigured tenants are forgotten when they hold and wait for nothing, so
+memory stays bounded by the tenants in play. A newcomer may take a free
+slot while others wait, only when those may not take it (capped, or held
+back by their model's budget).
+
+Model budgets. A model may have a throttle of its own (a ``Budget``
+configured with ``set_model_budget`` or the ``models`` argument, or learned
+from the first figures reported for it), asked beside the provider's for
+the tickets of that model only. The provider's throttle holding the chosen
+head back stops the grants (nobody passes, as above); a model's holding it
+back blocks only that model for the rest of the fill: the other models'
+tickets (of any tenant) still go, and ``wake_at`` is the earliest instant
+any held-back model, or the provider, is ready.
 """
 
 from __future__ import annotations
@@ -57,9 +110,10 @@ from typing import TYPE_CHECKING, final
 
 import attrs
 
-from ._budgets import AdaptiveLimit, Throttle
+from ._budgets import AdaptiveLimit, Budget, Throttle
 from ._exceptions import QueueFull
 from ._ratelimits import server_delay
+from ._tenants import Tenants
 from ._validation import (
     check_deadline,
     check_instant,
@@ -67,9 +121,15 @@ from ._validation import (
     check_optional_seconds,
     check_pauses,
     check_slot_limit,
+    check_tenant_name,
+    check_text,
 )
+from .messages._limits import Tenant
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ._backend import TenantStatistics
     from ._budgets import BudgetStatistics
     from ._ratelimits import RateLimitInfo
     from .messages._scheduling import Ticket
@@ -110,6 +170,17 @@ class SlotPolicy:
             reports that name no delay; it doubles with each later round.
         max_pause: The longest pause a rate-limit report causes, in
             seconds, whatever delay it names. At least ``default_pause``.
+        throttle: The provider's budgets and adaptive limit, or ``None``.
+        tenants: Tenants' weights and caps, by name; the others have
+            ``Tenant()``'s defaults.
+        models: Throttles of the provider's models (``Throttle(budget,
+            learn=..., now=...)``, without an adaptive limit), by model name.
+
+    Attributes:
+        needs_clock: Whether grants and releases need the time: true once
+            a tenant was configured or a ticket with a tenant seen. The
+            caller then calls ``advance(now)`` before each call (a plain
+            attribute, read on every hand-off).
     """
 
     __slots__ = (
@@ -119,10 +190,13 @@ class SlotPolicy:
         "_granted_at_report",
         "_granted_total",
         "_heap",
+        "_held_back",
         "_holders",
         "_limit",
         "_max_pause",
         "_max_waiting",
+        "_models",
+        "_now",
         "_paused_until",
         "_peak_in_flight",
         "_peak_waiting",
@@ -131,8 +205,10 @@ class SlotPolicy:
         "_reported",
         "_step",
         "_streak",
+        "_tenants",
         "_waiting",
         "_withdrawn_total",
+        "needs_clock",
     )
 
     def __init__(
@@ -143,9 +219,21 @@ class SlotPolicy:
         default_pause: float = 1.0,
         max_pause: float = 60.0,
         throttle: Throttle | None = None,
+        tenants: Mapping[str, Tenant] | None = None,
+        models: Mapping[str, Throttle] | None = None,
     ) -> None:
         if limit is not None:
             check_slot_limit(limit)
+        configured = {} if tenants is None else dict(tenants)
+        for name, settings in configured.items():
+            _check_tenant(name, settings)
+        throttles = {} if models is None else dict(models)
+        for model, model_throttle in throttles.items():
+            check_text(model, "model")
+            if not isinstance(model_throttle, Throttle):
+                raise TypeError(
+                    f"throttle of {model!r} must be a Throttle, got {model_throttle!r}"
+                )
         # Budgets and the adaptive limit, when there are any (see _budgets).
         self._gate = throttle
         if throttle is not None and throttle.limit is not None:
@@ -176,6 +264,24 @@ class SlotPolicy:
         self._rejected_total = 0
         self._peak_in_flight = 0
         self._peak_waiting = 0
+        # The latest time told (advance, tick, a report): tenants' service
+        # accrues in it.
+        self._now = 0.0
+        # Tenants and models. Until the first of them, None and empty, and
+        # the deque and heap above are the queue; from then on every
+        # waiting ticket is queued by its tenant and model (see _tenants).
+        self._tenants: Tenants | None = None
+        self._models = throttles
+        # The models whose throttle held their head back at the end of the
+        # latest fill, with a slot still free: wake_at watches them.
+        self._held_back: list[str] = []
+        self.needs_clock = False
+        if configured:
+            self.needs_clock = True
+            for name, settings in configured.items():
+                self._count_tenants().configure(name, settings, self._now)
+        elif throttles:
+            self._count_tenants()
 
     def __repr__(self) -> str:
         return (
@@ -209,15 +315,35 @@ class SlotPolicy:
         return self._gate
 
     @property
+    def throttled(self) -> bool:
+        """Whether any budget is asked: the provider's or a model's."""
+        return self._gate is not None or bool(self._models)
+
+    @property
     def wake_at(self) -> float | None:
         """When the policy must be ticked next: a pause ends or budget is back."""
         paused_until = self._paused_until
         gate = self._gate
+        if self._held_back:
+            return self._wake_at_held_back()
         if gate is None or not self._waiting or not gate.blocked:
             return paused_until
         if paused_until is not None and self._limit is not None:
             return paused_until
         return gate.ready_at()
+
+    def _wake_at_held_back(self) -> float | None:
+        """``wake_at`` when some model's throttle holds its head back."""
+        paused_until = self._paused_until
+        if not self._waiting or (paused_until is not None and self._limit is not None):
+            return paused_until
+        models = self._models
+        times = [models[model].ready_at() for model in self._held_back]
+        gate = self._gate
+        if gate is not None and gate.blocked:
+            times.append(gate.ready_at())
+        ready = [time for time in times if time is not None]
+        return min(ready) if ready else paused_until
 
     def budget_statistics(self, now: float | None = None) -> BudgetStatistics | None:
         """The budgets at ``now`` (default: the latest time told), or ``None``."""
@@ -228,7 +354,7 @@ class SlotPolicy:
         return frozenset(self._holders)
 
     def waiters(self) -> list[Ticket]:
-        """The waiting tickets, in the order they will be granted."""
+        """The waiting tickets in ticket order: the grant order without tenants."""
         return sorted(self._waiting)
 
     def statistics(self) -> PolicyStatistics:
@@ -260,6 +386,8 @@ class SlotPolicy:
         waiting = self._waiting
         if ticket in holders or ticket in waiting:
             raise ValueError(f"ticket {ticket!r} is already known")
+        if self._tenants is not None or ticket.tenant is not None:
+            return self._acquire_counted(ticket, tokens)
         limit = self._limit
         gate = self._gate
         if gate is not None:
@@ -293,6 +421,84 @@ class SlotPolicy:
             return self._fill()
         return []
 
+    def _acquire_counted(self, ticket: Ticket, tokens: int) -> list[Ticket]:
+        """``acquire`` once tenants or models are counted."""
+        tenants = self._tenants
+        if tenants is None:
+            # The first ticket with a tenant.
+            self.needs_clock = True
+            tenants = self._count_tenants()
+        gate = self._gate
+        model = ticket.model
+        model_gate = None if model is None else self._models.get(model)
+        if (
+            self._max_waiting is not None
+            and len(self._waiting) >= self._max_waiting
+            and not self._grants_at_once(ticket, tokens, model_gate)
+        ):
+            self._rejected_total += 1
+            raise QueueFull(
+                f"{len(self._waiting)} requests already wait"
+                f" (max_waiting={self._max_waiting})"
+            )
+        if gate is not None:
+            gate.expect(ticket, tokens)
+        if model_gate is not None:
+            model_gate.expect(ticket, tokens)
+        self._waiting.add(ticket)
+        tenants.queue(ticket, self._now)
+        limit = self._limit
+        grants = (
+            self._fill()
+            if limit is None
+            or (self._paused_until is None and len(self._holders) < limit)
+            else []
+        )
+        self._peak_waiting = max(self._peak_waiting, len(self._waiting))
+        return grants
+
+    def _grants_at_once(
+        self, ticket: Ticket, tokens: int, model_gate: Throttle | None
+    ) -> bool:
+        """Whether a fill now would grant ``ticket``, a newcomer, at once.
+
+        Every other waiter may not take a free slot (invariant 6), so the
+        newcomer goes if it may: a slot is free, its tenant below its cap,
+        and no budget holds it back.
+        """
+        limit = self._limit
+        if limit is not None and (
+            self._paused_until is not None or len(self._holders) >= limit
+        ):
+            return False
+        assert self._tenants is not None  # counting tenants: called from there
+        state = self._tenants.get(ticket.tenant)
+        if state is not None and state.limit is not None and state.held >= state.limit:
+            return False
+        if ticket.model is not None and ticket.model in self._held_back:
+            return False
+        gate = self._gate
+        return all(
+            throttle is None or throttle.fits(tokens) for throttle in (gate, model_gate)
+        ) and (gate is None or not gate.blocked)
+
+    def _count_tenants(self) -> Tenants:
+        """Queue by tenant and model from now on; the waiters move there."""
+        tenants = self._tenants
+        if tenants is not None:
+            return tenants
+        tenants = self._tenants = Tenants()
+        now = self._now
+        for ticket in self._holders:
+            # Their service counts from now: the time of their grant is
+            # not known.
+            tenants.hold(ticket, now)
+        for ticket in sorted(self._waiting):
+            tenants.queue(ticket, now)
+        self._fifo.clear()
+        self._heap.clear()
+        return tenants
+
     def release(self, ticket: Ticket) -> list[Ticket]:
         """Give back a held slot; does nothing for an unknown or finished ticket.
 
@@ -308,6 +514,8 @@ class SlotPolicy:
     def cancel(self, ticket: Ticket) -> list[Ticket]:
         """Withdraw a waiting ticket, or release it if it was already granted."""
         if ticket in self._waiting:
+            if self._tenants is not None:
+                return self._withdraw_counted(ticket)
             self._waiting.discard(ticket)
             self._withdrawn_total += 1
             gate = self._gate
@@ -323,6 +531,25 @@ class SlotPolicy:
         if self._streak:
             self._reported.discard(ticket)
         return self._release(ticket, success=False)
+
+    def _withdraw_counted(self, ticket: Ticket) -> list[Ticket]:
+        """``cancel`` of a waiting ticket once tenants or models are counted."""
+        tenants = self._tenants
+        assert tenants is not None  # called only then
+        waiting = self._waiting
+        waiting.discard(ticket)
+        self._withdrawn_total += 1
+        tenants.withdraw(ticket, self._now, waiting)
+        gate = self._gate
+        if gate is not None:
+            gate.forget(ticket)
+        model_gate = None if ticket.model is None else self._models.get(ticket.model)
+        if model_gate is not None:
+            model_gate.forget(ticket)
+        if (gate is not None and gate.blocked) or self._held_back:
+            # It may have been a head a budget held back.
+            return self._fill()
+        return []
 
     def _compact(self) -> None:
         if len(self._heap) + len(self._fifo) > 2 * len(self._waiting) + _COMPACT_SLACK:
@@ -349,28 +576,127 @@ class SlotPolicy:
         return self._fill()
 
     def advance(self, now: float) -> None:
-        """Tell the budgets the time, before handling what arrived at ``now``."""
+        """Tell the policy the time, before handling what arrived at ``now``.
+
+        The budgets refill; tenants' service accrues up to it.
+        """
+        self._now = max(self._now, now)
         if self._gate is not None:
             self._gate.advance(now)
+        if self._models:
+            for throttle in self._models.values():
+                throttle.advance(now)
 
     def report_usage(self, ticket: Ticket, tokens: int) -> list[Ticket]:
         """The request of held ``ticket`` used ``tokens`` in all: correct its charge."""
         gate = self._gate
-        if gate is None or not gate.report_usage(ticket, tokens) or not gate.blocked:
-            return []
-        return self._fill()
+        model_gate = None if ticket.model is None else self._models.get(ticket.model)
+        if model_gate is not None:
+            model_gate.report_usage(ticket, tokens)
+        if gate is not None:
+            gate.report_usage(ticket, tokens)
+        # Tokens given back may let a held-back head through.
+        if (gate is not None and gate.blocked) or self._held_back:
+            return self._fill()
+        return []
 
     def answered(self, ticket: Ticket) -> None:
         """The answer of held ``ticket`` started: the server has counted it."""
         if self._gate is not None:
             self._gate.answered(ticket)
+        if ticket.model is not None and self._models:
+            model_gate = self._models.get(ticket.model)
+            if model_gate is not None:
+                model_gate.answered(ticket)
 
-    def observe_rate_limits(self, now: float, info: RateLimitInfo) -> list[Ticket]:
+    def set_tenant(self, tenant: str, settings: Tenant | None) -> list[Ticket]:
+        """Give ``tenant`` a weight and a cap; ``None``: back to the defaults.
+
+        Returns the tickets the change lets through (a cap raised).
+
+        Raises:
+            TypeError: ``tenant`` is not a string, or ``settings`` not a
+                ``Tenant`` or ``None``.
+            ValueError: ``tenant`` is empty or too long.
+        """
+        _check_tenant(tenant, settings)
+        self.needs_clock = True
+        self._count_tenants().configure(tenant, settings, self._now)
+        return self._fill()
+
+    def set_model_budget(
+        self, model: str, budget: Budget, *, learn: bool = True
+    ) -> list[Ticket]:
+        """Give ``model`` a budget of its own, asked beside the provider's.
+
+        A model that has a throttle already (learned from its figures, or
+        configured) keeps it and takes the new budget, which starts full;
+        else it gets ``Throttle(budget, learn=learn)``. Returns the tickets
+        the change lets through.
+
+        Raises:
+            TypeError: ``model`` is not a string or ``budget`` not a ``Budget``.
+            ValueError: ``model`` is empty.
+        """
+        check_text(model, "model")
+        if not isinstance(budget, Budget):
+            raise TypeError(f"budget must be a Budget, got {budget!r}")
+        throttle = self._models.get(model)
+        if throttle is None:
+            self._models[model] = Throttle(budget, learn=learn, now=self._now)
+            self._count_tenants()
+        else:
+            throttle.configure(budget)
+        return self._fill()
+
+    def tenants(self) -> dict[str, Tenant]:
+        """The configured tenants' settings, by name."""
+        tenants = self._tenants
+        return {} if tenants is None else tenants.configured()
+
+    def tenant_statistics(
+        self, now: float | None = None
+    ) -> dict[str, TenantStatistics]:
+        """Each named tenant's share at ``now`` (default: the latest time told).
+
+        The tenants configured, and those with a slot held or a request
+        waiting; not the default tenant (``None``).
+        """
+        tenants = self._tenants
+        if tenants is None:
+            return {}
+        return tenants.statistics(self._now if now is None else max(now, self._now))
+
+    def model_budget_statistics(
+        self, now: float | None = None
+    ) -> dict[str, BudgetStatistics]:
+        """Each model's budgets at ``now`` (default: the latest time told)."""
+        found: dict[str, BudgetStatistics] = {}
+        for model, throttle in self._models.items():
+            stats = throttle.statistics(now)
+            if stats is not None:
+                found[model] = stats
+        return found
+
+    def observe_rate_limits(
+        self, now: float, info: RateLimitInfo, model: str | None = None
+    ) -> list[Ticket]:
         """Learn from the rate-limit figures of an answer that arrived at ``now``.
 
         Creates the throttle if there is none, so a provider that was never
-        given a budget is paced by what it reports.
+        given a budget is paced by what it reports. The figures of an answer
+        for ``model`` go to that model's throttle (created learning), those
+        of an answer for none to the provider's.
         """
+        if model is not None:
+            model_gate = self._models.get(model)
+            if model_gate is None:
+                check_text(model, "model")
+                model_gate = self._models[model] = Throttle(learn=True, now=now)
+                self._count_tenants()
+            model_gate.advance(now)
+            model_gate.observe(info)
+            return []
         gate = self._gate
         if gate is None:
             gate = self._gate = Throttle(learn=True, now=now)
@@ -430,13 +756,12 @@ class SlotPolicy:
 
         So do grants the budget held back, once it holds the oldest waiter.
         """
+        self.advance(now)
         gate = self._gate
-        if gate is not None:
-            gate.advance(now)
         if self._paused_until is not None and now >= self._paused_until:
             self._paused_until = None
             return self._fill()
-        if gate is not None and gate.blocked:
+        if (gate is not None and gate.blocked) or self._held_back:
             return self._fill()
         return []
 
@@ -456,6 +781,13 @@ class SlotPolicy:
         except KeyError:
             return []
         self._released_total += 1
+        tenants = self._tenants
+        if tenants is not None:
+            tenants.release(ticket, self._now)
+            if ticket.model is not None and self._models:
+                model_gate = self._models.get(ticket.model)
+                if model_gate is not None:
+                    model_gate.release(ticket, success=success)
         gate = self._gate
         if gate is not None:
             limit = gate.release(ticket, success=success)
@@ -466,6 +798,8 @@ class SlotPolicy:
         return self._fill()
 
     def _fill(self) -> list[Ticket]:
+        if self._tenants is not None:
+            return self._fill_counted()
         grants: list[Ticket] = []
         waiting = self._waiting
         limit = self._limit
@@ -499,3 +833,70 @@ class SlotPolicy:
             fifo.clear()
             heap.clear()
         return grants
+
+    def _unblock(self) -> None:
+        """Forget what the budgets held back: the fill looks again."""
+        if self._gate is not None:
+            self._gate.unblock()
+        held_back = self._held_back
+        if held_back:
+            models = self._models
+            for model in held_back:
+                models[model].unblock()
+            self._held_back = []
+
+    def _fill_counted(self) -> list[Ticket]:
+        """``_fill`` once tenants or models are counted (see the module notes)."""
+        tenants = self._tenants
+        assert tenants is not None  # called only then
+        grants: list[Ticket] = []
+        waiting = self._waiting
+        limit = self._limit
+        gate = self._gate
+        models = self._models
+        self._unblock()
+        if not waiting or (limit is not None and self._paused_until is not None):
+            return grants
+        holders = self._holders
+        now = self._now
+        held = len(holders)
+        blocked: list[str] = []  # models held back in this fill
+        while waiting and (limit is None or held < limit):
+            chosen = tenants.select(now, waiting, blocked)
+            if chosen is None:
+                break
+            state, ticket = chosen
+            model = ticket.model
+            model_gate = None if model is None else models.get(model)
+            if gate is not None and not gate.holds(ticket):
+                break  # oldest first: nobody passes what the provider holds back
+            if model_gate is not None and not model_gate.holds(ticket):
+                assert model is not None  # it has a throttle
+                blocked.append(model)  # nobody of this model passes its head
+                continue
+            if gate is not None:
+                gate.take(ticket, held, limit)
+            if model_gate is not None:
+                model_gate.take(ticket, held, None)
+            waiting.remove(ticket)
+            tenants.grant(state, ticket, now)
+            holders.add(ticket)
+            grants.append(ticket)
+            held += 1
+        if blocked:
+            if waiting and (limit is None or held < limit):
+                self._held_back = blocked
+            else:
+                # No slot left to wait for: a release looks again.
+                for name in blocked:
+                    models[name].unblock()
+        self._granted_total += len(grants)
+        self._peak_in_flight = max(self._peak_in_flight, held)
+        return grants
+
+
+def _check_tenant(tenant: object, settings: object) -> None:
+    """A tenant's name and its settings (a ``Tenant`` or ``None``)."""
+    check_tenant_name(tenant)
+    if settings is not None and not isinstance(settings, Tenant):
+        raise TypeError(f"settings must be a Tenant or None, got {settings!r}")

@@ -11,12 +11,14 @@ minor versions. An application needs none of them; ``trio_dispatch``,
   budgets and adaptive limits.
 - The scheduler actor, ``SchedulerActor``, and the protocol it speaks:
   ``Acquire``, ``Release``, ``Cancel``, ``SetLimit``, ``Adapt``, ``Pause``,
-  ``Resume``, ``Answered``, ``ReportUsage``, ``ObserveRateLimits`` (together
-  ``SchedulerMessage``), answered with a ``Grant`` through a ``Reply``.
+  ``Resume``, ``Answered``, ``ReportUsage``, ``ObserveRateLimits``,
+  ``SetTenant``, ``SetModelBudget`` (together ``SchedulerMessage``),
+  answered with a ``Grant`` through a ``Reply``.
 - The backend interface, ``Backend``: what the dispatcher asks of each
   provider's scheduler (``acquire``, ``release``, ``cancel``,
-  ``set_limit``, ``pause``, ``resume``, ``report_usage``,
-  ``observe_rate_limits``, ``statistics``, ``close``, and ``run``, which
+  ``set_limit``, ``pause``, ``resume``, ``set_tenant``,
+  ``set_model_budget``, ``report_usage``, ``observe_rate_limits``,
+  ``statistics``, ``close``, and ``run``, which
   the dispatcher starts in its nursery). ``SchedulerActor`` implements it
   in one process, the Redis-shared scheduler of ``redis_url`` for a fleet.
   ``open_dispatcher_with(new_backend, limits, **options)`` opens a
@@ -52,6 +54,8 @@ from .messages._scheduling import ReportUsage as ReportUsage
 from .messages._scheduling import Resume as Resume
 from .messages._scheduling import SchedulerMessage as SchedulerMessage
 from .messages._scheduling import SetLimit as SetLimit
+from .messages._scheduling import SetModelBudget as SetModelBudget
+from .messages._scheduling import SetTenant as SetTenant
 from .messages._scheduling import Ticket as Ticket
 
 __all__ = [
@@ -73,6 +77,8 @@ __all__ = [
     "SchedulerActor",
     "SchedulerMessage",
     "SetLimit",
+    "SetModelBudget",
+    "SetTenant",
     "SlotPolicy",
     "Throttle",
     "Ticket",

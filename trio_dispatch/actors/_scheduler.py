@@ -15,7 +15,8 @@ ignored by its reply, and the requester's ``Cancel``, already behind in the
 inbox, releases it. So slots never leak through that race.
 
 The actor need not be woken for every message. While the provider has no
-budget and no pause, an ``Acquire``, ``Release`` or ``Cancel`` that finds
+budget (of its own or of a model) and no pause, an ``Acquire``, ``Release``
+or ``Cancel`` that finds
 the inbox empty is handled at once in the sender's task, by the same
 handler and with the same effect as if the actor's task had taken it next
 (that is the order of the inbox); a release's grants go to their waiters
@@ -62,6 +63,8 @@ import trio
 from .._backend import ProviderStatistics
 from .._budgets import AdaptiveLimit
 from .._exceptions import DispatcherClosed, QueueFull
+from .._validation import check_tenant_name, check_text
+from ..messages._limits import Budget, Tenant
 from ..messages._scheduling import (
     Acquire,
     Adapt,
@@ -75,6 +78,8 @@ from ..messages._scheduling import (
     Resume,
     SchedulerMessage,
     SetLimit,
+    SetModelBudget,
+    SetTenant,
     Ticket,
 )
 from ._mailbox import Mailbox
@@ -128,7 +133,7 @@ class SchedulerActor:
         # message may be handled in the caller's task (see acquire). False
         # once the inbox is closed, so that the message meets the closed
         # inbox and its error.
-        self._plain = policy.throttle is None and policy.wake_at is None
+        self._plain = not policy.throttled and policy.wake_at is None
         self._inbox: Mailbox[SchedulerMessage] = Mailbox()
         # The messages taken from the inbox and not handled yet: if handling
         # one crashes the actor, those behind it are failed, not lost.
@@ -139,11 +144,17 @@ class SchedulerActor:
     def __repr__(self) -> str:
         return f"<SchedulerActor provider={self.provider!r} {self.policy!r}>"
 
-    def ticket(self, rank: float, priority: int = 0) -> Ticket:
+    def ticket(
+        self,
+        rank: float,
+        priority: int = 0,
+        tenant: str | None = None,
+        model: str | None = None,
+    ) -> Ticket:
         """A fresh ticket; its ``seq`` matches the order of the inbox."""
         # tuple.__new__ is what Ticket's own __new__ calls, without its
         # Python frame: one ticket per request.
-        return _new_ticket(Ticket, (rank, next(self._seq), priority, None, None))
+        return _new_ticket(Ticket, (rank, next(self._seq), priority, tenant, model))
 
     def send(self, message: SchedulerMessage) -> None:
         """Put a message in the inbox; never blocks.
@@ -243,9 +254,38 @@ class SchedulerActor:
         """End the pause and its backoff streak."""
         self._inbox.send_nowait(Resume())
 
-    def observe_rate_limits(self, observed_at: float, info: RateLimitInfo) -> None:
-        """The rate-limit figures of one of the provider's answers."""
-        self._inbox.send_nowait(ObserveRateLimits(observed_at, info))
+    def set_tenant(self, tenant: str, settings: Tenant | None) -> None:
+        """Give ``tenant`` a weight and a cap; ``None``: back to the defaults.
+
+        Raises:
+            TypeError: ``tenant`` is not a string, or ``settings`` not a
+                ``Tenant`` or ``None``.
+            ValueError: ``tenant`` is empty or too long.
+            trio.ClosedResourceError: The actor has stopped.
+        """
+        check_tenant_name(tenant)
+        if settings is not None and not isinstance(settings, Tenant):
+            raise TypeError(f"settings must be a Tenant or None, got {settings!r}")
+        self._inbox.send_nowait(SetTenant(tenant, settings))
+
+    def set_model_budget(self, model: str, budget: Budget) -> None:
+        """Give ``model`` a budget of its own, beside the provider's.
+
+        Raises:
+            TypeError: ``model`` is not a string or ``budget`` not a ``Budget``.
+            ValueError: ``model`` is empty.
+            trio.ClosedResourceError: The actor has stopped.
+        """
+        check_text(model, "model")
+        if not isinstance(budget, Budget):
+            raise TypeError(f"budget must be a Budget, got {budget!r}")
+        self._inbox.send_nowait(SetModelBudget(model, budget))
+
+    def observe_rate_limits(
+        self, observed_at: float, info: RateLimitInfo, model: str | None = None
+    ) -> None:
+        """The rate-limit figures of one of the provider's answers (for ``model``)."""
+        self._inbox.send_nowait(ObserveRateLimits(observed_at, info, model))
 
     def adaptive_value(self) -> int | None:
         """The adaptive limit's current value, or ``None`` for a fixed one."""
@@ -258,6 +298,7 @@ class SchedulerActor:
         policy = self.policy
         stats = policy.statistics()
         throttle = policy.throttle
+        now = trio.current_time()
         return ProviderStatistics(
             provider=self.provider,
             limit=stats.limit,
@@ -274,7 +315,9 @@ class SchedulerActor:
             local_in_flight=stats.in_flight,
             local_waiting=stats.waiting,
             adaptive=throttle is not None and throttle.adaptive is not None,
-            budget=policy.budget_statistics(trio.current_time()),
+            budget=policy.budget_statistics(now),
+            models=policy.model_budget_statistics(now),
+            tenants=policy.tenant_statistics(now),
         )
 
     # KeyboardInterrupt waits for the next checkpoint: between two, the actor
@@ -333,9 +376,7 @@ class SchedulerActor:
                 if policy.wake_at is not None:
                     self._tick(now)
                 self._plain = (
-                    policy.throttle is None
-                    and policy.wake_at is None
-                    and not inbox.closed
+                    not policy.throttled and policy.wake_at is None and not inbox.closed
                 )
         finally:
             if not stopped_idle:
@@ -405,9 +446,7 @@ class SchedulerActor:
         if policy.wake_at is not None:
             self._tick(now)
         self._plain = (
-            policy.throttle is None
-            and policy.wake_at is None
-            and not self._inbox.closed
+            not policy.throttled and policy.wake_at is None and not self._inbox.closed
         )
 
     def _tick(self, now: float) -> None:
@@ -466,12 +505,15 @@ class SchedulerActor:
     # The handlers of the hot messages take their fields, not the message:
     # the caller's task runs them without building one (see acquire), and
     # passes ``now=None``: the clock is read only if a grant or an event
-    # needs it, once (while anything listens, at the start).
+    # needs it, once (while anything listens, or once the policy counts
+    # tenants' service, ``needs_clock``: at the start, and told to it).
 
     def _on_release(self, ticket: Ticket, now: float | None) -> None:
         policy = self.policy
-        if now is None and self._listening:
+        if now is None and (self._listening or policy.needs_clock):
+            # Tenants' service needs the time of grants and releases.
             now = trio.current_time()
+            policy.advance(now)
         listening = self._listening
         before = (policy.in_flight, policy.waiting) if listening else None
         try:
@@ -492,8 +534,10 @@ class SchedulerActor:
 
     def _on_cancel(self, ticket: Ticket, now: float | None) -> None:
         policy = self.policy
-        if now is None and self._listening:
+        if now is None and (self._listening or policy.needs_clock):
+            # Tenants' service needs the time of grants and releases.
             now = trio.current_time()
+            policy.advance(now)
         self._replies.pop(ticket, None)
         before = (policy.in_flight, policy.waiting) if self._listening else None
         grants = policy.cancel(ticket)
@@ -513,8 +557,10 @@ class SchedulerActor:
         now: float | None,
     ) -> None:
         policy = self.policy
-        if now is None and self._listening:
+        if now is None and (self._listening or policy.needs_clock):
+            # Tenants' service needs the time of grants and releases.
             now = trio.current_time()
+            policy.advance(now)
         try:
             grants = policy.acquire(ticket, tokens)
         except (QueueFull, ValueError) as exc:
@@ -553,16 +599,28 @@ class SchedulerActor:
 
     def _rarely(
         self,
-        message: Resume | ReportUsage | Answered | ObserveRateLimits | Adapt,
+        message: Resume
+        | ReportUsage
+        | Answered
+        | ObserveRateLimits
+        | Adapt
+        | SetTenant
+        | SetModelBudget,
         now: float,
     ) -> list[Ticket]:
-        """The messages that come least often: resume, budgets, adaptive limits."""
+        """The messages that come least often: resume, budgets, limits, tenants."""
         policy = self.policy
         previous = policy.limit
         if isinstance(message, ReportUsage):
             grants = policy.report_usage(message.ticket, message.tokens)
         elif isinstance(message, ObserveRateLimits):
-            grants = policy.observe_rate_limits(message.observed_at, message.info)
+            grants = policy.observe_rate_limits(
+                message.observed_at, message.info, message.model
+            )
+        elif isinstance(message, SetTenant):
+            grants = policy.set_tenant(message.tenant, message.settings)
+        elif isinstance(message, SetModelBudget):
+            grants = policy.set_model_budget(message.model, message.budget)
         elif isinstance(message, Answered):
             policy.answered(message.ticket)
             return []

@@ -63,6 +63,8 @@ from ..messages._scheduling import (
     Resume,
     SchedulerMessage,
     SetLimit,
+    SetModelBudget,
+    SetTenant,
     Ticket,
 )
 from ._mailbox import Mailbox
@@ -76,6 +78,7 @@ if TYPE_CHECKING:
     from .._ledger import Ledger, LedgerBudget, StepResult
     from .._ratelimits import RateLimitInfo
     from .._shared_book import Plan, SharedBook
+    from ..messages._limits import Budget, Tenant
     from ..messages._scheduling import Reply
 
 _logger = logging.getLogger("trio_dispatch")
@@ -267,9 +270,15 @@ class SharedSchedulerActor:
         """The fleet as the last round saw it."""
         return self._view
 
-    def ticket(self, rank: float, priority: int = 0) -> Ticket:
+    def ticket(
+        self,
+        rank: float,
+        priority: int = 0,
+        tenant: str | None = None,
+        model: str | None = None,
+    ) -> Ticket:
         """A fresh ticket; its ``seq`` matches the order of the inbox."""
-        return Ticket(rank, next(self._seq), priority)
+        return Ticket(rank, next(self._seq), priority, tenant, model)
 
     def send(self, message: SchedulerMessage) -> None:
         """Put a message in the inbox; never blocks.
@@ -324,9 +333,19 @@ class SharedSchedulerActor:
         """End the fleet's pause and its backoff streak."""
         self.send(Resume())
 
-    def observe_rate_limits(self, observed_at: float, info: RateLimitInfo) -> None:
+    def set_tenant(self, tenant: str, settings: Tenant | None) -> None:
+        """Not shared through Redis yet."""
+        raise NotImplementedError("tenants are not shared through Redis yet")
+
+    def set_model_budget(self, model: str, budget: Budget) -> None:
+        """Not shared through Redis yet."""
+        raise NotImplementedError("model budgets are not shared through Redis yet")
+
+    def observe_rate_limits(
+        self, observed_at: float, info: RateLimitInfo, model: str | None = None
+    ) -> None:
         """The rate-limit figures of an answer, for the fleet's budgets."""
-        self.send(ObserveRateLimits(observed_at, info))
+        self.send(ObserveRateLimits(observed_at, info, model))
 
     def adaptive_value(self) -> int | None:
         """The fleet's adaptive limit's value as last seen, or ``None``."""
@@ -522,10 +541,19 @@ class SharedSchedulerActor:
 
     def _take_setting(
         self,
-        message: SetLimit | Adapt | Pause | Resume | ReportUsage | ObserveRateLimits,
+        message: SetLimit
+        | Adapt
+        | Pause
+        | Resume
+        | ReportUsage
+        | ObserveRateLimits
+        | SetTenant
+        | SetModelBudget,
         now: float,
     ) -> None:
         """A message about the provider's limits, pauses or budgets."""
+        if isinstance(message, SetTenant | SetModelBudget):
+            return  # never sent yet: not shared through Redis yet
         if isinstance(message, SetLimit):
             self._events.limit_changed(self.limit, message.limit, now)
             self.limit = message.limit

@@ -5,7 +5,8 @@ answer on; the scheduler answers exactly once, through the reply, with a
 ``Grant`` or an error. The requester then sends ``Release`` when it is done
 with the slot, or ``Cancel`` if it stopped waiting. ``SetLimit``, ``Pause``
 and ``Resume`` come from the dispatcher, and so do ``Adapt`` (an adaptive
-limit), ``ObserveRateLimits``
+limit), ``SetTenant`` (a tenant's weight and cap), ``SetModelBudget`` (one
+model's budget), ``ObserveRateLimits``
 (an answer's rate-limit figures, for the budgets), ``Answered`` (a
 request's answer started) and ``ReportUsage`` (a request's tokens, which
 correct its estimate). All of them travel over one FIFO
@@ -21,7 +22,7 @@ import attrs
 
 if TYPE_CHECKING:
     from .._ratelimits import RateLimitInfo
-    from ._limits import AdaptiveLimit
+    from ._limits import AdaptiveLimit, Budget, Tenant
 
 
 @final
@@ -190,10 +191,33 @@ class Answered:
 @final
 @attrs.frozen
 class ObserveRateLimits:
-    """An answer that arrived at ``observed_at`` (trio clock) reported ``info``."""
+    """An answer that arrived at ``observed_at`` (trio clock) reported ``info``.
+
+    ``model`` is the model the answer is for: its figures teach that
+    model's budget; ``None``, the provider's (over all its models).
+    """
 
     observed_at: float
     info: RateLimitInfo
+    model: str | None = None
+
+
+@final
+@attrs.frozen
+class SetTenant:
+    """Give ``tenant`` its weight and cap on this provider; ``None``: the defaults."""
+
+    tenant: str
+    settings: Tenant | None
+
+
+@final
+@attrs.frozen
+class SetModelBudget:
+    """Give ``model`` a budget of its own on this provider, beside the provider's."""
+
+    model: str
+    budget: Budget
 
 
 SchedulerMessage = (
@@ -207,5 +231,7 @@ SchedulerMessage = (
     | ReportUsage
     | Answered
     | ObserveRateLimits
+    | SetTenant
+    | SetModelBudget
 )
 """Everything a scheduler actor reads from its inbox."""

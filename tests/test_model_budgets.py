@@ -1,0 +1,225 @@
+"""Per-model budgets in ``SlotPolicy``: each model paced by its own budget.
+
+A model's throttle (configured, or learned from the figures of that
+model's answers) is asked beside the provider's, for that model's tickets
+only: a model it holds back blocks only itself, the other models' tickets
+still go, nobody of the model passes its held-back head, and ``wake_at``
+is the first instant any held-back model (or the provider) is ready.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from trio_dispatch import Budget, Quota, RateLimitInfo
+from trio_dispatch.lowlevel import SlotPolicy, Throttle, Ticket
+
+ONE_PER_MINUTE = Budget(requests_per_minute=1)
+
+
+class Tickets:
+    """Fresh tickets in arrival order."""
+
+    def __init__(self) -> None:
+        self.seq = itertools.count()
+
+    def __call__(
+        self, rank: float, model: str | None = None, tenant: str | None = None
+    ) -> Ticket:
+        return Ticket(float(rank), next(self.seq), 0, tenant, model)
+
+
+def test_a_held_back_model_does_not_block_another() -> None:
+    t = Tickets()
+    policy = SlotPolicy(4, models={"slow": Throttle(ONE_PER_MINUTE)})
+    policy.advance(0.0)
+    slow0, slow1, fast2, none3 = t(0, "slow"), t(1, "slow"), t(2, "fast"), t(3)
+    assert policy.acquire(slow0) == [slow0]
+    assert policy.acquire(slow1) == []  # its minute's request is spent
+    assert policy.acquire(fast2) == [fast2]  # younger, of another model
+    assert policy.acquire(none3) == [none3]  # and of none
+    assert policy.wake_at == 60.0
+    stats = policy.model_budget_statistics()
+    assert set(stats) == {"slow"}
+    assert stats["slow"].waiting_for_budget
+    assert policy.budget_statistics() is None  # the provider has none
+    assert policy.tick(59.0) == []
+    assert policy.tick(60.0) == [slow1]
+    assert policy.wake_at is None
+
+
+def test_within_a_model_nobody_passes_its_held_back_head() -> None:
+    # 100 tokens a minute: the head needs 80 of the 20 left, 36 s away;
+    # a younger request of 10 tokens fits, but waits behind it.
+    t = Tickets()
+    policy = SlotPolicy(4, models={"m": Throttle(Budget(tokens_per_minute=100))})
+    policy.advance(0.0)
+    big0, big1, small2 = t(0, "m"), t(1, "m"), t(2, "m")
+    assert policy.acquire(big0, 80) == [big0]
+    assert policy.acquire(big1, 80) == []
+    assert policy.acquire(small2, 10) == []
+    assert policy.wake_at == 36.0
+    assert policy.tick(36.0) == [big1]
+    # 10 tokens are missing for small2 now: 6 s.
+    assert policy.wake_at == 42.0
+    assert policy.tick(42.0) == [small2]
+
+
+def test_an_older_ticket_of_the_model_may_become_its_head() -> None:
+    t = Tickets()
+    policy = SlotPolicy(4, models={"m": Throttle(Budget(tokens_per_minute=100))})
+    policy.advance(0.0)
+    policy.acquire(t(0, "m"), 80)
+    young = t(9, "m")
+    assert policy.acquire(young, 80) == []
+    old = t(1, "m")  # an older turn's retry: the new head, and it fits
+    assert policy.acquire(old, 10) == [old]
+    assert policy.waiters() == [young]
+
+
+def test_the_provider_budget_still_blocks_every_model() -> None:
+    t = Tickets()
+    policy = SlotPolicy(
+        4,
+        throttle=Throttle(ONE_PER_MINUTE),
+        models={"fast": Throttle(Budget(requests_per_minute=600))},
+    )
+    policy.advance(0.0)
+    first, fast1, none2 = t(0, "fast"), t(1, "fast"), t(2)
+    assert policy.acquire(first) == [first]
+    assert policy.acquire(fast1) == []
+    assert policy.acquire(none2) == []  # nobody passes the provider's head
+    assert policy.wake_at == 60.0
+    assert policy.tick(60.0) == [fast1]
+    assert policy.wake_at == 120.0
+    stats = policy.model_budget_statistics()
+    assert stats["fast"].requests_available == 599.0  # full again at 60, less 1
+
+
+def test_wake_at_is_the_first_held_back_model_ready() -> None:
+    t = Tickets()
+    policy = SlotPolicy(
+        5,
+        models={
+            "a": Throttle(Budget(requests_per_minute=1)),
+            "b": Throttle(Budget(requests_per_minute=2)),
+        },
+    )
+    policy.advance(0.0)
+    a0, b1, b2, a3, b4 = t(0, "a"), t(1, "b"), t(2, "b"), t(3, "a"), t(4, "b")
+    assert policy.acquire(a0) == [a0]
+    assert policy.acquire(b1) == [b1]
+    assert policy.acquire(b2) == [b2]
+    assert policy.acquire(a3) == []
+    assert policy.acquire(b4) == []
+    # b refills 1 request in 30 s, a in 60 s.
+    assert policy.wake_at == 30.0
+    assert policy.tick(30.0) == [b4]
+    assert policy.wake_at == 60.0
+    assert policy.tick(60.0) == [a3]
+    assert policy.wake_at is None
+
+
+def test_no_wake_up_for_a_model_while_no_slot_is_free() -> None:
+    t = Tickets()
+    policy = SlotPolicy(2, models={"slow": Throttle(ONE_PER_MINUTE)})
+    policy.advance(0.0)
+    slow0, slow1, fast2 = t(0, "slow"), t(1, "slow"), t(2, "fast")
+    policy.acquire(slow0)
+    policy.acquire(slow1)
+    assert policy.wake_at == 60.0
+    assert policy.acquire(fast2) == [fast2]
+    # Both slots are held: a release looks again, no timer needed.
+    assert policy.wake_at is None
+    policy.advance(61.0)
+    assert policy.release(fast2) == [slow1]
+
+
+def test_figures_for_a_model_teach_that_model_only() -> None:
+    t = Tickets()
+    policy = SlotPolicy(4)
+    policy.advance(0.0)
+    info = RateLimitInfo(requests=Quota(limit=60, remaining=0, reset=60.0))
+    assert policy.observe_rate_limits(0.0, info, model="m") == []
+    assert policy.budget_statistics() is None
+    stats = policy.model_budget_statistics()
+    assert set(stats) == {"m"}
+    assert stats["m"].learned
+    assert stats["m"].requests_per_minute == 60.0
+    m0, other1 = t(0, "m"), t(1, "other")
+    assert policy.acquire(m0) == []  # none left: 1 s to the next
+    assert policy.acquire(other1) == [other1]
+    assert policy.wake_at == 1.0
+    assert policy.tick(1.0) == [m0]
+
+
+def test_figures_without_a_model_teach_the_provider() -> None:
+    policy = SlotPolicy(4)
+    info = RateLimitInfo(requests=Quota(limit=60, remaining=10, reset=60.0))
+    policy.observe_rate_limits(0.0, info)
+    assert policy.model_budget_statistics() == {}
+    stats = policy.budget_statistics()
+    assert stats is not None
+    assert stats.requests_available == 10.0
+
+
+def test_a_budget_set_at_run_time_applies_to_the_waiting() -> None:
+    t = Tickets()
+    policy = SlotPolicy(4)
+    policy.advance(0.0)
+    info = RateLimitInfo(requests=Quota(limit=60, remaining=0, reset=60.0))
+    policy.observe_rate_limits(0.0, info, model="m")
+    m0 = t(0, "m")
+    assert policy.acquire(m0) == []
+    # A configured budget replaces the learned one; it starts full.
+    assert policy.set_model_budget("m", Budget(requests_per_minute=5)) == [m0]
+    stats = policy.model_budget_statistics()["m"]
+    assert (stats.requests_per_minute, stats.requests_available) == (5.0, 4.0)
+    # A new model's budget too.
+    assert policy.set_model_budget("n", ONE_PER_MINUTE) == []
+    n1, n2 = t(1, "n"), t(2, "n")
+    assert policy.acquire(n1) == [n1]
+    assert policy.acquire(n2) == []
+
+
+def test_usage_given_back_lets_the_model_head_through() -> None:
+    t = Tickets()
+    policy = SlotPolicy(4, models={"m": Throttle(Budget(tokens_per_minute=100))})
+    policy.advance(0.0)
+    big0, big1 = t(0, "m"), t(1, "m")
+    assert policy.acquire(big0, 80) == [big0]
+    assert policy.acquire(big1, 80) == []
+    # big0 used only 10 of its 80: 70 come back, and big1 fits.
+    assert policy.report_usage(big0, 10) == [big1]
+
+
+def test_models_and_tenants_together() -> None:
+    # b has the least counter, but its head is of the held-back model: a's
+    # ticket takes the slot; b's younger ticket, of another model, goes
+    # before a's next.
+    t = Tickets()
+    policy = SlotPolicy(2, models={"slow": Throttle(ONE_PER_MINUTE)})
+    policy.advance(0.0)
+    a0, spent = t(0, "fast", "a"), t(1, "slow", "c")
+    assert policy.acquire(a0) == [a0]
+    assert policy.acquire(spent) == [spent]
+    policy.advance(1.0)
+    b2 = t(2, "slow", "b")
+    assert policy.acquire(b2) == []
+    policy.advance(3.0)
+    a4 = t(4, "fast", "a")
+    assert policy.acquire(a4) == []
+    stats = policy.tenant_statistics()
+    assert (stats["a"].service, stats["b"].service) == (3.0, 0.0)
+    policy.advance(4.0)
+    assert policy.release(spent) == [a4]
+    b5 = t(5, "fast", "b")
+    assert policy.acquire(b5) == []
+    assert policy.wake_at is None  # no slot free: a release looks again
+    policy.advance(5.0)
+    assert policy.release(a0) == [b5]
+    assert policy.waiters() == [b2]
+    policy.advance(6.0)
+    assert policy.release(a4) == []
+    assert policy.wake_at == 60.0
+    assert policy.tick(60.0) == [b2]
