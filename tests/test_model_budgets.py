@@ -11,10 +11,17 @@ from __future__ import annotations
 
 import itertools
 
-from trio_dispatch import Budget, Quota, RateLimitInfo
+import pytest
+
+from trio_dispatch import Budget, QueueFull, Quota, RateLimitInfo, Tenant
 from trio_dispatch.lowlevel import SlotPolicy, Throttle, Ticket
 
 ONE_PER_MINUTE = Budget(requests_per_minute=1)
+
+
+def wake_at(policy: SlotPolicy) -> float | None:
+    """The policy's ``wake_at``, read afresh (not narrowed by an earlier assert)."""
+    return policy.wake_at
 
 
 class Tickets:
@@ -38,14 +45,14 @@ def test_a_held_back_model_does_not_block_another() -> None:
     assert policy.acquire(slow1) == []  # its minute's request is spent
     assert policy.acquire(fast2) == [fast2]  # younger, of another model
     assert policy.acquire(none3) == [none3]  # and of none
-    assert policy.wake_at == 60.0
+    assert wake_at(policy) == 60.0
     stats = policy.model_budget_statistics()
     assert set(stats) == {"slow"}
     assert stats["slow"].waiting_for_budget
     assert policy.budget_statistics() is None  # the provider has none
     assert policy.tick(59.0) == []
     assert policy.tick(60.0) == [slow1]
-    assert policy.wake_at is None
+    assert wake_at(policy) is None
 
 
 def test_within_a_model_nobody_passes_its_held_back_head() -> None:
@@ -58,10 +65,10 @@ def test_within_a_model_nobody_passes_its_held_back_head() -> None:
     assert policy.acquire(big0, 80) == [big0]
     assert policy.acquire(big1, 80) == []
     assert policy.acquire(small2, 10) == []
-    assert policy.wake_at == 36.0
+    assert wake_at(policy) == 36.0
     assert policy.tick(36.0) == [big1]
     # 10 tokens are missing for small2 now: 6 s.
-    assert policy.wake_at == 42.0
+    assert wake_at(policy) == 42.0
     assert policy.tick(42.0) == [small2]
 
 
@@ -89,9 +96,9 @@ def test_the_provider_budget_still_blocks_every_model() -> None:
     assert policy.acquire(first) == [first]
     assert policy.acquire(fast1) == []
     assert policy.acquire(none2) == []  # nobody passes the provider's head
-    assert policy.wake_at == 60.0
+    assert wake_at(policy) == 60.0
     assert policy.tick(60.0) == [fast1]
-    assert policy.wake_at == 120.0
+    assert wake_at(policy) == 120.0
     stats = policy.model_budget_statistics()
     assert stats["fast"].requests_available == 599.0  # full again at 60, less 1
 
@@ -113,11 +120,11 @@ def test_wake_at_is_the_first_held_back_model_ready() -> None:
     assert policy.acquire(a3) == []
     assert policy.acquire(b4) == []
     # b refills 1 request in 30 s, a in 60 s.
-    assert policy.wake_at == 30.0
+    assert wake_at(policy) == 30.0
     assert policy.tick(30.0) == [b4]
-    assert policy.wake_at == 60.0
+    assert wake_at(policy) == 60.0
     assert policy.tick(60.0) == [a3]
-    assert policy.wake_at is None
+    assert wake_at(policy) is None
 
 
 def test_no_wake_up_for_a_model_while_no_slot_is_free() -> None:
@@ -127,10 +134,10 @@ def test_no_wake_up_for_a_model_while_no_slot_is_free() -> None:
     slow0, slow1, fast2 = t(0, "slow"), t(1, "slow"), t(2, "fast")
     policy.acquire(slow0)
     policy.acquire(slow1)
-    assert policy.wake_at == 60.0
+    assert wake_at(policy) == 60.0
     assert policy.acquire(fast2) == [fast2]
     # Both slots are held: a release looks again, no timer needed.
-    assert policy.wake_at is None
+    assert wake_at(policy) is None
     policy.advance(61.0)
     assert policy.release(fast2) == [slow1]
 
@@ -149,7 +156,7 @@ def test_figures_for_a_model_teach_that_model_only() -> None:
     m0, other1 = t(0, "m"), t(1, "other")
     assert policy.acquire(m0) == []  # none left: 1 s to the next
     assert policy.acquire(other1) == [other1]
-    assert policy.wake_at == 1.0
+    assert wake_at(policy) == 1.0
     assert policy.tick(1.0) == [m0]
 
 
@@ -215,11 +222,87 @@ def test_models_and_tenants_together() -> None:
     assert policy.release(spent) == [a4]
     b5 = t(5, "fast", "b")
     assert policy.acquire(b5) == []
-    assert policy.wake_at is None  # no slot free: a release looks again
+    assert wake_at(policy) is None  # no slot free: a release looks again
     policy.advance(5.0)
     assert policy.release(a0) == [b5]
     assert policy.waiters() == [b2]
     policy.advance(6.0)
     assert policy.release(a4) == []
-    assert policy.wake_at == 60.0
+    assert wake_at(policy) == 60.0
     assert policy.tick(60.0) == [b2]
+
+
+def test_an_answer_for_a_model_makes_its_next_figures_the_newest() -> None:
+    # The figures of the answer of a request granted after the latest
+    # figures may raise the learned level (see _budgets), for a model too.
+    t = Tickets()
+    policy = SlotPolicy(4)
+    policy.advance(0.0)
+    first = RateLimitInfo(requests=Quota(limit=60, remaining=10, reset=60.0))
+    policy.observe_rate_limits(0.0, first, model="m")
+    m0 = t(0, "m")
+    assert policy.acquire(m0) == [m0]
+    policy.answered(m0)
+    later = RateLimitInfo(requests=Quota(limit=60, remaining=50, reset=60.0))
+    policy.observe_rate_limits(0.0, later, model="m")
+    assert policy.model_budget_statistics()["m"].requests_available == 50.0
+
+
+def test_queue_full_refuses_a_newcomer_held_back_by_a_budget() -> None:
+    t = Tickets()
+    policy = SlotPolicy(
+        4,
+        max_waiting=1,
+        throttle=Throttle(Budget(tokens_per_minute=100)),
+        models={"slow": Throttle(ONE_PER_MINUTE)},
+        tenants={"a": Tenant()},
+    )
+    policy.advance(0.0)
+    slow0, slow1 = t(0, "slow"), t(1, "slow")
+    assert policy.acquire(slow0, 1) == [slow0]
+    assert policy.acquire(slow1) == []
+    # The queue is full: a newcomer of the held-back model is refused...
+    with pytest.raises(QueueFull):
+        policy.acquire(t(2, "slow"))
+    # ...and so is one the provider's tokens do not hold (99 left).
+    with pytest.raises(QueueFull):
+        policy.acquire(t(3, "fast"), 100)
+    # One that may go, goes.
+    fast4 = t(4, "fast")
+    assert policy.acquire(fast4, 50) == [fast4]
+    assert policy.statistics().rejected_total == 2
+
+
+def test_withdrawing_the_head_the_provider_holds_back_lets_the_next_go() -> None:
+    t = Tickets()
+    policy = SlotPolicy(
+        4, throttle=Throttle(Budget(tokens_per_minute=100)), tenants={"a": Tenant()}
+    )
+    policy.advance(0.0)
+    big0, big1, small2 = t(0, "m", "a"), t(1, "m", "a"), t(2, "m", "a")
+    assert policy.acquire(big0, 80) == [big0]
+    assert policy.acquire(big1, 80) == []
+    assert policy.acquire(small2, 10) == []  # nobody passes the held-back head
+    assert wake_at(policy) == 36.0
+    assert policy.cancel(big1) == [small2]
+    assert wake_at(policy) is None
+
+
+def test_a_pause_outlasts_a_held_back_model() -> None:
+    t = Tickets()
+    policy = SlotPolicy(4, models={"slow": Throttle(ONE_PER_MINUTE)})
+    policy.advance(0.0)
+    policy.acquire(t(0, "slow"))
+    policy.acquire(t(1, "slow"))
+    assert wake_at(policy) == 60.0
+    policy.pause(90.0)
+    assert wake_at(policy) == 90.0
+    assert policy.tick(60.0) == []
+    assert wake_at(policy) == 90.0
+
+
+def test_model_throttles_are_checked_by_the_constructor() -> None:
+    with pytest.raises(TypeError, match=r"^throttle of 'm' must be a Throttle, got 5$"):
+        SlotPolicy(1, models={"m": 5})  # type: ignore[dict-item]  # on purpose
+    with pytest.raises(ValueError, match=r"^model must be a non-empty string, got ''$"):
+        SlotPolicy(1, models={"": Throttle()})

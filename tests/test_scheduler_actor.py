@@ -6,7 +6,14 @@ import pytest
 import trio
 import trio.testing
 
-from trio_dispatch import DispatcherClosed
+from trio_dispatch import (
+    Budget,
+    DispatcherClosed,
+    Quota,
+    RateLimitInfo,
+    Tenant,
+)
+from trio_dispatch._backend import TenantStatistics
 from trio_dispatch.lowlevel import (
     Acquire,
     Cancel,
@@ -94,3 +101,103 @@ async def test_every_message_kind_reaches_the_policy(
         )
         nursery.cancel_scope.cancel()
     assert (replies[1].grants, replies[1].errors) == ([], [])
+
+
+async def test_tenant_service_counts_slot_seconds_in_virtual_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Acquire and release go through the caller's task (no budget, no
+    # pause): the actor reads the clock there once tenants are counted.
+    actor = SchedulerActor("p", SlotPolicy(1, tenants={"a": Tenant(weight=2.0)}))
+    a_reply, b_reply = RecordingReply(), RecordingReply()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(actor.run)
+        await trio.testing.wait_all_tasks_blocked()
+        a = actor.ticket(trio.current_time(), tenant="a")
+        actor.acquire(a, a_reply)
+        await trio.sleep(1)
+        b = actor.ticket(trio.current_time(), tenant="b")
+        actor.acquire(b, b_reply)
+        assert b_reply.grants == []
+        await trio.sleep(2)
+        actor.release(a)
+        assert [grant.granted_at for grant in b_reply.grants] == [3.0]
+        await trio.sleep(2)
+        # a: 3 slot-seconds over its weight 2; b: 2, from the floor 0.
+        assert actor.statistics().tenants == {
+            "a": TenantStatistics("a", 2.0, None, 0, 0, 1.5),
+            "b": TenantStatistics("b", 1.0, None, 1, 0, 2.0),
+        }
+        actor.release(b)
+        # b was configured by nobody: forgotten once idle.
+        assert set(actor.statistics().tenants) == {"a"}
+        nursery.cancel_scope.cancel()
+    assert [grant.granted_at for grant in a_reply.grants] == [0.0]
+
+
+async def test_set_tenant_at_run_time_grants_what_a_raised_cap_lets_through(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    actor = SchedulerActor("p", SlotPolicy(3, tenants={"a": Tenant(limit=1)}))
+    replies = [RecordingReply() for _ in range(3)]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(actor.run)
+        for reply in replies:
+            actor.acquire(actor.ticket(trio.current_time(), tenant="a"), reply)
+        await trio.testing.wait_all_tasks_blocked()
+        assert [len(reply.grants) for reply in replies] == [1, 0, 0]
+        await trio.sleep(4)
+        actor.set_tenant("a", Tenant(limit=2))
+        await trio.testing.wait_all_tasks_blocked()
+        assert [g.granted_at for r in replies for g in r.grants] == [0.0, 4.0]
+        actor.set_tenant("a", None)
+        await trio.testing.wait_all_tasks_blocked()
+        assert [g.granted_at for r in replies for g in r.grants] == [0.0, 4.0, 4.0]
+        shown = actor.statistics().tenants["a"]
+        assert (shown.limit, shown.in_flight, shown.waiting) == (None, 3, 0)
+        nursery.cancel_scope.cancel()
+
+
+async def test_model_budgets_through_the_actor(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    actor = SchedulerActor("p", SlotPolicy(4))
+    replies = [RecordingReply() for _ in range(3)]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(actor.run)
+        actor.set_model_budget("slow", Budget(requests_per_minute=1))
+        for reply, model in zip(replies, ("slow", "slow", "fast"), strict=True):
+            actor.acquire(actor.ticket(trio.current_time(), model=model), reply)
+        await trio.testing.wait_all_tasks_blocked()
+        assert [[g.granted_at for g in r.grants] for r in replies] == [[0.0], [], [0.0]]
+        stats = actor.statistics()
+        assert set(stats.models) == {"slow"}
+        assert stats.models["slow"].waiting_for_budget
+        assert stats.budget is None
+        # The actor wakes by itself when the model's budget is back.
+        await trio.sleep(100)
+        assert [g.granted_at for g in replies[1].grants] == [60.0]
+        info = RateLimitInfo(requests=Quota(limit=500, remaining=499, reset=0.12))
+        actor.observe_rate_limits(trio.current_time(), info, model="fast")
+        stats = actor.statistics()
+        assert set(stats.models) == {"slow", "fast"}
+        assert stats.models["fast"].learned
+        assert stats.budget is None
+        nursery.cancel_scope.cancel()
+
+
+async def test_bad_tenant_and_model_settings_are_refused_at_the_call() -> None:
+    actor = SchedulerActor("p", SlotPolicy(1))
+    with pytest.raises(TypeError, match=r"^tenant must be a non-empty string, got 1$"):
+        actor.set_tenant(1, Tenant())  # type: ignore[arg-type]  # on purpose
+    with pytest.raises(
+        TypeError, match=r"^settings must be a Tenant or None, got \{'weight': 2\}$"
+    ):
+        actor.set_tenant("a", {"weight": 2})  # type: ignore[arg-type]  # on purpose
+    with pytest.raises(ValueError, match=r"^model must be a non-empty string, got ''$"):
+        actor.set_model_budget("", Budget())
+    with pytest.raises(TypeError, match=r"^budget must be a Budget, got 5$"):
+        actor.set_model_budget("m", 5)  # type: ignore[arg-type]  # on purpose
+    actor.handle_backlog()
+    assert actor.statistics().tenants == {}
+    assert actor.statistics().models == {}

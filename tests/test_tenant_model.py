@@ -23,6 +23,7 @@ still running count with their age), and w_f the least weight f had.
 
 from __future__ import annotations
 
+import math
 import os
 from fractions import Fraction
 
@@ -36,8 +37,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from trio_dispatch import Tenant
-from trio_dispatch.lowlevel import SlotPolicy, Ticket
+from trio_dispatch import Budget, Tenant
+from trio_dispatch.lowlevel import SlotPolicy, Throttle, Ticket
 
 TENANTS = (None, "a", "b", "c")
 NAMED = ("a", "b", "c")
@@ -411,3 +412,125 @@ TenantMachine.TestCase.settings = settings(
     deadline=None,
 )
 test_tenant_state_machine = TenantMachine.TestCase
+
+
+RATES = {"x": 2.0, "y": 6.0}  # requests per minute of each model's budget
+
+
+class BudgetedTenantMachine(RuleBasedStateMachine):
+    """Tenants and per-model budgets together, held to the invariants.
+
+    No reference model here (the budgets' refill is the throttle's own,
+    tested in test_budgets and test_model_budgets): after every step, a
+    waiter beside a free slot is capped or held back by its model's
+    budget, and then ``wake_at`` comes no later than that budget's next
+    request; every grant is below its tenant's cap and the oldest of its
+    tenant and model.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0
+        self.seq = 0
+        self.policy = SlotPolicy(
+            3,
+            models={
+                model: Throttle(Budget(requests_per_minute=rate))
+                for model, rate in RATES.items()
+            },
+        )
+        self.waiting: set[Ticket] = set()
+        self.holders: set[Ticket] = set()
+        self.caps: dict[str | None, int | None] = {}
+
+    def _granted(self, grants: list[Ticket]) -> None:
+        for ticket in grants:
+            assert ticket in self.waiting
+            same = [
+                w
+                for w in self.waiting
+                if w.tenant == ticket.tenant and w.model == ticket.model
+            ]
+            assert ticket == min(same), "a ticket passed an older one of its model"
+            cap = self.caps.get(ticket.tenant)
+            mine = sum(1 for h in self.holders if h.tenant == ticket.tenant)
+            assert cap is None or mine < cap, "a grant above a tenant's cap"
+            self.waiting.remove(ticket)
+            self.holders.add(ticket)
+
+    @rule(
+        rank=st.integers(0, 20),
+        tenant=st.sampled_from(TENANTS),
+        model=st.sampled_from(MODELS),
+    )
+    def arrive(self, rank: int, tenant: str | None, model: str | None) -> None:
+        ticket = Ticket(float(rank), self.seq, 0, tenant, model)
+        self.seq += 1
+        self.policy.advance(float(self.now))
+        self.waiting.add(ticket)
+        self._granted(self.policy.acquire(ticket))
+
+    @precondition(lambda self: self.holders)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        ticket = data.draw(st.sampled_from(sorted(self.holders)))
+        self.policy.advance(float(self.now))
+        self.holders.remove(ticket)
+        self._granted(self.policy.release(ticket))
+
+    @precondition(lambda self: self.waiting)
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        ticket = data.draw(st.sampled_from(sorted(self.waiting)))
+        self.policy.advance(float(self.now))
+        self.waiting.remove(ticket)
+        self._granted(self.policy.cancel(ticket))
+
+    @rule(tenant=st.sampled_from(NAMED), cap=st.none() | st.integers(1, 2))
+    def set_cap(self, tenant: str, cap: int | None) -> None:
+        self.policy.advance(float(self.now))
+        self.caps[tenant] = cap
+        self._granted(self.policy.set_tenant(tenant, Tenant(limit=cap)))
+
+    @rule(seconds=st.integers(0, 40))
+    def advance_clock(self, seconds: int) -> None:
+        self.now += seconds
+        self._granted(self.policy.tick(float(self.now)))
+
+    @rule()
+    def wake_up_when_told(self) -> None:
+        wake_at = self.policy.wake_at
+        if wake_at is not None:
+            self.now = max(self.now, math.ceil(wake_at))
+            self._granted(self.policy.tick(float(self.now)))
+
+    @invariant()
+    def work_conserving_but_for_caps_and_budgets(self) -> None:
+        policy = self.policy
+        assert policy.holders() == self.holders
+        assert set(policy.waiters()) == self.waiting
+        if len(self.holders) >= 3:
+            return
+        budgets = policy.model_budget_statistics(float(self.now))
+        for ticket in self.waiting:
+            cap = self.caps.get(ticket.tenant)
+            mine = sum(1 for h in self.holders if h.tenant == ticket.tenant)
+            if cap is not None and mine >= cap:
+                continue
+            assert ticket.model is not None, f"{ticket} waits by a free slot"
+            available = budgets[ticket.model].requests_available
+            assert available is not None
+            assert available < 1, f"{ticket} waits by a free slot and budget"
+            # Held back by its budget: the policy wakes by the time it is back.
+            wake_at = policy.wake_at
+            assert wake_at is not None, "a held-back model with no wake-up"
+            back = self.now + (1 - available) * 60 / RATES[ticket.model]
+            assert wake_at <= back + 1e-9  # the refill's float rounding
+
+
+BudgetedTenantMachine.TestCase.settings = settings(
+    max_examples=500 if os.environ.get("CI") else 200,
+    stateful_step_count=50,
+    deadline=None,
+)
+test_budgeted_tenant_state_machine = BudgetedTenantMachine.TestCase

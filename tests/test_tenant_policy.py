@@ -38,6 +38,11 @@ class Tickets:
         return ticket
 
 
+def needs_clock(policy: SlotPolicy) -> bool:
+    """The policy's ``needs_clock``, read afresh (not narrowed by an earlier assert)."""
+    return policy.needs_clock
+
+
 def serve(
     policy: SlotPolicy, tickets: Tickets, queued: list[Ticket], hold: float
 ) -> list[str]:
@@ -192,7 +197,7 @@ def test_idle_time_is_not_banked() -> None:
     stats = policy.tenant_statistics()
     assert (stats["a"].service, stats["b"].service) == (9.0, 9.0)
     order = []
-    holder = first
+    holder: Ticket | None = first
     while holder is not None:
         now += 1.0
         policy.advance(now)
@@ -291,9 +296,9 @@ def test_the_clock_is_needed_only_once_tenants_are_counted() -> None:
     policy = SlotPolicy(1)
     policy.acquire(t(0))
     policy.acquire(t(1, model="m"))
-    assert not policy.needs_clock
+    assert not needs_clock(policy)
     policy.acquire(t(2, "a"))
-    assert policy.needs_clock
+    assert needs_clock(policy)
     assert SlotPolicy(1, tenants={"a": Tenant()}).needs_clock
 
 
@@ -367,3 +372,32 @@ def test_bad_tenants_are_refused_by_the_constructor() -> None:
         SlotPolicy(1, tenants={"a": 2})  # type: ignore[dict-item]  # the wrong type on purpose
     with pytest.raises(TypeError, match=r"^tenant must be a non-empty string, got 3$"):
         SlotPolicy(1, tenants={3: Tenant()})  # type: ignore[dict-item]  # the wrong type on purpose
+
+
+def test_many_withdrawn_waiters_are_swept_and_the_order_kept() -> None:
+    # 300 of a's 400 waiters leave: the heaps are rebuilt from the living
+    # (dead entries outnumber them), and the grants keep ticket order,
+    # alternating with b as before.
+    t = Tickets()
+    policy = SlotPolicy(1)
+    policy.advance(0.0)
+    holder = t(-1, "b")
+    assert policy.acquire(holder) == [holder]
+    a = [t(rank, "a") for rank in range(400)]
+    for ticket in a:
+        policy.acquire(ticket)
+    b = [t(rank, "b") for rank in range(1000, 1003)]
+    for ticket in b:
+        policy.acquire(ticket)
+    for ticket in a:
+        if ticket.rank % 4:
+            assert policy.cancel(ticket) == []
+    assert policy.waiting == 103
+    order = []
+    for now in range(1, 8):
+        policy.advance(float(now))
+        (holder,) = policy.release(holder)
+        order.append(t.names[holder])
+    # b's holder makes b's counter 1 at 1: a0; then ties go to a's older
+    # heads, and each lead goes to the other.
+    assert order == ["a0", "a4", "b1000", "a8", "b1001", "a12", "b1002"]

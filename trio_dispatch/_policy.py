@@ -4,7 +4,9 @@ A plain synchronous state machine with no I/O and no trio (sans-IO, like
 h11), so it can be tested exhaustively and driven in virtual time. The
 scheduler actor feeds it messages and delivers the grants it returns.
 
-Invariants, after every call:
+Invariants, after every call (2 and 3 as written hold while one tenant
+and no model budget are in play; 6 to 9 below say what they become with
+tenants and model budgets):
 
 1. ``in_flight <= limit``, except that lowering the limit lets the holders
    above it finish: nothing is granted until ``in_flight < limit``.
@@ -156,7 +158,7 @@ class PolicyStatistics:
 
 @final
 class SlotPolicy:
-    """Oldest-first admission of tickets under a concurrency limit.
+    """Oldest-first admission of tickets under a concurrency limit, shared by tenants.
 
     Every method that can free a slot returns the tickets granted by that
     call, in grant order; the caller must deliver them. ``limit=None`` means
@@ -324,10 +326,11 @@ class SlotPolicy:
         """When the policy must be ticked next: a pause ends or budget is back."""
         paused_until = self._paused_until
         gate = self._gate
+        if gate is None or not self._waiting or not gate.blocked:
+            # Read per wake-up: a model held back is looked for only here.
+            return self._wake_at_held_back() if self._held_back else paused_until
         if self._held_back:
             return self._wake_at_held_back()
-        if gate is None or not self._waiting or not gate.blocked:
-            return paused_until
         if paused_until is not None and self._limit is not None:
             return paused_until
         return gate.ready_at()
@@ -580,7 +583,8 @@ class SlotPolicy:
 
         The budgets refill; tenants' service accrues up to it.
         """
-        self._now = max(self._now, now)
+        if now > self._now:  # noqa: PLR1730  # no call on the hot path
+            self._now = now
         if self._gate is not None:
             self._gate.advance(now)
         if self._models:
