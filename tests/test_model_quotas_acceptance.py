@@ -71,8 +71,14 @@ def _reply(request: FakeRequest) -> FakeReply:
     return FakeReply(text="ok", latency=LATENCY.get(request.model or "", 0.0))
 
 
-async def run_two_models() -> tuple[int, int, dict[str, list[float]]]:
-    """The fleet's requests, the server's 429s, and each model's answer times."""
+async def run_two_models() -> tuple[
+    int, int, dict[str, list[float]], dict[str, float | None]
+]:
+    """Run the fleet: requests, 429s, each model's answer times, its budget.
+
+    The budget is the requests per minute the dispatcher learned for each
+    model (``None`` if it learned none).
+    """
     answered: dict[str, list[float]] = {SLOW: [], FAST: []}
     async with (
         open_fake_llm_server(
@@ -111,7 +117,13 @@ async def run_two_models() -> tuple[int, int, dict[str, list[float]]]:
                     for _ in range(agents):
                         nursery.start_soon(agent, model)
         stats = server.statistics()
-    return stats.requests_total, stats.quota_refusals, answered
+        learned = {
+            model: budget.requests_per_minute if budget.learned else None
+            for model, budget in dispatcher.statistics()
+            .providers["openai"]
+            .models.items()
+        }
+    return stats.requests_total, stats.quota_refusals, answered, learned
 
 
 @pytest.mark.xfail(
@@ -120,7 +132,9 @@ async def run_two_models() -> tuple[int, int, dict[str, list[float]]]:
 async def test_two_models_through_one_client_each_learn_their_own_budget(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    requests, refused, answered = await run_two_models()
+    requests, refused, answered, learned = await run_two_models()
+    # Each model's budget, learned from its own answers' headers.
+    assert learned == {SLOW: SLOW_PER_MINUTE, FAST: FAST_PER_MINUTE}
     assert requests > 0
     assert refused <= 0.02 * requests, (refused, requests)
     # The slow model is held to its quota by the server in any case.
