@@ -104,7 +104,10 @@ async def run(settings: dict[str, Any]) -> None:
                     for n in range(settings["count"]):
                         agents.start_soon(agent, n)
                 nursery.cancel_scope.cancel()
-            budget = dispatcher.statistics().providers[PROVIDER].budget
+            stats = dispatcher.statistics().providers[PROVIDER]
+            # What the answers taught: the figures are the model's, kept
+            # per model where the backend does (the provider's otherwise).
+            budget = stats.models.get("fake", stats.budget)
             say(
                 turns=turns,
                 limits=limits,

@@ -74,6 +74,7 @@ def test_the_top_level_is_what_an_application_uses() -> None:
         "Slot",
         "SlotHoldTimeout",
         "Tenant",
+        "TenantStatistics",
         "TooManyToolRounds",
         "Tool",
         "ToolResult",

@@ -23,6 +23,7 @@ from trio_dispatch.lowlevel import (
     SchedulerActor,
     SetLimit,
     SlotPolicy,
+    Throttle,
     Ticket,
 )
 
@@ -201,3 +202,88 @@ async def test_bad_tenant_and_model_settings_are_refused_at_the_call() -> None:
     actor.handle_backlog()
     assert actor.statistics().tenants == {}
     assert actor.statistics().models == {}
+
+
+async def test_an_acquire_that_lets_an_older_waiter_through_grants_that_waiter(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    # B waits for the provider's budget, back at 60. An Acquire handled at
+    # 70, before the actor's tick, lets B through and not itself (the one
+    # request of the minute goes to B): the grant is B's, and the newcomer
+    # waits. (Regression: the newcomer was told it was granted.)
+    policy = SlotPolicy(4, throttle=Throttle(Budget(requests_per_minute=1)))
+    actor = SchedulerActor("p", policy)
+    a, b, c = RecordingReply(), RecordingReply(), RecordingReply()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(actor.run)
+        actor.acquire(actor.ticket(0.0), a)
+        b_ticket = actor.ticket(1.0)
+        actor.acquire(b_ticket, b)
+        await trio.testing.wait_all_tasks_blocked()
+        assert (len(a.grants), len(b.grants)) == (1, 0)
+        mock_clock.jump(70)
+        c_ticket = actor.ticket(70.0)
+        actor.acquire(c_ticket, c)
+        await trio.testing.wait_all_tasks_blocked()
+        assert [g.ticket for g in b.grants] == [b_ticket]
+        assert [g.granted_at for g in b.grants] == [70.0]
+        assert (c.grants, c.errors) == ([], [])
+        assert policy.waiters() == [c_ticket]
+        # Its grant comes in its turn, when the budget is back.
+        mock_clock.jump(60)
+        await trio.testing.wait_all_tasks_blocked()
+        assert [g.ticket for g in c.grants] == [c_ticket]
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_acquire_granted_with_others_delivers_every_grant(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    # The model "slow" holds B back until 60; at 70 an older ticket of
+    # another model arrives, and the fill its Acquire makes grants both.
+    policy = SlotPolicy(4, models={"slow": Throttle(Budget(requests_per_minute=1))})
+    actor = SchedulerActor("p", policy)
+    replies = [RecordingReply() for _ in range(3)]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(actor.run)
+        actor.acquire(actor.ticket(5.0, model="slow"), replies[0])
+        actor.acquire(actor.ticket(6.0, model="slow"), replies[1])
+        await trio.testing.wait_all_tasks_blocked()
+        mock_clock.jump(70)
+        actor.acquire(actor.ticket(0.0, model="fast"), replies[2])
+        await trio.testing.wait_all_tasks_blocked()
+        assert [[g.granted_at for g in r.grants] for r in replies] == [
+            [0.0],
+            [70.0],
+            [70.0],
+        ]
+        assert policy.waiting == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_withdrawal_that_lets_a_waiter_through_delivers_its_grant(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    # B waits for the provider's budget, back at 60; C waits behind it. At
+    # 70 C's requester misuses the protocol (a release of a waiting ticket):
+    # C is withdrawn and failed, and the fill that withdrawal makes grants
+    # B, which must reach B. (Regression: the grant was dropped, the slot
+    # held by nobody.)
+    policy = SlotPolicy(4, throttle=Throttle(Budget(requests_per_minute=1)))
+    actor = SchedulerActor("p", policy)
+    a, b, c = RecordingReply(), RecordingReply(), RecordingReply()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(actor.run)
+        actor.acquire(actor.ticket(0.0), a)
+        b_ticket = actor.ticket(1.0)
+        actor.acquire(b_ticket, b)
+        c_ticket = actor.ticket(2.0)
+        actor.acquire(c_ticket, c)
+        await trio.testing.wait_all_tasks_blocked()
+        mock_clock.jump(70)
+        actor.release(c_ticket)
+        await trio.testing.wait_all_tasks_blocked()
+        assert [type(e) for e in c.errors] == [RuntimeError]
+        assert [(g.ticket, g.granted_at) for g in b.grants] == [(b_ticket, 70.0)]
+        assert (policy.in_flight, policy.waiting) == (2, 0)
+        nursery.cancel_scope.cancel()

@@ -3,7 +3,8 @@
 A model call sent through the transport is charged its body's estimate,
 its answer counts as started when its headers arrive, and the rate-limit
 figures of those headers (OpenAI's or Anthropic's) reach
-``Dispatcher.observe_rate_limits``. In memory (``httpx2.MockTransport``,
+``Dispatcher.observe_rate_limits`` for the body's model (``"m"``): they
+teach that model's budget. In memory (``httpx2.MockTransport``,
 or httpx's for the legacy transport), in virtual time.
 """
 
@@ -82,8 +83,13 @@ class Body(httpx2.AsyncByteStream, httpx.AsyncByteStream):
 
 
 def budget_of(dispatcher: Dispatcher, provider: str = "p") -> BudgetStatistics | None:
-    """The budgets of ``provider`` now."""
+    """The budgets of ``provider`` now, its own (over all its models)."""
     return dispatcher.statistics().providers[provider].budget
+
+
+def learned_of(dispatcher: Dispatcher, model: str = "m") -> BudgetStatistics | None:
+    """The budgets of ``model`` of ``"p"`` now: what its answers' figures teach."""
+    return dispatcher.statistics().providers["p"].models.get(model)
 
 
 def chat(**fields: Any) -> bytes:  # noqa: ANN401 (JSON values)
@@ -109,7 +115,7 @@ async def test_the_figures_of_an_answer_teach_the_budgets(
 
         transport = dispatcher.transport("p", inner=module.MockTransport(handle))
         async with module.AsyncClient(transport=transport) as client:
-            assert budget_of(dispatcher) is None
+            assert learned_of(dispatcher) is None
             for requests, tokens in left:
                 async with client.stream(
                     "POST", URL, content=chat(max_tokens=100)
@@ -117,7 +123,7 @@ async def test_the_figures_of_an_answer_teach_the_budgets(
                     await trio.testing.wait_all_tasks_blocked()
                     # Still streaming, and learned: the call that carried
                     # the figures is counted by them, not taken again.
-                    learned = budget_of(dispatcher)
+                    learned = learned_of(dispatcher)
                     assert learned is not None
                     assert learned.learned
                     assert (learned.requests_per_minute, learned.tokens_per_minute) == (
@@ -151,8 +157,9 @@ async def test_a_rate_limit_answer_is_learned_from_and_pauses(
         stats = dispatcher.statistics().providers["p"]
     assert response.status_code == 429
     assert stats.paused_until == 1.5
-    assert stats.budget is not None
-    assert stats.budget.tokens_available == 0
+    # The figures are the model's: its budget learned them, not the provider's.
+    assert stats.budget is None
+    assert stats.models["m"].tokens_available == 0
 
 
 async def test_a_model_call_is_charged_its_estimate_and_nothing_else_is(
@@ -202,7 +209,7 @@ async def test_a_malformed_figure_is_logged_once_and_the_rest_is_learned(
                     response = await client.post(URL, content=chat(max_tokens=1))
                     assert response.json() == {"ok": True}
         await trio.testing.wait_all_tasks_blocked()
-        budget = budget_of(dispatcher)
+        budget = learned_of(dispatcher)
     assert [record.getMessage() for record in caplog.records] == [
         "p: ignoring the x-ratelimit-limit-tokens header, which does not parse: 'lots'"
     ]
@@ -222,6 +229,7 @@ async def test_answers_without_figures_teach_nothing() -> None:
             await client.post(URL, content=chat())
         await trio.testing.wait_all_tasks_blocked()
         assert budget_of(dispatcher) is None
+        assert learned_of(dispatcher) is None
 
 
 # -- the estimate of a body ------------------------------------------------------

@@ -19,6 +19,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from ._backend import ProviderStatistics as ProviderStatistics
+from ._backend import TenantStatistics as TenantStatistics
 from ._budgets import BudgetStatistics as BudgetStatistics
 from ._exceptions import BackendUnavailable as BackendUnavailable
 from ._exceptions import ConversationClosed as ConversationClosed
@@ -97,6 +98,7 @@ __all__ = [
     "Slot",
     "SlotHoldTimeout",
     "Tenant",
+    "TenantStatistics",
     "TooManyToolRounds",
     "Tool",
     "ToolResult",

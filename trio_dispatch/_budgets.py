@@ -717,7 +717,12 @@ def check_limit_mapping(limits: object) -> dict[str, int | AdaptiveLimit]:
 
 
 def check_budgets(budgets: object) -> dict[str, Budget]:
-    """A mapping of provider names to ``Budget`` values, checked whole."""
+    """A mapping of budget keys to ``Budget`` values, checked whole.
+
+    A key is a provider's name (its budget over all its models) or
+    ``"provider/model"`` (one model's own budget), split at the first
+    ``/`` with both parts non-empty (see ``split_budget_key``).
+    """
     if budgets is None:
         return {}
     if not isinstance(budgets, Mapping):
@@ -725,8 +730,27 @@ def check_budgets(budgets: object) -> dict[str, Budget]:
             f"budgets must be a mapping of provider to Budget, got {budgets!r}"
         )
     checked: dict[str, Budget] = {}
-    for provider, budget in budgets.items():
+    for key, budget in budgets.items():
         if not isinstance(budget, Budget):
-            raise TypeError(f"budget for {provider!r} must be a Budget, got {budget!r}")
-        checked[check_provider(provider)] = budget
+            raise TypeError(f"budget for {key!r} must be a Budget, got {budget!r}")
+        split_budget_key(key)
+        checked[key] = budget
     return checked
+
+
+def split_budget_key(key: object) -> tuple[str, str | None]:
+    """A ``budgets`` key: ``"provider"``, or ``"provider/model"`` split at its first ``/``.
+
+    Returns the provider and the model (``None`` for a provider's own
+    budget, over all its models). Both parts of a key with a slash must be
+    non-empty; the model keeps any later slash (``"vllm/org/model"``).
+    """
+    check_provider(key)
+    assert isinstance(key, str)  # checked just above
+    provider, slash, model = key.partition("/")
+    if slash and not (provider and model):
+        raise ValueError(
+            "budget key must be 'provider' or 'provider/model', both parts"
+            f" non-empty, got {key!r}"
+        )
+    return provider, model if slash else None

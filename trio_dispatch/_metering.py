@@ -5,8 +5,12 @@ The transport, ``wrap_provider`` and conversations (through
 
 * one token estimate, about 4 characters a token plus a few tokens of
   framing per message, of a ``ChatRequest`` (``estimate_tokens``) or of a
-  model call's JSON body (``estimate_body_tokens``), plus the answer's
+  model call's JSON body (``estimate_json_tokens``), plus the answer's
   ``max_tokens`` (or the provider's ``default_max_tokens``);
+* one reader of the model a call asks for: a provider's ``model``
+  (``model_of_provider``), or a JSON body's ``model`` (``model_of_body``),
+  read from the same parse as the estimate (``json_body``). The slot
+  carries it, and the figures of its answer go to that model's budget;
 * one reader of rate-limit figures: off an answer that carries them
   (``figures_of``: an opened stream's or a status error's
   ``rate_limits``), or off raw headers (``RateLimitReader``, either wire
@@ -101,24 +105,58 @@ def _count(value: object) -> int | None:
     return None
 
 
+def json_body(content: bytes) -> dict[str, object] | None:
+    """A model call's body as a JSON object, or ``None`` (not JSON, not an object).
+
+    Parsed once per call: the estimate and the model are read from it.
+    """
+    if not content.startswith(b"{"):
+        return None
+    try:
+        body = json.loads(content)
+    except (ValueError, RecursionError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def model_of_body(body: Mapping[str, object] | None) -> str | None:
+    """The model a JSON body asks for (its ``model``, a non-empty string), or ``None``."""
+    model = None if body is None else body.get("model")
+    return model if isinstance(model, str) and model else None
+
+
+def model_of_provider(provider: object) -> str | None:
+    """The model a provider asks for (its ``model``, a non-empty string), or ``None``.
+
+    ``OpenAIProvider`` and ``AnthropicProvider`` name theirs; a provider of
+    one's own may.
+    """
+    model = getattr(provider, "model", None)
+    return model if isinstance(model, str) and model else None
+
+
 def estimate_body_tokens(content: bytes, default_max_tokens: int) -> int:
     """The tokens a model call's body is charged at grant time; 0 for none.
+
+    ``estimate_json_tokens`` of the body parsed (``json_body``).
+    """
+    return estimate_json_tokens(json_body(content), default_max_tokens)
+
+
+def estimate_json_tokens(
+    body: Mapping[str, object] | None, default_max_tokens: int
+) -> int:
+    """The tokens a model call's JSON body is charged at grant time; 0 for none.
 
     A JSON object with a ``messages`` list: its prompt (the text of its
     messages, ``system`` and ``tools``, 4 characters a token, plus a few
     tokens of framing per message, as ``estimate_prompt_tokens`` counts a
     ``ChatRequest``) and ``n`` answers of ``max_tokens`` (or
     ``max_completion_tokens``; ``default_max_tokens`` if neither). Any
-    other body, JSON or not, is 0.
+    other body, JSON or not (``None``), is 0.
     """
-    if not content.startswith(b"{"):
-        return 0
-    try:
-        body = json.loads(content)
-    except (ValueError, RecursionError):
-        return 0
-    messages = body.get("messages") if isinstance(body, dict) else None
-    if not isinstance(messages, list):
+    messages = None if body is None else body.get("messages")
+    if body is None or not isinstance(messages, list):
         return 0
     chars = sum(
         _text_length(body.get(field)) for field in ("messages", "system", "tools")
@@ -232,7 +270,7 @@ class Meter:
                 self._started = True
                 self._slot.answered()
         if info is not None and (call is None or not call.observed):
-            dispatcher.observe_rate_limits(provider, info)
+            dispatcher.observe_rate_limits(provider, info, model=self._slot.model)
         if pause and (call is None or not call.reported):
             dispatcher.report_rate_limit(provider, retry_after)
 

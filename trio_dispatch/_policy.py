@@ -379,6 +379,9 @@ class SlotPolicy:
         """Admit ``ticket``: grant it at once if a slot is free, else queue it.
 
         ``tokens`` is its estimated cost for a token budget (0: none).
+        Returns the tickets granted by this call, in grant order:
+        ``[ticket]`` when it goes at once, but also, when a budget held the
+        head back and is back by now, others before it, or instead of it.
 
         Raises:
             QueueFull: It would have to wait and ``max_waiting`` tickets

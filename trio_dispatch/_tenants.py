@@ -22,7 +22,10 @@ most recently stopped being backlogged, taken then (0 at first). Idle time
 is not banked. ``select`` finds, among backlogged tenants below their cap
 whose head is not of a model held back, the least
 ``(c_t(now), held_t / w_t, head)``: O(T * M) for T backlogged tenants with
-M non-empty model queues each (both small in practice).
+M non-empty model queues each (both small in practice); the counter is
+compared first, so only a tenant that may win looks at its queues. A heap
+over tenants would not do: the counters of tenants that hold slots grow
+with time, each at its own pace, so their order changes between events.
 
 A ticket withdrawn while waiting stays in its heap and is skipped when it
 surfaces; the heaps are rebuilt from the living when such dead entries
@@ -33,6 +36,7 @@ waits for nothing, and starts from the floor when it comes back.
 from __future__ import annotations
 
 import heapq
+import math
 from typing import TYPE_CHECKING, final
 
 from ._backend import TenantStatistics
@@ -244,17 +248,26 @@ class Tenants:
         in ``blocked``: the least ``(counter, held / weight, head)``.
         """
         best: tuple[float, float, Ticket] | None = None
+        least = math.inf  # best's counter, for a cheap first test
         chosen: TenantState | None = None
         for state in self._backlogged.values():
+            held = state.held
             cap = state.limit
-            if cap is not None and state.held >= cap:
+            if cap is not None and held >= cap:
+                continue
+            # service(now), inline: this loop runs per grant over every
+            # backlogged tenant, and most lose on the counter alone.
+            counter = state.base
+            if held and now > state.last:
+                counter += held * (now - state.last) / state.weight
+            if counter > least:
                 continue
             head = state.head(waiting, blocked)
             if head is None:
                 continue
-            key = (state.service(now), state.held / state.weight, head)
+            key = (counter, held / state.weight, head)
             if best is None or key < best:
-                best, chosen = key, state
+                best, chosen, least = key, state, counter
         if chosen is None or best is None:
             return None
         return chosen, best[2]

@@ -72,6 +72,11 @@ def check_optional_tenant(tenant: object, name: str = "tenant") -> str | None:
     return None if tenant is None else check_tenant_name(tenant, name)
 
 
+def check_optional_model(model: object, name: str = "model") -> str | None:
+    """``None`` (no model named), or a model's name: a non-empty ``str``."""
+    return None if model is None else check_text(model, name)
+
+
 def check_limit(limit: object, name: str = "limit") -> int:
     """A positive ``int`` (not a ``bool``, not a float): limits and counts >= 1."""
     if not isinstance(limit, int) or isinstance(limit, bool):

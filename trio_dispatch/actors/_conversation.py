@@ -56,7 +56,6 @@ import itertools
 import math
 import random
 import uuid
-from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Final, Literal, Self, final
 
 import trio
@@ -69,8 +68,14 @@ from .._exceptions import (
     TooManyToolRounds,
 )
 from .._groups import leaves, only
+from .._turn import current_turn
 from .._util import NoPublicConstructor
-from .._validation import check_priority, check_provider, check_text
+from .._validation import (
+    check_optional_tenant,
+    check_priority,
+    check_provider,
+    check_text,
+)
 from ..messages import (
     ChatMessage,
     ChatRequest,
@@ -84,23 +89,25 @@ from ._history import check_history, dump_history
 from ._limited import LimitedProvider, NotGrantedInTime
 from ._options import ConversationOptions, check_request_options
 from ._retry import backoff, should_retry, waits_out
-from ._tools import Tool
 from ._turn_parts import (
     ConversationStatistics,
     Counters,
     Job,
     Reply,
     add_usage,
+    check_tools,
     collect_answer,
     refusal_of,
     unique_ids,
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from types import TracebackType
 
     from .._provider import Provider
     from ._dispatcher import Dispatcher
+    from ._tools import Tool
 
 _WARM_UP_TEXT: Final = "Hello."
 _NO_USAGE: Final = Usage(input_tokens=0, output_tokens=0)
@@ -152,6 +159,7 @@ class Conversation(metaclass=NoPublicConstructor):
         "_stop",
         "_system_prompt",
         "_task",
+        "_tenant",
         "_tool_calls",
         "_tools",
         "_turns_cancelled",
@@ -173,9 +181,11 @@ class Conversation(metaclass=NoPublicConstructor):
         options: ConversationOptions,
         history: tuple[ChatMessage, ...],
         priority: int = 0,
+        tenant: str | None = None,
     ) -> None:
         self.id = conversation_id
         self._priority = priority
+        self._tenant = tenant
         self._dispatcher = dispatcher
         self._provider = provider
         self._tools = {tool.name: tool for tool in tools}
@@ -232,6 +242,11 @@ class Conversation(metaclass=NoPublicConstructor):
     def priority(self) -> int:
         """The priority class of its turns (``start_conversation``'s ``priority``)."""
         return self._priority
+
+    @property
+    def tenant(self) -> str | None:
+        """The tenant of its turns (``start_conversation``'s ``tenant``), or ``None``."""
+        return self._tenant
 
     @property
     def closed(self) -> bool:
@@ -476,7 +491,10 @@ class Conversation(metaclass=NoPublicConstructor):
         # (their tasks start inside it), reads its start and class here.
         started_at = trio.current_time()
         with self._dispatcher.turn(
-            conversation_id=self.id, started_at=started_at, priority=self._priority
+            conversation_id=self.id,
+            started_at=started_at,
+            priority=self._priority,
+            tenant=self._tenant,
         ):
             return await self._run_turn(job, started_at)
 
@@ -557,7 +575,9 @@ class Conversation(metaclass=NoPublicConstructor):
             turn.extend(results)
 
     async def _warm(self) -> Usage:
-        with self._dispatcher.turn(conversation_id=self.id, priority=self._priority):
+        with self._dispatcher.turn(
+            conversation_id=self.id, priority=self._priority, tenant=self._tenant
+        ):
             return await self._send_warm_up()
 
     async def _send_warm_up(self) -> Usage:
@@ -893,6 +913,7 @@ def new_conversation(
     options: ConversationOptions | None,
     history: Iterable[ChatMessage] = (),
     priority: int = 0,
+    tenant: str | None = None,
 ) -> Conversation:
     """A ``Conversation`` with every argument checked; its actor not started.
 
@@ -908,7 +929,7 @@ def new_conversation(
         conversation_id = f"conversation-{uuid.uuid4().hex[:12]}-{next(_ids)}"
     else:
         check_text(conversation_id, "conversation_id")
-    checked_tools = _check_tools(tools)
+    checked_tools = check_tools(tools)
     if system_prompt is not None and not isinstance(system_prompt, str):
         raise TypeError(
             f"system_prompt must be a string or None, got {system_prompt!r}"
@@ -921,6 +942,10 @@ def new_conversation(
         )
     checked_history = check_history(history)
     checked_priority = check_priority(priority)
+    if tenant is None:
+        # The turn current at the call's: the actor's turns replace it whole.
+        turn = current_turn()
+        tenant = None if turn is None else turn.tenant
     return Conversation._create(
         dispatcher,
         provider,
@@ -930,6 +955,7 @@ def new_conversation(
         options=options,
         history=checked_history,
         priority=checked_priority,
+        tenant=check_optional_tenant(tenant),
     )
 
 
@@ -943,6 +969,7 @@ def start_conversation(
     options: ConversationOptions | None,
     history: Iterable[ChatMessage] = (),
     priority: int = 0,
+    tenant: str | None = None,
 ) -> Conversation:
     """``Dispatcher.start_conversation``: a checked conversation, its actor started.
 
@@ -958,6 +985,7 @@ def start_conversation(
         options=options,
         history=history,
         priority=priority,
+        tenant=tenant,
     )
     dispatcher.check_known(provider.id)
     if dispatcher.closed:
@@ -966,16 +994,3 @@ def start_conversation(
         conversation._run, name=f"trio_dispatch conversation {conversation.id!r}"
     )
     return conversation
-
-
-def _check_tools(tools: object) -> tuple[Tool, ...]:
-    if isinstance(tools, Tool | str | Mapping) or not isinstance(tools, Iterable):
-        raise TypeError(f"tools must be an iterable of Tool values, got {tools!r}")
-    checked: list[Tool] = []
-    for tool in tools:
-        if not isinstance(tool, Tool):
-            raise TypeError(f"tools must hold Tool values, got {tool!r}")
-        if any(tool.name == other.name for other in checked):
-            raise ValueError(f"duplicate tool name {tool.name!r}")
-        checked.append(tool)
-    return tuple(checked)

@@ -28,12 +28,16 @@ from .._ratelimits import RateLimitInfo
 from .._turn import CURRENT_TURN, Turn, TurnScope
 from .._util import NoPublicConstructor
 from .._validation import (
+    MAX_TENANT_NAME,
     check_count,
     check_instant,
     check_limit,
+    check_optional_model,
     check_optional_seconds,
+    check_optional_tenant,
     check_priority,
     check_provider,
+    check_tenant_name,
 )
 from ..messages._limits import DEFAULT_MAX_TOKENS
 from ._observe import (
@@ -46,6 +50,7 @@ from ._observe import (
     RateLimitsReceived,
 )
 from ._scheduler import SchedulerActor
+from ._settings import check_tenant_settings
 from ._slot import ModelCall, Slot, SlotHost, acquire_unscoped
 from ._statistics import DispatcherStatistics
 
@@ -60,6 +65,7 @@ if TYPE_CHECKING:
 
     from .._backend import Backend
     from .._provider import Provider
+    from ..messages._limits import Tenant
     from ._settings import Settings
 
 _logger = logging.getLogger("trio_dispatch")
@@ -100,6 +106,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         "_new_backend",
         "_nursery",
         "_settings",
+        "_tenants",
     )
 
     def __init__(self, nursery: trio.Nursery, settings: Settings) -> None:
@@ -115,6 +122,9 @@ class Dispatcher(metaclass=NoPublicConstructor):
         self._backends: dict[str, Backend] = {}
         self._actors: dict[str, Backend] = {}
         self._limits: dict[str, int] = {}
+        # The tenants configured now (open_dispatcher's, then set_tenant's):
+        # every backend is told of each when it is made.
+        self._tenants: dict[str, Tenant] = dict(settings.tenants)
         # Known providers, and the names slot() lets through without a
         # look: the known ones and the unknown ones already allowed or
         # warned about.
@@ -182,13 +192,14 @@ class Dispatcher(metaclass=NoPublicConstructor):
         conversation_id: str | None = None,
         started_at: float | None = None,
         priority: int = 0,
+        tenant: str | None = None,
     ) -> contextlib.AbstractContextManager[Turn]:
         """A turn, for a plain ``with``: every slot taken inside it is its call.
 
         Inside the block, ``slot()`` (and so ``wrap_provider``'s streams,
         conversations and anything else that takes a slot without naming
-        them) uses the turn's ``conversation_id``, ``started_at`` and
-        ``priority`` where it is not given them: every LLM call of the turn
+        them) uses the turn's ``conversation_id``, ``started_at``,
+        ``priority`` and ``tenant`` where it is not given them: every LLM call of the turn
         keeps the place in line that the turn's start gave it. Tasks started
         inside the block belong to the turn too (trio copies the context at
         spawn). A turn entered inside another replaces it, whole, until its
@@ -203,14 +214,18 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 now.
             priority: The turn's priority class (see ``open_dispatcher``'s
                 ``priority_aging``); higher goes first.
+            tenant: The tenant every slot of the turn is taken for (see
+                ``open_dispatcher``'s ``tenants``), or ``None`` for none.
 
         Returns:
             A context manager, entered once, whose value is the ``Turn``.
 
         Raises:
             TypeError: ``conversation_id`` not a string or ``None``,
-                ``started_at`` not a number, ``priority`` not an int.
-            ValueError: ``started_at`` not finite, ``priority`` out of range.
+                ``started_at`` not a number, ``priority`` not an int,
+                ``tenant`` not a string or ``None``.
+            ValueError: ``started_at`` not finite, ``priority`` out of
+                range, ``tenant`` empty or longer than 256 characters.
         """
         if conversation_id is not None and not isinstance(conversation_id, str):
             raise TypeError(
@@ -221,9 +236,16 @@ class Dispatcher(metaclass=NoPublicConstructor):
             if started_at is None
             else check_instant(started_at, "started_at")
         )
-        return TurnScope(Turn(conversation_id, started_at, check_priority(priority)))
+        return TurnScope(
+            Turn(
+                conversation_id,
+                started_at,
+                check_priority(priority),
+                check_optional_tenant(tenant),
+            )
+        )
 
-    def slot(
+    def slot(  # noqa: PLR0912  # every argument checked inline: the hot path
         self,
         provider: str,
         *,
@@ -232,6 +254,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
         priority: int | None = None,
         max_hold: float | None = _UNSET,
         tokens: int | None = None,
+        tenant: str | None = None,
+        model: str | None = None,
     ) -> Slot:
         """A slot of ``provider``, to hold with ``async with``.
 
@@ -258,10 +282,21 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 charged to the provider's token budget when the slot is
                 granted; correct it with ``Slot.report_usage``. ``None``
                 charges none up front.
+            tenant: The tenant the request is made for (see
+                ``open_dispatcher``'s ``tenants``). Defaults to the current
+                turn's, or none.
+            model: The model the request asks for, or ``None``: its budget
+                (``"provider/model"`` in ``open_dispatcher``'s
+                ``budgets``, or learned from that model's answers) must
+                hold it too, beside the provider's.
 
         Raises:
+            TypeError: An argument of the wrong type (``tenant`` or
+                ``model`` not a string or ``None``...).
             ValueError: At once, if ``provider`` is unknown and the
-                dispatcher's ``unknown_providers`` is ``"error"``.
+                dispatcher's ``unknown_providers`` is ``"error"``; or a
+                bad value (an empty ``tenant`` or ``model``, a ``tenant``
+                longer than 256 characters...).
             DispatcherClosed: On entering, if the dispatcher has closed or
                 closes while waiting.
             QueueFull: On entering, if ``max_waiting`` requests already wait.
@@ -270,7 +305,10 @@ class Dispatcher(metaclass=NoPublicConstructor):
             check_provider(provider)  # raises: the common case skips the call
         turn = (
             CURRENT_TURN.get()
-            if conversation_id is None or started_at is None or priority is None
+            if conversation_id is None
+            or started_at is None
+            or priority is None
+            or tenant is None
             else None
         )
         if conversation_id is None:
@@ -288,6 +326,13 @@ class Dispatcher(metaclass=NoPublicConstructor):
             priority = 0 if turn is None else turn.priority
         else:
             priority = check_priority(priority)
+        if tenant is None:
+            if turn is not None:
+                tenant = turn.tenant
+        elif type(tenant) is not str or not 0 < len(tenant) <= MAX_TENANT_NAME:
+            check_tenant_name(tenant)  # raises: the common case skips the call
+        if model is not None and (type(model) is not str or not model):
+            check_optional_model(model)  # raises
         if max_hold is _UNSET:
             max_hold = self._settings.max_hold
         else:
@@ -306,11 +351,15 @@ class Dispatcher(metaclass=NoPublicConstructor):
             started_at,
             priority,
             max_hold,
-            tokens=tokens or 0,
+            tokens or 0,
+            tenant,
+            model,
         )
         return slot
 
-    async def hold(self, provider: str, tokens: int = 0) -> tuple[Slot, float]:
+    async def hold(
+        self, provider: str, tokens: int = 0, model: str | None = None
+    ) -> tuple[Slot, float]:
         """A granted slot of ``provider`` that any task may give back.
 
         Plumbing for integrations (``transport()`` is built on it): for a
@@ -321,9 +370,9 @@ class Dispatcher(metaclass=NoPublicConstructor):
         holder enforces, as it follows the slot's lease (``Slot.lease_deadline``,
         ``Slot.follow_lease``). The turn is the current one (``slot()``
         with neither ``started_at`` nor ``conversation_id``), charged
-        ``tokens``.
+        ``tokens``, for ``model`` (``None``: none known).
         """
-        slot = self.slot(provider, max_hold=None, tokens=tokens)
+        slot = self.slot(provider, max_hold=None, tokens=tokens, model=model)
         # Granted without the timer's cancel scope, which only the entering
         # task could close (a lease deadline from Redis would arm one).
         await acquire_unscoped(slot)
@@ -397,7 +446,9 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 limits[provider] = value
         return limits
 
-    def observe_rate_limits(self, provider: str, info: RateLimitInfo) -> None:
+    def observe_rate_limits(
+        self, provider: str, info: RateLimitInfo, *, model: str | None = None
+    ) -> None:
         """Learn from the rate-limit figures of one of ``provider``'s answers.
 
         Every answer that carries rate-limit headers, success or error,
@@ -414,13 +465,24 @@ class Dispatcher(metaclass=NoPublicConstructor):
         Redis learn them, with the scheduler's next exchange. Ignored once
         the dispatcher has closed.
 
+        Providers count their limits per model (OpenAI's headers are a
+        model's), so figures of an answer for ``model`` pace that model's
+        budget, and figures of an answer for no known model (``None``)
+        pace the provider's, over all its models. The calls made through
+        the dispatcher name their model by themselves: our providers'
+        ``model``, the ``model`` of a transport's JSON body, a slot's
+        ``model`` (a provider's own callback for the call under way in
+        this task too).
+
         Raises:
-            TypeError: ``provider`` is not a string or ``info`` not a
-                ``RateLimitInfo``.
+            TypeError: ``provider`` or ``model`` is not a string, or
+                ``info`` not a ``RateLimitInfo``.
+            ValueError: ``provider`` or ``model`` is empty.
         """
         check_provider(provider)
         if not isinstance(info, RateLimitInfo):
             raise TypeError(f"info must be a RateLimitInfo, got {info!r}")
+        check_optional_model(model)
         if self._closed or info.empty:
             return
         if self._calls:
@@ -431,26 +493,83 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 # whose answer has started, and the call is not told again.
                 call.observed = True
                 call.answered()
+                if model is None:
+                    model = call.slot.model
         self._emit_rate_limits(provider, info)
         settings = self._settings
         if not settings.learn_budgets:
             return
+        now = trio.current_time()
         with contextlib.suppress(DispatcherClosed):
             # Closed: its scheduler has stopped, and nothing waits there.
             self._tell(
                 provider,
-                lambda backend: backend.observe_rate_limits(trio.current_time(), info),
+                (lambda backend: backend.observe_rate_limits(now, info))
+                if model is None
+                else (lambda backend: backend.observe_rate_limits(now, info, model)),
             )
 
-    def default_max_tokens(self, provider: str) -> int:
+    def default_max_tokens(self, provider: str, model: str | None = None) -> int:
         """The answer charged for a request of ``provider`` without ``max_tokens``.
 
-        Its budget's ``default_max_tokens`` (the configured budget's, or
-        the default); what an integration's token estimate counts for such
-        a request.
+        Its budget's ``default_max_tokens``: the configured budget of
+        ``model``'s (``"provider/model"``), else the provider's, else the
+        default; what an integration's token estimate counts for such a
+        request.
         """
-        budget = self._settings.budgets.get(provider)
+        settings = self._settings
+        budget = None
+        if model is not None:
+            models = settings.model_budgets.get(provider)
+            if models is not None:
+                budget = models.get(model)
+        if budget is None:
+            budget = settings.budgets.get(provider)
         return DEFAULT_MAX_TOKENS if budget is None else budget.default_max_tokens
+
+    def set_tenant(self, tenant: str, settings: Tenant) -> None:
+        """Give ``tenant`` its share ``settings`` (a ``Tenant``), now, everywhere.
+
+        Every provider's scheduler applies it at once, and every one made
+        later starts with it: a new weight counts from now on (the
+        service received so far keeps its old weight), a higher cap grants
+        waiting requests of the tenant at once, and a lower one lets its
+        holders finish and grants it nothing more until it holds fewer
+        slots than the cap. With ``redis_url``, the whole fleet follows it.
+
+        Raises:
+            TypeError: ``tenant`` is not a string, or ``settings`` not a
+                ``Tenant``.
+            ValueError: ``tenant`` is empty or longer than 256 characters.
+            DispatcherClosed: The dispatcher has closed.
+        """
+        check_tenant_name(tenant)
+        checked = check_tenant_settings(settings)
+        self._check_open()
+        self._tenants[tenant] = checked
+        self._tell_every(lambda backend: backend.set_tenant(tenant, checked))
+
+    def remove_tenant(self, tenant: str) -> None:
+        """Give ``tenant`` the defaults again (``Tenant()``: weight 1, no cap), now.
+
+        Nothing happens for a tenant not configured. Its requests go on,
+        ranked with the default weight from now on. With ``redis_url``,
+        the whole fleet follows it.
+
+        Raises:
+            TypeError: ``tenant`` is not a string.
+            ValueError: ``tenant`` is empty or longer than 256 characters.
+            DispatcherClosed: The dispatcher has closed.
+        """
+        check_tenant_name(tenant)
+        self._check_open()
+        if self._tenants.pop(tenant, None) is None:
+            return
+        self._tell_every(lambda backend: backend.set_tenant(tenant, None))
+
+    def tenants(self) -> dict[str, Tenant]:
+        """The tenants configured now, by name (a copy): ``tenants`` and ``set_tenant``'s."""
+        return dict(self._tenants)
 
     def report_rate_limit(
         self, provider: str, retry_after: float | None = None
@@ -633,11 +752,28 @@ class Dispatcher(metaclass=NoPublicConstructor):
             actor = self._backends.get(provider)
             if actor is None:
                 actor = self._backends[provider] = self._new_backend(provider)
+                self._configure(provider, actor)
             self._actors[provider] = actor
             self._nursery.start_soon(
                 self._serve, actor, name=f"trio_dispatch scheduler {provider!r}"
             )
         return actor
+
+    def _configure(self, provider: str, backend: Backend) -> None:
+        """Tell a new backend the tenants, and the budgets of its provider's models."""
+        for tenant, settings in self._tenants.items():
+            backend.set_tenant(tenant, settings)
+        models = self._settings.model_budgets.get(provider)
+        if models is not None:
+            for model, budget in models.items():
+                backend.set_model_budget(model, budget)
+
+    def _tell_every(self, change: Callable[[Backend], None]) -> None:
+        """Make ``change`` to every provider's backend (``_tell``), closed ones aside."""
+        for provider in list(self._backends):
+            with contextlib.suppress(DispatcherClosed):
+                # Closed: its scheduler has stopped (it crashed).
+                self._tell(provider, change)
 
     def _tell(self, provider: str, change: Callable[[Backend], None]) -> None:
         """Make ``change`` to the backend of ``provider``, started if need be.

@@ -86,9 +86,12 @@ class Dispatcher(_Core):
         files, batches, token counts) passes without a slot. A 429, 503 or
         529 answer to a model call pauses the provider (``Retry-After``,
         ``retry-after-ms``, see ``report_rate_limit``); the answer goes
-        back to the caller unchanged. Every answer's rate-limit headers
-        (``x-ratelimit-*`` or ``anthropic-ratelimit-*``) go to
-        ``observe_rate_limits``, and a call whose JSON body has
+        back to the caller unchanged. A call whose JSON body names a
+        ``model`` takes its slot for that model (``slot(model=...)``): a
+        budget ``"provider/model"`` must hold it too. Every answer's
+        rate-limit headers (``x-ratelimit-*`` or
+        ``anthropic-ratelimit-*``) go to ``observe_rate_limits``, for the
+        call's model, and a call whose JSON body has
         ``messages`` is charged its estimated tokens (prompt and
         ``max_tokens``), not corrected from its usage, which only the SDK
         reads. The slot is the current turn's, as
@@ -128,6 +131,7 @@ class Dispatcher(_Core):
         options: ConversationOptions | None = None,
         history: Iterable[ChatMessage] = (),
         priority: int = 0,
+        tenant: str | None = None,
     ) -> Conversation:
         """Start a conversation actor with ``provider`` in this dispatcher.
 
@@ -154,6 +158,10 @@ class Dispatcher(_Core):
                 refused (see ``load_history``).
             priority: The priority class of its turns (an int, higher
                 first): each turn runs in a ``turn()`` of this class.
+            tenant: The tenant of its turns (see ``open_dispatcher``'s
+                ``tenants``): each turn runs in a ``turn()`` of this
+                tenant. Defaults to the tenant of the turn current here,
+                at the call, or none.
 
         Raises:
             ValueError: ``provider.id`` is unknown and the dispatcher's
@@ -169,6 +177,7 @@ class Dispatcher(_Core):
             options=options,
             history=history,
             priority=priority,
+            tenant=tenant,
         )
 
 

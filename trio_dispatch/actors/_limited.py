@@ -20,7 +20,10 @@ and the wrapper does not tell it again. The metering
 (estimate, figures, "answered, then maybe pause", usage) is the one the
 transport uses too (``_metering``).
 
-Each stream is charged to the provider's token budget: the slot carries the
+A provider that names its ``model`` (ours do) asks for that model's slot:
+its ``"provider/model"`` budget must hold the request too, and the figures
+of its answers teach that model's budget. Each stream is charged to the
+provider's token budget: the slot carries the
 request's estimate (its prompt, about 4 characters a token, plus
 ``max_tokens``), and the ``Usage`` event at the end of the answer corrects
 it to what the request really used.
@@ -36,7 +39,13 @@ from typing import TYPE_CHECKING, final
 import trio
 
 from .._exceptions import Overloaded, ProviderError, RateLimited
-from .._metering import Meter, MeteredEvents, estimate_tokens, figures_of
+from .._metering import (
+    Meter,
+    MeteredEvents,
+    estimate_tokens,
+    figures_of,
+    model_of_provider,
+)
 from .._validation import check_instant
 
 if TYPE_CHECKING:
@@ -111,6 +120,7 @@ class LimitedProvider:
     ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
         dispatcher = self._dispatcher
         provider_id = self.provider.id
+        model = model_of_provider(self.provider)
         # The wait for the grant is cut at the deadline; the call is not.
         # No scope at all without one: it would cost as much as the rest.
         waiting = None if math.isinf(deadline) else trio.CancelScope(deadline=deadline)
@@ -120,8 +130,9 @@ class LimitedProvider:
                 conversation_id=self.conversation_id,
                 started_at=self.started_at,
                 tokens=estimate_tokens(
-                    request, dispatcher.default_max_tokens(provider_id)
+                    request, dispatcher.default_max_tokens(provider_id, model)
                 ),
+                model=model,
             ) as slot:
                 if waiting is not None:
                     waiting.deadline = math.inf
@@ -191,6 +202,11 @@ def wrap_provider(
             start of the turn current when each stream is opened (its
             priority class too), or the time it is opened outside any
             turn.
+
+    A ``provider`` with a ``model`` string (``OpenAIProvider``,
+    ``AnthropicProvider``) takes its slots for that model (``slot(model=
+    ...)``): a budget ``"provider/model"`` holds them, and the figures of
+    their answers pace that model.
 
     Returns:
         A provider whose ``stream`` takes a slot before any byte is sent and

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from .._backend import Backend
     from .._budgets import AdaptiveLimit, Budget
+    from ..messages._limits import Tenant
     from ._dispatcher import Dispatcher
 
 
@@ -42,6 +43,7 @@ def open_dispatcher(
     namespace: str = DEFAULT_NAMESPACE,
     lease: float = DEFAULT_LEASE,
     priority_aging: float = 60.0,
+    tenants: Mapping[str, Tenant] | None = None,
 ) -> contextlib.AbstractAsyncContextManager[Dispatcher]:
     """Run a dispatcher for the duration of an ``async with`` block.
 
@@ -60,14 +62,24 @@ def open_dispatcher(
             by the usage the answer reports. Grants stay oldest first: a
             request waiting for its tokens holds back the younger ones
             behind it, however small. Budgets apply to unlimited providers
-            too. With ``redis_url``, the budgets live in Redis for the
-            whole fleet, and a process's ``Budget`` replaces the fleet's
-            configured one of its kinds when it opens.
+            too. A key ``"provider/model"`` (split at the first ``/``,
+            both parts non-empty) is one model's own budget: a request for
+            that model (``slot(model=...)``, the ``model`` of a
+            transport's JSON body, or our providers' ``model``) needs both
+            its provider's budget, if any, and its model's; a request held
+            back by its model's budget holds back only the younger requests
+            of that model, and requests for other models go on. With
+            ``redis_url``, the budgets live in Redis for the whole fleet,
+            and a process's ``Budget`` replaces the fleet's configured one
+            of its kinds when it opens.
         learn_budgets: Pace every provider by the rate-limit figures its
             answers report (``Dispatcher.observe_rate_limits``), so that a
             fleet that configured no budget stays below the provider's
             limits; with a ``budgets`` entry, the figures only lower what
-            is left. ``False`` ignores the figures.
+            is left. The figures of an answer for a known model pace that
+            model, as providers count their limits per model; those of an
+            answer for no known model pace the provider. ``False`` ignores
+            the figures.
         default_pause: Seconds a rate-limit report that names no
             ``retry_after`` pauses a provider, the first time: consecutive
             reports without a success between them double the pause, up to
@@ -124,6 +136,22 @@ def open_dispatcher(
             more: when waits grow far beyond it (sustained overload) the
             classes mix, oldest turn first; set it above the waits a higher
             class should be spared.
+        tenants: Tenant name (a string of 1 to 256 characters) to its
+            ``Tenant``: a share ``weight`` and an optional cap ``limit`` on
+            its slots of each provider. Requests name their tenant with
+            ``turn(tenant=...)``, ``slot(tenant=...)`` or
+            ``start_conversation(tenant=...)``. Between tenants with
+            requests waiting, a provider's next free slot goes to the one
+            that has received the least service (slot-seconds) for its
+            weight; a tenant that starts waiting starts from the least
+            service of those already waiting, so idle time is not banked.
+            Within a tenant, requests go as always (class, oldest turn,
+            arrival). A tenant at its cap waits while the others go on.
+            Tenants not named here, and requests of no tenant, have the
+            defaults (``Tenant()``: weight 1, no cap); without any tenant
+            anywhere, the order is exactly the one above. Change them at
+            run time with ``Dispatcher.set_tenant``. With ``redis_url``,
+            the shares hold across the fleet.
 
     Raises:
         BackendUnavailable: ``redis_url`` cannot be reached (on entering).
@@ -197,6 +225,7 @@ def open_dispatcher(
         namespace=namespace,
         lease=lease,
         priority_aging=priority_aging,
+        tenants=tenants,
     )
     return run_dispatcher(checked, settings)
 

@@ -580,22 +580,27 @@ class SchedulerActor:
                     policy.waiting,
                 )
             return
-        if not grants:
-            self._replies[ticket] = reply
+        if len(grants) == 1 and grants[0] is ticket:
+            reply._grant(Grant(ticket, _now(now)))
             if self._listening:
-                self._events.queued(
-                    ticket,
-                    conversation_id,
-                    _now(now),
-                    policy.in_flight,
-                    policy.waiting,
+                self._events.granted_at_once(
+                    ticket, conversation_id, _now(now), policy.in_flight, policy.waiting
                 )
             return
-        reply._grant(Grant(ticket, _now(now)))
+        # It waits, or its arrival let others through too (a held-back head
+        # whose budget is back, another model's ticket): it queues like
+        # any waiter, and every grant goes to its own reply.
+        self._replies[ticket] = reply
         if self._listening:
-            self._events.granted_at_once(
-                ticket, conversation_id, _now(now), policy.in_flight, policy.waiting
+            self._events.queued(
+                ticket,
+                conversation_id,
+                _now(now),
+                policy.in_flight,
+                policy.waiting,
             )
+        if grants:
+            self._deliver(grants, _now(now))
 
     def _rarely(
         self,
@@ -657,8 +662,12 @@ class SchedulerActor:
 
     def _withdraw(self, ticket: Ticket, error: Exception) -> None:
         reply = self._replies.pop(ticket)
-        self.policy.cancel(ticket)
+        # It may have been the head a budget held back: the others it lets
+        # through are granted now, and must be told.
+        grants = self.policy.cancel(ticket)
         reply._fail(error)
+        if grants:
+            self._deliver(grants, trio.current_time())
 
     def _drop(self, message: SetLimit | Pause, error: Exception) -> None:
         _logger.error(

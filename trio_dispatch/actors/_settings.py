@@ -7,11 +7,12 @@ call, before anything starts, and returns the limits and one frozen
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final, Literal
 
 import attrs
 
-from .._budgets import check_budgets, check_limit_mapping
+from .._budgets import check_budgets, check_limit_mapping, split_budget_key
 from .._util import raise_if_extra_missing
 from .._validation import (
     check_max_waiting,
@@ -20,11 +21,13 @@ from .._validation import (
     check_pauses,
     check_positive_seconds,
     check_redis_url,
+    check_tenant_name,
     redact_url,
 )
+from ..messages._limits import Tenant
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable
 
     from .._backend import Backend
     from .._budgets import AdaptiveLimit, Budget
@@ -47,8 +50,13 @@ class Settings:
     namespace: str = "trio-dispatch"
     lease: float = 15.0
     priority_aging: float = 60.0
+    # The providers' own budgets, by provider; each model's, by provider
+    # then model (the keys "provider/model" of open_dispatcher's budgets).
     budgets: Mapping[str, Budget] = attrs.field(factory=dict)
+    model_budgets: Mapping[str, Mapping[str, Budget]] = attrs.field(factory=dict)
     learn_budgets: bool = True
+    # The tenants configured when the dispatcher opened, by name.
+    tenants: Mapping[str, Tenant] = attrs.field(factory=dict)
     # A backend for each provider, instead of the local scheduler: given by
     # trio_dispatch.lowlevel.open_dispatcher_with.
     new_backend: Callable[[str], Backend] | None = attrs.field(default=None, repr=False)
@@ -86,10 +94,12 @@ def checked_settings(  # open_dispatcher's keywords, once
     namespace: str = DEFAULT_NAMESPACE,
     lease: float = DEFAULT_LEASE,
     priority_aging: float = 60.0,
+    tenants: Mapping[str, Tenant] | None = None,
 ) -> tuple[dict[str, int | AdaptiveLimit], Settings]:
     """``open_dispatcher``'s arguments, checked: the limits and the settings."""
     checked = check_limit_mapping(limits)
-    checked_budgets = check_budgets(budgets)
+    provider_budgets, model_budgets = split_budgets(check_budgets(budgets))
+    checked_tenants = check_tenants(tenants)
     if not isinstance(learn_budgets, bool):
         raise TypeError(f"learn_budgets must be True or False, got {learn_budgets!r}")
     pause, longest = check_pauses(default_pause, max_pause)
@@ -115,10 +125,49 @@ def checked_settings(  # open_dispatcher's keywords, once
         namespace=str(checked_namespace),
         lease=float(checked_lease),
         priority_aging=check_positive_seconds(priority_aging, "priority_aging"),
-        budgets=checked_budgets,
+        budgets=provider_budgets,
+        model_budgets=model_budgets,
         learn_budgets=learn_budgets,
+        tenants=checked_tenants,
     )
     return checked, settings
+
+
+def split_budgets(
+    budgets: Mapping[str, Budget],
+) -> tuple[dict[str, Budget], dict[str, dict[str, Budget]]]:
+    """Checked ``budgets``, apart: the providers' own, and each model's by provider."""
+    providers: dict[str, Budget] = {}
+    models: dict[str, dict[str, Budget]] = {}
+    for key, budget in budgets.items():
+        provider, model = split_budget_key(key)
+        if model is None:
+            providers[provider] = budget
+        else:
+            models.setdefault(provider, {})[model] = budget
+    return providers, models
+
+
+def check_tenants(tenants: object) -> dict[str, Tenant]:
+    """``open_dispatcher``'s ``tenants``: a mapping of tenant names to ``Tenant``."""
+    if tenants is None:
+        return {}
+    if not isinstance(tenants, Mapping):
+        raise TypeError(
+            f"tenants must be a mapping of tenant name to Tenant, got {tenants!r}"
+        )
+    checked: dict[str, Tenant] = {}
+    for name, settings in tenants.items():
+        check_tenant_name(name)
+        checked[name] = check_tenant_settings(settings, f"tenants[{name!r}]")
+    return checked
+
+
+def check_tenant_settings(settings: object, name: str = "settings") -> Tenant:
+    """A ``Tenant`` value (its fields were checked when it was made)."""
+    if not isinstance(settings, Tenant):
+        raise TypeError(f"{name} must be a Tenant, got {settings!r}")
+    return settings
 
 
 def require_redis() -> None:

@@ -117,6 +117,9 @@ class Slot(metaclass=NoPublicConstructor):
             ``open_dispatcher``'s ``priority_aging``).
         tokens: The request's estimated tokens, charged to the provider's
             token budget when the slot is granted (0: none).
+        tenant: The tenant the request is made for, or ``None``.
+        model: The model the request asks for, or ``None``: its budget
+            must hold the request too.
         ticket: The scheduler's ticket, once entered.
         granted_at: When the slot was granted (trio clock), once entered.
     """
@@ -133,9 +136,11 @@ class Slot(metaclass=NoPublicConstructor):
         "_task",
         "conversation_id",
         "granted_at",
+        "model",
         "priority",
         "provider",
         "started_at",
+        "tenant",
         "ticket",
         "tokens",
     )
@@ -148,11 +153,14 @@ class Slot(metaclass=NoPublicConstructor):
         started_at: float,
         priority: int,
         max_hold: float | None,
-        *,
         tokens: int = 0,
+        tenant: str | None = None,
+        model: str | None = None,
     ) -> None:
         self._host = host
         self.tokens = tokens
+        self.tenant = tenant
+        self.model = model
         self.provider = provider
         self.conversation_id = conversation_id
         self.started_at = started_at
@@ -171,9 +179,11 @@ class Slot(metaclass=NoPublicConstructor):
         self.granted_at: float | None = None
 
     def __repr__(self) -> str:
+        tenant = "" if self.tenant is None else f" tenant={self.tenant!r}"
+        model = "" if self.model is None else f" model={self.model!r}"
         return (
             f"<Slot provider={self.provider!r} conversation_id={self.conversation_id!r}"
-            f" started_at={self.started_at} priority={self.priority}"
+            f" started_at={self.started_at} priority={self.priority}{tenant}{model}"
             f" state={self._state.value}>"
         )
 
@@ -215,11 +225,17 @@ class Slot(metaclass=NoPublicConstructor):
         priority = self.priority
         # The rank of Ticket: the turn's start less the class's credit. In
         # class 0, the common case, the start itself: no float to make.
-        ticket = actor.ticket(
+        rank = (
             self.started_at - priority * host.priority_aging
             if priority
-            else self.started_at,
-            priority,
+            else self.started_at
+        )
+        # Without a tenant or a model, the common case, two arguments fewer.
+        # No locals for them: every parked request keeps this frame.
+        ticket = (
+            actor.ticket(rank, priority)
+            if self.tenant is None and self.model is None
+            else actor.ticket(rank, priority, self.tenant, self.model)
         )
         self._actor = actor
         self.ticket = ticket

@@ -38,6 +38,10 @@ models, files, batches, token counts) passes straight through.
 What a model call tells the budgets, as ``wrap_provider`` does for our own
 providers:
 
+* its model: the ``model`` of a JSON body (read from the one parse that
+  the estimate reads too; a body that is not JSON, or names no model,
+  names none). The slot is for that model: a ``"provider/model"`` budget
+  must hold it too, and the figures of its answer teach that model's;
 * its estimate: a JSON body with ``messages`` (chat completions, Anthropic
   messages) is charged its prompt, about 4 characters a token (the text
   of its messages, system prompt and tools; images, audio and files are
@@ -76,7 +80,13 @@ import httpx2
 import trio
 
 from .._exceptions import LeaseLost, SlotHoldTimeout, lease_lost
-from .._metering import Meter, RateLimitReader, estimate_body_tokens
+from .._metering import (
+    Meter,
+    RateLimitReader,
+    estimate_json_tokens,
+    json_body,
+    model_of_body,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -202,15 +212,16 @@ class Hold:
     ) -> Hold:
         """Wait for a slot of ``provider`` for a call whose body is ``content``.
 
-        The slot is charged the body's estimate (nothing if ``content`` is
-        ``None``: not read yet). If this raises, nothing is held.
+        The slot is for the body's ``model`` and charged its estimate
+        (neither if ``content`` is ``None``: not read yet). If this
+        raises, nothing is held.
         """
-        tokens = (
-            0
-            if content is None
-            else estimate_body_tokens(content, dispatcher.default_max_tokens(provider))
+        body = None if content is None else json_body(content)
+        model = model_of_body(body)
+        tokens = estimate_json_tokens(
+            body, dispatcher.default_max_tokens(provider, model)
         )
-        slot, deadline = await dispatcher.hold(provider, tokens)
+        slot, deadline = await dispatcher.hold(provider, tokens, model)
         return cls(dispatcher, slot, deadline, reader)
 
     def give_back(self) -> None:

@@ -8,6 +8,7 @@ and the rules of tool calls the model makes (``unique_ids``, ``refusal``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Final, final
 
 import attrs
@@ -18,7 +19,7 @@ from ..messages._chat import RequestOptions
 from ._tools import Tool, check_arguments
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterable
+    from collections.abc import AsyncIterator
     from contextlib import AbstractAsyncContextManager
 
     from ..messages import ChatMessage, StreamEvent
@@ -214,3 +215,17 @@ def refusal_of(call: ToolCall, tool: Tool | None, tools: dict[str, Tool]) -> str
     if problem is not None:
         return f"invalid arguments for {call.name!r}: {problem}"
     return None
+
+
+def check_tools(tools: object) -> tuple[Tool, ...]:
+    """``start_conversation``'s ``tools``: ``Tool`` values of distinct names."""
+    if isinstance(tools, Tool | str | Mapping) or not isinstance(tools, Iterable):
+        raise TypeError(f"tools must be an iterable of Tool values, got {tools!r}")
+    checked: list[Tool] = []
+    for tool in tools:
+        if not isinstance(tool, Tool):
+            raise TypeError(f"tools must hold Tool values, got {tool!r}")
+        if any(tool.name == other.name for other in checked):
+            raise ValueError(f"duplicate tool name {tool.name!r}")
+        checked.append(tool)
+    return tuple(checked)

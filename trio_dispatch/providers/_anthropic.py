@@ -545,7 +545,9 @@ class AnthropicProvider(_ProviderBase):
             provider given both is counted once. Else pass
             ``dispatcher.observe_rate_limits``. Malformed headers are
             ignored (and logged once per header name); an exception the
-            observer raises is logged, not raised.
+            observer raises is logged, not raised. An observer that takes
+            a ``model`` keyword, as ``observe_rate_limits`` does, is told
+            ``model=`` too: providers count their limits per model.
     """
 
     def __init__(

@@ -42,7 +42,7 @@ from .._exceptions import (
     RequestFailed,
 )
 from .._validation import check_seconds
-from ._checks import _check_api_key, _check_base_url, _check_text
+from ._checks import _check_api_key, _check_base_url, _check_text, takes_model
 from ._errors import (
     ERROR_BODY_LIMIT,
     Redactor,
@@ -116,6 +116,10 @@ class _ProviderBase:
         self._client = httpx2.AsyncClient() if client is None else client
         self._on_rate_limit = on_rate_limit
         self._on_rate_limits = on_rate_limits
+        # Told the model too, if it takes one (observe_rate_limits does).
+        self._observer_takes_model = on_rate_limits is not None and takes_model(
+            on_rate_limits
+        )
         self._read_rate_limits = read_rate_limits
         self._malformed_headers = MalformedHeaderLog(self._id, self._redact)
 
@@ -209,7 +213,10 @@ class _ProviderBase:
         observer = self._on_rate_limits
         if observer is not None:
             try:
-                observer(self._id, info)
+                if self._observer_takes_model:
+                    observer(self._id, info, model=self._model)  # type: ignore[call-arg]  # checked: it takes a model
+                else:
+                    observer(self._id, info)
             except Exception:
                 _logger.exception("%s: the on_rate_limits observer failed", self._id)
         return info
