@@ -164,7 +164,7 @@ async def _slot_calls(
             provider: str, info: trio_dispatch.RateLimitInfo, model: str = model
         ) -> None:
             if per_model:
-                dispatcher.observe_rate_limits(provider, info, model=model)  # type: ignore[call-arg]  # per-model budgets
+                dispatcher.observe_rate_limits(provider, info, model=model)
             else:
                 dispatcher.observe_rate_limits(provider, info)
 

@@ -55,9 +55,6 @@ def test_one_budget_for_both_models_misses_one_of_the_bars(
     assert fast["goodput"] < 0.8
 
 
-@pytest.mark.xfail(
-    reason="budgets are learned per provider, not yet per model", strict=True
-)
 def test_a_budget_per_model_meets_both(tmp_path: pathlib.Path) -> None:
     report = _run(tmp_path, "--arm", "per-model", "--arm", "transport")
     assert [arm["arm"] for arm in report["arms"]] == ["per-model", "transport"]

@@ -69,7 +69,6 @@ def test_the_oldest_first_arm_alone_runs_and_measures_no_bar(
     assert 0 < light["latency_p50"] <= light["latency_p95"]
 
 
-@pytest.mark.xfail(reason="tenant shares are not scheduled yet", strict=True)
 def test_the_quick_run_reports_every_arm_and_meets_the_bar(
     tmp_path: pathlib.Path,
 ) -> None:
