@@ -22,7 +22,7 @@ from trio_dispatch.lowlevel import open_dispatcher_with
 from trio_dispatch.messages import ChatMessage
 from trio_dispatch.testing import FakeReply, FakeScript, ScriptedProvider
 
-from .test_backends import Made
+from ._backend_rigs import Made
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
