@@ -548,20 +548,25 @@ async def test_each_answer_reports_its_models_buckets(
 async def test_a_body_without_a_string_model_goes_to_the_keys_buckets(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    quotas = FakeQuotas(requests_per_minute=60, per_model=True)
+    quotas = FakeQuotas(requests_per_minute=1, per_model=True)
     server = FakeLLMServer(FakeScript(), quotas=quotas)
     body = _body("openai")
     body["model"] = 4
     status, headers = await _call(server, "openai", body)
     assert status == 200
-    assert openai_rate_limits(headers).requests == Quota(60, 59, 1.0)
-    assert server.rate_limits(KEY).requests == Quota(60, 59, 1.0)
-    assert server.rate_limits(KEY, "4").requests == Quota(60, 60, 0.0)
+    assert openai_rate_limits(headers).requests == Quota(1, 0, 60.0)
+    assert server.rate_limits(KEY).requests == Quota(1, 0, 60.0)
+    assert server.rate_limits(KEY, "4").requests == Quota(1, 1, 0.0)
+    status, headers = await _call(server, "openai", body)
+    assert status == 429
     # A bad request for a model: that model's figures.
     status, headers = await _call(server, "openai", {"model": "4", "stream": True})
     assert status == 400
-    assert openai_rate_limits(headers).requests == Quota(60, 60, 0.0)
-    assert server.statistics().requests_by_model == {"4": 1}
+    assert openai_rate_limits(headers).requests == Quota(1, 1, 0.0)
+    stats = server.statistics()
+    assert (stats.quota_refusals, stats.requests_total) == (1, 3)
+    assert stats.requests_by_model == {"4": 1}
+    assert stats.quota_refusals_by_model == {}
     with pytest.raises(TypeError, match=r"^model must be a string or None, got 4$"):
         server.rate_limits(KEY, 4)  # type: ignore[arg-type]  # the point of the test
 
