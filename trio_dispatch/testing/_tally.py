@@ -31,7 +31,8 @@ class FakeServerStatistics:
             as their usage reports them.
         requests_by_model: LLM requests received, by the model their
             body named (those that named none, or no string, are left
-            out).
+            out). The fake server's; a ``ScriptedProvider`` leaves it
+            empty, as ``quota_refusals_by_model``.
         quota_refusals_by_model: ``quota_refusals``, by the model the
             refused request named (as ``requests_by_model``).
     """
