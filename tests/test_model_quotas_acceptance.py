@@ -18,7 +18,10 @@ binds within a few seconds, not after a minute's worth of requests.
 The bar (issue 21): at most 2% of all requests answered 429, and the fast
 model served at no less than 80% of its quota's refill rate after a short
 warm-up, which is 20 times the slow model's whole quota: a single budget,
-learned from both models' headers, can meet neither both.
+learned from both models' headers, cannot meet both. With one budget for
+both, as the dispatcher learned before it knew of models, this fleet had
+6 of its 36 requests answered 429, and 13 fast answers after the warm-up
+where 200 were due.
 """
 
 from __future__ import annotations
