@@ -6,6 +6,7 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -137,6 +138,152 @@ def test_quotas_are_checked(field: str, value: object, error: type[Exception]) -
         FakeQuotas(**{field: value})  # type: ignore[arg-type]  # the point of the test
 
 
+# -- per-model quotas ---------------------------------------------------------------
+
+SLOW, FAST = "slow-model", "fast-model"
+
+
+def test_named_models_keep_buckets_of_their_own() -> None:
+    quotas = FakeQuotas(
+        requests_per_minute=6,
+        models={
+            SLOW: FakeQuotas(requests_per_minute=2),
+            FAST: FakeQuotas(requests_per_minute=60, tokens_per_minute=600),
+        },
+    )
+    book = QuotaBook(quotas)
+    for _ in range(2):
+        assert book.admit(KEY, 10, 0.0, SLOW) is None
+    # The slow model's 2 a minute are spent: 30 s to wait for the next...
+    assert book.admit(KEY, 10, 0.0, SLOW) == Refusal("requests", 30.0)
+    # ...while the fast one and the unnamed ones have all of theirs.
+    for _ in range(5):
+        assert book.admit(KEY, 10, 0.0, FAST) is None
+    assert book.rate_limits(KEY, 0.0, FAST) == RateLimitInfo(
+        requests=Quota(limit=60, remaining=55, reset=5.0),
+        tokens=Quota(limit=600, remaining=550, reset=5.0),
+    )
+    assert book.rate_limits(KEY, 0.0, SLOW) == RateLimitInfo(
+        requests=Quota(limit=2, remaining=0, reset=60.0)
+    )
+    # Models not named, and requests naming none, share the key's buckets.
+    for model in ("other", None, "yet another"):
+        for _ in range(2):
+            assert book.admit(KEY, 0, 0.0, model) is None
+    assert book.admit(KEY, 0, 0.0, "other") == Refusal("requests", 10.0)
+    assert book.rate_limits(KEY, 0.0) == book.rate_limits(KEY, 0.0, "a fourth")
+    assert book.rate_limits(KEY, 0.0).requests == Quota(6, 0, 60.0)
+    # Another key has every bucket full.
+    assert book.rate_limits("another key", 0.0, SLOW).requests == Quota(2, 2, 0.0)
+    # Each refills at its own rate.
+    assert book.admit(KEY, 10, 30.0, SLOW) is None
+    assert book.rate_limits(KEY, 30.0, FAST).requests == Quota(60, 60, 0.0)
+
+
+def test_per_model_gives_every_model_the_figures_of_its_own() -> None:
+    book = QuotaBook(
+        FakeQuotas(
+            requests_per_minute=60,
+            per_model=True,
+            models={SLOW: FakeQuotas(requests_per_minute=1)},
+        )
+    )
+    assert book.admit(KEY, 0, 0.0, SLOW) is None
+    assert book.admit(KEY, 0, 0.0, SLOW) == Refusal("requests", 60.0)
+    for model in ("a", "b", None):
+        for _ in range(60):
+            assert book.admit(KEY, 0, 0.0, model) is None
+        assert book.admit(KEY, 0, 0.0, model) == Refusal("requests", 1.0)
+
+
+def test_a_models_figures_are_all_its_own() -> None:
+    quotas = FakeQuotas(
+        max_concurrency=5,
+        default_max_tokens=100,
+        models={
+            SLOW: FakeQuotas(
+                tokens_per_minute=600,
+                max_concurrency=1,
+                busy_retry_after=2.0,
+                default_max_tokens=7,
+                initial_fill=0.5,
+            )
+        },
+    )
+    book = QuotaBook(quotas)
+    assert book.estimate(3, None, SLOW) == 10
+    assert book.estimate(3, None, FAST) == book.estimate(3, None) == 103
+    assert book.estimate(3, 1, SLOW) == 4
+    assert book.rate_limits(KEY, 0.0, SLOW).tokens == Quota(600, 300, 30.0)
+    assert book.admit(KEY, 10, 0.0, SLOW) is None
+    assert book.admit(KEY, 10, 0.0, SLOW) == Refusal("concurrency", 2.0)
+    for _ in range(5):
+        assert book.admit(KEY, 10, 0.0, FAST) is None
+    assert book.admit(KEY, 10, 0.0) == Refusal("concurrency", None)
+    book.settle(KEY, 10, 4, 0.0, SLOW)
+    assert book.rate_limits(KEY, 0.0, SLOW).tokens == Quota(600, 296, 30.4)
+    assert book.admit(KEY, 10, 0.0, SLOW) is None
+
+
+def test_which_figures_a_model_is_held_to() -> None:
+    slow = FakeQuotas(requests_per_minute=2)
+    quotas = FakeQuotas(requests_per_minute=6, models={SLOW: slow})
+    assert quotas.for_model(SLOW) is slow
+    assert quotas.for_model(FAST) is quotas
+    assert quotas.for_model(None) is quotas
+    assert quotas.keeps_apart(SLOW)
+    assert not quotas.keeps_apart(FAST)
+    assert not quotas.keeps_apart(None)
+    every = attrs.evolve(quotas, per_model=True)
+    assert every.keeps_apart(FAST)
+    assert every.keeps_apart(SLOW)
+    assert not every.keeps_apart(None)
+
+
+def test_models_are_copied_and_quotas_stay_values() -> None:
+    named = {SLOW: FakeQuotas(requests_per_minute=2)}
+    quotas = FakeQuotas(models=named)
+    named[FAST] = FakeQuotas()
+    assert list(quotas.models) == [SLOW]
+    assert quotas == FakeQuotas(models={SLOW: FakeQuotas(requests_per_minute=2)})
+    assert quotas != FakeQuotas(models={SLOW: FakeQuotas(requests_per_minute=3)})
+    assert hash(quotas) == hash(FakeQuotas())  # the models are not hashed
+
+
+@pytest.mark.parametrize(
+    ("models", "per_model", "error", "match"),
+    [
+        ([SLOW], False, TypeError, r"^models must be a mapping of model names"),
+        ({"": FakeQuotas()}, False, ValueError, r"^models' names must be a non-empty"),
+        ({1: FakeQuotas()}, False, TypeError, r"^models' names must be a non-empty"),
+        (
+            {SLOW: {"requests_per_minute": 2}},
+            False,
+            TypeError,
+            r"^models\['slow-model'\] must be a FakeQuotas, got",
+        ),
+        (
+            {SLOW: FakeQuotas(models={FAST: FakeQuotas()})},
+            False,
+            ValueError,
+            r"^models\['slow-model'\] must be a FakeQuotas without models",
+        ),
+        (
+            {SLOW: FakeQuotas(per_model=True)},
+            False,
+            ValueError,
+            r"^models\['slow-model'\] must be a FakeQuotas without models",
+        ),
+        ({}, 1, TypeError, r"^per_model must be True or False, got 1$"),
+    ],
+)
+def test_per_model_quotas_are_checked(
+    models: object, per_model: object, error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        FakeQuotas(models=models, per_model=per_model)  # type: ignore[arg-type]  # the point of the test
+
+
 def test_a_server_wants_fake_quotas() -> None:
     with pytest.raises(TypeError, match=r"^quotas must be a FakeQuotas or None"):
         FakeLLMServer(FakeScript(), quotas={"requests_per_minute": 5})  # type: ignore[arg-type]  # the point
@@ -177,9 +324,11 @@ def test_our_durations_read_back_exactly(ms: int) -> None:
 # -- the ASGI app, in memory, in virtual time -------------------------------------
 
 
-def _body(wire: WireFormat, *, max_tokens: int | None = None) -> dict[str, Any]:
+def _body(
+    wire: WireFormat, *, max_tokens: int | None = None, model: str = "m"
+) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "model": "m",
+        "model": model,
         "messages": [{"role": "user", "content": "x" * 200}],
         "stream": True,
     }
@@ -351,6 +500,75 @@ async def test_the_concurrency_cap(autojump_clock: trio.testing.MockClock) -> No
             nursery.start_soon(one)
     assert sorted(statuses) == [(0.0, 429, None), (5.0, 200, None), (5.0, 200, None)]
     assert server.statistics().peak_in_flight == 3  # the refused one arrived too
+
+
+@pytest.mark.parametrize("wire", WIRES)
+async def test_each_answer_reports_its_models_buckets(
+    wire: WireFormat, autojump_clock: trio.testing.MockClock
+) -> None:
+    quotas = FakeQuotas(
+        requests_per_minute=600,
+        models={
+            SLOW: FakeQuotas(requests_per_minute=2),
+            FAST: FakeQuotas(requests_per_minute=120),
+        },
+    )
+    server = FakeLLMServer(FakeScript(), quotas=quotas)
+    calls: list[tuple[str, int, Quota | None]] = []
+
+    async def call(model: str) -> None:
+        status, headers = await _call(server, wire, _body(wire, model=model))
+        now = server.wall_time(trio.current_time())
+        calls.append((model, status, _figures(wire, headers, now).requests))
+
+    for model in (SLOW, FAST, SLOW, FAST, SLOW, "other"):
+        await call(model)
+    assert calls == [
+        (SLOW, 200, Quota(2, 1, 30.0)),
+        (FAST, 200, Quota(120, 119, 0.5)),
+        (SLOW, 200, Quota(2, 0, 60.0)),
+        (FAST, 200, Quota(120, 118, 1.0)),
+        # The slow model's bucket is empty; its 429 says so, and when.
+        (SLOW, 429, Quota(2, 0, 60.0)),
+        ("other", 200, Quota(600, 599, 0.1)),
+    ]
+    assert server.rate_limits(KEY, SLOW).requests == Quota(2, 0, 60.0)
+    assert server.rate_limits(KEY, FAST).requests == Quota(120, 118, 1.0)
+    assert server.rate_limits(KEY).requests == Quota(600, 599, 0.1)
+    await trio.sleep(30.0)
+    calls.clear()
+    await call(SLOW)
+    assert calls == [(SLOW, 200, Quota(2, 0, 60.0))]
+    stats = server.statistics()
+    assert stats.quota_refusals == 1
+    assert stats.requests_by_model == {SLOW: 4, FAST: 2, "other": 1}
+    assert stats.quota_refusals_by_model == {SLOW: 1}
+
+
+async def test_a_body_without_a_string_model_goes_to_the_keys_buckets(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    quotas = FakeQuotas(requests_per_minute=1, per_model=True)
+    server = FakeLLMServer(FakeScript(), quotas=quotas)
+    body = _body("openai")
+    body["model"] = 4
+    status, headers = await _call(server, "openai", body)
+    assert status == 200
+    assert openai_rate_limits(headers).requests == Quota(1, 0, 60.0)
+    assert server.rate_limits(KEY).requests == Quota(1, 0, 60.0)
+    assert server.rate_limits(KEY, "4").requests == Quota(1, 1, 0.0)
+    status, headers = await _call(server, "openai", body)
+    assert status == 429
+    # A bad request for a model: that model's figures.
+    status, headers = await _call(server, "openai", {"model": "4", "stream": True})
+    assert status == 400
+    assert openai_rate_limits(headers).requests == Quota(1, 1, 0.0)
+    stats = server.statistics()
+    assert (stats.quota_refusals, stats.requests_total) == (1, 3)
+    assert stats.requests_by_model == {"4": 1}
+    assert stats.quota_refusals_by_model == {}
+    with pytest.raises(TypeError, match=r"^model must be a string or None, got 4$"):
+        server.rate_limits(KEY, 4)  # type: ignore[arg-type]  # the point of the test
 
 
 # -- round trips: our providers against the server, over sockets ------------------

@@ -22,7 +22,9 @@ Given ``FakeQuotas``, it also keeps each key's rate limits as the real APIs
 do (``_quotas``): requests and tokens per minute in buckets that refill
 continuously, and a concurrency cap. A request beyond them is answered 429
 with the true ``Retry-After``, and every answer to a key carries the
-rate-limit headers of its wire format. The buckets run on trio's clock, so
+rate-limit headers of its wire format. With ``FakeQuotas.models`` (or
+``per_model``) it keeps them per key and model, the model its body names,
+and an answer's headers report that model's buckets, as OpenAI's do. The buckets run on trio's clock, so
 ``MockClock`` drives them; Anthropic's RFC 3339 resets are that clock
 mapped onto the wall clock when the server first needed it.
 
@@ -179,15 +181,20 @@ class FakeLLMServer:
         """The per-key rate limits it keeps, if any."""
         return None if self._book is None else self._book.quotas
 
-    def rate_limits(self, api_key: str) -> RateLimitInfo:
-        """What an answer to ``api_key`` would say of its limits now.
+    def rate_limits(self, api_key: str, model: str | None = None) -> RateLimitInfo:
+        """What an answer to ``api_key`` for ``model`` would say of its limits now.
 
         The figures its rate-limit headers carry (times rounded up to the
         millisecond, as the headers have them); empty without quotas.
+        ``model`` matters only to a model with quotas of its own (see
+        ``FakeQuotas.models`` and ``per_model``); ``None``: the key's
+        shared buckets.
         """
+        if model is not None and not isinstance(model, str):
+            raise TypeError(f"model must be a string or None, got {model!r}")
         if self._book is None:
             return _NO_LIMITS
-        return self._book.rate_limits(api_key, trio.current_time())
+        return self._book.rate_limits(api_key, trio.current_time(), model)
 
     def wall_time(self, when: float) -> float:
         """The Unix time of ``when`` on the trio clock, as the headers tell it."""
@@ -299,7 +306,7 @@ class FakeLLMServer:
             client=_client(scope),
         )
         self._requests.append(request)
-        self._tally.arrived()
+        self._tally.arrived(request.model)
         try:
             await self._answer(request, headers, receive, send)
         finally:
@@ -318,6 +325,7 @@ class FakeLLMServer:
     ) -> None:
         # Only a key that passed the check has buckets.
         key = _key_in(request.format, headers) if request.authenticated else ""
+        model = request.model
         try:
             _check_request(request, headers)
             reply = self._choose(request)
@@ -326,7 +334,7 @@ class FakeLLMServer:
                 send,
                 rejected.status,
                 error_body(request.format, rejected.error_type, rejected.message),
-                self._limit_headers(request.format, key),
+                self._limit_headers(request.format, key, model),
             )
             return
         book = self._book
@@ -344,13 +352,13 @@ class FakeLLMServer:
             return
         body = request.body
         assert isinstance(body, dict)
-        cost = book.estimate(_estimated_input_tokens(body), _max_tokens(body))
-        refusal = book.admit(key, cost, trio.current_time())
+        cost = book.estimate(_estimated_input_tokens(body), _max_tokens(body), model)
+        refusal = book.admit(key, cost, trio.current_time(), model)
         if refusal is not None:
-            await self._refuse(request.format, key, refusal, send)
+            await self._refuse(request.format, key, model, refusal, send)
             return
         try:
-            limits = self._limit_headers(request.format, key)
+            limits = self._limit_headers(request.format, key, model)
             await self._reply(
                 request,
                 reply,
@@ -361,21 +369,28 @@ class FakeLLMServer:
                 progress=progress,
             )
         finally:
-            book.settle(key, cost, progress.tokens, trio.current_time())
+            book.settle(key, cost, progress.tokens, trio.current_time(), model)
 
-    def _limit_headers(self, wire: WireFormat, key: str) -> list[tuple[bytes, bytes]]:
-        """The rate-limit headers of an answer to ``key``, now; none without."""
+    def _limit_headers(
+        self, wire: WireFormat, key: str, model: str | None
+    ) -> list[tuple[bytes, bytes]]:
+        """The rate-limit headers of an answer to ``key`` for ``model``, now."""
         if self._book is None or not key:
             return []
         now = trio.current_time()
-        info = self._book.rate_limits(key, now)
+        info = self._book.rate_limits(key, now, model)
         return quota_headers(wire, info, self.wall_time(now))
 
     async def _refuse(
-        self, wire: WireFormat, key: str, refusal: Refusal, send: Send
+        self,
+        wire: WireFormat,
+        key: str,
+        model: str | None,
+        refusal: Refusal,
+        send: Send,
     ) -> None:
         """Answer 429 for ``refusal``, in ``wire``'s words and headers."""
-        self._tally.refused()
+        self._tally.refused(model)
         error_type, message = REFUSAL_ERRORS[wire]
         await self._send_json(
             send,
@@ -384,7 +399,7 @@ class FakeLLMServer:
                 wire, error_type, message.format(reason=_REASONS[refusal.reason])
             ),
             [
-                *self._limit_headers(wire, key),
+                *self._limit_headers(wire, key, model),
                 *refusal_headers(wire, refusal.retry_after),
             ],
         )

@@ -1,8 +1,9 @@
 """The fake LLM server's rate limits: per-key quotas, as real APIs keep them.
 
 ``FakeQuotas`` configures them; ``QuotaBook`` keeps them, one set of
-buckets per API key, and ``quota_headers`` / ``refusal_headers`` write what
-they say in either wire format. Pure: times are passed in (the server
+buckets per API key (or per API key and model, as OpenAI keeps its limits
+and Anthropic those of each model class), and ``quota_headers`` /
+``refusal_headers`` write what they say in either wire format. Pure: times are passed in (the server
 passes ``trio.current_time()``, so ``MockClock`` drives the refill), and
 nothing here does I/O.
 
@@ -20,14 +21,16 @@ A refused request is charged nothing.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Final, Literal, final
+from typing import TYPE_CHECKING, Any, Final, Literal, final
 
 import attrs
 
 from .._ratelimits import Quota, RateLimitInfo
 from .._validation import (
     check_fraction,
+    check_text,
     non_negative_int,
     non_negative_seconds,
     positive_int,
@@ -39,6 +42,38 @@ if TYPE_CHECKING:
 
 _positive = attrs.validators.optional(positive_int)
 _fraction = validator(check_fraction)
+
+
+def _copied(models: object) -> object:
+    """A mapping's own copy (so the caller's later changes do not reach it)."""
+    return dict(models) if isinstance(models, Mapping) else models
+
+
+def _check_flag(
+    _instance: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{attribute.name} must be True or False, got {value!r}")
+
+
+def _check_models(
+    _instance: object, _attribute: attrs.Attribute[Any], models: object
+) -> None:
+    """Model names (non-empty strings) to ``FakeQuotas`` of no models of their own."""
+    if not isinstance(models, Mapping):
+        raise TypeError(
+            f"models must be a mapping of model names to FakeQuotas, got {models!r}"
+        )
+    for model, quotas in models.items():
+        check_text(model, "models' names")
+        if not isinstance(quotas, FakeQuotas):
+            raise TypeError(f"models[{model!r}] must be a FakeQuotas, got {quotas!r}")
+        if quotas.models or quotas.per_model:
+            raise ValueError(
+                f"models[{model!r}] must be a FakeQuotas without models or"
+                f" per_model of its own, got {quotas!r}"
+            )
+
 
 # How finely the headers tell times: milliseconds, rounded up, so a client
 # that waits what it is told is never early.
@@ -58,6 +93,14 @@ class FakeQuotas:
     key carries the rate-limit headers of its format (``x-ratelimit-*``
     with durations, or ``anthropic-ratelimit-*`` with RFC 3339 times).
 
+    By default a key's buckets count all its requests, whatever their
+    model. Real APIs keep limits per model (OpenAI's ``x-ratelimit-*``
+    headers report the bucket of the model the request named): ``models``
+    gives named models buckets of their own, with their own figures, and
+    ``per_model`` gives every other model buckets of its own too, with
+    the figures above. A request's model is its JSON body's ``model``
+    (a string); the headers of an answer report its model's buckets.
+
     Attributes:
         requests_per_minute: Requests a key may make per minute.
         tokens_per_minute: Tokens (prompt and output together) per minute.
@@ -73,6 +116,16 @@ class FakeQuotas:
             full, as an idle account is; lower starts the key as if it had
             just spent the rest, so that a short run meets the refill rate
             at once, not after a minute's worth of requests.
+        models: Quotas of their own for the models named: each key keeps
+            apart buckets for each of them, under that entry's figures
+            (all of them: its per-minute quotas, concurrency cap,
+            ``default_max_tokens``, ``busy_retry_after`` and
+            ``initial_fill``). An entry may not have ``models`` or
+            ``per_model`` of its own.
+        per_model: Whether models not in ``models`` get buckets of their
+            own too (each under the figures above), as OpenAI keeps
+            every model's limits apart; if not, they share the key's
+            buckets, as every model does without ``models``.
     """
 
     requests_per_minute: int | None = attrs.field(default=None, validator=_positive)
@@ -83,6 +136,20 @@ class FakeQuotas:
         default=None, validator=attrs.validators.optional(non_negative_seconds)
     )
     initial_fill: float = attrs.field(default=1.0, validator=_fraction)
+    models: Mapping[str, FakeQuotas] = attrs.field(
+        factory=dict, converter=_copied, validator=_check_models, hash=False
+    )
+    per_model: bool = attrs.field(default=False, validator=_check_flag)
+
+    def for_model(self, model: str | None) -> FakeQuotas:
+        """The figures a request for ``model`` is held to (``None``: no model)."""
+        if model is None:
+            return self
+        return self.models.get(model, self)
+
+    def keeps_apart(self, model: str | None) -> bool:
+        """Whether ``model``'s requests have buckets of their own in each key."""
+        return model is not None and (self.per_model or model in self.models)
 
 
 def _ceil_ms(seconds: float) -> int:
@@ -154,42 +221,58 @@ class Refusal:
 
 @final
 class QuotaBook:
-    """The buckets of every key under one ``FakeQuotas``; see the module notes."""
+    """The buckets of every key under one ``FakeQuotas``; see the module notes.
+
+    Every method takes the request's ``model`` (``None`` for none): a model
+    that ``FakeQuotas.keeps_apart`` is counted in buckets of its own in
+    each key, under its own figures; any other shares the key's buckets.
+    """
 
     def __init__(self, quotas: FakeQuotas) -> None:
         self._quotas = quotas
-        self._keys: dict[str, _Key] = {}
+        self._keys: dict[tuple[str, str | None], _Key] = {}
 
     @property
     def quotas(self) -> FakeQuotas:
         """The limits it keeps."""
         return self._quotas
 
-    def _key(self, key: str, now: float) -> _Key:
-        state = self._keys.get(key)
+    def _key(self, key: str, model: str | None, now: float) -> _Key:
+        apart = model if self._quotas.keeps_apart(model) else None
+        state = self._keys.get((key, apart))
         if state is None:
-            q = self._quotas
+            q = self._quotas.for_model(apart)
             state = _Key(
                 requests=_new_bucket(q.requests_per_minute, q.initial_fill, now),
                 tokens=_new_bucket(q.tokens_per_minute, q.initial_fill, now),
             )
-            self._keys[key] = state
+            self._keys[key, apart] = state
         for bucket in (state.requests, state.tokens):
             if bucket is not None:
                 bucket.refill(now)
         return state
 
-    def estimate(self, prompt_tokens: int, max_tokens: int | None) -> int:
-        """What a request is charged at admission."""
-        output = self._quotas.default_max_tokens if max_tokens is None else max_tokens
-        return prompt_tokens + output
+    def _figures(self, model: str | None) -> FakeQuotas:
+        return self._quotas.for_model(
+            model if self._quotas.keeps_apart(model) else None
+        )
 
-    def admit(self, key: str, cost: int, now: float) -> Refusal | None:
+    def estimate(
+        self, prompt_tokens: int, max_tokens: int | None, model: str | None = None
+    ) -> int:
+        """What a request is charged at admission."""
+        default = self._figures(model).default_max_tokens
+        return prompt_tokens + (default if max_tokens is None else max_tokens)
+
+    def admit(
+        self, key: str, cost: int, now: float, model: str | None = None
+    ) -> Refusal | None:
         """Admit a request of ``cost`` tokens and charge it, or say why not."""
-        state = self._key(key, now)
-        cap = self._quotas.max_concurrency
+        state = self._key(key, model, now)
+        figures = self._figures(model)
+        cap = figures.max_concurrency
         if cap is not None and state.in_flight >= cap:
-            return Refusal("concurrency", self._quotas.busy_retry_after)
+            return Refusal("concurrency", figures.busy_retry_after)
         if state.tokens is not None and cost > state.tokens.capacity:
             return Refusal("too_large", None)
         waits = {
@@ -212,16 +295,20 @@ class QuotaBook:
         state.in_flight += 1
         return None
 
-    def settle(self, key: str, charged: int, used: int, now: float) -> None:
+    def settle(
+        self, key: str, charged: int, used: int, now: float, model: str | None = None
+    ) -> None:
         """An admitted request ended: its estimate is replaced by ``used``."""
-        state = self._key(key, now)
+        state = self._key(key, model, now)
         if state.tokens is not None:
             state.tokens.level += charged - used
         state.in_flight -= 1
 
-    def rate_limits(self, key: str, now: float) -> RateLimitInfo:
-        """What the headers of an answer to ``key`` at ``now`` say."""
-        state = self._key(key, now)
+    def rate_limits(
+        self, key: str, now: float, model: str | None = None
+    ) -> RateLimitInfo:
+        """What the headers of an answer to ``key`` for ``model`` at ``now`` say."""
+        state = self._key(key, model, now)
         return RateLimitInfo(
             requests=None if state.requests is None else state.requests.quota(),
             tokens=None if state.tokens is None else state.tokens.quota(),

@@ -57,3 +57,13 @@ class FakeRequest:
     arrived_at: float
     client: tuple[str, int] | None = None
     chat: ChatRequest | None = None
+
+    @property
+    def model(self) -> str | None:
+        """The body's ``model``, if it is a string (what per-model quotas go by)."""
+        body = self.body
+        if isinstance(body, dict):
+            model = body.get("model")
+            if isinstance(model, str):
+                return model
+        return None

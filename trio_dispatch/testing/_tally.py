@@ -29,6 +29,12 @@ class FakeServerStatistics:
             (``FakeQuotas``) was spent; scripted 429s are not counted here.
         tokens_served: Prompt and output tokens of the streams started,
             as their usage reports them.
+        requests_by_model: LLM requests received, by the model their
+            body named (those that named none, or no string, are left
+            out). The fake server's; a ``ScriptedProvider`` leaves it
+            empty, as ``quota_refusals_by_model``.
+        quota_refusals_by_model: ``quota_refusals``, by the model the
+            refused request named (as ``requests_by_model``).
     """
 
     requests_total: int
@@ -39,6 +45,8 @@ class FakeServerStatistics:
     client_disconnects: int
     quota_refusals: int = 0
     tokens_served: int = 0
+    requests_by_model: Mapping[str, int] = attrs.field(factory=dict)
+    quota_refusals_by_model: Mapping[str, int] = attrs.field(factory=dict)
 
 
 def _nothing() -> None:
@@ -58,10 +66,14 @@ class Tally:
     left_early: int = 0
     refusals: int = 0
     tokens: int = 0
+    by_model: dict[str, int] = attrs.Factory(dict)
+    refusals_by_model: dict[str, int] = attrs.Factory(dict)
 
-    def arrived(self) -> None:
-        """A request came in and is being answered."""
+    def arrived(self, model: str | None = None) -> None:
+        """A request (for ``model``, if it named one) came in and is being answered."""
         self.requests_total += 1
+        if model is not None:
+            self.by_model[model] = self.by_model.get(model, 0) + 1
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         self.on_change()
@@ -81,9 +93,11 @@ class Tally:
         self.left_early += 1
         self.on_change()
 
-    def refused(self) -> None:
-        """A request was refused for a spent quota."""
+    def refused(self, model: str | None = None) -> None:
+        """A request (for ``model``, if it named one) was refused for a spent quota."""
         self.refusals += 1
+        if model is not None:
+            self.refusals_by_model[model] = self.refusals_by_model.get(model, 0) + 1
         self.on_change()
 
     def served(self, tokens: int) -> None:
@@ -107,4 +121,6 @@ class Tally:
             client_disconnects=self.left_early,
             quota_refusals=self.refusals,
             tokens_served=self.tokens,
+            requests_by_model=dict(self.by_model),
+            quota_refusals_by_model=dict(self.refusals_by_model),
         )
