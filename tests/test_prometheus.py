@@ -18,9 +18,9 @@ from trio_dispatch import (
     ProviderStatistics,
     QueueFull,
     Tenant,
+    TenantStatistics,
     open_dispatcher,
 )
-from trio_dispatch._backend import TenantStatistics
 from trio_dispatch.actors._observe import EventHub
 from trio_dispatch.events import Granted, Refused, Released, Withdrawn
 from trio_dispatch.metrics import DEFAULT_WAIT_BUCKETS, PrometheusCollector

@@ -47,9 +47,10 @@ import attrs
 import trio
 from coredis.exceptions import RedisError
 
-from .._backend import ProviderStatistics, TenantStatistics
+from .._backend import ProviderStatistics
 from .._budgets import AdaptiveLimit, BudgetStatistics, refilled
 from .._exceptions import DispatcherClosed, QueueFull
+from .._tenants import TenantStatistics
 from ..messages._scheduling import (
     Acquire,
     Adapt,

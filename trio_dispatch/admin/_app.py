@@ -50,7 +50,8 @@ from ._routes import ROUTES, TENANT, match
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable, Mapping
 
-    from .._backend import ProviderStatistics, TenantStatistics
+    from .._backend import ProviderStatistics
+    from .._tenants import TenantStatistics
 
     Message = dict[str, Any]
     Receive = Callable[[], Awaitable[Message]]
