@@ -29,7 +29,6 @@ import hmac
 import importlib
 import json
 import logging
-import math
 import re
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Final, final
@@ -505,13 +504,10 @@ def _tenant_in(body: bytes) -> Tenant:
 def _tenant_status(stats: TenantStatistics) -> dict[str, object]:
     """One tenant's statistics as plain JSON types.
 
-    A service counter too large for a float (a weight near 0 divides it)
-    is shown as ``null``: JSON has no infinity.
+    The service counter is always finite: ``Tenant.weight`` is bounded
+    (``MIN_WEIGHT``), so no weight divides a hold into an infinity.
     """
-    status = attrs.asdict(stats)
-    if not math.isfinite(stats.service):
-        status["service"] = None
-    return status
+    return attrs.asdict(stats)
 
 
 def _tenant_settings(tenant: str, settings: Tenant) -> dict[str, object]:

@@ -191,11 +191,8 @@ _SCHEMAS: dict[str, Any] = {
             "in_flight": _COUNT,
             "waiting": _COUNT,
             "service": {
-                "type": ["number", "null"],
-                "description": (
-                    "Slot-seconds received, divided by the weight; null if too"
-                    " large for a number (a weight near 0)."
-                ),
+                "type": "number",
+                "description": "Slot-seconds received, divided by the weight.",
             },
         },
         "One tenant's part of one provider.",

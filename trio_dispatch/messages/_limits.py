@@ -103,6 +103,13 @@ class AdaptiveLimit:
             )
 
 
+MIN_WEIGHT = 1e-6
+"""The smallest ``Tenant.weight``: a million times less than the default."""
+
+MAX_WEIGHT = 1e6
+"""The largest ``Tenant.weight``: a million times more than the default."""
+
+
 @final
 @attrs.frozen
 class Tenant:
@@ -114,8 +121,9 @@ class Tenant:
     goes first, as always. Tenants not configured have the defaults.
 
     Attributes:
-        weight: The tenant's share, relative to the others' (a finite,
-            positive number): a tenant of weight 2 receives twice the
+        weight: The tenant's share, relative to the others' (a number
+            from ``MIN_WEIGHT`` to ``MAX_WEIGHT``, so that a service
+            counter, slot-seconds over the weight, stays finite): a tenant of weight 2 receives twice the
             service of a tenant of weight 1 while both have requests
             waiting.
         limit: At most this many slots of each provider held by the
@@ -124,6 +132,15 @@ class Tenant:
     """
 
     weight: float = attrs.field(default=1.0, validator=positive_number)
+
+    @weight.validator
+    def _check_weight(self, _attribute: object, value: float) -> None:
+        if not MIN_WEIGHT <= value <= MAX_WEIGHT:
+            raise ValueError(
+                f"weight must be a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g},"
+                f" got {value!r}"
+            )
+
     limit: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(slot_limit)
     )
