@@ -1,14 +1,14 @@
 """The backend interface: a third backend, written with lowlevel names only.
 
-``CountingBackend`` wraps the local scheduler and counts what the
-dispatcher asks of it: the dispatcher must reach every backend through
-``trio_dispatch.lowlevel.Backend`` alone, and never ask which it has.
+``CountingBackend`` (in ``tests/_backend_rigs.py``) wraps the local
+scheduler and counts what the dispatcher asks of it: the dispatcher must
+reach every backend through ``trio_dispatch.lowlevel.Backend`` alone, and
+never ask which it has.
 """
 
 from __future__ import annotations
 
-import collections
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING
 
 import pytest
 import trio
@@ -16,137 +16,30 @@ import trio.testing
 
 from trio_dispatch import (
     AdaptiveLimit,
-    Budget,
-    ProviderStatistics,
     Quota,
     RateLimitInfo,
-    Tenant,
     open_dispatcher,
 )
 from trio_dispatch.actors._mailbox import Mailbox
 from trio_dispatch.lowlevel import (
     Backend,
-    Reply,
     SchedulerActor,
     SchedulerMessage,
-    SlotPolicy,
-    Ticket,
     open_dispatcher_with,
 )
 
+from ._backend_rigs import CountingBackend, Made
 from ._helpers import settle, task_names
 
 if TYPE_CHECKING:
+    import collections
+
     from trio_dispatch.actors._shared_scheduler import SharedSchedulerActor
-
-
-@final
-class CountingBackend:
-    """The local scheduler of one provider, counting the calls it gets."""
-
-    def __init__(self, provider: str) -> None:
-        self.inner = SchedulerActor(provider, SlotPolicy(None))
-        self.calls: collections.Counter[str] = collections.Counter()
-
-    @property
-    def provider(self) -> str:
-        return self.inner.provider
-
-    def ticket(
-        self,
-        rank: float,
-        priority: int = 0,
-        tenant: str | None = None,
-        model: str | None = None,
-    ) -> Ticket:
-        return self.inner.ticket(rank, priority, tenant, model)
-
-    def acquire(
-        self,
-        ticket: Ticket,
-        reply: Reply,
-        conversation_id: str | None = None,
-        tokens: int = 0,
-    ) -> None:
-        self.calls["acquire"] += 1
-        self.inner.acquire(ticket, reply, conversation_id, tokens)
-
-    def release(self, ticket: Ticket) -> None:
-        self.calls["release"] += 1
-        self.inner.release(ticket)
-
-    def cancel(self, ticket: Ticket) -> None:
-        self.calls["cancel"] += 1
-        self.inner.cancel(ticket)
-
-    def answered(self, ticket: Ticket) -> None:
-        self.calls["answered"] += 1
-        self.inner.answered(ticket)
-
-    def report_usage(self, ticket: Ticket, tokens: int) -> None:
-        self.calls["report_usage"] += 1
-        self.inner.report_usage(ticket, tokens)
-
-    def set_limit(self, limit: int | AdaptiveLimit | None) -> None:
-        self.calls["set_limit"] += 1
-        self.inner.set_limit(limit)
-
-    def pause(self, reported_at: float, retry_after: float | None) -> None:
-        self.calls["pause"] += 1
-        self.inner.pause(reported_at, retry_after)
-
-    def resume(self) -> None:
-        self.calls["resume"] += 1
-        self.inner.resume()
-
-    def set_tenant(self, tenant: str, settings: Tenant | None) -> None:
-        self.calls["set_tenant"] += 1
-        self.inner.set_tenant(tenant, settings)
-
-    def set_model_budget(self, model: str, budget: Budget) -> None:
-        self.calls["set_model_budget"] += 1
-        self.inner.set_model_budget(model, budget)
-
-    def observe_rate_limits(
-        self, observed_at: float, info: RateLimitInfo, model: str | None = None
-    ) -> None:
-        self.calls["observe_rate_limits"] += 1
-        self.inner.observe_rate_limits(observed_at, info, model)
-
-    def adaptive_value(self) -> int | None:
-        return self.inner.adaptive_value()
-
-    def handle_backlog(self) -> None:
-        self.inner.handle_backlog()
-
-    def statistics(self) -> ProviderStatistics:
-        self.calls["statistics"] += 1
-        return self.inner.statistics()
-
-    def close(self) -> None:
-        self.calls["close"] += 1
-        self.inner.close()
-
-    async def run(self, *, stop_when_idle: bool = False) -> bool:
-        self.calls["run"] += 1
-        return await self.inner.run(stop_when_idle=stop_when_idle)
 
 
 def _is_a_backend(local: SchedulerActor, shared: SharedSchedulerActor) -> list[Backend]:
     # Checked by mypy: both backends of the package implement the protocol.
     return [local, shared, CountingBackend("p")]
-
-
-class Made:
-    """The factory given to ``open_dispatcher_with``: one backend per provider."""
-
-    def __init__(self) -> None:
-        self.backends: dict[str, CountingBackend] = {}
-
-    def __call__(self, provider: str) -> Backend:
-        assert provider not in self.backends, "made twice"
-        backend = self.backends[provider] = CountingBackend(provider)
-        return backend
 
 
 async def test_a_dispatcher_runs_on_a_backend_of_its_own(
