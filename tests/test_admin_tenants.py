@@ -19,11 +19,14 @@ from trio_dispatch import Tenant, open_dispatcher
 
 from ._admin import AUTH, problem, serve_admin, state
 from ._helpers import settle
+from ._redis import needs_redis
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
 
-    from trio_dispatch import Dispatcher
+    from trio_dispatch import Dispatcher, TenantStatistics
+
+    from ._redis import RedisServer
 
 
 @pytest.fixture
@@ -281,3 +284,46 @@ async def test_a_weight_out_of_bounds_is_refused_and_nothing_changes() -> None:
                 f"weight must be a number from 1e-06 to 1e+06, got {shown}"
             )
         assert dispatcher.tenants() == {"beta": Tenant(weight=0.5)}
+
+
+@needs_redis
+async def test_a_cap_set_through_the_api_holds_for_a_redis_shared_dispatcher(
+    server: RedisServer,
+) -> None:
+    release = trio.Event()
+
+    async def hold() -> None:
+        async with shared.slot("p", tenant="acme"):
+            await release.wait()
+
+    async def until(check: Callable[[TenantStatistics], bool]) -> None:
+        """Wait (real time: the fleet's state comes through Redis) for ``check``."""
+        with trio.fail_after(10):
+            while True:
+                seen = shared.statistics().providers["p"].tenants.get("acme")
+                if seen is not None and check(seen):
+                    return
+                await trio.sleep(0.01)
+
+    async with (
+        open_dispatcher(
+            {"p": 3}, redis_url=server.url, namespace="admin-tenants"
+        ) as shared,
+        serve_admin(shared) as base_url,
+        httpx.AsyncClient(base_url=base_url, headers=AUTH) as client,
+        trio.open_nursery() as nursery,
+    ):
+        response = await client.put("/tenants/acme", json={"weight": 2, "limit": 1})
+        assert response.status_code == 200, response.text
+        for _ in range(2):
+            nursery.start_soon(hold)
+        await until(lambda seen: (seen.in_flight, seen.waiting) == (1, 1))
+        response = await client.get("/tenants")
+        acme = response.json()["providers"]["p"]["acme"]
+        assert (acme["weight"], acme["limit"], acme["in_flight"]) == (2, 1, 1)
+        # Lifted: the fleet grants the waiter.
+        response = await client.delete("/tenants/acme")
+        assert response.status_code == 200
+        await until(lambda seen: (seen.in_flight, seen.waiting) == (2, 0))
+        assert shared.tenants() == {}
+        release.set()
