@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 from hypercorn.config import Config
@@ -16,6 +16,8 @@ from trio_dispatch.admin import admin_app
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    import httpx
+
     from trio_dispatch import Dispatcher
 
 TOKEN = "admin-test-token-0123456789abcdef"
@@ -23,6 +25,32 @@ TOKEN = "admin-test-token-0123456789abcdef"
 
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 """The headers of a request that presents ``TOKEN``."""
+
+PROBLEM = "application/problem+json"
+"""The media type of every refusal."""
+
+
+def state(dispatcher: Dispatcher) -> tuple[dict[str, int], dict[str, Any], object]:
+    """What a refused request must leave as it was: limits, pauses, tenants."""
+    providers = dispatcher.statistics().providers
+    return (
+        dispatcher.limits(),
+        {name: (stats.limit, stats.paused_until) for name, stats in providers.items()},
+        dispatcher.tenants(),
+    )
+
+
+def problem(response: httpx.Response, status: int) -> str:
+    """Check ``response`` is an RFC 9457 problem of ``status``; its detail."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == PROBLEM
+    body = response.json()
+    assert set(body) == {"type", "title", "status", "detail"}
+    assert body["status"] == status
+    assert body["type"] == "about:blank"
+    detail = body["detail"]
+    assert isinstance(detail, str)
+    return detail
 
 
 def loopback_config() -> Config:

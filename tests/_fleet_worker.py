@@ -9,7 +9,10 @@ Modes:
 * ``conversations``: ``count`` conversations with the fake server at
   ``base_url``, each asking ``questions`` questions; every turn must
   complete (a conversation retries what the server refuses).
-* ``hold``: take ``count`` slots and hold them until killed.
+* ``hold``: take ``count`` slots and hold them until killed; with a
+  ``tenant`` (and ``tenants``, name to weight and cap), ``count`` requests
+  of that tenant, ready once ``held`` of them hold a slot and a lease has
+  passed (the others may wait: a cap).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 import trio
 
-from trio_dispatch import ConversationOptions, open_dispatcher
+from trio_dispatch import ConversationOptions, Tenant, open_dispatcher
 from trio_dispatch.providers import OpenAIProvider
 
 
@@ -68,15 +71,41 @@ async def conversations(settings: dict[str, Any]) -> None:
 
 
 async def hold(settings: dict[str, Any]) -> None:
+    tenant = settings.get("tenant")
+    tenants = {
+        name: Tenant(weight=weight, limit=limit)
+        for name, (weight, limit) in settings.get("tenants", {}).items()
+    }
     async with open_dispatcher(
         {"p": settings["limit"]},
+        tenants=tenants,
         **backend(settings),
     ) as dispatcher:
-        slots = [dispatcher.slot("p") for _ in range(settings["count"])]
-        for slot in slots:
-            await slot.__aenter__()
-        say(ready=True, held=len(slots))
-        await trio.sleep_forever()
+        if tenant is None:
+            slots = [dispatcher.slot("p") for _ in range(settings["count"])]
+            for slot in slots:
+                await slot.__aenter__()
+            say(ready=True, held=len(slots))
+            await trio.sleep_forever()
+        # Requests of a tenant, each in a task of its own (its cap may keep
+        # some waiting): ready once ``held`` of them hold a slot.
+        held = 0
+        enough = trio.Event()
+
+        async def take() -> None:
+            nonlocal held
+            async with dispatcher.slot("p", tenant=tenant):
+                held += 1
+                if held == settings["held"]:
+                    enough.set()
+                await trio.sleep_forever()
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(settings["count"]):
+                nursery.start_soon(take)
+            await enough.wait()
+            await trio.sleep(settings["lease"])
+            say(ready=True, held=held)
 
 
 def main() -> None:

@@ -9,28 +9,33 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import shutil
 import socket
 import subprocess
 import time
+import uuid
 from typing import TYPE_CHECKING, Any
 
+import coredis
 import pytest
 import trio
 from coredis.exceptions import ConnectionError as RedisConnectionError
 from hypothesis import HealthCheck, settings
 
+from trio_dispatch import DispatcherClosed
 from trio_dispatch._ledger import Ledger, StepResult, keys_of, member_of
+from trio_dispatch._scripts import load_scripts
+from trio_dispatch._shared_book import SharedBook
 from trio_dispatch.actors._shared_backend import SharedBackends
-from trio_dispatch.actors._shared_scheduler import SharedSchedulerActor
+from trio_dispatch.actors._shared_scheduler import SharedSchedulerActor, new_node
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import AsyncIterator, Iterator
     from pathlib import Path
 
-    import coredis
-
     from trio_dispatch import Dispatcher
+    from trio_dispatch.messages._scheduling import Grant, Ticket
 
 REDIS_SERVER = shutil.which("redis-server")
 # Debian's redis-server depends on redis-tools, which has redis-cli.
@@ -285,13 +290,15 @@ async def wait_until_drained(
                 break
             await trio.sleep(0.02)
     keys = keys_of(namespace, "p")
+    # The tenants' configuration (tconf) and the index of models with a
+    # budget (models) are settings, not bookkeeping.
+    names = (
+        *("leases", "queue", "qexp", "grantno", "qcost", "charge", "unans", "inuse"),
+        *("tstate", "tback", "qmeta", "lmeta"),
+    )
     leftovers = {
         name: await client.exists([key])
-        for name, key in zip(
-            ("leases", "queue", "qexp", "grantno", "qcost", "charge", "unans", "inuse"),
-            (*keys[:3], *keys[6:]),
-            strict=True,
-        )
+        for name, key in zip(names, (*keys[:3], *keys[6:11], *keys[12:16]), strict=True)
     }
     assert leftovers == dict.fromkeys(leftovers, 0)
 
@@ -357,3 +364,130 @@ def fleet_examples(count: int) -> settings:
         deadline=None,
         suppress_health_check=[HealthCheck.function_scoped_fixture],
     )
+
+
+# The scripts with the server's clock replaced by one the test sets (a key
+# beside the provider's, in milliseconds), for exact service counters.
+SET_CLOCK = "local now = tonumber(redis.call('GET', KEYS[1] .. ':clock'))\n"
+
+
+class FleetReply:
+    """A requester's end of a grant, for a fleet run on shared schedulers."""
+
+    def __init__(self, fleet: Fleet, node: int, ticket: Ticket) -> None:
+        self.fleet = fleet
+        self.node = node
+        self.ticket = ticket
+        self.granted = trio.Event()
+        self.error: Exception | None = None
+
+    def _grant(self, grant: Grant) -> None:
+        self.fleet.grants.append(self)
+        self.granted.set()
+
+    def _fail(self, error: Exception) -> None:
+        # The fleet closed while it waited (any other error is a bug).
+        assert isinstance(error, DispatcherClosed), error
+        self.error = error
+
+
+class Fleet:
+    """Shared schedulers of one provider ("nodes", as processes would run
+    them) on one namespace of a real Redis, with a clock the test sets.
+
+    Wake-ups are the test's (``settle``), not a subscription's, so every
+    node runs its rounds when the test says: grants are exact.
+    """
+
+    def __init__(
+        self, ledger: Ledger, client: coredis.Redis[str], base_ms: int
+    ) -> None:
+        self.ledger = ledger
+        self.client = client
+        self.base_ms = base_ms
+        self.ms = 0
+        self.nodes: list[SharedSchedulerActor] = []
+        self.grants: list[FleetReply] = []
+
+    async def clock(self, ms: int) -> None:
+        """Set the ledger's clock to ``ms`` after the start."""
+        self.ms = ms
+        key = self.ledger.names("p")[0][0] + ":clock"
+        await self.client.set(key, str(self.base_ms + ms))
+
+    def acquire(
+        self,
+        node: int,
+        *,
+        older: float = 0.0,
+        tenant: str | None = None,
+        model: str | None = None,
+    ) -> FleetReply:
+        """A request on ``node`` whose turn started ``older`` seconds ago."""
+        actor = self.nodes[node]
+        ticket = actor.ticket(trio.current_time() - older, 0, tenant, model)
+        reply = FleetReply(self, node, ticket)
+        actor.acquire(ticket, reply)
+        return reply
+
+    def release(self, reply: FleetReply) -> None:
+        self.nodes[reply.node].release(reply.ticket)
+
+    async def pause(self) -> None:
+        """Grant nothing until ``resume``: requests queue on every node meanwhile."""
+        await self.ledger.pause("p", 3600.0, default_pause=1.0, max_pause=3600.0)
+
+    async def resume(self, grants: int) -> None:
+        """Once every node published its requests, resume; wait for ``grants``."""
+        await self.settle()
+        await self.ledger.resume("p")
+        await self.settle(grants)
+        await self.settle()
+
+    async def view(self) -> StepResult:
+        """The ledger's figures now, as a step of a process of no requests sees them."""
+        return await self.ledger.step("p", "probe")
+
+    async def settle(self, grants: int | None = None) -> None:
+        """Wake every node until ``grants`` were made in all (or a quiet spell)."""
+        with trio.fail_after(10):
+            quiet = 0
+            while (grants is None or len(self.grants) < grants) and quiet < 20:
+                before = len(self.grants)
+                for actor in self.nodes:
+                    actor.wake()
+                await trio.sleep(0.01)
+                quiet = (
+                    0 if len(self.grants) > before or grants is not None else quiet + 1
+                )
+
+
+@contextlib.asynccontextmanager
+async def open_fleet(url: str, nodes: int, limit: int) -> AsyncIterator[Fleet]:
+    """``nodes`` shared schedulers of provider ``p`` at ``limit``, on a new namespace.
+
+    Leases live an hour, on the test's clock too: nothing expires.
+    """
+    async with coredis.Redis.from_url(url, decode_responses=True) as client:
+        base_ms = math.ceil((await client.time()).timestamp() * 1000)
+        ledger = Ledger(
+            client, uuid.uuid4().hex, 3600.0, scripts=load_scripts(SET_CLOCK)
+        )
+        fleet = Fleet(ledger, client, base_ms)
+        await fleet.clock(0)
+        async with trio.open_nursery() as nursery:
+            for _ in range(nodes):
+                actor = SharedSchedulerActor(
+                    "p",
+                    SharedBook(new_node()),
+                    ledger,
+                    limit=limit,
+                    default_pause=1.0,
+                    max_pause=8.0,
+                    on_limit=lambda provider, limit: None,
+                )
+                fleet.nodes.append(actor)
+                nursery.start_soon(actor.run)
+            yield fleet
+            for actor in fleet.nodes:
+                actor.close()

@@ -32,15 +32,13 @@ from trio_dispatch.admin import (
     admin_app,
 )
 
-from ._admin import AUTH, TOKEN, loopback_config, serve_admin
+from ._admin import AUTH, TOKEN, loopback_config, problem, serve_admin, state
 from ._helpers import settle
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
 
     from trio_dispatch import Dispatcher
-
-PROBLEM = "application/problem+json"
 
 
 @pytest.fixture
@@ -61,27 +59,6 @@ async def client(dispatcher: Dispatcher) -> AsyncIterator[httpx.AsyncClient]:
         httpx.AsyncClient(base_url=base_url) as client,
     ):
         yield client
-
-
-def state(dispatcher: Dispatcher) -> tuple[dict[str, int], dict[str, Any]]:
-    """What a refused request must leave as it was: limits and pauses."""
-    providers = dispatcher.statistics().providers
-    return dispatcher.limits(), {
-        name: (stats.limit, stats.paused_until) for name, stats in providers.items()
-    }
-
-
-def problem(response: httpx.Response, status: int) -> str:
-    """Check ``response`` is an RFC 9457 problem of ``status``; its detail."""
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"] == PROBLEM
-    body = response.json()
-    assert set(body) == {"type", "title", "status", "detail"}
-    assert body["status"] == status
-    assert body["type"] == "about:blank"
-    detail = body["detail"]
-    assert isinstance(detail, str)
-    return detail
 
 
 # -- admin_app's arguments -------------------------------------------------------
@@ -554,6 +531,9 @@ ROUTES: list[tuple[str, str]] = [
     ("DELETE", "/limits/{provider}"),
     ("GET", "/status"),
     ("POST", "/providers/{provider}/resume"),
+    ("GET", "/tenants"),
+    ("PUT", "/tenants/{tenant}"),
+    ("DELETE", "/tenants/{tenant}"),
     ("GET", "/metrics"),
     ("GET", "/healthz"),
     ("GET", "/openapi.json"),
@@ -580,7 +560,7 @@ async def test_every_route_but_healthz_needs_the_token(
     client: httpx.AsyncClient, dispatcher: Dispatcher, method: str, path: str
 ) -> None:
     before = state(dispatcher)
-    url = path.format(provider="anthropic")
+    url = path.format(provider="anthropic", tenant="acme")
     body = json.dumps({"limit": 1}) if method == "PUT" else None
     for headers in WRONG_AUTHORIZATIONS:
         response = await client.request(method, url, headers=headers, content=body)
@@ -625,7 +605,7 @@ async def test_the_token_is_never_logged_or_sent_back(
     texts = []
     for headers in [*WRONG_AUTHORIZATIONS, list(AUTH.items())]:
         for method, path in ROUTES:
-            url = path.format(provider="openai")
+            url = path.format(provider="openai", tenant="acme")
             body = json.dumps({"limit": 2}) if method == "PUT" else None
             response = await client.request(method, url, headers=headers, content=body)
             texts.append(response.text)

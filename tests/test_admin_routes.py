@@ -7,7 +7,7 @@ routes by it and the OpenAPI document is built from it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -16,7 +16,7 @@ from trio_dispatch import open_dispatcher
 from trio_dispatch.admin._openapi import openapi_document
 from trio_dispatch.admin._routes import ROUTES, Route
 
-from ._admin import AUTH, serve_admin
+from ._admin import AUTH, serve_admin, state
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -29,6 +29,9 @@ DOCUMENTED = [
     ("DELETE", "/limits/{provider}"),
     ("GET", "/status"),
     ("POST", "/providers/{provider}/resume"),
+    ("GET", "/tenants"),
+    ("PUT", "/tenants/{tenant}"),
+    ("DELETE", "/tenants/{tenant}"),
     ("GET", "/metrics"),
     ("GET", "/healthz"),
     ("GET", "/openapi.json"),
@@ -54,14 +57,6 @@ async def client(dispatcher: Dispatcher) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-def state(dispatcher: Dispatcher) -> tuple[dict[str, int], dict[str, Any]]:
-    """What a refused request must leave as it was: limits and pauses."""
-    providers = dispatcher.statistics().providers
-    return dispatcher.limits(), {
-        name: (stats.limit, stats.paused_until) for name, stats in providers.items()
-    }
-
-
 def test_the_document_has_one_operation_per_route_of_the_table() -> None:
     paths = openapi_document()["paths"]
     documented = [
@@ -85,7 +80,7 @@ async def test_each_route_of_the_table_is_served_as_it_says(
     operation = openapi_document()["paths"][route.path][route.method.lower()]
     assert ("security" in operation) is not route.auth
     assert list(operation["responses"]) == [str(status) for status in route.responses]
-    path = route.path.replace("{provider}", "anthropic")
+    path = route.path.replace("{provider}", "anthropic").replace("{tenant}", "acme")
     body = {"limit": 1} if route.request is not None else None
     before = state(dispatcher)
     refused = await client.request(route.method, path, json=body)

@@ -6,7 +6,8 @@ They go over a real socket to the app served by hypercorn on trio, from a
 worker thread (schemathesis's client is synchronous), while the test's trio
 run serves them and holds the dispatcher. No answer may be a 5xx; an answer
 to the token must conform to the document; and a request without the token
-must get 401 (but ``/healthz``) and change no limit and no pause.
+must get 401 (but ``/healthz``) and change no limit, no pause and no
+tenant.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from hypothesis import strategies as st
 from trio_dispatch import open_dispatcher
 from trio_dispatch.admin._openapi import openapi_document
 
-from ._admin import TOKEN, serve_admin
+from ._admin import TOKEN, serve_admin, state
 
 if TYPE_CHECKING:
     from trio_dispatch import Dispatcher
@@ -52,14 +53,6 @@ CREDENTIALS = st.one_of(
     st.text(_VISIBLE, min_size=1, max_size=48).map(lambda text: f"Bearer {text}"),
 )
 """What a request presents as ``Authorization``: ``None`` for no header."""
-
-
-def _state(dispatcher: Dispatcher) -> tuple[dict[str, int], dict[str, Any]]:
-    """What a refused request must leave as it was: limits and pauses."""
-    providers = dispatcher.statistics().providers
-    return dispatcher.limits(), {
-        name: (stats.limit, stats.paused_until) for name, stats in providers.items()
-    }
 
 
 def _explore(base_url: str, dispatcher: Dispatcher) -> dict[str, int]:
@@ -119,9 +112,9 @@ def _explore(base_url: str, dispatcher: Dispatcher) -> dict[str, int]:
         trio.from_thread.run_sync(dispatcher.report_rate_limit, "anthropic", 3000.0)
         case.headers.pop("authorization", None)
         extra = {} if presented is None else {"Authorization": presented}
-        before = trio.from_thread.run_sync(_state, dispatcher)
+        before = trio.from_thread.run_sync(state, dispatcher)
         response = case.call(base_url=base_url, session=session, headers=extra)
-        after = trio.from_thread.run_sync(_state, dispatcher)
+        after = trio.from_thread.run_sync(state, dispatcher)
         status = response.status_code
         assert status < 500, (case.method, case.formatted_path, status, response.text)
         if presented == VALID:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import pytest
@@ -13,8 +14,11 @@ from trio_dispatch import (
     QueueFull,
     Quota,
     RateLimitInfo,
+    Tenant,
     open_dispatcher,
 )
+from trio_dispatch.actors._observe import EventHub
+from trio_dispatch.actors._outcomes import Translator
 from trio_dispatch.events import (
     EventSubscription,
     Granted,
@@ -27,6 +31,7 @@ from trio_dispatch.events import (
     Resumed,
     Withdrawn,
 )
+from trio_dispatch.messages._scheduling import Ticket
 
 from ._events import record
 from ._helpers import settle
@@ -334,3 +339,112 @@ async def test_events_carry_the_turns_start_whatever_the_priority_class(
     ]
     starts = {event.conversation_id: event.started_at for event in events}  # type: ignore[union-attr]  # slot events only
     assert starts == {"low": t, "high": t + 0.25}
+
+
+class _Sink:
+    """A hub sink that keeps every event."""
+
+    def __init__(self) -> None:
+        self.events: list[DispatchEvent] = []
+
+    def push(self, event: DispatchEvent) -> None:
+        self.events.append(event)
+
+    def close(self) -> None:
+        pass
+
+
+def test_every_request_event_carries_the_tickets_tenant_and_model(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The one translator both backends go through, fed by hand: each
+    # request's event names the tenant and the model its ticket carries.
+    hub = EventHub(aging=10.0)
+    sink = _Sink()
+    hub.attach(sink)
+    events = Translator("p", hub)
+    a = Ticket(5.0, 1, 0, "acme", "gpt-4o")
+    b = Ticket(6.0, 2, 1, "beta", None)
+    c = Ticket(7.0, 3, 0, None, "gpt-4o-mini")
+    events.granted_at_once(a, "ca", 10.0, 1, 0)
+    events.queued(b, "cb", 11.0, 1, 1)
+    events.queued(c, None, 11.5, 1, 2)
+    events.left(a, 12.0, (1, 2), in_flight=1, waiting=1, granted=1)
+    events.granted([b], 12.0, 1, 1)
+    events.withdrawn(c, 13.0, 1, 0)
+    with caplog.at_level(logging.INFO, logger="trio_dispatch"):
+        events.refused(a, "ca", 14.0, QueueFull("full"), 1, 0)
+        events.refused(c, None, 14.0, QueueFull("full"), 1, 0)
+    assert sink.events == [
+        Granted("p", 10.0, "ca", 5.0, 0.0, 1, 0, tenant="acme", model="gpt-4o"),
+        Queued("p", 11.0, "cb", 16.0, 1, 1, tenant="beta", model=None),
+        Queued("p", 11.5, None, 7.0, 1, 2, tenant=None, model="gpt-4o-mini"),
+        Released("p", 12.0, "ca", 5.0, 2.0, 0, 2, tenant="acme", model="gpt-4o"),
+        Granted("p", 12.0, "cb", 16.0, 1.0, 1, 1, tenant="beta", model=None),
+        Withdrawn("p", 13.0, None, 7.0, 1.5, 1, 0, tenant=None, model="gpt-4o-mini"),
+        Refused("p", 14.0, "ca", 5.0, "full", 1, 0, tenant="acme", model="gpt-4o"),
+        Refused("p", 14.0, None, 7.0, "full", 1, 0, tenant=None, model="gpt-4o-mini"),
+    ]
+    assert [record.getMessage() for record in caplog.records] == [
+        "provider 'p' refused a request of tenant 'acme': full",
+        "provider 'p' refused a request: full",
+    ]
+
+
+def test_events_without_a_tenant_or_model_are_as_before() -> None:
+    # The two fields come last, with defaults: events built as before
+    # compare equal to those the schedulers make for requests without them.
+    assert Granted("p", 1.0, "a", 0.0, 0.0, 1, 0) == Granted(
+        "p", 1.0, "a", 0.0, 0.0, 1, 0, tenant=None, model=None
+    )
+    assert RateLimitsReceived("p", 1.0, RateLimitInfo()).model is None
+
+
+async def test_a_dispatchers_events_name_the_tenant_and_model_of_each_request(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    events: list[DispatchEvent] = []
+
+    async def ask(tenant: str | None, model: str | None, seconds: float) -> None:
+        async with dispatcher.slot(
+            "p", conversation_id=tenant, tenant=tenant, model=model
+        ):
+            await trio.sleep(seconds)
+
+    async with (
+        open_dispatcher({"p": 1}, tenants={"acme": Tenant(weight=2.0)}) as dispatcher,
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(record, dispatcher, events)
+        t = trio.current_time()
+        async with trio.open_nursery() as agents:
+            agents.start_soon(ask, "acme", "gpt-4o", 2)
+            await settle()
+            agents.start_soon(ask, "beta", None, 1)
+        await settle()
+        nursery.cancel_scope.cancel()
+    assert events == [
+        Granted("p", t, "acme", t, 0.0, 1, 0, tenant="acme", model="gpt-4o"),
+        Queued("p", t, "beta", t, 1, 1, tenant="beta"),
+        Released("p", t + 2, "acme", t, 2.0, 0, 1, tenant="acme", model="gpt-4o"),
+        Granted("p", t + 2, "beta", t, 2.0, 1, 0, tenant="beta"),
+        Released("p", t + 3, "beta", t, 1.0, 0, 0, tenant="beta"),
+    ]
+
+
+async def test_rate_limit_figures_name_the_model_they_are_for(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    info = RateLimitInfo(requests=Quota(limit=500, remaining=499, reset=0.12))
+    events: list[DispatchEvent] = []
+    async with open_dispatcher({"p": 1}) as dispatcher, trio.open_nursery() as nursery:
+        await nursery.start(record, dispatcher, events)
+        t = trio.current_time()
+        dispatcher.observe_rate_limits("p", info, model="gpt-4o")
+        dispatcher.observe_rate_limits("p", info)
+        await settle()
+        nursery.cancel_scope.cancel()
+    assert events == [
+        RateLimitsReceived("p", t, info, model="gpt-4o"),
+        RateLimitsReceived("p", t, info, model=None),
+    ]

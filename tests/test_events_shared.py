@@ -40,7 +40,9 @@ async def test_the_shared_scheduler_tells_the_same_story(server: RedisServer) ->
     release = trio.Event()
 
     async def hold(dispatcher: Dispatcher, name: str) -> None:
-        async with dispatcher.slot("p", conversation_id=name):
+        async with dispatcher.slot(
+            "p", conversation_id=name, tenant=f"tenant-{name}", model="m"
+        ):
             await release.wait()
 
     async with (
@@ -79,6 +81,12 @@ async def test_the_shared_scheduler_tells_the_same_story(server: RedisServer) ->
         (Resumed, None),
         (Granted, "c"),
         (Released, "c"),
+    ]
+    # Each request's events name its tenant and model, as the local ones do.
+    assert [
+        (getattr(e, "tenant", None), getattr(e, "model", None)) for e in events
+    ] == [
+        (f"tenant-{who}", "m") if who is not None else (None, None) for _, who in kinds
     ]
     granted_b = events[4]
     assert isinstance(granted_b, Granted)

@@ -198,7 +198,38 @@ def test_the_message_values_import_no_rules(module: str) -> None:
     assert not ALL_IMPORTS[module] & rules
 
 
-@pytest.mark.parametrize("module", ["trio_dispatch._policy", "trio_dispatch._budgets"])
+PURE_CORE = [
+    "trio_dispatch._policy",
+    "trio_dispatch._budgets",
+    "trio_dispatch._tenants",
+]
+
+
+@pytest.mark.parametrize("module", PURE_CORE)
+def test_the_pure_core_imports_only_values_and_itself(module: str) -> None:
+    # Outwards only: no backend, actor, integration or edge (the statistics
+    # values the core returns live in the core, as BudgetStatistics does).
+    inside = {
+        imported
+        for imported in ALL_IMPORTS[module]
+        if imported.startswith("trio_dispatch")
+    }
+    allowed = {
+        name
+        for name in inside
+        if name in PURE_CORE
+        or name.startswith("trio_dispatch.messages")
+        or name
+        in {
+            "trio_dispatch._exceptions",
+            "trio_dispatch._validation",
+            "trio_dispatch._ratelimits",
+        }
+    }
+    assert inside == allowed, inside - allowed
+
+
+@pytest.mark.parametrize("module", PURE_CORE)
 def test_the_pure_core_imports_no_io_library(module: str) -> None:
     roots = {imported.split(".")[0] for imported in ALL_IMPORTS[module]}
     assert not roots & {"trio", "httpx", "httpx2", "coredis", "anyio"}, roots

@@ -30,6 +30,15 @@ books of grants from the moment its ``Throttle`` exists (made by a budget,
 the first figures or an adaptive limit), the ledger from the moment a
 budget does (configured or learned), so grants made before the first
 figures of a provider with no budget are counted by neither the same way.
+
+Tenants and models. Requests carry a tenant (or none) and a model (or
+none); tenants are configured, changed and removed at random (weights and
+caps), and both sides must agree on every tenant's weight, cap, holders
+and service counter besides the grants. Each model of the example may get
+a budget of its own from the start (for the same reason as the
+provider's), and the figures of an answer go to its model's budget when it
+has one (``model_observe`` sends a model's figures alone), else to the
+provider's; both sides must agree on each model's budgets too.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from trio_dispatch import Tenant
 from trio_dispatch._budgets import AdaptiveLimit, Budget, Throttle
 from trio_dispatch._ledger import Ledger
 from trio_dispatch._policy import SlotPolicy
@@ -55,7 +65,8 @@ from trio_dispatch.messages._scheduling import Ticket
 from ._redis import needs_redis
 
 if TYPE_CHECKING:
-    from trio_dispatch._ledger import StepResult
+    from trio_dispatch._budgets import BudgetStatistics
+    from trio_dispatch._ledger import LedgerBudget, StepResult
 
     from ._redis import RedisServer
 
@@ -87,11 +98,26 @@ limits = st.sampled_from([1, 2, 3, 5, None]) | st.builds(
     maximum=st.integers(3, 6),
     backoff=st.sampled_from([0.5, 0.75, 0.9]),
 )
+TENANTS = ("a", "b", "c")
+MODELS = ("m1", "m2")
 acquire = st.tuples(
     st.just("acquire"),
     st.integers(0, 4),  # how many seconds older its turn is
     st.integers(0, 2),  # priority class
     st.sampled_from([0, 0, 1, 5, 20, 50]),  # estimated tokens
+)
+tenant_acquire = st.tuples(
+    st.just("acquire"),
+    st.integers(0, 4),
+    st.integers(0, 2),
+    st.sampled_from([0, 0, 1, 5, 20, 50]),
+    st.sampled_from([None, None, *TENANTS]),
+    st.sampled_from([None, *MODELS]),
+)
+tenant_settings = st.none() | st.builds(
+    Tenant,
+    weight=st.sampled_from([0.5, 1.0, 2.0, 3.0]),
+    limit=st.none() | st.integers(1, 2),
 )
 release = st.tuples(st.just("release"), st.integers(0, 20))
 wait = st.tuples(st.just("wait"), st.sampled_from([1, 2, 4, 4, 8, 16]))  # 1/4 s
@@ -116,6 +142,30 @@ operation = st.one_of(
     st.tuples(st.just("observe"), figures),
     st.tuples(st.just("set_limit"), limits),
     st.tuples(st.just("resume")),
+)
+# The same, with tenants and models.
+tenant_operation = st.one_of(
+    operation,
+    tenant_acquire,
+    tenant_acquire,
+    tenant_acquire,
+    tenant_acquire,
+    release,
+    release,
+    st.tuples(st.just("set_tenant"), st.sampled_from(TENANTS), tenant_settings),
+    st.tuples(st.just("model_observe"), st.sampled_from(MODELS), figures),
+)
+# Small ones too, so that a model holds its head back now and then.
+model_budgets = st.dictionaries(
+    st.sampled_from(MODELS),
+    st.sampled_from(
+        [
+            Budget(requests_per_minute=rpm, tokens_per_minute=tpm)
+            for rpm in (None, 1.0, 3.0, 60.0)
+            for tpm in (None, 20.0, 600.0)
+            if rpm or tpm
+        ]
+    ),
 )
 # At least one budget is configured, so that both sides keep the books of
 # every grant from the start (see the module notes).
@@ -161,6 +211,8 @@ class Pair:
         self.seq = 0
         self.tickets: list[Ticket] = []
         self.log: list[str] = []
+        # The models with a budget of their own.
+        self.models: set[str] = set()
 
     @property
     def now(self) -> float:
@@ -170,7 +222,9 @@ class Pair:
         key = self.ledger.names(PROVIDER)[0][0] + ":clock"
         await self.client.set(key, str(self.base_ms + self.ms))
 
-    async def round(self, observed: RateLimitInfo | None = None) -> list[Ticket]:
+    async def round(
+        self, observed: RateLimitInfo | None = None, model: str | None = None
+    ) -> list[Ticket]:
         """Rounds of the book until nothing more is granted or published."""
         granted: list[Ticket] = []
         for _ in range(4):
@@ -180,13 +234,17 @@ class Pair:
                 PROVIDER,
                 book.node,
                 waiting=book.waiting,
-                observed=observed,
+                observed=observed if model is None else None,
+                observed_models=None
+                if model is None or observed is None
+                else {model: observed},
                 spoil=plan.spoil,
                 usage=plan.usage,
                 release=plan.release,
                 withdraw=plan.withdraw,
                 enqueue=plan.enqueue,
                 costs=plan.costs,
+                meta=plan.meta,
                 renew_leases=plan.renew_leases,
                 ask=plan.ask,
                 answered=plan.answered,
@@ -197,7 +255,8 @@ class Pair:
             granted += grants
             limit_moved = result.limit != self.limit
             self.limit = result.limit
-            if not grants and not limit_moved:
+            grouped = result.counting and book.group()
+            if not grants and not limit_moved and not grouped:
                 break
         return granted
 
@@ -217,12 +276,33 @@ class Pair:
             else round((until - self.now) * 1000)
         )
         assert round(result.paused_for * 1000) == left, where
+        tenants = policy.tenant_statistics(self.now)
+        assert set(result.tenants) == set(tenants), where
+        for name, pure_tenant in tenants.items():
+            shared_tenant = result.tenants[name]
+            assert (
+                shared_tenant.weight,
+                shared_tenant.limit,
+                shared_tenant.in_flight,
+            ) == (pure_tenant.weight, pure_tenant.limit, pure_tenant.in_flight), where
+            # Computed alike, in the same order, on the same instants.
+            assert shared_tenant.service == pure_tenant.service, where
+            # All waiters are published once tenants are counted.
+            assert shared_tenant.queued == pure_tenant.waiting, where
+        models = policy.model_budget_statistics(self.now)
+        assert set(result.models) == set(models), where
+        for name, pure_budget in models.items():
+            self.compare_budgets(pure_budget, result.models[name])
         budget = policy.budget_statistics(self.now)
         shown = result.budget
         if budget is None:
             assert shown is None, where
             return
         assert shown is not None, where
+        self.compare_budgets(budget, shown)
+
+    def compare_budgets(self, budget: BudgetStatistics, shown: LedgerBudget) -> None:
+        where = "\n".join(self.log)
         for pure_value, shared_value in (
             (budget.requests_per_minute, shown.requests_per_minute),
             (budget.requests_available, shown.requests_available),
@@ -244,6 +324,23 @@ def _int(value: object) -> int:
     return value
 
 
+def _learn(
+    policy: SlotPolicy, now: float, info: RateLimitInfo, model: str | None
+) -> list[Ticket]:
+    """Figures learned, and what the budgets then let through.
+
+    The policy grants nothing as it learns: its actor looks again at
+    ``wake_at``, the budgets' ready time, which figures that raised a level
+    have brought to now; the ledger's step grants in the same round.
+    """
+    return policy.observe_rate_limits(now, info, model) + policy.tick(now)
+
+
+def _name(value: object) -> str | None:
+    assert value is None or isinstance(value, str)
+    return value
+
+
 def _pick(items: list[Ticket], index: object) -> Ticket | None:
     return items[_int(index) % len(items)] if items else None
 
@@ -253,6 +350,7 @@ async def _apply(pair: Pair, op: tuple[object, ...]) -> None:
     kind = op[0]
     pure: list[Ticket] = []
     observed: RateLimitInfo | None = None
+    model: str | None = None
     pair.log.append(f"t={pair.now} {op!r}")
     if kind == "wait":
         pair.ms += 250 * _int(op[1])
@@ -262,8 +360,10 @@ async def _apply(pair: Pair, op: tuple[object, ...]) -> None:
         return
     if kind == "acquire":
         older, priority, tokens = _int(op[1]), _int(op[2]), _int(op[3])
+        tenant = _name(op[4]) if len(op) > 4 else None
+        model = _name(op[5]) if len(op) > 4 else None
         rank = pair.now - older - priority * AGING
-        ticket = Ticket(rank, pair.seq, priority)
+        ticket = Ticket(rank, pair.seq, priority, tenant, model)
         pair.seq += 1
         pair.tickets.append(ticket)
         pure = policy.acquire(ticket, tokens)
@@ -284,7 +384,11 @@ async def _apply(pair: Pair, op: tuple[object, ...]) -> None:
             book.answered(holder)
             if isinstance(op[2], RateLimitInfo):
                 observed = op[2]
-                pure = policy.observe_rate_limits(pair.now, observed)
+                # The figures of an answer teach its model's budget, if it
+                # has one (see the module notes).
+                if holder.model in pair.models:
+                    model = holder.model
+                pure = _learn(policy, pair.now, observed, model)
     elif kind == "cancel":
         victim = _pick(pair.tickets, op[1])
         if victim is None:
@@ -304,7 +408,20 @@ async def _apply(pair: Pair, op: tuple[object, ...]) -> None:
     elif kind == "observe":
         assert isinstance(op[1], RateLimitInfo)
         observed = op[1]
-        pure = policy.observe_rate_limits(pair.now, observed)
+        pure = _learn(policy, pair.now, observed, None)
+    elif kind == "model_observe":
+        assert isinstance(op[1], str)
+        assert isinstance(op[2], RateLimitInfo)
+        if op[1] not in pair.models:
+            return
+        model, observed = op[1], op[2]
+        pure = _learn(policy, pair.now, observed, model)
+    elif kind == "set_tenant":
+        assert isinstance(op[1], str)
+        settings = op[2]
+        assert settings is None or isinstance(settings, Tenant)
+        pure = policy.set_tenant(op[1], settings)
+        await ledger.set_tenant(PROVIDER, op[1], settings)
     elif kind == "set_limit":
         limit = op[1]
         assert limit is None or isinstance(limit, int | AdaptiveLimit)
@@ -314,7 +431,7 @@ async def _apply(pair: Pair, op: tuple[object, ...]) -> None:
         assert kind == "resume"
         pure = policy.resume()
         await ledger.resume(PROVIDER)
-    pair.compare(pure, await pair.round(observed))
+    pair.compare(pure, await pair.round(observed, model))
 
 
 async def replay(
@@ -322,6 +439,9 @@ async def replay(
     first: int | AdaptiveLimit | None,
     budget: Budget,
     ops: list[tuple[object, ...]],
+    *,
+    models: dict[str, Budget] | None = None,
+    tenants: dict[str, Tenant] | None = None,
 ) -> None:
     """Apply ``ops`` to both sides, comparing them after each (see the module)."""
     async with coredis.Redis.from_url(url, decode_responses=True) as client:
@@ -338,7 +458,16 @@ async def replay(
         policy.set_limit(first)
         await ledger.set_limit(PROVIDER, first)
         await ledger.set_budget(PROVIDER, budget)
-        pair.log.append(f"limit={first!r} budget={budget!r}")
+        for model, own in (models or {}).items():
+            policy.set_model_budget(model, own)
+            await ledger.set_budget(PROVIDER, own, model=model)
+            pair.models.add(model)
+        for name, settings in (tenants or {}).items():
+            policy.set_tenant(name, settings)
+            await ledger.set_tenant(PROVIDER, name, settings)
+        pair.log.append(
+            f"limit={first!r} budget={budget!r} models={models!r} tenants={tenants!r}"
+        )
         pair.compare([], await pair.round())
         for op in ops:
             await _apply(pair, op)
@@ -467,3 +596,135 @@ async def test_the_ledger_grants_pauses_and_budgets_as_the_pure_core(
     ops: list[tuple[object, ...]],
 ) -> None:
     await replay(shared_server.url, first, budget, ops)
+
+
+@examples()
+@given(
+    first=limits,
+    budget=budgets,
+    models=model_budgets,
+    tenants=st.dictionaries(st.sampled_from(TENANTS), tenant_settings.filter(bool)),
+    ops=st.lists(tenant_operation, min_size=20, max_size=80),
+)
+async def test_the_ledger_shares_tenants_and_models_as_the_pure_core(
+    shared_server: RedisServer,
+    *,
+    first: int | AdaptiveLimit | None,
+    budget: Budget,
+    models: dict[str, Budget],
+    tenants: dict[str, Tenant],
+    ops: list[tuple[object, ...]],
+) -> None:
+    await replay(shared_server.url, first, budget, ops, models=models, tenants=tenants)
+
+
+A, B = "a", "b"
+
+
+# Rules of tenants and models that random sequences reach only now and then,
+# kept as cases.
+@pytest.mark.parametrize(
+    ("first", "models", "tenants", "ops"),
+    [
+        pytest.param(
+            None,
+            {},
+            {A: Tenant(limit=1)},
+            [
+                ("acquire", 0, 0, 0, A, None),
+                ("acquire", 1, 0, 0, A, None),
+                ("acquire", 0, 0, 0, B, None),
+                ("release", 0),
+            ],
+            id="a_tenant_at_its_cap_waits_while_others_pass_even_unlimited",
+        ),
+        pytest.param(
+            1,
+            {},
+            {B: Tenant(weight=3.0)},
+            [
+                *[("acquire", 4, 0, 0, A, None)] * 3,
+                *[("acquire", 0, 0, 0, B, None)] * 5,
+                *[op for _ in range(7) for op in (("wait", 4), ("release", 0))],
+            ],
+            id="weights_three_to_one_share_the_slot_three_to_one",
+        ),
+        pytest.param(
+            1,
+            {},
+            {},
+            [
+                ("acquire", 0, 0, 0, A, None),
+                ("acquire", 0, 0, 0, A, None),
+                ("wait", 16),
+                ("release", 0),
+                ("wait", 16),
+                ("acquire", 4, 0, 0, B, None),
+                ("acquire", 4, 0, 0, B, None),
+                ("release", 0),
+                ("wait", 4),
+                ("release", 0),
+                ("wait", 4),
+                ("release", 0),
+            ],
+            id="a_tenant_that_becomes_backlogged_starts_from_the_floor",
+        ),
+        pytest.param(
+            2,
+            {"m1": Budget(requests_per_minute=1.0)},
+            {},
+            [
+                ("acquire", 0, 0, 0, A, "m1"),
+                ("release", 0),
+                ("acquire", 3, 0, 0, A, "m1"),
+                ("acquire", 0, 0, 0, A, "m2"),
+                ("acquire", 0, 0, 0, B, "m1"),
+                ("wait", 16),
+                ("wait", 16),
+                ("wait", 16),
+                ("wait", 16),
+            ],
+            id="a_model_held_back_blocks_only_its_own_requests",
+        ),
+        pytest.param(
+            1,
+            {},
+            {},
+            [
+                ("acquire", 0, 0, 0, None, None),
+                ("acquire", 0, 0, 0, None, None),
+                ("wait", 8),
+                ("acquire", 0, 0, 0, A, None),
+                ("release", 0),
+                ("wait", 8),
+                ("release", 0),
+            ],
+            id="holders_from_before_tenants_are_counted_from_then",
+        ),
+        pytest.param(
+            1,
+            {},
+            {A: Tenant(weight=2.0)},
+            [
+                ("acquire", 0, 0, 0, A, None),
+                ("acquire", 0, 0, 0, B, None),
+                ("wait", 8),
+                ("set_tenant", A, Tenant(weight=0.5)),
+                ("wait", 8),
+                ("release", 0),
+                ("set_tenant", A, None),
+                ("acquire", 0, 0, 0, A, None),
+                ("release", 0),
+            ],
+            id="a_weight_change_folds_what_accrued_at_the_old_weight",
+        ),
+    ],
+)
+async def test_the_ledger_and_the_pure_core_share_tenants_and_models_on(
+    shared_server: RedisServer,
+    first: int | None,
+    models: dict[str, Budget],
+    tenants: dict[str, Tenant],
+    ops: list[tuple[object, ...]],
+) -> None:
+    await replay(shared_server.url, first, TOKENS, ops, models=models, tenants=tenants)

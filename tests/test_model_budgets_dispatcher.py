@@ -10,7 +10,7 @@ what an answer of a model says of its limits teaches that model's budget.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, final
 
 import httpx2
 import pytest
@@ -282,3 +282,79 @@ def test_an_observer_is_told_the_model_if_it_takes_a_model_keyword(
     told: bool,
 ) -> None:
     assert takes_model(observer) is told
+
+
+# -- learned per model: two models, two quotas, one client ---------------------
+
+#: Each model's quota at the server, requests a minute: the slow one's is an
+#: eighth of the fast one's. Each starts at 5% of a minute's worth.
+MODEL_QUOTAS = {"slow": 30, "fast": 240}
+RUN = 120.0  # seconds of virtual time
+
+
+@final
+class ByModel(httpx2.AsyncBaseTransport):
+    """One fake server per model behind one transport, as a provider keeps
+    its quotas per model: a call goes to the server of its body's model."""
+
+    def __init__(self, servers: dict[str, FakeLLMServer]) -> None:
+        self.inner = {model: asgi(server) for model, server in servers.items()}
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        model = json.loads(request.content)["model"]
+        return await self.inner[model].handle_async_request(request)
+
+
+async def model_fleet(*, learn_budgets: bool) -> dict[str, list[int]]:
+    """Four agents per model, one client, for ``RUN`` s: each call's status."""
+    servers = {
+        model: FakeLLMServer(
+            FakeScript(default=FakeReply(text="ok", latency=0.5)),
+            quotas=FakeQuotas(requests_per_minute=quota, initial_fill=0.05),
+        )
+        for model, quota in MODEL_QUOTAS.items()
+    }
+    statuses: dict[str, list[int]] = {model: [] for model in MODEL_QUOTAS}
+    async with (
+        open_dispatcher({"openai": 8}, learn_budgets=learn_budgets) as dispatcher,
+        httpx2.AsyncClient(
+            transport=dispatcher.transport("openai", inner=ByModel(servers)),
+            headers={"authorization": "Bearer sk-test"},
+        ) as client,
+    ):
+        end = trio.current_time() + RUN
+
+        async def agent(model: str) -> None:
+            while trio.current_time() < end:
+                statuses[model].append(await call(client, model))
+
+        async with trio.open_nursery() as nursery:
+            for model in MODEL_QUOTAS:
+                for _ in range(4):
+                    nursery.start_soon(agent, model)
+        if learn_budgets:
+            models = dispatcher.statistics().providers["openai"].models
+            assert {
+                model: stats.requests_per_minute for model, stats in models.items()
+            } == ({model: float(quota) for model, quota in MODEL_QUOTAS.items()})
+    return statuses
+
+
+async def test_each_model_learns_its_own_quota_and_the_fast_one_keeps_its_pace(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    statuses = await model_fleet(learn_budgets=True)
+    calls = sum(len(answers) for answers in statuses.values())
+    refused = sum(answers.count(429) for answers in statuses.values())
+    assert refused <= 0.02 * calls
+    # Each model at its own quota's pace: what the bucket held, then its rate.
+    for model, quota in MODEL_QUOTAS.items():
+        served = statuses[model].count(200)
+        ideal = quota * (0.05 + RUN / 60)
+        assert 0.9 * ideal <= served <= ideal + 4, (model, served, ideal)
+    # The control: the same fleet paced by nothing but its pauses. The slow
+    # model's 429s pause the provider for both models, and the fast one
+    # loses half its pace.
+    blind = await model_fleet(learn_budgets=False)
+    assert blind["slow"].count(429) > 0.5 * len(blind["slow"])
+    assert blind["fast"].count(200) < 0.6 * statuses["fast"].count(200)

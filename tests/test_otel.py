@@ -9,7 +9,7 @@ import trio.testing
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from trio_dispatch import open_dispatcher, wrap_provider
+from trio_dispatch import Tenant, open_dispatcher, wrap_provider
 from trio_dispatch.messages import ChatMessage, ChatRequest
 from trio_dispatch.otel import DURATION_BUCKETS, TOKEN_BUCKETS, OpenTelemetryMetrics
 from trio_dispatch.providers import RateLimited
@@ -163,3 +163,84 @@ async def test_a_collection_from_another_thread_reads_in_the_trio_thread() -> No
             found = await trio.to_thread.run_sync(points, reader)
     (in_use,) = found["trio_dispatch.slots.in_use"]
     assert in_use.value == 2
+
+
+async def test_waits_and_tenant_gauges_carry_the_tenant_bounded_and_the_model(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    reader = InMemoryMetricReader()
+    async with open_dispatcher({"p": 1}, tenants={"acme": Tenant()}) as dispatcher:
+        OpenTelemetryMetrics(dispatcher, meter_provider=MeterProvider([reader]))
+
+        async def waiter() -> None:
+            async with dispatcher.slot("p", tenant="stranger"):
+                pass
+
+        async with (
+            trio.open_nursery() as nursery,
+            dispatcher.slot("p", tenant="acme", model="m1"),
+        ):
+            nursery.start_soon(waiter)
+            await trio.sleep(2)
+            found = points(reader)
+        await trio.testing.wait_all_tasks_blocked()
+        async with dispatcher.slot("p"):
+            pass
+        after = points(reader)
+
+    def by_tenant(name: str, points: dict[str, list[Any]]) -> dict[str, float]:
+        return {
+            p.attributes["trio_dispatch.tenant"]: p.value
+            for p in points[name]
+            if p.attributes["gen_ai.provider.name"] == "p"
+        }
+
+    assert by_tenant("trio_dispatch.tenant.slots.in_use", found) == {
+        "acme": 1,
+        "other": 0,
+    }
+    assert by_tenant("trio_dispatch.tenant.requests.waiting", found) == {
+        "acme": 0,
+        "other": 1,
+    }
+    assert set(by_tenant("trio_dispatch.tenant.service", found)) == {"acme"}
+    waits = {
+        tuple(sorted(p.attributes.items())): (p.count, p.sum)
+        for p in after["trio_dispatch.queue.wait"]
+    }
+    assert waits == {
+        (
+            ("gen_ai.provider.name", "p"),
+            ("gen_ai.request.model", "m1"),
+            ("trio_dispatch.tenant", "acme"),
+        ): (1, 0.0),
+        (("gen_ai.provider.name", "p"), ("trio_dispatch.tenant", "other")): (1, 2.0),
+        # No tenant: no such attribute, as before tenants existed.
+        (("gen_ai.provider.name", "p"),): (1, 0.0),
+    }
+
+
+async def test_a_calls_metrics_carry_the_tenant_of_its_turn(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    script = FakeScript(
+        replies=(FakeReply(text="hi", input_tokens=1, output_tokens=1),)
+    )
+    reader = InMemoryMetricReader()
+    provider = ScriptedProvider(script, id="acme")
+    async with open_dispatcher(
+        {"acme": 1}, tenants={"gold": Tenant(weight=3.0)}
+    ) as dispatcher:
+        OpenTelemetryMetrics(dispatcher, meter_provider=MeterProvider([reader]))
+        limited = wrap_provider(provider, dispatcher)
+        for tenant in ("gold", "walk-in", None):
+            with dispatcher.turn(tenant=tenant):
+                async with limited.stream(REQUEST) as events:
+                    async for _ in events:
+                        pass
+        found = points(reader)
+    tenants = [
+        p.attributes.get("trio_dispatch.tenant")
+        for p in found["gen_ai.client.operation.duration"]
+    ]
+    assert sorted(map(str, tenants)) == ["None", "gold", "other"]

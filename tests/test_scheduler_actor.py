@@ -12,8 +12,8 @@ from trio_dispatch import (
     Quota,
     RateLimitInfo,
     Tenant,
+    TenantStatistics,
 )
-from trio_dispatch._backend import TenantStatistics
 from trio_dispatch.lowlevel import (
     Acquire,
     Cancel,

@@ -19,7 +19,6 @@ import importlib
 from typing import TYPE_CHECKING
 
 from ._backend import ProviderStatistics as ProviderStatistics
-from ._backend import TenantStatistics as TenantStatistics
 from ._budgets import BudgetStatistics as BudgetStatistics
 from ._exceptions import BackendUnavailable as BackendUnavailable
 from ._exceptions import ConversationClosed as ConversationClosed
@@ -33,6 +32,7 @@ from ._exceptions import TooManyToolRounds as TooManyToolRounds
 from ._provider import Provider as Provider
 from ._ratelimits import Quota as Quota
 from ._ratelimits import RateLimitInfo as RateLimitInfo
+from ._tenants import TenantStatistics as TenantStatistics
 from ._turn import Turn as Turn
 from ._turn import current_turn as current_turn
 from ._util import fixup_module_metadata

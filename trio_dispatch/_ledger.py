@@ -75,6 +75,47 @@ Budgets and the adaptive limit, fleet-wide (the pure core's rules, in
   no grant since); a report empties ``inuse``, since the slots held then
   are not successes, and so does a new limit.
 
+Tenants and models (the pure core's rule of ``_tenants`` and ``_policy``,
+applied to the whole fleet, on the server's clock in milliseconds):
+
+* Counted from the first tenant seen (``set_tenant``, a member of a
+  tenant) or the first budget of a model (configured, or learned from a
+  model's figures), as the pure core counts them: ``xm`` in ``conf`` is
+  the server time it began. Until then, nothing below is read or written
+  (a member with a model keeps it in ``qmeta``, ``qm`` in ``conf``
+  saying so), and a step costs what it did before tenants existed. From
+  then on the tenant of no name ('') has a counter too, its holders
+  counted from then; every process publishes all its waiters (the
+  ``counting`` of a step's answer), since a tenant's first and last
+  waiter move its counter.
+* ``tconf``: each configured tenant's weight and cap (the latest writer
+  wins; it persists, like a configured budget). ``tstate``: each
+  tenant's counter (slot-seconds over its weight) as of its ``last``
+  fold, and its holders, folded at every grant, release, weight change
+  and raise exactly as ``TenantState`` folds them, so that both compute
+  the same doubles. ``tback``: the backlogged tenants (those with
+  entries in the shared queue); ``t_last`` in ``conf``: the counter of
+  the tenant that last stopped being backlogged.
+* A named tenant's entries queue in ``q:<tenant>`` (the unnamed
+  tenant's in ``queue``), a key the scripts build from the provider's
+  hash tag, so it shares the provider's Cluster slot though no script
+  declares it. ``qmeta`` and ``lmeta`` give the tenant and model of a
+  queued member and of a lease; a lease's expiry or release gives its
+  tenant's slot back, like its own.
+* A model's budgets are the provider's two buckets again, with their
+  charges and unanswered leases, under ``m:<model>``, ``mc:<model>``
+  and ``mu:<model>`` (keys the scripts build, as above); ``models``
+  lists the models that have one. A grant asks the provider's buckets
+  and those of its member's model: the provider's holding the head back
+  stops the grants (nobody passes), a model's blocks that model's
+  members for the rest of the step. Each model's figures in the step's
+  answer carry when its held-back head fits.
+* A grant, for each free slot, goes to the backlogged tenant below its
+  cap with the least (counter, holders / weight, head), for its head
+  (its oldest entry of a model not held back). Entries of other
+  processes so chosen keep their slot, and count as held for the rest
+  of the step, until their process asks.
+
 What stays in Redis. Every key above but ``conf`` is bookkeeping: each
 entry goes with what it tracks (a lease, a queue entry, a process), and
 each script sets the keys to expire at the latest expiry of a live process
@@ -82,7 +123,9 @@ of the provider (every lease and entry expires with its process's own), so
 a provider nobody uses leaves nothing behind. ``conf`` persists while it
 holds a stored limit (``none`` included) or a configured budget, which
 outlive every process; else (learned budgets, a pause, a backoff streak)
-it expires with the rest, or at the end of its pause.
+it expires with the rest, or at the end of its pause. ``tconf``
+persists (and keeps ``conf``), and so do a configured model's buckets
+and ``models``.
 
 Numbers. The scripts apply the budgets' rule of ``_budgets``: one
 request's charge, estimated or reported, is at most the bucket's capacity,
@@ -128,6 +171,7 @@ from ._scripts import (
     ResumeArgs,
     SetBudgetArgs,
     SetLimitArgs,
+    SetTenantArgs,
     StepArgs,
     load_scripts,
 )
@@ -138,6 +182,7 @@ if TYPE_CHECKING:
     from ._budgets import AdaptiveLimit, Budget
     from ._ratelimits import RateLimitInfo
     from ._scripts import Script, Scripts
+    from .messages._limits import Tenant
 
     Client: TypeAlias = coredis.Redis[str] | coredis.RedisCluster[str]
     """A client of one Redis server, or of a Redis Cluster."""
@@ -168,6 +213,12 @@ def keys_of(namespace: str, provider: str) -> list[str]:
             "charge",
             "unans",
             "inuse",
+            "tconf",
+            "tstate",
+            "tback",
+            "qmeta",
+            "lmeta",
+            "models",
         )
     ]
 
@@ -211,6 +262,13 @@ class StepResult:
         waiting: Waiters of the whole fleet, as their processes report them.
         paused_for: Seconds left of the pause, or 0.
         server_time: The server's clock, in seconds.
+        budget: The provider's budgets, if it has any.
+        adaptive: An adaptive limit's bounds and backoff, if the limit is one.
+        tenants: The tenants configured or in play, fleet-wide (once
+            tenants are counted), by name.
+        models: Each model's budgets, by model.
+        counting: Whether the fleet counts tenants (from the first tenant
+            or model budget seen): then every waiter is published.
     """
 
     granted: list[str]
@@ -222,6 +280,29 @@ class StepResult:
     server_time: float
     budget: LedgerBudget | None = None
     adaptive: tuple[int, int, float] | None = None
+    tenants: dict[str, LedgerTenant] = attrs.field(factory=dict)
+    models: dict[str, LedgerBudget] = attrs.field(factory=dict)
+    counting: bool = False
+
+
+@final
+@attrs.frozen
+class LedgerTenant:
+    """One tenant of a provider, fleet-wide, after one step.
+
+    Attributes:
+        weight: Its share weight.
+        limit: Its cap on the provider's slots, or ``None``.
+        in_flight: Leases it holds, fleet-wide.
+        queued: Its entries in the shared queue.
+        service: Its counter (seconds of slots held, divided by its weight).
+    """
+
+    weight: float
+    limit: int | None
+    in_flight: int
+    queued: int
+    service: float
 
 
 @final
@@ -269,6 +350,28 @@ def _budget_of(text: str) -> LedgerBudget | None:
         learned=learned == "1",
         ready_in=None if int(ready_in) < 0 else int(ready_in) / 1000,
     )
+
+
+def _tenants_of(rows: list[str]) -> dict[str, LedgerTenant]:
+    return {
+        rows[k]: LedgerTenant(
+            weight=float(rows[k + 1]),
+            limit=int(rows[k + 2]) if rows[k + 2] else None,
+            in_flight=int(rows[k + 3]),
+            queued=int(rows[k + 4]),
+            service=float(rows[k + 5]),
+        )
+        for k in range(0, len(rows), 6)
+    }
+
+
+def _models_of(rows: list[str]) -> dict[str, LedgerBudget]:
+    models: dict[str, LedgerBudget] = {}
+    for k in range(0, len(rows), 2):
+        budget = _budget_of(rows[k + 1])
+        if budget is not None:
+            models[rows[k]] = budget
+    return models
 
 
 def _bounds_of(text: str) -> tuple[int, int, float] | None:
@@ -410,12 +513,14 @@ class Ledger:
         waiting: int = 0,
         seed: int | AdaptiveLimit | None = None,
         observed: RateLimitInfo | None = None,
+        observed_models: Mapping[str, RateLimitInfo] | None = None,
         spoil: Sequence[str] = (),
         usage: Sequence[tuple[str, int]] = (),
         release: Sequence[str] = (),
         withdraw: Sequence[str] = (),
         enqueue: Sequence[tuple[str, float]] = (),
         costs: Mapping[str, int] | None = None,
+        meta: Mapping[str, tuple[str | None, str | None]] | None = None,
         renew_leases: Sequence[str] = (),
         ask: Sequence[str] = (),
         answered: Sequence[str] = (),
@@ -431,30 +536,54 @@ class Ledger:
         start; ``costs`` gives a member's estimated tokens), renews
         ``renew_leases`` (adding them back if they are gone), marks
         ``answered`` leases as counted by the provider, learns from
-        ``observed``, then grants what it can of ``ask`` and of ``enqueue``.
-        Sent twice, the same changes leave the same state.
+        ``observed`` (the provider's figures) and ``observed_models`` (each
+        model's), then grants what it can of ``ask`` and of ``enqueue``.
+        ``meta`` gives an enqueued member's tenant and model, if it has
+        either. Sent twice, the same changes leave the same state.
         """
         keys, channel = self.names(provider)
         tokens_of = {} if costs is None else costs
+        meta_of = {} if meta is None else meta
+        figures: list[tuple[str | None, RateLimitInfo]] = []
+        if observed is not None:
+            figures.append((None, observed))
+        if observed_models:
+            figures += observed_models.items()
         args = StepArgs(
             node=node,
             ttl=round(self.lease * 1000),
             waiting=waiting,
             seed=seed,
             channel=channel,
-            observed=observed,
+            observed=figures,
             spoil=list(spoil),
             usage=list(usage),
             release=list(release),
             withdraw=list(withdraw),
-            enqueue=[(m, start, tokens_of.get(m, 0)) for m, start in enqueue],
+            enqueue=[
+                (m, start, tokens_of.get(m, 0), *meta_of.get(m, (None, None)))
+                for m, start in enqueue
+            ],
             renew_leases=list(renew_leases),
             ask=list(ask),
             answered=list(answered),
         )
         # A Lua script's answer is untyped; this one has a fixed shape.
         reply: Any = await self._run(self._scripts.step, keys, args.pack())
-        granted, limit, in_flight, queued, waiting_all, pause, now, budget, spec = reply
+        (
+            granted,
+            limit,
+            in_flight,
+            queued,
+            waiting_all,
+            pause,
+            now,
+            budget,
+            spec,
+            tenants,
+            models,
+            counting,
+        ) = reply
         return StepResult(
             granted=list(granted),
             limit=_limit_of(limit),
@@ -465,6 +594,9 @@ class Ledger:
             server_time=int(now) / 1000,
             budget=_budget_of(budget),
             adaptive=_bounds_of(spec),
+            tenants=_tenants_of(tenants),
+            models=_models_of(models),
+            counting=counting == 1,
         )
 
     async def set_limit(
@@ -484,15 +616,31 @@ class Ledger:
         stored = await self._run(self._scripts.set_limit, keys, args.pack())
         return _limit_of(stored[0])
 
-    async def set_budget(self, provider: str, budget: Budget) -> None:
-        """Store the fleet's configured budgets of ``provider`` (``set_budget.lua``)."""
+    async def set_budget(
+        self, provider: str, budget: Budget, *, model: str | None = None
+    ) -> None:
+        """Store the fleet's configured budgets of ``provider`` or of its ``model``."""
         keys, channel = self.names(provider)
         args = SetBudgetArgs(
             requests_per_minute=budget.requests_per_minute,
             tokens_per_minute=budget.tokens_per_minute,
             channel=channel,
+            model=model,
         )
         await self._run(self._scripts.set_budget, keys, args.pack())
+
+    async def set_tenant(
+        self, provider: str, tenant: str, settings: Tenant | None
+    ) -> None:
+        """Store a tenant's weight and cap for the fleet (``None``: the defaults)."""
+        keys, channel = self.names(provider)
+        args = SetTenantArgs(
+            tenant=tenant,
+            weight=None if settings is None else settings.weight,
+            limit=None if settings is None else settings.limit,
+            channel=channel,
+        )
+        await self._run(self._scripts.set_tenant, keys, args.pack())
 
     async def pause(
         self,

@@ -7,8 +7,15 @@ from typing import TYPE_CHECKING, Final, final
 import trio
 from opentelemetry import metrics
 
+from ._turn import current_turn
 from ._version import __version__
-from .actors._observe import Granted, Paused, read_in_trio
+from .actors._observe import (
+    Granted,
+    Paused,
+    read_in_trio,
+    tenant_figures,
+    tenant_label,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -20,6 +27,7 @@ if TYPE_CHECKING:
     from .actors._observe import DispatchEvent
     from .actors._statistics import DispatcherStatistics
     from .messages import Usage
+    from .messages._limits import Tenant
 
 __all__ = ["DURATION_BUCKETS", "TOKEN_BUCKETS", "OpenTelemetryMetrics"]
 
@@ -60,6 +68,8 @@ TOKEN_BUCKETS: Final = (
 """``gen_ai.client.token.usage``'s bucket boundaries, from the conventions."""
 
 _PROVIDER: Final = "gen_ai.provider.name"
+_MODEL: Final = "gen_ai.request.model"
+_TENANT: Final = "trio_dispatch.tenant"
 
 if TYPE_CHECKING:
     _Read = Callable[[DispatcherStatistics], Iterable[tuple[str, int]]]
@@ -82,17 +92,31 @@ class OpenTelemetryMetrics:
 
     Both carry ``gen_ai.operation.name`` (``chat``), ``gen_ai.provider.name``
     (the provider's ``id``), ``gen_ai.request.model`` (the provider's
-    ``model``, when it has one) and, for a call that failed, ``error.type``
-    (the exception's class name), with the conventions' bucket boundaries
-    as advice to the SDK.
+    ``model``, when it has one), ``trio_dispatch.tenant`` (when the call is
+    made in a turn for a tenant; bounded as below) and, for a call that
+    failed, ``error.type`` (the exception's class name), with the
+    conventions' bucket boundaries as advice to the SDK.
 
     And the limiter's figures, by ``gen_ai.provider.name``:
     ``trio_dispatch.slots.in_use``, ``trio_dispatch.slots.limit``,
     ``trio_dispatch.requests.waiting`` and ``trio_dispatch.paused``
     (gauges read from ``statistics()`` at each collection),
-    ``trio_dispatch.queue.wait`` (histogram, ``s``) and
-    ``trio_dispatch.rate_limits`` (counter of the rate-limit reports that
-    paused the provider).
+    ``trio_dispatch.queue.wait`` (histogram, ``s``; also by
+    ``trio_dispatch.tenant`` for a request made for a tenant, and by
+    ``gen_ai.request.model`` for one that named its model) and ``trio_dispatch.rate_limits`` (counter of
+    the rate-limit reports that paused the provider). Per tenant, by
+    ``gen_ai.provider.name`` and ``trio_dispatch.tenant``:
+    ``trio_dispatch.tenant.slots.in_use``,
+    ``trio_dispatch.tenant.requests.waiting`` and
+    ``trio_dispatch.tenant.service`` (the service counter of a configured
+    tenant), gauges read from ``statistics()``.
+
+    ``trio_dispatch.tenant`` is bounded as the Prometheus ``tenant`` label
+    is: a configured tenant (``dispatcher.tenants()``) by its name, every
+    other tenant as ``"other"``, so traffic alone never makes new attribute
+    sets; a request made for no tenant has no such attribute on the
+    histograms (as before tenants existed), and counts in ``"other"`` on
+    the per-tenant gauges, which cover the whole provider.
 
     Only the API is used: the application chooses the SDK, its readers and
     exporters (``meter_provider``, or the global one). Create it inside the
@@ -153,6 +177,24 @@ class OpenTelemetryMetrics:
             meter.create_observable_gauge(
                 name, [self._gauge(read)], unit=unit, description=description
             )
+        for name, unit, description, index in (
+            ("trio_dispatch.tenant.slots.in_use", "{slot}", "Slots held now.", 0),
+            (
+                "trio_dispatch.tenant.requests.waiting",
+                "{request}",
+                "Requests waiting for a slot now.",
+                1,
+            ),
+            (
+                "trio_dispatch.tenant.service",
+                "s",
+                "A configured tenant's slot-seconds received, over its weight.",
+                2,
+            ),
+        ):
+            meter.create_observable_gauge(
+                name, [self._tenant_gauge(index)], unit=unit, description=description
+            )
         dispatcher.observe_calls(self)
         dispatcher.observe_events(self)
 
@@ -175,7 +217,10 @@ class OpenTelemetryMetrics:
         }
         model = getattr(provider, "model", None)
         if isinstance(model, str):
-            attributes["gen_ai.request.model"] = model
+            attributes[_MODEL] = model
+        turn = current_turn()
+        if turn is not None and turn.tenant is not None:
+            attributes[_TENANT] = self._label(turn.tenant)
         if error is not None:
             attributes["error.type"] = type(error).__qualname__
         self._duration.record(duration, attributes)
@@ -194,12 +239,49 @@ class OpenTelemetryMetrics:
         """Record a grant's wait or a rate-limit report."""
         if type(event) is Granted:
             if event.wait is not None:
-                self._wait.record(event.wait, {_PROVIDER: event.provider})
+                attributes = {_PROVIDER: event.provider}
+                if event.tenant is not None:
+                    attributes[_TENANT] = self._label(event.tenant)
+                if event.model is not None:
+                    attributes[_MODEL] = event.model
+                self._wait.record(event.wait, attributes)
         elif type(event) is Paused:
             self._rate_limits.add(1, {_PROVIDER: event.provider})
 
     def close(self) -> None:
         """The dispatcher closed: nothing more to record."""
+
+    def _label(self, tenant: str) -> str:
+        """``trio_dispatch.tenant`` of ``tenant``: bounded by the configuration."""
+        return tenant_label(tenant, self._dispatcher.tenants())
+
+    def _tenant_gauge(self, index: int) -> _Callback:
+        """A per-tenant gauge: figure ``index`` of ``tenant_figures``."""
+
+        def read() -> tuple[DispatcherStatistics, dict[str, Tenant]]:
+            dispatcher = self._dispatcher
+            return dispatcher.statistics(), dispatcher.tenants()
+
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            read_now = read_in_trio(read, self._token)
+            if read_now is None:
+                return []
+            stats, configured = read_now
+            observations: list[Observation] = []
+            for name, provider in sorted(stats.providers.items()):
+                for label, figures in sorted(
+                    tenant_figures(provider, configured).items()
+                ):
+                    value = figures[index]
+                    if value is not None:
+                        observations.append(
+                            metrics.Observation(
+                                value, {_PROVIDER: name, _TENANT: label}
+                            )
+                        )
+            return observations
+
+        return callback
 
     def _gauge(self, read: _Read) -> _Callback:
         def callback(options: CallbackOptions) -> Iterable[Observation]:

@@ -131,9 +131,9 @@ from .messages._limits import Tenant
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from ._backend import TenantStatistics
     from ._budgets import BudgetStatistics
     from ._ratelimits import RateLimitInfo
+    from ._tenants import TenantStatistics
     from .messages._scheduling import Ticket
 
 _COMPACT_SLACK = 64

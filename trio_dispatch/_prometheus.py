@@ -14,16 +14,34 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from .actors._observe import Granted, Paused, read_in_trio
+from .actors._observe import (
+    OTHER_TENANT,
+    Granted,
+    Paused,
+    Refused,
+    Released,
+    Withdrawn,
+    read_in_trio,
+    tenant_figures,
+    tenant_label,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator, Sequence
+    from collections.abc import (
+        Callable,
+        Container,
+        Iterable,
+        Iterator,
+        Mapping,
+        Sequence,
+    )
 
     from prometheus_client.metrics_core import Metric
 
     from .actors._dispatcher import Dispatcher
     from .actors._observe import DispatchEvent
     from .actors._statistics import DispatcherStatistics
+    from .messages._limits import Tenant
 
 __all__ = ["DEFAULT_WAIT_BUCKETS", "PrometheusCollector"]
 
@@ -49,7 +67,7 @@ DEFAULT_WAIT_BUCKETS: Final = (
 
 @final
 class _Waits:
-    """One provider's wait histogram: a count per bucket, their sum."""
+    """One wait histogram: a count per bucket, their sum."""
 
     __slots__ = ("counts", "sum")
 
@@ -57,31 +75,147 @@ class _Waits:
         self.counts = [0] * size
         self.sum = 0.0
 
+    def add(self, index: int, wait: float) -> None:
+        """Count one wait, in the bucket of ``index``."""
+        self.counts[index] += 1
+        self.sum += wait
+
+    def merge(self, other: _Waits) -> None:
+        """Add ``other``'s counts to these."""
+        self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        self.sum += other.sum
+
+    def copy(self) -> _Waits:
+        """A copy that no later event changes."""
+        copy = _Waits(0)
+        copy.counts = list(self.counts)
+        copy.sum = self.sum
+        return copy
+
+
+@final
+class _Requests:
+    """What happened to one tenant's requests of one provider, from the events."""
+
+    __slots__ = ("granted", "rejected", "released", "waits", "withdrawn")
+
+    def __init__(self, size: int) -> None:
+        self.granted = 0
+        self.released = 0
+        self.withdrawn = 0
+        self.rejected = 0
+        self.waits = _Waits(size)
+
+    def merge(self, other: _Requests) -> None:
+        """Add ``other``'s counts to these."""
+        self.granted += other.granted
+        self.released += other.released
+        self.withdrawn += other.withdrawn
+        self.rejected += other.rejected
+        self.waits.merge(other.waits)
+
+    def copy(self) -> _Requests:
+        """A copy that no later event changes."""
+        copy = _Requests(0)
+        copy.granted = self.granted
+        copy.released = self.released
+        copy.withdrawn = self.withdrawn
+        copy.rejected = self.rejected
+        copy.waits = self.waits.copy()
+        return copy
+
+
+_FOLD_SLACK: Final = 1024
+"""How many tenants not configured the collector counts apart between folds."""
+
 
 @final
 class _Accumulator:
-    """The collector's event sink: the wait histograms and the rate limits."""
+    """The collector's event sink: the wait histograms, the rate limits, the tenants.
 
-    __slots__ = ("bounds", "rate_limited", "waits")
+    Each tenant's requests are counted under its own name as they come
+    (``None`` for the pool of every tenant not configured, and of requests
+    made for none); ``fold`` moves the counts of the tenants not configured
+    now into the pool. Every collection folds, and so does an event that
+    would count more than ``_FOLD_SLACK`` tenants beyond those configured at
+    the last fold: however many tenants the traffic names, the counts kept
+    are bounded, and the pool's counters never go down.
+    """
 
-    def __init__(self, bounds: tuple[float, ...]) -> None:
+    __slots__ = (
+        "bounds",
+        "configured",
+        "fold_at",
+        "kept",
+        "rate_limited",
+        "tenants",
+        "waits",
+    )
+
+    def __init__(
+        self, bounds: tuple[float, ...], configured: Callable[[], Mapping[str, Tenant]]
+    ) -> None:
         self.bounds = bounds
+        self.configured = configured
         self.waits: dict[str, _Waits] = {}
         self.rate_limited: dict[str, int] = {}
+        # provider -> tenant (None: the pool) -> its counts.
+        self.tenants: dict[str, dict[str | None, _Requests]] = {}
+        # How many tenants are counted under their own name, and how many
+        # may be before the next fold.
+        self.kept = 0
+        self.fold_at = _FOLD_SLACK
 
     def push(self, event: DispatchEvent) -> None:
         if type(event) is Granted:
+            requests = self._requests(event.provider, event.tenant)
+            requests.granted += 1
             wait = event.wait
             if wait is None:
                 return
+            index = bisect.bisect_left(self.bounds, wait)
+            requests.waits.add(index, wait)
             waits = self.waits.get(event.provider)
             if waits is None:
                 waits = self.waits[event.provider] = _Waits(len(self.bounds) + 1)
-            waits.counts[bisect.bisect_left(self.bounds, wait)] += 1
-            waits.sum += wait
+            waits.add(index, wait)
+        elif type(event) is Released:
+            self._requests(event.provider, event.tenant).released += 1
+        elif type(event) is Withdrawn:
+            self._requests(event.provider, event.tenant).withdrawn += 1
+        elif type(event) is Refused:
+            self._requests(event.provider, event.tenant).rejected += 1
         elif type(event) is Paused:
             provider = event.provider
             self.rate_limited[provider] = self.rate_limited.get(provider, 0) + 1
+
+    def _requests(self, provider: str, tenant: str | None) -> _Requests:
+        """The counts of ``tenant``'s requests of ``provider``, made if new."""
+        counts = self.tenants.get(provider)
+        if counts is None:
+            counts = self.tenants[provider] = {}
+        requests = counts.get(tenant)
+        if requests is None:
+            if tenant is not None:
+                if self.kept >= self.fold_at:
+                    self.fold(self.configured())
+                self.kept += 1
+            requests = counts[tenant] = _Requests(len(self.bounds) + 1)
+        return requests
+
+    def fold(self, configured: Container[str]) -> None:
+        """Move the counts of every tenant not in ``configured`` into the pool."""
+        kept = 0
+        size = len(self.bounds) + 1
+        for counts in self.tenants.values():
+            for tenant in [t for t in counts if t is not None and t not in configured]:
+                pool = counts.get(None)
+                if pool is None:
+                    pool = counts[None] = _Requests(size)
+                pool.merge(counts.pop(tenant))
+            kept += len(counts) - (None in counts)
+        self.kept = kept
+        self.fold_at = kept + _FOLD_SLACK
 
     def close(self) -> None:
         """The dispatcher closed: the figures stay as they are."""
@@ -89,17 +223,21 @@ class _Accumulator:
 
 @final
 class _Snapshot:
-    __slots__ = ("rate_limited", "statistics", "waits")
+    __slots__ = ("configured", "rate_limited", "statistics", "tenants", "waits")
 
     def __init__(
         self,
         statistics: DispatcherStatistics,
-        waits: dict[str, tuple[list[int], float]],
+        configured: Mapping[str, Tenant],
+        waits: dict[str, _Waits],
         rate_limited: dict[str, int],
+        tenants: dict[str, dict[str | None, _Requests]],
     ) -> None:
         self.statistics = statistics
+        self.configured = configured
         self.waits = waits
         self.rate_limited = rate_limited
+        self.tenants = tenants
 
 
 @final
@@ -125,7 +263,7 @@ class PrometheusCollector(Collector):
         bounds = _check_buckets(wait_buckets)
         self._dispatcher = dispatcher
         self._token = trio.lowlevel.current_trio_token()
-        self._accumulator = _Accumulator(bounds)
+        self._accumulator = _Accumulator(bounds, dispatcher.tenants)
         dispatcher.observe_events(self._accumulator)
 
     def __repr__(self) -> str:
@@ -144,17 +282,27 @@ class PrometheusCollector(Collector):
         return []
 
     def _snapshot(self) -> _Snapshot:
+        dispatcher = self._dispatcher
         accumulator = self._accumulator
+        configured = dispatcher.tenants()
+        accumulator.fold(configured)
         return _Snapshot(
-            self._dispatcher.statistics(),
-            {
-                provider: (list(waits.counts), waits.sum)
-                for provider, waits in accumulator.waits.items()
-            },
+            dispatcher.statistics(),
+            configured,
+            {provider: waits.copy() for provider, waits in accumulator.waits.items()},
             dict(accumulator.rate_limited),
+            {
+                provider: {tenant: counts.copy() for tenant, counts in per.items()}
+                for provider, per in accumulator.tenants.items()
+            },
         )
 
     def _families(self, snapshot: _Snapshot) -> Iterator[Metric]:
+        yield from self._provider_families(snapshot)
+        yield from self._tenant_families(snapshot)
+        yield from _budget_families(snapshot.statistics)
+
+    def _provider_families(self, snapshot: _Snapshot) -> Iterator[Metric]:
         providers = snapshot.statistics.providers
         labels = ["provider"]
 
@@ -192,7 +340,7 @@ class PrometheusCollector(Collector):
             "Seconds from asking for a slot to getting it.",
             labels=labels,
         )
-        bounds = self._accumulator.bounds
+        size = len(self._accumulator.bounds) + 1
         for name, stats in sorted(providers.items()):
             value = [name]
             in_use.add_metric(value, stats.in_flight)
@@ -206,15 +354,141 @@ class PrometheusCollector(Collector):
             withdrawn.add_metric(value, stats.withdrawn_total)
             rejected.add_metric(value, stats.rejected_total)
             rate_limited.add_metric(value, snapshot.rate_limited.get(name, 0))
-            counts, total = snapshot.waits.get(name, ([0] * (len(bounds) + 1), 0.0))
-            cumulative = 0
-            buckets: list[tuple[str, float]] = []
-            for bound, count in zip([*bounds, math.inf], counts, strict=True):
-                cumulative += count
-                buckets.append((_le(bound), cumulative))
-            waits.add_metric(value, buckets, sum_value=total)
+            self._add_waits(waits, value, snapshot.waits.get(name) or _Waits(size))
         yield from (in_use, limit, waiting, paused, up, waits)
         yield from (grants, releases, withdrawn, rejected, rate_limited)
+
+    def _tenant_families(self, snapshot: _Snapshot) -> Iterator[Metric]:
+        labels = ["provider", "tenant"]
+
+        def gauge(name: str, documentation: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, documentation, labels=labels)
+
+        def counter(name: str, documentation: str) -> CounterMetricFamily:
+            return CounterMetricFamily(name, documentation, labels=labels)
+
+        in_use = gauge("trio_dispatch_tenant_slots_in_use", "Slots a tenant holds now.")
+        waiting = gauge(
+            "trio_dispatch_tenant_waiting", "A tenant's requests waiting for a slot."
+        )
+        service = gauge(
+            "trio_dispatch_tenant_service",
+            "A configured tenant's service counter: slot-seconds over its weight.",
+        )
+        grants = counter("trio_dispatch_tenant_grants", "Slots granted to a tenant.")
+        releases = counter("trio_dispatch_tenant_releases", "Slots a tenant gave back.")
+        withdrawn = counter(
+            "trio_dispatch_tenant_withdrawn",
+            "A tenant's requests cancelled while they waited.",
+        )
+        rejected = counter(
+            "trio_dispatch_tenant_rejected",
+            "A tenant's requests refused because too many waited.",
+        )
+        waits = HistogramMetricFamily(
+            "trio_dispatch_tenant_queue_wait_seconds",
+            "Seconds from a tenant's asking for a slot to getting it.",
+            labels=labels,
+        )
+        weight = GaugeMetricFamily(
+            "trio_dispatch_tenant_weight",
+            "A configured tenant's share weight.",
+            labels=["tenant"],
+        )
+        cap = GaugeMetricFamily(
+            "trio_dispatch_tenant_limit",
+            "A configured tenant's cap on each provider's slots.",
+            labels=["tenant"],
+        )
+        configured = snapshot.configured
+        for tenant, settings in sorted(configured.items()):
+            if tenant == OTHER_TENANT:
+                continue
+            weight.add_metric([tenant], settings.weight)
+            if settings.limit is not None:
+                cap.add_metric([tenant], settings.limit)
+        size = len(self._accumulator.bounds) + 1
+        for name, stats in sorted(snapshot.statistics.providers.items()):
+            counted = _by_label(snapshot.tenants.get(name, {}), configured, size)
+            for label, (held, queued, counter_) in sorted(
+                tenant_figures(stats, configured).items()
+            ):
+                value = [name, label]
+                in_use.add_metric(value, held)
+                waiting.add_metric(value, queued)
+                if counter_ is not None:
+                    service.add_metric(value, counter_)
+                requests = counted.get(label) or _Requests(size)
+                grants.add_metric(value, requests.granted)
+                releases.add_metric(value, requests.released)
+                withdrawn.add_metric(value, requests.withdrawn)
+                rejected.add_metric(value, requests.rejected)
+                self._add_waits(waits, value, requests.waits)
+        yield from (in_use, waiting, service, waits, weight, cap)
+        yield from (grants, releases, withdrawn, rejected)
+
+    def _add_waits(
+        self, family: HistogramMetricFamily, value: list[str], waits: _Waits
+    ) -> None:
+        cumulative = 0
+        buckets: list[tuple[str, float]] = []
+        bounds = [*self._accumulator.bounds, math.inf]
+        for bound, count in zip(bounds, waits.counts, strict=True):
+            cumulative += count
+            buckets.append((_le(bound), cumulative))
+        family.add_metric(value, buckets, sum_value=waits.sum)
+
+
+def _by_label(
+    counts: Mapping[str | None, _Requests], configured: Container[str], size: int
+) -> dict[str, _Requests]:
+    """One provider's counts by label value: the pool and unconfigured as one."""
+    labelled: dict[str, _Requests] = {}
+    for tenant, requests in counts.items():
+        label = tenant_label(tenant, configured)
+        total = labelled.get(label)
+        if total is None:
+            total = labelled[label] = _Requests(size)
+        total.merge(requests)
+    return labelled
+
+
+def _budget_families(statistics: DispatcherStatistics) -> Iterator[Metric]:
+    """Each provider's budgets (``model=""``) and each of its models' own."""
+    labels = ["provider", "model"]
+    figures = [
+        ("requests_per_minute", "The request budget per minute in use."),
+        ("tokens_per_minute", "The token budget per minute in use."),
+        ("requests_available", "Requests the budget holds now."),
+        ("tokens_available", "Tokens the budget holds now."),
+    ]
+    families = [
+        (
+            field,
+            GaugeMetricFamily(
+                f"trio_dispatch_budget_{field}", documentation, labels=labels
+            ),
+        )
+        for field, documentation in figures
+    ]
+    held = GaugeMetricFamily(
+        "trio_dispatch_budget_held",
+        "1 while the oldest waiter waits for this budget, not for a slot.",
+        labels=labels,
+    )
+    for name, stats in sorted(statistics.providers.items()):
+        budgets = [("", stats.budget), *sorted(stats.models.items())]
+        for model, budget in budgets:
+            if budget is None:
+                continue
+            value = [name, model]
+            for field, family in families:
+                figure = getattr(budget, field)
+                if figure is not None:
+                    family.add_metric(value, figure)
+            held.add_metric(value, 1 if budget.waiting_for_budget else 0)
+    yield from (family for _, family in families)
+    yield held
 
 
 def _le(bound: float) -> str:

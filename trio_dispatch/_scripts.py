@@ -53,11 +53,12 @@ class Script:
 @final
 @attrs.frozen
 class Scripts:
-    """The ledger's five scripts, each composed with the prelude."""
+    """The ledger's six scripts, each composed with the prelude."""
 
     step: Script
     set_limit: Script
     set_budget: Script
+    set_tenant: Script
     pause: Script
     resume: Script
 
@@ -76,6 +77,7 @@ def load_scripts(clock: str | None = None) -> Scripts:
         step=script("step"),
         set_limit=script("set_limit"),
         set_budget=script("set_budget"),
+        set_tenant=script("set_tenant"),
         pause=script("pause"),
         resume=script("resume"),
     )
@@ -143,12 +145,14 @@ class StepArgs:
         waiting: The process's waiters.
         seed: The limit to store if none is, or ``None``.
         channel: The provider's wake-up channel.
-        observed: Rate-limit figures to learn from, or ``None``.
+        observed: Rate-limit figures to learn from: each with the model
+            whose answer they came with, or ``None`` for the provider's.
         spoil: Lease ids given back without success.
         usage: Lease ids and the tokens their requests used.
         release: Lease ids given back.
         withdraw: Queue members withdrawn.
-        enqueue: Members, their wall-clock start, and estimated tokens.
+        enqueue: Members, their wall-clock start, estimated tokens, tenant
+            and model (``None``: none).
         renew_leases: Lease ids renewed (added back if gone).
         ask: Members that ask for a grant.
         answered: Lease ids whose answer started.
@@ -159,12 +163,14 @@ class StepArgs:
     waiting: int
     seed: int | AdaptiveLimit | None
     channel: str
-    observed: RateLimitInfo | None = None
+    observed: list[tuple[str | None, RateLimitInfo]] = attrs.field(factory=list)
     spoil: list[str] = attrs.field(factory=list)
     usage: list[tuple[str, int]] = attrs.field(factory=list)
     release: list[str] = attrs.field(factory=list)
     withdraw: list[str] = attrs.field(factory=list)
-    enqueue: list[tuple[str, float, int]] = attrs.field(factory=list)
+    enqueue: list[tuple[str, float, int, str | None, str | None]] = attrs.field(
+        factory=list
+    )
     renew_leases: list[str] = attrs.field(factory=list)
     ask: list[str] = attrs.field(factory=list)
     answered: list[str] = attrs.field(factory=list)
@@ -177,7 +183,11 @@ class StepArgs:
             str(self.waiting),
             "" if self.seed is None else limit_spec(self.seed),
             self.channel,
-            figures_arg(self.observed),
+            str(len(self.observed)),
+        ]
+        for model, info in self.observed:
+            args += (model or "", figures_arg(info))
+        args += [
             *_counted(self.spoil),
             str(len(self.usage)),
         ]
@@ -186,8 +196,14 @@ class StepArgs:
         args += _counted(self.release)
         args += _counted(self.withdraw)
         args.append(str(len(self.enqueue)))
-        for member, start, tokens in self.enqueue:
-            args += (member, _number(start), tokens_arg(tokens))
+        for member, start, tokens, tenant, model in self.enqueue:
+            args += (
+                member,
+                _number(start),
+                tokens_arg(tokens),
+                tenant or "",
+                model or "",
+            )
         args += _counted(self.renew_leases)
         args += _counted(self.ask)
         args += _counted(self.answered)
@@ -211,11 +227,12 @@ class SetLimitArgs:
 @final
 @attrs.frozen(kw_only=True)
 class SetBudgetArgs:
-    """``set_budget.lua``'s arguments: configured rates per minute, channel."""
+    """``set_budget.lua``'s arguments: rates per minute, channel, model (or none)."""
 
     requests_per_minute: float | None
     tokens_per_minute: float | None
     channel: str
+    model: str | None = None
 
     def pack(self) -> list[str]:
         """``ARGV``, in the script's order."""
@@ -230,6 +247,27 @@ class SetBudgetArgs:
                 if self.tokens_per_minute is None
                 else float(self.tokens_per_minute)
             ),
+            self.channel,
+            self.model or "",
+        ]
+
+
+@final
+@attrs.frozen(kw_only=True)
+class SetTenantArgs:
+    """``set_tenant.lua``'s arguments: tenant, weight and cap (or defaults), channel."""
+
+    tenant: str
+    weight: float | None
+    limit: int | None
+    channel: str
+
+    def pack(self) -> list[str]:
+        """``ARGV``, in the script's order; no weight: back to the defaults."""
+        return [
+            self.tenant,
+            "" if self.weight is None else repr(float(self.weight)),
+            "" if self.limit is None else str(self.limit),
             self.channel,
         ]
 

@@ -5,8 +5,11 @@ of ``SlotPolicy``: the shared scheduler actor feeds it messages, asks it for
 the next round's ``Plan`` to send to the ledger, and tells it what the
 ledger answered. It decides which local waiters are published to the shared
 queue (the oldest ``limit`` of them: no more can be granted in one round,
-so the Redis queue stays small) and keeps the published entries and the
-leases of this process.
+so the Redis queue stays small; once a ticket of a tenant or with a model
+was seen, all of them: the ledger then counts a tenant's waiting requests,
+whose first and last decide its counter, and a round may grant any
+tenant's or pass a model the budgets hold back) and keeps the published
+entries and the leases of this process.
 
 Each waiter's queue member is made here, once, when it arrives, so a
 round whose answer was lost (the ledger may have applied it, or not) is
@@ -22,8 +25,8 @@ Invariants, after every call:
    withdrawal (a withdrawal gives back the lease a lost answer may have
    granted), so nothing it had in Redis outlives it (and what a failed
    round could not send is sent by the next).
-2. The sent waiters are the oldest local waiters, at most ``limit``; the
-   published ones are among them.
+2. The sent waiters are the oldest local waiters, at most ``limit`` (all,
+   once a tenant or a model was seen); the published ones are among them.
 3. A grant is delivered only to a ticket still waiting; a grant that
    arrives for a ticket cancelled meanwhile is queued for release at once.
 """
@@ -56,6 +59,8 @@ class Plan:
     ask: list[str]
     # The tickets of ``enqueue``, in the same order.
     enqueued: list[Ticket]
+    # The tenant and model of the entries that have either.
+    meta: dict[str, tuple[str | None, str | None]] = attrs.field(factory=dict)
     # For the budgets and the adaptive limit: the estimated tokens of the
     # entries that have some, the leases given back without success, the
     # tokens reported used, the leases whose answer started.
@@ -82,6 +87,7 @@ class SharedBook:
         "_answered",
         "_costs",
         "_entries",
+        "_grouped",
         "_holders",
         "_last_arrival",
         "_max_waiting",
@@ -114,6 +120,8 @@ class SharedBook:
         # The estimated tokens of waiting tickets' members, if any.
         self._costs: dict[str, int] = {}
         self._last_arrival = 0
+        # Whether a ticket of a tenant or with a model was seen.
+        self._grouped = False
         # Sent waiters, by ticket and by member; the published among them.
         self._sent: dict[Ticket, str] = {}
         self._members: dict[str, Ticket] = {}
@@ -162,6 +170,16 @@ class SharedBook:
         """Whether releases or withdrawals wait for the next round."""
         return bool(self._release or self._withdraw)
 
+    def group(self) -> bool:
+        """The fleet counts tenants: publish every waiter from now on.
+
+        Returns whether waiters are left to publish now.
+        """
+        if self._grouped:
+            return False
+        self._grouped = True
+        return len(self._sent) < len(self._order)
+
     def lease_id(self, ticket: Ticket) -> str:
         """The lease id of a local ticket."""
         return f"{self.node}:{ticket.seq}"
@@ -196,6 +214,8 @@ class SharedBook:
                 f" (max_waiting={self._max_waiting})"
             )
         bisect.insort(self._order, ticket)
+        if ticket.tenant is not None or ticket.model is not None:
+            self._grouped = True
         micros = max(round(arrival * 1_000_000), self._last_arrival + 1)
         self._last_arrival = micros
         member = member_of(micros, self.lease_id(ticket))
@@ -247,7 +267,8 @@ class SharedBook:
         The releases and withdrawals are taken out of the book: hand them
         back with ``failed`` if the round does not reach the ledger.
         """
-        wanted = self._order if limit is None else self._order[:limit]
+        grouped = limit is None or self._grouped
+        wanted = self._order if grouped else self._order[:limit]
         target = set(wanted)
         # An older waiter arrived (an older turn's retry): the youngest
         # sent ones leave the queue to make room for it.
@@ -271,6 +292,13 @@ class SharedBook:
             ask=[] if renew else [self._sent[t] for t in wanted if t in published],
             enqueued=enqueued,
             costs={m: costs[m] for m, _ in enqueue if m in costs} if costs else {},
+            meta={
+                entries[t][0]: (t.tenant, t.model)
+                for t in enqueued
+                if t.tenant is not None or t.model is not None
+            }
+            if self._grouped
+            else {},
             spoil=self._spoil,
             usage=list(self._usage.items()),
             answered=self._answered,

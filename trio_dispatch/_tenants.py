@@ -39,7 +39,8 @@ import heapq
 import math
 from typing import TYPE_CHECKING, final
 
-from ._backend import TenantStatistics
+import attrs
+
 from .messages._limits import Tenant
 
 if TYPE_CHECKING:
@@ -48,6 +49,33 @@ if TYPE_CHECKING:
     from .messages._scheduling import Ticket
 
 _COMPACT_SLACK = 64
+
+
+@final
+@attrs.frozen
+class TenantStatistics:
+    """One tenant's part of one provider, as its scheduler sees it.
+
+    Attributes:
+        tenant: The tenant's name.
+        weight: Its share weight (``Tenant.weight``).
+        limit: Its cap on the provider's slots (``Tenant.limit``), or
+            ``None``.
+        in_flight: Slots the tenant holds now.
+        waiting: The tenant's requests waiting now.
+        service: The tenant's service counter: the slot-seconds it has
+            received, divided by its weight, raised when it starts waiting
+            to the least counter of the tenants already waiting (idle time
+            is not banked). The next free slot goes to the waiting tenant
+            with the least counter.
+    """
+
+    tenant: str
+    weight: float
+    limit: int | None
+    in_flight: int
+    waiting: int
+    service: float
 
 
 @final

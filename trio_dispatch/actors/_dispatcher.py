@@ -495,7 +495,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 call.answered()
                 if model is None:
                     model = call.slot.model
-        self._emit_rate_limits(provider, info)
+        self._emit_rate_limits(provider, info, model)
         settings = self._settings
         if not settings.learn_budgets:
             return
@@ -701,10 +701,14 @@ class Dispatcher(metaclass=NoPublicConstructor):
         observers = self._call_observers
         return None if not observers else CallWatch(provider, observers)
 
-    def _emit_rate_limits(self, provider: str, info: RateLimitInfo) -> None:
+    def _emit_rate_limits(
+        self, provider: str, info: RateLimitInfo, model: str | None
+    ) -> None:
         """Tell the subscribers what an answer of ``provider`` said of its limits."""
         if self._hub.sinks:
-            self._hub.emit(RateLimitsReceived(provider, trio.current_time(), info))
+            self._hub.emit(
+                RateLimitsReceived(provider, trio.current_time(), info, model)
+            )
 
     def statistics(self) -> DispatcherStatistics:
         """A snapshot of every provider limited or used, unlimited ones too.

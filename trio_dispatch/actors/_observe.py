@@ -20,7 +20,7 @@ Times are on the trio clock (``trio.current_time()``).
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Protocol, Self, TypeAlias, TypeVar, final
+from typing import TYPE_CHECKING, Final, Protocol, Self, TypeAlias, TypeVar, final
 
 import attrs
 import trio
@@ -30,12 +30,14 @@ from .._util import NoPublicConstructor
 from ..messages._stream import Usage
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Callable, Container, Mapping
     from types import TracebackType
 
+    from .._backend import ProviderStatistics
     from .._provider import Provider
     from .._ratelimits import RateLimitInfo
     from ..messages import StreamEvent
+    from ..messages._limits import Tenant
     from ..messages._scheduling import Ticket
 
 _T = TypeVar("_T")
@@ -53,6 +55,8 @@ class Queued:
         started_at: When its turn began: its place in the queue.
         in_flight: Slots held after the event (in this process).
         waiting: Requests waiting after the event (in this process).
+        tenant: The tenant the request was made for, or ``None``.
+        model: The model the request asked for, or ``None``.
     """
 
     provider: str
@@ -61,6 +65,8 @@ class Queued:
     started_at: float
     in_flight: int
     waiting: int
+    tenant: str | None = None
+    model: str | None = None
 
 
 @final
@@ -78,6 +84,8 @@ class Granted:
             ``None`` if it was queued while nothing listened.
         in_flight: Slots held after the event (in this process).
         waiting: Requests waiting after the event (in this process).
+        tenant: The tenant the request was made for, or ``None``.
+        model: The model the request asked for, or ``None``.
     """
 
     provider: str
@@ -87,6 +95,8 @@ class Granted:
     wait: float | None
     in_flight: int
     waiting: int
+    tenant: str | None = None
+    model: str | None = None
 
 
 @final
@@ -104,6 +114,8 @@ class Released:
             nothing listened.
         in_flight: Slots held after the event (in this process).
         waiting: Requests waiting after the event (in this process).
+        tenant: The tenant the request was made for, or ``None``.
+        model: The model the request asked for, or ``None``.
     """
 
     provider: str
@@ -113,6 +125,8 @@ class Released:
     held: float | None
     in_flight: int
     waiting: int
+    tenant: str | None = None
+    model: str | None = None
 
 
 @final
@@ -130,6 +144,8 @@ class Withdrawn:
             nothing listened.
         in_flight: Slots held after the event (in this process).
         waiting: Requests waiting after the event (in this process).
+        tenant: The tenant the request was made for, or ``None``.
+        model: The model the request asked for, or ``None``.
     """
 
     provider: str
@@ -139,6 +155,8 @@ class Withdrawn:
     waited: float | None
     in_flight: int
     waiting: int
+    tenant: str | None = None
+    model: str | None = None
 
 
 @final
@@ -154,6 +172,8 @@ class Refused:
         reason: The error's message.
         in_flight: Slots held after the event (in this process).
         waiting: Requests waiting after the event (in this process).
+        tenant: The tenant the request was made for, or ``None``.
+        model: The model the request asked for, or ``None``.
     """
 
     provider: str
@@ -163,6 +183,8 @@ class Refused:
     reason: str
     in_flight: int
     waiting: int
+    tenant: str | None = None
+    model: str | None = None
 
 
 @final
@@ -233,11 +255,14 @@ class RateLimitsReceived:
         provider: The provider that answered.
         at: When the figures reached the dispatcher (trio clock).
         info: The figures (times in seconds after the answer).
+        model: The model the answer was for, or ``None``: figures of the
+            provider's, over all its models.
     """
 
     provider: str
     at: float
     info: RateLimitInfo
+    model: str | None = None
 
 
 DispatchEvent: TypeAlias = (
@@ -404,6 +429,54 @@ class EventSubscription(metaclass=NoPublicConstructor):
         """No event follows: the reader ends once it has read the buffer."""
         self._open = False
         self._lot.unpark_all()
+
+
+OTHER_TENANT: Final = "other"
+"""The metrics' label of every tenant not configured, and of no tenant at all."""
+
+
+def tenant_label(tenant: str | None, configured: Container[str]) -> str:
+    """The label value the metrics give ``tenant``: bounded by the configuration.
+
+    A configured tenant (``Dispatcher.tenants()``) is labelled by its name;
+    any other, and a request made for no tenant, is ``OTHER_TENANT``. Tenant
+    names come from the application's traffic (a user, a workspace), so
+    labelling each by its own would let traffic grow the metrics without
+    bound; the configured ones are few and chosen by the operator.
+    """
+    return tenant if tenant is not None and tenant in configured else OTHER_TENANT
+
+
+def tenant_figures(
+    stats: ProviderStatistics, configured: Mapping[str, Tenant]
+) -> dict[str, tuple[int, int, float | None]]:
+    """Held, waiting and the service counter of a provider, by tenant label.
+
+    Every configured tenant (but one named ``OTHER_TENANT``), and
+    ``OTHER_TENANT``: what the provider holds and queues beyond the
+    configured tenants, so for the tenants not configured and the requests
+    made for none. The configured figures and ``OTHER_TENANT``'s add up to
+    the provider's. ``OTHER_TENANT`` has no service counter: the scheduler
+    compares the counters of tenants, never a sum of them.
+    """
+    figures: dict[str, tuple[int, int, float | None]] = {}
+    held = waiting = 0
+    for tenant in configured:
+        if tenant == OTHER_TENANT:
+            continue
+        seen = stats.tenants.get(tenant)
+        if seen is None:
+            figures[tenant] = (0, 0, None)
+            continue
+        figures[tenant] = (seen.in_flight, seen.waiting, seen.service)
+        held += seen.in_flight
+        waiting += seen.waiting
+    figures[OTHER_TENANT] = (
+        max(0, stats.in_flight - held),
+        max(0, stats.waiting - waiting),
+        None,
+    )
+    return figures
 
 
 def read_in_trio(read: Callable[[], _T], token: trio.lowlevel.TrioToken) -> _T | None:

@@ -89,7 +89,16 @@ class Translator:
         self._seen[ticket] = (who, now)
         hub = self.hub
         hub.emit(
-            Queued(self.provider, now, who, hub.started_at(ticket), in_flight, waiting)
+            Queued(
+                self.provider,
+                now,
+                who,
+                hub.started_at(ticket),
+                in_flight,
+                waiting,
+                ticket.tenant,
+                ticket.model,
+            )
         )
 
     def granted_at_once(
@@ -100,7 +109,15 @@ class Translator:
         hub = self.hub
         hub.emit(
             Granted(
-                self.provider, now, who, hub.started_at(ticket), 0.0, in_flight, waiting
+                self.provider,
+                now,
+                who,
+                hub.started_at(ticket),
+                0.0,
+                in_flight,
+                waiting,
+                ticket.tenant,
+                ticket.model,
             )
         )
 
@@ -130,6 +147,8 @@ class Translator:
                     None if since is None else now - since,
                     in_flight,
                     waiting,
+                    ticket.tenant,
+                    ticket.model,
                 )
             )
 
@@ -163,6 +182,8 @@ class Translator:
                     None if since is None else now - since,
                     in_flight - granted,
                     waiting + granted,
+                    ticket.tenant,
+                    ticket.model,
                 )
             )
 
@@ -181,6 +202,8 @@ class Translator:
                 None if since is None else now - since,
                 in_flight,
                 waiting,
+                ticket.tenant,
+                ticket.model,
             )
         )
 
@@ -196,7 +219,16 @@ class Translator:
         waiting: int,
     ) -> None:
         """A request was refused with ``QueueFull``."""
-        _logger.info("provider %r refused a request: %s", self.provider, error)
+        tenant = ticket.tenant
+        if tenant is None:
+            _logger.info("provider %r refused a request: %s", self.provider, error)
+        else:
+            _logger.info(
+                "provider %r refused a request of tenant %r: %s",
+                self.provider,
+                tenant,
+                error,
+            )
         hub = self.hub
         if hub.sinks:
             hub.emit(
@@ -208,6 +240,8 @@ class Translator:
                     str(error),
                     in_flight,
                     waiting,
+                    tenant,
+                    ticket.model,
                 )
             )
 

@@ -4,7 +4,8 @@
 client (whose own tasks live inside it, so nothing the dispatcher's body
 raises passes through them), checks that Redis answers, stores the limits
 given to ``open_dispatcher`` where none is stored yet and its budgets
-(which replace the fleet's configured ones), and reports the
+(which replace the fleet's configured ones; a key ``"provider/model"`` is
+that model's), and reports the
 ledger and the stored limits to the dispatcher. Then it listens for
 wake-ups on the namespace's channels and hands each to the provider's
 scheduler, until the dispatcher closes.
@@ -182,8 +183,10 @@ async def serve_ledger(
                         )
                         for provider, limit in limits.items()
                     }
-                    for provider, budget in settings.budgets.items():
-                        await ledger.set_budget(provider, budget)
+                    for key, budget in settings.budgets.items():
+                        # "provider/model": that model's own budget.
+                        provider, _, model = key.partition("/")
+                        await ledger.set_budget(provider, budget, model=model or None)
                 reported = True
                 task_status.started((ledger, stored))
                 async with trio.open_nursery() as nursery:

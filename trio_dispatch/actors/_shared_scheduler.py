@@ -50,6 +50,7 @@ from coredis.exceptions import RedisError
 from .._backend import ProviderStatistics
 from .._budgets import AdaptiveLimit, BudgetStatistics, refilled
 from .._exceptions import DispatcherClosed, QueueFull
+from .._tenants import TenantStatistics
 from ..messages._scheduling import (
     Acquire,
     Adapt,
@@ -75,10 +76,11 @@ if TYPE_CHECKING:
     import collections
     from collections.abc import Callable
 
-    from .._ledger import Ledger, LedgerBudget, StepResult
+    from .._budgets import Budget
+    from .._ledger import Ledger, LedgerBudget, LedgerTenant, StepResult
     from .._ratelimits import RateLimitInfo
     from .._shared_book import Plan, SharedBook
-    from ..messages._limits import Budget, Tenant
+    from ..messages._limits import Tenant
     from ..messages._scheduling import Reply
 
 _logger = logging.getLogger("trio_dispatch")
@@ -133,12 +135,40 @@ class SharedView:
     budget: LedgerBudget | None = None
     budget_at: float = 0.0
     budget_ready_at: float | None = None
+    tenants: dict[str, LedgerTenant] = attrs.field(factory=dict)
+    models: dict[str, LedgerBudget] = attrs.field(factory=dict)
 
     def budget_statistics(self, now: float) -> BudgetStatistics | None:
         """The fleet's budgets at ``now``, as the last round saw them."""
         budget = self.budget
         if budget is None:
             return None
+        return self._statistics(budget, now, budget.ready_in is not None)
+
+    def model_statistics(self, now: float) -> dict[str, BudgetStatistics]:
+        """Each model's fleet-wide budgets at ``now``, as the last round saw them."""
+        return {
+            model: self._statistics(budget, now, budget.ready_in is not None)
+            for model, budget in self.models.items()
+        }
+
+    def tenant_statistics(self) -> dict[str, TenantStatistics]:
+        """Each tenant of the fleet, as the last round saw it."""
+        return {
+            name: TenantStatistics(
+                tenant=name,
+                weight=tenant.weight,
+                limit=tenant.limit,
+                in_flight=tenant.in_flight,
+                waiting=tenant.queued,
+                service=tenant.service,
+            )
+            for name, tenant in sorted(self.tenants.items())
+        }
+
+    def _statistics(
+        self, budget: LedgerBudget, now: float, waiting: bool
+    ) -> BudgetStatistics:
         seconds = max(0.0, now - self.budget_at)
         return BudgetStatistics(
             requests_per_minute=budget.requests_per_minute,
@@ -156,7 +186,7 @@ class SharedView:
                 seconds,
             ),
             learned=budget.learned,
-            waiting_for_budget=self.budget_ready_at is not None,
+            waiting_for_budget=waiting,
         )
 
 
@@ -198,8 +228,10 @@ class SharedSchedulerActor:
         "_ledger",
         "_limit_writes",
         "_max_pause",
+        "_model_budgets",
         "_next_renew",
         "_observed",
+        "_observed_models",
         "_on_limit",
         "_pauses",
         "_replies",
@@ -207,6 +239,7 @@ class SharedSchedulerActor:
         "_retry_at",
         "_running",
         "_seq",
+        "_tenant_writes",
         "_view",
         "book",
         "limit",
@@ -239,8 +272,13 @@ class SharedSchedulerActor:
         # The book's: lease ids stay unique when a new actor takes over.
         self._seq = book.seq
         self._limit_writes: list[int | AdaptiveLimit | None] = []
-        # The latest rate-limit figures not yet sent to the ledger.
+        # The latest rate-limit figures not yet sent to the ledger: the
+        # provider's, and each model's.
         self._observed: RateLimitInfo | None = None
+        self._observed_models: dict[str, RateLimitInfo] = {}
+        # Tenants' settings and models' budgets to store, the latest of each.
+        self._tenant_writes: dict[str, Tenant | None] = {}
+        self._model_budgets: dict[str, Budget] = {}
         self._pauses: list[float | None] = []
         self._resume = False
         self._dirty = True
@@ -333,19 +371,19 @@ class SharedSchedulerActor:
         """End the fleet's pause and its backoff streak."""
         self.send(Resume())
 
-    def set_tenant(self, tenant: str, settings: Tenant | None) -> None:
-        """Not shared through Redis yet."""
-        raise NotImplementedError("tenants are not shared through Redis yet")
-
-    def set_model_budget(self, model: str, budget: Budget) -> None:
-        """Not shared through Redis yet."""
-        raise NotImplementedError("model budgets are not shared through Redis yet")
-
     def observe_rate_limits(
         self, observed_at: float, info: RateLimitInfo, model: str | None = None
     ) -> None:
-        """The rate-limit figures of an answer, for the fleet's budgets."""
+        """The rate-limit figures of an answer (of ``model``), for the fleet's budgets."""
         self.send(ObserveRateLimits(observed_at, info, model))
+
+    def set_tenant(self, tenant: str, settings: Tenant | None) -> None:
+        """A tenant's weight and cap for the fleet (``None``: the defaults)."""
+        self.send(SetTenant(tenant, settings))
+
+    def set_model_budget(self, model: str, budget: Budget) -> None:
+        """A model's configured budget, for the fleet."""
+        self.send(SetModelBudget(model, budget))
 
     def adaptive_value(self) -> int | None:
         """The fleet's adaptive limit's value as last seen, or ``None``."""
@@ -356,6 +394,7 @@ class SharedSchedulerActor:
         self.handle_backlog()
         view = self._view
         book = self.book
+        now = trio.current_time()
         paused_until = view.paused_until
         return ProviderStatistics(
             provider=self.provider,
@@ -375,7 +414,9 @@ class SharedSchedulerActor:
             local_in_flight=book.in_flight,
             local_waiting=book.waiting,
             adaptive=view.adaptive is not None,
-            budget=view.budget_statistics(trio.current_time()),
+            budget=view.budget_statistics(now),
+            models=view.model_statistics(now),
+            tenants=view.tenant_statistics(),
         )
 
     def wake(self, source: str | None = None) -> None:
@@ -475,6 +516,9 @@ class SharedSchedulerActor:
             and not self._pauses
             and not self._resume
             and self._observed is None
+            and not self._observed_models
+            and not self._tenant_writes
+            and not self._model_budgets
         )
 
     def _deadline(self) -> float:
@@ -494,7 +538,9 @@ class SharedSchedulerActor:
         return deadline
 
     def _take(
-        self, messages: collections.deque[SchedulerMessage | _Wake], now: float
+        self,
+        messages: collections.deque[SchedulerMessage | _Wake],
+        now: float,
     ) -> bool:
         """Take ``messages`` into the book; whether a round should run now.
 
@@ -551,10 +597,14 @@ class SharedSchedulerActor:
         | SetModelBudget,
         now: float,
     ) -> None:
-        """A message about the provider's limits, pauses or budgets."""
-        if isinstance(message, SetTenant | SetModelBudget):
-            return  # never sent yet: not shared through Redis yet
-        if isinstance(message, SetLimit):
+        """A message about the provider's limits, pauses, budgets or tenants."""
+        if isinstance(message, SetTenant):
+            self._tenant_writes.pop(message.tenant, None)
+            self._tenant_writes[message.tenant] = message.settings
+        elif isinstance(message, SetModelBudget):
+            self._model_budgets.pop(message.model, None)
+            self._model_budgets[message.model] = message.budget
+        elif isinstance(message, SetLimit):
             self._events.limit_changed(self.limit, message.limit, now)
             self.limit = message.limit
             self._limit_writes.append(message.limit)
@@ -567,7 +617,10 @@ class SharedSchedulerActor:
         elif isinstance(message, ReportUsage):
             self.book.report_usage(message.ticket, message.tokens)
         elif isinstance(message, ObserveRateLimits):
-            self._observed = message.info
+            if message.model is None:
+                self._observed = message.info
+            else:
+                self._observed_models[message.model] = message.info
         else:
             self._resume = True
 
@@ -620,30 +673,33 @@ class SharedSchedulerActor:
                 book = self.book
                 plan = book.plan(self.limit, renew=renew)
                 observed, self._observed = self._observed, None
+                by_model, self._observed_models = self._observed_models, {}
                 result = await self._ledger.step(
                     self.provider,
                     book.node,
                     waiting=book.waiting,
                     seed=self._seed(),
                     observed=observed,
+                    observed_models=by_model,
                     spoil=plan.spoil,
                     usage=plan.usage,
                     release=plan.release,
                     withdraw=plan.withdraw,
                     enqueue=plan.enqueue,
                     costs=plan.costs,
+                    meta=plan.meta,
                     renew_leases=plan.renew_leases,
                     ask=plan.ask,
                     answered=plan.answered,
                 )
             except BACKEND_ERRORS as exc:
                 if plan is not None:
-                    self._failed(plan, observed)
+                    self._failed(plan, observed, by_model)
                 self._down(now, exc)
                 return
         if plan is None or result is None:
             if plan is not None:
-                self._failed(plan, observed)
+                self._failed(plan, observed, by_model)
             self._down(
                 now, TimeoutError(f"no answer within {_ROUND_TIMEOUT:g} seconds")
             )
@@ -659,11 +715,18 @@ class SharedSchedulerActor:
         # The adaptive limit goes on from its current value.
         return attrs.evolve(adaptive, initial=limit)
 
-    def _failed(self, plan: Plan, observed: RateLimitInfo | None) -> None:
+    def _failed(
+        self,
+        plan: Plan,
+        observed: RateLimitInfo | None,
+        by_model: dict[str, RateLimitInfo],
+    ) -> None:
         """A round did not reach the ledger: its changes go with the next."""
         self.book.failed(plan)
         if self._observed is None:
             self._observed = observed
+        # Figures that came since are newer.
+        self._observed_models = by_model | self._observed_models
 
     async def _write(self) -> None:
         """Store the limits, pauses and resumes asked for, in order."""
@@ -673,6 +736,17 @@ class SharedSchedulerActor:
             stored = await ledger.set_limit(provider, self._limit_writes[0])
             self._limit_writes.pop(0)
             self._learn_limit(stored)
+        while self._tenant_writes:
+            tenant, settings = next(iter(self._tenant_writes.items()))
+            await ledger.set_tenant(provider, tenant, settings)
+            # Unless a newer setting came while it was on its way.
+            if self._tenant_writes.get(tenant, settings) is settings:
+                self._tenant_writes.pop(tenant, None)
+        while self._model_budgets:
+            model, budget = next(iter(self._model_budgets.items()))
+            await ledger.set_budget(provider, budget, model=model)
+            if self._model_budgets.get(model) is budget:
+                self._model_budgets.pop(model)
         while self._pauses:
             await ledger.pause(
                 provider,
@@ -716,6 +790,9 @@ class SharedSchedulerActor:
         paused_until = now + result.paused_for if result.paused_for else None
         self._emit_pause(self._view.paused_until, paused_until, now)
         grants = book.applied(plan, result.granted)
+        if result.counting and book.group():
+            # Its waiters count for their tenants: the next round sends them.
+            self._dirty = True
         replies = self._replies
         holding = self._holding
         # Redis ran the round after ``now``: the leases it granted or
@@ -735,7 +812,10 @@ class SharedSchedulerActor:
         if grants and self._events.listening:
             self._events.granted(grants, now, book.in_flight, book.waiting)
         budget = result.budget
-        ready_in = None if budget is None else budget.ready_in
+        readies = [m.ready_in for m in result.models.values() if m.ready_in is not None]
+        if budget is not None and budget.ready_in is not None:
+            readies.append(budget.ready_in)
+        ready_in = min(readies, default=None)
         self._view = SharedView(
             in_flight=result.in_flight,
             waiting=result.waiting,
@@ -745,6 +825,8 @@ class SharedSchedulerActor:
             budget=budget,
             budget_at=now,
             budget_ready_at=None if ready_in is None else now + ready_in,
+            tenants=result.tenants,
+            models=result.models,
         )
         if book.unsent():
             # Grants or entries for tickets that left while the round was

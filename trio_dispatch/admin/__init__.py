@@ -2,8 +2,9 @@
 
 ``admin_app(dispatcher, token=...)`` is a plain ASGI 3 application (no web
 framework, so the package needs nothing to offer it) that reads the limits,
-changes them, shows the statistics, lifts a pause and serves the Prometheus
-metrics and its own OpenAPI document. Serve it with hypercorn on trio, in
+changes them, shows and sets the tenants' shares, shows the statistics,
+lifts a pause and serves the Prometheus metrics and its own OpenAPI
+document. Serve it with hypercorn on trio, in
 the nursery that holds the dispatcher (``hypercorn.trio.serve``, from the
 ``admin`` extra: ``pip install 'trio-dispatch[admin]'``).
 """

@@ -9,10 +9,13 @@ changes nothing:
    before anything else about the request is looked at: 401 with
    ``WWW-Authenticate: Bearer``;
 3. the path: a route that does not exist is 404, a method the route does
-   not have 405 with ``Allow``, a provider name that is not valid
-   percent-encoded UTF-8 400, one longer than ``MAX_PROVIDER_LENGTH`` 422;
+   not have 405 with ``Allow``, a provider or tenant name that is not valid
+   percent-encoded UTF-8 400, one longer than ``MAX_PROVIDER_LENGTH`` (a
+   tenant's: 256 characters) 422;
 4. the body, for ``PUT`` only: longer than ``MAX_BODY_BYTES`` 413, not
-   JSON 400, not exactly ``{"limit": n}`` with ``1 <= n <= MAX_LIMIT`` 422.
+   JSON 400, not exactly ``{"limit": n}`` with ``1 <= n <= MAX_LIMIT`` 422
+   (for a tenant, not ``{"weight": w, "limit": n}``, both optional, as
+   ``Tenant`` takes them: 422 with ``Tenant``'s own message).
 
 Errors are RFC 9457 problem details (``application/problem+json``). The
 app calls only the dispatcher's public methods, each synchronous, from the
@@ -26,6 +29,7 @@ import hmac
 import importlib
 import json
 import logging
+import math
 import re
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Final, final
@@ -36,15 +40,18 @@ import trio
 from .._exceptions import DispatcherClosed
 from .._json import json_kind
 from .._util import NoPublicConstructor
+from .._validation import check_tenant_name
 from ..actors._dispatcher import Dispatcher
+from ..messages._limits import Tenant
 from ._caps import MAX_BODY_BYTES, MAX_LIMIT, MAX_PROVIDER_LENGTH, MIN_TOKEN_LENGTH
 from ._openapi import openapi_document
-from ._routes import ROUTES, match
+from ._routes import ROUTES, TENANT, match
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable, Mapping
 
     from .._backend import ProviderStatistics
+    from .._tenants import TenantStatistics
 
     Message = dict[str, Any]
     Receive = Callable[[], Awaitable[Message]]
@@ -80,15 +87,15 @@ class _Disconnected(Exception):
 class _Request:
     """What a handler gets of a request that passed every check of its route."""
 
-    provider: str | None
+    argument: str | None
     scope: Mapping[str, Any]
     receive: Receive
 
     @property
     def named(self) -> str:
-        """The provider a ``{provider}`` route names."""
-        assert self.provider is not None
-        return self.provider
+        """The provider a ``{provider}`` route names, or the tenant a ``{tenant}``."""
+        assert self.argument is not None
+        return self.argument
 
 
 @final
@@ -149,7 +156,7 @@ class AdminApp(metaclass=NoPublicConstructor):
     ) -> None:
         method: str = scope["method"]
         path = _raw_path(scope)
-        routes, raw_provider = match(path)
+        routes, raw = match(path)
         try:
             # A path is open (``/healthz``) when every route on it is; an
             # unknown path needs the token before it is told it is unknown.
@@ -165,8 +172,9 @@ class AdminApp(metaclass=NoPublicConstructor):
                     f"{method} is not allowed here; allowed: {allowed}",
                     ((b"allow", allowed.encode()),),
                 )
+            parameter = chosen[0].parameter
             request = _Request(
-                None if raw_provider is None else _provider(raw_provider),
+                None if raw is None else _argument(raw, parameter == TENANT),
                 scope,
                 receive,
             )
@@ -246,6 +254,40 @@ class AdminApp(metaclass=NoPublicConstructor):
         _closed_is_503(self._dispatcher.set_limit, provider, limit)
         _logger.info("admin API: set the limit of %r to %d", provider, limit)
         return 200, {"provider": provider, "limit": limit}
+
+    async def _get_tenants(self, request: _Request) -> tuple[int, object]:
+        dispatcher = self._dispatcher
+        return 200, {
+            "tenants": {
+                name: _tenant_settings(name, settings)
+                for name, settings in sorted(dispatcher.tenants().items())
+            },
+            "providers": {
+                provider: {
+                    name: _tenant_status(tenant)
+                    for name, tenant in sorted(stats.tenants.items())
+                }
+                for provider, stats in dispatcher.statistics().providers.items()
+            },
+        }
+
+    async def _set_tenant(self, request: _Request) -> tuple[int, object]:
+        tenant = request.named
+        settings = _tenant_in(await _read_body(request.scope, request.receive))
+        _closed_is_503(self._dispatcher.set_tenant, tenant, settings)
+        _logger.info(
+            "admin API: set tenant %r to weight %s, limit %s",
+            tenant,
+            settings.weight,
+            "none" if settings.limit is None else settings.limit,
+        )
+        return 200, _tenant_settings(tenant, settings)
+
+    async def _remove_tenant(self, request: _Request) -> tuple[int, object]:
+        tenant = request.named
+        _closed_is_503(self._dispatcher.remove_tenant, tenant)
+        _logger.info("admin API: put tenant %r back to the defaults", tenant)
+        return 200, _tenant_settings(tenant, Tenant())
 
     def _metrics(self, scope: Mapping[str, Any]) -> tuple[int, object]:
         """The Prometheus exposition, in the format the scraper asks for."""
@@ -343,14 +385,20 @@ def _raw_path(scope: Mapping[str, Any]) -> bytes:
     return path
 
 
-def _provider(raw: bytes) -> str:
-    """A provider name from its path segment: percent-encoded UTF-8."""
+def _argument(raw: bytes, tenant: bool) -> str:
+    """A provider's or a tenant's name from its path segment: percent-encoded UTF-8."""
+    kind = "tenant" if tenant else "provider"
     if raw.count(b"%") != len(_ESCAPE.findall(raw)):
-        raise _Refused(400, "the provider name has a bad percent-escape")
+        raise _Refused(400, f"the {kind} name has a bad percent-escape")
     try:
         name = _unquote(raw).decode("utf-8")
     except UnicodeDecodeError:
-        raise _Refused(400, "the provider name is not UTF-8") from None
+        raise _Refused(400, f"the {kind} name is not UTF-8") from None
+    if tenant:
+        try:
+            return check_tenant_name(name)
+        except ValueError as exc:
+            raise _Refused(422, str(exc)) from None
     if len(name) > MAX_PROVIDER_LENGTH:
         raise _Refused(
             422,
@@ -393,10 +441,10 @@ async def _read_body(scope: Mapping[str, Any], receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
-def _limit_in(body: bytes) -> int:
-    """The limit of a ``{"limit": n}`` body, checked whole; else 400 or 422."""
+def _json_in(body: bytes) -> object:
+    """The JSON document of a body; 400 if it is not one."""
     try:
-        document = json.loads(
+        return json.loads(
             body.decode("utf-8"),
             parse_constant=_no_constant,
             object_pairs_hook=_unique_keys,
@@ -407,6 +455,11 @@ def _limit_in(body: bytes) -> int:
         raise _Refused(400, "the body is nested too deeply") from None
     except ValueError as exc:
         raise _Refused(400, f"the body is not JSON: {exc}") from None
+
+
+def _limit_in(body: bytes) -> int:
+    """The limit of a ``{"limit": n}`` body, checked whole; else 400 or 422."""
+    document = _json_in(body)
     rule = f"a JSON object {{'limit': n}}, n an integer from 1 to {MAX_LIMIT}"
     if not isinstance(document, dict):
         raise _Refused(422, f"the body must be {rule}, got {json_kind(document)}")
@@ -425,6 +478,45 @@ def _limit_in(body: bytes) -> int:
             " DELETE the limit to lift it",
         )
     return limit
+
+
+def _tenant_in(body: bytes) -> Tenant:
+    """The settings of a ``{"weight": w, "limit": n}`` body; else 400 or 422.
+
+    Both fields are optional (``Tenant``'s defaults); ``Tenant`` checks
+    them, and its message is the answer's detail.
+    """
+    document = _json_in(body)
+    rule = (
+        "a JSON object {'weight': w, 'limit': n}, both optional,"
+        f" w a finite number above 0, n an integer from 1 to {MAX_LIMIT} or null"
+    )
+    if not isinstance(document, dict):
+        raise _Refused(422, f"the body must be {rule}, got {json_kind(document)}")
+    unknown = sorted(set(document) - {"weight", "limit"})
+    if unknown:
+        raise _Refused(422, f"unknown field {_shown(unknown[0])}; the body is {rule}")
+    try:
+        return Tenant(**document)
+    except (TypeError, ValueError) as exc:
+        raise _Refused(422, str(exc)) from None
+
+
+def _tenant_status(stats: TenantStatistics) -> dict[str, object]:
+    """One tenant's statistics as plain JSON types.
+
+    A service counter too large for a float (a weight near 0 divides it)
+    is shown as ``null``: JSON has no infinity.
+    """
+    status = attrs.asdict(stats)
+    if not math.isfinite(stats.service):
+        status["service"] = None
+    return status
+
+
+def _tenant_settings(tenant: str, settings: Tenant) -> dict[str, object]:
+    """A tenant's settings as plain JSON types."""
+    return {"tenant": tenant, "weight": settings.weight, "limit": settings.limit}
 
 
 def _no_constant(name: str) -> object:
@@ -523,7 +615,7 @@ def _provider_status(stats: ProviderStatistics, now: float) -> dict[str, object]
             model: attrs.asdict(budget) for model, budget in stats.models.items()
         },
         "tenants": {
-            name: attrs.asdict(tenant) for name, tenant in stats.tenants.items()
+            name: _tenant_status(tenant) for name, tenant in stats.tenants.items()
         },
     }
 

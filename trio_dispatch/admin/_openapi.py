@@ -11,10 +11,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from .._validation import MAX_TENANT_NAME as _MAX_TENANT_NAME
 from .._version import __version__
 from ._caps import MAX_LIMIT as _MAX_LIMIT
 from ._caps import MAX_PROVIDER_LENGTH as _MAX_PROVIDER_LENGTH
-from ._routes import PROVIDER, ROUTES, Route
+from ._routes import PROVIDER, ROUTES, TENANT, Route
 
 _COUNT = {"type": "integer", "minimum": 0}
 
@@ -27,6 +28,31 @@ _PROVIDER = {
         f" at most {_MAX_PROVIDER_LENGTH} characters."
     ),
     "schema": {"type": "string", "minLength": 1, "maxLength": _MAX_PROVIDER_LENGTH},
+}
+
+_TENANT = {
+    "name": "tenant",
+    "in": "path",
+    "required": True,
+    "description": (
+        "The tenant's name, percent-encoded UTF-8 (``%2F`` for ``/``),"
+        f" at most {_MAX_TENANT_NAME} characters."
+    ),
+    "schema": {"type": "string", "minLength": 1, "maxLength": _MAX_TENANT_NAME},
+}
+
+_PARAMETERS = {PROVIDER: _PROVIDER, TENANT: _TENANT}
+
+_WEIGHT = {
+    "type": "number",
+    "exclusiveMinimum": 0,
+    "description": "The tenant's share, relative to the others' (finite).",
+}
+_TENANT_LIMIT = {
+    "type": ["integer", "null"],
+    "minimum": 1,
+    "maximum": _MAX_LIMIT,
+    "description": "At most this many slots of each provider; null for no cap.",
 }
 
 
@@ -125,6 +151,38 @@ _SCHEMAS: dict[str, Any] = {
         "One provider's statistics, as ``Dispatcher.statistics()`` has"
         " them, but for the end of a pause, shown as the seconds left.",
     ),
+    "TenantUpdate": {
+        "type": "object",
+        "description": "A tenant's settings; a field left out takes its default.",
+        "additionalProperties": False,
+        "properties": {
+            "weight": {**_WEIGHT, "default": 1.0},
+            "limit": {**_TENANT_LIMIT, "default": None},
+        },
+    },
+    "TenantSettings": _record(
+        {"tenant": {"type": "string"}, "weight": _WEIGHT, "limit": _TENANT_LIMIT},
+        "A tenant's weight and cap, on every provider.",
+    ),
+    "Tenants": _record(
+        {
+            "tenants": {
+                "type": "object",
+                "description": "The configured tenants, by name.",
+                "additionalProperties": {"$ref": "#/components/schemas/TenantSettings"},
+            },
+            "providers": {
+                "type": "object",
+                "description": "Each provider's tenants, by provider, then tenant.",
+                "additionalProperties": {
+                    "type": "object",
+                    "additionalProperties": {
+                        "$ref": "#/components/schemas/TenantStatus"
+                    },
+                },
+            },
+        }
+    ),
     "TenantStatus": _record(
         {
             "tenant": {"type": "string"},
@@ -133,8 +191,11 @@ _SCHEMAS: dict[str, Any] = {
             "in_flight": _COUNT,
             "waiting": _COUNT,
             "service": {
-                "type": "number",
-                "description": "Slot-seconds received, divided by the weight.",
+                "type": ["number", "null"],
+                "description": (
+                    "Slot-seconds received, divided by the weight; null if too"
+                    " large for a number (a weight near 0)."
+                ),
             },
         },
         "One tenant's part of one provider.",
@@ -194,8 +255,9 @@ def _paths() -> dict[str, Any]:
     paths: dict[str, Any] = {}
     for route in ROUTES:
         item = paths.setdefault(route.path, {})
-        if PROVIDER in route.segments:
-            item.setdefault("parameters", [_PROVIDER])
+        parameter = route.parameter
+        if parameter is not None:
+            item.setdefault("parameters", [_PARAMETERS[parameter]])
         item[route.method.lower()] = _operation(route)
     return paths
 
@@ -210,7 +272,8 @@ def openapi_document() -> dict[str, Any]:
                 "version": __version__,
                 "description": (
                     "See and steer a running trio-dispatch dispatcher: its limits,"
-                    " its statistics, its pauses and its metrics. Errors are RFC"
+                    " its tenants' shares, its statistics, its pauses and its"
+                    " metrics. Errors are RFC"
                     " 9457 problem details; a refused request changes nothing."
                 ),
             },

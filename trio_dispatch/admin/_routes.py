@@ -1,8 +1,8 @@
 """The admin API's routes: one table, read by the router and the OpenAPI document.
 
 Each ``Route`` says, once, what the app does and what it documents: the
-method, the path pattern (``{provider}`` is one percent-encoded path
-segment), the handler (an ``AdminApp`` method, by name), whether the token
+method, the path pattern (``{provider}`` or ``{tenant}``: one
+percent-encoded path segment), the handler (an ``AdminApp`` method, by name), whether the token
 is needed, the request body's schema and every answer the route gives. The
 app routes requests with ``match``; ``openapi_document`` builds the paths of
 the document from the same rows, so the two cannot drift apart.
@@ -14,13 +14,20 @@ from typing import Any, Final, final
 
 import attrs
 
+from .._validation import MAX_TENANT_NAME
 from ._caps import MAX_BODY_BYTES, MAX_LIMIT, MAX_PROVIDER_LENGTH
 
 Response = dict[str, Any]
 """An OpenAPI response object."""
 
 PROVIDER: Final = "{provider}"
-"""The one path parameter: a provider's name, one percent-encoded segment."""
+"""A path parameter: a provider's name, one percent-encoded segment."""
+
+TENANT: Final = "{tenant}"
+"""A path parameter: a tenant's name, one percent-encoded segment."""
+
+PARAMETERS: Final = (PROVIDER, TENANT)
+"""The path parameters; a route's path has at most one."""
 
 
 @final
@@ -55,18 +62,26 @@ class Route:
         """The path pattern split at ``/``, the leading empty segment kept."""
         return tuple(self.path.split("/"))
 
+    @property
+    def parameter(self) -> str | None:
+        """The path parameter (``PROVIDER`` or ``TENANT``), if the path has one."""
+        found = [segment for segment in self.segments if segment in PARAMETERS]
+        return found[0] if found else None
+
     def fits(self, segments: list[bytes]) -> bool:
         """Whether the raw path, split at ``/``, fits the pattern."""
         pattern = self.segments
         return len(segments) == len(pattern) and all(
-            bool(segment) if expected == PROVIDER else segment == expected.encode()
+            bool(segment) if expected in PARAMETERS else segment == expected.encode()
             for segment, expected in zip(segments, pattern, strict=True)
         )
 
-    def provider(self, segments: list[bytes]) -> bytes | None:
-        """The raw provider segment of a fitting path; ``None`` if it has none."""
-        pattern = self.segments
-        return segments[pattern.index(PROVIDER)] if PROVIDER in pattern else None
+    def argument(self, segments: list[bytes]) -> bytes | None:
+        """The raw parameter segment of a fitting path; ``None`` if it has none."""
+        parameter = self.parameter
+        if parameter is None:
+            return None
+        return segments[self.segments.index(parameter)]
 
 
 def problem(description: str, **headers: dict[str, Any]) -> Response:
@@ -111,6 +126,10 @@ _BAD_NAME = problem(
     f"The provider name is longer than {MAX_PROVIDER_LENGTH} characters."
 )
 _CLOSED = problem("The dispatcher is closed. Nothing was changed.")
+_BAD_TENANT_PATH = problem("The tenant name is not valid percent-encoded UTF-8.")
+_BAD_TENANT = problem(
+    f"The tenant name is longer than {MAX_TENANT_NAME} characters. Nothing was changed."
+)
 
 ROUTES: Final[tuple[Route, ...]] = (
     Route(
@@ -201,6 +220,70 @@ ROUTES: Final[tuple[Route, ...]] = (
     ),
     Route(
         "GET",
+        "/tenants",
+        "get_tenants",
+        "getTenants",
+        "The configured tenants, and each provider's statistics of its tenants.",
+        {200: json_answer("The tenants.", "Tenants"), 401: _UNAUTHORIZED},
+        description=(
+            "Tenants not configured have the defaults (weight 1, no cap);"
+            " a provider shows every tenant it has seen or been configured"
+            " with."
+        ),
+    ),
+    Route(
+        "PUT",
+        "/tenants/{tenant}",
+        "set_tenant",
+        "setTenant",
+        "Set a tenant's weight and cap on every provider, now.",
+        {
+            200: json_answer("The tenant's settings now.", "TenantSettings"),
+            400: problem(
+                "The body is not JSON, or the tenant name not valid"
+                " percent-encoded UTF-8. Nothing was changed."
+            ),
+            401: _UNAUTHORIZED,
+            404: _NOT_FOUND,
+            413: problem(
+                f"The body is larger than {MAX_BODY_BYTES} bytes. Nothing was changed."
+            ),
+            422: problem(
+                'The body is not a JSON object ``{"weight": w, "limit": n}``'
+                " with w a finite number above 0 and n an integer from 1 to"
+                f" {MAX_LIMIT} or null, or the tenant name is longer than"
+                f" {MAX_TENANT_NAME} characters. Nothing was changed."
+            ),
+            503: _CLOSED,
+        },
+        description=(
+            "Replaces the tenant's settings whole: a field left out takes"
+            " its default (weight 1, no cap). The service the tenant has"
+            " received so far is kept, at its old weight; a lower cap lets"
+            " the holders finish. With a Redis-shared dispatcher, the whole"
+            f" fleet. The body is read as JSON whatever its Content-Type, at"
+            f" most {MAX_BODY_BYTES} bytes."
+        ),
+        request="TenantUpdate",
+    ),
+    Route(
+        "DELETE",
+        "/tenants/{tenant}",
+        "remove_tenant",
+        "removeTenant",
+        "Put a tenant back to the defaults: weight 1, no cap.",
+        {
+            200: json_answer("The tenant's settings now.", "TenantSettings"),
+            400: _BAD_TENANT_PATH,
+            401: _UNAUTHORIZED,
+            404: _NOT_FOUND,
+            422: _BAD_TENANT,
+            503: _CLOSED,
+        },
+        description="Takes no body; one sent is not read. Idempotent.",
+    ),
+    Route(
+        "GET",
         "/metrics",
         "get_metrics",
         "getMetrics",
@@ -254,7 +337,10 @@ ROUTES: Final[tuple[Route, ...]] = (
 
 
 def match(path: bytes) -> tuple[list[Route], bytes | None]:
-    """The routes ``path`` fits (one per method), and its raw provider segment."""
+    """The routes ``path`` fits (one per method), and its raw parameter segment.
+
+    Every route on one path has the same pattern, so the same parameter.
+    """
     segments = path.split(b"/")
     found = [route for route in ROUTES if route.fits(segments)]
-    return found, found[0].provider(segments) if found else None
+    return found, found[0].argument(segments) if found else None

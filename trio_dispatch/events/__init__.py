@@ -6,10 +6,12 @@ yields one frozen value per thing that happens, in the order it happened:
 - to a slot: ``Queued``, ``Granted`` (with its ``wait``), ``Released``
   (with its ``held`` time), ``Withdrawn`` (cancelled while waiting) and
   ``Refused`` (``QueueFull``). Each carries the provider, the
-  ``conversation_id``, the turn's ``started_at``, and the slots in use and
-  the requests waiting just after it;
+  ``conversation_id``, the turn's ``started_at``, the ``tenant`` and the
+  ``model`` of the request (``None`` when it named none), and the slots in
+  use and the requests waiting just after it;
 - to a provider: ``Paused`` (with ``until`` and ``why``), ``Resumed``,
-  ``LimitChanged`` and ``RateLimitsReceived`` (a ``RateLimitInfo``).
+  ``LimitChanged`` and ``RateLimitsReceived`` (a ``RateLimitInfo``, and
+  the ``model`` the answer was for).
 
 Every event has ``at``, when it happened on the trio clock. Together they
 are ``DispatchEvent``. ``EventSubscription`` is what ``dispatcher.events()``

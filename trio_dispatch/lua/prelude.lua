@@ -5,6 +5,20 @@
 local leases, queue, qexp, conf, nodes, nwait, grantno, qcost, charge, unans, inuse =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8],
   KEYS[9], KEYS[10], KEYS[11]
+-- Tenants and models (see the ledger's notes): the configured tenants, the
+-- tenants' counters, the backlogged tenants, the tenant and model of the
+-- queued members and of the leases, the models with a budget.
+local tconf, tstate, tback, qmeta, lmeta, models =
+  KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16], KEYS[17]
+-- The keys built here, under the same hash tag (so in the same slot): a
+-- named tenant's queue (``q:<tenant>``; the tenant of no name queues in
+-- ``queue``) and a model's budgets, charges and unanswered leases
+-- (``m:<model>``, ``mc:<model>``, ``mu:<model>``).
+local prefix = string.sub(leases, 1, #leases - 6)
+local function queue_of(tenant)
+  if tenant == '' then return queue end
+  return prefix .. 'q:' .. tenant
+end
 --@CLOCK@
 -- Numbers stored as text keep every bit of a double; whole numbers are
 -- written out in digits (Lua's own tostring keeps 14 digits and writes
@@ -24,79 +38,6 @@ end
 -- A count of tokens as a process sends it: a whole number from 0 to MAX_TOKENS.
 local function tokens_of(x)
   return math.floor(math.max(0, math.min(MAX_TOKENS, stored(x, 0))))
-end
--- The answer of lease id started: the provider has counted it, and every
--- lease granted before it (see ``seen`` above). Whether it is the newest
--- answer (granted after every lease whose answer had started when figures
--- were last learned from: ``seen_l``), whose figures may raise a level:
--- ``newest``, as ``Throttle`` keeps it. And the leases whose answer started
--- since figures were last learned from, in order: all but the last (whose
--- figures come next) may have reached the server after it. Both are kept
--- in ``conf`` (``newest``, ``since``: lease ids, one a line) between steps,
--- loaded by the step (``load_seen``), written back if they changed.
-local newest = false
-local since = {}
-local seen_moved = false
-local function load_seen(text, flag)
-  if text then
-    for id in string.gmatch(text, '[^\n]+') do since[#since + 1] = id end
-  end
-  newest = flag == '1'
-end
--- Everything a lease leaves behind, once it is given back or expired.
--- A step tells which of their keys may hold anything (``keeps``): grant
--- numbers only during a streak, charges and unanswered leases only with a
--- budget, the leases in use only with an adaptive limit (each is emptied
--- when that ends); other scripts forget everything.
-local keeps = {grantno = true, budget = true, inuse = true}
-local function forget_lease(id, inuse_done)
-  if keeps.grantno then redis.call('HDEL', grantno, id) end
-  if keeps.budget then
-    redis.call('HDEL', charge, id)
-    redis.call('ZREM', unans, id)
-  end
-  if keeps.inuse and not inuse_done then redis.call('SREM', inuse, id) end
-  for k = 1, #since do
-    if since[k] == id then
-      table.remove(since, k)
-      seen_moved = true
-      break
-    end
-  end
-end
-local function see(id, answer)
-  local number = redis.call('ZSCORE', unans, id)
-  if not number then return end
-  redis.call('ZREM', unans, id)
-  since[#since + 1] = id
-  seen_moved = true
-  number = tonumber(number)
-  newest = answer and number > tonumber(redis.call('HGET', conf, 'seen_l') or '-1')
-  if number > tonumber(redis.call('HGET', conf, 'seen') or '-1') then
-    redis.call('HSET', conf, 'seen', number)
-  end
-end
-local function prune()
-  local pruned = 0
-  local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', now)
-  if #gone > 0 then
-    for _, id in ipairs(gone) do forget_lease(id) end
-    pruned = pruned + redis.call('ZREMRANGEBYSCORE', leases, '-inf', now)
-  end
-  gone = redis.call('ZRANGEBYSCORE', qexp, '-inf', now)
-  if #gone > 0 then
-    for _, m in ipairs(gone) do
-      redis.call('ZREM', queue, m)
-      redis.call('HDEL', qcost, m)
-    end
-    pruned = pruned + redis.call('ZREMRANGEBYSCORE', qexp, '-inf', now)
-  end
-  gone = redis.call('ZRANGEBYSCORE', nodes, '-inf', now)
-  if #gone > 0 then
-    for _, n in ipairs(gone) do redis.call('HDEL', nwait, n) end
-    redis.call('ZREMRANGEBYSCORE', nodes, '-inf', now)
-  end
-  return pruned
 end
 local function paused_for()
   local u = stored(redis.call('HGET', conf, 'pause_until'), 0)
@@ -160,17 +101,60 @@ local function expire_idle(floor, kept, pause_until, present)
   -- ``present``: the keys that may exist (a step knows; a key it leaves
   -- out is empty), else all of them.
   for _, k in ipairs(present or {leases, queue, qexp, nodes, nwait, grantno, qcost,
-      charge, unans, inuse}) do
+      charge, unans, inuse, tstate, tback, qmeta, lmeta}) do
     redis.call('PEXPIREAT', k, when)
   end
   if kept == nil then
-    local c = redis.call('HMGET', conf, 'limit', 'r_cfg', 't_cfg', 'pause_until')
-    kept = c[1] ~= false or c[2] == '1' or c[3] == '1'
+    local c = redis.call('HMGET', conf, 'limit', 'r_cfg', 't_cfg', 'pause_until', 'x_cfg')
+    kept = c[1] ~= false or c[2] == '1' or c[3] == '1' or c[5] == '1'
     pause_until = c[4]
   end
   if not kept then
     redis.call('PEXPIREAT', conf, whole(math.max(at, stored(pause_until, 0))))
   end
+end
+-- Tenants are counted from the first time tenants or model budgets are
+-- seen (a tenant configured, a member of a tenant queued, a model's budget
+-- configured or its figures learned), as the pure core does: ``xm`` in
+-- ``conf``, the server time it began. From then on the tenant of no name
+-- ('') has a counter too, its holders counted from then (nothing kept the
+-- times of their grants). Returns that time.
+local function extend()
+  local xm = redis.call('HGET', conf, 'xm')
+  if xm then return tonumber(xm) end
+  redis.call('HSET', conf, 'xm', now)
+  local held = redis.call('ZCARD', leases)
+  local waiting = redis.call('ZCARD', queue)
+  if held > 0 or waiting > 0 then
+    redis.call('HSET', tstate, '', '0,' .. held .. ',' .. now)
+  end
+  if waiting > 0 then redis.call('SADD', tback, '') end
+  return now
+end
+-- A tenant's state as stored: its counter (slot-seconds over its weight)
+-- as of ``last`` (server ms), its holders, and ``last``; accruing since by
+-- ``held * (now - last) / weight`` and folded in at every grant, release,
+-- weight change and raise (as the pure core's ``TenantState``).
+local function tenant_state(text)
+  local base, held, last = 0, 0, 0
+  if text then
+    local b, h, l = string.match(text, '^([^,]*),([^,]*),([^,]*)$')
+    base, held, last = stored(b, 0), math.max(0, stored(h, 0)), stored(l, 0)
+  end
+  return base, held, last
+end
+local function tenant_text(base, held, last)
+  return num(base) .. ',' .. whole(held) .. ',' .. whole(last)
+end
+-- A tenant's settings as stored: weight and cap (empty: none).
+local function tenant_settings(text)
+  if not text then return 1, nil end
+  local w, cap = string.match(text, '^([^,]*),([^,]*)$')
+  local weight = stored(w, 1)
+  if weight <= 0 then weight = 1 end
+  cap = tonumber(cap)
+  if cap and cap < 1 then cap = nil end
+  return weight, cap
 end
 -- The stored limit, or false if there is none or it is damaged (not 'none'
 -- nor a positive count): then it is dropped, for the next limit sent to

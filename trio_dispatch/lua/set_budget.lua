@@ -1,30 +1,47 @@
 -- Store the fleet's configured budgets (Ledger.set_budget). ARGV, as
 -- SetBudgetArgs.pack lays it out: requests per minute, tokens per minute
--- (each empty: none configured), channel. A configured budget replaces the
--- stored one of its kind, its level kept (at most the new capacity); none
--- configured turns a configured budget of that kind into a learned one
--- (which learning refills from the next figures), and leaves a learned one
--- alone.
+-- (each empty: none configured), channel, and the model (empty: the
+-- provider's budgets, over all its models). A configured budget replaces
+-- the stored one of its kind, its level kept (at most the new capacity);
+-- none configured turns a configured budget of that kind into a learned
+-- one (which learning refills from the next figures), and leaves a learned
+-- one alone. A model's budgets live in ``m:<model>`` (its charges and
+-- unanswered leases in ``mc:<model>`` and ``mu:<model>``), and models are
+-- counted from then on (``extend``).
+local model = ARGV[4]
+local h, ch, un = conf, charge, unans
+if model ~= '' then
+  extend()
+  h, ch, un = prefix .. 'm:' .. model, prefix .. 'mc:' .. model, prefix .. 'mu:' .. model
+end
 for j, k in ipairs({'r', 't'}) do
   local per_minute = tonumber(ARGV[j])
-  local c = redis.call('HMGET', conf, k .. '_cap', k .. '_rate', k .. '_lvl',
+  local c = redis.call('HMGET', h, k .. '_cap', k .. '_rate', k .. '_lvl',
     k .. '_at', k .. '_cfg')
   if per_minute then
     local lvl = per_minute
     local b = c[1] and load_bucket(c[1], c[2], c[3], c[4], c[5])
     if b then lvl = math.max(-per_minute, math.min(b.lvl, per_minute)) end
-    redis.call('HSET', conf, k .. '_cap', num(per_minute), k .. '_rate',
+    redis.call('HSET', h, k .. '_cap', num(per_minute), k .. '_rate',
       num(per_minute / 60000), k .. '_lvl', num(lvl), k .. '_at', now, k .. '_cfg', 1,
       k .. '_own', num(lvl))
   elseif c[5] == '1' then
-    redis.call('HDEL', conf, k .. '_cap', k .. '_rate', k .. '_lvl', k .. '_at',
+    redis.call('HDEL', h, k .. '_cap', k .. '_rate', k .. '_lvl', k .. '_at',
       k .. '_cfg', k .. '_own')
   end
 end
 -- No budget left: nothing keeps the charges and unanswered leases (a step
 -- forgets them only while a budget is there).
-local left = redis.call('HMGET', conf, 'r_cap', 't_cap')
-if not left[1] and not left[2] then redis.call('DEL', charge, unans) end
+local left = redis.call('HMGET', h, 'r_cap', 't_cap')
+if not left[1] and not left[2] then redis.call('DEL', ch, un) end
+if model ~= '' then
+  if left[1] or left[2] then
+    redis.call('SADD', models, model)
+    redis.call('PERSIST', h)
+  else
+    redis.call('SREM', models, model)
+  end
+end
 redis.call('PERSIST', conf)
 expire_idle(now)
 redis.call('PUBLISH', ARGV[3], 'wake')

@@ -1,29 +1,287 @@
 -- One round of a process's changes, in order, atomically (Ledger.step).
 -- ARGV, as StepArgs.pack (trio_dispatch/_scripts.py) lays it out: node,
 -- ttl (ms), this node's waiters, the limit to store if none is (empty:
--- none; as store_limit takes it), wake channel, the rate-limit figures to
--- learn from (empty: none; else eight comma-separated fields, each possibly
--- empty: whether requests have figures ('1'), their limit, remaining and
--- reset in seconds, then the same for tokens), then eight counted lists: lease ids given back without success;
--- (lease id, tokens) pairs of usage reports; lease ids to release; members
--- to withdraw; (member, start, tokens) triples to enqueue or renew; lease
--- ids to renew; the members that ask for a grant (those enqueued ask too);
--- lease ids whose answer started. Every server call counts on the grant's
--- path: the step reads conf once, writes the budgets back only when there
--- are some, and publishes only when another process waits.
-local node, ttl, mywait, seed, channel, observed =
-  ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
-local i = 7
+-- none; as store_limit takes it), wake channel, then a counted list of
+-- (model, figures) pairs: the rate-limit figures to learn from, the
+-- provider's (model empty) or a model's (each eight comma-separated fields,
+-- each possibly empty: whether requests have figures ('1'), their limit,
+-- remaining and reset in seconds, then the same for tokens), then eight
+-- counted lists: lease ids given back without success; (lease id, tokens)
+-- pairs of usage reports; lease ids to release; members to withdraw;
+-- (member, start, tokens, tenant, model) to enqueue or renew (tenant and
+-- model empty for none); lease ids to renew; the members that ask for a
+-- grant (those enqueued ask too); lease ids whose answer started. Every
+-- server call counts on the grant's path: the step reads conf once, writes
+-- the budgets back only when there are some, publishes only when another
+-- process waits, and touches tenants and models only once one was seen
+-- (``xm``).
+local node, ttl, mywait, seed, channel =
+  ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local i = 6
+local figures = {}
+local n = tonumber(ARGV[i]); i = i + 1
+for j = 1, n do
+  figures[j] = {ARGV[i], ARGV[i + 1]}; i = i + 2
+end
 local c = redis.call('HMGET', conf, 'limit', 'pause_until', 'streak',
   'granted_at_report', 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow',
   'r_cap', 'r_rate', 'r_lvl', 'r_at', 'r_cfg',
   't_cap', 't_rate', 't_lvl', 't_at', 't_cfg', 'learned', 'r_own', 't_own', 'a_dec',
-  'since', 'newest')
-load_seen(c[24], c[25])
--- What the leases may have left behind (see ``keeps``): a stored adaptive
--- limit, a budget, a streak.
-keeps = {grantno = stored(c[3], 0) > 0, budget = c[10] ~= false or c[15] ~= false,
+  'since', 'newest', 'xm', 't_last', 'qm')
+
+-- Where the counted lists start: enqueue, renew, ask (read ahead, for the
+-- members a lost answer granted and for whether tenants or models appear).
+local at_enqueue
+do
+  local k = i
+  k = k + 1 + tonumber(ARGV[k])      -- spoil
+  k = k + 1 + 2 * tonumber(ARGV[k])  -- usage
+  k = k + 1 + tonumber(ARGV[k])      -- release
+  k = k + 1 + tonumber(ARGV[k])      -- withdraw
+  at_enqueue = k
+end
+
+-- Tenants: counted once a tenant or a model's figures are seen (see
+-- ``extend``). Before, a member with a model keeps it in ``qmeta`` (``qm``
+-- in ``conf`` says some may), for when they are.
+local xm = tonumber(c[26])
+local qm = c[28] ~= false
+if not xm then
+  local seen_one = false
+  for _, f in ipairs(figures) do
+    if f[1] ~= '' then seen_one = true end
+  end
+  for j = 1, tonumber(ARGV[at_enqueue]) do
+    local base = at_enqueue + 1 + 5 * (j - 1)
+    if ARGV[base + 3] ~= '' then seen_one = true end
+    if ARGV[base + 4] ~= '' and not qm then
+      qm = true
+      redis.call('HSET', conf, 'qm', 1)
+    end
+  end
+  if seen_one then xm = extend() end
+end
+local t_last = stored(c[27], 0)
+local t_last_moved = false
+
+-- Budgets, the provider's (``conf``, ``charge``, ``unans``) and each
+-- model's (``m:<model>``, ``mc:<model>``, ``mu:<model>``), each a scope:
+-- its buckets R and T, whether figures were learned, and the leases whose
+-- answer started since figures were last learned from (``since``, with
+-- ``newest``: see ``see``).
+local FIELDS = {'r_cap', 'r_rate', 'r_lvl', 'r_at', 'r_cfg', 't_cap', 't_rate', 't_lvl',
+  't_at', 't_cfg', 'learned', 'r_own', 't_own', 'a_dec', 'since', 'newest'}
+local function new_scope(h, ch, un, f, o)
+  local sc = {h = h, charge = ch, unans = un, since = {}, newest = f[o + 16] == '1',
+    moved = false, res_r = 0, res_t = 0, learned = f[o + 11] == '1', wait = -1}
+  if f[o + 15] then
+    for id in string.gmatch(f[o + 15], '[^\n]+') do sc.since[#sc.since + 1] = id end
+  end
+  if f[o + 1] then sc.R = load_bucket(f[o + 1], f[o + 2], f[o + 3], f[o + 4], f[o + 5], f[o + 12]) end
+  if f[o + 6] then sc.T = load_bucket(f[o + 6], f[o + 7], f[o + 8], f[o + 9], f[o + 10], f[o + 13]) end
+  return sc
+end
+local P = new_scope(conf, charge, unans, c, 9)
+local budgeted = P.R ~= nil or P.T ~= nil
+-- The models' scopes, loaded when first needed: false for a model with
+-- no budget.
+local MS = {}
+local function scope_of(model, create)
+  local sc = MS[model]
+  if sc == nil then
+    local h = prefix .. 'm:' .. model
+    sc = new_scope(h, prefix .. 'mc:' .. model, prefix .. 'mu:' .. model,
+      redis.call('HMGET', h, unpack(FIELDS)), 0)
+    sc.model = model
+    if sc.R == nil and sc.T == nil then sc = false end
+    MS[model] = sc
+  end
+  if not sc and create then
+    sc = {h = prefix .. 'm:' .. model, charge = prefix .. 'mc:' .. model,
+      unans = prefix .. 'mu:' .. model, since = {}, newest = false, moved = false,
+      res_r = 0, res_t = 0, learned = false, wait = -1, model = model, fresh = true}
+    MS[model] = sc
+  end
+  return sc or nil
+end
+-- The answer of lease id started: the provider has counted it, and every
+-- lease granted before it (``seen``). Whether it is the newest answer
+-- (granted after every lease whose answer had started when figures were
+-- last learned from: ``seen_l``), whose figures may raise a level:
+-- ``newest``, as ``Throttle`` keeps it. And the leases whose answer
+-- started since figures were last learned from, in order: all but the
+-- last (whose figures come next) may have reached the server after it.
+local function see(sc, id, answer)
+  local number = redis.call('ZSCORE', sc.unans, id)
+  if not number then return end
+  redis.call('ZREM', sc.unans, id)
+  sc.since[#sc.since + 1] = id
+  sc.moved = true
+  number = tonumber(number)
+  sc.newest = answer and number > tonumber(redis.call('HGET', sc.h, 'seen_l') or '-1')
+  if number > tonumber(redis.call('HGET', sc.h, 'seen') or '-1') then
+    redis.call('HSET', sc.h, 'seen', number)
+  end
+end
+local function forget_charge(sc, id)
+  redis.call('HDEL', sc.charge, id)
+  redis.call('ZREM', sc.unans, id)
+  for k = 1, #sc.since do
+    if sc.since[k] == id then
+      table.remove(sc.since, k)
+      sc.moved = true
+      break
+    end
+  end
+end
+
+-- Tenants (xm only): each one's state, loaded when first needed, and the
+-- backlogged ones (``tback``; the tenant of no name is '').
+local TS = {}
+local BL = {}
+local function tenant(t)
+  local s = TS[t]
+  if s then return s end
+  local base, held, last = tenant_state(redis.call('HGET', tstate, t))
+  local w, cap, cfg = 1, nil, false
+  if t ~= '' then
+    local text = redis.call('HGET', tconf, t)
+    if text then
+      w, cap = tenant_settings(text)
+      cfg = true
+    end
+  end
+  s = {name = t, base = base, held = held, last = last, w = w, cap = cap,
+    cfg = cfg, waiting = redis.call('ZCARD', queue_of(t)), dirty = false}
+  TS[t] = s
+  return s
+end
+-- The counter now: c_t = base + held * (now - last) / weight, in seconds
+-- (the same expression, in the same order, as the pure core's).
+local function counter(s)
+  if s.held == 0 or now <= s.last then return s.base end
+  return s.base + s.held * (now - s.last) / 1000 / s.w
+end
+local function fold(s)
+  if now > s.last then
+    s.base = counter(s)
+    s.last = now
+    s.dirty = true
+  end
+end
+-- A tenant's waiting count moves: one that becomes backlogged is raised to
+-- the floor (the least counter of the others backlogged, or the counter of
+-- the tenant that last stopped being backlogged), one that stops leaves
+-- its counter there.
+local function waiting_moved(s, delta)
+  local before = s.waiting
+  s.waiting = before + delta
+  if before == 0 and s.waiting > 0 then
+    local floor = nil
+    for name, _ in pairs(BL) do
+      if name ~= s.name then
+        local v = counter(tenant(name))
+        if floor == nil or v < floor then floor = v end
+      end
+    end
+    if floor == nil then floor = t_last end
+    fold(s)
+    if s.base < floor then
+      s.base = floor
+      s.dirty = true
+    end
+    BL[s.name] = true
+    redis.call('SADD', tback, s.name)
+  elseif before > 0 and s.waiting <= 0 then
+    s.waiting = 0
+    t_last, t_last_moved = counter(s), true
+    BL[s.name] = nil
+    redis.call('SREM', tback, s.name)
+  end
+end
+-- The tenant and model of a lease, from ``lmeta``; a lease without one was
+-- granted to the tenant of no name before tenants were counted.
+local function lease_meta(id)
+  local text = redis.call('HGET', lmeta, id)
+  if not text then return '', '' end
+  local t, model = string.match(text, '^(.*)\n(.*)$')
+  return t or '', model or ''
+end
+-- The tenant and model of a queued member.
+local META = {}
+local function member_meta(m)
+  local meta = META[m]
+  if meta then return meta[1], meta[2] end
+  local text = redis.call('HGET', qmeta, m)
+  local t, model = '', ''
+  if text then t, model = string.match(text, '^(.*)\n(.*)$') end
+  META[m] = {t or '', model or ''}
+  return t or '', model or ''
+end
+if xm then
+  for _, name in ipairs(redis.call('SMEMBERS', tback)) do
+    BL[name] = true
+  end
+  for name, _ in pairs(BL) do tenant(name) end
+end
+
+-- Everything a lease leaves behind, once it is given back or expired.
+-- A step tells which of their keys may hold anything (``keeps``): grant
+-- numbers only during a streak, charges and unanswered leases only with a
+-- budget, the leases in use only with an adaptive limit (each is emptied
+-- when that ends); with tenants, its tenant's count and service.
+local keeps = {grantno = stored(c[3], 0) > 0, budget = c[10] ~= false or c[15] ~= false,
   inuse = c[5] ~= false}
+local function forget_lease(id, inuse_done)
+  if keeps.grantno then redis.call('HDEL', grantno, id) end
+  if keeps.budget then forget_charge(P, id) end
+  if keeps.inuse and not inuse_done then redis.call('SREM', inuse, id) end
+  if xm then
+    local t, model = lease_meta(id)
+    redis.call('HDEL', lmeta, id)
+    local s = tenant(t)
+    if s.held > 0 then
+      -- Its service so far stays the tenant's.
+      fold(s)
+      s.held = s.held - 1
+      s.dirty = true
+    end
+    if model ~= '' then
+      local sc = scope_of(model)
+      if sc then forget_charge(sc, id) end
+    end
+  end
+end
+local function prune()
+  local pruned = 0
+  local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', now)
+  if #gone > 0 then
+    for _, id in ipairs(gone) do forget_lease(id) end
+    pruned = pruned + redis.call('ZREMRANGEBYSCORE', leases, '-inf', now)
+  end
+  gone = redis.call('ZRANGEBYSCORE', qexp, '-inf', now)
+  if #gone > 0 then
+    for _, m in ipairs(gone) do
+      if xm then
+        local t = member_meta(m)
+        if redis.call('ZREM', queue_of(t), m) == 1 then waiting_moved(tenant(t), -1) end
+        redis.call('HDEL', qmeta, m)
+      else
+        redis.call('ZREM', queue, m)
+        if qm then redis.call('HDEL', qmeta, m) end
+      end
+      redis.call('HDEL', qcost, m)
+    end
+    pruned = pruned + redis.call('ZREMRANGEBYSCORE', qexp, '-inf', now)
+  end
+  gone = redis.call('ZRANGEBYSCORE', nodes, '-inf', now)
+  if #gone > 0 then
+    for _, nd in ipairs(gone) do redis.call('HDEL', nwait, nd) end
+    redis.call('ZREMRANGEBYSCORE', nodes, '-inf', now)
+  end
+  return pruned
+end
+
 local changed = prune()
 local limit = stored_limit(c[1])
 local pause_until = stored(c[2], 0)
@@ -41,21 +299,39 @@ if limit and c[5] then
     backoff = tonumber(c[7]), value = tonumber(c[8]), slow = c[9] == '1',
     moved = false}
 end
--- The budgets: capacity, refill per ms, level, time of the level, and
--- whether it was configured (else learned); refilled up to now.
-local function bucket(o)
-  if not c[o] then return nil end
-  return load_bucket(c[o], c[o + 1], c[o + 2], c[o + 3], c[o + 4], c[21 + (o - 10) / 5])
-end
-local R, T = bucket(10), bucket(15)
-local learned = c[20] == '1'
-local budgeted = R ~= nil or T ~= nil
 local spoiled = {}
-local n = tonumber(ARGV[i]); i = i + 1
+n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   local id = ARGV[i]; i = i + 1
   spoiled[id] = true
   if keeps.inuse then redis.call('SREM', inuse, id) end
+end
+-- A usage report corrects a lease's charge in one scope.
+local function use(sc, id, tokens)
+  local T = sc.T
+  local raw = redis.call('HGET', sc.charge, id)
+  -- Settled (a minus sign, '-0' too): the server's figures counted it;
+  -- what the server gives back for it, its next figures will say.
+  local settled = raw and string.sub(raw, 1, 1) == '-'
+  local before = math.abs(stored(raw, 0))
+  -- One request's charge is at most the capacity, its usage too.
+  if T then tokens = math.min(tokens, T.cap) end
+  if T and tokens ~= before then
+    local taken = tokens - before
+    if settled then
+      T.lvl = charged(T.lvl, math.max(0, taken), T.cap)
+      T.own = charged(T.own, taken, T.cap)
+    else
+      take(T, taken)
+    end
+    if tokens < before then changed = changed + 1 end
+  end
+  if settled then
+    redis.call('HSET', sc.charge, id, '-' .. num(tokens))
+  else
+    redis.call('HSET', sc.charge, id, num(tokens))
+  end
+  see(sc, id, false)
 end
 -- Usage reports before the releases: a report and the release after it
 -- may come in one step.
@@ -63,29 +339,12 @@ n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   local id, tokens = ARGV[i], tokens_of(ARGV[i + 1]); i = i + 2
   if redis.call('ZSCORE', leases, id) then
-    local raw = redis.call('HGET', charge, id)
-    -- Settled (a minus sign, '-0' too): the server's figures counted it;
-    -- what the server gives back for it, its next figures will say.
-    local settled = raw and string.sub(raw, 1, 1) == '-'
-    local before = math.abs(stored(raw, 0))
-    -- One request's charge is at most the capacity, its usage too.
-    if T then tokens = math.min(tokens, T.cap) end
-    if T and tokens ~= before then
-      local taken = tokens - before
-      if settled then
-        T.lvl = charged(T.lvl, math.max(0, taken), T.cap)
-        T.own = charged(T.own, taken, T.cap)
-      else
-        take(T, taken)
-      end
-      if tokens < before then changed = changed + 1 end
+    use(P, id, tokens)
+    if xm then
+      local _, model = lease_meta(id)
+      local sc = model ~= '' and scope_of(model)
+      if sc then use(sc, id, tokens) end
     end
-    if settled then
-      redis.call('HSET', charge, id, '-' .. num(tokens))
-    else
-      redis.call('HSET', charge, id, num(tokens))
-    end
-    see(id, false)
   end
 end
 local function adapt_up()
@@ -122,7 +381,16 @@ end
 n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   local m = ARGV[i]; i = i + 1
-  changed = changed + redis.call('ZREM', queue, m)
+  if xm then
+    local t = member_meta(m)
+    local gone = redis.call('ZREM', queue_of(t), m)
+    changed = changed + gone
+    if gone == 1 then waiting_moved(tenant(t), -1) end
+    redis.call('HDEL', qmeta, m)
+  else
+    changed = changed + redis.call('ZREM', queue, m)
+    if qm then redis.call('HDEL', qmeta, m) end
+  end
   redis.call('ZREM', qexp, m)
   redis.call('HDEL', qcost, m)
   -- Granted by a step whose answer was lost: nobody holds it.
@@ -140,9 +408,9 @@ local granted = {}
 -- call per thousand: every server call counts on the grant's path.
 local lost = {}
 do
-  local ids, k = {}, i
-  for j = 1, tonumber(ARGV[k]) do ids[#ids + 1] = string.sub(ARGV[k + 1 + 3 * (j - 1)], 18) end
-  k = k + 1 + 3 * tonumber(ARGV[k])
+  local ids, k = {}, at_enqueue
+  for j = 1, tonumber(ARGV[k]) do ids[#ids + 1] = string.sub(ARGV[k + 1 + 5 * (j - 1)], 18) end
+  k = k + 1 + 5 * tonumber(ARGV[k])
   k = k + 1 + tonumber(ARGV[k])
   for j = 1, tonumber(ARGV[k]) do ids[#ids + 1] = string.sub(ARGV[k + j], 18) end
   for first = 1, #ids, 1000 do
@@ -164,9 +432,20 @@ local function held(m)
 end
 n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
-  local m, start, tokens = ARGV[i], ARGV[i + 1], tokens_of(ARGV[i + 2]); i = i + 3
+  local m, start, tokens = ARGV[i], ARGV[i + 1], tokens_of(ARGV[i + 2])
+  local t, model = ARGV[i + 3], ARGV[i + 4]
+  i = i + 5
   if not held(m) then
-    redis.call('ZADD', queue, start, m)
+    if xm then
+      local s = tenant(t)
+      local added = redis.call('ZADD', queue_of(t), start, m)
+      META[m] = {t, model}
+      if t ~= '' or model ~= '' then redis.call('HSET', qmeta, m, t .. '\n' .. model) end
+      if added == 1 then waiting_moved(s, 1) end
+    else
+      redis.call('ZADD', queue, start, m)
+      if model ~= '' then redis.call('HSET', qmeta, m, '\n' .. model) end
+    end
     redis.call('ZADD', qexp, now + ttl, m)
     if tokens > 0 then redis.call('HSET', qcost, m, whole(tokens)) end
     asking[m] = true
@@ -184,11 +463,17 @@ for j = 1, n do
 end
 n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
-  see(ARGV[i], true); i = i + 1
+  local id = ARGV[i]; i = i + 1
+  see(P, id, true)
+  if xm then
+    local _, model = lease_meta(id)
+    local sc = model ~= '' and scope_of(model)
+    if sc then see(sc, id, true) end
+  end
 end
--- Learn from the figures of an answer (see the ledger's notes).
+-- Learn from the figures of an answer (see the ledger's notes), in a scope.
 -- SLOWEST_REFILL: a learned budget refills whole in an hour at most.
-local function learn(b, limit_, remaining, reset, unseen)
+local function learn(sc, b, limit_, remaining, reset, unseen)
   local usable = limit_ and limit_ > 0 and limit_ < 1e15
   if not b then
     if not usable then return nil end
@@ -209,18 +494,18 @@ local function learn(b, limit_, remaining, reset, unseen)
     -- The newest answer's figures set the level, up to the capacity (a
     -- configured budget: up to its own count); others only lower it.
     local ceiling = b.lvl
-    if newest then
+    if sc.newest then
       ceiling = b.cap
       if b.cfg then ceiling = b.own end
     end
     b.lvl = math.min(ceiling, remaining - unseen)
-    learned = true
+    sc.learned = true
   elseif usable then
-    learned = true
+    sc.learned = true
   end
   return b
 end
-if observed ~= '' then
+local function observe(sc, observed)
   -- Eight fields by position (figures_arg): for requests, then tokens,
   -- whether there are figures ('1') and the limit, remaining and reset.
   -- An empty one is nil, and #f cannot count past a nil, so the fields are
@@ -230,49 +515,54 @@ if observed ~= '' then
     k = k + 1
     f[k] = tonumber(part)
   end
-  local seen = redis.call('HGET', conf, 'seen')
-  if seen then redis.call('HSET', conf, 'seen_l', seen) end
-  local ids = redis.call('ZRANGEBYSCORE', unans, seen or '-inf', '+inf')
-  for k = 1, #since - 1 do ids[#ids + 1] = since[k] end
-  if f[2] or f[3] then R = learn(R, f[2], f[3], f[4], #ids) end
+  local seen = redis.call('HGET', sc.h, 'seen')
+  if seen then redis.call('HSET', sc.h, 'seen_l', seen) end
+  local ids = redis.call('ZRANGEBYSCORE', sc.unans, seen or '-inf', '+inf')
+  for k = 1, #sc.since - 1 do ids[#ids + 1] = sc.since[k] end
+  if f[2] or f[3] then sc.R = learn(sc, sc.R, f[2], f[3], f[4], #ids) end
   -- Token figures, even with no usable field: the charges answered so
   -- far are settled by them all the same, as in Throttle.observe.
   if f[5] then
     local tokens = 0
     for _, id in ipairs(ids) do
-      tokens = tokens + stored(redis.call('HGET', charge, id), 0)
+      tokens = tokens + stored(redis.call('HGET', sc.charge, id), 0)
     end
-    T = learn(T, f[6], f[7], f[8], tokens)
-    if T and newest then
+    sc.T = learn(sc, sc.T, f[6], f[7], f[8], tokens)
+    if sc.T and sc.newest then
       -- The charges of the leases answered so far are in these figures,
-      -- whatever they are (0 too): settled.
-      local held = redis.call('ZRANGE', leases, 0, -1)
-      if #held > 0 then
-        local charges = redis.call('HMGET', charge, unpack(held))
-        local open = redis.call('ZMSCORE', unans, unpack(held))
-        for k, id in ipairs(held) do
+      -- whatever they are (0 too): settled. A model's leases are those
+      -- it charged.
+      local held_ids
+      if sc == P then
+        held_ids = redis.call('ZRANGE', leases, 0, -1)
+      else
+        held_ids = redis.call('HKEYS', sc.charge)
+      end
+      if #held_ids > 0 then
+        local charges = redis.call('HMGET', sc.charge, unpack(held_ids))
+        local open = redis.call('ZMSCORE', sc.unans, unpack(held_ids))
+        for k, id in ipairs(held_ids) do
           local raw = charges[k]
           if not open[k] and not (raw and string.sub(raw, 1, 1) == '-') then
-            redis.call('HSET', charge, id, '-' .. num(stored(raw, 0)))
+            redis.call('HSET', sc.charge, id, '-' .. num(stored(raw, 0)))
           end
         end
       end
     end
   end
-  settle(R)
-  settle(T)
-  budgeted = R ~= nil or T ~= nil
+  settle(sc.R)
+  settle(sc.T)
   -- Learned from: the next figures start afresh, as Throttle.observe.
-  since = {}
-  newest = false
-  seen_moved = true
+  sc.since = {}
+  sc.newest = false
+  sc.moved = true
 end
-if seen_moved then
-  if #since > 0 or newest then
-    redis.call('HSET', conf, 'since', table.concat(since, '\n'), 'newest',
-      newest and 1 or 0)
+for _, pair in ipairs(figures) do
+  if pair[1] == '' then
+    observe(P, pair[2])
+    budgeted = P.R ~= nil or P.T ~= nil
   else
-    redis.call('HDEL', conf, 'since', 'newest')
+    observe(scope_of(pair[1], true), pair[2])
   end
 end
 redis.call('ZADD', nodes, now + ttl, node)
@@ -283,34 +573,57 @@ elseif pause_until > 0 then
   redis.call('HDEL', conf, 'pause_until')
 end
 local in_flight = redis.call('ZCARD', leases)
--- What the budgets lack for a cost, beside what the entries of other
--- processes ahead of it keep (reserved): 0 when it fits.
-local reserved_r, reserved_t = 0, 0
-local ready_in = -1
-local function fits(cost)
+-- What a scope's budgets lack for a cost, beside what the entries of other
+-- processes ahead of it keep (reserved): 0 when it fits, else the
+-- milliseconds until it does (kept as the scope's ``wait``).
+local function lacks(sc, cost)
+  local R, T = sc.R, sc.T
   local wait = 0
   if R then
-    local missing = 1 - (R.lvl - reserved_r)
+    local missing = 1 - (R.lvl - sc.res_r)
     if missing > 1e-9 then wait = math.max(wait, missing / R.rate) end
   end
   if T and cost > 0 then
     local amount = math.min(cost, T.cap)
-    local missing = amount - (T.lvl - reserved_t)
+    local missing = amount - (T.lvl - sc.res_t)
     if missing > 1e-9 * math.max(1, amount) then wait = math.max(wait, missing / T.rate) end
   end
   if wait > 0 then
-    ready_in = math.ceil(math.min(wait, 1e15))
-    return false
+    wait = math.ceil(math.min(wait, 1e15))
+    if sc.wait < 0 or wait < sc.wait then sc.wait = wait end
   end
-  return true
+  return wait
+end
+local function reserve(sc, cost)
+  sc.res_r = sc.res_r + 1
+  if sc.T then sc.res_t = sc.res_t + math.min(cost, sc.T.cap) end
+end
+-- A scope's charge for a grant.
+local function charge_to(sc, id, cost)
+  if sc.R then take(sc.R, 1) end
+  if cost > 0 then
+    -- One request's charge is at most the capacity.
+    if sc.T then cost = math.min(cost, sc.T.cap) end
+    redis.call('HSET', sc.charge, id, num(cost))
+    if sc.T then take(sc.T, cost) end
+  elseif sc ~= P then
+    -- A model's leases are those it charged (see ``observe``).
+    redis.call('HSET', sc.charge, id, '0')
+  end
+  redis.call('ZADD', sc.unans, now, id)
 end
 -- Leases granted by this step (not those a lost answer had granted).
 local fresh = 0
 -- Whether any queued member has an estimate (asked once, at the first grant).
 local costly = nil
-local function grant(m, cost)
+local function grant(m, cost, s, model)
   local id = string.sub(m, 18)
-  redis.call('ZREM', queue, m)
+  if s then
+    redis.call('ZREM', queue_of(s.name), m)
+  else
+    redis.call('ZREM', queue, m)
+    if qm then redis.call('HDEL', qmeta, m) end
+  end
   redis.call('ZREM', qexp, m)
   redis.call('ZADD', leases, now + ttl, id)
   if streak > 0 then
@@ -319,21 +632,23 @@ local function grant(m, cost)
   if adaptive and 2 * (in_flight + 1) >= tonumber(limit) then
     redis.call('SADD', inuse, id)
   end
+  local sc = model and model ~= '' and scope_of(model)
   -- Its estimate goes with its entry (read only when budgeted, but kept
   -- for a budget that may come while it waits).
-  if cost > 0 or not budgeted then
+  if cost > 0 or not (budgeted or sc) then
     if costly == nil then costly = redis.call('EXISTS', qcost) == 1 end
     if costly then redis.call('HDEL', qcost, m) end
   end
-  if budgeted then
-    if R then take(R, 1) end
-    if cost > 0 then
-      -- One request's charge is at most the capacity.
-      if T then cost = math.min(cost, T.cap) end
-      redis.call('HSET', charge, id, num(cost))
-      if T then take(T, cost) end
-    end
-    redis.call('ZADD', unans, now, id)
+  if budgeted then charge_to(P, id, cost) end
+  if sc then charge_to(sc, id, cost) end
+  if s then
+    if s.name ~= '' or model ~= '' then redis.call('HDEL', qmeta, m) end
+    redis.call('HSET', lmeta, id, s.name .. '\n' .. model)
+    fold(s)
+    s.held = s.held + 1
+    s.dirty = true
+    s.removed = (s.removed or 0) + 1
+    waiting_moved(s, -1)
   end
   granted[#granted + 1] = m
   fresh = fresh + 1
@@ -346,19 +661,108 @@ local function grant_in_order(window)
     local cost = 0
     if budgeted then
       cost = tokens_of(redis.call('HGET', qcost, m))
-      if not fits(cost) then break end
+      if lacks(P, cost) > 0 then break end
     end
     if asking[m] then
       grant(m, cost)
     elseif budgeted then
-      reserved_r = reserved_r + 1
-      if T then reserved_t = reserved_t + math.min(cost, T.cap) end
+      reserve(P, cost)
+    end
+  end
+end
+-- With tenants: for each free slot, the backlogged tenant not at its cap
+-- with the least (counter, holders / weight, head), whose head its model
+-- lets pass, gets it for its head. The provider's budgets holding a head
+-- back stop the fill (nobody passes); a model's block only that model's
+-- members for the rest of the fill. Entries of other processes chosen keep
+-- their slot (and budget) until their process asks, and count as held
+-- meanwhile.
+local CHUNK = 32
+local function grant_fairly(free)
+  local cands = {}
+  for name, _ in pairs(BL) do
+    local s = tenant(name)
+    s.buf, s.k, s.vh, s.removed, s.done = {}, 1, 0, 0, false
+    cands[#cands + 1] = s
+  end
+  local blocked = {}
+  -- The tenant's oldest entry not taken in this fill and not of a blocked
+  -- model: its entries are read in chunks, in queue order.
+  local function head(s)
+    while true do
+      local e = s.buf[s.k]
+      if e == nil then
+        if s.done then return nil end
+        local from = #s.buf - s.removed
+        local got = redis.call('ZRANGE', queue_of(s.name), from, from + CHUNK - 1, 'WITHSCORES')
+        if #got < 2 * CHUNK then s.done = true end
+        if #got == 0 then return nil end
+        local unknown = {}
+        for k = 1, #got, 2 do
+          local m = got[k]
+          if not META[m] then unknown[#unknown + 1] = m end
+        end
+        if #unknown > 0 then
+          local texts = redis.call('HMGET', qmeta, unpack(unknown))
+          for k, m in ipairs(unknown) do
+            local t, model = '', ''
+            if texts[k] then t, model = string.match(texts[k], '^(.*)\n(.*)$') end
+            META[m] = {t or '', model or ''}
+          end
+        end
+        for k = 1, #got, 2 do
+          s.buf[#s.buf + 1] = {m = got[k], score = tonumber(got[k + 1]),
+            model = META[got[k]][2]}
+        end
+      elseif e.taken or blocked[e.model] then
+        s.k = s.k + 1
+      else
+        return e
+      end
+    end
+  end
+  while free > 0 do
+    local best, be, k1, k2 = nil, nil, 0, 0
+    for _, s in ipairs(cands) do
+      local h = s.held + s.vh
+      if not (s.cap and h >= s.cap) then
+        local e = head(s)
+        if e then
+          local v = counter(s)
+          local share = h / s.w
+          if best == nil or v < k1 or (v == k1 and (share < k2 or (share == k2 and
+              (e.score < be.score or (e.score == be.score and e.m < be.m))))) then
+            best, be, k1, k2 = s, e, v, share
+          end
+        end
+      end
+    end
+    if not best then break end
+    local m, model = be.m, be.model
+    local sc = model ~= '' and scope_of(model)
+    local cost = 0
+    if budgeted or sc then cost = tokens_of(redis.call('HGET', qcost, m)) end
+    if budgeted and lacks(P, cost) > 0 then break end
+    if sc and lacks(sc, cost) > 0 then
+      blocked[model] = true
+    else
+      be.taken = true
+      if asking[m] then
+        grant(m, cost, best, model)
+      else
+        best.vh = best.vh + 1
+        if budgeted then reserve(P, cost) end
+        if sc then reserve(sc, cost) end
+      end
+      free = free - 1
     end
   end
 end
 if not limit or limit == 'none' then
   -- Unlimited: pauses do not apply, as in the local policy.
-  if budgeted then
+  if xm then
+    grant_fairly(math.huge)
+  elseif budgeted then
     grant_in_order(0)
   else
     for m, _ in pairs(asking) do
@@ -368,7 +772,9 @@ if not limit or limit == 'none' then
   end
 elseif pause == 0 then
   local free = tonumber(limit) - in_flight
-  if free > 0 then grant_in_order(free) end
+  if free > 0 then
+    if xm then grant_fairly(free) else grant_in_order(free) end
+  end
 end
 -- A grant since the adaptive limit's latest decrease: the next report
 -- opens a round for it (see pause.lua).
@@ -376,11 +782,11 @@ if fresh > 0 and c[23] then redis.call('HDEL', conf, 'a_dec') end
 if adaptive and adaptive.moved then
   redis.call('HSET', conf, 'limit', limit, 'a_val', num(adaptive.value))
 end
-local budget = ''
-if budgeted then
-  local fields = {}
+-- A scope's budgets written back, and as the step answers them:
+-- requests per minute, level, capacity, then the same for tokens.
+local function write_scope(sc, fields)
   local shown = {}
-  for _, pair in ipairs({{'r', R}, {'t', T}}) do
+  for _, pair in ipairs({{'r', sc.R}, {'t', sc.T}}) do
     local b = pair[2]
     if b then
       fields[#fields + 1] = pair[1] .. '_cap'; fields[#fields + 1] = num(b.cap)
@@ -394,13 +800,81 @@ if budgeted then
       shown[#shown + 1] = ',,'
     end
   end
-  if learned then fields[#fields + 1] = 'learned'; fields[#fields + 1] = 1 end
-  redis.call('HSET', conf, unpack(fields))
-  budget = shown[1] .. ',' .. shown[2] .. ',' .. (learned and 1 or 0) .. ',' .. whole(ready_in)
+  if sc.learned then fields[#fields + 1] = 'learned'; fields[#fields + 1] = 1 end
+  if sc.moved then
+    if #sc.since > 0 or sc.newest then
+      fields[#fields + 1] = 'since'; fields[#fields + 1] = table.concat(sc.since, '\n')
+      fields[#fields + 1] = 'newest'; fields[#fields + 1] = sc.newest and 1 or 0
+    else
+      redis.call('HDEL', sc.h, 'since', 'newest')
+    end
+  end
+  if #fields > 0 then redis.call('HSET', sc.h, unpack(fields)) end
+  return shown[1] .. ',' .. shown[2] .. ',' .. (sc.learned and 1 or 0)
+end
+local budget = ''
+if budgeted then
+  budget = write_scope(P, {}) .. ',' .. whole(P.wait)
+elseif P.moved then
+  write_scope(P, {})
+end
+-- The models' budgets: each model's figures, with when its held-back head
+-- fits (-1: none).
+local model_rows = {}
+local model_keys = {}
+if xm then
+  local listed = {}
+  for _, model in ipairs(redis.call('SMEMBERS', models)) do
+    listed[model] = true
+    -- A learned model's budgets expired with the fleet's bookkeeping.
+    if not scope_of(model) then redis.call('SREM', models, model) end
+  end
+  for model, sc in pairs(MS) do
+    if sc and (sc.R or sc.T) then
+      if not listed[model] then redis.call('SADD', models, model) end
+      model_rows[#model_rows + 1] = model
+      model_rows[#model_rows + 1] = write_scope(sc, {}) .. ',' .. whole(sc.wait)
+      local cfg = (sc.R and sc.R.cfg) or (sc.T and sc.T.cfg)
+      if not cfg then model_keys[#model_keys + 1] = sc.h end
+      model_keys[#model_keys + 1] = sc.charge
+      model_keys[#model_keys + 1] = sc.unans
+    end
+  end
 end
 local spec = ''
 if adaptive then
   spec = adaptive.low .. ',' .. adaptive.high .. ',' .. num(adaptive.backoff)
+end
+-- The tenants: each one's state written back (an unconfigured one with
+-- nothing held or waiting is forgotten: it starts again from the floor),
+-- and as the step answers them: name, weight, cap, held, queued, counter.
+local tenant_rows = {}
+local queued = 0
+if xm then
+  for name, s in pairs(TS) do
+    if not s.cfg and s.held <= 0 and s.waiting <= 0 then
+      redis.call('HDEL', tstate, name)
+    elseif s.dirty then
+      redis.call('HSET', tstate, name, tenant_text(s.base, s.held, s.last))
+    end
+  end
+  if t_last_moved then redis.call('HSET', conf, 't_last', num(t_last)) end
+  for name, _ in pairs(BL) do queued = queued + TS[name].waiting end
+  local configured = redis.call('HGETALL', tconf)
+  for k = 1, #configured, 2 do tenant(configured[k]) end
+  for _, name in ipairs(redis.call('HKEYS', tstate)) do tenant(name) end
+  for name, s in pairs(TS) do
+    if name ~= '' and (s.cfg or s.held > 0 or s.waiting > 0) then
+      tenant_rows[#tenant_rows + 1] = name
+      tenant_rows[#tenant_rows + 1] = num(s.w)
+      tenant_rows[#tenant_rows + 1] = s.cap and whole(s.cap) or ''
+      tenant_rows[#tenant_rows + 1] = whole(s.held)
+      tenant_rows[#tenant_rows + 1] = whole(s.waiting)
+      tenant_rows[#tenant_rows + 1] = num(counter(s))
+    end
+  end
+else
+  queued = redis.call('ZCARD', queue)
 end
 -- This process's waiters, less those this step granted (every grant of a
 -- step goes to the process that sent it): the fleet's figure is exact
@@ -414,7 +888,6 @@ for _, w in ipairs(redis.call('HVALS', nwait)) do waiting = waiting + stored(w, 
 if changed > 0 and waiting > mywait then redis.call('PUBLISH', channel, node) end
 -- Only the keys that may hold anything after the step (the others are
 -- empty, so absent): every server call counts on the grant's path.
-local queued = redis.call('ZCARD', queue)
 local present = {nodes, nwait}
 if in_flight > 0 then present[#present + 1] = leases end
 if queued > 0 then
@@ -428,6 +901,15 @@ if budgeted or keeps.budget then
   present[#present + 1] = unans
 end
 if adaptive or keeps.inuse then present[#present + 1] = inuse end
-expire_idle(now, (not not limit) or (R ~= nil and R.cfg) or (T ~= nil and T.cfg),
-  pause_until, present)
-return {granted, limit or '', in_flight, queued, waiting, pause, now, budget, spec}
+if qm and not xm then present[#present + 1] = qmeta end
+if xm then
+  for _, k in ipairs({tstate, tback, qmeta, lmeta}) do present[#present + 1] = k end
+  for name, _ in pairs(BL) do
+    if name ~= '' then present[#present + 1] = queue_of(name) end
+  end
+  for _, k in ipairs(model_keys) do present[#present + 1] = k end
+end
+expire_idle(now, (not not limit) or (P.R ~= nil and P.R.cfg) or (P.T ~= nil and P.T.cfg)
+  or (xm ~= nil and redis.call('HLEN', tconf) > 0), pause_until, present)
+return {granted, limit or '', in_flight, queued, waiting, pause, now, budget, spec,
+  tenant_rows, model_rows, xm and 1 or 0}

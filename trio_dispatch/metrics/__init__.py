@@ -5,8 +5,8 @@ Needs the ``metrics`` extra (``prometheus_client``)::
     registry = prometheus_client.CollectorRegistry()
     registry.register(PrometheusCollector(dispatcher))
 
-Every metric is labelled by ``provider`` (the name a limit belongs to),
-never by conversation:
+The provider's metrics are labelled by ``provider`` (the name a limit
+belongs to), never by conversation:
 
 ======================================  =========  ================================
 name                                    type       what
@@ -24,10 +24,57 @@ name                                    type       what
 ``trio_dispatch_rate_limited_total``    counter    rate-limit reports that paused
 ======================================  =========  ================================
 
-The gauges and the counters but one are read from
-``dispatcher.statistics()`` at each scrape. The histogram and
-``rate_limited_total`` are kept by the collector itself, from the
-dispatcher's events, one per grant or report, with nothing lost however
+The same figures per tenant are families of their own, labelled by
+``provider`` and ``tenant``, so the provider's series above stay exactly
+as they were (no dashboard breaks) and each tenant family sums, over
+``tenant``, to its provider's figure (the counters, for a collector made
+as the dispatcher opened):
+
+============================================  =========  =========================
+name                                          type       what
+============================================  =========  =========================
+``trio_dispatch_tenant_slots_in_use``         gauge      slots the tenant holds
+``trio_dispatch_tenant_waiting``              gauge      its requests waiting
+``trio_dispatch_tenant_service``              gauge      its service counter
+``trio_dispatch_tenant_queue_wait_seconds``   histogram  its waits for a slot
+``trio_dispatch_tenant_grants_total``         counter    slots granted to it
+``trio_dispatch_tenant_releases_total``       counter    slots it gave back
+``trio_dispatch_tenant_withdrawn_total``      counter    its requests cancelled
+``trio_dispatch_tenant_rejected_total``       counter    its requests refused
+============================================  =========  =========================
+
+The ``tenant`` label is bounded by the configuration, not by the traffic:
+only the tenants configured at the scrape (``dispatcher.tenants()``: from
+``open_dispatcher(tenants=...)``, ``set_tenant`` or the admin API) get a
+series of their own, every provider one for each; every other tenant, and
+every request made for no tenant, is counted under ``tenant="other"``,
+so a thousand users the operator never configured make one series, not a
+thousand. The ``other`` gauges are what the
+provider holds and queues beyond the configured tenants; ``other`` has no
+service counter (the scheduler compares tenants' counters, never their
+sum). A removed tenant's series end and its counts join ``other``, whose
+counters never go down; a tenant configured later counts under its own
+name from then on. (A tenant configured under the name ``other`` shares
+that series.) ``trio_dispatch_tenant_weight`` and
+``trio_dispatch_tenant_limit`` (gauges, by ``tenant``) show each
+configured tenant's weight and cap.
+
+The budgets are gauges labelled by ``provider`` and ``model``: the
+provider's own budget, over all its models, with ``model=""`` (which
+PromQL reads as no ``model`` label), and each model's own (configured as
+``"provider/model"`` or learned from that model's answers) under its
+name: ``trio_dispatch_budget_requests_per_minute``,
+``..._tokens_per_minute``, ``..._requests_available`` and
+``..._tokens_available`` (each where the budget has it) and
+``trio_dispatch_budget_held`` (1 while the oldest waiter waits for that
+budget). Models are not folded like tenants: they are named by the
+application's code, not its users, and a provider has only the models of
+its catalogue, so their number stays small.
+
+The gauges and the provider's counters but one are read from
+``dispatcher.statistics()`` at each scrape. The histograms, the tenants'
+counters and ``rate_limited_total`` are kept by the collector itself, from
+the dispatcher's events, one per grant or report, with nothing lost however
 busy the schedulers are: it counts what happens from its creation on, so
 create it when the dispatcher opens. (While a collector exists, the
 schedulers make their events; see ``dispatcher.events()``.)
