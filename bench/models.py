@@ -27,7 +27,10 @@ Arms:
   a budget per model, learned;
 * ``transport``: the default path: the ``openai`` SDK on
   ``dispatcher.transport("openai")``, nothing wired (the transport reads
-  each request body's ``model``).
+  each request body's ``model``);
+* ``configured``: the same, with each model's quota configured as its own
+  budget (``budgets={"openai/slow-model": Budget(requests_per_minute=30),
+  ...}``), the figures learned besides.
 
 Every arm reports its 429 share (of all requests, and per model) and each
 model's goodput: answers per minute after a warm-up, beside its quota's
@@ -91,6 +94,7 @@ ARMS = {
     "shared": "one budget for both models (figures told without a model)",
     "per-model": "a budget per model (slot and figures name the model)",
     "transport": "openai SDK on dispatcher.transport, nothing wired",
+    "configured": "openai SDK on dispatcher.transport, a Budget per model",
 }
 
 
@@ -231,10 +235,18 @@ async def _run_arm(arm: str, seconds: float) -> ArmResult:
         server = await stack.enter_async_context(
             open_fake_llm_server(FakeScript(choose=_reply), quotas=quotas())
         )
+        budgets = {
+            f"{PROVIDER}/{model}": trio_dispatch.Budget(
+                requests_per_minute=load.per_minute
+            )
+            for model, load in MODELS.items()
+        }
         dispatcher = await stack.enter_async_context(
-            trio_dispatch.open_dispatcher({PROVIDER: LIMIT})
+            trio_dispatch.open_dispatcher(
+                {PROVIDER: LIMIT}, budgets=budgets if arm == "configured" else None
+            )
         )
-        if arm == "transport":
+        if arm in ("transport", "configured"):
             call = await _transport_calls(stack, dispatcher, server)
         else:
             call = await _slot_calls(
@@ -317,7 +329,7 @@ class ModelsReport:
             f" {slow['agents']} agents of a slow model ({slow['per_minute']}"
             f" requests/min, answers in {slow['latency']:g} s),"
             f" {fast['agents']} of a fast one ({fast['per_minute']}/min,"
-            f" {fast['latency']:g} s); no budget configured",
+            f" {fast['latency']:g} s); budgets learned from the headers",
             "",
             "| arm | 429 share | slow 429s | fast 429s | slow answers/min"
             " (of quota) | fast answers/min (of quota) |",

@@ -56,8 +56,9 @@ def test_one_budget_for_both_models_misses_one_of_the_bars(
 
 
 def test_a_budget_per_model_meets_both(tmp_path: pathlib.Path) -> None:
-    report = _run(tmp_path, "--arm", "per-model", "--arm", "transport")
-    assert [arm["arm"] for arm in report["arms"]] == ["per-model", "transport"]
+    arms = ["per-model", "transport", "configured"]
+    report = _run(tmp_path, *(f"--arm={arm}" for arm in arms))
+    assert [arm["arm"] for arm in report["arms"]] == arms
     for arm in report["arms"]:
         assert arm["share_429"] <= 0.02
         fast = next(m for m in arm["models"] if m["model"] == "fast-model")
