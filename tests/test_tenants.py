@@ -335,10 +335,11 @@ async def test_tenants_and_model_budgets_reach_every_backend_through_the_protoco
         dispatcher.remove_tenant("never-configured")
         dispatcher.set_limit("late", 1)
         stats = dispatcher.statistics().providers
-    # Told at birth (two tenants, then gamma's and beta's removal), and
-    # each model's budget to its own provider only.
+    # Told at birth (two tenants, then gamma's, beta's and a removal of a
+    # tenant configured here never, which another process of a fleet may
+    # have configured), and each model's budget to its own provider only.
     calls = {name: backend.calls for name, backend in made.backends.items()}
-    assert [calls[name]["set_tenant"] for name in ("p", "q", "late")] == [4, 4, 2]
+    assert [calls[name]["set_tenant"] for name in ("p", "q", "late")] == [5, 5, 2]
     assert [calls[name]["set_model_budget"] for name in ("p", "q", "late")] == [1, 0, 0]
     assert set(stats["p"].models) == {"m"}
     assert stats["q"].models == {}

@@ -620,6 +620,8 @@ class SlotPolicy:
         """Give ``tenant`` a weight and a cap; ``None``: back to the defaults.
 
         Returns the tickets the change lets through (a cap raised).
+        Defaults for a policy that counts no tenant yet change nothing (and
+        start no counting), so a dispatcher may send them to every backend.
 
         Raises:
             TypeError: ``tenant`` is not a string, or ``settings`` not a
@@ -627,6 +629,8 @@ class SlotPolicy:
             ValueError: ``tenant`` is empty or too long.
         """
         _check_tenant(tenant, settings)
+        if settings is None and self._tenants is None:
+            return []
         self.needs_clock = True
         self._count_tenants().configure(tenant, settings, self._now)
         return self._fill()

@@ -552,9 +552,9 @@ class Dispatcher(metaclass=NoPublicConstructor):
     def remove_tenant(self, tenant: str) -> None:
         """Give ``tenant`` the defaults again (``Tenant()``: weight 1, no cap), now.
 
-        Nothing happens for a tenant not configured. Its requests go on,
-        ranked with the default weight from now on. With ``redis_url``,
-        the whole fleet follows it.
+        Its requests go on, ranked with the default weight from now on.
+        With ``redis_url``, the whole fleet follows it, whichever process
+        configured it; a tenant configured nowhere keeps its defaults.
 
         Raises:
             TypeError: ``tenant`` is not a string.
@@ -563,8 +563,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         """
         check_tenant_name(tenant)
         self._check_open()
-        if self._tenants.pop(tenant, None) is None:
-            return
+        self._tenants.pop(tenant, None)
         self._tell_every(lambda backend: backend.set_tenant(tenant, None))
 
     def tenants(self) -> dict[str, Tenant]:
