@@ -42,7 +42,7 @@ from .._exceptions import MalformedStream, StreamInterrupted
 from .._validation import check_limit, check_text
 from .._wire import error_for_type, make_tool_call
 from ..messages import Finish, ReasoningDelta, TextDelta, Usage
-from ._checks import _check_header_value, _check_headers
+from ._checks import check_header_value, check_headers
 from ._decode import parse_json_data, raw_json, structure_event
 from ._http import EventStream, _ProviderBase
 from ._ratelimit_headers import anthropic_rate_limits
@@ -567,9 +567,9 @@ class AnthropicProvider(_ProviderBase):
         on_rate_limits: RateLimitObserver | None = None,
     ) -> None:
         check_text(anthropic_version, "anthropic_version")
-        _check_header_value(anthropic_version, "anthropic_version")
+        check_header_value(anthropic_version, "anthropic_version")
         check_limit(max_tokens, "max_tokens")
-        self._extra_headers = _check_headers(extra_headers)
+        self._extra_headers = check_headers(extra_headers)
         self._anthropic_version = anthropic_version
         self._max_tokens = max_tokens
         # Last, once every argument is known good: it may make a client.

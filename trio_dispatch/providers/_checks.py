@@ -41,7 +41,12 @@ def takes_model(observer: Callable[..., object]) -> bool:
     )
 
 
-def _check_text(value: object, name: str) -> str:
+def check_secret_text(value: object, name: str) -> str:
+    """A non-empty ``str``; a wrong one is named by its type, never shown.
+
+    For values that may hold a credential (an API key, a URL with one), so
+    no error message carries it (``check_text`` shows the value).
+    """
     if not isinstance(value, str):
         raise TypeError(
             f"{name} must be a non-empty string, got {type(value).__name__}"
@@ -66,7 +71,7 @@ def _character_class(char: str) -> str:
     return "a non-ASCII character"
 
 
-def _check_api_key(value: object) -> str:
+def check_api_key(value: object) -> str:
     """An API key: printable ASCII, no whitespace; never echoed in an error.
 
     A trailing line break (what ``open(path).read()`` leaves) is refused,
@@ -90,7 +95,7 @@ def _check_api_key(value: object) -> str:
     raise ValueError(f"{rule}, got {_character_class(value[bad[0]])} at index {bad[0]}")
 
 
-def _check_header_value(value: str, name: str) -> str:
+def check_header_value(value: str, name: str) -> str:
     """A header value h11 will send: printable ASCII, inner spaces allowed.
 
     Never echoed: a header may carry a credential. Without this check, h11
@@ -113,7 +118,7 @@ _TOKEN_CHARACTERS: Final = frozenset(
 )
 
 
-def _check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+def check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
     """Extra headers, names lowercased; values checked but never echoed."""
     checked: dict[str, str] = {}
     for name, value in dict(headers or {}).items():
@@ -121,17 +126,17 @@ def _check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
             raise TypeError("extra_headers must map header names to strings")
         if not name or not _TOKEN_CHARACTERS.issuperset(name):
             raise ValueError(f"extra_headers names must be HTTP tokens, got {name!r}")
-        checked[name.lower()] = _check_header_value(value, f"extra_headers[{name!r}]")
+        checked[name.lower()] = check_header_value(value, f"extra_headers[{name!r}]")
     return checked
 
 
-def _check_base_url(value: object) -> str:
+def check_base_url(value: object) -> str:
     """A URL httpx2 can send to, with a host; paths are appended to it.
 
     Checked whole here, since httpx2 would only refuse it when a request is
     built, with an error outside the ``ProviderError`` tree.
     """
-    url = _check_text(value, "base_url")
+    url = check_secret_text(value, "base_url")
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"base_url must start with http:// or https://, got {url!r}")
     for index, char in enumerate(url):

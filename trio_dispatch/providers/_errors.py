@@ -122,7 +122,7 @@ def _key_pattern(key: str) -> str:
     A server that echoes the key inside a JSON string may escape any of its
     characters as ``\\uXXXX`` (hex digits in either case), and ``/``, ``"``
     and ``\\`` also as ``\\/``, ``\\"`` and ``\\\\``, in any mix. Keys are
-    printable ASCII (``_check_api_key``), so no other escape applies, and
+    printable ASCII (``check_api_key``), so no other escape applies, and
     every spelling is ASCII: the same pattern serves text and bytes.
     """
     parts: list[str] = []

@@ -42,7 +42,7 @@ from .._exceptions import (
     RequestFailed,
 )
 from .._validation import check_seconds
-from ._checks import _check_api_key, _check_base_url, _check_text, takes_model
+from ._checks import check_api_key, check_base_url, check_secret_text, takes_model
 from ._errors import (
     ERROR_BODY_LIMIT,
     Redactor,
@@ -92,12 +92,12 @@ class _ProviderBase:
         on_rate_limits: RateLimitObserver | None,
         read_rate_limits: Callable[..., RateLimitInfo],
     ) -> None:
-        self._id = _check_text(id, "id")
-        self._base_url = _check_base_url(base_url)
+        self._id = check_secret_text(id, "id")
+        self._base_url = check_base_url(base_url)
         # Checked without echoing it: a key must not reach a message.
-        self._api_key = _check_api_key(api_key)
+        self._api_key = check_api_key(api_key)
         self._redact = Redactor(self._api_key)
-        self._model = _check_text(model, "model")
+        self._model = check_secret_text(model, "model")
         connect = check_seconds(connect_timeout, "connect_timeout", positive=True)
         read = check_seconds(read_timeout, "read_timeout", positive=True)
         if client is not None and not isinstance(client, httpx2.AsyncClient):

@@ -49,7 +49,7 @@ import attrs
 from .._exceptions import MalformedStream, StreamInterrupted
 from .._wire import error_for_status, error_for_type, make_tool_call
 from ..messages import Finish, ReasoningDelta, TextDelta, ToolCall, Usage
-from ._checks import _check_headers
+from ._checks import check_headers
 from ._decode import parse_json_data, raw_json, structure_event
 from ._http import EventStream, _ProviderBase
 from ._ratelimit_headers import openai_rate_limits
@@ -527,7 +527,7 @@ class OpenAIProvider(_ProviderBase):
         on_rate_limit: RateLimitReporter | None = None,
         on_rate_limits: RateLimitObserver | None = None,
     ) -> None:
-        self._extra_headers = _check_headers(extra_headers)
+        self._extra_headers = check_headers(extra_headers)
         # Last, once every argument is known good: it may make a client.
         super().__init__(
             id,

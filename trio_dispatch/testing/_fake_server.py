@@ -114,7 +114,7 @@ class FakeLLMServer:
     ) -> None:
         if not isinstance(script, FakeScript):
             raise TypeError(f"script must be a FakeScript, got {script!r}")
-        _check_api_key(api_key)
+        check_api_key(api_key)
         if quotas is not None and not isinstance(quotas, FakeQuotas):
             raise TypeError(f"quotas must be a FakeQuotas or None, got {quotas!r}")
         self._book = None if quotas is None else QuotaBook(quotas)
@@ -134,6 +134,10 @@ class FakeLLMServer:
         return f"<FakeLLMServer {where}>"
 
     # -- the public face -----------------------------------------------------
+
+    def serving_at(self, base_url: str) -> None:
+        """Plumbing for ``open_fake_llm_server``: the server answers at ``base_url`` now."""
+        self._base_url = base_url
 
     @property
     def base_url(self) -> str:
@@ -657,7 +661,7 @@ def _check_request(request: FakeRequest, headers: Mapping[str, str]) -> None:
         )
 
 
-def _check_api_key(api_key: str | None) -> None:
+def check_api_key(api_key: str | None) -> None:
     """Refuse a key no client could ever present, so every request got 401.
 
     Presented keys are stripped and must be non-empty (see

@@ -95,7 +95,7 @@ async def _serve(
                 raise KeyboardInterrupt
 
         binds = await nursery.start(run)
-        server._base_url = binds[0]
+        server.serving_at(binds[0])
         try:
             yield server
         finally:
