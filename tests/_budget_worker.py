@@ -105,8 +105,9 @@ async def run(settings: dict[str, Any]) -> None:
                         agents.start_soon(agent, n)
                 nursery.cancel_scope.cancel()
             stats = dispatcher.statistics().providers[PROVIDER]
-            # What the answers taught: the figures are the model's, kept
-            # per model where the backend does (the provider's otherwise).
+            # The budget in force: the model's, where its answers taught one
+            # (their figures are the model's), else the provider's own (a
+            # configured one, the fleet's).
             budget = stats.models.get("fake", stats.budget)
             say(
                 turns=turns,
