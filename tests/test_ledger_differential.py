@@ -276,6 +276,9 @@ class Pair:
             else round((until - self.now) * 1000)
         )
         assert round(result.paused_for * 1000) == left, where
+        # Both count tenants from the same moment (never for the defaults
+        # of a tenant where none is counted).
+        assert result.counting == policy.counts_tenants, where
         tenants = policy.tenant_statistics(self.now)
         assert set(result.tenants) == set(tenants), where
         for name, pure_tenant in tenants.items():
@@ -717,6 +720,18 @@ A, B = "a", "b"
                 ("release", 0),
             ],
             id="a_weight_change_folds_what_accrued_at_the_old_weight",
+        ),
+        pytest.param(
+            1,
+            {},
+            {},
+            [
+                ("set_tenant", A, None),
+                ("acquire", 0, 0, 0, None, None),
+                ("acquire", 0, 0, 0, None, None),
+                ("release", 0),
+            ],
+            id="the_defaults_where_no_tenant_is_counted_change_nothing",
         ),
     ],
 )

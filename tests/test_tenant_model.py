@@ -185,6 +185,8 @@ class TenantModel:
     def set_tenant(
         self, tenant: str, weight: float | None, cap: int | None, now: Fraction
     ) -> list[Ticket]:
+        if weight is None and not self.counting:
+            return []  # the defaults, where no tenant is counted: nothing
         self.start_counting(now)
         if weight is None:
             state = self.states.get(tenant)

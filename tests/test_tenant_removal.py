@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 def test_forgetting_a_tenant_counts_no_tenant() -> None:
     policy = SlotPolicy(1)
     assert policy.set_tenant("acme", None) == []
-    assert not policy.needs_clock
+    assert (policy.needs_clock, policy.counts_tenants) == (False, False)
     # The default path still: one grant, the next waits in ticket order.
     assert policy.acquire(Ticket(0.0, 0)) == [Ticket(0.0, 0)]
     assert policy.acquire(Ticket(1.0, 1)) == []

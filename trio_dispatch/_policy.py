@@ -312,6 +312,11 @@ class SlotPolicy:
         return self._paused_until
 
     @property
+    def counts_tenants(self) -> bool:
+        """Whether waiters queue by tenant and model: from the first of them on."""
+        return self._tenants is not None
+
+    @property
     def throttle(self) -> Throttle | None:
         """The budgets and adaptive limit asked before each grant, or ``None``."""
         return self._gate

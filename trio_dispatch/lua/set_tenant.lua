@@ -4,8 +4,10 @@
 -- latest writer wins. What the tenant received so far is folded into its
 -- counter at the old weight; an unconfigured tenant with nothing held or
 -- waiting is forgotten (it starts again from the floor). Tenants are
--- counted from now on if they were not (``extend``).
+-- counted from now on if they were not (``extend``), but for the defaults
+-- where no tenant is counted: they change nothing, as in the pure core.
 local t, weight, cap, chan = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+if weight == '' and not redis.call('HGET', conf, 'xm') then return 0 end
 extend()
 local text = redis.call('HGET', tstate, t)
 if text then
