@@ -44,7 +44,9 @@ Three measurements:
    the same run, a plain Lua counting semaphore written here (a ZSET of
    leases: one script to take a slot, one to give it back with a wake-up
    publish; a waiter in the process retries when a slot of the process is
-   given back): the floor that any Redis semaphore pays.
+   given back): the floor that any Redis semaphore pays. And once more
+   with the tasks taking turns being two tenants' (``Tenant()`` each), so
+   the fleet counts tenants: what fair shares cost on the grant's path.
 
 Method. Wall-clock timings (``time.perf_counter``, ``time.time`` across
 processes) on trio's real clock; every measurement alternates local and
@@ -71,7 +73,7 @@ import coredis
 import trio
 import trio.testing
 
-from trio_dispatch import open_dispatcher
+from trio_dispatch import Tenant, open_dispatcher
 
 from _common import environment, finish, plain, positive_int, show_progress
 
@@ -139,6 +141,7 @@ class RedisBackendReport:
     scaling: tuple[ScalingRow, ...]
     commands_per_grant: float = 0.0
     semaphore_commands_per_grant: float = 0.0
+    tenant_commands_per_grant: float = 0.0
 
     def to_json(self) -> str:
         """The report as a JSON document."""
@@ -170,6 +173,8 @@ class RedisBackendReport:
             f"| Redis commands per grant, contended (plain Lua semaphore:"
             f" {self.semaphore_commands_per_grant:.1f}) |"
             f" | {self.commands_per_grant:.1f} |",
+            f"| Redis commands per grant, contended, the tasks of two tenants |"
+            f" | {self.tenant_commands_per_grant:.1f} |",
             "",
             f"Scaling: processes sharing a limit of {self.sizes.limit} on Redis,"
             f" each with {self.sizes.fleet_tasks} tasks of"
@@ -288,21 +293,32 @@ async def _bare_requests(rounds: int, redis_url: str) -> list[float]:
     return found
 
 
-async def _handoffs(sizes: Sizes, redis_url: str | None, namespace: str) -> float:
+async def _handoffs(
+    sizes: Sizes,
+    redis_url: str | None,
+    namespace: str,
+    tenants: tuple[str, ...] = (),
+) -> float:
+    """Contended hand-offs per second; with ``tenants``, the tasks take turns
+    being theirs (so the fleet counts tenants)."""
     async with open_dispatcher(
-        {_PROVIDER: sizes.limit}, **_options(redis_url, namespace)
+        {_PROVIDER: sizes.limit},
+        tenants={name: Tenant() for name in tenants},
+        **_options(redis_url, namespace),
     ) as dispatcher:
         gate = trio.Event()
 
-        async def cycle() -> None:
+        async def cycle(tenant: str | None) -> None:
             await gate.wait()
             for _ in range(sizes.cycles):
-                async with dispatcher.slot(_PROVIDER):
+                async with dispatcher.slot(_PROVIDER, tenant=tenant):
                     await trio.lowlevel.checkpoint()
 
         async with trio.open_nursery() as nursery:
-            for _ in range(sizes.tasks):
-                nursery.start_soon(cycle)
+            for n in range(sizes.tasks):
+                nursery.start_soon(
+                    cycle, tenants[n % len(tenants)] if tenants else None
+                )
             await trio.testing.wait_all_tasks_blocked()
             started = time.perf_counter()
             gate.set()
@@ -320,11 +336,13 @@ async def _commands(client: coredis.Redis[str]) -> int:
     return total
 
 
-async def _commands_per_grant(sizes: Sizes, redis_url: str, namespace: str) -> float:
+async def _commands_per_grant(
+    sizes: Sizes, redis_url: str, namespace: str, tenants: tuple[str, ...] = ()
+) -> float:
     """The contended hand-offs on Redis: server commands over grants."""
     async with coredis.Redis.from_url(redis_url, decode_responses=True) as client:
         before = await _commands(client)
-        await _handoffs(sizes, redis_url, namespace)
+        await _handoffs(sizes, redis_url, namespace, tenants)
         return (await _commands(client) - before) / (sizes.tasks * sizes.cycles)
 
 
@@ -503,6 +521,9 @@ def run(sizes: Sizes, redis_url: str) -> RedisBackendReport:
     show_progress("commands per grant")
     commands = trio.run(_commands_per_grant, sizes, redis_url, "cmds")
     semaphore = trio.run(_semaphore_commands_per_grant, sizes, redis_url, "sem")
+    with_tenants = trio.run(
+        _commands_per_grant, sizes, redis_url, "tcmds", ("light", "heavy")
+    )
     rows = []
     for processes in sizes.processes:
         show_progress(f"scaling: {processes} processes")
@@ -527,6 +548,7 @@ def run(sizes: Sizes, redis_url: str) -> RedisBackendReport:
         scaling=tuple(rows),
         commands_per_grant=commands,
         semaphore_commands_per_grant=semaphore,
+        tenant_commands_per_grant=with_tenants,
     )
 
 

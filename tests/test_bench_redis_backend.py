@@ -63,6 +63,7 @@ def test_every_latency_is_a_sane_pair_of_quantiles(report: RedisBackendReport) -
     # own calls; the plain semaphore's at least its two script calls.
     assert report.commands_per_grant > 1
     assert report.semaphore_commands_per_grant > 2
+    assert report.tenant_commands_per_grant > 1
 
 
 @needs_redis
@@ -90,13 +91,15 @@ def test_json_and_markdown_hold_the_same_figures(report: RedisBackendReport) -> 
     ]
     markdown = report.to_markdown()
     rows = [line for line in markdown.splitlines() if line.startswith("| ")]
-    # Two tables, each with a header and a separator: eight measurements,
+    # Two tables, each with a header and a separator: nine measurements,
     # then one row per fleet.
-    assert len(rows) == 4 + 8 + len(report.scaling)
+    assert len(rows) == 4 + 9 + len(report.scaling)
     assert f"{report.latency_redis_p50_us:.0f}" in markdown
     assert data["commands_per_grant"] == report.commands_per_grant
     assert f"| {report.commands_per_grant:.1f} |" in markdown
     assert f"semaphore: {report.semaphore_commands_per_grant:.1f})" in markdown
+    assert data["tenant_commands_per_grant"] == report.tenant_commands_per_grant
+    assert f"two tenants | | {report.tenant_commands_per_grant:.1f} |" in markdown
     for row in report.scaling:
         assert f"| {row.processes} | {row.grants} |" in markdown
 
