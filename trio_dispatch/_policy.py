@@ -123,10 +123,9 @@ from ._validation import (
     check_optional_seconds,
     check_pauses,
     check_slot_limit,
-    check_tenant_name,
     check_text,
 )
-from .messages._limits import Tenant
+from .messages._limits import Tenant, check_tenant
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -228,7 +227,7 @@ class SlotPolicy:
             check_slot_limit(limit)
         configured = {} if tenants is None else dict(tenants)
         for name, settings in configured.items():
-            _check_tenant(name, settings)
+            check_tenant(name, settings)
         throttles = {} if models is None else dict(models)
         for model, model_throttle in throttles.items():
             check_text(model, "model")
@@ -633,7 +632,7 @@ class SlotPolicy:
                 ``Tenant`` or ``None``.
             ValueError: ``tenant`` is empty or too long.
         """
-        _check_tenant(tenant, settings)
+        check_tenant(tenant, settings)
         if settings is None and self._tenants is None:
             return []
         self.needs_clock = True
@@ -909,10 +908,3 @@ class SlotPolicy:
         self._granted_total += len(grants)
         self._peak_in_flight = max(self._peak_in_flight, held)
         return grants
-
-
-def _check_tenant(tenant: object, settings: object) -> None:
-    """A tenant's name and its settings (a ``Tenant`` or ``None``)."""
-    check_tenant_name(tenant)
-    if settings is not None and not isinstance(settings, Tenant):
-        raise TypeError(f"settings must be a Tenant or None, got {settings!r}")

@@ -63,8 +63,8 @@ import trio
 from .._backend import ProviderStatistics
 from .._budgets import AdaptiveLimit
 from .._exceptions import DispatcherClosed, QueueFull
-from .._validation import check_tenant_name, check_text
-from ..messages._limits import Budget, Tenant
+from .._validation import check_text
+from ..messages._limits import Budget, Tenant, check_tenant
 from ..messages._scheduling import (
     Acquire,
     Adapt,
@@ -263,9 +263,7 @@ class SchedulerActor:
             ValueError: ``tenant`` is empty or too long.
             trio.ClosedResourceError: The actor has stopped.
         """
-        check_tenant_name(tenant)
-        if settings is not None and not isinstance(settings, Tenant):
-            raise TypeError(f"settings must be a Tenant or None, got {settings!r}")
+        check_tenant(tenant, settings)
         self._inbox.send_nowait(SetTenant(tenant, settings))
 
     def set_model_budget(self, model: str, budget: Budget) -> None:

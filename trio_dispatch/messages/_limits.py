@@ -16,6 +16,7 @@ import attrs
 
 from .._validation import (
     check_fraction,
+    check_tenant_name,
     positive_int,
     positive_number,
     slot_limit,
@@ -144,3 +145,10 @@ class Tenant:
     limit: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(slot_limit)
     )
+
+
+def check_tenant(tenant: object, settings: object) -> None:
+    """A tenant's name and its settings: a ``Tenant``, or ``None`` for the defaults."""
+    check_tenant_name(tenant)
+    if settings is not None and not isinstance(settings, Tenant):
+        raise TypeError(f"settings must be a Tenant or None, got {settings!r}")
