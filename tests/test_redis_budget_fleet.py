@@ -308,13 +308,12 @@ async def configured_fleet(redis: RedisServer | None) -> list[float]:
         began = 0.0
 
         async def spend() -> None:
-            nonlocal spent
             while True:
                 async with dispatcher.slot(PROVIDER):
-                    spent += 1
+                    pass
 
         async def spend_the_bucket() -> None:
-            nonlocal began
+            nonlocal began, spent
             began = trio.current_time()
             async with trio.open_nursery() as nursery:
                 for _ in range(16):
@@ -322,6 +321,11 @@ async def configured_fleet(redis: RedisServer | None) -> list[float]:
                 while not _waiting_for_budget(dispatcher):  # noqa: ASYNC110  # polling a snapshot
                     await trio.sleep(0.005)
                 nursery.cancel_scope.cancel()
+            # What the budget was charged here: every grant, those whose
+            # task the cancellation reached before it could use them too
+            # (given back unused, still charged). Only the spenders took
+            # slots of this process.
+            spent = dispatcher.statistics().providers[PROVIDER].granted_total
 
         reports = await run_fleet(
             llm, redis, limit=16, questions=2, before_start=spend_the_bucket
