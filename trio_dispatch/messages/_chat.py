@@ -17,11 +17,11 @@ from typing import Any, Final, Literal, final
 import attrs
 
 from .._validation import (
-    _real,
-    _shown,
     non_negative_int,
     non_negative_number,
     positive_int,
+    real_number,
+    shown_value,
     validator,
 )
 from ._stream import ToolCall
@@ -138,21 +138,21 @@ _RESERVED_FIELDS: Final = frozenset(
 
 def _check_temperature(value: object, name: str) -> None:
     rule = "a number from 0 to 2"
-    number = _real(value, name, rule)
+    number = real_number(value, name, rule)
     if not (math.isfinite(number) and 0 <= number <= 2):
-        raise ValueError(f"{name} must be {rule}, got {_shown(value)}")
+        raise ValueError(f"{name} must be {rule}, got {shown_value(value)}")
 
 
 def _check_top_p(value: object, name: str) -> None:
     rule = "a number above 0 and at most 1"
-    number = _real(value, name, rule)
+    number = real_number(value, name, rule)
     if not 0 < number <= 1:
-        raise ValueError(f"{name} must be {rule}, got {_shown(value)}")
+        raise ValueError(f"{name} must be {rule}, got {shown_value(value)}")
 
 
 def _check_cache_key(value: object, name: str) -> None:
     if not isinstance(value, str) or not value:
-        raise ValueError(f"{name} must be a non-empty string, got {_shown(value)}")
+        raise ValueError(f"{name} must be a non-empty string, got {shown_value(value)}")
 
 
 def _stop(value: Any) -> tuple[str, ...] | None:  # noqa: ANN401 (an attrs converter takes anything)
