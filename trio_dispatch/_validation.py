@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 def check_text(value: object, name: str) -> str:
     """A non-empty ``str``."""
     if not isinstance(value, str):
-        raise TypeError(f"{name} must be a non-empty string, got {value!r}")
+        raise TypeError(f"{name} must be a non-empty string, got {shown_value(value)}")
     if not value:
         raise ValueError(f"{name} must be a non-empty string, got ''")
     return value
@@ -81,7 +81,7 @@ def check_limit(limit: object, name: str = "limit") -> int:
     if not isinstance(limit, int) or isinstance(limit, bool):
         raise TypeError(f"{name} must be a positive integer, got {limit!r}")
     if limit < 1:
-        raise ValueError(f"{name} must be a positive integer, got {limit!r}")
+        raise ValueError(f"{name} must be a positive integer, got {shown_value(limit)}")
     return limit
 
 
@@ -115,7 +115,9 @@ def check_count(count: object, name: str) -> int:
     if not isinstance(count, int) or isinstance(count, bool):
         raise TypeError(f"{name} must be a non-negative integer, got {count!r}")
     if count < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {count!r}")
+        raise ValueError(
+            f"{name} must be a non-negative integer, got {shown_value(count)}"
+        )
     return count
 
 
