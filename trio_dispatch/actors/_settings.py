@@ -73,19 +73,15 @@ def check_unknown_providers(
     raise ValueError(f"{rule}, got {value!r}")
 
 
-def check_tenants(tenants: object, name: str = "tenants") -> dict[str, Tenant]:
+def check_tenants(tenants: object, name: str = "tenants") -> None:
     """``open_dispatcher``'s ``tenants``: a mapping of tenant names to ``Tenant``."""
-    if tenants is None:
-        return {}
     if not isinstance(tenants, Mapping):
         raise TypeError(
             f"{name} must be a mapping of tenant name to Tenant, got {tenants!r}"
         )
-    checked: dict[str, Tenant] = {}
     for tenant, settings in tenants.items():
         check_tenant_name(tenant)
-        checked[tenant] = check_tenant_settings(settings, f"{name}[{tenant!r}]")
-    return checked
+        check_tenant_settings(settings, f"{name}[{tenant!r}]")
 
 
 def check_tenant_settings(settings: object, name: str = "settings") -> Tenant:
@@ -102,32 +98,18 @@ def check_new_backend(new_backend: object, name: str = "new_backend") -> None:
 
 
 def _copied(value: object) -> object:
-    """A mapping as a dict of its own, ``{}`` for ``None``; anything else as it is.
-
-    An attrs converter, so it runs before the field's check: what is not a
-    mapping is left for the check to refuse, and what the check passes is
-    exactly what is kept.
-    """
+    """A mapping as a dict of its own, ``{}`` for ``None``; anything else as it
+    is, for the field's check (run after this converter) to refuse."""
     if value is None:
         return {}
     return dict(value) if isinstance(value, Mapping) else value
 
 
-def shown(url: str | None) -> str | None:
-    """A URL as a repr shows it: without its credentials."""
-    return None if url is None else redact_url(url)
-
-
 @final
 @attrs.frozen(kw_only=True)
 class Settings:
-    """A dispatcher's settings: ``open_dispatcher``'s keywords, each checked on its field.
-
-    The fields are ``open_dispatcher``'s keywords, with its defaults (a
-    test holds the two to each other), and ``new_backend``, the factory
-    given to ``trio_dispatch.lowlevel.open_dispatcher_with``. The fields
-    are checked in their order, ``TypeError`` for a wrong type and
-    ``ValueError`` for a bad value, then the rules between them.
+    """``open_dispatcher``'s keywords with its defaults (a test holds the two
+    to each other), and the factory of ``lowlevel.open_dispatcher_with``.
 
     Attributes:
         provider_budgets: The providers' own budgets, by provider (the
@@ -163,7 +145,7 @@ class Settings:
     redis_url: str | None = attrs.field(
         default=None,
         validator=validator(check_redis_url),
-        repr=lambda url: repr(shown(url)),
+        repr=lambda url: repr(None if url is None else redact_url(url)),
     )
     namespace: str = attrs.field(
         default=DEFAULT_NAMESPACE, validator=validator(check_namespace)
