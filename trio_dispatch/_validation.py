@@ -103,6 +103,16 @@ def check_slot_limit(limit: object, name: str = "limit") -> int:
     return limit
 
 
+def check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
+    """One of a few strings, ``choices``."""
+    rule = f"{name} must be one of {', '.join(choices)}"
+    if not isinstance(value, str):
+        raise TypeError(f"{rule}, got {value!r}")
+    if value not in choices:
+        raise ValueError(f"{rule}, got {value!r}")
+    return value
+
+
 def check_flag(value: object, name: str) -> bool:
     """``True`` or ``False``: a ``bool``, not another value taken for one."""
     if not isinstance(value, bool):
@@ -300,6 +310,11 @@ positive_number = validator(check_positive_number)
 
 flag = validator(check_flag)
 """An attrs validator: ``True`` or ``False``."""
+
+
+def one_of(*choices: str) -> Callable[[object, attrs.Attribute[Any], object], None]:
+    """An attrs validator: one of ``choices``, a few strings."""
+    return validator(lambda value, name: check_choice(value, name, choices))
 
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix")

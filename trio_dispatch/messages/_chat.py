@@ -20,6 +20,7 @@ from .._validation import (
     check_text,
     non_negative_int,
     non_negative_number,
+    one_of,
     positive_int,
     real_number,
     shown_value,
@@ -31,15 +32,6 @@ Role = Literal["system", "user", "assistant", "tool"]
 """Who speaks in a ``ChatMessage``."""
 
 _ROLES = ("system", "user", "assistant", "tool")
-
-
-def _check_role(value: object, name: str) -> None:
-    if value in _ROLES:
-        return
-    rule = f"{name} must be one of {', '.join(_ROLES)}"
-    if not isinstance(value, str):
-        raise TypeError(f"{rule}, got {value!r}")
-    raise ValueError(f"{rule}, got {value!r}")
 
 
 def _check_speaker(message: ChatMessage) -> None:
@@ -79,7 +71,7 @@ class ChatMessage:
             has no such field and ignores it).
     """
 
-    role: Role = attrs.field(validator=validator(_check_role))
+    role: Role = attrs.field(validator=one_of(*_ROLES))
     content: str
     tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_tool_calls)
     tool_call_id: str | None = None

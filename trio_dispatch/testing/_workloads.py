@@ -34,6 +34,7 @@ from .._validation import (
     check_text,
     non_negative_number,
     non_negative_seconds,
+    one_of,
     positive_int,
     positive_number,
     positive_seconds,
@@ -68,9 +69,7 @@ class Duration:
     """
 
     kind: DurationKind = attrs.field(
-        validator=attrs.validators.in_(
-            ("constant", "exponential", "lognormal", "uniform")
-        )
+        validator=one_of("constant", "exponential", "lognormal", "uniform")
     )
     mean: float = attrs.field(validator=non_negative_seconds)
     spread: float = attrs.field(default=0.0, validator=non_negative_number)
