@@ -803,6 +803,7 @@ def test_tool_spec_is_what_the_request_declares() -> None:
     [
         ({"name": "has space"}, ValueError, "tool name must be 1 to 64 letters, digits, '_' or '-', got 'has space'"),
         ({"name": ""}, ValueError, "tool name must be 1 to 64 letters, digits, '_' or '-', got ''"),
+        ({"name": 5}, TypeError, "tool name must be 1 to 64 letters, digits, '_' or '-', got 5"),
         ({"description": None}, TypeError, "tool description must be a string, got None"),
         ({"parameters": []}, TypeError, "tool parameters must be a JSON schema dict, got []"),
         ({"parameters": {"type": "array"}}, ValueError, "tool parameters must be an object schema, got type 'array'"),

@@ -53,6 +53,11 @@ def test_a_conversation() -> None:
             r"^role must be one of system, user, assistant, tool, got 'robot'$",
         ),
         (
+            lambda: ChatMessage(5, "hi"),  # type: ignore[arg-type]
+            TypeError,
+            r"^role must be one of system, user, assistant, tool, got 5$",
+        ),
+        (
             lambda: ChatMessage("user", "hi", tool_calls=[CALL]),
             ValueError,
             r"^only assistant messages carry tool_calls, got role 'user'$",

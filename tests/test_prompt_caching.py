@@ -268,3 +268,7 @@ def test_chat_request_refuses_a_bad_stable_prefix_or_cache_key() -> None:
         ValueError, match=r"^cache_key must be a non-empty string, got ''$"
     ):
         ChatRequest(one, cache_key="")
+    with pytest.raises(
+        TypeError, match=r"^cache_key must be a non-empty string, got 5$"
+    ):
+        ChatRequest(one, cache_key=5)  # type: ignore[arg-type]  # wrong on purpose

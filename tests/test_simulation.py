@@ -137,6 +137,8 @@ async def test_simulate_runs_inside_an_existing_run(
 def test_run_simulation_rejects_an_unknown_policy() -> None:
     with pytest.raises(ValueError, match=r"^policy must be one of .*; got 'lifo'$"):
         run_simulation(three_turns(), "lifo")  # type: ignore[arg-type]  # on purpose
+    with pytest.raises(TypeError, match=r"^policy must be one of .*; got 1$"):
+        run_simulation(three_turns(), 1)  # type: ignore[arg-type]  # on purpose
 
 
 def busy_workload(seed: int) -> Workload:

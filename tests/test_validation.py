@@ -269,6 +269,34 @@ async def test_an_int_too_long_to_print_is_named_by_its_size() -> None:
             dispatcher.report_rate_limit("p", 10**5000)
 
 
+def test_an_int_too_long_to_print_is_named_by_its_size_in_values_too() -> None:
+    long = -(10**5000)
+    with pytest.raises(
+        ValueError,
+        match=r"^max_tokens must be a positive integer, got an integer of 16610 bits$",
+    ):
+        ChatRequest([ChatMessage("user", "x")], max_tokens=long)
+    with pytest.raises(
+        ValueError,
+        match=r"^keep_recent must be a non-negative integer,"
+        r" got an integer of 16610 bits$",
+    ):
+        ConversationOptions(keep_recent=long)
+    with pytest.raises(
+        TypeError,
+        match=r"^name must be a non-empty string, got an integer of 16610 bits$",
+    ):
+        SimProvider(long, 1)  # type: ignore[arg-type]  # wrong on purpose
+
+
+def test_a_choice_of_a_few_names_follows_the_rule() -> None:
+    rule = "kind must be one of constant, exponential, lognormal, uniform"
+    with pytest.raises(ValueError, match=rf"^{rule}, got 'normal'$"):
+        Duration("normal", 1.0)  # type: ignore[arg-type]  # wrong on purpose
+    with pytest.raises(TypeError, match=rf"^{rule}, got 1$"):
+        Duration(1, 1.0)  # type: ignore[arg-type]  # wrong on purpose
+
+
 def test_an_attrs_validator_is_the_check_named_after_the_field() -> None:
     @attrs.frozen
     class Sizes:

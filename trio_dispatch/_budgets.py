@@ -702,13 +702,15 @@ class Throttle:
         )
 
 
-def check_limit_mapping(limits: object) -> dict[str, int | AdaptiveLimit]:
+def check_limit_mapping(
+    limits: object, name: str = "limits"
+) -> dict[str, int | AdaptiveLimit]:
     """A mapping of provider names to limits (ints or adaptive), checked whole."""
     if limits is None:
         return {}
     if not isinstance(limits, Mapping):
         raise TypeError(
-            f"limits must be a mapping of provider to limit, got {limits!r}"
+            f"{name} must be a mapping of provider to limit, got {limits!r}"
         )
     return {
         check_provider(provider): check_limit_value(limit, f"limit for {provider!r}")
@@ -716,7 +718,7 @@ def check_limit_mapping(limits: object) -> dict[str, int | AdaptiveLimit]:
     }
 
 
-def check_budgets(budgets: object) -> dict[str, Budget]:
+def check_budgets(budgets: object, name: str = "budgets") -> dict[str, Budget]:
     """A mapping of budget keys to ``Budget`` values, checked whole.
 
     A key is a provider's name (its budget over all its models) or
@@ -727,7 +729,7 @@ def check_budgets(budgets: object) -> dict[str, Budget]:
         return {}
     if not isinstance(budgets, Mapping):
         raise TypeError(
-            f"budgets must be a mapping of provider to Budget, got {budgets!r}"
+            f"{name} must be a mapping of provider to Budget, got {budgets!r}"
         )
     checked: dict[str, Budget] = {}
     for key, budget in budgets.items():

@@ -26,7 +26,6 @@ leave the value as given (an ``int`` stays an ``int``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_plus, urlsplit
 
@@ -39,7 +38,7 @@ if TYPE_CHECKING:
 def check_text(value: object, name: str) -> str:
     """A non-empty ``str``."""
     if not isinstance(value, str):
-        raise TypeError(f"{name} must be a non-empty string, got {value!r}")
+        raise TypeError(f"{name} must be a non-empty string, got {shown_value(value)}")
     if not value:
         raise ValueError(f"{name} must be a non-empty string, got ''")
     return value
@@ -82,7 +81,7 @@ def check_limit(limit: object, name: str = "limit") -> int:
     if not isinstance(limit, int) or isinstance(limit, bool):
         raise TypeError(f"{name} must be a positive integer, got {limit!r}")
     if limit < 1:
-        raise ValueError(f"{name} must be a positive integer, got {limit!r}")
+        raise ValueError(f"{name} must be a positive integer, got {shown_value(limit)}")
     return limit
 
 
@@ -98,8 +97,27 @@ def check_slot_limit(limit: object, name: str = "limit") -> int:
     check_limit(limit, name)
     assert isinstance(limit, int)  # checked just above
     if limit > MAX_LIMIT:
-        raise ValueError(f"{name} must be at most {MAX_LIMIT}, got {_shown(limit)}")
+        raise ValueError(
+            f"{name} must be at most {MAX_LIMIT}, got {shown_value(limit)}"
+        )
     return limit
+
+
+def check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
+    """One of a few strings, ``choices``."""
+    rule = f"{name} must be one of {', '.join(choices)}"
+    if not isinstance(value, str):
+        raise TypeError(f"{rule}, got {value!r}")
+    if value not in choices:
+        raise ValueError(f"{rule}, got {value!r}")
+    return value
+
+
+def check_flag(value: object, name: str) -> bool:
+    """``True`` or ``False``: a ``bool``, not another value taken for one."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
 
 
 def check_count(count: object, name: str) -> int:
@@ -107,7 +125,9 @@ def check_count(count: object, name: str) -> int:
     if not isinstance(count, int) or isinstance(count, bool):
         raise TypeError(f"{name} must be a non-negative integer, got {count!r}")
     if count < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {count!r}")
+        raise ValueError(
+            f"{name} must be a non-negative integer, got {shown_value(count)}"
+        )
     return count
 
 
@@ -123,7 +143,7 @@ def check_priority(priority: object, name: str = "priority") -> int:
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise TypeError(f"{name} must be {rule}, got {priority!r}")
     if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
-        raise ValueError(f"{name} must be {rule}, got {_shown(priority)}")
+        raise ValueError(f"{name} must be {rule}, got {shown_value(priority)}")
     return priority
 
 
@@ -132,22 +152,6 @@ def check_seed(seed: object, name: str = "seed") -> int | None:
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise TypeError(f"{name} must be an integer or None, got {seed!r}")
     return seed
-
-
-def check_limits(limits: object) -> dict[str, int]:
-    """A mapping of provider names to limits, checked whole before use."""
-    if limits is None:
-        return {}
-    if not isinstance(limits, Mapping):
-        raise TypeError(
-            f"limits must be a mapping of provider to limit, got {limits!r}"
-        )
-    checked: dict[str, int] = {}
-    for provider, limit in limits.items():
-        checked[check_provider(provider)] = check_slot_limit(
-            limit, f"limit for {provider!r}"
-        )
-    return checked
 
 
 def check_max_waiting(max_waiting: object) -> int | None:
@@ -169,7 +173,7 @@ def as_float(value: float) -> float:
         return math.inf if value > 0 else -math.inf
 
 
-def _shown(value: object) -> str:
+def shown_value(value: object) -> str:
     """``repr(value)``, or a short stand-in for an int too long to print."""
     try:
         return repr(value)
@@ -179,8 +183,13 @@ def _shown(value: object) -> str:
         return f"an integer of {value.bit_length()} bits"
 
 
-def _real(value: object, name: str, rule: str) -> float:
-    """``value`` as a float if it is an ``int`` or a ``float``; else TypeError."""
+def real_number(value: object, name: str, rule: str) -> float:
+    """``value`` as a float if it is an ``int`` or a ``float``; else TypeError.
+
+    The first half of every check of a number: a check of a range of its
+    own (a temperature's) calls it, then refuses what is out of its range
+    with ``ValueError(f"{name} must be {rule}, got {shown_value(value)}")``.
+    """
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be {rule}, got {value!r}")
     return as_float(value)
@@ -189,9 +198,9 @@ def _real(value: object, name: str, rule: str) -> float:
 def check_number(value: object, name: str, *, positive: bool = False) -> float:
     """A finite real number, >= 0 (or > 0): rates, weights, temperatures."""
     rule = "a positive number" if positive else "a non-negative number"
-    number = _real(value, name, rule)
+    number = real_number(value, name, rule)
     if not math.isfinite(number) or number < 0 or (positive and number == 0):
-        raise ValueError(f"{name} must be {rule}, got {_shown(value)}")
+        raise ValueError(f"{name} must be {rule}, got {shown_value(value)}")
     return number
 
 
@@ -203,9 +212,9 @@ def check_positive_number(value: object, name: str) -> float:
 def check_fraction(value: object, name: str) -> float:
     """A real number from 0 to 1, both included."""
     rule = "a number from 0 to 1"
-    number = _real(value, name, rule)
+    number = real_number(value, name, rule)
     if not 0 <= number <= 1:
-        raise ValueError(f"{name} must be {rule}, got {_shown(value)}")
+        raise ValueError(f"{name} must be {rule}, got {shown_value(value)}")
     return number
 
 
@@ -216,9 +225,9 @@ def check_seconds(value: object, name: str, *, positive: bool = False) -> float:
         if positive
         else "a non-negative number of seconds"
     )
-    seconds = _real(value, name, rule)
+    seconds = real_number(value, name, rule)
     if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
-        raise ValueError(f"{name} must be {rule}, got {_shown(value)}")
+        raise ValueError(f"{name} must be {rule}, got {shown_value(value)}")
     return seconds
 
 
@@ -248,17 +257,17 @@ def check_pauses(default_pause: object, max_pause: object) -> tuple[float, float
 
 def check_instant(value: object, name: str) -> float:
     """An instant on the trio clock is a finite real number."""
-    instant = _real(value, name, "a finite number")
+    instant = real_number(value, name, "a finite number")
     if not math.isfinite(instant):
-        raise ValueError(f"{name} must be a finite number, got {_shown(value)}")
+        raise ValueError(f"{name} must be a finite number, got {shown_value(value)}")
     return instant
 
 
 def check_deadline(value: object, name: str) -> float:
     """An instant on the trio clock or an infinity (never): any number but NaN."""
-    deadline = _real(value, name, "a number")
+    deadline = real_number(value, name, "a number")
     if math.isnan(deadline):
-        raise ValueError(f"{name} must be a number, got {_shown(value)}")
+        raise ValueError(f"{name} must be a number, got {shown_value(value)}")
     return deadline
 
 
@@ -299,15 +308,23 @@ non_negative_number = validator(check_number)
 positive_number = validator(check_positive_number)
 """An attrs validator: a finite, positive real number."""
 
+flag = validator(check_flag)
+"""An attrs validator: ``True`` or ``False``."""
+
+
+def one_of(*choices: str) -> Callable[[object, attrs.Attribute[Any], object], None]:
+    """An attrs validator: one of ``choices``, a few strings."""
+    return validator(lambda value, name: check_choice(value, name, choices))
+
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
-def check_redis_url(url: object) -> str | None:
+def check_redis_url(url: object, name: str = "redis_url") -> str | None:
     """``None``, or a ``redis://``, ``rediss://`` or ``unix://`` URL."""
     if url is None:
         return None
-    rule = "redis_url must be a redis://, rediss:// or unix:// URL"
+    rule = f"{name} must be a redis://, rediss:// or unix:// URL"
     if not isinstance(url, str):
         raise TypeError(f"{rule}, got {url!r}")
     try:
@@ -368,14 +385,14 @@ def _redact_parameter(parameter: str) -> str:
     return parameter
 
 
-def check_namespace(namespace: object) -> str:
+def check_namespace(namespace: object, name: str = "namespace") -> str:
     """A non-empty string without the key separator ``:``, braces, or glob
     characters (the pub/sub pattern of a namespace's wake-ups is built from
     it, and a glob character in it would silently match nothing)."""
-    namespace = check_text(namespace, "namespace")
+    namespace = check_text(namespace, name)
     if any(char in namespace for char in ":{}*?[]\\"):
         raise ValueError(
-            "namespace must not contain ':', '{', '}', '*', '?', '[', ']' or"
+            f"{name} must not contain ':', '{{', '}}', '*', '?', '[', ']' or"
             f" '\\', got {namespace!r}"
         )
     return namespace

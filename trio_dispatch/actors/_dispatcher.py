@@ -524,7 +524,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             if models is not None:
                 budget = models.get(model)
         if budget is None:
-            budget = settings.budgets.get(provider)
+            budget = settings.provider_budgets.get(provider)
         return DEFAULT_MAX_TOKENS if budget is None else budget.default_max_tokens
 
     def set_tenant(self, tenant: str, settings: Tenant) -> None:
@@ -832,7 +832,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
     def _local_backend(self, provider: str) -> Backend:
         """The scheduler actor of ``provider`` in this process."""
         settings = self._settings
-        budget = settings.budgets.get(provider)
+        budget = settings.provider_budgets.get(provider)
         policy = SlotPolicy(
             None,
             max_waiting=settings.max_waiting,

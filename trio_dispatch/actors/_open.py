@@ -1,23 +1,19 @@
 """``open_dispatcher``: its keywords checked at the call, then the dispatcher run.
 
 The user's entry point and the backend author's (``open_dispatcher_with``,
-in ``trio_dispatch.lowlevel``): both check their arguments with
-``checked_settings`` before anything starts, and run the dispatcher core.
+in ``trio_dispatch.lowlevel``): both make one ``Settings`` of their
+arguments, which checks itself before anything starts, and run the
+dispatcher core.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
 from ._dispatcher import run_dispatcher
-from ._settings import (
-    DEFAULT_LEASE,
-    DEFAULT_NAMESPACE,
-    UnknownProviders,
-    checked_settings,
-)
+from ._settings import DEFAULT_LEASE, DEFAULT_NAMESPACE, Settings, UnknownProviders
 
 if TYPE_CHECKING:
     import contextlib
@@ -212,8 +208,8 @@ def open_dispatcher(
       The bound is kept on the process's clock against the Redis server's,
       so it assumes they run at the same rate (not that they agree).
     """
-    checked, settings = checked_settings(
-        limits,
+    settings = Settings(
+        limits=limits,
         budgets=budgets,
         learn_budgets=learn_budgets,
         default_pause=default_pause,
@@ -227,7 +223,17 @@ def open_dispatcher(
         priority_aging=priority_aging,
         tenants=tenants,
     )
-    return run_dispatcher(checked, settings)
+    return run_dispatcher(dict(settings.limits), settings)
+
+
+# What a backend shares is its own business: open_dispatcher_with takes
+# open_dispatcher's other keywords.
+_SHARING: Final = ("redis_url", "namespace", "lease")
+_OPTIONS: Final = frozenset(
+    field.alias
+    for field in attrs.fields(Settings)
+    if field.init and field.alias not in {"new_backend", "limits", *_SHARING}
+)
 
 
 def open_dispatcher_with(
@@ -248,10 +254,12 @@ def open_dispatcher_with(
         TypeError: ``new_backend`` is not callable, or an option is unknown
             or one of those three.
     """
-    if not callable(new_backend):
-        raise TypeError(f"new_backend must be callable, got {new_backend!r}")
-    for name in ("redis_url", "namespace", "lease"):
-        if name in options:
+    for name in options:
+        if name in _SHARING:
             raise TypeError(f"open_dispatcher_with() takes no {name}")
-    checked, settings = checked_settings(limits, **options)
-    return run_dispatcher(checked, attrs.evolve(settings, new_backend=new_backend))
+        if name not in _OPTIONS:
+            raise TypeError(
+                f"open_dispatcher_with() got an unexpected keyword argument {name!r}"
+            )
+    settings = Settings(new_backend=new_backend, limits=limits, **options)
+    return run_dispatcher(dict(settings.limits), settings)

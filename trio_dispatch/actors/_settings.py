@@ -1,28 +1,34 @@
-"""A dispatcher's settings, and the checks of ``open_dispatcher``'s keywords.
+"""A dispatcher's settings: ``open_dispatcher``'s keywords, checked on their fields.
 
-``checked_settings`` checks every keyword of ``open_dispatcher`` at the
-call, before anything starts, and returns the limits and one frozen
-``Settings`` value that the dispatcher and its backends read.
+``Settings`` is one frozen value that the dispatcher and its backends
+read. Making one checks it: each field by its validator, in the order of
+the fields, then the rules between fields (``default_pause`` at most
+``max_pause``; ``namespace`` and ``lease`` only with ``redis_url``), so
+``open_dispatcher`` refuses a bad keyword at the call, before anything
+starts. The mappings are copied as they are taken: a caller's later
+change to its own dict reaches nothing here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal, final
 
 import attrs
 
 from .._budgets import check_budgets, check_limit_mapping, split_budget_key
 from .._util import raise_if_extra_missing
 from .._validation import (
-    check_max_waiting,
+    as_float,
     check_namespace,
-    check_optional_seconds,
-    check_pauses,
-    check_positive_seconds,
     check_redis_url,
     check_tenant_name,
+    flag,
+    non_negative_int,
+    non_negative_seconds,
+    positive_seconds,
     redact_url,
+    validator,
 )
 from ..messages._limits import Tenant
 
@@ -34,32 +40,6 @@ if TYPE_CHECKING:
 
 UnknownProviders = Literal["allow", "warn", "error"]
 _UNKNOWN_PROVIDERS: Final[tuple[UnknownProviders, ...]] = ("allow", "warn", "error")
-
-
-@attrs.frozen
-class Settings:
-    """A dispatcher's settings, checked by ``open_dispatcher``."""
-
-    default_pause: float
-    max_pause: float
-    max_hold: float | None
-    max_waiting: int | None
-    unknown_providers: UnknownProviders
-    # Its credentials never show in a repr.
-    redis_url: str | None = attrs.field(default=None, repr=lambda url: repr(shown(url)))
-    namespace: str = "trio-dispatch"
-    lease: float = 15.0
-    priority_aging: float = 60.0
-    # The providers' own budgets, by provider; each model's, by provider
-    # then model (the keys "provider/model" of open_dispatcher's budgets).
-    budgets: Mapping[str, Budget] = attrs.field(factory=dict)
-    model_budgets: Mapping[str, Mapping[str, Budget]] = attrs.field(factory=dict)
-    learn_budgets: bool = True
-    # The tenants configured when the dispatcher opened, by name.
-    tenants: Mapping[str, Tenant] = attrs.field(factory=dict)
-    # A backend for each provider, instead of the local scheduler: given by
-    # trio_dispatch.lowlevel.open_dispatcher_with.
-    new_backend: Callable[[str], Backend] | None = attrs.field(default=None, repr=False)
 
 
 class _DefaultNamespace(str):
@@ -80,57 +60,134 @@ DEFAULT_NAMESPACE: Final = _DefaultNamespace("trio-dispatch")
 DEFAULT_LEASE: Final = _DefaultLease(15.0)
 
 
-def checked_settings(  # open_dispatcher's keywords, once
-    limits: Mapping[str, int | AdaptiveLimit] | None = None,
-    *,
-    budgets: Mapping[str, Budget] | None = None,
-    learn_budgets: bool = True,
-    default_pause: float = 1.0,
-    max_pause: float = 60.0,
-    max_hold: float | None = None,
-    max_waiting: int | None = None,
-    unknown_providers: UnknownProviders = "warn",
-    redis_url: str | None = None,
-    namespace: str = DEFAULT_NAMESPACE,
-    lease: float = DEFAULT_LEASE,
-    priority_aging: float = 60.0,
-    tenants: Mapping[str, Tenant] | None = None,
-) -> tuple[dict[str, int | AdaptiveLimit], Settings]:
-    """``open_dispatcher``'s arguments, checked: the limits and the settings."""
-    checked = check_limit_mapping(limits)
-    provider_budgets, model_budgets = split_budgets(check_budgets(budgets))
-    checked_tenants = check_tenants(tenants)
-    if not isinstance(learn_budgets, bool):
-        raise TypeError(f"learn_budgets must be True or False, got {learn_budgets!r}")
-    pause, longest = check_pauses(default_pause, max_pause)
-    hold = check_optional_seconds(max_hold, "max_hold", positive=True)
-    waiting = check_max_waiting(max_waiting)
-    url = check_redis_url(redis_url)
-    checked_namespace = check_namespace(namespace)
-    checked_lease = check_positive_seconds(lease, "lease")
-    if url is None:
-        if namespace is not DEFAULT_NAMESPACE:
-            raise ValueError("namespace needs redis_url")
-        if lease is not DEFAULT_LEASE:
-            raise ValueError("lease needs redis_url")
-    else:
-        require_redis()
-    settings = Settings(
-        default_pause=pause,
-        max_pause=longest,
-        max_hold=hold,
-        max_waiting=waiting,
-        unknown_providers=check_unknown_providers(unknown_providers),
-        redis_url=url,
-        namespace=str(checked_namespace),
-        lease=float(checked_lease),
-        priority_aging=check_positive_seconds(priority_aging, "priority_aging"),
-        budgets=provider_budgets,
-        model_budgets=model_budgets,
-        learn_budgets=learn_budgets,
-        tenants=checked_tenants,
+def check_unknown_providers(
+    value: object, name: str = "unknown_providers"
+) -> UnknownProviders:
+    """``unknown_providers``, checked: one of its three modes."""
+    for mode in _UNKNOWN_PROVIDERS:
+        if value == mode:
+            return mode
+    rule = f"{name} must be 'allow', 'warn' or 'error'"
+    if not isinstance(value, str):
+        raise TypeError(f"{rule}, got {value!r}")
+    raise ValueError(f"{rule}, got {value!r}")
+
+
+def check_tenants(tenants: object, name: str = "tenants") -> None:
+    """``open_dispatcher``'s ``tenants``: a mapping of tenant names to ``Tenant``."""
+    if not isinstance(tenants, Mapping):
+        raise TypeError(
+            f"{name} must be a mapping of tenant name to Tenant, got {tenants!r}"
+        )
+    for tenant, settings in tenants.items():
+        check_tenant_name(tenant)
+        check_tenant_settings(settings, f"{name}[{tenant!r}]")
+
+
+def check_tenant_settings(settings: object, name: str = "settings") -> Tenant:
+    """A ``Tenant`` value (its fields were checked when it was made)."""
+    if not isinstance(settings, Tenant):
+        raise TypeError(f"{name} must be a Tenant, got {settings!r}")
+    return settings
+
+
+def check_new_backend(new_backend: object, name: str = "new_backend") -> None:
+    """A backend factory: anything callable."""
+    if not callable(new_backend):
+        raise TypeError(f"{name} must be callable, got {new_backend!r}")
+
+
+def _copied(value: object) -> object:
+    """A mapping as a dict of its own, ``{}`` for ``None``; anything else as it
+    is, for the field's check (run after this converter) to refuse."""
+    if value is None:
+        return {}
+    return dict(value) if isinstance(value, Mapping) else value
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Settings:
+    """``open_dispatcher``'s keywords with its defaults (a test holds the two
+    to each other), and the factory of ``lowlevel.open_dispatcher_with``.
+
+    Attributes:
+        provider_budgets: The providers' own budgets, by provider (the
+            keys of ``budgets`` without a ``/``).
+        model_budgets: Each model's budget, by provider then model (the
+            keys ``"provider/model"`` of ``budgets``).
+    """
+
+    new_backend: Callable[[str], Backend] | None = attrs.field(
+        default=None,
+        repr=False,
+        validator=attrs.validators.optional(validator(check_new_backend)),
     )
-    return checked, settings
+    limits: Mapping[str, int | AdaptiveLimit] = attrs.field(
+        factory=dict, converter=_copied, validator=validator(check_limit_mapping)
+    )
+    budgets: Mapping[str, Budget] = attrs.field(
+        factory=dict, converter=_copied, validator=validator(check_budgets)
+    )
+    tenants: Mapping[str, Tenant] = attrs.field(
+        factory=dict, converter=_copied, validator=validator(check_tenants)
+    )
+    learn_budgets: bool = attrs.field(default=True, validator=flag)
+    default_pause: float = attrs.field(default=1.0, validator=non_negative_seconds)
+    max_pause: float = attrs.field(default=60.0, validator=positive_seconds)
+    max_hold: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(positive_seconds)
+    )
+    max_waiting: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(non_negative_int)
+    )
+    # Its credentials never show in a repr.
+    redis_url: str | None = attrs.field(
+        default=None,
+        validator=validator(check_redis_url),
+        repr=lambda url: repr(None if url is None else redact_url(url)),
+    )
+    namespace: str = attrs.field(
+        default=DEFAULT_NAMESPACE, validator=validator(check_namespace)
+    )
+    lease: float = attrs.field(default=DEFAULT_LEASE, validator=positive_seconds)
+    unknown_providers: UnknownProviders = attrs.field(
+        default="warn", validator=validator(check_unknown_providers)
+    )
+    priority_aging: float = attrs.field(default=60.0, validator=positive_seconds)
+    provider_budgets: Mapping[str, Budget] = attrs.field(init=False, repr=False)
+    model_budgets: Mapping[str, Mapping[str, Budget]] = attrs.field(
+        init=False, repr=False
+    )
+
+    def __attrs_post_init__(self) -> None:
+        # The rules between fields, once every field has passed its own.
+        if as_float(self.default_pause) > as_float(self.max_pause):
+            raise ValueError(
+                f"default_pause must be at most max_pause={self.max_pause!r},"
+                f" got {self.default_pause!r}"
+            )
+        if self.redis_url is None:
+            if self.namespace is not DEFAULT_NAMESPACE:
+                raise ValueError("namespace needs redis_url")
+            if self.lease is not DEFAULT_LEASE:
+                raise ValueError("lease needs redis_url")
+        else:
+            require_redis()
+        # Kept as checked: seconds as floats (a message shows max_hold=5
+        # as "5.0 seconds"), the defaults as plain values, and the budgets
+        # apart. A frozen class sets its own fields this way (attrs).
+        for name in _SECONDS:
+            seconds = getattr(self, name)
+            if seconds is not None:
+                object.__setattr__(self, name, as_float(seconds))
+        object.__setattr__(self, "namespace", str(self.namespace))
+        providers, models = split_budgets(self.budgets)
+        object.__setattr__(self, "provider_budgets", providers)
+        object.__setattr__(self, "model_budgets", models)
+
+
+_SECONDS: Final = ("default_pause", "max_pause", "max_hold", "lease", "priority_aging")
 
 
 def split_budgets(
@@ -148,28 +205,6 @@ def split_budgets(
     return providers, models
 
 
-def check_tenants(tenants: object) -> dict[str, Tenant]:
-    """``open_dispatcher``'s ``tenants``: a mapping of tenant names to ``Tenant``."""
-    if tenants is None:
-        return {}
-    if not isinstance(tenants, Mapping):
-        raise TypeError(
-            f"tenants must be a mapping of tenant name to Tenant, got {tenants!r}"
-        )
-    checked: dict[str, Tenant] = {}
-    for name, settings in tenants.items():
-        check_tenant_name(name)
-        checked[name] = check_tenant_settings(settings, f"tenants[{name!r}]")
-    return checked
-
-
-def check_tenant_settings(settings: object, name: str = "settings") -> Tenant:
-    """A ``Tenant`` value (its fields were checked when it was made)."""
-    if not isinstance(settings, Tenant):
-        raise TypeError(f"{name} must be a Tenant, got {settings!r}")
-    return settings
-
-
 def require_redis() -> None:
     """Refuse ``redis_url`` at once, with a hint, if the ``redis`` extra is missing.
 
@@ -181,19 +216,3 @@ def require_redis() -> None:
     except ModuleNotFoundError as exc:
         raise_if_extra_missing(exc, "redis_url", "redis", "coredis")
         raise
-
-
-def check_unknown_providers(value: object) -> UnknownProviders:
-    """``unknown_providers``, checked: one of its three modes."""
-    for mode in _UNKNOWN_PROVIDERS:
-        if value == mode:
-            return mode
-    rule = "unknown_providers must be 'allow', 'warn' or 'error'"
-    if not isinstance(value, str):
-        raise TypeError(f"{rule}, got {value!r}")
-    raise ValueError(f"{rule}, got {value!r}")
-
-
-def shown(url: str | None) -> str | None:
-    """A URL as a repr shows it: without its credentials."""
-    return None if url is None else redact_url(url)

@@ -67,7 +67,7 @@ class _Settings(Protocol):
     @property
     def lease(self) -> float: ...
     @property
-    def budgets(self) -> Mapping[str, Budget]: ...
+    def provider_budgets(self) -> Mapping[str, Budget]: ...
     @property
     def max_waiting(self) -> int | None: ...
     @property
@@ -183,7 +183,7 @@ async def serve_ledger(
                         )
                         for provider, limit in limits.items()
                     }
-                    for key, budget in settings.budgets.items():
+                    for key, budget in settings.provider_budgets.items():
                         # "provider/model": that model's own budget.
                         provider, _, model = key.partition("/")
                         await ledger.set_budget(provider, budget, model=model or None)

@@ -48,10 +48,11 @@ _TYPES: Final = frozenset(
 
 
 def _check_name(_tool: object, _attribute: object, value: Any) -> None:  # noqa: ANN401 (a validator checks anything)
-    if not isinstance(value, str) or not _NAME.match(value):
-        raise ValueError(
-            f"tool name must be 1 to 64 letters, digits, '_' or '-', got {value!r}"
-        )
+    rule = "tool name must be 1 to 64 letters, digits, '_' or '-'"
+    if not isinstance(value, str):
+        raise TypeError(f"{rule}, got {value!r}")
+    if not _NAME.match(value):
+        raise ValueError(f"{rule}, got {value!r}")
 
 
 def _check_description(_tool: object, _attribute: object, value: Any) -> None:  # noqa: ANN401 (a validator checks anything)

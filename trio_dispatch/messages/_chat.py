@@ -17,11 +17,13 @@ from typing import Any, Final, Literal, final
 import attrs
 
 from .._validation import (
-    _real,
-    _shown,
+    check_text,
     non_negative_int,
     non_negative_number,
+    one_of,
     positive_int,
+    real_number,
+    shown_value,
     validator,
 )
 from ._stream import ToolCall
@@ -32,11 +34,8 @@ Role = Literal["system", "user", "assistant", "tool"]
 _ROLES = ("system", "user", "assistant", "tool")
 
 
-def _check_message(message: ChatMessage) -> None:
-    if message.role not in _ROLES:
-        raise ValueError(
-            f"role must be one of {', '.join(_ROLES)}, got {message.role!r}"
-        )
+def _check_speaker(message: ChatMessage) -> None:
+    """What a message carries goes with its role: tool calls, a tool_call_id."""
     if message.tool_calls and message.role != "assistant":
         raise ValueError(
             f"only assistant messages carry tool_calls, got role {message.role!r}"
@@ -72,14 +71,14 @@ class ChatMessage:
             has no such field and ignores it).
     """
 
-    role: Role
+    role: Role = attrs.field(validator=one_of(*_ROLES))
     content: str
     tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_tool_calls)
     tool_call_id: str | None = None
     name: str | None = None
 
     def __attrs_post_init__(self) -> None:
-        _check_message(self)
+        _check_speaker(self)
 
 
 @final
@@ -138,21 +137,16 @@ _RESERVED_FIELDS: Final = frozenset(
 
 def _check_temperature(value: object, name: str) -> None:
     rule = "a number from 0 to 2"
-    number = _real(value, name, rule)
+    number = real_number(value, name, rule)
     if not (math.isfinite(number) and 0 <= number <= 2):
-        raise ValueError(f"{name} must be {rule}, got {_shown(value)}")
+        raise ValueError(f"{name} must be {rule}, got {shown_value(value)}")
 
 
 def _check_top_p(value: object, name: str) -> None:
     rule = "a number above 0 and at most 1"
-    number = _real(value, name, rule)
+    number = real_number(value, name, rule)
     if not 0 < number <= 1:
-        raise ValueError(f"{name} must be {rule}, got {_shown(value)}")
-
-
-def _check_cache_key(value: object, name: str) -> None:
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{name} must be a non-empty string, got {_shown(value)}")
+        raise ValueError(f"{name} must be {rule}, got {shown_value(value)}")
 
 
 def _stop(value: Any) -> tuple[str, ...] | None:  # noqa: ANN401 (an attrs converter takes anything)
@@ -323,7 +317,7 @@ class ChatRequest:
     extra: dict[str, object] | None = attrs.field(default=None, converter=_extra)
     stable_prefix: int = attrs.field(default=0, validator=non_negative_int)
     cache_key: str | None = attrs.field(
-        default=None, validator=attrs.validators.optional(validator(_check_cache_key))
+        default=None, validator=attrs.validators.optional(validator(check_text))
     )
 
     @stable_prefix.validator

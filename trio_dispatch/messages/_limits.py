@@ -16,17 +16,47 @@ import attrs
 
 from .._validation import (
     check_fraction,
+    check_positive_number,
     check_tenant_name,
     positive_int,
     positive_number,
     slot_limit,
+    validator,
 )
 
 DEFAULT_MAX_TOKENS = 4096
 """Tokens charged for the answer of a request that sets no ``max_tokens``."""
 
 
+MIN_WEIGHT = 1e-6
+"""The smallest ``Tenant.weight``: a million times less than the default."""
+
+MAX_WEIGHT = 1e6
+"""The largest ``Tenant.weight``: a million times more than the default."""
+
+
 _optional_rate = attrs.validators.optional(positive_number)
+
+
+def check_backoff(value: object, name: str) -> float:
+    """A factor of decrease: a number between 0 and 1, both excluded."""
+    factor = check_fraction(value, name)
+    if factor in (0, 1):
+        raise ValueError(
+            f"{name} must be a number between 0 and 1, both excluded, got {value!r}"
+        )
+    return factor
+
+
+def check_weight(value: object, name: str) -> float:
+    """A tenant's weight: a number from ``MIN_WEIGHT`` to ``MAX_WEIGHT``."""
+    weight = check_positive_number(value, name)
+    if not MIN_WEIGHT <= weight <= MAX_WEIGHT:
+        raise ValueError(
+            f"{name} must be a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g},"
+            f" got {value!r}"
+        )
+    return weight
 
 
 @final
@@ -81,15 +111,7 @@ class AdaptiveLimit:
     initial: int = attrs.field(validator=slot_limit)
     minimum: int = attrs.field(default=1, validator=slot_limit)
     maximum: int = attrs.field(validator=slot_limit)
-    backoff: float = attrs.field(default=0.9)
-
-    @backoff.validator
-    def _check_backoff(self, _attribute: object, value: object) -> None:
-        factor = check_fraction(value, "backoff")
-        if factor in (0, 1):
-            raise ValueError(
-                f"backoff must be a number between 0 and 1, both excluded, got {value!r}"
-            )
+    backoff: float = attrs.field(default=0.9, validator=validator(check_backoff))
 
     def __attrs_post_init__(self) -> None:
         if self.minimum > self.maximum:
@@ -102,13 +124,6 @@ class AdaptiveLimit:
                 f"initial must be from minimum={self.minimum!r} to"
                 f" maximum={self.maximum!r}, got {self.initial!r}"
             )
-
-
-MIN_WEIGHT = 1e-6
-"""The smallest ``Tenant.weight``: a million times less than the default."""
-
-MAX_WEIGHT = 1e6
-"""The largest ``Tenant.weight``: a million times more than the default."""
 
 
 @final
@@ -132,16 +147,7 @@ class Tenant:
             cap of its own.
     """
 
-    weight: float = attrs.field(default=1.0, validator=positive_number)
-
-    @weight.validator
-    def _check_weight(self, _attribute: object, value: float) -> None:
-        if not MIN_WEIGHT <= value <= MAX_WEIGHT:
-            raise ValueError(
-                f"weight must be a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g},"
-                f" got {value!r}"
-            )
-
+    weight: float = attrs.field(default=1.0, validator=validator(check_weight))
     limit: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(slot_limit)
     )

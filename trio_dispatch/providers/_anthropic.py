@@ -44,7 +44,7 @@ from .._wire import error_for_type, make_tool_call
 from ..messages import Finish, ReasoningDelta, TextDelta, Usage
 from ._checks import check_header_value, check_headers
 from ._decode import parse_json_data, raw_json, structure_event
-from ._http import EventStream, _ProviderBase
+from ._http import EventStream, ProviderBase
 from ._ratelimit_headers import anthropic_rate_limits
 
 if TYPE_CHECKING:
@@ -499,7 +499,7 @@ def request_body(model: str, max_tokens: int, request: ChatRequest) -> dict[str,
 
 
 @final
-class AnthropicProvider(_ProviderBase):
+class AnthropicProvider(ProviderBase):
     """Anthropic's Messages API, streamed over HTTP.
 
     Use it as an async context manager, or call ``aclose()``, to close the

@@ -3,7 +3,7 @@
 A provider supplies the request and a decoder (``WireDecoder``, in
 ``_decode.py``). Everything else lives here, once:
 
-* ``_ProviderBase`` holds the httpx2 client (owned or lent), the timeouts,
+* ``ProviderBase`` holds the httpx2 client (owned or lent), the timeouts,
   the key and the rate-limit hooks, and its repr shows no key. Every
   answer's headers are read once, whatever its status: their rate-limit
   figures travel with the answer (``EventStream.rate_limits``, or the
@@ -75,7 +75,7 @@ _DRAIN_TIMEOUT: Final = 0.5
 _logger = logging.getLogger("trio_dispatch")
 
 
-class _ProviderBase:
+class ProviderBase:
     """What both HTTP providers share; see ``OpenAIProvider`` for the API."""
 
     def __init__(
@@ -327,7 +327,7 @@ class EventStream:
     """
 
     def __init__(
-        self, provider: _ProviderBase, request: httpx2.Request, decoder: WireDecoder
+        self, provider: ProviderBase, request: httpx2.Request, decoder: WireDecoder
     ) -> None:
         self._provider = provider
         self._request = request

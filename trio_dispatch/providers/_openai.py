@@ -51,7 +51,7 @@ from .._wire import error_for_status, error_for_type, make_tool_call
 from ..messages import Finish, ReasoningDelta, TextDelta, ToolCall, Usage
 from ._checks import check_headers
 from ._decode import parse_json_data, raw_json, structure_event
-from ._http import EventStream, _ProviderBase
+from ._http import EventStream, ProviderBase
 from ._ratelimit_headers import openai_rate_limits
 
 if TYPE_CHECKING:
@@ -463,7 +463,7 @@ def request_body(model: str, request: ChatRequest) -> dict[str, Any]:
 
 
 @final
-class OpenAIProvider(_ProviderBase):
+class OpenAIProvider(ProviderBase):
     """An OpenAI-compatible chat completions API, streamed over HTTP.
 
     Works with OpenAI itself and with servers that speak its format (vLLM,

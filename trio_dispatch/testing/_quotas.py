@@ -31,6 +31,7 @@ from .._ratelimits import Quota, RateLimitInfo
 from .._validation import (
     check_fraction,
     check_text,
+    flag,
     non_negative_int,
     non_negative_seconds,
     positive_int,
@@ -47,13 +48,6 @@ _fraction = validator(check_fraction)
 def _copied(models: object) -> object:
     """A mapping's own copy (so the caller's later changes do not reach it)."""
     return dict(models) if isinstance(models, Mapping) else models
-
-
-def _check_flag(
-    _instance: object, attribute: attrs.Attribute[Any], value: object
-) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{attribute.name} must be True or False, got {value!r}")
 
 
 def _check_models(
@@ -139,7 +133,7 @@ class FakeQuotas:
     models: Mapping[str, FakeQuotas] = attrs.field(
         factory=dict, converter=_copied, validator=_check_models, hash=False
     )
-    per_model: bool = attrs.field(default=False, validator=_check_flag)
+    per_model: bool = attrs.field(default=False, validator=flag)
 
     def for_model(self, model: str | None) -> FakeQuotas:
         """The figures a request for ``model`` is held to (``None``: no model)."""

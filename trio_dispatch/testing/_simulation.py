@@ -99,9 +99,12 @@ class SimulationResult:
 
 
 def _check_policy(policy: object) -> PolicyName:
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
-    return policy
+    if policy in POLICIES:
+        return policy
+    rule = f"policy must be one of {', '.join(POLICIES)}"
+    if not isinstance(policy, str):
+        raise TypeError(f"{rule}; got {policy!r}")
+    raise ValueError(f"{rule}; got {policy!r}")
 
 
 class _Timekeeper:

@@ -34,6 +34,7 @@ from .._validation import (
     check_text,
     non_negative_number,
     non_negative_seconds,
+    one_of,
     positive_int,
     positive_number,
     positive_seconds,
@@ -68,9 +69,7 @@ class Duration:
     """
 
     kind: DurationKind = attrs.field(
-        validator=attrs.validators.in_(
-            ("constant", "exponential", "lognormal", "uniform")
-        )
+        validator=one_of("constant", "exponential", "lognormal", "uniform")
     )
     mean: float = attrs.field(validator=non_negative_seconds)
     spread: float = attrs.field(default=0.0, validator=non_negative_number)
@@ -205,7 +204,7 @@ class SimProvider:
         weight: How often agents pick this provider, relative to the others.
     """
 
-    name: str = attrs.field()
+    name: str = attrs.field(validator=validator(check_text))
     limit: int = attrs.field(validator=positive_int)
     capacity: int | None = attrs.field(
         default=None,
@@ -214,10 +213,6 @@ class SimProvider:
     retry_after: float = attrs.field(default=1.0, validator=non_negative_seconds)
     reject_latency: float = attrs.field(default=0.05, validator=non_negative_seconds)
     weight: float = attrs.field(default=1.0, validator=positive_number)
-
-    @name.validator
-    def _check_name(self, attribute: attrs.Attribute[str], value: str) -> None:
-        check_text(value, attribute.name)
 
 
 def _to_duration_tuple(values: Iterable[float]) -> tuple[float, ...]:
