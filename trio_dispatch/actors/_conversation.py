@@ -90,6 +90,7 @@ from ._limited import LimitedProvider, NotGrantedInTime
 from ._options import ConversationOptions, check_request_options
 from ._retry import backoff, should_retry, waits_out
 from ._turn_parts import (
+    NO_USAGE,
     ConversationStatistics,
     Counters,
     Job,
@@ -110,7 +111,6 @@ if TYPE_CHECKING:
     from ._tools import Tool
 
 _WARM_UP_TEXT: Final = "Hello."
-_NO_USAGE: Final = Usage(input_tokens=0, output_tokens=0)
 # Events a streamed turn may hold before the actor waits for its reader: a
 # few, so a reader that keeps up never makes it wait, and one that stops
 # reading holds back the turn (and the stream under it), not memory.
@@ -208,7 +208,7 @@ class Conversation(metaclass=NoPublicConstructor):
         self._compactions = 0
         self._compactions_failed = 0
         self._warmups = 0
-        self._usage = _NO_USAGE
+        self._usage = NO_USAGE
 
     def __repr__(self) -> str:
         state = "closed" if self._stop is not None else "open"
@@ -399,13 +399,7 @@ class Conversation(metaclass=NoPublicConstructor):
             # it has not started, or unwinds it; either way nobody waits.
             job.scope.cancel()
             raise
-        error, job.error = job.error, None
-        if error is not None:
-            try:
-                raise error
-            finally:
-                del error
-        return job.result
+        return job.outcome()
 
     def _inside_actor(self) -> bool:
         """Whether the current task is the actor or one of its tools."""
@@ -594,7 +588,7 @@ class Conversation(metaclass=NoPublicConstructor):
         provider = LimitedProvider(self._provider, self._dispatcher)
         reply = await self._call(provider, request, Counters())
         self._warmups += 1
-        return _NO_USAGE if reply.usage is None else reply.usage
+        return NO_USAGE if reply.usage is None else reply.usage
 
     # -- LLM calls -----------------------------------------------------------
 
@@ -886,16 +880,10 @@ class TurnStream(metaclass=NoPublicConstructor):
             pass
         # The actor closes the channel only once the job is done.
         self._state = "ended"
-        job = self._job
-        error, job.error = job.error, None
-        if error is not None:
-            try:
-                raise error
-            finally:
-                del error
-        assert isinstance(job.result, TurnResult)
-        self._result = job.result
-        return TurnFinished(job.result)
+        result = self._job.outcome()
+        assert isinstance(result, TurnResult)
+        self._result = result
+        return TurnFinished(result)
 
 
 # -- construction, for Dispatcher.start_conversation ------------------------
@@ -903,7 +891,7 @@ class TurnStream(metaclass=NoPublicConstructor):
 _ids = itertools.count(1)
 
 
-def new_conversation(
+def start_conversation(
     dispatcher: Dispatcher,
     provider: Provider,
     *,
@@ -915,10 +903,11 @@ def new_conversation(
     priority: int = 0,
     tenant: str | None = None,
 ) -> Conversation:
-    """A ``Conversation`` with every argument checked; its actor not started.
+    """``Dispatcher.start_conversation``: a checked conversation, its actor started.
 
     The annotations say what callers should pass; the checks assume nothing.
-    ``options`` checked its own fields when it was made.
+    ``options`` checked its own fields when it was made. The actor runs in
+    the dispatcher's nursery, until it is closed or the dispatcher closes.
     """
     if not hasattr(provider, "id") or not callable(getattr(provider, "stream", None)):
         raise TypeError(
@@ -946,7 +935,7 @@ def new_conversation(
         # The turn current at the call's: the actor's turns replace it whole.
         turn = current_turn()
         tenant = None if turn is None else turn.tenant
-    return Conversation._create(
+    conversation = Conversation._create(
         dispatcher,
         provider,
         conversation_id=conversation_id,
@@ -956,36 +945,6 @@ def new_conversation(
         history=checked_history,
         priority=checked_priority,
         tenant=check_optional_tenant(tenant),
-    )
-
-
-def start_conversation(
-    dispatcher: Dispatcher,
-    provider: Provider,
-    *,
-    conversation_id: str | None,
-    tools: Iterable[Tool],
-    system_prompt: str | None,
-    options: ConversationOptions | None,
-    history: Iterable[ChatMessage] = (),
-    priority: int = 0,
-    tenant: str | None = None,
-) -> Conversation:
-    """``Dispatcher.start_conversation``: a checked conversation, its actor started.
-
-    Its actor runs in the dispatcher's nursery, until it is closed or the
-    dispatcher closes.
-    """
-    conversation = new_conversation(
-        dispatcher,
-        provider,
-        conversation_id=conversation_id,
-        tools=tools,
-        system_prompt=system_prompt,
-        options=options,
-        history=history,
-        priority=priority,
-        tenant=tenant,
     )
     dispatcher.check_known(provider.id)
     if dispatcher.closed:

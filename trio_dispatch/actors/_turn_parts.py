@@ -110,6 +110,16 @@ class Job:
         self.done.set()
         self._close()
 
+    def outcome(self) -> TurnResult | Usage | None:
+        """The result of the job, once ``done``; or its error, raised (once)."""
+        error, self.error = self.error, None
+        if error is not None:
+            try:
+                raise error
+            finally:
+                del error  # no cycle through the traceback's frame
+        return self.result
+
     def _close(self) -> None:
         if self.events is not None:
             self.events.close()
