@@ -240,6 +240,19 @@ class ProviderRow:
     waiting: int
     paused: bool
 
+    @classmethod
+    def rows_of(cls, statistics: DispatcherStatistics) -> dict[str, ProviderRow]:
+        """Every provider's line, as the dispatcher's ``statistics`` tell it."""
+        return {
+            name: cls(
+                limit=provider.limit,
+                in_use=provider.in_flight,
+                waiting=provider.waiting,
+                paused=provider.paused,
+            )
+            for name, provider in statistics.providers.items()
+        }
+
 
 @final
 @attrs.define
@@ -855,15 +868,7 @@ def _observe(
         progress.rows = {name: fifo.row() for name, fifo in fifos.items()}
     else:
         progress.statistics = stats
-        progress.rows = {
-            name: ProviderRow(
-                limit=provider.limit,
-                in_use=provider.in_flight,
-                waiting=provider.waiting,
-                paused=provider.paused,
-            )
-            for name, provider in stats.providers.items()
-        }
+        progress.rows = ProviderRow.rows_of(stats)
     for name, server in servers.items():
         progress.server_in_flight[name] = server.statistics().in_flight
 
