@@ -342,38 +342,30 @@ class FakeLLMServer:
             )
             return
         book = self._book
-        progress = _Progress()
-        if book is None:
-            await self._reply(
-                request,
-                reply,
-                headers=headers,
-                receive=receive,
-                send=send,
-                limits=[],
-                progress=progress,
+        if book is not None:
+            body = request.body
+            assert isinstance(body, dict)
+            cost = book.estimate(
+                _estimated_input_tokens(body), _max_tokens(body), model
             )
-            return
-        body = request.body
-        assert isinstance(body, dict)
-        cost = book.estimate(_estimated_input_tokens(body), _max_tokens(body), model)
-        refusal = book.admit(key, cost, trio.current_time(), model)
-        if refusal is not None:
-            await self._refuse(request.format, key, model, refusal, send)
-            return
+            refusal = book.admit(key, cost, trio.current_time(), model)
+            if refusal is not None:
+                await self._refuse(request.format, key, model, refusal, send)
+                return
+        progress = _Progress()
         try:
-            limits = self._limit_headers(request.format, key, model)
             await self._reply(
                 request,
                 reply,
                 headers=headers,
                 receive=receive,
                 send=send,
-                limits=limits,
+                limits=self._limit_headers(request.format, key, model),
                 progress=progress,
             )
         finally:
-            book.settle(key, cost, progress.tokens, trio.current_time(), model)
+            if book is not None:
+                book.settle(key, cost, progress.tokens, trio.current_time(), model)
 
     def _limit_headers(
         self, wire: WireFormat, key: str, model: str | None
