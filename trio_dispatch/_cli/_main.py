@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from .. import __version__, _groups
 from .._validation import (
-    check_count,
     check_fraction,
     check_limit,
     check_positive_number,
@@ -96,10 +95,6 @@ def _count_option(
         default=default,
         help=f"{what}, 1 to {high} (default {default})",
     )
-
-
-def _non_negative_int(text: str) -> int:
-    return _parsed(text, int, _accepted(check_count), "a non-negative integer")
 
 
 def _load(text: str) -> float:
