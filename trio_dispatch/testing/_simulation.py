@@ -130,13 +130,7 @@ class _Timekeeper:
         """Sleep until ``deadline`` on the virtual clock."""
         entry: list[Any] = [deadline, next(self._seq), trio.lowlevel.current_task()]
         heapq.heappush(self._heap, entry)
-        self._unpark_now()
-
-        def abort(_raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
-            entry[2] = None
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(abort)
+        await self._park(entry)
 
     async def arrive(self, provider: _ProviderState, order: int) -> bool:
         """Offer a call to a provider with a capacity: accepted or refused?
@@ -148,6 +142,11 @@ class _Timekeeper:
         """
         entry: list[Any] = [order, provider, trio.lowlevel.current_task(), False]
         self._arrivals.append(entry)
+        await self._park(entry)
+        return bool(entry[3])
+
+    async def _park(self, entry: list[Any]) -> None:
+        """Wait to be woken by ``run``; a cancelled task is crossed off ``entry``."""
         self._unpark_now()
 
         def abort(_raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
@@ -155,7 +154,6 @@ class _Timekeeper:
             return trio.lowlevel.Abort.SUCCEEDED
 
         await trio.lowlevel.wait_task_rescheduled(abort)
-        return bool(entry[3])
 
     def _admit_arrivals(self) -> None:
         arrivals = sorted(self._arrivals, key=operator.itemgetter(0))
