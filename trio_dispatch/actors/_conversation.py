@@ -58,6 +58,7 @@ import random
 import uuid
 from typing import TYPE_CHECKING, Final, Literal, Self, final
 
+import attrs
 import trio
 
 from .._exceptions import (
@@ -95,6 +96,7 @@ from ._turn_parts import (
     Counters,
     Job,
     Reply,
+    Totals,
     add_usage,
     check_tools,
     collect_answer,
@@ -141,17 +143,13 @@ class Conversation(metaclass=NoPublicConstructor):
     """
 
     __slots__ = (
-        "_compactions",
-        "_compactions_failed",
         "_current",
         "_dispatcher",
         "_history",
-        "_llm_calls",
         "_options",
         "_priority",
         "_provider",
         "_receive",
-        "_retries",
         "_rng",
         "_scope",
         "_send",
@@ -160,13 +158,8 @@ class Conversation(metaclass=NoPublicConstructor):
         "_system_prompt",
         "_task",
         "_tenant",
-        "_tool_calls",
         "_tools",
-        "_turns_cancelled",
-        "_turns_completed",
-        "_turns_failed",
-        "_usage",
-        "_warmups",
+        "_totals",
         "id",
     )
 
@@ -199,16 +192,7 @@ class Conversation(metaclass=NoPublicConstructor):
         self._current: Job | None = None
         self._task: trio.lowlevel.Task | None = None
         self._stop: _Stop | None = None
-        self._turns_completed = 0
-        self._turns_failed = 0
-        self._turns_cancelled = 0
-        self._llm_calls = 0
-        self._retries = 0
-        self._tool_calls = 0
-        self._compactions = 0
-        self._compactions_failed = 0
-        self._warmups = 0
-        self._usage = NO_USAGE
+        self._totals = Totals()
 
     def __repr__(self) -> str:
         state = "closed" if self._stop is not None else "open"
@@ -362,16 +346,7 @@ class Conversation(metaclass=NoPublicConstructor):
         """A snapshot of the conversation's counters."""
         return ConversationStatistics(
             conversation_id=self.id,
-            turns_completed=self._turns_completed,
-            turns_failed=self._turns_failed,
-            turns_cancelled=self._turns_cancelled,
-            llm_calls=self._llm_calls,
-            retries=self._retries,
-            tool_calls=self._tool_calls,
-            compactions=self._compactions,
-            compactions_failed=self._compactions_failed,
-            warmups=self._warmups,
-            usage=self._usage,
+            **attrs.asdict(self._totals, recurse=False),
             queued=self._send.statistics().current_buffer_used,
             running=self._current is not None,
             history_length=len(self._history),
@@ -455,14 +430,15 @@ class Conversation(metaclass=NoPublicConstructor):
             except DispatchError as error:
                 self._current = None
                 if job.text is not None:
-                    self._turns_failed += 1
+                    self._totals.turns_failed += 1
                 job.fail(error)
                 continue
             # Anything else that escaped the job stops the actor, and
             # _shut_down fails the job it finds in _current.
             self._current = None
             if result is None and job.text is not None:
-                self._turns_cancelled += 1  # the caller gave up: job.scope caught it
+                # The caller gave up: job.scope caught it.
+                self._totals.turns_cancelled += 1
             job.finish(result)
 
     def _shut_down(self) -> None:
@@ -541,8 +517,8 @@ class Conversation(metaclass=NoPublicConstructor):
                 await trio.lowlevel.checkpoint()
                 self._history = [*earlier, *turn, answer]
                 if compacted:
-                    self._compactions += 1
-                self._turns_completed += 1
+                    self._totals.compactions += 1
+                self._totals.turns_completed += 1
                 return TurnResult(
                     text=reply.text,
                     llm_calls=counters.llm_calls,
@@ -561,7 +537,7 @@ class Conversation(metaclass=NoPublicConstructor):
                 )
             rounds += 1
             counters.tool_calls += len(calls)
-            self._tool_calls += len(calls)
+            self._totals.tool_calls += len(calls)
             for call in calls:
                 await job.emit(call)
             results = await self._run_tools(calls, job)
@@ -587,7 +563,7 @@ class Conversation(metaclass=NoPublicConstructor):
         )
         provider = LimitedProvider(self._provider, self._dispatcher)
         reply = await self._call(provider, request, Counters())
-        self._warmups += 1
+        self._totals.warmups += 1
         return NO_USAGE if reply.usage is None else reply.usage
 
     # -- LLM calls -----------------------------------------------------------
@@ -616,7 +592,7 @@ class Conversation(metaclass=NoPublicConstructor):
         waited: ProviderError | None = None
         while True:
             counters.llm_calls += 1
-            self._llm_calls += 1
+            self._totals.llm_calls += 1
             try:
                 reply = await collect_answer(
                     provider.stream_granted_by(
@@ -627,9 +603,9 @@ class Conversation(metaclass=NoPublicConstructor):
             except NotGrantedInTime:
                 # The patience ran out in the queue: this retry was not sent.
                 counters.llm_calls -= 1
-                self._llm_calls -= 1
+                self._totals.llm_calls -= 1
                 counters.retries -= 1
-                self._retries -= 1
+                self._totals.retries -= 1
                 assert waited is not None
                 raise waited from None
             except ProviderError as error:
@@ -662,10 +638,10 @@ class Conversation(metaclass=NoPublicConstructor):
                 retrying = Retrying(attempt=attempt, error=error, delay=delay)
             else:
                 counters.usage = add_usage(counters.usage, reply.usage)
-                self._usage = add_usage(self._usage, reply.usage)
+                self._totals.usage = add_usage(self._totals.usage, reply.usage)
                 return reply
             counters.retries += 1
-            self._retries += 1
+            self._totals.retries += 1
             if job is not None:
                 await job.emit(retrying)
             attempt += 1
@@ -777,11 +753,11 @@ class Conversation(metaclass=NoPublicConstructor):
         try:
             reply = await self._call(provider, request, counters)
         except ProviderError:
-            self._compactions_failed += 1
+            self._totals.compactions_failed += 1
             return False  # the turn goes on with the whole history
         summary = summary_message(reply.text)
         if summary is None:
-            self._compactions_failed += 1
+            self._totals.compactions_failed += 1
             return False
         earlier[:cut] = [summary]
         return True
