@@ -51,6 +51,7 @@ from .._wire import error_for_status, error_for_type, make_tool_call
 from ..messages import Finish, ReasoningDelta, TextDelta, ToolCall, Usage
 from ._checks import check_headers
 from ._decode import parse_json_data, raw_json, structure_event
+from ._errors import error_kind
 from ._http import EventStream, _ProviderBase
 from ._ratelimit_headers import openai_rate_limits
 
@@ -327,17 +328,7 @@ class _OpenAIDecoder:
                 message=text,
                 retry_after=None,
             )
-        kind = next(
-            (
-                value
-                for value in (error.get("type"), code)
-                if isinstance(value, str) and value
-            ),
-            "error",
-        )
-        if isinstance(code, str) and code and code != kind:
-            kind = f"{kind} ({code})"
-        raise error_for_type(self._provider, kind, text)
+        raise error_for_type(self._provider, error_kind(error) or "error", text)
 
 
 def _fast_fragments(tool_calls: object) -> list[_Fragment] | None:
