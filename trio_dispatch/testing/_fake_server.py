@@ -70,7 +70,6 @@ if TYPE_CHECKING:
 
     from ._encoders import WireEvent
     from ._request import WireFormat
-    from ._script import Fault
 
     Message = dict[str, Any]
     Receive = Callable[[], Awaitable[Message]]
@@ -332,7 +331,9 @@ class FakeLLMServer:
         model = request.model
         try:
             _check_request(request, headers)
-            reply = self._choose(request)
+            reply, self._replies_used = pick_reply(
+                self._script, request, self._replies_used
+            )
         except _Rejected as rejected:
             await self._send_json(
                 send,
@@ -416,7 +417,8 @@ class FakeLLMServer:
             await trio.sleep(reply.latency)
         fault = reply.fault
         if fault is not None and fault.status is not None:
-            await self._send_status_fault(request.format, fault, send, limits)
+            status, retry_headers, body = status_fault_answer(request.format, fault)
+            await self._send_json(send, status, body, [*limits, *retry_headers])
             return
 
         async def watch_for_disconnect(cancel_scope: trio.CancelScope) -> None:
@@ -445,22 +447,6 @@ class FakeLLMServer:
             )
             await self._stream(request.format, reply, events, send, progress)
             nursery.cancel_scope.cancel()
-
-    def _choose(self, request: FakeRequest) -> FakeReply:
-        reply, self._replies_used = pick_reply(
-            self._script, request, self._replies_used
-        )
-        return reply
-
-    async def _send_status_fault(
-        self,
-        wire: WireFormat,
-        fault: Fault,
-        send: Send,
-        limits: list[tuple[bytes, bytes]],
-    ) -> None:
-        status, headers, body = status_fault_answer(wire, fault)
-        await self._send_json(send, status, body, [*limits, *headers])
 
     async def _stream(
         self,
