@@ -39,6 +39,7 @@ reason). The same workload, seed and policy give the same result.
 from __future__ import annotations
 
 import contextlib
+import functools
 import heapq
 import itertools
 import json
@@ -566,13 +567,9 @@ def run_simulation(
     priority_aging = check_positive_seconds(priority_aging, "priority_aging")
     if clock is None:
         clock = trio.testing.MockClock(autojump_threshold=0)
-    return trio.run(_simulate_kw, workload, policy, seed, priority_aging, clock=clock)
-
-
-async def _simulate_kw(
-    workload: Workload | Scenario,
-    policy: PolicyName,
-    seed: int | None,
-    priority_aging: float,
-) -> SimulationResult:
-    return await simulate(workload, policy, seed=seed, priority_aging=priority_aging)
+    return trio.run(
+        functools.partial(
+            simulate, workload, policy, seed=seed, priority_aging=priority_aging
+        ),
+        clock=clock,
+    )
