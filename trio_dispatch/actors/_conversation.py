@@ -545,12 +545,6 @@ class Conversation(metaclass=NoPublicConstructor):
             turn.extend(results)
 
     async def _warm(self) -> Usage:
-        with self._dispatcher.turn(
-            conversation_id=self.id, priority=self._priority, tenant=self._tenant
-        ):
-            return await self._send_warm_up()
-
-    async def _send_warm_up(self) -> Usage:
         messages = self._history or [ChatMessage("user", _WARM_UP_TEXT)]
         request = ChatRequest(
             messages=messages,
@@ -562,7 +556,10 @@ class Conversation(metaclass=NoPublicConstructor):
             cache_key=self.id,
         )
         provider = LimitedProvider(self._provider, self._dispatcher)
-        reply = await self._call(provider, request, Counters())
+        with self._dispatcher.turn(
+            conversation_id=self.id, priority=self._priority, tenant=self._tenant
+        ):
+            reply = await self._call(provider, request, Counters())
         self._totals.warmups += 1
         return NO_USAGE if reply.usage is None else reply.usage
 
