@@ -31,6 +31,7 @@ import random
 import re
 from collections.abc import Mapping  # noqa: TC003 (cattrs resolves the annotations at run time)
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Literal, final
 
 import attrs
@@ -711,7 +712,7 @@ async def _run_fleet(
             {} if fifo else limits, default_pause=RETRY_AFTER, unknown_providers="allow"
         ) as dispatcher,
     ):
-        await recorder.start(_recorder(timeline, dispatcher, slots=not fifo))
+        await recorder.start(partial(timeline.record, dispatcher, slots=not fifo))
         servers = {"openai": server_o, "anthropic": server_a}
         providers: dict[str, Provider] = {"openai": openai, "anthropic": anthropic}
         fifos = _behind_fifo(providers, limits, timeline) if fifo else {}
@@ -829,17 +830,6 @@ def _behind_fifo(
         name: _FifoProvider(provider, trio.CapacityLimiter(limits[name]), timeline)
         for name, provider in providers.items()
     }
-
-
-def _recorder(
-    timeline: _Timeline, dispatcher: Dispatcher, *, slots: bool
-) -> Callable[..., Any]:
-    """``timeline.record`` for ``nursery.start``, with its keyword."""
-
-    async def record(*, task_status: trio.TaskStatus[None]) -> None:
-        await timeline.record(dispatcher, slots=slots, task_status=task_status)
-
-    return record
 
 
 def _first_call_waits(tally: _Tally, script: _Script) -> list[float]:
