@@ -137,22 +137,6 @@ class Job:
 
 
 @attrs.define
-class Totals:
-    """A conversation's counters, as ``ConversationStatistics`` shows them."""
-
-    turns_completed: int = 0
-    turns_failed: int = 0
-    turns_cancelled: int = 0
-    llm_calls: int = 0
-    retries: int = 0
-    tool_calls: int = 0
-    compactions: int = 0
-    compactions_failed: int = 0
-    warmups: int = 0
-    usage: Usage = NO_USAGE
-
-
-@attrs.define
 class Counters:
     """One job's share of the counters."""
 
@@ -160,6 +144,19 @@ class Counters:
     retries: int = 0
     tool_calls: int = 0
     usage: Usage = NO_USAGE
+
+
+@final
+@attrs.define
+class Totals(Counters):
+    """A conversation's counters, as ``ConversationStatistics`` shows them."""
+
+    turns_completed: int = 0
+    turns_failed: int = 0
+    turns_cancelled: int = 0
+    compactions: int = 0
+    compactions_failed: int = 0
+    warmups: int = 0
 
 
 @attrs.frozen
