@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from functools import partial
 from typing import TYPE_CHECKING, Final, final
 
 import trio
@@ -306,11 +307,8 @@ class PrometheusCollector(Collector):
         providers = snapshot.statistics.providers
         labels = ["provider"]
 
-        def gauge(name: str, documentation: str) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, documentation, labels=labels)
-
-        def counter(name: str, documentation: str) -> CounterMetricFamily:
-            return CounterMetricFamily(name, documentation, labels=labels)
+        gauge = partial(GaugeMetricFamily, labels=labels)
+        counter = partial(CounterMetricFamily, labels=labels)
 
         in_use = gauge("trio_dispatch_slots_in_use", "Slots held now.")
         limit = gauge(
@@ -361,11 +359,8 @@ class PrometheusCollector(Collector):
     def _tenant_families(self, snapshot: _Snapshot) -> Iterator[Metric]:
         labels = ["provider", "tenant"]
 
-        def gauge(name: str, documentation: str) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, documentation, labels=labels)
-
-        def counter(name: str, documentation: str) -> CounterMetricFamily:
-            return CounterMetricFamily(name, documentation, labels=labels)
+        gauge = partial(GaugeMetricFamily, labels=labels)
+        counter = partial(CounterMetricFamily, labels=labels)
 
         in_use = gauge("trio_dispatch_tenant_slots_in_use", "Slots a tenant holds now.")
         waiting = gauge(

@@ -250,23 +250,13 @@ def spinner(
 
 
 def png(draw: Callable[[Any], None]) -> bytes:
-    """Draw with matplotlib on a fresh figure and return the PNG bytes."""
-    import io  # noqa: PLC0415
+    """Draw with matplotlib on fresh axes and return the PNG bytes."""
 
-    import matplotlib  # noqa: PLC0415 (the demo extra, loaded when used)
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    figure, axes = plt.subplots(figsize=(8, 4.5))
-    try:
-        draw(axes)
+    def on_axes(figure: Any) -> None:  # noqa: ANN401 (a matplotlib Figure)
+        draw(figure.subplots())
         figure.tight_layout()
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=100)
-        return buffer.getvalue()
-    finally:
-        plt.close(figure)
+
+    return figure_png(on_axes, (8, 4.5))
 
 
 def figure_png(

@@ -31,6 +31,7 @@ import random
 import re
 from collections.abc import Mapping  # noqa: TC003 (cattrs resolves the annotations at run time)
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Literal, final
 
 import attrs
@@ -239,6 +240,19 @@ class ProviderRow:
     in_use: int
     waiting: int
     paused: bool
+
+    @classmethod
+    def rows_of(cls, statistics: DispatcherStatistics) -> dict[str, ProviderRow]:
+        """Every provider's line, as the dispatcher's ``statistics`` tell it."""
+        return {
+            name: cls(
+                limit=provider.limit,
+                in_use=provider.in_flight,
+                waiting=provider.waiting,
+                paused=provider.paused,
+            )
+            for name, provider in statistics.providers.items()
+        }
 
 
 @final
@@ -698,7 +712,7 @@ async def _run_fleet(
             {} if fifo else limits, default_pause=RETRY_AFTER, unknown_providers="allow"
         ) as dispatcher,
     ):
-        await recorder.start(_recorder(timeline, dispatcher, slots=not fifo))
+        await recorder.start(partial(timeline.record, dispatcher, slots=not fifo))
         servers = {"openai": server_o, "anthropic": server_a}
         providers: dict[str, Provider] = {"openai": openai, "anthropic": anthropic}
         fifos = _behind_fifo(providers, limits, timeline) if fifo else {}
@@ -818,17 +832,6 @@ def _behind_fifo(
     }
 
 
-def _recorder(
-    timeline: _Timeline, dispatcher: Dispatcher, *, slots: bool
-) -> Callable[..., Any]:
-    """``timeline.record`` for ``nursery.start``, with its keyword."""
-
-    async def record(*, task_status: trio.TaskStatus[None]) -> None:
-        await timeline.record(dispatcher, slots=slots, task_status=task_status)
-
-    return record
-
-
 def _first_call_waits(tally: _Tally, script: _Script) -> list[float]:
     first = script.first_requests()
     return [
@@ -855,15 +858,7 @@ def _observe(
         progress.rows = {name: fifo.row() for name, fifo in fifos.items()}
     else:
         progress.statistics = stats
-        progress.rows = {
-            name: ProviderRow(
-                limit=provider.limit,
-                in_use=provider.in_flight,
-                waiting=provider.waiting,
-                paused=provider.paused,
-            )
-            for name, provider in stats.providers.items()
-        }
+        progress.rows = ProviderRow.rows_of(stats)
     for name, server in servers.items():
         progress.server_in_flight[name] = server.statistics().in_flight
 

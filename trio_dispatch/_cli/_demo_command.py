@@ -153,15 +153,7 @@ def progress_table(progress: Progress) -> Any:  # noqa: ANN401 (a rich renderabl
     rows = dict(progress.rows)
     stats = progress.statistics
     if not rows and stats is not None:
-        rows = {
-            name: ProviderRow(
-                limit=provider.limit,
-                in_use=provider.in_flight,
-                waiting=provider.waiting,
-                paused=provider.paused,
-            )
-            for name, provider in stats.providers.items()
-        }
+        rows = ProviderRow.rows_of(stats)
     for name, row in rows.items():
         table.add_row(
             name,

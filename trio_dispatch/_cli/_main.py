@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from .. import __version__, _groups
 from .._validation import (
-    check_count,
     check_fraction,
     check_limit,
     check_positive_number,
@@ -86,8 +85,16 @@ def _count(high: int) -> Callable[[str], int]:
     return count
 
 
-def _non_negative_int(text: str) -> int:
-    return _parsed(text, int, _accepted(check_count), "a non-negative integer")
+def _count_option(
+    parser: argparse.ArgumentParser, flag: str, high: int, default: int, what: str
+) -> None:
+    """Add ``flag``, an integer from 1 to ``high``; its help says so."""
+    parser.add_argument(
+        flag,
+        type=_count(high),
+        default=default,
+        help=f"{what}, 1 to {high} (default {default})",
+    )
 
 
 def _load(text: str) -> float:
@@ -159,37 +166,24 @@ def build_parser() -> argparse.ArgumentParser:
             " progress, and end with both runs side by side."
         ),
     )
-    demo.add_argument(
-        "--agents",
-        type=_count(_MAX_DEMO_AGENTS),
-        default=100,
-        help=f"conversations, 1 to {_MAX_DEMO_AGENTS} (default 100)",
+    _count_option(demo, "--agents", _MAX_DEMO_AGENTS, 100, "conversations")
+    _count_option(demo, "--turns", _MAX_DEMO_TURNS, 1, "questions per agent")
+    _count_option(
+        demo, "--max-calls", _MAX_DEMO_CALLS, 8, "longest tool loop, in LLM calls"
     )
-    demo.add_argument(
-        "--turns",
-        type=_count(_MAX_DEMO_TURNS),
-        default=1,
-        help=f"questions per agent, 1 to {_MAX_DEMO_TURNS} (default 1)",
-    )
-    demo.add_argument(
-        "--max-calls",
-        type=_count(_MAX_DEMO_CALLS),
-        default=8,
-        help=f"longest tool loop, in LLM calls, 1 to {_MAX_DEMO_CALLS} (default 8)",
-    )
-    demo.add_argument(
+    _count_option(
+        demo,
         "--limit-openai",
-        type=_count(_MAX_DEMO_LIMIT),
-        default=6,
-        help="concurrent streams to the OpenAI-style server,"
-        f" 1 to {_MAX_DEMO_LIMIT} (default 6)",
+        _MAX_DEMO_LIMIT,
+        6,
+        "concurrent streams to the OpenAI-style server",
     )
-    demo.add_argument(
+    _count_option(
+        demo,
         "--limit-anthropic",
-        type=_count(_MAX_DEMO_LIMIT),
-        default=4,
-        help="concurrent streams to the Anthropic-style server,"
-        f" 1 to {_MAX_DEMO_LIMIT} (default 4)",
+        _MAX_DEMO_LIMIT,
+        4,
+        "concurrent streams to the Anthropic-style server",
     )
     demo.add_argument(
         "--load",
@@ -223,12 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
             " under each policy, and print the metrics side by side."
         ),
     )
-    simulate.add_argument(
-        "--agents",
-        type=_count(_MAX_SIM_AGENTS),
-        default=2000,
-        help=f"turns to simulate, 1 to {_MAX_SIM_AGENTS} (default 2000)",
-    )
+    _count_option(simulate, "--agents", _MAX_SIM_AGENTS, 2000, "turns to simulate")
     simulate.add_argument(
         "--load",
         type=_load,
@@ -241,12 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=(1, 8),
         help=f"LLM calls per turn, LOW-HIGH, at most {_MAX_SIM_CALLS} (default 1-8)",
     )
-    simulate.add_argument(
-        "--limit",
-        type=_count(_MAX_SIM_LIMIT),
-        default=8,
-        help=f"the provider's limit, 1 to {_MAX_SIM_LIMIT} (default 8)",
-    )
+    _count_option(simulate, "--limit", _MAX_SIM_LIMIT, 8, "the provider's limit")
     simulate.add_argument(
         "--capacity",
         type=_count(_MAX_SIM_LIMIT),
@@ -291,12 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=Path("bench/results"),
         help="results folder (default bench/results)",
     )
-    bench.add_argument(
-        "--jobs",
-        type=_count(_MAX_JOBS),
-        default=1,
-        help=f"processes to run sweep points in, 1 to {_MAX_JOBS} (default 1)",
-    )
+    _count_option(bench, "--jobs", _MAX_JOBS, 1, "processes to run sweep points in")
     bench.set_defaults(run=_commands.bench_command)
 
     serve = commands.add_parser(

@@ -58,6 +58,7 @@ import random
 import uuid
 from typing import TYPE_CHECKING, Final, Literal, Self, final
 
+import attrs
 import trio
 
 from .._exceptions import (
@@ -90,10 +91,12 @@ from ._limited import LimitedProvider, NotGrantedInTime
 from ._options import ConversationOptions, check_request_options
 from ._retry import backoff, should_retry, waits_out
 from ._turn_parts import (
+    NO_USAGE,
     ConversationStatistics,
     Counters,
     Job,
     Reply,
+    Totals,
     add_usage,
     check_tools,
     collect_answer,
@@ -110,7 +113,6 @@ if TYPE_CHECKING:
     from ._tools import Tool
 
 _WARM_UP_TEXT: Final = "Hello."
-_NO_USAGE: Final = Usage(input_tokens=0, output_tokens=0)
 # Events a streamed turn may hold before the actor waits for its reader: a
 # few, so a reader that keeps up never makes it wait, and one that stops
 # reading holds back the turn (and the stream under it), not memory.
@@ -141,17 +143,13 @@ class Conversation(metaclass=NoPublicConstructor):
     """
 
     __slots__ = (
-        "_compactions",
-        "_compactions_failed",
         "_current",
         "_dispatcher",
         "_history",
-        "_llm_calls",
         "_options",
         "_priority",
         "_provider",
         "_receive",
-        "_retries",
         "_rng",
         "_scope",
         "_send",
@@ -160,13 +158,8 @@ class Conversation(metaclass=NoPublicConstructor):
         "_system_prompt",
         "_task",
         "_tenant",
-        "_tool_calls",
         "_tools",
-        "_turns_cancelled",
-        "_turns_completed",
-        "_turns_failed",
-        "_usage",
-        "_warmups",
+        "_totals",
         "id",
     )
 
@@ -199,16 +192,7 @@ class Conversation(metaclass=NoPublicConstructor):
         self._current: Job | None = None
         self._task: trio.lowlevel.Task | None = None
         self._stop: _Stop | None = None
-        self._turns_completed = 0
-        self._turns_failed = 0
-        self._turns_cancelled = 0
-        self._llm_calls = 0
-        self._retries = 0
-        self._tool_calls = 0
-        self._compactions = 0
-        self._compactions_failed = 0
-        self._warmups = 0
-        self._usage = _NO_USAGE
+        self._totals = Totals()
 
     def __repr__(self) -> str:
         state = "closed" if self._stop is not None else "open"
@@ -362,16 +346,7 @@ class Conversation(metaclass=NoPublicConstructor):
         """A snapshot of the conversation's counters."""
         return ConversationStatistics(
             conversation_id=self.id,
-            turns_completed=self._turns_completed,
-            turns_failed=self._turns_failed,
-            turns_cancelled=self._turns_cancelled,
-            llm_calls=self._llm_calls,
-            retries=self._retries,
-            tool_calls=self._tool_calls,
-            compactions=self._compactions,
-            compactions_failed=self._compactions_failed,
-            warmups=self._warmups,
-            usage=self._usage,
+            **attrs.asdict(self._totals, recurse=False),
             queued=self._send.statistics().current_buffer_used,
             running=self._current is not None,
             history_length=len(self._history),
@@ -399,13 +374,7 @@ class Conversation(metaclass=NoPublicConstructor):
             # it has not started, or unwinds it; either way nobody waits.
             job.scope.cancel()
             raise
-        error, job.error = job.error, None
-        if error is not None:
-            try:
-                raise error
-            finally:
-                del error
-        return job.result
+        return job.outcome()
 
     def _inside_actor(self) -> bool:
         """Whether the current task is the actor or one of its tools."""
@@ -461,14 +430,15 @@ class Conversation(metaclass=NoPublicConstructor):
             except DispatchError as error:
                 self._current = None
                 if job.text is not None:
-                    self._turns_failed += 1
+                    self._totals.turns_failed += 1
                 job.fail(error)
                 continue
             # Anything else that escaped the job stops the actor, and
             # _shut_down fails the job it finds in _current.
             self._current = None
             if result is None and job.text is not None:
-                self._turns_cancelled += 1  # the caller gave up: job.scope caught it
+                # The caller gave up: job.scope caught it.
+                self._totals.turns_cancelled += 1
             job.finish(result)
 
     def _shut_down(self) -> None:
@@ -547,8 +517,8 @@ class Conversation(metaclass=NoPublicConstructor):
                 await trio.lowlevel.checkpoint()
                 self._history = [*earlier, *turn, answer]
                 if compacted:
-                    self._compactions += 1
-                self._turns_completed += 1
+                    self._totals.compactions += 1
+                self._totals.turns_completed += 1
                 return TurnResult(
                     text=reply.text,
                     llm_calls=counters.llm_calls,
@@ -567,7 +537,7 @@ class Conversation(metaclass=NoPublicConstructor):
                 )
             rounds += 1
             counters.tool_calls += len(calls)
-            self._tool_calls += len(calls)
+            self._totals.tool_calls += len(calls)
             for call in calls:
                 await job.emit(call)
             results = await self._run_tools(calls, job)
@@ -575,12 +545,6 @@ class Conversation(metaclass=NoPublicConstructor):
             turn.extend(results)
 
     async def _warm(self) -> Usage:
-        with self._dispatcher.turn(
-            conversation_id=self.id, priority=self._priority, tenant=self._tenant
-        ):
-            return await self._send_warm_up()
-
-    async def _send_warm_up(self) -> Usage:
         messages = self._history or [ChatMessage("user", _WARM_UP_TEXT)]
         request = ChatRequest(
             messages=messages,
@@ -592,9 +556,12 @@ class Conversation(metaclass=NoPublicConstructor):
             cache_key=self.id,
         )
         provider = LimitedProvider(self._provider, self._dispatcher)
-        reply = await self._call(provider, request, Counters())
-        self._warmups += 1
-        return _NO_USAGE if reply.usage is None else reply.usage
+        with self._dispatcher.turn(
+            conversation_id=self.id, priority=self._priority, tenant=self._tenant
+        ):
+            reply = await self._call(provider, request, Counters())
+        self._totals.warmups += 1
+        return NO_USAGE if reply.usage is None else reply.usage
 
     # -- LLM calls -----------------------------------------------------------
 
@@ -622,7 +589,7 @@ class Conversation(metaclass=NoPublicConstructor):
         waited: ProviderError | None = None
         while True:
             counters.llm_calls += 1
-            self._llm_calls += 1
+            self._totals.llm_calls += 1
             try:
                 reply = await collect_answer(
                     provider.stream_granted_by(
@@ -633,9 +600,9 @@ class Conversation(metaclass=NoPublicConstructor):
             except NotGrantedInTime:
                 # The patience ran out in the queue: this retry was not sent.
                 counters.llm_calls -= 1
-                self._llm_calls -= 1
+                self._totals.llm_calls -= 1
                 counters.retries -= 1
-                self._retries -= 1
+                self._totals.retries -= 1
                 assert waited is not None
                 raise waited from None
             except ProviderError as error:
@@ -668,10 +635,10 @@ class Conversation(metaclass=NoPublicConstructor):
                 retrying = Retrying(attempt=attempt, error=error, delay=delay)
             else:
                 counters.usage = add_usage(counters.usage, reply.usage)
-                self._usage = add_usage(self._usage, reply.usage)
+                self._totals.usage = add_usage(self._totals.usage, reply.usage)
                 return reply
             counters.retries += 1
-            self._retries += 1
+            self._totals.retries += 1
             if job is not None:
                 await job.emit(retrying)
             attempt += 1
@@ -783,11 +750,11 @@ class Conversation(metaclass=NoPublicConstructor):
         try:
             reply = await self._call(provider, request, counters)
         except ProviderError:
-            self._compactions_failed += 1
+            self._totals.compactions_failed += 1
             return False  # the turn goes on with the whole history
         summary = summary_message(reply.text)
         if summary is None:
-            self._compactions_failed += 1
+            self._totals.compactions_failed += 1
             return False
         earlier[:cut] = [summary]
         return True
@@ -886,16 +853,10 @@ class TurnStream(metaclass=NoPublicConstructor):
             pass
         # The actor closes the channel only once the job is done.
         self._state = "ended"
-        job = self._job
-        error, job.error = job.error, None
-        if error is not None:
-            try:
-                raise error
-            finally:
-                del error
-        assert isinstance(job.result, TurnResult)
-        self._result = job.result
-        return TurnFinished(job.result)
+        result = self._job.outcome()
+        assert isinstance(result, TurnResult)
+        self._result = result
+        return TurnFinished(result)
 
 
 # -- construction, for Dispatcher.start_conversation ------------------------
@@ -903,7 +864,7 @@ class TurnStream(metaclass=NoPublicConstructor):
 _ids = itertools.count(1)
 
 
-def new_conversation(
+def start_conversation(
     dispatcher: Dispatcher,
     provider: Provider,
     *,
@@ -915,10 +876,11 @@ def new_conversation(
     priority: int = 0,
     tenant: str | None = None,
 ) -> Conversation:
-    """A ``Conversation`` with every argument checked; its actor not started.
+    """``Dispatcher.start_conversation``: a checked conversation, its actor started.
 
     The annotations say what callers should pass; the checks assume nothing.
-    ``options`` checked its own fields when it was made.
+    ``options`` checked its own fields when it was made. The actor runs in
+    the dispatcher's nursery, until it is closed or the dispatcher closes.
     """
     if not hasattr(provider, "id") or not callable(getattr(provider, "stream", None)):
         raise TypeError(
@@ -946,7 +908,7 @@ def new_conversation(
         # The turn current at the call's: the actor's turns replace it whole.
         turn = current_turn()
         tenant = None if turn is None else turn.tenant
-    return Conversation._create(
+    conversation = Conversation._create(
         dispatcher,
         provider,
         conversation_id=conversation_id,
@@ -956,36 +918,6 @@ def new_conversation(
         history=checked_history,
         priority=checked_priority,
         tenant=check_optional_tenant(tenant),
-    )
-
-
-def start_conversation(
-    dispatcher: Dispatcher,
-    provider: Provider,
-    *,
-    conversation_id: str | None,
-    tools: Iterable[Tool],
-    system_prompt: str | None,
-    options: ConversationOptions | None,
-    history: Iterable[ChatMessage] = (),
-    priority: int = 0,
-    tenant: str | None = None,
-) -> Conversation:
-    """``Dispatcher.start_conversation``: a checked conversation, its actor started.
-
-    Its actor runs in the dispatcher's nursery, until it is closed or the
-    dispatcher closes.
-    """
-    conversation = new_conversation(
-        dispatcher,
-        provider,
-        conversation_id=conversation_id,
-        tools=tools,
-        system_prompt=system_prompt,
-        options=options,
-        history=history,
-        priority=priority,
-        tenant=tenant,
     )
     dispatcher.check_known(provider.id)
     if dispatcher.closed:

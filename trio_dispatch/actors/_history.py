@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from typing import Final
+from typing import Final, get_args
 
 from .._json import json_kind
-from ..messages import ChatMessage
+from ..messages import ChatMessage, Role
 
 HISTORY_VERSION: Final = 1
 """The version of the history JSON ``dump_history`` writes and ``load_history`` reads."""
 
-_ROLES: Final = ("system", "user", "assistant", "tool")
+_ROLES: Final = get_args(Role)
 
 
 def check_history(history: object) -> tuple[ChatMessage, ...]:

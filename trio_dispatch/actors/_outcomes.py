@@ -36,10 +36,10 @@ from ._observe import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from ..messages._scheduling import Ticket
-    from ._observe import EventHub
+    from ._observe import DispatchEvent, EventHub
 
 _logger = logging.getLogger("trio_dispatch")
 
@@ -80,6 +80,32 @@ class Translator:
         if self._seen:
             self._seen.clear()
 
+    def _emit(  # noqa: PLR0917  # the fields every slot event has
+        self,
+        event: Callable[..., DispatchEvent],
+        ticket: Ticket,
+        who: str | None,
+        now: float,
+        in_flight: int,
+        waiting: int,
+        **own: object,
+    ) -> None:
+        """Emit ``event``, a slot event of ``ticket``, with its ``own`` fields."""
+        hub = self.hub
+        hub.emit(
+            event(
+                provider=self.provider,
+                at=now,
+                conversation_id=who,
+                started_at=hub.started_at(ticket),
+                in_flight=in_flight,
+                waiting=waiting,
+                tenant=ticket.tenant,
+                model=ticket.model,
+                **own,
+            )
+        )
+
     # Each request's outcomes: called only while listening.
 
     def queued(
@@ -87,39 +113,14 @@ class Translator:
     ) -> None:
         """``ticket`` waits; ``in_flight`` and ``waiting`` count it."""
         self._seen[ticket] = (who, now)
-        hub = self.hub
-        hub.emit(
-            Queued(
-                self.provider,
-                now,
-                who,
-                hub.started_at(ticket),
-                in_flight,
-                waiting,
-                ticket.tenant,
-                ticket.model,
-            )
-        )
+        self._emit(Queued, ticket, who, now, in_flight, waiting)
 
     def granted_at_once(
         self, ticket: Ticket, who: str | None, now: float, in_flight: int, waiting: int
     ) -> None:
         """``ticket`` was granted as it asked, without waiting."""
         self._seen[ticket] = (who, now)
-        hub = self.hub
-        hub.emit(
-            Granted(
-                self.provider,
-                now,
-                who,
-                hub.started_at(ticket),
-                0.0,
-                in_flight,
-                waiting,
-                ticket.tenant,
-                ticket.model,
-            )
-        )
+        self._emit(Granted, ticket, who, now, in_flight, waiting, wait=0.0)
 
     def granted(
         self, grants: Sequence[Ticket], now: float, in_flight: int, waiting: int
@@ -128,7 +129,6 @@ class Translator:
 
         Each event tells the state just after its own grant.
         """
-        hub = self.hub
         seen = self._seen
         in_flight -= len(grants)
         waiting += len(grants)
@@ -138,19 +138,8 @@ class Translator:
                 seen[ticket] = (who, now)
             in_flight += 1
             waiting -= 1
-            hub.emit(
-                Granted(
-                    self.provider,
-                    now,
-                    who,
-                    hub.started_at(ticket),
-                    None if since is None else now - since,
-                    in_flight,
-                    waiting,
-                    ticket.tenant,
-                    ticket.model,
-                )
-            )
+            wait = None if since is None else now - since
+            self._emit(Granted, ticket, who, now, in_flight, waiting, wait=wait)
 
     def left(  # noqa: PLR0917  # one step's counts, before and after
         self,
@@ -172,40 +161,17 @@ class Translator:
             self.withdrawn(ticket, now, in_flight, waiting)
         elif in_flight - granted < before[0]:
             who, since = self._seen.pop(ticket, (None, None))
-            hub = self.hub
-            hub.emit(
-                Released(
-                    self.provider,
-                    now,
-                    who,
-                    hub.started_at(ticket),
-                    None if since is None else now - since,
-                    in_flight - granted,
-                    waiting + granted,
-                    ticket.tenant,
-                    ticket.model,
-                )
-            )
+            held = None if since is None else now - since
+            counts = (in_flight - granted, waiting + granted)
+            self._emit(Released, ticket, who, now, *counts, held=held)
 
     def withdrawn(
         self, ticket: Ticket, now: float, in_flight: int, waiting: int
     ) -> None:
         """``ticket`` left the queue without a slot."""
         who, since = self._seen.pop(ticket, (None, None))
-        hub = self.hub
-        hub.emit(
-            Withdrawn(
-                self.provider,
-                now,
-                who,
-                hub.started_at(ticket),
-                None if since is None else now - since,
-                in_flight,
-                waiting,
-                ticket.tenant,
-                ticket.model,
-            )
-        )
+        waited = None if since is None else now - since
+        self._emit(Withdrawn, ticket, who, now, in_flight, waiting, waited=waited)
 
     # The provider's outcomes: always called, for their log lines.
 
@@ -229,21 +195,8 @@ class Translator:
                 tenant,
                 error,
             )
-        hub = self.hub
-        if hub.sinks:
-            hub.emit(
-                Refused(
-                    self.provider,
-                    now,
-                    who,
-                    hub.started_at(ticket),
-                    str(error),
-                    in_flight,
-                    waiting,
-                    tenant,
-                    ticket.model,
-                )
-            )
+        if self.hub.sinks:
+            self._emit(Refused, ticket, who, now, in_flight, waiting, reason=str(error))
 
     def limit_changed(
         self, previous: int | None, limit: int | None, now: float, *, log: bool = True

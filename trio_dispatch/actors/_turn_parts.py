@@ -110,6 +110,16 @@ class Job:
         self.done.set()
         self._close()
 
+    def outcome(self) -> TurnResult | Usage | None:
+        """The result of the job, once ``done``; or its error, raised (once)."""
+        error, self.error = self.error, None
+        if error is not None:
+            try:
+                raise error
+            finally:
+                del error  # no cycle through the traceback's frame
+        return self.result
+
     def _close(self) -> None:
         if self.events is not None:
             self.events.close()
@@ -134,6 +144,19 @@ class Counters:
     retries: int = 0
     tool_calls: int = 0
     usage: Usage = NO_USAGE
+
+
+@final
+@attrs.define
+class Totals(Counters):
+    """A conversation's counters, as ``ConversationStatistics`` shows them."""
+
+    turns_completed: int = 0
+    turns_failed: int = 0
+    turns_cancelled: int = 0
+    compactions: int = 0
+    compactions_failed: int = 0
+    warmups: int = 0
 
 
 @attrs.frozen

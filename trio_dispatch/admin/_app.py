@@ -456,15 +456,21 @@ def _json_in(body: bytes) -> object:
         raise _Refused(400, f"the body is not JSON: {exc}") from None
 
 
-def _limit_in(body: bytes) -> int:
-    """The limit of a ``{"limit": n}`` body, checked whole; else 400 or 422."""
+def _object_in(body: bytes, fields: set[str], rule: str) -> dict[str, Any]:
+    """The body's JSON object, of no field but ``fields``, else 400 or 422 by ``rule``."""
     document = _json_in(body)
-    rule = f"a JSON object {{'limit': n}}, n an integer from 1 to {MAX_LIMIT}"
     if not isinstance(document, dict):
         raise _Refused(422, f"the body must be {rule}, got {json_kind(document)}")
-    unknown = sorted(set(document) - {"limit"})
+    unknown = sorted(set(document) - fields)
     if unknown:
         raise _Refused(422, f"unknown field {_shown(unknown[0])}; the body is {rule}")
+    return document
+
+
+def _limit_in(body: bytes) -> int:
+    """The limit of a ``{"limit": n}`` body, checked whole; else 400 or 422."""
+    rule = f"a JSON object {{'limit': n}}, n an integer from 1 to {MAX_LIMIT}"
+    document = _object_in(body, {"limit"}, rule)
     if "limit" not in document:
         raise _Refused(422, f"limit is required; the body is {rule}")
     limit = document["limit"]
@@ -485,16 +491,11 @@ def _tenant_in(body: bytes) -> Tenant:
     Both fields are optional (``Tenant``'s defaults); ``Tenant`` checks
     them, and its message is the answer's detail.
     """
-    document = _json_in(body)
     rule = (
         "a JSON object {'weight': w, 'limit': n}, both optional,"
         f" w a finite number above 0, n an integer from 1 to {MAX_LIMIT} or null"
     )
-    if not isinstance(document, dict):
-        raise _Refused(422, f"the body must be {rule}, got {json_kind(document)}")
-    unknown = sorted(set(document) - {"weight", "limit"})
-    if unknown:
-        raise _Refused(422, f"unknown field {_shown(unknown[0])}; the body is {rule}")
+    document = _object_in(body, {"weight", "limit"}, rule)
     try:
         return Tenant(**document)
     except (TypeError, ValueError) as exc:

@@ -19,29 +19,25 @@ from ._routes import PROVIDER, ROUTES, TENANT, Route
 
 _COUNT = {"type": "integer", "minimum": 0}
 
-_PROVIDER = {
-    "name": "provider",
-    "in": "path",
-    "required": True,
-    "description": (
-        "The provider's name, percent-encoded UTF-8 (``%2F`` for ``/``),"
-        f" at most {_MAX_PROVIDER_LENGTH} characters."
-    ),
-    "schema": {"type": "string", "minLength": 1, "maxLength": _MAX_PROVIDER_LENGTH},
-}
 
-_TENANT = {
-    "name": "tenant",
-    "in": "path",
-    "required": True,
-    "description": (
-        "The tenant's name, percent-encoded UTF-8 (``%2F`` for ``/``),"
-        f" at most {_MAX_TENANT_NAME} characters."
-    ),
-    "schema": {"type": "string", "minLength": 1, "maxLength": _MAX_TENANT_NAME},
-}
+def _path_parameter(name: str, longest: int) -> dict[str, Any]:
+    """The path parameter of a provider's or a tenant's name."""
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "description": (
+            f"The {name}'s name, percent-encoded UTF-8 (``%2F`` for ``/``),"
+            f" at most {longest} characters."
+        ),
+        "schema": {"type": "string", "minLength": 1, "maxLength": longest},
+    }
 
-_PARAMETERS = {PROVIDER: _PROVIDER, TENANT: _TENANT}
+
+_PARAMETERS = {
+    PROVIDER: _path_parameter("provider", _MAX_PROVIDER_LENGTH),
+    TENANT: _path_parameter("tenant", _MAX_TENANT_NAME),
+}
 
 _WEIGHT = {
     "type": "number",

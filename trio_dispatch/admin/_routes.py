@@ -126,6 +126,9 @@ _BAD_NAME = problem(
     f"The provider name is longer than {MAX_PROVIDER_LENGTH} characters."
 )
 _CLOSED = problem("The dispatcher is closed. Nothing was changed.")
+_TOO_LARGE = problem(
+    f"The body is larger than {MAX_BODY_BYTES} bytes. Nothing was changed."
+)
 _BAD_TENANT_PATH = problem("The tenant name is not valid percent-encoded UTF-8.")
 _BAD_TENANT = problem(
     f"The tenant name is longer than {MAX_TENANT_NAME} characters. Nothing was changed."
@@ -154,9 +157,7 @@ ROUTES: Final[tuple[Route, ...]] = (
             ),
             401: _UNAUTHORIZED,
             404: _NOT_FOUND,
-            413: problem(
-                f"The body is larger than {MAX_BODY_BYTES} bytes. Nothing was changed."
-            ),
+            413: _TOO_LARGE,
             422: problem(
                 'The body is not exactly ``{"limit": n}`` with n an'
                 f" integer from 1 to {MAX_LIMIT}, or the provider name is"
@@ -245,9 +246,7 @@ ROUTES: Final[tuple[Route, ...]] = (
             ),
             401: _UNAUTHORIZED,
             404: _NOT_FOUND,
-            413: problem(
-                f"The body is larger than {MAX_BODY_BYTES} bytes. Nothing was changed."
-            ),
+            413: _TOO_LARGE,
             422: problem(
                 'The body is not a JSON object ``{"weight": w, "limit": n}``'
                 " with w a finite number above 0 and n an integer from 1 to"

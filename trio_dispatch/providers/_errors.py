@@ -57,7 +57,7 @@ from .._wire import error_for_status
 from ._retry_after import parse_retry_after
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
 # An error body is read for its message only; never all of a huge one.
 ERROR_BODY_LIMIT: Final = 64 * 1024
@@ -255,17 +255,26 @@ def error_details(
         return None, _shorten(redact(text))
     error = data.get("error") if isinstance(data, dict) else None
     if isinstance(error, dict):
-        error_type = error.get("type")
-        code = error.get("code")
+        kind = error_kind(error)
         message = error.get("message")
-        kind = error_type if isinstance(error_type, str) and error_type else None
-        if isinstance(code, str) and code and code != kind:
-            kind = f"{kind} ({code})" if kind else code
         text = message if isinstance(message, str) else text
         return (None if kind is None else redact(kind)), _shorten(redact(text))
     if isinstance(error, str):
         return None, _shorten(redact(error))
     return None, _shorten(redact(text))
+
+
+def error_kind(error: Mapping[str, object]) -> str | None:
+    """An error object's ``type``, and its ``code`` when that says more.
+
+    ``"type (code)"``, or either alone; ``None`` if neither is a string.
+    """
+    error_type = error.get("type")
+    code = error.get("code")
+    kind = error_type if isinstance(error_type, str) and error_type else None
+    if isinstance(code, str) and code and code != kind:
+        kind = f"{kind} ({code})" if kind else code
+    return kind
 
 
 def read_error(

@@ -51,6 +51,7 @@ from .._wire import error_for_status, error_for_type, make_tool_call
 from ..messages import Finish, ReasoningDelta, TextDelta, ToolCall, Usage
 from ._checks import check_headers
 from ._decode import parse_json_data, raw_json, structure_event
+from ._errors import error_kind
 from ._http import EventStream, ProviderBase
 from ._ratelimit_headers import openai_rate_limits
 
@@ -327,17 +328,7 @@ class _OpenAIDecoder:
                 message=text,
                 retry_after=None,
             )
-        kind = next(
-            (
-                value
-                for value in (error.get("type"), code)
-                if isinstance(value, str) and value
-            ),
-            "error",
-        )
-        if isinstance(code, str) and code and code != kind:
-            kind = f"{kind} ({code})"
-        raise error_for_type(self._provider, kind, text)
+        raise error_for_type(self._provider, error_kind(error) or "error", text)
 
 
 def _fast_fragments(tool_calls: object) -> list[_Fragment] | None:
@@ -441,20 +432,18 @@ def request_body(model: str, request: ChatRequest) -> dict[str, Any]:
             }
             for tool in request.tools
         ]
-    if request.max_tokens is not None:
+    optional = {
         # ``max_tokens`` rather than the newer ``max_completion_tokens``:
         # every OpenAI-compatible server (vLLM, llama.cpp, DeepSeek) takes it.
-        body["max_tokens"] = request.max_tokens
-    if request.temperature is not None:
-        body["temperature"] = request.temperature
-    if request.top_p is not None:
-        body["top_p"] = request.top_p
-    if request.stop is not None:
-        body["stop"] = list(request.stop)
-    if request.cache_key is not None:
+        "max_tokens": request.max_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "stop": None if request.stop is None else list(request.stop),
         # Routes the conversation's calls to one prompt cache; OpenAI caches
         # the longest prefix seen before, which the conversation keeps stable.
-        body["prompt_cache_key"] = request.cache_key
+        "prompt_cache_key": request.cache_key,
+    }
+    body.update((key, value) for key, value in optional.items() if value is not None)
     if request.extra:
         # Last, and never over a field set above (ChatRequest refuses
         # those) but ``prompt_cache_key``: a key given there is meant.

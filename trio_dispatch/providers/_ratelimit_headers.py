@@ -78,6 +78,7 @@ _MAX_VALUE_LENGTH: Final = 64
 # the clocks disagree: the ``date`` header wins over the caller's ``now``.
 _DATE_RESOLUTION: Final = timedelta(seconds=2)
 
+# Each quota's RateLimitInfo field, and its name in the format's headers.
 _OPENAI_KINDS: Final = (("requests", "requests"), ("tokens", "tokens"))
 _ANTHROPIC_KINDS: Final = (
     ("requests", "requests"),
@@ -284,11 +285,7 @@ def openai_rate_limits(
         for field, kind in _OPENAI_KINDS
     }
     reference = _reference(None, now)
-    return RateLimitInfo(
-        requests=quotas["requests"],
-        tokens=quotas["tokens"],
-        retry_after=_retry_after(reader, reference),
-    )
+    return RateLimitInfo(**quotas, retry_after=_retry_after(reader, reference))
 
 
 def anthropic_rate_limits(
@@ -325,13 +322,7 @@ def anthropic_rate_limits(
         )
         for field, kind in _ANTHROPIC_KINDS
     }
-    return RateLimitInfo(
-        requests=quotas["requests"],
-        tokens=quotas["tokens"],
-        input_tokens=quotas["input_tokens"],
-        output_tokens=quotas["output_tokens"],
-        retry_after=_retry_after(reader, reference),
-    )
+    return RateLimitInfo(**quotas, retry_after=_retry_after(reader, reference))
 
 
 # How much of a malformed value a log line shows.

@@ -29,7 +29,7 @@ from .._wire import make_tool_call
 from ..messages import Finish, ReasoningDelta, TextDelta, Usage
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from ..messages import StreamEvent, ToolCall
     from ._request import WireFormat
@@ -183,8 +183,7 @@ def error_event(wire: WireFormat, fault: Fault) -> bytes:
             "error": {"type": fault.error_type, "message": message},
         }
         return sse(payload, "error")
-    error = {"message": message, "type": fault.error_type, "param": None, "code": None}
-    return sse({"error": error})
+    return sse(error_body(wire, fault.error_type, message))
 
 
 def sse(payload: object, event: str | None = None) -> bytes:
@@ -237,6 +236,18 @@ class _Plan:
 
 
 def _openai_events(plan: _Plan, *, include_usage: bool) -> list[WireEvent]:
+    def payload(choices: list[object], **more: object) -> bytes:
+        return sse(
+            {
+                "id": f"chatcmpl-{plan.message_id}",
+                "object": "chat.completion.chunk",
+                "created": 1700000000,
+                "model": plan.model,
+                "choices": choices,
+                **more,
+            }
+        )
+
     def chunk(
         delta: dict[str, Any],
         finish: str | None = None,
@@ -246,14 +257,7 @@ def _openai_events(plan: _Plan, *, include_usage: bool) -> list[WireEvent]:
         malformed: str | None = None,
     ) -> WireEvent:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        payload = {
-            "id": f"chatcmpl-{plan.message_id}",
-            "object": "chat.completion.chunk",
-            "created": 1700000000,
-            "model": plan.model,
-            "choices": [choice],
-        }
-        return WireEvent(sse(payload), token, events, malformed)
+        return WireEvent(payload([choice]), token, events, malformed)
 
     events = [chunk({"role": "assistant", "content": ""}, token=False)]
     events.extend(
@@ -299,21 +303,13 @@ def _openai_events(plan: _Plan, *, include_usage: bool) -> list[WireEvent]:
             "total_tokens": prompt + plan.output_tokens,
             "prompt_tokens_details": {"cached_tokens": plan.cache_read},
         }
-        payload = {
-            "id": f"chatcmpl-{plan.message_id}",
-            "object": "chat.completion.chunk",
-            "created": 1700000000,
-            "model": plan.model,
-            "choices": [],
-            "usage": usage,
-        }
         # OpenAI counts the cache writes as plain prompt tokens.
         parts = Usage(
             input_tokens=plan.input_tokens + plan.cache_write,
             output_tokens=plan.output_tokens,
             cache_read_tokens=plan.cache_read,
         )
-        events.append(WireEvent(sse(payload), events=(parts,)))
+        events.append(WireEvent(payload([], usage=usage), events=(parts,)))
     events.append(WireEvent(b"data: [DONE]\n\n"))
     return events
 
@@ -360,12 +356,18 @@ def _anthropic_events(plan: _Plan) -> list[WireEvent]:
         event("ping"),
     ]
     index = 0
-    if plan.reasoning:
+    word_blocks: list[tuple[str, list[str], Callable[[str], StreamEvent]]] = [
+        ("thinking", plan.reasoning, ReasoningDelta),
+        ("text", plan.text, TextDelta),
+    ]
+    for kind, block_words, meaning in word_blocks:
+        if not block_words:
+            continue
         events.append(
             event(
                 "content_block_start",
                 index=index,
-                content_block={"type": "thinking", "thinking": ""},
+                content_block={"type": kind, kind: ""},
             )
         )
         events.extend(
@@ -373,38 +375,19 @@ def _anthropic_events(plan: _Plan) -> list[WireEvent]:
                 "content_block_delta",
                 token=True,
                 index=index,
-                delta={"type": "thinking_delta", "thinking": word},
-                events=(ReasoningDelta(word),),
+                delta={"type": f"{kind}_delta", kind: word},
+                events=(meaning(word),),
             )
-            for word in plan.reasoning
+            for word in block_words
         )
-        events.append(
-            event(
-                "content_block_delta",
-                index=index,
-                delta={"type": "signature_delta", "signature": "ZmFrZQ=="},
+        if kind == "thinking":
+            events.append(
+                event(
+                    "content_block_delta",
+                    index=index,
+                    delta={"type": "signature_delta", "signature": "ZmFrZQ=="},
+                )
             )
-        )
-        events.append(event("content_block_stop", index=index))
-        index += 1
-    if plan.text:
-        events.append(
-            event(
-                "content_block_start",
-                index=index,
-                content_block={"type": "text", "text": ""},
-            )
-        )
-        events.extend(
-            event(
-                "content_block_delta",
-                token=True,
-                index=index,
-                delta={"type": "text_delta", "text": word},
-                events=(TextDelta(word),),
-            )
-            for word in plan.text
-        )
         events.append(event("content_block_stop", index=index))
         index += 1
     for (call, call_id, pieces), tool_call in zip(

@@ -21,7 +21,7 @@ import math
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import attrs
 
@@ -38,6 +38,8 @@ from ._workloads import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+_Row = TypeVar("_Row")
 
 #: The quantiles kept per run for the distribution plot: 0, 0.5, ..., 100.
 FAIRNESS_QUANTILES: tuple[float, ...] = tuple(q / 2 for q in range(201))
@@ -577,12 +579,6 @@ def run_point(
     return rows
 
 
-def _run_point_args(
-    args: tuple[FairnessConfig, float, CallsPerTurn],
-) -> list[FairnessRow]:
-    return run_point(*args)
-
-
 def run_fairness_sweep(
     config: FairnessConfig,
     *,
@@ -596,9 +592,23 @@ def run_fairness_sweep(
     finish (each point runs every policy).
     """
     points = [(config, load, shape) for shape in config.shapes for load in config.loads]
-    results: list[list[FairnessRow]] = [[] for _ in points]
+    return FairnessReport(config, _run_points(run_point, points, jobs, progress))
 
-    def finished(index: int, rows: list[FairnessRow]) -> None:
+
+def _run_points(
+    run: Callable[..., list[_Row]],
+    points: list[tuple[Any, ...]],
+    jobs: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[_Row, ...]:
+    """The rows of ``run(*point)`` for every point, in the order of ``points``.
+
+    ``jobs > 1`` runs them in that many processes. ``progress(done, total)``
+    is called as points finish.
+    """
+    results: list[list[_Row]] = [[] for _ in points]
+
+    def finished(index: int, rows: list[_Row]) -> None:
         results[index] = rows
         if progress is not None:
             progress(sum(1 for done in results if done), len(points))
@@ -608,15 +618,14 @@ def run_fairness_sweep(
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(jobs, mp_context=context) as pool:
             futures = {
-                pool.submit(_run_point_args, point): index
-                for index, point in enumerate(points)
+                pool.submit(run, *point): index for index, point in enumerate(points)
             }
             for future in as_completed(futures):
                 finished(futures[future], future.result())
     else:
         for index, point in enumerate(points):
-            finished(index, _run_point_args(point))
-    return FairnessReport(config, tuple(row for rows in results for row in rows))
+            finished(index, run(*point))
+    return tuple(row for rows in results for row in rows)
 
 
 @final
@@ -769,12 +778,6 @@ def run_priority_point(
     return rows
 
 
-def _run_priority_point_args(
-    args: tuple[PriorityClassesConfig, float, float],
-) -> list[PriorityClassRow]:
-    return run_priority_point(*args)
-
-
 def run_priority_classes(
     config: PriorityClassesConfig, *, jobs: int = 1
 ) -> PriorityClassesReport:
@@ -784,10 +787,4 @@ def run_priority_classes(
     whatever ``jobs`` is.
     """
     points = [(config, load, aging) for load in config.loads for aging in config.agings]
-    if jobs > 1:
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(jobs, mp_context=context) as pool:
-            results = list(pool.map(_run_priority_point_args, points))
-    else:
-        results = [_run_priority_point_args(point) for point in points]
-    return PriorityClassesReport(config, tuple(row for rows in results for row in rows))
+    return PriorityClassesReport(config, _run_points(run_priority_point, points, jobs))

@@ -70,7 +70,6 @@ if TYPE_CHECKING:
 
     from ._encoders import WireEvent
     from ._request import WireFormat
-    from ._script import Fault
 
     Message = dict[str, Any]
     Receive = Callable[[], Awaitable[Message]]
@@ -332,7 +331,9 @@ class FakeLLMServer:
         model = request.model
         try:
             _check_request(request, headers)
-            reply = self._choose(request)
+            reply, self._replies_used = pick_reply(
+                self._script, request, self._replies_used
+            )
         except _Rejected as rejected:
             await self._send_json(
                 send,
@@ -342,38 +343,30 @@ class FakeLLMServer:
             )
             return
         book = self._book
-        progress = _Progress()
-        if book is None:
-            await self._reply(
-                request,
-                reply,
-                headers=headers,
-                receive=receive,
-                send=send,
-                limits=[],
-                progress=progress,
+        if book is not None:
+            body = request.body
+            assert isinstance(body, dict)
+            cost = book.estimate(
+                _estimated_input_tokens(body), _max_tokens(body), model
             )
-            return
-        body = request.body
-        assert isinstance(body, dict)
-        cost = book.estimate(_estimated_input_tokens(body), _max_tokens(body), model)
-        refusal = book.admit(key, cost, trio.current_time(), model)
-        if refusal is not None:
-            await self._refuse(request.format, key, model, refusal, send)
-            return
+            refusal = book.admit(key, cost, trio.current_time(), model)
+            if refusal is not None:
+                await self._refuse(request.format, key, model, refusal, send)
+                return
+        progress = _Progress()
         try:
-            limits = self._limit_headers(request.format, key, model)
             await self._reply(
                 request,
                 reply,
                 headers=headers,
                 receive=receive,
                 send=send,
-                limits=limits,
+                limits=self._limit_headers(request.format, key, model),
                 progress=progress,
             )
         finally:
-            book.settle(key, cost, progress.tokens, trio.current_time(), model)
+            if book is not None:
+                book.settle(key, cost, progress.tokens, trio.current_time(), model)
 
     def _limit_headers(
         self, wire: WireFormat, key: str, model: str | None
@@ -424,7 +417,8 @@ class FakeLLMServer:
             await trio.sleep(reply.latency)
         fault = reply.fault
         if fault is not None and fault.status is not None:
-            await self._send_status_fault(request.format, fault, send, limits)
+            status, retry_headers, body = status_fault_answer(request.format, fault)
+            await self._send_json(send, status, body, [*limits, *retry_headers])
             return
 
         async def watch_for_disconnect(cancel_scope: trio.CancelScope) -> None:
@@ -453,22 +447,6 @@ class FakeLLMServer:
             )
             await self._stream(request.format, reply, events, send, progress)
             nursery.cancel_scope.cancel()
-
-    def _choose(self, request: FakeRequest) -> FakeReply:
-        reply, self._replies_used = pick_reply(
-            self._script, request, self._replies_used
-        )
-        return reply
-
-    async def _send_status_fault(
-        self,
-        wire: WireFormat,
-        fault: Fault,
-        send: Send,
-        limits: list[tuple[bytes, bytes]],
-    ) -> None:
-        status, headers, body = status_fault_answer(wire, fault)
-        await self._send_json(send, status, body, [*limits, *headers])
 
     async def _stream(
         self,

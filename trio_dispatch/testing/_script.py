@@ -10,7 +10,7 @@ streamed in whichever wire format the request came in.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, final
+from typing import TYPE_CHECKING, Any, Literal, final, get_args
 
 import attrs
 
@@ -40,19 +40,7 @@ FaultKind = Literal[
 ]
 """What a ``Fault`` breaks; see ``Fault``."""
 
-_FAULT_KINDS = frozenset(
-    {
-        "rate_limit",
-        "server_error",
-        "unavailable",
-        "overloaded",
-        "disconnect",
-        "truncate",
-        "malformed",
-        "stall",
-        "stream_error",
-    }
-)
+_FAULT_KINDS = frozenset(get_args(FaultKind))
 
 #: The HTTP status each status fault answers with.
 FAULT_STATUS: dict[str, int] = {

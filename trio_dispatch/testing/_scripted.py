@@ -34,7 +34,7 @@ from .._exceptions import (
     StreamInterrupted,
 )
 from .._ratelimits import RateLimitInfo
-from .._validation import check_seconds
+from .._validation import check_seconds, check_text
 from .._wire import error_for_status, error_for_type
 from ..messages import ChatRequest
 from ._encoders import (
@@ -152,10 +152,7 @@ class ScriptedProvider:
             script = FakeScript()
         if not isinstance(script, FakeScript):
             raise TypeError(f"script must be a FakeScript, got {script!r}")
-        if not isinstance(id, str):
-            raise TypeError(f"id must be a non-empty string, got {id!r}")
-        if not id:
-            raise ValueError("id must be a non-empty string, got ''")
+        check_text(id, "id")
         if wire not in _PATHS:
             raise ValueError(f"wire must be 'openai' or 'anthropic', got {wire!r}")
         timeout = check_seconds(read_timeout, "read_timeout", positive=True)

@@ -39,6 +39,7 @@ reason). The same workload, seed and policy give the same result.
 from __future__ import annotations
 
 import contextlib
+import functools
 import heapq
 import itertools
 import json
@@ -133,13 +134,7 @@ class _Timekeeper:
         """Sleep until ``deadline`` on the virtual clock."""
         entry: list[Any] = [deadline, next(self._seq), trio.lowlevel.current_task()]
         heapq.heappush(self._heap, entry)
-        self._unpark_now()
-
-        def abort(_raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
-            entry[2] = None
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(abort)
+        await self._park(entry)
 
     async def arrive(self, provider: _ProviderState, order: int) -> bool:
         """Offer a call to a provider with a capacity: accepted or refused?
@@ -151,6 +146,11 @@ class _Timekeeper:
         """
         entry: list[Any] = [order, provider, trio.lowlevel.current_task(), False]
         self._arrivals.append(entry)
+        await self._park(entry)
+        return bool(entry[3])
+
+    async def _park(self, entry: list[Any]) -> None:
+        """Wait to be woken by ``run``; a cancelled task is crossed off ``entry``."""
         self._unpark_now()
 
         def abort(_raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
@@ -158,7 +158,6 @@ class _Timekeeper:
             return trio.lowlevel.Abort.SUCCEEDED
 
         await trio.lowlevel.wait_task_rescheduled(abort)
-        return bool(entry[3])
 
     def _admit_arrivals(self) -> None:
         arrivals = sorted(self._arrivals, key=operator.itemgetter(0))
@@ -571,13 +570,9 @@ def run_simulation(
     priority_aging = check_positive_seconds(priority_aging, "priority_aging")
     if clock is None:
         clock = trio.testing.MockClock(autojump_threshold=0)
-    return trio.run(_simulate_kw, workload, policy, seed, priority_aging, clock=clock)
-
-
-async def _simulate_kw(
-    workload: Workload | Scenario,
-    policy: PolicyName,
-    seed: int | None,
-    priority_aging: float,
-) -> SimulationResult:
-    return await simulate(workload, policy, seed=seed, priority_aging=priority_aging)
+    return trio.run(
+        functools.partial(
+            simulate, workload, policy, seed=seed, priority_aging=priority_aging
+        ),
+        clock=clock,
+    )
