@@ -409,9 +409,10 @@ class SlotPolicy:
         ):
             holders.add(ticket)
             self._granted_total += 1
-            self._peak_in_flight = max(self._peak_in_flight, len(holders))
+            if len(holders) > self._peak_in_flight:  # noqa: PLR1730  # no call: hot path
+                self._peak_in_flight = len(holders)
             return [ticket]
-        if self._max_waiting is not None and len(self._waiting) >= self._max_waiting:
+        if self._max_waiting is not None and len(waiting) >= self._max_waiting:
             self._rejected_total += 1
             if gate is not None:
                 gate.forget(ticket)
@@ -419,13 +420,14 @@ class SlotPolicy:
                 f"{len(self._waiting)} requests already wait"
                 f" (max_waiting={self._max_waiting})"
             )
-        self._waiting.add(ticket)
+        waiting.add(ticket)
         fifo = self._fifo
         if not fifo or ticket > fifo[-1]:
             fifo.append(ticket)
         else:
             heapq.heappush(self._heap, ticket)
-        self._peak_waiting = max(self._peak_waiting, len(self._waiting))
+        if len(waiting) > self._peak_waiting:  # noqa: PLR1730  # no call on the hot path
+            self._peak_waiting = len(waiting)
         if gate is not None and gate.blocked:
             # It may go before the head the budget holds back, and fit.
             return self._fill()
@@ -519,6 +521,14 @@ class SlotPolicy:
             raise RuntimeError(f"ticket {ticket!r} is waiting, not holding a slot")
         if self._streak:
             self._end_streak_if_success(ticket)
+        if self._tenants is None and self._gate is None:
+            # _release's plain case, inline: every hand-off's path.
+            try:
+                self._holders.remove(ticket)
+            except KeyError:
+                return []
+            self._released_total += 1
+            return self._fill() if self._waiting else []
         return self._release(ticket, success=True)
 
     def cancel(self, ticket: Ticket) -> list[Ticket]:
@@ -843,7 +853,8 @@ class SlotPolicy:
                 grants.append(ticket)
                 held += 1
         self._granted_total += len(grants)
-        self._peak_in_flight = max(self._peak_in_flight, held)
+        if held > self._peak_in_flight:  # noqa: PLR1730  # no call on the hot path
+            self._peak_in_flight = held
         if not waiting:
             fifo.clear()
             heap.clear()

@@ -319,7 +319,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 f"conversation_id must be a string or None, got {conversation_id!r}"
             )
         if started_at is None:
-            started_at = trio.current_time() if turn is None else turn.started_at
+            started_at = self._host.now() if turn is None else turn.started_at
         else:
             started_at = check_instant(started_at, "started_at")
         if priority is None:
