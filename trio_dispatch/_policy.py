@@ -517,19 +517,45 @@ class SlotPolicy:
         Raises:
             RuntimeError: The ticket is still waiting; cancel it instead.
         """
-        if ticket in self._waiting:
+        waiting = self._waiting
+        if ticket in waiting:
             raise RuntimeError(f"ticket {ticket!r} is waiting, not holding a slot")
         if self._streak:
             self._end_streak_if_success(ticket)
-        if self._tenants is None and self._gate is None:
-            # _release's plain case, inline: every hand-off's path.
-            try:
-                self._holders.remove(ticket)
-            except KeyError:
-                return []
-            self._released_total += 1
-            return self._fill() if self._waiting else []
-        return self._release(ticket, success=True)
+        if self._tenants is not None or self._gate is not None:
+            return self._release(ticket, success=True)
+        # _release and _fill without budgets or tenants, inline: every
+        # hand-off's path.
+        holders = self._holders
+        try:
+            holders.remove(ticket)
+        except KeyError:
+            return []
+        self._released_total += 1
+        if not waiting:
+            return []
+        limit = self._limit
+        if (
+            limit is not None
+            and len(holders) + 1 == limit
+            and self._paused_until is None
+            and not self._heap
+        ):
+            # The one slot freed goes to the oldest waiter, the head of
+            # the FIFO (the heap is empty), unless that entry is dead (a
+            # ticket withdrawn): _fill skips those. The peak is the limit
+            # already, since the limit was just full.
+            fifo = self._fifo
+            head = fifo[0]
+            if head in waiting:
+                fifo.popleft()
+                waiting.remove(head)
+                holders.add(head)
+                self._granted_total += 1
+                if not waiting:
+                    fifo.clear()
+                return [head]
+        return self._fill()
 
     def cancel(self, ticket: Ticket) -> list[Ticket]:
         """Withdraw a waiting ticket, or release it if it was already granted."""

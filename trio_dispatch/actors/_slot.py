@@ -38,6 +38,15 @@ if TYPE_CHECKING:
     from ..messages._scheduling import Ticket
 
 
+# trio's lowlevel functions of every hand-off, bound once: a name here is
+# one lookup, ``trio.lowlevel.x`` three.
+_checkpoint: Final = trio.lowlevel.checkpoint
+_checkpoint_if_cancelled: Final = trio.lowlevel.checkpoint_if_cancelled
+_current_task: Final = trio.lowlevel.current_task
+_reschedule: Final = trio.lowlevel.reschedule
+_wait_task_rescheduled: Final = trio.lowlevel.wait_task_rescheduled
+
+
 @final
 class SlotHost:
     """What a dispatcher's slots read of it, shared by reference.
@@ -237,12 +246,12 @@ class Slot(metaclass=NoPublicConstructor):
     # expects its answer would leak the slot.
 
     def __aenter__(self) -> Coroutine[Any, Any, Self]:
-        # Not a coroutine of its own: _enter is awaited directly, one
+        # Not a coroutine of its own: _acquire is awaited directly, one
         # coroutine frame per hand-off, not two.
-        return self._enter(scoped=True)
+        return self._acquire(scoped=True)
 
     @trio.lowlevel.enable_ki_protection
-    async def _enter(self, *, scoped: bool) -> Self:
+    async def _acquire(self, *, scoped: bool) -> Self:
         """Wait for the grant; ``scoped``: arm the timer and bind the task.
 
         Unscoped (``acquire_unscoped``), no timer is armed and no task is
@@ -256,7 +265,7 @@ class Slot(metaclass=NoPublicConstructor):
             raise DispatcherClosed("the dispatcher is closed")
         # An already cancelled caller sends nothing, not an Acquire and a
         # Cancel: a grant that nobody uses would still show in statistics.
-        await trio.lowlevel.checkpoint_if_cancelled()
+        await _checkpoint_if_cancelled()
         # The running backend, without a call in the common case.
         actor = host.actors.get(self.provider) or host.scheduler(self.provider)
         priority = self.priority
@@ -286,14 +295,14 @@ class Slot(metaclass=NoPublicConstructor):
             self._actor = None
             raise DispatcherClosed("the dispatcher is closed") from None
         # _task stays set when scoped: the task that must leave the slot.
-        self._task = trio.lowlevel.current_task()
+        self._task = _current_task()
         if self._state is _WAITING:
-            await trio.lowlevel.wait_task_rescheduled(self._abort)
+            await _wait_task_rescheduled(self._abort)
             if self._state is _HOLDING:
                 # Granted, but cancelled before it could run: the grant
                 # goes back unused, as if the cancellation had come first.
                 try:
-                    await trio.lowlevel.checkpoint_if_cancelled()
+                    await _checkpoint_if_cancelled()
                 except BaseException:
                     self._give_back()
                     raise
@@ -302,7 +311,7 @@ class Slot(metaclass=NoPublicConstructor):
             # cancellation (or KeyboardInterrupt) met there gives the grant
             # back, as it would have while waiting.
             try:
-                await trio.lowlevel.checkpoint()
+                await _checkpoint()
             except BaseException:
                 self._give_back()
                 raise
@@ -345,7 +354,7 @@ class Slot(metaclass=NoPublicConstructor):
         timer = self._timer
         task = self._task
         if (timer is None or timer.hold is None) and (
-            task is None or task is trio.lowlevel.current_task()
+            task is None or task is _current_task()
         ):
             # Without a timer, in the task that entered: every hand-off's
             # path, with _give_back inline.
@@ -372,7 +381,7 @@ class Slot(metaclass=NoPublicConstructor):
         timer = self._timer
         hold = None if timer is None else timer.hold
         task = self._task
-        if task is not None and task is not trio.lowlevel.current_task():
+        if task is not None and task is not _current_task():
             # Only the entering task may close its timer's cancel scope:
             # closing it here would corrupt trio's state in both tasks.
             # Disarmed, it can no longer cancel what that task does next.
@@ -496,7 +505,7 @@ class Slot(metaclass=NoPublicConstructor):
             self.granted_at = granted_at
             task = self._task
             if task is not None:  # None: granted inside acquire, not parked
-                trio.lowlevel.reschedule(task)
+                _reschedule(task)
 
     def lease_until(self, deadline: float) -> None:
         """The slot's lease is sure to live until ``deadline`` (trio clock).
@@ -529,7 +538,7 @@ class Slot(metaclass=NoPublicConstructor):
             self._state = error
             task = self._task
             if task is not None:  # None: refused inside acquire, not parked
-                trio.lowlevel.reschedule(task)
+                _reschedule(task)
 
     @trio.lowlevel.enable_ki_protection
     def _abort(self, _raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
@@ -611,4 +620,4 @@ async def acquire_unscoped(slot: Slot) -> None:
     cancel scope of ``async with``, which only the entering task could
     close, and no task is bound to leave it (``Slot.release()`` from any).
     """
-    await slot._enter(scoped=False)
+    await slot._acquire(scoped=False)
