@@ -238,14 +238,14 @@ class SchedulerActor:
                 grants = policy.acquire(ticket, tokens)
             except (QueueFull, ValueError) as exc:
                 self._acquire_refused(ticket, reply, conversation_id, exc, None)
-                return
-            if not grants:
-                self._replies[ticket] = reply
-            elif len(grants) == 1 and grants[0] is ticket:
-                reply.granted(ticket, self._clock())
             else:
-                self._replies[ticket] = reply
-                self._deliver(grants, self._clock())
+                if not grants:
+                    self._replies[ticket] = reply
+                elif len(grants) == 1 and grants[0] is ticket:
+                    reply.granted(ticket, self._clock())
+                else:
+                    self._replies[ticket] = reply
+                    self._deliver(grants, self._clock())
         if self._unlimited and not policy.in_flight and not policy.waiting:
             self._inbox.nudge()  # an idle unlimited provider's actor may stop
 
@@ -265,13 +265,13 @@ class SchedulerActor:
                 grants = policy.release(ticket)
             except RuntimeError as exc:
                 self._withdraw(ticket, exc)
-                return
-            if grants:
-                # _deliver, inline (nothing listens).
-                now = self._clock()
-                replies = self._replies
-                for granted in grants:
-                    replies.pop(granted).granted(granted, now)
+            else:
+                if grants:
+                    # _deliver, inline (nothing listens).
+                    now = self._clock()
+                    replies = self._replies
+                    for granted in grants:
+                        replies.pop(granted).granted(granted, now)
         if self._unlimited and not policy.in_flight and not policy.waiting:
             self._inbox.nudge()  # an idle unlimited provider's actor may stop
 
