@@ -31,11 +31,18 @@ if TYPE_CHECKING:
 
 @final
 class CountingBackend:
-    """The local scheduler of one provider, counting the calls it gets."""
+    """The local scheduler of one provider, counting the calls it gets.
+
+    With ``refusal`` or ``granting_at`` set, it answers an ``acquire``
+    itself, through the ``Reply``'s public names, instead of the local
+    scheduler: refused with ``refusal``, or granted at ``granting_at``.
+    """
 
     def __init__(self, provider: str) -> None:
         self.inner = SchedulerActor(provider, SlotPolicy(None))
         self.calls: collections.Counter[str] = collections.Counter()
+        self.refusal: Exception | None = None
+        self.granting_at: float | None = None
 
     @property
     def provider(self) -> str:
@@ -58,7 +65,12 @@ class CountingBackend:
         tokens: int = 0,
     ) -> None:
         self.calls["acquire"] += 1
-        self.inner.acquire(ticket, reply, conversation_id, tokens)
+        if self.refusal is not None:
+            reply.refused(self.refusal)
+        elif self.granting_at is not None:
+            reply.granted(ticket, self.granting_at)
+        else:
+            self.inner.acquire(ticket, reply, conversation_id, tokens)
 
     def release(self, ticket: Ticket) -> None:
         self.calls["release"] += 1

@@ -10,13 +10,13 @@ import attrs
 import trio
 import trio.testing
 
-from trio_dispatch.lowlevel import SchedulerActor
+from trio_dispatch.lowlevel import Grant, SchedulerActor
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from trio_dispatch import Dispatcher
-    from trio_dispatch.lowlevel import Grant
+    from trio_dispatch.lowlevel import Ticket
 
 
 async def settle() -> None:
@@ -60,10 +60,10 @@ class RecordingReply:
     grants: list[Grant] = attrs.Factory(list)
     errors: list[Exception] = attrs.Factory(list)
 
-    def _grant(self, grant: Grant) -> None:
-        self.grants.append(grant)
+    def granted(self, ticket: Ticket, granted_at: float) -> None:
+        self.grants.append(Grant(ticket, granted_at))
 
-    def _fail(self, error: Exception) -> None:
+    def refused(self, error: Exception) -> None:
         self.errors.append(error)
 
 

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from trio_dispatch import Dispatcher
-    from trio_dispatch.messages._scheduling import Grant, Ticket
+    from trio_dispatch.messages._scheduling import Ticket
 
 REDIS_SERVER = shutil.which("redis-server")
 # Debian's redis-server depends on redis-tools, which has redis-cli.
@@ -378,14 +378,14 @@ class FleetReply:
         self.fleet = fleet
         self.node = node
         self.ticket = ticket
-        self.granted = trio.Event()
+        self.done = trio.Event()
         self.error: Exception | None = None
 
-    def _grant(self, grant: Grant) -> None:
+    def granted(self, ticket: Ticket, granted_at: float) -> None:
         self.fleet.grants.append(self)
-        self.granted.set()
+        self.done.set()
 
-    def _fail(self, error: Exception) -> None:
+    def refused(self, error: Exception) -> None:
         # The fleet closed while it waited (any other error is a bug).
         assert isinstance(error, DispatcherClosed), error
         self.error = error

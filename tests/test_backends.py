@@ -16,6 +16,7 @@ import trio.testing
 
 from trio_dispatch import (
     AdaptiveLimit,
+    QueueFull,
     Quota,
     RateLimitInfo,
     open_dispatcher,
@@ -74,6 +75,26 @@ async def test_a_dispatcher_runs_on_a_backend_of_its_own(
         "statistics": 1,
         "close": 1,
     }
+
+
+async def test_a_backend_answers_a_slot_through_the_reply_public_names(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    made = Made()
+    async with open_dispatcher_with(made, {"p": 1}) as dispatcher:
+        slot = dispatcher.slot("p")
+        backend = made.backends["p"]
+        backend.refusal = QueueFull("refused by the backend")
+        with pytest.raises(QueueFull, match=r"^refused by the backend$"):
+            async with slot:
+                pytest.fail("a refused slot is never entered")  # pragma: no cover
+        assert not slot.held
+        backend.refusal = None
+        backend.granting_at = 42.0
+        async with dispatcher.slot("p") as granted:
+            assert (granted.held, granted.granted_at) == (True, 42.0)
+        assert not granted.held
+    assert backend.calls["acquire"] == 2
 
 
 async def test_every_setting_reaches_the_backend_through_the_protocol(

@@ -75,6 +75,26 @@ def test_cancel_of_waiter_withdraws_it() -> None:
     assert policy.statistics().withdrawn_total == 1
 
 
+def test_a_hand_off_keeps_the_counters_and_the_queue_exact() -> None:
+    policy = SlotPolicy(2)
+    for seq in range(4):
+        policy.acquire(t(seq, seq))
+    policy.cancel(t(3, 3))  # a withdrawn entry behind the last waiter
+    assert policy.release(t(0, 0)) == [t(2, 2)]
+    assert policy.waiters() == []
+    stats = policy.statistics()
+    assert (
+        stats.granted_total,
+        stats.released_total,
+        stats.withdrawn_total,
+        stats.peak_in_flight,
+        stats.peak_waiting,
+    ) == (3, 1, 1, 2, 2)
+    assert policy.release(t(1, 1)) == []
+    # Nothing left queued, dead or alive: a newcomer goes at once.
+    assert policy.acquire(t(9, 9)) == [t(9, 9)]
+
+
 def test_cancel_of_holder_is_a_release() -> None:
     policy = SlotPolicy(1)
     policy.acquire(t(0, 0))

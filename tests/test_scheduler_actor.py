@@ -287,3 +287,25 @@ async def test_a_withdrawal_that_lets_a_waiter_through_delivers_its_grant(
         assert [(g.ticket, g.granted_at) for g in b.grants] == [(b_ticket, 70.0)]
         assert (policy.in_flight, policy.waiting) == (2, 0)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_queued_message_is_never_overtaken_by_one_handled_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A pause queued (the actor's task has not run) and the acquire after
+    # it: the acquire queues behind it instead of being granted at once in
+    # the caller's task, and the pause holds it; once the batch is handled,
+    # acquires are handled at once again.
+    actor = SchedulerActor("p", SlotPolicy(2))
+    paused, later = RecordingReply(), RecordingReply()
+    actor.pause(trio.current_time(), 10.0)
+    actor.acquire(actor.ticket(0.0), paused)
+    assert paused.grants == []
+    actor.handle_backlog()
+    assert (paused.grants, actor.policy.waiting) == ([], 1)
+    actor.resume()
+    actor.handle_backlog()
+    assert [grant.granted_at for grant in paused.grants] == [0.0]
+    actor.acquire(actor.ticket(1.0), later)
+    assert [grant.granted_at for grant in later.grants] == [0.0]
+    assert actor.policy.in_flight == 2

@@ -409,9 +409,10 @@ class SlotPolicy:
         ):
             holders.add(ticket)
             self._granted_total += 1
-            self._peak_in_flight = max(self._peak_in_flight, len(holders))
+            if len(holders) > self._peak_in_flight:  # noqa: PLR1730  # no call: hot path
+                self._peak_in_flight = len(holders)
             return [ticket]
-        if self._max_waiting is not None and len(self._waiting) >= self._max_waiting:
+        if self._max_waiting is not None and len(waiting) >= self._max_waiting:
             self._rejected_total += 1
             if gate is not None:
                 gate.forget(ticket)
@@ -419,13 +420,14 @@ class SlotPolicy:
                 f"{len(self._waiting)} requests already wait"
                 f" (max_waiting={self._max_waiting})"
             )
-        self._waiting.add(ticket)
+        waiting.add(ticket)
         fifo = self._fifo
         if not fifo or ticket > fifo[-1]:
             fifo.append(ticket)
         else:
             heapq.heappush(self._heap, ticket)
-        self._peak_waiting = max(self._peak_waiting, len(self._waiting))
+        if len(waiting) > self._peak_waiting:  # noqa: PLR1730  # no call on the hot path
+            self._peak_waiting = len(waiting)
         if gate is not None and gate.blocked:
             # It may go before the head the budget holds back, and fit.
             return self._fill()
@@ -515,11 +517,45 @@ class SlotPolicy:
         Raises:
             RuntimeError: The ticket is still waiting; cancel it instead.
         """
-        if ticket in self._waiting:
+        waiting = self._waiting
+        if ticket in waiting:
             raise RuntimeError(f"ticket {ticket!r} is waiting, not holding a slot")
         if self._streak:
             self._end_streak_if_success(ticket)
-        return self._release(ticket, success=True)
+        if self._tenants is not None or self._gate is not None:
+            return self._release(ticket, success=True)
+        # _release and _fill without budgets or tenants, inline: every
+        # hand-off's path.
+        holders = self._holders
+        try:
+            holders.remove(ticket)
+        except KeyError:
+            return []
+        self._released_total += 1
+        if not waiting:
+            return []
+        limit = self._limit
+        if (
+            limit is not None
+            and len(holders) + 1 == limit
+            and self._paused_until is None
+            and not self._heap
+        ):
+            # The one slot freed goes to the oldest waiter, the head of
+            # the FIFO (the heap is empty), unless that entry is dead (a
+            # ticket withdrawn): _fill skips those. The peak is the limit
+            # already, since the limit was just full.
+            fifo = self._fifo
+            head = fifo[0]
+            if head in waiting:
+                fifo.popleft()
+                waiting.remove(head)
+                holders.add(head)
+                self._granted_total += 1
+                if not waiting:
+                    fifo.clear()
+                return [head]
+        return self._fill()
 
     def cancel(self, ticket: Ticket) -> list[Ticket]:
         """Withdraw a waiting ticket, or release it if it was already granted."""
@@ -843,7 +879,8 @@ class SlotPolicy:
                 grants.append(ticket)
                 held += 1
         self._granted_total += len(grants)
-        self._peak_in_flight = max(self._peak_in_flight, held)
+        if held > self._peak_in_flight:  # noqa: PLR1730  # no call on the hot path
+            self._peak_in_flight = held
         if not waiting:
             fifo.clear()
             heap.clear()

@@ -13,7 +13,9 @@ minor versions. An application needs none of them; ``trio_dispatch``,
   ``Acquire``, ``Release``, ``Cancel``, ``SetLimit``, ``Adapt``, ``Pause``,
   ``Resume``, ``Answered``, ``ReportUsage``, ``ObserveRateLimits``,
   ``SetTenant``, ``SetModelBudget`` (together ``SchedulerMessage``),
-  answered with a ``Grant`` through a ``Reply``.
+  answered through a ``Reply`` (``granted(ticket, granted_at)`` or
+  ``refused(error)``, called by the backend only); ``Grant`` is a grant
+  kept as a value, for whoever records them.
 - The backend interface, ``Backend``: what the dispatcher asks of each
   provider's scheduler (``acquire``, ``release``, ``cancel``,
   ``set_limit``, ``pause``, ``resume``, ``set_tenant``,

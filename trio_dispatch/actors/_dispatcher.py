@@ -301,6 +301,40 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 closes while waiting.
             QueueFull: On entering, if ``max_waiting`` requests already wait.
         """
+        if (
+            conversation_id is None
+            and started_at is None
+            and priority is None
+            and tenant is None
+            and model is None
+            and tokens is None
+            and max_hold is _UNSET
+            and type(provider) is str
+            and provider in self._cleared
+        ):
+            # Nothing given but a provider already checked, the common case:
+            # everything from the current turn, nothing to check.
+            host = self._host
+            turn = CURRENT_TURN.get()
+            if turn is None:
+                # type.__call__ is what Slot._create does, without its
+                # Python frame: this is the hot path of every request.
+                fresh: Slot = _make(
+                    Slot, host, provider, None, host.now(), 0, self._settings.max_hold
+                )
+                return fresh
+            current: Slot = _make(
+                Slot,
+                host,
+                provider,
+                turn.conversation_id,
+                turn.started_at,
+                turn.priority,
+                self._settings.max_hold,
+                0,
+                turn.tenant,
+            )
+            return current
         if type(provider) is not str or not provider:
             check_provider(provider)  # raises: the common case skips the call
         turn = (
@@ -319,7 +353,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 f"conversation_id must be a string or None, got {conversation_id!r}"
             )
         if started_at is None:
-            started_at = trio.current_time() if turn is None else turn.started_at
+            started_at = self._host.now() if turn is None else turn.started_at
         else:
             started_at = check_instant(started_at, "started_at")
         if priority is None:
@@ -341,8 +375,6 @@ class Dispatcher(metaclass=NoPublicConstructor):
             check_count(tokens, "tokens")
         if provider not in self._cleared:
             self._unknown(provider)
-        # type.__call__ is what Slot._create does, without its Python frame:
-        # this is the hot path of every request.
         slot: Slot = _make(
             Slot,
             self._host,

@@ -25,7 +25,7 @@ granted or renewed it (Redis counts from when it ran the round, later):
 at that moment, if no round has renewed it since, the holder's body is
 cancelled and its slot given back with ``LeaseLost``, since the fleet may
 grant that slot again from then on. Each grant and renewal moves the
-holder's deadline (``_lease_until``), so nothing here watches the time. A round whose
+holder's deadline (``lease_until``), so nothing here watches the time. A round whose
 answer did not come may or may not have been applied: the next round that
 reaches Redis sends the same releases, withdrawals and entries again (the
 ledger's steps are idempotent), so nothing is queued twice and a grant the
@@ -56,7 +56,6 @@ from ..messages._scheduling import (
     Adapt,
     Answered,
     Cancel,
-    Grant,
     ObserveRateLimits,
     Pause,
     Release,
@@ -115,7 +114,7 @@ _WAKE: Final = _Wake()
 class _Leased(Protocol):
     """A reply that can be told how long its lease lives (``Slot``)."""
 
-    def _lease_until(self, deadline: float) -> None: ...
+    def lease_until(self, deadline: float) -> None: ...
 
 
 @final
@@ -565,7 +564,7 @@ class SharedSchedulerActor:
                 except RuntimeError as exc:
                     reply = self._replies.pop(message.ticket)
                     book.cancel(message.ticket)
-                    reply._fail(exc)
+                    reply.refused(exc)
                 if listening:
                     events.left(
                         message.ticket, now, before, book.in_flight, book.waiting
@@ -639,7 +638,7 @@ class SharedSchedulerActor:
             if self._replies.get(ticket) is message.reply:
                 self._replies.pop(ticket)
                 book.cancel(ticket)
-            message.reply._fail(exc)
+            message.reply.refused(exc)
             if isinstance(exc, QueueFull):
                 events.refused(
                     ticket,
@@ -801,14 +800,14 @@ class SharedSchedulerActor:
         until = math.inf if self.limit is None else now + self._ledger.lease
         if renewed:
             for leased in holding.values():
-                leased._lease_until(until)
+                leased.lease_until(until)
         for ticket in grants:
             reply = replies.pop(ticket)
-            lease_until = getattr(reply, "_lease_until", None)
+            lease_until = getattr(reply, "lease_until", None)
             if lease_until is not None:
                 lease_until(until)
                 holding[ticket] = cast("_Leased", reply)
-            reply._grant(Grant(ticket, now))
+            reply.granted(ticket, now)
         if grants and self._events.listening:
             self._events.granted(grants, now, book.in_flight, book.waiting)
         budget = result.budget
@@ -880,7 +879,7 @@ class SharedSchedulerActor:
         self._replies.clear()
         self._holding.clear()
         for reply in replies:
-            reply._fail(
+            reply.refused(
                 DispatcherClosed(
                     f"the dispatcher closed while waiting for {self.provider!r}"
                 )

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
-from typing import TYPE_CHECKING, Final, Self, final
+from typing import TYPE_CHECKING, Any, Final, Self, final
 
 import trio
 
@@ -31,11 +31,20 @@ from .._util import NoPublicConstructor
 from .._validation import check_count
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Coroutine
     from types import TracebackType
 
     from .._backend import Backend
-    from ..messages._scheduling import Grant, Ticket
+    from ..messages._scheduling import Ticket
+
+
+# trio's lowlevel functions of every hand-off, bound once: a name here is
+# one lookup, ``trio.lowlevel.x`` three.
+_checkpoint: Final = trio.lowlevel.checkpoint
+_checkpoint_if_cancelled: Final = trio.lowlevel.checkpoint_if_cancelled
+_current_task: Final = trio.lowlevel.current_task
+_reschedule: Final = trio.lowlevel.reschedule
+_wait_task_rescheduled: Final = trio.lowlevel.wait_task_rescheduled
 
 
 @final
@@ -53,9 +62,19 @@ class SlotHost:
         priority_aging: Seconds of turn age one priority class is worth.
         lease: The lease of a slot shared through Redis, in seconds.
         closed: Whether the dispatcher has shut down.
+        now: The trio clock's ``current_time``, read by every slot made
+            outside a turn: ``trio.current_time()`` is two Python calls more.
     """
 
-    __slots__ = ("actors", "closed", "lease", "limits", "priority_aging", "scheduler")
+    __slots__ = (
+        "actors",
+        "closed",
+        "lease",
+        "limits",
+        "now",
+        "priority_aging",
+        "scheduler",
+    )
 
     def __init__(
         self,
@@ -71,6 +90,11 @@ class SlotHost:
         self.priority_aging = priority_aging
         self.lease = lease
         self.closed = False
+        # Made outside a run (a test), the same as trio.current_time.
+        try:
+            self.now: Callable[[], float] = trio.lowlevel.current_clock().current_time
+        except RuntimeError:
+            self.now = trio.current_time
 
     def __repr__(self) -> str:
         return f"<SlotHost closed={self.closed} limits={self.limits!r}>"
@@ -84,11 +108,37 @@ class _State(enum.Enum):
     DONE = "done"
 
 
-_NEW: Final = _State.NEW
-_WAITING: Final = _State.WAITING
-_HOLDING: Final = _State.HOLDING
-_ABANDONED: Final = _State.ABANDONED
-_DONE: Final = _State.DONE
+# Typed _State, not each its own Literal: a state set before a park may have
+# changed after it, and mypy would take it for unchanged.
+_NEW: Final[_State] = _State.NEW
+_WAITING: Final[_State] = _State.WAITING
+_HOLDING: Final[_State] = _State.HOLDING
+_ABANDONED: Final[_State] = _State.ABANDONED
+_DONE: Final[_State] = _State.DONE
+
+
+@final
+class _Timer:
+    """What only a slot with a timer needs: its ``max_hold``, or a lease.
+
+    Made for a slot given a ``max_hold``, or told of a lease (Redis) or
+    followed (``follow_lease``); the plain slot has none, and its ``__init__``
+    four attributes fewer to set.
+
+    Attributes:
+        max_hold: The slot's ``max_hold``, or ``None``.
+        hold: The cancel scope that enforces the deadline, while entered.
+        lease_deadline: Until when the lease is sure to live, or ``None``.
+        on_lease: Called with each new lease deadline, or ``None``.
+    """
+
+    __slots__ = ("hold", "lease_deadline", "max_hold", "on_lease")
+
+    def __init__(self, max_hold: float | None) -> None:
+        self.max_hold = max_hold
+        self.hold: trio.CancelScope | None = None
+        self.lease_deadline: float | None = None
+        self.on_lease: Callable[[float], None] | None = None
 
 
 @final
@@ -106,6 +156,10 @@ class Slot(metaclass=NoPublicConstructor):
     behave the same): leaving it from another task gives the slot back
     there and then, and raises ``RuntimeError``. The entering task's timer
     is disarmed then, and is closed when that task leaves the slot too.
+
+    A slot is also the ``Reply`` its scheduler answers on (``granted``,
+    ``refused``, ``lease_until``): those three are called by the backend
+    only.
 
     Attributes:
         provider: The provider asked for.
@@ -126,14 +180,10 @@ class Slot(metaclass=NoPublicConstructor):
 
     __slots__ = (
         "_actor",
-        "_error",
-        "_hold",
         "_host",
-        "_lease_deadline",
-        "_max_hold",
-        "_on_lease",
         "_state",
         "_task",
+        "_timer",
         "conversation_id",
         "granted_at",
         "model",
@@ -165,26 +215,24 @@ class Slot(metaclass=NoPublicConstructor):
         self.conversation_id = conversation_id
         self.started_at = started_at
         self.priority = priority
-        self._max_hold = max_hold
-        self._state = _NEW
+        self._timer = None if max_hold is None else _Timer(max_hold)
+        # A _State, or the refusal (an Exception) the waiting task raises:
+        # one attribute for both.
+        self._state: _State | Exception = _NEW
         self._actor: Backend | None = None
         self._task: trio.lowlevel.Task | None = None
-        self._error: Exception | None = None
-        self._hold: trio.CancelScope | None = None
-        # Set by a shared scheduler: when the slot's lease may run out; and
-        # who else wants to know (a transport's hold, which has no scope).
-        self._lease_deadline: float | None = None
-        self._on_lease: Callable[[float], None] | None = None
         self.ticket: Ticket | None = None
         self.granted_at: float | None = None
 
     def __repr__(self) -> str:
         tenant = "" if self.tenant is None else f" tenant={self.tenant!r}"
         model = "" if self.model is None else f" model={self.model!r}"
+        state = self._state
+        shown = state.value if isinstance(state, _State) else _DONE.value
         return (
             f"<Slot provider={self.provider!r} conversation_id={self.conversation_id!r}"
             f" started_at={self.started_at} priority={self.priority}{tenant}{model}"
-            f" state={self._state.value}>"
+            f" state={shown}>"
         )
 
     @property
@@ -196,21 +244,19 @@ class Slot(metaclass=NoPublicConstructor):
     # change the slot's state and message the scheduler together, as in
     # trio's own primitives: a KI between an Acquire and the state that
     # expects its answer would leak the slot.
-    @trio.lowlevel.enable_ki_protection
-    async def __aenter__(self) -> Self:
-        await self._acquire()
-        # _task stays set: the task that must leave the slot.
-        if self._lease_deadline is not None or (
-            self._max_hold is not None and self.provider in self._host.limits
-        ):
-            hold = trio.CancelScope(deadline=self._deadline())
-            hold.__enter__()
-            self._hold = hold
-        return self
+
+    def __aenter__(self) -> Coroutine[Any, Any, Self]:
+        # Not a coroutine of its own: _acquire is awaited directly, one
+        # coroutine frame per hand-off, not two.
+        return self._acquire(scoped=True)
 
     @trio.lowlevel.enable_ki_protection
-    async def _acquire(self) -> None:
-        """Wait for the grant; no timer yet (``__aenter__`` arms it)."""
+    async def _acquire(self, *, scoped: bool) -> Self:
+        """Wait for the grant; ``scoped``: arm the timer and bind the task.
+
+        Unscoped (``acquire_unscoped``), no timer is armed and no task is
+        bound to leave the slot.
+        """
         if self._state is not _NEW:
             raise RuntimeError("a slot can be entered only once")
         host = self._host
@@ -219,7 +265,7 @@ class Slot(metaclass=NoPublicConstructor):
             raise DispatcherClosed("the dispatcher is closed")
         # An already cancelled caller sends nothing, not an Acquire and a
         # Cancel: a grant that nobody uses would still show in statistics.
-        await trio.lowlevel.checkpoint_if_cancelled()
+        await _checkpoint_if_cancelled()
         # The running backend, without a call in the common case.
         actor = host.actors.get(self.provider) or host.scheduler(self.provider)
         priority = self.priority
@@ -242,20 +288,21 @@ class Slot(metaclass=NoPublicConstructor):
         self._state = _WAITING
         try:
             # The backend may answer before this returns, in this task
-            # (_grant or _fail find no task parked then).
+            # (granted or refused find no task parked then).
             actor.acquire(ticket, self, self.conversation_id, self.tokens)
         except trio.ClosedResourceError:
             self._state = _DONE
             self._actor = None
             raise DispatcherClosed("the dispatcher is closed") from None
-        self._task = trio.lowlevel.current_task()
+        # _task stays set when scoped: the task that must leave the slot.
+        self._task = _current_task()
         if self._state is _WAITING:
-            await trio.lowlevel.wait_task_rescheduled(self._abort)
-            if self.held:  # the answer changed the state
+            await _wait_task_rescheduled(self._abort)
+            if self._state is _HOLDING:
                 # Granted, but cancelled before it could run: the grant
                 # goes back unused, as if the cancellation had come first.
                 try:
-                    await trio.lowlevel.checkpoint_if_cancelled()
+                    await _checkpoint_if_cancelled()
                 except BaseException:
                     self._give_back()
                     raise
@@ -264,24 +311,38 @@ class Slot(metaclass=NoPublicConstructor):
             # cancellation (or KeyboardInterrupt) met there gives the grant
             # back, as it would have while waiting.
             try:
-                await trio.lowlevel.checkpoint()
+                await _checkpoint()
             except BaseException:
                 self._give_back()
                 raise
-        if self._error is not None:
+        state = self._state
+        if state is not _HOLDING and isinstance(state, Exception):
+            # Refused: nothing is held.
+            self._state = _DONE
             self._task = None
-            error, self._error = self._error, None
-            raise error
+            raise state
+        if not scoped:
+            self._task = None
+            return self
+        timer = self._timer
+        if timer is not None and (
+            timer.lease_deadline is not None
+            or (timer.max_hold is not None and self.provider in host.limits)
+        ):
+            hold = trio.CancelScope(deadline=self._deadline(timer))
+            hold.__enter__()
+            timer.hold = hold
+        return self
 
-    def _max_hold_deadline(self) -> float:
-        if self._max_hold is None or self.provider not in self._host.limits:
+    def _max_hold_deadline(self, timer: _Timer) -> float:
+        if timer.max_hold is None or self.provider not in self._host.limits:
             return math.inf
         assert self.granted_at is not None
-        return self.granted_at + self._max_hold
+        return self.granted_at + timer.max_hold
 
-    def _deadline(self) -> float:
-        lease = math.inf if self._lease_deadline is None else self._lease_deadline
-        return min(self._max_hold_deadline(), lease)
+    def _deadline(self, timer: _Timer) -> float:
+        lease = math.inf if timer.lease_deadline is None else timer.lease_deadline
+        return min(self._max_hold_deadline(timer), lease)
 
     @trio.lowlevel.enable_ki_protection
     async def __aexit__(
@@ -290,9 +351,37 @@ class Slot(metaclass=NoPublicConstructor):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        hold = self._hold
+        timer = self._timer
         task = self._task
-        if task is not None and task is not trio.lowlevel.current_task():
+        if (timer is None or timer.hold is None) and (
+            task is None or task is _current_task()
+        ):
+            # Without a timer, in the task that entered: every hand-off's
+            # path, with _give_back inline.
+            self._task = None
+            if self._state is _HOLDING:
+                self._state = _DONE
+                try:
+                    self._actor.release(self.ticket)  # type: ignore[union-attr, arg-type]  # set with _HOLDING
+                except trio.ClosedResourceError:
+                    # Closed: the scheduler is gone, so there is nothing
+                    # to give back to.
+                    return None
+            return None
+        return await self._exit(exc_type, exc, tb)
+
+    @trio.lowlevel.enable_ki_protection
+    async def _exit(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        """``__aexit__`` with a timer armed, or from another task."""
+        timer = self._timer
+        hold = None if timer is None else timer.hold
+        task = self._task
+        if task is not None and task is not _current_task():
             # Only the entering task may close its timer's cancel scope:
             # closing it here would corrupt trio's state in both tasks.
             # Disarmed, it can no longer cancel what that task does next.
@@ -304,18 +393,19 @@ class Slot(metaclass=NoPublicConstructor):
         try:
             if hold is None:
                 return None
-            self._hold = None
+            assert timer is not None  # hold is the timer's
+            timer.hold = None
             swallowed = hold.__exit__(exc_type, exc, tb)
-            lease = self._lease_deadline
+            lease = timer.lease_deadline
             if (
                 hold.cancelled_caught
                 and lease is not None
-                and lease <= self._max_hold_deadline()
+                and lease <= self._max_hold_deadline(timer)
             ):
                 raise lease_lost(self.provider, self._host.lease)
             if hold.cancelled_caught:
                 raise SlotHoldTimeout(
-                    f"slot held longer than max_hold={self._max_hold} seconds"
+                    f"slot held longer than max_hold={timer.max_hold} seconds"
                 )
             return swallowed
         finally:
@@ -370,7 +460,8 @@ class Slot(metaclass=NoPublicConstructor):
 
         ``None`` for a slot of a local dispatcher, which has no lease.
         """
-        return self._lease_deadline
+        timer = self._timer
+        return None if timer is None else timer.lease_deadline
 
     def follow_lease(self, callback: Callable[[float], None] | None) -> None:
         """Call ``callback(deadline)`` at each renewal of the slot's lease.
@@ -378,7 +469,12 @@ class Slot(metaclass=NoPublicConstructor):
         Plumbing for a hold that enforces the lease without the slot's
         cancel scope (``Dispatcher.hold()``); ``None`` stops it.
         """
-        self._on_lease = callback
+        timer = self._timer
+        if timer is None:
+            if callback is None:
+                return
+            timer = self._timer = _Timer(None)
+        timer.on_lease = callback
 
     @trio.lowlevel.enable_ki_protection
     def _give_back(self) -> None:
@@ -394,48 +490,60 @@ class Slot(metaclass=NoPublicConstructor):
                 # Closed: the scheduler is gone, so there is nothing to give back to.
                 return
 
-    # Reply, called by the scheduler actor's task.
+    # The Reply protocol: called by the slot's backend only, from its task
+    # or from this slot's own call to it, and never blocking.
 
     @trio.lowlevel.enable_ki_protection
-    def _grant(self, grant: Grant) -> None:
-        """Take the granted slot and wake the waiting task."""
+    def granted(self, ticket: Ticket, granted_at: float) -> None:
+        """The backend granted ``ticket`` at ``granted_at``: take it, wake the task.
+
+        Called by the backend only (``Reply``). Ignored once the waiting
+        task gave up: its ``Cancel`` gives the slot back.
+        """
         if self._state is _WAITING:
             self._state = _HOLDING
-            self.granted_at = grant.granted_at
+            self.granted_at = granted_at
             task = self._task
             if task is not None:  # None: granted inside acquire, not parked
-                trio.lowlevel.reschedule(task)
+                _reschedule(task)
 
-    def _lease_until(self, deadline: float) -> None:
+    def lease_until(self, deadline: float) -> None:
         """The slot's lease is sure to live until ``deadline`` (trio clock).
 
-        Called by a shared scheduler, before the grant and at each renewal:
-        once it passes, the body is cancelled and ``LeaseLost`` raised.
+        Called by a shared backend only, before the grant and at each
+        renewal: once it passes, the body is cancelled and ``LeaseLost``
+        raised.
         """
-        self._lease_deadline = deadline
-        hold = self._hold
+        timer = self._timer
+        if timer is None:
+            timer = self._timer = _Timer(None)
+        timer.lease_deadline = deadline
+        hold = timer.hold
         # Not once given back: a timer disarmed by a leave from another
         # task stays disarmed.
         if hold is not None and self._state is _HOLDING:
-            hold.deadline = self._deadline()
-        on_lease = self._on_lease
+            hold.deadline = self._deadline(timer)
+        on_lease = timer.on_lease
         if on_lease is not None:
             on_lease(deadline)
 
     @trio.lowlevel.enable_ki_protection
-    def _fail(self, error: Exception) -> None:
-        """Wake the waiting task with ``error``; it holds nothing."""
+    def refused(self, error: Exception) -> None:
+        """The backend refused the request with ``error``: wake the task with it.
+
+        Called by the backend only (``Reply``); the requester holds nothing.
+        Ignored once the waiting task gave up.
+        """
         if self._state is _WAITING:
-            self._state = _DONE
-            self._error = error
+            self._state = error
             task = self._task
             if task is not None:  # None: refused inside acquire, not parked
-                trio.lowlevel.reschedule(task)
+                _reschedule(task)
 
     @trio.lowlevel.enable_ki_protection
     def _abort(self, _raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
         # The waiting task is being cancelled: give up our place. A grant
-        # already on its way is ignored by grant() and released by Cancel.
+        # already on its way is ignored by granted() and released by Cancel.
         self._state = _ABANDONED
         self._task = None
         with contextlib.suppress(trio.ClosedResourceError):
@@ -512,5 +620,4 @@ async def acquire_unscoped(slot: Slot) -> None:
     cancel scope of ``async with``, which only the entering task could
     close, and no task is bound to leave it (``Slot.release()`` from any).
     """
-    await slot._acquire()
-    slot._task = None
+    await slot._acquire(scoped=False)

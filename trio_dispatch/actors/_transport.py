@@ -193,6 +193,19 @@ class Hold:
         self._scopes: list[trio.CancelScope] = []
         slot.follow_lease(self._lease_moved)
 
+    @property
+    def deadline(self) -> float:
+        """When the call must end (trio clock): ``max_hold`` or the lease, first."""
+        return self._deadline
+
+    def track(self, scope: trio.CancelScope) -> None:
+        """Move ``scope``'s deadline with the hold's (a renewal moves it) from now on."""
+        self._scopes.append(scope)
+
+    def untrack(self, scope: trio.CancelScope) -> None:
+        """Stop moving ``scope``'s deadline (see ``track``)."""
+        self._scopes.remove(scope)
+
     def _lease_moved(self, lease: float) -> None:
         """A renewal moved the lease: every scope cut at the deadline follows."""
         self._lease = lease
@@ -367,11 +380,11 @@ class _Timed:
 
     def __init__(self, hold: Hold) -> None:
         self._hold = hold
-        self._scope = trio.CancelScope(deadline=hold._deadline)
+        self._scope = trio.CancelScope(deadline=hold.deadline)
 
     def __enter__(self) -> None:
         self._scope.__enter__()
-        self._hold._scopes.append(self._scope)
+        self._hold.track(self._scope)
 
     def __exit__(
         self,
@@ -379,7 +392,7 @@ class _Timed:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        self._hold._scopes.remove(self._scope)
+        self._hold.untrack(self._scope)
         swallowed = self._scope.__exit__(exc_type, exc, tb)
         if self._scope.cancelled_caught:
             raise self._hold.timeout()

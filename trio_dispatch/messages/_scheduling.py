@@ -1,8 +1,9 @@
 """The scheduling protocol between requesters and a provider's scheduler.
 
 A requester sends ``Acquire`` with a fresh ``Ticket`` and a ``Reply`` to
-answer on; the scheduler answers exactly once, through the reply, with a
-``Grant`` or an error. The requester then sends ``Release`` when it is done
+answer on; the scheduler answers exactly once, through the reply: the
+request is granted (``Reply.granted``) or refused with an error
+(``Reply.refused``). The requester then sends ``Release`` when it is done
 with the slot, or ``Cancel`` if it stopped waiting. ``SetLimit``, ``Pause``
 and ``Resume`` come from the dispatcher, and so do ``Adapt`` (an adaptive
 limit), ``SetTenant`` (a tenant's weight and cap), ``SetModelBudget`` (one
@@ -75,28 +76,39 @@ class Ticket(NamedTuple):
 @final
 @attrs.frozen
 class Grant:
-    """The scheduler's answer to an ``Acquire``: the slot is yours."""
+    """A grant as a value: ``ticket`` was granted at ``granted_at`` (trio clock).
+
+    What a backend tells a ``Reply`` with ``granted(ticket, granted_at)``,
+    kept as one value by whoever records it (a test's reply, say).
+    """
 
     ticket: Ticket
     granted_at: float
 
 
 class Reply(Protocol):
-    """Where the scheduler sends its one answer to an ``Acquire``.
+    """Where a backend sends its one answer to an ``Acquire``.
 
-    The methods' leading underscore keeps them off the public face of
-    ``Slot``, which implements them: only the scheduler may call them, and a
-    stray call would put a slot and its scheduler out of step.
+    ``Slot`` implements it. Its methods are called only by a backend (the
+    scheduler of the slot's provider), from the backend's task or from the
+    requester's own call to ``acquire``, ``release`` or ``cancel``; they
+    must not block. A stray call from anywhere else would put a slot and
+    its scheduler out of step. A reply whose requester already gave up
+    ignores the call; the slot of a grant that finds nobody is returned by
+    the requester's ``Cancel``.
 
-    Both methods are called from the scheduler's task and must not block.
-    A reply whose requester already gave up ignores the call; the slot of a
-    grant that finds nobody is returned by the requester's ``Cancel``.
+    A backend that leases its slots (the Redis-shared scheduler) also calls
+    ``lease_until(deadline)`` before the grant and at each renewal, when the
+    reply has that method (``Slot`` has).
     """
 
-    def _grant(self, grant: Grant) -> None:
-        """Deliver the slot."""
+    def granted(self, ticket: Ticket, granted_at: float) -> None:
+        """Deliver the slot of ``ticket``, granted at ``granted_at`` (trio clock).
 
-    def _fail(self, error: Exception) -> None:
+        Plain arguments, no ``Grant`` value: this is every hand-off's path.
+        """
+
+    def refused(self, error: Exception) -> None:
         """Deliver a refusal; the requester holds nothing.
 
         A ``DispatchError`` when the dispatcher refuses (``QueueFull``,
