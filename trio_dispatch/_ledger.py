@@ -524,6 +524,7 @@ class Ledger:
         renew_leases: Sequence[str] = (),
         ask: Sequence[str] = (),
         answered: Sequence[str] = (),
+        recheck: bool = True,
     ) -> StepResult:
         """Apply one round of a process's changes, in order, atomically.
 
@@ -539,7 +540,11 @@ class Ledger:
         ``observed`` (the provider's figures) and ``observed_models`` (each
         model's), then grants what it can of ``ask`` and of ``enqueue``.
         ``meta`` gives an enqueued member's tenant and model, if it has
-        either. Sent twice, the same changes leave the same state.
+        either. Sent twice, the same changes leave the same state, as long
+        as ``recheck`` is true when a step of this node may have run
+        without its answer reaching it: only then does the step look its
+        members up among the leases, one server call that a node whose
+        every step was answered can spare.
         """
         keys, channel = self.names(provider)
         tokens_of = {} if costs is None else costs
@@ -555,6 +560,7 @@ class Ledger:
             waiting=waiting,
             seed=seed,
             channel=channel,
+            recheck=recheck,
             observed=figures,
             spoil=list(spoil),
             usage=list(usage),

@@ -691,6 +691,7 @@ class SharedSchedulerActor:
                     renew_leases=plan.renew_leases,
                     ask=plan.ask,
                     answered=plan.answered,
+                    recheck=plan.recheck,
                 )
             except BACKEND_ERRORS as exc:
                 if plan is not None:
