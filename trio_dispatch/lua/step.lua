@@ -599,7 +599,6 @@ for _, pair in ipairs(figures) do
     observe(scope_of(pair[1], true), pair[2])
   end
 end
-redis.call('ZADD', nodes, now + ttl, node)
 local pause = 0
 if pause_until > now then
   pause = pause_until - now
@@ -928,11 +927,19 @@ if mine ~= whole(mywait) then redis.call('HSET', nwait, node, whole(mywait)) end
 -- Signed, so that the process that caused it need not wake for it, and
 -- only when another process waits: nobody else has anything to do.
 if changed > 0 and waiting > mywait then redis.call('PUBLISH', channel, node) end
--- Every lease, entry and process added or renewed here expires at now +
--- ttl at the latest, the earliest expiry bound too.
-if prune_at == nil or now + ttl < prune_at then
-  prune_at = now + ttl
-  prune_moved = true
+-- The process lives until now + ttl, which covers every lease and entry
+-- it added or renewed here: renewed when it added or renewed any (at
+-- least every third of a lease while it holds or waits), when it is not
+-- known yet, and when the step pruned (and may write conf). A step that
+-- did none of this changes no expiry, and leaves each key's as it was.
+local touched = leases_grew or queue_grew or mine == nil or prune_moved
+if touched then
+  redis.call('ZADD', nodes, now + ttl, node)
+  -- The earliest expiry bound too.
+  if prune_at == nil or now + ttl < prune_at then
+    prune_at = now + ttl
+    prune_moved = true
+  end
 end
 if prune_moved then redis.call('HSET', conf, 'pa', whole(prune_at)) end
 -- An empty queue holds no estimate.
@@ -942,7 +949,11 @@ if qc and queued == 0 then redis.call('HDEL', conf, 'qc') end
 -- a key that gained no later member keeps the expiry that covers its
 -- members), and those of the bookkeeping of tenants, budgets and backoff
 -- that may hold anything: every server call counts on the grant's path.
-local present = {nodes, nwait}
+local present = {}
+if touched then
+  present[#present + 1] = nodes
+  present[#present + 1] = nwait
+end
 if leases_grew then present[#present + 1] = leases end
 if queue_grew or (xm and queued > 0) then
   present[#present + 1] = queue
@@ -963,7 +974,9 @@ if xm then
   end
   for _, k in ipairs(model_keys) do present[#present + 1] = k end
 end
-expire_idle(now, (not not limit) or (P.R ~= nil and P.R.cfg) or (P.T ~= nil and P.T.cfg)
-  or (xm ~= nil and redis.call('HLEN', tconf) > 0), pause_until, present)
+if #present > 0 then
+  expire_idle(now, (not not limit) or (P.R ~= nil and P.R.cfg) or (P.T ~= nil and P.T.cfg)
+    or (xm ~= nil and redis.call('HLEN', tconf) > 0), pause_until, present)
+end
 return {granted, limit or '', in_flight, queued, waiting, pause, now, budget, spec,
   tenant_rows, model_rows, xm and 1 or 0}
