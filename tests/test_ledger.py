@@ -6,7 +6,7 @@ import coredis
 import trio
 
 from trio_dispatch import Quota, RateLimitInfo
-from trio_dispatch._ledger import Ledger, keys_of, lease_of, member_of
+from trio_dispatch._ledger import Ledger, keys_of, lease_of, member_of, wakes
 
 from ._redis import RedisServer, needs_redis, next_member
 
@@ -102,6 +102,62 @@ async def test_withdrawn_entries_leave_the_queue_and_wake_the_fleet(
                 if message["type"] == "message":
                     assert message["data"] == "end"
                     break
+
+
+async def test_a_slot_given_back_wakes_only_the_processes_that_can_take_it(
+    server: RedisServer, client: coredis.Redis[str]
+) -> None:
+    book = ledger(client)
+    await book.set_limit("p", 2)
+    h1, h2, x1, y1, z1 = m("h:1"), m("h:2"), m("x:1"), m("y:1"), m("z:1")
+    await book.step("p", "h", enqueue=[(h1, 0.0), (h2, 0.5)])
+    await book.step("p", "x", enqueue=[(x1, 1.0)], waiting=1)
+    await book.step("p", "y", enqueue=[(y1, 2.0)], waiting=1)
+    await book.step("p", "z", enqueue=[(z1, 3.0)], waiting=1)
+    async with (
+        coredis.Redis.from_url(server.url, decode_responses=True) as listener,
+        listener.pubsub(channels=["{ns:p}:wake"]) as pubsub,
+    ):
+
+        async def next_message() -> str:
+            with trio.fail_after(5):
+                async for message in pubsub:
+                    if message["type"] == "message":
+                        return str(message["data"])
+            raise AssertionError("the subscription ended")
+
+        # One slot back: x's entry is the one left in the window.
+        await book.step("p", "h", release=["h:1"])
+        assert await next_message() == ">x"
+        # The last: x's and y's, not z's (outside the window).
+        await book.step("p", "h", release=["h:2"])
+        assert await next_message() == ">x y"
+        # A slot that the releasing process's own entry takes wakes nobody.
+        h3, h4 = m("h:3"), m("h:4")
+        ask = await book.step("p", "x", ask=[x1], waiting=1)
+        assert ask.granted == [x1]
+        await book.step("p", "h", enqueue=[(h3, 0.1)], waiting=1)
+        taken = await book.step("p", "x", release=["x:1"], enqueue=[(h4, 0.2)])
+        assert taken.granted == [h4]
+        await client.publish("{ns:p}:wake", "end")
+        assert await next_message() == "end"
+        # Any other change still wakes every other process: an expiry, a
+        # withdrawal (see above), a limit raised by successes.
+        await book.step("p", "y", withdraw=[y1])
+        assert await next_message() == "y"
+
+
+def test_a_wake_up_says_which_processes_it_is_for() -> None:
+    assert wakes(None, "a")
+    assert wakes("wake", "a")
+    # Signed by a process: for every other one.
+    assert not wakes("a", "a")
+    assert wakes("b", "a")
+    # Named processes only.
+    assert wakes(">a b", "a")
+    assert wakes(">b a", "a")
+    assert not wakes(">b c", "a")
+    assert not wakes(">ab", "a")
 
 
 async def test_a_script_that_redis_lost_is_loaded_again(

@@ -154,7 +154,11 @@ and expiry while another process has waiters (as the processes last
 reported them: one that has not reported its waiters yet will ask in the
 round that does); the message names the process whose round caused it
 (``wake`` when nobody in particular), so that this process need not run a
-round for its own changes.
+round for its own changes. A step whose only change was slots given back,
+with no budget or tenant to decide who takes them, wakes only the
+processes whose entries are left in the window of free slots (``>`` and
+their nodes; nobody if it took them all itself): the others would find
+nothing to take (``wakes`` reads the message).
 """
 
 from __future__ import annotations
@@ -235,6 +239,22 @@ def provider_of_channel(namespace: str, channel: str) -> str | None:
     if channel.startswith(head) and channel.endswith(tail):
         return channel[len(head) : -len(tail)]
     return None
+
+
+def wakes(message: str | None, node: str) -> bool:
+    """Whether a wake-up on a provider's channel asks ``node``'s process for a round.
+
+    ``None`` (a subscription begins: wake-ups may have been missed) and
+    ``wake`` are for every process; a node's name, from a step of that
+    node's process, for every other one; ``>`` and nodes separated by
+    spaces, from a step whose only change was slots given back, for the
+    processes of those nodes (theirs are the entries that can take them).
+    """
+    if message is None:
+        return True
+    if message.startswith(">"):
+        return node in message[1:].split(" ")
+    return message != node
 
 
 def lease_of(member: str) -> str:

@@ -306,6 +306,9 @@ local function prune()
 end
 
 local changed = prune()
+-- Of those changes, the slots given back (the rest changed the queue, the
+-- limit or the budgets).
+local freed = 0
 local limit = stored_limit(c[1])
 local pause_until = stored(c[2], 0)
 local streak = stored(c[3], 0)
@@ -386,6 +389,7 @@ for j = 1, n do
   local id = ARGV[i]; i = i + 1
   if redis.call('ZREM', leases, id) == 1 then
     changed = changed + 1
+    freed = freed + 1
     local success = not spoiled[id]
     if streak > 0 then
       local g = tonumber(redis.call('HGET', grantno, id) or '0')
@@ -690,7 +694,12 @@ local function grant(m, cost, s, model)
 end
 -- The first entries of the queue, oldest first, as far as the budgets go:
 -- nobody passes an entry the budgets cannot hold yet.
+-- Without budgets, the processes of the entries left in the window (that
+-- only their process can take) are the ones a slot given back here is for
+-- (``targets``; nil: unknown, or an entry whose process cannot be told).
+local targets = nil
 local function grant_in_order(window)
+  local others = {}
   for _, m in ipairs(redis.call('ZRANGE', queue, 0, window - 1)) do
     local cost = 0
     if budgeted then
@@ -701,6 +710,24 @@ local function grant_in_order(window)
       grant(m, cost)
     elseif budgeted then
       reserve(P, cost)
+    else
+      others[#others + 1] = m
+    end
+  end
+  if budgeted then return end
+  targets = {}
+  local seen = {}
+  for _, m in ipairs(others) do
+    -- A member is its arrival, a colon and its lease id, which is its
+    -- process's node, a colon and a number.
+    local nd = string.match(m, '^%d+:(.*):[^:]*$')
+    if nd == nil then
+      targets = nil
+      return
+    end
+    if not seen[nd] and nd ~= node then
+      seen[nd] = true
+      targets[#targets + 1] = nd
     end
   end
 end
@@ -925,8 +952,20 @@ for k = 1, #rows, 2 do
 end
 if mine ~= whole(mywait) then redis.call('HSET', nwait, node, whole(mywait)) end
 -- Signed, so that the process that caused it need not wake for it, and
--- only when another process waits: nobody else has anything to do.
-if changed > 0 and waiting > mywait then redis.call('PUBLISH', channel, node) end
+-- only when another process waits: nobody else has anything to do. When
+-- slots given back were the only change, and no budget or tenant decides
+-- who takes them, it names the processes whose entries can take them
+-- ('>' and their nodes, space-separated), if any: the others would run a
+-- round to find nothing to take.
+if changed > 0 and waiting > mywait then
+  if changed == freed and targets then
+    if #targets > 0 then
+      redis.call('PUBLISH', channel, '>' .. table.concat(targets, ' '))
+    end
+  else
+    redis.call('PUBLISH', channel, node)
+  end
+end
 -- The process lives until now + ttl, which covers every lease and entry
 -- it added or renewed here: renewed when it added or renewed any (at
 -- least every third of a lease while it holds or waits), when it is not
