@@ -22,7 +22,12 @@ rules, which they repeat):
   purpose; absent when nobody stored one, which is unlimited too), the
   pause's end ``pause_until`` (server milliseconds), and the fleet-wide
   backoff of rate-limit reports (``streak``, ``step``, ``granted`` and
-  ``granted_at_report``, as in the local policy).
+  ``granted_at_report``, as in the local policy). Two marks spare a step
+  server calls: ``pa``, a time before which no lease, entry or process
+  expires (at most the earliest of their expiries: the prune that runs
+  once it has passed finds the new earliest, and a member added to
+  expire sooner lowers it), so that a step prunes only then; and ``qc``,
+  set while a queued member may have an estimate in ``qcost``.
 * ``nodes`` and ``nwait``: each live process's expiry and its own count of
   waiters, for the fleet-wide ``waiting`` figure.
 * ``grantno``: while a streak of rate-limit reports lasts, the number of
