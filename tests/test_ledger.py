@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import coredis
 import trio
 
@@ -145,6 +147,69 @@ async def test_a_slot_given_back_wakes_only_the_processes_that_can_take_it(
         # withdrawal (see above), a limit raised by successes.
         await book.step("p", "y", withdraw=[y1])
         assert await next_message() == "y"
+
+
+async def calls_of(client: coredis.Redis[str]) -> dict[str, int]:
+    """Each command's calls so far on the server, ``INFO`` left out."""
+    stats = await client.info("commandstats")
+    return {
+        name.removeprefix("cmdstat_"): int(value["calls"])
+        for name, value in stats.items()
+        if name.startswith("cmdstat_")
+        and name != "cmdstat_info"
+        and isinstance(value, dict)
+    }
+
+
+async def test_a_step_on_the_grant_path_runs_few_server_calls(
+    client: coredis.Redis[str],
+) -> None:
+    book = ledger(client)
+    await book.set_limit("p", 1)
+    h1, x1, x2 = m("h:1"), m("x:1"), m("x:2")
+    await book.step("p", "h", enqueue=[(h1, 0.0)], recheck=False)
+    await book.step("p", "x", enqueue=[(x1, 1.0)], waiting=1, recheck=False)
+
+    async def counted(node: str, **changes: Any) -> dict[str, int]:  # noqa: ANN401  # passed through
+        before = await calls_of(client)
+        await book.step("p", node, recheck=False, **changes)
+        after = await calls_of(client)
+        return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k)}
+
+    # Asking while the slot is taken: nothing added, nothing expired, the
+    # same waiters: the clock, the settings, the two counts, the waiters.
+    assert await counted("x", ask=[x1], waiting=1) == {
+        "evalsha": 1,
+        "time": 1,
+        "hmget": 1,
+        "zcard": 2,
+        "hgetall": 1,
+    }
+    # The slot given back: the lease removed, x's entry in the window woken.
+    assert await counted("h", release=["h:1"], waiting=0) == {
+        "evalsha": 1,
+        "time": 1,
+        "hmget": 1,
+        "zrem": 1,
+        "zcard": 2,
+        "zrange": 1,
+        "hgetall": 1,
+        "publish": 1,
+    }
+    # Taken by x's entry in x's round, with its next entry (x's waiters
+    # stay 1, unwritten): the grant, the entry, and the expiries they move.
+    assert await counted("x", ask=[x1], enqueue=[(x2, 2.0)], waiting=2) == {
+        "evalsha": 1,
+        "time": 1,
+        "hmget": 1,
+        "zadd": 4,
+        "zrem": 2,
+        "zcard": 2,
+        "zrange": 1,
+        "hgetall": 1,
+        "zrevrange": 1,
+        "pexpireat": 5,
+    }
 
 
 def test_a_wake_up_says_which_processes_it_is_for() -> None:
