@@ -9,9 +9,9 @@ Starts its own ``redis-server`` on a free loopback port (unless given
 (progress goes to stderr) and, with ``--json``, writes the full report to
 ``PATH``. The report in ``bench/reports/`` comes from::
 
-    python bench/redis_backend.py --quick --json bench/reports/redis_backend.json > bench/reports/redis_backend.md
+    python bench/redis_backend.py --json bench/reports/redis_backend.json > bench/reports/redis_backend.md
 
-Three measurements:
+Four measurements:
 
 1. **Grant latency**: one task, nobody else, ``round_trips`` times enters
    and leaves a slot; the time to enter is the latency of a grant. p50 and
