@@ -988,13 +988,18 @@ if qc and queued == 0 then redis.call('HDEL', conf, 'qc') end
 -- a key that gained no later member keeps the expiry that covers its
 -- members), and those of the bookkeeping of tenants, budgets and backoff
 -- that may hold anything: every server call counts on the grant's path.
+-- That bookkeeping is renewed at every step, and the leases and the queue
+-- with it: a prune gives it back lease by lease and entry by entry, which
+-- it cannot do for the leases or the queue expired before it as a whole.
+local tied = streak > 0 or keeps.grantno or budgeted or keeps.budget or adaptive
+  or keeps.inuse or qm or xm
 local present = {}
 if touched then
   present[#present + 1] = nodes
   present[#present + 1] = nwait
 end
-if leases_grew then present[#present + 1] = leases end
-if queue_grew or (xm and queued > 0) then
+if leases_grew or (tied and in_flight > 0) then present[#present + 1] = leases end
+if queue_grew or (tied and queued > 0) then
   present[#present + 1] = queue
   present[#present + 1] = qexp
   if qc then present[#present + 1] = qcost end
