@@ -9,9 +9,9 @@ Starts its own ``redis-server`` on a free loopback port (unless given
 (progress goes to stderr) and, with ``--json``, writes the full report to
 ``PATH``. The report in ``bench/reports/`` comes from::
 
-    python bench/redis_backend.py --quick --json bench/reports/redis_backend.json > bench/reports/redis_backend.md
+    python bench/redis_backend.py --json bench/reports/redis_backend.json > bench/reports/redis_backend.md
 
-Three measurements:
+Four measurements:
 
 1. **Grant latency**: one task, nobody else, ``round_trips`` times enters
    and leaves a slot; the time to enter is the latency of a grant. p50 and
@@ -35,7 +35,13 @@ Three measurements:
    the cross-process order inversions: pairs of requests from different
    processes where the one that asked later was granted first although the
    other was already waiting at least ``tolerance`` seconds earlier (turns
-   start when they ask, so asking earlier is an older turn).
+   start when they ask, so asking earlier is an older turn). Beside
+   each, in the same run and the same shape, a fleet of the plain Lua
+   counting semaphore of 4. (its own worker processes, each with its
+   tasks holding ``hold`` seconds); and for both, the Redis commands per
+   grant: ``INFO commandstats`` read before the fleet's processes start
+   and after they end (their connecting, setting up and closing
+   included, ``INFO`` left out) over the fleet's grants.
 
 4. **Redis commands per grant**: the contended hand-offs of 2. again, on
    Redis only, with the server's ``INFO commandstats`` read before and
@@ -44,7 +50,14 @@ Three measurements:
    the same run, a plain Lua counting semaphore written here (a ZSET of
    leases: one script to take a slot, one to give it back with a wake-up
    publish; a waiter in the process retries when a slot of the process is
-   given back): the floor that any Redis semaphore pays. And once more
+   given back): the floor that any Redis semaphore pays. In the scaling
+   fleets of 3. its waiters retry on wake-ups: every release publishes
+   one, which each other process hears on its subscription (its own
+   releases it hears at once), and each wake-up, heard or its own, lets
+   one of the process's waiters try again (a wake-up that finds none
+   parked lets the next one that fails try again at once); a waiter that
+   hears nothing tries again after a second, the safety net that our
+   processes' poll is too. And once more
    with the tasks taking turns being two tenants' (``Tenant()`` each), so
    the fleet counts tenants: what fair shares cost on the grant's path.
 
@@ -56,7 +69,9 @@ Redis runs after one untimed warm-up each. Only the public API is used.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
+import hashlib
 import json
 import pathlib
 import shutil
@@ -66,6 +81,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from typing import TYPE_CHECKING, Any, Final, final
 
 import attrs
@@ -107,14 +123,31 @@ class Sizes:
 
 @final
 @attrs.frozen
+class FleetRun:
+    """One fleet's run: what its grants did, and what they cost Redis."""
+
+    grants: int
+    grants_per_second: float
+    inversions: int
+    peak_in_flight: int
+    commands_per_grant: float
+    # Each command's calls over the run, for where the cost goes.
+    commands: dict[str, int]
+
+
+@final
+@attrs.frozen
 class ScalingRow:
-    """One fleet size."""
+    """One fleet size: ours, and the plain Lua semaphore in the same shape."""
 
     processes: int
     grants: int
     grants_per_second: float
     inversions: int
     peak_in_flight: int
+    commands_per_grant: float = 0.0
+    commands: dict[str, int] = attrs.field(factory=dict)
+    semaphore: FleetRun | None = None
 
 
 @final
@@ -178,17 +211,32 @@ class RedisBackendReport:
             "",
             f"Scaling: processes sharing a limit of {self.sizes.limit} on Redis,"
             f" each with {self.sizes.fleet_tasks} tasks of"
-            f" {self.sizes.fleet_cycles} cycles holding {self.sizes.hold * 1000:g} ms.",
+            f" {self.sizes.fleet_cycles} cycles holding {self.sizes.hold * 1000:g} ms;"
+            " beside each fleet, in the same run, one of the plain Lua semaphore"
+            " in the same shape (its waiters retry on the wake-ups its releases"
+            " publish). Grants per second are the whole fleet's; commands per"
+            " grant count every command the server ran from before the fleet's"
+            " processes started to after they ended (`INFO` left out).",
             "",
             "| processes | grants | grants per second | cross-process inversions"
-            " | peak in flight |",
-            "| ---: | ---: | ---: | ---: | ---: |",
+            " | peak in flight | Redis commands per grant"
+            " | semaphore: grants per second | semaphore: inversions"
+            " | semaphore: peak | semaphore: commands per grant |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
-        lines += [
-            f"| {row.processes} | {row.grants} | {row.grants_per_second:,.0f}"
-            f" | {row.inversions} | {row.peak_in_flight} |"
-            for row in self.scaling
-        ]
+        for row in self.scaling:
+            sem = row.semaphore
+            theirs = (
+                " | | | |"
+                if sem is None
+                else f" {sem.grants_per_second:,.0f} | {sem.inversions}"
+                f" | {sem.peak_in_flight} | {sem.commands_per_grant:.1f} |"
+            )
+            lines.append(
+                f"| {row.processes} | {row.grants} | {row.grants_per_second:,.0f}"
+                f" | {row.inversions} | {row.peak_in_flight}"
+                f" | {row.commands_per_grant:.1f} |" + theirs
+            )
         lines += [
             "",
             "Environment: "
@@ -325,15 +373,25 @@ async def _handoffs(
         return sizes.tasks * sizes.cycles / (time.perf_counter() - started)
 
 
-async def _commands(client: coredis.Redis[str]) -> int:
-    """Commands the server has run so far, ``INFO`` left out."""
+async def _command_counts(client: coredis.Redis[str]) -> dict[str, int]:
+    """Each command's calls the server has run so far, ``INFO`` left out."""
     stats = await client.info("commandstats")
-    total = 0
+    counts = {}
     for name, value in stats.items():
         if name.startswith("cmdstat_") and name != "cmdstat_info":
             assert isinstance(value, dict)
-            total += int(value["calls"])
-    return total
+            counts[name.removeprefix("cmdstat_")] = int(value["calls"])
+    return counts
+
+
+async def _commands(client: coredis.Redis[str]) -> int:
+    """Commands the server has run so far, ``INFO`` left out."""
+    return sum((await _command_counts(client)).values())
+
+
+async def _counts_at(redis_url: str) -> dict[str, int]:
+    async with coredis.Redis.from_url(redis_url, decode_responses=True) as client:
+        return await _command_counts(client)
 
 
 async def _commands_per_grant(
@@ -361,7 +419,7 @@ return 0
 """
 _GIVE: Final = """
 redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('PUBLISH', KEYS[2], '1')
+redis.call('PUBLISH', KEYS[2], ARGV[2] or '1')
 return 0
 """
 
@@ -401,8 +459,119 @@ async def _semaphore_commands_per_grant(
         return (await _commands(client) - before) / (sizes.tasks * sizes.cycles)
 
 
+@final
+class _Wakeups:
+    """Releases announced to one process of the semaphore's fleet.
+
+    Each wake-up lets one parked waiter try again; one that finds nobody
+    parked lets the next waiter that would park try again at once (it may
+    have failed just before the release).
+    """
+
+    def __init__(self) -> None:
+        self._parked: collections.deque[trio.Event] = collections.deque()
+        self._pending = 0
+
+    def announce(self) -> None:
+        if self._parked:
+            self._parked.popleft().set()
+        else:
+            self._pending += 1
+
+    async def wait(self, poll: float) -> None:
+        if self._pending:
+            self._pending -= 1
+            await trio.lowlevel.checkpoint()
+            return
+        event = trio.Event()
+        self._parked.append(event)
+        with trio.move_on_after(poll):
+            await event.wait()
+        if not event.is_set():
+            # The safety net: no wake-up came.
+            self._parked.remove(event)
+
+
+_SEMAPHORE_POLL: Final = 1.0
+
+
+async def _semaphore_worker(settings: dict[str, Any]) -> None:
+    """One process of the plain semaphore's fleet: prints its grants as JSON."""
+    namespace = settings["namespace"]
+    keys = [f"{{{namespace}}}:leases", f"{{{namespace}}}:wake"]
+    node = uuid.uuid4().hex
+    take = hashlib.sha1(_TAKE.encode()).hexdigest()
+    give = hashlib.sha1(_GIVE.encode()).hexdigest()
+    records: list[tuple[float, float, float]] = []
+    holding = 0
+    peak = 0
+    ids = iter(range(1 << 62))
+    wakeups = _Wakeups()
+    url = settings["redis_url"]
+    async with (
+        coredis.Redis.from_url(url, decode_responses=True) as client,
+        coredis.Redis.from_url(url, decode_responses=True) as listener,
+        trio.open_nursery() as nursery,
+    ):
+        subscribed = trio.Event()
+
+        async def listen() -> None:
+            async with listener.pubsub(channels=[keys[1]]) as pubsub:
+                async for message in pubsub:
+                    if message["type"] == "subscribe":
+                        subscribed.set()
+                    elif message["type"] == "message" and message["data"] != node:
+                        wakeups.announce()
+
+        nursery.start_soon(listen)
+        await subscribed.wait()
+        # The connections its tasks will use at once, made before the
+        # start (ours are too: the dispatcher is open by then).
+        # Its scripts go as the ledger sends its own: EVALSHA straight on
+        # a connection of the pool (coredis's general command path costs
+        # about a round trip more, see the bare calls above).
+        pool = client.connection_pool
+        connection = await pool.get_connection()
+        pool.release(connection)
+        limit = str(settings["limit"])
+        await trio.sleep(max(0.0, settings["start"] - time.time()))
+
+        async def cycle() -> None:
+            nonlocal holding, peak
+            for _ in range(settings["cycles"]):
+                lease = f"{node}:{next(ids)}"
+                asked = time.time()
+                while not await connection.create_request(
+                    b"EVALSHA", take, 1, keys[0], limit, "5000", lease, decode=True
+                ):
+                    await wakeups.wait(_SEMAPHORE_POLL)
+                granted = time.time()
+                holding += 1
+                peak = max(peak, holding)
+                await trio.sleep(settings["hold"])
+                holding -= 1
+                # Given back from here (as a slot of ours is by leaving it):
+                # the next grant's take runs after this give.
+                released = time.time()
+                await connection.create_request(
+                    b"EVALSHA", give, 2, *keys, lease, node, decode=True
+                )
+                # Its own wake-up, at once: the subscription skips it.
+                wakeups.announce()
+                records.append((asked, granted, released))
+
+        async with trio.open_nursery() as tasks:
+            for _ in range(settings["tasks"]):
+                tasks.start_soon(cycle)
+        nursery.cancel_scope.cancel()
+    print(json.dumps({"records": records, "peak": peak}), flush=True)
+
+
 async def _worker(settings: dict[str, Any]) -> None:
     """One process of the scaling fleet: prints its grants as JSON."""
+    if settings.get("semaphore"):
+        await _semaphore_worker(settings)
+        return
     records: list[tuple[float, float, float]] = []
     holding = 0
     peak = 0
@@ -455,16 +624,46 @@ def _inversions(
 
 
 def _scaling(sizes: Sizes, redis_url: str, processes: int, run: int) -> ScalingRow:
+    ours = _fleet(sizes, redis_url, processes, f"scaling-{processes}-{run}")
+    semaphore = _fleet(
+        sizes, redis_url, processes, f"sem-{processes}-{run}", semaphore=True
+    )
+    return ScalingRow(
+        processes=processes,
+        grants=ours.grants,
+        grants_per_second=ours.grants_per_second,
+        inversions=ours.inversions,
+        peak_in_flight=ours.peak_in_flight,
+        commands_per_grant=ours.commands_per_grant,
+        commands=ours.commands,
+        semaphore=semaphore,
+    )
+
+
+def _fleet(
+    sizes: Sizes,
+    redis_url: str,
+    processes: int,
+    namespace: str,
+    *,
+    semaphore: bool = False,
+) -> FleetRun:
+    """One fleet of ``processes`` worker processes, ours or the semaphore's."""
+    if semaphore:
+        # Loaded once here, as a deployment would: the workers run them.
+        trio.run(_load_semaphore, redis_url)
     start = time.time() + 1.5 + 0.2 * processes
     settings = {
         "redis_url": redis_url,
-        "namespace": f"scaling-{processes}-{run}",
+        "namespace": namespace,
         "limit": sizes.limit,
         "tasks": sizes.fleet_tasks,
         "cycles": sizes.fleet_cycles,
         "hold": sizes.hold,
         "start": start,
+        "semaphore": semaphore,
     }
+    before = trio.run(_counts_at, redis_url)
     workers = [
         subprocess.Popen(
             [sys.executable, __file__, "--worker", json.dumps(settings)],
@@ -473,6 +672,12 @@ def _scaling(sizes: Sizes, redis_url: str, processes: int, run: int) -> ScalingR
         for _ in range(processes)
     ]
     outputs = [json.loads(w.communicate()[0]) for w in workers]
+    after = trio.run(_counts_at, redis_url)
+    commands = {
+        name: calls - before.get(name, 0)
+        for name, calls in sorted(after.items())
+        if calls != before.get(name, 0)
+    }
     fleets = [[tuple(r) for r in out["records"]] for out in outputs]
     every = [r for fleet in fleets for r in fleet]
     # Fleet-wide peak, from the grant and release instants.
@@ -482,13 +687,20 @@ def _scaling(sizes: Sizes, redis_url: str, processes: int, run: int) -> ScalingR
         holding += step
         peak = max(peak, holding)
     span = max(e for _, _, e in every) - min(a for a, _, _ in every)
-    return ScalingRow(
-        processes=processes,
+    return FleetRun(
         grants=len(every),
         grants_per_second=len(every) / span,
         inversions=_inversions(fleets, sizes.tolerance),
         peak_in_flight=peak,
+        commands_per_grant=sum(commands.values()) / len(every),
+        commands=commands,
     )
+
+
+async def _load_semaphore(redis_url: str) -> None:
+    async with coredis.Redis.from_url(redis_url, decode_responses=True) as client:
+        await client.script_load(_TAKE)
+        await client.script_load(_GIVE)
 
 
 def run(sizes: Sizes, redis_url: str) -> RedisBackendReport:

@@ -81,6 +81,27 @@ def test_every_grant_of_the_scaling_fleets_is_counted_within_the_limit(
 
 
 @needs_redis
+def test_the_semaphore_runs_each_fleet_too_and_both_count_commands(
+    report: RedisBackendReport,
+) -> None:
+    for row in report.scaling:
+        semaphore = row.semaphore
+        assert semaphore is not None
+        assert semaphore.grants == row.grants
+        assert 1 <= semaphore.peak_in_flight <= TINY.limit
+        assert semaphore.grants_per_second > 0
+        assert semaphore.inversions >= 0
+        # A grant costs ours a step at least (the script and its own
+        # calls); the semaphore its two script calls and theirs.
+        assert row.commands_per_grant > 1
+        assert semaphore.commands_per_grant > 2
+        # The figure is the per-command counts summed over the grants.
+        for run in (row, semaphore):
+            assert run.commands_per_grant == sum(run.commands.values()) / row.grants
+        assert semaphore.commands["evalsha"] >= 2 * row.grants
+
+
+@needs_redis
 def test_json_and_markdown_hold_the_same_figures(report: RedisBackendReport) -> None:
     data = json.loads(report.to_json())
     assert data["bare_call_p50_us"] == report.bare_call_p50_us
@@ -102,6 +123,15 @@ def test_json_and_markdown_hold_the_same_figures(report: RedisBackendReport) -> 
     assert f"two tenants | | {report.tenant_commands_per_grant:.1f} |" in markdown
     for row in report.scaling:
         assert f"| {row.processes} | {row.grants} |" in markdown
+        assert row.semaphore is not None
+        assert (
+            f" | {row.peak_in_flight} | {row.commands_per_grant:.1f}"
+            f" | {row.semaphore.grants_per_second:,.0f} |"
+        ) in markdown
+        assert f" | {row.semaphore.commands_per_grant:.1f} |" in markdown
+    assert [row["semaphore"]["grants"] for row in data["scaling"]] == [
+        row.grants for row in report.scaling
+    ]
 
 
 def test_inversions_count_pairs_granted_against_the_order_they_asked_in() -> None:

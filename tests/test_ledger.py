@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import coredis
 import trio
 
 from trio_dispatch import Quota, RateLimitInfo
-from trio_dispatch._ledger import Ledger, keys_of, lease_of, member_of
+from trio_dispatch._ledger import Ledger, keys_of, lease_of, member_of, wakes
 
 from ._redis import RedisServer, needs_redis, next_member
 
@@ -102,6 +104,125 @@ async def test_withdrawn_entries_leave_the_queue_and_wake_the_fleet(
                 if message["type"] == "message":
                     assert message["data"] == "end"
                     break
+
+
+async def test_a_slot_given_back_wakes_only_the_processes_that_can_take_it(
+    server: RedisServer, client: coredis.Redis[str]
+) -> None:
+    book = ledger(client)
+    await book.set_limit("p", 2)
+    h1, h2, x1, y1, z1 = m("h:1"), m("h:2"), m("x:1"), m("y:1"), m("z:1")
+    await book.step("p", "h", enqueue=[(h1, 0.0), (h2, 0.5)])
+    await book.step("p", "x", enqueue=[(x1, 1.0)], waiting=1)
+    await book.step("p", "y", enqueue=[(y1, 2.0)], waiting=1)
+    await book.step("p", "z", enqueue=[(z1, 3.0)], waiting=1)
+    async with (
+        coredis.Redis.from_url(server.url, decode_responses=True) as listener,
+        listener.pubsub(channels=["{ns:p}:wake"]) as pubsub,
+    ):
+
+        async def next_message() -> str:
+            with trio.fail_after(5):
+                async for message in pubsub:
+                    if message["type"] == "message":
+                        return str(message["data"])
+            raise AssertionError("the subscription ended")
+
+        # One slot back: x's entry is the one left in the window.
+        await book.step("p", "h", release=["h:1"])
+        assert await next_message() == ">x"
+        # The last: x's and y's, not z's (outside the window).
+        await book.step("p", "h", release=["h:2"])
+        assert await next_message() == ">x y"
+        # A slot that the releasing process's own entry takes wakes nobody.
+        h3, h4 = m("h:3"), m("h:4")
+        ask = await book.step("p", "x", ask=[x1], waiting=1)
+        assert ask.granted == [x1]
+        await book.step("p", "h", enqueue=[(h3, 0.1)], waiting=1)
+        taken = await book.step("p", "x", release=["x:1"], enqueue=[(h4, 0.2)])
+        assert taken.granted == [h4]
+        await client.publish("{ns:p}:wake", "end")
+        assert await next_message() == "end"
+        # Any other change still wakes every other process: an expiry, a
+        # withdrawal (see above), a limit raised by successes.
+        await book.step("p", "y", withdraw=[y1])
+        assert await next_message() == "y"
+
+
+async def calls_of(client: coredis.Redis[str]) -> dict[str, int]:
+    """Each command's calls so far on the server, ``INFO`` left out."""
+    stats = await client.info("commandstats")
+    return {
+        name.removeprefix("cmdstat_"): int(value["calls"])
+        for name, value in stats.items()
+        if name.startswith("cmdstat_")
+        and name != "cmdstat_info"
+        and isinstance(value, dict)
+    }
+
+
+async def test_a_step_on_the_grant_path_runs_few_server_calls(
+    client: coredis.Redis[str],
+) -> None:
+    book = ledger(client)
+    await book.set_limit("p", 1)
+    h1, x1, x2 = m("h:1"), m("x:1"), m("x:2")
+    await book.step("p", "h", enqueue=[(h1, 0.0)], recheck=False)
+    await book.step("p", "x", enqueue=[(x1, 1.0)], waiting=1, recheck=False)
+
+    async def counted(node: str, **changes: Any) -> dict[str, int]:  # noqa: ANN401  # passed through
+        before = await calls_of(client)
+        await book.step("p", node, recheck=False, **changes)
+        after = await calls_of(client)
+        return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k)}
+
+    # Asking while the slot is taken: nothing added, nothing expired, the
+    # same waiters: the clock, the settings, the two counts, the waiters.
+    assert await counted("x", ask=[x1], waiting=1) == {
+        "evalsha": 1,
+        "time": 1,
+        "hmget": 1,
+        "zcard": 2,
+        "hgetall": 1,
+    }
+    # The slot given back: the lease removed, x's entry in the window woken.
+    assert await counted("h", release=["h:1"], waiting=0) == {
+        "evalsha": 1,
+        "time": 1,
+        "hmget": 1,
+        "zrem": 1,
+        "zcard": 2,
+        "zrange": 1,
+        "hgetall": 1,
+        "publish": 1,
+    }
+    # Taken by x's entry in x's round, with its next entry (x's waiters
+    # stay 1, unwritten): the grant, the entry, and the expiries they move.
+    assert await counted("x", ask=[x1], enqueue=[(x2, 2.0)], waiting=2) == {
+        "evalsha": 1,
+        "time": 1,
+        "hmget": 1,
+        "zadd": 4,
+        "zrem": 2,
+        "zcard": 2,
+        "zrange": 1,
+        "hgetall": 1,
+        "zrevrange": 1,
+        "pexpireat": 5,
+    }
+
+
+def test_a_wake_up_says_which_processes_it_is_for() -> None:
+    assert wakes(None, "a")
+    assert wakes("wake", "a")
+    # Signed by a process: for every other one.
+    assert not wakes("a", "a")
+    assert wakes("b", "a")
+    # Named processes only.
+    assert wakes(">a b", "a")
+    assert wakes(">b a", "a")
+    assert not wakes(">b c", "a")
+    assert not wakes(">ab", "a")
 
 
 async def test_a_script_that_redis_lost_is_loaded_again(

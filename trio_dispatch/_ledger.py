@@ -22,7 +22,12 @@ rules, which they repeat):
   purpose; absent when nobody stored one, which is unlimited too), the
   pause's end ``pause_until`` (server milliseconds), and the fleet-wide
   backoff of rate-limit reports (``streak``, ``step``, ``granted`` and
-  ``granted_at_report``, as in the local policy).
+  ``granted_at_report``, as in the local policy). Two marks spare a step
+  server calls: ``pa``, a time before which no lease, entry or process
+  expires (at most the earliest of their expiries: the prune that runs
+  once it has passed finds the new earliest, and a member added to
+  expire sooner lowers it), so that a step prunes only then; and ``qc``,
+  set while a queued member may have an estimate in ``qcost``.
 * ``nodes`` and ``nwait``: each live process's expiry and its own count of
   waiters, for the fleet-wide ``waiting`` figure.
 * ``grantno``: while a streak of rate-limit reports lasts, the number of
@@ -154,7 +159,11 @@ and expiry while another process has waiters (as the processes last
 reported them: one that has not reported its waiters yet will ask in the
 round that does); the message names the process whose round caused it
 (``wake`` when nobody in particular), so that this process need not run a
-round for its own changes.
+round for its own changes. A step whose only change was slots given back,
+with no budget or tenant to decide who takes them, wakes only the
+processes whose entries are left in the window of free slots (``>`` and
+their nodes; nobody if it took them all itself): the others would find
+nothing to take (``wakes`` reads the message).
 """
 
 from __future__ import annotations
@@ -235,6 +244,22 @@ def provider_of_channel(namespace: str, channel: str) -> str | None:
     if channel.startswith(head) and channel.endswith(tail):
         return channel[len(head) : -len(tail)]
     return None
+
+
+def wakes(message: str | None, node: str) -> bool:
+    """Whether a wake-up on a provider's channel asks ``node``'s process for a round.
+
+    ``None`` (a subscription begins: wake-ups may have been missed) and
+    ``wake`` are for every process; a node's name, from a step of that
+    node's process, for every other one; ``>`` and nodes separated by
+    spaces, from a step whose only change was slots given back, for the
+    processes of those nodes (theirs are the entries that can take them).
+    """
+    if message is None:
+        return True
+    if message.startswith(">"):
+        return node in message[1:].split(" ")
+    return message != node
 
 
 def lease_of(member: str) -> str:
@@ -524,6 +549,7 @@ class Ledger:
         renew_leases: Sequence[str] = (),
         ask: Sequence[str] = (),
         answered: Sequence[str] = (),
+        recheck: bool = True,
     ) -> StepResult:
         """Apply one round of a process's changes, in order, atomically.
 
@@ -539,7 +565,11 @@ class Ledger:
         ``observed`` (the provider's figures) and ``observed_models`` (each
         model's), then grants what it can of ``ask`` and of ``enqueue``.
         ``meta`` gives an enqueued member's tenant and model, if it has
-        either. Sent twice, the same changes leave the same state.
+        either. Sent twice, the same changes leave the same state, as long
+        as ``recheck`` is true when a step of this node may have run
+        without its answer reaching it: only then does the step look its
+        members up among the leases, one server call that a node whose
+        every step was answered can spare.
         """
         keys, channel = self.names(provider)
         tokens_of = {} if costs is None else costs
@@ -555,6 +585,7 @@ class Ledger:
             waiting=waiting,
             seed=seed,
             channel=channel,
+            recheck=recheck,
             observed=figures,
             spoil=list(spoil),
             usage=list(usage),

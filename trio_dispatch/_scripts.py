@@ -145,6 +145,9 @@ class StepArgs:
         waiting: The process's waiters.
         seed: The limit to store if none is, or ``None``.
         channel: The provider's wake-up channel.
+        recheck: Whether a step of the process may have run without its
+            answer reaching it: then the members it sends are looked up
+            among the leases (a lost answer may have granted them).
         observed: Rate-limit figures to learn from: each with the model
             whose answer they came with, or ``None`` for the provider's.
         spoil: Lease ids given back without success.
@@ -163,6 +166,7 @@ class StepArgs:
     waiting: int
     seed: int | AdaptiveLimit | None
     channel: str
+    recheck: bool = True
     observed: list[tuple[str | None, RateLimitInfo]] = attrs.field(factory=list)
     spoil: list[str] = attrs.field(factory=list)
     usage: list[tuple[str, int]] = attrs.field(factory=list)
@@ -183,6 +187,7 @@ class StepArgs:
             str(self.waiting),
             "" if self.seed is None else limit_spec(self.seed),
             self.channel,
+            "1" if self.recheck else "0",
             str(len(self.observed)),
         ]
         for model, info in self.observed:

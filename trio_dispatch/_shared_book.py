@@ -68,6 +68,9 @@ class Plan:
     spoil: list[str] = attrs.field(factory=list)
     usage: list[tuple[str, int]] = attrs.field(factory=list)
     answered: list[str] = attrs.field(factory=list)
+    # Whether a round since the last answered one went unanswered: it may
+    # have granted members of this one (the ledger then looks them up).
+    recheck: bool = True
 
 
 @final
@@ -97,6 +100,7 @@ class SharedBook:
         "_release",
         "_sent",
         "_spoil",
+        "_unanswered",
         "_usage",
         "_withdraw",
         "granted_total",
@@ -134,6 +138,8 @@ class SharedBook:
         self._spoil: list[str] = []
         self._usage: dict[str, int] = {}
         self._answered: list[str] = []
+        # A round went unanswered since the last answered one.
+        self._unanswered = False
         self.granted_total = 0
         self.released_total = 0
         self.withdrawn_total = 0
@@ -302,6 +308,7 @@ class SharedBook:
             spoil=self._spoil,
             usage=list(self._usage.items()),
             answered=self._answered,
+            recheck=self._unanswered,
         )
         self._release = []
         self._withdraw = []
@@ -322,12 +329,15 @@ class SharedBook:
         # A report made since the plan is newer than the plan's.
         self._usage = dict(plan.usage) | self._usage
         self._answered = plan.answered + self._answered
+        self._unanswered = True
 
     def applied(self, plan: Plan, granted: list[str]) -> list[Ticket]:
         """The ledger applied ``plan``: returns the tickets granted, in order.
 
         ``granted`` are the members granted a lease.
         """
+        # It reported what any unanswered round before it granted.
+        self._unanswered = False
         sent = self._sent
         for ticket in plan.enqueued:
             # Unless it left while the round was on its way (then its

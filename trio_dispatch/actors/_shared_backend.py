@@ -119,10 +119,11 @@ class SharedBackends:
         self._actors[provider] = actor
         return actor
 
-    def wake(self, provider: str | None, source: str | None) -> None:
+    def wake(self, provider: str | None, message: str | None) -> None:
         """A wake-up for ``provider`` (``None``: all) came from Redis.
 
-        ``source`` names the process whose round sent it, if any.
+        ``message`` is the wake-up's, which says which processes it is for
+        (``wakes``), or ``None`` when a subscription began.
         """
         if provider is None:
             actors = list(self._actors.values())
@@ -130,7 +131,7 @@ class SharedBackends:
             actor = self._actors.get(provider)
             actors = [] if actor is None else [actor]
         for actor in actors:
-            actor.wake(source)
+            actor.wake(message)
 
 
 _FIRST_RETRY = 0.05

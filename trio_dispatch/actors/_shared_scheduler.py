@@ -50,6 +50,7 @@ from coredis.exceptions import RedisError
 from .._backend import ProviderStatistics
 from .._budgets import AdaptiveLimit, BudgetStatistics, refilled
 from .._exceptions import DispatcherClosed, QueueFull
+from .._ledger import wakes
 from .._tenants import TenantStatistics
 from ..messages._scheduling import (
     Acquire,
@@ -418,14 +419,16 @@ class SharedSchedulerActor:
             tenants=view.tenant_statistics(),
         )
 
-    def wake(self, source: str | None = None) -> None:
+    def wake(self, message: str | None = None) -> None:
         """Run a round soon: something changed in Redis. Never blocks.
 
-        A wake-up that ``source`` names as this process's own is ignored:
-        its round already saw what it changed; so is one while the actor
-        is stopped (it runs a round when it starts again).
+        ``message`` is the wake-up's (``None``: a subscription began). One
+        that is not for this process (``wakes``) is ignored: one signed by
+        this process, whose round already saw what it changed, or one for
+        other processes only; so is any while the actor is stopped (it runs
+        a round when it starts again).
         """
-        if source == self.book.node or not self._running:
+        if not wakes(message, self.book.node) or not self._running:
             return
         if not self._dirty and not self._inbox.closed:
             self._dirty = True
@@ -690,6 +693,7 @@ class SharedSchedulerActor:
                     renew_leases=plan.renew_leases,
                     ask=plan.ask,
                     answered=plan.answered,
+                    recheck=plan.recheck,
                 )
             except BACKEND_ERRORS as exc:
                 if plan is not None:

@@ -1,7 +1,9 @@
 -- One round of a process's changes, in order, atomically (Ledger.step).
 -- ARGV, as StepArgs.pack (trio_dispatch/_scripts.py) lays it out: node,
 -- ttl (ms), this node's waiters, the limit to store if none is (empty:
--- none; as store_limit takes it), wake channel, then a counted list of
+-- none; as store_limit takes it), wake channel, whether a step of this
+-- node may have been run without its answer reaching it ('1': then the
+-- members it sends are looked up among the leases), then a counted list of
 -- (model, figures) pairs: the rate-limit figures to learn from, the
 -- provider's (model empty) or a model's (each eight comma-separated fields,
 -- each possibly empty: whether requests have figures ('1'), their limit,
@@ -14,10 +16,12 @@
 -- server call counts on the grant's path: the step reads conf once, writes
 -- the budgets back only when there are some, publishes only when another
 -- process waits, and touches tenants and models only once one was seen
--- (``xm``).
-local node, ttl, mywait, seed, channel =
-  ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local i = 6
+-- (``xm``); it prunes only once something may have expired (``pa``),
+-- refreshes the expiry of only the keys it gave a later member, and
+-- writes this node's waiters only when their number moved.
+local node, ttl, mywait, seed, channel, recheck =
+  ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6] == '1'
+local i = 7
 local figures = {}
 local n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
@@ -27,7 +31,18 @@ local c = redis.call('HMGET', conf, 'limit', 'pause_until', 'streak',
   'granted_at_report', 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow',
   'r_cap', 'r_rate', 'r_lvl', 'r_at', 'r_cfg',
   't_cap', 't_rate', 't_lvl', 't_at', 't_cfg', 'learned', 'r_own', 't_own', 'a_dec',
-  'since', 'newest', 'xm', 't_last', 'qm')
+  'since', 'newest', 'xm', 't_last', 'qm', 'pa', 'qc')
+-- ``pa`` in ``conf``: no lease, entry or process expires before it (a bound
+-- at most the earliest of their expiries, moved by the prune that finds
+-- the earliest, lowered by any member added to expire sooner), so that a
+-- step prunes only once something may have expired. ``qc``: some queued
+-- member may have an estimate in ``qcost`` (none once the queue is empty).
+local prune_at = stored(c[29], nil)
+local prune_moved = false
+local qc = c[30] ~= false
+-- Whether this step gave a lease, or an entry, an expiry of now + ttl: only
+-- then must the keys holding them outlive it (see the end).
+local leases_grew, queue_grew = false, false
 
 -- Where the counted lists start: enqueue, renew, ask (read ahead, for the
 -- members a lost answer granted and for whether tenants or models appear).
@@ -253,6 +268,7 @@ local function forget_lease(id, inuse_done)
   end
 end
 local function prune()
+  if prune_at ~= nil and prune_at > now then return 0 end
   local pruned = 0
   local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', now)
   if #gone > 0 then
@@ -270,7 +286,7 @@ local function prune()
         redis.call('ZREM', queue, m)
         if qm then redis.call('HDEL', qmeta, m) end
       end
-      redis.call('HDEL', qcost, m)
+      if qc then redis.call('HDEL', qcost, m) end
     end
     pruned = pruned + redis.call('ZREMRANGEBYSCORE', qexp, '-inf', now)
   end
@@ -279,10 +295,20 @@ local function prune()
     for _, nd in ipairs(gone) do redis.call('HDEL', nwait, nd) end
     redis.call('ZREMRANGEBYSCORE', nodes, '-inf', now)
   end
+  -- Nothing left expires before the earliest of what is left.
+  prune_at = math.huge
+  for _, k in ipairs({leases, qexp, nodes}) do
+    local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')[2]
+    if first then prune_at = math.min(prune_at, tonumber(first)) end
+  end
+  prune_moved = true
   return pruned
 end
 
 local changed = prune()
+-- Of those changes, the slots given back (the rest changed the queue, the
+-- limit or the budgets).
+local freed = 0
 local limit = stored_limit(c[1])
 local pause_until = stored(c[2], 0)
 local streak = stored(c[3], 0)
@@ -363,6 +389,7 @@ for j = 1, n do
   local id = ARGV[i]; i = i + 1
   if redis.call('ZREM', leases, id) == 1 then
     changed = changed + 1
+    freed = freed + 1
     local success = not spoiled[id]
     if streak > 0 then
       local g = tonumber(redis.call('HGET', grantno, id) or '0')
@@ -392,7 +419,7 @@ for j = 1, n do
     if qm then redis.call('HDEL', qmeta, m) end
   end
   redis.call('ZREM', qexp, m)
-  redis.call('HDEL', qcost, m)
+  if qc then redis.call('HDEL', qcost, m) end
   -- Granted by a step whose answer was lost: nobody holds it.
   local id = string.sub(m, 18)
   if redis.call('ZREM', leases, id) == 1 then
@@ -405,9 +432,11 @@ local granted = {}
 -- Whether a step whose answer was lost granted m: then it is granted
 -- again, the same lease renewed.
 -- Which they are, asked for the members sent (enqueued or asking) in one
--- call per thousand: every server call counts on the grant's path.
+-- call per thousand: every server call counts on the grant's path. Only
+-- a node whose step may have run without its answer reaching it asks
+-- (``recheck``): else none of its members can hold a lease.
 local lost = {}
-do
+if recheck then
   local ids, k = {}, at_enqueue
   for j = 1, tonumber(ARGV[k]) do ids[#ids + 1] = string.sub(ARGV[k + 1 + 5 * (j - 1)], 18) end
   k = k + 1 + 5 * tonumber(ARGV[k])
@@ -425,6 +454,7 @@ local function held(m)
   local id = string.sub(m, 18)
   if lost[id] then
     redis.call('ZADD', leases, now + ttl, id)
+    leases_grew = true
     granted[#granted + 1] = m
     return true
   end
@@ -447,7 +477,14 @@ for j = 1, n do
       if model ~= '' then redis.call('HSET', qmeta, m, '\n' .. model) end
     end
     redis.call('ZADD', qexp, now + ttl, m)
-    if tokens > 0 then redis.call('HSET', qcost, m, whole(tokens)) end
+    if tokens > 0 then
+      redis.call('HSET', qcost, m, whole(tokens))
+      if not qc then
+        qc = true
+        redis.call('HSET', conf, 'qc', 1)
+      end
+    end
+    queue_grew = true
     asking[m] = true
   end
 end
@@ -455,6 +492,7 @@ n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   -- ZADD, not XX: after Redis restarted empty, holders register again.
   redis.call('ZADD', leases, now + ttl, ARGV[i]); i = i + 1
+  leases_grew = true
 end
 n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
@@ -565,7 +603,6 @@ for _, pair in ipairs(figures) do
     observe(scope_of(pair[1], true), pair[2])
   end
 end
-redis.call('ZADD', nodes, now + ttl, node)
 local pause = 0
 if pause_until > now then
   pause = pause_until - now
@@ -626,6 +663,7 @@ local function grant(m, cost, s, model)
   end
   redis.call('ZREM', qexp, m)
   redis.call('ZADD', leases, now + ttl, id)
+  leases_grew = true
   if streak > 0 then
     redis.call('HSET', grantno, id, redis.call('HINCRBY', conf, 'granted', 1))
   end
@@ -636,7 +674,7 @@ local function grant(m, cost, s, model)
   -- Its estimate goes with its entry (read only when budgeted, but kept
   -- for a budget that may come while it waits).
   if cost > 0 or not (budgeted or sc) then
-    if costly == nil then costly = redis.call('EXISTS', qcost) == 1 end
+    if costly == nil then costly = qc and redis.call('EXISTS', qcost) == 1 end
     if costly then redis.call('HDEL', qcost, m) end
   end
   if budgeted then charge_to(P, id, cost) end
@@ -656,7 +694,12 @@ local function grant(m, cost, s, model)
 end
 -- The first entries of the queue, oldest first, as far as the budgets go:
 -- nobody passes an entry the budgets cannot hold yet.
+-- Without budgets, the processes of the entries left in the window (that
+-- only their process can take) are the ones a slot given back here is for
+-- (``targets``; nil: unknown, or an entry whose process cannot be told).
+local targets = nil
 local function grant_in_order(window)
+  local others = {}
   for _, m in ipairs(redis.call('ZRANGE', queue, 0, window - 1)) do
     local cost = 0
     if budgeted then
@@ -667,6 +710,24 @@ local function grant_in_order(window)
       grant(m, cost)
     elseif budgeted then
       reserve(P, cost)
+    else
+      others[#others + 1] = m
+    end
+  end
+  if budgeted then return end
+  targets = {}
+  local seen = {}
+  for _, m in ipairs(others) do
+    -- A member is its arrival, a colon and its lease id, which is its
+    -- process's node, a colon and a number.
+    local nd = string.match(m, '^%d+:(.*):[^:]*$')
+    if nd == nil then
+      targets = nil
+      return
+    end
+    if not seen[nd] and nd ~= node then
+      seen[nd] = true
+      targets[#targets + 1] = nd
     end
   end
 end
@@ -880,20 +941,68 @@ end
 -- step goes to the process that sent it): the fleet's figure is exact
 -- after the step, not one step late.
 mywait = math.max(0, mywait - #granted)
-redis.call('HSET', nwait, node, mywait)
-local waiting = 0
-for _, w in ipairs(redis.call('HVALS', nwait)) do waiting = waiting + stored(w, 0) end
+local waiting, mine = mywait, nil
+local rows = redis.call('HGETALL', nwait)
+for k = 1, #rows, 2 do
+  if rows[k] == node then
+    mine = rows[k + 1]
+  else
+    waiting = waiting + stored(rows[k + 1], 0)
+  end
+end
+if mine ~= whole(mywait) then redis.call('HSET', nwait, node, whole(mywait)) end
 -- Signed, so that the process that caused it need not wake for it, and
--- only when another process waits: nobody else has anything to do.
-if changed > 0 and waiting > mywait then redis.call('PUBLISH', channel, node) end
--- Only the keys that may hold anything after the step (the others are
--- empty, so absent): every server call counts on the grant's path.
-local present = {nodes, nwait}
-if in_flight > 0 then present[#present + 1] = leases end
-if queued > 0 then
+-- only when another process waits: nobody else has anything to do. When
+-- slots given back were the only change, and no budget or tenant decides
+-- who takes them, it names the processes whose entries can take them
+-- ('>' and their nodes, space-separated), if any: the others would run a
+-- round to find nothing to take.
+if changed > 0 and waiting > mywait then
+  if changed == freed and targets then
+    if #targets > 0 then
+      redis.call('PUBLISH', channel, '>' .. table.concat(targets, ' '))
+    end
+  else
+    redis.call('PUBLISH', channel, node)
+  end
+end
+-- The process lives until now + ttl, which covers every lease and entry
+-- it added or renewed here: renewed when it added or renewed any (at
+-- least every third of a lease while it holds or waits), when it is not
+-- known yet, and when the step pruned (and may write conf). A step that
+-- did none of this changes no expiry, and leaves each key's as it was.
+local touched = leases_grew or queue_grew or mine == nil or prune_moved
+if touched then
+  redis.call('ZADD', nodes, now + ttl, node)
+  -- The earliest expiry bound too.
+  if prune_at == nil or now + ttl < prune_at then
+    prune_at = now + ttl
+    prune_moved = true
+  end
+end
+if prune_moved then redis.call('HSET', conf, 'pa', whole(prune_at)) end
+-- An empty queue holds no estimate.
+if qc and queued == 0 then redis.call('HDEL', conf, 'qc') end
+-- The keys whose members' latest expiry this step moved, or which it may
+-- have made (each expires with the latest process, so after every member:
+-- a key that gained no later member keeps the expiry that covers its
+-- members), and those of the bookkeeping of tenants, budgets and backoff
+-- that may hold anything: every server call counts on the grant's path.
+-- That bookkeeping is renewed at every step, and the leases and the queue
+-- with it: a prune gives it back lease by lease and entry by entry, which
+-- it cannot do for the leases or the queue expired before it as a whole.
+local tied = streak > 0 or keeps.grantno or budgeted or keeps.budget or adaptive
+  or keeps.inuse or qm or xm
+local present = {}
+if touched then
+  present[#present + 1] = nodes
+  present[#present + 1] = nwait
+end
+if leases_grew or (tied and in_flight > 0) then present[#present + 1] = leases end
+if queue_grew or (tied and queued > 0) then
   present[#present + 1] = queue
   present[#present + 1] = qexp
-  present[#present + 1] = qcost
+  if qc then present[#present + 1] = qcost end
 end
 if streak > 0 or keeps.grantno then present[#present + 1] = grantno end
 if budgeted or keeps.budget then
@@ -909,7 +1018,9 @@ if xm then
   end
   for _, k in ipairs(model_keys) do present[#present + 1] = k end
 end
-expire_idle(now, (not not limit) or (P.R ~= nil and P.R.cfg) or (P.T ~= nil and P.T.cfg)
-  or (xm ~= nil and redis.call('HLEN', tconf) > 0), pause_until, present)
+if #present > 0 then
+  expire_idle(now, (not not limit) or (P.R ~= nil and P.R.cfg) or (P.T ~= nil and P.T.cfg)
+    or (xm ~= nil and redis.call('HLEN', tconf) > 0), pause_until, present)
+end
 return {granted, limit or '', in_flight, queued, waiting, pause, now, budget, spec,
   tenant_rows, model_rows, xm and 1 or 0}
