@@ -1,7 +1,7 @@
 """The HTTP half every provider shares: send, check the status, read SSE.
 
-A provider supplies the request and a decoder (``WireDecoder``, in
-``_decode.py``). Everything else lives here, once:
+A provider supplies its wire format's path, headers, body and decoder
+(``WireDecoder``, in ``_decode.py``). Everything else lives here, once:
 
 * ``ProviderBase`` holds the httpx2 client (owned or lent), the timeouts,
   the key and the rate-limit hooks (``RateLimitHooks``, in ``.._hooks``),
@@ -37,7 +37,12 @@ import trio
 from .._exceptions import MalformedStream, ProviderError, RequestFailed
 from .._hooks import RateLimitHooks
 from .._validation import check_seconds
-from ._checks import check_api_key, check_base_url, check_secret_text
+from ._checks import (
+    check_api_key,
+    check_base_url,
+    check_headers,
+    check_secret_text,
+)
 from ._errors import (
     ERROR_BODY_LIMIT,
     Redactor,
@@ -56,7 +61,7 @@ if TYPE_CHECKING:
 
     from .._provider import RateLimitObserver, RateLimitReporter
     from .._ratelimits import RateLimitInfo
-    from ..messages import StreamEvent
+    from ..messages import ChatRequest, StreamEvent
     from ._decode import WireDecoder
     from ._sse import ServerSentEvent
 
@@ -81,10 +86,24 @@ class ProviderBase:
         client: httpx2.AsyncClient | None,
         connect_timeout: float,
         read_timeout: float,
+        extra_headers: Mapping[str, str] | None,
         on_rate_limit: RateLimitReporter | None,
         on_rate_limits: RateLimitObserver | None,
+        path: str,
+        key_header: tuple[str, str],
+        headers: Mapping[str, str],
+        body: Callable[[ChatRequest], dict[str, Any]],
+        decoder: Callable[[str, Redactor], WireDecoder],
         read_rate_limits: Callable[..., RateLimitInfo],
     ) -> None:
+        """The wire format's part: requests go to ``path`` under ``base_url``.
+
+        Each carries the key as ``key_header`` (its name, and the text
+        before the key), then ``headers``, the JSON ``body`` of the
+        request, and is read by a fresh ``decoder(id, redact)``; the
+        answer's headers by ``read_rate_limits``.
+        """
+        extra = check_headers(extra_headers)
         self._id = check_secret_text(id, "id")
         self._base_url = check_base_url(base_url)
         # Checked without echoing it: a key must not reach a message.
@@ -107,6 +126,19 @@ class ProviderBase:
         self._owns_client = client is None
         self._client = httpx2.AsyncClient() if client is None else client
         self._read_rate_limits = read_rate_limits
+        self._url = f"{self._base_url}{path}"
+        name, prefix = key_header
+        # The same for every request: the key and every header are checked.
+        self._headers = {
+            "accept": "text/event-stream",
+            "cache-control": "no-store",
+            **extra,
+            name: f"{prefix}{self._api_key}",
+            **headers,
+            "content-type": "application/json",
+        }
+        self._body = body
+        self._decoder = decoder
         self._malformed_headers = MalformedHeaderLog(self._id, self._redact)
 
     @property
@@ -150,33 +182,28 @@ class ProviderBase:
         with trio.move_on_after(_CLOSE_TIMEOUT, shield=True):
             await self.aclose()
 
-    def _open(
-        self,
-        url: str,
-        headers: dict[str, str],
-        body: Callable[[], dict[str, Any]],
-        decoder: WireDecoder,
-    ) -> EventStream:
-        """The stream of one request: ``body`` is built and encoded here."""
+    def stream(self, request: ChatRequest) -> EventStream:
+        """Stream the answer to ``request``; see ``Provider.stream``.
+
+        Nothing is sent until the returned context manager is entered.
+        """
         try:
-            content = json.dumps(body()).encode()
+            content = json.dumps(self._body(request)).encode()
         except RecursionError:
             reason = "it nests too deeply"
         except (TypeError, ValueError) as exc:
             reason = str(exc)  # names a type, or a circular reference
         else:
-            request = self._client.build_request(
+            http_request = self._client.build_request(
                 "POST",
-                url,
-                headers={
-                    "accept": "text/event-stream",
-                    "cache-control": "no-store",
-                    **headers,
-                },
+                self._url,
+                headers=self._headers,
                 content=content,
                 timeout=self._timeout,
             )
-            return EventStream(self, request, decoder)
+            return EventStream(
+                self, http_request, self._decoder(self._id, self._redact)
+            )
         raise RequestFailed(
             f"{self._id}: the request cannot be encoded as JSON: {reason}",
             provider=self._id,
