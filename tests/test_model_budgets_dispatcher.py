@@ -25,9 +25,9 @@ from trio_dispatch import (
     open_dispatcher,
     wrap_provider,
 )
+from trio_dispatch._hooks import takes_model
 from trio_dispatch.messages import ChatMessage, ChatRequest
 from trio_dispatch.providers import OpenAIProvider
-from trio_dispatch.providers._checks import takes_model
 from trio_dispatch.testing import FakeLLMServer, FakeQuotas, FakeReply, FakeScript
 
 URL = "http://fake.test/v1/chat/completions"

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 import httpx2
@@ -16,12 +15,15 @@ from trio_dispatch.providers import (
     OpenAIProvider,
     RateLimited,
     RateLimitObserver,
+    RateLimitReporter,
 )
 from trio_dispatch.testing import FakeReply, FakeScript, Fault, ScriptedProvider
 
 from ._wires import HELLO, SSE_HEADERS, collect, fixture
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ._wires import HTTPProvider
 
 KEY = "sk-test-Zq8vXw3Lp9RtYb6N"
@@ -47,8 +49,20 @@ ANTHROPIC_HEADERS = {
 # The provider's own clock is far from that date: the date decides.
 ANTHROPIC_INFO = RateLimitInfo(requests=Quota(limit=1000, remaining=999, reset=30.0))
 
+
+class Make(Protocol):
+    """A provider on ``client``, with these rate-limit callbacks."""
+
+    def __call__(
+        self,
+        client: httpx2.AsyncClient,
+        observer: RateLimitObserver | None,
+        reporter: RateLimitReporter | None = None,
+    ) -> HTTPProvider: ...
+
+
 Wire = tuple[
-    Callable[[httpx2.AsyncClient, RateLimitObserver | None], "HTTPProvider"],
+    Make,
     str,
     dict[str, str],
     RateLimitInfo,
@@ -56,7 +70,9 @@ Wire = tuple[
 
 
 def _openai(
-    client: httpx2.AsyncClient, observer: RateLimitObserver | None
+    client: httpx2.AsyncClient,
+    observer: RateLimitObserver | None,
+    reporter: RateLimitReporter | None = None,
 ) -> HTTPProvider:
     return OpenAIProvider(
         base_url="http://x/v1",
@@ -64,11 +80,14 @@ def _openai(
         model="m",
         client=client,
         on_rate_limits=observer,
+        on_rate_limit=reporter,
     )
 
 
 def _anthropic(
-    client: httpx2.AsyncClient, observer: RateLimitObserver | None
+    client: httpx2.AsyncClient,
+    observer: RateLimitObserver | None,
+    reporter: RateLimitReporter | None = None,
 ) -> HTTPProvider:
     return AnthropicProvider(
         base_url="http://x",
@@ -76,6 +95,7 @@ def _anthropic(
         model="m",
         client=client,
         on_rate_limits=observer,
+        on_rate_limit=reporter,
     )
 
 
@@ -119,8 +139,7 @@ async def test_a_429_is_reported_before_it_is_raised(wire: Wire) -> None:
 
     answer = {**headers, "retry-after": "7", "content-type": "application/json"}
     async with _client(429, answer, b'{"error": {"message": "slow down"}}') as client:
-        provider = make(client, observe)
-        provider._on_rate_limit = lambda *_: order.append("on_rate_limit")
+        provider = make(client, observe, lambda *_: order.append("on_rate_limit"))
         with pytest.raises(RateLimited):
             async with provider.stream(HELLO):
                 pass  # pragma: no cover (entering raises)

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping
 
     from .actors._dispatcher import Dispatcher
+    from .actors._observe import CallWatch
     from .actors._slot import ModelCall, Slot
     from .messages import ChatRequest, StreamEvent
 
@@ -277,19 +278,31 @@ class Meter:
 
 @final
 class MeteredEvents:
-    """A stream's events, passed on; its ``Usage`` corrects the slot's estimate."""
+    """A stream's events, passed on; its ``Usage`` corrects the slot's estimate.
 
-    __slots__ = ("_events", "_slot")
+    It is also the usage a ``CallWatch`` of the call reports, if one is given.
+    """
 
-    def __init__(self, events: AsyncIterator[StreamEvent], slot: Slot) -> None:
+    __slots__ = ("_events", "_slot", "_watch")
+
+    def __init__(
+        self,
+        events: AsyncIterator[StreamEvent],
+        slot: Slot,
+        watch: CallWatch | None = None,
+    ) -> None:
         self._events = events
         self._slot = slot
+        self._watch = watch
 
     def __aiter__(self) -> MeteredEvents:
         return self
 
     async def __anext__(self) -> StreamEvent:
         event = await self._events.__anext__()
-        if type(event) is Usage and self._slot.held:
-            self._slot.report_usage(event.prompt_tokens + event.output_tokens)
+        if type(event) is Usage:
+            if self._slot.held:
+                self._slot.report_usage(event.prompt_tokens + event.output_tokens)
+            if self._watch is not None:
+                self._watch.usage = event
         return event

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from typing import TYPE_CHECKING, Final, final
 
 import trio
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
     from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
+    from ._backend import ProviderStatistics
     from ._provider import Provider
     from .actors._dispatcher import Dispatcher
     from .actors._observe import DispatchEvent
@@ -72,7 +74,7 @@ _MODEL: Final = "gen_ai.request.model"
 _TENANT: Final = "trio_dispatch.tenant"
 
 if TYPE_CHECKING:
-    _Read = Callable[[DispatcherStatistics], Iterable[tuple[str, int]]]
+    _Read = Callable[[ProviderStatistics], int | None]
     _Callback = Callable[[CallbackOptions], Iterable[Observation]]
 
 
@@ -159,7 +161,7 @@ class OpenTelemetryMetrics:
             description="Rate-limit reports that paused the provider.",
         )
         for name, unit, description, read in (
-            ("trio_dispatch.slots.in_use", "{slot}", "Slots held now.", _in_use),
+            ("trio_dispatch.slots.in_use", "{slot}", "Slots held now.", _in_flight),
             ("trio_dispatch.slots.limit", "{slot}", "The concurrency limit.", _limit),
             (
                 "trio_dispatch.requests.waiting",
@@ -284,29 +286,25 @@ class OpenTelemetryMetrics:
         return callback
 
     def _gauge(self, read: _Read) -> _Callback:
+        """A per-provider gauge: ``read`` of each provider's statistics, if any."""
+
         def callback(options: CallbackOptions) -> Iterable[Observation]:
             stats = read_in_trio(self._dispatcher.statistics, self._token)
             if stats is None:
                 return []
             return [
                 metrics.Observation(value, {_PROVIDER: name})
-                for name, value in read(stats)
+                for name, provider in stats.providers.items()
+                if (value := read(provider)) is not None
             ]
 
         return callback
 
 
-def _in_use(stats: DispatcherStatistics) -> Iterable[tuple[str, int]]:
-    return ((n, p.in_flight) for n, p in stats.providers.items())
+_in_flight: Final = operator.attrgetter("in_flight")
+_limit: Final = operator.attrgetter("limit")  # None, unlimited: not observed
+_waiting: Final = operator.attrgetter("waiting")
 
 
-def _limit(stats: DispatcherStatistics) -> Iterable[tuple[str, int]]:
-    return ((n, p.limit) for n, p in stats.providers.items() if p.limit is not None)
-
-
-def _waiting(stats: DispatcherStatistics) -> Iterable[tuple[str, int]]:
-    return ((n, p.waiting) for n, p in stats.providers.items())
-
-
-def _paused(stats: DispatcherStatistics) -> Iterable[tuple[str, int]]:
-    return ((n, int(p.paused)) for n, p in stats.providers.items())
+def _paused(provider: ProviderStatistics) -> int:
+    return int(provider.paused)

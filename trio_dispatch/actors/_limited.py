@@ -149,8 +149,7 @@ class LimitedProvider:
                     try:
                         async with self.provider.stream(request) as events:
                             meter.answered(figures_of(events))
-                            metered = MeteredEvents(events, slot)
-                            yield metered if watch is None else watch.events(metered)
+                            yield MeteredEvents(events, slot, watch)
                     except BaseException as exc:
                         if isinstance(exc, ProviderError):
                             # A status answer: its figures count this request.

@@ -27,18 +27,17 @@ import trio
 
 from .._exceptions import DispatcherClosed
 from .._util import NoPublicConstructor
-from ..messages._stream import Usage
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Container, Mapping
+    from collections.abc import Callable, Container, Mapping
     from types import TracebackType
 
     from .._backend import ProviderStatistics
     from .._provider import Provider
     from .._ratelimits import RateLimitInfo
-    from ..messages import StreamEvent
     from ..messages._limits import Tenant
     from ..messages._scheduling import Ticket
+    from ..messages._stream import Usage
 
 _T = TypeVar("_T")
 
@@ -528,30 +527,8 @@ class CallWatch:
         self.started = trio.current_time()
         self.usage: Usage | None = None
 
-    def events(self, events: AsyncIterator[StreamEvent]) -> AsyncIterator[StreamEvent]:
-        """``events``, noting the usage they report as they pass."""
-        return _WatchedEvents(events, self)
-
     def end(self, error: BaseException | None) -> None:
         """The call ended: tell the observers."""
         duration = trio.current_time() - self.started
         for observer in self._observers:
             observer.call_ended(self.provider, duration, self.usage, error)
-
-
-@final
-class _WatchedEvents:
-    __slots__ = ("_events", "_watch")
-
-    def __init__(self, events: AsyncIterator[StreamEvent], watch: CallWatch) -> None:
-        self._events = events
-        self._watch = watch
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> StreamEvent:
-        event = await self._events.__anext__()
-        if isinstance(event, Usage):
-            self._watch.usage = event
-        return event

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 import attrs
 import trio
 
+from .._asgi import lifespan
 from .._exceptions import DispatcherClosed
 from .._json import json_kind
 from .._util import NoPublicConstructor
@@ -49,12 +50,10 @@ from ._routes import ROUTES, TENANT, match
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable, Mapping
 
+    from .._asgi import Receive, Send
     from .._backend import ProviderStatistics
     from .._tenants import TenantStatistics
 
-    Message = dict[str, Any]
-    Receive = Callable[[], Awaitable[Message]]
-    Send = Callable[[Message], Awaitable[None]]
     Headers = Iterable[tuple[bytes, bytes]]
     _Handler = Callable[["_Request"], Awaitable[tuple[int, object]]]
 
@@ -145,7 +144,7 @@ class AdminApp(metaclass=NoPublicConstructor):
         if scope["type"] == "http":
             await self._http(scope, receive, send)
         elif scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await lifespan(receive, send)
         elif scope["type"] == "websocket":
             await receive()  # websocket.connect
             await send({"type": "websocket.close", "code": 1008})
@@ -655,13 +654,3 @@ async def _send_problem(send: Send, refused: _Refused) -> None:
     await _send(
         send, refused.status, body, b"application/problem+json", refused.headers
     )
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return

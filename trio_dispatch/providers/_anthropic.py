@@ -42,9 +42,9 @@ from .._exceptions import MalformedStream, StreamInterrupted
 from .._validation import check_limit, check_text
 from .._wire import error_for_type, make_tool_call
 from ..messages import Finish, ReasoningDelta, TextDelta, Usage
-from ._checks import check_header_value, check_headers
+from ._checks import check_header_value
 from ._decode import parse_json_data, raw_json, structure_event
-from ._http import EventStream, ProviderBase
+from ._http import ProviderBase
 from ._ratelimit_headers import anthropic_rate_limits
 
 if TYPE_CHECKING:
@@ -569,9 +569,6 @@ class AnthropicProvider(ProviderBase):
         check_text(anthropic_version, "anthropic_version")
         check_header_value(anthropic_version, "anthropic_version")
         check_limit(max_tokens, "max_tokens")
-        self._extra_headers = check_headers(extra_headers)
-        self._anthropic_version = anthropic_version
-        self._max_tokens = max_tokens
         # Last, once every argument is known good: it may make a client.
         super().__init__(
             id,
@@ -581,25 +578,13 @@ class AnthropicProvider(ProviderBase):
             client=client,
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
+            extra_headers=extra_headers,
             on_rate_limit=on_rate_limit,
             on_rate_limits=on_rate_limits,
+            path="/v1/messages",
+            key_header=("x-api-key", ""),
+            headers={"anthropic-version": anthropic_version},
+            body=functools.partial(request_body, model, max_tokens),
+            decoder=_AnthropicDecoder,
             read_rate_limits=anthropic_rate_limits,
-        )
-
-    def stream(self, request: ChatRequest) -> EventStream:
-        """Stream the answer to ``request``; see ``Provider.stream``.
-
-        Nothing is sent until the returned context manager is entered.
-        """
-        headers = {
-            **self._extra_headers,
-            "x-api-key": self._api_key,
-            "anthropic-version": self._anthropic_version,
-            "content-type": "application/json",
-        }
-        return self._open(
-            f"{self.base_url}/v1/messages",
-            headers,
-            functools.partial(request_body, self.model, self._max_tokens, request),
-            _AnthropicDecoder(self.id, self._redact),
         )

@@ -10,35 +10,12 @@ an error outside the ``ProviderError`` tree.
 
 from __future__ import annotations
 
-import inspect
 from typing import TYPE_CHECKING, Final
 
 import httpx2
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
-
-def takes_model(observer: Callable[..., object]) -> bool:
-    """Whether an ``on_rate_limits`` observer takes a ``model`` keyword.
-
-    ``Dispatcher.observe_rate_limits`` does: it is told the model the
-    answer is for. An observer of two arguments is told the id and the
-    figures, as always. Asked once, when the provider is made.
-    """
-    try:
-        parameters = inspect.signature(observer).parameters.values()
-    except (TypeError, ValueError):  # a callable whose signature cannot be read
-        return False
-    return any(
-        parameter.kind is inspect.Parameter.VAR_KEYWORD
-        or (
-            parameter.name == "model"
-            and parameter.kind
-            in {inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD}
-        )
-        for parameter in parameters
-    )
+    from collections.abc import Mapping
 
 
 def check_secret_text(value: object, name: str) -> str:

@@ -1,10 +1,11 @@
 """The HTTP half every provider shares: send, check the status, read SSE.
 
-A provider supplies the request and a decoder (``WireDecoder``, in
-``_decode.py``). Everything else lives here, once:
+A provider supplies its wire format's path, headers, body and decoder
+(``WireDecoder``, in ``_decode.py``). Everything else lives here, once:
 
 * ``ProviderBase`` holds the httpx2 client (owned or lent), the timeouts,
-  the key and the rate-limit hooks, and its repr shows no key. Every
+  the key and the rate-limit hooks (``RateLimitHooks``, in ``.._hooks``),
+  and its repr shows no key. Every
   answer's headers are read once, whatever its status: their rate-limit
   figures travel with the answer (``EventStream.rate_limits``, or the
   status error's ``rate_limits``) and go to ``on_rate_limits``. What it is
@@ -27,22 +28,21 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
-import logging
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Self, final
 
 import httpx2
 import trio
 
-from .._exceptions import (
-    MalformedStream,
-    Overloaded,
-    ProviderError,
-    RateLimited,
-    RequestFailed,
-)
+from .._exceptions import MalformedStream, ProviderError, RequestFailed
+from .._hooks import RateLimitHooks
 from .._validation import check_seconds
-from ._checks import check_api_key, check_base_url, check_secret_text, takes_model
+from ._checks import (
+    check_api_key,
+    check_base_url,
+    check_headers,
+    check_secret_text,
+)
 from ._errors import (
     ERROR_BODY_LIMIT,
     Redactor,
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 
     from .._provider import RateLimitObserver, RateLimitReporter
     from .._ratelimits import RateLimitInfo
-    from ..messages import StreamEvent
+    from ..messages import ChatRequest, StreamEvent
     from ._decode import WireDecoder
     from ._sse import ServerSentEvent
 
@@ -71,8 +71,6 @@ _CLOSE_TIMEOUT: Final = 5.0
 # After the terminator we read on to the end of the body, so the connection
 # can be reused; a server that holds it open gets this long, then we close.
 _DRAIN_TIMEOUT: Final = 0.5
-
-_logger = logging.getLogger("trio_dispatch")
 
 
 class ProviderBase:
@@ -88,10 +86,24 @@ class ProviderBase:
         client: httpx2.AsyncClient | None,
         connect_timeout: float,
         read_timeout: float,
+        extra_headers: Mapping[str, str] | None,
         on_rate_limit: RateLimitReporter | None,
         on_rate_limits: RateLimitObserver | None,
+        path: str,
+        key_header: tuple[str, str],
+        headers: Mapping[str, str],
+        body: Callable[[ChatRequest], dict[str, Any]],
+        decoder: Callable[[str, Redactor], WireDecoder],
         read_rate_limits: Callable[..., RateLimitInfo],
     ) -> None:
+        """The wire format's part: requests go to ``path`` under ``base_url``.
+
+        Each carries the key as ``key_header`` (its name, and the text
+        before the key), then ``headers``, the JSON ``body`` of the
+        request, and is read by a fresh ``decoder(id, redact)``; the
+        answer's headers by ``read_rate_limits``.
+        """
+        extra = check_headers(extra_headers)
         self._id = check_secret_text(id, "id")
         self._base_url = check_base_url(base_url)
         # Checked without echoing it: a key must not reach a message.
@@ -102,10 +114,9 @@ class ProviderBase:
         read = check_seconds(read_timeout, "read_timeout", positive=True)
         if client is not None and not isinstance(client, httpx2.AsyncClient):
             raise client_type_error(client)
-        if on_rate_limit is not None and not callable(on_rate_limit):
-            raise TypeError("on_rate_limit must be callable")
-        if on_rate_limits is not None and not callable(on_rate_limits):
-            raise TypeError("on_rate_limits must be callable")
+        self._hooks = RateLimitHooks(
+            self._id, on_rate_limit, on_rate_limits, model=self._model
+        )
         self._read_timeout = read
         # Passed with every request, so a lent client gets our timeouts too;
         # the read timeout is what turns a stalled stream into an error.
@@ -114,13 +125,20 @@ class ProviderBase:
         )
         self._owns_client = client is None
         self._client = httpx2.AsyncClient() if client is None else client
-        self._on_rate_limit = on_rate_limit
-        self._on_rate_limits = on_rate_limits
-        # Told the model too, if it takes one (observe_rate_limits does).
-        self._observer_takes_model = on_rate_limits is not None and takes_model(
-            on_rate_limits
-        )
         self._read_rate_limits = read_rate_limits
+        self._url = f"{self._base_url}{path}"
+        name, prefix = key_header
+        # The same for every request: the key and every header are checked.
+        self._headers = {
+            "accept": "text/event-stream",
+            "cache-control": "no-store",
+            **extra,
+            name: f"{prefix}{self._api_key}",
+            **headers,
+            "content-type": "application/json",
+        }
+        self._body = body
+        self._decoder = decoder
         self._malformed_headers = MalformedHeaderLog(self._id, self._redact)
 
     @property
@@ -164,33 +182,28 @@ class ProviderBase:
         with trio.move_on_after(_CLOSE_TIMEOUT, shield=True):
             await self.aclose()
 
-    def _open(
-        self,
-        url: str,
-        headers: dict[str, str],
-        body: Callable[[], dict[str, Any]],
-        decoder: WireDecoder,
-    ) -> EventStream:
-        """The stream of one request: ``body`` is built and encoded here."""
+    def stream(self, request: ChatRequest) -> EventStream:
+        """Stream the answer to ``request``; see ``Provider.stream``.
+
+        Nothing is sent until the returned context manager is entered.
+        """
         try:
-            content = json.dumps(body()).encode()
+            content = json.dumps(self._body(request)).encode()
         except RecursionError:
             reason = "it nests too deeply"
         except (TypeError, ValueError) as exc:
             reason = str(exc)  # names a type, or a circular reference
         else:
-            request = self._client.build_request(
+            http_request = self._client.build_request(
                 "POST",
-                url,
-                headers={
-                    "accept": "text/event-stream",
-                    "cache-control": "no-store",
-                    **headers,
-                },
+                self._url,
+                headers=self._headers,
                 content=content,
                 timeout=self._timeout,
             )
-            return EventStream(self, request, decoder)
+            return EventStream(
+                self, http_request, self._decoder(self._id, self._redact)
+            )
         raise RequestFailed(
             f"{self._id}: the request cannot be encoded as JSON: {reason}",
             provider=self._id,
@@ -202,28 +215,15 @@ class ProviderBase:
         """What an answer's headers say of the limits; ``on_rate_limits`` is told.
 
         Called once per answer, as soon as its headers are in. ``None`` if
-        they say nothing. A failing observer is logged, not raised: the
-        answer is still the caller's.
+        they say nothing.
         """
         info = self._read_rate_limits(
             headers, now=datetime.now(UTC), on_malformed=self._malformed_headers
         )
         if info.empty:
             return None
-        observer = self._on_rate_limits
-        if observer is not None:
-            try:
-                if self._observer_takes_model:
-                    observer(self._id, info, model=self._model)  # type: ignore[call-arg]  # checked: it takes a model
-                else:
-                    observer(self._id, info)
-            except Exception:
-                _logger.exception("%s: the on_rate_limits observer failed", self._id)
+        self._hooks.observe(info)
         return info
-
-    def _report(self, error: ProviderError) -> None:
-        if isinstance(error, RateLimited | Overloaded) and self._on_rate_limit:
-            self._on_rate_limit(self._id, error.retry_after)
 
     async def _send(
         self, request: httpx2.Request
@@ -277,7 +277,7 @@ class ProviderBase:
         body = await _read_bounded(response, limit)
         error = status_error(self._id, status, response.headers, body, self._redact)
         error.rate_limits = info
-        self._report(error)
+        self._hooks.report(error)
         raise error
 
 
@@ -461,7 +461,7 @@ class EventStream:
         )
         # A server could echo the key in an error event; it stops here.
         self._provider._redact.scrub(error)
-        self._provider._report(error)
+        self._provider._hooks.report(error)
         return error
 
     def _end_of_body(self) -> list[StreamEvent]:

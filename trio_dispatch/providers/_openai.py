@@ -49,10 +49,9 @@ import attrs
 from .._exceptions import MalformedStream, StreamInterrupted
 from .._wire import error_for_status, error_for_type, make_tool_call
 from ..messages import Finish, ReasoningDelta, TextDelta, ToolCall, Usage
-from ._checks import check_headers
 from ._decode import parse_json_data, raw_json, structure_event
 from ._errors import error_kind
-from ._http import EventStream, ProviderBase
+from ._http import ProviderBase
 from ._ratelimit_headers import openai_rate_limits
 
 if TYPE_CHECKING:
@@ -516,7 +515,6 @@ class OpenAIProvider(ProviderBase):
         on_rate_limit: RateLimitReporter | None = None,
         on_rate_limits: RateLimitObserver | None = None,
     ) -> None:
-        self._extra_headers = check_headers(extra_headers)
         # Last, once every argument is known good: it may make a client.
         super().__init__(
             id,
@@ -526,24 +524,13 @@ class OpenAIProvider(ProviderBase):
             client=client,
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
+            extra_headers=extra_headers,
             on_rate_limit=on_rate_limit,
             on_rate_limits=on_rate_limits,
+            path="/chat/completions",
+            key_header=("authorization", "Bearer "),
+            headers={},
+            body=functools.partial(request_body, model),
+            decoder=_OpenAIDecoder,
             read_rate_limits=openai_rate_limits,
-        )
-
-    def stream(self, request: ChatRequest) -> EventStream:
-        """Stream the answer to ``request``; see ``Provider.stream``.
-
-        Nothing is sent until the returned context manager is entered.
-        """
-        headers = {
-            **self._extra_headers,
-            "authorization": f"Bearer {self._api_key}",
-            "content-type": "application/json",
-        }
-        return self._open(
-            f"{self.base_url}/chat/completions",
-            headers,
-            functools.partial(request_body, self.model, request),
-            _OpenAIDecoder(self.id, self._redact),
         )

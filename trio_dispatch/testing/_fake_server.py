@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 import attrs
 import trio
 
+from .._asgi import lifespan
 from .._ratelimits import RateLimitInfo
 from ..messages import Usage
 from ._cache import PromptCache
@@ -66,14 +67,11 @@ from ._script import FakeReply, FakeScript
 from ._tally import FakeServerStatistics, Tally
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Mapping
+    from collections.abc import Callable, Mapping
 
+    from .._asgi import Receive, Send
     from ._encoders import WireEvent
     from ._request import WireFormat
-
-    Message = dict[str, Any]
-    Receive = Callable[[], Awaitable[Message]]
-    Send = Callable[[Message], Awaitable[None]]
 
 _SECRET_HEADERS = frozenset({"authorization", "x-api-key"})
 
@@ -230,18 +228,9 @@ class FakeLLMServer:
     ) -> None:
         """The ASGI 3 entry point."""
         if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
+            await lifespan(receive, send)
         elif scope["type"] == "http":
             await self._http(scope, receive, send)
-
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
 
     def _changed_now(self) -> None:
         # A fresh Event per change: waiters hold the one they saw.

@@ -19,20 +19,18 @@ from __future__ import annotations
 
 import collections
 import itertools
-import logging
 from typing import TYPE_CHECKING, Literal, Self, final
 
 import trio
 
 from .._exceptions import (
     MalformedStream,
-    Overloaded,
     ProviderConnectionError,
     ProviderError,
-    RateLimited,
     RequestFailed,
     StreamInterrupted,
 )
+from .._hooks import RateLimitHooks
 from .._ratelimits import RateLimitInfo
 from .._validation import check_seconds, check_text
 from .._wire import error_for_status, error_for_type
@@ -56,8 +54,6 @@ if TYPE_CHECKING:
     from ._encoders import WireEvent
     from ._request import WireFormat
     from ._script import FakeReply, Fault
-
-_logger = logging.getLogger("trio_dispatch")
 
 _PATHS: dict[WireFormat, str] = {wire: path for path, wire in ROUTES.items()}
 _TERMINATORS: dict[WireFormat, str] = {
@@ -156,17 +152,12 @@ class ScriptedProvider:
         if wire not in _PATHS:
             raise ValueError(f"wire must be 'openai' or 'anthropic', got {wire!r}")
         timeout = check_seconds(read_timeout, "read_timeout", positive=True)
-        if on_rate_limit is not None and not callable(on_rate_limit):
-            raise TypeError("on_rate_limit must be callable")
-        if on_rate_limits is not None and not callable(on_rate_limits):
-            raise TypeError("on_rate_limits must be callable")
+        self._hooks = RateLimitHooks(id, on_rate_limit, on_rate_limits)
         self._script = script
         self._replies_used = 0
         self._id = id
         self._wire: WireFormat = wire
         self._read_timeout = timeout
-        self._on_rate_limit = on_rate_limit
-        self._on_rate_limits = on_rate_limits
         self._closed = False
         self._requests: list[ChatRequest] = []
         self._tally = Tally()
@@ -346,17 +337,7 @@ class ScriptedProvider:
         if retry_after is None:
             return
         info = error.rate_limits = RateLimitInfo(retry_after=retry_after)
-        observer = self._on_rate_limits
-        if observer is None:
-            return
-        try:
-            observer(self._id, info)
-        except Exception:
-            _logger.exception("%s: the on_rate_limits observer failed", self._id)
-
-    def _report(self, error: ProviderError) -> None:
-        if isinstance(error, RateLimited | Overloaded) and self._on_rate_limit:
-            self._on_rate_limit(self._id, error.retry_after)
+        self._hooks.observe(info)
 
     async def _wait(self, seconds: float) -> bool:
         """Sleep ``seconds``; ``False`` if ``read_timeout`` ran out first."""
@@ -444,7 +425,7 @@ class _ScriptedStream:
                 await self._play_next()
         except ProviderError as error:
             self._over = True
-            self._provider._report(error)
+            self._provider._hooks.report(error)
             raise
         return self._pending.popleft()
 
@@ -465,7 +446,7 @@ class _ScriptedStream:
             self._outcome = "refused"
             error = provider._status_error(fault)
             provider._observe(error)
-            provider._report(error)
+            provider._hooks.report(error)
             raise error
         provider._answer(200)
         *self._body, self._terminator = provider._events(self._request, reply)
