@@ -202,7 +202,6 @@ class SlotPolicy:
         "_peak_in_flight",
         "_peak_waiting",
         "_rejected_total",
-        "_released_total",
         "_reported",
         "_step",
         "_streak",
@@ -260,7 +259,6 @@ class SlotPolicy:
         self._granted_at_report = 0
         self._reported: set[Ticket] = set()
         self._granted_total = 0
-        self._released_total = 0
         self._withdrawn_total = 0
         self._rejected_total = 0
         self._peak_in_flight = 0
@@ -372,7 +370,9 @@ class SlotPolicy:
             waiting=len(self._waiting),
             paused_until=self._paused_until,
             granted_total=self._granted_total,
-            released_total=self._released_total,
+            # Every grant is held until released: the released ones are
+            # those granted that no longer hold.
+            released_total=self._granted_total - len(self._holders),
             withdrawn_total=self._withdrawn_total,
             rejected_total=self._rejected_total,
             peak_in_flight=self._peak_in_flight,
@@ -531,7 +531,6 @@ class SlotPolicy:
             holders.remove(ticket)
         except KeyError:
             return []
-        self._released_total += 1
         if not waiting:
             return []
         limit = self._limit
@@ -831,7 +830,6 @@ class SlotPolicy:
             self._holders.remove(ticket)
         except KeyError:
             return []
-        self._released_total += 1
         tenants = self._tenants
         if tenants is not None:
             tenants.release(ticket, self._now)
