@@ -43,7 +43,6 @@ from ..messages._limits import DEFAULT_MAX_TOKENS
 from ._observe import (
     CallObserver,
     CallWatch,
-    DispatchEvent,
     EventHub,
     EventSink,
     EventSubscription,
@@ -527,7 +526,10 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 call.answered()
                 if model is None:
                     model = call.slot.model
-        self._emit_rate_limits(provider, info, model)
+        if self._hub.sinks:
+            self._hub.emit(
+                RateLimitsReceived(provider, trio.current_time(), info, model)
+            )
         settings = self._settings
         if not settings.learn_budgets:
             return
@@ -717,12 +719,6 @@ class Dispatcher(metaclass=NoPublicConstructor):
             raise TypeError(f"observer must have a call_ended method, got {observer!r}")
         self._call_observers = (*self._call_observers, observer)
 
-    def _emit(self, event: DispatchEvent) -> None:
-        """Hand ``event`` to the subscribers, if any; never blocks."""
-        hub = self._hub
-        if hub.sinks:
-            hub.emit(event)
-
     def watch_call(self, provider: Provider) -> CallWatch | None:
         """An LLM call to ``provider`` begins: a watch, if anything observes calls.
 
@@ -731,15 +727,6 @@ class Dispatcher(metaclass=NoPublicConstructor):
         """
         observers = self._call_observers
         return None if not observers else CallWatch(provider, observers)
-
-    def _emit_rate_limits(
-        self, provider: str, info: RateLimitInfo, model: str | None
-    ) -> None:
-        """Tell the subscribers what an answer of ``provider`` said of its limits."""
-        if self._hub.sinks:
-            self._hub.emit(
-                RateLimitsReceived(provider, trio.current_time(), info, model)
-            )
 
     def statistics(self) -> DispatcherStatistics:
         """A snapshot of every provider limited or used, unlimited ones too.
