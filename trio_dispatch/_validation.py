@@ -192,13 +192,18 @@ def real_number(value: object, name: str, rule: str) -> float:
     return as_float(value)
 
 
-def check_number(value: object, name: str, *, positive: bool = False) -> float:
-    """A finite real number, >= 0 (or > 0): rates, weights, temperatures."""
-    rule = "a positive number" if positive else "a non-negative number"
+def _non_negative(value: object, name: str, positive: bool, what: str) -> float:
+    """A finite real number >= 0 (or > 0), ``what`` it is named in the messages."""
+    rule = f"a {'positive' if positive else 'non-negative'} {what}"
     number = real_number(value, name, rule)
     if not math.isfinite(number) or number < 0 or (positive and number == 0):
         raise ValueError(f"{name} must be {rule}, got {shown_value(value)}")
     return number
+
+
+def check_number(value: object, name: str, *, positive: bool = False) -> float:
+    """A finite real number, >= 0 (or > 0): rates, weights, temperatures."""
+    return _non_negative(value, name, positive, "number")
 
 
 def check_positive_number(value: object, name: str) -> float:
@@ -217,15 +222,7 @@ def check_fraction(value: object, name: str) -> float:
 
 def check_seconds(value: object, name: str, *, positive: bool = False) -> float:
     """A duration is a finite real number of seconds, >= 0 (or > 0)."""
-    rule = (
-        "a positive number of seconds"
-        if positive
-        else "a non-negative number of seconds"
-    )
-    seconds = real_number(value, name, rule)
-    if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
-        raise ValueError(f"{name} must be {rule}, got {shown_value(value)}")
-    return seconds
+    return _non_negative(value, name, positive, "number of seconds")
 
 
 def check_positive_seconds(value: object, name: str) -> float:
