@@ -738,18 +738,16 @@ class SlotPolicy:
         for ``model`` go to that model's throttle (created learning), those
         of an answer for none to the provider's.
         """
-        if model is not None:
-            model_gate = self._models.get(model)
-            if model_gate is None:
+        if model is None:
+            gate = self._gate
+            if gate is None:
+                gate = self._gate = Throttle(learn=True, now=now)
+        else:
+            gate = self._models.get(model)
+            if gate is None:
                 check_text(model, "model")
-                model_gate = self._models[model] = Throttle(learn=True, now=now)
+                gate = self._models[model] = Throttle(learn=True, now=now)
                 self._count_tenants()
-            model_gate.advance(now)
-            model_gate.observe(info)
-            return []
-        gate = self._gate
-        if gate is None:
-            gate = self._gate = Throttle(learn=True, now=now)
         gate.advance(now)
         gate.observe(info)
         return []
