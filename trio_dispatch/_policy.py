@@ -413,13 +413,9 @@ class SlotPolicy:
                 self._peak_in_flight = len(holders)
             return [ticket]
         if self._max_waiting is not None and len(waiting) >= self._max_waiting:
-            self._rejected_total += 1
             if gate is not None:
                 gate.forget(ticket)
-            raise QueueFull(
-                f"{len(self._waiting)} requests already wait"
-                f" (max_waiting={self._max_waiting})"
-            )
+            raise self._refused()
         waiting.add(ticket)
         fifo = self._fifo
         if not fifo or ticket > fifo[-1]:
@@ -448,11 +444,7 @@ class SlotPolicy:
             and len(self._waiting) >= self._max_waiting
             and not self._grants_at_once(ticket, tokens, model_gate)
         ):
-            self._rejected_total += 1
-            raise QueueFull(
-                f"{len(self._waiting)} requests already wait"
-                f" (max_waiting={self._max_waiting})"
-            )
+            raise self._refused()
         if gate is not None:
             gate.expect(ticket, tokens)
         if model_gate is not None:
@@ -468,6 +460,14 @@ class SlotPolicy:
         )
         self._peak_waiting = max(self._peak_waiting, len(self._waiting))
         return grants
+
+    def _refused(self) -> QueueFull:
+        """Count a ticket refused for a full queue; the error to raise."""
+        self._rejected_total += 1
+        return QueueFull(
+            f"{len(self._waiting)} requests already wait"
+            f" (max_waiting={self._max_waiting})"
+        )
 
     def _grants_at_once(
         self, ticket: Ticket, tokens: int, model_gate: Throttle | None
