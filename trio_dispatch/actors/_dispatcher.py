@@ -552,11 +552,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
         request.
         """
         settings = self._settings
-        budget = None
-        if model is not None:
-            models = settings.model_budgets.get(provider)
-            if models is not None:
-                budget = models.get(model)
+        models = settings.model_budgets.get(provider, {})
+        budget = None if model is None else models.get(model)
         if budget is None:
             budget = settings.provider_budgets.get(provider)
         return DEFAULT_MAX_TOKENS if budget is None else budget.default_max_tokens
@@ -785,10 +782,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
         """Tell a new backend the tenants, and the budgets of its provider's models."""
         for tenant, settings in self._tenants.items():
             backend.set_tenant(tenant, settings)
-        models = self._settings.model_budgets.get(provider)
-        if models is not None:
-            for model, budget in models.items():
-                backend.set_model_budget(model, budget)
+        for model, budget in self._settings.model_budgets.get(provider, {}).items():
+            backend.set_model_budget(model, budget)
 
     def _tell_every(self, change: Callable[[Backend], None]) -> None:
         """Make ``change`` to every provider's backend (``_tell``), closed ones aside."""
