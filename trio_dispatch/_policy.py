@@ -591,10 +591,8 @@ class SlotPolicy:
         model_gate = None if ticket.model is None else self._models.get(ticket.model)
         if model_gate is not None:
             model_gate.forget(ticket)
-        if (gate is not None and gate.blocked) or self._held_back:
-            # It may have been a head a budget held back.
-            return self._fill()
-        return []
+        # It may have been a head a budget held back.
+        return self._refill()
 
     def _compact(self) -> None:
         if len(self._heap) + len(self._fifo) > 2 * len(self._waiting) + _COMPACT_SLACK:
@@ -642,9 +640,7 @@ class SlotPolicy:
         if gate is not None:
             gate.report_usage(ticket, tokens)
         # Tokens given back may let a held-back head through.
-        if (gate is not None and gate.blocked) or self._held_back:
-            return self._fill()
-        return []
+        return self._refill()
 
     def answered(self, ticket: Ticket) -> None:
         """The answer of held ``ticket`` started: the server has counted it."""
@@ -805,10 +801,14 @@ class SlotPolicy:
         So do grants the budget held back, once it holds the oldest waiter.
         """
         self.advance(now)
-        gate = self._gate
         if self._paused_until is not None and now >= self._paused_until:
             self._paused_until = None
             return self._fill()
+        return self._refill()
+
+    def _refill(self) -> list[Ticket]:
+        """Fill again if a budget holds a head back, which may pass now; else none."""
+        gate = self._gate
         if (gate is not None and gate.blocked) or self._held_back:
             return self._fill()
         return []
