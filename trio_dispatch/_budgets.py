@@ -370,13 +370,11 @@ class Throttle:
         self._now = now
         self._learn = learn
         self._learned = False
-        rpm = None if budget is None else budget.requests_per_minute
-        tpm = None if budget is None else budget.tokens_per_minute
-        self._requests = None if rpm is None else Bucket(rpm, configured=True)
-        self._tokens = None if tpm is None else Bucket(tpm, configured=True)
-        self.default_max_tokens = (
-            DEFAULT_MAX_TOKENS if budget is None else budget.default_max_tokens
-        )
+        self._requests: Bucket | None = None
+        self._tokens: Bucket | None = None
+        self.default_max_tokens = DEFAULT_MAX_TOKENS
+        if budget is not None:
+            self.configure(budget)
         self._adaptive = None if adaptive is None else Adaptive(adaptive)
         # Estimated tokens of waiting tickets, and the charge of each holder.
         self._costs: dict[Ticket, int] = {}

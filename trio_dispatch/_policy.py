@@ -202,7 +202,6 @@ class SlotPolicy:
         "_peak_in_flight",
         "_peak_waiting",
         "_rejected_total",
-        "_released_total",
         "_reported",
         "_step",
         "_streak",
@@ -260,7 +259,6 @@ class SlotPolicy:
         self._granted_at_report = 0
         self._reported: set[Ticket] = set()
         self._granted_total = 0
-        self._released_total = 0
         self._withdrawn_total = 0
         self._rejected_total = 0
         self._peak_in_flight = 0
@@ -372,7 +370,9 @@ class SlotPolicy:
             waiting=len(self._waiting),
             paused_until=self._paused_until,
             granted_total=self._granted_total,
-            released_total=self._released_total,
+            # Every grant is held until released: the released ones are
+            # those granted that no longer hold.
+            released_total=self._granted_total - len(self._holders),
             withdrawn_total=self._withdrawn_total,
             rejected_total=self._rejected_total,
             peak_in_flight=self._peak_in_flight,
@@ -413,13 +413,9 @@ class SlotPolicy:
                 self._peak_in_flight = len(holders)
             return [ticket]
         if self._max_waiting is not None and len(waiting) >= self._max_waiting:
-            self._rejected_total += 1
             if gate is not None:
                 gate.forget(ticket)
-            raise QueueFull(
-                f"{len(self._waiting)} requests already wait"
-                f" (max_waiting={self._max_waiting})"
-            )
+            raise self._refused()
         waiting.add(ticket)
         fifo = self._fifo
         if not fifo or ticket > fifo[-1]:
@@ -448,11 +444,7 @@ class SlotPolicy:
             and len(self._waiting) >= self._max_waiting
             and not self._grants_at_once(ticket, tokens, model_gate)
         ):
-            self._rejected_total += 1
-            raise QueueFull(
-                f"{len(self._waiting)} requests already wait"
-                f" (max_waiting={self._max_waiting})"
-            )
+            raise self._refused()
         if gate is not None:
             gate.expect(ticket, tokens)
         if model_gate is not None:
@@ -468,6 +460,14 @@ class SlotPolicy:
         )
         self._peak_waiting = max(self._peak_waiting, len(self._waiting))
         return grants
+
+    def _refused(self) -> QueueFull:
+        """Count a ticket refused for a full queue; the error to raise."""
+        self._rejected_total += 1
+        return QueueFull(
+            f"{len(self._waiting)} requests already wait"
+            f" (max_waiting={self._max_waiting})"
+        )
 
     def _grants_at_once(
         self, ticket: Ticket, tokens: int, model_gate: Throttle | None
@@ -531,7 +531,6 @@ class SlotPolicy:
             holders.remove(ticket)
         except KeyError:
             return []
-        self._released_total += 1
         if not waiting:
             return []
         limit = self._limit
@@ -592,10 +591,8 @@ class SlotPolicy:
         model_gate = None if ticket.model is None else self._models.get(ticket.model)
         if model_gate is not None:
             model_gate.forget(ticket)
-        if (gate is not None and gate.blocked) or self._held_back:
-            # It may have been a head a budget held back.
-            return self._fill()
-        return []
+        # It may have been a head a budget held back.
+        return self._refill()
 
     def _compact(self) -> None:
         if len(self._heap) + len(self._fifo) > 2 * len(self._waiting) + _COMPACT_SLACK:
@@ -643,9 +640,7 @@ class SlotPolicy:
         if gate is not None:
             gate.report_usage(ticket, tokens)
         # Tokens given back may let a held-back head through.
-        if (gate is not None and gate.blocked) or self._held_back:
-            return self._fill()
-        return []
+        return self._refill()
 
     def answered(self, ticket: Ticket) -> None:
         """The answer of held ``ticket`` started: the server has counted it."""
@@ -739,18 +734,16 @@ class SlotPolicy:
         for ``model`` go to that model's throttle (created learning), those
         of an answer for none to the provider's.
         """
-        if model is not None:
-            model_gate = self._models.get(model)
-            if model_gate is None:
+        if model is None:
+            gate = self._gate
+            if gate is None:
+                gate = self._gate = Throttle(learn=True, now=now)
+        else:
+            gate = self._models.get(model)
+            if gate is None:
                 check_text(model, "model")
-                model_gate = self._models[model] = Throttle(learn=True, now=now)
+                gate = self._models[model] = Throttle(learn=True, now=now)
                 self._count_tenants()
-            model_gate.advance(now)
-            model_gate.observe(info)
-            return []
-        gate = self._gate
-        if gate is None:
-            gate = self._gate = Throttle(learn=True, now=now)
         gate.advance(now)
         gate.observe(info)
         return []
@@ -808,10 +801,14 @@ class SlotPolicy:
         So do grants the budget held back, once it holds the oldest waiter.
         """
         self.advance(now)
-        gate = self._gate
         if self._paused_until is not None and now >= self._paused_until:
             self._paused_until = None
             return self._fill()
+        return self._refill()
+
+    def _refill(self) -> list[Ticket]:
+        """Fill again if a budget holds a head back, which may pass now; else none."""
+        gate = self._gate
         if (gate is not None and gate.blocked) or self._held_back:
             return self._fill()
         return []
@@ -831,7 +828,6 @@ class SlotPolicy:
             self._holders.remove(ticket)
         except KeyError:
             return []
-        self._released_total += 1
         tenants = self._tenants
         if tenants is not None:
             tenants.release(ticket, self._now)

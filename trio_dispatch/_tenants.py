@@ -208,11 +208,7 @@ class Tenants:
         if not state.waiting:
             self._join(state, now)
         state.waiting += 1
-        queue = state.queues.get(ticket.model)
-        if queue is None:
-            state.queues[ticket.model] = [ticket]
-        else:
-            heapq.heappush(queue, ticket)
+        heapq.heappush(state.queues.setdefault(ticket.model, []), ticket)
 
     def _join(self, state: TenantState, now: float) -> None:
         """``state`` becomes backlogged: raise its counter to the floor."""

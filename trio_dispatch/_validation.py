@@ -76,13 +76,20 @@ def check_optional_model(model: object, name: str = "model") -> str | None:
     return None if model is None else check_text(model, name)
 
 
+def _integer(
+    value: object, name: str, rule: str, low: int, high: int | None = None
+) -> int:
+    """An ``int`` (not a ``bool``, not a float) from ``low`` to ``high``, described by ``rule``."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be {rule}, got {value!r}")
+    if value < low or (high is not None and value > high):
+        raise ValueError(f"{name} must be {rule}, got {shown_value(value)}")
+    return value
+
+
 def check_limit(limit: object, name: str = "limit") -> int:
     """A positive ``int`` (not a ``bool``, not a float): limits and counts >= 1."""
-    if not isinstance(limit, int) or isinstance(limit, bool):
-        raise TypeError(f"{name} must be a positive integer, got {limit!r}")
-    if limit < 1:
-        raise ValueError(f"{name} must be a positive integer, got {shown_value(limit)}")
-    return limit
+    return _integer(limit, name, "a positive integer", 1)
 
 
 #: The highest concurrency limit anywhere: ``open_dispatcher``, ``set_limit``,
@@ -122,13 +129,7 @@ def check_flag(value: object, name: str) -> bool:
 
 def check_count(count: object, name: str) -> int:
     """A non-negative ``int`` (not a ``bool``, not a float)."""
-    if not isinstance(count, int) or isinstance(count, bool):
-        raise TypeError(f"{name} must be a non-negative integer, got {count!r}")
-    if count < 0:
-        raise ValueError(
-            f"{name} must be a non-negative integer, got {shown_value(count)}"
-        )
-    return count
+    return _integer(count, name, "a non-negative integer", 0)
 
 
 #: The priorities a request may have: far more classes than anyone needs,
@@ -140,11 +141,7 @@ MAX_PRIORITY = 1_000_000
 def check_priority(priority: object, name: str = "priority") -> int:
     """A priority class: an ``int`` (not a ``bool``) within ``MAX_PRIORITY`` of 0."""
     rule = f"an integer from -{MAX_PRIORITY} to {MAX_PRIORITY}"
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        raise TypeError(f"{name} must be {rule}, got {priority!r}")
-    if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
-        raise ValueError(f"{name} must be {rule}, got {shown_value(priority)}")
-    return priority
+    return _integer(priority, name, rule, -MAX_PRIORITY, MAX_PRIORITY)
 
 
 def check_seed(seed: object, name: str = "seed") -> int | None:
@@ -195,13 +192,18 @@ def real_number(value: object, name: str, rule: str) -> float:
     return as_float(value)
 
 
-def check_number(value: object, name: str, *, positive: bool = False) -> float:
-    """A finite real number, >= 0 (or > 0): rates, weights, temperatures."""
-    rule = "a positive number" if positive else "a non-negative number"
+def _non_negative(value: object, name: str, positive: bool, what: str) -> float:
+    """A finite real number >= 0 (or > 0), ``what`` it is named in the messages."""
+    rule = f"a {'positive' if positive else 'non-negative'} {what}"
     number = real_number(value, name, rule)
     if not math.isfinite(number) or number < 0 or (positive and number == 0):
         raise ValueError(f"{name} must be {rule}, got {shown_value(value)}")
     return number
+
+
+def check_number(value: object, name: str, *, positive: bool = False) -> float:
+    """A finite real number, >= 0 (or > 0): rates, weights, temperatures."""
+    return _non_negative(value, name, positive, "number")
 
 
 def check_positive_number(value: object, name: str) -> float:
@@ -220,15 +222,7 @@ def check_fraction(value: object, name: str) -> float:
 
 def check_seconds(value: object, name: str, *, positive: bool = False) -> float:
     """A duration is a finite real number of seconds, >= 0 (or > 0)."""
-    rule = (
-        "a positive number of seconds"
-        if positive
-        else "a non-negative number of seconds"
-    )
-    seconds = real_number(value, name, rule)
-    if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
-        raise ValueError(f"{name} must be {rule}, got {shown_value(value)}")
-    return seconds
+    return _non_negative(value, name, positive, "number of seconds")
 
 
 def check_positive_seconds(value: object, name: str) -> float:

@@ -43,7 +43,6 @@ from ..messages._limits import DEFAULT_MAX_TOKENS
 from ._observe import (
     CallObserver,
     CallWatch,
-    DispatchEvent,
     EventHub,
     EventSink,
     EventSubscription,
@@ -527,7 +526,10 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 call.answered()
                 if model is None:
                     model = call.slot.model
-        self._emit_rate_limits(provider, info, model)
+        if self._hub.sinks:
+            self._hub.emit(
+                RateLimitsReceived(provider, trio.current_time(), info, model)
+            )
         settings = self._settings
         if not settings.learn_budgets:
             return
@@ -550,11 +552,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
         request.
         """
         settings = self._settings
-        budget = None
-        if model is not None:
-            models = settings.model_budgets.get(provider)
-            if models is not None:
-                budget = models.get(model)
+        models = settings.model_budgets.get(provider, {})
+        budget = None if model is None else models.get(model)
         if budget is None:
             budget = settings.provider_budgets.get(provider)
         return DEFAULT_MAX_TOKENS if budget is None else budget.default_max_tokens
@@ -717,12 +716,6 @@ class Dispatcher(metaclass=NoPublicConstructor):
             raise TypeError(f"observer must have a call_ended method, got {observer!r}")
         self._call_observers = (*self._call_observers, observer)
 
-    def _emit(self, event: DispatchEvent) -> None:
-        """Hand ``event`` to the subscribers, if any; never blocks."""
-        hub = self._hub
-        if hub.sinks:
-            hub.emit(event)
-
     def watch_call(self, provider: Provider) -> CallWatch | None:
         """An LLM call to ``provider`` begins: a watch, if anything observes calls.
 
@@ -731,15 +724,6 @@ class Dispatcher(metaclass=NoPublicConstructor):
         """
         observers = self._call_observers
         return None if not observers else CallWatch(provider, observers)
-
-    def _emit_rate_limits(
-        self, provider: str, info: RateLimitInfo, model: str | None
-    ) -> None:
-        """Tell the subscribers what an answer of ``provider`` said of its limits."""
-        if self._hub.sinks:
-            self._hub.emit(
-                RateLimitsReceived(provider, trio.current_time(), info, model)
-            )
 
     def statistics(self) -> DispatcherStatistics:
         """A snapshot of every provider limited or used, unlimited ones too.
@@ -798,10 +782,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
         """Tell a new backend the tenants, and the budgets of its provider's models."""
         for tenant, settings in self._tenants.items():
             backend.set_tenant(tenant, settings)
-        models = self._settings.model_budgets.get(provider)
-        if models is not None:
-            for model, budget in models.items():
-                backend.set_model_budget(model, budget)
+        for model, budget in self._settings.model_budgets.get(provider, {}).items():
+            backend.set_model_budget(model, budget)
 
     def _tell_every(self, change: Callable[[Backend], None]) -> None:
         """Make ``change`` to every provider's backend (``_tell``), closed ones aside."""

@@ -21,6 +21,7 @@ from .._util import raise_if_extra_missing
 from .._validation import (
     as_float,
     check_namespace,
+    check_pauses,
     check_redis_url,
     check_tenant_name,
     flag,
@@ -162,11 +163,7 @@ class Settings:
 
     def __attrs_post_init__(self) -> None:
         # The rules between fields, once every field has passed its own.
-        if as_float(self.default_pause) > as_float(self.max_pause):
-            raise ValueError(
-                f"default_pause must be at most max_pause={self.max_pause!r},"
-                f" got {self.default_pause!r}"
-            )
+        check_pauses(self.default_pause, self.max_pause)
         if self.redis_url is None:
             if self.namespace is not DEFAULT_NAMESPACE:
                 raise ValueError("namespace needs redis_url")

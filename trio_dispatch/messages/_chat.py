@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from typing import Any, Final, Literal, final
+from typing import Any, Final, Literal, TypeVar, final
 
 import attrs
 
@@ -33,6 +33,8 @@ Role = Literal["system", "user", "assistant", "tool"]
 
 _ROLES = ("system", "user", "assistant", "tool")
 
+_T = TypeVar("_T")
+
 
 def _check_speaker(message: ChatMessage) -> None:
     """What a message carries goes with its role: tool calls, a tool_call_id."""
@@ -48,12 +50,17 @@ def _check_speaker(message: ChatMessage) -> None:
         )
 
 
+def _tuple_of(kind: type[_T], name: str, value: Any) -> tuple[_T, ...]:  # noqa: ANN401 (a converter's input)
+    """``value`` as a tuple of ``kind`` values, or ``TypeError`` naming the field."""
+    items = tuple(value)
+    for item in items:
+        if not isinstance(item, kind):
+            raise TypeError(f"{name} must hold {kind.__name__} values, got {item!r}")
+    return items
+
+
 def _tool_calls(value: Any) -> tuple[ToolCall, ...]:  # noqa: ANN401 (an attrs converter takes anything)
-    calls = tuple(value)
-    for call in calls:
-        if not isinstance(call, ToolCall):
-            raise TypeError(f"tool_calls must hold ToolCall values, got {call!r}")
-    return calls
+    return _tuple_of(ToolCall, "tool_calls", value)
 
 
 @final
@@ -98,19 +105,11 @@ class ToolSpec:
 
 
 def _messages(value: Any) -> tuple[ChatMessage, ...]:  # noqa: ANN401 (an attrs converter takes anything)
-    messages = tuple(value)
-    for message in messages:
-        if not isinstance(message, ChatMessage):
-            raise TypeError(f"messages must hold ChatMessage values, got {message!r}")
-    return messages
+    return _tuple_of(ChatMessage, "messages", value)
 
 
 def _tools(value: Any) -> tuple[ToolSpec, ...]:  # noqa: ANN401 (an attrs converter takes anything)
-    tools = tuple(value)
-    for tool in tools:
-        if not isinstance(tool, ToolSpec):
-            raise TypeError(f"tools must hold ToolSpec values, got {tool!r}")
-    return tools
+    return _tuple_of(ToolSpec, "tools", value)
 
 
 # -- request options -------------------------------------------------------
