@@ -10,8 +10,7 @@ is the pure core's; here it is held to through the front: ``slot``,
 
 from __future__ import annotations
 
-import collections
-from typing import TYPE_CHECKING, Any, cast, final
+from typing import TYPE_CHECKING, Any
 
 import trio
 import trio.testing
@@ -19,15 +18,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trio_dispatch import Budget, Tenant, open_dispatcher
-from trio_dispatch.lowlevel import SchedulerActor, SlotPolicy, open_dispatcher_with
+from trio_dispatch.lowlevel import open_dispatcher_with
 from trio_dispatch.messages import ChatMessage
 from trio_dispatch.testing import FakeReply, FakeScript, ScriptedProvider
+
+from ._backend_rigs import Made
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from trio_dispatch import Dispatcher
-    from trio_dispatch.lowlevel import Backend
 
 
 async def grant_order(
@@ -287,37 +287,6 @@ def test_one_tenant_is_today_s_order_whatever_its_weight(
     today = run(None, {})
     assert run("solo", {}) == today
     assert run("solo", {"solo": Tenant(weight=weight)}) == today
-
-
-@final
-class Recording:
-    """The local scheduler of one provider, counting the settings it is told."""
-
-    def __init__(self, provider: str) -> None:
-        self.inner = SchedulerActor(provider, SlotPolicy(None))
-        self.calls: collections.Counter[str] = collections.Counter()
-
-    def set_tenant(self, tenant: str, settings: Tenant | None) -> None:
-        self.calls["set_tenant"] += 1
-        self.inner.set_tenant(tenant, settings)
-
-    def set_model_budget(self, model: str, budget: Budget) -> None:
-        self.calls["set_model_budget"] += 1
-        self.inner.set_model_budget(model, budget)
-
-    def __getattr__(self, name: str) -> Any:  # noqa: ANN401  # the rest, as is
-        return getattr(self.inner, name)
-
-
-class Made:
-    """``open_dispatcher_with``'s factory: a ``Recording`` per provider."""
-
-    def __init__(self) -> None:
-        self.backends: dict[str, Recording] = {}
-
-    def __call__(self, provider: str) -> Backend:
-        backend = self.backends[provider] = Recording(provider)
-        return cast("Backend", backend)
 
 
 async def test_tenants_and_model_budgets_reach_every_backend_through_the_protocol(
