@@ -219,7 +219,7 @@ class AdminApp(metaclass=NoPublicConstructor):
             return 503, {"status": "closed"}
         return 200, {"status": "ok"}
 
-    async def _get_openapi(self, request: _Request) -> tuple[int, object]:
+    async def _get_open_api(self, request: _Request) -> tuple[int, object]:
         return 200, (self._document, b"application/json")
 
     async def _get_limits(self, request: _Request) -> tuple[int, object]:
@@ -585,34 +585,13 @@ def _provider_status(stats: ProviderStatistics, now: float) -> dict[str, object]
     A trio-clock instant means nothing outside the process, so the end of a
     pause is shown as the seconds left until it (0.0 when it is due).
     """
-    paused_until = stats.paused_until
+    status = attrs.asdict(stats)
+    until = stats.paused_until
+    status["paused_until"] = None if until is None else max(0.0, float(until - now))
+    # Renamed where it stands, so the keys keep the schema's order.
     return {
-        "provider": stats.provider,
-        "limit": stats.limit,
-        "in_flight": stats.in_flight,
-        "waiting": stats.waiting,
-        "paused": stats.paused,
-        "pause_remaining": (
-            None if paused_until is None else max(0.0, float(paused_until - now))
-        ),
-        "granted_total": stats.granted_total,
-        "released_total": stats.released_total,
-        "withdrawn_total": stats.withdrawn_total,
-        "rejected_total": stats.rejected_total,
-        "peak_in_flight": stats.peak_in_flight,
-        "peak_waiting": stats.peak_waiting,
-        "backend": stats.backend,
-        "backend_up": stats.backend_up,
-        "local_in_flight": stats.local_in_flight,
-        "local_waiting": stats.local_waiting,
-        "adaptive": stats.adaptive,
-        "budget": None if stats.budget is None else attrs.asdict(stats.budget),
-        "models": {
-            model: attrs.asdict(budget) for model, budget in stats.models.items()
-        },
-        "tenants": {
-            name: _tenant_status(tenant) for name, tenant in stats.tenants.items()
-        },
+        ("pause_remaining" if name == "paused_until" else name): value
+        for name, value in status.items()
     }
 
 

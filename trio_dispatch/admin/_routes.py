@@ -2,14 +2,16 @@
 
 Each ``Route`` says, once, what the app does and what it documents: the
 method, the path pattern (``{provider}`` or ``{tenant}``: one
-percent-encoded path segment), the handler (an ``AdminApp`` method, by name), whether the token
-is needed, the request body's schema and every answer the route gives. The
+percent-encoded path segment), the operation id (which names the
+``AdminApp`` method that answers it), whether the token is needed, the
+request body's schema and every answer the route gives. The
 app routes requests with ``match``; ``openapi_document`` builds the paths of
 the document from the same rows, so the two cannot drift apart.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final, final
 
 import attrs
@@ -38,7 +40,6 @@ class Route:
     Attributes:
         method: The HTTP method, upper case.
         path: The path pattern, such as ``/limits/{provider}``.
-        handler: The name of the ``AdminApp`` method that answers it.
         operation_id: The OpenAPI ``operationId``.
         summary: One line on what it does.
         responses: The answers it gives, by status code.
@@ -49,13 +50,17 @@ class Route:
 
     method: str
     path: str
-    handler: str
     operation_id: str
     summary: str
     responses: dict[int, Response]
     description: str | None = None
     request: str | None = None
     auth: bool = True
+
+    @property
+    def handler(self) -> str:
+        """The ``AdminApp`` method that answers it: ``operation_id`` in snake case."""
+        return re.sub(r"[A-Z]+", lambda upper: f"_{upper[0].lower()}", self.operation_id)
 
     @property
     def segments(self) -> tuple[str, ...]:
@@ -138,7 +143,6 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route(
         "GET",
         "/limits",
-        "get_limits",
         "getLimits",
         "The limit of every limited provider.",
         {200: json_answer("The limits.", "Limits"), 401: _UNAUTHORIZED},
@@ -146,7 +150,6 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route(
         "PUT",
         "/limits/{provider}",
-        "set_limit",
         "setLimit",
         "Limit a provider to this many concurrent slots, now.",
         {
@@ -177,7 +180,6 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route(
         "DELETE",
         "/limits/{provider}",
-        "remove_limit",
         "removeLimit",
         "Lift a provider's limit: waiters go through, nobody waits.",
         {
@@ -192,7 +194,6 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route(
         "GET",
         "/status",
-        "get_status",
         "getStatus",
         "The dispatcher's statistics, provider by provider.",
         {200: json_answer("The statistics.", "Status"), 401: _UNAUTHORIZED},
@@ -200,7 +201,6 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route(
         "POST",
         "/providers/{provider}/resume",
-        "resume",
         "resume",
         "End a provider's rate-limit pause now, and its backoff.",
         {
@@ -222,7 +222,6 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route(
         "GET",
         "/tenants",
-        "get_tenants",
         "getTenants",
         "The configured tenants, and each provider's statistics of its tenants.",
         {200: json_answer("The tenants.", "Tenants"), 401: _UNAUTHORIZED},
@@ -235,7 +234,6 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route(
         "PUT",
         "/tenants/{tenant}",
-        "set_tenant",
         "setTenant",
         "Set a tenant's weight and cap on every provider, now.",
         {
@@ -268,7 +266,6 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route(
         "DELETE",
         "/tenants/{tenant}",
-        "remove_tenant",
         "removeTenant",
         "Put a tenant back to the defaults: weight 1, no cap.",
         {
@@ -284,7 +281,6 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route(
         "GET",
         "/metrics",
-        "get_metrics",
         "getMetrics",
         "The Prometheus metrics of the dispatcher.",
         {
@@ -308,7 +304,6 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route(
         "GET",
         "/healthz",
-        "get_health",
         "getHealth",
         "Whether the dispatcher runs. Needs no token.",
         {
@@ -320,7 +315,6 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route(
         "GET",
         "/openapi.json",
-        "get_openapi",
         "getOpenAPI",
         "This document.",
         {
