@@ -509,45 +509,19 @@ class AnthropicProvider(ProviderBase):
         id: The provider's id, as the dispatcher knows it.
         base_url: The API root without the version, as the official SDK
             takes it; requests go to ``{base_url}/v1/messages``.
-        api_key: Sent as ``x-api-key``. Never shown in a repr, a log line
-            or an error message. It must be printable ASCII without spaces:
-            a key with a trailing line break (as read from a file) is
-            refused, not stripped: a key is sent exactly as given or not
-            at all.
+        api_key: Sent as ``x-api-key``; checked, and never shown, as
+            ``OpenAIProvider`` does.
         model: The model to ask for.
-        client: An ``httpx2.AsyncClient`` to share; the provider makes (and
-            owns) one if not given. A legacy ``httpx.AsyncClient`` is
-            refused with ``TypeError``.
         anthropic_version: The ``anthropic-version`` header.
         max_tokens: Sent when the request has no ``max_tokens`` (the API
             requires one).
-        connect_timeout: Seconds to connect, or to wait for a pooled
-            connection.
-        read_timeout: Seconds to wait for any data: for the response to
-            start, and between events. A stalled stream ends as
-            ``ProviderConnectionError`` after this long.
         extra_headers: More headers for every request (an ``anthropic-beta``
-            flag, a proxy's routing header). Names must be HTTP tokens and
-            values printable ASCII; a bad value is refused without being
-            shown, since it may be a credential. The key, version and
-            content type headers are always the provider's own.
-        on_rate_limit: Called with ``(id, retry_after)`` on a 429, 503 or
-            529 (and on a rate-limit or overloaded error in the stream),
-            before the error is raised. Not needed through a dispatcher
-            (``wrap_provider``, ``start_conversation``): the error carries
-            what the dispatcher needs. Else pass
-            ``dispatcher.report_rate_limit``.
-        on_rate_limits: Called with ``(id, RateLimitInfo)`` for every answer
-            whose headers carry rate-limit figures, success or error,
-            before the stream is returned or the error raised. Not
-            needed through a dispatcher: the figures travel with the
-            answer (the stream's ``rate_limits``, the error's), and a
-            provider given both is counted once. Else pass
-            ``dispatcher.observe_rate_limits``. Malformed headers are
-            ignored (and logged once per header name); an exception the
-            observer raises is logged, not raised. An observer that takes
-            a ``model`` keyword, as ``observe_rate_limits`` does, is told
-            ``model=`` too: providers count their limits per model.
+            flag, a proxy's routing header), checked as ``OpenAIProvider``
+            checks them. The key, version and content type headers are
+            always the provider's own.
+
+    ``client``, ``connect_timeout``, ``read_timeout``, ``on_rate_limit`` and
+    ``on_rate_limits`` are as for ``OpenAIProvider``.
     """
 
     def __init__(

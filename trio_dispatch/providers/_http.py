@@ -57,7 +57,6 @@ from ._sse import EventTooLarge, SSEDecoder
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
-    from types import TracebackType
 
     from .._provider import RateLimitObserver, RateLimitReporter
     from .._ratelimits import RateLimitInfo
@@ -173,12 +172,7 @@ class ProviderBase:
         await trio.lowlevel.checkpoint()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         with trio.move_on_after(_CLOSE_TIMEOUT, shield=True):
             await self.aclose()
 
@@ -367,12 +361,7 @@ class EventStream:
         self._body = self._response.aiter_bytes()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         self._state = "closed"
         if self._response is not None:
             await _close_response(self._response, self._body)
