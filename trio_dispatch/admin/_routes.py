@@ -42,7 +42,8 @@ class Route:
         path: The path pattern, such as ``/limits/{provider}``.
         operation_id: The OpenAPI ``operationId``.
         summary: One line on what it does.
-        responses: The answers it gives, by status code.
+        answers: The answers only it gives, by status code; ``responses``
+            adds those of the checks it shares with others.
         description: More on what it does, if anything.
         request: The name of the request body's schema, if it takes one.
         auth: Whether a request must present the token.
@@ -52,7 +53,7 @@ class Route:
     path: str
     operation_id: str
     summary: str
-    responses: dict[int, Response]
+    answers: dict[int, Response]
     description: str | None = None
     request: str | None = None
     auth: bool = True
@@ -60,7 +61,25 @@ class Route:
     @property
     def handler(self) -> str:
         """The ``AdminApp`` method that answers it: ``operation_id`` in snake case."""
-        return re.sub(r"[A-Z]+", lambda upper: f"_{upper[0].lower()}", self.operation_id)
+        return re.sub(
+            r"[A-Z]+", lambda upper: f"_{upper[0].lower()}", self.operation_id
+        )
+
+    @property
+    def responses(self) -> dict[int, Response]:
+        """Every answer it gives, by status code: its own, then its checks'.
+
+        The token's (401), the path parameter's (400, 404, 422, and 503 for
+        the dispatcher it names a part of) and the body's (413), as the app
+        checks them; a route's own answer for a status comes first.
+        """
+        shared: dict[int, Response] = {401: _UNAUTHORIZED} if self.auth else {}
+        if self.parameter is not None:
+            bad_path, bad_name = _BAD_NAMES[self.parameter]
+            shared |= {400: bad_path, 404: _NOT_FOUND, 422: bad_name, 503: _CLOSED}
+        if self.request is not None:
+            shared[413] = _TOO_LARGE
+        return dict(sorted((shared | self.answers).items()))
 
     @property
     def segments(self) -> tuple[str, ...]:
@@ -138,6 +157,10 @@ _BAD_TENANT_PATH = problem("The tenant name is not valid percent-encoded UTF-8."
 _BAD_TENANT = problem(
     f"The tenant name is longer than {MAX_TENANT_NAME} characters. Nothing was changed."
 )
+_BAD_NAMES = {
+    PROVIDER: (_BAD_PATH, _BAD_NAME),
+    TENANT: (_BAD_TENANT_PATH, _BAD_TENANT),
+}
 
 ROUTES: Final[tuple[Route, ...]] = (
     Route(
@@ -145,7 +168,7 @@ ROUTES: Final[tuple[Route, ...]] = (
         "/limits",
         "getLimits",
         "The limit of every limited provider.",
-        {200: json_answer("The limits.", "Limits"), 401: _UNAUTHORIZED},
+        {200: json_answer("The limits.", "Limits")},
     ),
     Route(
         "PUT",
@@ -158,16 +181,12 @@ ROUTES: Final[tuple[Route, ...]] = (
                 "The body is not JSON, or the provider name not valid"
                 " percent-encoded UTF-8. Nothing was changed."
             ),
-            401: _UNAUTHORIZED,
-            404: _NOT_FOUND,
-            413: _TOO_LARGE,
             422: problem(
                 'The body is not exactly ``{"limit": n}`` with n an'
                 f" integer from 1 to {MAX_LIMIT}, or the provider name is"
                 f" longer than {MAX_PROVIDER_LENGTH} characters. Nothing"
                 " was changed."
             ),
-            503: _CLOSED,
         },
         description=(
             "A higher limit grants waiting requests at once; a lower one"
@@ -182,21 +201,14 @@ ROUTES: Final[tuple[Route, ...]] = (
         "/limits/{provider}",
         "removeLimit",
         "Lift a provider's limit: waiters go through, nobody waits.",
-        {
-            200: json_answer("The provider is unlimited.", "ProviderLimit"),
-            400: _BAD_PATH,
-            401: _UNAUTHORIZED,
-            404: _NOT_FOUND,
-            422: _BAD_NAME,
-            503: _CLOSED,
-        },
+        {200: json_answer("The provider is unlimited.", "ProviderLimit")},
     ),
     Route(
         "GET",
         "/status",
         "getStatus",
         "The dispatcher's statistics, provider by provider.",
-        {200: json_answer("The statistics.", "Status"), 401: _UNAUTHORIZED},
+        {200: json_answer("The statistics.", "Status")},
     ),
     Route(
         "POST",
@@ -208,14 +220,10 @@ ROUTES: Final[tuple[Route, ...]] = (
                 "Resumed (or it was not paused): the provider's status now.",
                 "ProviderStatus",
             ),
-            400: _BAD_PATH,
-            401: _UNAUTHORIZED,
             404: problem(
                 "No such route, or the dispatcher has never limited or"
                 " used a provider of that name."
             ),
-            422: _BAD_NAME,
-            503: _CLOSED,
         },
         description="Takes no body; one sent is not read.",
     ),
@@ -224,7 +232,7 @@ ROUTES: Final[tuple[Route, ...]] = (
         "/tenants",
         "getTenants",
         "The configured tenants, and each provider's statistics of its tenants.",
-        {200: json_answer("The tenants.", "Tenants"), 401: _UNAUTHORIZED},
+        {200: json_answer("The tenants.", "Tenants")},
         description=(
             "Tenants not configured have the defaults (weight 1, no cap);"
             " a provider shows every tenant it has seen or been configured"
@@ -242,16 +250,12 @@ ROUTES: Final[tuple[Route, ...]] = (
                 "The body is not JSON, or the tenant name not valid"
                 " percent-encoded UTF-8. Nothing was changed."
             ),
-            401: _UNAUTHORIZED,
-            404: _NOT_FOUND,
-            413: _TOO_LARGE,
             422: problem(
                 'The body is not a JSON object ``{"weight": w, "limit": n}``'
                 " with w a finite number above 0 and n an integer from 1 to"
                 f" {MAX_LIMIT} or null, or the tenant name is longer than"
                 f" {MAX_TENANT_NAME} characters. Nothing was changed."
             ),
-            503: _CLOSED,
         },
         description=(
             "Replaces the tenant's settings whole: a field left out takes"
@@ -268,14 +272,7 @@ ROUTES: Final[tuple[Route, ...]] = (
         "/tenants/{tenant}",
         "removeTenant",
         "Put a tenant back to the defaults: weight 1, no cap.",
-        {
-            200: json_answer("The tenant's settings now.", "TenantSettings"),
-            400: _BAD_TENANT_PATH,
-            401: _UNAUTHORIZED,
-            404: _NOT_FOUND,
-            422: _BAD_TENANT,
-            503: _CLOSED,
-        },
+        {200: json_answer("The tenant's settings now.", "TenantSettings")},
         description="Takes no body; one sent is not read. Idempotent.",
     ),
     Route(
@@ -291,7 +288,6 @@ ROUTES: Final[tuple[Route, ...]] = (
                     "application/openmetrics-text": {"schema": {"type": "string"}},
                 },
             },
-            401: _UNAUTHORIZED,
             404: problem(
                 "No metrics: the prometheus_client package or the"
                 " collector is not installed."
@@ -322,7 +318,6 @@ ROUTES: Final[tuple[Route, ...]] = (
                 "description": "The OpenAPI document.",
                 "content": {"application/json": {"schema": {"type": "object"}}},
             },
-            401: _UNAUTHORIZED,
         },
     ),
 )
