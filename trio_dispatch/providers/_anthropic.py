@@ -38,12 +38,11 @@ from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import attrs
 
-from .._exceptions import MalformedStream, StreamInterrupted
 from .._validation import check_limit, check_text
 from .._wire import error_for_type, make_tool_call
 from ..messages import Finish, ReasoningDelta, TextDelta, Usage
 from ._checks import check_header_value
-from ._decode import parse_json_data, raw_json, structure_event
+from ._decode import WireDecoder, parse_json_data, structure_event
 from ._http import ProviderBase
 from ._ratelimit_headers import anthropic_rate_limits
 
@@ -163,12 +162,13 @@ class _Block:
     stopped: bool = False
 
 
-class _AnthropicDecoder:
+class _AnthropicDecoder(WireDecoder):
     """Messages stream events in, stream events out; see the module notes."""
 
+    _terminator = "message_stop"
+
     def __init__(self, provider: str, redact: Callable[[str], str] = str) -> None:
-        self._provider = provider
-        self._redact = redact
+        super().__init__(provider, redact)
         self._blocks: dict[int, _Block] = {}
         self._input = 0
         self._output = 0
@@ -176,28 +176,6 @@ class _AnthropicDecoder:
         self._cache_write = 0
         self._saw_usage = False
         self._finished = False
-        self._done = False
-
-    @property
-    def done(self) -> bool:
-        return self._done
-
-    def feed(self, event: ServerSentEvent) -> list[StreamEvent]:
-        data = event.data
-        try:
-            payload, end = raw_json(data)
-        except (ValueError, RecursionError):
-            pass  # a keep-alive, or not JSON: the full path says which
-        else:
-            if (
-                end == len(data)
-                and isinstance(payload, dict)
-                and payload.get("type") == "content_block_delta"
-            ):
-                fast = self._fast_block_delta(payload)
-                if fast is not None:
-                    return fast
-        return self._feed(event)
 
     def _feed(self, event: ServerSentEvent) -> list[StreamEvent]:
         if not event.data.strip():
@@ -224,21 +202,10 @@ class _AnthropicDecoder:
             return []  # ping, and event types added after this was written
         return handler(payload)
 
-    def end_of_stream(self) -> list[StreamEvent]:
-        if not self._done:
-            raise StreamInterrupted(
-                f"{self._provider}: the stream ended without message_stop",
-                provider=self._provider,
-            )
-        return []
-
     def _structure(self, payload: dict[str, Any], cls: type[_T]) -> _T:
         return structure_event(
             self._provider, payload, cls, f"a {payload['type']} event"
         )
-
-    def _malformed(self, problem: str) -> MalformedStream:
-        return MalformedStream(f"{self._provider}: {problem}", provider=self._provider)
 
     def _on_message_start(self, payload: dict[str, Any]) -> list[StreamEvent]:
         self._on_usage(self._structure(payload, _MessageStart).message.usage)
@@ -277,14 +244,19 @@ class _AnthropicDecoder:
             return [ReasoningDelta(content.thinking)]
         return []
 
-    def _fast_block_delta(  # noqa: PLR0911 (the hot path, kept flat)
-        self, payload: dict[str, Any]
+    def _fast(  # noqa: PLR0911 (the hot path, kept flat)
+        self, payload: object, event: ServerSentEvent
     ) -> list[StreamEvent] | None:
         """A ``content_block_delta``'s events, or ``None`` to take the full path.
 
         Checks every field ``_ContentBlockDelta`` would, and that its block
         is open; leaves everything else (and every message) to the full path.
         """
+        if (
+            not isinstance(payload, dict)
+            or payload.get("type") != "content_block_delta"
+        ):
+            return None
         index = payload.get("index")
         delta = payload.get("delta")
         # type(), not isinstance(): a bool is an int, and not an index.
