@@ -39,12 +39,7 @@ import trio
 
 from .. import ConversationOptions, Tool, open_dispatcher
 from .._converter import unstructure
-from .._validation import (
-    check_fraction,
-    check_positive_number,
-    positive_int,
-    validator,
-)
+from .._validation import check_fraction, check_positive_number, positive_int, validator
 from ..events import Granted, Paused, Queued, Released, Resumed, Withdrawn
 from ..providers import AnthropicProvider, OpenAIProvider, ProviderError, RateLimited
 from ..testing import (
@@ -522,10 +517,7 @@ async def run_demo(
     if on_run is not None:
         on_run(report)
     fifo = await _run_fleet(
-        options,
-        Progress(turns_total=total, phase=RUNS["fifo"]),
-        on_progress,
-        "fifo",
+        options, Progress(turns_total=total, phase=RUNS["fifo"]), on_progress, "fifo"
     )
     report = attrs.evolve(report, fifo=fifo)
     if on_run is not None:

@@ -104,14 +104,7 @@ class AdminApp(metaclass=NoPublicConstructor):
     dispatcher; its repr shows no token.
     """
 
-    __slots__ = (
-        "_dispatcher",
-        "_document",
-        "_handlers",
-        "_registry",
-        "_run",
-        "_token",
-    )
+    __slots__ = ("_dispatcher", "_document", "_handlers", "_registry", "_run", "_token")
 
     def __init__(self, dispatcher: Dispatcher, token: bytes) -> None:
         self._dispatcher = dispatcher
@@ -547,11 +540,7 @@ def _refused_log(scope: Mapping[str, Any], method: str, path: bytes, why: str) -
     # The path is the client's, so it is shown quoted and cut short; the
     # token never is.
     _logger.info(
-        "admin API: refused %s %r from %s: %s",
-        method,
-        path[:80],
-        _client(scope),
-        why,
+        "admin API: refused %s %r from %s: %s", method, path[:80], _client(scope), why
     )
 
 

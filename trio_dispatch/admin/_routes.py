@@ -157,10 +157,7 @@ _BAD_TENANT_PATH = problem("The tenant name is not valid percent-encoded UTF-8."
 _BAD_TENANT = problem(
     f"The tenant name is longer than {MAX_TENANT_NAME} characters. Nothing was changed."
 )
-_BAD_NAMES = {
-    PROVIDER: (_BAD_PATH, _BAD_NAME),
-    TENANT: (_BAD_TENANT_PATH, _BAD_TENANT),
-}
+_BAD_NAMES = {PROVIDER: (_BAD_PATH, _BAD_NAME), TENANT: (_BAD_TENANT_PATH, _BAD_TENANT)}
 
 ROUTES: Final[tuple[Route, ...]] = (
     Route(
@@ -317,7 +314,7 @@ ROUTES: Final[tuple[Route, ...]] = (
             200: {
                 "description": "The OpenAPI document.",
                 "content": {"application/json": {"schema": {"type": "object"}}},
-            },
+            }
         },
     ),
 )

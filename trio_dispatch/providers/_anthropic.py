@@ -385,12 +385,7 @@ def _blocks(message: ChatMessage) -> list[dict[str, Any]]:
     elif message.content:  # the API refuses empty text blocks
         blocks.append({"type": "text", "text": message.content})
     blocks.extend(
-        {
-            "type": "tool_use",
-            "id": call.id,
-            "name": call.name,
-            "input": call.arguments,
-        }
+        {"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments}
         for call in message.tool_calls
     )
     return blocks

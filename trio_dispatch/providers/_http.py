@@ -37,12 +37,7 @@ import trio
 from .._exceptions import MalformedStream, ProviderError, RequestFailed
 from .._hooks import RateLimitHooks
 from .._validation import check_seconds
-from ._checks import (
-    check_api_key,
-    check_base_url,
-    check_headers,
-    check_secret_text,
-)
+from ._checks import check_api_key, check_base_url, check_headers, check_secret_text
 from ._errors import (
     ERROR_BODY_LIMIT,
     Redactor,

@@ -244,10 +244,7 @@ class _OpenAIDecoder(WireDecoder):
         return events
 
     def _on_delta(
-        self,
-        reasoning: str | None,
-        content: str | None,
-        fragments: Sequence[_Fragment],
+        self, reasoning: str | None, content: str | None, fragments: Sequence[_Fragment]
     ) -> list[StreamEvent]:
         """What a delta yields and accumulates, whichever path decoded it."""
         events: list[StreamEvent] = []
