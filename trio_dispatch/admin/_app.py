@@ -85,15 +85,9 @@ class _Disconnected(Exception):
 class _Request:
     """What a handler gets of a request that passed every check of its route."""
 
-    argument: str | None
+    named: str  # the provider a {provider} route names, the tenant a {tenant}
     scope: Mapping[str, Any]
     receive: Receive
-
-    @property
-    def named(self) -> str:
-        """The provider a ``{provider}`` route names, or the tenant a ``{tenant}``."""
-        assert self.argument is not None
-        return self.argument
 
 
 @final
@@ -163,12 +157,9 @@ class AdminApp(metaclass=NoPublicConstructor):
                     f"{method} is not allowed here; allowed: {allowed}",
                     ((b"allow", allowed.encode()),),
                 )
-            parameter = chosen[0].parameter
-            request = _Request(
-                None if raw is None else _argument(raw, parameter == TENANT),
-                scope,
-                receive,
-            )
+            tenant = chosen[0].parameter == TENANT
+            named = "" if raw is None else _argument(raw, tenant)
+            request = _Request(named, scope, receive)
             status, payload = await self._handlers[chosen[0].handler](request)
         except _Refused as refused:
             await _send_problem(send, refused)

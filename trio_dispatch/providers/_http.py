@@ -5,22 +5,20 @@ A provider supplies its wire format's path, headers, body and decoder
 
 * ``ProviderBase`` holds the httpx2 client (owned or lent), the timeouts,
   the key and the rate-limit hooks (``RateLimitHooks``, in ``.._hooks``),
-  and its repr shows no key. Every
-  answer's headers are read once, whatever its status: their rate-limit
-  figures travel with the answer (``EventStream.rate_limits``, or the
-  status error's ``rate_limits``) and go to ``on_rate_limits``. What it is
-  made with is checked in ``_checks.py``.
+  and its repr shows no key. Every answer's headers are read once,
+  whatever its status: their rate-limit figures travel with the answer
+  (``EventStream.rate_limits``, or the status error's ``rate_limits``) and
+  go to ``on_rate_limits``. What it is made with is checked in
+  ``_checks.py``.
 * ``EventStream`` is what ``stream()`` returns: an async context manager
   that sends the request on entry, raises the typed status error there,
   iterates events, and closes the response on exit, shielded, whatever
   happened. The body's bytes go through ``SSEDecoder`` (``_sse.py``), then
   through the wire format's decoder.
-* ``_check_status`` is where an answer's status and headers are first
-  seen, for every answer, success or not.
 * What goes wrong becomes a ``ProviderError`` subclass right where it is
-  caught, through the mappings in ``_errors.py``. The typed error is raised
-  after the ``except`` clause, so the httpx2 exception (which holds the
-  request, key header included) is not kept as its ``__context__``.
+  caught, through the mappings in ``_errors.py``, and is raised after the
+  ``except`` clause, so the httpx2 exception (which holds the request, key
+  header included) is not kept as its ``__context__``.
 """
 
 from __future__ import annotations
