@@ -55,7 +55,6 @@ from ..testing import (
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
-    from contextlib import AbstractAsyncContextManager
 
     from .. import Dispatcher, DispatcherStatistics, Provider
     from ..messages import ChatRequest, StreamEvent
@@ -629,13 +628,8 @@ class _FifoProvider:
     def _note(self) -> None:
         self._timeline.add(self.id, self._sending, self._waiting)
 
-    def stream(
-        self, request: ChatRequest
-    ) -> AbstractAsyncContextManager[AsyncIterator[StreamEvent]]:
-        return self._stream(request)
-
     @asynccontextmanager
-    async def _stream(
+    async def stream(
         self, request: ChatRequest
     ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
         self._waiting += 1

@@ -455,21 +455,15 @@ class OpenAIProvider(ProviderBase):
             a proxy's routing header). Names must be HTTP tokens and values
             printable ASCII; a bad value is refused without being shown,
             since it may be a credential.
-        on_rate_limit: Called with ``(id, retry_after)`` on a 429, 503 or
-            529 (and on a rate-limit or overloaded error in the stream),
-            before the error is raised. Not needed through a dispatcher
-            (``wrap_provider``, ``start_conversation``): the error carries
-            what the dispatcher needs. Else pass
-            ``dispatcher.report_rate_limit``.
-        on_rate_limits: Called with ``(id, RateLimitInfo)`` for every answer
-            whose headers carry rate-limit figures, success or error,
-            before the stream is returned or the error raised. Not
-            needed through a dispatcher: the figures travel with the
-            answer (the stream's ``rate_limits``, the error's), and a
-            provider given both is counted once. Else pass
+        on_rate_limit: A ``RateLimitReporter``, called on a 429, 503 or 529
+            (and on a rate-limit or overloaded error in the stream) before
+            the error is raised. Not needed through a dispatcher (the error
+            carries what it needs); else pass ``dispatcher.report_rate_limit``.
+        on_rate_limits: A ``RateLimitObserver``, told the figures of every
+            answer whose headers carry them. Not needed through a dispatcher
+            (a provider given both is counted once); else pass
             ``dispatcher.observe_rate_limits``. Malformed headers are
-            ignored (and logged once per header name); an exception the
-            observer raises is logged, not raised. An observer that takes
+            ignored, and logged once per header name. An observer that takes
             a ``model`` keyword, as ``observe_rate_limits`` does, is told
             ``model=`` too: providers count their limits per model.
     """
