@@ -488,8 +488,7 @@ def _tenant_in(body: bytes) -> Tenant:
 def _tenant_status(stats: TenantStatistics) -> dict[str, object]:
     """One tenant's statistics as plain JSON types.
 
-    The service counter is always finite: ``Tenant.weight`` is bounded
-    (``MIN_WEIGHT``), so no weight divides a hold into an infinity.
+    Its service is finite: ``MIN_WEIGHT`` bounds the weight it divides by.
     """
     return attrs.asdict(stats)
 

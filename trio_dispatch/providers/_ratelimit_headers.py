@@ -95,26 +95,19 @@ def _ignore(name: str, value: str) -> None:
 class _Reader:
     """Headers with lowercased names, and where to report what does not parse."""
 
-    __slots__ = ("_headers", "_on_malformed")
+    __slots__ = ("headers", "malformed")
 
     def __init__(
         self,
         headers: Mapping[str, str],
         on_malformed: Callable[[str, str], None] | None,
     ) -> None:
-        self._headers = {str(name).lower(): value for name, value in headers.items()}
-        self._on_malformed = _ignore if on_malformed is None else on_malformed
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return self._headers
+        self.headers = {str(name).lower(): value for name, value in headers.items()}
+        self.malformed = _ignore if on_malformed is None else on_malformed
 
     def get(self, name: str) -> str | None:
-        value = self._headers.get(name)
+        value = self.headers.get(name)
         return value if isinstance(value, str) else None
-
-    def malformed(self, name: str, value: str) -> None:
-        self._on_malformed(name, value)
 
     def count(self, name: str) -> tuple[int | None, bool]:
         """A count, and whether the header said "unknown" (``-1``)."""
