@@ -170,10 +170,8 @@ class _AnthropicDecoder(WireDecoder):
     def __init__(self, provider: str, redact: Callable[[str], str] = str) -> None:
         super().__init__(provider, redact)
         self._blocks: dict[int, _Block] = {}
-        self._input = 0
-        self._output = 0
-        self._cache_read = 0
-        self._cache_write = 0
+        # The last count of each kind, by its wire name; _saw_usage: any came.
+        self._usage: dict[str, int] = {}
         self._saw_usage = False
         self._finished = False
 
@@ -213,17 +211,10 @@ class _AnthropicDecoder(WireDecoder):
 
     def _on_usage(self, usage: _Usage | None) -> None:
         # message_delta's counts are cumulative, so the last one seen wins.
-        if usage is None:
-            return
-        self._saw_usage = True
-        if usage.input_tokens is not None:
-            self._input = usage.input_tokens
-        if usage.output_tokens is not None:
-            self._output = usage.output_tokens
-        if usage.cache_read_input_tokens is not None:
-            self._cache_read = usage.cache_read_input_tokens
-        if usage.cache_creation_input_tokens is not None:
-            self._cache_write = usage.cache_creation_input_tokens
+        if usage is not None:
+            self._saw_usage = True
+            counts = attrs.asdict(usage).items()
+            self._usage.update((kind, n) for kind, n in counts if n is not None)
 
     def _on_block_start(self, payload: dict[str, Any]) -> list[StreamEvent]:
         start = self._structure(payload, _ContentBlockStart)
@@ -358,12 +349,13 @@ class _AnthropicDecoder(WireDecoder):
             raise self._malformed("message_stop arrived before any stop_reason")
         if not self._saw_usage:
             return []
+        counts = self._usage
         return [
             Usage(
-                input_tokens=self._input,
-                output_tokens=self._output,
-                cache_read_tokens=self._cache_read,
-                cache_write_tokens=self._cache_write,
+                input_tokens=counts.get("input_tokens", 0),
+                output_tokens=counts.get("output_tokens", 0),
+                cache_read_tokens=counts.get("cache_read_input_tokens", 0),
+                cache_write_tokens=counts.get("cache_creation_input_tokens", 0),
             )
         ]
 
