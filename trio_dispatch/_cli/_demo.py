@@ -681,14 +681,11 @@ async def _run_fleet(
         trio.open_nursery() as recorder,
         open_fake_llm_server(scripts["openai"].script()) as server_o,
         open_fake_llm_server(scripts["anthropic"].script()) as server_a,
+        # Their ids are their defaults, "openai" and "anthropic".
         OpenAIProvider(
-            id="openai",
-            base_url=server_o.openai_base_url,
-            api_key="sk-demo-openai",
-            model="demo-model",
+            base_url=server_o.openai_base_url, api_key="sk-demo", model="demo-model"
         ) as openai,
         AnthropicProvider(
-            id="anthropic",
             base_url=server_a.anthropic_base_url,
             api_key="sk-ant-demo",
             model="demo-model",
