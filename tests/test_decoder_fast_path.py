@@ -38,14 +38,18 @@ if TYPE_CHECKING:
 class FullPathOpenAIDecoder(_OpenAIDecoder):
     """The OpenAI decoder with its fast path always declining."""
 
-    def _fast_chunk(self, payload: object) -> list[StreamEvent] | None:
+    def _fast(
+        self, payload: object, event: ServerSentEvent
+    ) -> list[StreamEvent] | None:
         return None
 
 
 class FullPathAnthropicDecoder(_AnthropicDecoder):
     """The Anthropic decoder with its fast path always declining."""
 
-    def _fast_block_delta(self, payload: dict[str, Any]) -> list[StreamEvent] | None:
+    def _fast(
+        self, payload: object, event: ServerSentEvent
+    ) -> list[StreamEvent] | None:
         return None
 
 

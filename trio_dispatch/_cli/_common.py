@@ -89,10 +89,7 @@ _EXTRAS = {"hypercorn": "testing", "matplotlib": "demo", "rich": "demo"}
 
 
 def require(what: str, modules: Sequence[str]) -> None:
-    """Refuse to start ``what`` unless every one of ``modules`` imports.
-
-    The message names the one extra that brings all of them.
-    """
+    """Refuse to start ``what`` unless ``modules`` import; name the extra to install."""
     if not all(map(_importable, modules)):
         extra = "demo" if any(_EXTRAS[m] == "demo" for m in modules) else "testing"
         raise MissingExtra(needs_extra(f"trio-dispatch {what}", extra))

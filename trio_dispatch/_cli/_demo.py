@@ -39,12 +39,7 @@ import trio
 
 from .. import ConversationOptions, Tool, open_dispatcher
 from .._converter import unstructure
-from .._validation import (
-    check_fraction,
-    check_positive_number,
-    positive_int,
-    validator,
-)
+from .._validation import check_fraction, check_positive_number, positive_int, validator
 from ..events import Granted, Paused, Queued, Released, Resumed, Withdrawn
 from ..providers import AnthropicProvider, OpenAIProvider, ProviderError, RateLimited
 from ..testing import (
@@ -59,8 +54,7 @@ from ..testing import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterable
-    from contextlib import AbstractAsyncContextManager
+    from collections.abc import AsyncIterator, Callable
 
     from .. import Dispatcher, DispatcherStatistics, Provider
     from ..messages import ChatRequest, StreamEvent
@@ -522,10 +516,7 @@ async def run_demo(
     if on_run is not None:
         on_run(report)
     fifo = await _run_fleet(
-        options,
-        Progress(turns_total=total, phase=RUNS["fifo"]),
-        on_progress,
-        "fifo",
+        options, Progress(turns_total=total, phase=RUNS["fifo"]), on_progress, "fifo"
     )
     report = attrs.evolve(report, fifo=fifo)
     if on_run is not None:
@@ -637,13 +628,8 @@ class _FifoProvider:
     def _note(self) -> None:
         self._timeline.add(self.id, self._sending, self._waiting)
 
-    def stream(
-        self, request: ChatRequest
-    ) -> AbstractAsyncContextManager[AsyncIterator[StreamEvent]]:
-        return self._stream(request)
-
     @asynccontextmanager
-    async def _stream(
+    async def stream(
         self, request: ChatRequest
     ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
         self._waiting += 1
@@ -685,7 +671,6 @@ async def _run_fleet(
     """Run the fleet once: oldest-first through the dispatcher, or FIFO."""
     fifo = name == "fifo"
     tallies = {provider: _Tally() for provider in PROVIDERS}
-    offsets = arrivals(options)
     started = trio.current_time()
     timeline = _Timeline(started)
     limits = options.limits()
@@ -696,14 +681,11 @@ async def _run_fleet(
         trio.open_nursery() as recorder,
         open_fake_llm_server(scripts["openai"].script()) as server_o,
         open_fake_llm_server(scripts["anthropic"].script()) as server_a,
+        # Their ids are their defaults, "openai" and "anthropic".
         OpenAIProvider(
-            id="openai",
-            base_url=server_o.openai_base_url,
-            api_key="sk-demo-openai",
-            model="demo-model",
+            base_url=server_o.openai_base_url, api_key="sk-demo", model="demo-model"
         ) as openai,
         AnthropicProvider(
-            id="anthropic",
             base_url=server_a.anthropic_base_url,
             api_key="sk-ant-demo",
             model="demo-model",
@@ -715,7 +697,11 @@ async def _run_fleet(
         await recorder.start(partial(timeline.record, dispatcher, slots=not fifo))
         servers = {"openai": server_o, "anthropic": server_a}
         providers: dict[str, Provider] = {"openai": openai, "anthropic": anthropic}
-        fifos = _behind_fifo(providers, limits, timeline) if fifo else {}
+        fifos = {
+            key: _FifoProvider(provider, trio.CapacityLimiter(limits[key]), timeline)
+            for key, provider in providers.items()
+            if fifo
+        }
         providers.update(fifos)
 
         async def agent(index: int, arrival: float) -> None:
@@ -761,75 +747,27 @@ async def _run_fleet(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch)
             async with trio.open_nursery() as agents:
-                for index, arrival in enumerate(offsets):
+                for index, arrival in enumerate(arrivals(options)):
                     agents.start_soon(agent, index, arrival)
             nursery.cancel_scope.cancel()
         observe()
         ended = trio.current_time()
-        return _run_report(
-            name,
-            progress,
+        waits = {p: _first_call_waits(tallies[p], scripts[p]) for p in PROVIDERS}
+        return RunReport(
+            name=name,
+            providers=tuple(
+                _summary(p, limits[p], servers[p], tallies[p], waits[p])
+                for p in PROVIDERS
+            ),
+            turns_completed=progress.turns_done,
+            turns_failed=progress.turns_failed,
             duration=ended - started,
-            tallies=tallies,
-            scripts=scripts,
-            servers=servers,
-            limits=limits,
+            turn_latencies={p: tuple(tally.latencies) for p, tally in tallies.items()},
+            first_call_waits={p: tuple(w) for p, w in waits.items()},
             timeline=timeline.points(),
             pauses=timeline.spans(ended),
+            answers={p: script.in_order() for p, script in scripts.items()},
         )
-
-
-def _run_report(
-    name: RunName,
-    progress: Progress,
-    *,
-    duration: float,
-    tallies: Mapping[str, _Tally],
-    scripts: Mapping[str, _Script],
-    servers: Mapping[str, FakeLLMServer],
-    limits: Mapping[str, int],
-    timeline: Mapping[str, tuple[tuple[float, int, int], ...]],
-    pauses: Mapping[str, tuple[tuple[float, float], ...]],
-) -> RunReport:
-    """What a run measured, once it is over (its servers still open)."""
-    waits = {
-        provider: _first_call_waits(tallies[provider], scripts[provider])
-        for provider in PROVIDERS
-    }
-    summaries = tuple(
-        _summary(
-            provider,
-            limit=limits[provider],
-            server=servers[provider],
-            tally=tallies[provider],
-            waits=waits[provider],
-        )
-        for provider in PROVIDERS
-    )
-    return RunReport(
-        name=name,
-        providers=summaries,
-        turns_completed=progress.turns_done,
-        turns_failed=progress.turns_failed,
-        duration=duration,
-        turn_latencies={
-            provider: tuple(tally.latencies) for provider, tally in tallies.items()
-        },
-        first_call_waits={provider: tuple(w) for provider, w in waits.items()},
-        timeline=timeline,
-        pauses=pauses,
-        answers={provider: script.in_order() for provider, script in scripts.items()},
-    )
-
-
-def _behind_fifo(
-    providers: Mapping[str, Provider], limits: Mapping[str, int], timeline: _Timeline
-) -> dict[str, _FifoProvider]:
-    """Each provider behind a FIFO limiter of its limit."""
-    return {
-        name: _FifoProvider(provider, trio.CapacityLimiter(limits[name]), timeline)
-        for name, provider in providers.items()
-    }
 
 
 def _first_call_waits(tally: _Tally, script: _Script) -> list[float]:
@@ -864,16 +802,10 @@ def _observe(
 
 
 def _summary(
-    name: str,
-    *,
-    limit: int,
-    server: FakeLLMServer,
-    tally: _Tally,
-    waits: Iterable[float],
+    name: str, limit: int, server: FakeLLMServer, tally: _Tally, waits: list[float]
 ) -> ProviderSummary:
     server_stats = server.statistics()
     latencies = tally.latencies
-    waits = list(waits)
     return ProviderSummary(
         provider=name,
         limit=limit,

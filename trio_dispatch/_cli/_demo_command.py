@@ -334,8 +334,7 @@ def demo_plot(figure: Any, report: DemoReport) -> None:  # noqa: ANN401 (matplot
             axes.tick_params(labelbottom=False)
         if row == 0:
             slots.set_title(
-                f"slots in use and calls waiting (means over {width:.2g} s)",
-                loc="left",
+                f"slots in use and calls waiting (means over {width:.2g} s)", loc="left"
             )
             waiting.legend(loc="upper left", fontsize="small", ncols=2)
     if waiting is not None:

@@ -9,11 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from .. import __version__, _groups
-from .._validation import (
-    check_fraction,
-    check_limit,
-    check_positive_number,
-)
+from .._validation import check_fraction, check_limit, check_positive_number
 from . import _commands, _demo_command
 from ._common import Failure, MissingExtra, UsageError
 

@@ -85,15 +85,9 @@ class _Disconnected(Exception):
 class _Request:
     """What a handler gets of a request that passed every check of its route."""
 
-    argument: str | None
+    named: str  # the provider a {provider} route names, the tenant a {tenant}
     scope: Mapping[str, Any]
     receive: Receive
-
-    @property
-    def named(self) -> str:
-        """The provider a ``{provider}`` route names, or the tenant a ``{tenant}``."""
-        assert self.argument is not None
-        return self.argument
 
 
 @final
@@ -104,14 +98,7 @@ class AdminApp(metaclass=NoPublicConstructor):
     dispatcher; its repr shows no token.
     """
 
-    __slots__ = (
-        "_dispatcher",
-        "_document",
-        "_handlers",
-        "_registry",
-        "_run",
-        "_token",
-    )
+    __slots__ = ("_dispatcher", "_document", "_handlers", "_registry", "_run", "_token")
 
     def __init__(self, dispatcher: Dispatcher, token: bytes) -> None:
         self._dispatcher = dispatcher
@@ -170,12 +157,9 @@ class AdminApp(metaclass=NoPublicConstructor):
                     f"{method} is not allowed here; allowed: {allowed}",
                     ((b"allow", allowed.encode()),),
                 )
-            parameter = chosen[0].parameter
-            request = _Request(
-                None if raw is None else _argument(raw, parameter == TENANT),
-                scope,
-                receive,
-            )
+            tenant = chosen[0].parameter == TENANT
+            named = "" if raw is None else _argument(raw, tenant)
+            request = _Request(named, scope, receive)
             status, payload = await self._handlers[chosen[0].handler](request)
         except _Refused as refused:
             await _send_problem(send, refused)
@@ -219,7 +203,7 @@ class AdminApp(metaclass=NoPublicConstructor):
             return 503, {"status": "closed"}
         return 200, {"status": "ok"}
 
-    async def _get_openapi(self, request: _Request) -> tuple[int, object]:
+    async def _get_open_api(self, request: _Request) -> tuple[int, object]:
         return 200, (self._document, b"application/json")
 
     async def _get_limits(self, request: _Request) -> tuple[int, object]:
@@ -504,8 +488,7 @@ def _tenant_in(body: bytes) -> Tenant:
 def _tenant_status(stats: TenantStatistics) -> dict[str, object]:
     """One tenant's statistics as plain JSON types.
 
-    The service counter is always finite: ``Tenant.weight`` is bounded
-    (``MIN_WEIGHT``), so no weight divides a hold into an infinity.
+    Its service is finite: ``MIN_WEIGHT`` bounds the weight it divides by.
     """
     return attrs.asdict(stats)
 
@@ -547,11 +530,7 @@ def _refused_log(scope: Mapping[str, Any], method: str, path: bytes, why: str) -
     # The path is the client's, so it is shown quoted and cut short; the
     # token never is.
     _logger.info(
-        "admin API: refused %s %r from %s: %s",
-        method,
-        path[:80],
-        _client(scope),
-        why,
+        "admin API: refused %s %r from %s: %s", method, path[:80], _client(scope), why
     )
 
 
@@ -585,34 +564,13 @@ def _provider_status(stats: ProviderStatistics, now: float) -> dict[str, object]
     A trio-clock instant means nothing outside the process, so the end of a
     pause is shown as the seconds left until it (0.0 when it is due).
     """
-    paused_until = stats.paused_until
+    status = attrs.asdict(stats)
+    until = stats.paused_until
+    status["paused_until"] = None if until is None else max(0.0, float(until - now))
+    # Renamed where it stands, so the keys keep the schema's order.
     return {
-        "provider": stats.provider,
-        "limit": stats.limit,
-        "in_flight": stats.in_flight,
-        "waiting": stats.waiting,
-        "paused": stats.paused,
-        "pause_remaining": (
-            None if paused_until is None else max(0.0, float(paused_until - now))
-        ),
-        "granted_total": stats.granted_total,
-        "released_total": stats.released_total,
-        "withdrawn_total": stats.withdrawn_total,
-        "rejected_total": stats.rejected_total,
-        "peak_in_flight": stats.peak_in_flight,
-        "peak_waiting": stats.peak_waiting,
-        "backend": stats.backend,
-        "backend_up": stats.backend_up,
-        "local_in_flight": stats.local_in_flight,
-        "local_waiting": stats.local_waiting,
-        "adaptive": stats.adaptive,
-        "budget": None if stats.budget is None else attrs.asdict(stats.budget),
-        "models": {
-            model: attrs.asdict(budget) for model, budget in stats.models.items()
-        },
-        "tenants": {
-            name: _tenant_status(tenant) for name, tenant in stats.tenants.items()
-        },
+        ("pause_remaining" if name == "paused_until" else name): value
+        for name, value in status.items()
     }
 
 

@@ -18,6 +18,7 @@ from ._caps import MAX_PROVIDER_LENGTH as _MAX_PROVIDER_LENGTH
 from ._routes import PROVIDER, ROUTES, TENANT, Route
 
 _COUNT = {"type": "integer", "minimum": 0}
+_LIMIT = {"type": ["integer", "null"], "minimum": 1}
 
 
 def _path_parameter(name: str, longest: int) -> dict[str, Any]:
@@ -45,8 +46,7 @@ _WEIGHT = {
     "description": "The tenant's share, relative to the others' (finite).",
 }
 _TENANT_LIMIT = {
-    "type": ["integer", "null"],
-    "minimum": 1,
+    **_LIMIT,
     "maximum": _MAX_LIMIT,
     "description": "At most this many slots of each provider; null for no cap.",
 }
@@ -93,8 +93,7 @@ _SCHEMAS: dict[str, Any] = {
         {
             "provider": {"type": "string"},
             "limit": {
-                "type": ["integer", "null"],
-                "minimum": 1,
+                **_LIMIT,
                 "description": "The limit now; null for none (unlimited).",
             },
         }
@@ -102,11 +101,7 @@ _SCHEMAS: dict[str, Any] = {
     "ProviderStatus": _record(
         {
             "provider": {"type": "string"},
-            "limit": {
-                "type": ["integer", "null"],
-                "minimum": 1,
-                "description": "null for an unlimited provider.",
-            },
+            "limit": {**_LIMIT, "description": "null for an unlimited provider."},
             "in_flight": _COUNT,
             "waiting": _COUNT,
             "paused": {"type": "boolean"},
@@ -183,7 +178,7 @@ _SCHEMAS: dict[str, Any] = {
         {
             "tenant": {"type": "string"},
             "weight": {"type": "number", "exclusiveMinimum": 0},
-            "limit": {"type": ["integer", "null"], "minimum": 1},
+            "limit": _LIMIT,
             "in_flight": _COUNT,
             "waiting": _COUNT,
             "service": {

@@ -2,14 +2,16 @@
 
 Each ``Route`` says, once, what the app does and what it documents: the
 method, the path pattern (``{provider}`` or ``{tenant}``: one
-percent-encoded path segment), the handler (an ``AdminApp`` method, by name), whether the token
-is needed, the request body's schema and every answer the route gives. The
+percent-encoded path segment), the operation id (which names the
+``AdminApp`` method that answers it), whether the token is needed, the
+request body's schema and every answer the route gives. The
 app routes requests with ``match``; ``openapi_document`` builds the paths of
 the document from the same rows, so the two cannot drift apart.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final, final
 
 import attrs
@@ -38,10 +40,10 @@ class Route:
     Attributes:
         method: The HTTP method, upper case.
         path: The path pattern, such as ``/limits/{provider}``.
-        handler: The name of the ``AdminApp`` method that answers it.
         operation_id: The OpenAPI ``operationId``.
         summary: One line on what it does.
-        responses: The answers it gives, by status code.
+        answers: The answers only it gives, by status code; ``responses``
+            adds those of the checks it shares with others.
         description: More on what it does, if anything.
         request: The name of the request body's schema, if it takes one.
         auth: Whether a request must present the token.
@@ -49,13 +51,35 @@ class Route:
 
     method: str
     path: str
-    handler: str
     operation_id: str
     summary: str
-    responses: dict[int, Response]
+    answers: dict[int, Response]
     description: str | None = None
     request: str | None = None
     auth: bool = True
+
+    @property
+    def handler(self) -> str:
+        """The ``AdminApp`` method that answers it: ``operation_id`` in snake case."""
+        return re.sub(
+            r"[A-Z]+", lambda upper: f"_{upper[0].lower()}", self.operation_id
+        )
+
+    @property
+    def responses(self) -> dict[int, Response]:
+        """Every answer it gives, by status code: its own, then its checks'.
+
+        The token's (401), the path parameter's (400, 404, 422, and 503 for
+        the dispatcher it names a part of) and the body's (413), as the app
+        checks them; a route's own answer for a status comes first.
+        """
+        shared: dict[int, Response] = {401: _UNAUTHORIZED} if self.auth else {}
+        if self.parameter is not None:
+            bad_path, bad_name = _BAD_NAMES[self.parameter]
+            shared |= {400: bad_path, 404: _NOT_FOUND, 422: bad_name, 503: _CLOSED}
+        if self.request is not None:
+            shared[413] = _TOO_LARGE
+        return dict(sorted((shared | self.answers).items()))
 
     @property
     def segments(self) -> tuple[str, ...]:
@@ -133,20 +157,19 @@ _BAD_TENANT_PATH = problem("The tenant name is not valid percent-encoded UTF-8."
 _BAD_TENANT = problem(
     f"The tenant name is longer than {MAX_TENANT_NAME} characters. Nothing was changed."
 )
+_BAD_NAMES = {PROVIDER: (_BAD_PATH, _BAD_NAME), TENANT: (_BAD_TENANT_PATH, _BAD_TENANT)}
 
 ROUTES: Final[tuple[Route, ...]] = (
     Route(
         "GET",
         "/limits",
-        "get_limits",
         "getLimits",
         "The limit of every limited provider.",
-        {200: json_answer("The limits.", "Limits"), 401: _UNAUTHORIZED},
+        {200: json_answer("The limits.", "Limits")},
     ),
     Route(
         "PUT",
         "/limits/{provider}",
-        "set_limit",
         "setLimit",
         "Limit a provider to this many concurrent slots, now.",
         {
@@ -155,16 +178,12 @@ ROUTES: Final[tuple[Route, ...]] = (
                 "The body is not JSON, or the provider name not valid"
                 " percent-encoded UTF-8. Nothing was changed."
             ),
-            401: _UNAUTHORIZED,
-            404: _NOT_FOUND,
-            413: _TOO_LARGE,
             422: problem(
                 'The body is not exactly ``{"limit": n}`` with n an'
                 f" integer from 1 to {MAX_LIMIT}, or the provider name is"
                 f" longer than {MAX_PROVIDER_LENGTH} characters. Nothing"
                 " was changed."
             ),
-            503: _CLOSED,
         },
         description=(
             "A higher limit grants waiting requests at once; a lower one"
@@ -177,30 +196,20 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route(
         "DELETE",
         "/limits/{provider}",
-        "remove_limit",
         "removeLimit",
         "Lift a provider's limit: waiters go through, nobody waits.",
-        {
-            200: json_answer("The provider is unlimited.", "ProviderLimit"),
-            400: _BAD_PATH,
-            401: _UNAUTHORIZED,
-            404: _NOT_FOUND,
-            422: _BAD_NAME,
-            503: _CLOSED,
-        },
+        {200: json_answer("The provider is unlimited.", "ProviderLimit")},
     ),
     Route(
         "GET",
         "/status",
-        "get_status",
         "getStatus",
         "The dispatcher's statistics, provider by provider.",
-        {200: json_answer("The statistics.", "Status"), 401: _UNAUTHORIZED},
+        {200: json_answer("The statistics.", "Status")},
     ),
     Route(
         "POST",
         "/providers/{provider}/resume",
-        "resume",
         "resume",
         "End a provider's rate-limit pause now, and its backoff.",
         {
@@ -208,24 +217,19 @@ ROUTES: Final[tuple[Route, ...]] = (
                 "Resumed (or it was not paused): the provider's status now.",
                 "ProviderStatus",
             ),
-            400: _BAD_PATH,
-            401: _UNAUTHORIZED,
             404: problem(
                 "No such route, or the dispatcher has never limited or"
                 " used a provider of that name."
             ),
-            422: _BAD_NAME,
-            503: _CLOSED,
         },
         description="Takes no body; one sent is not read.",
     ),
     Route(
         "GET",
         "/tenants",
-        "get_tenants",
         "getTenants",
         "The configured tenants, and each provider's statistics of its tenants.",
-        {200: json_answer("The tenants.", "Tenants"), 401: _UNAUTHORIZED},
+        {200: json_answer("The tenants.", "Tenants")},
         description=(
             "Tenants not configured have the defaults (weight 1, no cap);"
             " a provider shows every tenant it has seen or been configured"
@@ -235,7 +239,6 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route(
         "PUT",
         "/tenants/{tenant}",
-        "set_tenant",
         "setTenant",
         "Set a tenant's weight and cap on every provider, now.",
         {
@@ -244,16 +247,12 @@ ROUTES: Final[tuple[Route, ...]] = (
                 "The body is not JSON, or the tenant name not valid"
                 " percent-encoded UTF-8. Nothing was changed."
             ),
-            401: _UNAUTHORIZED,
-            404: _NOT_FOUND,
-            413: _TOO_LARGE,
             422: problem(
                 'The body is not a JSON object ``{"weight": w, "limit": n}``'
                 " with w a finite number above 0 and n an integer from 1 to"
                 f" {MAX_LIMIT} or null, or the tenant name is longer than"
                 f" {MAX_TENANT_NAME} characters. Nothing was changed."
             ),
-            503: _CLOSED,
         },
         description=(
             "Replaces the tenant's settings whole: a field left out takes"
@@ -268,23 +267,14 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route(
         "DELETE",
         "/tenants/{tenant}",
-        "remove_tenant",
         "removeTenant",
         "Put a tenant back to the defaults: weight 1, no cap.",
-        {
-            200: json_answer("The tenant's settings now.", "TenantSettings"),
-            400: _BAD_TENANT_PATH,
-            401: _UNAUTHORIZED,
-            404: _NOT_FOUND,
-            422: _BAD_TENANT,
-            503: _CLOSED,
-        },
+        {200: json_answer("The tenant's settings now.", "TenantSettings")},
         description="Takes no body; one sent is not read. Idempotent.",
     ),
     Route(
         "GET",
         "/metrics",
-        "get_metrics",
         "getMetrics",
         "The Prometheus metrics of the dispatcher.",
         {
@@ -295,7 +285,6 @@ ROUTES: Final[tuple[Route, ...]] = (
                     "application/openmetrics-text": {"schema": {"type": "string"}},
                 },
             },
-            401: _UNAUTHORIZED,
             404: problem(
                 "No metrics: the prometheus_client package or the"
                 " collector is not installed."
@@ -308,7 +297,6 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route(
         "GET",
         "/healthz",
-        "get_health",
         "getHealth",
         "Whether the dispatcher runs. Needs no token.",
         {
@@ -320,15 +308,13 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route(
         "GET",
         "/openapi.json",
-        "get_openapi",
         "getOpenAPI",
         "This document.",
         {
             200: {
                 "description": "The OpenAPI document.",
                 "content": {"application/json": {"schema": {"type": "object"}}},
-            },
-            401: _UNAUTHORIZED,
+            }
         },
     ),
 )

@@ -38,12 +38,11 @@ from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import attrs
 
-from .._exceptions import MalformedStream, StreamInterrupted
 from .._validation import check_limit, check_text
 from .._wire import error_for_type, make_tool_call
 from ..messages import Finish, ReasoningDelta, TextDelta, Usage
 from ._checks import check_header_value
-from ._decode import parse_json_data, raw_json, structure_event
+from ._decode import WireDecoder, parse_json_data, structure_event
 from ._http import ProviderBase
 from ._ratelimit_headers import anthropic_rate_limits
 
@@ -163,41 +162,18 @@ class _Block:
     stopped: bool = False
 
 
-class _AnthropicDecoder:
+class _AnthropicDecoder(WireDecoder):
     """Messages stream events in, stream events out; see the module notes."""
 
+    _terminator = "message_stop"
+
     def __init__(self, provider: str, redact: Callable[[str], str] = str) -> None:
-        self._provider = provider
-        self._redact = redact
+        super().__init__(provider, redact)
         self._blocks: dict[int, _Block] = {}
-        self._input = 0
-        self._output = 0
-        self._cache_read = 0
-        self._cache_write = 0
+        # The last count of each kind, by its wire name; _saw_usage: any came.
+        self._usage: dict[str, int] = {}
         self._saw_usage = False
         self._finished = False
-        self._done = False
-
-    @property
-    def done(self) -> bool:
-        return self._done
-
-    def feed(self, event: ServerSentEvent) -> list[StreamEvent]:
-        data = event.data
-        try:
-            payload, end = raw_json(data)
-        except (ValueError, RecursionError):
-            pass  # a keep-alive, or not JSON: the full path says which
-        else:
-            if (
-                end == len(data)
-                and isinstance(payload, dict)
-                and payload.get("type") == "content_block_delta"
-            ):
-                fast = self._fast_block_delta(payload)
-                if fast is not None:
-                    return fast
-        return self._feed(event)
 
     def _feed(self, event: ServerSentEvent) -> list[StreamEvent]:
         if not event.data.strip():
@@ -224,21 +200,10 @@ class _AnthropicDecoder:
             return []  # ping, and event types added after this was written
         return handler(payload)
 
-    def end_of_stream(self) -> list[StreamEvent]:
-        if not self._done:
-            raise StreamInterrupted(
-                f"{self._provider}: the stream ended without message_stop",
-                provider=self._provider,
-            )
-        return []
-
     def _structure(self, payload: dict[str, Any], cls: type[_T]) -> _T:
         return structure_event(
             self._provider, payload, cls, f"a {payload['type']} event"
         )
-
-    def _malformed(self, problem: str) -> MalformedStream:
-        return MalformedStream(f"{self._provider}: {problem}", provider=self._provider)
 
     def _on_message_start(self, payload: dict[str, Any]) -> list[StreamEvent]:
         self._on_usage(self._structure(payload, _MessageStart).message.usage)
@@ -246,17 +211,10 @@ class _AnthropicDecoder:
 
     def _on_usage(self, usage: _Usage | None) -> None:
         # message_delta's counts are cumulative, so the last one seen wins.
-        if usage is None:
-            return
-        self._saw_usage = True
-        if usage.input_tokens is not None:
-            self._input = usage.input_tokens
-        if usage.output_tokens is not None:
-            self._output = usage.output_tokens
-        if usage.cache_read_input_tokens is not None:
-            self._cache_read = usage.cache_read_input_tokens
-        if usage.cache_creation_input_tokens is not None:
-            self._cache_write = usage.cache_creation_input_tokens
+        if usage is not None:
+            self._saw_usage = True
+            counts = attrs.asdict(usage).items()
+            self._usage.update((kind, n) for kind, n in counts if n is not None)
 
     def _on_block_start(self, payload: dict[str, Any]) -> list[StreamEvent]:
         start = self._structure(payload, _ContentBlockStart)
@@ -277,14 +235,19 @@ class _AnthropicDecoder:
             return [ReasoningDelta(content.thinking)]
         return []
 
-    def _fast_block_delta(  # noqa: PLR0911 (the hot path, kept flat)
-        self, payload: dict[str, Any]
+    def _fast(  # noqa: PLR0911 (the hot path, kept flat)
+        self, payload: object, event: ServerSentEvent
     ) -> list[StreamEvent] | None:
         """A ``content_block_delta``'s events, or ``None`` to take the full path.
 
         Checks every field ``_ContentBlockDelta`` would, and that its block
         is open; leaves everything else (and every message) to the full path.
         """
+        if (
+            not isinstance(payload, dict)
+            or payload.get("type") != "content_block_delta"
+        ):
+            return None
         index = payload.get("index")
         delta = payload.get("delta")
         # type(), not isinstance(): a bool is an int, and not an index.
@@ -386,12 +349,13 @@ class _AnthropicDecoder:
             raise self._malformed("message_stop arrived before any stop_reason")
         if not self._saw_usage:
             return []
+        counts = self._usage
         return [
             Usage(
-                input_tokens=self._input,
-                output_tokens=self._output,
-                cache_read_tokens=self._cache_read,
-                cache_write_tokens=self._cache_write,
+                input_tokens=counts.get("input_tokens", 0),
+                output_tokens=counts.get("output_tokens", 0),
+                cache_read_tokens=counts.get("cache_read_input_tokens", 0),
+                cache_write_tokens=counts.get("cache_creation_input_tokens", 0),
             )
         ]
 
@@ -413,12 +377,7 @@ def _blocks(message: ChatMessage) -> list[dict[str, Any]]:
     elif message.content:  # the API refuses empty text blocks
         blocks.append({"type": "text", "text": message.content})
     blocks.extend(
-        {
-            "type": "tool_use",
-            "id": call.id,
-            "name": call.name,
-            "input": call.arguments,
-        }
+        {"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments}
         for call in message.tool_calls
     )
     return blocks
@@ -509,45 +468,19 @@ class AnthropicProvider(ProviderBase):
         id: The provider's id, as the dispatcher knows it.
         base_url: The API root without the version, as the official SDK
             takes it; requests go to ``{base_url}/v1/messages``.
-        api_key: Sent as ``x-api-key``. Never shown in a repr, a log line
-            or an error message. It must be printable ASCII without spaces:
-            a key with a trailing line break (as read from a file) is
-            refused, not stripped: a key is sent exactly as given or not
-            at all.
+        api_key: Sent as ``x-api-key``; checked, and never shown, as
+            ``OpenAIProvider`` does.
         model: The model to ask for.
-        client: An ``httpx2.AsyncClient`` to share; the provider makes (and
-            owns) one if not given. A legacy ``httpx.AsyncClient`` is
-            refused with ``TypeError``.
         anthropic_version: The ``anthropic-version`` header.
         max_tokens: Sent when the request has no ``max_tokens`` (the API
             requires one).
-        connect_timeout: Seconds to connect, or to wait for a pooled
-            connection.
-        read_timeout: Seconds to wait for any data: for the response to
-            start, and between events. A stalled stream ends as
-            ``ProviderConnectionError`` after this long.
         extra_headers: More headers for every request (an ``anthropic-beta``
-            flag, a proxy's routing header). Names must be HTTP tokens and
-            values printable ASCII; a bad value is refused without being
-            shown, since it may be a credential. The key, version and
-            content type headers are always the provider's own.
-        on_rate_limit: Called with ``(id, retry_after)`` on a 429, 503 or
-            529 (and on a rate-limit or overloaded error in the stream),
-            before the error is raised. Not needed through a dispatcher
-            (``wrap_provider``, ``start_conversation``): the error carries
-            what the dispatcher needs. Else pass
-            ``dispatcher.report_rate_limit``.
-        on_rate_limits: Called with ``(id, RateLimitInfo)`` for every answer
-            whose headers carry rate-limit figures, success or error,
-            before the stream is returned or the error raised. Not
-            needed through a dispatcher: the figures travel with the
-            answer (the stream's ``rate_limits``, the error's), and a
-            provider given both is counted once. Else pass
-            ``dispatcher.observe_rate_limits``. Malformed headers are
-            ignored (and logged once per header name); an exception the
-            observer raises is logged, not raised. An observer that takes
-            a ``model`` keyword, as ``observe_rate_limits`` does, is told
-            ``model=`` too: providers count their limits per model.
+            flag, a proxy's routing header), checked as ``OpenAIProvider``
+            checks them. The key, version and content type headers are
+            always the provider's own.
+
+    ``client``, ``connect_timeout``, ``read_timeout``, ``on_rate_limit`` and
+    ``on_rate_limits`` are as for ``OpenAIProvider``.
     """
 
     def __init__(

@@ -2,9 +2,9 @@
 
 A decoder is a small synchronous state machine (no I/O, no trio) that turns
 each server-sent event into stream events and knows whether the stream
-reached its terminator: the ``WireDecoder`` protocol. ``EventStream`` feeds
-it; ``_openai.py`` and ``_anthropic.py`` hold one each. They parse an
-event's data with ``raw_json`` on their fast path and ``parse_json_data``
+reached its terminator: a ``WireDecoder``. ``EventStream`` feeds it;
+``_openai.py`` and ``_anthropic.py`` hold one each. They parse an event's
+data with ``raw_json`` on their fast path and ``parse_json_data``
 on their full one, and turn it into their attrs classes with
 ``structure_event``: data that makes no sense becomes ``MalformedStream``
 naming the problem.
@@ -13,10 +13,10 @@ naming the problem.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Final, TypeVar
 
 from .._converter import describe_error, structure
-from .._exceptions import MalformedStream
+from .._exceptions import MalformedStream, StreamInterrupted
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -27,33 +27,70 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 
 
-class WireDecoder(Protocol):
-    """A wire format's parser: server-sent events in, stream events out.
-
-    Pure and synchronous. ``feed`` raises ``MalformedStream`` for an event
-    that makes no sense and the typed error for an error event.
-    """
-
-    @property
-    def done(self) -> bool:
-        """Whether the stream's terminator has arrived."""
-        ...
-
-    def feed(self, event: ServerSentEvent) -> list[StreamEvent]:
-        """The stream events one server-sent event completes, in order."""
-        ...
-
-    def end_of_stream(self) -> list[StreamEvent]:
-        """The body ended: the last events, or ``StreamInterrupted``."""
-        ...
-
-
 # A decoder's fast path parses with this: on a small chunk, json.loads
 # spends a quarter to a half of its time around it (two whitespace regexes,
 # three calls). Data it does not take whole, (value, end) with end ==
 # len(data), goes to the full path and parse_json_data, which accept or
 # refuse it as always.
 raw_json: Final = json.JSONDecoder().raw_decode
+
+
+class WireDecoder:
+    """A wire format's parser: server-sent events in, stream events out.
+
+    Pure and synchronous. ``feed`` returns the stream events one
+    server-sent event completes, in order, and raises ``MalformedStream``
+    for an event that makes no sense and the typed error for an error
+    event. A subclass's ``_fast`` takes an event whose data is one JSON
+    value and returns its events, or ``None`` (having changed nothing) to
+    leave it to ``_feed``, the full path.
+    """
+
+    _terminator: ClassVar[str]
+
+    def __init__(self, provider: str, redact: Callable[[str], str] = str) -> None:
+        self._provider = provider
+        self._redact = redact
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        """Whether the stream's terminator has arrived."""
+        return self._done
+
+    def feed(self, event: ServerSentEvent) -> list[StreamEvent]:
+        """The stream events ``event`` completes, in order."""
+        data = event.data
+        try:
+            payload, end = raw_json(data)
+        except (ValueError, RecursionError):
+            pass  # a terminator, a keep-alive, or not JSON: the full path says which
+        else:
+            if end == len(data):
+                fast = self._fast(payload, event)
+                if fast is not None:
+                    return fast
+        return self._feed(event)
+
+    def end_of_stream(self) -> list[StreamEvent]:
+        """The body ended: the last events, or ``StreamInterrupted``."""
+        if not self._done:
+            raise StreamInterrupted(
+                f"{self._provider}: the stream ended without {self._terminator}",
+                provider=self._provider,
+            )
+        return []
+
+    def _fast(
+        self, payload: object, event: ServerSentEvent
+    ) -> list[StreamEvent] | None:
+        raise NotImplementedError
+
+    def _feed(self, event: ServerSentEvent) -> list[StreamEvent]:
+        raise NotImplementedError
+
+    def _malformed(self, problem: str) -> MalformedStream:
+        return MalformedStream(f"{self._provider}: {problem}", provider=self._provider)
 
 
 def parse_json_data(

@@ -213,11 +213,7 @@ def content_type_error(
 
 
 def status_error(
-    provider: str,
-    status: int,
-    headers: httpx2.Headers,
-    body: bytes,
-    redact: Redactor,
+    provider: str, status: int, headers: httpx2.Headers, body: bytes, redact: Redactor
 ) -> ProviderError:
     """The typed error for an error status, from its headers and body.
 
@@ -278,10 +274,7 @@ def error_kind(error: Mapping[str, object]) -> str | None:
 
 
 def read_error(
-    provider: str,
-    exc: Exception,
-    read_timeout: float,
-    redact: Callable[[str], str],
+    provider: str, exc: Exception, read_timeout: float, redact: Callable[[str], str]
 ) -> ProviderError:
     """The typed error for ``exc``, raised reading a stream's body.
 
@@ -300,20 +293,17 @@ def read_error(
         )
     if isinstance(exc, httpx2.TransportError):
         return ProviderConnectionError(
-            f"{provider}: the stream failed: {type(exc).__name__}",
-            provider=provider,
+            f"{provider}: the stream failed: {type(exc).__name__}", provider=provider
         )
     # A corrupt compressed body: httpx2 raises this between its own body
     # generators, abandoning the inner ones, so trio will also warn about
     # them; there is no reaching them from here. No test makes httpx2 do it.
     if isinstance(exc, httpx2.DecodingError):  # pragma: no cover
         return MalformedStream(
-            f"{provider}: the stream's body could not be decoded",
-            provider=provider,
+            f"{provider}: the stream's body could not be decoded", provider=provider
         )
     return RequestFailed(
-        f"{provider}: the stream failed: {_describe(exc, redact)}",
-        provider=provider,
+        f"{provider}: the stream failed: {_describe(exc, redact)}", provider=provider
     )
 
 

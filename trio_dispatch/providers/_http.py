@@ -5,22 +5,20 @@ A provider supplies its wire format's path, headers, body and decoder
 
 * ``ProviderBase`` holds the httpx2 client (owned or lent), the timeouts,
   the key and the rate-limit hooks (``RateLimitHooks``, in ``.._hooks``),
-  and its repr shows no key. Every
-  answer's headers are read once, whatever its status: their rate-limit
-  figures travel with the answer (``EventStream.rate_limits``, or the
-  status error's ``rate_limits``) and go to ``on_rate_limits``. What it is
-  made with is checked in ``_checks.py``.
+  and its repr shows no key. Every answer's headers are read once,
+  whatever its status: their rate-limit figures travel with the answer
+  (``EventStream.rate_limits``, or the status error's ``rate_limits``) and
+  go to ``on_rate_limits``. What it is made with is checked in
+  ``_checks.py``.
 * ``EventStream`` is what ``stream()`` returns: an async context manager
   that sends the request on entry, raises the typed status error there,
   iterates events, and closes the response on exit, shielded, whatever
   happened. The body's bytes go through ``SSEDecoder`` (``_sse.py``), then
   through the wire format's decoder.
-* ``_check_status`` is where an answer's status and headers are first
-  seen, for every answer, success or not.
 * What goes wrong becomes a ``ProviderError`` subclass right where it is
-  caught, through the mappings in ``_errors.py``. The typed error is raised
-  after the ``except`` clause, so the httpx2 exception (which holds the
-  request, key header included) is not kept as its ``__context__``.
+  caught, through the mappings in ``_errors.py``, and is raised after the
+  ``except`` clause, so the httpx2 exception (which holds the request, key
+  header included) is not kept as its ``__context__``.
 """
 
 from __future__ import annotations
@@ -37,12 +35,7 @@ import trio
 from .._exceptions import MalformedStream, ProviderError, RequestFailed
 from .._hooks import RateLimitHooks
 from .._validation import check_seconds
-from ._checks import (
-    check_api_key,
-    check_base_url,
-    check_headers,
-    check_secret_text,
-)
+from ._checks import check_api_key, check_base_url, check_headers, check_secret_text
 from ._errors import (
     ERROR_BODY_LIMIT,
     Redactor,
@@ -57,7 +50,6 @@ from ._sse import EventTooLarge, SSEDecoder
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
-    from types import TracebackType
 
     from .._provider import RateLimitObserver, RateLimitReporter
     from .._ratelimits import RateLimitInfo
@@ -173,12 +165,7 @@ class ProviderBase:
         await trio.lowlevel.checkpoint()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         with trio.move_on_after(_CLOSE_TIMEOUT, shield=True):
             await self.aclose()
 
@@ -367,12 +354,7 @@ class EventStream:
         self._body = self._response.aiter_bytes()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         self._state = "closed"
         if self._response is not None:
             await _close_response(self._response, self._body)

@@ -46,10 +46,10 @@ from typing import TYPE_CHECKING, Any, TypeAlias, final
 
 import attrs
 
-from .._exceptions import MalformedStream, StreamInterrupted
+from .._exceptions import StreamInterrupted
 from .._wire import error_for_status, error_for_type, make_tool_call
 from ..messages import Finish, ReasoningDelta, TextDelta, ToolCall, Usage
-from ._decode import parse_json_data, raw_json, structure_event
+from ._decode import WireDecoder, parse_json_data, structure_event
 from ._errors import error_kind
 from ._http import ProviderBase
 from ._ratelimit_headers import openai_rate_limits
@@ -133,36 +133,17 @@ class _PartialCall:
     arguments: list[str] = attrs.Factory(list)
 
 
-class _OpenAIDecoder:
+class _OpenAIDecoder(WireDecoder):
     """Chat completion chunks in, stream events out; see the module notes."""
 
+    _terminator = "[DONE]"
+
     def __init__(self, provider: str, redact: Callable[[str], str] = str) -> None:
-        self._provider = provider
-        self._redact = redact
+        super().__init__(provider, redact)
         self._calls: dict[int, _PartialCall] = {}
         self._finished = False
         self._usage: Usage | None = None
         self._usage_sent = False
-        self._done = False
-
-    @property
-    def done(self) -> bool:
-        return self._done
-
-    def feed(self, event: ServerSentEvent) -> list[StreamEvent]:
-        data = event.data
-        try:
-            payload, end = raw_json(data)
-        except (ValueError, RecursionError):
-            pass  # [DONE], a keep-alive, or not JSON: the full path says which
-        else:
-            if end == len(data) and event.event != "error":
-                # No finish reason and no usage here, so nothing held for
-                # later (Usage waits for Finish) can be due.
-                fast = self._fast_chunk(payload)
-                if fast is not None:
-                    return fast
-        return self._feed(event)
 
     def _feed(self, event: ServerSentEvent) -> list[StreamEvent]:
         data = event.data.strip()
@@ -185,14 +166,6 @@ class _OpenAIDecoder:
             self._usage_sent = True
         return events
 
-    def end_of_stream(self) -> list[StreamEvent]:
-        if not self._done:
-            raise StreamInterrupted(
-                f"{self._provider}: the stream ended without [DONE]",
-                provider=self._provider,
-            )
-        return []
-
     def _on_done(self) -> list[StreamEvent]:
         self._done = True
         if not self._finished:
@@ -206,16 +179,21 @@ class _OpenAIDecoder:
             self._usage_sent = True
         return events
 
-    def _fast_chunk(self, payload: object) -> list[StreamEvent] | None:
+    def _fast(
+        self, payload: object, event: ServerSentEvent
+    ) -> list[StreamEvent] | None:
         """The events of a plain delta chunk, or ``None`` to take the full path.
 
         Accepts exactly what ``_Chunk`` would, minus what the full path
         alone handles: one choice, with index 0, a delta object and no
         finish reason; no usage, no error. Nothing changes before every
         field has been checked, so a ``None`` leaves the decoder as it was.
+        No finish reason and no usage here, so nothing held for later
+        (``Usage`` waits for ``Finish``) can be due.
         """
         if (
-            not isinstance(payload, dict)
+            event.event == "error"
+            or not isinstance(payload, dict)
             or payload.get("usage") is not None
             or payload.get("error") is not None
             or payload.get("object") == "error"
@@ -266,10 +244,7 @@ class _OpenAIDecoder:
         return events
 
     def _on_delta(
-        self,
-        reasoning: str | None,
-        content: str | None,
-        fragments: Sequence[_Fragment],
+        self, reasoning: str | None, content: str | None, fragments: Sequence[_Fragment]
     ) -> list[StreamEvent]:
         """What a delta yields and accumulates, whichever path decoded it."""
         events: list[StreamEvent] = []
@@ -295,10 +270,8 @@ class _OpenAIDecoder:
             call = self._calls.pop(index)
             for field, value in (("id", call.id), ("function name", call.name)):
                 if not value:
-                    raise MalformedStream(
-                        f"{self._provider}: tool call {index} arrived "
-                        f"without its {field}",
-                        provider=self._provider,
+                    raise self._malformed(
+                        f"tool call {index} arrived without its {field}"
                     )
             calls.append(make_tool_call(call.id, call.name, "".join(call.arguments)))
         return calls
@@ -482,21 +455,15 @@ class OpenAIProvider(ProviderBase):
             a proxy's routing header). Names must be HTTP tokens and values
             printable ASCII; a bad value is refused without being shown,
             since it may be a credential.
-        on_rate_limit: Called with ``(id, retry_after)`` on a 429, 503 or
-            529 (and on a rate-limit or overloaded error in the stream),
-            before the error is raised. Not needed through a dispatcher
-            (``wrap_provider``, ``start_conversation``): the error carries
-            what the dispatcher needs. Else pass
-            ``dispatcher.report_rate_limit``.
-        on_rate_limits: Called with ``(id, RateLimitInfo)`` for every answer
-            whose headers carry rate-limit figures, success or error,
-            before the stream is returned or the error raised. Not
-            needed through a dispatcher: the figures travel with the
-            answer (the stream's ``rate_limits``, the error's), and a
-            provider given both is counted once. Else pass
+        on_rate_limit: A ``RateLimitReporter``, called on a 429, 503 or 529
+            (and on a rate-limit or overloaded error in the stream) before
+            the error is raised. Not needed through a dispatcher (the error
+            carries what it needs); else pass ``dispatcher.report_rate_limit``.
+        on_rate_limits: A ``RateLimitObserver``, told the figures of every
+            answer whose headers carry them. Not needed through a dispatcher
+            (a provider given both is counted once); else pass
             ``dispatcher.observe_rate_limits``. Malformed headers are
-            ignored (and logged once per header name); an exception the
-            observer raises is logged, not raised. An observer that takes
+            ignored, and logged once per header name. An observer that takes
             a ``model`` keyword, as ``observe_rate_limits`` does, is told
             ``model=`` too: providers count their limits per model.
     """

@@ -95,26 +95,19 @@ def _ignore(name: str, value: str) -> None:
 class _Reader:
     """Headers with lowercased names, and where to report what does not parse."""
 
-    __slots__ = ("_headers", "_on_malformed")
+    __slots__ = ("headers", "malformed")
 
     def __init__(
         self,
         headers: Mapping[str, str],
         on_malformed: Callable[[str, str], None] | None,
     ) -> None:
-        self._headers = {str(name).lower(): value for name, value in headers.items()}
-        self._on_malformed = _ignore if on_malformed is None else on_malformed
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return self._headers
+        self.headers = {str(name).lower(): value for name, value in headers.items()}
+        self.malformed = _ignore if on_malformed is None else on_malformed
 
     def get(self, name: str) -> str | None:
-        value = self._headers.get(name)
+        value = self.headers.get(name)
         return value if isinstance(value, str) else None
-
-    def malformed(self, name: str, value: str) -> None:
-        self._on_malformed(name, value)
 
     def count(self, name: str) -> tuple[int | None, bool]:
         """A count, and whether the header said "unknown" (``-1``)."""
@@ -275,17 +268,13 @@ def openai_rate_limits(
         The figures; ``RateLimitInfo().empty`` if the headers had none.
     """
     reader = _Reader(headers, on_malformed)
-    quotas = {
-        field: _quota(
-            reader,
-            f"x-ratelimit-limit-{kind}",
-            f"x-ratelimit-remaining-{kind}",
-            reader.duration(f"x-ratelimit-reset-{kind}"),
-        )
-        for field, kind in _OPENAI_KINDS
-    }
-    reference = _reference(None, now)
-    return RateLimitInfo(**quotas, retry_after=_retry_after(reader, reference))
+    return _figures(
+        reader,
+        _reference(None, now),
+        _OPENAI_KINDS,
+        "x-ratelimit-{}-{}",
+        reader.duration,
+    )
 
 
 def anthropic_rate_limits(
@@ -296,31 +285,39 @@ def anthropic_rate_limits(
 ) -> RateLimitInfo:
     """The figures of Anthropic's ``anthropic-ratelimit-*`` and retry headers.
 
-    Resets are RFC 3339 times, counted from the answer's own ``date``
+    Read as ``openai_rate_limits`` reads OpenAI's (a naive ``now`` is UTC),
+    but resets are RFC 3339 times, counted from the answer's own ``date``
     header, or from ``now`` while it agrees with ``date`` to within the
     ``date`` header's resolution (whole seconds), or from ``now`` alone,
     or from the system clock.
-
-    Args:
-        headers: The answer's headers; names are matched without regard
-            to case.
-        now: When the answer arrived (naive means UTC).
-        on_malformed: Told ``(header name, value)`` for each header that
-            does not parse.
-
-    Returns:
-        The figures; ``RateLimitInfo().empty`` if the headers had none.
     """
     reader = _Reader(headers, on_malformed)
     reference = _reference(_http_date(reader.get("date")), now)
+    return _figures(
+        reader,
+        reference,
+        _ANTHROPIC_KINDS,
+        "anthropic-ratelimit-{1}-{0}",
+        lambda name: reader.instant(name, reference),
+    )
+
+
+def _figures(
+    reader: _Reader,
+    reference: datetime,
+    kinds: tuple[tuple[str, str], ...],
+    name: str,
+    reset: Callable[[str], float | None],
+) -> RateLimitInfo:
+    """Each quota of ``kinds``, its headers named by ``name.format(part, kind)``."""
     quotas = {
         field: _quota(
             reader,
-            f"anthropic-ratelimit-{kind}-limit",
-            f"anthropic-ratelimit-{kind}-remaining",
-            reader.instant(f"anthropic-ratelimit-{kind}-reset", reference),
+            name.format("limit", kind),
+            name.format("remaining", kind),
+            reset(name.format("reset", kind)),
         )
-        for field, kind in _ANTHROPIC_KINDS
+        for field, kind in kinds
     }
     return RateLimitInfo(**quotas, retry_after=_retry_after(reader, reference))
 
