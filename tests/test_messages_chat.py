@@ -107,6 +107,71 @@ def test_a_conversation() -> None:
             ValueError,
             r"^temperature must be a non-negative number, got nan$",
         ),
+        (
+            lambda: ChatMessage("user", None),  # type: ignore[arg-type]
+            TypeError,
+            r"^content must be a string, got None$",
+        ),
+        (
+            lambda: ChatMessage("user", ["hi"]),  # type: ignore[arg-type]
+            TypeError,
+            r"^content must be a string, got \['hi'\]$",
+        ),
+        (
+            lambda: ChatMessage("tool", "18 C", tool_call_id=1),  # type: ignore[arg-type]
+            TypeError,
+            r"^tool_call_id must be a string, got 1$",
+        ),
+        (
+            lambda: ChatMessage("tool", "18 C", tool_call_id=""),
+            ValueError,
+            r"^a tool message needs the tool_call_id it answers$",
+        ),
+        (
+            lambda: ChatMessage("user", "hi", name=b"ann"),  # type: ignore[arg-type]
+            TypeError,
+            r"^name must be a non-empty string, got b'ann'$",
+        ),
+        (
+            lambda: ChatMessage("user", "hi", name=""),
+            ValueError,
+            r"^name must be a non-empty string, got ''$",
+        ),
+        (
+            lambda: ToolSpec("", "Weather", {"type": "object"}),
+            ValueError,
+            r"^name must be a non-empty string, got ''$",
+        ),
+        (
+            lambda: ToolSpec(None, "Weather", {"type": "object"}),  # type: ignore[arg-type]
+            TypeError,
+            r"^name must be a non-empty string, got None$",
+        ),
+        (
+            lambda: ToolSpec("f", 3, {"type": "object"}),  # type: ignore[arg-type]
+            TypeError,
+            r"^description must be a string, got 3$",
+        ),
+        (
+            lambda: ToolSpec("f", "", "object"),
+            TypeError,
+            r"^parameters must be a JSON schema object, got 'object'$",
+        ),
+        (
+            lambda: ToolSpec("f", "", {"type": {1, 2}}),
+            TypeError,
+            r"^parameters\['type'\] must be JSON, got set$",
+        ),
+        (
+            lambda: ToolSpec("f", "", {"maximum": float("inf")}),
+            ValueError,
+            r"^parameters\['maximum'\] must be JSON, got inf$",
+        ),
+        (
+            lambda: ChatRequest([], system=["be brief"]),  # type: ignore[arg-type]
+            TypeError,
+            r"^system must be a string, got \['be brief'\]$",
+        ),
     ],
 )
 def test_bad_values_are_refused_at_once(
@@ -114,6 +179,17 @@ def test_bad_values_are_refused_at_once(
 ) -> None:
     with pytest.raises(error, match=message):
         make()
+
+
+def test_a_tool_holds_a_copy_of_its_schema() -> None:
+    city: dict[str, str] = {"type": "string"}
+    schema = {"type": "object", "properties": {"city": city}}
+    spec = ToolSpec("get_weather", "", schema)
+    city["type"] = "number"
+    assert spec.parameters == {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+    }
 
 
 def test_usage_prompt_tokens_adds_the_parts() -> None:

@@ -35,6 +35,13 @@ if TYPE_CHECKING:
     import attrs
 
 
+def check_string(value: object, name: str) -> str:
+    """A ``str``, empty or not."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, got {shown_value(value)}")
+    return value
+
+
 def check_text(value: object, name: str) -> str:
     """A non-empty ``str``."""
     if not isinstance(value, str):
@@ -304,6 +311,12 @@ positive_number = validator(check_positive_number)
 
 flag = validator(check_flag)
 """An attrs validator: ``True`` or ``False``."""
+
+string = validator(check_string)
+"""An attrs validator: a ``str``, empty or not."""
+
+text = validator(check_text)
+"""An attrs validator: a non-empty ``str``."""
 
 
 def one_of(*choices: str) -> Callable[[object, attrs.Attribute[Any], object], None]:

@@ -17,13 +17,14 @@ from typing import Any, Final, Literal, TypeVar, final
 import attrs
 
 from .._validation import (
-    check_text,
     non_negative_int,
     non_negative_number,
     one_of,
     positive_int,
     real_number,
     shown_value,
+    string,
+    text,
     validator,
 )
 from ._stream import ToolCall
@@ -79,13 +80,26 @@ class ChatMessage:
     """
 
     role: Role = attrs.field(validator=one_of(*_ROLES))
-    content: str
+    content: str = attrs.field(validator=string)
     tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_tool_calls)
-    tool_call_id: str | None = None
-    name: str | None = None
+    tool_call_id: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(string)
+    )
+    name: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(text)
+    )
 
     def __attrs_post_init__(self) -> None:
         _check_speaker(self)
+
+
+def _parameters(value: Any) -> dict[str, Any]:  # noqa: ANN401 (an attrs converter takes anything)
+    """A tool's JSON schema, as a deep copy."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"parameters must be a JSON schema object, got {value!r}")
+    _check_json(value, "parameters")
+    copied: dict[str, Any] = json.loads(json.dumps(dict(value)))
+    return copied
 
 
 @final
@@ -96,12 +110,13 @@ class ToolSpec:
     Attributes:
         name: The tool's name, as the model will call it.
         description: What it does, for the model.
-        parameters: A JSON schema for its arguments (an ``"object"`` schema).
+        parameters: A JSON schema for its arguments (an ``"object"`` schema),
+            held as a copy.
     """
 
-    name: str
-    description: str
-    parameters: dict[str, Any]
+    name: str = attrs.field(validator=text)
+    description: str = attrs.field(validator=string)
+    parameters: dict[str, Any] = attrs.field(converter=_parameters)
 
 
 def _messages(value: Any) -> tuple[ChatMessage, ...]:  # noqa: ANN401 (an attrs converter takes anything)
@@ -308,7 +323,9 @@ class ChatRequest:
     temperature: float | None = attrs.field(
         default=None, validator=attrs.validators.optional(non_negative_number)
     )
-    system: str | None = None
+    system: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(string)
+    )
     top_p: float | None = attrs.field(
         default=None, validator=attrs.validators.optional(validator(_check_top_p))
     )
@@ -316,7 +333,7 @@ class ChatRequest:
     extra: dict[str, object] | None = attrs.field(default=None, converter=_extra)
     stable_prefix: int = attrs.field(default=0, validator=non_negative_int)
     cache_key: str | None = attrs.field(
-        default=None, validator=attrs.validators.optional(validator(check_text))
+        default=None, validator=attrs.validators.optional(text)
     )
 
     @stable_prefix.validator
