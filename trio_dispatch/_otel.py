@@ -33,40 +33,11 @@ if TYPE_CHECKING:
 
 __all__ = ["DURATION_BUCKETS", "TOKEN_BUCKETS", "OpenTelemetryMetrics"]
 
-DURATION_BUCKETS: Final = (
-    0.01,
-    0.02,
-    0.04,
-    0.08,
-    0.16,
-    0.32,
-    0.64,
-    1.28,
-    2.56,
-    5.12,
-    10.24,
-    20.48,
-    40.96,
-    81.92,
-)
+# The conventions' advice: from 10 ms, doubling; from 1 token, times 4.
+DURATION_BUCKETS: Final = tuple(round(0.01 * 2**i, 2) for i in range(14))
 """``gen_ai.client.operation.duration``'s bucket boundaries, from the conventions."""
 
-TOKEN_BUCKETS: Final = (
-    1,
-    4,
-    16,
-    64,
-    256,
-    1024,
-    4096,
-    16384,
-    65536,
-    262144,
-    1048576,
-    4194304,
-    16777216,
-    67108864,
-)
+TOKEN_BUCKETS: Final = tuple(4**i for i in range(14))
 """``gen_ai.client.token.usage``'s bucket boundaries, from the conventions."""
 
 _PROVIDER: Final = "gen_ai.provider.name"
@@ -227,13 +198,11 @@ class OpenTelemetryMetrics:
             attributes["error.type"] = type(error).__qualname__
         self._duration.record(duration, attributes)
         if usage is not None:
-            prompt = (
-                usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
-            )
-            self._tokens.record(prompt, {**attributes, "gen_ai.token.type": "input"})
-            self._tokens.record(
-                usage.output_tokens, {**attributes, "gen_ai.token.type": "output"}
-            )
+            for kind, tokens in (
+                ("input", usage.prompt_tokens),
+                ("output", usage.output_tokens),
+            ):
+                self._tokens.record(tokens, {**attributes, "gen_ai.token.type": kind})
 
     # EventSink
 
