@@ -76,8 +76,9 @@ class OpenTelemetryMetrics:
     (gauges read from ``statistics()`` at each collection),
     ``trio_dispatch.queue.wait`` (histogram, ``s``; also by
     ``trio_dispatch.tenant`` for a request made for a tenant, and by
-    ``gen_ai.request.model`` for one that named its model) and ``trio_dispatch.rate_limits`` (counter of
-    the rate-limit reports that paused the provider). Per tenant, by
+    ``gen_ai.request.model`` for one that named its model) and
+    ``trio_dispatch.rate_limits`` (counter of the rate-limit reports that
+    paused the provider). Per tenant, by
     ``gen_ai.provider.name`` and ``trio_dispatch.tenant``:
     ``trio_dispatch.tenant.slots.in_use``,
     ``trio_dispatch.tenant.requests.waiting`` and

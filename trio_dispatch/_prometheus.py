@@ -148,7 +148,7 @@ class _Accumulator:
         return _Requests([0] * (len(self.bounds) + 1))
 
     def push(self, event: DispatchEvent) -> None:
-        """Count a grant (and its wait), a release, a withdrawal, a refusal or a pause."""
+        """Count a slot event (a grant's wait too) or a pause."""
         if type(event) is Paused:
             provider = event.provider
             self.rate_limited[provider] = self.rate_limited.get(provider, 0) + 1
