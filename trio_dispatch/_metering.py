@@ -121,27 +121,18 @@ def json_body(content: bytes) -> dict[str, object] | None:
 
 
 def model_of_body(body: Mapping[str, object] | None) -> str | None:
-    """The model a JSON body asks for (its ``model``, a non-empty string), or ``None``."""
-    model = None if body is None else body.get("model")
-    return model if isinstance(model, str) and model else None
+    """The model a JSON body asks for (its ``model``), or ``None``."""
+    return _model(None if body is None else body.get("model"))
 
 
 def model_of_provider(provider: object) -> str | None:
-    """The model a provider asks for (its ``model``, a non-empty string), or ``None``.
+    """The model a provider asks for (ours name theirs), or ``None``."""
+    return _model(getattr(provider, "model", None))
 
-    ``OpenAIProvider`` and ``AnthropicProvider`` name theirs; a provider of
-    one's own may.
-    """
-    model = getattr(provider, "model", None)
+
+def _model(model: object) -> str | None:
+    """``model`` if it names one (a non-empty string), else ``None``."""
     return model if isinstance(model, str) and model else None
-
-
-def estimate_body_tokens(content: bytes, default_max_tokens: int) -> int:
-    """The tokens a model call's body is charged at grant time; 0 for none.
-
-    ``estimate_json_tokens`` of the body parsed (``json_body``).
-    """
-    return estimate_json_tokens(json_body(content), default_max_tokens)
 
 
 def estimate_json_tokens(
@@ -224,13 +215,7 @@ class RateLimitReader:
 
 @final
 class Meter:
-    """One model call's metering: "answered, then maybe pause", once.
-
-    The one routine every integration runs when an answer arrives
-    (``answered``): the slot's answer started, so the provider has counted
-    the request (said first, once: the figures count it); its rate-limit
-    figures go to ``Dispatcher.observe_rate_limits``; a rate-limit answer
-    (429, 503, 529) pauses the provider (``report_rate_limit``).
+    """One model call's metering: "answered, then maybe pause" (see above).
 
     ``call``: the call as ``Dispatcher.calling()`` tracks it, for a
     provider that may tell the dispatcher by itself (its own callbacks);

@@ -61,13 +61,8 @@ if TYPE_CHECKING:
 class LimitedProvider:
     """A ``Provider`` whose streams each hold a slot of its dispatcher.
 
-    Attributes:
-        provider: The provider wrapped.
-        conversation_id: Who asks: the ``conversation_id`` of every slot,
-            or ``None`` for the current turn's.
-        started_at: The priority of every stream (when the turn began), or
-            ``None`` for the current turn's start, or the time each stream
-            is opened outside any turn.
+    Made by ``wrap_provider``: ``provider`` is the one wrapped, and
+    ``conversation_id`` and ``started_at`` are as ``wrap_provider`` takes them.
     """
 
     __slots__ = ("_dispatcher", "conversation_id", "provider", "started_at")
@@ -154,11 +149,12 @@ class LimitedProvider:
                         if isinstance(exc, ProviderError):
                             # A status answer: its figures count this request.
                             info = figures_of(exc)
+                            busy = isinstance(exc, RateLimited | Overloaded)
                             meter.answered(
                                 info,
                                 started=info is not None,
-                                pause=isinstance(exc, RateLimited | Overloaded),
-                                retry_after=_retry_after(exc),
+                                pause=busy,
+                                retry_after=getattr(exc, "retry_after", None),
                             )
                         if watch is not None:
                             watch.end(exc)
@@ -167,13 +163,6 @@ class LimitedProvider:
                     watch.end(None)
         if waiting is not None and waiting.cancelled_caught:
             raise NotGrantedInTime
-
-
-def _retry_after(error: ProviderError) -> float | None:
-    """The pause a rate-limit answer asked for, if it is one."""
-    if isinstance(error, RateLimited | Overloaded):
-        return error.retry_after
-    return None
 
 
 @final
