@@ -72,18 +72,10 @@ def estimate_tokens(request: ChatRequest, default_max_tokens: int) -> int:
 
 
 #: Content parts that are not text: not counted in a prompt's estimate.
-NOT_TEXT: Final = frozenset(
-    {
-        "audio",
-        "document",
-        "file",
-        "image",
-        "image_url",
-        "input_audio",
-        "input_file",
-        "input_image",
-    }
-)
+NOT_TEXT: Final = frozenset({
+    "audio", "document", "file", "image", "image_url", "input_audio", "input_file",
+    "input_image",
+})  # fmt: skip
 
 
 def _text_length(value: object) -> int:

@@ -49,22 +49,9 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_WAIT_BUCKETS", "PrometheusCollector"]
 
 DEFAULT_WAIT_BUCKETS: Final = (
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-    120.0,
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
     300.0,
-)
+)  # fmt: skip
 """The upper bounds of the wait histogram's buckets, in seconds (``+Inf`` added)."""
 
 

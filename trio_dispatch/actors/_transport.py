@@ -38,22 +38,16 @@ models, files, batches, token counts) passes straight through.
 What a model call tells the budgets, as ``wrap_provider`` does for our own
 providers:
 
-* its model: the ``model`` of a JSON body (read from the one parse that
-  the estimate reads too; a body that is not JSON, or names no model,
-  names none). The slot is for that model: a ``"provider/model"`` budget
-  must hold it too, and the figures of its answer teach that model's;
-* its estimate: a JSON body with ``messages`` (chat completions, Anthropic
-  messages) is charged its prompt, about 4 characters a token (the text
-  of its messages, system prompt and tools; images, audio and files are
-  not counted), plus ``n`` times its ``max_tokens`` or
-  ``max_completion_tokens`` (the provider's ``default_max_tokens`` when it
-  sets neither). Any other body is charged nothing. The estimate is not
-  corrected from the answer's usage: the usage is in the body, which the
-  SDK parses, not the transport (in a stream, its last events). So a call
-  keeps its estimate, as OpenAI's cookbook charges ``max_tokens`` and
-  never corrects, and a token budget paced through the transport errs on
-  the safe side by what the answers did not use; the figures of later
-  answers only ever lower the budget, never raise it;
+* its model: the ``model`` of a JSON body, if it names one. The slot is
+  for that model: a ``"provider/model"`` budget must hold it too, and the
+  figures of its answer teach that model's;
+* its estimate (``estimate_json_tokens``): a chat completions or messages
+  body is charged its prompt and ``n`` times its ``max_tokens``, any other
+  body nothing. It is never corrected from the answer's usage, which is in
+  the body the SDK parses, not the transport: as OpenAI's cookbook charges
+  ``max_tokens`` and never corrects, a token budget paced through the
+  transport errs on the safe side, and the figures of later answers only
+  ever lower the budget, never raise it;
 * its answer started when its headers arrive (``Slot.answered``);
 * the rate-limit figures of those headers, OpenAI's ``x-ratelimit-*`` or
   Anthropic's ``anthropic-ratelimit-*``, whichever are there, go to
@@ -188,11 +182,6 @@ class Hold:
         # The scopes cut at the deadline now: a read's, the request's.
         self._scopes: list[trio.CancelScope] = []
         slot.follow_lease(self._lease_moved)
-
-    @property
-    def deadline(self) -> float:
-        """When the call must end (trio clock): ``max_hold`` or the lease, first."""
-        return self._deadline
 
     def _lease_moved(self, lease: float) -> None:
         """A renewal moved the lease: every scope cut at the deadline follows."""
@@ -532,6 +521,10 @@ class TransportBase(Generic[InnerT]):
         body. The hold is given back at once when nothing more is on the
         wire (a body read already, as a mock's); otherwise the response's
         body keeps it until closed.
+
+        Raises:
+            TypeError: ``request`` is not of ``httpx`` (the client is of the
+                other httpx), before any slot is taken.
         """
         if not isinstance(request, httpx.Request):
             legacy = httpx is not httpx2
@@ -566,11 +559,6 @@ class DispatchTransport(
     """``Dispatcher.transport``: model calls hold a slot of one provider."""
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        """Send ``request``, holding a slot first if it is a model call.
-
-        Raises:
-            TypeError: ``request`` is not an ``httpx2.Request`` (the client
-                is a legacy ``httpx.AsyncClient``), before any slot is taken.
-        """
+        """Send ``request``, holding a slot first if it is a model call."""
         response: httpx2.Response = await self._handle(request, httpx2, _HeldBody)
         return response

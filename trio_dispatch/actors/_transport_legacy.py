@@ -26,11 +26,6 @@ class LegacyDispatchTransport(
     """``Dispatcher.transport`` around an httpx transport."""
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        """Send ``request``, holding a slot first if it is a model call.
-
-        Raises:
-            TypeError: ``request`` is not an ``httpx.Request`` (the client is
-                an ``httpx2.AsyncClient``), before any slot is taken.
-        """
+        """Send ``request``, holding a slot first if it is a model call."""
         response: httpx.Response = await self._handle(request, httpx, _LegacyHeldBody)
         return response
