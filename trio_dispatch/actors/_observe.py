@@ -56,15 +56,21 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 
 
-@final
 @attrs.frozen
-class Queued:
-    """A request for a slot waits: no slot was free, or others wait before it."""
+class SlotEvent:
+    """What every slot event says first (see the module notes)."""
 
     provider: str
     at: float
     conversation_id: str | None
     started_at: float
+
+
+@final
+@attrs.frozen
+class Queued(SlotEvent):
+    """A request for a slot waits: no slot was free, or others wait before it."""
+
     in_flight: int
     waiting: int
     tenant: str | None = None
@@ -73,17 +79,13 @@ class Queued:
 
 @final
 @attrs.frozen
-class Granted:
+class Granted(SlotEvent):
     """A request got its slot.
 
     Attributes:
         wait: Seconds it waited for the slot (0 when granted at once).
     """
 
-    provider: str
-    at: float
-    conversation_id: str | None
-    started_at: float
     wait: float | None
     in_flight: int
     waiting: int
@@ -93,17 +95,13 @@ class Granted:
 
 @final
 @attrs.frozen
-class Released:
+class Released(SlotEvent):
     """A slot was given back.
 
     Attributes:
         held: Seconds it was held.
     """
 
-    provider: str
-    at: float
-    conversation_id: str | None
-    started_at: float
     held: float | None
     in_flight: int
     waiting: int
@@ -113,17 +111,13 @@ class Released:
 
 @final
 @attrs.frozen
-class Withdrawn:
+class Withdrawn(SlotEvent):
     """A waiting request gave up (it was cancelled) before it got a slot.
 
     Attributes:
         waited: Seconds it waited.
     """
 
-    provider: str
-    at: float
-    conversation_id: str | None
-    started_at: float
     waited: float | None
     in_flight: int
     waiting: int
@@ -133,17 +127,13 @@ class Withdrawn:
 
 @final
 @attrs.frozen
-class Refused:
+class Refused(SlotEvent):
     """A request was refused with ``QueueFull``: too many already wait.
 
     Attributes:
         reason: The error's message.
     """
 
-    provider: str
-    at: float
-    conversation_id: str | None
-    started_at: float
     reason: str
     in_flight: int
     waiting: int
