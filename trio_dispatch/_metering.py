@@ -6,7 +6,9 @@ The transport, ``wrap_provider`` and conversations (through
 * one token estimate, about 4 characters a token plus a few tokens of
   framing per message, of a ``ChatRequest`` (``estimate_tokens``) or of a
   model call's JSON body (``estimate_json_tokens``), plus the answer's
-  ``max_tokens`` (or the provider's ``default_max_tokens``);
+  ``max_tokens`` (or the provider's ``default_max_tokens``). A request's
+  characters (``prompt_chars``) are what a conversation's context budget
+  counts too;
 * one reader of the model a call asks for: a provider's ``model``
   (``model_of_provider``), or a JSON body's ``model`` (``model_of_body``),
   read from the same parse as the estimate (``json_body``). The slot
@@ -35,32 +37,40 @@ from ._ratelimits import RateLimitInfo
 from .messages._stream import Usage
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Mapping
+    from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 
     from .actors._dispatcher import Dispatcher
     from .actors._observe import CallWatch
     from .actors._slot import ModelCall, Slot
-    from .messages import ChatRequest, StreamEvent
+    from .messages import ChatMessage, ChatRequest, StreamEvent, ToolSpec
+
+
+def prompt_chars(
+    system: str | None, messages: Iterable[ChatMessage], tools: Iterable[ToolSpec]
+) -> int:
+    """The characters a prompt sends: system prompt, messages, tool calls, tools.
+
+    What a request's estimate and a conversation's context budget count.
+    """
+    chars = len(system or "")
+    for message in messages:
+        chars += len(message.content)
+        for call in message.tool_calls:
+            chars += len(call.name) + len(call.raw_arguments or str(call.arguments))
+    for spec in tools:
+        chars += len(spec.name) + len(spec.description)
+        chars += len(json.dumps(spec.parameters))
+    return chars
 
 
 def estimate_prompt_tokens(request: ChatRequest) -> int:
     """A rough count of the tokens ``request`` sends: 4 characters a token.
 
-    Counts the system prompt, every message's text, tool calls and tool
-    specifications, plus a few tokens of framing per message. Meant to be
+    ``prompt_chars``, plus a few tokens of framing per message. Meant to be
     corrected by the usage the answer reports, not to be exact.
     """
-    chars = len(request.system or "")
-    framing = 3
-    for message in request.messages:
-        framing += 4
-        chars += len(message.content)
-        for call in message.tool_calls:
-            chars += len(call.name) + len(call.raw_arguments or str(call.arguments))
-    for spec in request.tools:
-        chars += len(spec.name) + len(spec.description)
-        chars += len(json.dumps(spec.parameters))
-    return framing + (chars + 3) // 4
+    chars = prompt_chars(request.system, request.messages, request.tools)
+    return 3 + 4 * len(request.messages) + (chars + 3) // 4
 
 
 def estimate_tokens(request: ChatRequest, default_max_tokens: int) -> int:

@@ -192,7 +192,7 @@ class OpenTelemetryMetrics:
         return tenant_label(tenant, self._dispatcher.tenants())
 
     def _gauge(self, name: str) -> _Callback:
-        """The callback of gauge ``name``: read from the statistics at each collection."""
+        """The callback of gauge ``name``: the statistics read at each collection."""
 
         def read() -> dict[str, list[Observation]]:
             dispatcher = self._dispatcher

@@ -34,11 +34,11 @@ Every job runs inside a ``Dispatcher.turn()`` of the conversation's id,
 class and the turn's start, so every LLM call of a turn, retries and
 tool-loop steps alike, and every slot its tools take (their tasks start
 inside it), asks the dispatcher for a slot with the turn's ``started_at``
-and ``priority``: a turn in progress goes before turns that started later; the slot is held only while the
-answer streams, never while tools run. When to retry and how long to back
-off is decided in ``_retry``; when and where to compact, and what to ask
-for the summary, in ``_compaction``: both pure, both fed the conversation's
-``ConversationOptions``.
+and ``priority``: a turn in progress goes before turns that started later;
+the slot is held only while the answer streams, never while tools run.
+When to retry and how long to back off is decided in ``_retry``; when and
+where to compact, and what to ask for the summary, in ``_compaction``:
+both pure, both fed the conversation's ``ConversationOptions``.
 
 Errors: a ``ProviderError`` that outlives its retries, and any other
 ``DispatchError`` of the dispatcher's (``QueueFull``, ``SlotHoldTimeout``),
@@ -644,7 +644,7 @@ class Conversation(metaclass=NoPublicConstructor):
         return self._provider.id in self._dispatcher.limits()
 
     def _pause_cap(self) -> float | None:
-        """The longest ``Retry-After`` a backoff honours itself: none if a pause does."""
+        """The longest ``Retry-After`` a backoff honours: none if a pause does."""
         return None if self._limited() else self._dispatcher.max_pause
 
     # -- tools ---------------------------------------------------------------

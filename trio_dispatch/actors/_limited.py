@@ -16,17 +16,13 @@ callbacks (``on_rate_limits=dispatcher.observe_rate_limits``,
 ``on_rate_limit=dispatcher.report_rate_limit``) is counted once: the
 wrapper runs the call in ``Dispatcher.calling()``, so the dispatcher
 recognises what the callbacks tell it from the task that holds the slot,
-and the wrapper does not tell it again. The metering
-(estimate, figures, "answered, then maybe pause", usage) is the one the
-transport uses too (``_metering``).
+and the wrapper does not tell it again. The metering is the transport's
+too (``_metering``).
 
-A provider that names its ``model`` (ours do) asks for that model's slot:
-its ``"provider/model"`` budget must hold the request too, and the figures
-of its answers teach that model's budget. Each stream is charged to the
-provider's token budget: the slot carries the
-request's estimate (its prompt, about 4 characters a token, plus
-``max_tokens``), and the ``Usage`` event at the end of the answer corrects
-it to what the request really used.
+A provider that names its ``model`` asks for that model's slot (see
+``wrap_provider``). Each stream is charged to the provider's token budget:
+the slot carries the request's estimate (``estimate_tokens``), and the
+``Usage`` event at the end of the answer corrects it to what was used.
 """
 
 from __future__ import annotations
