@@ -378,9 +378,10 @@ class PrometheusCollector(Collector):
     def _add_waits(
         self, family: HistogramMetricFamily, value: list[str], requests: _Requests
     ) -> None:
-        bounds = [*self._accumulator.bounds, math.inf]
+        # Each bucket's ``le`` label as ``prometheus_client`` writes its own.
+        bounds = [*map(repr, self._accumulator.bounds), "+Inf"]
         cumulative = itertools.accumulate(requests.waits)
-        buckets = [(_le(b), c) for b, c in zip(bounds, cumulative, strict=True)]
+        buckets = list(zip(bounds, cumulative, strict=True))
         family.add_metric(value, buckets, sum_value=requests.wait_sum)
 
 
@@ -420,11 +421,6 @@ def _budget_families(statistics: DispatcherStatistics) -> Iterator[Metric]:
             held.add_metric(value, 1 if budget.waiting_for_budget else 0)
     yield from (family for _, family in families)
     yield held
-
-
-def _le(bound: float) -> str:
-    """A bucket's ``le`` label, as ``prometheus_client`` writes its own."""
-    return "+Inf" if bound == math.inf else repr(bound)
 
 
 def _check_buckets(buckets: object) -> tuple[float, ...]:

@@ -701,13 +701,10 @@ class Conversation(metaclass=NoPublicConstructor):
         turn: list[ChatMessage],
         counters: Counters,
     ) -> bool | None:
-        """Replace ``earlier``'s older messages by a summary if the turn is too long.
+        """Summarise ``earlier``'s older messages if the ``turn`` is too long.
 
-        ``earlier`` is what came before the turn, ``turn`` the turn so far
-        (see ``compaction_cut``).
-
-        Returns:
-            ``None`` if no compaction was due; else whether it succeeded.
+        ``None`` if no compaction was due (see ``compaction_cut``); else
+        whether it succeeded.
         """
         cut = compaction_cut(
             earlier,
