@@ -175,6 +175,7 @@ class _Accumulator:
         """The dispatcher closed: the figures stay as they are."""
 
 
+@final
 @attrs.frozen
 class _Snapshot:
     """What one scrape reports, read in the dispatcher's trio thread."""
