@@ -22,7 +22,7 @@ import trio
 import trio.testing
 
 from trio_dispatch import Budget, open_dispatcher
-from trio_dispatch._metering import estimate_body_tokens
+from trio_dispatch._metering import estimate_json_tokens, json_body
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -279,7 +279,7 @@ async def test_answers_without_figures_teach_nothing() -> None:
 def test_a_body_is_estimated_like_a_chat_request(
     body: dict[str, Any], tokens: int
 ) -> None:
-    assert estimate_body_tokens(json.dumps(body).encode(), 50) == tokens
+    assert estimate_json_tokens(json_body(json.dumps(body).encode()), 50) == tokens
 
 
 @pytest.mark.parametrize(
@@ -296,4 +296,4 @@ def test_a_body_is_estimated_like_a_chat_request(
     ],
 )
 def test_a_body_that_is_no_chat_is_charged_nothing(content: bytes) -> None:
-    assert estimate_body_tokens(content, 50) == 0
+    assert estimate_json_tokens(json_body(content), 50) == 0

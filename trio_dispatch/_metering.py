@@ -6,7 +6,9 @@ The transport, ``wrap_provider`` and conversations (through
 * one token estimate, about 4 characters a token plus a few tokens of
   framing per message, of a ``ChatRequest`` (``estimate_tokens``) or of a
   model call's JSON body (``estimate_json_tokens``), plus the answer's
-  ``max_tokens`` (or the provider's ``default_max_tokens``);
+  ``max_tokens`` (or the provider's ``default_max_tokens``). A request's
+  characters (``prompt_chars``) are what a conversation's context budget
+  counts too;
 * one reader of the model a call asks for: a provider's ``model``
   (``model_of_provider``), or a JSON body's ``model`` (``model_of_body``),
   read from the same parse as the estimate (``json_body``). The slot
@@ -35,32 +37,40 @@ from ._ratelimits import RateLimitInfo
 from .messages._stream import Usage
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Mapping
+    from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 
     from .actors._dispatcher import Dispatcher
     from .actors._observe import CallWatch
     from .actors._slot import ModelCall, Slot
-    from .messages import ChatRequest, StreamEvent
+    from .messages import ChatMessage, ChatRequest, StreamEvent, ToolSpec
+
+
+def prompt_chars(
+    system: str | None, messages: Iterable[ChatMessage], tools: Iterable[ToolSpec]
+) -> int:
+    """The characters a prompt sends: system prompt, messages, tool calls, tools.
+
+    What a request's estimate and a conversation's context budget count.
+    """
+    chars = len(system or "")
+    for message in messages:
+        chars += len(message.content)
+        for call in message.tool_calls:
+            chars += len(call.name) + len(call.raw_arguments or str(call.arguments))
+    for spec in tools:
+        chars += len(spec.name) + len(spec.description)
+        chars += len(json.dumps(spec.parameters))
+    return chars
 
 
 def estimate_prompt_tokens(request: ChatRequest) -> int:
     """A rough count of the tokens ``request`` sends: 4 characters a token.
 
-    Counts the system prompt, every message's text, tool calls and tool
-    specifications, plus a few tokens of framing per message. Meant to be
+    ``prompt_chars``, plus a few tokens of framing per message. Meant to be
     corrected by the usage the answer reports, not to be exact.
     """
-    chars = len(request.system or "")
-    framing = 3
-    for message in request.messages:
-        framing += 4
-        chars += len(message.content)
-        for call in message.tool_calls:
-            chars += len(call.name) + len(call.raw_arguments or str(call.arguments))
-    for spec in request.tools:
-        chars += len(spec.name) + len(spec.description)
-        chars += len(json.dumps(spec.parameters))
-    return framing + (chars + 3) // 4
+    chars = prompt_chars(request.system, request.messages, request.tools)
+    return 3 + 4 * len(request.messages) + (chars + 3) // 4
 
 
 def estimate_tokens(request: ChatRequest, default_max_tokens: int) -> int:
@@ -72,18 +82,10 @@ def estimate_tokens(request: ChatRequest, default_max_tokens: int) -> int:
 
 
 #: Content parts that are not text: not counted in a prompt's estimate.
-NOT_TEXT: Final = frozenset(
-    {
-        "audio",
-        "document",
-        "file",
-        "image",
-        "image_url",
-        "input_audio",
-        "input_file",
-        "input_image",
-    }
-)
+NOT_TEXT: Final = frozenset({
+    "audio", "document", "file", "image", "image_url", "input_audio", "input_file",
+    "input_image",
+})  # fmt: skip
 
 
 def _text_length(value: object) -> int:
@@ -121,27 +123,18 @@ def json_body(content: bytes) -> dict[str, object] | None:
 
 
 def model_of_body(body: Mapping[str, object] | None) -> str | None:
-    """The model a JSON body asks for (its ``model``, a non-empty string), or ``None``."""
-    model = None if body is None else body.get("model")
-    return model if isinstance(model, str) and model else None
+    """The model a JSON body asks for (its ``model``), or ``None``."""
+    return _model(None if body is None else body.get("model"))
 
 
 def model_of_provider(provider: object) -> str | None:
-    """The model a provider asks for (its ``model``, a non-empty string), or ``None``.
+    """The model a provider asks for (ours name theirs), or ``None``."""
+    return _model(getattr(provider, "model", None))
 
-    ``OpenAIProvider`` and ``AnthropicProvider`` name theirs; a provider of
-    one's own may.
-    """
-    model = getattr(provider, "model", None)
+
+def _model(model: object) -> str | None:
+    """``model`` if it names one (a non-empty string), else ``None``."""
     return model if isinstance(model, str) and model else None
-
-
-def estimate_body_tokens(content: bytes, default_max_tokens: int) -> int:
-    """The tokens a model call's body is charged at grant time; 0 for none.
-
-    ``estimate_json_tokens`` of the body parsed (``json_body``).
-    """
-    return estimate_json_tokens(json_body(content), default_max_tokens)
 
 
 def estimate_json_tokens(
@@ -224,13 +217,7 @@ class RateLimitReader:
 
 @final
 class Meter:
-    """One model call's metering: "answered, then maybe pause", once.
-
-    The one routine every integration runs when an answer arrives
-    (``answered``): the slot's answer started, so the provider has counted
-    the request (said first, once: the figures count it); its rate-limit
-    figures go to ``Dispatcher.observe_rate_limits``; a rate-limit answer
-    (429, 503, 529) pauses the provider (``report_rate_limit``).
+    """One model call's metering: "answered, then maybe pause" (see above).
 
     ``call``: the call as ``Dispatcher.calling()`` tracks it, for a
     provider that may tell the dispatcher by itself (its own callbacks);

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from typing import TYPE_CHECKING, Final, final
 
 import trio
@@ -23,7 +22,6 @@ if TYPE_CHECKING:
 
     from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
-    from ._backend import ProviderStatistics
     from ._provider import Provider
     from .actors._dispatcher import Dispatcher
     from .actors._observe import DispatchEvent
@@ -33,40 +31,11 @@ if TYPE_CHECKING:
 
 __all__ = ["DURATION_BUCKETS", "TOKEN_BUCKETS", "OpenTelemetryMetrics"]
 
-DURATION_BUCKETS: Final = (
-    0.01,
-    0.02,
-    0.04,
-    0.08,
-    0.16,
-    0.32,
-    0.64,
-    1.28,
-    2.56,
-    5.12,
-    10.24,
-    20.48,
-    40.96,
-    81.92,
-)
+# The conventions' advice: from 10 ms, doubling; from 1 token, times 4.
+DURATION_BUCKETS: Final = tuple(round(0.01 * 2**i, 2) for i in range(14))
 """``gen_ai.client.operation.duration``'s bucket boundaries, from the conventions."""
 
-TOKEN_BUCKETS: Final = (
-    1,
-    4,
-    16,
-    64,
-    256,
-    1024,
-    4096,
-    16384,
-    65536,
-    262144,
-    1048576,
-    4194304,
-    16777216,
-    67108864,
-)
+TOKEN_BUCKETS: Final = tuple(4**i for i in range(14))
 """``gen_ai.client.token.usage``'s bucket boundaries, from the conventions."""
 
 _PROVIDER: Final = "gen_ai.provider.name"
@@ -74,7 +43,6 @@ _MODEL: Final = "gen_ai.request.model"
 _TENANT: Final = "trio_dispatch.tenant"
 
 if TYPE_CHECKING:
-    _Read = Callable[[ProviderStatistics], int | None]
     _Callback = Callable[[CallbackOptions], Iterable[Observation]]
 
 
@@ -105,8 +73,9 @@ class OpenTelemetryMetrics:
     (gauges read from ``statistics()`` at each collection),
     ``trio_dispatch.queue.wait`` (histogram, ``s``; also by
     ``trio_dispatch.tenant`` for a request made for a tenant, and by
-    ``gen_ai.request.model`` for one that named its model) and ``trio_dispatch.rate_limits`` (counter of
-    the rate-limit reports that paused the provider). Per tenant, by
+    ``gen_ai.request.model`` for one that named its model) and
+    ``trio_dispatch.rate_limits`` (counter of the rate-limit reports that
+    paused the provider). Per tenant, by
     ``gen_ai.provider.name`` and ``trio_dispatch.tenant``:
     ``trio_dispatch.tenant.slots.in_use``,
     ``trio_dispatch.tenant.requests.waiting`` and
@@ -160,42 +129,9 @@ class OpenTelemetryMetrics:
             unit="{report}",
             description="Rate-limit reports that paused the provider.",
         )
-        for name, unit, description, read in (
-            ("trio_dispatch.slots.in_use", "{slot}", "Slots held now.", _in_flight),
-            ("trio_dispatch.slots.limit", "{slot}", "The concurrency limit.", _limit),
-            (
-                "trio_dispatch.requests.waiting",
-                "{request}",
-                "Requests waiting for a slot now.",
-                _waiting,
-            ),
-            (
-                "trio_dispatch.paused",
-                "1",
-                "1 while grants are paused after a rate limit.",
-                _paused,
-            ),
-        ):
+        for name, unit, description in _GAUGES:
             meter.create_observable_gauge(
-                name, [self._gauge(read)], unit=unit, description=description
-            )
-        for name, unit, description, index in (
-            ("trio_dispatch.tenant.slots.in_use", "{slot}", "Slots held now.", 0),
-            (
-                "trio_dispatch.tenant.requests.waiting",
-                "{request}",
-                "Requests waiting for a slot now.",
-                1,
-            ),
-            (
-                "trio_dispatch.tenant.service",
-                "s",
-                "A configured tenant's slot-seconds received, over its weight.",
-                2,
-            ),
-        ):
-            meter.create_observable_gauge(
-                name, [self._tenant_gauge(index)], unit=unit, description=description
+                name, [self._gauge(name)], unit=unit, description=description
             )
         dispatcher.observe_calls(self)
         dispatcher.observe_events(self)
@@ -227,13 +163,11 @@ class OpenTelemetryMetrics:
             attributes["error.type"] = type(error).__qualname__
         self._duration.record(duration, attributes)
         if usage is not None:
-            prompt = (
-                usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
-            )
-            self._tokens.record(prompt, {**attributes, "gen_ai.token.type": "input"})
-            self._tokens.record(
-                usage.output_tokens, {**attributes, "gen_ai.token.type": "output"}
-            )
+            for kind, tokens in (
+                ("input", usage.prompt_tokens),
+                ("output", usage.output_tokens),
+            ):
+                self._tokens.record(tokens, {**attributes, "gen_ai.token.type": kind})
 
     # EventSink
 
@@ -257,54 +191,60 @@ class OpenTelemetryMetrics:
         """``trio_dispatch.tenant`` of ``tenant``: bounded by the configuration."""
         return tenant_label(tenant, self._dispatcher.tenants())
 
-    def _tenant_gauge(self, index: int) -> _Callback:
-        """A per-tenant gauge: figure ``index`` of ``tenant_figures``."""
+    def _gauge(self, name: str) -> _Callback:
+        """The callback of gauge ``name``: the statistics read at each collection."""
 
-        def read() -> tuple[DispatcherStatistics, dict[str, Tenant]]:
+        def read() -> dict[str, list[Observation]]:
             dispatcher = self._dispatcher
-            return dispatcher.statistics(), dispatcher.tenants()
+            return _gauges(dispatcher.statistics(), dispatcher.tenants())
 
         def callback(options: CallbackOptions) -> Iterable[Observation]:
-            read_now = read_in_trio(read, self._token)
-            if read_now is None:
-                return []
-            stats, configured = read_now
-            observations: list[Observation] = []
-            for name, provider in sorted(stats.providers.items()):
-                for label, figures in sorted(
-                    tenant_figures(provider, configured).items()
-                ):
-                    value = figures[index]
-                    if value is not None:
-                        observations.append(
-                            metrics.Observation(
-                                value, {_PROVIDER: name, _TENANT: label}
-                            )
-                        )
-            return observations
-
-        return callback
-
-    def _gauge(self, read: _Read) -> _Callback:
-        """A per-provider gauge: ``read`` of each provider's statistics, if any."""
-
-        def callback(options: CallbackOptions) -> Iterable[Observation]:
-            stats = read_in_trio(self._dispatcher.statistics, self._token)
-            if stats is None:
-                return []
-            return [
-                metrics.Observation(value, {_PROVIDER: name})
-                for name, provider in stats.providers.items()
-                if (value := read(provider)) is not None
-            ]
+            gauges = read_in_trio(read, self._token)
+            return [] if gauges is None else gauges[name]
 
         return callback
 
 
-_in_flight: Final = operator.attrgetter("in_flight")
-_limit: Final = operator.attrgetter("limit")  # None, unlimited: not observed
-_waiting: Final = operator.attrgetter("waiting")
+_GAUGES: Final = (
+    ("trio_dispatch.slots.in_use", "{slot}", "Slots held now."),
+    ("trio_dispatch.slots.limit", "{slot}", "The concurrency limit."),
+    ("trio_dispatch.requests.waiting", "{request}", "Requests waiting for a slot now."),
+    ("trio_dispatch.paused", "1", "1 while grants are paused after a rate limit."),
+    ("trio_dispatch.tenant.slots.in_use", "{slot}", "Slots held now."),
+    (
+        "trio_dispatch.tenant.requests.waiting",
+        "{request}",
+        "Requests waiting for a slot now.",
+    ),
+    (
+        "trio_dispatch.tenant.service",
+        "s",
+        "A configured tenant's slot-seconds received, over its weight.",
+    ),
+)
+"""The gauges: four by provider, then three by provider and tenant."""
 
 
-def _paused(provider: ProviderStatistics) -> int:
-    return int(provider.paused)
+def _gauges(
+    stats: DispatcherStatistics, configured: dict[str, Tenant]
+) -> dict[str, list[Observation]]:
+    """Every gauge's observations now, by name (a figure that is ``None``: none)."""
+    gauges: dict[str, list[Observation]] = {name: [] for name, _, _ in _GAUGES}
+    by_provider = [gauges[name] for name, _, _ in _GAUGES[:4]]
+    by_tenant = [gauges[name] for name, _, _ in _GAUGES[4:]]
+    for name, provider in sorted(stats.providers.items()):
+        figures = (
+            provider.in_flight,
+            provider.limit,  # None, unlimited: not observed
+            provider.waiting,
+            int(provider.paused),
+        )
+        for observations, value in zip(by_provider, figures, strict=True):
+            if value is not None:
+                observations.append(metrics.Observation(value, {_PROVIDER: name}))
+        for label, values in sorted(tenant_figures(provider, configured).items()):
+            attributes = {_PROVIDER: name, _TENANT: label}
+            for observations, figure in zip(by_tenant, values, strict=True):
+                if figure is not None:
+                    observations.append(metrics.Observation(figure, attributes))
+    return gauges

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from functools import partial
 from typing import TYPE_CHECKING, Final, final
 
+import attrs
 import trio
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
@@ -47,83 +49,52 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_WAIT_BUCKETS", "PrometheusCollector"]
 
 DEFAULT_WAIT_BUCKETS: Final = (
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-    120.0,
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
     300.0,
-)
+)  # fmt: skip
 """The upper bounds of the wait histogram's buckets, in seconds (``+Inf`` added)."""
 
 
-@final
-class _Waits:
-    """One wait histogram: a count per bucket, their sum."""
-
-    __slots__ = ("counts", "sum")
-
-    def __init__(self, size: int) -> None:
-        self.counts = [0] * size
-        self.sum = 0.0
-
-    def add(self, index: int, wait: float) -> None:
-        """Count one wait, in the bucket of ``index``."""
-        self.counts[index] += 1
-        self.sum += wait
-
-    def merge(self, other: _Waits) -> None:
-        """Add ``other``'s counts to these."""
-        self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
-        self.sum += other.sum
-
-    def copy(self) -> _Waits:
-        """A copy that no later event changes."""
-        copy = _Waits(0)
-        copy.counts = list(self.counts)
-        copy.sum = self.sum
-        return copy
+_COUNTS: Final = ("granted", "released", "withdrawn", "rejected")
+# The count each slot event adds one to.
+_KINDS: Final[dict[type, str]] = {
+    Granted: "granted",
+    Released: "released",
+    Withdrawn: "withdrawn",
+    Refused: "rejected",
+}
 
 
 @final
+@attrs.define
 class _Requests:
-    """What happened to one tenant's requests of one provider, from the events."""
+    """What happened to some requests of one provider, from the events.
 
-    __slots__ = ("granted", "rejected", "released", "waits", "withdrawn")
+    ``waits`` counts the grants' waits per bucket, ``wait_sum`` adds them.
+    """
 
-    def __init__(self, size: int) -> None:
-        self.granted = 0
-        self.released = 0
-        self.withdrawn = 0
-        self.rejected = 0
-        self.waits = _Waits(size)
+    waits: list[int]
+    wait_sum: float = 0.0
+    granted: int = 0
+    released: int = 0
+    withdrawn: int = 0
+    rejected: int = 0
+
+    def wait(self, index: int, wait: float) -> None:
+        """Count one wait, in the bucket of ``index``."""
+        self.waits[index] += 1
+        self.wait_sum += wait
 
     def merge(self, other: _Requests) -> None:
         """Add ``other``'s counts to these."""
-        self.granted += other.granted
-        self.released += other.released
-        self.withdrawn += other.withdrawn
-        self.rejected += other.rejected
-        self.waits.merge(other.waits)
+        self.waits = [a + b for a, b in zip(self.waits, other.waits, strict=True)]
+        self.wait_sum += other.wait_sum
+        for name in _COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def copy(self) -> _Requests:
         """A copy that no later event changes."""
-        copy = _Requests(0)
-        copy.granted = self.granted
-        copy.released = self.released
-        copy.withdrawn = self.withdrawn
-        copy.rejected = self.rejected
-        copy.waits = self.waits.copy()
-        return copy
+        return attrs.evolve(self, waits=list(self.waits))
 
 
 _FOLD_SLACK: Final = 1024
@@ -143,76 +114,58 @@ class _Accumulator:
     are bounded, and the pool's counters never go down.
     """
 
-    __slots__ = (
-        "bounds",
-        "configured",
-        "fold_at",
-        "kept",
-        "rate_limited",
-        "tenants",
-        "waits",
-    )
+    __slots__ = ("bounds", "configured", "fold_at", "kept", "rate_limited", "tenants")
 
     def __init__(
         self, bounds: tuple[float, ...], configured: Callable[[], Mapping[str, Tenant]]
     ) -> None:
         self.bounds = bounds
         self.configured = configured
-        self.waits: dict[str, _Waits] = {}
         self.rate_limited: dict[str, int] = {}
-        # provider -> tenant (None: the pool) -> its counts.
+        # provider -> tenant (None: the pool) -> its counts; the provider's
+        # own are the sum of its tenants'.
         self.tenants: dict[str, dict[str | None, _Requests]] = {}
         # How many tenants are counted under their own name, and how many
         # may be before the next fold.
         self.kept = 0
         self.fold_at = _FOLD_SLACK
 
+    def empty(self) -> _Requests:
+        """Counts of nothing yet."""
+        return _Requests([0] * (len(self.bounds) + 1))
+
     def push(self, event: DispatchEvent) -> None:
-        if type(event) is Granted:
-            requests = self._requests(event.provider, event.tenant)
-            requests.granted += 1
-            wait = event.wait
-            if wait is None:
-                return
-            index = bisect.bisect_left(self.bounds, wait)
-            requests.waits.add(index, wait)
-            waits = self.waits.get(event.provider)
-            if waits is None:
-                waits = self.waits[event.provider] = _Waits(len(self.bounds) + 1)
-            waits.add(index, wait)
-        elif type(event) is Released:
-            self._requests(event.provider, event.tenant).released += 1
-        elif type(event) is Withdrawn:
-            self._requests(event.provider, event.tenant).withdrawn += 1
-        elif type(event) is Refused:
-            self._requests(event.provider, event.tenant).rejected += 1
-        elif type(event) is Paused:
+        """Count a slot event (a grant's wait too) or a pause."""
+        if type(event) is Paused:
             provider = event.provider
             self.rate_limited[provider] = self.rate_limited.get(provider, 0) + 1
+        elif isinstance(event, Granted | Released | Withdrawn | Refused):
+            requests = self._requests(event.provider, event.tenant)
+            kind = _KINDS[type(event)]
+            setattr(requests, kind, getattr(requests, kind) + 1)
+            if type(event) is Granted and event.wait is not None:
+                requests.wait(bisect.bisect_left(self.bounds, event.wait), event.wait)
 
     def _requests(self, provider: str, tenant: str | None) -> _Requests:
         """The counts of ``tenant``'s requests of ``provider``, made if new."""
-        counts = self.tenants.get(provider)
-        if counts is None:
-            counts = self.tenants[provider] = {}
+        counts = self.tenants.setdefault(provider, {})
         requests = counts.get(tenant)
         if requests is None:
             if tenant is not None:
                 if self.kept >= self.fold_at:
                     self.fold(self.configured())
                 self.kept += 1
-            requests = counts[tenant] = _Requests(len(self.bounds) + 1)
+            requests = counts[tenant] = self.empty()
         return requests
 
     def fold(self, configured: Container[str]) -> None:
         """Move the counts of every tenant not in ``configured`` into the pool."""
         kept = 0
-        size = len(self.bounds) + 1
         for counts in self.tenants.values():
             for tenant in [t for t in counts if t is not None and t not in configured]:
                 pool = counts.get(None)
                 if pool is None:
-                    pool = counts[None] = _Requests(size)
+                    pool = counts[None] = self.empty()
                 pool.merge(counts.pop(tenant))
             kept += len(counts) - (None in counts)
         self.kept = kept
@@ -223,22 +176,14 @@ class _Accumulator:
 
 
 @final
+@attrs.frozen
 class _Snapshot:
-    __slots__ = ("configured", "rate_limited", "statistics", "tenants", "waits")
+    """What one scrape reports, read in the dispatcher's trio thread."""
 
-    def __init__(
-        self,
-        statistics: DispatcherStatistics,
-        configured: Mapping[str, Tenant],
-        waits: dict[str, _Waits],
-        rate_limited: dict[str, int],
-        tenants: dict[str, dict[str | None, _Requests]],
-    ) -> None:
-        self.statistics = statistics
-        self.configured = configured
-        self.waits = waits
-        self.rate_limited = rate_limited
-        self.tenants = tenants
+    statistics: DispatcherStatistics
+    configured: Mapping[str, Tenant]
+    rate_limited: dict[str, int]
+    tenants: dict[str, dict[str | None, _Requests]]
 
 
 @final
@@ -290,7 +235,6 @@ class PrometheusCollector(Collector):
         return _Snapshot(
             dispatcher.statistics(),
             configured,
-            {provider: waits.copy() for provider, waits in accumulator.waits.items()},
             dict(accumulator.rate_limited),
             {
                 provider: {tenant: counts.copy() for tenant, counts in per.items()}
@@ -321,14 +265,16 @@ class PrometheusCollector(Collector):
         up = gauge(
             "trio_dispatch_backend_up", "0 while the shared backend cannot be reached."
         )
-        grants = counter("trio_dispatch_grants", "Slots granted.")
-        releases = counter("trio_dispatch_releases", "Slots given back.")
-        withdrawn = counter(
-            "trio_dispatch_withdrawn", "Requests cancelled while they waited."
-        )
-        rejected = counter(
-            "trio_dispatch_rejected", "Requests refused because too many waited."
-        )
+        counts = {
+            "granted": counter("trio_dispatch_grants", "Slots granted."),
+            "released": counter("trio_dispatch_releases", "Slots given back."),
+            "withdrawn": counter(
+                "trio_dispatch_withdrawn", "Requests cancelled while they waited."
+            ),
+            "rejected": counter(
+                "trio_dispatch_rejected", "Requests refused because too many waited."
+            ),
+        }
         rate_limited = counter(
             "trio_dispatch_rate_limited",
             "Rate-limit reports that paused the provider.",
@@ -338,7 +284,6 @@ class PrometheusCollector(Collector):
             "Seconds from asking for a slot to getting it.",
             labels=labels,
         )
-        size = len(self._accumulator.bounds) + 1
         for name, stats in sorted(providers.items()):
             value = [name]
             in_use.add_metric(value, stats.in_flight)
@@ -347,14 +292,16 @@ class PrometheusCollector(Collector):
             waiting.add_metric(value, stats.waiting)
             paused.add_metric(value, 1 if stats.paused else 0)
             up.add_metric(value, 1 if stats.backend_up else 0)
-            grants.add_metric(value, stats.granted_total)
-            releases.add_metric(value, stats.released_total)
-            withdrawn.add_metric(value, stats.withdrawn_total)
-            rejected.add_metric(value, stats.rejected_total)
+            for kind, family in counts.items():
+                family.add_metric(value, getattr(stats, f"{kind}_total"))
             rate_limited.add_metric(value, snapshot.rate_limited.get(name, 0))
-            self._add_waits(waits, value, snapshot.waits.get(name) or _Waits(size))
+            # The provider's waits: its tenants' (and the pool's) together.
+            total = self._accumulator.empty()
+            for requests in snapshot.tenants.get(name, {}).values():
+                total.merge(requests)
+            self._add_waits(waits, value, total)
         yield from (in_use, limit, waiting, paused, up, waits)
-        yield from (grants, releases, withdrawn, rejected, rate_limited)
+        yield from (*counts.values(), rate_limited)
 
     def _tenant_families(self, snapshot: _Snapshot) -> Iterator[Metric]:
         labels = ["provider", "tenant"]
@@ -370,16 +317,22 @@ class PrometheusCollector(Collector):
             "trio_dispatch_tenant_service",
             "A configured tenant's service counter: slot-seconds over its weight.",
         )
-        grants = counter("trio_dispatch_tenant_grants", "Slots granted to a tenant.")
-        releases = counter("trio_dispatch_tenant_releases", "Slots a tenant gave back.")
-        withdrawn = counter(
-            "trio_dispatch_tenant_withdrawn",
-            "A tenant's requests cancelled while they waited.",
-        )
-        rejected = counter(
-            "trio_dispatch_tenant_rejected",
-            "A tenant's requests refused because too many waited.",
-        )
+        counts = {
+            "granted": counter(
+                "trio_dispatch_tenant_grants", "Slots granted to a tenant."
+            ),
+            "released": counter(
+                "trio_dispatch_tenant_releases", "Slots a tenant gave back."
+            ),
+            "withdrawn": counter(
+                "trio_dispatch_tenant_withdrawn",
+                "A tenant's requests cancelled while they waited.",
+            ),
+            "rejected": counter(
+                "trio_dispatch_tenant_rejected",
+                "A tenant's requests refused because too many waited.",
+            ),
+        }
         waits = HistogramMetricFamily(
             "trio_dispatch_tenant_queue_wait_seconds",
             "Seconds from a tenant's asking for a slot to getting it.",
@@ -402,9 +355,12 @@ class PrometheusCollector(Collector):
             weight.add_metric([tenant], settings.weight)
             if settings.limit is not None:
                 cap.add_metric([tenant], settings.limit)
-        size = len(self._accumulator.bounds) + 1
         for name, stats in sorted(snapshot.statistics.providers.items()):
-            counted = _by_label(snapshot.tenants.get(name, {}), configured, size)
+            counted: dict[str, _Requests] = {}
+            for named, requests in snapshot.tenants.get(name, {}).items():
+                # The pool and the tenants not configured share a label.
+                label = tenant_label(named, configured)
+                counted.setdefault(label, self._accumulator.empty()).merge(requests)
             for label, (held, queued, counter_) in sorted(
                 tenant_figures(stats, configured).items()
             ):
@@ -413,39 +369,21 @@ class PrometheusCollector(Collector):
                 waiting.add_metric(value, queued)
                 if counter_ is not None:
                     service.add_metric(value, counter_)
-                requests = counted.get(label) or _Requests(size)
-                grants.add_metric(value, requests.granted)
-                releases.add_metric(value, requests.released)
-                withdrawn.add_metric(value, requests.withdrawn)
-                rejected.add_metric(value, requests.rejected)
-                self._add_waits(waits, value, requests.waits)
+                requests = counted.get(label) or self._accumulator.empty()
+                for kind, family in counts.items():
+                    family.add_metric(value, getattr(requests, kind))
+                self._add_waits(waits, value, requests)
         yield from (in_use, waiting, service, waits, weight, cap)
-        yield from (grants, releases, withdrawn, rejected)
+        yield from counts.values()
 
     def _add_waits(
-        self, family: HistogramMetricFamily, value: list[str], waits: _Waits
+        self, family: HistogramMetricFamily, value: list[str], requests: _Requests
     ) -> None:
-        cumulative = 0
-        buckets: list[tuple[str, float]] = []
-        bounds = [*self._accumulator.bounds, math.inf]
-        for bound, count in zip(bounds, waits.counts, strict=True):
-            cumulative += count
-            buckets.append((_le(bound), cumulative))
-        family.add_metric(value, buckets, sum_value=waits.sum)
-
-
-def _by_label(
-    counts: Mapping[str | None, _Requests], configured: Container[str], size: int
-) -> dict[str, _Requests]:
-    """One provider's counts by label value: the pool and unconfigured as one."""
-    labelled: dict[str, _Requests] = {}
-    for tenant, requests in counts.items():
-        label = tenant_label(tenant, configured)
-        total = labelled.get(label)
-        if total is None:
-            total = labelled[label] = _Requests(size)
-        total.merge(requests)
-    return labelled
+        # Each bucket's ``le`` label as ``prometheus_client`` writes its own.
+        bounds = [*map(repr, self._accumulator.bounds), "+Inf"]
+        cumulative = itertools.accumulate(requests.waits)
+        buckets = list(zip(bounds, cumulative, strict=True))
+        family.add_metric(value, buckets, sum_value=requests.wait_sum)
 
 
 def _budget_families(statistics: DispatcherStatistics) -> Iterator[Metric]:
@@ -484,11 +422,6 @@ def _budget_families(statistics: DispatcherStatistics) -> Iterator[Metric]:
             held.add_metric(value, 1 if budget.waiting_for_budget else 0)
     yield from (family for _, family in families)
     yield held
-
-
-def _le(bound: float) -> str:
-    """A bucket's ``le`` label, as ``prometheus_client`` writes its own."""
-    return "+Inf" if bound == math.inf else repr(bound)
 
 
 def _check_buckets(buckets: object) -> tuple[float, ...]:

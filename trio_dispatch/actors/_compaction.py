@@ -9,9 +9,9 @@ which takes a slot for it like for any call of the turn.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Final
 
+from .._metering import prompt_chars
 from ..messages import ChatMessage, ChatRequest
 
 if TYPE_CHECKING:
@@ -54,8 +54,7 @@ def compaction_cut(
     """
     if options.context_budget is None:
         return None
-    chars = len(system_prompt or "") + sum(_tool_size(spec) for spec in tools)
-    chars += sum(_size(message) for message in (*history, *turn))
+    chars = prompt_chars(system_prompt, (*history, *turn), tools)
     if chars / 4 <= options.context_budget:
         return None
     return choose_cut(history, options.keep_recent)
@@ -105,16 +104,3 @@ def summary_message(text: str) -> ChatMessage | None:
     if not summary:
         return None
     return ChatMessage("system", SUMMARY_PREFIX + summary)
-
-
-def _tool_size(spec: ToolSpec) -> int:
-    """A tool definition's size in characters: every request carries it."""
-    return len(spec.name) + len(spec.description) + len(json.dumps(spec.parameters))
-
-
-def _size(message: ChatMessage) -> int:
-    """A message's size in characters, for the context estimate."""
-    size = len(message.content)
-    for call in message.tool_calls:
-        size += len(call.name) + len(call.raw_arguments or json.dumps(call.arguments))
-    return size

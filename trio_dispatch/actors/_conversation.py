@@ -34,11 +34,11 @@ Every job runs inside a ``Dispatcher.turn()`` of the conversation's id,
 class and the turn's start, so every LLM call of a turn, retries and
 tool-loop steps alike, and every slot its tools take (their tasks start
 inside it), asks the dispatcher for a slot with the turn's ``started_at``
-and ``priority``: a turn in progress goes before turns that started later; the slot is held only while the
-answer streams, never while tools run. When to retry and how long to back
-off is decided in ``_retry``; when and where to compact, and what to ask
-for the summary, in ``_compaction``: both pure, both fed the conversation's
-``ConversationOptions``.
+and ``priority``: a turn in progress goes before turns that started later;
+the slot is held only while the answer streams, never while tools run.
+When to retry and how long to back off is decided in ``_retry``; when and
+where to compact, and what to ask for the summary, in ``_compaction``:
+both pure, both fed the conversation's ``ConversationOptions``.
 
 Errors: a ``ProviderError`` that outlives its retries, and any other
 ``DispatchError`` of the dispatcher's (``QueueFull``, ``SlotHoldTimeout``),
@@ -409,10 +409,7 @@ class Conversation(metaclass=NoPublicConstructor):
                 self._stop = "dispatcher" if cancelled else "failed"
             raise
         finally:
-            if (
-                self._stop is None
-            ):  # pragma: no cover (close() sets it before it cancels)
-                self._stop = "closed"
+            self._stop = self._stop or "closed"  # close() set it if nothing did
             self._shut_down()
 
     async def _serve(self) -> None:
@@ -421,12 +418,17 @@ class Conversation(metaclass=NoPublicConstructor):
                 continue  # abandoned while queued: it never starts
             self._current = job
             result: TurnResult | Usage | None = None
+            # Every slot the job takes, by its LLM calls or by its tools
+            # (their tasks start inside it), reads its start and class here.
+            turn = self._dispatcher.turn(
+                conversation_id=self.id, priority=self._priority, tenant=self._tenant
+            )
             try:
-                with job.scope:
+                with job.scope, turn as started:
                     if job.text is None:
                         result = await self._warm()
                     else:
-                        result = await self._turn(job)
+                        result = await self._run_turn(job, started.started_at)
             except DispatchError as error:
                 self._current = None
                 if job.text is not None:
@@ -455,18 +457,6 @@ class Conversation(metaclass=NoPublicConstructor):
         for job in pending:
             if not job.done.is_set():
                 job.fail(self._closed_error())
-
-    async def _turn(self, job: Job) -> TurnResult:
-        # Every slot taken in the turn, by its LLM calls or by its tools
-        # (their tasks start inside it), reads its start and class here.
-        started_at = trio.current_time()
-        with self._dispatcher.turn(
-            conversation_id=self.id,
-            started_at=started_at,
-            priority=self._priority,
-            tenant=self._tenant,
-        ):
-            return await self._run_turn(job, started_at)
 
     async def _run_turn(self, job: Job, started_at: float) -> TurnResult:
         assert job.text is not None
@@ -521,10 +511,7 @@ class Conversation(metaclass=NoPublicConstructor):
                 self._totals.turns_completed += 1
                 return TurnResult(
                     text=reply.text,
-                    llm_calls=counters.llm_calls,
-                    tool_calls=counters.tool_calls,
-                    retries=counters.retries,
-                    usage=counters.usage,
+                    **attrs.asdict(counters, recurse=False),
                     started_at=started_at,
                     finished_at=finished_at,
                     finish_reason=reply.finish,
@@ -556,10 +543,7 @@ class Conversation(metaclass=NoPublicConstructor):
             cache_key=self.id,
         )
         provider = LimitedProvider(self._provider, self._dispatcher)
-        with self._dispatcher.turn(
-            conversation_id=self.id, priority=self._priority, tenant=self._tenant
-        ):
-            reply = await self._call(provider, request, Counters())
+        reply = await self._call(provider, request, Counters())
         self._totals.warmups += 1
         return NO_USAGE if reply.usage is None else reply.usage
 
@@ -660,14 +644,8 @@ class Conversation(metaclass=NoPublicConstructor):
         return self._provider.id in self._dispatcher.limits()
 
     def _pause_cap(self) -> float | None:
-        """The longest ``Retry-After`` a backoff honours itself (see ``backoff``).
-
-        ``None`` for a limited provider, whose pause honours it; the
-        dispatcher's ``max_pause`` for an unlimited one, which nothing pauses.
-        """
-        if self._limited():
-            return None
-        return self._dispatcher.max_pause
+        """The longest ``Retry-After`` a backoff honours: none if a pause does."""
+        return None if self._limited() else self._dispatcher.max_pause
 
     # -- tools ---------------------------------------------------------------
 
@@ -723,13 +701,10 @@ class Conversation(metaclass=NoPublicConstructor):
         turn: list[ChatMessage],
         counters: Counters,
     ) -> bool | None:
-        """Replace ``earlier``'s older messages by a summary if the turn is too long.
+        """Summarise ``earlier``'s older messages if the ``turn`` is too long.
 
-        ``earlier`` is what came before the turn, ``turn`` the turn so far
-        (see ``compaction_cut``).
-
-        Returns:
-            ``None`` if no compaction was due; else whether it succeeded.
+        ``None`` if no compaction was due (see ``compaction_cut``); else
+        whether it succeeded.
         """
         cut = compaction_cut(
             earlier,

@@ -16,17 +16,13 @@ callbacks (``on_rate_limits=dispatcher.observe_rate_limits``,
 ``on_rate_limit=dispatcher.report_rate_limit``) is counted once: the
 wrapper runs the call in ``Dispatcher.calling()``, so the dispatcher
 recognises what the callbacks tell it from the task that holds the slot,
-and the wrapper does not tell it again. The metering
-(estimate, figures, "answered, then maybe pause", usage) is the one the
-transport uses too (``_metering``).
+and the wrapper does not tell it again. The metering is the transport's
+too (``_metering``).
 
-A provider that names its ``model`` (ours do) asks for that model's slot:
-its ``"provider/model"`` budget must hold the request too, and the figures
-of its answers teach that model's budget. Each stream is charged to the
-provider's token budget: the slot carries the
-request's estimate (its prompt, about 4 characters a token, plus
-``max_tokens``), and the ``Usage`` event at the end of the answer corrects
-it to what the request really used.
+A provider that names its ``model`` asks for that model's slot (see
+``wrap_provider``). Each stream is charged to the provider's token budget:
+the slot carries the request's estimate (``estimate_tokens``), and the
+``Usage`` event at the end of the answer corrects it to what was used.
 """
 
 from __future__ import annotations
@@ -61,13 +57,8 @@ if TYPE_CHECKING:
 class LimitedProvider:
     """A ``Provider`` whose streams each hold a slot of its dispatcher.
 
-    Attributes:
-        provider: The provider wrapped.
-        conversation_id: Who asks: the ``conversation_id`` of every slot,
-            or ``None`` for the current turn's.
-        started_at: The priority of every stream (when the turn began), or
-            ``None`` for the current turn's start, or the time each stream
-            is opened outside any turn.
+    Made by ``wrap_provider``: ``provider`` is the one wrapped, and
+    ``conversation_id`` and ``started_at`` are as ``wrap_provider`` takes them.
     """
 
     __slots__ = ("_dispatcher", "conversation_id", "provider", "started_at")
@@ -154,11 +145,12 @@ class LimitedProvider:
                         if isinstance(exc, ProviderError):
                             # A status answer: its figures count this request.
                             info = figures_of(exc)
+                            busy = isinstance(exc, RateLimited | Overloaded)
                             meter.answered(
                                 info,
                                 started=info is not None,
-                                pause=isinstance(exc, RateLimited | Overloaded),
-                                retry_after=_retry_after(exc),
+                                pause=busy,
+                                retry_after=getattr(exc, "retry_after", None),
                             )
                         if watch is not None:
                             watch.end(exc)
@@ -167,13 +159,6 @@ class LimitedProvider:
                     watch.end(None)
         if waiting is not None and waiting.cancelled_caught:
             raise NotGrantedInTime
-
-
-def _retry_after(error: ProviderError) -> float | None:
-    """The pause a rate-limit answer asked for, if it is one."""
-    if isinstance(error, RateLimited | Overloaded):
-        return error.retry_after
-    return None
 
 
 @final

@@ -14,7 +14,21 @@ schedulers nothing. While no sink is attached, the schedulers build no
 event at all: they check the hub once per batch of messages, not once per
 message.
 
-Times are on the trio clock (``trio.current_time()``).
+Times are on the trio clock (``trio.current_time()``). Every slot event
+(``Queued``, ``Granted``, ``Released``, ``Withdrawn``, ``Refused``) has
+these attributes, and the one its class names:
+
+* ``provider``: the provider asked for; ``at``: when it happened;
+* ``conversation_id``: who asked, if it said; ``started_at``: when its
+  turn began, its place in the queue;
+* ``in_flight``, ``waiting``: slots held and requests waiting after the
+  event (in this process);
+* ``tenant``, ``model``: what the request was made for and asked for, or
+  ``None``.
+
+A request queued (or granted) while nothing listened has ``None`` for its
+``conversation_id`` and for the seconds it waited (or held) in the events
+that follow.
 """
 
 from __future__ import annotations
@@ -42,26 +56,21 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 
 
-@final
 @attrs.frozen
-class Queued:
-    """A request for a slot waits: no slot was free, or others wait before it.
-
-    Attributes:
-        provider: The provider asked for.
-        at: When it happened (trio clock).
-        conversation_id: Who asked, if it said.
-        started_at: When its turn began: its place in the queue.
-        in_flight: Slots held after the event (in this process).
-        waiting: Requests waiting after the event (in this process).
-        tenant: The tenant the request was made for, or ``None``.
-        model: The model the request asked for, or ``None``.
-    """
+class SlotEvent:
+    """What every slot event says first (see the module notes)."""
 
     provider: str
     at: float
     conversation_id: str | None
     started_at: float
+
+
+@final
+@attrs.frozen
+class Queued(SlotEvent):
+    """A request for a slot waits: no slot was free, or others wait before it."""
+
     in_flight: int
     waiting: int
     tenant: str | None = None
@@ -70,27 +79,13 @@ class Queued:
 
 @final
 @attrs.frozen
-class Granted:
+class Granted(SlotEvent):
     """A request got its slot.
 
     Attributes:
-        provider: The provider asked for.
-        at: When it happened (trio clock).
-        conversation_id: Who asked, if it said (``None`` as well when it
-            was queued while nothing listened).
-        started_at: When its turn began.
-        wait: Seconds it waited for the slot (0 when granted at once), or
-            ``None`` if it was queued while nothing listened.
-        in_flight: Slots held after the event (in this process).
-        waiting: Requests waiting after the event (in this process).
-        tenant: The tenant the request was made for, or ``None``.
-        model: The model the request asked for, or ``None``.
+        wait: Seconds it waited for the slot (0 when granted at once).
     """
 
-    provider: str
-    at: float
-    conversation_id: str | None
-    started_at: float
     wait: float | None
     in_flight: int
     waiting: int
@@ -100,27 +95,13 @@ class Granted:
 
 @final
 @attrs.frozen
-class Released:
+class Released(SlotEvent):
     """A slot was given back.
 
     Attributes:
-        provider: The provider.
-        at: When it happened (trio clock).
-        conversation_id: Who held it (``None`` as well when it was granted
-            while nothing listened).
-        started_at: When its turn began.
-        held: Seconds it was held, or ``None`` if it was granted while
-            nothing listened.
-        in_flight: Slots held after the event (in this process).
-        waiting: Requests waiting after the event (in this process).
-        tenant: The tenant the request was made for, or ``None``.
-        model: The model the request asked for, or ``None``.
+        held: Seconds it was held.
     """
 
-    provider: str
-    at: float
-    conversation_id: str | None
-    started_at: float
     held: float | None
     in_flight: int
     waiting: int
@@ -130,27 +111,13 @@ class Released:
 
 @final
 @attrs.frozen
-class Withdrawn:
+class Withdrawn(SlotEvent):
     """A waiting request gave up (it was cancelled) before it got a slot.
 
     Attributes:
-        provider: The provider asked for.
-        at: When it happened (trio clock).
-        conversation_id: Who asked (``None`` as well when it was queued
-            while nothing listened).
-        started_at: When its turn began.
-        waited: Seconds it waited, or ``None`` if it was queued while
-            nothing listened.
-        in_flight: Slots held after the event (in this process).
-        waiting: Requests waiting after the event (in this process).
-        tenant: The tenant the request was made for, or ``None``.
-        model: The model the request asked for, or ``None``.
+        waited: Seconds it waited.
     """
 
-    provider: str
-    at: float
-    conversation_id: str | None
-    started_at: float
     waited: float | None
     in_flight: int
     waiting: int
@@ -160,25 +127,13 @@ class Withdrawn:
 
 @final
 @attrs.frozen
-class Refused:
+class Refused(SlotEvent):
     """A request was refused with ``QueueFull``: too many already wait.
 
     Attributes:
-        provider: The provider asked for.
-        at: When it happened (trio clock).
-        conversation_id: Who asked, if it said.
-        started_at: When its turn began.
         reason: The error's message.
-        in_flight: Slots held after the event (in this process).
-        waiting: Requests waiting after the event (in this process).
-        tenant: The tenant the request was made for, or ``None``.
-        model: The model the request asked for, or ``None``.
     """
 
-    provider: str
-    at: float
-    conversation_id: str | None
-    started_at: float
     reason: str
     in_flight: int
     waiting: int

@@ -38,22 +38,16 @@ models, files, batches, token counts) passes straight through.
 What a model call tells the budgets, as ``wrap_provider`` does for our own
 providers:
 
-* its model: the ``model`` of a JSON body (read from the one parse that
-  the estimate reads too; a body that is not JSON, or names no model,
-  names none). The slot is for that model: a ``"provider/model"`` budget
-  must hold it too, and the figures of its answer teach that model's;
-* its estimate: a JSON body with ``messages`` (chat completions, Anthropic
-  messages) is charged its prompt, about 4 characters a token (the text
-  of its messages, system prompt and tools; images, audio and files are
-  not counted), plus ``n`` times its ``max_tokens`` or
-  ``max_completion_tokens`` (the provider's ``default_max_tokens`` when it
-  sets neither). Any other body is charged nothing. The estimate is not
-  corrected from the answer's usage: the usage is in the body, which the
-  SDK parses, not the transport (in a stream, its last events). So a call
-  keeps its estimate, as OpenAI's cookbook charges ``max_tokens`` and
-  never corrects, and a token budget paced through the transport errs on
-  the safe side by what the answers did not use; the figures of later
-  answers only ever lower the budget, never raise it;
+* its model: the ``model`` of a JSON body, if it names one. The slot is
+  for that model: a ``"provider/model"`` budget must hold it too, and the
+  figures of its answer teach that model's;
+* its estimate (``estimate_json_tokens``): a chat completions or messages
+  body is charged its prompt and ``n`` times its ``max_tokens``, any other
+  body nothing. It is never corrected from the answer's usage, which is in
+  the body the SDK parses, not the transport: as OpenAI's cookbook charges
+  ``max_tokens`` and never corrects, a token budget paced through the
+  transport errs on the safe side, and the figures of later answers only
+  ever lower the budget, never raise it;
 * its answer started when its headers arrive (``Slot.answered``);
 * the rate-limit figures of those headers, OpenAI's ``x-ratelimit-*`` or
   Anthropic's ``anthropic-ratelimit-*``, whichever are there, go to
@@ -70,11 +64,12 @@ the collector runs in; never awaiting) and warns with a ``ResourceWarning``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Final, Generic, Protocol, Self, TypeVar, final
+from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, Self, TypeVar, final
 
 import httpx2
 import trio
@@ -89,8 +84,8 @@ from .._metering import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-    from types import TracebackType
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+    from types import ModuleType, TracebackType
 
     from ._dispatcher import Dispatcher
     from ._slot import Slot
@@ -137,11 +132,6 @@ def wrong_client(provider: str, request: object, *, legacy: bool) -> TypeError:
         f" {kind}: use httpx2.AsyncClient, or for an httpx.AsyncClient make it with"
         " inner=httpx.AsyncHTTPTransport()"
     )
-
-
-def hold_timeout(max_hold: float | None) -> SlotHoldTimeout:
-    """The error of a transport's call held past ``max_hold``."""
-    return SlotHoldTimeout(f"slot held longer than max_hold={max_hold} seconds")
 
 
 @final
@@ -192,19 +182,6 @@ class Hold:
         # The scopes cut at the deadline now: a read's, the request's.
         self._scopes: list[trio.CancelScope] = []
         slot.follow_lease(self._lease_moved)
-
-    @property
-    def deadline(self) -> float:
-        """When the call must end (trio clock): ``max_hold`` or the lease, first."""
-        return self._deadline
-
-    def track(self, scope: trio.CancelScope) -> None:
-        """Move ``scope``'s deadline with the hold's (a renewal moves it) from now on."""
-        self._scopes.append(scope)
-
-    def untrack(self, scope: trio.CancelScope) -> None:
-        """Stop moving ``scope``'s deadline (see ``track``)."""
-        self._scopes.remove(scope)
 
     def _lease_moved(self, lease: float) -> None:
         """A renewal moved the lease: every scope cut at the deadline follows."""
@@ -272,11 +249,21 @@ class Hold:
         dispatcher = self._dispatcher
         if self._lease <= self._max_hold:
             return lease_lost(self._slot.provider, dispatcher.lease)
-        return hold_timeout(dispatcher.max_hold)
+        max_hold = dispatcher.max_hold
+        return SlotHoldTimeout(f"slot held longer than max_hold={max_hold} seconds")
 
-    def timed(self) -> _Timed:
-        """A block cut at the deadline: it then raises ``timeout()``."""
-        return _Timed(self)
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[None]:
+        """The reading task's own block, cut at the deadline: then ``timeout()``."""
+        scope = trio.CancelScope(deadline=self._deadline)
+        self._scopes.append(scope)
+        try:
+            with scope:
+                yield
+        finally:
+            self._scopes.remove(scope)
+        if scope.cancelled_caught:
+            raise self.timeout()
 
     def answered(self, status: int, headers: Mapping[str, str]) -> None:
         """The answer's headers are in: tell the dispatcher what they say.
@@ -370,33 +357,6 @@ class Hold:
             await close_inner()
         finally:
             self.give_back()
-
-
-@final
-class _Timed:
-    """``Hold.timed()``: the reading task's own scope, cut at the deadline."""
-
-    __slots__ = ("_hold", "_scope")
-
-    def __init__(self, hold: Hold) -> None:
-        self._hold = hold
-        self._scope = trio.CancelScope(deadline=hold.deadline)
-
-    def __enter__(self) -> None:
-        self._scope.__enter__()
-        self._hold.track(self._scope)
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        self._hold.untrack(self._scope)
-        swallowed = self._scope.__exit__(exc_type, exc, tb)
-        if self._scope.cancelled_caught:
-            raise self._hold.timeout()
-        return swallowed
 
 
 class _Stream(Protocol):
@@ -516,22 +476,10 @@ class _Inner(Protocol):
 
     async def aclose(self) -> None: ...
 
-
-class _Answer(Protocol):
-    """What a hold needs of a response of either httpx."""
-
-    @property
-    def status_code(self) -> int: ...
-
-    @property
-    def headers(self) -> Mapping[str, str]: ...
-
-    @property
-    def is_closed(self) -> bool: ...
+    async def handle_async_request(self, request: Any) -> Any: ...  # noqa: ANN401 (either httpx's)
 
 
 InnerT = TypeVar("InnerT", bound=_Inner)
-AnswerT = TypeVar("AnswerT", bound=_Answer)
 
 
 class TransportBase(Generic[InnerT]):
@@ -561,27 +509,47 @@ class TransportBase(Generic[InnerT]):
     async def aclose(self) -> None:
         await self._inner.aclose()
 
-    async def _held(
-        self, content: bytes | None, send: Callable[[], Awaitable[AnswerT]]
-    ) -> tuple[AnswerT, Hold | None]:
-        """Send a model call under a slot (``send``): its answer, and its hold.
+    async def _handle(
+        self,
+        request: Any,  # noqa: ANN401 (a request of the transport's httpx)
+        httpx: ModuleType,
+        body: type[HeldBodyBase],
+    ) -> Any:  # noqa: ANN401 (its response)
+        """Send ``request``, holding a slot first if it is a model call.
 
-        The hold is ``None`` when nothing more is on the wire (a body read
-        already, as a mock's): the slot is back. Otherwise the response's
+        ``httpx`` is the module of the transport's httpx, ``body`` its held
+        body. The hold is given back at once when nothing more is on the
+        wire (a body read already, as a mock's); otherwise the response's
         body keeps it until closed.
+
+        Raises:
+            TypeError: ``request`` is not of ``httpx`` (the client is of the
+                other httpx), before any slot is taken.
         """
+        if not isinstance(request, httpx.Request):
+            legacy = httpx is not httpx2
+            raise wrong_client(self._provider, request, legacy=legacy)
+        inner = self._inner
+        if not takes_slot(request.method, request.url.path):
+            return await inner.handle_async_request(request)
+        try:
+            content: bytes | None = request.content
+        except httpx.RequestNotRead:
+            content = None
         hold = await Hold.take(self._dispatcher, self._provider, self._reader, content)
         try:
             with hold.timed():
-                response = await send()
+                response = await inner.handle_async_request(request)
             hold.answered(response.status_code, response.headers)
         except BaseException:
             hold.give_back()
             raise
         if response.is_closed:
             hold.give_back()
-            return response, None
-        return response, hold
+        else:
+            assert isinstance(response.stream, httpx.AsyncByteStream)
+            response.stream = body(response.stream, hold)
+        return response
 
 
 @final
@@ -591,25 +559,6 @@ class DispatchTransport(
     """``Dispatcher.transport``: model calls hold a slot of one provider."""
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        """Send ``request``, holding a slot first if it is a model call.
-
-        Raises:
-            TypeError: ``request`` is not an ``httpx2.Request`` (the client
-                is a legacy ``httpx.AsyncClient``), before any slot is taken.
-        """
-        if not isinstance(request, httpx2.Request):
-            raise wrong_client(self._provider, request, legacy=False)
-        inner = self._inner
-        if not takes_slot(request.method, request.url.path):
-            return await inner.handle_async_request(request)
-        try:
-            content: bytes | None = request.content
-        except httpx2.RequestNotRead:
-            content = None
-        response, hold = await self._held(
-            content, lambda: inner.handle_async_request(request)
-        )
-        if hold is not None:
-            assert isinstance(response.stream, httpx2.AsyncByteStream)
-            response.stream = _HeldBody(response.stream, hold)
+        """Send ``request``, holding a slot first if it is a model call."""
+        response: httpx2.Response = await self._handle(request, httpx2, _HeldBody)
         return response

@@ -11,7 +11,7 @@ from typing import final
 
 import httpx
 
-from ._transport import HeldBodyBase, TransportBase, takes_slot, wrong_client
+from ._transport import HeldBodyBase, TransportBase
 
 
 @final
@@ -26,25 +26,6 @@ class LegacyDispatchTransport(
     """``Dispatcher.transport`` around an httpx transport."""
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        """Send ``request``, holding a slot first if it is a model call.
-
-        Raises:
-            TypeError: ``request`` is not an ``httpx.Request`` (the client is
-                an ``httpx2.AsyncClient``), before any slot is taken.
-        """
-        if not isinstance(request, httpx.Request):
-            raise wrong_client(self._provider, request, legacy=True)
-        inner = self._inner
-        if not takes_slot(request.method, request.url.path):
-            return await inner.handle_async_request(request)
-        try:
-            content: bytes | None = request.content
-        except httpx.RequestNotRead:
-            content = None
-        response, hold = await self._held(
-            content, lambda: inner.handle_async_request(request)
-        )
-        if hold is not None:
-            assert isinstance(response.stream, httpx.AsyncByteStream)
-            response.stream = _LegacyHeldBody(response.stream, hold)
+        """Send ``request``, holding a slot first if it is a model call."""
+        response: httpx.Response = await self._handle(request, httpx, _LegacyHeldBody)
         return response

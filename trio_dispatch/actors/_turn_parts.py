@@ -103,12 +103,12 @@ class Job:
     def finish(self, result: TurnResult | Usage | None) -> None:
         self.result = result
         self.done.set()
-        self._close()
+        if self.events is not None:
+            self.events.close()
 
     def fail(self, error: BaseException) -> None:
         self.error = error
-        self.done.set()
-        self._close()
+        self.finish(None)
 
     def outcome(self) -> TurnResult | Usage | None:
         """The result of the job, once ``done``; or its error, raised (once)."""
@@ -119,10 +119,6 @@ class Job:
             finally:
                 del error  # no cycle through the traceback's frame
         return self.result
-
-    def _close(self) -> None:
-        if self.events is not None:
-            self.events.close()
 
     async def emit(self, event: TurnEvent) -> None:
         """Give ``event`` to the reader, waiting while its buffer is full."""
