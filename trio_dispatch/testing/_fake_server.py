@@ -1,35 +1,17 @@
 """The fake LLM API as an ASGI app: it checks, records, counts and streams.
 
-``FakeLLMServer`` is a plain ASGI 3 application (no framework) answering
+``FakeLLMServer`` is a plain ASGI 3 application answering
 ``POST /v1/chat/completions`` in OpenAI's streaming format and
-``POST /v1/messages`` in Anthropic's, from a ``FakeScript``; the bytes come
-from the encoders in ``_encoders``, and ``open_fake_llm_server`` (in
-``_serve``) serves it on loopback.
+``POST /v1/messages`` in Anthropic's, from a ``FakeScript``.
 
-It checks what a real API would refuse: a missing key (401; Anthropic's
-``x-api-key`` or a bearer ``Authorization``, OpenAI's bearer), a wrong one
-when the server was given one (401), a missing ``anthropic-version``, a
-body that is not JSON or lacks ``model``, ``messages`` (and Anthropic's
-``max_tokens``), or a request that does not ask to stream (400). It records
-every request it is sent (without the key) and keeps statistics, including
-the peak number of requests in flight at once and how many streams the
-client abandoned before their end (it watches for the disconnect, so an
-abandoned stream stops at once, even a stalled one). It keeps a prompt
-cache per API key (``_cache``), and its usage reports the cache reads and
-writes of a request that asks for caching, unless the script sets them.
-
-Given ``FakeQuotas``, it also keeps each key's rate limits as the real APIs
-do (``_quotas``): requests and tokens per minute in buckets that refill
-continuously, and a concurrency cap. A request beyond them is answered 429
-with the true ``Retry-After``, and every answer to a key carries the
-rate-limit headers of its wire format. With ``FakeQuotas.models`` (or
-``per_model``) it keeps them per key and model, the model its body names,
-and an answer's headers report that model's buckets, as OpenAI's do. The buckets run on trio's clock, so
-``MockClock`` drives them; Anthropic's RFC 3339 resets are that clock
+It refuses what a real API would: a missing or wrong key (401), a missing
+``anthropic-version``, a body that is not JSON or lacks ``model``,
+``messages`` (and Anthropic's ``max_tokens``), or that does not ask to
+stream (400). It watches for the client's disconnect, so an abandoned
+stream stops at once, even a stalled one. It keeps a prompt cache per API
+key (``_cache``) and, given ``FakeQuotas``, each key's rate limits
+(``_quotas``) on trio's clock; Anthropic's RFC 3339 resets are that clock
 mapped onto the wall clock when the server first needed it.
-
-All timing is ``trio.sleep``; with real sockets, tests run in real time, so
-keep latencies small.
 """
 
 from __future__ import annotations
@@ -98,8 +80,7 @@ class _Progress:
 class FakeLLMServer:
     """The fake LLM API: an ASGI app with a script, a log and statistics.
 
-    Get one from ``open_fake_llm_server``; the URLs are known once it is
-    served.
+    Get one from ``open_fake_llm_server``, which serves it.
     """
 
     def __init__(
@@ -129,8 +110,6 @@ class FakeLLMServer:
     def __repr__(self) -> str:
         where = self._base_url or "not serving"
         return f"<FakeLLMServer {where}>"
-
-    # -- the public face -----------------------------------------------------
 
     def serving_at(self, base_url: str) -> None:
         """Plumbing for ``open_fake_llm_server``: the server answers at ``base_url`` now."""
@@ -164,10 +143,7 @@ class FakeLLMServer:
         return self._script
 
     def set_script(self, script: FakeScript) -> None:
-        """Answer later requests from ``script``, its ``replies`` from the start.
-
-        Requests already being answered keep their reply.
-        """
+        """Answer later requests from ``script``; those being answered keep theirs."""
         if not isinstance(script, FakeScript):
             raise TypeError(f"script must be a FakeScript, got {script!r}")
         self._script = script
@@ -185,11 +161,8 @@ class FakeLLMServer:
     def rate_limits(self, api_key: str, model: str | None = None) -> RateLimitInfo:
         """What an answer to ``api_key`` for ``model`` would say of its limits now.
 
-        The figures its rate-limit headers carry (times rounded up to the
-        millisecond, as the headers have them); empty without quotas.
-        ``model`` matters only to a model with quotas of its own (see
-        ``FakeQuotas.models`` and ``per_model``); ``None``: the key's
-        shared buckets.
+        The figures of its rate-limit headers, times rounded up to the
+        millisecond; empty without quotas. ``None``: the key's shared buckets.
         """
         if model is not None and not isinstance(model, str):
             raise TypeError(f"model must be a string or None, got {model!r}")
@@ -220,8 +193,6 @@ class FakeLLMServer:
     async def wait_idle(self) -> FakeServerStatistics:
         """Wait until no request is being answered."""
         return await self.wait_until(lambda stats: stats.in_flight == 0)
-
-    # -- ASGI ----------------------------------------------------------------
 
     async def __call__(
         self, scope: Mapping[str, Any], receive: Receive, send: Send
@@ -449,6 +420,10 @@ class FakeLLMServer:
         fault = reply.fault
         strike_at = strike_index(reply, len(body))
         tokens_sent = 0
+
+        async def send_body(data: bytes = b"", *, more: bool = True) -> None:
+            await send({"type": "http.response.body", "body": data, "more_body": more})
+
         for index, event in enumerate([*body, None]):
             if fault is not None and index == strike_at:
                 if fault.kind == "disconnect":
@@ -456,43 +431,32 @@ class FakeLLMServer:
                     return  # without the end of the body: the connection drops
                 if fault.kind == "truncate":
                     self._finish(progress)
-                    await send({"type": "http.response.body", "more_body": False})
+                    await send_body(more=False)
                     return
                 if fault.kind == "stall":
                     await trio.sleep_forever()
                 if fault.kind == "stream_error":
-                    error = error_event(wire, fault)
-                    await send(
-                        {"type": "http.response.body", "body": error, "more_body": True}
-                    )
+                    await send_body(error_event(wire, fault))
                     self._finish(progress)
-                    await send({"type": "http.response.body", "more_body": False})
+                    await send_body(more=False)
                     return
                 if fault.kind == "malformed":
-                    await send(
-                        {
-                            "type": "http.response.body",
-                            "body": MALFORMED[wire],
-                            "more_body": True,
-                        }
-                    )
+                    await send_body(MALFORMED[wire])
             if event is None:
                 break
             if event.token:
-                await _sleep(token_delay(reply, tokens_sent))
+                delay = token_delay(reply, tokens_sent)
+                if delay > 0:
+                    await trio.sleep(delay)
                 tokens_sent += 1
-            await send(
-                {"type": "http.response.body", "body": event.data, "more_body": True}
-            )
+            await send_body(event.data)
         self._finish(progress)
-        await send({"type": "http.response.body", "body": terminator.data})
+        await send_body(terminator.data, more=False)
 
     def _finish(self, progress: _Progress) -> None:
         # Before the last send: from then on a disconnect is ours, not theirs.
         progress.finished = True
         self._tally.finished()
-
-    # -- what to send --------------------------------------------------------
 
     def _events(
         self, request: FakeRequest, reply: FakeReply, api_key: str
@@ -564,10 +528,8 @@ def _max_tokens(body: Mapping[str, Any]) -> int | None:
 def _key_in(wire: WireFormat, headers: Mapping[str, str]) -> str:
     """The API key the request presents, or ``""``.
 
-    OpenAI takes ``Authorization: Bearer <key>``. Anthropic takes its
-    ``x-api-key`` header or, as the official SDK sends an ``api_key`` or an
-    ``auth_token`` since its 2.x line, ``Authorization: Bearer <key>``;
-    ``x-api-key`` wins when a request carries both.
+    A bearer ``Authorization``, or Anthropic's ``x-api-key`` (which wins: its
+    SDK sends either since its 2.x line).
     """
     if wire == "anthropic":
         key = headers.get("x-api-key", "").strip()
@@ -585,11 +547,6 @@ def _client(scope: Mapping[str, Any]) -> tuple[str, int] | None:
         return None
     host, port = client
     return (str(host), int(port))
-
-
-async def _sleep(seconds: float) -> None:
-    if seconds > 0:
-        await trio.sleep(seconds)
 
 
 async def _read_body(receive: Receive) -> bytes | None:
@@ -629,11 +586,7 @@ def _check_request(request: FakeRequest, headers: Mapping[str, str]) -> None:
 
 
 def check_api_key(api_key: str | None) -> None:
-    """Refuse a key no client could ever present, so every request got 401.
-
-    Presented keys are stripped and must be non-empty (see
-    ``FakeLLMServer._authenticated``). The messages never show the key.
-    """
+    """Refuse a key no client could present (presented keys are stripped)."""
     if api_key is None:
         return
     if not isinstance(api_key, str):

@@ -1,18 +1,10 @@
 """A provider in memory, answering from the fake server's script.
 
-``ScriptedProvider`` takes the same ``FakeScript`` as the fake LLM server
-and plays it without a socket: no HTTP client, no server, no hypercorn, so
-a unit test can run it under ``autojump_clock`` and assert exact times.
-
 It plays a reply event for event as the server would send it in the
 provider's wire format (``_encoders`` says what each event means to our
 decoders, ``_playback`` when it goes out and where a fault strikes), so
-switching a test between sockets and memory changes neither the events
-nor the errors: a status fault raises what ``error_for_status`` makes of
-that status and body, an error event what ``error_for_type`` makes of it,
-and the other stream faults the errors the HTTP providers raise for a
-dropped connection, a body cut short, an event that is not JSON, or a
-stall (after ``read_timeout``).
+switching a test between sockets and memory changes neither the events nor
+the errors the HTTP providers raise.
 """
 
 from __future__ import annotations
@@ -66,70 +58,35 @@ _TERMINATORS: dict[WireFormat, str] = {
 class ScriptedProvider:
     """A ``Provider`` that answers from a ``FakeScript``, in memory.
 
-    The script, its replies and their faults are the fake LLM server's
-    (``open_fake_llm_server``), and so are the answers: the same text and
-    reasoning deltas, tool calls, ``Finish`` and ``Usage``, at the same
-    moments on the trio clock, and the same typed ``ProviderError`` for
-    each fault, as ``OpenAIProvider`` (``wire="openai"``) or
-    ``AnthropicProvider`` (``wire="anthropic"``) yield against the server.
-    Rate-limit and overloaded errors are reported to ``on_rate_limit``
-    first, as the HTTP providers do.
-
-    Nothing leaves the process, and all timing is ``trio.sleep``: under
-    ``autojump_clock`` a reply with ``latency=2`` and
+    The script is the fake LLM server's, and so are the answers: the same
+    deltas, tool calls, ``Finish`` and ``Usage`` at the same moments on the
+    trio clock, and the same typed ``ProviderError`` for each fault, as
+    ``OpenAIProvider`` (``wire="openai"``) or ``AnthropicProvider``
+    (``wire="anthropic"``) yield against the server. All timing is
+    ``trio.sleep``: under ``autojump_clock`` a reply with ``latency=2`` and
     ``time_to_first_token=0.5`` gives its first delta at exactly 2.5 s.
 
     A script's ``choose`` gets a ``FakeRequest`` whose ``chat`` is the
-    ``ChatRequest`` (there is no wire body). For the same reason a reply
-    without ``input_tokens`` is estimated from the request's text (a token
-    per four characters), not from its JSON as the server does. The
-    provider keeps every request it was asked (``requests``) and the fake
-    server's statistics.
-
-    Example, with ``add`` a ``Tool`` that adds ``a`` and ``b``::
-
-        call = FakeToolCall("add", {"a": 2, "b": 2})
-        provider = ScriptedProvider(
-            FakeScript(
-                replies=(
-                    FakeReply(text="", tool_calls=(call,)),
-                    FakeReply(text="it is 4", time_to_first_token=0.5),
-                )
-            )
-        )
-        async with open_dispatcher({provider.id: 1}) as dispatcher:
-            conversation = dispatcher.start_conversation(provider, tools=[add])
-            result = await conversation.ask("what is 2 + 2?")
-        assert result.text == "it is 4"
-        assert len(provider.requests) == 2
+    ``ChatRequest`` (there is no wire body), so a reply without
+    ``input_tokens`` is estimated from the request's text (a token per four
+    characters), not from its JSON as the server does.
 
     Args:
         script: What to answer; a default ``FakeScript`` if not given.
         id: The provider's id, as the dispatcher knows it.
-        wire: The wire format whose stream it plays: ``"openai"`` or
-            ``"anthropic"``. It decides the details that differ between
-            them: where a fault's ``after_events`` strikes, the error
-            vocabulary, how usage is reported (OpenAI counts cache writes
-            as plain prompt tokens) and the ids made up for tool calls.
+        wire: ``"openai"`` or ``"anthropic"``: where a fault's
+            ``after_events`` strikes, the error vocabulary, how usage is
+            reported and the ids made up for tool calls.
         read_timeout: Seconds without data before the stream fails with
-            ``ProviderConnectionError``, as the HTTP providers' read timeout:
-            what a ``"stall"`` fault, or a longer ``latency`` or pause
-            between tokens, runs into.
+            ``ProviderConnectionError``, as the HTTP providers' read timeout.
         on_rate_limit: Called with ``(id, retry_after)`` before a
-            ``RateLimited`` or ``Overloaded`` is raised, for use without a
-            dispatcher's slot (through one, the error itself tells it):
-            pass ``dispatcher.report_rate_limit``.
-        on_rate_limits: Called with ``(id, RateLimitInfo)`` for each answer
-            that carries rate-limit figures, before its error is raised,
-            as the HTTP providers do: here, a status fault with
-            ``retry_after`` or ``retry_after_ms`` (the only rate-limit
-            headers a script sends), which the error's ``rate_limits``
-            carries too. An exception it raises is logged.
+            ``RateLimited`` or ``Overloaded`` is raised.
+        on_rate_limits: Called with ``(id, RateLimitInfo)`` for a status
+            fault with ``retry_after`` or ``retry_after_ms``, before its
+            error is raised; an exception it raises is logged.
 
     Raises:
-        TypeError: ``script`` is not a ``FakeScript``, ``id`` not a string,
-            ``read_timeout`` not a number, or ``on_rate_limit`` or
-            ``on_rate_limits`` not callable.
+        TypeError: An argument of the wrong type.
         ValueError: ``id`` is empty, ``wire`` unknown, or ``read_timeout``
             not a positive number of seconds.
     """
@@ -182,10 +139,7 @@ class ScriptedProvider:
         return self._script
 
     def set_script(self, script: FakeScript) -> None:
-        """Answer later requests from ``script``, its ``replies`` from the start.
-
-        Streams already open keep their reply.
-        """
+        """Answer later requests from ``script``; open streams keep their reply."""
         if not isinstance(script, FakeScript):
             raise TypeError(f"script must be a FakeScript, got {script!r}")
         self._script = script
@@ -199,19 +153,13 @@ class ScriptedProvider:
     def statistics(self) -> FakeServerStatistics:
         """A snapshot of the counters, as the fake server keeps them.
 
-        ``completed`` counts streams played to their end, or to the stream
-        fault that ends them; ``client_disconnects`` the streams left before
-        that, and those a stall or a long pause ended after
-        ``read_timeout``; ``responses_by_status`` has ``200`` for each
-        stream and the status of each status fault.
+        A stall or a long pause ended after ``read_timeout`` counts as a
+        client disconnect.
         """
         return self._tally.snapshot()
 
     def stream(self, request: ChatRequest) -> _ScriptedStream:
-        """Play the answer to ``request``; see ``Provider.stream``.
-
-        Nothing is asked until the returned context manager is entered.
-        """
+        """Play the answer to ``request`` once entered; see ``Provider.stream``."""
         if not isinstance(request, ChatRequest):
             raise TypeError(f"request must be a ChatRequest, got {request!r}")
         return _ScriptedStream(self, request)
@@ -234,8 +182,6 @@ class ScriptedProvider:
         # Nothing to wait for: closing is a flag, and no checkpoint here
         # could replace the exception on its way out with a Cancelled.
         self._closed = True
-
-    # -- used by _ScriptedStream --------------------------------------------
 
     def _arrive(self, request: ChatRequest) -> FakeReply:
         """Record ``request`` and pick its reply: the request is "sent"."""
@@ -328,11 +274,7 @@ class ScriptedProvider:
         )
 
     def _observe(self, error: ProviderError) -> None:
-        """Put a status fault's retry headers on ``error``; tell ``on_rate_limits``.
-
-        Its ``rate_limits``, as the HTTP providers' status errors carry
-        them, if it has any.
-        """
+        """Put a status fault's retry headers on ``error``; tell ``on_rate_limits``."""
         retry_after = getattr(error, "retry_after", None)
         if retry_after is None:
             return
@@ -360,14 +302,9 @@ def _estimate(request: ChatRequest) -> int:
 
 @final
 class _ScriptedStream:
-    """One answer, played from its wire events; entered once, then iterated.
+    """One answer, played from its wire events; entered once, then iterated."""
 
-    What ``ScriptedProvider.stream`` returns; the same rules as the HTTP
-    providers' streams (see ``Provider``). A script sends no rate-limit
-    headers with a stream, so its ``rate_limits`` is always ``None``.
-    """
-
-    #: What the answer said of the rate limits: a script says nothing.
+    #: A script sends no rate-limit headers with a stream.
     rate_limits: RateLimitInfo | None = None
 
     def __init__(self, provider: ScriptedProvider, request: ChatRequest) -> None:

@@ -1,15 +1,11 @@
 """Seeded, pre-generated agent workloads for the simulation harness.
 
-A ``Workload`` describes a population of agent turns statistically: how they
-arrive (a Poisson process at a given load, or bursts), which provider each
-one uses, how many LLM calls a turn makes and how long calls and the tool
-steps between them take. ``Workload.scenario()`` draws every number from one
-``random.Random(seed)`` up front and returns a ``Scenario``: the concrete
-list of turns. Because nothing is drawn while the simulation runs, the order
-in which trio happens to schedule tasks can never change the workload, and
-every policy compared on one seed sees exactly the same turns.
-
-A ``Scenario`` can also be written by hand, for exact tests.
+A ``Workload`` describes agent turns statistically; ``Workload.scenario()``
+draws every number from one ``random.Random(seed)`` up front and returns a
+``Scenario``, the concrete list of turns (which can also be written by
+hand). Nothing is drawn while the simulation runs, so trio's scheduling
+order cannot change the workload, and every policy compared on one seed
+sees the same turns.
 
 Load is a fraction of the client-side capacity: a Poisson workload at load
 ``rho`` on providers whose limits sum to ``L`` has arrival rate
@@ -55,17 +51,10 @@ DurationKind = Literal["constant", "exponential", "lognormal", "uniform"]
 @final
 @attrs.frozen
 class Duration:
-    """A distribution of durations, in seconds.
+    """A distribution of durations, in seconds; build one with the classmethods.
 
-    Build one with the classmethods. ``spread`` is the lognormal's shape
-    (the standard deviation of its logarithm) or the uniform's half-width;
-    it is ignored by the other kinds.
-
-    Attributes:
-        kind: ``"constant"``, ``"exponential"``, ``"lognormal"`` or
-            ``"uniform"``.
-        mean: The distribution's mean.
-        spread: Its shape parameter, see above.
+    ``spread`` is the lognormal's shape (the standard deviation of its
+    logarithm) or the uniform's half-width; the other kinds ignore it.
     """
 
     kind: DurationKind = attrs.field(
@@ -121,12 +110,7 @@ class Duration:
 @final
 @attrs.frozen
 class CallsPerTurn:
-    """How many LLM calls a turn makes: uniform between ``low`` and ``high``.
-
-    Attributes:
-        low: The fewest calls, at least 1.
-        high: The most calls, inclusive.
-    """
+    """How many LLM calls a turn makes: uniform from ``low`` to ``high``."""
 
     low: int = attrs.field(validator=positive_int)
     high: int = attrs.field(validator=positive_int)
@@ -159,9 +143,8 @@ class CallsPerTurn:
 class PoissonArrivals:
     """Turns arrive as a Poisson process at ``load`` times the capacity.
 
-    Attributes:
-        load: Offered slot time per second over the summed limits; 1.0 keeps
-            every slot busy on average, above 1.0 the queue grows.
+    ``load`` is offered slot time per second over the summed limits: 1.0
+    keeps every slot busy on average, above it the queue grows.
     """
 
     load: float = attrs.field(validator=positive_number)
@@ -172,12 +155,8 @@ class PoissonArrivals:
 class BurstArrivals:
     """Turns arrive in bursts of ``size``, one burst every ``interval`` seconds.
 
-    The first burst arrives at time 0. Turns of one burst arrive
-    ``BURST_SPACING`` apart, in order.
-
-    Attributes:
-        size: Turns per burst.
-        interval: Seconds from one burst to the next.
+    The first burst arrives at time 0; turns of one burst ``BURST_SPACING``
+    apart, in order.
     """
 
     size: int = attrs.field(validator=positive_int)
@@ -215,12 +194,9 @@ class SimProvider:
     weight: float = attrs.field(default=1.0, validator=positive_number)
 
 
+# One converter per type: mypy's attrs plugin cannot solve a generic one.
 def _to_duration_tuple(values: Iterable[float]) -> tuple[float, ...]:
     return tuple(values)
-
-
-# Each call's or tool step's duration, checked like any number of seconds.
-_durations = attrs.validators.deep_iterable(non_negative_seconds)
 
 
 def _to_provider_tuple(values: Iterable[SimProvider]) -> tuple[SimProvider, ...]:
@@ -231,22 +207,19 @@ def _to_turn_tuple(values: Iterable[TurnSpec]) -> tuple[TurnSpec, ...]:
     return tuple(values)
 
 
+# Each call's or tool step's duration, checked like any number of seconds.
+_durations = attrs.validators.deep_iterable(non_negative_seconds)
+
+
 @final
 @attrs.frozen
 class TurnSpec:
     """One agent turn, fully drawn: when it starts and what it does.
 
-    The turn makes ``len(calls)`` LLM calls, each holding a slot for its
-    duration, with ``tools[i]`` seconds of tool work after call ``i``
-    (no tool step follows the last call).
-
-    Attributes:
-        arrival: When the turn starts, in seconds from the simulation's start.
-        provider: The name of the provider all its calls go to.
-        calls: Each call's duration.
-        tools: Each tool step's duration; one fewer than ``calls``.
-        priority: The turn's priority class (``Dispatcher.turn``'s
-            ``priority``); higher goes first.
+    It starts ``arrival`` seconds into the simulation and makes
+    ``len(calls)`` calls to ``provider``, each holding a slot for its
+    duration, with ``tools[i]`` seconds of tool work after call ``i`` (none
+    after the last). ``priority`` is its class (higher goes first).
     """
 
     arrival: float = attrs.field(validator=non_negative_seconds)
@@ -277,14 +250,8 @@ class TurnSpec:
 @final
 @attrs.frozen
 class Scenario:
-    """A concrete workload: providers and every turn, ready to simulate.
-
-    Attributes:
-        providers: The providers; names are unique.
-        turns: The turns, in any order.
-        max_attempts: How many times a call is sent before its turn gives
-            up, when the provider keeps answering 429.
-    """
+    """A concrete workload: providers (unique names) and every turn, in any
+    order; a call answered 429 is sent at most ``max_attempts`` times."""
 
     providers: tuple[SimProvider, ...] = attrs.field(converter=_to_provider_tuple)
     turns: tuple[TurnSpec, ...] = attrs.field(converter=_to_turn_tuple)
