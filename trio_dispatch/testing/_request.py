@@ -1,9 +1,4 @@
-"""A request as the fake LLM received it, and the wire formats.
-
-Its own module so that the script (whose ``choose`` is called with a
-``FakeRequest``), the encoders, the server and the scripted provider can
-all name it without importing each other.
-"""
+"""A request as the fake LLM received it, and the wire formats."""
 
 from __future__ import annotations
 
@@ -30,23 +25,18 @@ ROUTES: dict[str, WireFormat] = {
 class FakeRequest:
     """One request the fake server received, as it arrived (minus the key).
 
-    A ``ScriptedProvider`` makes one for its script's ``choose`` too: with
-    its own wire format and that format's path, no body, no headers, and
-    the ``ChatRequest`` itself as ``chat``.
+    A ``ScriptedProvider`` makes one for its script's ``choose`` too, with
+    no body and no headers, and the ``ChatRequest`` itself as ``chat``.
 
     Attributes:
         format: ``"openai"`` or ``"anthropic"``, from the path.
-        path: The request path.
-        body: The parsed JSON body, or ``None`` if it was not JSON (or
-            never went on the wire).
+        body: The parsed JSON body, or ``None`` if it was not JSON.
         headers: The request headers, names lowercased, without
             ``authorization`` and ``x-api-key``.
         authenticated: Whether it passed the server's key check.
         arrived_at: When it arrived, on the trio clock.
-        client: The client's ``(host, port)``; requests over one kept-alive
-            connection share it.
-        chat: The ``ChatRequest`` a ``ScriptedProvider`` was asked; the
-            fake server sees only the wire, and leaves it ``None``.
+        client: The client's ``(host, port)``, shared by the requests of
+            one kept-alive connection.
     """
 
     format: WireFormat

@@ -1,11 +1,8 @@
 """What the fake LLM server answers: its script, as attrs values.
 
-A ``FakeScript`` chooses one ``FakeReply`` per request: ``choose`` (a
-function of the request) first, then the ``replies`` queue in order, then
-``default``. A reply says what to stream (text, reasoning, tool calls,
-usage), how fast (``latency`` before the headers, ``time_to_first_token``,
-``tokens_per_second``) and what to break (``fault``). The same reply is
-streamed in whichever wire format the request came in.
+A ``FakeScript`` chooses one ``FakeReply`` per request, streamed in
+whichever wire format the request came in: what to stream, how fast, and
+what to break (``fault``).
 """
 
 from __future__ import annotations
@@ -116,12 +113,9 @@ class Fault:
 class FakeToolCall:
     """A tool call for the fake model to make.
 
-    Attributes:
-        name: The tool's name.
-        arguments: The arguments, streamed as JSON in pieces.
-        id: The call's id; the server makes one up when ``None``.
-        raw_arguments: Argument text to send instead of ``arguments`` (for
-            testing arguments that are not valid JSON).
+    Its ``arguments`` are streamed as JSON in pieces, or ``raw_arguments``
+    instead (for arguments that are not valid JSON); the server makes up an
+    ``id`` when it is ``None``.
     """
 
     name: str
@@ -135,36 +129,25 @@ class FakeToolCall:
 class FakeReply:
     """One scripted answer.
 
-    The text and the reasoning are streamed a word at a time (each word
-    with the whitespace before it), tool call arguments in
-    ``argument_chunks`` pieces.
+    The text and the reasoning (``reasoning_content`` deltas for OpenAI, a
+    thinking block for Anthropic) are streamed a word at a time, each tool
+    call's arguments in ``argument_chunks`` pieces.
 
     Attributes:
-        text: The visible answer.
-        reasoning: Reasoning to stream before it (``reasoning_content``
-            deltas for OpenAI, a thinking block for Anthropic).
-        tool_calls: Tool calls to make after the text.
         input_tokens: Reported uncached prompt tokens; ``None`` estimates
             them from the request (a token per four characters).
         output_tokens: Reported output tokens; ``None`` counts the chunks.
         cache_read_tokens: Reported prompt tokens read from the cache.
-        cache_write_tokens: Reported prompt tokens written to the cache
-            (Anthropic reports them apart; OpenAI counts them as prompt).
-            When these two are 0 and ``input_tokens`` is ``None``, the fake
-            server reports what its own prompt cache read and wrote for a
-            request that asks for caching (``cache_control`` breakpoints,
-            a ``prompt_cache_key``); a ``ScriptedProvider`` has no cache.
-        finish: The finish reason, in the normalised vocabulary
-            (``"stop"``, ``"tool_calls"``, ``"length"``,
-            ``"content_filter"``); ``None`` picks ``"tool_calls"`` when
-            there are tool calls and ``"stop"`` otherwise.
+        cache_write_tokens: Reported prompt tokens written to it (OpenAI
+            counts them as prompt). When both are 0 and ``input_tokens`` is
+            ``None``, the fake server reports what its own prompt cache
+            read and wrote; a ``ScriptedProvider`` has no cache.
+        finish: The normalised finish reason; ``None`` picks
+            ``"tool_calls"`` when there are tool calls, else ``"stop"``.
         latency: Seconds before the response headers.
-        time_to_first_token: Seconds between the headers and the first
-            token.
+        time_to_first_token: Seconds between the headers and the first token.
         tokens_per_second: The pace of the tokens after the first; ``None``
             sends them as fast as it can.
-        argument_chunks: How many pieces each tool call's arguments come in.
-        fault: What to break, if anything.
     """
 
     text: str = "Hello from the fake LLM server."
@@ -195,11 +178,8 @@ class FakeReply:
 class FakeScript:
     """How the fake server picks the reply to each request.
 
-    Attributes:
-        default: The reply when nothing else decides.
-        replies: Replies used in order, one per request, before ``default``.
-        choose: Called with each ``FakeRequest``; a reply it returns wins,
-            ``None`` falls through to ``replies`` and ``default``.
+    ``choose(request)`` first (``None`` falls through), then the ``replies``
+    in order, one per request, then ``default``.
     """
 
     default: FakeReply = FakeReply()

@@ -1,8 +1,4 @@
-"""The fake LLM server on loopback: ``FakeLLMServer`` served by hypercorn.
-
-hypercorn runs on trio and is an optional dependency (the ``testing``
-extra), imported only when a server starts.
-"""
+"""The fake LLM server on loopback, served by hypercorn (the ``testing`` extra)."""
 
 from __future__ import annotations
 
@@ -34,28 +30,20 @@ def open_fake_llm_server(
 ) -> AbstractAsyncContextManager[FakeLLMServer]:
     """Serve a ``FakeLLMServer`` on loopback for the ``async with`` block.
 
+    The arguments are checked at the call, before anything is bound. On exit
+    the server stops at once, cancelling the requests being answered.
+
     Args:
         script: What to answer; a default ``FakeScript`` if not given.
-        api_key: If given, the only key accepted; otherwise (``None``) any
-            non-empty key is. It must be non-empty, without leading or
-            trailing whitespace, or no request could ever present it.
-        quotas: Rate limits to keep for each API key (requests and tokens
-            per minute, concurrency); none if not given.
+        api_key: If given, the only key accepted (non-empty, without
+            surrounding whitespace); ``None`` accepts any non-empty key.
+        quotas: Rate limits to keep for each API key; none if not given.
         host: The address to bind.
         port: The port to bind; ``0`` picks a free one.
 
-    Returns:
-        An async context manager yielding the server, serving;
-        ``server.base_url`` says where.
-
     Raises:
-        TypeError: ``script`` is not a ``FakeScript``, ``api_key`` is
-            not a string, or ``quotas`` not a ``FakeQuotas``.
+        TypeError: An argument of the wrong type.
         ValueError: ``api_key`` is empty or has surrounding whitespace.
-
-    The arguments are checked here, at the call, before anything is bound.
-    On exit the server stops at once: requests still being answered are
-    cancelled and their connections closed.
     """
     server = FakeLLMServer(
         FakeScript() if script is None else script, api_key=api_key, quotas=quotas
@@ -67,13 +55,10 @@ def open_fake_llm_server(
 async def _serve(
     server: FakeLLMServer, *, host: str, port: int
 ) -> AsyncIterator[FakeLLMServer]:
-    """Serve ``server`` with hypercorn for the ``async with`` block."""
     try:
         from hypercorn.config import Config  # noqa: PLC0415 (an optional dependency)
         from hypercorn.trio import serve  # noqa: PLC0415 (an optional dependency)
-    except (
-        ModuleNotFoundError
-    ) as exc:  # pragma: no cover (hypercorn is installed for tests)
+    except ModuleNotFoundError as exc:  # pragma: no cover (installed for tests)
         raise ModuleNotFoundError(
             "the fake LLM server needs hypercorn: pip install 'trio-dispatch[testing]'"
         ) from exc
@@ -85,12 +70,10 @@ async def _serve(
 
         async def run(task_status: trio.TaskStatus[list[str]]) -> None:
             await serve(server, config, mode="asgi", task_status=task_status)  # type: ignore[arg-type]  # FakeLLMServer is an ASGI app; hypercorn's TypedDicts are stricter than its Mapping
-            # hypercorn returns only when told to shut down, and nothing here
-            # tells it to (no shutdown trigger, no request limit) but a
-            # KeyboardInterrupt landing in one of its tasks, which it takes
-            # as that cue and swallows. Raise it again: whoever pressed
-            # Ctrl+C meant to stop, and the block must not go on against a
-            # server that is gone.
+            # hypercorn returns only when told to shut down, which nothing
+            # here does but a KeyboardInterrupt landing in one of its tasks,
+            # which it swallows. Raise it again: Ctrl+C meant to stop, and
+            # the block must not go on against a server that is gone.
             if not nursery.cancel_scope.cancel_called:
                 raise KeyboardInterrupt
 

@@ -1,6 +1,4 @@
-"""What a fake LLM has seen: the counters the fake server and
-``ScriptedProvider`` keep alike, and their snapshot.
-"""
+"""The counters the fake server and ``ScriptedProvider`` keep alike."""
 
 from __future__ import annotations
 
@@ -20,21 +18,16 @@ class FakeServerStatistics:
 
     Attributes:
         requests_total: LLM requests received (rejected ones included).
-        in_flight: LLM requests being answered now.
         peak_in_flight: The most LLM requests ever answered at once.
         responses_by_status: Responses started, by HTTP status.
         completed: Streams sent to their end as scripted (faults included).
         client_disconnects: Streams the client left before their end.
         quota_refusals: Requests answered 429 because a key's quota
-            (``FakeQuotas``) was spent; scripted 429s are not counted here.
-        tokens_served: Prompt and output tokens of the streams started,
-            as their usage reports them.
-        requests_by_model: LLM requests received, by the model their
-            body named (those that named none, or no string, are left
-            out). The fake server's; a ``ScriptedProvider`` leaves it
-            empty, as ``quota_refusals_by_model``.
-        quota_refusals_by_model: ``quota_refusals``, by the model the
-            refused request named (as ``requests_by_model``).
+            (``FakeQuotas``) was spent, not scripted 429s.
+        tokens_served: Prompt and output tokens of the streams started.
+        requests_by_model: LLM requests received, by the model their body
+            named, as ``quota_refusals_by_model`` (a ``ScriptedProvider``
+            leaves both empty).
     """
 
     requests_total: int
@@ -49,15 +42,11 @@ class FakeServerStatistics:
     quota_refusals_by_model: Mapping[str, int] = attrs.field(factory=dict)
 
 
-def _nothing() -> None:
-    pass
-
-
 @attrs.define(eq=False)
 class Tally:
     """The counters behind ``FakeServerStatistics``; ``on_change`` after each."""
 
-    on_change: Callable[[], None] = _nothing
+    on_change: Callable[[], None] = lambda: None
     requests_total: int = 0
     in_flight: int = 0
     peak_in_flight: int = 0
