@@ -24,8 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from ..messages import StreamEvent, ToolCall
-    from ._request import WireFormat
-    from ._script import FakeReply, FakeToolCall, Fault
+    from ._script import FakeReply, FakeToolCall, Fault, WireFormat
 
 
 @attrs.frozen

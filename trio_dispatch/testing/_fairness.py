@@ -44,19 +44,10 @@ FAIRNESS_QUANTILES: tuple[float, ...] = tuple(q / 2 for q in range(201))
 class FairnessConfig:
     """What the fairness sweep runs.
 
-    Attributes:
-        loads: Offered loads, as fractions of the provider's limit.
-        shapes: Calls per turn, one sweep line each.
-        policies: The policies compared.
-        agents: Turns per run.
-        limit: The provider's limit (its capacity is the same).
-        call_duration: How long LLM calls take.
-        tool_duration: How long tool steps take.
-        retry_after: The provider's ``Retry-After`` on 429.
-        max_attempts: Attempts per call before a turn gives up.
-        seed: The seed of every workload.
-        target_load: The load of the headline comparison.
-        target_shape: The turn shape of the headline comparison.
+    Each run has ``agents`` turns on one provider whose capacity is its
+    ``limit``, at each of ``loads`` (fractions of the limit) and ``shapes``
+    (calls per turn); the headline compares the policies at
+    ``target_load`` and ``target_shape``.
     """
 
     loads: tuple[float, ...] = (0.5, 0.7, 0.85, 0.95, 1.1)
@@ -95,14 +86,8 @@ class FairnessConfig:
 @final
 @attrs.frozen
 class FairnessRow:
-    """One policy at one sweep point.
-
-    Attributes:
-        load: The offered load.
-        shape: Calls per turn, as ``"1-8"``.
-        metrics: The run's metrics.
-        latency_quantiles: Turn latency at each of ``FAIRNESS_QUANTILES``.
-    """
+    """One policy at one sweep point (``shape`` as ``"1-8"``), with its turn
+    latency at each of ``FAIRNESS_QUANTILES``."""
 
     load: float
     shape: str
@@ -296,10 +281,9 @@ def _describe(duration: Duration) -> str:
     return f"{duration.kind}(mean {duration.mean:g} s)"
 
 
-#: The panels of ``latency_vs_load.png``, one column each: (title, field,
-#: what it shows). Where oldest-first wins (turn latency) comes first, then
-#: where it loses (the waits of single calls), then the work each policy
-#: finished, so a policy cannot look fast by dropping turns.
+#: The panels of ``latency_vs_load.png``: (title, field, unit). Where
+#: oldest-first wins, where it loses, then the work each policy finished, so
+#: a policy cannot look fast by dropping turns.
 VS_LOAD_PANELS: tuple[tuple[str, str, str], ...] = (
     ("p95 turn latency", "latency_p95", "seconds"),
     ("p99 turn latency", "latency_p99", "seconds"),
@@ -308,8 +292,8 @@ VS_LOAD_PANELS: tuple[tuple[str, str, str], ...] = (
     ("turns completed", "completed", "% of turns"),
 )
 
-# Each policy's look: drawn in this order, later ones on top and thinner,
-# so a line that coincides with another still shows through it.
+# Drawn in this order, later ones on top and thinner, so that a line on
+# another still shows.
 _STYLES: dict[str, dict[str, object]] = {
     "none": {"color": "tab:gray", "marker": "s", "linestyle": ":", "markersize": 7},
     "random": {"color": "tab:green", "marker": "^", "linestyle": "-.", "markersize": 7},
@@ -577,19 +561,8 @@ class PriorityClassesConfig:
     """What the priority classes sweep runs: classes under load, aging varied.
 
     Every run plays the seeded workload of its load under ``"oldest-first"``,
-    once per ``priority_aging``.
-
-    Attributes:
-        loads: Offered loads, as fractions of the provider's limit.
-        agings: The ``priority_aging`` values compared, in seconds.
-        classes: The classes and their shares of the turns, as
-            ``(priority, weight)`` pairs.
-        agents: Turns per run.
-        limit: The provider's limit (its capacity is the same).
-        calls: Calls per turn.
-        call_duration: How long LLM calls take.
-        tool_duration: How long tool steps take.
-        seed: The seed of every workload.
+    once per ``priority_aging`` of ``agings``; ``classes`` are
+    ``(priority, weight)`` pairs, as ``Workload.classes``.
     """
 
     loads: tuple[float, ...] = (0.95, 1.1)
@@ -633,18 +606,11 @@ def _workload(
 @final
 @attrs.frozen
 class PriorityClassRow:
-    """One priority class in one run.
+    """One priority class in one run at ``load`` with ``aging``.
 
-    Attributes:
-        load: The offered load.
-        aging: The run's ``priority_aging``.
-        priority: The class.
-        turns: Its turns in the run.
-        completed: Those that completed.
-        wait_p95: The 95th percentile of a turn's total wait for slots.
-        wait_max: The longest total wait of one turn.
-        call_wait_max: The longest single wait for a slot.
-        latency_p95: The 95th percentile of turn latency (completed turns).
+    ``wait_p95`` and ``wait_max`` are of a turn's total wait for slots,
+    ``call_wait_max`` the longest single wait, ``latency_p95`` of the
+    completed turns.
     """
 
     load: float

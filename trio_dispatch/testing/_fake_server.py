@@ -2,7 +2,9 @@
 
 ``FakeLLMServer`` is a plain ASGI 3 application answering
 ``POST /v1/chat/completions`` in OpenAI's streaming format and
-``POST /v1/messages`` in Anthropic's, from a ``FakeScript``.
+``POST /v1/messages`` in Anthropic's, from a ``FakeScript``;
+``open_fake_llm_server`` serves it on loopback with hypercorn (the
+``testing`` extra, imported only when a server starts).
 
 It refuses what a real API would: a missing or wrong key (401), a missing
 ``anthropic-version``, a body that is not JSON or lacks ``model``,
@@ -18,7 +20,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import time
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, final
 
 import attrs
@@ -35,7 +39,6 @@ from ._encoders import (
     error_event,
     status_fault_answer,
 )
-from ._playback import pick_reply, strike_index, token_delay
 from ._quotas import (
     REFUSAL_ERRORS,
     FakeQuotas,
@@ -44,18 +47,27 @@ from ._quotas import (
     quota_headers,
     refusal_headers,
 )
-from ._request import ROUTES, FakeRequest
-from ._script import FakeReply, FakeScript
+from ._script import (
+    ROUTES,
+    FakeReply,
+    FakeRequest,
+    FakeScript,
+    pick_reply,
+    strike_index,
+    token_delay,
+)
 from ._tally import FakeServerStatistics, Tally
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import AsyncIterator, Callable, Mapping
+    from contextlib import AbstractAsyncContextManager
 
     from .._asgi import Receive, Send
     from ._encoders import WireEvent
-    from ._request import WireFormat
+    from ._script import WireFormat
 
 _SECRET_HEADERS = frozenset({"authorization", "x-api-key"})
+_logger = logging.getLogger("trio_dispatch.testing.fake_server")
 
 
 class _Rejected(Exception):
@@ -597,3 +609,68 @@ def check_api_key(api_key: str | None) -> None:
         raise ValueError("api_key must not be empty; pass None to accept any key")
     if api_key != api_key.strip():
         raise ValueError("api_key must not begin or end with whitespace")
+
+
+def open_fake_llm_server(
+    script: FakeScript | None = None,
+    *,
+    api_key: str | None = None,
+    quotas: FakeQuotas | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+) -> AbstractAsyncContextManager[FakeLLMServer]:
+    """Serve a ``FakeLLMServer`` on loopback for the ``async with`` block.
+
+    The arguments are checked at the call, before anything is bound. On exit
+    the server stops at once, cancelling the requests being answered.
+
+    Args:
+        script: What to answer; a default ``FakeScript`` if not given.
+        api_key: If given, the only key accepted (non-empty, without
+            surrounding whitespace); ``None`` accepts any non-empty key.
+        quotas: Rate limits to keep for each API key; none if not given.
+        host: The address to bind.
+        port: The port to bind; ``0`` picks a free one.
+
+    Raises:
+        TypeError: An argument of the wrong type.
+        ValueError: ``api_key`` is empty or has surrounding whitespace.
+    """
+    server = FakeLLMServer(
+        FakeScript() if script is None else script, api_key=api_key, quotas=quotas
+    )
+    return _serve(server, host=host, port=port)
+
+
+@asynccontextmanager
+async def _serve(
+    server: FakeLLMServer, *, host: str, port: int
+) -> AsyncIterator[FakeLLMServer]:
+    try:
+        from hypercorn.config import Config  # noqa: PLC0415 (an optional dependency)
+        from hypercorn.trio import serve  # noqa: PLC0415 (an optional dependency)
+    except ModuleNotFoundError as exc:  # pragma: no cover (installed for tests)
+        raise ModuleNotFoundError(
+            "the fake LLM server needs hypercorn: pip install 'trio-dispatch[testing]'"
+        ) from exc
+    config = Config()
+    config.bind = [f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = _logger
+    async with trio.open_nursery() as nursery:
+
+        async def run(task_status: trio.TaskStatus[list[str]]) -> None:
+            await serve(server, config, mode="asgi", task_status=task_status)  # type: ignore[arg-type]  # FakeLLMServer is an ASGI app; hypercorn's TypedDicts are stricter than its Mapping
+            # hypercorn returns only when told to shut down, which nothing
+            # here does but a KeyboardInterrupt landing in one of its tasks,
+            # which it swallows. Raise it again: Ctrl+C meant to stop, and
+            # the block must not go on against a server that is gone.
+            if not nursery.cancel_scope.cancel_called:
+                raise KeyboardInterrupt
+
+        binds = await nursery.start(run)
+        server.serving_at(binds[0])
+        try:
+            yield server
+        finally:
+            nursery.cancel_scope.cancel()

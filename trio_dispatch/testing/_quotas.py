@@ -34,7 +34,7 @@ from .._validation import (
 )
 
 if TYPE_CHECKING:
-    from ._request import WireFormat
+    from ._script import WireFormat
 
 _positive = attrs.validators.optional(positive_int)
 _fraction = validator(check_fraction)

@@ -1,8 +1,12 @@
-"""What the fake LLM server answers: its script, as attrs values.
+"""What a fake LLM is asked, what it answers, and how the answer is played.
 
-A ``FakeScript`` chooses one ``FakeReply`` per request, streamed in
+A ``FakeScript`` chooses one ``FakeReply`` per ``FakeRequest``, streamed in
 whichever wire format the request came in: what to stream, how fast, and
-what to break (``fault``).
+what to break (``fault``). The fake server and the scripted provider play
+it by the same rules, so a script means the same over sockets and in
+memory: the first token after ``time_to_first_token``, each later one
+``1 / tokens_per_second`` after the one before; a stream fault strikes
+before event ``after_events`` (or just before the terminator).
 """
 
 from __future__ import annotations
@@ -20,9 +24,57 @@ from .._validation import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
-    from ._request import FakeRequest
+    from ..messages import ChatRequest
+
+WireFormat = Literal["openai", "anthropic"]
+
+#: The fake server's routes, and the wire format each one speaks.
+ROUTES: dict[str, WireFormat] = {
+    "/v1/chat/completions": "openai",
+    "/v1/messages": "anthropic",
+}
+
+
+@final
+@attrs.frozen
+class FakeRequest:
+    """One request the fake server received, as it arrived (minus the key).
+
+    A ``ScriptedProvider`` makes one for its script's ``choose`` too, with
+    no body and no headers, and the ``ChatRequest`` itself as ``chat``.
+
+    Attributes:
+        format: ``"openai"`` or ``"anthropic"``, from the path.
+        body: The parsed JSON body, or ``None`` if it was not JSON.
+        headers: The request headers, names lowercased, without
+            ``authorization`` and ``x-api-key``.
+        authenticated: Whether it passed the server's key check.
+        arrived_at: When it arrived, on the trio clock.
+        client: The client's ``(host, port)``, shared by the requests of
+            one kept-alive connection.
+    """
+
+    format: WireFormat
+    path: str
+    body: Any
+    headers: Mapping[str, str]
+    authenticated: bool
+    arrived_at: float
+    client: tuple[str, int] | None = None
+    chat: ChatRequest | None = None
+
+    @property
+    def model(self) -> str | None:
+        """The body's ``model``, if it is a string (what per-model quotas go by)."""
+        body = self.body
+        if isinstance(body, dict):
+            model = body.get("model")
+            if isinstance(model, str):
+                return model
+        return None
+
 
 FaultKind = Literal[
     "rate_limit",
@@ -185,3 +237,39 @@ class FakeScript:
     default: FakeReply = FakeReply()
     replies: tuple[FakeReply, ...] = ()
     choose: Callable[[FakeRequest], FakeReply | None] | None = None
+
+
+def pick_reply(
+    script: FakeScript, request: FakeRequest, replies_used: int
+) -> tuple[FakeReply, int]:
+    """The reply to ``request``, and how many ``replies`` are used after it."""
+    if script.choose is not None:
+        chosen = script.choose(request)
+        if chosen is not None:
+            return chosen, replies_used
+    if replies_used < len(script.replies):
+        return script.replies[replies_used], replies_used + 1
+    return script.default, replies_used
+
+
+def token_delay(reply: FakeReply, tokens_sent: int) -> float:
+    """Seconds to wait before the next token, after ``tokens_sent`` of them."""
+    if tokens_sent == 0:
+        return reply.time_to_first_token
+    if reply.tokens_per_second is None:
+        return 0.0
+    return 1 / reply.tokens_per_second
+
+
+def strike_index(reply: FakeReply, events: int) -> int | None:
+    """Before which of the stream's ``events`` its stream fault strikes.
+
+    ``events`` counts the stream's events before its terminator; striking
+    at ``events`` means just before the terminator. ``None``: no fault.
+    """
+    fault = reply.fault
+    if fault is None:
+        return None
+    if fault.after_events is None:
+        return events
+    return min(fault.after_events, events)

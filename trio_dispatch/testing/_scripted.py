@@ -27,15 +27,15 @@ from .._ratelimits import RateLimitInfo
 from .._validation import check_seconds, check_text
 from .._wire import error_for_status, error_for_type
 from ..messages import ChatRequest
-from ._encoders import (
-    STATUS_ERRORS,
-    STREAM_ERROR_MESSAGE,
-    encode_reply,
-    header_number,
+from ._encoders import STREAM_ERROR_MESSAGE, encode_reply, status_fault_answer
+from ._script import (
+    ROUTES,
+    FakeRequest,
+    FakeScript,
+    pick_reply,
+    strike_index,
+    token_delay,
 )
-from ._playback import pick_reply, strike_index, token_delay
-from ._request import ROUTES, FakeRequest
-from ._script import FakeScript
 from ._tally import FakeServerStatistics, Tally
 
 if TYPE_CHECKING:
@@ -44,8 +44,7 @@ if TYPE_CHECKING:
     from .._provider import RateLimitObserver, RateLimitReporter
     from ..messages import StreamEvent
     from ._encoders import WireEvent
-    from ._request import WireFormat
-    from ._script import FakeReply, Fault
+    from ._script import FakeReply, Fault, WireFormat
 
 _PATHS: dict[WireFormat, str] = {wire: path for path, wire in ROUTES.items()}
 _TERMINATORS: dict[WireFormat, str] = {
@@ -203,9 +202,6 @@ class ScriptedProvider:
         reply, self._replies_used = pick_reply(self._script, fake, self._replies_used)
         return reply
 
-    def _answer(self, status: int) -> None:
-        self._tally.answered(status)
-
     def _leave(self, outcome: Literal["completed", "refused"] | None) -> None:
         tally = self._tally
         tally.departed()
@@ -214,36 +210,26 @@ class ScriptedProvider:
         elif outcome is None:
             tally.abandoned()
 
-    def _events(self, request: ChatRequest, reply: FakeReply) -> list[WireEvent]:
-        return encode_reply(
-            reply,
-            self._wire,
-            model="scripted",
-            estimated_input_tokens=_estimate(request),
-            # Our HTTP providers always ask for OpenAI's usage chunk.
-            include_usage=True,
-            ids=self._ids,
-        )
-
     def _status_error(self, fault: Fault) -> ProviderError:
-        """What the HTTP providers raise for ``fault``'s status and body."""
-        status = fault.status
-        assert status is not None
-        error_type, message = STATUS_ERRORS[self._wire][fault.kind]
-        # As the headers carry them, and as the providers read them back:
-        # three decimals, and retry-after-ms first.
-        retry_after: float | None = None
-        if fault.retry_after_ms is not None:
-            retry_after = float(header_number(fault.retry_after_ms)) * 0.001
-        elif fault.retry_after is not None:
-            retry_after = float(header_number(fault.retry_after))
-        return error_for_status(
+        """What the HTTP providers raise for ``fault``'s answer; ``on_rate_limits``
+        hears of its retry headers, which its ``rate_limits`` carries."""
+        status, headers, body = status_fault_answer(self._wire, fault)
+        # Read back as the providers read the headers: retry-after-ms first.
+        found = {name: float(value) for name, value in headers}
+        retry_after = found.get(b"retry-after")
+        if b"retry-after-ms" in found:
+            retry_after = found[b"retry-after-ms"] * 0.001
+        error = error_for_status(
             self._id,
             status,
-            error_type=error_type,
-            message=fault.message or message,
+            error_type=body["error"]["type"],
+            message=body["error"]["message"],
             retry_after=retry_after,
         )
+        if getattr(error, "retry_after", None) is not None:
+            error.rate_limits = RateLimitInfo(retry_after=retry_after)
+            self._hooks.observe(error.rate_limits)
+        return error
 
     def _fault_error(self, fault: Fault) -> ProviderError:
         """What the HTTP providers raise when ``fault`` strikes mid-stream."""
@@ -272,14 +258,6 @@ class ScriptedProvider:
             f"{self._id}: the stream stalled: no data for {self._read_timeout:g} s",
             provider=self._id,
         )
-
-    def _observe(self, error: ProviderError) -> None:
-        """Put a status fault's retry headers on ``error``; tell ``on_rate_limits``."""
-        retry_after = getattr(error, "retry_after", None)
-        if retry_after is None:
-            return
-        info = error.rate_limits = RateLimitInfo(retry_after=retry_after)
-        self._hooks.observe(info)
 
     async def _wait(self, seconds: float) -> bool:
         """Sleep ``seconds``; ``False`` if ``read_timeout`` ran out first."""
@@ -379,14 +357,20 @@ class _ScriptedStream:
             )
         fault = reply.fault
         if fault is not None and fault.status is not None:
-            provider._answer(fault.status)
+            provider._tally.answered(fault.status)
             self._outcome = "refused"
             error = provider._status_error(fault)
-            provider._observe(error)
             provider._hooks.report(error)
             raise error
-        provider._answer(200)
-        *self._body, self._terminator = provider._events(self._request, reply)
+        provider._tally.answered(200)
+        *self._body, self._terminator = encode_reply(
+            reply,
+            provider.wire,
+            model="scripted",
+            estimated_input_tokens=_estimate(self._request),
+            include_usage=True,  # as our HTTP providers always ask
+            ids=provider._ids,
+        )
         self._reply = reply
         self._strike = strike_index(reply, len(self._body))
 

@@ -172,14 +172,10 @@ class SimProvider:
     """A simulated LLM provider.
 
     Attributes:
-        name: The provider's name, as the dispatcher knows it.
-        limit: The client-side concurrency limit the dispatcher (or the
-            FIFO limiter) enforces.
+        limit: The client-side concurrency limit.
         capacity: How many calls the provider itself serves at once; one
-            more is answered 429 after ``reject_latency`` seconds. ``None``
-            for a provider that never refuses.
-        retry_after: The ``Retry-After`` of its 429 answers, in seconds.
-        reject_latency: How long a 429 answer takes, in seconds.
+            more is answered 429 after ``reject_latency`` seconds, with
+            ``retry_after``. ``None``: it never refuses.
         weight: How often agents pick this provider, relative to the others.
     """
 
@@ -294,20 +290,15 @@ _DEFAULT_TOOL_DURATION = Duration.exponential(1.0)
 class Workload:
     """A seeded description of agent turns; ``scenario()`` draws them.
 
+    ``agents`` turns (one per agent) arrive by ``arrivals``, each on a
+    provider picked by ``weight``, with ``calls`` LLM calls of
+    ``call_duration`` and tool steps of ``tool_duration`` between them.
+
     Attributes:
-        agents: How many turns (one per agent) to draw.
-        arrivals: ``PoissonArrivals`` or ``BurstArrivals``.
-        providers: The providers; each turn picks one by ``weight``.
-        calls: LLM calls per turn.
-        call_duration: How long each LLM call holds its slot.
-        tool_duration: How long each tool step between calls takes.
-        seed: The seed of the one ``random.Random`` everything is drawn from.
-        max_attempts: See ``Scenario.max_attempts``.
         classes: Priority classes and their shares of the turns, as
-            ``(priority, weight)`` pairs; empty (the default), every turn is
-            of class 0. Each turn's class is drawn from a generator of its
-            own (seeded from ``seed``), so the turns, their arrivals and
-            durations are the same whatever the classes.
+            ``(priority, weight)`` pairs; empty, every turn is of class 0.
+            Classes are drawn from a generator of their own, so the turns
+            are the same whatever the classes.
     """
 
     agents: int = attrs.field(validator=positive_int)
