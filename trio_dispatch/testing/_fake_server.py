@@ -43,7 +43,6 @@ from ._quotas import (
     REFUSAL_ERRORS,
     FakeQuotas,
     QuotaBook,
-    Refusal,
     quota_headers,
     refusal_headers,
 )
@@ -71,13 +70,7 @@ _logger = logging.getLogger("trio_dispatch.testing.fake_server")
 
 
 class _Rejected(Exception):
-    """Raised inside the handler to answer with an error status."""
-
-    def __init__(self, status: int, error_type: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.error_type = error_type
-        self.message = message
+    """Raised inside the handler to answer ``(status, error type, message)``."""
 
 
 @attrs.define
@@ -271,6 +264,7 @@ class FakeLLMServer:
             body = json.loads(body_bytes)
         except ValueError:
             body = None
+        client = scope.get("client")
         request = FakeRequest(
             format=wire,
             path=path,
@@ -278,7 +272,7 @@ class FakeLLMServer:
             headers={k: v for k, v in headers.items() if k not in _SECRET_HEADERS},
             authenticated=self._authenticated(wire, headers),
             arrived_at=trio.current_time(),
-            client=_client(scope),
+            client=None if client is None else (str(client[0]), int(client[1])),
         )
         self._requests.append(request)
         self._tally.arrived(request.model)
@@ -299,7 +293,8 @@ class FakeLLMServer:
         send: Send,
     ) -> None:
         # Only a key that passed the check has buckets.
-        key = _key_in(request.format, headers) if request.authenticated else ""
+        wire = request.format
+        key = _key_in(wire, headers) if request.authenticated else ""
         model = request.model
         try:
             _check_request(request, headers)
@@ -307,11 +302,12 @@ class FakeLLMServer:
                 self._script, request, self._replies_used
             )
         except _Rejected as rejected:
+            status, error_type, message = rejected.args
             await self._send_json(
                 send,
-                rejected.status,
-                error_body(request.format, rejected.error_type, rejected.message),
-                self._limit_headers(request.format, key, model),
+                status,
+                error_body(wire, error_type, message),
+                self._limit_headers(wire, key, model),
             )
             return
         book = self._book
@@ -323,19 +319,22 @@ class FakeLLMServer:
             )
             refusal = book.admit(key, cost, trio.current_time(), model)
             if refusal is not None:
-                await self._refuse(request.format, key, model, refusal, send)
+                self._tally.refused(model)
+                error_type, message = REFUSAL_ERRORS[wire]
+                reason = message.format(reason=_REASONS[refusal.reason])
+                await self._send_json(
+                    send,
+                    429,
+                    error_body(wire, error_type, reason),
+                    [
+                        *self._limit_headers(wire, key, model),
+                        *refusal_headers(wire, refusal.retry_after),
+                    ],
+                )
                 return
         progress = _Progress()
         try:
-            await self._reply(
-                request,
-                reply,
-                headers=headers,
-                receive=receive,
-                send=send,
-                limits=self._limit_headers(request.format, key, model),
-                progress=progress,
-            )
+            await self._reply(request, reply, key, receive, send, progress=progress)
         finally:
             if book is not None:
                 book.settle(key, cost, progress.tokens, trio.current_time(), model)
@@ -350,41 +349,18 @@ class FakeLLMServer:
         info = self._book.rate_limits(key, now, model)
         return quota_headers(wire, info, self.wall_time(now))
 
-    async def _refuse(
-        self,
-        wire: WireFormat,
-        key: str,
-        model: str | None,
-        refusal: Refusal,
-        send: Send,
-    ) -> None:
-        """Answer 429 for ``refusal``, in ``wire``'s words and headers."""
-        self._tally.refused(model)
-        error_type, message = REFUSAL_ERRORS[wire]
-        await self._send_json(
-            send,
-            429,
-            error_body(
-                wire, error_type, message.format(reason=_REASONS[refusal.reason])
-            ),
-            [
-                *self._limit_headers(wire, key, model),
-                *refusal_headers(wire, refusal.retry_after),
-            ],
-        )
-
     async def _reply(
         self,
         request: FakeRequest,
         reply: FakeReply,
-        *,
-        headers: Mapping[str, str],
+        key: str,
         receive: Receive,
         send: Send,
-        limits: list[tuple[bytes, bytes]],
+        *,
         progress: _Progress,
     ) -> None:
-        """Answer an admitted request with ``reply``; ``limits`` go with it."""
+        """Answer an admitted request of ``key`` with ``reply``."""
+        limits = self._limit_headers(request.format, key, request.model)
         if reply.latency:
             await trio.sleep(reply.latency)
         fault = reply.fault
@@ -403,9 +379,7 @@ class FakeLLMServer:
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_for_disconnect, nursery.cancel_scope)
-            events, progress.tokens = self._events(
-                request, reply, _key_in(request.format, headers)
-            )
+            events, progress.tokens = self._events(request, reply, key)
             # Charged as used, even if the client leaves before the end.
             self._tally.served(progress.tokens)
             await self._start(
@@ -551,14 +525,6 @@ def _key_in(wire: WireFormat, headers: Mapping[str, str]) -> str:
     if scheme.lower() != "bearer":
         return ""
     return key.strip()
-
-
-def _client(scope: Mapping[str, Any]) -> tuple[str, int] | None:
-    client = scope.get("client")
-    if client is None:
-        return None
-    host, port = client
-    return (str(host), int(port))
 
 
 async def _read_body(receive: Receive) -> bytes | None:

@@ -42,18 +42,11 @@ ROUTES: dict[str, WireFormat] = {
 class FakeRequest:
     """One request the fake server received, as it arrived (minus the key).
 
+    ``body`` is the parsed JSON (``None`` if it was not JSON), ``headers``
+    have lowercased names and neither ``authorization`` nor ``x-api-key``,
+    and ``client`` is shared by the requests of one kept-alive connection.
     A ``ScriptedProvider`` makes one for its script's ``choose`` too, with
     no body and no headers, and the ``ChatRequest`` itself as ``chat``.
-
-    Attributes:
-        format: ``"openai"`` or ``"anthropic"``, from the path.
-        body: The parsed JSON body, or ``None`` if it was not JSON.
-        headers: The request headers, names lowercased, without
-            ``authorization`` and ``x-api-key``.
-        authenticated: Whether it passed the server's key check.
-        arrived_at: When it arrived, on the trio clock.
-        client: The client's ``(host, port)``, shared by the requests of
-            one kept-alive connection.
     """
 
     format: WireFormat
@@ -112,33 +105,17 @@ class Fault:
     """Something for the server to get wrong, on purpose.
 
     Status faults answer at once with an error body in the request's wire
-    format (and the retry headers, when given):
-
-    * ``"rate_limit"``: 429 (``rate_limit_error`` / ``rate_limit_exceeded``);
-    * ``"server_error"``: 500;
-    * ``"unavailable"``: 503;
-    * ``"overloaded"``: 529 with Anthropic's ``overloaded_error`` body.
+    format, with ``retry_after`` (seconds) and ``retry_after_ms`` as retry
+    headers when given: ``"rate_limit"`` 429, ``"server_error"`` 500,
+    ``"unavailable"`` 503, ``"overloaded"`` 529.
 
     Stream faults start a normal 200 stream and strike after
     ``after_events`` events (``None``: just before the terminator):
-
-    * ``"disconnect"``: the server drops the connection;
-    * ``"truncate"``: the body ends cleanly, without the terminator;
-    * ``"malformed"``: one event whose data is not valid JSON, then the
-      rest of the stream as if nothing happened;
-    * ``"stall"``: nothing more is sent, and the response never ends (the
-      client's read timeout has to fire);
-    * ``"stream_error"``: an error event of ``error_type`` (Anthropic's
-      ``event: error``, OpenAI's ``{"error": ...}`` chunk), then the end.
-
-    Attributes:
-        kind: Which fault.
-        after_events: For stream faults, how many events go out first.
-        retry_after: For status faults, ``Retry-After`` in seconds.
-        retry_after_ms: For status faults, ``retry-after-ms``, in
-            milliseconds.
-        error_type: For ``"stream_error"``, the error's type.
-        message: The error message, instead of the default one.
+    ``"disconnect"`` drops the connection, ``"truncate"`` ends the body
+    without the terminator, ``"malformed"`` sends one event that is not
+    JSON and goes on, ``"stall"`` sends nothing more (the client's read
+    timeout has to fire), ``"stream_error"`` sends an error event of
+    ``error_type``, then ends. ``message`` replaces the default message.
     """
 
     kind: FaultKind = attrs.field(validator=_fault_kind)
@@ -262,11 +239,8 @@ def token_delay(reply: FakeReply, tokens_sent: int) -> float:
 
 
 def strike_index(reply: FakeReply, events: int) -> int | None:
-    """Before which of the stream's ``events`` its stream fault strikes.
-
-    ``events`` counts the stream's events before its terminator; striking
-    at ``events`` means just before the terminator. ``None``: no fault.
-    """
+    """Before which of the ``events`` before the terminator its stream fault
+    strikes (``events``: just before the terminator); ``None``: no fault."""
     fault = reply.fault
     if fault is None:
         return None

@@ -16,7 +16,6 @@ their limits, every provider sees the same load.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
 import random
@@ -280,11 +279,6 @@ def _check_classes(
         raise ValueError(f"classes must name each priority once, got {priorities!r}")
 
 
-_DEFAULT_CALLS = CallsPerTurn(1, 8)
-_DEFAULT_CALL_DURATION = Duration.lognormal(2.0, 1.0)
-_DEFAULT_TOOL_DURATION = Duration.exponential(1.0)
-
-
 @final
 @attrs.frozen
 class Workload:
@@ -304,9 +298,9 @@ class Workload:
     agents: int = attrs.field(validator=positive_int)
     arrivals: Arrivals
     providers: tuple[SimProvider, ...] = attrs.field(converter=_to_provider_tuple)
-    calls: CallsPerTurn = attrs.field(default=_DEFAULT_CALLS)
-    call_duration: Duration = attrs.field(default=_DEFAULT_CALL_DURATION)
-    tool_duration: Duration = attrs.field(default=_DEFAULT_TOOL_DURATION)
+    calls: CallsPerTurn = attrs.field(default=CallsPerTurn(1, 8))
+    call_duration: Duration = attrs.field(default=Duration.lognormal(2.0, 1.0))
+    tool_duration: Duration = attrs.field(default=Duration.exponential(1.0))
     seed: int = 0
     max_attempts: int = attrs.field(default=10, validator=positive_int)
     classes: tuple[tuple[int, float], ...] = attrs.field(
@@ -348,8 +342,6 @@ class Workload:
         providers = self.providers
         names = [p.name for p in providers]
         cumulative = list(itertools.accumulate(p.weight for p in providers))
-        total_weight = cumulative[-1]
-        last = len(providers) - 1
         arrivals = self.arrivals
         poisson = isinstance(arrivals, PoissonArrivals)
         rate = self.arrival_rate
@@ -370,8 +362,7 @@ class Workload:
                 assert isinstance(arrivals, BurstArrivals)
                 burst, position = divmod(index, arrivals.size)
                 arrival = burst * arrivals.interval + position * BURST_SPACING
-            pick = bisect.bisect_right(cumulative, rng.random() * total_weight)
-            provider = names[min(pick, last)]
+            provider = rng.choices(names, cum_weights=cumulative)[0]
             count = calls_dist.sample(rng)
             calls = tuple(call_sample(rng) for _ in range(count))
             tools = tuple(tool_sample(rng) for _ in range(count - 1))
