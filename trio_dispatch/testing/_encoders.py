@@ -372,17 +372,13 @@ def _anthropic_events(plan: _Plan) -> list[WireEvent]:
         plan.calls, _tool_calls(plan), strict=True
     ):
         block = {"type": "tool_use", "id": call_id, "name": call.name, "input": {}}
-        missing = not call_id or not call.name
+        missing = f"tool_use block {index} arrived without its id and name"
         events.append(
             event(
                 "content_block_start",
                 index=index,
                 content_block=block,
-                malformed=(
-                    f"tool_use block {index} arrived without its id and name"
-                    if missing
-                    else None
-                ),
+                malformed=None if call_id and call.name else missing,
             )
         )
         events.extend(

@@ -231,19 +231,22 @@ class FairnessReport:
         mpl.use("Agg")
         import matplotlib.pyplot as plt  # noqa: PLC0415  # after choosing the backend
 
-        shapes = list(dict.fromkeys(row.shape for row in self.rows))
-        fig = plt.figure(figsize=(4 * len(VS_LOAD_PANELS), 3.8 * len(shapes)))
-        draw_vs_load(fig, self)
-        percentiles = out_dir / "latency_vs_load.png"
-        fig.savefig(percentiles, dpi=100)
-        plt.close(fig)
-
-        fig = plt.figure(figsize=(6 * len(shapes), 4.6))
-        draw_distribution(fig, self)
-        distribution = out_dir / "latency_distribution.png"
-        fig.savefig(distribution, dpi=100)
-        plt.close(fig)
-        return [percentiles, distribution]
+        shapes = len(dict.fromkeys(row.shape for row in self.rows))
+        paths = []
+        for name, size, draw in (
+            (
+                "latency_vs_load.png",
+                (4 * len(VS_LOAD_PANELS), 3.8 * shapes),
+                draw_vs_load,
+            ),
+            ("latency_distribution.png", (6 * shapes, 4.6), draw_distribution),
+        ):
+            fig = plt.figure(figsize=size)
+            draw(fig, self)
+            paths.append(out_dir / name)
+            fig.savefig(paths[-1], dpi=100)
+            plt.close(fig)
+        return paths
 
     def write(self, out_dir: Path | str) -> list[Path]:
         """Write ``fairness.json``, ``fairness.md`` and the plots; returns paths."""
@@ -454,19 +457,15 @@ def draw_distribution(fig: Any, report: FairnessReport) -> None:  # noqa: ANN401
             if done < 1:
                 label = f"{policy} ({1 - done:.0%} of turns dropped)"
             style = _style(policy)
-            style.pop("marker")
-            style.pop("markersize")
+            del style["marker"], style["markersize"]
             ax.plot(
                 row.latency_quantiles,
                 [f * done for f in fractions],
                 label=label,
                 **style,
             )
-        if (
-            "oldest-first" in here
-            and "fifo" in here
-            and here["oldest-first"].latency_quantiles == here["fifo"].latency_quantiles
-        ):
+        curves = {policy: row.latency_quantiles for policy, row in here.items()}
+        if "oldest-first" in curves and curves["oldest-first"] == curves.get("fifo"):
             ax.text(
                 0.03,
                 0.97,

@@ -476,15 +476,12 @@ class FakeLLMServer:
             include_usage=True,
             ids=self._ids,
         )
-        used = 0
-        for event in events:
-            usage = [e for e in event.events if isinstance(e, Usage)]
-            used += sum(u.prompt_tokens + u.output_tokens for u in usage)
+        usage = [u for e in events for u in e.events if isinstance(u, Usage)]
         if request.format == "openai" and not include_usage:
             events = [
                 e for e in events if not any(isinstance(x, Usage) for x in e.events)
             ]
-        return events, used
+        return events, sum(u.prompt_tokens + u.output_tokens for u in usage)
 
 
 _NO_LIMITS: Final = RateLimitInfo()

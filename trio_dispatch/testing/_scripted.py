@@ -202,14 +202,6 @@ class ScriptedProvider:
         reply, self._replies_used = pick_reply(self._script, fake, self._replies_used)
         return reply
 
-    def _leave(self, outcome: Literal["completed", "refused"] | None) -> None:
-        tally = self._tally
-        tally.departed()
-        if outcome == "completed":
-            tally.finished()
-        elif outcome is None:
-            tally.abandoned()
-
     def _status_error(self, fault: Fault) -> ProviderError:
         """What the HTTP providers raise for ``fault``'s answer; ``on_rate_limits``
         hears of its retry headers, which its ``rate_limits`` carries."""
@@ -412,4 +404,9 @@ class _ScriptedStream:
             return
         self._state = "closed"
         if self._arrived:
-            self._provider._leave(self._outcome)
+            tally = self._provider._tally
+            tally.departed()
+            if self._outcome == "completed":
+                tally.finished()
+            elif self._outcome is None:
+                tally.abandoned()

@@ -230,18 +230,6 @@ class _ProviderState:
 class _Run:
     """The mutable state of one simulation run."""
 
-    __slots__ = (
-        "acquire",
-        "keeper",
-        "max_attempts",
-        "records",
-        "report",
-        "sleep",
-        "sleep_until",
-        "states",
-        "t0",
-    )
-
     def __init__(
         self,
         scenario: Scenario,
