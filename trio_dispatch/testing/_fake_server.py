@@ -51,7 +51,7 @@ from ._script import (
     FakeReply,
     FakeRequest,
     FakeScript,
-    pick_reply,
+    Playlist,
     strike_index,
     token_delay,
 )
@@ -95,15 +95,12 @@ class FakeLLMServer:
         api_key: str | None = None,
         quotas: FakeQuotas | None = None,
     ) -> None:
-        if not isinstance(script, FakeScript):
-            raise TypeError(f"script must be a FakeScript, got {script!r}")
+        self._playlist = Playlist(script)
         check_api_key(api_key)
         if quotas is not None and not isinstance(quotas, FakeQuotas):
             raise TypeError(f"quotas must be a FakeQuotas or None, got {quotas!r}")
         self._book = None if quotas is None else QuotaBook(quotas)
         self._wall_offset: float | None = None
-        self._script = script
-        self._replies_used = 0
         self._api_key = api_key
         self._base_url: str | None = None
         self._requests: list[FakeRequest] = []
@@ -145,14 +142,11 @@ class FakeLLMServer:
     @property
     def script(self) -> FakeScript:
         """The script in use."""
-        return self._script
+        return self._playlist.script
 
     def set_script(self, script: FakeScript) -> None:
         """Answer later requests from ``script``; those being answered keep theirs."""
-        if not isinstance(script, FakeScript):
-            raise TypeError(f"script must be a FakeScript, got {script!r}")
-        self._script = script
-        self._replies_used = 0
+        self._playlist = Playlist(script)
 
     def statistics(self) -> FakeServerStatistics:
         """A snapshot of the counters."""
@@ -298,9 +292,7 @@ class FakeLLMServer:
         model = request.model
         try:
             _check_request(request, headers)
-            reply, self._replies_used = pick_reply(
-                self._script, request, self._replies_used
-            )
+            reply = self._playlist.pick(request)
         except _Rejected as rejected:
             status, error_type, message = rejected.args
             await self._send_json(

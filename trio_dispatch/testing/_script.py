@@ -216,17 +216,29 @@ class FakeScript:
     choose: Callable[[FakeRequest], FakeReply | None] | None = None
 
 
-def pick_reply(
-    script: FakeScript, request: FakeRequest, replies_used: int
-) -> tuple[FakeReply, int]:
-    """The reply to ``request``, and how many ``replies`` are used after it."""
-    if script.choose is not None:
-        chosen = script.choose(request)
-        if chosen is not None:
-            return chosen, replies_used
-    if replies_used < len(script.replies):
-        return script.replies[replies_used], replies_used + 1
-    return script.default, replies_used
+def _a_script(_instance: object, _attribute: object, script: FakeScript) -> None:
+    if not isinstance(script, FakeScript):
+        raise TypeError(f"script must be a FakeScript, got {script!r}")
+
+
+@attrs.define
+class Playlist:
+    """A ``FakeScript`` in play: how many of its ``replies`` are used."""
+
+    script: FakeScript = attrs.field(validator=_a_script)
+    used: int = 0
+
+    def pick(self, request: FakeRequest) -> FakeReply:
+        """The reply to ``request``: ``choose``'s, the next of ``replies``, or ``default``."""
+        script = self.script
+        if script.choose is not None:
+            chosen = script.choose(request)
+            if chosen is not None:
+                return chosen
+        if self.used < len(script.replies):
+            self.used += 1
+            return script.replies[self.used - 1]
+        return script.default
 
 
 def token_delay(reply: FakeReply, tokens_sent: int) -> float:

@@ -32,7 +32,7 @@ from ._script import (
     ROUTES,
     FakeRequest,
     FakeScript,
-    pick_reply,
+    Playlist,
     strike_index,
     token_delay,
 )
@@ -100,17 +100,12 @@ class ScriptedProvider:
         on_rate_limit: RateLimitReporter | None = None,
         on_rate_limits: RateLimitObserver | None = None,
     ) -> None:
-        if script is None:
-            script = FakeScript()
-        if not isinstance(script, FakeScript):
-            raise TypeError(f"script must be a FakeScript, got {script!r}")
+        self._playlist = Playlist(FakeScript() if script is None else script)
         check_text(id, "id")
         if wire not in _PATHS:
             raise ValueError(f"wire must be 'openai' or 'anthropic', got {wire!r}")
         timeout = check_seconds(read_timeout, "read_timeout", positive=True)
         self._hooks = RateLimitHooks(id, on_rate_limit, on_rate_limits)
-        self._script = script
-        self._replies_used = 0
         self._id = id
         self._wire: WireFormat = wire
         self._read_timeout = timeout
@@ -135,14 +130,11 @@ class ScriptedProvider:
     @property
     def script(self) -> FakeScript:
         """The script in use."""
-        return self._script
+        return self._playlist.script
 
     def set_script(self, script: FakeScript) -> None:
         """Answer later requests from ``script``; open streams keep their reply."""
-        if not isinstance(script, FakeScript):
-            raise TypeError(f"script must be a FakeScript, got {script!r}")
-        self._script = script
-        self._replies_used = 0
+        self._playlist = Playlist(script)
 
     @property
     def requests(self) -> list[ChatRequest]:
@@ -199,8 +191,7 @@ class ScriptedProvider:
             arrived_at=trio.current_time(),
             chat=request,
         )
-        reply, self._replies_used = pick_reply(self._script, fake, self._replies_used)
-        return reply
+        return self._playlist.pick(fake)
 
     def _status_error(self, fault: Fault) -> ProviderError:
         """What the HTTP providers raise for ``fault``'s answer; ``on_rate_limits``

@@ -207,6 +207,9 @@ def operation_sequences(
     names = tuple(providers)
     if not names:
         raise ValueError("providers must name at least one provider")
+    provider = st.sampled_from(names)
+    pauses = st.sampled_from([0.0, 0.5, 2.0])
+    kinds = st.sampled_from(["acquire", "acquire", "leave", "limit", "rate", "advance"])
 
     @st.composite
     def build(draw: st.DrawFn) -> tuple[Operation, ...]:
@@ -215,37 +218,22 @@ def operation_sequences(
         active: list[int] = []
         next_request = 0
         for _ in range(size):
-            kind = draw(
-                st.sampled_from(
-                    ["acquire", "acquire", "leave", "limit", "rate", "advance"]
-                )
-            )
+            kind = draw(kinds)
             if kind == "leave" and active:
                 request = active.pop(draw(st.integers(0, len(active) - 1)))
                 operations.append(LeaveOp(request))
             elif kind == "limit":
-                operations.append(
-                    SetLimitOp(
-                        draw(st.sampled_from(names)), draw(st.integers(1, max_limit))
-                    )
-                )
+                name = draw(provider)
+                operations.append(SetLimitOp(name, draw(st.integers(1, max_limit))))
             elif kind == "rate":
-                operations.append(
-                    RateLimitOp(
-                        draw(st.sampled_from(names)),
-                        draw(st.sampled_from([0.0, 0.5, 2.0])),
-                    )
-                )
+                name = draw(provider)
+                operations.append(RateLimitOp(name, draw(pauses)))
             elif kind == "advance":
                 operations.append(AdvanceOp(draw(st.sampled_from([0.25, 1.0, 3.0]))))
             else:
-                operations.append(
-                    AcquireOp(
-                        next_request,
-                        draw(st.sampled_from(names)),
-                        float(draw(st.integers(0, 4))),
-                    )
-                )
+                name = draw(provider)
+                started_at = float(draw(st.integers(0, 4)))
+                operations.append(AcquireOp(next_request, name, started_at))
                 active.append(next_request)
                 next_request += 1
         return tuple(operations)
