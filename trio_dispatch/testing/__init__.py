@@ -1,25 +1,16 @@
 """Tools for testing and measuring code built on trio-dispatch.
 
 - ``open_fake_llm_server`` serves a scripted LLM API (OpenAI and Anthropic
-  wire formats, latency, tool calls, faults) on loopback, for tests that
-  want real sockets; ``FakeQuotas`` gives it per-key rate limits. It needs hypercorn, from the ``testing`` extra:
-  ``pip install 'trio-dispatch[testing]'``.
+  wire formats) on loopback, with per-key ``FakeQuotas``; it needs
+  hypercorn: ``pip install 'trio-dispatch[testing]'``.
 - ``ScriptedProvider`` plays the same ``FakeScript`` in memory, as a
-  ``Provider``: the same events and errors, no sockets, exact under
-  ``autojump_clock``.
+  ``Provider``, exact under ``autojump_clock``.
 - ``run_simulation`` / ``simulate`` play a seeded ``Workload`` of agent
-  turns in virtual time through the real dispatcher, under a scheduling
-  policy, and ``SimulationResult.metrics()`` sums it up.
-- ``run_fairness_sweep`` plays the same seeded workloads at several loads
-  and turn shapes under every policy, and its ``FairnessReport`` renders
-  them as JSON, markdown and plots (the plots need matplotlib, from the
-  ``demo`` extra).
-- ``run_priority_classes`` plays workloads of turns of several priority
-  classes at several loads and ``priority_aging`` values, and its
-  ``PriorityClassesReport`` gives each class's waits.
-- ``trio_dispatch.testing.strategies`` has hypothesis strategies for
-  workloads and operation sequences (it needs hypothesis, also in the
-  ``testing`` extra).
+  turns in virtual time through the real dispatcher, under a policy.
+- ``run_fairness_sweep`` and ``run_priority_classes`` compare policies and
+  priority agings over several loads (plots need the ``demo`` extra).
+- ``trio_dispatch.testing.strategies`` has hypothesis strategies (also in
+  the ``testing`` extra).
 """
 
 from .._util import fixup_module_metadata
@@ -33,6 +24,7 @@ from ._fairness import PriorityClassRow as PriorityClassRow
 from ._fairness import run_fairness_sweep as run_fairness_sweep
 from ._fairness import run_priority_classes as run_priority_classes
 from ._fake_server import FakeLLMServer as FakeLLMServer
+from ._fake_server import open_fake_llm_server as open_fake_llm_server
 from ._metrics import PolicyMetrics as PolicyMetrics
 from ._metrics import ProviderRecord as ProviderRecord
 from ._metrics import TurnRecord as TurnRecord
@@ -40,15 +32,14 @@ from ._metrics import compute_metrics as compute_metrics
 from ._metrics import jain_index as jain_index
 from ._metrics import percentile as percentile
 from ._quotas import FakeQuotas as FakeQuotas
-from ._request import FakeRequest as FakeRequest
-from ._request import WireFormat as WireFormat
 from ._script import FakeReply as FakeReply
+from ._script import FakeRequest as FakeRequest
 from ._script import FakeScript as FakeScript
 from ._script import FakeToolCall as FakeToolCall
 from ._script import Fault as Fault
 from ._script import FaultKind as FaultKind
+from ._script import WireFormat as WireFormat
 from ._scripted import ScriptedProvider as ScriptedProvider
-from ._serve import open_fake_llm_server as open_fake_llm_server
 from ._simulation import POLICIES as POLICIES
 from ._simulation import PolicyName as PolicyName
 from ._simulation import SimulationResult as SimulationResult

@@ -1,17 +1,13 @@
 """The fake server's prompt cache: which prefixes each API key has cached.
 
-A request's prompt is cut into segments in the order the API caches them
-(tools, then the system prompt, then the messages: each content block for
-Anthropic, each message for OpenAI), and a prefix is known by a hash of
-its segments and the model. Anthropic caches the prefix up to each
-``cache_control`` breakpoint, and a later request reads the longest cached
-prefix of its own that ends at or before its last breakpoint (the real API
-looks back at most 20 blocks; this one looks at all). OpenAI caches every
-prefix of a request carrying a ``prompt_cache_key``, and a later request
-with the same key reads the longest one. Tokens are a token per four
-characters of the segments' JSON, as the server's other estimates; the
-real APIs' minimum cacheable length (1,024 tokens and up) is not applied,
-so small test prompts cache too.
+A prompt is cut into segments in the order the API caches them (tools,
+the system prompt, then each content block for Anthropic, each message for
+OpenAI); a prefix is known by a hash of its segments and the model.
+Anthropic caches the prefix up to each ``cache_control`` breakpoint, and a
+later request reads the longest cached prefix ending at or before its last
+breakpoint (looking back over all blocks, not 20). OpenAI caches every
+prefix of a request with a ``prompt_cache_key``. A token is four
+characters of JSON, and there is no minimum cacheable length.
 """
 
 from __future__ import annotations
@@ -23,19 +19,14 @@ from typing import TYPE_CHECKING, Any, final
 import attrs
 
 if TYPE_CHECKING:
-    from ._request import WireFormat
+    from ._script import WireFormat
 
 
 @final
 @attrs.frozen
 class CacheUsage:
-    """How one request's prompt splits between the cache and the rest.
-
-    Attributes:
-        input_tokens: Prompt tokens neither read from nor written to it.
-        read_tokens: Prompt tokens read from it.
-        write_tokens: Prompt tokens written to it (Anthropic only).
-    """
+    """How one request's prompt splits: tokens neither read from the cache nor
+    written to it, read from it, and written to it (Anthropic only)."""
 
     input_tokens: int
     read_tokens: int

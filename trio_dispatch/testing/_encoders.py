@@ -1,19 +1,11 @@
 """The fake LLM's wire encoders: a scripted reply in, bytes out.
 
-The counterpart of the providers' decoders, as h11 keeps writers beside
-readers. Pure functions, no trio and no ASGI: ``encode_reply`` turns a
-``FakeReply`` into the server-sent events of OpenAI's chat completions
-stream or of Anthropic's Messages stream, ``status_fault_answer`` a status
-fault into its status, retry headers and error body, and ``error_event``
-and ``MALFORMED`` are what the stream faults send. When each event goes
-out, and where a fault strikes, is ``_playback``'s business.
-
-The text and the reasoning go a word at a time (each word with the
-whitespace before it), a tool call's arguments in ``argument_chunks``
-pieces; events that carry a token are marked, for pacing. Each event also
-says what it means: the stream events our providers' decoders yield for
-it. ``ScriptedProvider`` plays those in memory, event for event, and the
-round-trip tests hold the decoders and this module to them.
+The counterpart of the providers' decoders; pure functions, no trio and no
+ASGI. ``encode_reply`` turns a ``FakeReply`` into the server-sent events of
+OpenAI's or Anthropic's stream, each marked if it carries a token (for
+pacing) and with the stream events our decoders yield for it, which
+``ScriptedProvider`` plays in memory; the round-trip tests hold the
+decoders and this module to them.
 """
 
 from __future__ import annotations
@@ -32,20 +24,14 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from ..messages import StreamEvent, ToolCall
-    from ._request import WireFormat
-    from ._script import FakeReply, FakeToolCall, Fault
+    from ._script import FakeReply, FakeToolCall, Fault, WireFormat
 
 
 @attrs.frozen
 class WireEvent:
-    """One server-sent event, ready to send, and what it means.
-
-    Attributes:
-        data: The event's bytes.
-        token: Whether it carries a token; those are paced.
-        events: The stream events our providers' decoders yield for it.
-        malformed: Why they refuse it as ``MalformedStream``, if they do.
-    """
+    """One server-sent event's bytes, whether it carries a token, the stream
+    events our decoders yield for it, and why they refuse it as
+    ``MalformedStream``, if they do."""
 
     data: bytes
     token: bool = False
@@ -64,16 +50,9 @@ def encode_reply(
 ) -> list[WireEvent]:
     """The events of ``reply``'s stream in ``wire``'s format, terminator last.
 
-    Args:
-        reply: What to stream. Its ``fault`` and timing are not used here.
-        wire: ``"openai"`` or ``"anthropic"``.
-        model: The model the request asked for, echoed in the events.
-        estimated_input_tokens: The prompt's size, when the reply does not
-            say it.
-        include_usage: For OpenAI, whether the request asked for the usage
-            chunk (``stream_options.include_usage``); Anthropic always
-            reports usage.
-        ids: Numbers for the message id and for tool calls without one.
+    ``estimated_input_tokens`` stands for a reply without ``input_tokens``;
+    ``include_usage`` is OpenAI's ``stream_options.include_usage``; ``ids``
+    number the message and the tool calls without an id.
     """
     reasoning = words(reply.reasoning)
     text = words(reply.text)
@@ -124,8 +103,7 @@ def error_body(wire: WireFormat, error_type: str, message: str) -> dict[str, Any
     }
 
 
-# Per format, the error type and default message of each status fault, in
-# the vocabulary of that API.
+#: Per format, the error type and default message of each status fault.
 STATUS_ERRORS: dict[WireFormat, dict[str, tuple[str, str]]] = {
     "openai": {
         "rate_limit": ("rate_limit_exceeded", "Rate limit reached for requests."),
@@ -394,17 +372,13 @@ def _anthropic_events(plan: _Plan) -> list[WireEvent]:
         plan.calls, _tool_calls(plan), strict=True
     ):
         block = {"type": "tool_use", "id": call_id, "name": call.name, "input": {}}
-        missing = not call_id or not call.name
+        missing = f"tool_use block {index} arrived without its id and name"
         events.append(
             event(
                 "content_block_start",
                 index=index,
                 content_block=block,
-                malformed=(
-                    f"tool_use block {index} arrived without its id and name"
-                    if missing
-                    else None
-                ),
+                malformed=None if call_id and call.name else missing,
             )
         )
         events.extend(

@@ -1,17 +1,11 @@
 """The fairness benchmark: turn latency under load, policy against policy.
 
 One sweep plays the same seeded workloads (one per load and turn shape)
-under every policy with ``run_simulation`` and keeps each run's
-``PolicyMetrics`` and latency quantiles. The report renders as JSON, a
-markdown table and PNG plots. ``trio-dispatch bench fairness`` runs it from
-the command line.
-
-The claim it tests: under load, oldest-agent-first finishes agent turns
-sooner than per-call FIFO, because a turn in progress is not sent to the
-back of the queue at every step of its tool loop. With one call per turn the
-two are the same policy, and should tie. What oldest-first gives up is
-shown too: a new turn's first call waits behind every older turn's next
-steps, so the first-call wait and the longest single wait are longer.
+under every policy with ``run_simulation``. The claim it tests: under load,
+oldest-agent-first finishes agent turns sooner than per-call FIFO, because
+a turn in progress is not sent to the back of the queue at every step of
+its tool loop; what it gives up (a new turn's first call waits behind older
+turns' next steps) is shown too.
 """
 
 from __future__ import annotations
@@ -50,19 +44,10 @@ FAIRNESS_QUANTILES: tuple[float, ...] = tuple(q / 2 for q in range(201))
 class FairnessConfig:
     """What the fairness sweep runs.
 
-    Attributes:
-        loads: Offered loads, as fractions of the provider's limit.
-        shapes: Calls per turn, one sweep line each.
-        policies: The policies compared.
-        agents: Turns per run.
-        limit: The provider's limit (its capacity is the same).
-        call_duration: How long LLM calls take.
-        tool_duration: How long tool steps take.
-        retry_after: The provider's ``Retry-After`` on 429.
-        max_attempts: Attempts per call before a turn gives up.
-        seed: The seed of every workload.
-        target_load: The load of the headline comparison.
-        target_shape: The turn shape of the headline comparison.
+    Each run has ``agents`` turns on one provider whose capacity is its
+    ``limit``, at each of ``loads`` (fractions of the limit) and ``shapes``
+    (calls per turn); the headline compares the policies at
+    ``target_load`` and ``target_shape``.
     """
 
     loads: tuple[float, ...] = (0.5, 0.7, 0.85, 0.95, 1.1)
@@ -93,36 +78,16 @@ class FairnessConfig:
 
     def workload(self, load: float, shape: CallsPerTurn) -> Workload:
         """The seeded workload of one sweep point (the same for every policy)."""
-        return Workload(
-            agents=self.agents,
-            arrivals=PoissonArrivals(load),
-            providers=(
-                SimProvider(
-                    "provider",
-                    self.limit,
-                    capacity=self.limit,
-                    retry_after=self.retry_after,
-                ),
-            ),
-            calls=shape,
-            call_duration=self.call_duration,
-            tool_duration=self.tool_duration,
-            seed=self.seed,
-            max_attempts=self.max_attempts,
+        return _workload(
+            self, load, shape, self.retry_after, max_attempts=self.max_attempts
         )
 
 
 @final
 @attrs.frozen
 class FairnessRow:
-    """One policy at one sweep point.
-
-    Attributes:
-        load: The offered load.
-        shape: Calls per turn, as ``"1-8"``.
-        metrics: The run's metrics.
-        latency_quantiles: Turn latency at each of ``FAIRNESS_QUANTILES``.
-    """
+    """One policy at one sweep point (``shape`` as ``"1-8"``), with its turn
+    latency at each of ``FAIRNESS_QUANTILES``."""
 
     load: float
     shape: str
@@ -144,11 +109,7 @@ class FairnessReport:
     rows: tuple[FairnessRow, ...]
 
     def row(self, load: float, shape: str, policy: str) -> FairnessRow:
-        """The row of one sweep point and policy.
-
-        Raises:
-            KeyError: The sweep has no such row.
-        """
+        """The row of one sweep point and policy; ``KeyError`` if there is none."""
         for row in self.rows:
             if row.load == load and row.shape == shape and row.policy == policy:
                 return row
@@ -194,26 +155,14 @@ class FairnessReport:
                 fifo = self.row(row.load, row.shape, "fifo").metrics
             except KeyError:
                 continue
-            ours = row.metrics
             worse = []
-            if ours.first_wait_p95 > fifo.first_wait_p95 * 1.05:
-                worse.append(
-                    f"first-call wait p95 {ours.first_wait_p95:.1f} s"
-                    f" vs {fifo.first_wait_p95:.1f} s"
-                )
-            if ours.max_slot_wait > fifo.max_slot_wait * 1.05:
-                worse.append(
-                    f"longest slot wait {ours.max_slot_wait:.1f} s"
-                    f" vs {fifo.max_slot_wait:.1f} s"
-                )
-            if ours.fairness < fifo.fairness * 0.95:
-                worse.append(
-                    f"Jain index of slowdowns {ours.fairness:.2f} vs {fifo.fairness:.2f}"
-                )
-            if ours.latency_p95 > fifo.latency_p95 * 1.05:
-                worse.append(
-                    f"p95 latency {ours.latency_p95:.1f} s vs {fifo.latency_p95:.1f} s"
-                )
+            for label, field in _LOSSES:
+                a, b = getattr(row.metrics, field), getattr(fifo, field)
+                if field == "fairness":  # higher is better
+                    if a < b * 0.95:
+                        worse.append(f"{label} {a:.2f} vs {b:.2f}")
+                elif a > b * 1.05:
+                    worse.append(f"{label} {a:.1f} s vs {b:.1f} s")
             if worse:
                 lines.append(f"- {row.load:.0%} load, {row.shape}: " + "; ".join(worse))
         return lines
@@ -282,19 +231,22 @@ class FairnessReport:
         mpl.use("Agg")
         import matplotlib.pyplot as plt  # noqa: PLC0415  # after choosing the backend
 
-        shapes = list(dict.fromkeys(row.shape for row in self.rows))
-        fig = plt.figure(figsize=(4 * len(VS_LOAD_PANELS), 3.8 * len(shapes)))
-        draw_vs_load(fig, self)
-        percentiles = out_dir / "latency_vs_load.png"
-        fig.savefig(percentiles, dpi=100)
-        plt.close(fig)
-
-        fig = plt.figure(figsize=(6 * len(shapes), 4.6))
-        draw_distribution(fig, self)
-        distribution = out_dir / "latency_distribution.png"
-        fig.savefig(distribution, dpi=100)
-        plt.close(fig)
-        return [percentiles, distribution]
+        shapes = len(dict.fromkeys(row.shape for row in self.rows))
+        paths = []
+        for name, size, draw in (
+            (
+                "latency_vs_load.png",
+                (4 * len(VS_LOAD_PANELS), 3.8 * shapes),
+                draw_vs_load,
+            ),
+            ("latency_distribution.png", (6 * shapes, 4.6), draw_distribution),
+        ):
+            fig = plt.figure(figsize=size)
+            draw(fig, self)
+            paths.append(out_dir / name)
+            fig.savefig(paths[-1], dpi=100)
+            plt.close(fig)
+        return paths
 
     def write(self, out_dir: Path | str) -> list[Path]:
         """Write ``fairness.json``, ``fairness.md`` and the plots; returns paths."""
@@ -305,6 +257,15 @@ class FairnessReport:
         md_path = out / "fairness.md"
         md_path.write_text(self.to_markdown(), encoding="utf-8")
         return [json_path, md_path, *self.plot(out)]
+
+
+#: What ``losses`` compares: (label, ``PolicyMetrics`` field).
+_LOSSES = (
+    ("first-call wait p95", "first_wait_p95"),
+    ("longest slot wait", "max_slot_wait"),
+    ("Jain index of slowdowns", "fairness"),
+    ("p95 latency", "latency_p95"),
+)
 
 
 def _calls(shape: str) -> str:
@@ -323,10 +284,9 @@ def _describe(duration: Duration) -> str:
     return f"{duration.kind}(mean {duration.mean:g} s)"
 
 
-#: The panels of ``latency_vs_load.png``, one column each: (title, field,
-#: what it shows). Where oldest-first wins (turn latency) comes first, then
-#: where it loses (the waits of single calls), then the work each policy
-#: finished, so a policy cannot look fast by dropping turns.
+#: The panels of ``latency_vs_load.png``: (title, field, unit). Where
+#: oldest-first wins, where it loses, then the work each policy finished, so
+#: a policy cannot look fast by dropping turns.
 VS_LOAD_PANELS: tuple[tuple[str, str, str], ...] = (
     ("p95 turn latency", "latency_p95", "seconds"),
     ("p99 turn latency", "latency_p99", "seconds"),
@@ -335,8 +295,8 @@ VS_LOAD_PANELS: tuple[tuple[str, str, str], ...] = (
     ("turns completed", "completed", "% of turns"),
 )
 
-# Each policy's look: drawn in this order, later ones on top and thinner,
-# so a line that coincides with another still shows through it.
+# Drawn in this order, later ones on top and thinner, so that a line on
+# another still shows.
 _STYLES: dict[str, dict[str, object]] = {
     "none": {"color": "tab:gray", "marker": "s", "linestyle": ":", "markersize": 7},
     "random": {"color": "tab:green", "marker": "^", "linestyle": "-.", "markersize": 7},
@@ -368,17 +328,9 @@ def _ordered(policies: list[str]) -> list[str]:
     return [p for p in policies if p not in _STYLES] + known
 
 
-def _seconds(value: float, _position: object = None) -> str:
-    """A tick label in plain numbers: 0.5, 2, 10, 200."""
-    return f"{value:g}"
-
-
 def _readable_log_axis(axis: Any, *, symlog: bool = False) -> None:  # noqa: ANN401 (a matplotlib Axis)
-    """Log ticks written as plain numbers: 1, 2 and 5 of each decade, or
-    only the decades when the axis spans more than three of them.
-
-    ``symlog``: the axis is linear around 0 (for values that may be 0).
-    """
+    """Log ticks as plain numbers: 1, 2 and 5 of each decade, or only decades
+    when the axis spans more than three (``symlog``: linear around 0)."""
     from matplotlib.ticker import (  # noqa: PLC0415  # optional dependency
         FuncFormatter,
         LogLocator,
@@ -393,16 +345,13 @@ def _readable_log_axis(axis: Any, *, symlog: bool = False) -> None:  # noqa: ANN
         axis.set_major_locator(SymmetricalLogLocator(base=10, linthresh=1, subs=subs))
     else:
         axis.set_major_locator(LogLocator(base=10, subs=subs))
-    axis.set_major_formatter(FuncFormatter(_seconds))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     axis.set_minor_formatter(NullFormatter())
 
 
 def _scale(ax: Any, which: str, values: list[float]) -> None:  # noqa: ANN401 (a matplotlib Axes)
-    """Log scale where ``values`` span more than a decade, else linear.
-
-    With zeros among them (no limit never waits), linear up to 1 s and log
-    above. Either way the ticks read as plain numbers.
-    """
+    """Log scale where ``values`` span more than a decade, else linear; with
+    zeros among them (no limit never waits), linear up to 1 s and log above."""
     finite = [v for v in values if math.isfinite(v)]
     high = max(finite, default=0.0)
     positive = [v for v in finite if v > 0]
@@ -430,13 +379,7 @@ def _completed_share(metrics: PolicyMetrics) -> float:
 
 
 def draw_vs_load(fig: Any, report: FairnessReport) -> None:  # noqa: ANN401 (a matplotlib Figure)
-    """Each policy's figures against the load: one row per turn shape.
-
-    Where oldest-first wins and where it loses sit side by side, and the
-    last column shows the share of turns each policy completed (``none``
-    drops turns that run out of attempts, and its latencies cover only the
-    rest). Where oldest-first's line lies under FIFO's, a note says so.
-    """
+    """Each policy's ``VS_LOAD_PANELS`` against the load, a row per turn shape."""
     rows = report.rows
     shapes = list(dict.fromkeys(row.shape for row in rows))
     policies = _ordered(list(dict.fromkeys(row.policy for row in rows)))
@@ -473,7 +416,7 @@ def draw_vs_load(fig: Any, report: FairnessReport) -> None:  # noqa: ANN401 (a m
             else:
                 _scale(ax, "y", [y for p in lines.values() for _, y in p])
             ax.grid(visible=True, alpha=0.3)
-            if _coincide(lines, "oldest-first", "fifo"):
+            if lines.get("oldest-first") and lines["oldest-first"] == lines.get("fifo"):
                 ax.text(
                     0.03,
                     0.03 if completed else 0.97,
@@ -491,19 +434,11 @@ def draw_vs_load(fig: Any, report: FairnessReport) -> None:  # noqa: ANN401 (a m
     fig.tight_layout()
 
 
-def _coincide(
-    lines: dict[str, list[tuple[float, float]]], first: str, second: str
-) -> bool:
-    """Whether two policies' lines are drawn on top of each other."""
-    a, b = lines.get(first), lines.get(second)
-    return bool(a) and a == b
-
-
 def draw_distribution(fig: Any, report: FairnessReport) -> None:  # noqa: ANN401 (a matplotlib Figure)
     """Turn latency CDFs at the target load, one panel per turn shape.
 
-    The curves count every turn of the run, so a policy that dropped turns
-    (``none``) never reaches 100%: the gap at the top is its dropped work.
+    The curves count every turn, so one of a policy that dropped turns
+    (``none``) never reaches 100%.
     """
     config = report.config
     high = [row for row in report.rows if row.load == config.target_load] or list(
@@ -522,19 +457,15 @@ def draw_distribution(fig: Any, report: FairnessReport) -> None:  # noqa: ANN401
             if done < 1:
                 label = f"{policy} ({1 - done:.0%} of turns dropped)"
             style = _style(policy)
-            style.pop("marker")
-            style.pop("markersize")
+            del style["marker"], style["markersize"]
             ax.plot(
                 row.latency_quantiles,
                 [f * done for f in fractions],
                 label=label,
                 **style,
             )
-        if (
-            "oldest-first" in here
-            and "fifo" in here
-            and here["oldest-first"].latency_quantiles == here["fifo"].latency_quantiles
-        ):
+        curves = {policy: row.latency_quantiles for policy, row in here.items()}
+        if "oldest-first" in curves and curves["oldest-first"] == curves.get("fifo"):
             ax.text(
                 0.03,
                 0.97,
@@ -587,9 +518,8 @@ def run_fairness_sweep(
 ) -> FairnessReport:
     """Run the sweep; ``jobs > 1`` runs sweep points in that many processes.
 
-    Every point is a pure function of the config, so the report is the same
-    whatever ``jobs`` is. ``progress(done, total)`` is called as sweep points
-    finish (each point runs every policy).
+    The report is the same whatever ``jobs`` is. ``progress(done, total)`` is
+    called as sweep points finish.
     """
     points = [(config, load, shape) for shape in config.shapes for load in config.loads]
     return FairnessReport(config, _run_points(run_point, points, jobs, progress))
@@ -601,11 +531,7 @@ def _run_points(
     jobs: int,
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[_Row, ...]:
-    """The rows of ``run(*point)`` for every point, in the order of ``points``.
-
-    ``jobs > 1`` runs them in that many processes. ``progress(done, total)``
-    is called as points finish.
-    """
+    """The rows of ``run(*point)`` for every point, in the order of ``points``."""
     results: list[list[_Row]] = [[] for _ in points]
 
     def finished(index: int, rows: list[_Row]) -> None:
@@ -633,21 +559,9 @@ def _run_points(
 class PriorityClassesConfig:
     """What the priority classes sweep runs: classes under load, aging varied.
 
-    Every run plays the same seeded workload (one per load) with turns of
-    several priority classes, under the ``"oldest-first"`` policy, once per
-    ``priority_aging``.
-
-    Attributes:
-        loads: Offered loads, as fractions of the provider's limit.
-        agings: The ``priority_aging`` values compared, in seconds.
-        classes: The classes and their shares of the turns, as
-            ``(priority, weight)`` pairs.
-        agents: Turns per run.
-        limit: The provider's limit (its capacity is the same).
-        calls: Calls per turn.
-        call_duration: How long LLM calls take.
-        tool_duration: How long tool steps take.
-        seed: The seed of every workload.
+    Every run plays the seeded workload of its load under ``"oldest-first"``,
+    once per ``priority_aging`` of ``agings``; ``classes`` are
+    ``(priority, weight)`` pairs, as ``Workload.classes``.
     """
 
     loads: tuple[float, ...] = (0.95, 1.1)
@@ -662,33 +576,40 @@ class PriorityClassesConfig:
 
     def workload(self, load: float) -> Workload:
         """The seeded workload of one load (the same for every aging)."""
-        return Workload(
-            agents=self.agents,
-            arrivals=PoissonArrivals(load),
-            providers=(SimProvider("provider", self.limit, capacity=self.limit),),
-            calls=self.calls,
-            call_duration=self.call_duration,
-            tool_duration=self.tool_duration,
-            seed=self.seed,
-            classes=self.classes,
-        )
+        return _workload(self, load, self.calls, classes=self.classes)
+
+
+def _workload(
+    config: FairnessConfig | PriorityClassesConfig,
+    load: float,
+    calls: CallsPerTurn,
+    retry_after: float = 1.0,
+    **more: Any,  # noqa: ANN401 (Workload's other fields)
+) -> Workload:
+    """A Poisson workload on one provider whose capacity is its limit."""
+    provider = SimProvider(
+        "provider", config.limit, capacity=config.limit, retry_after=retry_after
+    )
+    return Workload(
+        agents=config.agents,
+        arrivals=PoissonArrivals(load),
+        providers=(provider,),
+        calls=calls,
+        call_duration=config.call_duration,
+        tool_duration=config.tool_duration,
+        seed=config.seed,
+        **more,
+    )
 
 
 @final
 @attrs.frozen
 class PriorityClassRow:
-    """One priority class in one run.
+    """One priority class in one run at ``load`` with ``aging``.
 
-    Attributes:
-        load: The offered load.
-        aging: The run's ``priority_aging``.
-        priority: The class.
-        turns: Its turns in the run.
-        completed: Those that completed.
-        wait_p95: The 95th percentile of a turn's total wait for slots.
-        wait_max: The longest total wait of one turn.
-        call_wait_max: The longest single wait for a slot.
-        latency_p95: The 95th percentile of turn latency (completed turns).
+    ``wait_p95`` and ``wait_max`` are of a turn's total wait for slots,
+    ``call_wait_max`` the longest single wait, ``latency_p95`` of the
+    completed turns.
     """
 
     load: float
@@ -781,10 +702,6 @@ def run_priority_point(
 def run_priority_classes(
     config: PriorityClassesConfig, *, jobs: int = 1
 ) -> PriorityClassesReport:
-    """Run the priority classes sweep; ``jobs > 1`` runs points in processes.
-
-    Every point is a pure function of the config, so the report is the same
-    whatever ``jobs`` is.
-    """
+    """Run the priority classes sweep; ``jobs > 1`` runs points in processes."""
     points = [(config, load, aging) for load in config.loads for aging in config.agings]
     return PriorityClassesReport(config, _run_points(run_priority_point, points, jobs))

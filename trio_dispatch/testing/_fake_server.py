@@ -1,42 +1,28 @@
 """The fake LLM API as an ASGI app: it checks, records, counts and streams.
 
-``FakeLLMServer`` is a plain ASGI 3 application (no framework) answering
+``FakeLLMServer`` is a plain ASGI 3 application answering
 ``POST /v1/chat/completions`` in OpenAI's streaming format and
-``POST /v1/messages`` in Anthropic's, from a ``FakeScript``; the bytes come
-from the encoders in ``_encoders``, and ``open_fake_llm_server`` (in
-``_serve``) serves it on loopback.
+``POST /v1/messages`` in Anthropic's, from a ``FakeScript``;
+``open_fake_llm_server`` serves it on loopback with hypercorn (the
+``testing`` extra, imported only when a server starts).
 
-It checks what a real API would refuse: a missing key (401; Anthropic's
-``x-api-key`` or a bearer ``Authorization``, OpenAI's bearer), a wrong one
-when the server was given one (401), a missing ``anthropic-version``, a
-body that is not JSON or lacks ``model``, ``messages`` (and Anthropic's
-``max_tokens``), or a request that does not ask to stream (400). It records
-every request it is sent (without the key) and keeps statistics, including
-the peak number of requests in flight at once and how many streams the
-client abandoned before their end (it watches for the disconnect, so an
-abandoned stream stops at once, even a stalled one). It keeps a prompt
-cache per API key (``_cache``), and its usage reports the cache reads and
-writes of a request that asks for caching, unless the script sets them.
-
-Given ``FakeQuotas``, it also keeps each key's rate limits as the real APIs
-do (``_quotas``): requests and tokens per minute in buckets that refill
-continuously, and a concurrency cap. A request beyond them is answered 429
-with the true ``Retry-After``, and every answer to a key carries the
-rate-limit headers of its wire format. With ``FakeQuotas.models`` (or
-``per_model``) it keeps them per key and model, the model its body names,
-and an answer's headers report that model's buckets, as OpenAI's do. The buckets run on trio's clock, so
-``MockClock`` drives them; Anthropic's RFC 3339 resets are that clock
+It refuses what a real API would: a missing or wrong key (401), a missing
+``anthropic-version``, a body that is not JSON or lacks ``model``,
+``messages`` (and Anthropic's ``max_tokens``), or that does not ask to
+stream (400). It watches for the client's disconnect, so an abandoned
+stream stops at once, even a stalled one. It keeps a prompt cache per API
+key (``_cache``) and, given ``FakeQuotas``, each key's rate limits
+(``_quotas``) on trio's clock; Anthropic's RFC 3339 resets are that clock
 mapped onto the wall clock when the server first needed it.
-
-All timing is ``trio.sleep``; with real sockets, tests run in real time, so
-keep latencies small.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 import time
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, final
 
 import attrs
@@ -53,37 +39,38 @@ from ._encoders import (
     error_event,
     status_fault_answer,
 )
-from ._playback import pick_reply, strike_index, token_delay
 from ._quotas import (
     REFUSAL_ERRORS,
     FakeQuotas,
     QuotaBook,
-    Refusal,
     quota_headers,
     refusal_headers,
 )
-from ._request import ROUTES, FakeRequest
-from ._script import FakeReply, FakeScript
+from ._script import (
+    ROUTES,
+    FakeReply,
+    FakeRequest,
+    FakeScript,
+    Playlist,
+    strike_index,
+    token_delay,
+)
 from ._tally import FakeServerStatistics, Tally
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import AsyncIterator, Callable, Mapping
+    from contextlib import AbstractAsyncContextManager
 
     from .._asgi import Receive, Send
     from ._encoders import WireEvent
-    from ._request import WireFormat
+    from ._script import WireFormat
 
 _SECRET_HEADERS = frozenset({"authorization", "x-api-key"})
+_logger = logging.getLogger("trio_dispatch.testing.fake_server")
 
 
 class _Rejected(Exception):
-    """Raised inside the handler to answer with an error status."""
-
-    def __init__(self, status: int, error_type: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.error_type = error_type
-        self.message = message
+    """Raised inside the handler to answer ``(status, error type, message)``."""
 
 
 @attrs.define
@@ -98,8 +85,7 @@ class _Progress:
 class FakeLLMServer:
     """The fake LLM API: an ASGI app with a script, a log and statistics.
 
-    Get one from ``open_fake_llm_server``; the URLs are known once it is
-    served.
+    Get one from ``open_fake_llm_server``, which serves it.
     """
 
     def __init__(
@@ -109,15 +95,12 @@ class FakeLLMServer:
         api_key: str | None = None,
         quotas: FakeQuotas | None = None,
     ) -> None:
-        if not isinstance(script, FakeScript):
-            raise TypeError(f"script must be a FakeScript, got {script!r}")
+        self._playlist = Playlist(script)
         check_api_key(api_key)
         if quotas is not None and not isinstance(quotas, FakeQuotas):
             raise TypeError(f"quotas must be a FakeQuotas or None, got {quotas!r}")
         self._book = None if quotas is None else QuotaBook(quotas)
         self._wall_offset: float | None = None
-        self._script = script
-        self._replies_used = 0
         self._api_key = api_key
         self._base_url: str | None = None
         self._requests: list[FakeRequest] = []
@@ -129,8 +112,6 @@ class FakeLLMServer:
     def __repr__(self) -> str:
         where = self._base_url or "not serving"
         return f"<FakeLLMServer {where}>"
-
-    # -- the public face -----------------------------------------------------
 
     def serving_at(self, base_url: str) -> None:
         """Plumbing for ``open_fake_llm_server``: the server answers at ``base_url`` now."""
@@ -161,17 +142,11 @@ class FakeLLMServer:
     @property
     def script(self) -> FakeScript:
         """The script in use."""
-        return self._script
+        return self._playlist.script
 
     def set_script(self, script: FakeScript) -> None:
-        """Answer later requests from ``script``, its ``replies`` from the start.
-
-        Requests already being answered keep their reply.
-        """
-        if not isinstance(script, FakeScript):
-            raise TypeError(f"script must be a FakeScript, got {script!r}")
-        self._script = script
-        self._replies_used = 0
+        """Answer later requests from ``script``; those being answered keep theirs."""
+        self._playlist = Playlist(script)
 
     def statistics(self) -> FakeServerStatistics:
         """A snapshot of the counters."""
@@ -185,11 +160,8 @@ class FakeLLMServer:
     def rate_limits(self, api_key: str, model: str | None = None) -> RateLimitInfo:
         """What an answer to ``api_key`` for ``model`` would say of its limits now.
 
-        The figures its rate-limit headers carry (times rounded up to the
-        millisecond, as the headers have them); empty without quotas.
-        ``model`` matters only to a model with quotas of its own (see
-        ``FakeQuotas.models`` and ``per_model``); ``None``: the key's
-        shared buckets.
+        The figures of its rate-limit headers, times rounded up to the
+        millisecond; empty without quotas. ``None``: the key's shared buckets.
         """
         if model is not None and not isinstance(model, str):
             raise TypeError(f"model must be a string or None, got {model!r}")
@@ -220,8 +192,6 @@ class FakeLLMServer:
     async def wait_idle(self) -> FakeServerStatistics:
         """Wait until no request is being answered."""
         return await self.wait_until(lambda stats: stats.in_flight == 0)
-
-    # -- ASGI ----------------------------------------------------------------
 
     async def __call__(
         self, scope: Mapping[str, Any], receive: Receive, send: Send
@@ -288,6 +258,7 @@ class FakeLLMServer:
             body = json.loads(body_bytes)
         except ValueError:
             body = None
+        client = scope.get("client")
         request = FakeRequest(
             format=wire,
             path=path,
@@ -295,7 +266,7 @@ class FakeLLMServer:
             headers={k: v for k, v in headers.items() if k not in _SECRET_HEADERS},
             authenticated=self._authenticated(wire, headers),
             arrived_at=trio.current_time(),
-            client=_client(scope),
+            client=None if client is None else (str(client[0]), int(client[1])),
         )
         self._requests.append(request)
         self._tally.arrived(request.model)
@@ -316,19 +287,19 @@ class FakeLLMServer:
         send: Send,
     ) -> None:
         # Only a key that passed the check has buckets.
-        key = _key_in(request.format, headers) if request.authenticated else ""
+        wire = request.format
+        key = _key_in(wire, headers) if request.authenticated else ""
         model = request.model
         try:
             _check_request(request, headers)
-            reply, self._replies_used = pick_reply(
-                self._script, request, self._replies_used
-            )
+            reply = self._playlist.pick(request)
         except _Rejected as rejected:
+            status, error_type, message = rejected.args
             await self._send_json(
                 send,
-                rejected.status,
-                error_body(request.format, rejected.error_type, rejected.message),
-                self._limit_headers(request.format, key, model),
+                status,
+                error_body(wire, error_type, message),
+                self._limit_headers(wire, key, model),
             )
             return
         book = self._book
@@ -340,19 +311,22 @@ class FakeLLMServer:
             )
             refusal = book.admit(key, cost, trio.current_time(), model)
             if refusal is not None:
-                await self._refuse(request.format, key, model, refusal, send)
+                self._tally.refused(model)
+                error_type, message = REFUSAL_ERRORS[wire]
+                reason = message.format(reason=_REASONS[refusal.reason])
+                await self._send_json(
+                    send,
+                    429,
+                    error_body(wire, error_type, reason),
+                    [
+                        *self._limit_headers(wire, key, model),
+                        *refusal_headers(wire, refusal.retry_after),
+                    ],
+                )
                 return
         progress = _Progress()
         try:
-            await self._reply(
-                request,
-                reply,
-                headers=headers,
-                receive=receive,
-                send=send,
-                limits=self._limit_headers(request.format, key, model),
-                progress=progress,
-            )
+            await self._reply(request, reply, key, receive, send, progress=progress)
         finally:
             if book is not None:
                 book.settle(key, cost, progress.tokens, trio.current_time(), model)
@@ -367,41 +341,18 @@ class FakeLLMServer:
         info = self._book.rate_limits(key, now, model)
         return quota_headers(wire, info, self.wall_time(now))
 
-    async def _refuse(
-        self,
-        wire: WireFormat,
-        key: str,
-        model: str | None,
-        refusal: Refusal,
-        send: Send,
-    ) -> None:
-        """Answer 429 for ``refusal``, in ``wire``'s words and headers."""
-        self._tally.refused(model)
-        error_type, message = REFUSAL_ERRORS[wire]
-        await self._send_json(
-            send,
-            429,
-            error_body(
-                wire, error_type, message.format(reason=_REASONS[refusal.reason])
-            ),
-            [
-                *self._limit_headers(wire, key, model),
-                *refusal_headers(wire, refusal.retry_after),
-            ],
-        )
-
     async def _reply(
         self,
         request: FakeRequest,
         reply: FakeReply,
-        *,
-        headers: Mapping[str, str],
+        key: str,
         receive: Receive,
         send: Send,
-        limits: list[tuple[bytes, bytes]],
+        *,
         progress: _Progress,
     ) -> None:
-        """Answer an admitted request with ``reply``; ``limits`` go with it."""
+        """Answer an admitted request of ``key`` with ``reply``."""
+        limits = self._limit_headers(request.format, key, request.model)
         if reply.latency:
             await trio.sleep(reply.latency)
         fault = reply.fault
@@ -420,9 +371,7 @@ class FakeLLMServer:
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_for_disconnect, nursery.cancel_scope)
-            events, progress.tokens = self._events(
-                request, reply, _key_in(request.format, headers)
-            )
+            events, progress.tokens = self._events(request, reply, key)
             # Charged as used, even if the client leaves before the end.
             self._tally.served(progress.tokens)
             await self._start(
@@ -449,6 +398,10 @@ class FakeLLMServer:
         fault = reply.fault
         strike_at = strike_index(reply, len(body))
         tokens_sent = 0
+
+        async def send_body(data: bytes = b"", *, more: bool = True) -> None:
+            await send({"type": "http.response.body", "body": data, "more_body": more})
+
         for index, event in enumerate([*body, None]):
             if fault is not None and index == strike_at:
                 if fault.kind == "disconnect":
@@ -456,43 +409,32 @@ class FakeLLMServer:
                     return  # without the end of the body: the connection drops
                 if fault.kind == "truncate":
                     self._finish(progress)
-                    await send({"type": "http.response.body", "more_body": False})
+                    await send_body(more=False)
                     return
                 if fault.kind == "stall":
                     await trio.sleep_forever()
                 if fault.kind == "stream_error":
-                    error = error_event(wire, fault)
-                    await send(
-                        {"type": "http.response.body", "body": error, "more_body": True}
-                    )
+                    await send_body(error_event(wire, fault))
                     self._finish(progress)
-                    await send({"type": "http.response.body", "more_body": False})
+                    await send_body(more=False)
                     return
                 if fault.kind == "malformed":
-                    await send(
-                        {
-                            "type": "http.response.body",
-                            "body": MALFORMED[wire],
-                            "more_body": True,
-                        }
-                    )
+                    await send_body(MALFORMED[wire])
             if event is None:
                 break
             if event.token:
-                await _sleep(token_delay(reply, tokens_sent))
+                delay = token_delay(reply, tokens_sent)
+                if delay > 0:
+                    await trio.sleep(delay)
                 tokens_sent += 1
-            await send(
-                {"type": "http.response.body", "body": event.data, "more_body": True}
-            )
+            await send_body(event.data)
         self._finish(progress)
-        await send({"type": "http.response.body", "body": terminator.data})
+        await send_body(terminator.data, more=False)
 
     def _finish(self, progress: _Progress) -> None:
         # Before the last send: from then on a disconnect is ours, not theirs.
         progress.finished = True
         self._tally.finished()
-
-    # -- what to send --------------------------------------------------------
 
     def _events(
         self, request: FakeRequest, reply: FakeReply, api_key: str
@@ -526,15 +468,12 @@ class FakeLLMServer:
             include_usage=True,
             ids=self._ids,
         )
-        used = 0
-        for event in events:
-            usage = [e for e in event.events if isinstance(e, Usage)]
-            used += sum(u.prompt_tokens + u.output_tokens for u in usage)
+        usage = [u for e in events for u in e.events if isinstance(u, Usage)]
         if request.format == "openai" and not include_usage:
             events = [
                 e for e in events if not any(isinstance(x, Usage) for x in e.events)
             ]
-        return events, used
+        return events, sum(u.prompt_tokens + u.output_tokens for u in usage)
 
 
 _NO_LIMITS: Final = RateLimitInfo()
@@ -564,10 +503,8 @@ def _max_tokens(body: Mapping[str, Any]) -> int | None:
 def _key_in(wire: WireFormat, headers: Mapping[str, str]) -> str:
     """The API key the request presents, or ``""``.
 
-    OpenAI takes ``Authorization: Bearer <key>``. Anthropic takes its
-    ``x-api-key`` header or, as the official SDK sends an ``api_key`` or an
-    ``auth_token`` since its 2.x line, ``Authorization: Bearer <key>``;
-    ``x-api-key`` wins when a request carries both.
+    A bearer ``Authorization``, or Anthropic's ``x-api-key`` (which wins: its
+    SDK sends either since its 2.x line).
     """
     if wire == "anthropic":
         key = headers.get("x-api-key", "").strip()
@@ -577,19 +514,6 @@ def _key_in(wire: WireFormat, headers: Mapping[str, str]) -> str:
     if scheme.lower() != "bearer":
         return ""
     return key.strip()
-
-
-def _client(scope: Mapping[str, Any]) -> tuple[str, int] | None:
-    client = scope.get("client")
-    if client is None:
-        return None
-    host, port = client
-    return (str(host), int(port))
-
-
-async def _sleep(seconds: float) -> None:
-    if seconds > 0:
-        await trio.sleep(seconds)
 
 
 async def _read_body(receive: Receive) -> bytes | None:
@@ -629,11 +553,7 @@ def _check_request(request: FakeRequest, headers: Mapping[str, str]) -> None:
 
 
 def check_api_key(api_key: str | None) -> None:
-    """Refuse a key no client could ever present, so every request got 401.
-
-    Presented keys are stripped and must be non-empty (see
-    ``FakeLLMServer._authenticated``). The messages never show the key.
-    """
+    """Refuse a key no client could present (presented keys are stripped)."""
     if api_key is None:
         return
     if not isinstance(api_key, str):
@@ -644,3 +564,68 @@ def check_api_key(api_key: str | None) -> None:
         raise ValueError("api_key must not be empty; pass None to accept any key")
     if api_key != api_key.strip():
         raise ValueError("api_key must not begin or end with whitespace")
+
+
+def open_fake_llm_server(
+    script: FakeScript | None = None,
+    *,
+    api_key: str | None = None,
+    quotas: FakeQuotas | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+) -> AbstractAsyncContextManager[FakeLLMServer]:
+    """Serve a ``FakeLLMServer`` on loopback for the ``async with`` block.
+
+    The arguments are checked at the call, before anything is bound. On exit
+    the server stops at once, cancelling the requests being answered.
+
+    Args:
+        script: What to answer; a default ``FakeScript`` if not given.
+        api_key: If given, the only key accepted (non-empty, without
+            surrounding whitespace); ``None`` accepts any non-empty key.
+        quotas: Rate limits to keep for each API key; none if not given.
+        host: The address to bind.
+        port: The port to bind; ``0`` picks a free one.
+
+    Raises:
+        TypeError: An argument of the wrong type.
+        ValueError: ``api_key`` is empty or has surrounding whitespace.
+    """
+    server = FakeLLMServer(
+        FakeScript() if script is None else script, api_key=api_key, quotas=quotas
+    )
+    return _serve(server, host=host, port=port)
+
+
+@asynccontextmanager
+async def _serve(
+    server: FakeLLMServer, *, host: str, port: int
+) -> AsyncIterator[FakeLLMServer]:
+    try:
+        from hypercorn.config import Config  # noqa: PLC0415 (an optional dependency)
+        from hypercorn.trio import serve  # noqa: PLC0415 (an optional dependency)
+    except ModuleNotFoundError as exc:  # pragma: no cover (installed for tests)
+        raise ModuleNotFoundError(
+            "the fake LLM server needs hypercorn: pip install 'trio-dispatch[testing]'"
+        ) from exc
+    config = Config()
+    config.bind = [f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = _logger
+    async with trio.open_nursery() as nursery:
+
+        async def run(task_status: trio.TaskStatus[list[str]]) -> None:
+            await serve(server, config, mode="asgi", task_status=task_status)  # type: ignore[arg-type]  # FakeLLMServer is an ASGI app; hypercorn's TypedDicts are stricter than its Mapping
+            # hypercorn returns only when told to shut down, which nothing
+            # here does but a KeyboardInterrupt landing in one of its tasks,
+            # which it swallows. Raise it again: Ctrl+C meant to stop, and
+            # the block must not go on against a server that is gone.
+            if not nursery.cancel_scope.cancel_called:
+                raise KeyboardInterrupt
+
+        binds = await nursery.start(run)
+        server.serving_at(binds[0])
+        try:
+            yield server
+        finally:
+            nursery.cancel_scope.cancel()

@@ -1,8 +1,4 @@
-"""What a simulation measured, and the metrics computed from it.
-
-The records (``TurnRecord``, ``ProviderRecord``) are what the harness writes
-down while it runs; everything else here is a pure function of them, so the
-metrics can be checked by hand on small cases.
+"""What a simulation measured, and the metrics, pure functions of it.
 
 Definitions, over the turns that completed:
 
@@ -31,14 +27,10 @@ if TYPE_CHECKING:
 @final
 @attrs.frozen
 class TurnRecord:
-    """What happened to one turn in a simulation.
-
-    Times are seconds from the simulation's start.
+    """What happened to one turn in a simulation (times from its start).
 
     Attributes:
         index: The turn's position in the scenario.
-        provider: The provider its calls went to.
-        start: When the turn started.
         end: When it ended (completed or gave up).
         calls: How many LLM calls it made successfully.
         ideal: Its latency on an idle system.
@@ -46,9 +38,7 @@ class TurnRecord:
         max_slot_wait: The longest single wait for a slot.
         first_slot_wait: How long its first call waited for a slot.
         rejections: How many 429 answers it received.
-        completed: Whether every call succeeded; ``False`` if a call ran out
-            of attempts.
-        priority: The turn's priority class.
+        completed: ``False`` if a call ran out of attempts.
     """
 
     index: int
@@ -81,16 +71,12 @@ class ProviderRecord:
     """What one simulated provider saw.
 
     Attributes:
-        name: The provider's name.
         limit: The client-side limit.
         capacity: Its own capacity, or ``None``.
-        peak_in_flight: The most calls it served at once.
-        served: Calls it served.
         rejected: Calls it answered 429.
         busy: Seconds of call time it served, summed over calls.
         held_at_end: Slots still held when the simulation ended (0 unless a
-            limiter leaked).
-        waiting_at_end: Requests still waiting when it ended.
+            limiter leaked), as ``waiting_at_end`` the requests still waiting.
     """
 
     name: str
@@ -109,20 +95,11 @@ class ProviderRecord:
 class PolicyMetrics:
     """The summary of one simulation run; see the module doc for definitions.
 
-    Latency, slowdown and wait figures cover completed turns only and are
-    ``nan`` when none completed.
+    Latency (mean, p50, p95, p99, max), slowdown and wait figures cover
+    completed turns only, and are ``nan`` when none completed.
 
     Attributes:
-        policy: The policy simulated.
-        turns: Turns in the scenario.
-        completed: Turns whose every call succeeded.
-        latency_mean: Mean turn latency.
-        latency_p50: Median turn latency.
-        latency_p95: 95th percentile turn latency.
-        latency_p99: 99th percentile turn latency.
-        latency_max: Longest turn latency.
-        slowdown_mean: Mean slowdown.
-        slowdown_p95: 95th percentile slowdown.
+        completed: Turns whose every call succeeded, of ``turns``.
         fairness: Jain's index of the slowdowns.
         first_wait_p95: 95th percentile wait of a turn's first call.
         max_slot_wait: The longest any single call waited for a slot.
@@ -157,11 +134,7 @@ def mean(values: Sequence[float]) -> float:
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0..100), interpolating between closest ranks.
-
-    This is numpy's default method: the value at rank ``(n - 1) * q / 100``
-    of the sorted values, linearly interpolated. ``nan`` for no values.
-    """
+    """The ``q``-th percentile (0..100), numpy's default method; ``nan`` for none."""
     if not 0 <= q <= 100:
         raise ValueError(f"q must be between 0 and 100, got {q!r}")
     if not values:
@@ -175,10 +148,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def jain_index(values: Sequence[float]) -> float:
-    """Jain's fairness index ``(sum x)**2 / (n * sum x**2)``.
-
-    1.0 when all values are equal (or all zero); ``nan`` for no values.
-    """
+    """Jain's fairness index: 1.0 when all values are equal; ``nan`` for none."""
     if not values:
         return math.nan
     total = math.fsum(values)

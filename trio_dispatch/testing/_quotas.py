@@ -1,21 +1,16 @@
 """The fake LLM server's rate limits: per-key quotas, as real APIs keep them.
 
 ``FakeQuotas`` configures them; ``QuotaBook`` keeps them, one set of
-buckets per API key (or per API key and model, as OpenAI keeps its limits
-and Anthropic those of each model class), and ``quota_headers`` /
-``refusal_headers`` write what they say in either wire format. Pure: times are passed in (the server
-passes ``trio.current_time()``, so ``MockClock`` drives the refill), and
-nothing here does I/O.
+buckets per API key (or per key and model), and ``quota_headers`` /
+``refusal_headers`` write them in either wire format. Pure: times are
+passed in, so ``MockClock`` drives the refill.
 
 Each per-minute quota is a token bucket, as OpenAI and Anthropic describe
-theirs: it holds up to the per-minute figure, starts full (or at
-``initial_fill`` of it), and refills continuously at a sixtieth of it per
-second. A request is admitted only if a concurrency slot (when capped), a
-request and its estimated tokens are all there; it is then charged one request and its estimate (the prompt's
-estimate plus ``max_tokens``, as OpenAI counts), and when it ends the
-estimate is replaced by what it really used (prompt and output tokens, as
-its usage reports them), which may leave the bucket in debt for a while.
-A refused request is charged nothing.
+theirs, refilled continuously at a sixtieth of it per second. A request is
+admitted only if a concurrency slot (when capped), a request and its
+estimated tokens (the prompt's estimate plus ``max_tokens``, as OpenAI
+counts) are all there, and charged them; when it ends the estimate is
+replaced by what it used, which may leave the bucket in debt for a while.
 """
 
 from __future__ import annotations
@@ -39,7 +34,7 @@ from .._validation import (
 )
 
 if TYPE_CHECKING:
-    from ._request import WireFormat
+    from ._script import WireFormat
 
 _positive = attrs.validators.optional(positive_int)
 _fraction = validator(check_fraction)
@@ -79,47 +74,29 @@ _MS: Final = 1000
 class FakeQuotas:
     """Rate limits the fake server keeps for each API key.
 
-    Every key gets its own buckets, all starting full unless
-    ``initial_fill`` says otherwise. A request beyond any of them is
-    answered 429 in its wire format, with ``Retry-After`` (whole seconds,
-    rounded up; OpenAI's answers also carry ``retry-after-ms``) equal to
-    the time until the buckets hold enough for it; and every answer to a
-    key carries the rate-limit headers of its format (``x-ratelimit-*``
-    with durations, or ``anthropic-ratelimit-*`` with RFC 3339 times).
-
-    By default a key's buckets count all its requests, whatever their
-    model. Real APIs keep limits per model (OpenAI's ``x-ratelimit-*``
-    headers report the bucket of the model the request named): ``models``
-    gives named models buckets of their own, with their own figures, and
-    ``per_model`` gives every other model buckets of its own too, with
-    the figures above. A request's model is its JSON body's ``model``
-    (a string); the headers of an answer report its model's buckets.
+    A request beyond any of a key's buckets is answered 429 in its wire
+    format, with ``Retry-After`` (whole seconds, rounded up; OpenAI's also
+    ``retry-after-ms``) the time until they hold enough for it, and every
+    answer to a key carries the rate-limit headers of its format.
 
     Attributes:
         requests_per_minute: Requests a key may make per minute.
         tokens_per_minute: Tokens (prompt and output together) per minute.
         max_concurrency: Requests a key may have in flight at once.
         default_max_tokens: The output a request without ``max_tokens`` is
-            charged for at admission (corrected at its end like any
-            other estimate).
+            charged for at admission.
         busy_retry_after: The ``Retry-After`` of a request refused for
-            concurrency; ``None`` sends none, since no one knows when a
-            stream in flight will end.
-        initial_fill: The share of each bucket there when the server
-            first sees a key, from 0 to 1 (it refills from then on): 1,
-            full, as an idle account is; lower starts the key as if it had
-            just spent the rest, so that a short run meets the refill rate
-            at once, not after a minute's worth of requests.
-        models: Quotas of their own for the models named: each key keeps
-            apart buckets for each of them, under that entry's figures
-            (all of them: its per-minute quotas, concurrency cap,
-            ``default_max_tokens``, ``busy_retry_after`` and
-            ``initial_fill``). An entry may not have ``models`` or
-            ``per_model`` of its own.
-        per_model: Whether models not in ``models`` get buckets of their
-            own too (each under the figures above), as OpenAI keeps
-            every model's limits apart; if not, they share the key's
-            buckets, as every model does without ``models``.
+            concurrency; ``None`` sends none.
+        initial_fill: The share of each bucket there when the server first
+            sees a key, from 0 to 1: below 1 a short run meets the refill
+            rate at once, not after a minute's worth of requests.
+        models: Quotas of their own (all their figures) for the models
+            named, kept apart in each key; an entry may not have ``models``
+            or ``per_model`` of its own. A request's model is its body's
+            ``model``, and an answer's headers report that model's buckets.
+        per_model: Whether every other model gets buckets of its own too
+            (under the figures above), as OpenAI keeps them; if not, they
+            share the key's buckets.
     """
 
     requests_per_minute: int | None = attrs.field(default=None, validator=_positive)
@@ -201,13 +178,8 @@ class _Key:
 @final
 @attrs.frozen
 class Refusal:
-    """Why a request was refused, and how long until it would not be.
-
-    Attributes:
-        reason: ``"requests"``, ``"tokens"``, ``"too_large"`` (more tokens
-            than the bucket can ever hold) or ``"concurrency"``.
-        retry_after: Seconds until enough is back; ``None`` if unknown.
-    """
+    """Why a request was refused (``"too_large"``: more tokens than the bucket
+    can ever hold), and seconds until enough is back (``None``: unknown)."""
 
     reason: Literal["requests", "tokens", "too_large", "concurrency"]
     retry_after: float | None
@@ -215,12 +187,7 @@ class Refusal:
 
 @final
 class QuotaBook:
-    """The buckets of every key under one ``FakeQuotas``; see the module notes.
-
-    Every method takes the request's ``model`` (``None`` for none): a model
-    that ``FakeQuotas.keeps_apart`` is counted in buckets of its own in
-    each key, under its own figures; any other shares the key's buckets.
-    """
+    """The buckets of every key (and model kept apart) under one ``FakeQuotas``."""
 
     def __init__(self, quotas: FakeQuotas) -> None:
         self._quotas = quotas
@@ -231,8 +198,11 @@ class QuotaBook:
         """The limits it keeps."""
         return self._quotas
 
+    def _apart(self, model: str | None) -> str | None:
+        return model if self._quotas.keeps_apart(model) else None
+
     def _key(self, key: str, model: str | None, now: float) -> _Key:
-        apart = model if self._quotas.keeps_apart(model) else None
+        apart = self._apart(model)
         state = self._keys.get((key, apart))
         if state is None:
             q = self._quotas.for_model(apart)
@@ -247,9 +217,7 @@ class QuotaBook:
         return state
 
     def _figures(self, model: str | None) -> FakeQuotas:
-        return self._quotas.for_model(
-            model if self._quotas.keeps_apart(model) else None
-        )
+        return self._quotas.for_model(self._apart(model))
 
     def estimate(
         self, prompt_tokens: int, max_tokens: int | None, model: str | None = None

@@ -1,11 +1,12 @@
-"""What the fake LLM server answers: its script, as attrs values.
+"""What a fake LLM is asked, what it answers, and how the answer is played.
 
-A ``FakeScript`` chooses one ``FakeReply`` per request: ``choose`` (a
-function of the request) first, then the ``replies`` queue in order, then
-``default``. A reply says what to stream (text, reasoning, tool calls,
-usage), how fast (``latency`` before the headers, ``time_to_first_token``,
-``tokens_per_second``) and what to break (``fault``). The same reply is
-streamed in whichever wire format the request came in.
+A ``FakeScript`` chooses one ``FakeReply`` per ``FakeRequest``, streamed in
+whichever wire format the request came in: what to stream, how fast, and
+what to break (``fault``). The fake server and the scripted provider play
+it by the same rules, so a script means the same over sockets and in
+memory: the first token after ``time_to_first_token``, each later one
+``1 / tokens_per_second`` after the one before; a stream fault strikes
+before event ``after_events`` (or just before the terminator).
 """
 
 from __future__ import annotations
@@ -23,9 +24,50 @@ from .._validation import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
-    from ._request import FakeRequest
+    from ..messages import ChatRequest
+
+WireFormat = Literal["openai", "anthropic"]
+
+#: The fake server's routes, and the wire format each one speaks.
+ROUTES: dict[str, WireFormat] = {
+    "/v1/chat/completions": "openai",
+    "/v1/messages": "anthropic",
+}
+
+
+@final
+@attrs.frozen
+class FakeRequest:
+    """One request the fake server received, as it arrived (minus the key).
+
+    ``body`` is the parsed JSON (``None`` if it was not JSON), ``headers``
+    have lowercased names and neither ``authorization`` nor ``x-api-key``,
+    and ``client`` is shared by the requests of one kept-alive connection.
+    A ``ScriptedProvider`` makes one for its script's ``choose`` too, with
+    no body and no headers, and the ``ChatRequest`` itself as ``chat``.
+    """
+
+    format: WireFormat
+    path: str
+    body: Any
+    headers: Mapping[str, str]
+    authenticated: bool
+    arrived_at: float
+    client: tuple[str, int] | None = None
+    chat: ChatRequest | None = None
+
+    @property
+    def model(self) -> str | None:
+        """The body's ``model``, if it is a string (what per-model quotas go by)."""
+        body = self.body
+        if isinstance(body, dict):
+            model = body.get("model")
+            if isinstance(model, str):
+                return model
+        return None
+
 
 FaultKind = Literal[
     "rate_limit",
@@ -63,33 +105,17 @@ class Fault:
     """Something for the server to get wrong, on purpose.
 
     Status faults answer at once with an error body in the request's wire
-    format (and the retry headers, when given):
-
-    * ``"rate_limit"``: 429 (``rate_limit_error`` / ``rate_limit_exceeded``);
-    * ``"server_error"``: 500;
-    * ``"unavailable"``: 503;
-    * ``"overloaded"``: 529 with Anthropic's ``overloaded_error`` body.
+    format, with ``retry_after`` (seconds) and ``retry_after_ms`` as retry
+    headers when given: ``"rate_limit"`` 429, ``"server_error"`` 500,
+    ``"unavailable"`` 503, ``"overloaded"`` 529.
 
     Stream faults start a normal 200 stream and strike after
     ``after_events`` events (``None``: just before the terminator):
-
-    * ``"disconnect"``: the server drops the connection;
-    * ``"truncate"``: the body ends cleanly, without the terminator;
-    * ``"malformed"``: one event whose data is not valid JSON, then the
-      rest of the stream as if nothing happened;
-    * ``"stall"``: nothing more is sent, and the response never ends (the
-      client's read timeout has to fire);
-    * ``"stream_error"``: an error event of ``error_type`` (Anthropic's
-      ``event: error``, OpenAI's ``{"error": ...}`` chunk), then the end.
-
-    Attributes:
-        kind: Which fault.
-        after_events: For stream faults, how many events go out first.
-        retry_after: For status faults, ``Retry-After`` in seconds.
-        retry_after_ms: For status faults, ``retry-after-ms``, in
-            milliseconds.
-        error_type: For ``"stream_error"``, the error's type.
-        message: The error message, instead of the default one.
+    ``"disconnect"`` drops the connection, ``"truncate"`` ends the body
+    without the terminator, ``"malformed"`` sends one event that is not
+    JSON and goes on, ``"stall"`` sends nothing more (the client's read
+    timeout has to fire), ``"stream_error"`` sends an error event of
+    ``error_type``, then ends. ``message`` replaces the default message.
     """
 
     kind: FaultKind = attrs.field(validator=_fault_kind)
@@ -116,12 +142,9 @@ class Fault:
 class FakeToolCall:
     """A tool call for the fake model to make.
 
-    Attributes:
-        name: The tool's name.
-        arguments: The arguments, streamed as JSON in pieces.
-        id: The call's id; the server makes one up when ``None``.
-        raw_arguments: Argument text to send instead of ``arguments`` (for
-            testing arguments that are not valid JSON).
+    Its ``arguments`` are streamed as JSON in pieces, or ``raw_arguments``
+    instead (for arguments that are not valid JSON); the server makes up an
+    ``id`` when it is ``None``.
     """
 
     name: str
@@ -135,36 +158,25 @@ class FakeToolCall:
 class FakeReply:
     """One scripted answer.
 
-    The text and the reasoning are streamed a word at a time (each word
-    with the whitespace before it), tool call arguments in
-    ``argument_chunks`` pieces.
+    The text and the reasoning (``reasoning_content`` deltas for OpenAI, a
+    thinking block for Anthropic) are streamed a word at a time, each tool
+    call's arguments in ``argument_chunks`` pieces.
 
     Attributes:
-        text: The visible answer.
-        reasoning: Reasoning to stream before it (``reasoning_content``
-            deltas for OpenAI, a thinking block for Anthropic).
-        tool_calls: Tool calls to make after the text.
         input_tokens: Reported uncached prompt tokens; ``None`` estimates
             them from the request (a token per four characters).
         output_tokens: Reported output tokens; ``None`` counts the chunks.
         cache_read_tokens: Reported prompt tokens read from the cache.
-        cache_write_tokens: Reported prompt tokens written to the cache
-            (Anthropic reports them apart; OpenAI counts them as prompt).
-            When these two are 0 and ``input_tokens`` is ``None``, the fake
-            server reports what its own prompt cache read and wrote for a
-            request that asks for caching (``cache_control`` breakpoints,
-            a ``prompt_cache_key``); a ``ScriptedProvider`` has no cache.
-        finish: The finish reason, in the normalised vocabulary
-            (``"stop"``, ``"tool_calls"``, ``"length"``,
-            ``"content_filter"``); ``None`` picks ``"tool_calls"`` when
-            there are tool calls and ``"stop"`` otherwise.
+        cache_write_tokens: Reported prompt tokens written to it (OpenAI
+            counts them as prompt). When both are 0 and ``input_tokens`` is
+            ``None``, the fake server reports what its own prompt cache
+            read and wrote; a ``ScriptedProvider`` has no cache.
+        finish: The normalised finish reason; ``None`` picks
+            ``"tool_calls"`` when there are tool calls, else ``"stop"``.
         latency: Seconds before the response headers.
-        time_to_first_token: Seconds between the headers and the first
-            token.
+        time_to_first_token: Seconds between the headers and the first token.
         tokens_per_second: The pace of the tokens after the first; ``None``
             sends them as fast as it can.
-        argument_chunks: How many pieces each tool call's arguments come in.
-        fault: What to break, if anything.
     """
 
     text: str = "Hello from the fake LLM server."
@@ -195,13 +207,55 @@ class FakeReply:
 class FakeScript:
     """How the fake server picks the reply to each request.
 
-    Attributes:
-        default: The reply when nothing else decides.
-        replies: Replies used in order, one per request, before ``default``.
-        choose: Called with each ``FakeRequest``; a reply it returns wins,
-            ``None`` falls through to ``replies`` and ``default``.
+    ``choose(request)`` first (``None`` falls through), then the ``replies``
+    in order, one per request, then ``default``.
     """
 
     default: FakeReply = FakeReply()
     replies: tuple[FakeReply, ...] = ()
     choose: Callable[[FakeRequest], FakeReply | None] | None = None
+
+
+def _a_script(_instance: object, _attribute: object, script: FakeScript) -> None:
+    if not isinstance(script, FakeScript):
+        raise TypeError(f"script must be a FakeScript, got {script!r}")
+
+
+@attrs.define
+class Playlist:
+    """A ``FakeScript`` in play: how many of its ``replies`` are used."""
+
+    script: FakeScript = attrs.field(validator=_a_script)
+    used: int = 0
+
+    def pick(self, request: FakeRequest) -> FakeReply:
+        """The reply to ``request``: ``choose``'s, the next of ``replies``, or ``default``."""
+        script = self.script
+        if script.choose is not None:
+            chosen = script.choose(request)
+            if chosen is not None:
+                return chosen
+        if self.used < len(script.replies):
+            self.used += 1
+            return script.replies[self.used - 1]
+        return script.default
+
+
+def token_delay(reply: FakeReply, tokens_sent: int) -> float:
+    """Seconds to wait before the next token, after ``tokens_sent`` of them."""
+    if tokens_sent == 0:
+        return reply.time_to_first_token
+    if reply.tokens_per_second is None:
+        return 0.0
+    return 1 / reply.tokens_per_second
+
+
+def strike_index(reply: FakeReply, events: int) -> int | None:
+    """Before which of the ``events`` before the terminator its stream fault
+    strikes (``events``: just before the terminator); ``None``: no fault."""
+    fault = reply.fault
+    if fault is None:
+        return None
+    if fault.after_events is None:
+        return events
+    return min(fault.after_events, events)

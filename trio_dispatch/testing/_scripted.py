@@ -1,18 +1,10 @@
 """A provider in memory, answering from the fake server's script.
 
-``ScriptedProvider`` takes the same ``FakeScript`` as the fake LLM server
-and plays it without a socket: no HTTP client, no server, no hypercorn, so
-a unit test can run it under ``autojump_clock`` and assert exact times.
-
 It plays a reply event for event as the server would send it in the
 provider's wire format (``_encoders`` says what each event means to our
 decoders, ``_playback`` when it goes out and where a fault strikes), so
-switching a test between sockets and memory changes neither the events
-nor the errors: a status fault raises what ``error_for_status`` makes of
-that status and body, an error event what ``error_for_type`` makes of it,
-and the other stream faults the errors the HTTP providers raise for a
-dropped connection, a body cut short, an event that is not JSON, or a
-stall (after ``read_timeout``).
+switching a test between sockets and memory changes neither the events nor
+the errors the HTTP providers raise.
 """
 
 from __future__ import annotations
@@ -35,15 +27,15 @@ from .._ratelimits import RateLimitInfo
 from .._validation import check_seconds, check_text
 from .._wire import error_for_status, error_for_type
 from ..messages import ChatRequest
-from ._encoders import (
-    STATUS_ERRORS,
-    STREAM_ERROR_MESSAGE,
-    encode_reply,
-    header_number,
+from ._encoders import STREAM_ERROR_MESSAGE, encode_reply, status_fault_answer
+from ._script import (
+    ROUTES,
+    FakeRequest,
+    FakeScript,
+    Playlist,
+    strike_index,
+    token_delay,
 )
-from ._playback import pick_reply, strike_index, token_delay
-from ._request import ROUTES, FakeRequest
-from ._script import FakeScript
 from ._tally import FakeServerStatistics, Tally
 
 if TYPE_CHECKING:
@@ -52,8 +44,7 @@ if TYPE_CHECKING:
     from .._provider import RateLimitObserver, RateLimitReporter
     from ..messages import StreamEvent
     from ._encoders import WireEvent
-    from ._request import WireFormat
-    from ._script import FakeReply, Fault
+    from ._script import FakeReply, Fault, WireFormat
 
 _PATHS: dict[WireFormat, str] = {wire: path for path, wire in ROUTES.items()}
 _TERMINATORS: dict[WireFormat, str] = {
@@ -66,70 +57,35 @@ _TERMINATORS: dict[WireFormat, str] = {
 class ScriptedProvider:
     """A ``Provider`` that answers from a ``FakeScript``, in memory.
 
-    The script, its replies and their faults are the fake LLM server's
-    (``open_fake_llm_server``), and so are the answers: the same text and
-    reasoning deltas, tool calls, ``Finish`` and ``Usage``, at the same
-    moments on the trio clock, and the same typed ``ProviderError`` for
-    each fault, as ``OpenAIProvider`` (``wire="openai"``) or
-    ``AnthropicProvider`` (``wire="anthropic"``) yield against the server.
-    Rate-limit and overloaded errors are reported to ``on_rate_limit``
-    first, as the HTTP providers do.
-
-    Nothing leaves the process, and all timing is ``trio.sleep``: under
-    ``autojump_clock`` a reply with ``latency=2`` and
+    The script is the fake LLM server's, and so are the answers: the same
+    deltas, tool calls, ``Finish`` and ``Usage`` at the same moments on the
+    trio clock, and the same typed ``ProviderError`` for each fault, as
+    ``OpenAIProvider`` (``wire="openai"``) or ``AnthropicProvider``
+    (``wire="anthropic"``) yield against the server. All timing is
+    ``trio.sleep``: under ``autojump_clock`` a reply with ``latency=2`` and
     ``time_to_first_token=0.5`` gives its first delta at exactly 2.5 s.
 
     A script's ``choose`` gets a ``FakeRequest`` whose ``chat`` is the
-    ``ChatRequest`` (there is no wire body). For the same reason a reply
-    without ``input_tokens`` is estimated from the request's text (a token
-    per four characters), not from its JSON as the server does. The
-    provider keeps every request it was asked (``requests``) and the fake
-    server's statistics.
-
-    Example, with ``add`` a ``Tool`` that adds ``a`` and ``b``::
-
-        call = FakeToolCall("add", {"a": 2, "b": 2})
-        provider = ScriptedProvider(
-            FakeScript(
-                replies=(
-                    FakeReply(text="", tool_calls=(call,)),
-                    FakeReply(text="it is 4", time_to_first_token=0.5),
-                )
-            )
-        )
-        async with open_dispatcher({provider.id: 1}) as dispatcher:
-            conversation = dispatcher.start_conversation(provider, tools=[add])
-            result = await conversation.ask("what is 2 + 2?")
-        assert result.text == "it is 4"
-        assert len(provider.requests) == 2
+    ``ChatRequest`` (there is no wire body), so a reply without
+    ``input_tokens`` is estimated from the request's text (a token per four
+    characters), not from its JSON as the server does.
 
     Args:
         script: What to answer; a default ``FakeScript`` if not given.
         id: The provider's id, as the dispatcher knows it.
-        wire: The wire format whose stream it plays: ``"openai"`` or
-            ``"anthropic"``. It decides the details that differ between
-            them: where a fault's ``after_events`` strikes, the error
-            vocabulary, how usage is reported (OpenAI counts cache writes
-            as plain prompt tokens) and the ids made up for tool calls.
+        wire: ``"openai"`` or ``"anthropic"``: where a fault's
+            ``after_events`` strikes, the error vocabulary, how usage is
+            reported and the ids made up for tool calls.
         read_timeout: Seconds without data before the stream fails with
-            ``ProviderConnectionError``, as the HTTP providers' read timeout:
-            what a ``"stall"`` fault, or a longer ``latency`` or pause
-            between tokens, runs into.
+            ``ProviderConnectionError``, as the HTTP providers' read timeout.
         on_rate_limit: Called with ``(id, retry_after)`` before a
-            ``RateLimited`` or ``Overloaded`` is raised, for use without a
-            dispatcher's slot (through one, the error itself tells it):
-            pass ``dispatcher.report_rate_limit``.
-        on_rate_limits: Called with ``(id, RateLimitInfo)`` for each answer
-            that carries rate-limit figures, before its error is raised,
-            as the HTTP providers do: here, a status fault with
-            ``retry_after`` or ``retry_after_ms`` (the only rate-limit
-            headers a script sends), which the error's ``rate_limits``
-            carries too. An exception it raises is logged.
+            ``RateLimited`` or ``Overloaded`` is raised.
+        on_rate_limits: Called with ``(id, RateLimitInfo)`` for a status
+            fault with ``retry_after`` or ``retry_after_ms``, before its
+            error is raised; an exception it raises is logged.
 
     Raises:
-        TypeError: ``script`` is not a ``FakeScript``, ``id`` not a string,
-            ``read_timeout`` not a number, or ``on_rate_limit`` or
-            ``on_rate_limits`` not callable.
+        TypeError: An argument of the wrong type.
         ValueError: ``id`` is empty, ``wire`` unknown, or ``read_timeout``
             not a positive number of seconds.
     """
@@ -144,17 +100,12 @@ class ScriptedProvider:
         on_rate_limit: RateLimitReporter | None = None,
         on_rate_limits: RateLimitObserver | None = None,
     ) -> None:
-        if script is None:
-            script = FakeScript()
-        if not isinstance(script, FakeScript):
-            raise TypeError(f"script must be a FakeScript, got {script!r}")
+        self._playlist = Playlist(FakeScript() if script is None else script)
         check_text(id, "id")
         if wire not in _PATHS:
             raise ValueError(f"wire must be 'openai' or 'anthropic', got {wire!r}")
         timeout = check_seconds(read_timeout, "read_timeout", positive=True)
         self._hooks = RateLimitHooks(id, on_rate_limit, on_rate_limits)
-        self._script = script
-        self._replies_used = 0
         self._id = id
         self._wire: WireFormat = wire
         self._read_timeout = timeout
@@ -179,17 +130,11 @@ class ScriptedProvider:
     @property
     def script(self) -> FakeScript:
         """The script in use."""
-        return self._script
+        return self._playlist.script
 
     def set_script(self, script: FakeScript) -> None:
-        """Answer later requests from ``script``, its ``replies`` from the start.
-
-        Streams already open keep their reply.
-        """
-        if not isinstance(script, FakeScript):
-            raise TypeError(f"script must be a FakeScript, got {script!r}")
-        self._script = script
-        self._replies_used = 0
+        """Answer later requests from ``script``; open streams keep their reply."""
+        self._playlist = Playlist(script)
 
     @property
     def requests(self) -> list[ChatRequest]:
@@ -199,19 +144,13 @@ class ScriptedProvider:
     def statistics(self) -> FakeServerStatistics:
         """A snapshot of the counters, as the fake server keeps them.
 
-        ``completed`` counts streams played to their end, or to the stream
-        fault that ends them; ``client_disconnects`` the streams left before
-        that, and those a stall or a long pause ended after
-        ``read_timeout``; ``responses_by_status`` has ``200`` for each
-        stream and the status of each status fault.
+        A stall or a long pause ended after ``read_timeout`` counts as a
+        client disconnect.
         """
         return self._tally.snapshot()
 
     def stream(self, request: ChatRequest) -> _ScriptedStream:
-        """Play the answer to ``request``; see ``Provider.stream``.
-
-        Nothing is asked until the returned context manager is entered.
-        """
+        """Play the answer to ``request`` once entered; see ``Provider.stream``."""
         if not isinstance(request, ChatRequest):
             raise TypeError(f"request must be a ChatRequest, got {request!r}")
         return _ScriptedStream(self, request)
@@ -235,8 +174,6 @@ class ScriptedProvider:
         # could replace the exception on its way out with a Cancelled.
         self._closed = True
 
-    # -- used by _ScriptedStream --------------------------------------------
-
     def _arrive(self, request: ChatRequest) -> FakeReply:
         """Record ``request`` and pick its reply: the request is "sent"."""
         if self._closed:
@@ -254,50 +191,28 @@ class ScriptedProvider:
             arrived_at=trio.current_time(),
             chat=request,
         )
-        reply, self._replies_used = pick_reply(self._script, fake, self._replies_used)
-        return reply
-
-    def _answer(self, status: int) -> None:
-        self._tally.answered(status)
-
-    def _leave(self, outcome: Literal["completed", "refused"] | None) -> None:
-        tally = self._tally
-        tally.departed()
-        if outcome == "completed":
-            tally.finished()
-        elif outcome is None:
-            tally.abandoned()
-
-    def _events(self, request: ChatRequest, reply: FakeReply) -> list[WireEvent]:
-        return encode_reply(
-            reply,
-            self._wire,
-            model="scripted",
-            estimated_input_tokens=_estimate(request),
-            # Our HTTP providers always ask for OpenAI's usage chunk.
-            include_usage=True,
-            ids=self._ids,
-        )
+        return self._playlist.pick(fake)
 
     def _status_error(self, fault: Fault) -> ProviderError:
-        """What the HTTP providers raise for ``fault``'s status and body."""
-        status = fault.status
-        assert status is not None
-        error_type, message = STATUS_ERRORS[self._wire][fault.kind]
-        # As the headers carry them, and as the providers read them back:
-        # three decimals, and retry-after-ms first.
-        retry_after: float | None = None
-        if fault.retry_after_ms is not None:
-            retry_after = float(header_number(fault.retry_after_ms)) * 0.001
-        elif fault.retry_after is not None:
-            retry_after = float(header_number(fault.retry_after))
-        return error_for_status(
+        """What the HTTP providers raise for ``fault``'s answer; ``on_rate_limits``
+        hears of its retry headers, which its ``rate_limits`` carries."""
+        status, headers, body = status_fault_answer(self._wire, fault)
+        # Read back as the providers read the headers: retry-after-ms first.
+        found = {name: float(value) for name, value in headers}
+        retry_after = found.get(b"retry-after")
+        if b"retry-after-ms" in found:
+            retry_after = found[b"retry-after-ms"] * 0.001
+        error = error_for_status(
             self._id,
             status,
-            error_type=error_type,
-            message=fault.message or message,
+            error_type=body["error"]["type"],
+            message=body["error"]["message"],
             retry_after=retry_after,
         )
+        if getattr(error, "retry_after", None) is not None:
+            error.rate_limits = RateLimitInfo(retry_after=retry_after)
+            self._hooks.observe(error.rate_limits)
+        return error
 
     def _fault_error(self, fault: Fault) -> ProviderError:
         """What the HTTP providers raise when ``fault`` strikes mid-stream."""
@@ -327,18 +242,6 @@ class ScriptedProvider:
             provider=self._id,
         )
 
-    def _observe(self, error: ProviderError) -> None:
-        """Put a status fault's retry headers on ``error``; tell ``on_rate_limits``.
-
-        Its ``rate_limits``, as the HTTP providers' status errors carry
-        them, if it has any.
-        """
-        retry_after = getattr(error, "retry_after", None)
-        if retry_after is None:
-            return
-        info = error.rate_limits = RateLimitInfo(retry_after=retry_after)
-        self._hooks.observe(info)
-
     async def _wait(self, seconds: float) -> bool:
         """Sleep ``seconds``; ``False`` if ``read_timeout`` ran out first."""
         if seconds > self._read_timeout:
@@ -360,14 +263,9 @@ def _estimate(request: ChatRequest) -> int:
 
 @final
 class _ScriptedStream:
-    """One answer, played from its wire events; entered once, then iterated.
+    """One answer, played from its wire events; entered once, then iterated."""
 
-    What ``ScriptedProvider.stream`` returns; the same rules as the HTTP
-    providers' streams (see ``Provider``). A script sends no rate-limit
-    headers with a stream, so its ``rate_limits`` is always ``None``.
-    """
-
-    #: What the answer said of the rate limits: a script says nothing.
+    #: A script sends no rate-limit headers with a stream.
     rate_limits: RateLimitInfo | None = None
 
     def __init__(self, provider: ScriptedProvider, request: ChatRequest) -> None:
@@ -442,14 +340,20 @@ class _ScriptedStream:
             )
         fault = reply.fault
         if fault is not None and fault.status is not None:
-            provider._answer(fault.status)
+            provider._tally.answered(fault.status)
             self._outcome = "refused"
             error = provider._status_error(fault)
-            provider._observe(error)
             provider._hooks.report(error)
             raise error
-        provider._answer(200)
-        *self._body, self._terminator = provider._events(self._request, reply)
+        provider._tally.answered(200)
+        *self._body, self._terminator = encode_reply(
+            reply,
+            provider.wire,
+            model="scripted",
+            estimated_input_tokens=_estimate(self._request),
+            include_usage=True,  # as our HTTP providers always ask
+            ids=provider._ids,
+        )
         self._reply = reply
         self._strike = strike_index(reply, len(self._body))
 
@@ -491,4 +395,9 @@ class _ScriptedStream:
             return
         self._state = "closed"
         if self._arrived:
-            self._provider._leave(self._outcome)
+            tally = self._provider._tally
+            tally.departed()
+            if self._outcome == "completed":
+                tally.finished()
+            elif self._outcome is None:
+                tally.abandoned()

@@ -1,12 +1,5 @@
 """A virtual-time simulation harness that drives the real dispatcher.
 
-``run_simulation(workload, policy)`` plays a ``Workload`` (or a hand-written
-``Scenario``) under one admission policy, in virtual time on trio's
-``MockClock``, and returns a ``SimulationResult``: one record per turn and
-per provider, ``metrics()`` to summarise them and JSON to store them.
-``simulate`` does the same inside a trio run that is already going (give it
-a ``MockClock``; on a real clock it takes real time).
-
 Every agent turn is a trio task. For each of its calls it takes a slot,
 sleeps the call's duration while holding it, gives it back and sleeps the
 following tool step. The policies differ only in how a slot is taken:
@@ -22,13 +15,10 @@ following tool step. The policies differ only in how a slot is taken:
 
 A provider with a ``capacity`` answers 429 (after its ``reject_latency``)
 to any call that finds ``capacity`` calls in flight. Under the dispatcher
-the agent reports it (``report_rate_limit``, which pauses the provider's
-grants until ``retry_after`` has passed), gives the slot back and asks for
-one again at once, with the same priority; without one it waits
-``retry_after`` itself. A call is sent at most ``max_attempts`` times; then
-the turn gives up and counts as not completed.
-So running with no client-side limit is simulated honestly, retry storms
-and all.
+the agent reports it (pausing the provider's grants for ``retry_after``)
+and asks again at once with the same priority; without one it waits
+``retry_after`` itself. After ``max_attempts`` sends the turn gives up, so
+no client-side limit is simulated honestly, retry storms and all.
 
 Determinism: the scenario is drawn before the run, and trio only reorders
 tasks that wake at the same virtual instant, which continuous random
@@ -73,13 +63,8 @@ POLICIES: tuple[PolicyName, ...] = ("oldest-first", "fifo", "random", "none")
 @final
 @attrs.frozen
 class SimulationResult:
-    """Everything one simulation run recorded.
-
-    Attributes:
-        policy: The policy simulated.
-        turns: One record per turn, in scenario order.
-        providers: One record per provider, in scenario order.
-    """
+    """Everything one simulation run recorded: its ``policy``, one record per
+    turn and one per provider, in scenario order."""
 
     policy: str
     turns: tuple[TurnRecord, ...]
@@ -113,12 +98,11 @@ class _Timekeeper:
 
     ``trio.sleep`` costs a cancel scope, a deadline and a raised
     ``Cancelled`` per call, which dominates a simulation made of little
-    else. Agents sleep here instead: their wake-up times go in one heap and
-    they park with ``wait_task_rescheduled``. The timekeeper task waits until
-    every task is blocked, then jumps the ``MockClock`` to the earlier of the
-    heap's first wake-up and trio's own next deadline (the schedulers'
-    rate-limit pauses), and wakes whoever is due: what ``autojump`` does,
-    with the agents' timers kept out of trio's deadline machinery.
+    else. Agents park on one heap instead; once every task is blocked, the
+    timekeeper jumps the ``MockClock`` to the earlier of the heap's first
+    wake-up and trio's own next deadline (the schedulers' pauses) and wakes
+    whoever is due: what ``autojump`` does, with the agents' timers kept
+    out of trio's deadline machinery.
     """
 
     __slots__ = ("_arrivals", "_clock", "_heap", "_parked", "_seq")
@@ -139,10 +123,9 @@ class _Timekeeper:
     async def arrive(self, provider: _ProviderState, order: int) -> bool:
         """Offer a call to a provider with a capacity: accepted or refused?
 
-        Calls that reach a provider at the same virtual instant (two grants
-        of one batch, say) are decided together once every task is blocked,
-        in ``order``, so that trio's scheduling order cannot pick who gets
-        the last place.
+        Calls of one virtual instant are decided together once every task
+        is blocked, in ``order``, so trio's scheduling order cannot pick who
+        gets the last place.
         """
         entry: list[Any] = [order, provider, trio.lowlevel.current_task(), False]
         self._arrivals.append(entry)
@@ -223,28 +206,20 @@ class _Timekeeper:
         return trio.lowlevel.Abort.SUCCEEDED
 
 
+@attrs.define
 class _ProviderState:
-    __slots__ = (
-        "busy",
-        "capacity",
-        "defer",
-        "in_flight",
-        "peak",
-        "rejected",
-        "served",
-        "spec",
-    )
+    spec: SimProvider
+    # Whether arrivals must be decided at the end of their instant.
+    defer: bool
+    capacity: int | None = attrs.field(init=False)
+    in_flight: int = 0
+    peak: int = 0
+    served: int = 0
+    rejected: int = 0
+    busy: float = 0.0
 
-    def __init__(self, spec: SimProvider, *, defer: bool) -> None:
-        self.spec = spec
-        self.capacity = spec.capacity
-        # Whether arrivals must be decided at the end of their instant.
-        self.defer = defer
-        self.in_flight = 0
-        self.peak = 0
-        self.served = 0
-        self.rejected = 0
-        self.busy = 0.0
+    def __attrs_post_init__(self) -> None:
+        self.capacity = self.spec.capacity
 
     def admit(self) -> None:
         """Count one more call in flight."""
@@ -254,18 +229,6 @@ class _ProviderState:
 
 class _Run:
     """The mutable state of one simulation run."""
-
-    __slots__ = (
-        "acquire",
-        "keeper",
-        "max_attempts",
-        "records",
-        "report",
-        "sleep",
-        "sleep_until",
-        "states",
-        "t0",
-    )
 
     def __init__(
         self,
@@ -453,9 +416,8 @@ async def simulate(
 ) -> SimulationResult:
     """Simulate ``workload`` under ``policy`` in the current trio run.
 
-    The run should use a ``trio.testing.MockClock`` (with
-    ``autojump_threshold=0``); times in the result are seconds from the
-    moment this is called.
+    The run should use a ``MockClock(autojump_threshold=0)``; on a real clock
+    it takes real time. Times in the result are seconds from the call.
 
     Args:
         workload: What to play: a ``Workload`` is drawn with its
@@ -463,8 +425,8 @@ async def simulate(
         policy: ``"oldest-first"``, ``"fifo"``, ``"random"`` or ``"none"``.
         seed: The seed of the ``"random"`` policy's priorities; defaults to
             the workload's seed (0 for a ``Scenario``).
-        priority_aging: The dispatcher's ``priority_aging``, for turns of
-            several priority classes (only ``"oldest-first"`` has classes).
+        priority_aging: The dispatcher's ``priority_aging`` (only
+            ``"oldest-first"`` has classes).
     """
     policy = _check_policy(policy)
     priority_aging = check_positive_seconds(priority_aging, "priority_aging")
@@ -512,14 +474,8 @@ async def _simulate(
                     name, started_at=started_at, priority=priority if classes else 0
                 )
 
-            run = _Run(
-                scenario,
-                t0,
-                keeper,
-                slot,
-                dispatcher.report_rate_limit,
-                batches=True,
-            )
+            report = dispatcher.report_rate_limit
+            run = _Run(scenario, t0, keeper, slot, report, batches=True)
             await run.drive(scenario.turns, priorities)
             # Let the schedulers read the last releases before looking.
             await trio.testing.wait_all_tasks_blocked()
@@ -527,29 +483,14 @@ async def _simulate(
                 leftovers[name] = (stats.in_flight, stats.waiting)
     elif policy == "fifo":
         limiters = {p.name: trio.CapacityLimiter(p.limit) for p in providers}
-
-        def take(
-            name: str, _started_at: float, _priority: int
-        ) -> AbstractAsyncContextManager[Any]:
-            return limiters[name]
-
-        run = _Run(scenario, t0, keeper, take, None)
+        run = _Run(scenario, t0, keeper, lambda name, _at, _class: limiters[name], None)
         await run.drive(scenario.turns, None)
         for name, limiter in limiters.items():
-            limiter_stats = limiter.statistics()
-            leftovers[name] = (
-                limiter_stats.borrowed_tokens,
-                limiter_stats.tasks_waiting,
-            )
+            held = limiter.statistics()
+            leftovers[name] = (held.borrowed_tokens, held.tasks_waiting)
     else:
         free = contextlib.nullcontext()
-
-        def nothing(
-            _name: str, _started_at: float, _priority: int
-        ) -> AbstractAsyncContextManager[Any]:
-            return free
-
-        run = _Run(scenario, t0, keeper, nothing, None)
+        run = _Run(scenario, t0, keeper, lambda _name, _at, _class: free, None)
         await run.drive(scenario.turns, None)
     return run.result(policy, leftovers)
 
@@ -562,10 +503,10 @@ def run_simulation(
     clock: trio.abc.Clock | None = None,
     priority_aging: float = 60.0,
 ) -> SimulationResult:
-    """Simulate ``workload`` under ``policy`` in a fresh trio run.
+    """Simulate ``workload`` under ``policy`` in a fresh trio run, on ``clock``.
 
-    Runs on ``clock``, by default a new ``MockClock(autojump_threshold=0)``,
-    so hours of simulated traffic take seconds. See ``simulate``.
+    By default a new ``MockClock(autojump_threshold=0)``, so hours of
+    simulated traffic take seconds. See ``simulate``.
     """
     priority_aging = check_positive_seconds(priority_aging, "priority_aging")
     if clock is None:

@@ -1,16 +1,16 @@
-"""What a fake LLM has seen: the counters the fake server and
-``ScriptedProvider`` keep alike, and their snapshot.
-"""
+"""The counters the fake server and ``ScriptedProvider`` keep alike."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping  # noqa: TC003 (attrs resolves the annotations)
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, TypeVar, final
 
 import attrs
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+_K = TypeVar("_K")
 
 
 @final
@@ -20,21 +20,16 @@ class FakeServerStatistics:
 
     Attributes:
         requests_total: LLM requests received (rejected ones included).
-        in_flight: LLM requests being answered now.
         peak_in_flight: The most LLM requests ever answered at once.
         responses_by_status: Responses started, by HTTP status.
         completed: Streams sent to their end as scripted (faults included).
         client_disconnects: Streams the client left before their end.
         quota_refusals: Requests answered 429 because a key's quota
-            (``FakeQuotas``) was spent; scripted 429s are not counted here.
-        tokens_served: Prompt and output tokens of the streams started,
-            as their usage reports them.
-        requests_by_model: LLM requests received, by the model their
-            body named (those that named none, or no string, are left
-            out). The fake server's; a ``ScriptedProvider`` leaves it
-            empty, as ``quota_refusals_by_model``.
-        quota_refusals_by_model: ``quota_refusals``, by the model the
-            refused request named (as ``requests_by_model``).
+            (``FakeQuotas``) was spent, not scripted 429s.
+        tokens_served: Prompt and output tokens of the streams started.
+        requests_by_model: LLM requests received, by the model their body
+            named, as ``quota_refusals_by_model`` (a ``ScriptedProvider``
+            leaves both empty).
     """
 
     requests_total: int
@@ -49,38 +44,33 @@ class FakeServerStatistics:
     quota_refusals_by_model: Mapping[str, int] = attrs.field(factory=dict)
 
 
-def _nothing() -> None:
-    pass
-
-
 @attrs.define(eq=False)
 class Tally:
     """The counters behind ``FakeServerStatistics``; ``on_change`` after each."""
 
-    on_change: Callable[[], None] = _nothing
+    on_change: Callable[[], None] = lambda: None
     requests_total: int = 0
     in_flight: int = 0
     peak_in_flight: int = 0
-    by_status: dict[int, int] = attrs.Factory(dict)
+    responses_by_status: dict[int, int] = attrs.Factory(dict)
     completed: int = 0
-    left_early: int = 0
-    refusals: int = 0
-    tokens: int = 0
-    by_model: dict[str, int] = attrs.Factory(dict)
-    refusals_by_model: dict[str, int] = attrs.Factory(dict)
+    client_disconnects: int = 0
+    quota_refusals: int = 0
+    tokens_served: int = 0
+    requests_by_model: dict[str, int] = attrs.Factory(dict)
+    quota_refusals_by_model: dict[str, int] = attrs.Factory(dict)
 
     def arrived(self, model: str | None = None) -> None:
         """A request (for ``model``, if it named one) came in and is being answered."""
         self.requests_total += 1
-        if model is not None:
-            self.by_model[model] = self.by_model.get(model, 0) + 1
+        _bump(self.requests_by_model, model)
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         self.on_change()
 
     def answered(self, status: int) -> None:
         """A response started with ``status``."""
-        self.by_status[status] = self.by_status.get(status, 0) + 1
+        _bump(self.responses_by_status, status)
         self.on_change()
 
     def finished(self) -> None:
@@ -90,19 +80,18 @@ class Tally:
 
     def abandoned(self) -> None:
         """The client left a stream before its end."""
-        self.left_early += 1
+        self.client_disconnects += 1
         self.on_change()
 
     def refused(self, model: str | None = None) -> None:
         """A request (for ``model``, if it named one) was refused for a spent quota."""
-        self.refusals += 1
-        if model is not None:
-            self.refusals_by_model[model] = self.refusals_by_model.get(model, 0) + 1
+        self.quota_refusals += 1
+        _bump(self.quota_refusals_by_model, model)
         self.on_change()
 
     def served(self, tokens: int) -> None:
         """A stream of ``tokens`` tokens (prompt and output) started."""
-        self.tokens += tokens
+        self.tokens_served += tokens
         self.on_change()
 
     def departed(self) -> None:
@@ -111,16 +100,11 @@ class Tally:
         self.on_change()
 
     def snapshot(self) -> FakeServerStatistics:
-        """The counters, frozen."""
-        return FakeServerStatistics(
-            requests_total=self.requests_total,
-            in_flight=self.in_flight,
-            peak_in_flight=self.peak_in_flight,
-            responses_by_status=dict(self.by_status),
-            completed=self.completed,
-            client_disconnects=self.left_early,
-            quota_refusals=self.refusals,
-            tokens_served=self.tokens,
-            requests_by_model=dict(self.by_model),
-            quota_refusals_by_model=dict(self.refusals_by_model),
-        )
+        """The counters, frozen (the mappings copied)."""
+        counts = attrs.asdict(self, filter=lambda field, _: field.name != "on_change")
+        return FakeServerStatistics(**counts)
+
+
+def _bump(counts: dict[_K, int], key: _K | None) -> None:
+    if key is not None:
+        counts[key] = counts.get(key, 0) + 1

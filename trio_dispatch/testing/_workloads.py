@@ -1,15 +1,11 @@
 """Seeded, pre-generated agent workloads for the simulation harness.
 
-A ``Workload`` describes a population of agent turns statistically: how they
-arrive (a Poisson process at a given load, or bursts), which provider each
-one uses, how many LLM calls a turn makes and how long calls and the tool
-steps between them take. ``Workload.scenario()`` draws every number from one
-``random.Random(seed)`` up front and returns a ``Scenario``: the concrete
-list of turns. Because nothing is drawn while the simulation runs, the order
-in which trio happens to schedule tasks can never change the workload, and
-every policy compared on one seed sees exactly the same turns.
-
-A ``Scenario`` can also be written by hand, for exact tests.
+A ``Workload`` describes agent turns statistically; ``Workload.scenario()``
+draws every number from one ``random.Random(seed)`` up front and returns a
+``Scenario``, the concrete list of turns (which can also be written by
+hand). Nothing is drawn while the simulation runs, so trio's scheduling
+order cannot change the workload, and every policy compared on one seed
+sees the same turns.
 
 Load is a fraction of the client-side capacity: a Poisson workload at load
 ``rho`` on providers whose limits sum to ``L`` has arrival rate
@@ -20,7 +16,6 @@ their limits, every provider sees the same load.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
 import random
@@ -55,17 +50,10 @@ DurationKind = Literal["constant", "exponential", "lognormal", "uniform"]
 @final
 @attrs.frozen
 class Duration:
-    """A distribution of durations, in seconds.
+    """A distribution of durations, in seconds; build one with the classmethods.
 
-    Build one with the classmethods. ``spread`` is the lognormal's shape
-    (the standard deviation of its logarithm) or the uniform's half-width;
-    it is ignored by the other kinds.
-
-    Attributes:
-        kind: ``"constant"``, ``"exponential"``, ``"lognormal"`` or
-            ``"uniform"``.
-        mean: The distribution's mean.
-        spread: Its shape parameter, see above.
+    ``spread`` is the lognormal's shape (the standard deviation of its
+    logarithm) or the uniform's half-width; the other kinds ignore it.
     """
 
     kind: DurationKind = attrs.field(
@@ -121,12 +109,7 @@ class Duration:
 @final
 @attrs.frozen
 class CallsPerTurn:
-    """How many LLM calls a turn makes: uniform between ``low`` and ``high``.
-
-    Attributes:
-        low: The fewest calls, at least 1.
-        high: The most calls, inclusive.
-    """
+    """How many LLM calls a turn makes: uniform from ``low`` to ``high``."""
 
     low: int = attrs.field(validator=positive_int)
     high: int = attrs.field(validator=positive_int)
@@ -159,9 +142,8 @@ class CallsPerTurn:
 class PoissonArrivals:
     """Turns arrive as a Poisson process at ``load`` times the capacity.
 
-    Attributes:
-        load: Offered slot time per second over the summed limits; 1.0 keeps
-            every slot busy on average, above 1.0 the queue grows.
+    ``load`` is offered slot time per second over the summed limits: 1.0
+    keeps every slot busy on average, above it the queue grows.
     """
 
     load: float = attrs.field(validator=positive_number)
@@ -172,12 +154,8 @@ class PoissonArrivals:
 class BurstArrivals:
     """Turns arrive in bursts of ``size``, one burst every ``interval`` seconds.
 
-    The first burst arrives at time 0. Turns of one burst arrive
-    ``BURST_SPACING`` apart, in order.
-
-    Attributes:
-        size: Turns per burst.
-        interval: Seconds from one burst to the next.
+    The first burst arrives at time 0; turns of one burst ``BURST_SPACING``
+    apart, in order.
     """
 
     size: int = attrs.field(validator=positive_int)
@@ -193,14 +171,10 @@ class SimProvider:
     """A simulated LLM provider.
 
     Attributes:
-        name: The provider's name, as the dispatcher knows it.
-        limit: The client-side concurrency limit the dispatcher (or the
-            FIFO limiter) enforces.
+        limit: The client-side concurrency limit.
         capacity: How many calls the provider itself serves at once; one
-            more is answered 429 after ``reject_latency`` seconds. ``None``
-            for a provider that never refuses.
-        retry_after: The ``Retry-After`` of its 429 answers, in seconds.
-        reject_latency: How long a 429 answer takes, in seconds.
+            more is answered 429 after ``reject_latency`` seconds, with
+            ``retry_after``. ``None``: it never refuses.
         weight: How often agents pick this provider, relative to the others.
     """
 
@@ -215,12 +189,9 @@ class SimProvider:
     weight: float = attrs.field(default=1.0, validator=positive_number)
 
 
+# One converter per type: mypy's attrs plugin cannot solve a generic one.
 def _to_duration_tuple(values: Iterable[float]) -> tuple[float, ...]:
     return tuple(values)
-
-
-# Each call's or tool step's duration, checked like any number of seconds.
-_durations = attrs.validators.deep_iterable(non_negative_seconds)
 
 
 def _to_provider_tuple(values: Iterable[SimProvider]) -> tuple[SimProvider, ...]:
@@ -231,22 +202,19 @@ def _to_turn_tuple(values: Iterable[TurnSpec]) -> tuple[TurnSpec, ...]:
     return tuple(values)
 
 
+# Each call's or tool step's duration, checked like any number of seconds.
+_durations = attrs.validators.deep_iterable(non_negative_seconds)
+
+
 @final
 @attrs.frozen
 class TurnSpec:
     """One agent turn, fully drawn: when it starts and what it does.
 
-    The turn makes ``len(calls)`` LLM calls, each holding a slot for its
-    duration, with ``tools[i]`` seconds of tool work after call ``i``
-    (no tool step follows the last call).
-
-    Attributes:
-        arrival: When the turn starts, in seconds from the simulation's start.
-        provider: The name of the provider all its calls go to.
-        calls: Each call's duration.
-        tools: Each tool step's duration; one fewer than ``calls``.
-        priority: The turn's priority class (``Dispatcher.turn``'s
-            ``priority``); higher goes first.
+    It starts ``arrival`` seconds into the simulation and makes
+    ``len(calls)`` calls to ``provider``, each holding a slot for its
+    duration, with ``tools[i]`` seconds of tool work after call ``i`` (none
+    after the last). ``priority`` is its class (higher goes first).
     """
 
     arrival: float = attrs.field(validator=non_negative_seconds)
@@ -277,14 +245,8 @@ class TurnSpec:
 @final
 @attrs.frozen
 class Scenario:
-    """A concrete workload: providers and every turn, ready to simulate.
-
-    Attributes:
-        providers: The providers; names are unique.
-        turns: The turns, in any order.
-        max_attempts: How many times a call is sent before its turn gives
-            up, when the provider keeps answering 429.
-    """
+    """A concrete workload: providers (unique names) and every turn, in any
+    order; a call answered 429 is sent at most ``max_attempts`` times."""
 
     providers: tuple[SimProvider, ...] = attrs.field(converter=_to_provider_tuple)
     turns: tuple[TurnSpec, ...] = attrs.field(converter=_to_turn_tuple)
@@ -317,38 +279,28 @@ def _check_classes(
         raise ValueError(f"classes must name each priority once, got {priorities!r}")
 
 
-_DEFAULT_CALLS = CallsPerTurn(1, 8)
-_DEFAULT_CALL_DURATION = Duration.lognormal(2.0, 1.0)
-_DEFAULT_TOOL_DURATION = Duration.exponential(1.0)
-
-
 @final
 @attrs.frozen
 class Workload:
     """A seeded description of agent turns; ``scenario()`` draws them.
 
+    ``agents`` turns (one per agent) arrive by ``arrivals``, each on a
+    provider picked by ``weight``, with ``calls`` LLM calls of
+    ``call_duration`` and tool steps of ``tool_duration`` between them.
+
     Attributes:
-        agents: How many turns (one per agent) to draw.
-        arrivals: ``PoissonArrivals`` or ``BurstArrivals``.
-        providers: The providers; each turn picks one by ``weight``.
-        calls: LLM calls per turn.
-        call_duration: How long each LLM call holds its slot.
-        tool_duration: How long each tool step between calls takes.
-        seed: The seed of the one ``random.Random`` everything is drawn from.
-        max_attempts: See ``Scenario.max_attempts``.
         classes: Priority classes and their shares of the turns, as
-            ``(priority, weight)`` pairs; empty (the default), every turn is
-            of class 0. Each turn's class is drawn from a generator of its
-            own (seeded from ``seed``), so the turns, their arrivals and
-            durations are the same whatever the classes.
+            ``(priority, weight)`` pairs; empty, every turn is of class 0.
+            Classes are drawn from a generator of their own, so the turns
+            are the same whatever the classes.
     """
 
     agents: int = attrs.field(validator=positive_int)
     arrivals: Arrivals
     providers: tuple[SimProvider, ...] = attrs.field(converter=_to_provider_tuple)
-    calls: CallsPerTurn = attrs.field(default=_DEFAULT_CALLS)
-    call_duration: Duration = attrs.field(default=_DEFAULT_CALL_DURATION)
-    tool_duration: Duration = attrs.field(default=_DEFAULT_TOOL_DURATION)
+    calls: CallsPerTurn = attrs.field(default=CallsPerTurn(1, 8))
+    call_duration: Duration = attrs.field(default=Duration.lognormal(2.0, 1.0))
+    tool_duration: Duration = attrs.field(default=Duration.exponential(1.0))
     seed: int = 0
     max_attempts: int = attrs.field(default=10, validator=positive_int)
     classes: tuple[tuple[int, float], ...] = attrs.field(
@@ -390,8 +342,6 @@ class Workload:
         providers = self.providers
         names = [p.name for p in providers]
         cumulative = list(itertools.accumulate(p.weight for p in providers))
-        total_weight = cumulative[-1]
-        last = len(providers) - 1
         arrivals = self.arrivals
         poisson = isinstance(arrivals, PoissonArrivals)
         rate = self.arrival_rate
@@ -412,8 +362,7 @@ class Workload:
                 assert isinstance(arrivals, BurstArrivals)
                 burst, position = divmod(index, arrivals.size)
                 arrival = burst * arrivals.interval + position * BURST_SPACING
-            pick = bisect.bisect_right(cumulative, rng.random() * total_weight)
-            provider = names[min(pick, last)]
+            provider = rng.choices(names, cum_weights=cumulative)[0]
             count = calls_dist.sample(rng)
             calls = tuple(call_sample(rng) for _ in range(count))
             tools = tuple(tool_sample(rng) for _ in range(count - 1))

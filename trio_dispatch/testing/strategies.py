@@ -16,14 +16,10 @@ Two kinds of input:
           assert all(turn.completed for turn in result.turns)
 
 - ``operation_sequences()`` draws a scripted session against a dispatcher:
-  requests that take a slot and leave (release or cancel, whichever applies
-  when they leave), limit changes, rate-limit reports and the passing of
-  time. ``replay_operations`` plays one inside a trio run (use the
-  ``autojump_clock`` fixture) and calls you back after each step, when every
-  task has settled, so you can assert on ``dispatcher.statistics()``.
-
-Hypothesis-trio is not needed: a sequence is generated first, then replayed
-in one trio run.
+  requests that take a slot and leave, limit changes, rate-limit reports
+  and the passing of time. ``replay_operations`` plays one inside a trio
+  run (under ``autojump_clock``) and calls you back after each step, once
+  every task has settled, to assert on ``dispatcher.statistics()``.
 """
 
 from __future__ import annotations
@@ -68,10 +64,8 @@ def durations(
 ) -> st.SearchStrategy[Duration]:
     """Durations of every kind, with means up to ``max_mean`` seconds.
 
-    Args:
-        max_mean: The largest mean drawn.
-        allow_zero: Whether a constant zero duration may be drawn (fine for
-            tool steps; calls should take time).
+    ``allow_zero`` allows a constant zero (fine for tool steps; calls should
+    take time).
     """
     low = 0.0 if allow_zero else 0.01
     means = st.floats(low, max_mean, allow_nan=False, allow_infinity=False)
@@ -122,14 +116,9 @@ def workloads(
 ) -> st.SearchStrategy[Workload]:
     """Small valid ``Workload`` values, shrinking towards fewer, simpler turns.
 
-    Args:
-        max_agents: The most turns a workload has.
-        max_providers: The most providers it has.
-        max_limit: The largest client-side limit (and, plus one, capacity).
-        max_calls: The most calls a turn makes.
-        capacities: Whether providers may have a capacity of their own (and
-            answer 429). Off by default, so that every turn completes under a
-            client-side limit no larger than the capacity.
+    ``capacities``: whether providers may have a capacity of their own (up
+    to ``max_limit + 1``) and answer 429; off by default, so that every turn
+    completes.
     """
 
     @st.composite
@@ -212,18 +201,15 @@ def operation_sequences(
     """Valid scripted sessions against a dispatcher limiting ``providers``.
 
     Every ``LeaveOp`` names a request that was acquired and has not left;
-    ``started_at`` values come from a few instants, so ties are common. Start
-    the dispatcher with ``limits={p: 1 for p in providers}`` (or any limits)
-    and play the sequence with ``replay_operations``.
-
-    Args:
-        providers: The provider names used.
-        max_limit: The largest limit a ``SetLimitOp`` sets.
-        max_size: The most operations in one sequence.
+    ``started_at`` values come from a few instants, so ties are common.
+    ``max_limit`` bounds what a ``SetLimitOp`` sets.
     """
     names = tuple(providers)
     if not names:
         raise ValueError("providers must name at least one provider")
+    provider = st.sampled_from(names)
+    pauses = st.sampled_from([0.0, 0.5, 2.0])
+    kinds = st.sampled_from(["acquire", "acquire", "leave", "limit", "rate", "advance"])
 
     @st.composite
     def build(draw: st.DrawFn) -> tuple[Operation, ...]:
@@ -232,37 +218,22 @@ def operation_sequences(
         active: list[int] = []
         next_request = 0
         for _ in range(size):
-            kind = draw(
-                st.sampled_from(
-                    ["acquire", "acquire", "leave", "limit", "rate", "advance"]
-                )
-            )
+            kind = draw(kinds)
             if kind == "leave" and active:
                 request = active.pop(draw(st.integers(0, len(active) - 1)))
                 operations.append(LeaveOp(request))
             elif kind == "limit":
-                operations.append(
-                    SetLimitOp(
-                        draw(st.sampled_from(names)), draw(st.integers(1, max_limit))
-                    )
-                )
+                name = draw(provider)
+                operations.append(SetLimitOp(name, draw(st.integers(1, max_limit))))
             elif kind == "rate":
-                operations.append(
-                    RateLimitOp(
-                        draw(st.sampled_from(names)),
-                        draw(st.sampled_from([0.0, 0.5, 2.0])),
-                    )
-                )
+                name = draw(provider)
+                operations.append(RateLimitOp(name, draw(pauses)))
             elif kind == "advance":
                 operations.append(AdvanceOp(draw(st.sampled_from([0.25, 1.0, 3.0]))))
             else:
-                operations.append(
-                    AcquireOp(
-                        next_request,
-                        draw(st.sampled_from(names)),
-                        float(draw(st.integers(0, 4))),
-                    )
-                )
+                name = draw(provider)
+                started_at = float(draw(st.integers(0, 4)))
+                operations.append(AcquireOp(next_request, name, started_at))
                 active.append(next_request)
                 next_request += 1
         return tuple(operations)
@@ -290,14 +261,10 @@ async def replay_operations(
 ) -> None:
     """Play ``operations`` against ``dispatcher`` in the current trio run.
 
-    Each ``AcquireOp`` starts a task that enters ``dispatcher.slot(...)``
-    and holds the slot until its ``LeaveOp``, which cancels it (so a waiting
-    request is withdrawn and a holder gives its slot back, as in real use).
-    After each operation every task is allowed to settle, then ``on_step``
-    is called with it. Requests still active at the end leave.
-
-    Raises:
-        ValueError: A ``LeaveOp`` names a request that is not active.
+    Each ``AcquireOp`` starts a task holding ``dispatcher.slot(...)`` until
+    its ``LeaveOp`` cancels it. After each operation every task settles,
+    then ``on_step`` is called with it; requests still active at the end
+    leave. ``ValueError`` if a ``LeaveOp`` names a request not active.
     """
     scopes: dict[int, trio.CancelScope] = {}
     async with trio.open_nursery() as nursery:
