@@ -31,15 +31,15 @@ local c = redis.call('HMGET', conf, 'limit', 'pause_until', 'streak',
   'granted_at_report', 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow',
   'r_cap', 'r_rate', 'r_lvl', 'r_at', 'r_cfg',
   't_cap', 't_rate', 't_lvl', 't_at', 't_cfg', 'learned', 'r_own', 't_own', 'a_dec',
-  'since', 'newest', 'xm', 't_last', 'qm', 'pa', 'qc')
+  'since', 'newest', 'bk', 'xm', 't_last', 'qm', 'pa', 'qc')
 -- ``pa`` in ``conf``: no lease, entry or process expires before it (a bound
 -- at most the earliest of their expiries, moved by the prune that finds
 -- the earliest, lowered by any member added to expire sooner), so that a
 -- step prunes only once something may have expired. ``qc``: some queued
 -- member may have an estimate in ``qcost`` (none once the queue is empty).
-local prune_at = stored(c[29], nil)
+local prune_at = stored(c[30], nil)
 local prune_moved = false
-local qc = c[30] ~= false
+local qc = c[31] ~= false
 -- Whether this step gave a lease, or an entry, an expiry of now + ttl: only
 -- then must the keys holding them outlive it (see the end).
 local leases_grew, queue_grew = false, false
@@ -59,8 +59,8 @@ end
 -- Tenants: counted once a tenant or a model's figures are seen (see
 -- ``extend``). Before, a member with a model keeps it in ``qmeta`` (``qm``
 -- in ``conf`` says some may), for when they are.
-local xm = tonumber(c[26])
-local qm = c[28] ~= false
+local xm = tonumber(c[27])
+local qm = c[29] ~= false
 if not xm then
   local seen_one = false
   for _, f in ipairs(figures) do
@@ -76,30 +76,35 @@ if not xm then
   end
   if seen_one then xm = extend() end
 end
-local t_last = stored(c[27], 0)
+local t_last = stored(c[28], 0)
 local t_last_moved = false
 
 -- Budgets, the provider's (``conf``, ``charge``, ``unans``) and each
 -- model's (``m:<model>``, ``mc:<model>``, ``mu:<model>``), each a scope:
 -- its buckets R and T, whether figures were learned, and the leases whose
 -- answer started since figures were last learned from (``since``, with
--- ``newest``: see ``see``).
+-- ``newest``: see ``see``). A scope keeps the books of its grants (charges
+-- and unanswered leases: ``books``, ``bk`` stored) from the moment the
+-- pure core's ``Throttle`` would exist: a budget configured, the first
+-- figures (usable or not), or the provider's first adaptive limit.
 local FIELDS = {'r_cap', 'r_rate', 'r_lvl', 'r_at', 'r_cfg', 't_cap', 't_rate', 't_lvl',
-  't_at', 't_cfg', 'learned', 'r_own', 't_own', 'a_dec', 'since', 'newest'}
+  't_at', 't_cfg', 'learned', 'r_own', 't_own', 'a_dec', 'since', 'newest', 'bk'}
 local function new_scope(h, ch, un, f, o)
   local sc = {h = h, charge = ch, unans = un, since = {}, newest = f[o + 16] == '1',
-    moved = false, res_r = 0, res_t = 0, learned = f[o + 11] == '1', wait = -1}
+    moved = false, res_r = 0, res_t = 0, learned = f[o + 11] == '1', wait = -1,
+    books = f[o + 17] == '1'}
   if f[o + 15] then
     for id in string.gmatch(f[o + 15], '[^\n]+') do sc.since[#sc.since + 1] = id end
   end
   if f[o + 1] then sc.R = load_bucket(f[o + 1], f[o + 2], f[o + 3], f[o + 4], f[o + 5], f[o + 12]) end
   if f[o + 6] then sc.T = load_bucket(f[o + 6], f[o + 7], f[o + 8], f[o + 9], f[o + 10], f[o + 13]) end
+  if sc.R or sc.T then sc.books = true end
   return sc
 end
 local P = new_scope(conf, charge, unans, c, 9)
 local budgeted = P.R ~= nil or P.T ~= nil
--- The models' scopes, loaded when first needed: false for a model with
--- no budget.
+-- The models' scopes, loaded when first needed; only those that keep
+-- books are used, or one about to (``create``: its first figures).
 local MS = {}
 local function scope_of(model, create)
   local sc = MS[model]
@@ -108,16 +113,10 @@ local function scope_of(model, create)
     sc = new_scope(h, prefix .. 'mc:' .. model, prefix .. 'mu:' .. model,
       redis.call('HMGET', h, unpack(FIELDS)), 0)
     sc.model = model
-    if sc.R == nil and sc.T == nil then sc = false end
     MS[model] = sc
   end
-  if not sc and create then
-    sc = {h = prefix .. 'm:' .. model, charge = prefix .. 'mc:' .. model,
-      unans = prefix .. 'mu:' .. model, since = {}, newest = false, moved = false,
-      res_r = 0, res_t = 0, learned = false, wait = -1, model = model, fresh = true}
-    MS[model] = sc
-  end
-  return sc or nil
+  if sc.books or create then return sc end
+  return nil
 end
 -- The answer of lease id started: the provider has counted it, and every
 -- lease granted before it (``seen``). Whether it is the newest answer
@@ -245,8 +244,7 @@ end
 -- numbers only during a streak, charges and unanswered leases only with a
 -- budget, the leases in use only with an adaptive limit (each is emptied
 -- when that ends); with tenants, its tenant's count and service.
-local keeps = {grantno = stored(c[3], 0) > 0, budget = c[10] ~= false or c[15] ~= false,
-  inuse = c[5] ~= false}
+local keeps = {grantno = stored(c[3], 0) > 0, budget = P.books, inuse = c[5] ~= false}
 local function forget_lease(id, inuse_done)
   if keeps.grantno then redis.call('HDEL', grantno, id) end
   if keeps.budget then forget_charge(P, id) end
@@ -324,6 +322,7 @@ if limit and c[5] then
   adaptive = {low = tonumber(c[5]), high = tonumber(c[6]),
     backoff = tonumber(c[7]), value = tonumber(c[8]), slow = c[9] == '1',
     moved = false}
+  P.books = true
 end
 local spoiled = {}
 n = tonumber(ARGV[i]); i = i + 1
@@ -336,9 +335,11 @@ end
 local function use(sc, id, tokens)
   local T = sc.T
   local raw = redis.call('HGET', sc.charge, id)
+  -- Granted before the scope kept books: not in them.
+  if not raw then return end
   -- Settled (a minus sign, '-0' too): the server's figures counted it;
   -- what the server gives back for it, its next figures will say.
-  local settled = raw and string.sub(raw, 1, 1) == '-'
+  local settled = string.sub(raw, 1, 1) == '-'
   local before = math.abs(stored(raw, 0))
   -- One request's charge is at most the capacity, its usage too.
   if T then tokens = math.min(tokens, T.cap) end
@@ -553,6 +554,10 @@ local function observe(sc, observed)
     k = k + 1
     f[k] = tonumber(part)
   end
+  if not sc.books then
+    sc.books = true
+    redis.call('HSET', sc.h, 'bk', 1)
+  end
   local seen = redis.call('HGET', sc.h, 'seen')
   if seen then redis.call('HSET', sc.h, 'seen_l', seen) end
   local ids = redis.call('ZRANGEBYSCORE', sc.unans, seen or '-inf', '+inf')
@@ -568,14 +573,8 @@ local function observe(sc, observed)
     sc.T = learn(sc, sc.T, f[6], f[7], f[8], tokens)
     if sc.T and sc.newest then
       -- The charges of the leases answered so far are in these figures,
-      -- whatever they are (0 too): settled. A model's leases are those
-      -- it charged.
-      local held_ids
-      if sc == P then
-        held_ids = redis.call('ZRANGE', leases, 0, -1)
-      else
-        held_ids = redis.call('HKEYS', sc.charge)
-      end
+      -- whatever they are (0 too): settled.
+      local held_ids = redis.call('HKEYS', sc.charge)
       if #held_ids > 0 then
         local charges = redis.call('HMGET', sc.charge, unpack(held_ids))
         local open = redis.call('ZMSCORE', sc.unans, unpack(held_ids))
@@ -638,15 +637,11 @@ end
 -- A scope's charge for a grant.
 local function charge_to(sc, id, cost)
   if sc.R then take(sc.R, 1) end
-  if cost > 0 then
-    -- One request's charge is at most the capacity.
-    if sc.T then cost = math.min(cost, sc.T.cap) end
-    redis.call('HSET', sc.charge, id, num(cost))
-    if sc.T then take(sc.T, cost) end
-  elseif sc ~= P then
-    -- A model's leases are those it charged (see ``observe``).
-    redis.call('HSET', sc.charge, id, '0')
-  end
+  -- One request's charge is at most the capacity.
+  if sc.T then cost = math.min(cost, sc.T.cap) end
+  if sc.T and cost > 0 then take(sc.T, cost) end
+  -- A scope's leases are those it charged (0 too): their books.
+  redis.call('HSET', sc.charge, id, num(cost))
   redis.call('ZADD', sc.unans, now, id)
 end
 -- Leases granted by this step (not those a lost answer had granted).
@@ -671,13 +666,13 @@ local function grant(m, cost, s, model)
     redis.call('SADD', inuse, id)
   end
   local sc = model and model ~= '' and scope_of(model)
-  -- Its estimate goes with its entry (read only when budgeted, but kept
-  -- for a budget that may come while it waits).
-  if cost > 0 or not (budgeted or sc) then
+  -- Its estimate goes with its entry (read only when books are kept, but
+  -- kept for books that may start while it waits).
+  if cost > 0 or not (P.books or sc) then
     if costly == nil then costly = qc and redis.call('EXISTS', qcost) == 1 end
     if costly then redis.call('HDEL', qcost, m) end
   end
-  if budgeted then charge_to(P, id, cost) end
+  if P.books then charge_to(P, id, cost) end
   if sc then charge_to(sc, id, cost) end
   if s then
     if s.name ~= '' or model ~= '' then redis.call('HDEL', qmeta, m) end
@@ -702,9 +697,9 @@ local function grant_in_order(window)
   local others = {}
   for _, m in ipairs(redis.call('ZRANGE', queue, 0, window - 1)) do
     local cost = 0
-    if budgeted then
+    if P.books then
       cost = tokens_of(redis.call('HGET', qcost, m))
-      if lacks(P, cost) > 0 then break end
+      if budgeted and lacks(P, cost) > 0 then break end
     end
     if asking[m] then
       grant(m, cost)
@@ -802,7 +797,7 @@ local function grant_fairly(free)
     local m, model = be.m, be.model
     local sc = model ~= '' and scope_of(model)
     local cost = 0
-    if budgeted or sc then cost = tokens_of(redis.call('HGET', qcost, m)) end
+    if P.books or sc then cost = tokens_of(redis.call('HGET', qcost, m)) end
     if budgeted and lacks(P, cost) > 0 then break end
     if sc and lacks(sc, cost) > 0 then
       blocked[model] = true
@@ -823,13 +818,18 @@ if not limit or limit == 'none' then
   -- Unlimited: pauses do not apply, as in the local policy.
   if xm then
     grant_fairly(math.huge)
-  elseif budgeted then
+  elseif P.books then
     grant_in_order(0)
   else
+    -- Only its own entries, in queue order (start, then arrival), as the
+    -- pure core grants them.
+    local order = {}
     for m, _ in pairs(asking) do
-      if redis.call('ZSCORE', queue, m) then grant(m, 0) end
+      local score = redis.call('ZSCORE', queue, m)
+      if score then order[#order + 1] = {tonumber(score), m} end
     end
-    table.sort(granted)
+    table.sort(order, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
+    for _, e in ipairs(order) do grant(e[2], 0) end
   end
 elseif pause == 0 then
   local free = tonumber(limit) - in_flight
@@ -891,10 +891,13 @@ if xm then
     if not scope_of(model) then redis.call('SREM', models, model) end
   end
   for model, sc in pairs(MS) do
-    if sc and (sc.R or sc.T) then
+    if sc.books then
       if not listed[model] then redis.call('SADD', models, model) end
-      model_rows[#model_rows + 1] = model
-      model_rows[#model_rows + 1] = write_scope(sc, {}) .. ',' .. whole(sc.wait)
+      local shown = write_scope(sc, {})
+      if sc.R or sc.T then
+        model_rows[#model_rows + 1] = model
+        model_rows[#model_rows + 1] = shown .. ',' .. whole(sc.wait)
+      end
       local cfg = (sc.R and sc.R.cfg) or (sc.T and sc.T.cfg)
       if not cfg then model_keys[#model_keys + 1] = sc.h end
       model_keys[#model_keys + 1] = sc.charge
@@ -991,7 +994,7 @@ if qc and queued == 0 then redis.call('HDEL', conf, 'qc') end
 -- That bookkeeping is renewed at every step, and the leases and the queue
 -- with it: a prune gives it back lease by lease and entry by entry, which
 -- it cannot do for the leases or the queue expired before it as a whole.
-local tied = streak > 0 or keeps.grantno or budgeted or keeps.budget or adaptive
+local tied = streak > 0 or keeps.grantno or P.books or adaptive
   or keeps.inuse or qm or xm
 local present = {}
 if touched then
@@ -1005,7 +1008,7 @@ if queue_grew or (tied and queued > 0) then
   if qc then present[#present + 1] = qcost end
 end
 if streak > 0 or keeps.grantno then present[#present + 1] = grantno end
-if budgeted or keeps.budget then
+if P.books then
   present[#present + 1] = charge
   present[#present + 1] = unans
 end
