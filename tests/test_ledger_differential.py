@@ -608,6 +608,8 @@ HALVING = AdaptiveLimit(initial=2, minimum=1, maximum=3, backoff=0.5)
                 ("acquire", 0, 0, 0),
                 ("acquire", 0, 0, 0),
                 ("acquire", 0, 1, 0),
+                ("acquire", 0, 0, 0),
+                ("acquire", 0, 1, 0),
                 ("set_limit", None),
             ],
             id="with_no_budget_an_unlimited_provider_grants_in_ticket_order",
