@@ -180,6 +180,25 @@ local function member_meta(m)
   META[m] = {t or '', model or ''}
   return t or '', model or ''
 end
+-- A queued member out of its queue, its tenant's count and its metadata
+-- (not ``qexp`` nor ``qcost``); 1 if it was queued, else 0.
+local function unqueue(m)
+  if not xm then
+    if qm then redis.call('HDEL', qmeta, m) end
+    return redis.call('ZREM', queue, m)
+  end
+  local t = member_meta(m)
+  local gone = redis.call('ZREM', queue_of(t), m)
+  if gone == 1 then waiting_moved(tenant(t), -1) end
+  redis.call('HDEL', qmeta, m)
+  return gone
+end
+-- The budgets of a lease's model, if it has any (only once tenants count).
+local function model_scope(id)
+  if not xm then return nil end
+  local _, model = lease_meta(id)
+  return model ~= '' and scope_of(model) or nil
+end
 if xm then
   for _, name in ipairs(redis.call('SMEMBERS', tback)) do
     BL[name] = true
@@ -224,14 +243,7 @@ local function prune()
   gone = redis.call('ZRANGEBYSCORE', qexp, '-inf', now)
   if #gone > 0 then
     for _, m in ipairs(gone) do
-      if xm then
-        local t = member_meta(m)
-        if redis.call('ZREM', queue_of(t), m) == 1 then waiting_moved(tenant(t), -1) end
-        redis.call('HDEL', qmeta, m)
-      else
-        redis.call('ZREM', queue, m)
-        if qm then redis.call('HDEL', qmeta, m) end
-      end
+      unqueue(m)
       if qc then redis.call('HDEL', qcost, m) end
     end
     pruned = pruned + redis.call('ZREMRANGEBYSCORE', qexp, '-inf', now)
@@ -286,11 +298,8 @@ for j = 1, n do
   local id, tokens = ARGV[i], tokens_of(ARGV[i + 1]); i = i + 2
   if redis.call('ZSCORE', leases, id) then
     if use(P, id, tokens) then changed = changed + 1 end
-    if xm then
-      local _, model = lease_meta(id)
-      local sc = model ~= '' and scope_of(model)
-      if sc and use(sc, id, tokens) then changed = changed + 1 end
-    end
+    local sc = model_scope(id)
+    if sc and use(sc, id, tokens) then changed = changed + 1 end
   end
 end
 local function adapt_up()
@@ -328,16 +337,7 @@ end
 n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   local m = ARGV[i]; i = i + 1
-  if xm then
-    local t = member_meta(m)
-    local gone = redis.call('ZREM', queue_of(t), m)
-    changed = changed + gone
-    if gone == 1 then waiting_moved(tenant(t), -1) end
-    redis.call('HDEL', qmeta, m)
-  else
-    changed = changed + redis.call('ZREM', queue, m)
-    if qm then redis.call('HDEL', qmeta, m) end
-  end
+  changed = changed + unqueue(m)
   redis.call('ZREM', qexp, m)
   if qc then redis.call('HDEL', qcost, m) end
   -- Granted by a step whose answer was lost: nobody holds it.
@@ -423,11 +423,8 @@ n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   local id = ARGV[i]; i = i + 1
   see(P, id, true)
-  if xm then
-    local _, model = lease_meta(id)
-    local sc = model ~= '' and scope_of(model)
-    if sc then see(sc, id, true) end
-  end
+  local sc = model_scope(id)
+  if sc then see(sc, id, true) end
 end
 for _, pair in ipairs(figures) do
   if pair[1] == '' then
