@@ -41,7 +41,9 @@ Budgets and an adaptive limit live in an optional ``Throttle`` (see
 yet holds back every ticket behind it (``wake_at`` says when to look
 again), and the throttle may move the limit after a release or a
 rate-limit report. Invariant 2 then reads: while not paused and not held
-back by the budget.
+back by the budget. A throttle made later (by the first figures, an
+adaptive limit, a model's first budget) is told the estimates of the
+tickets waiting then: it charges them as one made before would.
 
 Waiting tickets queue in two sorted structures: a deque for those that
 arrive in ticket order (the common case, since a turn starts when its
