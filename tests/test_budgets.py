@@ -15,6 +15,7 @@ import trio
 import trio.testing
 
 from trio_dispatch import (
+    AdaptiveLimit,
     Budget,
     QueueFull,
     Quota,
@@ -256,6 +257,36 @@ def test_a_learned_budget_paces_grants() -> None:
     assert policy.acquire(t(0, 0), 500) == []
     assert policy.wake_at == 5.0
     assert policy.tick(5.0) == [t(0, 0)]
+
+
+def test_a_budget_learned_while_a_request_waits_charges_its_estimate() -> None:
+    policy = SlotPolicy(1)
+    assert policy.acquire(t(0, 0)) == [t(0, 0)]
+    assert policy.acquire(t(0, 1), 500) == []
+    policy.observe_rate_limits(0.0, tokens(6000, 6000, 60.0))
+    assert policy.release(t(0, 0)) == [t(0, 1)]
+    assert available(policy) == 5500
+
+
+def test_a_model_budget_learned_while_its_request_waits_charges_its_estimate() -> None:
+    policy = SlotPolicy(1)
+    first, second = Ticket(0, 0, model="m"), Ticket(0, 1, model="m")
+    assert policy.acquire(first) == [first]
+    assert policy.acquire(second, 500) == []
+    policy.observe_rate_limits(0.0, tokens(6000, 6000, 60.0), "m")
+    assert policy.release(first) == [second]
+    stats = policy.model_budget_statistics()["m"]
+    assert stats.tokens_available == 5500
+
+
+def test_an_adaptive_limit_made_while_a_request_waits_keeps_its_estimate() -> None:
+    policy = SlotPolicy(1)
+    assert policy.acquire(t(0, 0)) == [t(0, 0)]
+    assert policy.acquire(t(0, 1), 500) == []
+    policy.set_limit(AdaptiveLimit(initial=1, minimum=1, maximum=2))
+    policy.observe_rate_limits(0.0, tokens(6000, 6000, 60.0))
+    assert policy.release(t(0, 0)) == [t(0, 1)]
+    assert available(policy) == 5500
 
 
 def test_a_window_longer_than_a_minute_refills_slower() -> None:

@@ -25,20 +25,21 @@ expires in an example, as nothing does in the pure core.
 
 The actor sends an answer's start and its figures in one round, and so
 does this test (``answer``); figures that come with no answer (``observe``)
-go alone. A budget is configured from the start: the pure core keeps the
-books of grants from the moment its ``Throttle`` exists (made by a budget,
-the first figures or an adaptive limit), the ledger from the moment a
-budget does (configured or learned), so grants made before the first
-figures of a provider with no budget are counted by neither the same way.
+go alone. A budget is configured, or not: then the budgets are learned
+from scratch, and both sides keep the books of grants (charges, answers
+not started) from the moment the pure core's ``Throttle`` exists (made by
+a budget, the first figures, usable or not, or an adaptive limit), and
+charge a request the estimate it was queued with, whenever its budget
+came.
 
 Tenants and models. Requests carry a tenant (or none) and a model (or
 none); tenants are configured, changed and removed at random (weights and
 caps), and both sides must agree on every tenant's weight, cap, holders
 and service counter besides the grants. Each model of the example may get
-a budget of its own from the start (for the same reason as the
-provider's), and the figures of an answer go to its model's budget when it
-has one (``model_observe`` sends a model's figures alone), else to the
-provider's; both sides must agree on each model's budgets too.
+a budget of its own from the start, and the figures of an answer go to its
+model's budget (learned from the first of them, if it has none), those of
+an answer for no model to the provider's (``model_observe`` sends a
+model's figures alone); both sides must agree on each model's budgets too.
 """
 
 from __future__ import annotations
@@ -167,9 +168,7 @@ model_budgets = st.dictionaries(
         ]
     ),
 )
-# At least one budget is configured, so that both sides keep the books of
-# every grant from the start (see the module notes).
-budgets = st.sampled_from(
+budgets = st.none() | st.sampled_from(
     [
         Budget(requests_per_minute=rpm, tokens_per_minute=tpm)
         for rpm in (None, 6.0, 30.0, 120.0)
@@ -211,8 +210,6 @@ class Pair:
         self.seq = 0
         self.tickets: list[Ticket] = []
         self.log: list[str] = []
-        # The models with a budget of their own.
-        self.models: set[str] = set()
 
     @property
     def now(self) -> float:
@@ -387,10 +384,9 @@ async def _apply(pair: Pair, op: tuple[object, ...]) -> None:
             book.answered(holder)
             if isinstance(op[2], RateLimitInfo):
                 observed = op[2]
-                # The figures of an answer teach its model's budget, if it
-                # has one (see the module notes).
-                if holder.model in pair.models:
-                    model = holder.model
+                # An answer's figures teach its model's budget, as the
+                # dispatcher's (see the module notes).
+                model = holder.model
                 pure = _learn(policy, pair.now, observed, model)
     elif kind == "cancel":
         victim = _pick(pair.tickets, op[1])
@@ -415,8 +411,6 @@ async def _apply(pair: Pair, op: tuple[object, ...]) -> None:
     elif kind == "model_observe":
         assert isinstance(op[1], str)
         assert isinstance(op[2], RateLimitInfo)
-        if op[1] not in pair.models:
-            return
         model, observed = op[1], op[2]
         pure = _learn(policy, pair.now, observed, model)
     elif kind == "set_tenant":
@@ -440,7 +434,7 @@ async def _apply(pair: Pair, op: tuple[object, ...]) -> None:
 async def replay(
     url: str,
     first: int | AdaptiveLimit | None,
-    budget: Budget,
+    budget: Budget | None,
     ops: list[tuple[object, ...]],
     *,
     models: dict[str, Budget] | None = None,
@@ -454,17 +448,17 @@ async def replay(
             None,
             default_pause=DEFAULT_PAUSE,
             max_pause=MAX_PAUSE,
-            throttle=Throttle(budget, now=0.0),
+            throttle=None if budget is None else Throttle(budget, now=0.0),
         )
         pair = Pair(client, ledger, policy, base_ms)
         await pair.set_clock()
         policy.set_limit(first)
         await ledger.set_limit(PROVIDER, first)
-        await ledger.set_budget(PROVIDER, budget)
+        if budget is not None:
+            await ledger.set_budget(PROVIDER, budget)
         for model, own in (models or {}).items():
             policy.set_model_budget(model, own)
             await ledger.set_budget(PROVIDER, own, model=model)
-            pair.models.add(model)
         for name, settings in (tenants or {}).items():
             policy.set_tenant(name, settings)
             await ledger.set_tenant(PROVIDER, name, settings)
@@ -575,12 +569,57 @@ HALVING = AdaptiveLimit(initial=2, minimum=1, maximum=3, backoff=0.5)
             ],
             id="the_newest_figures_raise_a_configured_budget_up_to_its_own_count",
         ),
+        # With no budget configured: the books start with the throttle.
+        pytest.param(
+            HALVING,
+            None,
+            [
+                ("acquire", 0, 0, 0),
+                ("acquire", 0, 0, 0),
+                ("observe", RateLimitInfo(requests=Quota(limit=5, remaining=5))),
+            ],
+            id="an_adaptive_limit_keeps_the_books_of_grants_before_the_first_figures",
+        ),
+        pytest.param(
+            None,
+            None,
+            [
+                ("observe", RateLimitInfo(requests=Quota(remaining=3))),
+                ("acquire", 0, 0, 0),
+                ("observe", RateLimitInfo(requests=Quota(limit=5, remaining=5))),
+            ],
+            id="figures_with_no_usable_field_start_the_books_of_grants",
+        ),
+        pytest.param(
+            1,
+            None,
+            [
+                ("acquire", 0, 0, 0),
+                ("acquire", 0, 0, 50),
+                ("observe", RateLimitInfo(tokens=Quota(limit=100, remaining=100))),
+                ("release", 0),
+            ],
+            id="a_budget_learned_while_a_request_waits_charges_its_estimate",
+        ),
+        pytest.param(
+            1,
+            None,
+            [
+                ("acquire", 0, 0, 0),
+                ("acquire", 0, 0, 0),
+                ("acquire", 0, 1, 0),
+                ("acquire", 0, 0, 0),
+                ("acquire", 0, 1, 0),
+                ("set_limit", None),
+            ],
+            id="with_no_budget_an_unlimited_provider_grants_in_ticket_order",
+        ),
     ],
 )
 async def test_the_ledger_and_the_pure_core_agree_on(
     shared_server: RedisServer,
     first: int | AdaptiveLimit | None,
-    budget: Budget,
+    budget: Budget | None,
     ops: list[tuple[object, ...]],
 ) -> None:
     await replay(shared_server.url, first, budget, ops)
@@ -595,7 +634,7 @@ async def test_the_ledger_and_the_pure_core_agree_on(
 async def test_the_ledger_grants_pauses_and_budgets_as_the_pure_core(
     shared_server: RedisServer,
     first: int | AdaptiveLimit | None,
-    budget: Budget,
+    budget: Budget | None,
     ops: list[tuple[object, ...]],
 ) -> None:
     await replay(shared_server.url, first, budget, ops)
@@ -613,7 +652,7 @@ async def test_the_ledger_shares_tenants_and_models_as_the_pure_core(
     shared_server: RedisServer,
     *,
     first: int | AdaptiveLimit | None,
-    budget: Budget,
+    budget: Budget | None,
     models: dict[str, Budget],
     tenants: dict[str, Tenant],
     ops: list[tuple[object, ...]],
@@ -732,6 +771,20 @@ A, B = "a", "b"
                 ("release", 0),
             ],
             id="the_defaults_where_no_tenant_is_counted_change_nothing",
+        ),
+        pytest.param(
+            None,
+            {},
+            {},
+            [
+                ("model_observe", "m1", RateLimitInfo(requests=Quota(remaining=1))),
+                ("acquire", 0, 0, 0, None, "m1"),
+                ("acquire", 0, 0, 20, None, "m2"),
+                ("model_observe", "m1", RateLimitInfo(requests=Quota(limit=5))),
+                ("model_observe", "m2", RateLimitInfo(tokens=Quota(limit=40))),
+                ("answer", 0, RateLimitInfo(requests=Quota(limit=5, remaining=5))),
+            ],
+            id="a_model_s_first_figures_start_the_books_of_its_grants",
         ),
     ],
 )

@@ -44,28 +44,22 @@ Budgets and the adaptive limit, fleet-wide (the pure core's rules, in
   for tokens): capacity, refill per millisecond, level, the server time of
   that level, whether it was configured (else learned), and a configured
   budget's own count (``*_own``), charged and refilled with the level but
-  never moved by figures. Every step
-  refills them to the server's ``TIME`` first, so no client's clock is in
-  them. A configured ``Budget`` is written by each process that opens with
-  one (the latest wins); the figures of answers (``observed``) set or
-  lower the level and teach a learned bucket its capacity and rate, as
-  ``Bucket.learn`` does: the newest answer's figures (the last of the
-  step's ``answered`` leases, granted after every lease answered before
-  it) set it, up to the capacity (a configured budget's own count), and
-  other figures only lower it.
-* ``qcost``: the estimated tokens of a queued member; ``charge``: the
-  tokens a lease was charged (corrected by usage reports, which give back
-  or take the difference; a charge the newest figures counted is stored
-  with a minus sign, ``-0`` too, settled: its usage report gives nothing
-  back, as in ``Throttle``); ``unans``: the leases whose answer has not
-  started, a ZSET scored by the server time of their grant, and ``seen``
-  in ``conf``: the latest grant time of a lease whose answer started
-  (``seen_l``: what it was when figures were last learned from).
-  Learning counts as not yet seen by the provider only the leases granted
-  since then (in the same millisecond too), and those whose answer started
-  since figures were last learned from but the last (``since`` in
-  ``conf``, with ``newest``: whether that last one was the newest answer,
-  kept from step to step), as ``Throttle`` does.
+  never moved by figures. Every step refills them to the server's ``TIME``
+  first. A configured ``Budget`` is written by each process that opens
+  with one (the latest wins); the figures of answers (``observed``) teach
+  them as ``Bucket.learn`` does (``lua/budgets.lua`` holds these rules).
+* The books of grants, kept from the moment the pure core's ``Throttle``
+  would exist (``bk`` in ``conf``: a budget configured, the first figures,
+  usable or not, or an adaptive limit): ``charge``, the tokens each lease
+  was charged (0 too; corrected by usage reports, a charge the newest
+  figures counted stored with a minus sign, ``-0`` too: settled, as in
+  ``Throttle``), and ``unans``, the leases whose answer has not started,
+  scored by the server time of their grant; ``seen`` in ``conf``, the
+  latest grant time of a lease whose answer started (``seen_l``: what it
+  was when figures were last learned from), and ``since`` and ``newest``,
+  the leases answered since then. From them learning counts what the
+  provider has not seen yet, as ``Throttle`` does. ``qcost`` keeps a
+  queued member's estimate, for books that start while it waits.
 * A grant walks the head of the queue in order and stops at the first
   entry the budgets cannot hold yet: nobody passes it, whichever process
   it belongs to. The entries of other processes ahead keep their cost
@@ -366,12 +360,12 @@ def _budget_of(text: str) -> LedgerBudget | None:
         return None
     r_pm, r_lvl, r_cap, t_pm, t_lvl, t_cap, learned, ready_in = text.split(",")
     return LedgerBudget(
-        requests_per_minute=_float(r_pm),
-        requests_available=_float(r_lvl),
-        requests_capacity=_float(r_cap),
-        tokens_per_minute=_float(t_pm),
-        tokens_available=_float(t_lvl),
-        tokens_capacity=_float(t_cap),
+        _float(r_pm),
+        _float(r_lvl),
+        _float(r_cap),
+        _float(t_pm),
+        _float(t_lvl),
+        _float(t_cap),
         learned=learned == "1",
         ready_in=None if int(ready_in) < 0 else int(ready_in) / 1000,
     )

@@ -41,7 +41,9 @@ Budgets and an adaptive limit live in an optional ``Throttle`` (see
 yet holds back every ticket behind it (``wake_at`` says when to look
 again), and the throttle may move the limit after a release or a
 rate-limit report. Invariant 2 then reads: while not paused and not held
-back by the budget.
+back by the budget. A throttle made later (by the first figures, an
+adaptive limit, a model's first budget) is told the estimates of the
+tickets waiting then: it charges them as one made before would.
 
 Waiting tickets queue in two sorted structures: a deque for those that
 arrive in ticket order (the common case, since a turn starts when its
@@ -186,6 +188,7 @@ class SlotPolicy:
 
     __slots__ = (
         "_default_pause",
+        "_estimates",
         "_fifo",
         "_gate",
         "_granted_at_report",
@@ -249,6 +252,10 @@ class SlotPolicy:
         # the others (an older turn's retry) go to a heap, O(log n).
         self._fifo: deque[Ticket] = deque()
         self._heap: list[Ticket] = []
+        # The estimates of the waiting tickets that have one, so that a
+        # throttle made while they wait (the first figures, an adaptive
+        # limit, a model's first budget) charges them as one made before.
+        self._estimates: dict[Ticket, int] = {}
         self._paused_until: float | None = None
         # The backoff: rounds of rate-limit reports since the last success
         # (0: no streak), the pause of the current round without a delay,
@@ -417,6 +424,8 @@ class SlotPolicy:
                 gate.forget(ticket)
             raise self._refused()
         waiting.add(ticket)
+        if tokens:
+            self._estimates[ticket] = tokens
         fifo = self._fifo
         if not fifo or ticket > fifo[-1]:
             fifo.append(ticket)
@@ -449,6 +458,8 @@ class SlotPolicy:
             gate.expect(ticket, tokens)
         if model_gate is not None:
             model_gate.expect(ticket, tokens)
+        if tokens:
+            self._estimates[ticket] = tokens
         self._waiting.add(ticket)
         tenants.queue(ticket, self._now)
         limit = self._limit
@@ -549,6 +560,8 @@ class SlotPolicy:
             if head in waiting:
                 fifo.popleft()
                 waiting.remove(head)
+                if self._estimates:
+                    self._estimates.pop(head, None)
                 holders.add(head)
                 self._granted_total += 1
                 if not waiting:
@@ -562,6 +575,7 @@ class SlotPolicy:
             if self._tenants is not None:
                 return self._withdraw_counted(ticket)
             self._waiting.discard(ticket)
+            self._estimates.pop(ticket, None)
             self._withdrawn_total += 1
             gate = self._gate
             if gate is not None:
@@ -583,6 +597,7 @@ class SlotPolicy:
         assert tenants is not None  # called only then
         waiting = self._waiting
         waiting.discard(ticket)
+        self._estimates.pop(ticket, None)
         self._withdrawn_total += 1
         tenants.withdraw(ticket, self._now, waiting)
         gate = self._gate
@@ -608,7 +623,7 @@ class SlotPolicy:
         """
         if isinstance(limit, AdaptiveLimit):
             if self._gate is None:
-                self._gate = Throttle()
+                self._gate = self._expecting(Throttle())
             self._limit = self._gate.adapt(limit)
             return self._fill()
         if limit is not None:
@@ -689,11 +704,20 @@ class SlotPolicy:
             raise TypeError(f"budget must be a Budget, got {budget!r}")
         throttle = self._models.get(model)
         if throttle is None:
-            self._models[model] = Throttle(budget, learn=learn, now=self._now)
+            self._models[model] = self._expecting(
+                Throttle(budget, learn=learn, now=self._now), model
+            )
             self._count_tenants()
         else:
             throttle.configure(budget)
         return self._fill()
+
+    def _expecting(self, throttle: Throttle, model: str | None = None) -> Throttle:
+        """``throttle``, new, told the estimates of the waiters (of ``model``) it charges."""
+        for ticket, tokens in self._estimates.items():
+            if model is None or ticket.model == model:
+                throttle.expect(ticket, tokens)
+        return throttle
 
     def tenants(self) -> dict[str, Tenant]:
         """The configured tenants' settings, by name."""
@@ -737,12 +761,14 @@ class SlotPolicy:
         if model is None:
             gate = self._gate
             if gate is None:
-                gate = self._gate = Throttle(learn=True, now=now)
+                gate = self._gate = self._expecting(Throttle(learn=True, now=now))
         else:
             gate = self._models.get(model)
             if gate is None:
                 check_text(model, "model")
-                gate = self._models[model] = Throttle(learn=True, now=now)
+                gate = self._models[model] = self._expecting(
+                    Throttle(learn=True, now=now), model
+                )
                 self._count_tenants()
         gate.advance(now)
         gate.observe(info)
@@ -858,6 +884,7 @@ class SlotPolicy:
         fifo = self._fifo
         heap = self._heap
         holders = self._holders
+        estimates = self._estimates
         heappop = heapq.heappop
         held = len(holders)  # kept in step with holders, one len less a grant
         while waiting and (limit is None or held < limit):
@@ -871,6 +898,8 @@ class SlotPolicy:
                     fifo.appendleft(ticket)
                     break
                 waiting.remove(ticket)
+                if estimates:
+                    estimates.pop(ticket, None)
                 holders.add(ticket)
                 grants.append(ticket)
                 held += 1
@@ -927,6 +956,7 @@ class SlotPolicy:
             if model_gate is not None:
                 model_gate.take(ticket, held, None)
             waiting.remove(ticket)
+            self._estimates.pop(ticket, None)
             tenants.grant(state, ticket, now)
             holders.add(ticket)
             grants.append(ticket)

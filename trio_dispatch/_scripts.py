@@ -1,8 +1,9 @@
 """The ledger's Lua scripts and the one typed description of their arguments.
 
 The scripts live in ``trio_dispatch/lua/*.lua``, shipped in the package:
-``prelude.lua`` (the keys, the clock, the rules every script shares) and
-one file per operation. ``load_scripts`` composes each operation with the
+``prelude.lua`` (the keys, the clock, the rules every script shares),
+``budgets.lua`` (the budgets' rules, for the step) and one file per
+operation. ``load_scripts`` composes each operation with the
 prelude, as Redis needs one text per script, and the clock (``clock.lua``:
 the server's own ``TIME``) in place of the prelude's ``--@CLOCK@`` marker.
 
@@ -74,7 +75,7 @@ def load_scripts(clock: str | None = None) -> Scripts:
         return Script(prelude + _lua(name))
 
     return Scripts(
-        step=script("step"),
+        step=Script(prelude + _lua("budgets") + _lua("step")),
         set_limit=script("set_limit"),
         set_budget=script("set_budget"),
         set_tenant=script("set_tenant"),

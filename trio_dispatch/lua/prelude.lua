@@ -173,8 +173,10 @@ local function store_limit(spec)
   redis.call('PERSIST', conf)
   local value, low, high, backoff = string.match(spec, '^(%d+),(%d+),(%d+),(.+)$')
   if value then
+    -- The pure core's Throttle exists from its first adaptive limit on:
+    -- the books of grants are kept from then (see step.lua's scopes).
     redis.call('HSET', conf, 'limit', value, 'a_min', low, 'a_max', high,
-      'a_backoff', backoff, 'a_val', value, 'a_slow', 1)
+      'a_backoff', backoff, 'a_val', value, 'a_slow', 1, 'bk', 1)
     -- A new limit: no slot held now was granted with it in use.
     redis.call('DEL', inuse)
     return value

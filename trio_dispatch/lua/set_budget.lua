@@ -9,10 +9,10 @@
 -- unanswered leases in ``mc:<model>`` and ``mu:<model>``), and models are
 -- counted from then on (``extend``).
 local model = ARGV[4]
-local h, ch, un = conf, charge, unans
+local h = conf
 if model ~= '' then
   extend()
-  h, ch, un = prefix .. 'm:' .. model, prefix .. 'mc:' .. model, prefix .. 'mu:' .. model
+  h = prefix .. 'm:' .. model
 end
 for j, k in ipairs({'r', 't'}) do
   local per_minute = tonumber(ARGV[j])
@@ -30,17 +30,13 @@ for j, k in ipairs({'r', 't'}) do
       k .. '_cfg', k .. '_own')
   end
 end
--- No budget left: nothing keeps the charges and unanswered leases (a step
--- forgets them only while a budget is there).
-local left = redis.call('HMGET', h, 'r_cap', 't_cap')
-if not left[1] and not left[2] then redis.call('DEL', ch, un) end
+-- The books of grants are kept from now on, budget or not, as the pure
+-- core's Throttle keeps them once it exists (see step.lua's scopes).
+redis.call('HSET', h, 'bk', 1)
 if model ~= '' then
-  if left[1] or left[2] then
-    redis.call('SADD', models, model)
-    redis.call('PERSIST', h)
-  else
-    redis.call('SREM', models, model)
-  end
+  redis.call('SADD', models, model)
+  local left = redis.call('HMGET', h, 'r_cap', 't_cap')
+  if left[1] or left[2] then redis.call('PERSIST', h) end
 end
 redis.call('PERSIST', conf)
 expire_idle(now)

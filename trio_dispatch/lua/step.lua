@@ -31,15 +31,15 @@ local c = redis.call('HMGET', conf, 'limit', 'pause_until', 'streak',
   'granted_at_report', 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow',
   'r_cap', 'r_rate', 'r_lvl', 'r_at', 'r_cfg',
   't_cap', 't_rate', 't_lvl', 't_at', 't_cfg', 'learned', 'r_own', 't_own', 'a_dec',
-  'since', 'newest', 'xm', 't_last', 'qm', 'pa', 'qc')
+  'since', 'newest', 'bk', 'xm', 't_last', 'qm', 'pa', 'qc')
 -- ``pa`` in ``conf``: no lease, entry or process expires before it (a bound
 -- at most the earliest of their expiries, moved by the prune that finds
 -- the earliest, lowered by any member added to expire sooner), so that a
 -- step prunes only once something may have expired. ``qc``: some queued
 -- member may have an estimate in ``qcost`` (none once the queue is empty).
-local prune_at = stored(c[29], nil)
+local prune_at = stored(c[30], nil)
 local prune_moved = false
-local qc = c[30] ~= false
+local qc = c[31] ~= false
 -- Whether this step gave a lease, or an entry, an expiry of now + ttl: only
 -- then must the keys holding them outlive it (see the end).
 local leases_grew, queue_grew = false, false
@@ -59,8 +59,8 @@ end
 -- Tenants: counted once a tenant or a model's figures are seen (see
 -- ``extend``). Before, a member with a model keeps it in ``qmeta`` (``qm``
 -- in ``conf`` says some may), for when they are.
-local xm = tonumber(c[26])
-local qm = c[28] ~= false
+local xm = tonumber(c[27])
+local qm = c[29] ~= false
 if not xm then
   local seen_one = false
   for _, f in ipairs(figures) do
@@ -76,30 +76,13 @@ if not xm then
   end
   if seen_one then xm = extend() end
 end
-local t_last = stored(c[27], 0)
+local t_last = stored(c[28], 0)
 local t_last_moved = false
 
--- Budgets, the provider's (``conf``, ``charge``, ``unans``) and each
--- model's (``m:<model>``, ``mc:<model>``, ``mu:<model>``), each a scope:
--- its buckets R and T, whether figures were learned, and the leases whose
--- answer started since figures were last learned from (``since``, with
--- ``newest``: see ``see``).
-local FIELDS = {'r_cap', 'r_rate', 'r_lvl', 'r_at', 'r_cfg', 't_cap', 't_rate', 't_lvl',
-  't_at', 't_cfg', 'learned', 'r_own', 't_own', 'a_dec', 'since', 'newest'}
-local function new_scope(h, ch, un, f, o)
-  local sc = {h = h, charge = ch, unans = un, since = {}, newest = f[o + 16] == '1',
-    moved = false, res_r = 0, res_t = 0, learned = f[o + 11] == '1', wait = -1}
-  if f[o + 15] then
-    for id in string.gmatch(f[o + 15], '[^\n]+') do sc.since[#sc.since + 1] = id end
-  end
-  if f[o + 1] then sc.R = load_bucket(f[o + 1], f[o + 2], f[o + 3], f[o + 4], f[o + 5], f[o + 12]) end
-  if f[o + 6] then sc.T = load_bucket(f[o + 6], f[o + 7], f[o + 8], f[o + 9], f[o + 10], f[o + 13]) end
-  return sc
-end
 local P = new_scope(conf, charge, unans, c, 9)
 local budgeted = P.R ~= nil or P.T ~= nil
--- The models' scopes, loaded when first needed: false for a model with
--- no budget.
+-- The models' scopes, loaded when first needed; only those that keep
+-- books are used, or one about to (``create``: its first figures).
 local MS = {}
 local function scope_of(model, create)
   local sc = MS[model]
@@ -108,46 +91,10 @@ local function scope_of(model, create)
     sc = new_scope(h, prefix .. 'mc:' .. model, prefix .. 'mu:' .. model,
       redis.call('HMGET', h, unpack(FIELDS)), 0)
     sc.model = model
-    if sc.R == nil and sc.T == nil then sc = false end
     MS[model] = sc
   end
-  if not sc and create then
-    sc = {h = prefix .. 'm:' .. model, charge = prefix .. 'mc:' .. model,
-      unans = prefix .. 'mu:' .. model, since = {}, newest = false, moved = false,
-      res_r = 0, res_t = 0, learned = false, wait = -1, model = model, fresh = true}
-    MS[model] = sc
-  end
-  return sc or nil
-end
--- The answer of lease id started: the provider has counted it, and every
--- lease granted before it (``seen``). Whether it is the newest answer
--- (granted after every lease whose answer had started when figures were
--- last learned from: ``seen_l``), whose figures may raise a level:
--- ``newest``, as ``Throttle`` keeps it. And the leases whose answer
--- started since figures were last learned from, in order: all but the
--- last (whose figures come next) may have reached the server after it.
-local function see(sc, id, answer)
-  local number = redis.call('ZSCORE', sc.unans, id)
-  if not number then return end
-  redis.call('ZREM', sc.unans, id)
-  sc.since[#sc.since + 1] = id
-  sc.moved = true
-  number = tonumber(number)
-  sc.newest = answer and number > tonumber(redis.call('HGET', sc.h, 'seen_l') or '-1')
-  if number > tonumber(redis.call('HGET', sc.h, 'seen') or '-1') then
-    redis.call('HSET', sc.h, 'seen', number)
-  end
-end
-local function forget_charge(sc, id)
-  redis.call('HDEL', sc.charge, id)
-  redis.call('ZREM', sc.unans, id)
-  for k = 1, #sc.since do
-    if sc.since[k] == id then
-      table.remove(sc.since, k)
-      sc.moved = true
-      break
-    end
-  end
+  if sc.books or create then return sc end
+  return nil
 end
 
 -- Tenants (xm only): each one's state, loaded when first needed, and the
@@ -233,6 +180,25 @@ local function member_meta(m)
   META[m] = {t or '', model or ''}
   return t or '', model or ''
 end
+-- A queued member out of its queue, its tenant's count and its metadata
+-- (not ``qexp`` nor ``qcost``); 1 if it was queued, else 0.
+local function unqueue(m)
+  if not xm then
+    if qm then redis.call('HDEL', qmeta, m) end
+    return redis.call('ZREM', queue, m)
+  end
+  local t = member_meta(m)
+  local gone = redis.call('ZREM', queue_of(t), m)
+  if gone == 1 then waiting_moved(tenant(t), -1) end
+  redis.call('HDEL', qmeta, m)
+  return gone
+end
+-- The budgets of a lease's model, if it has any (only once tenants count).
+local function model_scope(id)
+  if not xm then return nil end
+  local _, model = lease_meta(id)
+  return model ~= '' and scope_of(model) or nil
+end
 if xm then
   for _, name in ipairs(redis.call('SMEMBERS', tback)) do
     BL[name] = true
@@ -245,8 +211,7 @@ end
 -- numbers only during a streak, charges and unanswered leases only with a
 -- budget, the leases in use only with an adaptive limit (each is emptied
 -- when that ends); with tenants, its tenant's count and service.
-local keeps = {grantno = stored(c[3], 0) > 0, budget = c[10] ~= false or c[15] ~= false,
-  inuse = c[5] ~= false}
+local keeps = {grantno = stored(c[3], 0) > 0, budget = P.books, inuse = c[5] ~= false}
 local function forget_lease(id, inuse_done)
   if keeps.grantno then redis.call('HDEL', grantno, id) end
   if keeps.budget then forget_charge(P, id) end
@@ -278,14 +243,7 @@ local function prune()
   gone = redis.call('ZRANGEBYSCORE', qexp, '-inf', now)
   if #gone > 0 then
     for _, m in ipairs(gone) do
-      if xm then
-        local t = member_meta(m)
-        if redis.call('ZREM', queue_of(t), m) == 1 then waiting_moved(tenant(t), -1) end
-        redis.call('HDEL', qmeta, m)
-      else
-        redis.call('ZREM', queue, m)
-        if qm then redis.call('HDEL', qmeta, m) end
-      end
+      unqueue(m)
       if qc then redis.call('HDEL', qcost, m) end
     end
     pruned = pruned + redis.call('ZREMRANGEBYSCORE', qexp, '-inf', now)
@@ -324,6 +282,7 @@ if limit and c[5] then
   adaptive = {low = tonumber(c[5]), high = tonumber(c[6]),
     backoff = tonumber(c[7]), value = tonumber(c[8]), slow = c[9] == '1',
     moved = false}
+  P.books = true
 end
 local spoiled = {}
 n = tonumber(ARGV[i]); i = i + 1
@@ -332,45 +291,15 @@ for j = 1, n do
   spoiled[id] = true
   if keeps.inuse then redis.call('SREM', inuse, id) end
 end
--- A usage report corrects a lease's charge in one scope.
-local function use(sc, id, tokens)
-  local T = sc.T
-  local raw = redis.call('HGET', sc.charge, id)
-  -- Settled (a minus sign, '-0' too): the server's figures counted it;
-  -- what the server gives back for it, its next figures will say.
-  local settled = raw and string.sub(raw, 1, 1) == '-'
-  local before = math.abs(stored(raw, 0))
-  -- One request's charge is at most the capacity, its usage too.
-  if T then tokens = math.min(tokens, T.cap) end
-  if T and tokens ~= before then
-    local taken = tokens - before
-    if settled then
-      T.lvl = charged(T.lvl, math.max(0, taken), T.cap)
-      T.own = charged(T.own, taken, T.cap)
-    else
-      take(T, taken)
-    end
-    if tokens < before then changed = changed + 1 end
-  end
-  if settled then
-    redis.call('HSET', sc.charge, id, '-' .. num(tokens))
-  else
-    redis.call('HSET', sc.charge, id, num(tokens))
-  end
-  see(sc, id, false)
-end
 -- Usage reports before the releases: a report and the release after it
 -- may come in one step.
 n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   local id, tokens = ARGV[i], tokens_of(ARGV[i + 1]); i = i + 2
   if redis.call('ZSCORE', leases, id) then
-    use(P, id, tokens)
-    if xm then
-      local _, model = lease_meta(id)
-      local sc = model ~= '' and scope_of(model)
-      if sc then use(sc, id, tokens) end
-    end
+    if use(P, id, tokens) then changed = changed + 1 end
+    local sc = model_scope(id)
+    if sc and use(sc, id, tokens) then changed = changed + 1 end
   end
 end
 local function adapt_up()
@@ -408,16 +337,7 @@ end
 n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   local m = ARGV[i]; i = i + 1
-  if xm then
-    local t = member_meta(m)
-    local gone = redis.call('ZREM', queue_of(t), m)
-    changed = changed + gone
-    if gone == 1 then waiting_moved(tenant(t), -1) end
-    redis.call('HDEL', qmeta, m)
-  else
-    changed = changed + redis.call('ZREM', queue, m)
-    if qm then redis.call('HDEL', qmeta, m) end
-  end
+  changed = changed + unqueue(m)
   redis.call('ZREM', qexp, m)
   if qc then redis.call('HDEL', qcost, m) end
   -- Granted by a step whose answer was lost: nobody holds it.
@@ -503,97 +423,8 @@ n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   local id = ARGV[i]; i = i + 1
   see(P, id, true)
-  if xm then
-    local _, model = lease_meta(id)
-    local sc = model ~= '' and scope_of(model)
-    if sc then see(sc, id, true) end
-  end
-end
--- Learn from the figures of an answer (see the ledger's notes), in a scope.
--- SLOWEST_REFILL: a learned budget refills whole in an hour at most.
-local function learn(sc, b, limit_, remaining, reset, unseen)
-  local usable = limit_ and limit_ > 0 and limit_ < 1e15
-  if not b then
-    if not usable then return nil end
-    b = {cap = limit_, rate = limit_ / 60000, lvl = limit_, at = now, cfg = false,
-      own = limit_}
-  end
-  if usable and not b.cfg then
-    b.cap = limit_
-    b.rate = limit_ / 60000
-    if remaining and reset and reset > 0 and remaining < limit_ then
-      local slower = (limit_ - remaining) / (reset * 1000)
-      if slower < b.rate then b.rate = slower end
-    end
-    b.rate = math.max(b.rate, b.cap / 3600000)
-    b.lvl = math.min(b.lvl, b.cap)
-  end
-  if remaining and remaining < 1e15 then
-    -- The newest answer's figures set the level, up to the capacity (a
-    -- configured budget: up to its own count); others only lower it.
-    local ceiling = b.lvl
-    if sc.newest then
-      ceiling = b.cap
-      if b.cfg then ceiling = b.own end
-    end
-    b.lvl = math.min(ceiling, remaining - unseen)
-    sc.learned = true
-  elseif usable then
-    sc.learned = true
-  end
-  return b
-end
-local function observe(sc, observed)
-  -- Eight fields by position (figures_arg): for requests, then tokens,
-  -- whether there are figures ('1') and the limit, remaining and reset.
-  -- An empty one is nil, and #f cannot count past a nil, so the fields are
-  -- numbered here.
-  local f, k = {}, 0
-  for part in string.gmatch(observed .. ',', '([^,]*),') do
-    k = k + 1
-    f[k] = tonumber(part)
-  end
-  local seen = redis.call('HGET', sc.h, 'seen')
-  if seen then redis.call('HSET', sc.h, 'seen_l', seen) end
-  local ids = redis.call('ZRANGEBYSCORE', sc.unans, seen or '-inf', '+inf')
-  for k = 1, #sc.since - 1 do ids[#ids + 1] = sc.since[k] end
-  if f[2] or f[3] then sc.R = learn(sc, sc.R, f[2], f[3], f[4], #ids) end
-  -- Token figures, even with no usable field: the charges answered so
-  -- far are settled by them all the same, as in Throttle.observe.
-  if f[5] then
-    local tokens = 0
-    for _, id in ipairs(ids) do
-      tokens = tokens + stored(redis.call('HGET', sc.charge, id), 0)
-    end
-    sc.T = learn(sc, sc.T, f[6], f[7], f[8], tokens)
-    if sc.T and sc.newest then
-      -- The charges of the leases answered so far are in these figures,
-      -- whatever they are (0 too): settled. A model's leases are those
-      -- it charged.
-      local held_ids
-      if sc == P then
-        held_ids = redis.call('ZRANGE', leases, 0, -1)
-      else
-        held_ids = redis.call('HKEYS', sc.charge)
-      end
-      if #held_ids > 0 then
-        local charges = redis.call('HMGET', sc.charge, unpack(held_ids))
-        local open = redis.call('ZMSCORE', sc.unans, unpack(held_ids))
-        for k, id in ipairs(held_ids) do
-          local raw = charges[k]
-          if not open[k] and not (raw and string.sub(raw, 1, 1) == '-') then
-            redis.call('HSET', sc.charge, id, '-' .. num(stored(raw, 0)))
-          end
-        end
-      end
-    end
-  end
-  settle(sc.R)
-  settle(sc.T)
-  -- Learned from: the next figures start afresh, as Throttle.observe.
-  sc.since = {}
-  sc.newest = false
-  sc.moved = true
+  local sc = model_scope(id)
+  if sc then see(sc, id, true) end
 end
 for _, pair in ipairs(figures) do
   if pair[1] == '' then
@@ -610,45 +441,6 @@ elseif pause_until > 0 then
   redis.call('HDEL', conf, 'pause_until')
 end
 local in_flight = redis.call('ZCARD', leases)
--- What a scope's budgets lack for a cost, beside what the entries of other
--- processes ahead of it keep (reserved): 0 when it fits, else the
--- milliseconds until it does (kept as the scope's ``wait``).
-local function lacks(sc, cost)
-  local R, T = sc.R, sc.T
-  local wait = 0
-  if R then
-    local missing = 1 - (R.lvl - sc.res_r)
-    if missing > 1e-9 then wait = math.max(wait, missing / R.rate) end
-  end
-  if T and cost > 0 then
-    local amount = math.min(cost, T.cap)
-    local missing = amount - (T.lvl - sc.res_t)
-    if missing > 1e-9 * math.max(1, amount) then wait = math.max(wait, missing / T.rate) end
-  end
-  if wait > 0 then
-    wait = math.ceil(math.min(wait, 1e15))
-    if sc.wait < 0 or wait < sc.wait then sc.wait = wait end
-  end
-  return wait
-end
-local function reserve(sc, cost)
-  sc.res_r = sc.res_r + 1
-  if sc.T then sc.res_t = sc.res_t + math.min(cost, sc.T.cap) end
-end
--- A scope's charge for a grant.
-local function charge_to(sc, id, cost)
-  if sc.R then take(sc.R, 1) end
-  if cost > 0 then
-    -- One request's charge is at most the capacity.
-    if sc.T then cost = math.min(cost, sc.T.cap) end
-    redis.call('HSET', sc.charge, id, num(cost))
-    if sc.T then take(sc.T, cost) end
-  elseif sc ~= P then
-    -- A model's leases are those it charged (see ``observe``).
-    redis.call('HSET', sc.charge, id, '0')
-  end
-  redis.call('ZADD', sc.unans, now, id)
-end
 -- Leases granted by this step (not those a lost answer had granted).
 local fresh = 0
 -- Whether any queued member has an estimate (asked once, at the first grant).
@@ -671,13 +463,13 @@ local function grant(m, cost, s, model)
     redis.call('SADD', inuse, id)
   end
   local sc = model and model ~= '' and scope_of(model)
-  -- Its estimate goes with its entry (read only when budgeted, but kept
-  -- for a budget that may come while it waits).
-  if cost > 0 or not (budgeted or sc) then
+  -- Its estimate goes with its entry (read only when books are kept, but
+  -- kept for books that may start while it waits).
+  if cost > 0 or not (P.books or sc) then
     if costly == nil then costly = qc and redis.call('EXISTS', qcost) == 1 end
     if costly then redis.call('HDEL', qcost, m) end
   end
-  if budgeted then charge_to(P, id, cost) end
+  if P.books then charge_to(P, id, cost) end
   if sc then charge_to(sc, id, cost) end
   if s then
     if s.name ~= '' or model ~= '' then redis.call('HDEL', qmeta, m) end
@@ -702,9 +494,9 @@ local function grant_in_order(window)
   local others = {}
   for _, m in ipairs(redis.call('ZRANGE', queue, 0, window - 1)) do
     local cost = 0
-    if budgeted then
+    if P.books then
       cost = tokens_of(redis.call('HGET', qcost, m))
-      if lacks(P, cost) > 0 then break end
+      if budgeted and lacks(P, cost) > 0 then break end
     end
     if asking[m] then
       grant(m, cost)
@@ -802,7 +594,7 @@ local function grant_fairly(free)
     local m, model = be.m, be.model
     local sc = model ~= '' and scope_of(model)
     local cost = 0
-    if budgeted or sc then cost = tokens_of(redis.call('HGET', qcost, m)) end
+    if P.books or sc then cost = tokens_of(redis.call('HGET', qcost, m)) end
     if budgeted and lacks(P, cost) > 0 then break end
     if sc and lacks(sc, cost) > 0 then
       blocked[model] = true
@@ -823,13 +615,18 @@ if not limit or limit == 'none' then
   -- Unlimited: pauses do not apply, as in the local policy.
   if xm then
     grant_fairly(math.huge)
-  elseif budgeted then
+  elseif P.books then
     grant_in_order(0)
   else
+    -- Only its own entries, in queue order (start, then arrival), as the
+    -- pure core grants them.
+    local order = {}
     for m, _ in pairs(asking) do
-      if redis.call('ZSCORE', queue, m) then grant(m, 0) end
+      local score = redis.call('ZSCORE', queue, m)
+      if score then order[#order + 1] = {tonumber(score), m} end
     end
-    table.sort(granted)
+    table.sort(order, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
+    for _, e in ipairs(order) do grant(e[2], 0) end
   end
 elseif pause == 0 then
   local free = tonumber(limit) - in_flight
@@ -843,41 +640,11 @@ if fresh > 0 and c[23] then redis.call('HDEL', conf, 'a_dec') end
 if adaptive and adaptive.moved then
   redis.call('HSET', conf, 'limit', limit, 'a_val', num(adaptive.value))
 end
--- A scope's budgets written back, and as the step answers them:
--- requests per minute, level, capacity, then the same for tokens.
-local function write_scope(sc, fields)
-  local shown = {}
-  for _, pair in ipairs({{'r', sc.R}, {'t', sc.T}}) do
-    local b = pair[2]
-    if b then
-      fields[#fields + 1] = pair[1] .. '_cap'; fields[#fields + 1] = num(b.cap)
-      fields[#fields + 1] = pair[1] .. '_rate'; fields[#fields + 1] = num(b.rate)
-      fields[#fields + 1] = pair[1] .. '_lvl'; fields[#fields + 1] = num(b.lvl)
-      fields[#fields + 1] = pair[1] .. '_own'; fields[#fields + 1] = num(b.own)
-      fields[#fields + 1] = pair[1] .. '_at'; fields[#fields + 1] = now
-      fields[#fields + 1] = pair[1] .. '_cfg'; fields[#fields + 1] = b.cfg and 1 or 0
-      shown[#shown + 1] = num(b.rate * 60000) .. ',' .. num(b.lvl) .. ',' .. num(b.cap)
-    else
-      shown[#shown + 1] = ',,'
-    end
-  end
-  if sc.learned then fields[#fields + 1] = 'learned'; fields[#fields + 1] = 1 end
-  if sc.moved then
-    if #sc.since > 0 or sc.newest then
-      fields[#fields + 1] = 'since'; fields[#fields + 1] = table.concat(sc.since, '\n')
-      fields[#fields + 1] = 'newest'; fields[#fields + 1] = sc.newest and 1 or 0
-    else
-      redis.call('HDEL', sc.h, 'since', 'newest')
-    end
-  end
-  if #fields > 0 then redis.call('HSET', sc.h, unpack(fields)) end
-  return shown[1] .. ',' .. shown[2] .. ',' .. (sc.learned and 1 or 0)
-end
 local budget = ''
 if budgeted then
-  budget = write_scope(P, {}) .. ',' .. whole(P.wait)
+  budget = write_scope(P) .. ',' .. whole(P.wait)
 elseif P.moved then
-  write_scope(P, {})
+  write_scope(P)
 end
 -- The models' budgets: each model's figures, with when its held-back head
 -- fits (-1: none).
@@ -891,10 +658,13 @@ if xm then
     if not scope_of(model) then redis.call('SREM', models, model) end
   end
   for model, sc in pairs(MS) do
-    if sc and (sc.R or sc.T) then
+    if sc.books then
       if not listed[model] then redis.call('SADD', models, model) end
-      model_rows[#model_rows + 1] = model
-      model_rows[#model_rows + 1] = write_scope(sc, {}) .. ',' .. whole(sc.wait)
+      local shown = write_scope(sc)
+      if sc.R or sc.T then
+        model_rows[#model_rows + 1] = model
+        model_rows[#model_rows + 1] = shown .. ',' .. whole(sc.wait)
+      end
       local cfg = (sc.R and sc.R.cfg) or (sc.T and sc.T.cfg)
       if not cfg then model_keys[#model_keys + 1] = sc.h end
       model_keys[#model_keys + 1] = sc.charge
@@ -991,7 +761,7 @@ if qc and queued == 0 then redis.call('HDEL', conf, 'qc') end
 -- That bookkeeping is renewed at every step, and the leases and the queue
 -- with it: a prune gives it back lease by lease and entry by entry, which
 -- it cannot do for the leases or the queue expired before it as a whole.
-local tied = streak > 0 or keeps.grantno or budgeted or keeps.budget or adaptive
+local tied = streak > 0 or keeps.grantno or P.books or adaptive
   or keeps.inuse or qm or xm
 local present = {}
 if touched then
@@ -1005,7 +775,7 @@ if queue_grew or (tied and queued > 0) then
   if qc then present[#present + 1] = qcost end
 end
 if streak > 0 or keeps.grantno then present[#present + 1] = grantno end
-if budgeted or keeps.budget then
+if P.books then
   present[#present + 1] = charge
   present[#present + 1] = unans
 end
