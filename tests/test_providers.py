@@ -372,6 +372,19 @@ def test_extra_headers_that_are_not_strings_are_refused(wire: Wire) -> None:
         wire.provider(extra_headers={"x": 1})
 
 
+@pytest.mark.parametrize("request_", ["hello", {"messages": []}, None])
+async def test_a_request_that_is_not_a_chat_request_is_refused_at_once(
+    wire: Wire, server: FakeLLMServer, request_: object
+) -> None:
+    async with wire.over(server) as provider:
+        with pytest.raises(
+            TypeError,
+            match=rf"^request must be a ChatRequest, got {re.escape(repr(request_))}$",
+        ):
+            provider.stream(request_)  # type: ignore[arg-type]
+    assert server.statistics().requests_total == 0
+
+
 async def test_nothing_is_sent_before_enter(wire: Wire, server: FakeLLMServer) -> None:
     async with wire.over(server) as provider:
         stream = provider.stream(HELLO)
