@@ -392,8 +392,9 @@ class FleetReply:
 
 
 class Fleet:
-    """Shared schedulers of one provider ("nodes", as processes would run
-    them) on one namespace of a real Redis, with a clock the test sets.
+    """Shared schedulers of one provider on one namespace of a real Redis.
+
+    "Nodes", as processes would run them, with a clock the test sets.
 
     Wake-ups are the test's (``settle``), not a subscription's, so every
     node runs its rounds when the test says: grants are exact.

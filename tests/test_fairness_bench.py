@@ -113,8 +113,11 @@ def test_the_sweep_reports_its_progress_point_by_point(report: FairnessReport) -
 
 
 def fixed_metrics(policy: str, load: float, shape: str) -> PolicyMetrics:
-    """Made-up figures: oldest-first and fifo tie on one call per turn,
-    and ``none`` drops a fifth of its turns at the high load."""
+    """Made-up figures.
+
+    Oldest-first and fifo tie on one call per turn, and ``none`` drops a
+    fifth of its turns at the high load.
+    """
     from trio_dispatch.testing import PolicyMetrics  # noqa: PLC0415
 
     scale = {"oldest-first": 0.7, "fifo": 1.0, "none": 0.4}[policy]

@@ -1,5 +1,8 @@
-"""Errors that say what to do: missing extras, arguments that need another,
-and one bound for a limit everywhere."""
+"""Errors that say what to do.
+
+Missing extras, arguments that need another, and one bound for a limit
+everywhere.
+"""
 
 from __future__ import annotations
 

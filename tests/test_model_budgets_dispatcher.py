@@ -294,8 +294,11 @@ RUN = 120.0  # seconds of virtual time
 
 @final
 class ByModel(httpx2.AsyncBaseTransport):
-    """One fake server per model behind one transport, as a provider keeps
-    its quotas per model: a call goes to the server of its body's model."""
+    """One fake server per model behind one transport.
+
+    As a provider keeps its quotas per model, a call goes to the server of
+    its body's model.
+    """
 
     def __init__(self, servers: dict[str, FakeLLMServer]) -> None:
         self.inner = {model: asgi(server) for model, server in servers.items()}

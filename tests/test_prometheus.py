@@ -188,8 +188,11 @@ async def test_bad_wait_buckets_are_refused(
 
 
 class HandBuilt:
-    """What a collector reads of a dispatcher, built by hand: events pushed
-    through a hub, configured tenants and statistics set by the test."""
+    """What a collector reads of a dispatcher, built by hand.
+
+    Events pushed through a hub, configured tenants and statistics set by
+    the test.
+    """
 
     def __init__(self, configured: dict[str, Tenant]) -> None:
         self.hub = EventHub()

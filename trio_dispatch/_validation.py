@@ -393,9 +393,12 @@ def _redact_parameter(parameter: str) -> str:
 
 
 def check_namespace(namespace: object, name: str = "namespace") -> str:
-    """A non-empty string without the key separator ``:``, braces, or glob
-    characters (the pub/sub pattern of a namespace's wake-ups is built from
-    it, and a glob character in it would silently match nothing)."""
+    """A non-empty string without ``:``, braces or glob characters.
+
+    ``:`` separates a key's parts; the pub/sub pattern of a namespace's
+    wake-ups is built from it, and a glob character would silently match
+    nothing.
+    """
     namespace = check_text(namespace, name)
     if any(char in namespace for char in ":{}*?[]\\"):
         raise ValueError(

@@ -176,9 +176,11 @@ class SchedulerActor:
         self._queue(message)
 
     def _queue(self, message: SchedulerMessage) -> None:
-        """Queue ``message``; no message is handled in a caller's task again
-        until a batch has handled every queued one (``_settle``): none
-        overtakes it."""
+        """Queue ``message``, which no later message overtakes.
+
+        No message is handled in a caller's task again until a batch has
+        handled every queued one (``_settle``).
+        """
         self._plain = False
         self._inbox.send_nowait(message)
 

@@ -99,8 +99,11 @@ def check_new_backend(new_backend: object, name: str = "new_backend") -> None:
 
 
 def _copied(value: object) -> object:
-    """A mapping as a dict of its own, ``{}`` for ``None``; anything else as it
-    is, for the field's check (run after this converter) to refuse."""
+    """A mapping as a dict of its own, ``{}`` for ``None``.
+
+    Anything else is returned as it is, for the field's check (run after
+    this converter) to refuse.
+    """
     if value is None:
         return {}
     return dict(value) if isinstance(value, Mapping) else value
@@ -109,8 +112,10 @@ def _copied(value: object) -> object:
 @final
 @attrs.frozen(kw_only=True)
 class Settings:
-    """``open_dispatcher``'s keywords with its defaults (a test holds the two
-    to each other), and the factory of ``lowlevel.open_dispatcher_with``.
+    """``open_dispatcher``'s keywords, and ``lowlevel.open_dispatcher_with``'s factory.
+
+    The defaults are ``open_dispatcher``'s (a test holds the two to each
+    other).
 
     Attributes:
         provider_budgets: The providers' own budgets, by provider (the

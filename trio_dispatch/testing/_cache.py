@@ -25,8 +25,11 @@ if TYPE_CHECKING:
 @final
 @attrs.frozen
 class CacheUsage:
-    """How one request's prompt splits: tokens neither read from the cache nor
-    written to it, read from it, and written to it (Anthropic only)."""
+    """How one request's prompt splits between the cache and the rest.
+
+    Tokens neither read from the cache nor written to it, read from it, and
+    written to it (Anthropic only).
+    """
 
     input_tokens: int
     read_tokens: int

@@ -29,9 +29,11 @@ if TYPE_CHECKING:
 
 @attrs.frozen
 class WireEvent:
-    """One server-sent event's bytes, whether it carries a token, the stream
-    events our decoders yield for it, and why they refuse it as
-    ``MalformedStream``, if they do."""
+    """One server-sent event's bytes, and what our decoders make of it.
+
+    Whether it carries a token, the stream events the decoders yield for
+    it, and why they refuse it as ``MalformedStream``, if they do.
+    """
 
     data: bytes
     token: bool = False

@@ -86,8 +86,11 @@ class FairnessConfig:
 @final
 @attrs.frozen
 class FairnessRow:
-    """One policy at one sweep point (``shape`` as ``"1-8"``), with its turn
-    latency at each of ``FAIRNESS_QUANTILES``."""
+    """One policy at one sweep point.
+
+    ``shape`` reads as ``"1-8"``; ``latency_quantiles`` is the turn latency
+    at each of ``FAIRNESS_QUANTILES``.
+    """
 
     load: float
     shape: str
@@ -329,8 +332,11 @@ def _ordered(policies: list[str]) -> list[str]:
 
 
 def _readable_log_axis(axis: Any, *, symlog: bool = False) -> None:  # noqa: ANN401 (a matplotlib Axis)
-    """Log ticks as plain numbers: 1, 2 and 5 of each decade, or only decades
-    when the axis spans more than three (``symlog``: linear around 0)."""
+    """Log ticks as plain numbers.
+
+    1, 2 and 5 of each decade, or only decades when the axis spans more
+    than three (``symlog``: linear around 0).
+    """
     from matplotlib.ticker import (  # noqa: PLC0415  # optional dependency
         FuncFormatter,
         LogLocator,
@@ -350,8 +356,11 @@ def _readable_log_axis(axis: Any, *, symlog: bool = False) -> None:  # noqa: ANN
 
 
 def _scale(ax: Any, which: str, values: list[float]) -> None:  # noqa: ANN401 (a matplotlib Axes)
-    """Log scale where ``values`` span more than a decade, else linear; with
-    zeros among them (no limit never waits), linear up to 1 s and log above."""
+    """Log scale where ``values`` span more than a decade, else linear.
+
+    With zeros among them (no limit never waits): linear up to 1 s and log
+    above.
+    """
     finite = [v for v in values if math.isfinite(v)]
     high = max(finite, default=0.0)
     positive = [v for v in finite if v > 0]

@@ -178,8 +178,11 @@ class _Key:
 @final
 @attrs.frozen
 class Refusal:
-    """Why a request was refused (``"too_large"``: more tokens than the bucket
-    can ever hold), and seconds until enough is back (``None``: unknown)."""
+    """Why a request was refused, and seconds until enough is back.
+
+    ``"too_large"``: more tokens than the bucket can ever hold;
+    ``retry_after`` is ``None`` when unknown.
+    """
 
     reason: Literal["requests", "tokens", "too_large", "concurrency"]
     retry_after: float | None

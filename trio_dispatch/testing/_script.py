@@ -251,8 +251,10 @@ def token_delay(reply: FakeReply, tokens_sent: int) -> float:
 
 
 def strike_index(reply: FakeReply, events: int) -> int | None:
-    """Before which of the ``events`` before the terminator its stream fault
-    strikes (``events``: just before the terminator); ``None``: no fault."""
+    """Before which of the ``events`` before the terminator its fault strikes.
+
+    ``events`` means just before the terminator; ``None``, no stream fault.
+    """
     fault = reply.fault
     if fault is None:
         return None

@@ -194,8 +194,11 @@ class ScriptedProvider:
         return self._playlist.pick(fake)
 
     def _status_error(self, fault: Fault) -> ProviderError:
-        """What the HTTP providers raise for ``fault``'s answer; ``on_rate_limits``
-        hears of its retry headers, which its ``rate_limits`` carries."""
+        """What the HTTP providers raise for ``fault``'s answer.
+
+        ``on_rate_limits`` hears of its retry headers, which its
+        ``rate_limits`` carries.
+        """
         status, headers, body = status_fault_answer(self._wire, fault)
         # Read back as the providers read the headers: retry-after-ms first.
         found = {name: float(value) for name, value in headers}

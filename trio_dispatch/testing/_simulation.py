@@ -63,8 +63,11 @@ POLICIES: tuple[PolicyName, ...] = ("oldest-first", "fifo", "random", "none")
 @final
 @attrs.frozen
 class SimulationResult:
-    """Everything one simulation run recorded: its ``policy``, one record per
-    turn and one per provider, in scenario order."""
+    """Everything one simulation run recorded.
+
+    Its ``policy``, one record per turn and one per provider, in scenario
+    order.
+    """
 
     policy: str
     turns: tuple[TurnRecord, ...]

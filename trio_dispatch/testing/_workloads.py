@@ -245,8 +245,10 @@ class TurnSpec:
 @final
 @attrs.frozen
 class Scenario:
-    """A concrete workload: providers (unique names) and every turn, in any
-    order; a call answered 429 is sent at most ``max_attempts`` times."""
+    """A concrete workload: providers (unique names) and every turn, in any order.
+
+    A call answered 429 is sent at most ``max_attempts`` times.
+    """
 
     providers: tuple[SimProvider, ...] = attrs.field(converter=_to_provider_tuple)
     turns: tuple[TurnSpec, ...] = attrs.field(converter=_to_turn_tuple)
