@@ -495,6 +495,12 @@ class _Wakeups:
 _SEMAPHORE_POLL: Final = 1.0
 
 
+async def _ready() -> None:
+    """Tell the fleet's parent this process is ready; return once all are."""
+    print("ready", flush=True)
+    await trio.to_thread.run_sync(sys.stdin.readline)
+
+
 async def _semaphore_worker(settings: dict[str, Any]) -> None:
     """One process of the plain semaphore's fleet: prints its grants as JSON."""
     namespace = settings["namespace"]
@@ -534,7 +540,7 @@ async def _semaphore_worker(settings: dict[str, Any]) -> None:
         connection = await pool.get_connection()
         pool.release(connection)
         limit = str(settings["limit"])
-        await trio.sleep(max(0.0, settings["start"] - time.time()))
+        await _ready()
 
         async def cycle() -> None:
             nonlocal holding, peak
@@ -581,8 +587,7 @@ async def _worker(settings: dict[str, Any]) -> None:
         namespace=settings["namespace"],
         lease=5.0,
     ) as dispatcher:
-        # Everyone starts together, at a wall-clock instant.
-        await trio.sleep(max(0.0, settings["start"] - time.time()))
+        await _ready()
 
         async def cycle() -> None:
             nonlocal holding, peak
@@ -652,7 +657,6 @@ def _fleet(
     if semaphore:
         # Loaded once here, as a deployment would: the workers run them.
         trio.run(_load_semaphore, redis_url)
-    start = time.time() + 1.5 + 0.2 * processes
     settings = {
         "redis_url": redis_url,
         "namespace": namespace,
@@ -660,18 +664,35 @@ def _fleet(
         "tasks": sizes.fleet_tasks,
         "cycles": sizes.fleet_cycles,
         "hold": sizes.hold,
-        "start": start,
         "semaphore": semaphore,
     }
     before = trio.run(_counts_at, redis_url)
     workers = [
         subprocess.Popen(
             [sys.executable, __file__, "--worker", json.dumps(settings)],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
         for _ in range(processes)
     ]
-    outputs = [json.loads(w.communicate()[0]) for w in workers]
+    # Everyone starts together, once every process is ready: a wall-clock
+    # instant fixed in advance let a process slow to start on a busy
+    # machine begin after the others had finished, and the fleet take
+    # turns instead of contending.
+    pipes = [(w.stdin, w.stdout) for w in workers]
+    for _, stdout in pipes:
+        assert stdout is not None
+        if stdout.readline() != b"ready\n":
+            raise RuntimeError("a worker of the fleet failed to start")
+    for stdin, _ in pipes:
+        assert stdin is not None
+        stdin.write(b"go\n")
+        stdin.close()
+    outputs = []
+    for w, (_, stdout) in zip(workers, pipes, strict=True):
+        assert stdout is not None
+        with w:
+            outputs.append(json.loads(stdout.read()))
     after = trio.run(_counts_at, redis_url)
     commands = {
         name: calls - before.get(name, 0)

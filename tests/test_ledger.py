@@ -212,6 +212,38 @@ async def test_a_step_on_the_grant_path_runs_few_server_calls(
     }
 
 
+async def test_an_entry_granted_in_the_step_that_queues_it_is_never_written(
+    client: coredis.Redis[str],
+) -> None:
+    book = ledger(client)
+    await book.set_limit("p", 2)
+    a1, a2, b1, b2 = m("a:1"), m("a:2"), m("b:1"), m("b:2")
+    await book.step("p", "a", enqueue=[(a1, 0.0)], recheck=False)
+    await book.step("p", "b", enqueue=[(b1, 1.0)], recheck=False)
+    before = await calls_of(client)
+    # a's slot given back and its next entry granted in the same round: the
+    # lease written, the entry neither queued nor removed.
+    taken = await book.step(
+        "p", "a", release=["a:1"], enqueue=[(a2, 2.0)], recheck=False
+    )
+    assert taken.granted == [a2]
+    after = await calls_of(client)
+    assert after["zadd"] - before.get("zadd", 0) == 2  # the lease, the process
+    assert after["zrem"] - before.get("zrem", 0) == 1  # the lease given back
+    # With no slot free, a newcomer is queued as before.
+    late = await book.step("p", "b", enqueue=[(b2, 3.0)], waiting=1, recheck=False)
+    assert late.granted == []
+    queue = keys_of("ns", "p")[1]
+    assert list(await client.zrange(queue, 0, -1)) == [b2]
+    # Sent again once a slot is free (a renewal), a queued entry is granted
+    # and leaves the queue.
+    await book.step("p", "a", release=["a:2"], recheck=False)
+    again = await book.step("p", "b", enqueue=[(b2, 3.0)], recheck=False)
+    assert again.granted == [b2]
+    assert await client.zcard(queue) == 0
+    assert await client.zcard(keys_of("ns", "p")[2]) == 0
+
+
 def test_a_wake_up_says_which_processes_it_is_for() -> None:
     assert wakes(None, "a")
     assert wakes("wake", "a")

@@ -553,7 +553,8 @@ class Ledger:
         request used: its charge is corrected); releases ``release`` (lease
         ids), withdraws ``withdraw`` (members, and their leases if they
         have any), enqueues or renews ``enqueue`` (member and wall-clock
-        start; ``costs`` gives a member's estimated tokens), renews
+        start, a member's start the same each time it is sent; ``costs``
+        gives a member's estimated tokens), renews
         ``renew_leases`` (adding them back if they are gone), marks
         ``answered`` leases as counted by the provider, learns from
         ``observed`` (the provider's figures) and ``observed_models`` (each
