@@ -347,8 +347,11 @@ async def _handoffs(
     namespace: str,
     tenants: tuple[str, ...] = (),
 ) -> float:
-    """Contended hand-offs per second; with ``tenants``, the tasks take turns
-    being theirs (so the fleet counts tenants)."""
+    """Contended hand-offs per second.
+
+    With ``tenants``, the tasks take turns being theirs (so the fleet counts
+    tenants).
+    """
     async with open_dispatcher(
         {_PROVIDER: sizes.limit},
         tenants={name: Tenant() for name in tenants},
