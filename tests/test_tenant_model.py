@@ -409,7 +409,7 @@ class TenantMachine(RuleBasedStateMachine):
 
 
 TenantMachine.TestCase.settings = settings(
-    max_examples=1000 if os.environ.get("CI") else 400,
+    max_examples=600 if os.environ.get("CI") else 400,
     stateful_step_count=60,
     deadline=None,
 )
