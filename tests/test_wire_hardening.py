@@ -9,6 +9,7 @@ behind its own turn.
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING, Any
 
 import httpx2
@@ -308,6 +309,10 @@ async def _never(arguments: dict[str, Any]) -> str:
         (
             {"type": "object", "properties": {"a": {"enum": {1, 2}}}},
             r"^tool parameters must be JSON: Object of type set is not JSON serializable$",
+        ),
+        (
+            {"type": "object", "properties": {"a": {"maximum": math.nan}}},
+            r"^tool parameters must be JSON: Out of range float values are not JSON compliant(: nan)?$",
         ),
     ],
 )

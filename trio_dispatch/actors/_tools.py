@@ -68,7 +68,7 @@ def _check_parameters(_tool: object, _attribute: object, value: Any) -> None:  #
             f"tool parameters must be an object schema, got type {value['type']!r}"
         )
     try:
-        json.dumps(value)
+        json.dumps(value, allow_nan=False)  # as ToolSpec: no NaN or infinity
     except (TypeError, ValueError) as exc:
         raise ValueError(f"tool parameters must be JSON: {exc}") from None
     problem = _schema_problem(value, "$")
