@@ -343,3 +343,10 @@ class ChatRequest:
                 "stable_prefix must be at most the number of messages"
                 f" ({len(self.messages)}), got {value}"
             )
+
+
+def check_chat_request(request: object) -> ChatRequest:
+    """``request``, if it is a ``ChatRequest``: what a provider's ``stream`` takes."""
+    if not isinstance(request, ChatRequest):
+        raise TypeError(f"request must be a ChatRequest, got {request!r}")
+    return request

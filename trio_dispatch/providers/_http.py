@@ -35,7 +35,7 @@ import trio
 from .._exceptions import MalformedStream, ProviderError, RequestFailed
 from .._hooks import RateLimitHooks
 from .._validation import check_seconds
-from ..messages import ChatRequest
+from ..messages._chat import check_chat_request
 from ._checks import check_api_key, check_base_url, check_headers, check_secret_text
 from ._errors import (
     ERROR_BODY_LIMIT,
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
     from .._provider import RateLimitObserver, RateLimitReporter
     from .._ratelimits import RateLimitInfo
-    from ..messages import StreamEvent
+    from ..messages import ChatRequest, StreamEvent
     from ._decode import WireDecoder
     from ._sse import ServerSentEvent
 
@@ -178,8 +178,7 @@ class ProviderBase:
         Raises:
             TypeError: ``request`` is not a ``ChatRequest``.
         """
-        if not isinstance(request, ChatRequest):
-            raise TypeError(f"request must be a ChatRequest, got {request!r}")
+        check_chat_request(request)
         try:
             content = json.dumps(self._body(request)).encode()
         except RecursionError:

@@ -26,7 +26,7 @@ from .._hooks import RateLimitHooks
 from .._ratelimits import RateLimitInfo
 from .._validation import check_seconds, check_text
 from .._wire import error_for_status, error_for_type
-from ..messages import ChatRequest
+from ..messages._chat import check_chat_request
 from ._encoders import STREAM_ERROR_MESSAGE, encode_reply, status_fault_answer
 from ._script import (
     ROUTES,
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from .._provider import RateLimitObserver, RateLimitReporter
-    from ..messages import StreamEvent
+    from ..messages import ChatRequest, StreamEvent
     from ._encoders import WireEvent
     from ._script import FakeReply, Fault, WireFormat
 
@@ -151,9 +151,7 @@ class ScriptedProvider:
 
     def stream(self, request: ChatRequest) -> _ScriptedStream:
         """Play the answer to ``request`` once entered; see ``Provider.stream``."""
-        if not isinstance(request, ChatRequest):
-            raise TypeError(f"request must be a ChatRequest, got {request!r}")
-        return _ScriptedStream(self, request)
+        return _ScriptedStream(self, check_chat_request(request))
 
     async def aclose(self) -> None:
         """Refuse later streams with ``RequestFailed``, as a closed client does."""
