@@ -686,10 +686,10 @@ if not limit or limit == 'none' then
     local order = {}
     for m, _ in pairs(asking) do
       local score = redis.call('ZSCORE', queue, m)
-      if score then order[#order + 1] = {tonumber(score), m} end
+      if score then order[#order + 1] = {m = m, score = tonumber(score)} end
     end
-    table.sort(order, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
-    for _, e in ipairs(order) do grant(e[2], 0) end
+    table.sort(order, before)
+    for _, e in ipairs(order) do grant(e.m, 0) end
   end
 elseif pause == 0 then
   local free = tonumber(limit) - in_flight
