@@ -68,7 +68,26 @@ class ScriptedProvider:
     A script's ``choose`` gets a ``FakeRequest`` whose ``chat`` is the
     ``ChatRequest`` (there is no wire body), so a reply without
     ``input_tokens`` is estimated from the request's text (a token per four
-    characters), not from its JSON as the server does.
+    characters), not from its JSON as the server does. The provider keeps
+    every request it was asked (``requests``) and the fake server's
+    statistics.
+
+    Example, with ``add`` a ``Tool`` that adds ``a`` and ``b``::
+
+        call = FakeToolCall("add", {"a": 2, "b": 2})
+        provider = ScriptedProvider(
+            FakeScript(
+                replies=(
+                    FakeReply(text="", tool_calls=(call,)),
+                    FakeReply(text="it is 4", time_to_first_token=0.5),
+                )
+            )
+        )
+        async with open_dispatcher({provider.id: 1}) as dispatcher:
+            conversation = dispatcher.start_conversation(provider, tools=[add])
+            result = await conversation.ask("what is 2 + 2?")
+        assert result.text == "it is 4"
+        assert len(provider.requests) == 2
 
     Args:
         script: What to answer; a default ``FakeScript`` if not given.
@@ -85,7 +104,9 @@ class ScriptedProvider:
             error is raised; an exception it raises is logged.
 
     Raises:
-        TypeError: An argument of the wrong type.
+        TypeError: ``script`` is not a ``FakeScript``, ``id`` not a string,
+            ``read_timeout`` not a number, or ``on_rate_limit`` or
+            ``on_rate_limits`` not callable.
         ValueError: ``id`` is empty, ``wire`` unknown, or ``read_timeout``
             not a positive number of seconds.
     """
