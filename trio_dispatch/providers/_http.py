@@ -34,7 +34,7 @@ import trio
 
 from .._exceptions import MalformedStream, ProviderError, RequestFailed
 from .._hooks import RateLimitHooks
-from .._validation import check_seconds
+from .._validation import check_seconds, redact_url
 from ..messages._chat import check_chat_request
 from ._checks import check_api_key, check_base_url, check_headers, check_secret_text
 from ._errors import (
@@ -151,7 +151,8 @@ class ProviderBase:
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}(id={self._id!r}, base_url={self._base_url!r}, "
+            f"{type(self).__name__}(id={self._id!r}, "
+            f"base_url={redact_url(self._base_url)!r}, "
             f"model={self._model!r})"
         )
 

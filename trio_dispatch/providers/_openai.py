@@ -436,7 +436,9 @@ class OpenAIProvider(ProviderBase):
         id: The provider's id, as the dispatcher knows it.
         base_url: The API root including its version, as the official SDK
             takes it: ``https://api.openai.com/v1``. A trailing slash is
-            dropped; requests go to ``{base_url}/chat/completions``.
+            dropped; requests go to ``{base_url}/chat/completions``. A
+            gateway's credentials in it (``https://user:password@proxy/v1``)
+            are masked wherever the provider shows it (its repr, errors).
         api_key: Sent as ``Authorization: Bearer ...``. Never shown in a
             repr, a log line or an error message. It must be printable
             ASCII without spaces: a key with a trailing line break (as read
