@@ -534,6 +534,7 @@ async def test_a_base_url_with_credentials_is_shown_without_them(
     base_url = f"https://user:{PROXY_PASSWORD}@proxy/v1"
     async with httpx2.AsyncClient(transport=httpx2.MockTransport(refuse)) as client:
         provider = make(api_key="k", base_url=base_url, client=client)
+        assert isinstance(provider, OpenAIProvider | AnthropicProvider)
         assert provider.base_url == base_url  # what requests go to, as given
         assert repr(provider) == (
             f"{type(provider).__name__}(id={provider.id!r},"
