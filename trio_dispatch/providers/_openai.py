@@ -450,9 +450,10 @@ class OpenAIProvider(ProviderBase):
             refused with ``TypeError``.
         connect_timeout: Seconds to connect, or to wait for a pooled
             connection.
-        read_timeout: Seconds to wait for any data: for the response to
-            start, and between chunks. A stalled stream ends as
-            ``ProviderConnectionError`` after this long.
+        read_timeout: Seconds to wait for the response to start, and then
+            for each event of the stream: comments (``: keepalive``) do not
+            count. A stalled stream ends as ``ProviderConnectionError``
+            after this long without an event.
         extra_headers: More headers for every request (an organisation id,
             a proxy's routing header). Names must be HTTP tokens and values
             printable ASCII; a bad value is refused without being shown,
