@@ -358,7 +358,7 @@ async def test_a_stream_of_comments_alone_stalls_at_the_read_timeout(
     # Bytes every 0.25 s, but no event after the first: the read timeout
     # counts time without an event, not without a byte.
     first = wire.text_stream("a", finish=False, terminator=False).encode()
-    trickle = itertools.cycle([0.25, KEEPALIVE])
+    trickle: Iterable[bytes | float] = itertools.cycle([0.25, KEEPALIVE])
     provider = paced(wire, itertools.chain([first], trickle), read_timeout=1)
     with trio.fail_after(30):  # unfixed, the stream never ends
         async with provider, provider.stream(HELLO) as events:
