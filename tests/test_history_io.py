@@ -96,6 +96,14 @@ def result(call_id: str) -> ChatMessage:
     return ChatMessage("tool", "ok", tool_call_id=call_id)
 
 
+def nested(depth: int) -> list[Any]:
+    """An empty list inside ``depth`` lists."""
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 BROKEN = [
     pytest.param(
         [USER, result("a")],
@@ -190,6 +198,12 @@ GOOD = {"role": "user", "content": "hi"}
             json.dumps({"version": 1, "messages": [{"role": "tool", "content": "x"}]}),
             "history message 0: a tool message needs the tool_call_id it answers",
         ),
+        ("[" * 100_000 + "]" * 100_000, "history is nested too deeply to read"),
+        (
+            json.dumps({"version": 1, "messages": [{"role": "user", "content": "x", "name": "NEST"}]})
+            .replace('"NEST"', "[" * 100_000 + "]" * 100_000),
+            "history is nested too deeply to read",
+        ),
     ],
 )  # fmt: skip
 def test_a_malformed_history_is_refused_on_load(text: str, message: str) -> None:
@@ -205,6 +219,8 @@ def test_a_malformed_history_is_refused_on_load(text: str, message: str) -> None
         (dump_history, [USER, "hi"], TypeError, "history message 1 must be a ChatMessage, got 'hi'"),
         (dump_history, [ChatMessage("assistant", "", tool_calls=[ToolCall("n", "f", {"x": float("nan")})]), result("n")],
          ValueError, "history message 0: its tool call arguments hold a value JSON cannot carry"),
+        (dump_history, [USER, ChatMessage("assistant", "", tool_calls=[ToolCall("n", "f", {"x": nested(5000)})]), result("n")],
+         ValueError, "history message 1: its tool call arguments are nested too deeply"),
     ],
 )  # fmt: skip
 def test_history_functions_check_their_arguments(
@@ -215,6 +231,39 @@ def test_history_functions_check_their_arguments(
 ) -> None:
     with pytest.raises(error, match=rf"^{_escaped(message)}$"):
         function(argument)
+
+
+class CountedId(str):
+    """A tool call id that counts how often any id is compared with it."""
+
+    __slots__ = ()
+    compared = 0
+
+    def __eq__(self, other: object) -> bool:
+        CountedId.compared += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def test_checking_a_message_of_many_tool_calls_compares_each_id_a_few_times() -> None:
+    # Results answered last call first: a list's `in` compares each with
+    # every call still pending, n * n / 2 in all; a set or dict, once each.
+    n = 2_000
+    calls = [ToolCall(CountedId(f"call_{i}"), "add") for i in range(n)]
+    answers = [result(CountedId(f"call_{i}")) for i in reversed(range(n))]
+    history = [USER, ChatMessage("assistant", "", tool_calls=calls), *answers]
+    CountedId.compared = 0
+    text = dump_history(history)
+    assert CountedId.compared <= 3 * n
+    assert load_history(text) == tuple(history)
+    with pytest.raises(
+        ValueError,
+        match=r"^history message 1: tool calls 'call_0', 'call_1' have no result right after it$",
+    ):
+        dump_history(
+            [USER, ChatMessage("assistant", "", tool_calls=calls), *answers[:-2]]
+        )
 
 
 # -- starting from a history, and resuming after a restart -------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx2
 import pytest
@@ -14,6 +14,14 @@ import trio.testing
 
 from trio_dispatch import ConversationOptions, QueueFull, open_dispatcher
 from trio_dispatch.providers import OpenAIProvider
+from trio_dispatch.testing import (
+    FakeReply,
+    FakeScript,
+    FakeToolCall,
+    ScriptedProvider,
+)
+
+from ._rigs import tool
 
 if TYPE_CHECKING:
     from trio_dispatch import Dispatcher
@@ -98,4 +106,63 @@ async def test_a_limit_set_before_any_request_is_logged(
         dispatcher.set_limit("p", 4)
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("INFO", "provider 'p': limit 4 (was none)")
+    ]
+
+
+async def lookup(arguments: dict[str, Any]) -> str:
+    await trio.lowlevel.checkpoint()
+    raise RuntimeError("db down")
+
+
+def calls_then_answers(name: str) -> ScriptedProvider:
+    """A model that calls the tool ``name`` once, then answers ``done``."""
+    call = FakeReply(text="", tool_calls=(FakeToolCall(name, {}, id="t"),))
+    script = FakeScript(default=FakeReply(text="done"), replies=(call,))
+    return ScriptedProvider(script, id="memory")
+
+
+async def test_a_failing_tool_is_logged_with_its_traceback_and_the_model_reads_it(
+    caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="trio_dispatch")
+    provider = calls_then_answers("lookup")
+    async with open_dispatcher({"memory": 1}) as dispatcher:
+        conversation = dispatcher.start_conversation(
+            provider, conversation_id="c-1", tools=[tool("lookup", lookup)]
+        )
+        await conversation.ask("go")
+    assert conversation.history[2].content == "error: db down"
+    [record] = [r for r in caplog.records if "tool" in r.getMessage()]
+    assert (record.name, record.levelno, record.getMessage()) == (
+        "trio_dispatch",
+        logging.WARNING,
+        "conversation 'c-1': tool 'lookup' failed; the model reads 'error: db down'",
+    )
+    assert record.exc_info is not None
+    assert isinstance(record.exc_info[1], RuntimeError)
+    assert 'raise RuntimeError("db down")' in caplog.text  # the tool's own frame
+
+
+async def test_a_tool_cancelled_with_its_turn_is_not_logged_as_a_failure(
+    caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    started = trio.Event()
+
+    async def wait(arguments: dict[str, Any]) -> str:
+        started.set()
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    caplog.set_level(logging.DEBUG, logger="trio_dispatch")
+    provider = calls_then_answers("wait")
+    async with open_dispatcher({"memory": 1}) as dispatcher:
+        conversation = dispatcher.start_conversation(
+            provider, tools=[tool("wait", wait)]
+        )
+        with trio.move_on_after(5) as scope:
+            await conversation.ask("go")
+    assert scope.cancelled_caught
+    assert started.is_set()
+    assert [r.getMessage() for r in caplog.records] == [
+        "provider 'memory': limit 1 (was none)"
     ]

@@ -14,6 +14,7 @@ fake LLM server.
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import logging
 import re
@@ -47,9 +48,11 @@ from trio_dispatch.testing import FakeReply, FakeScript, Fault, open_fake_llm_se
 from ._wires import HELLO, SSE_HEADERS, WIRES, Wire, collect
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Iterable
 
     from trio_dispatch.testing import FakeLLMServer
+
+    from ._wires import HTTPProvider
 
 
 @pytest.fixture(params=WIRES, ids=lambda wire: wire.name)
@@ -320,6 +323,74 @@ async def test_failures_in_the_middle_of_the_stream(
                 received.append(event)
     assert received == [TextDelta("a")]
     assert str(caught.value) == f"{wire.name}: {message}"
+
+
+class _Paced(httpx2.AsyncByteStream):
+    """A body of ``parts``: bytes to send, or seconds to wait before the next."""
+
+    def __init__(self, parts: Iterable[bytes | float]) -> None:
+        self._parts = parts
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for part in self._parts:
+            if isinstance(part, bytes):
+                yield part
+            else:
+                await trio.sleep(part)
+
+
+KEEPALIVE = b": keepalive\n\n"
+
+
+def paced(wire: Wire, parts: Iterable[bytes | float], **kwargs: Any) -> HTTPProvider:  # noqa: ANN401 (the constructor's keywords)
+    """A provider whose every answer is ``parts``, paced on the trio clock."""
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, headers=SSE_HEADERS, stream=_Paced(parts))
+
+    client = httpx2.AsyncClient(transport=httpx2.MockTransport(handler))
+    return wire.provider(client=client, **kwargs)
+
+
+async def test_a_stream_of_comments_alone_stalls_at_the_read_timeout(
+    wire: Wire, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Bytes every 0.25 s, but no event after the first: the read timeout
+    # counts time without an event, not without a byte.
+    first = wire.text_stream("a", finish=False, terminator=False).encode()
+    trickle: Iterable[bytes | float] = itertools.cycle([0.25, KEEPALIVE])
+    provider = paced(wire, itertools.chain([first], trickle), read_timeout=1)
+    with trio.fail_after(30):  # unfixed, the stream never ends
+        async with provider, provider.stream(HELLO) as events:
+            assert await events.__anext__() == TextDelta("a")
+            started = trio.current_time()
+            with pytest.raises(
+                ProviderConnectionError,
+                match=rf"^{wire.name}: the stream stalled: no data for 1 s$",
+            ):
+                await events.__anext__()
+            assert trio.current_time() - started == 1.0
+
+
+async def test_events_within_the_read_timeout_keep_a_slow_stream_alive(
+    wire: Wire, autojump_clock: trio.testing.MockClock
+) -> None:
+    # An event every 0.75 s, with comments between: 1 s never passes without one.
+    whole = wire.text_stream("a", "b", "c").encode()
+    events = [event + b"\n\n" for event in whole.split(b"\n\n") if event.strip()]
+    parts: list[bytes | float] = [events[0]]
+    for event in events[1:]:
+        parts += [0.5, KEEPALIVE, 0.25, event]
+    provider = paced(wire, parts, read_timeout=1)
+    async with provider:
+        received = await collect(provider)
+    assert [e for e in received if isinstance(e, TextDelta)] == [
+        TextDelta("a"),
+        TextDelta("b"),
+        TextDelta("c"),
+    ]
+    assert isinstance(received[-1], Finish | Usage)
+    assert trio.current_time() == 0.75 * (len(events) - 1)
 
 
 async def test_connection_refused(wire: Wire) -> None:

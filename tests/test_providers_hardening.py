@@ -470,7 +470,7 @@ async def test_a_key_echoed_escaped_in_an_error_event_is_redacted(
         ("https:///v1", r"^base_url must name a host, got 'https:///v1'$"),
         (
             "http://x/v1?key=1",
-            r"^base_url must not have a query or fragment, got 'http://x/v1\?key=1'$",
+            r"^base_url must not have a query or fragment, got 'http://x/v1\?key=\*\*\*'$",
         ),
         (
             "http://x/v1#top",
@@ -484,6 +484,68 @@ def test_a_base_url_httpx_would_refuse_is_refused_when_the_provider_is_made(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         make(api_key="k", base_url=base_url)
+
+
+PROXY_PASSWORD = "pr0xy-pa55w0rd"
+
+
+@pytest.mark.parametrize(
+    ("base_url", "message"),
+    [
+        (
+            f"https://user:{PROXY_PASSWORD}@proxy/v1?api-key=s3cr3t-k3y",
+            "base_url must not have a query or fragment,"
+            " got 'https://***@proxy/v1?api-key=***'",
+        ),
+        (
+            f"ftp://user:{PROXY_PASSWORD}@proxy/v1",
+            "base_url must start with http:// or https://, got 'ftp://***@proxy/v1'",
+        ),
+        (
+            f"https://user:{PROXY_PASSWORD}@proxy/v1\x00",
+            "base_url must be a valid URL, got 'https://***@proxy/v1\\x00'"
+            " (a control character or space at index 36)",
+        ),
+        (
+            # A '/' in the password, not percent-encoded: httpx2 reads a
+            # port out of the password, and says so.
+            f"https://user:{PROXY_PASSWORD}/x@proxy/v1",
+            "base_url must be a valid URL, got '<a URL with credentials>'",
+        ),
+    ],
+)
+@pytest.mark.parametrize("make", CONSTRUCTORS)
+def test_a_refused_base_url_is_shown_without_its_credentials(
+    make: Callable[..., Provider], base_url: str, message: str
+) -> None:
+    with pytest.raises(ValueError, match=rf"^{re.escape(message)}$") as caught:
+        make(api_key="k", base_url=base_url)
+    assert leaks(caught.value, PROXY_PASSWORD) == []
+    assert "s3cr3t" not in str(caught.value)
+
+
+@pytest.mark.parametrize("make", CONSTRUCTORS)
+async def test_a_base_url_with_credentials_is_shown_without_them(
+    make: Callable[..., Provider],
+) -> None:
+    def refuse(request: httpx2.Request) -> httpx2.Response:
+        raise httpx2.ConnectError("connection refused", request=request)
+
+    base_url = f"https://user:{PROXY_PASSWORD}@proxy/v1"
+    async with httpx2.AsyncClient(transport=httpx2.MockTransport(refuse)) as client:
+        provider = make(api_key="k", base_url=base_url, client=client)
+        assert isinstance(provider, OpenAIProvider | AnthropicProvider)
+        assert provider.base_url == base_url  # what requests go to, as given
+        assert repr(provider) == (
+            f"{type(provider).__name__}(id={provider.id!r},"
+            " base_url='https://***@proxy/v1', model='m')"
+        )
+        with pytest.raises(ProviderError) as caught:
+            await collect(provider)
+    assert str(caught.value) == (
+        f"{provider.id}: could not reach proxy: connection refused"
+    )
+    assert leaks(caught.value, PROXY_PASSWORD) == []
 
 
 @pytest.mark.parametrize("make", MAKERS)

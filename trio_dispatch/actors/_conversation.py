@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import logging
 import math
 import random
 import uuid
@@ -112,6 +113,7 @@ if TYPE_CHECKING:
     from ._dispatcher import Dispatcher
     from ._tools import Tool
 
+_logger = logging.getLogger("trio_dispatch")
 _WARM_UP_TEXT: Final = "Hello."
 # Events a streamed turn may hold before the actor waits for its reader: a
 # few, so a reader that keeps up never makes it wait, and one that stops
@@ -676,7 +678,7 @@ class Conversation(metaclass=NoPublicConstructor):
         if refusal is not None or tool is None:
             await trio.lowlevel.checkpoint()
             return f"error: {refusal}"
-        failure: BaseException | None = None
+        failures: list[BaseException] = []
         try:
             # A copy: the call's own dict is part of the history.
             output: object = await tool.run(copy.deepcopy(call.arguments))
@@ -685,10 +687,20 @@ class Conversation(metaclass=NoPublicConstructor):
             # with a nursery of its own, cancelled with its turn, may raise
             # its errors and Cancelled in one group; the Cancelled part goes
             # on (the turn is being cancelled), the rest is the failure.
-            failure = next(leaves(group))
-        if failure is not None:
-            text = str(failure)
-            return f"error: {text}" if text else f"error: {type(failure).__name__}"
+            failures = list(leaves(group))
+            shown: BaseException = failures[0] if len(failures) == 1 else group
+        if failures:
+            text = str(failures[0])
+            text = f"error: {text}" if text else f"error: {type(failures[0]).__name__}"
+            # The model reads one line; whoever runs the tool needs its traceback.
+            _logger.warning(
+                "conversation %r: tool %r failed; the model reads %r",
+                self.id,
+                call.name,
+                text,
+                exc_info=shown,
+            )
+            return text
         if not isinstance(output, str):
             return f"error: tool {call.name!r} returned {type(output).__name__}, not a string"
         return output

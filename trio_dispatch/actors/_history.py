@@ -19,7 +19,7 @@ with a ``ValueError`` naming the message's index and the rule.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Final, get_args
 
 from .._json import json_kind
@@ -41,14 +41,17 @@ def check_history(history: object) -> tuple[ChatMessage, ...]:
     """
     messages = _as_messages(history)
     seen: set[str] = set()
-    # The last assistant message that called tools, and its unanswered calls.
+    # The last assistant message that called tools, and its unanswered calls
+    # in the order it made them: a dict, so that each result costs the same
+    # however many calls the message made (a list's `in` and `remove` made
+    # a message of n calls cost n * n).
     caller: int | None = None
-    pending: list[str] = []
+    pending: dict[str | None, None] = {}
     for index, message in enumerate(messages):
         if message.role == "tool":
             call_id = message.tool_call_id
             if call_id in pending:
-                pending.remove(call_id)
+                del pending[call_id]
                 continue
             if call_id in seen:
                 rule = "a second result for tool call"
@@ -67,7 +70,7 @@ def check_history(history: object) -> tuple[ChatMessage, ...]:
                 )
             seen.add(call.id)
             caller = index
-            pending.append(call.id)
+            pending[call.id] = None
     if pending:
         raise ValueError(_unanswered(caller, pending))
     return messages
@@ -87,7 +90,7 @@ def _as_messages(history: object) -> tuple[ChatMessage, ...]:
     return messages
 
 
-def _unanswered(caller: int | None, pending: list[str]) -> str:
+def _unanswered(caller: int | None, pending: Collection[str | None]) -> str:
     ids = ", ".join(repr(call_id) for call_id in pending)
     calls = "tool call" if len(pending) == 1 else "tool calls"
     have = "has" if len(pending) == 1 else "have"
@@ -100,7 +103,8 @@ def dump_history(history: Iterable[ChatMessage]) -> str:
     Raises:
         TypeError: As ``check_history``.
         ValueError: As ``check_history``; or a tool call's arguments hold a
-            value JSON cannot carry (NaN, a set...).
+            value JSON cannot carry (NaN, a set...) or are nested too deeply
+            to write.
     """
     from .._converter import unstructure  # noqa: PLC0415 (importing the package loads no cattrs)
 
@@ -116,6 +120,10 @@ def dump_history(history: Iterable[ChatMessage]) -> str:
                 f"history message {index}: its tool call arguments hold a value"
                 " JSON cannot carry"
             ) from None
+        except RecursionError:
+            raise ValueError(
+                f"history message {index}: its tool call arguments are nested too deeply"
+            ) from None
     return f'{{"version": {HISTORY_VERSION}, "messages": [{", ".join(parts)}]}}'
 
 
@@ -127,9 +135,10 @@ def load_history(text: str | bytes) -> tuple[ChatMessage, ...]:
 
     Raises:
         TypeError: ``text`` is not a string or bytes.
-        ValueError: The text is not a history of version 1, or a message
-            in it is malformed or breaks a rule of ``check_history``; the
-            message says which, and where.
+        ValueError: The text is not a history of version 1 (or is JSON
+            nested too deeply to read), or a message in it is malformed or
+            breaks a rule of ``check_history``; the message says which, and
+            where.
     """
     if not isinstance(text, str | bytes):
         raise TypeError(f"text must be a string or bytes, got {text!r}")
@@ -137,6 +146,8 @@ def load_history(text: str | bytes) -> tuple[ChatMessage, ...]:
         document = json.loads(text)
     except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
         raise ValueError(f"history is not valid JSON: {error}") from None
+    except RecursionError:
+        raise ValueError("history is nested too deeply to read") from None
     if not isinstance(document, Mapping):
         raise ValueError(
             f"history must be a JSON object with a version and messages,"

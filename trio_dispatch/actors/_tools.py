@@ -169,7 +169,9 @@ class Tool:
             an object with an ``async def __call__`` or a
             ``functools.partial`` of one of these will do, a plain function
             is refused with ``TypeError``. An exception it raises goes back
-            to the model as an error result; it does not end the turn.
+            to the model as an error result; it does not end the turn, and
+            is logged at WARNING on the ``trio_dispatch`` logger with its
+            traceback.
     """
 
     name: str = attrs.field(validator=_check_name)

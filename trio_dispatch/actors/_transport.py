@@ -24,6 +24,11 @@ Either way the body's connection is closed before the slot goes back, so
 the provider never sees more streams than the limit. A later read raises
 ``SlotHoldTimeout``.
 
+The body's bytes go to the SDK as they come, unread: a server that sends
+comments alone (``: keepalive``), never an event, restarts the SDK's read
+timeout with every one, and only ``max_hold`` ends it (our providers count
+their read timeout from event to event instead).
+
 With ``redis_url``, the slot's lease is a deadline too: the same scopes
 and timer end at the earlier of the two, and the lease's moves with every
 renewal (the shared scheduler tells the slot, which tells its hold). A

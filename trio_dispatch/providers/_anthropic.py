@@ -468,6 +468,7 @@ class AnthropicProvider(ProviderBase):
         id: The provider's id, as the dispatcher knows it.
         base_url: The API root without the version, as the official SDK
             takes it; requests go to ``{base_url}/v1/messages``.
+            Credentials in it are masked, as ``OpenAIProvider`` does.
         api_key: Sent as ``x-api-key``; checked, and never shown, as
             ``OpenAIProvider`` does.
         model: The model to ask for.

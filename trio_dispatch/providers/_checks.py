@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Final
 
 import httpx2
 
+from .._validation import redact_url
+
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
@@ -114,13 +116,16 @@ def check_base_url(value: object) -> str:
     built, with an error outside the ``ProviderError`` tree.
     """
     url = check_secret_text(value, "base_url")
+    # A gateway's URL may carry credentials (user:password@, ?api-key=):
+    # every message shows it redacted, as the Redis URL is.
+    shown = redact_url(url)
     if not url.startswith(("http://", "https://")):
-        raise ValueError(f"base_url must start with http:// or https://, got {url!r}")
+        raise ValueError(f"base_url must start with http:// or https://, got {shown!r}")
     for index, char in enumerate(url):
         # Checked here rather than by httpx2, whose wording varies by version.
         if char <= " " or char == "\x7f":
             raise ValueError(
-                f"base_url must be a valid URL, got {url!r}"
+                f"base_url must be a valid URL, got {shown!r}"
                 f" (a control character or space at index {index})"
             )
     try:
@@ -128,12 +133,15 @@ def check_base_url(value: object) -> str:
     except httpx2.InvalidURL as exc:
         reason = str(exc).rstrip(".")
         reason = reason[:1].lower() + reason[1:]
+        # httpx2's reason quotes a part of the URL (a port, a host), which
+        # may be a piece of a password: kept only for a URL without any.
+        detail = f" ({reason})" if shown == url else ""
         raise ValueError(
-            f"base_url must be a valid URL, got {url!r} ({reason})"
+            f"base_url must be a valid URL, got {shown!r}{detail}"
         ) from None
     if not host:
-        raise ValueError(f"base_url must name a host, got {url!r}")
+        raise ValueError(f"base_url must name a host, got {shown!r}")
     if "?" in url or "#" in url:
         # The request's path is appended to base_url, after a query would be.
-        raise ValueError(f"base_url must not have a query or fragment, got {url!r}")
+        raise ValueError(f"base_url must not have a query or fragment, got {shown!r}")
     return url.rstrip("/")

@@ -18,6 +18,8 @@ exceptions in one module::
                                         type and message and Retry-After
     reading the body                read_error
       httpx2.TimeoutException         ProviderConnectionError: stalled
+      no event for the read timeout   stalled_error (the same), raised by
+        (comments, or nothing)          EventStream
       httpx2.ReadError,               StreamInterrupted: the connection dropped
       RemoteProtocolError
       other httpx2.TransportError     ProviderConnectionError: the stream failed
@@ -273,6 +275,18 @@ def error_kind(error: Mapping[str, object]) -> str | None:
     return kind
 
 
+def stalled_error(provider: str, read_timeout: float) -> ProviderConnectionError:
+    """The error of a stream that sent no event for ``read_timeout`` seconds.
+
+    Whether it sent nothing at all or only comments (``: keepalive``), the
+    stream holds a slot and answers nothing.
+    """
+    return ProviderConnectionError(
+        f"{provider}: the stream stalled: no data for {read_timeout:g} s",
+        provider=provider,
+    )
+
+
 def read_error(
     provider: str, exc: Exception, read_timeout: float, redact: Callable[[str], str]
 ) -> ProviderError:
@@ -282,10 +296,7 @@ def read_error(
     ``RequestFailed``.
     """
     if isinstance(exc, httpx2.TimeoutException):
-        return ProviderConnectionError(
-            f"{provider}: the stream stalled: no data for {read_timeout:g} s",
-            provider=provider,
-        )
+        return stalled_error(provider, read_timeout)
     if isinstance(exc, httpx2.RemoteProtocolError | httpx2.ReadError):
         return StreamInterrupted(
             f"{provider}: the connection dropped in the middle of the stream",

@@ -14,7 +14,9 @@ A provider supplies its wire format's path, headers, body and decoder
   that sends the request on entry, raises the typed status error there,
   iterates events, and closes the response on exit, shielded, whatever
   happened. The body's bytes go through ``SSEDecoder`` (``_sse.py``), then
-  through the wire format's decoder.
+  through the wire format's decoder. The read timeout counts the time
+  without an event, not without a byte: a server that sends only
+  comments (``: keepalive``) stalls like one that sends nothing.
 * What goes wrong becomes a ``ProviderError`` subclass right where it is
   caught, through the mappings in ``_errors.py``, and is raised after the
   ``except`` clause, so the httpx2 exception (which holds the request, key
@@ -26,6 +28,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import math
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Self, final
 
@@ -34,7 +37,7 @@ import trio
 
 from .._exceptions import MalformedStream, ProviderError, RequestFailed
 from .._hooks import RateLimitHooks
-from .._validation import check_seconds
+from .._validation import check_seconds, redact_url
 from ..messages._chat import check_chat_request
 from ._checks import check_api_key, check_base_url, check_headers, check_secret_text
 from ._errors import (
@@ -44,6 +47,7 @@ from ._errors import (
     content_type_error,
     read_error,
     send_error,
+    stalled_error,
     status_error,
 )
 from ._ratelimit_headers import MalformedHeaderLog
@@ -151,7 +155,8 @@ class ProviderBase:
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}(id={self._id!r}, base_url={self._base_url!r}, "
+            f"{type(self).__name__}(id={self._id!r}, "
+            f"base_url={redact_url(self._base_url)!r}, "
             f"model={self._model!r})"
         )
 
@@ -333,6 +338,9 @@ class EventStream:
         # Server-sent events already decoded from the body, not yet fed.
         self._sse_pending: collections.deque[ServerSentEvent] = collections.deque()
         self._rate_limits: RateLimitInfo | None = None
+        # When the stream has stalled unless an event comes first: reads
+        # are cut there, and every read that ends an event moves it on.
+        self._stalls_at = math.inf
 
     def __repr__(self) -> str:
         return f"<EventStream {self._provider.id!r} {self._state}>"
@@ -357,6 +365,7 @@ class EventStream:
             self._state = "closed"
             raise
         self._body = self._response.aiter_bytes()
+        self._stalls_at = trio.current_time() + self._provider._read_timeout
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -367,7 +376,7 @@ class EventStream:
     def __aiter__(self) -> Self:
         return self
 
-    async def __anext__(self) -> StreamEvent:  # noqa: PLR0912 (the hot loop, kept whole)
+    async def __anext__(self) -> StreamEvent:  # noqa: PLR0912, PLR0915 (the hot loop, kept whole)
         if self._state != "open":
             raise RuntimeError("iterate a provider stream inside its async with block")
         pending = self._pending
@@ -398,18 +407,26 @@ class EventStream:
                     # exception (holding the request and its key) as
                     # __context__.
                     failure: ProviderError | None = None
-                    try:
-                        chunk = await read()
-                    except StopAsyncIteration:
-                        chunk = None
-                    except Exception as exc:
-                        # As in _send: whatever it is fails this stream only,
-                        # and Cancelled (a BaseException) is never caught.
-                        failure = read_error(
-                            self._provider.id,
-                            exc,
-                            self._provider._read_timeout,
-                            self._provider._redact,
+                    # httpx2's read timeout restarts with every byte, even a
+                    # comment's; this deadline only with an event.
+                    with trio.move_on_at(self._stalls_at) as quiet:
+                        try:
+                            chunk = await read()
+                        except StopAsyncIteration:
+                            chunk = None
+                        except Exception as exc:
+                            # As in _send: whatever it is fails this stream
+                            # only, and Cancelled (a BaseException) is never
+                            # caught.
+                            failure = read_error(
+                                self._provider.id,
+                                exc,
+                                self._provider._read_timeout,
+                                self._provider._redact,
+                            )
+                    if quiet.cancelled_caught:
+                        failure = stalled_error(
+                            self._provider.id, self._provider._read_timeout
                         )
                     if failure is not None:
                         raise failure
@@ -419,6 +436,9 @@ class EventStream:
                         sses = split(chunk)
                         if not sses:
                             continue
+                        self._stalls_at = (
+                            trio.current_time() + self._provider._read_timeout
+                        )
                         if len(sses) > 1:
                             queued.extend(sses[1:])
                         events = decoder.feed(sses[0])

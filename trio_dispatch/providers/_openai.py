@@ -436,7 +436,9 @@ class OpenAIProvider(ProviderBase):
         id: The provider's id, as the dispatcher knows it.
         base_url: The API root including its version, as the official SDK
             takes it: ``https://api.openai.com/v1``. A trailing slash is
-            dropped; requests go to ``{base_url}/chat/completions``.
+            dropped; requests go to ``{base_url}/chat/completions``. A
+            gateway's credentials in it (``https://user:password@proxy/v1``)
+            are masked wherever the provider shows it (its repr, errors).
         api_key: Sent as ``Authorization: Bearer ...``. Never shown in a
             repr, a log line or an error message. It must be printable
             ASCII without spaces: a key with a trailing line break (as read
@@ -448,9 +450,10 @@ class OpenAIProvider(ProviderBase):
             refused with ``TypeError``.
         connect_timeout: Seconds to connect, or to wait for a pooled
             connection.
-        read_timeout: Seconds to wait for any data: for the response to
-            start, and between chunks. A stalled stream ends as
-            ``ProviderConnectionError`` after this long.
+        read_timeout: Seconds to wait for the response to start, and then
+            for each event of the stream: comments (``: keepalive``) do not
+            count. A stalled stream ends as ``ProviderConnectionError``
+            after this long without an event.
         extra_headers: More headers for every request (an organisation id,
             a proxy's routing header). Names must be HTTP tokens and values
             printable ASCII; a bad value is refused without being shown,
