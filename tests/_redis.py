@@ -8,10 +8,12 @@ cuts one process off from it, or loses the answer of one of its steps.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import math
 import shutil
 import socket
+import struct
 import subprocess
 import time
 import uuid
@@ -199,6 +201,66 @@ def _cluster_ok(port: int) -> bool:
         text=True,
     ).stdout
     return "cluster_state:ok" in answer
+
+
+class LossyLink:
+    """A TCP proxy on loopback to a port: it resets its first ``resets`` connections.
+
+    Each of those is reset (RST) once its first chunk arrives, as a lossy
+    link resets a connection; every later connection passes traffic both
+    ways. ``connections`` counts the connections accepted.
+    """
+
+    def __init__(self, target: int, resets: float) -> None:
+        self.target = target
+        self.resets = resets
+        self.connections = 0
+        self.port = 0
+
+    def url(self, path: str = "/0") -> str:
+        return f"redis://127.0.0.1:{self.port}{path}"
+
+    async def handle(self, client: trio.SocketStream) -> None:
+        self.connections += 1
+        if self.connections <= self.resets:
+            with contextlib.suppress(trio.BrokenResourceError):
+                await client.receive_some()
+            # Linger 0: closing sends RST, not FIN.
+            client.setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+            )
+            await client.aclose()
+            return
+        try:
+            upstream = await trio.open_tcp_stream("127.0.0.1", self.target)
+        except OSError:
+            await client.aclose()
+            return
+        async with client, upstream, trio.open_nursery() as nursery:
+            nursery.start_soon(_pump, client, upstream, nursery.cancel_scope)
+            nursery.start_soon(_pump, upstream, client, nursery.cancel_scope)
+
+
+async def _pump(
+    source: trio.SocketStream, sink: trio.SocketStream, done: trio.CancelScope
+) -> None:
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        while data := await source.receive_some():
+            await sink.send_all(data)
+    done.cancel()
+
+
+@contextlib.asynccontextmanager
+async def open_lossy_link(target: int, resets: float) -> AsyncIterator[LossyLink]:
+    """A ``LossyLink`` to ``target`` on a free loopback port, for the block."""
+    link = LossyLink(target, resets)
+    async with trio.open_nursery() as nursery:
+        [listener] = await nursery.start(
+            functools.partial(trio.serve_tcp, link.handle, 0, host="127.0.0.1")
+        )
+        link.port = listener.socket.getsockname()[1]
+        yield link
+        nursery.cancel_scope.cancel()
 
 
 @contextlib.contextmanager
