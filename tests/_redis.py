@@ -25,15 +25,16 @@ import trio
 from coredis.exceptions import ConnectionError as RedisConnectionError
 from hypothesis import HealthCheck, settings
 
-from trio_dispatch import DispatcherClosed
+from trio_dispatch import DispatcherClosed, open_dispatcher
 from trio_dispatch._ledger import Ledger, StepResult, keys_of, member_of
 from trio_dispatch._scripts import load_scripts
 from trio_dispatch._shared_book import SharedBook
+from trio_dispatch.actors import _shared_backend
 from trio_dispatch.actors._shared_backend import SharedBackends
 from trio_dispatch.actors._shared_scheduler import SharedSchedulerActor, new_node
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterator
+    from collections.abc import AsyncIterator, Iterable, Iterator
     from pathlib import Path
 
     from trio_dispatch import Dispatcher
@@ -261,6 +262,64 @@ async def open_lossy_link(target: int, resets: float) -> AsyncIterator[LossyLink
         link.port = listener.socket.getsockname()[1]
         yield link
         nursery.cancel_scope.cancel()
+
+
+@contextlib.contextmanager
+def skewed_clocks(skews: Iterable[float]) -> Iterator[None]:
+    """The next dispatchers opened read wall clocks ``skews`` seconds off, in turn.
+
+    Each dispatcher's ledger is made with a wall clock of its own, as if
+    it ran on a host whose clock is that far ahead (behind, if negative).
+    """
+    offsets = iter(skews)
+
+    def make(*args: Any, **kwargs: Any) -> Ledger:  # noqa: ANN401  # passed through
+        skew = next(offsets)
+        return Ledger(*args, wall_clock=lambda: time.time() + skew, **kwargs)
+
+    # The ledgers serve_ledger makes: a test's seam.
+    names = vars(_shared_backend)
+    made = names["Ledger"]
+    names["Ledger"] = make
+    try:
+        yield
+    finally:
+        names["Ledger"] = made
+
+
+async def grant_split(url: str, skew: float, grants: int) -> tuple[int, int]:
+    """Two dispatchers take turns at one slot: the grants of each, ``grants`` in all.
+
+    Both open on one namespace of ``url`` (two processes, as far as the
+    fleet can tell); the second's wall clock runs ``skew`` seconds ahead.
+    Each has one task that takes the slot of ``p`` (limit 1) in a turn of
+    its own, holds it for 5 ms, gives it back and asks again at once: the
+    oldest turn waiting is always the other's.
+    """
+    counts = [0, 0]
+    done = trio.Event()
+
+    async def take_turns(dispatcher: Dispatcher, index: int) -> None:
+        while True:
+            async with dispatcher.slot("p"):
+                counts[index] += 1
+                if sum(counts) >= grants:
+                    done.set()
+                await trio.sleep(0.005)
+
+    namespace = uuid.uuid4().hex
+    with skewed_clocks([0.0, skew]):
+        async with (
+            open_dispatcher({"p": 1}, redis_url=url, namespace=namespace) as one,
+            open_dispatcher({"p": 1}, redis_url=url, namespace=namespace) as two,
+            trio.open_nursery() as nursery,
+        ):
+            nursery.start_soon(take_turns, one, 0)
+            nursery.start_soon(take_turns, two, 1)
+            with trio.fail_after(30):
+                await done.wait()
+            nursery.cancel_scope.cancel()
+    return counts[0], counts[1]
 
 
 @contextlib.contextmanager

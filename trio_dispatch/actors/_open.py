@@ -184,9 +184,11 @@ def open_dispatcher(
 
     * the oldest turn of the whole fleet goes first, by the same rank as
       in one process (the turn's start less its class's credit; the fleet
-      should share one ``priority_aging``): ranks are compared on the wall
-      clock, so across hosts the order is as good as
-      their clocks agree (NTP: a few milliseconds); each process publishes
+      should share one ``priority_aging``): ranks are compared on the Redis
+      server's clock, which each process reads through its own clock's
+      offset to it, measured on its exchanges with Redis, so hosts whose
+      clocks disagree still take their turns in order, to within about a
+      round trip to Redis; each process publishes
       only its own oldest waiters, at most the limit, so a younger waiter
       of another process can pass an older one that is not published yet
       for the time of one exchange with Redis;

@@ -251,6 +251,8 @@ async def _serve(
             # and a dispatcher may close at once.
             await listener.ping()
             ledger = Ledger(client, settings.namespace, settings.lease)
+            # Turns are placed on the server's clock from the first one.
+            await ledger.measure_clock()
             stored = {
                 provider: await ledger.set_limit(provider, limit, overwrite=False)
                 for provider, limit in limits.items()
