@@ -8,10 +8,12 @@ cuts one process off from it, or loses the answer of one of its steps.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import math
 import shutil
 import socket
+import struct
 import subprocess
 import time
 import uuid
@@ -23,15 +25,16 @@ import trio
 from coredis.exceptions import ConnectionError as RedisConnectionError
 from hypothesis import HealthCheck, settings
 
-from trio_dispatch import DispatcherClosed
+from trio_dispatch import DispatcherClosed, open_dispatcher
 from trio_dispatch._ledger import Ledger, StepResult, keys_of, member_of
 from trio_dispatch._scripts import load_scripts
 from trio_dispatch._shared_book import SharedBook
+from trio_dispatch.actors import _shared_backend
 from trio_dispatch.actors._shared_backend import SharedBackends
 from trio_dispatch.actors._shared_scheduler import SharedSchedulerActor, new_node
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterator
+    from collections.abc import AsyncIterator, Iterable, Iterator
     from pathlib import Path
 
     from trio_dispatch import Dispatcher
@@ -199,6 +202,124 @@ def _cluster_ok(port: int) -> bool:
         text=True,
     ).stdout
     return "cluster_state:ok" in answer
+
+
+class LossyLink:
+    """A TCP proxy on loopback to a port: it resets its first ``resets`` connections.
+
+    Each of those is reset (RST) once its first chunk arrives, as a lossy
+    link resets a connection; every later connection passes traffic both
+    ways. ``connections`` counts the connections accepted.
+    """
+
+    def __init__(self, target: int, resets: float) -> None:
+        self.target = target
+        self.resets = resets
+        self.connections = 0
+        self.port = 0
+
+    def url(self, path: str = "/0") -> str:
+        return f"redis://127.0.0.1:{self.port}{path}"
+
+    async def handle(self, client: trio.SocketStream) -> None:
+        self.connections += 1
+        if self.connections <= self.resets:
+            with contextlib.suppress(trio.BrokenResourceError):
+                await client.receive_some()
+            # Linger 0: closing sends RST, not FIN.
+            client.setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+            )
+            await client.aclose()
+            return
+        try:
+            upstream = await trio.open_tcp_stream("127.0.0.1", self.target)
+        except OSError:
+            await client.aclose()
+            return
+        async with client, upstream, trio.open_nursery() as nursery:
+            nursery.start_soon(_pump, client, upstream, nursery.cancel_scope)
+            nursery.start_soon(_pump, upstream, client, nursery.cancel_scope)
+
+
+async def _pump(
+    source: trio.SocketStream, sink: trio.SocketStream, done: trio.CancelScope
+) -> None:
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        while data := await source.receive_some():
+            await sink.send_all(data)
+    done.cancel()
+
+
+@contextlib.asynccontextmanager
+async def open_lossy_link(target: int, resets: float) -> AsyncIterator[LossyLink]:
+    """A ``LossyLink`` to ``target`` on a free loopback port, for the block."""
+    link = LossyLink(target, resets)
+    async with trio.open_nursery() as nursery:
+        [listener] = await nursery.start(
+            functools.partial(trio.serve_tcp, link.handle, 0, host="127.0.0.1")
+        )
+        link.port = listener.socket.getsockname()[1]
+        yield link
+        nursery.cancel_scope.cancel()
+
+
+@contextlib.contextmanager
+def skewed_clocks(skews: Iterable[float]) -> Iterator[None]:
+    """The next dispatchers opened read wall clocks ``skews`` seconds off, in turn.
+
+    Each dispatcher's ledger is made with a wall clock of its own, as if
+    it ran on a host whose clock is that far ahead (behind, if negative).
+    """
+    offsets = iter(skews)
+
+    def make(*args: Any, **kwargs: Any) -> Ledger:  # noqa: ANN401  # passed through
+        skew = next(offsets)
+        return Ledger(*args, wall_clock=lambda: time.time() + skew, **kwargs)
+
+    # The ledgers serve_ledger makes: a test's seam.
+    names = vars(_shared_backend)
+    made = names["Ledger"]
+    names["Ledger"] = make
+    try:
+        yield
+    finally:
+        names["Ledger"] = made
+
+
+async def grant_split(url: str, skew: float, grants: int) -> tuple[int, int]:
+    """Two dispatchers take turns at one slot: the grants of each, ``grants`` in all.
+
+    Both open on one namespace of ``url`` (two processes, as far as the
+    fleet can tell); the second's wall clock runs ``skew`` seconds ahead.
+    Each has one task that takes the slot of ``p`` (limit 1) in a turn of
+    its own, holds it for 5 ms, gives it back and asks again at once: the
+    oldest turn waiting is always the other's.
+    """
+    counts = [0, 0]
+    done = trio.Event()
+
+    async def take_turns(dispatcher: Dispatcher, index: int) -> None:
+        while True:
+            async with dispatcher.slot("p"):
+                counts[index] += 1
+                if sum(counts) >= grants:
+                    done.set()
+                await trio.sleep(0.005)
+
+    namespace = uuid.uuid4().hex
+    with skewed_clocks([0.0, skew]):
+        async with (
+            open_dispatcher({"p": 1}, redis_url=url, namespace=namespace) as one,
+            open_dispatcher({"p": 1}, redis_url=url, namespace=namespace) as two,
+            trio.open_nursery() as nursery,
+        ):
+            nursery.start_soon(take_turns, one, 0)
+            nursery.start_soon(take_turns, two, 1)
+            with trio.fail_after(30):
+                await done.wait()
+            nursery.cancel_scope.cancel()
+    return counts[0], counts[1]
 
 
 @contextlib.contextmanager

@@ -157,6 +157,10 @@ async def test_open_dispatcher_with_checks_its_arguments() -> None:
     ):
         open_dispatcher_with(Made(), redis_url="redis://localhost")
     with pytest.raises(
+        TypeError, match=r"^open_dispatcher_with\(\) takes no redis_connect_timeout$"
+    ):
+        open_dispatcher_with(Made(), redis_connect_timeout=1.0)
+    with pytest.raises(
         ValueError, match=r"^limit for 'p' must be a positive integer, got 0$"
     ):
         open_dispatcher_with(Made(), {"p": 0})

@@ -79,19 +79,25 @@ def test_a_missing_module_that_is_no_extra_is_left_as_it_is() -> None:
         ({"lease": 30.0}, "lease needs redis_url"),
         ({"lease": 15.0}, "lease needs redis_url"),
         ({"namespace": "my-fleet", "lease": 30.0}, "namespace needs redis_url"),
+        ({"redis_connect_timeout": 10.0}, "redis_connect_timeout needs redis_url"),
+        ({"redis_connect_timeout": 1}, "redis_connect_timeout needs redis_url"),
     ],
 )
-def test_namespace_and_lease_without_redis_url_are_refused(
+def test_namespace_lease_and_connect_timeout_without_redis_url_are_refused(
     kwargs: dict[str, object], message: str
 ) -> None:
     with pytest.raises(ValueError, match=rf"^{message}$"):
         open_dispatcher({"p": 1}, **kwargs)  # type: ignore[arg-type]  # checked by the test
 
 
-def test_namespace_and_lease_with_redis_url_are_taken() -> None:
+def test_namespace_lease_and_connect_timeout_with_redis_url_are_taken() -> None:
     # Nothing connects until the block is entered.
     open_dispatcher(
-        {"p": 1}, redis_url="redis://127.0.0.1:6379/0", namespace="f", lease=3.0
+        {"p": 1},
+        redis_url="redis://127.0.0.1:6379/0",
+        namespace="f",
+        lease=3.0,
+        redis_connect_timeout=1.0,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import coredis
@@ -290,6 +291,21 @@ async def test_a_ledger_whose_connection_was_lost_takes_another(
     first = m("a:1")
     assert (await book.step("p", "a", enqueue=[(first, 1.0)])).granted == [first]
     assert book._connection is not connection
+
+
+async def test_a_host_clock_far_off_is_read_as_the_servers_from_the_first_exchange(
+    client: coredis.Redis[str],
+) -> None:
+    # This host's clock runs 30 s ahead of the server's (both real here).
+    book = Ledger(client, "ns", 10.0, wall_clock=lambda: time.time() + 30.0)
+    await book.measure_clock()
+    measured = book.clock.offset
+    server = (await book.step("p", "x")).server_time
+    # Loopback: round trips well under a second, on a loaded machine too.
+    assert book.clock.round_trip is not None
+    assert book.clock.round_trip < 1.0
+    assert -31.0 < measured < -29.0
+    assert abs(book.clock.now() - server) < 1.0
 
 
 async def test_leases_and_entries_expire_in_server_time(

@@ -35,7 +35,9 @@ from ._admin import AUTH, serve_admin
 from ._redis import (
     RedisServer,
     coredis_leaks,
+    grant_split,
     needs_redis,
+    open_lossy_link,
 )
 
 if TYPE_CHECKING:
@@ -252,7 +254,9 @@ async def test_an_unreachable_redis_fails_at_open_without_the_password(
     server.kill()
     url = f"redis://user:secret@127.0.0.1:{server.port}/0"
     with pytest.raises(BackendUnavailable) as caught:
-        async with open_dispatcher({"p": 1}, redis_url=url, lease=LEASE):
+        async with open_dispatcher(
+            {"p": 1}, redis_url=url, lease=LEASE, redis_connect_timeout=0.2
+        ):
             pytest.fail("opened without Redis")
     message = str(caught.value)
     assert re.match(
@@ -260,6 +264,42 @@ async def test_an_unreachable_redis_fails_at_open_without_the_password(
     )
     assert "secret" not in message
     assert "user" not in message
+
+
+@coredis_leaks
+@pytest.mark.parametrize("resets", [1, 3])
+async def test_connections_reset_at_start_up_are_retried_until_redis_answers(
+    server: RedisServer, resets: int
+) -> None:
+    async with (
+        open_lossy_link(server.port, resets) as link,
+        open_dispatcher({"p": 1}, redis_url=link.url(), lease=LEASE) as dispatcher,
+    ):
+        async with dispatcher.slot("p"):
+            stats = dispatcher.statistics().providers["p"]
+        assert link.connections > resets
+    assert (stats.backend_up, stats.in_flight) == (True, 1)
+
+
+@coredis_leaks
+async def test_a_redis_that_never_answers_fails_at_open_after_the_connect_timeout(
+    server: RedisServer,
+) -> None:
+    async with open_lossy_link(server.port, math.inf) as link:
+        started = trio.current_time()
+        with pytest.raises(BackendUnavailable) as caught:
+            async with open_dispatcher(
+                {"p": 1}, redis_url=link.url(), lease=LEASE, redis_connect_timeout=0.5
+            ):
+                pytest.fail("opened without Redis")
+        elapsed = trio.current_time() - started
+    # Tried again and again (delays from 0.05 s, doubling), for the whole
+    # bound and no longer than one more call (a loaded machine's slack).
+    assert link.connections >= 3
+    assert 0.5 <= elapsed < 0.5 + 3.0
+    cause = caught.value.__cause__
+    assert isinstance(cause, coredis.exceptions.ConnectionError)
+    assert str(caught.value) == f"cannot reach redis at {link.url()}: {cause}"
 
 
 SECRET = "hunter2-secret"
@@ -306,12 +346,39 @@ async def test_credentials_in_the_url_show_in_no_error_log_repr_or_statistics(
         assert not stats.providers["p"].backend_up
         assert SECRET not in repr(stats)
     with pytest.raises(BackendUnavailable) as caught:
-        async with open_dispatcher({"p": 1}, redis_url=url, lease=LEASE):
+        async with open_dispatcher(
+            {"p": 1}, redis_url=url, lease=LEASE, redis_connect_timeout=0.2
+        ):
             pytest.fail("opened without Redis")
     assert str(caught.value).startswith(f"cannot reach redis at {shown}: ")
     assert "unreachable" in caplog.text
     assert SECRET not in caplog.text
     assert all(SECRET not in str(record.args) for record in caplog.records)
+
+
+@coredis_leaks
+@pytest.mark.parametrize(
+    ("path", "cause"),
+    [
+        (f"/0?password=not-{SECRET}", coredis.exceptions.AuthenticationError),
+        ("/0", coredis.exceptions.AuthenticationError),
+        (f"/99?password={SECRET}", coredis.exceptions.ResponseError),
+    ],
+    ids=["wrong password", "no password", "no such database"],
+)
+async def test_a_refusal_that_trying_again_cannot_mend_fails_at_open_at_once(
+    locked_server: RedisServer, path: str, cause: type[Exception]
+) -> None:
+    async with open_lossy_link(locked_server.port, 0) as link:
+        with pytest.raises(BackendUnavailable) as caught:
+            async with open_dispatcher(
+                {"p": 1}, redis_url=link.url(path), redis_connect_timeout=60.0
+            ):
+                pytest.fail("opened with a refused connection")
+    # One connection, refused: no second try.
+    assert link.connections == 1
+    assert isinstance(caught.value.__cause__, cause)
+    assert SECRET not in str(caught.value)
 
 
 @pytest.mark.parametrize(
@@ -388,6 +455,21 @@ async def test_credentials_in_the_url_show_in_no_error_log_repr_or_statistics(
             TypeError,
             "lease must be a positive number of seconds, got True",
         ),
+        (
+            {"redis_url": "redis://h", "redis_connect_timeout": 0},
+            ValueError,
+            "redis_connect_timeout must be a positive number of seconds, got 0",
+        ),
+        (
+            {"redis_url": "redis://h", "redis_connect_timeout": math.inf},
+            ValueError,
+            "redis_connect_timeout must be a positive number of seconds, got inf",
+        ),
+        (
+            {"redis_url": "redis://h", "redis_connect_timeout": "10"},
+            TypeError,
+            "redis_connect_timeout must be a positive number of seconds, got '10'",
+        ),
     ],
 )
 def test_bad_backend_arguments_fail_at_the_call(
@@ -399,6 +481,21 @@ def test_bad_backend_arguments_fail_at_the_call(
 
 def test_the_exception_is_public() -> None:
     assert issubclass(trio_dispatch.BackendUnavailable, trio_dispatch.DispatchError)
+
+
+@pytest.mark.parametrize("skew", [2.0, 30.0, -30.0])
+async def test_a_process_whose_clock_is_off_gets_its_fair_share_of_turns(
+    server: RedisServer, skew: float
+) -> None:
+    # Turns are placed on the Redis server's clock: each hand-off goes to
+    # the other process's older turn, whatever the hosts' clocks say. The
+    # turns alternate but where a process's ask is not yet published when
+    # the slot comes free (a round trip, against holds of 5 ms): a share
+    # below 40% is a bias, not noise (on the wall clocks, the process
+    # 30 s ahead got no grant at all).
+    one, two = await grant_split(server.url, skew, 60)
+    assert one + two >= 60
+    assert min(one, two) >= 0.4 * (one + two), (one, two)
 
 
 async def test_a_process_is_not_woken_by_its_own_releases(

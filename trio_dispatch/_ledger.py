@@ -13,9 +13,11 @@ rules, which they repeat):
   negative or drift: an expired lease is pruned by the next script, a
   released one is removed by id (twice is harmless).
 * ``queue``: a ZSET of published waiters scored by their turn's start on
-  the wall clock; each member is the waiter's arrival (16 digits of
-  microseconds on its process's wall clock, strictly increasing in each
-  process), a colon and its lease id, so equal starts sort by arrival.
+  the server's clock, as their process reads it (``ServerClock``: its own
+  clock plus an offset measured on its steps, to within half a round
+  trip); each member is the waiter's arrival (16 digits of microseconds on
+  the same clock, strictly increasing in each process), a colon and its
+  lease id, so equal starts sort by arrival.
   ``qexp`` scores the same members by their expiry, renewed by their
   process: a vanished process's entries go with it.
 * ``conf``: a HASH with the stored ``limit`` (``none`` for unlimited on
@@ -162,6 +164,7 @@ nothing to take (``wakes`` reads the message).
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, final
 
 import attrs
@@ -178,6 +181,7 @@ from ._scripts import (
     StepArgs,
     load_scripts,
 )
+from ._server_clock import ServerClock
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -197,6 +201,9 @@ _SCRIPTS: Final = load_scripts()
 
 _EVALSHA: Final = b"EVALSHA"
 _SCRIPT_LOAD: Final = b"SCRIPT LOAD"
+# The server's clock comes in whole milliseconds: the time it read was half
+# of one later, on average.
+_HALF_MS: Final = 0.0005
 
 
 def keys_of(namespace: str, provider: str) -> list[str]:
@@ -432,6 +439,14 @@ class Ledger:
         lease: Seconds a lease or a queue entry lives without renewal.
         scripts: The scripts to run (``load_scripts``); the default reads
             the server's clock.
+        wall_clock: This process's clock, which ``clock`` reads as the
+            server's (the wall clock; a test may give a host's that is
+            off).
+
+    Attributes:
+        clock: This process's clock read as the server's: measured by
+            ``measure_clock`` and by every ``step``, whose answer carries
+            the server's time.
     """
 
     __slots__ = (
@@ -439,6 +454,7 @@ class Ledger:
         "_connection",
         "_names",
         "_scripts",
+        "clock",
         "lease",
         "namespace",
         "on_idle",
@@ -453,7 +469,9 @@ class Ledger:
         lease: float,
         *,
         scripts: Scripts | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        self.clock = ServerClock(wall_clock)
         self._client = client
         self._scripts = _SCRIPTS if scripts is None else scripts
         self._connection: coredis.BaseConnection | None = None
@@ -552,9 +570,9 @@ class Ledger:
         of a backoff streak) and ``usage`` (lease id and the tokens its
         request used: its charge is corrected); releases ``release`` (lease
         ids), withdraws ``withdraw`` (members, and their leases if they
-        have any), enqueues or renews ``enqueue`` (member and wall-clock
-        start, a member's start the same each time it is sent; ``costs``
-        gives a member's estimated tokens), renews
+        have any), enqueues or renews ``enqueue`` (member and start on the
+        server's clock, a member's start the same each time it is sent;
+        ``costs`` gives a member's estimated tokens), renews
         ``renew_leases`` (adding them back if they are gone), marks
         ``answered`` leases as counted by the provider, learns from
         ``observed`` (the provider's figures) and ``observed_models`` (each
@@ -594,8 +612,11 @@ class Ledger:
             ask=list(ask),
             answered=list(answered),
         )
+        clock = self.clock
+        sent = clock.local()
         # A Lua script's answer is untyped; this one has a fixed shape.
         reply: Any = await self._run(self._scripts.step, keys, args.pack())
+        received = clock.local()
         (
             granted,
             limit,
@@ -610,6 +631,7 @@ class Ledger:
             models,
             counting,
         ) = reply
+        clock.sample(sent, received, int(now) / 1000 + _HALF_MS)
         return StepResult(
             granted=list(granted),
             limit=_limit_of(limit),
@@ -624,6 +646,14 @@ class Ledger:
             models=_models_of(models),
             counting=counting == 1,
         )
+
+    async def measure_clock(self, samples: int = 3) -> None:
+        """Read the server's clock ``samples`` times, for ``clock``."""
+        clock = self.clock
+        for _ in range(samples):
+            sent = clock.local()
+            now = await self._run(self._scripts.time, (), ())
+            clock.sample(sent, clock.local(), int(now) / 1000 + _HALF_MS)
 
     async def set_limit(
         self,

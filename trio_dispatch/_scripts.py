@@ -54,7 +54,11 @@ class Script:
 @final
 @attrs.frozen
 class Scripts:
-    """The ledger's six scripts, each composed with the prelude."""
+    """The ledger's six scripts, each composed with the prelude, and the clock.
+
+    ``time`` reads the server's own clock alone (``clock.lua``, whatever
+    clock the others read), in milliseconds.
+    """
 
     step: Script
     set_limit: Script
@@ -62,6 +66,7 @@ class Scripts:
     set_tenant: Script
     pause: Script
     resume: Script
+    time: Script
 
 
 def load_scripts(clock: str | None = None) -> Scripts:
@@ -81,6 +86,7 @@ def load_scripts(clock: str | None = None) -> Scripts:
         set_tenant=script("set_tenant"),
         pause=script("pause"),
         resume=script("resume"),
+        time=Script(_lua("clock") + "return now\n"),
     )
 
 
@@ -155,7 +161,7 @@ class StepArgs:
         usage: Lease ids and the tokens their requests used.
         release: Lease ids given back.
         withdraw: Queue members withdrawn.
-        enqueue: Members, their wall-clock start, estimated tokens, tenant
+        enqueue: Members, their start (server's clock), estimated tokens, tenant
             and model (``None``: none).
         renew_leases: Lease ids renewed (added back if gone).
         ask: Members that ask for a grant.

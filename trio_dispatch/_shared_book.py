@@ -118,7 +118,7 @@ class SharedBook:
         self._max_waiting = max_waiting
         self.seq = itertools.count()
         # Waiting tickets, sorted, and their queue member and turn's start
-        # on the wall clock.
+        # on the server's clock.
         self._order: list[Ticket] = []
         self._entries: dict[Ticket, tuple[str, float]] = {}
         # The estimated tokens of waiting tickets' members, if any.
@@ -203,7 +203,8 @@ class SharedBook:
     ) -> None:
         """Queue ``ticket``, whose turn began at ``start``, arriving at ``arrival``.
 
-        Both are wall-clock seconds. Arrivals break ties between equal
+        Both are seconds on the Redis server's clock, as this process
+        reads it (``ServerClock``). Arrivals break ties between equal
         starts; in one book they are made strictly increasing. ``tokens``
         is the request's estimated cost for a token budget.
 

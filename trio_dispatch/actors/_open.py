@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 
 from ._dispatcher import run_dispatcher
-from ._settings import DEFAULT_LEASE, DEFAULT_NAMESPACE, Settings, UnknownProviders
+from ._settings import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_LEASE,
+    DEFAULT_NAMESPACE,
+    Settings,
+    UnknownProviders,
+)
 
 if TYPE_CHECKING:
     import contextlib
@@ -38,6 +44,7 @@ def open_dispatcher(
     redis_url: str | None = None,
     namespace: str = DEFAULT_NAMESPACE,
     lease: float = DEFAULT_LEASE,
+    redis_connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     priority_aging: float = 60.0,
     tenants: Mapping[str, Tenant] | None = None,
 ) -> contextlib.AbstractAsyncContextManager[Dispatcher]:
@@ -119,6 +126,16 @@ def open_dispatcher(
             third of it; a holder whose lease went unrenewed this long is
             stopped with ``LeaseLost`` (see below). Only with
             ``redis_url``, as ``namespace``.
+        redis_connect_timeout: Seconds ``open_dispatcher`` keeps trying to
+            reach Redis (positive, finite; 10 by default): a connection
+            refused, reset or unanswered while the dispatcher opens is
+            tried again after a growing, jittered delay (from 0.05 s,
+            doubling, at most a second), until this long has passed since
+            the first try; then ``BackendUnavailable``, whose cause is the
+            last error. A refusal that trying again cannot mend (a wrong
+            password, a user not allowed, a database Redis does not have,
+            a host name that does not resolve) fails at once. Only with
+            ``redis_url``, as ``namespace``.
         priority_aging: Seconds of turn age that make up for one priority
             class (positive, finite). Requests go by class first (higher
             first), then oldest turn, then arrival: a request of class ``p``
@@ -150,7 +167,9 @@ def open_dispatcher(
             the shares hold across the fleet.
 
     Raises:
-        BackendUnavailable: ``redis_url`` cannot be reached (on entering).
+        BackendUnavailable: ``redis_url`` cannot be reached within
+            ``redis_connect_timeout``, or refuses the connection (on
+            entering).
         LeaseLost: From a slot of a limited provider (on leaving it), if its
             lease in Redis went ``lease`` seconds without renewal.
 
@@ -165,9 +184,11 @@ def open_dispatcher(
 
     * the oldest turn of the whole fleet goes first, by the same rank as
       in one process (the turn's start less its class's credit; the fleet
-      should share one ``priority_aging``): ranks are compared on the wall
-      clock, so across hosts the order is as good as
-      their clocks agree (NTP: a few milliseconds); each process publishes
+      should share one ``priority_aging``): ranks are compared on the Redis
+      server's clock, which each process reads through its own clock's
+      offset to it, measured on its exchanges with Redis, so hosts whose
+      clocks disagree still take their turns in order, to within about a
+      round trip to Redis; each process publishes
       only its own oldest waiters, at most the limit, so a younger waiter
       of another process can pass an older one that is not published yet
       for the time of one exchange with Redis;
@@ -220,6 +241,7 @@ def open_dispatcher(
         redis_url=redis_url,
         namespace=namespace,
         lease=lease,
+        redis_connect_timeout=redis_connect_timeout,
         priority_aging=priority_aging,
         tenants=tenants,
     )
@@ -228,7 +250,7 @@ def open_dispatcher(
 
 # What a backend shares is its own business: open_dispatcher_with takes
 # open_dispatcher's other keywords.
-_SHARING: Final = ("redis_url", "namespace", "lease")
+_SHARING: Final = ("redis_url", "namespace", "lease", "redis_connect_timeout")
 _OPTIONS: Final = frozenset(
     field.alias
     for field in attrs.fields(Settings)
@@ -247,12 +269,12 @@ def open_dispatcher_with(
     limited or used, and returns its ``Backend``; the dispatcher runs the
     backend's ``run`` in its nursery and talks to it through the protocol
     only. ``options`` are ``open_dispatcher``'s keywords, checked the same
-    way, but for ``redis_url``, ``namespace`` and ``lease``: what a backend
-    shares is its own business.
+    way, but for ``redis_url``, ``namespace``, ``lease`` and
+    ``redis_connect_timeout``: what a backend shares is its own business.
 
     Raises:
         TypeError: ``new_backend`` is not callable, or an option is unknown
-            or one of those three.
+            or one of those four.
     """
     for name in options:
         if name in _SHARING:

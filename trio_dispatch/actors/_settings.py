@@ -3,9 +3,9 @@
 ``Settings`` is one frozen value that the dispatcher and its backends
 read. Making one checks it: each field by its validator, in the order of
 the fields, then the rules between fields (``default_pause`` at most
-``max_pause``; ``namespace`` and ``lease`` only with ``redis_url``), so
-``open_dispatcher`` refuses a bad keyword at the call, before anything
-starts. The mappings are copied as they are taken: a caller's later
+``max_pause``; ``namespace``, ``lease`` and ``redis_connect_timeout``
+only with ``redis_url``), so ``open_dispatcher`` refuses a bad keyword at
+the call, before anything starts. The mappings are copied as they are taken: a caller's later
 change to its own dict reaches nothing here.
 """
 
@@ -49,16 +49,18 @@ class _DefaultNamespace(str):
     __slots__ = ()
 
 
-class _DefaultLease(float):
-    """The default ``lease``: it shows as its value, and ``is`` tells it apart."""
+class _DefaultSeconds(float):
+    """A default of seconds (``lease``...): it shows as its value, and ``is`` tells it apart."""
 
     __slots__ = ()
 
 
-# Given explicitly, even with these very values, namespace and lease need a
-# redis_url: either alone would be silently ignored.
+# Given explicitly, even with these very values, namespace, lease and
+# redis_connect_timeout need a redis_url: alone, each would be silently
+# ignored.
 DEFAULT_NAMESPACE: Final = _DefaultNamespace("trio-dispatch")
-DEFAULT_LEASE: Final = _DefaultLease(15.0)
+DEFAULT_LEASE: Final = _DefaultSeconds(15.0)
+DEFAULT_CONNECT_TIMEOUT: Final = _DefaultSeconds(10.0)
 
 
 def check_unknown_providers(
@@ -157,6 +159,9 @@ class Settings:
         default=DEFAULT_NAMESPACE, validator=validator(check_namespace)
     )
     lease: float = attrs.field(default=DEFAULT_LEASE, validator=positive_seconds)
+    redis_connect_timeout: float = attrs.field(
+        default=DEFAULT_CONNECT_TIMEOUT, validator=positive_seconds
+    )
     unknown_providers: UnknownProviders = attrs.field(
         default="warn", validator=validator(check_unknown_providers)
     )
@@ -174,6 +179,8 @@ class Settings:
                 raise ValueError("namespace needs redis_url")
             if self.lease is not DEFAULT_LEASE:
                 raise ValueError("lease needs redis_url")
+            if self.redis_connect_timeout is not DEFAULT_CONNECT_TIMEOUT:
+                raise ValueError("redis_connect_timeout needs redis_url")
         else:
             require_redis()
         # Kept as checked: seconds as floats (a message shows max_hold=5
@@ -189,7 +196,14 @@ class Settings:
         object.__setattr__(self, "model_budgets", models)
 
 
-_SECONDS: Final = ("default_pause", "max_pause", "max_hold", "lease", "priority_aging")
+_SECONDS: Final = (
+    "default_pause",
+    "max_pause",
+    "max_hold",
+    "lease",
+    "redis_connect_timeout",
+    "priority_aging",
+)
 
 
 def split_budgets(

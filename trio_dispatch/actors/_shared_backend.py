@@ -2,7 +2,8 @@
 
 ``serve_ledger`` runs in the dispatcher's nursery. It opens the coredis
 client (whose own tasks live inside it, so nothing the dispatcher's body
-raises passes through them), checks that Redis answers, stores the limits
+raises passes through them), checks that Redis answers (trying again,
+for ``redis_connect_timeout``, while it does not), stores the limits
 given to ``open_dispatcher`` where none is stored yet and its budgets
 (which replace the fleet's configured ones; a key ``"provider/model"`` is
 that model's), and reports the
@@ -35,11 +36,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import random
+import socket
 import warnings
 from typing import TYPE_CHECKING, Any, Protocol, final
 
 import coredis
 import trio
+from coredis.exceptions import ClusterDownError, ResponseError, TryAgainError
 from coredis.retry import NoRetryPolicy
 
 from .._exceptions import BackendUnavailable
@@ -66,6 +70,8 @@ class _Settings(Protocol):
     def namespace(self) -> str: ...
     @property
     def lease(self) -> float: ...
+    @property
+    def redis_connect_timeout(self) -> float: ...
     @property
     def provider_budgets(self) -> Mapping[str, Budget]: ...
     @property
@@ -152,62 +158,149 @@ async def serve_ledger(
     back as the dispatcher's nursery is cancelled, so the client (and the
     tasks coredis runs inside it) must outlive that cancellation. Once
     ``closing`` is set, it waits (briefly) for the schedulers to be done,
-    then ends. Connecting is bounded by a timeout, so the shield never
-    holds a cancellation back for long.
+    then ends.
+
+    Until it reports, a failure to reach Redis (a connection refused,
+    reset or unanswered) is tried again from the start, after a growing,
+    jittered delay, until ``redis_connect_timeout`` has passed. Each try is
+    shielded but bounded (by a call's timeout and what is left of
+    ``redis_connect_timeout``), and the delays between them are not, so a
+    cancellation of the opening waits for one try at most. A refusal that
+    trying again cannot mend (``_permanent``) ends the tries at once.
 
     Raises:
-        BackendUnavailable: Before reporting, if Redis cannot be reached.
+        BackendUnavailable: Before reporting, if Redis cannot be reached;
+            its cause is the last error met.
     """
+    url = settings.redis_url
+    assert url is not None
+    deadline = trio.current_time() + settings.redis_connect_timeout
+    reported = False
+
+    def report(value: tuple[Ledger, dict[str, int | None]]) -> None:
+        nonlocal reported
+        reported = True
+        task_status.started(value)
+
+    delay = _FIRST_RETRY
+    cause: BaseException | None = None
+    while True:
+        with trio.CancelScope(shield=True) as held:
+            try:
+                await _serve(
+                    settings,
+                    limits,
+                    wake,
+                    closing,
+                    held=held,
+                    deadline=deadline,
+                    report=report,
+                )
+            except BaseException as exc:
+                error = None if reported else _unreachable(exc)
+                if error is None:
+                    raise
+                if cause is None or not isinstance(error, trio.TooSlowError):
+                    # A try cut short by the deadline says less than the
+                    # error of the try before it.
+                    cause = error
+                now = trio.current_time()
+                if now >= deadline or _permanent(error):
+                    if isinstance(cause, trio.TooSlowError):
+                        cause = TimeoutError(
+                            f"no answer within {settings.redis_connect_timeout:g}"
+                            " seconds"
+                        )
+                    raise BackendUnavailable(
+                        f"cannot reach redis at {redact_url(url)}: {cause}"
+                    ) from cause
+        if reported:
+            # Done: served until closing (``held`` cancelled), or not cut
+            # off at all.
+            return
+        # Unshielded: a cancellation of the opening ends the tries here.
+        await trio.sleep(min(random.uniform(delay / 2, delay), deadline - now))
+        delay = min(2 * delay, _LAST_RETRY)
+
+
+async def _serve(
+    settings: _Settings,
+    limits: Mapping[str, int | AdaptiveLimit],
+    wake: Callable[[str | None, str | None], None],
+    closing: trio.Event,
+    *,
+    held: trio.CancelScope,
+    deadline: float,
+    report: Callable[[tuple[Ledger, dict[str, int | None]]], None],
+) -> None:
+    """One try of ``serve_ledger``: connect, store, report, relay until closing."""
     url = settings.redis_url
     assert url is not None
     # A call may take a third of the lease at most, so that a holder whose
     # renewal hangs learns it before its lease runs out.
     timeout = min(5.0, settings.lease / 3)
-    reported = False
-    try:
-        with trio.CancelScope(shield=True) as held:
-            with trio.fail_after(max(timeout, 1.0)):
-                cluster = await _is_cluster(url, timeout)
-            client = _open_client(url, timeout, cluster=cluster)
-            listener = _open_client(url, timeout, cluster=cluster)
-            async with client, listener:
-                with trio.fail_after(max(timeout, 1.0)):
-                    await client.ping()
-                    # The first subscription's connection, made here: coredis
-                    # leaves a connection cancelled while it connects
-                    # unclosed, and a dispatcher may close at once.
-                    await listener.ping()
-                    ledger = Ledger(client, settings.namespace, settings.lease)
-                    stored = {
-                        provider: await ledger.set_limit(
-                            provider, limit, overwrite=False
-                        )
-                        for provider, limit in limits.items()
-                    }
-                    for key, budget in settings.provider_budgets.items():
-                        # "provider/model": that model's own budget.
-                        provider, _, model = key.partition("/")
-                        await ledger.set_budget(provider, budget, model=model or None)
-                reported = True
-                task_status.started((ledger, stored))
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(_close_when_done, closing, ledger, held)
-                    await _listen(
-                        listener,
-                        functools.partial(_open_client, url, timeout, cluster=cluster),
-                        ledger,
-                        wake,
-                    )
-    except BaseException as exc:
-        if reported or not all(
-            isinstance(leaf, (*BACKEND_ERRORS, trio.TooSlowError))
-            for leaf in leaves(exc)
-        ):
-            raise
-        reason = next(iter(leaves(exc)))
-        raise BackendUnavailable(
-            f"cannot reach redis at {redact_url(url)}: {reason}"
-        ) from None
+    with trio.fail_at(min(trio.current_time() + max(timeout, 1.0), deadline)):
+        cluster = await _is_cluster(url, timeout)
+    client = _open_client(url, timeout, cluster=cluster)
+    listener = _open_client(url, timeout, cluster=cluster)
+    async with client, listener:
+        with trio.fail_at(min(trio.current_time() + max(timeout, 1.0), deadline)):
+            await client.ping()
+            # The first subscription's connection, made here: coredis
+            # leaves a connection cancelled while it connects unclosed,
+            # and a dispatcher may close at once.
+            await listener.ping()
+            ledger = Ledger(client, settings.namespace, settings.lease)
+            # Turns are placed on the server's clock from the first one.
+            await ledger.measure_clock()
+            stored = {
+                provider: await ledger.set_limit(provider, limit, overwrite=False)
+                for provider, limit in limits.items()
+            }
+            for key, budget in settings.provider_budgets.items():
+                # "provider/model": that model's own budget.
+                provider, _, model = key.partition("/")
+                await ledger.set_budget(provider, budget, model=model or None)
+        report((ledger, stored))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_close_when_done, closing, ledger, held)
+            await _listen(
+                listener,
+                functools.partial(_open_client, url, timeout, cluster=cluster),
+                ledger,
+                wake,
+            )
+
+
+def _unreachable(exc: BaseException) -> BaseException | None:
+    """The error that kept Redis from being reached, if ``exc`` is only that.
+
+    ``None`` if anything else is among what ``exc`` holds (a cancellation,
+    a bug), which must go on as it is.
+    """
+    errors = list(leaves(exc))
+    if not all(
+        isinstance(error, (*BACKEND_ERRORS, trio.TooSlowError)) for error in errors
+    ):
+        return None
+    # Any error but a timeout says more.
+    return next((e for e in errors if not isinstance(e, trio.TooSlowError)), errors[0])
+
+
+def _permanent(error: BaseException) -> bool:
+    """Whether trying to reach Redis again cannot mend ``error``.
+
+    Redis refused the connection's commands (a wrong password, a user not
+    allowed, a database it does not have), but for a cluster that is
+    moving its slots, or the host's name does not resolve (unless the
+    resolver asks to try again). A connection refused, reset or
+    unanswered, and a Redis still loading its data, may mend.
+    """
+    if isinstance(error, socket.gaierror):
+        return error.errno != socket.EAI_AGAIN
+    return isinstance(error, ResponseError) and not isinstance(
+        error, (ClusterDownError, TryAgainError)
+    )
 
 
 async def _close_when_done(

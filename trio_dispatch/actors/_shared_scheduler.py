@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 import uuid
 from typing import TYPE_CHECKING, Final, Protocol, cast, final
 
@@ -629,9 +628,10 @@ class SharedSchedulerActor:
     def _acquire(self, message: Acquire, now: float) -> None:
         ticket = message.ticket
         # The ticket's rank (its turn's start less its priority's credit) on
-        # the wall clock, so that processes (and hosts, as far as their
-        # clocks agree) compare ranks.
-        arrival = time.time()
+        # the Redis server's clock, as this process reads it (to within
+        # half a round trip), so that processes compare ranks whatever
+        # their hosts' clocks say.
+        arrival = self._ledger.clock.now()
         start = arrival - now + ticket.rank
         book = self.book
         events = self._events
