@@ -28,6 +28,8 @@ from ._redis import SET_CLOCK, lose_everything, needs_redis, open_fleet
 from ._workers import worker
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ._redis import Fleet, RedisServer
 
 pytestmark = needs_redis
@@ -348,3 +350,45 @@ async def test_configured_tenants_are_stored_again_after_redis_comes_back_empty(
         # Redis lost the tenants' settings with everything else: the
         # processes store them again, and the cap holds at once.
         await check()
+
+
+async def test_a_processs_tenants_are_the_fleets_after_another_process_sets_them(
+    server: RedisServer,
+) -> None:
+    async with (
+        open_dispatcher(
+            {"p": 3},
+            tenants={"acme": Tenant(limit=1)},
+            redis_url=server.url,
+            namespace="view",
+            lease=LEASE,
+        ) as first,
+        open_dispatcher(
+            {"p": 3}, redis_url=server.url, namespace="view", lease=LEASE
+        ) as second,
+    ):
+        held = 0
+
+        async def hold() -> None:
+            nonlocal held
+            async with second.slot("p", tenant="acme"):
+                held += 1
+                await trio.sleep_forever()
+
+        async def until(check: Callable[[], bool]) -> None:
+            with trio.fail_after(LEASE * 3):
+                while not check():  # noqa: ASYNC110 (state across sockets)
+                    await trio.sleep(0.01)
+
+        await until(lambda: second.tenants() == {"acme": Tenant(limit=1)})
+        second.set_tenant("acme", Tenant(weight=2.0, limit=3))
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(hold)
+            # The fleet grants acme three at once: the first process must
+            # say so, not the cap it was opened with.
+            await until(lambda: held == 3)
+            await until(lambda: first.tenants() == {"acme": Tenant(2.0, 3)})
+            nursery.cancel_scope.cancel()
+        second.remove_tenant("acme")
+        await until(lambda: first.tenants() == {})
