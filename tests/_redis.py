@@ -157,6 +157,17 @@ class RedisServer:
             self.process = None
 
 
+async def lose_everything(server: RedisServer, how: str) -> None:
+    """Empty ``server``: ``"restart"`` (killed, started again empty) or ``"flushall"``."""
+    if how == "restart":
+        server.kill()
+        server.start()
+        return
+    assert how == "flushall", how
+    async with coredis.Redis.from_url(server.url, decode_responses=True) as client:
+        await client.flushall()
+
+
 @contextlib.contextmanager
 def running_cluster(directory: Path, nodes: int = 3) -> Iterator[list[RedisServer]]:
     """A Redis Cluster of ``nodes`` masters, every slot covered, no replicas."""

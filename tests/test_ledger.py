@@ -10,6 +10,7 @@ import trio
 
 from trio_dispatch import Quota, RateLimitInfo
 from trio_dispatch._ledger import Ledger, keys_of, lease_of, member_of, wakes
+from trio_dispatch._scripts import Seed
 
 from ._redis import RedisServer, needs_redis, next_member
 
@@ -332,15 +333,17 @@ async def test_renewal_keeps_leases_and_adds_back_what_a_restart_lost(
 ) -> None:
     book = ledger(client, lease=0.3)
     await book.set_limit("p", 1)
-    held = await book.step("p", "a", enqueue=[(m("a:1"), 0.0)], seed=1)
+    held = await book.step("p", "a", enqueue=[(m("a:1"), 0.0)], seed=Seed(limit=1))
     for _ in range(3):
         await trio.sleep(0.15)
-        await book.step("p", "a", renew_leases=["a:1"], seed=1)
+        await book.step("p", "a", renew_leases=["a:1"], seed=Seed(limit=1))
     assert (await book.step("p", "b", enqueue=[(m("b:1"), 1.0)])).granted == []
     await client.flushall()
     # Redis lost everything: the holder's renewal registers its lease and
     # the stored limit again (it was only seeded, so a stored one would win).
-    again = await book.step("p", "a", renew_leases=[lease_of(held.granted[0])], seed=1)
+    again = await book.step(
+        "p", "a", renew_leases=[lease_of(held.granted[0])], seed=Seed(limit=1)
+    )
     assert (again.limit, again.in_flight) == (1, 1)
     assert (await book.step("p", "c", enqueue=[(m("c:1"), 2.0)])).granted == []
 
@@ -351,7 +354,7 @@ async def test_a_stored_limit_wins_over_a_seed_and_set_limit_overwrites(
     book = ledger(client)
     assert await book.set_limit("p", 4, overwrite=False) == 4
     assert await book.set_limit("p", 9, overwrite=False) == 4
-    assert (await book.step("p", "a", seed=9)).limit == 4
+    assert (await book.step("p", "a", seed=Seed(limit=9))).limit == 4
     assert await book.set_limit("p", 2) == 2
     assert await book.set_limit("p", None) is None
     assert await book.set_limit("p", 7, overwrite=False) is None

@@ -17,6 +17,7 @@ import trio
 from trio_dispatch import AdaptiveLimit, Budget
 from trio_dispatch._ledger import Ledger, keys_of, lease_of
 from trio_dispatch._ratelimits import Quota, RateLimitInfo
+from trio_dispatch._scripts import Seed
 
 from ._redis import needs_redis, next_member
 
@@ -311,11 +312,11 @@ async def test_a_fixed_limit_replaces_an_adaptive_one_and_a_seed_restores_it(
     # Redis restarted empty: a process's seed brings the adaptive limit back.
     await client.flushall()
     seeded = await ledger.step(
-        "p", "a", seed=AdaptiveLimit(initial=4, minimum=2, maximum=5)
+        "p", "a", seed=Seed(limit=AdaptiveLimit(initial=4, minimum=2, maximum=5))
     )
     assert (seeded.limit, seeded.adaptive) == (4, (2, 5, 0.9))
     # A limit stored wins over a seed.
-    assert (await ledger.step("p", "a", seed=9)).limit == 4
+    assert (await ledger.step("p", "a", seed=Seed(limit=9))).limit == 4
     assert await ledger.set_limit("p", AdaptiveLimit(initial=2, maximum=3)) == 2
     kept = await ledger.set_limit("p", 6, overwrite=False)
     assert kept == 2

@@ -23,6 +23,7 @@ import trio
 
 from trio_dispatch import Budget, open_dispatcher
 from trio_dispatch._ledger import Ledger, keys_of
+from trio_dispatch._scripts import Seed
 
 from ._redis import needs_redis, next_member
 
@@ -204,7 +205,7 @@ async def test_a_damaged_stored_limit_is_replaced_not_passed_on(
     assert await ledger.set_limit("p", 3, overwrite=False) == 3
     await client.hset(CONF, {"limit": "garbage"})
     a1 = m("a:1")
-    result = await ledger.step("p", "a", seed=2, enqueue=[(a1, 0.0)])
+    result = await ledger.step("p", "a", seed=Seed(limit=2), enqueue=[(a1, 0.0)])
     assert (result.limit, result.granted) == (2, [a1])
     await client.hset(CONF, {"limit": "0"})
     # With no limit to put in its place: unlimited, as with none stored.

@@ -23,7 +23,7 @@ from trio_dispatch import (
 )
 from trio_dispatch.events import LimitChanged
 
-from ._redis import RedisServer, needs_redis
+from ._redis import RedisServer, lose_everything, needs_redis
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -251,3 +251,71 @@ async def test_usage_reported_on_a_shared_slot_gives_tokens_back(
             assert not await granted_within(other, 0.3, tokens=500)
             slot.report_usage(200)
             assert await granted_within(other, 5, tokens=500)
+
+
+@pytest.mark.parametrize("how", ["restart", "flushall"])
+async def test_configured_budgets_are_stored_again_after_redis_comes_back_empty(
+    server: RedisServer, how: str
+) -> None:
+    async def check(dispatcher: Dispatcher) -> None:
+        """Both budgets hold: one m1 request a minute, two of the provider's."""
+        # The first grant may wait for the reconnection: a few leases at most.
+        assert await granted_within(dispatcher, LEASE * 3, model="m1")
+        assert not await granted_within(dispatcher, 0.5, model="m1")
+        assert await granted_within(dispatcher, 0.5)
+        assert not await granted_within(dispatcher, 0.5)
+        budget = stats(dispatcher).budget
+        assert budget is not None
+        assert (budget.requests_per_minute, budget.learned) == (2, False)
+        assert stats(dispatcher).models["m1"].requests_per_minute == 1
+
+    async with AsyncExitStack() as stack:
+        await open_member(
+            stack,
+            server,
+            {"p": 10},
+            budgets={
+                "p": Budget(requests_per_minute=2),
+                "p/m1": Budget(requests_per_minute=1),
+            },
+        )
+        other = await open_member(stack, server, {"p": 10})
+        await check(other)
+        await lose_everything(server, how)
+        # Redis lost the budgets with everything else: the processes store
+        # them again, and the other process's requests meet them at once.
+        await check(other)
+
+
+@pytest.mark.parametrize("how", ["restart", "flushall"])
+async def test_an_adaptive_limit_is_stored_again_after_redis_comes_back_empty(
+    server: RedisServer, how: str
+) -> None:
+    async def check(dispatcher: Dispatcher) -> None:
+        """Two slots, no third, and the limit is the adaptive one."""
+        held = 0
+        async with trio.open_nursery() as nursery:
+
+            async def hold() -> None:
+                nonlocal held
+                async with dispatcher.slot("p"):
+                    held += 1
+                    await trio.sleep_forever()
+
+            for _ in range(2):
+                nursery.start_soon(hold)
+            with trio.fail_after(LEASE * 3):
+                while held < 2:  # noqa: ASYNC110 (state across sockets)
+                    await trio.sleep(0.01)
+            assert not await granted_within(dispatcher, 0.5)
+            assert (stats(dispatcher).adaptive, stats(dispatcher).limit) == (True, 2)
+            nursery.cancel_scope.cancel()
+
+    async with AsyncExitStack() as stack:
+        await open_member(
+            stack, server, {"p": AdaptiveLimit(initial=2, maximum=2, backoff=0.5)}
+        )
+        other = await open_member(stack, server, {"p": 9})
+        await check(other)
+        await lose_everything(server, how)
+        await check(other)

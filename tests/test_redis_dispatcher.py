@@ -36,6 +36,7 @@ from ._redis import (
     RedisServer,
     coredis_leaks,
     grant_split,
+    lose_everything,
     needs_redis,
     open_lossy_link,
 )
@@ -767,3 +768,34 @@ async def test_grants_go_on_after_the_wake_up_connection_is_lost_again_and_again
         with trio.fail_after(5):
             async with dispatcher.slot("p"):
                 pass
+
+
+async def test_holders_register_again_at_once_when_redis_was_flushed(
+    server: RedisServer,
+) -> None:
+    # A long lease: a renewal comes only every ten seconds.
+    lease = 30.0
+    async with AsyncExitStack() as stack:
+        holder, other = [
+            await stack.enter_async_context(
+                open_dispatcher(
+                    {"p": 1}, redis_url=server.url, namespace="flushed", lease=lease
+                )
+            )
+            for _ in range(2)
+        ]
+        async with holder.slot("p"):
+            await lose_everything(server, "flushall")
+            # The lease went with everything else: the other process may
+            # take a slot too many (one limit at most) ...
+            async with other.slot("p"):
+                # ... until the holder's round, which the other's wakes,
+                # finds the namespace lost and registers its lease again
+                # at once, not at its next renewal.
+                with trio.fail_after(lease / 6):
+                    while holder.statistics().providers["p"].in_flight < 2:  # noqa: ASYNC110 (state across sockets)
+                        await trio.sleep(0.01)
+            with trio.move_on_after(0.5) as waited:
+                async with other.slot("p"):
+                    pytest.fail("granted a slot that the holder holds")
+            assert waited.cancelled_caught

@@ -17,19 +17,24 @@ import uuid
 from typing import TYPE_CHECKING
 
 import coredis
+import pytest
 import trio
 
 from trio_dispatch import Tenant, open_dispatcher
 from trio_dispatch._ledger import Ledger, member_of
 from trio_dispatch._scripts import load_scripts
 
-from ._redis import SET_CLOCK, needs_redis, open_fleet
+from ._redis import SET_CLOCK, lose_everything, needs_redis, open_fleet
 from ._workers import worker
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ._redis import Fleet, RedisServer
 
 pytestmark = needs_redis
+
+LEASE = 3.0
 
 
 async def serve_one_by_one(fleet: Fleet, hold_ms: int, count: int) -> str:
@@ -299,3 +304,91 @@ async def test_two_dispatchers_share_a_tenants_cap_and_a_change_of_it(
             await until(3)
             assert granted == ["a1", "b1", "a2"]
             nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("how", ["restart", "flushall"])
+async def test_configured_tenants_are_stored_again_after_redis_comes_back_empty(
+    server: RedisServer, how: str
+) -> None:
+    async with (
+        open_dispatcher(
+            {"p": 3},
+            tenants={"acme": Tenant(weight=2.0, limit=1)},
+            redis_url=server.url,
+            namespace="restored",
+            lease=LEASE,
+        ),
+        open_dispatcher(
+            {"p": 3}, redis_url=server.url, namespace="restored", lease=LEASE
+        ) as other,
+    ):
+
+        async def check() -> None:
+            """The cap holds in the other process: one acme slot, no second."""
+            granted: list[str] = []
+
+            async def request(name: str) -> None:
+                async with other.slot("p", tenant="acme"):
+                    granted.append(name)
+                    await trio.sleep_forever()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(request, "first")
+                # The first grant may wait for the reconnection.
+                with trio.fail_after(LEASE * 3):
+                    while not granted:  # noqa: ASYNC110 (state across sockets)
+                        await trio.sleep(0.01)
+                nursery.start_soon(request, "second")
+                await trio.sleep(0.5)
+                assert granted == ["first"]
+                acme = other.statistics().providers["p"].tenants["acme"]
+                assert (acme.weight, acme.limit, acme.in_flight) == (2.0, 1, 1)
+                nursery.cancel_scope.cancel()
+
+        await check()
+        await lose_everything(server, how)
+        # Redis lost the tenants' settings with everything else: the
+        # processes store them again, and the cap holds at once.
+        await check()
+
+
+async def test_a_processs_tenants_are_the_fleets_after_another_process_sets_them(
+    server: RedisServer,
+) -> None:
+    async with (
+        open_dispatcher(
+            {"p": 3},
+            tenants={"acme": Tenant(limit=1)},
+            redis_url=server.url,
+            namespace="view",
+            lease=LEASE,
+        ) as first,
+        open_dispatcher(
+            {"p": 3}, redis_url=server.url, namespace="view", lease=LEASE
+        ) as second,
+    ):
+        held = 0
+
+        async def hold() -> None:
+            nonlocal held
+            async with second.slot("p", tenant="acme"):
+                held += 1
+                await trio.sleep_forever()
+
+        async def until(check: Callable[[], bool]) -> None:
+            with trio.fail_after(LEASE * 3):
+                while not check():  # noqa: ASYNC110 (state across sockets)
+                    await trio.sleep(0.01)
+
+        await until(lambda: second.tenants() == {"acme": Tenant(limit=1)})
+        second.set_tenant("acme", Tenant(weight=2.0, limit=3))
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(hold)
+            # The fleet grants acme three at once: the first process must
+            # say so, not the cap it was opened with.
+            await until(lambda: held == 3)
+            await until(lambda: first.tenants() == {"acme": Tenant(2.0, 3)})
+            nursery.cancel_scope.cancel()
+        second.remove_tenant("acme")
+        await until(lambda: first.tenants() == {})

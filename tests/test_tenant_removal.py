@@ -80,8 +80,13 @@ async def test_a_process_that_never_configured_a_tenant_removes_its_cap(
         for _ in range(2):
             nursery.start_soon(hold)
         await until(configuring, lambda seen: (seen.in_flight, seen.waiting) == (1, 1))
-        assert other.tenants() == {}
+        # The fleet's tenants, as the other process's rounds see them.
+        with trio.fail_after(10):
+            while other.tenants() != {"acme": Tenant(limit=1)}:  # noqa: ASYNC110 (state across dispatchers)
+                await trio.sleep(0.01)
         other.remove_tenant("acme")
+        assert other.tenants() == {}
         # The fleet's cap is gone: the waiter is granted.
         await until(configuring, lambda seen: (seen.in_flight, seen.waiting) == (2, 0))
+        assert configuring.tenants() == {}
         release.set()

@@ -29,7 +29,12 @@ rules, which they repeat):
   expires (at most the earliest of their expiries: the prune that runs
   once it has passed finds the new earliest, and a member added to
   expire sooner lowers it), so that a step prunes only then; and ``qc``,
-  set while a queued member may have an estimate in ``qcost``.
+  set while a queued member may have an estimate in ``qcost``. And
+  ``ep``, the namespace's epoch: made by the first step with a seed (the
+  settings a process knows the fleet has) that finds none, so that a
+  process whose step finds another than the one it last saw knows that
+  Redis lost the namespace (restarted empty, flushed, failed over); that
+  step then stores again, with its seed, each setting that Redis lacks.
 * ``nodes`` and ``nwait``: each live process's expiry and its own count of
   waiters, for the fleet-wide ``waiting`` figure.
 * ``grantno``: while a streak of rate-limit reports lasts, the number of
@@ -171,6 +176,7 @@ import attrs
 import coredis
 from coredis.exceptions import NoScriptError
 
+from ._budgets import Budget
 from ._ratelimits import server_delay
 from ._scripts import (
     PauseArgs,
@@ -182,14 +188,14 @@ from ._scripts import (
     load_scripts,
 )
 from ._server_clock import ServerClock
+from .messages._limits import Tenant
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
-    from ._budgets import AdaptiveLimit, Budget
+    from ._budgets import AdaptiveLimit
     from ._ratelimits import RateLimitInfo
-    from ._scripts import Script, Scripts
-    from .messages._limits import Tenant
+    from ._scripts import Script, Scripts, Seed
 
     Client: TypeAlias = coredis.Redis[str] | coredis.RedisCluster[str]
     """A client of one Redis server, or of a Redis Cluster."""
@@ -295,6 +301,8 @@ class StepResult:
         models: Each model's budgets, by model.
         counting: Whether the fleet counts tenants (from the first tenant
             or model budget seen): then every waiter is published.
+        epoch: The namespace's epoch (see ``Ledger.step``), or empty if it
+            has none.
     """
 
     granted: list[str]
@@ -309,6 +317,29 @@ class StepResult:
     tenants: dict[str, LedgerTenant] = attrs.field(factory=dict)
     models: dict[str, LedgerBudget] = attrs.field(factory=dict)
     counting: bool = False
+    epoch: str = ""
+
+    def configured_tenants(self) -> dict[str, Tenant]:
+        """The configured tenants' settings, by name."""
+        return {
+            name: Tenant(weight=tenant.weight, limit=tenant.limit)
+            for name, tenant in self.tenants.items()
+            if tenant.configured
+        }
+
+    def configured_models(self) -> dict[str, Budget]:
+        """The models' configured budgets, by model."""
+        models: dict[str, Budget] = {}
+        for model, shown in self.models.items():
+            budget = shown.configured()
+            if budget is not None:
+                models[model] = budget
+        return models
+
+
+@final
+class NamespaceLost(Exception):
+    """A step found the namespace's epoch changed: Redis lost it, and the step did nothing."""
 
 
 @final
@@ -322,6 +353,8 @@ class LedgerTenant:
         in_flight: Leases it holds, fleet-wide.
         queued: Its entries in the shared queue.
         service: Its counter (seconds of slots held, divided by its weight).
+        configured: Whether its weight and cap are configured (else the
+            defaults, for a tenant in play).
     """
 
     weight: float
@@ -329,6 +362,7 @@ class LedgerTenant:
     in_flight: int
     queued: int
     service: float
+    configured: bool = False
 
 
 @final
@@ -346,6 +380,9 @@ class LedgerBudget:
         learned: Whether figures of answers were learned.
         ready_in: Seconds until the head of the queue fits the budgets,
             if they hold it back (else ``None``).
+        requests_configured: Whether the request budget is configured
+            (else learned).
+        tokens_configured: Whether the token budget is configured.
     """
 
     requests_per_minute: float | None
@@ -356,6 +393,16 @@ class LedgerBudget:
     tokens_capacity: float | None
     learned: bool
     ready_in: float | None
+    requests_configured: bool = False
+    tokens_configured: bool = False
+
+    def configured(self) -> Budget | None:
+        """The configured budgets (a configured one's capacity is its rate), if any."""
+        requests = self.requests_capacity if self.requests_configured else None
+        tokens = self.tokens_capacity if self.tokens_configured else None
+        if requests is None and tokens is None:
+            return None
+        return Budget(requests_per_minute=requests, tokens_per_minute=tokens)
 
 
 def _float(text: str) -> float | None:
@@ -365,7 +412,9 @@ def _float(text: str) -> float | None:
 def _budget_of(text: str) -> LedgerBudget | None:
     if not text:
         return None
-    r_pm, r_lvl, r_cap, t_pm, t_lvl, t_cap, learned, ready_in = text.split(",")
+    r_pm, r_lvl, r_cap, t_pm, t_lvl, t_cap, learned, r_cfg, t_cfg, ready_in = (
+        text.split(",")
+    )
     return LedgerBudget(
         _float(r_pm),
         _float(r_lvl),
@@ -375,6 +424,8 @@ def _budget_of(text: str) -> LedgerBudget | None:
         _float(t_cap),
         learned=learned == "1",
         ready_in=None if int(ready_in) < 0 else int(ready_in) / 1000,
+        requests_configured=r_cfg == "1",
+        tokens_configured=t_cfg == "1",
     )
 
 
@@ -386,8 +437,9 @@ def _tenants_of(rows: list[str]) -> dict[str, LedgerTenant]:
             in_flight=int(rows[k + 3]),
             queued=int(rows[k + 4]),
             service=float(rows[k + 5]),
+            configured=rows[k + 6] == "1",
         )
-        for k in range(0, len(rows), 6)
+        for k in range(0, len(rows), 7)
     }
 
 
@@ -548,7 +600,8 @@ class Ledger:
         node: str,
         *,
         waiting: int = 0,
-        seed: int | AdaptiveLimit | None = None,
+        epoch: str = "",
+        seed: Seed | None = None,
         observed: RateLimitInfo | None = None,
         observed_models: Mapping[str, RateLimitInfo] | None = None,
         spoil: Sequence[str] = (),
@@ -565,7 +618,14 @@ class Ledger:
     ) -> StepResult:
         """Apply one round of a process's changes, in order, atomically.
 
-        Stores ``seed`` as the limit if none is stored; takes ``spoil``
+        First the namespace's epoch, made by the first step with a seed
+        that finds none (so it changes only when Redis lost the
+        namespace): with ``seed`` (the settings the process knows the
+        fleet has), if the epoch is not ``epoch`` (the one the process last
+        saw) or there is none, it stores again each setting of the seed
+        the namespace does not hold, and no other; without, if ``epoch``
+        is given and the namespace's is another, it does nothing and
+        raises ``NamespaceLost``. Then it takes ``spoil``
         (lease ids given back without success: no adaptive increase, no end
         of a backoff streak) and ``usage`` (lease id and the tokens its
         request used: its charge is corrected); releases ``release`` (lease
@@ -596,8 +656,9 @@ class Ledger:
             node=node,
             ttl=round(self.lease * 1000),
             waiting=waiting,
-            seed=seed,
             channel=channel,
+            epoch=epoch,
+            seed=seed,
             recheck=recheck,
             observed=figures,
             spoil=list(spoil),
@@ -617,6 +678,8 @@ class Ledger:
         # A Lua script's answer is untyped; this one has a fixed shape.
         reply: Any = await self._run(self._scripts.step, keys, args.pack())
         received = clock.local()
+        if len(reply) == 1:
+            raise NamespaceLost(f"the namespace's epoch is {reply[0]!r}, not {epoch!r}")
         (
             granted,
             limit,
@@ -630,6 +693,7 @@ class Ledger:
             tenants,
             models,
             counting,
+            stored_epoch,
         ) = reply
         clock.sample(sent, received, int(now) / 1000 + _HALF_MS)
         return StepResult(
@@ -645,6 +709,7 @@ class Ledger:
             tenants=_tenants_of(tenants),
             models=_models_of(models),
             counting=counting == 1,
+            epoch=stored_epoch,
         )
 
     async def measure_clock(self, samples: int = 3) -> None:
@@ -677,12 +742,7 @@ class Ledger:
     ) -> None:
         """Store the fleet's configured budgets of ``provider`` or of its ``model``."""
         keys, channel = self.names(provider)
-        args = SetBudgetArgs(
-            requests_per_minute=budget.requests_per_minute,
-            tokens_per_minute=budget.tokens_per_minute,
-            channel=channel,
-            model=model,
-        )
+        args = SetBudgetArgs(budget=budget, channel=channel, model=model)
         await self._run(self._scripts.set_budget, keys, args.pack())
 
     async def set_tenant(
@@ -690,12 +750,7 @@ class Ledger:
     ) -> None:
         """Store a tenant's weight and cap for the fleet (``None``: the defaults)."""
         keys, channel = self.names(provider)
-        args = SetTenantArgs(
-            tenant=tenant,
-            weight=None if settings is None else settings.weight,
-            limit=None if settings is None else settings.limit,
-            channel=channel,
-        )
+        args = SetTenantArgs(tenant=tenant, settings=settings, channel=channel)
         await self._run(self._scripts.set_tenant, keys, args.pack())
 
     async def pause(

@@ -24,7 +24,11 @@ import attrs
 from ._budgets import MAX_TOKENS, AdaptiveLimit
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ._budgets import Budget
     from ._ratelimits import RateLimitInfo
+    from .messages._limits import Tenant
 
 _CLOCK_MARK: Final = "--@CLOCK@\n"
 
@@ -141,6 +145,64 @@ def _counted(items: list[str]) -> list[str]:
     return [str(len(items)), *items]
 
 
+def _rates(budget: Budget | None) -> list[str]:
+    """A budget's requests and tokens per minute, each empty when it has none."""
+    if budget is None:
+        return ["", ""]
+    return [
+        _optional(None if rate is None else float(rate))
+        for rate in (budget.requests_per_minute, budget.tokens_per_minute)
+    ]
+
+
+def _tenant_fields(settings: Tenant | None) -> list[str]:
+    """A tenant's weight and cap, each empty for the default (no weight: none configured)."""
+    if settings is None:
+        return ["", ""]
+    return [
+        repr(float(settings.weight)),
+        "" if settings.limit is None else str(settings.limit),
+    ]
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Seed:
+    """A provider's settings, as a process knows the fleet has them.
+
+    A step that carries it stores again, where the namespace holds none,
+    each of them, when the namespace is not the one the process last saw:
+    Redis lost it (see ``step.lua``).
+
+    Attributes:
+        limit: The limit, fixed or adaptive (at its current value), or
+            ``None`` for none to store.
+        budget: The provider's configured budgets, or ``None``.
+        models: Each model's configured budgets.
+        tenants: Each configured tenant's weight and cap.
+    """
+
+    limit: int | AdaptiveLimit | None = None
+    budget: Budget | None = None
+    models: Mapping[str, Budget] = attrs.field(factory=dict)
+    tenants: Mapping[str, Tenant] = attrs.field(factory=dict)
+
+    def pack(self) -> list[str]:
+        """Its part of ``step.lua``'s ``ARGV``."""
+        args = [
+            "1",
+            "" if self.limit is None else limit_spec(self.limit),
+            *_rates(self.budget),
+            str(len(self.models)),
+        ]
+        for model, budget in self.models.items():
+            args += (model, *_rates(budget))
+        args.append(str(len(self.tenants)))
+        for tenant, settings in self.tenants.items():
+            args += (tenant, *_tenant_fields(settings))
+        return args
+
+
 @final
 @attrs.frozen(kw_only=True)
 class StepArgs:
@@ -150,8 +212,11 @@ class StepArgs:
         node: The process's name for the provider.
         ttl: Milliseconds a lease, an entry or the process lives unrenewed.
         waiting: The process's waiters.
-        seed: The limit to store if none is, or ``None``.
         channel: The provider's wake-up channel.
+        epoch: The namespace's epoch as the process last saw it (empty:
+            none, then the step does not check it).
+        seed: The settings to store again if the namespace's epoch is
+            not ``epoch``, or ``None``.
         recheck: Whether a step of the process may have run without its
             answer reaching it: then the members it sends are looked up
             among the leases (a lost answer may have granted them).
@@ -171,8 +236,9 @@ class StepArgs:
     node: str
     ttl: int
     waiting: int
-    seed: int | AdaptiveLimit | None
     channel: str
+    epoch: str = ""
+    seed: Seed | None = None
     recheck: bool = True
     observed: list[tuple[str | None, RateLimitInfo]] = attrs.field(factory=list)
     spoil: list[str] = attrs.field(factory=list)
@@ -192,9 +258,10 @@ class StepArgs:
             self.node,
             str(self.ttl),
             str(self.waiting),
-            "" if self.seed is None else limit_spec(self.seed),
+            self.epoch,
             self.channel,
             "1" if self.recheck else "0",
+            *(["0"] if self.seed is None else self.seed.pack()),
             str(len(self.observed)),
         ]
         for model, info in self.observed:
@@ -241,27 +308,13 @@ class SetLimitArgs:
 class SetBudgetArgs:
     """``set_budget.lua``'s arguments: rates per minute, channel, model (or none)."""
 
-    requests_per_minute: float | None
-    tokens_per_minute: float | None
+    budget: Budget
     channel: str
     model: str | None = None
 
     def pack(self) -> list[str]:
         """``ARGV``, in the script's order."""
-        return [
-            _optional(
-                None
-                if self.requests_per_minute is None
-                else float(self.requests_per_minute)
-            ),
-            _optional(
-                None
-                if self.tokens_per_minute is None
-                else float(self.tokens_per_minute)
-            ),
-            self.channel,
-            self.model or "",
-        ]
+        return [*_rates(self.budget), self.channel, self.model or ""]
 
 
 @final
@@ -270,18 +323,12 @@ class SetTenantArgs:
     """``set_tenant.lua``'s arguments: tenant, weight and cap (or defaults), channel."""
 
     tenant: str
-    weight: float | None
-    limit: int | None
+    settings: Tenant | None
     channel: str
 
     def pack(self) -> list[str]:
-        """``ARGV``, in the script's order; no weight: back to the defaults."""
-        return [
-            self.tenant,
-            "" if self.weight is None else repr(float(self.weight)),
-            "" if self.limit is None else str(self.limit),
-            self.channel,
-        ]
+        """``ARGV``, in the script's order; no settings: back to the defaults."""
+        return [self.tenant, *_tenant_fields(self.settings), self.channel]
 
 
 @final

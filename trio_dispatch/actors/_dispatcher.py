@@ -121,8 +121,9 @@ class Dispatcher(metaclass=NoPublicConstructor):
         self._backends: dict[str, Backend] = {}
         self._actors: dict[str, Backend] = {}
         self._limits: dict[str, int] = {}
-        # The tenants configured now (open_dispatcher's, then set_tenant's):
-        # every backend is told of each when it is made.
+        # The tenants configured now (open_dispatcher's, then set_tenant's,
+        # and with Redis the fleet's, as the schedulers learn them): every
+        # backend is told of each when it is made.
         self._tenants: dict[str, Tenant] = dict(settings.tenants)
         # Known providers, and the names slot() lets through without a
         # look: the known ones and the unknown ones already allowed or
@@ -598,7 +599,12 @@ class Dispatcher(metaclass=NoPublicConstructor):
         self._tell_every(lambda backend: backend.set_tenant(tenant, None))
 
     def tenants(self) -> dict[str, Tenant]:
-        """The tenants configured now, by name (a copy): ``tenants`` and ``set_tenant``'s."""
+        """The tenants configured now, by name (a copy): ``tenants`` and ``set_tenant``'s.
+
+        With ``redis_url``, the fleet's, the latest writer winning: a
+        tenant set or removed in another process shows here once a round
+        of a provider's scheduler has seen it (the change wakes them).
+        """
         return dict(self._tenants)
 
     def report_rate_limit(
@@ -822,7 +828,11 @@ class Dispatcher(metaclass=NoPublicConstructor):
 
         self._closing = trio.Event()
         shared = SharedBackends(
-            self._settings, self._hub, self._limits, self._learn_limit
+            self._settings,
+            self._hub,
+            self._limits,
+            self._learn_limit,
+            self._learn_tenant,
         )
         ledger, stored = await self._nursery.start(
             serve_ledger, self._settings, limits, shared.wake, self._closing
@@ -842,6 +852,13 @@ class Dispatcher(metaclass=NoPublicConstructor):
             self._limits.pop(provider, None)
         else:
             self._limits[provider] = limit
+
+    def _learn_tenant(self, tenant: str, settings: Tenant | None) -> None:
+        """A shared scheduler learned the fleet's setting of ``tenant`` from Redis."""
+        if settings is None:
+            self._tenants.pop(tenant, None)
+        else:
+            self._tenants[tenant] = settings
 
     def _local_backend(self, provider: str) -> Backend:
         """The scheduler actor of ``provider`` in this process."""

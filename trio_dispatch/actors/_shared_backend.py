@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 
     from .._budgets import AdaptiveLimit, Budget
     from .._ledger import Client
+    from ..messages._limits import Tenant
     from ._observe import EventHub
 
 
@@ -88,10 +89,19 @@ class SharedBackends:
 
     ``ledger`` is set once Redis is reached, before the first is made.
     ``limits`` are the limits known to the dispatcher, which ``on_limit``
-    keeps up to date with what the schedulers learn from Redis.
+    keeps up to date with what the schedulers learn from Redis, as
+    ``on_tenant`` keeps its tenants.
     """
 
-    __slots__ = ("_actors", "_hub", "_limits", "_on_limit", "_settings", "ledger")
+    __slots__ = (
+        "_actors",
+        "_hub",
+        "_limits",
+        "_on_limit",
+        "_on_tenant",
+        "_settings",
+        "ledger",
+    )
 
     def __init__(
         self,
@@ -99,11 +109,13 @@ class SharedBackends:
         hub: EventHub,
         limits: Mapping[str, int],
         on_limit: Callable[[str, int | None], None],
+        on_tenant: Callable[[str, Tenant | None], None],
     ) -> None:
         self._settings = settings
         self._hub = hub
         self._limits = limits
         self._on_limit = on_limit
+        self._on_tenant = on_tenant
         self._actors: dict[str, SharedSchedulerActor] = {}
         self.ledger: Ledger | None = None
 
@@ -120,6 +132,7 @@ class SharedBackends:
             default_pause=settings.default_pause,
             max_pause=settings.max_pause,
             on_limit=self._on_limit,
+            on_tenant=self._on_tenant,
             hub=self._hub,
         )
         self._actors[provider] = actor

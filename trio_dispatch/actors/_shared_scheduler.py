@@ -36,10 +36,11 @@ after ``lease``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import uuid
-from typing import TYPE_CHECKING, Final, Protocol, cast, final
+from typing import TYPE_CHECKING, Final, Protocol, TypeVar, cast, final
 
 import anyio
 import attrs
@@ -49,7 +50,8 @@ from coredis.exceptions import RedisError
 from .._backend import ProviderStatistics
 from .._budgets import AdaptiveLimit, BudgetStatistics, refilled
 from .._exceptions import DispatcherClosed, QueueFull
-from .._ledger import wakes
+from .._ledger import NamespaceLost, wakes
+from .._scripts import Seed
 from .._tenants import TenantStatistics
 from ..messages._scheduling import (
     Acquire,
@@ -97,6 +99,9 @@ BACKEND_ERRORS: Final = (
     anyio.BrokenResourceError,
     anyio.ClosedResourceError,
 )
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
 _FIRST_RETRY: Final = 0.05
 _PAUSE_SLACK: Final = 0.05
@@ -213,6 +218,8 @@ class SharedSchedulerActor:
         default_pause: The backoff's first pause, as the dispatcher's.
         max_pause: The longest pause, as the dispatcher's.
         on_limit: Called with the stored limit whenever a round learns it.
+        on_tenant: Called with a tenant's settings (``None``: not
+            configured) whenever a round learns that the fleet's changed.
     """
 
     __slots__ = (
@@ -220,7 +227,11 @@ class SharedSchedulerActor:
         "_default_pause",
         "_dirty",
         "_entered",
+        "_epoch",
         "_events",
+        "_fleet_budget",
+        "_fleet_models",
+        "_fleet_tenants",
         "_holding",
         "_inbox",
         "_last_round",
@@ -232,6 +243,7 @@ class SharedSchedulerActor:
         "_observed",
         "_observed_models",
         "_on_limit",
+        "_on_tenant",
         "_pauses",
         "_replies",
         "_resume",
@@ -255,6 +267,7 @@ class SharedSchedulerActor:
         default_pause: float,
         max_pause: float,
         on_limit: Callable[[str, int | None], None],
+        on_tenant: Callable[[str, Tenant | None], None] | None = None,
         hub: EventHub | None = None,
     ) -> None:
         self.provider = provider
@@ -264,6 +277,7 @@ class SharedSchedulerActor:
         self._default_pause = default_pause
         self._max_pause = max_pause
         self._on_limit = on_limit
+        self._on_tenant = on_tenant
         self._inbox: Mailbox[SchedulerMessage | _Wake] = Mailbox()
         self._replies: dict[Ticket, Reply] = {}
         # The replies of the tickets holding a lease that can expire.
@@ -278,6 +292,14 @@ class SharedSchedulerActor:
         # Tenants' settings and models' budgets to store, the latest of each.
         self._tenant_writes: dict[str, Tenant | None] = {}
         self._model_budgets: dict[str, Budget] = {}
+        # The fleet's settings as the last round saw them, with this
+        # process's writes since: stored again by the round that finds
+        # the namespace lost (its epoch changed: see Ledger.step), which
+        # the ledger tells only a round that knows its epoch ("": none).
+        self._epoch = ""
+        self._fleet_budget: Budget | None = None
+        self._fleet_models: dict[str, Budget] = {}
+        self._fleet_tenants: dict[str, Tenant] = {}
         self._pauses: list[float | None] = []
         self._resume = False
         self._dirty = True
@@ -602,9 +624,12 @@ class SharedSchedulerActor:
         if isinstance(message, SetTenant):
             self._tenant_writes.pop(message.tenant, None)
             self._tenant_writes[message.tenant] = message.settings
+            _put(self._fleet_tenants, message.tenant, message.settings)
         elif isinstance(message, SetModelBudget):
             self._model_budgets.pop(message.model, None)
             self._model_budgets[message.model] = message.budget
+            # One of no rate (it hands both back to the figures) stores nothing.
+            self._fleet_models[message.model] = message.budget
         elif isinstance(message, SetLimit):
             self._events.limit_changed(self.limit, message.limit, now)
             self.limit = message.limit
@@ -676,11 +701,11 @@ class SharedSchedulerActor:
                 plan = book.plan(self.limit, renew=renew)
                 observed, self._observed = self._observed, None
                 by_model, self._observed_models = self._observed_models, {}
-                result = await self._ledger.step(
+                step = functools.partial(
+                    self._ledger.step,
                     self.provider,
                     book.node,
                     waiting=book.waiting,
-                    seed=self._seed(),
                     observed=observed,
                     observed_models=by_model,
                     spoil=plan.spoil,
@@ -695,6 +720,20 @@ class SharedSchedulerActor:
                     answered=plan.answered,
                     recheck=plan.recheck,
                 )
+                try:
+                    result = await step(
+                        epoch=self._epoch,
+                        seed=None if self._epoch else self._seed(),
+                    )
+                except NamespaceLost:
+                    # Redis lost the namespace since the last round (it
+                    # restarted empty, was flushed or failed over), and did
+                    # nothing: the same again, with the settings to store.
+                    result = await step(seed=self._seed())
+                    # The holders' leases went with it: they register
+                    # again in a round run at once, if not in this one.
+                    self._next_renew = -math.inf
+                    self._dirty = True
             except BACKEND_ERRORS as exc:
                 if plan is not None:
                     self._failed(plan, observed, by_model)
@@ -709,14 +748,19 @@ class SharedSchedulerActor:
             return
         self._up(now, renew, plan, result)
 
-    def _seed(self) -> int | AdaptiveLimit | None:
-        """The limit to store if Redis has none (it restarted empty)."""
+    def _seed(self) -> Seed:
+        """The fleet's settings as this process knows them, to store where Redis lost them."""
         adaptive = self._view.adaptive
-        limit = self.limit
-        if adaptive is None or limit is None:
-            return limit
-        # The adaptive limit goes on from its current value.
-        return attrs.evolve(adaptive, initial=limit)
+        limit: int | AdaptiveLimit | None = self.limit
+        if adaptive is not None and self.limit is not None:
+            # The adaptive limit goes on from its current value.
+            limit = attrs.evolve(adaptive, initial=self.limit)
+        return Seed(
+            limit=limit,
+            budget=self._fleet_budget,
+            models=dict(self._fleet_models),
+            tenants=dict(self._fleet_tenants),
+        )
 
     def _failed(
         self,
@@ -789,6 +833,7 @@ class SharedSchedulerActor:
         if renewed:
             self._next_renew = now + self._ledger.lease / 3
         self._learn_limit(result.limit)
+        self._learn_settings(result)
         book = self.book
         paused_until = now + result.paused_for if result.paused_for else None
         self._emit_pause(self._view.paused_until, paused_until, now)
@@ -869,6 +914,24 @@ class SharedSchedulerActor:
         elif after is None and before is not None:
             self._events.resumed(now, "expired")
 
+    def _learn_settings(self, result: StepResult) -> None:
+        """The fleet's epoch, budgets and tenants, as a round saw them."""
+        self._epoch = result.epoch
+        budget = result.budget
+        self._fleet_budget = None if budget is None else budget.configured()
+        models = result.configured_models()
+        tenants = result.configured_tenants()
+        # Those written since the round began are newer than what it saw.
+        models |= self._model_budgets
+        for tenant, settings in self._tenant_writes.items():
+            _put(tenants, tenant, settings)
+        self._fleet_models = models
+        before, self._fleet_tenants = self._fleet_tenants, tenants
+        if self._on_tenant is not None:
+            for tenant in sorted(before.keys() | tenants.keys()):
+                if before.get(tenant) != tenants.get(tenant):
+                    self._on_tenant(tenant, tenants.get(tenant))
+
     def _learn_limit(self, stored: int | None) -> None:
         if stored != self.limit and not self._limit_writes:
             self._events.limit_changed(self.limit, stored, trio.current_time())
@@ -909,6 +972,14 @@ class SharedSchedulerActor:
                 )
             except BACKEND_ERRORS:
                 book.failed(plan)
+
+
+def _put(mapping: dict[_K, _V], key: _K, value: _V | None) -> None:
+    """Set ``key`` to ``value`` in ``mapping``, or remove it for ``None``."""
+    if value is None:
+        mapping.pop(key, None)
+    else:
+        mapping[key] = value
 
 
 def new_node() -> str:

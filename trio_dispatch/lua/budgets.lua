@@ -200,7 +200,8 @@ local function charge_to(sc, id, cost)
   redis.call('ZADD', sc.unans, now, id)
 end
 -- A scope's budgets written back, and as the step answers them:
--- requests per minute, level, capacity, then the same for tokens.
+-- requests per minute, level, capacity, then the same for tokens, whether
+-- figures were learned, then whether each is configured ('1').
 local function write_scope(sc)
   local fields, shown = {}, {}
   for _, pair in ipairs({{'r', sc.R}, {'t', sc.T}}) do
@@ -226,5 +227,6 @@ local function write_scope(sc)
     end
   end
   if #fields > 0 then redis.call('HSET', sc.h, unpack(fields)) end
-  return shown[1] .. ',' .. shown[2] .. ',' .. (sc.learned and 1 or 0)
+  return shown[1] .. ',' .. shown[2] .. ',' .. (sc.learned and 1 or 0) .. ','
+    .. (sc.R and sc.R.cfg and 1 or 0) .. ',' .. (sc.T and sc.T.cfg and 1 or 0)
 end

@@ -186,3 +186,84 @@ local function store_limit(spec)
   redis.call('HDEL', conf, 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow')
   return spec
 end
+-- Store the fleet's configured budgets of the provider (``model`` empty)
+-- or of a model, ``rates`` its requests and tokens per minute (each nil:
+-- none configured). A configured budget replaces the stored one of its
+-- kind, its level kept (at most the new capacity); none configured turns
+-- a configured budget of that kind into a learned one (which learning
+-- refills from the next figures), and leaves a learned one alone. With
+-- ``fill``, only the kinds configured in ``rates`` and not stored as
+-- configured are written, and nothing else if there are none. A model's
+-- budgets live in ``m:<model>`` (its charges and unanswered leases in
+-- ``mc:<model>`` and ``mu:<model>``), and models are counted from then on
+-- (``extend``).
+local function store_budget(model, rates, fill)
+  local h = conf
+  if model ~= '' then h = prefix .. 'm:' .. model end
+  local wrote = false
+  for j, k in ipairs({'r', 't'}) do
+    local per_minute = rates[j]
+    local c = redis.call('HMGET', h, k .. '_cap', k .. '_rate', k .. '_lvl',
+      k .. '_at', k .. '_cfg')
+    if fill and (not per_minute or c[5] == '1') then
+      per_minute = nil
+    elseif per_minute then
+      local lvl = per_minute
+      local b = c[1] and load_bucket(c[1], c[2], c[3], c[4], c[5])
+      if b then lvl = math.max(-per_minute, math.min(b.lvl, per_minute)) end
+      redis.call('HSET', h, k .. '_cap', num(per_minute), k .. '_rate',
+        num(per_minute / 60000), k .. '_lvl', num(lvl), k .. '_at', now, k .. '_cfg', 1,
+        k .. '_own', num(lvl))
+      wrote = true
+    elseif c[5] == '1' then
+      redis.call('HDEL', h, k .. '_cap', k .. '_rate', k .. '_lvl', k .. '_at',
+        k .. '_cfg', k .. '_own')
+    end
+  end
+  if fill and not wrote then return end
+  if model ~= '' then extend() end
+  -- The books of grants are kept from now on, budget or not, as the pure
+  -- core's Throttle keeps them once it exists (see step.lua's scopes).
+  redis.call('HSET', h, 'bk', 1)
+  if model ~= '' then
+    redis.call('SADD', models, model)
+    local left = redis.call('HMGET', h, 'r_cap', 't_cap')
+    if left[1] or left[2] then redis.call('PERSIST', h) end
+  end
+  redis.call('PERSIST', conf)
+end
+-- Store a tenant's settings: its weight (empty: back to the defaults, the
+-- tenant is no longer configured) and its cap (empty: none). What the
+-- tenant received so far is folded into its counter at the old weight; an
+-- unconfigured tenant with nothing held or waiting is forgotten (it starts
+-- again from the floor). Tenants are counted from now on if they were not
+-- (``extend``), but for the defaults where no tenant is counted: they
+-- change nothing, as in the pure core (then it returns false).
+local function store_tenant(t, weight, cap)
+  if weight == '' and not redis.call('HGET', conf, 'xm') then return false end
+  extend()
+  local text = redis.call('HGET', tstate, t)
+  if text then
+    local base, held, last = tenant_state(text)
+    local old = tenant_settings(redis.call('HGET', tconf, t))
+    if held > 0 and now > last then base = base + held * (now - last) / 1000 / old end
+    if now > last then last = now end
+    if weight == '' and held == 0 and redis.call('ZCARD', queue_of(t)) == 0 then
+      redis.call('HDEL', tstate, t)
+    else
+      redis.call('HSET', tstate, t, tenant_text(base, held, last))
+    end
+  end
+  if weight == '' then
+    redis.call('HDEL', tconf, t)
+  else
+    redis.call('HSET', tconf, t, weight .. ',' .. cap)
+  end
+  if redis.call('HLEN', tconf) > 0 then
+    redis.call('HSET', conf, 'x_cfg', 1)
+    redis.call('PERSIST', conf)
+  else
+    redis.call('HDEL', conf, 'x_cfg')
+  end
+  return true
+end

@@ -1,9 +1,13 @@
 -- One round of a process's changes, in order, atomically (Ledger.step).
 -- ARGV, as StepArgs.pack (trio_dispatch/_scripts.py) lays it out: node,
--- ttl (ms), this node's waiters, the limit to store if none is (empty:
--- none; as store_limit takes it), wake channel, whether a step of this
+-- ttl (ms), this node's waiters, the namespace's epoch as the process last
+-- saw it (empty: none, unchecked), wake channel, whether a step of this
 -- node may have been run without its answer reaching it ('1': then the
--- members it sends are looked up among the leases), then a counted list of
+-- members it sends are looked up among the leases), then the seed: '0',
+-- or '1' and the settings to store again (see ``restore``): the limit (as
+-- store_limit takes it; empty: none), the provider's requests and tokens
+-- per minute (each empty: none), a counted list of (model, requests,
+-- tokens) and one of (tenant, weight, cap); then a counted list of
 -- (model, figures) pairs: the rate-limit figures to learn from, the
 -- provider's (model empty) or a model's (each eight comma-separated fields,
 -- each possibly empty: whether requests have figures ('1'), their limit,
@@ -20,19 +24,64 @@
 -- refreshes the expiry of only the keys it gave a later member, queues
 -- none of the entries it grants at once, and writes this node's waiters
 -- only when their number moved.
-local node, ttl, mywait, seed, channel, recheck =
+local node, ttl, mywait, known, channel, recheck =
   ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6] == '1'
 local i = 7
+local n
+local seed = nil
+if ARGV[i] == '1' then
+  seed = {limit = ARGV[i + 1], rates = {tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])},
+    models = {}, tenants = {}}
+  i = i + 4
+  n = tonumber(ARGV[i]); i = i + 1
+  for j = 1, n do
+    seed.models[j] = {ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])}; i = i + 3
+  end
+  n = tonumber(ARGV[i]); i = i + 1
+  for j = 1, n do
+    seed.tenants[j] = {ARGV[i], ARGV[i + 1], ARGV[i + 2]}; i = i + 3
+  end
+else
+  i = i + 1
+end
 local figures = {}
-local n = tonumber(ARGV[i]); i = i + 1
+n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   figures[j] = {ARGV[i], ARGV[i + 1]}; i = i + 2
 end
-local c = redis.call('HMGET', conf, 'limit', 'pause_until', 'streak',
+local CONF = {'limit', 'pause_until', 'streak',
   'granted_at_report', 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow',
   'r_cap', 'r_rate', 'r_lvl', 'r_at', 'r_cfg',
   't_cap', 't_rate', 't_lvl', 't_at', 't_cfg', 'learned', 'r_own', 't_own', 'a_dec',
-  'since', 'newest', 'bk', 'xm', 't_last', 'qm', 'pa', 'qc')
+  'since', 'newest', 'bk', 'xm', 't_last', 'qm', 'pa', 'qc', 'ep'}
+local c = redis.call('HMGET', conf, unpack(CONF))
+-- The namespace's epoch (``ep`` in ``conf``): made by the first step with a
+-- seed that finds none, so it changes only when Redis lost the namespace
+-- (restarted empty, flushed, failed over to a replica that lacked it).
+-- A step with a seed, finding an epoch other than the one its process
+-- last saw (or none), stores again each setting of the seed the namespace
+-- does not hold: only those, so that no change made since, by any
+-- process, is undone; and wakes the others, so that each does the same
+-- with its own. A step without a seed finding another epoch does nothing:
+-- its process sends the same again with a seed.
+local epoch = c[32] or ''
+if seed and (epoch == '' or epoch ~= known) then
+  local lost = epoch == '' or known ~= ''
+  if epoch == '' then
+    epoch = node .. '@' .. whole(now)
+    redis.call('HSET', conf, 'ep', epoch)
+  end
+  if seed.limit ~= '' and not stored_limit(c[1]) then store_limit(seed.limit) end
+  store_budget('', seed.rates, true)
+  for _, m in ipairs(seed.models) do store_budget(m[1], {m[2], m[3]}, true) end
+  for _, t in ipairs(seed.tenants) do
+    if redis.call('HEXISTS', tconf, t[1]) == 0 then store_tenant(t[1], t[2], t[3]) end
+  end
+  if lost then redis.call('PUBLISH', channel, node) end
+  c = redis.call('HMGET', conf, unpack(CONF))
+elseif known ~= '' and epoch ~= known then
+  return {epoch}
+end
 -- ``pa`` in ``conf``: no lease, entry or process expires before it (a bound
 -- at most the earliest of their expiries, moved by the prune that finds
 -- the earliest, lowered by any member added to expire sooner), so that a
@@ -272,11 +321,6 @@ local limit = stored_limit(c[1])
 local pause_until = stored(c[2], 0)
 local streak = stored(c[3], 0)
 local at_report = stored(c[4], 0)
-if not limit and seed ~= '' then
-  limit = store_limit(seed)
-  local a = redis.call('HMGET', conf, 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow')
-  for j = 1, 5 do c[4 + j] = a[j] end
-end
 -- The adaptive limit, if the stored limit is one.
 local adaptive = nil
 if limit and c[5] then
@@ -742,7 +786,8 @@ if adaptive then
 end
 -- The tenants: each one's state written back (an unconfigured one with
 -- nothing held or waiting is forgotten: it starts again from the floor),
--- and as the step answers them: name, weight, cap, held, queued, counter.
+-- and as the step answers them: name, weight, cap, held, queued, counter,
+-- whether it is configured ('1').
 local tenant_rows = {}
 local queued = 0
 if xm then
@@ -766,6 +811,7 @@ if xm then
       tenant_rows[#tenant_rows + 1] = whole(s.held)
       tenant_rows[#tenant_rows + 1] = whole(s.waiting)
       tenant_rows[#tenant_rows + 1] = num(counter(s))
+      tenant_rows[#tenant_rows + 1] = s.cfg and '1' or '0'
     end
   end
 else
@@ -857,4 +903,4 @@ if #present > 0 then
     or (xm ~= nil and redis.call('HLEN', tconf) > 0), pause_until, present)
 end
 return {granted, limit or '', in_flight, queued, waiting, pause, now, budget, spec,
-  tenant_rows, model_rows, xm and 1 or 0}
+  tenant_rows, model_rows, xm and 1 or 0, epoch}
