@@ -24,6 +24,7 @@ the README stays short, its two commands and its quickstarts first.
 
 from __future__ import annotations
 
+import ast
 import builtins
 import importlib
 import inspect
@@ -38,6 +39,7 @@ import symtable
 import sys
 import textwrap
 import time
+import tomllib
 import typing
 import urllib.error
 import urllib.request
@@ -584,6 +586,68 @@ def test_a_signature_shows_its_defaults_and_its_star_without_annotations() -> No
     assert listed_signatures("<!-- signatures -->\n```text\nm.f(a, *, b=1)\n```\n") == {
         "m.f": "(a, *, b=1)"
     }
+
+
+# -- what the README's commands install -----------------------------------------
+
+REQUIREMENT = re.compile(r"(?P<name>[A-Za-z0-9_.-]+)(?:\[(?P<extras>[^\]]*)\])?")
+
+
+def installed_by(extras: tuple[str, ...]) -> set[str]:
+    """The distributions ``pip install '.[extras]'`` installs, by their names."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]
+    optional = project["optional-dependencies"]
+    names = {project["name"]}
+    pending = [*project["dependencies"], *(f"{project['name']}[{e}]" for e in extras)]
+    seen: set[str] = set()
+    while pending:
+        match = REQUIREMENT.match(pending.pop())
+        assert match is not None
+        names.add(match["name"])
+        for extra in (match["extras"] or "").split(","):
+            if extra and extra not in seen and match["name"] == project["name"]:
+                seen.add(extra)
+                pending.extend(optional[extra])
+    return names
+
+
+def top_level_imports(code: str) -> set[str]:
+    """The top-level modules a block imports."""
+    found = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.partition(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.partition(".")[0])
+    return found
+
+
+def test_the_first_command_installs_what_every_quickstart_imports() -> None:
+    demo = installed_by(("demo",))
+    for block in page_blocks(README):
+        # Each module here is the distribution of its name, dashes for _.
+        wanted = {name.replace("_", "-") for name in top_level_imports(block.code)}
+        assert wanted <= demo, f"{_where(block)} needs {wanted - demo}"
+
+
+def test_the_sdks_are_for_the_quickstart_and_the_tests_never_the_library() -> None:
+    sdks = {"openai", "anthropic"}
+    assert sdks <= installed_by(("demo",))
+    assert sdks <= installed_by(("test",))
+    assert not sdks & installed_by(())
+    assert not sdks & installed_by(("redis", "admin", "metrics", "otel", "testing"))
+
+
+def test_a_readme_fragment_says_in_its_text_where_it_runs() -> None:
+    # The marker is an HTML comment, which no reader sees: the paragraph
+    # above it says it.
+    text = README.read_text(encoding="utf-8")
+    fragments = list(re.finditer(r"\n\n(?P<before>(?:.+\n)+)\n?<!-- fragment: ", text))
+    assert len(fragments) == len(
+        [b for b in page_blocks(README) if b.kind == "fragment"]
+    )
+    for fragment in fragments:
+        assert "inside an open dispatcher" in " ".join(fragment["before"].split())
 
 
 # -- programs with an address or a secret ------------------------------------
