@@ -612,7 +612,7 @@ async def open_fleet(url: str, nodes: int, limit: int) -> AsyncIterator[Fleet]:
             for _ in range(nodes):
                 actor = SharedSchedulerActor(
                     "p",
-                    SharedBook(new_node()),
+                    SharedBook(new_node(), "p"),
                     ledger,
                     limit=limit,
                     default_pause=1.0,

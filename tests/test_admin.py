@@ -23,7 +23,7 @@ import trio
 import trio.testing
 from hypercorn.trio import serve
 
-from trio_dispatch import AdaptiveLimit, Budget, open_dispatcher
+from trio_dispatch import AdaptiveLimit, Budget, Tenant, open_dispatcher
 from trio_dispatch.admin import (
     MAX_BODY_BYTES,
     MAX_LIMIT,
@@ -699,7 +699,6 @@ BAD_BODIES: list[tuple[bytes, int, str]] = [
     (b'{"limit": 0}', 422, r"limit must be a positive integer, got 0"),
     (b'{"limit": -1}', 422, r"limit must be a positive integer, got -1"),
     (b'{"limit": 1.5}', 422, r"limit must be a positive integer, got 1\.5"),
-    (b'{"limit": 8.0}', 422, r"limit must be a positive integer, got 8\.0"),
     (b'{"limit": 1e400}', 422, r"limit must be a positive integer, got Infinity"),
     (b'{"limit": "8"}', 422, r'limit must be a positive integer, got "8"'),
     (b'{"limit": true}', 422, r"limit must be a positive integer, got true"),
@@ -747,6 +746,24 @@ async def test_a_bad_body_is_refused_and_changes_nothing(
     response = await client.put("/limits/openai", headers=AUTH, content=body)
     assert re_full(detail, problem(response, status))
     assert state(dispatcher) == before
+
+
+@pytest.mark.parametrize("written", [b"8.0", b"8e0", b"0.8e1"])
+async def test_a_limit_written_as_an_integral_float_is_that_integer(
+    client: httpx.AsyncClient, dispatcher: Dispatcher, written: bytes
+) -> None:
+    # One JSON number, however written: the document's "integer" takes 8.0.
+    response = await client.put(
+        "/limits/openai", headers=AUTH, content=b'{"limit": %s}' % written
+    )
+    assert response.status_code == 200, response.text
+    assert response.text == '{"provider": "openai", "limit": 8}'
+    assert dispatcher.limits()["openai"] == 8
+    response = await client.put(
+        "/tenants/acme", headers=AUTH, content=b'{"limit": %s}' % written
+    )
+    assert response.status_code == 200, response.text
+    assert dispatcher.tenants()["acme"] == Tenant(limit=8)
 
 
 async def test_a_large_body_sent_in_chunks_is_refused_without_a_length(

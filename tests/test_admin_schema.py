@@ -12,19 +12,24 @@ tenant.
 
 from __future__ import annotations
 
+import json
+import math
 import string
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trio_dispatch import open_dispatcher
+from trio_dispatch import Tenant, open_dispatcher
+from trio_dispatch.admin import MAX_LIMIT
 from trio_dispatch.admin._openapi import openapi_document
+from trio_dispatch.messages._limits import MAX_WEIGHT, MIN_WEIGHT
 
-from ._admin import TOKEN, serve_admin, state
+from ._admin import AUTH, TOKEN, serve_admin, state
 
 if TYPE_CHECKING:
     from trio_dispatch import Dispatcher
@@ -63,6 +68,7 @@ def _explore(base_url: str, dispatcher: Dispatcher) -> dict[str, int]:
     from schemathesis.specs.openapi.checks import (  # noqa: PLC0415
         content_type_conformance,
         negative_data_rejection,
+        positive_data_acceptance,
         response_headers_conformance,
         response_schema_conformance,
         status_code_conformance,
@@ -93,6 +99,7 @@ def _explore(base_url: str, dispatcher: Dispatcher) -> dict[str, int]:
         response_headers_conformance,
         response_schema_conformance,
         negative_data_rejection,
+        positive_data_acceptance,
     ]
     # Random provider names rarely name one the dispatcher has: some
     # requests aim at the limited and the paused provider on purpose.
@@ -164,3 +171,46 @@ async def test_no_request_is_a_server_error_or_changes_anything_without_the_toke
 
 def test_the_openapi_document_is_valid_openapi_3_1() -> None:
     schemathesis.openapi.from_dict(openapi_document()).validate()
+
+
+# Each bound the app enforces, on both sides and on it, with the JSON values
+# beside it that a schema can get wrong: a float that is an integer, the
+# smallest float, a boolean, null, a string.
+_LIMITS: list[object] = [
+    *(0, 1, 1.0, 2.5, -1, 8, 8.0, 1e2),
+    *(MAX_LIMIT, float(MAX_LIMIT), MAX_LIMIT + 1, MAX_LIMIT + 0.5, 1e300),
+    *(True, None, "8"),
+]
+_WEIGHTS: list[object] = [
+    *(0, 5e-324, math.nextafter(MIN_WEIGHT, 0.0), MIN_WEIGHT, 1, 0.5, 2),
+    *(MAX_WEIGHT, math.nextafter(MAX_WEIGHT, math.inf), 1e7, -1.5),
+    *(True, None, "2"),
+]
+BODIES = [
+    *(("/limits/openai", "LimitUpdate", {"limit": limit}) for limit in _LIMITS),
+    ("/limits/openai", "LimitUpdate", {}),
+    *(("/tenants/acme", "TenantUpdate", {"limit": limit}) for limit in _LIMITS),
+    *(("/tenants/acme", "TenantUpdate", {"weight": weight}) for weight in _WEIGHTS),
+    ("/tenants/acme", "TenantUpdate", {}),
+    ("/tenants/acme", "TenantUpdate", {"weight": MAX_WEIGHT, "limit": MAX_LIMIT}),
+]
+"""Each ``PUT`` body at the app's bounds: the path, its schema, the body."""
+
+
+async def test_the_document_accepts_exactly_the_bodies_the_app_accepts() -> None:
+    import jsonschema_rs  # noqa: PLC0415 (schemathesis's validator)
+
+    schemas = openapi_document()["components"]["schemas"]
+    disagreements = []
+    async with (
+        open_dispatcher({"openai": 2}, tenants={"acme": Tenant()}) as dispatcher,
+        serve_admin(dispatcher) as base_url,
+        httpx.AsyncClient(base_url=base_url, headers=AUTH) as client,
+    ):
+        for path, name, body in BODIES:
+            valid = jsonschema_rs.Draft202012Validator(schemas[name]).is_valid(body)
+            response = await client.put(path, content=json.dumps(body))
+            assert response.status_code in (200, 422), response.text
+            if valid != (response.status_code == 200):
+                disagreements.append((name, body, response.status_code))
+    assert disagreements == [], "\n".join(map(repr, disagreements))

@@ -150,15 +150,15 @@ BAD_TENANT_BODIES: list[tuple[bytes, int, str]] = [
     (b'{"weight": null}', 422, "weight must be a positive number, got None"),
     (b'{"weight": 1e400}', 422, "weight must be a positive number, got inf"),
     (b'{"limit": 0}', 422, "limit must be a positive integer, got 0"),
-    (b'{"limit": 2.0}', 422, "limit must be a positive integer, got 2.0"),
+    (b'{"limit": 2.5}', 422, "limit must be a positive integer, got 2.5"),
     (b'{"limit": "2"}', 422, "limit must be a positive integer, got '2'"),
     (b'{"limit": 100001}', 422, "limit must be at most 100000, got 100001"),
     (
         b'{"weight": 1, "share": 2}',
         422,
         "unknown field \"share\"; the body is a JSON object {'weight': w, 'limit': n},"
-        " both optional, w a finite number above 0, n an integer from 1 to 100000"
-        " or null",
+        " both optional, w a number from 1e-06 to 1e+06, n an integer from 1 to"
+        " 100000 or null",
     ),
     (b"[1]", 422, "the body must be a JSON object {'weight': w, .*, got array"),
     (b"null", 422, "the body must be a JSON object {'weight': w, .*, got null"),

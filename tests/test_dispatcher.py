@@ -466,8 +466,9 @@ async def test_max_hold_cancels_the_body_and_hands_the_slot_on_at_that_moment(
 
         async def stuck() -> None:
             with pytest.raises(
-                SlotHoldTimeout, match=r"^slot held longer than max_hold=5.0 seconds$"
-            ):
+                SlotHoldTimeout,
+                match=r"^a slot of 'p' was held longer than max_hold=5 seconds$",
+            ) as caught:
                 async with dispatcher.slot("p"):
                     try:
                         await trio.sleep_forever()
@@ -475,6 +476,7 @@ async def test_max_hold_cancels_the_body_and_hands_the_slot_on_at_that_moment(
                         events.append(("body cancelled", trio.current_time()))
                         raise
             events.append(("timeout raised", trio.current_time()))
+            assert (caught.value.provider, caught.value.max_hold) == ("p", 5.0)
 
         async def next_in_line() -> None:
             async with dispatcher.slot("p") as slot:
@@ -565,10 +567,11 @@ async def test_max_waiting_refuses_at_once_with_queue_full() -> None:
         nursery.start_soon(_enter_and_leave, dispatcher)
         await settle()
         with pytest.raises(
-            QueueFull, match=r"^1 requests already wait \(max_waiting=1\)$"
-        ):
+            QueueFull, match=r"^1 request already waits for 'p' \(max_waiting=1\)$"
+        ) as caught:
             async with dispatcher.slot("p"):
                 pytest.fail("a refused caller must not get a slot")  # pragma: no cover
+        assert (caught.value.provider, caught.value.max_waiting) == ("p", 1)
         await settle()
         stats = dispatcher.statistics().providers["p"]
         assert (stats.in_flight, stats.waiting, stats.rejected_total) == (1, 1, 1)

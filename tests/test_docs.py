@@ -24,7 +24,11 @@ the README stays short, its two commands and its quickstarts first.
 
 from __future__ import annotations
 
+import ast
 import builtins
+import importlib
+import inspect
+import itertools
 import json
 import os
 import pathlib
@@ -35,6 +39,8 @@ import symtable
 import sys
 import textwrap
 import time
+import tomllib
+import typing
 import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING, NamedTuple
@@ -462,6 +468,186 @@ def test_the_readme_is_short_with_the_two_commands_and_the_quickstarts_first() -
     sections = re.findall(r"^## (.+)$", prose(text), re.M)
     assert sections[:2] == ["Two commands", "Quickstart"]
     assert "What is where" in sections
+
+
+# -- what the manual says of the API, held to the code -------------------------
+
+MANUAL = ROOT / "docs" / "manual.md"
+EVENTS_HEADER = "| event | what happened | fields |"
+NAME = re.compile(r"`([^`]+)`")
+
+
+def event_table(text: str) -> dict[str, list[str]]:
+    """The manual's table of events: each event's fields, in their order."""
+    lines = text.splitlines()
+    start = lines.index(EVENTS_HEADER) + 2  # past the header and its rule
+    table: dict[str, list[str]] = {}
+    for line in itertools.takewhile(lambda line: line.startswith("|"), lines[start:]):
+        event, _, fields = (cell.strip() for cell in line.strip("|").split("|"))
+        assert event not in table, f"{event} is listed twice"
+        table[event.strip("`")] = NAME.findall(fields)
+    return table
+
+
+def test_the_manual_lists_every_event_and_each_field_in_order() -> None:
+    import attrs  # noqa: PLC0415
+
+    import trio_dispatch.events  # noqa: PLC0415
+
+    module = trio_dispatch.events
+    union = {cls.__name__ for cls in typing.get_args(module.DispatchEvent)}
+    exported = {name for name in module.__all__ if attrs.has(getattr(module, name))}
+    assert union == exported
+    fields = {
+        name: [field.name for field in attrs.fields(getattr(module, name))]
+        for name in sorted(exported)
+    }
+    assert event_table(MANUAL.read_text(encoding="utf-8")) == fields
+
+
+def test_the_event_table_reader_sees_a_missing_field() -> None:
+    text = f"{EVENTS_HEADER}\n|---|---|---|\n| `Resumed` | ended | `provider`, `at` |\n"
+    assert event_table(text) == {"Resumed": ["provider", "at"]}
+
+
+SIGNATURE = re.compile(r"(?P<name>[\w.]+)(?P<parameters>\(.*\))")
+# The calls whose every argument the manual must show: a conversation's, the
+# simulator's and every hypothesis strategy's (with its operations).
+SIGNED = (
+    "trio_dispatch.Dispatcher.start_conversation",
+    "trio_dispatch.testing.run_simulation",
+    "trio_dispatch.testing.simulate",
+    "trio_dispatch.testing.run_fairness_sweep",
+    "trio_dispatch.testing.run_priority_classes",
+)
+
+
+def listed_signatures(text: str) -> dict[str, str]:
+    """The manual's signatures block: each name and its parameters."""
+    _, marked, rest = text.partition("<!-- signatures -->\n```text\n")
+    assert marked, "the manual has no signatures block"
+    block, _, _ = rest.partition("```")
+    listed: dict[str, str] = {}
+    for line in block.splitlines():
+        match = SIGNATURE.fullmatch(line)
+        assert match is not None, line
+        listed[match["name"]] = match["parameters"]
+    return listed
+
+
+def resolve(dotted: str) -> object:
+    """The object a dotted public name names: a module's attribute, or a class's."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for part in parts[cut:]:
+            found = getattr(found, part)
+        return found
+    raise LookupError(dotted)  # pragma: no cover (the first part is a module)
+
+
+def shown_signature(function: object) -> str:
+    """A callable's parameters as the manual shows them: no annotations, no self."""
+    assert callable(function)
+    signature = inspect.signature(function)
+    parameters = [
+        parameter.replace(annotation=inspect.Parameter.empty)
+        for parameter in signature.parameters.values()
+        if parameter.name != "self"
+    ]
+    bare = signature.replace(
+        parameters=parameters, return_annotation=inspect.Signature.empty
+    )
+    return str(bare)
+
+
+def test_the_signatures_the_manual_lists_are_the_code_s() -> None:
+    from trio_dispatch.testing import strategies  # noqa: PLC0415
+
+    listed = listed_signatures(MANUAL.read_text(encoding="utf-8"))
+    strategies_ = {
+        f"{strategies.__name__}.{name}"
+        for name in strategies.__all__
+        if callable(getattr(strategies, name))
+    }
+    assert set(SIGNED) | strategies_ <= set(listed)
+    shown = {name: shown_signature(resolve(name)) for name in listed}
+    assert shown == listed
+
+
+def test_a_signature_shows_its_defaults_and_its_star_without_annotations() -> None:
+    def call(self: object, a: int, *, b: tuple[str, ...] = ("x",)) -> None:
+        """A method, as ``Dispatcher.start_conversation`` is read."""
+
+    assert shown_signature(call) == "(a, *, b=('x',))"
+    assert listed_signatures("<!-- signatures -->\n```text\nm.f(a, *, b=1)\n```\n") == {
+        "m.f": "(a, *, b=1)"
+    }
+
+
+# -- what the README's commands install -----------------------------------------
+
+REQUIREMENT = re.compile(r"(?P<name>[A-Za-z0-9_.-]+)(?:\[(?P<extras>[^\]]*)\])?")
+
+
+def installed_by(extras: tuple[str, ...]) -> set[str]:
+    """The distributions ``pip install '.[extras]'`` installs, by their names."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]
+    optional = project["optional-dependencies"]
+    names = {project["name"]}
+    pending = [*project["dependencies"], *(f"{project['name']}[{e}]" for e in extras)]
+    seen: set[str] = set()
+    while pending:
+        match = REQUIREMENT.match(pending.pop())
+        assert match is not None
+        names.add(match["name"])
+        for extra in (match["extras"] or "").split(","):
+            if extra and extra not in seen and match["name"] == project["name"]:
+                seen.add(extra)
+                pending.extend(optional[extra])
+    return names
+
+
+def top_level_imports(code: str) -> set[str]:
+    """The top-level modules a block imports."""
+    found = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.partition(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.partition(".")[0])
+    return found
+
+
+def test_the_first_command_installs_what_every_quickstart_imports() -> None:
+    demo = installed_by(("demo",))
+    for block in page_blocks(README):
+        # Each module here is the distribution of its name, dashes for _.
+        wanted = {name.replace("_", "-") for name in top_level_imports(block.code)}
+        assert wanted <= demo, f"{_where(block)} needs {wanted - demo}"
+
+
+def test_the_sdks_are_for_the_quickstart_and_the_tests_never_the_library() -> None:
+    sdks = {"openai", "anthropic"}
+    assert sdks <= installed_by(("demo",))
+    assert sdks <= installed_by(("test",))
+    assert not sdks & installed_by(())
+    assert not sdks & installed_by(("redis", "admin", "metrics", "otel", "testing"))
+
+
+def test_a_readme_fragment_says_in_its_text_where_it_runs() -> None:
+    # The marker is an HTML comment, which no reader sees: the paragraph
+    # above it says it.
+    text = README.read_text(encoding="utf-8")
+    fragments = list(re.finditer(r"\n\n(?P<before>(?:.+\n)+)\n?<!-- fragment: ", text))
+    assert len(fragments) == len(
+        [b for b in page_blocks(README) if b.kind == "fragment"]
+    )
+    for fragment in fragments:
+        assert "inside an open dispatcher" in " ".join(fragment["before"].split())
 
 
 # -- programs with an address or a secret ------------------------------------

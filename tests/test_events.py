@@ -132,7 +132,7 @@ async def test_a_cancelled_waiter_is_withdrawn_and_a_full_queue_refuses(
         Withdrawn("p", t + 3, "b", t, 3.0, in_flight=1, waiting=0),
         Released("p", t + 10, "a", t, 10.0, in_flight=0, waiting=0),
     ]
-    assert str(refused[0]) == "1 requests already wait (max_waiting=1)"
+    assert str(refused[0]) == "1 request already waits for 'p' (max_waiting=1)"
 
 
 async def test_a_rate_limit_pause_and_its_end_and_a_resume(

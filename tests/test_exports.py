@@ -14,6 +14,7 @@ import importlib.util
 import pathlib
 import subprocess
 import sys
+import tomllib
 import types
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -149,6 +150,22 @@ def test_objects_only_a_factory_builds_have_no_public_constructor(cls: type) -> 
 
 def test_version_is_a_string() -> None:
     assert isinstance(trio_dispatch.__version__, str)
+
+
+def test_the_version_is_written_once_as_a_pep_440_pre_release() -> None:
+    from packaging.version import Version  # noqa: PLC0415 (pytest's own dependency)
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    pyproject = tomllib.loads((root / "pyproject.toml").read_text("utf-8"))
+    # The package's metadata takes it from the module trio_dispatch
+    # re-exports it from: no second copy.
+    assert "version" not in pyproject["project"]
+    assert pyproject["project"]["dynamic"] == ["version"]
+    assert pyproject["tool"]["hatch"]["version"]["path"] == "trio_dispatch/_version.py"
+    version = Version(trio_dispatch.__version__)
+    assert str(version) == trio_dispatch.__version__  # in its normal form
+    # Unreleased: a development version of the next release.
+    assert version.is_devrelease
 
 
 def test_strategies_module_exports_what_it_defines() -> None:

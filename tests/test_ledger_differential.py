@@ -202,7 +202,7 @@ class Pair:
         self.client = client
         self.ledger = ledger
         self.policy = policy
-        self.book = SharedBook("n")
+        self.book = SharedBook("n", "p")
         self.base_ms = base_ms
         self.ms = 0
         self.limit: int | None = policy.limit

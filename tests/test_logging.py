@@ -87,7 +87,8 @@ async def test_pauses_limits_and_refusals_are_logged_grants_never_above_debug(
         ("INFO", "provider 'openai': limit 1 (was 2)"),
         (
             "INFO",
-            "provider 'openai' refused a request: 1 requests already wait (max_waiting=1)",
+            "provider 'openai' refused a request:"
+            " 1 request already waits for 'openai' (max_waiting=1)",
         ),
         ("INFO", "provider 'openai' rate-limited: granting nothing for 30 s"),
         ("INFO", "provider 'openai' resumed: granting again"),

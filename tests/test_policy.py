@@ -366,10 +366,21 @@ def test_max_waiting_refuses_at_once_and_changes_nothing() -> None:
     policy.acquire(t(0, 0))
     policy.acquire(t(1, 1))
     before = (policy.holders(), policy.waiters())
-    with pytest.raises(QueueFull, match=r"^1 requests already wait \(max_waiting=1\)$"):
+    with pytest.raises(QueueFull, match=r"^1 request already waits \(max_waiting=1\)$"):
         policy.acquire(t(0.5, 2))
     assert (policy.holders(), policy.waiters()) == before
     assert policy.statistics().rejected_total == 1
+
+
+def test_queue_full_says_how_many_wait_in_the_right_number_and_for_whom() -> None:
+    policy = SlotPolicy(1, max_waiting=2, provider="openai")
+    for seq in range(3):
+        policy.acquire(t(0, seq))
+    with pytest.raises(
+        QueueFull, match=r"^2 requests already wait for 'openai' \(max_waiting=2\)$"
+    ) as caught:
+        policy.acquire(t(0, 3))
+    assert (caught.value.provider, caught.value.max_waiting) == ("openai", 2)
 
 
 def test_max_waiting_zero_grants_free_slots_and_refuses_waiting() -> None:
@@ -662,3 +673,17 @@ PolicyMachine.TestCase.settings = settings(
     max_examples=300, stateful_step_count=60, deadline=None
 )
 test_policy_state_machine = PolicyMachine.TestCase
+
+
+@pytest.mark.parametrize(
+    ("provider", "error", "message"),
+    [
+        ("", ValueError, "provider must be a non-empty string, got ''"),
+        (3, TypeError, "provider must be a non-empty string, got 3"),
+    ],
+)
+def test_a_policy_refuses_a_provider_that_is_not_a_name(
+    provider: object, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=rf"^{message}$"):
+        SlotPolicy(1, provider=provider)  # type: ignore[arg-type]  # the check's case

@@ -626,7 +626,7 @@ async def test_max_waiting_counts_this_process_waiters(server: RedisServer) -> N
                 lambda: dispatcher.statistics().providers["p"].local_waiting == 1
             )
             with pytest.raises(
-                QueueFull, match=r"^1 requests already wait \(max_waiting=1\)$"
+                QueueFull, match=r"^1 request already waits for 'p' \(max_waiting=1\)$"
             ):
                 async with dispatcher.slot("p"):
                     pytest.fail("granted beyond max_waiting")

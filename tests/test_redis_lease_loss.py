@@ -132,7 +132,8 @@ async def test_max_hold_still_bounds_a_shared_slot(server: RedisServer) -> None:
     async with AsyncExitStack() as stack:
         [dispatcher] = await open_fleet(stack, server, 1, max_hold=0.2)
         with pytest.raises(
-            SlotHoldTimeout, match=r"^slot held longer than max_hold=0\.2 seconds$"
+            SlotHoldTimeout,
+            match=r"^a slot of 'p' was held longer than max_hold=0\.2 seconds$",
         ):
             async with dispatcher.slot("p"):
                 await trio.sleep_forever()

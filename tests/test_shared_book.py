@@ -83,7 +83,7 @@ class ModelLedger:
 def test_the_book_keeps_every_ticket_in_one_state_and_gives_everything_back(
     ops: list[tuple[str, int]],
 ) -> None:
-    book = SharedBook("n", max_waiting=8)
+    book = SharedBook("n", "p", max_waiting=8)
     ledger = ModelLedger()
     limit = 2
     seq = 0
@@ -162,7 +162,7 @@ def test_the_book_keeps_every_ticket_in_one_state_and_gives_everything_back(
 
 
 def test_only_the_oldest_waiters_up_to_the_limit_are_published() -> None:
-    book = SharedBook("n")
+    book = SharedBook("n", "p")
     for seq, start in enumerate([5.0, 3.0, 4.0]):
         book.acquire(Ticket(start, seq), start, 100.0)
     plan = book.plan(2, renew=False)
@@ -186,7 +186,7 @@ def test_only_the_oldest_waiters_up_to_the_limit_are_published() -> None:
 
 
 def test_a_grant_for_a_ticket_cancelled_meanwhile_is_given_back() -> None:
-    book = SharedBook("n")
+    book = SharedBook("n", "p")
     ticket = Ticket(1.0, 0)
     book.acquire(ticket, 1.0, 1.0)
     plan = book.plan(1, renew=False)
@@ -198,7 +198,7 @@ def test_a_grant_for_a_ticket_cancelled_meanwhile_is_given_back() -> None:
 
 
 def test_a_round_whose_answer_is_lost_is_sent_again_the_same() -> None:
-    book = SharedBook("n")
+    book = SharedBook("n", "p")
     ticket = Ticket(1.0, next(book.seq))
     book.acquire(ticket, 1.0, 1.0)
     lost = book.plan(1, renew=False)
@@ -214,7 +214,7 @@ def test_a_round_whose_answer_is_lost_is_sent_again_the_same() -> None:
 
 def test_a_waiter_leaving_after_a_lost_answer_is_withdrawn() -> None:
     # Its entry may be in Redis, and granted: the withdrawal takes both.
-    book = SharedBook("n")
+    book = SharedBook("n", "p")
     ticket = Ticket(1.0, 0)
     book.acquire(ticket, 1.0, 1.0)
     lost = book.plan(1, renew=False)
@@ -227,7 +227,7 @@ def test_a_waiter_leaving_after_a_lost_answer_is_withdrawn() -> None:
 
 
 def test_a_known_ticket_is_refused() -> None:
-    book = SharedBook("n")
+    book = SharedBook("n", "p")
     book.acquire(Ticket(1.0, 0), 1.0, 1.0)
     with pytest.raises(
         ValueError,

@@ -310,7 +310,7 @@ def test_queue_full_counts_only_those_that_would_wait() -> None:
     assert policy.acquire(a0) == [a0]
     assert policy.acquire(a1) == []  # a is at its cap: it waits
     assert policy.acquire(b2) == [b2]  # the queue is full, but a slot is free
-    with pytest.raises(QueueFull, match=r"^1 requests already wait \(max_waiting=1\)$"):
+    with pytest.raises(QueueFull, match=r"^1 request already waits \(max_waiting=1\)$"):
         policy.acquire(c3)
     assert (policy.waiting, policy.statistics().rejected_total) == (1, 1)
     assert set(policy.tenant_statistics()) == {"a", "b"}

@@ -283,7 +283,7 @@ async def test_max_hold_cuts_a_request_waiting_for_its_answer(
         async with httpx2.AsyncClient(transport=transport) as client:
             with pytest.raises(
                 SlotHoldTimeout,
-                match=r"^slot held longer than max_hold=5.0 seconds$",
+                match=r"^a slot of 'p' was held longer than max_hold=5 seconds$",
             ):
                 await client.post(URL)
         assert trio.current_time() == 5.0

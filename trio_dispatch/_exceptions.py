@@ -75,7 +75,36 @@ class QueueFull(DispatchError):
     """More callers already wait for this provider than ``max_waiting`` allows.
 
     Raised at once, without waiting; the caller holds no slot.
+
+    Attributes:
+        provider: The provider whose queue is full, or ``None`` when the
+            raiser did not say (a bare ``SlotPolicy`` made with no
+            ``provider``, a backend of your own).
+        max_waiting: The bound that was reached, or ``None`` when the
+            raiser did not say.
     """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str | None = None,
+        max_waiting: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.max_waiting = max_waiting
+
+
+def queue_full(provider: str | None, waiting: int, max_waiting: int) -> QueueFull:
+    """The ``QueueFull`` of a queue of ``provider`` where ``waiting`` already wait."""
+    verb = "request already waits" if waiting == 1 else "requests already wait"
+    where = "" if provider is None else f" for {provider!r}"
+    return QueueFull(
+        f"{waiting} {verb}{where} (max_waiting={max_waiting})",
+        provider=provider,
+        max_waiting=max_waiting,
+    )
 
 
 @final
@@ -84,7 +113,33 @@ class SlotHoldTimeout(DispatchError):
 
     The body of the ``async with`` was cancelled when the time ran out, and
     the slot went back to the scheduler as the body unwound.
+
+    Attributes:
+        provider: The provider whose slot was held too long, or ``None``
+            when the raiser did not say.
+        max_hold: The seconds a slot may be held, or ``None`` when the
+            raiser did not say.
     """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str | None = None,
+        max_hold: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.max_hold = max_hold
+
+
+def slot_hold_timeout(provider: str, max_hold: float) -> SlotHoldTimeout:
+    """The ``SlotHoldTimeout`` of a slot of ``provider`` held past ``max_hold``."""
+    return SlotHoldTimeout(
+        f"a slot of {provider!r} was held longer than max_hold={max_hold:g} seconds",
+        provider=provider,
+        max_hold=max_hold,
+    )
 
 
 @final

@@ -115,7 +115,7 @@ from typing import TYPE_CHECKING, final
 import attrs
 
 from ._budgets import AdaptiveLimit, Budget, Throttle
-from ._exceptions import QueueFull
+from ._exceptions import QueueFull, queue_full
 from ._ratelimits import server_delay
 from ._tenants import Tenants
 from ._validation import (
@@ -124,6 +124,7 @@ from ._validation import (
     check_max_waiting,
     check_optional_seconds,
     check_pauses,
+    check_provider,
     check_slot_limit,
     check_text,
 )
@@ -178,6 +179,8 @@ class SlotPolicy:
             ``Tenant()``'s defaults.
         models: Throttles of the provider's models (``Throttle(budget,
             learn=..., now=...)``, without an adaptive limit), by model name.
+        provider: The provider's name, for ``QueueFull``'s message and
+            attribute, or ``None``.
 
     Attributes:
         needs_clock: Whether grants and releases need the time: true once
@@ -204,6 +207,7 @@ class SlotPolicy:
         "_paused_until",
         "_peak_in_flight",
         "_peak_waiting",
+        "_provider",
         "_rejected_total",
         "_reported",
         "_step",
@@ -224,9 +228,12 @@ class SlotPolicy:
         throttle: Throttle | None = None,
         tenants: Mapping[str, Tenant] | None = None,
         models: Mapping[str, Throttle] | None = None,
+        provider: str | None = None,
     ) -> None:
         if limit is not None:
             check_slot_limit(limit)
+        if provider is not None:
+            check_provider(provider)
         configured = {} if tenants is None else dict(tenants)
         for name, settings in configured.items():
             check_tenant(name, settings)
@@ -245,6 +252,7 @@ class SlotPolicy:
         self._default_pause, self._max_pause = check_pauses(default_pause, max_pause)
         self._limit = limit
         self._max_waiting = max_waiting
+        self._provider = provider
         self._holders: set[Ticket] = set()
         self._waiting: set[Ticket] = set()
         # Waiting tickets: those that arrived in ticket order (the common
@@ -475,10 +483,8 @@ class SlotPolicy:
     def _refused(self) -> QueueFull:
         """Count a ticket refused for a full queue; the error to raise."""
         self._rejected_total += 1
-        return QueueFull(
-            f"{len(self._waiting)} requests already wait"
-            f" (max_waiting={self._max_waiting})"
-        )
+        assert self._max_waiting is not None  # only a bounded queue refuses
+        return queue_full(self._provider, len(self._waiting), self._max_waiting)
 
     def _grants_at_once(
         self, ticket: Ticket, tokens: int, model_gate: Throttle | None

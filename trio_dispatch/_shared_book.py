@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, final
 
 import attrs
 
-from ._exceptions import QueueFull
+from ._exceptions import queue_full
 from ._ledger import lease_of, member_of
 
 if TYPE_CHECKING:
@@ -82,6 +82,7 @@ class SharedBook:
             ``<node>:<seq>``, with ``seq`` from ``seq``, which the
             scheduler's tickets take theirs from (schedulers come and go,
             the book stays, and lease ids are never reused).
+        provider: The provider's name, for ``QueueFull``.
         max_waiting: At most this many local tickets wait (not yet
             granted); one more is refused with ``QueueFull``.
     """
@@ -107,14 +108,18 @@ class SharedBook:
         "node",
         "peak_in_flight",
         "peak_waiting",
+        "provider",
         "rejected_total",
         "released_total",
         "seq",
         "withdrawn_total",
     )
 
-    def __init__(self, node: str, *, max_waiting: int | None = None) -> None:
+    def __init__(
+        self, node: str, provider: str, *, max_waiting: int | None = None
+    ) -> None:
         self.node = node
+        self.provider = provider
         self._max_waiting = max_waiting
         self.seq = itertools.count()
         # Waiting tickets, sorted, and their queue member and turn's start
@@ -216,10 +221,7 @@ class SharedBook:
             raise ValueError(f"ticket {ticket!r} is already known")
         if self._max_waiting is not None and len(self._order) >= self._max_waiting:
             self.rejected_total += 1
-            raise QueueFull(
-                f"{len(self._order)} requests already wait"
-                f" (max_waiting={self._max_waiting})"
-            )
+            raise queue_full(self.provider, len(self._order), self._max_waiting)
         bisect.insort(self._order, ticket)
         if ticket.tenant is not None or ticket.model is not None:
             self._grouped = True

@@ -866,6 +866,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         budget = settings.provider_budgets.get(provider)
         policy = SlotPolicy(
             None,
+            provider=provider,
             max_waiting=settings.max_waiting,
             default_pause=settings.default_pause,
             max_pause=settings.max_pause,

@@ -126,7 +126,7 @@ class SharedBackends:
         settings = self._settings
         actor = SharedSchedulerActor(
             provider,
-            SharedBook(new_node(), max_waiting=settings.max_waiting),
+            SharedBook(new_node(), provider, max_waiting=settings.max_waiting),
             ledger,
             limit=self._limits.get(provider),
             default_pause=settings.default_pause,

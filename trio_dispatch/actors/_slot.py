@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Final, Self, final
 
 import trio
 
-from .._exceptions import DispatcherClosed, SlotHoldTimeout, lease_lost
+from .._exceptions import DispatcherClosed, lease_lost, slot_hold_timeout
 from .._util import NoPublicConstructor
 from .._validation import check_count
 
@@ -404,9 +404,9 @@ class Slot(metaclass=NoPublicConstructor):
             ):
                 raise lease_lost(self.provider, self._host.lease)
             if hold.cancelled_caught:
-                raise SlotHoldTimeout(
-                    f"slot held longer than max_hold={timer.max_hold} seconds"
-                )
+                # Not the lease's end, so the max_hold deadline's.
+                assert timer.max_hold is not None
+                raise slot_hold_timeout(self.provider, timer.max_hold)
             return swallowed
         finally:
             self._give_back()

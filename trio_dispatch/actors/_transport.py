@@ -79,7 +79,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, Self, TypeVar, 
 import httpx2
 import trio
 
-from .._exceptions import LeaseLost, SlotHoldTimeout, lease_lost
+from .._exceptions import LeaseLost, SlotHoldTimeout, lease_lost, slot_hold_timeout
 from .._metering import (
     Meter,
     RateLimitReader,
@@ -255,7 +255,8 @@ class Hold:
         if self._lease <= self._max_hold:
             return lease_lost(self._slot.provider, dispatcher.lease)
         max_hold = dispatcher.max_hold
-        return SlotHoldTimeout(f"slot held longer than max_hold={max_hold} seconds")
+        assert max_hold is not None  # only a deadline's end calls this
+        return slot_hold_timeout(self._slot.provider, max_hold)
 
     @contextlib.contextmanager
     def timed(self) -> Iterator[None]:

@@ -15,13 +15,17 @@ from ._app import admin_app as admin_app
 from ._caps import MAX_BODY_BYTES as MAX_BODY_BYTES
 from ._caps import MAX_LIMIT as MAX_LIMIT
 from ._caps import MAX_PROVIDER_LENGTH as MAX_PROVIDER_LENGTH
+from ._caps import MAX_WEIGHT as MAX_WEIGHT
 from ._caps import MIN_TOKEN_LENGTH as MIN_TOKEN_LENGTH
+from ._caps import MIN_WEIGHT as MIN_WEIGHT
 
 __all__ = [
     "MAX_BODY_BYTES",
     "MAX_LIMIT",
     "MAX_PROVIDER_LENGTH",
+    "MAX_WEIGHT",
     "MIN_TOKEN_LENGTH",
+    "MIN_WEIGHT",
     "AdminApp",
     "admin_app",
 ]

@@ -15,7 +15,9 @@ changes nothing:
 4. the body, for ``PUT`` only: longer than ``MAX_BODY_BYTES`` 413, not
    JSON 400, not exactly ``{"limit": n}`` with ``1 <= n <= MAX_LIMIT`` 422
    (for a tenant, not ``{"weight": w, "limit": n}``, both optional, as
-   ``Tenant`` takes them: 422 with ``Tenant``'s own message).
+   ``Tenant`` takes them: 422 with ``Tenant``'s own message). A number is
+   an integer when it has no fractional part (``8.0`` is 8), as the
+   OpenAPI document's schemas count it; they state each of these bounds.
 
 Errors are RFC 9457 problem details (``application/problem+json``). The
 app calls only the dispatcher's public methods, each synchronous, from the
@@ -43,7 +45,14 @@ from .._util import NoPublicConstructor
 from .._validation import check_tenant_name
 from ..actors._dispatcher import Dispatcher
 from ..messages._limits import Tenant
-from ._caps import MAX_BODY_BYTES, MAX_LIMIT, MAX_PROVIDER_LENGTH, MIN_TOKEN_LENGTH
+from ._caps import (
+    MAX_BODY_BYTES,
+    MAX_LIMIT,
+    MAX_PROVIDER_LENGTH,
+    MAX_WEIGHT,
+    MIN_TOKEN_LENGTH,
+    MIN_WEIGHT,
+)
 from ._openapi import openapi_document
 from ._routes import ROUTES, TENANT, match
 
@@ -456,7 +465,7 @@ def _limit_in(body: bytes) -> int:
     document = _object_in(body, {"limit"}, rule)
     if "limit" not in document:
         raise _Refused(422, f"limit is required; the body is {rule}")
-    limit = document["limit"]
+    limit = _json_integer(document["limit"])
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise _Refused(422, f"limit must be a positive integer, got {_shown(limit)}")
     if limit > MAX_LIMIT:
@@ -476,13 +485,27 @@ def _tenant_in(body: bytes) -> Tenant:
     """
     rule = (
         "a JSON object {'weight': w, 'limit': n}, both optional,"
-        f" w a finite number above 0, n an integer from 1 to {MAX_LIMIT} or null"
+        f" w a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g},"
+        f" n an integer from 1 to {MAX_LIMIT} or null"
     )
     document = _object_in(body, {"weight", "limit"}, rule)
+    if "limit" in document:
+        document["limit"] = _json_integer(document["limit"])
     try:
         return Tenant(**document)
     except (TypeError, ValueError) as exc:
         raise _Refused(422, str(exc)) from None
+
+
+def _json_integer(value: object) -> object:
+    """A JSON number with no fractional part as the ``int`` it is; else ``value``.
+
+    JSON has one kind of number: ``8.0`` and ``8e0`` are the integer 8, for
+    the OpenAPI document's ``"type": "integer"`` as for any JSON reader.
+    """
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def _tenant_status(stats: TenantStatistics) -> dict[str, object]:

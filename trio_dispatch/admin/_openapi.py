@@ -15,10 +15,15 @@ from .._validation import MAX_TENANT_NAME as _MAX_TENANT_NAME
 from .._version import __version__
 from ._caps import MAX_LIMIT as _MAX_LIMIT
 from ._caps import MAX_PROVIDER_LENGTH as _MAX_PROVIDER_LENGTH
+from ._caps import MAX_WEIGHT as _MAX_WEIGHT
+from ._caps import MIN_WEIGHT as _MIN_WEIGHT
 from ._routes import PROVIDER, ROUTES, TENANT, Route
 
+# Every bound below is one the app enforces, read from ``_caps`` as the
+# app's checks read it: a schema-valid body is never refused for its values.
 _COUNT = {"type": "integer", "minimum": 0}
-_LIMIT = {"type": ["integer", "null"], "minimum": 1}
+_LIMIT_VALUE = {"type": "integer", "minimum": 1, "maximum": _MAX_LIMIT}
+_LIMIT = {**_LIMIT_VALUE, "type": ["integer", "null"]}
 
 
 def _path_parameter(name: str, longest: int) -> dict[str, Any]:
@@ -42,12 +47,12 @@ _PARAMETERS = {
 
 _WEIGHT = {
     "type": "number",
-    "exclusiveMinimum": 0,
-    "description": "The tenant's share, relative to the others' (finite).",
+    "minimum": _MIN_WEIGHT,
+    "maximum": _MAX_WEIGHT,
+    "description": "The tenant's share, relative to the others'.",
 }
 _TENANT_LIMIT = {
     **_LIMIT,
-    "maximum": _MAX_LIMIT,
     "description": "At most this many slots of each provider; null for no cap.",
 }
 
@@ -82,13 +87,11 @@ _SCHEMAS: dict[str, Any] = {
             "limits": {
                 "type": "object",
                 "description": "Each limited provider's limit.",
-                "additionalProperties": {"type": "integer", "minimum": 1},
+                "additionalProperties": _LIMIT_VALUE,
             }
         }
     ),
-    "LimitUpdate": _record(
-        {"limit": {"type": "integer", "minimum": 1, "maximum": _MAX_LIMIT}}
-    ),
+    "LimitUpdate": _record({"limit": _LIMIT_VALUE}),
     "ProviderLimit": _record(
         {
             "provider": {"type": "string"},
@@ -177,8 +180,8 @@ _SCHEMAS: dict[str, Any] = {
     "TenantStatus": _record(
         {
             "tenant": {"type": "string"},
-            "weight": {"type": "number", "exclusiveMinimum": 0},
-            "limit": _LIMIT,
+            "weight": _WEIGHT,
+            "limit": _TENANT_LIMIT,
             "in_flight": _COUNT,
             "waiting": _COUNT,
             "service": {

@@ -17,7 +17,13 @@ from typing import Any, Final, final
 import attrs
 
 from .._validation import MAX_TENANT_NAME
-from ._caps import MAX_BODY_BYTES, MAX_LIMIT, MAX_PROVIDER_LENGTH
+from ._caps import (
+    MAX_BODY_BYTES,
+    MAX_LIMIT,
+    MAX_PROVIDER_LENGTH,
+    MAX_WEIGHT,
+    MIN_WEIGHT,
+)
 
 Response = dict[str, Any]
 """An OpenAPI response object."""
@@ -249,8 +255,9 @@ ROUTES: Final[tuple[Route, ...]] = (
             ),
             422: problem(
                 'The body is not a JSON object ``{"weight": w, "limit": n}``'
-                " with w a finite number above 0 and n an integer from 1 to"
-                f" {MAX_LIMIT} or null, or the tenant name is longer than"
+                f" with w a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g} and n"
+                f" an integer from 1 to {MAX_LIMIT} or null, or the tenant"
+                " name is longer than"
                 f" {MAX_TENANT_NAME} characters. Nothing was changed."
             ),
         },
