@@ -460,15 +460,21 @@ async def test_a_charge_the_newest_figures_counted_gives_nothing_back(
     # The server charged its own estimate, 1100: its figures say so.
     seen = await ledger.step("p", "a", answered=["a:1"], observed=tokens_left(4900))
     assert seen.budget is not None
-    assert 4899 <= seen.budget.tokens_available <= refilled(4900, seen_at)
+    tokens = seen.budget.tokens_available
+    assert tokens is not None
+    assert 4899 <= tokens <= refilled(4900, seen_at)
     # 300 used: what the server gives back, its next figures will say.
     used = await ledger.step("p", "a", usage=[("a:1", 300)])
     assert used.budget is not None
-    assert 4899 <= used.budget.tokens_available <= refilled(4900, seen_at)
+    tokens = used.budget.tokens_available
+    assert tokens is not None
+    assert 4899 <= tokens <= refilled(4900, seen_at)
     # More than charged: the excess is taken.
     more = await ledger.step("p", "a", usage=[("a:1", 1500)])
     assert more.budget is not None
-    assert 3699 <= more.budget.tokens_available <= refilled(3700, seen_at)
+    tokens = more.budget.tokens_available
+    assert tokens is not None
+    assert 3699 <= tokens <= refilled(3700, seen_at)
 
 
 def refilled(tokens: float, since: float) -> float:
