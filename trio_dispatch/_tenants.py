@@ -364,7 +364,11 @@ class Tenants:
         state.fold(now)
         state.held -= 1
         if state.waiting:
-            self._place(state, now)  # less held for its weight, maybe below its cap
+            entry = state.entry
+            if entry is None or entry[1] > state.held / state.weight:
+                # Its key may be below the one kept: less held for its
+                # weight, or below its cap again.
+                self._place(state, now)
         self._drop_if_idle(state)
 
     def _drop_if_idle(self, state: TenantState) -> None:
@@ -418,6 +422,8 @@ class Tenants:
             if blocked:
                 # Its head may be one only this fill passes over.
                 self._aside.append(state)
+            if ready[0] is entry:
+                return state, head  # still the least, as it is now
         return None
 
     def grant(self, state: TenantState, ticket: Ticket, now: float) -> None:
