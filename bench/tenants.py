@@ -3,6 +3,7 @@
 Usage::
 
     python bench/tenants.py [--quick] [--minutes M] [--seed S] [--json PATH]
+    python bench/tenants.py --scaling [--requests N] [--json PATH]
 
 Two tenants share one provider of ``LIMIT`` slots through the real
 dispatcher (``open_dispatcher``, ``Dispatcher.turn``, ``Dispatcher.slot``)
@@ -45,15 +46,28 @@ completed per minute) and its turn latency. Issue 21's bar: the light
 tenant's p95 with 1:1 shares at most half of what oldest-first alone gives
 it, and the heavy tenant's throughput within 2% of oldest-first's. The
 exit status is 1 if the bar is missed. Uses only the public API.
+
+``--scaling`` measures instead what many tenants cost, in wall time on
+trio's real clock: ``SCALING_LIMIT`` slots held by one tenant, then N
+requests park behind them, and the clock runs from the moment the slots
+are given back until the last request has had its slot for one
+checkpoint. Once with every request of one tenant, once with each of its
+own tenant (per-user tenants nobody configured), for N and 4N; the best
+of ``SCALING_REPEATS`` runs each, every run a fresh ``trio.run`` with the
+collector off. The growth from N to 4N is 4x where a grant's cost does
+not grow with the waiters, 16x where it grows linearly. Its exit status
+is 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import sys
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -74,6 +88,8 @@ LOAD = {"heavy": 0.85, "light": 0.10}  # of the capacity, at no wait
 WARM_UP = 120.0  # seconds left out of every figure
 BAR_LATENCY = 0.5  # light p95 with 1:1 shares over oldest-first's, at most
 BAR_THROUGHPUT = 0.02  # heavy throughput's change with 1:1 shares, at most
+SCALING_LIMIT = 4  # slots in the --scaling measurement
+SCALING_REPEATS = 3  # runs of each size; the best is kept
 
 
 @attrs.frozen
@@ -444,6 +460,119 @@ def run_tenants(
     )
 
 
+async def _drain(requests: int, *, distinct: bool) -> float:
+    """Seconds to serve ``requests`` parked behind full slots (see ``--scaling``)."""
+    async with trio_dispatch.open_dispatcher({PROVIDER: SCALING_LIMIT}) as d:
+        gate = trio.Event()
+        served = 0
+
+        async def plug(*, task_status: trio.TaskStatus[None]) -> None:
+            async with d.slot(PROVIDER, tenant="plug"):
+                task_status.started()
+                await gate.wait()
+
+        async def request(i: int) -> None:
+            nonlocal served
+            async with d.slot(PROVIDER, tenant=f"user{i}" if distinct else "user"):
+                await trio.lowlevel.checkpoint()
+            served += 1
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(SCALING_LIMIT):
+                await nursery.start(plug)
+            for i in range(requests):
+                nursery.start_soon(request, i)
+            await trio.testing.wait_all_tasks_blocked()
+            started = time.perf_counter()
+            gate.set()
+        seconds = time.perf_counter() - started
+    assert served == requests
+    return seconds
+
+
+def _best_drain(requests: int, *, distinct: bool) -> float:
+    samples = []
+    for _ in range(SCALING_REPEATS):
+        gc.collect()
+        gc.disable()
+        try:
+            samples.append(trio.run(partial(_drain, requests, distinct=distinct)))
+        finally:
+            gc.enable()
+    return min(samples)
+
+
+@attrs.frozen
+class ScalingRow:
+    """Serving ``requests`` of one tenant or of as many tenants, N and 4N."""
+
+    tenants: str
+    requests: int
+    seconds: float
+    seconds_4x: float
+
+    @property
+    def growth(self) -> float:
+        """The time for 4N requests over the time for N."""
+        return self.seconds_4x / self.seconds
+
+
+@attrs.frozen
+class ScalingReport:
+    """What many tenants cost (``--scaling``)."""
+
+    limit: int
+    repeats: int
+    rows: tuple[ScalingRow, ...]
+    environment: dict[str, str]
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {**plain(self), "growth": {row.tenants: row.growth for row in self.rows}},
+            indent=2,
+        )
+
+    def to_markdown(self) -> str:
+        n = self.rows[0].requests
+        lines = [
+            f"Serving N and 4N requests parked behind {self.limit} full slots,"
+            f" wall time on trio's real clock (best of {self.repeats})",
+            "",
+            f"| requests of | {n:,} requests | {4 * n:,} requests"
+            " | per request, N / 4N | growth, 4N / N |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for row in self.rows:
+            lines.append(
+                f"| {row.tenants} | {1e3 * row.seconds:.1f} ms"
+                f" | {1e3 * row.seconds_4x:.1f} ms"
+                f" | {1e6 * row.seconds / n:.1f} / {1e6 * row.seconds_4x / (4 * n):.1f} µs"
+                f" | {row.growth:.2f}x |"
+            )
+        return "\n".join(lines) + "\n"
+
+
+def run_scaling(requests: int) -> ScalingReport:
+    """Serve ``requests`` and four times as many, of one tenant and of as many."""
+    rows = []
+    for distinct, label in ((False, "one tenant"), (True, "a tenant each")):
+        show_progress(f"scaling: {label}")
+        rows.append(
+            ScalingRow(
+                tenants=label,
+                requests=requests,
+                seconds=_best_drain(requests, distinct=distinct),
+                seconds_4x=_best_drain(4 * requests, distinct=distinct),
+            )
+        )
+    return ScalingReport(
+        limit=SCALING_LIMIT,
+        repeats=SCALING_REPEATS,
+        rows=tuple(rows),
+        environment=environment(),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print markdown, and write JSON with ``--json``.
 
@@ -460,19 +589,27 @@ def main(argv: list[str] | None = None) -> int:
         help="run only this arm (repeatable)",
     )
     parser.add_argument("--json", default=None, help="write the JSON report here")
+    parser.add_argument(
+        "--scaling",
+        action="store_true",
+        help="measure instead the wall time of N and 4N requests, of N tenants",
+    )
+    parser.add_argument(
+        "--requests", type=count_option(), default=1000, help="N for --scaling"
+    )
     args = parser.parse_args(argv)
     from pathlib import Path  # noqa: PLC0415 (only for --json)
 
     started = time.perf_counter()
+    json_path = None if args.json is None else Path(args.json)
+    if args.scaling:
+        finish(run_scaling(args.requests), json_path=json_path, started=started)
+        return 0
     arms = ARMS if not args.arm else tuple(a for a in ARMS if a.name in args.arm)
     report = run_tenants(
         minutes=15 if args.quick else args.minutes, seed=args.seed, arms=arms
     )
-    finish(
-        report,
-        json_path=None if args.json is None else Path(args.json),
-        started=started,
-    )
+    finish(report, json_path=json_path, started=started)
     return 0 if report.bar is not None and report.bar.met else 1
 
 

@@ -106,3 +106,20 @@ def test_the_quick_run_reports_every_arm_and_meets_the_bar(
     )
     assert math.isclose(bar["heavy_throughput_change"], change - 1)
     assert abs(bar["heavy_throughput_change"]) <= 0.02
+
+
+def test_the_scaling_run_reports_both_tenancies_at_n_and_4n(
+    tmp_path: pathlib.Path,
+) -> None:
+    bench = load_bench_script("tenants")
+    path = tmp_path / "scaling.json"
+    assert bench.main(["--scaling", "--requests", "20", "--json", str(path)]) == 0
+    report = json.loads(path.read_text(encoding="utf-8"))
+    assert report["limit"] == bench.SCALING_LIMIT
+    rows = {row["tenants"]: row for row in report["rows"]}
+    assert set(rows) == {"one tenant", "a tenant each"}
+    for row in rows.values():
+        assert row["requests"] == 20
+        assert row["seconds"] > 0
+        assert row["seconds_4x"] > 0
+        assert report["growth"][row["tenants"]] == row["seconds_4x"] / row["seconds"]

@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import math
 import os
+import random
 from fractions import Fraction
+from typing import Any
 
-from hypothesis import settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -38,6 +40,7 @@ from hypothesis.stateful import (
 )
 
 from trio_dispatch import Budget, Tenant
+from trio_dispatch._tenants import Tenants
 from trio_dispatch.lowlevel import SlotPolicy, Throttle, Ticket
 
 TENANTS = (None, "a", "b", "c")
@@ -536,3 +539,341 @@ BudgetedTenantMachine.TestCase.settings = settings(
     deadline=None,
 )
 test_budgeted_tenant_state_machine = BudgetedTenantMachine.TestCase
+
+
+class ScannedTenant:
+    """One tenant of ``ScanningTenants``: its counter kept as ``TenantState`` keeps it."""
+
+    def __init__(self, name: str | None, now: float) -> None:
+        self.name = name
+        self.weight = 1.0
+        self.cap: int | None = None
+        self.configured = False
+        self.held = 0
+        self.base = 0.0
+        self.last = now
+        self.waiting: list[Ticket] = []
+
+    def service(self, now: float) -> float:
+        if not self.held or now <= self.last:
+            return self.base
+        return self.base + self.held * (now - self.last) / self.weight
+
+    def fold(self, now: float) -> None:
+        if now > self.last:
+            self.base = self.service(now)
+            self.last = now
+
+
+class ScanningTenants:
+    """The choice between tenants as a scan of every backlogged tenant.
+
+    What ``Tenants`` did before its heaps, kept as the reference it must
+    match choice for choice: the floor is the least counter of the
+    backlogged, and the choice the least ``(counter, held / weight, head)``
+    in the order the tenants became backlogged, the first one winning a
+    tie.
+    """
+
+    def __init__(self) -> None:
+        self.states: dict[str | None, ScannedTenant] = {}
+        self.backlogged: dict[str | None, ScannedTenant] = {}
+        self.last_left = 0.0
+
+    def state(self, name: str | None, now: float) -> ScannedTenant:
+        if name not in self.states:
+            self.states[name] = ScannedTenant(name, now)
+        return self.states[name]
+
+    def drop_if_idle(self, state: ScannedTenant) -> None:
+        if not state.configured and not state.held and not state.waiting:
+            del self.states[state.name]
+
+    def configure(self, name: str, settings: Tenant | None, now: float) -> None:
+        if name not in self.states and settings is None:
+            return
+        state = self.state(name, now)
+        state.fold(now)
+        if settings is None:
+            state.weight, state.cap, state.configured = 1.0, None, False
+            self.drop_if_idle(state)
+        else:
+            state.weight, state.cap = settings.weight, settings.limit
+            state.configured = True
+
+    def hold(self, ticket: Ticket, now: float) -> None:
+        state = self.state(ticket.tenant, now)
+        state.fold(now)
+        state.held += 1
+
+    def queue(self, ticket: Ticket, now: float) -> None:
+        state = self.state(ticket.tenant, now)
+        if not state.waiting:
+            others = [other.service(now) for other in self.backlogged.values()]
+            floor = min(others) if others else self.last_left
+            state.fold(now)
+            state.base = max(state.base, floor)
+            self.backlogged[state.name] = state
+        state.waiting.append(ticket)
+
+    def unqueue(self, ticket: Ticket, now: float) -> ScannedTenant:
+        state = self.states[ticket.tenant]
+        state.waiting.remove(ticket)
+        if not state.waiting:
+            del self.backlogged[state.name]
+            self.last_left = state.service(now)
+        return state
+
+    def withdraw(self, ticket: Ticket, now: float) -> None:
+        self.drop_if_idle(self.unqueue(ticket, now))
+
+    def release(self, ticket: Ticket, now: float) -> None:
+        state = self.states.get(ticket.tenant)
+        if state is None or not state.held:
+            return
+        state.fold(now)
+        state.held -= 1
+        self.drop_if_idle(state)
+
+    def select(self, now: float, blocked: list[str]) -> Ticket | None:
+        best: tuple[float, float, Ticket] | None = None
+        for state in self.backlogged.values():
+            if state.cap is not None and state.held >= state.cap:
+                continue
+            heads = [
+                t for t in state.waiting if t.model is None or t.model not in blocked
+            ]
+            if not heads:
+                continue
+            key = (state.service(now), state.held / state.weight, min(heads))
+            if best is None or key < best:
+                best = key
+        return None if best is None else best[2]
+
+    def grant(self, ticket: Ticket, now: float) -> None:
+        state = self.states[ticket.tenant]
+        state.fold(now)
+        state.held += 1
+        self.unqueue(ticket, now)
+
+
+# Weights and steps of time whose sums round, so that the floats the two
+# keep must be computed alike to stay equal.
+CHOICE_WEIGHTS = (0.1, 0.3, 1.0, 1.5, 3.0, 7.0)
+STEPS = (0.0, 0.1, 1 / 3, 1.0, 2.7)
+CHOICE_TENANTS = (None, "a", "b", "c")
+
+choice_ops = st.one_of(
+    st.tuples(
+        st.just("arrive"),
+        st.integers(0, 8),
+        st.sampled_from(CHOICE_TENANTS),
+        st.sampled_from(MODELS),
+    ),
+    st.tuples(st.just("withdraw"), st.integers(0, 1000)),
+    st.tuples(st.just("release"), st.integers(0, 1000)),
+    st.tuples(st.just("hold"), st.sampled_from(CHOICE_TENANTS)),
+    st.tuples(
+        st.just("configure"),
+        st.sampled_from(CHOICE_TENANTS[1:]),
+        st.none() | st.sampled_from(CHOICE_WEIGHTS),
+        st.none() | st.integers(1, 3),
+    ),
+    # Up to that many grants; bit i of the mask holds back the model of
+    # the i-th choice (if it has one) instead of granting it.
+    st.tuples(st.just("fill"), st.integers(1, 4), st.integers(0, 15)),
+    st.tuples(st.just("advance"), st.sampled_from(STEPS)),
+)
+
+
+# One step of a run: its kind, then its arguments (see ``choice_ops``).
+Op = tuple[Any, ...]
+
+
+class ChoiceRun:
+    """``Tenants`` and ``ScanningTenants`` driven alike, compared at every step."""
+
+    def __init__(self) -> None:
+        self.tenants = Tenants()
+        self.reference = ScanningTenants()
+        self.now = 0.0
+        self.seq = 0
+        self.waiting: set[Ticket] = set()
+        self.holders: list[Ticket] = []
+        self.choices = 0
+
+    def ticket(self, rank: float, tenant: str | None, model: str | None) -> Ticket:
+        self.seq += 1
+        return Ticket(rank, self.seq, 0, tenant, model)
+
+    def apply(self, op: Op) -> None:
+        kind, now = op[0], self.now
+        if kind == "arrive":
+            _, rank, tenant, model = op
+            ticket = self.ticket(float(rank), tenant, model)
+            self.waiting.add(ticket)
+            self.tenants.queue(ticket, now)
+            self.reference.queue(ticket, now)
+        elif kind == "withdraw" and self.waiting:
+            ticket = sorted(self.waiting)[op[1] % len(self.waiting)]
+            self.waiting.remove(ticket)
+            self.tenants.withdraw(ticket, now, self.waiting)
+            self.reference.withdraw(ticket, now)
+        elif kind == "release" and self.holders:
+            ticket = self.holders.pop(op[1] % len(self.holders))
+            self.tenants.release(ticket, now)
+            self.reference.release(ticket, now)
+        elif kind == "hold":
+            ticket = self.ticket(-1.0, op[1], None)
+            self.holders.append(ticket)
+            self.tenants.hold(ticket, now)
+            self.reference.hold(ticket, now)
+        elif kind == "configure":
+            _, name, weight, cap = op
+            settings = None if weight is None else Tenant(weight=weight, limit=cap)
+            self.tenants.configure(name, settings, now)
+            self.reference.configure(name, settings, now)
+        elif kind == "fill":
+            self.fill(op[1], op[2])
+        elif kind == "advance":
+            self.now += op[1]
+        self.check_counters()
+
+    def fill(self, grants: int, mask: int) -> None:
+        blocked: list[str] = []
+        for bit in range(grants + 4):
+            chosen = self.tenants.select(self.now, self.waiting, blocked)
+            expected = self.reference.select(self.now, blocked)
+            self.choices += 1
+            assert (None if chosen is None else chosen[1]) == expected
+            if chosen is None or grants == 0:
+                return
+            state, ticket = chosen
+            assert state.name == ticket.tenant
+            if ticket.model is not None and mask >> bit & 1:
+                blocked.append(ticket.model)  # its budget holds it back
+                continue
+            self.tenants.grant(state, ticket, self.now)
+            self.reference.grant(ticket, self.now)
+            self.waiting.remove(ticket)
+            self.holders.append(ticket)
+            grants -= 1
+
+    def check_counters(self) -> None:
+        stats = self.tenants.statistics(self.now)
+        expected = {
+            name: (state.service(self.now), state.held, len(state.waiting))
+            for name, state in self.reference.states.items()
+            if name is not None
+        }
+        assert {
+            name: (shown.service, shown.in_flight, shown.waiting)
+            for name, shown in stats.items()
+        } == expected
+
+
+@settings(max_examples=400 if os.environ.get("CI") else 200, deadline=None)
+@given(st.lists(choice_ops, min_size=40, max_size=200))
+# A holder's counter moved since its tenant was kept: b goes first.
+@example(
+    [
+        ("hold", "a"),
+        ("arrive", 0, "a", None),
+        ("advance", 1.0),
+        ("arrive", 5, "b", None),
+        ("fill", 1, 0),
+    ]
+)
+# A slot given back lowers a's held / weight to b's: a's older head wins.
+@example(
+    [
+        ("hold", "a"),
+        ("hold", "a"),
+        ("hold", "b"),
+        ("arrive", 0, "a", None),
+        ("arrive", 1, "b", None),
+        ("release", 0),
+        ("fill", 1, 0),
+    ]
+)
+# A weight raised lowers a's held / weight below b's: a goes first.
+@example(
+    [
+        ("hold", "a"),
+        ("hold", "b"),
+        ("arrive", 5, "a", None),
+        ("arrive", 1, "b", None),
+        ("configure", "a", 7.0, None),
+        ("fill", 1, 0),
+    ]
+)
+# Model x held back in one fill: the next fill goes by a's x0 again, not
+# by the y2 that the first passed over to.
+@example(
+    [
+        ("arrive", 0, "a", "x"),
+        ("arrive", 2, "a", "y"),
+        ("arrive", 1, "b", None),
+        ("fill", 1, 1),
+        ("arrive", 1, "c", None),
+        ("fill", 1, 0),
+    ]
+)
+def test_the_choice_between_tenants_is_the_scans(ops: list[Op]) -> None:
+    run = ChoiceRun()
+    for op in ops:
+        run.apply(op)
+
+
+def test_a_long_run_of_many_tenants_makes_the_scans_choices() -> None:
+    # Long enough for dead entries to be swept from the heaps many times
+    # over, with tenants that hold slots (their counters moving), caps,
+    # weights, held-back models and withdrawn tickets.
+    draw = random.Random(27)
+    run = ChoiceRun()
+    names = [None, *(f"t{i}" for i in range(40))]
+    for _ in range(20_000):
+        roll = draw.random()
+        if roll < 0.4:
+            op: Op = (
+                "arrive",
+                draw.randrange(60),
+                draw.choice(names),
+                draw.choice(MODELS),
+            )
+        elif roll < 0.5:
+            op = ("withdraw", draw.randrange(1000))
+        elif roll < 0.7:
+            op = ("release", draw.randrange(1000))
+        elif roll < 0.72:
+            op = (
+                "configure",
+                draw.choice(names[1:]),
+                draw.choice((None, *CHOICE_WEIGHTS)),
+                draw.choice((None, 1, 2, 3)),
+            )
+        elif roll < 0.9:
+            op = ("fill", draw.randrange(1, 5), draw.randrange(16))
+        else:
+            op = ("advance", draw.choice(STEPS))
+        run.apply(op)
+    assert run.choices > 5_000
+
+
+def test_entries_left_behind_are_swept_and_the_choices_kept() -> None:
+    # Each ticket older than a's head and each slot a gives back places a
+    # again; the entries it leaves behind are swept once they outnumber
+    # the living, so the heap stays within twice the backlogged tenants
+    # (and a margin), and the choices stay the scan's.
+    run = ChoiceRun()
+    for _ in range(200):
+        run.apply(("hold", "a"))
+    run.apply(("arrive", 150, "b", None))
+    for rank in range(400, 200, -1):
+        run.apply(("arrive", rank, "a", "x"))
+        run.apply(("release", 0))
+        run.apply(("advance", 0.1))
+    assert len(run.tenants._ready) <= 2 * 2 + 64 + 1
+    while run.waiting:
+        run.apply(("fill", 4, 0))
+    assert run.choices > 200 // 4

@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import itertools
 import re
+from typing import TYPE_CHECKING
 
 import pytest
 
 from trio_dispatch import Budget, QueueFull, Tenant
+from trio_dispatch._tenants import TenantState
 from trio_dispatch.lowlevel import SlotPolicy, Ticket
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 class Tickets:
@@ -401,3 +406,89 @@ def test_many_withdrawn_waiters_are_swept_and_the_order_kept() -> None:
     # b's holder makes b's counter 1 at 1: a0; then ties go to a's older
     # heads, and each lead goes to the other.
     assert order == ["a0", "a4", "b1000", "a8", "b1001", "a12", "b1002"]
+
+
+class Looks:
+    """Counts how often the policy looks at a tenant: its counter or its head.
+
+    Choosing a tenant, and finding the floor one joins at, reads tenants'
+    counters (``TenantState.service``) and heads (``TenantState.head``); a
+    scan of every backlogged tenant per grant or per arrival reads them
+    once per tenant, so N tenants cost N * N looks where a heap costs a
+    few per operation.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        for name in ("service", "head"):
+            method = getattr(TenantState, name)
+            monkeypatch.setattr(TenantState, name, self._counted(method))
+
+    def _counted(self, method: Callable[..., object]) -> Callable[..., object]:
+        def counted(*args: object) -> object:
+            self.count += 1
+            return method(*args)
+
+        return counted
+
+
+def test_many_tenants_cost_a_few_looks_per_arrival_and_grant(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A thousand users nobody configured, one request each, behind four
+    # slots held by another tenant: each arrival joins at the floor and
+    # each slot given back is granted to one of them, in ticket order.
+    n = 1000
+    t = Tickets()
+    policy = SlotPolicy(4)
+    policy.advance(0.0)
+    plugs = [t(-1, "plug", f"plug{i}") for i in range(4)]
+    for plug in plugs:
+        assert policy.acquire(plug) == [plug]
+    users = [t(rank, f"u{rank}") for rank in range(n)]
+    looks = Looks(monkeypatch)
+    for ticket in users:
+        assert policy.acquire(ticket) == []
+    arrivals = looks.count
+    looks.count = 0
+    granted: list[Ticket] = []
+    holders = list(plugs)
+    now = 0.0
+    while holders:
+        now += 1.0
+        policy.advance(now)
+        grants = policy.release(holders.pop(0))
+        granted += grants
+        holders += grants
+    assert granted == users  # every counter equal: ticket order
+    # A few looks each (a fold reads the counter too); a scan of the
+    # backlogged would take n * n / 2 in all.
+    assert arrivals <= 8 * n, f"{arrivals} looks for {n} arrivals"
+    assert looks.count <= 8 * n, f"{looks.count} looks for {n} grants"
+
+
+def test_tenants_holding_slots_cost_looks_bounded_by_the_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 500 tenants of three requests each, served by 8 slots held for 1 to
+    # 3 s: the counters of the tenants that hold slots move between grants,
+    # and only those need looking at again, at most one per slot.
+    n, limit = 500, 8
+    t = Tickets()
+    policy = SlotPolicy(limit)
+    policy.advance(0.0)
+    looks = Looks(monkeypatch)
+    held: list[tuple[float, Ticket]] = []
+    for rank in range(3 * n):
+        ticket = t(rank, f"u{rank % n}")
+        held += [(1.0 + rank % 3, grant) for grant in policy.acquire(ticket)]
+    grants = len(held)
+    while held:
+        held.sort()
+        until, ticket = held.pop(0)
+        policy.advance(until)
+        for grant in policy.release(ticket):
+            held.append((until + 1.0 + grant.rank % 3, grant))
+            grants += 1
+    assert grants == 3 * n
+    assert looks.count <= 2 * (limit + 2) * grants, f"{looks.count} looks"

@@ -67,7 +67,8 @@ above, and the queues are the deque and heap above: the policy counts
 tenants only from the first ticket with a tenant or the first
 ``set_tenant`` (then ``needs_clock`` turns true: grants and releases need
 the time, from ``advance`` or ``tick``), or the first budget of a model.
-Per grant that costs O(T * M) for T backlogged tenants of M models each.
+A grant costs O(log T) for T backlogged tenants, and as much again per
+tenant whose key grew since it was last looked at (see ``_tenants``).
 Then, besides 1, 4 and 5:
 
 6. Work-conserving: a slot is never free while a ticket waits that may

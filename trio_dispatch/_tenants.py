@@ -21,11 +21,33 @@ other backlogged tenants, or, if none is, the counter of the tenant that
 most recently stopped being backlogged, taken then (0 at first). Idle time
 is not banked. ``select`` finds, among backlogged tenants below their cap
 whose head is not of a model held back, the least
-``(c_t(now), held_t / w_t, head)``: O(T * M) for T backlogged tenants with
-M non-empty model queues each (both small in practice); the counter is
-compared first, so only a tenant that may win looks at its queues. A heap
-over tenants would not do: the counters of tenants that hold slots grow
-with time, each at its own pace, so their order changes between events.
+``(c_t(now), held_t / w_t, head)``.
+
+Both are found in heaps over the backlogged tenants, not by a scan: one
+keyed by the counter (for the floor), one keyed by the whole key above,
+over those below their cap (for the choice). The counters of tenants that
+hold slots grow with time, each at its own pace, so no heap can keep them
+in order; but no tenant's key ever falls without an event on that tenant
+(a counter only grows: folds, raises to the floor and time all add to it),
+so each heap keeps, per tenant, a key it had at some time: one at most its
+key now. The least kept key is looked at anew: if it is still the
+tenant's key, that tenant is the least (every other key now is at least
+the one kept for it); if not, it is kept again, as it is now, and the next
+least is looked at. The events that can lower a key place the tenant again
+with its key then: its joining, a ticket older than its head, a slot given
+back (fewer held for its weight), a new weight or cap. So a choice or an
+arrival costs O(log T) for T backlogged tenants, plus O(log T) for each
+tenant looked at anew because its key grew since it was kept: the tenant
+granted last, one whose head was withdrawn, and those holding slots while
+time passed (at most one per slot); and O(M) for each head looked at, of
+a tenant with M non-empty model queues. In a fill that holds a model
+back, a tenant's head may be one only this fill passes over to, and its
+key then above its key after the fill: such a tenant (and one with
+nothing left to take in the fill) is set aside, placed again by the next
+fill's first choice, so holding a model back costs a look at each tenant
+of that model that comes first in the fill. Entries left behind (a tenant
+placed again, or no longer backlogged) are skipped when they surface, and
+swept when they outnumber the living.
 
 A ticket withdrawn while waiting stays in its heap and is skipped when it
 surfaces; the heaps are rebuilt from the living when such dead entries
@@ -36,7 +58,6 @@ waits for nothing, and starts from the floor when it comes back.
 from __future__ import annotations
 
 import heapq
-import math
 from typing import TYPE_CHECKING, final
 
 import attrs
@@ -45,8 +66,16 @@ from .messages._limits import Tenant
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterable
+    from typing import TypeAlias
 
     from .messages._scheduling import Ticket
+
+    # A tenant in the choice's heap: its counter, held / weight and head,
+    # when it was placed; the order it was placed in, so that two entries
+    # of one tenant never compare the tenant.
+    _Entry: TypeAlias = tuple[float, float, Ticket, int, "TenantState"]
+    # A tenant in the floor's heap: its counter when it was placed.
+    _FloorEntry: TypeAlias = tuple[float, int, "TenantState"]
 
 _COMPACT_SLACK = 64
 
@@ -85,6 +114,8 @@ class TenantState:
     __slots__ = (
         "base",
         "configured",
+        "entry",
+        "floor_entry",
         "held",
         "last",
         "limit",
@@ -105,6 +136,10 @@ class TenantState:
         self.last = now
         # Waiting tickets by model, each a heap in ticket order.
         self.queues: dict[str | None, list[Ticket]] = {}
+        # Its entries in the heaps of ``Tenants`` while it is backlogged
+        # (see there): one that is not the tenant's own is a dead one.
+        self.entry: _Entry | None = None
+        self.floor_entry: _FloorEntry | None = None
 
     def __repr__(self) -> str:
         return (
@@ -148,14 +183,30 @@ class TenantState:
 class Tenants:
     """Every tenant's state on one provider, and the rule between them."""
 
-    __slots__ = ("_backlogged", "_dead", "_last_left", "_states")
+    __slots__ = (
+        "_aside",
+        "_backlogged",
+        "_dead",
+        "_floors",
+        "_last_left",
+        "_placed",
+        "_ready",
+        "_states",
+    )
 
     def __init__(self) -> None:
         self._states: dict[str | None, TenantState] = {}
-        # The tenants with waiting tickets, in the order they became so.
+        # The tenants with waiting tickets.
         self._backlogged: dict[str | None, TenantState] = {}
         self._last_left = 0.0
         self._dead = 0
+        # The heaps (see the module's notes): the backlogged tenants by
+        # counter; those below their cap by the choice's key; the tenants
+        # set aside by a fill for a model held back; entries placed so far.
+        self._floors: list[_FloorEntry] = []
+        self._ready: list[_Entry] = []
+        self._aside: list[TenantState] = []
+        self._placed = 0
 
     def __repr__(self) -> str:
         return f"<Tenants {list(self._states.values())!r}>"
@@ -187,6 +238,8 @@ class Tenants:
         else:
             state.weight, state.limit = settings.weight, settings.limit
             state.configured = True
+        if state.waiting:
+            self._place(state, now)  # a lighter weight, a higher cap
 
     def configured(self) -> dict[str, Tenant]:
         """The configured tenants' settings, by name."""
@@ -205,27 +258,80 @@ class Tenants:
     def queue(self, ticket: Ticket, now: float) -> None:
         """``ticket`` waits: in its tenant's queue, which may become backlogged."""
         state = self._state(ticket.tenant, now)
-        if not state.waiting:
-            self._join(state, now)
         state.waiting += 1
         heapq.heappush(state.queues.setdefault(ticket.model, []), ticket)
+        if state.waiting == 1:
+            self._join(state, now)
+        else:
+            entry = state.entry
+            if entry is not None and ticket < entry[2]:
+                self._place(state, now)  # its new head
 
     def _join(self, state: TenantState, now: float) -> None:
         """``state`` becomes backlogged: raise its counter to the floor."""
-        backlogged = self._backlogged
-        if backlogged:
-            floor = min(other.service(now) for other in backlogged.values())
-        else:
+        floor = self._floor(now)
+        if floor is None:
             floor = self._last_left
         state.fold(now)
         state.base = max(state.base, floor)
-        backlogged[state.name] = state
+        self._backlogged[state.name] = state
+        floors = self._floors
+        if len(floors) > 2 * len(self._backlogged) + _COMPACT_SLACK:
+            floors[:] = [entry for entry in floors if entry[2].floor_entry is entry]
+            heapq.heapify(floors)
+        self._placed += 1
+        entry = state.floor_entry = (state.base, self._placed, state)
+        heapq.heappush(floors, entry)
+        self._place(state, now)
+
+    def _floor(self, now: float) -> float | None:
+        """The least counter of the backlogged at ``now``, or ``None``."""
+        floors = self._floors
+        while floors:
+            entry = floors[0]
+            state = entry[2]
+            if state.floor_entry is not entry:
+                heapq.heappop(floors)  # dead
+                continue
+            counter = state.service(now)
+            if counter == entry[0]:
+                return counter
+            self._placed += 1
+            entry = state.floor_entry = (counter, self._placed, state)
+            heapq.heapreplace(floors, entry)
+        return None
+
+    def _place(self, state: TenantState, now: float) -> None:
+        """Keep backlogged ``state`` in the choice's heap with its key now.
+
+        Its head there is the least ticket of its queues, withdrawn or not:
+        one at most its head.
+        """
+        cap = state.limit
+        if cap is not None and state.held >= cap:
+            state.entry = None
+            return
+        ready = self._ready
+        if len(ready) > 2 * len(self._backlogged) + _COMPACT_SLACK:
+            ready[:] = [entry for entry in ready if entry[4].entry is entry]
+            heapq.heapify(ready)
+        head = min(queue[0] for queue in state.queues.values() if queue)
+        self._placed += 1
+        entry = state.entry = (
+            state.service(now),
+            state.held / state.weight,
+            head,
+            self._placed,
+            state,
+        )
+        heapq.heappush(ready, entry)
 
     def _leave(self, state: TenantState, now: float) -> None:
         """``state`` stops being backlogged: its counter is the new floor."""
         del self._backlogged[state.name]
         self._last_left = state.service(now)
         state.queues.clear()  # only withdrawn tickets are left
+        state.entry = state.floor_entry = None
 
     def withdraw(self, ticket: Ticket, now: float, waiting: Collection[Ticket]) -> None:
         """Waiting ``ticket`` was withdrawn (``waiting``: those still waiting)."""
@@ -257,6 +363,12 @@ class Tenants:
             return  # held from before tenants were counted
         state.fold(now)
         state.held -= 1
+        if state.waiting:
+            entry = state.entry
+            if entry is None or entry[1] > state.held / state.weight:
+                # Its key may be below the one kept: less held for its
+                # weight, or below its cap again.
+                self._place(state, now)
         self._drop_if_idle(state)
 
     def _drop_if_idle(self, state: TenantState) -> None:
@@ -270,31 +382,49 @@ class Tenants:
 
         Among backlogged tenants below their cap with a head of a model not
         in ``blocked``: the least ``(counter, held / weight, head)``.
+        ``blocked``: the models held back so far in this fill, empty at its
+        first choice.
         """
-        best: tuple[float, float, Ticket] | None = None
-        least = math.inf  # best's counter, for a cheap first test
-        chosen: TenantState | None = None
-        for state in self._backlogged.values():
-            held = state.held
-            cap = state.limit
-            if cap is not None and held >= cap:
+        if not blocked and self._aside:
+            # A new fill: what the last one set aside is looked at again.
+            aside, self._aside = self._aside, []
+            backlogged = self._backlogged
+            for state in aside:
+                if backlogged.get(state.name) is state:
+                    self._place(state, now)
+        ready = self._ready
+        while ready:
+            entry = ready[0]
+            state = entry[4]
+            if state.entry is not entry:
+                heapq.heappop(ready)  # dead
                 continue
-            # service(now), inline: this loop runs per grant over every
-            # backlogged tenant, and most lose on the counter alone.
-            counter = state.base
-            if held and now > state.last:
-                counter += held * (now - state.last) / state.weight
-            if counter > least:
+            cap = state.limit
+            if cap is not None and state.held >= cap:
+                heapq.heappop(ready)  # placed again when it goes below
+                state.entry = None
                 continue
             head = state.head(waiting, blocked)
             if head is None:
+                # Every model it waits for is held back in this fill.
+                heapq.heappop(ready)
+                state.entry = None
+                self._aside.append(state)
                 continue
-            key = (counter, held / state.weight, head)
-            if best is None or key < best:
-                best, chosen, least = key, state, counter
-        if chosen is None or best is None:
-            return None
-        return chosen, best[2]
+            counter = state.service(now)
+            share = state.held / state.weight
+            if counter == entry[0] and share == entry[1] and head == entry[2]:
+                return state, head
+            # Its key grew since it was kept: keep it as it is now.
+            self._placed += 1
+            entry = state.entry = (counter, share, head, self._placed, state)
+            heapq.heapreplace(ready, entry)
+            if blocked:
+                # Its head may be one only this fill passes over.
+                self._aside.append(state)
+            if ready[0] is entry:
+                return state, head  # still the least, as it is now
+        return None
 
     def grant(self, state: TenantState, ticket: Ticket, now: float) -> None:
         """``select``'s choice is granted at ``now``."""
