@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+import warnings
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
 
 import attrs
 
@@ -30,6 +32,29 @@ class NoPublicConstructor(type):
 
     def _create(cls: type[T], *args: Any, **kwargs: Any) -> T:  # noqa: ANN401 (the class's own __init__ arguments)
         return super().__call__(*args, **kwargs)  # type: ignore[misc, no-any-return]  # type.__call__ of the class itself
+
+
+def warn_the_caller(warning: Warning) -> None:
+    """Issue ``warning`` at the application's line that led to it.
+
+    That is the first frame, going out, that is neither the package's nor
+    ``contextlib``'s (an ``async with`` of a context manager the package
+    made), however deep in the package the cause was found.
+    """
+    here = inspect.currentframe()
+    frame = None if here is None else here.f_back
+    level = 2  # stacklevel 2 is the caller's frame: 1 would be this function
+    while (
+        frame is not None
+        and frame.f_back is not None
+        and frame.f_globals.get("__name__", "").partition(".")[0] in _NOT_THE_CALLER
+    ):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(warning, stacklevel=level)
+
+
+_NOT_THE_CALLER: Final = frozenset({"trio_dispatch", "contextlib"})
 
 
 def needs_extra(what: str, extra: str) -> str:

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 import trio
 
 from .._budgets import AdaptiveLimit, Throttle, check_limit_value
-from .._exceptions import DispatcherClosed
+from .._exceptions import DispatcherClosed, UnknownProviderWarning
 from .._groups import leaves
 from .._policy import SlotPolicy
 from .._ratelimits import RateLimitInfo
 from .._turn import CURRENT_TURN, Turn, TurnScope
-from .._util import NoPublicConstructor
+from .._util import NoPublicConstructor, warn_the_caller
 from .._validation import (
     MAX_TENANT_NAME,
     check_count,
@@ -750,12 +750,15 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 f"{_did_you_mean(provider, self._known)}"
             )
         if self._settings.unknown_providers == "warn":
-            _logger.warning(
-                "provider %r has no limit, so it runs unlimited; limited providers: %s%s",
-                provider,
-                _names(self._limits),
-                _did_you_mean(provider, self._limits),
+            message = (
+                f"provider {provider!r} has no limit, so it runs unlimited;"
+                f" limited providers: {_names(self._limits)}"
+                f"{_did_you_mean(provider, self._limits)}"
             )
+            # The warning first: turned into an error (python -W error), it
+            # refuses this use, and the name stays unknown for the next.
+            warn_the_caller(UnknownProviderWarning(message))
+            _logger.warning("%s", message)
         self._cleared.add(provider)
 
     def _scheduler(self, provider: str) -> Backend:

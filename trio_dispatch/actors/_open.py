@@ -94,10 +94,12 @@ def open_dispatcher(
         unknown_providers: What a slot of an unknown provider (one never
             named in ``limits``, ``set_limit`` or ``remove_limit``, such as
             a misspelt name) does: ``"allow"`` runs it unlimited quietly,
-            ``"warn"`` does too but logs one warning per name on the
+            ``"warn"`` does too but, once per name, issues an
+            ``UnknownProviderWarning`` and logs a warning on the
             ``"trio_dispatch"`` logger, naming the limited providers, and
             ``"error"`` refuses it at once with ``ValueError`` at
-            ``dispatcher.slot()`` (and ``start_conversation``).
+            ``dispatcher.slot()`` (and ``transport``,
+            ``start_conversation``).
         redis_url: Share the limits (adaptive ones too), the budgets, the
             oldest-first order and the pauses with every process that uses the same Redis and ``namespace``
             (``redis://[[user]:password@]host[:port][/db]``, ``rediss://``
