@@ -7,6 +7,7 @@ slot can be exited from a task other than the one that entered it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from typing import TYPE_CHECKING
@@ -15,12 +16,24 @@ import pytest
 import trio
 import trio.testing
 
-from trio_dispatch import Slot, open_dispatcher
-from trio_dispatch.lowlevel import Acquire, Pause, Release, SetLimit
+from trio_dispatch import Slot, open_dispatcher, wrap_provider
+from trio_dispatch.lowlevel import (
+    Acquire,
+    Pause,
+    Release,
+    SetLimit,
+    open_dispatcher_with,
+)
+from trio_dispatch.messages import ChatMessage, ChatRequest
+from trio_dispatch.providers import OpenAIProvider
+from trio_dispatch.testing import FakeScript, ScriptedProvider, open_fake_llm_server
 
+from ._backend_rigs import Made
 from ._helpers import RecordingReply, local_scheduler, settle
 
 if TYPE_CHECKING:
+    from contextlib import AbstractAsyncContextManager
+
     from trio_dispatch import Dispatcher
 
 
@@ -234,3 +247,155 @@ async def test_a_slot_left_elsewhere_then_by_its_own_task_closes_cleanly(
             1,
         )
     assert events == [("left elsewhere", 0.0), ("body done", 10.0), ("left", 10.0)]
+
+
+# ---------------------------------------------------------------- not under trio
+
+
+def _opened_by(opener: str) -> AbstractAsyncContextManager[object]:
+    if opener == "open_dispatcher":
+        return open_dispatcher({"p": 1})
+    return open_dispatcher_with(Made(), {"p": 1})
+
+
+UNDER_ASYNCIO = r"^trio-dispatch runs under trio, not asyncio: open the dispatcher inside trio.run\(\)$"
+OUTSIDE_TRIO = (
+    r"^trio-dispatch runs under trio: open the dispatcher inside trio.run\(\)$"
+)
+
+
+@pytest.mark.parametrize("opener", ["open_dispatcher", "open_dispatcher_with"])
+def test_a_dispatcher_opened_under_asyncio_says_it_runs_under_trio(opener: str) -> None:
+    async def main() -> None:
+        async with _opened_by(opener):
+            pytest.fail("opened under asyncio")
+
+    with pytest.raises(RuntimeError, match=UNDER_ASYNCIO):
+        asyncio.run(main())
+
+
+@pytest.mark.parametrize("opener", ["open_dispatcher", "open_dispatcher_with"])
+def test_a_dispatcher_opened_outside_any_event_loop_says_it_runs_under_trio(
+    opener: str,
+) -> None:
+    entering = _opened_by(opener).__aenter__()
+    with pytest.raises(RuntimeError, match=OUTSIDE_TRIO):
+        entering.send(None)
+
+
+# ---------------------------------------------------------------- the wrong with
+
+OPEN_WITH = (
+    r"^open_dispatcher\(\) is an async context manager:"
+    r" use `async with open_dispatcher\(\.\.\.\) as dispatcher`$"
+)
+
+
+def test_open_dispatcher_without_async_with_says_which_with_to_use() -> None:
+    opened = open_dispatcher({"p": 1})
+    with pytest.raises(AttributeError, match=OPEN_WITH):
+        opened.slot("p")  # type: ignore[attr-defined]  # the misuse tested
+    with pytest.raises(TypeError, match=OPEN_WITH), opened:  # type: ignore[attr-defined]  # the misuse tested
+        pytest.fail("entered with a plain with")
+    with pytest.raises(TypeError, match=OPEN_WITH):
+        trio.run(_await, opened)
+    # Nothing else is hidden behind the message.
+    with pytest.raises(
+        AttributeError, match=r"^'AsyncWithOnly' object has no attribute '__wrapped__'$"
+    ):
+        opened.__wrapped__  # type: ignore[attr-defined]  # noqa: B018  # the misuse tested
+    with (
+        pytest.raises(
+            TypeError,
+            match=r"^open_dispatcher_with\(\) is an async context manager:"
+            r" use `async with open_dispatcher_with\(\.\.\.\) as dispatcher`$",
+        ),
+        open_dispatcher_with(Made()),  # type: ignore[attr-defined]  # the misuse tested
+    ):
+        pytest.fail("entered with a plain with")
+
+
+async def _await(awaitable: object) -> None:
+    await awaitable  # type: ignore[misc]  # the misuse tested
+
+
+async def test_turn_and_slot_in_the_wrong_with_say_which_with_to_use() -> None:
+    async with open_dispatcher({"p": 1}) as dispatcher:
+        with pytest.raises(
+            TypeError,
+            match=r"^turn\(\) is a plain context manager:"
+            r" use `with dispatcher.turn\(\.\.\.\)`$",
+        ):
+            async with dispatcher.turn():  # type: ignore[attr-defined]  # the misuse tested
+                pytest.fail("entered with async with")
+        with (
+            pytest.raises(
+                TypeError,
+                match=r"^slot\(\) is an async context manager:"
+                r" use `async with dispatcher.slot\(\.\.\.\)`$",
+            ),
+            dispatcher.slot("p"),  # type: ignore[attr-defined]  # the misuse tested
+        ):
+            pytest.fail("entered with a plain with")
+        # Neither took anything: the right with works as ever.
+        with dispatcher.turn():
+            async with dispatcher.slot("p") as slot:
+                assert slot.held
+        stats = dispatcher.statistics().providers["p"]
+        assert (stats.granted_total, stats.released_total) == (1, 1)
+
+
+PROVIDER_STREAM = (
+    r"^stream\(\) is an async context manager:"
+    r" use `async with provider.stream\(request\) as events`$"
+)
+
+
+async def test_streams_and_servers_in_the_wrong_with_say_which_with_to_use() -> None:
+    request = ChatRequest(messages=(ChatMessage(role="user", content="hi"),))
+    with (
+        pytest.raises(
+            TypeError,
+            match=r"^open_fake_llm_server\(\) is an async context manager:"
+            r" use `async with open_fake_llm_server\(\.\.\.\) as server`$",
+        ),
+        open_fake_llm_server(),  # type: ignore[attr-defined]  # the misuse tested
+    ):
+        pytest.fail("entered with a plain with")
+    scripted = ScriptedProvider(FakeScript(), id="p")
+    async with (
+        open_fake_llm_server() as server,
+        OpenAIProvider(
+            base_url=server.openai_base_url, api_key="k", model="m"
+        ) as openai,
+        open_dispatcher({"p": 1}) as dispatcher,
+    ):
+        for provider in (openai, scripted, wrap_provider(scripted, dispatcher)):
+            with (
+                pytest.raises(TypeError, match=PROVIDER_STREAM),
+                provider.stream(request),  # type: ignore[attr-defined]  # the misuse tested
+            ):
+                pytest.fail("entered with a plain with")
+        with (
+            pytest.raises(
+                TypeError,
+                match=r"^OpenAIProvider is an async context manager:"
+                r" use `async with OpenAIProvider\(\.\.\.\) as provider`$",
+            ),
+            openai,  # type: ignore[attr-defined]  # the misuse tested
+        ):
+            pytest.fail("entered with a plain with")
+        conversation = dispatcher.start_conversation(scripted)
+        with (
+            pytest.raises(
+                TypeError,
+                match=r"^stream\(\) is an async context manager:"
+                r" use `async with conversation.stream\(\.\.\.\) as turn`$",
+            ),
+            conversation.stream("hi"),  # type: ignore[attr-defined]  # the misuse tested
+        ):
+            pytest.fail("entered with a plain with")
+        # Nothing was sent: the right with works as ever.
+        assert (await conversation.ask("hi")).llm_calls == 1
+        assert len(scripted.requests) == 1
+    assert server.requests == []

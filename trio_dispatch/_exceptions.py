@@ -30,7 +30,10 @@ sent again)::
         └── RequestFailed              on our side: JSON, client   not retryable
 
 Bad arguments raise ``TypeError`` or ``ValueError`` at the call, before
-anything changes; misuse (entering a slot twice) raises ``RuntimeError``.
+anything changes; misuse raises ``RuntimeError`` (entering a slot twice,
+opening a dispatcher under asyncio or outside any event loop), and the
+wrong ``with`` (``with`` for ``async with``, or the other way round) a
+``TypeError`` that says which one to use.
 
 One warning, beside the tree::
 

@@ -70,7 +70,7 @@ from .._exceptions import (
 )
 from .._groups import leaves, only
 from .._turn import current_turn
-from .._util import NoPublicConstructor
+from .._util import NoPublicConstructor, wrong_with
 from .._validation import (
     check_optional_tenant,
     check_priority,
@@ -767,6 +767,12 @@ class TurnStream(metaclass=NoPublicConstructor):
 
     def __repr__(self) -> str:
         return f"<TurnStream of {self._conversation.id!r} {self._state}>"
+
+    if not TYPE_CHECKING:
+        __enter__ = __exit__ = wrong_with(
+            "stream() is an async context manager:"
+            " use `async with conversation.stream(...) as turn`"
+        )
 
     @property
     def result(self) -> TurnResult:

@@ -15,6 +15,7 @@ import contextlib
 import difflib
 import logging
 import math
+import sys
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
@@ -914,7 +915,13 @@ Dispatcher._front = Dispatcher
 async def run_dispatcher(
     limits: dict[str, int | AdaptiveLimit], settings: Settings
 ) -> AsyncIterator[Dispatcher]:
-    """Run a dispatcher of checked ``limits`` and ``settings`` (``open_dispatcher``)."""
+    """Run a dispatcher of checked ``limits`` and ``settings`` (``open_dispatcher``).
+
+    Raises:
+        RuntimeError: Not in a trio run (under asyncio, or in no event loop).
+    """
+    if not trio.lowlevel.in_trio_run():
+        raise RuntimeError(_not_under_trio())
     body_error: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:
@@ -953,6 +960,20 @@ async def run_dispatcher(
         finally:
             only.__context__ = context
             del only, context
+
+
+def _not_under_trio() -> str:
+    """Why a dispatcher cannot open here: asyncio runs, or no event loop does."""
+    asyncio = sys.modules.get("asyncio")  # not running if never imported
+    try:
+        if asyncio is not None and asyncio.get_running_loop():
+            return (
+                "trio-dispatch runs under trio, not asyncio:"
+                " open the dispatcher inside trio.run()"
+            )
+    except RuntimeError:  # no asyncio loop running in this thread
+        pass
+    return "trio-dispatch runs under trio: open the dispatcher inside trio.run()"
 
 
 def _names(providers: Iterable[str]) -> str:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
+from .._util import AsyncWithOnly
 from ._dispatcher import run_dispatcher
 from ._settings import DEFAULT_LEASE, DEFAULT_NAMESPACE, Settings, UnknownProviders
 
@@ -153,6 +154,12 @@ def open_dispatcher(
 
     Raises:
         BackendUnavailable: ``redis_url`` cannot be reached (on entering).
+        RuntimeError: On entering, outside a trio run (under asyncio, or
+            in no event loop at all).
+        TypeError: Used with a plain ``with`` or ``await``; and
+            ``AttributeError`` for a dispatcher's attribute looked up on
+            the result before ``async with``: each says to use ``async
+            with open_dispatcher(...) as dispatcher``.
         LeaseLost: From a slot of a limited provider (on leaving it), if its
             lease in Redis went ``lease`` seconds without renewal.
 
@@ -225,7 +232,11 @@ def open_dispatcher(
         priority_aging=priority_aging,
         tenants=tenants,
     )
-    return run_dispatcher(dict(settings.limits), settings)
+    return AsyncWithOnly(
+        run_dispatcher(dict(settings.limits), settings),
+        "open_dispatcher() is an async context manager:"
+        " use `async with open_dispatcher(...) as dispatcher`",
+    )
 
 
 # What a backend shares is its own business: open_dispatcher_with takes
@@ -264,4 +275,8 @@ def open_dispatcher_with(
                 f"open_dispatcher_with() got an unexpected keyword argument {name!r}"
             )
     settings = Settings(new_backend=new_backend, limits=limits, **options)
-    return run_dispatcher(dict(settings.limits), settings)
+    return AsyncWithOnly(
+        run_dispatcher(dict(settings.limits), settings),
+        "open_dispatcher_with() is an async context manager:"
+        " use `async with open_dispatcher_with(...) as dispatcher`",
+    )

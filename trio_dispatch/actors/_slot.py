@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, Self, final
 import trio
 
 from .._exceptions import DispatcherClosed, SlotHoldTimeout, lease_lost
-from .._util import NoPublicConstructor
+from .._util import NoPublicConstructor, wrong_with
 from .._validation import check_count
 
 if TYPE_CHECKING:
@@ -239,6 +239,11 @@ class Slot(metaclass=NoPublicConstructor):
     def held(self) -> bool:
         """Whether this request holds its slot now."""
         return self._state is _HOLDING
+
+    if not TYPE_CHECKING:
+        __enter__ = __exit__ = wrong_with(
+            "slot() is an async context manager: use `async with dispatcher.slot(...)`"
+        )
 
     # KeyboardInterrupt is held back to the park point in the methods that
     # change the slot's state and message the scheduler together, as in
