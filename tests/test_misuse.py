@@ -12,6 +12,7 @@ import logging
 import math
 from typing import TYPE_CHECKING
 
+import httpx2
 import pytest
 import trio
 import trio.testing
@@ -32,9 +33,10 @@ from ._backend_rigs import Made
 from ._helpers import RecordingReply, local_scheduler, settle
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
     from contextlib import AbstractAsyncContextManager
 
-    from trio_dispatch import Dispatcher
+    from trio_dispatch import Conversation, Dispatcher
 
 
 async def _hold(slot: Slot, outcomes: list[str]) -> None:
@@ -399,3 +401,150 @@ async def test_streams_and_servers_in_the_wrong_with_say_which_with_to_use() -> 
         assert (await conversation.ask("hi")).llm_calls == 1
         assert len(scripted.requests) == 1
     assert server.requests == []
+
+
+# ---------------------------------------------------------------- another trio run
+
+ANOTHER_RUN = (
+    r"^the dispatcher belongs to another trio run: use it in the run that opened it"
+    r" \(from another thread, through trio\.from_thread\.run\)$"
+)
+
+
+async def _model_call(dispatcher: Dispatcher, _conversation: Conversation) -> None:
+    def answer(_request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, json={})
+
+    transport = dispatcher.transport("p", inner=httpx2.MockTransport(answer))
+    async with httpx2.AsyncClient(transport=transport) as client:
+        await client.post("https://api.test/v1/chat/completions", json={})
+
+
+async def _slot(dispatcher: Dispatcher, _conversation: Conversation) -> None:
+    async with dispatcher.slot("p"):
+        pytest.fail("granted in another run")
+
+
+async def _wrapped_stream(dispatcher: Dispatcher, _conversation: Conversation) -> None:
+    request = ChatRequest(messages=(ChatMessage(role="user", content="hi"),))
+    provider = wrap_provider(ScriptedProvider(FakeScript(), id="p"), dispatcher)
+    async with provider.stream(request):
+        pytest.fail("granted in another run")
+
+
+async def _turn(dispatcher: Dispatcher, _conversation: Conversation) -> None:
+    await trio.lowlevel.checkpoint()
+    with dispatcher.turn():
+        pytest.fail("entered in another run")
+
+
+async def _ask(_dispatcher: Dispatcher, conversation: Conversation) -> None:
+    await conversation.ask("hi")
+
+
+async def _start_conversation(
+    dispatcher: Dispatcher, _conversation: Conversation
+) -> None:
+    await trio.lowlevel.checkpoint()
+    dispatcher.start_conversation(ScriptedProvider(FakeScript(), id="p"))
+
+
+async def _events(dispatcher: Dispatcher, _conversation: Conversation) -> None:
+    async with dispatcher.events():
+        pytest.fail("subscribed in another run")
+
+
+async def _set_limit(dispatcher: Dispatcher, _conversation: Conversation) -> None:
+    await trio.lowlevel.checkpoint()
+    dispatcher.set_limit("p", 3)
+
+
+async def _report_rate_limit(
+    dispatcher: Dispatcher, _conversation: Conversation
+) -> None:
+    await trio.lowlevel.checkpoint()
+    dispatcher.report_rate_limit("p", retry_after=60)
+
+
+async def _read_statistics(dispatcher: Dispatcher, _conversation: Conversation) -> None:
+    await trio.lowlevel.checkpoint()
+    dispatcher.statistics()
+
+
+def _in_another_run(
+    use: Callable[[Dispatcher, Conversation], Awaitable[None]],
+    dispatcher: Dispatcher,
+    conversation: Conversation,
+) -> str:
+    """Run ``use`` in a trio run of its own, in this (worker) thread: what it raised."""
+
+    async def main() -> None:
+        # Only a guard: refused, the call returns at once.
+        with trio.fail_after(10):
+            await use(dispatcher, conversation)
+
+    try:
+        trio.run(main)
+    except Exception as exc:  # what it raised is the result
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+@pytest.mark.parametrize("contended", [False, True], ids=["free", "contended"])
+@pytest.mark.parametrize(
+    "use",
+    [
+        _slot,
+        _model_call,
+        _wrapped_stream,
+        _turn,
+        _ask,
+        _start_conversation,
+        _events,
+        _set_limit,
+        _report_rate_limit,
+        _read_statistics,
+    ],
+)
+async def test_a_dispatcher_used_from_another_trio_run_refuses_it_and_runs_on(
+    use: Callable[[Dispatcher, Conversation], Awaitable[None]], contended: bool
+) -> None:
+    outcomes: list[str] = []
+    async with open_dispatcher({"p": 1}) as dispatcher, trio.open_nursery() as nursery:
+        conversation = dispatcher.start_conversation(
+            ScriptedProvider(FakeScript(), id="p")
+        )
+        holder = dispatcher.slot("p")
+        if contended:
+            await holder.__aenter__()
+            nursery.start_soon(_hold, dispatcher.slot("p"), outcomes)
+            await settle()
+        refused = await trio.to_thread.run_sync(
+            _in_another_run, use, dispatcher, conversation
+        )
+        assert refused == (
+            "RuntimeError: the dispatcher belongs to another trio run:"
+            " use it in the run that opened it"
+            " (from another thread, through trio.from_thread.run)"
+        )
+        # This run is unharmed: the holder gives back, the waiter is granted,
+        # and nothing of the other run's was queued, granted or changed.
+        if contended:
+            await holder.__aexit__(None, None, None)
+            await settle()
+        assert outcomes == (["granted"] if contended else [])
+        stats = dispatcher.statistics().providers["p"]
+        granted = 2 if contended else 0
+        assert (stats.limit, stats.paused, stats.in_flight, stats.waiting) == (
+            1,
+            False,
+            0,
+            0,
+        )
+        assert (stats.granted_total, stats.released_total, stats.withdrawn_total) == (
+            granted,
+            granted,
+            0,
+        )
+        assert (await conversation.ask("hi")).llm_calls == 1
+        assert conversation.statistics().turns_completed == 1

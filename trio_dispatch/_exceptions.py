@@ -31,8 +31,8 @@ sent again)::
 
 Bad arguments raise ``TypeError`` or ``ValueError`` at the call, before
 anything changes; misuse raises ``RuntimeError`` (entering a slot twice,
-opening a dispatcher under asyncio or outside any event loop), and the
-wrong ``with`` (``with`` for ``async with``, or the other way round) a
+opening a dispatcher under asyncio or outside any event loop, using one
+from another trio run than its own), and the wrong ``with`` (``with`` for ``async with``, or the other way round) a
 ``TypeError`` that says which one to use.
 
 One warning, beside the tree::

@@ -338,6 +338,7 @@ class Conversation(metaclass=NoPublicConstructor):
         the history is left as it was before that turn), queued jobs fail with
         ``ConversationClosed``, and so does every later ``ask``.
         """
+        self._dispatcher.check_run()
         if self._stop is None:
             self._stop = "closed"
         self._scope.cancel()
@@ -354,6 +355,7 @@ class Conversation(metaclass=NoPublicConstructor):
         )
 
     def _enqueue(self, job: Job) -> None:
+        self._dispatcher.check_run()
         if self._inside_actor():
             raise RuntimeError("a conversation cannot wait for itself (from a tool)")
         if self._stop is None and self._dispatcher.closed:
