@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 
-from trio_dispatch import Slot, open_dispatcher, wrap_provider
+from trio_dispatch import Slot, Tenant, open_dispatcher, wrap_provider
 from trio_dispatch.lowlevel import (
     Acquire,
     Pause,
@@ -459,6 +459,21 @@ async def _set_limit(dispatcher: Dispatcher, _conversation: Conversation) -> Non
     dispatcher.set_limit("p", 3)
 
 
+async def _remove_limit(dispatcher: Dispatcher, _conversation: Conversation) -> None:
+    await trio.lowlevel.checkpoint()
+    dispatcher.remove_limit("p")
+
+
+async def _set_tenant(dispatcher: Dispatcher, _conversation: Conversation) -> None:
+    await trio.lowlevel.checkpoint()
+    dispatcher.set_tenant("acme", Tenant(limit=1))
+
+
+async def _close(_dispatcher: Dispatcher, conversation: Conversation) -> None:
+    await trio.lowlevel.checkpoint()
+    conversation.close()
+
+
 async def _report_rate_limit(
     dispatcher: Dispatcher, _conversation: Conversation
 ) -> None:
@@ -502,6 +517,9 @@ def _in_another_run(
         _start_conversation,
         _events,
         _set_limit,
+        _remove_limit,
+        _set_tenant,
+        _close,
         _report_rate_limit,
         _read_statistics,
     ],
@@ -546,5 +564,6 @@ async def test_a_dispatcher_used_from_another_trio_run_refuses_it_and_runs_on(
             granted,
             0,
         )
+        assert dispatcher.tenants() == {}
         assert (await conversation.ask("hi")).llm_calls == 1
         assert conversation.statistics().turns_completed == 1
