@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import gc
+import re
 import sys
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import pytest
 import trio
 import trio.testing
 
+from trio_dispatch import UnknownProviderWarning
 from trio_dispatch.lowlevel import Grant, SchedulerActor
 
 if TYPE_CHECKING:
@@ -17,6 +20,14 @@ if TYPE_CHECKING:
 
     from trio_dispatch import Dispatcher
     from trio_dispatch.lowlevel import Ticket
+
+
+def unknown_provider(name: str) -> pytest.WarningsRecorder:
+    """Expect the one warning that ``name``, a provider no limit names, runs unlimited."""
+    return pytest.warns(
+        UnknownProviderWarning,
+        match=rf"^provider {re.escape(repr(name))} has no limit, so it runs unlimited;",
+    )
 
 
 async def settle() -> None:

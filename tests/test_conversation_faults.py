@@ -7,6 +7,7 @@ exact backoff timings, which play the same scripts in memory
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,7 @@ from trio_dispatch.testing import (
     ScriptedProvider,
 )
 
+from ._helpers import unknown_provider
 from ._rigs import (
     echo,
     eventually,
@@ -348,9 +350,10 @@ async def test_retry_after_is_honoured_once_limited_or_not(
     script = FakeScript(choose=arrivals(times), replies=(limited_reply,))
     provider = ScriptedProvider(script, id="memory")
     async with open_dispatcher({"memory": 1} if limited else {}) as dispatcher:
-        conversation = dispatcher.start_conversation(
-            provider, options=ConversationOptions(retry_backoff=0.5)
-        )
+        with contextlib.nullcontext() if limited else unknown_provider("memory"):
+            conversation = dispatcher.start_conversation(
+                provider, options=ConversationOptions(retry_backoff=0.5)
+            )
         result: TurnResult = await conversation.ask("hello")
     first, second = times
     # The pause (limited) or the backoff (unlimited) waits exactly the

@@ -29,7 +29,7 @@ from trio_dispatch.lowlevel import (
     Ticket,
 )
 
-from ._helpers import settle, task_names
+from ._helpers import settle, task_names, unknown_provider
 
 OpenDispatcher = Callable[..., AbstractAsyncContextManager[Dispatcher]]
 
@@ -221,8 +221,10 @@ async def test_a_first_limit_counts_the_slots_taken_while_unlimited(
                 granted.append(trio.current_time())
                 await trio.sleep(duration)
 
-        nursery.start_soon(call, 5)
-        nursery.start_soon(call, 3)
+        with unknown_provider("p"):
+            nursery.start_soon(call, 5)
+            nursery.start_soon(call, 3)
+            await settle()
         await trio.sleep(1)
         dispatcher.set_limit("p", 1)
         nursery.start_soon(call, 1)

@@ -84,6 +84,7 @@ def test_the_top_level_is_what_an_application_uses() -> None:
         "TurnFinished",
         "TurnResult",
         "TurnStream",
+        "UnknownProviderWarning",
         "current_turn",
         "dump_history",
         "load_history",

@@ -273,7 +273,7 @@ async def test_a_conversation_starts_from_a_history_and_exports_it() -> None:
     history = [USER, CALLS_AB, result("b"), result("a"), ChatMessage("assistant", "2")]
     script = FakeScript(default=FakeReply(text="3"))
     provider = ScriptedProvider(script, id="memory")
-    async with open_dispatcher() as dispatcher:
+    async with open_dispatcher({"memory": 1}) as dispatcher:
         conversation = dispatcher.start_conversation(provider, history=iter(history))
         assert conversation.history == tuple(history)
         await conversation.ask("and now?")

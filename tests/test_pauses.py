@@ -6,6 +6,7 @@ conversation actor and the dispatcher, in virtual time, with exact times.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from contextlib import asynccontextmanager
@@ -21,7 +22,7 @@ import trio.testing
 from trio_dispatch import ConversationOptions, DispatcherClosed, open_dispatcher
 from trio_dispatch.providers import AnthropicProvider, OpenAIProvider
 
-from ._helpers import settle, task_names
+from ._helpers import settle, task_names, unknown_provider
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -103,7 +104,10 @@ async def test_a_retry_after_of_decades_pauses_for_max_pause_only(
         openai(answers) as provider,
         open_dispatcher({provider.id: 1} if limited else {}) as dispatcher,
     ):
-        conversation = dispatcher.start_conversation(provider, options=QUICK_RETRIES)
+        with contextlib.nullcontext() if limited else unknown_provider(provider.id):
+            conversation = dispatcher.start_conversation(
+                provider, options=QUICK_RETRIES
+            )
         result = await conversation.ask("hello")
     assert answers.sent_at == [0.0, 60.0]
     assert (result.retries, result.finished_at) == (1, 60.0)
@@ -122,7 +126,10 @@ async def test_max_pause_is_the_dispatchers_own(
             {provider.id: 1} if limited else {}, default_pause=0.5, max_pause=5
         ) as dispatcher,
     ):
-        conversation = dispatcher.start_conversation(provider, options=QUICK_RETRIES)
+        with contextlib.nullcontext() if limited else unknown_provider(provider.id):
+            conversation = dispatcher.start_conversation(
+                provider, options=QUICK_RETRIES
+            )
         await conversation.ask("hello")
     assert answers.sent_at == [0.0, 5.0]
 

@@ -28,6 +28,7 @@ from trio_dispatch.testing import (
     open_fake_llm_server,
 )
 
+from ._helpers import unknown_provider
 from ._rigs import run_agents
 
 if TYPE_CHECKING:
@@ -189,7 +190,8 @@ async def test_an_unlimited_provider_keeps_a_bounded_number_of_attempts(
     times: list[float] = []
     provider = scripted([], times, default=limited(5.0))
     async with open_dispatcher({}) as dispatcher:
-        conversation = dispatcher.start_conversation(provider)
+        with unknown_provider(provider.id):
+            conversation = dispatcher.start_conversation(provider)
         with pytest.raises(RateLimited):
             await conversation.ask("hello")
     # Nothing pauses it: max_attempts (4), each backoff at least Retry-After.

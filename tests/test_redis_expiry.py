@@ -17,6 +17,7 @@ import trio
 from trio_dispatch import Budget, Quota, RateLimitInfo, open_dispatcher
 from trio_dispatch._ledger import Ledger, keys_of
 
+from ._helpers import unknown_provider
 from ._redis import needs_redis, next_member
 
 if TYPE_CHECKING:
@@ -114,8 +115,9 @@ async def test_unlimited_providers_leave_nothing_behind(
         redis_url=server.url, namespace="names", lease=LEASE
     ) as dispatcher:
         for n in range(50):
-            async with dispatcher.slot(f"model-{n}", tokens=10):
-                pass
+            with unknown_provider(f"model-{n}"):
+                async with dispatcher.slot(f"model-{n}", tokens=10):
+                    pass
         # Learned figures of one of them, and a rate limit of another.
         dispatcher.observe_rate_limits(
             "model-0", RateLimitInfo(requests=Quota(limit=100, remaining=50))

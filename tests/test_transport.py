@@ -22,7 +22,7 @@ import pytest
 import trio
 import trio.testing
 
-from trio_dispatch import SlotHoldTimeout, open_dispatcher
+from trio_dispatch import SlotHoldTimeout, UnknownProviderWarning, open_dispatcher
 
 from ._helpers import drop
 
@@ -455,12 +455,19 @@ async def test_an_unknown_provider_is_refused_at_the_call_when_asked(
         ):
             dispatcher.transport("typo")
     async with open_dispatcher({"known": 1}) as dispatcher:
-        with caplog.at_level(logging.WARNING, logger="trio_dispatch"):
+        with (
+            caplog.at_level(logging.WARNING, logger="trio_dispatch"),
+            pytest.warns(UnknownProviderWarning) as record,
+        ):
             transport = dispatcher.transport("typo")
-            await transport.aclose()
-    assert [record.getMessage() for record in caplog.records] == [
-        "provider 'typo' has no limit, so it runs unlimited; limited providers: 'known'"
-    ]
+        await transport.aclose()
+    assert (
+        [record.getMessage() for record in caplog.records]
+        == [str(warning.message) for warning in record]
+        == [
+            "provider 'typo' has no limit, so it runs unlimited; limited providers: 'known'"
+        ]
+    )
 
 
 def test_a_transport_on_httpx2_imports_no_legacy_httpx() -> None:

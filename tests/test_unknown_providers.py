@@ -9,26 +9,41 @@ from __future__ import annotations
 
 import logging
 import re
+import warnings
 from typing import TYPE_CHECKING, Any
 
+import httpx2
 import pytest
 import trio
 import trio.testing
 
-from trio_dispatch import open_dispatcher
+from trio_dispatch import UnknownProviderWarning, open_dispatcher, wrap_provider
+from trio_dispatch.messages import ChatMessage, ChatRequest
+from trio_dispatch.testing import FakeScript, ScriptedProvider
 
-from ._helpers import settle, task_names
+from ._helpers import settle, task_names, unknown_provider
 
 if TYPE_CHECKING:
-    from trio_dispatch import Dispatcher
+    from collections.abc import Awaitable, Callable
+
+    from trio_dispatch import Dispatcher, Provider
 
 
-def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+def logged(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         record.getMessage()
         for record in caplog.records
         if record.name == "trio_dispatch" and record.levelno == logging.WARNING
     ]
+
+
+def warned(record: pytest.WarningsRecorder) -> list[str]:
+    return [str(warning.message) for warning in record]
+
+
+async def _take(dispatcher: Dispatcher, provider: str) -> None:
+    async with dispatcher.slot(provider):
+        pass
 
 
 async def _call_ten_at_once(dispatcher: Dispatcher, provider: str) -> None:
@@ -49,12 +64,14 @@ async def test_an_unknown_provider_warns_once_per_name_and_shows_in_statistics(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async with open_dispatcher({"openai": 2, "anthropic": 1}) as dispatcher:
-        await _call_ten_at_once(dispatcher, "OpenAI")
+        with unknown_provider("OpenAI"):
+            await _call_ten_at_once(dispatcher, "OpenAI")
+        # Once per name: one more warning would fail (filterwarnings = error).
         await _call_ten_at_once(dispatcher, "OpenAI")
         await _call_ten_at_once(dispatcher, "openai")
-        async with dispatcher.slot("gpt-x"):
-            pass
-        assert warnings(caplog) == [
+        with unknown_provider("gpt-x"):
+            await _take(dispatcher, "gpt-x")
+        assert logged(caplog) == [
             "provider 'OpenAI' has no limit, so it runs unlimited;"
             " limited providers: 'anthropic', 'openai'; did you mean 'openai'?",
             "provider 'gpt-x' has no limit, so it runs unlimited;"
@@ -77,16 +94,20 @@ async def test_a_name_close_to_a_limited_one_suggests_it(
     caplog: pytest.LogCaptureFixture, slip: str
 ) -> None:
     async with open_dispatcher({"openai": 2, "anthropic": 1}) as dispatcher:
-        async with dispatcher.slot(slip):
-            pass
-        async with dispatcher.slot("claude"):
-            pass
-    assert warnings(caplog) == [
-        f"provider {slip!r} has no limit, so it runs unlimited;"
-        " limited providers: 'anthropic', 'openai'; did you mean 'openai'?",
-        "provider 'claude' has no limit, so it runs unlimited;"
-        " limited providers: 'anthropic', 'openai'",
-    ]
+        with pytest.warns(UnknownProviderWarning) as first:
+            await _take(dispatcher, slip)
+        with pytest.warns(UnknownProviderWarning) as second:
+            await _take(dispatcher, "claude")
+    assert (
+        logged(caplog)
+        == warned(first) + warned(second)
+        == [
+            f"provider {slip!r} has no limit, so it runs unlimited;"
+            " limited providers: 'anthropic', 'openai'; did you mean 'openai'?",
+            "provider 'claude' has no limit, so it runs unlimited;"
+            " limited providers: 'anthropic', 'openai'",
+        ]
+    )
     async with open_dispatcher(
         {"openai": 2, "anthropic": 1}, unknown_providers="error"
     ) as dispatcher:
@@ -105,11 +126,14 @@ async def test_a_name_close_to_a_limited_one_suggests_it(
 async def test_a_warning_names_no_limited_provider_when_there_is_none(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    async with open_dispatcher() as dispatcher, dispatcher.slot("p"):
-        pass
-    assert warnings(caplog) == [
-        "provider 'p' has no limit, so it runs unlimited; limited providers: none"
-    ]
+    async with open_dispatcher() as dispatcher:
+        with pytest.warns(UnknownProviderWarning) as record:
+            await _take(dispatcher, "p")
+    assert (
+        logged(caplog)
+        == warned(record)
+        == ["provider 'p' has no limit, so it runs unlimited; limited providers: none"]
+    )
 
 
 async def test_an_unknown_provider_is_refused_at_once_in_error_mode(
@@ -148,7 +172,7 @@ async def test_an_unknown_provider_is_refused_at_once_in_error_mode(
         stats = dispatcher.statistics().providers
         assert (stats["OpenAI"].limit, stats["local"].limit) == (1, None)
         assert "other" not in stats
-    assert warnings(caplog) == []
+    assert logged(caplog) == []
 
 
 async def test_allow_mode_and_remove_limit_run_unlimited_without_a_warning(
@@ -165,7 +189,7 @@ async def test_allow_mode_and_remove_limit_run_unlimited_without_a_warning(
         stats = dispatcher.statistics().providers
         assert (stats["local"].limit, stats["local"].peak_in_flight) == (None, 10)
         assert (stats["openai"].limit, stats["openai"].peak_in_flight) == (None, 10)
-    assert warnings(caplog) == []
+    assert logged(caplog) == []
 
 
 @pytest.mark.parametrize(
@@ -198,3 +222,87 @@ class _NamedProvider:
 
     def stream(self, request: Any) -> Any:  # noqa: ANN401 (never called)
         raise NotImplementedError
+
+
+# ------------------------------------------------------------------ warning
+
+_OPNEAI = (
+    r"^provider 'opneai' has no limit, so it runs unlimited;"
+    r" limited providers: 'anthropic', 'openai'; did you mean 'openai'\?$"
+)
+
+
+async def _stream_once(provider: Provider) -> None:
+    request = ChatRequest(messages=(ChatMessage(role="user", content="hi"),))
+    async with provider.stream(request) as events:
+        async for _event in events:
+            pass
+
+
+def _through_slot(dispatcher: Dispatcher) -> Awaitable[object]:
+    return _take(dispatcher, "opneai")
+
+
+def _through_transport(dispatcher: Dispatcher) -> Awaitable[object]:
+    transport = dispatcher.transport(
+        "opneai", inner=httpx2.MockTransport(lambda _request: httpx2.Response(200))
+    )
+    return transport.aclose()
+
+
+def _through_conversation(dispatcher: Dispatcher) -> Awaitable[object]:
+    conversation = dispatcher.start_conversation(
+        ScriptedProvider(FakeScript(), id="opneai")
+    )
+    return conversation.ask("hi")
+
+
+def _through_wrap_provider(dispatcher: Dispatcher) -> Awaitable[object]:
+    return _stream_once(
+        wrap_provider(ScriptedProvider(FakeScript(), id="opneai"), dispatcher)
+    )
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [_through_slot, _through_transport, _through_conversation, _through_wrap_provider],
+)
+async def test_an_unknown_provider_issues_a_warning_once_per_name_wherever_it_arrives(
+    entry: Callable[[Dispatcher], Awaitable[object]],
+) -> None:
+    for _ in range(2):  # each dispatcher warns once
+        async with open_dispatcher({"openai": 2, "anthropic": 1}) as dispatcher:
+            with pytest.warns(UnknownProviderWarning, match=_OPNEAI) as record:
+                await entry(dispatcher)
+            assert len(record) == 1
+            # It points at the application's line, not at the package's.
+            assert record[0].filename == __file__
+            # Once per name: every later use of it is quiet.
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                await _through_slot(dispatcher)
+                await _call_ten_at_once(dispatcher, "opneai")
+            stats = dispatcher.statistics().providers["opneai"]
+            assert stats.limit is None
+
+
+async def test_an_unknown_provider_warning_turned_into_an_error_refuses_every_use() -> (
+    None
+):
+    async with open_dispatcher({"openai": 2, "anthropic": 1}) as dispatcher:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UnknownProviderWarning)
+            for _ in range(2):
+                with pytest.raises(UnknownProviderWarning, match=_OPNEAI):
+                    dispatcher.slot("opneai")
+        await settle()
+        # Refused before anything started: no scheduler, no statistics.
+        assert list(dispatcher.statistics().providers) == ["openai", "anthropic"]
+        assert sum(name.startswith("trio_dispatch") for name in task_names()) == 2
+
+
+async def test_allow_mode_issues_no_warning() -> None:
+    async with open_dispatcher({"openai": 2}, unknown_providers="allow") as dispatcher:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            await _call_ten_at_once(dispatcher, "opneai")

@@ -29,6 +29,7 @@ from ._exceptions import ProviderError as ProviderError
 from ._exceptions import QueueFull as QueueFull
 from ._exceptions import SlotHoldTimeout as SlotHoldTimeout
 from ._exceptions import TooManyToolRounds as TooManyToolRounds
+from ._exceptions import UnknownProviderWarning as UnknownProviderWarning
 from ._provider import Provider as Provider
 from ._ratelimits import Quota as Quota
 from ._ratelimits import RateLimitInfo as RateLimitInfo
@@ -107,6 +108,7 @@ __all__ = [
     "TurnFinished",
     "TurnResult",
     "TurnStream",
+    "UnknownProviderWarning",
     "current_turn",
     "dump_history",
     "load_history",

@@ -30,7 +30,16 @@ sent again)::
         └── RequestFailed              on our side: JSON, client   not retryable
 
 Bad arguments raise ``TypeError`` or ``ValueError`` at the call, before
-anything changes; misuse (entering a slot twice) raises ``RuntimeError``.
+anything changes; misuse raises ``RuntimeError`` (entering a slot twice,
+opening a dispatcher under asyncio or outside any event loop, using one
+from another trio run than its own), and the wrong ``with`` (``with`` for ``async with``, or the other way round) a
+``TypeError`` that says which one to use.
+
+One warning, beside the tree::
+
+    UserWarning
+    └── UnknownProviderWarning   a slot of a provider no limit names runs
+                                 unlimited (a misspelt name?); once per name
 
 The provider errors are the contract between the dispatcher's side and the
 providers' side, so they live here, beside the rest, and importing them
@@ -67,6 +76,21 @@ class DispatcherClosed(DispatchError):
     """The dispatcher has shut down, or did while the caller waited.
 
     A caller that sees this holds no slot.
+    """
+
+
+@final
+class UnknownProviderWarning(UserWarning):
+    """A provider no limit names was used, so it runs unlimited: a misspelt name?
+
+    Issued once per name per dispatcher with ``unknown_providers="warn"``
+    (the default), beside the log line, naming the provider, the limited
+    providers, and the limited name it is close to, if any (``"opneai"``:
+    did you mean ``'openai'``?). ``python -W error`` and pytest's
+    ``filterwarnings = ["error"]`` turn it into an exception at the call
+    that used the name; ``warnings.filterwarnings("ignore",
+    category=UnknownProviderWarning)`` silences it, and ``remove_limit``
+    makes a provider unlimited on purpose, without a warning.
     """
 
 

@@ -32,7 +32,7 @@ provider given them and used through that dispatcher too is counted once.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Final, Protocol, TypeAlias
 
 from ._ratelimits import RateLimitInfo
 
@@ -62,6 +62,16 @@ raised. It must not block; an exception it raises is logged, and the call
 goes on. Calls through a dispatcher need none: the figures travel with the
 answer (see the module's notes).
 """
+
+# What the wrong ``with`` on a provider's stream, or on a provider that
+# closes its client, says (see ``_util.wrong_with``).
+STREAM_USAGE: Final = (
+    "stream() is an async context manager:"
+    " use `async with provider.stream(request) as events`"
+)
+PROVIDER_USAGE: Final = (
+    "{name} is an async context manager: use `async with {name}(...) as provider`"
+)
 
 
 class Provider(Protocol):

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Final, final
 
 import attrs
 
+from ._util import wrong_with
+
 if TYPE_CHECKING:
     from contextvars import Token
     from types import TracebackType
@@ -81,6 +83,11 @@ class TurnScope:
 
     def __repr__(self) -> str:
         return f"<TurnScope {self.turn!r}>"
+
+    if not TYPE_CHECKING:
+        __aenter__ = __aexit__ = wrong_with(
+            "turn() is a plain context manager: use `with dispatcher.turn(...)`"
+        )
 
     def __enter__(self) -> Turn:
         if self._entered:

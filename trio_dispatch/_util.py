@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+import warnings
+from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar, final
 
 import attrs
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Coroutine, Mapping
+    from contextlib import AbstractAsyncContextManager
+    from types import TracebackType
 
 T = TypeVar("T")
 
@@ -30,6 +34,96 @@ class NoPublicConstructor(type):
 
     def _create(cls: type[T], *args: Any, **kwargs: Any) -> T:  # noqa: ANN401 (the class's own __init__ arguments)
         return super().__call__(*args, **kwargs)  # type: ignore[misc, no-any-return]  # type.__call__ of the class itself
+
+
+def wrong_with(usage: str) -> Callable[..., NoReturn]:
+    """Context-manager methods for the wrong ``with``: each raises ``TypeError(usage)``.
+
+    ``with`` on an async context manager, or ``async with`` on a plain one,
+    would raise Python's generic "does not support the context manager
+    protocol"; assigned to the other protocol's two methods (``with`` looks
+    both up before it calls the first), these say which ``with`` to use.
+    ``{name}`` in ``usage`` is the class's name. Assign them under ``if not
+    TYPE_CHECKING``, so that type checkers still see the protocol missing.
+    """
+
+    def refuse(self: object, *_args: object) -> NoReturn:
+        raise TypeError(usage.format(name=type(self).__name__))
+
+    return refuse
+
+
+@final
+class AsyncWithOnly(Generic[T]):
+    """An async context manager, for ``async with`` only, that says so otherwise.
+
+    ``open_dispatcher()`` and the other ``open_`` functions return one
+    around their own context manager: entering and leaving are its, and a
+    plain ``with``, an ``await``, or an attribute of what it yields looked
+    up on it (``open_dispatcher(...).slot``) raise ``TypeError`` or
+    ``AttributeError`` with ``usage``, which says how to use it.
+    """
+
+    __slots__ = ("_manager", "_usage")
+
+    def __init__(self, manager: AbstractAsyncContextManager[T], usage: str) -> None:
+        self._manager = manager
+        self._usage = usage
+
+    def __repr__(self) -> str:
+        return f"<{self._usage.partition(':')[0]}>"
+
+    # Not coroutines of their own: the manager's, as they are.
+    def __aenter__(self) -> Coroutine[Any, Any, T]:
+        return self._manager.__aenter__()
+
+    def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Coroutine[Any, Any, bool | None]:
+        return self._manager.__aexit__(exc_type, exc, tb)
+
+    if not TYPE_CHECKING:
+
+        def __enter__(self, *_args: object) -> NoReturn:
+            raise TypeError(self._usage)
+
+        __exit__ = __await__ = __enter__
+
+        def __getattr__(self, name: str) -> NoReturn:
+            if name.startswith("_"):
+                # A protocol's probe (copy, pickle, inspect): the usual answer.
+                raise AttributeError(
+                    f"{type(self).__name__!r} object has no attribute {name!r}",
+                    name=name,
+                    obj=self,
+                )
+            raise AttributeError(self._usage, name=name, obj=self)
+
+
+def warn_the_caller(warning: Warning) -> None:
+    """Issue ``warning`` at the application's line that led to it.
+
+    That is the first frame, going out, that is neither the package's nor
+    ``contextlib``'s (an ``async with`` of a context manager the package
+    made), however deep in the package the cause was found.
+    """
+    here = inspect.currentframe()
+    frame = None if here is None else here.f_back
+    level = 2  # stacklevel 2 is the caller's frame: 1 would be this function
+    while (
+        frame is not None
+        and frame.f_back is not None
+        and frame.f_globals.get("__name__", "").partition(".")[0] in _NOT_THE_CALLER
+    ):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(warning, stacklevel=level)
+
+
+_NOT_THE_CALLER: Final = frozenset({"trio_dispatch", "contextlib"})
 
 
 def needs_extra(what: str, extra: str) -> str:

@@ -71,7 +71,7 @@ from .._exceptions import (
 )
 from .._groups import leaves, only
 from .._turn import current_turn
-from .._util import NoPublicConstructor
+from .._util import NoPublicConstructor, wrong_with
 from .._validation import (
     check_optional_tenant,
     check_priority,
@@ -340,6 +340,7 @@ class Conversation(metaclass=NoPublicConstructor):
         the history is left as it was before that turn), queued jobs fail with
         ``ConversationClosed``, and so does every later ``ask``.
         """
+        self._dispatcher.check_run()
         if self._stop is None:
             self._stop = "closed"
         self._scope.cancel()
@@ -356,6 +357,7 @@ class Conversation(metaclass=NoPublicConstructor):
         )
 
     def _enqueue(self, job: Job) -> None:
+        self._dispatcher.check_run()
         if self._inside_actor():
             raise RuntimeError("a conversation cannot wait for itself (from a tool)")
         if self._stop is None and self._dispatcher.closed:
@@ -779,6 +781,12 @@ class TurnStream(metaclass=NoPublicConstructor):
 
     def __repr__(self) -> str:
         return f"<TurnStream of {self._conversation.id!r} {self._state}>"
+
+    if not TYPE_CHECKING:
+        __enter__ = __exit__ = wrong_with(
+            "stream() is an async context manager:"
+            " use `async with conversation.stream(...) as turn`"
+        )
 
     @property
     def result(self) -> TurnResult:

@@ -15,18 +15,19 @@ import contextlib
 import difflib
 import logging
 import math
+import sys
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import trio
 
 from .._budgets import AdaptiveLimit, Throttle, check_limit_value
-from .._exceptions import DispatcherClosed
+from .._exceptions import DispatcherClosed, UnknownProviderWarning
 from .._groups import leaves
 from .._policy import SlotPolicy
 from .._ratelimits import RateLimitInfo
 from .._turn import CURRENT_TURN, Turn, TurnScope
-from .._util import NoPublicConstructor
+from .._util import NoPublicConstructor, warn_the_caller
 from .._validation import (
     MAX_TENANT_NAME,
     check_count,
@@ -71,6 +72,8 @@ _logger = logging.getLogger("trio_dispatch")
 
 _UNSET: Any = object()
 _make: Final = type.__call__
+# Bound once: check_run runs at every slot's entry.
+_current_trio_token: Final = trio.lowlevel.current_trio_token
 
 
 class Dispatcher(metaclass=NoPublicConstructor):
@@ -106,11 +109,14 @@ class Dispatcher(metaclass=NoPublicConstructor):
         "_nursery",
         "_settings",
         "_tenants",
+        "_token",
     )
 
     def __init__(self, nursery: trio.Nursery, settings: Settings) -> None:
         self._nursery = nursery
         self._settings = settings
+        # The trio run the dispatcher belongs to (see check_run).
+        self._token = trio.lowlevel.current_trio_token()
         # The backend of every provider seen, and those whose task runs: a
         # backend stopped when idle keeps its state for its next run.
         self._new_backend: Callable[[str], Backend] = (
@@ -147,6 +153,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             self._scheduler,
             settings.priority_aging,
             settings.lease,
+            check_run=self.check_run,
         )
 
     @property
@@ -175,6 +182,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         Plumbing for integrations: a task that outlives the call that
         starts it (the transport's ``max_hold`` timer).
         """
+        self.check_run()
         self._nursery.start_soon(function, *args, name=name)
 
     def __repr__(self) -> str:
@@ -185,6 +193,36 @@ class Dispatcher(metaclass=NoPublicConstructor):
     def closed(self) -> bool:
         """Whether the dispatcher has shut down."""
         return self._closed
+
+    def check_run(self) -> None:
+        """Refuse a call made outside the trio run that opened the dispatcher.
+
+        A dispatcher's tasks, channels and slots live in one trio run (one
+        thread): a grant reaching a task of another run would corrupt both.
+        So every way into the run checks first, before anything changes:
+        entering a slot (and so ``wrap_provider``, ``transport()`` and
+        conversations), ``turn()``, ``events()``, ``statistics()``, the
+        limits, pauses and tenants, and starting or asking a conversation.
+        Once closed, the dispatcher is inert: its methods say
+        ``DispatcherClosed`` (or nothing) wherever they are called from.
+        Plumbing for integrations that reach the run by other ways than the
+        dispatcher's methods, as a conversation's queue does.
+
+        Raises:
+            RuntimeError: Called from another trio run, or from no trio run
+                at all, while the dispatcher is open.
+        """
+        if self._closed:
+            return
+        try:
+            token = _current_trio_token()
+        except RuntimeError:  # no trio run in this thread
+            token = None
+        if token is not self._token:
+            raise RuntimeError(
+                "the dispatcher belongs to another trio run: use it in the run"
+                " that opened it (from another thread, through trio.from_thread.run)"
+            )
 
     def turn(
         self,
@@ -227,6 +265,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             ValueError: ``started_at`` not finite, ``priority`` out of
                 range, ``tenant`` empty or longer than 256 characters.
         """
+        self.check_run()
         if conversation_id is not None and not isinstance(conversation_id, str):
             raise TypeError(
                 f"conversation_id must be a string or None, got {conversation_id!r}"
@@ -517,6 +556,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
         check_optional_model(model)
         if self._closed or info.empty:
             return
+        # Before the event: a subscriber's channel belongs to this run.
+        self.check_run()
         if self._calls:
             call = self._calls.get(trio.lowlevel.current_task())
             if call is not None and call.slot.provider == provider:
@@ -688,6 +729,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             DispatcherClosed: On entering, if the dispatcher has closed.
         """
         check_limit(buffer, "buffer")
+        self.check_run()
         return EventSubscription._create(self._hub, buffer)
 
     def observe_events(self, sink: EventSink) -> None:
@@ -739,6 +781,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
         waiting for the schedulers to run (each handles its queued messages
         first, synchronously, as it would itself).
         """
+        # A backend handles its backlog first, which may grant.
+        self.check_run()
         return DispatcherStatistics(
             providers={
                 provider: backend.statistics()
@@ -756,12 +800,15 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 f"{_did_you_mean(provider, self._known)}"
             )
         if self._settings.unknown_providers == "warn":
-            _logger.warning(
-                "provider %r has no limit, so it runs unlimited; limited providers: %s%s",
-                provider,
-                _names(self._limits),
-                _did_you_mean(provider, self._limits),
+            message = (
+                f"provider {provider!r} has no limit, so it runs unlimited;"
+                f" limited providers: {_names(self._limits)}"
+                f"{_did_you_mean(provider, self._limits)}"
             )
+            # The warning first: turned into an error (python -W error), it
+            # refuses this use, and the name stays unknown for the next.
+            warn_the_caller(UnknownProviderWarning(message))
+            _logger.warning("%s", message)
         self._cleared.add(provider)
 
     def _scheduler(self, provider: str) -> Backend:
@@ -772,6 +819,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         task stops when idle (see ``_serve``); the next call starts it again
         on the same backend.
         """
+        self.check_run()
         actor = self._actors.get(provider)
         if actor is None:
             actor = self._backends.get(provider)
@@ -908,8 +956,10 @@ class Dispatcher(metaclass=NoPublicConstructor):
             self._unknown(provider)
 
     def _check_open(self) -> None:
+        """Open, and called from its run: before a change is made (``check_run``)."""
         if self._closed:
             raise DispatcherClosed("the dispatcher is closed")
+        self.check_run()
 
     def _close(self) -> None:
         self._closed = True
@@ -929,7 +979,13 @@ Dispatcher._front = Dispatcher
 async def run_dispatcher(
     limits: dict[str, int | AdaptiveLimit], settings: Settings
 ) -> AsyncIterator[Dispatcher]:
-    """Run a dispatcher of checked ``limits`` and ``settings`` (``open_dispatcher``)."""
+    """Run a dispatcher of checked ``limits`` and ``settings`` (``open_dispatcher``).
+
+    Raises:
+        RuntimeError: Not in a trio run (under asyncio, or in no event loop).
+    """
+    if not trio.lowlevel.in_trio_run():
+        raise RuntimeError(_not_under_trio())
     body_error: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:
@@ -968,6 +1024,20 @@ async def run_dispatcher(
         finally:
             only.__context__ = context
             del only, context
+
+
+def _not_under_trio() -> str:
+    """Why a dispatcher cannot open here: asyncio runs, or no event loop does."""
+    asyncio = sys.modules.get("asyncio")  # not running if never imported
+    try:
+        if asyncio is not None and asyncio.get_running_loop():
+            return (
+                "trio-dispatch runs under trio, not asyncio:"
+                " open the dispatcher inside trio.run()"
+            )
+    except RuntimeError:  # no asyncio loop running in this thread
+        pass
+    return "trio-dispatch runs under trio: open the dispatcher inside trio.run()"
 
 
 def _names(providers: Iterable[str]) -> str:

@@ -54,6 +54,11 @@ class Dispatcher(_Core):
     ``set_limit``, or made unlimited on purpose with ``remove_limit`` (it
     stays known). A slot of any other provider is unlimited by accident, as
     a misspelt name would be: ``unknown_providers`` says what happens then.
+
+    A dispatcher belongs to the trio run that opened it: used from another
+    run (a ``trio.run`` in another thread), it raises ``RuntimeError`` at
+    once, before anything reaches its own run (see ``check_run``). Other
+    threads call into its run with ``trio.from_thread.run``.
     """
 
     __slots__ = ()

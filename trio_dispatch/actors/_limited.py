@@ -42,6 +42,8 @@ from .._metering import (
     figures_of,
     model_of_provider,
 )
+from .._provider import STREAM_USAGE
+from .._util import AsyncWithOnly
 from .._validation import check_instant
 
 if TYPE_CHECKING:
@@ -93,7 +95,7 @@ class LimitedProvider:
         self, request: ChatRequest
     ) -> AbstractAsyncContextManager[AsyncIterator[StreamEvent]]:
         """Take a slot, then open the provider's stream; give both back on exit."""
-        return self._stream(request, math.inf)
+        return AsyncWithOnly(self._stream(request, math.inf), STREAM_USAGE)
 
     def stream_granted_by(
         self, request: ChatRequest, deadline: float

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
+from .._util import AsyncWithOnly
 from ._dispatcher import run_dispatcher
 from ._settings import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -101,10 +102,12 @@ def open_dispatcher(
         unknown_providers: What a slot of an unknown provider (one never
             named in ``limits``, ``set_limit`` or ``remove_limit``, such as
             a misspelt name) does: ``"allow"`` runs it unlimited quietly,
-            ``"warn"`` does too but logs one warning per name on the
+            ``"warn"`` does too but, once per name, issues an
+            ``UnknownProviderWarning`` and logs a warning on the
             ``"trio_dispatch"`` logger, naming the limited providers, and
             ``"error"`` refuses it at once with ``ValueError`` at
-            ``dispatcher.slot()`` (and ``start_conversation``).
+            ``dispatcher.slot()`` (and ``transport``,
+            ``start_conversation``).
         redis_url: Share the limits (adaptive ones too), the budgets, the
             oldest-first order and the pauses with every process that uses the same Redis and ``namespace``
             (``redis://[[user]:password@]host[:port][/db]``, ``rediss://``
@@ -170,6 +173,12 @@ def open_dispatcher(
         BackendUnavailable: ``redis_url`` cannot be reached within
             ``redis_connect_timeout``, or refuses the connection (on
             entering).
+        RuntimeError: On entering, outside a trio run (under asyncio, or
+            in no event loop at all).
+        TypeError: Used with a plain ``with`` or ``await``; and
+            ``AttributeError`` for a dispatcher's attribute looked up on
+            the result before ``async with``: each says to use ``async
+            with open_dispatcher(...) as dispatcher``.
         LeaseLost: From a slot of a limited provider (on leaving it), if its
             lease in Redis went ``lease`` seconds without renewal.
 
@@ -245,7 +254,11 @@ def open_dispatcher(
         priority_aging=priority_aging,
         tenants=tenants,
     )
-    return run_dispatcher(dict(settings.limits), settings)
+    return AsyncWithOnly(
+        run_dispatcher(dict(settings.limits), settings),
+        "open_dispatcher() is an async context manager:"
+        " use `async with open_dispatcher(...) as dispatcher`",
+    )
 
 
 # What a backend shares is its own business: open_dispatcher_with takes
@@ -284,4 +297,8 @@ def open_dispatcher_with(
                 f"open_dispatcher_with() got an unexpected keyword argument {name!r}"
             )
     settings = Settings(new_backend=new_backend, limits=limits, **options)
-    return run_dispatcher(dict(settings.limits), settings)
+    return AsyncWithOnly(
+        run_dispatcher(dict(settings.limits), settings),
+        "open_dispatcher_with() is an async context manager:"
+        " use `async with open_dispatcher_with(...) as dispatcher`",
+    )

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, Self, final
 import trio
 
 from .._exceptions import DispatcherClosed, lease_lost, slot_hold_timeout
-from .._util import NoPublicConstructor
+from .._util import NoPublicConstructor, wrong_with
 from .._validation import check_count
 
 if TYPE_CHECKING:
@@ -59,6 +59,8 @@ class SlotHost:
         actors: The backends whose task runs, by provider.
         limits: The limits of the limited providers.
         scheduler: The backend of a provider, started if need be.
+        check_run: Raises ``RuntimeError`` outside the dispatcher's trio
+            run (``Dispatcher.check_run``).
         priority_aging: Seconds of turn age one priority class is worth.
         lease: The lease of a slot shared through Redis, in seconds.
         closed: Whether the dispatcher has shut down.
@@ -68,6 +70,7 @@ class SlotHost:
 
     __slots__ = (
         "actors",
+        "check_run",
         "closed",
         "lease",
         "limits",
@@ -83,10 +86,13 @@ class SlotHost:
         scheduler: Callable[[str], Backend],
         priority_aging: float,
         lease: float,
+        *,
+        check_run: Callable[[], None],
     ) -> None:
         self.actors = actors
         self.limits = limits
         self.scheduler = scheduler
+        self.check_run = check_run
         self.priority_aging = priority_aging
         self.lease = lease
         self.closed = False
@@ -240,6 +246,11 @@ class Slot(metaclass=NoPublicConstructor):
         """Whether this request holds its slot now."""
         return self._state is _HOLDING
 
+    if not TYPE_CHECKING:
+        __enter__ = __exit__ = wrong_with(
+            "slot() is an async context manager: use `async with dispatcher.slot(...)`"
+        )
+
     # KeyboardInterrupt is held back to the park point in the methods that
     # change the slot's state and message the scheduler together, as in
     # trio's own primitives: a KI between an Acquire and the state that
@@ -263,6 +274,9 @@ class Slot(metaclass=NoPublicConstructor):
         if host.closed:
             self._state = _DONE
             raise DispatcherClosed("the dispatcher is closed")
+        # From another trio run, before anything reaches this one's
+        # scheduler: its grant would wake a task of the other run.
+        host.check_run()
         # An already cancelled caller sends nothing, not an Acquire and a
         # Cancel: a grant that nobody uses would still show in statistics.
         await _checkpoint_if_cancelled()

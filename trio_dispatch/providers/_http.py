@@ -37,6 +37,8 @@ import trio
 
 from .._exceptions import MalformedStream, ProviderError, RequestFailed
 from .._hooks import RateLimitHooks
+from .._provider import PROVIDER_USAGE, STREAM_USAGE
+from .._util import wrong_with
 from .._validation import check_seconds, redact_url
 from ..messages._chat import check_chat_request
 from ._checks import check_api_key, check_base_url, check_headers, check_secret_text
@@ -174,6 +176,9 @@ class ProviderBase:
     async def __aexit__(self, *exc_info: object) -> None:
         with trio.move_on_after(_CLOSE_TIMEOUT, shield=True):
             await self.aclose()
+
+    if not TYPE_CHECKING:
+        __enter__ = __exit__ = wrong_with(PROVIDER_USAGE)
 
     def stream(self, request: ChatRequest) -> EventStream:
         """Stream the answer to ``request``; see ``Provider.stream``.
@@ -344,6 +349,9 @@ class EventStream:
 
     def __repr__(self) -> str:
         return f"<EventStream {self._provider.id!r} {self._state}>"
+
+    if not TYPE_CHECKING:
+        __enter__ = __exit__ = wrong_with(STREAM_USAGE)
 
     @property
     def rate_limits(self) -> RateLimitInfo | None:

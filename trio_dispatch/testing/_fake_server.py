@@ -30,6 +30,7 @@ import trio
 
 from .._asgi import lifespan
 from .._ratelimits import RateLimitInfo
+from .._util import AsyncWithOnly
 from ..messages import Usage
 from ._cache import PromptCache
 from ._encoders import (
@@ -594,7 +595,11 @@ def open_fake_llm_server(
     server = FakeLLMServer(
         FakeScript() if script is None else script, api_key=api_key, quotas=quotas
     )
-    return _serve(server, host=host, port=port)
+    return AsyncWithOnly(
+        _serve(server, host=host, port=port),
+        "open_fake_llm_server() is an async context manager:"
+        " use `async with open_fake_llm_server(...) as server`",
+    )
 
 
 @asynccontextmanager

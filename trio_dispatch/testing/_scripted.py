@@ -23,7 +23,9 @@ from .._exceptions import (
     StreamInterrupted,
 )
 from .._hooks import RateLimitHooks
+from .._provider import PROVIDER_USAGE, STREAM_USAGE
 from .._ratelimits import RateLimitInfo
+from .._util import wrong_with
 from .._validation import check_seconds, check_text
 from .._wire import error_for_status, error_for_type
 from ..messages._chat import check_chat_request
@@ -193,6 +195,9 @@ class ScriptedProvider:
         # could replace the exception on its way out with a Cancelled.
         self._closed = True
 
+    if not TYPE_CHECKING:
+        __enter__ = __exit__ = wrong_with(PROVIDER_USAGE)
+
     def _arrive(self, request: ChatRequest) -> FakeReply:
         """Record ``request`` and pick its reply: the request is "sent"."""
         if self._closed:
@@ -309,6 +314,9 @@ class _ScriptedStream:
 
     def __repr__(self) -> str:
         return f"<ScriptedStream {self._provider.id!r} {self._state}>"
+
+    if not TYPE_CHECKING:
+        __enter__ = __exit__ = wrong_with(STREAM_USAGE)
 
     async def __aenter__(self) -> Self:
         if self._state != "new":
