@@ -104,11 +104,24 @@ applied to the whole fleet, on the server's clock in milliseconds):
 * A model's budgets are the provider's two buckets again, with their
   charges and unanswered leases, under ``m:<model>``, ``mc:<model>``
   and ``mu:<model>`` (keys the scripts build, as above); ``models``
-  lists the models that have one. A grant asks the provider's buckets
+  lists the models configured. A grant asks the provider's buckets
   and those of its member's model: the provider's holding the head back
   stops the grants (nobody passes), a model's blocks that model's
-  members for the rest of the step. Each model's figures in the step's
-  answer carry when its held-back head fits.
+  members for the rest of the step. A step reads and writes the budgets
+  of the models of its own entries and leases only, and answers theirs,
+  with when a held-back head fits: its cost does not grow with the
+  models that are idle.
+* ``mb`` (built like those): how many entries and leases each model
+  has (leases from before models were counted left out: their model was
+  not kept). A learned model's budgets note since when their model is
+  idle (``idle`` in ``m:<model>``), and are forgotten by the rule of the
+  pure core (``_budgets.forgets``): idle for ``FORGET_AFTER`` and full
+  again. The step that meets them then deletes them and answers their
+  model among the ``forgotten``; their keys expire at that instant
+  anyway (while the model is in use, two hours and ``FORGET_AFTER`` after
+  it was last met: its buckets are full by then whatever they held). A
+  configured model's budgets (``kept`` in ``m:<model>``) are never
+  forgotten.
 * A grant, for each free slot, goes to the backlogged tenant below its
   cap with the least (counter, holders / weight, head), for its head
   (its oldest entry of a model not held back). Entries of other
@@ -124,7 +137,7 @@ holds a stored limit (``none`` included) or a configured budget, which
 outlive every process; else (learned budgets, a pause, a backoff streak)
 it expires with the rest, or at the end of its pause. ``tconf``
 persists (and keeps ``conf``), and so do a configured model's buckets
-and ``models``.
+and ``models``; a learned model's expire as said above.
 
 Numbers. The scripts apply the budgets' rule of ``_budgets``: one
 request's charge, estimated or reported, is at most the bucket's capacity,
@@ -168,6 +181,7 @@ import attrs
 import coredis
 from coredis.exceptions import NoScriptError
 
+from ._budgets import forgets, refilled
 from ._ratelimits import server_delay
 from ._scripts import (
     PauseArgs,
@@ -285,9 +299,11 @@ class StepResult:
         adaptive: An adaptive limit's bounds and backoff, if the limit is one.
         tenants: The tenants configured or in play, fleet-wide (once
             tenants are counted), by name.
-        models: Each model's budgets, by model.
+        models: The budgets of the models the step met (those of its
+            entries and leases, and of its figures), by model.
         counting: Whether the fleet counts tenants (from the first tenant
             or model budget seen): then every waiter is published.
+        forgotten: The models whose learned budgets the step forgot.
     """
 
     granted: list[str]
@@ -302,6 +318,7 @@ class StepResult:
     tenants: dict[str, LedgerTenant] = attrs.field(factory=dict)
     models: dict[str, LedgerBudget] = attrs.field(factory=dict)
     counting: bool = False
+    forgotten: list[str] = attrs.field(factory=list)
 
 
 @final
@@ -339,6 +356,9 @@ class LedgerBudget:
         learned: Whether figures of answers were learned.
         ready_in: Seconds until the head of the queue fits the budgets,
             if they hold it back (else ``None``).
+        idle: A learned model's budgets: seconds their model has been
+            idle, or ``None`` while it is in use (and for the provider's
+            budgets, or a model's configured ones).
     """
 
     requests_per_minute: float | None
@@ -349,6 +369,47 @@ class LedgerBudget:
     tokens_capacity: float | None
     learned: bool
     ready_in: float | None
+    idle: float | None = None
+
+    def forgotten(self, seconds: float) -> bool:
+        """Whether they are forgotten ``seconds`` after the step that saw them.
+
+        By the rule of the pure core, ``_budgets.forgets``.
+        """
+        if self.idle is None:
+            return False
+        levels = [
+            (refilled(level, capacity, per_minute / 60.0, seconds), capacity)
+            for level, capacity, per_minute in (
+                (
+                    self.requests_available,
+                    self.requests_capacity,
+                    self.requests_per_minute,
+                ),
+                (self.tokens_available, self.tokens_capacity, self.tokens_per_minute),
+            )
+            if level is not None and capacity is not None and per_minute is not None
+        ]
+        return forgets(self.idle + seconds, levels)
+
+
+def seen_models(
+    previous: Mapping[str, tuple[LedgerBudget, float]], result: StepResult, now: float
+) -> dict[str, tuple[LedgerBudget, float]]:
+    """Each model's budgets as the latest step that met it saw them, and when.
+
+    ``previous`` is what the steps before ``result`` (its answer arrived at
+    ``now``) left; the models ``result`` forgot, and those forgotten by
+    ``now`` since, are left out.
+    """
+    gone = set(result.forgotten)
+    seen = {
+        model: (budget, at)
+        for model, (budget, at) in previous.items()
+        if model not in gone and not budget.forgotten(now - at)
+    }
+    seen.update((model, (budget, now)) for model, budget in result.models.items())
+    return seen
 
 
 def _float(text: str) -> float | None:
@@ -386,10 +447,13 @@ def _tenants_of(rows: list[str]) -> dict[str, LedgerTenant]:
 
 def _models_of(rows: list[str]) -> dict[str, LedgerBudget]:
     models: dict[str, LedgerBudget] = {}
-    for k in range(0, len(rows), 2):
+    for k in range(0, len(rows), 3):
         budget = _budget_of(rows[k + 1])
         if budget is not None:
-            models[rows[k]] = budget
+            idle = rows[k + 2]
+            models[rows[k]] = (
+                budget if idle == "" else attrs.evolve(budget, idle=int(idle) / 1000)
+            )
     return models
 
 
@@ -609,6 +673,7 @@ class Ledger:
             tenants,
             models,
             counting,
+            forgotten,
         ) = reply
         return StepResult(
             granted=list(granted),
@@ -623,6 +688,7 @@ class Ledger:
             tenants=_tenants_of(tenants),
             models=_models_of(models),
             counting=counting == 1,
+            forgotten=list(forgotten),
         )
 
     async def set_limit(

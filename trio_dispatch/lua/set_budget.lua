@@ -34,9 +34,12 @@ end
 -- core's Throttle keeps them once it exists (see step.lua's scopes).
 redis.call('HSET', h, 'bk', 1)
 if model ~= '' then
+  -- Configured: never forgotten (a learned model's budgets are, once idle
+  -- and full again: see step.lua's scopes).
+  redis.call('HSET', h, 'kept', 1)
+  redis.call('HDEL', h, 'idle')
   redis.call('SADD', models, model)
-  local left = redis.call('HMGET', h, 'r_cap', 't_cap')
-  if left[1] or left[2] then redis.call('PERSIST', h) end
+  redis.call('PERSIST', h)
 end
 redis.call('PERSIST', conf)
 expire_idle(now)
