@@ -41,7 +41,7 @@ model's budget (learned from the first of them, if it has none), those of
 an answer for no model to the provider's (``model_observe`` sends a
 model's figures alone); both sides must agree on each model's budgets too.
 A step answers the budgets of the models it met only, so the ledger's side
-is what the process sees of them (``seen_models``, as its scheduler keeps
+is what the process sees of them (``SeenModels``, as its scheduler keeps
 them), learned budgets forgotten on both sides by the same rule.
 """
 
@@ -59,7 +59,7 @@ from hypothesis import strategies as st
 
 from trio_dispatch import Tenant
 from trio_dispatch._budgets import AdaptiveLimit, Budget, Throttle
-from trio_dispatch._ledger import Ledger, seen_models
+from trio_dispatch._ledger import Ledger, SeenModels
 from trio_dispatch._policy import SlotPolicy
 from trio_dispatch._ratelimits import Quota, RateLimitInfo
 from trio_dispatch._scripts import load_scripts
@@ -211,7 +211,7 @@ class Pair:
         self.ms = 0
         self.limit: int | None = policy.limit
         self.result: StepResult | None = None
-        self.models: dict[str, tuple[LedgerBudget, float]] = {}
+        self.models = SeenModels()
         self.seq = 0
         self.tickets: list[Ticket] = []
         self.log: list[str] = []
@@ -253,7 +253,7 @@ class Pair:
             )
             observed = None
             self.result = result
-            self.models = seen_models(self.models, result, self.now)
+            self.models.update(result, self.now)
             grants = book.applied(plan, result.granted)
             granted += grants
             limit_moved = result.limit != self.limit

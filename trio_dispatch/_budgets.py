@@ -147,6 +147,12 @@ def is_full(level: float, capacity: float) -> bool:
     return capacity - level <= 1e-9 * max(1.0, capacity)
 
 
+def full_in(level: float, capacity: float, rate: float) -> float:
+    """Seconds until a bucket at ``level``, refilling ``rate`` a second, is full."""
+    missing = capacity - 1e-9 * max(1.0, capacity) - level
+    return missing / rate if missing > 0 else 0.0
+
+
 def forgets(idle: float, buckets: Iterable[tuple[float, float]]) -> bool:
     """Whether a learned model budget is forgotten now (see the module notes).
 
@@ -484,14 +490,13 @@ class Throttle:
 
     def full_at(self) -> float:
         """The first instant its buckets are all full (``is_full``), if nothing is charged."""
-        ready = self._now
+        seconds = 0.0
         for bucket in (self._requests, self._tokens):
             if bucket is not None:
-                capacity = bucket.capacity
-                missing = capacity - 1e-9 * max(1.0, capacity) - bucket.level
-                if missing > 0:
-                    ready = max(ready, self._now + missing / bucket.rate)
-        return ready
+                seconds = max(
+                    seconds, full_in(bucket.level, bucket.capacity, bucket.rate)
+                )
+        return self._now + seconds
 
     def adapt(self, adaptive: AdaptiveLimit | None) -> int | None:
         """Use ``adaptive`` from now on (``None``: a fixed limit); its first value."""

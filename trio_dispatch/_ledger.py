@@ -175,13 +175,14 @@ nothing to take (``wakes`` reads the message).
 
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, final
 
 import attrs
 import coredis
 from coredis.exceptions import NoScriptError
 
-from ._budgets import forgets, refilled
+from ._budgets import FORGET_AFTER, forgets, full_in, refilled
 from ._ratelimits import server_delay
 from ._scripts import (
     PauseArgs,
@@ -371,15 +372,10 @@ class LedgerBudget:
     ready_in: float | None
     idle: float | None = None
 
-    def forgotten(self, seconds: float) -> bool:
-        """Whether they are forgotten ``seconds`` after the step that saw them.
-
-        By the rule of the pure core, ``_budgets.forgets``.
-        """
-        if self.idle is None:
-            return False
-        levels = [
-            (refilled(level, capacity, per_minute / 60.0, seconds), capacity)
+    def _buckets(self) -> list[tuple[float, float, float]]:
+        """Each bucket's level, capacity and refill per second."""
+        return [
+            (level, capacity, per_minute / 60.0)
             for level, capacity, per_minute in (
                 (
                     self.requests_available,
@@ -390,26 +386,75 @@ class LedgerBudget:
             )
             if level is not None and capacity is not None and per_minute is not None
         ]
-        return forgets(self.idle + seconds, levels)
+
+    def forgotten(self, seconds: float) -> bool:
+        """Whether they are forgotten ``seconds`` after the step that saw them.
+
+        By the rule of the pure core, ``_budgets.forgets``.
+        """
+        if self.idle is None:
+            return False
+        return forgets(
+            self.idle + seconds,
+            [
+                (refilled(level, capacity, rate, seconds), capacity)
+                for level, capacity, rate in self._buckets()
+            ],
+        )
+
+    def forgotten_in(self) -> float | None:
+        """Seconds after the step that saw them until they are forgotten, if idle."""
+        if self.idle is None:
+            return None
+        return max(
+            [FORGET_AFTER - self.idle]
+            + [full_in(*bucket) for bucket in self._buckets()]
+        )
 
 
-def seen_models(
-    previous: Mapping[str, tuple[LedgerBudget, float]], result: StepResult, now: float
-) -> dict[str, tuple[LedgerBudget, float]]:
+@final
+class SeenModels:
     """Each model's budgets as the latest step that met it saw them, and when.
 
-    ``previous`` is what the steps before ``result`` (its answer arrived at
-    ``now``) left; the models ``result`` forgot, and those forgotten by
-    ``now`` since, are left out.
+    A step answers only the models it met; a process keeps the others as
+    last seen, and leaves out those the ledger forgot, or that the pure
+    core's rule forgets since (``LedgerBudget.forgotten``): watched in a
+    heap by that instant, so a step costs the same however many are idle.
     """
-    gone = set(result.forgotten)
-    seen = {
-        model: (budget, at)
-        for model, (budget, at) in previous.items()
-        if model not in gone and not budget.forgotten(now - at)
-    }
-    seen.update((model, (budget, now)) for model, budget in result.models.items())
-    return seen
+
+    __slots__ = ("_forgetting", "_rows")
+
+    def __init__(self) -> None:
+        self._rows: dict[str, tuple[LedgerBudget, float]] = {}
+        self._forgetting: list[tuple[float, str]] = []
+
+    def __repr__(self) -> str:
+        return f"<SeenModels {len(self._rows)}>"
+
+    def update(self, result: StepResult, now: float) -> None:
+        """Take what ``result``, a step answered at ``now``, says of the models."""
+        rows = self._rows
+        for model in result.forgotten:
+            rows.pop(model, None)
+        forgetting = self._forgetting
+        for model, budget in result.models.items():
+            rows[model] = (budget, now)
+            seconds = budget.forgotten_in()
+            if seconds is not None:
+                heapq.heappush(forgetting, (now + seconds, model))
+        while forgetting and forgetting[0][0] <= now:
+            _, model = heapq.heappop(forgetting)
+            row = rows.get(model)
+            if row is not None and row[0].forgotten(now - row[1]):
+                del rows[model]
+
+    def items(self, now: float) -> list[tuple[str, LedgerBudget, float]]:
+        """Each model not forgotten by ``now``: its budgets, and when they were seen."""
+        return [
+            (model, budget, at)
+            for model, (budget, at) in self._rows.items()
+            if not budget.forgotten(now - at)
+        ]
 
 
 def _float(text: str) -> float | None:

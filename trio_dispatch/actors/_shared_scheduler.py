@@ -50,7 +50,7 @@ from coredis.exceptions import RedisError
 from .._backend import ProviderStatistics
 from .._budgets import AdaptiveLimit, BudgetStatistics, refilled
 from .._exceptions import DispatcherClosed, QueueFull
-from .._ledger import seen_models, wakes
+from .._ledger import SeenModels, wakes
 from .._tenants import TenantStatistics
 from ..messages._scheduling import (
     Acquire,
@@ -138,7 +138,7 @@ class SharedView:
     budget_at: float = 0.0
     budget_ready_at: float | None = None
     tenants: dict[str, LedgerTenant] = attrs.field(factory=dict)
-    models: dict[str, tuple[LedgerBudget, float]] = attrs.field(factory=dict)
+    models: SeenModels = attrs.field(factory=SeenModels)
 
     def budget_statistics(self, now: float) -> BudgetStatistics | None:
         """The fleet's budgets at ``now``, as the last round saw them."""
@@ -154,8 +154,7 @@ class SharedView:
         """
         return {
             model: self._statistics(budget, now, budget.ready_in is not None, at)
-            for model, (budget, at) in self.models.items()
-            if not budget.forgotten(now - at)
+            for model, budget, at in self.models.items(now)
         }
 
     def tenant_statistics(self) -> dict[str, TenantStatistics]:
@@ -831,6 +830,8 @@ class SharedSchedulerActor:
         if budget is not None and budget.ready_in is not None:
             readies.append(budget.ready_in)
         ready_in = min(readies, default=None)
+        models = self._view.models
+        models.update(result, now)
         self._view = SharedView(
             in_flight=result.in_flight,
             waiting=result.waiting,
@@ -841,7 +842,7 @@ class SharedSchedulerActor:
             budget_at=now,
             budget_ready_at=None if ready_in is None else now + ready_in,
             tenants=result.tenants,
-            models=seen_models(self._view.models, result, now),
+            models=models,
         )
         if book.unsent():
             # Grants or entries for tickets that left while the round was
