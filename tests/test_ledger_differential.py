@@ -812,6 +812,26 @@ A, B = "a", "b"
             ],
             id="a_model_s_first_figures_start_the_books_of_its_grants",
         ),
+        pytest.param(
+            1,
+            {"kept": Budget(requests_per_minute=3.0)},
+            {},
+            [
+                ("model_observe", "m1", RateLimitInfo(requests=Quota(limit=5))),
+                ("model_observe", "m2", RateLimitInfo(requests=Quota(limit=5))),
+                ("acquire", 0, 0, 0, None, "m1"),
+                ("acquire", 0, 0, 0, None, "m2"),  # waits all along
+                ("answer", 0, RateLimitInfo(requests=Quota(limit=5, remaining=0))),
+                ("wait", 4),
+                ("release", 0),
+                *[("wait", 16)] * 15,
+                ("wait", 2),
+                ("wait", 1),  # m1 idle for a minute, full again: forgotten
+                ("acquire", 0, 0, 0, None, "m1"),
+                ("model_observe", "m1", RateLimitInfo(requests=Quota(limit=8))),
+            ],
+            id="a_learned_model_budget_is_forgotten_once_idle_and_full_alike",
+        ),
     ],
 )
 async def test_the_ledger_and_the_pure_core_share_tenants_and_models_on(
