@@ -9,10 +9,15 @@ code would.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
+import shutil
+import socket
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Protocol, final
 
@@ -23,7 +28,7 @@ import trio_dispatch
 from trio_dispatch.testing import percentile
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterator, Sequence
     from pathlib import Path
 
 
@@ -201,3 +206,41 @@ def finish(report: Report, *, json_path: Path | None, started: float) -> None:
     print(report.to_markdown(), end="")
     if json_path is not None:
         json_path.write_text(report.to_json() + "\n", encoding="utf-8")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[str]:
+    """Run a throwaway redis-server; yields its URL."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        sys.exit("redis-server is not installed (apt-get install redis-server)")
+    port = _free_port()
+    with tempfile.TemporaryDirectory() as directory:
+        process = subprocess.Popen(
+            [
+                *(binary, "--port", str(port), "--bind", "127.0.0.1"),
+                *("--save", "", "--appendonly", "no", "--dir", directory),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    with socket.create_connection(("127.0.0.1", port), 0.2):
+                        break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02)
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            process.kill()
+            process.wait()

@@ -70,19 +70,15 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import hashlib
 import json
 import pathlib
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import Any, Final, final
 
 import attrs
 import coredis
@@ -91,10 +87,14 @@ import trio.testing
 
 from trio_dispatch import Tenant, open_dispatcher
 
-from _common import environment, finish, plain, positive_int, show_progress
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
+from _common import (
+    environment,
+    finish,
+    plain,
+    positive_int,
+    redis_server,
+    show_progress,
+)
 
 _PROVIDER: Final = "p"
 
@@ -244,44 +244,6 @@ class RedisBackendReport:
             "",
         ]
         return "\n".join(lines)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@contextlib.contextmanager
-def _redis_server() -> Iterator[str]:
-    """Run a throwaway redis-server; yields its URL."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        sys.exit("redis-server is not installed (apt-get install redis-server)")
-    port = _free_port()
-    with tempfile.TemporaryDirectory() as directory:
-        process = subprocess.Popen(
-            [
-                *(binary, "--port", str(port), "--bind", "127.0.0.1"),
-                *("--save", "", "--appendonly", "no", "--dir", directory),
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        try:
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    with socket.create_connection(("127.0.0.1", port), 0.2):
-                        break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.02)
-            yield f"redis://127.0.0.1:{port}/0"
-        finally:
-            process.kill()
-            process.wait()
 
 
 def _options(redis_url: str | None, namespace: str) -> dict[str, Any]:
@@ -809,7 +771,7 @@ def main() -> None:
     if args.redis_url is not None:
         report = run(sizes, args.redis_url)
     else:
-        with _redis_server() as url:
+        with redis_server() as url:
             report = run(sizes, url)
     finish(report, json_path=args.json, started=started)
 

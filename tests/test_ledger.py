@@ -472,3 +472,31 @@ async def test_figures_with_missing_fields_are_learned_in_their_own_places(
     assert (learned.tokens_per_minute, learned.tokens_available) == (60_000, 59_000)
     no_limit = RateLimitInfo(requests=Quota(remaining=5))
     assert (await book.step("q", "a", observed=no_limit)).budget is None
+
+
+async def test_a_step_costs_the_same_however_many_learned_models_are_idle(
+    client: coredis.Redis[str],
+) -> None:
+    figures = RateLimitInfo(requests=Quota(limit=100, remaining=99))
+
+    async def calls_of_a_grant(namespace: str, idle: int) -> dict[str, int]:
+        book = Ledger(client, namespace, 10.0)
+        await book.set_limit("p", 1)
+        # Models seen once (fine-tunes per customer): learned, now idle.
+        await book.step(
+            "p", "x", observed_models={f"ft-{k}": figures for k in range(idle)}
+        )
+        await book.step("p", "x", observed_models={"other": figures})
+        costs: dict[str, int] = {}
+        for n in range(3):
+            x = m(f"x:{n}")
+            meta: dict[str, tuple[str | None, str | None]] = {x: (None, "other")}
+            before = await calls_of(client)
+            granted = await book.step("p", "x", enqueue=[(x, 0.0)], meta=meta)
+            released = await book.step("p", "x", release=[lease_of(x)])
+            after = await calls_of(client)
+            assert (granted.granted, set(released.models)) == ([x], {"other"})
+            costs = {k: v - before.get(k, 0) for k, v in after.items()}
+        return costs
+
+    assert await calls_of_a_grant("many", 3000) == await calls_of_a_grant("none", 0)

@@ -9,7 +9,8 @@ asserted, and every wait asserted is bounded on both sides.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -17,12 +18,14 @@ import trio
 from trio_dispatch import AdaptiveLimit, Budget
 from trio_dispatch._ledger import Ledger, keys_of, lease_of
 from trio_dispatch._ratelimits import Quota, RateLimitInfo
-from trio_dispatch._scripts import Seed
+from trio_dispatch._scripts import Seed, load_scripts
 
-from ._redis import needs_redis, next_member
+from ._redis import SET_CLOCK, needs_redis, next_member
 
 if TYPE_CHECKING:
     import coredis
+
+    from trio_dispatch._ledger import StepResult
 
 pytestmark = needs_redis
 
@@ -498,3 +501,106 @@ async def test_answers_reported_in_one_step_count_as_unseen_but_the_last(
     )
     assert result.budget is not None
     assert result.budget.requests_available == pytest.approx(95, abs=0.01)
+
+
+# Learned model budgets are forgotten once idle and full, on a clock the
+# test sets (Redis forgets their keys at the same instant of its own).
+
+
+class Clocked:
+    """A ledger whose scripts read a clock the test sets, in ms from ``base``."""
+
+    def __init__(self, client: coredis.Redis[str], base: int) -> None:
+        self.client = client
+        self.base = base
+        self.ledger = Ledger(client, "ns", 3600.0, scripts=load_scripts(SET_CLOCK))
+
+    async def at(self, ms: int) -> None:
+        await self.client.set(
+            self.ledger.names("p")[0][0] + ":clock", str(self.base + ms)
+        )
+
+    async def step(self, **changes: Any) -> StepResult:  # noqa: ANN401  # passed through
+        return await self.ledger.step("p", "a", **changes)
+
+
+@pytest.fixture
+async def clocked(client: coredis.Redis[str]) -> Clocked:
+    base = math.ceil((await client.time()).timestamp() * 1000)
+    clocked = Clocked(client, base)
+    await clocked.at(0)
+    await clocked.ledger.set_limit("p", 1)
+    return clocked
+
+
+def per_minute(limit: int, remaining: int) -> RateLimitInfo:
+    return RateLimitInfo(requests=Quota(limit=limit, remaining=remaining))
+
+
+def of(model: str, member: str) -> dict[str, tuple[str | None, str | None]]:
+    return {member: (None, model)}
+
+
+async def test_a_learned_model_budget_is_forgotten_once_idle_for_a_while_and_full(
+    clocked: Clocked, client: coredis.Redis[str]
+) -> None:
+    # Half of 10 a minute left: full again 30 s later.
+    shown = await clocked.step(observed_models={"m": per_minute(10, 5)})
+    assert shown.models["m"].idle == 0.0
+    x = m("a:1")
+    shown = await clocked.step(enqueue=[(x, 0.0)], meta=of("m", x))
+    assert shown.granted == [x]
+    assert shown.models["m"].idle is None  # in use
+    await clocked.at(1000)
+    shown = await clocked.step(release=[lease_of(x)])
+    budget = shown.models["m"]
+    assert budget.idle == 0.0
+    assert not budget.forgotten(59.75)
+    assert budget.forgotten(60.0)  # by the pure core's rule
+    # Redis forgets its keys at that instant too.
+    keys = [f"{{ns:p}}:{k}:m" for k in ("m", "mc", "mu")]
+    expiry = await client.pexpiretime(keys[0])
+    assert round(expiry.timestamp() * 1000) == clocked.base + 61_000
+    await clocked.at(61_000)
+    y = m("a:2")
+    shown = await clocked.step(enqueue=[(y, 0.0)], meta=of("m", y))
+    assert shown.granted == [y]
+    assert shown.forgotten == ["m"]
+    assert shown.models == {}  # granted with no budget of its model
+    assert await client.exists(keys) == 0
+    # Its next figures learn it afresh.
+    shown = await clocked.step(observed_models={"m": per_minute(20, 15)})
+    budget = shown.models["m"]
+    assert (budget.requests_capacity, budget.requests_available) == (20.0, 15.0)
+    assert budget.learned
+
+
+async def test_a_configured_model_budget_is_never_forgotten_fleet_wide(
+    clocked: Clocked, client: coredis.Redis[str]
+) -> None:
+    await clocked.ledger.set_budget("p", Budget(requests_per_minute=10), model="c")
+    await clocked.step(observed_models={"c": per_minute(10, 10)})
+    assert await client.pttl("{ns:p}:m:c") == -1  # persists
+    await clocked.at(36_000_000)  # ten hours on
+    x = m("a:1")
+    shown = await clocked.step(enqueue=[(x, 0.0)], meta=of("c", x))
+    assert shown.granted == [x]
+    assert shown.forgotten == []
+    assert shown.models["c"].requests_available == pytest.approx(9.0)
+
+
+async def test_a_model_with_waiters_is_never_forgotten_fleet_wide(
+    clocked: Clocked,
+) -> None:
+    await clocked.step(observed_models={"w": per_minute(10, 10)})
+    other, waiter = m("a:1"), m("a:2")
+    shown = await clocked.step(enqueue=[(other, 0.0)])
+    assert shown.granted == [other]
+    shown = await clocked.step(enqueue=[(waiter, 1.0)], meta=of("w", waiter))
+    assert shown.granted == []
+    assert shown.models["w"].idle is None
+    await clocked.at(1_800_000)  # half an hour on (within a lease), waiting
+    shown = await clocked.step(release=[lease_of(other)], ask=[waiter])
+    assert shown.granted == [waiter]
+    assert shown.forgotten == []
+    assert shown.models["w"].requests_available == pytest.approx(9.0)

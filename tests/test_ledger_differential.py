@@ -40,6 +40,9 @@ a budget of its own from the start, and the figures of an answer go to its
 model's budget (learned from the first of them, if it has none), those of
 an answer for no model to the provider's (``model_observe`` sends a
 model's figures alone); both sides must agree on each model's budgets too.
+A step answers the budgets of the models it met only, so the ledger's side
+is what the process sees of them (``SeenModels``, as its scheduler keeps
+them), learned budgets forgotten on both sides by the same rule.
 """
 
 from __future__ import annotations
@@ -56,11 +59,12 @@ from hypothesis import strategies as st
 
 from trio_dispatch import Tenant
 from trio_dispatch._budgets import AdaptiveLimit, Budget, Throttle
-from trio_dispatch._ledger import Ledger
+from trio_dispatch._ledger import Ledger, SeenModels
 from trio_dispatch._policy import SlotPolicy
 from trio_dispatch._ratelimits import Quota, RateLimitInfo
 from trio_dispatch._scripts import load_scripts
 from trio_dispatch._shared_book import SharedBook
+from trio_dispatch.actors._shared_scheduler import SharedView
 from trio_dispatch.messages._scheduling import Ticket
 
 from ._redis import needs_redis
@@ -207,6 +211,7 @@ class Pair:
         self.ms = 0
         self.limit: int | None = policy.limit
         self.result: StepResult | None = None
+        self.models = SeenModels()
         self.seq = 0
         self.tickets: list[Ticket] = []
         self.log: list[str] = []
@@ -248,6 +253,7 @@ class Pair:
             )
             observed = None
             self.result = result
+            self.models.update(result, self.now)
             grants = book.applied(plan, result.granted)
             granted += grants
             limit_moved = result.limit != self.limit
@@ -290,9 +296,10 @@ class Pair:
             # All waiters are published once tenants are counted.
             assert shared_tenant.queued == pure_tenant.waiting, where
         models = policy.model_budget_statistics(self.now)
-        assert set(result.models) == set(models), where
+        seen = SharedView(models=self.models).model_statistics(self.now)
+        assert set(seen) == set(models), where
         for name, pure_budget in models.items():
-            self.compare_budgets(pure_budget, result.models[name])
+            self.compare_statistics(pure_budget, seen[name])
         budget = policy.budget_statistics(self.now)
         shown = result.budget
         if budget is None:
@@ -300,6 +307,25 @@ class Pair:
             return
         assert shown is not None, where
         self.compare_budgets(budget, shown)
+
+    def compare_statistics(
+        self, budget: BudgetStatistics, shown: BudgetStatistics
+    ) -> None:
+        where = "\n".join(self.log)
+        for pure_value, shared_value in (
+            (budget.requests_per_minute, shown.requests_per_minute),
+            (budget.requests_available, shown.requests_available),
+            (budget.tokens_per_minute, shown.tokens_per_minute),
+            (budget.tokens_available, shown.tokens_available),
+        ):
+            if pure_value is None:
+                assert shared_value is None, where
+            else:
+                assert shared_value is not None, where
+                assert math.isclose(
+                    pure_value, shared_value, rel_tol=1e-9, abs_tol=1e-9
+                ), where
+        assert shown.learned == budget.learned, where
 
     def compare_budgets(self, budget: BudgetStatistics, shown: LedgerBudget) -> None:
         where = "\n".join(self.log)
@@ -785,6 +811,26 @@ A, B = "a", "b"
                 ("answer", 0, RateLimitInfo(requests=Quota(limit=5, remaining=5))),
             ],
             id="a_model_s_first_figures_start_the_books_of_its_grants",
+        ),
+        pytest.param(
+            1,
+            {"kept": Budget(requests_per_minute=3.0)},
+            {},
+            [
+                ("model_observe", "m1", RateLimitInfo(requests=Quota(limit=5))),
+                ("model_observe", "m2", RateLimitInfo(requests=Quota(limit=5))),
+                ("acquire", 0, 0, 0, None, "m1"),
+                ("acquire", 0, 0, 0, None, "m2"),  # waits all along
+                ("answer", 0, RateLimitInfo(requests=Quota(limit=5, remaining=0))),
+                ("wait", 4),
+                ("release", 0),
+                *[("wait", 16)] * 15,
+                ("wait", 2),
+                ("wait", 1),  # m1 idle for a minute, full again: forgotten
+                ("acquire", 0, 0, 0, None, "m1"),
+                ("model_observe", "m1", RateLimitInfo(requests=Quota(limit=8))),
+            ],
+            id="a_learned_model_budget_is_forgotten_once_idle_and_full_alike",
         ),
     ],
 )

@@ -14,6 +14,7 @@ import itertools
 import pytest
 
 from trio_dispatch import Budget, QueueFull, Quota, RateLimitInfo, Tenant
+from trio_dispatch._budgets import FORGET_AFTER
 from trio_dispatch.lowlevel import SlotPolicy, Throttle, Ticket
 
 ONE_PER_MINUTE = Budget(requests_per_minute=1)
@@ -306,3 +307,161 @@ def test_model_throttles_are_checked_by_the_constructor() -> None:
         SlotPolicy(1, models={"m": 5})  # type: ignore[dict-item]  # on purpose
     with pytest.raises(ValueError, match=r"^model must be a non-empty string, got ''$"):
         SlotPolicy(1, models={"": Throttle()})
+
+
+# Learned budgets are forgotten once their model is idle and they are full.
+
+
+def per_minute(limit: int, remaining: int, reset: float | None = None) -> RateLimitInfo:
+    """Request figures: ``limit`` a minute, ``remaining`` left."""
+    return RateLimitInfo(requests=Quota(limit=limit, remaining=remaining, reset=reset))
+
+
+def test_a_learned_model_budget_is_forgotten_once_idle_for_a_while_and_full() -> None:
+    t = Tickets()
+    policy = SlotPolicy(4)
+    policy.advance(0.0)
+    # Half of 10 a minute left: full again 30 s later, at 30.
+    policy.observe_rate_limits(0.0, per_minute(10, 5), "m")
+    ticket = t(0, "m")
+    assert policy.acquire(ticket) == [ticket]
+    policy.advance(1.0)
+    policy.release(ticket)
+    assert FORGET_AFTER == 60.0
+    policy.advance(60.75)  # idle since 1: not for long enough yet
+    assert set(policy.model_budget_statistics()) == {"m"}
+    assert policy.throttled
+    assert policy.model_budget_statistics(61.0) == {}  # as it would be then
+    policy.advance(61.0)
+    assert policy.model_budget_statistics() == {}
+    assert not policy.throttled  # no throttle left, of a model or the provider
+
+
+def test_a_learned_model_budget_is_kept_until_its_buckets_are_full_again() -> None:
+    policy = SlotPolicy(4)
+    policy.advance(0.0)
+    # 600 a minute, none left, the whole back in an hour: 1 every 6 s.
+    policy.observe_rate_limits(0.0, per_minute(600, 0, reset=3600.0), "m")
+    policy.advance(3599.0)
+    [stats] = policy.model_budget_statistics().values()
+    assert stats.requests_available == pytest.approx(3599 / 6)
+    policy.advance(3600.0)
+    assert policy.model_budget_statistics() == {}
+
+
+def test_a_configured_model_budget_is_never_forgotten() -> None:
+    policy = SlotPolicy(4, models={"c": Throttle(Budget(requests_per_minute=10))})
+    policy.set_model_budget("d", Budget(tokens_per_minute=100))
+    policy.observe_rate_limits(0.0, per_minute(10, 5), "c")
+    policy.observe_rate_limits(0.0, per_minute(10, 5), "d")
+    # Learned first, configured later: kept too.
+    policy.observe_rate_limits(0.0, per_minute(10, 5), "e")
+    policy.set_model_budget("e", Budget(requests_per_minute=20))
+    for hour in range(1, 11):
+        policy.advance(3600.0 * hour)
+    assert set(policy.model_budget_statistics()) == {"c", "d", "e"}
+
+
+def test_a_model_with_waiters_or_holders_is_never_forgotten() -> None:
+    t = Tickets()
+    policy = SlotPolicy(1)
+    policy.advance(0.0)
+    policy.observe_rate_limits(0.0, per_minute(10, 10), "held")
+    policy.observe_rate_limits(0.0, per_minute(10, 10), "waits")
+    held = t(0, "held")
+    assert policy.acquire(held) == [held]  # holds the only slot for hours
+    waiter = t(1, "waits")
+    assert policy.acquire(waiter) == []
+    policy.advance(7200.0)
+    assert set(policy.model_budget_statistics()) == {"waits", "held"}
+    assert policy.release(held) == [waiter]
+    policy.advance(14400.0)  # "held" idle since 7200, "waits" holds
+    assert set(policy.model_budget_statistics()) == {"waits"}
+    assert policy.release(waiter) == []
+    policy.advance(14459.75)
+    assert set(policy.model_budget_statistics()) == {"waits"}
+    policy.advance(14460.0)
+    assert policy.model_budget_statistics() == {}
+
+
+def test_a_waiter_withdrawn_leaves_its_model_idle_from_then() -> None:
+    t = Tickets()
+    policy = SlotPolicy(1)
+    policy.advance(0.0)
+    other = t(0)
+    assert policy.acquire(other) == [other]
+    policy.observe_rate_limits(0.0, per_minute(10, 10), "m")
+    waiter = t(1, "m")
+    assert policy.acquire(waiter) == []
+    policy.advance(100.0)
+    assert policy.cancel(waiter) == []
+    policy.advance(159.75)
+    assert set(policy.model_budget_statistics()) == {"m"}
+    policy.advance(160.0)
+    assert policy.model_budget_statistics() == {}
+
+
+def test_a_forgotten_model_that_reports_again_is_learned_afresh() -> None:
+    t = Tickets()
+    policy = SlotPolicy(4)
+    policy.advance(0.0)
+    policy.observe_rate_limits(0.0, per_minute(10, 0), "m")  # 60 s to full
+    policy.advance(60.0)
+    assert policy.model_budget_statistics() == {}
+    ticket = t(1, "m")
+    assert policy.acquire(ticket) == [ticket]  # no budget left to ask
+    policy.observe_rate_limits(60.0, per_minute(20, 15), "m")
+    [stats] = policy.model_budget_statistics().values()
+    assert (stats.requests_per_minute, stats.requests_available) == (20.0, 15.0)
+    assert stats.learned
+
+
+def test_figures_for_an_idle_model_move_when_it_is_forgotten() -> None:
+    policy = SlotPolicy(4)
+    policy.advance(0.0)
+    policy.observe_rate_limits(0.0, per_minute(60, 60), "m")  # full
+    policy.observe_rate_limits(30.0, per_minute(60, 0), "m")  # empty: full at 90
+    policy.advance(89.75)
+    assert set(policy.model_budget_statistics()) == {"m"}
+    policy.advance(90.0)
+    assert policy.model_budget_statistics() == {}
+
+
+def test_a_grant_looks_only_at_the_throttles_of_the_models_it_meets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """3,000 models seen once, idle: a grant for another costs what it did."""
+    touched: list[set[int]] = [set()]
+
+    def counting(name: str) -> None:
+        method = getattr(Throttle, name)
+
+        def counted(self: Throttle, *args: object, **kwargs: object) -> object:
+            touched[-1].add(id(self))
+            return method(self, *args, **kwargs)
+
+        monkeypatch.setattr(Throttle, name, counted)
+
+    t = Tickets()
+    policy = SlotPolicy(4)
+    policy.advance(0.0)
+    for k in range(3000):
+        ticket = t(k, f"ft-{k}")
+        assert policy.acquire(ticket) == [ticket]
+        policy.observe_rate_limits(0.0, per_minute(100, 99), f"ft-{k}")
+        policy.release(ticket)
+    policy.observe_rate_limits(0.0, per_minute(10**6, 10**6), "other")
+    for name in [n for n in vars(Throttle) if not n.startswith("_")]:
+        if callable(getattr(Throttle, name)):
+            counting(name)
+    now = 1.0
+    for k in range(200):
+        # One batch of the actor: the time, then what arrived.
+        touched.append(set())
+        policy.advance(now)
+        ticket = t(3000 + k, "other")
+        assert policy.acquire(ticket) == [ticket]
+        now += 0.25
+        policy.advance(now)
+        assert policy.release(ticket) == []
+    assert max(len(ids) for ids in touched[1:]) == 1

@@ -361,3 +361,24 @@ async def test_each_model_learns_its_own_quota_and_the_fast_one_keeps_its_pace(
     blind = await model_fleet(learn_budgets=False)
     assert blind["slow"].count(429) > 0.5 * len(blind["slow"])
     assert blind["fast"].count(200) < 0.6 * statuses["fast"].count(200)
+
+
+async def test_models_seen_once_are_forgotten_and_a_configured_one_is_kept(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    figures = RateLimitInfo(requests=Quota(limit=100, remaining=99))
+    budgets = {"openai/kept": Budget(requests_per_minute=10)}
+    async with open_dispatcher({"openai": 4}, budgets=budgets) as dispatcher:
+        for k in range(300):
+            async with dispatcher.slot("openai", model=f"ft-{k}"):
+                dispatcher.observe_rate_limits("openai", figures, model=f"ft-{k}")
+        dispatcher.observe_rate_limits("openai", figures, model="kept")
+        stats = dispatcher.statistics().providers["openai"]
+        assert len(stats.models) == 301
+        await trio.sleep(61.0)
+        async with dispatcher.slot("openai", model="now"):
+            dispatcher.observe_rate_limits("openai", figures, model="now")
+        assert set(dispatcher.statistics().providers["openai"].models) == {
+            "kept",
+            "now",
+        }

@@ -73,6 +73,15 @@ and raised by the newest answer's figures up to that count, never above.
 Until the first figures arrive, nothing is paced by a budget that is
 only learned. Malformed figures (a zero or enormous limit) are ignored.
 
+Forgetting. A model's budget learned from its figures (never a configured
+one) is forgotten once nothing of the model waits or holds a slot, its
+buckets are full again (within the slack of ``Bucket.need``), and
+``FORGET_AFTER`` seconds have passed since the model's last request
+ended (``forgets``): a full bucket says nothing that the next answer's
+figures will not say again, and a model seen once (a fine-tune per
+customer) costs nothing for good. Its next figures learn it afresh. The
+Redis ledger forgets a learned model's budgets by the same rule.
+
 The adaptive limit. AIMD on the honest signals, as TCP's congestion
 control and Netflix's concurrency-limits do it: every round of rate-limit
 reports (reports with no grant between them come from requests in flight
@@ -88,6 +97,7 @@ leaves ``[minimum, maximum]``.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, final
@@ -103,6 +113,8 @@ from .messages._limits import AdaptiveLimit as AdaptiveLimit  # noqa: PLC0414  #
 from .messages._limits import Budget as Budget  # noqa: PLC0414  # re-exported
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from ._ratelimits import Quota, RateLimitInfo
     from .messages._scheduling import Ticket
 
@@ -118,6 +130,38 @@ SLOWEST_REFILL = 3600.0
 
 The Redis ledger's ``learn`` holds the same figure (in milliseconds).
 """
+
+
+FORGET_AFTER = 60.0
+"""Seconds a learned model budget outlives its model's last request, at least.
+
+It is forgotten then if its buckets are full, else once they are (see the
+module notes); at most ``2 * SLOWEST_REFILL`` later: a level refills from
+minus to plus the capacity within that. The Redis ledger's step holds the
+same figure (in milliseconds).
+"""
+
+
+def is_full(level: float, capacity: float) -> bool:
+    """Whether a bucket at ``level`` is full: within ``Bucket.need``'s slack."""
+    return capacity - level <= 1e-9 * max(1.0, capacity)
+
+
+def full_in(level: float, capacity: float, rate: float) -> float:
+    """Seconds until a bucket at ``level``, refilling ``rate`` a second, is full."""
+    missing = capacity - 1e-9 * max(1.0, capacity) - level
+    return missing / rate if missing > 0 else 0.0
+
+
+def forgets(idle: float, buckets: Iterable[tuple[float, float]]) -> bool:
+    """Whether a learned model budget is forgotten now (see the module notes).
+
+    ``idle`` is how long, in seconds, nothing of its model has waited or
+    held a slot, and ``buckets`` its buckets' ``(level, capacity)`` now.
+    """
+    return idle >= FORGET_AFTER and all(
+        is_full(level, capacity) for level, capacity in buckets
+    )
 
 
 def check_limit_value(limit: object, name: str = "limit") -> int | AdaptiveLimit:
@@ -339,6 +383,7 @@ class Throttle:
     __slots__ = (
         "_adaptive",
         "_blocked",
+        "_configured",
         "_costs",
         "_granted",
         "_granted_at_round",
@@ -373,6 +418,8 @@ class Throttle:
         self._requests: Bucket | None = None
         self._tokens: Bucket | None = None
         self.default_max_tokens = DEFAULT_MAX_TOKENS
+        # Whether a Budget was given: then it is never forgotten.
+        self._configured = False
         if budget is not None:
             self.configure(budget)
         self._adaptive = None if adaptive is None else Adaptive(adaptive)
@@ -427,6 +474,30 @@ class Throttle:
         """Whether rate-limit figures are learned."""
         return self._learn
 
+    @property
+    def configured(self) -> bool:
+        """Whether a ``Budget`` was given (``configure``): never forgotten then."""
+        return self._configured
+
+    def levels(self, now: float) -> list[tuple[float, float]]:
+        """Each bucket's ``(level, capacity)`` at ``now``, if nothing is charged meanwhile."""
+        seconds = now - self._now
+        return [
+            (bucket.at(seconds), bucket.capacity)
+            for bucket in (self._requests, self._tokens)
+            if bucket is not None
+        ]
+
+    def full_at(self) -> float:
+        """The first instant its buckets are all full (``is_full``), if nothing is charged."""
+        seconds = 0.0
+        for bucket in (self._requests, self._tokens):
+            if bucket is not None:
+                seconds = max(
+                    seconds, full_in(bucket.level, bucket.capacity, bucket.rate)
+                )
+        return self._now + seconds
+
     def adapt(self, adaptive: AdaptiveLimit | None) -> int | None:
         """Use ``adaptive`` from now on (``None``: a fixed limit); its first value."""
         self._adaptive = None if adaptive is None else Adaptive(adaptive)
@@ -440,6 +511,7 @@ class Throttle:
         A kind ``budget`` leaves out (``None``) keeps a learned bucket and
         drops a configured one.
         """
+        self._configured = True
         rpm, tpm = budget.requests_per_minute, budget.tokens_per_minute
         requests, tokens = self._requests, self._tokens
         if rpm is not None:
@@ -754,3 +826,166 @@ def split_budget_key(key: object) -> tuple[str, str | None]:
             f" non-empty, got {key!r}"
         )
     return provider, model if slash else None
+
+
+@final
+class ModelThrottles:
+    """The throttles of a provider's models, by model, for its ``SlotPolicy``.
+
+    Counts, per model, the tickets that wait or hold a slot (``use``, from
+    the moment the policy counts models), and forgets an idle model's
+    learned throttle once it may be (``forgets``, see the module notes).
+    An idle model's throttle is watched in a heap by the instant it may be
+    forgotten, so ``advance`` costs nothing until then, and a throttle is
+    brought to the time only when its model is used (``get``): a grant
+    costs the same however many models are idle.
+    """
+
+    __slots__ = ("_busy", "_forgetting", "_idle", "_now", "_throttles", "_uncounted")
+
+    def __init__(self, throttles: Mapping[str, Throttle], now: float = 0.0) -> None:
+        self._throttles = dict(throttles)
+        self._now = now
+        # Tickets of each model that wait or hold a slot; holders from
+        # before models were counted are not (the Redis ledger cannot tell
+        # their model), and their release counts nothing.
+        self._busy: dict[str, int] = {}
+        self._uncounted: set[Ticket] = set()
+        # Each idle model with a learned throttle: since when it is idle,
+        # and when it may be forgotten; the heap holds the latter (an entry
+        # whose instant is no longer its model's is skipped).
+        self._idle: dict[str, tuple[float, float]] = {}
+        self._forgetting: list[tuple[float, str]] = []
+        for model, throttle in self._throttles.items():
+            if not throttle.configured:
+                self._watch(model, throttle, now)
+
+    def __repr__(self) -> str:
+        return f"<ModelThrottles models={len(self._throttles)} idle={len(self._idle)}>"
+
+    def __bool__(self) -> bool:
+        return bool(self._throttles)
+
+    def __len__(self) -> int:
+        return len(self._throttles)
+
+    def __contains__(self, model: object) -> bool:
+        return model in self._throttles
+
+    def __getitem__(self, model: str) -> Throttle:
+        """``model``'s throttle as it is (``get`` brings it to the time)."""
+        return self._throttles[model]
+
+    def get(self, model: str | None) -> Throttle | None:
+        """``model``'s throttle, if it has one, brought to the latest time told."""
+        if model is None:
+            return None
+        throttle = self._throttles.get(model)
+        if throttle is not None:
+            throttle.advance(self._now)
+        return throttle
+
+    def add(self, model: str, throttle: Throttle) -> Throttle:
+        """Give ``model``, which has none, ``throttle``; returns it."""
+        self._throttles[model] = throttle
+        if not throttle.configured and model not in self._busy:
+            self._watch(model, throttle, self._now)
+        return throttle
+
+    def configure(self, model: str, budget: Budget) -> None:
+        """``model``'s throttle takes ``budget`` (``Throttle.configure``): kept for good."""
+        throttle = self.get(model)
+        assert throttle is not None  # the policy makes one first
+        throttle.configure(budget)
+        self._idle.pop(model, None)
+
+    def observed(self, model: str) -> None:
+        """``model``'s throttle learned from figures: if idle, it may be forgotten later."""
+        state = self._idle.get(model)
+        if state is not None:
+            self._watch(model, self._throttles[model], state[0])
+
+    def count(self, holders: Iterable[Ticket], waiting: Iterable[Ticket]) -> None:
+        """Count the tickets of each model from now on: those waiting now too."""
+        for ticket in holders:
+            if ticket.model is not None:
+                self._uncounted.add(ticket)
+        for ticket in waiting:
+            if ticket.model is not None:
+                self.use(ticket.model, 1)
+
+    def use(self, model: str, delta: int) -> None:
+        """One ticket of ``model`` more (``1``) or less (``-1``) waits or holds a slot."""
+        busy = self._busy
+        count = busy.get(model, 0) + delta
+        if count > 0:
+            busy[model] = count
+            if count == delta:
+                self._idle.pop(model, None)
+            return
+        busy.pop(model, None)
+        throttle = self._throttles.get(model)
+        if throttle is not None and not throttle.configured:
+            self._watch(model, throttle, self._now)
+
+    def release(self, ticket: Ticket, *, success: bool) -> None:
+        """Held ``ticket``, of a model, gave its slot back."""
+        model = ticket.model
+        assert model is not None  # called for those only
+        throttle = self._throttles.get(model)
+        if throttle is not None:
+            throttle.release(ticket, success=success)
+        if ticket in self._uncounted:
+            self._uncounted.discard(ticket)
+        else:
+            self.use(model, -1)
+
+    def advance(self, now: float) -> None:
+        """The time is ``now``: the idle models' learned throttles that may be go."""
+        if now > self._now:  # noqa: PLR1730  # no call on the hot path
+            self._now = now
+        forgetting = self._forgetting
+        if forgetting and forgetting[0][0] <= now:
+            self._forget(now)
+
+    def _forget(self, now: float) -> None:
+        forgetting = self._forgetting
+        idle = self._idle
+        while forgetting and forgetting[0][0] <= now:
+            at, model = heapq.heappop(forgetting)
+            state = idle.get(model)
+            if state is None or state[1] != at:
+                continue  # in use again since, or watched anew
+            since = state[0]
+            throttle = self._throttles[model]
+            if forgets(now - since, throttle.levels(now)):
+                del idle[model]
+                del self._throttles[model]
+            else:
+                # A hair short of full (a float's last digit): looked at
+                # again at the next instant told.
+                later = max(throttle.full_at(), math.nextafter(now, math.inf))
+                idle[model] = (since, later)
+                heapq.heappush(forgetting, (later, model))
+
+    def _watch(self, model: str, throttle: Throttle, since: float) -> None:
+        at = max(since + FORGET_AFTER, throttle.full_at())
+        self._idle[model] = (since, at)
+        heapq.heappush(self._forgetting, (at, model))
+
+    def statistics(self, now: float | None = None) -> dict[str, BudgetStatistics]:
+        """Each model's budgets at ``now`` (default: the latest time told).
+
+        Not those forgotten by then.
+        """
+        when = self._now if now is None else now
+        idle = self._idle
+        found: dict[str, BudgetStatistics] = {}
+        for model, throttle in self._throttles.items():
+            state = idle.get(model)
+            if state is not None and forgets(when - state[0], throttle.levels(when)):
+                continue
+            stats = throttle.statistics(when)
+            if stats is not None:
+                found[model] = stats
+        return found

@@ -111,11 +111,24 @@ applied to the whole fleet, on the server's clock in milliseconds):
 * A model's budgets are the provider's two buckets again, with their
   charges and unanswered leases, under ``m:<model>``, ``mc:<model>``
   and ``mu:<model>`` (keys the scripts build, as above); ``models``
-  lists the models that have one. A grant asks the provider's buckets
+  lists the models configured. A grant asks the provider's buckets
   and those of its member's model: the provider's holding the head back
   stops the grants (nobody passes), a model's blocks that model's
-  members for the rest of the step. Each model's figures in the step's
-  answer carry when its held-back head fits.
+  members for the rest of the step. A step reads and writes the budgets
+  of the models of its own entries and leases only, and answers theirs,
+  with when a held-back head fits: its cost does not grow with the
+  models that are idle.
+* ``mb`` (built like those): how many entries and leases each model
+  has (leases from before models were counted left out: their model was
+  not kept). A learned model's budgets note since when their model is
+  idle (``idle`` in ``m:<model>``), and are forgotten by the rule of the
+  pure core (``_budgets.forgets``): idle for ``FORGET_AFTER`` and full
+  again. The step that meets them then deletes them and answers their
+  model among the ``forgotten``; their keys expire at that instant
+  anyway (while the model is in use, two hours and ``FORGET_AFTER`` after
+  it was last met: its buckets are full by then whatever they held). A
+  configured model's budgets (``kept`` in ``m:<model>``) are never
+  forgotten.
 * A grant, for each free slot, goes to the backlogged tenant below its
   cap with the least (counter, holders / weight, head), for its head
   (its oldest entry of a model not held back). Entries of other
@@ -131,7 +144,7 @@ holds a stored limit (``none`` included) or a configured budget, which
 outlive every process; else (learned budgets, a pause, a backoff streak)
 it expires with the rest, or at the end of its pause. ``tconf``
 persists (and keeps ``conf``), and so do a configured model's buckets
-and ``models``.
+and ``models``; a learned model's expire as said above.
 
 Numbers. The scripts apply the budgets' rule of ``_budgets``: one
 request's charge, estimated or reported, is at most the bucket's capacity,
@@ -169,6 +182,7 @@ nothing to take (``wakes`` reads the message).
 
 from __future__ import annotations
 
+import heapq
 import time
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, final
 
@@ -176,7 +190,7 @@ import attrs
 import coredis
 from coredis.exceptions import NoScriptError
 
-from ._budgets import Budget
+from ._budgets import FORGET_AFTER, Budget, forgets, full_in, refilled
 from ._ratelimits import server_delay
 from ._scripts import (
     PauseArgs,
@@ -298,11 +312,13 @@ class StepResult:
         adaptive: An adaptive limit's bounds and backoff, if the limit is one.
         tenants: The tenants configured or in play, fleet-wide (once
             tenants are counted), by name.
-        models: Each model's budgets, by model.
+        models: The budgets of the models the step met (those of its
+            entries and leases, and of its figures), by model.
         counting: Whether the fleet counts tenants (from the first tenant
             or model budget seen): then every waiter is published.
         epoch: The namespace's epoch (see ``Ledger.step``), or empty if it
             has none.
+        forgotten: The models whose learned budgets the step forgot.
     """
 
     granted: list[str]
@@ -318,6 +334,7 @@ class StepResult:
     models: dict[str, LedgerBudget] = attrs.field(factory=dict)
     counting: bool = False
     epoch: str = ""
+    forgotten: list[str] = attrs.field(factory=list)
 
     def configured_tenants(self) -> dict[str, Tenant]:
         """The configured tenants' settings, by name."""
@@ -326,15 +343,6 @@ class StepResult:
             for name, tenant in self.tenants.items()
             if tenant.configured
         }
-
-    def configured_models(self) -> dict[str, Budget]:
-        """The models' configured budgets, by model."""
-        models: dict[str, Budget] = {}
-        for model, shown in self.models.items():
-            budget = shown.configured()
-            if budget is not None:
-                models[model] = budget
-        return models
 
 
 @final
@@ -383,6 +391,9 @@ class LedgerBudget:
         requests_configured: Whether the request budget is configured
             (else learned).
         tokens_configured: Whether the token budget is configured.
+        idle: A learned model's budgets: seconds their model has been
+            idle, or ``None`` while it is in use (and for the provider's
+            budgets, or a model's configured ones).
     """
 
     requests_per_minute: float | None
@@ -395,6 +406,7 @@ class LedgerBudget:
     ready_in: float | None
     requests_configured: bool = False
     tokens_configured: bool = False
+    idle: float | None = None
 
     def configured(self) -> Budget | None:
         """The configured budgets (a configured one's capacity is its rate), if any."""
@@ -403,6 +415,90 @@ class LedgerBudget:
         if requests is None and tokens is None:
             return None
         return Budget(requests_per_minute=requests, tokens_per_minute=tokens)
+
+    def _buckets(self) -> list[tuple[float, float, float]]:
+        """Each bucket's level, capacity and refill per second."""
+        return [
+            (level, capacity, per_minute / 60.0)
+            for level, capacity, per_minute in (
+                (
+                    self.requests_available,
+                    self.requests_capacity,
+                    self.requests_per_minute,
+                ),
+                (self.tokens_available, self.tokens_capacity, self.tokens_per_minute),
+            )
+            if level is not None and capacity is not None and per_minute is not None
+        ]
+
+    def forgotten(self, seconds: float) -> bool:
+        """Whether they are forgotten ``seconds`` after the step that saw them.
+
+        By the rule of the pure core, ``_budgets.forgets``.
+        """
+        if self.idle is None:
+            return False
+        return forgets(
+            self.idle + seconds,
+            [
+                (refilled(level, capacity, rate, seconds), capacity)
+                for level, capacity, rate in self._buckets()
+            ],
+        )
+
+    def forgotten_in(self) -> float | None:
+        """Seconds after the step that saw them until they are forgotten, if idle."""
+        if self.idle is None:
+            return None
+        return max(
+            [FORGET_AFTER - self.idle]
+            + [full_in(*bucket) for bucket in self._buckets()]
+        )
+
+
+@final
+class SeenModels:
+    """Each model's budgets as the latest step that met it saw them, and when.
+
+    A step answers only the models it met; a process keeps the others as
+    last seen, and leaves out those the ledger forgot, or that the pure
+    core's rule forgets since (``LedgerBudget.forgotten``): watched in a
+    heap by that instant, so a step costs the same however many are idle.
+    """
+
+    __slots__ = ("_forgetting", "_rows")
+
+    def __init__(self) -> None:
+        self._rows: dict[str, tuple[LedgerBudget, float]] = {}
+        self._forgetting: list[tuple[float, str]] = []
+
+    def __repr__(self) -> str:
+        return f"<SeenModels {len(self._rows)}>"
+
+    def update(self, result: StepResult, now: float) -> None:
+        """Take what ``result``, a step answered at ``now``, says of the models."""
+        rows = self._rows
+        for model in result.forgotten:
+            rows.pop(model, None)
+        forgetting = self._forgetting
+        for model, budget in result.models.items():
+            rows[model] = (budget, now)
+            seconds = budget.forgotten_in()
+            if seconds is not None:
+                heapq.heappush(forgetting, (now + seconds, model))
+        while forgetting and forgetting[0][0] <= now:
+            _, model = heapq.heappop(forgetting)
+            row = rows.get(model)
+            if row is not None and row[0].forgotten(now - row[1]):
+                del rows[model]
+
+    def items(self, now: float) -> list[tuple[str, LedgerBudget, float]]:
+        """Each model not forgotten by ``now``: its budgets, and when they were seen."""
+        return [
+            (model, budget, at)
+            for model, (budget, at) in self._rows.items()
+            if not budget.forgotten(now - at)
+        ]
 
 
 def _float(text: str) -> float | None:
@@ -445,10 +541,13 @@ def _tenants_of(rows: list[str]) -> dict[str, LedgerTenant]:
 
 def _models_of(rows: list[str]) -> dict[str, LedgerBudget]:
     models: dict[str, LedgerBudget] = {}
-    for k in range(0, len(rows), 2):
+    for k in range(0, len(rows), 3):
         budget = _budget_of(rows[k + 1])
         if budget is not None:
-            models[rows[k]] = budget
+            idle = rows[k + 2]
+            models[rows[k]] = (
+                budget if idle == "" else attrs.evolve(budget, idle=int(idle) / 1000)
+            )
     return models
 
 
@@ -694,6 +793,7 @@ class Ledger:
             models,
             counting,
             stored_epoch,
+            forgotten,
         ) = reply
         clock.sample(sent, received, int(now) / 1000 + _HALF_MS)
         return StepResult(
@@ -710,6 +810,7 @@ class Ledger:
             models=_models_of(models),
             counting=counting == 1,
             epoch=stored_epoch,
+            forgotten=list(forgotten),
         )
 
     async def measure_clock(self, samples: int = 3) -> None:

@@ -104,7 +104,11 @@ the tickets of that model only. The provider's throttle holding the chosen
 head back stops the grants (nobody passes, as above); a model's holding it
 back blocks only that model for the rest of the fill: the other models'
 tickets (of any tenant) still go, and ``wake_at`` is the earliest instant
-any held-back model, or the provider, is ready.
+any held-back model, or the provider, is ready. A grant looks only at the
+throttles of the models it meets (``ModelThrottles``), so it costs the
+same however many models are idle; and a learned throttle (never a
+configured one) is forgotten once its model is idle, its buckets are full
+again and ``FORGET_AFTER`` has passed (``_budgets.forgets``).
 """
 
 from __future__ import annotations
@@ -115,7 +119,7 @@ from typing import TYPE_CHECKING, final
 
 import attrs
 
-from ._budgets import AdaptiveLimit, Budget, Throttle
+from ._budgets import AdaptiveLimit, Budget, ModelThrottles, Throttle
 from ._exceptions import QueueFull, queue_full
 from ._ratelimits import server_delay
 from ._tenants import Tenants
@@ -286,7 +290,7 @@ class SlotPolicy:
         # the deque and heap above are the queue; from then on every
         # waiting ticket is queued by its tenant and model (see _tenants).
         self._tenants: Tenants | None = None
-        self._models = throttles
+        self._models = ModelThrottles(throttles)
         # The models whose throttle held their head back at the end of the
         # latest fill, with a slot still free: wake_at watches them.
         self._held_back: list[str] = []
@@ -456,7 +460,7 @@ class SlotPolicy:
             tenants = self._count_tenants()
         gate = self._gate
         model = ticket.model
-        model_gate = None if model is None else self._models.get(model)
+        model_gate = self._models.get(model)
         if (
             self._max_waiting is not None
             and len(self._waiting) >= self._max_waiting
@@ -470,6 +474,8 @@ class SlotPolicy:
         if tokens:
             self._estimates[ticket] = tokens
         self._waiting.add(ticket)
+        if model is not None:
+            self._models.use(model, 1)
         tenants.queue(ticket, self._now)
         limit = self._limit
         grants = (
@@ -525,6 +531,7 @@ class SlotPolicy:
             tenants.hold(ticket, now)
         for ticket in sorted(self._waiting):
             tenants.queue(ticket, now)
+        self._models.count(self._holders, self._waiting)
         self._fifo.clear()
         self._heap.clear()
         return tenants
@@ -610,9 +617,12 @@ class SlotPolicy:
         gate = self._gate
         if gate is not None:
             gate.forget(ticket)
-        model_gate = None if ticket.model is None else self._models.get(ticket.model)
-        if model_gate is not None:
-            model_gate.forget(ticket)
+        model = ticket.model
+        if model is not None:
+            model_gate = self._models.get(model)
+            if model_gate is not None:
+                model_gate.forget(ticket)
+            self._models.use(model, -1)
         # It may have been a head a budget held back.
         return self._refill()
 
@@ -649,14 +659,14 @@ class SlotPolicy:
             self._now = now
         if self._gate is not None:
             self._gate.advance(now)
-        if self._models:
-            for throttle in self._models.values():
-                throttle.advance(now)
+        # A model's throttle is brought to the time when its model is used
+        # (ModelThrottles.get): idle models cost a grant nothing.
+        self._models.advance(now)
 
     def report_usage(self, ticket: Ticket, tokens: int) -> list[Ticket]:
         """The request of held ``ticket`` used ``tokens`` in all: correct its charge."""
         gate = self._gate
-        model_gate = None if ticket.model is None else self._models.get(ticket.model)
+        model_gate = self._models.get(ticket.model)
         if model_gate is not None:
             model_gate.report_usage(ticket, tokens)
         if gate is not None:
@@ -668,7 +678,7 @@ class SlotPolicy:
         """The answer of held ``ticket`` started: the server has counted it."""
         if self._gate is not None:
             self._gate.answered(ticket)
-        if ticket.model is not None and self._models:
+        if self._models:
             model_gate = self._models.get(ticket.model)
             if model_gate is not None:
                 model_gate.answered(ticket)
@@ -709,14 +719,14 @@ class SlotPolicy:
         check_text(model, "model")
         if not isinstance(budget, Budget):
             raise TypeError(f"budget must be a Budget, got {budget!r}")
-        throttle = self._models.get(model)
-        if throttle is None:
-            self._models[model] = self._expecting(
-                Throttle(budget, learn=learn, now=self._now), model
+        if model not in self._models:
+            self._models.add(
+                model,
+                self._expecting(Throttle(budget, learn=learn, now=self._now), model),
             )
             self._count_tenants()
         else:
-            throttle.configure(budget)
+            self._models.configure(model, budget)
         return self._fill()
 
     def _expecting(self, throttle: Throttle, model: str | None = None) -> Throttle:
@@ -747,13 +757,11 @@ class SlotPolicy:
     def model_budget_statistics(
         self, now: float | None = None
     ) -> dict[str, BudgetStatistics]:
-        """Each model's budgets at ``now`` (default: the latest time told)."""
-        found: dict[str, BudgetStatistics] = {}
-        for model, throttle in self._models.items():
-            stats = throttle.statistics(now)
-            if stats is not None:
-                found[model] = stats
-        return found
+        """Each model's budgets at ``now`` (default: the latest time told).
+
+        Not those of learned budgets forgotten by then (see ``_budgets``).
+        """
+        return self._models.statistics(now)
 
     def observe_rate_limits(
         self, now: float, info: RateLimitInfo, model: str | None = None
@@ -770,15 +778,19 @@ class SlotPolicy:
             if gate is None:
                 gate = self._gate = self._expecting(Throttle(learn=True, now=now))
         else:
+            self._models.advance(now)
             gate = self._models.get(model)
             if gate is None:
                 check_text(model, "model")
-                gate = self._models[model] = self._expecting(
-                    Throttle(learn=True, now=now), model
+                gate = self._models.add(
+                    model, self._expecting(Throttle(learn=True, now=now), model)
                 )
                 self._count_tenants()
         gate.advance(now)
         gate.observe(info)
+        if model is not None:
+            # Idle, it is forgotten once full: these figures may move that.
+            self._models.observed(model)
         return []
 
     def pause(self, until: float) -> None:
@@ -864,10 +876,8 @@ class SlotPolicy:
         tenants = self._tenants
         if tenants is not None:
             tenants.release(ticket, self._now)
-            if ticket.model is not None and self._models:
-                model_gate = self._models.get(ticket.model)
-                if model_gate is not None:
-                    model_gate.release(ticket, success=success)
+            if ticket.model is not None:
+                self._models.release(ticket, success=success)
         gate = self._gate
         if gate is not None:
             limit = gate.release(ticket, success=success)
@@ -951,7 +961,7 @@ class SlotPolicy:
                 break
             state, ticket = chosen
             model = ticket.model
-            model_gate = None if model is None else models.get(model)
+            model_gate = models.get(model)
             if gate is not None and not gate.holds(ticket):
                 break  # oldest first: nobody passes what the provider holds back
             if model_gate is not None and not model_gate.holds(ticket):

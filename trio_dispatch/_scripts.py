@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Final, final
 
 import attrs
 
-from ._budgets import MAX_TOKENS, AdaptiveLimit
+from ._budgets import FORGET_AFTER, MAX_TOKENS, AdaptiveLimit
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -75,7 +75,11 @@ class Scripts:
 
 def load_scripts(clock: str | None = None) -> Scripts:
     """The scripts, with ``clock`` (Lua setting ``now`` in ms; default: ``TIME``)."""
-    prelude = _lua("prelude").replace("@MAX_TOKENS@", str(MAX_TOKENS))
+    prelude = (
+        _lua("prelude")
+        .replace("@MAX_TOKENS@", str(MAX_TOKENS))
+        .replace("@FORGET_AFTER@", str(round(FORGET_AFTER * 1000)))
+    )
     if _CLOCK_MARK not in prelude:  # pragma: no cover (the file is ours)
         raise RuntimeError("prelude.lua has no clock marker")
     prelude = prelude.replace(_CLOCK_MARK, _lua("clock") if clock is None else clock)

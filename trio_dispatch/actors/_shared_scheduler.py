@@ -50,7 +50,7 @@ from coredis.exceptions import RedisError
 from .._backend import ProviderStatistics
 from .._budgets import AdaptiveLimit, BudgetStatistics, refilled
 from .._exceptions import DispatcherClosed, QueueFull
-from .._ledger import NamespaceLost, wakes
+from .._ledger import NamespaceLost, SeenModels, wakes
 from .._scripts import Seed
 from .._tenants import TenantStatistics
 from ..messages._scheduling import (
@@ -128,7 +128,9 @@ class SharedView:
     """What the last round saw of the whole fleet, for ``statistics()``.
 
     ``budget_ready_at`` is when the head of the fleet's queue will fit its
-    budgets (trio clock), if they hold it back.
+    budgets (trio clock), if they hold it back. ``models`` holds each
+    model's budgets as the latest round that met the model saw them, and
+    when (trio clock): a round reads only the models of its own requests.
     """
 
     in_flight: int = 0
@@ -140,7 +142,7 @@ class SharedView:
     budget_at: float = 0.0
     budget_ready_at: float | None = None
     tenants: dict[str, LedgerTenant] = attrs.field(factory=dict)
-    models: dict[str, LedgerBudget] = attrs.field(factory=dict)
+    models: SeenModels = attrs.field(factory=SeenModels)
 
     def budget_statistics(self, now: float) -> BudgetStatistics | None:
         """The fleet's budgets at ``now``, as the last round saw them."""
@@ -150,10 +152,13 @@ class SharedView:
         return self._statistics(budget, now, budget.ready_in is not None)
 
     def model_statistics(self, now: float) -> dict[str, BudgetStatistics]:
-        """Each model's fleet-wide budgets at ``now``, as the last round saw them."""
+        """Each model's fleet-wide budgets at ``now``, as the last round that met it saw them.
+
+        Not those of learned budgets forgotten by ``now``.
+        """
         return {
-            model: self._statistics(budget, now, budget.ready_in is not None)
-            for model, budget in self.models.items()
+            model: self._statistics(budget, now, budget.ready_in is not None, at)
+            for model, budget, at in self.models.items(now)
         }
 
     def tenant_statistics(self) -> dict[str, TenantStatistics]:
@@ -171,9 +176,13 @@ class SharedView:
         }
 
     def _statistics(
-        self, budget: LedgerBudget, now: float, waiting: bool
+        self,
+        budget: LedgerBudget,
+        now: float,
+        waiting: bool,
+        at: float | None = None,
     ) -> BudgetStatistics:
-        seconds = max(0.0, now - self.budget_at)
+        seconds = max(0.0, now - (self.budget_at if at is None else at))
         return BudgetStatistics(
             requests_per_minute=budget.requests_per_minute,
             tokens_per_minute=budget.tokens_per_minute,
@@ -498,7 +507,9 @@ class SharedSchedulerActor:
                     # again on its next message. Until then the fleet is
                     # unknown here.
                     stopped_idle = True
-                    self._view = SharedView()
+                    # The models' budgets as last seen stay: a round shows
+                    # only those of its own requests.
+                    self._view = SharedView(models=self._view.models)
                     return True
                 if not self._view.up:
                     # The ledger is away: messages are taken into the book
@@ -864,6 +875,8 @@ class SharedSchedulerActor:
         if budget is not None and budget.ready_in is not None:
             readies.append(budget.ready_in)
         ready_in = min(readies, default=None)
+        models = self._view.models
+        models.update(result, now)
         self._view = SharedView(
             in_flight=result.in_flight,
             waiting=result.waiting,
@@ -874,7 +887,7 @@ class SharedSchedulerActor:
             budget_at=now,
             budget_ready_at=None if ready_in is None else now + ready_in,
             tenants=result.tenants,
-            models=result.models,
+            models=models,
         )
         if book.unsent():
             # Grants or entries for tickets that left while the round was
@@ -919,7 +932,11 @@ class SharedSchedulerActor:
         self._epoch = result.epoch
         budget = result.budget
         self._fleet_budget = None if budget is None else budget.configured()
-        models = result.configured_models()
+        # A round answers only the models it met (all of them on the first):
+        # the others stay as last seen.
+        models = dict(self._fleet_models)
+        for model, shown in result.models.items():
+            _put(models, model, shown.configured())
         tenants = result.configured_tenants()
         # Those written since the round began are newer than what it saw.
         models |= self._model_budgets

@@ -11,6 +11,12 @@
 -- figures (usable or not), or the provider's first adaptive limit.
 local FIELDS = {'r_cap', 'r_rate', 'r_lvl', 'r_at', 'r_cfg', 't_cap', 't_rate', 't_lvl',
   't_at', 't_cfg', 'learned', 'r_own', 't_own', 'a_dec', 'since', 'newest', 'bk'}
+-- A model's scope reads two fields more: since when its model is idle
+-- (absent while in use), and whether a budget was configured for it
+-- (``kept``: never forgotten).
+local MODEL_FIELDS = {unpack(FIELDS)}
+MODEL_FIELDS[#MODEL_FIELDS + 1] = 'idle'
+MODEL_FIELDS[#MODEL_FIELDS + 1] = 'kept'
 local function new_scope(h, ch, un, f, o)
   local sc = {h = h, charge = ch, unans = un, since = {}, newest = f[o + 16] == '1',
     moved = false, res_r = 0, res_t = 0, learned = f[o + 11] == '1', wait = -1,
@@ -229,4 +235,27 @@ local function write_scope(sc)
   if #fields > 0 then redis.call('HSET', sc.h, unpack(fields)) end
   return shown[1] .. ',' .. shown[2] .. ',' .. (sc.learned and 1 or 0) .. ','
     .. (sc.R and sc.R.cfg and 1 or 0) .. ',' .. (sc.T and sc.T.cfg and 1 or 0)
+end
+-- Whether a bucket is full, within the slack of Bucket.need (as is_full);
+-- no bucket is.
+local function full(b)
+  return b == nil or b.cap - b.lvl <= 1e-9 * math.max(1, b.cap)
+end
+-- A learned model's scope, idle for ``FORGET_AFTER`` and full again, is
+-- forgotten (as _budgets.forgets).
+local function forgets(sc)
+  return sc.idle ~= nil and now - sc.idle >= FORGET_AFTER and full(sc.R) and full(sc.T)
+end
+-- When Redis forgets a learned model's keys: the instant it may be
+-- forgotten, if idle (its buckets full by then); in use, once it has been
+-- left alone so long that its buckets would be full whatever they hold (a
+-- level refills from minus to plus the capacity in two hours at most:
+-- SLOWEST_REFILL) and idle for FORGET_AFTER.
+local function forget_at(sc)
+  if sc.idle == nil then return now + FORGET_AFTER + 2 * 3600000 end
+  local at = sc.idle + FORGET_AFTER
+  for _, b in ipairs({sc.R or false, sc.T or false}) do
+    if b and b.lvl < b.cap then at = math.max(at, now + (b.cap - b.lvl) / b.rate) end
+  end
+  return math.ceil(at)
 end

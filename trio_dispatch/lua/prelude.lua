@@ -15,6 +15,10 @@ local tconf, tstate, tback, qmeta, lmeta, models =
 -- ``queue``) and a model's budgets, charges and unanswered leases
 -- (``m:<model>``, ``mc:<model>``, ``mu:<model>``).
 local prefix = string.sub(leases, 1, #leases - 6)
+-- Once tenants and models are counted: how many entries and leases of
+-- each model there are (the leases from before not counted: their model is
+-- not known), so that a model's learned budget knows when it is idle.
+local busy = prefix .. 'mb'
 local function queue_of(tenant)
   if tenant == '' then return queue end
   return prefix .. 'q:' .. tenant
@@ -28,6 +32,9 @@ local function whole(x) return string.format('%d', x) end
 -- The most tokens one estimate or usage report counts for: exact in a
 -- double, and more than any budget holds.
 local MAX_TOKENS = @MAX_TOKENS@
+-- Milliseconds a learned model budget outlives its model's last request,
+-- at least (FORGET_AFTER, see _budgets).
+local FORGET_AFTER = @FORGET_AFTER@
 -- A stored number, or ``default`` when it is missing or not a finite
 -- number: a damaged value is repaired here, never passed on.
 local function stored(x, default)
@@ -101,7 +108,7 @@ local function expire_idle(floor, kept, pause_until, present)
   -- ``present``: the keys that may exist (a step knows; a key it leaves
   -- out is empty), else all of them.
   for _, k in ipairs(present or {leases, queue, qexp, nodes, nwait, grantno, qcost,
-      charge, unans, inuse, tstate, tback, qmeta, lmeta}) do
+      charge, unans, inuse, tstate, tback, qmeta, lmeta, busy}) do
     redis.call('PEXPIREAT', k, when)
   end
   if kept == nil then
@@ -129,6 +136,13 @@ local function extend()
     redis.call('HSET', tstate, '', '0,' .. held .. ',' .. now)
   end
   if waiting > 0 then redis.call('SADD', tback, '') end
+  -- The queued entries of each model count from now on (their model is in
+  -- qmeta); the leases held now do not (nothing kept their model).
+  local meta = redis.call('HGETALL', qmeta)
+  for k = 2, #meta, 2 do
+    local model = string.match(meta[k], '\n(.*)$')
+    if model and model ~= '' then redis.call('HINCRBY', busy, model, 1) end
+  end
   return now
 end
 -- A tenant's state as stored: its counter (slot-seconds over its weight)
@@ -226,9 +240,12 @@ local function store_budget(model, rates, fill)
   -- core's Throttle keeps them once it exists (see step.lua's scopes).
   redis.call('HSET', h, 'bk', 1)
   if model ~= '' then
+    -- Configured: never forgotten (a learned model's budgets are, once idle
+    -- and full again: see step.lua's scopes).
+    redis.call('HSET', h, 'kept', 1)
+    redis.call('HDEL', h, 'idle')
     redis.call('SADD', models, model)
-    local left = redis.call('HMGET', h, 'r_cap', 't_cap')
-    if left[1] or left[2] then redis.call('PERSIST', h) end
+    redis.call('PERSIST', h)
   end
   redis.call('PERSIST', conf)
 end

@@ -132,19 +132,43 @@ local t_last_moved = false
 local P = new_scope(conf, charge, unans, c, 9)
 local budgeted = P.R ~= nil or P.T ~= nil
 -- The models' scopes, loaded when first needed; only those that keep
--- books are used, or one about to (``create``: its first figures).
+-- books are used, or one about to (``create``: its first figures). Only
+-- the models of this step's entries and leases are loaded: a step costs
+-- the same however many models are idle. A learned one found forgotten
+-- (``forgets``) goes, with its books; its next figures start it afresh.
 local MS = {}
+local forgotten = {}
 local function scope_of(model, create)
   local sc = MS[model]
   if sc == nil then
-    local h = prefix .. 'm:' .. model
-    sc = new_scope(h, prefix .. 'mc:' .. model, prefix .. 'mu:' .. model,
-      redis.call('HMGET', h, unpack(FIELDS)), 0)
+    local h, ch, un = prefix .. 'm:' .. model, prefix .. 'mc:' .. model, prefix .. 'mu:' .. model
+    local f = redis.call('HMGET', h, unpack(MODEL_FIELDS))
+    sc = new_scope(h, ch, un, f, 0)
+    sc.kept = f[19] == '1' or (sc.R ~= nil and sc.R.cfg) or (sc.T ~= nil and sc.T.cfg)
+    sc.idle = stored(f[18], nil)
+    if sc.books and not sc.kept and forgets(sc) then
+      redis.call('DEL', h, ch, un)
+      forgotten[#forgotten + 1] = model
+      sc = new_scope(h, ch, un, {}, 0)
+    end
     sc.model = model
     MS[model] = sc
   end
   if sc.books or create then return sc end
   return nil
+end
+-- An entry or lease of a model more (1) or less (-1): a model that goes
+-- idle, or in use again, moves when its learned budget is forgotten.
+local function busy_moved(model, delta)
+  local n = redis.call('HINCRBY', busy, model, delta)
+  if n <= 0 then redis.call('HDEL', busy, model) end
+  if n <= 0 or n == delta then
+    local sc = scope_of(model)
+    if sc then
+      if n <= 0 then sc.idle = now else sc.idle = nil end
+      sc.idle_moved = true
+    end
+  end
 end
 
 -- Tenants (xm only): each one's state, loaded when first needed, and the
@@ -237,9 +261,12 @@ local function unqueue(m)
     if qm then redis.call('HDEL', qmeta, m) end
     return redis.call('ZREM', queue, m)
   end
-  local t = member_meta(m)
+  local t, model = member_meta(m)
   local gone = redis.call('ZREM', queue_of(t), m)
-  if gone == 1 then waiting_moved(tenant(t), -1) end
+  if gone == 1 then
+    waiting_moved(tenant(t), -1)
+    if model ~= '' then busy_moved(model, -1) end
+  end
   redis.call('HDEL', qmeta, m)
   return gone
 end
@@ -279,6 +306,7 @@ local function forget_lease(id, inuse_done)
     if model ~= '' then
       local sc = scope_of(model)
       if sc then forget_charge(sc, id) end
+      busy_moved(model, -1)
     end
   end
 end
@@ -451,7 +479,10 @@ for j = 1, n do
       local added = redis.call('ZADD', queue_of(t), start, m)
       META[m] = {t, model}
       if t ~= '' or model ~= '' then redis.call('HSET', qmeta, m, t .. '\n' .. model) end
-      if added == 1 then waiting_moved(s, 1) end
+      if added == 1 then
+        waiting_moved(s, 1)
+        if model ~= '' then busy_moved(model, 1) end
+      end
       redis.call('ZADD', qexp, now + ttl, m)
       queue_grew = true
     else
@@ -499,7 +530,12 @@ for _, pair in ipairs(figures) do
     observe(P, pair[2])
     budgeted = P.R ~= nil or P.T ~= nil
   else
-    observe(scope_of(pair[1], true), pair[2])
+    local sc = scope_of(pair[1], true)
+    if not sc.books and not sc.kept and not redis.call('HGET', busy, pair[1]) then
+      -- Learned now, its model idle: it is forgotten from now on.
+      sc.idle, sc.idle_moved = now, true
+    end
+    observe(sc, pair[2])
   end
 end
 local pause = 0
@@ -754,29 +790,62 @@ if budgeted then
 elseif P.moved then
   write_scope(P)
 end
--- The models' budgets: each model's figures, with when its held-back head
--- fits (-1: none).
+-- This process's waiters, less those this step granted (every grant of a
+-- step goes to the process that sent it): the fleet's figure is exact
+-- after the step, not one step late.
+mywait = math.max(0, mywait - #granted)
+local waiting, mine = mywait, nil
+local rows = redis.call('HGETALL', nwait)
+for k = 1, #rows, 2 do
+  if rows[k] == node then
+    mine = rows[k + 1]
+  else
+    waiting = waiting + stored(rows[k + 1], 0)
+  end
+end
+if mine ~= whole(mywait) then redis.call('HSET', nwait, node, whole(mywait)) end
+-- A process's first step (its node not known yet) sees the configured
+-- models' budgets too, which its rounds may not meet for a while.
+if xm and mine == nil then
+  for _, model in ipairs(redis.call('SMEMBERS', models)) do
+    local sc = scope_of(model)
+    if not (sc and sc.kept) then redis.call('SREM', models, model) end
+  end
+end
+-- The budgets of the models this step met: each model's figures, with
+-- when its held-back head fits (-1: none), and how long a learned model's
+-- has been idle (ms; empty while it is in use, and for a configured one).
+-- A learned model's keys expire when it may be forgotten (``forget_at``);
+-- a configured model's budgets persist, its books go with the fleet's.
 local model_rows = {}
 local model_keys = {}
 if xm then
-  local listed = {}
-  for _, model in ipairs(redis.call('SMEMBERS', models)) do
-    listed[model] = true
-    -- A learned model's budgets expired with the fleet's bookkeeping.
-    if not scope_of(model) then redis.call('SREM', models, model) end
-  end
   for model, sc in pairs(MS) do
     if sc.books then
-      if not listed[model] then redis.call('SADD', models, model) end
       local shown = write_scope(sc)
+      if sc.idle_moved then
+        if sc.idle then
+          redis.call('HSET', sc.h, 'idle', whole(sc.idle))
+        else
+          redis.call('HDEL', sc.h, 'idle')
+        end
+      end
+      local idle = ''
+      if not sc.kept and sc.idle then idle = whole(now - sc.idle) end
       if sc.R or sc.T then
         model_rows[#model_rows + 1] = model
         model_rows[#model_rows + 1] = shown .. ',' .. whole(sc.wait)
+        model_rows[#model_rows + 1] = idle
       end
-      local cfg = (sc.R and sc.R.cfg) or (sc.T and sc.T.cfg)
-      if not cfg then model_keys[#model_keys + 1] = sc.h end
-      model_keys[#model_keys + 1] = sc.charge
-      model_keys[#model_keys + 1] = sc.unans
+      if sc.kept then
+        model_keys[#model_keys + 1] = sc.charge
+        model_keys[#model_keys + 1] = sc.unans
+      else
+        local when = whole(forget_at(sc))
+        for _, k in ipairs({sc.h, sc.charge, sc.unans}) do
+          redis.call('PEXPIREAT', k, when)
+        end
+      end
     end
   end
 end
@@ -817,20 +886,6 @@ if xm then
 else
   queued = redis.call('ZCARD', queue)
 end
--- This process's waiters, less those this step granted (every grant of a
--- step goes to the process that sent it): the fleet's figure is exact
--- after the step, not one step late.
-mywait = math.max(0, mywait - #granted)
-local waiting, mine = mywait, nil
-local rows = redis.call('HGETALL', nwait)
-for k = 1, #rows, 2 do
-  if rows[k] == node then
-    mine = rows[k + 1]
-  else
-    waiting = waiting + stored(rows[k + 1], 0)
-  end
-end
-if mine ~= whole(mywait) then redis.call('HSET', nwait, node, whole(mywait)) end
 -- Signed, so that the process that caused it need not wake for it, and
 -- only when another process waits: nobody else has anything to do. When
 -- slots given back were the only change, and no budget or tenant decides
@@ -892,7 +947,7 @@ end
 if adaptive or keeps.inuse then present[#present + 1] = inuse end
 if qm and not xm then present[#present + 1] = qmeta end
 if xm then
-  for _, k in ipairs({tstate, tback, qmeta, lmeta}) do present[#present + 1] = k end
+  for _, k in ipairs({tstate, tback, qmeta, lmeta, busy}) do present[#present + 1] = k end
   for name, _ in pairs(BL) do
     if name ~= '' then present[#present + 1] = queue_of(name) end
   end
@@ -903,4 +958,4 @@ if #present > 0 then
     or (xm ~= nil and redis.call('HLEN', tconf) > 0), pause_until, present)
 end
 return {granted, limit or '', in_flight, queued, waiting, pause, now, budget, spec,
-  tenant_rows, model_rows, xm and 1 or 0, epoch}
+  tenant_rows, model_rows, xm and 1 or 0, epoch, forgotten}
