@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 T = TypeVar("T")
+K = TypeVar("K")
 
 
 class NoPublicConstructor(type):
@@ -178,3 +179,11 @@ def _resolve_types(cls: type, namespace: dict[str, Any]) -> None:
     # converter structures it, and its hints stay strings.
     with contextlib.suppress(NameError):
         attrs.resolve_types(cls, globalns=namespace)
+
+
+def put_or_remove(mapping: dict[K, T], key: K, value: T | None) -> None:
+    """Set ``key`` to ``value`` in ``mapping``, or remove it for ``None``."""
+    if value is None:
+        mapping.pop(key, None)
+    else:
+        mapping[key] = value

@@ -40,7 +40,7 @@ import functools
 import logging
 import math
 import uuid
-from typing import TYPE_CHECKING, Final, Protocol, TypeVar, cast, final
+from typing import TYPE_CHECKING, Final, Protocol, cast, final
 
 import anyio
 import attrs
@@ -53,6 +53,7 @@ from .._exceptions import DispatcherClosed, QueueFull
 from .._ledger import NamespaceLost, SeenModels, wakes
 from .._scripts import Seed
 from .._tenants import TenantStatistics
+from .._util import put_or_remove
 from ..messages._scheduling import (
     Acquire,
     Adapt,
@@ -100,8 +101,6 @@ BACKEND_ERRORS: Final = (
     anyio.ClosedResourceError,
 )
 
-_K = TypeVar("_K")
-_V = TypeVar("_V")
 
 _FIRST_RETRY: Final = 0.05
 _PAUSE_SLACK: Final = 0.05
@@ -635,7 +634,7 @@ class SharedSchedulerActor:
         if isinstance(message, SetTenant):
             self._tenant_writes.pop(message.tenant, None)
             self._tenant_writes[message.tenant] = message.settings
-            _put(self._fleet_tenants, message.tenant, message.settings)
+            put_or_remove(self._fleet_tenants, message.tenant, message.settings)
         elif isinstance(message, SetModelBudget):
             self._model_budgets.pop(message.model, None)
             self._model_budgets[message.model] = message.budget
@@ -936,12 +935,12 @@ class SharedSchedulerActor:
         # the others stay as last seen.
         models = dict(self._fleet_models)
         for model, shown in result.models.items():
-            _put(models, model, shown.configured())
+            put_or_remove(models, model, shown.configured())
         tenants = result.configured_tenants()
         # Those written since the round began are newer than what it saw.
         models |= self._model_budgets
         for tenant, settings in self._tenant_writes.items():
-            _put(tenants, tenant, settings)
+            put_or_remove(tenants, tenant, settings)
         self._fleet_models = models
         before, self._fleet_tenants = self._fleet_tenants, tenants
         if self._on_tenant is not None:
@@ -989,14 +988,6 @@ class SharedSchedulerActor:
                 )
             except BACKEND_ERRORS:
                 book.failed(plan)
-
-
-def _put(mapping: dict[_K, _V], key: _K, value: _V | None) -> None:
-    """Set ``key`` to ``value`` in ``mapping``, or remove it for ``None``."""
-    if value is None:
-        mapping.pop(key, None)
-    else:
-        mapping[key] = value
 
 
 def new_node() -> str:
