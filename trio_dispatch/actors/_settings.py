@@ -144,6 +144,7 @@ class Settings:
     max_hold: float | None = attrs.field(
         default=None, validator=attrs.validators.optional(positive_seconds)
     )
+    retry_grace: float = attrs.field(default=2.0, validator=non_negative_seconds)
     max_waiting: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(non_negative_int)
     )
@@ -189,7 +190,14 @@ class Settings:
         object.__setattr__(self, "model_budgets", models)
 
 
-_SECONDS: Final = ("default_pause", "max_pause", "max_hold", "lease", "priority_aging")
+_SECONDS: Final = (
+    "default_pause",
+    "max_pause",
+    "max_hold",
+    "retry_grace",
+    "lease",
+    "priority_aging",
+)
 
 
 def split_budgets(

@@ -82,6 +82,7 @@ from .._metering import (
     json_body,
     model_of_body,
 )
+from ._kept import adopt_kept_place, keep_place
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
@@ -208,6 +209,10 @@ class Hold:
         """
         body = None if content is None else json_body(content)
         model = model_of_body(body)
+        slot = await adopt_kept_place(dispatcher, provider, model)
+        if slot is not None:
+            # The retry of a call answered "slow down": its turn's place.
+            return cls(dispatcher, slot, dispatcher.hold_deadline(slot), reader)
         tokens = estimate_json_tokens(
             body, dispatcher.default_max_tokens(provider, model)
         )
@@ -279,9 +284,14 @@ class Hold:
             from ..providers._retry_after import parse_retry_after  # noqa: PLC0415
 
             retry_after = parse_retry_after(headers, time.time())
-        Meter(self._dispatcher, self._slot).answered(
+        slot = self._slot
+        Meter(self._dispatcher, slot).answered(
             self._reader.read(headers), pause=pause, retry_after=retry_after
         )
+        if pause:
+            # The SDK will retry after its own sleep: the turn keeps its
+            # place in line for that retry meanwhile.
+            keep_place(self._dispatcher, slot.provider, slot.model, slot.tokens)
 
     def watch(self, close: weakref.WeakMethod[Callable[[], Awaitable[None]]]) -> None:
         """Close the body with ``close`` at the deadline, unless a read is under way.
