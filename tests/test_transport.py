@@ -25,12 +25,14 @@ import trio.testing
 
 from trio_dispatch import SlotHoldTimeout, open_dispatcher
 
+from ._events import record
 from ._helpers import drop
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from trio_dispatch import Dispatcher
+    from trio_dispatch.events import DispatchEvent
 
 # Older httpx2 releases (2.7 among them) leave their own wrapper of a
 # response's stream unclosed when the response is closed before its end;
@@ -917,3 +919,49 @@ async def test_a_kept_place_given_back_unused_is_no_success_for_the_backoff(
                 nursery.cancel_scope.cancel()
     assert sent == [0.0, 2.5]
     assert stats.paused_until == 3.5 + 2.0
+
+
+async def test_a_kept_place_shows_in_the_events_as_a_request_of_its_turn(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    recorded: list[DispatchEvent] = []
+    async with (
+        trio.open_nursery() as nursery,
+        # Closed first: the recording ends with it.
+        open_network(retry_grace=0.5) as (network, dispatcher, client),
+    ):
+        await nursery.start(record, dispatcher, recorded)
+
+        async def a() -> None:
+            with dispatcher.turn(conversation_id="A"):
+                assert (await client.post(URL, content=b"A")).status_code == 429
+                await trio.sleep(10)  # no retry
+
+        async def b() -> None:
+            with dispatcher.turn(conversation_id="B"):
+                assert (await client.post(URL, content=b"B")).status_code == 200
+
+        async with trio.open_nursery() as turns:
+            turns.start_soon(a)
+            await trio.sleep(0.1)
+            turns.start_soon(b)
+            await trio.sleep(4.0)
+            turns.cancel_scope.cancel()
+    seen = [
+        (type(event).__name__, getattr(event, "conversation_id", None), event.at)
+        for event in recorded
+    ]
+    assert network.sent == [("A", 0.0), ("B", 2.5)]
+    assert seen == [
+        ("Granted", "A", 0.0),
+        ("Queued", "B", 0.1),
+        ("Paused", None, 1.0),
+        ("Released", "A", 1.0),
+        # A's place, queued behind the pause, granted first, given back.
+        ("Queued", "A", 1.0),
+        ("Resumed", None, 2.0),
+        ("Granted", "A", 2.0),
+        ("Released", "A", 2.5),
+        ("Granted", "B", 2.5),
+        ("Released", "B", 3.5),
+    ]

@@ -54,6 +54,12 @@ providers:
   ``Dispatcher.observe_rate_limits``, success or error; a malformed
   header is logged once per transport and header name, and ignored.
 
+A call made inside a ``Dispatcher.turn()`` and answered 429, 503 or 529
+keeps its turn's place in line for the SDK's own retry (``_kept``): once
+the rate limit is reported, ``answered`` queues a kept place with the
+turn's rank, and the retry's ``Hold.take`` takes it over instead of
+queueing behind the younger turns that waited through the pause.
+
 A response dropped unclosed (an SDK stream nobody reads or closes, then
 garbage-collected) would keep its slot for ever: its body's finalizer asks
 the trio run to give the slot back (``run_sync_soon``, safe from any thread
@@ -204,8 +210,9 @@ class Hold:
         """Wait for a slot of ``provider`` for a call whose body is ``content``.
 
         The slot is for the body's ``model`` and charged its estimate
-        (neither if ``content`` is ``None``: not read yet). If this
-        raises, nothing is held.
+        (neither if ``content`` is ``None``: not read yet); or it is the
+        place the current turn keeps for this provider and model, taken
+        over. If this raises, nothing is held.
         """
         body = None if content is None else json_body(content)
         model = model_of_body(body)
@@ -275,7 +282,8 @@ class Hold:
 
         The answer started (the provider has counted the call), its
         rate-limit figures are observed, and a rate-limit answer pauses the
-        provider. The answer is not touched.
+        provider, then keeps the turn's place for the retry. The answer is
+        not touched.
         """
         retry_after = None
         pause = status in RATE_LIMITED
