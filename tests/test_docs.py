@@ -717,9 +717,11 @@ PROGRAM_HARNESSES = {"served": test_the_admin_program_serves_its_dispatcher}
 
 def test_the_sdk_quickstart_comes_first_and_holds_a_slot_per_call() -> None:
     first = _python_blocks()[0]
-    # Three lines added to an application that already uses the SDK.
+    # Four lines added to an application that already uses the SDK: the
+    # turn among them, without which the order is first come, first served.
     assert 'dispatcher.transport("openai")' in first
     assert "http_client=http" in first
+    assert re.search(r"^ +with dispatcher\.turn\(.*\):  # 4$", first, re.M)
     lines = _run(first)
     assert lines == ["Hello from the fake LLM server.", "1"]
 

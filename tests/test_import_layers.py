@@ -138,6 +138,7 @@ def test_the_whole_import_graph_has_no_cycle() -> None:
 INTEGRATIONS = (
     "trio_dispatch.actors._conversation",
     "trio_dispatch.actors._front",
+    "trio_dispatch.actors._kept",
     "trio_dispatch.actors._limited",
     "trio_dispatch.actors._transport",
     "trio_dispatch.actors._transport_legacy",

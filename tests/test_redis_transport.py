@@ -194,3 +194,73 @@ async def test_a_call_cut_off_from_redis_for_a_lease_is_closed_before_regranting
         stats = cut.statistics().providers["openai"]
         assert (stats.local_in_flight, stats.released_total) == (0, 1)
         await response.aclose()
+
+
+async def test_a_call_answered_429_keeps_its_turn_s_place_across_the_fleet(
+    server: RedisServer,
+) -> None:
+    # Limit 1 for the fleet. Turn A, in one process, is answered 429 with a
+    # 0.3 s pause; turns B and C, younger, wait in another process. A's
+    # retry comes 0.3 s after the pause has ended: the fleet kept A's place
+    # meanwhile, in the shared queue, so B does not pass it.
+    sent: list[tuple[str, float]] = []
+
+    async def handle(request: httpx2.Request) -> httpx2.Response:
+        name = request.content.decode()
+        first = name not in {seen for seen, _ in sent}
+        sent.append((name, trio.current_time()))
+        if name == "A" and first:
+            await trio.sleep(0.5)
+            return httpx2.Response(429, headers={"retry-after-ms": "300"})
+        await trio.sleep(0.05)
+        return httpx2.Response(200)
+
+    statuses: list[int] = []
+    async with AsyncExitStack() as stack:
+        first, second = [
+            await stack.enter_async_context(
+                open_dispatcher({"openai": 1}, redis_url=server.url, namespace="ns")
+            )
+            for _ in range(2)
+        ]
+        clients = [
+            await stack.enter_async_context(
+                httpx2.AsyncClient(
+                    transport=d.transport("openai", inner=httpx2.MockTransport(handle))
+                )
+            )
+            for d in (first, second)
+        ]
+
+        async def a() -> None:
+            with first.turn(conversation_id="A"):
+                statuses.append((await clients[0].post(URL, content=b"A")).status_code)
+                await trio.sleep(0.6)  # the SDK's sleep, and a little more
+                statuses.append((await clients[0].post(URL, content=b"A")).status_code)
+
+        async def younger(name: str) -> None:
+            with second.turn(conversation_id=name):
+                statuses.append(
+                    (await clients[1].post(URL, content=name.encode())).status_code
+                )
+
+        def local(dispatcher: Dispatcher) -> tuple[int, int]:
+            stats = dispatcher.statistics().providers["openai"]
+            return stats.local_in_flight, stats.local_waiting
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(a)
+                while not sent:  # noqa: ASYNC110 (a request sent through Redis)
+                    await trio.sleep(0.005)
+                for waiting, name in enumerate("BC", start=1):
+                    nursery.start_soon(younger, name)
+                    while local(second) != (0, waiting):  # noqa: ASYNC110 (the state is in Redis, across a socket)
+                        await trio.sleep(0.005)
+        first_left, second_left = local(first), local(second)
+    assert [name for name, _ in sent] == ["A", "A", "B", "C"]
+    assert sorted(statuses) == [200, 200, 200, 429]
+    # The retry went after the pause (0.3 s after the 429 at the earliest).
+    (_, a_sent), (_, retried), _, _ = sent
+    assert retried - a_sent >= 0.5 + 0.3
+    assert first_left == second_left == (0, 0)

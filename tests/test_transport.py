@@ -14,7 +14,8 @@ import logging
 import subprocess
 import sys
 import warnings
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import httpx2
@@ -24,12 +25,14 @@ import trio.testing
 
 from trio_dispatch import SlotHoldTimeout, UnknownProviderWarning, open_dispatcher
 
+from ._events import record
 from ._helpers import drop
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from trio_dispatch import Dispatcher
+    from trio_dispatch.events import DispatchEvent
 
 # Older httpx2 releases (2.7 among them) leave their own wrapper of a
 # response's stream unclosed when the response is closed before its end;
@@ -639,3 +642,333 @@ def test_a_response_dropped_after_its_run_ended_is_left_alone() -> None:
         warnings.simplefilter("always")
         drop(left)
     assert [str(w.message) for w in caught if "model call" in str(w.message)] == []
+
+
+# -- a call answered 429 inside a turn keeps the turn's place --------------------
+#
+# Limit 1. Turn A (the oldest) sends at 0 and is answered 429, Retry-After: 1,
+# at 1: the provider pauses until 2. Turns B and C, younger, wait meanwhile.
+# Each request is named by its body's "name"; the mock network notes what it
+# receives, and when.
+
+
+class Network:
+    """A mock network of either httpx: A's first request gets 429 after 1 s.
+
+    Every other request is answered 200 after 1 s. ``sent`` notes each
+    request's name and (virtual) time as it arrives.
+    """
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, float]] = []
+
+    async def answer(self, name: str) -> tuple[int, dict[str, str]]:
+        first = name not in {sent for sent, _ in self.sent}
+        self.sent.append((name, trio.current_time()))
+        await trio.sleep(1.0)
+        if name == "A" and first:
+            return 429, {"retry-after": "1"}
+        return 200, {}
+
+    def httpx2(self) -> httpx2.MockTransport:
+        async def handle(request: httpx2.Request) -> httpx2.Response:
+            status, headers = await self.answer(request.content.decode())
+            return httpx2.Response(status, headers=headers)
+
+        return httpx2.MockTransport(handle)
+
+    def legacy(self) -> httpx.MockTransport:
+        async def handle(request: httpx.Request) -> httpx.Response:
+            status, headers = await self.answer(request.content.decode())
+            return httpx.Response(status, headers=headers)
+
+        return httpx.MockTransport(handle)
+
+
+@contextlib.asynccontextmanager
+async def open_network(
+    *,
+    legacy: bool = False,
+    **options: Any,  # noqa: ANN401 (open_dispatcher's options)
+) -> AsyncIterator[tuple[Network, Dispatcher, httpx2.AsyncClient]]:
+    """A dispatcher limiting ``"p"`` to 1, and a client whose calls hold its slots."""
+    network = Network()
+    async with open_dispatcher({"p": 1}, **options) as dispatcher:
+        client: Any
+        if legacy:
+            client = httpx.AsyncClient(
+                transport=dispatcher.transport("p", inner=network.legacy())
+            )
+        else:
+            client = httpx2.AsyncClient(
+                transport=dispatcher.transport("p", inner=network.httpx2())
+            )
+        async with client:
+            yield network, dispatcher, client
+
+
+def stats_of(dispatcher: Dispatcher) -> tuple[int, int]:
+    """``(in_flight, waiting)`` of ``"p"``."""
+    stats = dispatcher.statistics().providers["p"]
+    return stats.in_flight, stats.waiting
+
+
+async def younger_turns(
+    nursery: trio.Nursery, dispatcher: Dispatcher, client: httpx2.AsyncClient
+) -> None:
+    """Start turns B and C, 0.1 s and 0.2 s after now, each sending one call."""
+    for name in "BC":
+        await trio.sleep(0.1)
+
+        async def turn(name: str = name) -> None:
+            with dispatcher.turn(conversation_id=name):
+                response = await client.post(URL, content=name.encode())
+            assert response.status_code == 200
+
+        nursery.start_soon(turn)
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["httpx2", "httpx"])
+async def test_a_retry_in_the_turn_takes_the_place_kept_for_it(
+    autojump_clock: trio.abc.Clock, legacy: bool
+) -> None:
+    statuses: list[int] = []
+    async with open_network(legacy=legacy) as (network, dispatcher, client):
+
+        async def a() -> None:
+            with dispatcher.turn(conversation_id="A"):
+                statuses.append((await client.post(URL, content=b"A")).status_code)
+                # The SDK's sleep, and a little more: the pause ends at 2.
+                await trio.sleep(1.5)
+                assert stats_of(dispatcher) == (1, 2)  # A's place is held
+                statuses.append((await client.post(URL, content=b"A")).status_code)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(a)
+            await younger_turns(nursery, dispatcher, client)
+        stats = dispatcher.statistics().providers["p"]
+    assert statuses == [429, 200]
+    assert network.sent == [("A", 0.0), ("A", 2.5), ("B", 3.5), ("C", 4.5)]
+    # The place and the retry are one grant.
+    assert (stats.granted_total, stats.released_total) == (4, 4)
+    assert (stats.in_flight, stats.waiting) == (0, 0)
+
+
+async def test_a_retry_outside_any_turn_queues_as_a_new_request(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with open_network() as (network, dispatcher, client):
+
+        async def a() -> None:
+            assert (await client.post(URL, content=b"A")).status_code == 429
+            await trio.sleep(1.5)
+            assert stats_of(dispatcher) == (1, 1)  # B holds; nothing kept
+            assert (await client.post(URL, content=b"A")).status_code == 200
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(a)
+            await younger_turns(nursery, dispatcher, client)
+    assert network.sent == [("A", 0.0), ("B", 2.0), ("C", 3.0), ("A", 4.0)]
+
+
+@pytest.mark.parametrize(
+    ("options", "given_back"),
+    [({}, 4.0), ({"retry_grace": 0.5}, 2.5), ({"retry_grace": 0}, 2.0)],
+    ids=["default", "half-a-second", "none"],
+)
+async def test_a_kept_place_whose_retry_never_comes_is_given_back_after_retry_grace(
+    autojump_clock: trio.abc.Clock, options: dict[str, Any], given_back: float
+) -> None:
+    async with open_network(**options) as (network, dispatcher, client):
+
+        async def a() -> None:
+            with dispatcher.turn(conversation_id="A"):
+                assert (await client.post(URL, content=b"A")).status_code == 429
+                await trio.sleep(100)  # no retry
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(a)
+            await younger_turns(nursery, dispatcher, client)
+            await trio.sleep(given_back + 0.5 - trio.current_time())
+            # B was granted the slot the place gave back, at once.
+            assert stats_of(dispatcher) == (1, 1)
+            nursery.cancel_scope.cancel()
+        stats = dispatcher.statistics().providers["p"]
+    assert network.sent == [("A", 0.0), ("B", given_back)]
+    # A, its place (if kept) and B were granted and gave their slots back
+    # (B cancelled with the test); C, cancelled too, never was.
+    kept = 1 if options.get("retry_grace") != 0 else 0
+    assert (stats.granted_total, stats.released_total) == (2 + kept, 2 + kept)
+    assert stats.withdrawn_total == 1
+
+
+@pytest.mark.parametrize(
+    ("left_at", "b_sent_at"),
+    [(1.5, 2.0), (2.5, 2.5)],
+    ids=["while-it-waits", "once-granted"],
+)
+async def test_leaving_the_turn_drops_its_kept_place_at_once(
+    autojump_clock: trio.abc.Clock, left_at: float, b_sent_at: float
+) -> None:
+    async with open_network() as (network, dispatcher, client):
+
+        async def a() -> None:
+            with dispatcher.turn(conversation_id="A"):
+                assert (await client.post(URL, content=b"A")).status_code == 429
+                await trio.sleep(left_at - trio.current_time())
+                # Kept: waiting through the pause, then granted at 2.
+                assert stats_of(dispatcher) == ((0, 3) if left_at < 2.0 else (1, 2))
+            # Dropped as the block ends: withdrawn, or given back (and B is
+            # granted the slot there and then).
+            assert stats_of(dispatcher) == ((0, 2) if left_at < 2.0 else (1, 1))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(a)
+            await younger_turns(nursery, dispatcher, client)
+        stats = dispatcher.statistics().providers["p"]
+    assert network.sent == [("A", 0.0), ("B", b_sent_at), ("C", b_sent_at + 1.0)]
+    assert (stats.in_flight, stats.waiting) == (0, 0)
+
+
+async def test_a_retry_cancelled_while_its_kept_place_waits_leaks_nothing(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with open_network() as (network, dispatcher, client):
+
+        async def a() -> None:
+            with dispatcher.turn(conversation_id="A"):
+                assert (await client.post(URL, content=b"A")).status_code == 429
+                # The retry at once: it takes the place, waiting for the pause.
+                async with trio.open_nursery() as retrying:
+                    retrying.start_soon(partial(client.post, URL, content=b"A"))
+                    await trio.sleep(0.5)
+                    assert stats_of(dispatcher) == (0, 3)  # B, C, A's place
+                    retrying.cancel_scope.cancel()
+                # Withdrawn with the retry: B and C wait, nobody holds.
+                assert stats_of(dispatcher) == (0, 2)
+                await trio.sleep(10)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(a)
+            await younger_turns(nursery, dispatcher, client)
+        stats = dispatcher.statistics().providers["p"]
+    assert network.sent == [("A", 0.0), ("B", 2.0), ("C", 3.0)]
+    assert (stats.in_flight, stats.waiting) == (0, 0)
+    assert (stats.granted_total, stats.released_total) == (3, 3)
+
+
+async def test_a_turn_cancelled_while_its_kept_place_waits_leaks_nothing(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with open_network() as (network, dispatcher, client):
+
+        async def a() -> None:
+            with trio.move_on_after(1.5), dispatcher.turn(conversation_id="A"):
+                assert (await client.post(URL, content=b"A")).status_code == 429
+                await client.post(URL, content=b"A")
+            assert stats_of(dispatcher) == (0, 2)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(a)
+            await younger_turns(nursery, dispatcher, client)
+            await trio.sleep(1.25 - trio.current_time())
+            assert stats_of(dispatcher) == (0, 3)  # B, C, A's place
+        stats = dispatcher.statistics().providers["p"]
+    assert network.sent == [("A", 0.0), ("B", 2.0), ("C", 3.0)]
+    assert (stats.in_flight, stats.waiting) == (0, 0)
+
+
+async def test_a_kept_place_ends_with_its_dispatcher(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with open_network() as (network, dispatcher, client):
+        with dispatcher.turn(conversation_id="A"):
+            assert (await client.post(URL, content=b"A")).status_code == 429
+            await trio.testing.wait_all_tasks_blocked()
+            assert stats_of(dispatcher) == (0, 1)
+    # Closed with the place waiting: nothing raised, nothing hangs.
+    assert network.sent == [("A", 0.0)]
+    assert trio.current_time() == 1.0
+
+
+async def test_a_kept_place_given_back_unused_is_no_success_for_the_backoff(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # Every call is answered 529 without Retry-After, after 1 s: the pauses
+    # back off from default_pause, doubling while no call succeeds. A's
+    # place, granted at 2 when the first pause ends and given back unused
+    # at 2.5, sent nothing: B's 529 at 3.5 is the streak's second round,
+    # paused 2 s, not a new streak's first.
+    sent: list[float] = []
+
+    async def handle(request: httpx2.Request) -> httpx2.Response:
+        sent.append(trio.current_time())
+        await trio.sleep(1.0)
+        return httpx2.Response(529)
+
+    async with open_dispatcher(
+        {"p": 1}, default_pause=1.0, retry_grace=0.5
+    ) as dispatcher:
+        transport = dispatcher.transport("p", inner=httpx2.MockTransport(handle))
+        async with httpx2.AsyncClient(transport=transport) as client:
+
+            async def turn(name: str) -> None:
+                with dispatcher.turn(conversation_id=name):
+                    assert (await client.post(URL)).status_code == 529
+                    await trio.sleep(10)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(turn, "A")
+                await trio.sleep(0.1)
+                nursery.start_soon(turn, "B")
+                await trio.sleep(4.0 - trio.current_time())
+                stats = dispatcher.statistics().providers["p"]
+                nursery.cancel_scope.cancel()
+    assert sent == [0.0, 2.5]
+    assert stats.paused_until == 3.5 + 2.0
+
+
+async def test_a_kept_place_shows_in_the_events_as_a_request_of_its_turn(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    recorded: list[DispatchEvent] = []
+    async with (
+        trio.open_nursery() as nursery,
+        # Closed first: the recording ends with it.
+        open_network(retry_grace=0.5) as (network, dispatcher, client),
+    ):
+        await nursery.start(record, dispatcher, recorded)
+
+        async def a() -> None:
+            with dispatcher.turn(conversation_id="A"):
+                assert (await client.post(URL, content=b"A")).status_code == 429
+                await trio.sleep(10)  # no retry
+
+        async def b() -> None:
+            with dispatcher.turn(conversation_id="B"):
+                assert (await client.post(URL, content=b"B")).status_code == 200
+
+        async with trio.open_nursery() as turns:
+            turns.start_soon(a)
+            await trio.sleep(0.1)
+            turns.start_soon(b)
+            await trio.sleep(4.0)
+            turns.cancel_scope.cancel()
+    seen = [
+        (type(event).__name__, getattr(event, "conversation_id", None), event.at)
+        for event in recorded
+    ]
+    assert network.sent == [("A", 0.0), ("B", 2.5)]
+    assert seen == [
+        ("Granted", "A", 0.0),
+        ("Queued", "B", 0.1),
+        ("Paused", None, 1.0),
+        ("Released", "A", 1.0),
+        # A's place, queued behind the pause, granted first, given back.
+        ("Queued", "A", 1.0),
+        ("Resumed", None, 2.0),
+        ("Granted", "A", 2.0),
+        ("Released", "A", 2.5),
+        ("Granted", "B", 2.5),
+        ("Released", "B", 3.5),
+    ]

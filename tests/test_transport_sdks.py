@@ -10,6 +10,7 @@ say what it granted. Real time: keep the latencies small.
 from __future__ import annotations
 
 from contextlib import aclosing, asynccontextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import anthropic
@@ -18,9 +19,16 @@ import httpx2
 import openai
 import pytest
 import trio
+import trio.testing
 
 from trio_dispatch import SlotHoldTimeout, open_dispatcher
-from trio_dispatch.testing import FakeReply, FakeScript, Fault, open_fake_llm_server
+from trio_dispatch.testing import (
+    FakeLLMServer,
+    FakeReply,
+    FakeScript,
+    Fault,
+    open_fake_llm_server,
+)
 
 from ._helpers import drop
 from ._rigs import eventually, last_text
@@ -31,7 +39,7 @@ if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionChunk
 
     from trio_dispatch import Dispatcher
-    from trio_dispatch.testing import FakeLLMServer, FakeRequest
+    from trio_dispatch.testing import FakeRequest
 
 Wire = Literal["openai", "anthropic"]
 
@@ -394,3 +402,165 @@ async def test_a_legacy_httpx_transport_as_inner_holds_slots_too() -> None:
     assert all(body.endswith(b"data: [DONE]\n\n") for body in bodies)
     assert served.completed == 6
     assert served.peak_in_flight <= 2
+
+
+# -- a rate-limited call keeps its turn's place, in virtual time -----------------
+#
+# The fake server is served in the test's own trio run (``httpx2.ASGITransport``
+# as the transport's inner one), so the SDKs' own retry sleeps and the
+# dispatcher's pause run on the same virtual clock.
+
+RETRY_LATE = 0.3
+
+
+def asgi(server: FakeLLMServer) -> httpx2.ASGITransport:
+    """The fake server, served in this trio run: no sockets, virtual time."""
+    return httpx2.ASGITransport(app=server)  # type: ignore[arg-type]  # an ASGI app; its annotations are narrower than httpx2's
+
+
+async def late_retries(request: httpx2.Request) -> None:
+    """An SDK's retry that comes ``RETRY_LATE`` after its own sleep, as on a busy loop."""
+    if request.headers.get("x-stainless-retry-count", "0") != "0":
+        await trio.sleep(RETRY_LATE)
+
+
+@asynccontextmanager
+async def open_virtual_sdk(
+    script: FakeScript,
+    wire: Wire,
+    *,
+    max_retries: int = 2,
+    **dispatcher: Any,  # noqa: ANN401 (open_dispatcher's options)
+) -> AsyncIterator[tuple[FakeLLMServer, Dispatcher, Any]]:
+    """A dispatcher limiting ``wire`` to 1, and that SDK through its transport.
+
+    The server runs in this trio run; the SDK's retries come ``RETRY_LATE``
+    after its own sleep.
+    """
+    server = FakeLLMServer(script, api_key="sk-test")
+    async with (
+        open_dispatcher({wire: 1}, **dispatcher) as d,
+        httpx2.AsyncClient(
+            transport=d.transport(wire, inner=asgi(server)),
+            event_hooks={"request": [late_retries]},
+        ) as http,
+    ):
+        sdk: Any
+        if wire == "openai":
+            sdk = openai.AsyncOpenAI(
+                api_key="sk-test",
+                base_url="http://fake.test/v1",
+                http_client=http,
+                max_retries=max_retries,
+            )
+        else:
+            sdk = anthropic.AsyncAnthropic(
+                api_key="sk-test",
+                base_url="http://fake.test",
+                http_client=http,
+                max_retries=max_retries,
+            )
+        # The SDK reads its platform in a thread, once, at its first call:
+        # the virtual clock must not run on meanwhile.
+        with pytest.raises((openai.NotFoundError, anthropic.NotFoundError)):
+            await sdk.models.list()
+        yield server, d, sdk
+
+
+async def sdk_text(sdk: Any, wire: Wire, prompt: str) -> str:  # noqa: ANN401 (either SDK)
+    """One streamed answer of ``wire``'s SDK, read to its end: its text."""
+    if wire == "openai":
+        return await openai_text(sdk, prompt)
+    return await anthropic_text(sdk, prompt)
+
+
+def limited_once(name: str, *, latency: float = 1.0) -> FakeScript:
+    """``name``'s first attempt waits ``latency``, then gets 429 with Retry-After: 1."""
+
+    def choose(request: FakeRequest) -> FakeReply | None:
+        retry = request.headers.get("x-stainless-retry-count", "0")
+        if last_text(request) == name and retry == "0":
+            return FakeReply(latency=latency, fault=Fault("rate_limit", retry_after=1))
+        return None
+
+    return FakeScript(default=FakeReply(text=TEXT, latency=1.0), choose=choose)
+
+
+def seen(server: FakeLLMServer) -> list[tuple[str, float]]:
+    """What the server received: each request's prompt and virtual arrival time."""
+    return [(last_text(r), r.arrived_at) for r in server.requests]
+
+
+async def start_turns(
+    nursery: trio.Nursery,
+    dispatcher: Dispatcher,
+    calls: dict[str, Any],
+) -> None:
+    """Start each call in its own turn, 0.1 s apart, oldest first."""
+    for name, call in calls.items():
+
+        async def turn(call: Any = call, name: str = name) -> None:  # noqa: ANN401 (a call)
+            with dispatcher.turn(conversation_id=name):
+                await call()
+
+        nursery.start_soon(turn)
+        await trio.sleep(0.1)
+
+
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+async def test_an_sdk_retry_of_a_429_keeps_its_turn_s_place_before_younger_turns(
+    autojump_clock: trio.testing.MockClock, wire: Wire
+) -> None:
+    # Limit 1. Turn A (oldest) is sent at 0 and answered 429, Retry-After: 1,
+    # at 1; turns B and C (younger) wait. The pause ends at 2; the SDK's
+    # retry of A comes 0.3 s later. A's turn keeps its place meanwhile: the
+    # slot waits for the retry instead of going to B.
+    texts: dict[str, str] = {}
+    async with open_virtual_sdk(limited_once("A"), wire) as (server, dispatcher, sdk):
+
+        async def ask(name: str) -> None:
+            texts[name] = await sdk_text(sdk, wire, name)
+
+        async with trio.open_nursery() as nursery:
+            await start_turns(nursery, dispatcher, {n: partial(ask, n) for n in "ABC"})
+        stats = dispatcher.statistics().providers[wire]
+    assert texts == dict.fromkeys("ABC", TEXT)
+    assert seen(server) == [
+        ("A", 0.0),
+        ("A", 2.0 + RETRY_LATE),
+        ("B", 3.0 + RETRY_LATE),
+        ("C", 4.0 + RETRY_LATE),
+    ]
+    assert (stats.in_flight, stats.waiting) == (0, 0)
+
+
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+async def test_a_place_kept_for_an_sdk_retry_that_never_comes_goes_after_retry_grace(
+    autojump_clock: trio.testing.MockClock, wire: Wire
+) -> None:
+    # The SDK's retries are off: A's 429 reaches the caller, whose turn goes
+    # on without a retry. Its place, granted at 2 when the pause ends, is
+    # kept 0.5 s (retry_grace) for nothing, then given back: B goes at 2.5.
+    async with open_virtual_sdk(
+        limited_once("A"), wire, max_retries=0, retry_grace=0.5
+    ) as (server, dispatcher, sdk):
+
+        async def a() -> None:
+            with pytest.raises((openai.RateLimitError, anthropic.RateLimitError)):
+                await sdk_text(sdk, wire, "A")
+            await trio.sleep(10)
+
+        async def ask(name: str) -> None:
+            assert await sdk_text(sdk, wire, name) == TEXT
+
+        async with trio.open_nursery() as nursery:
+            await start_turns(
+                nursery,
+                dispatcher,
+                {"A": a, "B": partial(ask, "B"), "C": partial(ask, "C")},
+            )
+        stats = dispatcher.statistics().providers[wire]
+    assert seen(server) == [("A", 0.0), ("B", 2.5), ("C", 3.5)]
+    # A, its kept place, B and C were granted, and each gave its slot back.
+    assert (stats.granted_total, stats.released_total) == (4, 4)
+    assert (stats.in_flight, stats.waiting) == (0, 0)

@@ -111,6 +111,7 @@ ENTRY_POINTS: list[tuple[str, Kind, Call]] = [
     ("default_pause", SECONDS, lambda d, v: open_dispatcher(default_pause=v)),
     ("max_pause", POSITIVE_SECONDS, lambda d, v: open_dispatcher(max_pause=v)),
     ("max_hold", optional(POSITIVE_SECONDS), lambda d, v: open_dispatcher(max_hold=v)),
+    ("retry_grace", SECONDS, lambda d, v: open_dispatcher(retry_grace=v)),
     ("max_hold", optional(POSITIVE_SECONDS), lambda d, v: d.slot("p", max_hold=v)),
     ("started_at", optional(INSTANT), lambda d, v: d.slot("p", started_at=v)),
     ("limit", POSITIVE_INTEGER, lambda d, v: d.set_limit("p", v)),

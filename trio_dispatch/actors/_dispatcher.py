@@ -170,6 +170,11 @@ class Dispatcher(metaclass=NoPublicConstructor):
         return self._settings.max_hold
 
     @property
+    def retry_grace(self) -> float:
+        """How long a granted kept place waits for its retry (``open_dispatcher``'s ``retry_grace``)."""
+        return self._settings.retry_grace
+
+    @property
     def lease(self) -> float:
         """The lease of a slot shared through Redis, in seconds (``open_dispatcher``'s ``lease``)."""
         return self._settings.lease
@@ -447,11 +452,18 @@ class Dispatcher(metaclass=NoPublicConstructor):
         # Granted without the timer's cancel scope, which only the entering
         # task could close (a lease deadline from Redis would arm one).
         await acquire_unscoped(slot)
+        return slot, self.hold_deadline(slot)
+
+    def hold_deadline(self, slot: Slot) -> float:
+        """The ``max_hold`` deadline of a granted ``slot`` taken with ``hold()``.
+
+        Its grant plus ``max_hold`` (trio clock), or ``inf`` for none.
+        """
         max_hold = self._settings.max_hold
-        if max_hold is None or provider not in self._limits:
-            return slot, math.inf
+        if max_hold is None or slot.provider not in self._limits:
+            return math.inf
         assert slot.granted_at is not None
-        return slot, slot.granted_at + max_hold
+        return slot.granted_at + max_hold
 
     def calling(self, slot: Slot) -> ModelCall:
         """The model call of held ``slot`` is under way in this task, in the block.

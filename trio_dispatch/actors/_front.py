@@ -82,16 +82,26 @@ class Dispatcher(_Core):
         """An HTTP transport whose model calls each hold a slot of ``provider``.
 
         Give it to the client an SDK uses (``httpx2.AsyncClient(transport=
-        dispatcher.transport("openai"))``). A model call (a ``POST`` whose
-        path ends in ``/chat/completions``, ``/completions``,
-        ``/responses``, ``/messages``, ``/complete`` or ``/embeddings``)
-        takes a slot before its first byte is sent and gives it back when
+        dispatcher.transport("openai"))``), and make the SDK's calls inside
+        ``turn()``: a call's place in line is its turn's start, so every
+        call of an agent's turn, each retry too, goes before younger
+        turns. Outside any turn, each request is a turn of its own, ranked
+        when it asks: first come, first served per call.
+
+        A model call (a ``POST`` whose path ends in ``/chat/completions``,
+        ``/completions``, ``/responses``, ``/messages``, ``/complete`` or
+        ``/embeddings``) takes a slot before its first byte is sent and gives it back when
         its response is closed: after the last byte, or when it is closed
         early, fails or is cancelled. Anything else (``GET /models``,
         files, batches, token counts) passes without a slot. A 429, 503 or
         529 answer to a model call pauses the provider (``Retry-After``,
         ``retry-after-ms``, see ``report_rate_limit``); the answer goes
-        back to the caller unchanged. A call whose JSON body names a
+        back to the caller unchanged. Inside a ``turn()``, such a call
+        keeps the turn's place for its retry: a request with the turn's
+        rank waits through the pause, and once granted holds the slot for
+        the SDK's retry (made in the same turn, for the same model) at
+        most ``retry_grace`` seconds (see ``open_dispatcher``); leaving
+        the turn drops it at once. A call whose JSON body names a
         ``model`` takes its slot for that model (``slot(model=...)``): a
         budget ``"provider/model"`` must hold it too. Every answer's
         rate-limit headers (``x-ratelimit-*`` or

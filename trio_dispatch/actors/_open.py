@@ -40,6 +40,7 @@ def open_dispatcher(
     default_pause: float = 1.0,
     max_pause: float = 60.0,
     max_hold: float | None = None,
+    retry_grace: float = 2.0,
     max_waiting: int | None = None,
     unknown_providers: UnknownProviders = "warn",
     redis_url: str | None = None,
@@ -97,6 +98,15 @@ def open_dispatcher(
             provider honours ``Retry-After`` up to it as well.
         max_hold: Seconds a slot may be held before its body is cancelled
             and ``SlotHoldTimeout`` raised; ``None`` for no bound.
+        retry_grace: Seconds a slot granted to a kept place waits for its
+            call's retry (non-negative; ``0`` keeps no place). A model call
+            of the transport (``Dispatcher.transport``) made inside a
+            ``turn()`` and answered 429, 503 or 529 keeps its turn's place
+            in line for the retry the SDK sends after its own sleep: the
+            place waits in the queue through the pause like any request,
+            and once granted is held for the retry at most this long, then
+            given back (at once when the turn's block ends). The slot's
+            ``max_hold`` counts from that grant.
         max_waiting: At most this many requests wait per provider; one more
             gets ``QueueFull`` at once. ``None`` for no bound.
         unknown_providers: What a slot of an unknown provider (one never
@@ -245,6 +255,7 @@ def open_dispatcher(
         default_pause=default_pause,
         max_pause=max_pause,
         max_hold=max_hold,
+        retry_grace=retry_grace,
         max_waiting=max_waiting,
         unknown_providers=unknown_providers,
         redis_url=redis_url,

@@ -146,6 +146,7 @@ class Settings:
     max_hold: float | None = attrs.field(
         default=None, validator=attrs.validators.optional(positive_seconds)
     )
+    retry_grace: float = attrs.field(default=2.0, validator=non_negative_seconds)
     max_waiting: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(non_negative_int)
     )
@@ -200,6 +201,7 @@ _SECONDS: Final = (
     "default_pause",
     "max_pause",
     "max_hold",
+    "retry_grace",
     "lease",
     "redis_connect_timeout",
     "priority_aging",

@@ -459,14 +459,16 @@ class Slot(metaclass=NoPublicConstructor):
                 # Closed: the scheduler is gone, with its budgets.
                 actor.answered(self.ticket)  # type: ignore[arg-type]  # set with _actor
 
-    def release(self) -> None:
+    def release(self, *, used: bool = True) -> None:
         """Give the slot back now, from any task; nothing if it is not held.
 
         Plumbing for a slot taken with ``Dispatcher.hold()``: one entered
         with ``async with`` is given back on leaving the block. Synchronous
-        and idempotent; never blocks.
+        and idempotent; never blocks. ``used=False`` for a slot that sent
+        nothing: it goes back as a grant withdrawn, which is no success (a
+        rate-limit backoff streak goes on, an adaptive limit does not rise).
         """
-        self._give_back()
+        self._give_back(used=used)
 
     @property
     def lease_deadline(self) -> float | None:
@@ -491,15 +493,20 @@ class Slot(metaclass=NoPublicConstructor):
         timer.on_lease = callback
 
     @trio.lowlevel.enable_ki_protection
-    def _give_back(self) -> None:
+    def _give_back(self, *, used: bool = True) -> None:
         if self._state is not _HOLDING:
             return
         self._state = _DONE
-        if self._actor is not None:
+        actor = self._actor
+        if actor is not None:
             # try/except, not contextlib.suppress: this runs once per slot,
             # and the context manager would cost as much as the send.
             try:
-                self._actor.release(self.ticket)  # type: ignore[arg-type]  # set with _actor
+                if used:
+                    actor.release(self.ticket)  # type: ignore[arg-type]  # set with _actor
+                else:
+                    # A grant never used: withdrawn, as if cancelled first.
+                    actor.cancel(self.ticket)  # type: ignore[arg-type]  # set with _actor
             except trio.ClosedResourceError:
                 # Closed: the scheduler is gone, so there is nothing to give back to.
                 return

@@ -59,6 +59,12 @@ providers:
   ``Dispatcher.observe_rate_limits``, success or error; a malformed
   header is logged once per transport and header name, and ignored.
 
+A call made inside a ``Dispatcher.turn()`` and answered 429, 503 or 529
+keeps its turn's place in line for the SDK's own retry (``_kept``): once
+the rate limit is reported, ``answered`` queues a kept place with the
+turn's rank, and the retry's ``Hold.take`` takes it over instead of
+queueing behind the younger turns that waited through the pause.
+
 A response dropped unclosed (an SDK stream nobody reads or closes, then
 garbage-collected) would keep its slot for ever: its body's finalizer asks
 the trio run to give the slot back (``run_sync_soon``, safe from any thread
@@ -87,6 +93,7 @@ from .._metering import (
     json_body,
     model_of_body,
 )
+from ._kept import adopt_kept_place, keep_place
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
@@ -208,11 +215,16 @@ class Hold:
         """Wait for a slot of ``provider`` for a call whose body is ``content``.
 
         The slot is for the body's ``model`` and charged its estimate
-        (neither if ``content`` is ``None``: not read yet). If this
-        raises, nothing is held.
+        (neither if ``content`` is ``None``: not read yet); or it is the
+        place the current turn keeps for this provider and model, taken
+        over. If this raises, nothing is held.
         """
         body = None if content is None else json_body(content)
         model = model_of_body(body)
+        slot = await adopt_kept_place(dispatcher, provider, model)
+        if slot is not None:
+            # The retry of a call answered "slow down": its turn's place.
+            return cls(dispatcher, slot, dispatcher.hold_deadline(slot), reader)
         tokens = estimate_json_tokens(
             body, dispatcher.default_max_tokens(provider, model)
         )
@@ -276,7 +288,8 @@ class Hold:
 
         The answer started (the provider has counted the call), its
         rate-limit figures are observed, and a rate-limit answer pauses the
-        provider. The answer is not touched.
+        provider, then keeps the turn's place for the retry. The answer is
+        not touched.
         """
         retry_after = None
         pause = status in RATE_LIMITED
@@ -285,9 +298,14 @@ class Hold:
             from ..providers._retry_after import parse_retry_after  # noqa: PLC0415
 
             retry_after = parse_retry_after(headers, time.time())
-        Meter(self._dispatcher, self._slot).answered(
+        slot = self._slot
+        Meter(self._dispatcher, slot).answered(
             self._reader.read(headers), pause=pause, retry_after=retry_after
         )
+        if pause:
+            # The SDK will retry after its own sleep: the turn keeps its
+            # place in line for that retry meanwhile.
+            keep_place(self._dispatcher, slot.provider, slot.model, slot.tokens)
 
     def watch(self, close: weakref.WeakMethod[Callable[[], Awaitable[None]]]) -> None:
         """Close the body with ``close`` at the deadline, unless a read is under way.
