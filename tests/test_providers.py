@@ -334,6 +334,8 @@ class _Paced(httpx2.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for part in self._parts:
             if isinstance(part, bytes):
+                # A socket's read is a checkpoint even when bytes are there.
+                await trio.lowlevel.checkpoint()
                 yield part
             else:
                 await trio.sleep(part)
@@ -391,6 +393,45 @@ async def test_events_within_the_read_timeout_keep_a_slow_stream_alive(
     ]
     assert isinstance(received[-1], Finish | Usage)
     assert trio.current_time() == 0.75 * (len(events) - 1)
+
+
+async def test_a_consumer_slower_than_the_read_timeout_is_no_stall(
+    wire: Wire, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The server has sent every event, one a chunk; the consumer works 3 s
+    # between reads. Only time spent waiting on the server counts.
+    whole = wire.text_stream("a", "b", "c").encode()
+    parts: list[bytes | float] = [
+        event + b"\n\n" for event in whole.split(b"\n\n") if event.strip()
+    ]
+    provider = paced(wire, parts, read_timeout=1)
+    received: list[StreamEvent] = []
+    async with provider, provider.stream(HELLO) as events:
+        async for event in events:
+            received.append(event)
+            await trio.sleep(3)
+    assert [e for e in received if isinstance(e, TextDelta)] == [
+        TextDelta("a"),
+        TextDelta("b"),
+        TextDelta("c"),
+    ]
+
+
+async def test_quiet_time_adds_up_across_reads_that_end_no_event(
+    wire: Wire, autojump_clock: trio.testing.MockClock
+) -> None:
+    # 0.6 s of comments, a consumer pause of 5 s (not counted), then 0.6 s
+    # more: 1.2 s without an event while reading, past the 1 s timeout.
+    first = wire.text_stream("a", finish=False, terminator=False).encode()
+    parts: list[bytes | float] = [first, 0.6, KEEPALIVE, 0.6, KEEPALIVE]
+    provider = paced(wire, parts, read_timeout=1)
+    async with provider, provider.stream(HELLO) as events:
+        assert await events.__anext__() == TextDelta("a")
+        await trio.sleep(5)
+        started = trio.current_time()
+        with pytest.raises(ProviderConnectionError, match=r"the stream stalled"):
+            await events.__anext__()
+        assert trio.current_time() - started == 1.0
 
 
 async def test_connection_refused(wire: Wire) -> None:

@@ -15,8 +15,9 @@ A provider supplies its wire format's path, headers, body and decoder
   iterates events, and closes the response on exit, shielded, whatever
   happened. The body's bytes go through ``SSEDecoder`` (``_sse.py``), then
   through the wire format's decoder. The read timeout counts the time
-  without an event, not without a byte: a server that sends only
-  comments (``: keepalive``) stalls like one that sends nothing.
+  spent reading without an event, not without a byte: a server that sends
+  only comments (``: keepalive``) stalls like one that sends nothing, and
+  a consumer's own time between reads is never a stall.
 * What goes wrong becomes a ``ProviderError`` subclass right where it is
   caught, through the mappings in ``_errors.py``, and is raised after the
   ``except`` clause, so the httpx2 exception (which holds the request, key
@@ -28,7 +29,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
-import math
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Self, final
 
@@ -343,9 +343,10 @@ class EventStream:
         # Server-sent events already decoded from the body, not yet fed.
         self._sse_pending: collections.deque[ServerSentEvent] = collections.deque()
         self._rate_limits: RateLimitInfo | None = None
-        # When the stream has stalled unless an event comes first: reads
-        # are cut there, and every read that ends an event moves it on.
-        self._stalls_at = math.inf
+        # Seconds of reading left before the stream has stalled unless an
+        # event comes: reads that end no event use it up, an event fills it
+        # again, and the consumer's time between reads is not counted.
+        self._quiet_left = provider._read_timeout
 
     def __repr__(self) -> str:
         return f"<EventStream {self._provider.id!r} {self._state}>"
@@ -373,7 +374,6 @@ class EventStream:
             self._state = "closed"
             raise
         self._body = self._response.aiter_bytes()
-        self._stalls_at = trio.current_time() + self._provider._read_timeout
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -416,8 +416,9 @@ class EventStream:
                     # __context__.
                     failure: ProviderError | None = None
                     # httpx2's read timeout restarts with every byte, even a
-                    # comment's; this deadline only with an event.
-                    with trio.move_on_at(self._stalls_at) as quiet:
+                    # comment's; this allowance only with an event.
+                    began = trio.current_time()
+                    with trio.move_on_at(began + self._quiet_left) as quiet:
                         try:
                             chunk = await read()
                         except StopAsyncIteration:
@@ -443,10 +444,9 @@ class EventStream:
                     else:
                         sses = split(chunk)
                         if not sses:
+                            self._quiet_left -= trio.current_time() - began
                             continue
-                        self._stalls_at = (
-                            trio.current_time() + self._provider._read_timeout
-                        )
+                        self._quiet_left = self._provider._read_timeout
                         if len(sses) > 1:
                             queued.extend(sses[1:])
                         events = decoder.feed(sses[0])
