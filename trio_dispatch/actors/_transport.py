@@ -24,10 +24,16 @@ Either way the body's connection is closed before the slot goes back, so
 the provider never sees more streams than the limit. A later read raises
 ``SlotHoldTimeout``.
 
-The body's bytes go to the SDK as they come, unread: a server that sends
-comments alone (``: keepalive``), never an event, restarts the SDK's read
-timeout with every one, and only ``max_hold`` ends it (our providers count
-their read timeout from event to event instead).
+The body's bytes go to the SDK as they come, unchanged. httpx's read
+timeout restarts with every byte, so a server that sends comments alone
+(``: keepalive``), never an event, would hold the slot until ``max_hold``.
+So for a ``text/event-stream`` answer the bytes also go through the
+providers' ``SSEDecoder``, and the request's read timeout counts the time
+reads wait without an event dispatched, as our providers count theirs
+(``Hold.stall_on_silence``): a third deadline of each read, beside
+``max_hold``'s and the lease's, the earliest cutting it. Past it the body
+is closed, the slot goes back, and the read raises the read timeout of the
+request's httpx, which the SDKs treat as their own.
 
 With ``redis_url``, the slot's lease is a deadline too: the same scopes
 and timer end at the earlier of the two, and the lease's moves with every
