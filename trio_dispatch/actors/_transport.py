@@ -24,10 +24,16 @@ Either way the body's connection is closed before the slot goes back, so
 the provider never sees more streams than the limit. A later read raises
 ``SlotHoldTimeout``.
 
-The body's bytes go to the SDK as they come, unread: a server that sends
-comments alone (``: keepalive``), never an event, restarts the SDK's read
-timeout with every one, and only ``max_hold`` ends it (our providers count
-their read timeout from event to event instead).
+The body's bytes go to the SDK as they come, unchanged. httpx's read
+timeout restarts with every byte, so a server that sends comments alone
+(``: keepalive``), never an event, would hold the slot until ``max_hold``.
+So for a ``text/event-stream`` answer the bytes also go through the
+providers' ``SSEDecoder``, and the request's read timeout counts the time
+reads wait without an event dispatched, as our providers count theirs
+(``Hold.stall_on_silence``): a third deadline of each read, beside
+``max_hold``'s and the lease's, the earliest cutting it. Past it the body
+is closed, the slot goes back, and the read raises the read timeout of the
+request's httpx, which the SDKs treat as their own.
 
 With ``redis_url``, the slot's lease is a deadline too: the same scopes
 and timer end at the earlier of the two, and the lease's moves with every
@@ -93,6 +99,7 @@ from .._metering import (
     json_body,
     model_of_body,
 )
+from ..providers._sse import EventTooLarge, SSEDecoder
 from ._kept import adopt_kept_place, keep_place
 
 if TYPE_CHECKING:
@@ -158,13 +165,19 @@ class Hold:
         "_closing",
         "_deadline",
         "_dispatcher",
+        "_events",
         "_expired",
         "_lease",
         "_max_hold",
+        "_quiet",
+        "_read_timeout",
         "_reader",
         "_reading",
         "_scopes",
         "_slot",
+        "_stall_at",
+        "_stall_error",
+        "_stalled",
         "_timer",
         "_token",
     )
@@ -193,6 +206,15 @@ class Hold:
         self._token = trio.lowlevel.current_trio_token()
         # The scopes cut at the deadline now: a read's, the request's.
         self._scopes: list[trio.CancelScope] = []
+        # An event stream's stall rule (``stall_on_silence``): its decoder,
+        # the read timeout, and how long reads may still wait without an
+        # event (inf: no rule). During a read, when it stalls (else inf).
+        self._events: SSEDecoder | None = None
+        self._read_timeout = math.inf
+        self._quiet = math.inf
+        self._stall_at = math.inf
+        self._stall_error: Callable[[], Exception] | None = None
+        self._stalled = False
         slot.follow_lease(self._lease_moved)
 
     def _lease_moved(self, lease: float) -> None:
@@ -200,7 +222,7 @@ class Hold:
         self._lease = lease
         deadline = self._deadline = min(self._max_hold, lease)
         for scope in self._scopes:
-            scope.deadline = deadline
+            scope.deadline = min(deadline, self._stall_at)
         if self._timer is not None:
             self._timer.deadline = deadline
 
@@ -261,8 +283,57 @@ class Hold:
             stacklevel=1,
         )
 
-    def timeout(self) -> SlotHoldTimeout | LeaseLost:
+    def stall_on_silence(
+        self,
+        headers: Mapping[str, str],
+        read_timeout: object,
+        error: Callable[[str], Exception],
+    ) -> None:
+        """End an event stream that sends no event for ``read_timeout`` seconds.
+
+        Only if the answer is ``text/event-stream`` and ``read_timeout`` (the
+        request's) is a number. The bytes the body passes on go through the
+        server-sent events decoder; reads wait at most ``read_timeout`` in
+        all without an event dispatched, comments or not, and each event
+        starts that time over. Past it, the body is closed, the slot goes
+        back, and the read raises ``error(message)``: the read timeout of
+        the request's httpx, which the SDKs treat as one. Time the reader
+        spends between reads does not count, as it does not for httpx's
+        own read timeout.
+        """
+        media = headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media != "text/event-stream" or not isinstance(read_timeout, int | float):
+            return
+        provider = self._slot.provider
+        self._events = SSEDecoder()
+        self._read_timeout = self._quiet = float(read_timeout)
+        self._stall_error = lambda: error(
+            f"{provider}: the stream stalled: no event for {read_timeout:g} s"
+        )
+
+    def _heard(self, chunk: bytes, waited: float) -> None:
+        """A read returned ``chunk`` after ``waited`` seconds: the stall rule counts it."""
+        events = self._events
+        if events is None:
+            return
+        try:
+            dispatched = events.feed(chunk)
+        except EventTooLarge:
+            # Its events can no longer be told apart: the rule ends here,
+            # and the SDK meets the event as it would without the transport.
+            self._events = None
+            self._quiet = math.inf
+            return
+        if dispatched:
+            self._quiet = self._read_timeout
+        else:
+            self._quiet -= waited
+
+    def timeout(self) -> SlotHoldTimeout | LeaseLost | Exception:
         """The error of this call held past its deadline: which one ran out."""
+        if self._stalled:
+            assert self._stall_error is not None  # only the stall rule sets it
+            return self._stall_error()
         dispatcher = self._dispatcher
         if self._lease <= self._max_hold:
             return lease_lost(self._slot.provider, dispatcher.lease)
@@ -347,27 +418,37 @@ class Hold:
         Raises:
             SlotHoldTimeout: ``max_hold`` passed.
             LeaseLost: The lease ran out first.
+            Exception: An event stream stalled (``stall_on_silence``): the
+                error given there, the read timeout of the request's httpx.
         """
         if self._expired:
             raise self.timeout()
-        if math.isinf(self._deadline):
+        if math.isinf(self._deadline) and self._events is None:
             try:
                 return await anext(chunks)
             except StopAsyncIteration:
                 self.give_back()
                 return None
         self._reading = True
-        scope = trio.CancelScope(deadline=self._deadline)
+        started = trio.current_time()
+        # The earliest of the deadlines: max_hold's, the lease's, the stall's.
+        stall_at = self._stall_at = started + self._quiet
+        scope = trio.CancelScope(deadline=min(self._deadline, stall_at))
         self._scopes.append(scope)
         try:
             with scope:
-                return await anext(chunks)
+                chunk = await anext(chunks)
         except StopAsyncIteration:
             self.give_back()
             return None
         finally:
             self._reading = False
+            self._stall_at = math.inf
             self._scopes.remove(scope)
+        if not scope.cancelled_caught:
+            self._heard(chunk, trio.current_time() - started)
+            return chunk
+        self._stalled = stall_at < self._deadline
         self._expired = True
         await close()
         raise self.timeout()
@@ -572,6 +653,12 @@ class TransportBase(Generic[InnerT]):
             hold.give_back()
         else:
             assert isinstance(response.stream, httpx.AsyncByteStream)
+            timeouts = request.extensions.get("timeout") or {}
+            hold.stall_on_silence(
+                response.headers,
+                timeouts.get("read"),
+                lambda message: httpx.ReadTimeout(message, request=request),
+            )
             response.stream = body(response.stream, hold)
         return response
 
