@@ -26,19 +26,19 @@ from coredis.exceptions import ConnectionError as RedisConnectionError
 from hypothesis import HealthCheck, settings
 
 from trio_dispatch import DispatcherClosed, open_dispatcher
-from trio_dispatch._ledger import Ledger, StepResult, keys_of, member_of
-from trio_dispatch._scripts import load_scripts
-from trio_dispatch._shared_book import SharedBook
-from trio_dispatch.actors import _shared_backend
-from trio_dispatch.actors._shared_backend import SharedBackends
-from trio_dispatch.actors._shared_scheduler import SharedSchedulerActor, new_node
+from trio_dispatch._redis import _backend as _shared_backend
+from trio_dispatch._redis._backend import SharedBackends
+from trio_dispatch._redis._book import SharedBook
+from trio_dispatch._redis._ledger import Ledger, StepResult, keys_of, member_of
+from trio_dispatch._redis._scheduler import SharedSchedulerActor, new_node
+from trio_dispatch._redis._scripts import load_scripts
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable, Iterator
     from pathlib import Path
 
     from trio_dispatch import Dispatcher
-    from trio_dispatch.messages._scheduling import Ticket
+    from trio_dispatch.messages._protocol import Ticket
 
 REDIS_SERVER = shutil.which("redis-server")
 # Debian's redis-server depends on redis-tools, which has redis-cli.

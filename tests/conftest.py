@@ -10,7 +10,7 @@ import pytest
 from coredis.exceptions import ConnectionError as RedisConnectionError
 from hypothesis import settings
 
-from trio_dispatch._ledger import Ledger
+from trio_dispatch._redis._ledger import Ledger
 
 from ._redis import RedisServer, running_redis
 

@@ -35,7 +35,7 @@ from ._helpers import settle, task_names
 if TYPE_CHECKING:
     import collections
 
-    from trio_dispatch.actors._shared_scheduler import SharedSchedulerActor
+    from trio_dispatch._redis._scheduler import SharedSchedulerActor
 
 
 def _is_a_backend(local: SchedulerActor, shared: SharedSchedulerActor) -> list[Backend]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trio_dispatch import SUMMARY_PREFIX, ConversationOptions
-from trio_dispatch.actors._compaction import (
+from trio_dispatch._conversations._compaction import (
     choose_cut,
     compaction_cut,
     summary_message,

@@ -51,7 +51,7 @@ from ._rigs import (
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from trio_dispatch.actors._events import TurnResult
+    from trio_dispatch._conversations._results import TurnResult
     from trio_dispatch.messages import ChatRequest
     from trio_dispatch.testing import FakeRequest
 

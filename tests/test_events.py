@@ -17,8 +17,8 @@ from trio_dispatch import (
     Tenant,
     open_dispatcher,
 )
-from trio_dispatch.actors._observe import EventHub
-from trio_dispatch.actors._outcomes import Translator
+from trio_dispatch._observe._hub import EventHub
+from trio_dispatch._observe._translator import Translator
 from trio_dispatch.events import (
     EventSubscription,
     Granted,
@@ -31,7 +31,7 @@ from trio_dispatch.events import (
     Resumed,
     Withdrawn,
 )
-from trio_dispatch.messages._scheduling import Ticket
+from trio_dispatch.messages._protocol import Ticket
 
 from ._events import record
 from ._helpers import settle

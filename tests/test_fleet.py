@@ -17,8 +17,8 @@ from trio_dispatch.testing import FakeReply, FakeScript, FakeToolCall
 from ._rigs import answers_tools, eventually, last_text, open_rig, tool
 
 if TYPE_CHECKING:
-    from trio_dispatch.actors._conversation import Conversation
-    from trio_dispatch.actors._events import TurnResult
+    from trio_dispatch._conversations._conversation import Conversation
+    from trio_dispatch._conversations._results import TurnResult
     from trio_dispatch.testing import FakeRequest
 
 CONVERSATIONS = 20

@@ -65,10 +65,14 @@ def test_a_missing_extra_is_named_in_one_line(
 
 def test_a_missing_module_that_is_no_extra_is_left_as_it_is() -> None:
     # A broken install must not be blamed on a missing extra.
-    done = _run_without("trio_dispatch._prometheus", "import trio_dispatch.metrics")
+    done = _run_without(
+        "trio_dispatch._observe._prometheus", "import trio_dispatch.metrics"
+    )
     assert done.returncode == 1
     last = done.stderr.splitlines()[-1]
-    assert last.startswith("ModuleNotFoundError: import of trio_dispatch._prometheus")
+    assert last.startswith(
+        "ModuleNotFoundError: import of trio_dispatch._observe._prometheus"
+    )
 
 
 @pytest.mark.parametrize(

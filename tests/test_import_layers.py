@@ -21,7 +21,7 @@ PACKAGE = pathlib.Path(trio_dispatch.__file__).parent
 
 
 def module_name(path: pathlib.Path) -> str:
-    """``trio_dispatch.actors._dispatcher`` for its file."""
+    """``trio_dispatch._dispatch._dispatcher`` for its file."""
     parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
@@ -105,20 +105,20 @@ def test_every_kind_of_import_is_collected() -> None:
     source = (
         "from __future__ import annotations\n"
         "from typing import TYPE_CHECKING\n"
-        "from .._budgets import Throttle\n"
-        "from . import _limited\n"
+        "from .._policy._budgets import Throttle\n"
+        "from .._integrations import _limited\n"
         "if TYPE_CHECKING:\n"
-        "    from ._conversation import Conversation\n"
+        "    from .._conversations._conversation import Conversation\n"
         "def later():\n"
-        "    from ._transport import Hold\n"
+        "    from .._integrations._transport import Hold\n"
         "    import trio_dispatch.providers\n"
     )
-    found = imports_of(source, "trio_dispatch.actors._dispatcher")
+    found = imports_of(source, "trio_dispatch._dispatch._dispatcher")
     assert {
-        "trio_dispatch._budgets",
-        "trio_dispatch.actors._limited",
-        "trio_dispatch.actors._conversation",
-        "trio_dispatch.actors._transport",
+        "trio_dispatch._policy._budgets",
+        "trio_dispatch._integrations._limited",
+        "trio_dispatch._conversations._conversation",
+        "trio_dispatch._integrations._transport",
         "trio_dispatch.providers",
     } <= found
 
@@ -136,24 +136,24 @@ def test_the_whole_import_graph_has_no_cycle() -> None:
 
 
 INTEGRATIONS = (
-    "trio_dispatch.actors._conversation",
-    "trio_dispatch.actors._front",
-    "trio_dispatch.actors._kept",
-    "trio_dispatch.actors._limited",
-    "trio_dispatch.actors._transport",
-    "trio_dispatch.actors._transport_legacy",
-    "trio_dispatch._metering",
+    "trio_dispatch._conversations._conversation",
+    "trio_dispatch._dispatch._front",
+    "trio_dispatch._integrations._kept",
+    "trio_dispatch._integrations._limited",
+    "trio_dispatch._integrations._transport",
+    "trio_dispatch._integrations._transport_legacy",
+    "trio_dispatch._integrations._metering",
 )
 
 
 # The dispatcher core, split by concern: the Dispatcher, its slots, its
 # settings, its snapshot, and open_dispatcher.
 CORE = (
-    "trio_dispatch.actors._dispatcher",
-    "trio_dispatch.actors._open",
-    "trio_dispatch.actors._settings",
-    "trio_dispatch.actors._slot",
-    "trio_dispatch.actors._statistics",
+    "trio_dispatch._dispatch._dispatcher",
+    "trio_dispatch._dispatch._open",
+    "trio_dispatch._dispatch._settings",
+    "trio_dispatch._dispatch._slot",
+    "trio_dispatch._dispatch._statistics",
 )
 
 
@@ -169,7 +169,7 @@ def test_the_dispatcher_core_imports_nothing_built_on_it(module: str) -> None:
 
 @pytest.mark.parametrize(
     "module",
-    ["trio_dispatch.actors._slot", "trio_dispatch.actors._statistics"],
+    ["trio_dispatch._dispatch._slot", "trio_dispatch._dispatch._statistics"],
 )
 def test_slots_and_statistics_import_nothing_of_the_dispatchers(module: str) -> None:
     assert not ALL_IMPORTS[module] & (set(CORE) - {module})
@@ -185,7 +185,7 @@ def test_slots_and_statistics_import_nothing_of_the_dispatchers(module: str) -> 
     ),
 )
 def test_the_redis_backend_imports_nothing_of_the_dispatchers(module: str) -> None:
-    assert "trio_dispatch.actors._dispatcher" not in ALL_IMPORTS[module]
+    assert "trio_dispatch._dispatch._dispatcher" not in ALL_IMPORTS[module]
     assert not ALL_IMPORTS[module] & set(CORE)
     assert not ALL_IMPORTS[module] & set(INTEGRATIONS)
 
@@ -195,14 +195,14 @@ def test_the_redis_backend_imports_nothing_of_the_dispatchers(module: str) -> No
     sorted(name for name in NAMES if name.startswith("trio_dispatch.messages")),
 )
 def test_the_message_values_import_no_rules(module: str) -> None:
-    rules = {"trio_dispatch._budgets", "trio_dispatch._policy"}
+    rules = {"trio_dispatch._policy._budgets", "trio_dispatch._policy._slots"}
     assert not ALL_IMPORTS[module] & rules
 
 
 PURE_CORE = [
-    "trio_dispatch._policy",
-    "trio_dispatch._budgets",
-    "trio_dispatch._tenants",
+    "trio_dispatch._policy._slots",
+    "trio_dispatch._policy._budgets",
+    "trio_dispatch._policy._tenants",
 ]
 
 
@@ -224,7 +224,7 @@ def test_the_pure_core_imports_only_values_and_itself(module: str) -> None:
         in {
             "trio_dispatch._exceptions",
             "trio_dispatch._validation",
-            "trio_dispatch._ratelimits",
+            "trio_dispatch._policy._ratelimits",
         }
     }
     assert inside == allowed, inside - allowed
@@ -238,11 +238,13 @@ def test_the_pure_core_imports_no_io_library(module: str) -> None:
 
 def test_the_rules_above_would_catch_a_breach() -> None:
     # The dispatcher's own transport import of old, inside a function: found.
-    breach = "def transport():\n    from ._transport import transport_for\n"
-    found = imports_of(breach, "trio_dispatch.actors._dispatcher")
-    assert "trio_dispatch.actors._transport" in found
+    breach = (
+        "def transport():\n    from .._integrations._transport import transport_for\n"
+    )
+    found = imports_of(breach, "trio_dispatch._dispatch._dispatcher")
+    assert "trio_dispatch._integrations._transport" in found
     graph = {**GRAPH}
-    graph["trio_dispatch.actors._dispatcher"] = graph[
-        "trio_dispatch.actors._dispatcher"
-    ] | {"trio_dispatch.actors._transport"}
+    graph["trio_dispatch._dispatch._dispatcher"] = graph[
+        "trio_dispatch._dispatch._dispatcher"
+    ] | {"trio_dispatch._integrations._transport"}
     assert find_cycle(graph) is not None

@@ -9,8 +9,8 @@ import coredis
 import trio
 
 from trio_dispatch import Quota, RateLimitInfo
-from trio_dispatch._ledger import Ledger, keys_of, lease_of, member_of, wakes
-from trio_dispatch._scripts import Seed
+from trio_dispatch._redis._ledger import Ledger, keys_of, lease_of, member_of, wakes
+from trio_dispatch._redis._scripts import Seed
 
 from ._redis import RedisServer, needs_redis, next_member
 

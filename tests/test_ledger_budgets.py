@@ -16,16 +16,16 @@ import pytest
 import trio
 
 from trio_dispatch import AdaptiveLimit, Budget
-from trio_dispatch._ledger import Ledger, keys_of, lease_of
-from trio_dispatch._ratelimits import Quota, RateLimitInfo
-from trio_dispatch._scripts import Seed, load_scripts
+from trio_dispatch._policy._ratelimits import Quota, RateLimitInfo
+from trio_dispatch._redis._ledger import Ledger, keys_of, lease_of
+from trio_dispatch._redis._scripts import Seed, load_scripts
 
 from ._redis import SET_CLOCK, needs_redis, next_member
 
 if TYPE_CHECKING:
     import coredis
 
-    from trio_dispatch._ledger import StepResult
+    from trio_dispatch._redis._ledger import StepResult
 
 pytestmark = needs_redis
 

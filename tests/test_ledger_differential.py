@@ -58,20 +58,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trio_dispatch import Tenant
-from trio_dispatch._budgets import AdaptiveLimit, Budget, Throttle
-from trio_dispatch._ledger import Ledger, SeenModels
-from trio_dispatch._policy import SlotPolicy
-from trio_dispatch._ratelimits import Quota, RateLimitInfo
-from trio_dispatch._scripts import load_scripts
-from trio_dispatch._shared_book import SharedBook
-from trio_dispatch.actors._shared_scheduler import SharedView
-from trio_dispatch.messages._scheduling import Ticket
+from trio_dispatch._policy._budgets import AdaptiveLimit, Budget, Throttle
+from trio_dispatch._policy._ratelimits import Quota, RateLimitInfo
+from trio_dispatch._policy._slots import SlotPolicy
+from trio_dispatch._redis._book import SharedBook
+from trio_dispatch._redis._ledger import Ledger, SeenModels
+from trio_dispatch._redis._scheduler import SharedView
+from trio_dispatch._redis._scripts import load_scripts
+from trio_dispatch.messages._protocol import Ticket
 
 from ._redis import needs_redis
 
 if TYPE_CHECKING:
-    from trio_dispatch._budgets import BudgetStatistics
-    from trio_dispatch._ledger import LedgerBudget, StepResult
+    from trio_dispatch._policy._budgets import BudgetStatistics
+    from trio_dispatch._redis._ledger import LedgerBudget, StepResult
 
     from ._redis import RedisServer
 

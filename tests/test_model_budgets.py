@@ -14,7 +14,7 @@ import itertools
 import pytest
 
 from trio_dispatch import Budget, QueueFull, Quota, RateLimitInfo, Tenant
-from trio_dispatch._budgets import FORGET_AFTER
+from trio_dispatch._policy._budgets import FORGET_AFTER
 from trio_dispatch.lowlevel import SlotPolicy, Throttle, Ticket
 
 ONE_PER_MINUTE = Budget(requests_per_minute=1)

@@ -25,7 +25,7 @@ from trio_dispatch import (
     open_dispatcher,
     wrap_provider,
 )
-from trio_dispatch._hooks import takes_model
+from trio_dispatch._integrations._hooks import takes_model
 from trio_dispatch.messages import ChatMessage, ChatRequest
 from trio_dispatch.providers import OpenAIProvider
 from trio_dispatch.testing import FakeLLMServer, FakeQuotas, FakeReply, FakeScript

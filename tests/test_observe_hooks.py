@@ -151,18 +151,18 @@ def test_the_finder_finds_a_private_read() -> None:
 
 
 # What a module reads of its own objects (a slot, in the slot's module).
-OWN = {"actors/_slot.py": {"slot._acquire", "slot._task"}}
+OWN = {"_dispatch/_slot.py": {"slot._acquire", "slot._task"}}
 
 
 @pytest.mark.parametrize(
     "module",
     [
-        "_otel.py",
-        "_prometheus.py",
-        "actors/_open.py",
-        "actors/_settings.py",
-        "actors/_slot.py",
-        "actors/_statistics.py",
+        "_observe/_otel.py",
+        "_observe/_prometheus.py",
+        "_dispatch/_open.py",
+        "_dispatch/_settings.py",
+        "_dispatch/_slot.py",
+        "_dispatch/_statistics.py",
     ],
 )
 def test_metrics_and_the_core_read_no_private_state_of_other_objects(

@@ -21,7 +21,7 @@ from trio_dispatch import (
     TenantStatistics,
     open_dispatcher,
 )
-from trio_dispatch.actors._observe import EventHub
+from trio_dispatch._observe._hub import EventHub
 from trio_dispatch.events import Granted, Refused, Released, Withdrawn
 from trio_dispatch.metrics import DEFAULT_WAIT_BUCKETS, PrometheusCollector
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from trio_dispatch import Dispatcher
-    from trio_dispatch.actors._observe import EventSink
+    from trio_dispatch._observe._hub import EventSink
 
 
 def scrape(

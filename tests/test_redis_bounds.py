@@ -22,8 +22,8 @@ import pytest
 import trio
 
 from trio_dispatch import Budget, open_dispatcher
-from trio_dispatch._ledger import Ledger, keys_of
-from trio_dispatch._scripts import Seed
+from trio_dispatch._redis._ledger import Ledger, keys_of
+from trio_dispatch._redis._scripts import Seed
 
 from ._redis import needs_redis, next_member
 

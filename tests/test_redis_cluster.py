@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from trio_dispatch import open_dispatcher
-from trio_dispatch._ledger import keys_of
+from trio_dispatch._redis._ledger import keys_of
 
 from ._redis import (
     REDIS_CLI,

@@ -29,7 +29,7 @@ from trio_dispatch import (
     QueueFull,
     open_dispatcher,
 )
-from trio_dispatch._ledger import Ledger, StepResult
+from trio_dispatch._redis._ledger import Ledger, StepResult
 
 from ._admin import AUTH, serve_admin
 from ._redis import (

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from trio_dispatch import Budget, Quota, RateLimitInfo, open_dispatcher
-from trio_dispatch._ledger import Ledger, keys_of
+from trio_dispatch._redis._ledger import Ledger, keys_of
 
 from ._helpers import unknown_provider
 from ._redis import needs_redis, next_member

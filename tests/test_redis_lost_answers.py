@@ -20,7 +20,7 @@ import pytest
 import trio
 
 from trio_dispatch import open_dispatcher
-from trio_dispatch._ledger import lease_of
+from trio_dispatch._redis._ledger import lease_of
 
 from ._redis import Faults, RedisServer, needs_redis, node_of
 

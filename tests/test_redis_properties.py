@@ -38,7 +38,7 @@ from ._redis import (
 
 if TYPE_CHECKING:
     from trio_dispatch import Dispatcher
-    from trio_dispatch._ledger import Ledger
+    from trio_dispatch._redis._ledger import Ledger
 
 pytestmark = needs_redis
 

@@ -21,8 +21,8 @@ import pytest
 import trio
 
 from trio_dispatch import Tenant, open_dispatcher
-from trio_dispatch._ledger import Ledger, member_of
-from trio_dispatch._scripts import load_scripts
+from trio_dispatch._redis._ledger import Ledger, member_of
+from trio_dispatch._redis._scripts import load_scripts
 
 from ._redis import SET_CLOCK, lose_everything, needs_redis, open_fleet
 from ._workers import worker

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from trio_dispatch import ConversationOptions, ProviderError
-from trio_dispatch.actors._retry import backoff, should_retry
+from trio_dispatch._conversations._retry import backoff, should_retry
 from trio_dispatch.providers import BadRequest, Overloaded, RateLimited, ServerError
 
 OPTIONS = ConversationOptions(retry_backoff=0.5, max_backoff=3.0)

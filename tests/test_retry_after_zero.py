@@ -20,9 +20,9 @@ import trio
 import trio.testing
 
 from trio_dispatch import open_dispatcher
-from trio_dispatch._ledger import Ledger
-from trio_dispatch._policy import SlotPolicy
-from trio_dispatch.messages._scheduling import Ticket
+from trio_dispatch._policy._slots import SlotPolicy
+from trio_dispatch._redis._ledger import Ledger
+from trio_dispatch.messages._protocol import Ticket
 
 from ._redis import needs_redis
 

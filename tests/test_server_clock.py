@@ -6,7 +6,7 @@ server's time) on a local clock the test sets, and reads the offset.
 
 from __future__ import annotations
 
-from trio_dispatch._server_clock import ServerClock
+from trio_dispatch._redis._clock import ServerClock
 
 
 class Local:

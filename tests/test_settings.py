@@ -8,7 +8,7 @@ import attrs
 import pytest
 
 from trio_dispatch import Budget, Tenant, open_dispatcher
-from trio_dispatch.actors._settings import Settings
+from trio_dispatch._dispatch._settings import Settings
 from trio_dispatch.lowlevel import open_dispatcher_with
 
 from ._backend_rigs import Made

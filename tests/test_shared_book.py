@@ -15,9 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trio_dispatch import QueueFull
-from trio_dispatch._ledger import lease_of
-from trio_dispatch._shared_book import SharedBook
-from trio_dispatch.messages._scheduling import Ticket
+from trio_dispatch._redis._book import SharedBook
+from trio_dispatch._redis._ledger import lease_of
+from trio_dispatch.messages._protocol import Ticket
 
 operations = st.lists(
     st.one_of(

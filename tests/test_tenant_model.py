@@ -40,7 +40,7 @@ from hypothesis.stateful import (
 )
 
 from trio_dispatch import Budget, Tenant
-from trio_dispatch._tenants import Tenants
+from trio_dispatch._policy._tenants import Tenants
 from trio_dispatch.lowlevel import SlotPolicy, Throttle, Ticket
 
 TENANTS = (None, "a", "b", "c")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from trio_dispatch import Budget, QueueFull, Tenant
-from trio_dispatch._tenants import TenantState
+from trio_dispatch._policy._tenants import TenantState
 from trio_dispatch.lowlevel import SlotPolicy, Ticket
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ import trio
 import trio.testing
 
 from trio_dispatch import Budget, open_dispatcher
-from trio_dispatch._metering import estimate_json_tokens, json_body
+from trio_dispatch._integrations._metering import estimate_json_tokens, json_body
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

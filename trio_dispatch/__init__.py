@@ -18,8 +18,26 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from ._backend import ProviderStatistics as ProviderStatistics
-from ._budgets import BudgetStatistics as BudgetStatistics
+from ._conversations._compaction import SUMMARY_PREFIX as SUMMARY_PREFIX
+from ._conversations._conversation import Conversation as Conversation
+from ._conversations._conversation import TurnStream as TurnStream
+from ._conversations._history import dump_history as dump_history
+from ._conversations._history import load_history as load_history
+from ._conversations._options import ConversationOptions as ConversationOptions
+from ._conversations._results import Retrying as Retrying
+from ._conversations._results import ToolResult as ToolResult
+from ._conversations._results import TurnEvent as TurnEvent
+from ._conversations._results import TurnFinished as TurnFinished
+from ._conversations._results import TurnResult as TurnResult
+from ._conversations._tools import Tool as Tool
+from ._conversations._turn_parts import ConversationStatistics as ConversationStatistics
+from ._dispatch._backend import ProviderStatistics as ProviderStatistics
+from ._dispatch._front import Dispatcher as Dispatcher
+from ._dispatch._front import open_dispatcher as open_dispatcher
+from ._dispatch._slot import Slot as Slot
+from ._dispatch._statistics import DispatcherStatistics as DispatcherStatistics
+from ._dispatch._turn import Turn as Turn
+from ._dispatch._turn import current_turn as current_turn
 from ._exceptions import BackendUnavailable as BackendUnavailable
 from ._exceptions import ConversationClosed as ConversationClosed
 from ._exceptions import DispatcherClosed as DispatcherClosed
@@ -30,32 +48,14 @@ from ._exceptions import QueueFull as QueueFull
 from ._exceptions import SlotHoldTimeout as SlotHoldTimeout
 from ._exceptions import TooManyToolRounds as TooManyToolRounds
 from ._exceptions import UnknownProviderWarning as UnknownProviderWarning
+from ._integrations._limited import wrap_provider as wrap_provider
+from ._policy._budgets import BudgetStatistics as BudgetStatistics
+from ._policy._ratelimits import Quota as Quota
+from ._policy._ratelimits import RateLimitInfo as RateLimitInfo
+from ._policy._tenants import TenantStatistics as TenantStatistics
 from ._provider import Provider as Provider
-from ._ratelimits import Quota as Quota
-from ._ratelimits import RateLimitInfo as RateLimitInfo
-from ._tenants import TenantStatistics as TenantStatistics
-from ._turn import Turn as Turn
-from ._turn import current_turn as current_turn
 from ._util import fixup_module_metadata
 from ._version import __version__ as __version__
-from .actors._compaction import SUMMARY_PREFIX as SUMMARY_PREFIX
-from .actors._conversation import Conversation as Conversation
-from .actors._conversation import TurnStream as TurnStream
-from .actors._events import Retrying as Retrying
-from .actors._events import ToolResult as ToolResult
-from .actors._events import TurnEvent as TurnEvent
-from .actors._events import TurnFinished as TurnFinished
-from .actors._events import TurnResult as TurnResult
-from .actors._front import Dispatcher as Dispatcher
-from .actors._front import open_dispatcher as open_dispatcher
-from .actors._history import dump_history as dump_history
-from .actors._history import load_history as load_history
-from .actors._limited import wrap_provider as wrap_provider
-from .actors._options import ConversationOptions as ConversationOptions
-from .actors._slot import Slot as Slot
-from .actors._statistics import DispatcherStatistics as DispatcherStatistics
-from .actors._tools import Tool as Tool
-from .actors._turn_parts import ConversationStatistics as ConversationStatistics
 from .messages._chat import RequestOptions as RequestOptions
 from .messages._limits import AdaptiveLimit as AdaptiveLimit
 from .messages._limits import Budget as Budget

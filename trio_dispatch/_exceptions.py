@@ -64,7 +64,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar, final
 
 if TYPE_CHECKING:
-    from ._ratelimits import RateLimitInfo
+    from ._policy._ratelimits import RateLimitInfo
 
 
 class DispatchError(Exception):

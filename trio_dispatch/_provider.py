@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, Protocol, TypeAlias
 
-from ._ratelimits import RateLimitInfo
+from ._policy._ratelimits import RateLimitInfo
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

@@ -33,32 +33,32 @@ minor versions. An application needs none of them; ``trio_dispatch``,
 - Tool arguments checked against their JSON schema: ``check_arguments``.
 """
 
-from ._backend import Backend as Backend
-from ._budgets import Throttle as Throttle
-from ._policy import PolicyStatistics as PolicyStatistics
-from ._policy import SlotPolicy as SlotPolicy
+from ._conversations._tools import check_arguments as check_arguments
+from ._dispatch._backend import Backend as Backend
+from ._dispatch._open import open_dispatcher_with as open_dispatcher_with
+from ._observe._hub import CallObserver as CallObserver
+from ._observe._hub import EventSink as EventSink
+from ._policy._budgets import Throttle as Throttle
+from ._policy._slots import PolicyStatistics as PolicyStatistics
+from ._policy._slots import SlotPolicy as SlotPolicy
 from ._util import fixup_module_metadata
-from .actors._observe import CallObserver as CallObserver
-from .actors._observe import EventSink as EventSink
-from .actors._open import open_dispatcher_with as open_dispatcher_with
 from .actors._scheduler import SchedulerActor as SchedulerActor
-from .actors._tools import check_arguments as check_arguments
-from .messages._scheduling import Acquire as Acquire
-from .messages._scheduling import Adapt as Adapt
-from .messages._scheduling import Answered as Answered
-from .messages._scheduling import Cancel as Cancel
-from .messages._scheduling import Grant as Grant
-from .messages._scheduling import ObserveRateLimits as ObserveRateLimits
-from .messages._scheduling import Pause as Pause
-from .messages._scheduling import Release as Release
-from .messages._scheduling import Reply as Reply
-from .messages._scheduling import ReportUsage as ReportUsage
-from .messages._scheduling import Resume as Resume
-from .messages._scheduling import SchedulerMessage as SchedulerMessage
-from .messages._scheduling import SetLimit as SetLimit
-from .messages._scheduling import SetModelBudget as SetModelBudget
-from .messages._scheduling import SetTenant as SetTenant
-from .messages._scheduling import Ticket as Ticket
+from .messages._protocol import Acquire as Acquire
+from .messages._protocol import Adapt as Adapt
+from .messages._protocol import Answered as Answered
+from .messages._protocol import Cancel as Cancel
+from .messages._protocol import Grant as Grant
+from .messages._protocol import ObserveRateLimits as ObserveRateLimits
+from .messages._protocol import Pause as Pause
+from .messages._protocol import Release as Release
+from .messages._protocol import Reply as Reply
+from .messages._protocol import ReportUsage as ReportUsage
+from .messages._protocol import Resume as Resume
+from .messages._protocol import SchedulerMessage as SchedulerMessage
+from .messages._protocol import SetLimit as SetLimit
+from .messages._protocol import SetModelBudget as SetModelBudget
+from .messages._protocol import SetTenant as SetTenant
+from .messages._protocol import Ticket as Ticket
 
 __all__ = [
     "Acquire",

@@ -1,4 +1,4 @@
-"""The actors: a scheduler per provider and one per conversation, under the dispatcher.
+"""The local backend: the scheduler actor of one provider and its mailbox.
 
 Internal: import the public names from ``trio_dispatch`` and the plumbing
 from ``trio_dispatch.lowlevel``.

@@ -60,12 +60,14 @@ from typing import TYPE_CHECKING, final
 
 import trio
 
-from .._backend import ProviderStatistics
-from .._budgets import AdaptiveLimit
+from .._dispatch._backend import ProviderStatistics
 from .._exceptions import DispatcherClosed, QueueFull
+from .._observe._hub import EventHub
+from .._observe._translator import Translator
+from .._policy._budgets import AdaptiveLimit
 from .._validation import check_text
 from ..messages._limits import Budget, Tenant, check_tenant
-from ..messages._scheduling import (
+from ..messages._protocol import (
     Acquire,
     Adapt,
     Answered,
@@ -82,13 +84,11 @@ from ..messages._scheduling import (
     Ticket,
 )
 from ._mailbox import Mailbox
-from ._observe import EventHub
-from ._outcomes import Translator
 
 if TYPE_CHECKING:
-    from .._policy import SlotPolicy
-    from .._ratelimits import RateLimitInfo
-    from ..messages._scheduling import Reply
+    from .._policy._ratelimits import RateLimitInfo
+    from .._policy._slots import SlotPolicy
+    from ..messages._protocol import Reply
 
 _logger = logging.getLogger("trio_dispatch")
 

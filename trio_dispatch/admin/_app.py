@@ -38,12 +38,12 @@ from typing import TYPE_CHECKING, Any, Final, final
 import attrs
 import trio
 
-from .._asgi import lifespan
+from .._dispatch._dispatcher import Dispatcher
 from .._exceptions import DispatcherClosed
 from .._json import json_kind
+from .._observe._asgi import lifespan
 from .._util import NoPublicConstructor
 from .._validation import check_tenant_name
-from ..actors._dispatcher import Dispatcher
 from ..messages._limits import Tenant
 from ._caps import (
     MAX_BODY_BYTES,
@@ -59,9 +59,9 @@ from ._routes import ROUTES, TENANT, match
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable, Mapping
 
-    from .._asgi import Receive, Send
-    from .._backend import ProviderStatistics
-    from .._tenants import TenantStatistics
+    from .._dispatch._backend import ProviderStatistics
+    from .._observe._asgi import Receive, Send
+    from .._policy._tenants import TenantStatistics
 
     Headers = Iterable[tuple[bytes, bytes]]
     _Handler = Callable[["_Request"], Awaitable[tuple[int, object]]]

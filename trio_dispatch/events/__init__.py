@@ -19,18 +19,18 @@ returns: a bounded buffer that never slows the schedulers down and counts
 what it had to drop.
 """
 
+from .._observe._hub import DispatchEvent as DispatchEvent
+from .._observe._hub import EventSubscription as EventSubscription
+from .._observe._hub import Granted as Granted
+from .._observe._hub import LimitChanged as LimitChanged
+from .._observe._hub import Paused as Paused
+from .._observe._hub import Queued as Queued
+from .._observe._hub import RateLimitsReceived as RateLimitsReceived
+from .._observe._hub import Refused as Refused
+from .._observe._hub import Released as Released
+from .._observe._hub import Resumed as Resumed
+from .._observe._hub import Withdrawn as Withdrawn
 from .._util import fixup_module_metadata
-from ..actors._observe import DispatchEvent as DispatchEvent
-from ..actors._observe import EventSubscription as EventSubscription
-from ..actors._observe import Granted as Granted
-from ..actors._observe import LimitChanged as LimitChanged
-from ..actors._observe import Paused as Paused
-from ..actors._observe import Queued as Queued
-from ..actors._observe import RateLimitsReceived as RateLimitsReceived
-from ..actors._observe import Refused as Refused
-from ..actors._observe import Released as Released
-from ..actors._observe import Resumed as Resumed
-from ..actors._observe import Withdrawn as Withdrawn
 
 __all__ = [
     "DispatchEvent",

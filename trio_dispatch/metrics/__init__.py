@@ -87,8 +87,8 @@ thread, through ``trio.from_thread``.
 from .._util import fixup_module_metadata, raise_if_extra_missing
 
 try:
-    from .._prometheus import DEFAULT_WAIT_BUCKETS as DEFAULT_WAIT_BUCKETS
-    from .._prometheus import PrometheusCollector as PrometheusCollector
+    from .._observe._prometheus import DEFAULT_WAIT_BUCKETS as DEFAULT_WAIT_BUCKETS
+    from .._observe._prometheus import PrometheusCollector as PrometheusCollector
 except ModuleNotFoundError as exc:  # pragma: no cover (tested in a fresh interpreter)
     raise_if_extra_missing(exc, "trio_dispatch.metrics", "metrics", "prometheus_client")
     raise

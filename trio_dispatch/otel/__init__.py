@@ -19,9 +19,9 @@ the limiter's own figures (see ``OpenTelemetryMetrics``).
 from .._util import fixup_module_metadata, raise_if_extra_missing
 
 try:
-    from .._otel import DURATION_BUCKETS as DURATION_BUCKETS
-    from .._otel import TOKEN_BUCKETS as TOKEN_BUCKETS
-    from .._otel import OpenTelemetryMetrics as OpenTelemetryMetrics
+    from .._observe._otel import DURATION_BUCKETS as DURATION_BUCKETS
+    from .._observe._otel import TOKEN_BUCKETS as TOKEN_BUCKETS
+    from .._observe._otel import OpenTelemetryMetrics as OpenTelemetryMetrics
 except ModuleNotFoundError as exc:  # pragma: no cover (tested in a fresh interpreter)
     raise_if_extra_missing(exc, "trio_dispatch.otel", "otel", "opentelemetry")
     raise

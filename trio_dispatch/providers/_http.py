@@ -36,7 +36,7 @@ import httpx2
 import trio
 
 from .._exceptions import MalformedStream, ProviderError, RequestFailed
-from .._hooks import RateLimitHooks
+from .._integrations._hooks import RateLimitHooks
 from .._provider import PROVIDER_USAGE, STREAM_USAGE
 from .._util import wrong_with
 from .._validation import check_seconds, redact_url
@@ -58,8 +58,8 @@ from ._sse import EventTooLarge, SSEDecoder
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 
+    from .._policy._ratelimits import RateLimitInfo
     from .._provider import RateLimitObserver, RateLimitReporter
-    from .._ratelimits import RateLimitInfo
     from ..messages import ChatRequest, StreamEvent
     from ._decode import WireDecoder
     from ._sse import ServerSentEvent

@@ -40,7 +40,7 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Final, final
 
-from .._ratelimits import Quota, RateLimitInfo, server_delay
+from .._policy._ratelimits import Quota, RateLimitInfo, server_delay
 from ._retry_after import header_delay
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ import math
 import re
 from typing import TYPE_CHECKING
 
-from .._ratelimits import server_delay
+from .._policy._ratelimits import server_delay
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any, Final, final
 import attrs
 import trio
 
-from .._asgi import lifespan
-from .._ratelimits import RateLimitInfo
+from .._observe._asgi import lifespan
+from .._policy._ratelimits import RateLimitInfo
 from .._util import AsyncWithOnly
 from ..messages import Usage
 from ._cache import PromptCache
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping
     from contextlib import AbstractAsyncContextManager
 
-    from .._asgi import Receive, Send
+    from .._observe._asgi import Receive, Send
     from ._encoders import WireEvent
     from ._script import WireFormat
 

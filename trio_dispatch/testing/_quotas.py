@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, final
 
 import attrs
 
-from .._ratelimits import Quota, RateLimitInfo
+from .._policy._ratelimits import Quota, RateLimitInfo
 from .._validation import (
     check_fraction,
     check_text,

@@ -22,9 +22,9 @@ from .._exceptions import (
     RequestFailed,
     StreamInterrupted,
 )
-from .._hooks import RateLimitHooks
+from .._integrations._hooks import RateLimitHooks
+from .._policy._ratelimits import RateLimitInfo
 from .._provider import PROVIDER_USAGE, STREAM_USAGE
-from .._ratelimits import RateLimitInfo
 from .._util import wrong_with
 from .._validation import check_seconds, check_text
 from .._wire import error_for_status, error_for_type

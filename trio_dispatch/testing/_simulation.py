@@ -43,8 +43,8 @@ import trio
 import trio.testing
 
 from .._converter import structure, unstructure
+from .._dispatch._open import open_dispatcher
 from .._validation import check_positive_seconds
-from ..actors._open import open_dispatcher
 from ._metrics import PolicyMetrics, ProviderRecord, TurnRecord, compute_metrics
 from ._workloads import Scenario, Workload
 

@@ -43,7 +43,7 @@ from ._workloads import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from ..actors._dispatcher import Dispatcher
+    from .._dispatch._dispatcher import Dispatcher
 
 __all__ = [
     "AcquireOp",

@@ -1,0 +1,1080 @@
+"""The dispatcher core: one backend per provider under one nursery.
+
+``open_dispatcher`` owns a nursery holding the backend of each provider
+limited or used (the local ``SchedulerActor``, or the Redis-shared
+scheduler); the ``Dispatcher`` talks to each through the ``Backend``
+protocol only, never asking which it has. Its slots (``_slot``) are the
+requester's side; its settings and their checks live in ``_settings``,
+its snapshot in ``_statistics``. The core imports nothing built on it:
+the integrations and the front ``Dispatcher`` users get sit above it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import logging
+import math
+import sys
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, ClassVar, Final
+
+import trio
+
+from .._exceptions import DispatcherClosed, UnknownProviderWarning
+from .._groups import leaves
+from .._observe._hub import (
+    CallObserver,
+    CallWatch,
+    EventHub,
+    EventSink,
+    EventSubscription,
+    RateLimitsReceived,
+)
+from .._policy._budgets import AdaptiveLimit, Throttle, check_limit_value
+from .._policy._ratelimits import RateLimitInfo
+from .._policy._slots import SlotPolicy
+from .._util import NoPublicConstructor, warn_the_caller
+from .._validation import (
+    MAX_TENANT_NAME,
+    check_count,
+    check_instant,
+    check_limit,
+    check_optional_model,
+    check_optional_seconds,
+    check_optional_tenant,
+    check_priority,
+    check_provider,
+    check_tenant_name,
+)
+from ..actors._scheduler import SchedulerActor
+from ..messages._limits import DEFAULT_MAX_TOKENS
+from ._settings import check_tenant_settings
+from ._slot import ModelCall, Slot, SlotHost, acquire_unscoped
+from ._statistics import DispatcherStatistics
+from ._turn import CURRENT_TURN, Turn, TurnScope
+
+if TYPE_CHECKING:
+    from collections.abc import (
+        AsyncIterator,
+        Awaitable,
+        Callable,
+        Iterable,
+        Mapping,
+    )
+
+    from .._provider import Provider
+    from ..messages._limits import Tenant
+    from ._backend import Backend
+    from ._settings import Settings
+
+_logger = logging.getLogger("trio_dispatch")
+
+_UNSET: Any = object()
+_make: Final = type.__call__
+# Bound once: check_run runs at every slot's entry.
+_current_trio_token: Final = trio.lowlevel.current_trio_token
+
+
+class Dispatcher(metaclass=NoPublicConstructor):
+    """The core of a dispatcher: limits, slots, turns, pauses, statistics.
+
+    Applications get ``trio_dispatch.Dispatcher``, the front defined above
+    the integrations (``actors/_front.py``), which adds ``transport()`` and
+    ``start_conversation()``; its docstring tells the behaviour.
+    """
+
+    # The class open_dispatcher makes: the front that adds the integrations
+    # (trio_dispatch._dispatch._front, above them), once it is defined; this
+    # core until then. The core never imports what is built on it.
+    _front: ClassVar[type[Dispatcher]]
+
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        Dispatcher._front = cls
+
+    __slots__ = (
+        "_actors",
+        "_backends",
+        "_call_observers",
+        "_calls",
+        "_cleared",
+        "_closed",
+        "_closing",
+        "_host",
+        "_hub",
+        "_known",
+        "_limits",
+        "_new_backend",
+        "_nursery",
+        "_settings",
+        "_tenants",
+        "_token",
+    )
+
+    def __init__(self, nursery: trio.Nursery, settings: Settings) -> None:
+        self._nursery = nursery
+        self._settings = settings
+        # The trio run the dispatcher belongs to (see check_run).
+        self._token = trio.lowlevel.current_trio_token()
+        # The backend of every provider seen, and those whose task runs: a
+        # backend stopped when idle keeps its state for its next run.
+        self._new_backend: Callable[[str], Backend] = (
+            self._local_backend
+            if settings.new_backend is None
+            else settings.new_backend
+        )
+        self._backends: dict[str, Backend] = {}
+        self._actors: dict[str, Backend] = {}
+        self._limits: dict[str, int] = {}
+        # The tenants configured now (open_dispatcher's, then set_tenant's,
+        # and with Redis the fleet's, as the schedulers learn them): every
+        # backend is told of each when it is made.
+        self._tenants: dict[str, Tenant] = dict(settings.tenants)
+        # Known providers, and the names slot() lets through without a
+        # look: the known ones and the unknown ones already allowed or
+        # warned about.
+        self._known: set[str] = set()
+        self._cleared: set[str] = set()
+        # The model calls under way through integrations, by the task that
+        # holds each one's slot (see calling()).
+        self._calls: dict[trio.lowlevel.Task, ModelCall] = {}
+        self._closed = False
+        # Set when closing, for the task that holds the Redis client.
+        self._closing: trio.Event | None = None
+        # Where the schedulers emit their events (see events()), and who
+        # is told of every LLM call (the OpenTelemetry metrics).
+        self._hub = EventHub(settings.priority_aging)
+        self._call_observers: tuple[CallObserver, ...] = ()
+        # What the slots read of this dispatcher: its own dicts, shared.
+        self._host = SlotHost(
+            self._actors,
+            self._limits,
+            self._scheduler,
+            settings.priority_aging,
+            settings.lease,
+            check_run=self.check_run,
+        )
+
+    @property
+    def max_pause(self) -> float:
+        """The longest pause (``open_dispatcher``'s ``max_pause``), in seconds.
+
+        It also caps a conversation's retry wait.
+        """
+        return self._settings.max_pause
+
+    @property
+    def max_hold(self) -> float | None:
+        """How long a slot may be held (``open_dispatcher``'s ``max_hold``), or ``None``."""
+        return self._settings.max_hold
+
+    @property
+    def retry_grace(self) -> float:
+        """How long a granted kept place waits for its retry (``open_dispatcher``'s ``retry_grace``)."""
+        return self._settings.retry_grace
+
+    @property
+    def lease(self) -> float:
+        """The lease of a slot shared through Redis, in seconds (``open_dispatcher``'s ``lease``)."""
+        return self._settings.lease
+
+    def start_soon(
+        self, function: Callable[..., Awaitable[object]], *args: object, name: str
+    ) -> None:
+        """Run ``function(*args)`` in the dispatcher's nursery, until it closes.
+
+        Plumbing for integrations: a task that outlives the call that
+        starts it (the transport's ``max_hold`` timer).
+        """
+        self.check_run()
+        self._nursery.start_soon(function, *args, name=name)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<Dispatcher {state} limits={self._limits!r}>"
+
+    @property
+    def closed(self) -> bool:
+        """Whether the dispatcher has shut down."""
+        return self._closed
+
+    def check_run(self) -> None:
+        """Refuse a call made outside the trio run that opened the dispatcher.
+
+        A dispatcher's tasks, channels and slots live in one trio run (one
+        thread): a grant reaching a task of another run would corrupt both.
+        So every way into the run checks first, before anything changes:
+        entering a slot (and so ``wrap_provider``, ``transport()`` and
+        conversations), ``turn()``, ``events()``, ``statistics()``, the
+        limits, pauses and tenants, and starting or asking a conversation.
+        Once closed, the dispatcher is inert: its methods say
+        ``DispatcherClosed`` (or nothing) wherever they are called from.
+        Plumbing for integrations that reach the run by other ways than the
+        dispatcher's methods, as a conversation's queue does.
+
+        Raises:
+            RuntimeError: Called from another trio run, or from no trio run
+                at all, while the dispatcher is open.
+        """
+        if self._closed:
+            return
+        try:
+            token = _current_trio_token()
+        except RuntimeError:  # no trio run in this thread
+            token = None
+        if token is not self._token:
+            raise RuntimeError(
+                "the dispatcher belongs to another trio run: use it in the run"
+                " that opened it (from another thread, through trio.from_thread.run)"
+            )
+
+    def turn(
+        self,
+        *,
+        conversation_id: str | None = None,
+        started_at: float | None = None,
+        priority: int = 0,
+        tenant: str | None = None,
+    ) -> contextlib.AbstractContextManager[Turn]:
+        """A turn, for a plain ``with``: every slot taken inside it is its call.
+
+        Inside the block, ``slot()`` (and so ``wrap_provider``'s streams,
+        conversations and anything else that takes a slot without naming
+        them) uses the turn's ``conversation_id``, ``started_at``,
+        ``priority`` and ``tenant`` where it is not given them: every LLM call of the turn
+        keeps the place in line that the turn's start gave it. Tasks started
+        inside the block belong to the turn too (trio copies the context at
+        spawn). A turn entered inside another replaces it, whole, until its
+        block ends. The turn is plain data, tied to no dispatcher: a slot of
+        any dispatcher taken inside it carries it. Outside any turn, each
+        request is its own turn (it starts when the slot is asked for, with
+        priority 0).
+
+        Args:
+            conversation_id: Who asks, for every slot of the turn.
+            started_at: When the turn began, on the trio clock; defaults to
+                now.
+            priority: The turn's priority class (see ``open_dispatcher``'s
+                ``priority_aging``); higher goes first.
+            tenant: The tenant every slot of the turn is taken for (see
+                ``open_dispatcher``'s ``tenants``), or ``None`` for none.
+
+        Returns:
+            A context manager, entered once, whose value is the ``Turn``.
+
+        Raises:
+            TypeError: ``conversation_id`` not a string or ``None``,
+                ``started_at`` not a number, ``priority`` not an int,
+                ``tenant`` not a string or ``None``.
+            ValueError: ``started_at`` not finite, ``priority`` out of
+                range, ``tenant`` empty or longer than 256 characters.
+        """
+        self.check_run()
+        if conversation_id is not None and not isinstance(conversation_id, str):
+            raise TypeError(
+                f"conversation_id must be a string or None, got {conversation_id!r}"
+            )
+        started_at = (
+            trio.current_time()
+            if started_at is None
+            else check_instant(started_at, "started_at")
+        )
+        return TurnScope(
+            Turn(
+                conversation_id,
+                started_at,
+                check_priority(priority),
+                check_optional_tenant(tenant),
+            )
+        )
+
+    def slot(  # noqa: PLR0912  # every argument checked inline: the hot path
+        self,
+        provider: str,
+        *,
+        conversation_id: str | None = None,
+        started_at: float | None = None,
+        priority: int | None = None,
+        max_hold: float | None = _UNSET,
+        tokens: int | None = None,
+        tenant: str | None = None,
+        model: str | None = None,
+    ) -> Slot:
+        """A slot of ``provider``, to hold with ``async with``.
+
+        Requests go in priority class first (higher first, with the aging
+        of ``open_dispatcher``'s ``priority_aging``), then oldest turn, then
+        arrival order. What is not given comes from the current ``turn()``,
+        field by field; outside any turn the request is a turn of its own.
+
+        Args:
+            provider: The provider's name; if it has no limit, the slot is
+                granted at once (it is still counted, for a limit set later).
+            conversation_id: Who asks: kept on the slot and sent with the
+                request to the scheduler. Defaults to the current turn's.
+            started_at: When the request's turn began, on the trio clock:
+                earlier goes first within a class. Defaults to the current
+                turn's start, or now outside any turn.
+            priority: The request's priority class, an int; higher goes
+                first. Defaults to the current turn's, or 0.
+            max_hold: Seconds the slot may be held before the body is
+                cancelled and ``SlotHoldTimeout`` raised; defaults to the
+                dispatcher's ``max_hold``. ``None`` for no bound. Applies to
+                providers limited when the slot is granted.
+            tokens: The request's estimated tokens (prompt and answer),
+                charged to the provider's token budget when the slot is
+                granted; correct it with ``Slot.report_usage``. ``None``
+                charges none up front.
+            tenant: The tenant the request is made for (see
+                ``open_dispatcher``'s ``tenants``). Defaults to the current
+                turn's, or none.
+            model: The model the request asks for, or ``None``: its budget
+                (``"provider/model"`` in ``open_dispatcher``'s
+                ``budgets``, or learned from that model's answers) must
+                hold it too, beside the provider's.
+
+        Raises:
+            TypeError: An argument of the wrong type (``tenant`` or
+                ``model`` not a string or ``None``...).
+            ValueError: At once, if ``provider`` is unknown and the
+                dispatcher's ``unknown_providers`` is ``"error"``; or a
+                bad value (an empty ``tenant`` or ``model``, a ``tenant``
+                longer than 256 characters...).
+            DispatcherClosed: On entering, if the dispatcher has closed or
+                closes while waiting.
+            QueueFull: On entering, if ``max_waiting`` requests already wait.
+        """
+        if (
+            conversation_id is None
+            and started_at is None
+            and priority is None
+            and tenant is None
+            and model is None
+            and tokens is None
+            and max_hold is _UNSET
+            and type(provider) is str
+            and provider in self._cleared
+        ):
+            # Nothing given but a provider already checked, the common case:
+            # everything from the current turn, nothing to check.
+            host = self._host
+            turn = CURRENT_TURN.get()
+            if turn is None:
+                # type.__call__ is what Slot._create does, without its
+                # Python frame: this is the hot path of every request.
+                fresh: Slot = _make(
+                    Slot, host, provider, None, host.now(), 0, self._settings.max_hold
+                )
+                return fresh
+            current: Slot = _make(
+                Slot,
+                host,
+                provider,
+                turn.conversation_id,
+                turn.started_at,
+                turn.priority,
+                self._settings.max_hold,
+                0,
+                turn.tenant,
+            )
+            return current
+        if type(provider) is not str or not provider:
+            check_provider(provider)  # raises: the common case skips the call
+        turn = (
+            CURRENT_TURN.get()
+            if conversation_id is None
+            or started_at is None
+            or priority is None
+            or tenant is None
+            else None
+        )
+        if conversation_id is None:
+            if turn is not None:
+                conversation_id = turn.conversation_id
+        elif not isinstance(conversation_id, str):
+            raise TypeError(
+                f"conversation_id must be a string or None, got {conversation_id!r}"
+            )
+        if started_at is None:
+            started_at = self._host.now() if turn is None else turn.started_at
+        else:
+            started_at = check_instant(started_at, "started_at")
+        if priority is None:
+            priority = 0 if turn is None else turn.priority
+        else:
+            priority = check_priority(priority)
+        if tenant is None:
+            if turn is not None:
+                tenant = turn.tenant
+        elif type(tenant) is not str or not 0 < len(tenant) <= MAX_TENANT_NAME:
+            check_tenant_name(tenant)  # raises: the common case skips the call
+        if model is not None and (type(model) is not str or not model):
+            check_optional_model(model)  # raises
+        if max_hold is _UNSET:
+            max_hold = self._settings.max_hold
+        else:
+            max_hold = check_optional_seconds(max_hold, "max_hold", positive=True)
+        if tokens is not None:
+            check_count(tokens, "tokens")
+        if provider not in self._cleared:
+            self._unknown(provider)
+        slot: Slot = _make(
+            Slot,
+            self._host,
+            provider,
+            conversation_id,
+            started_at,
+            priority,
+            max_hold,
+            tokens or 0,
+            tenant,
+            model,
+        )
+        return slot
+
+    async def hold(
+        self, provider: str, tokens: int = 0, model: str | None = None
+    ) -> tuple[Slot, float]:
+        """A granted slot of ``provider`` that any task may give back.
+
+        Plumbing for integrations (``transport()`` is built on it): for a
+        hold that does not end where it began (an HTTP response is closed
+        later, perhaps by another task), so it enters no cancel scope: give
+        it back with ``Slot.release()``. Returns the slot and its
+        ``max_hold`` deadline (trio clock; ``inf`` for none), which the
+        holder enforces, as it follows the slot's lease (``Slot.lease_deadline``,
+        ``Slot.follow_lease``). The turn is the current one (``slot()``
+        with neither ``started_at`` nor ``conversation_id``), charged
+        ``tokens``, for ``model`` (``None``: none known).
+        """
+        slot = self.slot(provider, max_hold=None, tokens=tokens, model=model)
+        # Granted without the timer's cancel scope, which only the entering
+        # task could close (a lease deadline from Redis would arm one).
+        await acquire_unscoped(slot)
+        return slot, self.hold_deadline(slot)
+
+    def hold_deadline(self, slot: Slot) -> float:
+        """The ``max_hold`` deadline of a granted ``slot`` taken with ``hold()``.
+
+        Its grant plus ``max_hold`` (trio clock), or ``inf`` for none.
+        """
+        max_hold = self._settings.max_hold
+        if max_hold is None or slot.provider not in self._limits:
+            return math.inf
+        assert slot.granted_at is not None
+        return slot.granted_at + max_hold
+
+    def calling(self, slot: Slot) -> ModelCall:
+        """The model call of held ``slot`` is under way in this task, in the block.
+
+        Plumbing for integrations (``wrap_provider`` is built on it): a
+        provider may tell this dispatcher of its answer by itself, through
+        callbacks (``on_rate_limits=dispatcher.observe_rate_limits``,
+        ``on_rate_limit=dispatcher.report_rate_limit``) called as the
+        answer arrives. What those hear of ``slot``'s provider from this
+        task while the block runs is this call's answer: its start is said
+        first (the figures count the request), and the ``ModelCall`` notes
+        it, so the integration does not tell it again. Use it in a plain
+        ``with``, entered and left by the task that holds the slot.
+        """
+        call: ModelCall = _make(ModelCall, slot, self._calls)
+        return call
+
+    def set_limit(self, provider: str, limit: int | AdaptiveLimit) -> None:
+        """Limit ``provider`` to ``limit`` concurrent slots, now.
+
+        A higher limit grants waiting requests at once; a lower one lets the
+        current holders finish and grants nothing until fewer than ``limit``
+        hold a slot. An ``AdaptiveLimit`` starts at its ``initial`` value
+        and moves on its own; an int replaces it by a fixed limit.
+
+        With ``redis_url``, the limit is stored in Redis for the whole
+        fleet, an ``AdaptiveLimit`` too: every process then follows its
+        value, which the fleet's successes and rate limits move.
+        """
+        check_provider(provider)
+        check_limit_value(limit)
+        self._check_open()
+        self._tell(provider, lambda backend: backend.set_limit(limit))
+        self._limits[provider] = (
+            limit.initial if isinstance(limit, AdaptiveLimit) else limit
+        )
+        self._known.add(provider)
+        self._cleared.add(provider)
+
+    def remove_limit(self, provider: str) -> None:
+        """Lift the limit of ``provider``: waiters go through, nobody waits.
+
+        Its scheduler keeps counting the slots in use (granting every request
+        at once), so a limit set again later counts every holder and the
+        provider never sees more than the new limit once they finish. The
+        provider stays known (even one never limited): it is unlimited on
+        purpose, so ``unknown_providers`` does not apply to it.
+        """
+        check_provider(provider)
+        self._check_open()
+        self._limits.pop(provider, None)
+        self._tell(provider, lambda backend: backend.set_limit(None))
+        self._known.add(provider)
+        self._cleared.add(provider)
+
+    def limits(self) -> dict[str, int]:
+        """The limits, provider by provider (a copy); an adaptive one's current value."""
+        limits = dict(self._limits)
+        for provider in limits:
+            backend = self._backends.get(provider)
+            value = None if backend is None else backend.adaptive_value()
+            if value is not None:
+                limits[provider] = value
+        return limits
+
+    def observe_rate_limits(
+        self, provider: str, info: RateLimitInfo, *, model: str | None = None
+    ) -> None:
+        """Learn from the rate-limit figures of one of ``provider``'s answers.
+
+        Every answer that carries rate-limit headers, success or error,
+        comes here: by itself for the calls made through the dispatcher
+        (``wrap_provider``, conversations, ``transport()``), which read
+        the figures off the answer; through a provider's
+        ``on_rate_limits=`` for one used without a dispatcher's slot (a
+        provider given both is counted once). The figures pace the
+        provider's budgets (see ``open_dispatcher``'s ``budgets`` and
+        ``learn_budgets``). Synchronous, never blocks, and never raises for
+        what ``info`` says. Subscribers to ``events()`` get each as a
+        ``RateLimitsReceived``; the budgets ignore them with
+        ``learn_budgets=False``. With ``redis_url``, the fleet's budgets in
+        Redis learn them, with the scheduler's next exchange. Ignored once
+        the dispatcher has closed.
+
+        Providers count their limits per model (OpenAI's headers are a
+        model's), so figures of an answer for ``model`` pace that model's
+        budget, and figures of an answer for no known model (``None``)
+        pace the provider's, over all its models. The calls made through
+        the dispatcher name their model by themselves: our providers'
+        ``model``, the ``model`` of a transport's JSON body, a slot's
+        ``model`` (a provider's own callback for the call under way in
+        this task too).
+
+        Raises:
+            TypeError: ``provider`` or ``model`` is not a string, or
+                ``info`` not a ``RateLimitInfo``.
+            ValueError: ``provider`` or ``model`` is empty.
+        """
+        check_provider(provider)
+        if not isinstance(info, RateLimitInfo):
+            raise TypeError(f"info must be a RateLimitInfo, got {info!r}")
+        check_optional_model(model)
+        if self._closed or info.empty:
+            return
+        # Before the event: a subscriber's channel belongs to this run.
+        self.check_run()
+        if self._calls:
+            call = self._calls.get(trio.lowlevel.current_task())
+            if call is not None and call.slot.provider == provider:
+                # A provider's own callback, as the answer of the call under
+                # way in this task arrives: the figures count its request,
+                # whose answer has started, and the call is not told again.
+                call.observed = True
+                call.answered()
+                if model is None:
+                    model = call.slot.model
+        if self._hub.sinks:
+            self._hub.emit(
+                RateLimitsReceived(provider, trio.current_time(), info, model)
+            )
+        settings = self._settings
+        if not settings.learn_budgets:
+            return
+        now = trio.current_time()
+        with contextlib.suppress(DispatcherClosed):
+            # Closed: its scheduler has stopped, and nothing waits there.
+            self._tell(
+                provider,
+                (lambda backend: backend.observe_rate_limits(now, info))
+                if model is None
+                else (lambda backend: backend.observe_rate_limits(now, info, model)),
+            )
+
+    def default_max_tokens(self, provider: str, model: str | None = None) -> int:
+        """The answer charged for a request of ``provider`` without ``max_tokens``.
+
+        Its budget's ``default_max_tokens``: the configured budget of
+        ``model``'s (``"provider/model"``), else the provider's, else the
+        default; what an integration's token estimate counts for such a
+        request.
+        """
+        settings = self._settings
+        models = settings.model_budgets.get(provider, {})
+        budget = None if model is None else models.get(model)
+        if budget is None:
+            budget = settings.provider_budgets.get(provider)
+        return DEFAULT_MAX_TOKENS if budget is None else budget.default_max_tokens
+
+    def set_tenant(self, tenant: str, settings: Tenant) -> None:
+        """Give ``tenant`` its share ``settings`` (a ``Tenant``), now, everywhere.
+
+        Every provider's scheduler applies it at once, and every one made
+        later starts with it: a new weight counts from now on (the
+        service received so far keeps its old weight), a higher cap grants
+        waiting requests of the tenant at once, and a lower one lets its
+        holders finish and grants it nothing more until it holds fewer
+        slots than the cap. With ``redis_url``, the whole fleet follows it.
+
+        Raises:
+            TypeError: ``tenant`` is not a string, or ``settings`` not a
+                ``Tenant``.
+            ValueError: ``tenant`` is empty or longer than 256 characters.
+            DispatcherClosed: The dispatcher has closed.
+        """
+        check_tenant_name(tenant)
+        checked = check_tenant_settings(settings)
+        self._check_open()
+        self._tenants[tenant] = checked
+        self._tell_every(lambda backend: backend.set_tenant(tenant, checked))
+
+    def remove_tenant(self, tenant: str) -> None:
+        """Give ``tenant`` the defaults again (``Tenant()``: weight 1, no cap), now.
+
+        Its requests go on, ranked with the default weight from now on.
+        With ``redis_url``, the whole fleet follows it, whichever process
+        configured it; a tenant configured nowhere keeps its defaults.
+
+        Raises:
+            TypeError: ``tenant`` is not a string.
+            ValueError: ``tenant`` is empty or longer than 256 characters.
+            DispatcherClosed: The dispatcher has closed.
+        """
+        check_tenant_name(tenant)
+        self._check_open()
+        self._tenants.pop(tenant, None)
+        self._tell_every(lambda backend: backend.set_tenant(tenant, None))
+
+    def tenants(self) -> dict[str, Tenant]:
+        """The tenants configured now, by name (a copy): ``tenants`` and ``set_tenant``'s.
+
+        With ``redis_url``, the fleet's, the latest writer winning: a
+        tenant set or removed in another process shows here once a round
+        of a provider's scheduler has seen it (the change wakes them).
+        """
+        return dict(self._tenants)
+
+    def report_rate_limit(
+        self, provider: str, retry_after: float | None = None
+    ) -> None:
+        """Pause grants for ``provider`` after it answered 429, 529 or similar.
+
+        Calls through the dispatcher (``wrap_provider``, conversations,
+        ``transport()``) report their rate-limit answers by themselves; a
+        provider's ``on_rate_limit=`` is for calls made without a slot (a
+        provider given both reports an answer once).
+
+        Holders are not touched; nothing is granted until the pause ends.
+        With ``retry_after`` (the server's ``Retry-After``, in seconds) the
+        pause lasts that long. Without, or with ``0`` (a server's
+        ``Retry-After: 0`` names no delay), it backs off: the dispatcher's
+        ``default_pause`` for the first report of a streak, doubling with
+        each later round up to ``max_pause``. A report opens a new round
+        when a slot was granted since the previous report; reports with no
+        grant between them (requests that were in flight together) share a
+        round. A report with ``retry_after`` counts as a round too. The
+        streak ends on a success, a slot granted after the latest report
+        and given back with no report while it was held, or on ``resume``.
+
+        No pause is longer than the dispatcher's ``max_pause``, and a later
+        report can only extend a pause, never shorten it. Ignored for an
+        unlimited provider and after the dispatcher has closed, since
+        nothing waits there.
+        """
+        check_provider(provider)
+        seconds = check_optional_seconds(retry_after, "retry_after")
+        if self._calls:
+            call = self._calls.get(trio.lowlevel.current_task())
+            if call is not None and call.slot.provider == provider:
+                # A provider's own callback for the call under way in this
+                # task: the integration does not report this answer again.
+                call.reported = True
+        if self._closed or provider not in self._limits:
+            return
+        with contextlib.suppress(DispatcherClosed):
+            # Its scheduler has stopped (it crashed): there is nothing to pause.
+            self._tell(
+                provider, lambda backend: backend.pause(trio.current_time(), seconds)
+            )
+
+    def resume(self, provider: str) -> None:
+        """End the pause of ``provider`` now, and its backoff streak.
+
+        Waiting requests are granted at once, in ticket order, as slots
+        allow. Nothing happens for a provider that is not paused or has
+        never been used. With ``redis_url``, it ends the pause of the whole
+        fleet, from any process (one that never used the provider too).
+
+        Raises:
+            DispatcherClosed: The dispatcher has closed.
+        """
+        check_provider(provider)
+        self._check_open()
+        self._tell(provider, lambda backend: backend.resume())
+
+    def events(self, *, buffer: int = 1024) -> EventSubscription:
+        """Every event of every provider, from now on, to read in a block.
+
+        ``async with dispatcher.events() as events: async for event in
+        events`` yields a ``trio_dispatch.events`` value for each thing that
+        happens to a slot or a provider while the block runs: ``Queued``,
+        ``Granted`` (with the wait), ``Released`` (with the hold time),
+        ``Withdrawn``, ``Refused``, ``Paused``, ``Resumed``,
+        ``LimitChanged`` and ``RateLimitsReceived``. The iteration ends
+        when the dispatcher closes, once the buffer is read.
+
+        The schedulers never wait for the reader: they keep up to
+        ``buffer`` events for it, and count the events they drop when the
+        buffer is full in the subscription's ``dropped``. While nothing
+        subscribes, no event is made at all.
+
+        Args:
+            buffer: The most events kept until read (a positive int).
+
+        Raises:
+            DispatcherClosed: On entering, if the dispatcher has closed.
+        """
+        check_limit(buffer, "buffer")
+        self.check_run()
+        return EventSubscription._create(self._hub, buffer)
+
+    def observe_events(self, sink: EventSink) -> None:
+        """Hand every event of every provider to ``sink``, from now on, as it happens.
+
+        Plumbing for metrics (``trio_dispatch.metrics``,
+        ``trio_dispatch.otel``): ``sink.push(event)`` is called in the
+        scheduler's task for each event ``events()`` would yield, without
+        a buffer, so it must neither block nor raise; ``sink.close()`` is
+        called once when the dispatcher closes (at once if it has).
+
+        Raises:
+            TypeError: ``sink`` has no ``push`` or no ``close`` method.
+        """
+        for method in ("push", "close"):
+            if not callable(getattr(sink, method, None)):
+                raise TypeError(f"sink must have a {method} method, got {sink!r}")
+        self._hub.attach(sink)
+
+    def observe_calls(self, observer: CallObserver) -> None:
+        """Tell ``observer`` of every LLM call made through this dispatcher, from now on.
+
+        Plumbing for metrics (``trio_dispatch.otel``): each call made
+        through ``wrap_provider`` or a conversation ends with
+        ``observer.call_ended(provider, duration, usage, error)``, in the
+        caller's task; it must neither block nor raise.
+
+        Raises:
+            TypeError: ``observer`` has no ``call_ended`` method.
+        """
+        if not callable(getattr(observer, "call_ended", None)):
+            raise TypeError(f"observer must have a call_ended method, got {observer!r}")
+        self._call_observers = (*self._call_observers, observer)
+
+    def watch_call(self, provider: Provider) -> CallWatch | None:
+        """An LLM call to ``provider`` begins: a watch, if anything observes calls.
+
+        Plumbing for integrations: the watch times the call for the
+        metrics (OpenTelemetry); ``None`` when nothing observes calls.
+        """
+        observers = self._call_observers
+        return None if not observers else CallWatch(provider, observers)
+
+    def statistics(self) -> DispatcherStatistics:
+        """A snapshot of every provider limited or used, unlimited ones too.
+
+        It reflects everything done before the call: a ``set_limit``, a
+        slot given back or asked for a moment ago shows at once, without
+        waiting for the schedulers to run (each handles its queued messages
+        first, synchronously, as it would itself).
+        """
+        # A backend handles its backlog first, which may grant.
+        self.check_run()
+        return DispatcherStatistics(
+            providers={
+                provider: backend.statistics()
+                for provider, backend in self._backends.items()
+            },
+            closed=self._closed,
+        )
+
+    def _unknown(self, provider: str) -> None:
+        """Apply ``unknown_providers`` to a provider first seen unknown."""
+        if self._settings.unknown_providers == "error":
+            raise ValueError(
+                f"provider {provider!r} has no limit;"
+                f" known providers: {_names(self._known)}"
+                f"{_did_you_mean(provider, self._known)}"
+            )
+        if self._settings.unknown_providers == "warn":
+            message = (
+                f"provider {provider!r} has no limit, so it runs unlimited;"
+                f" limited providers: {_names(self._limits)}"
+                f"{_did_you_mean(provider, self._limits)}"
+            )
+            # The warning first: turned into an error (python -W error), it
+            # refuses this use, and the name stays unknown for the next.
+            warn_the_caller(UnknownProviderWarning(message))
+            _logger.warning("%s", message)
+        self._cleared.add(provider)
+
+    def _scheduler(self, provider: str) -> Backend:
+        """The backend of ``provider``, made if there is none, its task running.
+
+        Unlimited providers get one too (with no limit, it grants at once):
+        it counts their slots in use, so a limit set later counts them. Its
+        task stops when idle (see ``_serve``); the next call starts it again
+        on the same backend.
+        """
+        self.check_run()
+        actor = self._actors.get(provider)
+        if actor is None:
+            actor = self._backends.get(provider)
+            if actor is None:
+                actor = self._backends[provider] = self._new_backend(provider)
+                self._configure(provider, actor)
+            self._actors[provider] = actor
+            self._nursery.start_soon(
+                self._serve, actor, name=f"trio_dispatch scheduler {provider!r}"
+            )
+        return actor
+
+    def _configure(self, provider: str, backend: Backend) -> None:
+        """Tell a new backend the tenants, and the budgets of its provider's models."""
+        for tenant, settings in self._tenants.items():
+            backend.set_tenant(tenant, settings)
+        for model, budget in self._settings.model_budgets.get(provider, {}).items():
+            backend.set_model_budget(model, budget)
+
+    def _tell_every(self, change: Callable[[Backend], None]) -> None:
+        """Make ``change`` to every provider's backend (``_tell``), closed ones aside."""
+        for provider in list(self._backends):
+            with contextlib.suppress(DispatcherClosed):
+                # Closed: its scheduler has stopped (it crashed).
+                self._tell(provider, change)
+
+    def _tell(self, provider: str, change: Callable[[Backend], None]) -> None:
+        """Make ``change`` to the backend of ``provider``, started if need be.
+
+        A backend whose task was not running handles it at once, in this
+        task, through its own message handling: its task finds it done.
+
+        Raises:
+            DispatcherClosed: Its backend is closed.
+        """
+        started = provider not in self._actors
+        backend = self._scheduler(provider)
+        try:
+            change(backend)
+        except trio.ClosedResourceError:
+            raise DispatcherClosed(
+                f"the scheduler of {provider!r} has stopped"
+            ) from None
+        if started:
+            backend.handle_backlog()
+
+    async def _share(self, limits: Mapping[str, int | AdaptiveLimit]) -> None:
+        """Connect to Redis, store ``limits`` where none is, start the schedulers.
+
+        Raises:
+            BackendUnavailable: Redis cannot be reached.
+        """
+        from .._redis._backend import SharedBackends, serve_ledger  # noqa: PLC0415  # coredis only when asked for
+
+        self._closing = trio.Event()
+        shared = SharedBackends(
+            self._settings,
+            self._hub,
+            self._limits,
+            self._learn_limit,
+            self._learn_tenant,
+        )
+        ledger, stored = await self._nursery.start(
+            serve_ledger, self._settings, limits, shared.wake, self._closing
+        )
+        shared.ledger = ledger
+        self._new_backend = shared.new
+        for provider, limit in stored.items():
+            self._learn_limit(provider, limit)
+            self._known.add(provider)
+            self._cleared.add(provider)
+            # Started now, so that a pause or a limit reaches it at once.
+            self._scheduler(provider)
+
+    def _learn_limit(self, provider: str, limit: int | None) -> None:
+        """A shared scheduler learned the fleet's limit from Redis."""
+        if limit is None:
+            self._limits.pop(provider, None)
+        else:
+            self._limits[provider] = limit
+
+    def _learn_tenant(self, tenant: str, settings: Tenant | None) -> None:
+        """A shared scheduler learned the fleet's setting of ``tenant`` from Redis."""
+        if settings is None:
+            self._tenants.pop(tenant, None)
+        else:
+            self._tenants[tenant] = settings
+
+    def _local_backend(self, provider: str) -> Backend:
+        """The scheduler actor of ``provider`` in this process."""
+        settings = self._settings
+        budget = settings.provider_budgets.get(provider)
+        policy = SlotPolicy(
+            None,
+            provider=provider,
+            max_waiting=settings.max_waiting,
+            default_pause=settings.default_pause,
+            max_pause=settings.max_pause,
+            throttle=None
+            if budget is None
+            else Throttle(
+                budget,
+                learn=settings.learn_budgets,
+                now=trio.current_time(),
+            ),
+        )
+        return SchedulerActor(provider, policy, self._hub)
+
+    # Protected so that no KeyboardInterrupt comes between the actor's
+    # decision to stop and its removal: a request in between would find a
+    # closed inbox.
+    @trio.lowlevel.enable_ki_protection
+    async def _serve(self, actor: Backend) -> None:
+        if await actor.run(stop_when_idle=True):
+            # Idle and unlimited: it stopped with nothing held, waiting or
+            # queued, in this same step, so no request was sent to it since.
+            del self._actors[actor.provider]
+
+    def check_known(self, provider: str) -> None:
+        """Let ``provider`` through as ``slot()`` does, or refuse it at once.
+
+        Plumbing for integrations that take slots later (``transport()``,
+        ``start_conversation()``): ``unknown_providers`` applies to a
+        provider never named in ``limits``, ``set_limit`` or
+        ``remove_limit`` (a warning, or ``ValueError`` with ``"error"``).
+
+        Raises:
+            TypeError: ``provider`` is not a string.
+            ValueError: ``provider`` is empty, or unknown while
+                ``unknown_providers`` is ``"error"``.
+        """
+        check_provider(provider)
+        if provider not in self._cleared:
+            self._unknown(provider)
+
+    def _check_open(self) -> None:
+        """Open, and called from its run: before a change is made (``check_run``)."""
+        if self._closed:
+            raise DispatcherClosed("the dispatcher is closed")
+        self.check_run()
+
+    def _close(self) -> None:
+        self._closed = True
+        self._host.closed = True
+        if self._closing is not None:
+            self._closing.set()
+        for backend in self._backends.values():
+            backend.close()
+        self._hub.close()
+        self._nursery.cancel_scope.cancel()
+
+
+Dispatcher._front = Dispatcher
+
+
+@asynccontextmanager
+async def run_dispatcher(
+    limits: dict[str, int | AdaptiveLimit], settings: Settings
+) -> AsyncIterator[Dispatcher]:
+    """Run a dispatcher of checked ``limits`` and ``settings`` (``open_dispatcher``).
+
+    Raises:
+        RuntimeError: Not in a trio run (under asyncio, or in no event loop).
+    """
+    if not trio.lowlevel.in_trio_run():
+        raise RuntimeError(_not_under_trio())
+    body_error: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            dispatcher = Dispatcher._front._create(nursery, settings)
+            if settings.redis_url is None:
+                for provider, limit in limits.items():
+                    dispatcher.set_limit(provider, limit)
+            else:
+                try:
+                    await dispatcher._share(limits)
+                except BaseException as exc:
+                    body_error = exc
+                    dispatcher._close()
+                    raise
+            try:
+                yield dispatcher
+            except BaseException as exc:
+                body_error = exc
+                raise
+            finally:
+                dispatcher._close()
+    except BaseExceptionGroup as group:
+        # A group of one made only of what the body raised is the nursery's
+        # wrapping of the body's exception: let it out as itself (trio may
+        # have rebuilt a group the body raised, or trimmed the Cancelled it
+        # absorbed from it, so compare leaves, not the group). Anything
+        # else, such as an actor's crash, comes out in the group.
+        if body_error is None or len(group.exceptions) != 1:
+            raise
+        only = group.exceptions[0]
+        if not _identities(only) <= _identities(body_error):
+            raise
+        context = only.__context__
+        try:
+            raise only
+        finally:
+            only.__context__ = context
+            del only, context
+
+
+def _not_under_trio() -> str:
+    """Why a dispatcher cannot open here: asyncio runs, or no event loop does."""
+    asyncio = sys.modules.get("asyncio")  # not running if never imported
+    try:
+        if asyncio is not None and asyncio.get_running_loop():
+            return (
+                "trio-dispatch runs under trio, not asyncio:"
+                " open the dispatcher inside trio.run()"
+            )
+    except RuntimeError:  # no asyncio loop running in this thread
+        pass
+    return "trio-dispatch runs under trio: open the dispatcher inside trio.run()"
+
+
+def _names(providers: Iterable[str]) -> str:
+    """Provider names for a message: sorted, quoted, or ``none``."""
+    return ", ".join(repr(name) for name in sorted(providers)) or "none"
+
+
+def _did_you_mean(provider: str, names: Iterable[str]) -> str:
+    """``"; did you mean 'openai'?"`` for a name close to ``provider``, or ``""``.
+
+    Compared case-folded, so ``"OpenAI"`` finds ``"openai"`` and
+    ``"opneai"`` does too; a name merely unlike every other finds nothing.
+    """
+    by_folded = {name.casefold(): name for name in sorted(names, reverse=True)}
+    close = difflib.get_close_matches(
+        provider.casefold(), by_folded, n=1, cutoff=_CLOSE_NAME
+    )
+    return f"; did you mean {by_folded[close[0]]!r}?" if close else ""
+
+
+# difflib's similarity above which an unknown name is taken for a slip of
+# the keyboard: "opneai" (0.83) and "OpenAI" (1.0) for "openai", not "gpt-x".
+_CLOSE_NAME: Final = 0.8
+
+
+def _identities(exc: BaseException) -> set[int]:
+    """The identities of the exceptions in ``exc``, through any groups."""
+    return {id(leaf) for leaf in leaves(exc)}

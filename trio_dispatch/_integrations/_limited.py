@@ -1,0 +1,205 @@
+"""A provider whose every stream holds a dispatcher slot.
+
+``wrap_provider`` puts the dispatcher between a conversation and a provider:
+the slot is taken before any byte is sent and given back after the last
+event, on error, on cancellation, and when the consumer leaves the block
+early, because both are async context managers and trio always runs their
+exits. A rate-limit answer (``RateLimited``, ``Overloaded``) is reported to
+the dispatcher, so the provider is paused for every conversation, not just
+the one that hit it.
+
+What an answer says of the account's rate limits travels with it: the
+opened stream's ``rate_limits``, or the status error's. The wrapper reads
+them there and tells the dispatcher (``observe_rate_limits``), so learned
+budgets need no wiring. A provider also given the dispatcher's own
+callbacks (``on_rate_limits=dispatcher.observe_rate_limits``,
+``on_rate_limit=dispatcher.report_rate_limit``) is counted once: the
+wrapper runs the call in ``Dispatcher.calling()``, so the dispatcher
+recognises what the callbacks tell it from the task that holds the slot,
+and the wrapper does not tell it again. The metering is the transport's
+too (``_metering``).
+
+A provider that names its ``model`` asks for that model's slot (see
+``wrap_provider``). Each stream is charged to the provider's token budget:
+the slot carries the request's estimate (``estimate_tokens``), and the
+``Usage`` event at the end of the answer corrects it to what was used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, final
+
+import trio
+
+from .._exceptions import Overloaded, ProviderError, RateLimited
+from .._provider import STREAM_USAGE
+from .._util import AsyncWithOnly
+from .._validation import check_instant
+from ._metering import (
+    Meter,
+    MeteredEvents,
+    estimate_tokens,
+    figures_of,
+    model_of_provider,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from contextlib import AbstractAsyncContextManager
+
+    from .._dispatch._dispatcher import Dispatcher
+    from .._provider import Provider
+    from ..messages import ChatRequest, StreamEvent
+
+
+@final
+class LimitedProvider:
+    """A ``Provider`` whose streams each hold a slot of its dispatcher.
+
+    Made by ``wrap_provider``: ``provider`` is the one wrapped, and
+    ``conversation_id`` and ``started_at`` are as ``wrap_provider`` takes them.
+    """
+
+    __slots__ = ("_dispatcher", "conversation_id", "provider", "started_at")
+
+    def __init__(
+        self,
+        provider: Provider,
+        dispatcher: Dispatcher,
+        *,
+        conversation_id: str | None = None,
+        started_at: float | None = None,
+    ) -> None:
+        self.provider = provider
+        self._dispatcher = dispatcher
+        self.conversation_id = conversation_id
+        self.started_at = (
+            None if started_at is None else check_instant(started_at, "started_at")
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<wrap_provider {self.provider!r} conversation_id="
+            f"{self.conversation_id!r} started_at={self.started_at}>"
+        )
+
+    @property
+    def id(self) -> str:
+        """The wrapped provider's id, which names its limit."""
+        return self.provider.id
+
+    def stream(
+        self, request: ChatRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[StreamEvent]]:
+        """Take a slot, then open the provider's stream; give both back on exit."""
+        return AsyncWithOnly(self._stream(request, math.inf), STREAM_USAGE)
+
+    def stream_granted_by(
+        self, request: ChatRequest, deadline: float
+    ) -> AbstractAsyncContextManager[AsyncIterator[StreamEvent]]:
+        """``stream(request)``, if its slot is granted by ``deadline`` (trio clock).
+
+        Raises ``NotGrantedInTime`` on entry, having sent nothing, if the
+        slot is not granted by then; once granted, nothing is cut.
+        """
+        return self._stream(request, deadline)
+
+    @asynccontextmanager
+    async def _stream(
+        self, request: ChatRequest, deadline: float
+    ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
+        dispatcher = self._dispatcher
+        provider_id = self.provider.id
+        model = model_of_provider(self.provider)
+        # The wait for the grant is cut at the deadline; the call is not.
+        # No scope at all without one: it would cost as much as the rest.
+        waiting = None if math.isinf(deadline) else trio.CancelScope(deadline=deadline)
+        with contextlib.nullcontext() if waiting is None else waiting:
+            async with dispatcher.slot(
+                provider_id,
+                conversation_id=self.conversation_id,
+                started_at=self.started_at,
+                tokens=estimate_tokens(
+                    request, dispatcher.default_max_tokens(provider_id, model)
+                ),
+                model=model,
+            ) as slot:
+                if waiting is not None:
+                    waiting.deadline = math.inf
+                # Cancelled while the grant was on its way: send nothing,
+                # whatever the transport below would have checked before its
+                # first byte.
+                await trio.lowlevel.checkpoint_if_cancelled()
+                # Timed for the metrics, if any observe the calls.
+                watch = dispatcher.watch_call(self.provider)
+                # A provider may tell the dispatcher of its answer by itself
+                # (its own callbacks): told once, its start first.
+                with dispatcher.calling(slot) as call:
+                    meter = Meter(dispatcher, slot, call)
+                    try:
+                        async with self.provider.stream(request) as events:
+                            meter.answered(figures_of(events))
+                            yield MeteredEvents(events, slot, watch)
+                    except BaseException as exc:
+                        if isinstance(exc, ProviderError):
+                            # A status answer: its figures count this request.
+                            info = figures_of(exc)
+                            busy = isinstance(exc, RateLimited | Overloaded)
+                            meter.answered(
+                                info,
+                                started=info is not None,
+                                pause=busy,
+                                retry_after=getattr(exc, "retry_after", None),
+                            )
+                        if watch is not None:
+                            watch.end(exc)
+                        raise
+                if watch is not None:
+                    watch.end(None)
+        if waiting is not None and waiting.cancelled_caught:
+            raise NotGrantedInTime
+
+
+@final
+class NotGrantedInTime(Exception):
+    """``LimitedProvider.stream_granted_by``: no slot by the deadline; nothing sent."""
+
+
+def wrap_provider(
+    provider: Provider,
+    dispatcher: Dispatcher,
+    *,
+    conversation_id: str | None = None,
+    started_at: float | None = None,
+) -> Provider:
+    """Limit ``provider`` through ``dispatcher``.
+
+    Args:
+        provider: Any ``Provider``; its ``id`` names the limit.
+        dispatcher: The dispatcher whose slots the streams take.
+        conversation_id: Who asks: the ``conversation_id`` of every slot.
+            ``None`` uses the current ``Dispatcher.turn()``'s when a stream
+            is opened.
+        started_at: When the turn began, on the trio clock: the priority
+            of every stream opened through the result. ``None`` uses the
+            start of the turn current when each stream is opened (its
+            priority class too), or the time it is opened outside any
+            turn.
+
+    A ``provider`` with a ``model`` string (``OpenAIProvider``,
+    ``AnthropicProvider``) takes its slots for that model (``slot(model=
+    ...)``): a budget ``"provider/model"`` holds them, and the figures of
+    their answers pace that model.
+
+    Returns:
+        A provider whose ``stream`` takes a slot before any byte is sent and
+        gives it back after the last event or however the block is left.
+        A provider with no limit takes a slot too (granted at once, and
+        counted, so that a limit set later counts the streams running).
+    """
+    return LimitedProvider(
+        provider, dispatcher, conversation_id=conversation_id, started_at=started_at
+    )

@@ -1,0 +1,295 @@
+"""One metering path for every integration: what a model call costs and says.
+
+The transport, ``wrap_provider`` and conversations (through
+``wrap_provider``) all meter their calls here, and nowhere else:
+
+* one token estimate, about 4 characters a token plus a few tokens of
+  framing per message, of a ``ChatRequest`` (``estimate_tokens``) or of a
+  model call's JSON body (``estimate_json_tokens``), plus the answer's
+  ``max_tokens`` (or the provider's ``default_max_tokens``). A request's
+  characters (``prompt_chars``) are what a conversation's context budget
+  counts too;
+* one reader of the model a call asks for: a provider's ``model``
+  (``model_of_provider``), or a JSON body's ``model`` (``model_of_body``),
+  read from the same parse as the estimate (``json_body``). The slot
+  carries it, and the figures of its answer go to that model's budget;
+* one reader of rate-limit figures: off an answer that carries them
+  (``figures_of``: an opened stream's or a status error's
+  ``rate_limits``), or off raw headers (``RateLimitReader``, either wire
+  format);
+* one "answered, then maybe pause" (``Meter.answered``): the slot's answer
+  started (the provider has counted the request, before the figures that
+  count it), the figures go to ``Dispatcher.observe_rate_limits``, and a
+  rate-limit answer pauses the provider (``report_rate_limit``);
+* the usage an answer reports corrects its slot's estimate
+  (``MeteredEvents``).
+
+It uses the dispatcher's public names only.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Final, final
+
+from .._policy._ratelimits import RateLimitInfo
+from ..messages._stream import Usage
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+
+    from .._dispatch._dispatcher import Dispatcher
+    from .._dispatch._slot import ModelCall, Slot
+    from .._observe._hub import CallWatch
+    from ..messages import ChatMessage, ChatRequest, StreamEvent, ToolSpec
+
+
+def prompt_chars(
+    system: str | None, messages: Iterable[ChatMessage], tools: Iterable[ToolSpec]
+) -> int:
+    """The characters a prompt sends: system prompt, messages, tool calls, tools.
+
+    What a request's estimate and a conversation's context budget count.
+    """
+    chars = len(system or "")
+    for message in messages:
+        chars += len(message.content)
+        for call in message.tool_calls:
+            chars += len(call.name) + len(call.raw_arguments or str(call.arguments))
+    for spec in tools:
+        chars += len(spec.name) + len(spec.description)
+        chars += len(json.dumps(spec.parameters))
+    return chars
+
+
+def estimate_prompt_tokens(request: ChatRequest) -> int:
+    """A rough count of the tokens ``request`` sends: 4 characters a token.
+
+    ``prompt_chars``, plus a few tokens of framing per message. Meant to be
+    corrected by the usage the answer reports, not to be exact.
+    """
+    chars = prompt_chars(request.system, request.messages, request.tools)
+    return 3 + 4 * len(request.messages) + (chars + 3) // 4
+
+
+def estimate_tokens(request: ChatRequest, default_max_tokens: int) -> int:
+    """The tokens a request is charged at grant time: prompt plus answer."""
+    answer = request.max_tokens
+    return estimate_prompt_tokens(request) + (
+        default_max_tokens if answer is None else answer
+    )
+
+
+#: Content parts that are not text: not counted in a prompt's estimate.
+NOT_TEXT: Final = frozenset({
+    "audio", "document", "file", "image", "image_url", "input_audio", "input_file",
+    "input_image",
+})  # fmt: skip
+
+
+def _text_length(value: object) -> int:
+    """The characters of the strings in a JSON value, parts not text left out."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(_text_length(item) for item in value)
+    if isinstance(value, dict):
+        if value.get("type") in NOT_TEXT:
+            return 0
+        return sum(_text_length(item) for item in value.values())
+    return 0
+
+
+def _count(value: object) -> int | None:
+    """A JSON count (an int, not a bool, not negative), or ``None``."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def json_body(content: bytes) -> dict[str, object] | None:
+    """A model call's body as a JSON object, or ``None`` (not JSON, not an object).
+
+    Parsed once per call: the estimate and the model are read from it.
+    """
+    if not content.startswith(b"{"):
+        return None
+    try:
+        body = json.loads(content)
+    except (ValueError, RecursionError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def model_of_body(body: Mapping[str, object] | None) -> str | None:
+    """The model a JSON body asks for (its ``model``), or ``None``."""
+    return _model(None if body is None else body.get("model"))
+
+
+def model_of_provider(provider: object) -> str | None:
+    """The model a provider asks for (ours name theirs), or ``None``."""
+    return _model(getattr(provider, "model", None))
+
+
+def _model(model: object) -> str | None:
+    """``model`` if it names one (a non-empty string), else ``None``."""
+    return model if isinstance(model, str) and model else None
+
+
+def estimate_json_tokens(
+    body: Mapping[str, object] | None, default_max_tokens: int
+) -> int:
+    """The tokens a model call's JSON body is charged at grant time; 0 for none.
+
+    A JSON object with a ``messages`` list: its prompt (the text of its
+    messages, ``system`` and ``tools``, 4 characters a token, plus a few
+    tokens of framing per message, as ``estimate_prompt_tokens`` counts a
+    ``ChatRequest``) and ``n`` answers of ``max_tokens`` (or
+    ``max_completion_tokens``; ``default_max_tokens`` if neither). Any
+    other body, JSON or not (``None``), is 0.
+    """
+    messages = None if body is None else body.get("messages")
+    if body is None or not isinstance(messages, list):
+        return 0
+    chars = sum(
+        _text_length(body.get(field)) for field in ("messages", "system", "tools")
+    )
+    prompt = 3 + 4 * len(messages) + (chars + 3) // 4
+    answer = _count(body.get("max_tokens"))
+    if answer is None:
+        answer = _count(body.get("max_completion_tokens"))
+    if answer is None:
+        answer = default_max_tokens
+    answers = _count(body.get("n")) or 1
+    return prompt + answers * answer
+
+
+def figures_of(answer: object) -> RateLimitInfo | None:
+    """The rate-limit figures an answer carries (``rate_limits``), or ``None``.
+
+    An opened stream of a provider, or a ``ProviderError``: both carry what
+    their answer's headers said, when there were figures.
+    """
+    info = getattr(answer, "rate_limits", None)
+    return info if isinstance(info, RateLimitInfo) and not info.empty else None
+
+
+@final
+class RateLimitReader:
+    """Reads the rate-limit figures of raw answer headers, either format.
+
+    One per transport: a malformed header is logged once per reader and
+    header name (``MalformedHeaderLog``).
+    """
+
+    __slots__ = ("_malformed", "_provider")
+
+    def __init__(self, provider: str) -> None:
+        self._provider = provider
+        self._malformed: Callable[[str, str], None] | None = None
+
+    def read(self, headers: Mapping[str, str]) -> RateLimitInfo | None:
+        """The figures of ``headers``, or ``None`` if they carry none."""
+        anthropic = openai = False
+        for name in headers:
+            lowered = name.lower()
+            if lowered.startswith("anthropic-ratelimit-"):
+                anthropic = True
+                break
+            if lowered.startswith("x-ratelimit-"):
+                openai = True
+        if not (anthropic or openai):
+            return None
+        # Only now: the providers package loads their HTTP client.
+        from ..providers._ratelimit_headers import (  # noqa: PLC0415
+            MalformedHeaderLog,
+            anthropic_rate_limits,
+            openai_rate_limits,
+        )
+
+        if self._malformed is None:
+            self._malformed = MalformedHeaderLog(self._provider)
+        parse = anthropic_rate_limits if anthropic else openai_rate_limits
+        info = parse(headers, now=datetime.now(UTC), on_malformed=self._malformed)
+        return None if info.empty else info
+
+
+@final
+class Meter:
+    """One model call's metering: "answered, then maybe pause" (see above).
+
+    ``call``: the call as ``Dispatcher.calling()`` tracks it, for a
+    provider that may tell the dispatcher by itself (its own callbacks);
+    what it told is not told again.
+    """
+
+    __slots__ = ("_call", "_dispatcher", "_slot", "_started")
+
+    def __init__(
+        self, dispatcher: Dispatcher, slot: Slot, call: ModelCall | None = None
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._slot = slot
+        self._call = call
+        self._started = False
+
+    def answered(
+        self,
+        info: RateLimitInfo | None,
+        *,
+        started: bool = True,
+        pause: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
+        """An answer arrived: its start, its figures ``info``, maybe a pause.
+
+        ``started=False`` for an answer that may not have reached the
+        provider (an error without figures); ``retry_after`` is the pause a
+        rate-limit answer (``pause``) asked for, or ``None`` to back off.
+        """
+        dispatcher = self._dispatcher
+        provider = self._slot.provider
+        call = self._call
+        if started:
+            if call is not None:
+                call.answered()
+            elif not self._started:
+                self._started = True
+                self._slot.answered()
+        if info is not None and (call is None or not call.observed):
+            dispatcher.observe_rate_limits(provider, info, model=self._slot.model)
+        if pause and (call is None or not call.reported):
+            dispatcher.report_rate_limit(provider, retry_after)
+
+
+@final
+class MeteredEvents:
+    """A stream's events, passed on; its ``Usage`` corrects the slot's estimate.
+
+    It is also the usage a ``CallWatch`` of the call reports, if one is given.
+    """
+
+    __slots__ = ("_events", "_slot", "_watch")
+
+    def __init__(
+        self,
+        events: AsyncIterator[StreamEvent],
+        slot: Slot,
+        watch: CallWatch | None = None,
+    ) -> None:
+        self._events = events
+        self._slot = slot
+        self._watch = watch
+
+    def __aiter__(self) -> MeteredEvents:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        event = await self._events.__anext__()
+        if type(event) is Usage:
+            if self._slot.held:
+                self._slot.report_usage(event.prompt_tokens + event.output_tokens)
+            if self._watch is not None:
+                self._watch.usage = event
+        return event

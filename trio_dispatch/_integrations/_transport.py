@@ -1,0 +1,675 @@
+"""An HTTP transport whose model calls hold dispatcher slots: ``Dispatcher.transport``.
+
+The official SDKs (``openai``, ``anthropic``) send every request through an
+``httpx2.AsyncClient``, whose transport is the one place that sees both the
+request before its first byte and the response until it is closed. So the
+slot is taken in ``handle_async_request`` and given back when the response
+body is closed, after its last byte or earlier, whoever closes it.
+
+That hold does not nest: it begins in the task that sends the request and
+ends wherever the response is closed, later, maybe in another task. So it
+is taken with ``Dispatcher.hold`` (no cancel scope, given back by any
+task) and ``max_hold`` is enforced here, without a scope that would outlive
+the call that entered it:
+
+* until the response headers, and during each read of the body, the
+  reading task's own ``move_on_at(deadline)``, entered and left inside the
+  one call, so trio's scopes stay nested;
+* between reads, a timer task in the dispatcher's nursery: at the deadline,
+  if no read is under way, it closes the body itself (a read under way has
+  its own deadline), so a consumer that stopped reading cannot hold the
+  slot, nor the server's stream, past ``max_hold``.
+
+Either way the body's connection is closed before the slot goes back, so
+the provider never sees more streams than the limit. A later read raises
+``SlotHoldTimeout``.
+
+The body's bytes go to the SDK as they come, unchanged. httpx's read
+timeout restarts with every byte, so a server that sends comments alone
+(``: keepalive``), never an event, would hold the slot until ``max_hold``.
+So for a ``text/event-stream`` answer the bytes also go through the
+providers' ``SSEDecoder``, and the request's read timeout counts the time
+reads wait without an event dispatched, as our providers count theirs
+(``Hold.stall_on_silence``): a third deadline of each read, beside
+``max_hold``'s and the lease's, the earliest cutting it. Past it the body
+is closed, the slot goes back, and the read raises the read timeout of the
+request's httpx, which the SDKs treat as their own.
+
+With ``redis_url``, the slot's lease is a deadline too: the same scopes
+and timer end at the earlier of the two, and the lease's moves with every
+renewal (the shared scheduler tells the slot, which tells its hold). A
+call whose lease ran out (its process could not reach Redis for a whole
+``lease``) has its body closed before the fleet may grant its slot again,
+and its read raises ``LeaseLost``.
+
+Which requests take a slot: a ``POST`` whose path ends in a model call's
+endpoint (see ``takes_slot``). Everything else an SDK sends (listing
+models, files, batches, token counts) passes straight through.
+
+What a model call tells the budgets, as ``wrap_provider`` does for our own
+providers:
+
+* its model: the ``model`` of a JSON body, if it names one. The slot is
+  for that model: a ``"provider/model"`` budget must hold it too, and the
+  figures of its answer teach that model's;
+* its estimate (``estimate_json_tokens``): a chat completions or messages
+  body is charged its prompt and ``n`` times its ``max_tokens``, any other
+  body nothing. It is never corrected from the answer's usage, which is in
+  the body the SDK parses, not the transport: as OpenAI's cookbook charges
+  ``max_tokens`` and never corrects, a token budget paced through the
+  transport errs on the safe side, and the figures of later answers only
+  ever lower the budget, never raise it;
+* its answer started when its headers arrive (``Slot.answered``);
+* the rate-limit figures of those headers, OpenAI's ``x-ratelimit-*`` or
+  Anthropic's ``anthropic-ratelimit-*``, whichever are there, go to
+  ``Dispatcher.observe_rate_limits``, success or error; a malformed
+  header is logged once per transport and header name, and ignored.
+
+A call made inside a ``Dispatcher.turn()`` and answered 429, 503 or 529
+keeps its turn's place in line for the SDK's own retry (``_kept``): once
+the rate limit is reported, ``answered`` queues a kept place with the
+turn's rank, and the retry's ``Hold.take`` takes it over instead of
+queueing behind the younger turns that waited through the pause.
+
+A response dropped unclosed (an SDK stream nobody reads or closes, then
+garbage-collected) would keep its slot for ever: its body's finalizer asks
+the trio run to give the slot back (``run_sync_soon``, safe from any thread
+the collector runs in; never awaiting) and warns with a ``ResourceWarning``.
+
+``_transport_legacy`` holds the same transport for the legacy ``httpx``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import warnings
+import weakref
+from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, Self, TypeVar, final
+
+import httpx2
+import trio
+
+from .._exceptions import LeaseLost, SlotHoldTimeout, lease_lost, slot_hold_timeout
+from ..providers._sse import EventTooLarge, SSEDecoder
+from ._kept import adopt_kept_place, keep_place
+from ._metering import (
+    Meter,
+    RateLimitReader,
+    estimate_json_tokens,
+    json_body,
+    model_of_body,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+    from types import ModuleType, TracebackType
+
+    from .._dispatch._dispatcher import Dispatcher
+    from .._dispatch._slot import Slot
+
+#: Answers that say "slow down" for the whole account: they pause the provider.
+RATE_LIMITED: Final = frozenset({429, 503, 529})
+
+#: The last path segments of the endpoints that run a model: OpenAI's chat
+#: completions, completions, responses and embeddings, Anthropic's messages
+#: and legacy completions. Matched at the end of the path, so a base URL
+#: with a prefix (``/v1``, ``/openai/deployments/x``) still matches.
+MODEL_CALLS: Final = (
+    "/completions",
+    "/responses",
+    "/messages",
+    "/complete",
+    "/embeddings",
+)
+
+
+def takes_slot(method: str, path: str) -> bool:
+    """Whether a request runs a model, and so takes a slot: a ``POST`` to a model call."""
+    return method == "POST" and path.rstrip("/").endswith(MODEL_CALLS)
+
+
+def wrong_client(provider: str, request: object, *, legacy: bool) -> TypeError:
+    """The error of a request from the other httpx's client than the transport's.
+
+    An ``httpx.AsyncClient`` given an httpx2 transport (and the reverse)
+    hands it requests of its own kind, which the inner transport fails on
+    with an empty ``AssertionError`` deep inside, after the slot was taken.
+    So the request's kind is checked first, by its class (httpx itself need
+    not be imported to tell).
+    """
+    kind = f"{type(request).__module__.partition('.')[0]}.{type(request).__qualname__}"
+    if legacy:
+        return TypeError(
+            f"dispatcher.transport({provider!r}, inner=<an httpx transport>) serves"
+            f" an httpx.AsyncClient, got {kind}: give it to an httpx.AsyncClient,"
+            " or make it without inner= for an httpx2.AsyncClient"
+        )
+    return TypeError(
+        f"dispatcher.transport({provider!r}) serves an httpx2.AsyncClient, got"
+        f" {kind}: use httpx2.AsyncClient, or for an httpx.AsyncClient make it with"
+        " inner=httpx.AsyncHTTPTransport()"
+    )
+
+
+@final
+class Hold:
+    """One model call's slot, from its request until its response is closed.
+
+    Shared by both transports, whatever their httpx. ``give_back`` is
+    synchronous and idempotent; ``close`` closes the body, then gives back.
+    """
+
+    __slots__ = (
+        "_closing",
+        "_deadline",
+        "_dispatcher",
+        "_events",
+        "_expired",
+        "_lease",
+        "_max_hold",
+        "_quiet",
+        "_read_timeout",
+        "_reader",
+        "_reading",
+        "_scopes",
+        "_slot",
+        "_stall_at",
+        "_stall_error",
+        "_stalled",
+        "_timer",
+        "_token",
+    )
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        slot: Slot,
+        deadline: float,
+        reader: RateLimitReader,
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._slot = slot
+        self._max_hold = deadline
+        # The lease's deadline, with Redis (set before the grant, moved by
+        # every renewal); the hold ends at the earlier of the two.
+        lease = slot.lease_deadline
+        self._lease = math.inf if lease is None else lease
+        self._deadline = min(deadline, self._lease)
+        self._reader = reader
+        self._reading = False
+        self._expired = False
+        self._closing = False
+        self._timer: trio.CancelScope | None = None
+        # Where a response dropped unclosed gives its slot back from.
+        self._token = trio.lowlevel.current_trio_token()
+        # The scopes cut at the deadline now: a read's, the request's.
+        self._scopes: list[trio.CancelScope] = []
+        # An event stream's stall rule (``stall_on_silence``): its decoder,
+        # the read timeout, and how long reads may still wait without an
+        # event (inf: no rule). During a read, when it stalls (else inf).
+        self._events: SSEDecoder | None = None
+        self._read_timeout = math.inf
+        self._quiet = math.inf
+        self._stall_at = math.inf
+        self._stall_error: Callable[[], Exception] | None = None
+        self._stalled = False
+        slot.follow_lease(self._lease_moved)
+
+    def _lease_moved(self, lease: float) -> None:
+        """A renewal moved the lease: every scope cut at the deadline follows."""
+        self._lease = lease
+        deadline = self._deadline = min(self._max_hold, lease)
+        for scope in self._scopes:
+            scope.deadline = min(deadline, self._stall_at)
+        if self._timer is not None:
+            self._timer.deadline = deadline
+
+    @classmethod
+    async def take(
+        cls,
+        dispatcher: Dispatcher,
+        provider: str,
+        reader: RateLimitReader,
+        content: bytes | None,
+    ) -> Hold:
+        """Wait for a slot of ``provider`` for a call whose body is ``content``.
+
+        The slot is for the body's ``model`` and charged its estimate
+        (neither if ``content`` is ``None``: not read yet); or it is the
+        place the current turn keeps for this provider and model, taken
+        over. If this raises, nothing is held.
+        """
+        body = None if content is None else json_body(content)
+        model = model_of_body(body)
+        slot = await adopt_kept_place(dispatcher, provider, model)
+        if slot is not None:
+            # The retry of a call answered "slow down": its turn's place.
+            return cls(dispatcher, slot, dispatcher.hold_deadline(slot), reader)
+        tokens = estimate_json_tokens(
+            body, dispatcher.default_max_tokens(provider, model)
+        )
+        slot, deadline = await dispatcher.hold(provider, tokens, model)
+        return cls(dispatcher, slot, deadline, reader)
+
+    def give_back(self) -> None:
+        """Give the slot back now (again: nothing), and stop the timer."""
+        if self._timer is not None:
+            self._timer.cancel()
+        slot = self._slot
+        slot.follow_lease(None)
+        slot.release()
+
+    def dropped(self) -> None:
+        """The response was collected unclosed: warn, and give the slot back.
+
+        Called by the garbage collector, so anywhere: in another thread, or
+        between any two lines of the trio run. It only asks the run to give
+        the slot back (``give_back`` is synchronous and never waits), and
+        does nothing once the slot is back or the run has ended.
+        """
+        if not self._slot.held:
+            return
+        try:
+            self._token.run_sync_soon(self.give_back)
+        except trio.RunFinishedError:
+            return
+        warnings.warn(
+            f"a model call to {self._slot.provider!r} was never closed: its"
+            " response was dropped unclosed, and its slot is given back now;"
+            " close responses (async with, or aclose())",
+            ResourceWarning,
+            stacklevel=1,
+        )
+
+    def stall_on_silence(
+        self,
+        headers: Mapping[str, str],
+        read_timeout: object,
+        error: Callable[[str], Exception],
+    ) -> None:
+        """End an event stream that sends no event for ``read_timeout`` seconds.
+
+        Only if the answer is ``text/event-stream`` and ``read_timeout`` (the
+        request's) is a number. The bytes the body passes on go through the
+        server-sent events decoder; reads wait at most ``read_timeout`` in
+        all without an event dispatched, comments or not, and each event
+        starts that time over. Past it, the body is closed, the slot goes
+        back, and the read raises ``error(message)``: the read timeout of
+        the request's httpx, which the SDKs treat as one. Time the reader
+        spends between reads does not count, as it does not for httpx's
+        own read timeout.
+        """
+        media = headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media != "text/event-stream" or not isinstance(read_timeout, int | float):
+            return
+        provider = self._slot.provider
+        self._events = SSEDecoder()
+        self._read_timeout = self._quiet = float(read_timeout)
+        self._stall_error = lambda: error(
+            f"{provider}: the stream stalled: no event for {read_timeout:g} s"
+        )
+
+    def _heard(self, chunk: bytes, waited: float) -> None:
+        """A read returned ``chunk`` after ``waited`` seconds: the stall rule counts it."""
+        events = self._events
+        if events is None:
+            return
+        try:
+            dispatched = events.feed(chunk)
+        except EventTooLarge:
+            # Its events can no longer be told apart: the rule ends here,
+            # and the SDK meets the event as it would without the transport.
+            self._events = None
+            self._quiet = math.inf
+            return
+        if dispatched:
+            self._quiet = self._read_timeout
+        else:
+            self._quiet -= waited
+
+    def timeout(self) -> SlotHoldTimeout | LeaseLost | Exception:
+        """The error of this call held past its deadline: which one ran out."""
+        if self._stalled:
+            assert self._stall_error is not None  # only the stall rule sets it
+            return self._stall_error()
+        dispatcher = self._dispatcher
+        if self._lease <= self._max_hold:
+            return lease_lost(self._slot.provider, dispatcher.lease)
+        max_hold = dispatcher.max_hold
+        assert max_hold is not None  # only a deadline's end calls this
+        return slot_hold_timeout(self._slot.provider, max_hold)
+
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[None]:
+        """The reading task's own block, cut at the deadline: then ``timeout()``."""
+        scope = trio.CancelScope(deadline=self._deadline)
+        self._scopes.append(scope)
+        try:
+            with scope:
+                yield
+        finally:
+            self._scopes.remove(scope)
+        if scope.cancelled_caught:
+            raise self.timeout()
+
+    def answered(self, status: int, headers: Mapping[str, str]) -> None:
+        """The answer's headers are in: tell the dispatcher what they say.
+
+        The answer started (the provider has counted the call), its
+        rate-limit figures are observed, and a rate-limit answer pauses the
+        provider, then keeps the turn's place for the retry. The answer is
+        not touched.
+        """
+        retry_after = None
+        pause = status in RATE_LIMITED
+        if pause:
+            # Only now: the providers package loads their HTTP client.
+            from ..providers._retry_after import parse_retry_after  # noqa: PLC0415
+
+            retry_after = parse_retry_after(headers, time.time())
+        slot = self._slot
+        Meter(self._dispatcher, slot).answered(
+            self._reader.read(headers), pause=pause, retry_after=retry_after
+        )
+        if pause:
+            # The SDK will retry after its own sleep: the turn keeps its
+            # place in line for that retry meanwhile.
+            keep_place(self._dispatcher, slot.provider, slot.model, slot.tokens)
+
+    def watch(self, close: weakref.WeakMethod[Callable[[], Awaitable[None]]]) -> None:
+        """Close the body with ``close`` at the deadline, unless a read is under way.
+
+        Held weakly: the timer must not keep a dropped body alive.
+        """
+        if math.isinf(self._deadline) or self._dispatcher.closed:
+            return
+        self._timer = trio.CancelScope(deadline=self._deadline)
+        self._dispatcher.start_soon(
+            self._expire, close, self._timer, name="trio_dispatch transport max_hold"
+        )
+
+    async def _expire(
+        self,
+        close: weakref.WeakMethod[Callable[[], Awaitable[None]]],
+        timer: trio.CancelScope,
+    ) -> None:
+        with timer:
+            await trio.sleep_forever()
+        # Cancelled by give_back (done) or by its deadline; a read under way
+        # has the same deadline in its own task, and stops itself.
+        if not self._slot.held or self._closing or self._reading:
+            return
+        body_close = close()
+        if body_close is None:  # pragma: no cover (collected: dropped() gives back)
+            return
+        self._expired = True
+        await body_close()
+
+    async def read(
+        self, chunks: AsyncIterator[bytes], close: Callable[[], Awaitable[None]]
+    ) -> bytes | None:
+        """The next chunk of the body, or ``None`` after the last one.
+
+        After the last one the slot goes back; past the deadline the body is
+        closed with ``close`` first.
+
+        Raises:
+            SlotHoldTimeout: ``max_hold`` passed.
+            LeaseLost: The lease ran out first.
+            Exception: An event stream stalled (``stall_on_silence``): the
+                error given there, the read timeout of the request's httpx.
+        """
+        if self._expired:
+            raise self.timeout()
+        if math.isinf(self._deadline) and self._events is None:
+            try:
+                return await anext(chunks)
+            except StopAsyncIteration:
+                self.give_back()
+                return None
+        self._reading = True
+        started = trio.current_time()
+        # The earliest of the deadlines: max_hold's, the lease's, the stall's.
+        stall_at = self._stall_at = started + self._quiet
+        scope = trio.CancelScope(deadline=min(self._deadline, stall_at))
+        self._scopes.append(scope)
+        try:
+            with scope:
+                chunk = await anext(chunks)
+        except StopAsyncIteration:
+            self.give_back()
+            return None
+        finally:
+            self._reading = False
+            self._stall_at = math.inf
+            self._scopes.remove(scope)
+        if not scope.cancelled_caught:
+            self._heard(chunk, trio.current_time() - started)
+            return chunk
+        self._stalled = stall_at < self._deadline
+        self._expired = True
+        await close()
+        raise self.timeout()
+
+    async def close(self, close_inner: Callable[[], Awaitable[None]]) -> None:
+        """Close the body with ``close_inner`` (once), then give the slot back."""
+        if self._closing:
+            return
+        self._closing = True
+        try:
+            await close_inner()
+        finally:
+            self.give_back()
+
+
+class _Stream(Protocol):
+    """A response body of either httpx: chunks, and a close."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class HeldBodyBase:
+    """A response body that holds its call's slot until it is closed.
+
+    Mixed into each httpx's ``AsyncByteStream``, before it.
+    """
+
+    def __init__(self, inner: _Stream, hold: Hold) -> None:
+        self._inner = inner
+        self._hold = hold
+        self._chunks: HeldChunks | None = None
+        hold.watch(weakref.WeakMethod(self.aclose))
+        # A body dropped unclosed (an SDK stream left unread, then
+        # collected) would hold its slot for ever: collected, it gives it
+        # back, with a ResourceWarning, as unclosed files and sockets warn.
+        # Not at exit: the run, and its slots, are gone by then.
+        weakref.finalize(self, hold.dropped).atexit = False
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        self._chunks = HeldChunks(self._inner.__aiter__(), self._hold, self.aclose)
+        return self._chunks
+
+    async def aclose(self) -> None:
+        await self._hold.close(self._inner.aclose)
+        if self._chunks is not None:
+            # Closed before its end: the inner iterator is closed too.
+            await self._chunks.close_inner()
+
+
+@final
+class _HeldBody(HeldBodyBase, httpx2.AsyncByteStream):
+    """An httpx2 response body that holds its call's slot until it is closed."""
+
+
+@final
+class HeldChunks:
+    """The chunks of a held body, read under the hold's deadline.
+
+    An iterator object, not an async generator: one that its reader drops
+    unfinished (an SDK that stops at ``[DONE]``, a client that closes the
+    response instead) leaves nothing for the garbage collector to finalise.
+    The inner iterator is closed when the chunks end or a read fails, as
+    httpx closes a body's iterator.
+    """
+
+    __slots__ = ("_chunks", "_close", "_ended", "_hold", "_inner_closed")
+
+    def __init__(
+        self,
+        chunks: AsyncIterator[bytes],
+        hold: Hold,
+        close: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._chunks = chunks
+        self._hold = hold
+        self._close = close
+        self._ended = False
+        self._inner_closed = False
+
+    def __aiter__(self) -> HeldChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._ended:
+            raise StopAsyncIteration
+        try:
+            chunk = await self._hold.read(self._chunks, self._close)
+        except BaseException:
+            self._ended = True
+            await self.close_inner()
+            raise
+        if chunk is None:
+            self._ended = True
+            await self.close_inner()
+            raise StopAsyncIteration
+        return chunk
+
+    async def aclose(self) -> None:
+        """End the iteration, and close the inner iterator."""
+        self._ended = True
+        await self.close_inner()
+
+    async def close_inner(self) -> None:
+        """Close the inner iterator, once; a later read still says why.
+
+        Called when the body is closed under the reader (``max_hold``):
+        the next read raises ``SlotHoldTimeout``, not the end of the body.
+        """
+        if self._inner_closed:
+            return
+        self._inner_closed = True
+        aclose = getattr(self._chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+class _Inner(Protocol):
+    """A transport of either httpx, as the wrapper uses it."""
+
+    async def __aenter__(self) -> object: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    async def handle_async_request(self, request: Any) -> Any: ...  # noqa: ANN401 (either httpx's)
+
+
+InnerT = TypeVar("InnerT", bound=_Inner)
+
+
+class TransportBase(Generic[InnerT]):
+    """``Dispatcher.transport`` whatever its httpx; mixed in before its base."""
+
+    def __init__(self, dispatcher: Dispatcher, provider: str, inner: InnerT) -> None:
+        self._dispatcher = dispatcher
+        self._provider = provider
+        self._inner = inner
+        self._reader = RateLimitReader(provider)
+
+    def __repr__(self) -> str:
+        return f"<trio_dispatch transport {self._provider!r} inner={self._inner!r}>"
+
+    async def __aenter__(self) -> Self:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> None:
+        await self._inner.__aexit__(exc_type, exc_value, traceback)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def _handle(
+        self,
+        request: Any,  # noqa: ANN401 (a request of the transport's httpx)
+        httpx: ModuleType,
+        body: type[HeldBodyBase],
+    ) -> Any:  # noqa: ANN401 (its response)
+        """Send ``request``, holding a slot first if it is a model call.
+
+        ``httpx`` is the module of the transport's httpx, ``body`` its held
+        body. The hold is given back at once when nothing more is on the
+        wire (a body read already, as a mock's); otherwise the response's
+        body keeps it until closed.
+
+        Raises:
+            TypeError: ``request`` is not of ``httpx`` (the client is of the
+                other httpx), before any slot is taken.
+        """
+        if not isinstance(request, httpx.Request):
+            legacy = httpx is not httpx2
+            raise wrong_client(self._provider, request, legacy=legacy)
+        inner = self._inner
+        if not takes_slot(request.method, request.url.path):
+            return await inner.handle_async_request(request)
+        try:
+            content: bytes | None = request.content
+        except httpx.RequestNotRead:
+            content = None
+        hold = await Hold.take(self._dispatcher, self._provider, self._reader, content)
+        try:
+            with hold.timed():
+                response = await inner.handle_async_request(request)
+            hold.answered(response.status_code, response.headers)
+        except BaseException:
+            hold.give_back()
+            raise
+        if response.is_closed:
+            hold.give_back()
+        else:
+            assert isinstance(response.stream, httpx.AsyncByteStream)
+            timeouts = request.extensions.get("timeout") or {}
+            hold.stall_on_silence(
+                response.headers,
+                timeouts.get("read"),
+                lambda message: httpx.ReadTimeout(message, request=request),
+            )
+            response.stream = body(response.stream, hold)
+        return response
+
+
+@final
+class DispatchTransport(
+    TransportBase[httpx2.AsyncBaseTransport], httpx2.AsyncBaseTransport
+):
+    """``Dispatcher.transport``: model calls hold a slot of one provider."""
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        """Send ``request``, holding a slot first if it is a model call."""
+        response: httpx2.Response = await self._handle(request, httpx2, _HeldBody)
+        return response

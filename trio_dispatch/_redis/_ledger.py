@@ -1,0 +1,885 @@
+"""The shared ledger: one provider's leases, queue, limit and pause in Redis.
+
+Design note. Every key of a provider lives under one hash tag,
+``{<namespace>:<provider>}``, so the scripts below touch one Redis Cluster
+slot, and each operation is one Lua script, atomic on the server (the
+scripts are ``trio_dispatch/_redis/lua/*.lua``, their arguments laid out by the
+packers of ``_scripts``; a differential test holds them to the pure core's
+rules, which they repeat):
+
+* ``leases``: a ZSET of lease ids scored by their expiry, in the Redis
+  server's own time (``TIME`` inside the script, never a client's clock).
+  The state is this set of live leases, never a counter, so nothing can go
+  negative or drift: an expired lease is pruned by the next script, a
+  released one is removed by id (twice is harmless).
+* ``queue``: a ZSET of published waiters scored by their turn's start on
+  the server's clock, as their process reads it (``ServerClock``: its own
+  clock plus an offset measured on its steps, to within half a round
+  trip); each member is the waiter's arrival (16 digits of microseconds on
+  the same clock, strictly increasing in each process), a colon and its
+  lease id, so equal starts sort by arrival.
+  ``qexp`` scores the same members by their expiry, renewed by their
+  process: a vanished process's entries go with it.
+* ``conf``: a HASH with the stored ``limit`` (``none`` for unlimited on
+  purpose; absent when nobody stored one, which is unlimited too), the
+  pause's end ``pause_until`` (server milliseconds), and the fleet-wide
+  backoff of rate-limit reports (``streak``, ``step``, ``granted`` and
+  ``granted_at_report``, as in the local policy). Two marks spare a step
+  server calls: ``pa``, a time before which no lease, entry or process
+  expires (at most the earliest of their expiries: the prune that runs
+  once it has passed finds the new earliest, and a member added to
+  expire sooner lowers it), so that a step prunes only then; and ``qc``,
+  set while a queued member may have an estimate in ``qcost``. And
+  ``ep``, the namespace's epoch: made by the first step with a seed (the
+  settings a process knows the fleet has) that finds none, so that a
+  process whose step finds another than the one it last saw knows that
+  Redis lost the namespace (restarted empty, flushed, failed over); that
+  step then stores again, with its seed, each setting that Redis lacks.
+* ``nodes`` and ``nwait``: each live process's expiry and its own count of
+  waiters, for the fleet-wide ``waiting`` figure.
+* ``grantno``: while a streak of rate-limit reports lasts, the number of
+  each lease granted during it (``granted`` in ``conf`` counts them), which
+  tells a success (a lease granted after the latest report) from a lease
+  held across one; a lease without a number was granted before the streak.
+  The numbers go when the streak ends, so that, outside a streak, a grant
+  and a release cost nothing here.
+
+Budgets and the adaptive limit, fleet-wide (the pure core's rules, in
+``_budgets``, applied here to the whole fleet):
+
+* The budgets are two buckets in ``conf`` (``r_*`` for requests, ``t_*``
+  for tokens): capacity, refill per millisecond, level, the server time of
+  that level, whether it was configured (else learned), and a configured
+  budget's own count (``*_own``), charged and refilled with the level but
+  never moved by figures. Every step refills them to the server's ``TIME``
+  first. A configured ``Budget`` is written by each process that opens
+  with one (the latest wins); the figures of answers (``observed``) teach
+  them as ``Bucket.learn`` does (``lua/budgets.lua`` holds these rules).
+* The books of grants, kept from the moment the pure core's ``Throttle``
+  would exist (``bk`` in ``conf``: a budget configured, the first figures,
+  usable or not, or an adaptive limit): ``charge``, the tokens each lease
+  was charged (0 too; corrected by usage reports, a charge the newest
+  figures counted stored with a minus sign, ``-0`` too: settled, as in
+  ``Throttle``), and ``unans``, the leases whose answer has not started,
+  scored by the server time of their grant; ``seen`` in ``conf``, the
+  latest grant time of a lease whose answer started (``seen_l``: what it
+  was when figures were last learned from), and ``since`` and ``newest``,
+  the leases answered since then. From them learning counts what the
+  provider has not seen yet, as ``Throttle`` does. ``qcost`` keeps a
+  queued member's estimate, for books that start while it waits.
+* A grant walks the head of the queue in order and stops at the first
+  entry the budgets cannot hold yet: nobody passes it, whichever process
+  it belongs to. The entries of other processes ahead keep their cost
+  (reserved) until their process asks, as they keep their slot. The step
+  answers when the head will fit (``ready_in``), so that waiting processes
+  run their next round then.
+* An adaptive limit is the stored ``limit`` plus its bounds and value
+  (``a_*`` in ``conf``): a success of a lease granted with the limit in use
+  (``inuse``, a SET) adds to it in the releasing step, a new round of
+  rate-limit reports multiplies it by the backoff in ``pause`` (the first
+  report after a grant since its latest decrease: ``a_dec`` marks one with
+  no grant since); a report empties ``inuse``, since the slots held then
+  are not successes, and so does a new limit.
+
+Tenants and models (the pure core's rule of ``_tenants`` and ``_policy``,
+applied to the whole fleet, on the server's clock in milliseconds):
+
+* Counted from the first tenant seen (``set_tenant``, a member of a
+  tenant) or the first budget of a model (configured, or learned from a
+  model's figures), as the pure core counts them: ``xm`` in ``conf`` is
+  the server time it began. Until then, nothing below is read or written
+  (a member with a model keeps it in ``qmeta``, ``qm`` in ``conf``
+  saying so), and a step costs what it did before tenants existed. From
+  then on the tenant of no name ('') has a counter too, its holders
+  counted from then; every process publishes all its waiters (the
+  ``counting`` of a step's answer), since a tenant's first and last
+  waiter move its counter.
+* ``tconf``: each configured tenant's weight and cap (the latest writer
+  wins; it persists, like a configured budget). ``tstate``: each
+  tenant's counter (slot-seconds over its weight) as of its ``last``
+  fold, and its holders, folded at every grant, release, weight change
+  and raise exactly as ``TenantState`` folds them, so that both compute
+  the same doubles. ``tback``: the backlogged tenants (those with
+  entries in the shared queue); ``t_last`` in ``conf``: the counter of
+  the tenant that last stopped being backlogged.
+* A named tenant's entries queue in ``q:<tenant>`` (the unnamed
+  tenant's in ``queue``), a key the scripts build from the provider's
+  hash tag, so it shares the provider's Cluster slot though no script
+  declares it. ``qmeta`` and ``lmeta`` give the tenant and model of a
+  queued member and of a lease; a lease's expiry or release gives its
+  tenant's slot back, like its own.
+* A model's budgets are the provider's two buckets again, with their
+  charges and unanswered leases, under ``m:<model>``, ``mc:<model>``
+  and ``mu:<model>`` (keys the scripts build, as above); ``models``
+  lists the models configured. A grant asks the provider's buckets
+  and those of its member's model: the provider's holding the head back
+  stops the grants (nobody passes), a model's blocks that model's
+  members for the rest of the step. A step reads and writes the budgets
+  of the models of its own entries and leases only, and answers theirs,
+  with when a held-back head fits: its cost does not grow with the
+  models that are idle.
+* ``mb`` (built like those): how many entries and leases each model
+  has (leases from before models were counted left out: their model was
+  not kept). A learned model's budgets note since when their model is
+  idle (``idle`` in ``m:<model>``), and are forgotten by the rule of the
+  pure core (``_budgets.forgets``): idle for ``FORGET_AFTER`` and full
+  again. The step that meets them then deletes them and answers their
+  model among the ``forgotten``; their keys expire at that instant
+  anyway (while the model is in use, two hours and ``FORGET_AFTER`` after
+  it was last met: its buckets are full by then whatever they held). A
+  configured model's budgets (``kept`` in ``m:<model>``) are never
+  forgotten.
+* A grant, for each free slot, goes to the backlogged tenant below its
+  cap with the least (counter, holders / weight, head), for its head
+  (its oldest entry of a model not held back). Entries of other
+  processes so chosen keep their slot, and count as held for the rest
+  of the step, until their process asks.
+
+What stays in Redis. Every key above but ``conf`` is bookkeeping: each
+entry goes with what it tracks (a lease, a queue entry, a process), and
+each script sets the keys to expire at the latest expiry of a live process
+of the provider (every lease and entry expires with its process's own), so
+a provider nobody uses leaves nothing behind. ``conf`` persists while it
+holds a stored limit (``none`` included) or a configured budget, which
+outlive every process; else (learned budgets, a pause, a backoff streak)
+it expires with the rest, or at the end of its pause. ``tconf``
+persists (and keeps ``conf``), and so do a configured model's buckets
+and ``models``; a learned model's expire as said above.
+
+Numbers. The scripts apply the budgets' rule of ``_budgets``: one
+request's charge, estimated or reported, is at most the bucket's capacity,
+a charge takes the level down to 0 at most, and the level stays within
+``[-capacity, capacity]``. Token counts enter as whole numbers up to
+``MAX_TOKENS`` (exact in a double, Lua's only number); whole numbers leave
+as digits (Lua's own ``tostring`` writes large ones with an exponent) and
+others as 17 significant digits. A stored value that is not a finite
+number, or is out of its range, is repaired by the next script that reads
+it, never passed on.
+
+A process makes its members itself, so every step is idempotent: the
+answer of a step can be lost after the server ran it (the connection
+dropped), and the process then sends the same changes again. Enqueuing a
+member again renews it rather than adding a second one; a member whose
+lease id is already among the leases was granted by a step whose answer
+was lost, and is reported granted again; withdrawing a member gives back
+its lease too, if such a step granted it.
+
+A grant goes to the head of the queue within free capacity: with ``free``
+slots, a process may take only those of its own entries among the first
+``free`` of the queue, so the others in that window keep their capacity
+until their process asks. Every limit change and resume publishes a
+wake-up on the provider's channel, and so does every release, withdrawal
+and expiry while another process has waiters (as the processes last
+reported them: one that has not reported its waiters yet will ask in the
+round that does); the message names the process whose round caused it
+(``wake`` when nobody in particular), so that this process need not run a
+round for its own changes. A step whose only change was slots given back,
+with no budget or tenant to decide who takes them, wakes only the
+processes whose entries are left in the window of free slots (``>`` and
+their nodes; nobody if it took them all itself): the others would find
+nothing to take (``wakes`` reads the message).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, final
+
+import attrs
+import coredis
+from coredis.exceptions import NoScriptError
+
+from .._policy._budgets import FORGET_AFTER, Budget, forgets, full_in, refilled
+from .._policy._ratelimits import server_delay
+from ..messages._limits import Tenant
+from ._clock import ServerClock
+from ._scripts import (
+    PauseArgs,
+    ResumeArgs,
+    SetBudgetArgs,
+    SetLimitArgs,
+    SetTenantArgs,
+    StepArgs,
+    load_scripts,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+
+    from .._policy._budgets import AdaptiveLimit
+    from .._policy._ratelimits import RateLimitInfo
+    from ._scripts import Script, Scripts, Seed
+
+    Client: TypeAlias = coredis.Redis[str] | coredis.RedisCluster[str]
+    """A client of one Redis server, or of a Redis Cluster."""
+
+# Members of the queue: a 16-digit arrival, a colon, the lease id.
+MEMBER_PREFIX: Final = 17
+
+_SCRIPTS: Final = load_scripts()
+
+_EVALSHA: Final = b"EVALSHA"
+_SCRIPT_LOAD: Final = b"SCRIPT LOAD"
+# The server's clock comes in whole milliseconds: the time it read was half
+# of one later, on average.
+_HALF_MS: Final = 0.0005
+
+
+def keys_of(namespace: str, provider: str) -> list[str]:
+    """The keys of one provider, in the order the scripts take them."""
+    tag = "{" + namespace + ":" + provider + "}"
+    return [
+        f"{tag}:{name}"
+        for name in (
+            "leases",
+            "queue",
+            "qexp",
+            "conf",
+            "nodes",
+            "nwait",
+            "grantno",
+            "qcost",
+            "charge",
+            "unans",
+            "inuse",
+            "tconf",
+            "tstate",
+            "tback",
+            "qmeta",
+            "lmeta",
+            "models",
+        )
+    ]
+
+
+def channel_of(namespace: str, provider: str) -> str:
+    """The channel that carries a provider's wake-ups."""
+    return "{" + namespace + ":" + provider + "}:wake"
+
+
+def provider_of_channel(namespace: str, channel: str) -> str | None:
+    """The provider a wake-up channel belongs to, or ``None`` if not ours."""
+    head = "{" + namespace + ":"
+    tail = "}:wake"
+    if channel.startswith(head) and channel.endswith(tail):
+        return channel[len(head) : -len(tail)]
+    return None
+
+
+def wakes(message: str | None, node: str) -> bool:
+    """Whether a wake-up on a provider's channel asks ``node``'s process for a round.
+
+    ``None`` (a subscription begins: wake-ups may have been missed) and
+    ``wake`` are for every process; a node's name, from a step of that
+    node's process, for every other one; ``>`` and nodes separated by
+    spaces, from a step whose only change was slots given back, for the
+    processes of those nodes (theirs are the entries that can take them).
+    """
+    if message is None:
+        return True
+    if message.startswith(">"):
+        return node in message[1:].split(" ")
+    return message != node
+
+
+def lease_of(member: str) -> str:
+    """The lease id inside a queue member."""
+    return member[MEMBER_PREFIX:]
+
+
+def member_of(arrival: int, lease_id: str) -> str:
+    """The queue member of a waiter that arrived at ``arrival`` (microseconds)."""
+    return f"{arrival:016d}:{lease_id}"
+
+
+@final
+@attrs.frozen
+class StepResult:
+    """What one ``step`` did and saw, in the server's terms.
+
+    Attributes:
+        granted: The members granted a lease: those that a step whose
+            answer was lost had granted, then the others in queue order.
+        limit: The stored limit, or ``None`` when there is none or it is
+            unlimited on purpose.
+        in_flight: Live leases of the whole fleet.
+        queued: Entries in the shared queue.
+        waiting: Waiters of the whole fleet, as their processes report them.
+        paused_for: Seconds left of the pause, or 0.
+        server_time: The server's clock, in seconds.
+        budget: The provider's budgets, if it has any.
+        adaptive: An adaptive limit's bounds and backoff, if the limit is one.
+        tenants: The tenants configured or in play, fleet-wide (once
+            tenants are counted), by name.
+        models: The budgets of the models the step met (those of its
+            entries and leases, and of its figures), by model.
+        counting: Whether the fleet counts tenants (from the first tenant
+            or model budget seen): then every waiter is published.
+        epoch: The namespace's epoch (see ``Ledger.step``), or empty if it
+            has none.
+        forgotten: The models whose learned budgets the step forgot.
+    """
+
+    granted: list[str]
+    limit: int | None
+    in_flight: int
+    queued: int
+    waiting: int
+    paused_for: float
+    server_time: float
+    budget: LedgerBudget | None = None
+    adaptive: tuple[int, int, float] | None = None
+    tenants: dict[str, LedgerTenant] = attrs.field(factory=dict)
+    models: dict[str, LedgerBudget] = attrs.field(factory=dict)
+    counting: bool = False
+    epoch: str = ""
+    forgotten: list[str] = attrs.field(factory=list)
+
+    def configured_tenants(self) -> dict[str, Tenant]:
+        """The configured tenants' settings, by name."""
+        return {
+            name: Tenant(weight=tenant.weight, limit=tenant.limit)
+            for name, tenant in self.tenants.items()
+            if tenant.configured
+        }
+
+
+@final
+class NamespaceLost(Exception):
+    """A step found the namespace's epoch changed: Redis lost it, and the step did nothing."""
+
+
+@final
+@attrs.frozen
+class LedgerTenant:
+    """One tenant of a provider, fleet-wide, after one step.
+
+    Attributes:
+        weight: Its share weight.
+        limit: Its cap on the provider's slots, or ``None``.
+        in_flight: Leases it holds, fleet-wide.
+        queued: Its entries in the shared queue.
+        service: Its counter (seconds of slots held, divided by its weight).
+        configured: Whether its weight and cap are configured (else the
+            defaults, for a tenant in play).
+    """
+
+    weight: float
+    limit: int | None
+    in_flight: int
+    queued: int
+    service: float
+    configured: bool = False
+
+
+@final
+@attrs.frozen
+class LedgerBudget:
+    """A provider's fleet-wide budgets after one step.
+
+    Attributes:
+        requests_per_minute: The request budget's rate, or ``None``.
+        requests_available: Requests its bucket holds, or ``None``.
+        requests_capacity: The most its bucket holds, or ``None``.
+        tokens_per_minute: The token budget's rate, or ``None``.
+        tokens_available: Tokens its bucket holds, or ``None``.
+        tokens_capacity: The most its bucket holds, or ``None``.
+        learned: Whether figures of answers were learned.
+        ready_in: Seconds until the head of the queue fits the budgets,
+            if they hold it back (else ``None``).
+        requests_configured: Whether the request budget is configured
+            (else learned).
+        tokens_configured: Whether the token budget is configured.
+        idle: A learned model's budgets: seconds their model has been
+            idle, or ``None`` while it is in use (and for the provider's
+            budgets, or a model's configured ones).
+    """
+
+    requests_per_minute: float | None
+    requests_available: float | None
+    requests_capacity: float | None
+    tokens_per_minute: float | None
+    tokens_available: float | None
+    tokens_capacity: float | None
+    learned: bool
+    ready_in: float | None
+    requests_configured: bool = False
+    tokens_configured: bool = False
+    idle: float | None = None
+
+    def configured(self) -> Budget | None:
+        """The configured budgets (a configured one's capacity is its rate), if any."""
+        requests = self.requests_capacity if self.requests_configured else None
+        tokens = self.tokens_capacity if self.tokens_configured else None
+        if requests is None and tokens is None:
+            return None
+        return Budget(requests_per_minute=requests, tokens_per_minute=tokens)
+
+    def _buckets(self) -> list[tuple[float, float, float]]:
+        """Each bucket's level, capacity and refill per second."""
+        return [
+            (level, capacity, per_minute / 60.0)
+            for level, capacity, per_minute in (
+                (
+                    self.requests_available,
+                    self.requests_capacity,
+                    self.requests_per_minute,
+                ),
+                (self.tokens_available, self.tokens_capacity, self.tokens_per_minute),
+            )
+            if level is not None and capacity is not None and per_minute is not None
+        ]
+
+    def forgotten(self, seconds: float) -> bool:
+        """Whether they are forgotten ``seconds`` after the step that saw them.
+
+        By the rule of the pure core, ``_budgets.forgets``.
+        """
+        if self.idle is None:
+            return False
+        return forgets(
+            self.idle + seconds,
+            [
+                (refilled(level, capacity, rate, seconds), capacity)
+                for level, capacity, rate in self._buckets()
+            ],
+        )
+
+    def forgotten_in(self) -> float | None:
+        """Seconds after the step that saw them until they are forgotten, if idle."""
+        if self.idle is None:
+            return None
+        return max(
+            [FORGET_AFTER - self.idle]
+            + [full_in(*bucket) for bucket in self._buckets()]
+        )
+
+
+@final
+class SeenModels:
+    """Each model's budgets as the latest step that met it saw them, and when.
+
+    A step answers only the models it met; a process keeps the others as
+    last seen, and leaves out those the ledger forgot, or that the pure
+    core's rule forgets since (``LedgerBudget.forgotten``): watched in a
+    heap by that instant, so a step costs the same however many are idle.
+    """
+
+    __slots__ = ("_forgetting", "_rows")
+
+    def __init__(self) -> None:
+        self._rows: dict[str, tuple[LedgerBudget, float]] = {}
+        self._forgetting: list[tuple[float, str]] = []
+
+    def __repr__(self) -> str:
+        return f"<SeenModels {len(self._rows)}>"
+
+    def update(self, result: StepResult, now: float) -> None:
+        """Take what ``result``, a step answered at ``now``, says of the models."""
+        rows = self._rows
+        for model in result.forgotten:
+            rows.pop(model, None)
+        forgetting = self._forgetting
+        for model, budget in result.models.items():
+            rows[model] = (budget, now)
+            seconds = budget.forgotten_in()
+            if seconds is not None:
+                heapq.heappush(forgetting, (now + seconds, model))
+        while forgetting and forgetting[0][0] <= now:
+            _, model = heapq.heappop(forgetting)
+            row = rows.get(model)
+            if row is not None and row[0].forgotten(now - row[1]):
+                del rows[model]
+
+    def items(self, now: float) -> list[tuple[str, LedgerBudget, float]]:
+        """Each model not forgotten by ``now``: its budgets, and when they were seen."""
+        return [
+            (model, budget, at)
+            for model, (budget, at) in self._rows.items()
+            if not budget.forgotten(now - at)
+        ]
+
+
+def _float(text: str) -> float | None:
+    return None if text == "" else float(text)
+
+
+def _budget_of(text: str) -> LedgerBudget | None:
+    if not text:
+        return None
+    r_pm, r_lvl, r_cap, t_pm, t_lvl, t_cap, learned, r_cfg, t_cfg, ready_in = (
+        text.split(",")
+    )
+    return LedgerBudget(
+        _float(r_pm),
+        _float(r_lvl),
+        _float(r_cap),
+        _float(t_pm),
+        _float(t_lvl),
+        _float(t_cap),
+        learned=learned == "1",
+        ready_in=None if int(ready_in) < 0 else int(ready_in) / 1000,
+        requests_configured=r_cfg == "1",
+        tokens_configured=t_cfg == "1",
+    )
+
+
+def _tenants_of(rows: list[str]) -> dict[str, LedgerTenant]:
+    return {
+        rows[k]: LedgerTenant(
+            weight=float(rows[k + 1]),
+            limit=int(rows[k + 2]) if rows[k + 2] else None,
+            in_flight=int(rows[k + 3]),
+            queued=int(rows[k + 4]),
+            service=float(rows[k + 5]),
+            configured=rows[k + 6] == "1",
+        )
+        for k in range(0, len(rows), 7)
+    }
+
+
+def _models_of(rows: list[str]) -> dict[str, LedgerBudget]:
+    models: dict[str, LedgerBudget] = {}
+    for k in range(0, len(rows), 3):
+        budget = _budget_of(rows[k + 1])
+        if budget is not None:
+            idle = rows[k + 2]
+            models[rows[k]] = (
+                budget if idle == "" else attrs.evolve(budget, idle=int(idle) / 1000)
+            )
+    return models
+
+
+def _bounds_of(text: str) -> tuple[int, int, float] | None:
+    if not text:
+        return None
+    low, high, backoff = text.split(",")
+    return int(low), int(high), float(backoff)
+
+
+def _limit_of(stored: object) -> int | None:
+    if stored in (None, "", "none"):
+        return None
+    return int(str(stored))
+
+
+@final
+class Ledger:
+    """The scripts of one namespace, bound to a coredis client.
+
+    A script runs by its digest (``EVALSHA``) on a connection of the
+    client's pool, straight through the connection's request: a step is on
+    the path of every grant, and coredis's general command path (a command
+    object wrapped for the retry and the answer's transformation, each
+    copy serialising the arguments again, the pool's lock) cost about as
+    much as the round trip itself. The ledger keeps the connection of its
+    last call while it is usable, as coredis's own commands share one: it
+    is back in the pool as soon as a command is sent, so the pool replaces
+    it if it dies. Redis answers ``NOSCRIPT`` when it has lost the script
+    (restarted empty, or its cache flushed): the script is loaded on the
+    same connection and run once more.
+
+    Args:
+        client: A coredis client whose pool lends a connection only for
+            the time it takes to send a command (no subscription, blocking
+            command or transaction on it), since calls go on a connection
+            that is back in the pool.
+        namespace: The prefix of every key; processes that share it share
+            their limits.
+        lease: Seconds a lease or a queue entry lives without renewal.
+        scripts: The scripts to run (``load_scripts``); the default reads
+            the server's clock.
+        wall_clock: This process's clock, which ``clock`` reads as the
+            server's (the wall clock; a test may give a host's that is
+            off).
+
+    Attributes:
+        clock: This process's clock read as the server's: measured by
+            ``measure_clock`` and by every ``step``, whose answer carries
+            the server's time.
+    """
+
+    __slots__ = (
+        "_client",
+        "_connection",
+        "_names",
+        "_scripts",
+        "clock",
+        "lease",
+        "namespace",
+        "on_idle",
+        "on_lost",
+        "users",
+    )
+
+    def __init__(
+        self,
+        client: Client,
+        namespace: str,
+        lease: float,
+        *,
+        scripts: Scripts | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.clock = ServerClock(wall_clock)
+        self._client = client
+        self._scripts = _SCRIPTS if scripts is None else scripts
+        self._connection: coredis.BaseConnection | None = None
+        self.namespace = namespace
+        self.lease = lease
+        # Each provider's keys and channel, made once: a step is on the
+        # path of every grant.
+        self._names: dict[str, tuple[list[str], str]] = {}
+        # Set by whoever listens for wake-ups, to hear that Redis was lost.
+        self.on_lost: Callable[[], object] | None = None
+        # The schedulers using it, so that the client outlives their last
+        # releases; on_idle is called when the last one is done.
+        self.users = 0
+        self.on_idle: Callable[[], object] | None = None
+
+    def enter(self) -> None:
+        """A scheduler starts using the ledger."""
+        self.users += 1
+
+    def leave(self) -> None:
+        """A scheduler is done with the ledger, its last releases sent."""
+        self.users -= 1
+        if not self.users and self.on_idle is not None:
+            self.on_idle()
+
+    def names(self, provider: str) -> tuple[list[str], str]:
+        """The keys and the wake-up channel of ``provider``."""
+        names = self._names.get(provider)
+        if names is None:
+            names = self._names[provider] = (
+                keys_of(self.namespace, provider),
+                channel_of(self.namespace, provider),
+            )
+        return names
+
+    def lost(self) -> None:
+        """A call failed: whoever listens for wake-ups should subscribe again."""
+        if self.on_lost is not None:
+            self.on_lost()
+
+    async def _run(
+        self, script: Script, keys: Sequence[str], args: Sequence[str]
+    ) -> Any:  # noqa: ANN401 (a Lua script's answer is untyped)
+        """Run ``script`` on ``keys`` and ``args``; its answer, decoded."""
+        client = self._client
+        if isinstance(client, coredis.RedisCluster):
+            # A cluster's pool lends a connection per node: coredis routes
+            # the call to the node of the keys' slot.
+            try:
+                return await client.evalsha(script.sha, keys, args)
+            except NoScriptError:
+                await client.script_load(script.text)
+                return await client.evalsha(script.sha, keys, args)
+        connection = self._connection
+        if connection is None or not connection.usable:
+            pool = client.connection_pool
+            connection = await pool.get_connection()
+            # Back at once: requests share a connection (see the class).
+            pool.release(connection)
+            self._connection = connection
+        try:
+            return await connection.create_request(
+                _EVALSHA, script.sha, len(keys), *keys, *args, decode=True
+            )
+        except NoScriptError:
+            await connection.create_request(_SCRIPT_LOAD, script.text)
+            return await connection.create_request(
+                _EVALSHA, script.sha, len(keys), *keys, *args, decode=True
+            )
+
+    async def step(
+        self,
+        provider: str,
+        node: str,
+        *,
+        waiting: int = 0,
+        epoch: str = "",
+        seed: Seed | None = None,
+        observed: RateLimitInfo | None = None,
+        observed_models: Mapping[str, RateLimitInfo] | None = None,
+        spoil: Sequence[str] = (),
+        usage: Sequence[tuple[str, int]] = (),
+        release: Sequence[str] = (),
+        withdraw: Sequence[str] = (),
+        enqueue: Sequence[tuple[str, float]] = (),
+        costs: Mapping[str, int] | None = None,
+        meta: Mapping[str, tuple[str | None, str | None]] | None = None,
+        renew_leases: Sequence[str] = (),
+        ask: Sequence[str] = (),
+        answered: Sequence[str] = (),
+        recheck: bool = True,
+    ) -> StepResult:
+        """Apply one round of a process's changes, in order, atomically.
+
+        First the namespace's epoch, made by the first step with a seed
+        that finds none (so it changes only when Redis lost the
+        namespace): with ``seed`` (the settings the process knows the
+        fleet has), if the epoch is not ``epoch`` (the one the process last
+        saw) or there is none, it stores again each setting of the seed
+        the namespace does not hold, and no other; without, if ``epoch``
+        is given and the namespace's is another, it does nothing and
+        raises ``NamespaceLost``. Then it takes ``spoil``
+        (lease ids given back without success: no adaptive increase, no end
+        of a backoff streak) and ``usage`` (lease id and the tokens its
+        request used: its charge is corrected); releases ``release`` (lease
+        ids), withdraws ``withdraw`` (members, and their leases if they
+        have any), enqueues or renews ``enqueue`` (member and start on the
+        server's clock, a member's start the same each time it is sent;
+        ``costs`` gives a member's estimated tokens), renews
+        ``renew_leases`` (adding them back if they are gone), marks
+        ``answered`` leases as counted by the provider, learns from
+        ``observed`` (the provider's figures) and ``observed_models`` (each
+        model's), then grants what it can of ``ask`` and of ``enqueue``.
+        ``meta`` gives an enqueued member's tenant and model, if it has
+        either. Sent twice, the same changes leave the same state, as long
+        as ``recheck`` is true when a step of this node may have run
+        without its answer reaching it: only then does the step look its
+        members up among the leases, one server call that a node whose
+        every step was answered can spare.
+        """
+        keys, channel = self.names(provider)
+        tokens_of = {} if costs is None else costs
+        meta_of = {} if meta is None else meta
+        figures: list[tuple[str | None, RateLimitInfo]] = []
+        if observed is not None:
+            figures.append((None, observed))
+        if observed_models:
+            figures += observed_models.items()
+        args = StepArgs(
+            node=node,
+            ttl=round(self.lease * 1000),
+            waiting=waiting,
+            channel=channel,
+            epoch=epoch,
+            seed=seed,
+            recheck=recheck,
+            observed=figures,
+            spoil=list(spoil),
+            usage=list(usage),
+            release=list(release),
+            withdraw=list(withdraw),
+            enqueue=[
+                (m, start, tokens_of.get(m, 0), *meta_of.get(m, (None, None)))
+                for m, start in enqueue
+            ],
+            renew_leases=list(renew_leases),
+            ask=list(ask),
+            answered=list(answered),
+        )
+        clock = self.clock
+        sent = clock.local()
+        # A Lua script's answer is untyped; this one has a fixed shape.
+        reply: Any = await self._run(self._scripts.step, keys, args.pack())
+        received = clock.local()
+        if len(reply) == 1:
+            raise NamespaceLost(f"the namespace's epoch is {reply[0]!r}, not {epoch!r}")
+        (
+            granted,
+            limit,
+            in_flight,
+            queued,
+            waiting_all,
+            pause,
+            now,
+            budget,
+            spec,
+            tenants,
+            models,
+            counting,
+            stored_epoch,
+            forgotten,
+        ) = reply
+        clock.sample(sent, received, int(now) / 1000 + _HALF_MS)
+        return StepResult(
+            granted=list(granted),
+            limit=_limit_of(limit),
+            in_flight=int(in_flight),
+            queued=int(queued),
+            waiting=int(waiting_all),
+            paused_for=int(pause) / 1000,
+            server_time=int(now) / 1000,
+            budget=_budget_of(budget),
+            adaptive=_bounds_of(spec),
+            tenants=_tenants_of(tenants),
+            models=_models_of(models),
+            counting=counting == 1,
+            epoch=stored_epoch,
+            forgotten=list(forgotten),
+        )
+
+    async def measure_clock(self, samples: int = 3) -> None:
+        """Read the server's clock ``samples`` times, for ``clock``."""
+        clock = self.clock
+        for _ in range(samples):
+            sent = clock.local()
+            now = await self._run(self._scripts.time, (), ())
+            clock.sample(sent, clock.local(), int(now) / 1000 + _HALF_MS)
+
+    async def set_limit(
+        self,
+        provider: str,
+        limit: int | AdaptiveLimit | None,
+        *,
+        overwrite: bool = True,
+    ) -> int | None:
+        """Store ``limit`` (``None``: unlimited); returns the stored limit.
+
+        An ``AdaptiveLimit`` is stored at its ``initial`` value, with its
+        bounds. With ``overwrite=False`` a limit already stored wins.
+        """
+        keys, channel = self.names(provider)
+        args = SetLimitArgs(limit=limit, overwrite=overwrite, channel=channel)
+        stored = await self._run(self._scripts.set_limit, keys, args.pack())
+        return _limit_of(stored[0])
+
+    async def set_budget(
+        self, provider: str, budget: Budget, *, model: str | None = None
+    ) -> None:
+        """Store the fleet's configured budgets of ``provider`` or of its ``model``."""
+        keys, channel = self.names(provider)
+        args = SetBudgetArgs(budget=budget, channel=channel, model=model)
+        await self._run(self._scripts.set_budget, keys, args.pack())
+
+    async def set_tenant(
+        self, provider: str, tenant: str, settings: Tenant | None
+    ) -> None:
+        """Store a tenant's weight and cap for the fleet (``None``: the defaults)."""
+        keys, channel = self.names(provider)
+        args = SetTenantArgs(tenant=tenant, settings=settings, channel=channel)
+        await self._run(self._scripts.set_tenant, keys, args.pack())
+
+    async def pause(
+        self,
+        provider: str,
+        retry_after: float | None,
+        *,
+        default_pause: float,
+        max_pause: float,
+    ) -> float:
+        """Pause the provider fleet-wide; returns the seconds left of the pause.
+
+        A ``retry_after`` that is not positive names no delay
+        (``server_delay``): the fleet backs off, as the local policy does.
+        """
+        delay = server_delay(retry_after)
+        args = PauseArgs(
+            # At least a millisecond: a positive delay never rounds to none.
+            delay=None if delay is None else max(1, round(delay * 1000)),
+            default_pause=round(default_pause * 1000),
+            max_pause=round(max_pause * 1000),
+        )
+        left = await self._run(
+            self._scripts.pause, self.names(provider)[0], args.pack()
+        )
+        return int(str(left)) / 1000
+
+    async def resume(self, provider: str) -> None:
+        """End the provider's pause and its backoff streak, fleet-wide."""
+        keys, channel = self.names(provider)
+        await self._run(self._scripts.resume, keys, ResumeArgs(channel=channel).pack())

@@ -1,0 +1,961 @@
+-- One round of a process's changes, in order, atomically (Ledger.step).
+-- ARGV, as StepArgs.pack (trio_dispatch/_redis/_scripts.py) lays it out: node,
+-- ttl (ms), this node's waiters, the namespace's epoch as the process last
+-- saw it (empty: none, unchecked), wake channel, whether a step of this
+-- node may have been run without its answer reaching it ('1': then the
+-- members it sends are looked up among the leases), then the seed: '0',
+-- or '1' and the settings to store again (see ``restore``): the limit (as
+-- store_limit takes it; empty: none), the provider's requests and tokens
+-- per minute (each empty: none), a counted list of (model, requests,
+-- tokens) and one of (tenant, weight, cap); then a counted list of
+-- (model, figures) pairs: the rate-limit figures to learn from, the
+-- provider's (model empty) or a model's (each eight comma-separated fields,
+-- each possibly empty: whether requests have figures ('1'), their limit,
+-- remaining and reset in seconds, then the same for tokens), then eight
+-- counted lists: lease ids given back without success; (lease id, tokens)
+-- pairs of usage reports; lease ids to release; members to withdraw;
+-- (member, start, tokens, tenant, model) to enqueue or renew (tenant and
+-- model empty for none); lease ids to renew; the members that ask for a
+-- grant (those enqueued ask too); lease ids whose answer started. Every
+-- server call counts on the grant's path: the step reads conf once, writes
+-- the budgets back only when there are some, publishes only when another
+-- process waits, and touches tenants and models only once one was seen
+-- (``xm``); it prunes only once something may have expired (``pa``),
+-- refreshes the expiry of only the keys it gave a later member, queues
+-- none of the entries it grants at once, and writes this node's waiters
+-- only when their number moved.
+local node, ttl, mywait, known, channel, recheck =
+  ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6] == '1'
+local i = 7
+local n
+local seed = nil
+if ARGV[i] == '1' then
+  seed = {limit = ARGV[i + 1], rates = {tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])},
+    models = {}, tenants = {}}
+  i = i + 4
+  n = tonumber(ARGV[i]); i = i + 1
+  for j = 1, n do
+    seed.models[j] = {ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])}; i = i + 3
+  end
+  n = tonumber(ARGV[i]); i = i + 1
+  for j = 1, n do
+    seed.tenants[j] = {ARGV[i], ARGV[i + 1], ARGV[i + 2]}; i = i + 3
+  end
+else
+  i = i + 1
+end
+local figures = {}
+n = tonumber(ARGV[i]); i = i + 1
+for j = 1, n do
+  figures[j] = {ARGV[i], ARGV[i + 1]}; i = i + 2
+end
+local CONF = {'limit', 'pause_until', 'streak',
+  'granted_at_report', 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow',
+  'r_cap', 'r_rate', 'r_lvl', 'r_at', 'r_cfg',
+  't_cap', 't_rate', 't_lvl', 't_at', 't_cfg', 'learned', 'r_own', 't_own', 'a_dec',
+  'since', 'newest', 'bk', 'xm', 't_last', 'qm', 'pa', 'qc', 'ep'}
+local c = redis.call('HMGET', conf, unpack(CONF))
+-- The namespace's epoch (``ep`` in ``conf``): made by the first step with a
+-- seed that finds none, so it changes only when Redis lost the namespace
+-- (restarted empty, flushed, failed over to a replica that lacked it).
+-- A step with a seed, finding an epoch other than the one its process
+-- last saw (or none), stores again each setting of the seed the namespace
+-- does not hold: only those, so that no change made since, by any
+-- process, is undone; and wakes the others, so that each does the same
+-- with its own. A step without a seed finding another epoch does nothing:
+-- its process sends the same again with a seed.
+local epoch = c[32] or ''
+if seed and (epoch == '' or epoch ~= known) then
+  local lost = epoch == '' or known ~= ''
+  if epoch == '' then
+    epoch = node .. '@' .. whole(now)
+    redis.call('HSET', conf, 'ep', epoch)
+  end
+  if seed.limit ~= '' and not stored_limit(c[1]) then store_limit(seed.limit) end
+  store_budget('', seed.rates, true)
+  for _, m in ipairs(seed.models) do store_budget(m[1], {m[2], m[3]}, true) end
+  for _, t in ipairs(seed.tenants) do
+    if redis.call('HEXISTS', tconf, t[1]) == 0 then store_tenant(t[1], t[2], t[3]) end
+  end
+  if lost then redis.call('PUBLISH', channel, node) end
+  c = redis.call('HMGET', conf, unpack(CONF))
+elseif known ~= '' and epoch ~= known then
+  return {epoch}
+end
+-- ``pa`` in ``conf``: no lease, entry or process expires before it (a bound
+-- at most the earliest of their expiries, moved by the prune that finds
+-- the earliest, lowered by any member added to expire sooner), so that a
+-- step prunes only once something may have expired. ``qc``: some queued
+-- member may have an estimate in ``qcost`` (none once the queue is empty).
+local prune_at = stored(c[30], nil)
+local prune_moved = false
+local qc = c[31] ~= false
+-- Whether this step gave a lease, or an entry, an expiry of now + ttl: only
+-- then must the keys holding them outlive it (see the end).
+local leases_grew, queue_grew = false, false
+
+-- Where the counted lists start: enqueue, renew, ask (read ahead, for the
+-- members a lost answer granted and for whether tenants or models appear).
+local at_enqueue
+do
+  local k = i
+  k = k + 1 + tonumber(ARGV[k])      -- spoil
+  k = k + 1 + 2 * tonumber(ARGV[k])  -- usage
+  k = k + 1 + tonumber(ARGV[k])      -- release
+  k = k + 1 + tonumber(ARGV[k])      -- withdraw
+  at_enqueue = k
+end
+
+-- Tenants: counted once a tenant or a model's figures are seen (see
+-- ``extend``). Before, a member with a model keeps it in ``qmeta`` (``qm``
+-- in ``conf`` says some may), for when they are.
+local xm = tonumber(c[27])
+local qm = c[29] ~= false
+if not xm then
+  local seen_one = false
+  for _, f in ipairs(figures) do
+    if f[1] ~= '' then seen_one = true end
+  end
+  for j = 1, tonumber(ARGV[at_enqueue]) do
+    local base = at_enqueue + 1 + 5 * (j - 1)
+    if ARGV[base + 3] ~= '' then seen_one = true end
+    if ARGV[base + 4] ~= '' and not qm then
+      qm = true
+      redis.call('HSET', conf, 'qm', 1)
+    end
+  end
+  if seen_one then xm = extend() end
+end
+local t_last = stored(c[28], 0)
+local t_last_moved = false
+
+local P = new_scope(conf, charge, unans, c, 9)
+local budgeted = P.R ~= nil or P.T ~= nil
+-- The models' scopes, loaded when first needed; only those that keep
+-- books are used, or one about to (``create``: its first figures). Only
+-- the models of this step's entries and leases are loaded: a step costs
+-- the same however many models are idle. A learned one found forgotten
+-- (``forgets``) goes, with its books; its next figures start it afresh.
+local MS = {}
+local forgotten = {}
+local function scope_of(model, create)
+  local sc = MS[model]
+  if sc == nil then
+    local h, ch, un = prefix .. 'm:' .. model, prefix .. 'mc:' .. model, prefix .. 'mu:' .. model
+    local f = redis.call('HMGET', h, unpack(MODEL_FIELDS))
+    sc = new_scope(h, ch, un, f, 0)
+    sc.kept = f[19] == '1' or (sc.R ~= nil and sc.R.cfg) or (sc.T ~= nil and sc.T.cfg)
+    sc.idle = stored(f[18], nil)
+    if sc.books and not sc.kept and forgets(sc) then
+      redis.call('DEL', h, ch, un)
+      forgotten[#forgotten + 1] = model
+      sc = new_scope(h, ch, un, {}, 0)
+    end
+    sc.model = model
+    MS[model] = sc
+  end
+  if sc.books or create then return sc end
+  return nil
+end
+-- An entry or lease of a model more (1) or less (-1): a model that goes
+-- idle, or in use again, moves when its learned budget is forgotten.
+local function busy_moved(model, delta)
+  local n = redis.call('HINCRBY', busy, model, delta)
+  if n <= 0 then redis.call('HDEL', busy, model) end
+  if n <= 0 or n == delta then
+    local sc = scope_of(model)
+    if sc then
+      if n <= 0 then sc.idle = now else sc.idle = nil end
+      sc.idle_moved = true
+    end
+  end
+end
+
+-- Tenants (xm only): each one's state, loaded when first needed, and the
+-- backlogged ones (``tback``; the tenant of no name is '').
+local TS = {}
+local BL = {}
+local function tenant(t)
+  local s = TS[t]
+  if s then return s end
+  local base, held, last = tenant_state(redis.call('HGET', tstate, t))
+  local w, cap, cfg = 1, nil, false
+  if t ~= '' then
+    local text = redis.call('HGET', tconf, t)
+    if text then
+      w, cap = tenant_settings(text)
+      cfg = true
+    end
+  end
+  s = {name = t, base = base, held = held, last = last, w = w, cap = cap,
+    cfg = cfg, waiting = redis.call('ZCARD', queue_of(t)), dirty = false}
+  TS[t] = s
+  return s
+end
+-- The counter now: c_t = base + held * (now - last) / weight, in seconds
+-- (the same expression, in the same order, as the pure core's).
+local function counter(s)
+  if s.held == 0 or now <= s.last then return s.base end
+  return s.base + s.held * (now - s.last) / 1000 / s.w
+end
+local function fold(s)
+  if now > s.last then
+    s.base = counter(s)
+    s.last = now
+    s.dirty = true
+  end
+end
+-- A tenant's waiting count moves: one that becomes backlogged is raised to
+-- the floor (the least counter of the others backlogged, or the counter of
+-- the tenant that last stopped being backlogged), one that stops leaves
+-- its counter there.
+local function waiting_moved(s, delta)
+  local before = s.waiting
+  s.waiting = before + delta
+  if before == 0 and s.waiting > 0 then
+    local floor = nil
+    for name, _ in pairs(BL) do
+      if name ~= s.name then
+        local v = counter(tenant(name))
+        if floor == nil or v < floor then floor = v end
+      end
+    end
+    if floor == nil then floor = t_last end
+    fold(s)
+    if s.base < floor then
+      s.base = floor
+      s.dirty = true
+    end
+    BL[s.name] = true
+    redis.call('SADD', tback, s.name)
+  elseif before > 0 and s.waiting <= 0 then
+    s.waiting = 0
+    t_last, t_last_moved = counter(s), true
+    BL[s.name] = nil
+    redis.call('SREM', tback, s.name)
+  end
+end
+-- The tenant and model of a lease, from ``lmeta``; a lease without one was
+-- granted to the tenant of no name before tenants were counted.
+local function lease_meta(id)
+  local text = redis.call('HGET', lmeta, id)
+  if not text then return '', '' end
+  local t, model = string.match(text, '^(.*)\n(.*)$')
+  return t or '', model or ''
+end
+-- The tenant and model of a queued member.
+local META = {}
+local function member_meta(m)
+  local meta = META[m]
+  if meta then return meta[1], meta[2] end
+  local text = redis.call('HGET', qmeta, m)
+  local t, model = '', ''
+  if text then t, model = string.match(text, '^(.*)\n(.*)$') end
+  META[m] = {t or '', model or ''}
+  return t or '', model or ''
+end
+-- A queued member out of its queue, its tenant's count and its metadata
+-- (not ``qexp`` nor ``qcost``); 1 if it was queued, else 0.
+local function unqueue(m)
+  if not xm then
+    if qm then redis.call('HDEL', qmeta, m) end
+    return redis.call('ZREM', queue, m)
+  end
+  local t, model = member_meta(m)
+  local gone = redis.call('ZREM', queue_of(t), m)
+  if gone == 1 then
+    waiting_moved(tenant(t), -1)
+    if model ~= '' then busy_moved(model, -1) end
+  end
+  redis.call('HDEL', qmeta, m)
+  return gone
+end
+-- The budgets of a lease's model, if it has any (only once tenants count).
+local function model_scope(id)
+  if not xm then return nil end
+  local _, model = lease_meta(id)
+  return model ~= '' and scope_of(model) or nil
+end
+if xm then
+  for _, name in ipairs(redis.call('SMEMBERS', tback)) do
+    BL[name] = true
+  end
+  for name, _ in pairs(BL) do tenant(name) end
+end
+
+-- Everything a lease leaves behind, once it is given back or expired.
+-- A step tells which of their keys may hold anything (``keeps``): grant
+-- numbers only during a streak, charges and unanswered leases only with a
+-- budget, the leases in use only with an adaptive limit (each is emptied
+-- when that ends); with tenants, its tenant's count and service.
+local keeps = {grantno = stored(c[3], 0) > 0, budget = P.books, inuse = c[5] ~= false}
+local function forget_lease(id, inuse_done)
+  if keeps.grantno then redis.call('HDEL', grantno, id) end
+  if keeps.budget then forget_charge(P, id) end
+  if keeps.inuse and not inuse_done then redis.call('SREM', inuse, id) end
+  if xm then
+    local t, model = lease_meta(id)
+    redis.call('HDEL', lmeta, id)
+    local s = tenant(t)
+    if s.held > 0 then
+      -- Its service so far stays the tenant's.
+      fold(s)
+      s.held = s.held - 1
+      s.dirty = true
+    end
+    if model ~= '' then
+      local sc = scope_of(model)
+      if sc then forget_charge(sc, id) end
+      busy_moved(model, -1)
+    end
+  end
+end
+local function prune()
+  if prune_at ~= nil and prune_at > now then return 0 end
+  local pruned = 0
+  local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', now)
+  if #gone > 0 then
+    for _, id in ipairs(gone) do forget_lease(id) end
+    pruned = pruned + redis.call('ZREMRANGEBYSCORE', leases, '-inf', now)
+  end
+  gone = redis.call('ZRANGEBYSCORE', qexp, '-inf', now)
+  if #gone > 0 then
+    for _, m in ipairs(gone) do
+      unqueue(m)
+      if qc then redis.call('HDEL', qcost, m) end
+    end
+    pruned = pruned + redis.call('ZREMRANGEBYSCORE', qexp, '-inf', now)
+  end
+  gone = redis.call('ZRANGEBYSCORE', nodes, '-inf', now)
+  if #gone > 0 then
+    for _, nd in ipairs(gone) do redis.call('HDEL', nwait, nd) end
+    redis.call('ZREMRANGEBYSCORE', nodes, '-inf', now)
+  end
+  -- Nothing left expires before the earliest of what is left.
+  prune_at = math.huge
+  for _, k in ipairs({leases, qexp, nodes}) do
+    local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')[2]
+    if first then prune_at = math.min(prune_at, tonumber(first)) end
+  end
+  prune_moved = true
+  return pruned
+end
+
+local changed = prune()
+-- Of those changes, the slots given back (the rest changed the queue, the
+-- limit or the budgets).
+local freed = 0
+local limit = stored_limit(c[1])
+local pause_until = stored(c[2], 0)
+local streak = stored(c[3], 0)
+local at_report = stored(c[4], 0)
+-- The adaptive limit, if the stored limit is one.
+local adaptive = nil
+if limit and c[5] then
+  adaptive = {low = tonumber(c[5]), high = tonumber(c[6]),
+    backoff = tonumber(c[7]), value = tonumber(c[8]), slow = c[9] == '1',
+    moved = false}
+  P.books = true
+end
+local spoiled = {}
+n = tonumber(ARGV[i]); i = i + 1
+for j = 1, n do
+  local id = ARGV[i]; i = i + 1
+  spoiled[id] = true
+  if keeps.inuse then redis.call('SREM', inuse, id) end
+end
+-- Usage reports before the releases: a report and the release after it
+-- may come in one step.
+n = tonumber(ARGV[i]); i = i + 1
+for j = 1, n do
+  local id, tokens = ARGV[i], tokens_of(ARGV[i + 1]); i = i + 2
+  if redis.call('ZSCORE', leases, id) then
+    if use(P, id, tokens) then changed = changed + 1 end
+    local sc = model_scope(id)
+    if sc and use(sc, id, tokens) then changed = changed + 1 end
+  end
+end
+local function adapt_up()
+  local step = 1
+  if not adaptive.slow then step = 1 / tonumber(limit) end
+  adaptive.value = math.min(adaptive.high, adaptive.value + step)
+  adaptive.moved = true
+  local new = math.min(adaptive.high, math.max(adaptive.low, math.floor(adaptive.value)))
+  if new ~= tonumber(limit) then
+    limit = whole(new)
+    changed = changed + 1
+  end
+end
+n = tonumber(ARGV[i]); i = i + 1
+for j = 1, n do
+  local id = ARGV[i]; i = i + 1
+  if redis.call('ZREM', leases, id) == 1 then
+    changed = changed + 1
+    freed = freed + 1
+    local success = not spoiled[id]
+    if streak > 0 then
+      local g = tonumber(redis.call('HGET', grantno, id) or '0')
+      if success and g > at_report then
+        -- A success: the streak ends, and with it the grant numbers.
+        redis.call('HSET', conf, 'streak', 0)
+        redis.call('DEL', grantno)
+        streak = 0
+      end
+    end
+    local counted = keeps.inuse and redis.call('SREM', inuse, id) == 1
+    forget_lease(id, true)
+    if success and counted and adaptive then adapt_up() end
+  end
+end
+n = tonumber(ARGV[i]); i = i + 1
+for j = 1, n do
+  local m = ARGV[i]; i = i + 1
+  changed = changed + unqueue(m)
+  redis.call('ZREM', qexp, m)
+  if qc then redis.call('HDEL', qcost, m) end
+  -- Granted by a step whose answer was lost: nobody holds it.
+  local id = string.sub(m, 18)
+  if redis.call('ZREM', leases, id) == 1 then
+    changed = changed + 1
+    forget_lease(id)
+  end
+end
+local asking = {}
+local granted = {}
+-- Whether a step whose answer was lost granted m: then it is granted
+-- again, the same lease renewed.
+-- Which they are, asked for the members sent (enqueued or asking) in one
+-- call per thousand: every server call counts on the grant's path. Only
+-- a node whose step may have run without its answer reaching it asks
+-- (``recheck``): else none of its members can hold a lease.
+local lost = {}
+-- Entries enqueued by this step with no tenant counted: written to the
+-- queue (and ``qexp``) only if the step does not grant them at once (see
+-- ``in_order``), as most are under contention, which saves four writes a
+-- grant.
+local newcomers, newcomer = {}, {}
+local function place_newcomers()
+  for _, e in ipairs(newcomers) do
+    if not e.granted then
+      redis.call('ZADD', queue, e.start, e.m)
+      redis.call('ZADD', qexp, now + ttl, e.m)
+      queue_grew = true
+    end
+  end
+  newcomers = {}
+end
+if recheck then
+  local ids, k = {}, at_enqueue
+  for j = 1, tonumber(ARGV[k]) do ids[#ids + 1] = string.sub(ARGV[k + 1 + 5 * (j - 1)], 18) end
+  k = k + 1 + 5 * tonumber(ARGV[k])
+  k = k + 1 + tonumber(ARGV[k])
+  for j = 1, tonumber(ARGV[k]) do ids[#ids + 1] = string.sub(ARGV[k + j], 18) end
+  for first = 1, #ids, 1000 do
+    local chunk = {unpack(ids, first, math.min(#ids, first + 999))}
+    local scores = redis.call('ZMSCORE', leases, unpack(chunk))
+    for j, id in ipairs(chunk) do
+      if scores[j] then lost[id] = true end
+    end
+  end
+end
+local function held(m)
+  local id = string.sub(m, 18)
+  if lost[id] then
+    redis.call('ZADD', leases, now + ttl, id)
+    leases_grew = true
+    granted[#granted + 1] = m
+    return true
+  end
+  return false
+end
+n = tonumber(ARGV[i]); i = i + 1
+for j = 1, n do
+  local m, start, tokens = ARGV[i], ARGV[i + 1], tokens_of(ARGV[i + 2])
+  local t, model = ARGV[i + 3], ARGV[i + 4]
+  i = i + 5
+  if not held(m) then
+    if xm then
+      local s = tenant(t)
+      local added = redis.call('ZADD', queue_of(t), start, m)
+      META[m] = {t, model}
+      if t ~= '' or model ~= '' then redis.call('HSET', qmeta, m, t .. '\n' .. model) end
+      if added == 1 then
+        waiting_moved(s, 1)
+        if model ~= '' then busy_moved(model, 1) end
+      end
+      redis.call('ZADD', qexp, now + ttl, m)
+      queue_grew = true
+    else
+      local e = newcomer[m]
+      if e == nil then
+        e = {m = m}
+        newcomer[m] = e
+        newcomers[#newcomers + 1] = e
+      end
+      e.start, e.score = start, tonumber(start)
+      -- Not a number: refused, as Redis refuses it.
+      if e.score == nil or e.score ~= e.score then redis.call('ZADD', queue, start, m) end
+      if model ~= '' then redis.call('HSET', qmeta, m, '\n' .. model) end
+    end
+    if tokens > 0 then
+      redis.call('HSET', qcost, m, whole(tokens))
+      if not qc then
+        qc = true
+        redis.call('HSET', conf, 'qc', 1)
+      end
+    end
+    asking[m] = true
+  end
+end
+n = tonumber(ARGV[i]); i = i + 1
+for j = 1, n do
+  -- ZADD, not XX: after Redis restarted empty, holders register again.
+  redis.call('ZADD', leases, now + ttl, ARGV[i]); i = i + 1
+  leases_grew = true
+end
+n = tonumber(ARGV[i]); i = i + 1
+for j = 1, n do
+  local m = ARGV[i]; i = i + 1
+  if not held(m) then asking[m] = true end
+end
+n = tonumber(ARGV[i]); i = i + 1
+for j = 1, n do
+  local id = ARGV[i]; i = i + 1
+  see(P, id, true)
+  local sc = model_scope(id)
+  if sc then see(sc, id, true) end
+end
+for _, pair in ipairs(figures) do
+  if pair[1] == '' then
+    observe(P, pair[2])
+    budgeted = P.R ~= nil or P.T ~= nil
+  else
+    local sc = scope_of(pair[1], true)
+    if not sc.books and not sc.kept and not redis.call('HGET', busy, pair[1]) then
+      -- Learned now, its model idle: it is forgotten from now on.
+      sc.idle, sc.idle_moved = now, true
+    end
+    observe(sc, pair[2])
+  end
+end
+local pause = 0
+if pause_until > now then
+  pause = pause_until - now
+elseif pause_until > 0 then
+  redis.call('HDEL', conf, 'pause_until')
+end
+local in_flight = redis.call('ZCARD', leases)
+-- Leases granted by this step (not those a lost answer had granted).
+local fresh = 0
+-- Whether any queued member has an estimate (asked once, at the first grant).
+local costly = nil
+-- ``unqueued``: a newcomer, never written to the queue.
+local function grant(m, cost, s, model, unqueued)
+  local id = string.sub(m, 18)
+  if s then
+    redis.call('ZREM', queue_of(s.name), m)
+  else
+    if not unqueued then redis.call('ZREM', queue, m) end
+    if qm then redis.call('HDEL', qmeta, m) end
+  end
+  if not unqueued then redis.call('ZREM', qexp, m) end
+  redis.call('ZADD', leases, now + ttl, id)
+  leases_grew = true
+  if streak > 0 then
+    redis.call('HSET', grantno, id, redis.call('HINCRBY', conf, 'granted', 1))
+  end
+  if adaptive and 2 * (in_flight + 1) >= tonumber(limit) then
+    redis.call('SADD', inuse, id)
+  end
+  local sc = model and model ~= '' and scope_of(model)
+  -- Its estimate goes with its entry (read only when books are kept, but
+  -- kept for books that may start while it waits).
+  if cost > 0 or not (P.books or sc) then
+    if costly == nil then costly = qc and redis.call('EXISTS', qcost) == 1 end
+    if costly then redis.call('HDEL', qcost, m) end
+  end
+  if P.books then charge_to(P, id, cost) end
+  if sc then charge_to(sc, id, cost) end
+  if s then
+    if s.name ~= '' or model ~= '' then redis.call('HDEL', qmeta, m) end
+    redis.call('HSET', lmeta, id, s.name .. '\n' .. model)
+    fold(s)
+    s.held = s.held + 1
+    s.dirty = true
+    s.removed = (s.removed or 0) + 1
+    waiting_moved(s, -1)
+  end
+  granted[#granted + 1] = m
+  fresh = fresh + 1
+  in_flight = in_flight + 1
+end
+-- The first entries of the queue, oldest first, as far as the budgets go:
+-- nobody passes an entry the budgets cannot hold yet.
+-- Without budgets, the processes of the entries left in the window (that
+-- only their process can take) are the ones a slot given back here is for
+-- (``targets``; nil: unknown, or an entry whose process cannot be told).
+local targets = nil
+-- Whether entry a comes before entry b in the queue: by score, then by
+-- member byte by byte (as Redis orders a sorted set; Lua's own string
+-- comparison follows the server's locale).
+local function before(a, b)
+  if a.score ~= b.score then return a.score < b.score end
+  local x, y = a.m, b.m
+  for k = 1, math.min(#x, #y) do
+    local p, q = string.byte(x, k), string.byte(y, k)
+    if p ~= q then return p < q end
+  end
+  return #x < #y
+end
+-- The first ``window`` entries of the queue as it would be with the
+-- newcomers placed. One read there (a renewal) is placed first instead,
+-- and the queue read again.
+local function in_order(window)
+  local out = {}
+  local got = redis.call('ZRANGE', queue, 0, window - 1, 'WITHSCORES')
+  for k = 1, #got, 2 do
+    if newcomer[got[k]] and #newcomers > 0 then
+      place_newcomers()
+      return in_order(window)
+    end
+    out[#out + 1] = {m = got[k], score = tonumber(got[k + 1])}
+  end
+  if #newcomers == 0 then return out end
+  for _, e in ipairs(newcomers) do out[#out + 1] = e end
+  table.sort(out, before)
+  -- A member is always sent with the same start: one queued beyond the
+  -- window already stays beyond it.
+  for k = #out, window + 1, -1 do out[k] = nil end
+  return out
+end
+local function grant_in_order(window)
+  local others = {}
+  for _, e in ipairs(in_order(window)) do
+    local m = e.m
+    local cost = 0
+    if P.books then
+      cost = tokens_of(redis.call('HGET', qcost, m))
+      if budgeted and lacks(P, cost) > 0 then break end
+    end
+    if e.start then
+      grant(m, cost, nil, nil, true)
+      e.granted = true
+    elseif asking[m] then
+      grant(m, cost)
+    elseif budgeted then
+      reserve(P, cost)
+    else
+      others[#others + 1] = m
+    end
+  end
+  if budgeted then return end
+  targets = {}
+  local seen = {}
+  for _, m in ipairs(others) do
+    -- A member is its arrival, a colon and its lease id, which is its
+    -- process's node, a colon and a number.
+    local nd = string.match(m, '^%d+:(.*):[^:]*$')
+    if nd == nil then
+      targets = nil
+      return
+    end
+    if not seen[nd] and nd ~= node then
+      seen[nd] = true
+      targets[#targets + 1] = nd
+    end
+  end
+end
+-- With tenants: for each free slot, the backlogged tenant not at its cap
+-- with the least (counter, holders / weight, head), whose head its model
+-- lets pass, gets it for its head. The provider's budgets holding a head
+-- back stop the fill (nobody passes); a model's block only that model's
+-- members for the rest of the fill. Entries of other processes chosen keep
+-- their slot (and budget) until their process asks, and count as held
+-- meanwhile.
+local CHUNK = 32
+local function grant_fairly(free)
+  local cands = {}
+  for name, _ in pairs(BL) do
+    local s = tenant(name)
+    s.buf, s.k, s.vh, s.removed, s.done = {}, 1, 0, 0, false
+    cands[#cands + 1] = s
+  end
+  local blocked = {}
+  -- The tenant's oldest entry not taken in this fill and not of a blocked
+  -- model: its entries are read in chunks, in queue order.
+  local function head(s)
+    while true do
+      local e = s.buf[s.k]
+      if e == nil then
+        if s.done then return nil end
+        local from = #s.buf - s.removed
+        local got = redis.call('ZRANGE', queue_of(s.name), from, from + CHUNK - 1, 'WITHSCORES')
+        if #got < 2 * CHUNK then s.done = true end
+        if #got == 0 then return nil end
+        local unknown = {}
+        for k = 1, #got, 2 do
+          local m = got[k]
+          if not META[m] then unknown[#unknown + 1] = m end
+        end
+        if #unknown > 0 then
+          local texts = redis.call('HMGET', qmeta, unpack(unknown))
+          for k, m in ipairs(unknown) do
+            local t, model = '', ''
+            if texts[k] then t, model = string.match(texts[k], '^(.*)\n(.*)$') end
+            META[m] = {t or '', model or ''}
+          end
+        end
+        for k = 1, #got, 2 do
+          s.buf[#s.buf + 1] = {m = got[k], score = tonumber(got[k + 1]),
+            model = META[got[k]][2]}
+        end
+      elseif e.taken or blocked[e.model] then
+        s.k = s.k + 1
+      else
+        return e
+      end
+    end
+  end
+  while free > 0 do
+    local best, be, k1, k2 = nil, nil, 0, 0
+    for _, s in ipairs(cands) do
+      local h = s.held + s.vh
+      if not (s.cap and h >= s.cap) then
+        local e = head(s)
+        if e then
+          local v = counter(s)
+          local share = h / s.w
+          if best == nil or v < k1 or (v == k1 and (share < k2 or (share == k2 and
+              (e.score < be.score or (e.score == be.score and e.m < be.m))))) then
+            best, be, k1, k2 = s, e, v, share
+          end
+        end
+      end
+    end
+    if not best then break end
+    local m, model = be.m, be.model
+    local sc = model ~= '' and scope_of(model)
+    local cost = 0
+    if P.books or sc then cost = tokens_of(redis.call('HGET', qcost, m)) end
+    if budgeted and lacks(P, cost) > 0 then break end
+    if sc and lacks(sc, cost) > 0 then
+      blocked[model] = true
+    else
+      be.taken = true
+      if asking[m] then
+        grant(m, cost, best, model)
+      else
+        best.vh = best.vh + 1
+        if budgeted then reserve(P, cost) end
+        if sc then reserve(sc, cost) end
+      end
+      free = free - 1
+    end
+  end
+end
+if not limit or limit == 'none' then
+  place_newcomers()
+  -- Unlimited: pauses do not apply, as in the local policy.
+  if xm then
+    grant_fairly(math.huge)
+  elseif P.books then
+    grant_in_order(0)
+  else
+    -- Only its own entries, in queue order (start, then arrival), as the
+    -- pure core grants them.
+    local order = {}
+    for m, _ in pairs(asking) do
+      local score = redis.call('ZSCORE', queue, m)
+      if score then order[#order + 1] = {m = m, score = tonumber(score)} end
+    end
+    table.sort(order, before)
+    for _, e in ipairs(order) do grant(e.m, 0) end
+  end
+elseif pause == 0 then
+  local free = tonumber(limit) - in_flight
+  if free > 0 then
+    if xm then grant_fairly(free) else grant_in_order(free) end
+  end
+end
+place_newcomers()
+-- A grant since the adaptive limit's latest decrease: the next report
+-- opens a round for it (see pause.lua).
+if fresh > 0 and c[23] then redis.call('HDEL', conf, 'a_dec') end
+if adaptive and adaptive.moved then
+  redis.call('HSET', conf, 'limit', limit, 'a_val', num(adaptive.value))
+end
+local budget = ''
+if budgeted then
+  budget = write_scope(P) .. ',' .. whole(P.wait)
+elseif P.moved then
+  write_scope(P)
+end
+-- This process's waiters, less those this step granted (every grant of a
+-- step goes to the process that sent it): the fleet's figure is exact
+-- after the step, not one step late.
+mywait = math.max(0, mywait - #granted)
+local waiting, mine = mywait, nil
+local rows = redis.call('HGETALL', nwait)
+for k = 1, #rows, 2 do
+  if rows[k] == node then
+    mine = rows[k + 1]
+  else
+    waiting = waiting + stored(rows[k + 1], 0)
+  end
+end
+if mine ~= whole(mywait) then redis.call('HSET', nwait, node, whole(mywait)) end
+-- A process's first step (its node not known yet) sees the configured
+-- models' budgets too, which its rounds may not meet for a while.
+if xm and mine == nil then
+  for _, model in ipairs(redis.call('SMEMBERS', models)) do
+    local sc = scope_of(model)
+    if not (sc and sc.kept) then redis.call('SREM', models, model) end
+  end
+end
+-- The budgets of the models this step met: each model's figures, with
+-- when its held-back head fits (-1: none), and how long a learned model's
+-- has been idle (ms; empty while it is in use, and for a configured one).
+-- A learned model's keys expire when it may be forgotten (``forget_at``);
+-- a configured model's budgets persist, its books go with the fleet's.
+local model_rows = {}
+local model_keys = {}
+if xm then
+  for model, sc in pairs(MS) do
+    if sc.books then
+      local shown = write_scope(sc)
+      if sc.idle_moved then
+        if sc.idle then
+          redis.call('HSET', sc.h, 'idle', whole(sc.idle))
+        else
+          redis.call('HDEL', sc.h, 'idle')
+        end
+      end
+      local idle = ''
+      if not sc.kept and sc.idle then idle = whole(now - sc.idle) end
+      if sc.R or sc.T then
+        model_rows[#model_rows + 1] = model
+        model_rows[#model_rows + 1] = shown .. ',' .. whole(sc.wait)
+        model_rows[#model_rows + 1] = idle
+      end
+      if sc.kept then
+        model_keys[#model_keys + 1] = sc.charge
+        model_keys[#model_keys + 1] = sc.unans
+      else
+        local when = whole(forget_at(sc))
+        for _, k in ipairs({sc.h, sc.charge, sc.unans}) do
+          redis.call('PEXPIREAT', k, when)
+        end
+      end
+    end
+  end
+end
+local spec = ''
+if adaptive then
+  spec = adaptive.low .. ',' .. adaptive.high .. ',' .. num(adaptive.backoff)
+end
+-- The tenants: each one's state written back (an unconfigured one with
+-- nothing held or waiting is forgotten: it starts again from the floor),
+-- and as the step answers them: name, weight, cap, held, queued, counter,
+-- whether it is configured ('1').
+local tenant_rows = {}
+local queued = 0
+if xm then
+  for name, s in pairs(TS) do
+    if not s.cfg and s.held <= 0 and s.waiting <= 0 then
+      redis.call('HDEL', tstate, name)
+    elseif s.dirty then
+      redis.call('HSET', tstate, name, tenant_text(s.base, s.held, s.last))
+    end
+  end
+  if t_last_moved then redis.call('HSET', conf, 't_last', num(t_last)) end
+  for name, _ in pairs(BL) do queued = queued + TS[name].waiting end
+  local configured = redis.call('HGETALL', tconf)
+  for k = 1, #configured, 2 do tenant(configured[k]) end
+  for _, name in ipairs(redis.call('HKEYS', tstate)) do tenant(name) end
+  for name, s in pairs(TS) do
+    if name ~= '' and (s.cfg or s.held > 0 or s.waiting > 0) then
+      tenant_rows[#tenant_rows + 1] = name
+      tenant_rows[#tenant_rows + 1] = num(s.w)
+      tenant_rows[#tenant_rows + 1] = s.cap and whole(s.cap) or ''
+      tenant_rows[#tenant_rows + 1] = whole(s.held)
+      tenant_rows[#tenant_rows + 1] = whole(s.waiting)
+      tenant_rows[#tenant_rows + 1] = num(counter(s))
+      tenant_rows[#tenant_rows + 1] = s.cfg and '1' or '0'
+    end
+  end
+else
+  queued = redis.call('ZCARD', queue)
+end
+-- Signed, so that the process that caused it need not wake for it, and
+-- only when another process waits: nobody else has anything to do. When
+-- slots given back were the only change, and no budget or tenant decides
+-- who takes them, it names the processes whose entries can take them
+-- ('>' and their nodes, space-separated), if any: the others would run a
+-- round to find nothing to take.
+if changed > 0 and waiting > mywait then
+  if changed == freed and targets then
+    if #targets > 0 then
+      redis.call('PUBLISH', channel, '>' .. table.concat(targets, ' '))
+    end
+  else
+    redis.call('PUBLISH', channel, node)
+  end
+end
+-- The process lives until now + ttl, which covers every lease and entry
+-- it added or renewed here: renewed when it added or renewed any (at
+-- least every third of a lease while it holds or waits), when it is not
+-- known yet, and when the step pruned (and may write conf). A step that
+-- did none of this changes no expiry, and leaves each key's as it was.
+local touched = leases_grew or queue_grew or mine == nil or prune_moved
+if touched then
+  redis.call('ZADD', nodes, now + ttl, node)
+  -- The earliest expiry bound too.
+  if prune_at == nil or now + ttl < prune_at then
+    prune_at = now + ttl
+    prune_moved = true
+  end
+end
+if prune_moved then redis.call('HSET', conf, 'pa', whole(prune_at)) end
+-- An empty queue holds no estimate.
+if qc and queued == 0 then redis.call('HDEL', conf, 'qc') end
+-- The keys whose members' latest expiry this step moved, or which it may
+-- have made (each expires with the latest process, so after every member:
+-- a key that gained no later member keeps the expiry that covers its
+-- members), and those of the bookkeeping of tenants, budgets and backoff
+-- that may hold anything: every server call counts on the grant's path.
+-- That bookkeeping is renewed at every step, and the leases and the queue
+-- with it: a prune gives it back lease by lease and entry by entry, which
+-- it cannot do for the leases or the queue expired before it as a whole.
+local tied = streak > 0 or keeps.grantno or P.books or adaptive
+  or keeps.inuse or qm or xm
+local present = {}
+if touched then
+  present[#present + 1] = nodes
+  present[#present + 1] = nwait
+end
+if leases_grew or (tied and in_flight > 0) then present[#present + 1] = leases end
+if queue_grew or (tied and queued > 0) then
+  present[#present + 1] = queue
+  present[#present + 1] = qexp
+  if qc then present[#present + 1] = qcost end
+end
+if streak > 0 or keeps.grantno then present[#present + 1] = grantno end
+if P.books then
+  present[#present + 1] = charge
+  present[#present + 1] = unans
+end
+if adaptive or keeps.inuse then present[#present + 1] = inuse end
+if qm and not xm then present[#present + 1] = qmeta end
+if xm then
+  for _, k in ipairs({tstate, tback, qmeta, lmeta, busy}) do present[#present + 1] = k end
+  for name, _ in pairs(BL) do
+    if name ~= '' then present[#present + 1] = queue_of(name) end
+  end
+  for _, k in ipairs(model_keys) do present[#present + 1] = k end
+end
+if #present > 0 then
+  expire_idle(now, (not not limit) or (P.R ~= nil and P.R.cfg) or (P.T ~= nil and P.T.cfg)
+    or (xm ~= nil and redis.call('HLEN', tconf) > 0), pause_until, present)
+end
+return {granted, limit or '', in_flight, queued, waiting, pause, now, budget, spec,
+  tenant_rows, model_rows, xm and 1 or 0, epoch, forgotten}
