@@ -93,10 +93,10 @@ from ._results import Retrying, ToolResult, TurnEvent, TurnFinished, TurnResult
 from ._retry import backoff, should_retry, waits_out
 from ._turn_parts import (
     NO_USAGE,
+    Answer,
     ConversationStatistics,
     Counters,
     Job,
-    Reply,
     Totals,
     add_usage,
     check_tools,
@@ -559,7 +559,7 @@ class Conversation(metaclass=NoPublicConstructor):
         request: ChatRequest,
         counters: Counters,
         job: Job | None = None,
-    ) -> Reply:
+    ) -> Answer:
         """One LLM call, sent again after a retryable error, with backoff.
 
         A rate limit of a limited provider is waited out in its queue, for
