@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Final, Literal, Self, final
 import attrs
 import trio
 
+from .._dispatch._dispatcher import provider_statistics_of
 from .._dispatch._turn import current_turn
 from .._exceptions import (
     ConversationClosed,
@@ -636,7 +637,7 @@ class Conversation(metaclass=NoPublicConstructor):
 
     def _paused(self) -> bool:
         """Whether the provider is paused now: its next grant waits for that."""
-        stats = self._dispatcher.statistics().providers.get(self._provider.id)
+        stats = provider_statistics_of(self._dispatcher, self._provider.id)
         return (
             stats is not None
             and stats.paused_until is not None

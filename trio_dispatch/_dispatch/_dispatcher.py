@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 
     from .._provider import Provider
     from ..messages._limits import Tenant
-    from ._backend import Backend
+    from ._backend import Backend, ProviderStatistics
     from ._settings import Settings
 
 _logger = logging.getLogger("trio_dispatch")
@@ -985,6 +985,20 @@ class Dispatcher(metaclass=NoPublicConstructor):
 
 
 Dispatcher._front = Dispatcher
+
+
+def provider_statistics_of(
+    dispatcher: Dispatcher, provider: str
+) -> ProviderStatistics | None:
+    """``dispatcher.statistics().providers.get(provider)``, the others left alone.
+
+    For an integration that reads one provider (a conversation, its
+    pause): only that provider's backend handles its backlog. ``None`` for
+    a provider never used.
+    """
+    dispatcher.check_run()
+    backend = dispatcher._backends.get(provider)
+    return None if backend is None else backend.statistics()
 
 
 @asynccontextmanager
