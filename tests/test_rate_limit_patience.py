@@ -17,7 +17,13 @@ import pytest
 import trio
 import trio.testing
 
-from trio_dispatch import ConversationOptions, Retrying, TurnFinished, open_dispatcher
+from trio_dispatch import (
+    ConversationOptions,
+    Dispatcher,
+    Retrying,
+    TurnFinished,
+    open_dispatcher,
+)
 from trio_dispatch.lowlevel import open_dispatcher_with
 from trio_dispatch.providers import OpenAIProvider, RateLimited, ServerError
 from trio_dispatch.testing import (
@@ -286,6 +292,7 @@ async def test_waiting_out_a_rate_limit_reads_the_pause_of_its_provider_only(
     times: list[float] = []
     made = Made()
     async with open_dispatcher_with(made, {"p": 1, "q": 1}) as dispatcher:
+        assert isinstance(dispatcher, Dispatcher)  # the one users get
         async with dispatcher.slot("q"):
             pass
         conversation = dispatcher.start_conversation(scripted([limited(5.0)], times))

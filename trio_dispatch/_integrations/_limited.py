@@ -47,7 +47,7 @@ from ._metering import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
     from contextlib import AbstractAsyncContextManager
 
     from .._dispatch._dispatcher import Dispatcher
@@ -98,18 +98,22 @@ class LimitedProvider:
         return AsyncWithOnly(self._stream(request, math.inf), STREAM_USAGE)
 
     def stream_granted_by(
-        self, request: ChatRequest, deadline: float
+        self, request: ChatRequest, deadline: float, sending: Callable[[], None]
     ) -> AbstractAsyncContextManager[AsyncIterator[StreamEvent]]:
         """``stream(request)``, if its slot is granted by ``deadline`` (trio clock).
 
         Raises ``NotGrantedInTime`` on entry, having sent nothing, if the
-        slot is not granted by then; once granted, nothing is cut.
+        slot is not granted by then; once granted, nothing is cut, and
+        ``sending()`` is called just before the request is sent.
         """
-        return self._stream(request, deadline)
+        return self._stream(request, deadline, sending)
 
     @asynccontextmanager
     async def _stream(
-        self, request: ChatRequest, deadline: float
+        self,
+        request: ChatRequest,
+        deadline: float,
+        sending: Callable[[], None] | None = None,
     ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
         dispatcher = self._dispatcher
         provider_id = self.provider.id
@@ -133,6 +137,8 @@ class LimitedProvider:
                 # whatever the transport below would have checked before its
                 # first byte.
                 await trio.lowlevel.checkpoint_if_cancelled()
+                if sending is not None:
+                    sending()
                 # Timed for the metrics, if any observe the calls.
                 watch = dispatcher.watch_call(self.provider)
                 # A provider may tell the dispatcher of its answer by itself
