@@ -99,13 +99,18 @@ class ProviderStatistics:
     tenants: Mapping[str, TenantStatistics] = attrs.field(factory=dict)
 
 
-class Counts(Protocol):
-    """A scheduler's own counts: ``PolicyStatistics`` and the Redis book both."""
+class _Occupancy(Protocol):
+    """Slots held and requests waiting, now."""
 
     @property
     def in_flight(self) -> int: ...
     @property
     def waiting(self) -> int: ...
+
+
+class Counts(_Occupancy, Protocol):
+    """A scheduler's own counts: ``PolicyStatistics`` and the Redis book both."""
+
     @property
     def granted_total(self) -> int: ...
     @property
@@ -120,18 +125,14 @@ class Counts(Protocol):
     def peak_waiting(self) -> int: ...
 
 
-class Fleet(Protocol):
+class Fleet(_Occupancy, Protocol):
     """What a shared backend's last round saw of the whole fleet."""
 
-    @property
-    def in_flight(self) -> int: ...
-    @property
-    def waiting(self) -> int: ...
     @property
     def up(self) -> bool: ...
 
 
-def provider_statistics(  # the snapshot's parts, by name
+def provider_statistics(
     provider: str,
     own: Counts,
     *,
@@ -150,7 +151,7 @@ def provider_statistics(  # the snapshot's parts, by name
     a local one): then ``in_flight`` and ``waiting`` are the fleet's, and
     ``local_in_flight`` and ``local_waiting`` this process's.
     """
-    seen: Counts | Fleet = own if fleet is None else fleet
+    seen: _Occupancy = own if fleet is None else fleet
     return ProviderStatistics(
         provider=provider,
         limit=limit,
