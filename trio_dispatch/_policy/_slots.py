@@ -113,8 +113,6 @@ again and ``FORGET_AFTER`` has passed (``_budgets.forgets``).
 
 from __future__ import annotations
 
-import heapq
-from collections import deque
 from typing import TYPE_CHECKING, final
 
 import attrs
@@ -142,8 +140,6 @@ if TYPE_CHECKING:
     from ._budgets import BudgetStatistics
     from ._ratelimits import RateLimitInfo
     from ._tenants import TenantStatistics
-
-_COMPACT_SLACK = 64
 
 
 @final
@@ -195,13 +191,12 @@ class SlotPolicy:
     """
 
     __slots__ = (
+        "_counting",
         "_default_pause",
         "_estimates",
-        "_fifo",
         "_gate",
         "_granted_at_report",
         "_granted_total",
-        "_heap",
         "_held_back",
         "_holders",
         "_limit",
@@ -260,11 +255,6 @@ class SlotPolicy:
         self._provider = provider
         self._holders: set[Ticket] = set()
         self._waiting: set[Ticket] = set()
-        # Waiting tickets: those that arrived in ticket order (the common
-        # case: started_at defaults to now) queue in a sorted deque, O(1);
-        # the others (an older turn's retry) go to a heap, O(log n).
-        self._fifo: deque[Ticket] = deque()
-        self._heap: list[Ticket] = []
         # The estimates of the waiting tickets that have one, so that a
         # throttle made while they wait (the first figures, an adaptive
         # limit, a model's first budget) charges them as one made before.
@@ -286,10 +276,11 @@ class SlotPolicy:
         # The latest time told (advance, tick, a report): tenants' service
         # accrues in it.
         self._now = 0.0
-        # Tenants and models. Until the first of them, None and empty, and
-        # the deque and heap above are the queue; from then on every
-        # waiting ticket is queued by its tenant and model (see _tenants).
-        self._tenants: Tenants | None = None
+        # The queue: every waiting ticket, by its tenant and model (see
+        # _tenants); service and models' use are counted from the first
+        # tenant or model on.
+        self._tenants = Tenants()
+        self._counting = False
         self._models = ModelThrottles(throttles)
         # The models whose throttle held their head back at the end of the
         # latest fill, with a slot still free: wake_at watches them.
@@ -297,10 +288,11 @@ class SlotPolicy:
         self.needs_clock = False
         if configured:
             self.needs_clock = True
+            self._count()
             for name, settings in configured.items():
-                self._count_tenants().configure(name, settings, self._now)
+                self._tenants.configure(name, settings, self._now)
         elif throttles:
-            self._count_tenants()
+            self._count()
 
     def __repr__(self) -> str:
         return (
@@ -330,8 +322,8 @@ class SlotPolicy:
 
     @property
     def counts_tenants(self) -> bool:
-        """Whether waiters queue by tenant and model: from the first of them on."""
-        return self._tenants is not None
+        """Whether service and models' use are counted: from the first tenant or model on."""
+        return self._counting
 
     @property
     def throttle(self) -> Throttle | None:
@@ -412,71 +404,33 @@ class SlotPolicy:
                 already do. Nothing changed.
             ValueError: The ticket is already holding or waiting.
         """
-        holders = self._holders
         waiting = self._waiting
-        if ticket in holders or ticket in waiting:
+        if ticket in self._holders or ticket in waiting:
             raise ValueError(f"ticket {ticket!r} is already known")
-        if self._tenants is not None or ticket.tenant is not None:
-            return self._acquire_counted(ticket, tokens)
-        limit = self._limit
-        gate = self._gate
-        if gate is not None:
-            gate.expect(ticket, tokens)
-        if (
-            not waiting
-            and (limit is None or (self._paused_until is None and len(holders) < limit))
-            and (gate is None or gate.admit(ticket, len(holders), limit))
-        ):
-            holders.add(ticket)
-            self._granted_total += 1
-            if len(holders) > self._peak_in_flight:  # noqa: PLR1730  # no call: hot path
-                self._peak_in_flight = len(holders)
-            return [ticket]
-        if self._max_waiting is not None and len(waiting) >= self._max_waiting:
-            if gate is not None:
-                gate.forget(ticket)
-            raise self._refused()
-        waiting.add(ticket)
-        if tokens:
-            self._estimates[ticket] = tokens
-        fifo = self._fifo
-        if not fifo or ticket > fifo[-1]:
-            fifo.append(ticket)
-        else:
-            heapq.heappush(self._heap, ticket)
-        if len(waiting) > self._peak_waiting:  # noqa: PLR1730  # no call on the hot path
-            self._peak_waiting = len(waiting)
-        if gate is not None and gate.blocked:
-            # It may go before the head the budget holds back, and fit.
-            return self._fill()
-        return []
-
-    def _acquire_counted(self, ticket: Ticket, tokens: int) -> list[Ticket]:
-        """``acquire`` once tenants or models are counted."""
-        tenants = self._tenants
-        if tenants is None:
+        if ticket.tenant is not None and not self._counting:
             # The first ticket with a tenant.
             self.needs_clock = True
-            tenants = self._count_tenants()
+            self._count()
         gate = self._gate
         model = ticket.model
         model_gate = self._models.get(model)
+        max_waiting = self._max_waiting
         if (
-            self._max_waiting is not None
-            and len(self._waiting) >= self._max_waiting
+            max_waiting is not None
+            and len(waiting) >= max_waiting
             and not self._grants_at_once(ticket, tokens, model_gate)
         ):
             raise self._refused()
-        if gate is not None:
-            gate.expect(ticket, tokens)
-        if model_gate is not None:
-            model_gate.expect(ticket, tokens)
         if tokens:
+            if gate is not None:
+                gate.expect(ticket, tokens)
+            if model_gate is not None:
+                model_gate.expect(ticket, tokens)
             self._estimates[ticket] = tokens
-        self._waiting.add(ticket)
+        waiting.add(ticket)
         if model is not None:
             self._models.use(model, 1)
-        tenants.queue(ticket, self._now)
+        self._tenants.queue(ticket, self._now)
         limit = self._limit
         grants = (
             self._fill()
@@ -484,7 +438,8 @@ class SlotPolicy:
             or (self._paused_until is None and len(self._holders) < limit)
             else []
         )
-        self._peak_waiting = max(self._peak_waiting, len(self._waiting))
+        if len(waiting) > self._peak_waiting:  # noqa: PLR1730  # no call on the hot path
+            self._peak_waiting = len(waiting)
         return grants
 
     def _refused(self) -> QueueFull:
@@ -507,7 +462,6 @@ class SlotPolicy:
             self._paused_until is not None or len(self._holders) >= limit
         ):
             return False
-        assert self._tenants is not None  # counting tenants: called from there
         state = self._tenants.get(ticket.tenant)
         if state is not None and state.limit is not None and state.held >= state.limit:
             return False
@@ -518,23 +472,13 @@ class SlotPolicy:
             throttle is None or throttle.fits(tokens) for throttle in (gate, model_gate)
         ) and (gate is None or not gate.blocked)
 
-    def _count_tenants(self) -> Tenants:
-        """Queue by tenant and model from now on; the waiters move there."""
-        tenants = self._tenants
-        if tenants is not None:
-            return tenants
-        tenants = self._tenants = Tenants()
-        now = self._now
-        for ticket in self._holders:
-            # Their service counts from now: the time of their grant is
-            # not known.
-            tenants.hold(ticket, now)
-        for ticket in sorted(self._waiting):
-            tenants.queue(ticket, now)
+    def _count(self) -> None:
+        """Count service and models' use from now on (see the module notes)."""
+        if self._counting:
+            return
+        self._counting = True
+        self._tenants.restart(self._now)
         self._models.count(self._holders, self._waiting)
-        self._fifo.clear()
-        self._heap.clear()
-        return tenants
 
     def release(self, ticket: Ticket) -> list[Ticket]:
         """Give back a held slot; does nothing for an unknown or finished ticket.
@@ -542,78 +486,24 @@ class SlotPolicy:
         Raises:
             RuntimeError: The ticket is still waiting; cancel it instead.
         """
-        waiting = self._waiting
-        if ticket in waiting:
+        if ticket in self._waiting:
             raise RuntimeError(f"ticket {ticket!r} is waiting, not holding a slot")
         if self._streak:
             self._end_streak_if_success(ticket)
-        if self._tenants is not None or self._gate is not None:
-            return self._release(ticket, success=True)
-        # _release and _fill without budgets or tenants, inline: every
-        # hand-off's path.
-        holders = self._holders
-        try:
-            holders.remove(ticket)
-        except KeyError:
-            return []
-        if not waiting:
-            return []
-        limit = self._limit
-        if (
-            limit is not None
-            and len(holders) + 1 == limit
-            and self._paused_until is None
-            and not self._heap
-        ):
-            # The one slot freed goes to the oldest waiter, the head of
-            # the FIFO (the heap is empty), unless that entry is dead (a
-            # ticket withdrawn): _fill skips those. The peak is the limit
-            # already, since the limit was just full.
-            fifo = self._fifo
-            head = fifo[0]
-            if head in waiting:
-                fifo.popleft()
-                waiting.remove(head)
-                if self._estimates:
-                    self._estimates.pop(head, None)
-                holders.add(head)
-                self._granted_total += 1
-                if not waiting:
-                    fifo.clear()
-                return [head]
-        return self._fill()
+        return self._release(ticket, success=True)
 
     def cancel(self, ticket: Ticket) -> list[Ticket]:
         """Withdraw a waiting ticket, or release it if it was already granted."""
-        if ticket in self._waiting:
-            if self._tenants is not None:
-                return self._withdraw_counted(ticket)
-            self._waiting.discard(ticket)
-            self._estimates.pop(ticket, None)
-            self._withdrawn_total += 1
-            gate = self._gate
-            if gate is not None:
-                gate.forget(ticket)
-                if gate.blocked:
-                    # It may have been the head the budget held back.
-                    self._compact()
-                    return self._fill()
-            self._compact()
-            return []
-        # A grant that raced a cancellation: never sent, so not a success.
-        if self._streak:
-            self._reported.discard(ticket)
-        return self._release(ticket, success=False)
-
-    def _withdraw_counted(self, ticket: Ticket) -> list[Ticket]:
-        """``cancel`` of a waiting ticket once tenants or models are counted."""
-        tenants = self._tenants
-        assert tenants is not None  # called only then
         waiting = self._waiting
+        if ticket not in waiting:
+            # A grant that raced a cancellation: never sent, so not a success.
+            if self._streak:
+                self._reported.discard(ticket)
+            return self._release(ticket, success=False)
         waiting.discard(ticket)
         self._estimates.pop(ticket, None)
         self._withdrawn_total += 1
-        tenants.withdraw(ticket, self._now, waiting)
+        self._tenants.withdraw(ticket, self._now, waiting)
         gate = self._gate
         if gate is not None:
             gate.forget(ticket)
@@ -625,11 +515,6 @@ class SlotPolicy:
             self._models.use(model, -1)
         # It may have been a head a budget held back.
         return self._refill()
-
-    def _compact(self) -> None:
-        if len(self._heap) + len(self._fifo) > 2 * len(self._waiting) + _COMPACT_SLACK:
-            self._fifo = deque(sorted(self._waiting))
-            self._heap = []
 
     def set_limit(self, limit: int | AdaptiveLimit | None) -> list[Ticket]:
         """Change the limit.
@@ -696,10 +581,11 @@ class SlotPolicy:
             ValueError: ``tenant`` is empty or too long.
         """
         check_tenant(tenant, settings)
-        if settings is None and self._tenants is None:
+        if settings is None and not self._counting:
             return []
         self.needs_clock = True
-        self._count_tenants().configure(tenant, settings, self._now)
+        self._count()
+        self._tenants.configure(tenant, settings, self._now)
         return self._fill()
 
     def set_model_budget(
@@ -724,7 +610,7 @@ class SlotPolicy:
                 model,
                 self._expecting(Throttle(budget, learn=learn, now=self._now), model),
             )
-            self._count_tenants()
+            self._count()
         else:
             self._models.configure(model, budget)
         return self._fill()
@@ -738,8 +624,7 @@ class SlotPolicy:
 
     def tenants(self) -> dict[str, Tenant]:
         """The configured tenants' settings, by name."""
-        tenants = self._tenants
-        return {} if tenants is None else tenants.configured()
+        return self._tenants.configured()
 
     def tenant_statistics(
         self, now: float | None = None
@@ -749,10 +634,9 @@ class SlotPolicy:
         The tenants configured, and those with a slot held or a request
         waiting; not the default tenant (``None``).
         """
-        tenants = self._tenants
-        if tenants is None:
-            return {}
-        return tenants.statistics(self._now if now is None else max(now, self._now))
+        return self._tenants.statistics(
+            self._now if now is None else max(now, self._now)
+        )
 
     def model_budget_statistics(
         self, now: float | None = None
@@ -785,7 +669,7 @@ class SlotPolicy:
                 gate = self._models.add(
                     model, self._expecting(Throttle(learn=True, now=now), model)
                 )
-                self._count_tenants()
+                self._count()
         gate.advance(now)
         gate.observe(info)
         if model is not None:
@@ -873,11 +757,9 @@ class SlotPolicy:
             self._holders.remove(ticket)
         except KeyError:
             return []
-        tenants = self._tenants
-        if tenants is not None:
-            tenants.release(ticket, self._now)
-            if ticket.model is not None:
-                self._models.release(ticket, success=success)
+        self._tenants.release(ticket, self._now)
+        if ticket.model is not None:
+            self._models.release(ticket, success=success)
         gate = self._gate
         if gate is not None:
             limit = gate.release(ticket, success=success)
@@ -886,47 +768,6 @@ class SlotPolicy:
         if not self._waiting:
             return []
         return self._fill()
-
-    def _fill(self) -> list[Ticket]:
-        if self._tenants is not None:
-            return self._fill_counted()
-        grants: list[Ticket] = []
-        waiting = self._waiting
-        limit = self._limit
-        gate = self._gate
-        if gate is not None:
-            gate.unblock()
-        if not waiting or (limit is not None and self._paused_until is not None):
-            return grants
-        fifo = self._fifo
-        heap = self._heap
-        holders = self._holders
-        estimates = self._estimates
-        heappop = heapq.heappop
-        held = len(holders)  # kept in step with holders, one len less a grant
-        while waiting and (limit is None or held < limit):
-            if heap and (not fifo or heap[0] < fifo[0]):
-                ticket = heappop(heap)
-            else:
-                ticket = fifo.popleft()
-            if ticket in waiting:
-                if gate is not None and not gate.admit(ticket, held, limit):
-                    # Oldest first: nobody passes a head the budget holds back.
-                    fifo.appendleft(ticket)
-                    break
-                waiting.remove(ticket)
-                if estimates:
-                    estimates.pop(ticket, None)
-                holders.add(ticket)
-                grants.append(ticket)
-                held += 1
-        self._granted_total += len(grants)
-        if held > self._peak_in_flight:  # noqa: PLR1730  # no call on the hot path
-            self._peak_in_flight = held
-        if not waiting:
-            fifo.clear()
-            heap.clear()
-        return grants
 
     def _unblock(self) -> None:
         """Forget what the budgets held back: the fill looks again."""
@@ -939,10 +780,8 @@ class SlotPolicy:
                 models[model].unblock()
             self._held_back = []
 
-    def _fill_counted(self) -> list[Ticket]:
-        """``_fill`` once tenants or models are counted (see the module notes)."""
-        tenants = self._tenants
-        assert tenants is not None  # called only then
+    def _fill(self) -> list[Ticket]:
+        """Grant free slots to the waiters, one choice at a time (see the module notes)."""
         grants: list[Ticket] = []
         waiting = self._waiting
         limit = self._limit
@@ -951,7 +790,9 @@ class SlotPolicy:
         self._unblock()
         if not waiting or (limit is not None and self._paused_until is not None):
             return grants
+        tenants = self._tenants
         holders = self._holders
+        estimates = self._estimates
         now = self._now
         held = len(holders)
         blocked: list[str] = []  # models held back in this fill
@@ -961,7 +802,7 @@ class SlotPolicy:
                 break
             state, ticket = chosen
             model = ticket.model
-            model_gate = models.get(model)
+            model_gate = None if model is None else models.get(model)
             if gate is not None and not gate.holds(ticket):
                 break  # oldest first: nobody passes what the provider holds back
             if model_gate is not None and not model_gate.holds(ticket):
@@ -973,7 +814,7 @@ class SlotPolicy:
             if model_gate is not None:
                 model_gate.take(ticket, held, None)
             waiting.remove(ticket)
-            self._estimates.pop(ticket, None)
+            estimates.pop(ticket, None)
             tenants.grant(state, ticket, now)
             holders.add(ticket)
             grants.append(ticket)
@@ -986,5 +827,6 @@ class SlotPolicy:
                 for name in blocked:
                     models[name].unblock()
         self._granted_total += len(grants)
-        self._peak_in_flight = max(self._peak_in_flight, held)
+        if held > self._peak_in_flight:  # noqa: PLR1730  # no call on the hot path
+            self._peak_in_flight = held
         return grants

@@ -241,6 +241,22 @@ class Tenants:
         if state.waiting:
             self._place(state, now)  # a lighter weight, a higher cap
 
+    def restart(self, now: float) -> None:
+        """Count service from ``now``: every counter, and the floor, start at 0."""
+        self._last_left = 0.0
+        self._floors.clear()
+        self._ready.clear()
+        self._aside.clear()
+        for state in self._states.values():
+            state.base, state.last = 0.0, now
+            state.entry = state.floor_entry = None
+        for state in self._backlogged.values():
+            self._placed += 1
+            state.floor_entry = (0.0, self._placed, state)
+            self._floors.append(state.floor_entry)
+            self._place(state, now)
+        heapq.heapify(self._floors)
+
     def configured(self) -> dict[str, Tenant]:
         """The configured tenants' settings, by name."""
         return {
@@ -261,14 +277,14 @@ class Tenants:
         state.waiting += 1
         heapq.heappush(state.queues.setdefault(ticket.model, []), ticket)
         if state.waiting == 1:
-            self._join(state, now)
+            self._join(state, now, ticket)
         else:
             entry = state.entry
             if entry is not None and ticket < entry[2]:
-                self._place(state, now)  # its new head
+                self._place(state, now, ticket)  # its new head
 
-    def _join(self, state: TenantState, now: float) -> None:
-        """``state`` becomes backlogged: raise its counter to the floor."""
+    def _join(self, state: TenantState, now: float, head: Ticket) -> None:
+        """``state`` becomes backlogged, ``head`` its one ticket: raise its counter to the floor."""
         floor = self._floor(now)
         if floor is None:
             floor = self._last_left
@@ -282,7 +298,7 @@ class Tenants:
         self._placed += 1
         entry = state.floor_entry = (state.base, self._placed, state)
         heapq.heappush(floors, entry)
-        self._place(state, now)
+        self._place(state, now, head)
 
     def _floor(self, now: float) -> float | None:
         """The least counter of the backlogged at ``now``, or ``None``."""
@@ -301,11 +317,13 @@ class Tenants:
             heapq.heapreplace(floors, entry)
         return None
 
-    def _place(self, state: TenantState, now: float) -> None:
+    def _place(
+        self, state: TenantState, now: float, head: Ticket | None = None
+    ) -> None:
         """Keep backlogged ``state`` in the choice's heap with its key now.
 
-        Its head there is the least ticket of its queues, withdrawn or not:
-        one at most its head.
+        Its head there is ``head`` if given, else the least ticket of its
+        queues, withdrawn or not: one at most its head.
         """
         cap = state.limit
         if cap is not None and state.held >= cap:
@@ -315,7 +333,8 @@ class Tenants:
         if len(ready) > 2 * len(self._backlogged) + _COMPACT_SLACK:
             ready[:] = [entry for entry in ready if entry[4].entry is entry]
             heapq.heapify(ready)
-        head = min(queue[0] for queue in state.queues.values() if queue)
+        if head is None:
+            head = min(queue[0] for queue in state.queues.values() if queue)
         self._placed += 1
         entry = state.entry = (
             state.service(now),
@@ -328,10 +347,15 @@ class Tenants:
 
     def _leave(self, state: TenantState, now: float) -> None:
         """``state`` stops being backlogged: its counter is the new floor."""
-        del self._backlogged[state.name]
+        backlogged = self._backlogged
+        del backlogged[state.name]
         self._last_left = state.service(now)
         state.queues.clear()  # only withdrawn tickets are left
         state.entry = state.floor_entry = None
+        if not backlogged:
+            # Every entry left in the heaps is a dead one.
+            self._floors.clear()
+            self._ready.clear()
 
     def withdraw(self, ticket: Ticket, now: float, waiting: Collection[Ticket]) -> None:
         """Waiting ``ticket`` was withdrawn (``waiting``: those still waiting)."""
@@ -358,9 +382,7 @@ class Tenants:
 
     def release(self, ticket: Ticket, now: float) -> None:
         """Held ``ticket`` gave its slot back at ``now``."""
-        state = self._states.get(ticket.tenant)
-        if state is None or not state.held:
-            return  # held from before tenants were counted
+        state = self._states[ticket.tenant]
         state.fold(now)
         state.held -= 1
         if state.waiting:
