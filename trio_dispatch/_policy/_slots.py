@@ -4,81 +4,60 @@ A plain synchronous state machine with no I/O and no trio (sans-IO, like
 h11), so it can be tested exhaustively and driven in virtual time. The
 scheduler actor feeds it messages and delivers the grants it returns.
 
-Invariants, after every call (2 and 3 as written hold while one tenant
-and no model budget are in play; 6 to 9 below say what they become with
-tenants and model budgets):
+One queue. Every ticket belongs to a tenant: its ``tenant``, or the
+default tenant for ``None`` (weight 1, no cap), a tenant like the others.
+From the first ticket on, whatever is configured, every waiting ticket is
+queued by its tenant and model (``_tenants``), and every free slot goes by
+one rule: to the backlogged tenant below its cap with the least ``(c_t,
+held_t / w_t, head)``, for its head, its oldest waiting ticket in ticket
+order (``rank``: the turn's start less its priority class's credit; then
+arrival) of a model not held back. ``c_t`` is the tenant's service
+counter, the slot-seconds its holders have had divided by its weight,
+accruing while they hold: ``c_t(now) = base_t + (held_t * now - sum of
+grant times) / w_t`` (``_tenants`` keeps it folded). A tenant that becomes
+backlogged (something of it waits) is raised to the floor: the least
+counter among the other backlogged tenants, or if none is, the counter of
+the tenant that most recently stopped being backlogged, taken then. With
+the default tenant alone the rule is ticket order.
+
+Service and models' use are counted from the first ticket with a tenant,
+the first ``set_tenant`` or the first budget of a model (``counts_tenants``;
+the Redis ledger counts from the same moment): then every counter, and
+the floor, start at 0, the holders' service counts from then, and a
+model's tickets count for its budget's forgetting from then (see
+``ModelThrottles``). Until then only the default tenant is in play, and
+its counter is read by nobody. From the first tenant on ``needs_clock`` is
+true: grants and releases need the time, from ``advance`` or ``tick``.
+
+A grant costs O(log T) for T backlogged tenants, and as much again per
+tenant whose key grew since it was last looked at, and an arrival O(log n)
+in its tenant's queue of n (see ``_tenants``). A ticket cancelled while
+waiting is only forgotten by the set of waiters and skipped when it
+surfaces; the queues are rebuilt when such dead entries outnumber the
+living.
+
+Invariants, after every call:
 
 1. ``in_flight <= limit``, except that lowering the limit lets the holders
    above it finish: nothing is granted until ``in_flight < limit``.
-2. Work-conserving: while not paused, ``waiting > 0`` implies
-   ``in_flight >= limit``.
-3. Grants go in ticket order (``rank``: the turn's start less its priority
-   class's credit; then arrival); a newcomer never takes a free slot while
-   anyone waits.
+2. Work-conserving: a slot is never free while a ticket waits that may
+   take it: not paused, its tenant below its cap, its head held back by
+   no budget. With the default tenant alone and no budget: while not
+   paused, ``waiting > 0`` implies ``in_flight >= limit``.
+3. Oldest first within a tenant, and within a model: a ticket is granted
+   only when no older one of its tenant waits but of a model held back.
+   With the default tenant alone and no model held back, grants go in
+   ticket order. A newcomer never takes a free slot while anyone waits
+   who may take it (see 2).
 4. Every ticket ends exactly once: granted then released, cancelled while
    waiting, or refused. Cancelling a granted ticket releases it; releasing or
    cancelling an unknown or finished ticket does nothing, so a grant racing
    a cancellation never leaks.
 5. A pause never ends before its time, whatever is reported later; only
    ``resume`` ends it early. Holders are never touched by a pause.
-
-Rate-limit reports pause grants, each for at most ``max_pause``. A report
-that names the server's delay (``Retry-After``) pauses for that delay. One
-that does not, or names one that is not positive (``Retry-After: 0``, a
-date in the past: ``server_delay``), backs off: ``default_pause`` for the first report of a
-streak, doubling with each later round, up to ``max_pause``. A report opens
-a new round when it starts a streak or when a slot was granted since the
-previous report (its request may be the one refused); reports with no grant
-between them come from requests already in flight together, so they share a
-round and its pause. Every round counts towards the streak, a server's
-delay or not: a rate limit is never a success. The streak ends on a success,
-a slot granted after the latest report and released with no report while it
-was held; the policy needs no per-slot record for that, only the set of
-holders at the latest report. ``resume`` ends the pause and the streak.
-
-Budgets and an adaptive limit live in an optional ``Throttle`` (see
-``_budgets``), asked before each grant: a ticket whose budget is not there
-yet holds back every ticket behind it (``wake_at`` says when to look
-again), and the throttle may move the limit after a release or a
-rate-limit report. Invariant 2 then reads: while not paused and not held
-back by the budget. A throttle made later (by the first figures, an
-adaptive limit, a model's first budget) is told the estimates of the
-tickets waiting then: it charges them as one made before would.
-
-Waiting tickets queue in two sorted structures: a deque for those that
-arrive in ticket order (the common case, since a turn starts when its
-first request is made), O(1) each way, and a binary heap for the others
-(an older turn's retry, a higher class); the next grant is the smaller of their heads. A ticket cancelled
-while waiting is only forgotten by the set of waiters and skipped when it
-surfaces; both are rebuilt when such dead entries outnumber the living.
-
-Tenants. Every ticket belongs to a tenant: its ``tenant``, or the default
-tenant for ``None`` (weight 1, no cap). Each tenant has a service counter,
-the slot-seconds its holders have had divided by its weight, accruing while
-they hold: ``c_t(now) = base_t + (held_t * now - sum of grant times) /
-w_t`` (``_tenants`` keeps it folded). A tenant that becomes backlogged
-(something of it waits) is raised to the floor: the least counter among the
-other backlogged tenants, or if none is, the counter of the tenant that
-most recently stopped being backlogged, taken then. Each free slot goes to
-the backlogged tenant below its cap with the least ``(c_t, held_t / w_t,
-head)``, for its head, its oldest waiting ticket in ticket order (of a
-model not held back). With no tenant anywhere this is exactly the order
-above, and the queues are the deque and heap above: the policy counts
-tenants only from the first ticket with a tenant or the first
-``set_tenant`` (then ``needs_clock`` turns true: grants and releases need
-the time, from ``advance`` or ``tick``), or the first budget of a model.
-A grant costs O(log T) for T backlogged tenants, and as much again per
-tenant whose key grew since it was last looked at (see ``_tenants``).
-Then, besides 1, 4 and 5:
-
-6. Work-conserving: a slot is never free while a ticket waits that may
-   take it: not paused, its tenant below its cap, its head held back by
-   no budget.
-7. Caps: no tenant holds more than its cap through a grant (lowering a cap
+6. Caps: no tenant holds more than its cap through a grant (lowering a cap
    lets its holders finish).
-8. Oldest first within a tenant, and within a model: a ticket is granted
-   only when no older one of its tenant waits but of a model held back.
-9. The service gap. Let L be the limit and H the longest hold. While no
+7. The service gap. Let L be the limit and H the longest hold. While no
    backlogged tenant is capped or held back by a budget (and weights do
    not change), every backlogged tenant f has ``c_f <= m + L * H / w_f``,
    where m is the least counter among the backlogged; so for any two
@@ -92,10 +71,33 @@ Then, besides 1, 4 and 5:
    not fall. A tenant that joins without a grant since its last one keeps
    that bound, or is raised to m itself.
 
-Unconfigured tenants are forgotten when they hold and wait for nothing, so
-memory stays bounded by the tenants in play. A newcomer may take a free
-slot while others wait, only when those may not take it (capped, or held
-back by their model's budget).
+Unconfigured tenants (the default one too) are forgotten when they hold
+and wait for nothing, so memory stays bounded by the tenants in play, and
+one that comes back starts from the floor.
+
+Rate-limit reports pause grants, each for at most ``max_pause``. A report
+that names the server's delay (``Retry-After``) pauses for that delay. One
+that does not, or names one that is not positive (``Retry-After: 0``, a
+date in the past: ``server_delay``), backs off: ``default_pause`` for the
+first report of a streak, doubling with each later round, up to
+``max_pause``. A report opens a new round when it starts a streak or when
+a slot was granted since the previous report (its request may be the one
+refused); reports with no grant between them come from requests already
+in flight together, so they share a round and its pause. Every round
+counts towards the streak, a server's delay or not: a rate limit is never
+a success. The streak ends on a success, a slot granted after the latest
+report and released with no report while it was held; the policy needs no
+per-slot record for that, only the set of holders at the latest report.
+``resume`` ends the pause and the streak.
+
+Budgets and an adaptive limit live in an optional ``Throttle`` (see
+``_budgets``), asked before each grant (``holds``, then ``take`` for the
+ticket granted): a head the provider's budget holds back holds back every
+ticket behind it, of every tenant (``wake_at`` says when to look again),
+and the throttle may move the limit after a release or a rate-limit
+report. A throttle made later (by the first figures, an adaptive limit, a
+model's first budget) is told the estimates of the tickets waiting then:
+it charges them as one made before would.
 
 Model budgets. A model may have a throttle of its own (a ``Budget``
 configured with ``set_model_budget`` or the ``models`` argument, or learned
@@ -453,7 +455,7 @@ class SlotPolicy:
     ) -> bool:
         """Whether a fill now would grant ``ticket``, a newcomer, at once.
 
-        Every other waiter may not take a free slot (invariant 6), so the
+        Every other waiter may not take a free slot (invariant 2), so the
         newcomer goes if it may: a slot is free, its tenant below its cap,
         and no budget holds it back.
         """
@@ -606,14 +608,16 @@ class SlotPolicy:
         if not isinstance(budget, Budget):
             raise TypeError(f"budget must be a Budget, got {budget!r}")
         if model not in self._models:
-            self._models.add(
-                model,
-                self._expecting(Throttle(budget, learn=learn, now=self._now), model),
-            )
-            self._count()
+            self._add_model(model, Throttle(budget, learn=learn, now=self._now))
         else:
             self._models.configure(model, budget)
         return self._fill()
+
+    def _add_model(self, model: str, throttle: Throttle) -> Throttle:
+        """Give ``model``, which has none, ``throttle``, new; returns it."""
+        self._models.add(model, self._expecting(throttle, model))
+        self._count()
+        return throttle
 
     def _expecting(self, throttle: Throttle, model: str | None = None) -> Throttle:
         """``throttle``, new, told the estimates of the waiters (of ``model``) it charges."""
@@ -666,10 +670,7 @@ class SlotPolicy:
             gate = self._models.get(model)
             if gate is None:
                 check_text(model, "model")
-                gate = self._models.add(
-                    model, self._expecting(Throttle(learn=True, now=now), model)
-                )
-                self._count()
+                gate = self._add_model(model, Throttle(learn=True, now=now))
         gate.advance(now)
         gate.observe(info)
         if model is not None:

@@ -1,19 +1,21 @@
 """Tenant accounting for the scheduling policy: the pure core of fair shares.
 
-A plain synchronous bookkeeper with no I/O and no trio, used by
-``SlotPolicy`` once tenants are in play (see its docstring for the
-invariants this serves, and the service-gap bound).
+A plain synchronous bookkeeper with no I/O and no trio: ``SlotPolicy``'s
+queue, every waiting ticket of every tenant from the first ticket on (see
+its docstring for the invariants this serves, and the service-gap bound).
 
 Each tenant (the default tenant, for tickets made for none, is the key
-``None``) keeps its waiting tickets in one heap per model, in ticket order,
-and a service counter in slot-seconds divided by its weight::
+``None``, a tenant like the others) keeps its waiting tickets in one heap
+per model, in ticket order, and a service counter in slot-seconds divided
+by its weight::
 
     c_t(now) = base_t + held_t * (now - last_t) / w_t
 
 folded into ``base_t`` at every grant, release and weight change (so
 ``last_t`` is the time of the latest of them): the same value as the
 design's ``base_t + (held_t * now - sum of grant times) / w_t``, kept with
-no record per slot.
+no record per slot. ``restart`` starts every counter, and the floor, at 0:
+the policy counts service from the first tenant or model on.
 
 A tenant is backlogged while it has waiting tickets. When it becomes
 backlogged its counter is raised to the floor: the least counter among the
@@ -58,14 +60,14 @@ waits for nothing, and starts from the floor when it comes back.
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, TypeVar, final
 
 import attrs
 
 from ..messages._limits import Tenant
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Iterable
+    from collections.abc import Callable, Collection, Iterable
     from typing import TypeAlias
 
     from ..messages._protocol import Ticket
@@ -78,6 +80,39 @@ if TYPE_CHECKING:
     _FloorEntry: TypeAlias = tuple[float, int, "TenantState"]
 
 _COMPACT_SLACK = 64
+
+_HeapEntry = TypeVar("_HeapEntry", "_Entry", "_FloorEntry")
+
+
+def _sweep(
+    heap: list[_HeapEntry], living: int, alive: Callable[[_HeapEntry], bool]
+) -> None:
+    """Drop ``heap``'s dead entries once they outnumber the ``living``."""
+    if len(heap) > 2 * living + _COMPACT_SLACK:
+        heap[:] = [entry for entry in heap if alive(entry)]
+        heapq.heapify(heap)
+
+
+def _top(
+    heap: list[_HeapEntry], alive: Callable[[_HeapEntry], bool]
+) -> _HeapEntry | None:
+    """``heap``'s least living entry, its dead ones before it dropped."""
+    while heap:
+        entry = heap[0]
+        if alive(entry):
+            return entry
+        heapq.heappop(heap)
+    return None
+
+
+def _is_entry(entry: _Entry) -> bool:
+    """Whether ``entry`` of the choice's heap is its tenant's own."""
+    return entry[4].entry is entry
+
+
+def _is_floor_entry(entry: _FloorEntry) -> bool:
+    """Whether ``entry`` of the floor's heap is its tenant's own."""
+    return entry[2].floor_entry is entry
 
 
 @final
@@ -292,9 +327,7 @@ class Tenants:
         state.base = max(state.base, floor)
         self._backlogged[state.name] = state
         floors = self._floors
-        if len(floors) > 2 * len(self._backlogged) + _COMPACT_SLACK:
-            floors[:] = [entry for entry in floors if entry[2].floor_entry is entry]
-            heapq.heapify(floors)
+        _sweep(floors, len(self._backlogged), _is_floor_entry)
         self._placed += 1
         entry = state.floor_entry = (state.base, self._placed, state)
         heapq.heappush(floors, entry)
@@ -303,12 +336,8 @@ class Tenants:
     def _floor(self, now: float) -> float | None:
         """The least counter of the backlogged at ``now``, or ``None``."""
         floors = self._floors
-        while floors:
-            entry = floors[0]
+        while (entry := _top(floors, _is_floor_entry)) is not None:
             state = entry[2]
-            if state.floor_entry is not entry:
-                heapq.heappop(floors)  # dead
-                continue
             counter = state.service(now)
             if counter == entry[0]:
                 return counter
@@ -330,9 +359,7 @@ class Tenants:
             state.entry = None
             return
         ready = self._ready
-        if len(ready) > 2 * len(self._backlogged) + _COMPACT_SLACK:
-            ready[:] = [entry for entry in ready if entry[4].entry is entry]
-            heapq.heapify(ready)
+        _sweep(ready, len(self._backlogged), _is_entry)
         if head is None:
             head = min(queue[0] for queue in state.queues.values() if queue)
         self._placed += 1
@@ -415,12 +442,8 @@ class Tenants:
                 if backlogged.get(state.name) is state:
                     self._place(state, now)
         ready = self._ready
-        while ready:
-            entry = ready[0]
+        while (entry := _top(ready, _is_entry)) is not None:
             state = entry[4]
-            if state.entry is not entry:
-                heapq.heappop(ready)  # dead
-                continue
             cap = state.limit
             if cap is not None and state.held >= cap:
                 heapq.heappop(ready)  # placed again when it goes below
