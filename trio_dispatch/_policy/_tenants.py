@@ -189,9 +189,11 @@ class TenantState:
         return self.base + self.held * (now - self.last) / self.weight
 
     def fold(self, now: float) -> None:
-        """Fold what accrued up to ``now`` into the base."""
-        if now > self.last:
-            self.base = self.service(now)
+        """Fold what accrued up to ``now`` into the base (``service(now)``)."""
+        last = self.last
+        if now > last:
+            if self.held:
+                self.base = self.base + self.held * (now - last) / self.weight
             self.last = now
 
     def head(
@@ -199,18 +201,21 @@ class TenantState:
     ) -> Ticket | None:
         """The oldest waiting ticket of a model not in ``blocked``, or ``None``."""
         best: Ticket | None = None
-        empty: list[str | None] = []
+        empty: list[str | None] | None = None
         for model, queue in self.queues.items():
             while queue and queue[0] not in waiting:
                 heapq.heappop(queue)  # withdrawn while waiting
             if not queue:
+                if empty is None:
+                    empty = []
                 empty.append(model)
             elif (model is None or model not in blocked) and (
                 best is None or queue[0] < best
             ):
                 best = queue[0]
-        for model in empty:
-            del self.queues[model]
+        if empty is not None:
+            for model in empty:
+                del self.queues[model]
         return best
 
 
