@@ -788,7 +788,8 @@ class SlotPolicy:
         limit = self._limit
         gate = self._gate
         models = self._models
-        self._unblock()
+        if gate is not None or self._held_back:
+            self._unblock()
         if not waiting or (limit is not None and self._paused_until is not None):
             return grants
         tenants = self._tenants
@@ -828,6 +829,5 @@ class SlotPolicy:
                 for name in blocked:
                     models[name].unblock()
         self._granted_total += len(grants)
-        if held > self._peak_in_flight:  # noqa: PLR1730  # no call on the hot path
-            self._peak_in_flight = held
+        self._peak_in_flight = max(self._peak_in_flight, held)
         return grants

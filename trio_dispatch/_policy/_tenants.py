@@ -67,7 +67,7 @@ import attrs
 from ..messages._limits import Tenant
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Iterable
+    from collections.abc import Collection, Iterable
     from typing import TypeAlias
 
     from ..messages._protocol import Ticket
@@ -84,35 +84,27 @@ _COMPACT_SLACK = 64
 _HeapEntry = TypeVar("_HeapEntry", "_Entry", "_FloorEntry")
 
 
-def _sweep(
-    heap: list[_HeapEntry], living: int, alive: Callable[[_HeapEntry], bool]
-) -> None:
+def _sweep(heap: list[_HeapEntry], living: int) -> None:
     """Drop ``heap``'s dead entries once they outnumber the ``living``."""
     if len(heap) > 2 * living + _COMPACT_SLACK:
-        heap[:] = [entry for entry in heap if alive(entry)]
+        heap[:] = [entry for entry in heap if _alive(entry)]
         heapq.heapify(heap)
 
 
-def _top(
-    heap: list[_HeapEntry], alive: Callable[[_HeapEntry], bool]
-) -> _HeapEntry | None:
+def _top(heap: list[_HeapEntry]) -> _HeapEntry | None:
     """``heap``'s least living entry, its dead ones before it dropped."""
     while heap:
         entry = heap[0]
-        if alive(entry):
+        if _alive(entry):
             return entry
         heapq.heappop(heap)
     return None
 
 
-def _is_entry(entry: _Entry) -> bool:
-    """Whether ``entry`` of the choice's heap is its tenant's own."""
-    return entry[4].entry is entry
-
-
-def _is_floor_entry(entry: _FloorEntry) -> bool:
-    """Whether ``entry`` of the floor's heap is its tenant's own."""
-    return entry[2].floor_entry is entry
+def _alive(entry: _Entry | _FloorEntry) -> bool:
+    """Whether ``entry``, in either heap, is its tenant's own there."""
+    state = entry[-1]
+    return state.entry is entry or state.floor_entry is entry
 
 
 @final
@@ -332,7 +324,7 @@ class Tenants:
         state.base = max(state.base, floor)
         self._backlogged[state.name] = state
         floors = self._floors
-        _sweep(floors, len(self._backlogged), _is_floor_entry)
+        _sweep(floors, len(self._backlogged))
         self._placed += 1
         entry = state.floor_entry = (state.base, self._placed, state)
         heapq.heappush(floors, entry)
@@ -341,7 +333,7 @@ class Tenants:
     def _floor(self, now: float) -> float | None:
         """The least counter of the backlogged at ``now``, or ``None``."""
         floors = self._floors
-        while (entry := _top(floors, _is_floor_entry)) is not None:
+        while (entry := _top(floors)) is not None:
             state = entry[2]
             counter = state.service(now)
             if counter == entry[0]:
@@ -364,7 +356,7 @@ class Tenants:
             state.entry = None
             return
         ready = self._ready
-        _sweep(ready, len(self._backlogged), _is_entry)
+        _sweep(ready, len(self._backlogged))
         if head is None:
             head = min(queue[0] for queue in state.queues.values() if queue)
         self._placed += 1
@@ -423,7 +415,8 @@ class Tenants:
                 # Its key may be below the one kept: less held for its
                 # weight, or below its cap again.
                 self._place(state, now)
-        self._drop_if_idle(state)
+        elif not state.held:
+            self._drop_if_idle(state)
 
     def _drop_if_idle(self, state: TenantState) -> None:
         if not state.configured and not state.held and not state.waiting:
@@ -447,7 +440,7 @@ class Tenants:
                 if backlogged.get(state.name) is state:
                     self._place(state, now)
         ready = self._ready
-        while (entry := _top(ready, _is_entry)) is not None:
+        while (entry := _top(ready)) is not None:
             state = entry[4]
             cap = state.limit
             if cap is not None and state.held >= cap:
