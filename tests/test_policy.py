@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -15,8 +15,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from trio_dispatch import QueueFull
-from trio_dispatch.lowlevel import SlotPolicy, Ticket
+from trio_dispatch import Budget, QueueFull, Tenant
+from trio_dispatch.lowlevel import SlotPolicy, Throttle, Ticket
 
 
 def t(started_at: float, seq: int) -> Ticket:
@@ -412,6 +412,15 @@ def test_bad_limits_are_refused(
     assert policy.limit == 2
 
 
+def queued(policy: SlotPolicy) -> int:
+    """The entries in the policy's queues, those of withdrawn tickets included."""
+    return sum(
+        len(queue)
+        for state in policy._tenants._states.values()
+        for queue in state.queues.values()
+    )
+
+
 def test_cancelled_entries_are_compacted_away() -> None:
     policy = SlotPolicy(1)
     policy.acquire(t(0, 0))
@@ -420,7 +429,7 @@ def test_cancelled_entries_are_compacted_away() -> None:
     for seq in range(1, 1000):
         policy.cancel(t(seq, seq))
     assert policy.waiting == 1
-    assert len(policy._heap) + len(policy._fifo) <= 2 * policy.waiting + 64
+    assert queued(policy) <= 2 * policy.waiting + 64
     assert policy.release(t(0, 0)) == [t(1000, 1000)]
 
 
@@ -431,8 +440,56 @@ def test_out_of_order_tickets_are_compacted_away_too() -> None:
         policy.acquire(t(5000 - seq, seq))  # each older than the last
     for seq in range(1, 1000):
         policy.cancel(t(5000 - seq, seq))
-    assert len(policy._heap) + len(policy._fifo) <= 2 * policy.waiting + 64
+    assert queued(policy) <= 2 * policy.waiting + 64
     assert policy.release(t(5000, 0)) == [t(4000, 1000)]
+
+
+_OPERATIONS = st.lists(
+    st.one_of(
+        st.tuples(st.just("acquire"), st.integers(0, 5)),
+        st.tuples(st.sampled_from(["release", "cancel"]), st.integers(0, 30)),
+        st.tuples(st.just("limit"), st.integers(1, 4)),
+    ),
+    max_size=40,
+)
+
+
+@given(_OPERATIONS)
+@settings(max_examples=200, deadline=None)
+def test_one_queue_whatever_is_configured(
+    operations: list[tuple[str, int]],
+) -> None:
+    # A policy that counts tenants and models from the start (a tenant and
+    # a model budget configured) queues the default tenant's tickets as one
+    # that counts nothing: oldest first, ties by arrival.
+    plain = SlotPolicy(2)
+    counting = SlotPolicy(
+        2,
+        tenants={"other": Tenant(weight=3.0)},
+        models={"m": Throttle(Budget(requests_per_minute=60))},
+    )
+    assert (plain.counts_tenants, counting.counts_tenants) == (False, True)
+    tickets: list[Ticket] = []
+    for operation, value in operations:
+        if operation == "acquire":
+            ticket = t(value, len(tickets))
+            tickets.append(ticket)
+            got = (plain.acquire(ticket), counting.acquire(ticket))
+        elif operation == "limit":
+            got = (plain.set_limit(value), counting.set_limit(value))
+        elif value < len(tickets):
+            ticket = tickets[value]
+            if operation == "cancel" or ticket not in plain.holders():
+                got = (plain.cancel(ticket), counting.cancel(ticket))
+            else:
+                got = (plain.release(ticket), counting.release(ticket))
+        else:
+            continue
+        assert got[0] == got[1]
+        assert plain.waiters() == counting.waiters()
+        assert plain.holders() == counting.holders()
+    # And the same lifetime counts.
+    assert plain.statistics() == counting.statistics()
 
 
 def test_statistics_count_lifetime_events() -> None:

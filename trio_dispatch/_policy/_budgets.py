@@ -544,18 +544,6 @@ class Throttle:
         """``ticket`` stopped waiting."""
         self._costs.pop(ticket, None)
 
-    def admit(self, ticket: Ticket, in_flight: int, limit: int | None) -> bool:
-        """Charge ``ticket`` and return ``True`` if the budgets hold it now.
-
-        ``in_flight`` is how many hold a slot before this grant, and
-        ``limit`` the limit it is granted under. When the budgets do not
-        hold it, nothing changes but ``ready_at``.
-        """
-        if not self.holds(ticket):
-            return False
-        self.take(ticket, in_flight, limit)
-        return True
-
     def holds(self, ticket: Ticket) -> bool:
         """Whether the budgets hold ``ticket`` now; charges nothing.
 
@@ -584,7 +572,8 @@ class Throttle:
     def take(self, ticket: Ticket, in_flight: int, limit: int | None) -> None:
         """Charge ``ticket``, which the budgets hold (``holds``), for its grant.
 
-        ``in_flight`` and ``limit`` as for ``admit``.
+        ``in_flight`` is how many hold a slot before this grant, and
+        ``limit`` the limit it is granted under.
         """
         cost = self._costs.get(ticket, 0)
         requests, tokens = self._requests, self._tokens
@@ -841,7 +830,15 @@ class ModelThrottles:
     costs the same however many models are idle.
     """
 
-    __slots__ = ("_busy", "_forgetting", "_idle", "_now", "_throttles", "_uncounted")
+    __slots__ = (
+        "_busy",
+        "_counting",
+        "_forgetting",
+        "_idle",
+        "_now",
+        "_throttles",
+        "_uncounted",
+    )
 
     def __init__(self, throttles: Mapping[str, Throttle], now: float = 0.0) -> None:
         self._throttles = dict(throttles)
@@ -851,6 +848,7 @@ class ModelThrottles:
         # their model), and their release counts nothing.
         self._busy: dict[str, int] = {}
         self._uncounted: set[Ticket] = set()
+        self._counting = False
         # Each idle model with a learned throttle: since when it is idle,
         # and when it may be forgotten; the heap holds the latter (an entry
         # whose instant is no longer its model's is skipped).
@@ -907,6 +905,7 @@ class ModelThrottles:
 
     def count(self, holders: Iterable[Ticket], waiting: Iterable[Ticket]) -> None:
         """Count the tickets of each model from now on: those waiting now too."""
+        self._counting = True
         for ticket in holders:
             if ticket.model is not None:
                 self._uncounted.add(ticket)
@@ -915,7 +914,12 @@ class ModelThrottles:
                 self.use(ticket.model, 1)
 
     def use(self, model: str, delta: int) -> None:
-        """One ticket of ``model`` more (``1``) or less (``-1``) waits or holds a slot."""
+        """One ticket of ``model`` more (``1``) or less (``-1``) waits or holds a slot.
+
+        Nothing is counted before ``count``.
+        """
+        if not self._counting:
+            return
         busy = self._busy
         count = busy.get(model, 0) + delta
         if count > 0:

@@ -4,81 +4,60 @@ A plain synchronous state machine with no I/O and no trio (sans-IO, like
 h11), so it can be tested exhaustively and driven in virtual time. The
 scheduler actor feeds it messages and delivers the grants it returns.
 
-Invariants, after every call (2 and 3 as written hold while one tenant
-and no model budget are in play; 6 to 9 below say what they become with
-tenants and model budgets):
+One queue. Every ticket belongs to a tenant: its ``tenant``, or the
+default tenant for ``None`` (weight 1, no cap), a tenant like the others.
+From the first ticket on, whatever is configured, every waiting ticket is
+queued by its tenant and model (``_tenants``), and every free slot goes by
+one rule: to the backlogged tenant below its cap with the least ``(c_t,
+held_t / w_t, head)``, for its head, its oldest waiting ticket in ticket
+order (``rank``: the turn's start less its priority class's credit; then
+arrival) of a model not held back. ``c_t`` is the tenant's service
+counter, the slot-seconds its holders have had divided by its weight,
+accruing while they hold: ``c_t(now) = base_t + (held_t * now - sum of
+grant times) / w_t`` (``_tenants`` keeps it folded). A tenant that becomes
+backlogged (something of it waits) is raised to the floor: the least
+counter among the other backlogged tenants, or if none is, the counter of
+the tenant that most recently stopped being backlogged, taken then. With
+the default tenant alone the rule is ticket order.
+
+Service and models' use are counted from the first ticket with a tenant,
+the first ``set_tenant`` or the first budget of a model (``counts_tenants``;
+the Redis ledger counts from the same moment): then every counter, and
+the floor, start at 0, the holders' service counts from then, and a
+model's tickets count for its budget's forgetting from then (see
+``ModelThrottles``). Until then only the default tenant is in play, and
+its counter is read by nobody. From the first tenant on ``needs_clock`` is
+true: grants and releases need the time, from ``advance`` or ``tick``.
+
+A grant costs O(log T) for T backlogged tenants, and as much again per
+tenant whose key grew since it was last looked at, and an arrival O(log n)
+in its tenant's queue of n (see ``_tenants``). A ticket cancelled while
+waiting is only forgotten by the set of waiters and skipped when it
+surfaces; the queues are rebuilt when such dead entries outnumber the
+living.
+
+Invariants, after every call:
 
 1. ``in_flight <= limit``, except that lowering the limit lets the holders
    above it finish: nothing is granted until ``in_flight < limit``.
-2. Work-conserving: while not paused, ``waiting > 0`` implies
-   ``in_flight >= limit``.
-3. Grants go in ticket order (``rank``: the turn's start less its priority
-   class's credit; then arrival); a newcomer never takes a free slot while
-   anyone waits.
+2. Work-conserving: a slot is never free while a ticket waits that may
+   take it: not paused, its tenant below its cap, its head held back by
+   no budget. With the default tenant alone and no budget: while not
+   paused, ``waiting > 0`` implies ``in_flight >= limit``.
+3. Oldest first within a tenant, and within a model: a ticket is granted
+   only when no older one of its tenant waits but of a model held back.
+   With the default tenant alone and no model held back, grants go in
+   ticket order. A newcomer never takes a free slot while anyone waits
+   who may take it (see 2).
 4. Every ticket ends exactly once: granted then released, cancelled while
    waiting, or refused. Cancelling a granted ticket releases it; releasing or
    cancelling an unknown or finished ticket does nothing, so a grant racing
    a cancellation never leaks.
 5. A pause never ends before its time, whatever is reported later; only
    ``resume`` ends it early. Holders are never touched by a pause.
-
-Rate-limit reports pause grants, each for at most ``max_pause``. A report
-that names the server's delay (``Retry-After``) pauses for that delay. One
-that does not, or names one that is not positive (``Retry-After: 0``, a
-date in the past: ``server_delay``), backs off: ``default_pause`` for the first report of a
-streak, doubling with each later round, up to ``max_pause``. A report opens
-a new round when it starts a streak or when a slot was granted since the
-previous report (its request may be the one refused); reports with no grant
-between them come from requests already in flight together, so they share a
-round and its pause. Every round counts towards the streak, a server's
-delay or not: a rate limit is never a success. The streak ends on a success,
-a slot granted after the latest report and released with no report while it
-was held; the policy needs no per-slot record for that, only the set of
-holders at the latest report. ``resume`` ends the pause and the streak.
-
-Budgets and an adaptive limit live in an optional ``Throttle`` (see
-``_budgets``), asked before each grant: a ticket whose budget is not there
-yet holds back every ticket behind it (``wake_at`` says when to look
-again), and the throttle may move the limit after a release or a
-rate-limit report. Invariant 2 then reads: while not paused and not held
-back by the budget. A throttle made later (by the first figures, an
-adaptive limit, a model's first budget) is told the estimates of the
-tickets waiting then: it charges them as one made before would.
-
-Waiting tickets queue in two sorted structures: a deque for those that
-arrive in ticket order (the common case, since a turn starts when its
-first request is made), O(1) each way, and a binary heap for the others
-(an older turn's retry, a higher class); the next grant is the smaller of their heads. A ticket cancelled
-while waiting is only forgotten by the set of waiters and skipped when it
-surfaces; both are rebuilt when such dead entries outnumber the living.
-
-Tenants. Every ticket belongs to a tenant: its ``tenant``, or the default
-tenant for ``None`` (weight 1, no cap). Each tenant has a service counter,
-the slot-seconds its holders have had divided by its weight, accruing while
-they hold: ``c_t(now) = base_t + (held_t * now - sum of grant times) /
-w_t`` (``_tenants`` keeps it folded). A tenant that becomes backlogged
-(something of it waits) is raised to the floor: the least counter among the
-other backlogged tenants, or if none is, the counter of the tenant that
-most recently stopped being backlogged, taken then. Each free slot goes to
-the backlogged tenant below its cap with the least ``(c_t, held_t / w_t,
-head)``, for its head, its oldest waiting ticket in ticket order (of a
-model not held back). With no tenant anywhere this is exactly the order
-above, and the queues are the deque and heap above: the policy counts
-tenants only from the first ticket with a tenant or the first
-``set_tenant`` (then ``needs_clock`` turns true: grants and releases need
-the time, from ``advance`` or ``tick``), or the first budget of a model.
-A grant costs O(log T) for T backlogged tenants, and as much again per
-tenant whose key grew since it was last looked at (see ``_tenants``).
-Then, besides 1, 4 and 5:
-
-6. Work-conserving: a slot is never free while a ticket waits that may
-   take it: not paused, its tenant below its cap, its head held back by
-   no budget.
-7. Caps: no tenant holds more than its cap through a grant (lowering a cap
+6. Caps: no tenant holds more than its cap through a grant (lowering a cap
    lets its holders finish).
-8. Oldest first within a tenant, and within a model: a ticket is granted
-   only when no older one of its tenant waits but of a model held back.
-9. The service gap. Let L be the limit and H the longest hold. While no
+7. The service gap. Let L be the limit and H the longest hold. While no
    backlogged tenant is capped or held back by a budget (and weights do
    not change), every backlogged tenant f has ``c_f <= m + L * H / w_f``,
    where m is the least counter among the backlogged; so for any two
@@ -92,10 +71,33 @@ Then, besides 1, 4 and 5:
    not fall. A tenant that joins without a grant since its last one keeps
    that bound, or is raised to m itself.
 
-Unconfigured tenants are forgotten when they hold and wait for nothing, so
-memory stays bounded by the tenants in play. A newcomer may take a free
-slot while others wait, only when those may not take it (capped, or held
-back by their model's budget).
+Unconfigured tenants (the default one too) are forgotten when they hold
+and wait for nothing, so memory stays bounded by the tenants in play, and
+one that comes back starts from the floor.
+
+Rate-limit reports pause grants, each for at most ``max_pause``. A report
+that names the server's delay (``Retry-After``) pauses for that delay. One
+that does not, or names one that is not positive (``Retry-After: 0``, a
+date in the past: ``server_delay``), backs off: ``default_pause`` for the
+first report of a streak, doubling with each later round, up to
+``max_pause``. A report opens a new round when it starts a streak or when
+a slot was granted since the previous report (its request may be the one
+refused); reports with no grant between them come from requests already
+in flight together, so they share a round and its pause. Every round
+counts towards the streak, a server's delay or not: a rate limit is never
+a success. The streak ends on a success, a slot granted after the latest
+report and released with no report while it was held; the policy needs no
+per-slot record for that, only the set of holders at the latest report.
+``resume`` ends the pause and the streak.
+
+Budgets and an adaptive limit live in an optional ``Throttle`` (see
+``_budgets``), asked before each grant (``holds``, then ``take`` for the
+ticket granted): a head the provider's budget holds back holds back every
+ticket behind it, of every tenant (``wake_at`` says when to look again),
+and the throttle may move the limit after a release or a rate-limit
+report. A throttle made later (by the first figures, an adaptive limit, a
+model's first budget) is told the estimates of the tickets waiting then:
+it charges them as one made before would.
 
 Model budgets. A model may have a throttle of its own (a ``Budget``
 configured with ``set_model_budget`` or the ``models`` argument, or learned
@@ -113,8 +115,6 @@ again and ``FORGET_AFTER`` has passed (``_budgets.forgets``).
 
 from __future__ import annotations
 
-import heapq
-from collections import deque
 from typing import TYPE_CHECKING, final
 
 import attrs
@@ -142,8 +142,6 @@ if TYPE_CHECKING:
     from ._budgets import BudgetStatistics
     from ._ratelimits import RateLimitInfo
     from ._tenants import TenantStatistics
-
-_COMPACT_SLACK = 64
 
 
 @final
@@ -195,13 +193,12 @@ class SlotPolicy:
     """
 
     __slots__ = (
+        "_counting",
         "_default_pause",
         "_estimates",
-        "_fifo",
         "_gate",
         "_granted_at_report",
         "_granted_total",
-        "_heap",
         "_held_back",
         "_holders",
         "_limit",
@@ -260,11 +257,6 @@ class SlotPolicy:
         self._provider = provider
         self._holders: set[Ticket] = set()
         self._waiting: set[Ticket] = set()
-        # Waiting tickets: those that arrived in ticket order (the common
-        # case: started_at defaults to now) queue in a sorted deque, O(1);
-        # the others (an older turn's retry) go to a heap, O(log n).
-        self._fifo: deque[Ticket] = deque()
-        self._heap: list[Ticket] = []
         # The estimates of the waiting tickets that have one, so that a
         # throttle made while they wait (the first figures, an adaptive
         # limit, a model's first budget) charges them as one made before.
@@ -286,10 +278,11 @@ class SlotPolicy:
         # The latest time told (advance, tick, a report): tenants' service
         # accrues in it.
         self._now = 0.0
-        # Tenants and models. Until the first of them, None and empty, and
-        # the deque and heap above are the queue; from then on every
-        # waiting ticket is queued by its tenant and model (see _tenants).
-        self._tenants: Tenants | None = None
+        # The queue: every waiting ticket, by its tenant and model (see
+        # _tenants); service and models' use are counted from the first
+        # tenant or model on.
+        self._tenants = Tenants()
+        self._counting = False
         self._models = ModelThrottles(throttles)
         # The models whose throttle held their head back at the end of the
         # latest fill, with a slot still free: wake_at watches them.
@@ -297,10 +290,11 @@ class SlotPolicy:
         self.needs_clock = False
         if configured:
             self.needs_clock = True
+            self._count()
             for name, settings in configured.items():
-                self._count_tenants().configure(name, settings, self._now)
+                self._tenants.configure(name, settings, self._now)
         elif throttles:
-            self._count_tenants()
+            self._count()
 
     def __repr__(self) -> str:
         return (
@@ -330,8 +324,8 @@ class SlotPolicy:
 
     @property
     def counts_tenants(self) -> bool:
-        """Whether waiters queue by tenant and model: from the first of them on."""
-        return self._tenants is not None
+        """Whether service and models' use are counted: from the first tenant or model on."""
+        return self._counting
 
     @property
     def throttle(self) -> Throttle | None:
@@ -412,71 +406,33 @@ class SlotPolicy:
                 already do. Nothing changed.
             ValueError: The ticket is already holding or waiting.
         """
-        holders = self._holders
         waiting = self._waiting
-        if ticket in holders or ticket in waiting:
+        if ticket in self._holders or ticket in waiting:
             raise ValueError(f"ticket {ticket!r} is already known")
-        if self._tenants is not None or ticket.tenant is not None:
-            return self._acquire_counted(ticket, tokens)
-        limit = self._limit
-        gate = self._gate
-        if gate is not None:
-            gate.expect(ticket, tokens)
-        if (
-            not waiting
-            and (limit is None or (self._paused_until is None and len(holders) < limit))
-            and (gate is None or gate.admit(ticket, len(holders), limit))
-        ):
-            holders.add(ticket)
-            self._granted_total += 1
-            if len(holders) > self._peak_in_flight:  # noqa: PLR1730  # no call: hot path
-                self._peak_in_flight = len(holders)
-            return [ticket]
-        if self._max_waiting is not None and len(waiting) >= self._max_waiting:
-            if gate is not None:
-                gate.forget(ticket)
-            raise self._refused()
-        waiting.add(ticket)
-        if tokens:
-            self._estimates[ticket] = tokens
-        fifo = self._fifo
-        if not fifo or ticket > fifo[-1]:
-            fifo.append(ticket)
-        else:
-            heapq.heappush(self._heap, ticket)
-        if len(waiting) > self._peak_waiting:  # noqa: PLR1730  # no call on the hot path
-            self._peak_waiting = len(waiting)
-        if gate is not None and gate.blocked:
-            # It may go before the head the budget holds back, and fit.
-            return self._fill()
-        return []
-
-    def _acquire_counted(self, ticket: Ticket, tokens: int) -> list[Ticket]:
-        """``acquire`` once tenants or models are counted."""
-        tenants = self._tenants
-        if tenants is None:
+        if ticket.tenant is not None and not self._counting:
             # The first ticket with a tenant.
             self.needs_clock = True
-            tenants = self._count_tenants()
+            self._count()
         gate = self._gate
         model = ticket.model
         model_gate = self._models.get(model)
+        max_waiting = self._max_waiting
         if (
-            self._max_waiting is not None
-            and len(self._waiting) >= self._max_waiting
+            max_waiting is not None
+            and len(waiting) >= max_waiting
             and not self._grants_at_once(ticket, tokens, model_gate)
         ):
             raise self._refused()
-        if gate is not None:
-            gate.expect(ticket, tokens)
-        if model_gate is not None:
-            model_gate.expect(ticket, tokens)
         if tokens:
+            if gate is not None:
+                gate.expect(ticket, tokens)
+            if model_gate is not None:
+                model_gate.expect(ticket, tokens)
             self._estimates[ticket] = tokens
-        self._waiting.add(ticket)
+        waiting.add(ticket)
         if model is not None:
             self._models.use(model, 1)
-        tenants.queue(ticket, self._now)
+        self._tenants.queue(ticket, self._now)
         limit = self._limit
         grants = (
             self._fill()
@@ -484,7 +440,8 @@ class SlotPolicy:
             or (self._paused_until is None and len(self._holders) < limit)
             else []
         )
-        self._peak_waiting = max(self._peak_waiting, len(self._waiting))
+        if len(waiting) > self._peak_waiting:  # noqa: PLR1730  # no call on the hot path
+            self._peak_waiting = len(waiting)
         return grants
 
     def _refused(self) -> QueueFull:
@@ -498,7 +455,7 @@ class SlotPolicy:
     ) -> bool:
         """Whether a fill now would grant ``ticket``, a newcomer, at once.
 
-        Every other waiter may not take a free slot (invariant 6), so the
+        Every other waiter may not take a free slot (invariant 2), so the
         newcomer goes if it may: a slot is free, its tenant below its cap,
         and no budget holds it back.
         """
@@ -507,7 +464,6 @@ class SlotPolicy:
             self._paused_until is not None or len(self._holders) >= limit
         ):
             return False
-        assert self._tenants is not None  # counting tenants: called from there
         state = self._tenants.get(ticket.tenant)
         if state is not None and state.limit is not None and state.held >= state.limit:
             return False
@@ -518,23 +474,13 @@ class SlotPolicy:
             throttle is None or throttle.fits(tokens) for throttle in (gate, model_gate)
         ) and (gate is None or not gate.blocked)
 
-    def _count_tenants(self) -> Tenants:
-        """Queue by tenant and model from now on; the waiters move there."""
-        tenants = self._tenants
-        if tenants is not None:
-            return tenants
-        tenants = self._tenants = Tenants()
-        now = self._now
-        for ticket in self._holders:
-            # Their service counts from now: the time of their grant is
-            # not known.
-            tenants.hold(ticket, now)
-        for ticket in sorted(self._waiting):
-            tenants.queue(ticket, now)
+    def _count(self) -> None:
+        """Count service and models' use from now on (see the module notes)."""
+        if self._counting:
+            return
+        self._counting = True
+        self._tenants.restart(self._now)
         self._models.count(self._holders, self._waiting)
-        self._fifo.clear()
-        self._heap.clear()
-        return tenants
 
     def release(self, ticket: Ticket) -> list[Ticket]:
         """Give back a held slot; does nothing for an unknown or finished ticket.
@@ -542,78 +488,24 @@ class SlotPolicy:
         Raises:
             RuntimeError: The ticket is still waiting; cancel it instead.
         """
-        waiting = self._waiting
-        if ticket in waiting:
+        if ticket in self._waiting:
             raise RuntimeError(f"ticket {ticket!r} is waiting, not holding a slot")
         if self._streak:
             self._end_streak_if_success(ticket)
-        if self._tenants is not None or self._gate is not None:
-            return self._release(ticket, success=True)
-        # _release and _fill without budgets or tenants, inline: every
-        # hand-off's path.
-        holders = self._holders
-        try:
-            holders.remove(ticket)
-        except KeyError:
-            return []
-        if not waiting:
-            return []
-        limit = self._limit
-        if (
-            limit is not None
-            and len(holders) + 1 == limit
-            and self._paused_until is None
-            and not self._heap
-        ):
-            # The one slot freed goes to the oldest waiter, the head of
-            # the FIFO (the heap is empty), unless that entry is dead (a
-            # ticket withdrawn): _fill skips those. The peak is the limit
-            # already, since the limit was just full.
-            fifo = self._fifo
-            head = fifo[0]
-            if head in waiting:
-                fifo.popleft()
-                waiting.remove(head)
-                if self._estimates:
-                    self._estimates.pop(head, None)
-                holders.add(head)
-                self._granted_total += 1
-                if not waiting:
-                    fifo.clear()
-                return [head]
-        return self._fill()
+        return self._release(ticket, success=True)
 
     def cancel(self, ticket: Ticket) -> list[Ticket]:
         """Withdraw a waiting ticket, or release it if it was already granted."""
-        if ticket in self._waiting:
-            if self._tenants is not None:
-                return self._withdraw_counted(ticket)
-            self._waiting.discard(ticket)
-            self._estimates.pop(ticket, None)
-            self._withdrawn_total += 1
-            gate = self._gate
-            if gate is not None:
-                gate.forget(ticket)
-                if gate.blocked:
-                    # It may have been the head the budget held back.
-                    self._compact()
-                    return self._fill()
-            self._compact()
-            return []
-        # A grant that raced a cancellation: never sent, so not a success.
-        if self._streak:
-            self._reported.discard(ticket)
-        return self._release(ticket, success=False)
-
-    def _withdraw_counted(self, ticket: Ticket) -> list[Ticket]:
-        """``cancel`` of a waiting ticket once tenants or models are counted."""
-        tenants = self._tenants
-        assert tenants is not None  # called only then
         waiting = self._waiting
+        if ticket not in waiting:
+            # A grant that raced a cancellation: never sent, so not a success.
+            if self._streak:
+                self._reported.discard(ticket)
+            return self._release(ticket, success=False)
         waiting.discard(ticket)
         self._estimates.pop(ticket, None)
         self._withdrawn_total += 1
-        tenants.withdraw(ticket, self._now, waiting)
+        self._tenants.withdraw(ticket, self._now, waiting)
         gate = self._gate
         if gate is not None:
             gate.forget(ticket)
@@ -625,11 +517,6 @@ class SlotPolicy:
             self._models.use(model, -1)
         # It may have been a head a budget held back.
         return self._refill()
-
-    def _compact(self) -> None:
-        if len(self._heap) + len(self._fifo) > 2 * len(self._waiting) + _COMPACT_SLACK:
-            self._fifo = deque(sorted(self._waiting))
-            self._heap = []
 
     def set_limit(self, limit: int | AdaptiveLimit | None) -> list[Ticket]:
         """Change the limit.
@@ -696,10 +583,11 @@ class SlotPolicy:
             ValueError: ``tenant`` is empty or too long.
         """
         check_tenant(tenant, settings)
-        if settings is None and self._tenants is None:
+        if settings is None and not self._counting:
             return []
         self.needs_clock = True
-        self._count_tenants().configure(tenant, settings, self._now)
+        self._count()
+        self._tenants.configure(tenant, settings, self._now)
         return self._fill()
 
     def set_model_budget(
@@ -720,14 +608,16 @@ class SlotPolicy:
         if not isinstance(budget, Budget):
             raise TypeError(f"budget must be a Budget, got {budget!r}")
         if model not in self._models:
-            self._models.add(
-                model,
-                self._expecting(Throttle(budget, learn=learn, now=self._now), model),
-            )
-            self._count_tenants()
+            self._add_model(model, Throttle(budget, learn=learn, now=self._now))
         else:
             self._models.configure(model, budget)
         return self._fill()
+
+    def _add_model(self, model: str, throttle: Throttle) -> Throttle:
+        """Give ``model``, which has none, ``throttle``, new; returns it."""
+        self._models.add(model, self._expecting(throttle, model))
+        self._count()
+        return throttle
 
     def _expecting(self, throttle: Throttle, model: str | None = None) -> Throttle:
         """``throttle``, new, told the estimates of the waiters (of ``model``) it charges."""
@@ -738,8 +628,7 @@ class SlotPolicy:
 
     def tenants(self) -> dict[str, Tenant]:
         """The configured tenants' settings, by name."""
-        tenants = self._tenants
-        return {} if tenants is None else tenants.configured()
+        return self._tenants.configured()
 
     def tenant_statistics(
         self, now: float | None = None
@@ -749,10 +638,9 @@ class SlotPolicy:
         The tenants configured, and those with a slot held or a request
         waiting; not the default tenant (``None``).
         """
-        tenants = self._tenants
-        if tenants is None:
-            return {}
-        return tenants.statistics(self._now if now is None else max(now, self._now))
+        return self._tenants.statistics(
+            self._now if now is None else max(now, self._now)
+        )
 
     def model_budget_statistics(
         self, now: float | None = None
@@ -782,10 +670,7 @@ class SlotPolicy:
             gate = self._models.get(model)
             if gate is None:
                 check_text(model, "model")
-                gate = self._models.add(
-                    model, self._expecting(Throttle(learn=True, now=now), model)
-                )
-                self._count_tenants()
+                gate = self._add_model(model, Throttle(learn=True, now=now))
         gate.advance(now)
         gate.observe(info)
         if model is not None:
@@ -873,11 +758,9 @@ class SlotPolicy:
             self._holders.remove(ticket)
         except KeyError:
             return []
-        tenants = self._tenants
-        if tenants is not None:
-            tenants.release(ticket, self._now)
-            if ticket.model is not None:
-                self._models.release(ticket, success=success)
+        self._tenants.release(ticket, self._now)
+        if ticket.model is not None:
+            self._models.release(ticket, success=success)
         gate = self._gate
         if gate is not None:
             limit = gate.release(ticket, success=success)
@@ -886,47 +769,6 @@ class SlotPolicy:
         if not self._waiting:
             return []
         return self._fill()
-
-    def _fill(self) -> list[Ticket]:
-        if self._tenants is not None:
-            return self._fill_counted()
-        grants: list[Ticket] = []
-        waiting = self._waiting
-        limit = self._limit
-        gate = self._gate
-        if gate is not None:
-            gate.unblock()
-        if not waiting or (limit is not None and self._paused_until is not None):
-            return grants
-        fifo = self._fifo
-        heap = self._heap
-        holders = self._holders
-        estimates = self._estimates
-        heappop = heapq.heappop
-        held = len(holders)  # kept in step with holders, one len less a grant
-        while waiting and (limit is None or held < limit):
-            if heap and (not fifo or heap[0] < fifo[0]):
-                ticket = heappop(heap)
-            else:
-                ticket = fifo.popleft()
-            if ticket in waiting:
-                if gate is not None and not gate.admit(ticket, held, limit):
-                    # Oldest first: nobody passes a head the budget holds back.
-                    fifo.appendleft(ticket)
-                    break
-                waiting.remove(ticket)
-                if estimates:
-                    estimates.pop(ticket, None)
-                holders.add(ticket)
-                grants.append(ticket)
-                held += 1
-        self._granted_total += len(grants)
-        if held > self._peak_in_flight:  # noqa: PLR1730  # no call on the hot path
-            self._peak_in_flight = held
-        if not waiting:
-            fifo.clear()
-            heap.clear()
-        return grants
 
     def _unblock(self) -> None:
         """Forget what the budgets held back: the fill looks again."""
@@ -939,19 +781,20 @@ class SlotPolicy:
                 models[model].unblock()
             self._held_back = []
 
-    def _fill_counted(self) -> list[Ticket]:
-        """``_fill`` once tenants or models are counted (see the module notes)."""
-        tenants = self._tenants
-        assert tenants is not None  # called only then
+    def _fill(self) -> list[Ticket]:
+        """Grant free slots to the waiters, one choice at a time (see the module notes)."""
         grants: list[Ticket] = []
         waiting = self._waiting
         limit = self._limit
         gate = self._gate
         models = self._models
-        self._unblock()
+        if gate is not None or self._held_back:
+            self._unblock()
         if not waiting or (limit is not None and self._paused_until is not None):
             return grants
+        tenants = self._tenants
         holders = self._holders
+        estimates = self._estimates
         now = self._now
         held = len(holders)
         blocked: list[str] = []  # models held back in this fill
@@ -961,7 +804,7 @@ class SlotPolicy:
                 break
             state, ticket = chosen
             model = ticket.model
-            model_gate = models.get(model)
+            model_gate = None if model is None else models.get(model)
             if gate is not None and not gate.holds(ticket):
                 break  # oldest first: nobody passes what the provider holds back
             if model_gate is not None and not model_gate.holds(ticket):
@@ -973,7 +816,7 @@ class SlotPolicy:
             if model_gate is not None:
                 model_gate.take(ticket, held, None)
             waiting.remove(ticket)
-            self._estimates.pop(ticket, None)
+            estimates.pop(ticket, None)
             tenants.grant(state, ticket, now)
             holders.add(ticket)
             grants.append(ticket)

@@ -1,19 +1,21 @@
 """Tenant accounting for the scheduling policy: the pure core of fair shares.
 
-A plain synchronous bookkeeper with no I/O and no trio, used by
-``SlotPolicy`` once tenants are in play (see its docstring for the
-invariants this serves, and the service-gap bound).
+A plain synchronous bookkeeper with no I/O and no trio: ``SlotPolicy``'s
+queue, every waiting ticket of every tenant from the first ticket on (see
+its docstring for the invariants this serves, and the service-gap bound).
 
 Each tenant (the default tenant, for tickets made for none, is the key
-``None``) keeps its waiting tickets in one heap per model, in ticket order,
-and a service counter in slot-seconds divided by its weight::
+``None``, a tenant like the others) keeps its waiting tickets in one heap
+per model, in ticket order, and a service counter in slot-seconds divided
+by its weight::
 
     c_t(now) = base_t + held_t * (now - last_t) / w_t
 
 folded into ``base_t`` at every grant, release and weight change (so
 ``last_t`` is the time of the latest of them): the same value as the
 design's ``base_t + (held_t * now - sum of grant times) / w_t``, kept with
-no record per slot.
+no record per slot. ``restart`` starts every counter, and the floor, at 0:
+the policy counts service from the first tenant or model on.
 
 A tenant is backlogged while it has waiting tickets. When it becomes
 backlogged its counter is raised to the floor: the least counter among the
@@ -58,7 +60,7 @@ waits for nothing, and starts from the floor when it comes back.
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, TypeVar, final
 
 import attrs
 
@@ -78,6 +80,31 @@ if TYPE_CHECKING:
     _FloorEntry: TypeAlias = tuple[float, int, "TenantState"]
 
 _COMPACT_SLACK = 64
+
+_HeapEntry = TypeVar("_HeapEntry", "_Entry", "_FloorEntry")
+
+
+def _sweep(heap: list[_HeapEntry], living: int) -> None:
+    """Drop ``heap``'s dead entries once they outnumber the ``living``."""
+    if len(heap) > 2 * living + _COMPACT_SLACK:
+        heap[:] = [entry for entry in heap if _alive(entry)]
+        heapq.heapify(heap)
+
+
+def _top(heap: list[_HeapEntry]) -> _HeapEntry | None:
+    """``heap``'s least living entry, its dead ones before it dropped."""
+    while heap:
+        entry = heap[0]
+        if _alive(entry):
+            return entry
+        heapq.heappop(heap)
+    return None
+
+
+def _alive(entry: _Entry | _FloorEntry) -> bool:
+    """Whether ``entry``, in either heap, is its tenant's own there."""
+    state = entry[-1]
+    return state.entry is entry or state.floor_entry is entry
 
 
 @final
@@ -154,9 +181,11 @@ class TenantState:
         return self.base + self.held * (now - self.last) / self.weight
 
     def fold(self, now: float) -> None:
-        """Fold what accrued up to ``now`` into the base."""
-        if now > self.last:
-            self.base = self.service(now)
+        """Fold what accrued up to ``now`` into the base (``service(now)``)."""
+        last = self.last
+        if now > last:
+            if self.held:
+                self.base = self.base + self.held * (now - last) / self.weight
             self.last = now
 
     def head(
@@ -164,18 +193,21 @@ class TenantState:
     ) -> Ticket | None:
         """The oldest waiting ticket of a model not in ``blocked``, or ``None``."""
         best: Ticket | None = None
-        empty: list[str | None] = []
+        empty: list[str | None] | None = None
         for model, queue in self.queues.items():
             while queue and queue[0] not in waiting:
                 heapq.heappop(queue)  # withdrawn while waiting
             if not queue:
+                if empty is None:
+                    empty = []
                 empty.append(model)
             elif (model is None or model not in blocked) and (
                 best is None or queue[0] < best
             ):
                 best = queue[0]
-        for model in empty:
-            del self.queues[model]
+        if empty is not None:
+            for model in empty:
+                del self.queues[model]
         return best
 
 
@@ -241,6 +273,22 @@ class Tenants:
         if state.waiting:
             self._place(state, now)  # a lighter weight, a higher cap
 
+    def restart(self, now: float) -> None:
+        """Count service from ``now``: every counter, and the floor, start at 0."""
+        self._last_left = 0.0
+        self._floors.clear()
+        self._ready.clear()
+        self._aside.clear()
+        for state in self._states.values():
+            state.base, state.last = 0.0, now
+            state.entry = state.floor_entry = None
+        for state in self._backlogged.values():
+            self._placed += 1
+            state.floor_entry = (0.0, self._placed, state)
+            self._floors.append(state.floor_entry)
+            self._place(state, now)
+        heapq.heapify(self._floors)
+
     def configured(self) -> dict[str, Tenant]:
         """The configured tenants' settings, by name."""
         return {
@@ -261,14 +309,14 @@ class Tenants:
         state.waiting += 1
         heapq.heappush(state.queues.setdefault(ticket.model, []), ticket)
         if state.waiting == 1:
-            self._join(state, now)
+            self._join(state, now, ticket)
         else:
             entry = state.entry
             if entry is not None and ticket < entry[2]:
-                self._place(state, now)  # its new head
+                self._place(state, now, ticket)  # its new head
 
-    def _join(self, state: TenantState, now: float) -> None:
-        """``state`` becomes backlogged: raise its counter to the floor."""
+    def _join(self, state: TenantState, now: float, head: Ticket) -> None:
+        """``state`` becomes backlogged, ``head`` its one ticket: raise its counter to the floor."""
         floor = self._floor(now)
         if floor is None:
             floor = self._last_left
@@ -276,23 +324,17 @@ class Tenants:
         state.base = max(state.base, floor)
         self._backlogged[state.name] = state
         floors = self._floors
-        if len(floors) > 2 * len(self._backlogged) + _COMPACT_SLACK:
-            floors[:] = [entry for entry in floors if entry[2].floor_entry is entry]
-            heapq.heapify(floors)
+        _sweep(floors, len(self._backlogged))
         self._placed += 1
         entry = state.floor_entry = (state.base, self._placed, state)
         heapq.heappush(floors, entry)
-        self._place(state, now)
+        self._place(state, now, head)
 
     def _floor(self, now: float) -> float | None:
         """The least counter of the backlogged at ``now``, or ``None``."""
         floors = self._floors
-        while floors:
-            entry = floors[0]
+        while (entry := _top(floors)) is not None:
             state = entry[2]
-            if state.floor_entry is not entry:
-                heapq.heappop(floors)  # dead
-                continue
             counter = state.service(now)
             if counter == entry[0]:
                 return counter
@@ -301,21 +343,22 @@ class Tenants:
             heapq.heapreplace(floors, entry)
         return None
 
-    def _place(self, state: TenantState, now: float) -> None:
+    def _place(
+        self, state: TenantState, now: float, head: Ticket | None = None
+    ) -> None:
         """Keep backlogged ``state`` in the choice's heap with its key now.
 
-        Its head there is the least ticket of its queues, withdrawn or not:
-        one at most its head.
+        Its head there is ``head`` if given, else the least ticket of its
+        queues, withdrawn or not: one at most its head.
         """
         cap = state.limit
         if cap is not None and state.held >= cap:
             state.entry = None
             return
         ready = self._ready
-        if len(ready) > 2 * len(self._backlogged) + _COMPACT_SLACK:
-            ready[:] = [entry for entry in ready if entry[4].entry is entry]
-            heapq.heapify(ready)
-        head = min(queue[0] for queue in state.queues.values() if queue)
+        _sweep(ready, len(self._backlogged))
+        if head is None:
+            head = min(queue[0] for queue in state.queues.values() if queue)
         self._placed += 1
         entry = state.entry = (
             state.service(now),
@@ -328,10 +371,15 @@ class Tenants:
 
     def _leave(self, state: TenantState, now: float) -> None:
         """``state`` stops being backlogged: its counter is the new floor."""
-        del self._backlogged[state.name]
+        backlogged = self._backlogged
+        del backlogged[state.name]
         self._last_left = state.service(now)
         state.queues.clear()  # only withdrawn tickets are left
         state.entry = state.floor_entry = None
+        if not backlogged:
+            # Every entry left in the heaps is a dead one.
+            self._floors.clear()
+            self._ready.clear()
 
     def withdraw(self, ticket: Ticket, now: float, waiting: Collection[Ticket]) -> None:
         """Waiting ``ticket`` was withdrawn (``waiting``: those still waiting)."""
@@ -358,9 +406,7 @@ class Tenants:
 
     def release(self, ticket: Ticket, now: float) -> None:
         """Held ``ticket`` gave its slot back at ``now``."""
-        state = self._states.get(ticket.tenant)
-        if state is None or not state.held:
-            return  # held from before tenants were counted
+        state = self._states[ticket.tenant]
         state.fold(now)
         state.held -= 1
         if state.waiting:
@@ -369,7 +415,8 @@ class Tenants:
                 # Its key may be below the one kept: less held for its
                 # weight, or below its cap again.
                 self._place(state, now)
-        self._drop_if_idle(state)
+        elif not state.held:
+            self._drop_if_idle(state)
 
     def _drop_if_idle(self, state: TenantState) -> None:
         if not state.configured and not state.held and not state.waiting:
@@ -393,12 +440,8 @@ class Tenants:
                 if backlogged.get(state.name) is state:
                     self._place(state, now)
         ready = self._ready
-        while ready:
-            entry = ready[0]
+        while (entry := _top(ready)) is not None:
             state = entry[4]
-            if state.entry is not entry:
-                heapq.heappop(ready)  # dead
-                continue
             cap = state.limit
             if cap is not None and state.held >= cap:
                 heapq.heappop(ready)  # placed again when it goes below
