@@ -14,6 +14,8 @@
 """
 
 from .._util import fixup_module_metadata
+from ._distributions import CallsPerTurn as CallsPerTurn
+from ._distributions import Duration as Duration
 from ._fairness import FAIRNESS_QUANTILES as FAIRNESS_QUANTILES
 from ._fairness import FairnessConfig as FairnessConfig
 from ._fairness import FairnessReport as FairnessReport
@@ -48,11 +50,11 @@ from ._simulation import simulate as simulate
 from ._tally import FakeServerStatistics as FakeServerStatistics
 from ._workloads import BURST_SPACING as BURST_SPACING
 from ._workloads import BurstArrivals as BurstArrivals
-from ._workloads import CallsPerTurn as CallsPerTurn
-from ._workloads import Duration as Duration
 from ._workloads import PoissonArrivals as PoissonArrivals
+from ._workloads import RateCurve as RateCurve
 from ._workloads import Scenario as Scenario
 from ._workloads import SimProvider as SimProvider
+from ._workloads import Trace as Trace
 from ._workloads import TurnSpec as TurnSpec
 from ._workloads import Workload as Workload
 
@@ -82,10 +84,12 @@ __all__ = [
     "PriorityClassesConfig",
     "PriorityClassesReport",
     "ProviderRecord",
+    "RateCurve",
     "Scenario",
     "ScriptedProvider",
     "SimProvider",
     "SimulationResult",
+    "Trace",
     "TurnRecord",
     "TurnSpec",
     "WireFormat",

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import heapq
+import inspect
 import itertools
 import json
 import math
@@ -43,16 +44,16 @@ import trio
 import trio.testing
 
 from .._converter import structure, unstructure
-from .._validation import check_positive_seconds
+from .._validation import check_positive_seconds, check_text, validator
 from ..actors._open import open_dispatcher
 from ._metrics import PolicyMetrics, ProviderRecord, TurnRecord, compute_metrics
-from ._workloads import Scenario, Workload
+from ._workloads import Scenario, TurnSpec, Workload
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Sequence
+    from collections.abc import Awaitable, Callable, Mapping, Sequence
     from contextlib import AbstractAsyncContextManager
 
-    from ._workloads import SimProvider, TurnSpec
+    from ._workloads import SimProvider
 
 PolicyName = Literal["oldest-first", "fifo", "random", "none"]
 
@@ -85,6 +86,82 @@ class SimulationResult:
     def from_json(cls, text: str | bytes) -> SimulationResult:
         """Read a result written by ``to_json``."""
         return structure(json.loads(text), cls)
+
+
+#: ``open_dispatcher`` options the simulator does not take: it has no Redis.
+_NOT_SIMULATED = frozenset({"redis_url", "namespace", "lease", "redis_connect_timeout"})
+
+
+def _check_options(
+    _instance: object, _attribute: object, options: Mapping[str, Any]
+) -> None:
+    known = set(inspect.signature(open_dispatcher).parameters) - _NOT_SIMULATED
+    for name in options:
+        if name not in known:
+            raise TypeError(
+                f"{name!r} is not an open_dispatcher option the simulator takes"
+                f" (it takes {', '.join(sorted(known))})"
+            )
+
+
+def _check_key(_instance: object, _attribute: object, key: object) -> None:
+    if key is not None and not callable(key):
+        raise TypeError(f"key must be a function of a SimCall, or None; got {key!r}")
+
+
+@final
+@attrs.frozen
+class SimCall:
+    """What a ``DispatcherConfig``'s ``key`` knows of a call as it asks for a slot.
+
+    Times are seconds from the simulation's start.
+
+    Attributes:
+        turn: The turn it belongs to (its calls, tenant, priority, model...).
+        call: Its position in the turn, from 0.
+        started_at: When the turn started.
+        now: When the call asks.
+        received: Slot seconds the turn's earlier calls were served.
+        waited: Seconds the turn's earlier calls waited for slots.
+    """
+
+    turn: TurnSpec
+    call: int
+    started_at: float
+    now: float
+    received: float
+    waited: float
+
+
+@final
+@attrs.frozen
+class DispatcherConfig:
+    """A dispatcher configuration of your own, for the simulator.
+
+    The simulator opens the real dispatcher with ``open_dispatcher(limits,
+    **options)``: ``options`` are its keywords (``priority_aging``,
+    ``tenants``, ``budgets``, ``max_waiting``...), and ``limits`` among them
+    (ints or ``AdaptiveLimit``) override the workload's providers' own.
+    Every slot names its turn's start, priority class, tenant, model and
+    tokens, as an application would.
+
+    ``key``, if given, is an order of your own: a function of a ``SimCall``
+    (the request and what its turn has received so far) to a number, lower
+    served first, given to the dispatcher as the call's ``started_at``.
+    ``name`` names the run in reports.
+
+    Raises:
+        TypeError: An option ``open_dispatcher`` does not have, or one the
+            simulator does not take (Redis's); a ``key`` not callable.
+    """
+
+    options: Mapping[str, Any] = attrs.field(
+        factory=dict, converter=dict, validator=_check_options
+    )
+    key: Callable[[SimCall], float] | None = attrs.field(
+        default=None, validator=_check_key, eq=False
+    )
+    name: str = attrs.field(default="configured", validator=validator(check_text))
 
 
 def _check_policy(policy: object) -> PolicyName:
@@ -238,10 +315,14 @@ class _Run:
         scenario: Scenario,
         t0: float,
         clock: _Timekeeper | None,
-        acquire: Callable[[str, float, int], AbstractAsyncContextManager[Any]],
+        acquire: Callable[
+            [str, float, TurnSpec, int], AbstractAsyncContextManager[Any]
+        ],
         report: Callable[[str, float], None] | None,
         *,
         batches: bool = False,
+        key: Callable[[SimCall], float] | None = None,
+        limits: Mapping[str, int] | None = None,
     ) -> None:
         self.t0 = t0
         self.keeper = clock
@@ -253,6 +334,7 @@ class _Run:
             self.sleep, self.sleep_until = clock.sleep, clock.sleep_until
         self.acquire = acquire
         self.report = report
+        self.key = key
         self.max_attempts = scenario.max_attempts
         # A batch of grants wakes several agents at one instant; if the
         # provider can refuse some of them, who gets in must not depend on
@@ -264,7 +346,8 @@ class _Run:
                 defer=clock is not None
                 and batches
                 and p.capacity is not None
-                and p.limit > p.capacity,
+                and (p.limit if limits is None else limits.get(p.name, p.limit))
+                > p.capacity,
             )
             for p in scenario.providers
         }
@@ -301,6 +384,7 @@ class _Run:
         retry_after = provider.retry_after
         acquire = self.acquire
         report = self.report
+        key = self.key
         keeper = self.keeper
         max_attempts = self.max_attempts
         now = trio.current_time
@@ -313,13 +397,28 @@ class _Run:
         first_wait = 0.0
         rejections = 0
         made = 0
+        received = 0.0
         completed = True
         for position, duration in enumerate(spec.calls):
-            priority = started_at if priorities is None else priorities[position]
+            if key is not None:
+                priority = key(
+                    SimCall(
+                        spec,
+                        position,
+                        spec.arrival,
+                        now() - self.t0,
+                        received,
+                        slot_wait,
+                    )
+                )
+            elif priorities is None:
+                priority = started_at
+            else:
+                priority = priorities[position]
             attempts = 0
             while True:
                 asked = now()
-                async with acquire(name, priority, spec.priority):
+                async with acquire(name, priority, spec, position):
                     waited = now() - asked
                     slot_wait += waited
                     max_wait = max(max_wait, waited)
@@ -360,6 +459,7 @@ class _Run:
             if not completed:
                 break
             made += 1
+            received += duration
             if position < last_tool:
                 await sleep(tools[position])
         self.records[index] = TurnRecord(
@@ -375,6 +475,7 @@ class _Run:
             rejections=rejections,
             completed=completed,
             priority=spec.priority,
+            planned=len(spec.calls),
         )
 
     def result(
@@ -412,7 +513,7 @@ def _random_priorities(scenario: Scenario, seed: int) -> list[tuple[float, ...]]
 
 async def simulate(
     workload: Workload | Scenario,
-    policy: PolicyName,
+    policy: PolicyName | DispatcherConfig,
     *,
     seed: int | None = None,
     priority_aging: float = 60.0,
@@ -425,13 +526,17 @@ async def simulate(
     Args:
         workload: What to play: a ``Workload`` is drawn with its
             ``scenario()`` first.
-        policy: ``"oldest-first"``, ``"fifo"``, ``"random"`` or ``"none"``.
+        policy: ``"oldest-first"``, ``"fifo"``, ``"random"`` or ``"none"``;
+            or a ``DispatcherConfig``: the real dispatcher opened with your
+            own options (and order, if it has a ``key``).
         seed: The seed of the ``"random"`` policy's priorities; defaults to
             the workload's seed (0 for a ``Scenario``).
         priority_aging: The dispatcher's ``priority_aging`` (only
-            ``"oldest-first"`` has classes).
+            ``"oldest-first"`` has classes; a ``DispatcherConfig`` has its
+            own).
     """
-    policy = _check_policy(policy)
+    if not isinstance(policy, DispatcherConfig):
+        policy = _check_policy(policy)
     priority_aging = check_positive_seconds(priority_aging, "priority_aging")
     if isinstance(workload, Workload):
         scenario = workload.scenario()
@@ -445,9 +550,60 @@ async def simulate(
         if isinstance(clock, trio.testing.MockClock):
             keeper = _Timekeeper(clock)
             nursery.start_soon(keeper.run, name="trio_dispatch simulation clock")
-        result = await _simulate(scenario, policy, seed, keeper, priority_aging)
+        if isinstance(policy, DispatcherConfig):
+            result = await _configured(scenario, policy, keeper)
+        else:
+            result = await _simulate(scenario, policy, seed, keeper, priority_aging)
         nursery.cancel_scope.cancel()
     return result
+
+
+async def _configured(
+    scenario: Scenario, config: DispatcherConfig, keeper: _Timekeeper | None
+) -> SimulationResult:
+    """A run through the dispatcher opened with ``config``'s own options."""
+    t0 = trio.current_time()
+    options = dict(config.options)
+    limits = {p.name: p.limit for p in scenario.providers} | dict(
+        options.pop("limits", None) or {}
+    )
+    leftovers: dict[str, tuple[int, int]] = {}
+    async with open_dispatcher(limits, **options) as dispatcher:
+        slot = dispatcher.slot
+
+        def acquire(
+            name: str, rank: float, spec: TurnSpec, position: int
+        ) -> AbstractAsyncContextManager[Any]:
+            return slot(
+                name,
+                started_at=rank,
+                priority=spec.priority,
+                tenant=spec.tenant,
+                model=spec.model,
+                tokens=spec.tokens[position] if spec.tokens else None,
+            )
+
+        run = _Run(
+            scenario,
+            t0,
+            keeper,
+            acquire,
+            dispatcher.report_rate_limit,
+            batches=True,
+            key=config.key,
+            limits={name: _highest(limit) for name, limit in limits.items()},
+        )
+        await run.drive(scenario.turns, None)
+        # Let the schedulers read the last releases before looking.
+        await trio.testing.wait_all_tasks_blocked()
+        for name, stats in dispatcher.statistics().providers.items():
+            leftovers[name] = (stats.in_flight, stats.waiting)
+    return run.result(config.name, leftovers)
+
+
+def _highest(limit: object) -> int:
+    """An int limit, or an ``AdaptiveLimit``'s ``maximum``."""
+    return limit if isinstance(limit, int) else int(getattr(limit, "maximum", 1))
 
 
 async def _simulate(
@@ -471,10 +627,12 @@ async def _simulate(
             classes = policy == "oldest-first"
 
             def slot(
-                name: str, started_at: float, priority: int
+                name: str, started_at: float, spec: TurnSpec, _position: int
             ) -> AbstractAsyncContextManager[Any]:
                 return dispatcher.slot(
-                    name, started_at=started_at, priority=priority if classes else 0
+                    name,
+                    started_at=started_at,
+                    priority=spec.priority if classes else 0,
                 )
 
             report = dispatcher.report_rate_limit
@@ -486,21 +644,21 @@ async def _simulate(
                 leftovers[name] = (stats.in_flight, stats.waiting)
     elif policy == "fifo":
         limiters = {p.name: trio.CapacityLimiter(p.limit) for p in providers}
-        run = _Run(scenario, t0, keeper, lambda name, _at, _class: limiters[name], None)
+        run = _Run(scenario, t0, keeper, lambda name, *_: limiters[name], None)
         await run.drive(scenario.turns, None)
         for name, limiter in limiters.items():
             held = limiter.statistics()
             leftovers[name] = (held.borrowed_tokens, held.tasks_waiting)
     else:
         free = contextlib.nullcontext()
-        run = _Run(scenario, t0, keeper, lambda _name, _at, _class: free, None)
+        run = _Run(scenario, t0, keeper, lambda *_: free, None)
         await run.drive(scenario.turns, None)
     return run.result(policy, leftovers)
 
 
 def run_simulation(
     workload: Workload | Scenario,
-    policy: PolicyName,
+    policy: PolicyName | DispatcherConfig,
     *,
     seed: int | None = None,
     clock: trio.abc.Clock | None = None,
