@@ -21,6 +21,7 @@ import attrs
 
 from .._converter import structure, unstructure
 from ._metrics import PolicyMetrics, percentile
+from ._plots import ordered, scale, style
 from ._simulation import POLICIES, PolicyName, run_simulation
 from ._workloads import (
     CallsPerTurn,
@@ -298,90 +299,6 @@ VS_LOAD_PANELS: tuple[tuple[str, str, str], ...] = (
     ("turns completed", "completed", "% of turns"),
 )
 
-# Drawn in this order, later ones on top and thinner, so that a line on
-# another still shows.
-_STYLES: dict[str, dict[str, object]] = {
-    "none": {"color": "tab:gray", "marker": "s", "linestyle": ":", "markersize": 7},
-    "random": {"color": "tab:green", "marker": "^", "linestyle": "-.", "markersize": 7},
-    "fifo": {
-        "color": "tab:orange",
-        "marker": "o",
-        "linestyle": "-",
-        "markersize": 10,
-        "linewidth": 3.5,
-        "alpha": 0.8,
-    },
-    "oldest-first": {
-        "color": "tab:blue",
-        "marker": "o",
-        "linestyle": "--",
-        "markersize": 4,
-        "linewidth": 1.6,
-    },
-}
-
-
-def _style(policy: str) -> dict[str, object]:
-    return dict(_STYLES.get(policy, {"marker": "o"}))
-
-
-def _ordered(policies: list[str]) -> list[str]:
-    """Policies in drawing order: the known ones as ``_STYLES`` has them."""
-    known = [p for p in _STYLES if p in policies]
-    return [p for p in policies if p not in _STYLES] + known
-
-
-def _readable_log_axis(axis: Any, *, symlog: bool = False) -> None:  # noqa: ANN401 (a matplotlib Axis)
-    """Log ticks as plain numbers.
-
-    1, 2 and 5 of each decade, or only decades when the axis spans more
-    than three (``symlog``: linear around 0).
-    """
-    from matplotlib.ticker import (  # noqa: PLC0415  # optional dependency
-        FuncFormatter,
-        LogLocator,
-        NullFormatter,
-        SymmetricalLogLocator,
-    )
-
-    low, high = sorted(axis.get_view_interval())
-    wide = low <= 0 or high / low > 1000
-    subs = (1.0,) if wide else (1.0, 2.0, 5.0)
-    if symlog:
-        axis.set_major_locator(SymmetricalLogLocator(base=10, linthresh=1, subs=subs))
-    else:
-        axis.set_major_locator(LogLocator(base=10, subs=subs))
-    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-    axis.set_minor_formatter(NullFormatter())
-
-
-def _scale(ax: Any, which: str, values: list[float]) -> None:  # noqa: ANN401 (a matplotlib Axes)
-    """Log scale where ``values`` span more than a decade, else linear.
-
-    With zeros among them (no limit never waits): linear up to 1 s and log
-    above.
-    """
-    finite = [v for v in values if math.isfinite(v)]
-    high = max(finite, default=0.0)
-    positive = [v for v in finite if v > 0]
-    axis = ax.yaxis if which == "y" else ax.xaxis
-    set_scale = ax.set_yscale if which == "y" else ax.set_xscale
-    if positive and len(positive) == len(finite) and high > 10 * min(positive):
-        set_scale("log")
-        _readable_log_axis(axis)
-    elif positive and high > 10:
-        set_scale("symlog", linthresh=1)
-        if which == "y":
-            ax.set_ylim(bottom=0)
-        else:
-            ax.set_xlim(left=0)
-        _readable_log_axis(axis, symlog=True)
-    unit = {"log": " (log scale)", "symlog": " (0 to 1, then log scale)"}
-    label = ax.get_ylabel() if which == "y" else ax.get_xlabel()
-    suffix = unit.get(axis.get_scale(), "")
-    if suffix and not label.endswith(suffix):
-        (ax.set_ylabel if which == "y" else ax.set_xlabel)(label + suffix)
-
 
 def _completed_share(metrics: PolicyMetrics) -> float:
     return 100 * metrics.completed / metrics.turns if metrics.turns else math.nan
@@ -391,7 +308,7 @@ def draw_vs_load(fig: Any, report: FairnessReport) -> None:  # noqa: ANN401 (a m
     """Each policy's ``VS_LOAD_PANELS`` against the load, a row per turn shape."""
     rows = report.rows
     shapes = list(dict.fromkeys(row.shape for row in rows))
-    policies = _ordered(list(dict.fromkeys(row.policy for row in rows)))
+    policies = ordered(list(dict.fromkeys(row.policy for row in rows)))
     axes = fig.subplots(len(shapes), len(VS_LOAD_PANELS), squeeze=False)
     for i, shape in enumerate(shapes):
         for j, (title, field, unit) in enumerate(VS_LOAD_PANELS):
@@ -413,7 +330,7 @@ def draw_vs_load(fig: Any, report: FairnessReport) -> None:  # noqa: ANN401 (a m
                     [x for x, _ in points],
                     [y for _, y in points],
                     label=_legend(policy),
-                    **_style(policy),
+                    **style(policy),
                 )
             ax.set_title(f"{title}, {_calls(shape)} per turn", fontsize="medium")
             ax.set_xlabel("load (% of capacity)")
@@ -423,7 +340,7 @@ def draw_vs_load(fig: Any, report: FairnessReport) -> None:  # noqa: ANN401 (a m
                 low = min((y for p in lines.values() for _, y in p), default=100.0)
                 ax.set_ylim(min(90.0, math.floor(low / 5) * 5), 101)
             else:
-                _scale(ax, "y", [y for p in lines.values() for _, y in p])
+                scale(ax, "y", [y for p in lines.values() for _, y in p])
             ax.grid(visible=True, alpha=0.3)
             if lines.get("oldest-first") and lines["oldest-first"] == lines.get("fifo"):
                 ax.text(
@@ -459,19 +376,20 @@ def draw_distribution(fig: Any, report: FairnessReport) -> None:  # noqa: ANN401
     for j, shape in enumerate(shapes):
         ax = axes[0][j]
         here = {row.policy: row for row in high if row.shape == shape}
-        for policy in _ordered(list(here)):
+        policies = ordered(list(here))
+        for policy in policies:
             row = here[policy]
             done = row.metrics.completed / row.metrics.turns if row.metrics.turns else 0
             label = _legend(policy)
             if done < 1:
                 label = f"{policy} ({1 - done:.0%} of turns dropped)"
-            style = _style(policy)
-            del style["marker"], style["markersize"]
+            # Markers every 10 points, so that curves on one another show.
             ax.plot(
                 row.latency_quantiles,
                 [f * done for f in fractions],
                 label=label,
-                **style,
+                markevery=(policies.index(policy) * 3, 20),
+                **style(policy),
             )
         curves = {policy: row.latency_quantiles for policy, row in here.items()}
         if "oldest-first" in curves and curves["oldest-first"] == curves.get("fifo"):
@@ -490,7 +408,7 @@ def draw_distribution(fig: Any, report: FairnessReport) -> None:  # noqa: ANN401
         ax.set_xlabel("turn latency, seconds")
         ax.set_ylabel("share of all turns done within")
         ax.set_ylim(0, 1.02)
-        _scale(ax, "x", [x for row in here.values() for x in row.latency_quantiles])
+        scale(ax, "x", [x for row in here.values() for x in row.latency_quantiles])
         ax.grid(visible=True, alpha=0.3)
         ax.legend(fontsize="small", loc="lower right")
     fig.tight_layout()

@@ -104,9 +104,14 @@ def _check_options(
             )
 
 
-def _check_key(_instance: object, _attribute: object, key: object) -> None:
+def _check_key(
+    _instance: object, attribute: attrs.Attribute[object], key: object
+) -> None:
     if key is not None and not callable(key):
-        raise TypeError(f"key must be a function of a SimCall, or None; got {key!r}")
+        of = "a SimCall" if attribute.name == "key" else "a TurnSpec"
+        raise TypeError(
+            f"{attribute.name} must be a function of {of}, or None; got {key!r}"
+        )
 
 
 @final
@@ -148,7 +153,10 @@ class DispatcherConfig:
     ``key``, if given, is an order of your own: a function of a ``SimCall``
     (the request and what its turn has received so far) to a number, lower
     served first, given to the dispatcher as the call's ``started_at``.
-    ``name`` names the run in reports.
+    ``priority``, if given, is how your application classes each turn: a
+    function of a ``TurnSpec`` to its priority class (by default, the
+    turn's own ``priority``), such as a higher class for short interactive
+    turns. ``name`` names the run in reports.
 
     Raises:
         TypeError: An option ``open_dispatcher`` does not have, or one the
@@ -159,6 +167,9 @@ class DispatcherConfig:
         factory=dict, converter=dict, validator=_check_options
     )
     key: Callable[[SimCall], float] | None = attrs.field(
+        default=None, validator=_check_key, eq=False
+    )
+    priority: Callable[[TurnSpec], int] | None = attrs.field(
         default=None, validator=_check_key, eq=False
     )
     name: str = attrs.field(default="configured", validator=validator(check_text))
@@ -568,6 +579,12 @@ async def _configured(
         options.pop("limits", None) or {}
     )
     leftovers: dict[str, tuple[int, int]] = {}
+    if config.priority is not None:
+        classed = config.priority
+        scenario = attrs.evolve(
+            scenario,
+            turns=[attrs.evolve(t, priority=classed(t)) for t in scenario.turns],
+        )
     async with open_dispatcher(limits, **options) as dispatcher:
         slot = dispatcher.slot
 
