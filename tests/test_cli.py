@@ -875,14 +875,21 @@ def test_simulate_needs_neither_rich_nor_matplotlib(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert (done.returncode, done.stderr) == (0, "")
-    title, header, *rows, wrote = done.stdout.splitlines()
-    assert (
-        title
-        == "20 turns, 1-8 calls each, load 0.95, limit 8, seed 1 (virtual seconds)"
+    title, header, *rows, against, better, worse, wrote = done.stdout.splitlines()
+    assert title == (
+        "20 turns of 1-8 calls, load 0.95, limit 8, seed 1; short turns: at"
+        " most 3 calls (10 of 20) (virtual seconds)"
     )
-    assert header.split()[:3] == ["policy", "mean", "p50"]
-    assert [row.split()[0] for row in rows] == ["fifo", "oldest-first"]
+    # What each policy completed, beside its latency.
+    assert header.split()[:4] == ["policy", "done", "mean", "p50"]
+    assert [row.split()[:2] for row in rows] == [
+        ["fifo", "20/20"],
+        ["oldest-first", "20/20"],
+    ]
     assert all(len(row) == len(header) for row in rows), "aligned columns"
+    assert against == "oldest-first against fifo:"
+    assert better.startswith("  better: ")
+    assert worse.startswith("  worse: ")
     assert wrote == "wrote m.json"
     assert sorted(json.loads((tmp_path / "m.json").read_text())) == [
         "fifo",

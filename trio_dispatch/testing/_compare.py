@@ -188,12 +188,17 @@ def describe(workload: Workload | Scenario) -> str:
     """What a workload is, in one line."""
     if isinstance(workload, Scenario):
         return f"{len(workload.turns)} turns"
-    limits = ", ".join(f"{p.name} {p.limit}" for p in workload.providers)
-    if isinstance(workload.arrivals, Trace):
-        what = f"{workload.agents} turns of a trace"
+    providers = workload.providers
+    if len(providers) == 1:
+        limits = f"limit {providers[0].limit}"
     else:
-        what = f"{workload.agents} turns of {workload.calls.label} calls"
-    return f"{what}, load {workload.load:.2f}, limit {limits}"
+        limits = "limits " + ", ".join(f"{p.name} {p.limit}" for p in providers)
+    if isinstance(workload.arrivals, Trace):
+        return f"{workload.agents} turns of a trace, load {workload.load:.2f}, {limits}"
+    return (
+        f"{workload.agents} turns of {workload.calls.label} calls, load"
+        f" {workload.load:.2f}, {limits}, seed {workload.seed}"
+    )
 
 
 def _runs(
@@ -223,6 +228,7 @@ async def compare(
     configs: Mapping[str, DispatcherConfig | PolicyName] | None = None,
     *,
     references: Sequence[PolicyName] = REFERENCES,
+    progress: Callable[[str], None] | None = None,
 ) -> Comparison:
     """Simulate ``workload`` under the references and ``configs``, one after another.
 
@@ -234,12 +240,15 @@ async def compare(
         configs: Your configurations by name: ``DispatcherConfig`` values,
             or a policy's name (``"random"``, ``"none"``).
         references: The policies to compare them with, first.
+        progress: Called with each run's name as it starts.
     """
     runs = _runs(configs, references)
     seed = workload.seed if isinstance(workload, Workload) else None
     scenario = workload.scenario() if isinstance(workload, Workload) else workload
     results = []
     for name, policy in runs:
+        if progress is not None:
+            progress(name)
         result = await simulate(scenario, policy, seed=seed)
         results.append(attrs.evolve(result, policy=name))
     return Comparison(describe(workload), results)
