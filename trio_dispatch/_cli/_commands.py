@@ -137,15 +137,28 @@ def bench_command(args: argparse.Namespace) -> int:
     check_outputs(folders=[out])
     require(f"bench {args.name}", ("matplotlib",))
 
-    from ..testing import FairnessConfig, run_fairness_sweep  # noqa: PLC0415
+    from ..testing import FairnessConfig, SimProvider, run_fairness_sweep  # noqa: PLC0415
 
     console = maybe_console()
     config = FairnessConfig.quick() if args.quick else FairnessConfig()
-    points = len(config.loads) * len(config.shapes)
+    if args.limit is not None and args.trace is None:
+        raise UsageError("--limit applies to a sweep of a trace (--trace)")
+    if args.trace is not None:
+        limit = args.limit or config.limit
+        # Read and checked here, before anything runs.
+        read_trace(args.trace, (SimProvider("provider", limit),), config.seed)
+        config = attrs.evolve(
+            config,
+            trace=str(args.trace),
+            limit=limit,
+            policies=tuple(args.policy or REFERENCES),
+        )
+    elif args.policy:
+        config = attrs.evolve(config, policies=tuple(dict.fromkeys(args.policy)))
+    points = len(config.points)
     with _bench_progress(console) as bar:
         task = bar.add_task(
-            f"fairness sweep ({len(config.policies)} policies,"
-            f" {config.agents} turns each): points",
+            f"fairness sweep ({len(config.policies)} policies): points",
             total=points,
         )
         report = run_fairness_sweep(

@@ -280,13 +280,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="benchmark fairness under load, policy against policy",
         description=(
             "Run the fairness sweep: seeded workloads at several loads and"
-            " turn shapes, in virtual time, under every policy; write its"
-            " report (JSON, markdown, plots)."
+            " turn shapes (or a trace of your own at several loads), in"
+            " virtual time, under every policy; write its report (JSON,"
+            " markdown, plots)."
         ),
     )
     bench.add_argument("name", choices=_BENCHMARKS, help="which benchmark")
     bench.add_argument(
         "--quick", action="store_true", help="smaller sizes, for a first look"
+    )
+    bench.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="sweep the turns of this JSON Lines trace file instead, sped up"
+        " or slowed to each load",
+    )
+    bench.add_argument(
+        "--limit",
+        type=_count(_MAX_SIM_LIMIT),
+        default=None,
+        help=f"with --trace, the provider's limit and capacity, 1 to {_MAX_SIM_LIMIT}"
+        " (default 8)",
+    )
+    bench.add_argument(
+        "--policy",
+        choices=_commands.POLICIES,
+        action="append",
+        help="a policy to run; repeat for several (default: all, or fifo and"
+        " oldest-first with --trace)",
     )
     bench.add_argument(
         "--out",

@@ -193,8 +193,13 @@ class FairnessReport:
                 continue
             ratio = ours.latency_p95 / fifo.latency_p95
             mean_ratio = ours.latency_mean / fifo.latency_mean
+            where = (
+                f"the trace {shape}"
+                if config.trace is not None
+                else f"{_calls(shape)} per turn"
+            )
             text = (
-                f"At {load:.0%} load with {_calls(shape)} per turn, oldest-first's"
+                f"At {load:.0%} load with {where}, oldest-first's"
                 f" p95 turn latency is {ratio:.2f}x FIFO's"
                 f" ({ours.latency_p95:.1f} s against {fifo.latency_p95:.1f} s) and"
                 f" its mean {mean_ratio:.2f}x ({ours.latency_mean:.1f} s against"
@@ -322,7 +327,12 @@ class FairnessReport:
             " the remedy (see the manual's fairness section). Under overload"
             " the older turns' work grows without bound, and so does a new"
             " turn's first wait; `max_waiting` (QueueFull) is the bound to set"
-            " there. Random order has no such bound.",
+            " there."
+            + (
+                " Random order has no such bound."
+                if "random" in config.policies
+                else ""
+            ),
             "",
         ]
         return "\n".join(out)
