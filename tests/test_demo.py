@@ -308,7 +308,12 @@ def test_the_plot_marks_each_runs_429_pauses() -> None:
 
 
 def test_the_latency_curve_counts_failed_turns() -> None:
-    failing = attrs.evolve(FIXED.fifo, turns_completed=3, turns_failed=1)
+    failing = attrs.evolve(
+        FIXED.fifo,
+        turns_completed=3,
+        turns_failed=1,
+        turn_latencies={"openai": (2.0,), "anthropic": (2.0, 3.0)},
+    )
     figure = drawn_figure(attrs.evolve(FIXED, fifo=failing))
     cdf = figure.axes[4]  # type: ignore[attr-defined]
     fifo = next(line for line in cdf.lines if line.get_label().startswith("FIFO"))
