@@ -308,6 +308,7 @@ def test_the_plot_marks_each_runs_429_pauses() -> None:
 
 
 def test_the_latency_curve_counts_failed_turns() -> None:
+    assert FIXED.fifo is not None
     failing = attrs.evolve(
         FIXED.fifo,
         turns_completed=3,

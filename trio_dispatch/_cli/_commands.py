@@ -61,9 +61,7 @@ def simulate_command(args: argparse.Namespace) -> int:
                 workload,
                 configs,
                 references=list(dict.fromkeys(policies)),  # type: ignore[arg-type]  # argparse choices
-                progress=lambda name: (
-                    shown.update(f"simulating {name}") if shown is not None else None
-                ),
+                progress=lambda name: _show(shown, f"simulating {name}"),
             ),
             clock=trio.testing.MockClock(autojump_threshold=0),
         )
@@ -86,6 +84,11 @@ def simulate_command(args: argparse.Namespace) -> int:
     for path in files:
         say(console, f"wrote {path}")
     return 0
+
+
+def _show(status: Any, text: str) -> None:  # noqa: ANN401 (rich's Status, or None)
+    if status is not None:
+        status.update(text)
 
 
 def simulated_workload(args: argparse.Namespace) -> Workload:
@@ -151,7 +154,7 @@ def bench_command(args: argparse.Namespace) -> int:
             config,
             trace=str(args.trace),
             limit=limit,
-            policies=tuple(args.policy or REFERENCES),
+            policies=tuple(dict.fromkeys(args.policy or REFERENCES)),  # type: ignore[arg-type]  # argparse choices
         )
     elif args.policy:
         config = attrs.evolve(config, policies=tuple(dict.fromkeys(args.policy)))

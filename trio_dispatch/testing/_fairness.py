@@ -20,12 +20,11 @@ from typing import TYPE_CHECKING, Any, TypeVar, final
 import attrs
 
 from .._converter import structure, unstructure
+from ._distributions import CallsPerTurn, Duration
 from ._metrics import PolicyMetrics, percentile, versus
 from ._plots import ordered, scale, style
 from ._simulation import POLICIES, PolicyName, run_simulation
 from ._workloads import (
-    CallsPerTurn,
-    Duration,
     PoissonArrivals,
     SimProvider,
     Workload,

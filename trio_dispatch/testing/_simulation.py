@@ -104,9 +104,7 @@ def _check_options(
             )
 
 
-def _check_key(
-    _instance: object, attribute: attrs.Attribute[object], key: object
-) -> None:
+def _check_key(_instance: object, attribute: attrs.Attribute[Any], key: object) -> None:
     if key is not None and not callable(key):
         of = "a SimCall" if attribute.name == "key" else "a TurnSpec"
         raise TypeError(

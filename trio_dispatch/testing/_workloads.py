@@ -290,7 +290,7 @@ def _to_names(values: Iterable[tuple[str, float]]) -> tuple[tuple[str, float], .
 
 def _check_names(
     _instance: object,
-    attribute: attrs.Attribute[object],
+    attribute: attrs.Attribute[tuple[tuple[str, float], ...]],
     value: tuple[tuple[str, float], ...],
 ) -> None:
     what = attribute.name[:-1]  # "tenants" -> "tenant"

@@ -31,10 +31,9 @@ import trio
 import trio.testing
 from hypothesis import strategies as st
 
+from ._distributions import CallsPerTurn, Duration
 from ._workloads import (
     BurstArrivals,
-    CallsPerTurn,
-    Duration,
     PoissonArrivals,
     SimProvider,
     Workload,
