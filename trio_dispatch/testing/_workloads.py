@@ -268,6 +268,17 @@ class Scenario:
             if turn.provider not in known:
                 raise ValueError(f"turn uses unknown provider {turn.provider!r}")
 
+    def write_trace(self, path: str | Path) -> None:
+        """Write the turns, by arrival, as a JSON Lines trace file (see ``Workload.from_trace``).
+
+        Which provider each turn used is not written: the trace format has
+        none (``from_trace`` puts a turn on the provider named like its
+        model, else on the first).
+        """
+        from ._traces import write_trace  # noqa: PLC0415  # the trace format's module
+
+        write_trace(self.turns, path)
+
 
 def _to_classes(values: Iterable[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
     return tuple((priority, weight) for priority, weight in values)
@@ -436,9 +447,7 @@ class Workload:
 
     def write_trace(self, path: str | Path) -> None:
         """Write the turns ``scenario()`` draws as a JSON Lines trace file."""
-        from ._traces import write_trace  # noqa: PLC0415  # the trace format's module
-
-        write_trace(self.scenario().turns, path)
+        self.scenario().write_trace(path)
 
     def _played(self) -> tuple[TurnSpec, ...]:
         """A trace's turns that are played, by arrival."""
