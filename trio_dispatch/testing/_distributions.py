@@ -133,7 +133,7 @@ class Duration:
             means = _check_composite(self, "duration", check_seconds)
             _check_mean(self.mean, means, kind)
         elif self.values or self.weights or self.parts:
-            raise ValueError(f"a {kind} duration takes no values, weights or parts")
+            raise ValueError(f"{_a(kind)} duration takes no values, weights or parts")
 
     @classmethod
     def constant(cls, seconds: float) -> Duration:
@@ -211,6 +211,11 @@ class Duration:
         return f"{kind}(mean {self.mean:g} s)"
 
 
+def _a(word: str) -> str:
+    """``word`` with its article: "an empirical", "a mixture"."""
+    return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
+
+
 def _lenient(compute: Callable[[], _T], fallback: _T) -> _T:
     """``compute()``, or ``fallback`` where the values are wrong.
 
@@ -251,7 +256,7 @@ def _check_composite(
 def _check_mean(mean: float, expected: float, kind: str) -> None:
     if not math.isclose(mean, expected, rel_tol=1e-9, abs_tol=1e-12):
         raise ValueError(
-            f"a {kind}'s mean must be that of its values, {expected!r}; got {mean!r}"
+            f"{_a(kind)}'s mean must be that of its values, {expected!r}; got {mean!r}"
             " (build it with the classmethod)"
         )
 
@@ -313,11 +318,11 @@ class CallsPerTurn:
                 )
         else:
             if self.values or self.weights or self.parts:
-                raise ValueError(f"a {kind} count takes no values, weights or parts")
+                raise ValueError(f"{_a(kind)} count takes no values, weights or parts")
             bounds = (self.low, self.high)
         if bounds != (self.low, self.high):
             raise ValueError(
-                f"a {kind} count's low and high must be {bounds[0]} and {bounds[1]},"
+                f"{_a(kind)} count's low and high must be {bounds[0]} and {bounds[1]},"
                 f" got {self.low} and {self.high} (build it with the classmethod)"
             )
 
