@@ -44,6 +44,7 @@ import trio
 import trio.testing
 
 from .._converter import structure, unstructure
+from .._exceptions import QueueFull
 from .._validation import check_positive_seconds, check_text, validator
 from ..actors._open import open_dispatcher
 from ._metrics import PolicyMetrics, ProviderRecord, TurnRecord, compute_metrics
@@ -408,69 +409,74 @@ class _Run:
         made = 0
         received = 0.0
         completed = True
-        for position, duration in enumerate(spec.calls):
-            if key is not None:
-                priority = key(
-                    SimCall(
-                        spec,
-                        position,
-                        spec.arrival,
-                        now() - self.t0,
-                        received,
-                        slot_wait,
+        try:
+            for position, duration in enumerate(spec.calls):
+                if key is not None:
+                    priority = key(
+                        SimCall(
+                            spec,
+                            position,
+                            spec.arrival,
+                            now() - self.t0,
+                            received,
+                            slot_wait,
+                        )
                     )
-                )
-            elif priorities is None:
-                priority = started_at
-            else:
-                priority = priorities[position]
-            attempts = 0
-            while True:
-                asked = now()
-                async with acquire(name, priority, spec, position):
-                    waited = now() - asked
-                    slot_wait += waited
-                    max_wait = max(max_wait, waited)
-                    if position == 0 and attempts == 0:
-                        first_wait = waited
-                    if capacity is None:
-                        accepted = True
-                        state.admit()
-                    elif state.defer:
-                        accepted = await keeper.arrive(state, index)  # type: ignore[union-attr]  # defer needs a keeper
-                    else:
-                        accepted = state.in_flight < capacity
-                        if accepted:
+                elif priorities is None:
+                    priority = started_at
+                else:
+                    priority = priorities[position]
+                attempts = 0
+                while True:
+                    asked = now()
+                    async with acquire(name, priority, spec, position):
+                        waited = now() - asked
+                        slot_wait += waited
+                        max_wait = max(max_wait, waited)
+                        if position == 0 and attempts == 0:
+                            first_wait = waited
+                        if capacity is None:
+                            accepted = True
                             state.admit()
-                    if not accepted:
-                        await sleep(provider.reject_latency)
-                        state.rejected += 1
-                        rejections += 1
-                        if report is not None:
-                            report(name, retry_after)
-                        served = False
-                    else:
-                        await sleep(duration)
-                        state.in_flight -= 1
-                        state.served += 1
-                        state.busy += duration
-                        served = True
-                if served:
+                        elif state.defer:
+                            accepted = await keeper.arrive(state, index)  # type: ignore[union-attr]  # defer needs a keeper
+                        else:
+                            accepted = state.in_flight < capacity
+                            if accepted:
+                                state.admit()
+                        if not accepted:
+                            await sleep(provider.reject_latency)
+                            state.rejected += 1
+                            rejections += 1
+                            if report is not None:
+                                report(name, retry_after)
+                            served = False
+                        else:
+                            await sleep(duration)
+                            state.in_flight -= 1
+                            state.served += 1
+                            state.busy += duration
+                            served = True
+                    if served:
+                        break
+                    attempts += 1
+                    if attempts >= max_attempts:
+                        completed = False
+                        break
+                    if report is None:
+                        await sleep(retry_after)
+                    # Else the dispatcher holds every grant until Retry-After:
+                    # queue again at once, with the same priority.
+                if not completed:
                     break
-                attempts += 1
-                if attempts >= max_attempts:
-                    completed = False
-                    break
-                if report is None:
-                    await sleep(retry_after)
-                # Else the dispatcher holds every grant until Retry-After:
-                # queue again at once, with the same priority.
-            if not completed:
-                break
-            made += 1
-            received += duration
-            if position < last_tool:
-                await sleep(tools[position])
+                made += 1
+                received += duration
+                if position < last_tool:
+                    await sleep(tools[position])
+        except QueueFull:
+            # max_waiting refused the call, before anything was held: the
+            # turn fails, as it would in an application.
+            completed = False
         self.records[index] = TurnRecord(
             index=index,
             provider=name,
@@ -553,66 +559,92 @@ async def simulate(
             seed = workload.seed
     else:
         scenario = workload
+    if isinstance(policy, DispatcherConfig):
+        config = policy
+        limits, options = _limits_and_options(scenario, config)
+        if config.priority is not None:
+            classed = config.priority
+            scenario = attrs.evolve(
+                scenario,
+                turns=[attrs.evolve(t, priority=classed(t)) for t in scenario.turns],
+            )
+        # Opened first, so that a bad option is its own error, at once.
+        async with open_dispatcher(limits, **options) as dispatcher:
+            return await _keeping_time(
+                functools.partial(_configured, scenario, config, dispatcher, limits)
+            )
+    return await _keeping_time(
+        functools.partial(
+            _simulate, scenario, policy, seed, priority_aging=priority_aging
+        )
+    )
+
+
+async def _keeping_time(
+    run: Callable[[_Timekeeper | None], Awaitable[SimulationResult]],
+) -> SimulationResult:
+    """``run(keeper)``, with a timekeeper running if the clock is a ``MockClock``."""
     clock = trio.lowlevel.current_clock()
     async with trio.open_nursery() as nursery:
         keeper = None
         if isinstance(clock, trio.testing.MockClock):
             keeper = _Timekeeper(clock)
             nursery.start_soon(keeper.run, name="trio_dispatch simulation clock")
-        if isinstance(policy, DispatcherConfig):
-            result = await _configured(scenario, policy, keeper)
-        else:
-            result = await _simulate(scenario, policy, seed, keeper, priority_aging)
+        result = await run(keeper)
         nursery.cancel_scope.cancel()
     return result
 
 
-async def _configured(
-    scenario: Scenario, config: DispatcherConfig, keeper: _Timekeeper | None
-) -> SimulationResult:
-    """A run through the dispatcher opened with ``config``'s own options."""
-    t0 = trio.current_time()
+def _limits_and_options(
+    scenario: Scenario, config: DispatcherConfig
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``open_dispatcher``'s limits (the workload's, then the config's) and options."""
     options = dict(config.options)
     limits = {p.name: p.limit for p in scenario.providers} | dict(
         options.pop("limits", None) or {}
     )
+    return limits, options
+
+
+async def _configured(
+    scenario: Scenario,
+    config: DispatcherConfig,
+    dispatcher: Any,  # noqa: ANN401  # a Dispatcher
+    limits: Mapping[str, Any],
+    keeper: _Timekeeper | None,
+) -> SimulationResult:
+    """A run through ``dispatcher``, opened with ``config``'s own options."""
+    t0 = trio.current_time()
     leftovers: dict[str, tuple[int, int]] = {}
-    if config.priority is not None:
-        classed = config.priority
-        scenario = attrs.evolve(
-            scenario,
-            turns=[attrs.evolve(t, priority=classed(t)) for t in scenario.turns],
-        )
-    async with open_dispatcher(limits, **options) as dispatcher:
-        slot = dispatcher.slot
+    slot = dispatcher.slot
 
-        def acquire(
-            name: str, rank: float, spec: TurnSpec, position: int
-        ) -> AbstractAsyncContextManager[Any]:
-            return slot(
-                name,
-                started_at=rank,
-                priority=spec.priority,
-                tenant=spec.tenant,
-                model=spec.model,
-                tokens=spec.tokens[position] if spec.tokens else None,
-            )
-
-        run = _Run(
-            scenario,
-            t0,
-            keeper,
-            acquire,
-            dispatcher.report_rate_limit,
-            batches=True,
-            key=config.key,
-            limits={name: _highest(limit) for name, limit in limits.items()},
+    def acquire(
+        name: str, rank: float, spec: TurnSpec, position: int
+    ) -> AbstractAsyncContextManager[Any]:
+        return slot(
+            name,
+            started_at=rank,
+            priority=spec.priority,
+            tenant=spec.tenant,
+            model=spec.model,
+            tokens=spec.tokens[position] if spec.tokens else None,
         )
-        await run.drive(scenario.turns, None)
-        # Let the schedulers read the last releases before looking.
-        await trio.testing.wait_all_tasks_blocked()
-        for name, stats in dispatcher.statistics().providers.items():
-            leftovers[name] = (stats.in_flight, stats.waiting)
+
+    run = _Run(
+        scenario,
+        t0,
+        keeper,
+        acquire,
+        dispatcher.report_rate_limit,
+        batches=True,
+        key=config.key,
+        limits={name: _highest(limit) for name, limit in limits.items()},
+    )
+    await run.drive(scenario.turns, None)
+    # Let the schedulers read the last releases before looking.
+    await trio.testing.wait_all_tasks_blocked()
+    for name, stats in dispatcher.statistics().providers.items():
+        leftovers[name] = (stats.in_flight, stats.waiting)
     return run.result(config.name, leftovers)
 
 
