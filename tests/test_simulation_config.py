@@ -94,11 +94,11 @@ def test_an_application_classes_its_turns() -> None:
     assert [t.priority for t in result.turns] == [0, 1]
 
 
-def burst(count: int, **fields: object) -> Scenario:
+def burst(count: int, tokens: tuple[int, ...] = ()) -> Scenario:
     """``count`` one-call turns of 1 s, in order at (nearly) the same instant."""
     return Scenario(
-        FOUR, [TurnSpec(i * 1e-6, "p", (1.0,), **fields) for i in range(count)]
-    )  # type: ignore[arg-type]  # TurnSpec's fields
+        FOUR, [TurnSpec(i * 1e-6, "p", (1.0,), tokens=tokens) for i in range(count)]
+    )
 
 
 def test_an_adaptive_limit_grows_from_its_initial_value() -> None:

@@ -105,6 +105,10 @@ def _check_options(
             )
 
 
+def _to_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(options)
+
+
 def _check_key(_instance: object, attribute: attrs.Attribute[Any], key: object) -> None:
     if key is not None and not callable(key):
         of = "a SimCall" if attribute.name == "key" else "a TurnSpec"
@@ -163,7 +167,7 @@ class DispatcherConfig:
     """
 
     options: Mapping[str, Any] = attrs.field(
-        factory=dict, converter=dict, validator=_check_options
+        factory=dict, converter=_to_options, validator=_check_options
     )
     key: Callable[[SimCall], float] | None = attrs.field(
         default=None, validator=_check_key, eq=False
@@ -609,14 +613,14 @@ def _limits_and_options(
 async def _configured(
     scenario: Scenario,
     config: DispatcherConfig,
-    dispatcher: Any,  # noqa: ANN401  # a Dispatcher
+    dispatcher: Any,  # noqa: ANN401  # a Dispatcher (the package imports this module)
     limits: Mapping[str, Any],
     keeper: _Timekeeper | None,
 ) -> SimulationResult:
     """A run through ``dispatcher``, opened with ``config``'s own options."""
     t0 = trio.current_time()
     leftovers: dict[str, tuple[int, int]] = {}
-    slot = dispatcher.slot
+    slot: Callable[..., AbstractAsyncContextManager[Any]] = dispatcher.slot
 
     def acquire(
         name: str, rank: float, spec: TurnSpec, position: int
