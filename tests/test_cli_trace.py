@@ -173,7 +173,7 @@ def test_a_bad_record_is_one_line_and_status_2_before_anything_runs(
 
 
 @pytest.mark.parametrize(
-    ("argv", "files", "message"),
+    "case",
     [
         (
             ["--trace", "missing.jsonl"],
