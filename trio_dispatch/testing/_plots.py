@@ -98,7 +98,7 @@ def scale(ax: Any, which: str, values: list[float]) -> None:  # noqa: ANN401 (a 
     if positive and len(positive) == len(finite) and high > 10 * min(positive):
         set_scale("log")
         readable_log_axis(axis)
-    elif positive and high > 10:
+    elif positive and len(positive) < len(finite) and high > 10:
         set_scale("symlog", linthresh=1)
         if which == "y":
             ax.set_ylim(bottom=0)

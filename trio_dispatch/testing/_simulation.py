@@ -105,8 +105,8 @@ def _check_options(
             )
 
 
-def _to_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    return dict(options)
+def _to_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    return dict(options or {})
 
 
 def _check_key(_instance: object, attribute: attrs.Attribute[Any], key: object) -> None:
@@ -167,7 +167,7 @@ class DispatcherConfig:
     """
 
     options: Mapping[str, Any] = attrs.field(
-        factory=dict, converter=_to_options, validator=_check_options
+        default=None, converter=_to_options, validator=_check_options
     )
     key: Callable[[SimCall], float] | None = attrs.field(
         default=None, validator=_check_key, eq=False

@@ -402,7 +402,7 @@ class Workload:
     def from_trace(
         cls,
         path: str | Path,
-        providers: Iterable[SimProvider] = (SimProvider("provider", 8),),
+        providers: Iterable[SimProvider] | None = None,
         *,
         seed: int = 0,
         max_attempts: int = 10,
@@ -417,7 +417,8 @@ class Workload:
         last call's is not played: the turn ends with its last call);
         ``tokens``, ``tenant``, ``priority`` (default 0) and ``model`` are
         optional. Blank lines are skipped. A turn goes to the provider
-        named like its model if there is one, else to the first provider.
+        named like its model if there is one, else to the first of
+        ``providers`` (by default one, ``"provider"``, of limit 8).
 
         Raises:
             ValueError: The file holds no turn, or a record is not one (the
@@ -426,7 +427,9 @@ class Workload:
         """
         from ._traces import read_trace  # noqa: PLC0415  # the trace format's module
 
-        providers = tuple(providers)
+        providers = (
+            (SimProvider("provider", 8),) if providers is None else tuple(providers)
+        )
         if not providers:
             raise ValueError("a workload needs at least one provider")
         names = {p.name for p in providers}
