@@ -193,7 +193,7 @@ def test_the_load_plot_shows_wins_losses_and_completed_turns(
     figure = drawn(draw_vs_load, fixed_report)
     axes = figure.axes
     assert [a.get_title() for a in axes] == [
-        f"{title}, {calls} per turn"
+        f"{title},\n{calls} per turn"
         for calls in ("1 call", "1-3 calls")
         for title, _, _ in VS_LOAD_PANELS
     ]
@@ -233,7 +233,12 @@ def test_the_load_plot_shows_wins_losses_and_completed_turns(
     # Where it loses: its first-call wait above FIFO's on multi-call turns.
     waits = lines_by_label(second_row[4])
     assert list(waits["oldest-first"].get_ydata()) > list(waits["fifo"].get_ydata())
-    assert axes[0].get_legend() is not None
+    legend = figure.legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == [
+        "none (completed turns only)",
+        "fifo",
+        "oldest-first",
+    ]
 
 
 def test_plots_have_plain_tick_labels(fixed_report: FairnessReport) -> None:
@@ -257,8 +262,12 @@ def test_the_distribution_counts_dropped_turns(fixed_report: FairnessReport) -> 
     assert many.get_title() == "turn latency, 1-3 calls per turn, load 95%"
     assert one.get_ylabel() == "share of all turns done within"
     lines = lines_by_label(many)
-    assert set(lines) == {"oldest-first", "fifo", "none (20% of turns dropped)"}
-    assert max(lines["none (20% of turns dropped)"].get_ydata()) == pytest.approx(0.8)
-    assert max(lines["fifo"].get_ydata()) == 1.0
+    assert set(lines) == {
+        "oldest-first (100% of turns done)",
+        "fifo (100% of turns done)",
+        "none (80% of turns done)",
+    }
+    assert max(lines["none (80% of turns done)"].get_ydata()) == pytest.approx(0.8)
+    assert max(lines["fifo (100% of turns done)"].get_ydata()) == 1.0
     assert [t.get_text() for t in one.texts] == ["oldest-first = fifo here"]
     assert len(many.texts) == 0

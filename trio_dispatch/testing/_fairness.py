@@ -443,7 +443,7 @@ def draw_vs_load(fig: Any, report: FairnessReport) -> None:  # noqa: ANN401 (a m
                     label=_legend(policy),
                     **style(policy),
                 )
-            ax.set_title(f"{title}, {_per_turn(report, shape)}", fontsize="medium")
+            ax.set_title(f"{title},\n{_per_turn(report, shape)}", fontsize="medium")
             ax.set_xlabel("load (% of capacity)")
             ax.set_ylabel(unit)
             completed = field == "completed"
@@ -467,14 +467,21 @@ def draw_vs_load(fig: Any, report: FairnessReport) -> None:  # noqa: ANN401 (a m
                     va="bottom" if completed else "top",
                     fontsize="small",
                 )
-    axes[0][0].legend(fontsize="small")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(
+        handles,
+        labels,
+        loc="upper center",
+        ncols=len(labels),
+        bbox_to_anchor=(0.5, 0.965),
+    )
     fig.suptitle(
         "Fairness sweep: the turns each policy completed, where oldest-first"
         " wins (tail latency), and where it can lose (short turns, first"
         " calls, slowdown)",
         fontweight="bold",
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
 
 
 def draw_distribution(fig: Any, report: FairnessReport) -> None:  # noqa: ANN401 (a matplotlib Figure)
@@ -497,9 +504,8 @@ def draw_distribution(fig: Any, report: FairnessReport) -> None:  # noqa: ANN401
         for policy in policies:
             row = here[policy]
             done = row.metrics.completed / row.metrics.turns if row.metrics.turns else 0
-            label = _legend(policy)
-            if done < 1:
-                label = f"{policy} ({1 - done:.0%} of turns dropped)"
+            # What each completed, beside its latency.
+            label = f"{policy} ({done:.0%} of turns done)"
             # Markers every 10 points, so that curves on one another show.
             ax.plot(
                 row.latency_quantiles,
