@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from trio_dispatch._cli import main
 from trio_dispatch.testing import (
     CallsPerTurn,
     FairnessConfig,
@@ -18,19 +17,10 @@ from trio_dispatch.testing import (
     Workload,
 )
 
-from ._helpers import PNG_MAGIC
+from ._helpers import PNG_MAGIC, run_cli
 
 if TYPE_CHECKING:
     from pathlib import Path
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        status = main(list(argv))
-    except SystemExit as exit_:
-        status = int(exit_.code or 0)
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 @pytest.fixture
@@ -48,6 +38,13 @@ def trace(tmp_path: Path) -> Path:
         seed=5,
     ).write_trace(path)
     return path
+
+
+def simulate_trace(
+    capsys: pytest.CaptureFixture[str], trace: Path, *more: str
+) -> tuple[int, str, str]:
+    """``trio-dispatch simulate --trace TRACE --limit 2 MORE...``."""
+    return run_cli(capsys, "simulate", "--trace", str(trace), "--limit", "2", *more)
 
 
 def rows(out: str) -> dict[str, list[str]]:
@@ -75,13 +72,9 @@ def test_one_command_from_a_trace_to_fifo_oldest_first_and_yours(
         encoding="utf-8",
     )
     metrics_path, plot_path = tmp_path / "m.json", tmp_path / "m.png"
-    status, out, err = run_cli(
+    status, out, err = simulate_trace(
         capsys,
-        "simulate",
-        "--trace",
-        str(trace),
-        "--limit",
-        "2",
+        trace,
         "--config",
         str(config),
         "--json",
@@ -134,13 +127,9 @@ def test_a_configuration_in_python_can_bring_its_own_order(
         "BOTH = {'a': DispatcherConfig(), 'b': DispatcherConfig({'priority_aging': 5})}\n",
         encoding="utf-8",
     )
-    status, out, err = run_cli(
+    status, out, err = simulate_trace(
         capsys,
-        "simulate",
-        "--trace",
-        str(trace),
-        "--limit",
-        "2",
+        trace,
         "--config",
         f"{module}:LEAST_SERVED",
         "--config",

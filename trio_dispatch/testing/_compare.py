@@ -12,6 +12,7 @@ and says where each does worse than FIFO as plainly as where it does better.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -34,7 +35,7 @@ from ._simulation import (
 from ._workloads import Scenario, Trace, Workload
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Iterator, Mapping, Sequence
 
 #: The references every comparison runs unless told otherwise.
 REFERENCES: tuple[PolicyName, ...] = ("fifo", "oldest-first")
@@ -242,16 +243,11 @@ async def compare(
         references: The policies to compare them with, first.
         progress: Called with each run's name as it starts.
     """
-    runs = _runs(configs, references)
-    seed = workload.seed if isinstance(workload, Workload) else None
-    scenario = workload.scenario() if isinstance(workload, Workload) else workload
-    results = []
-    for name, policy in runs:
-        if progress is not None:
-            progress(name)
-        result = await simulate(scenario, policy, seed=seed)
-        results.append(attrs.evolve(result, policy=name))
-    return Comparison(describe(workload), results)
+    scenario, seed, runs = _plan(workload, configs, references, progress)
+    results = [
+        (name, await simulate(scenario, policy, seed=seed)) for name, policy in runs
+    ]
+    return _comparison(workload, results)
 
 
 def run_comparison(
@@ -265,19 +261,53 @@ def run_comparison(
 
     ``progress(name)`` is called as each run starts.
     """
+    scenario, seed, runs = _plan(workload, configs, references, progress)
+    results = [
+        (
+            name,
+            trio.run(
+                functools.partial(simulate, scenario, policy, seed=seed),
+                clock=trio.testing.MockClock(autojump_threshold=0),
+            ),
+        )
+        for name, policy in runs
+    ]
+    return _comparison(workload, results)
+
+
+def _plan(
+    workload: Workload | Scenario,
+    configs: Mapping[str, DispatcherConfig | PolicyName] | None,
+    references: Sequence[PolicyName],
+    progress: Callable[[str], None] | None,
+) -> tuple[Scenario, int | None, Iterator[tuple[str, PolicyName | DispatcherConfig]]]:
+    """The turns every run plays (drawn once), the seed, and the runs.
+
+    The runs are checked now, and ``progress`` hears of each as it starts.
+    """
     runs = _runs(configs, references)
-    seed = workload.seed if isinstance(workload, Workload) else None
-    scenario = workload.scenario() if isinstance(workload, Workload) else workload
-    results = []
+    if isinstance(workload, Workload):
+        return workload.scenario(), workload.seed, _announced(runs, progress)
+    return workload, None, _announced(runs, progress)
+
+
+def _announced(
+    runs: list[tuple[str, PolicyName | DispatcherConfig]],
+    progress: Callable[[str], None] | None,
+) -> Iterator[tuple[str, PolicyName | DispatcherConfig]]:
     for name, policy in runs:
         if progress is not None:
             progress(name)
-        result = trio.run(
-            lambda policy=policy: simulate(scenario, policy, seed=seed),  # type: ignore[misc]  # bound per run
-            clock=trio.testing.MockClock(autojump_threshold=0),
-        )
-        results.append(attrs.evolve(result, policy=name))
-    return Comparison(describe(workload), results)
+        yield name, policy
+
+
+def _comparison(
+    workload: Workload | Scenario, results: list[tuple[str, SimulationResult]]
+) -> Comparison:
+    return Comparison(
+        describe(workload),
+        [attrs.evolve(result, policy=name) for name, result in results],
+    )
 
 
 def _latencies(

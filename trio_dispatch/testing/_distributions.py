@@ -94,8 +94,14 @@ def _split(
     return tuple(part for _, part in pairs), tuple(weight for weight, _ in pairs)
 
 
-def _share(weight: float, weights: Sequence[float]) -> str:
-    return f"{weight / math.fsum(weights):.0%}"
+def _mixture_label(mixture: Duration | CallsPerTurn, separator: str) -> str:
+    """Each part's share and label: ``"80% 1-2, 20% 20-40"``."""
+    total = math.fsum(mixture.weights)
+    parts: tuple[Duration | CallsPerTurn, ...] = mixture.parts
+    return separator.join(
+        f"{weight / total:.0%} {part.label}"
+        for weight, part in zip(mixture.weights, parts, strict=True)
+    )
 
 
 @final
@@ -204,10 +210,7 @@ class Duration:
         if kind == "empirical":
             return f"empirical({len(self.values)} values, mean {self.mean:.3g} s)"
         if kind == "mixture":
-            return " + ".join(
-                f"{_share(w, self.weights)} {part.label}"
-                for w, part in zip(self.weights, self.parts, strict=True)
-            )
+            return _mixture_label(self, " + ")
         return f"{kind}(mean {self.mean:g} s)"
 
 
@@ -379,10 +382,7 @@ class CallsPerTurn:
         if kind == "empirical":
             return f"empirical {self.low}-{self.high} (mean {self.mean:.3g})"
         if kind == "mixture":
-            return ", ".join(
-                f"{_share(w, self.weights)} {part.label}"
-                for w, part in zip(self.weights, self.parts, strict=True)
-            )
+            return _mixture_label(self, ", ")
         return str(self.low) if self.low == self.high else f"{self.low}-{self.high}"
 
     def sample(self, rng: random.Random) -> int:
