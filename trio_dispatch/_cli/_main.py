@@ -209,14 +209,18 @@ def build_parser() -> argparse.ArgumentParser:
         "simulate",
         help="simulate agents in virtual time and compare scheduling policies",
         description=(
-            "Run one seeded workload in virtual time through the real dispatcher"
-            " under each policy, and print the metrics side by side."
+            "Run one seeded workload (or the turns of a trace) in virtual time"
+            " through the real dispatcher under each policy and each"
+            " configuration of your own, and print them side by side: the"
+            " turns each completed beside its latency, and where each does"
+            " worse than FIFO as plainly as where it does better."
         ),
     )
     simulate.add_argument(
         "--trace",
         type=Path,
         default=None,
+        metavar="FILE",
         help="play the turns of this JSON Lines trace file (see the manual)",
     )
     simulate.add_argument(
@@ -293,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--trace",
         type=Path,
         default=None,
+        metavar="FILE",
         help="sweep the turns of this JSON Lines trace file instead, sped up"
         " or slowed to each load",
     )

@@ -29,7 +29,7 @@ from ._simulation import (
     DispatcherConfig,
     PolicyName,
     SimulationResult,
-    _check_policy,
+    check_policy,
     simulate,
 )
 from ._workloads import Scenario, Trace, Workload
@@ -207,7 +207,7 @@ def _runs(
     references: Sequence[PolicyName],
 ) -> list[tuple[str, PolicyName | DispatcherConfig]]:
     runs: list[tuple[str, PolicyName | DispatcherConfig]] = [
-        (policy, _check_policy(policy)) for policy in dict.fromkeys(references)
+        (policy, check_policy(policy)) for policy in dict.fromkeys(references)
     ]
     for name, config in (configs or {}).items():
         if name in {n for n, _ in runs}:

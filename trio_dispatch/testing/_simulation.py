@@ -178,7 +178,7 @@ class DispatcherConfig:
     name: str = attrs.field(default="configured", validator=validator(check_text))
 
 
-def _check_policy(policy: object) -> PolicyName:
+def check_policy(policy: object) -> PolicyName:
     if policy in POLICIES:
         return policy
     rule = f"policy must be one of {', '.join(POLICIES)}"
@@ -555,7 +555,7 @@ async def simulate(
             own).
     """
     if not isinstance(policy, DispatcherConfig):
-        policy = _check_policy(policy)
+        policy = check_policy(policy)
     priority_aging = check_positive_seconds(priority_aging, "priority_aging")
     if isinstance(workload, Workload):
         scenario = workload.scenario()
