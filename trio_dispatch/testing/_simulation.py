@@ -11,7 +11,12 @@ following tool step. The policies differ only in how a slot is taken:
   from a seeded RNG, i.e. service in random order;
 - ``"fifo"``: one ``trio.CapacityLimiter`` per provider, first come first
   served per call;
-- ``"none"``: no client-side limit at all.
+- ``"none"``: no client-side limit at all;
+- a ``DispatcherConfig``: the real dispatcher opened with your own
+  ``open_dispatcher`` options (limits and ``AdaptiveLimit``, priority
+  aging, tenants, budgets, ``max_waiting``...), every slot naming its
+  turn's start, class, tenant, model and tokens; with a ``key``, in an
+  order of your own.
 
 A provider with a ``capacity`` answers 429 (after its ``reject_latency``)
 to any call that finds ``capacity`` calls in flight. Under the dispatcher
