@@ -90,6 +90,18 @@ def drop(holder: list[Any]) -> None:
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run the command line in this process: its exit status, stdout and stderr."""
+    from trio_dispatch._cli import main  # noqa: PLC0415  # the command line, when used
+
+    try:
+        status = main(list(argv))
+    except SystemExit as exit_:
+        status = int(exit_.code or 0)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
 def cli_argv(*argv: str, without: Sequence[str] = (), setup: str = "") -> list[str]:
     """The command in a fresh interpreter, as if ``without`` were not installed.
 

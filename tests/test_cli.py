@@ -28,16 +28,7 @@ from trio_dispatch._cli._demo_command import progress_table
 from trio_dispatch._cli._main import build_parser
 from trio_dispatch.testing import CallsPerTurn, FairnessConfig
 
-from ._helpers import PNG_MAGIC, cli_argv
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        status = main(list(argv))
-    except SystemExit as exit_:
-        status = int(exit_.code or 0)
-    out, err = capsys.readouterr()
-    return status, out, err
+from ._helpers import PNG_MAGIC, cli_argv, run_cli
 
 
 def block_imports(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
@@ -328,7 +319,9 @@ def test_bench_offers_only_the_fairness_sweep(
     help_text = capsys.readouterr().out
     assert help_text.startswith("usage: trio-dispatch bench [-h] [--quick]")
     # The choices, in the usage line and in the list of arguments.
-    assert re.findall(r"\{(.*?)\}", help_text) == ["fairness", "fairness"]
+    # (--policy's choices aside.)
+    choices = [c for c in re.findall(r"\{(.*?)\}", help_text) if "fifo" not in c]
+    assert choices == ["fairness", "fairness"]
 
 
 # ------------------------------------------------------------------ serve-fake
@@ -875,14 +868,21 @@ def test_simulate_needs_neither_rich_nor_matplotlib(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert (done.returncode, done.stderr) == (0, "")
-    title, header, *rows, wrote = done.stdout.splitlines()
-    assert (
-        title
-        == "20 turns, 1-8 calls each, load 0.95, limit 8, seed 1 (virtual seconds)"
+    title, header, *rows, against, better, worse, wrote = done.stdout.splitlines()
+    assert title == (
+        "20 turns of 1-8 calls, load 0.95, limit 8, seed 1; short turns: at"
+        " most 3 calls (10 of 20) (virtual seconds)"
     )
-    assert header.split()[:3] == ["policy", "mean", "p50"]
-    assert [row.split()[0] for row in rows] == ["fifo", "oldest-first"]
+    # What each policy completed, beside its latency.
+    assert header.split()[:4] == ["policy", "done", "mean", "p50"]
+    assert [row.split()[:2] for row in rows] == [
+        ["fifo", "20/20"],
+        ["oldest-first", "20/20"],
+    ]
     assert all(len(row) == len(header) for row in rows), "aligned columns"
+    assert against == "oldest-first against fifo:"
+    assert better.startswith("  better: ")
+    assert worse.startswith("  worse: ")
     assert wrote == "wrote m.json"
     assert sorted(json.loads((tmp_path / "m.json").read_text())) == [
         "fifo",

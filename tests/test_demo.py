@@ -9,6 +9,7 @@ import subprocess
 import time
 from typing import TYPE_CHECKING
 
+import attrs
 import pytest
 
 from trio_dispatch._cli._common import figure_png
@@ -273,7 +274,10 @@ def test_the_plot_draws_both_runs_on_the_same_axes_with_the_ratio() -> None:
     assert legend(timelines[1]) == ["oldest-first", "FIFO, same fleet"]
     assert "limit 4" in texts(timelines[0])
     assert "limit 3" in texts(timelines[2])
-    assert legend(cdf) == ["oldest-first", "FIFO, same fleet"]
+    assert legend(cdf) == [
+        "oldest-first (4/4 turns done)",
+        "FIFO, same fleet (4/4 turns done)",
+    ]
     assert texts(cdf) == ["p95: 3.85 s vs 7.25 s\noldest-first = 0.53x FIFO"]
     assert legend(bars) == ["oldest-first", "FIFO, same fleet"]
     assert texts(bars) == ["1.00x", "0.53x", "0.51x", "0.50x", "1.08x"]
@@ -288,12 +292,42 @@ def test_the_plot_draws_both_runs_on_the_same_axes_with_the_ratio() -> None:
     assert "interrupted" not in figure._suptitle.get_text()  # type: ignore[attr-defined]
 
 
+def test_the_plot_marks_each_runs_429_pauses() -> None:
+    figure = drawn_figure(FIXED)
+    openai_slots, openai_waiting, anthropic_slots, anthropic_waiting = figure.axes[:4]  # type: ignore[attr-defined]
+    # One paused span (3 s to 3.25 s) of openai in each run, on both axes.
+    for axes in (openai_slots, openai_waiting):
+        spans = [p.get_x() for p in axes.patches]
+        widths = [round(p.get_width(), 6) for p in axes.patches]
+        assert (spans, widths) == ([3.0, 3.0], [0.25, 0.25])
+    assert legend(openai_slots) == ["429 pause, oldest-first", "429 pause, FIFO"]
+    # anthropic was never paused: nothing shaded, no legend.
+    assert len(anthropic_slots.patches) == len(anthropic_waiting.patches) == 0
+    assert legend(anthropic_slots) == []
+    assert "shaded: paused after a 429" in openai_slots.get_title(loc="left")
+
+
+def test_the_latency_curve_counts_failed_turns() -> None:
+    assert FIXED.fifo is not None
+    failing = attrs.evolve(
+        FIXED.fifo,
+        turns_completed=3,
+        turns_failed=1,
+        turn_latencies={"openai": (2.0,), "anthropic": (2.0, 3.0)},
+    )
+    figure = drawn_figure(attrs.evolve(FIXED, fifo=failing))
+    cdf = figure.axes[4]  # type: ignore[attr-defined]
+    fifo = next(line for line in cdf.lines if line.get_label().startswith("FIFO"))
+    assert max(fifo.get_ydata()) == 0.75
+    assert legend(cdf)[1] == "FIFO, same fleet (3/4 turns done)"
+
+
 def test_an_incomplete_plot_shows_the_first_run_and_says_so() -> None:
     incomplete = DemoReport(options=FIXED.options, oldest_first=FIXED.oldest_first)
     figure = drawn_figure(incomplete)
     title = figure._suptitle.get_text()  # type: ignore[attr-defined]
     assert title.endswith("(FIFO run interrupted: no comparison)")
-    assert legend(figure.axes[4]) == ["oldest-first"]  # type: ignore[attr-defined]
+    assert legend(figure.axes[4]) == ["oldest-first (4/4 turns done)"]  # type: ignore[attr-defined]
     assert texts(figure.axes[5]) == []  # type: ignore[attr-defined]
     png = figure_png(lambda f: demo_plot(f, incomplete))
     assert png.startswith(PNG_MAGIC)

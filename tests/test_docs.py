@@ -3,8 +3,9 @@
 Every ```python block of README.md and of docs/*.md is one of two kinds,
 and the test finds out which, so that none is skipped:
 
-* a program (it calls ``trio.run``): it runs verbatim in a fresh
-  interpreter, and must exit cleanly;
+* a program (it calls ``trio.run``, or runs under ``if __name__ ==
+  "__main__":``): it runs verbatim in a fresh interpreter, and must exit
+  cleanly;
 * a fragment, marked on the line before its fence by an HTML comment
   (``<!-- fragment: NAME -->``, not shown on GitHub or PyPI) that names the
   harness running it: the fragment, verbatim, becomes the body of an
@@ -95,7 +96,10 @@ def _where(block: Block) -> str:
 
 
 def _is_program(code: str) -> bool:
-    return re.search(r"^trio\.run\(", code, re.M) is not None
+    return (
+        re.search(r"^(trio\.run\(|if __name__ == \"__main__\":$)", code, re.M)
+        is not None
+    )
 
 
 def _python_blocks() -> list[str]:
@@ -517,6 +521,10 @@ SIGNED = (
     "trio_dispatch.Dispatcher.start_conversation",
     "trio_dispatch.testing.run_simulation",
     "trio_dispatch.testing.simulate",
+    "trio_dispatch.testing.compare",
+    "trio_dispatch.testing.run_comparison",
+    "trio_dispatch.testing.DispatcherConfig",
+    "trio_dispatch.testing.Workload.from_trace",
     "trio_dispatch.testing.run_fairness_sweep",
     "trio_dispatch.testing.run_priority_classes",
 )

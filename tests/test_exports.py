@@ -93,6 +93,37 @@ def test_the_top_level_is_what_an_application_uses() -> None:
     ]
 
 
+def test_the_simulator_and_its_workloads_are_public() -> None:
+    # Written out on purpose: a name added here is an API decision.
+    simulator = {
+        "BurstArrivals",
+        "CallsPerTurn",
+        "Comparison",
+        "DispatcherConfig",
+        "Duration",
+        "PoissonArrivals",
+        "RateCurve",
+        "Scenario",
+        "SimCall",
+        "SimProvider",
+        "SimulationResult",
+        "Trace",
+        "TurnSpec",
+        "Workload",
+        "compare",
+        "run_comparison",
+        "run_simulation",
+        "simulate",
+    }
+    assert simulator <= set(trio_dispatch.testing.__all__)
+    for name in simulator:
+        value = getattr(trio_dispatch.testing, name)
+        assert value.__module__ == "trio_dispatch.testing", name
+    from trio_dispatch.testing import strategies  # noqa: PLC0415 (needs hypothesis)
+
+    assert {"calls_per_turn", "durations", "workloads"} <= set(strategies.__all__)
+
+
 def test_the_plumbing_is_in_lowlevel_only() -> None:
     plumbing = {"Ticket", "SlotPolicy", "PolicyStatistics", "SchedulerActor"}
     plumbing |= {"Acquire", "Release", "Cancel", "Grant", "Reply", "SetLimit"}

@@ -291,7 +291,10 @@ def test_an_int_too_long_to_print_is_named_by_its_size_in_values_too() -> None:
 
 
 def test_a_choice_of_a_few_names_follows_the_rule() -> None:
-    rule = "kind must be one of constant, exponential, lognormal, uniform"
+    rule = (
+        "kind must be one of constant, exponential, lognormal, uniform,"
+        " empirical, mixture"
+    )
     with pytest.raises(ValueError, match=rf"^{rule}, got 'normal'$"):
         Duration("normal", 1.0)  # type: ignore[arg-type]  # wrong on purpose
     with pytest.raises(TypeError, match=rf"^{rule}, got 1$"):

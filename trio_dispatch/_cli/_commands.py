@@ -6,13 +6,15 @@ import tempfile
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from .. import _groups
 from ._common import (
     UsageError,
     check_outputs,
+    figure_png,
     json_bytes,
     maybe_console,
-    png,
     print_table,
     require,
     run_trio,
@@ -20,6 +22,7 @@ from ._common import (
     spinner,
     write_files,
 )
+from ._workloads import read_configs, read_trace
 
 if TYPE_CHECKING:
     import argparse
@@ -27,10 +30,13 @@ if TYPE_CHECKING:
 
     from rich.console import Console
 
-    from ..testing import PolicyMetrics
+    from ..testing import PolicyMetrics, Workload
 
 POLICIES = ("oldest-first", "fifo", "random", "none")
 """The policies ``simulate`` compares, in its default order."""
+
+REFERENCES = ("fifo", "oldest-first")
+"""The policies beside a trace or a configuration of one's own."""
 
 
 def simulate_command(args: argparse.Namespace) -> int:
@@ -40,114 +46,90 @@ def simulate_command(args: argparse.Namespace) -> int:
 
     import trio.testing  # noqa: PLC0415
 
-    from ..testing import (  # noqa: PLC0415
-        CallsPerTurn,
-        PoissonArrivals,
-        SimProvider,
-        Workload,
-        simulate,
-    )
+    from ..testing import compare  # noqa: PLC0415
 
-    capacity = args.capacity if args.capacity is not None else args.limit
-    policies: list[str] = args.policy or list(POLICIES)
-    workload = Workload(
-        agents=args.agents,
-        arrivals=PoissonArrivals(args.load),
-        providers=(SimProvider("provider", args.limit, capacity=capacity),),
-        calls=CallsPerTurn(*args.calls),
-        seed=args.seed,
-    )
+    workload = simulated_workload(args)
+    configs = read_configs(args.config or [])
+    own = args.trace is not None or bool(configs)
+    policies: list[str] = args.policy or list(REFERENCES if own else POLICIES)
     console = maybe_console()
-    results = {}
-    for policy in dict.fromkeys(policies):
-        with spinner(console, f"simulating {policy}"):
-            # What run_simulation does, with Ctrl+C as a cancellation.
-            results[policy] = run_trio(
-                partial(simulate, workload, policy),  # type: ignore[arg-type]  # argparse choices
-                clock=trio.testing.MockClock(autojump_threshold=0),
-            )
-    metrics = {policy: result.metrics() for policy, result in results.items()}
-    print_table(console, *_metrics_table(metrics, args))
+    with spinner(console, "simulating") as shown:
+        # compare in one trio run, where Ctrl+C is a cancellation.
+        comparison = run_trio(
+            partial(
+                compare,
+                workload,
+                configs,
+                references=list(dict.fromkeys(policies)),  # type: ignore[arg-type]  # argparse choices
+                progress=lambda name: _show(shown, f"simulating {name}"),
+            ),
+            clock=trio.testing.MockClock(autojump_threshold=0),
+        )
+    print_table(console, *comparison.table())
+    base = "fifo" if "fifo" in comparison.names else comparison.names[0]
+    for name in comparison.names:
+        if name != base:
+            wins, losses = comparison.versus(name, base)
+            say(console, f"{name} against {base}:")
+            for word, lines in (("better", wins), ("worse", losses)):
+                say(console, f"  {word}: " + ("; ".join(lines) or "nowhere"))
     files: dict[Path, bytes] = {}
     if args.json is not None:
         files[args.json] = json_bytes(
-            {policy: _plain(m) for policy, m in metrics.items()}
+            {name: _plain(m) for name, m in comparison.metrics().items()}
         )
     if args.plot is not None:
-        latencies = {
-            policy: sorted(t.latency for t in result.turns if t.completed)
-            for policy, result in results.items()
-        }
-        files[args.plot] = png(lambda axes: _cdf_plot(axes, latencies, args))
+        files[args.plot] = figure_png(comparison.draw, (17, 5.2))
     write_files(files)
     for path in files:
         say(console, f"wrote {path}")
     return 0
 
 
-def _plain(metrics: PolicyMetrics) -> dict[str, Any]:
-    from .._converter import unstructure  # noqa: PLC0415
-
-    data: dict[str, Any] = unstructure(metrics)
-    return data
+def _show(status: Any, text: str) -> None:  # noqa: ANN401 (rich's Status, or None)
+    if status is not None:
+        status.update(text)
 
 
-def _metrics_table(
-    metrics: dict[str, PolicyMetrics], args: argparse.Namespace
-) -> tuple[str, tuple[str, ...], list[tuple[str, ...]]]:
-    """The metrics as a table's title, columns and rows."""
-    low, high = args.calls
-    title = (
-        f"{args.agents} turns, {low}-{high} calls each, load {args.load:g},"
-        f" limit {args.limit}, seed {args.seed} (virtual seconds)"
+def simulated_workload(args: argparse.Namespace) -> Workload:
+    """The workload ``simulate`` plays: the trace's, or one drawn from the options."""
+    from ..testing import (  # noqa: PLC0415
+        CallsPerTurn,
+        PoissonArrivals,
+        SimProvider,
+        Workload,
     )
-    columns: tuple[str, ...] = (
-        "policy",
-        "mean",
-        "p50",
-        "p95",
-        "p99",
-        "max",
-        "Jain",
-        "max wait",
-        "util",
-        "done",
-        "429s",
-    )
-    rows: list[tuple[str, ...]] = [
-        (
-            policy,
-            f"{m.latency_mean:.1f}",
-            f"{m.latency_p50:.1f}",
-            f"{m.latency_p95:.1f}",
-            f"{m.latency_p99:.1f}",
-            f"{m.latency_max:.1f}",
-            f"{m.fairness:.2f}",
-            f"{m.max_slot_wait:.1f}",
-            f"{m.utilisation:.2f}",
-            str(m.completed),
-            str(m.rejections),
+
+    capacity = args.capacity if args.capacity is not None else args.limit
+    provider = SimProvider("provider", args.limit, capacity=capacity)
+    if args.trace is None:
+        return Workload(
+            agents=args.agents or 2000,
+            arrivals=PoissonArrivals(args.load or 0.95),
+            providers=(provider,),
+            calls=CallsPerTurn(*(args.calls or (1, 8))),
+            seed=args.seed,
         )
-        for policy, m in metrics.items()
-    ]
-    return title, columns, rows
+    if args.calls is not None:
+        raise UsageError("--calls does not apply to a trace: its turns have their own")
+    workload = read_trace(args.trace, (provider,), args.seed)
+    if args.agents is not None:
+        if args.agents > workload.agents:
+            raise UsageError(
+                f"--agents {args.agents}: the trace has only {workload.agents} turns"
+            )
+        workload = attrs.evolve(workload, agents=args.agents)
+    if args.load is not None:
+        try:
+            workload = workload.at_load(args.load)
+        except ValueError as exc:
+            raise UsageError(f"--load: {exc}") from None
+    return workload
 
 
-def _cdf_plot(
-    axes: Any,  # noqa: ANN401 (matplotlib Axes)
-    latencies: dict[str, list[float]],
-    args: argparse.Namespace,
-) -> None:
-    for policy, values in latencies.items():
-        if values:
-            fractions = [(i + 1) / len(values) for i in range(len(values))]
-            axes.plot(values, fractions, label=policy)
-    axes.set_xscale("log")
-    axes.set_xlabel("turn latency (virtual s, log scale)")
-    axes.set_ylabel("fraction of completed turns")
-    axes.set_title(f"turn latency CDF at load {args.load:g}")
-    axes.grid(visible=True, alpha=0.3)
-    axes.legend()
+def _plain(metrics: PolicyMetrics) -> dict[str, Any]:
+    data: dict[str, Any] = attrs.asdict(metrics)
+    return data
 
 
 # ------------------------------------------------------------------ bench
@@ -158,15 +140,28 @@ def bench_command(args: argparse.Namespace) -> int:
     check_outputs(folders=[out])
     require(f"bench {args.name}", ("matplotlib",))
 
-    from ..testing import FairnessConfig, run_fairness_sweep  # noqa: PLC0415
+    from ..testing import FairnessConfig, SimProvider, run_fairness_sweep  # noqa: PLC0415
 
     console = maybe_console()
     config = FairnessConfig.quick() if args.quick else FairnessConfig()
-    points = len(config.loads) * len(config.shapes)
+    if args.limit is not None and args.trace is None:
+        raise UsageError("--limit applies to a sweep of a trace (--trace)")
+    if args.trace is not None:
+        limit = args.limit or config.limit
+        # Read and checked here, before anything runs.
+        read_trace(args.trace, (SimProvider("provider", limit),), config.seed)
+        config = attrs.evolve(
+            config,
+            trace=str(args.trace),
+            limit=limit,
+            policies=tuple(dict.fromkeys(args.policy or REFERENCES)),  # type: ignore[arg-type]  # argparse choices
+        )
+    elif args.policy:
+        config = attrs.evolve(config, policies=tuple(dict.fromkeys(args.policy)))
+    points = len(config.points)
     with _bench_progress(console) as bar:
         task = bar.add_task(
-            f"fairness sweep ({len(config.policies)} policies,"
-            f" {config.agents} turns each): points",
+            f"fairness sweep ({len(config.policies)} policies): points",
             total=points,
         )
         report = run_fairness_sweep(

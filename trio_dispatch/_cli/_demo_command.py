@@ -315,6 +315,7 @@ def demo_plot(figure: Any, report: DemoReport) -> None:  # noqa: ANN401 (matplot
                     linewidth=1.4,
                     label=RUNS[run.name],
                 )
+        _mark_pauses(slots, waiting, runs, name)
         slots.axhline(limits[name], color="black", linestyle="--", linewidth=1)
         slots.set_ylim(0, limits[name] * 1.3)
         slots.set_ylabel(f"{name}\nslots in use", fontsize="small")
@@ -334,9 +335,14 @@ def demo_plot(figure: Any, report: DemoReport) -> None:  # noqa: ANN401 (matplot
             axes.tick_params(labelbottom=False)
         if row == 0:
             slots.set_title(
-                f"slots in use and calls waiting (means over {width:.2g} s)", loc="left"
+                f"slots in use and calls waiting (means over {width:.2g} s);"
+                " shaded: paused after a 429",
+                loc="left",
             )
             waiting.legend(loc="upper left", fontsize="small", ncols=2)
+        paused = [p for p in slots.patches if not p.get_label().startswith("_")]
+        if paused:
+            slots.legend(handles=paused, loc="upper right", fontsize="small", ncols=2)
     if waiting is not None:
         waiting.tick_params(labelbottom=True)
         waiting.set_xlabel("seconds since the run started")
@@ -353,6 +359,33 @@ def demo_plot(figure: Any, report: DemoReport) -> None:  # noqa: ANN401 (matplot
         title += " (FIFO run interrupted: no comparison)"
     figure.suptitle(title, fontweight="bold")
     figure.subplots_adjust(left=0.07, right=0.98, top=0.9, bottom=0.08)
+
+
+def _mark_pauses(slots: Any, waiting: Any, runs: Sequence[Any], name: str) -> None:  # noqa: ANN401 (matplotlib Axes)
+    """Shade each run's 429 pauses of ``name``: a dip in slots reads as a pause.
+
+    While paused, nothing is granted, so the slots in use fall and calls
+    wait; shaded, that reads as the provider's ``Retry-After``, not as
+    waste. Each run in its colour, hatched apart, named once in a legend.
+    """
+    from ._demo import RUNS  # noqa: PLC0415
+
+    for run, hatch in zip(runs, ("//", "\\\\"), strict=False):
+        colour = _RUN_COLOURS[run.name]
+        for index, (start, end) in enumerate(run.pauses.get(name, ())):
+            for axes in (slots, waiting):
+                axes.axvspan(
+                    start,
+                    max(end, start + 1e-3),
+                    facecolor=colour,
+                    alpha=0.18,
+                    hatch=hatch,
+                    edgecolor=colour,
+                    linewidth=0,
+                    label=f"429 pause, {RUNS[run.name].split(',')[0]}"
+                    if index == 0 and axes is slots
+                    else None,
+                )
 
 
 def binned(
@@ -393,9 +426,19 @@ def _latency_cdf(axes: Any, report: DemoReport) -> None:  # noqa: ANN401 (matplo
         values = run.pooled("latency")
         if not values:
             continue
-        fractions = [(i + 1) / len(values) for i in range(len(values))]
+        # Counted over every turn, so a run that lost turns stops short of 1.
+        total = max(len(values), run.turns_completed + run.turns_failed)
+        fractions = [(i + 1) / total for i in range(len(values))]
         colour = _RUN_COLOURS[run.name]
-        axes.step(values, fractions, where="post", color=colour, label=RUNS[run.name])
+        # What each run completed, beside its latency.
+        done = f"{run.turns_completed}/{run.turns_completed + run.turns_failed} turns"
+        axes.step(
+            values,
+            fractions,
+            where="post",
+            color=colour,
+            label=f"{RUNS[run.name]} ({done} done)",
+        )
         p95[run.name] = _figure(values, 95)
         axes.axvline(p95[run.name], color=colour, linestyle=":", linewidth=1.2)
     axes.axhline(0.95, color="gray", linewidth=0.6)

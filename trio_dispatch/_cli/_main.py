@@ -209,22 +209,48 @@ def build_parser() -> argparse.ArgumentParser:
         "simulate",
         help="simulate agents in virtual time and compare scheduling policies",
         description=(
-            "Run one seeded workload in virtual time through the real dispatcher"
-            " under each policy, and print the metrics side by side."
+            "Run one seeded workload (or the turns of a trace) in virtual time"
+            " through the real dispatcher under each policy and each"
+            " configuration of your own, and print them side by side: the"
+            " turns each completed beside its latency, and where each does"
+            " worse than FIFO as plainly as where it does better."
         ),
     )
-    _count_option(simulate, "--agents", _MAX_SIM_AGENTS, 2000, "turns to simulate")
+    simulate.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="play the turns of this JSON Lines trace file (see the manual)",
+    )
+    simulate.add_argument(
+        "--config",
+        action="append",
+        metavar="SPEC",
+        help="a dispatcher configuration of your own to run beside FIFO and"
+        " oldest-first: a JSON file of open_dispatcher options, or FILE.py:NAME"
+        " or MODULE:NAME naming a DispatcherConfig; repeat for several",
+    )
+    simulate.add_argument(
+        "--agents",
+        type=_count(_MAX_SIM_AGENTS),
+        default=None,
+        help=f"turns to simulate, 1 to {_MAX_SIM_AGENTS} (default 2000; with"
+        " --trace, its first turns)",
+    )
     simulate.add_argument(
         "--load",
         type=_load,
-        default=0.95,
-        help="offered load, fraction of capacity (default 0.95)",
+        default=None,
+        help="offered load, fraction of capacity (default 0.95; with --trace,"
+        " its arrivals sped up or slowed to this load, default as recorded)",
     )
     simulate.add_argument(
         "--calls",
         type=_calls_range,
-        default=(1, 8),
-        help=f"LLM calls per turn, LOW-HIGH, at most {_MAX_SIM_CALLS} (default 1-8)",
+        default=None,
+        help=f"LLM calls per turn, LOW-HIGH, at most {_MAX_SIM_CALLS} (default"
+        " 1-8; not with --trace)",
     )
     _count_option(simulate, "--limit", _MAX_SIM_LIMIT, 8, "the provider's limit")
     simulate.add_argument(
@@ -238,7 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy",
         choices=_commands.POLICIES,
         action="append",
-        help="a policy to run; repeat for several (default: all)",
+        help="a policy to run; repeat for several (default: all, or fifo and"
+        " oldest-first beside --trace or --config)",
     )
     simulate.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     simulate.add_argument(
@@ -248,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--plot",
         type=Path,
         default=None,
-        help="write a PNG of the latency distribution here",
+        help="write a PNG of the latency distributions here",
     )
     simulate.set_defaults(run=_commands.simulate_command)
 
@@ -257,13 +284,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="benchmark fairness under load, policy against policy",
         description=(
             "Run the fairness sweep: seeded workloads at several loads and"
-            " turn shapes, in virtual time, under every policy; write its"
-            " report (JSON, markdown, plots)."
+            " turn shapes (or a trace of your own at several loads), in"
+            " virtual time, under every policy; write its report (JSON,"
+            " markdown, plots)."
         ),
     )
     bench.add_argument("name", choices=_BENCHMARKS, help="which benchmark")
     bench.add_argument(
         "--quick", action="store_true", help="smaller sizes, for a first look"
+    )
+    bench.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="sweep the turns of this JSON Lines trace file instead, sped up"
+        " or slowed to each load",
+    )
+    bench.add_argument(
+        "--limit",
+        type=_count(_MAX_SIM_LIMIT),
+        default=None,
+        help=f"with --trace, the provider's limit and capacity, 1 to {_MAX_SIM_LIMIT}"
+        " (default 8)",
+    )
+    bench.add_argument(
+        "--policy",
+        choices=_commands.POLICIES,
+        action="append",
+        help="a policy to run; repeat for several (default: all, or fifo and"
+        " oldest-first with --trace)",
     )
     bench.add_argument(
         "--out",

@@ -6,7 +6,10 @@
 - ``ScriptedProvider`` plays the same ``FakeScript`` in memory, as a
   ``Provider``, exact under ``autojump_clock``.
 - ``run_simulation`` / ``simulate`` play a seeded ``Workload`` of agent
-  turns in virtual time through the real dispatcher, under a policy.
+  turns (drawn from distributions, or a trace's: ``Workload.from_trace``)
+  in virtual time through the real dispatcher, under a policy or a
+  ``DispatcherConfig`` of your own; ``run_comparison`` / ``compare`` put
+  them side by side with FIFO and oldest-first.
 - ``run_fairness_sweep`` and ``run_priority_classes`` compare policies and
   priority agings over several loads (plots need the ``demo`` extra).
 - ``trio_dispatch.testing.strategies`` has hypothesis strategies (also in
@@ -14,6 +17,11 @@
 """
 
 from .._util import fixup_module_metadata
+from ._compare import Comparison as Comparison
+from ._compare import compare as compare
+from ._compare import run_comparison as run_comparison
+from ._distributions import CallsPerTurn as CallsPerTurn
+from ._distributions import Duration as Duration
 from ._fairness import FAIRNESS_QUANTILES as FAIRNESS_QUANTILES
 from ._fairness import FairnessConfig as FairnessConfig
 from ._fairness import FairnessReport as FairnessReport
@@ -41,18 +49,20 @@ from ._script import FaultKind as FaultKind
 from ._script import WireFormat as WireFormat
 from ._scripted import ScriptedProvider as ScriptedProvider
 from ._simulation import POLICIES as POLICIES
+from ._simulation import DispatcherConfig as DispatcherConfig
 from ._simulation import PolicyName as PolicyName
+from ._simulation import SimCall as SimCall
 from ._simulation import SimulationResult as SimulationResult
 from ._simulation import run_simulation as run_simulation
 from ._simulation import simulate as simulate
 from ._tally import FakeServerStatistics as FakeServerStatistics
 from ._workloads import BURST_SPACING as BURST_SPACING
 from ._workloads import BurstArrivals as BurstArrivals
-from ._workloads import CallsPerTurn as CallsPerTurn
-from ._workloads import Duration as Duration
 from ._workloads import PoissonArrivals as PoissonArrivals
+from ._workloads import RateCurve as RateCurve
 from ._workloads import Scenario as Scenario
 from ._workloads import SimProvider as SimProvider
+from ._workloads import Trace as Trace
 from ._workloads import TurnSpec as TurnSpec
 from ._workloads import Workload as Workload
 
@@ -62,6 +72,8 @@ __all__ = [
     "POLICIES",
     "BurstArrivals",
     "CallsPerTurn",
+    "Comparison",
+    "DispatcherConfig",
     "Duration",
     "FairnessConfig",
     "FairnessReport",
@@ -82,18 +94,23 @@ __all__ = [
     "PriorityClassesConfig",
     "PriorityClassesReport",
     "ProviderRecord",
+    "RateCurve",
     "Scenario",
     "ScriptedProvider",
+    "SimCall",
     "SimProvider",
     "SimulationResult",
+    "Trace",
     "TurnRecord",
     "TurnSpec",
     "WireFormat",
     "Workload",
+    "compare",
     "compute_metrics",
     "jain_index",
     "open_fake_llm_server",
     "percentile",
+    "run_comparison",
     "run_fairness_sweep",
     "run_priority_classes",
     "run_simulation",

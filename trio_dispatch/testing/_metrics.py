@@ -10,7 +10,12 @@ Definitions, over the turns that completed:
 - *percentiles*: linear interpolation between closest ranks (numpy's
   default, "type 7");
 - *slot utilisation*: the slot time spent on calls the provider served,
-  over the summed limits times the makespan (first start to last end).
+  over the summed limits times the makespan (first start to last end);
+- *short* and *long turns*: a turn is short if it planned at most the
+  median number of calls of all the run's turns (the lower median), long
+  otherwise. Where turns are mixed (chat turns of one or two calls beside
+  agent runs of tens) this splits them, so that what one kind of turn
+  gains is never hidden by what the other loses.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ class TurnRecord:
         first_slot_wait: How long its first call waited for a slot.
         rejections: How many 429 answers it received.
         completed: ``False`` if a call ran out of attempts.
+        priority: Its priority class.
+        planned: How many calls it meant to make (0: as many as ``calls``).
     """
 
     index: int
@@ -53,6 +60,7 @@ class TurnRecord:
     rejections: int
     completed: bool
     priority: int = 0
+    planned: int = 0
 
     @property
     def latency(self) -> float:
@@ -106,6 +114,11 @@ class PolicyMetrics:
         utilisation: Slot utilisation over the makespan.
         makespan: First start to last end.
         rejections: 429 answers received.
+        short_calls: The most calls a short turn makes (see the module
+            doc); ``short_p50``... are the latency percentiles of the
+            completed short and long turns, ``None`` where there are none.
+        first_wait_p50: Median wait of a turn's first call (``None``
+            where no turn completed).
     """
 
     policy: str
@@ -124,6 +137,14 @@ class PolicyMetrics:
     utilisation: float
     makespan: float
     rejections: int
+    short_calls: int = 0
+    short_turns: int = 0
+    short_p50: float | None = None
+    short_p95: float | None = None
+    long_turns: int = 0
+    long_p50: float | None = None
+    long_p95: float | None = None
+    first_wait_p50: float | None = None
 
 
 def mean(values: Sequence[float]) -> float:
@@ -145,6 +166,10 @@ def percentile(values: Sequence[float], q: float) -> float:
     high = min(low + 1, len(ordered) - 1)
     fraction = rank - low
     return ordered[low] + (ordered[high] - ordered[low]) * fraction
+
+
+def _percentile_or_none(values: Sequence[float], q: float) -> float | None:
+    return percentile(values, q) if values else None
 
 
 def jain_index(values: Sequence[float]) -> float:
@@ -184,6 +209,10 @@ def compute_metrics(
     makespan = max(t.end for t in turns) - min(t.start for t in turns) if turns else 0.0
     busy = math.fsum(p.busy for p in providers)
     limit = sum(p.limit for p in providers)
+    plans = sorted(t.planned or t.calls for t in turns)
+    short_calls = plans[(len(plans) - 1) // 2] if plans else 0
+    short = [t.latency for t in done if (t.planned or t.calls) <= short_calls]
+    long = [t.latency for t in done if (t.planned or t.calls) > short_calls]
     return PolicyMetrics(
         policy=policy,
         turns=len(turns),
@@ -201,4 +230,62 @@ def compute_metrics(
         utilisation=utilisation(busy, limit, makespan) if limit else 0.0,
         makespan=makespan,
         rejections=sum(t.rejections for t in turns),
+        short_calls=short_calls,
+        short_turns=sum((t.planned or t.calls) <= short_calls for t in turns),
+        short_p50=_percentile_or_none(short, 50),
+        short_p95=_percentile_or_none(short, 95),
+        long_turns=sum((t.planned or t.calls) > short_calls for t in turns),
+        long_p50=_percentile_or_none(long, 50),
+        long_p95=_percentile_or_none(long, 95),
+        first_wait_p50=_percentile_or_none([t.first_slot_wait for t in done], 50),
     )
+
+
+#: What ``versus`` compares: (label, ``PolicyMetrics`` field, unit, whether
+#: higher is better). Where oldest-first wins (the tail of turn latency) and
+#: where it can lose (short turns, a new turn's first call, slowdown), with
+#: the work finished first: a policy cannot look fast by dropping turns.
+VERSUS: tuple[tuple[str, str, str, bool], ...] = (
+    ("turns completed", "completed", "turns", True),
+    ("turn p50", "latency_p50", "s", False),
+    ("turn p95", "latency_p95", "s", False),
+    ("turn p99", "latency_p99", "s", False),
+    ("short turns' p50", "short_p50", "s", False),
+    ("long turns' p95", "long_p95", "s", False),
+    ("first-call wait p50", "first_wait_p50", "s", False),
+    ("first-call wait p95", "first_wait_p95", "s", False),
+    ("longest single wait", "max_slot_wait", "s", False),
+    ("mean slowdown", "slowdown_mean", "x", False),
+    ("Jain index of slowdowns", "fairness", "", True),
+)
+
+#: Differences smaller than this share (or than ``_NOISE`` seconds) are ties.
+_TIE = 0.05
+_NOISE = 0.05
+
+
+def versus(ours: PolicyMetrics, base: PolicyMetrics) -> tuple[list[str], list[str]]:
+    """Where ``ours`` does better than ``base``, and where worse: two lists of lines.
+
+    Each line reads ``"turn p95 41.2 s vs 52.0 s (0.79x)"``; a difference
+    within 5% (or 0.05 s) is a tie and is in neither list.
+    """
+    wins: list[str] = []
+    losses: list[str] = []
+    for label, field, unit, higher in VERSUS:
+        a, b = getattr(ours, field), getattr(base, field)
+        if a is None or b is None or math.isnan(a) or math.isnan(b):
+            continue
+        if unit == "s" and abs(a - b) < _NOISE:
+            continue
+        if abs(a - b) <= _TIE * abs(b):
+            continue
+        better = a > b if higher else a < b
+        if unit == "turns":
+            line = f"{label} {a}/{ours.turns} vs {b}/{base.turns}"
+        else:
+            ratio = f" ({a / b:.2f}x)" if b else ""
+            shown = {"s": " s", "x": "x"}.get(unit, "")
+            line = f"{label} {a:.2f}{shown} vs {b:.2f}{shown}{ratio}"
+        (wins if better else losses).append(line)
+    return wins, losses

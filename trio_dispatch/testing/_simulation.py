@@ -11,7 +11,12 @@ following tool step. The policies differ only in how a slot is taken:
   from a seeded RNG, i.e. service in random order;
 - ``"fifo"``: one ``trio.CapacityLimiter`` per provider, first come first
   served per call;
-- ``"none"``: no client-side limit at all.
+- ``"none"``: no client-side limit at all;
+- a ``DispatcherConfig``: the real dispatcher opened with your own
+  ``open_dispatcher`` options (limits and ``AdaptiveLimit``, priority
+  aging, tenants, budgets, ``max_waiting``...), every slot naming its
+  turn's start, class, tenant, model and tokens; with a ``key``, in an
+  order of your own.
 
 A provider with a ``capacity`` answers 429 (after its ``reject_latency``)
 to any call that finds ``capacity`` calls in flight. Under the dispatcher
@@ -31,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import heapq
+import inspect
 import itertools
 import json
 import math
@@ -44,15 +50,16 @@ import trio.testing
 
 from .._converter import structure, unstructure
 from .._dispatch._open import open_dispatcher
-from .._validation import check_positive_seconds
+from .._exceptions import QueueFull
+from .._validation import check_positive_seconds, check_text, validator
 from ._metrics import PolicyMetrics, ProviderRecord, TurnRecord, compute_metrics
-from ._workloads import Scenario, Workload
+from ._workloads import Scenario, TurnSpec, Workload
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Sequence
+    from collections.abc import Awaitable, Callable, Mapping, Sequence
     from contextlib import AbstractAsyncContextManager
 
-    from ._workloads import SimProvider, TurnSpec
+    from ._workloads import SimProvider
 
 PolicyName = Literal["oldest-first", "fifo", "random", "none"]
 
@@ -87,7 +94,96 @@ class SimulationResult:
         return structure(json.loads(text), cls)
 
 
-def _check_policy(policy: object) -> PolicyName:
+#: ``open_dispatcher`` options the simulator does not take: it has no Redis.
+_NOT_SIMULATED = frozenset({"redis_url", "namespace", "lease", "redis_connect_timeout"})
+
+
+def _check_options(
+    _instance: object, _attribute: object, options: Mapping[str, Any]
+) -> None:
+    known = set(inspect.signature(open_dispatcher).parameters) - _NOT_SIMULATED
+    for name in options:
+        if name not in known:
+            raise TypeError(
+                f"{name!r} is not an open_dispatcher option the simulator takes"
+                f" (it takes {', '.join(sorted(known))})"
+            )
+
+
+def _to_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    return dict(options or {})
+
+
+def _check_key(_instance: object, attribute: attrs.Attribute[Any], key: object) -> None:
+    if key is not None and not callable(key):
+        of = "a SimCall" if attribute.name == "key" else "a TurnSpec"
+        raise TypeError(
+            f"{attribute.name} must be a function of {of}, or None; got {key!r}"
+        )
+
+
+@final
+@attrs.frozen
+class SimCall:
+    """What a ``DispatcherConfig``'s ``key`` knows of a call as it asks for a slot.
+
+    Times are seconds from the simulation's start.
+
+    Attributes:
+        turn: The turn it belongs to (its calls, tenant, priority, model...).
+        call: Its position in the turn, from 0.
+        started_at: When the turn started.
+        now: When the call asks.
+        received: Slot seconds the turn's earlier calls were served.
+        waited: Seconds the turn's earlier calls waited for slots.
+    """
+
+    turn: TurnSpec
+    call: int
+    started_at: float
+    now: float
+    received: float
+    waited: float
+
+
+@final
+@attrs.frozen
+class DispatcherConfig:
+    """A dispatcher configuration of your own, for the simulator.
+
+    The simulator opens the real dispatcher with ``open_dispatcher(limits,
+    **options)``: ``options`` are its keywords (``priority_aging``,
+    ``tenants``, ``budgets``, ``max_waiting``...), and ``limits`` among them
+    (ints or ``AdaptiveLimit``) override the workload's providers' own.
+    Every slot names its turn's start, priority class, tenant, model and
+    tokens, as an application would.
+
+    ``key``, if given, is an order of your own: a function of a ``SimCall``
+    (the request and what its turn has received so far) to a number, lower
+    served first, given to the dispatcher as the call's ``started_at``.
+    ``priority``, if given, is how your application classes each turn: a
+    function of a ``TurnSpec`` to its priority class (by default, the
+    turn's own ``priority``), such as a higher class for short interactive
+    turns. ``name`` names the run in reports.
+
+    Raises:
+        TypeError: An option ``open_dispatcher`` does not have, or one the
+            simulator does not take (Redis's); a ``key`` not callable.
+    """
+
+    options: Mapping[str, Any] = attrs.field(
+        default=None, converter=_to_options, validator=_check_options
+    )
+    key: Callable[[SimCall], float] | None = attrs.field(
+        default=None, validator=_check_key, eq=False
+    )
+    priority: Callable[[TurnSpec], int] | None = attrs.field(
+        default=None, validator=_check_key, eq=False
+    )
+    name: str = attrs.field(default="configured", validator=validator(check_text))
+
+
+def check_policy(policy: object) -> PolicyName:
     if policy in POLICIES:
         return policy
     rule = f"policy must be one of {', '.join(POLICIES)}"
@@ -238,10 +334,14 @@ class _Run:
         scenario: Scenario,
         t0: float,
         clock: _Timekeeper | None,
-        acquire: Callable[[str, float, int], AbstractAsyncContextManager[Any]],
+        acquire: Callable[
+            [str, float, TurnSpec, int], AbstractAsyncContextManager[Any]
+        ],
         report: Callable[[str, float], None] | None,
         *,
         batches: bool = False,
+        key: Callable[[SimCall], float] | None = None,
+        limits: Mapping[str, int] | None = None,
     ) -> None:
         self.t0 = t0
         self.keeper = clock
@@ -253,6 +353,7 @@ class _Run:
             self.sleep, self.sleep_until = clock.sleep, clock.sleep_until
         self.acquire = acquire
         self.report = report
+        self.key = key
         self.max_attempts = scenario.max_attempts
         # A batch of grants wakes several agents at one instant; if the
         # provider can refuse some of them, who gets in must not depend on
@@ -264,7 +365,8 @@ class _Run:
                 defer=clock is not None
                 and batches
                 and p.capacity is not None
-                and p.limit > p.capacity,
+                and (p.limit if limits is None else limits.get(p.name, p.limit))
+                > p.capacity,
             )
             for p in scenario.providers
         }
@@ -301,6 +403,7 @@ class _Run:
         retry_after = provider.retry_after
         acquire = self.acquire
         report = self.report
+        key = self.key
         keeper = self.keeper
         max_attempts = self.max_attempts
         now = trio.current_time
@@ -313,55 +416,76 @@ class _Run:
         first_wait = 0.0
         rejections = 0
         made = 0
+        received = 0.0
         completed = True
-        for position, duration in enumerate(spec.calls):
-            priority = started_at if priorities is None else priorities[position]
-            attempts = 0
-            while True:
-                asked = now()
-                async with acquire(name, priority, spec.priority):
-                    waited = now() - asked
-                    slot_wait += waited
-                    max_wait = max(max_wait, waited)
-                    if position == 0 and attempts == 0:
-                        first_wait = waited
-                    if capacity is None:
-                        accepted = True
-                        state.admit()
-                    elif state.defer:
-                        accepted = await keeper.arrive(state, index)  # type: ignore[union-attr]  # defer needs a keeper
-                    else:
-                        accepted = state.in_flight < capacity
-                        if accepted:
+        try:
+            for position, duration in enumerate(spec.calls):
+                if key is not None:
+                    priority = key(
+                        SimCall(
+                            spec,
+                            position,
+                            spec.arrival,
+                            now() - self.t0,
+                            received,
+                            slot_wait,
+                        )
+                    )
+                elif priorities is None:
+                    priority = started_at
+                else:
+                    priority = priorities[position]
+                attempts = 0
+                while True:
+                    asked = now()
+                    async with acquire(name, priority, spec, position):
+                        waited = now() - asked
+                        slot_wait += waited
+                        max_wait = max(max_wait, waited)
+                        if position == 0 and attempts == 0:
+                            first_wait = waited
+                        if capacity is None:
+                            accepted = True
                             state.admit()
-                    if not accepted:
-                        await sleep(provider.reject_latency)
-                        state.rejected += 1
-                        rejections += 1
-                        if report is not None:
-                            report(name, retry_after)
-                        served = False
-                    else:
-                        await sleep(duration)
-                        state.in_flight -= 1
-                        state.served += 1
-                        state.busy += duration
-                        served = True
-                if served:
+                        elif state.defer:
+                            accepted = await keeper.arrive(state, index)  # type: ignore[union-attr]  # defer needs a keeper
+                        else:
+                            accepted = state.in_flight < capacity
+                            if accepted:
+                                state.admit()
+                        if not accepted:
+                            await sleep(provider.reject_latency)
+                            state.rejected += 1
+                            rejections += 1
+                            if report is not None:
+                                report(name, retry_after)
+                            served = False
+                        else:
+                            await sleep(duration)
+                            state.in_flight -= 1
+                            state.served += 1
+                            state.busy += duration
+                            served = True
+                    if served:
+                        break
+                    attempts += 1
+                    if attempts >= max_attempts:
+                        completed = False
+                        break
+                    if report is None:
+                        await sleep(retry_after)
+                    # Else the dispatcher holds every grant until Retry-After:
+                    # queue again at once, with the same priority.
+                if not completed:
                     break
-                attempts += 1
-                if attempts >= max_attempts:
-                    completed = False
-                    break
-                if report is None:
-                    await sleep(retry_after)
-                # Else the dispatcher holds every grant until Retry-After:
-                # queue again at once, with the same priority.
-            if not completed:
-                break
-            made += 1
-            if position < last_tool:
-                await sleep(tools[position])
+                made += 1
+                received += duration
+                if position < last_tool:
+                    await sleep(tools[position])
+        except QueueFull:
+            # max_waiting refused the call, before anything was held: the
+            # turn fails, as it would in an application.
+            completed = False
         self.records[index] = TurnRecord(
             index=index,
             provider=name,
@@ -375,6 +499,7 @@ class _Run:
             rejections=rejections,
             completed=completed,
             priority=spec.priority,
+            planned=len(spec.calls),
         )
 
     def result(
@@ -412,7 +537,7 @@ def _random_priorities(scenario: Scenario, seed: int) -> list[tuple[float, ...]]
 
 async def simulate(
     workload: Workload | Scenario,
-    policy: PolicyName,
+    policy: PolicyName | DispatcherConfig,
     *,
     seed: int | None = None,
     priority_aging: float = 60.0,
@@ -425,13 +550,17 @@ async def simulate(
     Args:
         workload: What to play: a ``Workload`` is drawn with its
             ``scenario()`` first.
-        policy: ``"oldest-first"``, ``"fifo"``, ``"random"`` or ``"none"``.
+        policy: ``"oldest-first"``, ``"fifo"``, ``"random"`` or ``"none"``;
+            or a ``DispatcherConfig``: the real dispatcher opened with your
+            own options (and order, if it has a ``key``).
         seed: The seed of the ``"random"`` policy's priorities; defaults to
             the workload's seed (0 for a ``Scenario``).
         priority_aging: The dispatcher's ``priority_aging`` (only
-            ``"oldest-first"`` has classes).
+            ``"oldest-first"`` has classes; a ``DispatcherConfig`` has its
+            own).
     """
-    policy = _check_policy(policy)
+    if not isinstance(policy, DispatcherConfig):
+        policy = check_policy(policy)
     priority_aging = check_positive_seconds(priority_aging, "priority_aging")
     if isinstance(workload, Workload):
         scenario = workload.scenario()
@@ -439,15 +568,98 @@ async def simulate(
             seed = workload.seed
     else:
         scenario = workload
+    if isinstance(policy, DispatcherConfig):
+        config = policy
+        limits, options = _limits_and_options(scenario, config)
+        if config.priority is not None:
+            classed = config.priority
+            scenario = attrs.evolve(
+                scenario,
+                turns=[attrs.evolve(t, priority=classed(t)) for t in scenario.turns],
+            )
+        # Opened first, so that a bad option is its own error, at once.
+        async with open_dispatcher(limits, **options) as dispatcher:
+            return await _keeping_time(
+                functools.partial(_configured, scenario, config, dispatcher, limits)
+            )
+    return await _keeping_time(
+        functools.partial(
+            _simulate, scenario, policy, seed, priority_aging=priority_aging
+        )
+    )
+
+
+async def _keeping_time(
+    run: Callable[[_Timekeeper | None], Awaitable[SimulationResult]],
+) -> SimulationResult:
+    """``run(keeper)``, with a timekeeper running if the clock is a ``MockClock``."""
     clock = trio.lowlevel.current_clock()
     async with trio.open_nursery() as nursery:
         keeper = None
         if isinstance(clock, trio.testing.MockClock):
             keeper = _Timekeeper(clock)
             nursery.start_soon(keeper.run, name="trio_dispatch simulation clock")
-        result = await _simulate(scenario, policy, seed, keeper, priority_aging)
+        result = await run(keeper)
         nursery.cancel_scope.cancel()
     return result
+
+
+def _limits_and_options(
+    scenario: Scenario, config: DispatcherConfig
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``open_dispatcher``'s limits (the workload's, then the config's) and options."""
+    options = dict(config.options)
+    limits = {p.name: p.limit for p in scenario.providers} | dict(
+        options.pop("limits", None) or {}
+    )
+    return limits, options
+
+
+async def _configured(
+    scenario: Scenario,
+    config: DispatcherConfig,
+    dispatcher: Any,  # noqa: ANN401  # a Dispatcher (the package imports this module)
+    limits: Mapping[str, Any],
+    keeper: _Timekeeper | None,
+) -> SimulationResult:
+    """A run through ``dispatcher``, opened with ``config``'s own options."""
+    t0 = trio.current_time()
+    leftovers: dict[str, tuple[int, int]] = {}
+    slot: Callable[..., AbstractAsyncContextManager[Any]] = dispatcher.slot
+
+    def acquire(
+        name: str, rank: float, spec: TurnSpec, position: int
+    ) -> AbstractAsyncContextManager[Any]:
+        return slot(
+            name,
+            started_at=rank,
+            priority=spec.priority,
+            tenant=spec.tenant,
+            model=spec.model,
+            tokens=spec.tokens[position] if spec.tokens else None,
+        )
+
+    run = _Run(
+        scenario,
+        t0,
+        keeper,
+        acquire,
+        dispatcher.report_rate_limit,
+        batches=True,
+        key=config.key,
+        limits={name: _highest(limit) for name, limit in limits.items()},
+    )
+    await run.drive(scenario.turns, None)
+    # Let the schedulers read the last releases before looking.
+    await trio.testing.wait_all_tasks_blocked()
+    for name, stats in dispatcher.statistics().providers.items():
+        leftovers[name] = (stats.in_flight, stats.waiting)
+    return run.result(config.name, leftovers)
+
+
+def _highest(limit: object) -> int:
+    """An int limit, or an ``AdaptiveLimit``'s ``maximum``."""
+    return limit if isinstance(limit, int) else int(getattr(limit, "maximum", 1))
 
 
 async def _simulate(
@@ -471,10 +683,12 @@ async def _simulate(
             classes = policy == "oldest-first"
 
             def slot(
-                name: str, started_at: float, priority: int
+                name: str, started_at: float, spec: TurnSpec, _position: int
             ) -> AbstractAsyncContextManager[Any]:
                 return dispatcher.slot(
-                    name, started_at=started_at, priority=priority if classes else 0
+                    name,
+                    started_at=started_at,
+                    priority=spec.priority if classes else 0,
                 )
 
             report = dispatcher.report_rate_limit
@@ -486,21 +700,21 @@ async def _simulate(
                 leftovers[name] = (stats.in_flight, stats.waiting)
     elif policy == "fifo":
         limiters = {p.name: trio.CapacityLimiter(p.limit) for p in providers}
-        run = _Run(scenario, t0, keeper, lambda name, _at, _class: limiters[name], None)
+        run = _Run(scenario, t0, keeper, lambda name, *_: limiters[name], None)
         await run.drive(scenario.turns, None)
         for name, limiter in limiters.items():
             held = limiter.statistics()
             leftovers[name] = (held.borrowed_tokens, held.tasks_waiting)
     else:
         free = contextlib.nullcontext()
-        run = _Run(scenario, t0, keeper, lambda _name, _at, _class: free, None)
+        run = _Run(scenario, t0, keeper, lambda *_: free, None)
         await run.drive(scenario.turns, None)
     return run.result(policy, leftovers)
 
 
 def run_simulation(
     workload: Workload | Scenario,
-    policy: PolicyName,
+    policy: PolicyName | DispatcherConfig,
     *,
     seed: int | None = None,
     clock: trio.abc.Clock | None = None,

@@ -31,11 +31,11 @@ import trio
 import trio.testing
 from hypothesis import strategies as st
 
+from ._distributions import CallsPerTurn, Duration
 from ._workloads import (
     BurstArrivals,
-    CallsPerTurn,
-    Duration,
     PoissonArrivals,
+    RateCurve,
     SimProvider,
     Workload,
 )
@@ -52,6 +52,7 @@ __all__ = [
     "Operation",
     "RateLimitOp",
     "SetLimitOp",
+    "calls_per_turn",
     "durations",
     "operation_sequences",
     "replay_operations",
@@ -60,17 +61,18 @@ __all__ = [
 
 
 def durations(
-    *, max_mean: float = 4.0, allow_zero: bool = False
+    *, max_mean: float = 4.0, allow_zero: bool = False, mixtures: bool = False
 ) -> st.SearchStrategy[Duration]:
     """Durations of every kind, with means up to ``max_mean`` seconds.
 
     ``allow_zero`` allows a constant zero (fine for tool steps; calls should
-    take time).
+    take time). ``mixtures`` adds empirical durations and mixtures of the
+    others (heavy tails).
     """
     low = 0.0 if allow_zero else 0.01
     means = st.floats(low, max_mean, allow_nan=False, allow_infinity=False)
     positive = st.floats(0.01, max_mean, allow_nan=False, allow_infinity=False)
-    return st.one_of(
+    simple = st.one_of(
         means.map(Duration.constant),
         positive.map(Duration.exponential),
         st.builds(Duration.lognormal, positive, st.floats(0.0, 1.5)),
@@ -80,6 +82,34 @@ def durations(
             st.floats(0.0, 1.0),
         ),
     )
+    if not mixtures:
+        return simple
+    empirical = st.lists(positive, min_size=1, max_size=6).map(Duration.empirical)
+    parts = st.lists(st.tuples(_weights, simple | empirical), min_size=1, max_size=3)
+    return st.one_of(simple, empirical, parts.map(lambda p: Duration.mixture(*p)))
+
+
+_weights = st.floats(0.1, 10.0)
+
+
+def calls_per_turn(*, max_calls: int = 5) -> st.SearchStrategy[CallsPerTurn]:
+    """Calls per turn of every kind, 1 to ``max_calls``.
+
+    Uniform, geometric, empirical, and mixtures of them (chat turns beside
+    agent runs), shrinking towards one uniform range.
+    """
+    uniform = st.integers(1, max_calls).flatmap(
+        lambda low: st.builds(CallsPerTurn, st.just(low), st.integers(low, max_calls))
+    )
+    geometric = st.floats(1.0, float(max_calls)).map(
+        lambda mean: CallsPerTurn.geometric(mean, high=max_calls)
+    )
+    empirical = st.lists(st.integers(1, max_calls), min_size=1, max_size=6).map(
+        CallsPerTurn.empirical
+    )
+    simple = st.one_of(uniform, geometric, empirical)
+    parts = st.lists(st.tuples(_weights, simple), min_size=1, max_size=3)
+    return st.one_of(simple, parts.map(lambda p: CallsPerTurn.mixture(*p)))
 
 
 @st.composite
@@ -113,33 +143,49 @@ def workloads(
     max_limit: int = 4,
     max_calls: int = 5,
     capacities: bool = False,
+    mixed: bool = False,
 ) -> st.SearchStrategy[Workload]:
     """Small valid ``Workload`` values, shrinking towards fewer, simpler turns.
 
     ``capacities``: whether providers may have a capacity of their own (up
     to ``max_limit + 1``) and answer 429; off by default, so that every turn
-    completes.
+    completes. ``mixed``: calls per turn of every kind (``calls_per_turn``),
+    heavy-tailed durations, arrivals by a rate curve too, and turns of
+    priority classes and tenants ``"a"`` and ``"b"``.
     """
 
     @st.composite
     def build(draw: st.DrawFn) -> Workload:
         low = draw(st.integers(1, max_calls))
         high = draw(st.integers(low, max_calls))
-        arrivals: PoissonArrivals | BurstArrivals = draw(
-            st.one_of(
-                st.builds(PoissonArrivals, st.floats(0.1, 1.5)),
-                st.builds(BurstArrivals, st.integers(1, 8), st.floats(0.5, 20.0)),
+        kinds: list[st.SearchStrategy[PoissonArrivals | BurstArrivals | RateCurve]] = [
+            st.builds(PoissonArrivals, st.floats(0.1, 1.5)),
+            st.builds(BurstArrivals, st.integers(1, 8), st.floats(0.5, 20.0)),
+        ]
+        if mixed:
+            curve = st.lists(st.floats(0.1, 1.5), min_size=1, max_size=4).map(
+                lambda loads: RateCurve([(10.0 * i, x) for i, x in enumerate(loads)])
             )
-        )
+            kinds.append(curve)
+        arrivals: PoissonArrivals | BurstArrivals | RateCurve = draw(st.one_of(kinds))
+        calls = CallsPerTurn(low, high)
+        classes: tuple[tuple[int, float], ...] = ()
+        tenants: tuple[tuple[str, float], ...] = ()
+        if mixed:
+            calls = draw(calls_per_turn(max_calls=max_calls))
+            classes = draw(st.sampled_from([(), ((1, 1.0), (0, 3.0))]))
+            tenants = draw(st.sampled_from([(), (("a", 1.0), ("b", 2.0))]))
         return Workload(
             agents=draw(st.integers(1, max_agents)),
             arrivals=arrivals,
             providers=draw(_providers(max_providers, max_limit, capacities)),
-            calls=CallsPerTurn(low, high),
-            call_duration=draw(durations()),
-            tool_duration=draw(durations(allow_zero=True)),
+            calls=calls,
+            call_duration=draw(durations(mixtures=mixed)),
+            tool_duration=draw(durations(allow_zero=True, mixtures=mixed)),
             seed=draw(st.integers(0, 2**32 - 1)),
             max_attempts=draw(st.integers(1, 5)),
+            classes=classes,
+            tenants=tenants,
         )
 
     return build()
