@@ -46,10 +46,25 @@ import attrs
 
 from ..messages import Finish, ReasoningDelta, TextDelta, Usage
 from ._decoder import INT, TEXT, Field, Obj, WireDecoder, problems
-from ._encode import ReplyPlan, WireEvent, sse
+from ._encode import (
+    CachePlan,
+    CacheSegment,
+    ReplyPlan,
+    WireEvent,
+    marked,
+    segment_text,
+    sse,
+)
 from ._errors import error_for_type, make_tool_call
 from ._format import WireFormat
-from ._headers import HeaderReader, ceil_ms, figures, http_date, reference_time
+from ._headers import (
+    HeaderReader,
+    ceil_ms,
+    figures,
+    header_figures,
+    http_date,
+    reference_time,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -560,6 +575,44 @@ def error_event(error_type: str, message: str) -> bytes:
     return sse(payload, "error")
 
 
+# -- prompt caching (the fake server's) -------------------------------------------
+
+
+def cache_plan(body: dict[str, Any]) -> CachePlan | None:
+    """How the API caches ``body``'s prompt, or ``None`` without a breakpoint.
+
+    Tools, the system prompt, then each content block; the prefix up to
+    each ``cache_control`` breakpoint is cached, and the longest cached
+    prefix ending at or before the last one read (looking back over all
+    blocks, not 20).
+    """
+    segments: list[CacheSegment] = []
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        segments.extend(CacheSegment(segment_text(t), marked(t)) for t in tools)
+    system = body.get("system")
+    if isinstance(system, list):
+        segments.extend(CacheSegment(segment_text(b), marked(b)) for b in system)
+    elif system is not None:
+        segments.append(CacheSegment(segment_text(system)))
+    messages = body.get("messages")
+    for message in messages if isinstance(messages, list) else ():
+        if not isinstance(message, dict):
+            continue
+        role = segment_text(message.get("role"))
+        content = message.get("content")
+        blocks = content if isinstance(content, list) else [content]
+        segments.extend(
+            CacheSegment(role + segment_text(block), marked(block)) for block in blocks
+        )
+    written = [index for index, segment in enumerate(segments) if segment.marked]
+    if not written:
+        return None
+    return CachePlan(
+        store=(), segments=segments, last=written[-1], written=written, explicit=True
+    )
+
+
 # -- the rate-limit headers ------------------------------------------------------
 
 # Each quota's RateLimitInfo field, and its name in the headers.
@@ -608,17 +661,7 @@ def rfc3339(wall: float) -> str:
 
 def rate_limit_headers(info: RateLimitInfo, wall_now: float) -> list[tuple[str, str]]:
     """The request and token quotas of ``info`` as headers (resets as times)."""
-    headers: list[tuple[str, str]] = []
-    for kind, quota in (("requests", info.requests), ("tokens", info.tokens)):
-        if quota is None:
-            continue
-        assert quota.reset is not None
-        headers += [
-            (_HEADER.format("limit", kind), str(quota.limit)),
-            (_HEADER.format("remaining", kind), str(quota.remaining)),
-            (_HEADER.format("reset", kind), rfc3339(wall_now + quota.reset)),
-        ]
-    return headers
+    return header_figures(info, _HEADER, lambda reset: rfc3339(wall_now + reset))
 
 
 ANTHROPIC: Final = WireFormat(
@@ -637,6 +680,7 @@ ANTHROPIC: Final = WireFormat(
     read_rate_limits=read_rate_limits,
     rate_limit_headers=rate_limit_headers,
     encode_stream=encode_stream,
+    cache_plan=cache_plan,
     error_body=error_body,
     error_event=error_event,
     status_errors={

@@ -11,7 +11,7 @@ plays their stream events in memory.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -75,3 +75,44 @@ def sse(payload: object, event: str | None = None) -> bytes:
     """One server-sent event: ``payload`` as JSON data, with its name if given."""
     head = f"event: {event}\n" if event else ""
     return f"{head}data: {json.dumps(payload)}\n\n".encode()
+
+
+# -- prompt caching, as the fake server plays it ----------------------------------
+
+
+@attrs.frozen
+class CacheSegment:
+    """One piece of a prompt, in caching order, and whether a breakpoint ends it."""
+
+    text: str
+    marked: bool = False
+
+
+@attrs.frozen
+class CachePlan:
+    """How a format caches one request's prompt.
+
+    ``store``: what keeps its cache apart beside the API key (OpenAI's
+    ``prompt_cache_key``); ``segments``: its prompt in caching order;
+    ``last``: the segment whose prefix it reads at most, and caches if
+    ``explicit`` (Anthropic's last breakpoint), else only reads (the
+    prompt's end); ``written``: the segments whose prefixes it caches.
+    """
+
+    store: tuple[str, ...]
+    segments: list[CacheSegment]
+    last: int
+    written: list[int]
+    explicit: bool
+
+
+def segment_text(value: Any) -> str:  # noqa: ANN401 (any JSON value)
+    """A prompt piece as cache-comparable text: its JSON, breakpoints left out."""
+    if isinstance(value, dict):
+        value = {key: item for key, item in value.items() if key != "cache_control"}
+    return json.dumps(value, sort_keys=True)
+
+
+def marked(value: object) -> bool:
+    """Whether a prompt piece carries a ``cache_control`` breakpoint."""
+    return isinstance(value, dict) and "cache_control" in value

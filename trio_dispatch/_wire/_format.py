@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from .._policy._ratelimits import RateLimitInfo
     from ._decoder import WireDecoder
-    from ._encode import WireEvent
+    from ._encode import CachePlan, WireEvent
 
 
 @final
@@ -51,6 +51,9 @@ class WireFormat:
         encode_stream: A reply's server-sent events (``plan, *,
             include_usage``), with the stream events the decoder makes of
             each.
+        cache_plan: How the API caches a request body's prompt (the fake
+            server's prompt cache plays it), or ``None`` if it asks for
+            no caching.
         error_body: An error answer's JSON body (``error type, message``).
         error_event: An error event in the stream (``error type, message``).
         status_errors: The error type and message of each status fault
@@ -76,6 +79,7 @@ class WireFormat:
     read_rate_limits: Callable[..., RateLimitInfo]
     rate_limit_headers: Callable[[RateLimitInfo, float], list[tuple[str, str]]]
     encode_stream: Callable[..., list[WireEvent]]
+    cache_plan: Callable[[dict[str, Any]], CachePlan | None]
     error_body: Callable[[str, str], dict[str, Any]]
     error_event: Callable[[str, str], bytes]
     status_errors: Mapping[str, tuple[str, str]]

@@ -257,6 +257,26 @@ def figures(
     return RateLimitInfo(**quotas, retry_after=_retry_after(reader, reference))
 
 
+def header_figures(
+    info: RateLimitInfo, name: str, reset: Callable[[float], str]
+) -> list[tuple[str, str]]:
+    """The request and token quotas of ``info`` as headers: ``figures``' inverse.
+
+    Named by ``name.format(part, kind)``; ``reset`` writes a reset's seconds.
+    """
+    headers: list[tuple[str, str]] = []
+    for kind, quota in (("requests", info.requests), ("tokens", info.tokens)):
+        if quota is None:
+            continue
+        assert quota.reset is not None
+        headers += [
+            (name.format("limit", kind), str(quota.limit)),
+            (name.format("remaining", kind), str(quota.remaining)),
+            (name.format("reset", kind), reset(quota.reset)),
+        ]
+    return headers
+
+
 # How much of a malformed value a log line shows.
 _SHOWN: Final = 40
 

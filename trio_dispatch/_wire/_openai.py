@@ -53,10 +53,16 @@ import attrs
 from .._exceptions import StreamInterrupted
 from ..messages import Finish, ReasoningDelta, TextDelta, ToolCall, Usage
 from ._decoder import INT, TEXT, Arr, Field, Obj, WireDecoder
-from ._encode import ReplyPlan, WireEvent, sse
+from ._encode import CachePlan, CacheSegment, ReplyPlan, WireEvent, segment_text, sse
 from ._errors import error_for_status, error_for_type, error_kind, make_tool_call
 from ._format import WireFormat
-from ._headers import HeaderReader, ceil_ms, figures, reference_time
+from ._headers import (
+    HeaderReader,
+    ceil_ms,
+    figures,
+    header_figures,
+    reference_time,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -509,6 +515,33 @@ def error_event(error_type: str, message: str) -> bytes:
     return sse(error_body(error_type, message))
 
 
+# -- prompt caching (the fake server's) -------------------------------------------
+
+
+def cache_plan(body: dict[str, Any]) -> CachePlan | None:
+    """How the API caches ``body``'s prompt, or ``None`` without a cache key.
+
+    Every prefix of the tools and messages, kept apart by
+    ``prompt_cache_key``; a request reads the longest one cached.
+    """
+    cache_key = body.get("prompt_cache_key")
+    if not isinstance(cache_key, str):
+        return None
+    segments = [
+        CacheSegment(segment_text(item))
+        for part in (body.get("tools"), body.get("messages"))
+        if isinstance(part, list)
+        for item in part
+    ]
+    return CachePlan(
+        store=(cache_key,),
+        segments=segments,
+        last=len(segments) - 1,
+        written=list(range(len(segments))),
+        explicit=False,
+    )
+
+
 # -- the rate-limit headers ------------------------------------------------------
 
 # Each quota's RateLimitInfo field, and its name in the headers.
@@ -557,17 +590,7 @@ def go_duration(seconds: float) -> str:
 
 def rate_limit_headers(info: RateLimitInfo, wall_now: float) -> list[tuple[str, str]]:
     """The request and token quotas of ``info`` as headers (resets as durations)."""
-    headers: list[tuple[str, str]] = []
-    for kind, quota in (("requests", info.requests), ("tokens", info.tokens)):
-        if quota is None:
-            continue
-        assert quota.reset is not None
-        headers += [
-            (_HEADER.format("limit", kind), str(quota.limit)),
-            (_HEADER.format("remaining", kind), str(quota.remaining)),
-            (_HEADER.format("reset", kind), go_duration(quota.reset)),
-        ]
-    return headers
+    return header_figures(info, _HEADER, go_duration)
 
 
 OPENAI: Final = WireFormat(
@@ -585,6 +608,7 @@ OPENAI: Final = WireFormat(
     read_rate_limits=read_rate_limits,
     rate_limit_headers=rate_limit_headers,
     encode_stream=encode_stream,
+    cache_plan=cache_plan,
     error_body=error_body,
     error_event=error_event,
     status_errors={
