@@ -669,7 +669,7 @@ ANTHROPIC: Final = WireFormat(
     path="/v1/messages",
     route="/v1/messages",
     # Its SDK sends either header since its 2.x line; x-api-key wins.
-    key_headers=(("x-api-key", ""), ("authorization", "Bearer")),
+    key_headers=(("x-api-key", ""), ("Authorization", "Bearer")),
     version_header="anthropic-version",
     required_fields=("model", "messages", "max_tokens"),
     usage_on_request=False,

@@ -31,9 +31,11 @@ class WireFormat:
             (``/chat/completions`` under ``.../v1``).
         route: The same endpoint from the server's root (``/v1/...``), where
             the fake server serves it.
-        key_headers: The headers that may carry the API key, lowercased,
-            each with its scheme (``("authorization", "Bearer")``, or
-            ``""`` for the bare key); a request sends the first.
+        key_headers: The headers that may carry the API key, each with its
+            scheme (``("Authorization", "Bearer")``, or ``""`` for the bare
+            key); a request sends the first. Names as the API's
+            documentation spells them, for messages; sent and matched
+            lowercased.
         version_header: A header every request must carry (Anthropic's
             ``anthropic-version``), or ``None``.
         required_fields: The fields every request body must have.
@@ -93,12 +95,12 @@ class WireFormat:
     def key_header(self, api_key: str) -> tuple[str, str]:
         """The header carrying ``api_key`` as a request sends it: (name, value)."""
         name, scheme = self.key_headers[0]
-        return name, f"{scheme} {api_key}" if scheme else api_key
+        return name.lower(), f"{scheme} {api_key}" if scheme else api_key
 
     def key_in(self, headers: Mapping[str, str]) -> str:
         """The key a request's (lowercased) headers present, or ``""``."""
         for name, scheme in self.key_headers:
-            value = headers.get(name, "")
+            value = headers.get(name.lower(), "")
             if scheme:
                 given, _, value = value.partition(" ")
                 if given.lower() != scheme.lower():

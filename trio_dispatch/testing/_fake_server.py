@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from ._script import WireFormat
 
 _SECRET_HEADERS = frozenset(
-    name for wire in FORMATS.values() for name, _ in wire.key_headers
+    name.lower() for wire in FORMATS.values() for name, _ in wire.key_headers
 )
 _logger = logging.getLogger("trio_dispatch.testing.fake_server")
 
@@ -525,7 +525,6 @@ def _check_request(request: FakeRequest, headers: Mapping[str, str]) -> None:
     wire = FORMATS[request.format]
     if not request.authenticated:
         what = wire.key_headers[0][0]
-        what = "Authorization" if what == "authorization" else what
         raise _Rejected(401, "authentication_error", f"missing or invalid {what}")
     version = wire.version_header
     if version is not None and not headers.get(version):
