@@ -50,7 +50,7 @@ from .._validation import (
 from ..actors._scheduler import SchedulerActor
 from ..messages._limits import DEFAULT_MAX_TOKENS
 from ._settings import check_tenant_settings
-from ._slot import ModelCall, Slot, SlotHost, acquire_unscoped
+from ._slot import Slot, SlotHost, acquire_unscoped
 from ._statistics import DispatcherStatistics
 from ._turn import CURRENT_TURN, Turn, TurnScope
 
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 
     from .._provider import Provider
     from ..messages._limits import Tenant
-    from ._backend import Backend
+    from ._backend import Backend, ProviderStatistics
     from ._settings import Settings
 
 _logger = logging.getLogger("trio_dispatch")
@@ -97,7 +97,6 @@ class Dispatcher(metaclass=NoPublicConstructor):
         "_actors",
         "_backends",
         "_call_observers",
-        "_calls",
         "_cleared",
         "_closed",
         "_closing",
@@ -136,9 +135,6 @@ class Dispatcher(metaclass=NoPublicConstructor):
         # warned about.
         self._known: set[str] = set()
         self._cleared: set[str] = set()
-        # The model calls under way through integrations, by the task that
-        # holds each one's slot (see calling()).
-        self._calls: dict[trio.lowlevel.Task, ModelCall] = {}
         self._closed = False
         # Set when closing, for the task that holds the Redis client.
         self._closing: trio.Event | None = None
@@ -465,22 +461,6 @@ class Dispatcher(metaclass=NoPublicConstructor):
         assert slot.granted_at is not None
         return slot.granted_at + max_hold
 
-    def calling(self, slot: Slot) -> ModelCall:
-        """The model call of held ``slot`` is under way in this task, in the block.
-
-        Plumbing for integrations (``wrap_provider`` is built on it): a
-        provider may tell this dispatcher of its answer by itself, through
-        callbacks (``on_rate_limits=dispatcher.observe_rate_limits``,
-        ``on_rate_limit=dispatcher.report_rate_limit``) called as the
-        answer arrives. What those hear of ``slot``'s provider from this
-        task while the block runs is this call's answer: its start is said
-        first (the figures count the request), and the ``ModelCall`` notes
-        it, so the integration does not tell it again. Use it in a plain
-        ``with``, entered and left by the task that holds the slot.
-        """
-        call: ModelCall = _make(ModelCall, slot, self._calls)
-        return call
-
     def set_limit(self, provider: str, limit: int | AdaptiveLimit) -> None:
         """Limit ``provider`` to ``limit`` concurrent slots, now.
 
@@ -539,7 +519,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
         (``wrap_provider``, conversations, ``transport()``), which read
         the figures off the answer; through a provider's
         ``on_rate_limits=`` for one used without a dispatcher's slot (a
-        provider given both is counted once). The figures pace the
+        provider given both is counted once: an answer the dispatcher
+        meters calls no callback of its provider). The figures pace the
         provider's budgets (see ``open_dispatcher``'s ``budgets`` and
         ``learn_budgets``). Synchronous, never blocks, and never raises for
         what ``info`` says. Subscribers to ``events()`` get each as a
@@ -554,8 +535,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         pace the provider's, over all its models. The calls made through
         the dispatcher name their model by themselves: our providers'
         ``model``, the ``model`` of a transport's JSON body, a slot's
-        ``model`` (a provider's own callback for the call under way in
-        this task too).
+        ``model``.
 
         Raises:
             TypeError: ``provider`` or ``model`` is not a string, or
@@ -570,16 +550,6 @@ class Dispatcher(metaclass=NoPublicConstructor):
             return
         # Before the event: a subscriber's channel belongs to this run.
         self.check_run()
-        if self._calls:
-            call = self._calls.get(trio.lowlevel.current_task())
-            if call is not None and call.slot.provider == provider:
-                # A provider's own callback, as the answer of the call under
-                # way in this task arrives: the figures count its request,
-                # whose answer has started, and the call is not told again.
-                call.observed = True
-                call.answered()
-                if model is None:
-                    model = call.slot.model
         if self._hub.sinks:
             self._hub.emit(
                 RateLimitsReceived(provider, trio.current_time(), info, model)
@@ -668,7 +638,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
         Calls through the dispatcher (``wrap_provider``, conversations,
         ``transport()``) report their rate-limit answers by themselves; a
         provider's ``on_rate_limit=`` is for calls made without a slot (a
-        provider given both reports an answer once).
+        provider given both reports an answer once: an answer the
+        dispatcher meters calls no callback of its provider).
 
         Holders are not touched; nothing is granted until the pause ends.
         With ``retry_after`` (the server's ``Retry-After``, in seconds) the
@@ -689,12 +660,6 @@ class Dispatcher(metaclass=NoPublicConstructor):
         """
         check_provider(provider)
         seconds = check_optional_seconds(retry_after, "retry_after")
-        if self._calls:
-            call = self._calls.get(trio.lowlevel.current_task())
-            if call is not None and call.slot.provider == provider:
-                # A provider's own callback for the call under way in this
-                # task: the integration does not report this answer again.
-                call.reported = True
         if self._closed or provider not in self._limits:
             return
         with contextlib.suppress(DispatcherClosed):
@@ -985,6 +950,20 @@ class Dispatcher(metaclass=NoPublicConstructor):
 
 
 Dispatcher._front = Dispatcher
+
+
+def provider_statistics_of(
+    dispatcher: Dispatcher, provider: str
+) -> ProviderStatistics | None:
+    """``dispatcher.statistics().providers.get(provider)``, the others left alone.
+
+    For an integration that reads one provider (a conversation, its
+    pause): only that provider's backend handles its backlog. ``None`` for
+    a provider never used.
+    """
+    dispatcher.check_run()
+    backend = dispatcher._backends.get(provider)
+    return None if backend is None else backend.statistics()
 
 
 @asynccontextmanager

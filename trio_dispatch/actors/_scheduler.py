@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, final
 
 import trio
 
-from .._dispatch._backend import ProviderStatistics
+from .._dispatch._backend import provider_statistics
 from .._exceptions import DispatcherClosed, QueueFull
 from .._observe._hub import EventHub
 from .._observe._translator import Translator
@@ -86,6 +86,7 @@ from ..messages._protocol import (
 from ._mailbox import Mailbox
 
 if TYPE_CHECKING:
+    from .._dispatch._backend import ProviderStatistics
     from .._policy._ratelimits import RateLimitInfo
     from .._policy._slots import SlotPolicy
     from ..messages._protocol import Reply
@@ -355,21 +356,11 @@ class SchedulerActor:
         stats = policy.statistics()
         throttle = policy.throttle
         now = trio.current_time()
-        return ProviderStatistics(
-            provider=self.provider,
+        return provider_statistics(
+            self.provider,
+            stats,
             limit=stats.limit,
-            in_flight=stats.in_flight,
-            waiting=stats.waiting,
-            paused=stats.paused_until is not None,
             paused_until=stats.paused_until,
-            granted_total=stats.granted_total,
-            released_total=stats.released_total,
-            withdrawn_total=stats.withdrawn_total,
-            rejected_total=stats.rejected_total,
-            peak_in_flight=stats.peak_in_flight,
-            peak_waiting=stats.peak_waiting,
-            local_in_flight=stats.in_flight,
-            local_waiting=stats.waiting,
             adaptive=throttle is not None and throttle.adaptive is not None,
             budget=policy.budget_statistics(now),
             models=policy.model_budget_statistics(now),
