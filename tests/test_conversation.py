@@ -27,6 +27,8 @@ from trio_dispatch import (
     TurnResult,
     open_dispatcher,
 )
+from trio_dispatch._wire._anthropic import request_body as anthropic_body
+from trio_dispatch._wire._openai import request_body as openai_body
 from trio_dispatch.lowlevel import check_arguments
 from trio_dispatch.messages import (
     ChatMessage,
@@ -39,8 +41,6 @@ from trio_dispatch.messages import (
     Usage,
 )
 from trio_dispatch.providers import OpenAIProvider
-from trio_dispatch.providers._anthropic import request_body as anthropic_body
-from trio_dispatch.providers._openai import request_body as openai_body
 from trio_dispatch.testing import (
     FakeReply,
     FakeRequest,

@@ -1,56 +1,43 @@
-"""The decoders' fast paths: taken for the common deltas, never divergent.
+"""The one decoder per wire format: fast on the common deltas, precise on the rest.
 
-Both wire decoders read a plain text, reasoning or tool-call delta with
-dict lookups and hand everything else to the full path (cattrs, whose
-messages name the wrong field). These tests hold that together:
+Each format's decoder reads every event by hand (``trio_dispatch._wire``);
+a field of the wrong kind is named in the words the cattrs converter used
+when the decoders had a second, cattrs path. These tests hold it there:
 
-* the common deltas never reach cattrs (the point of the fast path, and
-  what would quietly regress if a check in it went wrong);
-* the same events go to a decoder and to one whose fast path always
-  declines, and the two must yield the same events and raise the same
-  errors, event by event, through to the end of the stream: hypothesis
-  streams of valid and slightly malformed events, one broken event between
-  a set-up and an ending, and every field of the shapes the fast paths
-  take, deleted or replaced by each kind of wrong value in turn.
+* the common deltas never reach the shape walker that names wrong fields
+  (what would quietly regress if a check in the decoder went wrong);
+* the decoder's events and errors, step by step through to the end of the
+  stream, equal those recorded in ``fixtures/decoder_outcomes.json`` from
+  the cattrs decoders: every field of the shapes the hot paths take,
+  deleted or replaced by each kind of wrong value in turn, and streams of
+  valid and slightly malformed events drawn by the hypothesis strategies
+  below, recorded with their outcomes;
+* on fresh hypothesis streams, the decoder yields stream events or raises
+  a ``ProviderError``, never anything else, and an event that fits its
+  shape is never refused as misfitting it.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from trio_dispatch._wire import _anthropic, _decoder
+from trio_dispatch._wire._anthropic import AnthropicDecoder
+from trio_dispatch._wire._openai import OpenAIDecoder
+from trio_dispatch._wire._sse import ServerSentEvent
 from trio_dispatch.messages import Finish, ReasoningDelta, TextDelta, ToolCall, Usage
-from trio_dispatch.providers import ProviderError, _anthropic, _openai
-from trio_dispatch.providers._anthropic import _AnthropicDecoder
-from trio_dispatch.providers._openai import _OpenAIDecoder
-from trio_dispatch.providers._sse import ServerSentEvent
+from trio_dispatch.providers import ProviderError
 
 if TYPE_CHECKING:
+    from trio_dispatch._wire._decoder import WireDecoder
     from trio_dispatch.messages import StreamEvent
-    from trio_dispatch.providers._decode import WireDecoder
-
-
-class FullPathOpenAIDecoder(_OpenAIDecoder):
-    """The OpenAI decoder with its fast path always declining."""
-
-    def _fast(
-        self, payload: object, event: ServerSentEvent
-    ) -> list[StreamEvent] | None:
-        return None
-
-
-class FullPathAnthropicDecoder(_AnthropicDecoder):
-    """The Anthropic decoder with its fast path always declining."""
-
-    def _fast(
-        self, payload: object, event: ServerSentEvent
-    ) -> list[StreamEvent] | None:
-        return None
 
 
 def event(data: object, name: str | None = None) -> ServerSentEvent:
@@ -59,14 +46,14 @@ def event(data: object, name: str | None = None) -> ServerSentEvent:
 
 
 @pytest.fixture
-def no_cattrs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make any use of the full path's structuring fail the test."""
+def no_shape_walks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make any walk of an event against its shape fail the test."""
 
     def refuse(*args: object) -> object:
-        raise AssertionError("the full path structured an event")
+        raise AssertionError("an event was walked against its shape")
 
-    monkeypatch.setattr(_openai, "structure_event", refuse)
-    monkeypatch.setattr(_anthropic, "structure_event", refuse)
+    monkeypatch.setattr(_decoder, "problems", refuse)
+    monkeypatch.setattr(_anthropic, "problems", refuse)
 
 
 # -- the common deltas take the fast path -----------------------------------
@@ -87,9 +74,9 @@ def openai_chunk(delta: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@pytest.mark.usefixtures("no_cattrs")
-def test_openai_text_reasoning_and_tool_deltas_never_reach_cattrs() -> None:
-    decoder = _OpenAIDecoder("openai")
+@pytest.mark.usefixtures("no_shape_walks")
+def test_openai_text_reasoning_and_tool_deltas_are_never_walked() -> None:
+    decoder = OpenAIDecoder("openai")
     start = {
         "index": 0,
         "id": "call_1",
@@ -119,7 +106,7 @@ def test_openai_text_reasoning_and_tool_deltas_never_reach_cattrs() -> None:
 
 
 def test_openai_tool_deltas_from_the_fast_path_make_the_call() -> None:
-    decoder = _OpenAIDecoder("openai")
+    decoder = OpenAIDecoder("openai")
     start = {"index": 0, "id": "call_1", "function": {"name": "f", "arguments": ""}}
     pieces = [
         {"index": 0, "function": {"arguments": part}} for part in ('{"a"', ": 1}")
@@ -146,10 +133,10 @@ def anthropic_delta(index: int, delta: dict[str, Any]) -> ServerSentEvent:
     )
 
 
-@pytest.mark.usefixtures("no_cattrs")
-def test_anthropic_text_thinking_and_tool_deltas_never_reach_cattrs() -> None:
-    decoder = _AnthropicDecoder("anthropic")
-    # Block starts go through the full path; install the blocks directly.
+@pytest.mark.usefixtures("no_shape_walks")
+def test_anthropic_text_thinking_and_tool_deltas_are_never_walked() -> None:
+    decoder = AnthropicDecoder("anthropic")
+    # Block starts are walked against their shape; install the blocks directly.
     for index, kind in enumerate(("text", "thinking", "tool_use")):
         decoder._blocks[index] = _anthropic._Block(kind, id="toolu_1", name="f")
     fed = [
@@ -245,24 +232,63 @@ LAYOUT = st.sampled_from(
 )
 
 
-def outcome(decoder: WireDecoder, sse: ServerSentEvent | None) -> object:
-    """What feeding ``sse`` (or ending the stream, for ``None``) gives."""
+RECORDED = json.loads(
+    (Path(__file__).parent / "fixtures" / "decoder_outcomes.json").read_text("utf-8")
+)
+
+
+def outcome(decoder: WireDecoder, sse: ServerSentEvent | None) -> dict[str, Any]:
+    """What feeding ``sse`` (or ending the stream, for ``None``) gives, as recorded."""
     try:
-        return decoder.end_of_stream() if sse is None else decoder.feed(sse)
+        events = decoder.end_of_stream() if sse is None else decoder.feed(sse)
     except ProviderError as error:
-        return type(error), error.args, error.status_code, error.retryable
+        name = type(error).__name__
+        return {"error": [name, list(error.args), error.status_code, error.retryable]}
+    return {"events": [repr(event) for event in events]}
 
 
-def assert_same(
-    fast: WireDecoder, full: WireDecoder, events: list[ServerSentEvent], case: str = ""
-) -> None:
-    """Feed both decoders ``events``, then the end: the same, step by step."""
+def outcomes(
+    decoder: WireDecoder, events: list[ServerSentEvent]
+) -> list[dict[str, Any]]:
+    """Feed ``events``, then the end: each step's outcome, up to an error."""
+    found: list[dict[str, Any]] = []
     for sse in [*events, None]:
-        got, expected = outcome(fast, sse), outcome(full, sse)
-        assert got == expected, (case, sse)
-        if not isinstance(got, list):
-            return  # an error ends the stream
-        assert fast.done == full.done
+        found.append(outcome(decoder, sse))
+        if "error" in found[-1]:
+            break  # an error ends the stream
+    return found
+
+
+def recorded(steps: list[int]) -> list[object]:
+    """The outcomes a recording lists by number."""
+    return [RECORDED["steps"][step] for step in steps]
+
+
+def assert_sound(decoder: WireDecoder, events: list[ServerSentEvent]) -> None:
+    """Stream events, then the terminator or a ``ProviderError`` naming the provider.
+
+    Anything else raised fails the test as it is: an event that fits its
+    shape but is refused as misfitting it trips the decoder's assertion.
+    """
+    steps = outcomes(decoder, events)
+    last = steps[-1]
+    if "error" in last:
+        assert last["error"][1][0].startswith(f"{decoder._provider}: "), last
+    else:
+        assert decoder.done  # every stream here ends with its terminator
+
+
+@pytest.mark.parametrize(
+    "stream", RECORDED["streams"], ids=lambda stream: stream["format"]
+)
+def test_recorded_streams_give_the_recorded_outcomes(stream: dict[str, Any]) -> None:
+    decoder: WireDecoder = (
+        OpenAIDecoder("openai")
+        if stream["format"] == "openai"
+        else AnthropicDecoder("anthropic")
+    )
+    events = [ServerSentEvent(event=name, data=data) for name, data in stream["events"]]
+    assert outcomes(decoder, events) == recorded(stream["outcome"])
 
 
 OPENAI_TOOL_CALL = st.fixed_dictionaries(
@@ -323,7 +349,7 @@ OPENAI_EVENT = st.tuples(
 
 
 @given(st.lists(OPENAI_EVENT, min_size=1, max_size=12))
-def test_openai_fast_and_full_paths_yield_the_same_events_and_errors(
+def test_openai_streams_yield_events_or_provider_errors(
     chunks: list[tuple[object, str, str | None]],
 ) -> None:
     events = [
@@ -331,7 +357,7 @@ def test_openai_fast_and_full_paths_yield_the_same_events_and_errors(
         for payload, layout, name in chunks
     ]
     events.append(ServerSentEvent(data="[DONE]"))
-    assert_same(_OpenAIDecoder("openai"), FullPathOpenAIDecoder("openai"), events)
+    assert_sound(OpenAIDecoder("openai"), events)
 
 
 ANTHROPIC_INDEX = st.integers(0, 2)
@@ -405,7 +431,7 @@ ANTHROPIC_END = [
 
 
 @given(st.lists(ANTHROPIC_EVENT, min_size=1, max_size=16))
-def test_anthropic_fast_and_full_paths_yield_the_same_events_and_errors(
+def test_anthropic_streams_yield_events_or_provider_errors(
     payloads: list[tuple[object, str]],
 ) -> None:
     events = [
@@ -417,9 +443,7 @@ def test_anthropic_fast_and_full_paths_yield_the_same_events_and_errors(
         )
         for payload, layout in [*payloads, *((end, "plain") for end in ANTHROPIC_END)]
     ]
-    assert_same(
-        _AnthropicDecoder("anthropic"), FullPathAnthropicDecoder("anthropic"), events
-    )
+    assert_sound(AnthropicDecoder("anthropic"), events)
 
 
 # One event broken anywhere, between a set-up and an ending that bring out
@@ -432,7 +456,7 @@ OPENAI_FINISH = {
 
 
 @given(slightly_malformed(OPENAI_CHUNK, always=True), LAYOUT)
-def test_openai_one_broken_chunk_gives_the_same_outcome_on_both_paths(
+def test_openai_one_broken_chunk_gives_events_or_a_provider_error(
     payload: object, layout: str
 ) -> None:
     start = {"index": 0, "id": "call_1", "function": {"name": "f", "arguments": ""}}
@@ -442,7 +466,7 @@ def test_openai_one_broken_chunk_gives_the_same_outcome_on_both_paths(
         event(OPENAI_FINISH),
         event("[DONE]"),
     ]
-    assert_same(_OpenAIDecoder("openai"), FullPathOpenAIDecoder("openai"), events)
+    assert_sound(OpenAIDecoder("openai"), events)
 
 
 ANTHROPIC_SETUP = [
@@ -466,7 +490,7 @@ ANTHROPIC_SETUP = [
     LAYOUT,
     st.lists(ANTHROPIC_INDEX, max_size=2, unique=True),
 )
-def test_anthropic_one_broken_delta_gives_the_same_outcome_on_both_paths(
+def test_anthropic_one_broken_delta_gives_events_or_a_provider_error(
     payload: object, layout: str, stopped_first: list[int]
 ) -> None:
     stopped_after = [i for i in range(3) if i not in stopped_first]
@@ -477,9 +501,7 @@ def test_anthropic_one_broken_delta_gives_the_same_outcome_on_both_paths(
         *(event({"type": "content_block_stop", "index": i}) for i in stopped_after),
         *(event(data) for data in ANTHROPIC_END),
     ]
-    assert_same(
-        _AnthropicDecoder("anthropic"), FullPathAnthropicDecoder("anthropic"), events
-    )
+    assert_sound(AnthropicDecoder("anthropic"), events)
 
 
 # Every field of the shapes the fast paths take, broken every way, in turn:
@@ -538,17 +560,16 @@ OPENAI_FULL_CHUNK = {
 
 @pytest.mark.parametrize("layout", ["plain", "trailing text", "trailing newline"])
 @pytest.mark.parametrize("name", [None, "message", "error"])
-def test_openai_every_field_broken_gives_the_same_outcome_on_both_paths(
+def test_openai_every_field_broken_gives_the_recorded_outcome(
     name: str | None, layout: str
 ) -> None:
-    for what, payload in broken_copies(OPENAI_FULL_CHUNK):
+    expected = RECORDED["every_field_broken"][f"openai {name} {layout}"]
+    copies = broken_copies(OPENAI_FULL_CHUNK)
+    assert len(copies) == len(expected)
+    for (what, payload), steps in zip(copies, expected, strict=True):
         broken = ServerSentEvent(event=name or "message", data=as_data(payload, layout))
-        assert_same(
-            _OpenAIDecoder("openai"),
-            FullPathOpenAIDecoder("openai"),
-            [broken, event(OPENAI_FINISH), event("[DONE]")],
-            what,
-        )
+        events = [broken, event(OPENAI_FINISH), event("[DONE]")]
+        assert outcomes(OpenAIDecoder("openai"), events) == recorded(steps), what
 
 
 ANTHROPIC_DELTA_SHAPES = [
@@ -563,14 +584,18 @@ ANTHROPIC_DELTA_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("delta", ANTHROPIC_DELTA_SHAPES)
+@pytest.mark.parametrize("shape", range(len(ANTHROPIC_DELTA_SHAPES)))
 @pytest.mark.parametrize("index", [0, 1, 2, 3])
 @pytest.mark.parametrize("layout", ["plain", "trailing text"])
-def test_anthropic_every_field_broken_gives_the_same_outcome_on_both_paths(
-    delta: dict[str, str], index: int, layout: str
+def test_anthropic_every_field_broken_gives_the_recorded_outcome(
+    shape: int, index: int, layout: str
 ) -> None:
+    expected = RECORDED["every_field_broken"][f"anthropic {shape} {index} {layout}"]
+    delta = ANTHROPIC_DELTA_SHAPES[shape]
     payload = {"type": "content_block_delta", "index": index, "delta": delta}
-    for what, broken in broken_copies(payload):
+    copies = broken_copies(payload)
+    assert len(copies) == len(expected)
+    for (what, broken), steps in zip(copies, expected, strict=True):
         events = [
             *(event(data) for data in ANTHROPIC_SETUP),
             # Block 2 has stopped; block 3 never started.
@@ -579,9 +604,5 @@ def test_anthropic_every_field_broken_gives_the_same_outcome_on_both_paths(
             *(event({"type": "content_block_stop", "index": i}) for i in (0, 1)),
             *(event(data) for data in ANTHROPIC_END),
         ]
-        assert_same(
-            _AnthropicDecoder("anthropic"),
-            FullPathAnthropicDecoder("anthropic"),
-            events,
-            what,
-        )
+        got = outcomes(AnthropicDecoder("anthropic"), events)
+        assert got == recorded(steps), what

@@ -19,6 +19,9 @@ from typing import TYPE_CHECKING, Any
 import httpx2
 import pytest
 
+from trio_dispatch._wire._anthropic import AnthropicDecoder
+from trio_dispatch._wire._openai import OpenAIDecoder
+from trio_dispatch._wire._sse import ServerSentEvent
 from trio_dispatch.messages import (
     ChatMessage,
     ChatRequest,
@@ -36,9 +39,6 @@ from trio_dispatch.providers import (
     RateLimited,
     ServerError,
 )
-from trio_dispatch.providers._anthropic import _AnthropicDecoder
-from trio_dispatch.providers._openai import _OpenAIDecoder
-from trio_dispatch.providers._sse import ServerSentEvent
 from trio_dispatch.testing import FakeReply, FakeToolCall, Fault
 from trio_dispatch.testing._encoders import (
     MALFORMED,
@@ -53,9 +53,9 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from trio_dispatch import ProviderError
+    from trio_dispatch._wire._encode import WireEvent
     from trio_dispatch.messages import StreamEvent
     from trio_dispatch.testing import FaultKind, WireFormat
-    from trio_dispatch.testing._encoders import WireEvent
 
 WIRES: list[WireFormat] = ["openai", "anthropic"]
 HELLO = ChatRequest([ChatMessage("user", "Hello")])
@@ -111,8 +111,8 @@ def openai_text(body: bytes, field: str = "content") -> str:
     )
 
 
-def decoder_for(wire: WireFormat) -> _OpenAIDecoder | _AnthropicDecoder:
-    return _OpenAIDecoder("p") if wire == "openai" else _AnthropicDecoder("p")
+def decoder_for(wire: WireFormat) -> OpenAIDecoder | AnthropicDecoder:
+    return OpenAIDecoder("p") if wire == "openai" else AnthropicDecoder("p")
 
 
 @asynccontextmanager

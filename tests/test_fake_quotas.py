@@ -14,12 +14,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trio_dispatch import Quota, RateLimitInfo
+from trio_dispatch._wire._anthropic import read_rate_limits as anthropic_rate_limits
+from trio_dispatch._wire._anthropic import rfc3339
+from trio_dispatch._wire._openai import go_duration
+from trio_dispatch._wire._openai import read_rate_limits as openai_rate_limits
 from trio_dispatch.messages import ChatMessage, ChatRequest
 from trio_dispatch.providers import AnthropicProvider, OpenAIProvider, RateLimited
-from trio_dispatch.providers._ratelimit_headers import (
-    anthropic_rate_limits,
-    openai_rate_limits,
-)
 from trio_dispatch.testing import (
     FakeLLMServer,
     FakeQuotas,
@@ -28,7 +28,7 @@ from trio_dispatch.testing import (
     Fault,
     open_fake_llm_server,
 )
-from trio_dispatch.testing._quotas import QuotaBook, Refusal, go_duration, rfc3339
+from trio_dispatch.testing._quotas import QuotaBook, Refusal
 
 if TYPE_CHECKING:
     from trio_dispatch.testing import WireFormat

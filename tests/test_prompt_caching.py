@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from trio_dispatch._wire._anthropic import request_body as anthropic_body
+from trio_dispatch._wire._openai import request_body as openai_body
 from trio_dispatch.messages import ChatMessage, ChatRequest, ToolSpec, Usage
 from trio_dispatch.providers import AnthropicProvider, OpenAIProvider
-from trio_dispatch.providers._anthropic import request_body as anthropic_body
-from trio_dispatch.providers._openai import request_body as openai_body
 from trio_dispatch.testing import FakeReply, FakeScript, open_fake_llm_server
 
 from ._rigs import echo, open_rig, tool

@@ -26,6 +26,9 @@ from trio_dispatch import (
     TurnResult,
     open_dispatcher,
 )
+from trio_dispatch._wire._anthropic import AnthropicDecoder
+from trio_dispatch._wire._openai import OpenAIDecoder
+from trio_dispatch._wire._sse import ServerSentEvent
 from trio_dispatch.messages import (
     ChatMessage,
     ChatRequest,
@@ -41,9 +44,6 @@ from trio_dispatch.providers import (
     RequestFailed,
     ServerError,
 )
-from trio_dispatch.providers._anthropic import _AnthropicDecoder
-from trio_dispatch.providers._openai import _OpenAIDecoder
-from trio_dispatch.providers._sse import ServerSentEvent
 
 from ._helpers import chain
 
@@ -776,10 +776,8 @@ def anthropic_call(arguments: str) -> list[ServerSentEvent]:
 
 
 DECODERS = [
-    pytest.param(lambda: _OpenAIDecoder("openai"), openai_call, id="openai"),
-    pytest.param(
-        lambda: _AnthropicDecoder("anthropic"), anthropic_call, id="anthropic"
-    ),
+    pytest.param(lambda: OpenAIDecoder("openai"), openai_call, id="openai"),
+    pytest.param(lambda: AnthropicDecoder("anthropic"), anthropic_call, id="anthropic"),
 ]
 
 
@@ -794,7 +792,7 @@ def nested(levels: int) -> str:
 @pytest.mark.parametrize("levels", [101, 500, 800])
 @pytest.mark.parametrize(("decoder", "events"), DECODERS)
 def test_tool_arguments_nested_too_deep_are_refused_as_they_are_decoded(
-    decoder: Callable[[], _OpenAIDecoder | _AnthropicDecoder],
+    decoder: Callable[[], OpenAIDecoder | AnthropicDecoder],
     events: Callable[[str], list[ServerSentEvent]],
     levels: int,
 ) -> None:
@@ -809,7 +807,7 @@ def test_tool_arguments_nested_too_deep_are_refused_as_they_are_decoded(
 
 @pytest.mark.parametrize(("decoder", "events"), DECODERS)
 def test_tool_arguments_nested_as_deep_as_allowed_are_kept(
-    decoder: Callable[[], _OpenAIDecoder | _AnthropicDecoder],
+    decoder: Callable[[], OpenAIDecoder | AnthropicDecoder],
     events: Callable[[str], list[ServerSentEvent]],
 ) -> None:
     raw = nested(100)

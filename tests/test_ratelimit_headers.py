@@ -30,14 +30,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trio_dispatch import Quota, RateLimitInfo
+from trio_dispatch._wire._anthropic import read_rate_limits as anthropic_rate_limits
+from trio_dispatch._wire._headers import MAX_COUNT, MAX_SECONDS, MalformedHeaderLog
+from trio_dispatch._wire._openai import read_rate_limits as openai_rate_limits
 from trio_dispatch.providers._errors import Redactor
-from trio_dispatch.providers._ratelimit_headers import (
-    MAX_COUNT,
-    MAX_SECONDS,
-    MalformedHeaderLog,
-    anthropic_rate_limits,
-    openai_rate_limits,
-)
 
 OPENAI_DOCS = {
     "x-ratelimit-limit-requests": "60",

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trio_dispatch.providers._sse import EventTooLarge, ServerSentEvent, SSEDecoder
+from trio_dispatch._wire._sse import EventTooLarge, ServerSentEvent, SSEDecoder
 
 
 def decode(*chunks: bytes) -> list[ServerSentEvent]:

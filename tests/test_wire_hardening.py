@@ -26,6 +26,9 @@ from trio_dispatch import (
     Tool,
     open_dispatcher,
 )
+from trio_dispatch._wire._anthropic import AnthropicDecoder
+from trio_dispatch._wire._openai import OpenAIDecoder
+from trio_dispatch._wire._sse import ServerSentEvent
 from trio_dispatch.messages import (
     ChatMessage,
     ChatRequest,
@@ -39,9 +42,6 @@ from trio_dispatch.providers import (
     ProviderConnectionError,
     StreamInterrupted,
 )
-from trio_dispatch.providers._anthropic import _AnthropicDecoder
-from trio_dispatch.providers._openai import _OpenAIDecoder
-from trio_dispatch.providers._sse import ServerSentEvent
 from trio_dispatch.testing import FakeReply, FakeScript, FakeToolCall, ScriptedProvider
 
 from ._helpers import chain
@@ -73,11 +73,11 @@ def sse_response(body: bytes) -> httpx2.Response:
 
 @pytest.mark.parametrize(
     "decoder",
-    [_OpenAIDecoder("openai"), _AnthropicDecoder("anthropic")],
+    [OpenAIDecoder("openai"), AnthropicDecoder("anthropic")],
     ids=["openai", "anthropic"],
 )
 def test_deeply_nested_event_data_is_a_malformed_stream(
-    decoder: _OpenAIDecoder | _AnthropicDecoder,
+    decoder: OpenAIDecoder | AnthropicDecoder,
 ) -> None:
     with pytest.raises(MalformedStream):
         decoder.feed(ServerSentEvent(event="ping", data=DEEP))
@@ -347,7 +347,7 @@ STOP_BLOCK = ("content_block_stop", {"type": "content_block_stop", "index": 0})
 
 
 def test_a_content_block_stopped_twice_is_malformed_not_two_tool_calls() -> None:
-    decoder = _AnthropicDecoder("anthropic")
+    decoder = AnthropicDecoder("anthropic")
     events: list[StreamEvent] = []
     with pytest.raises(MalformedStream, match=r"content block 0 stopped twice"):
         for event in _anthropic_events(TOOL_BLOCK, STOP_BLOCK, STOP_BLOCK):
@@ -356,7 +356,7 @@ def test_a_content_block_stopped_twice_is_malformed_not_two_tool_calls() -> None
 
 
 def test_a_delta_after_its_blocks_stop_is_malformed() -> None:
-    decoder = _AnthropicDecoder("anthropic")
+    decoder = AnthropicDecoder("anthropic")
     late = (
         "content_block_delta",
         {

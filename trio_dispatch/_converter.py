@@ -1,8 +1,10 @@
 """The one private ``cattrs.Converter`` that turns JSON into domain objects.
 
-Wire JSON, trace files and configuration become attrs values here, at the
-edge, and nowhere else; the global ``cattrs`` converter is never used, so
-nobody else's hooks can change what we accept.
+Trace files, saved histories and configuration become attrs values here,
+at the edge, and nowhere else; the global ``cattrs`` converter is never
+used, so nobody else's hooks can change what we accept. The wire formats'
+stream decoders read their JSON by hand, for speed (``_wire/_decoder.py``
+says how much), and name a wrong field in this converter's words.
 
 The converter is strict where cattrs is lenient by default: a string field
 takes only a ``str`` (not ``5`` turned into ``"5"``), an integer field only

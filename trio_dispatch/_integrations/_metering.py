@@ -15,8 +15,8 @@ The transport, ``wrap_provider`` and conversations (through
   carries it, and the figures of its answer go to that model's budget;
 * one reader of rate-limit figures: off an answer that carries them
   (``figures_of``: an opened stream's or a status error's
-  ``rate_limits``), or off raw headers (``RateLimitReader``, either wire
-  format);
+  ``rate_limits``), or off raw headers (``RateLimitReader``: the wire
+  format whose headers they are reads them);
 * one "answered, then maybe pause" (``Meter.answered``): the slot's answer
   started (the provider has counted the request, before the figures that
   count it), the figures go to ``Dispatcher.observe_rate_limits``, and a
@@ -38,6 +38,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Final, Protocol, TypeVar, cast, final
 
 from .._policy._ratelimits import RateLimitInfo
+from .._wire import FORMATS
+from .._wire._headers import MalformedHeaderLog
 from ..messages._stream import Usage
 from ._hooks import RateLimitHooks
 
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
     from .._dispatch._dispatcher import Dispatcher
     from .._dispatch._slot import Slot
     from .._observe._hub import CallWatch
+    from .._wire import WireFormat
     from ..messages import ChatMessage, ChatRequest, StreamEvent, ToolSpec
 
 
@@ -196,28 +199,30 @@ class RateLimitReader:
 
     def read(self, headers: Mapping[str, str]) -> RateLimitInfo | None:
         """The figures of ``headers``, or ``None`` if they carry none."""
-        anthropic = openai = False
-        for name in headers:
-            lowered = name.lower()
-            if lowered.startswith("anthropic-ratelimit-"):
-                anthropic = True
-                break
-            if lowered.startswith("x-ratelimit-"):
-                openai = True
-        if not (anthropic or openai):
+        wire = _format_of(headers)
+        if wire is None:
             return None
-        # Only now: the providers package loads their HTTP client.
-        from ..providers._ratelimit_headers import (  # noqa: PLC0415
-            MalformedHeaderLog,
-            anthropic_rate_limits,
-            openai_rate_limits,
-        )
-
         if self._malformed is None:
             self._malformed = MalformedHeaderLog(self._provider)
-        parse = anthropic_rate_limits if anthropic else openai_rate_limits
-        info = parse(headers, now=datetime.now(UTC), on_malformed=self._malformed)
+        info = wire.read_rate_limits(
+            headers, now=datetime.now(UTC), on_malformed=self._malformed
+        )
         return None if info.empty else info
+
+
+def _format_of(headers: Mapping[str, str]) -> WireFormat | None:
+    """The wire format whose rate-limit headers ``headers`` carry, or ``None``.
+
+    The one with the most headers under its prefix, if a proxy mixed two;
+    the first in ``FORMATS`` on a tie.
+    """
+    names = [name.lower() for name in headers]
+    counts = [
+        (sum(name.startswith(wire.rate_limit_prefix) for name in names), wire)
+        for wire in FORMATS.values()
+    ]
+    count, wire = max(counts, key=lambda pair: pair[0])
+    return wire if count else None
 
 
 _Answer = TypeVar("_Answer")

@@ -28,7 +28,7 @@ The body's bytes go to the SDK as they come, unchanged. httpx's read
 timeout restarts with every byte, so a server that sends comments alone
 (``: keepalive``), never an event, would hold the slot until ``max_hold``.
 So for a ``text/event-stream`` answer the bytes also go through the
-providers' ``SSEDecoder``, and the request's read timeout counts the time
+wire formats' ``SSEDecoder``, and the request's read timeout counts the time
 reads wait without an event dispatched, as our providers count theirs
 (``Hold.stall_on_silence``): a third deadline of each read, beside
 ``max_hold``'s and the lease's, the earliest cutting it. Past it the body
@@ -92,7 +92,8 @@ import httpx2
 import trio
 
 from .._exceptions import LeaseLost, SlotHoldTimeout, lease_lost, slot_hold_timeout
-from ..providers._sse import EventTooLarge, SSEDecoder
+from .._wire._retry_after import parse_retry_after
+from .._wire._sse import EventTooLarge, SSEDecoder
 from ._kept import adopt_kept_place, keep_place
 from ._metering import (
     Meter,
@@ -365,9 +366,6 @@ class Hold:
         retry_after = None
         pause = status in RATE_LIMITED
         if pause:
-            # Only now: the providers package loads their HTTP client.
-            from ..providers._retry_after import parse_retry_after  # noqa: PLC0415
-
             retry_after = parse_retry_after(headers, time.time())
         slot = self._slot
         Meter(self._dispatcher, slot).answered(

@@ -23,9 +23,9 @@ from .._provider import Provider as Provider
 from .._provider import RateLimitObserver as RateLimitObserver
 from .._provider import RateLimitReporter as RateLimitReporter
 from .._util import fixup_module_metadata
+from .._wire._retry_after import parse_retry_after as parse_retry_after
 from ._anthropic import AnthropicProvider as AnthropicProvider
 from ._openai import OpenAIProvider as OpenAIProvider
-from ._retry_after import parse_retry_after as parse_retry_after
 
 __all__ = [
     "AnthropicProvider",

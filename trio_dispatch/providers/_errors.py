@@ -27,9 +27,10 @@ exceptions in one module::
       anything else                   RequestFailed: the stream failed
     an error event in the stream    error_for_type (called by the decoders)
 
-``error_for_status`` and ``error_for_type`` themselves, the vocabulary of
-both APIs, live in ``trio_dispatch._wire``, which loads no HTTP library:
-``trio_dispatch.testing.ScriptedProvider`` raises exactly what they make.
+``error_for_status``, ``error_for_type`` and ``error_details``, the
+vocabulary and error bodies of both APIs, live in ``trio_dispatch._wire``,
+which loads no HTTP library: ``trio_dispatch.testing.ScriptedProvider``
+raises exactly what they make.
 
 Every function here returns the error; the caller raises it after its
 ``except`` clause, not in it: httpx2's exception holds the request, key
@@ -41,7 +42,6 @@ httpx2 passes through it.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from typing import TYPE_CHECKING, Final, final
@@ -55,16 +55,14 @@ from .._exceptions import (
     RequestFailed,
     StreamInterrupted,
 )
-from .._wire import error_for_status
-from ._retry_after import parse_retry_after
+from .._wire._errors import error_details, error_for_status, shorten
+from .._wire._retry_after import parse_retry_after
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable
 
 # An error body is read for its message only; never all of a huge one.
 ERROR_BODY_LIMIT: Final = 64 * 1024
-# How much of a server's own message an exception repeats.
-_MESSAGE_LIMIT: Final = 500
 _REDACTED: Final = "[redacted]"
 # The longest spelling of a key character in JSON text: ``\u002f``.
 _LONGEST_SPELLING: Final = 6
@@ -236,45 +234,6 @@ def status_error(
     )
 
 
-def error_details(
-    body: bytes, redact: Callable[[str], str] = str
-) -> tuple[str | None, str]:
-    """``(error type, message)`` from an error body, in either API's shape.
-
-    Both OpenAI (``{"error": {"message", "type", "code"}}``) and Anthropic
-    (``{"type": "error", "error": {"type", "message"}}``) nest the details
-    under ``error``; anything else is shown as text. What JSON decoding
-    gives is passed through ``redact`` before it is shortened.
-    """
-    text = body.decode("utf-8", errors="replace").strip()
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
-        return None, _shorten(redact(text))
-    error = data.get("error") if isinstance(data, dict) else None
-    if isinstance(error, dict):
-        kind = error_kind(error)
-        message = error.get("message")
-        text = message if isinstance(message, str) else text
-        return (None if kind is None else redact(kind)), _shorten(redact(text))
-    if isinstance(error, str):
-        return None, _shorten(redact(error))
-    return None, _shorten(redact(text))
-
-
-def error_kind(error: Mapping[str, object]) -> str | None:
-    """An error object's ``type``, and its ``code`` when that says more.
-
-    ``"type (code)"``, or either alone; ``None`` if neither is a string.
-    """
-    error_type = error.get("type")
-    code = error.get("code")
-    kind = error_type if isinstance(error_type, str) and error_type else None
-    if isinstance(code, str) and code and code != kind:
-        kind = f"{kind} ({code})" if kind else code
-    return kind
-
-
 def stalled_error(provider: str, read_timeout: float) -> ProviderConnectionError:
     """The error of a stream that sent no event for ``read_timeout`` seconds.
 
@@ -320,12 +279,5 @@ def read_error(
 
 def _describe(exc: Exception, redact: Callable[[str], str]) -> str:
     """An unexpected exception in one line: its type, and its message redacted."""
-    detail = _shorten(redact(str(exc)))
+    detail = shorten(redact(str(exc)))
     return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
-
-
-def _shorten(text: str) -> str:
-    text = " ".join(text.split())
-    if len(text) > _MESSAGE_LIMIT:
-        return text[: _MESSAGE_LIMIT - 3] + "..."
-    return text

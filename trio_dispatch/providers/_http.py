@@ -1,7 +1,8 @@
 """The HTTP half every provider shares: send, check the status, read SSE.
 
-A provider supplies its wire format's path, headers, body and decoder
-(``WireDecoder``, in ``_decode.py``). Everything else lives here, once:
+A provider supplies its wire format (a ``WireFormat``, from
+``trio_dispatch._wire``: path, key header, decoder, rate-limit headers),
+its fixed headers and its request body. Everything else lives here, once:
 
 * ``ProviderBase`` holds the httpx2 client (owned or lent), the timeouts,
   the key and the rate-limit hooks (``RateLimitHooks``, in ``.._hooks``),
@@ -13,7 +14,7 @@ A provider supplies its wire format's path, headers, body and decoder
 * ``EventStream`` is what ``stream()`` returns: an async context manager
   that sends the request on entry, raises the typed status error there,
   iterates events, and closes the response on exit, shielded, whatever
-  happened. The body's bytes go through ``SSEDecoder`` (``_sse.py``), then
+  happened. The body's bytes go through ``SSEDecoder`` (``_wire/_sse.py``), then
   through the wire format's decoder. The read timeout counts the time
   spent reading without an event, not without a byte: a server that sends
   only comments (``: keepalive``) stalls like one that sends nothing, and
@@ -40,6 +41,8 @@ from .._integrations._hooks import RateLimitHooks
 from .._provider import PROVIDER_USAGE, STREAM_USAGE
 from .._util import wrong_with
 from .._validation import check_seconds, redact_url
+from .._wire._headers import MalformedHeaderLog
+from .._wire._sse import EventTooLarge, SSEDecoder
 from ..messages._chat import check_chat_request
 from ._checks import check_api_key, check_base_url, check_headers, check_secret_text
 from ._errors import (
@@ -52,17 +55,16 @@ from ._errors import (
     stalled_error,
     status_error,
 )
-from ._ratelimit_headers import MalformedHeaderLog
-from ._sse import EventTooLarge, SSEDecoder
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 
     from .._policy._ratelimits import RateLimitInfo
     from .._provider import RateLimitObserver, RateLimitReporter
+    from .._wire._decoder import WireDecoder
+    from .._wire._format import WireFormat
+    from .._wire._sse import ServerSentEvent
     from ..messages import ChatRequest, StreamEvent
-    from ._decode import WireDecoder
-    from ._sse import ServerSentEvent
 
 # Closing a response never waits on the peer for long, but it is cleanup,
 # so it runs shielded (cancellation is level-triggered) and bounded.
@@ -88,19 +90,16 @@ class ProviderBase:
         extra_headers: Mapping[str, str] | None,
         on_rate_limit: RateLimitReporter | None,
         on_rate_limits: RateLimitObserver | None,
-        path: str,
-        key_header: tuple[str, str],
+        wire: WireFormat,
         headers: Mapping[str, str],
         body: Callable[[ChatRequest], dict[str, Any]],
-        decoder: Callable[[str, Redactor], WireDecoder],
-        read_rate_limits: Callable[..., RateLimitInfo],
     ) -> None:
-        """The wire format's part: requests go to ``path`` under ``base_url``.
+        """The wire format's part: requests go to ``wire.path`` under ``base_url``.
 
-        Each carries the key as ``key_header`` (its name, and the text
-        before the key), then ``headers``, the JSON ``body`` of the
-        request, and is read by a fresh ``decoder(id, redact)``; the
-        answer's headers by ``read_rate_limits``.
+        Each carries the key in ``wire``'s key header, then ``headers``, the
+        JSON ``body`` of the request, and is read by a fresh
+        ``wire.decoder(id, redact)``; the answer's headers by
+        ``wire.read_rate_limits``.
         """
         extra = check_headers(extra_headers)
         self._id = check_secret_text(id, "id")
@@ -124,20 +123,20 @@ class ProviderBase:
         )
         self._owns_client = client is None
         self._client = httpx2.AsyncClient() if client is None else client
-        self._read_rate_limits = read_rate_limits
-        self._url = f"{self._base_url}{path}"
-        name, prefix = key_header
+        self._read_rate_limits = wire.read_rate_limits
+        self._url = f"{self._base_url}{wire.path}"
+        name, value = wire.key_header(self._api_key)
         # The same for every request: the key and every header are checked.
         self._headers = {
             "accept": "text/event-stream",
             "cache-control": "no-store",
             **extra,
-            name: f"{prefix}{self._api_key}",
+            name: value,
             **headers,
             "content-type": "application/json",
         }
         self._body = body
-        self._decoder = decoder
+        self._decoder = wire.decoder
         self._malformed_headers = MalformedHeaderLog(self._id, self._redact)
 
     @property

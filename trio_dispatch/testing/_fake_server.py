@@ -31,6 +31,7 @@ import trio
 from .._observe._asgi import lifespan
 from .._policy._ratelimits import RateLimitInfo
 from .._util import AsyncWithOnly
+from .._wire import FORMATS
 from ..messages import Usage
 from ._cache import PromptCache
 from ._encoders import (
@@ -41,7 +42,6 @@ from ._encoders import (
     status_fault_answer,
 )
 from ._quotas import (
-    REFUSAL_ERRORS,
     FakeQuotas,
     QuotaBook,
     quota_headers,
@@ -63,10 +63,12 @@ if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
 
     from .._observe._asgi import Receive, Send
-    from ._encoders import WireEvent
+    from .._wire._encode import WireEvent
     from ._script import WireFormat
 
-_SECRET_HEADERS = frozenset({"authorization", "x-api-key"})
+_SECRET_HEADERS = frozenset(
+    name.lower() for wire in FORMATS.values() for name, _ in wire.key_headers
+)
 _logger = logging.getLogger("trio_dispatch.testing.fake_server")
 
 
@@ -313,7 +315,7 @@ class FakeLLMServer:
             refusal = book.admit(key, cost, trio.current_time(), model)
             if refusal is not None:
                 self._tally.refused(model)
-                error_type, message = REFUSAL_ERRORS[wire]
+                error_type, message = FORMATS[wire].refusal_error
                 reason = message.format(reason=_REASONS[refusal.reason])
                 await self._send_json(
                     send,
@@ -458,7 +460,9 @@ class FakeLLMServer:
                     cache_write_tokens=cached.write_tokens,
                 )
         options = body.get("stream_options")
-        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        include_usage = not FORMATS[request.format].usage_on_request or (
+            isinstance(options, dict) and bool(options.get("include_usage"))
+        )
         # Encoded with the usage always, so the server knows what it served;
         # OpenAI's usage chunk goes out only to a request that asked for it.
         events = encode_reply(
@@ -470,7 +474,7 @@ class FakeLLMServer:
             ids=self._ids,
         )
         usage = [u for e in events for u in e.events if isinstance(u, Usage)]
-        if request.format == "openai" and not include_usage:
+        if not include_usage:
             events = [
                 e for e in events if not any(isinstance(x, Usage) for x in e.events)
             ]
@@ -502,19 +506,8 @@ def _max_tokens(body: Mapping[str, Any]) -> int | None:
 
 
 def _key_in(wire: WireFormat, headers: Mapping[str, str]) -> str:
-    """The API key the request presents, or ``""``.
-
-    A bearer ``Authorization``, or Anthropic's ``x-api-key`` (which wins: its
-    SDK sends either since its 2.x line).
-    """
-    if wire == "anthropic":
-        key = headers.get("x-api-key", "").strip()
-        if key:
-            return key
-    scheme, _, key = headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer":
-        return ""
-    return key.strip()
+    """The API key the request presents in ``wire``'s key headers, or ``""``."""
+    return FORMATS[wire].key_in(headers)
 
 
 async def _read_body(receive: Receive) -> bytes | None:
@@ -529,20 +522,17 @@ async def _read_body(receive: Receive) -> bytes | None:
 
 
 def _check_request(request: FakeRequest, headers: Mapping[str, str]) -> None:
+    wire = FORMATS[request.format]
     if not request.authenticated:
-        what = "x-api-key" if request.format == "anthropic" else "Authorization"
+        what = wire.key_headers[0][0]
         raise _Rejected(401, "authentication_error", f"missing or invalid {what}")
-    if request.format == "anthropic" and not headers.get("anthropic-version"):
-        raise _Rejected(
-            400, "invalid_request_error", "anthropic-version: header is required"
-        )
+    version = wire.version_header
+    if version is not None and not headers.get(version):
+        raise _Rejected(400, "invalid_request_error", f"{version}: header is required")
     body = request.body
     if not isinstance(body, dict):
         raise _Rejected(400, "invalid_request_error", "the body is not a JSON object")
-    required = ["model", "messages"]
-    if request.format == "anthropic":
-        required.append("max_tokens")
-    for field in required:
+    for field in wire.required_fields:
         if field not in body:
             raise _Rejected(400, "invalid_request_error", f"{field}: Field required")
     if not isinstance(body["messages"], list):

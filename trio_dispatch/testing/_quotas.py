@@ -2,7 +2,7 @@
 
 ``FakeQuotas`` configures them; ``QuotaBook`` keeps them, one set of
 buckets per API key (or per key and model), and ``quota_headers`` /
-``refusal_headers`` write them in either wire format. Pure: times are
+``refusal_headers`` write them in the wire format's own headers. Pure: times are
 passed in, so ``MockClock`` drives the refill.
 
 Each per-minute quota is a token bucket, as OpenAI and Anthropic describe
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Literal, final
 
 import attrs
@@ -32,6 +31,8 @@ from .._validation import (
     positive_int,
     validator,
 )
+from .._wire import FORMATS
+from .._wire._headers import ceil_ms
 
 if TYPE_CHECKING:
     from ._script import WireFormat
@@ -123,11 +124,6 @@ class FakeQuotas:
         return model is not None and (self.per_model or model in self.models)
 
 
-def _ceil_ms(seconds: float) -> int:
-    """Whole milliseconds, rounded up (after rounding off float noise)."""
-    return math.ceil(round(seconds * _MS, 6))
-
-
 @attrs.define
 class _Bucket:
     """A token bucket: ``capacity`` per minute, refilled continuously."""
@@ -153,7 +149,7 @@ class _Bucket:
 
     def quota(self) -> Quota:
         """What the headers say of it: limit, whole remaining, time to full."""
-        reset = _ceil_ms((self.capacity - self.level) / self.rate) / _MS
+        reset = ceil_ms((self.capacity - self.level) / self.rate) / _MS
         return Quota(
             limit=self.capacity,
             remaining=max(0, math.floor(self.level)),
@@ -283,70 +279,22 @@ class QuotaBook:
 # -- the headers -----------------------------------------------------------------
 
 
-def go_duration(seconds: float) -> str:
-    """``seconds`` as OpenAI writes a reset: ``12ms``, ``1s``, ``6m0s``, ``1h2m3.5s``."""
-    ms = _ceil_ms(seconds)
-    if ms < _MS:
-        return f"{ms}ms" if ms else "0s"
-    hours, ms = divmod(ms, 3600 * _MS)
-    minutes, ms = divmod(ms, 60 * _MS)
-    whole, fraction = divmod(ms, _MS)
-    text = f"{whole}" + (f".{fraction:03d}".rstrip("0") if fraction else "") + "s"
-    if hours or minutes:
-        text = f"{minutes}m{text}"
-    if hours:
-        text = f"{hours}h{text}"
-    return text
-
-
-def rfc3339(wall: float) -> str:
-    """A Unix time as RFC 3339 in UTC, to the millisecond (``...:59.123Z``)."""
-    ms = _ceil_ms(wall)
-    when = datetime.fromtimestamp(ms // _MS, UTC)
-    fraction = ms % _MS
-    text = when.strftime("%Y-%m-%dT%H:%M:%S")
-    return text + (f".{fraction:03d}" if fraction else "") + "Z"
-
-
 def quota_headers(
     wire: WireFormat, info: RateLimitInfo, wall_now: float
 ) -> list[tuple[bytes, bytes]]:
     """``info`` as the rate-limit headers of ``wire``; ``wall_now`` is Unix time."""
-    headers: list[tuple[str, str]] = []
-    for kind, quota in (("requests", info.requests), ("tokens", info.tokens)):
-        if quota is None:
-            continue
-        assert quota.reset is not None
-        if wire == "openai":
-            headers += [
-                (f"x-ratelimit-limit-{kind}", str(quota.limit)),
-                (f"x-ratelimit-remaining-{kind}", str(quota.remaining)),
-                (f"x-ratelimit-reset-{kind}", go_duration(quota.reset)),
-            ]
-        else:
-            headers += [
-                (f"anthropic-ratelimit-{kind}-limit", str(quota.limit)),
-                (f"anthropic-ratelimit-{kind}-remaining", str(quota.remaining)),
-                (f"anthropic-ratelimit-{kind}-reset", rfc3339(wall_now + quota.reset)),
-            ]
+    headers = FORMATS[wire].rate_limit_headers(info, wall_now)
     return [(name.encode(), value.encode()) for name, value in headers]
 
 
 def refusal_headers(
     wire: WireFormat, retry_after: float | None
 ) -> list[tuple[bytes, bytes]]:
-    """A 429's ``Retry-After`` (and OpenAI's ``retry-after-ms``), rounded up."""
+    """A 429's ``Retry-After`` (and ``retry-after-ms``, where the format has it), rounded up."""
     if retry_after is None:
         return []
-    ms = _ceil_ms(retry_after)
+    ms = ceil_ms(retry_after)
     headers = [(b"retry-after", str(-(-ms // _MS)).encode())]
-    if wire == "openai":
+    if FORMATS[wire].retry_after_ms:
         headers.append((b"retry-after-ms", str(ms).encode()))
     return headers
-
-
-#: The message of each kind of refusal, per wire format's error vocabulary.
-REFUSAL_ERRORS: dict[WireFormat, tuple[str, str]] = {
-    "openai": ("rate_limit_exceeded", "Rate limit reached for {reason}."),
-    "anthropic": ("rate_limit_error", "This request would exceed your {reason} limit."),
-}

@@ -11,7 +11,7 @@ before event ``after_events`` (or just before the terminator).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, final, get_args
+from typing import TYPE_CHECKING, Any, Literal, cast, final, get_args
 
 import attrs
 
@@ -22,6 +22,7 @@ from .._validation import (
     positive_int,
     positive_number,
 )
+from .._wire import FORMATS
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -32,8 +33,7 @@ WireFormat = Literal["openai", "anthropic"]
 
 #: The fake server's routes, and the wire format each one speaks.
 ROUTES: dict[str, WireFormat] = {
-    "/v1/chat/completions": "openai",
-    "/v1/messages": "anthropic",
+    wire.route: cast("WireFormat", name) for name, wire in FORMATS.items()
 }
 
 
@@ -43,7 +43,8 @@ class FakeRequest:
     """One request the fake server received, as it arrived (minus the key).
 
     ``body`` is the parsed JSON (``None`` if it was not JSON), ``headers``
-    have lowercased names and neither ``authorization`` nor ``x-api-key``,
+    have lowercased names and none of the key headers (``authorization``,
+    ``x-api-key``),
     and ``client`` is shared by the requests of one kept-alive connection.
     A ``ScriptedProvider`` makes one for its script's ``choose`` too, with
     no body and no headers, and the ``ChatRequest`` itself as ``chat``.

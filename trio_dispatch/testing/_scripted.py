@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import json
 from typing import TYPE_CHECKING, Literal, Self, final
 
 import trio
@@ -27,11 +28,11 @@ from .._policy._ratelimits import RateLimitInfo
 from .._provider import PROVIDER_USAGE, STREAM_USAGE
 from .._util import wrong_with
 from .._validation import check_seconds, check_text
-from .._wire import error_for_status, error_for_type
+from .._wire import FORMATS
+from .._wire._errors import error_details, error_for_status, error_for_type
 from ..messages._chat import check_chat_request
 from ._encoders import STREAM_ERROR_MESSAGE, encode_reply, status_fault_answer
 from ._script import (
-    ROUTES,
     FakeRequest,
     FakeScript,
     Playlist,
@@ -44,15 +45,9 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from .._provider import RateLimitObserver, RateLimitReporter
+    from .._wire._encode import WireEvent
     from ..messages import ChatRequest, StreamEvent
-    from ._encoders import WireEvent
     from ._script import FakeReply, Fault, WireFormat
-
-_PATHS: dict[WireFormat, str] = {wire: path for path, wire in ROUTES.items()}
-_TERMINATORS: dict[WireFormat, str] = {
-    "openai": "[DONE]",
-    "anthropic": "message_stop",
-}
 
 
 @final
@@ -126,8 +121,9 @@ class ScriptedProvider:
     ) -> None:
         self._playlist = Playlist(FakeScript() if script is None else script)
         check_text(id, "id")
-        if wire not in _PATHS:
-            raise ValueError(f"wire must be 'openai' or 'anthropic', got {wire!r}")
+        if wire not in FORMATS:
+            names = " or ".join(repr(name) for name in FORMATS)
+            raise ValueError(f"wire must be {names}, got {wire!r}")
         timeout = check_seconds(read_timeout, "read_timeout", positive=True)
         self._hooks = RateLimitHooks(id, on_rate_limit, on_rate_limits)
         self._id = id
@@ -209,7 +205,7 @@ class ScriptedProvider:
         self._tally.arrived()
         fake = FakeRequest(
             format=self._wire,
-            path=_PATHS[self._wire],
+            path=FORMATS[self._wire].route,
             body=None,
             headers={},
             authenticated=True,
@@ -229,11 +225,12 @@ class ScriptedProvider:
         retry_after = found.get(b"retry-after")
         if b"retry-after-ms" in found:
             retry_after = found[b"retry-after-ms"] * 0.001
+        error_type, message = error_details(json.dumps(body).encode())
         error = error_for_status(
             self._id,
             status,
-            error_type=body["error"]["type"],
-            message=body["error"]["message"],
+            error_type=error_type,
+            message=message,
             retry_after=retry_after,
         )
         if getattr(error, "retry_after", None) is not None:
@@ -250,7 +247,7 @@ class ScriptedProvider:
             )
         if kind == "truncate":
             return StreamInterrupted(
-                f"{self._id}: the stream ended without {_TERMINATORS[self._wire]}",
+                f"{self._id}: the stream ended without {FORMATS[self._wire].terminator}",
                 provider=self._id,
             )
         if kind == "malformed":

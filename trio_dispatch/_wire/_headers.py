@@ -1,17 +1,9 @@
-"""Rate-limit headers of both wire formats, read into ``RateLimitInfo``.
+"""Reading rate-limit headers into ``RateLimitInfo``: what every format shares.
 
-OpenAI (and the servers that copy it) sends, on every answer::
-
-    x-ratelimit-limit-requests: 60          x-ratelimit-limit-tokens: 150000
-    x-ratelimit-remaining-requests: 59      x-ratelimit-remaining-tokens: 149984
-    x-ratelimit-reset-requests: 1s          x-ratelimit-reset-tokens: 6m0s
-
-Resets are durations in Go's notation (``12ms``, ``6m0s``, ``1h2m3.5s``); a
-plain number is taken for seconds. Anthropic sends
-``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,
-remaining,reset}``, its resets as RFC 3339 times (``2025-08-21T12:40:59Z``),
-turned here into seconds after the answer. Both send ``retry-after`` (and
-OpenAI ``retry-after-ms``) on a 429, read by ``parse_retry_after``.
+Each format's module names its headers and reads its resets (OpenAI's
+``x-ratelimit-*`` with Go durations, Anthropic's ``anthropic-ratelimit-*``
+with RFC 3339 times) through ``figures`` and a ``HeaderReader``; both
+formats send ``retry-after`` on a 429, read by ``parse_retry_after``.
 
 Reading never fails, whatever a server sends:
 
@@ -36,6 +28,7 @@ from __future__ import annotations
 import decimal
 import email.utils
 import logging
+import math
 import re
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Final, final
@@ -78,21 +71,12 @@ _MAX_VALUE_LENGTH: Final = 64
 # the clocks disagree: the ``date`` header wins over the caller's ``now``.
 _DATE_RESOLUTION: Final = timedelta(seconds=2)
 
-# Each quota's RateLimitInfo field, and its name in the format's headers.
-_OPENAI_KINDS: Final = (("requests", "requests"), ("tokens", "tokens"))
-_ANTHROPIC_KINDS: Final = (
-    ("requests", "requests"),
-    ("tokens", "tokens"),
-    ("input_tokens", "input-tokens"),
-    ("output_tokens", "output-tokens"),
-)
-
 
 def _ignore(name: str, value: str) -> None:
     pass
 
 
-class _Reader:
+class HeaderReader:
     """Headers with lowercased names, and where to report what does not parse."""
 
     __slots__ = ("headers", "malformed")
@@ -167,6 +151,11 @@ class _Reader:
         return _seconds((when - reference).total_seconds())
 
 
+def ceil_ms(seconds: float) -> int:
+    """``seconds`` in whole milliseconds, rounded up: how a reset is written."""
+    return math.ceil(round(seconds * 1000, 6))
+
+
 def _seconds(seconds: float) -> float:
     """Clamped to ``[0, MAX_SECONDS]``; NaN (from ``inf - inf``) is 0."""
     if not seconds > 0:
@@ -188,7 +177,7 @@ def _rfc3339(text: str) -> datetime | None:
     return when
 
 
-def _http_date(text: str | None) -> datetime | None:
+def http_date(text: str | None) -> datetime | None:
     if text is None or len(text) > _MAX_VALUE_LENGTH:
         return None
     try:
@@ -200,7 +189,7 @@ def _http_date(text: str | None) -> datetime | None:
     return when
 
 
-def _reference(date: datetime | None, now: datetime | None) -> datetime:
+def reference_time(date: datetime | None, now: datetime | None) -> datetime:
     """The moment Anthropic's resets are counted from.
 
     The answer's ``date`` is the server's clock, the one its resets are
@@ -219,7 +208,7 @@ def _reference(date: datetime | None, now: datetime | None) -> datetime:
 
 
 def _quota(
-    reader: _Reader, limit: str, remaining: str, reset: float | None
+    reader: HeaderReader, limit: str, remaining: str, reset: float | None
 ) -> Quota | None:
     """One quota, or ``None`` if the headers say nothing of it."""
     limit_value, unknown = reader.count(limit)
@@ -232,7 +221,7 @@ def _quota(
     return Quota(limit=limit_value, remaining=remaining_value, reset=reset)
 
 
-def _retry_after(reader: _Reader, reference: datetime) -> float | None:
+def _retry_after(reader: HeaderReader, reference: datetime) -> float | None:
     headers = reader.headers
     present = [name for name in ("retry-after-ms", "retry-after") if name in headers]
     if not present:
@@ -248,62 +237,8 @@ def _retry_after(reader: _Reader, reference: datetime) -> float | None:
     return server_delay(min(delay, MAX_SECONDS))
 
 
-def openai_rate_limits(
-    headers: Mapping[str, str],
-    *,
-    now: datetime | None = None,
-    on_malformed: Callable[[str, str], None] | None = None,
-) -> RateLimitInfo:
-    """The figures of OpenAI's ``x-ratelimit-*`` and retry headers.
-
-    Args:
-        headers: The answer's headers; names are matched without regard
-            to case.
-        now: When the answer arrived (for a ``Retry-After`` given as an
-            HTTP date); the system clock if not given.
-        on_malformed: Told ``(header name, value)`` for each header that
-            does not parse.
-
-    Returns:
-        The figures; ``RateLimitInfo().empty`` if the headers had none.
-    """
-    reader = _Reader(headers, on_malformed)
-    return _figures(
-        reader,
-        _reference(None, now),
-        _OPENAI_KINDS,
-        "x-ratelimit-{}-{}",
-        reader.duration,
-    )
-
-
-def anthropic_rate_limits(
-    headers: Mapping[str, str],
-    *,
-    now: datetime | None = None,
-    on_malformed: Callable[[str, str], None] | None = None,
-) -> RateLimitInfo:
-    """The figures of Anthropic's ``anthropic-ratelimit-*`` and retry headers.
-
-    Read as ``openai_rate_limits`` reads OpenAI's (a naive ``now`` is UTC),
-    but resets are RFC 3339 times, counted from the answer's own ``date``
-    header, or from ``now`` while it agrees with ``date`` to within the
-    ``date`` header's resolution (whole seconds), or from ``now`` alone,
-    or from the system clock.
-    """
-    reader = _Reader(headers, on_malformed)
-    reference = _reference(_http_date(reader.get("date")), now)
-    return _figures(
-        reader,
-        reference,
-        _ANTHROPIC_KINDS,
-        "anthropic-ratelimit-{1}-{0}",
-        lambda name: reader.instant(name, reference),
-    )
-
-
-def _figures(
-    reader: _Reader,
+def figures(
+    reader: HeaderReader,
     reference: datetime,
     kinds: tuple[tuple[str, str], ...],
     name: str,
@@ -320,6 +255,26 @@ def _figures(
         for field, kind in kinds
     }
     return RateLimitInfo(**quotas, retry_after=_retry_after(reader, reference))
+
+
+def header_figures(
+    info: RateLimitInfo, name: str, reset: Callable[[float], str]
+) -> list[tuple[str, str]]:
+    """The request and token quotas of ``info`` as headers: ``figures``' inverse.
+
+    Named by ``name.format(part, kind)``; ``reset`` writes a reset's seconds.
+    """
+    headers: list[tuple[str, str]] = []
+    for kind, quota in (("requests", info.requests), ("tokens", info.tokens)):
+        if quota is None:
+            continue
+        assert quota.reset is not None
+        headers += [
+            (name.format("limit", kind), str(quota.limit)),
+            (name.format("remaining", kind), str(quota.remaining)),
+            (name.format("reset", kind), reset(quota.reset)),
+        ]
+    return headers
 
 
 # How much of a malformed value a log line shows.

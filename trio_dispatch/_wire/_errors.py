@@ -1,8 +1,9 @@
 """What an LLM API's answer means, without any I/O: errors and tool calls.
 
-The HTTP providers' decoders turn a status or an error event into a typed
-``ProviderError`` here, and a tool call's argument text into a
-``ToolCall``. ``trio_dispatch.testing.ScriptedProvider`` uses the same
+The vocabulary of both APIs' errors, in one place: the HTTP providers turn
+a status and its error body (``error_details``) or an error event into a
+typed ``ProviderError`` here, and the decoders a tool call's argument text
+into a ``ToolCall``. ``trio_dispatch.testing.ScriptedProvider`` uses the same
 functions, so it raises and yields exactly what the HTTP providers would for
 the same script; that is why this module loads no HTTP library.
 """
@@ -10,9 +11,9 @@ the same script; that is why this module loads no HTTP library.
 from __future__ import annotations
 
 import json
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from ._exceptions import (
+from .._exceptions import (
     AuthenticationError,
     BadRequest,
     Overloaded,
@@ -20,13 +21,18 @@ from ._exceptions import (
     RateLimited,
     ServerError,
 )
-from ._json import json_kind
-from .messages import ToolCall
+from .._json import json_kind
+from ..messages import ToolCall
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
 
 # Tool arguments nested deeper are refused as they are decoded: far past any
 # tool's schema, far short of the recursion limits on their way (encoding
 # the next request, copying them for the tool, checking them).
 _MAX_ARGUMENT_DEPTH: Final = 100
+#: How much of a server's own message an exception repeats.
+MESSAGE_LIMIT: Final = 500
 
 
 def error_for_status(
@@ -85,6 +91,45 @@ def error_for_type(provider: str, error_type: str, message: str) -> ProviderErro
     return ServerError(text, provider=provider)
 
 
+def error_details(
+    body: bytes, redact: Callable[[str], str] = str
+) -> tuple[str | None, str]:
+    """``(error type, message)`` from an error body, in either API's shape.
+
+    Both OpenAI (``{"error": {"message", "type", "code"}}``) and Anthropic
+    (``{"type": "error", "error": {"type", "message"}}``) nest the details
+    under ``error``; anything else is shown as text. What JSON decoding
+    gives is passed through ``redact`` before it is shortened.
+    """
+    text = body.decode("utf-8", errors="replace").strip()
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return None, shorten(redact(text))
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict):
+        kind = error_kind(error)
+        message = error.get("message")
+        text = message if isinstance(message, str) else text
+        return (None if kind is None else redact(kind)), shorten(redact(text))
+    if isinstance(error, str):
+        return None, shorten(redact(error))
+    return None, shorten(redact(text))
+
+
+def error_kind(error: Mapping[str, object]) -> str | None:
+    """An error object's ``type``, and its ``code`` when that says more.
+
+    ``"type (code)"``, or either alone; ``None`` if neither is a string.
+    """
+    error_type = error.get("type")
+    code = error.get("code")
+    kind = error_type if isinstance(error_type, str) and error_type else None
+    if isinstance(code, str) and code and code != kind:
+        kind = f"{kind} ({code})" if kind else code
+    return kind
+
+
 def _retry_after_text(retry_after: float | None) -> str:
     return "" if retry_after is None else f" (retry after {retry_after:g} s)"
 
@@ -137,3 +182,11 @@ def _nests_deeper(value: object, limit: int) -> bool:
             return True
         stack.extend((child, depth + 1) for child in item)
     return False
+
+
+def shorten(text: str) -> str:
+    """``text`` on one line, cut to ``MESSAGE_LIMIT`` characters."""
+    text = " ".join(text.split())
+    if len(text) > MESSAGE_LIMIT:
+        return text[: MESSAGE_LIMIT - 3] + "..."
+    return text
