@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from .._dispatch._dispatcher import Dispatcher
     from .._dispatch._slot import Slot
     from .._observe._hub import CallWatch
-    from .._wire import WireFormat
+    from .._wire import Format
     from ..messages import ChatMessage, ChatRequest, StreamEvent, ToolSpec
 
 
@@ -210,7 +210,7 @@ class RateLimitReader:
         return None if info.empty else info
 
 
-def _format_of(headers: Mapping[str, str]) -> WireFormat | None:
+def _format_of(headers: Mapping[str, str]) -> Format | None:
     """The wire format whose rate-limit headers ``headers`` carry, or ``None``.
 
     The one with the most headers under its prefix, if a proxy mixed two;

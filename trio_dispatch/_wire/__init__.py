@@ -1,6 +1,6 @@
 """The wire formats: everything the package knows of an LLM API's HTTP shape.
 
-One module per format, each ending with its ``WireFormat`` value:
+One module per format, each ending with its ``Format`` value:
 ``_openai.py`` (chat completions) and ``_anthropic.py`` (Messages). Each
 holds the format's endpoint and headers, its request body, the decoder
 of its stream and the encoder the fake server uses, its error bodies and
@@ -22,12 +22,10 @@ from __future__ import annotations
 from typing import Final
 
 from ._anthropic import ANTHROPIC
-from ._format import WireFormat
+from ._format import Format
 from ._openai import OPENAI
 
 #: Every wire format, by name.
-FORMATS: Final[dict[str, WireFormat]] = {
-    wire.name: wire for wire in (OPENAI, ANTHROPIC)
-}
+FORMATS: Final[dict[str, Format]] = {wire.name: wire for wire in (OPENAI, ANTHROPIC)}
 
-__all__ = ["ANTHROPIC", "FORMATS", "OPENAI", "WireFormat"]
+__all__ = ["ANTHROPIC", "FORMATS", "OPENAI", "Format"]

@@ -56,7 +56,7 @@ from ._encode import (
     sse,
 )
 from ._errors import error_for_type, make_tool_call
-from ._format import WireFormat
+from ._format import Format
 from ._headers import (
     HeaderReader,
     ceil_ms,
@@ -664,7 +664,7 @@ def rate_limit_headers(info: RateLimitInfo, wall_now: float) -> list[tuple[str, 
     return header_figures(info, _HEADER, lambda reset: rfc3339(wall_now + reset))
 
 
-ANTHROPIC: Final = WireFormat(
+ANTHROPIC: Final = Format(
     name="anthropic",
     path="/v1/messages",
     route="/v1/messages",

@@ -1,4 +1,4 @@
-"""``WireFormat``: everything a user of a wire format needs, in one value.
+"""``Format``: everything a user of a wire format needs, in one value.
 
 Each format's module (``_openai.py``, ``_anthropic.py``) ends with one; the
 providers, the transport's metering and the testing kit take what they
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 @final
 @attrs.frozen(kw_only=True)
-class WireFormat:
+class Format:
     """One wire format: its endpoint, headers, codecs and vocabulary.
 
     Attributes:
@@ -90,7 +90,7 @@ class WireFormat:
     call_id_prefix: str
 
     def __repr__(self) -> str:
-        return f"<WireFormat {self.name!r}>"
+        return f"<Format {self.name!r}>"
 
     def key_header(self, api_key: str) -> tuple[str, str]:
         """The header carrying ``api_key`` as a request sends it: (name, value)."""

@@ -55,7 +55,7 @@ from ..messages import Finish, ReasoningDelta, TextDelta, ToolCall, Usage
 from ._decoder import INT, TEXT, Arr, Field, Obj, WireDecoder
 from ._encode import CachePlan, CacheSegment, ReplyPlan, WireEvent, segment_text, sse
 from ._errors import error_for_status, error_for_type, error_kind, make_tool_call
-from ._format import WireFormat
+from ._format import Format
 from ._headers import (
     HeaderReader,
     ceil_ms,
@@ -593,7 +593,7 @@ def rate_limit_headers(info: RateLimitInfo, wall_now: float) -> list[tuple[str, 
     return header_figures(info, _HEADER, go_duration)
 
 
-OPENAI: Final = WireFormat(
+OPENAI: Final = Format(
     name="openai",
     path="/chat/completions",
     route="/v1/chat/completions",

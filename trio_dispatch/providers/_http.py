@@ -1,6 +1,6 @@
 """The HTTP half every provider shares: send, check the status, read SSE.
 
-A provider supplies its wire format (a ``WireFormat``, from
+A provider supplies its wire format (a ``Format``, from
 ``trio_dispatch._wire``: path, key header, decoder, rate-limit headers),
 its fixed headers and its request body. Everything else lives here, once:
 
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from .._policy._ratelimits import RateLimitInfo
     from .._provider import RateLimitObserver, RateLimitReporter
     from .._wire._decoder import WireDecoder
-    from .._wire._format import WireFormat
+    from .._wire._format import Format
     from .._wire._sse import ServerSentEvent
     from ..messages import ChatRequest, StreamEvent
 
@@ -90,7 +90,7 @@ class ProviderBase:
         extra_headers: Mapping[str, str] | None,
         on_rate_limit: RateLimitReporter | None,
         on_rate_limits: RateLimitObserver | None,
-        wire: WireFormat,
+        wire: Format,
         headers: Mapping[str, str],
         body: Callable[[ChatRequest], dict[str, Any]],
     ) -> None:
