@@ -397,7 +397,7 @@ def crash(dispatcher: Dispatcher, dead: set[Ledger]) -> None:
     in it runs fails.
     """
     # The maker of its backends holds the ledger they share.
-    shared = getattr(dispatcher._new_backend, "__self__", None)
+    shared = dispatcher._new_backend
     assert isinstance(shared, SharedBackends)
     ledger = shared.ledger
     assert ledger is not None

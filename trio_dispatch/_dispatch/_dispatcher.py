@@ -31,9 +31,9 @@ from .._observe._hub import (
     EventSubscription,
     RateLimitsReceived,
 )
-from .._policy._budgets import AdaptiveLimit, Throttle, check_limit_value
+from .._observe._translator import Translator
+from .._policy._budgets import AdaptiveLimit, check_limit_value
 from .._policy._ratelimits import RateLimitInfo
-from .._policy._slots import SlotPolicy
 from .._util import NoPublicConstructor, warn_the_caller
 from .._validation import (
     MAX_TENANT_NAME,
@@ -50,6 +50,7 @@ from .._validation import (
 from ..actors._scheduler import SchedulerActor
 from ..messages._limits import DEFAULT_MAX_TOKENS
 from ._settings import check_tenant_settings
+from ._setup import BackendSetup
 from ._slot import ModelCall, Slot, SlotHost, acquire_unscoped
 from ._statistics import DispatcherStatistics
 from ._turn import CURRENT_TURN, Turn, TurnScope
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
     )
 
     from .._provider import Provider
+    from .._redis._backend import SharedBackends
     from ..messages._limits import Tenant
     from ._backend import Backend
     from ._settings import Settings
@@ -100,7 +102,6 @@ class Dispatcher(metaclass=NoPublicConstructor):
         "_calls",
         "_cleared",
         "_closed",
-        "_closing",
         "_host",
         "_hub",
         "_known",
@@ -112,18 +113,20 @@ class Dispatcher(metaclass=NoPublicConstructor):
         "_token",
     )
 
-    def __init__(self, nursery: trio.Nursery, settings: Settings) -> None:
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        settings: Settings,
+        new_backend: Callable[[BackendSetup], Backend],
+    ) -> None:
         self._nursery = nursery
         self._settings = settings
         # The trio run the dispatcher belongs to (see check_run).
         self._token = trio.lowlevel.current_trio_token()
         # The backend of every provider seen, and those whose task runs: a
-        # backend stopped when idle keeps its state for its next run.
-        self._new_backend: Callable[[str], Backend] = (
-            self._local_backend
-            if settings.new_backend is None
-            else settings.new_backend
-        )
+        # backend stopped when idle keeps its state for its next run. Every
+        # backend is made by new_backend, given what the dispatcher knows.
+        self._new_backend = new_backend
         self._backends: dict[str, Backend] = {}
         self._actors: dict[str, Backend] = {}
         self._limits: dict[str, int] = {}
@@ -140,8 +143,6 @@ class Dispatcher(metaclass=NoPublicConstructor):
         # holds each one's slot (see calling()).
         self._calls: dict[trio.lowlevel.Task, ModelCall] = {}
         self._closed = False
-        # Set when closing, for the task that holds the Redis client.
-        self._closing: trio.Event | None = None
         # Where the schedulers emit their events (see events()), and who
         # is told of every LLM call (the OpenTelemetry metrics).
         self._hub = EventHub(settings.priority_aging)
@@ -836,20 +837,34 @@ class Dispatcher(metaclass=NoPublicConstructor):
         if actor is None:
             actor = self._backends.get(provider)
             if actor is None:
-                actor = self._backends[provider] = self._new_backend(provider)
-                self._configure(provider, actor)
+                actor = self._backends[provider] = self._new_backend(
+                    self._setup(provider)
+                )
             self._actors[provider] = actor
             self._nursery.start_soon(
                 self._serve, actor, name=f"trio_dispatch scheduler {provider!r}"
             )
         return actor
 
-    def _configure(self, provider: str, backend: Backend) -> None:
-        """Tell a new backend the tenants, and the budgets of its provider's models."""
-        for tenant, settings in self._tenants.items():
-            backend.set_tenant(tenant, settings)
-        for model, budget in self._settings.model_budgets.get(provider, {}).items():
-            backend.set_model_budget(model, budget)
+    def _setup(self, provider: str) -> BackendSetup:
+        """What a new backend of ``provider`` is told: everything known of it now."""
+        settings = self._settings
+        return BackendSetup(
+            provider=provider,
+            limit=self._limits.get(provider),
+            budget=settings.provider_budgets.get(provider),
+            model_budgets=settings.model_budgets.get(provider, {}),
+            tenants=dict(self._tenants),
+            max_waiting=settings.max_waiting,
+            default_pause=settings.default_pause,
+            max_pause=settings.max_pause,
+            learn_budgets=settings.learn_budgets,
+            priority_aging=settings.priority_aging,
+            events=Translator(provider, self._hub),
+            clock=trio.current_time,
+            learn_limit=self._learn_limit,
+            learn_tenant=self._learn_tenant,
+        )
 
     def _tell_every(self, change: Callable[[Backend], None]) -> None:
         """Make ``change`` to every provider's backend (``_tell``), closed ones aside."""
@@ -878,32 +893,22 @@ class Dispatcher(metaclass=NoPublicConstructor):
         if started:
             backend.handle_backlog()
 
-    async def _share(self, limits: Mapping[str, int | AdaptiveLimit]) -> None:
-        """Connect to Redis, store ``limits`` where none is, start the schedulers.
+    def _set_limits(self, limits: Mapping[str, int | AdaptiveLimit | None]) -> None:
+        """The limits the dispatcher opens with: given, or stored in Redis.
 
-        Raises:
-            BackendUnavailable: Redis cannot be reached.
+        Stored ones (``None``: unlimited on purpose) are learned, not
+        written: Redis has them already. Each provider is known, its
+        backend started, so that a pause or a limit reaches it at once.
         """
-        from .._redis._backend import SharedBackends, serve_ledger  # noqa: PLC0415  # coredis only when asked for
-
-        self._closing = trio.Event()
-        shared = SharedBackends(
-            self._settings,
-            self._hub,
-            self._limits,
-            self._learn_limit,
-            self._learn_tenant,
-        )
-        ledger, stored = await self._nursery.start(
-            serve_ledger, self._settings, limits, shared.wake, self._closing
-        )
-        shared.ledger = ledger
-        self._new_backend = shared.new
-        for provider, limit in stored.items():
+        for provider, limit in limits.items():
+            if self._settings.redis_url is None:
+                assert limit is not None
+                self.set_limit(provider, limit)
+                continue
+            assert not isinstance(limit, AdaptiveLimit)
             self._learn_limit(provider, limit)
             self._known.add(provider)
             self._cleared.add(provider)
-            # Started now, so that a pause or a limit reaches it at once.
             self._scheduler(provider)
 
     def _learn_limit(self, provider: str, limit: int | None) -> None:
@@ -919,26 +924,6 @@ class Dispatcher(metaclass=NoPublicConstructor):
             self._tenants.pop(tenant, None)
         else:
             self._tenants[tenant] = settings
-
-    def _local_backend(self, provider: str) -> Backend:
-        """The scheduler actor of ``provider`` in this process."""
-        settings = self._settings
-        budget = settings.provider_budgets.get(provider)
-        policy = SlotPolicy(
-            None,
-            provider=provider,
-            max_waiting=settings.max_waiting,
-            default_pause=settings.default_pause,
-            max_pause=settings.max_pause,
-            throttle=None
-            if budget is None
-            else Throttle(
-                budget,
-                learn=settings.learn_budgets,
-                now=trio.current_time(),
-            ),
-        )
-        return SchedulerActor(provider, policy, self._hub)
 
     # Protected so that no KeyboardInterrupt comes between the actor's
     # decision to stop and its removal: a request in between would find a
@@ -976,8 +961,6 @@ class Dispatcher(metaclass=NoPublicConstructor):
     def _close(self) -> None:
         self._closed = True
         self._host.closed = True
-        if self._closing is not None:
-            self._closing.set()
         for backend in self._backends.values():
             backend.close()
         self._hub.close()
@@ -999,19 +982,22 @@ async def run_dispatcher(
     if not trio.lowlevel.in_trio_run():
         raise RuntimeError(_not_under_trio())
     body_error: BaseException | None = None
+    shared: SharedBackends | None = None
     try:
         async with trio.open_nursery() as nursery:
-            dispatcher = Dispatcher._front._create(nursery, settings)
-            if settings.redis_url is None:
-                for provider, limit in limits.items():
-                    dispatcher.set_limit(provider, limit)
-            else:
+            if settings.redis_url is not None:
+                # The shared connection first: its factory makes the Redis
+                # backends, through the same route as any other.
                 try:
-                    await dispatcher._share(limits)
+                    shared, stored = await _open_shared(nursery, settings, limits)
                 except BaseException as exc:
                     body_error = exc
-                    dispatcher._close()
+                    nursery.cancel_scope.cancel()
                     raise
+            dispatcher = Dispatcher._front._create(
+                nursery, settings, _factory(settings, shared)
+            )
+            dispatcher._set_limits(limits if shared is None else stored)
             try:
                 yield dispatcher
             except BaseException as exc:
@@ -1019,6 +1005,8 @@ async def run_dispatcher(
                 raise
             finally:
                 dispatcher._close()
+                if shared is not None:
+                    shared.close()
     except BaseExceptionGroup as group:
         # A group of one made only of what the body raised is the nursery's
         # wrapping of the body's exception: let it out as itself (trio may
@@ -1036,6 +1024,28 @@ async def run_dispatcher(
         finally:
             only.__context__ = context
             del only, context
+
+
+def _factory(
+    settings: Settings, shared: SharedBackends | None
+) -> Callable[[BackendSetup], Backend]:
+    """The backend factory: the Redis one, the one given, or the local actor's."""
+    if shared is not None:
+        return shared
+    if settings.new_backend is not None:
+        return settings.new_backend
+    return SchedulerActor.from_setup
+
+
+async def _open_shared(
+    nursery: trio.Nursery,
+    settings: Settings,
+    limits: Mapping[str, int | AdaptiveLimit],
+) -> tuple[SharedBackends, dict[str, int | None]]:
+    """The Redis backends' factory, once Redis is reached (``open_shared_backends``)."""
+    from .._redis._backend import open_shared_backends  # noqa: PLC0415  # coredis only when asked for
+
+    return await open_shared_backends(nursery, settings, limits)
 
 
 def _not_under_trio() -> str:

@@ -86,6 +86,7 @@ from ..messages._protocol import (
 from ._mailbox import Mailbox
 
 if TYPE_CHECKING:
+    from .._dispatch._setup import BackendSetup
     from .._policy._ratelimits import RateLimitInfo
     from .._policy._slots import SlotPolicy
     from ..messages._protocol import Reply
@@ -121,14 +122,21 @@ class SchedulerActor:
     )
 
     def __init__(
-        self, provider: str, policy: SlotPolicy, hub: EventHub | None = None
+        self,
+        provider: str,
+        policy: SlotPolicy,
+        hub: EventHub | None = None,
+        *,
+        events: Translator | None = None,
     ) -> None:
         self.provider = provider
         self.policy = policy
-        self._hub = EventHub() if hub is None else hub
+        if events is None:
+            events = Translator(provider, EventHub() if hub is None else hub)
+        self._hub = events.hub
         # What each step does becomes events and log lines there; events
         # only while anything listens, checked once per batch.
-        self._events = Translator(provider, self._hub)
+        self._events = events
         self._listening = False
         # No budget, no pause, nothing queued or being handled: a hot
         # message may be handled in the caller's task (see acquire). False
@@ -151,6 +159,16 @@ class SchedulerActor:
             self._clock = trio.lowlevel.current_clock().current_time
         except RuntimeError:
             self._clock = trio.current_time
+
+    @classmethod
+    def from_setup(cls, setup: BackendSetup) -> SchedulerActor:
+        """The local scheduler of ``setup.provider``, honouring every setting of ``setup``.
+
+        The backend ``open_dispatcher`` makes for each provider without
+        ``redis_url``: its policy is ``setup.policy()``, its events go to
+        ``setup.events``.
+        """
+        return cls(setup.provider, setup.policy(), events=setup.events)
 
     def __repr__(self) -> str:
         return f"<SchedulerActor provider={self.provider!r} {self.policy!r}>"
