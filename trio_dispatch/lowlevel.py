@@ -40,7 +40,9 @@ minor versions. An application needs none of them; ``trio_dispatch``,
 
 from ._conversations._tools import check_arguments as check_arguments
 from ._dispatch._backend import Backend as Backend
+from ._dispatch._dispatcher import plumbing as plumbing
 from ._dispatch._open import open_dispatcher_with as open_dispatcher_with
+from ._dispatch._plumbing import Plumbing as Plumbing
 from ._dispatch._setup import BackendSetup as BackendSetup
 from ._observe._hub import CallObserver as CallObserver
 from ._observe._hub import EventSink as EventSink
@@ -79,6 +81,7 @@ __all__ = [
     "Grant",
     "ObserveRateLimits",
     "Pause",
+    "Plumbing",
     "PolicyStatistics",
     "Release",
     "Reply",
@@ -95,6 +98,7 @@ __all__ = [
     "Translator",
     "check_arguments",
     "open_dispatcher_with",
+    "plumbing",
 ]
 
 fixup_module_metadata(__name__, globals())

@@ -109,7 +109,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
     from types import TracebackType
 
-    from .._dispatch._dispatcher import Dispatcher
+    from .._dispatch._plumbing import Plumbing
     from .._provider import Provider
     from ._tools import Tool
 
@@ -167,7 +167,7 @@ class Conversation(metaclass=NoPublicConstructor):
 
     def __init__(
         self,
-        dispatcher: Dispatcher,
+        dispatcher: Plumbing,
         provider: Provider,
         *,
         conversation_id: str,
@@ -860,7 +860,7 @@ _ids = itertools.count(1)
 
 
 def start_conversation(
-    dispatcher: Dispatcher,
+    dispatcher: Plumbing,
     provider: Provider,
     *,
     conversation_id: str | None,

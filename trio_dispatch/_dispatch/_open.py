@@ -267,7 +267,7 @@ def open_dispatcher(
         tenants=tenants,
     )
     return AsyncWithOnly(
-        run_dispatcher(dict(settings.limits), settings),
+        run_dispatcher(settings),
         "open_dispatcher() is an async context manager:"
         " use `async with open_dispatcher(...) as dispatcher`",
     )
@@ -315,7 +315,7 @@ def open_dispatcher_with(
             )
     settings = Settings(new_backend=new_backend, limits=limits, **options)
     return AsyncWithOnly(
-        run_dispatcher(dict(settings.limits), settings),
+        run_dispatcher(settings),
         "open_dispatcher_with() is an async context manager:"
         " use `async with open_dispatcher_with(...) as dispatcher`",
     )

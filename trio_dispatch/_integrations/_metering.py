@@ -39,7 +39,7 @@ from ..messages._stream import Usage
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 
-    from .._dispatch._dispatcher import Dispatcher
+    from .._dispatch._plumbing import Plumbing
     from .._dispatch._slot import ModelCall, Slot
     from .._observe._hub import CallWatch
     from ..messages import ChatMessage, ChatRequest, StreamEvent, ToolSpec
@@ -227,7 +227,7 @@ class Meter:
     __slots__ = ("_call", "_dispatcher", "_slot", "_started")
 
     def __init__(
-        self, dispatcher: Dispatcher, slot: Slot, call: ModelCall | None = None
+        self, dispatcher: Plumbing, slot: Slot, call: ModelCall | None = None
     ) -> None:
         self._dispatcher = dispatcher
         self._slot = slot

@@ -106,7 +106,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
     from types import ModuleType, TracebackType
 
-    from .._dispatch._dispatcher import Dispatcher
+    from .._dispatch._plumbing import Plumbing
     from .._dispatch._slot import Slot
 
 #: Answers that say "slow down" for the whole account: they pause the provider.
@@ -184,7 +184,7 @@ class Hold:
 
     def __init__(
         self,
-        dispatcher: Dispatcher,
+        dispatcher: Plumbing,
         slot: Slot,
         deadline: float,
         reader: RateLimitReader,
@@ -229,7 +229,7 @@ class Hold:
     @classmethod
     async def take(
         cls,
-        dispatcher: Dispatcher,
+        dispatcher: Plumbing,
         provider: str,
         reader: RateLimitReader,
         content: bytes | None,
@@ -590,7 +590,7 @@ InnerT = TypeVar("InnerT", bound=_Inner)
 class TransportBase(Generic[InnerT]):
     """``Dispatcher.transport`` whatever its httpx; mixed in before its base."""
 
-    def __init__(self, dispatcher: Dispatcher, provider: str, inner: InnerT) -> None:
+    def __init__(self, dispatcher: Plumbing, provider: str, inner: InnerT) -> None:
         self._dispatcher = dispatcher
         self._provider = provider
         self._inner = inner
