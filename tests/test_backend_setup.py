@@ -34,6 +34,7 @@ from trio_dispatch.lowlevel import (
     SchedulerActor,
     Ticket,
     open_dispatcher_with,
+    policy_statistics,
 )
 
 if TYPE_CHECKING:
@@ -183,28 +184,7 @@ class PolicyBackend:
 
     def statistics(self) -> ProviderStatistics:
         self.tick()
-        policy = self.policy
-        stats = policy.statistics()
-        now = self.setup.clock()
-        return ProviderStatistics(
-            provider=self.provider,
-            limit=stats.limit,
-            in_flight=stats.in_flight,
-            waiting=stats.waiting,
-            paused=stats.paused_until is not None,
-            paused_until=stats.paused_until,
-            granted_total=stats.granted_total,
-            released_total=stats.released_total,
-            withdrawn_total=stats.withdrawn_total,
-            rejected_total=stats.rejected_total,
-            peak_in_flight=stats.peak_in_flight,
-            peak_waiting=stats.peak_waiting,
-            local_in_flight=stats.in_flight,
-            local_waiting=stats.waiting,
-            budget=policy.budget_statistics(now),
-            models=policy.model_budget_statistics(now),
-            tenants=policy.tenant_statistics(now),
-        )
+        return policy_statistics(self.provider, self.policy, self.setup.clock())
 
     def check_open(self) -> None:
         if self.closed:

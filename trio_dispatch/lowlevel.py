@@ -28,13 +28,20 @@ minor versions. An application needs none of them; ``trio_dispatch``,
   provider (limit, budgets, tenants, ``max_waiting``, pauses, the clock)
   and its ``Translator`` (``setup.events``), which turns each scheduling
   step into log lines and events. ``setup.policy()`` builds the
-  ``SlotPolicy`` that honours every setting. The dispatcher's own backends
+  ``SlotPolicy`` that honours every setting, and
+  ``policy_statistics(provider, policy, now)`` reports it as a backend's
+  ``statistics()`` must. The dispatcher's own backends
   are made the same way: ``SchedulerActor.from_setup`` in one process, the
   Redis-shared scheduler of ``redis_url`` for a fleet. A third backend
   needs only the names here and ``trio_dispatch.ProviderStatistics``.
-- What metrics observe: an ``EventSink`` (``Dispatcher.observe_events``)
-  is handed every event as it happens, a ``CallObserver``
-  (``Dispatcher.observe_calls``) is told of every LLM call's end.
+- The dispatcher's machinery: ``plumbing(dispatcher)`` gives its
+  ``Plumbing`` (backends, settings, event hub, nursery), what integrations
+  build on: ``start_soon``, ``hold`` and ``hold_deadline``,
+  ``check_known``, ``check_run``, ``default_max_tokens``, ``watch_call``,
+  ``observe_events`` (an ``EventSink`` is handed every event as it
+  happens) and ``observe_calls`` (a ``CallObserver`` is told of every LLM
+  call's end), beside what ``Dispatcher`` does. Their old names on
+  ``Dispatcher`` are deprecated.
 - Tool arguments checked against their JSON schema: ``check_arguments``.
 """
 
@@ -44,6 +51,7 @@ from ._dispatch._dispatcher import plumbing as plumbing
 from ._dispatch._open import open_dispatcher_with as open_dispatcher_with
 from ._dispatch._plumbing import Plumbing as Plumbing
 from ._dispatch._setup import BackendSetup as BackendSetup
+from ._dispatch._setup import policy_statistics as policy_statistics
 from ._observe._hub import CallObserver as CallObserver
 from ._observe._hub import EventSink as EventSink
 from ._observe._translator import Translator as Translator
@@ -99,6 +107,7 @@ __all__ = [
     "check_arguments",
     "open_dispatcher_with",
     "plumbing",
+    "policy_statistics",
 ]
 
 fixup_module_metadata(__name__, globals())

@@ -9,7 +9,8 @@ limit, its budgets, the tenants, ``max_waiting``, the pauses' settings,
 where the events go, the clock, and the callbacks by which a backend that
 learns the fleet's limits and tenants (Redis) tells the dispatcher.
 ``policy()`` builds the ``SlotPolicy`` that honours all of it, so a
-backend on the policy honours every option by one call.
+backend on the policy honours every option by one call, and
+``policy_statistics`` reports such a policy as ``statistics()`` must.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import attrs
 
 from .._policy._budgets import Throttle
 from .._policy._slots import SlotPolicy
+from ._backend import ProviderStatistics
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -106,3 +108,35 @@ class BackendSetup:
         )
         policy.advance(now)
         return policy
+
+
+def policy_statistics(
+    provider: str, policy: SlotPolicy, now: float
+) -> ProviderStatistics:
+    """``provider``'s snapshot at ``now``, as its ``policy`` sees it: one local backend's.
+
+    Its counts and totals, its pause, its adaptive limit, and the budgets
+    of the provider and its models and the tenants' shares at ``now``.
+    """
+    stats = policy.statistics()
+    throttle = policy.throttle
+    return ProviderStatistics(
+        provider=provider,
+        limit=stats.limit,
+        in_flight=stats.in_flight,
+        waiting=stats.waiting,
+        paused=stats.paused_until is not None,
+        paused_until=stats.paused_until,
+        granted_total=stats.granted_total,
+        released_total=stats.released_total,
+        withdrawn_total=stats.withdrawn_total,
+        rejected_total=stats.rejected_total,
+        peak_in_flight=stats.peak_in_flight,
+        peak_waiting=stats.peak_waiting,
+        local_in_flight=stats.in_flight,
+        local_waiting=stats.waiting,
+        adaptive=throttle is not None and throttle.adaptive is not None,
+        budget=policy.budget_statistics(now),
+        models=policy.model_budget_statistics(now),
+        tenants=policy.tenant_statistics(now),
+    )

@@ -462,7 +462,7 @@ class Slot(metaclass=NoPublicConstructor):
     def release(self, *, used: bool = True) -> None:
         """Give the slot back now, from any task; nothing if it is not held.
 
-        Plumbing for a slot taken with ``Dispatcher.hold()``: one entered
+        Plumbing for a slot taken with ``Plumbing.hold()``: one entered
         with ``async with`` is given back on leaving the block. Synchronous
         and idempotent; never blocks. ``used=False`` for a slot that sent
         nothing: it goes back as a grant withdrawn, which is no success (a
@@ -483,7 +483,7 @@ class Slot(metaclass=NoPublicConstructor):
         """Call ``callback(deadline)`` at each renewal of the slot's lease.
 
         Plumbing for a hold that enforces the lease without the slot's
-        cancel scope (``Dispatcher.hold()``); ``None`` stops it.
+        cancel scope (``Plumbing.hold()``); ``None`` stops it.
         """
         timer = self._timer
         if timer is None:
@@ -637,7 +637,7 @@ class ModelCall(metaclass=NoPublicConstructor):
 async def acquire_unscoped(slot: Slot) -> None:
     """Wait for ``slot``'s grant, with no timer, for a hold any task gives back.
 
-    What ``Dispatcher.hold()`` takes: the slot is granted without the
+    What ``Plumbing.hold()`` takes: the slot is granted without the
     cancel scope of ``async with``, which only the entering task could
     close, and no task is bound to leave it (``Slot.release()`` from any).
     """

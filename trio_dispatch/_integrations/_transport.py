@@ -8,7 +8,7 @@ body is closed, after its last byte or earlier, whoever closes it.
 
 That hold does not nest: it begins in the task that sends the request and
 ends wherever the response is closed, later, maybe in another task. So it
-is taken with ``Dispatcher.hold`` (no cancel scope, given back by any
+is taken with ``Plumbing.hold`` (no cancel scope, given back by any
 task) and ``max_hold`` is enforced here, without a scope that would outlive
 the call that entered it:
 

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, final
 
 import trio
 
-from .._dispatch._backend import ProviderStatistics
+from .._dispatch._setup import policy_statistics
 from .._exceptions import DispatcherClosed, QueueFull
 from .._observe._hub import EventHub
 from .._observe._translator import Translator
@@ -86,6 +86,7 @@ from ..messages._protocol import (
 from ._mailbox import Mailbox
 
 if TYPE_CHECKING:
+    from .._dispatch._backend import ProviderStatistics
     from .._dispatch._setup import BackendSetup
     from .._policy._ratelimits import RateLimitInfo
     from .._policy._slots import SlotPolicy
@@ -100,8 +101,9 @@ _new_ticket = tuple.__new__
 class SchedulerActor:
     """The scheduler of one provider.
 
-    Construct it with its policy, start ``run`` in a nursery, and talk to it
-    only with ``send``. ``policy`` may be read between checkpoints for
+    Construct it with its policy (the dispatcher makes it with
+    ``from_setup``), start ``run`` in a nursery, and talk to it only with
+    ``send``. ``policy`` may be read between checkpoints for
     statistics; it reflects every message the actor has handled so far, and
     every message sent so far right after ``handle_backlog``.
     """
@@ -369,30 +371,7 @@ class SchedulerActor:
     def statistics(self) -> ProviderStatistics:
         """The provider's snapshot, every message sent so far handled."""
         self.handle_backlog()
-        policy = self.policy
-        stats = policy.statistics()
-        throttle = policy.throttle
-        now = trio.current_time()
-        return ProviderStatistics(
-            provider=self.provider,
-            limit=stats.limit,
-            in_flight=stats.in_flight,
-            waiting=stats.waiting,
-            paused=stats.paused_until is not None,
-            paused_until=stats.paused_until,
-            granted_total=stats.granted_total,
-            released_total=stats.released_total,
-            withdrawn_total=stats.withdrawn_total,
-            rejected_total=stats.rejected_total,
-            peak_in_flight=stats.peak_in_flight,
-            peak_waiting=stats.peak_waiting,
-            local_in_flight=stats.in_flight,
-            local_waiting=stats.waiting,
-            adaptive=throttle is not None and throttle.adaptive is not None,
-            budget=policy.budget_statistics(now),
-            models=policy.model_budget_statistics(now),
-            tenants=policy.tenant_statistics(now),
-        )
+        return policy_statistics(self.provider, self.policy, trio.current_time())
 
     # KeyboardInterrupt waits for the next checkpoint: between two, the actor
     # changes the policy and tells the requesters, which must go together.
