@@ -161,39 +161,43 @@ async def _slot_calls(
     import httpx2  # noqa: PLC0415 (the HTTP client every provider shares)
 
     http = await stack.enter_async_context(httpx2.AsyncClient(timeout=600.0))
-    providers = {}
-    for model in MODELS:
-
-        def observe(
-            provider: str, info: trio_dispatch.RateLimitInfo, model: str = model
-        ) -> None:
-            if per_model:
-                dispatcher.observe_rate_limits(provider, info, model=model)
-            else:
-                dispatcher.observe_rate_limits(provider, info)
-
-        providers[model] = OpenAIProvider(
+    providers = {
+        model: OpenAIProvider(
             PROVIDER,
             base_url=server.openai_base_url,
             api_key=KEY,
             model=model,
             client=http,
             read_timeout=600.0,
-            on_rate_limits=observe,
-            on_rate_limit=dispatcher.report_rate_limit,
         )
+        for model in MODELS
+    }
     request = ChatRequest([ChatMessage("user", "hi")])
+
+    def answered(
+        slot: trio_dispatch.Slot, info: trio_dispatch.RateLimitInfo | None
+    ) -> None:
+        """An integration of one's own: the answer started, then its figures."""
+        if info is None:
+            return
+        slot.answered()
+        if per_model:
+            dispatcher.observe_rate_limits(PROVIDER, info, model=slot.model)
+        else:
+            dispatcher.observe_rate_limits(PROVIDER, info)
 
     async def call(model: str) -> bool:
         named: dict[str, Any] = {"model": model} if per_model else {}
         async with dispatcher.slot(PROVIDER, **named) as slot:
-            with dispatcher.calling(slot):
-                try:
-                    async with providers[model].stream(request) as events:
-                        async for _ in events:
-                            pass
-                except RateLimited:
-                    return False
+            try:
+                async with providers[model].stream(request) as events:
+                    answered(slot, events.rate_limits)
+                    async for _ in events:
+                        pass
+            except RateLimited as error:
+                answered(slot, error.rate_limits)
+                dispatcher.report_rate_limit(PROVIDER, error.retry_after)
+                return False
         return True
 
     return call

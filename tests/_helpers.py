@@ -14,12 +14,15 @@ import trio.testing
 
 from trio_dispatch import UnknownProviderWarning
 from trio_dispatch.lowlevel import Grant, SchedulerActor, plumbing
+from trio_dispatch.messages import Finish, TextDelta
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
 
-    from trio_dispatch import Dispatcher
+    from trio_dispatch import Dispatcher, RateLimitInfo
+    from trio_dispatch._integrations._hooks import RateLimitHooks
     from trio_dispatch.lowlevel import Ticket
+    from trio_dispatch.messages import ChatRequest, StreamEvent
 
 
 def unknown_provider(name: str) -> pytest.WarningsRecorder:
@@ -112,3 +115,51 @@ def local_scheduler(dispatcher: Dispatcher, provider: str) -> SchedulerActor:
     actor = plumbing(dispatcher)._scheduler(provider)
     assert isinstance(actor, SchedulerActor)
     return actor
+
+
+class Hooked:
+    """A provider whose answers tell their hooks of ``figures`` as they open.
+
+    As ``OpenAIProvider`` and ``AnthropicProvider`` do with their callbacks:
+    the figures arrive with the headers, before the stream is handed to the
+    caller, and they count this request. Each answer carries them too
+    (``rate_limits``) and answers ``"hi"``.
+    """
+
+    id = "p"
+
+    def __init__(self, hooks: RateLimitHooks, figures: RateLimitInfo) -> None:
+        self.hooks = hooks
+        self.figures = figures
+
+    def stream(self, request: ChatRequest) -> HookedAnswer:
+        return HookedAnswer(self.hooks, self.figures)
+
+
+class HookedAnswer:
+    """One answer of ``Hooked``: entered, it reads its figures and tells its hooks."""
+
+    def __init__(self, hooks: RateLimitHooks, figures: RateLimitInfo) -> None:
+        self.rate_limit_hooks = hooks
+        self.rate_limits: RateLimitInfo | None = None
+        self._figures = figures
+        self._events: Iterator[StreamEvent] = iter([TextDelta("hi"), Finish("stop")])
+
+    async def __aenter__(self) -> HookedAnswer:
+        await trio.lowlevel.checkpoint()
+        self.rate_limits = self._figures
+        self.rate_limit_hooks.observe(self._figures)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await trio.lowlevel.checkpoint()
+
+    def __aiter__(self) -> HookedAnswer:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        await trio.lowlevel.checkpoint()
+        event = next(self._events, None)
+        if event is None:
+            raise StopAsyncIteration
+        return event

@@ -23,11 +23,14 @@ from trio_dispatch import (
     open_dispatcher,
     wrap_provider,
 )
+from trio_dispatch._integrations._hooks import RateLimitHooks
 from trio_dispatch.lowlevel import SlotPolicy, Throttle, Ticket
 from trio_dispatch.messages import ChatMessage, ChatRequest, Finish, TextDelta, Usage
 
+from ._helpers import Hooked
+
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator
 
     from trio_dispatch import Dispatcher
     from trio_dispatch.messages import StreamEvent
@@ -596,40 +599,16 @@ def test_only_requests_whose_answer_has_not_started_are_taken_again() -> None:
     assert available(policy) == 3000
 
 
-class Reporting:
-    """A provider that reports its answer's rate-limit figures as it opens.
-
-    As ``OpenAIProvider`` and ``AnthropicProvider`` do with
-    ``on_rate_limits``: the figures arrive with the headers, before the
-    stream is handed to the caller, and they count this request.
-    """
-
-    id = "p"
-
-    def __init__(self, report: Callable[[str, RateLimitInfo], None]) -> None:
-        self.report = report
-
-    def stream(self, request: ChatRequest) -> AsyncIterator[AsyncIterator[StreamEvent]]:
-        return self._stream(request)  # type: ignore[return-value]  # a context manager
-
-    @asynccontextmanager
-    async def _stream(
-        self, request: ChatRequest
-    ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
-        await trio.lowlevel.checkpoint()
-        self.report("p", tokens(60_000, 50_000, 10.0))
-        yield Events([TextDelta("hi"), Finish("stop")])
-
-
 async def test_figures_reported_as_a_wrapped_stream_opens_count_its_request_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     request = ChatRequest([ChatMessage("user", "x" * 400)], max_tokens=1000)
     async with open_dispatcher({"p": 1}) as dispatcher:
         dispatcher.observe_rate_limits("p", tokens(60_000, 60_000, 0.0))
+        # A provider given the dispatcher's own callback, as ours report.
+        hooks = RateLimitHooks("p", None, dispatcher.observe_rate_limits)
         provider = wrap_provider(
-            Reporting(dispatcher.observe_rate_limits),  # type: ignore[arg-type]  # a Provider
-            dispatcher,
+            Hooked(hooks, tokens(60_000, 50_000, 10.0)), dispatcher
         )
         async with provider.stream(request) as events:
             assert await events.__anext__() == TextDelta("hi")

@@ -47,6 +47,7 @@ from trio_dispatch.testing import (
     FakeScript,
     FakeToolCall,
     Fault,
+    ScriptedProvider,
     open_fake_llm_server,
 )
 
@@ -977,3 +978,25 @@ def test_check_arguments_keeps_json_equality_in_enums() -> None:
     assert check_arguments("y", {"enum": [long]}) == (
         f"$: expected one of '{'x' * 36}..., got 'y'"
     )
+
+
+async def test_an_llm_call_is_counted_once_sent_not_while_it_waits_for_its_slot(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    provider = ScriptedProvider(FakeScript(default=FakeReply(text="ok")), id="p")
+    async with open_dispatcher({"p": 1}) as dispatcher:
+        conversation = dispatcher.start_conversation(provider)
+        results: list[TurnResult] = []
+
+        async def ask() -> None:
+            results.append(await conversation.ask("hello"))
+
+        async with trio.open_nursery() as nursery, dispatcher.slot("p"):
+            nursery.start_soon(ask)
+            await trio.testing.wait_all_tasks_blocked()
+            assert dispatcher.statistics().providers["p"].waiting == 1
+            # Waiting for its slot: nothing sent, nothing counted.
+            assert conversation.statistics().llm_calls == 0
+        stats = conversation.statistics()
+    assert [(result.llm_calls, result.retries) for result in results] == [(1, 0)]
+    assert (stats.llm_calls, stats.retries) == (1, 0)

@@ -17,7 +17,14 @@ import pytest
 import trio
 import trio.testing
 
-from trio_dispatch import ConversationOptions, Retrying, TurnFinished, open_dispatcher
+from trio_dispatch import (
+    ConversationOptions,
+    Dispatcher,
+    Retrying,
+    TurnFinished,
+    open_dispatcher,
+)
+from trio_dispatch.lowlevel import open_dispatcher_with
 from trio_dispatch.providers import OpenAIProvider, RateLimited, ServerError
 from trio_dispatch.testing import (
     FakeQuotas,
@@ -28,6 +35,7 @@ from trio_dispatch.testing import (
     open_fake_llm_server,
 )
 
+from ._backend_rigs import Made
 from ._helpers import unknown_provider
 from ._rigs import run_agents
 
@@ -276,3 +284,21 @@ async def test_conversations_wait_out_a_quota_without_learning_and_all_complete(
     assert failed == []
     assert completed == 40
     assert stats.responses_by_status[200] == 40
+
+
+async def test_waiting_out_a_rate_limit_reads_the_pause_of_its_provider_only(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    times: list[float] = []
+    made = Made()
+    async with open_dispatcher_with(made, {"p": 1, "q": 1}) as dispatcher:
+        assert isinstance(dispatcher, Dispatcher)  # the one users get
+        async with dispatcher.slot("q"):
+            pass
+        conversation = dispatcher.start_conversation(scripted([limited(5.0)], times))
+        result = await conversation.ask("hello")
+        # The pause was read off p's backend alone: q's was never asked.
+        assert made.backends["q"].calls["statistics"] == 0
+        assert made.backends["p"].calls["statistics"] == 1
+    assert times == [0.0, 5.0]
+    assert (result.llm_calls, result.retries) == (2, 1)

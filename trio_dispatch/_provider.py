@@ -25,8 +25,10 @@ for a provider of your own; ``OpenAIProvider``, ``AnthropicProvider`` and
 ``ScriptedProvider`` have them. ``wrap_provider`` and conversations read
 them off the answer and tell the dispatcher (``observe_rate_limits``,
 and ``report_rate_limit`` for a ``RateLimited`` or ``Overloaded``). The
-callbacks below are for a provider used without a dispatcher's slot; a
-provider given them and used through that dispatcher too is counted once.
+callbacks below are for a provider used without a dispatcher's slot: an
+answer the dispatcher meters calls neither (``events()`` shows what it
+said), so a provider given them and used through that dispatcher too is
+counted once.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ say (``x-ratelimit-*``, ``anthropic-ratelimit-*``, ``Retry-After``), for a
 success or an error alike, before the stream is returned or the error
 raised. It must not block; an exception it raises is logged, and the call
 goes on. Calls through a dispatcher need none: the figures travel with the
-answer (see the module's notes).
+answer, and an answer the dispatcher meters does not call it (see the
+module's notes).
 """
 
 # What the wrong ``with`` on a provider's stream, or on a provider that

@@ -52,6 +52,7 @@ with ``DispatcherClosed`` (the dispatcher closed) or ``ConversationClosed``
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import logging
 import math
@@ -93,10 +94,10 @@ from ._results import Retrying, ToolResult, TurnEvent, TurnFinished, TurnResult
 from ._retry import backoff, should_retry, waits_out
 from ._turn_parts import (
     NO_USAGE,
+    Answer,
     ConversationStatistics,
     Counters,
     Job,
-    Reply,
     Totals,
     add_usage,
     check_tools,
@@ -527,8 +528,7 @@ class Conversation(metaclass=NoPublicConstructor):
                     rounds=rounds,
                 )
             rounds += 1
-            counters.tool_calls += len(calls)
-            self._totals.tool_calls += len(calls)
+            self._count(counters, tool_calls=len(calls))
             for call in calls:
                 await job.emit(call)
             results = await self._run_tools(calls, job)
@@ -559,7 +559,7 @@ class Conversation(metaclass=NoPublicConstructor):
         request: ChatRequest,
         counters: Counters,
         job: Job | None = None,
-    ) -> Reply:
+    ) -> Answer:
         """One LLM call, sent again after a retryable error, with backoff.
 
         A rate limit of a limited provider is waited out in its queue, for
@@ -576,21 +576,18 @@ class Conversation(metaclass=NoPublicConstructor):
         # wait for a slot is cut at the deadline.
         waited: ProviderError | None = None
         while True:
-            counters.llm_calls += 1
-            self._totals.llm_calls += 1
             try:
                 reply = await collect_answer(
                     provider.stream_granted_by(
-                        request, math.inf if waited is None else deadline
+                        request,
+                        math.inf if waited is None else deadline,
+                        # Counted as it is sent: once granted.
+                        functools.partial(self._count_call, counters, attempt > 1),
                     ),
                     job,
                 )
             except NotGrantedInTime:
                 # The patience ran out in the queue: this retry was not sent.
-                counters.llm_calls -= 1
-                self._totals.llm_calls -= 1
-                counters.retries -= 1
-                self._totals.retries -= 1
                 assert waited is not None
                 raise waited from None
             except ProviderError as error:
@@ -622,11 +619,8 @@ class Conversation(metaclass=NoPublicConstructor):
                     )
                 retrying = Retrying(attempt=attempt, error=error, delay=delay)
             else:
-                counters.usage = add_usage(counters.usage, reply.usage)
-                self._totals.usage = add_usage(self._totals.usage, reply.usage)
+                self._count(counters, usage=reply.usage)
                 return reply
-            counters.retries += 1
-            self._totals.retries += 1
             if job is not None:
                 await job.emit(retrying)
             attempt += 1
@@ -634,9 +628,29 @@ class Conversation(metaclass=NoPublicConstructor):
             # Not past the patience: then the next attempt ends the call.
             await trio.sleep_until(wake if waited is None else min(wake, deadline))
 
+    def _count_call(self, counters: Counters, retry: bool) -> None:
+        """An LLM call is sent (``retry``: again, after a retryable error)."""
+        self._count(counters, llm_calls=1, retries=1 if retry else 0)
+
+    def _count(
+        self,
+        counters: Counters,
+        *,
+        llm_calls: int = 0,
+        retries: int = 0,
+        tool_calls: int = 0,
+        usage: Usage | None = None,
+    ) -> None:
+        """Count for the job (its ``counters``) and the conversation alike."""
+        for counted in (counters, self._totals):
+            counted.llm_calls += llm_calls
+            counted.retries += retries
+            counted.tool_calls += tool_calls
+            counted.usage = add_usage(counted.usage, usage)
+
     def _paused(self) -> bool:
         """Whether the provider is paused now: its next grant waits for that."""
-        stats = self._dispatcher.statistics().providers.get(self._provider.id)
+        stats = self._dispatcher.provider_statistics(self._provider.id)
         return (
             stats is not None
             and stats.paused_until is not None

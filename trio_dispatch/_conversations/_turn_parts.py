@@ -2,7 +2,7 @@
 
 Plain pieces the conversation actor (``_conversation``) is built from: what
 one request to the actor is (``Job``), one complete answer of the model
-(``Reply``, collected by ``collect_answer``), the counters a turn adds to,
+(``Answer``, collected by ``collect_answer``), the counters a turn adds to,
 and the rules of tool calls the model makes (``unique_ids``, ``refusal``).
 """
 
@@ -156,7 +156,7 @@ class Totals(Counters):
 
 
 @attrs.frozen
-class Reply:
+class Answer:
     """One complete answer of the model."""
 
     text: str
@@ -167,7 +167,7 @@ class Reply:
 
 async def collect_answer(
     opened: AbstractAsyncContextManager[AsyncIterator[StreamEvent]], job: Job | None
-) -> Reply:
+) -> Answer:
     """Send a request (enter ``opened``) and collect the whole answer.
 
     The slot is held only here. A streamed turn's ``job`` gets the text and
@@ -189,7 +189,7 @@ async def collect_answer(
                 usage = event
             elif isinstance(event, Finish):
                 finish = event.reason
-    return Reply("".join(text), tuple(calls), usage, finish)
+    return Answer("".join(text), tuple(calls), usage, finish)
 
 
 def unique_ids(

@@ -99,6 +99,83 @@ class ProviderStatistics:
     tenants: Mapping[str, TenantStatistics] = attrs.field(factory=dict)
 
 
+class _Occupancy(Protocol):
+    """Slots held and requests waiting, now."""
+
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def waiting(self) -> int: ...
+
+
+class Counts(_Occupancy, Protocol):
+    """A scheduler's own counts: ``PolicyStatistics`` and the Redis book both."""
+
+    @property
+    def granted_total(self) -> int: ...
+    @property
+    def released_total(self) -> int: ...
+    @property
+    def withdrawn_total(self) -> int: ...
+    @property
+    def rejected_total(self) -> int: ...
+    @property
+    def peak_in_flight(self) -> int: ...
+    @property
+    def peak_waiting(self) -> int: ...
+
+
+class Fleet(_Occupancy, Protocol):
+    """What a shared backend's last round saw of the whole fleet."""
+
+    @property
+    def up(self) -> bool: ...
+
+
+def provider_statistics(
+    provider: str,
+    own: Counts,
+    *,
+    limit: int | None,
+    paused_until: float | None,
+    adaptive: bool,
+    budget: BudgetStatistics | None,
+    models: Mapping[str, BudgetStatistics],
+    tenants: Mapping[str, TenantStatistics],
+    fleet: Fleet | None = None,
+) -> ProviderStatistics:
+    """The snapshot of ``provider``: every backend's, built one way.
+
+    ``own`` is the scheduler's own counts (its policy's, or the Redis
+    book's), ``fleet`` what a shared backend saw of the fleet (``None`` for
+    a local one): then ``in_flight`` and ``waiting`` are the fleet's, and
+    ``local_in_flight`` and ``local_waiting`` this process's.
+    """
+    seen: _Occupancy = own if fleet is None else fleet
+    return ProviderStatistics(
+        provider=provider,
+        limit=limit,
+        in_flight=seen.in_flight,
+        waiting=seen.waiting,
+        paused=paused_until is not None,
+        paused_until=paused_until,
+        granted_total=own.granted_total,
+        released_total=own.released_total,
+        withdrawn_total=own.withdrawn_total,
+        rejected_total=own.rejected_total,
+        peak_in_flight=own.peak_in_flight,
+        peak_waiting=own.peak_waiting,
+        backend="local" if fleet is None else "redis",
+        backend_up=fleet is None or fleet.up,
+        local_in_flight=own.in_flight,
+        local_waiting=own.waiting,
+        adaptive=adaptive,
+        budget=budget,
+        models=models,
+        tenants=tenants,
+    )
+
+
 class Backend(Protocol):
     """One provider's scheduler, as the dispatcher uses it.
 

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from ..messages._limits import Tenant
     from ._plumbing import Plumbing
     from ._settings import Settings
-    from ._slot import ModelCall, Slot
+    from ._slot import Slot
     from ._statistics import DispatcherStatistics
     from ._turn import Turn
 
@@ -253,21 +253,6 @@ class Dispatcher(metaclass=NoPublicConstructor):
             model=model,
         )
 
-    def calling(self, slot: Slot) -> ModelCall:
-        """The model call of held ``slot`` is under way in this task, in the block.
-
-        Plumbing for integrations (``wrap_provider`` is built on it): a
-        provider may tell this dispatcher of its answer by itself, through
-        callbacks (``on_rate_limits=dispatcher.observe_rate_limits``,
-        ``on_rate_limit=dispatcher.report_rate_limit``) called as the
-        answer arrives. What those hear of ``slot``'s provider from this
-        task while the block runs is this call's answer: its start is said
-        first (the figures count the request), and the ``ModelCall`` notes
-        it, so the integration does not tell it again. Use it in a plain
-        ``with``, entered and left by the task that holds the slot.
-        """
-        return self._plumbing.calling(slot)
-
     def set_limit(self, provider: str, limit: int | AdaptiveLimit) -> None:
         """Limit ``provider`` to ``limit`` concurrent slots, now.
 
@@ -307,7 +292,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
         (``wrap_provider``, conversations, ``transport()``), which read
         the figures off the answer; through a provider's
         ``on_rate_limits=`` for one used without a dispatcher's slot (a
-        provider given both is counted once). The figures pace the
+        provider given both is counted once: an answer the dispatcher
+        meters calls no callback of its provider). The figures pace the
         provider's budgets (see ``open_dispatcher``'s ``budgets`` and
         ``learn_budgets``). Synchronous, never blocks, and never raises for
         what ``info`` says. Subscribers to ``events()`` get each as a
@@ -322,8 +308,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         pace the provider's, over all its models. The calls made through
         the dispatcher name their model by themselves: our providers'
         ``model``, the ``model`` of a transport's JSON body, a slot's
-        ``model`` (a provider's own callback for the call under way in
-        this task too).
+        ``model``.
 
         Raises:
             TypeError: ``provider`` or ``model`` is not a string, or
@@ -381,7 +366,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
         Calls through the dispatcher (``wrap_provider``, conversations,
         ``transport()``) report their rate-limit answers by themselves; a
         provider's ``on_rate_limit=`` is for calls made without a slot (a
-        provider given both reports an answer once).
+        provider given both reports an answer once: an answer the
+        dispatcher meters calls no callback of its provider).
 
         Holders are not touched; nothing is granted until the pause ends.
         With ``retry_after`` (the server's ``Retry-After``, in seconds) the
@@ -650,7 +636,8 @@ def plumbing(dispatcher: Dispatcher) -> Plumbing:
 
     Its backends, settings, event hub and nursery, with what integrations
     build on: ``start_soon``, ``hold``, ``hold_deadline``, ``check_known``,
-    ``check_run``, ``default_max_tokens``, ``watch_call``, ``calling``,
+    ``check_run``, ``default_max_tokens``, ``watch_call``,
+    ``provider_statistics``,
     ``observe_events``, ``observe_calls``, beside everything ``Dispatcher``
     does (see ``Plumbing``).
 

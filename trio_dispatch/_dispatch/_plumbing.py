@@ -53,7 +53,7 @@ from ..actors._scheduler import SchedulerActor
 from ..messages._limits import DEFAULT_MAX_TOKENS
 from ._settings import check_tenant_settings
 from ._setup import BackendSetup
-from ._slot import ModelCall, Slot, SlotHost, acquire_unscoped
+from ._slot import Slot, SlotHost, acquire_unscoped
 from ._statistics import DispatcherStatistics
 from ._turn import CURRENT_TURN, Turn, TurnScope
 
@@ -69,7 +69,7 @@ if TYPE_CHECKING:
     from .._provider import Provider
     from .._redis._backend import SharedBackends
     from ..messages._limits import Tenant
-    from ._backend import Backend
+    from ._backend import Backend, ProviderStatistics
     from ._settings import Settings
 
 _logger = logging.getLogger("trio_dispatch")
@@ -97,7 +97,6 @@ class Plumbing(metaclass=NoPublicConstructor):
     __slots__ = (
         "_backends",
         "_call_observers",
-        "_calls",
         "_cleared",
         "_closed",
         "_host",
@@ -134,9 +133,6 @@ class Plumbing(metaclass=NoPublicConstructor):
         # warned about.
         self._known: set[str] = set()
         self._cleared: set[str] = set()
-        # The model calls under way through integrations, by the task that
-        # holds each one's slot (see calling()).
-        self._calls: dict[trio.lowlevel.Task, ModelCall] = {}
         self._closed = False
         # Where the schedulers emit their events (see events()), and who
         # is told of every LLM call (the OpenTelemetry metrics).
@@ -366,11 +362,6 @@ class Plumbing(metaclass=NoPublicConstructor):
         assert slot.granted_at is not None
         return slot.granted_at + max_hold
 
-    def calling(self, slot: Slot) -> ModelCall:
-        """``Dispatcher.calling``."""
-        call: ModelCall = _make(ModelCall, slot, self._calls)
-        return call
-
     def set_limit(self, provider: str, limit: int | AdaptiveLimit) -> None:
         """``Dispatcher.set_limit``."""
         check_provider(provider)
@@ -414,16 +405,6 @@ class Plumbing(metaclass=NoPublicConstructor):
             return
         # Before the event: a subscriber's channel belongs to this run.
         self.check_run()
-        if self._calls:
-            call = self._calls.get(trio.lowlevel.current_task())
-            if call is not None and call.slot.provider == provider:
-                # A provider's own callback, as the answer of the call under
-                # way in this task arrives: the figures count its request,
-                # whose answer has started, and the call is not told again.
-                call.observed = True
-                call.answered()
-                if model is None:
-                    model = call.slot.model
         if self._hub.sinks:
             self._hub.emit(
                 RateLimitsReceived(provider, trio.current_time(), info, model)
@@ -481,12 +462,6 @@ class Plumbing(metaclass=NoPublicConstructor):
         """``Dispatcher.report_rate_limit``."""
         check_provider(provider)
         seconds = check_optional_seconds(retry_after, "retry_after")
-        if self._calls:
-            call = self._calls.get(trio.lowlevel.current_task())
-            if call is not None and call.slot.provider == provider:
-                # A provider's own callback for the call under way in this
-                # task: the integration does not report this answer again.
-                call.reported = True
         if self._closed or provider not in self._host.limits:
             return
         with contextlib.suppress(DispatcherClosed):
@@ -559,6 +534,17 @@ class Plumbing(metaclass=NoPublicConstructor):
             },
             closed=self._closed,
         )
+
+    def provider_statistics(self, provider: str) -> ProviderStatistics | None:
+        """``statistics().providers.get(provider)``, the others left alone.
+
+        For an integration that reads one provider (a conversation, its
+        pause): only that provider's backend handles its backlog. ``None``
+        for a provider never used.
+        """
+        self.check_run()
+        backend = self._backends.get(provider)
+        return None if backend is None else backend.statistics()
 
     def _unknown(self, provider: str) -> None:
         """Apply ``unknown_providers`` to a provider first seen unknown."""

@@ -21,13 +21,14 @@ import attrs
 
 from .._policy._budgets import Throttle
 from .._policy._slots import SlotPolicy
-from ._backend import ProviderStatistics
+from ._backend import provider_statistics
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from .._observe._translator import Translator
     from ..messages._limits import Budget, Tenant
+    from ._backend import ProviderStatistics
 
 
 @final
@@ -116,25 +117,16 @@ def policy_statistics(
     """``provider``'s snapshot at ``now``, as its ``policy`` sees it: one local backend's.
 
     Its counts and totals, its pause, its adaptive limit, and the budgets
-    of the provider and its models and the tenants' shares at ``now``.
+    of the provider and its models and the tenants' shares at ``now``
+    (through ``provider_statistics``, the one builder of every backend's).
     """
     stats = policy.statistics()
     throttle = policy.throttle
-    return ProviderStatistics(
-        provider=provider,
+    return provider_statistics(
+        provider,
+        stats,
         limit=stats.limit,
-        in_flight=stats.in_flight,
-        waiting=stats.waiting,
-        paused=stats.paused_until is not None,
         paused_until=stats.paused_until,
-        granted_total=stats.granted_total,
-        released_total=stats.released_total,
-        withdrawn_total=stats.withdrawn_total,
-        rejected_total=stats.rejected_total,
-        peak_in_flight=stats.peak_in_flight,
-        peak_waiting=stats.peak_waiting,
-        local_in_flight=stats.in_flight,
-        local_waiting=stats.waiting,
         adaptive=throttle is not None and throttle.adaptive is not None,
         budget=policy.budget_statistics(now),
         models=policy.model_budget_statistics(now),

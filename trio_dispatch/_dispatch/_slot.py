@@ -573,67 +573,6 @@ class Slot(metaclass=NoPublicConstructor):
         return trio.lowlevel.Abort.SUCCEEDED
 
 
-@final
-class ModelCall(metaclass=NoPublicConstructor):
-    """A model call under way: its slot, and what the provider told by itself.
-
-    Made by ``Dispatcher.calling()``. ``observed``: the answer's rate-limit
-    figures reached the dispatcher through the provider's own callback;
-    ``reported``: its rate limit did. The integration tells what is not
-    told yet, once.
-
-    Attributes:
-        slot: The slot the call holds.
-        observed: The answer's figures were observed.
-        reported: The answer's rate limit was reported.
-    """
-
-    __slots__ = (
-        "_calls",
-        "_outer",
-        "_started",
-        "_task",
-        "observed",
-        "reported",
-        "slot",
-    )
-
-    def __init__(self, slot: Slot, calls: dict[trio.lowlevel.Task, ModelCall]) -> None:
-        self.slot = slot
-        self.observed = False
-        self.reported = False
-        self._started = False
-        self._calls = calls
-        self._task: trio.lowlevel.Task | None = None
-        self._outer: ModelCall | None = None
-
-    def __enter__(self) -> Self:
-        task = self._task = trio.lowlevel.current_task()
-        calls = self._calls
-        self._outer = calls.get(task)
-        calls[task] = self
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        task = self._task
-        assert task is not None
-        if self._outer is None:
-            del self._calls[task]
-        else:
-            self._calls[task] = self._outer
-
-    def answered(self) -> None:
-        """The call's answer started: its slot says so to the scheduler, once."""
-        if not self._started:
-            self._started = True
-            self.slot.answered()
-
-
 async def acquire_unscoped(slot: Slot) -> None:
     """Wait for ``slot``'s grant, with no timer, for a hold any task gives back.
 

@@ -2,8 +2,10 @@
 
 The HTTP providers and ``ScriptedProvider`` each hold one
 ``RateLimitHooks``: what they are told, and when, is the same for both.
-It lives outside ``providers`` so that a scripted provider loads no HTTP
-library.
+Each answer calls the hooks it was made with (its ``rate_limit_hooks``):
+an answer a dispatcher meters (``Meter.metered``) calls none, as the
+meter tells the dispatcher what the answer says. It lives outside
+``providers`` so that a scripted provider loads no HTTP library.
 """
 
 from __future__ import annotations

@@ -11,13 +11,11 @@ the one that hit it.
 What an answer says of the account's rate limits travels with it: the
 opened stream's ``rate_limits``, or the status error's. The wrapper reads
 them there and tells the dispatcher (``observe_rate_limits``), so learned
-budgets need no wiring. A provider also given the dispatcher's own
-callbacks (``on_rate_limits=dispatcher.observe_rate_limits``,
-``on_rate_limit=dispatcher.report_rate_limit``) is counted once: the
-wrapper runs the call in ``Dispatcher.calling()``, so the dispatcher
-recognises what the callbacks tell it from the task that holds the slot,
-and the wrapper does not tell it again. The metering is the transport's
-too (``_metering``).
+budgets need no wiring. A provider's own callbacks
+(``on_rate_limits=``, ``on_rate_limit=``) are for its calls made without
+a slot: the answers the wrapper meters call none of them
+(``Meter.metered``), so a provider also given the dispatcher's methods is
+counted once. The metering is the transport's too (``_metering``).
 
 A provider that names its ``model`` asks for that model's slot (see
 ``wrap_provider``). Each stream is charged to the provider's token budget:
@@ -47,7 +45,7 @@ from ._metering import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
     from contextlib import AbstractAsyncContextManager
 
     from .._dispatch._plumbing import Plumbing
@@ -98,18 +96,22 @@ class LimitedProvider:
         return AsyncWithOnly(self._stream(request, math.inf), STREAM_USAGE)
 
     def stream_granted_by(
-        self, request: ChatRequest, deadline: float
+        self, request: ChatRequest, deadline: float, sending: Callable[[], None]
     ) -> AbstractAsyncContextManager[AsyncIterator[StreamEvent]]:
         """``stream(request)``, if its slot is granted by ``deadline`` (trio clock).
 
         Raises ``NotGrantedInTime`` on entry, having sent nothing, if the
-        slot is not granted by then; once granted, nothing is cut.
+        slot is not granted by then; once granted, nothing is cut, and
+        ``sending()`` is called just before the request is sent.
         """
-        return self._stream(request, deadline)
+        return self._stream(request, deadline, sending)
 
     @asynccontextmanager
     async def _stream(
-        self, request: ChatRequest, deadline: float
+        self,
+        request: ChatRequest,
+        deadline: float,
+        sending: Callable[[], None] | None = None,
     ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
         dispatcher = self._dispatcher
         provider_id = self.provider.id
@@ -133,30 +135,29 @@ class LimitedProvider:
                 # whatever the transport below would have checked before its
                 # first byte.
                 await trio.lowlevel.checkpoint_if_cancelled()
+                if sending is not None:
+                    sending()
                 # Timed for the metrics, if any observe the calls.
                 watch = dispatcher.watch_call(self.provider)
-                # A provider may tell the dispatcher of its answer by itself
-                # (its own callbacks): told once, its start first.
-                with dispatcher.calling(slot) as call:
-                    meter = Meter(dispatcher, slot, call)
-                    try:
-                        async with self.provider.stream(request) as events:
-                            meter.answered(figures_of(events))
-                            yield MeteredEvents(events, slot, watch)
-                    except BaseException as exc:
-                        if isinstance(exc, ProviderError):
-                            # A status answer: its figures count this request.
-                            info = figures_of(exc)
-                            busy = isinstance(exc, RateLimited | Overloaded)
-                            meter.answered(
-                                info,
-                                started=info is not None,
-                                pause=busy,
-                                retry_after=getattr(exc, "retry_after", None),
-                            )
-                        if watch is not None:
-                            watch.end(exc)
-                        raise
+                meter = Meter(dispatcher, slot)
+                try:
+                    async with meter.metered(self.provider.stream(request)) as events:
+                        meter.answered(figures_of(events))
+                        yield MeteredEvents(events, slot, watch)
+                except BaseException as exc:
+                    if isinstance(exc, ProviderError):
+                        # A status answer: its figures count this request.
+                        info = figures_of(exc)
+                        busy = isinstance(exc, RateLimited | Overloaded)
+                        meter.answered(
+                            info,
+                            started=info is not None,
+                            pause=busy,
+                            retry_after=getattr(exc, "retry_after", None),
+                        )
+                    if watch is not None:
+                        watch.end(exc)
+                    raise
                 if watch is not None:
                     watch.end(None)
         if waiting is not None and waiting.cancelled_caught:

@@ -20,7 +20,11 @@ The transport, ``wrap_provider`` and conversations (through
 * one "answered, then maybe pause" (``Meter.answered``): the slot's answer
   started (the provider has counted the request, before the figures that
   count it), the figures go to ``Dispatcher.observe_rate_limits``, and a
-  rate-limit answer pauses the provider (``report_rate_limit``);
+  rate-limit answer pauses the provider (``report_rate_limit``). This is
+  the one route a metered answer's figures take to the dispatcher: such an
+  answer calls none of its provider's own callbacks (``Meter.metered``),
+  which are for calls made without a slot, so a provider given
+  ``on_rate_limits=dispatcher.observe_rate_limits`` is counted once;
 * the usage an answer reports corrects its slot's estimate
   (``MeteredEvents``).
 
@@ -31,16 +35,17 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Final, final
+from typing import TYPE_CHECKING, Final, Protocol, TypeVar, cast, final
 
 from .._policy._ratelimits import RateLimitInfo
 from ..messages._stream import Usage
+from ._hooks import RateLimitHooks
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 
     from .._dispatch._plumbing import Plumbing
-    from .._dispatch._slot import ModelCall, Slot
+    from .._dispatch._slot import Slot
     from .._observe._hub import CallWatch
     from ..messages import ChatMessage, ChatRequest, StreamEvent, ToolSpec
 
@@ -215,24 +220,40 @@ class RateLimitReader:
         return None if info.empty else info
 
 
+_Answer = TypeVar("_Answer")
+
+#: What a metered answer calls: nothing.
+_QUIET: Final = RateLimitHooks("metered", None, None)
+
+
+class _Hooked(Protocol):
+    """An answer of our providers: the callbacks it tells, which a meter may trim."""
+
+    rate_limit_hooks: RateLimitHooks
+
+
 @final
 class Meter:
-    """One model call's metering: "answered, then maybe pause" (see above).
+    """One model call's metering: "answered, then maybe pause" (see above)."""
 
-    ``call``: the call as ``Dispatcher.calling()`` tracks it, for a
-    provider that may tell the dispatcher by itself (its own callbacks);
-    what it told is not told again.
-    """
+    __slots__ = ("_dispatcher", "_slot", "_started")
 
-    __slots__ = ("_call", "_dispatcher", "_slot", "_started")
-
-    def __init__(
-        self, dispatcher: Plumbing, slot: Slot, call: ModelCall | None = None
-    ) -> None:
+    def __init__(self, dispatcher: Plumbing, slot: Slot) -> None:
         self._dispatcher = dispatcher
         self._slot = slot
-        self._call = call
         self._started = False
+
+    def metered(self, answer: _Answer) -> _Answer:
+        """``answer`` (a provider's stream, not yet entered), metered here.
+
+        A provider's callbacks (``on_rate_limits``, ``on_rate_limit``) are
+        for its calls made without a slot; this answer calls none of them.
+        What they would tell the dispatcher, the meter tells it, once, the
+        answer's start first (and ``events()`` shows it).
+        """
+        if isinstance(getattr(answer, "rate_limit_hooks", None), RateLimitHooks):
+            cast("_Hooked", answer).rate_limit_hooks = _QUIET
+        return answer
 
     def answered(
         self,
@@ -250,16 +271,12 @@ class Meter:
         """
         dispatcher = self._dispatcher
         provider = self._slot.provider
-        call = self._call
-        if started:
-            if call is not None:
-                call.answered()
-            elif not self._started:
-                self._started = True
-                self._slot.answered()
-        if info is not None and (call is None or not call.observed):
+        if started and not self._started:
+            self._started = True
+            self._slot.answered()
+        if info is not None:
             dispatcher.observe_rate_limits(provider, info, model=self._slot.model)
-        if pause and (call is None or not call.reported):
+        if pause:
             dispatcher.report_rate_limit(provider, retry_after)
 
 

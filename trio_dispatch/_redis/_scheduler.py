@@ -47,7 +47,7 @@ import attrs
 import trio
 from coredis.exceptions import RedisError
 
-from .._dispatch._backend import ProviderStatistics
+from .._dispatch._backend import provider_statistics
 from .._exceptions import DispatcherClosed, QueueFull
 from .._observe._hub import EventHub
 from .._observe._translator import FLEET_PAUSE, Translator
@@ -78,6 +78,7 @@ if TYPE_CHECKING:
     import collections
     from collections.abc import Callable
 
+    from .._dispatch._backend import ProviderStatistics
     from .._policy._budgets import Budget
     from .._policy._ratelimits import RateLimitInfo
     from ..messages._limits import Tenant
@@ -424,24 +425,12 @@ class SharedSchedulerActor:
         view = self._view
         book = self.book
         now = trio.current_time()
-        paused_until = view.paused_until
-        return ProviderStatistics(
-            provider=self.provider,
+        return provider_statistics(
+            self.provider,
+            book,
+            fleet=view,
             limit=self.limit,
-            in_flight=view.in_flight,
-            waiting=view.waiting,
-            paused=paused_until is not None,
-            paused_until=paused_until,
-            granted_total=book.granted_total,
-            released_total=book.released_total,
-            withdrawn_total=book.withdrawn_total,
-            rejected_total=book.rejected_total,
-            peak_in_flight=book.peak_in_flight,
-            peak_waiting=book.peak_waiting,
-            backend="redis",
-            backend_up=view.up,
-            local_in_flight=book.in_flight,
-            local_waiting=book.waiting,
+            paused_until=view.paused_until,
             adaptive=view.adaptive is not None,
             budget=view.budget_statistics(now),
             models=view.model_statistics(now),

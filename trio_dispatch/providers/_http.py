@@ -213,8 +213,10 @@ class ProviderBase:
 
     # -- used by EventStream ------------------------------------------------
 
-    def _observe(self, headers: Mapping[str, str]) -> RateLimitInfo | None:
-        """What an answer's headers say of the limits; ``on_rate_limits`` is told.
+    def _observe(
+        self, headers: Mapping[str, str], hooks: RateLimitHooks
+    ) -> RateLimitInfo | None:
+        """What an answer's headers say of the limits; its ``hooks`` are told.
 
         Called once per answer, as soon as its headers are in. ``None`` if
         they say nothing.
@@ -224,13 +226,16 @@ class ProviderBase:
         )
         if info.empty:
             return None
-        self._hooks.observe(info)
+        hooks.observe(info)
         return info
 
     async def _send(
-        self, request: httpx2.Request
+        self, request: httpx2.Request, hooks: RateLimitHooks
     ) -> tuple[httpx2.Response, RateLimitInfo | None]:
-        """The answer to ``request``, and its rate-limit figures; or its error."""
+        """The answer to ``request``, and its rate-limit figures; or its error.
+
+        ``hooks``: the answer's, told its figures and its rate limit.
+        """
         if self._client.is_closed:
             raise RequestFailed(
                 f"{self._id}: the HTTP client is closed", provider=self._id
@@ -250,8 +255,8 @@ class ProviderBase:
             raise error
         checked = False
         try:
-            info = self._observe(response.headers)
-            await self._check_status(response, info)
+            info = self._observe(response.headers, hooks)
+            await self._check_status(response, info, hooks)
             checked = True
         finally:
             if not checked:
@@ -259,7 +264,10 @@ class ProviderBase:
         return response, info
 
     async def _check_status(
-        self, response: httpx2.Response, info: RateLimitInfo | None
+        self,
+        response: httpx2.Response,
+        info: RateLimitInfo | None,
+        hooks: RateLimitHooks,
     ) -> None:
         """Raise the typed error of an answer that is not a stream of events.
 
@@ -279,7 +287,7 @@ class ProviderBase:
         body = await _read_bounded(response, limit)
         error = status_error(self._id, status, response.headers, body, self._redact)
         error.rate_limits = info
-        self._hooks.report(error)
+        hooks.report(error)
         raise error
 
 
@@ -326,6 +334,11 @@ class EventStream:
 
     Returned by a provider's ``stream()``; see ``Provider`` for the rules.
     It may be entered once.
+
+    Attributes:
+        rate_limit_hooks: The callbacks the answer tells of its figures
+            and its rate limit: the provider's, or none once a dispatcher
+            meters it (``Meter.metered``).
     """
 
     def __init__(
@@ -334,6 +347,7 @@ class EventStream:
         self._provider = provider
         self._request = request
         self._decoder = decoder
+        self.rate_limit_hooks = provider._hooks
         self._state = "new"  # -> "open" -> "closed"
         self._finished = False
         self._pending: collections.deque[StreamEvent] = collections.deque()
@@ -368,7 +382,7 @@ class EventStream:
         self._state = "open"
         try:
             self._response, self._rate_limits = await self._provider._send(
-                self._request
+                self._request, self.rate_limit_hooks
             )
         except BaseException:
             self._state = "closed"
@@ -476,7 +490,7 @@ class EventStream:
         )
         # A server could echo the key in an error event; it stops here.
         self._provider._redact.scrub(error)
-        self._provider._hooks.report(error)
+        self.rate_limit_hooks.report(error)
         return error
 
     def _end_of_body(self) -> list[StreamEvent]:

@@ -461,11 +461,12 @@ class OpenAIProvider(ProviderBase):
         on_rate_limit: A ``RateLimitReporter``, called on a 429, 503 or 529
             (and on a rate-limit or overloaded error in the stream) before
             the error is raised. Not needed through a dispatcher (the error
-            carries what it needs); else pass ``dispatcher.report_rate_limit``.
+            carries what it needs, and an answer the dispatcher meters calls
+            neither callback); else pass ``dispatcher.report_rate_limit``.
         on_rate_limits: A ``RateLimitObserver``, told the figures of every
-            answer whose headers carry them. Not needed through a dispatcher
-            (a provider given both is counted once); else pass
-            ``dispatcher.observe_rate_limits``. Malformed headers are
+            answer whose headers carry them, except those a dispatcher
+            meters (``events()`` shows theirs). Not needed through a
+            dispatcher; else pass ``dispatcher.observe_rate_limits``. Malformed headers are
             ignored, and logged once per header name. An observer that takes
             a ``model`` keyword, as ``observe_rate_limits`` does, is told
             ``model=`` too: providers count their limits per model.

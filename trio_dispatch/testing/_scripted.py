@@ -100,7 +100,8 @@ class ScriptedProvider:
         read_timeout: Seconds without data before the stream fails with
             ``ProviderConnectionError``, as the HTTP providers' read timeout.
         on_rate_limit: Called with ``(id, retry_after)`` before a
-            ``RateLimited`` or ``Overloaded`` is raised.
+            ``RateLimited`` or ``Overloaded`` is raised (not by an answer a
+            dispatcher meters, as for the HTTP providers).
         on_rate_limits: Called with ``(id, RateLimitInfo)`` for a status
             fault with ``retry_after`` or ``retry_after_ms``, before its
             error is raised; an exception it raises is logged.
@@ -220,8 +221,7 @@ class ScriptedProvider:
     def _status_error(self, fault: Fault) -> ProviderError:
         """What the HTTP providers raise for ``fault``'s answer.
 
-        ``on_rate_limits`` hears of its retry headers, which its
-        ``rate_limits`` carries.
+        Its ``rate_limits`` carries its retry headers.
         """
         status, headers, body = status_fault_answer(self._wire, fault)
         # Read back as the providers read the headers: retry-after-ms first.
@@ -238,7 +238,6 @@ class ScriptedProvider:
         )
         if getattr(error, "retry_after", None) is not None:
             error.rate_limits = RateLimitInfo(retry_after=retry_after)
-            self._hooks.observe(error.rate_limits)
         return error
 
     def _fault_error(self, fault: Fault) -> ProviderError:
@@ -298,6 +297,9 @@ class _ScriptedStream:
     def __init__(self, provider: ScriptedProvider, request: ChatRequest) -> None:
         self._provider = provider
         self._request = request
+        # Told of the answer's figures and rate limit: the provider's
+        # callbacks, or none once a dispatcher meters it (Meter.metered).
+        self.rate_limit_hooks = provider._hooks
         self._state = "new"  # -> "open" -> "closed"
         self._arrived = False
         # How the provider counts the stream when it closes: None is "left
@@ -353,7 +355,7 @@ class _ScriptedStream:
                 await self._play_next()
         except ProviderError as error:
             self._over = True
-            self._provider._hooks.report(error)
+            self.rate_limit_hooks.report(error)
             raise
         return self._pending.popleft()
 
@@ -373,7 +375,10 @@ class _ScriptedStream:
             provider._tally.answered(fault.status)
             self._outcome = "refused"
             error = provider._status_error(fault)
-            provider._hooks.report(error)
+            hooks = self.rate_limit_hooks
+            if error.rate_limits is not None:
+                hooks.observe(error.rate_limits)
+            hooks.report(error)
             raise error
         provider._tally.answered(200)
         *self._body, self._terminator = encode_reply(
