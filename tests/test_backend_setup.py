@@ -40,8 +40,7 @@ from trio_dispatch.lowlevel import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from trio_dispatch import AdaptiveLimit, BudgetStatistics
-    from trio_dispatch._dispatch._dispatcher import Dispatcher
+    from trio_dispatch import AdaptiveLimit, BudgetStatistics, Dispatcher
     from trio_dispatch.lowlevel import Reply
 
 
