@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, final
 
 from trio_dispatch.lowlevel import (
     Backend,
+    BackendSetup,
     Reply,
     SchedulerActor,
     SlotPolicy,
@@ -38,8 +39,12 @@ class CountingBackend:
     scheduler: refused with ``refusal``, or granted at ``granting_at``.
     """
 
-    def __init__(self, provider: str) -> None:
-        self.inner = SchedulerActor(provider, SlotPolicy(None))
+    def __init__(self, provider: str | BackendSetup) -> None:
+        self.inner = (
+            SchedulerActor(provider, SlotPolicy(None))
+            if isinstance(provider, str)
+            else SchedulerActor.from_setup(provider)
+        )
         self.calls: collections.Counter[str] = collections.Counter()
         self.refusal: Exception | None = None
         self.granting_at: float | None = None
@@ -138,8 +143,10 @@ class Made:
 
     def __init__(self) -> None:
         self.backends: dict[str, CountingBackend] = {}
+        self.setups: dict[str, BackendSetup] = {}
 
-    def __call__(self, provider: str) -> Backend:
-        assert provider not in self.backends, "made twice"
-        backend = self.backends[provider] = CountingBackend(provider)
+    def __call__(self, setup: BackendSetup) -> Backend:
+        assert setup.provider not in self.backends, "made twice"
+        self.setups[setup.provider] = setup
+        backend = self.backends[setup.provider] = CountingBackend(setup)
         return backend

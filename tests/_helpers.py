@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from trio_dispatch import UnknownProviderWarning
-from trio_dispatch.lowlevel import Grant, SchedulerActor
+from trio_dispatch.lowlevel import Grant, SchedulerActor, plumbing
 from trio_dispatch.messages import Finish, TextDelta
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def cli_argv(*argv: str, without: Sequence[str] = (), setup: str = "") -> list[s
 
 def local_scheduler(dispatcher: Dispatcher, provider: str) -> SchedulerActor:
     """The running local scheduler actor of ``provider``, to send it messages."""
-    actor = dispatcher._scheduler(provider)
+    actor = plumbing(dispatcher)._scheduler(provider)
     assert isinstance(actor, SchedulerActor)
     return actor
 

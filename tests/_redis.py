@@ -32,6 +32,7 @@ from trio_dispatch._redis._book import SharedBook
 from trio_dispatch._redis._ledger import Ledger, StepResult, keys_of, member_of
 from trio_dispatch._redis._scheduler import SharedSchedulerActor, new_node
 from trio_dispatch._redis._scripts import load_scripts
+from trio_dispatch.lowlevel import plumbing
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable, Iterator
@@ -385,7 +386,7 @@ class Faults:
 
 def node_of(dispatcher: Dispatcher, provider: str = "p") -> str:
     """The node name of a dispatcher's share of ``provider``."""
-    actor = dispatcher._backends[provider]
+    actor = plumbing(dispatcher)._backends[provider]
     assert isinstance(actor, SharedSchedulerActor)
     return actor.book.node
 
@@ -397,7 +398,7 @@ def crash(dispatcher: Dispatcher, dead: set[Ledger]) -> None:
     in it runs fails.
     """
     # The maker of its backends holds the ledger they share.
-    shared = getattr(dispatcher._new_backend, "__self__", None)
+    shared = plumbing(dispatcher)._new_backend
     assert isinstance(shared, SharedBackends)
     ledger = shared.ledger
     assert ledger is not None

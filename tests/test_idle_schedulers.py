@@ -11,7 +11,7 @@ import trio
 import trio.testing
 
 from trio_dispatch import Dispatcher, open_dispatcher
-from trio_dispatch.lowlevel import Acquire, Release, Ticket
+from trio_dispatch.lowlevel import Acquire, Release, Ticket, plumbing
 
 from ._helpers import RecordingReply, local_scheduler, settle, task_names
 
@@ -57,14 +57,14 @@ async def test_a_thousand_provider_names_leave_no_scheduler_task_behind() -> Non
             async with dispatcher.slot(f"model-{i}"):
                 pass
         await settle()
-        assert len(dispatcher._nursery.child_tasks) == 1
+        assert len(plumbing(dispatcher)._nursery.child_tasks) == 1
         # All at once, then all gone.
         done = trio.Event()
         async with trio.open_nursery() as nursery:
             for i in range(1_000):
                 nursery.start_soon(_hold_until, dispatcher, f"model-{i}", done)
             await settle()
-            assert len(dispatcher._nursery.child_tasks) == 1_001
+            assert len(plumbing(dispatcher)._nursery.child_tasks) == 1_001
             done.set()
         await settle()
         assert schedulers() == ["trio_dispatch scheduler 'limited'"]
@@ -116,7 +116,7 @@ async def test_a_scheduler_never_stops_under_a_holder_so_no_release_is_lost() ->
                 pass
             await settle()
             # The holder's scheduler is still the one running.
-            assert dispatcher._actors["p"] is outer._actor
+            assert plumbing(dispatcher)._host.actors["p"] is outer._actor
         await outer.__aexit__(None, None, None)
         await settle()
         assert schedulers() == []
@@ -165,7 +165,7 @@ async def test_set_limit_reaching_a_scheduler_as_it_turns_idle_keeps_it() -> Non
             dispatcher.set_limit(provider, 1)
             await settle()
             assert f"trio_dispatch scheduler {provider!r}" in schedulers()
-            assert dispatcher._actors[provider] is slot._actor
+            assert plumbing(dispatcher)._host.actors[provider] is slot._actor
             assert totals(dispatcher, provider) == (0, 1, 1)
         dispatcher.remove_limit("p-True")
         await settle()

@@ -4,8 +4,10 @@ The module graph here holds every import of every module of
 ``trio_dispatch``: at module level, inside functions, and under ``if
 TYPE_CHECKING:``. A cycle hidden in a function or behind the type checker
 still ties two modules together. Plus the layers' own rules: the
-dispatcher core imports nothing built on it, the Redis backend nothing of
-the dispatcher's, the message values no rules, the policy core no I/O.
+dispatcher's plumbing imports nothing built on it, the integrations build
+on the plumbing and import nothing of the ``Dispatcher`` (which makes
+them), the Redis backend imports of the dispatcher only the backend
+interface's values, the message values no rules, the policy core no I/O.
 """
 
 from __future__ import annotations
@@ -137,7 +139,6 @@ def test_the_whole_import_graph_has_no_cycle() -> None:
 
 INTEGRATIONS = (
     "trio_dispatch._conversations._conversation",
-    "trio_dispatch._dispatch._front",
     "trio_dispatch._integrations._kept",
     "trio_dispatch._integrations._limited",
     "trio_dispatch._integrations._transport",
@@ -146,15 +147,18 @@ INTEGRATIONS = (
 )
 
 
-# The dispatcher core, split by concern: the Dispatcher, its slots, its
-# settings, its snapshot, and open_dispatcher.
+# The dispatcher's machinery, split by concern: the plumbing, its slots,
+# its settings, the setup it hands a new backend, its snapshot. The
+# Dispatcher (``_dispatcher``) and open_dispatcher (``_open``) sit above the
+# integrations, which they make.
 CORE = (
-    "trio_dispatch._dispatch._dispatcher",
-    "trio_dispatch._dispatch._open",
+    "trio_dispatch._dispatch._plumbing",
     "trio_dispatch._dispatch._settings",
+    "trio_dispatch._dispatch._setup",
     "trio_dispatch._dispatch._slot",
     "trio_dispatch._dispatch._statistics",
 )
+ABOVE = ("trio_dispatch._dispatch._dispatcher", "trio_dispatch._dispatch._open")
 
 
 def test_the_core_modules_exist() -> None:
@@ -167,6 +171,13 @@ def test_the_dispatcher_core_imports_nothing_built_on_it(module: str) -> None:
     assert not imported & set(INTEGRATIONS), imported & set(INTEGRATIONS)
 
 
+@pytest.mark.parametrize("module", INTEGRATIONS)
+def test_the_integrations_import_nothing_of_the_dispatcher_that_makes_them(
+    module: str,
+) -> None:
+    assert not ALL_IMPORTS[module] & set(ABOVE), ALL_IMPORTS[module] & set(ABOVE)
+
+
 @pytest.mark.parametrize(
     "module",
     ["trio_dispatch._dispatch._slot", "trio_dispatch._dispatch._statistics"],
@@ -176,17 +187,24 @@ def test_slots_and_statistics_import_nothing_of_the_dispatchers(module: str) -> 
 
 
 @pytest.mark.parametrize(
-    "module",
-    sorted(
-        name
-        for name in NAMES
-        if name.rpartition(".")[2] in {"_ledger", "_shared_book"}
-        or name.rpartition(".")[2].startswith("_shared_")
-    ),
+    "module", sorted(name for name in NAMES if name.startswith("trio_dispatch._redis"))
 )
-def test_the_redis_backend_imports_nothing_of_the_dispatchers(module: str) -> None:
-    assert "trio_dispatch._dispatch._dispatcher" not in ALL_IMPORTS[module]
-    assert not ALL_IMPORTS[module] & set(CORE)
+def test_the_redis_backend_imports_of_the_dispatcher_only_its_interface(
+    module: str,
+) -> None:
+    # The backend interface and what the dispatcher hands a backend: the
+    # Backend protocol and ProviderStatistics, the setup, the settings.
+    interface = {
+        "trio_dispatch._dispatch._backend",
+        "trio_dispatch._dispatch._setup",
+        "trio_dispatch._dispatch._settings",
+    }
+    dispatch = {
+        name
+        for name in ALL_IMPORTS[module]
+        if name.startswith("trio_dispatch._dispatch")
+    }
+    assert dispatch <= interface, dispatch - interface
     assert not ALL_IMPORTS[module] & set(INTEGRATIONS)
 
 
@@ -238,13 +256,21 @@ def test_the_pure_core_imports_no_io_library(module: str) -> None:
 
 def test_the_rules_above_would_catch_a_breach() -> None:
     # The dispatcher's own transport import of old, inside a function: found.
+    # The plumbing's transport import, inside a function: found.
     breach = (
         "def transport():\n    from .._integrations._transport import transport_for\n"
     )
-    found = imports_of(breach, "trio_dispatch._dispatch._dispatcher")
+    found = imports_of(breach, "trio_dispatch._dispatch._plumbing")
     assert "trio_dispatch._integrations._transport" in found
     graph = {**GRAPH}
-    graph["trio_dispatch._dispatch._dispatcher"] = graph[
-        "trio_dispatch._dispatch._dispatcher"
+    graph["trio_dispatch._dispatch._plumbing"] = graph[
+        "trio_dispatch._dispatch._plumbing"
     ] | {"trio_dispatch._integrations._transport"}
+    assert find_cycle(graph) is not None
+    # An integration typed against the Dispatcher, under TYPE_CHECKING: a
+    # cycle with the Dispatcher that imports it.
+    graph = {**GRAPH}
+    graph["trio_dispatch._integrations._limited"] = graph[
+        "trio_dispatch._integrations._limited"
+    ] | {"trio_dispatch._dispatch._dispatcher"}
     assert find_cycle(graph) is not None

@@ -26,6 +26,7 @@ from trio_dispatch import (
     wrap_provider,
 )
 from trio_dispatch._integrations._hooks import takes_model
+from trio_dispatch.lowlevel import Plumbing
 from trio_dispatch.messages import ChatMessage, ChatRequest
 from trio_dispatch.providers import OpenAIProvider
 from trio_dispatch.testing import FakeLLMServer, FakeQuotas, FakeReply, FakeScript
@@ -127,15 +128,15 @@ async def test_a_transport_call_takes_its_body_s_model(
 ) -> None:
     server = FakeLLMServer(FakeScript())
     slots: list[tuple[str | None, int]] = []
-    hold = Dispatcher.hold
+    hold = Plumbing.hold
 
     async def spy(
-        self: Dispatcher, provider: str, tokens: int = 0, model: str | None = None
+        self: Plumbing, provider: str, tokens: int = 0, model: str | None = None
     ) -> Any:  # noqa: ANN401 (hold's own result)
         slots.append((model, tokens))
         return await hold(self, provider, tokens, model)
 
-    monkeypatch.setattr(Dispatcher, "hold", spy)
+    monkeypatch.setattr(Plumbing, "hold", spy)
     async with (
         open_dispatcher({"openai": 2}) as dispatcher,
         client_of(dispatcher, server) as client,

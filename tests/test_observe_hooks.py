@@ -8,6 +8,7 @@ reads them for any underscore attribute of another object.
 from __future__ import annotations
 
 import ast
+import math
 import pathlib
 
 import pytest
@@ -15,7 +16,8 @@ import trio
 import trio.testing
 
 import trio_dispatch
-from trio_dispatch import events, open_dispatcher, wrap_provider
+from trio_dispatch import Budget, events, open_dispatcher, wrap_provider
+from trio_dispatch.lowlevel import plumbing
 from trio_dispatch.messages import ChatMessage, ChatRequest, Usage
 from trio_dispatch.testing import FakeReply, FakeScript, ScriptedProvider
 
@@ -57,7 +59,7 @@ async def test_observe_events_hands_every_event_as_it_happens_then_closes(
 ) -> None:
     sink = Sink()
     async with open_dispatcher({"p": 1}) as dispatcher:
-        dispatcher.observe_events(sink)
+        plumbing(dispatcher).observe_events(sink)
         async with dispatcher.slot("p"):
             # No buffer, no reader task: the grant is there already.
             assert [type(event) for event in sink.events] == [events.Granted]
@@ -77,7 +79,7 @@ async def test_observe_events_after_closing_closes_the_sink_at_once() -> None:
     sink = Sink()
     async with open_dispatcher({"p": 1}) as dispatcher:
         pass
-    dispatcher.observe_events(sink)
+    plumbing(dispatcher).observe_events(sink)
     assert sink.closed == 1
     assert sink.events == []
 
@@ -91,7 +93,7 @@ async def test_observe_calls_tells_of_every_call_through_wrap_provider(
     observer = Observer()
     request = ChatRequest(messages=[ChatMessage("user", "hello")])
     async with open_dispatcher({"acme": 1}) as dispatcher:
-        dispatcher.observe_calls(observer)
+        plumbing(dispatcher).observe_calls(observer)
         limited = wrap_provider(ScriptedProvider(script, id="acme"), dispatcher)
         async with limited.stream(request) as stream:
             async for _ in stream:
@@ -107,15 +109,15 @@ async def test_observe_refuses_what_cannot_observe() -> None:
         with pytest.raises(
             TypeError, match=r"^sink must have a push method, got object\(\)$"
         ):
-            dispatcher.observe_events(Named())  # type: ignore[arg-type]  # the point
+            plumbing(dispatcher).observe_events(Named())  # type: ignore[arg-type]  # the point
         with pytest.raises(
             TypeError, match=r"^sink must have a close method, got object\(\)$"
         ):
-            dispatcher.observe_events(PushOnly())  # type: ignore[arg-type]  # the point
+            plumbing(dispatcher).observe_events(PushOnly())  # type: ignore[arg-type]  # the point
         with pytest.raises(
             TypeError, match=r"^observer must have a call_ended method, got object\(\)$"
         ):
-            dispatcher.observe_calls(Named())  # type: ignore[arg-type]  # the point
+            plumbing(dispatcher).observe_calls(Named())  # type: ignore[arg-type]  # the point
 
 
 class Named:
@@ -170,3 +172,56 @@ def test_metrics_and_the_core_read_no_private_state_of_other_objects(
 ) -> None:
     source = (PACKAGE / module).read_text(encoding="utf-8")
     assert set(foreign_private_reads(source)) <= OWN.get(module, set())
+
+
+async def test_the_plumbing_members_on_dispatcher_are_deprecated_aliases(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    sink = Sink()
+    observer = Observer()
+    script = FakeScript(replies=(FakeReply(text="hi"),))
+    provider = ScriptedProvider(script, id="p")
+    ran: list[str] = []
+
+    async def task(name: str) -> None:
+        ran.append(name)
+
+    def moved(name: str) -> str:
+        return (
+            rf"^Dispatcher\.{name} is deprecated: use"
+            rf" trio_dispatch\.lowlevel\.plumbing\(dispatcher\)\.{name}$"
+        )
+
+    async with open_dispatcher({"p": 1}) as dispatcher:
+        with pytest.warns(DeprecationWarning, match=moved("observe_events")):
+            dispatcher.observe_events(sink)
+        with pytest.warns(DeprecationWarning, match=moved("observe_calls")):
+            dispatcher.observe_calls(observer)
+        with pytest.warns(DeprecationWarning, match=moved("start_soon")):
+            dispatcher.start_soon(task, "t", name="t")
+        with pytest.warns(DeprecationWarning, match=moved("check_known")):
+            dispatcher.check_known("p")
+        with pytest.warns(DeprecationWarning, match=moved("default_max_tokens")):
+            assert dispatcher.default_max_tokens("p") == Budget().default_max_tokens
+        with pytest.warns(DeprecationWarning, match=moved("watch_call")):
+            watch = dispatcher.watch_call(provider)
+        assert watch is not None
+        with pytest.warns(DeprecationWarning, match=moved("hold")):
+            slot, deadline = await dispatcher.hold("p")
+        with pytest.warns(DeprecationWarning, match=moved("hold_deadline")):
+            assert dispatcher.hold_deadline(slot) == deadline == math.inf
+        slot.release()
+        await trio.testing.wait_all_tasks_blocked()
+    assert ran == ["t"]
+    assert [type(event) for event in sink.events] == [events.Granted, events.Released]
+    assert sink.closed == 1
+
+
+async def test_plumbing_is_given_for_a_dispatcher_only() -> None:
+    with pytest.raises(
+        TypeError, match=r"^dispatcher must be a Dispatcher, got 'dispatcher'$"
+    ):
+        plumbing("dispatcher")  # type: ignore[arg-type]  # the misuse tested
+    async with open_dispatcher({"p": 1}) as dispatcher:
+        assert plumbing(dispatcher) is plumbing(dispatcher)
+        assert repr(plumbing(dispatcher)) == "<Plumbing open limits={'p': 1}>"

@@ -19,8 +19,10 @@ from trio_dispatch import (
     QueueFull,
     Tenant,
     TenantStatistics,
+    lowlevel,
     open_dispatcher,
 )
+from trio_dispatch._observe import _prometheus as prometheus
 from trio_dispatch._observe._hub import EventHub
 from trio_dispatch.events import Granted, Refused, Released, Withdrawn
 from trio_dispatch.metrics import DEFAULT_WAIT_BUCKETS, PrometheusCollector
@@ -207,6 +209,17 @@ class HandBuilt:
 
     def statistics(self) -> DispatcherStatistics:
         return self.stats
+
+
+@pytest.fixture(autouse=True)
+def _hand_built_plumbing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hand-built dispatcher is its own plumbing, for the collector."""
+    real = lowlevel.plumbing
+
+    def plumbing(dispatcher: Dispatcher | HandBuilt) -> object:
+        return dispatcher if isinstance(dispatcher, HandBuilt) else real(dispatcher)
+
+    monkeypatch.setattr(prometheus, "plumbing", plumbing)
 
 
 def provider_stats(

@@ -30,6 +30,7 @@ from trio_dispatch import (
     open_dispatcher,
 )
 from trio_dispatch._redis._ledger import Ledger, StepResult
+from trio_dispatch.lowlevel import plumbing
 
 from ._admin import AUTH, serve_admin
 from ._redis import (
@@ -330,7 +331,7 @@ async def test_credentials_in_the_url_show_in_no_error_log_repr_or_statistics(
     async with open_dispatcher({"p": 1}, redis_url=url, lease=LEASE) as dispatcher:
         async with dispatcher.slot("p"):
             pass
-        assert repr(shown) in repr(dispatcher._settings)
+        assert repr(shown) in repr(plumbing(dispatcher)._settings)
         async with (
             serve_admin(dispatcher) as base_url,
             httpx.AsyncClient(base_url=base_url, headers=AUTH) as client,
@@ -589,7 +590,7 @@ async def test_a_fleet_limit_binds_a_process_that_never_named_the_provider(
             pass
         stats = two.statistics().providers["free"]
         assert (stats.limit, stats.granted_total, stats.released_total) == (None, 1, 1)
-        await until(lambda: "free" not in two._actors)
+        await until(lambda: "free" not in plumbing(two)._host.actors)
 
 
 @pytest.mark.parametrize("bystander", [False, True], ids=["reporter", "bystander"])

@@ -23,6 +23,7 @@ from trio_dispatch import (
     Tenant,
     open_dispatcher,
 )
+from trio_dispatch.lowlevel import plumbing
 from trio_dispatch.testing import ScriptedProvider
 
 if TYPE_CHECKING:
@@ -141,12 +142,12 @@ async def test_a_model_key_splits_at_its_first_slash() -> None:
     }
     async with open_dispatcher(budgets=budgets) as dispatcher:
         # Each model's own budget answers for it; the provider's for the rest.
-        assert dispatcher.default_max_tokens("openai", "gpt-4o") == 64
-        assert dispatcher.default_max_tokens("openai", "gpt-4o-mini") == (
+        assert plumbing(dispatcher).default_max_tokens("openai", "gpt-4o") == 64
+        assert plumbing(dispatcher).default_max_tokens("openai", "gpt-4o-mini") == (
             budgets["openai"].default_max_tokens
         )
-        assert dispatcher.default_max_tokens("vllm", "org/llama") == 32
-        assert dispatcher.default_max_tokens("vllm", "org") == (
+        assert plumbing(dispatcher).default_max_tokens("vllm", "org/llama") == 32
+        assert plumbing(dispatcher).default_max_tokens("vllm", "org") == (
             Budget(requests_per_minute=1).default_max_tokens
         )
 

@@ -289,7 +289,7 @@ def test_one_tenant_is_today_s_order_whatever_its_weight(
     assert run("solo", {"solo": Tenant(weight=weight)}) == today
 
 
-async def test_tenants_and_model_budgets_reach_every_backend_through_the_protocol(
+async def test_tenants_and_model_budgets_reach_every_backend_in_its_setup_then_the_protocol(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     made = Made()
@@ -304,12 +304,17 @@ async def test_tenants_and_model_budgets_reach_every_backend_through_the_protoco
         dispatcher.remove_tenant("never-configured")
         dispatcher.set_limit("late", 1)
         stats = dispatcher.statistics().providers
-    # Told at birth (two tenants, then gamma's, beta's and a removal of a
-    # tenant configured here never, which another process of a fleet may
-    # have configured), and each model's budget to its own provider only.
+    # Given at birth in the setup (the tenants then, and each model's budget
+    # to its own provider only), then told each change (gamma's, beta's and
+    # a removal of a tenant configured here never, which another process of
+    # a fleet may have configured).
     calls = {name: backend.calls for name, backend in made.backends.items()}
-    assert [calls[name]["set_tenant"] for name in ("p", "q", "late")] == [5, 5, 2]
-    assert [calls[name]["set_model_budget"] for name in ("p", "q", "late")] == [1, 0, 0]
+    assert [calls[name]["set_tenant"] for name in ("p", "q", "late")] == [3, 3, 0]
+    assert [calls[name]["set_model_budget"] for name in ("p", "q", "late")] == [0, 0, 0]
+    assert set(made.setups["p"].tenants) == {"acme", "beta"}
+    assert set(made.setups["late"].tenants) == {"acme", "gamma"}
+    assert set(made.setups["p"].model_budgets) == {"m"}
+    assert made.setups["q"].model_budgets == {}
     assert set(stats["p"].models) == {"m"}
     assert stats["q"].models == {}
     assert set(stats["late"].tenants) == {"acme", "gamma"}

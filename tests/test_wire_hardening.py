@@ -20,7 +20,6 @@ import trio.testing
 from trio_dispatch import (
     Conversation,
     ConversationOptions,
-    Dispatcher,
     DispatcherClosed,
     ProviderError,
     Tool,
@@ -29,6 +28,7 @@ from trio_dispatch import (
 from trio_dispatch._wire._anthropic import AnthropicDecoder
 from trio_dispatch._wire._openai import OpenAIDecoder
 from trio_dispatch._wire._sse import ServerSentEvent
+from trio_dispatch.lowlevel import Plumbing
 from trio_dispatch.messages import (
     ChatMessage,
     ChatRequest,
@@ -256,15 +256,16 @@ async def test_a_compaction_call_carries_its_turns_priority(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     seen: list[float | None] = []
-    slot = Dispatcher.slot
+    slot = Plumbing.slot
 
-    def recording(self: Dispatcher, provider: str, **options: Any) -> Any:  # noqa: ANN401 (passes through)
-        # What the slot takes, given or from the current turn.
+    def recording(self: Plumbing, provider: str, **options: Any) -> Any:  # noqa: ANN401 (passes through)
+        # What the slot takes, given or from the current turn: a
+        # conversation takes its slots through the dispatcher's plumbing.
         taken = slot(self, provider, **options)
         seen.append(taken.started_at)
         return taken
 
-    monkeypatch.setattr(Dispatcher, "slot", recording)
+    monkeypatch.setattr(Plumbing, "slot", recording)
     provider = ScriptedProvider(
         FakeScript(default=FakeReply(text="some words")), id="memory"
     )

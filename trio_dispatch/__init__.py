@@ -32,8 +32,9 @@ from ._conversations._results import TurnResult as TurnResult
 from ._conversations._tools import Tool as Tool
 from ._conversations._turn_parts import ConversationStatistics as ConversationStatistics
 from ._dispatch._backend import ProviderStatistics as ProviderStatistics
-from ._dispatch._front import Dispatcher as Dispatcher
-from ._dispatch._front import open_dispatcher as open_dispatcher
+from ._dispatch._dispatcher import Dispatcher as Dispatcher
+from ._dispatch._dispatcher import wrap_provider as wrap_provider
+from ._dispatch._open import open_dispatcher as open_dispatcher
 from ._dispatch._slot import Slot as Slot
 from ._dispatch._statistics import DispatcherStatistics as DispatcherStatistics
 from ._dispatch._turn import Turn as Turn
@@ -48,7 +49,6 @@ from ._exceptions import QueueFull as QueueFull
 from ._exceptions import SlotHoldTimeout as SlotHoldTimeout
 from ._exceptions import TooManyToolRounds as TooManyToolRounds
 from ._exceptions import UnknownProviderWarning as UnknownProviderWarning
-from ._integrations._limited import wrap_provider as wrap_provider
 from ._policy._budgets import BudgetStatistics as BudgetStatistics
 from ._policy._ratelimits import Quota as Quota
 from ._policy._ratelimits import RateLimitInfo as RateLimitInfo

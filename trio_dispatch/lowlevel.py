@@ -21,23 +21,40 @@ minor versions. An application needs none of them; ``trio_dispatch``,
   ``set_limit``, ``pause``, ``resume``, ``set_tenant``,
   ``set_model_budget``, ``report_usage``, ``observe_rate_limits``,
   ``statistics``, ``close``, and ``run``, which
-  the dispatcher starts in its nursery). ``SchedulerActor`` implements it
-  in one process, the Redis-shared scheduler of ``redis_url`` for a fleet.
+  the dispatcher starts in its nursery).
   ``open_dispatcher_with(new_backend, limits, **options)`` opens a
-  dispatcher whose providers each get the backend ``new_backend(provider)``
-  returns: a third backend needs only the names here and
-  ``trio_dispatch.ProviderStatistics``.
-- What metrics observe: an ``EventSink`` (``Dispatcher.observe_events``)
-  is handed every event as it happens, a ``CallObserver``
-  (``Dispatcher.observe_calls``) is told of every LLM call's end.
+  dispatcher whose providers each get the backend ``new_backend(setup)``
+  returns, given a ``BackendSetup``: what the dispatcher knows of the
+  provider (limit, budgets, tenants, ``max_waiting``, pauses, the clock)
+  and its ``Translator`` (``setup.events``), which turns each scheduling
+  step into log lines and events. ``setup.policy()`` builds the
+  ``SlotPolicy`` that honours every setting, and
+  ``policy_statistics(provider, policy, now)`` reports it as a backend's
+  ``statistics()`` must. The dispatcher's own backends
+  are made the same way: ``SchedulerActor.from_setup`` in one process, the
+  Redis-shared scheduler of ``redis_url`` for a fleet. A third backend
+  needs only the names here and ``trio_dispatch.ProviderStatistics``.
+- The dispatcher's machinery: ``plumbing(dispatcher)`` gives its
+  ``Plumbing`` (backends, settings, event hub, nursery), what integrations
+  build on: ``start_soon``, ``hold`` and ``hold_deadline``,
+  ``check_known``, ``check_run``, ``default_max_tokens``, ``watch_call``,
+  ``observe_events`` (an ``EventSink`` is handed every event as it
+  happens) and ``observe_calls`` (a ``CallObserver`` is told of every LLM
+  call's end), beside what ``Dispatcher`` does. Their old names on
+  ``Dispatcher`` are deprecated.
 - Tool arguments checked against their JSON schema: ``check_arguments``.
 """
 
 from ._conversations._tools import check_arguments as check_arguments
 from ._dispatch._backend import Backend as Backend
+from ._dispatch._dispatcher import plumbing as plumbing
 from ._dispatch._open import open_dispatcher_with as open_dispatcher_with
+from ._dispatch._plumbing import Plumbing as Plumbing
+from ._dispatch._setup import BackendSetup as BackendSetup
+from ._dispatch._setup import policy_statistics as policy_statistics
 from ._observe._hub import CallObserver as CallObserver
 from ._observe._hub import EventSink as EventSink
+from ._observe._translator import Translator as Translator
 from ._policy._budgets import Throttle as Throttle
 from ._policy._slots import PolicyStatistics as PolicyStatistics
 from ._policy._slots import SlotPolicy as SlotPolicy
@@ -65,12 +82,14 @@ __all__ = [
     "Adapt",
     "Answered",
     "Backend",
+    "BackendSetup",
     "CallObserver",
     "Cancel",
     "EventSink",
     "Grant",
     "ObserveRateLimits",
     "Pause",
+    "Plumbing",
     "PolicyStatistics",
     "Release",
     "Reply",
@@ -84,8 +103,11 @@ __all__ = [
     "SlotPolicy",
     "Throttle",
     "Ticket",
+    "Translator",
     "check_arguments",
     "open_dispatcher_with",
+    "plumbing",
+    "policy_statistics",
 ]
 
 fixup_module_metadata(__name__, globals())

@@ -63,7 +63,6 @@ from typing import TYPE_CHECKING, Final, Literal, Self, final
 import attrs
 import trio
 
-from .._dispatch._dispatcher import provider_statistics_of
 from .._dispatch._turn import current_turn
 from .._exceptions import (
     ConversationClosed,
@@ -111,7 +110,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
     from types import TracebackType
 
-    from .._dispatch._dispatcher import Dispatcher
+    from .._dispatch._plumbing import Plumbing
     from .._provider import Provider
     from ._tools import Tool
 
@@ -169,7 +168,7 @@ class Conversation(metaclass=NoPublicConstructor):
 
     def __init__(
         self,
-        dispatcher: Dispatcher,
+        dispatcher: Plumbing,
         provider: Provider,
         *,
         conversation_id: str,
@@ -651,7 +650,7 @@ class Conversation(metaclass=NoPublicConstructor):
 
     def _paused(self) -> bool:
         """Whether the provider is paused now: its next grant waits for that."""
-        stats = provider_statistics_of(self._dispatcher, self._provider.id)
+        stats = self._dispatcher.provider_statistics(self._provider.id)
         return (
             stats is not None
             and stats.paused_until is not None
@@ -875,7 +874,7 @@ _ids = itertools.count(1)
 
 
 def start_conversation(
-    dispatcher: Dispatcher,
+    dispatcher: Plumbing,
     provider: Provider,
     *,
     conversation_id: str | None,

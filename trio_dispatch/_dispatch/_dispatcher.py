@@ -1,156 +1,93 @@
-"""The dispatcher core: one backend per provider under one nursery.
+"""The ``Dispatcher`` an application gets, and ``wrap_provider``.
 
-``open_dispatcher`` owns a nursery holding the backend of each provider
-limited or used (the local ``SchedulerActor``, or the Redis-shared
-scheduler); the ``Dispatcher`` talks to each through the ``Backend``
-protocol only, never asking which it has. Its slots (``_slot``) are the
-requester's side; its settings and their checks live in ``_settings``,
-its snapshot in ``_statistics``. The core imports nothing built on it:
-the integrations and the front ``Dispatcher`` users get sit above it.
+One class: limits, slots, turns, pauses, tenants, events and statistics,
+and the two methods that make integrations (``transport()``,
+``start_conversation()``). Its machinery (the backends, the settings, the
+event hub, the nursery) is a ``Plumbing`` (``_plumbing``), which it owns
+and hands to the integrations: they build on the plumbing and import
+nothing of this module, so the imports point one way. The plumbing's own
+members (``start_soon``, ``hold``...) are ``trio_dispatch.lowlevel``'s
+(``lowlevel.plumbing(dispatcher)``); their old names here are deprecated.
 """
 
 from __future__ import annotations
 
-import contextlib
-import difflib
-import logging
-import math
 import sys
+import warnings
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import TYPE_CHECKING, final, overload
 
-import trio
-
-from .._exceptions import DispatcherClosed, UnknownProviderWarning
-from .._groups import leaves
-from .._observe._hub import (
-    CallObserver,
-    CallWatch,
-    EventHub,
-    EventSink,
-    EventSubscription,
-    RateLimitsReceived,
-)
-from .._policy._budgets import AdaptiveLimit, Throttle, check_limit_value
-from .._policy._ratelimits import RateLimitInfo
-from .._policy._slots import SlotPolicy
-from .._util import NoPublicConstructor, warn_the_caller
-from .._validation import (
-    MAX_TENANT_NAME,
-    check_count,
-    check_instant,
-    check_limit,
-    check_optional_model,
-    check_optional_seconds,
-    check_optional_tenant,
-    check_priority,
-    check_provider,
-    check_tenant_name,
-)
-from ..actors._scheduler import SchedulerActor
-from ..messages._limits import DEFAULT_MAX_TOKENS
-from ._settings import check_tenant_settings
-from ._slot import Slot, SlotHost, acquire_unscoped
-from ._statistics import DispatcherStatistics
-from ._turn import CURRENT_TURN, Turn, TurnScope
+from .._conversations._conversation import start_conversation
+from .._integrations._limited import LimitedProvider
+from .._util import NoPublicConstructor
+from .._validation import check_provider
+from ._plumbing import UNSET, run_plumbing
 
 if TYPE_CHECKING:
-    from collections.abc import (
-        AsyncIterator,
-        Awaitable,
-        Callable,
-        Iterable,
-        Mapping,
+    import contextlib
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+
+    import httpx
+    import httpx2
+
+    from .._conversations._conversation import Conversation
+    from .._conversations._options import ConversationOptions
+    from .._conversations._tools import Tool
+    from .._observe._hub import (
+        CallObserver,
+        CallWatch,
+        EventSink,
+        EventSubscription,
     )
-
+    from .._policy._budgets import AdaptiveLimit
+    from .._policy._ratelimits import RateLimitInfo
     from .._provider import Provider
+    from ..messages import ChatMessage
     from ..messages._limits import Tenant
-    from ._backend import Backend, ProviderStatistics
+    from ._plumbing import Plumbing
     from ._settings import Settings
+    from ._slot import Slot
+    from ._statistics import DispatcherStatistics
+    from ._turn import Turn
 
-_logger = logging.getLogger("trio_dispatch")
-
-_UNSET: Any = object()
-_make: Final = type.__call__
-# Bound once: check_run runs at every slot's entry.
-_current_trio_token: Final = trio.lowlevel.current_trio_token
+    _MakeTransport = Callable[
+        [Plumbing, str], httpx2.AsyncBaseTransport | httpx.AsyncBaseTransport
+    ]
 
 
+@final
 class Dispatcher(metaclass=NoPublicConstructor):
-    """The core of a dispatcher: limits, slots, turns, pauses, statistics.
+    """Per-provider concurrency limits, granted oldest turn first.
 
-    Applications get ``trio_dispatch.Dispatcher``, the front defined above
-    the integrations (``actors/_front.py``), which adds ``transport()`` and
-    ``start_conversation()``; its docstring tells the behaviour.
+    Made by ``open_dispatcher``; valid inside its ``async with`` block. Each
+    provider has its own scheduler actor, started when it is first limited or
+    used. A provider without a limit is unlimited: its scheduler grants every
+    request at once, but still counts the slots in use, so a limit set later
+    counts them too (they finish; nothing new is granted above the limit).
+    The scheduler of an unlimited provider stops when no slot is held and
+    nothing waits, and starts again on the next request, so names used once
+    (model ids, say) leave no task behind; its counters carry on.
+
+    A provider is *known* once it is named in ``limits``, given a limit with
+    ``set_limit``, or made unlimited on purpose with ``remove_limit`` (it
+    stays known). A slot of any other provider is unlimited by accident, as
+    a misspelt name would be: ``unknown_providers`` says what happens then.
+
+    A dispatcher belongs to the trio run that opened it: used from another
+    run (a ``trio.run`` in another thread), it raises ``RuntimeError`` at
+    once, before anything reaches its own run (see ``check_run``). Other
+    threads call into its run with ``trio.from_thread.run``.
     """
 
-    # The class open_dispatcher makes: the front that adds the integrations
-    # (trio_dispatch._dispatch._front, above them), once it is defined; this
-    # core until then. The core never imports what is built on it.
-    _front: ClassVar[type[Dispatcher]]
+    __slots__ = ("_plumbing",)
 
-    def __init_subclass__(cls) -> None:
-        super().__init_subclass__()
-        Dispatcher._front = cls
+    def __init__(self, plumbing: Plumbing) -> None:
+        self._plumbing = plumbing
 
-    __slots__ = (
-        "_actors",
-        "_backends",
-        "_call_observers",
-        "_cleared",
-        "_closed",
-        "_closing",
-        "_host",
-        "_hub",
-        "_known",
-        "_limits",
-        "_new_backend",
-        "_nursery",
-        "_settings",
-        "_tenants",
-        "_token",
-    )
-
-    def __init__(self, nursery: trio.Nursery, settings: Settings) -> None:
-        self._nursery = nursery
-        self._settings = settings
-        # The trio run the dispatcher belongs to (see check_run).
-        self._token = trio.lowlevel.current_trio_token()
-        # The backend of every provider seen, and those whose task runs: a
-        # backend stopped when idle keeps its state for its next run.
-        self._new_backend: Callable[[str], Backend] = (
-            self._local_backend
-            if settings.new_backend is None
-            else settings.new_backend
-        )
-        self._backends: dict[str, Backend] = {}
-        self._actors: dict[str, Backend] = {}
-        self._limits: dict[str, int] = {}
-        # The tenants configured now (open_dispatcher's, then set_tenant's,
-        # and with Redis the fleet's, as the schedulers learn them): every
-        # backend is told of each when it is made.
-        self._tenants: dict[str, Tenant] = dict(settings.tenants)
-        # Known providers, and the names slot() lets through without a
-        # look: the known ones and the unknown ones already allowed or
-        # warned about.
-        self._known: set[str] = set()
-        self._cleared: set[str] = set()
-        self._closed = False
-        # Set when closing, for the task that holds the Redis client.
-        self._closing: trio.Event | None = None
-        # Where the schedulers emit their events (see events()), and who
-        # is told of every LLM call (the OpenTelemetry metrics).
-        self._hub = EventHub(settings.priority_aging)
-        self._call_observers: tuple[CallObserver, ...] = ()
-        # What the slots read of this dispatcher: its own dicts, shared.
-        self._host = SlotHost(
-            self._actors,
-            self._limits,
-            self._scheduler,
-            settings.priority_aging,
-            settings.lease,
-            check_run=self.check_run,
-        )
+    def __repr__(self) -> str:
+        plumbing = self._plumbing
+        state = "closed" if plumbing.closed else "open"
+        return f"<Dispatcher {state} limits={plumbing.limits()!r}>"
 
     @property
     def max_pause(self) -> float:
@@ -158,42 +95,27 @@ class Dispatcher(metaclass=NoPublicConstructor):
 
         It also caps a conversation's retry wait.
         """
-        return self._settings.max_pause
+        return self._plumbing.max_pause
 
     @property
     def max_hold(self) -> float | None:
         """How long a slot may be held (``open_dispatcher``'s ``max_hold``), or ``None``."""
-        return self._settings.max_hold
+        return self._plumbing.max_hold
 
     @property
     def retry_grace(self) -> float:
         """How long a granted kept place waits for its retry (``open_dispatcher``'s ``retry_grace``)."""
-        return self._settings.retry_grace
+        return self._plumbing.retry_grace
 
     @property
     def lease(self) -> float:
         """The lease of a slot shared through Redis, in seconds (``open_dispatcher``'s ``lease``)."""
-        return self._settings.lease
-
-    def start_soon(
-        self, function: Callable[..., Awaitable[object]], *args: object, name: str
-    ) -> None:
-        """Run ``function(*args)`` in the dispatcher's nursery, until it closes.
-
-        Plumbing for integrations: a task that outlives the call that
-        starts it (the transport's ``max_hold`` timer).
-        """
-        self.check_run()
-        self._nursery.start_soon(function, *args, name=name)
-
-    def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
-        return f"<Dispatcher {state} limits={self._limits!r}>"
+        return self._plumbing.lease
 
     @property
     def closed(self) -> bool:
         """Whether the dispatcher has shut down."""
-        return self._closed
+        return self._plumbing.closed
 
     def check_run(self) -> None:
         """Refuse a call made outside the trio run that opened the dispatcher.
@@ -206,24 +128,15 @@ class Dispatcher(metaclass=NoPublicConstructor):
         limits, pauses and tenants, and starting or asking a conversation.
         Once closed, the dispatcher is inert: its methods say
         ``DispatcherClosed`` (or nothing) wherever they are called from.
-        Plumbing for integrations that reach the run by other ways than the
-        dispatcher's methods, as a conversation's queue does.
+        Integrations that reach the run by other ways than the
+        dispatcher's methods, as a conversation's queue does, call the
+        plumbing's (``lowlevel.plumbing(dispatcher).check_run``).
 
         Raises:
             RuntimeError: Called from another trio run, or from no trio run
                 at all, while the dispatcher is open.
         """
-        if self._closed:
-            return
-        try:
-            token = _current_trio_token()
-        except RuntimeError:  # no trio run in this thread
-            token = None
-        if token is not self._token:
-            raise RuntimeError(
-                "the dispatcher belongs to another trio run: use it in the run"
-                " that opened it (from another thread, through trio.from_thread.run)"
-            )
+        self._plumbing.check_run()
 
     def turn(
         self,
@@ -266,33 +179,21 @@ class Dispatcher(metaclass=NoPublicConstructor):
             ValueError: ``started_at`` not finite, ``priority`` out of
                 range, ``tenant`` empty or longer than 256 characters.
         """
-        self.check_run()
-        if conversation_id is not None and not isinstance(conversation_id, str):
-            raise TypeError(
-                f"conversation_id must be a string or None, got {conversation_id!r}"
-            )
-        started_at = (
-            trio.current_time()
-            if started_at is None
-            else check_instant(started_at, "started_at")
-        )
-        return TurnScope(
-            Turn(
-                conversation_id,
-                started_at,
-                check_priority(priority),
-                check_optional_tenant(tenant),
-            )
+        return self._plumbing.turn(
+            conversation_id=conversation_id,
+            started_at=started_at,
+            priority=priority,
+            tenant=tenant,
         )
 
-    def slot(  # noqa: PLR0912  # every argument checked inline: the hot path
+    def slot(
         self,
         provider: str,
         *,
         conversation_id: str | None = None,
         started_at: float | None = None,
         priority: int | None = None,
-        max_hold: float | None = _UNSET,
+        max_hold: float | None = UNSET,
         tokens: int | None = None,
         tenant: str | None = None,
         model: str | None = None,
@@ -341,125 +242,16 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 closes while waiting.
             QueueFull: On entering, if ``max_waiting`` requests already wait.
         """
-        if (
-            conversation_id is None
-            and started_at is None
-            and priority is None
-            and tenant is None
-            and model is None
-            and tokens is None
-            and max_hold is _UNSET
-            and type(provider) is str
-            and provider in self._cleared
-        ):
-            # Nothing given but a provider already checked, the common case:
-            # everything from the current turn, nothing to check.
-            host = self._host
-            turn = CURRENT_TURN.get()
-            if turn is None:
-                # type.__call__ is what Slot._create does, without its
-                # Python frame: this is the hot path of every request.
-                fresh: Slot = _make(
-                    Slot, host, provider, None, host.now(), 0, self._settings.max_hold
-                )
-                return fresh
-            current: Slot = _make(
-                Slot,
-                host,
-                provider,
-                turn.conversation_id,
-                turn.started_at,
-                turn.priority,
-                self._settings.max_hold,
-                0,
-                turn.tenant,
-            )
-            return current
-        if type(provider) is not str or not provider:
-            check_provider(provider)  # raises: the common case skips the call
-        turn = (
-            CURRENT_TURN.get()
-            if conversation_id is None
-            or started_at is None
-            or priority is None
-            or tenant is None
-            else None
-        )
-        if conversation_id is None:
-            if turn is not None:
-                conversation_id = turn.conversation_id
-        elif not isinstance(conversation_id, str):
-            raise TypeError(
-                f"conversation_id must be a string or None, got {conversation_id!r}"
-            )
-        if started_at is None:
-            started_at = self._host.now() if turn is None else turn.started_at
-        else:
-            started_at = check_instant(started_at, "started_at")
-        if priority is None:
-            priority = 0 if turn is None else turn.priority
-        else:
-            priority = check_priority(priority)
-        if tenant is None:
-            if turn is not None:
-                tenant = turn.tenant
-        elif type(tenant) is not str or not 0 < len(tenant) <= MAX_TENANT_NAME:
-            check_tenant_name(tenant)  # raises: the common case skips the call
-        if model is not None and (type(model) is not str or not model):
-            check_optional_model(model)  # raises
-        if max_hold is _UNSET:
-            max_hold = self._settings.max_hold
-        else:
-            max_hold = check_optional_seconds(max_hold, "max_hold", positive=True)
-        if tokens is not None:
-            check_count(tokens, "tokens")
-        if provider not in self._cleared:
-            self._unknown(provider)
-        slot: Slot = _make(
-            Slot,
-            self._host,
+        return self._plumbing.slot(
             provider,
-            conversation_id,
-            started_at,
-            priority,
-            max_hold,
-            tokens or 0,
-            tenant,
-            model,
+            conversation_id=conversation_id,
+            started_at=started_at,
+            priority=priority,
+            max_hold=max_hold,
+            tokens=tokens,
+            tenant=tenant,
+            model=model,
         )
-        return slot
-
-    async def hold(
-        self, provider: str, tokens: int = 0, model: str | None = None
-    ) -> tuple[Slot, float]:
-        """A granted slot of ``provider`` that any task may give back.
-
-        Plumbing for integrations (``transport()`` is built on it): for a
-        hold that does not end where it began (an HTTP response is closed
-        later, perhaps by another task), so it enters no cancel scope: give
-        it back with ``Slot.release()``. Returns the slot and its
-        ``max_hold`` deadline (trio clock; ``inf`` for none), which the
-        holder enforces, as it follows the slot's lease (``Slot.lease_deadline``,
-        ``Slot.follow_lease``). The turn is the current one (``slot()``
-        with neither ``started_at`` nor ``conversation_id``), charged
-        ``tokens``, for ``model`` (``None``: none known).
-        """
-        slot = self.slot(provider, max_hold=None, tokens=tokens, model=model)
-        # Granted without the timer's cancel scope, which only the entering
-        # task could close (a lease deadline from Redis would arm one).
-        await acquire_unscoped(slot)
-        return slot, self.hold_deadline(slot)
-
-    def hold_deadline(self, slot: Slot) -> float:
-        """The ``max_hold`` deadline of a granted ``slot`` taken with ``hold()``.
-
-        Its grant plus ``max_hold`` (trio clock), or ``inf`` for none.
-        """
-        max_hold = self._settings.max_hold
-        if max_hold is None or slot.provider not in self._limits:
-            return math.inf
-        assert slot.granted_at is not None
-        return slot.granted_at + max_hold
 
     def set_limit(self, provider: str, limit: int | AdaptiveLimit) -> None:
         """Limit ``provider`` to ``limit`` concurrent slots, now.
@@ -473,15 +265,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         fleet, an ``AdaptiveLimit`` too: every process then follows its
         value, which the fleet's successes and rate limits move.
         """
-        check_provider(provider)
-        check_limit_value(limit)
-        self._check_open()
-        self._tell(provider, lambda backend: backend.set_limit(limit))
-        self._limits[provider] = (
-            limit.initial if isinstance(limit, AdaptiveLimit) else limit
-        )
-        self._known.add(provider)
-        self._cleared.add(provider)
+        self._plumbing.set_limit(provider, limit)
 
     def remove_limit(self, provider: str) -> None:
         """Lift the limit of ``provider``: waiters go through, nobody waits.
@@ -492,22 +276,11 @@ class Dispatcher(metaclass=NoPublicConstructor):
         provider stays known (even one never limited): it is unlimited on
         purpose, so ``unknown_providers`` does not apply to it.
         """
-        check_provider(provider)
-        self._check_open()
-        self._limits.pop(provider, None)
-        self._tell(provider, lambda backend: backend.set_limit(None))
-        self._known.add(provider)
-        self._cleared.add(provider)
+        self._plumbing.remove_limit(provider)
 
     def limits(self) -> dict[str, int]:
         """The limits, provider by provider (a copy); an adaptive one's current value."""
-        limits = dict(self._limits)
-        for provider in limits:
-            backend = self._backends.get(provider)
-            value = None if backend is None else backend.adaptive_value()
-            if value is not None:
-                limits[provider] = value
-        return limits
+        return self._plumbing.limits()
 
     def observe_rate_limits(
         self, provider: str, info: RateLimitInfo, *, model: str | None = None
@@ -542,45 +315,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 ``info`` not a ``RateLimitInfo``.
             ValueError: ``provider`` or ``model`` is empty.
         """
-        check_provider(provider)
-        if not isinstance(info, RateLimitInfo):
-            raise TypeError(f"info must be a RateLimitInfo, got {info!r}")
-        check_optional_model(model)
-        if self._closed or info.empty:
-            return
-        # Before the event: a subscriber's channel belongs to this run.
-        self.check_run()
-        if self._hub.sinks:
-            self._hub.emit(
-                RateLimitsReceived(provider, trio.current_time(), info, model)
-            )
-        settings = self._settings
-        if not settings.learn_budgets:
-            return
-        now = trio.current_time()
-        with contextlib.suppress(DispatcherClosed):
-            # Closed: its scheduler has stopped, and nothing waits there.
-            self._tell(
-                provider,
-                (lambda backend: backend.observe_rate_limits(now, info))
-                if model is None
-                else (lambda backend: backend.observe_rate_limits(now, info, model)),
-            )
-
-    def default_max_tokens(self, provider: str, model: str | None = None) -> int:
-        """The answer charged for a request of ``provider`` without ``max_tokens``.
-
-        Its budget's ``default_max_tokens``: the configured budget of
-        ``model``'s (``"provider/model"``), else the provider's, else the
-        default; what an integration's token estimate counts for such a
-        request.
-        """
-        settings = self._settings
-        models = settings.model_budgets.get(provider, {})
-        budget = None if model is None else models.get(model)
-        if budget is None:
-            budget = settings.provider_budgets.get(provider)
-        return DEFAULT_MAX_TOKENS if budget is None else budget.default_max_tokens
+        self._plumbing.observe_rate_limits(provider, info, model=model)
 
     def set_tenant(self, tenant: str, settings: Tenant) -> None:
         """Give ``tenant`` its share ``settings`` (a ``Tenant``), now, everywhere.
@@ -598,11 +333,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             ValueError: ``tenant`` is empty or longer than 256 characters.
             DispatcherClosed: The dispatcher has closed.
         """
-        check_tenant_name(tenant)
-        checked = check_tenant_settings(settings)
-        self._check_open()
-        self._tenants[tenant] = checked
-        self._tell_every(lambda backend: backend.set_tenant(tenant, checked))
+        self._plumbing.set_tenant(tenant, settings)
 
     def remove_tenant(self, tenant: str) -> None:
         """Give ``tenant`` the defaults again (``Tenant()``: weight 1, no cap), now.
@@ -616,10 +347,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             ValueError: ``tenant`` is empty or longer than 256 characters.
             DispatcherClosed: The dispatcher has closed.
         """
-        check_tenant_name(tenant)
-        self._check_open()
-        self._tenants.pop(tenant, None)
-        self._tell_every(lambda backend: backend.set_tenant(tenant, None))
+        self._plumbing.remove_tenant(tenant)
 
     def tenants(self) -> dict[str, Tenant]:
         """The tenants configured now, by name (a copy): ``tenants`` and ``set_tenant``'s.
@@ -628,7 +356,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         tenant set or removed in another process shows here once a round
         of a provider's scheduler has seen it (the change wakes them).
         """
-        return dict(self._tenants)
+        return self._plumbing.tenants()
 
     def report_rate_limit(
         self, provider: str, retry_after: float | None = None
@@ -658,15 +386,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         unlimited provider and after the dispatcher has closed, since
         nothing waits there.
         """
-        check_provider(provider)
-        seconds = check_optional_seconds(retry_after, "retry_after")
-        if self._closed or provider not in self._limits:
-            return
-        with contextlib.suppress(DispatcherClosed):
-            # Its scheduler has stopped (it crashed): there is nothing to pause.
-            self._tell(
-                provider, lambda backend: backend.pause(trio.current_time(), seconds)
-            )
+        self._plumbing.report_rate_limit(provider, retry_after)
 
     def resume(self, provider: str) -> None:
         """End the pause of ``provider`` now, and its backoff streak.
@@ -679,9 +399,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         Raises:
             DispatcherClosed: The dispatcher has closed.
         """
-        check_provider(provider)
-        self._check_open()
-        self._tell(provider, lambda backend: backend.resume())
+        self._plumbing.resume(provider)
 
     def events(self, *, buffer: int = 1024) -> EventSubscription:
         """Every event of every provider, from now on, to read in a block.
@@ -705,50 +423,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         Raises:
             DispatcherClosed: On entering, if the dispatcher has closed.
         """
-        check_limit(buffer, "buffer")
-        self.check_run()
-        return EventSubscription._create(self._hub, buffer)
-
-    def observe_events(self, sink: EventSink) -> None:
-        """Hand every event of every provider to ``sink``, from now on, as it happens.
-
-        Plumbing for metrics (``trio_dispatch.metrics``,
-        ``trio_dispatch.otel``): ``sink.push(event)`` is called in the
-        scheduler's task for each event ``events()`` would yield, without
-        a buffer, so it must neither block nor raise; ``sink.close()`` is
-        called once when the dispatcher closes (at once if it has).
-
-        Raises:
-            TypeError: ``sink`` has no ``push`` or no ``close`` method.
-        """
-        for method in ("push", "close"):
-            if not callable(getattr(sink, method, None)):
-                raise TypeError(f"sink must have a {method} method, got {sink!r}")
-        self._hub.attach(sink)
-
-    def observe_calls(self, observer: CallObserver) -> None:
-        """Tell ``observer`` of every LLM call made through this dispatcher, from now on.
-
-        Plumbing for metrics (``trio_dispatch.otel``): each call made
-        through ``wrap_provider`` or a conversation ends with
-        ``observer.call_ended(provider, duration, usage, error)``, in the
-        caller's task; it must neither block nor raise.
-
-        Raises:
-            TypeError: ``observer`` has no ``call_ended`` method.
-        """
-        if not callable(getattr(observer, "call_ended", None)):
-            raise TypeError(f"observer must have a call_ended method, got {observer!r}")
-        self._call_observers = (*self._call_observers, observer)
-
-    def watch_call(self, provider: Provider) -> CallWatch | None:
-        """An LLM call to ``provider`` begins: a watch, if anything observes calls.
-
-        Plumbing for integrations: the watch times the call for the
-        metrics (OpenTelemetry); ``None`` when nothing observes calls.
-        """
-        observers = self._call_observers
-        return None if not observers else CallWatch(provider, observers)
+        return self._plumbing.events(buffer=buffer)
 
     def statistics(self) -> DispatcherStatistics:
         """A snapshot of every provider limited or used, unlimited ones too.
@@ -758,302 +433,293 @@ class Dispatcher(metaclass=NoPublicConstructor):
         waiting for the schedulers to run (each handles its queued messages
         first, synchronously, as it would itself).
         """
-        # A backend handles its backlog first, which may grant.
-        self.check_run()
-        return DispatcherStatistics(
-            providers={
-                provider: backend.statistics()
-                for provider, backend in self._backends.items()
-            },
-            closed=self._closed,
-        )
+        return self._plumbing.statistics()
 
-    def _unknown(self, provider: str) -> None:
-        """Apply ``unknown_providers`` to a provider first seen unknown."""
-        if self._settings.unknown_providers == "error":
-            raise ValueError(
-                f"provider {provider!r} has no limit;"
-                f" known providers: {_names(self._known)}"
-                f"{_did_you_mean(provider, self._known)}"
-            )
-        if self._settings.unknown_providers == "warn":
-            message = (
-                f"provider {provider!r} has no limit, so it runs unlimited;"
-                f" limited providers: {_names(self._limits)}"
-                f"{_did_you_mean(provider, self._limits)}"
-            )
-            # The warning first: turned into an error (python -W error), it
-            # refuses this use, and the name stays unknown for the next.
-            warn_the_caller(UnknownProviderWarning(message))
-            _logger.warning("%s", message)
-        self._cleared.add(provider)
+    @overload
+    def transport(
+        self, provider: str, *, inner: httpx.AsyncBaseTransport
+    ) -> httpx.AsyncBaseTransport: ...
 
-    def _scheduler(self, provider: str) -> Backend:
-        """The backend of ``provider``, made if there is none, its task running.
+    @overload
+    def transport(
+        self, provider: str, *, inner: httpx2.AsyncBaseTransport | None = None
+    ) -> httpx2.AsyncBaseTransport: ...
 
-        Unlimited providers get one too (with no limit, it grants at once):
-        it counts their slots in use, so a limit set later counts them. Its
-        task stops when idle (see ``_serve``); the next call starts it again
-        on the same backend.
-        """
-        self.check_run()
-        actor = self._actors.get(provider)
-        if actor is None:
-            actor = self._backends.get(provider)
-            if actor is None:
-                actor = self._backends[provider] = self._new_backend(provider)
-                self._configure(provider, actor)
-            self._actors[provider] = actor
-            self._nursery.start_soon(
-                self._serve, actor, name=f"trio_dispatch scheduler {provider!r}"
-            )
-        return actor
+    def transport(
+        self,
+        provider: str,
+        *,
+        inner: httpx2.AsyncBaseTransport | httpx.AsyncBaseTransport | None = None,
+    ) -> httpx2.AsyncBaseTransport | httpx.AsyncBaseTransport:
+        """An HTTP transport whose model calls each hold a slot of ``provider``.
 
-    def _configure(self, provider: str, backend: Backend) -> None:
-        """Tell a new backend the tenants, and the budgets of its provider's models."""
-        for tenant, settings in self._tenants.items():
-            backend.set_tenant(tenant, settings)
-        for model, budget in self._settings.model_budgets.get(provider, {}).items():
-            backend.set_model_budget(model, budget)
+        Give it to the client an SDK uses (``httpx2.AsyncClient(transport=
+        dispatcher.transport("openai"))``), and make the SDK's calls inside
+        ``turn()``: a call's place in line is its turn's start, so every
+        call of an agent's turn, each retry too, goes before younger
+        turns. Outside any turn, each request is a turn of its own, ranked
+        when it asks: first come, first served per call.
 
-    def _tell_every(self, change: Callable[[Backend], None]) -> None:
-        """Make ``change`` to every provider's backend (``_tell``), closed ones aside."""
-        for provider in list(self._backends):
-            with contextlib.suppress(DispatcherClosed):
-                # Closed: its scheduler has stopped (it crashed).
-                self._tell(provider, change)
+        A model call (a ``POST`` whose path ends in ``/chat/completions``,
+        ``/completions``, ``/responses``, ``/messages``, ``/complete`` or
+        ``/embeddings``) takes a slot before its first byte is sent and gives it back when
+        its response is closed: after the last byte, or when it is closed
+        early, fails or is cancelled. Anything else (``GET /models``,
+        files, batches, token counts) passes without a slot. A 429, 503 or
+        529 answer to a model call pauses the provider (``Retry-After``,
+        ``retry-after-ms``, see ``report_rate_limit``); the answer goes
+        back to the caller unchanged. Inside a ``turn()``, such a call
+        keeps the turn's place for its retry: a request with the turn's
+        rank waits through the pause, and once granted holds the slot for
+        the SDK's retry (made in the same turn, for the same model) at
+        most ``retry_grace`` seconds (see ``open_dispatcher``); leaving
+        the turn drops it at once. A call whose JSON body names a
+        ``model`` takes its slot for that model (``slot(model=...)``): a
+        budget ``"provider/model"`` must hold it too. Every answer's
+        rate-limit headers (``x-ratelimit-*`` or
+        ``anthropic-ratelimit-*``) go to ``observe_rate_limits``, for the
+        call's model, and a call whose JSON body has
+        ``messages`` is charged its estimated tokens (prompt and
+        ``max_tokens``), not corrected from its usage, which only the SDK
+        reads. The slot is the current turn's, as
+        with ``slot()`` without ``started_at``. ``max_hold`` bounds a model
+        call from its grant to its response's close: past it, the request
+        or the read under way fails with ``SlotHoldTimeout``, a response
+        that nobody reads is closed, and the slot goes back. A response
+        dropped without being closed gives its slot back when it is
+        garbage-collected, with a ``ResourceWarning`` naming the provider.
 
-    def _tell(self, provider: str, change: Callable[[Backend], None]) -> None:
-        """Make ``change`` to the backend of ``provider``, started if need be.
-
-        A backend whose task was not running handles it at once, in this
-        task, through its own message handling: its task finds it done.
+        Args:
+            provider: The provider's name: whose slots the calls take.
+            inner: The transport that sends the requests:
+                ``httpx2.AsyncHTTPTransport()`` if ``None``. Given a legacy
+                ``httpx.AsyncBaseTransport``, the result is one too.
 
         Raises:
-            DispatcherClosed: Its backend is closed.
-        """
-        started = provider not in self._actors
-        backend = self._scheduler(provider)
-        try:
-            change(backend)
-        except trio.ClosedResourceError:
-            raise DispatcherClosed(
-                f"the scheduler of {provider!r} has stopped"
-            ) from None
-        if started:
-            backend.handle_backlog()
-
-    async def _share(self, limits: Mapping[str, int | AdaptiveLimit]) -> None:
-        """Connect to Redis, store ``limits`` where none is, start the schedulers.
-
-        Raises:
-            BackendUnavailable: Redis cannot be reached.
-        """
-        from .._redis._backend import SharedBackends, serve_ledger  # noqa: PLC0415  # coredis only when asked for
-
-        self._closing = trio.Event()
-        shared = SharedBackends(
-            self._settings,
-            self._hub,
-            self._limits,
-            self._learn_limit,
-            self._learn_tenant,
-        )
-        ledger, stored = await self._nursery.start(
-            serve_ledger, self._settings, limits, shared.wake, self._closing
-        )
-        shared.ledger = ledger
-        self._new_backend = shared.new
-        for provider, limit in stored.items():
-            self._learn_limit(provider, limit)
-            self._known.add(provider)
-            self._cleared.add(provider)
-            # Started now, so that a pause or a limit reaches it at once.
-            self._scheduler(provider)
-
-    def _learn_limit(self, provider: str, limit: int | None) -> None:
-        """A shared scheduler learned the fleet's limit from Redis."""
-        if limit is None:
-            self._limits.pop(provider, None)
-        else:
-            self._limits[provider] = limit
-
-    def _learn_tenant(self, tenant: str, settings: Tenant | None) -> None:
-        """A shared scheduler learned the fleet's setting of ``tenant`` from Redis."""
-        if settings is None:
-            self._tenants.pop(tenant, None)
-        else:
-            self._tenants[tenant] = settings
-
-    def _local_backend(self, provider: str) -> Backend:
-        """The scheduler actor of ``provider`` in this process."""
-        settings = self._settings
-        budget = settings.provider_budgets.get(provider)
-        policy = SlotPolicy(
-            None,
-            provider=provider,
-            max_waiting=settings.max_waiting,
-            default_pause=settings.default_pause,
-            max_pause=settings.max_pause,
-            throttle=None
-            if budget is None
-            else Throttle(
-                budget,
-                learn=settings.learn_budgets,
-                now=trio.current_time(),
-            ),
-        )
-        return SchedulerActor(provider, policy, self._hub)
-
-    # Protected so that no KeyboardInterrupt comes between the actor's
-    # decision to stop and its removal: a request in between would find a
-    # closed inbox.
-    @trio.lowlevel.enable_ki_protection
-    async def _serve(self, actor: Backend) -> None:
-        if await actor.run(stop_when_idle=True):
-            # Idle and unlimited: it stopped with nothing held, waiting or
-            # queued, in this same step, so no request was sent to it since.
-            del self._actors[actor.provider]
-
-    def check_known(self, provider: str) -> None:
-        """Let ``provider`` through as ``slot()`` does, or refuse it at once.
-
-        Plumbing for integrations that take slots later (``transport()``,
-        ``start_conversation()``): ``unknown_providers`` applies to a
-        provider never named in ``limits``, ``set_limit`` or
-        ``remove_limit`` (a warning, or ``ValueError`` with ``"error"``).
-
-        Raises:
-            TypeError: ``provider`` is not a string.
-            ValueError: ``provider`` is empty, or unknown while
-                ``unknown_providers`` is ``"error"``.
+            TypeError: ``provider`` is not a string, or ``inner`` is not an
+                httpx2 or httpx async transport. Later, from a request of
+                the other httpx's client (an ``httpx.AsyncClient`` given a
+                transport made without ``inner``), before any slot.
+            ValueError: ``provider`` is empty, or unknown while the
+                dispatcher's ``unknown_providers`` is ``"error"``.
         """
         check_provider(provider)
-        if provider not in self._cleared:
-            self._unknown(provider)
+        make = _transport_for(inner)
+        self._plumbing.check_known(provider)
+        return make(self._plumbing, provider)
 
-    def _check_open(self) -> None:
-        """Open, and called from its run: before a change is made (``check_run``)."""
-        if self._closed:
-            raise DispatcherClosed("the dispatcher is closed")
-        self.check_run()
+    def start_conversation(
+        self,
+        provider: Provider,
+        *,
+        conversation_id: str | None = None,
+        tools: Iterable[Tool] = (),
+        system_prompt: str | None = None,
+        options: ConversationOptions | None = None,
+        history: Iterable[ChatMessage] = (),
+        priority: int = 0,
+        tenant: str | None = None,
+    ) -> Conversation:
+        """Start a conversation actor with ``provider`` in this dispatcher.
 
-    def _close(self) -> None:
-        self._closed = True
-        self._host.closed = True
-        if self._closing is not None:
-            self._closing.set()
-        for backend in self._backends.values():
-            backend.close()
-        self._hub.close()
-        self._nursery.cancel_scope.cancel()
+        Every LLM call it makes takes a slot of ``provider.id`` first (see
+        ``Conversation``). The actor runs until ``Conversation.close()`` or
+        until the dispatcher closes. Arguments are checked here, at once.
+
+        Args:
+            provider: Any ``Provider`` (an ``id`` and a ``stream`` method).
+            conversation_id: Its name (``Conversation.id``, and the
+                ``conversation_id`` of every slot it takes); a fresh
+                unique one if not given.
+            tools: The ``Tool`` values the model may call (distinct names).
+            system_prompt: Sent as ``ChatRequest.system`` with every request;
+                never part of the history.
+            options: Retries, backoff, compaction, ``max_tokens``, the
+                request options of its turns (``request_options``) and the
+                jitter's seed, as a ``ConversationOptions``; ``None`` for the
+                defaults.
+            history: The messages to start from, oldest first: the
+                ``history`` of an earlier conversation, or what
+                ``load_history`` read back. Checked here: a tool call
+                without its result, or a result without its call, is
+                refused (see ``load_history``).
+            priority: The priority class of its turns (an int, higher
+                first): each turn runs in a ``turn()`` of this class.
+            tenant: The tenant of its turns (see ``open_dispatcher``'s
+                ``tenants``): each turn runs in a ``turn()`` of this
+                tenant. Defaults to the tenant of the turn current here,
+                at the call, or none.
+
+        Raises:
+            ValueError: ``provider.id`` is unknown and the dispatcher's
+                ``unknown_providers`` is ``"error"``; or a bad argument.
+            DispatcherClosed: The dispatcher has closed.
+        """
+        return start_conversation(
+            self._plumbing,
+            provider,
+            conversation_id=conversation_id,
+            tools=tools,
+            system_prompt=system_prompt,
+            options=options,
+            history=history,
+            priority=priority,
+            tenant=tenant,
+        )
+
+    # The plumbing's members, here for one release: each says where it went.
+
+    def start_soon(
+        self, function: Callable[..., Awaitable[object]], *args: object, name: str
+    ) -> None:
+        """Deprecated: ``lowlevel.plumbing(dispatcher).start_soon``."""
+        _moved("start_soon")
+        self._plumbing.start_soon(function, *args, name=name)
+
+    async def hold(
+        self, provider: str, tokens: int = 0, model: str | None = None
+    ) -> tuple[Slot, float]:
+        """Deprecated: ``lowlevel.plumbing(dispatcher).hold``."""
+        _moved("hold")
+        return await self._plumbing.hold(provider, tokens, model)
+
+    def hold_deadline(self, slot: Slot) -> float:
+        """Deprecated: ``lowlevel.plumbing(dispatcher).hold_deadline``."""
+        _moved("hold_deadline")
+        return self._plumbing.hold_deadline(slot)
+
+    def watch_call(self, provider: Provider) -> CallWatch | None:
+        """Deprecated: ``lowlevel.plumbing(dispatcher).watch_call``."""
+        _moved("watch_call")
+        return self._plumbing.watch_call(provider)
+
+    def check_known(self, provider: str) -> None:
+        """Deprecated: ``lowlevel.plumbing(dispatcher).check_known``."""
+        _moved("check_known")
+        self._plumbing.check_known(provider)
+
+    def default_max_tokens(self, provider: str, model: str | None = None) -> int:
+        """Deprecated: ``lowlevel.plumbing(dispatcher).default_max_tokens``."""
+        _moved("default_max_tokens")
+        return self._plumbing.default_max_tokens(provider, model)
+
+    def observe_events(self, sink: EventSink) -> None:
+        """Deprecated: ``lowlevel.plumbing(dispatcher).observe_events``."""
+        _moved("observe_events")
+        self._plumbing.observe_events(sink)
+
+    def observe_calls(self, observer: CallObserver) -> None:
+        """Deprecated: ``lowlevel.plumbing(dispatcher).observe_calls``."""
+        _moved("observe_calls")
+        self._plumbing.observe_calls(observer)
 
 
-Dispatcher._front = Dispatcher
-
-
-def provider_statistics_of(
-    dispatcher: Dispatcher, provider: str
-) -> ProviderStatistics | None:
-    """``dispatcher.statistics().providers.get(provider)``, the others left alone.
-
-    For an integration that reads one provider (a conversation, its
-    pause): only that provider's backend handles its backlog. ``None`` for
-    a provider never used.
-    """
-    dispatcher.check_run()
-    backend = dispatcher._backends.get(provider)
-    return None if backend is None else backend.statistics()
+def _moved(name: str) -> None:
+    """Warn the caller of a deprecated ``Dispatcher`` member where it went."""
+    warnings.warn(
+        f"Dispatcher.{name} is deprecated: use"
+        f" trio_dispatch.lowlevel.plumbing(dispatcher).{name}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
 
 
 @asynccontextmanager
-async def run_dispatcher(
-    limits: dict[str, int | AdaptiveLimit], settings: Settings
-) -> AsyncIterator[Dispatcher]:
-    """Run a dispatcher of checked ``limits`` and ``settings`` (``open_dispatcher``).
+async def run_dispatcher(settings: Settings) -> AsyncIterator[Dispatcher]:
+    """Run the plumbing of checked ``settings``: the ``Dispatcher`` that owns it."""
+    async with run_plumbing(dict(settings.limits), settings) as running:
+        yield Dispatcher._create(running)
+
+
+def plumbing(dispatcher: Dispatcher) -> Plumbing:
+    """The machinery of ``dispatcher``, for integrations, metrics and tests.
+
+    Its backends, settings, event hub and nursery, with what integrations
+    build on: ``start_soon``, ``hold``, ``hold_deadline``, ``check_known``,
+    ``check_run``, ``default_max_tokens``, ``watch_call``,
+    ``provider_statistics``,
+    ``observe_events``, ``observe_calls``, beside everything ``Dispatcher``
+    does (see ``Plumbing``).
 
     Raises:
-        RuntimeError: Not in a trio run (under asyncio, or in no event loop).
+        TypeError: ``dispatcher`` is not a ``Dispatcher``.
     """
-    if not trio.lowlevel.in_trio_run():
-        raise RuntimeError(_not_under_trio())
-    body_error: BaseException | None = None
-    try:
-        async with trio.open_nursery() as nursery:
-            dispatcher = Dispatcher._front._create(nursery, settings)
-            if settings.redis_url is None:
-                for provider, limit in limits.items():
-                    dispatcher.set_limit(provider, limit)
-            else:
-                try:
-                    await dispatcher._share(limits)
-                except BaseException as exc:
-                    body_error = exc
-                    dispatcher._close()
-                    raise
-            try:
-                yield dispatcher
-            except BaseException as exc:
-                body_error = exc
-                raise
-            finally:
-                dispatcher._close()
-    except BaseExceptionGroup as group:
-        # A group of one made only of what the body raised is the nursery's
-        # wrapping of the body's exception: let it out as itself (trio may
-        # have rebuilt a group the body raised, or trimmed the Cancelled it
-        # absorbed from it, so compare leaves, not the group). Anything
-        # else, such as an actor's crash, comes out in the group.
-        if body_error is None or len(group.exceptions) != 1:
-            raise
-        only = group.exceptions[0]
-        if not _identities(only) <= _identities(body_error):
-            raise
-        context = only.__context__
-        try:
-            raise only
-        finally:
-            only.__context__ = context
-            del only, context
+    if not isinstance(dispatcher, Dispatcher):
+        raise TypeError(f"dispatcher must be a Dispatcher, got {dispatcher!r}")
+    return dispatcher._plumbing
 
 
-def _not_under_trio() -> str:
-    """Why a dispatcher cannot open here: asyncio runs, or no event loop does."""
-    asyncio = sys.modules.get("asyncio")  # not running if never imported
-    try:
-        if asyncio is not None and asyncio.get_running_loop():
-            return (
-                "trio-dispatch runs under trio, not asyncio:"
-                " open the dispatcher inside trio.run()"
-            )
-    except RuntimeError:  # no asyncio loop running in this thread
-        pass
-    return "trio-dispatch runs under trio: open the dispatcher inside trio.run()"
+def _transport_for(inner: object) -> _MakeTransport:
+    """How to make a transport around ``inner``; TypeError if it is no transport.
 
-
-def _names(providers: Iterable[str]) -> str:
-    """Provider names for a message: sorted, quoted, or ``none``."""
-    return ", ".join(repr(name) for name in sorted(providers)) or "none"
-
-
-def _did_you_mean(provider: str, names: Iterable[str]) -> str:
-    """``"; did you mean 'openai'?"`` for a name close to ``provider``, or ``""``.
-
-    Compared case-folded, so ``"OpenAI"`` finds ``"openai"`` and
-    ``"opneai"`` does too; a name merely unlike every other finds nothing.
+    ``None`` is a new ``httpx2.AsyncHTTPTransport``, made only once the
+    call's other checks have passed. httpx2 is imported only now, when a
+    transport is asked for.
     """
-    by_folded = {name.casefold(): name for name in sorted(names, reverse=True)}
-    close = difflib.get_close_matches(
-        provider.casefold(), by_folded, n=1, cutoff=_CLOSE_NAME
+    import httpx2  # noqa: PLC0415  # only when a transport is asked for
+
+    from .._integrations._transport import DispatchTransport  # noqa: PLC0415  # imports httpx2
+
+    if inner is None:
+        return lambda dispatcher, provider: DispatchTransport(
+            dispatcher, provider, httpx2.AsyncHTTPTransport()
+        )
+    if isinstance(inner, httpx2.AsyncBaseTransport):
+        checked = inner
+        return lambda dispatcher, provider: DispatchTransport(
+            dispatcher, provider, checked
+        )
+    # An httpx transport exists only if httpx was imported: do not import it
+    # just to say no.
+    legacy = sys.modules.get("httpx")
+    if legacy is not None and isinstance(inner, legacy.AsyncBaseTransport):
+        from .._integrations._transport_legacy import LegacyDispatchTransport  # noqa: PLC0415
+
+        old = inner
+        return lambda dispatcher, provider: LegacyDispatchTransport(
+            dispatcher, provider, old
+        )
+    raise TypeError(
+        "inner must be an httpx2.AsyncBaseTransport or an httpx.AsyncBaseTransport,"
+        f" got {type(inner).__name__}"
     )
-    return f"; did you mean {by_folded[close[0]]!r}?" if close else ""
 
 
-# difflib's similarity above which an unknown name is taken for a slip of
-# the keyboard: "opneai" (0.83) and "OpenAI" (1.0) for "openai", not "gpt-x".
-_CLOSE_NAME: Final = 0.8
+def wrap_provider(
+    provider: Provider,
+    dispatcher: Dispatcher,
+    *,
+    conversation_id: str | None = None,
+    started_at: float | None = None,
+) -> Provider:
+    """Limit ``provider`` through ``dispatcher``.
 
+    Args:
+        provider: Any ``Provider``; its ``id`` names the limit.
+        dispatcher: The dispatcher whose slots the streams take.
+        conversation_id: Who asks: the ``conversation_id`` of every slot.
+            ``None`` uses the current ``Dispatcher.turn()``'s when a stream
+            is opened.
+        started_at: When the turn began, on the trio clock: the priority
+            of every stream opened through the result. ``None`` uses the
+            start of the turn current when each stream is opened (its
+            priority class too), or the time it is opened outside any
+            turn.
 
-def _identities(exc: BaseException) -> set[int]:
-    """The identities of the exceptions in ``exc``, through any groups."""
-    return {id(leaf) for leaf in leaves(exc)}
+    A ``provider`` with a ``model`` string (``OpenAIProvider``,
+    ``AnthropicProvider``) takes its slots for that model (``slot(model=
+    ...)``): a budget ``"provider/model"`` holds them, and the figures of
+    their answers pace that model.
+
+    Returns:
+        A provider whose ``stream`` takes a slot before any byte is sent and
+        gives it back after the last event or however the block is left.
+        A provider with no limit takes a slot too (granted at once, and
+        counted, so that a limit set later counts the streams running).
+    """
+    return LimitedProvider(
+        provider,
+        plumbing(dispatcher),
+        conversation_id=conversation_id,
+        started_at=started_at,
+    )

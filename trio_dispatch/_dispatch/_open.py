@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ..messages._limits import Tenant
     from ._backend import Backend
     from ._dispatcher import Dispatcher
+    from ._setup import BackendSetup
 
 
 def open_dispatcher(
@@ -266,7 +267,7 @@ def open_dispatcher(
         tenants=tenants,
     )
     return AsyncWithOnly(
-        run_dispatcher(dict(settings.limits), settings),
+        run_dispatcher(settings),
         "open_dispatcher() is an async context manager:"
         " use `async with open_dispatcher(...) as dispatcher`",
     )
@@ -283,16 +284,21 @@ _OPTIONS: Final = frozenset(
 
 
 def open_dispatcher_with(
-    new_backend: Callable[[str], Backend],
+    new_backend: Callable[[BackendSetup], Backend],
     limits: Mapping[str, int | AdaptiveLimit] | None = None,
     **options: Any,  # noqa: ANN401  # open_dispatcher's keywords, checked there
 ) -> contextlib.AbstractAsyncContextManager[Dispatcher]:
     """``open_dispatcher`` whose providers are scheduled by backends of your own.
 
-    ``new_backend(provider)`` is called once per provider, when it is first
-    limited or used, and returns its ``Backend``; the dispatcher runs the
-    backend's ``run`` in its nursery and talks to it through the protocol
-    only. ``options`` are ``open_dispatcher``'s keywords, checked the same
+    ``new_backend(setup)`` is called once per provider, when it is first
+    limited or used, with a ``BackendSetup``: everything the dispatcher
+    knows of the provider (its limit, budgets, tenants, ``max_waiting``,
+    pauses, where its events go, the clock). It returns the provider's
+    ``Backend``, which must honour all of it (``setup.policy()`` builds a
+    ``SlotPolicy`` that does); the dispatcher runs the backend's ``run``
+    in its nursery and talks to it through the protocol only. The
+    dispatcher's own backends are made the same way
+    (``SchedulerActor.from_setup``). ``options`` are ``open_dispatcher``'s keywords, checked the same
     way, but for ``redis_url``, ``namespace``, ``lease`` and
     ``redis_connect_timeout``: what a backend shares is its own business.
 
@@ -309,7 +315,7 @@ def open_dispatcher_with(
             )
     settings = Settings(new_backend=new_backend, limits=limits, **options)
     return AsyncWithOnly(
-        run_dispatcher(dict(settings.limits), settings),
+        run_dispatcher(settings),
         "open_dispatcher_with() is an async context manager:"
         " use `async with open_dispatcher_with(...) as dispatcher`",
     )

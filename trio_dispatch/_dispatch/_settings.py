@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
     from .._policy._budgets import AdaptiveLimit, Budget
     from ._backend import Backend
+    from ._setup import BackendSetup
 
 UnknownProviders = Literal["allow", "warn", "error"]
 _UNKNOWN_PROVIDERS: Final[tuple[UnknownProviders, ...]] = ("allow", "warn", "error")
@@ -126,7 +127,7 @@ class Settings:
             keys ``"provider/model"`` of ``budgets``).
     """
 
-    new_backend: Callable[[str], Backend] | None = attrs.field(
+    new_backend: Callable[[BackendSetup], Backend] | None = attrs.field(
         default=None,
         repr=False,
         validator=attrs.validators.optional(validator(check_new_backend)),

@@ -12,9 +12,10 @@ waiting request costs one small object and nothing else. Its abort function
 sends ``Cancel``; a grant that reaches an abandoned slot is ignored, and
 that ``Cancel`` gives it back.
 
-A slot reads what it needs of its dispatcher through a ``SlotHost``, which
-the dispatcher owns and shares its state with (by reference): this module
-imports nothing of the dispatcher's.
+A slot reads what it needs of its dispatcher through a ``SlotHost``: the
+one object that owns that state (the backends whose task runs, the
+limits, whether the dispatcher closed), which the dispatcher's plumbing
+keeps current. This module imports nothing of the dispatcher's.
 """
 
 from __future__ import annotations
@@ -49,11 +50,12 @@ _wait_task_rescheduled: Final = trio.lowlevel.wait_task_rescheduled
 
 @final
 class SlotHost:
-    """What a dispatcher's slots read of it, shared by reference.
+    """What a dispatcher's slots read of it: the state it owns for them.
 
-    The dispatcher makes one and keeps it current: ``actors`` and
-    ``limits`` are its own dicts, ``closed`` is set when it closes, and
-    ``scheduler(provider)`` starts the backend of a provider not running.
+    The dispatcher's plumbing makes one and keeps it current: it starts
+    and stops backends in ``actors``, sets and removes ``limits``, sets
+    ``closed`` when it closes; ``scheduler(provider)`` starts the backend of
+    a provider not running.
 
     Attributes:
         actors: The backends whose task runs, by provider.
@@ -81,16 +83,14 @@ class SlotHost:
 
     def __init__(
         self,
-        actors: dict[str, Backend],
-        limits: dict[str, int],
         scheduler: Callable[[str], Backend],
         priority_aging: float,
         lease: float,
         *,
         check_run: Callable[[], None],
     ) -> None:
-        self.actors = actors
-        self.limits = limits
+        self.actors: dict[str, Backend] = {}
+        self.limits: dict[str, int] = {}
         self.scheduler = scheduler
         self.check_run = check_run
         self.priority_aging = priority_aging
@@ -462,7 +462,7 @@ class Slot(metaclass=NoPublicConstructor):
     def release(self, *, used: bool = True) -> None:
         """Give the slot back now, from any task; nothing if it is not held.
 
-        Plumbing for a slot taken with ``Dispatcher.hold()``: one entered
+        Plumbing for a slot taken with ``Plumbing.hold()``: one entered
         with ``async with`` is given back on leaving the block. Synchronous
         and idempotent; never blocks. ``used=False`` for a slot that sent
         nothing: it goes back as a grant withdrawn, which is no success (a
@@ -483,7 +483,7 @@ class Slot(metaclass=NoPublicConstructor):
         """Call ``callback(deadline)`` at each renewal of the slot's lease.
 
         Plumbing for a hold that enforces the lease without the slot's
-        cancel scope (``Dispatcher.hold()``); ``None`` stops it.
+        cancel scope (``Plumbing.hold()``); ``None`` stops it.
         """
         timer = self._timer
         if timer is None:
@@ -576,7 +576,7 @@ class Slot(metaclass=NoPublicConstructor):
 async def acquire_unscoped(slot: Slot) -> None:
     """Wait for ``slot``'s grant, with no timer, for a hold any task gives back.
 
-    What ``Dispatcher.hold()`` takes: the slot is granted without the
+    What ``Plumbing.hold()`` takes: the slot is granted without the
     cancel scope of ``async with``, which only the entering task could
     close, and no task is bound to leave it (``Slot.release()`` from any).
     """

@@ -44,7 +44,7 @@ from .._dispatch._turn import current_places
 from .._exceptions import DispatchError
 
 if TYPE_CHECKING:
-    from .._dispatch._dispatcher import Dispatcher
+    from .._dispatch._plumbing import Plumbing
     from .._dispatch._slot import Slot
     from .._dispatch._turn import KeptPlaces
 
@@ -81,7 +81,7 @@ class KeptPlace:
 
     def __init__(
         self,
-        dispatcher: Dispatcher,
+        dispatcher: Plumbing,
         provider: str,
         model: str | None,
         tokens: int,
@@ -183,7 +183,7 @@ class KeptPlace:
 
 
 def keep_place(
-    dispatcher: Dispatcher, provider: str, model: str | None, tokens: int
+    dispatcher: Plumbing, provider: str, model: str | None, tokens: int
 ) -> None:
     """Keep the current turn's place for the retry of a call answered "slow down".
 
@@ -207,7 +207,7 @@ def keep_place(
 
 
 async def adopt_kept_place(
-    dispatcher: Dispatcher, provider: str, model: str | None
+    dispatcher: Plumbing, provider: str, model: str | None
 ) -> Slot | None:
     """The slot of a place the current turn keeps for this call, or ``None``.
 

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
     from contextlib import AbstractAsyncContextManager
 
-    from .._dispatch._dispatcher import Dispatcher
+    from .._dispatch._plumbing import Plumbing
     from .._provider import Provider
     from ..messages import ChatRequest, StreamEvent
 
@@ -66,7 +66,7 @@ class LimitedProvider:
     def __init__(
         self,
         provider: Provider,
-        dispatcher: Dispatcher,
+        dispatcher: Plumbing,
         *,
         conversation_id: str | None = None,
         started_at: float | None = None,
@@ -167,40 +167,3 @@ class LimitedProvider:
 @final
 class NotGrantedInTime(Exception):
     """``LimitedProvider.stream_granted_by``: no slot by the deadline; nothing sent."""
-
-
-def wrap_provider(
-    provider: Provider,
-    dispatcher: Dispatcher,
-    *,
-    conversation_id: str | None = None,
-    started_at: float | None = None,
-) -> Provider:
-    """Limit ``provider`` through ``dispatcher``.
-
-    Args:
-        provider: Any ``Provider``; its ``id`` names the limit.
-        dispatcher: The dispatcher whose slots the streams take.
-        conversation_id: Who asks: the ``conversation_id`` of every slot.
-            ``None`` uses the current ``Dispatcher.turn()``'s when a stream
-            is opened.
-        started_at: When the turn began, on the trio clock: the priority
-            of every stream opened through the result. ``None`` uses the
-            start of the turn current when each stream is opened (its
-            priority class too), or the time it is opened outside any
-            turn.
-
-    A ``provider`` with a ``model`` string (``OpenAIProvider``,
-    ``AnthropicProvider``) takes its slots for that model (``slot(model=
-    ...)``): a budget ``"provider/model"`` holds them, and the figures of
-    their answers pace that model.
-
-    Returns:
-        A provider whose ``stream`` takes a slot before any byte is sent and
-        gives it back after the last event or however the block is left.
-        A provider with no limit takes a slot too (granted at once, and
-        counted, so that a limit set later counts the streams running).
-    """
-    return LimitedProvider(
-        provider, dispatcher, conversation_id=conversation_id, started_at=started_at
-    )

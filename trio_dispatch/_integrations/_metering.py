@@ -46,7 +46,7 @@ from ._hooks import RateLimitHooks
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 
-    from .._dispatch._dispatcher import Dispatcher
+    from .._dispatch._plumbing import Plumbing
     from .._dispatch._slot import Slot
     from .._observe._hub import CallWatch
     from .._wire import Format
@@ -243,7 +243,7 @@ class Meter:
 
     __slots__ = ("_dispatcher", "_slot", "_started")
 
-    def __init__(self, dispatcher: Dispatcher, slot: Slot) -> None:
+    def __init__(self, dispatcher: Plumbing, slot: Slot) -> None:
         self._dispatcher = dispatcher
         self._slot = slot
         self._started = False

@@ -8,7 +8,7 @@ body is closed, after its last byte or earlier, whoever closes it.
 
 That hold does not nest: it begins in the task that sends the request and
 ends wherever the response is closed, later, maybe in another task. So it
-is taken with ``Dispatcher.hold`` (no cancel scope, given back by any
+is taken with ``Plumbing.hold`` (no cancel scope, given back by any
 task) and ``max_hold`` is enforced here, without a scope that would outlive
 the call that entered it:
 
@@ -107,7 +107,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
     from types import ModuleType, TracebackType
 
-    from .._dispatch._dispatcher import Dispatcher
+    from .._dispatch._plumbing import Plumbing
     from .._dispatch._slot import Slot
 
 #: Answers that say "slow down" for the whole account: they pause the provider.
@@ -185,7 +185,7 @@ class Hold:
 
     def __init__(
         self,
-        dispatcher: Dispatcher,
+        dispatcher: Plumbing,
         slot: Slot,
         deadline: float,
         reader: RateLimitReader,
@@ -230,7 +230,7 @@ class Hold:
     @classmethod
     async def take(
         cls,
-        dispatcher: Dispatcher,
+        dispatcher: Plumbing,
         provider: str,
         reader: RateLimitReader,
         content: bytes | None,
@@ -588,7 +588,7 @@ InnerT = TypeVar("InnerT", bound=_Inner)
 class TransportBase(Generic[InnerT]):
     """``Dispatcher.transport`` whatever its httpx; mixed in before its base."""
 
-    def __init__(self, dispatcher: Dispatcher, provider: str, inner: InnerT) -> None:
+    def __init__(self, dispatcher: Plumbing, provider: str, inner: InnerT) -> None:
         self._dispatcher = dispatcher
         self._provider = provider
         self._inner = inner

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Final, final
 import trio
 from opentelemetry import metrics
 
+from .._dispatch._dispatcher import plumbing
 from .._dispatch._turn import current_turn
 from .._version import __version__
 from ._hub import (
@@ -133,8 +134,9 @@ class OpenTelemetryMetrics:
             meter.create_observable_gauge(
                 name, [self._gauge(name)], unit=unit, description=description
             )
-        dispatcher.observe_calls(self)
-        dispatcher.observe_events(self)
+        machinery = plumbing(dispatcher)
+        machinery.observe_calls(self)
+        machinery.observe_events(self)
 
     def __repr__(self) -> str:
         return f"<OpenTelemetryMetrics {self._dispatcher!r}>"

@@ -17,6 +17,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
+from .._dispatch._dispatcher import plumbing
 from ._hub import (
     OTHER_TENANT,
     Granted,
@@ -210,7 +211,7 @@ class PrometheusCollector(Collector):
         self._dispatcher = dispatcher
         self._token = trio.lowlevel.current_trio_token()
         self._accumulator = _Accumulator(bounds, dispatcher.tenants)
-        dispatcher.observe_events(self._accumulator)
+        plumbing(dispatcher).observe_events(self._accumulator)
 
     def __repr__(self) -> str:
         return f"<PrometheusCollector {self._dispatcher!r}>"

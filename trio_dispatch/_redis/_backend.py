@@ -39,7 +39,7 @@ import functools
 import random
 import socket
 import warnings
-from typing import TYPE_CHECKING, Any, Protocol, final
+from typing import TYPE_CHECKING, Any, final
 
 import coredis
 import trio
@@ -56,87 +56,60 @@ from ._scheduler import BACKEND_ERRORS, SharedSchedulerActor, new_node
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    from .._observe._hub import EventHub
-    from .._policy._budgets import AdaptiveLimit, Budget
-    from ..messages._limits import Tenant
+    from .._dispatch._settings import Settings
+    from .._dispatch._setup import BackendSetup
+    from .._policy._budgets import AdaptiveLimit
     from ._ledger import Client
-
-
-class _Settings(Protocol):
-    """What the ledger and its schedulers take of a dispatcher's settings."""
-
-    @property
-    def redis_url(self) -> str | None: ...
-    @property
-    def namespace(self) -> str: ...
-    @property
-    def lease(self) -> float: ...
-    @property
-    def redis_connect_timeout(self) -> float: ...
-    @property
-    def provider_budgets(self) -> Mapping[str, Budget]: ...
-    @property
-    def max_waiting(self) -> int | None: ...
-    @property
-    def default_pause(self) -> float: ...
-    @property
-    def max_pause(self) -> float: ...
 
 
 @final
 class SharedBackends:
-    """Makes the shared scheduler of each provider, and relays wake-ups to them.
+    """The factory of the shared schedulers, and the relay of wake-ups to them.
 
-    ``ledger`` is set once Redis is reached, before the first is made.
-    ``limits`` are the limits known to the dispatcher, which ``on_limit``
-    keeps up to date with what the schedulers learn from Redis, as
-    ``on_tenant`` keeps its tenants.
+    ``open_shared_backends`` makes it once Redis is reached; the dispatcher
+    calls it with each provider's ``BackendSetup``, as it calls any backend
+    factory (``open_dispatcher_with``). ``close()`` lets the connection end
+    once the schedulers are done with it.
     """
 
-    __slots__ = (
-        "_actors",
-        "_hub",
-        "_limits",
-        "_on_limit",
-        "_on_tenant",
-        "_settings",
-        "ledger",
-    )
+    __slots__ = ("_actors", "_closing", "ledger")
 
-    def __init__(
-        self,
-        settings: _Settings,
-        hub: EventHub,
-        limits: Mapping[str, int],
-        on_limit: Callable[[str, int | None], None],
-        on_tenant: Callable[[str, Tenant | None], None],
-    ) -> None:
-        self._settings = settings
-        self._hub = hub
-        self._limits = limits
-        self._on_limit = on_limit
-        self._on_tenant = on_tenant
+    def __init__(self) -> None:
         self._actors: dict[str, SharedSchedulerActor] = {}
+        self._closing = trio.Event()
         self.ledger: Ledger | None = None
 
-    def new(self, provider: str) -> SharedSchedulerActor:
-        """The shared scheduler of ``provider`` (it stores its limit in Redis)."""
+    def __call__(self, setup: BackendSetup) -> SharedSchedulerActor:
+        """The shared scheduler of ``setup.provider`` (it stores its limit in Redis).
+
+        The tenants and the models' budgets of ``setup`` are stored for the
+        fleet by its first round; the provider's budget was stored as the
+        connection opened.
+        """
         ledger = self.ledger
         assert ledger is not None
-        settings = self._settings
+        provider = setup.provider
         actor = SharedSchedulerActor(
             provider,
-            SharedBook(new_node(), provider, max_waiting=settings.max_waiting),
+            SharedBook(new_node(), provider, max_waiting=setup.max_waiting),
             ledger,
-            limit=self._limits.get(provider),
-            default_pause=settings.default_pause,
-            max_pause=settings.max_pause,
-            on_limit=self._on_limit,
-            on_tenant=self._on_tenant,
-            hub=self._hub,
+            limit=setup.limit,
+            default_pause=setup.default_pause,
+            max_pause=setup.max_pause,
+            on_limit=setup.learn_limit,
+            on_tenant=setup.learn_tenant,
+            hub=setup.events.hub,
         )
+        for tenant, settings in setup.tenants.items():
+            actor.set_tenant(tenant, settings)
+        for model, budget in setup.model_budgets.items():
+            actor.set_model_budget(model, budget)
         self._actors[provider] = actor
         return actor
+
+    def close(self) -> None:
+        """The dispatcher closed: the connection ends once the schedulers are done."""
+        self._closing.set()
 
     def wake(self, provider: str | None, message: str | None) -> None:
         """A wake-up for ``provider`` (``None``: all) came from Redis.
@@ -153,12 +126,33 @@ class SharedBackends:
             actor.wake(message)
 
 
+async def open_shared_backends(
+    nursery: trio.Nursery,
+    settings: Settings,
+    limits: Mapping[str, int | AdaptiveLimit],
+) -> tuple[SharedBackends, dict[str, int | None]]:
+    """Reach Redis, store ``limits`` where none is: the factory, and the limits stored.
+
+    The connection is served in ``nursery`` (``serve_ledger``) until the
+    factory's ``close()``.
+
+    Raises:
+        BackendUnavailable: Redis cannot be reached.
+    """
+    shared = SharedBackends()
+    ledger, stored = await nursery.start(
+        serve_ledger, settings, limits, shared.wake, shared._closing
+    )
+    shared.ledger = ledger
+    return shared, stored
+
+
 _FIRST_RETRY = 0.05
 _LAST_RETRY = 1.0
 
 
 async def serve_ledger(
-    settings: _Settings,
+    settings: Settings,
     limits: Mapping[str, int | AdaptiveLimit],
     wake: Callable[[str | None, str | None], None],
     closing: trio.Event,
@@ -237,7 +231,7 @@ async def serve_ledger(
 
 
 async def _serve(
-    settings: _Settings,
+    settings: Settings,
     limits: Mapping[str, int | AdaptiveLimit],
     wake: Callable[[str | None, str | None], None],
     closing: trio.Event,

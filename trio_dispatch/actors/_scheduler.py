@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, final
 
 import trio
 
-from .._dispatch._backend import provider_statistics
+from .._dispatch._setup import policy_statistics
 from .._exceptions import DispatcherClosed, QueueFull
 from .._observe._hub import EventHub
 from .._observe._translator import Translator
@@ -87,6 +87,7 @@ from ._mailbox import Mailbox
 
 if TYPE_CHECKING:
     from .._dispatch._backend import ProviderStatistics
+    from .._dispatch._setup import BackendSetup
     from .._policy._ratelimits import RateLimitInfo
     from .._policy._slots import SlotPolicy
     from ..messages._protocol import Reply
@@ -100,8 +101,9 @@ _new_ticket = tuple.__new__
 class SchedulerActor:
     """The scheduler of one provider.
 
-    Construct it with its policy, start ``run`` in a nursery, and talk to it
-    only with ``send``. ``policy`` may be read between checkpoints for
+    Construct it with its policy (the dispatcher makes it with
+    ``from_setup``), start ``run`` in a nursery, and talk to it only with
+    ``send``. ``policy`` may be read between checkpoints for
     statistics; it reflects every message the actor has handled so far, and
     every message sent so far right after ``handle_backlog``.
     """
@@ -122,14 +124,21 @@ class SchedulerActor:
     )
 
     def __init__(
-        self, provider: str, policy: SlotPolicy, hub: EventHub | None = None
+        self,
+        provider: str,
+        policy: SlotPolicy,
+        hub: EventHub | None = None,
+        *,
+        events: Translator | None = None,
     ) -> None:
         self.provider = provider
         self.policy = policy
-        self._hub = EventHub() if hub is None else hub
+        if events is None:
+            events = Translator(provider, EventHub() if hub is None else hub)
+        self._hub = events.hub
         # What each step does becomes events and log lines there; events
         # only while anything listens, checked once per batch.
-        self._events = Translator(provider, self._hub)
+        self._events = events
         self._listening = False
         # No budget, no pause, nothing queued or being handled: a hot
         # message may be handled in the caller's task (see acquire). False
@@ -152,6 +161,16 @@ class SchedulerActor:
             self._clock = trio.lowlevel.current_clock().current_time
         except RuntimeError:
             self._clock = trio.current_time
+
+    @classmethod
+    def from_setup(cls, setup: BackendSetup) -> SchedulerActor:
+        """The local scheduler of ``setup.provider``, honouring every setting of ``setup``.
+
+        The backend ``open_dispatcher`` makes for each provider without
+        ``redis_url``: its policy is ``setup.policy()``, its events go to
+        ``setup.events``.
+        """
+        return cls(setup.provider, setup.policy(), events=setup.events)
 
     def __repr__(self) -> str:
         return f"<SchedulerActor provider={self.provider!r} {self.policy!r}>"
@@ -352,20 +371,7 @@ class SchedulerActor:
     def statistics(self) -> ProviderStatistics:
         """The provider's snapshot, every message sent so far handled."""
         self.handle_backlog()
-        policy = self.policy
-        stats = policy.statistics()
-        throttle = policy.throttle
-        now = trio.current_time()
-        return provider_statistics(
-            self.provider,
-            stats,
-            limit=stats.limit,
-            paused_until=stats.paused_until,
-            adaptive=throttle is not None and throttle.adaptive is not None,
-            budget=policy.budget_statistics(now),
-            models=policy.model_budget_statistics(now),
-            tenants=policy.tenant_statistics(now),
-        )
+        return policy_statistics(self.provider, self.policy, trio.current_time())
 
     # KeyboardInterrupt waits for the next checkpoint: between two, the actor
     # changes the policy and tells the requesters, which must go together.

@@ -1,0 +1,827 @@
+"""The machinery of a dispatcher: one backend per provider under one nursery.
+
+``Plumbing`` holds what a dispatcher is made of: its nursery, its settings,
+the backend of each provider limited or used (made by the backend factory
+from a ``BackendSetup``, started in the nursery), the event hub, and the
+state its slots read (a ``SlotHost``). It talks to each backend through the
+``Backend`` protocol only, never asking which it has. The ``Dispatcher``
+users get owns one and hands it to the integrations (the transport,
+``wrap_provider``, conversations), which build on it and import nothing of
+the ``Dispatcher``; ``trio_dispatch.lowlevel.plumbing(dispatcher)`` gives
+it to any other. ``run_plumbing`` runs one for ``open_dispatcher``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import logging
+import math
+import sys
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Final, final
+
+import trio
+
+from .._exceptions import DispatcherClosed, UnknownProviderWarning
+from .._groups import leaves
+from .._observe._hub import (
+    CallObserver,
+    CallWatch,
+    EventHub,
+    EventSink,
+    EventSubscription,
+    RateLimitsReceived,
+)
+from .._observe._translator import Translator
+from .._policy._budgets import AdaptiveLimit, check_limit_value
+from .._policy._ratelimits import RateLimitInfo
+from .._util import NoPublicConstructor, warn_the_caller
+from .._validation import (
+    MAX_TENANT_NAME,
+    check_count,
+    check_instant,
+    check_limit,
+    check_optional_model,
+    check_optional_seconds,
+    check_optional_tenant,
+    check_priority,
+    check_provider,
+    check_tenant_name,
+)
+from ..actors._scheduler import SchedulerActor
+from ..messages._limits import DEFAULT_MAX_TOKENS
+from ._settings import check_tenant_settings
+from ._setup import BackendSetup
+from ._slot import Slot, SlotHost, acquire_unscoped
+from ._statistics import DispatcherStatistics
+from ._turn import CURRENT_TURN, Turn, TurnScope
+
+if TYPE_CHECKING:
+    from collections.abc import (
+        AsyncIterator,
+        Awaitable,
+        Callable,
+        Iterable,
+        Mapping,
+    )
+
+    from .._provider import Provider
+    from .._redis._backend import SharedBackends
+    from ..messages._limits import Tenant
+    from ._backend import Backend, ProviderStatistics
+    from ._settings import Settings
+
+_logger = logging.getLogger("trio_dispatch")
+
+UNSET: Any = object()
+_make: Final = type.__call__
+# Bound once: check_run runs at every slot's entry.
+_current_trio_token: Final = trio.lowlevel.current_trio_token
+
+
+@final
+class Plumbing(metaclass=NoPublicConstructor):
+    """The machinery of one dispatcher: backends, settings, hub and nursery.
+
+    What integrations build on: ``lowlevel.plumbing(dispatcher)`` gives the
+    dispatcher's own. Besides what ``Dispatcher`` does (each method of the
+    same name does exactly that, and its docstring is there), it runs tasks
+    in the dispatcher's nursery (``start_soon``), holds slots that any task
+    gives back (``hold``), refuses unknown providers as ``slot()`` does
+    (``check_known``), tells a request's default answer size
+    (``default_max_tokens``), and hands every event and every LLM call to
+    the metrics (``observe_events``, ``observe_calls``, ``watch_call``).
+    """
+
+    __slots__ = (
+        "_backends",
+        "_call_observers",
+        "_cleared",
+        "_closed",
+        "_host",
+        "_hub",
+        "_known",
+        "_new_backend",
+        "_nursery",
+        "_settings",
+        "_tenants",
+        "_token",
+    )
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        settings: Settings,
+        new_backend: Callable[[BackendSetup], Backend],
+    ) -> None:
+        self._nursery = nursery
+        self._settings = settings
+        # The trio run the dispatcher belongs to (see check_run).
+        self._token = trio.lowlevel.current_trio_token()
+        # The backend of every provider seen, and those whose task runs: a
+        # backend stopped when idle keeps its state for its next run. Every
+        # backend is made by new_backend, given what the dispatcher knows.
+        self._new_backend = new_backend
+        self._backends: dict[str, Backend] = {}
+        # The tenants configured now (open_dispatcher's, then set_tenant's,
+        # and with Redis the fleet's, as the schedulers learn them): every
+        # backend is told of each when it is made.
+        self._tenants: dict[str, Tenant] = dict(settings.tenants)
+        # Known providers, and the names slot() lets through without a
+        # look: the known ones and the unknown ones already allowed or
+        # warned about.
+        self._known: set[str] = set()
+        self._cleared: set[str] = set()
+        self._closed = False
+        # Where the schedulers emit their events (see events()), and who
+        # is told of every LLM call (the OpenTelemetry metrics).
+        self._hub = EventHub(settings.priority_aging)
+        self._call_observers: tuple[CallObserver, ...] = ()
+        # What the slots read: it owns the backends whose task runs and the
+        # limits, which the methods here keep current.
+        self._host = SlotHost(
+            self._scheduler,
+            settings.priority_aging,
+            settings.lease,
+            check_run=self.check_run,
+        )
+
+    @property
+    def max_pause(self) -> float:
+        """``Dispatcher.max_pause``."""
+        return self._settings.max_pause
+
+    @property
+    def max_hold(self) -> float | None:
+        """``Dispatcher.max_hold``."""
+        return self._settings.max_hold
+
+    @property
+    def retry_grace(self) -> float:
+        """``Dispatcher.retry_grace``."""
+        return self._settings.retry_grace
+
+    @property
+    def lease(self) -> float:
+        """``Dispatcher.lease``."""
+        return self._settings.lease
+
+    def start_soon(
+        self, function: Callable[..., Awaitable[object]], *args: object, name: str
+    ) -> None:
+        """Run ``function(*args)`` in the dispatcher's nursery, until it closes.
+
+        Plumbing for integrations: a task that outlives the call that
+        starts it (the transport's ``max_hold`` timer).
+        """
+        self.check_run()
+        self._nursery.start_soon(function, *args, name=name)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<Plumbing {state} limits={self._host.limits!r}>"
+
+    @property
+    def closed(self) -> bool:
+        """``Dispatcher.closed``."""
+        return self._closed
+
+    def check_run(self) -> None:
+        """``Dispatcher.check_run``."""
+        if self._closed:
+            return
+        try:
+            token = _current_trio_token()
+        except RuntimeError:  # no trio run in this thread
+            token = None
+        if token is not self._token:
+            raise RuntimeError(
+                "the dispatcher belongs to another trio run: use it in the run"
+                " that opened it (from another thread, through trio.from_thread.run)"
+            )
+
+    def turn(
+        self,
+        *,
+        conversation_id: str | None = None,
+        started_at: float | None = None,
+        priority: int = 0,
+        tenant: str | None = None,
+    ) -> contextlib.AbstractContextManager[Turn]:
+        """``Dispatcher.turn``."""
+        self.check_run()
+        if conversation_id is not None and not isinstance(conversation_id, str):
+            raise TypeError(
+                f"conversation_id must be a string or None, got {conversation_id!r}"
+            )
+        started_at = (
+            trio.current_time()
+            if started_at is None
+            else check_instant(started_at, "started_at")
+        )
+        return TurnScope(
+            Turn(
+                conversation_id,
+                started_at,
+                check_priority(priority),
+                check_optional_tenant(tenant),
+            )
+        )
+
+    def slot(  # noqa: PLR0912  # every argument checked inline: the hot path
+        self,
+        provider: str,
+        *,
+        conversation_id: str | None = None,
+        started_at: float | None = None,
+        priority: int | None = None,
+        max_hold: float | None = UNSET,
+        tokens: int | None = None,
+        tenant: str | None = None,
+        model: str | None = None,
+    ) -> Slot:
+        """``Dispatcher.slot``."""
+        if (
+            conversation_id is None
+            and started_at is None
+            and priority is None
+            and tenant is None
+            and model is None
+            and tokens is None
+            and max_hold is UNSET
+            and type(provider) is str
+            and provider in self._cleared
+        ):
+            # Nothing given but a provider already checked, the common case:
+            # everything from the current turn, nothing to check.
+            host = self._host
+            turn = CURRENT_TURN.get()
+            if turn is None:
+                # type.__call__ is what Slot._create does, without its
+                # Python frame: this is the hot path of every request.
+                fresh: Slot = _make(
+                    Slot, host, provider, None, host.now(), 0, self._settings.max_hold
+                )
+                return fresh
+            current: Slot = _make(
+                Slot,
+                host,
+                provider,
+                turn.conversation_id,
+                turn.started_at,
+                turn.priority,
+                self._settings.max_hold,
+                0,
+                turn.tenant,
+            )
+            return current
+        if type(provider) is not str or not provider:
+            check_provider(provider)  # raises: the common case skips the call
+        turn = (
+            CURRENT_TURN.get()
+            if conversation_id is None
+            or started_at is None
+            or priority is None
+            or tenant is None
+            else None
+        )
+        if conversation_id is None:
+            if turn is not None:
+                conversation_id = turn.conversation_id
+        elif not isinstance(conversation_id, str):
+            raise TypeError(
+                f"conversation_id must be a string or None, got {conversation_id!r}"
+            )
+        if started_at is None:
+            started_at = self._host.now() if turn is None else turn.started_at
+        else:
+            started_at = check_instant(started_at, "started_at")
+        if priority is None:
+            priority = 0 if turn is None else turn.priority
+        else:
+            priority = check_priority(priority)
+        if tenant is None:
+            if turn is not None:
+                tenant = turn.tenant
+        elif type(tenant) is not str or not 0 < len(tenant) <= MAX_TENANT_NAME:
+            check_tenant_name(tenant)  # raises: the common case skips the call
+        if model is not None and (type(model) is not str or not model):
+            check_optional_model(model)  # raises
+        if max_hold is UNSET:
+            max_hold = self._settings.max_hold
+        else:
+            max_hold = check_optional_seconds(max_hold, "max_hold", positive=True)
+        if tokens is not None:
+            check_count(tokens, "tokens")
+        if provider not in self._cleared:
+            self._unknown(provider)
+        slot: Slot = _make(
+            Slot,
+            self._host,
+            provider,
+            conversation_id,
+            started_at,
+            priority,
+            max_hold,
+            tokens or 0,
+            tenant,
+            model,
+        )
+        return slot
+
+    async def hold(
+        self, provider: str, tokens: int = 0, model: str | None = None
+    ) -> tuple[Slot, float]:
+        """A granted slot of ``provider`` that any task may give back.
+
+        Plumbing for integrations (``transport()`` is built on it): for a
+        hold that does not end where it began (an HTTP response is closed
+        later, perhaps by another task), so it enters no cancel scope: give
+        it back with ``Slot.release()``. Returns the slot and its
+        ``max_hold`` deadline (trio clock; ``inf`` for none), which the
+        holder enforces, as it follows the slot's lease (``Slot.lease_deadline``,
+        ``Slot.follow_lease``). The turn is the current one (``slot()``
+        with neither ``started_at`` nor ``conversation_id``), charged
+        ``tokens``, for ``model`` (``None``: none known).
+        """
+        slot = self.slot(provider, max_hold=None, tokens=tokens, model=model)
+        # Granted without the timer's cancel scope, which only the entering
+        # task could close (a lease deadline from Redis would arm one).
+        await acquire_unscoped(slot)
+        return slot, self.hold_deadline(slot)
+
+    def hold_deadline(self, slot: Slot) -> float:
+        """The ``max_hold`` deadline of a granted ``slot`` taken with ``hold()``.
+
+        Its grant plus ``max_hold`` (trio clock), or ``inf`` for none.
+        """
+        max_hold = self._settings.max_hold
+        if max_hold is None or slot.provider not in self._host.limits:
+            return math.inf
+        assert slot.granted_at is not None
+        return slot.granted_at + max_hold
+
+    def set_limit(self, provider: str, limit: int | AdaptiveLimit) -> None:
+        """``Dispatcher.set_limit``."""
+        check_provider(provider)
+        check_limit_value(limit)
+        self._check_open()
+        self._tell(provider, lambda backend: backend.set_limit(limit))
+        self._host.limits[provider] = (
+            limit.initial if isinstance(limit, AdaptiveLimit) else limit
+        )
+        self._known.add(provider)
+        self._cleared.add(provider)
+
+    def remove_limit(self, provider: str) -> None:
+        """``Dispatcher.remove_limit``."""
+        check_provider(provider)
+        self._check_open()
+        self._host.limits.pop(provider, None)
+        self._tell(provider, lambda backend: backend.set_limit(None))
+        self._known.add(provider)
+        self._cleared.add(provider)
+
+    def limits(self) -> dict[str, int]:
+        """``Dispatcher.limits``."""
+        limits = dict(self._host.limits)
+        for provider in limits:
+            backend = self._backends.get(provider)
+            value = None if backend is None else backend.adaptive_value()
+            if value is not None:
+                limits[provider] = value
+        return limits
+
+    def observe_rate_limits(
+        self, provider: str, info: RateLimitInfo, *, model: str | None = None
+    ) -> None:
+        """``Dispatcher.observe_rate_limits``."""
+        check_provider(provider)
+        if not isinstance(info, RateLimitInfo):
+            raise TypeError(f"info must be a RateLimitInfo, got {info!r}")
+        check_optional_model(model)
+        if self._closed or info.empty:
+            return
+        # Before the event: a subscriber's channel belongs to this run.
+        self.check_run()
+        if self._hub.sinks:
+            self._hub.emit(
+                RateLimitsReceived(provider, trio.current_time(), info, model)
+            )
+        settings = self._settings
+        if not settings.learn_budgets:
+            return
+        now = trio.current_time()
+        with contextlib.suppress(DispatcherClosed):
+            # Closed: its scheduler has stopped, and nothing waits there.
+            self._tell(
+                provider,
+                (lambda backend: backend.observe_rate_limits(now, info))
+                if model is None
+                else (lambda backend: backend.observe_rate_limits(now, info, model)),
+            )
+
+    def default_max_tokens(self, provider: str, model: str | None = None) -> int:
+        """The answer charged for a request of ``provider`` without ``max_tokens``.
+
+        Its budget's ``default_max_tokens``: the configured budget of
+        ``model``'s (``"provider/model"``), else the provider's, else the
+        default; what an integration's token estimate counts for such a
+        request.
+        """
+        settings = self._settings
+        models = settings.model_budgets.get(provider, {})
+        budget = None if model is None else models.get(model)
+        if budget is None:
+            budget = settings.provider_budgets.get(provider)
+        return DEFAULT_MAX_TOKENS if budget is None else budget.default_max_tokens
+
+    def set_tenant(self, tenant: str, settings: Tenant) -> None:
+        """``Dispatcher.set_tenant``."""
+        check_tenant_name(tenant)
+        checked = check_tenant_settings(settings)
+        self._check_open()
+        self._tenants[tenant] = checked
+        self._tell_every(lambda backend: backend.set_tenant(tenant, checked))
+
+    def remove_tenant(self, tenant: str) -> None:
+        """``Dispatcher.remove_tenant``."""
+        check_tenant_name(tenant)
+        self._check_open()
+        self._tenants.pop(tenant, None)
+        self._tell_every(lambda backend: backend.set_tenant(tenant, None))
+
+    def tenants(self) -> dict[str, Tenant]:
+        """``Dispatcher.tenants``."""
+        return dict(self._tenants)
+
+    def report_rate_limit(
+        self, provider: str, retry_after: float | None = None
+    ) -> None:
+        """``Dispatcher.report_rate_limit``."""
+        check_provider(provider)
+        seconds = check_optional_seconds(retry_after, "retry_after")
+        if self._closed or provider not in self._host.limits:
+            return
+        with contextlib.suppress(DispatcherClosed):
+            # Its scheduler has stopped (it crashed): there is nothing to pause.
+            self._tell(
+                provider, lambda backend: backend.pause(trio.current_time(), seconds)
+            )
+
+    def resume(self, provider: str) -> None:
+        """``Dispatcher.resume``."""
+        check_provider(provider)
+        self._check_open()
+        self._tell(provider, lambda backend: backend.resume())
+
+    def events(self, *, buffer: int = 1024) -> EventSubscription:
+        """``Dispatcher.events``."""
+        check_limit(buffer, "buffer")
+        self.check_run()
+        return EventSubscription._create(self._hub, buffer)
+
+    def observe_events(self, sink: EventSink) -> None:
+        """Hand every event of every provider to ``sink``, from now on, as it happens.
+
+        Plumbing for metrics (``trio_dispatch.metrics``,
+        ``trio_dispatch.otel``): ``sink.push(event)`` is called in the
+        scheduler's task for each event ``events()`` would yield, without
+        a buffer, so it must neither block nor raise; ``sink.close()`` is
+        called once when the dispatcher closes (at once if it has).
+
+        Raises:
+            TypeError: ``sink`` has no ``push`` or no ``close`` method.
+        """
+        for method in ("push", "close"):
+            if not callable(getattr(sink, method, None)):
+                raise TypeError(f"sink must have a {method} method, got {sink!r}")
+        self._hub.attach(sink)
+
+    def observe_calls(self, observer: CallObserver) -> None:
+        """Tell ``observer`` of every LLM call made through this dispatcher, from now on.
+
+        Plumbing for metrics (``trio_dispatch.otel``): each call made
+        through ``wrap_provider`` or a conversation ends with
+        ``observer.call_ended(provider, duration, usage, error)``, in the
+        caller's task; it must neither block nor raise.
+
+        Raises:
+            TypeError: ``observer`` has no ``call_ended`` method.
+        """
+        if not callable(getattr(observer, "call_ended", None)):
+            raise TypeError(f"observer must have a call_ended method, got {observer!r}")
+        self._call_observers = (*self._call_observers, observer)
+
+    def watch_call(self, provider: Provider) -> CallWatch | None:
+        """An LLM call to ``provider`` begins: a watch, if anything observes calls.
+
+        Plumbing for integrations: the watch times the call for the
+        metrics (OpenTelemetry); ``None`` when nothing observes calls.
+        """
+        observers = self._call_observers
+        return None if not observers else CallWatch(provider, observers)
+
+    def statistics(self) -> DispatcherStatistics:
+        """``Dispatcher.statistics``."""
+        # A backend handles its backlog first, which may grant.
+        self.check_run()
+        return DispatcherStatistics(
+            providers={
+                provider: backend.statistics()
+                for provider, backend in self._backends.items()
+            },
+            closed=self._closed,
+        )
+
+    def provider_statistics(self, provider: str) -> ProviderStatistics | None:
+        """``statistics().providers.get(provider)``, the others left alone.
+
+        For an integration that reads one provider (a conversation, its
+        pause): only that provider's backend handles its backlog. ``None``
+        for a provider never used.
+        """
+        self.check_run()
+        backend = self._backends.get(provider)
+        return None if backend is None else backend.statistics()
+
+    def _unknown(self, provider: str) -> None:
+        """Apply ``unknown_providers`` to a provider first seen unknown."""
+        if self._settings.unknown_providers == "error":
+            raise ValueError(
+                f"provider {provider!r} has no limit;"
+                f" known providers: {_names(self._known)}"
+                f"{_did_you_mean(provider, self._known)}"
+            )
+        if self._settings.unknown_providers == "warn":
+            message = (
+                f"provider {provider!r} has no limit, so it runs unlimited;"
+                f" limited providers: {_names(self._host.limits)}"
+                f"{_did_you_mean(provider, self._host.limits)}"
+            )
+            # The warning first: turned into an error (python -W error), it
+            # refuses this use, and the name stays unknown for the next.
+            warn_the_caller(UnknownProviderWarning(message))
+            _logger.warning("%s", message)
+        self._cleared.add(provider)
+
+    def _scheduler(self, provider: str) -> Backend:
+        """The backend of ``provider``, made if there is none, its task running.
+
+        Unlimited providers get one too (with no limit, it grants at once):
+        it counts their slots in use, so a limit set later counts them. Its
+        task stops when idle (see ``_serve``); the next call starts it again
+        on the same backend.
+        """
+        self.check_run()
+        actor = self._host.actors.get(provider)
+        if actor is None:
+            actor = self._backends.get(provider)
+            if actor is None:
+                actor = self._backends[provider] = self._new_backend(
+                    self._setup(provider)
+                )
+            self._host.actors[provider] = actor
+            self._nursery.start_soon(
+                self._serve, actor, name=f"trio_dispatch scheduler {provider!r}"
+            )
+        return actor
+
+    def _setup(self, provider: str) -> BackendSetup:
+        """What a new backend of ``provider`` is told: everything known of it now."""
+        settings = self._settings
+        return BackendSetup(
+            provider=provider,
+            limit=self._host.limits.get(provider),
+            budget=settings.provider_budgets.get(provider),
+            model_budgets=settings.model_budgets.get(provider, {}),
+            tenants=dict(self._tenants),
+            max_waiting=settings.max_waiting,
+            default_pause=settings.default_pause,
+            max_pause=settings.max_pause,
+            learn_budgets=settings.learn_budgets,
+            priority_aging=settings.priority_aging,
+            events=Translator(provider, self._hub),
+            clock=trio.current_time,
+            learn_limit=self._learn_limit,
+            learn_tenant=self._learn_tenant,
+        )
+
+    def _tell_every(self, change: Callable[[Backend], None]) -> None:
+        """Make ``change`` to every provider's backend (``_tell``), closed ones aside."""
+        for provider in list(self._backends):
+            with contextlib.suppress(DispatcherClosed):
+                # Closed: its scheduler has stopped (it crashed).
+                self._tell(provider, change)
+
+    def _tell(self, provider: str, change: Callable[[Backend], None]) -> None:
+        """Make ``change`` to the backend of ``provider``, started if need be.
+
+        A backend whose task was not running handles it at once, in this
+        task, through its own message handling: its task finds it done.
+
+        Raises:
+            DispatcherClosed: Its backend is closed.
+        """
+        started = provider not in self._host.actors
+        backend = self._scheduler(provider)
+        try:
+            change(backend)
+        except trio.ClosedResourceError:
+            raise DispatcherClosed(
+                f"the scheduler of {provider!r} has stopped"
+            ) from None
+        if started:
+            backend.handle_backlog()
+
+    def _set_limits(self, limits: Mapping[str, int | AdaptiveLimit | None]) -> None:
+        """The limits the dispatcher opens with: given, or stored in Redis.
+
+        Stored ones (``None``: unlimited on purpose) are learned, not
+        written: Redis has them already. Each provider is known, its
+        backend started, so that a pause or a limit reaches it at once.
+        """
+        for provider, limit in limits.items():
+            if self._settings.redis_url is None:
+                assert limit is not None
+                self.set_limit(provider, limit)
+                continue
+            assert not isinstance(limit, AdaptiveLimit)
+            self._learn_limit(provider, limit)
+            self._known.add(provider)
+            self._cleared.add(provider)
+            self._scheduler(provider)
+
+    def _learn_limit(self, provider: str, limit: int | None) -> None:
+        """A shared scheduler learned the fleet's limit from Redis."""
+        if limit is None:
+            self._host.limits.pop(provider, None)
+        else:
+            self._host.limits[provider] = limit
+
+    def _learn_tenant(self, tenant: str, settings: Tenant | None) -> None:
+        """A shared scheduler learned the fleet's setting of ``tenant`` from Redis."""
+        if settings is None:
+            self._tenants.pop(tenant, None)
+        else:
+            self._tenants[tenant] = settings
+
+    # Protected so that no KeyboardInterrupt comes between the actor's
+    # decision to stop and its removal: a request in between would find a
+    # closed inbox.
+    @trio.lowlevel.enable_ki_protection
+    async def _serve(self, actor: Backend) -> None:
+        if await actor.run(stop_when_idle=True):
+            # Idle and unlimited: it stopped with nothing held, waiting or
+            # queued, in this same step, so no request was sent to it since.
+            del self._host.actors[actor.provider]
+
+    def check_known(self, provider: str) -> None:
+        """Let ``provider`` through as ``slot()`` does, or refuse it at once.
+
+        Plumbing for integrations that take slots later (``transport()``,
+        ``start_conversation()``): ``unknown_providers`` applies to a
+        provider never named in ``limits``, ``set_limit`` or
+        ``remove_limit`` (a warning, or ``ValueError`` with ``"error"``).
+
+        Raises:
+            TypeError: ``provider`` is not a string.
+            ValueError: ``provider`` is empty, or unknown while
+                ``unknown_providers`` is ``"error"``.
+        """
+        check_provider(provider)
+        if provider not in self._cleared:
+            self._unknown(provider)
+
+    def _check_open(self) -> None:
+        """Open, and called from its run: before a change is made (``check_run``)."""
+        if self._closed:
+            raise DispatcherClosed("the dispatcher is closed")
+        self.check_run()
+
+    def _close(self) -> None:
+        self._closed = True
+        self._host.closed = True
+        for backend in self._backends.values():
+            backend.close()
+        self._hub.close()
+        self._nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def run_plumbing(
+    limits: dict[str, int | AdaptiveLimit], settings: Settings
+) -> AsyncIterator[Plumbing]:
+    """Run the plumbing of a dispatcher of checked ``limits`` and ``settings``.
+
+    Raises:
+        RuntimeError: Not in a trio run (under asyncio, or in no event loop).
+    """
+    if not trio.lowlevel.in_trio_run():
+        raise RuntimeError(_not_under_trio())
+    body_error: BaseException | None = None
+    shared: SharedBackends | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            if settings.redis_url is not None:
+                # The shared connection first: its factory makes the Redis
+                # backends, through the same route as any other.
+                try:
+                    shared, stored = await _open_shared(nursery, settings, limits)
+                except BaseException as exc:
+                    body_error = exc
+                    nursery.cancel_scope.cancel()
+                    raise
+            dispatcher = Plumbing._create(nursery, settings, _factory(settings, shared))
+            dispatcher._set_limits(limits if shared is None else stored)
+            try:
+                yield dispatcher
+            except BaseException as exc:
+                body_error = exc
+                raise
+            finally:
+                dispatcher._close()
+                if shared is not None:
+                    shared.close()
+    except BaseExceptionGroup as group:
+        # A group of one made only of what the body raised is the nursery's
+        # wrapping of the body's exception: let it out as itself (trio may
+        # have rebuilt a group the body raised, or trimmed the Cancelled it
+        # absorbed from it, so compare leaves, not the group). Anything
+        # else, such as an actor's crash, comes out in the group.
+        if body_error is None or len(group.exceptions) != 1:
+            raise
+        only = group.exceptions[0]
+        if not _identities(only) <= _identities(body_error):
+            raise
+        context = only.__context__
+        try:
+            raise only
+        finally:
+            only.__context__ = context
+            del only, context
+
+
+def _factory(
+    settings: Settings, shared: SharedBackends | None
+) -> Callable[[BackendSetup], Backend]:
+    """The backend factory: the Redis one, the one given, or the local actor's."""
+    if shared is not None:
+        return shared
+    if settings.new_backend is not None:
+        return settings.new_backend
+    return SchedulerActor.from_setup
+
+
+async def _open_shared(
+    nursery: trio.Nursery,
+    settings: Settings,
+    limits: Mapping[str, int | AdaptiveLimit],
+) -> tuple[SharedBackends, dict[str, int | None]]:
+    """The Redis backends' factory, once Redis is reached (``open_shared_backends``)."""
+    from .._redis._backend import open_shared_backends  # noqa: PLC0415  # coredis only when asked for
+
+    return await open_shared_backends(nursery, settings, limits)
+
+
+def _not_under_trio() -> str:
+    """Why a dispatcher cannot open here: asyncio runs, or no event loop does."""
+    asyncio = sys.modules.get("asyncio")  # not running if never imported
+    try:
+        if asyncio is not None and asyncio.get_running_loop():
+            return (
+                "trio-dispatch runs under trio, not asyncio:"
+                " open the dispatcher inside trio.run()"
+            )
+    except RuntimeError:  # no asyncio loop running in this thread
+        pass
+    return "trio-dispatch runs under trio: open the dispatcher inside trio.run()"
+
+
+def _names(providers: Iterable[str]) -> str:
+    """Provider names for a message: sorted, quoted, or ``none``."""
+    return ", ".join(repr(name) for name in sorted(providers)) or "none"
+
+
+def _did_you_mean(provider: str, names: Iterable[str]) -> str:
+    """``"; did you mean 'openai'?"`` for a name close to ``provider``, or ``""``.
+
+    Compared case-folded, so ``"OpenAI"`` finds ``"openai"`` and
+    ``"opneai"`` does too; a name merely unlike every other finds nothing.
+    """
+    by_folded = {name.casefold(): name for name in sorted(names, reverse=True)}
+    close = difflib.get_close_matches(
+        provider.casefold(), by_folded, n=1, cutoff=_CLOSE_NAME
+    )
+    return f"; did you mean {by_folded[close[0]]!r}?" if close else ""
+
+
+# difflib's similarity above which an unknown name is taken for a slip of
+# the keyboard: "opneai" (0.83) and "OpenAI" (1.0) for "openai", not "gpt-x".
+_CLOSE_NAME: Final = 0.8
+
+
+def _identities(exc: BaseException) -> set[int]:
+    """The identities of the exceptions in ``exc``, through any groups."""
+    return {id(leaf) for leaf in leaves(exc)}
