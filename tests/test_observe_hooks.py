@@ -225,3 +225,25 @@ async def test_plumbing_is_given_for_a_dispatcher_only() -> None:
     async with open_dispatcher({"p": 1}) as dispatcher:
         assert plumbing(dispatcher) is plumbing(dispatcher)
         assert repr(plumbing(dispatcher)) == "<Plumbing open limits={'p': 1}>"
+
+
+async def test_the_deprecated_calling_still_works_and_warns(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    sink = Sink()
+    async with open_dispatcher({"p": 1}) as dispatcher:
+        trio_dispatch.lowlevel.plumbing(dispatcher).observe_events(sink)
+        async with dispatcher.slot("p") as slot:
+            with pytest.warns(
+                DeprecationWarning,
+                match=r"^Dispatcher\.calling is deprecated and no longer needed: ",
+            ):
+                call = dispatcher.calling(slot)
+            with call:
+                assert (call.slot, call.observed, call.reported) == (slot, False, False)
+                call.answered()
+                call.answered()
+        await trio.testing.wait_all_tasks_blocked()
+        seen = dispatcher.statistics().providers["p"]
+    assert seen.granted_total == seen.released_total == 1
+    assert [type(event) for event in sink.events] == [events.Granted, events.Released]

@@ -26,6 +26,7 @@ from ._plumbing import UNSET, run_plumbing
 if TYPE_CHECKING:
     import contextlib
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+    from typing import Self
 
     import httpx
     import httpx2
@@ -612,6 +613,46 @@ class Dispatcher(metaclass=NoPublicConstructor):
         """Deprecated: ``lowlevel.plumbing(dispatcher).observe_calls``."""
         _moved("observe_calls")
         self._plumbing.observe_calls(observer)
+
+    def calling(self, slot: Slot) -> _Calling:
+        """Deprecated, and no longer needed: an answer's figures travel with it.
+
+        Returns a context manager whose ``answered()`` says, once, that the
+        call's answer started (``slot.answered()``); nothing is registered.
+        """
+        warnings.warn(
+            "Dispatcher.calling is deprecated and no longer needed: the"
+            " figures of an answer travel with it (call slot.answered() when"
+            " the answer starts)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return _Calling(slot)
+
+
+@final
+class _Calling:
+    """What the deprecated ``Dispatcher.calling`` gives: the slot's call, unregistered."""
+
+    __slots__ = ("_started", "observed", "reported", "slot")
+
+    def __init__(self, slot: Slot) -> None:
+        self.slot = slot
+        self.observed = False
+        self.reported = False
+        self._started = False
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+    def answered(self) -> None:
+        """The call's answer started: its slot says so to the scheduler, once."""
+        if not self._started:
+            self._started = True
+            self.slot.answered()
 
 
 def _moved(name: str) -> None:
