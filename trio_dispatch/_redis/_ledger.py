@@ -196,11 +196,11 @@ from ..messages._limits import Tenant
 from ._clock import ServerClock
 from ._scripts import (
     PauseArgs,
+    Plan,
     ResumeArgs,
     SetBudgetArgs,
     SetLimitArgs,
     SetTenantArgs,
-    StepArgs,
     load_scripts,
 )
 
@@ -218,6 +218,8 @@ if TYPE_CHECKING:
 MEMBER_PREFIX: Final = 17
 
 _SCRIPTS: Final = load_scripts()
+# A round with no changes of its own (it renews the process, reads the state).
+_NO_CHANGES: Final = Plan()
 
 _EVALSHA: Final = b"EVALSHA"
 _SCRIPT_LOAD: Final = b"SCRIPT LOAD"
@@ -697,25 +699,15 @@ class Ledger:
         self,
         provider: str,
         node: str,
+        plan: Plan = _NO_CHANGES,
         *,
         waiting: int = 0,
         epoch: str = "",
         seed: Seed | None = None,
         observed: RateLimitInfo | None = None,
         observed_models: Mapping[str, RateLimitInfo] | None = None,
-        spoil: Sequence[str] = (),
-        usage: Sequence[tuple[str, int]] = (),
-        release: Sequence[str] = (),
-        withdraw: Sequence[str] = (),
-        enqueue: Sequence[tuple[str, float]] = (),
-        costs: Mapping[str, int] | None = None,
-        meta: Mapping[str, tuple[str | None, str | None]] | None = None,
-        renew_leases: Sequence[str] = (),
-        ask: Sequence[str] = (),
-        answered: Sequence[str] = (),
-        recheck: bool = True,
     ) -> StepResult:
-        """Apply one round of a process's changes, in order, atomically.
+        """Apply one round of a process's changes (``plan``), in order, atomically.
 
         First the namespace's epoch, made by the first step with a seed
         that finds none (so it changes only when Redis lost the
@@ -724,58 +716,38 @@ class Ledger:
         saw) or there is none, it stores again each setting of the seed
         the namespace does not hold, and no other; without, if ``epoch``
         is given and the namespace's is another, it does nothing and
-        raises ``NamespaceLost``. Then it takes ``spoil``
-        (lease ids given back without success: no adaptive increase, no end
-        of a backoff streak) and ``usage`` (lease id and the tokens its
-        request used: its charge is corrected); releases ``release`` (lease
-        ids), withdraws ``withdraw`` (members, and their leases if they
-        have any), enqueues or renews ``enqueue`` (member and start on the
-        server's clock, a member's start the same each time it is sent;
-        ``costs`` gives a member's estimated tokens), renews
-        ``renew_leases`` (adding them back if they are gone), marks
-        ``answered`` leases as counted by the provider, learns from
-        ``observed`` (the provider's figures) and ``observed_models`` (each
-        model's), then grants what it can of ``ask`` and of ``enqueue``.
-        ``meta`` gives an enqueued member's tenant and model, if it has
-        either. Sent twice, the same changes leave the same state, as long
-        as ``recheck`` is true when a step of this node may have run
-        without its answer reaching it: only then does the step look its
-        members up among the leases, one server call that a node whose
-        every step was answered can spare.
+        raises ``NamespaceLost``. Then it applies the plan's
+        ``spoil`` and ``usage``, releases, withdraws, enqueues or renews
+        its entries (a member's start the same each time it is sent),
+        renews its leases, marks its ``answered`` leases as counted by the
+        provider, learns from ``observed`` (the provider's figures) and
+        ``observed_models`` (each model's), then grants what it can of
+        the plan's ``ask`` and ``enqueue``. ``waiting`` is the process's
+        count of waiters. Sent twice, the same changes leave the same
+        state, as long as the plan's ``recheck`` is true when a step of
+        this node may have run without its answer reaching it: only then
+        does the step look its members up among the leases, one server
+        call that a node whose every step was answered can spare.
         """
         keys, channel = self.names(provider)
-        tokens_of = {} if costs is None else costs
-        meta_of = {} if meta is None else meta
         figures: list[tuple[str | None, RateLimitInfo]] = []
         if observed is not None:
             figures.append((None, observed))
         if observed_models:
             figures += observed_models.items()
-        args = StepArgs(
+        args = plan.pack(
             node=node,
             ttl=round(self.lease * 1000),
             waiting=waiting,
             channel=channel,
             epoch=epoch,
             seed=seed,
-            recheck=recheck,
             observed=figures,
-            spoil=list(spoil),
-            usage=list(usage),
-            release=list(release),
-            withdraw=list(withdraw),
-            enqueue=[
-                (m, start, tokens_of.get(m, 0), *meta_of.get(m, (None, None)))
-                for m, start in enqueue
-            ],
-            renew_leases=list(renew_leases),
-            ask=list(ask),
-            answered=list(answered),
         )
         clock = self.clock
         sent = clock.local()
         # A Lua script's answer is untyped; this one has a fixed shape.
-        reply: Any = await self._run(self._scripts.step, keys, args.pack())
+        reply: Any = await self._run(self._scripts.step, keys, args)
         received = clock.local()
         if len(reply) == 1:
             raise NamespaceLost(f"the namespace's epoch is {reply[0]!r}, not {epoch!r}")
