@@ -167,6 +167,11 @@ def _listed(_instance: object, _field: object, value: object) -> object:
     return list(value) if isinstance(value, tuple) else value
 
 
+def load_average() -> str:
+    """The machine's load average over the last minute, for a report's header."""
+    return f"{os.getloadavg()[0]:.2f}"
+
+
 def environment(*, httpx2: bool = False) -> dict[str, str]:
     """Interpreter, library versions and machine, for a report's header.
 
@@ -194,18 +199,39 @@ def show_progress(message: str) -> None:
     print(f"  {message}", file=sys.stderr, flush=True)
 
 
-def finish(report: Report, *, json_path: Path | None, started: float) -> None:
-    """Print the report's markdown, and write its JSON to ``json_path`` if given.
+def finish(
+    report: Report,
+    *,
+    json_path: Path | None,
+    started: float,
+    markdown_path: Path | None = None,
+) -> None:
+    """Print the report's markdown, and write it where asked.
 
     Args:
         report: The finished run's report.
         json_path: Where to write the JSON report, or ``None``.
         started: ``time.perf_counter()`` when the run started.
+        markdown_path: Where to write the markdown report too, or ``None``.
     """
     show_progress(f"done in {time.perf_counter() - started:.1f} s")
-    print(report.to_markdown(), end="")
+    markdown = report.to_markdown()
+    print(markdown, end="" if markdown.endswith("\n") else "\n")
+    if markdown_path is not None:
+        markdown_path.write_text(markdown, encoding="utf-8")
     if json_path is not None:
         json_path.write_text(report.to_json() + "\n", encoding="utf-8")
+
+
+def finish_in(report: Report, out: Path, name: str, *, started: float) -> None:
+    """``finish``, writing ``<name>.md`` and ``<name>.json`` in the folder ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    finish(
+        report,
+        json_path=out / f"{name}.json",
+        markdown_path=out / f"{name}.md",
+        started=started,
+    )
 
 
 def _free_port() -> int:

@@ -45,9 +45,7 @@ import argparse
 import gc
 import importlib
 import json
-import os
 import pathlib
-import platform
 import statistics
 import sys
 import time
@@ -58,7 +56,6 @@ import attrs
 import httpx2
 import trio
 
-import trio_dispatch
 from trio_dispatch import open_dispatcher, wrap_provider
 from trio_dispatch.messages import (
     ChatMessage,
@@ -68,6 +65,8 @@ from trio_dispatch.messages import (
     ToolCall,
 )
 from trio_dispatch.providers import AnthropicProvider, OpenAIProvider
+
+from _common import environment, finish_in, load_average, show_progress
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
@@ -443,6 +442,10 @@ class DecodeReport:
         """The report as JSON-ready data."""
         return {**attrs.asdict(self, recurse=True), "met": self.met}
 
+    def to_json(self) -> str:
+        """The report as a JSON document."""
+        return json.dumps(self.to_dict(), indent=2)
+
     def to_markdown(self) -> str:
         """The report as a markdown table."""
         env = self.environment
@@ -579,10 +582,6 @@ def _version(module: str) -> str:
         return "not installed"
 
 
-def _load() -> str:
-    return f"{os.getloadavg()[0]:.2f}"
-
-
 def run(
     *,
     chunks: int,
@@ -602,7 +601,7 @@ def run(
         raise ValueError(f"chunks must be an integer of at least 2, got {chunks!r}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
-    load_before = _load()
+    load_before = load_average()
     cases: list[Case] = []
     skipped: set[str] = set()
     for fmt in FORMATS:
@@ -627,18 +626,9 @@ def run(
     worst = max(
         case.result(client).ratio for case in cases for client in ("provider", "slot")
     )
-    environment = {
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "trio": trio.__version__,
-        "trio_dispatch": trio_dispatch.__version__,
-        "openai": _version("openai"),
-        "anthropic": _version("anthropic"),
-        "httpx2": httpx2.__version__,
-        "platform": f"{sys.platform} {platform.machine()}",
-        "cpus": str(os.cpu_count()),
-        "load_before": load_before,
-        "load_after": _load(),
-    }
+    versions = {"openai": _version("openai"), "anthropic": _version("anthropic")}
+    loads = {"load_before": load_before, "load_after": load_average()}
+    found = environment(httpx2=True) | versions | loads
     return DecodeReport(
         chunks=chunks,
         repeats=repeats,
@@ -647,12 +637,8 @@ def run(
         worst_ratio=worst,
         cases=tuple(cases),
         skipped=tuple(name for name in FORMATS if name in skipped),
-        environment=environment,
+        environment=found,
     )
-
-
-def _progress(message: str) -> None:
-    print(f"  {message}", file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -670,15 +656,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     chunks = args.chunks or (200 if args.quick else 2_000)
     repeats = args.repeats or (3 if args.quick else 7)
     start = time.perf_counter()
-    report = run(chunks=chunks, repeats=repeats, quick=args.quick, progress=_progress)
-    _progress(f"done in {time.perf_counter() - start:.1f} s")
-    markdown = report.to_markdown()
-    print(markdown, end="")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "decode.md").write_text(markdown, encoding="utf-8")
-    (args.out / "decode.json").write_text(
-        json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8"
+    report = run(
+        chunks=chunks, repeats=repeats, quick=args.quick, progress=show_progress
     )
+    finish_in(report, args.out, "decode", started=start)
     return 0
 
 

@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import time
 
 from trio_dispatch.testing import PriorityClassesConfig, run_priority_classes
+
+from _common import finish_in
 
 
 def main() -> None:
@@ -40,15 +43,10 @@ def main() -> None:
         help="where to write the report",
     )
     args = parser.parse_args()
+    started = time.perf_counter()
     config = PriorityClassesConfig(agents=1_000 if args.quick else 10_000)
     report = run_priority_classes(config, jobs=args.jobs)
-    markdown = report.to_markdown()
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "priority_classes.md").write_text(markdown, encoding="utf-8")
-    (args.out / "priority_classes.json").write_text(
-        report.to_json() + "\n", encoding="utf-8"
-    )
-    print(markdown)
+    finish_in(report, args.out, "priority_classes", started=started)
 
 
 if __name__ == "__main__":
