@@ -41,11 +41,9 @@ and the JSON report with every sample, to ``DIR/decode.md`` and
 
 from __future__ import annotations
 
-import argparse
 import gc
 import importlib
 import json
-import pathlib
 import statistics
 import sys
 import time
@@ -66,7 +64,7 @@ from trio_dispatch.messages import (
 )
 from trio_dispatch.providers import AnthropicProvider, OpenAIProvider
 
-from _common import environment, finish_in, load_average, show_progress
+from _common import command_line, environment, finish_in, load_average, show_progress
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
@@ -76,7 +74,6 @@ if TYPE_CHECKING:
 FORMATS: Final = ("openai", "anthropic")
 KINDS: Final = ("text", "reasoning", "tool")
 TARGET: Final = 1.3
-REPORTS: Final = pathlib.Path(__file__).resolve().parent / "reports"
 
 _LABELS: Final = {
     ("openai", "minimal"): "minimal loop (httpx2 + its EventSource + json.loads)",
@@ -643,15 +640,11 @@ def run(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark, print its table and write its reports."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="200 chunks, 3 rounds (for tests)"
+    parser = command_line(
+        __doc__, quick="200 chunks, 3 rounds (for tests)", out="decode"
     )
     parser.add_argument("--chunks", type=int, default=None, help="deltas per stream")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds")
-    parser.add_argument(
-        "--out", type=pathlib.Path, default=REPORTS, help="where decode.md/json go"
-    )
     args = parser.parse_args(argv)
     chunks = args.chunks or (200 if args.quick else 2_000)
     repeats = args.repeats or (3 if args.quick else 7)

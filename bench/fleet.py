@@ -42,7 +42,6 @@ costs over real sockets; its report goes to ``fleet-minimal.md``/``.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import pathlib
@@ -59,12 +58,11 @@ from trio_dispatch import Provider, open_dispatcher, wrap_provider
 from trio_dispatch.messages import ChatMessage, ChatRequest, TextDelta
 from trio_dispatch.providers import OpenAIProvider, ProviderError
 
-from _common import environment, finish_in, load_average, show_progress
+from _common import command_line, environment, finish_in, load_average, show_progress
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-REPORTS: Final = pathlib.Path(__file__).resolve().parent / "reports"
 SERVER: Final = pathlib.Path(__file__).resolve().parent / "_fleet_server.py"
 _REQUEST: Final = ChatRequest([ChatMessage("user", "Stream a long answer.")])
 # The server's own p99 lateness past which a level says nothing about us.
@@ -494,8 +492,7 @@ def _search(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the search, print its table and write its reports."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="two tiny levels (tests)")
+    parser = command_line(__doc__, quick="two tiny levels (tests)", out="fleet")
     parser.add_argument("--rate", type=float, default=50.0, help="tokens per second")
     parser.add_argument(
         "--threshold-ms", type=float, default=100.0, help="p99 lateness allowed"
@@ -506,9 +503,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=CLIENTS,
         default="ours",
         help="our provider through slots, or the minimal loop to compare",
-    )
-    parser.add_argument(
-        "--out", type=pathlib.Path, default=REPORTS, help="where fleet.md/json go"
     )
     args = parser.parse_args(argv)
     started = time.perf_counter()

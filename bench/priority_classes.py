@@ -20,28 +20,19 @@ any machine.
 
 from __future__ import annotations
 
-import argparse
-import pathlib
 import time
 
 from trio_dispatch.testing import PriorityClassesConfig, run_priority_classes
 
-from _common import finish_in
+from _common import command_line, finish_in
 
 
 def main() -> None:
     """Run the sweep and write its report."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="1,000 turns per run, not 10,000"
+    parser = command_line(
+        __doc__, quick="1,000 turns per run, not 10,000", out="priority_classes"
     )
     parser.add_argument("--jobs", type=int, default=1, help="processes to use")
-    parser.add_argument(
-        "--out",
-        type=pathlib.Path,
-        default=pathlib.Path(__file__).parent / "reports",
-        help="where to write the report",
-    )
     args = parser.parse_args()
     started = time.perf_counter()
     config = PriorityClassesConfig(agents=1_000 if args.quick else 10_000)
