@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import pathlib
 import platform
 import shutil
 import socket
@@ -19,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import TYPE_CHECKING, Any, Protocol, final
+from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
 import attrs
 import trio
@@ -29,7 +30,6 @@ from trio_dispatch.testing import percentile
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
-    from pathlib import Path
 
 
 class Report(Protocol):
@@ -42,6 +42,36 @@ class Report(Protocol):
     def to_markdown(self) -> str:
         """The report as markdown."""
         ...
+
+
+REPORTS: Final = pathlib.Path(__file__).resolve().parent / "reports"
+"""Where the reports of ``bench/reports`` are written by default."""
+
+
+def command_line(
+    doc: str | None, *, quick: str | None = None, out: str | None = None
+) -> argparse.ArgumentParser:
+    """The command line every benchmark starts from; the script adds its own options.
+
+    Args:
+        doc: The script's docstring: its first paragraph describes the command.
+        quick: The help of ``--quick`` (smaller runs), or ``None`` for none.
+        out: The name of the reports that ``--out DIR`` writes in ``DIR``
+            (``bench/reports`` by default), or ``None`` for ``--json PATH``,
+            the JSON report written only when asked.
+    """
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    if quick is not None:
+        parser.add_argument("--quick", action="store_true", help=quick)
+    if out is None:
+        parser.add_argument(
+            "--json", type=pathlib.Path, default=None, help="write the JSON report here"
+        )
+    else:
+        parser.add_argument(
+            "--out", type=pathlib.Path, default=REPORTS, help=f"where {out}.md/json go"
+        )
+    return parser
 
 
 def count(value: object, name: str, *, zero: bool = False) -> int:
@@ -167,6 +197,11 @@ def _listed(_instance: object, _field: object, value: object) -> object:
     return list(value) if isinstance(value, tuple) else value
 
 
+def load_average() -> str:
+    """The machine's load average over the last minute, for a report's header."""
+    return f"{os.getloadavg()[0]:.2f}"
+
+
 def environment(*, httpx2: bool = False) -> dict[str, str]:
     """Interpreter, library versions and machine, for a report's header.
 
@@ -194,18 +229,39 @@ def show_progress(message: str) -> None:
     print(f"  {message}", file=sys.stderr, flush=True)
 
 
-def finish(report: Report, *, json_path: Path | None, started: float) -> None:
-    """Print the report's markdown, and write its JSON to ``json_path`` if given.
+def finish(
+    report: Report,
+    *,
+    json_path: pathlib.Path | None,
+    started: float,
+    markdown_path: pathlib.Path | None = None,
+) -> None:
+    """Print the report's markdown, and write it where asked.
 
     Args:
         report: The finished run's report.
         json_path: Where to write the JSON report, or ``None``.
         started: ``time.perf_counter()`` when the run started.
+        markdown_path: Where to write the markdown report too, or ``None``.
     """
     show_progress(f"done in {time.perf_counter() - started:.1f} s")
-    print(report.to_markdown(), end="")
+    markdown = report.to_markdown()
+    print(markdown, end="" if markdown.endswith("\n") else "\n")
+    if markdown_path is not None:
+        markdown_path.write_text(markdown, encoding="utf-8")
     if json_path is not None:
         json_path.write_text(report.to_json() + "\n", encoding="utf-8")
+
+
+def finish_in(report: Report, out: pathlib.Path, name: str, *, started: float) -> None:
+    """``finish``, writing ``<name>.md`` and ``<name>.json`` in the folder ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    finish(
+        report,
+        json_path=out / f"{name}.json",
+        markdown_path=out / f"{name}.md",
+        started=started,
+    )
 
 
 def _free_port() -> int:

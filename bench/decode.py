@@ -41,13 +41,9 @@ and the JSON report with every sample, to ``DIR/decode.md`` and
 
 from __future__ import annotations
 
-import argparse
 import gc
 import importlib
 import json
-import os
-import pathlib
-import platform
 import statistics
 import sys
 import time
@@ -58,7 +54,6 @@ import attrs
 import httpx2
 import trio
 
-import trio_dispatch
 from trio_dispatch import open_dispatcher, wrap_provider
 from trio_dispatch.messages import (
     ChatMessage,
@@ -69,6 +64,8 @@ from trio_dispatch.messages import (
 )
 from trio_dispatch.providers import AnthropicProvider, OpenAIProvider
 
+from _common import command_line, environment, finish_in, load_average, show_progress
+
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
@@ -77,7 +74,6 @@ if TYPE_CHECKING:
 FORMATS: Final = ("openai", "anthropic")
 KINDS: Final = ("text", "reasoning", "tool")
 TARGET: Final = 1.3
-REPORTS: Final = pathlib.Path(__file__).resolve().parent / "reports"
 
 _LABELS: Final = {
     ("openai", "minimal"): "minimal loop (httpx2 + its EventSource + json.loads)",
@@ -443,6 +439,10 @@ class DecodeReport:
         """The report as JSON-ready data."""
         return {**attrs.asdict(self, recurse=True), "met": self.met}
 
+    def to_json(self) -> str:
+        """The report as a JSON document."""
+        return json.dumps(self.to_dict(), indent=2)
+
     def to_markdown(self) -> str:
         """The report as a markdown table."""
         env = self.environment
@@ -579,10 +579,6 @@ def _version(module: str) -> str:
         return "not installed"
 
 
-def _load() -> str:
-    return f"{os.getloadavg()[0]:.2f}"
-
-
 def run(
     *,
     chunks: int,
@@ -602,7 +598,7 @@ def run(
         raise ValueError(f"chunks must be an integer of at least 2, got {chunks!r}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
-    load_before = _load()
+    load_before = load_average()
     cases: list[Case] = []
     skipped: set[str] = set()
     for fmt in FORMATS:
@@ -627,18 +623,9 @@ def run(
     worst = max(
         case.result(client).ratio for case in cases for client in ("provider", "slot")
     )
-    environment = {
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "trio": trio.__version__,
-        "trio_dispatch": trio_dispatch.__version__,
-        "openai": _version("openai"),
-        "anthropic": _version("anthropic"),
-        "httpx2": httpx2.__version__,
-        "platform": f"{sys.platform} {platform.machine()}",
-        "cpus": str(os.cpu_count()),
-        "load_before": load_before,
-        "load_after": _load(),
-    }
+    versions = {"openai": _version("openai"), "anthropic": _version("anthropic")}
+    loads = {"load_before": load_before, "load_after": load_average()}
+    found = environment(httpx2=True) | versions | loads
     return DecodeReport(
         chunks=chunks,
         repeats=repeats,
@@ -647,38 +634,25 @@ def run(
         worst_ratio=worst,
         cases=tuple(cases),
         skipped=tuple(name for name in FORMATS if name in skipped),
-        environment=environment,
+        environment=found,
     )
-
-
-def _progress(message: str) -> None:
-    print(f"  {message}", file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark, print its table and write its reports."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="200 chunks, 3 rounds (for tests)"
+    parser = command_line(
+        __doc__, quick="200 chunks, 3 rounds (for tests)", out="decode"
     )
     parser.add_argument("--chunks", type=int, default=None, help="deltas per stream")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds")
-    parser.add_argument(
-        "--out", type=pathlib.Path, default=REPORTS, help="where decode.md/json go"
-    )
     args = parser.parse_args(argv)
     chunks = args.chunks or (200 if args.quick else 2_000)
     repeats = args.repeats or (3 if args.quick else 7)
     start = time.perf_counter()
-    report = run(chunks=chunks, repeats=repeats, quick=args.quick, progress=_progress)
-    _progress(f"done in {time.perf_counter() - start:.1f} s")
-    markdown = report.to_markdown()
-    print(markdown, end="")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "decode.md").write_text(markdown, encoding="utf-8")
-    (args.out / "decode.json").write_text(
-        json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8"
+    report = run(
+        chunks=chunks, repeats=repeats, quick=args.quick, progress=show_progress
     )
+    finish_in(report, args.out, "decode", started=start)
     return 0
 
 

@@ -42,12 +42,9 @@ costs over real sockets; its report goes to ``fleet-minimal.md``/``.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
 import pathlib
-import platform
 import subprocess
 import sys
 import time
@@ -57,15 +54,15 @@ import attrs
 import httpx2
 import trio
 
-import trio_dispatch
 from trio_dispatch import Provider, open_dispatcher, wrap_provider
 from trio_dispatch.messages import ChatMessage, ChatRequest, TextDelta
 from trio_dispatch.providers import OpenAIProvider, ProviderError
 
+from _common import command_line, environment, finish_in, load_average, show_progress
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-REPORTS: Final = pathlib.Path(__file__).resolve().parent / "reports"
 SERVER: Final = pathlib.Path(__file__).resolve().parent / "_fleet_server.py"
 _REQUEST: Final = ChatRequest([ChatMessage("user", "Stream a long answer.")])
 # The server's own p99 lateness past which a level says nothing about us.
@@ -158,6 +155,10 @@ class FleetReport:
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data."""
         return attrs.asdict(self, recurse=True)
+
+    def to_json(self) -> str:
+        """The report as a JSON document."""
+        return json.dumps(self.to_dict(), indent=2)
 
     def to_markdown(self) -> str:
         """The report as markdown."""
@@ -308,10 +309,6 @@ async def _level(
     return lateness, cpu[0], failed
 
 
-def _load() -> str:
-    return f"{os.getloadavg()[0]:.2f}"
-
-
 class _ServerProcess:
     """The paced server in its own process, and the pipe that asks it for figures."""
 
@@ -413,7 +410,7 @@ def run(
         raise ValueError(f"client must be one of {', '.join(CLIENTS)}, got {client!r}")
     threshold = threshold_ms / 1e3
     lifetime = 280.0
-    load_before = _load()
+    load_before = load_average()
     ran: list[Level] = []
     inconclusive: str | None = None
     server = _ServerProcess(timing, lifetime)
@@ -447,16 +444,7 @@ def run(
     finally:
         server.close()
     best = max((level.streams for level in ran if level.carried), default=0)
-    environment = {
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "trio": trio.__version__,
-        "httpx2": httpx2.__version__,
-        "trio_dispatch": trio_dispatch.__version__,
-        "platform": f"{sys.platform} {platform.machine()}",
-        "cpus": str(os.cpu_count()),
-        "load_before": load_before,
-        "load_after": _load(),
-    }
+    loads = {"load_before": load_before, "load_after": load_average()}
     return FleetReport(
         client=client,
         carried=best,
@@ -464,7 +452,7 @@ def run(
         timing=timing,
         levels=tuple(ran),
         inconclusive=inconclusive,
-        environment=environment,
+        environment=environment(httpx2=True) | loads,
     )
 
 
@@ -502,14 +490,9 @@ def _search(
             failed = middle
 
 
-def _progress(message: str) -> None:
-    print(f"  {message}", file=sys.stderr, flush=True)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the search, print its table and write its reports."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="two tiny levels (tests)")
+    parser = command_line(__doc__, quick="two tiny levels (tests)", out="fleet")
     parser.add_argument("--rate", type=float, default=50.0, help="tokens per second")
     parser.add_argument(
         "--threshold-ms", type=float, default=100.0, help="p99 lateness allowed"
@@ -521,10 +504,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="ours",
         help="our provider through slots, or the minimal loop to compare",
     )
-    parser.add_argument(
-        "--out", type=pathlib.Path, default=REPORTS, help="where fleet.md/json go"
-    )
     args = parser.parse_args(argv)
+    started = time.perf_counter()
     if args.quick:
         timing = Timing(rate=args.rate, stagger=0.1, warmup=0.2, window=0.4)
         report = run(
@@ -532,7 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             threshold_ms=args.threshold_ms,
             levels=QUICK_LEVELS,
             client=args.client,
-            progress=_progress,
+            progress=show_progress,
         )
     else:
         timing = Timing(rate=args.rate, stagger=1.0, warmup=2.0, window=5.0)
@@ -541,16 +522,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             threshold_ms=args.threshold_ms,
             start=args.start,
             client=args.client,
-            progress=_progress,
+            progress=show_progress,
         )
-    markdown = report.to_markdown()
-    print(markdown, end="")
-    args.out.mkdir(parents=True, exist_ok=True)
     name = "fleet" if args.client == "ours" else f"fleet-{args.client}"
-    (args.out / f"{name}.md").write_text(markdown, encoding="utf-8")
-    (args.out / f"{name}.json").write_text(
-        json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8"
-    )
+    finish_in(report, args.out, name, started=started)
     return 0
 
 

@@ -50,7 +50,6 @@ extra and ``openai``::
 
 from __future__ import annotations
 
-import argparse
 import functools
 import heapq
 import json
@@ -70,7 +69,14 @@ import trio_dispatch
 from trio_dispatch.messages import ChatMessage, ChatRequest, Finish, TextDelta, Usage
 from trio_dispatch.providers import RateLimited
 
-from _common import count_option, environment, finish, plain, show_progress
+from _common import (
+    command_line,
+    count_option,
+    environment,
+    finish,
+    plain,
+    show_progress,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -563,11 +569,9 @@ def run_loopback(
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print markdown, and write JSON with ``--json``."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="3 virtual minutes")
+    parser = command_line(__doc__, quick="3 virtual minutes")
     parser.add_argument("--minutes", type=count_option(), default=10)
     parser.add_argument("--agents", type=count_option(), default=None)
-    parser.add_argument("--json", default=None, help="write the JSON report here")
     parser.add_argument(
         "--loopback", action="store_true", help="real HTTP on loopback, real time"
     )
@@ -575,8 +579,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests-per-minute", type=count_option(), default=240)
     parser.add_argument("--latency", type=float, default=0.3)
     args = parser.parse_args(argv)
-    from pathlib import Path  # noqa: PLC0415 (only for --json)
-
     started = time.perf_counter()
     report: GoodputReport | LoopbackReport
     if args.loopback:
@@ -592,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
         report = run_goodput(agents=agents, minutes=minutes)
     finish(
         report,
-        json_path=None if args.json is None else Path(args.json),
+        json_path=args.json,
         started=started,
     )
     return 0

@@ -43,10 +43,8 @@ two neighbouring samples much less.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
-import pathlib
 import statistics
 import sys
 import time
@@ -61,6 +59,7 @@ import trio.testing
 from trio_dispatch import open_dispatcher
 
 from _common import (
+    command_line,
     count,
     count_option,
     environment,
@@ -765,18 +764,12 @@ def run_handoff_benchmarks(
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmarks; the exit status says whether every target was met."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="smaller sizes, fewer repeats"
-    )
+    parser = command_line(__doc__, quick="smaller sizes, fewer repeats")
     parser.add_argument(
         "--repeats",
         type=count_option(),
         default=None,
         help="pairs of samples per benchmark (default 7, quick 3)",
-    )
-    parser.add_argument(
-        "--json", type=pathlib.Path, default=None, help="write the report here"
     )
     args = parser.parse_args(argv)
     started = time.perf_counter()

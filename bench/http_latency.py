@@ -32,11 +32,9 @@ a busy machine expect the p99 to wander.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import math
-import pathlib
 import sys
 import time
 from typing import TYPE_CHECKING, Any, Final, final
@@ -55,6 +53,7 @@ from trio_dispatch.testing import (
 
 from _common import (
     AddedLatency,
+    command_line,
     count,
     count_option,
     environment,
@@ -219,7 +218,7 @@ def run_http_benchmark(
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print its table."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = command_line(__doc__)
     parser.add_argument(
         "--calls",
         type=count_option(),
@@ -231,9 +230,6 @@ def main(argv: list[str] | None = None) -> int:
         type=count_option(zero=True),
         default=100,
         help="untimed calls per path first (default 100)",
-    )
-    parser.add_argument(
-        "--json", type=pathlib.Path, default=None, help="write the report here"
     )
     args = parser.parse_args(argv)
     started = time.perf_counter()

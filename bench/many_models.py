@@ -31,7 +31,6 @@ The report in ``bench/reports/`` comes from::
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import sys
@@ -46,6 +45,7 @@ import trio.testing
 from trio_dispatch import Quota, RateLimitInfo, open_dispatcher
 
 from _common import (
+    command_line,
     count_option,
     environment,
     finish,
@@ -164,18 +164,12 @@ class ManyModelsReport:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print markdown, and write JSON with ``--json``."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="300 models, 200 and 50 grants"
-    )
+    parser = command_line(__doc__, quick="300 models, 200 and 50 grants")
     parser.add_argument("--models", type=count_option(), default=3000)
     parser.add_argument("--grants", type=count_option(), default=2000)
     parser.add_argument("--redis-grants", type=count_option(), default=200)
     parser.add_argument("--redis-url", default=None, help="an existing server")
-    parser.add_argument("--json", default=None, help="write the JSON report here")
     args = parser.parse_args(argv)
-    from pathlib import Path  # noqa: PLC0415 (only for --json)
-
     started = time.perf_counter()
     models, grants, redis_grants = (
         (300, 200, 50) if args.quick else (args.models, args.grants, args.redis_grants)
@@ -191,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run_redis(seen, redis_grants, url))
     finish(
         ManyModelsReport(runs=tuple(runs), environment=environment()),
-        json_path=None if args.json is None else Path(args.json),
+        json_path=args.json,
         started=started,
     )
     return 0

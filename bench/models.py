@@ -39,7 +39,6 @@ refill rate. Uses only the public API.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -61,7 +60,14 @@ from trio_dispatch.testing import (
     open_fake_llm_server,
 )
 
-from _common import count_option, environment, finish, plain, show_progress
+from _common import (
+    command_line,
+    count_option,
+    environment,
+    finish,
+    plain,
+    show_progress,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
@@ -369,16 +375,12 @@ def run_models(*, seconds: float, arms: Sequence[str] = tuple(ARMS)) -> ModelsRe
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print markdown, and write JSON with ``--json``."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="60 virtual seconds")
+    parser = command_line(__doc__, quick="60 virtual seconds")
     parser.add_argument("--seconds", type=count_option(), default=300)
     parser.add_argument(
         "--arm", action="append", choices=list(ARMS), help="run only this arm"
     )
-    parser.add_argument("--json", default=None, help="write the JSON report here")
     args = parser.parse_args(argv)
-    from pathlib import Path  # noqa: PLC0415 (only for --json)
-
     started = time.perf_counter()
     report = run_models(
         seconds=60 if args.quick else args.seconds,
@@ -386,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     finish(
         report,
-        json_path=None if args.json is None else Path(args.json),
+        json_path=args.json,
         started=started,
     )
     return 0

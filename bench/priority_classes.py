@@ -20,35 +20,24 @@ any machine.
 
 from __future__ import annotations
 
-import argparse
-import pathlib
+import time
 
 from trio_dispatch.testing import PriorityClassesConfig, run_priority_classes
+
+from _common import command_line, finish_in
 
 
 def main() -> None:
     """Run the sweep and write its report."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="1,000 turns per run, not 10,000"
+    parser = command_line(
+        __doc__, quick="1,000 turns per run, not 10,000", out="priority_classes"
     )
     parser.add_argument("--jobs", type=int, default=1, help="processes to use")
-    parser.add_argument(
-        "--out",
-        type=pathlib.Path,
-        default=pathlib.Path(__file__).parent / "reports",
-        help="where to write the report",
-    )
     args = parser.parse_args()
+    started = time.perf_counter()
     config = PriorityClassesConfig(agents=1_000 if args.quick else 10_000)
     report = run_priority_classes(config, jobs=args.jobs)
-    markdown = report.to_markdown()
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "priority_classes.md").write_text(markdown, encoding="utf-8")
-    (args.out / "priority_classes.json").write_text(
-        report.to_json() + "\n", encoding="utf-8"
-    )
-    print(markdown)
+    finish_in(report, args.out, "priority_classes", started=started)
 
 
 if __name__ == "__main__":

@@ -72,7 +72,6 @@ import argparse
 import collections
 import hashlib
 import json
-import pathlib
 import statistics
 import subprocess
 import sys
@@ -88,6 +87,7 @@ import trio.testing
 from trio_dispatch import Tenant, open_dispatcher
 
 from _common import (
+    command_line,
     environment,
     finish,
     plain,
@@ -757,10 +757,8 @@ def _quantile(values: list[float], q: float) -> float:
 
 def main() -> None:
     """The command line: see the module's docstring."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller runs")
+    parser = command_line(__doc__, quick="smaller runs")
     parser.add_argument("--redis-url", help="an existing Redis (else one is started)")
-    parser.add_argument("--json", type=pathlib.Path, help="write the JSON report here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:

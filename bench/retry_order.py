@@ -33,11 +33,9 @@ received the calls it answered 200. The ways of calling:
 
 from __future__ import annotations
 
-import argparse
 import collections
 import gc
 import json
-import pathlib
 import sys
 import time
 import warnings
@@ -58,7 +56,15 @@ from trio_dispatch.testing import (
     open_fake_llm_server,
 )
 
-from _common import count, count_option, environment, finish, plain, show_progress
+from _common import (
+    command_line,
+    count,
+    count_option,
+    environment,
+    finish,
+    plain,
+    show_progress,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -277,15 +283,12 @@ def run_retry_order(
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print its table."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = command_line(__doc__)
     parser.add_argument(
         "--runs",
         type=count_option(),
         default=10,
         help="runs per way of calling (default 10)",
-    )
-    parser.add_argument(
-        "--json", type=pathlib.Path, default=None, help="write the report here"
     )
     args = parser.parse_args(argv)
     started = time.perf_counter()

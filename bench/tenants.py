@@ -61,7 +61,6 @@ is 0.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import random
@@ -77,7 +76,14 @@ import trio.testing
 import trio_dispatch
 from trio_dispatch.testing import percentile
 
-from _common import count_option, environment, finish, plain, show_progress
+from _common import (
+    command_line,
+    count_option,
+    environment,
+    finish,
+    plain,
+    show_progress,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -578,8 +584,7 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns 1 if issue 21's bar is missed (or not measured), else 0.
     """
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="15 virtual minutes")
+    parser = command_line(__doc__, quick="15 virtual minutes")
     parser.add_argument("--minutes", type=count_option(), default=60)
     parser.add_argument("--seed", type=count_option(), default=1)
     parser.add_argument(
@@ -588,7 +593,6 @@ def main(argv: list[str] | None = None) -> int:
         choices=[arm.name for arm in ARMS],
         help="run only this arm (repeatable)",
     )
-    parser.add_argument("--json", default=None, help="write the JSON report here")
     parser.add_argument(
         "--scaling",
         action="store_true",
@@ -598,10 +602,8 @@ def main(argv: list[str] | None = None) -> int:
         "--requests", type=count_option(), default=1000, help="N for --scaling"
     )
     args = parser.parse_args(argv)
-    from pathlib import Path  # noqa: PLC0415 (only for --json)
-
     started = time.perf_counter()
-    json_path = None if args.json is None else Path(args.json)
+    json_path = args.json
     if args.scaling:
         finish(run_scaling(args.requests), json_path=json_path, started=started)
         return 0

@@ -34,11 +34,9 @@ the p99 to wander.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import math
-import pathlib
 import sys
 import time
 import warnings
@@ -58,6 +56,7 @@ from trio_dispatch.testing import (
 
 from _common import (
     AddedLatency,
+    command_line,
     count,
     count_option,
     environment,
@@ -253,7 +252,7 @@ def _environment() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print its table."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = command_line(__doc__)
     parser.add_argument(
         "--calls",
         type=count_option(),
@@ -265,9 +264,6 @@ def main(argv: list[str] | None = None) -> int:
         type=count_option(zero=True),
         default=50,
         help="untimed calls per path first (default 50)",
-    )
-    parser.add_argument(
-        "--json", type=pathlib.Path, default=None, help="write the report here"
     )
     args = parser.parse_args(argv)
     started = time.perf_counter()

@@ -31,7 +31,7 @@ from trio_dispatch._redis._backend import SharedBackends
 from trio_dispatch._redis._book import SharedBook
 from trio_dispatch._redis._ledger import Ledger, StepResult, keys_of, member_of
 from trio_dispatch._redis._scheduler import SharedSchedulerActor, new_node
-from trio_dispatch._redis._scripts import load_scripts
+from trio_dispatch._redis._scripts import Plan, load_scripts
 from trio_dispatch.lowlevel import plumbing
 
 if TYPE_CHECKING:
@@ -368,17 +368,18 @@ class Faults:
             self: Ledger,
             provider: str,
             node: str,
-            *args: Any,  # noqa: ANN401  # passed through
-            **kwargs: Any,  # noqa: ANN401  # passed through
+            plan: Plan | None = None,
+            **round_: Any,  # noqa: ANN401  # passed through
         ) -> StepResult:
-            if node in faults.lose_next and kwargs.get("enqueue"):
+            changes = Plan() if plan is None else plan
+            if node in faults.lose_next and changes.enqueue:
                 # Redis runs the script; its answer never reaches the process.
                 faults.lose_next.discard(node)
-                faults.lost.append(await step(self, provider, node, *args, **kwargs))
+                faults.lost.append(await step(self, provider, node, changes, **round_))
                 raise RedisConnectionError("connection closed by server")
             if node in faults.down:
                 raise RedisConnectionError("connection refused")
-            return await step(self, provider, node, *args, **kwargs)
+            return await step(self, provider, node, changes, **round_)
 
         monkeypatch.setattr(Ledger, "step", faulty)
         return faults

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from ._bench import load_bench_script
+
 if TYPE_CHECKING:
     from types import ModuleType
 
@@ -22,12 +24,7 @@ BENCH = pathlib.Path(__file__).resolve().parent.parent / "bench" / "decode.py"
 
 
 def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_decode", BENCH)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("decode")
 
 
 def sdk_installed(name: str) -> bool:

@@ -7,13 +7,14 @@ a level was carried, which depends on how busy the machine is.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import pathlib
 from typing import TYPE_CHECKING
 
 import pytest
+
+from ._bench import load_bench_script
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -22,12 +23,7 @@ BENCH = pathlib.Path(__file__).resolve().parent.parent / "bench"
 
 
 def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_fleet", BENCH / "fleet.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("fleet")
 
 
 def test_quick_run_measures_every_stream_of_each_level(tmp_path: pathlib.Path) -> None:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
+import attrs
 import coredis
 import trio
 
 from trio_dispatch import Quota, RateLimitInfo
 from trio_dispatch._redis._ledger import Ledger, keys_of, lease_of, member_of, wakes
-from trio_dispatch._redis._scripts import Seed
+from trio_dispatch._redis._scripts import Plan, Seed
 
 from ._redis import RedisServer, needs_redis, next_member
 
@@ -30,18 +30,18 @@ async def test_a_step_grants_the_head_of_the_queue_within_the_limit(
     book = ledger(client)
     await book.set_limit("p", 2)
     a1, a2, b1 = m("a:1"), m("a:2"), m("b:1")
-    first = await book.step("p", "a", enqueue=[(a1, 10.0), (a2, 20.0)])
+    first = await book.step("p", "a", Plan(enqueue=[(a1, 10.0), (a2, 20.0)]))
     assert first.granted == [a1, a2]
     assert [lease_of(g) for g in first.granted] == ["a:1", "a:2"]
     assert (first.limit, first.in_flight, first.queued) == (2, 2, 0)
-    full = await book.step("p", "b", enqueue=[(b1, 5.0)], waiting=1)
+    full = await book.step("p", "b", Plan(enqueue=[(b1, 5.0)]), waiting=1)
     assert full.granted == []
     assert (full.in_flight, full.queued, full.waiting) == (2, 1, 1)
     # A release frees a slot for the waiter of another process, which must
     # ask for it: the releasing process gets nothing it did not ask for.
-    after = await book.step("p", "a", release=["a:1"])
+    after = await book.step("p", "a", Plan(release=["a:1"]))
     assert (after.granted, after.in_flight, after.queued) == ([], 1, 1)
-    served = await book.step("p", "b", ask=[b1])
+    served = await book.step("p", "b", Plan(ask=[b1]))
     assert served.granted == [b1]
     assert served.in_flight == 2
 
@@ -51,23 +51,23 @@ async def test_a_process_takes_only_its_own_entries_inside_the_free_window(
 ) -> None:
     book = ledger(client)
     await book.set_limit("p", 1)
-    holder = await book.step("p", "h", enqueue=[(m("h:1"), 0.0)])
+    holder = await book.step("p", "h", Plan(enqueue=[(m("h:1"), 0.0)]))
     assert len(holder.granted) == 1
     old, young = m("x:1"), m("y:1")
-    await book.step("p", "x", enqueue=[(old, 1.0)])
-    await book.step("p", "y", enqueue=[(young, 2.0)])
-    await book.step("p", "h", release=["h:1"])
+    await book.step("p", "x", Plan(enqueue=[(old, 1.0)]))
+    await book.step("p", "y", Plan(enqueue=[(young, 2.0)]))
+    await book.step("p", "h", Plan(release=["h:1"]))
     # y's entry is second in the queue and one slot is free: x's turn.
-    assert (await book.step("p", "y", ask=[young])).granted == []
-    assert (await book.step("p", "x", ask=[old])).granted == [old]
+    assert (await book.step("p", "y", Plan(ask=[young]))).granted == []
+    assert (await book.step("p", "x", Plan(ask=[old]))).granted == [old]
     # Equal starts go by arrival, although z's lease id sorts first.
     await book.set_limit("p", 2)
     tie = member_of(2_500_000, "a:9")
-    await book.step("p", "z", enqueue=[(tie, 2.0)])
-    assert (await book.step("p", "z", ask=[tie])).granted == []
-    assert (await book.step("p", "y", ask=[young])).granted == [young]
+    await book.step("p", "z", Plan(enqueue=[(tie, 2.0)]))
+    assert (await book.step("p", "z", Plan(ask=[tie]))).granted == []
+    assert (await book.step("p", "y", Plan(ask=[young]))).granted == [young]
     await book.set_limit("p", 3)
-    assert (await book.step("p", "z", ask=[tie])).granted == [tie]
+    assert (await book.step("p", "z", Plan(ask=[tie]))).granted == [tie]
 
 
 async def test_withdrawn_entries_leave_the_queue_and_wake_the_fleet(
@@ -75,9 +75,9 @@ async def test_withdrawn_entries_leave_the_queue_and_wake_the_fleet(
 ) -> None:
     book = ledger(client)
     await book.set_limit("p", 1)
-    await book.step("p", "h", enqueue=[(m("h:1"), 0.0)])
+    await book.step("p", "h", Plan(enqueue=[(m("h:1"), 0.0)]))
     quiet, entry, other = m("q:1"), m("x:1"), m("y:1")
-    await book.step("p", "q", enqueue=[(quiet, 1.0)], waiting=1)
+    await book.step("p", "q", Plan(enqueue=[(quiet, 1.0)]), waiting=1)
     # A subscription on a client of its own: the ledger's calls share the
     # connections of its client's pool.
     async with (
@@ -85,11 +85,11 @@ async def test_withdrawn_entries_leave_the_queue_and_wake_the_fleet(
         listener.pubsub(channels=["{ns:p}:wake"]) as pubsub,
     ):
         # Nobody else waits: nobody is woken.
-        withdrawn = await book.step("p", "q", withdraw=[quiet])
+        withdrawn = await book.step("p", "q", Plan(withdraw=[quiet]))
         assert (withdrawn.queued, withdrawn.waiting) == (0, 0)
-        await book.step("p", "y", enqueue=[(other, 2.0)], waiting=1)
-        await book.step("p", "x", enqueue=[(entry, 1.0)], waiting=1)
-        withdrawn = await book.step("p", "x", withdraw=[entry])
+        await book.step("p", "y", Plan(enqueue=[(other, 2.0)]), waiting=1)
+        await book.step("p", "x", Plan(enqueue=[(entry, 1.0)]), waiting=1)
+        withdrawn = await book.step("p", "x", Plan(withdraw=[entry]))
         assert (withdrawn.queued, withdrawn.waiting) == (1, 1)
         with trio.fail_after(5):
             async for message in pubsub:
@@ -98,7 +98,7 @@ async def test_withdrawn_entries_leave_the_queue_and_wake_the_fleet(
                     # the first one: the first withdrawal woke nobody.
                     assert message["data"] == "x"
                     break
-        await book.step("p", "y", withdraw=[other])
+        await book.step("p", "y", Plan(withdraw=[other]))
         # Sent after y's withdrawal (which woke nobody): nothing came between.
         await client.publish("{ns:p}:wake", "end")
         with trio.fail_after(5):
@@ -114,10 +114,10 @@ async def test_a_slot_given_back_wakes_only_the_processes_that_can_take_it(
     book = ledger(client)
     await book.set_limit("p", 2)
     h1, h2, x1, y1, z1 = m("h:1"), m("h:2"), m("x:1"), m("y:1"), m("z:1")
-    await book.step("p", "h", enqueue=[(h1, 0.0), (h2, 0.5)])
-    await book.step("p", "x", enqueue=[(x1, 1.0)], waiting=1)
-    await book.step("p", "y", enqueue=[(y1, 2.0)], waiting=1)
-    await book.step("p", "z", enqueue=[(z1, 3.0)], waiting=1)
+    await book.step("p", "h", Plan(enqueue=[(h1, 0.0), (h2, 0.5)]))
+    await book.step("p", "x", Plan(enqueue=[(x1, 1.0)]), waiting=1)
+    await book.step("p", "y", Plan(enqueue=[(y1, 2.0)]), waiting=1)
+    await book.step("p", "z", Plan(enqueue=[(z1, 3.0)]), waiting=1)
     async with (
         coredis.Redis.from_url(server.url, decode_responses=True) as listener,
         listener.pubsub(channels=["{ns:p}:wake"]) as pubsub,
@@ -131,23 +131,23 @@ async def test_a_slot_given_back_wakes_only_the_processes_that_can_take_it(
             raise AssertionError("the subscription ended")
 
         # One slot back: x's entry is the one left in the window.
-        await book.step("p", "h", release=["h:1"])
+        await book.step("p", "h", Plan(release=["h:1"]))
         assert await next_message() == ">x"
         # The last: x's and y's, not z's (outside the window).
-        await book.step("p", "h", release=["h:2"])
+        await book.step("p", "h", Plan(release=["h:2"]))
         assert await next_message() == ">x y"
         # A slot that the releasing process's own entry takes wakes nobody.
         h3, h4 = m("h:3"), m("h:4")
-        ask = await book.step("p", "x", ask=[x1], waiting=1)
+        ask = await book.step("p", "x", Plan(ask=[x1]), waiting=1)
         assert ask.granted == [x1]
-        await book.step("p", "h", enqueue=[(h3, 0.1)], waiting=1)
-        taken = await book.step("p", "x", release=["x:1"], enqueue=[(h4, 0.2)])
+        await book.step("p", "h", Plan(enqueue=[(h3, 0.1)]), waiting=1)
+        taken = await book.step("p", "x", Plan(release=["x:1"], enqueue=[(h4, 0.2)]))
         assert taken.granted == [h4]
         await client.publish("{ns:p}:wake", "end")
         assert await next_message() == "end"
         # Any other change still wakes every other process: an expiry, a
         # withdrawal (see above), a limit raised by successes.
-        await book.step("p", "y", withdraw=[y1])
+        await book.step("p", "y", Plan(withdraw=[y1]))
         assert await next_message() == "y"
 
 
@@ -169,18 +169,18 @@ async def test_a_step_on_the_grant_path_runs_few_server_calls(
     book = ledger(client)
     await book.set_limit("p", 1)
     h1, x1, x2 = m("h:1"), m("x:1"), m("x:2")
-    await book.step("p", "h", enqueue=[(h1, 0.0)], recheck=False)
-    await book.step("p", "x", enqueue=[(x1, 1.0)], waiting=1, recheck=False)
+    await book.step("p", "h", Plan(enqueue=[(h1, 0.0)], recheck=False))
+    await book.step("p", "x", Plan(enqueue=[(x1, 1.0)], recheck=False), waiting=1)
 
-    async def counted(node: str, **changes: Any) -> dict[str, int]:  # noqa: ANN401  # passed through
+    async def counted(node: str, plan: Plan, waiting: int) -> dict[str, int]:
         before = await calls_of(client)
-        await book.step("p", node, recheck=False, **changes)
+        await book.step("p", node, attrs.evolve(plan, recheck=False), waiting=waiting)
         after = await calls_of(client)
         return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k)}
 
     # Asking while the slot is taken: nothing added, nothing expired, the
     # same waiters: the clock, the settings, the two counts, the waiters.
-    assert await counted("x", ask=[x1], waiting=1) == {
+    assert await counted("x", Plan(ask=[x1]), waiting=1) == {
         "evalsha": 1,
         "time": 1,
         "hmget": 1,
@@ -188,7 +188,7 @@ async def test_a_step_on_the_grant_path_runs_few_server_calls(
         "hgetall": 1,
     }
     # The slot given back: the lease removed, x's entry in the window woken.
-    assert await counted("h", release=["h:1"], waiting=0) == {
+    assert await counted("h", Plan(release=["h:1"]), waiting=0) == {
         "evalsha": 1,
         "time": 1,
         "hmget": 1,
@@ -200,7 +200,7 @@ async def test_a_step_on_the_grant_path_runs_few_server_calls(
     }
     # Taken by x's entry in x's round, with its next entry (x's waiters
     # stay 1, unwritten): the grant, the entry, and the expiries they move.
-    assert await counted("x", ask=[x1], enqueue=[(x2, 2.0)], waiting=2) == {
+    assert await counted("x", Plan(ask=[x1], enqueue=[(x2, 2.0)]), waiting=2) == {
         "evalsha": 1,
         "time": 1,
         "hmget": 1,
@@ -220,27 +220,29 @@ async def test_an_entry_granted_in_the_step_that_queues_it_is_never_written(
     book = ledger(client)
     await book.set_limit("p", 2)
     a1, a2, b1, b2 = m("a:1"), m("a:2"), m("b:1"), m("b:2")
-    await book.step("p", "a", enqueue=[(a1, 0.0)], recheck=False)
-    await book.step("p", "b", enqueue=[(b1, 1.0)], recheck=False)
+    await book.step("p", "a", Plan(enqueue=[(a1, 0.0)], recheck=False))
+    await book.step("p", "b", Plan(enqueue=[(b1, 1.0)], recheck=False))
     before = await calls_of(client)
     # a's slot given back and its next entry granted in the same round: the
     # lease written, the entry neither queued nor removed.
     taken = await book.step(
-        "p", "a", release=["a:1"], enqueue=[(a2, 2.0)], recheck=False
+        "p", "a", Plan(release=["a:1"], enqueue=[(a2, 2.0)], recheck=False)
     )
     assert taken.granted == [a2]
     after = await calls_of(client)
     assert after["zadd"] - before.get("zadd", 0) == 2  # the lease, the process
     assert after["zrem"] - before.get("zrem", 0) == 1  # the lease given back
     # With no slot free, a newcomer is queued as before.
-    late = await book.step("p", "b", enqueue=[(b2, 3.0)], waiting=1, recheck=False)
+    late = await book.step(
+        "p", "b", Plan(enqueue=[(b2, 3.0)], recheck=False), waiting=1
+    )
     assert late.granted == []
     queue = keys_of("ns", "p")[1]
     assert list(await client.zrange(queue, 0, -1)) == [b2]
     # Sent again once a slot is free (a renewal), a queued entry is granted
     # and leaves the queue.
-    await book.step("p", "a", release=["a:2"], recheck=False)
-    again = await book.step("p", "b", enqueue=[(b2, 3.0)], recheck=False)
+    await book.step("p", "a", Plan(release=["a:2"], recheck=False))
+    again = await book.step("p", "b", Plan(enqueue=[(b2, 3.0)], recheck=False))
     assert again.granted == [b2]
     assert await client.zcard(queue) == 0
     assert await client.zcard(keys_of("ns", "p")[2]) == 0
@@ -267,7 +269,7 @@ async def test_a_script_that_redis_lost_is_loaded_again(
     # As after a restart, or a SCRIPT FLUSH: Redis answers NOSCRIPT.
     await client.script_flush()
     first = m("a:1")
-    assert (await book.step("p", "a", enqueue=[(first, 1.0)])).granted == [first]
+    assert (await book.step("p", "a", Plan(enqueue=[(first, 1.0)]))).granted == [first]
     await client.script_flush()
     assert await book.set_limit("p", 2) == 2
     await client.script_flush()
@@ -290,7 +292,7 @@ async def test_a_ledger_whose_connection_was_lost_takes_another(
         while connection.usable:  # noqa: ASYNC110 (the socket's end, seen by coredis)
             await trio.sleep(0.01)
     first = m("a:1")
-    assert (await book.step("p", "a", enqueue=[(first, 1.0)])).granted == [first]
+    assert (await book.step("p", "a", Plan(enqueue=[(first, 1.0)]))).granted == [first]
     assert book._connection is not connection
 
 
@@ -314,15 +316,15 @@ async def test_leases_and_entries_expire_in_server_time(
 ) -> None:
     book = ledger(client, lease=0.2)
     await book.set_limit("p", 1)
-    held = await book.step("p", "dead", enqueue=[(m("dead:1"), 0.0)])
-    await book.step("p", "dead", enqueue=[(m("dead:2"), 1.0)], waiting=1)
+    held = await book.step("p", "dead", Plan(enqueue=[(m("dead:1"), 0.0)]))
+    await book.step("p", "dead", Plan(enqueue=[(m("dead:2"), 1.0)]), waiting=1)
     leases, queue = keys_of("ns", "p")[:2]
     scores = await client.zrange(leases, 0, -1, withscores=True)
     # Scored by the server's clock (TIME in the script) plus the lease.
     assert scores[0][1] == round(held.server_time * 1000) + 200
     await trio.sleep(0.3)
     live = m("live:1")
-    alive = await book.step("p", "live", enqueue=[(live, 5.0)])
+    alive = await book.step("p", "live", Plan(enqueue=[(live, 5.0)]))
     assert alive.granted == [live]
     assert (alive.in_flight, alive.queued, alive.waiting) == (1, 0, 0)
     assert held.granted[0] not in await client.zrange(queue, 0, -1)
@@ -333,19 +335,21 @@ async def test_renewal_keeps_leases_and_adds_back_what_a_restart_lost(
 ) -> None:
     book = ledger(client, lease=0.3)
     await book.set_limit("p", 1)
-    held = await book.step("p", "a", enqueue=[(m("a:1"), 0.0)], seed=Seed(limit=1))
+    held = await book.step(
+        "p", "a", Plan(enqueue=[(m("a:1"), 0.0)]), seed=Seed(limit=1)
+    )
     for _ in range(3):
         await trio.sleep(0.15)
-        await book.step("p", "a", renew_leases=["a:1"], seed=Seed(limit=1))
-    assert (await book.step("p", "b", enqueue=[(m("b:1"), 1.0)])).granted == []
+        await book.step("p", "a", Plan(renew_leases=["a:1"]), seed=Seed(limit=1))
+    assert (await book.step("p", "b", Plan(enqueue=[(m("b:1"), 1.0)]))).granted == []
     await client.flushall()
     # Redis lost everything: the holder's renewal registers its lease and
     # the stored limit again (it was only seeded, so a stored one would win).
     again = await book.step(
-        "p", "a", renew_leases=[lease_of(held.granted[0])], seed=Seed(limit=1)
+        "p", "a", Plan(renew_leases=[lease_of(held.granted[0])]), seed=Seed(limit=1)
     )
     assert (again.limit, again.in_flight) == (1, 1)
-    assert (await book.step("p", "c", enqueue=[(m("c:1"), 2.0)])).granted == []
+    assert (await book.step("p", "c", Plan(enqueue=[(m("c:1"), 2.0)]))).granted == []
 
 
 async def test_a_stored_limit_wins_over_a_seed_and_set_limit_overwrites(
@@ -367,7 +371,7 @@ async def test_unlimited_grants_every_asker_even_when_paused(
     await book.set_limit("p", None)
     await book.pause("p", 30.0, default_pause=1.0, max_pause=60.0)
     a1, a2 = m("a:1"), m("a:2")
-    result = await book.step("p", "a", enqueue=[(a1, 1.0), (a2, 0.0)])
+    result = await book.step("p", "a", Plan(enqueue=[(a1, 1.0), (a2, 0.0)]))
     assert sorted(result.granted) == [a1, a2]
     assert result.in_flight == 2
 
@@ -382,11 +386,11 @@ async def test_a_pause_holds_grants_fleet_wide_in_server_time(
     # A shorter report never shortens it; max_pause caps a long one.
     assert await book.pause("p", 0.01, default_pause=1.0, max_pause=60.0) > 0.2
     b1 = m("b:1")
-    paused = await book.step("p", "b", enqueue=[(b1, 0.0)])
+    paused = await book.step("p", "b", Plan(enqueue=[(b1, 0.0)]))
     assert paused.granted == []
     assert 0 < paused.paused_for <= 0.3
     await trio.sleep(0.35)
-    after = await book.step("p", "b", ask=[b1])
+    after = await book.step("p", "b", Plan(ask=[b1]))
     assert (after.granted, after.paused_for) == ([b1], 0)
     assert await book.pause("p", 500.0, default_pause=1.0, max_pause=2.0) <= 2.0
 
@@ -402,21 +406,21 @@ async def test_the_backoff_doubles_per_round_and_a_success_ends_the_streak(
 
     assert 0.05 < await report() <= 0.1
     await trio.sleep(0.12)
-    first = await book.step("p", "a", enqueue=[(m("a:1"), 0.0)])
+    first = await book.step("p", "a", Plan(enqueue=[(m("a:1"), 0.0)]))
     assert 0.15 < await report() <= 0.2  # a grant since: a new round
     await trio.sleep(0.22)
-    second = await book.step("p", "a", enqueue=[(m("a:2"), 0.0)])
+    second = await book.step("p", "a", Plan(enqueue=[(m("a:2"), 0.0)]))
     assert 0.3 < await report() <= 0.35  # capped at max_pause
     # a:1 was held across reports: its release is no success.
-    await book.step("p", "a", release=[lease_of(first.granted[0])])
+    await book.step("p", "a", Plan(release=[lease_of(first.granted[0])]))
     await trio.sleep(0.37)
     a3 = m("a:3")
-    third = await book.step("p", "a", enqueue=[(a3, 0.0)])
+    third = await book.step("p", "a", Plan(enqueue=[(a3, 0.0)]))
     assert third.granted == [a3]
-    await book.step("p", "a", release=[lease_of(third.granted[0])])
+    await book.step("p", "a", Plan(release=[lease_of(third.granted[0])]))
     assert 0.05 < await report() <= 0.1  # the streak ended
     await book.resume("p")
-    assert (await book.step("p", "a", ask=[])).paused_for == 0
+    assert (await book.step("p", "a", Plan(ask=[]))).paused_for == 0
     assert second.granted
 
 
@@ -429,16 +433,16 @@ async def test_a_step_sent_again_leaves_one_entry_and_grants_the_same_lease(
     await book.set_limit("p", 1)
     held, waiter = m("h:1"), m("w:1")
     for _ in range(2):
-        granted = await book.step("p", "h", enqueue=[(held, 0.0)])
+        granted = await book.step("p", "h", Plan(enqueue=[(held, 0.0)]))
         assert granted.granted == [held]
         assert (granted.in_flight, granted.queued) == (1, 0)
     for _ in range(2):
-        queued = await book.step("p", "w", enqueue=[(waiter, 1.0)], waiting=1)
+        queued = await book.step("p", "w", Plan(enqueue=[(waiter, 1.0)]), waiting=1)
         assert (queued.granted, queued.in_flight, queued.queued) == ([], 1, 1)
     # Asked again after a grant whose answer was lost: granted again.
-    await book.step("p", "h", release=["h:1"])
-    assert (await book.step("p", "w", ask=[waiter])).granted == [waiter]
-    again = await book.step("p", "w", ask=[waiter])
+    await book.step("p", "h", Plan(release=["h:1"]))
+    assert (await book.step("p", "w", Plan(ask=[waiter]))).granted == [waiter]
+    again = await book.step("p", "w", Plan(ask=[waiter]))
     assert (again.granted, again.in_flight, again.queued) == ([waiter], 1, 0)
     assert await client.zrange(keys_of("ns", "p")[0], 0, -1) == ("w:1",)
 
@@ -449,12 +453,12 @@ async def test_withdrawing_a_member_gives_back_the_lease_a_lost_answer_granted(
     book = ledger(client)
     await book.set_limit("p", 1)
     lost = m("a:1")
-    assert (await book.step("p", "a", enqueue=[(lost, 0.0)])).granted == [lost]
+    assert (await book.step("p", "a", Plan(enqueue=[(lost, 0.0)]))).granted == [lost]
     # The process never learned of that grant, and its waiter left.
-    gone = await book.step("p", "a", withdraw=[lost])
+    gone = await book.step("p", "a", Plan(withdraw=[lost]))
     assert (gone.in_flight, gone.queued) == (0, 0)
     other = m("b:1")
-    assert (await book.step("p", "b", enqueue=[(other, 1.0)])).granted == [other]
+    assert (await book.step("p", "b", Plan(enqueue=[(other, 1.0)]))).granted == [other]
 
 
 async def test_figures_with_missing_fields_are_learned_in_their_own_places(
@@ -492,8 +496,8 @@ async def test_a_step_costs_the_same_however_many_learned_models_are_idle(
             x = m(f"x:{n}")
             meta: dict[str, tuple[str | None, str | None]] = {x: (None, "other")}
             before = await calls_of(client)
-            granted = await book.step("p", "x", enqueue=[(x, 0.0)], meta=meta)
-            released = await book.step("p", "x", release=[lease_of(x)])
+            granted = await book.step("p", "x", Plan(enqueue=[(x, 0.0)], meta=meta))
+            released = await book.step("p", "x", Plan(release=[lease_of(x)]))
             after = await calls_of(client)
             assert (granted.granted, set(released.models)) == ([x], {"other"})
             costs = {k: v - before.get(k, 0) for k, v in after.items()}

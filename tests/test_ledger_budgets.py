@@ -10,7 +10,7 @@ asserted, and every wait asserted is bounded on both sides.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 import trio
@@ -18,11 +18,13 @@ import trio
 from trio_dispatch import AdaptiveLimit, Budget
 from trio_dispatch._policy._ratelimits import Quota, RateLimitInfo
 from trio_dispatch._redis._ledger import Ledger, keys_of, lease_of
-from trio_dispatch._redis._scripts import Seed, load_scripts
+from trio_dispatch._redis._scripts import Plan, Seed, load_scripts
 
 from ._redis import SET_CLOCK, needs_redis, next_member
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import coredis
 
     from trio_dispatch._redis._ledger import StepResult
@@ -49,7 +51,7 @@ async def test_a_request_budget_grants_its_capacity_then_says_when_the_next_fits
     await ledger.set_budget("p", Budget(requests_per_minute=3))
     members = [m(f"a:{n}") for n in range(5)]
     result = await ledger.step(
-        "p", "a", enqueue=[(x, float(n)) for n, x in enumerate(members)]
+        "p", "a", Plan(enqueue=[(x, float(n)) for n, x in enumerate(members)])
     )
     assert result.granted == members[:3]
     budget = result.budget
@@ -62,7 +64,7 @@ async def test_a_request_budget_grants_its_capacity_then_says_when_the_next_fits
     assert 19.5 < budget.ready_in <= 20.0
     assert budget.learned is False
     # Asking again a moment later changes nothing but the wait.
-    again = await ledger.step("p", "a", ask=members[3:])
+    again = await ledger.step("p", "a", Plan(ask=members[3:]))
     assert again.granted == []
     assert again.budget is not None
     assert again.budget.ready_in is not None
@@ -75,24 +77,24 @@ async def test_nobody_passes_a_head_the_token_budget_cannot_hold_yet(
     # 1,000 tokens a minute: about 16.7 a second.
     await ledger.set_budget("p", Budget(tokens_per_minute=1000))
     b1 = m("b:1")
-    first = await ledger.step("p", "b", enqueue=[(b1, 0.0)], costs={b1: 600})
+    first = await ledger.step("p", "b", Plan(enqueue=[(b1, 0.0)], costs={b1: 600}))
     assert first.granted == [b1]
     # a's request is older than b's next one, and does not fit yet.
     a1, b2 = m("a:1"), m("b:2")
-    blocked = await ledger.step("p", "a", enqueue=[(a1, 1.0)], costs={a1: 500})
+    blocked = await ledger.step("p", "a", Plan(enqueue=[(a1, 1.0)], costs={a1: 500}))
     assert blocked.granted == []
     assert blocked.budget is not None
     assert blocked.budget.ready_in is not None
     # 100 tokens at 1000/60 a second, less what refilled since the grant.
     assert 3.0 < blocked.budget.ready_in <= 6.0
-    small = await ledger.step("p", "b", enqueue=[(b2, 2.0)], costs={b2: 100})
+    small = await ledger.step("p", "b", Plan(enqueue=[(b2, 2.0)], costs={b2: 100}))
     assert small.granted == []  # it would fit, but a's head comes first
     # b's first request used far less than charged: the tokens come back,
     # and a's head fits.
-    await ledger.step("p", "b", usage=[("b:1", 100)], waiting=1)
-    granted = await ledger.step("p", "a", ask=[a1])
+    await ledger.step("p", "b", Plan(usage=[("b:1", 100)]), waiting=1)
+    granted = await ledger.step("p", "a", Plan(ask=[a1]))
     assert granted.granted == [a1]
-    then = await ledger.step("p", "b", ask=[b2])
+    then = await ledger.step("p", "b", Plan(ask=[b2]))
     assert then.granted == [b2]
     assert then.budget is not None
     assert then.budget.tokens_available is not None
@@ -110,16 +112,16 @@ async def test_another_process_entry_ahead_keeps_its_cost_until_it_asks(
     # (its first step was paused out of grants).
     await ledger.pause("p", 0.3, default_pause=1.0, max_pause=60.0)
     b1 = m("b:1")
-    paused = await ledger.step("p", "b", enqueue=[(b1, 0.0)], costs={b1: 700})
+    paused = await ledger.step("p", "b", Plan(enqueue=[(b1, 0.0)], costs={b1: 700}))
     assert paused.granted == []
     await ledger.resume("p")
     a1 = m("a:1")
     # 1000 - 700 reserved for b: a's 400 must wait, though the bucket holds it.
-    result = await ledger.step("p", "a", enqueue=[(a1, 1.0)], costs={a1: 400})
+    result = await ledger.step("p", "a", Plan(enqueue=[(a1, 1.0)], costs={a1: 400}))
     assert result.granted == []
     assert result.budget is not None
     assert result.budget.tokens_available == pytest.approx(1000, abs=1)
-    assert (await ledger.step("p", "b", ask=[b1])).granted == [b1]
+    assert (await ledger.step("p", "b", Plan(ask=[b1]))).granted == [b1]
 
 
 async def test_usage_reports_are_idempotent_and_need_a_held_lease(
@@ -128,10 +130,10 @@ async def test_usage_reports_are_idempotent_and_need_a_held_lease(
     await ledger.set_budget("p", Budget(tokens_per_minute=600))
     a1 = m("a:1")
     assert (
-        await ledger.step("p", "a", enqueue=[(a1, 0.0)], costs={a1: 500})
+        await ledger.step("p", "a", Plan(enqueue=[(a1, 0.0)], costs={a1: 500}))
     ).granted == [a1]
-    once = await ledger.step("p", "a", usage=[("a:1", 580)])
-    twice = await ledger.step("p", "a", usage=[("a:1", 580)])
+    once = await ledger.step("p", "a", Plan(usage=[("a:1", 580)]))
+    twice = await ledger.step("p", "a", Plan(usage=[("a:1", 580)]))
     assert once.budget is not None
     assert twice.budget is not None
     assert once.budget.tokens_available is not None
@@ -143,11 +145,11 @@ async def test_usage_reports_are_idempotent_and_need_a_held_lease(
     # Given back in the same step as its report: the report still counts,
     # and the lease leaves nothing behind.
     a2 = m("a:2")
-    await ledger.step("p", "a", enqueue=[(a2, 1.0)], costs={a2: 5})
+    await ledger.step("p", "a", Plan(enqueue=[(a2, 1.0)], costs={a2: 5}))
     assert await client.hget(keys_of("ns", "p")[8], "a:1") == "580"
-    await ledger.step("p", "a", usage=[("a:1", 0)], release=["a:1"])
+    await ledger.step("p", "a", Plan(usage=[("a:1", 0)], release=["a:1"]))
     assert await client.hget(keys_of("ns", "p")[8], "a:1") is None
-    late = await ledger.step("p", "a", usage=[("a:1", 0)])
+    late = await ledger.step("p", "a", Plan(usage=[("a:1", 0)]))
     assert late.budget is not None
     assert late.budget.tokens_available is not None
     # 800 came back once (the report at release), not twice.
@@ -165,21 +167,21 @@ async def test_learned_figures_lower_the_level_less_what_the_server_has_not_seen
     # (100 - 3) / 60 s refill: slower than 100 a minute, so learned so.
     assert first.budget.requests_per_minute == pytest.approx(97)
     a1, a2, a3 = m("a:1"), m("a:2"), m("a:3")
-    two = await ledger.step("p", "a", enqueue=[(a1, 0.0), (a2, 1.0)])
+    two = await ledger.step("p", "a", Plan(enqueue=[(a1, 0.0), (a2, 1.0)]))
     assert two.granted == [a1, a2]
     # The same figures again: the two requests granted have no answer yet,
     # so the server may not have counted them: 3 - 2 left.
-    again = await ledger.step("p", "a", observed=info, enqueue=[(a3, 2.0)])
+    again = await ledger.step("p", "a", Plan(enqueue=[(a3, 2.0)]), observed=info)
     assert again.granted == [a3]
     b1 = m("b:1")
-    out = await ledger.step("p", "b", enqueue=[(b1, 3.0)])
+    out = await ledger.step("p", "b", Plan(enqueue=[(b1, 3.0)]))
     assert out.granted == []
     assert out.budget is not None
     assert out.budget.ready_in is not None
     # Once answered, they count as seen by the server: no longer held.
     unanswered = keys_of("ns", "p")[9]
     assert await client.zcard(unanswered) == 3
-    await ledger.step("p", "a", answered=["a:1", "a:2"])
+    await ledger.step("p", "a", Plan(answered=["a:1", "a:2"]))
     assert await client.zrange(unanswered, 0, -1) == ("a:3",)
 
 
@@ -218,7 +220,7 @@ async def test_a_new_configured_budget_keeps_the_level_below_its_capacity(
 ) -> None:
     await ledger.set_budget("p", Budget(tokens_per_minute=10_000))
     a1 = m("a:1")
-    await ledger.step("p", "a", enqueue=[(a1, 0.0)], costs={a1: 9_000})
+    await ledger.step("p", "a", Plan(enqueue=[(a1, 0.0)], costs={a1: 9_000}))
     await ledger.set_budget("p", Budget(tokens_per_minute=5_000))
     result = await ledger.step("p", "a")
     assert result.budget is not None
@@ -239,7 +241,7 @@ async def test_unlimited_providers_grant_in_order_within_their_budget(
     await ledger.set_budget("p", Budget(requests_per_minute=2))
     a = [m(f"a:{n}") for n in range(3)]
     result = await ledger.step(
-        "p", "a", enqueue=[(a[2], 0.0), (a[0], 1.0), (a[1], 2.0)]
+        "p", "a", Plan(enqueue=[(a[2], 0.0), (a[0], 1.0), (a[1], 2.0)])
     )
     assert result.granted == [a[2], a[0]]
     assert result.limit is None
@@ -252,7 +254,7 @@ async def test_an_adaptive_limit_grows_on_successes_in_use_and_shrinks_per_round
     assert await ledger.set_limit("p", spec) == 4
     members = [m(f"a:{n}") for n in range(4)]
     result = await ledger.step(
-        "p", "a", enqueue=[(x, float(n)) for n, x in enumerate(members)]
+        "p", "a", Plan(enqueue=[(x, float(n)) for n, x in enumerate(members)])
     )
     assert result.granted == members
     assert result.adaptive == (2, 6, 0.5)
@@ -261,9 +263,11 @@ async def test_an_adaptive_limit_grows_on_successes_in_use_and_shrinks_per_round
     assert in_use == {"a:1", "a:2", "a:3"}
     # A success of the first (not in use) moves nothing; of the second,
     # one up (slow start); a cancelled holder's end is no success.
-    assert (await ledger.step("p", "a", release=["a:0"])).limit == 4
-    assert (await ledger.step("p", "a", release=["a:1"])).limit == 5
-    assert (await ledger.step("p", "a", spoil=["a:2"], release=["a:2"])).limit == 5
+    assert (await ledger.step("p", "a", Plan(release=["a:0"]))).limit == 4
+    assert (await ledger.step("p", "a", Plan(release=["a:1"]))).limit == 5
+    assert (
+        await ledger.step("p", "a", Plan(spoil=["a:2"], release=["a:2"]))
+    ).limit == 5
     # A rate limit: the limit halves, and the slot held across it is no
     # success when it ends. (Pauses of a millisecond: a delay of 0 names
     # none, and would back off for a second.)
@@ -271,7 +275,7 @@ async def test_an_adaptive_limit_grows_on_successes_in_use_and_shrinks_per_round
     assert (await ledger.step("p", "a")).limit == 2
     # A second report with no grant since shares the round.
     await ledger.pause("p", 0.001, default_pause=1.0, max_pause=60.0)
-    assert (await ledger.step("p", "a", release=["a:3"])).limit == 2
+    assert (await ledger.step("p", "a", Plan(release=["a:3"]))).limit == 2
     await trio.sleep(0.01)
     stored = await conf(client)
     assert stored["a_slow"] == "0"
@@ -280,10 +284,10 @@ async def test_an_adaptive_limit_grows_on_successes_in_use_and_shrinks_per_round
     # of the whole limit.
     b = [m(f"b:{n}") for n in range(2)]
     assert (
-        await ledger.step("p", "b", enqueue=[(b[0], 10.0), (b[1], 11.0)])
+        await ledger.step("p", "b", Plan(enqueue=[(b[0], 10.0), (b[1], 11.0)]))
     ).granted == b
-    assert (await ledger.step("p", "b", release=["b:0"])).limit == 3  # 2.5 + 1/2
-    assert (await ledger.step("p", "b", release=["b:1"])).limit == 3  # + 1/3
+    assert (await ledger.step("p", "b", Plan(release=["b:0"]))).limit == 3  # 2.5 + 1/2
+    assert (await ledger.step("p", "b", Plan(release=["b:1"]))).limit == 3  # + 1/3
     assert float((await conf(client))["a_val"]) == pytest.approx(3 + 1 / 3)
 
 
@@ -293,13 +297,13 @@ async def test_an_adaptive_limit_stays_within_its_bounds(ledger: Ledger) -> None
         await ledger.pause("p", 0.001, default_pause=1.0, max_pause=60.0)
         await trio.sleep(0.01)
         x = m("a:x")
-        await ledger.step("p", "a", enqueue=[(x, 0.0)])
-        await ledger.step("p", "a", release=[lease_of(x)])
+        await ledger.step("p", "a", Plan(enqueue=[(x, 0.0)]))
+        await ledger.step("p", "a", Plan(release=[lease_of(x)]))
     assert (await ledger.step("p", "a")).limit == 2
     for n in range(6):
         x, y = m(f"b:{2 * n}"), m(f"b:{2 * n + 1}")
-        await ledger.step("p", "b", enqueue=[(x, 0.0), (y, 0.0)])
-        await ledger.step("p", "b", release=[lease_of(x), lease_of(y)])
+        await ledger.step("p", "b", Plan(enqueue=[(x, 0.0), (y, 0.0)]))
+        await ledger.step("p", "b", Plan(release=[lease_of(x), lease_of(y)]))
     assert (await ledger.step("p", "b")).limit == 3
 
 
@@ -335,8 +339,7 @@ async def test_expired_leases_and_entries_leave_no_budget_bookkeeping(
     result = await short.step(
         "p",
         "a",
-        enqueue=[(a1, 0.0), (a2, 1.0), (a3, 2.0)],
-        costs={a1: 10, a2: 10, a3: 10},
+        Plan(enqueue=[(a1, 0.0), (a2, 1.0), (a3, 2.0)], costs={a1: 10, a2: 10, a3: 10}),
     )
     assert result.granted == [a1, a2]
     keys = keys_of("ns", "p")
@@ -385,18 +388,26 @@ async def test_the_newest_answer_sets_the_level_and_an_older_one_only_lowers_it(
         # all count as unseen (which reached the server first is unknown).
         await trio.sleep(0.005)
         x = m(f"a:{n}")
-        assert (await ledger.step("p", "a", enqueue=[(x, float(n))])).granted == [x]
+        assert (await ledger.step("p", "a", Plan(enqueue=[(x, float(n))]))).granted == [
+            x
+        ]
     # The third answer starts: the server counted it and the two granted
     # before it; only the fourth may not have reached it yet.
-    third = await ledger.step("p", "a", answered=["a:2"], observed=per_day(100, 97))
+    third = await ledger.step(
+        "p", "a", Plan(answered=["a:2"]), observed=per_day(100, 97)
+    )
     assert third.budget is not None
     assert third.budget.requests_available == pytest.approx(96, abs=0.01)
     # The first answer comes late: older figures, which cannot raise it.
-    first = await ledger.step("p", "a", answered=["a:0"], observed=per_day(100, 99))
+    first = await ledger.step(
+        "p", "a", Plan(answered=["a:0"]), observed=per_day(100, 99)
+    )
     assert first.budget is not None
     assert first.budget.requests_available == pytest.approx(96, abs=0.01)
     # The newest answer raises it again, up to the limit.
-    last = await ledger.step("p", "a", answered=["a:3"], observed=per_day(100, 10**6))
+    last = await ledger.step(
+        "p", "a", Plan(answered=["a:3"]), observed=per_day(100, 10**6)
+    )
     assert last.budget is not None
     assert last.budget.requests_available == pytest.approx(100, abs=0.01)
     # Figures with no answer only lower it.
@@ -412,14 +423,18 @@ async def test_a_configured_budget_is_raised_by_the_newest_answer_up_to_its_own_
     for n in range(2):
         await trio.sleep(0.005)
         x = m(f"a:{n}")
-        assert (await ledger.step("p", "a", enqueue=[(x, float(n))])).granted == [x]
+        assert (await ledger.step("p", "a", Plan(enqueue=[(x, float(n))]))).granted == [
+            x
+        ]
     # A server that counted more than the budget did lowers the level...
-    low = await ledger.step("p", "a", answered=["a:0"], observed=per_day(600, 5))
+    low = await ledger.step("p", "a", Plan(answered=["a:0"]), observed=per_day(600, 5))
     assert low.budget is not None
     assert low.budget.requests_available == pytest.approx(4, abs=0.5)
     # ...and a newer answer lifts it back, never past the budget's own
     # count: 60, less the 2 granted.
-    high = await ledger.step("p", "a", answered=["a:1"], observed=per_day(600, 500))
+    high = await ledger.step(
+        "p", "a", Plan(answered=["a:1"]), observed=per_day(600, 500)
+    )
     assert high.budget is not None
     assert high.budget.requests_per_minute == pytest.approx(60)
     # (Refilled by a second's sixtieth a millisecond meanwhile.)
@@ -433,13 +448,17 @@ async def test_leases_granted_in_the_same_millisecond_count_as_unseen(
     await ledger.step("p", "a", observed=full)
     members = [m(f"a:{n}") for n in range(4)]
     result = await ledger.step(
-        "p", "a", enqueue=[(x, float(n)) for n, x in enumerate(members)]
+        "p", "a", Plan(enqueue=[(x, float(n)) for n, x in enumerate(members)])
     )
     assert result.granted == members
-    third = await ledger.step("p", "a", answered=["a:2"], observed=per_day(100, 97))
+    third = await ledger.step(
+        "p", "a", Plan(answered=["a:2"]), observed=per_day(100, 97)
+    )
     assert third.budget is not None
     assert third.budget.requests_available == pytest.approx(94, abs=0.01)
-    fourth = await ledger.step("p", "a", answered=["a:3"], observed=per_day(100, 99))
+    fourth = await ledger.step(
+        "p", "a", Plan(answered=["a:3"]), observed=per_day(100, 99)
+    )
     assert fourth.budget is not None
     assert fourth.budget.requests_available == pytest.approx(94, abs=0.01)
 
@@ -454,26 +473,28 @@ async def test_a_charge_the_newest_figures_counted_gives_nothing_back(
     await ledger.step("p", "a", observed=tokens_left(6000))
     await trio.sleep(0.005)
     a1 = m("a:1")
-    granted = await ledger.step("p", "a", enqueue=[(a1, 0.0)], costs={a1: 1000})
+    granted = await ledger.step("p", "a", Plan(enqueue=[(a1, 0.0)], costs={a1: 1000}))
     assert granted.granted == [a1]
     # The bucket refills at 6000 tokens a minute on the server's clock while
     # the steps run: a loaded machine may take a while between them, so each
     # figure is bounded by what can have refilled since the figures came.
     seen_at = trio.current_time()
     # The server charged its own estimate, 1100: its figures say so.
-    seen = await ledger.step("p", "a", answered=["a:1"], observed=tokens_left(4900))
+    seen = await ledger.step(
+        "p", "a", Plan(answered=["a:1"]), observed=tokens_left(4900)
+    )
     assert seen.budget is not None
     tokens = seen.budget.tokens_available
     assert tokens is not None
     assert 4899 <= tokens <= refilled(4900, seen_at)
     # 300 used: what the server gives back, its next figures will say.
-    used = await ledger.step("p", "a", usage=[("a:1", 300)])
+    used = await ledger.step("p", "a", Plan(usage=[("a:1", 300)]))
     assert used.budget is not None
     tokens = used.budget.tokens_available
     assert tokens is not None
     assert 4899 <= tokens <= refilled(4900, seen_at)
     # More than charged: the excess is taken.
-    more = await ledger.step("p", "a", usage=[("a:1", 1500)])
+    more = await ledger.step("p", "a", Plan(usage=[("a:1", 1500)]))
     assert more.budget is not None
     tokens = more.budget.tokens_available
     assert tokens is not None
@@ -493,11 +514,13 @@ async def test_answers_reported_in_one_step_count_as_unseen_but_the_last(
     for n in range(3):
         await trio.sleep(0.005)
         x = m(f"a:{n}")
-        assert (await ledger.step("p", "a", enqueue=[(x, float(n))])).granted == [x]
+        assert (await ledger.step("p", "a", Plan(enqueue=[(x, float(n))]))).granted == [
+            x
+        ]
     # The figures are the last answer's; the two others may have reached
     # the server after it.
     result = await ledger.step(
-        "p", "a", answered=["a:0", "a:1", "a:2"], observed=per_day(100, 97)
+        "p", "a", Plan(answered=["a:0", "a:1", "a:2"]), observed=per_day(100, 97)
     )
     assert result.budget is not None
     assert result.budget.requests_available == pytest.approx(95, abs=0.01)
@@ -520,8 +543,15 @@ class Clocked:
             self.ledger.names("p")[0][0] + ":clock", str(self.base + ms)
         )
 
-    async def step(self, **changes: Any) -> StepResult:  # noqa: ANN401  # passed through
-        return await self.ledger.step("p", "a", **changes)
+    async def step(
+        self,
+        plan: Plan | None = None,
+        *,
+        observed_models: Mapping[str, RateLimitInfo] | None = None,
+    ) -> StepResult:
+        return await self.ledger.step(
+            "p", "a", Plan() if plan is None else plan, observed_models=observed_models
+        )
 
 
 @pytest.fixture
@@ -548,11 +578,11 @@ async def test_a_learned_model_budget_is_forgotten_once_idle_for_a_while_and_ful
     shown = await clocked.step(observed_models={"m": per_minute(10, 5)})
     assert shown.models["m"].idle == 0.0
     x = m("a:1")
-    shown = await clocked.step(enqueue=[(x, 0.0)], meta=of("m", x))
+    shown = await clocked.step(Plan(enqueue=[(x, 0.0)], meta=of("m", x)))
     assert shown.granted == [x]
     assert shown.models["m"].idle is None  # in use
     await clocked.at(1000)
-    shown = await clocked.step(release=[lease_of(x)])
+    shown = await clocked.step(Plan(release=[lease_of(x)]))
     budget = shown.models["m"]
     assert budget.idle == 0.0
     assert not budget.forgotten(59.75)
@@ -563,7 +593,7 @@ async def test_a_learned_model_budget_is_forgotten_once_idle_for_a_while_and_ful
     assert round(expiry.timestamp() * 1000) == clocked.base + 61_000
     await clocked.at(61_000)
     y = m("a:2")
-    shown = await clocked.step(enqueue=[(y, 0.0)], meta=of("m", y))
+    shown = await clocked.step(Plan(enqueue=[(y, 0.0)], meta=of("m", y)))
     assert shown.granted == [y]
     assert shown.forgotten == ["m"]
     assert shown.models == {}  # granted with no budget of its model
@@ -583,7 +613,7 @@ async def test_a_configured_model_budget_is_never_forgotten_fleet_wide(
     assert await client.pttl("{ns:p}:m:c") == -1  # persists
     await clocked.at(36_000_000)  # ten hours on
     x = m("a:1")
-    shown = await clocked.step(enqueue=[(x, 0.0)], meta=of("c", x))
+    shown = await clocked.step(Plan(enqueue=[(x, 0.0)], meta=of("c", x)))
     assert shown.granted == [x]
     assert shown.forgotten == []
     assert shown.models["c"].requests_available == pytest.approx(9.0)
@@ -594,13 +624,13 @@ async def test_a_model_with_waiters_is_never_forgotten_fleet_wide(
 ) -> None:
     await clocked.step(observed_models={"w": per_minute(10, 10)})
     other, waiter = m("a:1"), m("a:2")
-    shown = await clocked.step(enqueue=[(other, 0.0)])
+    shown = await clocked.step(Plan(enqueue=[(other, 0.0)]))
     assert shown.granted == [other]
-    shown = await clocked.step(enqueue=[(waiter, 1.0)], meta=of("w", waiter))
+    shown = await clocked.step(Plan(enqueue=[(waiter, 1.0)], meta=of("w", waiter)))
     assert shown.granted == []
     assert shown.models["w"].idle is None
     await clocked.at(1_800_000)  # half an hour on (within a lease), waiting
-    shown = await clocked.step(release=[lease_of(other)], ask=[waiter])
+    shown = await clocked.step(Plan(release=[lease_of(other)], ask=[waiter]))
     assert shown.granted == [waiter]
     assert shown.forgotten == []
     assert shown.models["w"].requests_available == pytest.approx(9.0)

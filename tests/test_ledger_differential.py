@@ -235,21 +235,12 @@ class Pair:
             result = await self.ledger.step(
                 PROVIDER,
                 book.node,
+                plan,
                 waiting=book.waiting,
                 observed=observed if model is None else None,
                 observed_models=None
                 if model is None or observed is None
                 else {model: observed},
-                spoil=plan.spoil,
-                usage=plan.usage,
-                release=plan.release,
-                withdraw=plan.withdraw,
-                enqueue=plan.enqueue,
-                costs=plan.costs,
-                meta=plan.meta,
-                renew_leases=plan.renew_leases,
-                ask=plan.ask,
-                answered=plan.answered,
             )
             observed = None
             self.result = result

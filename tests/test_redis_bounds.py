@@ -23,7 +23,7 @@ import trio
 
 from trio_dispatch import Budget, open_dispatcher
 from trio_dispatch._redis._ledger import Ledger, keys_of
-from trio_dispatch._redis._scripts import Seed
+from trio_dispatch._redis._scripts import Plan, Seed
 
 from ._redis import needs_redis, next_member
 
@@ -51,14 +51,14 @@ async def test_an_absurd_estimate_is_charged_the_capacity_and_waits_one_refill(
     # 600 tokens a minute: 10 a second, a full refill in 60 s.
     await ledger.set_budget("p", Budget(tokens_per_minute=600))
     a1, a2 = m("a:1"), m("a:2")
-    first = await ledger.step("p", "a", enqueue=[(a1, 0.0)], costs={a1: 10**16})
+    first = await ledger.step("p", "a", Plan(enqueue=[(a1, 0.0)], costs={a1: 10**16}))
     assert first.granted == [a1]
     assert first.budget is not None
     assert first.budget.tokens_available is not None
     assert 0 <= first.budget.tokens_available < 5
     assert await client.hget(CHARGE, "a:1") == "600"
     # Python's ints have no bound; the scripts take them all the same.
-    second = await ledger.step("p", "a", enqueue=[(a2, 1.0)], costs={a2: 10**400})
+    second = await ledger.step("p", "a", Plan(enqueue=[(a2, 1.0)], costs={a2: 10**400}))
     assert second.granted == []
     assert second.budget is not None
     assert second.budget.ready_in is not None
@@ -73,15 +73,17 @@ async def test_an_absurd_usage_report_empties_the_bucket_and_no_more(
     await ledger.set_budget("p", Budget(tokens_per_minute=600))
     a1, a2 = m("a:1"), m("a:2")
     await ledger.step(
-        "p", "a", enqueue=[(a1, 0.0), (a2, 1.0)], costs={a1: 100, a2: 100}
+        "p", "a", Plan(enqueue=[(a1, 0.0), (a2, 1.0)], costs={a1: 100, a2: 100})
     )
-    reported = await ledger.step("p", "a", usage=[("a:1", 10**16), ("a:2", 10**16)])
+    reported = await ledger.step(
+        "p", "a", Plan(usage=[("a:1", 10**16), ("a:2", 10**16)])
+    )
     assert reported.budget is not None
     assert reported.budget.tokens_available is not None
     assert 0 <= reported.budget.tokens_available < 5
     assert await client.hget(CHARGE, "a:1") == "600"
     # Used 10 after all: 590 back.
-    back = await ledger.step("p", "a", usage=[("a:1", 10)])
+    back = await ledger.step("p", "a", Plan(usage=[("a:1", 10)]))
     assert back.budget is not None
     assert back.budget.tokens_available is not None
     assert 590 <= back.budget.tokens_available < 600
@@ -92,7 +94,7 @@ async def test_stored_values_out_of_range_are_repaired_not_passed_on(
 ) -> None:
     await ledger.set_budget("p", Budget(tokens_per_minute=600, requests_per_minute=60))
     a1 = m("a:1")
-    await ledger.step("p", "a", enqueue=[(a1, 0.0)], costs={a1: 100})
+    await ledger.step("p", "a", Plan(enqueue=[(a1, 0.0)], costs={a1: 100}))
     # What an older version, or a hand, may have left there.
     await client.hset(
         CONF,
@@ -106,7 +108,7 @@ async def test_stored_values_out_of_range_are_repaired_not_passed_on(
     )
     await client.hset(CHARGE, {"a:1": "inf"})
     await client.hset(keys_of("ns", "p")[7], {"x": "1e400"})
-    result = await ledger.step("p", "a", usage=[("a:1", 50)])
+    result = await ledger.step("p", "a", Plan(usage=[("a:1", 50)]))
     budget = result.budget
     assert budget is not None
     assert budget.tokens_available is not None
@@ -122,7 +124,7 @@ async def test_stored_values_out_of_range_are_repaired_not_passed_on(
     assert float(stored["t_at"]) <= result.server_time * 1000
     # And the next step, of any process, goes on from the repaired values.
     b1 = m("b:1")
-    assert (await ledger.step("p", "b", enqueue=[(b1, 2.0)])).budget is not None
+    assert (await ledger.step("p", "b", Plan(enqueue=[(b1, 2.0)]))).budget is not None
 
 
 async def test_a_dispatcher_survives_an_absurd_estimate_and_so_does_the_fleet(
@@ -205,11 +207,11 @@ async def test_a_damaged_stored_limit_is_replaced_not_passed_on(
     assert await ledger.set_limit("p", 3, overwrite=False) == 3
     await client.hset(CONF, {"limit": "garbage"})
     a1 = m("a:1")
-    result = await ledger.step("p", "a", seed=Seed(limit=2), enqueue=[(a1, 0.0)])
+    result = await ledger.step("p", "a", Plan(enqueue=[(a1, 0.0)]), seed=Seed(limit=2))
     assert (result.limit, result.granted) == (2, [a1])
     await client.hset(CONF, {"limit": "0"})
     # With no limit to put in its place: unlimited, as with none stored.
     b1 = m("b:1")
-    unlimited = await ledger.step("p", "b", enqueue=[(b1, 0.0)])
+    unlimited = await ledger.step("p", "b", Plan(enqueue=[(b1, 0.0)]))
     assert (unlimited.limit, unlimited.granted) == (None, [b1])
     assert await client.hget(CONF, "limit") is None

@@ -16,6 +16,7 @@ import trio
 
 from trio_dispatch import Budget, Quota, RateLimitInfo, open_dispatcher
 from trio_dispatch._redis._ledger import Ledger, keys_of
+from trio_dispatch._redis._scripts import Plan
 
 from ._helpers import unknown_provider
 from ._redis import needs_redis, next_member
@@ -44,10 +45,10 @@ async def test_estimates_leave_nothing_behind_without_a_budget(
     for n in range(500):
         member = m(f"a:{n}")
         granted = await ledger.step(
-            "p", "a", enqueue=[(member, 0.0)], costs={member: 100}
+            "p", "a", Plan(enqueue=[(member, 0.0)], costs={member: 100})
         )
         assert granted.granted == [member]
-        await ledger.step("p", "a", release=[f"a:{n}"])
+        await ledger.step("p", "a", Plan(release=[f"a:{n}"]))
     qcost, charge = keys_of("ns", "p")[7], keys_of("ns", "p")[8]
     assert await client.hlen(qcost) == 0
     assert await client.hlen(charge) == 0
@@ -60,8 +61,8 @@ async def test_estimates_and_charges_leave_nothing_behind_with_a_budget(
     await ledger.set_budget("p", Budget(tokens_per_minute=10**9))
     for n in range(300):
         member = m(f"a:{n}")
-        await ledger.step("p", "a", enqueue=[(member, 0.0)], costs={member: 100})
-        await ledger.step("p", "a", usage=[(f"a:{n}", 50)], release=[f"a:{n}"])
+        await ledger.step("p", "a", Plan(enqueue=[(member, 0.0)], costs={member: 100}))
+        await ledger.step("p", "a", Plan(usage=[(f"a:{n}", 50)], release=[f"a:{n}"]))
     keys = keys_of("ns", "p")
     lengths = {
         "qcost": await client.hlen(keys[7]),
@@ -77,8 +78,8 @@ async def test_bookkeeping_expires_with_the_last_process_and_the_limit_stays(
     ledger = Ledger(client, "ns", 10.0)
     await ledger.set_limit("p", 1)
     a1, b1 = m("a:1"), m("b:1")
-    await ledger.step("p", "a", enqueue=[(a1, 0.0)], costs={a1: 5})
-    await ledger.step("p", "b", enqueue=[(b1, 1.0)], costs={b1: 5}, waiting=1)
+    await ledger.step("p", "a", Plan(enqueue=[(a1, 0.0)], costs={a1: 5}))
+    await ledger.step("p", "b", Plan(enqueue=[(b1, 1.0)], costs={b1: 5}), waiting=1)
     keys = keys_of("ns", "p")
     ttls = {key.rpartition(":")[2]: await client.pttl(key) for key in keys}
     assert ttls.pop("conf") == -1

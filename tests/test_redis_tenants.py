@@ -22,7 +22,7 @@ import trio
 
 from trio_dispatch import Tenant, open_dispatcher
 from trio_dispatch._redis._ledger import Ledger, member_of
-from trio_dispatch._redis._scripts import load_scripts
+from trio_dispatch._redis._scripts import Plan, load_scripts
 
 from ._redis import SET_CLOCK, lose_everything, needs_redis, open_fleet
 from ._workers import worker
@@ -186,8 +186,9 @@ async def test_a_lost_processs_leases_give_its_tenants_slots_back(
         first = await ledger.step(
             "p",
             "gone",
-            enqueue=[(m, 0.0) for m in lost],
-            meta=dict.fromkeys(lost, ("a", None)),
+            Plan(
+                enqueue=[(m, 0.0) for m in lost], meta=dict.fromkeys(lost, ("a", None))
+            ),
             waiting=3,
         )
         assert first.granted == lost[:2]
@@ -197,11 +198,14 @@ async def test_a_lost_processs_leases_give_its_tenants_slots_back(
         waiter = member_of(9, "here:1")
         await client.set(clock, str(base_ms + 500))
         kept = await ledger.step(
-            "p", "here", enqueue=[(waiter, 1.0)], meta={waiter: ("b", None)}, waiting=1
+            "p",
+            "here",
+            Plan(enqueue=[(waiter, 1.0)], meta={waiter: ("b", None)}),
+            waiting=1,
         )
         assert kept.granted == []
         await client.set(clock, str(base_ms + 1_200))
-        after = await ledger.step("p", "here", ask=[waiter], waiting=1)
+        after = await ledger.step("p", "here", Plan(ask=[waiter]), waiting=1)
     # Its leases expired: tenant a holds nothing (its service, two slots
     # until they were pruned, stays), its entry is gone, b is served.
     assert after.granted == [waiter]

@@ -37,40 +37,12 @@ import bisect
 import itertools
 from typing import TYPE_CHECKING, final
 
-import attrs
-
 from .._exceptions import queue_full
 from ._ledger import lease_of, member_of
+from ._scripts import Plan
 
 if TYPE_CHECKING:
     from ..messages._protocol import Ticket
-
-
-@final
-@attrs.frozen
-class Plan:
-    """One round's changes for the ledger, in the order it applies them."""
-
-    release: list[str]
-    withdraw: list[str]
-    # New entries, entries whose answer was lost, and renewed ones.
-    enqueue: list[tuple[str, float]]
-    renew_leases: list[str]
-    ask: list[str]
-    # The tickets of ``enqueue``, in the same order.
-    enqueued: list[Ticket]
-    # The tenant and model of the entries that have either.
-    meta: dict[str, tuple[str | None, str | None]] = attrs.field(factory=dict)
-    # For the budgets and the adaptive limit: the estimated tokens of the
-    # entries that have some, the leases given back without success, the
-    # tokens reported used, the leases whose answer started.
-    costs: dict[str, int] = attrs.field(factory=dict)
-    spoil: list[str] = attrs.field(factory=list)
-    usage: list[tuple[str, int]] = attrs.field(factory=list)
-    answered: list[str] = attrs.field(factory=list)
-    # Whether a round since the last answered one went unanswered: it may
-    # have granted members of this one (the ledger then looks them up).
-    recheck: bool = True
 
 
 @final

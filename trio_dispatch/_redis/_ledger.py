@@ -1,183 +1,10 @@
 """The shared ledger: one provider's leases, queue, limit and pause in Redis.
 
-Design note. Every key of a provider lives under one hash tag,
-``{<namespace>:<provider>}``, so the scripts below touch one Redis Cluster
-slot, and each operation is one Lua script, atomic on the server (the
-scripts are ``trio_dispatch/_redis/lua/*.lua``, their arguments laid out by the
-packers of ``_scripts``; a differential test holds them to the pure core's
-rules, which they repeat):
-
-* ``leases``: a ZSET of lease ids scored by their expiry, in the Redis
-  server's own time (``TIME`` inside the script, never a client's clock).
-  The state is this set of live leases, never a counter, so nothing can go
-  negative or drift: an expired lease is pruned by the next script, a
-  released one is removed by id (twice is harmless).
-* ``queue``: a ZSET of published waiters scored by their turn's start on
-  the server's clock, as their process reads it (``ServerClock``: its own
-  clock plus an offset measured on its steps, to within half a round
-  trip); each member is the waiter's arrival (16 digits of microseconds on
-  the same clock, strictly increasing in each process), a colon and its
-  lease id, so equal starts sort by arrival.
-  ``qexp`` scores the same members by their expiry, renewed by their
-  process: a vanished process's entries go with it.
-* ``conf``: a HASH with the stored ``limit`` (``none`` for unlimited on
-  purpose; absent when nobody stored one, which is unlimited too), the
-  pause's end ``pause_until`` (server milliseconds), and the fleet-wide
-  backoff of rate-limit reports (``streak``, ``step``, ``granted`` and
-  ``granted_at_report``, as in the local policy). Two marks spare a step
-  server calls: ``pa``, a time before which no lease, entry or process
-  expires (at most the earliest of their expiries: the prune that runs
-  once it has passed finds the new earliest, and a member added to
-  expire sooner lowers it), so that a step prunes only then; and ``qc``,
-  set while a queued member may have an estimate in ``qcost``. And
-  ``ep``, the namespace's epoch: made by the first step with a seed (the
-  settings a process knows the fleet has) that finds none, so that a
-  process whose step finds another than the one it last saw knows that
-  Redis lost the namespace (restarted empty, flushed, failed over); that
-  step then stores again, with its seed, each setting that Redis lacks.
-* ``nodes`` and ``nwait``: each live process's expiry and its own count of
-  waiters, for the fleet-wide ``waiting`` figure.
-* ``grantno``: while a streak of rate-limit reports lasts, the number of
-  each lease granted during it (``granted`` in ``conf`` counts them), which
-  tells a success (a lease granted after the latest report) from a lease
-  held across one; a lease without a number was granted before the streak.
-  The numbers go when the streak ends, so that, outside a streak, a grant
-  and a release cost nothing here.
-
-Budgets and the adaptive limit, fleet-wide (the pure core's rules, in
-``_budgets``, applied here to the whole fleet):
-
-* The budgets are two buckets in ``conf`` (``r_*`` for requests, ``t_*``
-  for tokens): capacity, refill per millisecond, level, the server time of
-  that level, whether it was configured (else learned), and a configured
-  budget's own count (``*_own``), charged and refilled with the level but
-  never moved by figures. Every step refills them to the server's ``TIME``
-  first. A configured ``Budget`` is written by each process that opens
-  with one (the latest wins); the figures of answers (``observed``) teach
-  them as ``Bucket.learn`` does (``lua/budgets.lua`` holds these rules).
-* The books of grants, kept from the moment the pure core's ``Throttle``
-  would exist (``bk`` in ``conf``: a budget configured, the first figures,
-  usable or not, or an adaptive limit): ``charge``, the tokens each lease
-  was charged (0 too; corrected by usage reports, a charge the newest
-  figures counted stored with a minus sign, ``-0`` too: settled, as in
-  ``Throttle``), and ``unans``, the leases whose answer has not started,
-  scored by the server time of their grant; ``seen`` in ``conf``, the
-  latest grant time of a lease whose answer started (``seen_l``: what it
-  was when figures were last learned from), and ``since`` and ``newest``,
-  the leases answered since then. From them learning counts what the
-  provider has not seen yet, as ``Throttle`` does. ``qcost`` keeps a
-  queued member's estimate, for books that start while it waits.
-* A grant walks the head of the queue in order and stops at the first
-  entry the budgets cannot hold yet: nobody passes it, whichever process
-  it belongs to. The entries of other processes ahead keep their cost
-  (reserved) until their process asks, as they keep their slot. The step
-  answers when the head will fit (``ready_in``), so that waiting processes
-  run their next round then.
-* An adaptive limit is the stored ``limit`` plus its bounds and value
-  (``a_*`` in ``conf``): a success of a lease granted with the limit in use
-  (``inuse``, a SET) adds to it in the releasing step, a new round of
-  rate-limit reports multiplies it by the backoff in ``pause`` (the first
-  report after a grant since its latest decrease: ``a_dec`` marks one with
-  no grant since); a report empties ``inuse``, since the slots held then
-  are not successes, and so does a new limit.
-
-Tenants and models (the pure core's rule of ``_tenants`` and ``_policy``,
-applied to the whole fleet, on the server's clock in milliseconds):
-
-* Counted from the first tenant seen (``set_tenant``, a member of a
-  tenant) or the first budget of a model (configured, or learned from a
-  model's figures), as the pure core counts them: ``xm`` in ``conf`` is
-  the server time it began. Until then, nothing below is read or written
-  (a member with a model keeps it in ``qmeta``, ``qm`` in ``conf``
-  saying so), and a step costs what it did before tenants existed. From
-  then on the tenant of no name ('') has a counter too, its holders
-  counted from then; every process publishes all its waiters (the
-  ``counting`` of a step's answer), since a tenant's first and last
-  waiter move its counter.
-* ``tconf``: each configured tenant's weight and cap (the latest writer
-  wins; it persists, like a configured budget). ``tstate``: each
-  tenant's counter (slot-seconds over its weight) as of its ``last``
-  fold, and its holders, folded at every grant, release, weight change
-  and raise exactly as ``TenantState`` folds them, so that both compute
-  the same doubles. ``tback``: the backlogged tenants (those with
-  entries in the shared queue); ``t_last`` in ``conf``: the counter of
-  the tenant that last stopped being backlogged.
-* A named tenant's entries queue in ``q:<tenant>`` (the unnamed
-  tenant's in ``queue``), a key the scripts build from the provider's
-  hash tag, so it shares the provider's Cluster slot though no script
-  declares it. ``qmeta`` and ``lmeta`` give the tenant and model of a
-  queued member and of a lease; a lease's expiry or release gives its
-  tenant's slot back, like its own.
-* A model's budgets are the provider's two buckets again, with their
-  charges and unanswered leases, under ``m:<model>``, ``mc:<model>``
-  and ``mu:<model>`` (keys the scripts build, as above); ``models``
-  lists the models configured. A grant asks the provider's buckets
-  and those of its member's model: the provider's holding the head back
-  stops the grants (nobody passes), a model's blocks that model's
-  members for the rest of the step. A step reads and writes the budgets
-  of the models of its own entries and leases only, and answers theirs,
-  with when a held-back head fits: its cost does not grow with the
-  models that are idle.
-* ``mb`` (built like those): how many entries and leases each model
-  has (leases from before models were counted left out: their model was
-  not kept). A learned model's budgets note since when their model is
-  idle (``idle`` in ``m:<model>``), and are forgotten by the rule of the
-  pure core (``_budgets.forgets``): idle for ``FORGET_AFTER`` and full
-  again. The step that meets them then deletes them and answers their
-  model among the ``forgotten``; their keys expire at that instant
-  anyway (while the model is in use, two hours and ``FORGET_AFTER`` after
-  it was last met: its buckets are full by then whatever they held). A
-  configured model's budgets (``kept`` in ``m:<model>``) are never
-  forgotten.
-* A grant, for each free slot, goes to the backlogged tenant below its
-  cap with the least (counter, holders / weight, head), for its head
-  (its oldest entry of a model not held back). Entries of other
-  processes so chosen keep their slot, and count as held for the rest
-  of the step, until their process asks.
-
-What stays in Redis. Every key above but ``conf`` is bookkeeping: each
-entry goes with what it tracks (a lease, a queue entry, a process), and
-each script sets the keys to expire at the latest expiry of a live process
-of the provider (every lease and entry expires with its process's own), so
-a provider nobody uses leaves nothing behind. ``conf`` persists while it
-holds a stored limit (``none`` included) or a configured budget, which
-outlive every process; else (learned budgets, a pause, a backoff streak)
-it expires with the rest, or at the end of its pause. ``tconf``
-persists (and keeps ``conf``), and so do a configured model's buckets
-and ``models``; a learned model's expire as said above.
-
-Numbers. The scripts apply the budgets' rule of ``_budgets``: one
-request's charge, estimated or reported, is at most the bucket's capacity,
-a charge takes the level down to 0 at most, and the level stays within
-``[-capacity, capacity]``. Token counts enter as whole numbers up to
-``MAX_TOKENS`` (exact in a double, Lua's only number); whole numbers leave
-as digits (Lua's own ``tostring`` writes large ones with an exponent) and
-others as 17 significant digits. A stored value that is not a finite
-number, or is out of its range, is repaired by the next script that reads
-it, never passed on.
-
-A process makes its members itself, so every step is idempotent: the
-answer of a step can be lost after the server ran it (the connection
-dropped), and the process then sends the same changes again. Enqueuing a
-member again renews it rather than adding a second one; a member whose
-lease id is already among the leases was granted by a step whose answer
-was lost, and is reported granted again; withdrawing a member gives back
-its lease too, if such a step granted it.
-
-A grant goes to the head of the queue within free capacity: with ``free``
-slots, a process may take only those of its own entries among the first
-``free`` of the queue, so the others in that window keep their capacity
-until their process asks. Every limit change and resume publishes a
-wake-up on the provider's channel, and so does every release, withdrawal
-and expiry while another process has waiters (as the processes last
-reported them: one that has not reported its waiters yet will ask in the
-round that does); the message names the process whose round caused it
-(``wake`` when nobody in particular), so that this process need not run a
-round for its own changes. A step whose only change was slots given back,
-with no budget or tenant to decide who takes them, wakes only the
-processes whose entries are left in the window of free slots (``>`` and
-their nodes; nobody if it took them all itself): the others would find
-nothing to take (``wakes`` reads the message).
+Every key of a provider lives under one hash tag, ``{<namespace>:<provider>}``,
+so the scripts touch one Redis Cluster slot, and each operation is one Lua
+script, atomic on the server (``lua/*.lua``, their arguments laid out by the
+values of ``_scripts``). What each key holds, and the rules the scripts keep
+on them, is written in ``SCHEMA.md`` beside this module.
 """
 
 from __future__ import annotations
@@ -196,11 +23,11 @@ from ..messages._limits import Tenant
 from ._clock import ServerClock
 from ._scripts import (
     PauseArgs,
+    Plan,
     ResumeArgs,
     SetBudgetArgs,
     SetLimitArgs,
     SetTenantArgs,
-    StepArgs,
     load_scripts,
 )
 
@@ -218,6 +45,8 @@ if TYPE_CHECKING:
 MEMBER_PREFIX: Final = 17
 
 _SCRIPTS: Final = load_scripts()
+# A round with no changes of its own (it renews the process, reads the state).
+_NO_CHANGES: Final = Plan()
 
 _EVALSHA: Final = b"EVALSHA"
 _SCRIPT_LOAD: Final = b"SCRIPT LOAD"
@@ -697,25 +526,15 @@ class Ledger:
         self,
         provider: str,
         node: str,
+        plan: Plan = _NO_CHANGES,
         *,
         waiting: int = 0,
         epoch: str = "",
         seed: Seed | None = None,
         observed: RateLimitInfo | None = None,
         observed_models: Mapping[str, RateLimitInfo] | None = None,
-        spoil: Sequence[str] = (),
-        usage: Sequence[tuple[str, int]] = (),
-        release: Sequence[str] = (),
-        withdraw: Sequence[str] = (),
-        enqueue: Sequence[tuple[str, float]] = (),
-        costs: Mapping[str, int] | None = None,
-        meta: Mapping[str, tuple[str | None, str | None]] | None = None,
-        renew_leases: Sequence[str] = (),
-        ask: Sequence[str] = (),
-        answered: Sequence[str] = (),
-        recheck: bool = True,
     ) -> StepResult:
-        """Apply one round of a process's changes, in order, atomically.
+        """Apply one round of a process's changes (``plan``), in order, atomically.
 
         First the namespace's epoch, made by the first step with a seed
         that finds none (so it changes only when Redis lost the
@@ -724,58 +543,38 @@ class Ledger:
         saw) or there is none, it stores again each setting of the seed
         the namespace does not hold, and no other; without, if ``epoch``
         is given and the namespace's is another, it does nothing and
-        raises ``NamespaceLost``. Then it takes ``spoil``
-        (lease ids given back without success: no adaptive increase, no end
-        of a backoff streak) and ``usage`` (lease id and the tokens its
-        request used: its charge is corrected); releases ``release`` (lease
-        ids), withdraws ``withdraw`` (members, and their leases if they
-        have any), enqueues or renews ``enqueue`` (member and start on the
-        server's clock, a member's start the same each time it is sent;
-        ``costs`` gives a member's estimated tokens), renews
-        ``renew_leases`` (adding them back if they are gone), marks
-        ``answered`` leases as counted by the provider, learns from
-        ``observed`` (the provider's figures) and ``observed_models`` (each
-        model's), then grants what it can of ``ask`` and of ``enqueue``.
-        ``meta`` gives an enqueued member's tenant and model, if it has
-        either. Sent twice, the same changes leave the same state, as long
-        as ``recheck`` is true when a step of this node may have run
-        without its answer reaching it: only then does the step look its
-        members up among the leases, one server call that a node whose
-        every step was answered can spare.
+        raises ``NamespaceLost``. Then it applies the plan's
+        ``spoil`` and ``usage``, releases, withdraws, enqueues or renews
+        its entries (a member's start the same each time it is sent),
+        renews its leases, marks its ``answered`` leases as counted by the
+        provider, learns from ``observed`` (the provider's figures) and
+        ``observed_models`` (each model's), then grants what it can of
+        the plan's ``ask`` and ``enqueue``. ``waiting`` is the process's
+        count of waiters. Sent twice, the same changes leave the same
+        state, as long as the plan's ``recheck`` is true when a step of
+        this node may have run without its answer reaching it: only then
+        does the step look its members up among the leases, one server
+        call that a node whose every step was answered can spare.
         """
         keys, channel = self.names(provider)
-        tokens_of = {} if costs is None else costs
-        meta_of = {} if meta is None else meta
         figures: list[tuple[str | None, RateLimitInfo]] = []
         if observed is not None:
             figures.append((None, observed))
         if observed_models:
             figures += observed_models.items()
-        args = StepArgs(
+        args = plan.pack(
             node=node,
             ttl=round(self.lease * 1000),
             waiting=waiting,
             channel=channel,
             epoch=epoch,
             seed=seed,
-            recheck=recheck,
             observed=figures,
-            spoil=list(spoil),
-            usage=list(usage),
-            release=list(release),
-            withdraw=list(withdraw),
-            enqueue=[
-                (m, start, tokens_of.get(m, 0), *meta_of.get(m, (None, None)))
-                for m, start in enqueue
-            ],
-            renew_leases=list(renew_leases),
-            ask=list(ask),
-            answered=list(answered),
         )
         clock = self.clock
         sent = clock.local()
         # A Lua script's answer is untyped; this one has a fixed shape.
-        reply: Any = await self._run(self._scripts.step, keys, args.pack())
+        reply: Any = await self._run(self._scripts.step, keys, args)
         received = clock.local()
         if len(reply) == 1:
             raise NamespaceLost(f"the namespace's epoch is {reply[0]!r}, not {epoch!r}")

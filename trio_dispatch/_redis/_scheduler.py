@@ -83,8 +83,9 @@ if TYPE_CHECKING:
     from .._policy._ratelimits import RateLimitInfo
     from ..messages._limits import Tenant
     from ..messages._protocol import Reply
-    from ._book import Plan, SharedBook
+    from ._book import SharedBook
     from ._ledger import Ledger, LedgerBudget, LedgerTenant, StepResult
+    from ._scripts import Plan
 
 _logger = logging.getLogger("trio_dispatch")
 
@@ -704,20 +705,10 @@ class SharedSchedulerActor:
                     self._ledger.step,
                     self.provider,
                     book.node,
+                    plan,
                     waiting=book.waiting,
                     observed=observed,
                     observed_models=by_model,
-                    spoil=plan.spoil,
-                    usage=plan.usage,
-                    release=plan.release,
-                    withdraw=plan.withdraw,
-                    enqueue=plan.enqueue,
-                    costs=plan.costs,
-                    meta=plan.meta,
-                    renew_leases=plan.renew_leases,
-                    ask=plan.ask,
-                    answered=plan.answered,
-                    recheck=plan.recheck,
                 )
                 try:
                     result = await step(
@@ -969,12 +960,7 @@ class SharedSchedulerActor:
         with trio.move_on_after(1.0, shield=True):
             try:
                 await self._write()
-                await self._ledger.step(
-                    self.provider,
-                    book.node,
-                    release=plan.release,
-                    withdraw=plan.withdraw,
-                )
+                await self._ledger.step(self.provider, book.node, plan)
             except BACKEND_ERRORS:
                 book.failed(plan)
 

@@ -24,11 +24,12 @@ import attrs
 from .._policy._budgets import FORGET_AFTER, MAX_TOKENS, AdaptiveLimit
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
     from .._policy._budgets import Budget
     from .._policy._ratelimits import RateLimitInfo
     from ..messages._limits import Tenant
+    from ..messages._protocol import Ticket
 
 _CLOCK_MARK: Final = "--@CLOCK@\n"
 
@@ -209,81 +210,101 @@ class Seed:
 
 @final
 @attrs.frozen(kw_only=True)
-class StepArgs:
-    """``step.lua``'s arguments: one round of a process's changes, in order.
+class Plan:
+    """One round of a process's changes for ``step.lua``, in the order it applies them.
+
+    Made by the process's book; ``pack`` lays it out as the script's
+    ``ARGV``, with what the round adds (``step.lua`` reads them in this
+    order: the round's own fields, then the figures, then the plan's lists).
 
     Attributes:
-        node: The process's name for the provider.
-        ttl: Milliseconds a lease, an entry or the process lives unrenewed.
-        waiting: The process's waiters.
-        channel: The provider's wake-up channel.
-        epoch: The namespace's epoch as the process last saw it (empty:
-            none, then the step does not check it).
-        seed: The settings to store again if the namespace's epoch is
-            not ``epoch``, or ``None``.
-        recheck: Whether a step of the process may have run without its
-            answer reaching it: then the members it sends are looked up
-            among the leases (a lost answer may have granted them).
-        observed: Rate-limit figures to learn from: each with the model
-            whose answer they came with, or ``None`` for the provider's.
-        spoil: Lease ids given back without success.
+        spoil: Lease ids given back without success (no adaptive increase,
+            no end of a backoff streak).
         usage: Lease ids and the tokens their requests used.
         release: Lease ids given back.
-        withdraw: Queue members withdrawn.
-        enqueue: Members, their start (server's clock), estimated tokens, tenant
-            and model (``None``: none).
+        withdraw: Queue members withdrawn (with their leases, if a step
+            whose answer was lost granted them).
+        enqueue: Members and their start on the server's clock: new
+            entries, entries whose answer was lost, renewed ones.
+        costs: The estimated tokens of the entries that have some.
+        meta: The tenant and model of the entries that have either.
         renew_leases: Lease ids renewed (added back if gone).
         ask: Members that ask for a grant.
         answered: Lease ids whose answer started.
+        recheck: Whether a round since the last answered one went
+            unanswered: it may have granted members of this one, which
+            the step then looks up among the leases.
+        enqueued: The book's tickets of ``enqueue``, in the same order
+            (not sent: the book reads them back with the answer).
     """
 
-    node: str
-    ttl: int
-    waiting: int
-    channel: str
-    epoch: str = ""
-    seed: Seed | None = None
-    recheck: bool = True
-    observed: list[tuple[str | None, RateLimitInfo]] = attrs.field(factory=list)
     spoil: list[str] = attrs.field(factory=list)
     usage: list[tuple[str, int]] = attrs.field(factory=list)
     release: list[str] = attrs.field(factory=list)
     withdraw: list[str] = attrs.field(factory=list)
-    enqueue: list[tuple[str, float, int, str | None, str | None]] = attrs.field(
-        factory=list
-    )
+    enqueue: list[tuple[str, float]] = attrs.field(factory=list)
+    costs: Mapping[str, int] = attrs.field(factory=dict)
+    meta: Mapping[str, tuple[str | None, str | None]] = attrs.field(factory=dict)
     renew_leases: list[str] = attrs.field(factory=list)
     ask: list[str] = attrs.field(factory=list)
     answered: list[str] = attrs.field(factory=list)
+    recheck: bool = True
+    enqueued: list[Ticket] = attrs.field(factory=list)
 
-    def pack(self) -> list[str]:
-        """``ARGV``, in the script's order."""
+    def pack(
+        self,
+        *,
+        node: str,
+        ttl: int,
+        waiting: int,
+        channel: str,
+        epoch: str,
+        seed: Seed | None,
+        observed: Sequence[tuple[str | None, RateLimitInfo]],
+    ) -> list[str]:
+        """``ARGV``, in the script's order.
+
+        Args:
+            node: The process's name for the provider.
+            ttl: Milliseconds a lease, an entry or the process lives
+                unrenewed.
+            waiting: The process's waiters.
+            channel: The provider's wake-up channel.
+            epoch: The namespace's epoch as the process last saw it
+                (empty: none, then the step does not check it).
+            seed: The settings to store again if the namespace's epoch is
+                not ``epoch``, or ``None``.
+            observed: Rate-limit figures to learn from: each with the
+                model whose answer they came with, or ``None`` for the
+                provider's.
+        """
         args = [
-            self.node,
-            str(self.ttl),
-            str(self.waiting),
-            self.epoch,
-            self.channel,
+            node,
+            str(ttl),
+            str(waiting),
+            epoch,
+            channel,
             "1" if self.recheck else "0",
-            *(["0"] if self.seed is None else self.seed.pack()),
-            str(len(self.observed)),
+            *(["0"] if seed is None else seed.pack()),
+            str(len(observed)),
         ]
-        for model, info in self.observed:
+        for model, info in observed:
             args += (model or "", figures_arg(info))
-        args += [
-            *_counted(self.spoil),
-            str(len(self.usage)),
-        ]
+        args += _counted(self.spoil)
+        args.append(str(len(self.usage)))
         for lease_id, tokens in self.usage:
             args += (lease_id, tokens_arg(tokens))
         args += _counted(self.release)
         args += _counted(self.withdraw)
         args.append(str(len(self.enqueue)))
-        for member, start, tokens, tenant, model in self.enqueue:
+        costs = self.costs
+        meta = self.meta
+        for member, start in self.enqueue:
+            tenant, model = meta.get(member, (None, None))
             args += (
                 member,
                 _number(start),
-                tokens_arg(tokens),
+                tokens_arg(costs.get(member, 0)),
                 tenant or "",
                 model or "",
             )

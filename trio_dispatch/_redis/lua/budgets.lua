@@ -86,7 +86,7 @@ local function use(sc, id, tokens)
   see(sc, id, false)
   return gave
 end
--- Learn from the figures of an answer (see the ledger's notes), in a scope.
+-- Learn from the figures of an answer (see SCHEMA.md), in a scope.
 -- SLOWEST_REFILL: a learned budget refills whole in an hour at most.
 local function learn(sc, b, limit_, remaining, reset, unseen)
   local usable = limit_ and limit_ > 0 and limit_ < 1e15

@@ -1,11 +1,11 @@
 -- The prelude of every ledger script (see trio_dispatch/_redis/_scripts.py, which
--- composes it, and trio_dispatch/_redis/_ledger.py, whose notes describe the keys).
+-- composes it, and trio_dispatch/_redis/SCHEMA.md, which describes the keys).
 -- The clock (clock.lua: the server's TIME, in milliseconds) is put in place
 -- of the marker below when the scripts are loaded.
 local leases, queue, qexp, conf, nodes, nwait, grantno, qcost, charge, unans, inuse =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8],
   KEYS[9], KEYS[10], KEYS[11]
--- Tenants and models (see the ledger's notes): the configured tenants, the
+-- Tenants and models (see SCHEMA.md): the configured tenants, the
 -- tenants' counters, the backlogged tenants, the tenant and model of the
 -- queued members and of the leases, the models with a budget.
 local tconf, tstate, tback, qmeta, lmeta, models =

@@ -1,5 +1,5 @@
 -- One round of a process's changes, in order, atomically (Ledger.step).
--- ARGV, as StepArgs.pack (trio_dispatch/_redis/_scripts.py) lays it out: node,
+-- ARGV, as Plan.pack (trio_dispatch/_redis/_scripts.py) lays it out: node,
 -- ttl (ms), this node's waiters, the namespace's epoch as the process last
 -- saw it (empty: none, unchecked), wake channel, whether a step of this
 -- node may have been run without its answer reaching it ('1': then the
