@@ -64,6 +64,14 @@ def test_empirical_counts_and_durations_draw_their_values() -> None:
     assert values.count(1.0) / len(values) == pytest.approx(0.75, abs=0.01)
 
 
+def test_a_weighted_mean_stays_within_the_bounds_despite_rounding() -> None:
+    # fsum(7 * 0.1 three times) / fsum(0.1 three times) is 6.999999999999999.
+    counts = CallsPerTurn.empirical([7, 7, 7], weights=[0.1, 0.1, 0.1])
+    assert (counts.low, counts.mean, counts.high) == (7, 7.0, 7)
+    mixed = CallsPerTurn.mixture((0.1, counts), (0.1, counts), (0.1, counts))
+    assert mixed.low <= mixed.mean <= mixed.high
+
+
 def test_a_mixture_of_durations_is_heavy_tailed_with_its_mean() -> None:
     mixed = Duration.mixture(
         (0.9, Duration.lognormal(1.0, 0.5)), (0.1, Duration.exponential(20.0))

@@ -363,15 +363,19 @@ class CallsPerTurn:
 
     @property
     def mean(self) -> float:
-        """The mean number of calls."""
+        """The mean number of calls, from ``low`` to ``high``."""
         kind = self.kind
         if kind == "uniform":
             return (self.low + self.high) / 2
         if kind == "geometric":
-            return _geometric_mean(self.low, self.high, self.p)
-        if kind == "empirical":
-            return _weighted_mean(self.values, self.weights)
-        return _weighted_mean([part.mean for part in self.parts], self.weights)
+            mean = _geometric_mean(self.low, self.high, self.p)
+        elif kind == "empirical":
+            mean = _weighted_mean(self.values, self.weights)
+        else:
+            mean = _weighted_mean([part.mean for part in self.parts], self.weights)
+        # A weighted sum's rounding may step just outside the bounds the
+        # true mean lies within (7 * 0.3 / 0.30000000000000004).
+        return min(max(mean, self.low), self.high)
 
     @property
     def label(self) -> str:
