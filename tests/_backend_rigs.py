@@ -12,29 +12,53 @@ import collections
 from typing import TYPE_CHECKING, final
 
 from trio_dispatch.lowlevel import (
+    Acquire,
+    Adapt,
+    Answered,
     Backend,
     BackendSetup,
-    Reply,
+    Cancel,
+    ObserveRateLimits,
+    Pause,
+    Release,
+    ReportUsage,
+    Resume,
     SchedulerActor,
+    SetLimit,
+    SetModelBudget,
+    SetTenant,
     SlotPolicy,
     Ticket,
 )
 
 if TYPE_CHECKING:
-    from trio_dispatch import (
-        AdaptiveLimit,
-        Budget,
-        ProviderStatistics,
-        RateLimitInfo,
-        Tenant,
-    )
+    from trio_dispatch import ProviderStatistics
+    from trio_dispatch.lowlevel import SchedulerMessage
+
+# What each message asks, as the backend interface's methods were named.
+_CALLED: dict[type, str] = {
+    Acquire: "acquire",
+    Release: "release",
+    Cancel: "cancel",
+    Answered: "answered",
+    ReportUsage: "report_usage",
+    SetLimit: "set_limit",
+    Adapt: "set_limit",
+    Pause: "pause",
+    Resume: "resume",
+    SetTenant: "set_tenant",
+    SetModelBudget: "set_model_budget",
+    ObserveRateLimits: "observe_rate_limits",
+}
 
 
 @final
 class CountingBackend:
     """The local scheduler of one provider, counting the calls it gets.
 
-    With ``refusal`` or ``granting_at`` set, it answers an ``acquire``
+    Each message is counted under the name of what it asks
+    (``"acquire"``, ``"set_tenant"``...). With ``refusal`` or
+    ``granting_at`` set, it answers an ``Acquire``
     itself, through the ``Reply``'s public names, instead of the local
     scheduler: refused with ``refusal``, or granted at ``granting_at``.
     """
@@ -62,68 +86,14 @@ class CountingBackend:
     ) -> Ticket:
         return self.inner.ticket(rank, priority, tenant, model)
 
-    def acquire(
-        self,
-        ticket: Ticket,
-        reply: Reply,
-        conversation_id: str | None = None,
-        tokens: int = 0,
-    ) -> None:
-        self.calls["acquire"] += 1
-        if self.refusal is not None:
-            reply.refused(self.refusal)
-        elif self.granting_at is not None:
-            reply.granted(ticket, self.granting_at)
+    def send(self, message: SchedulerMessage) -> None:
+        self.calls[_CALLED[type(message)]] += 1
+        if isinstance(message, Acquire) and self.refusal is not None:
+            message.reply.refused(self.refusal)
+        elif isinstance(message, Acquire) and self.granting_at is not None:
+            message.reply.granted(message.ticket, self.granting_at)
         else:
-            self.inner.acquire(ticket, reply, conversation_id, tokens)
-
-    def release(self, ticket: Ticket) -> None:
-        self.calls["release"] += 1
-        self.inner.release(ticket)
-
-    def cancel(self, ticket: Ticket) -> None:
-        self.calls["cancel"] += 1
-        self.inner.cancel(ticket)
-
-    def answered(self, ticket: Ticket) -> None:
-        self.calls["answered"] += 1
-        self.inner.answered(ticket)
-
-    def report_usage(self, ticket: Ticket, tokens: int) -> None:
-        self.calls["report_usage"] += 1
-        self.inner.report_usage(ticket, tokens)
-
-    def set_limit(self, limit: int | AdaptiveLimit | None) -> None:
-        self.calls["set_limit"] += 1
-        self.inner.set_limit(limit)
-
-    def pause(self, reported_at: float, retry_after: float | None) -> None:
-        self.calls["pause"] += 1
-        self.inner.pause(reported_at, retry_after)
-
-    def resume(self) -> None:
-        self.calls["resume"] += 1
-        self.inner.resume()
-
-    def set_tenant(self, tenant: str, settings: Tenant | None) -> None:
-        self.calls["set_tenant"] += 1
-        self.inner.set_tenant(tenant, settings)
-
-    def set_model_budget(self, model: str, budget: Budget) -> None:
-        self.calls["set_model_budget"] += 1
-        self.inner.set_model_budget(model, budget)
-
-    def observe_rate_limits(
-        self, observed_at: float, info: RateLimitInfo, model: str | None = None
-    ) -> None:
-        self.calls["observe_rate_limits"] += 1
-        self.inner.observe_rate_limits(observed_at, info, model)
-
-    def adaptive_value(self) -> int | None:
-        return self.inner.adaptive_value()
-
-    def handle_backlog(self) -> None:
-        self.inner.handle_backlog()
+            self.inner.send(message)
 
     def statistics(self) -> ProviderStatistics:
         self.calls["statistics"] += 1

@@ -73,12 +73,16 @@ class RecordingReply:
 
     grants: list[Grant] = attrs.Factory(list)
     errors: list[Exception] = attrs.Factory(list)
+    leases: list[float] = attrs.Factory(list)
 
     def granted(self, ticket: Ticket, granted_at: float) -> None:
         self.grants.append(Grant(ticket, granted_at))
 
     def refused(self, error: Exception) -> None:
         self.errors.append(error)
+
+    def lease_until(self, deadline: float) -> None:
+        self.leases.append(deadline)
 
 
 def drop(holder: list[Any]) -> None:

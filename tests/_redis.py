@@ -32,7 +32,7 @@ from trio_dispatch._redis._book import SharedBook
 from trio_dispatch._redis._ledger import Ledger, StepResult, keys_of, member_of
 from trio_dispatch._redis._scheduler import SharedSchedulerActor, new_node
 from trio_dispatch._redis._scripts import Plan, load_scripts
-from trio_dispatch.lowlevel import plumbing
+from trio_dispatch.lowlevel import Acquire, Release, plumbing
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable, Iterator
@@ -514,6 +514,7 @@ class FleetReply:
         self.ticket = ticket
         self.done = trio.Event()
         self.error: Exception | None = None
+        self.lease_deadline: float | None = None
 
     def granted(self, ticket: Ticket, granted_at: float) -> None:
         self.fleet.grants.append(self)
@@ -523,6 +524,9 @@ class FleetReply:
         # The fleet closed while it waited (any other error is a bug).
         assert isinstance(error, DispatcherClosed), error
         self.error = error
+
+    def lease_until(self, deadline: float) -> None:
+        self.lease_deadline = deadline
 
 
 class Fleet:
@@ -562,11 +566,11 @@ class Fleet:
         actor = self.nodes[node]
         ticket = actor.ticket(trio.current_time() - older, 0, tenant, model)
         reply = FleetReply(self, node, ticket)
-        actor.acquire(ticket, reply)
+        actor.send(Acquire(ticket, reply))
         return reply
 
     def release(self, reply: FleetReply) -> None:
-        self.nodes[reply.node].release(reply.ticket)
+        self.nodes[reply.node].send(Release(reply.ticket))
 
     async def pause(self) -> None:
         """Grant nothing until ``resume``: requests queue on every node meanwhile."""

@@ -14,14 +14,14 @@ minor versions. An application needs none of them; ``trio_dispatch``,
   ``Resume``, ``Answered``, ``ReportUsage``, ``ObserveRateLimits``,
   ``SetTenant``, ``SetModelBudget`` (together ``SchedulerMessage``),
   answered through a ``Reply`` (``granted(ticket, granted_at)`` or
-  ``refused(error)``, called by the backend only); ``Grant`` is a grant
+  ``refused(error)``, and ``lease_until(deadline)`` from a backend that
+  leases its slots; called by the backend only); ``Grant`` is a grant
   kept as a value, for whoever records them.
-- The backend interface, ``Backend``: what the dispatcher asks of each
-  provider's scheduler (``acquire``, ``release``, ``cancel``,
-  ``set_limit``, ``pause``, ``resume``, ``set_tenant``,
-  ``set_model_budget``, ``report_usage``, ``observe_rate_limits``,
-  ``statistics``, ``close``, and ``run``, which
-  the dispatcher starts in its nursery).
+- The backend interface, ``Backend``: each provider's scheduler, as the
+  dispatcher uses it: ``ticket``, ``send`` (every message above goes
+  through it), ``statistics``, ``close``, and ``run``, which the
+  dispatcher starts in its nursery; its docstring says what a backend
+  promises (order, answers, never blocking, leases).
   ``open_dispatcher_with(new_backend, limits, **options)`` opens a
   dispatcher whose providers each get the backend ``new_backend(setup)``
   returns, given a ``BackendSetup``: what the dispatcher knows of the

@@ -17,11 +17,14 @@ from trio_dispatch import (
 from trio_dispatch.lowlevel import (
     Acquire,
     Cancel,
+    ObserveRateLimits,
     Pause,
     Release,
     Resume,
     SchedulerActor,
     SetLimit,
+    SetModelBudget,
+    SetTenant,
     SlotPolicy,
     Throttle,
     Ticket,
@@ -38,7 +41,7 @@ async def test_acquires_still_queued_at_shutdown_are_failed() -> None:
         actor.send(Acquire(Ticket(0, 0), holder))
         actor.send(Acquire(Ticket(1, 1), waiter))
         await trio.testing.wait_all_tasks_blocked()
-        # Queued behind the close: the scheduler never reads it normally.
+        # Waiting behind the others when the actor closes.
         actor.send(Acquire(Ticket(2, 2), queued))
         actor.close()
         nursery.cancel_scope.cancel()
@@ -53,17 +56,15 @@ async def test_acquires_still_queued_at_shutdown_are_failed() -> None:
         actor.send(Release(Ticket(0, 0)))
 
 
-async def test_closing_alone_stops_the_actor_before_it_grants_anything_queued() -> None:
+async def test_a_closed_actor_handles_nothing_and_its_run_returns_at_once() -> None:
     actor = SchedulerActor("p", SlotPolicy(1))
-    queued = RecordingReply()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(actor.run)
-        await trio.testing.wait_all_tasks_blocked()
-        # The Acquire wakes the actor, but the close comes before it runs.
-        actor.send(Acquire(Ticket(0, 0), queued))
-        actor.close()
-    assert queued.grants == []
-    assert [type(e) for e in queued.errors] == [DispatcherClosed]
+    late = RecordingReply()
+    actor.close()
+    with pytest.raises(trio.ClosedResourceError):
+        actor.send(Acquire(Ticket(0, 0), late))
+    with trio.fail_after(1):
+        assert await actor.run() is False
+    assert (late.grants, late.errors) == ([], [])
     assert actor.policy.statistics().granted_total == 0
 
 
@@ -115,13 +116,13 @@ async def test_tenant_service_counts_slot_seconds_in_virtual_time(
         nursery.start_soon(actor.run)
         await trio.testing.wait_all_tasks_blocked()
         a = actor.ticket(trio.current_time(), tenant="a")
-        actor.acquire(a, a_reply)
+        actor.send(Acquire(a, a_reply))
         await trio.sleep(1)
         b = actor.ticket(trio.current_time(), tenant="b")
-        actor.acquire(b, b_reply)
+        actor.send(Acquire(b, b_reply))
         assert b_reply.grants == []
         await trio.sleep(2)
-        actor.release(a)
+        actor.send(Release(a))
         assert [grant.granted_at for grant in b_reply.grants] == [3.0]
         await trio.sleep(2)
         # a: 3 slot-seconds over its weight 2; b: 2, from the floor 0.
@@ -129,7 +130,7 @@ async def test_tenant_service_counts_slot_seconds_in_virtual_time(
             "a": TenantStatistics("a", 2.0, None, 0, 0, 1.5),
             "b": TenantStatistics("b", 1.0, None, 1, 0, 2.0),
         }
-        actor.release(b)
+        actor.send(Release(b))
         # b was configured by nobody: forgotten once idle.
         assert set(actor.statistics().tenants) == {"a"}
         nursery.cancel_scope.cancel()
@@ -144,14 +145,14 @@ async def test_set_tenant_at_run_time_grants_what_a_raised_cap_lets_through(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(actor.run)
         for reply in replies:
-            actor.acquire(actor.ticket(trio.current_time(), tenant="a"), reply)
+            actor.send(Acquire(actor.ticket(trio.current_time(), tenant="a"), reply))
         await trio.testing.wait_all_tasks_blocked()
         assert [len(reply.grants) for reply in replies] == [1, 0, 0]
         await trio.sleep(4)
-        actor.set_tenant("a", Tenant(limit=2))
+        actor.send(SetTenant("a", Tenant(limit=2)))
         await trio.testing.wait_all_tasks_blocked()
         assert [g.granted_at for r in replies for g in r.grants] == [0.0, 4.0]
-        actor.set_tenant("a", None)
+        actor.send(SetTenant("a", None))
         await trio.testing.wait_all_tasks_blocked()
         assert [g.granted_at for r in replies for g in r.grants] == [0.0, 4.0, 4.0]
         shown = actor.statistics().tenants["a"]
@@ -166,9 +167,9 @@ async def test_model_budgets_through_the_actor(
     replies = [RecordingReply() for _ in range(3)]
     async with trio.open_nursery() as nursery:
         nursery.start_soon(actor.run)
-        actor.set_model_budget("slow", Budget(requests_per_minute=1))
+        actor.send(SetModelBudget("slow", Budget(requests_per_minute=1)))
         for reply, model in zip(replies, ("slow", "slow", "fast"), strict=True):
-            actor.acquire(actor.ticket(trio.current_time(), model=model), reply)
+            actor.send(Acquire(actor.ticket(trio.current_time(), model=model), reply))
         await trio.testing.wait_all_tasks_blocked()
         assert [[g.granted_at for g in r.grants] for r in replies] == [[0.0], [], [0.0]]
         stats = actor.statistics()
@@ -179,7 +180,7 @@ async def test_model_budgets_through_the_actor(
         await trio.sleep(100)
         assert [g.granted_at for g in replies[1].grants] == [60.0]
         info = RateLimitInfo(requests=Quota(limit=500, remaining=499, reset=0.12))
-        actor.observe_rate_limits(trio.current_time(), info, model="fast")
+        actor.send(ObserveRateLimits(trio.current_time(), info, model="fast"))
         stats = actor.statistics()
         assert set(stats.models) == {"slow", "fast"}
         assert stats.models["fast"].learned
@@ -190,16 +191,15 @@ async def test_model_budgets_through_the_actor(
 async def test_bad_tenant_and_model_settings_are_refused_at_the_call() -> None:
     actor = SchedulerActor("p", SlotPolicy(1))
     with pytest.raises(TypeError, match=r"^tenant must be a non-empty string, got 1$"):
-        actor.set_tenant(1, Tenant())  # type: ignore[arg-type]  # on purpose
+        actor.send(SetTenant(1, Tenant()))  # type: ignore[arg-type]  # on purpose
     with pytest.raises(
         TypeError, match=r"^settings must be a Tenant or None, got \{'weight': 2\}$"
     ):
-        actor.set_tenant("a", {"weight": 2})  # type: ignore[arg-type]  # on purpose
+        actor.send(SetTenant("a", {"weight": 2}))  # type: ignore[arg-type]  # on purpose
     with pytest.raises(ValueError, match=r"^model must be a non-empty string, got ''$"):
-        actor.set_model_budget("", Budget())
+        actor.send(SetModelBudget("", Budget()))
     with pytest.raises(TypeError, match=r"^budget must be a Budget, got 5$"):
-        actor.set_model_budget("m", 5)  # type: ignore[arg-type]  # on purpose
-    actor.handle_backlog()
+        actor.send(SetModelBudget("m", 5))  # type: ignore[arg-type]  # on purpose
     assert actor.statistics().tenants == {}
     assert actor.statistics().models == {}
 
@@ -216,14 +216,14 @@ async def test_an_acquire_that_lets_an_older_waiter_through_grants_that_waiter(
     a, b, c = RecordingReply(), RecordingReply(), RecordingReply()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(actor.run)
-        actor.acquire(actor.ticket(0.0), a)
+        actor.send(Acquire(actor.ticket(0.0), a))
         b_ticket = actor.ticket(1.0)
-        actor.acquire(b_ticket, b)
+        actor.send(Acquire(b_ticket, b))
         await trio.testing.wait_all_tasks_blocked()
         assert (len(a.grants), len(b.grants)) == (1, 0)
         mock_clock.jump(70)
         c_ticket = actor.ticket(70.0)
-        actor.acquire(c_ticket, c)
+        actor.send(Acquire(c_ticket, c))
         await trio.testing.wait_all_tasks_blocked()
         assert [g.ticket for g in b.grants] == [b_ticket]
         assert [g.granted_at for g in b.grants] == [70.0]
@@ -246,11 +246,11 @@ async def test_an_acquire_granted_with_others_delivers_every_grant(
     replies = [RecordingReply() for _ in range(3)]
     async with trio.open_nursery() as nursery:
         nursery.start_soon(actor.run)
-        actor.acquire(actor.ticket(5.0, model="slow"), replies[0])
-        actor.acquire(actor.ticket(6.0, model="slow"), replies[1])
+        actor.send(Acquire(actor.ticket(5.0, model="slow"), replies[0]))
+        actor.send(Acquire(actor.ticket(6.0, model="slow"), replies[1]))
         await trio.testing.wait_all_tasks_blocked()
         mock_clock.jump(70)
-        actor.acquire(actor.ticket(0.0, model="fast"), replies[2])
+        actor.send(Acquire(actor.ticket(0.0, model="fast"), replies[2]))
         await trio.testing.wait_all_tasks_blocked()
         assert [[g.granted_at for g in r.grants] for r in replies] == [
             [0.0],
@@ -274,14 +274,14 @@ async def test_a_withdrawal_that_lets_a_waiter_through_delivers_its_grant(
     a, b, c = RecordingReply(), RecordingReply(), RecordingReply()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(actor.run)
-        actor.acquire(actor.ticket(0.0), a)
+        actor.send(Acquire(actor.ticket(0.0), a))
         b_ticket = actor.ticket(1.0)
-        actor.acquire(b_ticket, b)
+        actor.send(Acquire(b_ticket, b))
         c_ticket = actor.ticket(2.0)
-        actor.acquire(c_ticket, c)
+        actor.send(Acquire(c_ticket, c))
         await trio.testing.wait_all_tasks_blocked()
         mock_clock.jump(70)
-        actor.release(c_ticket)
+        actor.send(Release(c_ticket))
         await trio.testing.wait_all_tasks_blocked()
         assert [type(e) for e in c.errors] == [RuntimeError]
         assert [(g.ticket, g.granted_at) for g in b.grants] == [(b_ticket, 70.0)]
@@ -289,23 +289,47 @@ async def test_a_withdrawal_that_lets_a_waiter_through_delivers_its_grant(
         nursery.cancel_scope.cancel()
 
 
-async def test_a_queued_message_is_never_overtaken_by_one_handled_at_once(
+async def test_a_message_sent_while_one_is_handled_waits_for_it_in_order() -> None:
+    # The one rule: the releasing task handles the Release; the grant it
+    # makes reaches a requester that gives it back at once, from inside
+    # the handling. That Release waits for the handling to end (the grant's
+    # slot is still held when the reply returns), and the same task handles
+    # it before its send returns: the next waiter is granted by then.
+    actor = SchedulerActor("p", SlotPolicy(1))
+    seen: list[tuple[int, int]] = []
+
+    class GivingBack(RecordingReply):
+        def granted(self, ticket: Ticket, granted_at: float) -> None:
+            super().granted(ticket, granted_at)
+            actor.send(Release(ticket))
+            seen.append((actor.policy.in_flight, actor.policy.waiting))
+
+    holder, giving_back, last = RecordingReply(), GivingBack(), RecordingReply()
+    held = actor.ticket(0.0)
+    actor.send(Acquire(held, holder))
+    actor.send(Acquire(actor.ticket(1.0), giving_back))
+    actor.send(Acquire(actor.ticket(2.0), last))
+    assert [len(r.grants) for r in (holder, giving_back, last)] == [1, 0, 0]
+    actor.send(Release(held))
+    assert seen == [(1, 1)]
+    assert [len(r.grants) for r in (holder, giving_back, last)] == [1, 1, 1]
+    assert (actor.policy.in_flight, actor.policy.waiting) == (1, 0)
+    stats = actor.statistics()
+    assert (stats.granted_total, stats.released_total) == (3, 2)
+
+
+async def test_a_message_is_handled_by_its_sender_before_send_returns(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    # A pause queued (the actor's task has not run) and the acquire after
-    # it: the acquire queues behind it instead of being granted at once in
-    # the caller's task, and the pause holds it; once the batch is handled,
-    # acquires are handled at once again.
+    # No task of the actor's runs: each send is handled in the sender's
+    # task, in order, and the pause holds the acquire sent after it.
     actor = SchedulerActor("p", SlotPolicy(2))
     paused, later = RecordingReply(), RecordingReply()
-    actor.pause(trio.current_time(), 10.0)
-    actor.acquire(actor.ticket(0.0), paused)
-    assert paused.grants == []
-    actor.handle_backlog()
+    actor.send(Pause(trio.current_time(), 10.0))
+    actor.send(Acquire(actor.ticket(0.0), paused))
     assert (paused.grants, actor.policy.waiting) == ([], 1)
-    actor.resume()
-    actor.handle_backlog()
+    actor.send(Resume())
     assert [grant.granted_at for grant in paused.grants] == [0.0]
-    actor.acquire(actor.ticket(1.0), later)
+    actor.send(Acquire(actor.ticket(1.0), later))
     assert [grant.granted_at for grant in later.grants] == [0.0]
     assert actor.policy.in_flight == 2

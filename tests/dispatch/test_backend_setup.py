@@ -1,8 +1,8 @@
 """A third backend that does not wrap the local scheduler honours every option.
 
 ``PolicyBackend`` below is written with ``trio_dispatch.lowlevel`` names
-alone, on ``SlotPolicy`` and no inbox: each call is handled at once in the
-caller's task, and its task only watches the clock for the policy (a pause's
+alone, on ``SlotPolicy`` and no inbox: each message is handled at once in
+the sender's task, and its task only watches the clock for the policy (a pause's
 end, a budget's refill). Opened with ``open_dispatcher_with``, it is made
 from the ``BackendSetup`` the dispatcher hands it, so ``max_waiting``, the
 budgets (the provider's and its models'), the tenants, the pauses,
@@ -29,9 +29,21 @@ from trio_dispatch import (
     events,
 )
 from trio_dispatch.lowlevel import (
+    Acquire,
+    Adapt,
+    Answered,
     Backend,
     BackendSetup,
+    Cancel,
+    ObserveRateLimits,
+    Pause,
+    Release,
+    ReportUsage,
+    Resume,
     SchedulerActor,
+    SetLimit,
+    SetModelBudget,
+    SetTenant,
     Ticket,
     open_dispatcher_with,
     policy_statistics,
@@ -40,8 +52,8 @@ from trio_dispatch.lowlevel import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from trio_dispatch import AdaptiveLimit, BudgetStatistics, Dispatcher
-    from trio_dispatch.lowlevel import Reply
+    from trio_dispatch import BudgetStatistics, Dispatcher
+    from trio_dispatch.lowlevel import Reply, SchedulerMessage
 
 
 @final
@@ -85,15 +97,48 @@ class PolicyBackend:
         # The task looks at the policy's wake_at again.
         self.changed.set()
 
+    def send(self, message: SchedulerMessage) -> None:
+        self.check_open()
+        now = self.now()
+        policy = self.policy
+        match message:
+            case Acquire(ticket, reply, conversation_id, tokens):
+                self.acquire(ticket, reply, conversation_id, tokens, now)
+            case Release(ticket):
+                self.leave(ticket, now, cancel=False)
+            case Cancel(ticket):
+                self.leave(ticket, now, cancel=True)
+            case Answered(ticket):
+                policy.answered(ticket)
+            case ReportUsage(ticket, tokens):
+                self.deliver(policy.report_usage(ticket, tokens), now)
+            case SetLimit(limit) | Adapt(limit):
+                previous = policy.limit
+                grants = policy.set_limit(limit)
+                self.events.limit_changed(previous, policy.limit, now)
+                self.deliver(grants, now)
+            case Pause(reported_at, retry_after):
+                policy.report_rate_limit(reported_at, retry_after)
+                self.events.paused(now, policy.paused_until, retry_after)
+                self.changed.set()
+            case Resume():
+                self.events.resumed(now, "resumed")
+                self.deliver(policy.resume(), now)
+            case SetTenant(tenant, settings):
+                self.deliver(policy.set_tenant(tenant, settings), now)
+            case SetModelBudget(model, budget):
+                self.deliver(policy.set_model_budget(model, budget), now)
+            case ObserveRateLimits(observed_at, info, model):
+                self.deliver(policy.observe_rate_limits(observed_at, info, model), now)
+
     def acquire(
         self,
         ticket: Ticket,
         reply: Reply,
-        conversation_id: str | None = None,
-        tokens: int = 0,
+        conversation_id: str | None,
+        tokens: int,
+        now: float,
     ) -> None:
-        self.check_open()
-        now = self.now()
         policy = self.policy
         try:
             grants = policy.acquire(ticket, tokens)
@@ -110,9 +155,7 @@ class PolicyBackend:
             )
         self.deliver(grants, now)
 
-    def leave(self, ticket: Ticket, *, cancel: bool) -> None:
-        self.check_open()
-        now = self.now()
+    def leave(self, ticket: Ticket, now: float, *, cancel: bool) -> None:
         policy = self.policy
         before = (policy.in_flight, policy.waiting)
         self.replies.pop(ticket, None) if cancel else None
@@ -122,55 +165,6 @@ class PolicyBackend:
                 ticket, now, before, policy.in_flight, policy.waiting, len(grants)
             )
         self.deliver(grants, now)
-
-    def release(self, ticket: Ticket) -> None:
-        self.leave(ticket, cancel=False)
-
-    def cancel(self, ticket: Ticket) -> None:
-        self.leave(ticket, cancel=True)
-
-    def answered(self, ticket: Ticket) -> None:
-        self.policy.answered(ticket)
-
-    def report_usage(self, ticket: Ticket, tokens: int) -> None:
-        self.deliver(self.policy.report_usage(ticket, tokens), self.now())
-
-    def set_limit(self, limit: int | AdaptiveLimit | None) -> None:
-        self.check_open()
-        now = self.now()
-        previous = self.policy.limit
-        grants = self.policy.set_limit(limit)
-        self.events.limit_changed(previous, self.policy.limit, now)
-        self.deliver(grants, now)
-
-    def pause(self, reported_at: float, retry_after: float | None) -> None:
-        now = self.now()
-        self.policy.report_rate_limit(reported_at, retry_after)
-        self.events.paused(now, self.policy.paused_until, retry_after)
-        self.changed.set()
-
-    def resume(self) -> None:
-        now = self.now()
-        self.events.resumed(now, "resumed")
-        self.deliver(self.policy.resume(), now)
-
-    def set_tenant(self, tenant: str, settings: Tenant | None) -> None:
-        self.deliver(self.policy.set_tenant(tenant, settings), self.now())
-
-    def set_model_budget(self, model: str, budget: Budget) -> None:
-        self.deliver(self.policy.set_model_budget(model, budget), self.now())
-
-    def observe_rate_limits(
-        self, observed_at: float, info: RateLimitInfo, model: str | None = None
-    ) -> None:
-        self.now()
-        self.deliver(self.policy.observe_rate_limits(observed_at, info, model), 0.0)
-
-    def adaptive_value(self) -> int | None:
-        return None
-
-    def handle_backlog(self) -> None:
-        self.tick()
 
     def tick(self) -> None:
         now = self.now()

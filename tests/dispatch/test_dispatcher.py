@@ -22,11 +22,10 @@ from trio_dispatch import (
     open_dispatcher,
 )
 from trio_dispatch.lowlevel import (
+    Acquire,
     Pause,
-    Reply,
     SchedulerActor,
     SchedulerMessage,
-    Ticket,
 )
 
 from .._helpers import settle, task_names, unknown_provider
@@ -906,24 +905,18 @@ async def test_a_scheduler_crash_mid_batch_fails_the_acquires_behind_it(
 def test_a_keyboard_interrupt_after_the_acquire_is_sent_leaks_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The Acquire reaches the scheduler through its acquire() (Backend).
-    acquire = SchedulerActor.acquire
+    # The Acquire reaches the scheduler through its send() (Backend).
+    send = SchedulerActor.send
     interrupted = False
 
-    def send_then_interrupt(
-        self: SchedulerActor,
-        ticket: Ticket,
-        reply: Reply,
-        conversation_id: str | None = None,
-        tokens: int = 0,
-    ) -> None:
+    def send_then_interrupt(self: SchedulerActor, message: SchedulerMessage) -> None:
         nonlocal interrupted
-        acquire(self, ticket, reply, conversation_id, tokens)
-        if not interrupted:
+        send(self, message)
+        if isinstance(message, Acquire) and not interrupted:
             interrupted = True
             signal.raise_signal(signal.SIGINT)  # unprotected code would get KI here
 
-    monkeypatch.setattr(SchedulerActor, "acquire", send_then_interrupt)
+    monkeypatch.setattr(SchedulerActor, "send", send_then_interrupt)
 
     async def main() -> None:
         async with open_dispatcher({"p": 1}) as dispatcher:

@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from trio_dispatch import Budget, Quota, RateLimitInfo, open_dispatcher
+from trio_dispatch.lowlevel import ObserveRateLimits, SetModelBudget
 
 from .._redis import needs_redis, open_fleet
 
@@ -33,7 +34,7 @@ async def test_a_model_held_back_blocks_only_its_own_requests_fleet_wide(
 ) -> None:
     async with open_fleet(shared_server.url, nodes=2, limit=4) as fleet:
         await fleet.pause()
-        fleet.nodes[0].set_model_budget("slow", Budget(requests_per_minute=1))
+        fleet.nodes[0].send(SetModelBudget("slow", Budget(requests_per_minute=1)))
         slow = [
             fleet.acquire(n % 2, older=10.0 - n / 100, model="slow") for n in range(3)
         ]
@@ -67,10 +68,12 @@ async def test_a_models_figures_on_one_node_pace_its_requests_on_the_other(
 ) -> None:
     async with open_fleet(shared_server.url, nodes=2, limit=4) as fleet:
         # Node 0's answer for "small" says 2 requests a minute, none left.
-        fleet.nodes[0].observe_rate_limits(
-            0.0,
-            RateLimitInfo(requests=Quota(limit=2, remaining=0, reset=60.0)),
-            model="small",
+        fleet.nodes[0].send(
+            ObserveRateLimits(
+                0.0,
+                RateLimitInfo(requests=Quota(limit=2, remaining=0, reset=60.0)),
+                model="small",
+            )
         )
         await fleet.settle()
         small = [fleet.acquire(1, older=1.0 - n / 100, model="small") for n in range(2)]

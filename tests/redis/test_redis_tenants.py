@@ -23,6 +23,7 @@ import trio
 from trio_dispatch import Tenant, open_dispatcher
 from trio_dispatch._redis._ledger import Ledger, member_of
 from trio_dispatch._redis._scripts import Plan, load_scripts
+from trio_dispatch.lowlevel import SetTenant
 
 from .._redis import SET_CLOCK, lose_everything, needs_redis, open_fleet
 from .._workers import worker
@@ -75,7 +76,7 @@ async def test_weights_three_to_one_share_one_slot_three_to_one_across_two_nodes
     async with open_fleet(shared_server.url, nodes=2, limit=1) as fleet:
         await fleet.pause()
         # Set by one node, for the whole fleet.
-        fleet.nodes[1].set_tenant("b", Tenant(weight=3.0))
+        fleet.nodes[1].send(SetTenant("b", Tenant(weight=3.0)))
         for _ in range(6):
             fleet.acquire(0, older=10.0, tenant="a")
         for _ in range(9):
@@ -98,7 +99,7 @@ async def test_weights_three_to_one_share_one_slot_three_to_one_across_two_nodes
 async def test_a_tenants_cap_holds_fleet_wide(shared_server: RedisServer) -> None:
     async with open_fleet(shared_server.url, nodes=2, limit=3) as fleet:
         await fleet.pause()
-        fleet.nodes[0].set_tenant("a", Tenant(limit=2))
+        fleet.nodes[0].send(SetTenant("a", Tenant(limit=2)))
         # A hundredth of a second apart: the nodes' clocks agree closer.
         a = [fleet.acquire(n % 2, older=10.0 - n / 100, tenant="a") for n in range(4)]
         b = [fleet.acquire(1, tenant="b") for _ in range(2)]
@@ -163,7 +164,7 @@ async def test_a_tenant_set_at_run_time_on_one_node_steers_the_other(
             fleet.acquire(1, tenant="b")
         # Node 0 holds nothing and waits for nothing: the setting reaches
         # the ledger all the same, and node 1 grants by it.
-        fleet.nodes[0].set_tenant("a", Tenant(weight=2.0))
+        fleet.nodes[0].send(SetTenant("a", Tenant(weight=2.0)))
         order = await serve_one_by_one(fleet, 1000, 6)
     # a (weight 2) gets two slots of a second for each of b's; ties go to
     # the older head, a's.

@@ -6,17 +6,11 @@ and the Redis-shared scheduler (a fleet, through the ledger) both
 implement it, and so can a third written with the names of
 ``trio_dispatch.lowlevel`` alone.
 
-A backend is an actor: one task (``run``, which the dispatcher starts in
-its nursery) owns its state, and every change to that state goes through
-its message handling. Every method below except ``run`` is synchronous and
-never blocks, so a slot is given back from a ``finally`` under
-cancellation without a shield. The methods that queue a message raise
-``trio.ClosedResourceError`` once the backend is closed.
-
-``run(stop_when_idle=True)`` may return ``True`` when the provider is
-unlimited and nothing is held, waiting or queued; the dispatcher calls
-``run`` again when the provider is next used, on the same backend, which
-keeps its counters.
+A backend is an actor: its state changes only by the typed messages it
+is sent, handled one at a time in the order they were sent; ``Backend``
+says what else it promises. It is made by a factory from the
+``BackendSetup`` the dispatcher hands it (``open_dispatcher_with``), as
+the two built-in backends are.
 """
 
 from __future__ import annotations
@@ -28,11 +22,9 @@ import attrs
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from .._policy._budgets import AdaptiveLimit, BudgetStatistics
-    from .._policy._ratelimits import RateLimitInfo
+    from .._policy._budgets import BudgetStatistics
     from .._policy._tenants import TenantStatistics
-    from ..messages._limits import Budget, Tenant
-    from ..messages._protocol import Reply, Ticket
+    from ..messages._protocol import SchedulerMessage, Ticket
 
 
 @final
@@ -179,16 +171,41 @@ def provider_statistics(
 class Backend(Protocol):
     """One provider's scheduler, as the dispatcher uses it.
 
-    Requests: ``ticket`` orders one, ``acquire`` queues it with the
-    ``Reply`` the answer goes to (``Slot`` is one), and exactly one of
-    ``release`` (once granted) or ``cancel`` (any time; of a granted
-    ticket it is a release) ends it. A ticket names the tenant it is made
-    for and the model it asks for, if any: the next free slot goes to the
-    waiting tenant with the least service for its weight, and a request of
-    a model needs that model's budget too. Settings: ``set_limit``,
-    ``pause``, ``resume``, ``set_tenant``, ``set_model_budget``, and what
-    the provider's answers teach (``answered``, ``report_usage``,
-    ``observe_rate_limits``).
+    Everything reaches a backend as a message of ``trio_dispatch.lowlevel``
+    through ``send`` (``SchedulerMessage``): requests (``Acquire`` with a
+    fresh ``ticket`` and the ``Reply`` its answer goes to, then exactly one
+    of ``Release`` once granted or ``Cancel`` any time), what the answers
+    teach (``Answered``, ``ReportUsage``, ``ObserveRateLimits``) and the
+    settings (``SetLimit``, ``Adapt``, ``Pause``, ``Resume``, ``SetTenant``,
+    ``SetModelBudget``; each checked its values when it was made).
+
+    What a backend promises:
+
+    - **Order.** Messages take effect in the order they were sent, so a
+      ``Cancel`` never overtakes its ``Acquire``. Free slots go to the
+      waiting ticket of lowest ``(rank, seq)`` among those its budgets hold
+      (and, with tenants, to the waiting tenant with the least service for
+      its weight); a ticket's ``model`` needs that model's budget too.
+    - **Answers.** Each ``Acquire`` is answered exactly once on its reply:
+      ``granted`` or ``refused`` (``QueueFull`` past ``max_waiting``,
+      ``DispatcherClosed`` once closed, the policy's ``ValueError`` or
+      ``RuntimeError`` for a misuse), from ``send`` itself or from the
+      backend's task. A grant that reaches a reply whose requester gave up
+      is released by the requester's ``Cancel``.
+    - **Never blocking.** ``send`` is synchronous and never blocks, so a
+      slot is given back from a ``finally`` under cancellation without a
+      shield; it raises ``trio.ClosedResourceError`` once the backend is
+      closed.
+    - **Leases.** A backend whose slots can be lost (the Redis-shared one)
+      calls ``reply.lease_until(deadline)`` before a grant and at each
+      renewal; one that cannot never calls it.
+    - **Statistics.** ``statistics()`` reflects every message sent so far.
+    - **Running.** ``run`` is started once in the dispatcher's nursery and
+      serves until ``close`` or cancellation, then fails every waiter with
+      ``DispatcherClosed``. ``run(stop_when_idle=True)`` may return
+      ``True`` when the provider is unlimited and nothing is held, waiting
+      or queued; the dispatcher calls ``run`` again when the provider is
+      next used, on the same backend, which keeps its counters.
     """
 
     @property
@@ -212,92 +229,16 @@ class Backend(Protocol):
         """
         ...
 
-    def acquire(
-        self,
-        ticket: Ticket,
-        reply: Reply,
-        conversation_id: str | None = None,
-        tokens: int = 0,
-    ) -> None:
-        """Queue a request; its grant or refusal goes to ``reply``."""
-        ...
-
-    def release(self, ticket: Ticket) -> None:
-        """Give back the slot of a granted ticket."""
-        ...
-
-    def cancel(self, ticket: Ticket) -> None:
-        """Withdraw a ticket: a waiting one leaves, a granted one is released."""
-        ...
-
-    def answered(self, ticket: Ticket) -> None:
-        """The answer of a granted ticket's request has started."""
-        ...
-
-    def report_usage(self, ticket: Ticket, tokens: int) -> None:
-        """The tokens a granted ticket's request used, to correct its charge."""
-        ...
-
-    def set_limit(self, limit: int | AdaptiveLimit | None) -> None:
-        """A new limit: fixed, adaptive, or ``None`` for unlimited."""
-        ...
-
-    def pause(self, reported_at: float, retry_after: float | None) -> None:
-        """A rate-limit answer came at ``reported_at``: pause the grants."""
-        ...
-
-    def resume(self) -> None:
-        """End the pause now, and its backoff streak."""
-        ...
-
-    def set_tenant(self, tenant: str, settings: Tenant | None) -> None:
-        """Give ``tenant`` a weight and a cap from now on; ``None``: the defaults.
-
-        Raising a cap or a weight may grant at once; lowering a cap lets
-        the tenant's holders finish.
+    def send(self, message: SchedulerMessage) -> None:
+        """Hand the backend one message; never blocks.
 
         Raises:
-            TypeError: ``tenant`` is not a string, or ``settings`` is not a
-                ``Tenant`` or ``None``.
-            ValueError: ``tenant`` is empty or longer than 256 characters.
+            trio.ClosedResourceError: The backend is closed.
         """
-        ...
-
-    def set_model_budget(self, model: str, budget: Budget) -> None:
-        """Give ``model`` a budget of its own, beside the provider's.
-
-        A request for ``model`` is granted only when both budgets hold
-        it. The budget starts full; figures from the model's answers still
-        lower it (as they do the provider's).
-
-        Raises:
-            TypeError: ``model`` is not a string or ``budget`` not a
-                ``Budget``.
-            ValueError: ``model`` is empty.
-        """
-        ...
-
-    def observe_rate_limits(
-        self, observed_at: float, info: RateLimitInfo, model: str | None = None
-    ) -> None:
-        """The rate-limit figures of one of the provider's answers.
-
-        ``model`` is the model the answer is for: the figures teach that
-        model's budget (learned from its first figures on); ``None``, the
-        provider's.
-        """
-        ...
-
-    def adaptive_value(self) -> int | None:
-        """An adaptive limit's current value, or ``None`` if not known here."""
-        ...
-
-    def handle_backlog(self) -> None:
-        """Handle the queued messages now, in the calling task, if it can."""
         ...
 
     def statistics(self) -> ProviderStatistics:
-        """A snapshot of the provider, every message queued so far handled.
+        """A snapshot of the provider, every message sent so far counted.
 
         Its ``models`` and ``tenants`` show each model's budget and each
         tenant's share.

@@ -51,6 +51,14 @@ from .._validation import (
 )
 from ..actors._scheduler import SchedulerActor
 from ..messages._limits import DEFAULT_MAX_TOKENS
+from ..messages._protocol import (
+    Adapt,
+    ObserveRateLimits,
+    Pause,
+    Resume,
+    SetLimit,
+    SetTenant,
+)
 from ._settings import check_tenant_settings
 from ._setup import BackendSetup
 from ._slot import Slot, SlotHost, acquire_unscoped
@@ -69,6 +77,7 @@ if TYPE_CHECKING:
     from .._provider import Provider
     from .._redis._backend import SharedBackends
     from ..messages._limits import Tenant
+    from ..messages._protocol import SchedulerMessage
     from ._backend import Backend, ProviderStatistics
     from ._settings import Settings
 
@@ -367,7 +376,10 @@ class Plumbing(metaclass=NoPublicConstructor):
         check_provider(provider)
         check_limit_value(limit)
         self._check_open()
-        self._tell(provider, lambda backend: backend.set_limit(limit))
+        self._tell(
+            provider,
+            Adapt(limit) if isinstance(limit, AdaptiveLimit) else SetLimit(limit),
+        )
         self._host.limits[provider] = (
             limit.initial if isinstance(limit, AdaptiveLimit) else limit
         )
@@ -379,19 +391,14 @@ class Plumbing(metaclass=NoPublicConstructor):
         check_provider(provider)
         self._check_open()
         self._host.limits.pop(provider, None)
-        self._tell(provider, lambda backend: backend.set_limit(None))
+        self._tell(provider, SetLimit(None))
         self._known.add(provider)
         self._cleared.add(provider)
 
     def limits(self) -> dict[str, int]:
         """``Dispatcher.limits``."""
-        limits = dict(self._host.limits)
-        for provider in limits:
-            backend = self._backends.get(provider)
-            value = None if backend is None else backend.adaptive_value()
-            if value is not None:
-                limits[provider] = value
-        return limits
+        # Current: the backends tell their limits' moves (learn_limit).
+        return dict(self._host.limits)
 
     def observe_rate_limits(
         self, provider: str, info: RateLimitInfo, *, model: str | None = None
@@ -415,12 +422,7 @@ class Plumbing(metaclass=NoPublicConstructor):
         now = trio.current_time()
         with contextlib.suppress(DispatcherClosed):
             # Closed: its scheduler has stopped, and nothing waits there.
-            self._tell(
-                provider,
-                (lambda backend: backend.observe_rate_limits(now, info))
-                if model is None
-                else (lambda backend: backend.observe_rate_limits(now, info, model)),
-            )
+            self._tell(provider, ObserveRateLimits(now, info, model))
 
     def default_max_tokens(self, provider: str, model: str | None = None) -> int:
         """The answer charged for a request of ``provider`` without ``max_tokens``.
@@ -443,14 +445,14 @@ class Plumbing(metaclass=NoPublicConstructor):
         checked = check_tenant_settings(settings)
         self._check_open()
         self._tenants[tenant] = checked
-        self._tell_every(lambda backend: backend.set_tenant(tenant, checked))
+        self._tell_every(SetTenant(tenant, checked))
 
     def remove_tenant(self, tenant: str) -> None:
         """``Dispatcher.remove_tenant``."""
         check_tenant_name(tenant)
         self._check_open()
         self._tenants.pop(tenant, None)
-        self._tell_every(lambda backend: backend.set_tenant(tenant, None))
+        self._tell_every(SetTenant(tenant, None))
 
     def tenants(self) -> dict[str, Tenant]:
         """``Dispatcher.tenants``."""
@@ -466,15 +468,13 @@ class Plumbing(metaclass=NoPublicConstructor):
             return
         with contextlib.suppress(DispatcherClosed):
             # Its scheduler has stopped (it crashed): there is nothing to pause.
-            self._tell(
-                provider, lambda backend: backend.pause(trio.current_time(), seconds)
-            )
+            self._tell(provider, Pause(trio.current_time(), seconds))
 
     def resume(self, provider: str) -> None:
         """``Dispatcher.resume``."""
         check_provider(provider)
         self._check_open()
-        self._tell(provider, lambda backend: backend.resume())
+        self._tell(provider, Resume())
 
     def events(self, *, buffer: int = 1024) -> EventSubscription:
         """``Dispatcher.events``."""
@@ -608,32 +608,26 @@ class Plumbing(metaclass=NoPublicConstructor):
             learn_tenant=self._learn_tenant,
         )
 
-    def _tell_every(self, change: Callable[[Backend], None]) -> None:
-        """Make ``change`` to every provider's backend (``_tell``), closed ones aside."""
+    def _tell_every(self, message: SchedulerMessage) -> None:
+        """Send ``message`` to every provider's backend (``_tell``), closed ones aside."""
         for provider in list(self._backends):
             with contextlib.suppress(DispatcherClosed):
                 # Closed: its scheduler has stopped (it crashed).
-                self._tell(provider, change)
+                self._tell(provider, message)
 
-    def _tell(self, provider: str, change: Callable[[Backend], None]) -> None:
-        """Make ``change`` to the backend of ``provider``, started if need be.
-
-        A backend whose task was not running handles it at once, in this
-        task, through its own message handling: its task finds it done.
+    def _tell(self, provider: str, message: SchedulerMessage) -> None:
+        """Send ``message`` to the backend of ``provider``, started if need be.
 
         Raises:
             DispatcherClosed: Its backend is closed.
         """
-        started = provider not in self._host.actors
         backend = self._scheduler(provider)
         try:
-            change(backend)
+            backend.send(message)
         except trio.ClosedResourceError:
             raise DispatcherClosed(
                 f"the scheduler of {provider!r} has stopped"
             ) from None
-        if started:
-            backend.handle_backlog()
 
     def _set_limits(self, limits: Mapping[str, int | AdaptiveLimit | None]) -> None:
         """The limits the dispatcher opens with: given, or stored in Redis.
@@ -654,7 +648,7 @@ class Plumbing(metaclass=NoPublicConstructor):
             self._scheduler(provider)
 
     def _learn_limit(self, provider: str, limit: int | None) -> None:
-        """A shared scheduler learned the fleet's limit from Redis."""
+        """A backend told its limit: an adaptive move, or the fleet's from Redis."""
         if limit is None:
             self._host.limits.pop(provider, None)
         else:

@@ -64,7 +64,10 @@ class BackendSetup:
             yields. Its ``listening`` says whether anything listens.
         clock: The dispatcher's clock (``trio.current_time``).
         learn_limit: Call ``learn_limit(provider, limit)`` when the
-            backend learns a limit set elsewhere (another process).
+            provider's limit changes other than by a ``SetLimit`` or
+            ``Adapt`` the dispatcher sent: an adaptive limit's moves, a
+            limit set elsewhere (another process). ``Dispatcher.limits()``
+            shows what it was told.
         learn_tenant: Call ``learn_tenant(tenant, settings)`` (``None``:
             the defaults) when it learns a tenant's setting made elsewhere.
     """

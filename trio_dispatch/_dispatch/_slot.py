@@ -30,6 +30,7 @@ import trio
 from .._exceptions import DispatcherClosed, lease_lost, slot_hold_timeout
 from .._util import NoPublicConstructor, wrong_with
 from .._validation import check_count
+from ..messages._protocol import Acquire, Answered, Cancel, Release, ReportUsage
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
@@ -303,7 +304,7 @@ class Slot(metaclass=NoPublicConstructor):
         try:
             # The backend may answer before this returns, in this task
             # (granted or refused find no task parked then).
-            actor.acquire(ticket, self, self.conversation_id, self.tokens)
+            actor.send(Acquire(ticket, self, self.conversation_id, self.tokens))
         except trio.ClosedResourceError:
             self._state = _DONE
             self._actor = None
@@ -376,7 +377,7 @@ class Slot(metaclass=NoPublicConstructor):
             if self._state is _HOLDING:
                 self._state = _DONE
                 try:
-                    self._actor.release(self.ticket)  # type: ignore[union-attr, arg-type]  # set with _HOLDING
+                    self._actor.send(Release(self.ticket))  # type: ignore[union-attr, arg-type]  # set with _HOLDING
                 except trio.ClosedResourceError:
                     # Closed: the scheduler is gone, so there is nothing
                     # to give back to.
@@ -442,7 +443,7 @@ class Slot(metaclass=NoPublicConstructor):
         if actor is not None:
             with contextlib.suppress(trio.ClosedResourceError):
                 # Closed: the scheduler is gone, with its budgets.
-                actor.report_usage(self.ticket, tokens)  # type: ignore[arg-type]  # set with _actor
+                actor.send(ReportUsage(self.ticket, tokens))  # type: ignore[arg-type]  # set with _actor
 
     def answered(self) -> None:
         """The request's answer started: the provider has counted it.
@@ -457,7 +458,7 @@ class Slot(metaclass=NoPublicConstructor):
         if self._state is _HOLDING and actor is not None:
             with contextlib.suppress(trio.ClosedResourceError):
                 # Closed: the scheduler is gone, with its budgets.
-                actor.answered(self.ticket)  # type: ignore[arg-type]  # set with _actor
+                actor.send(Answered(self.ticket))  # type: ignore[arg-type]  # set with _actor
 
     def release(self, *, used: bool = True) -> None:
         """Give the slot back now, from any task; nothing if it is not held.
@@ -503,10 +504,10 @@ class Slot(metaclass=NoPublicConstructor):
             # and the context manager would cost as much as the send.
             try:
                 if used:
-                    actor.release(self.ticket)  # type: ignore[arg-type]  # set with _actor
+                    actor.send(Release(self.ticket))  # type: ignore[arg-type]  # set with _actor
                 else:
                     # A grant never used: withdrawn, as if cancelled first.
-                    actor.cancel(self.ticket)  # type: ignore[arg-type]  # set with _actor
+                    actor.send(Cancel(self.ticket))  # type: ignore[arg-type]  # set with _actor
             except trio.ClosedResourceError:
                 # Closed: the scheduler is gone, so there is nothing to give back to.
                 return
@@ -569,7 +570,7 @@ class Slot(metaclass=NoPublicConstructor):
         self._task = None
         with contextlib.suppress(trio.ClosedResourceError):
             # Closed: the scheduler is gone and holds nothing for us.
-            self._actor.cancel(self.ticket)  # type: ignore[union-attr, arg-type]  # set before parking
+            self._actor.send(Cancel(self.ticket))  # type: ignore[union-attr, arg-type]  # set before parking
         return trio.lowlevel.Abort.SUCCEEDED
 
 

@@ -49,6 +49,7 @@ from coredis.retry import NoRetryPolicy
 from .._exceptions import BackendUnavailable
 from .._groups import leaves
 from .._validation import redact_url
+from ..messages._protocol import SetModelBudget, SetTenant
 from ._book import SharedBook
 from ._ledger import Ledger, provider_of_channel
 from ._scheduler import BACKEND_ERRORS, SharedSchedulerActor, new_node
@@ -101,9 +102,9 @@ class SharedBackends:
             hub=setup.events.hub,
         )
         for tenant, settings in setup.tenants.items():
-            actor.set_tenant(tenant, settings)
+            actor.send(SetTenant(tenant, settings))
         for model, budget in setup.model_budgets.items():
-            actor.set_model_budget(model, budget)
+            actor.send(SetModelBudget(model, budget))
         self._actors[provider] = actor
         return actor
 

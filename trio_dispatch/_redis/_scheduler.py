@@ -1,9 +1,12 @@
 """The shared scheduler actor: one provider's slots, granted fleet-wide via Redis.
 
-Design note. It speaks the same protocol as ``SchedulerActor`` (the same
-inbox and messages, the same ``Reply``), so ``Slot`` and the dispatcher use
-either; the in-process actor keeps its hot path untouched. This actor is
-the only code that talks to Redis for its provider. It keeps its local
+Design note. It is a ``Backend`` as ``SchedulerActor`` is (the same
+messages through ``send``, the same ``Reply``), so ``Slot`` and the
+dispatcher use either, and it follows the same rule: the sender of a
+message takes it into the book at once (``_take``, the one handler),
+unless a task is handling messages or a round's answer, which then takes
+it before it goes on. Its own task (``run``) runs the rounds. This actor
+is the only code that talks to Redis for its provider. It keeps its local
 waiters in a ``SharedBook`` (oldest first) and, in rounds, sends the
 ledger one ``step``: the leases given back and the entries withdrawn since
 the last round, its oldest waiters to publish, its renewals, and a request
@@ -40,7 +43,7 @@ import functools
 import logging
 import math
 import uuid
-from typing import TYPE_CHECKING, Final, Protocol, cast, final
+from typing import TYPE_CHECKING, Final, final
 
 import anyio
 import attrs
@@ -75,7 +78,6 @@ from ._ledger import NamespaceLost, SeenModels, wakes
 from ._scripts import Seed
 
 if TYPE_CHECKING:
-    import collections
     from collections.abc import Callable
 
     from .._dispatch._backend import ProviderStatistics
@@ -107,20 +109,6 @@ BACKEND_ERRORS: Final = (
 _FIRST_RETRY: Final = 0.05
 _PAUSE_SLACK: Final = 0.05
 _LAST_RETRY: Final = 1.0
-
-
-@final
-class _Wake:
-    """A wake-up from the provider's channel: run a round."""
-
-
-_WAKE: Final = _Wake()
-
-
-class _Leased(Protocol):
-    """A reply that can be told how long its lease lives (``Slot``)."""
-
-    def lease_until(self, deadline: float) -> None: ...
 
 
 @final
@@ -234,6 +222,7 @@ class SharedSchedulerActor:
 
     __slots__ = (
         "_backoff",
+        "_crash",
         "_default_pause",
         "_dirty",
         "_entered",
@@ -242,6 +231,7 @@ class SharedSchedulerActor:
         "_fleet_budget",
         "_fleet_models",
         "_fleet_tenants",
+        "_handling",
         "_holding",
         "_inbox",
         "_last_round",
@@ -288,10 +278,15 @@ class SharedSchedulerActor:
         self._max_pause = max_pause
         self._on_limit = on_limit
         self._on_tenant = on_tenant
-        self._inbox: Mailbox[SchedulerMessage | _Wake] = Mailbox()
+        # The messages sent while a task handles others (send), and the
+        # run task's wake-ups.
+        self._inbox: Mailbox[SchedulerMessage] = Mailbox()
+        self._handling = False
+        # The bug a handling met, for run to raise.
+        self._crash: BaseException | None = None
         self._replies: dict[Ticket, Reply] = {}
         # The replies of the tickets holding a lease that can expire.
-        self._holding: dict[Ticket, _Leased] = {}
+        self._holding: dict[Ticket, Reply] = {}
         # The book's: lease ids stay unique when a new actor takes over.
         self._seq = book.seq
         self._limit_writes: list[int | AdaptiveLimit | None] = []
@@ -349,80 +344,48 @@ class SharedSchedulerActor:
         """A fresh ticket; its ``seq`` matches the order of the inbox."""
         return Ticket(rank, next(self._seq), priority, tenant, model)
 
+    # Protected like the local scheduler's: the book changes and the
+    # requesters are told together.
+    @trio.lowlevel.enable_ki_protection
     def send(self, message: SchedulerMessage) -> None:
-        """Put a message in the inbox; never blocks.
+        """Take ``message`` into the book now; never blocks.
+
+        The same rule as the local scheduler's: handled at once in this
+        task, unless a task is handling messages or a round's answer now
+        (then that task takes it before it goes on). The round that sends
+        it to Redis runs soon (an answer's start, ``Answered``, waits for
+        the next).
 
         Raises:
-            trio.ClosedResourceError: The actor has stopped.
+            trio.ClosedResourceError: The actor is closed.
         """
-        self._inbox.send_nowait(message)
+        inbox = self._inbox
+        if self._handling or inbox.closed:
+            inbox.send_nowait(message)  # raises once closed
+            return
         if not self._entered:
             # Its run() is about to start again, and will use the client.
             self._ledger.enter()
             self._entered = True
+        self._handling = True
+        try:
+            self._take(message, trio.current_time())
+            self._settle()
+        except BaseException as exc:  # a bug: nothing else escapes _take
+            self._crash = exc
+            inbox.close()
+        finally:
+            self._handling = False
 
-    # The Backend interface: each queues one message, never blocks, and
-    # raises trio.ClosedResourceError once the actor is closed.
-
-    def acquire(
-        self,
-        ticket: Ticket,
-        reply: Reply,
-        conversation_id: str | None = None,
-        tokens: int = 0,
-    ) -> None:
-        """Queue a request for a slot; the answer goes to ``reply``."""
-        self.send(Acquire(ticket, reply, conversation_id, tokens))
-
-    def release(self, ticket: Ticket) -> None:
-        """Give back the slot of a granted ticket."""
-        self.send(Release(ticket))
-
-    def cancel(self, ticket: Ticket) -> None:
-        """Withdraw a ticket, waiting or granted."""
-        self.send(Cancel(ticket))
-
-    def answered(self, ticket: Ticket) -> None:
-        """The answer of a granted ticket's request has started."""
-        self.send(Answered(ticket))
-
-    def report_usage(self, ticket: Ticket, tokens: int) -> None:
-        """The tokens a granted ticket's request used."""
-        self.send(ReportUsage(ticket, tokens))
-
-    def set_limit(self, limit: int | AdaptiveLimit | None) -> None:
-        """A new limit for the fleet: fixed, adaptive, or ``None``."""
-        self.send(Adapt(limit) if isinstance(limit, AdaptiveLimit) else SetLimit(limit))
-
-    def pause(self, reported_at: float, retry_after: float | None) -> None:
-        """A rate-limit answer: pause the fleet's grants."""
-        self.send(Pause(reported_at, retry_after))
-
-    def resume(self) -> None:
-        """End the fleet's pause and its backoff streak."""
-        self.send(Resume())
-
-    def observe_rate_limits(
-        self, observed_at: float, info: RateLimitInfo, model: str | None = None
-    ) -> None:
-        """The rate-limit figures of an answer (of ``model``), for the fleet's budgets."""
-        self.send(ObserveRateLimits(observed_at, info, model))
-
-    def set_tenant(self, tenant: str, settings: Tenant | None) -> None:
-        """A tenant's weight and cap for the fleet (``None``: the defaults)."""
-        self.send(SetTenant(tenant, settings))
-
-    def set_model_budget(self, model: str, budget: Budget) -> None:
-        """A model's configured budget, for the fleet."""
-        self.send(SetModelBudget(model, budget))
-
-    def adaptive_value(self) -> int | None:
-        """The fleet's adaptive limit's value as last seen, or ``None``."""
-        return None if self._view.adaptive is None else self.limit
+    def _settle(self) -> None:
+        """Take the messages sent while this task handled others, in order."""
+        inbox = self._inbox
+        while len(inbox):
+            for message in inbox.take_all():
+                self._take(message, trio.current_time())
 
     def statistics(self) -> ProviderStatistics:
         """The fleet's figures as the last round saw them, this process's own totals."""
-        self.handle_backlog()
         view = self._view
         book = self.book
         now = trio.current_time()
@@ -451,25 +414,11 @@ class SharedSchedulerActor:
             return
         if not self._dirty and not self._inbox.closed:
             self._dirty = True
-            self._inbox.send_nowait(_WAKE)
+            self._inbox.nudge()
 
     def close(self) -> None:
         """Refuse further messages; the actor stops and fails the waiters."""
         self._inbox.close()
-
-    def handle_backlog(self) -> None:
-        """Take every queued message into the book now; never blocks.
-
-        The local figures then reflect every message sent so far; the
-        fleet's figures are those of the last round.
-        """
-        inbox = self._inbox
-        if inbox.closed or not len(inbox):
-            return
-        self._take(inbox.take_all(), trio.current_time())
-        # The actor may be in a round now: it must run another for these,
-        # though it will find the inbox empty.
-        self._dirty = True
 
     @trio.lowlevel.enable_ki_protection
     async def run(self, *, stop_when_idle: bool = False) -> bool:
@@ -500,21 +449,15 @@ class SharedSchedulerActor:
                     # only those of its own requests.
                     self._view = SharedView(models=self._view.models)
                     return True
-                if not self._view.up:
-                    # The ledger is away: messages are taken into the book
-                    # and wait for the next retry.
-                    with trio.move_on_at(self._retry_at):
-                        await inbox.wait()
-                elif not self._dirty:
-                    with trio.move_on_at(self._deadline()):
-                        await inbox.wait()
+                await self._sleep()
+                if self._crash is not None:
+                    raise self._crash
                 if inbox.closed:
                     return False
                 now = trio.current_time()
-                urgent = self._take(inbox.take_all(), now)
                 if now < self._retry_at:
                     continue
-                if not (urgent or self._dirty) and now < self._deadline():
+                if not self._dirty and now < self._deadline():
                     # Only news that can wait for the next round.
                     continue
                 self._dirty = False
@@ -528,6 +471,17 @@ class SharedSchedulerActor:
                 if self._entered:
                     self._entered = False
                     self._ledger.leave()
+
+    async def _sleep(self) -> None:
+        """Wait until a round is due: news, a retry, a renewal or a poll."""
+        if not self._view.up:
+            # The ledger is away: messages are taken into the book and wait
+            # for the next retry.
+            with trio.move_on_at(self._retry_at):
+                await self._inbox.wait()
+        elif not self._dirty:
+            with trio.move_on_at(self._deadline()):
+                await self._inbox.wait()
 
     def _idle(self) -> bool:
         return (
@@ -560,53 +514,44 @@ class SharedSchedulerActor:
                 deadline = min(deadline, view.budget_ready_at)
         return deadline
 
-    def _take(
-        self,
-        messages: collections.deque[SchedulerMessage | _Wake],
-        now: float,
-    ) -> bool:
-        """Take ``messages`` into the book; whether a round should run now.
+    def _take(self, message: SchedulerMessage, now: float) -> None:
+        """Take one message into the book; the one handler of every message.
 
-        Only an answer's start (``Answered``) can wait for the next round.
+        All but an answer's start (``Answered``) call for a round now.
         """
         book = self.book
+        if isinstance(message, Answered):
+            book.answered(message.ticket)
+            return
         events = self._events
         listening = events.listening
         if not listening:
             events.forget()
-        urgent = False
-        for message in messages:
-            if isinstance(message, Answered):
-                book.answered(message.ticket)
-                continue
-            urgent = True
-            if isinstance(message, Release):
-                self._holding.pop(message.ticket, None)
-                before = book.in_flight, book.waiting
-                try:
-                    book.release(message.ticket)
-                except RuntimeError as exc:
-                    reply = self._replies.pop(message.ticket)
-                    book.cancel(message.ticket)
-                    reply.refused(exc)
-                if listening:
-                    events.left(
-                        message.ticket, now, before, book.in_flight, book.waiting
-                    )
-            elif isinstance(message, Acquire):
-                self._acquire(message, now)
-            elif isinstance(message, Cancel):
-                before = book.in_flight, book.waiting
-                self._replies.pop(message.ticket, None)
-                self._holding.pop(message.ticket, None)
+        if not self._dirty:
+            self._dirty = True
+            self._inbox.nudge()
+        if isinstance(message, Release):
+            self._holding.pop(message.ticket, None)
+            before = book.in_flight, book.waiting
+            try:
+                book.release(message.ticket)
+            except RuntimeError as exc:
+                reply = self._replies.pop(message.ticket)
                 book.cancel(message.ticket)
-                if listening:
-                    events.left(
-                        message.ticket, now, before, book.in_flight, book.waiting
-                    )
-            elif not isinstance(message, _Wake):
-                self._take_setting(message, now)
-        return urgent
+                reply.refused(exc)
+            if listening:
+                events.left(message.ticket, now, before, book.in_flight, book.waiting)
+        elif isinstance(message, Acquire):
+            self._acquire(message, now)
+        elif isinstance(message, Cancel):
+            before = book.in_flight, book.waiting
+            self._replies.pop(message.ticket, None)
+            self._holding.pop(message.ticket, None)
+            book.cancel(message.ticket)
+            if listening:
+                events.left(message.ticket, now, before, book.in_flight, book.waiting)
+        else:
+            self._take_setting(message, now)
 
     def _take_setting(
         self,
@@ -736,7 +681,12 @@ class SharedSchedulerActor:
                 now, TimeoutError(f"no answer within {_ROUND_TIMEOUT:g} seconds")
             )
             return
-        self._up(now, renew, plan, result)
+        self._handling = True
+        try:
+            self._up(now, renew, plan, result)
+            self._settle()
+        finally:
+            self._handling = False
 
     def _seed(self) -> Seed:
         """The fleet's settings as this process knows them, to store where Redis lost them."""
@@ -842,10 +792,8 @@ class SharedSchedulerActor:
                 leased.lease_until(until)
         for ticket in grants:
             reply = replies.pop(ticket)
-            lease_until = getattr(reply, "lease_until", None)
-            if lease_until is not None:
-                lease_until(until)
-                holding[ticket] = cast("_Leased", reply)
+            reply.lease_until(until)
+            holding[ticket] = reply
             reply.granted(ticket, now)
         if grants and self._events.listening:
             self._events.granted(grants, now, book.in_flight, book.waiting)
@@ -936,7 +884,11 @@ class SharedSchedulerActor:
 
     async def _shutdown(self) -> None:
         self._inbox.close()
-        self._take(self._inbox.take_all(), trio.current_time())
+        self._handling = True
+        try:
+            self._settle()
+        finally:
+            self._handling = False
         book = self.book
         replies = list(self._replies.values())
         self._replies.clear()

@@ -7,11 +7,10 @@ went in, and after ``close`` every send raises ``trio.ClosedResourceError``.
 
 It is built the way trio builds its own channel, on
 ``wait_task_rescheduled`` and ``reschedule``, but hands the reader its whole
-backlog at once instead of one message per call. A memory channel's
-``receive`` raises and catches ``WouldBlock`` on every wake-up and its
-drain loop once more; on the scheduler's hot path that bookkeeping cost a
-quarter of an uncontended acquire-release round trip (see the README's
-benchmarks).
+backlog at once instead of one message per call, and can wake a parked
+task without a message (``nudge``): a scheduler keeps in it the messages
+sent while a task handles others, and its own task parks on it until what
+it sleeps for changes.
 """
 
 from __future__ import annotations

@@ -1,72 +1,74 @@
-"""The scheduler actor: one trio task per provider in use.
+"""The scheduler actor: one per provider in use, on a ``SlotPolicy``.
 
 Design note. The actor owns a ``SlotPolicy`` and is the only code that
-touches it. Everything reaches it as a typed message in one unbounded FIFO
-``Mailbox``, so senders never block (``send`` works in a ``finally`` under
-cancellation, without shielding) and a ``Cancel`` can never overtake its
-``Acquire``.
+touches it. Everything reaches it as a typed message through ``send``, and
+every message is handled by one handler, ``_handle``, in the order it was
+sent, so a ``Cancel`` never overtakes its ``Acquire``.
 
-Each time it wakes, the actor takes its whole backlog before it parks
-again: under contention one wake-up handles a whole batch of releases and
-acquires, and the grants they free are delivered to each waiter's own
-``Reply`` right away. A grant is marked in the policy the moment it is
-delivered; a grant that reaches a requester who has just given up is
-ignored by its reply, and the requester's ``Cancel``, already behind in the
-inbox, releases it. So slots never leak through that race.
+Which task runs the handler is one rule: the task that sends a message to
+an idle actor handles it at once, and before it returns every message sent
+meanwhile (by what the handling itself set off: a grant that reaches a
+requester who gave up and gives it back); a message sent while a task is
+handling waits in the inbox for that task. So ``send`` never blocks and
+never waits for another task (it works in a ``finally`` under
+cancellation, without a shield), a grant reaches its waiter's ``Reply``
+from the releasing task as ``trio.CapacityLimiter`` hands a token on, and
+``policy`` and ``statistics()`` reflect every message sent as soon as
+``send`` returns. ``send`` is protected from ``KeyboardInterrupt``: the
+policy changes and the requesters are told together.
 
-The actor need not be woken for every message. While the provider has no
-budget (of its own or of a model) and no pause, an ``Acquire``, ``Release``
-or ``Cancel`` that finds
-the inbox empty is handled at once in the sender's task, by the same
-handler and with the same effect as if the actor's task had taken it next
-(that is the order of the inbox); a release's grants go to their waiters
-from there, as ``trio.CapacityLimiter`` hands a token on. A waiter woken
-with a grant that was cancelled before it ran gives the grant back, as a
-grant that reached it after its cancellation would be.
+The actor's own task (``run``) handles no message of its own: it keeps the
+time. While the provider is paused, or its oldest waiter waits for budget,
+it sleeps until the policy's ``wake_at`` (the pause's end, the instant the
+budget holds the waiter) and then sends the actor a ``_Tick``, handled
+like any message; it wakes early whenever a handling changed ``wake_at``,
+closed the actor, or left an unlimited provider idle (``run`` may stop
+then, see ``stop_when_idle``).
+
+A grant is marked in the policy the moment it is delivered; a grant that
+reaches a requester who has just given up is ignored by its reply, and the
+requester's ``Cancel`` releases it. So slots never leak through that race.
 
 A message the policy refuses as a misuse (a ticket it already knows, the
-release of a ticket that still waits, a bad limit) fails only the request it
-concerns, never the actor: an ``Acquire`` is answered with the error, a
+release of a ticket that still waits, a bad limit) fails only the request
+it concerns, never the actor: an ``Acquire`` is answered with the error, a
 ``Release`` of a waiting ticket withdraws that ticket and fails its
 requester (granting it later would give a slot to a requester that thinks
 it gave it back), and a ``SetLimit`` or ``Pause`` that nobody can be told
-about is logged and dropped. The policy changes nothing when it refuses, so
-its invariants hold.
+about is logged and dropped. The policy changes nothing when it refuses,
+so its invariants hold.
 
-Every message goes through one handler, ``_handle``. What each step of
-the policy does (a ticket queued, granted, released, withdrawn or
-refused; a pause, a resume, a new limit) goes to a ``Translator``, which
-makes the log lines and, while anything listens to the dispatcher's
-events (``EventHub.sinks``), the events; the Redis-shared scheduler uses
-the same translator. Whether anything listens is checked once per batch,
-so nobody listening costs one check per wake-up and a flag test per
-message, and no event is built.
+Anything else the handler raises is a bug: the actor stops at once (every
+waiter and every message still queued fails with ``DispatcherClosed``, and
+later sends raise ``trio.ClosedResourceError``) and ``run`` raises the
+error, so that it reaches the dispatcher's nursery; the sender that met it
+is not failed by another's bug.
 
-While the provider is paused, or its oldest waiter waits for budget, the
-actor waits for its inbox with the policy's ``wake_at`` as deadline (the
-pause's end, the instant the budget holds the waiter), and ticks the
-policy whenever it wakes. Once its inbox is
-closed, the actor handles nothing more: it stops and fails every waiter,
-including those whose ``Acquire`` was still unread, with
-``DispatcherClosed``. It does the same if it is cancelled.
+What each step of the policy does (a ticket queued, granted, released,
+withdrawn or refused; a pause, a resume, a new limit) goes to a
+``Translator``, which makes the log lines and, while anything listens to
+the dispatcher's events (``EventHub.sinks``), the events; the Redis-shared
+scheduler uses the same translator. Whether anything listens is checked
+once per handling, so nobody listening costs a flag test per message, and
+no event is built.
+
+Once closed, the actor handles nothing more: ``run`` stops and fails every
+waiter with ``DispatcherClosed``. It does the same if it is cancelled.
 """
 
 from __future__ import annotations
 
-import collections
 import itertools
 import logging
 from typing import TYPE_CHECKING, final
 
+import attrs
 import trio
 
 from .._dispatch._setup import policy_statistics
 from .._exceptions import DispatcherClosed, QueueFull
 from .._observe._hub import EventHub
 from .._observe._translator import Translator
-from .._policy._budgets import AdaptiveLimit
-from .._validation import check_text
-from ..messages._limits import Budget, Tenant, check_tenant
 from ..messages._protocol import (
     Acquire,
     Adapt,
@@ -86,9 +88,11 @@ from ..messages._protocol import (
 from ._mailbox import Mailbox
 
 if TYPE_CHECKING:
+    import collections
+    from collections.abc import Callable
+
     from .._dispatch._backend import ProviderStatistics
     from .._dispatch._setup import BackendSetup
-    from .._policy._ratelimits import RateLimitInfo
     from .._policy._slots import SlotPolicy
     from ..messages._protocol import Reply
 
@@ -98,27 +102,38 @@ _new_ticket = tuple.__new__
 
 
 @final
+@attrs.frozen
+class _Tick:
+    """The time the policy waits for (``wake_at``) has come: the run task's message."""
+
+
+_TICK = _Tick()
+
+
+@final
 class SchedulerActor:
     """The scheduler of one provider.
 
     Construct it with its policy (the dispatcher makes it with
     ``from_setup``), start ``run`` in a nursery, and talk to it only with
-    ``send``. ``policy`` may be read between checkpoints for
-    statistics; it reflects every message the actor has handled so far, and
-    every message sent so far right after ``handle_backlog``.
+    ``send``. ``on_limit(provider, limit)``, if given, is called whenever a
+    message changed the limit, an adaptive limit's moves included. ``policy`` may be read between checkpoints for statistics; it
+    reflects every message sent so far.
     """
 
     __slots__ = (
-        "_batch",
         "_clock",
+        "_crash",
         "_events",
+        "_handling",
         "_hub",
         "_inbox",
+        "_limit",
         "_listening",
-        "_plain",
+        "_on_limit",
         "_replies",
         "_seq",
-        "_unlimited",
+        "_sleeping_until",
         "policy",
         "provider",
     )
@@ -130,33 +145,34 @@ class SchedulerActor:
         hub: EventHub | None = None,
         *,
         events: Translator | None = None,
+        on_limit: Callable[[str, int | None], None] | None = None,
     ) -> None:
         self.provider = provider
         self.policy = policy
+        # Told the limit whenever a handling changed it (an adaptive
+        # limit's moves too): the dispatcher's limits() reads no backend.
+        self._on_limit = on_limit
+        self._limit = policy.limit
         if events is None:
             events = Translator(provider, EventHub() if hub is None else hub)
         self._hub = events.hub
         # What each step does becomes events and log lines there; events
-        # only while anything listens, checked once per batch.
+        # only while anything listens, checked once per handling.
         self._events = events
         self._listening = False
-        # No budget, no pause, nothing queued or being handled: a hot
-        # message may be handled in the caller's task (see acquire). False
-        # from the moment a message is queued until a batch has handled
-        # every one (_queue, _settle), and once the inbox is closed, so that
-        # the message meets the closed inbox and its error.
-        self._plain = not policy.throttled and policy.wake_at is None
-        # Whether the limit is None, kept with _plain: while that is true,
-        # only a message changes the limit.
-        self._unlimited = policy.limit is None
-        self._inbox: Mailbox[SchedulerMessage] = Mailbox()
-        # The messages taken from the inbox and not handled yet: if handling
-        # one crashes the actor, those behind it are failed, not lost.
-        self._batch: collections.deque[SchedulerMessage] = collections.deque()
+        # The messages sent while a task handles others, for that task.
+        self._inbox: Mailbox[SchedulerMessage | _Tick] = Mailbox()
+        # Whether a task is handling messages now (see send).
+        self._handling = False
+        # The wake_at the run task sleeps until: a handling that changes
+        # the policy's wakes it to sleep again until the new one.
+        self._sleeping_until: float | None = None
+        # The bug the handler met, for run to raise.
+        self._crash: BaseException | None = None
         self._replies: dict[Ticket, Reply] = {}
         self._seq = itertools.count()
         # The clock's own method: trio.current_time() is two Python calls
-        # more on every grant. Made outside a run (a test), the same as that.
+        # more on every message. Made outside a run (a test), the same as that.
         try:
             self._clock = trio.lowlevel.current_clock().current_time
         except RuntimeError:
@@ -170,7 +186,12 @@ class SchedulerActor:
         ``redis_url``: its policy is ``setup.policy()``, its events go to
         ``setup.events``.
         """
-        return cls(setup.provider, setup.policy(), events=setup.events)
+        return cls(
+            setup.provider,
+            setup.policy(),
+            events=setup.events,
+            on_limit=setup.learn_limit,
+        )
 
     def __repr__(self) -> str:
         return f"<SchedulerActor provider={self.provider!r} {self.policy!r}>"
@@ -182,259 +203,144 @@ class SchedulerActor:
         tenant: str | None = None,
         model: str | None = None,
     ) -> Ticket:
-        """A fresh ticket; its ``seq`` matches the order of the inbox."""
+        """A fresh ticket; its ``seq`` matches the order of the messages."""
         # tuple.__new__ is what Ticket's own __new__ calls, without its
         # Python frame: one ticket per request.
         return _new_ticket(Ticket, (rank, next(self._seq), priority, tenant, model))
 
+    # Protected like run: the policy changes and the requesters are told
+    # together, and a KeyboardInterrupt between the two would lose a grant.
+    @trio.lowlevel.enable_ki_protection
     def send(self, message: SchedulerMessage) -> None:
-        """Put a message in the inbox; never blocks.
+        """Hand the actor ``message``; never blocks.
+
+        Handled before this returns, in this task, unless a task is
+        handling messages now (then that task handles it before it returns):
+        its answers to any ``Reply`` may come before this returns.
 
         Raises:
-            trio.ClosedResourceError: The actor has stopped.
+            trio.ClosedResourceError: The actor is closed.
         """
-        self._queue(message)
+        if self._handling or self._inbox.closed:
+            self._inbox.send_nowait(message)  # raises once closed
+            return
+        self._serve(message)
 
-    def _queue(self, message: SchedulerMessage) -> None:
-        """Queue ``message``, which no later message overtakes.
-
-        No message is handled in a caller's task again until a batch has
-        handled every queued one (``_settle``).
-        """
-        self._plain = False
-        self._inbox.send_nowait(message)
-
-    def _settle(self) -> None:
-        """After a batch: whether a hot message may be handled at once again."""
+    def _serve(self, message: SchedulerMessage | _Tick) -> None:
+        """Handle ``message``, then every message sent meanwhile: one handling."""
+        self._handling = True
         policy = self.policy
         inbox = self._inbox
-        self._plain = (
-            not policy.throttled
-            and policy.wake_at is None
-            and not inbox.closed
-            and not len(inbox)
-        )
-        self._unlimited = policy.limit is None
+        batch: collections.deque[SchedulerMessage | _Tick] | None = None
+        try:
+            now = self._clock()
+            policy.advance(now)
+            if self._listening or self._hub.sinks:
+                self._listen()
+            self._handle(message, now)
+            while len(inbox):
+                batch = inbox.take_all()
+                while batch:
+                    self._handle(batch[0], now)
+                    batch.popleft()
+            wake_at = policy.wake_at
+            if wake_at is not None:
+                self._tick(now)
+                wake_at = policy.wake_at
+        except BaseException as exc:  # a bug: nothing else escapes _handle
+            self._handling = False
+            self._crashed(exc, [message] if batch is None else list(batch))
+            return
+        self._handling = False
+        limit = policy.limit
+        if limit != self._limit:
+            self._limit = limit
+            if self._on_limit is not None:
+                self._on_limit(self.provider, limit)
+        # Wake the run task when what it sleeps for changed: the time to
+        # tick the policy, or an unlimited provider now idle (it may stop).
+        if wake_at != self._sleeping_until or (
+            limit is None and not policy.in_flight and not policy.waiting
+        ):
+            inbox.nudge()
 
     def close(self) -> None:
-        """Refuse further messages; the actor stops and fails the waiters."""
+        """Refuse further messages; ``run`` stops and fails every waiter."""
         self._inbox.close()
-        self._plain = False
-
-    # The Backend interface: each queues one message, never blocks, and
-    # raises trio.ClosedResourceError once the actor is closed.
-
-    # The hot path of every hand-off: when nothing is queued, no batch is
-    # under way and the provider has no budget and no pause (nothing to
-    # watch the clock for): ``_plain``, acquire, release and cancel go
-    # through the actor's own handlers at once, in the calling task, exactly
-    # as the actor's task would handle their messages next, and the grants a
-    # release frees go to their waiters from here, as ``trio.CapacityLimiter``
-    # hands a released token on. No message is built then. While nothing
-    # listens and no tenant is counted, the handlers' common case is inline
-    # here: a call less per message, and no clock read but for a grant. The
-    # actor's task is not woken, unless an unlimited provider went idle (it
-    # may stop then). Otherwise the message is queued, behind what came
-    # before it. Protected like run: the policy changes and the requesters
-    # are told together.
-
-    @trio.lowlevel.enable_ki_protection
-    def acquire(
-        self,
-        ticket: Ticket,
-        reply: Reply,
-        conversation_id: str | None = None,
-        tokens: int = 0,
-    ) -> None:
-        """Ask for a slot; the answer goes to ``reply``, perhaps before this returns."""
-        if not self._plain:
-            self._queue(Acquire(ticket, reply, conversation_id, tokens))
-            return
-        if self._listening or self._hub.sinks:
-            self._listen()
-        policy = self.policy
-        if self._listening or policy.needs_clock:
-            self._on_acquire(ticket, reply, conversation_id, tokens, None)
-        else:
-            try:
-                grants = policy.acquire(ticket, tokens)
-            except (QueueFull, ValueError) as exc:
-                self._acquire_refused(ticket, reply, conversation_id, exc, None)
-            else:
-                if not grants:
-                    self._replies[ticket] = reply
-                elif len(grants) == 1 and grants[0] is ticket:
-                    reply.granted(ticket, self._clock())
-                else:
-                    self._replies[ticket] = reply
-                    self._deliver(grants, self._clock())
-        if self._unlimited and not policy.in_flight and not policy.waiting:
-            self._inbox.nudge()  # an idle unlimited provider's actor may stop
-
-    @trio.lowlevel.enable_ki_protection
-    def release(self, ticket: Ticket) -> None:
-        """Give back the slot of a granted ticket."""
-        if not self._plain:
-            self._queue(Release(ticket))
-            return
-        if self._listening or self._hub.sinks:
-            self._listen()
-        policy = self.policy
-        if self._listening or policy.needs_clock:
-            self._on_release(ticket, None)
-        else:
-            try:
-                grants = policy.release(ticket)
-            except RuntimeError as exc:
-                self._withdraw(ticket, exc)
-            else:
-                if grants:
-                    # _deliver, inline (nothing listens).
-                    now = self._clock()
-                    replies = self._replies
-                    for granted in grants:
-                        replies.pop(granted).granted(granted, now)
-        if self._unlimited and not policy.in_flight and not policy.waiting:
-            self._inbox.nudge()  # an idle unlimited provider's actor may stop
-
-    @trio.lowlevel.enable_ki_protection
-    def cancel(self, ticket: Ticket) -> None:
-        """Withdraw a ticket, waiting or granted."""
-        if not self._plain:
-            self._queue(Cancel(ticket))
-            return
-        if self._listening or self._hub.sinks:
-            self._listen()
-        self._on_cancel(ticket, None)
-        policy = self.policy
-        if self._unlimited and not policy.in_flight and not policy.waiting:
-            self._inbox.nudge()  # an idle unlimited provider's actor may stop
-
-    def answered(self, ticket: Ticket) -> None:
-        """The answer of a granted ticket's request has started."""
-        self._queue(Answered(ticket))
-
-    def report_usage(self, ticket: Ticket, tokens: int) -> None:
-        """The tokens a granted ticket's request used."""
-        self._queue(ReportUsage(ticket, tokens))
-
-    def set_limit(self, limit: int | AdaptiveLimit | None) -> None:
-        """A new limit: fixed, adaptive, or ``None`` for unlimited."""
-        self._queue(
-            Adapt(limit) if isinstance(limit, AdaptiveLimit) else SetLimit(limit)
-        )
-
-    def pause(self, reported_at: float, retry_after: float | None) -> None:
-        """A rate-limit answer: pause the grants."""
-        self._queue(Pause(reported_at, retry_after))
-
-    def resume(self) -> None:
-        """End the pause and its backoff streak."""
-        self._queue(Resume())
-
-    def set_tenant(self, tenant: str, settings: Tenant | None) -> None:
-        """Give ``tenant`` a weight and a cap; ``None``: back to the defaults.
-
-        Raises:
-            TypeError: ``tenant`` is not a string, or ``settings`` not a
-                ``Tenant`` or ``None``.
-            ValueError: ``tenant`` is empty or too long.
-            trio.ClosedResourceError: The actor has stopped.
-        """
-        check_tenant(tenant, settings)
-        self._queue(SetTenant(tenant, settings))
-
-    def set_model_budget(self, model: str, budget: Budget) -> None:
-        """Give ``model`` a budget of its own, beside the provider's.
-
-        Raises:
-            TypeError: ``model`` is not a string or ``budget`` not a ``Budget``.
-            ValueError: ``model`` is empty.
-            trio.ClosedResourceError: The actor has stopped.
-        """
-        check_text(model, "model")
-        if not isinstance(budget, Budget):
-            raise TypeError(f"budget must be a Budget, got {budget!r}")
-        self._queue(SetModelBudget(model, budget))
-
-    def observe_rate_limits(
-        self, observed_at: float, info: RateLimitInfo, model: str | None = None
-    ) -> None:
-        """The rate-limit figures of one of the provider's answers (for ``model``)."""
-        self._queue(ObserveRateLimits(observed_at, info, model))
-
-    def adaptive_value(self) -> int | None:
-        """The adaptive limit's current value, or ``None`` for a fixed one."""
-        throttle = self.policy.throttle
-        return None if throttle is None else throttle.limit
 
     def statistics(self) -> ProviderStatistics:
-        """The provider's snapshot, every message sent so far handled."""
-        self.handle_backlog()
-        return policy_statistics(self.provider, self.policy, trio.current_time())
+        """The provider's snapshot now: every message sent so far handled.
+
+        A pause or a budget wait that has run out ends first, as the run
+        task would end it when it next wakes.
+        """
+        wake_at = self.policy.wake_at
+        if (
+            wake_at is not None
+            and self._clock() >= wake_at
+            and not self._handling
+            and not self._inbox.closed
+        ):
+            self._serve(_TICK)
+        return policy_statistics(self.provider, self.policy, self._clock())
 
     # KeyboardInterrupt waits for the next checkpoint: between two, the actor
-    # changes the policy and tells the requesters, which must go together.
+    # may tick the policy and tell the requesters, which must go together.
     @trio.lowlevel.enable_ki_protection
     async def run(self, *, stop_when_idle: bool = False) -> bool:
-        """Serve the inbox until it is closed or the task is cancelled.
+        """Keep the policy's time until the actor is closed or the task cancelled.
 
         Args:
             stop_when_idle: Also stop as soon as the provider is unlimited
-                and idle: no slot held, none waiting, nothing queued. Then
-                nobody can have a ticket to release or cancel here, so no
-                message can be lost; the inbox stays open, and ``run`` may
-                be called again (the dispatcher does, on the next request).
+                and idle: no slot held, none waiting. Then nobody can have
+                a ticket to release or cancel here, so no message can be
+                lost; the actor stays open, and ``run`` may be called again
+                (the dispatcher does, on the next request).
 
         Returns:
             ``True`` if it stopped because it was idle.
+
+        Raises:
+            BaseException: The error a handling met (a bug), after the actor
+                failed every waiter.
         """
         inbox = self._inbox
         policy = self.policy
-        handle = self._handle
         stopped_idle = False
         try:
             while True:
-                # Checked before every wait, not only after a batch:
-                # handle_backlog may have done this actor's work before its
-                # task first ran, and then nothing would wake it.
-                if stop_when_idle and policy.limit is None and self._idle():
-                    # Nothing to fail, and the inbox stays open.
-                    stopped_idle = True
-                    return True
-                paused_until = policy.wake_at
-                if self._batch:
-                    # Left by a crash in handle_backlog, which may have
-                    # emptied the inbox: nothing would wake us for it.
-                    await trio.lowlevel.checkpoint()
-                elif paused_until is None:
-                    await inbox.wait()
-                else:
-                    with trio.move_on_at(paused_until):
-                        await inbox.wait()
+                if self._crash is not None:
+                    raise self._crash
                 if inbox.closed:
                     return False
-                now = trio.current_time()
-                policy.advance(now)
-                if self._batch:
-                    self._handle_batch(inbox.take_all(), now)
-                    continue
-                # _handle_batch's common case, inline: this loop is the hot
-                # path of every hand-off, and a call per wake-up shows.
-                self._listen()
-                batch = self._batch = inbox.take_all()
-                while batch:
-                    handle(batch[0], now)
-                    batch.popleft()
-                if policy.wake_at is not None:
-                    self._tick(now)
-                self._settle()
+                if stop_when_idle and self._idle():
+                    # Nothing to fail, and the actor stays open.
+                    stopped_idle = True
+                    return True
+                wake_at = self._sleeping_until = policy.wake_at
+                if wake_at is None:
+                    await inbox.wait()
+                elif self._clock() < wake_at:
+                    with trio.move_on_at(wake_at):
+                        await inbox.wait()
+                else:
+                    await trio.lowlevel.checkpoint()
+                self._sleeping_until = None
+                wake_at = policy.wake_at
+                if (
+                    wake_at is not None
+                    and self._clock() >= wake_at
+                    and not inbox.closed
+                    and self._crash is None
+                ):
+                    self._serve(_TICK)
         finally:
+            self._sleeping_until = None
             if not stopped_idle:
                 self._shutdown()
 
     def _listen(self) -> None:
-        """Check, once per batch, whether anything listens to the events."""
+        """Check, once per handling, whether anything listens to the events."""
         if self._hub.sinks:
             self._listening = True
         elif self._listening:
@@ -444,58 +350,15 @@ class SchedulerActor:
             self._events.forget()
 
     def _idle(self) -> bool:
-        """Unlimited, no slot held or waiting, nothing to handle: may stop."""
+        """Unlimited, no slot held or waiting, not closed: may stop."""
         policy = self.policy
-        inbox = self._inbox
         return (
             policy.limit is None
             and not policy.in_flight
             and not policy.waiting
-            and not len(inbox)
-            and not inbox.closed
-            and not self._batch
+            and not self._inbox.closed
+            and not self._handling
         )
-
-    # Called from any task (statistics), so protected like run: a
-    # KeyboardInterrupt between a policy change and its delivery would lose
-    # a grant.
-    @trio.lowlevel.enable_ki_protection
-    def handle_backlog(self) -> None:
-        """Handle every queued message now, in the calling task; never blocks.
-
-        Afterwards ``policy`` reflects every message sent so far, and a
-        pause that has run out has ended. The actor handles a batch the same
-        way without a checkpoint, so this never splits one; its task, woken
-        by those messages, finds nothing left to do. Costs a length check
-        when the inbox is empty. Does nothing once the actor is closed.
-        """
-        inbox = self._inbox
-        if inbox.closed:
-            return
-        if not len(inbox):
-            paused_until = self.policy.wake_at
-            if paused_until is None or trio.current_time() < paused_until:
-                return
-        self._handle_batch(inbox.take_all(), trio.current_time())
-
-    def _handle_batch(
-        self, messages: collections.deque[SchedulerMessage], now: float
-    ) -> None:
-        batch = self._batch
-        if batch:
-            # Left by a crash in handle_backlog: the actor's task meets the
-            # same message next, in order, and crashes the usual way.
-            batch.extend(messages)
-        else:
-            self._batch = batch = messages
-        self.policy.advance(now)
-        self._listen()
-        while batch:
-            self._handle(batch[0], now)
-            batch.popleft()
-        if self.policy.wake_at is not None:
-            self._tick(now)
-        self._settle()
 
     def _tick(self, now: float) -> None:
         """Tell the paused policy the time: a pause that ran out ends."""
@@ -507,12 +370,12 @@ class SchedulerActor:
         if grants:
             self._deliver(grants, now)
 
-    def _handle(self, message: SchedulerMessage, now: float) -> None:
+    def _handle(self, message: SchedulerMessage | _Tick, now: float) -> None:
         """Apply one message to the policy, and tell whoever it concerns.
 
         The one handler of every message: its outcomes go to the
         translator's events while anything listens (``_listening``, set
-        per batch), and to its log lines always.
+        per handling), and to its log lines always.
         """
         policy = self.policy
         # Ordered by how often each message comes; most free nothing, so
@@ -523,13 +386,7 @@ class SchedulerActor:
             self._on_release(message.ticket, now)
             return
         if isinstance(message, Acquire):
-            self._on_acquire(
-                message.ticket,
-                message.reply,
-                message.conversation_id,
-                message.tokens,
-                now,
-            )
+            self._on_acquire(message, now)
             return
         if isinstance(message, Cancel):
             self._on_cancel(message.ticket, now)
@@ -545,116 +402,95 @@ class SchedulerActor:
         elif isinstance(message, Pause):
             self._pause(message, now)
             return
+        elif isinstance(message, _Tick):
+            # The handling's end tells the policy the time (_serve).
+            return
         else:
             grants = self._rarely(message, now)
         if grants:
             self._deliver(grants, now)
 
-    # The handlers of the hot messages take their fields, not the message:
-    # the caller's task runs them without building one (see acquire), and
-    # passes ``now=None``: the clock is read only if a grant or an event
-    # needs it, once (while anything listens, or once the policy counts
-    # tenants' service, ``needs_clock``: at the start, and told to it).
-
-    def _on_release(self, ticket: Ticket, now: float | None) -> None:
+    def _on_release(self, ticket: Ticket, now: float) -> None:
         policy = self.policy
-        if now is None and (self._listening or policy.needs_clock):
-            # Tenants' service needs the time of grants and releases.
-            now = trio.current_time()
-            policy.advance(now)
         listening = self._listening
         before = (policy.in_flight, policy.waiting) if listening else None
         try:
             grants = policy.release(ticket)
         except RuntimeError as exc:
-            self._withdraw(ticket, exc)
+            self._withdraw(ticket, exc, now)
             if listening:
-                self._events.withdrawn(
-                    ticket, _now(now), policy.in_flight, policy.waiting
-                )
+                self._events.withdrawn(ticket, now, policy.in_flight, policy.waiting)
             return
         if before is not None:
             self._events.left(
-                ticket, _now(now), before, policy.in_flight, policy.waiting, len(grants)
+                ticket, now, before, policy.in_flight, policy.waiting, len(grants)
             )
         if grants:
-            self._deliver(grants, _now(now))
+            self._deliver(grants, now)
 
-    def _on_cancel(self, ticket: Ticket, now: float | None) -> None:
+    def _on_cancel(self, ticket: Ticket, now: float) -> None:
         policy = self.policy
-        if now is None and (self._listening or policy.needs_clock):
-            # Tenants' service needs the time of grants and releases.
-            now = trio.current_time()
-            policy.advance(now)
         self._replies.pop(ticket, None)
         before = (policy.in_flight, policy.waiting) if self._listening else None
         grants = policy.cancel(ticket)
         if before is not None:
             self._events.left(
-                ticket, _now(now), before, policy.in_flight, policy.waiting, len(grants)
+                ticket, now, before, policy.in_flight, policy.waiting, len(grants)
             )
         if grants:
-            self._deliver(grants, _now(now))
+            self._deliver(grants, now)
 
-    def _on_acquire(
-        self,
-        ticket: Ticket,
-        reply: Reply,
-        conversation_id: str | None,
-        tokens: int,
-        now: float | None,
-    ) -> None:
+    def _on_acquire(self, message: Acquire, now: float) -> None:
         policy = self.policy
-        if now is None and (self._listening or policy.needs_clock):
-            # Tenants' service needs the time of grants and releases.
-            now = trio.current_time()
-            policy.advance(now)
+        ticket = message.ticket
         try:
-            grants = policy.acquire(ticket, tokens)
+            grants = policy.acquire(ticket, message.tokens)
         except (QueueFull, ValueError) as exc:
-            self._acquire_refused(ticket, reply, conversation_id, exc, now)
+            self._acquire_refused(message, exc, now)
             return
         if len(grants) == 1 and grants[0] is ticket:
-            reply.granted(ticket, _now(now))
+            message.reply.granted(ticket, now)
             if self._listening:
                 self._events.granted_at_once(
-                    ticket, conversation_id, _now(now), policy.in_flight, policy.waiting
+                    ticket,
+                    message.conversation_id,
+                    now,
+                    policy.in_flight,
+                    policy.waiting,
                 )
             return
         # It waits, or its arrival let others through too (a held-back head
         # whose budget is back, another model's ticket): it queues like
         # any waiter, and every grant goes to its own reply.
-        self._replies[ticket] = reply
+        self._replies[ticket] = message.reply
         if self._listening:
             self._events.queued(
-                ticket,
-                conversation_id,
-                _now(now),
-                policy.in_flight,
-                policy.waiting,
+                ticket, message.conversation_id, now, policy.in_flight, policy.waiting
             )
         if grants:
-            self._deliver(grants, _now(now))
+            self._deliver(grants, now)
 
     def _acquire_refused(
-        self,
-        ticket: Ticket,
-        reply: Reply,
-        conversation_id: str | None,
-        exc: QueueFull | ValueError,
-        now: float | None,
+        self, message: Acquire, exc: QueueFull | ValueError, now: float
     ) -> None:
         """The policy refused an acquire: fail its requester, and say so."""
         policy = self.policy
-        withdrawn = self._replies.get(ticket) is reply
-        self._refuse(ticket, reply, exc)
-        if withdrawn and self._listening:
-            self._events.withdrawn(ticket, _now(now), policy.in_flight, policy.waiting)
+        ticket = message.ticket
+        reply = message.reply
+        if self._replies.get(ticket) is reply:
+            # The requester that waits on this ticket asked again: failing
+            # it ends its wait, so its ticket must not be granted later to
+            # a requester that is gone.
+            self._withdraw(ticket, exc, now)
+            if self._listening:
+                self._events.withdrawn(ticket, now, policy.in_flight, policy.waiting)
+        else:
+            reply.refused(exc)
         if isinstance(exc, QueueFull):
             self._events.refused(
                 ticket,
-                conversation_id,
-                _now(now),
+                message.conversation_id,
+                now,
                 exc,
                 policy.in_flight,
                 policy.waiting,
@@ -709,23 +545,14 @@ class SchedulerActor:
         until = policy.paused_until if policy.limit is not None else None
         self._events.paused(now, until, message.retry_after)
 
-    def _refuse(self, ticket: Ticket, reply: Reply, error: Exception) -> None:
-        if self._replies.get(ticket) is reply:
-            # The requester that waits on this ticket asked again: failing
-            # it ends its wait, so its ticket must not be granted later to
-            # a requester that is gone.
-            self._withdraw(ticket, error)
-            return
-        reply.refused(error)
-
-    def _withdraw(self, ticket: Ticket, error: Exception) -> None:
+    def _withdraw(self, ticket: Ticket, error: Exception, now: float) -> None:
         reply = self._replies.pop(ticket)
         # It may have been the head a budget held back: the others it lets
         # through are granted now, and must be told.
         grants = self.policy.cancel(ticket)
         reply.refused(error)
         if grants:
-            self._deliver(grants, trio.current_time())
+            self._deliver(grants, now)
 
     def _drop(self, message: SetLimit | Pause, error: Exception) -> None:
         _logger.error(
@@ -740,26 +567,31 @@ class SchedulerActor:
             policy = self.policy
             self._events.granted(grants, now, policy.in_flight, policy.waiting)
 
-    def _shutdown(self) -> None:
-        self._inbox.close()
-        self._plain = False
-        pending = self._batch
-        self._batch = collections.deque()
-        pending.extend(self._inbox.take_all())
+    def _crashed(
+        self, error: BaseException, unhandled: list[SchedulerMessage | _Tick]
+    ) -> None:
+        """A handling met a bug: stop now, fail everyone, and have run raise it."""
+        self._crash = error
+        self._shutdown(unhandled)
+
+    def _shutdown(
+        self, unhandled: list[SchedulerMessage | _Tick] | None = None
+    ) -> None:
+        """Close, and fail every waiter and every request not handled yet."""
+        inbox = self._inbox
+        inbox.close()
+        pending = [] if unhandled is None else unhandled
+        pending.extend(inbox.take_all())
+        replies = self._replies
         for message in pending:
-            if isinstance(message, Acquire):
+            if isinstance(message, Acquire) and message.ticket not in replies:
                 message.reply.refused(self._closed_error())
-        replies = list(self._replies.values())
-        self._replies.clear()
-        for reply in replies:
+        waiting = list(replies.values())
+        replies.clear()
+        for reply in waiting:
             reply.refused(self._closed_error())
 
     def _closed_error(self) -> DispatcherClosed:
         return DispatcherClosed(
             f"the dispatcher closed while waiting for {self.provider!r}"
         )
-
-
-def _now(now: float | None) -> float:
-    """``now``, or the trio clock's time when it was not read yet."""
-    return trio.current_time() if now is None else now

@@ -18,6 +18,7 @@ from .._validation import (
     check_fraction,
     check_positive_number,
     check_tenant_name,
+    check_text,
     positive_int,
     positive_number,
     slot_limit,
@@ -151,6 +152,13 @@ class Tenant:
     limit: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(slot_limit)
     )
+
+
+def check_model_budget(model: object, budget: object) -> None:
+    """A model's name and its configured budget: a ``Budget``."""
+    check_text(model, "model")
+    if not isinstance(budget, Budget):
+        raise TypeError(f"budget must be a Budget, got {budget!r}")
 
 
 def check_tenant(tenant: object, settings: object) -> None:

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, final
 
 import attrs
 
+from ._limits import check_model_budget, check_tenant
+
 if TYPE_CHECKING:
     from .._policy._ratelimits import RateLimitInfo
     from ._limits import AdaptiveLimit, Budget, Tenant
@@ -98,8 +100,8 @@ class Reply(Protocol):
     the requester's ``Cancel``.
 
     A backend that leases its slots (the Redis-shared scheduler) also calls
-    ``lease_until(deadline)`` before the grant and at each renewal, when the
-    reply has that method (``Slot`` has).
+    ``lease_until(deadline)`` before the grant and at each renewal; a reply
+    of a backend that does not lease may do nothing there.
     """
 
     def granted(self, ticket: Ticket, granted_at: float) -> None:
@@ -114,6 +116,12 @@ class Reply(Protocol):
         A ``DispatchError`` when the dispatcher refuses (``QueueFull``,
         ``DispatcherClosed``); the policy's ``ValueError`` or
         ``RuntimeError`` when the request misused the protocol.
+        """
+
+    def lease_until(self, deadline: float) -> None:
+        """The slot's lease is sure to live until ``deadline`` (trio clock).
+
+        Called by a leasing backend before the grant and at each renewal.
         """
 
 
@@ -217,19 +225,39 @@ class ObserveRateLimits:
 @final
 @attrs.frozen
 class SetTenant:
-    """Give ``tenant`` its weight and cap on this provider; ``None``: the defaults."""
+    """Give ``tenant`` its weight and cap on this provider; ``None``: the defaults.
+
+    Raises:
+        TypeError: ``tenant`` is not a string, or ``settings`` not a
+            ``Tenant`` or ``None``.
+        ValueError: ``tenant`` is empty or longer than 256 characters.
+    """
 
     tenant: str
     settings: Tenant | None
+
+    def __attrs_post_init__(self) -> None:
+        check_tenant(self.tenant, self.settings)
 
 
 @final
 @attrs.frozen
 class SetModelBudget:
-    """Give ``model`` a budget of its own on this provider, beside the provider's."""
+    """Give ``model`` a budget of its own on this provider, beside the provider's.
+
+    A request for ``model`` is granted only when both budgets hold it. The
+    budget starts full; figures from the model's answers still lower it.
+
+    Raises:
+        TypeError: ``model`` is not a string or ``budget`` not a ``Budget``.
+        ValueError: ``model`` is empty.
+    """
 
     model: str
     budget: Budget
+
+    def __attrs_post_init__(self) -> None:
+        check_model_budget(self.model, self.budget)
 
 
 SchedulerMessage = (
