@@ -11,8 +11,9 @@ Through the real dispatcher, its transport and providers: two models sent
 through one ``dispatcher.transport("openai")`` (one client, one provider)
 to the fake LLM server, served in the test's own trio run
 (``httpx2.ASGITransport``), in virtual time: a model's budget
-(``"provider/model"``) holds back that model's calls and no other's, and
-what an answer of a model says of its limits teaches that model's budget.
+(``"provider/model"``, a key checked where it is given) holds back that
+model's calls and no other's, and what an answer of a model says of its
+limits teaches that model's budget.
 
 Against the fake server's quotas per model, through the ``openai`` SDK on
 one client over sockets: the fleet of two models whose bar is stated in its
@@ -44,7 +45,7 @@ from trio_dispatch import (
 )
 from trio_dispatch._integrations._hooks import takes_model
 from trio_dispatch._policy._budgets import FORGET_AFTER
-from trio_dispatch.lowlevel import Plumbing, SlotPolicy, Throttle, Ticket
+from trio_dispatch.lowlevel import Plumbing, SlotPolicy, Throttle, Ticket, plumbing
 from trio_dispatch.messages import ChatMessage, ChatRequest
 from trio_dispatch.providers import OpenAIProvider
 from trio_dispatch.testing import (
@@ -512,6 +513,64 @@ def test_a_grant_looks_only_at_the_throttles_of_the_models_it_meets(
 
 
 # -- through the dispatcher, its transport and providers ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "error", "message"),
+    [
+        (
+            "openai/",
+            ValueError,
+            r"^budget key must be 'provider' or 'provider/model', both parts"
+            r" non-empty, got 'openai/'$",
+        ),
+        (
+            "/x",
+            ValueError,
+            r"^budget key must be 'provider' or 'provider/model', both parts"
+            r" non-empty, got '/x'$",
+        ),
+        (
+            "/",
+            ValueError,
+            r"^budget key must be 'provider' or 'provider/model', both parts"
+            r" non-empty, got '/'$",
+        ),
+        ("", ValueError, r"^provider must be a non-empty string, got ''$"),
+        (7, TypeError, r"^provider must be a non-empty string, got 7$"),
+    ],
+)
+def test_open_dispatcher_refuses_a_bad_budget_key(
+    key: object, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        open_dispatcher(budgets={key: Budget(requests_per_minute=60)})  # type: ignore[dict-item]  # the point
+
+
+def test_a_model_budget_must_be_a_budget() -> None:
+    with pytest.raises(
+        TypeError, match=r"^budget for 'openai/gpt-4o' must be a Budget, got 60$"
+    ):
+        open_dispatcher(budgets={"openai/gpt-4o": 60})  # type: ignore[dict-item]  # the point
+
+
+async def test_a_model_key_splits_at_its_first_slash() -> None:
+    budgets = {
+        "openai": Budget(requests_per_minute=100),
+        "openai/gpt-4o": Budget(requests_per_minute=10, default_max_tokens=64),
+        "vllm/org/llama": Budget(tokens_per_minute=1000, default_max_tokens=32),
+    }
+    async with open_dispatcher(budgets=budgets) as dispatcher:
+        # Each model's own budget answers for it; the provider's for the rest.
+        assert plumbing(dispatcher).default_max_tokens("openai", "gpt-4o") == 64
+        assert plumbing(dispatcher).default_max_tokens("openai", "gpt-4o-mini") == (
+            budgets["openai"].default_max_tokens
+        )
+        assert plumbing(dispatcher).default_max_tokens("vllm", "org/llama") == 32
+        assert plumbing(dispatcher).default_max_tokens("vllm", "org") == (
+            Budget(requests_per_minute=1).default_max_tokens
+        )
+
 
 URL = "http://fake.test/v1/chat/completions"
 
