@@ -1,20 +1,26 @@
 """Conversation actors: tool turns, queued questions, priority, compaction, warm-up.
 
 These run through real loopback sockets against the fake LLM server, in
-real time (small latencies), except the checks of plain values.
+real time (small latencies), except the checks of plain values and the few
+that need answers no fake server sends, scripted in memory
+(``httpx2.MockTransport``, ``ScriptedProvider``). A fleet of conversations
+sharing one limited provider is held to that limit here too.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import httpx2
 import pytest
 import trio
+import trio.testing
 
 from trio_dispatch import (
     SUMMARY_PREFIX,
@@ -29,7 +35,7 @@ from trio_dispatch import (
 )
 from trio_dispatch._wire._anthropic import request_body as anthropic_body
 from trio_dispatch._wire._openai import request_body as openai_body
-from trio_dispatch.lowlevel import check_arguments
+from trio_dispatch.lowlevel import Plumbing, check_arguments
 from trio_dispatch.messages import (
     ChatMessage,
     ChatRequest,
@@ -314,6 +320,59 @@ async def test_wrong_tool_calls_go_back_to_the_model_as_errors() -> None:
     assert ran == [{"city": "Oslo"}]
 
 
+def sse(payload: object) -> bytes:
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+def openai_chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    return sse({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+
+def sse_response(body: bytes) -> httpx2.Response:
+    return httpx2.Response(
+        200, headers={"content-type": "text/event-stream"}, content=body
+    )
+
+
+# Arguments nested past any parser's recursion, through an OpenAI provider
+# over httpx2.MockTransport: the model reads the error, as for any bad JSON.
+async def test_deeply_nested_tool_arguments_go_back_to_the_model_as_an_error() -> None:
+    deep = '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    call = {"index": 0, "id": "call_1", "type": "function"}
+    first = b"".join(
+        [
+            openai_chunk({"role": "assistant", "content": ""}),
+            openai_chunk(
+                {"tool_calls": [{**call, "function": {"name": "t", "arguments": deep}}]}
+            ),
+            openai_chunk({}, "tool_calls"),
+            b"data: [DONE]\n\n",
+        ]
+    )
+    second = (
+        openai_chunk({"content": "done"})
+        + openai_chunk({}, "stop")
+        + b"data: [DONE]\n\n"
+    )
+    bodies = iter([first, second])
+
+    async def run(arguments: dict[str, Any]) -> str:
+        return "ran"  # pragma: no cover (the arguments never parse)
+
+    tool = Tool(name="t", description="", parameters={"type": "object"}, run=run)
+    transport = httpx2.MockTransport(lambda request: sse_response(next(bodies)))
+    async with httpx2.AsyncClient(transport=transport) as client:
+        provider = OpenAIProvider(
+            base_url="http://x/v1", api_key="k", model="m", client=client
+        )
+        async with open_dispatcher({"openai": 1}) as dispatcher:
+            conversation = dispatcher.start_conversation(provider, tools=[tool])
+            result = await conversation.ask("go")
+    assert result.text == "done"
+    assert conversation.history[2].role == "tool"
+    assert conversation.history[2].content.startswith("error: ")
+
+
 async def test_a_tool_returning_no_string_is_an_error_for_the_model() -> None:
     async def number(arguments: dict[str, Any]) -> Any:  # noqa: ANN401 (wrong on purpose)
         await trio.lowlevel.checkpoint()
@@ -412,6 +471,68 @@ async def test_questions_asked_at_once_are_answered_in_order() -> None:
         assert [len(messages_of(r)) for r in rig.server.requests] == [1, 3, 5]
 
 
+# -- a fleet sharing one limited provider ------------------------------------------
+
+# Twenty conversations, each asking two questions that need a tool, against
+# the fake server on loopback with a limit of three: the server itself must
+# never see more than three requests at once, every turn must complete, and
+# the dispatcher must end with no slot held.
+CONVERSATIONS = 20
+LIMIT = 3
+QUESTIONS = 2
+
+
+def model(request: FakeRequest) -> FakeReply:
+    """Looks the question up with the tool, then answers with the result."""
+    if answers_tools(request):
+        return FakeReply(text=f"the answer is {last_text(request)}", latency=0.002)
+    call = FakeToolCall("lookup", {"key": last_text(request)})
+    return FakeReply(text="", tool_calls=(call,), latency=0.002)
+
+
+async def lookup(arguments: dict[str, Any]) -> str:
+    """A tool that takes a moment."""
+    await trio.sleep(0.002)
+    return str(arguments["key"]).upper()
+
+
+async def test_a_fleet_never_exceeds_the_limit_and_every_turn_completes() -> None:
+    results: dict[tuple[int, int], TurnResult] = {}
+    async with open_rig(FakeScript(choose=model), limit=LIMIT) as rig:
+        conversations = [
+            rig.start(conversation_id=f"agent-{n}", tools=[tool("lookup", lookup)])
+            for n in range(CONVERSATIONS)
+        ]
+
+        async def agent(n: int, conversation: Conversation) -> None:
+            for q in range(QUESTIONS):
+                results[n, q] = await conversation.ask(f"q{n}-{q}")
+
+        async with trio.open_nursery() as nursery:
+            for n, conversation in enumerate(conversations):
+                nursery.start_soon(agent, n, conversation)
+
+        await eventually(lambda: rig.in_flight() == 0)
+        server = rig.server.statistics()
+        stats = rig.dispatcher.statistics().providers["openai"]
+
+    assert server.peak_in_flight <= LIMIT
+    assert stats.peak_in_flight == LIMIT  # contended: every slot was used
+    assert stats.in_flight == 0
+    assert stats.waiting == 0
+    calls = CONVERSATIONS * QUESTIONS * 2
+    assert server.requests_total == stats.granted_total == stats.released_total == calls
+    assert server.client_disconnects == 0
+    assert len(results) == CONVERSATIONS * QUESTIONS
+    for (n, q), result in results.items():
+        assert result.text == f"the answer is Q{n}-{q}"
+        assert (result.llm_calls, result.tool_calls, result.retries) == (2, 1, 0)
+    for conversation in conversations:
+        roles = [message.role for message in conversation.history]
+        assert roles == ["user", "assistant", "tool", "assistant"] * QUESTIONS
+        assert conversation.statistics().turns_completed == QUESTIONS
+
+
 # -- priority -------------------------------------------------------------------
 
 
@@ -461,6 +582,62 @@ async def test_every_call_of_a_turn_carries_the_turns_start() -> None:
         assert order == ["A", "A-2", "B"]
         assert results["A"].started_at < results["B"].started_at
         assert results["A"].llm_calls == 2
+
+
+# A compaction's summary call is one of its turn's calls, so it carries the
+# turn's start: read on a clock that moves at every reading, the turn's start
+# and the call's own instant never coincide.
+class TickingClock(trio.abc.Clock):
+    """Moves a microsecond at every reading, as a real clock does between two."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def start_clock(self) -> None:
+        """Nothing to start."""
+
+    def current_time(self) -> float:
+        self.now += 1e-6
+        return self.now
+
+    def deadline_to_sleep_time(self, deadline: float) -> float:
+        return max(0.0, deadline - self.now)
+
+
+@pytest.fixture
+def ticking_clock() -> TickingClock:
+    """pytest-trio runs the test on any Clock a fixture gives it."""
+    return TickingClock()
+
+
+@pytest.mark.usefixtures("ticking_clock")
+async def test_a_compaction_call_carries_its_turns_priority(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[float | None] = []
+    slot = Plumbing.slot
+
+    def recording(self: Plumbing, provider: str, **options: Any) -> Any:  # noqa: ANN401 (passes through)
+        # What the slot takes, given or from the current turn: a
+        # conversation takes its slots through the dispatcher's plumbing.
+        taken = slot(self, provider, **options)
+        seen.append(taken.started_at)
+        return taken
+
+    monkeypatch.setattr(Plumbing, "slot", recording)
+    provider = ScriptedProvider(
+        FakeScript(default=FakeReply(text="some words")), id="memory"
+    )
+    async with open_dispatcher({"memory": 1}) as dispatcher:
+        conversation = dispatcher.start_conversation(
+            provider, options=ConversationOptions(context_budget=1, keep_recent=0)
+        )
+        await conversation.ask("first question")
+        seen.clear()
+        result = await conversation.ask("second question")
+    assert conversation.statistics().compactions == 1
+    # The summary call, then the answer: both with the turn's start.
+    assert seen == [result.started_at, result.started_at]
 
 
 # -- compaction -------------------------------------------------------------------
@@ -677,6 +854,38 @@ async def test_closing_the_dispatcher_fails_waiting_and_later_questions() -> Non
         dispatcher.start_conversation(provider)
 
 
+@pytest.mark.parametrize("tools", [1, 2])
+async def test_closing_the_dispatcher_while_tools_run_gives_dispatcher_closed(
+    tools: int,
+) -> None:
+    calls = tuple(FakeToolCall("slow", {}, id=f"c{i}") for i in range(tools))
+
+    async def slow(arguments: dict[str, Any]) -> str:
+        await trio.sleep_forever()
+        raise AssertionError  # pragma: no cover
+
+    tool = Tool(name="slow", description="", parameters={"type": "object"}, run=slow)
+    caught: list[BaseException] = []
+
+    async def ask(conversation: Conversation) -> None:
+        try:
+            await conversation.ask("hi")
+        except DispatcherClosed as exc:
+            caught.append(exc)
+
+    async with (
+        trio.open_nursery() as outside,
+        open_dispatcher({"memory": 1}) as dispatcher,
+    ):
+        reply = FakeReply(text="", tool_calls=calls)
+        provider = ScriptedProvider(FakeScript(default=reply), id="memory")
+        conversation = dispatcher.start_conversation(provider, tools=[tool])
+        outside.start_soon(ask, conversation)
+        await trio.testing.wait_all_tasks_blocked()
+        assert conversation.statistics().tool_calls == tools
+    assert [type(exc) for exc in caught] == [DispatcherClosed]
+
+
 # -- arguments --------------------------------------------------------------------
 
 
@@ -822,6 +1031,46 @@ def test_tool_checks_its_fields(
     }
     with pytest.raises(error, match=f"^{_escape(message)}$"):
         Tool(**(good | fields))
+
+
+async def _never(arguments: dict[str, Any]) -> str:
+    raise AssertionError  # pragma: no cover
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        (
+            {"type": "object", "properties": {"a": {"type": 5}}},
+            r"^tool parameters: \$\.properties\.a\.type must be a type name or a list of them, got 5$",
+        ),
+        (
+            {"type": "object", "properties": {"a": {"type": [["string"]]}}},
+            r"^tool parameters: \$\.properties\.a\.type must be a type name or a list of them, got \[\['string'\]\]$",
+        ),
+        (
+            {"type": "object", "required": [["a"]]},
+            r"^tool parameters: \$\.required must be a list of names, got \[\['a'\]\]$",
+        ),
+        (
+            {"type": "object", "properties": {"a": {"items": {"enum": "x"}}}},
+            r"^tool parameters: \$\.properties\.a\.items\.enum must be a list, got 'x'$",
+        ),
+        (
+            {"type": "object", "properties": {"a": {"enum": {1, 2}}}},
+            r"^tool parameters must be JSON: Object of type set is not JSON serializable$",
+        ),
+        (
+            {"type": "object", "properties": {"a": {"maximum": math.nan}}},
+            r"^tool parameters must be JSON: Out of range float values are not JSON compliant(: nan)?$",
+        ),
+    ],
+)
+def test_a_tool_schema_the_checker_cannot_use_is_refused_when_the_tool_is_made(
+    parameters: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        Tool(name="t", description="", parameters=parameters, run=_never)
 
 
 async def _prefixed(prefix: str, arguments: dict[str, Any]) -> str:

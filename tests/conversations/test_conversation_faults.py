@@ -1,8 +1,8 @@
 """Conversations when things go wrong: retries, typed errors, cancellation.
 
 Through the fake server on loopback (real time, small delays), except the
-exact backoff timings, which play the same scripts in memory
-(``ScriptedProvider``) in virtual time.
+exact backoff timings and a tool whose cleanup fails, which play scripts in
+memory (``ScriptedProvider``) in virtual time.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from trio_dispatch import (
     ConversationClosed,
     ConversationOptions,
     ProviderError,
+    Tool,
     open_dispatcher,
 )
 from trio_dispatch.messages import ChatMessage, Usage
@@ -277,6 +278,41 @@ async def test_a_question_cancelled_while_tools_run_leaves_no_half_tool_call() -
         await eventually(lambda: conversation.statistics().turns_cancelled == 1)
         assert conversation.history == ()
         assert len(rig.server.requests) == 1
+
+
+async def test_a_tool_whose_cleanup_fails_as_its_turn_is_cancelled_leaves_the_conversation_usable(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def fragile(arguments: dict[str, Any]) -> str:
+        async def cleanup_fails() -> None:
+            try:
+                await trio.sleep_forever()
+            finally:
+                raise ValueError("cleanup failed")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cleanup_fails)
+            await trio.sleep_forever()
+        raise AssertionError  # pragma: no cover
+
+    tool = Tool(
+        name="fragile", description="", parameters={"type": "object"}, run=fragile
+    )
+    call = FakeToolCall("fragile", {}, id="c1")
+    script = FakeScript(
+        replies=(FakeReply(text="", tool_calls=(call,)),),
+        default=FakeReply(text="fine"),
+    )
+    provider = ScriptedProvider(script, id="memory")
+    async with open_dispatcher({"memory": 1}) as dispatcher:
+        conversation = dispatcher.start_conversation(provider, tools=[tool])
+        with trio.move_on_after(1) as scope:
+            await conversation.ask("first")
+        assert scope.cancelled_caught
+        # The group of ValueError and Cancelled did not stop the actor.
+        result = await conversation.ask("second")
+        assert not conversation.closed
+    assert result.text == "fine"
 
 
 # -- backoff, exactly, in virtual time ------------------------------------------------

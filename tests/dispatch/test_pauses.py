@@ -1,14 +1,17 @@
 """Rate-limit pauses end to end: ``max_pause``, the backoff, ``resume``.
 
 Through the real providers (answers from ``httpx2.MockTransport``), the
-conversation actor and the dispatcher, in virtual time, with exact times.
+conversation actor, the SDK transport and the dispatcher, in virtual time,
+with exact times.
 """
 
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import json
 import math
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -253,7 +256,7 @@ def test_bad_pause_options_are_refused_at_the_call(
         open_dispatcher(**options)
 
 
-# -- pauses without a Retry-After ------------------------------------------------
+# -- pauses without a Retry-After, or with one that names no delay ---------------
 
 
 async def test_an_overloaded_answer_without_retry_after_pauses_one_second(
@@ -269,6 +272,56 @@ async def test_an_overloaded_answer_without_retry_after_pauses_one_second(
         result = await conversation.ask("hello")
     assert answers.sent_at == [0.0, 1.0]
     assert (result.started_at, result.finished_at) == (0.0, 1.0)
+
+
+# A Retry-After that names no delay (0, negative, milliseconds 0, a date in
+# the past) is no delay: pausing for nothing would let every waiter go again
+# at once into the same 429. It backs off as no header does.
+URL = "https://llm.test/v1/chat/completions"
+BODY = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+# Enough to end a storm quickly when the pause is not there.
+STORM = 500
+
+
+def refusals() -> list[dict[str, str]]:
+    past = email.utils.formatdate(time.time() - 3600, usegmt=True)
+    return [
+        {"retry-after": "0"},
+        {"retry-after": "-5"},
+        {"retry-after-ms": "0"},
+        {"retry-after": past},
+    ]
+
+
+@pytest.mark.parametrize(
+    "headers", refusals(), ids=["zero", "negative", "zero-ms", "date-in-the-past"]
+)
+async def test_a_429_that_names_no_delay_backs_off_through_the_transport(
+    autojump_clock: trio.testing.MockClock, headers: dict[str, str]
+) -> None:
+    sent: list[float] = []
+
+    def handle(request: httpx2.Request) -> httpx2.Response:
+        sent.append(trio.current_time())
+        return httpx2.Response(429, headers=headers, json={"error": {}})
+
+    async def agent(client: httpx2.AsyncClient) -> None:
+        while len(sent) < STORM:
+            response = await client.post(URL, content=BODY)
+            assert response.status_code == 429
+
+    async with open_dispatcher({"p": 8}, default_pause=1.0) as dispatcher:
+        transport = dispatcher.transport("p", inner=httpx2.MockTransport(handle))
+        async with httpx2.AsyncClient(transport=transport) as client:
+            start = trio.current_time()
+            with trio.move_on_after(2.0):
+                async with trio.open_nursery() as nursery:
+                    for _ in range(8):
+                        nursery.start_soon(agent, client)
+            # 8 at once, a pause of 1 s, 8 more, then a pause of 2 s.
+            assert [when - start for when in sent] == [0.0] * 8 + [1.0] * 8
+            stats = dispatcher.statistics().providers["p"]
+            assert stats.paused_until == start + 3.0
 
 
 async def test_consecutive_refusals_double_the_pause_and_a_success_resets_it(

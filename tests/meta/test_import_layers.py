@@ -8,6 +8,11 @@ dispatcher's plumbing imports nothing built on it, the integrations build
 on the plumbing and import nothing of the ``Dispatcher`` (which makes
 them), the Redis backend imports of the dispatcher only the backend
 interface's values, the message values no rules, the policy core no I/O.
+
+The command line, the demo and their plots (``trio_dispatch._cli``) stand
+apart from the library: they are built on its public names, and nothing
+else in the package imports them, so the library never loads rich,
+matplotlib or the demo's machinery.
 """
 
 from __future__ import annotations
@@ -274,3 +279,82 @@ def test_the_rules_above_would_catch_a_breach() -> None:
         "trio_dispatch._integrations._limited"
     ] | {"trio_dispatch._dispatch._dispatcher"}
     assert find_cycle(graph) is not None
+
+
+# -- the command line stands apart -------------------------------------------------
+
+_CLI = "trio_dispatch._cli"
+
+
+def _imported(text: str, package: str) -> set[str]:
+    """Every module ``text`` imports, anywhere (functions, TYPE_CHECKING).
+
+    ``package`` is the package relative imports start from. ``from x
+    import y`` counts as importing ``x.y`` too (``y`` may be a module), and
+    ``importlib.import_module("x")`` with a literal counts as well.
+    """
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, *([module] if module else [])])
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+        elif (
+            isinstance(node, ast.Call)
+            and ast.unparse(node.func) in {"importlib.import_module", "__import__"}
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            found.add(node.args[0].value)
+    return found
+
+
+def _cli_imports(text: str, package: str) -> list[str]:
+    return sorted(
+        module
+        for module in _imported(text, package)
+        if module == _CLI or module.startswith(f"{_CLI}.")
+    )
+
+
+def test_nothing_in_the_library_imports_the_command_line() -> None:
+    # The command line, the demo and their plots are built on the library,
+    # never the other way: an import of them from anywhere else in the
+    # package is refused, at module level, in a function or under
+    # TYPE_CHECKING.
+    assert (PACKAGE / "_cli" / "__init__.py").is_file()
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        if name == _CLI or name.startswith(f"{_CLI}."):
+            continue
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        imports = _cli_imports(path.read_text(encoding="utf-8"), package)
+        if imports:
+            found[name] = imports
+    assert found == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "package"),
+    [
+        ("from ._cli import main\n", "trio_dispatch"),
+        ("def f():\n    from . import _cli\n", "trio_dispatch"),
+        (
+            "if TYPE_CHECKING:\n    from .._cli._demo import DemoReport\n",
+            "trio_dispatch.testing",
+        ),
+        ("import trio_dispatch._cli._main\n", "trio_dispatch.admin"),
+        ("importlib.import_module('trio_dispatch._cli')\n", "trio_dispatch"),
+    ],
+)
+def test_the_import_check_sees_every_kind_of_import(text: str, package: str) -> None:
+    # What the check above forbids, it must find, however it is written.
+    assert _cli_imports(text, package) != []
+    assert _cli_imports("from . import _validation\n", package) == []

@@ -275,6 +275,18 @@ def test_a_server_delay_is_honoured_up_to_max_pause_and_counts_as_a_round() -> N
     assert _refused_at(policy, 92.5, t(1, 1)) == 96.5  # round three: 4 s
 
 
+# A delay of zero is no delay: the backoff, as without one.
+@pytest.mark.parametrize("retry_after", [0, 0.0])
+def test_the_policy_backs_off_for_a_zero_delay(retry_after: float) -> None:
+    policy = SlotPolicy(2, default_pause=1.0, max_pause=60.0)
+    policy.report_rate_limit(10.0, retry_after)
+    assert policy.paused_until == 11.0
+    assert policy.tick(11.0) == []
+    policy.acquire(Ticket(11.0, 0))
+    policy.report_rate_limit(11.0, retry_after)  # a new round: doubled
+    assert policy.paused_until == 13.0
+
+
 def test_resume_ends_the_pause_and_the_streak_and_grants_in_ticket_order() -> None:
     policy = SlotPolicy(2, default_pause=1.0, max_pause=60.0)
     policy.acquire(t(0, 0))

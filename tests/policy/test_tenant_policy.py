@@ -243,6 +243,18 @@ def test_removing_a_tenant_goes_back_to_the_defaults() -> None:
     assert (shown.weight, shown.limit, shown.service) == (1.0, None, 1.0)
 
 
+# A policy that counts no tenant stays on its default path when told to forget one.
+def test_forgetting_a_tenant_counts_no_tenant() -> None:
+    policy = SlotPolicy(1)
+    assert policy.set_tenant("acme", None) == []
+    assert (policy.needs_clock, policy.counts_tenants) == (False, False)
+    # The default path still: one grant, the next waits in ticket order.
+    assert policy.acquire(Ticket(0.0, 0)) == [Ticket(0.0, 0)]
+    assert policy.acquire(Ticket(1.0, 1)) == []
+    assert policy.release(Ticket(0.0, 0)) == [Ticket(1.0, 1)]
+    assert policy.tenant_statistics(0.0) == {}
+
+
 def test_unconfigured_tenants_are_forgotten_when_idle() -> None:
     t = Tickets()
     policy = SlotPolicy(2, tenants={"kept": Tenant()})

@@ -395,6 +395,16 @@ async def test_a_pause_holds_grants_fleet_wide_in_server_time(
     assert await book.pause("p", 500.0, default_pause=1.0, max_pause=2.0) <= 2.0
 
 
+# A delay of zero is no delay: the backoff, as without one.
+async def test_the_ledger_backs_off_for_a_zero_delay(
+    client: coredis.Redis[str],
+) -> None:
+    ledger = Ledger(client, "ns", 10.0)
+    left = await ledger.pause("p", 0.0, default_pause=1.0, max_pause=60.0)
+    assert 0.9 < left <= 1.0
+    assert (await ledger.step("p", "a")).paused_for > 0.8
+
+
 async def test_the_backoff_doubles_per_round_and_a_success_ends_the_streak(
     client: coredis.Redis[str],
 ) -> None:

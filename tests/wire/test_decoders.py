@@ -14,7 +14,10 @@ when the decoders had a second, cattrs path. These tests hold it there:
   below, recorded with their outcomes;
 * on fresh hypothesis streams, the decoder yields stream events or raises
   a ``ProviderError``, never anything else, and an event that fits its
-  shape is never refused as misfitting it.
+  shape is never refused as misfitting it;
+* what no stream may hold is refused as malformed: event data nested past
+  the parser's recursion, an Anthropic content block stopped twice or sent
+  a delta after its stop.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from trio_dispatch._wire._anthropic import AnthropicDecoder
 from trio_dispatch._wire._openai import OpenAIDecoder
 from trio_dispatch._wire._sse import ServerSentEvent
 from trio_dispatch.messages import Finish, ReasoningDelta, TextDelta, ToolCall, Usage
-from trio_dispatch.providers import ProviderError
+from trio_dispatch.providers import MalformedStream, ProviderError
 
 if TYPE_CHECKING:
     from trio_dispatch._wire._decoder import WireDecoder
@@ -608,3 +611,66 @@ def test_anthropic_every_field_broken_gives_the_recorded_outcome(
         ]
         got = outcomes(AnthropicDecoder("anthropic"), events)
         assert got == recorded(steps), what
+
+
+# -- what the decoders refuse: nesting past the parser, a block stopped twice ------
+
+DEEP = "[" * 100_000
+
+
+@pytest.mark.parametrize(
+    "decoder",
+    [OpenAIDecoder("openai"), AnthropicDecoder("anthropic")],
+    ids=["openai", "anthropic"],
+)
+def test_deeply_nested_event_data_is_a_malformed_stream(
+    decoder: OpenAIDecoder | AnthropicDecoder,
+) -> None:
+    with pytest.raises(MalformedStream):
+        decoder.feed(ServerSentEvent(event="ping", data=DEEP))
+
+
+def _anthropic_events(*events: tuple[str, dict[str, Any]]) -> list[ServerSentEvent]:
+    return [ServerSentEvent(event=name, data=json.dumps(data)) for name, data in events]
+
+
+TOOL_BLOCK = (
+    "content_block_start",
+    {
+        "type": "content_block_start",
+        "index": 0,
+        "content_block": {
+            "type": "tool_use",
+            "id": "toolu_1",
+            "name": "t",
+            "input": {},
+        },
+    },
+)
+STOP_BLOCK = ("content_block_stop", {"type": "content_block_stop", "index": 0})
+
+
+def test_a_content_block_stopped_twice_is_malformed_not_two_tool_calls() -> None:
+    decoder = AnthropicDecoder("anthropic")
+    events: list[StreamEvent] = []
+    with pytest.raises(MalformedStream, match=r"content block 0 stopped twice"):
+        for event in _anthropic_events(TOOL_BLOCK, STOP_BLOCK, STOP_BLOCK):
+            events.extend(decoder.feed(event))
+    assert [type(e) for e in events] == [ToolCall]
+
+
+def test_a_delta_after_its_blocks_stop_is_malformed() -> None:
+    decoder = AnthropicDecoder("anthropic")
+    late = (
+        "content_block_delta",
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": "{}"},
+        },
+    )
+    with pytest.raises(
+        MalformedStream, match=r"a content_block_delta for block 0 after its stop"
+    ):
+        for event in _anthropic_events(TOOL_BLOCK, STOP_BLOCK, late):
+            decoder.feed(event)
