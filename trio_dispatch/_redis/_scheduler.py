@@ -380,7 +380,7 @@ class SharedSchedulerActor:
     def _settle(self) -> None:
         """Take the messages sent while this task handled others, in order."""
         inbox = self._inbox
-        while len(inbox):
+        while inbox.queue:
             for message in inbox.take_all():
                 self._take(message, trio.current_time())
 
@@ -487,7 +487,7 @@ class SharedSchedulerActor:
         return (
             self.limit is None
             and not self.book.busy()
-            and not len(self._inbox)
+            and not self._inbox.queue
             and not self._inbox.closed
             and not self._limit_writes
             and not self._pauses

@@ -25,22 +25,23 @@ T = TypeVar("T")
 
 @final
 class Mailbox(Generic[T]):
-    """An unbounded FIFO of messages for one reading task."""
+    """An unbounded FIFO of messages for one reading task.
 
-    __slots__ = ("_closed", "_queue", "_reader")
+    Attributes:
+        queue: The messages queued, oldest first: read it (its truth is
+            whether any is), change it only through the methods.
+        closed: Whether ``close`` was called; queued messages may remain.
+    """
+
+    __slots__ = ("_reader", "closed", "queue")
 
     def __init__(self) -> None:
-        self._queue: collections.deque[T] = collections.deque()
+        self.queue: collections.deque[T] = collections.deque()
         self._reader: trio.lowlevel.Task | None = None
-        self._closed = False
+        self.closed = False
 
     def __len__(self) -> int:
-        return len(self._queue)
-
-    @property
-    def closed(self) -> bool:
-        """Whether ``close`` was called; queued messages may remain."""
-        return self._closed
+        return len(self.queue)
 
     def send_nowait(self, message: T) -> None:
         """Queue ``message`` and wake the reader; never blocks.
@@ -48,9 +49,9 @@ class Mailbox(Generic[T]):
         Raises:
             trio.ClosedResourceError: The mailbox is closed.
         """
-        if self._closed:
+        if self.closed:
             raise trio.ClosedResourceError("the mailbox is closed")
-        self._queue.append(message)
+        self.queue.append(message)
         self._wake()
 
     def nudge(self) -> None:
@@ -59,7 +60,7 @@ class Mailbox(Generic[T]):
 
     def close(self) -> None:
         """Refuse further messages and wake the reader. Idempotent."""
-        self._closed = True
+        self.closed = True
         self._wake()
 
     async def wait(self) -> None:
@@ -67,7 +68,7 @@ class Mailbox(Generic[T]):
 
         Always a checkpoint. One task reads a mailbox.
         """
-        if self._queue or self._closed:
+        if self.queue or self.closed:
             await trio.lowlevel.checkpoint()
             return
         if self._reader is not None:
@@ -77,8 +78,8 @@ class Mailbox(Generic[T]):
 
     def take_all(self) -> collections.deque[T]:
         """Everything queued, oldest first; the mailbox is left empty."""
-        queue = self._queue
-        self._queue = collections.deque()
+        queue = self.queue
+        self.queue = collections.deque()
         return queue
 
     def _wake(self) -> None:

@@ -211,7 +211,7 @@ class SchedulerActor:
     # Protected like run: the policy changes and the requesters are told
     # together, and a KeyboardInterrupt between the two would lose a grant.
     @trio.lowlevel.enable_ki_protection
-    def send(self, message: SchedulerMessage) -> None:
+    def send(self, message: SchedulerMessage | _Tick) -> None:
         """Hand the actor ``message``; never blocks.
 
         Handled before this returns, in this task, unless a task is
@@ -221,16 +221,13 @@ class SchedulerActor:
         Raises:
             trio.ClosedResourceError: The actor is closed.
         """
-        if self._handling or self._inbox.closed:
-            self._inbox.send_nowait(message)  # raises once closed
+        inbox = self._inbox
+        if self._handling or inbox.closed:
+            inbox.send_nowait(message)  # raises once closed
             return
-        self._serve(message)
-
-    def _serve(self, message: SchedulerMessage | _Tick) -> None:
-        """Handle ``message``, then every message sent meanwhile: one handling."""
+        # One handling: this message, then every one sent meanwhile.
         self._handling = True
         policy = self.policy
-        inbox = self._inbox
         batch: collections.deque[SchedulerMessage | _Tick] | None = None
         try:
             now = self._clock()
@@ -238,7 +235,7 @@ class SchedulerActor:
             if self._listening or self._hub.sinks:
                 self._listen()
             self._handle(message, now)
-            while len(inbox):
+            while inbox.queue:
                 batch = inbox.take_all()
                 while batch:
                     self._handle(batch[0], now)
@@ -281,7 +278,7 @@ class SchedulerActor:
             and not self._handling
             and not self._inbox.closed
         ):
-            self._serve(_TICK)
+            self.send(_TICK)
         return policy_statistics(self.provider, self.policy, self._clock())
 
     # KeyboardInterrupt waits for the next checkpoint: between two, the actor
@@ -333,7 +330,7 @@ class SchedulerActor:
                     and not inbox.closed
                     and self._crash is None
                 ):
-                    self._serve(_TICK)
+                    self.send(_TICK)
         finally:
             self._sleeping_until = None
             if not stopped_idle:
@@ -403,7 +400,7 @@ class SchedulerActor:
             self._pause(message, now)
             return
         elif isinstance(message, _Tick):
-            # The handling's end tells the policy the time (_serve).
+            # The handling's end tells the policy the time (send).
             return
         else:
             grants = self._rarely(message, now)
