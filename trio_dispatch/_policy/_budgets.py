@@ -204,7 +204,9 @@ def refilled(level: float, capacity: float, rate: float, seconds: float) -> floa
     """A bucket's level ``seconds`` later, refilling ``rate`` per second."""
     if seconds <= 0 or level >= capacity:
         return level
-    return min(capacity, level + rate * seconds)
+    # min(capacity, ...), spelled out: a grant's path.
+    level = level + rate * seconds
+    return level if level < capacity else capacity
 
 
 def charged(value: float, amount: float, capacity: float) -> float:
@@ -215,14 +217,25 @@ def charged(value: float, amount: float, capacity: float) -> float:
     refill); a negative one gives back, up to ``capacity``. The Redis
     ledger's ``charged`` is the same rule.
     """
+    # max(min(value, 0.0), rest) and min(capacity, rest), spelled out: a
+    # grant's path.
+    rest = value - amount
     if amount > 0:
-        return max(min(value, 0.0), value - amount)
-    return min(capacity, value - amount)
+        least = 0.0 if value > 0.0 else value
+        return rest if rest > least else least
+    return rest if rest < capacity else capacity
 
 
 @final
 class Bucket:
-    """A budget that refills continuously: ``rate`` per second, up to ``capacity``."""
+    """A budget that refills continuously: ``rate`` per second, up to ``capacity``.
+
+    The level, and a configured budget's own count, stay within
+    ``[-capacity, capacity]``: the setters clamp, and what ``refilled`` and
+    ``charged`` make of a count within it is within it, so the hot paths
+    (``refill``, ``take``) store their results as they are. Only a learned
+    bucket's capacity moves, and it keeps no own count.
+    """
 
     __slots__ = ("_level", "_own", "capacity", "configured", "per_minute", "rate")
 
@@ -233,6 +246,7 @@ class Bucket:
         self._level = per_minute
         # A configured budget's own count, charged and refilled as the
         # level is but never moved by figures: what they may raise it to.
+        # A learned one has none (it stays at the first capacity, unread).
         self._own = per_minute
         self.configured = configured
 
@@ -262,15 +276,19 @@ class Bucket:
     def need(self, cost: float) -> float:
         """How much is missing before ``cost`` may be charged (0: nothing)."""
         amount = self.charge_of(cost)
-        missing = amount - self.level
+        missing = amount - self._level
+        if missing <= 0:
+            return 0.0
         # A hair of float error must not keep a request out for good.
         return missing if missing > 1e-9 * max(1.0, amount) else 0.0
 
     def refill(self, seconds: float) -> None:
         """Add what ``seconds`` bring, up to the capacity."""
         if seconds > 0:
-            self.level = refilled(self.level, self.capacity, self.rate, seconds)
-            self.own = refilled(self.own, self.capacity, self.rate, seconds)
+            capacity, rate = self.capacity, self.rate
+            self._level = refilled(self._level, capacity, rate, seconds)
+            if self.configured:
+                self._own = refilled(self._own, capacity, rate, seconds)
 
     def at(self, seconds: float) -> float:
         """The level ``seconds`` from now, if nothing is charged meanwhile."""
@@ -287,8 +305,10 @@ class Bucket:
         deepens a debt: only learning sets the level below 0. The own count
         is charged alike.
         """
-        self.level = charged(self._level, amount, self.capacity)
-        self.own = charged(self._own, amount, self.capacity)
+        capacity = self.capacity
+        self._level = charged(self._level, amount, capacity)
+        if self.configured:
+            self._own = charged(self._own, amount, capacity)
 
     def settle(self, amount: float) -> None:
         """Correct a charge the server's figures already counted, by ``amount``.
@@ -298,7 +318,8 @@ class Bucket:
         count is corrected in full.
         """
         self.level = charged(self._level, max(0.0, amount), self.capacity)
-        self.own = charged(self._own, amount, self.capacity)
+        if self.configured:
+            self.own = charged(self._own, amount, self.capacity)
 
     def learn(self, quota: Quota, unseen: float, *, newest: bool) -> bool:
         """Take a quota's figures into account; ``False`` if they say nothing usable.

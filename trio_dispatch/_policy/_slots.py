@@ -31,10 +31,13 @@ true: grants and releases need the time, from ``advance`` or ``tick``.
 
 A grant costs O(log T) for T backlogged tenants, and as much again per
 tenant whose key grew since it was last looked at, and an arrival O(log n)
-in its tenant's queue of n (see ``_tenants``). A ticket cancelled while
-waiting is only forgotten by the set of waiters and skipped when it
-surfaces; the queues are rebuilt when such dead entries outnumber the
-living.
+in its tenant's queue of n (see ``_tenants``). An arrival that finds
+nobody waiting and a slot it may take is the fill's only choice: it is
+granted on the spot, as the fill would grant it, its tenant joining and
+leaving in one step (``Tenants.grant_at_once``), with no queue to pass
+through. A ticket cancelled while waiting is only forgotten by the set of
+waiters and skipped when it surfaces; the queues are rebuilt when such
+dead entries outnumber the living.
 
 Invariants, after every call:
 
@@ -407,7 +410,8 @@ class SlotPolicy:
             ValueError: The ticket is already holding or waiting.
         """
         waiting = self._waiting
-        if ticket in self._holders or ticket in waiting:
+        holders = self._holders
+        if ticket in holders or ticket in waiting:
             raise ValueError(f"ticket {ticket!r} is already known")
         if ticket.tenant is not None and not self._counting:
             # The first ticket with a tenant.
@@ -415,7 +419,8 @@ class SlotPolicy:
             self._count()
         gate = self._gate
         model = ticket.model
-        model_gate = self._models.get(model)
+        models = self._models
+        model_gate = None if model is None else models.get(model)
         max_waiting = self._max_waiting
         if (
             max_waiting is not None
@@ -428,16 +433,29 @@ class SlotPolicy:
                 gate.expect(ticket, tokens)
             if model_gate is not None:
                 model_gate.expect(ticket, tokens)
+        if model is not None:
+            models.use(model, 1)
+        limit = self._limit
+        if not waiting and self._grants_at_once(ticket, tokens, model_gate):
+            # Nobody waits: a fill would choose it, alone, and grant it. So
+            # it is, here, as the fill grants, with no queue to pass through.
+            held = len(holders)
+            if gate is not None:
+                gate.take(ticket, held, limit)
+            if model_gate is not None:
+                model_gate.take(ticket, held, None)
+            self._tenants.grant_at_once(ticket, self._now)
+            holders.add(ticket)
+            self._granted_total += 1
+            self._peak_in_flight = max(self._peak_in_flight, held + 1)
+            return [ticket]
+        if tokens:
             self._estimates[ticket] = tokens
         waiting.add(ticket)
-        if model is not None:
-            self._models.use(model, 1)
         self._tenants.queue(ticket, self._now)
-        limit = self._limit
         grants = (
             self._fill()
-            if limit is None
-            or (self._paused_until is None and len(self._holders) < limit)
+            if limit is None or (self._paused_until is None and len(holders) < limit)
             else []
         )
         if len(waiting) > self._peak_waiting:  # noqa: PLR1730  # no call on the hot path
@@ -457,7 +475,9 @@ class SlotPolicy:
 
         Every other waiter may not take a free slot (invariant 2), so the
         newcomer goes if it may: a slot is free, its tenant below its cap,
-        and no budget holds it back.
+        and no budget holds it back. With nobody waiting, no budget holds
+        anyone back, and the fill would choose it: then this is exactly
+        whether the fill grants it.
         """
         limit = self._limit
         if limit is not None and (
@@ -467,12 +487,13 @@ class SlotPolicy:
         state = self._tenants.get(ticket.tenant)
         if state is not None and state.limit is not None and state.held >= state.limit:
             return False
-        if ticket.model is not None and ticket.model in self._held_back:
+        model = ticket.model
+        if model is not None and model in self._held_back:
             return False
         gate = self._gate
-        return all(
-            throttle is None or throttle.fits(tokens) for throttle in (gate, model_gate)
-        ) and (gate is None or not gate.blocked)
+        if gate is not None and (gate.blocked or not gate.fits(tokens)):
+            return False
+        return model_gate is None or model_gate.fits(tokens)
 
     def _count(self) -> None:
         """Count service and models' use from now on (see the module notes)."""
@@ -787,11 +808,11 @@ class SlotPolicy:
         waiting = self._waiting
         limit = self._limit
         gate = self._gate
-        models = self._models
         if gate is not None or self._held_back:
             self._unblock()
         if not waiting or (limit is not None and self._paused_until is not None):
             return grants
+        models = self._models
         tenants = self._tenants
         holders = self._holders
         estimates = self._estimates

@@ -27,29 +27,31 @@ whose head is not of a model held back, the least
 
 Both are found in heaps over the backlogged tenants, not by a scan: one
 keyed by the counter (for the floor), one keyed by the whole key above,
-over those below their cap (for the choice). The counters of tenants that
-hold slots grow with time, each at its own pace, so no heap can keep them
-in order; but no tenant's key ever falls without an event on that tenant
-(a counter only grows: folds, raises to the floor and time all add to it),
-so each heap keeps, per tenant, a key it had at some time: one at most its
-key now. The least kept key is looked at anew: if it is still the
-tenant's key, that tenant is the least (every other key now is at least
-the one kept for it); if not, it is kept again, as it is now, and the next
-least is looked at. The events that can lower a key place the tenant again
-with its key then: its joining, a ticket older than its head, a slot given
-back (fewer held for its weight), a new weight or cap. So a choice or an
-arrival costs O(log T) for T backlogged tenants, plus O(log T) for each
-tenant looked at anew because its key grew since it was kept: the tenant
-granted last, one whose head was withdrawn, and those holding slots while
-time passed (at most one per slot); and O(M) for each head looked at, of
-a tenant with M non-empty model queues. In a fill that holds a model
-back, a tenant's head may be one only this fill passes over to, and its
-key then above its key after the fill: such a tenant (and one with
-nothing left to take in the fill) is set aside, placed again by the next
-fill's first choice, so holding a model back costs a look at each tenant
-of that model that comes first in the fill. Entries left behind (a tenant
-placed again, or no longer backlogged) are skipped when they surface, and
-swept when they outnumber the living.
+over those below their cap (for the choice). The counters of tenants
+that hold slots grow with time, each at its own pace, so no heap can
+keep them in order; but no tenant's key ever falls without an event on
+that tenant (a counter only grows: folds, raises to the floor and time
+all add to it), so each heap keeps, per tenant, a key it had at some
+time: one at most its key now. The least kept key is looked at anew: if
+it is still the tenant's key, that tenant is the least (every other key
+now is at least the one kept for it); if not, it is kept again, as it is
+now, and the next least is looked at. The events that can lower a key
+place the tenant again with its key then: its joining, a ticket older
+than its head, a slot given back (fewer held for its weight), a new
+weight or cap. A tenant backlogged alone is the choice whatever its key:
+its key is not looked at, and the one kept for it stays one it had. So a
+choice or an arrival costs O(log T) for T backlogged tenants, plus
+O(log T) for each tenant looked at anew because its key grew since it
+was kept: the tenant granted last, one whose head was withdrawn, and those
+holding slots while time passed (at most one per slot); and O(M) for
+each head looked at, of a tenant with M non-empty model queues. In a
+fill that holds a model back, a tenant's head may be one only this fill
+passes over to, and its key then above its key after the fill: such a
+tenant (and one with nothing left to take in the fill) is set aside,
+placed again by the next fill's first choice, so holding a model back
+costs a look at each tenant of that model that comes first in the fill.
+Entries left behind (a tenant placed again, or no longer backlogged) are
+skipped when they surface, and swept when they outnumber the living.
 
 A ticket withdrawn while waiting stays in its heap and is skipped when it
 surfaces; the heaps are rebuilt from the living when such dead entries
@@ -84,21 +86,10 @@ _COMPACT_SLACK = 64
 _HeapEntry = TypeVar("_HeapEntry", "_Entry", "_FloorEntry")
 
 
-def _sweep(heap: list[_HeapEntry], living: int) -> None:
-    """Drop ``heap``'s dead entries once they outnumber the ``living``."""
-    if len(heap) > 2 * living + _COMPACT_SLACK:
-        heap[:] = [entry for entry in heap if _alive(entry)]
-        heapq.heapify(heap)
-
-
-def _top(heap: list[_HeapEntry]) -> _HeapEntry | None:
-    """``heap``'s least living entry, its dead ones before it dropped."""
-    while heap:
-        entry = heap[0]
-        if _alive(entry):
-            return entry
-        heapq.heappop(heap)
-    return None
+def _sweep(heap: list[_HeapEntry]) -> None:
+    """Drop ``heap``'s dead entries (once they outnumber the living)."""
+    heap[:] = [entry for entry in heap if _alive(entry)]
+    heapq.heapify(heap)
 
 
 def _alive(entry: _Entry | _FloorEntry) -> bool:
@@ -176,16 +167,21 @@ class TenantState:
 
     def service(self, now: float) -> float:
         """The service counter at ``now``: slot-seconds over the weight."""
-        if not self.held or now <= self.last:
+        held = self.held
+        if not held:
             return self.base
-        return self.base + self.held * (now - self.last) / self.weight
+        last = self.last
+        if now <= last:
+            return self.base
+        return self.base + held * (now - last) / self.weight
 
     def fold(self, now: float) -> None:
         """Fold what accrued up to ``now`` into the base (``service(now)``)."""
         last = self.last
         if now > last:
-            if self.held:
-                self.base = self.base + self.held * (now - last) / self.weight
+            held = self.held
+            if held:
+                self.base = self.base + held * (now - last) / self.weight
             self.last = now
 
     def head(
@@ -201,10 +197,12 @@ class TenantState:
                 if empty is None:
                     empty = []
                 empty.append(model)
-            elif (model is None or model not in blocked) and (
-                best is None or queue[0] < best
+                continue
+            first = queue[0]
+            if (model is None or model not in blocked) and (
+                best is None or first < best
             ):
-                best = queue[0]
+                best = first
         if empty is not None:
             for model in empty:
                 del self.queues[model]
@@ -303,11 +301,40 @@ class Tenants:
         state.fold(now)
         state.held += 1
 
+    def grant_at_once(self, ticket: Ticket, now: float) -> None:
+        """``ticket`` is granted as it arrives, nobody being backlogged.
+
+        What ``queue``, ``select`` and ``grant`` would do, in one step: its
+        tenant joins at the floor (with nobody backlogged, the counter of
+        the last to leave), is the only choice, takes the slot and leaves
+        again at once, its counter the new floor. The caller has checked
+        its cap.
+        """
+        assert not self._backlogged  # else the choice is select's
+        name = ticket.tenant
+        state = self._states.get(name)
+        if state is None:
+            state = self._states[name] = TenantState(name, now)
+        else:
+            state.fold(now)
+        state.base = max(state.base, self._last_left)
+        state.held += 1
+        # Its counter at ``now`` (folded up to it): the floor from now on.
+        self._last_left = state.base
+
     def queue(self, ticket: Ticket, now: float) -> None:
         """``ticket`` waits: in its tenant's queue, which may become backlogged."""
-        state = self._state(ticket.tenant, now)
+        name = ticket.tenant
+        state = self._states.get(name)
+        if state is None:
+            state = self._states[name] = TenantState(name, now)
         state.waiting += 1
-        heapq.heappush(state.queues.setdefault(ticket.model, []), ticket)
+        queues = state.queues
+        queue = queues.get(ticket.model)
+        if queue is None:
+            queues[ticket.model] = [ticket]
+        else:
+            heapq.heappush(queue, ticket)
         if state.waiting == 1:
             self._join(state, now, ticket)
         else:
@@ -322,9 +349,11 @@ class Tenants:
             floor = self._last_left
         state.fold(now)
         state.base = max(state.base, floor)
-        self._backlogged[state.name] = state
+        backlogged = self._backlogged
+        backlogged[state.name] = state
         floors = self._floors
-        _sweep(floors, len(self._backlogged))
+        if len(floors) > 2 * len(backlogged) + _COMPACT_SLACK:
+            _sweep(floors)
         self._placed += 1
         entry = state.floor_entry = (state.base, self._placed, state)
         heapq.heappush(floors, entry)
@@ -333,8 +362,12 @@ class Tenants:
     def _floor(self, now: float) -> float | None:
         """The least counter of the backlogged at ``now``, or ``None``."""
         floors = self._floors
-        while (entry := _top(floors)) is not None:
+        while floors:
+            entry = floors[0]
             state = entry[2]
+            if state.floor_entry is not entry:
+                heapq.heappop(floors)  # a dead entry
+                continue
             counter = state.service(now)
             if counter == entry[0]:
                 return counter
@@ -351,20 +384,25 @@ class Tenants:
         Its head there is ``head`` if given, else the least ticket of its
         queues, withdrawn or not: one at most its head.
         """
+        held = state.held
         cap = state.limit
-        if cap is not None and state.held >= cap:
+        if cap is not None and held >= cap:
             state.entry = None
             return
         ready = self._ready
-        _sweep(ready, len(self._backlogged))
+        if len(ready) > 2 * len(self._backlogged) + _COMPACT_SLACK:
+            _sweep(ready)
         if head is None:
-            head = min(queue[0] for queue in state.queues.values() if queue)
-        self._placed += 1
+            for queue in state.queues.values():
+                if queue and (head is None or queue[0] < head):
+                    head = queue[0]
+            assert head is not None  # it waits: a queue holds a ticket
+        placed = self._placed = self._placed + 1
         entry = state.entry = (
             state.service(now),
-            state.held / state.weight,
+            held / state.weight,
             head,
-            self._placed,
+            placed,
             state,
         )
         heapq.heappush(ready, entry)
@@ -377,9 +415,11 @@ class Tenants:
         state.queues.clear()  # only withdrawn tickets are left
         state.entry = state.floor_entry = None
         if not backlogged:
-            # Every entry left in the heaps is a dead one.
+            # Every entry left in the heaps is a dead one, and nobody is
+            # left to set aside.
             self._floors.clear()
             self._ready.clear()
+            self._aside.clear()
 
     def withdraw(self, ticket: Ticket, now: float, waiting: Collection[Ticket]) -> None:
         """Waiting ``ticket`` was withdrawn (``waiting``: those still waiting)."""
@@ -408,15 +448,15 @@ class Tenants:
         """Held ``ticket`` gave its slot back at ``now``."""
         state = self._states[ticket.tenant]
         state.fold(now)
-        state.held -= 1
+        held = state.held = state.held - 1
         if state.waiting:
             entry = state.entry
-            if entry is None or entry[1] > state.held / state.weight:
+            if entry is None or entry[1] > held / state.weight:
                 # Its key may be below the one kept: less held for its
                 # weight, or below its cap again.
                 self._place(state, now)
-        elif not state.held:
-            self._drop_if_idle(state)
+        elif not held and not state.configured:
+            del self._states[state.name]  # idle: forgotten (_drop_if_idle)
 
     def _drop_if_idle(self, state: TenantState) -> None:
         if not state.configured and not state.held and not state.waiting:
@@ -440,10 +480,15 @@ class Tenants:
                 if backlogged.get(state.name) is state:
                     self._place(state, now)
         ready = self._ready
-        while (entry := _top(ready)) is not None:
+        while ready:
+            entry = ready[0]
             state = entry[4]
+            if state.entry is not entry:
+                heapq.heappop(ready)  # a dead entry
+                continue
+            held = state.held
             cap = state.limit
-            if cap is not None and state.held >= cap:
+            if cap is not None and held >= cap:
                 heapq.heappop(ready)  # placed again when it goes below
                 state.entry = None
                 continue
@@ -454,13 +499,17 @@ class Tenants:
                 state.entry = None
                 self._aside.append(state)
                 continue
+            if len(self._backlogged) == 1:
+                # The only tenant backlogged is the choice, whatever its key
+                # now: the one kept, which it had, stays at most that.
+                return state, head
             counter = state.service(now)
-            share = state.held / state.weight
+            share = held / state.weight
             if counter == entry[0] and share == entry[1] and head == entry[2]:
                 return state, head
             # Its key grew since it was kept: keep it as it is now.
-            self._placed += 1
-            entry = state.entry = (counter, share, head, self._placed, state)
+            placed = self._placed = self._placed + 1
+            entry = state.entry = (counter, share, head, placed, state)
             heapq.heapreplace(ready, entry)
             if blocked:
                 # Its head may be one only this fill passes over.
@@ -474,8 +523,8 @@ class Tenants:
         heapq.heappop(state.queues[ticket.model])
         state.fold(now)
         state.held += 1
-        state.waiting -= 1
-        if not state.waiting:
+        waiting = state.waiting = state.waiting - 1
+        if not waiting:
             self._leave(state, now)
 
     def statistics(self, now: float) -> dict[str, TenantStatistics]:
