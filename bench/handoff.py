@@ -686,14 +686,14 @@ def _targets(
             "Contended rate, ours / CapacityLimiter",
             measurements["contended"].ratio,
             ">=",
-            0.9,
+            0.8,
         ),
         Target.check(
             "uncontended_ratio",
             "Uncontended time per cycle, ours / CapacityLimiter",
             measurements["uncontended"].ratio,
             "<=",
-            2.0,
+            3.0,
         ),
         Target.check(
             "scaling_growth",
@@ -707,7 +707,7 @@ def _targets(
             "Ours, bytes per waiting task",
             measurements["memory"].ours,
             "<=",
-            3_500,
+            3_000,
         ),
     )
 
