@@ -186,13 +186,32 @@ class LeaseLost(DispatchError):
     slot went back as the body unwound. A call through
     ``Dispatcher.transport`` has its response body closed instead, and its
     next read raises this.
+
+    Attributes:
+        provider: The provider whose slot's lease ran out, or ``None``
+            when the raiser did not say.
+        lease: The seconds a lease lives without renewal, or ``None`` when
+            the raiser did not say.
     """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str | None = None,
+        lease: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.lease = lease
 
 
 def lease_lost(provider: str, lease: float) -> LeaseLost:
     """The ``LeaseLost`` of a slot of ``provider`` whose ``lease`` ran out."""
     return LeaseLost(
-        f"the lease of a slot of {provider!r} went {lease:g} seconds without renewal"
+        f"the lease of a slot of {provider!r} went {lease:g} seconds without renewal",
+        provider=provider,
+        lease=lease,
     )
 
 

@@ -93,6 +93,7 @@ async def test_a_holder_cut_off_for_a_lease_is_stopped_before_the_slot_is_regran
         assert (
             str(error) == "the lease of a slot of 'p' went 1.5 seconds without renewal"
         )
+        assert (error.provider, error.lease) == ("p", 1.5)
         # Renewed a third of a lease before the cut at the earliest, so
         # stopped no sooner than two thirds of a lease after it; and
         # before the fleet could grant the slot again.
@@ -158,3 +159,6 @@ async def test_an_unlimited_provider_s_holder_is_never_stopped(
 def test_the_exception_is_a_dispatch_error() -> None:
     assert issubclass(LeaseLost, DispatchError)
     assert LeaseLost.__module__ == "trio_dispatch"
+    # One raised by code of one's own may not say which provider or lease.
+    bare = LeaseLost("lost")
+    assert (str(bare), bare.provider, bare.lease) == ("lost", None, None)

@@ -131,7 +131,7 @@ async def test_a_call_cut_off_from_redis_for_a_lease_is_closed_before_regranting
     server: RedisServer, faults: Faults, *, reading: bool
 ) -> None:
     bodies: list[Endless] = []
-    errors: list[BaseException] = []
+    errors: list[LeaseLost] = []
     granted: list[float] = []
     async with AsyncExitStack() as stack:
         cut, other = [
@@ -184,6 +184,7 @@ async def test_a_call_cut_off_from_redis_for_a_lease_is_closed_before_regranting
         assert str(error) == (
             f"the lease of a slot of 'openai' went {LEASE:g} seconds without renewal"
         )
+        assert (error.provider, error.lease) == ("openai", LEASE)
         [body] = bodies
         assert body.closed_at is not None
         # Renewed a third of a lease before the cut at the earliest; closed
