@@ -271,6 +271,15 @@ class SchedulerActor:
         A pause or a budget wait that has run out ends first, as the run
         task would end it when it next wakes.
         """
+        self._tick_if_due()
+        return policy_statistics(self.provider, self.policy, self._clock())
+
+    def _tick_if_due(self) -> None:
+        """Send the tick the policy waits for, once its ``wake_at`` has come.
+
+        Not during a handling (it ends with the tick itself), nor once
+        closed (a crash closes the actor too).
+        """
         wake_at = self.policy.wake_at
         if (
             wake_at is not None
@@ -279,7 +288,6 @@ class SchedulerActor:
             and not self._inbox.closed
         ):
             self.send(_TICK)
-        return policy_statistics(self.provider, self.policy, self._clock())
 
     # KeyboardInterrupt waits for the next checkpoint: between two, the actor
     # may tick the policy and tell the requesters, which must go together.
@@ -323,14 +331,7 @@ class SchedulerActor:
                 else:
                     await trio.lowlevel.checkpoint()
                 self._sleeping_until = None
-                wake_at = policy.wake_at
-                if (
-                    wake_at is not None
-                    and self._clock() >= wake_at
-                    and not inbox.closed
-                    and self._crash is None
-                ):
-                    self.send(_TICK)
+                self._tick_if_due()
         finally:
             self._sleeping_until = None
             if not stopped_idle:
