@@ -162,6 +162,8 @@ def fixup_module_metadata(module_name: str, namespace: Mapping[str, object]) -> 
     module. One that names what only type checkers import is left as it is.
     """
     for name in namespace["__all__"]:  # type: ignore[attr-defined]  # every public module has __all__
+        if name not in namespace:
+            continue  # imported when first used (the module's __getattr__)
         value = namespace[name]
         module = getattr(value, "__module__", None)
         if (

@@ -11,7 +11,7 @@ minor versions. An application needs none of them; ``trio_dispatch``,
   budgets and adaptive limits.
 - The scheduler actor, ``SchedulerActor``, and the protocol it speaks:
   ``Acquire``, ``Release``, ``Cancel``, ``SetLimit``, ``Adapt``, ``Pause``,
-  ``Resume``, ``Answered``, ``ReportUsage``, ``ObserveRateLimits``,
+  ``Resume``, ``Answered``, ``ReportUsage``, ``ObserveLatency``, ``ObserveRateLimits``,
   ``SetTenant``, ``SetModelBudget`` (together ``SchedulerMessage``),
   answered through a ``Reply`` (``granted(ticket, granted_at)`` or
   ``refused(error)``, and ``lease_until(deadline)`` from a backend that
@@ -65,6 +65,7 @@ from .messages._protocol import Adapt as Adapt
 from .messages._protocol import Answered as Answered
 from .messages._protocol import Cancel as Cancel
 from .messages._protocol import Grant as Grant
+from .messages._protocol import ObserveLatency as ObserveLatency
 from .messages._protocol import ObserveRateLimits as ObserveRateLimits
 from .messages._protocol import Pause as Pause
 from .messages._protocol import Release as Release
@@ -87,6 +88,7 @@ __all__ = [
     "Cancel",
     "EventSink",
     "Grant",
+    "ObserveLatency",
     "ObserveRateLimits",
     "Pause",
     "Plumbing",

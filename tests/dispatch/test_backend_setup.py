@@ -35,6 +35,7 @@ from trio_dispatch.lowlevel import (
     Backend,
     BackendSetup,
     Cancel,
+    ObserveLatency,
     ObserveRateLimits,
     Pause,
     Release,
@@ -110,6 +111,11 @@ class PolicyBackend:
                 self.leave(ticket, now, cancel=True)
             case Answered(ticket):
                 policy.answered(ticket)
+            case ObserveLatency(ticket, first, between, duration, prompt):
+                self.deliver(
+                    policy.observe_latency(ticket, first, between, duration, prompt),
+                    now,
+                )
             case ReportUsage(ticket, tokens):
                 self.deliver(policy.report_usage(ticket, tokens), now)
             case SetLimit(limit) | Adapt(limit):

@@ -137,6 +137,8 @@ def test_the_plumbing_is_in_lowlevel_only() -> None:
 def test_all_is_complete(name: str) -> None:
     module = importlib.import_module(name)
     exported = list(module.__all__)
+    for attribute in exported:
+        getattr(module, attribute)  # a name imported when first used, too
     public = {
         attribute
         for attribute, value in vars(module).items()

@@ -226,6 +226,7 @@ PURE_CORE = [
     "trio_dispatch._policy._slots",
     "trio_dispatch._policy._budgets",
     "trio_dispatch._policy._tenants",
+    "trio_dispatch._policy._latency",
 ]
 
 

@@ -175,7 +175,8 @@ class Backend(Protocol):
     through ``send`` (``SchedulerMessage``): requests (``Acquire`` with a
     fresh ``ticket`` and the ``Reply`` its answer goes to, then exactly one
     of ``Release`` once granted or ``Cancel`` any time), what the answers
-    teach (``Answered``, ``ReportUsage``, ``ObserveRateLimits``) and the
+    teach (``Answered``, ``ReportUsage``, ``ObserveLatency``,
+    ``ObserveRateLimits``) and the
     settings (``SetLimit``, ``Adapt``, ``Pause``, ``Resume``, ``SetTenant``,
     ``SetModelBudget``; each checked its values when it was made).
 

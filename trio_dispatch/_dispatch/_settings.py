@@ -31,12 +31,12 @@ from .._validation import (
     redact_url,
     validator,
 )
-from ..messages._limits import Tenant
+from ..messages._limits import AdaptiveLimit, Tenant
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .._policy._budgets import AdaptiveLimit, Budget
+    from .._policy._budgets import Budget
     from ._backend import Backend
     from ._setup import BackendSetup
 
@@ -185,6 +185,8 @@ class Settings:
                 raise ValueError("redis_connect_timeout needs redis_url")
         else:
             require_redis()
+            for provider, limit in (self.limits or {}).items():
+                check_shared_limit(provider, limit)
         # Kept as checked: seconds as floats (a message shows max_hold=5
         # as "5.0 seconds"), the defaults as plain values, and the budgets
         # apart. A frozen class sets its own fields this way (attrs).
@@ -222,6 +224,19 @@ def split_budgets(
         else:
             models.setdefault(provider, {})[model] = budget
     return providers, models
+
+
+def check_shared_limit(provider: str, limit: object) -> None:
+    """Refuse a limit the Redis backend cannot share: a latency-signal one.
+
+    Raises:
+        ValueError: ``limit`` is an ``AdaptiveLimit`` with ``signal="latency"``.
+    """
+    if isinstance(limit, AdaptiveLimit) and limit.signal == "latency":
+        raise ValueError(
+            f"the limit of {provider!r} cannot be shared over redis_url:"
+            " an AdaptiveLimit with signal='latency' is local only for now"
+        )
 
 
 def require_redis() -> None:

@@ -29,8 +29,15 @@ import trio
 
 from .._exceptions import DispatcherClosed, lease_lost, slot_hold_timeout
 from .._util import NoPublicConstructor, wrong_with
-from .._validation import check_count
-from ..messages._protocol import Acquire, Answered, Cancel, Release, ReportUsage
+from .._validation import check_count, check_instant
+from ..messages._protocol import (
+    Acquire,
+    Answered,
+    Cancel,
+    ObserveLatency,
+    Release,
+    ReportUsage,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
@@ -459,6 +466,66 @@ class Slot(metaclass=NoPublicConstructor):
             with contextlib.suppress(trio.ClosedResourceError):
                 # Closed: the scheduler is gone, with its budgets.
                 actor.send(Answered(self.ticket))  # type: ignore[arg-type]  # set with _actor
+
+    def report_timing(
+        self,
+        *,
+        first_token_at: float,
+        last_token_at: float,
+        output_tokens: int,
+        prompt_tokens: int,
+    ) -> None:
+        """Tell the scheduler how fast the answer's tokens came.
+
+        For an ``AdaptiveLimit(signal="latency")``, which learns from each
+        call's time to first token and time between tokens (other limits
+        ignore it). ``first_token_at`` and ``last_token_at`` are instants
+        on trio's clock (``trio.current_time()``); ``output_tokens`` the
+        tokens (or stream chunks) between them, both included;
+        ``prompt_tokens`` the prompt's size, an estimate will do.
+        ``wrap_provider``, conversations and ``transport()`` report it by
+        themselves at the end of each answer; an integration of one's own
+        reports it once, before leaving the slot. Never blocks; nothing
+        once the slot is given back.
+
+        Raises:
+            TypeError: A value is not a number (the counts: not an int).
+            ValueError: An instant is not finite, ``last_token_at`` is
+                before ``first_token_at`` or ``first_token_at`` before the
+                grant, ``output_tokens`` is below 1 or ``prompt_tokens``
+                below 0.
+        """
+        first = check_instant(first_token_at, "first_token_at")
+        last = check_instant(last_token_at, "last_token_at")
+        check_count(prompt_tokens, "prompt_tokens")
+        if check_count(output_tokens, "output_tokens") < 1:
+            raise ValueError(f"output_tokens must be at least 1, got {output_tokens!r}")
+        if last < first:
+            raise ValueError(
+                f"last_token_at must not be before first_token_at={first!r},"
+                f" got {last!r}"
+            )
+        actor = self._actor
+        granted_at = self.granted_at
+        if self._state is not _HOLDING or actor is None or granted_at is None:
+            return
+        if first < granted_at:
+            raise ValueError(
+                f"first_token_at must not be before the grant at {granted_at!r},"
+                f" got {first!r}"
+            )
+        between = (last - first) / (output_tokens - 1) if output_tokens > 1 else None
+        with contextlib.suppress(trio.ClosedResourceError):
+            # Closed: the scheduler is gone, with its limit.
+            actor.send(
+                ObserveLatency(
+                    self.ticket,  # type: ignore[arg-type]  # set with _actor
+                    first - granted_at,
+                    between,
+                    last - granted_at,
+                    prompt_tokens,
+                )
+            )
 
     def release(self, *, used: bool = True) -> None:
         """Give the slot back now, from any task; nothing if it is not held.

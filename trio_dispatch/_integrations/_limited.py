@@ -39,6 +39,8 @@ from .._validation import check_instant
 from ._metering import (
     Meter,
     MeteredEvents,
+    TokenTimes,
+    estimate_prompt_tokens,
     estimate_tokens,
     figures_of,
     model_of_provider,
@@ -143,7 +145,12 @@ class LimitedProvider:
                 try:
                     async with meter.metered(self.provider.stream(request)) as events:
                         meter.answered(figures_of(events))
-                        yield MeteredEvents(events, slot, watch)
+                        yield MeteredEvents(
+                            events,
+                            slot,
+                            watch,
+                            TokenTimes(estimate_prompt_tokens(request)),
+                        )
                 except BaseException as exc:
                     if isinstance(exc, ProviderError):
                         # A status answer: its figures count this request.

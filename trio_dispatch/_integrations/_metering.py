@@ -26,7 +26,13 @@ The transport, ``wrap_provider`` and conversations (through
   which are for calls made without a slot, so a provider given
   ``on_rate_limits=dispatcher.observe_rate_limits`` is counted once;
 * the usage an answer reports corrects its slot's estimate
-  (``MeteredEvents``).
+  (``MeteredEvents``);
+* one clock of an answer's tokens (``TokenTimes``): when the first came,
+  when the latest, how many, told to the slot at the answer's end
+  (``Slot.report_timing``) for a latency-signal adaptive limit. Our
+  providers' streams count their text, reasoning and tool-call events;
+  the transport, which leaves the body to the SDK, counts the server-sent
+  events of the body (a self-hosted server sends one per token).
 
 It uses the dispatcher's public names only.
 """
@@ -37,11 +43,16 @@ import json
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Final, Protocol, TypeVar, cast, final
 
+import trio
+
 from .._policy._ratelimits import RateLimitInfo
 from .._wire import FORMATS
 from .._wire._headers import MalformedHeaderLog
-from ..messages._stream import Usage
+from ..messages._stream import ReasoningDelta, TextDelta, ToolCall, Usage
 from ._hooks import RateLimitHooks
+
+#: The events of our providers' streams that carry tokens.
+_TOKENS: Final = frozenset({TextDelta, ReasoningDelta, ToolCall})
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -50,6 +61,8 @@ if TYPE_CHECKING:
     from .._dispatch._slot import Slot
     from .._observe._hub import CallWatch
     from .._wire import Format
+    from .._wire._decoder import WireDecoder
+    from .._wire._sse import ServerSentEvent
     from ..messages import ChatMessage, ChatRequest, StreamEvent, ToolSpec
 
 
@@ -145,6 +158,17 @@ def _model(model: object) -> str | None:
     return model if isinstance(model, str) and model else None
 
 
+def estimate_json_prompt_tokens(body: Mapping[str, object] | None) -> int:
+    """The prompt's part of ``estimate_json_tokens``: 0 for a body without ``messages``."""
+    messages = None if body is None else body.get("messages")
+    if body is None or not isinstance(messages, list):
+        return 0
+    chars = sum(
+        _text_length(body.get(field)) for field in ("messages", "system", "tools")
+    )
+    return 3 + 4 * len(messages) + (chars + 3) // 4
+
+
 def estimate_json_tokens(
     body: Mapping[str, object] | None, default_max_tokens: int
 ) -> int:
@@ -157,13 +181,9 @@ def estimate_json_tokens(
     ``max_completion_tokens``; ``default_max_tokens`` if neither). Any
     other body, JSON or not (``None``), is 0.
     """
-    messages = None if body is None else body.get("messages")
-    if body is None or not isinstance(messages, list):
+    prompt = estimate_json_prompt_tokens(body)
+    if body is None or not prompt:
         return 0
-    chars = sum(
-        _text_length(body.get(field)) for field in ("messages", "system", "tools")
-    )
-    prompt = 3 + 4 * len(messages) + (chars + 3) // 4
     answer = _count(body.get("max_tokens"))
     if answer is None:
         answer = _count(body.get("max_completion_tokens"))
@@ -208,6 +228,15 @@ class RateLimitReader:
             headers, now=datetime.now(UTC), on_malformed=self._malformed
         )
         return None if info.empty else info
+
+
+def format_of_path(path: str) -> Format | None:
+    """The wire format whose model call ``path`` ends with, or ``None``."""
+    path = path.rstrip("/")
+    for wire in FORMATS.values():
+        if path.endswith(wire.path):
+            return wire
+    return None
 
 
 def _format_of(headers: Mapping[str, str]) -> Format | None:
@@ -286,29 +315,97 @@ class Meter:
 
 
 @final
+class TokenTimes:
+    """When an answer's tokens came: the first, the latest, and how many.
+
+    Given its wire format's ``decoder``, it also reads raw server-sent
+    events (``heard_events``), counting the token events they decode to: a
+    stream's opening events (its role, ``message_start``) may come before
+    the model's first token, and its closing ones (the finish, the usage)
+    carry none. Without a decoder (a body of no known format, or one the
+    decoder gave up on), each event counts as a token.
+    """
+
+    __slots__ = ("_decoder", "count", "first", "last", "prompt_tokens")
+
+    def __init__(self, prompt_tokens: int, decoder: WireDecoder | None = None) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.first = self.last = 0.0
+        self.count = 0
+        self._decoder = decoder
+
+    def heard_events(self, events: list[ServerSentEvent]) -> None:
+        """These server-sent events came now (a transport's body)."""
+        tokens = 0
+        for event in events:
+            decoder = self._decoder
+            if decoder is not None:
+                try:
+                    decoded = decoder.feed(event)
+                except Exception:  # the SDK meets it; timing goes on without
+                    self._decoder = None
+                else:
+                    tokens += sum(type(each) in _TOKENS for each in decoded)
+                    continue
+            tokens += event.data != "[DONE]"
+        if tokens:
+            self.heard(tokens)
+
+    def heard(self, tokens: int = 1) -> None:
+        """``tokens`` more came now."""
+        now = trio.current_time()
+        if not self.count:
+            self.first = now
+        self.last = now
+        self.count += tokens
+
+    def report(self, slot: Slot) -> None:
+        """The answer ended: tell its slot, if it is still held and any token came."""
+        if self.count and slot.held:
+            slot.report_timing(
+                first_token_at=self.first,
+                last_token_at=self.last,
+                output_tokens=self.count,
+                prompt_tokens=self.prompt_tokens,
+            )
+
+
+@final
 class MeteredEvents:
     """A stream's events, passed on; its ``Usage`` corrects the slot's estimate.
 
-    It is also the usage a ``CallWatch`` of the call reports, if one is given.
+    It is also the usage a ``CallWatch`` of the call reports, if one is given,
+    and the clock of its tokens (``TokenTimes``), reported when it ends.
     """
 
-    __slots__ = ("_events", "_slot", "_watch")
+    __slots__ = ("_events", "_slot", "_times", "_watch")
 
     def __init__(
         self,
         events: AsyncIterator[StreamEvent],
         slot: Slot,
         watch: CallWatch | None = None,
+        times: TokenTimes | None = None,
     ) -> None:
         self._events = events
         self._slot = slot
         self._watch = watch
+        self._times = times
 
     def __aiter__(self) -> MeteredEvents:
         return self
 
     async def __anext__(self) -> StreamEvent:
-        event = await self._events.__anext__()
+        times = self._times
+        try:
+            event = await self._events.__anext__()
+        except StopAsyncIteration:
+            if times is not None:
+                self._times = None
+                times.report(self._slot)
+            raise
+        if times is not None and type(event) in _TOKENS:
+            times.heard()
         if type(event) is Usage:
             if self._slot.held:
                 self._slot.report_usage(event.prompt_tokens + event.output_tokens)

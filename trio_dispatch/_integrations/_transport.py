@@ -98,7 +98,10 @@ from ._kept import adopt_kept_place, keep_place
 from ._metering import (
     Meter,
     RateLimitReader,
+    TokenTimes,
+    estimate_json_prompt_tokens,
     estimate_json_tokens,
+    format_of_path,
     json_body,
     model_of_body,
 )
@@ -180,6 +183,7 @@ class Hold:
         "_stall_error",
         "_stalled",
         "_timer",
+        "_times",
         "_token",
     )
 
@@ -189,6 +193,7 @@ class Hold:
         slot: Slot,
         deadline: float,
         reader: RateLimitReader,
+        times: TokenTimes | None = None,
     ) -> None:
         self._dispatcher = dispatcher
         self._slot = slot
@@ -216,6 +221,8 @@ class Hold:
         self._stall_at = math.inf
         self._stall_error: Callable[[], Exception] | None = None
         self._stalled = False
+        # An event stream's tokens: its events, timed (see _metering).
+        self._times = TokenTimes(0) if times is None else times
         slot.follow_lease(self._lease_moved)
 
     def _lease_moved(self, lease: float) -> None:
@@ -234,6 +241,7 @@ class Hold:
         provider: str,
         reader: RateLimitReader,
         content: bytes | None,
+        path: str = "",
     ) -> Hold:
         """Wait for a slot of ``provider`` for a call whose body is ``content``.
 
@@ -244,22 +252,31 @@ class Hold:
         """
         body = None if content is None else json_body(content)
         model = model_of_body(body)
+        wire = format_of_path(path)
+        times = TokenTimes(
+            estimate_json_prompt_tokens(body),
+            None if wire is None else wire.decoder(provider, str),
+        )
         slot = await adopt_kept_place(dispatcher, provider, model)
         if slot is not None:
             # The retry of a call answered "slow down": its turn's place.
-            return cls(dispatcher, slot, dispatcher.hold_deadline(slot), reader)
+            return cls(dispatcher, slot, dispatcher.hold_deadline(slot), reader, times)
         tokens = estimate_json_tokens(
             body, dispatcher.default_max_tokens(provider, model)
         )
         slot, deadline = await dispatcher.hold(provider, tokens, model)
-        return cls(dispatcher, slot, deadline, reader)
+        return cls(dispatcher, slot, deadline, reader, times)
 
     def give_back(self) -> None:
-        """Give the slot back now (again: nothing), and stop the timer."""
+        """Give the slot back now (again: nothing), and stop the timer.
+
+        How fast the answer's events came is told first, if any came.
+        """
         if self._timer is not None:
             self._timer.cancel()
         slot = self._slot
         slot.follow_lease(None)
+        self._times.report(slot)
         slot.release()
 
     def dropped(self) -> None:
@@ -293,7 +310,8 @@ class Hold:
         """End an event stream that sends no event for ``read_timeout`` seconds.
 
         Only if the answer is ``text/event-stream`` and ``read_timeout`` (the
-        request's) is a number. The bytes the body passes on go through the
+        request's) is a number; any event stream's events are timed
+        (``TokenTimes``), for a latency-signal adaptive limit. The bytes the body passes on go through the
         server-sent events decoder; reads wait at most ``read_timeout`` in
         all without an event dispatched, comments or not, and each event
         starts that time over. Past it, the body is closed, the slot goes
@@ -303,10 +321,12 @@ class Hold:
         own read timeout.
         """
         media = headers.get("content-type", "").partition(";")[0].strip().lower()
-        if media != "text/event-stream" or not isinstance(read_timeout, int | float):
+        if media != "text/event-stream":
+            return
+        self._events = SSEDecoder()
+        if not isinstance(read_timeout, int | float):
             return
         provider = self._slot.provider
-        self._events = SSEDecoder()
         self._read_timeout = self._quiet = float(read_timeout)
         self._stall_error = lambda: error(
             f"{provider}: the stream stalled: no event for {read_timeout:g} s"
@@ -327,6 +347,7 @@ class Hold:
             return
         if dispatched:
             self._quiet = self._read_timeout
+            self._times.heard_events(dispatched)
         else:
             self._quiet -= waited
 
@@ -421,12 +442,15 @@ class Hold:
         """
         if self._expired:
             raise self.timeout()
-        if math.isinf(self._deadline) and self._events is None:
+        if math.isinf(self._deadline) and math.isinf(self._quiet):
+            # No deadline to cut the read at: no scope.
             try:
-                return await anext(chunks)
+                chunk = await anext(chunks)
             except StopAsyncIteration:
                 self.give_back()
                 return None
+            self._heard(chunk, 0.0)
+            return chunk
         self._reading = True
         started = trio.current_time()
         # The earliest of the deadlines: max_hold's, the lease's, the stall's.
@@ -639,7 +663,9 @@ class TransportBase(Generic[InnerT]):
             content: bytes | None = request.content
         except httpx.RequestNotRead:
             content = None
-        hold = await Hold.take(self._dispatcher, self._provider, self._reader, content)
+        hold = await Hold.take(
+            self._dispatcher, self._provider, self._reader, content, request.url.path
+        )
         try:
             with hold.timed():
                 response = await inner.handle_async_request(request)

@@ -111,6 +111,7 @@ from .._validation import check_provider, check_slot_limit
 from ..messages._limits import DEFAULT_MAX_TOKENS as DEFAULT_MAX_TOKENS  # noqa: PLC0414  # re-exported
 from ..messages._limits import AdaptiveLimit as AdaptiveLimit  # noqa: PLC0414  # re-exported
 from ..messages._limits import Budget as Budget  # noqa: PLC0414  # re-exported
+from ._latency import LatencySignal
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -363,9 +364,13 @@ def _learned_bucket(quota: Quota | None) -> Bucket | None:
 
 @final
 class Adaptive:
-    """The state of an ``AdaptiveLimit``: AIMD between its bounds."""
+    """The state of an ``AdaptiveLimit``: AIMD between its bounds.
 
-    __slots__ = ("maximum", "minimum", "slow_start", "spec", "value")
+    With the latency signal, ``latency`` judges each round of calls and
+    ``move`` applies its verdict; successes move nothing.
+    """
+
+    __slots__ = ("latency", "maximum", "minimum", "slow_start", "spec", "value")
 
     def __init__(self, spec: AdaptiveLimit) -> None:
         self.spec = spec
@@ -373,6 +378,16 @@ class Adaptive:
         self.maximum = spec.maximum
         self.value = float(spec.initial)
         self.slow_start = True
+        self.latency = LatencySignal() if spec.signal == "latency" else None
+
+    def move(self, change: int) -> None:
+        """A round's verdict of the latency signal: up (doubled in the slow start), down, or hold."""
+        if change > 0:
+            step = self.limit if self.slow_start else change
+            self.value = min(float(self.maximum), self.limit + step)
+        elif change < 0:
+            self.slow_start = False
+            self.value = max(float(self.minimum), float(self.limit + change))
 
     @property
     def limit(self) -> int:
@@ -656,10 +671,44 @@ class Throttle:
             self._reported.discard(ticket)
             return None
         adaptive = self._adaptive
-        if not success or not in_use or adaptive is None:
+        if (
+            not success
+            or not in_use
+            or adaptive is None
+            or adaptive.latency is not None
+        ):
             return None
         before = adaptive.limit
         adaptive.increase()
+        return adaptive.limit if adaptive.limit != before else None
+
+    def observe_latency(  # one call's figures (LatencySignal.observe)
+        self,
+        first_token: float,
+        between_tokens: float | None,
+        duration: float,
+        prompt_tokens: int,
+        in_flight: int,
+    ) -> int | None:
+        """A call ended with these timings; the new adaptive limit, if it changed.
+
+        Only a latency-signal adaptive limit learns from them.
+        """
+        adaptive = self._adaptive
+        if adaptive is None or adaptive.latency is None:
+            return None
+        before = adaptive.limit
+        change = adaptive.latency.observe(
+            self._now,
+            first_token,
+            between_tokens,
+            duration,
+            prompt_tokens,
+            in_flight,
+            before,
+        )
+        if change:
+            adaptive.move(change)
         return adaptive.limit if adaptive.limit != before else None
 
     def report_usage(self, ticket: Ticket, tokens: int) -> bool:

@@ -591,6 +591,31 @@ class SlotPolicy:
             if model_gate is not None:
                 model_gate.answered(ticket)
 
+    def observe_latency(
+        self,
+        ticket: Ticket,
+        first_token: float,
+        between_tokens: float | None,
+        duration: float,
+        prompt_tokens: int,
+    ) -> list[Ticket]:
+        """Held ``ticket``'s call ended with these timings (``Slot.report_timing``).
+
+        A latency-signal adaptive limit learns from them, with the slots
+        held now as the call's company; the tickets its rise lets through
+        are returned. Nothing for a ticket that holds no slot.
+        """
+        gate = self._gate
+        if gate is None or ticket not in self._holders:
+            return []
+        limit = gate.observe_latency(
+            first_token, between_tokens, duration, prompt_tokens, len(self._holders)
+        )
+        if limit is None:
+            return []
+        self._limit = limit
+        return self._fill()
+
     def set_tenant(self, tenant: str, settings: Tenant | None) -> list[Ticket]:
         """Give ``tenant`` a weight and a cap; ``None``: back to the defaults.
 

@@ -63,6 +63,7 @@ from ..messages._protocol import (
     Adapt,
     Answered,
     Cancel,
+    ObserveLatency,
     ObserveRateLimits,
     Pause,
     Release,
@@ -560,6 +561,7 @@ class SharedSchedulerActor:
         | Pause
         | Resume
         | ReportUsage
+        | ObserveLatency
         | ObserveRateLimits
         | SetTenant
         | SetModelBudget,
@@ -587,6 +589,10 @@ class SharedSchedulerActor:
             self._pauses.append(message.retry_after)
         elif isinstance(message, ReportUsage):
             self.book.report_usage(message.ticket, message.tokens)
+        elif isinstance(message, ObserveLatency):
+            # The fleet's limit is fixed or moved by rate limits
+            # (open_dispatcher refuses a latency signal with redis_url).
+            return
         elif isinstance(message, ObserveRateLimits):
             if message.model is None:
                 self._observed = message.info

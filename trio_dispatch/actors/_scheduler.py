@@ -74,6 +74,7 @@ from ..messages._protocol import (
     Adapt,
     Answered,
     Cancel,
+    ObserveLatency,
     ObserveRateLimits,
     Pause,
     Release,
@@ -499,6 +500,7 @@ class SchedulerActor:
         message: Resume
         | ReportUsage
         | Answered
+        | ObserveLatency
         | ObserveRateLimits
         | Adapt
         | SetTenant
@@ -521,6 +523,14 @@ class SchedulerActor:
         elif isinstance(message, Answered):
             policy.answered(message.ticket)
             return []
+        elif isinstance(message, ObserveLatency):
+            grants = policy.observe_latency(
+                message.ticket,
+                message.first_token,
+                message.between_tokens,
+                message.duration,
+                message.prompt_tokens,
+            )
         elif isinstance(message, Adapt):
             grants = policy.set_limit(message.limit)
         else:

@@ -10,7 +10,7 @@ never the reverse.
 
 from __future__ import annotations
 
-from typing import final
+from typing import Literal, cast, final
 
 import attrs
 
@@ -36,6 +36,9 @@ MAX_WEIGHT = 1e6
 """The largest ``Tenant.weight``: a million times more than the default."""
 
 
+SIGNALS = ("rate_limits", "latency")
+"""What may move an ``AdaptiveLimit``."""
+
 _optional_rate = attrs.validators.optional(positive_number)
 
 
@@ -47,6 +50,15 @@ def check_backoff(value: object, name: str) -> float:
             f"{name} must be a number between 0 and 1, both excluded, got {value!r}"
         )
     return factor
+
+
+def check_signal(value: object, name: str) -> Literal["rate_limits", "latency"]:
+    """What moves an adaptive limit: ``"rate_limits"`` or ``"latency"``."""
+    if value not in SIGNALS:
+        raise ValueError(
+            f"{name} must be one of {', '.join(map(repr, SIGNALS))}, got {value!r}"
+        )
+    return cast("Literal['rate_limits', 'latency']", value)
 
 
 def check_weight(value: object, name: str) -> float:
@@ -102,17 +114,37 @@ class AdaptiveLimit:
     limit. With ``redis_url``, the value lives in Redis and moves for the
     whole fleet (see ``open_dispatcher``).
 
+    ``signal="latency"`` is for servers that queue instead of answering
+    429 (vLLM, llama.cpp's ``llama-server``, SGLang, TGI): the limit
+    follows the answers' time to first token (less what the prompt's size
+    explains) and time between tokens instead of successes. It grows while
+    they stay near their floor and the batch still pays, and comes down
+    when the server starts to queue or its batch stops paying, so that it
+    settles where the server's throughput stops growing, before its own
+    queue starts (the rule: ``trio_dispatch._policy._latency``). Rate-limit
+    answers still bring it down by ``backoff``. Each call is measured where
+    it is made: ``Dispatcher.transport``, ``wrap_provider`` and
+    conversations do it; an integration of one's own reports
+    ``Slot.report_timing``. Not with ``redis_url`` yet.
+
     Attributes:
-        initial: The first value, from ``minimum`` to ``maximum``.
+        initial: The first value, from ``minimum`` to ``maximum``. With
+            the latency signal, start low: the floors are learned from
+            the first answers, best before the server queues.
         minimum: The lowest value (a positive integer).
         maximum: The highest value, at least ``minimum``.
         backoff: The factor of a decrease, above 0 and below 1.
+        signal: What moves it: ``"rate_limits"`` (the default: successes
+            and rate-limit answers) or ``"latency"``.
     """
 
     initial: int = attrs.field(validator=slot_limit)
     minimum: int = attrs.field(default=1, validator=slot_limit)
     maximum: int = attrs.field(validator=slot_limit)
     backoff: float = attrs.field(default=0.9, validator=validator(check_backoff))
+    signal: Literal["rate_limits", "latency"] = attrs.field(
+        default="rate_limits", validator=validator(check_signal)
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.minimum > self.maximum:

@@ -8,8 +8,9 @@ with the slot, or ``Cancel`` if it stopped waiting. ``SetLimit``, ``Pause``
 and ``Resume`` come from the dispatcher, and so do ``Adapt`` (an adaptive
 limit), ``SetTenant`` (a tenant's weight and cap), ``SetModelBudget`` (one
 model's budget), ``ObserveRateLimits``
-(an answer's rate-limit figures, for the budgets), ``Answered`` (a
-request's answer started) and ``ReportUsage`` (a request's tokens, which
+(an answer's rate-limit figures, for the budgets), ``ObserveLatency``
+(how fast a call's tokens came, for a latency-signal adaptive limit),
+``Answered`` (a request's answer started) and ``ReportUsage`` (a request's tokens, which
 correct its estimate). All of them travel over one FIFO
 memory channel per scheduler, so a ``Cancel`` can never overtake its
 ``Acquire``.
@@ -210,6 +211,29 @@ class Answered:
 
 @final
 @attrs.frozen
+class ObserveLatency:
+    """The call of a held ticket ended: how long its tokens took to come.
+
+    For a latency-signal ``AdaptiveLimit``; other limits ignore it.
+
+    Attributes:
+        ticket: The held ticket.
+        first_token: Seconds from the grant to the first token.
+        between_tokens: Mean seconds between two tokens, or ``None`` for
+            an answer of fewer than two.
+        duration: Seconds from the grant to the answer's end.
+        prompt_tokens: The prompt's size in tokens, estimated.
+    """
+
+    ticket: Ticket
+    first_token: float
+    between_tokens: float | None
+    duration: float
+    prompt_tokens: int
+
+
+@final
+@attrs.frozen
 class ObserveRateLimits:
     """An answer that arrived at ``observed_at`` (trio clock) reported ``info``.
 
@@ -270,6 +294,7 @@ SchedulerMessage = (
     | Adapt
     | ReportUsage
     | Answered
+    | ObserveLatency
     | ObserveRateLimits
     | SetTenant
     | SetModelBudget

@@ -5,6 +5,9 @@
   hypercorn: ``pip install 'trio-dispatch[testing]'``.
 - ``ScriptedProvider`` plays the same ``FakeScript`` in memory, as a
   ``Provider``, exact under ``autojump_clock``.
+- ``StreamingASGITransport`` serves an ASGI app (a ``FakeLLMServer``) to
+  an ``httpx2.AsyncClient`` in the same trio run, streaming, with no
+  socket: the server's pacing is exact under ``autojump_clock`` too.
 - ``run_simulation`` / ``simulate`` play a seeded ``Workload`` of agent
   turns (drawn from distributions, or a trace's: ``Workload.from_trace``)
   in virtual time through the real dispatcher, under a policy or a
@@ -15,6 +18,8 @@
 - ``trio_dispatch.testing.strategies`` has hypothesis strategies (also in
   the ``testing`` extra).
 """
+
+import typing as _typing
 
 from .._util import fixup_module_metadata
 from ._compare import Comparison as Comparison
@@ -100,6 +105,7 @@ __all__ = [
     "SimCall",
     "SimProvider",
     "SimulationResult",
+    "StreamingASGITransport",
     "Trace",
     "TurnRecord",
     "TurnSpec",
@@ -116,6 +122,21 @@ __all__ = [
     "run_simulation",
     "simulate",
 ]
+
+if _typing.TYPE_CHECKING:
+    from ._asgi import StreamingASGITransport as StreamingASGITransport
+
+
+def __getattr__(name: str) -> object:
+    """``StreamingASGITransport``, imported when first used: it needs httpx2."""
+    if name == "StreamingASGITransport":
+        from ._asgi import StreamingASGITransport  # noqa: PLC0415  # httpx2 only when used
+
+        StreamingASGITransport.__module__ = __name__
+        globals()[name] = StreamingASGITransport
+        return StreamingASGITransport
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 fixup_module_metadata(__name__, globals())
 del fixup_module_metadata
