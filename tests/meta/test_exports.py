@@ -72,6 +72,8 @@ def test_the_top_level_is_what_an_application_uses() -> None:
         "RateLimitInfo",
         "RequestOptions",
         "Retrying",
+        "ServerLoad",
+        "ServerLoadUnavailable",
         "Slot",
         "SlotHoldTimeout",
         "Tenant",
@@ -89,6 +91,7 @@ def test_the_top_level_is_what_an_application_uses() -> None:
         "dump_history",
         "load_history",
         "open_dispatcher",
+        "parse_server_load",
         "wrap_provider",
     ]
 
