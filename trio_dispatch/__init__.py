@@ -50,6 +50,7 @@ from ._exceptions import ServerLoadUnavailable as ServerLoadUnavailable
 from ._exceptions import SlotHoldTimeout as SlotHoldTimeout
 from ._exceptions import TooManyToolRounds as TooManyToolRounds
 from ._exceptions import UnknownProviderWarning as UnknownProviderWarning
+from ._exceptions import UnknownServerMetrics as UnknownServerMetrics
 from ._policy._budgets import BudgetStatistics as BudgetStatistics
 from ._policy._ratelimits import Quota as Quota
 from ._policy._ratelimits import RateLimitInfo as RateLimitInfo
@@ -57,6 +58,7 @@ from ._policy._tenants import TenantStatistics as TenantStatistics
 from ._provider import Provider as Provider
 from ._server_load._formats import parse_server_load as parse_server_load
 from ._server_load._load import ServerLoad as ServerLoad
+from ._server_load._probe import ServerMetrics as ServerMetrics
 from ._util import fixup_module_metadata
 from ._version import __version__ as __version__
 from .messages._chat import RequestOptions as RequestOptions
@@ -101,6 +103,7 @@ __all__ = [
     "Retrying",
     "ServerLoad",
     "ServerLoadUnavailable",
+    "ServerMetrics",
     "Slot",
     "SlotHoldTimeout",
     "Tenant",
@@ -114,6 +117,7 @@ __all__ = [
     "TurnResult",
     "TurnStream",
     "UnknownProviderWarning",
+    "UnknownServerMetrics",
     "current_turn",
     "dump_history",
     "load_history",
