@@ -226,7 +226,7 @@ def _families(text: str) -> Mapping[str, Sequence[Metric]]:
         )
     except ModuleNotFoundError as exc:
         raise_if_extra_missing(exc, "parse_server_load", "metrics", "prometheus_client")
-        raise
+        raise  # pragma: no cover (another module missing: a broken install)
     families: dict[str, list[Metric]] = {}
     try:
         for family in text_string_to_metric_families(text):
