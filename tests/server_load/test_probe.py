@@ -165,10 +165,13 @@ async def test_a_server_that_never_answers_is_given_up_at_exactly_the_timeout(
     assert trio.current_time() == later
 
 
-async def test_a_server_out_of_reach_is_unavailable() -> None:
-    def refuse(request: httpx2.Request) -> httpx2.Response:
-        raise httpx2.ConnectError(f"cannot connect to {request.url}", request=request)
+def refuse(request: httpx2.Request) -> httpx2.Response:
+    """A MockTransport's handler for a server out of reach."""
+    # httpx2's own messages may quote the URL, credentials and all.
+    raise httpx2.ConnectError(f"cannot connect to {request.url}", request=request)
 
+
+async def test_a_server_out_of_reach_is_unavailable() -> None:
     async with httpx2.AsyncClient(transport=httpx2.MockTransport(refuse)) as client:
         with pytest.raises(
             ServerLoadUnavailable,
@@ -190,11 +193,6 @@ async def test_credentials_never_appear_in_an_error(
     failure: str, autojump_clock: trio.testing.MockClock
 ) -> None:
     app = FAILURES[failure]
-
-    def refuse(request: httpx2.Request) -> httpx2.Response:
-        # httpx2's own messages may quote the URL, credentials and all.
-        raise httpx2.ConnectError(f"cannot connect to {request.url}", request=request)
-
     transport: httpx2.AsyncBaseTransport = (
         httpx2.MockTransport(refuse) if app is None else httpx2.ASGITransport(app=app)
     )

@@ -86,9 +86,11 @@ class ServerMetrics:
         ServerMetrics("http://127.0.0.1:8000/metrics")  # vLLM's default port
 
     Attributes:
-        url: The address of the metrics, ``http://`` or ``https://``.
-            Credentials in it (``user:password@``, a ``?token=``) are
-            sent, and masked in the repr and in every message.
+        url: The address of the metrics themselves, ``http://`` or
+            ``https://`` (a redirect is not followed: it is an answer
+            other than 200). Credentials in it (``user:password@``, a
+            ``?token=``) are sent, and masked in the repr and in every
+            message.
         timeout: Seconds a reading may take, connection and answer
             together (a positive number; 1 by default).
     """
