@@ -46,14 +46,19 @@ from ._exceptions import DispatchError as DispatchError
 from ._exceptions import LeaseLost as LeaseLost
 from ._exceptions import ProviderError as ProviderError
 from ._exceptions import QueueFull as QueueFull
+from ._exceptions import ServerLoadUnavailable as ServerLoadUnavailable
 from ._exceptions import SlotHoldTimeout as SlotHoldTimeout
 from ._exceptions import TooManyToolRounds as TooManyToolRounds
 from ._exceptions import UnknownProviderWarning as UnknownProviderWarning
+from ._exceptions import UnknownServerMetrics as UnknownServerMetrics
 from ._policy._budgets import BudgetStatistics as BudgetStatistics
 from ._policy._ratelimits import Quota as Quota
 from ._policy._ratelimits import RateLimitInfo as RateLimitInfo
 from ._policy._tenants import TenantStatistics as TenantStatistics
 from ._provider import Provider as Provider
+from ._server_load._formats import parse_server_load as parse_server_load
+from ._server_load._load import ServerLoad as ServerLoad
+from ._server_load._probe import ServerMetrics as ServerMetrics
 from ._util import fixup_module_metadata
 from ._version import __version__ as __version__
 from .messages._chat import RequestOptions as RequestOptions
@@ -96,6 +101,9 @@ __all__ = [
     "RateLimitInfo",
     "RequestOptions",
     "Retrying",
+    "ServerLoad",
+    "ServerLoadUnavailable",
+    "ServerMetrics",
     "Slot",
     "SlotHoldTimeout",
     "Tenant",
@@ -109,10 +117,12 @@ __all__ = [
     "TurnResult",
     "TurnStream",
     "UnknownProviderWarning",
+    "UnknownServerMetrics",
     "current_turn",
     "dump_history",
     "load_history",
     "open_dispatcher",
+    "parse_server_load",
     "wrap_provider",
 ]
 

@@ -18,6 +18,11 @@ sent again)::
     │                        open_dispatcher
     ├── TooManyToolRounds    the model kept calling tools past max_tool_rounds;
     │                        the turn failed and the history is unchanged
+    ├── ServerLoadUnavailable          a server's own load could not be read
+    │   │                              this time (no answer in time, not 200):
+    │   │                              ignore it and read again later
+    │   └── UnknownServerMetrics       the text is not one of the known servers'
+    │                                  metrics (also a ValueError)
     └── ProviderError                  provider, status_code, retryable
         ├── RateLimited                429: too many requests     retryable
         ├── Overloaded                 529, 503: busy for everyone retryable
@@ -240,6 +245,50 @@ class TooManyToolRounds(DispatchError):
     def __init__(self, message: str, *, rounds: int) -> None:
         super().__init__(message)
         self.rounds = rounds
+
+
+class ServerLoadUnavailable(DispatchError):
+    """A model server's own load could not be read this time.
+
+    Raised by ``ServerMetrics`` when its server gives no answer within its
+    ``timeout``, cannot be reached, or answers with another status than
+    200, and (as ``UnknownServerMetrics``) when the answer is not a load it
+    can read. Nothing is wrong with the caller: a server that is busy
+    restarting, or slow to answer, says nothing of its load until it
+    answers again, so catch this, keep what was known, and read again
+    later. A callable of your own that reads a load may raise it too.
+
+    Attributes:
+        url: The metrics address asked, with its credentials masked, or
+            ``None`` when no address was involved (``parse_server_load``).
+        status_code: The HTTP status of the answer, when there was one
+            that was not 200.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str | None = None,
+        status_code: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.url = url
+        self.status_code = status_code
+
+
+@final
+class UnknownServerMetrics(ServerLoadUnavailable, ValueError):
+    """The text is not the metrics of a server whose load can be read.
+
+    It is not Prometheus' text exposition format, or it names none of the
+    gauges of vLLM, llama.cpp's server, SGLang or TGI (the message lists
+    the names looked for), or names those of more than one, or one of them
+    holds what is no count of requests (a negative number, NaN, a
+    fraction, another type than a gauge). A ``ServerLoadUnavailable``, so
+    that one ``except`` ignores every failed reading, and a ``ValueError``,
+    as ``parse_server_load`` is a parser.
+    """
 
 
 class ProviderError(DispatchError):

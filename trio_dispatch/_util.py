@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import sys
 import warnings
@@ -102,6 +103,22 @@ class AsyncWithOnly(Generic[T]):
                     obj=self,
                 )
             raise AttributeError(self._usage, name=name, obj=self)
+
+
+def is_async_callable(value: object) -> bool:
+    """Whether calling ``value`` gives a coroutine, as far as its type tells.
+
+    ``inspect.iscoroutinefunction`` sees through bound methods and
+    ``functools.partial``, but not an object whose ``__call__`` is
+    ``async def``, nor a partial of one: those are unwrapped here.
+    """
+    while isinstance(value, functools.partial):
+        value = value.func
+    if inspect.iscoroutinefunction(value):
+        return True
+    if not callable(value) or inspect.isroutine(value) or inspect.isclass(value):
+        return False  # a function, method or class: its own flags said no
+    return inspect.iscoroutinefunction(type(value).__call__)
 
 
 def warn_the_caller(warning: Warning) -> None:

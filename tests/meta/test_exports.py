@@ -72,6 +72,9 @@ def test_the_top_level_is_what_an_application_uses() -> None:
         "RateLimitInfo",
         "RequestOptions",
         "Retrying",
+        "ServerLoad",
+        "ServerLoadUnavailable",
+        "ServerMetrics",
         "Slot",
         "SlotHoldTimeout",
         "Tenant",
@@ -85,10 +88,12 @@ def test_the_top_level_is_what_an_application_uses() -> None:
         "TurnResult",
         "TurnStream",
         "UnknownProviderWarning",
+        "UnknownServerMetrics",
         "current_turn",
         "dump_history",
         "load_history",
         "open_dispatcher",
+        "parse_server_load",
         "wrap_provider",
     ]
 

@@ -260,6 +260,21 @@ def test_the_pure_core_imports_no_io_library(module: str) -> None:
     assert not roots & {"trio", "httpx", "httpx2", "coredis", "anyio"}, roots
 
 
+SERVER_LOAD_CORE = [
+    "trio_dispatch._server_load._load",
+    "trio_dispatch._server_load._formats",
+]
+
+
+@pytest.mark.parametrize("module", SERVER_LOAD_CORE)
+def test_a_server_s_load_and_its_parser_import_no_io_library(module: str) -> None:
+    # The value and the parser stay pure, as the policy core: the reading
+    # over HTTP (``_probe``) builds on them, never the reverse.
+    roots = {imported.split(".")[0] for imported in ALL_IMPORTS[module]}
+    assert not roots & {"trio", "httpx", "httpx2", "coredis", "anyio"}, roots
+    assert "trio_dispatch._server_load._probe" not in ALL_IMPORTS[module]
+
+
 def test_the_rules_above_would_catch_a_breach() -> None:
     # The dispatcher's own transport import of old, inside a function: found.
     # The plumbing's transport import, inside a function: found.

@@ -120,6 +120,7 @@ MIRRORS = {
     "policy": "_policy",
     "providers": "providers",
     "redis": "_redis",
+    "server_load": "_server_load",
     "testing": "testing",
     "wire": "_wire",
 }

@@ -40,7 +40,7 @@ async def test_a_legacy_httpx_client_is_refused_with_what_to_use(wire: Wire) -> 
         with pytest.raises(
             TypeError,
             match=r"^client must be an httpx2\.AsyncClient, got httpx\.AsyncClient: "
-            r"the providers use httpx2, httpx's maintained line; "
+            r"trio-dispatch uses httpx2, httpx's maintained line; "
             r"use httpx2\.AsyncClient instead$",
         ):
             wire.provider(client=legacy)
@@ -63,8 +63,8 @@ def test_a_legacy_client_is_recognised_without_importing_httpx() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert done.stdout.splitlines() == [
-        "client must be an httpx2.AsyncClient, got httpx.AsyncClient: the "
-        "providers use httpx2, httpx's maintained line; use httpx2.AsyncClient "
+        "client must be an httpx2.AsyncClient, got httpx.AsyncClient: "
+        "trio-dispatch uses httpx2, httpx's maintained line; use httpx2.AsyncClient "
         "instead",
         "False",
     ]

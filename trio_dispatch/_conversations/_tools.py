@@ -22,8 +22,6 @@ the tool itself; the tool's own error then goes back to the model.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import json
 import math
 import re
@@ -33,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 import attrs
 
 from .._json import json_kind
+from .._util import is_async_callable
 from ..messages import ToolSpec
 
 if TYPE_CHECKING:
@@ -116,24 +115,8 @@ def _check_run(_tool: object, _attribute: object, value: Any) -> None:  # noqa: 
     # Refused here, not when the model calls it: a plain function's result
     # cannot be awaited, and the turn would go on with that error as the
     # tool's answer.
-    if not _is_async_callable(value):
+    if not is_async_callable(value):
         raise TypeError(f"tool run must be an async callable, got {value!r}")
-
-
-def _is_async_callable(value: object) -> bool:
-    """Whether calling ``value`` gives a coroutine, as far as its type tells.
-
-    ``inspect.iscoroutinefunction`` sees through bound methods and
-    ``functools.partial``, but not an object whose ``__call__`` is
-    ``async def``, nor a partial of one: those are unwrapped here.
-    """
-    while isinstance(value, functools.partial):
-        value = value.func
-    if inspect.iscoroutinefunction(value):
-        return True
-    if not callable(value) or inspect.isroutine(value) or inspect.isclass(value):
-        return False  # a function, method or class: its own flags said no
-    return inspect.iscoroutinefunction(type(value).__call__)
 
 
 @final

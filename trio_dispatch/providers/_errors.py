@@ -148,7 +148,7 @@ def client_type_error(client: object) -> TypeError:
     if cls.__module__.partition(".")[0] == "httpx":
         return TypeError(
             f"client must be an httpx2.AsyncClient, got httpx.{cls.__name__}: "
-            "the providers use httpx2, httpx's maintained line; "
+            "trio-dispatch uses httpx2, httpx's maintained line; "
             "use httpx2.AsyncClient instead"
         )
     return TypeError(f"client must be an httpx2.AsyncClient, got {cls.__name__}")
