@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Final, Literal, final
+from typing import TYPE_CHECKING, Final, Literal, final, get_args
 
 import attrs
 import trio
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 MetricsFormat = Literal["vllm", "llamacpp", "sglang", "tgi"]
 """Whose ``/metrics`` a ``FakeBatching`` server speaks."""
 
-_FORMATS: Final = ("vllm", "llamacpp", "sglang", "tgi")
+_FORMATS: Final[tuple[str, ...]] = get_args(MetricsFormat)
 
 
 @final
@@ -203,8 +203,9 @@ EXPOSITION_TYPE: Final = b"text/plain; version=0.0.4; charset=utf-8"
 # - llama.cpp: tools/server, the metrics task's to_metrics() ("llamacpp:"
 #   before each name, no labels), served with --metrics;
 # - SGLang: python/sglang/srt/metrics/collector.py, SchedulerMetricsCollector
-#   (labelled model_name, as docs/references/production_metrics.md shows;
-#   later versions add more labels), served with --enable-metrics;
+#   (labelled with the labels its scheduler passes: model_name, as the
+#   example in docs/references/production_metrics.md shows), served with
+#   --enable-metrics;
 # - TGI: router/src/server.rs describes them, backends/v3/src/queue.rs and
 #   backend.rs set them (metrics-exporter-prometheus, no labels).
 _GAUGES: Final[dict[str, tuple[tuple[str, str], tuple[str, str]]]] = {
