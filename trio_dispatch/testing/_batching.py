@@ -196,8 +196,8 @@ class BatchQueue:
 #: The content type of the Prometheus text exposition format.
 EXPOSITION_TYPE: Final = b"text/plain; version=0.0.4; charset=utf-8"
 
-# Each server's gauges for its running and waiting requests: (name, help,
-# labelled with model_name). The names and help texts are the servers' own:
+# Each server's gauges for its running and waiting requests, as (name, help).
+# The names, help texts and labels (_labels) are the servers' own:
 # - vLLM: vllm/v1/metrics/loggers.py, PrometheusStatLogger (prometheus_client
 #   gauges labelled model_name and engine);
 # - llama.cpp: tools/server, the metrics task's to_metrics() ("llamacpp:"
