@@ -1,8 +1,9 @@
 """Tools for testing and measuring code built on trio-dispatch.
 
 - ``open_fake_llm_server`` serves a scripted LLM API (OpenAI and Anthropic
-  wire formats) on loopback, with per-key ``FakeQuotas``; it needs
-  hypercorn: ``pip install 'trio-dispatch[testing]'``.
+  wire formats) on loopback, with per-key ``FakeQuotas``, or queueing over
+  batch slots as a self-hosted server does (``FakeBatching``, with its
+  ``/metrics``); it needs hypercorn: ``pip install 'trio-dispatch[testing]'``.
 - ``ScriptedProvider`` plays the same ``FakeScript`` in memory, as a
   ``Provider``, exact under ``autojump_clock``.
 - ``StreamingASGITransport`` serves an ASGI app (a ``FakeLLMServer``) to
@@ -22,6 +23,8 @@
 import typing as _typing
 
 from .._util import fixup_module_metadata
+from ._batching import FakeBatching as FakeBatching
+from ._batching import MetricsFormat as MetricsFormat
 from ._compare import Comparison as Comparison
 from ._compare import compare as compare
 from ._compare import run_comparison as run_comparison
@@ -83,6 +86,7 @@ __all__ = [
     "FairnessConfig",
     "FairnessReport",
     "FairnessRow",
+    "FakeBatching",
     "FakeLLMServer",
     "FakeQuotas",
     "FakeReply",
@@ -92,6 +96,7 @@ __all__ = [
     "FakeToolCall",
     "Fault",
     "FaultKind",
+    "MetricsFormat",
     "PoissonArrivals",
     "PolicyMetrics",
     "PolicyName",

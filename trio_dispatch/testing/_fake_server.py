@@ -4,7 +4,10 @@
 ``POST /v1/chat/completions`` in OpenAI's streaming format and
 ``POST /v1/messages`` in Anthropic's, from a ``FakeScript``;
 ``open_fake_llm_server`` serves it on loopback with hypercorn (the
-``testing`` extra, imported only when a server starts).
+``testing`` extra, imported only when a server starts). Given a
+``FakeBatching`` it queues as a self-hosted server does, over a few batch
+slots (``_batching``), and answers ``GET /metrics`` with its running and
+waiting counts.
 
 It refuses what a real API would: a missing or wrong key (401), a missing
 ``anthropic-version``, a body that is not JSON or lacks ``model``,
@@ -33,6 +36,7 @@ from .._policy._ratelimits import RateLimitInfo
 from .._util import AsyncWithOnly
 from .._wire import FORMATS
 from ..messages import Usage
+from ._batching import EXPOSITION_TYPE, BatchQueue, FakeBatching, exposition
 from ._cache import PromptCache
 from ._encoders import (
     MALFORMED,
@@ -97,11 +101,16 @@ class FakeLLMServer:
         *,
         api_key: str | None = None,
         quotas: FakeQuotas | None = None,
+        batching: FakeBatching | None = None,
     ) -> None:
         self._playlist = Playlist(script)
         check_api_key(api_key)
         if quotas is not None and not isinstance(quotas, FakeQuotas):
             raise TypeError(f"quotas must be a FakeQuotas or None, got {quotas!r}")
+        if batching is not None and not isinstance(batching, FakeBatching):
+            raise TypeError(
+                f"batching must be a FakeBatching or None, got {batching!r}"
+            )
         self._book = None if quotas is None else QuotaBook(quotas)
         self._wall_offset: float | None = None
         self._api_key = api_key
@@ -111,6 +120,7 @@ class FakeLLMServer:
         self._ids = itertools.count(1)
         self._changed = trio.Event()
         self._cache = PromptCache()
+        self._batch = None if batching is None else BatchQueue(batching, self._batched)
 
     def __repr__(self) -> str:
         where = self._base_url or "not serving"
@@ -152,13 +162,24 @@ class FakeLLMServer:
         self._playlist = Playlist(script)
 
     def statistics(self) -> FakeServerStatistics:
-        """A snapshot of the counters."""
-        return self._tally.snapshot()
+        """A snapshot of the counters (the batch's integrals up to now)."""
+        if self._batch is None:
+            return self._tally.snapshot()
+        try:
+            now = trio.current_time()
+        except RuntimeError:  # outside a trio run: up to the last change
+            return self._tally.snapshot()
+        return self._tally.snapshot(now)
 
     @property
     def quotas(self) -> FakeQuotas | None:
         """The per-key rate limits it keeps, if any."""
         return None if self._book is None else self._book.quotas
+
+    @property
+    def batching(self) -> FakeBatching | None:
+        """The continuous batching it plays, if any."""
+        return None if self._batch is None else self._batch.batching
 
     def rate_limits(self, api_key: str, model: str | None = None) -> RateLimitInfo:
         """What an answer to ``api_key`` for ``model`` would say of its limits now.
@@ -205,6 +226,9 @@ class FakeLLMServer:
         elif scope["type"] == "http":
             await self._http(scope, receive, send)
 
+    def _batched(self, running: int, waiting: int) -> None:
+        self._tally.batch_changed(running, waiting, trio.current_time())
+
     def _changed_now(self) -> None:
         # A fresh Event per change: waiters hold the one they saw.
         self._changed.set()
@@ -241,6 +265,9 @@ class FakeLLMServer:
         self, scope: Mapping[str, Any], receive: Receive, send: Send
     ) -> None:
         path = scope["path"]
+        if path == METRICS_PATH and self._batch is not None:
+            await self._metrics(scope["method"], send)
+            return
         wire = ROUTES.get(path)
         if wire is None or scope["method"] != "POST":
             status = 404 if wire is None else 405
@@ -277,6 +304,28 @@ class FakeLLMServer:
             await self._answer(request, headers, receive, send)
         finally:
             self._tally.departed()
+
+    async def _metrics(self, method: str, send: Send) -> None:
+        """``GET /metrics``: the batch's counts; like the real servers', keyless."""
+        batch = self._batch
+        assert batch is not None
+        if method == "GET":
+            status, headers = 200, [(b"content-type", EXPOSITION_TYPE)]
+            text = exposition(batch.batching, batch.running, batch.waiting)
+        else:
+            status = 405
+            headers = [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"allow", b"GET"),
+            ]
+            text = f"{METRICS_PATH} answers GET only\n"
+        body = text.encode()
+        headers.append((b"content-length", str(len(body)).encode()))
+        # Not counted: polling the metrics is no LLM traffic.
+        await send(
+            {"type": "http.response.start", "status": status, "headers": headers}
+        )
+        await send({"type": "http.response.body", "body": body, "more_body": False})
 
     def _authenticated(self, wire: WireFormat, headers: Mapping[str, str]) -> bool:
         key = _key_in(wire, headers)
@@ -386,8 +435,26 @@ class FakeLLMServer:
                     *limits,
                 ],
             )
-            await self._stream(request.format, reply, events, send, progress)
+            async with self._paced(request, reply) as pace:
+                await self._stream(
+                    request.format, reply, events, send, progress=progress, pace=pace
+                )
             nursery.cancel_scope.cancel()
+
+    @asynccontextmanager
+    async def _paced(
+        self, request: FakeRequest, reply: FakeReply
+    ) -> AsyncIterator[Callable[[int], float]]:
+        """The seconds before each token, given the tokens sent before it.
+
+        The reply's own pace, or, with batching, the batch's: its slot held
+        (waited for in line, its prompt prefilled) for the whole stream.
+        """
+        if self._batch is None:
+            yield lambda tokens_sent: token_delay(reply, tokens_sent)
+            return
+        async with self._batch.sequence(_estimated_input_tokens(request.body)) as step:
+            yield lambda tokens_sent: step() if tokens_sent else 0.0
 
     async def _stream(
         self,
@@ -395,7 +462,9 @@ class FakeLLMServer:
         reply: FakeReply,
         events: list[WireEvent],
         send: Send,
+        *,
         progress: _Progress,
+        pace: Callable[[int], float],
     ) -> None:
         *body, terminator = events
         fault = reply.fault
@@ -426,7 +495,7 @@ class FakeLLMServer:
             if event is None:
                 break
             if event.token:
-                delay = token_delay(reply, tokens_sent)
+                delay = pace(tokens_sent)
                 if delay > 0:
                     await trio.sleep(delay)
                 tokens_sent += 1
@@ -482,6 +551,9 @@ class FakeLLMServer:
 
 
 _NO_LIMITS: Final = RateLimitInfo()
+
+#: Where a server with ``FakeBatching`` answers its running and waiting counts.
+METRICS_PATH: Final = "/metrics"
 
 _REASONS: Final = {
     "requests": "requests per minute",
@@ -562,6 +634,7 @@ def open_fake_llm_server(
     *,
     api_key: str | None = None,
     quotas: FakeQuotas | None = None,
+    batching: FakeBatching | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
 ) -> AbstractAsyncContextManager[FakeLLMServer]:
@@ -575,6 +648,10 @@ def open_fake_llm_server(
         api_key: If given, the only key accepted (non-empty, without
             surrounding whitespace); ``None`` accepts any non-empty key.
         quotas: Rate limits to keep for each API key; none if not given.
+        batching: Queue as a self-hosted server does, over batch slots,
+            and answer ``GET /metrics``; if not given, every request is
+            answered at once at its reply's own pace (and ``/metrics`` is
+            404).
         host: The address to bind.
         port: The port to bind; ``0`` picks a free one.
 
@@ -583,7 +660,10 @@ def open_fake_llm_server(
         ValueError: ``api_key`` is empty or has surrounding whitespace.
     """
     server = FakeLLMServer(
-        FakeScript() if script is None else script, api_key=api_key, quotas=quotas
+        FakeScript() if script is None else script,
+        api_key=api_key,
+        quotas=quotas,
+        batching=batching,
     )
     return AsyncWithOnly(
         _serve(server, host=host, port=port),

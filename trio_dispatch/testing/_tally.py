@@ -30,6 +30,19 @@ class FakeServerStatistics:
         requests_by_model: LLM requests received, by the model their body
             named, as ``quota_refusals_by_model`` (a ``ScriptedProvider``
             leaves both empty).
+        running: Requests holding a batch slot now (``FakeBatching``; 0
+            without it, as the four below).
+        waiting: Requests waiting in line for a batch slot now.
+        peak_waiting: The longest the line has been.
+        waiting_seconds: The time integral of ``waiting``, up to the
+            snapshot: over a run of ``elapsed`` seconds, the mean line is
+            ``waiting_seconds / elapsed``.
+        running_seconds: The time integral of ``running``: the mean batch
+            is ``running_seconds / elapsed``, the slots' use that over
+            ``slots``.
+
+    The integrals grow between changes of the counts, so ``wait_until`` sees
+    them only when something else changes.
     """
 
     requests_total: int
@@ -42,6 +55,11 @@ class FakeServerStatistics:
     tokens_served: int = 0
     requests_by_model: Mapping[str, int] = attrs.field(factory=dict)
     quota_refusals_by_model: Mapping[str, int] = attrs.field(factory=dict)
+    running: int = 0
+    waiting: int = 0
+    peak_waiting: int = 0
+    waiting_seconds: float = 0.0
+    running_seconds: float = 0.0
 
 
 @attrs.define(eq=False)
@@ -59,6 +77,13 @@ class Tally:
     tokens_served: int = 0
     requests_by_model: dict[str, int] = attrs.Factory(dict)
     quota_refusals_by_model: dict[str, int] = attrs.Factory(dict)
+    running: int = 0
+    waiting: int = 0
+    peak_waiting: int = 0
+    waiting_seconds: float = 0.0
+    running_seconds: float = 0.0
+    # The instant up to which the two integrals are counted.
+    counted_until: float = 0.0
 
     def arrived(self, model: str | None = None) -> None:
         """A request (for ``model``, if it named one) came in and is being answered."""
@@ -99,10 +124,33 @@ class Tally:
         self.in_flight -= 1
         self.on_change()
 
-    def snapshot(self) -> FakeServerStatistics:
-        """The counters, frozen (the mappings copied)."""
-        counts = attrs.asdict(self, filter=lambda field, _: field.name != "on_change")
+    def batch_changed(self, running: int, waiting: int, now: float) -> None:
+        """The batch runs ``running`` requests with ``waiting`` in line from ``now`` on."""
+        self._count_until(now)
+        self.running = running
+        self.waiting = waiting
+        self.peak_waiting = max(self.peak_waiting, waiting)
+        self.on_change()
+
+    def snapshot(self, now: float | None = None) -> FakeServerStatistics:
+        """The counters, frozen (the mappings copied), the integrals up to ``now``.
+
+        ``None``: up to the last change.
+        """
+        if now is not None:
+            self._count_until(now)
+        counts = attrs.asdict(self, filter=lambda field, _: field.name not in _PLUMBING)
         return FakeServerStatistics(**counts)
+
+    def _count_until(self, now: float) -> None:
+        elapsed = now - self.counted_until
+        if elapsed > 0:
+            self.waiting_seconds += self.waiting * elapsed
+            self.running_seconds += self.running * elapsed
+            self.counted_until = now
+
+
+_PLUMBING = frozenset({"on_change", "counted_until"})
 
 
 def _bump(counts: dict[_K, int], key: _K | None) -> None:
