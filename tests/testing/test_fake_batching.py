@@ -30,7 +30,8 @@ from trio_dispatch.testing import (
 )
 
 if TYPE_CHECKING:
-    from trio_dispatch.testing import FakeServerStatistics, MetricsFormat, WireFormat
+    from trio_dispatch._server_load._load import ServerFormat
+    from trio_dispatch.testing import FakeServerStatistics, WireFormat
 
 # A prompt of 64 tokens by the server's estimate (a token per four
 # characters of the messages' JSON), so its prefill takes 64 * PREFILL = 1 s.
@@ -341,7 +342,7 @@ SERVERS: dict[str, tuple[str, str, dict[str, str]]] = {
         "vllm:num_requests_waiting",
         {"model_name": "served/model", "engine": "0"},
     ),
-    "llamacpp": ("llamacpp:requests_processing", "llamacpp:requests_deferred", {}),
+    "llama.cpp": ("llamacpp:requests_processing", "llamacpp:requests_deferred", {}),
     "sglang": (
         "sglang:num_running_reqs",
         "sglang:num_queue_reqs",
@@ -370,7 +371,7 @@ def gauges(text: str) -> dict[str, tuple[dict[str, str], float]]:
 
 @pytest.mark.parametrize("metrics", list(SERVERS))
 async def test_metrics_tell_the_running_and_the_waiting_in_each_servers_words(
-    metrics: MetricsFormat, autojump_clock: trio.testing.MockClock
+    metrics: ServerFormat, autojump_clock: trio.testing.MockClock
 ) -> None:
     figures = batching(2, metrics=metrics, model_name="served/model")
     server = FakeLLMServer(FakeScript(words(40)), api_key=KEY, batching=figures)
@@ -450,10 +451,10 @@ async def test_without_batching_nothing_changes(
 
 async def test_metrics_over_a_socket() -> None:
     async with (
-        open_fake_llm_server(batching=FakeBatching(metrics="llamacpp")) as server,
+        open_fake_llm_server(batching=FakeBatching(metrics="llama.cpp")) as server,
         httpx2.AsyncClient() as http,
     ):
-        assert server.batching == FakeBatching(metrics="llamacpp")
+        assert server.batching == FakeBatching(metrics="llama.cpp")
         response = await http.get(f"{server.base_url}/metrics")
     assert gauges(response.text) == {
         "llamacpp:requests_processing": ({}, 0.0),
@@ -552,13 +553,13 @@ def test_the_defaults_are_documented_figures() -> None:
             "metrics",
             "ollama",
             ValueError,
-            "metrics must be one of vllm, llamacpp, sglang, tgi, got 'ollama'",
+            "metrics must be one of vllm, llama.cpp, sglang, tgi, got 'ollama'",
         ),
         (
             "metrics",
             None,
             TypeError,
-            "metrics must be one of vllm, llamacpp, sglang, tgi, got None",
+            "metrics must be one of vllm, llama.cpp, sglang, tgi, got None",
         ),
         ("model_name", "", ValueError, "model_name must be a non-empty string, got ''"),
     ],

@@ -78,6 +78,10 @@ class Gauges:
         waiting: The gauge of the requests it queues.
         running_help: The HELP text the server gives ``running``.
         waiting_help: The HELP text the server gives ``waiting``.
+        labels: The labels the server writes on both, with ``{model}``
+            for its served model's name (empty: none).
+        floats: Whether it writes a whole count as a float (``3.0``, as
+            ``prometheus_client`` does) rather than bare (``3``).
     """
 
     format: ServerFormat
@@ -86,6 +90,8 @@ class Gauges:
     waiting: str
     running_help: str
     waiting_help: str
+    labels: str = ""
+    floats: bool = False
 
 
 GAUGES: Final[tuple[Gauges, ...]] = (
@@ -96,6 +102,8 @@ GAUGES: Final[tuple[Gauges, ...]] = (
         "vllm:num_requests_waiting",
         "Number of requests in model execution batches.",
         "Number of requests waiting to be processed.",
+        labels='model_name="{model}",engine="0"',
+        floats=True,
     ),
     Gauges(
         "llama.cpp",
@@ -112,6 +120,8 @@ GAUGES: Final[tuple[Gauges, ...]] = (
         "sglang:num_queue_reqs",
         "The number of running requests.",
         "The number of requests in the waiting queue.",
+        labels='model_name="{model}"',
+        floats=True,
     ),
     Gauges(
         "tgi",
@@ -193,11 +203,13 @@ def parse_server_load(text: str) -> ServerLoad:
     )
 
 
-def metrics_text(load: ServerLoad) -> str:
-    """``load`` as its server's ``/metrics`` shows it: its two gauges, unlabelled.
+def metrics_text(load: ServerLoad, model_name: str = "model") -> str:
+    """``load`` as its server's ``/metrics`` shows it: its two gauges.
 
     The reverse of ``parse_server_load``, for a fake server to report its
-    load in the format of the server it stands for (``load.format``).
+    load in the format of the server it stands for (``load.format``), with
+    that server's labels (``model_name``: its served model's name) and way
+    of writing numbers.
 
     Raises:
         ValueError: ``load.format`` is ``None``: no server to write as.
@@ -205,6 +217,8 @@ def metrics_text(load: ServerLoad) -> str:
     if load.format is None:
         raise ValueError("load.format must name a server to write its metrics as")
     (gauges,) = (gauges for gauges in GAUGES if gauges.format == load.format)
+    labels = gauges.labels.format(model=_escaped(model_name))
+    shown = f"{{{labels}}}" if labels else ""
     lines = []
     for name, help_text, value in (
         (gauges.running, gauges.running_help, load.running),
@@ -213,9 +227,14 @@ def metrics_text(load: ServerLoad) -> str:
         lines += [
             f"# HELP {name} {help_text}",
             f"# TYPE {name} gauge",
-            f"{name} {value}",
+            f"{name}{shown} {float(value) if gauges.floats else value}",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _escaped(value: str) -> str:
+    """A label value as the exposition format escapes it."""
+    return value.replace("\\", r"\\").replace('"', r"\"").replace("\n", r"\n")
 
 
 def _families(text: str) -> Mapping[str, Sequence[Metric]]:

@@ -24,7 +24,6 @@ import typing as _typing
 
 from .._util import fixup_module_metadata
 from ._batching import FakeBatching as FakeBatching
-from ._batching import MetricsFormat as MetricsFormat
 from ._compare import Comparison as Comparison
 from ._compare import compare as compare
 from ._compare import run_comparison as run_comparison
@@ -96,7 +95,6 @@ __all__ = [
     "FakeToolCall",
     "Fault",
     "FaultKind",
-    "MetricsFormat",
     "PoissonArrivals",
     "PolicyMetrics",
     "PolicyName",

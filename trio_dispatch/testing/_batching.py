@@ -23,11 +23,13 @@ from __future__ import annotations
 
 from collections import deque
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Final, Literal, final, get_args
+from typing import TYPE_CHECKING, Final, final
 
 import attrs
 import trio
 
+from .._server_load._formats import metrics_text
+from .._server_load._load import SERVER_FORMATS, ServerFormat, ServerLoad
 from .._validation import (
     check_fraction,
     non_negative_seconds,
@@ -40,11 +42,6 @@ from .._validation import (
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
-
-MetricsFormat = Literal["vllm", "llamacpp", "sglang", "tgi"]
-"""Whose ``/metrics`` a ``FakeBatching`` server speaks."""
-
-_FORMATS: Final[tuple[str, ...]] = get_args(MetricsFormat)
 
 
 @final
@@ -102,8 +99,9 @@ class FakeBatching:
             nothing). Run ``n`` requests at once (``n = slots``), measure
             their inter-token time ``t_n`` beside the lone ``t_1``:
             ``decode_growth = (t_n / t_1 - 1) / (n - 1)``.
-        metrics: The ``/metrics`` format: ``"vllm"``, ``"llamacpp"``,
-            ``"sglang"`` or ``"tgi"``.
+        metrics: The server whose ``/metrics`` it speaks (names, labels,
+            numbers): ``"vllm"``, ``"llama.cpp"``, ``"sglang"`` or
+            ``"tgi"``, as ``ServerLoad.format`` names them.
         model_name: The ``model_name`` label of vLLM's and SGLang's metrics
             (their served model name).
     """
@@ -116,7 +114,9 @@ class FakeBatching:
     decode_growth: float = attrs.field(
         default=0.25, validator=validator(check_fraction)
     )
-    metrics: MetricsFormat = attrs.field(default="vllm", validator=one_of(*_FORMATS))
+    metrics: ServerFormat = attrs.field(
+        default="vllm", validator=one_of(*SERVER_FORMATS)
+    )
     model_name: str = attrs.field(default="fake-model", validator=text)
 
     def step(self, running: int) -> float:
@@ -196,68 +196,8 @@ class BatchQueue:
 #: The content type of the Prometheus text exposition format.
 EXPOSITION_TYPE: Final = b"text/plain; version=0.0.4; charset=utf-8"
 
-# Each server's gauges for its running and waiting requests, as (name, help).
-# The names, help texts and labels (_labels) are the servers' own:
-# - vLLM: vllm/v1/metrics/loggers.py, PrometheusStatLogger (prometheus_client
-#   gauges labelled model_name and engine);
-# - llama.cpp: tools/server, the metrics task's to_metrics() ("llamacpp:"
-#   before each name, no labels), served with --metrics;
-# - SGLang: python/sglang/srt/metrics/collector.py, SchedulerMetricsCollector
-#   (labelled with the labels its scheduler passes: model_name, as the
-#   example in docs/references/production_metrics.md shows), served with
-#   --enable-metrics;
-# - TGI: router/src/server.rs describes them, backends/v3/src/queue.rs and
-#   backend.rs set them (metrics-exporter-prometheus, no labels).
-_GAUGES: Final[dict[str, tuple[tuple[str, str], tuple[str, str]]]] = {
-    "vllm": (
-        ("vllm:num_requests_running", "Number of requests in model execution batches."),
-        ("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
-    ),
-    "llamacpp": (
-        ("llamacpp:requests_processing", "Number of requests processing"),
-        ("llamacpp:requests_deferred", "Number of requests deferred"),
-    ),
-    "sglang": (
-        ("sglang:num_running_reqs", "The number of running requests."),
-        ("sglang:num_queue_reqs", "The number of requests in the waiting queue."),
-    ),
-    "tgi": (
-        ("tgi_batch_current_size", "Current batch size"),
-        ("tgi_queue_size", "Current queue size"),
-    ),
-}
-
 
 def exposition(batching: FakeBatching, running: int, waiting: int) -> str:
     """``/metrics``'s text: ``running`` and ``waiting`` as ``batching.metrics`` says them."""
-    labels = _labels(batching)
-    lines: list[str] = []
-    for (name, help_text), value in zip(
-        _GAUGES[batching.metrics], (running, waiting), strict=True
-    ):
-        lines += [
-            f"# HELP {name} {help_text}",
-            f"# TYPE {name} gauge",
-            f"{name}{labels} {_number(batching, value)}",
-        ]
-    return "\n".join(lines) + "\n"
-
-
-def _labels(batching: FakeBatching) -> str:
-    model = _escaped(batching.model_name)
-    if batching.metrics == "vllm":
-        return f'{{model_name="{model}",engine="0"}}'
-    if batching.metrics == "sglang":
-        return f'{{model_name="{model}"}}'
-    return ""
-
-
-def _number(batching: FakeBatching, value: int) -> str:
-    # prometheus_client (vLLM, SGLang) writes a gauge as a float, "3.0";
-    # llama.cpp's stream and TGI's exporter write a whole number bare.
-    return f"{float(value)}" if batching.metrics in ("vllm", "sglang") else str(value)
-
-
-def _escaped(value: str) -> str:
-    """A label value as the exposition format escapes it."""
-    return value.replace("\\", r"\\").replace('"', r"\"").replace("\n", r"\n")
+    load = ServerLoad(running=running, waiting=waiting, format=batching.metrics)
+    return metrics_text(load, batching.model_name)
