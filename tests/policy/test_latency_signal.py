@@ -13,6 +13,7 @@ from trio_dispatch import AdaptiveLimit
 from trio_dispatch._policy._latency import (
     FLAT,
     GROWING,
+    IDLE_QUEUE,
     QUEUED,
     WINDOW,
     LatencySignal,
@@ -45,7 +46,18 @@ def test_a_round_is_one_call_per_slot_of_the_limit() -> None:
     signal = LatencySignal()
     assert calls(signal, 4, limit=4) == [None, None, None, 1]
     # At least two calls, even under a limit of 1.
-    assert calls(signal, 2, in_flight=1, limit=1) == [None, 1]
+    assert calls(signal, 2, now=10.0, in_flight=1, limit=1) == [None, 1]
+
+
+def test_a_round_counts_only_the_calls_granted_since_the_limit_moved() -> None:
+    signal = LatencySignal()
+    assert calls(signal, 4)[-1] == 1  # moved at 0.0
+    # Calls of 1 s ending at 0.5 were granted at -0.5, under the old limit:
+    # they teach the floors, not the round.
+    assert calls(signal, 8, now=0.5, first_token=0.05) == [None] * 8
+    assert signal.first_token_floor(100) == 0.05
+    # Granted at 0.0, with the move: they count.
+    assert calls(signal, 4, now=1.0, first_token=0.05)[-1] == 1
 
 
 def test_no_queue_and_the_batch_paying_with_the_limit_in_use_goes_up() -> None:
@@ -65,7 +77,7 @@ def test_a_queue_on_the_server_brings_it_down_by_its_length() -> None:
     calls(signal, 4)  # the floors: 0.1 s to the first token
     # Each call waited 0.5 s of its 1 s in the server's queue, 4 in
     # flight: 4 * 0.5 = 2 requests queued on average (Little's law).
-    assert calls(signal, 4, first_token=0.6)[-1] == -2
+    assert calls(signal, 4, now=10.0, first_token=0.6)[-1] == -2
 
 
 def test_a_queue_just_above_the_threshold_brings_it_down_by_one() -> None:
@@ -73,7 +85,7 @@ def test_a_queue_just_above_the_threshold_brings_it_down_by_one() -> None:
     calls(signal, 4)
     # One call of four waited 0.8 s of its 1 s: 4 * 0.8 / 4 = 0.8 queued.
     verdicts = [
-        signal.observe(0.0, first, 0.01, 1.0, 100, 4, 4)
+        signal.observe(10.0, first, 0.01, 1.0, 100, 4, 4)
         for first in (0.1, 0.1, 0.1, 0.9)
     ]
     assert QUEUED < 0.8
@@ -85,7 +97,8 @@ def test_one_slow_answer_in_a_round_weighs_at_most_a_slot() -> None:
     calls(signal, 8, in_flight=8, limit=8)
     # One answer whose whole time was queueing, among eight: 8 * 1 / 8 = 1.
     verdicts = [
-        signal.observe(0.0, first, 0.01, 1.0, 100, 8, 8) for first in [0.1] * 7 + [50.0]
+        signal.observe(10.0, first, 0.01, 1.0, 100, 8, 8)
+        for first in [0.1] * 7 + [50.0]
     ]
     assert verdicts[-1] == -1
 
@@ -93,8 +106,9 @@ def test_one_slow_answer_in_a_round_weighs_at_most_a_slot() -> None:
 def test_a_queue_below_the_threshold_but_above_idle_holds() -> None:
     signal = LatencySignal()
     calls(signal, 4)
-    # 4 * 0.125 = 0.5 queued: neither up nor down.
-    assert calls(signal, 4, first_token=0.225)[-1] == 0
+    # 4 * 0.1 = 0.4 queued: neither up nor down.
+    assert IDLE_QUEUE < 0.4 < QUEUED
+    assert calls(signal, 4, now=10.0, first_token=0.2)[-1] == 0
 
 
 def test_steps_that_stop_paying_bring_it_down_by_one() -> None:
@@ -110,10 +124,10 @@ def test_steps_that_grow_but_still_pay_let_it_grow_below_the_bar() -> None:
     signal = LatencySignal()
     calls(signal, 2, in_flight=1, limit=2)
     # 0.5 per extra sequence: 4 in flight give 4 / 2.5 = 1.6 times the throughput.
-    assert calls(signal, 4, between=0.025)[-1] == 1
+    assert calls(signal, 4, now=10.0, between=0.025)[-1] == 1
     # 0.8 per extra sequence: below FLAT, above GROWING: it holds.
     assert GROWING <= (3.4 - 1) / 3 < FLAT
-    assert calls(signal, 4, between=0.034)[-1] == 0
+    assert calls(signal, 4, now=20.0, between=0.034)[-1] == 0
 
 
 def test_calls_without_a_time_between_tokens_judge_by_the_queue_alone() -> None:
@@ -126,7 +140,7 @@ def test_the_first_token_floor_is_per_prompt_size() -> None:
     signal = LatencySignal()
     # Long prompts take longer to the first token: not a queue.
     calls(signal, 4, first_token=0.1, prompt=100)
-    assert calls(signal, 4, first_token=2.0, prompt=5_000)[-1] == 1
+    assert calls(signal, 4, now=10.0, first_token=2.0, prompt=5_000)[-1] == 1
     assert signal.first_token_floor(100) == 0.1
     assert signal.first_token_floor(120) == 0.1  # the same power of two
     assert signal.first_token_floor(5_000) == 2.0
@@ -155,7 +169,7 @@ def test_a_slower_server_raises_the_floors_within_a_window() -> None:
     calls(signal, 4, first_token=0.3, between=0.02, now=2 * half)
     assert signal.first_token_floor(100) == 0.3
     assert signal.between_floor == 0.02
-    assert calls(signal, 4, first_token=0.3, between=0.02, now=2 * half)[-1] == 1
+    assert calls(signal, 4, first_token=0.3, between=0.02, now=2 * half + 1)[-1] == 1
 
 
 def test_a_floor_not_seen_for_a_whole_window_is_forgotten() -> None:
@@ -183,9 +197,10 @@ def held(policy: SlotPolicy, count: int, first: int = 0) -> list[Ticket]:
 
 
 def round_of(
-    policy: SlotPolicy, tickets: list[Ticket], first_token: float = 0.1
+    policy: SlotPolicy, tickets: list[Ticket], at: float, first_token: float = 0.1
 ) -> None:
-    """Each ticket's call ends with these timings, then gives its slot back."""
+    """Each ticket's 1 s call ends at ``at`` with these timings, then gives its slot back."""
+    policy.advance(at)
     for ticket in tickets:
         policy.observe_latency(ticket, first_token, 0.01, 1.0, 100)
     for ticket in tickets:
@@ -201,23 +216,23 @@ def test_successes_alone_move_a_latency_limit_nothing() -> None:
 
 def test_the_slow_start_doubles_it_each_round_until_the_first_decrease() -> None:
     policy = latency_policy(2, maximum=20)
-    round_of(policy, held(policy, 2))
+    round_of(policy, held(policy, 2), 10.0)
     assert policy.limit == 4
-    round_of(policy, held(policy, 4, first=10))
+    round_of(policy, held(policy, 4, first=10), 20.0)
     assert policy.limit == 8
     # The server queues: 8 * 0.5 = 4 queued, down by 4.
-    round_of(policy, held(policy, 8, first=20), first_token=0.6)
+    round_of(policy, held(policy, 8, first=20), 30.0, first_token=0.6)
     assert policy.limit == 4
     # After it, up by one per round.
-    round_of(policy, held(policy, 4, first=30))
+    round_of(policy, held(policy, 4, first=30), 40.0)
     assert policy.limit == 5
 
 
 def test_it_never_leaves_its_bounds() -> None:
     policy = latency_policy(3, minimum=2, maximum=5)
-    round_of(policy, held(policy, 3))
+    round_of(policy, held(policy, 3), 10.0)
     assert policy.limit == 5  # doubled, cut at maximum
-    round_of(policy, held(policy, 5, first=10), first_token=0.9)
+    round_of(policy, held(policy, 5, first=10), 20.0, first_token=0.9)
     assert policy.limit == 2  # 5 * 0.8 = 4 queued: down by 4, cut at minimum
 
 

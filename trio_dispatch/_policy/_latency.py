@@ -34,7 +34,10 @@ The rule, at the end of each round:
 
 So it settles where the server's throughput stops growing and before its
 queue starts, moving by a slot or two around it. One slow answer is one
-call of a round: it weighs at most a slot's worth of queue.
+call of a round: it weighs at most a slot's worth of queue. A round counts
+only the calls granted since the limit last moved (a call's grant is its
+end less its duration): the calls granted under the old limit would judge
+the new one by what the old one did.
 
 The floors (the fastest first token seen for a prompt of about that size,
 in buckets of powers of two; the shortest time between tokens) are
@@ -48,10 +51,10 @@ from __future__ import annotations
 import math
 from typing import Final, final
 
-QUEUED: Final = 0.75
+QUEUED: Final = 0.5
 """A mean server queue (in requests) above which the limit comes down."""
 
-IDLE_QUEUE: Final = 0.25
+IDLE_QUEUE: Final = 0.2
 """A mean server queue below which the limit may go up."""
 
 FLAT: Final = 0.9
@@ -103,6 +106,7 @@ class LatencySignal:
     __slots__ = (
         "_between",
         "_calls",
+        "_changed_at",
         "_first_token",
         "_growth",
         "_growth_calls",
@@ -117,6 +121,9 @@ class LatencySignal:
         # time between tokens.
         self._first_token: dict[int, _WindowMin] = {}
         self._between = _WindowMin()
+        # When the latest verdict moved the limit: calls granted before it
+        # teach the floors, not the round.
+        self._changed_at = -math.inf
         # This round's sums.
         self._calls = 0
         self._queue = 0.0
@@ -172,19 +179,24 @@ class LatencySignal:
             floor = self._first_token[_bucket(prompt_tokens)] = _WindowMin()
         floor.add(first_token, now, half)
         excess = first_token - floor.value
-        if duration > 0 and excess > 0:
-            self._queue += in_flight * min(1.0, excess / duration)
         if between_tokens is not None and between_tokens > 0:
             self._between.add(between_tokens, now, half)
-            if in_flight > 1:
-                slowdown = between_tokens / self._between.value
-                self._growth += (slowdown - 1) / (in_flight - 1)
-                self._growth_calls += 1
+        if now - duration < self._changed_at:
+            return None  # granted under the limit before the latest move
+        if duration > 0 and excess > 0:
+            self._queue += in_flight * min(1.0, excess / duration)
+        if between_tokens is not None and between_tokens > 0 and in_flight > 1:
+            slowdown = between_tokens / self._between.value
+            self._growth += (slowdown - 1) / (in_flight - 1)
+            self._growth_calls += 1
         self._calls += 1
         self._in_flight += in_flight
         if self._calls < max(limit, 2):
             return None
-        return self._verdict(limit)
+        verdict = self._verdict(limit)
+        if verdict:
+            self._changed_at = now
+        return verdict
 
     def _verdict(self, limit: int) -> int:
         """The end of a round: the change of the limit (see the module notes)."""
