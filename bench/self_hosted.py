@@ -18,7 +18,9 @@ exact and repeatable for a seed. Each limit meets the same arrivals:
 - every fixed limit of a sweep from 1 to 32: the best (most calls per
   second, then the lowest turn p95) is the reference;
 - ``AdaptiveLimit(initial=1, maximum=64, signal="latency")``, nothing else
-  known.
+  known;
+- the same with the server's metrics given (``server_load``, its
+  ``/metrics`` read every ``METRICS_EVERY`` seconds).
 
 For each: the calls completed per second (after the first ``warmup``
 seconds), the turns' p50 and p95 (of the turns that started after the
@@ -29,10 +31,12 @@ asked for earlier, waited), and for the adaptive limit its values over
 time and when it settled (from then on within 2 of its final median).
 
 Prints a markdown table on stdout (progress on stderr) and, with
-``--json``, writes the report. Exits 1 if the adaptive limit misses a
-target: throughput at least 95% of the best fixed limit's, turn p95 at
-most 1.1x the best fixed limit's, the server's mean waiting count at most
-1, settled within 60 s.
+``--json``, writes the report. Exits 1 if a target is missed: the
+adaptive limit's throughput at least 95% of the best fixed limit's, its
+turn p95 at most 1.1x the best fixed limit's, the server's mean waiting
+count at most 1, settled within 60 s; with the server's metrics, the
+server's queue empty at least 95% of the time, and throughput at least
+95% of the best fixed limit's.
 
 ``--server-command`` is for a real server: not in this script yet (see
 ``docs/benchmarks.md`` for the measurement by hand against
@@ -41,6 +45,7 @@ most 1.1x the best fixed limit's, the server's mean waiting count at most
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -54,7 +59,7 @@ import httpx2
 import trio
 import trio.testing
 
-from trio_dispatch import AdaptiveLimit, open_dispatcher
+from trio_dispatch import AdaptiveLimit, ServerLoad, open_dispatcher, parse_server_load
 from trio_dispatch.testing import (
     FakeBatching,
     FakeLLMServer,
@@ -93,6 +98,11 @@ SWEEP: Final = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
 QUICK_SWEEP: Final = (2, 4, 6, 8, 12)
 SAMPLE_EVERY: Final = 0.1
 """Seconds between two looks at the server's queue and the limit."""
+
+METRICS_EVERY: Final = 0.5
+"""Seconds between two readings of the server's ``/metrics`` (``server_load``)."""
+
+LATENCY: Final = AdaptiveLimit(initial=1, minimum=1, maximum=64, signal="latency")
 
 
 @final
@@ -174,16 +184,32 @@ def _reply(request: FakeRequest) -> FakeReply:
     return FakeReply(text=" ".join(["tok"] * tokens), output_tokens=tokens)
 
 
-async def _run(
-    plans: Sequence[TurnPlan], limit: int | AdaptiveLimit, seconds: float, warmup: float
+async def _run(  # one run, its agents and its watch
+    plans: Sequence[TurnPlan],
+    limit: int | AdaptiveLimit,
+    seconds: float,
+    warmup: float,
+    *,
+    metrics: bool = False,
 ) -> Row:
     server = FakeLLMServer(FakeScript(choose=_reply), api_key=KEY, batching=SERVER)
     calls: list[CallRecord] = []
     turns: list[tuple[float, float]] = []
     queue_samples: list[int] = []
     trace: list[tuple[float, int]] = []
+    metrics_client = httpx2.AsyncClient(transport=StreamingASGITransport(server))
+
+    async def server_load() -> ServerLoad:
+        answer = await metrics_client.get("http://server.test/metrics")
+        return parse_server_load(answer.text)
+
     async with (
-        open_dispatcher({PROVIDER: limit}) as dispatcher,
+        metrics_client,
+        open_dispatcher(
+            {PROVIDER: limit},
+            server_load={PROVIDER: server_load} if metrics else None,
+            server_load_interval=METRICS_EVERY,
+        ) as dispatcher,
         httpx2.AsyncClient(
             transport=dispatcher.transport(
                 PROVIDER, inner=StreamingASGITransport(server)
@@ -241,8 +267,9 @@ async def _run(
             agents.cancel_scope.cancel()
         nursery.cancel_scope.cancel()
         stats = server.statistics()
+    name = str(limit) if isinstance(limit, int) else "adaptive (latency)"
     return _row(
-        str(limit if isinstance(limit, int) else "adaptive (latency)"),
+        f"{name} + server metrics" if metrics else name,
         calls,
         turns,
         queue_samples,
@@ -329,33 +356,30 @@ def run_self_hosted(
     warmup = min(60.0, seconds / 4)
     plans = plan_turns(seconds, load, seed)
     rows: list[Row] = []
-    limits: list[int | AdaptiveLimit] = [
-        64,
-        *sweep,
-        AdaptiveLimit(initial=1, minimum=1, maximum=64, signal="latency"),
+    runs: list[tuple[int | AdaptiveLimit, bool]] = [
+        (64, False),
+        *((limit, False) for limit in sweep),
+        (LATENCY, False),
+        (LATENCY, True),
     ]
-    for limit in limits:
-        show_progress(f"limit {limit}")
+    for limit, metrics in runs:
+        show_progress(f"limit {limit}{' with metrics' if metrics else ''}")
         rows.append(
             trio.run(
-                _run,
-                plans,
-                limit,
-                seconds,
-                warmup,
+                functools.partial(_run, plans, limit, seconds, warmup, metrics=metrics),
                 clock=trio.testing.MockClock(autojump_threshold=0),
             )
         )
     # The best fixed limit: the lowest turn p95 among those within 2% of
     # the most calls per second (a finite run's throughputs differ by a
     # call or two where the server is full either way).
-    fixed = rows[1:-1]
+    fixed = rows[1:-2]
     most = max(row.calls_per_second for row in fixed)
     best = min(
         (row for row in fixed if row.calls_per_second >= 0.98 * most),
         key=lambda row: row.turn_p95,
     )
-    adaptive = rows[-1]
+    adaptive, with_metrics = rows[-2], rows[-1]
     throughput = adaptive.calls_per_second / best.calls_per_second
     turn_p95 = adaptive.turn_p95 / best.turn_p95
     settled_at = adaptive.settled_at or 0.0
@@ -364,12 +388,17 @@ def run_self_hosted(
         "turn_p95_vs_best": turn_p95,
         "server_waiting_mean": adaptive.server_waiting_mean,
         "settled_at": settled_at,
+        "metrics_queue_empty": 1 - with_metrics.server_queue_share,
+        "metrics_throughput_vs_best": with_metrics.calls_per_second
+        / best.calls_per_second,
     }
     met = (
         throughput >= 0.95
         and turn_p95 <= 1.1
         and adaptive.server_waiting_mean <= 1
         and settled_at <= 60
+        and targets["metrics_queue_empty"] >= 0.95
+        and targets["metrics_throughput_vs_best"] >= 0.95
     )
     return {
         "config": {
@@ -417,7 +446,10 @@ def to_markdown(report: dict[str, Any]) -> str:
         f" {targets['throughput_vs_best']:.1%} (target at least 95%), turn p95"
         f" {targets['turn_p95_vs_best']:.2f}x (at most 1.1x), server waiting"
         f" {targets['server_waiting_mean']:.2f} on average (at most 1), settled at"
-        f" {targets['settled_at']:.0f} s (within 60 s): {'met' if report['met'] else 'MISSED'}.",
+        f" {targets['settled_at']:.0f} s (within 60 s). With the server's metrics:"
+        f" its queue empty {targets['metrics_queue_empty']:.1%} of the time (at least"
+        f" 95%), throughput {targets['metrics_throughput_vs_best']:.1%} of the best"
+        f" fixed limit's (at least 95%). {'Met' if report['met'] else 'MISSED'}.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -11,7 +11,7 @@ minor versions. An application needs none of them; ``trio_dispatch``,
   budgets and adaptive limits.
 - The scheduler actor, ``SchedulerActor``, and the protocol it speaks:
   ``Acquire``, ``Release``, ``Cancel``, ``SetLimit``, ``Adapt``, ``Pause``,
-  ``Resume``, ``Answered``, ``ReportUsage``, ``ObserveLatency``, ``ObserveRateLimits``,
+  ``Resume``, ``Answered``, ``ReportUsage``, ``ObserveLatency``, ``ObserveServerLoad``, ``ObserveRateLimits``,
   ``SetTenant``, ``SetModelBudget`` (together ``SchedulerMessage``),
   answered through a ``Reply`` (``granted(ticket, granted_at)`` or
   ``refused(error)``, and ``lease_until(deadline)`` from a backend that
@@ -67,6 +67,7 @@ from .messages._protocol import Cancel as Cancel
 from .messages._protocol import Grant as Grant
 from .messages._protocol import ObserveLatency as ObserveLatency
 from .messages._protocol import ObserveRateLimits as ObserveRateLimits
+from .messages._protocol import ObserveServerLoad as ObserveServerLoad
 from .messages._protocol import Pause as Pause
 from .messages._protocol import Release as Release
 from .messages._protocol import Reply as Reply
@@ -90,6 +91,7 @@ __all__ = [
     "Grant",
     "ObserveLatency",
     "ObserveRateLimits",
+    "ObserveServerLoad",
     "Pause",
     "Plumbing",
     "PolicyStatistics",

@@ -3,8 +3,8 @@
 Virtual time and seeded arrivals make the figures repeatable; a short run
 checks what holds at any length: a limit at or below the server's slots
 never fills its queue nor lets a younger turn overtake, one above it does,
-and the latency limit keeps the queue near empty with the best fixed
-limit's throughput.
+the latency limit keeps the queue near empty with the best fixed limit's
+throughput, and the server's metrics keep it empty.
 """
 
 from __future__ import annotations
@@ -26,7 +26,16 @@ def test_each_limit_is_measured_against_the_same_arrivals(
     status = bench.main(["--quick", "--seconds", "180", "--json", str(path)])
     report = json.loads(path.read_text(encoding="utf-8"))
     rows = {row["limit"]: row for row in report["rows"]}
-    assert list(rows) == ["64", "2", "4", "6", "8", "12", "adaptive (latency)"]
+    assert list(rows) == [
+        "64",
+        "2",
+        "4",
+        "6",
+        "8",
+        "12",
+        "adaptive (latency)",
+        "adaptive (latency) + server metrics",
+    ]
     for name in ("2", "4", "6"):
         assert rows[name]["server_waiting_mean"] == 0
         assert rows[name]["overtaken_share"] == 0
@@ -39,4 +48,9 @@ def test_each_limit_is_measured_against_the_same_arrivals(
     assert adaptive["server_waiting_mean"] == targets["server_waiting_mean"] <= 1
     assert targets["throughput_vs_best"] >= 0.95
     assert adaptive["limit_median"] in {6, 7}
+    # With the server's metrics, its queue stays ours.
+    with_metrics = rows["adaptive (latency) + server metrics"]
+    assert with_metrics["server_queue_share"] < 0.05
+    assert with_metrics["overtaken_share"] < 0.05
+    assert targets["metrics_throughput_vs_best"] >= 0.95
     assert status == (0 if report["met"] else 1)

@@ -37,6 +37,7 @@ from trio_dispatch.lowlevel import (
     Cancel,
     ObserveLatency,
     ObserveRateLimits,
+    ObserveServerLoad,
     Pause,
     Release,
     ReportUsage,
@@ -116,6 +117,8 @@ class PolicyBackend:
                     policy.observe_latency(ticket, first, between, duration, prompt),
                     now,
                 )
+            case ObserveServerLoad(load):
+                self.deliver(policy.observe_server_load(load), now)
             case ReportUsage(ticket, tokens):
                 self.deliver(policy.report_usage(ticket, tokens), now)
             case SetLimit(limit) | Adapt(limit):

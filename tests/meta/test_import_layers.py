@@ -227,6 +227,7 @@ PURE_CORE = [
     "trio_dispatch._policy._budgets",
     "trio_dispatch._policy._tenants",
     "trio_dispatch._policy._latency",
+    "trio_dispatch._policy._server",
 ]
 
 
@@ -249,6 +250,8 @@ def test_the_pure_core_imports_only_values_and_itself(module: str) -> None:
             "trio_dispatch._exceptions",
             "trio_dispatch._validation",
             "trio_dispatch._policy._ratelimits",
+            # A server's load: a value, as the rate-limit figures are.
+            "trio_dispatch._server_load._load",
         }
     }
     assert inside == allowed, inside - allowed

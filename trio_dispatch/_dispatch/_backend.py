@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from .._policy._budgets import BudgetStatistics
     from .._policy._tenants import TenantStatistics
+    from .._server_load._load import ServerLoad
     from ..messages._protocol import SchedulerMessage, Ticket
 
 
@@ -67,6 +68,11 @@ class ProviderStatistics:
             model name; ``budget`` is the provider's own, over all models.
         tenants: Each tenant the provider has seen or been configured
             with, by name (requests made for no tenant are not shown).
+        server_load: What the provider's server said of its load at the
+            latest reading (``open_dispatcher``'s ``server_load``), or
+            ``None``: not read, or the latest reading failed.
+        server_slots: The server's slots, learned from a reading with a
+            queue (it runs all it can then), or ``None`` until then.
     """
 
     provider: str
@@ -89,6 +95,8 @@ class ProviderStatistics:
     budget: BudgetStatistics | None = None
     models: Mapping[str, BudgetStatistics] = attrs.field(factory=dict)
     tenants: Mapping[str, TenantStatistics] = attrs.field(factory=dict)
+    server_load: ServerLoad | None = None
+    server_slots: int | None = None
 
 
 class _Occupancy(Protocol):
@@ -135,6 +143,7 @@ def provider_statistics(
     models: Mapping[str, BudgetStatistics],
     tenants: Mapping[str, TenantStatistics],
     fleet: Fleet | None = None,
+    server_load: tuple[ServerLoad | None, int | None] = (None, None),
 ) -> ProviderStatistics:
     """The snapshot of ``provider``: every backend's, built one way.
 
@@ -165,6 +174,8 @@ def provider_statistics(
         budget=budget,
         models=models,
         tenants=tenants,
+        server_load=server_load[0],
+        server_slots=server_load[1],
     )
 
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from .._policy._budgets import AdaptiveLimit, Budget
+    from .._server_load._probe import ServerLoadSource
     from ..messages._limits import Tenant
     from ._backend import Backend
     from ._dispatcher import Dispatcher
@@ -50,6 +51,8 @@ def open_dispatcher(
     redis_connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     priority_aging: float = 60.0,
     tenants: Mapping[str, Tenant] | None = None,
+    server_load: Mapping[str, ServerLoadSource] | None = None,
+    server_load_interval: float = 1.0,
 ) -> contextlib.AbstractAsyncContextManager[Dispatcher]:
     """Run a dispatcher for the duration of an ``async with`` block.
 
@@ -179,6 +182,25 @@ def open_dispatcher(
             anywhere, the order is exactly the one above. Change them at
             run time with ``Dispatcher.set_tenant``. With ``redis_url``,
             the shares hold across the fleet.
+        server_load: Provider name to where its server's own load is read
+            from: a ``ServerMetrics`` (the server's Prometheus ``/metrics``:
+            vLLM's, llama.cpp's ``llama-server``'s, SGLang's or TGI's) or
+            an async callable returning a ``ServerLoad``. For servers that
+            queue instead of refusing: read every ``server_load_interval``
+            seconds, it keeps our requests out of the server's own queue,
+            where the server, not the dispatcher, would choose who goes
+            next. No grant while requests wait there; and once the
+            server's slots are learned (from a reading with a queue: the
+            server runs all it can then), none beyond them (the latest
+            ``running``, plus our grants since that reading, less our
+            slots given back since). The provider's limit still applies.
+            A reading that fails (a server that stops answering, a
+            callable that raises) is logged and ignored: the limit alone
+            applies until one succeeds. ``statistics()`` shows the latest
+            reading (``ProviderStatistics.server_load``) and the slots
+            learned. Not with ``redis_url`` yet.
+        server_load_interval: Seconds between two readings of each
+            ``server_load`` (positive).
 
     Raises:
         BackendUnavailable: ``redis_url`` cannot be reached within
@@ -265,6 +287,8 @@ def open_dispatcher(
         redis_connect_timeout=redis_connect_timeout,
         priority_aging=priority_aging,
         tenants=tenants,
+        server_load=server_load or {},
+        server_load_interval=server_load_interval,
     )
     return AsyncWithOnly(
         run_dispatcher(settings),

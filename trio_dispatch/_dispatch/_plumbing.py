@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import logging
 import math
 import sys
@@ -36,6 +37,7 @@ from .._observe._hub import (
 from .._observe._translator import Translator
 from .._policy._budgets import AdaptiveLimit, check_limit_value
 from .._policy._ratelimits import RateLimitInfo
+from .._server_load._probe import poll_server_load
 from .._util import NoPublicConstructor, warn_the_caller
 from .._validation import (
     MAX_TENANT_NAME,
@@ -54,6 +56,7 @@ from ..messages._limits import DEFAULT_MAX_TOKENS
 from ..messages._protocol import (
     Adapt,
     ObserveRateLimits,
+    ObserveServerLoad,
     Pause,
     Resume,
     SetLimit,
@@ -76,6 +79,7 @@ if TYPE_CHECKING:
 
     from .._provider import Provider
     from .._redis._backend import SharedBackends
+    from .._server_load._load import ServerLoad
     from ..messages._limits import Tenant
     from ..messages._protocol import SchedulerMessage
     from ._backend import Backend, ProviderStatistics
@@ -631,6 +635,27 @@ class Plumbing(metaclass=NoPublicConstructor):
                 f"the scheduler of {provider!r} has stopped"
             ) from None
 
+    def _read_server_loads(self) -> None:
+        """Read each ``server_load`` every ``server_load_interval``, for its scheduler."""
+        settings = self._settings
+        for provider, source in settings.server_load.items():
+            self._known.add(provider)
+            self._nursery.start_soon(
+                functools.partial(
+                    poll_server_load,
+                    provider,
+                    source,
+                    functools.partial(self._server_load_read, provider),
+                    every=settings.server_load_interval,
+                ),
+                name=f"trio_dispatch: the server load of {provider!r}",
+            )
+
+    def _server_load_read(self, provider: str, load: ServerLoad | None) -> None:
+        with contextlib.suppress(DispatcherClosed):
+            # Closed: its scheduler has stopped (it crashed).
+            self._tell(provider, ObserveServerLoad(load))
+
     def _set_limits(self, limits: Mapping[str, int | AdaptiveLimit | None]) -> None:
         """The limits the dispatcher opens with: given, or stored in Redis.
 
@@ -731,6 +756,7 @@ async def run_plumbing(
                     raise
             dispatcher = Plumbing._create(nursery, settings, _factory(settings, shared))
             dispatcher._set_limits(limits if shared is None else stored)
+            dispatcher._read_server_loads()
             try:
                 yield dispatcher
             except BaseException as exc:

@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Final, Literal, final
 import attrs
 
 from .._policy._budgets import check_budgets, check_limit_mapping, split_budget_key
+from .._server_load._probe import check_server_load_source
 from .._util import raise_if_extra_missing
 from .._validation import (
     as_float,
     check_namespace,
     check_pauses,
+    check_provider,
     check_redis_url,
     check_tenant_name,
     flag,
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .._policy._budgets import Budget
+    from .._server_load._probe import ServerLoadSource
     from ._backend import Backend
     from ._setup import BackendSetup
 
@@ -112,6 +115,25 @@ def _copied(value: object) -> object:
     return dict(value) if isinstance(value, Mapping) else value
 
 
+def check_server_loads(
+    sources: object, name: str = "server_load"
+) -> dict[str, ServerLoadSource]:
+    """Provider names to where each one's server load is read from.
+
+    Each a ``ServerMetrics`` or an async callable returning a ``ServerLoad``.
+    """
+    if not isinstance(sources, Mapping):
+        raise TypeError(
+            f"{name} must be a mapping of provider names to ServerMetrics or"
+            f" async callables, got {sources!r}"
+        )
+    checked = {}
+    for provider, source in sources.items():
+        check_provider(provider)
+        checked[provider] = check_server_load_source(source, f"{name}[{provider!r}]")
+    return checked
+
+
 @final
 @attrs.frozen(kw_only=True)
 class Settings:
@@ -168,6 +190,10 @@ class Settings:
         default="warn", validator=validator(check_unknown_providers)
     )
     priority_aging: float = attrs.field(default=60.0, validator=positive_seconds)
+    server_load: Mapping[str, ServerLoadSource] = attrs.field(
+        factory=dict, converter=_copied, validator=validator(check_server_loads)
+    )
+    server_load_interval: float = attrs.field(default=1.0, validator=positive_seconds)
     provider_budgets: Mapping[str, Budget] = attrs.field(init=False, repr=False)
     model_budgets: Mapping[str, Mapping[str, Budget]] = attrs.field(
         init=False, repr=False
@@ -187,6 +213,11 @@ class Settings:
             require_redis()
             for provider, limit in (self.limits or {}).items():
                 check_shared_limit(provider, limit)
+            if self.server_load:
+                raise ValueError(
+                    "server_load cannot be used with redis_url: the fleet's"
+                    " grants do not read a server's load yet"
+                )
         # Kept as checked: seconds as floats (a message shows max_hold=5
         # as "5.0 seconds"), the defaults as plain values, and the budgets
         # apart. A frozen class sets its own fields this way (attrs).

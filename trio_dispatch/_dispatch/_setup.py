@@ -134,4 +134,5 @@ def policy_statistics(
         budget=policy.budget_statistics(now),
         models=policy.model_budget_statistics(now),
         tenants=policy.tenant_statistics(now),
+        server_load=policy.server_load,
     )

@@ -136,11 +136,13 @@ from .._validation import (
 from ..messages._limits import Tenant, check_tenant
 from ._budgets import AdaptiveLimit, Budget, ModelThrottles, Throttle
 from ._ratelimits import server_delay
+from ._server import ServerGate
 from ._tenants import Tenants
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from .._server_load._load import ServerLoad
     from ..messages._protocol import Ticket
     from ._budgets import BudgetStatistics
     from ._ratelimits import RateLimitInfo
@@ -215,6 +217,7 @@ class SlotPolicy:
         "_provider",
         "_rejected_total",
         "_reported",
+        "_server",
         "_step",
         "_streak",
         "_tenants",
@@ -290,6 +293,8 @@ class SlotPolicy:
         # The models whose throttle held their head back at the end of the
         # latest fill, with a slot still free: wake_at watches them.
         self._held_back: list[str] = []
+        # The server's own load, once it is read (observe_server_load).
+        self._server: ServerGate | None = None
         self.needs_clock = False
         if configured:
             self.needs_clock = True
@@ -493,6 +498,9 @@ class SlotPolicy:
         gate = self._gate
         if gate is not None and (gate.blocked or not gate.fits(tokens)):
             return False
+        server = self._server
+        if server is not None and not server.holds(len(self._holders)):
+            return False
         return model_gate is None or model_gate.fits(tokens)
 
     def _count(self) -> None:
@@ -615,6 +623,26 @@ class SlotPolicy:
             return []
         self._limit = limit
         return self._fill()
+
+    def observe_server_load(self, load: ServerLoad | None) -> list[Ticket]:
+        """The provider's server said its ``load`` (``None``: reading it failed).
+
+        From the first reading on, a grant keeps our requests out of the
+        server's own queue (``_server``): none while requests wait there,
+        and, once its slots are learned, none beyond them. Returns the
+        tickets a reading with room lets through.
+        """
+        server = self._server
+        if server is None:
+            server = self._server = ServerGate()
+        server.observe(load, len(self._holders))
+        return self._fill() if self._waiting else []
+
+    @property
+    def server_load(self) -> tuple[ServerLoad | None, int | None]:
+        """The latest reading of the server's load and its slots learned, if any."""
+        server = self._server
+        return (None, None) if server is None else (server.load, server.slots)
 
     def set_tenant(self, tenant: str, settings: Tenant | None) -> list[Ticket]:
         """Give ``tenant`` a weight and a cap; ``None``: back to the defaults.
@@ -841,10 +869,17 @@ class SlotPolicy:
         tenants = self._tenants
         holders = self._holders
         estimates = self._estimates
+        server = self._server
         now = self._now
         held = len(holders)
         blocked: list[str] = []  # models held back in this fill
-        while waiting and (limit is None or held < limit):
+        # The server's own load, once read, may hold grants back too: no
+        # grant it would queue (see observe_server_load).
+        while (
+            waiting
+            and (limit is None or held < limit)
+            and (server is None or server.holds(held))
+        ):
             chosen = tenants.select(now, waiting, blocked)
             if chosen is None:
                 break

@@ -65,6 +65,7 @@ from ..messages._protocol import (
     Cancel,
     ObserveLatency,
     ObserveRateLimits,
+    ObserveServerLoad,
     Pause,
     Release,
     ReportUsage,
@@ -562,6 +563,7 @@ class SharedSchedulerActor:
         | Resume
         | ReportUsage
         | ObserveLatency
+        | ObserveServerLoad
         | ObserveRateLimits
         | SetTenant
         | SetModelBudget,
@@ -589,9 +591,10 @@ class SharedSchedulerActor:
             self._pauses.append(message.retry_after)
         elif isinstance(message, ReportUsage):
             self.book.report_usage(message.ticket, message.tokens)
-        elif isinstance(message, ObserveLatency):
-            # The fleet's limit is fixed or moved by rate limits
-            # (open_dispatcher refuses a latency signal with redis_url).
+        elif isinstance(message, ObserveLatency | ObserveServerLoad):
+            # The fleet's limit is fixed or moved by rate limits, and its
+            # grants know no server's load (open_dispatcher refuses a
+            # latency signal and server_load with redis_url).
             return
         elif isinstance(message, ObserveRateLimits):
             if message.model is None:

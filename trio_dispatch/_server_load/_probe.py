@@ -15,8 +15,10 @@ the caller.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Final, TypeAlias, final
+from typing import TYPE_CHECKING, Final, NoReturn, TypeAlias, final
 from urllib.parse import urlsplit
 
 import attrs
@@ -198,3 +200,50 @@ async def read_server_load(
     if not isinstance(load, ServerLoad):
         raise TypeError(f"{name} must return a ServerLoad, got {shown_value(load)}")
     return load
+
+
+_logger = logging.getLogger("trio_dispatch")
+
+
+async def poll_server_load(
+    provider: str,
+    source: ServerLoadSource,
+    tell: Callable[[ServerLoad | None], None],
+    *,
+    every: float,
+) -> NoReturn:
+    """Read ``provider``'s server load from ``source`` every ``every`` seconds, for ever.
+
+    Each reading is told (``tell(load)``), and so is each failed one, as
+    ``None``: a server that stops answering (``ServerLoadUnavailable``), or
+    a callable of one's own that raises, is ignored, never fatal; the first
+    failure of a run of them is logged as a warning, the recovery as info.
+    A ``ServerMetrics`` is read with an ``httpx2.AsyncClient`` of its own,
+    kept open between readings.
+    """
+    failing = False
+    async with contextlib.AsyncExitStack() as stack:
+        client = None
+        if isinstance(source, ServerMetrics):
+            import httpx2  # noqa: PLC0415  # only for a server's metrics
+
+            client = await stack.enter_async_context(httpx2.AsyncClient())
+        while True:
+            try:
+                load: ServerLoad | None = await read_server_load(source, client)  # type: ignore[arg-type]  # a callable needs no client
+            except Exception as exc:  # a reading that fails is ignored (see above)
+                if not failing:
+                    _logger.warning(
+                        "the server load of %r could not be read, and is ignored"
+                        " until it can: %s",
+                        provider,
+                        exc,
+                    )
+                failing = True
+                load = None
+            else:
+                if failing:
+                    _logger.info("the server load of %r is read again", provider)
+                failing = False
+            tell(load)
+            await trio.sleep(every)

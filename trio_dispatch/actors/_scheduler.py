@@ -76,6 +76,7 @@ from ..messages._protocol import (
     Cancel,
     ObserveLatency,
     ObserveRateLimits,
+    ObserveServerLoad,
     Pause,
     Release,
     ReportUsage,
@@ -501,6 +502,7 @@ class SchedulerActor:
         | ReportUsage
         | Answered
         | ObserveLatency
+        | ObserveServerLoad
         | ObserveRateLimits
         | Adapt
         | SetTenant
@@ -523,6 +525,8 @@ class SchedulerActor:
         elif isinstance(message, Answered):
             policy.answered(message.ticket)
             return []
+        elif isinstance(message, ObserveServerLoad):
+            grants = policy.observe_server_load(message.load)
         elif isinstance(message, ObserveLatency):
             grants = policy.observe_latency(
                 message.ticket,

@@ -10,6 +10,7 @@ limit), ``SetTenant`` (a tenant's weight and cap), ``SetModelBudget`` (one
 model's budget), ``ObserveRateLimits``
 (an answer's rate-limit figures, for the budgets), ``ObserveLatency``
 (how fast a call's tokens came, for a latency-signal adaptive limit),
+``ObserveServerLoad`` (what the provider's server says of its load),
 ``Answered`` (a request's answer started) and ``ReportUsage`` (a request's tokens, which
 correct its estimate). All of them travel over one FIFO
 memory channel per scheduler, so a ``Cancel`` can never overtake its
@@ -26,6 +27,7 @@ from ._limits import check_model_budget, check_tenant
 
 if TYPE_CHECKING:
     from .._policy._ratelimits import RateLimitInfo
+    from .._server_load._load import ServerLoad
     from ._limits import AdaptiveLimit, Budget, Tenant
 
 
@@ -234,6 +236,18 @@ class ObserveLatency:
 
 @final
 @attrs.frozen
+class ObserveServerLoad:
+    """The provider's server said its load: ``load``, or ``None`` if reading it failed.
+
+    What ``open_dispatcher``'s ``server_load`` reads; a policy keeps our
+    requests out of the server's own queue with it (``_policy._server``).
+    """
+
+    load: ServerLoad | None
+
+
+@final
+@attrs.frozen
 class ObserveRateLimits:
     """An answer that arrived at ``observed_at`` (trio clock) reported ``info``.
 
@@ -295,6 +309,7 @@ SchedulerMessage = (
     | ReportUsage
     | Answered
     | ObserveLatency
+    | ObserveServerLoad
     | ObserveRateLimits
     | SetTenant
     | SetModelBudget
