@@ -512,7 +512,11 @@ class HeldBodyBase:
         weakref.finalize(self, hold.dropped).atexit = False
 
     def __aiter__(self) -> AsyncIterator[bytes]:
-        self._chunks = HeldChunks(self._inner.__aiter__(), self._hold, self.aclose)
+        # One inner iterator for the body's life: iterated again (the openai
+        # SDK drains a stream's body after [DONE]), the body goes on where
+        # it stopped, and the one iterator is closed with it.
+        if self._chunks is None:
+            self._chunks = HeldChunks(self._inner.__aiter__(), self._hold, self.aclose)
         return self._chunks
 
     async def aclose(self) -> None:
