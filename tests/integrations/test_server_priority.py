@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Self
 
 import httpx
@@ -23,8 +24,10 @@ import pytest
 import trio
 import trio.testing
 
-from trio_dispatch import open_dispatcher
+from trio_dispatch import open_dispatcher, wrap_provider
 from trio_dispatch.lowlevel import plumbing
+from trio_dispatch.messages import ChatMessage, ChatRequest
+from trio_dispatch.providers import AnthropicProvider, OpenAIProvider
 from trio_dispatch.testing import (
     FakeLLMServer,
     FakeReply,
@@ -36,6 +39,8 @@ from trio_dispatch.testing import (
 from .._redis import needs_redis, skewed_clocks
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from trio_dispatch import Dispatcher
 
     from .._redis import RedisServer
@@ -364,6 +369,108 @@ async def test_a_bad_option_is_refused_at_once() -> None:
             TypeError, match=r"^server_priority must be True or False, got 1$"
         ):
             d.transport("vllm", inner=httpx.AsyncHTTPTransport(), server_priority=1)  # type: ignore[call-overload]
+    with pytest.raises(
+        TypeError, match=r"^server_priority must be True or False, got None$"
+    ):
+        OpenAIProvider(
+            base_url="http://x/v1",
+            api_key="k",
+            model="m",
+            server_priority=None,  # type: ignore[arg-type]
+        )
+    # Anthropic's Messages API has no such field: its provider takes no flag.
+    with pytest.raises(TypeError, match="server_priority"):
+        AnthropicProvider(  # type: ignore[call-arg]
+            base_url="http://x/v1", api_key="k", model="m", server_priority=True
+        )
+
+
+# -- our own providers -----------------------------------------------------------
+
+
+@asynccontextmanager
+async def open_provider(
+    server: FakeLLMServer, *, server_priority: bool
+) -> AsyncIterator[OpenAIProvider]:
+    """An ``OpenAIProvider`` of the fake server, served in-process."""
+    async with (
+        httpx2.AsyncClient(transport=StreamingASGITransport(server)) as http,
+        OpenAIProvider(
+            "vllm",
+            base_url=f"{BASE}/v1",
+            api_key="k",
+            model="m",
+            client=http,
+            server_priority=server_priority,
+        ) as provider,
+    ):
+        yield provider
+
+
+REQUEST = ChatRequest([ChatMessage("user", "hi")])
+
+
+async def read(provider: Any, request: ChatRequest = REQUEST) -> None:  # noqa: ANN401 (a Provider)
+    async with provider.stream(request) as events:
+        async for _ in events:
+            pass
+
+
+async def test_a_provider_flag_sends_the_place_through_wrap_provider(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = FakeLLMServer(FakeScript())
+    async with (
+        open_dispatcher({"vllm": 1}, priority_aging=10.0) as d,
+        open_provider(server, server_priority=True) as provider,
+    ):
+        limited = wrap_provider(provider, d)
+        await trio.sleep(3)
+        with d.turn(started_at=2.0, priority=1):
+            await read(limited)
+            # A priority the request gives is the request's.
+            await read(limited, ChatRequest(REQUEST.messages, extra={"priority": 5}))
+        asked = trio.current_time()
+        await read(limited)
+        # Without a dispatcher's slot, a request has no place in line.
+        await read(provider)
+        origin = base(d)
+    places = [request.body.get("priority") for request in server.requests]
+    assert asked == 3.0
+    assert places == [origin - 8000, 5, origin + 3000, None]
+    assert server.requests[0].body["messages"] == [{"role": "user", "content": "hi"}]
+
+
+async def test_a_provider_without_the_flag_sends_none(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = FakeLLMServer(FakeScript())
+    async with (
+        open_dispatcher({"vllm": 1}) as d,
+        open_provider(server, server_priority=False) as provider,
+    ):
+        with d.turn(started_at=1.0):
+            await read(wrap_provider(provider, d))
+    (request,) = server.requests
+    assert "priority" not in request.body
+
+
+async def test_a_conversations_calls_carry_its_turns_place(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = FakeLLMServer(FakeScript())
+    async with (
+        open_dispatcher({"vllm": 1}, priority_aging=10.0) as d,
+        open_provider(server, server_priority=True) as provider,
+    ):
+        conversation = d.start_conversation(provider, priority=2)
+        await trio.sleep(4.5)
+        result = await conversation.ask("hi")
+        origin = base(d)
+        conversation.close()
+    (request,) = server.requests
+    assert result.started_at == 4.5
+    assert request.body["priority"] == origin + 4500 - 20_000
 
 
 # -- a fleet ------------------------------------------------------------------

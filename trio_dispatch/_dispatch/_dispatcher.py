@@ -776,7 +776,11 @@ def wrap_provider(
     A ``provider`` with a ``model`` string (``OpenAIProvider``,
     ``AnthropicProvider``) takes its slots for that model (``slot(model=
     ...)``): a budget ``"provider/model"`` holds them, and the figures of
-    their answers pace that model.
+    their answers pace that model. A ``provider`` whose ``server_priority``
+    is true (``OpenAIProvider(..., server_priority=True)``, for a
+    self-hosted server that orders its queue by priority) has each request
+    sent with its slot's place in line, as ``Dispatcher.transport(...,
+    server_priority=True)`` sends it; so have a conversation's.
 
     Returns:
         A provider whose ``stream`` takes a slot before any byte is sent and
