@@ -37,7 +37,9 @@ minor versions. An application needs none of them; ``trio_dispatch``,
 - The dispatcher's machinery: ``plumbing(dispatcher)`` gives its
   ``Plumbing`` (backends, settings, event hub, nursery), what integrations
   build on: ``start_soon``, ``hold`` and ``hold_deadline``,
-  ``check_known``, ``check_run``, ``default_max_tokens``, ``watch_call``,
+  ``check_known``, ``check_run``, ``default_max_tokens``, ``wall_ms``
+  (an instant as Unix milliseconds on the dispatcher's wall clock, the
+  Redis server's with ``redis_url``), ``watch_call``,
   ``observe_events`` (an ``EventSink`` is handed every event as it
   happens) and ``observe_calls`` (a ``CallObserver`` is told of every LLM
   call's end), beside what ``Dispatcher`` does. Their old names on

@@ -159,6 +159,31 @@ async def test_a_stream_holds_its_slot_until_its_last_byte(
     )
 
 
+async def test_a_body_iterated_again_goes_on_where_it_stopped(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # The openai SDK drains a stream's body after [DONE] by iterating
+    # ``response.stream`` once more: the body's one inner iterator goes on,
+    # and is closed with the body, not left to the garbage collector.
+    bodies: list[Body] = []
+    async with open_dispatcher({"p": 1}) as dispatcher:
+        inner = streaming(dispatcher, bodies, [], chunks=3, gap=1.0)
+        async with (
+            httpx2.AsyncClient(
+                transport=dispatcher.transport("p", inner=inner)
+            ) as client,
+            client.stream("POST", URL) as response,
+        ):
+            chunks = response.stream
+            assert isinstance(chunks, httpx2.AsyncByteStream)
+            first = await anext(aiter(chunks))
+            rest = [chunk async for chunk in chunks]
+            assert in_flight(dispatcher) == 0
+        gc.collect()
+    assert (first, rest) == (b"chunk 0\n", [b"chunk 1\n", b"chunk 2\n"])
+    assert bodies[0].closed_at == 3.0
+
+
 async def test_closing_a_stream_early_gives_its_slot_back_at_once(
     autojump_clock: trio.abc.Clock,
 ) -> None:

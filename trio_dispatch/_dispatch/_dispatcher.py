@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, final, overload
 from .._conversations._conversation import start_conversation
 from .._integrations._limited import LimitedProvider
 from .._util import NoPublicConstructor
-from .._validation import check_provider
+from .._validation import check_flag, check_provider
 from ._plumbing import UNSET, run_plumbing
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from ._turn import Turn
 
     _MakeTransport = Callable[
-        [Plumbing, str], httpx2.AsyncBaseTransport | httpx.AsyncBaseTransport
+        [Plumbing, str, bool], httpx2.AsyncBaseTransport | httpx.AsyncBaseTransport
     ]
 
 
@@ -438,12 +438,20 @@ class Dispatcher(metaclass=NoPublicConstructor):
 
     @overload
     def transport(
-        self, provider: str, *, inner: httpx.AsyncBaseTransport
+        self,
+        provider: str,
+        *,
+        inner: httpx.AsyncBaseTransport,
+        server_priority: bool = False,
     ) -> httpx.AsyncBaseTransport: ...
 
     @overload
     def transport(
-        self, provider: str, *, inner: httpx2.AsyncBaseTransport | None = None
+        self,
+        provider: str,
+        *,
+        inner: httpx2.AsyncBaseTransport | None = None,
+        server_priority: bool = False,
     ) -> httpx2.AsyncBaseTransport: ...
 
     def transport(
@@ -451,6 +459,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         provider: str,
         *,
         inner: httpx2.AsyncBaseTransport | httpx.AsyncBaseTransport | None = None,
+        server_priority: bool = False,
     ) -> httpx2.AsyncBaseTransport | httpx.AsyncBaseTransport:
         """An HTTP transport whose model calls each hold a slot of ``provider``.
 
@@ -495,19 +504,33 @@ class Dispatcher(metaclass=NoPublicConstructor):
             inner: The transport that sends the requests:
                 ``httpx2.AsyncHTTPTransport()`` if ``None``. Given a legacy
                 ``httpx.AsyncBaseTransport``, the result is one too.
+            server_priority: For a self-hosted server that orders its own
+                queue by a request's ``priority`` (vLLM started with
+                ``--scheduling-policy priority``): each chat completion or
+                completion whose JSON body has ``messages`` or ``prompt``
+                and no ``priority`` of its own is sent with ``"priority"``,
+                its slot's place in line (lower is older: its turn's start,
+                less its class's credit, as Unix milliseconds; see
+                ``lowlevel.Plumbing.wall_ms``), so that what the server
+                queues keeps the dispatcher's order. Any other request is
+                sent untouched. Off by default: turn it on only for a
+                server in priority mode (vLLM out of it ignores the field;
+                its older releases refuse every such request).
 
         Raises:
-            TypeError: ``provider`` is not a string, or ``inner`` is not an
-                httpx2 or httpx async transport. Later, from a request of
-                the other httpx's client (an ``httpx.AsyncClient`` given a
-                transport made without ``inner``), before any slot.
+            TypeError: ``provider`` is not a string, ``inner`` is not an
+                httpx2 or httpx async transport, or ``server_priority`` is
+                not a bool. Later, from a request of the other httpx's
+                client (an ``httpx.AsyncClient`` given a transport made
+                without ``inner``), before any slot.
             ValueError: ``provider`` is empty, or unknown while the
                 dispatcher's ``unknown_providers`` is ``"error"``.
         """
         check_provider(provider)
+        check_flag(server_priority, "server_priority")
         make = _transport_for(inner)
         self._plumbing.check_known(provider)
-        return make(self._plumbing, provider)
+        return make(self._plumbing, provider, server_priority)
 
     def start_conversation(
         self,
@@ -702,13 +725,16 @@ def _transport_for(inner: object) -> _MakeTransport:
     from .._integrations._transport import DispatchTransport  # noqa: PLC0415  # imports httpx2
 
     if inner is None:
-        return lambda dispatcher, provider: DispatchTransport(
-            dispatcher, provider, httpx2.AsyncHTTPTransport()
+        return lambda dispatcher, provider, server_priority: DispatchTransport(
+            dispatcher,
+            provider,
+            httpx2.AsyncHTTPTransport(),
+            server_priority=server_priority,
         )
     if isinstance(inner, httpx2.AsyncBaseTransport):
         checked = inner
-        return lambda dispatcher, provider: DispatchTransport(
-            dispatcher, provider, checked
+        return lambda dispatcher, provider, server_priority: DispatchTransport(
+            dispatcher, provider, checked, server_priority=server_priority
         )
     # An httpx transport exists only if httpx was imported: do not import it
     # just to say no.
@@ -717,8 +743,8 @@ def _transport_for(inner: object) -> _MakeTransport:
         from .._integrations._transport_legacy import LegacyDispatchTransport  # noqa: PLC0415
 
         old = inner
-        return lambda dispatcher, provider: LegacyDispatchTransport(
-            dispatcher, provider, old
+        return lambda dispatcher, provider, server_priority: LegacyDispatchTransport(
+            dispatcher, provider, old, server_priority=server_priority
         )
     raise TypeError(
         "inner must be an httpx2.AsyncBaseTransport or an httpx.AsyncBaseTransport,"
@@ -750,7 +776,11 @@ def wrap_provider(
     A ``provider`` with a ``model`` string (``OpenAIProvider``,
     ``AnthropicProvider``) takes its slots for that model (``slot(model=
     ...)``): a budget ``"provider/model"`` holds them, and the figures of
-    their answers pace that model.
+    their answers pace that model. A ``provider`` whose ``server_priority``
+    is true (``OpenAIProvider(..., server_priority=True)``, for a
+    self-hosted server that orders its queue by priority) has each request
+    sent with its slot's place in line, as ``Dispatcher.transport(...,
+    server_priority=True)`` sends it; so have a conversation's.
 
     Returns:
         A provider whose ``stream`` takes a slot before any byte is sent and

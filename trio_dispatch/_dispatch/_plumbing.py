@@ -19,6 +19,7 @@ import functools
 import logging
 import math
 import sys
+import time
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, final
 
@@ -117,6 +118,7 @@ class Plumbing(metaclass=NoPublicConstructor):
         "_known",
         "_new_backend",
         "_nursery",
+        "_origin",
         "_settings",
         "_tenants",
         "_token",
@@ -127,6 +129,8 @@ class Plumbing(metaclass=NoPublicConstructor):
         nursery: trio.Nursery,
         settings: Settings,
         new_backend: Callable[[BackendSetup], Backend],
+        *,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._nursery = nursery
         self._settings = settings
@@ -159,6 +163,10 @@ class Plumbing(metaclass=NoPublicConstructor):
             settings.lease,
             check_run=self.check_run,
         )
+        # Where the trio clock stands on the shared wall clock (wall_ms):
+        # read once, now, and kept, so that one instant always maps to one
+        # number, however far a virtual clock jumps.
+        self._origin = (trio.current_time(), round(wall_clock() * 1000))
 
     @property
     def max_pause(self) -> float:
@@ -190,6 +198,26 @@ class Plumbing(metaclass=NoPublicConstructor):
         """
         self.check_run()
         self._nursery.start_soon(function, *args, name=name)
+
+    def wall_ms(self, instant: float) -> int:
+        """``instant`` (trio clock) on the dispatcher's wall clock, in whole milliseconds.
+
+        Unix time, as every process sharing a provider can read it: this
+        host's clock, or with ``redis_url`` the Redis server's (as the
+        fleet's queue places turns), whatever this host's clock says. The
+        offset between the two clocks is read once, when the dispatcher
+        opens, and kept: instants a second apart on the trio clock are
+        1000 apart here, and one instant is always one number. What
+        ``transport(..., server_priority=True)`` and a provider's
+        ``server_priority`` send a self-hosted server as a request's place
+        in line, comparable between processes.
+        """
+        start, wall = self._origin
+        seconds = instant - start
+        # Whole seconds apart, then the fraction: exact for any finite
+        # instant, where seconds * 1000 could overflow to infinity.
+        whole = math.floor(seconds)
+        return wall + whole * 1000 + round((seconds - whole) * 1000)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -754,7 +782,12 @@ async def run_plumbing(
                     body_error = exc
                     nursery.cancel_scope.cancel()
                     raise
-            dispatcher = Plumbing._create(nursery, settings, _factory(settings, shared))
+            dispatcher = Plumbing._create(
+                nursery,
+                settings,
+                _factory(settings, shared),
+                wall_clock=_wall_clock(shared),
+            )
             dispatcher._set_limits(limits if shared is None else stored)
             dispatcher._read_server_loads()
             try:
@@ -794,6 +827,17 @@ def _factory(
     if settings.new_backend is not None:
         return settings.new_backend
     return SchedulerActor.from_setup
+
+
+def _wall_clock(shared: SharedBackends | None) -> Callable[[], float]:
+    """The dispatcher's wall clock: this host's, or a fleet's Redis server's.
+
+    The ledger reads the server's clock through the offset it measured
+    before any turn was placed (``ServerClock``), the clock the fleet's
+    queue orders turns by.
+    """
+    ledger = None if shared is None else shared.ledger
+    return time.time if ledger is None else ledger.clock.now
 
 
 async def _open_shared(

@@ -21,6 +21,11 @@ A provider that names its ``model`` asks for that model's slot (see
 ``wrap_provider``). Each stream is charged to the provider's token budget:
 the slot carries the request's estimate (``estimate_tokens``), and the
 ``Usage`` event at the end of the answer corrects it to what was used.
+
+A provider whose ``server_priority`` is true (``OpenAIProvider(...,
+server_priority=True)``, for a self-hosted server that queues by
+priority) has each request sent with its slot's place in line, in its
+``extra`` (``_priority``), unless the request gives a ``priority`` itself.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from ._metering import (
     figures_of,
     model_of_provider,
 )
+from ._priority import place_in_line, wants_place, with_place
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -139,6 +145,9 @@ class LimitedProvider:
                 await trio.lowlevel.checkpoint_if_cancelled()
                 if sending is not None:
                     sending()
+                if wants_place(self.provider):
+                    # A server that queues by priority gets the slot's place.
+                    request = with_place(request, place_in_line(dispatcher, slot))
                 # Timed for the metrics, if any observe the calls.
                 watch = dispatcher.watch_call(self.provider)
                 meter = Meter(dispatcher, slot)

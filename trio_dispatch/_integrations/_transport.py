@@ -76,6 +76,17 @@ garbage-collected) would keep its slot for ever: its body's finalizer asks
 the trio run to give the slot back (``run_sync_soon``, safe from any thread
 the collector runs in; never awaiting) and warns with a ``ResourceWarning``.
 
+With ``server_priority``, a model call's place in line goes to the server
+too (``_priority``): once the slot is granted, a chat completion's or a
+completion's JSON body (an object with ``messages`` or ``prompt``) gets
+``"priority": <place in line>`` spliced in first, its other bytes as the
+SDK wrote them, and the request is sent anew with the same method, URL,
+headers (``Content-Length`` set to the new length) and extensions. A body
+that has a ``priority`` of its own, is not such an object, was not read
+yet (a streamed upload), or goes to any other path (Anthropic's
+``/messages`` among them) is sent untouched: the transport knows its
+provider by name only, not which format it speaks, so the path decides.
+
 ``_transport_legacy`` holds the same transport for the legacy ``httpx``.
 """
 
@@ -92,6 +103,7 @@ import httpx2
 import trio
 
 from .._exceptions import LeaseLost, SlotHoldTimeout, lease_lost, slot_hold_timeout
+from .._wire._openai import takes_priority, with_priority
 from .._wire._retry_after import parse_retry_after
 from .._wire._sse import EventTooLarge, SSEDecoder
 from ._kept import adopt_kept_place, keep_place
@@ -105,6 +117,7 @@ from ._metering import (
     json_body,
     model_of_body,
 )
+from ._priority import place_in_line
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
@@ -240,17 +253,16 @@ class Hold:
         dispatcher: Plumbing,
         provider: str,
         reader: RateLimitReader,
-        content: bytes | None,
+        body: Mapping[str, object] | None,
         path: str = "",
     ) -> Hold:
-        """Wait for a slot of ``provider`` for a call whose body is ``content``.
+        """Wait for a slot of ``provider`` for a call whose JSON body is ``body``.
 
         The slot is for the body's ``model`` and charged its estimate
-        (neither if ``content`` is ``None``: not read yet); or it is the
-        place the current turn keeps for this provider and model, taken
-        over. If this raises, nothing is held.
+        (neither if ``body`` is ``None``: not a JSON object, or not read
+        yet); or it is the place the current turn keeps for this provider
+        and model, taken over. If this raises, nothing is held.
         """
-        body = None if content is None else json_body(content)
         model = model_of_body(body)
         wire = format_of_path(path)
         times = TokenTimes(
@@ -266,6 +278,11 @@ class Hold:
         )
         slot, deadline = await dispatcher.hold(provider, tokens, model)
         return cls(dispatcher, slot, deadline, reader, times)
+
+    @property
+    def slot(self) -> Slot:
+        """The call's slot."""
+        return self._slot
 
     def give_back(self) -> None:
         """Give the slot back now (again: nothing), and stop the timer.
@@ -512,7 +529,11 @@ class HeldBodyBase:
         weakref.finalize(self, hold.dropped).atexit = False
 
     def __aiter__(self) -> AsyncIterator[bytes]:
-        self._chunks = HeldChunks(self._inner.__aiter__(), self._hold, self.aclose)
+        # One inner iterator for the body's life: iterated again (the openai
+        # SDK drains a stream's body after [DONE]), the body goes on where
+        # it stopped, and the one iterator is closed with it.
+        if self._chunks is None:
+            self._chunks = HeldChunks(self._inner.__aiter__(), self._hold, self.aclose)
         return self._chunks
 
     async def aclose(self) -> None:
@@ -612,10 +633,18 @@ InnerT = TypeVar("InnerT", bound=_Inner)
 class TransportBase(Generic[InnerT]):
     """``Dispatcher.transport`` whatever its httpx; mixed in before its base."""
 
-    def __init__(self, dispatcher: Plumbing, provider: str, inner: InnerT) -> None:
+    def __init__(
+        self,
+        dispatcher: Plumbing,
+        provider: str,
+        inner: InnerT,
+        *,
+        server_priority: bool = False,
+    ) -> None:
         self._dispatcher = dispatcher
         self._provider = provider
         self._inner = inner
+        self._server_priority = server_priority
         self._reader = RateLimitReader(provider)
 
     def __repr__(self) -> str:
@@ -647,7 +676,8 @@ class TransportBase(Generic[InnerT]):
         ``httpx`` is the module of the transport's httpx, ``body`` its held
         body. The hold is given back at once when nothing more is on the
         wire (a body read already, as a mock's); otherwise the response's
-        body keeps it until closed.
+        body keeps it until closed. With ``server_priority``, the request
+        sent carries the slot's place in line (see the module's notes).
 
         Raises:
             TypeError: ``request`` is not of ``httpx`` (the client is of the
@@ -663,10 +693,17 @@ class TransportBase(Generic[InnerT]):
             content: bytes | None = request.content
         except httpx.RequestNotRead:
             content = None
+        path = request.url.path
+        # Parsed once: the slot's model and estimate, and the priority, read it.
+        parsed = None if content is None else json_body(content)
         hold = await Hold.take(
-            self._dispatcher, self._provider, self._reader, content, request.url.path
+            self._dispatcher, self._provider, self._reader, parsed, path
         )
         try:
+            if self._server_priority and takes_priority(path, parsed):
+                assert content is not None  # parsed from it
+                place = place_in_line(self._dispatcher, hold.slot)
+                request = _resent(request, httpx, with_priority(content, place))
             with hold.timed():
                 response = await inner.handle_async_request(request)
             hold.answered(response.status_code, response.headers)
@@ -685,6 +722,23 @@ class TransportBase(Generic[InnerT]):
             )
             response.stream = body(response.stream, hold)
         return response
+
+
+def _resent(request: Any, httpx: ModuleType, content: bytes) -> Any:  # noqa: ANN401 (either httpx's)
+    """``request`` with ``content`` for its body, as a new request of ``httpx``.
+
+    The same method, URL, headers and extensions (the SDK's timeouts);
+    ``Content-Length`` says the new length, in the header's own place.
+    """
+    headers = request.headers.copy()
+    headers["Content-Length"] = str(len(content))
+    return httpx.Request(
+        request.method,
+        request.url,
+        headers=headers,
+        content=content,
+        extensions=request.extensions,
+    )
 
 
 @final

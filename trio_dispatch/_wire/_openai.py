@@ -3,8 +3,9 @@
 Everything the package knows of the format, in one place: the endpoint and
 the key header (``OPENAI``), the request body (``request_body``), the
 stream's decoder (``OpenAIDecoder``) and encoder (``encode_stream``, for the
-fake server), the error bodies, and the ``x-ratelimit-*`` headers, read and
-written.
+fake server), the error bodies, the ``x-ratelimit-*`` headers, read and
+written, and the ``priority`` field by which a self-hosted server (vLLM,
+SGLang) orders its own queue (``with_priority``).
 
 The wire format, as OpenAI documents it: ``POST {base_url}/chat/completions``
 with ``Authorization: Bearer <key>`` and ``"stream": true`` answers with
@@ -414,6 +415,58 @@ def request_body(model: str, request: ChatRequest) -> dict[str, Any]:
         # those) but ``prompt_cache_key``: a key given there is meant.
         body.update(request.extra)
     return body
+
+
+# -- a self-hosted server's own queue ----------------------------------------
+#
+# Not OpenAI's: vLLM's OpenAI-compatible server reads ``priority``, an
+# integer (default 0, bounded to a signed 64 bits), in the body of a chat
+# completion and of a completion; started with ``--scheduling-policy
+# priority`` it takes waiting requests lowest first, ties by arrival, and
+# without it ignores the field (its older engine refused a nonzero one).
+# SGLang reads the same field, highest first unless started with
+# ``--schedule-low-priority-values-first``.
+
+#: The body field the server orders its waiting requests by.
+PRIORITY_FIELD: Final = "priority"
+#: What vLLM accepts (``ge=-(2**63), le=2**63 - 1``).
+PRIORITY_RANGE: Final = (-(2**63), 2**63 - 1)
+#: The endpoints whose bodies take it, matched at the end of the path as
+#: the transport matches a model call: chat completions and completions.
+PRIORITY_PATHS: Final = ("/chat/completions", "/completions")
+
+
+def priority_value(value: int) -> int:
+    """``value`` as the server takes it: clamped to ``PRIORITY_RANGE``."""
+    low, high = PRIORITY_RANGE
+    return min(max(value, low), high)
+
+
+def takes_priority(path: str, body: Mapping[str, object] | None) -> bool:
+    """Whether a model call to ``path`` whose JSON body is ``body`` may get a priority.
+
+    A chat completion or a completion (by its path, under any prefix)
+    whose body is a JSON object with ``messages`` or ``prompt`` and no
+    ``priority`` of its own: one the caller gave is the caller's.
+    """
+    return (
+        body is not None
+        and path.rstrip("/").endswith(PRIORITY_PATHS)
+        and ("messages" in body or "prompt" in body)
+        and PRIORITY_FIELD not in body
+    )
+
+
+def with_priority(content: bytes, value: int) -> bytes:
+    """``content``, the bytes of a JSON object, with ``"priority": value`` first.
+
+    Spliced after the object's opening brace, so the caller's bytes go on
+    exactly as they were sent; ``content`` must be an object with at least
+    one member and no ``priority`` (``takes_priority``), and start with its
+    brace. ``value`` is clamped to ``PRIORITY_RANGE``.
+    """
+    member = f'"{PRIORITY_FIELD}":{priority_value(value)},'.encode()
+    return b"{" + member + content[1:]
 
 
 # -- the stream, written (the fake server's) -------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, final
 
+from .._validation import check_flag
 from .._wire._openai import OPENAI, request_body
 from ._http import ProviderBase
 
@@ -68,6 +69,16 @@ class OpenAIProvider(ProviderBase):
             ignored, and logged once per header name. An observer that takes
             a ``model`` keyword, as ``observe_rate_limits`` does, is told
             ``model=`` too: providers count their limits per model.
+        server_priority: For a self-hosted server that orders its own
+            queue by a request's ``priority`` (vLLM started with
+            ``--scheduling-policy priority``): through a dispatcher
+            (``wrap_provider``, conversations), each request is sent with
+            ``"priority"``, its slot's place in line, lower for an older
+            turn (as ``Dispatcher.transport(..., server_priority=True)``
+            sends it), unless its ``extra`` gives one. Used without a
+            dispatcher's slot, a request has no place in line and gets
+            none. Off by default: turn it on only for a server in priority
+            mode.
     """
 
     def __init__(
@@ -83,7 +94,9 @@ class OpenAIProvider(ProviderBase):
         extra_headers: Mapping[str, str] | None = None,
         on_rate_limit: RateLimitReporter | None = None,
         on_rate_limits: RateLimitObserver | None = None,
+        server_priority: bool = False,
     ) -> None:
+        self._server_priority = check_flag(server_priority, "server_priority")
         # Last, once every argument is known good: it may make a client.
         super().__init__(
             id,
@@ -100,3 +113,8 @@ class OpenAIProvider(ProviderBase):
             headers={},
             body=functools.partial(request_body, model),
         )
+
+    @property
+    def server_priority(self) -> bool:
+        """Whether a request through a dispatcher carries its place in line."""
+        return self._server_priority
