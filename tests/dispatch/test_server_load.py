@@ -25,7 +25,7 @@ from trio_dispatch.testing import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Iterator
 
     from trio_dispatch import Dispatcher
 
@@ -150,7 +150,7 @@ async def test_a_server_that_does_not_answer_is_ignored_and_logged(
 async def test_a_callable_that_raises_is_ignored_and_its_recovery_logged(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    readings = iter(
+    readings: Iterator[ServerLoad | Exception] = iter(
         [RuntimeError("down"), RuntimeError("down"), ServerLoad(running=0, waiting=0)]
     )
 
