@@ -53,7 +53,7 @@ from trio_dispatch.testing import (
     FakeQuotas,
     FakeReply,
     FakeScript,
-    open_fake_llm_server,
+    StreamingASGITransport,
 )
 
 if TYPE_CHECKING:
@@ -982,18 +982,23 @@ async def run_two_models() -> tuple[
     model (``None`` if it learned none).
     """
     answered: dict[str, list[float]] = {SLOW: [], FAST: []}
+    # Served in this trio run, streaming, with no socket: the virtual clock
+    # never jumps while a byte is on its way, whatever the machine's load.
+    server = FakeLLMServer(
+        FakeScript(choose=_reply), quotas=QUOTAS, api_key="sk-two-models"
+    )
     async with (
-        open_fake_llm_server(
-            FakeScript(choose=_reply), quotas=QUOTAS, api_key="sk-two-models"
-        ) as server,
         open_dispatcher({"openai": LIMIT}) as dispatcher,
         httpx2.AsyncClient(
-            transport=dispatcher.transport("openai"), timeout=600.0
+            transport=dispatcher.transport(
+                "openai", inner=StreamingASGITransport(server)
+            ),
+            timeout=600.0,
         ) as http,
     ):
         client = openai.AsyncOpenAI(
             api_key="sk-two-models",
-            base_url=server.openai_base_url,
+            base_url="http://fake.test/v1",
             http_client=http,
             max_retries=0,
         )
