@@ -83,22 +83,22 @@ def test_a_queue_on_the_server_brings_it_down_by_its_length() -> None:
 def test_a_queue_just_above_the_threshold_brings_it_down_by_one() -> None:
     signal = LatencySignal()
     calls(signal, 4)
-    # One call of four waited 0.8 s of its 1 s: 4 * 0.8 / 4 = 0.8 queued.
+    # Two calls of four waited half their second: 4 * 1 / 4 = 1 queued.
     verdicts = [
         signal.observe(10.0, first, 0.01, 1.0, 100, 4, 4)
-        for first in (0.1, 0.1, 0.1, 0.9)
+        for first in (0.1, 0.1, 0.6, 0.6)
     ]
-    assert QUEUED < 0.8
     assert verdicts[-1] == -1
 
 
 def test_one_slow_answer_in_a_round_weighs_at_most_a_slot() -> None:
     signal = LatencySignal()
     calls(signal, 8, in_flight=8, limit=8)
-    # One answer whose whole time was queueing, among eight: 8 * 1 / 8 = 1.
+    # One answer 50 s late among eight of 1 s: its excess counts as much
+    # as the rest of its time (1 s): 8 * 1 / 9 queued, down by one only.
     verdicts = [
-        signal.observe(10.0, first, 0.01, 1.0, 100, 8, 8)
-        for first in [0.1] * 7 + [50.0]
+        signal.observe(60.0, first, 0.01, duration, 100, 8, 8)
+        for first, duration in [(0.1, 1.0)] * 7 + [(50.1, 51.0)]
     ]
     assert verdicts[-1] == -1
 
@@ -229,11 +229,11 @@ def test_the_slow_start_doubles_it_each_round_until_the_first_decrease() -> None
 
 
 def test_it_never_leaves_its_bounds() -> None:
-    policy = latency_policy(3, minimum=2, maximum=5)
-    round_of(policy, held(policy, 3), 10.0)
+    policy = latency_policy(4, minimum=4, maximum=5)
+    round_of(policy, held(policy, 4), 10.0)
     assert policy.limit == 5  # doubled, cut at maximum
-    round_of(policy, held(policy, 5, first=10), 20.0, first_token=0.9)
-    assert policy.limit == 2  # 5 * 0.8 = 4 queued: down by 4, cut at minimum
+    round_of(policy, held(policy, 5, first=10), 20.0, first_token=0.6)
+    assert policy.limit == 4  # 5 * 0.5 = 2.5 queued: down by 2, cut at minimum
 
 
 def test_a_rise_grants_the_waiters_it_lets_through() -> None:

@@ -13,9 +13,11 @@ neither depends on how long an answer is:
   pays.
 
 From the first, Little's law gives the server's queue as our requests
-fill it: the calls in flight times the share of a call's time spent
-queued, ``in_flight * excess / duration``, averaged over a round of calls
-(one per slot of the limit). From the second, the growth of the steps per
+fill it: the calls in flight times the share of the calls' time spent
+queued, ``in_flight * sum(excess) / sum(duration)`` over a round of calls
+(one per slot of the limit). A call's excess counts at most as much as
+the rest of its time, so that one answer delayed by anything else than
+the queue (a stall, a hiccup) weighs at most about a slot. From the second, the growth of the steps per
 extra sequence, ``(slowdown - 1) / (in_flight - 1)`` with ``slowdown`` the
 time between tokens over its floor: near 0 a bigger batch is almost free,
 near 1 it only spreads the same throughput over more requests.
@@ -107,11 +109,12 @@ class LatencySignal:
         "_between",
         "_calls",
         "_changed_at",
+        "_excess",
         "_first_token",
         "_growth",
         "_growth_calls",
         "_in_flight",
-        "_queue",
+        "_time",
         "_window",
     )
 
@@ -126,7 +129,8 @@ class LatencySignal:
         self._changed_at = -math.inf
         # This round's sums.
         self._calls = 0
-        self._queue = 0.0
+        self._excess = 0.0  # seconds past the first-token floors (see observe)
+        self._time = 0.0  # seconds of the calls, so counted
         self._in_flight = 0
         self._growth = 0.0
         self._growth_calls = 0
@@ -183,8 +187,10 @@ class LatencySignal:
             self._between.add(between_tokens, now, half)
         if now - duration < self._changed_at:
             return None  # granted under the limit before the latest move
-        if duration > 0 and excess > 0:
-            self._queue += in_flight * min(1.0, excess / duration)
+        excess = max(0.0, excess)
+        counted = min(excess, max(0.0, duration - excess))
+        self._excess += counted
+        self._time += duration - excess + counted
         if between_tokens is not None and between_tokens > 0 and in_flight > 1:
             slowdown = between_tokens / self._between.value
             self._growth += (slowdown - 1) / (in_flight - 1)
@@ -201,11 +207,11 @@ class LatencySignal:
     def _verdict(self, limit: int) -> int:
         """The end of a round: the change of the limit (see the module notes)."""
         calls = self._calls
-        queue = self._queue / calls
         in_flight = self._in_flight / calls
+        queue = in_flight * self._excess / self._time if self._time > 0 else 0.0
         growth = self._growth / self._growth_calls if self._growth_calls else None
         self._calls = self._in_flight = self._growth_calls = 0
-        self._queue = self._growth = 0.0
+        self._excess = self._time = self._growth = 0.0
         if queue > QUEUED:
             return -max(1, math.floor(queue))
         if growth is not None and growth >= FLAT:
