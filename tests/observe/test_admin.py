@@ -23,7 +23,7 @@ import trio
 import trio.testing
 from hypercorn.trio import serve
 
-from trio_dispatch import AdaptiveLimit, Budget, Tenant, open_dispatcher
+from trio_dispatch import AdaptiveLimit, Budget, ServerLoad, Tenant, open_dispatcher
 from trio_dispatch.admin import (
     MAX_BODY_BYTES,
     MAX_LIMIT,
@@ -307,6 +307,8 @@ async def test_status_is_the_statistics_as_plain_json(
         "budget": None,
         "models": {},
         "tenants": {},
+        "server_load": None,
+        "server_slots": None,
     }
     assert stats.released_total == 1  # given back since
     anthropic = body["providers"]["anthropic"]
@@ -327,6 +329,23 @@ def test_status_shows_every_statistic() -> None:
     shown = set(documented["properties"])
     assert shown == (fields - {"paused_until"}) | {"pause_remaining"}
     assert set(documented["required"]) == shown
+
+
+async def test_status_shows_the_servers_load_and_its_slots(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    async def load() -> ServerLoad:
+        return ServerLoad(running=3, waiting=1, format="vllm")
+
+    async with (
+        open_dispatcher({"openai": 8}, server_load={"openai": load}) as dispatcher,
+        serve_admin(dispatcher) as base_url,
+        httpx.AsyncClient(base_url=base_url, headers=AUTH) as client,
+    ):
+        await trio.testing.wait_all_tasks_blocked()
+        openai = (await client.get("/status")).json()["providers"]["openai"]
+        assert openai["server_load"] == {"running": 3, "waiting": 1, "format": "vllm"}
+        assert openai["server_slots"] == 3
 
 
 async def test_status_shows_a_pause_as_the_seconds_left(

@@ -141,9 +141,35 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "Each tenant's share of the provider, by name.",
                 "additionalProperties": {"$ref": "#/components/schemas/TenantStatus"},
             },
+            "server_load": {
+                "oneOf": [
+                    {"$ref": "#/components/schemas/ServerLoad"},
+                    {"type": "null"},
+                ],
+                "description": "What the provider's server said of its load at"
+                " the latest reading (open_dispatcher's server_load), or null.",
+            },
+            "server_slots": {
+                "type": ["integer", "null"],
+                "minimum": 0,
+                "description": "The server's slots, learned from a reading with a"
+                " queue, or null.",
+            },
         },
         "One provider's statistics, as ``Dispatcher.statistics()`` has"
         " them, but for the end of a pause, shown as the seconds left.",
+    ),
+    "ServerLoad": _record(
+        {
+            "running": _COUNT,
+            "waiting": _COUNT,
+            "format": {
+                "type": ["string", "null"],
+                "enum": ["vllm", "llama.cpp", "sglang", "tgi", None],
+                "description": "The server whose metrics it was read from, or null.",
+            },
+        },
+        "A model server's own count of the requests it runs and queues.",
     ),
     "TenantUpdate": {
         "type": "object",

@@ -94,8 +94,18 @@ class SimulationResult:
         return structure(json.loads(text), cls)
 
 
-#: ``open_dispatcher`` options the simulator does not take: it has no Redis.
-_NOT_SIMULATED = frozenset({"redis_url", "namespace", "lease", "redis_connect_timeout"})
+#: ``open_dispatcher`` options the simulator does not take: it has no Redis,
+#: and its providers no server whose load could be read.
+_NOT_SIMULATED = frozenset(
+    {
+        "redis_url",
+        "namespace",
+        "lease",
+        "redis_connect_timeout",
+        "server_load",
+        "server_load_interval",
+    }
+)
 
 
 def _check_options(
