@@ -223,9 +223,36 @@ def test_the_slow_start_doubles_it_each_round_until_the_first_decrease() -> None
     # The server queues: 8 * 0.5 = 4 queued, down by 4.
     round_of(policy, held(policy, 8, first=20), 30.0, first_token=0.6)
     assert policy.limit == 4
-    # After it, up by one per round.
+    # After it, up by one, after two rounds of room: the rise to 8 found a
+    # queue, so rises wait for twice as many rounds as before.
     round_of(policy, held(policy, 4, first=30), 40.0)
+    assert policy.limit == 4
+    round_of(policy, held(policy, 4, first=40), 50.0)
     assert policy.limit == 5
+    # That rise held (no queue at 5): the next comes after one round.
+    round_of(policy, held(policy, 5, first=50), 60.0)
+    assert policy.limit == 6
+
+
+def test_rises_that_find_a_queue_come_ever_more_rarely() -> None:
+    signal = LatencySignal()
+    calls(signal, 4)  # the floors; a rise (the slow start)
+    # Each rise past 4 finds a queue: the rounds of room between two
+    # rises double, 2, 4, 8, then 16 at most.
+    now = 10.0
+    waits = []
+    for _ in range(5):
+        verdict = calls(signal, 5, now=now, first_token=0.6, in_flight=5, limit=5)[-1]
+        assert verdict is not None
+        assert verdict < 0
+        now += 10.0
+        rounds = 0
+        while calls(signal, 4, now=now)[-1] == 0:
+            rounds += 1
+            now += 10.0
+        waits.append(rounds + 1)
+        now += 10.0
+    assert waits == [2, 4, 8, 16, 16]
 
 
 def test_it_never_leaves_its_bounds() -> None:

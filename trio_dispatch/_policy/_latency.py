@@ -31,7 +31,11 @@ The rule, at the end of each round:
 * no queue to speak of (under ``IDLE_QUEUE``), steps that still pay (under
   ``GROWING``) and the limit in use (calls in flight at least
   ``IN_USE`` of it): up, by the whole limit in the slow start (until the
-  first decrease), by 1 after it;
+  first decrease), by 1 after it, once such rounds have come
+  ``patience`` times in a row: 1 at first, doubled (up to
+  ``MAX_PATIENCE``) each time a rise is followed by a round with a queue,
+  back to 1 when a rise holds. So at the server's knee, where each probe
+  past it queues, the probes grow rarer, and the queue they cost with them;
 * else it holds.
 
 So it settles where the server's throughput stops growing and before its
@@ -64,6 +68,9 @@ FLAT: Final = 0.9
 
 GROWING: Final = 0.75
 """Step growth per extra sequence below which a bigger batch still pays."""
+
+MAX_PATIENCE: Final = 16
+"""The most rounds of room a rise waits for, after rises that found a queue."""
 
 IN_USE: Final = 0.75
 """The share of the limit the calls of a round must hold for it to grow."""
@@ -114,6 +121,9 @@ class LatencySignal:
         "_growth",
         "_growth_calls",
         "_in_flight",
+        "_patience",
+        "_quiet",
+        "_rose",
         "_time",
         "_window",
     )
@@ -127,6 +137,11 @@ class LatencySignal:
         # When the latest verdict moved the limit: calls granted before it
         # teach the floors, not the round.
         self._changed_at = -math.inf
+        # Rounds of room in a row, and how many a rise waits for: 1, doubled
+        # each time a rise finds the server's queue, back to 1 when one holds.
+        self._quiet = 0
+        self._patience = 1
+        self._rose = False
         # This round's sums.
         self._calls = 0
         self._excess = 0.0  # seconds past the first-token floors (see observe)
@@ -213,15 +228,31 @@ class LatencySignal:
         self._calls = self._in_flight = self._growth_calls = 0
         self._excess = self._time = self._growth = 0.0
         if queue > QUEUED:
+            if self._rose:
+                # The latest rise found the server's queue: probe past the
+                # limit it came from less often from now on.
+                self._patience = min(2 * self._patience, MAX_PATIENCE)
+            self._rose = False
+            self._quiet = 0
             return -max(1, math.floor(queue))
         if growth is not None and growth >= FLAT:
+            self._rose = False
+            self._quiet = 0
             return -1
         if (
             queue < IDLE_QUEUE
             and (growth is None or growth < GROWING)
             and in_flight >= IN_USE * limit
         ):
-            return 1
+            if self._rose:
+                self._patience = 1  # the latest rise held: rise at once again
+            self._quiet += 1
+            if self._quiet >= self._patience:
+                self._rose = True
+                self._quiet = 0
+                return 1
+            return 0
+        self._rose = False
         return 0
 
 
