@@ -14,6 +14,9 @@ import trio
 import trio.testing
 
 from trio_dispatch import AdaptiveLimit, open_dispatcher
+from trio_dispatch.events import DispatchEvent, LimitChanged
+
+from .._events import record
 
 
 async def test_reports_move_a_latency_limit_end_to_end(
@@ -36,6 +39,31 @@ async def test_reports_move_a_latency_limit_end_to_end(
         assert dispatcher.limits() == {"p": 4}
         stats = dispatcher.statistics().providers["p"]
         assert (stats.limit, stats.adaptive) == (4, True)
+
+
+async def test_a_latency_limits_moves_are_events(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    spec = AdaptiveLimit(initial=2, maximum=16, signal="latency")
+    seen: list[DispatchEvent] = []
+    async with (
+        open_dispatcher({"p": spec}) as dispatcher,
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(record, dispatcher, seen)
+        async with dispatcher.slot("p") as a, dispatcher.slot("p") as b:
+            now = trio.current_time()
+            for slot in (a, b):
+                slot.report_timing(
+                    first_token_at=now,
+                    last_token_at=now,
+                    output_tokens=1,
+                    prompt_tokens=10,
+                )
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    moves = [event for event in seen if isinstance(event, LimitChanged)]
+    assert moves == [LimitChanged(provider="p", at=0.0, limit=4, previous=2)]
 
 
 async def test_reports_leave_other_limits_alone(
