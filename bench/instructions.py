@@ -11,29 +11,45 @@ load-independent side of ``bench/handoff.py``'s wall-clock medians.
 Workloads: contended (200 tasks taking a slot of a limit of 8 in turn,
 each holding it across one checkpoint) and uncontended (one task, limit
 8). ``valgrind`` must be on ``PATH``.
+
+``--floor`` adds the contended workload through the same path (the slot,
+the messages, the scheduler actor) over a minimal policy of a dozen lines
+(a heap of tickets and a set of holders, no tenants, models, budgets or
+pauses): the cost of the one path itself, without the rules, beside
+``CapacityLimiter``'s.
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 import pathlib
 import re
 import shutil
 import subprocess
 import sys
 import time
-from typing import Final, final
+from typing import TYPE_CHECKING, Final, final
 
 import attrs
 import trio
 
 from trio_dispatch import open_dispatcher
+from trio_dispatch.lowlevel import SchedulerActor, open_dispatcher_with
 
 import _common
+
+if TYPE_CHECKING:
+    from trio_dispatch.lowlevel import BackendSetup, Ticket
 
 TASKS: Final = 200
 LIMIT: Final = 8
 #: The cycles of the small and the large run of each workload.
-SIZES: Final = {"contended": (10, 40), "uncontended": (1_000, 11_000)}
+SIZES: Final = {
+    "contended": (10, 40),
+    "uncontended": (1_000, 11_000),
+    "contended, minimal policy": (10, 40),
+}
 WHO: Final = ("trio-dispatch", "CapacityLimiter")
 
 
@@ -63,6 +79,67 @@ async def _contended_theirs(cycles: int) -> None:
             nursery.start_soon(worker)
 
 
+@final
+class MinimalPolicy:
+    """The least a policy does for the contended workload: a heap and a set.
+
+    Oldest ticket first among those waiting, ``limit`` holders at most;
+    the scheduler actor drives it as it drives ``SlotPolicy``.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.wake_at = self.paused_until = None
+        self._holders: set[Ticket] = set()
+        self._waiting: list[Ticket] = []
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._holders)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def advance(self, now: float) -> None:
+        pass
+
+    def acquire(self, ticket: Ticket, tokens: int = 0) -> list[Ticket]:
+        if len(self._holders) < self.limit and not self._waiting:
+            self._holders.add(ticket)
+            return [ticket]
+        heapq.heappush(self._waiting, ticket)
+        return []
+
+    def release(self, ticket: Ticket) -> list[Ticket]:
+        self._holders.discard(ticket)
+        if not self._waiting:
+            return []
+        granted = heapq.heappop(self._waiting)
+        self._holders.add(granted)
+        return [granted]
+
+    def set_limit(self, limit: int) -> list[Ticket]:
+        self.limit = limit
+        return []
+
+
+async def _contended_floor(cycles: int) -> None:
+    def minimal(setup: BackendSetup) -> SchedulerActor:
+        return SchedulerActor(setup.provider, MinimalPolicy(LIMIT))  # type: ignore[arg-type]  # SlotPolicy's part that the workload uses
+
+    async with open_dispatcher_with(minimal, {"p": LIMIT}) as dispatcher:
+
+        async def worker() -> None:
+            for _ in range(cycles):
+                async with dispatcher.slot("p"):
+                    await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(TASKS):
+                nursery.start_soon(worker)
+
+
 async def _uncontended_ours(cycles: int) -> None:
     async with open_dispatcher({"p": LIMIT}) as dispatcher:
         for _ in range(cycles):
@@ -82,12 +159,13 @@ WORKLOADS: Final = {
     ("contended", "CapacityLimiter"): _contended_theirs,
     ("uncontended", "trio-dispatch"): _uncontended_ours,
     ("uncontended", "CapacityLimiter"): _uncontended_theirs,
+    ("contended, minimal policy", "trio-dispatch"): _contended_floor,
 }
 
 
 def cycles_between(workload: str, small: int, large: int) -> int:
     """How many hand-off cycles the large run makes more than the small one."""
-    return (large - small) * (TASKS if workload == "contended" else 1)
+    return (large - small) * (TASKS if workload.startswith("contended") else 1)
 
 
 _COLLECTED: Final = re.compile(r"Collected : (\d+)")
@@ -189,16 +267,25 @@ class InstructionsReport:
         return "\n".join(lines) + "\n"
 
 
-def run_instructions() -> InstructionsReport:
-    """Count every workload; needs ``valgrind``."""
+def run_instructions(*, floor: bool = False) -> InstructionsReport:
+    """Count every workload (the minimal policy's too, with ``floor``); needs ``valgrind``.
+
+    The minimal policy's row is set beside ``CapacityLimiter``'s contended
+    count: the same workload on their side.
+    """
     rows = []
+    theirs: dict[str, float] = {}
     for workload, (small, large) in SIZES.items():
+        floor_row = workload == "contended, minimal policy"
+        if floor_row and not floor:
+            continue
         per_cycle = {}
-        for who in WHO:
+        for who in WHO[:1] if floor_row else WHO:
             _common.show_progress(f"{workload}, {who}")
             difference = _count(workload, who, large) - _count(workload, who, small)
             per_cycle[who] = difference / cycles_between(workload, small, large)
-        rows.append(Row(workload, per_cycle[WHO[0]], per_cycle[WHO[1]]))
+        theirs[workload] = per_cycle.get(WHO[1], theirs.get("contended", math.nan))
+        rows.append(Row(workload, per_cycle[WHO[0]], theirs[workload]))
     return InstructionsReport(tuple(rows), _common.environment())
 
 
@@ -210,12 +297,17 @@ def main(argv: list[str] | None = None) -> int:
         trio.run(WORKLOADS[workload, who], cycles)
         return 0
     parser = _common.command_line(__doc__)
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="add the contended workload over a minimal policy (the path alone)",
+    )
     options = parser.parse_args(args)
     if shutil.which("valgrind") is None:
         print("bench/instructions.py needs valgrind on PATH", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    report = run_instructions()
+    report = run_instructions(floor=options.floor)
     _common.finish(report, json_path=options.json, started=started)
     return 0
 

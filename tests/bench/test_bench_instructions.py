@@ -65,3 +65,38 @@ def test_a_real_count_grows_with_the_cycles() -> None:
     few = bench._count("uncontended", "CapacityLimiter", 10)
     more = bench._count("uncontended", "CapacityLimiter", 2_010)
     assert 0 < few < more
+
+
+def test_the_floor_row_is_the_minimal_policy_beside_capacity_limiters_contended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A count per (workload, who, cycles), so the rows show where each came from.
+    base = {
+        ("contended", "trio-dispatch"): 120_000,
+        ("contended", "CapacityLimiter"): 80_000,
+        ("uncontended", "trio-dispatch"): 100_000,
+        ("uncontended", "CapacityLimiter"): 50_000,
+        ("contended, minimal policy", "trio-dispatch"): 96_000,
+    }
+    asked: list[tuple[str, str]] = []
+
+    def count(workload: str, who: str, cycles: int) -> int:
+        asked.append((workload, who))
+        return (
+            base[workload, who]
+            * cycles
+            * (bench.TASKS if workload.startswith("contended") else 1)
+        )
+
+    monkeypatch.setattr(bench, "_count", count)
+    plain = bench.run_instructions()
+    assert [row.workload for row in plain.rows] == ["contended", "uncontended"]
+    floored = bench.run_instructions(floor=True)
+    floor = floored.rows[-1]
+    assert (floor.workload, floor.ours, floor.theirs) == (
+        "contended, minimal policy",
+        96_000,
+        80_000,
+    )
+    # CapacityLimiter's contended count is not taken again for it.
+    assert asked.count(("contended, minimal policy", "CapacityLimiter")) == 0
