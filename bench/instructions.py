@@ -40,6 +40,9 @@ from trio_dispatch.lowlevel import SchedulerActor, open_dispatcher_with
 import _common
 
 if TYPE_CHECKING:
+    import contextlib
+
+    from trio_dispatch import Dispatcher
     from trio_dispatch.lowlevel import BackendSetup, Ticket
 
 TASKS: Final = 200
@@ -53,8 +56,10 @@ SIZES: Final = {
 WHO: Final = ("trio-dispatch", "CapacityLimiter")
 
 
-async def _contended_ours(cycles: int) -> None:
-    async with open_dispatcher({"p": LIMIT}) as dispatcher:
+async def _contended_through(
+    opened: contextlib.AbstractAsyncContextManager[Dispatcher], cycles: int
+) -> None:
+    async with opened as dispatcher:
 
         async def worker() -> None:
             for _ in range(cycles):
@@ -64,6 +69,10 @@ async def _contended_ours(cycles: int) -> None:
         async with trio.open_nursery() as nursery:
             for _ in range(TASKS):
                 nursery.start_soon(worker)
+
+
+async def _contended_ours(cycles: int) -> None:
+    await _contended_through(open_dispatcher({"p": LIMIT}), cycles)
 
 
 async def _contended_theirs(cycles: int) -> None:
@@ -128,16 +137,7 @@ async def _contended_floor(cycles: int) -> None:
     def minimal(setup: BackendSetup) -> SchedulerActor:
         return SchedulerActor(setup.provider, MinimalPolicy(LIMIT))  # type: ignore[arg-type]  # SlotPolicy's part that the workload uses
 
-    async with open_dispatcher_with(minimal, {"p": LIMIT}) as dispatcher:
-
-        async def worker() -> None:
-            for _ in range(cycles):
-                async with dispatcher.slot("p"):
-                    await trio.lowlevel.checkpoint()
-
-        async with trio.open_nursery() as nursery:
-            for _ in range(TASKS):
-                nursery.start_soon(worker)
+    await _contended_through(open_dispatcher_with(minimal, {"p": LIMIT}), cycles)
 
 
 async def _uncontended_ours(cycles: int) -> None:

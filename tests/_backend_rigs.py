@@ -61,7 +61,7 @@ class CountingBackend:
     """The local scheduler of one provider, counting the calls it gets.
 
     Each message is counted under the name of what it asks
-    (``"acquire"``, ``"set_tenant"``...). With ``refusal`` or
+    (``"acquire"``, ``"set_tenant"``...), and kept in ``sent``, in order. With ``refusal`` or
     ``granting_at`` set, it answers an ``Acquire``
     itself, through the ``Reply``'s public names, instead of the local
     scheduler: refused with ``refusal``, or granted at ``granting_at``.
@@ -74,6 +74,7 @@ class CountingBackend:
             else SchedulerActor.from_setup(provider)
         )
         self.calls: collections.Counter[str] = collections.Counter()
+        self.sent: list[SchedulerMessage] = []
         self.refusal: Exception | None = None
         self.granting_at: float | None = None
 
@@ -92,6 +93,7 @@ class CountingBackend:
 
     def send(self, message: SchedulerMessage) -> None:
         self.calls[_CALLED[type(message)]] += 1
+        self.sent.append(message)
         if isinstance(message, Acquire) and self.refusal is not None:
             message.reply.refused(self.refusal)
         elif isinstance(message, Acquire) and self.granting_at is not None:

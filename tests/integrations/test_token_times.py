@@ -19,12 +19,7 @@ from trio_dispatch._integrations._metering import (
     estimate_json_prompt_tokens,
     estimate_prompt_tokens,
 )
-from trio_dispatch.lowlevel import (
-    ObserveLatency,
-    Release,
-    SchedulerActor,
-    open_dispatcher_with,
-)
+from trio_dispatch.lowlevel import ObserveLatency, Release, open_dispatcher_with
 from trio_dispatch.messages import ChatMessage, ChatRequest
 from trio_dispatch.testing import (
     FakeLLMServer,
@@ -34,11 +29,12 @@ from trio_dispatch.testing import (
     StreamingASGITransport,
 )
 
+from .._backend_rigs import Made
+
 if TYPE_CHECKING:
     import trio.testing
 
-    from trio_dispatch import ProviderStatistics
-    from trio_dispatch.lowlevel import BackendSetup, SchedulerMessage, Ticket
+    from trio_dispatch.lowlevel import SchedulerMessage
 
 REQUEST = ChatRequest([ChatMessage("user", "x" * 400)], max_tokens=100)
 # Five tokens: the first 0.5 s after the request, then one every 0.1 s.
@@ -48,40 +44,6 @@ REPLY = FakeReply(
     time_to_first_token=0.5,
     tokens_per_second=10,
 )
-
-
-class Recording:
-    """The local scheduler, recording every message it is sent."""
-
-    def __init__(self, setup: BackendSetup, sent: list[SchedulerMessage]) -> None:
-        self._actor = SchedulerActor.from_setup(setup)
-        self._sent = sent
-
-    @property
-    def provider(self) -> str:
-        return self._actor.provider
-
-    def ticket(
-        self,
-        rank: float,
-        priority: int = 0,
-        tenant: str | None = None,
-        model: str | None = None,
-    ) -> Ticket:
-        return self._actor.ticket(rank, priority, tenant, model)
-
-    def send(self, message: SchedulerMessage) -> None:
-        self._sent.append(message)
-        self._actor.send(message)
-
-    def statistics(self) -> ProviderStatistics:
-        return self._actor.statistics()
-
-    def close(self) -> None:
-        self._actor.close()
-
-    async def run(self, *, stop_when_idle: bool = False) -> bool:
-        return await self._actor.run(stop_when_idle=stop_when_idle)
 
 
 def timings(sent: list[SchedulerMessage]) -> list[ObserveLatency]:
@@ -97,16 +59,14 @@ def timings(sent: list[SchedulerMessage]) -> list[ObserveLatency]:
 async def test_a_providers_answer_reports_its_token_timings(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    sent: list[SchedulerMessage] = []
+    made = Made()
     provider = ScriptedProvider(FakeScript(default=REPLY), id="p")
-    async with open_dispatcher_with(
-        lambda setup: Recording(setup, sent), {"p": 1}
-    ) as dispatcher:
+    async with open_dispatcher_with(made, {"p": 1}) as dispatcher:
         limited = wrap_provider(provider, dispatcher)
         async with limited.stream(REQUEST) as events:
             async for _ in events:
                 pass
-    (report,) = timings(sent)
+    (report,) = timings(made.backends["p"].sent)
     assert report.first_token == 0.5
     assert report.between_tokens == pytest.approx(0.1)
     assert report.duration == pytest.approx(0.9)
@@ -116,15 +76,14 @@ async def test_a_providers_answer_reports_its_token_timings(
 async def test_an_answer_left_early_reports_nothing_and_still_gives_back(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    sent: list[SchedulerMessage] = []
+    made = Made()
     provider = ScriptedProvider(FakeScript(default=REPLY), id="p")
-    async with open_dispatcher_with(
-        lambda setup: Recording(setup, sent), {"p": 1}
-    ) as dispatcher:
+    async with open_dispatcher_with(made, {"p": 1}) as dispatcher:
         limited = wrap_provider(provider, dispatcher)
         async with limited.stream(REQUEST) as events:
             await anext(aiter(events))
         assert dispatcher.statistics().providers["p"].in_flight == 0
+    sent = made.backends["p"].sent
     assert timings(sent) == []
     assert any(isinstance(m, Release) for m in sent)
 
@@ -161,10 +120,10 @@ async def test_a_transports_event_stream_reports_its_token_timings(
     # The stream's opening events (OpenAI's role, Anthropic's message_start)
     # come at once, its closing ones with the last token: neither counts.
     path, headers, body = CALLS[wire]
-    sent: list[SchedulerMessage] = []
+    made = Made()
     server = FakeLLMServer(FakeScript(default=REPLY), api_key="sk-test")
     async with (
-        open_dispatcher_with(lambda setup: Recording(setup, sent), {"p": 1}) as d,
+        open_dispatcher_with(made, {"p": 1}) as d,
         httpx2.AsyncClient(
             transport=d.transport("p", inner=StreamingASGITransport(server))
         ) as http,
@@ -175,7 +134,7 @@ async def test_a_transports_event_stream_reports_its_token_timings(
         assert response.status_code == 200
         async for _ in response.aiter_bytes():
             pass
-    (report,) = timings(sent)
+    (report,) = timings(made.backends["p"].sent)
     assert report.first_token == 0.5
     assert report.between_tokens == pytest.approx(0.1)
     assert report.duration == pytest.approx(0.9)
