@@ -624,6 +624,21 @@ class SlotPolicy:
         self._limit = limit
         return self._fill()
 
+    def apply_latency_verdict(self, change: int) -> list[Ticket]:
+        """A latency signal's verdict of a round: the limit moves by ``Adaptive.move``.
+
+        What the Redis ledger does with the verdicts each process's own
+        signal sends (the differential test holds it to this). Returns the
+        tickets a rise lets through; nothing but for a latency-signal
+        adaptive limit.
+        """
+        gate = self._gate
+        limit = None if gate is None else gate.apply_latency_verdict(change)
+        if limit is None:
+            return []
+        self._limit = limit
+        return self._fill()
+
     def observe_server_load(self, load: ServerLoad | None) -> list[Ticket]:
         """The provider's server said its ``load`` (``None``: reading it failed).
 
