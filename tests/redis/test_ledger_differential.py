@@ -639,6 +639,24 @@ LATENCY = AdaptiveLimit(initial=1, minimum=1, maximum=5, signal="latency")
             ],
             id="with_no_budget_an_unlimited_provider_grants_in_ticket_order",
         ),
+        pytest.param(
+            1,
+            None,
+            [
+                *[("acquire", 0, 0, 0)] * 6,
+                ("release", 0),
+                ("wait", 1),
+                *[("acquire", 0, 0, 0)] * 5,
+                ("set_limit", HALVING),
+                ("observe", RateLimitInfo()),
+                ("acquire", 0, 0, 0),
+                ("acquire", 0, 0, 0),
+                ("acquire", 0, 1, 0),
+                ("release", 0),
+                ("answer", 0, RateLimitInfo(requests=Quota(limit=1, remaining=0))),
+            ],
+            id="a_limit_made_adaptive_later_stamps_its_grants_with_the_time_now",
+        ),
         # A latency signal's verdicts, moved alike.
         pytest.param(
             LATENCY,

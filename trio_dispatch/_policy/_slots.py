@@ -556,7 +556,7 @@ class SlotPolicy:
         """
         if isinstance(limit, AdaptiveLimit):
             if self._gate is None:
-                self._gate = self._expecting(Throttle())
+                self._gate = self._expecting(Throttle(now=self._now))
             self._limit = self._gate.adapt(limit)
             return self._fill()
         if limit is not None:
