@@ -257,7 +257,7 @@ async def test_an_adaptive_limit_grows_on_successes_in_use_and_shrinks_per_round
         "p", "a", Plan(enqueue=[(x, float(n)) for n, x in enumerate(members)])
     )
     assert result.granted == members
-    assert result.adaptive == (2, 6, 0.5)
+    assert result.adaptive == (2, 6, 0.5, "rate_limits")
     # Granted with at least half of the limit in use: the 2nd, 3rd, 4th.
     in_use = set(await client.smembers(keys_of("ns", "p")[10]))
     assert in_use == {"a:1", "a:2", "a:3"}
@@ -311,7 +311,7 @@ async def test_a_fixed_limit_replaces_an_adaptive_one_and_a_seed_restores_it(
     client: coredis.Redis[str], ledger: Ledger
 ) -> None:
     await ledger.set_limit("p", AdaptiveLimit(initial=3, maximum=5))
-    assert (await ledger.step("p", "a")).adaptive == (1, 5, 0.9)
+    assert (await ledger.step("p", "a")).adaptive == (1, 5, 0.9, "rate_limits")
     await ledger.set_limit("p", 7)
     fixed = await ledger.step("p", "a")
     assert (fixed.limit, fixed.adaptive) == (7, None)
@@ -321,7 +321,7 @@ async def test_a_fixed_limit_replaces_an_adaptive_one_and_a_seed_restores_it(
     seeded = await ledger.step(
         "p", "a", seed=Seed(limit=AdaptiveLimit(initial=4, minimum=2, maximum=5))
     )
-    assert (seeded.limit, seeded.adaptive) == (4, (2, 5, 0.9))
+    assert (seeded.limit, seeded.adaptive) == (4, (2, 5, 0.9, "rate_limits"))
     # A limit stored wins over a seed.
     assert (await ledger.step("p", "a", seed=Seed(limit=9))).limit == 4
     assert await ledger.set_limit("p", AdaptiveLimit(initial=2, maximum=3)) == 2

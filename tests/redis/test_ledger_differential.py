@@ -6,8 +6,8 @@ atomic steps. This test holds the copy to the original: a generated
 sequence of operations (requests with a rank, a priority and a token
 estimate, releases, cancellations, rate-limit answers with and without
 ``Retry-After``, usage reports, answers with and without rate-limit
-figures, limit changes to fixed and adaptive limits, resumes, and time
-passing) is applied to a ``SlotPolicy`` and to one process's
+figures, limit changes to fixed and adaptive limits, the verdicts of a
+latency signal, resumes, and time passing) is applied to a ``SlotPolicy`` and to one process's
 ``SharedBook`` driving a ``Ledger`` on a real redis-server, and after every
 operation both must have granted the same tickets in the same order, and
 agree on the limit, the holders, the waiters, the pause left and the
@@ -43,6 +43,15 @@ model's figures alone); both sides must agree on each model's budgets too.
 A step answers the budgets of the models it met only, so the ledger's side
 is what the process sees of them (``SeenModels``, as its scheduler keeps
 them), learned budgets forgotten on both sides by the same rule.
+
+Latency. A latency-signal adaptive limit moves by the verdicts of a
+process's own ``LatencySignal``; the signal itself runs in the process,
+not in Lua, so what is held here is the move: a verdict (``verdict``: a
+change of the limit) goes to ``SlotPolicy.apply_latency_verdict`` on one
+side and with the next step on the other, and both must agree on the
+limit and on what it lets through, slow start, bounds and the rate-limit
+decreases between them included. Successes move such a limit on neither
+side.
 """
 
 from __future__ import annotations
@@ -100,8 +109,9 @@ limits = st.sampled_from([1, 2, 3, 5, None]) | st.builds(
     AdaptiveLimit,
     initial=st.integers(1, 3),
     minimum=st.just(1),
-    maximum=st.integers(3, 6),
+    maximum=st.integers(3, 9),
     backoff=st.sampled_from([0.5, 0.75, 0.9]),
+    signal=st.sampled_from(["rate_limits", "latency"]),
 )
 TENANTS = ("a", "b", "c")
 MODELS = ("m1", "m2")
@@ -147,6 +157,7 @@ operation = st.one_of(
     st.tuples(st.just("observe"), figures),
     st.tuples(st.just("set_limit"), limits),
     st.tuples(st.just("resume")),
+    st.tuples(st.just("verdict"), st.sampled_from([1, 1, 1, 0, -1, -2])),
 )
 # The same, with tenants and models.
 tenant_operation = st.one_of(
@@ -225,7 +236,10 @@ class Pair:
         await self.client.set(key, str(self.base_ms + self.ms))
 
     async def round(
-        self, observed: RateLimitInfo | None = None, model: str | None = None
+        self,
+        observed: RateLimitInfo | None = None,
+        model: str | None = None,
+        verdicts: list[int] | None = None,
     ) -> list[Ticket]:
         """Rounds of the book until nothing more is granted or published."""
         granted: list[Ticket] = []
@@ -241,8 +255,9 @@ class Pair:
                 observed_models=None
                 if model is None or observed is None
                 else {model: observed},
+                verdicts=verdicts or [],
             )
-            observed = None
+            observed = verdicts = None
             self.result = result
             self.models.update(result, self.now)
             grants = book.applied(plan, result.granted)
@@ -352,6 +367,7 @@ async def _apply(pair: Pair, op: tuple[object, ...]) -> None:
     pure: list[Ticket] = []
     observed: RateLimitInfo | None = None
     model: str | None = None
+    verdicts: list[int] = []
     pair.log.append(f"t={pair.now} {op!r}")
     if kind == "wait":
         pair.ms += 250 * _int(op[1])
@@ -425,11 +441,18 @@ async def _apply(pair: Pair, op: tuple[object, ...]) -> None:
         assert limit is None or isinstance(limit, int | AdaptiveLimit)
         pure = policy.set_limit(limit)
         await ledger.set_limit(PROVIDER, limit)
+    elif kind == "verdict":
+        # What a process's signal found at the end of a round: only a
+        # non-zero one is sent, as the scheduler sends them.
+        change = _int(op[1])
+        pure = policy.apply_latency_verdict(change)
+        if change:
+            verdicts.append(change)
     else:
         assert kind == "resume"
         pure = policy.resume()
         await ledger.resume(PROVIDER)
-    pair.compare(pure, await pair.round(observed, model))
+    pair.compare(pure, await pair.round(observed, model, verdicts))
 
 
 async def replay(
@@ -473,6 +496,7 @@ async def replay(
 
 TOKENS = Budget(tokens_per_minute=60.0)
 HALVING = AdaptiveLimit(initial=2, minimum=1, maximum=3, backoff=0.5)
+LATENCY = AdaptiveLimit(initial=1, minimum=1, maximum=5, signal="latency")
 
 
 # What the differential test found, each kept as the sequence that shows it.
@@ -614,6 +638,73 @@ HALVING = AdaptiveLimit(initial=2, minimum=1, maximum=3, backoff=0.5)
                 ("set_limit", None),
             ],
             id="with_no_budget_an_unlimited_provider_grants_in_ticket_order",
+        ),
+        pytest.param(
+            1,
+            None,
+            [
+                *[("acquire", 0, 0, 0)] * 6,
+                ("release", 0),
+                ("wait", 1),
+                *[("acquire", 0, 0, 0)] * 5,
+                ("set_limit", HALVING),
+                ("observe", RateLimitInfo()),
+                ("acquire", 0, 0, 0),
+                ("acquire", 0, 0, 0),
+                ("acquire", 0, 1, 0),
+                ("release", 0),
+                ("answer", 0, RateLimitInfo(requests=Quota(limit=1, remaining=0))),
+            ],
+            id="a_limit_made_adaptive_later_stamps_its_grants_with_the_time_now",
+        ),
+        # A latency signal's verdicts, moved alike.
+        pytest.param(
+            LATENCY,
+            None,
+            [
+                *[("acquire", 0, 0, 0)] * 6,
+                ("verdict", 1),
+                ("verdict", 1),
+                ("verdict", 1),
+                ("verdict", -2),
+                ("verdict", 1),
+                ("verdict", 1),
+            ],
+            id="a_latency_limit_doubles_in_the_slow_start_then_steps_after_a_fall",
+        ),
+        pytest.param(
+            LATENCY,
+            TOKENS,
+            [
+                ("acquire", 0, 0, 0),
+                ("acquire", 0, 0, 0),
+                ("release", 0),
+                ("acquire", 0, 0, 0),
+                ("release", 0),
+                ("verdict", -5),
+                ("verdict", 0),
+            ],
+            id="a_latency_limit_ignores_successes_and_keeps_its_minimum",
+        ),
+        pytest.param(
+            LATENCY,
+            None,
+            [
+                ("acquire", 0, 0, 0),
+                ("acquire", 0, 0, 0),
+                ("verdict", 1),
+                ("rate_limit", None),
+                ("verdict", 1),
+                ("wait", 8),
+                ("verdict", 1),
+            ],
+            id="a_rate_limit_lowers_a_latency_limit_and_ends_its_slow_start",
+        ),
+        pytest.param(
+            2,
+            None,
+            [("acquire", 0, 0, 0), ("verdict", 1), ("verdict", -1)],
+            id="verdicts_leave_a_fixed_limit_alone",
         ),
     ],
 )

@@ -287,6 +287,107 @@ async def test_configured_budgets_are_stored_again_after_redis_comes_back_empty(
         await check(other)
 
 
+LATENCY = AdaptiveLimit(initial=1, maximum=16, signal="latency")
+
+
+async def calls(
+    dispatcher: Dispatcher, count: int, *, waited: float = 0.0, queued: float = 0.0
+) -> None:
+    """``count`` calls of ``p`` in flight together, each reporting its timings.
+
+    Each holds its slot ``waited`` seconds and says its first token came
+    ``queued`` seconds after its grant (0: at the floor, the server did not
+    queue it), its last at the end.
+    """
+    async with AsyncExitStack() as held:
+        slots = [
+            await held.enter_async_context(dispatcher.slot("p")) for _ in range(count)
+        ]
+        await trio.sleep(waited)
+        for slot in slots:
+            assert slot.granted_at is not None
+            slot.report_timing(
+                first_token_at=slot.granted_at + queued,
+                last_token_at=max(slot.granted_at + queued, trio.current_time()),
+                output_tokens=1,
+                prompt_tokens=10,
+            )
+
+
+async def seen(dispatcher: Dispatcher) -> int:
+    """The fleet's limit of ``p`` as ``dispatcher`` sees it after a round of its own."""
+    async with dispatcher.slot("p"):
+        pass
+    return dispatcher.limits()["p"]
+
+
+async def test_a_latency_limit_moves_for_the_fleet_by_one_process_s_timings(
+    server: RedisServer,
+) -> None:
+    async with AsyncExitStack() as stack:
+        judge = await open_member(stack, server, {"p": LATENCY})
+        other = await open_member(stack, server, {"p": LATENCY})
+        assert await seen(other) == 1
+        assert stats(other).adaptive
+        # A round is as many calls as the limit (two at least); calls at
+        # their floors with the limit in use double it in the slow start.
+        await calls(judge, 1)
+        await calls(judge, 1)
+        await until(lambda: judge.limits() == {"p": 2})
+        assert await seen(other) == 2
+        await calls(judge, 2)
+        await until(lambda: judge.limits() == {"p": 4})
+        assert await seen(other) == 4
+        # Four calls that waited about a third of their time in the
+        # server's queue: a queue of one request and a bit, so down by one.
+        await calls(judge, 4, waited=0.2, queued=0.075)
+        await until(lambda: judge.limits() == {"p": 3})
+        assert await seen(other) == 3
+        # Out of the slow start, and probing past a queue less often: a
+        # rise after two rounds of room, by one.
+        await calls(judge, 3)
+        assert judge.limits() == {"p": 3}
+        await calls(judge, 3)
+        await until(lambda: judge.limits() == {"p": 4})
+        assert await seen(other) == 4
+        assert stats(other).adaptive
+
+
+async def test_successes_alone_leave_a_latency_limit_of_the_fleet_alone(
+    server: RedisServer,
+) -> None:
+    async with AsyncExitStack() as stack:
+        left = await open_member(stack, server, {"p": LATENCY})
+        right = await open_member(stack, server, {"p": LATENCY})
+        for dispatcher in (left, right) * 3:
+            assert await seen(dispatcher) == 1
+        # The rate-limit signal's slow start would be at 4 by now.
+        assert stats(left).limit == stats(right).limit == 1
+
+
+async def test_a_rate_limit_still_lowers_a_latency_limit_of_the_fleet(
+    server: RedisServer,
+) -> None:
+    spec = AdaptiveLimit(initial=4, maximum=16, signal="latency")
+    async with AsyncExitStack() as stack:
+        first = await open_member(stack, server, {"p": spec})
+        # The limit stored wins over a fixed one brought later.
+        second = await open_member(stack, server, {"p": 9})
+        async with first.slot("p"):
+            second.report_rate_limit("p", 0.05)
+            await until(lambda: first.limits() == {"p": 3})
+        assert second.limits() == {"p": 3}
+        # A latency limit set later, by any process, is the fleet's too,
+        # judged by the process that sees the calls.
+        second.set_limit("p", AdaptiveLimit(initial=2, maximum=8, signal="latency"))
+        with trio.fail_after(5):
+            while await seen(first) != 2:  # noqa: ASYNC110 (polling state across sockets)
+                await trio.sleep(0.01)
+        await calls(first, 2)
+        await until(lambda: first.limits() == {"p": 4})
+        assert await seen(second) == 4
+
+
 @pytest.mark.parametrize("how", ["restart", "flushall"])
 async def test_an_adaptive_limit_is_stored_again_after_redis_comes_back_empty(
     server: RedisServer, how: str

@@ -24,7 +24,6 @@ from coredis.tokens import PureToken
 
 import trio_dispatch
 from trio_dispatch import (
-    AdaptiveLimit,
     BackendUnavailable,
     DispatcherClosed,
     QueueFull,
@@ -169,28 +168,6 @@ async def test_a_stored_limit_wins_over_the_one_given_at_open(
         {"p": 9}, redis_url=server.url, namespace="other", lease=LEASE
     ) as elsewhere:
         assert elsewhere.limits() == {"p": 9}
-
-
-async def test_a_latency_limit_is_refused_for_the_fleet_at_once(
-    server: RedisServer,
-) -> None:
-    # The fleet's adaptive limit moves by rate limits only: a latency
-    # signal, which one process alone would follow, is refused, at open
-    # (before any connection) and at set_limit, which changes nothing.
-    latency = AdaptiveLimit(initial=2, maximum=8, signal="latency")
-    refused = r"^the limit of 'p' cannot be shared over redis_url: an AdaptiveLimit with signal='latency' is local only for now$"
-    with pytest.raises(ValueError, match=refused):
-        async with open_dispatcher({"p": latency}, redis_url="redis://nowhere.invalid"):
-            pass  # pragma: no cover (refused at open)
-    async with open_dispatcher(
-        {"p": 3}, redis_url=server.url, namespace="ns", lease=LEASE
-    ) as dispatcher:
-        with pytest.raises(ValueError, match=refused):
-            dispatcher.set_limit("p", latency)
-        assert dispatcher.limits() == {"p": 3}
-        # The rate-limit signal is shared as before.
-        dispatcher.set_limit("p", AdaptiveLimit(initial=5, maximum=8))
-        assert dispatcher.limits() == {"p": 5}
 
 
 async def test_set_limit_and_remove_limit_reach_every_dispatcher(

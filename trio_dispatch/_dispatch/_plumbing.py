@@ -63,7 +63,7 @@ from ..messages._protocol import (
     SetLimit,
     SetTenant,
 )
-from ._settings import check_shared_limit, check_tenant_settings
+from ._settings import check_tenant_settings
 from ._setup import BackendSetup
 from ._slot import Slot, SlotHost, acquire_unscoped
 from ._statistics import DispatcherStatistics
@@ -407,8 +407,6 @@ class Plumbing(metaclass=NoPublicConstructor):
         """``Dispatcher.set_limit``."""
         check_provider(provider)
         check_limit_value(limit)
-        if self._settings.redis_url is not None:
-            check_shared_limit(provider, limit)
         self._check_open()
         self._tell(
             provider,

@@ -211,8 +211,6 @@ class Settings:
                 raise ValueError("redis_connect_timeout needs redis_url")
         else:
             require_redis()
-            for provider, limit in (self.limits or {}).items():
-                check_shared_limit(provider, limit)
             if self.server_load:
                 raise ValueError(
                     "server_load cannot be used with redis_url: the fleet's"
@@ -255,19 +253,6 @@ def split_budgets(
         else:
             models.setdefault(provider, {})[model] = budget
     return providers, models
-
-
-def check_shared_limit(provider: str, limit: object) -> None:
-    """Refuse a limit the Redis backend cannot share: a latency-signal one.
-
-    Raises:
-        ValueError: ``limit`` is an ``AdaptiveLimit`` with ``signal="latency"``.
-    """
-    if isinstance(limit, AdaptiveLimit) and limit.signal == "latency":
-        raise ValueError(
-            f"the limit of {provider!r} cannot be shared over redis_url:"
-            " an AdaptiveLimit with signal='latency' is local only for now"
-        )
 
 
 def require_redis() -> None:

@@ -697,7 +697,6 @@ class Throttle:
         adaptive = self._adaptive
         if adaptive is None or adaptive.latency is None:
             return None
-        before = adaptive.limit
         change = adaptive.latency.observe(
             self._now,
             first_token,
@@ -705,10 +704,24 @@ class Throttle:
             duration,
             prompt_tokens,
             in_flight,
-            before,
+            adaptive.limit,
         )
-        if change:
-            adaptive.move(change)
+        return self.apply_latency_verdict(change) if change else None
+
+    def apply_latency_verdict(self, change: int) -> int | None:
+        """A round's verdict of a latency signal (``Adaptive.move``); the new limit, if it changed.
+
+        The verdict of this throttle's own signal (``observe_latency``), or
+        of a signal kept elsewhere: with ``redis_url`` each process judges
+        its own calls, and the ledger applies their verdicts to the
+        fleet's limit by this same rule. Only a latency-signal adaptive
+        limit moves.
+        """
+        adaptive = self._adaptive
+        if adaptive is None or adaptive.latency is None:
+            return None
+        before = adaptive.limit
+        adaptive.move(change)
         return adaptive.limit if adaptive.limit != before else None
 
     def report_usage(self, ticket: Ticket, tokens: int) -> bool:

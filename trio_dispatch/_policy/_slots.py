@@ -556,7 +556,7 @@ class SlotPolicy:
         """
         if isinstance(limit, AdaptiveLimit):
             if self._gate is None:
-                self._gate = self._expecting(Throttle())
+                self._gate = self._expecting(Throttle(now=self._now))
             self._limit = self._gate.adapt(limit)
             return self._fill()
         if limit is not None:
@@ -619,6 +619,21 @@ class SlotPolicy:
         limit = gate.observe_latency(
             first_token, between_tokens, duration, prompt_tokens, len(self._holders)
         )
+        if limit is None:
+            return []
+        self._limit = limit
+        return self._fill()
+
+    def apply_latency_verdict(self, change: int) -> list[Ticket]:
+        """A latency signal's verdict of a round: the limit moves by ``Adaptive.move``.
+
+        What the Redis ledger does with the verdicts each process's own
+        signal sends (the differential test holds it to this). Returns the
+        tickets a rise lets through; nothing but for a latency-signal
+        adaptive limit.
+        """
+        gate = self._gate
+        limit = None if gate is None else gate.apply_latency_verdict(change)
         if limit is None:
             return []
         self._limit = limit

@@ -175,6 +175,10 @@ class SharedBook:
         """The tickets holding a lease."""
         return frozenset(self._holders)
 
+    def holds(self, ticket: Ticket) -> bool:
+        """Whether ``ticket`` holds a lease."""
+        return ticket in self._holders
+
     def acquire(
         self, ticket: Ticket, start: float, arrival: float, tokens: int = 0
     ) -> None:

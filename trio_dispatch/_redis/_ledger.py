@@ -138,7 +138,8 @@ class StepResult:
         paused_for: Seconds left of the pause, or 0.
         server_time: The server's clock, in seconds.
         budget: The provider's budgets, if it has any.
-        adaptive: An adaptive limit's bounds and backoff, if the limit is one.
+        adaptive: An adaptive limit's bounds, backoff and signal, if the
+            limit is one.
         tenants: The tenants configured or in play, fleet-wide (once
             tenants are counted), by name.
         models: The budgets of the models the step met (those of its
@@ -158,7 +159,7 @@ class StepResult:
     paused_for: float
     server_time: float
     budget: LedgerBudget | None = None
-    adaptive: tuple[int, int, float] | None = None
+    adaptive: tuple[int, int, float, str] | None = None
     tenants: dict[str, LedgerTenant] = attrs.field(factory=dict)
     models: dict[str, LedgerBudget] = attrs.field(factory=dict)
     counting: bool = False
@@ -380,11 +381,11 @@ def _models_of(rows: list[str]) -> dict[str, LedgerBudget]:
     return models
 
 
-def _bounds_of(text: str) -> tuple[int, int, float] | None:
+def _bounds_of(text: str) -> tuple[int, int, float, str] | None:
     if not text:
         return None
-    low, high, backoff = text.split(",")
-    return int(low), int(high), float(backoff)
+    low, high, backoff, signal = text.split(",")
+    return int(low), int(high), float(backoff), signal or "rate_limits"
 
 
 def _limit_of(stored: object) -> int | None:
@@ -533,6 +534,7 @@ class Ledger:
         seed: Seed | None = None,
         observed: RateLimitInfo | None = None,
         observed_models: Mapping[str, RateLimitInfo] | None = None,
+        verdicts: Sequence[int] = (),
     ) -> StepResult:
         """Apply one round of a process's changes (``plan``), in order, atomically.
 
@@ -543,7 +545,9 @@ class Ledger:
         saw) or there is none, it stores again each setting of the seed
         the namespace does not hold, and no other; without, if ``epoch``
         is given and the namespace's is another, it does nothing and
-        raises ``NamespaceLost``. Then it applies the plan's
+        raises ``NamespaceLost``. Then it applies ``verdicts`` (the
+        process's latency signal's, in order) to a latency-signal adaptive
+        limit, as ``Adaptive.move`` does; then the plan's
         ``spoil`` and ``usage``, releases, withdraws, enqueues or renews
         its entries (a member's start the same each time it is sent),
         renews its leases, marks its ``answered`` leases as counted by the
@@ -570,6 +574,7 @@ class Ledger:
             epoch=epoch,
             seed=seed,
             observed=figures,
+            verdicts=verdicts,
         )
         clock = self.clock
         sent = clock.local()

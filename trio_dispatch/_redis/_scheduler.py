@@ -55,6 +55,7 @@ from .._exceptions import DispatcherClosed, QueueFull
 from .._observe._hub import EventHub
 from .._observe._translator import FLEET_PAUSE, Translator
 from .._policy._budgets import AdaptiveLimit, BudgetStatistics, refilled
+from .._policy._latency import LatencySignal
 from .._policy._tenants import TenantStatistics
 from .._util import put_or_remove
 from ..actors._mailbox import Mailbox
@@ -237,6 +238,7 @@ class SharedSchedulerActor:
         "_holding",
         "_inbox",
         "_last_round",
+        "_latency",
         "_ledger",
         "_limit_writes",
         "_max_pause",
@@ -253,6 +255,7 @@ class SharedSchedulerActor:
         "_running",
         "_seq",
         "_tenant_writes",
+        "_verdicts",
         "_view",
         "book",
         "limit",
@@ -292,6 +295,13 @@ class SharedSchedulerActor:
         # The book's: lease ids stay unique when a new actor takes over.
         self._seq = book.seq
         self._limit_writes: list[int | AdaptiveLimit | None] = []
+        # A latency-signal limit: this process's own signal, over its own
+        # calls, and its verdicts not yet sent. The ledger applies them to
+        # the fleet's limit (Adaptive.move): the processes' shares of the
+        # calls make their rounds, and move the limit together as one
+        # process seeing every call would.
+        self._latency: LatencySignal | None = None
+        self._verdicts: list[int] = []
         # The latest rate-limit figures not yet sent to the ledger: the
         # provider's, and each model's.
         self._observed: RateLimitInfo | None = None
@@ -492,6 +502,7 @@ class SharedSchedulerActor:
             and not self._inbox.queue
             and not self._inbox.closed
             and not self._limit_writes
+            and not self._verdicts
             and not self._pauses
             and not self._resume
             and self._observed is None
@@ -583,18 +594,21 @@ class SharedSchedulerActor:
             self._events.limit_changed(self.limit, message.limit, now)
             self.limit = message.limit
             self._limit_writes.append(message.limit)
+            self._judge(None)
         elif isinstance(message, Adapt):
             self._events.limit_changed(self.limit, message.limit.initial, now)
             self.limit = message.limit.initial
             self._limit_writes.append(message.limit)
+            self._judge(message.limit)
         elif isinstance(message, Pause):
             self._pauses.append(message.retry_after)
         elif isinstance(message, ReportUsage):
             self.book.report_usage(message.ticket, message.tokens)
-        elif isinstance(message, ObserveLatency | ObserveServerLoad):
-            # The fleet's limit is fixed or moved by rate limits, and its
-            # grants know no server's load (open_dispatcher refuses a
-            # latency signal and server_load with redis_url).
+        elif isinstance(message, ObserveLatency):
+            self._observe_latency(message, now)
+        elif isinstance(message, ObserveServerLoad):
+            # The fleet's grants know no server's load (open_dispatcher
+            # refuses server_load with redis_url).
             return
         elif isinstance(message, ObserveRateLimits):
             if message.model is None:
@@ -603,6 +617,35 @@ class SharedSchedulerActor:
                 self._observed_models[message.model] = message.info
         else:
             self._resume = True
+
+    def _judge(self, limit: AdaptiveLimit | None) -> None:
+        """A new limit: a latency signal starts afresh for it, or there is none.
+
+        The verdicts not sent yet were of the old limit's rounds.
+        """
+        latency = limit is not None and limit.signal == "latency"
+        self._latency = LatencySignal() if latency else None
+        self._verdicts.clear()
+
+    def _observe_latency(self, message: ObserveLatency, now: float) -> None:
+        """A call of this process ended: its signal judges it, its verdict goes with the next round."""
+        signal, limit = self._latency, self.limit
+        if signal is None or limit is None or not self.book.holds(message.ticket):
+            return
+        # Its company: the fleet's calls in flight as the latest round saw
+        # them (the server serves the whole fleet), else this process's.
+        seen = self._last_round != -math.inf
+        change = signal.observe(
+            now,
+            message.first_token,
+            message.between_tokens,
+            message.duration,
+            message.prompt_tokens,
+            self._view.in_flight if seen else self.book.in_flight,
+            limit,
+        )
+        if change:
+            self._verdicts.append(change)
 
     def _acquire(self, message: Acquire, now: float) -> None:
         ticket = message.ticket
@@ -655,6 +698,7 @@ class SharedSchedulerActor:
                 plan = book.plan(self.limit, renew=renew)
                 observed, self._observed = self._observed, None
                 by_model, self._observed_models = self._observed_models, {}
+                verdicts, self._verdicts = self._verdicts, []
                 step = functools.partial(
                     self._ledger.step,
                     self.provider,
@@ -663,6 +707,7 @@ class SharedSchedulerActor:
                     waiting=book.waiting,
                     observed=observed,
                     observed_models=by_model,
+                    verdicts=verdicts,
                 )
                 try:
                     result = await step(
@@ -717,7 +762,13 @@ class SharedSchedulerActor:
         observed: RateLimitInfo | None,
         by_model: dict[str, RateLimitInfo],
     ) -> None:
-        """A round did not reach the ledger: its changes go with the next."""
+        """A round did not reach the ledger: its changes go with the next.
+
+        But for its latency verdicts: the step may have applied them with
+        its answer lost, and a move applied twice is no idempotent change
+        (a rise in the slow start would double twice). The signal's next
+        rounds judge again.
+        """
         self.book.failed(plan)
         if self._observed is None:
             self._observed = observed
@@ -813,12 +864,19 @@ class SharedSchedulerActor:
         ready_in = min(readies, default=None)
         models = self._view.models
         models.update(result, now)
+        adaptive = self._adaptive_of(result.adaptive)
+        if not self._limit_writes:
+            # The fleet's limit, as stored (perhaps by another process):
+            # judged here too if it follows latency.
+            latency = adaptive is not None and adaptive.signal == "latency"
+            if latency != (self._latency is not None):
+                self._judge(adaptive)
         self._view = SharedView(
             in_flight=result.in_flight,
             waiting=result.waiting,
             paused_until=paused_until,
             up=True,
-            adaptive=self._adaptive_of(result.adaptive),
+            adaptive=adaptive,
             budget=budget,
             budget_at=now,
             budget_ready_at=None if ready_in is None else now + ready_in,
@@ -831,25 +889,27 @@ class SharedSchedulerActor:
             self._dirty = True
 
     def _adaptive_of(
-        self, bounds: tuple[int, int, float] | None
+        self, bounds: tuple[int, int, float, str] | None
     ) -> AdaptiveLimit | None:
         """The stored adaptive limit, at its current value (``self.limit``)."""
         if bounds is None or self.limit is None:
             return None
-        low, high, backoff = bounds
+        low, high, backoff, signal = bounds
         previous = self._view.adaptive
         if previous is not None and (
             previous.initial,
             previous.minimum,
             previous.maximum,
             previous.backoff,
-        ) == (self.limit, low, high, backoff):
+            previous.signal,
+        ) == (self.limit, low, high, backoff, signal):
             return previous
         return AdaptiveLimit(
             initial=min(high, max(low, self.limit)),
             minimum=low,
             maximum=high,
             backoff=backoff,
+            signal="latency" if signal == "latency" else "rate_limits",
         )
 
     def _emit_pause(
@@ -913,7 +973,8 @@ class SharedSchedulerActor:
         for ticket in book.holders():
             book.release(ticket)
         plan = book.plan(self.limit, renew=False)
-        if not (plan.release or plan.withdraw or self._limit_writes):
+        verdicts, self._verdicts = self._verdicts, []
+        if not (plan.release or plan.withdraw or self._limit_writes or verdicts):
             return
         # Cleanup awaits only shielded, and briefly: what is not given
         # back here expires after the lease. A limit set just before the
@@ -921,7 +982,9 @@ class SharedSchedulerActor:
         with trio.move_on_after(1.0, shield=True):
             try:
                 await self._write()
-                await self._ledger.step(self.provider, book.node, plan)
+                await self._ledger.step(
+                    self.provider, book.node, plan, verdicts=verdicts
+                )
             except BACKEND_ERRORS:
                 book.failed(plan)
 

@@ -100,11 +100,18 @@ def load_scripts(clock: str | None = None) -> Scripts:
 
 
 def limit_spec(limit: int | AdaptiveLimit | None) -> str:
-    """A limit as the scripts take it: ``none``, ``N``, or ``N,min,max,backoff``."""
+    """A limit as the scripts take it: ``none``, ``N``, or ``N,min,max,backoff,signal``.
+
+    The signal is ``latency``, or empty for the rate-limit one.
+    """
     if limit is None:
         return "none"
     if isinstance(limit, AdaptiveLimit):
-        return f"{limit.initial},{limit.minimum},{limit.maximum},{limit.backoff!r}"
+        signal = "latency" if limit.signal == "latency" else ""
+        return (
+            f"{limit.initial},{limit.minimum},{limit.maximum},{limit.backoff!r},"
+            f"{signal}"
+        )
     return str(limit)
 
 
@@ -261,6 +268,7 @@ class Plan:
         epoch: str,
         seed: Seed | None,
         observed: Sequence[tuple[str | None, RateLimitInfo]],
+        verdicts: Sequence[int] = (),
     ) -> list[str]:
         """``ARGV``, in the script's order.
 
@@ -277,6 +285,9 @@ class Plan:
             observed: Rate-limit figures to learn from: each with the
                 model whose answer they came with, or ``None`` for the
                 provider's.
+            verdicts: The non-zero verdicts of the process's latency
+                signal since its last round, in order: each a change of
+                the fleet's limit (``Adaptive.move``).
         """
         args = [
             node,
@@ -290,6 +301,7 @@ class Plan:
         ]
         for model, info in observed:
             args += (model or "", figures_arg(info))
+        args += _counted([str(int(change)) for change in verdicts])
         args += _counted(self.spoil)
         args.append(str(len(self.usage)))
         for lease_id, tokens in self.usage:

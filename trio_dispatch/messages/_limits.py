@@ -125,7 +125,8 @@ class AdaptiveLimit:
     answers still bring it down by ``backoff``. Each call is measured where
     it is made: ``Dispatcher.transport``, ``wrap_provider`` and
     conversations do it; an integration of one's own reports
-    ``Slot.report_timing``. Not with ``redis_url`` yet.
+    ``Slot.report_timing``. With ``redis_url`` each process judges its own
+    calls and the fleet's limit moves by every process's verdicts.
 
     Attributes:
         initial: The first value, from ``minimum`` to ``maximum``. With

@@ -180,24 +180,31 @@ local function stored_limit(limit)
   end
   return limit
 end
--- A limit as a process sends it: 'none', 'N', or 'N,minimum,maximum,backoff'
--- for an adaptive limit starting at N. Stores it (``conf`` then persists);
--- returns the limit.
+-- A limit as a process sends it: 'none', 'N', or
+-- 'N,minimum,maximum,backoff,signal' for an adaptive limit starting at N
+-- (signal 'latency', or empty for the rate-limit one). Stores it (``conf``
+-- then persists); returns the limit.
 local function store_limit(spec)
   redis.call('PERSIST', conf)
-  local value, low, high, backoff = string.match(spec, '^(%d+),(%d+),(%d+),(.+)$')
+  local value, low, high, backoff, signal =
+    string.match(spec, '^(%d+),(%d+),(%d+),([^,]+),?(.*)$')
   if value then
     -- The pure core's Throttle exists from its first adaptive limit on:
     -- the books of grants are kept from then (see step.lua's scopes).
     redis.call('HSET', conf, 'limit', value, 'a_min', low, 'a_max', high,
       'a_backoff', backoff, 'a_val', value, 'a_slow', 1, 'bk', 1)
+    if signal == 'latency' then
+      redis.call('HSET', conf, 'a_signal', signal)
+    else
+      redis.call('HDEL', conf, 'a_signal')
+    end
     -- A new limit: no slot held now was granted with it in use.
     redis.call('DEL', inuse)
     return value
   end
   redis.call('DEL', inuse)
   redis.call('HSET', conf, 'limit', spec)
-  redis.call('HDEL', conf, 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow')
+  redis.call('HDEL', conf, 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow', 'a_signal')
   return spec
 end
 -- Store the fleet's configured budgets of the provider (``model`` empty)

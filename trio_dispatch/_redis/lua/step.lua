@@ -11,8 +11,10 @@
 -- (model, figures) pairs: the rate-limit figures to learn from, the
 -- provider's (model empty) or a model's (each eight comma-separated fields,
 -- each possibly empty: whether requests have figures ('1'), their limit,
--- remaining and reset in seconds, then the same for tokens), then eight
--- counted lists: lease ids given back without success; (lease id, tokens)
+-- remaining and reset in seconds, then the same for tokens), then a
+-- counted list of the verdicts of latency signals (whole numbers, each a
+-- change of the limit, in the order the process's signal gave them), then
+-- eight counted lists: lease ids given back without success; (lease id, tokens)
 -- pairs of usage reports; lease ids to release; members to withdraw;
 -- (member, start, tokens, tenant, model) to enqueue or renew (tenant and
 -- model empty for none); lease ids to renew; the members that ask for a
@@ -49,11 +51,16 @@ n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   figures[j] = {ARGV[i], ARGV[i + 1]}; i = i + 2
 end
+local verdicts = {}
+n = tonumber(ARGV[i]); i = i + 1
+for j = 1, n do
+  verdicts[j] = tonumber(ARGV[i]); i = i + 1
+end
 local CONF = {'limit', 'pause_until', 'streak',
   'granted_at_report', 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow',
   'r_cap', 'r_rate', 'r_lvl', 'r_at', 'r_cfg',
   't_cap', 't_rate', 't_lvl', 't_at', 't_cfg', 'learned', 'r_own', 't_own', 'a_dec',
-  'since', 'newest', 'bk', 'xm', 't_last', 'qm', 'pa', 'qc', 'ep'}
+  'since', 'newest', 'bk', 'xm', 't_last', 'qm', 'pa', 'qc', 'ep', 'a_signal'}
 local c = redis.call('HMGET', conf, unpack(CONF))
 -- The namespace's epoch (``ep`` in ``conf``): made by the first step with a
 -- seed that finds none, so it changes only when Redis lost the namespace
@@ -354,8 +361,35 @@ local adaptive = nil
 if limit and c[5] then
   adaptive = {low = tonumber(c[5]), high = tonumber(c[6]),
     backoff = tonumber(c[7]), value = tonumber(c[8]), slow = c[9] == '1',
-    moved = false}
+    latency = c[33] == 'latency', moved = false}
   P.books = true
+end
+-- The verdicts of the processes' latency signals, each applied as
+-- Adaptive.move does: a rise doubles the whole limit during the slow start,
+-- else adds the change; a fall ends the slow start; within the bounds. Only
+-- a latency-signal adaptive limit moves by them.
+if adaptive and adaptive.latency then
+  for _, change in ipairs(verdicts) do
+    local current = math.min(adaptive.high, math.max(adaptive.low,
+      math.floor(adaptive.value)))
+    if change and change ~= 0 then
+      if change > 0 then
+        local step = change
+        if adaptive.slow then step = current end
+        adaptive.value = math.min(adaptive.high, current + step)
+      else
+        adaptive.slow = false
+        adaptive.value = math.max(adaptive.low, current + change)
+      end
+      adaptive.moved = true
+      local new = math.min(adaptive.high, math.max(adaptive.low,
+        math.floor(adaptive.value)))
+      if new ~= tonumber(limit) then
+        limit = whole(new)
+        changed = changed + 1
+      end
+    end
+  end
 end
 local spoiled = {}
 n = tonumber(ARGV[i]); i = i + 1
@@ -404,7 +438,8 @@ for j = 1, n do
     end
     local counted = keeps.inuse and redis.call('SREM', inuse, id) == 1
     forget_lease(id, true)
-    if success and counted and adaptive then adapt_up() end
+    -- A latency signal's limit moves by its verdicts alone.
+    if success and counted and adaptive and not adaptive.latency then adapt_up() end
   end
 end
 n = tonumber(ARGV[i]); i = i + 1
@@ -782,7 +817,8 @@ place_newcomers()
 -- opens a round for it (see pause.lua).
 if fresh > 0 and c[23] then redis.call('HDEL', conf, 'a_dec') end
 if adaptive and adaptive.moved then
-  redis.call('HSET', conf, 'limit', limit, 'a_val', num(adaptive.value))
+  redis.call('HSET', conf, 'limit', limit, 'a_val', num(adaptive.value),
+    'a_slow', adaptive.slow and 1 or 0)
 end
 local budget = ''
 if budgeted then
@@ -852,6 +888,7 @@ end
 local spec = ''
 if adaptive then
   spec = adaptive.low .. ',' .. adaptive.high .. ',' .. num(adaptive.backoff)
+    .. ',' .. (c[33] or '')
 end
 -- The tenants: each one's state written back (an unconfigured one with
 -- nothing held or waiting is forgotten: it starts again from the floor),
