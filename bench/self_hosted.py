@@ -876,6 +876,11 @@ def to_markdown(report: dict[str, Any]) -> str:
             f" {calibration['server_waiting_mean']:.1f} on average), seed"
             f" {config['seed']}; best fixed limit: {report['best_fixed']}.",
             "",
+            *(
+                [f"Server started with `{config['server_command']}`.", ""]
+                if config.get("server_command")
+                else []
+            ),
             f"Its queue read from {config['metrics_url']}; a call's first content"
             " chunk stands for the moment it started running (its prefill is"
             " unknown).",
@@ -1055,6 +1060,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     report["environment"] = environment(httpx2=True)
     if real:
+        report["config"]["server_command"] = args.server_command
         report["environment"] |= {
             "load_before": load_before,
             "load_after": load_average(),
