@@ -264,7 +264,8 @@ def finish_in(report: Report, out: pathlib.Path, name: str, *, started: float) -
     )
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on, as of now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -277,7 +278,7 @@ def redis_server() -> Iterator[str]:
     binary = shutil.which("redis-server")
     if binary is None:
         sys.exit("redis-server is not installed (apt-get install redis-server)")
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory() as directory:
         process = subprocess.Popen(
             [

@@ -1,8 +1,10 @@
-"""Loading the benchmark scripts of ``bench/``, which are not a package."""
+"""Loading the benchmark scripts of ``bench/``, which are not a package; a stand-in server."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,6 +14,7 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
+STAND_IN = ROOT / "tests" / "fixtures" / "llama_server_stand_in.py"
 
 
 def load_bench_script(name: str) -> types.ModuleType:
@@ -31,3 +34,19 @@ def load_bench_script(name: str) -> types.ModuleType:
     finally:
         sys.path.remove(str(BENCH))
     return module
+
+
+def llama_server_stand_in(tmp_path: Path) -> tuple[str, Path]:
+    """A command line of ``STAND_IN``, with ``{port}``, and where it will write its pid."""
+    pid_file = tmp_path / "stand_in.pid"
+    command = shlex.join([sys.executable, str(STAND_IN), "{port}", str(pid_file)])
+    return command, pid_file
+
+
+def process_gone(pid: int) -> bool:
+    """Whether no process has the id ``pid`` (any more)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
