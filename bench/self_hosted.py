@@ -24,8 +24,10 @@ By default the server is a fake one (``trio_dispatch.testing.FakeBatching``:
 6 batch slots; its throughput grows with the batch up to 6 and not beyond;
 past its slots it queues, first come first served, as vLLM, llama.cpp's
 ``llama-server``, SGLang and TGI do), run in virtual time
-(``StreamingASGITransport``, ``MockClock``): every figure is exact and
-repeatable for a seed. Its sweep runs from 1 to 32.
+(``StreamingASGITransport``, ``MockClock``): a fixed limit's figures are
+exact and repeatable for a seed; a learned limit's vary a little from run
+to run, as its moves follow the order in which trio runs the tasks ready
+together (which trio shuffles). Its sweep runs from 1 to 32.
 
 With ``--server-command`` or ``--server-url`` the server is a real one, on
 the real clock, through ``httpx2.AsyncHTTPTransport``:

@@ -1,7 +1,9 @@
 """Smoke tests of ``bench/self_hosted.py``: the fake server's run, and a real one's.
 
-Against the fake server, virtual time and seeded arrivals make the figures
-repeatable; a short run checks what holds at any length: a limit at or
+Against the fake server, virtual time and seeded arrivals make the fixed
+limits' figures repeatable (a learned limit's vary a little with trio's
+shuffled scheduling, so it is held to bounds); a short run checks what
+holds at any length: a limit at or
 below the server's slots never fills its queue nor lets a younger turn
 overtake, one above it does, the latency limit keeps the queue near empty
 with the best fixed limit's throughput, and the server's metrics keep it
