@@ -78,6 +78,28 @@ class Recording(httpx2.AsyncBaseTransport):
         return await self._inner.handle_async_request(request)
 
 
+@asynccontextmanager
+async def serving(
+    server: FakeLLMServer,
+    limit: int,
+    **options: Any,  # noqa: ANN401 (open_dispatcher's)
+) -> AsyncIterator[tuple[Dispatcher, httpx2.AsyncClient]]:
+    """A dispatcher limiting ``"vllm"`` to ``limit``, and a client to ``server``.
+
+    The client goes through the dispatcher's transport, with
+    ``server_priority``, to the server served in this run.
+    """
+    async with (
+        open_dispatcher({"vllm": limit}, **options) as d,
+        httpx2.AsyncClient(
+            transport=d.transport(
+                "vllm", inner=StreamingASGITransport(server), server_priority=True
+            )
+        ) as http,
+    ):
+        yield d, http
+
+
 async def post(
     http: httpx2.AsyncClient,
     path: str = "/v1/chat/completions",
@@ -113,14 +135,7 @@ async def test_each_call_carries_its_turns_start_in_milliseconds(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     server = FakeLLMServer(FakeScript())
-    async with (
-        open_dispatcher({"vllm": 1}) as d,
-        httpx2.AsyncClient(
-            transport=d.transport(
-                "vllm", inner=StreamingASGITransport(server), server_priority=True
-            )
-        ) as http,
-    ):
+    async with serving(server, 1) as (d, http):
         await trio.sleep(10)
         with d.turn(started_at=7.25):
             await post(http, json=CHAT)
@@ -147,14 +162,7 @@ async def test_a_priority_class_moves_the_place_by_its_credit(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     server = FakeLLMServer(FakeScript())
-    async with (
-        open_dispatcher({"vllm": 1}, priority_aging=30.0) as d,
-        httpx2.AsyncClient(
-            transport=d.transport(
-                "vllm", inner=StreamingASGITransport(server), server_priority=True
-            )
-        ) as http,
-    ):
+    async with serving(server, 1, priority_aging=30.0) as (d, http):
         with d.turn(started_at=40.0, priority=2):
             await post(http, json=CHAT)
         with d.turn(started_at=12.5, priority=0):
@@ -173,14 +181,7 @@ async def test_a_place_beyond_what_vllm_takes_is_clamped_to_its_range(
     # vLLM takes a signed 64-bit integer; a turn started at the far ends of
     # the trio clock (any finite instant is a start) gets its bounds.
     server = FakeLLMServer(FakeScript())
-    async with (
-        open_dispatcher({"vllm": 1}) as d,
-        httpx2.AsyncClient(
-            transport=d.transport(
-                "vllm", inner=StreamingASGITransport(server), server_priority=True
-            )
-        ) as http,
-    ):
+    async with serving(server, 1) as (d, http):
         for start in (1e300, -1.7e308):
             with d.turn(started_at=start):
                 await post(http, json=CHAT)
@@ -196,14 +197,7 @@ async def test_the_retry_of_a_rate_limited_call_keeps_its_place(
     server = FakeLLMServer(
         FakeScript(replies=(FakeReply(fault=Fault("rate_limit", retry_after=2.0)),))
     )
-    async with (
-        open_dispatcher({"vllm": 1}) as d,
-        httpx2.AsyncClient(
-            transport=d.transport(
-                "vllm", inner=StreamingASGITransport(server), server_priority=True
-            )
-        ) as http,
-    ):
+    async with serving(server, 1) as (d, http):
         client = openai.AsyncOpenAI(
             api_key="sk-test",
             base_url=f"{BASE}/v1",
@@ -234,14 +228,7 @@ async def test_the_openai_sdk_sends_it_and_a_priority_of_its_own_wins(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     server = FakeLLMServer(FakeScript())
-    async with (
-        open_dispatcher({"vllm": 2}) as d,
-        httpx2.AsyncClient(
-            transport=d.transport(
-                "vllm", inner=StreamingASGITransport(server), server_priority=True
-            )
-        ) as http,
-    ):
+    async with serving(server, 2) as (d, http):
         client = openai.AsyncOpenAI(
             api_key="sk-test", base_url=f"{BASE}/v1", http_client=http, max_retries=0
         )
