@@ -124,6 +124,8 @@ class LimitedProvider:
         dispatcher = self._dispatcher
         provider_id = self.provider.id
         model = model_of_provider(self.provider)
+        # Once: the charge's part and the timings' (TokenTimes).
+        prompt_tokens = estimate_prompt_tokens(request)
         # The wait for the grant is cut at the deadline; the call is not.
         # No scope at all without one: it would cost as much as the rest.
         waiting = None if math.isinf(deadline) else trio.CancelScope(deadline=deadline)
@@ -133,7 +135,9 @@ class LimitedProvider:
                 conversation_id=self.conversation_id,
                 started_at=self.started_at,
                 tokens=estimate_tokens(
-                    request, dispatcher.default_max_tokens(provider_id, model)
+                    request,
+                    dispatcher.default_max_tokens(provider_id, model),
+                    prompt_tokens,
                 ),
                 model=model,
             ) as slot:
@@ -158,7 +162,7 @@ class LimitedProvider:
                             events,
                             slot,
                             watch,
-                            TokenTimes(estimate_prompt_tokens(request)),
+                            TokenTimes(prompt_tokens),
                         )
                 except BaseException as exc:
                     if isinstance(exc, ProviderError):

@@ -94,12 +94,17 @@ def estimate_prompt_tokens(request: ChatRequest) -> int:
     return 3 + 4 * len(request.messages) + (chars + 3) // 4
 
 
-def estimate_tokens(request: ChatRequest, default_max_tokens: int) -> int:
-    """The tokens a request is charged at grant time: prompt plus answer."""
+def estimate_tokens(
+    request: ChatRequest, default_max_tokens: int, prompt_tokens: int | None = None
+) -> int:
+    """The tokens a request is charged at grant time: prompt plus answer.
+
+    ``prompt_tokens``: the prompt's ``estimate_prompt_tokens``, if made already.
+    """
     answer = request.max_tokens
-    return estimate_prompt_tokens(request) + (
-        default_max_tokens if answer is None else answer
-    )
+    if prompt_tokens is None:
+        prompt_tokens = estimate_prompt_tokens(request)
+    return prompt_tokens + (default_max_tokens if answer is None else answer)
 
 
 #: Content parts that are not text: not counted in a prompt's estimate.
