@@ -328,8 +328,9 @@ class Hold:
 
         Only if the answer is ``text/event-stream`` and ``read_timeout`` (the
         request's) is a number; any event stream's events are timed
-        (``TokenTimes``), for a latency-signal adaptive limit. The bytes the body passes on go through the
-        server-sent events decoder; reads wait at most ``read_timeout`` in
+        (``TokenTimes``), for a latency-signal adaptive limit. The bytes the
+        body passes on go through the server-sent events decoder; reads
+        wait at most ``read_timeout`` in
         all without an event dispatched, comments or not, and each event
         starts that time over. Past it, the body is closed, the slot goes
         back, and the read raises ``error(message)``: the read timeout of
