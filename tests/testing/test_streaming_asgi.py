@@ -89,7 +89,7 @@ async def test_a_response_closed_early_disconnects_the_app(
     ) as client:
         async with (
             client.stream("GET", "http://app.test/") as response,
-            contextlib.aclosing(response.aiter_bytes()) as chunks,
+            contextlib.aclosing(response.aiter_raw()) as chunks,
         ):
             assert await anext(chunks) == b"0"
         await trio.testing.wait_all_tasks_blocked()

@@ -19,7 +19,7 @@ import httpx2
 import trio
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+    from collections.abc import Awaitable, Callable, MutableMapping
     from types import TracebackType
 
     _App = Callable[..., Awaitable[None]]
@@ -27,7 +27,11 @@ if TYPE_CHECKING:
 
 @final
 class _Body(httpx2.AsyncByteStream):
-    """A response body as the app sends it; closing it disconnects the app."""
+    """A response body as the app sends it; closing it disconnects the app.
+
+    Its own iterator, not an async generator: a reader that leaves it
+    unfinished leaves nothing for the garbage collector to finalise.
+    """
 
     def __init__(
         self,
@@ -39,12 +43,17 @@ class _Body(httpx2.AsyncByteStream):
         self._disconnect = disconnect
         self._failure = failure
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._chunks:
-            yield chunk
-        if self._failure:
-            # The app failed mid-body: the client's read fails with it.
-            raise self._failure[0]
+    def __aiter__(self) -> _Body:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await self._chunks.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            if self._failure:
+                # The app failed mid-body: the client's read fails with it.
+                raise self._failure[0] from None
+            raise StopAsyncIteration from None
 
     async def aclose(self) -> None:
         self._disconnect.set()
