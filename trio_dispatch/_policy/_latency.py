@@ -17,9 +17,10 @@ fill it: the calls in flight times the share of the calls' time spent
 queued, ``in_flight * sum(excess) / sum(duration)`` over a round of calls
 (one per slot of the limit). A call's excess counts at most as much as
 the rest of its time, so that one answer delayed by anything else than
-the queue (a stall, a hiccup) weighs at most about a slot. From the second, the growth of the steps per
-extra sequence, ``(slowdown - 1) / (in_flight - 1)`` with ``slowdown`` the
-time between tokens over its floor: near 0 a bigger batch is almost free,
+the queue (a stall, a hiccup) weighs at most about a slot. From the
+second, the growth of the steps per extra sequence,
+``(slowdown - 1) / (in_flight - 1)`` with ``slowdown`` the time between
+tokens over its floor: near 0 a bigger batch is almost free,
 near 1 it only spreads the same throughput over more requests.
 
 The rule, at the end of each round:
@@ -193,21 +194,25 @@ class LatencySignal:
             or ``None`` within one.
         """
         half = self._window / 2
-        floor = self._first_token.get(_bucket(prompt_tokens))
-        if floor is None:
-            floor = self._first_token[_bucket(prompt_tokens)] = _WindowMin()
+        floor = self._first_token.setdefault(_bucket(prompt_tokens), _WindowMin())
         floor.add(first_token, now, half)
+        # At least 0: the floor is a minimum over this call's figure too.
         excess = first_token - floor.value
-        if between_tokens is not None and between_tokens > 0:
-            self._between.add(between_tokens, now, half)
+        # None too for no positive time between tokens (every token at once).
+        between = (
+            between_tokens
+            if between_tokens is not None and between_tokens > 0
+            else None
+        )
+        if between is not None:
+            self._between.add(between, now, half)
         if now - duration < self._changed_at:
             return None  # granted under the limit before the latest move
-        excess = max(0.0, excess)
         counted = min(excess, max(0.0, duration - excess))
         self._excess += counted
         self._time += duration - excess + counted
-        if between_tokens is not None and between_tokens > 0 and in_flight > 1:
-            slowdown = between_tokens / self._between.value
+        if between is not None and in_flight > 1:
+            slowdown = between / self._between.value
             self._growth += (slowdown - 1) / (in_flight - 1)
             self._growth_calls += 1
         self._calls += 1
