@@ -191,9 +191,9 @@ def open_dispatcher(
             where the server, not the dispatcher, would choose who goes
             next. No grant while requests wait there; and once the
             server's slots are learned (from a reading with a queue: the
-            server runs all it can then), none beyond them (the latest
-            ``running``, plus our grants since that reading, less our
-            slots given back since). The provider's limit still applies.
+            server runs all it can then), none beyond them (the others'
+            requests running at the latest reading, plus the slots we
+            hold now). The provider's limit still applies.
             A reading that fails (a server that stops answering, a
             callable that raises) is logged and ignored: the limit alone
             applies until one succeeds. ``statistics()`` shows the latest

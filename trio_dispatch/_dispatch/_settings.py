@@ -33,12 +33,12 @@ from .._validation import (
     redact_url,
     validator,
 )
-from ..messages._limits import AdaptiveLimit, Tenant
+from ..messages._limits import Tenant
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .._policy._budgets import Budget
+    from .._policy._budgets import AdaptiveLimit, Budget
     from .._server_load._probe import ServerLoadSource
     from ._backend import Backend
     from ._setup import BackendSetup
