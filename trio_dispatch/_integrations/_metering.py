@@ -175,7 +175,9 @@ def estimate_json_prompt_tokens(body: Mapping[str, object] | None) -> int:
 
 
 def estimate_json_tokens(
-    body: Mapping[str, object] | None, default_max_tokens: int
+    body: Mapping[str, object] | None,
+    default_max_tokens: int,
+    prompt_tokens: int | None = None,
 ) -> int:
     """The tokens a model call's JSON body is charged at grant time; 0 for none.
 
@@ -184,9 +186,12 @@ def estimate_json_tokens(
     tokens of framing per message, as ``estimate_prompt_tokens`` counts a
     ``ChatRequest``) and ``n`` answers of ``max_tokens`` (or
     ``max_completion_tokens``; ``default_max_tokens`` if neither). Any
-    other body, JSON or not (``None``), is 0.
+    other body, JSON or not (``None``), is 0. ``prompt_tokens``: the
+    body's ``estimate_json_prompt_tokens``, if made already.
     """
-    prompt = estimate_json_prompt_tokens(body)
+    prompt = (
+        estimate_json_prompt_tokens(body) if prompt_tokens is None else prompt_tokens
+    )
     if body is None or not prompt:
         return 0
     answer = _count(body.get("max_tokens"))

@@ -265,16 +265,17 @@ class Hold:
         """
         model = model_of_body(body)
         wire = format_of_path(path)
+        # Once: the timings' part and the charge's.
+        prompt = estimate_json_prompt_tokens(body)
         times = TokenTimes(
-            estimate_json_prompt_tokens(body),
-            None if wire is None else wire.decoder(provider, str),
+            prompt, None if wire is None else wire.decoder(provider, str)
         )
         slot = await adopt_kept_place(dispatcher, provider, model)
         if slot is not None:
             # The retry of a call answered "slow down": its turn's place.
             return cls(dispatcher, slot, dispatcher.hold_deadline(slot), reader, times)
         tokens = estimate_json_tokens(
-            body, dispatcher.default_max_tokens(provider, model)
+            body, dispatcher.default_max_tokens(provider, model), prompt
         )
         slot, deadline = await dispatcher.hold(provider, tokens, model)
         return cls(dispatcher, slot, deadline, reader, times)
