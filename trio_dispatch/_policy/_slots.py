@@ -616,13 +616,11 @@ class SlotPolicy:
         gate = self._gate
         if gate is None or ticket not in self._holders:
             return []
-        limit = gate.observe_latency(
-            first_token, between_tokens, duration, prompt_tokens, len(self._holders)
+        return self._latency_moved(
+            gate.observe_latency(
+                first_token, between_tokens, duration, prompt_tokens, len(self._holders)
+            )
         )
-        if limit is None:
-            return []
-        self._limit = limit
-        return self._fill()
 
     def apply_latency_verdict(self, change: int) -> list[Ticket]:
         """A latency signal's verdict of a round: the limit moves by ``Adaptive.move``.
@@ -633,7 +631,12 @@ class SlotPolicy:
         adaptive limit.
         """
         gate = self._gate
-        limit = None if gate is None else gate.apply_latency_verdict(change)
+        return self._latency_moved(
+            None if gate is None else gate.apply_latency_verdict(change)
+        )
+
+    def _latency_moved(self, limit: int | None) -> list[Ticket]:
+        """The latency signal moved the limit to ``limit`` (``None``: it did not)."""
         if limit is None:
             return []
         self._limit = limit
