@@ -712,7 +712,7 @@ class PolicyMachine(RuleBasedStateMachine):
         assert self.policy.paused_until == self.paused_until
         # Private, but a wrong streak would otherwise show only several
         # steps later, in the length of a pause.
-        assert self.policy._streak == self.rounds
+        assert self.policy._first.streak == self.rounds
 
     @invariant()
     def no_pause_outlasts_max_pause(self) -> None:

@@ -698,7 +698,8 @@ class ChoiceRun:
         self.reference = ScanningTenants()
         self.now = 0.0
         self.seq = 0
-        self.waiting: set[Ticket] = set()
+        # The waiting tickets, each in the lane of its model.
+        self.waiting: dict[Ticket, str | None] = {}
         self.holders: list[Ticket] = []
         self.choices = 0
 
@@ -711,12 +712,12 @@ class ChoiceRun:
         if kind == "arrive":
             _, rank, tenant, model = op
             ticket = self.ticket(float(rank), tenant, model)
-            self.waiting.add(ticket)
-            self.tenants.queue(ticket, now)
+            self.waiting[ticket] = ticket.model
+            self.tenants.queue(ticket, now, ticket.model)
             self.reference.queue(ticket, now)
         elif kind == "withdraw" and self.waiting:
             ticket = sorted(self.waiting)[op[1] % len(self.waiting)]
-            self.waiting.remove(ticket)
+            del self.waiting[ticket]
             self.tenants.withdraw(ticket, now, self.waiting)
             self.reference.withdraw(ticket, now)
         elif kind == "release" and self.holders:
@@ -753,9 +754,9 @@ class ChoiceRun:
             if ticket.model is not None and mask >> bit & 1:
                 blocked.append(ticket.model)  # its budget holds it back
                 continue
-            self.tenants.grant(state, ticket, self.now)
+            self.tenants.grant(state, ticket, self.now, ticket.model)
             self.reference.grant(ticket, self.now)
-            self.waiting.remove(ticket)
+            del self.waiting[ticket]
             self.holders.append(ticket)
             grants -= 1
 

@@ -114,10 +114,38 @@ throttles of the models it meets (``ModelThrottles``), so it costs the
 same however many models are idle; and a learned throttle (never a
 configured one) is forgotten once its model is idle, its buckets are full
 again and ``FORGET_AFTER`` has passed (``_budgets.forgets``).
+
+Members and pools. Everything above that is a provider's (its limit,
+throttle, models' throttles, pause and backoff, the server's load) is a
+member's: the policy has one member at first, the provider itself, and
+``add_member`` adds more; ``set_pool`` names groups of them. A waiting
+ticket is in a lane: its model (for any member), ``(model, member)`` (that
+member alone: asked for directly, or preferred, below) or ``(model,
+pool)`` (any member of the pool); ``Tenants`` queues by lane as it queues
+by model. The fill is the rule above, with "may take" per member: the
+head chosen goes to a member of its lane with room whose budgets hold it,
+trying the member it prefers first, then those with the most free slots
+(ties in the order they were added), so the load spreads; a lane with no
+such member is held back for the rest of the fill, as a model is. A
+member's own budget holding a head back closes that member for the rest
+of the fill, as it stops a lone provider's. So the invariants hold per
+member (1, 2, 5; a member never idles while a ticket it may take waits),
+and 3 across members: with the default tenant alone, each grant goes to
+the oldest waiting ticket some member with room may take.
+
+Affinity. A ticket that could go to several members and ``prefer``s one
+of them (the member of its conversation's previous call, whose prompt
+cache it would use) waits in that member's lane, at most
+``affinity_wait`` seconds from its arrival; then (at the ``tick`` that
+``wake_at`` asks for) it moves to its pool's lane, in its place, still
+trying its member first. With affinity on, the order is exact but for
+this: a ticket waiting for the member it prefers may be passed, on the
+other members, by younger tickets, for at most ``affinity_wait``.
 """
 
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING, final
 
 import attrs
@@ -130,6 +158,7 @@ from .._validation import (
     check_optional_seconds,
     check_pauses,
     check_provider,
+    check_seconds,
     check_slot_limit,
     check_text,
 )
@@ -140,19 +169,29 @@ from ._server import ServerGate
 from ._tenants import Tenants
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Iterable, Mapping
 
     from .._server_load._load import ServerLoad
     from ..messages._protocol import Ticket
     from ._budgets import BudgetStatistics
     from ._ratelimits import RateLimitInfo
-    from ._tenants import TenantStatistics
+    from ._tenants import Lane, TenantStatistics
+
+#: ``affinity_wait``'s default: how long a request waits for the member
+#: its conversation's previous call used while another member could serve it.
+DEFAULT_AFFINITY_WAIT = 2.0
 
 
 @final
 @attrs.frozen
 class PolicyStatistics:
-    """A snapshot of one policy's state and lifetime counters."""
+    """A snapshot of one policy's state and lifetime counters.
+
+    For a pool, ``limit`` is the members' limits added up (``None`` if any
+    is unlimited), ``paused_until`` the earliest end of the members'
+    pauses while every limited member is paused (``None`` otherwise), and
+    the counts are over all members; ``member_statistics`` tells each.
+    """
 
     limit: int | None
     in_flight: int
@@ -167,12 +206,200 @@ class PolicyStatistics:
 
 
 @final
+@attrs.frozen
+class MemberStatistics:
+    """One member of a policy's pool, as its policy sees it.
+
+    Attributes:
+        member: The member's name.
+        limit: Its limit, or ``None`` for unlimited.
+        in_flight: Slots it holds now.
+        waiting: Requests waiting for it alone now: asked of it directly,
+            or preferring it (affinity) for less than ``affinity_wait``.
+        paused_until: When its pause ends, or ``None``.
+        granted_total: Slots granted on it.
+        released_total: Slots it gave back.
+        peak_in_flight: The most slots it ever held at once.
+        affinity_hits: Requests that preferred it and were granted on it.
+        affinity_moves: Requests that preferred it and were granted on
+            another member (it could not take them in time).
+    """
+
+    member: str
+    limit: int | None
+    in_flight: int
+    waiting: int
+    paused_until: float | None
+    granted_total: int
+    released_total: int
+    peak_in_flight: int
+    affinity_hits: int
+    affinity_moves: int
+
+
+@final
+class _Member:
+    """One member's limit, holders, budgets, pause and backoff."""
+
+    __slots__ = (
+        "affinity_hits",
+        "affinity_moves",
+        "gate",
+        "granted_at_report",
+        "granted_total",
+        "held_back",
+        "holders",
+        "limit",
+        "models",
+        "name",
+        "paused_until",
+        "peak_in_flight",
+        "reported",
+        "server",
+        "step",
+        "streak",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        limit: int | None,
+        throttle: Throttle | None,
+        models: ModelThrottles,
+        step: float,
+    ) -> None:
+        self.name = name
+        # Budgets and the adaptive limit, when there are any (see _budgets).
+        self.gate = throttle
+        if throttle is not None and throttle.limit is not None:
+            limit = throttle.limit
+        self.limit = limit
+        self.holders: set[Ticket] = set()
+        self.models = models
+        self.paused_until: float | None = None
+        # The backoff: rounds of rate-limit reports since the last success
+        # (0: no streak), the pause of the current round without a delay,
+        # granted_total at the latest report, and the holders at the latest
+        # report that still hold (their release is not a success).
+        self.streak = 0
+        self.step = step
+        self.granted_at_report = 0
+        self.reported: set[Ticket] = set()
+        self.granted_total = 0
+        self.peak_in_flight = 0
+        self.affinity_hits = 0
+        self.affinity_moves = 0
+        # The models whose throttle held their head back at the end of the
+        # latest fill, with a slot still free: wake_at watches them.
+        self.held_back: list[str] = []
+        # The server's own load, once it is read (observe_server_load).
+        self.server: ServerGate | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<member {self.name!r} limit={self.limit} in_flight={len(self.holders)}"
+            f" paused_until={self.paused_until}>"
+        )
+
+    def room(self) -> bool:
+        """Whether it may take a grant now, budgets aside: a slot free, not paused."""
+        limit = self.limit
+        if limit is not None and (
+            self.paused_until is not None or len(self.holders) >= limit
+        ):
+            return False
+        server = self.server
+        return server is None or server.holds(len(self.holders))
+
+    def free(self) -> float:
+        """Its free slots (unlimited: infinitely many), for the choice between members."""
+        limit = self.limit
+        return float("inf") if limit is None else limit - len(self.holders)
+
+    def wake_at(self, waiting: bool) -> float | None:
+        """When this member must be looked at again: its pause ends or budget is back."""
+        paused_until = self.paused_until
+        gate = self.gate
+        if gate is None or not waiting or not gate.blocked:
+            # Read per wake-up: a model held back is looked for only here.
+            return self._wake_at_held_back(waiting) if self.held_back else paused_until
+        if self.held_back:
+            return self._wake_at_held_back(waiting)
+        if paused_until is not None and self.limit is not None:
+            return paused_until
+        return gate.ready_at()
+
+    def _wake_at_held_back(self, waiting: bool) -> float | None:
+        """``wake_at`` when some model's throttle holds its head back."""
+        paused_until = self.paused_until
+        if not waiting or (paused_until is not None and self.limit is not None):
+            return paused_until
+        models = self.models
+        times = [models[model].ready_at() for model in self.held_back]
+        gate = self.gate
+        if gate is not None and gate.blocked:
+            times.append(gate.ready_at())
+        ready = [time for time in times if time is not None]
+        return min(ready) if ready else paused_until
+
+    def unblock(self) -> None:
+        """Forget what the budgets held back: the fill looks again."""
+        if self.gate is not None:
+            self.gate.unblock()
+        held_back = self.held_back
+        if held_back:
+            models = self.models
+            for model in held_back:
+                models[model].unblock()
+            self.held_back = []
+
+    def forget(self, ticket: Ticket) -> None:
+        """Waiting ``ticket`` is no longer this member's to take: its estimates and use go."""
+        gate = self.gate
+        if gate is not None:
+            gate.forget(ticket)
+        model = ticket.model
+        if model is not None:
+            models = self.models
+            model_gate = models.get(model)
+            if model_gate is not None:
+                model_gate.forget(ticket)
+            models.use(model, -1)
+
+    def blocked(self) -> bool:
+        """Whether a budget holds back a head it may let through later."""
+        gate = self.gate
+        return bool(self.held_back) or (gate is not None and gate.blocked)
+
+    def statistics(self, waiting: int) -> MemberStatistics:
+        return MemberStatistics(
+            member=self.name,
+            limit=self.limit,
+            in_flight=len(self.holders),
+            waiting=waiting,
+            paused_until=self.paused_until,
+            granted_total=self.granted_total,
+            released_total=self.granted_total - len(self.holders),
+            peak_in_flight=self.peak_in_flight,
+            affinity_hits=self.affinity_hits,
+            affinity_moves=self.affinity_moves,
+        )
+
+
+@final
 class SlotPolicy:
-    """Oldest-first admission of tickets under a concurrency limit, shared by tenants.
+    """Oldest-first admission of tickets under concurrency limits, shared by tenants.
 
     Every method that can free a slot returns the tickets granted by that
-    call, in grant order; the caller must deliver them. ``limit=None`` means
-    unlimited: every ticket is granted at once and pauses have no effect.
+    call, in grant order; the caller must deliver them (``member_of`` says
+    on which member each was granted). ``limit=None`` means unlimited:
+    every ticket is granted at once and pauses have no effect.
+
+    The policy has one member at first, the provider itself (named
+    ``provider``, or ``""`` without one), with ``limit``, ``throttle`` and
+    ``models``; ``add_member`` makes it a pool (see the module notes). The
+    methods that concern one member take ``member=``, its name; ``None``
+    is the first member.
 
     Args:
         limit: At most this many tickets hold a slot at once, or ``None``.
@@ -189,37 +416,38 @@ class SlotPolicy:
             learn=..., now=...)``, without an adaptive limit), by model name.
         provider: The provider's name, for ``QueueFull``'s message and
             attribute, or ``None``.
+        affinity_wait: In a pool, the longest a ticket that prefers a
+            member waits for it while another member could take it, in
+            seconds; ``0``: preferences are ignored.
 
     Attributes:
         needs_clock: Whether grants and releases need the time: true once
-            a tenant was configured or a ticket with a tenant seen. The
-            caller then calls ``advance(now)`` before each call (a plain
-            attribute, read on every hand-off).
+            a tenant was configured or a ticket with a tenant seen, or a
+            ticket preferred a member. The caller then calls
+            ``advance(now)`` before each call (a plain attribute, read on
+            every hand-off).
     """
 
     __slots__ = (
+        "_affinity_wait",
         "_counting",
         "_default_pause",
         "_estimates",
-        "_gate",
-        "_granted_at_report",
+        "_expiring",
+        "_first",
         "_granted_total",
-        "_held_back",
-        "_holders",
-        "_limit",
+        "_held_by",
+        "_homes",
         "_max_pause",
         "_max_waiting",
-        "_models",
+        "_members",
         "_now",
-        "_paused_until",
         "_peak_in_flight",
         "_peak_waiting",
+        "_pools",
+        "_preferred",
         "_provider",
         "_rejected_total",
-        "_reported",
-        "_server",
-        "_step",
-        "_streak",
         "_tenants",
         "_waiting",
         "_withdrawn_total",
@@ -237,6 +465,7 @@ class SlotPolicy:
         tenants: Mapping[str, Tenant] | None = None,
         models: Mapping[str, Throttle] | None = None,
         provider: str | None = None,
+        affinity_wait: float = DEFAULT_AFFINITY_WAIT,
     ) -> None:
         if limit is not None:
             check_slot_limit(limit)
@@ -245,37 +474,38 @@ class SlotPolicy:
         configured = {} if tenants is None else dict(tenants)
         for name, settings in configured.items():
             check_tenant(name, settings)
-        throttles = {} if models is None else dict(models)
-        for model, model_throttle in throttles.items():
-            check_text(model, "model")
-            if not isinstance(model_throttle, Throttle):
-                raise TypeError(
-                    f"throttle of {model!r} must be a Throttle, got {model_throttle!r}"
-                )
-        # Budgets and the adaptive limit, when there are any (see _budgets).
-        self._gate = throttle
-        if throttle is not None and throttle.limit is not None:
-            limit = throttle.limit
+        throttles = _check_models(models)
         check_max_waiting(max_waiting)
         self._default_pause, self._max_pause = check_pauses(default_pause, max_pause)
-        self._limit = limit
+        self._affinity_wait = check_seconds(affinity_wait, "affinity_wait")
         self._max_waiting = max_waiting
         self._provider = provider
-        self._holders: set[Ticket] = set()
-        self._waiting: set[Ticket] = set()
+        self._first = _Member(
+            "" if provider is None else provider,
+            limit,
+            throttle,
+            ModelThrottles(throttles),
+            self._default_pause,
+        )
+        self._members: dict[str, _Member] = {self._first.name: self._first}
+        # Each holder's member; a removed member's holders keep theirs.
+        self._held_by: dict[Ticket, _Member] = {}
+        # The waiting tickets, each with its lane (see the module notes).
+        self._waiting: dict[Ticket, Lane] = {}
         # The estimates of the waiting tickets that have one, so that a
         # throttle made while they wait (the first figures, an adaptive
-        # limit, a model's first budget) charges them as one made before.
+        # limit, a model's first budget, a member added) charges them as
+        # one made before.
         self._estimates: dict[Ticket, int] = {}
-        self._paused_until: float | None = None
-        # The backoff: rounds of rate-limit reports since the last success
-        # (0: no streak), the pause of the current round without a delay,
-        # granted_total at the latest report, and the holders at the latest
-        # report that still hold (their release is not a success).
-        self._streak = 0
-        self._step = self._default_pause
-        self._granted_at_report = 0
-        self._reported: set[Ticket] = set()
+        # The member each waiting ticket prefers (affinity), and when each
+        # waiting only for it stops: a heap of (instant, ticket).
+        self._preferred: dict[Ticket, _Member] = {}
+        self._expiring: list[tuple[float, Ticket]] = []
+        # The lane each ticket waiting only for the member it prefers goes
+        # to when that wait ends: its pool's, or any member's.
+        self._homes: dict[Ticket, Lane] = {}
+        # The named pools: each a list of members (see set_pool).
+        self._pools: dict[str, list[_Member]] = {}
         self._granted_total = 0
         self._withdrawn_total = 0
         self._rejected_total = 0
@@ -284,17 +514,11 @@ class SlotPolicy:
         # The latest time told (advance, tick, a report): tenants' service
         # accrues in it.
         self._now = 0.0
-        # The queue: every waiting ticket, by its tenant and model (see
+        # The queue: every waiting ticket, by its tenant and lane (see
         # _tenants); service and models' use are counted from the first
         # tenant or model on.
         self._tenants = Tenants()
         self._counting = False
-        self._models = ModelThrottles(throttles)
-        # The models whose throttle held their head back at the end of the
-        # latest fill, with a slot still free: wake_at watches them.
-        self._held_back: list[str] = []
-        # The server's own load, once it is read (observe_server_load).
-        self._server: ServerGate | None = None
         self.needs_clock = False
         if configured:
             self.needs_clock = True
@@ -306,19 +530,36 @@ class SlotPolicy:
 
     def __repr__(self) -> str:
         return (
-            f"<SlotPolicy limit={self._limit} in_flight={len(self._holders)}"
-            f" waiting={len(self._waiting)} paused_until={self._paused_until}>"
+            f"<SlotPolicy limit={self.limit} in_flight={len(self._held_by)}"
+            f" waiting={len(self._waiting)} paused_until={self.paused_until}>"
         )
+
+    def _member(self, name: str | None) -> _Member:
+        """The member named ``name`` (``None``: the first)."""
+        if name is None:
+            return self._first
+        member = self._members.get(name)
+        if member is None:
+            raise ValueError(f"no member {name!r} in this policy")
+        return member
 
     @property
     def limit(self) -> int | None:
-        """The current limit, or ``None`` for unlimited."""
-        return self._limit
+        """The limit: the members' limits added up, ``None`` if any is unlimited."""
+        members = self._members
+        if len(members) == 1:
+            return self._first.limit
+        total = 0
+        for member in members.values():
+            if member.limit is None:
+                return None
+            total += member.limit
+        return total
 
     @property
     def in_flight(self) -> int:
         """How many tickets hold a slot."""
-        return len(self._holders)
+        return len(self._held_by)
 
     @property
     def waiting(self) -> int:
@@ -327,8 +568,28 @@ class SlotPolicy:
 
     @property
     def paused_until(self) -> float | None:
-        """Until when grants are paused, or ``None``."""
-        return self._paused_until
+        """Until when grants are paused, or ``None``: in a pool, while every limited member is."""
+        members = self._members
+        if len(members) == 1:
+            return self._first.paused_until
+        ends = []
+        for member in members.values():
+            if member.limit is None:
+                continue
+            if member.paused_until is None:
+                return None
+            ends.append(member.paused_until)
+        return min(ends) if ends else None
+
+    @property
+    def members(self) -> list[str]:
+        """The members' names, the first first, then in the order they were added."""
+        return list(self._members)
+
+    @property
+    def affinity_wait(self) -> float:
+        """The longest a ticket waits for the member it prefers (see ``acquire``)."""
+        return self._affinity_wait
 
     @property
     def counts_tenants(self) -> bool:
@@ -337,48 +598,62 @@ class SlotPolicy:
 
     @property
     def throttle(self) -> Throttle | None:
-        """The budgets and adaptive limit asked before each grant, or ``None``."""
-        return self._gate
+        """The first member's budgets and adaptive limit, or ``None``."""
+        return self._first.gate
 
     @property
     def throttled(self) -> bool:
-        """Whether any budget is asked: the provider's or a model's."""
-        return self._gate is not None or bool(self._models)
+        """Whether any budget is asked: a member's or a model's."""
+        return any(
+            member.gate is not None or bool(member.models)
+            for member in self._members.values()
+        )
 
     @property
     def wake_at(self) -> float | None:
-        """When the policy must be ticked next: a pause ends or budget is back."""
-        paused_until = self._paused_until
-        gate = self._gate
-        if gate is None or not self._waiting or not gate.blocked:
-            # Read per wake-up: a model held back is looked for only here.
-            return self._wake_at_held_back() if self._held_back else paused_until
-        if self._held_back:
-            return self._wake_at_held_back()
-        if paused_until is not None and self._limit is not None:
-            return paused_until
-        return gate.ready_at()
+        """When the policy must be ticked next: a pause ends, budget is back, a preference ends."""
+        waiting = bool(self._waiting)
+        members = self._members
+        if len(members) == 1:
+            wake_at = self._first.wake_at(waiting)
+        else:
+            wake_at = None
+            for member in members.values():
+                at = member.wake_at(waiting)
+                if at is not None and (wake_at is None or at < wake_at):
+                    wake_at = at
+        expiring = self._expiring
+        if expiring:
+            at = self._expiry()
+            if at is not None and (wake_at is None or at < wake_at):
+                wake_at = at
+        return wake_at
 
-    def _wake_at_held_back(self) -> float | None:
-        """``wake_at`` when some model's throttle holds its head back."""
-        paused_until = self._paused_until
-        if not self._waiting or (paused_until is not None and self._limit is not None):
-            return paused_until
-        models = self._models
-        times = [models[model].ready_at() for model in self._held_back]
-        gate = self._gate
-        if gate is not None and gate.blocked:
-            times.append(gate.ready_at())
-        ready = [time for time in times if time is not None]
-        return min(ready) if ready else paused_until
+    def _expiry(self) -> float | None:
+        """When the first ticket still waiting only for the member it prefers stops."""
+        expiring = self._expiring
+        homes = self._homes
+        while expiring:
+            if expiring[0][1] in homes:
+                return expiring[0][0]
+            heapq.heappop(expiring)  # granted, withdrawn or moved since
+        return None
 
-    def budget_statistics(self, now: float | None = None) -> BudgetStatistics | None:
-        """The budgets at ``now`` (default: the latest time told), or ``None``."""
-        return None if self._gate is None else self._gate.statistics(now)
+    def budget_statistics(
+        self, now: float | None = None, *, member: str | None = None
+    ) -> BudgetStatistics | None:
+        """A member's budgets at ``now`` (default: the latest time told), or ``None``."""
+        gate = self._member(member).gate
+        return None if gate is None else gate.statistics(now)
 
     def holders(self) -> frozenset[Ticket]:
         """The tickets that hold a slot."""
-        return frozenset(self._holders)
+        return frozenset(self._held_by)
+
+    def member_of(self, ticket: Ticket) -> str | None:
+        """The member on which ``ticket`` holds its slot, or ``None`` if it holds none."""
+        member = self._held_by.get(ticket)
+        return None if member is None else member.name
 
     def waiters(self) -> list[Ticket]:
         """The waiting tickets in ticket order: the grant order without tenants."""
@@ -386,25 +661,50 @@ class SlotPolicy:
 
     def statistics(self) -> PolicyStatistics:
         """A frozen snapshot of the state and the lifetime counters."""
+        in_flight = len(self._held_by)
         return PolicyStatistics(
-            limit=self._limit,
-            in_flight=len(self._holders),
+            limit=self.limit,
+            in_flight=in_flight,
             waiting=len(self._waiting),
-            paused_until=self._paused_until,
+            paused_until=self.paused_until,
             granted_total=self._granted_total,
             # Every grant is held until released: the released ones are
             # those granted that no longer hold.
-            released_total=self._granted_total - len(self._holders),
+            released_total=self._granted_total - in_flight,
             withdrawn_total=self._withdrawn_total,
             rejected_total=self._rejected_total,
             peak_in_flight=self._peak_in_flight,
             peak_waiting=self._peak_waiting,
         )
 
-    def acquire(self, ticket: Ticket, tokens: int = 0) -> list[Ticket]:
-        """Admit ``ticket``: grant it at once if a slot is free, else queue it.
+    def member_statistics(self) -> dict[str, MemberStatistics]:
+        """Each member's snapshot, by name, in ``members`` order."""
+        alone: dict[str, int] = {}
+        for lane in self._waiting.values():
+            name = _named(lane)
+            if name is not None:
+                alone[name] = alone.get(name, 0) + 1
+        return {
+            name: member.statistics(alone.get(name, 0))
+            for name, member in self._members.items()
+        }
+
+    def acquire(
+        self,
+        ticket: Ticket,
+        tokens: int = 0,
+        *,
+        member: str | None = None,
+        prefer: str | None = None,
+    ) -> list[Ticket]:
+        """Admit ``ticket``: grant it at once if a member can take it, else queue it.
 
         ``tokens`` is its estimated cost for a token budget (0: none).
+        ``member`` asks for that member alone; ``prefer`` prefers one (the
+        member of its conversation's previous call): while that member
+        cannot take it and another could, it waits for it at most
+        ``affinity_wait`` seconds, then goes to any. A ``prefer`` that is
+        not a member, or in a policy of one member, changes nothing.
         Returns the tickets granted by this call, in grant order:
         ``[ticket]`` when it goes at once, but also, when a budget held the
         head back and is back by now, others before it, or instead of it.
@@ -412,60 +712,107 @@ class SlotPolicy:
         Raises:
             QueueFull: It would have to wait and ``max_waiting`` tickets
                 already do. Nothing changed.
-            ValueError: The ticket is already holding or waiting.
+            ValueError: The ticket is already holding or waiting, or
+                ``member`` is not a member.
         """
         waiting = self._waiting
-        holders = self._holders
-        if ticket in holders or ticket in waiting:
+        if ticket in self._held_by or ticket in waiting:
             raise ValueError(f"ticket {ticket!r} is already known")
+        model = ticket.model
+        lane: Lane = model
+        preferred = home = None  # its lane after its wait for the member it prefers
+        if member is not None or prefer is not None:
+            lane, preferred, home = self._lane(model, member, prefer)
         if ticket.tenant is not None and not self._counting:
             # The first ticket with a tenant.
             self.needs_clock = True
             self._count()
-        gate = self._gate
-        model = ticket.model
-        models = self._models
-        model_gate = None if model is None else models.get(model)
         max_waiting = self._max_waiting
-        if (
-            max_waiting is not None
-            and len(waiting) >= max_waiting
-            and not self._grants_at_once(ticket, tokens, model_gate)
-        ):
+        full = max_waiting is not None and len(waiting) >= max_waiting
+        taker = self._taker(ticket, tokens, lane) if full or not waiting else None
+        if full and taker is None:
             raise self._refused()
+        if waiting:
+            taker = None  # it goes with the others, by the fill
         if tokens:
-            if gate is not None:
-                gate.expect(ticket, tokens)
-            if model_gate is not None:
-                model_gate.expect(ticket, tokens)
+            self._expect(ticket, tokens)
         if model is not None:
-            models.use(model, 1)
-        limit = self._limit
-        if not waiting and self._grants_at_once(ticket, tokens, model_gate):
-            # Nobody waits: a fill would choose it, alone, and grant it. So
-            # it is, here, as the fill grants, with no queue to pass through.
-            held = len(holders)
-            if gate is not None:
-                gate.take(ticket, held, limit)
-            if model_gate is not None:
-                model_gate.take(ticket, held, None)
-            self._tenants.grant_at_once(ticket, self._now)
-            holders.add(ticket)
-            self._granted_total += 1
-            self._peak_in_flight = max(self._peak_in_flight, held + 1)
-            return [ticket]
+            self._use(model)
+        if preferred is not None:
+            self._preferred[ticket] = preferred
+        if taker is not None:
+            return self._grant_at_once(taker, ticket)
         if tokens:
             self._estimates[ticket] = tokens
-        waiting.add(ticket)
-        self._tenants.queue(ticket, self._now)
-        grants = (
-            self._fill()
-            if limit is None or (self._paused_until is None and len(holders) < limit)
-            else []
-        )
+        waiting[ticket] = lane
+        self._tenants.queue(ticket, self._now, lane)
+        if preferred is not None:
+            self._homes[ticket] = home
+            heapq.heappush(self._expiring, (self._now + self._affinity_wait, ticket))
+        grants = self._fill() if self._open() else []
         if len(waiting) > self._peak_waiting:  # noqa: PLR1730  # no call on the hot path
             self._peak_waiting = len(waiting)
         return grants
+
+    def _grant_at_once(self, member: _Member, ticket: Ticket) -> list[Ticket]:
+        """Grant arriving ``ticket`` on ``member``, nobody waiting: what a fill would do."""
+        # A fill would choose it, alone, and grant it. So it is, here, as
+        # the fill grants, with no queue to pass through.
+        self._take(member, ticket)
+        self._tenants.grant_at_once(ticket, self._now)
+        self._granted_total += 1
+        held = len(self._held_by)
+        if held > self._peak_in_flight:  # noqa: PLR1730  # no call on the hot path
+            self._peak_in_flight = held
+        return [ticket]
+
+    def _lane(
+        self, model: str | None, member: str | None, prefer: str | None
+    ) -> tuple[Lane, _Member | None, Lane | None]:
+        """A new ticket's lane; the member it prefers and its lane after, if that counts.
+
+        A preference counts for a ticket that may go to several members,
+        the preferred one among them, while ``affinity_wait`` is not 0.
+        """
+        home: Lane = model
+        choices: list[_Member] | dict[str, _Member] = self._members
+        if member is not None:
+            pool = self._pools.get(member)
+            if pool is None:
+                return (model, self._member(member).name), None, None
+            home, choices = (model, member), pool
+        if prefer is None or not self._affinity_wait or len(choices) < 2:
+            return home, None, None
+        preferred = self._members.get(prefer)
+        if preferred is None or (
+            isinstance(choices, list) and preferred not in choices
+        ):
+            return home, None, None
+        self.needs_clock = True
+        return (model, prefer), preferred, home
+
+    def _open(self) -> bool:
+        """Whether some member has room (budgets aside)."""
+        first = self._first
+        if len(self._members) == 1:
+            return first.room()
+        return any(member.room() for member in self._members.values())
+
+    def _use(self, model: str) -> None:
+        """A ticket of ``model`` more waits: it counts as every member's use of it."""
+        for member in self._members.values():
+            member.models.use(model, 1)
+
+    def _expect(self, ticket: Ticket, tokens: int) -> None:
+        """Every member's budgets, and its model's, expect ``ticket`` at ``tokens``."""
+        model = ticket.model
+        for member in self._members.values():
+            if member.gate is not None:
+                member.gate.expect(ticket, tokens)
+            if model is not None:
+                model_gate = member.models.get(model)
+                if model_gate is not None:
+                    model_gate.expect(ticket, tokens)
 
     def _refused(self) -> QueueFull:
         """Count a ticket refused for a full queue; the error to raise."""
@@ -473,35 +820,85 @@ class SlotPolicy:
         assert self._max_waiting is not None  # only a bounded queue refuses
         return queue_full(self._provider, len(self._waiting), self._max_waiting)
 
-    def _grants_at_once(
-        self, ticket: Ticket, tokens: int, model_gate: Throttle | None
-    ) -> bool:
-        """Whether a fill now would grant ``ticket``, a newcomer, at once.
+    def _candidates(self, lane: Lane, ticket: Ticket) -> Iterable[_Member]:
+        """The members that may take a ticket of ``lane``, in the order they are tried.
+
+        A member's lane: that member. The lane of any member: the one
+        the ticket prefers first, then those with the most free slots
+        (ties in ``members`` order), so the load spreads.
+        """
+        members = self._members
+        if lane.__class__ is tuple:
+            name = lane[1]  # a member's or a pool's lane
+            pool = self._pools.get(name)
+            if pool is None:
+                return (members[name],)
+            ordered = sorted(pool, key=_member_key)
+        elif len(members) == 1:
+            return (self._first,)
+        else:
+            ordered = sorted(members.values(), key=_member_key)
+        preferred = self._preferred.get(ticket)
+        if preferred is not None and preferred in ordered:
+            ordered.remove(preferred)
+            ordered.insert(0, preferred)
+        return ordered
+
+    def _taker(self, ticket: Ticket, tokens: int, lane: Lane) -> _Member | None:
+        """The member a fill now would grant ``ticket``, a newcomer, on, or ``None``.
 
         Every other waiter may not take a free slot (invariant 2), so the
-        newcomer goes if it may: a slot is free, its tenant below its cap,
-        and no budget holds it back. With nobody waiting, no budget holds
-        anyone back, and the fill would choose it: then this is exactly
-        whether the fill grants it.
+        newcomer goes if it may: a member of its lane has room, its tenant
+        is below its cap, and no budget holds it back. With nobody waiting,
+        no budget holds anyone back, and the fill would choose it: then
+        this is exactly whether, and where, the fill grants it.
         """
-        limit = self._limit
-        if limit is not None and (
-            self._paused_until is not None or len(self._holders) >= limit
-        ):
-            return False
         state = self._tenants.get(ticket.tenant)
         if state is not None and state.limit is not None and state.held >= state.limit:
-            return False
+            return None
         model = ticket.model
-        if model is not None and model in self._held_back:
-            return False
-        gate = self._gate
-        if gate is not None and (gate.blocked or not gate.fits(tokens)):
-            return False
-        server = self._server
-        if server is not None and not server.holds(len(self._holders)):
-            return False
-        return model_gate is None or model_gate.fits(tokens)
+        for member in self._candidates(lane, ticket):
+            if not member.room() or (model is not None and model in member.held_back):
+                continue
+            gate = member.gate
+            if gate is not None and (gate.blocked or not gate.fits(tokens)):
+                continue
+            model_gate = None if model is None else member.models.get(model)
+            if model_gate is None or model_gate.fits(tokens):
+                return member
+        return None
+
+    def _take(self, member: _Member, ticket: Ticket) -> None:
+        """Grant ``ticket`` on ``member``: charge its budgets, forget it elsewhere."""
+        holders = member.holders
+        held = len(holders)
+        gate = member.gate
+        if gate is not None:
+            gate.take(ticket, held, member.limit)
+        model = ticket.model
+        models = member.models
+        if model is not None:
+            model_gate = models.get(model)
+            if model_gate is not None:
+                model_gate.take(ticket, held, None)
+        members = self._members
+        if len(members) > 1:
+            for other in members.values():
+                if other is not member:
+                    other.forget(ticket)
+        preferred = self._preferred
+        if preferred:
+            self._homes.pop(ticket, None)
+            prefers = preferred.pop(ticket, None)
+            if prefers is member:
+                member.affinity_hits += 1
+            elif prefers is not None:
+                prefers.affinity_moves += 1
+        holders.add(ticket)
+        self._held_by[ticket] = member
+        member.granted_total += 1
+        if held >= member.peak_in_flight:  # no call on the hot path
+            member.peak_in_flight = held + 1
 
     def _count(self) -> None:
         """Count service and models' use from now on (see the module notes)."""
@@ -509,7 +906,8 @@ class SlotPolicy:
             return
         self._counting = True
         self._tenants.restart(self._now)
-        self._models.count(self._holders, self._waiting)
+        for member in self._members.values():
+            member.models.count(member.holders, self._waiting)
 
     def release(self, ticket: Ticket) -> list[Ticket]:
         """Give back a held slot; does nothing for an unknown or finished ticket.
@@ -519,51 +917,65 @@ class SlotPolicy:
         """
         if ticket in self._waiting:
             raise RuntimeError(f"ticket {ticket!r} is waiting, not holding a slot")
-        if self._streak:
-            self._end_streak_if_success(ticket)
-        return self._release(ticket, success=True)
+        member = self._held_by.get(ticket)
+        if member is None:
+            return []
+        if member.streak:
+            _end_streak_if_success(member, ticket)
+        return self._release(member, ticket, success=True)
 
     def cancel(self, ticket: Ticket) -> list[Ticket]:
         """Withdraw a waiting ticket, or release it if it was already granted."""
         waiting = self._waiting
         if ticket not in waiting:
+            member = self._held_by.get(ticket)
+            if member is None:
+                return []
             # A grant that raced a cancellation: never sent, so not a success.
-            if self._streak:
-                self._reported.discard(ticket)
-            return self._release(ticket, success=False)
-        waiting.discard(ticket)
-        self._estimates.pop(ticket, None)
+            if member.streak:
+                member.reported.discard(ticket)
+            return self._release(member, ticket, success=False)
+        self._withdraw(ticket)
         self._withdrawn_total += 1
-        self._tenants.withdraw(ticket, self._now, waiting)
-        gate = self._gate
-        if gate is not None:
-            gate.forget(ticket)
-        model = ticket.model
-        if model is not None:
-            model_gate = self._models.get(model)
-            if model_gate is not None:
-                model_gate.forget(ticket)
-            self._models.use(model, -1)
         # It may have been a head a budget held back.
         return self._refill()
 
-    def set_limit(self, limit: int | AdaptiveLimit | None) -> list[Ticket]:
-        """Change the limit.
+    def _withdraw(self, ticket: Ticket) -> None:
+        """Waiting ``ticket`` stops waiting, ungranted."""
+        waiting = self._waiting
+        del waiting[ticket]
+        self._estimates.pop(ticket, None)
+        if self._preferred:
+            self._preferred.pop(ticket, None)
+            self._homes.pop(ticket, None)
+        self._tenants.withdraw(ticket, self._now, waiting)
+        for member in self._members.values():
+            member.forget(ticket)
+
+    def set_limit(
+        self, limit: int | AdaptiveLimit | None, *, member: str | None = None
+    ) -> list[Ticket]:
+        """Change a member's limit.
 
         Raising it grants at once; lowering it lets the holders finish. An
         ``AdaptiveLimit`` starts at its ``initial`` value and moves on its
         own from there; an int or ``None`` replaces it.
+
+        Raises:
+            ValueError: ``member`` is not a member, or the limit is not
+                a positive integer.
         """
+        chosen = self._member(member)
         if isinstance(limit, AdaptiveLimit):
-            if self._gate is None:
-                self._gate = self._expecting(Throttle(now=self._now))
-            self._limit = self._gate.adapt(limit)
+            if chosen.gate is None:
+                chosen.gate = self._expecting(Throttle(now=self._now))
+            chosen.limit = chosen.gate.adapt(limit)
             return self._fill()
         if limit is not None:
             check_slot_limit(limit)
-        if self._gate is not None:
-            self._gate.adapt(None)
-        self._limit = limit
+        if chosen.gate is not None:
+            chosen.gate.adapt(None)
+        chosen.limit = limit
         return self._fill()
 
     def advance(self, now: float) -> None:
@@ -573,29 +985,35 @@ class SlotPolicy:
         """
         if now > self._now:  # noqa: PLR1730  # no call on the hot path
             self._now = now
-        if self._gate is not None:
-            self._gate.advance(now)
-        # A model's throttle is brought to the time when its model is used
-        # (ModelThrottles.get): idle models cost a grant nothing.
-        self._models.advance(now)
+        for member in self._members.values():
+            if member.gate is not None:
+                member.gate.advance(now)
+            # A model's throttle is brought to the time when its model is
+            # used (ModelThrottles.get): idle models cost a grant nothing.
+            member.models.advance(now)
 
     def report_usage(self, ticket: Ticket, tokens: int) -> list[Ticket]:
         """The request of held ``ticket`` used ``tokens`` in all: correct its charge."""
-        gate = self._gate
-        model_gate = self._models.get(ticket.model)
+        member = self._held_by.get(ticket)
+        if member is None:
+            return []
+        model_gate = member.models.get(ticket.model)
         if model_gate is not None:
             model_gate.report_usage(ticket, tokens)
-        if gate is not None:
-            gate.report_usage(ticket, tokens)
+        if member.gate is not None:
+            member.gate.report_usage(ticket, tokens)
         # Tokens given back may let a held-back head through.
         return self._refill()
 
     def answered(self, ticket: Ticket) -> None:
         """The answer of held ``ticket`` started: the server has counted it."""
-        if self._gate is not None:
-            self._gate.answered(ticket)
-        if self._models:
-            model_gate = self._models.get(ticket.model)
+        member = self._held_by.get(ticket)
+        if member is None:
+            return
+        if member.gate is not None:
+            member.gate.answered(ticket)
+        if member.models:
+            model_gate = member.models.get(ticket.model)
             if model_gate is not None:
                 model_gate.answered(ticket)
 
@@ -609,57 +1027,69 @@ class SlotPolicy:
     ) -> list[Ticket]:
         """Held ``ticket``'s call ended with these timings (``Slot.report_timing``).
 
-        A latency-signal adaptive limit learns from them, with the slots
-        held now as the call's company; the tickets its rise lets through
-        are returned. Nothing for a ticket that holds no slot.
+        A latency-signal adaptive limit of its member learns from them,
+        with the slots the member holds now as the call's company; the
+        tickets its rise lets through are returned. Nothing for a ticket
+        that holds no slot.
         """
-        gate = self._gate
-        if gate is None or ticket not in self._holders:
+        member = self._held_by.get(ticket)
+        if member is None or member.gate is None:
             return []
         return self._latency_moved(
-            gate.observe_latency(
-                first_token, between_tokens, duration, prompt_tokens, len(self._holders)
-            )
+            member,
+            member.gate.observe_latency(
+                first_token,
+                between_tokens,
+                duration,
+                prompt_tokens,
+                len(member.holders),
+            ),
         )
 
-    def apply_latency_verdict(self, change: int) -> list[Ticket]:
-        """A latency signal's verdict of a round: the limit moves by ``Adaptive.move``.
+    def apply_latency_verdict(
+        self, change: int, *, member: str | None = None
+    ) -> list[Ticket]:
+        """A latency signal's verdict of a round: a member's limit moves by ``Adaptive.move``.
 
         What the Redis ledger does with the verdicts each process's own
         signal sends (the differential test holds it to this). Returns the
         tickets a rise lets through; nothing but for a latency-signal
         adaptive limit.
         """
-        gate = self._gate
+        chosen = self._member(member)
+        gate = chosen.gate
         return self._latency_moved(
-            None if gate is None else gate.apply_latency_verdict(change)
+            chosen, None if gate is None else gate.apply_latency_verdict(change)
         )
 
-    def _latency_moved(self, limit: int | None) -> list[Ticket]:
-        """The latency signal moved the limit to ``limit`` (``None``: it did not)."""
+    def _latency_moved(self, member: _Member, limit: int | None) -> list[Ticket]:
+        """The latency signal moved ``member``'s limit to ``limit`` (``None``: it did not)."""
         if limit is None:
             return []
-        self._limit = limit
+        member.limit = limit
         return self._fill()
 
-    def observe_server_load(self, load: ServerLoad | None) -> list[Ticket]:
-        """The provider's server said its ``load`` (``None``: reading it failed).
+    def observe_server_load(
+        self, load: ServerLoad | None, *, member: str | None = None
+    ) -> list[Ticket]:
+        """A member's server said its ``load`` (``None``: reading it failed).
 
         From the first reading on, a grant keeps our requests out of the
         server's own queue (``_server``): none while requests wait there,
         and, once its slots are learned, none beyond them. Returns the
         tickets a reading with room lets through.
         """
-        server = self._server
+        chosen = self._member(member)
+        server = chosen.server
         if server is None:
-            server = self._server = ServerGate()
-        server.observe(load, len(self._holders))
+            server = chosen.server = ServerGate()
+        server.observe(load, len(chosen.holders))
         return self._fill() if self._waiting else []
 
     @property
     def server_load(self) -> tuple[ServerLoad | None, int | None]:
-        """The latest reading of the server's load and its slots learned, if any."""
-        server = self._server
+        """The first member's latest reading of its server's load and its slots learned, if any."""
+        server = self._first.server
         return (None, None) if server is None else (server.load, server.slots)
 
     def set_tenant(self, tenant: str, settings: Tenant | None) -> list[Ticket]:
@@ -683,9 +1113,14 @@ class SlotPolicy:
         return self._fill()
 
     def set_model_budget(
-        self, model: str, budget: Budget, *, learn: bool = True
+        self,
+        model: str,
+        budget: Budget,
+        *,
+        learn: bool = True,
+        member: str | None = None,
     ) -> list[Ticket]:
-        """Give ``model`` a budget of its own, asked beside the provider's.
+        """Give ``model`` a budget of its own on a member, asked beside the member's.
 
         A model that has a throttle already (learned from its figures, or
         configured) keeps it and takes the new budget, which starts full;
@@ -694,20 +1129,21 @@ class SlotPolicy:
 
         Raises:
             TypeError: ``model`` is not a string or ``budget`` not a ``Budget``.
-            ValueError: ``model`` is empty.
+            ValueError: ``model`` is empty, or ``member`` not a member.
         """
         check_text(model, "model")
         if not isinstance(budget, Budget):
             raise TypeError(f"budget must be a Budget, got {budget!r}")
-        if model not in self._models:
-            self._add_model(model, Throttle(budget, learn=learn, now=self._now))
+        chosen = self._member(member)
+        if model not in chosen.models:
+            self._add_model(chosen, model, Throttle(budget, learn=learn, now=self._now))
         else:
-            self._models.configure(model, budget)
+            chosen.models.configure(model, budget)
         return self._fill()
 
-    def _add_model(self, model: str, throttle: Throttle) -> Throttle:
-        """Give ``model``, which has none, ``throttle``, new; returns it."""
-        self._models.add(model, self._expecting(throttle, model))
+    def _add_model(self, member: _Member, model: str, throttle: Throttle) -> Throttle:
+        """Give ``model``, which has none on ``member``, ``throttle``, new; returns it."""
+        member.models.add(model, self._expecting(throttle, model))
         self._count()
         return throttle
 
@@ -735,198 +1171,417 @@ class SlotPolicy:
         )
 
     def model_budget_statistics(
-        self, now: float | None = None
+        self, now: float | None = None, *, member: str | None = None
     ) -> dict[str, BudgetStatistics]:
-        """Each model's budgets at ``now`` (default: the latest time told).
+        """Each model's budgets on a member at ``now`` (default: the latest time told).
 
         Not those of learned budgets forgotten by then (see ``_budgets``).
         """
-        return self._models.statistics(now)
+        return self._member(member).models.statistics(now)
 
     def observe_rate_limits(
-        self, now: float, info: RateLimitInfo, model: str | None = None
+        self,
+        now: float,
+        info: RateLimitInfo,
+        model: str | None = None,
+        *,
+        member: str | None = None,
     ) -> list[Ticket]:
-        """Learn from the rate-limit figures of an answer that arrived at ``now``.
+        """Learn from the rate-limit figures of a member's answer that arrived at ``now``.
 
-        Creates the throttle if there is none, so a provider that was never
+        Creates the throttle if there is none, so a member that was never
         given a budget is paced by what it reports. The figures of an answer
         for ``model`` go to that model's throttle (created learning), those
-        of an answer for none to the provider's.
+        of an answer for none to the member's.
         """
+        chosen = self._member(member)
         if model is None:
-            gate = self._gate
+            gate = chosen.gate
             if gate is None:
-                gate = self._gate = self._expecting(Throttle(learn=True, now=now))
+                gate = chosen.gate = self._expecting(Throttle(learn=True, now=now))
         else:
-            self._models.advance(now)
-            gate = self._models.get(model)
+            chosen.models.advance(now)
+            gate = chosen.models.get(model)
             if gate is None:
                 check_text(model, "model")
-                gate = self._add_model(model, Throttle(learn=True, now=now))
+                gate = self._add_model(chosen, model, Throttle(learn=True, now=now))
         gate.advance(now)
         gate.observe(info)
         if model is not None:
             # Idle, it is forgotten once full: these figures may move that.
-            self._models.observed(model)
+            chosen.models.observed(model)
         return []
 
-    def pause(self, until: float) -> None:
-        """Grant nothing before ``until``; a pause is never shortened.
+    def pause(self, until: float, *, member: str | None = None) -> None:
+        """Grant nothing on a member before ``until``; a pause is never shortened.
 
         The raw instrument, taken as given: ``max_pause`` bounds the pauses
         of ``report_rate_limit``, and ``resume`` ends any pause.
         """
         until = check_deadline(until, "until")
-        if self._paused_until is None or until > self._paused_until:
-            self._paused_until = until
+        chosen = self._member(member)
+        if chosen.paused_until is None or until > chosen.paused_until:
+            chosen.paused_until = until
 
-    def report_rate_limit(self, now: float, retry_after: float | None = None) -> None:
-        """Pause grants after a rate-limit answer that arrived at ``now``.
+    def report_rate_limit(
+        self, now: float, retry_after: float | None = None, *, member: str | None = None
+    ) -> None:
+        """Pause a member's grants after a rate-limit answer that arrived at ``now``.
 
         With ``retry_after``, the server's delay in seconds, grants pause
         that long; without, or with one that is not positive (which names
         no delay, ``server_delay``), for the backoff of the streak's
-        current round (see the module's docstring). Either way for at most ``max_pause``,
-        and never less than a pause already running.
+        current round (see the module's docstring). Either way for at most
+        ``max_pause``, and never less than a pause already running.
         """
         now = check_instant(now, "now")
         delay = server_delay(check_optional_seconds(retry_after, "retry_after"))
-        if not self._streak or self._granted_total != self._granted_at_report:
+        chosen = self._member(member)
+        if not chosen.streak or chosen.granted_total != chosen.granted_at_report:
             # A new round. The step doubles as a float held at max_pause,
             # so no streak, however long, can overflow it.
-            self._step = (
-                min(2.0 * self._step, self._max_pause)
-                if self._streak
+            chosen.step = (
+                min(2.0 * chosen.step, self._max_pause)
+                if chosen.streak
                 else self._default_pause
             )
-            self._streak += 1
-            self._granted_at_report = self._granted_total
-            self._reported = set(self._holders)
-        seconds = self._step if delay is None else min(delay, self._max_pause)
-        self.pause(now + seconds)
-        gate = self._gate
+            chosen.streak += 1
+            chosen.granted_at_report = chosen.granted_total
+            chosen.reported = set(chosen.holders)
+        seconds = chosen.step if delay is None else min(delay, self._max_pause)
+        self.pause(now + seconds, member=chosen.name)
+        gate = chosen.gate
         if gate is not None:
-            limit = gate.rate_limited(self._holders)
+            limit = gate.rate_limited(chosen.holders)
             if limit is not None:
-                self._limit = limit
+                chosen.limit = limit
 
-    def resume(self) -> list[Ticket]:
-        """End the pause and the backoff streak now; waiters go in ticket order."""
-        self._paused_until = None
-        self._streak = 0
-        self._reported = set()
+    def resume(self, *, member: str | None = None) -> list[Ticket]:
+        """End a member's pause and backoff streak now; waiters go in ticket order."""
+        chosen = self._member(member)
+        chosen.paused_until = None
+        chosen.streak = 0
+        chosen.reported = set()
         return self._fill()
 
     def tick(self, now: float) -> list[Ticket]:
         """Tell the policy the time; a pause that has run out ends and grants resume.
 
-        So do grants the budget held back, once it holds the oldest waiter.
+        So do grants the budget held back, once it holds the oldest waiter,
+        and a ticket's wait for the member it prefers, once ``affinity_wait``
+        has passed: any member may take it then.
         """
         self.advance(now)
-        if self._paused_until is not None and now >= self._paused_until:
-            self._paused_until = None
-            return self._fill()
-        return self._refill()
+        ended = False
+        for member in self._members.values():
+            if member.paused_until is not None and now >= member.paused_until:
+                member.paused_until = None
+                ended = True
+        if self._expiring and self._expire(now):
+            ended = True
+        return self._fill() if ended else self._refill()
+
+    def _expire(self, now: float) -> bool:
+        """Move the tickets whose wait for their preferred member ended to their pool's lane."""
+        expiring = self._expiring
+        homes = self._homes
+        moved = False
+        while expiring and expiring[0][0] <= now:
+            ticket = heapq.heappop(expiring)[1]
+            if ticket in homes:  # else granted, withdrawn or moved since
+                self._relane(ticket, homes.pop(ticket))
+                moved = True
+        return moved
+
+    def _relane(self, ticket: Ticket, lane: Lane) -> None:
+        """Waiting ``ticket`` goes to ``lane``; its entry in its old lane is dead."""
+        self._waiting[ticket] = lane
+        self._tenants.relane(ticket, self._now, lane, self._waiting)
 
     def _refill(self) -> list[Ticket]:
         """Fill again if a budget holds a head back, which may pass now; else none."""
-        gate = self._gate
-        if (gate is not None and gate.blocked) or self._held_back:
-            return self._fill()
-        return []
+        members = self._members
+        if len(members) == 1:
+            blocked = self._first.blocked()
+        else:
+            blocked = any(member.blocked() for member in members.values())
+        return self._fill() if blocked else []
 
-    def _end_streak_if_success(self, ticket: Ticket) -> None:
-        reported = self._reported
-        if ticket in reported:
-            reported.remove(ticket)  # held across a report: not a success
-        elif ticket in self._holders:
-            # Granted after the latest report and released, with no report
-            # while it was held (it would be in ``reported``): a success.
-            self._streak = 0
-            reported.clear()
-
-    def _release(self, ticket: Ticket, *, success: bool) -> list[Ticket]:
-        try:
-            self._holders.remove(ticket)
-        except KeyError:
-            return []
+    def _release(
+        self, member: _Member, ticket: Ticket, *, success: bool
+    ) -> list[Ticket]:
+        member.holders.remove(ticket)
+        del self._held_by[ticket]
         self._tenants.release(ticket, self._now)
         if ticket.model is not None:
-            self._models.release(ticket, success=success)
-        gate = self._gate
+            member.models.release(ticket, success=success)
+        gate = member.gate
         if gate is not None:
             limit = gate.release(ticket, success=success)
             if limit is not None:
-                self._limit = limit
+                member.limit = limit
         if not self._waiting:
             return []
         return self._fill()
 
-    def _unblock(self) -> None:
-        """Forget what the budgets held back: the fill looks again."""
-        if self._gate is not None:
-            self._gate.unblock()
-        held_back = self._held_back
-        if held_back:
-            models = self._models
-            for model in held_back:
-                models[model].unblock()
-            self._held_back = []
+    def add_member(
+        self,
+        name: str,
+        limit: int | AdaptiveLimit | None,
+        *,
+        throttle: Throttle | None = None,
+        models: Mapping[str, Throttle] | None = None,
+    ) -> list[Ticket]:
+        """Make ``name`` a member: the tickets waiting for any member may go to it.
+
+        Returns the tickets it takes at once.
+
+        Raises:
+            ValueError: ``name`` is a member already, or empty, or the
+                limit is not a positive integer.
+            TypeError: A model's throttle is not a ``Throttle``.
+        """
+        check_provider(name)
+        if name in self._members:
+            raise ValueError(f"{name!r} is a member already")
+        if isinstance(limit, AdaptiveLimit):
+            throttle = Throttle(now=self._now) if throttle is None else throttle
+            throttle.adapt(limit)
+            limit = throttle.limit
+        elif limit is not None:
+            check_slot_limit(limit)
+        throttles = _check_models(models)
+        member = _Member(
+            name,
+            limit,
+            None if throttle is None else self._expecting(throttle),
+            ModelThrottles(
+                {
+                    model: self._expecting(each, model)
+                    for model, each in throttles.items()
+                },
+                self._now,
+            ),
+            self._default_pause,
+        )
+        self._members[name] = member
+        if throttles:
+            self._count()
+        if self._counting:
+            member.models.count((), self._waiting)
+        return self._fill()
+
+    def remove_member(self, name: str) -> tuple[list[Ticket], list[Ticket]]:
+        """Take ``name`` out of the policy and its pools; its holders keep their slots.
+
+        The tickets waiting because they prefer it go to their pool's lane
+        now, in their place. Returns the tickets granted by the change
+        (none: no slot is freed) and the tickets that asked for it alone,
+        withdrawn: the caller fails them.
+
+        Raises:
+            ValueError: ``name`` is not a member, or the last one, or the
+                last member of a pool.
+        """
+        member = self._member(name)
+        if len(self._members) == 1:
+            raise ValueError(f"{name!r} is the last member")
+        for pool, members in self._pools.items():
+            if members == [member]:
+                raise ValueError(f"{name!r} is the last member of pool {pool!r}")
+        del self._members[name]
+        for members in self._pools.values():
+            if member in members:
+                members.remove(member)
+        if member is self._first:
+            self._first = next(iter(self._members.values()))
+        self._rehome(lambda ticket: self._preferred.get(ticket) is member)
+        orphans = self._withdraw_lane(name)
+        return self._fill(), orphans
+
+    def set_pool(self, name: str, members: Iterable[str]) -> list[Ticket]:
+        """Make ``name`` a pool of ``members``, or change its members.
+
+        A ticket acquired with ``member=name`` goes to whichever of them
+        can take it first (see the module notes). The tickets waiting for
+        the pool stay in their place; those that prefer a member no longer
+        in it wait for any of its members now. Returns the tickets granted
+        by the change.
+
+        Raises:
+            ValueError: ``name`` is a member's, or ``members`` is empty,
+                names one twice or names one that is not a member.
+        """
+        check_provider(name)
+        if name in self._members:
+            raise ValueError(f"pool {name!r} has the name of a member")
+        chosen = [self._member(check_provider(each)) for each in members]
+        if not chosen:
+            raise ValueError(f"pool {name!r} must have a member")
+        if len({id(each) for each in chosen}) != len(chosen):
+            raise ValueError(f"pool {name!r} names a member twice")
+        self._pools[name] = chosen
+        self._rehome(
+            lambda ticket: (
+                _named(self._homes[ticket]) == name
+                and self._preferred[ticket] not in chosen
+            )
+        )
+        return self._fill()
+
+    def remove_pool(self, name: str) -> tuple[list[Ticket], list[Ticket]]:
+        """Forget pool ``name``: its members stay members.
+
+        Returns the tickets granted by the change (a withdrawn head may let
+        others through) and the tickets that waited for the pool,
+        withdrawn: the caller fails them.
+
+        Raises:
+            ValueError: There is no pool ``name``.
+        """
+        if name not in self._pools:
+            raise ValueError(f"no pool {name!r} in this policy")
+        del self._pools[name]
+        self._rehome(lambda ticket: _named(self._homes[ticket]) == name)
+        return self._refill(), self._withdraw_lane(name)
+
+    @property
+    def pools(self) -> dict[str, list[str]]:
+        """The pools' members, by pool name."""
+        return {
+            name: [member.name for member in members]
+            for name, members in self._pools.items()
+        }
+
+    def _rehome(self, stops: Callable[[Ticket], bool]) -> None:
+        """The tickets waiting only for the member they prefer that ``stops``: to their pool's lane."""
+        homes = self._homes
+        for ticket in [ticket for ticket in homes if stops(ticket)]:
+            self._relane(ticket, homes.pop(ticket))
+
+    def _withdraw_lane(self, name: str) -> list[Ticket]:
+        """Withdraw every ticket waiting for member or pool ``name``, which is gone; they are refused."""
+        orphans = [
+            ticket for ticket, lane in self._waiting.items() if _named(lane) == name
+        ]
+        for ticket in orphans:
+            self._withdraw(ticket)
+        self._rejected_total += len(orphans)
+        return orphans
+
+    def _open_members(self) -> list[_Member]:
+        """The members with room, at a fill's start, what budgets held back forgotten."""
+        members = self._members
+        if len(members) == 1:
+            first = self._first
+            if first.gate is not None or first.held_back:
+                first.unblock()
+            return [first] if self._waiting and first.room() else []
+        for member in members.values():
+            member.unblock()
+        if not self._waiting:
+            return []
+        return [member for member in members.values() if member.room()]
+
+    def _placer(
+        self,
+        ticket: Ticket,
+        lane: Lane,
+        open_members: list[_Member],
+        held_back: list[tuple[_Member, str]],
+    ) -> _Member | None:
+        """The member a fill grants ``ticket``, its choice, on; ``None``: it waits.
+
+        A member whose own budget holds the ticket back closes for the
+        rest of the fill (oldest first: nobody passes what it holds back,
+        on that member); one whose budget of the ticket's model holds it
+        back is passed over for that model (``held_back``).
+        """
+        model = ticket.model
+        for member in self._candidates(lane, ticket):
+            if member not in open_members:
+                continue
+            gate = member.gate
+            if gate is not None and not gate.holds(ticket):
+                open_members.remove(member)
+                continue
+            if model is not None and (member, model) in held_back:
+                continue
+            model_gate = None if model is None else member.models.get(model)
+            if model_gate is not None and not model_gate.holds(ticket):
+                assert model is not None  # it has a throttle
+                held_back.append((member, model))
+                continue
+            return member
+        return None
 
     def _fill(self) -> list[Ticket]:
         """Grant free slots to the waiters, one choice at a time (see the module notes)."""
         grants: list[Ticket] = []
+        open_members = self._open_members()
         waiting = self._waiting
-        limit = self._limit
-        gate = self._gate
-        if gate is not None or self._held_back:
-            self._unblock()
-        if not waiting or (limit is not None and self._paused_until is not None):
-            return grants
-        models = self._models
         tenants = self._tenants
-        holders = self._holders
-        estimates = self._estimates
-        server = self._server
         now = self._now
-        held = len(holders)
-        blocked: list[str] = []  # models held back in this fill
-        # The server's own load, once read, may hold grants back too: no
-        # grant it would queue (see observe_server_load).
-        while (
-            waiting
-            and (limit is None or held < limit)
-            and (server is None or server.holds(held))
-        ):
+        blocked: list[Lane] = []  # lanes held back in this fill
+        held_back: list[tuple[_Member, str]] = []  # (member, model) held back
+        while waiting and open_members:
             chosen = tenants.select(now, waiting, blocked)
             if chosen is None:
                 break
             state, ticket = chosen
-            model = ticket.model
-            model_gate = None if model is None else models.get(model)
-            if gate is not None and not gate.holds(ticket):
-                break  # oldest first: nobody passes what the provider holds back
-            if model_gate is not None and not model_gate.holds(ticket):
-                assert model is not None  # it has a throttle
-                blocked.append(model)  # nobody of this model passes its head
+            lane = waiting[ticket]
+            taker = self._placer(ticket, lane, open_members, held_back)
+            if taker is None:
+                blocked.append(lane)  # nobody of this lane passes its head
                 continue
-            if gate is not None:
-                gate.take(ticket, held, limit)
-            if model_gate is not None:
-                model_gate.take(ticket, held, None)
-            waiting.remove(ticket)
-            estimates.pop(ticket, None)
-            tenants.grant(state, ticket, now)
-            holders.add(ticket)
+            self._take(taker, ticket)
+            del waiting[ticket]
+            self._estimates.pop(ticket, None)
+            tenants.grant(state, ticket, now, lane)
             grants.append(ticket)
-            held += 1
-        if blocked:
-            if waiting and (limit is None or held < limit):
-                self._held_back = blocked
+            if not taker.room():
+                open_members.remove(taker)
+        for member, model in held_back:
+            if waiting and member.room():
+                member.held_back.append(model)
             else:
                 # No slot left to wait for: a release looks again.
-                for name in blocked:
-                    models[name].unblock()
+                member.models[model].unblock()
         self._granted_total += len(grants)
-        self._peak_in_flight = max(self._peak_in_flight, held)
+        held = len(self._held_by)
+        if held > self._peak_in_flight:  # noqa: PLR1730  # no call on the hot path
+            self._peak_in_flight = held
         return grants
+
+
+def _named(lane: Lane) -> str | None:
+    """The member or pool a lane is for, or ``None``: any member."""
+    return lane[1] if isinstance(lane, tuple) else None
+
+
+def _member_key(member: _Member) -> float:
+    """The choice between members: the most free slots first."""
+    return -member.free()
+
+
+def _end_streak_if_success(member: _Member, ticket: Ticket) -> None:
+    reported = member.reported
+    if ticket in reported:
+        reported.remove(ticket)  # held across a report: not a success
+    elif ticket in member.holders:
+        # Granted after the latest report and released, with no report
+        # while it was held (it would be in ``reported``): a success.
+        member.streak = 0
+        reported.clear()
+
+
+def _check_models(models: Mapping[str, Throttle] | None) -> dict[str, Throttle]:
+    """``models``, checked: model names and their throttles."""
+    throttles = {} if models is None else dict(models)
+    for model, model_throttle in throttles.items():
+        check_text(model, "model")
+        if not isinstance(model_throttle, Throttle):
+            raise TypeError(
+                f"throttle of {model!r} must be a Throttle, got {model_throttle!r}"
+            )
+    return throttles

@@ -6,8 +6,9 @@ its docstring for the invariants this serves, and the service-gap bound).
 
 Each tenant (the default tenant, for tickets made for none, is the key
 ``None``, a tenant like the others) keeps its waiting tickets in one heap
-per model, in ticket order, and a service counter in slot-seconds divided
-by its weight::
+per lane (the policy's: a model, or a model for one member of a pool), in
+ticket order, and a service counter in slot-seconds divided by its
+weight::
 
     c_t(now) = base_t + held_t * (now - last_t) / w_t
 
@@ -22,7 +23,7 @@ backlogged its counter is raised to the floor: the least counter among the
 other backlogged tenants, or, if none is, the counter of the tenant that
 most recently stopped being backlogged, taken then (0 at first). Idle time
 is not banked. ``select`` finds, among backlogged tenants below their cap
-whose head is not of a model held back, the least
+whose head is not of a lane held back, the least
 ``(c_t(now), held_t / w_t, head)``.
 
 Both are found in heaps over the backlogged tenants, not by a scan: one
@@ -44,17 +45,18 @@ choice or an arrival costs O(log T) for T backlogged tenants, plus
 O(log T) for each tenant looked at anew because its key grew since it
 was kept: the tenant granted last, one whose head was withdrawn, and those
 holding slots while time passed (at most one per slot); and O(M) for
-each head looked at, of a tenant with M non-empty model queues. In a
-fill that holds a model back, a tenant's head may be one only this fill
-passes over to, and its key then above its key after the fill: such a
-tenant (and one with nothing left to take in the fill) is set aside,
-placed again by the next fill's first choice, so holding a model back
-costs a look at each tenant of that model that comes first in the fill.
+each head looked at, of a tenant with M non-empty lanes. In a fill that
+holds a lane back, a tenant's head may be one only this fill passes over
+to, and its key then above its key after the fill: such a tenant (and one
+with nothing left to take in the fill) is set aside, placed again by the
+next fill's first choice, so holding a lane back costs a look at each
+tenant of that lane that comes first in the fill.
 Entries left behind (a tenant placed again, or no longer backlogged) are
 skipped when they surface, and swept when they outnumber the living.
 
-A ticket withdrawn while waiting stays in its heap and is skipped when it
-surfaces; the heaps are rebuilt from the living when such dead entries
+A ticket withdrawn while waiting, or moved to another lane (``relane``),
+stays in its heap and is skipped when it surfaces (the policy's waiting
+tickets map each to its lane now); the heaps are rebuilt from the living when such dead entries
 outnumber them. A tenant nobody configured is forgotten once it holds and
 waits for nothing, and starts from the floor when it comes back.
 """
@@ -69,10 +71,14 @@ import attrs
 from ..messages._limits import Tenant
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Iterable
+    from collections.abc import Collection, Mapping
     from typing import TypeAlias
 
     from ..messages._protocol import Ticket
+
+    #: A lane of the policy's queue: a model (``None``: none named), for
+    #: any member; or ``(model, member)``, for that member only.
+    Lane: TypeAlias = str | tuple[str | None, str] | None
 
     # A tenant in the choice's heap: its counter, held / weight and head,
     # when it was placed; the order it was placed in, so that two entries
@@ -82,6 +88,9 @@ if TYPE_CHECKING:
     _FloorEntry: TypeAlias = tuple[float, int, "TenantState"]
 
 _COMPACT_SLACK = 64
+
+# What a ticket no longer waiting maps to: no lane.
+_GONE = object()
 
 _HeapEntry = TypeVar("_HeapEntry", "_Entry", "_FloorEntry")
 
@@ -152,8 +161,8 @@ class TenantState:
         self.waiting = 0
         self.base = 0.0
         self.last = now
-        # Waiting tickets by model, each a heap in ticket order.
-        self.queues: dict[str | None, list[Ticket]] = {}
+        # Waiting tickets by lane, each a heap in ticket order.
+        self.queues: dict[Lane, list[Ticket]] = {}
         # Its entries in the heaps of ``Tenants`` while it is backlogged
         # (see there): one that is not the tenant's own is a dead one.
         self.entry: _Entry | None = None
@@ -185,27 +194,25 @@ class TenantState:
             self.last = now
 
     def head(
-        self, waiting: Collection[Ticket], blocked: Collection[str]
+        self, waiting: Mapping[Ticket, Lane], blocked: Collection[Lane]
     ) -> Ticket | None:
-        """The oldest waiting ticket of a model not in ``blocked``, or ``None``."""
+        """The oldest waiting ticket of a lane not in ``blocked``, or ``None``."""
         best: Ticket | None = None
-        empty: list[str | None] | None = None
-        for model, queue in self.queues.items():
-            while queue and queue[0] not in waiting:
-                heapq.heappop(queue)  # withdrawn while waiting
+        empty: list[Lane] | None = None
+        for lane, queue in self.queues.items():
+            while queue and waiting.get(queue[0], _GONE) != lane:
+                heapq.heappop(queue)  # withdrawn, or moved to another lane
             if not queue:
                 if empty is None:
                     empty = []
-                empty.append(model)
+                empty.append(lane)
                 continue
             first = queue[0]
-            if (model is None or model not in blocked) and (
-                best is None or first < best
-            ):
+            if (lane is None or lane not in blocked) and (best is None or first < best):
                 best = first
         if empty is not None:
-            for model in empty:
-                del self.queues[model]
+            for lane in empty:
+                del self.queues[lane]
         return best
 
 
@@ -322,17 +329,17 @@ class Tenants:
         # Its counter at ``now`` (folded up to it): the floor from now on.
         self._last_left = state.base
 
-    def queue(self, ticket: Ticket, now: float) -> None:
-        """``ticket`` waits: in its tenant's queue, which may become backlogged."""
+    def queue(self, ticket: Ticket, now: float, lane: Lane) -> None:
+        """``ticket`` waits in ``lane``: in its tenant's queue, which may become backlogged."""
         name = ticket.tenant
         state = self._states.get(name)
         if state is None:
             state = self._states[name] = TenantState(name, now)
         state.waiting += 1
         queues = state.queues
-        queue = queues.get(ticket.model)
+        queue = queues.get(lane)
         if queue is None:
-            queues[ticket.model] = [ticket]
+            queues[lane] = [ticket]
         else:
             heapq.heappush(queue, ticket)
         if state.waiting == 1:
@@ -421,7 +428,26 @@ class Tenants:
             self._ready.clear()
             self._aside.clear()
 
-    def withdraw(self, ticket: Ticket, now: float, waiting: Collection[Ticket]) -> None:
+    def relane(
+        self, ticket: Ticket, now: float, lane: Lane, waiting: Mapping[Ticket, Lane]
+    ) -> None:
+        """Waiting ``ticket`` moved to ``lane`` (``waiting`` says so already).
+
+        Its tenant's head is the same ticket as before: its key stands.
+        """
+        state = self._states[ticket.tenant]
+        queue = state.queues.get(lane)
+        if queue is None:
+            state.queues[lane] = [ticket]
+        else:
+            heapq.heappush(queue, ticket)
+        self._dead += 1
+        if self._dead > len(waiting) + _COMPACT_SLACK:
+            self._rebuild(waiting)
+
+    def withdraw(
+        self, ticket: Ticket, now: float, waiting: Mapping[Ticket, Lane]
+    ) -> None:
         """Waiting ``ticket`` was withdrawn (``waiting``: those still waiting)."""
         state = self._states[ticket.tenant]
         state.waiting -= 1
@@ -433,12 +459,12 @@ class Tenants:
             if self._dead > len(waiting) + _COMPACT_SLACK:
                 self._rebuild(waiting)
 
-    def _rebuild(self, waiting: Iterable[Ticket]) -> None:
+    def _rebuild(self, waiting: Mapping[Ticket, Lane]) -> None:
         for state in self._backlogged.values():
             state.queues.clear()
         states = self._states
-        for ticket in waiting:
-            states[ticket.tenant].queues.setdefault(ticket.model, []).append(ticket)
+        for ticket, lane in waiting.items():
+            states[ticket.tenant].queues.setdefault(lane, []).append(ticket)
         for state in self._backlogged.values():
             for queue in state.queues.values():
                 heapq.heapify(queue)
@@ -463,13 +489,13 @@ class Tenants:
             del self._states[state.name]
 
     def select(
-        self, now: float, waiting: Collection[Ticket], blocked: Collection[str]
+        self, now: float, waiting: Mapping[Ticket, Lane], blocked: Collection[Lane]
     ) -> tuple[TenantState, Ticket] | None:
         """The tenant and ticket the next free slot goes to, or ``None``.
 
-        Among backlogged tenants below their cap with a head of a model not
+        Among backlogged tenants below their cap with a head of a lane not
         in ``blocked``: the least ``(counter, held / weight, head)``.
-        ``blocked``: the models held back so far in this fill, empty at its
+        ``blocked``: the lanes held back so far in this fill, empty at its
         first choice.
         """
         if not blocked and self._aside:
@@ -494,7 +520,7 @@ class Tenants:
                 continue
             head = state.head(waiting, blocked)
             if head is None:
-                # Every model it waits for is held back in this fill.
+                # Every lane it waits in is held back in this fill.
                 heapq.heappop(ready)
                 state.entry = None
                 self._aside.append(state)
@@ -518,9 +544,9 @@ class Tenants:
                 return state, head  # still the least, as it is now
         return None
 
-    def grant(self, state: TenantState, ticket: Ticket, now: float) -> None:
-        """``select``'s choice is granted at ``now``."""
-        heapq.heappop(state.queues[ticket.model])
+    def grant(self, state: TenantState, ticket: Ticket, now: float, lane: Lane) -> None:
+        """``select``'s choice, of ``lane``, is granted at ``now``."""
+        heapq.heappop(state.queues[lane])
         state.fold(now)
         state.held += 1
         waiting = state.waiting = state.waiting - 1

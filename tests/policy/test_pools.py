@@ -1,0 +1,691 @@
+"""Pools in the pure core: one queue in turn order over several members."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from trio_dispatch import Budget, QueueFull, Tenant
+from trio_dispatch.lowlevel import SlotPolicy, Throttle, Ticket
+
+
+def t(rank: float, seq: int, model: str | None = None) -> Ticket:
+    return Ticket(rank, seq, 0, None, model)
+
+
+def pool(
+    a: int | None = 1,
+    b: int | None = 1,
+    *,
+    affinity_wait: float = 2.0,
+    **options: object,
+) -> SlotPolicy:
+    policy = SlotPolicy(a, provider="a", affinity_wait=affinity_wait, **options)  # type: ignore[arg-type]
+    assert policy.add_member("b", b) == []
+    return policy
+
+
+def test_a_grant_goes_to_whichever_member_has_a_slot() -> None:
+    policy = pool()
+    assert policy.acquire(t(5, 0)) == [t(5, 0)]
+    assert policy.acquire(t(6, 1)) == [t(6, 1)]
+    assert (policy.member_of(t(5, 0)), policy.member_of(t(6, 1))) == ("a", "b")
+    assert policy.acquire(t(7, 2)) == []
+    assert policy.statistics().limit == 2
+    assert policy.members == ["a", "b"]
+
+
+def test_the_oldest_turn_goes_first_across_members() -> None:
+    policy = pool()
+    policy.acquire(t(0, 0))
+    policy.acquire(t(0, 1))
+    for ticket in [t(7, 2), t(3, 3), t(9, 4), t(1, 5)]:
+        assert policy.acquire(ticket) == []
+    # Whichever member frees its slot, the oldest waiting turn takes it.
+    assert policy.release(t(0, 1)) == [t(1, 5)]
+    assert policy.member_of(t(1, 5)) == "b"
+    assert policy.release(t(0, 0)) == [t(3, 3)]
+    assert policy.member_of(t(3, 3)) == "a"
+    assert policy.release(t(1, 5)) == [t(7, 2)]
+    assert policy.waiters() == [t(9, 4)]
+
+
+def test_the_member_with_the_most_free_slots_is_chosen_ties_in_order() -> None:
+    policy = pool(2, 3)
+    grants = [policy.acquire(t(i, i))[0] for i in range(5)]
+    assert [policy.member_of(ticket) for ticket in grants] == ["b", "a", "b", "a", "b"]
+    statistics = policy.member_statistics()
+    assert (statistics["a"].in_flight, statistics["b"].in_flight) == (2, 3)
+    assert (statistics["a"].peak_in_flight, statistics["b"].peak_in_flight) == (2, 3)
+
+
+def test_an_unlimited_member_takes_what_the_others_cannot() -> None:
+    policy = pool(1, None)
+    for i in range(4):
+        assert policy.acquire(t(i, i)) == [t(i, i)]
+    assert policy.member_statistics()["b"].in_flight == 4
+    assert policy.limit is None
+
+
+def test_a_request_for_one_member_waits_for_it_in_turn_order() -> None:
+    policy = pool()
+    policy.acquire(t(0, 0), member="a")
+    policy.acquire(t(0, 1), member="b")
+    # The oldest asks for a alone; the younger one for any member.
+    assert policy.acquire(t(1, 2), member="a") == []
+    assert policy.acquire(t(2, 3)) == []
+    assert policy.acquire(t(3, 4), member="b") == []
+    # b frees a slot: a's request does not hold up the pool's.
+    assert policy.release(t(0, 1)) == [t(2, 3)]
+    assert policy.member_of(t(2, 3)) == "b"
+    # a frees one: its own request, the oldest, takes it.
+    assert policy.release(t(0, 0)) == [t(1, 2)]
+    assert policy.member_of(t(1, 2)) == "a"
+    assert policy.release(t(2, 3)) == [t(3, 4)]
+    assert policy.member_statistics()["b"].waiting == 0
+
+
+def test_a_direct_request_takes_its_place_before_younger_pool_requests() -> None:
+    policy = pool()
+    policy.acquire(t(0, 0))
+    policy.acquire(t(0, 1))
+    policy.acquire(t(5, 2))
+    policy.acquire(t(1, 3), member="a")
+    assert policy.member_statistics()["a"].waiting == 1
+    # a's slot goes to the older direct request, not the pool's younger one.
+    assert policy.release(t(0, 0)) == [t(1, 3)]
+    assert policy.waiters() == [t(5, 2)]
+
+
+def test_a_paused_member_is_passed_over_and_its_pause_is_its_own() -> None:
+    policy = pool(2, 2)
+    policy.report_rate_limit(0.0, 10.0, member="b")
+    assert policy.member_statistics()["b"].paused_until == 10.0
+    assert policy.paused_until is None  # a still grants
+    # No call waits for b's pause while a has a slot.
+    assert policy.acquire(t(0, 0)) == [t(0, 0)]
+    assert policy.acquire(t(1, 1)) == [t(1, 1)]
+    assert {policy.member_of(t(0, 0)), policy.member_of(t(1, 1))} == {"a"}
+    assert policy.acquire(t(2, 2)) == []
+    policy.report_rate_limit(0.0, 20.0, member="a")
+    # Every member is paused: the pool is, until the first pause ends.
+    assert policy.statistics().paused_until == 10.0
+    assert policy.wake_at == 10.0
+    assert policy.tick(10.0) == [t(2, 2)]
+    assert policy.member_of(t(2, 2)) == "b"
+
+
+def test_every_request_waits_while_every_member_is_paused() -> None:
+    policy = pool()
+    policy.report_rate_limit(0.0, 10.0, member="a")
+    policy.report_rate_limit(0.0, 4.0, member="b")
+    assert policy.acquire(t(0, 0)) == []
+    assert policy.acquire(t(1, 1)) == []
+    assert policy.wake_at == 4.0
+    assert policy.tick(4.0) == [t(0, 0)]
+    assert policy.member_of(t(0, 0)) == "b"
+    assert policy.wake_at == 10.0
+    assert policy.tick(10.0) == [t(1, 1)]
+    assert policy.member_of(t(1, 1)) == "a"
+
+
+def test_each_member_keeps_its_own_limit() -> None:
+    policy = pool()
+    policy.acquire(t(0, 0))
+    policy.acquire(t(0, 1))
+    policy.acquire(t(1, 2))
+    policy.acquire(t(2, 3))
+    assert policy.set_limit(2, member="b") == [t(1, 2)]
+    assert policy.member_of(t(1, 2)) == "b"
+    assert policy.member_statistics()["b"].limit == 2
+    assert policy.set_limit(2) == [t(2, 3)]  # the first member: a
+    assert policy.member_of(t(2, 3)) == "a"
+    assert policy.statistics().limit == 4
+
+
+def test_each_member_keeps_its_own_budget() -> None:
+    policy = pool(4, 4)
+    policy.set_model_budget("m", Budget(requests_per_minute=1), member="a")
+    policy.advance(0.0)
+    assert policy.acquire(t(0, 0, "m")) == [t(0, 0, "m")]
+    assert policy.acquire(t(1, 1, "m")) == [t(1, 1, "m")]
+    # The model's budget is a's alone: b has none and takes the rest.
+    assert policy.acquire(t(2, 2, "m")) == [t(2, 2, "m")]
+    assert [policy.member_of(t(i, i, "m")) for i in range(3)] == ["a", "b", "b"]
+    assert "m" in policy.model_budget_statistics(member="a")
+    assert policy.model_budget_statistics(member="b") == {}
+
+
+def test_a_members_budget_holding_its_head_back_does_not_stop_the_other() -> None:
+    throttle = Throttle(Budget(requests_per_minute=1))
+    policy = SlotPolicy(4, provider="a", throttle=throttle)
+    policy.add_member("b", 1)
+    policy.advance(0.0)
+    assert policy.acquire(t(0, 0)) == [t(0, 0)]  # on a (4 free)
+    assert policy.acquire(t(1, 1)) == [t(1, 1)]  # a's budget is out: b
+    assert policy.member_of(t(1, 1)) == "b"
+    assert policy.acquire(t(2, 2)) == []
+    assert policy.wake_at == 60.0  # a's budget holds one more request then
+    assert policy.tick(60.0) == [t(2, 2)]
+    assert policy.member_of(t(2, 2)) == "a"
+
+
+def test_a_preferred_member_is_waited_for_at_most_affinity_wait() -> None:
+    policy = pool(affinity_wait=2.0)
+    policy.acquire(t(0, 0))  # on a
+    assert policy.acquire(t(1, 1), prefer="a") == []  # b is free, but it waits
+    assert policy.member_statistics()["a"].waiting == 1
+    assert policy.wake_at == 2.0
+    assert policy.tick(1.0) == []
+    assert policy.tick(2.0) == [t(1, 1)]
+    assert policy.member_of(t(1, 1)) == "b"
+    statistics = policy.member_statistics()["a"]
+    assert (statistics.affinity_hits, statistics.affinity_moves) == (0, 1)
+
+
+def test_a_preferred_member_that_frees_in_time_takes_its_conversation() -> None:
+    policy = pool(affinity_wait=2.0)
+    policy.acquire(t(0, 0))  # on a
+    policy.acquire(t(0, 1))  # on b
+    policy.acquire(t(1, 2), prefer="a")
+    policy.acquire(t(2, 3))
+    policy.advance(0.5)
+    # b frees first: the pool's request takes it, the preferring one waits.
+    assert policy.release(t(0, 1)) == [t(2, 3)]
+    assert policy.release(t(0, 0)) == [t(1, 2)]
+    assert policy.member_of(t(1, 2)) == "a"
+    assert policy.member_statistics()["a"].affinity_hits == 1
+    assert policy.wake_at is None  # its expiry is gone with it
+
+
+def test_a_request_whose_preference_ran_out_still_prefers_its_member() -> None:
+    policy = pool(2, 2, affinity_wait=1.0)
+    policy.acquire(t(0, 0), member="a")
+    policy.acquire(t(0, 1), member="a")
+    policy.acquire(t(0, 2), member="b")
+    policy.acquire(t(0, 3), member="b")
+    policy.acquire(t(1, 4), prefer="a")
+    assert policy.tick(1.0) == []  # nobody has room: it waits for any
+    assert policy.member_statistics()["a"].waiting == 0
+    assert policy.release(t(0, 2)) == [t(1, 4)]  # b's slot: it takes it
+    assert policy.member_of(t(1, 4)) == "b"
+
+
+def test_a_preference_goes_at_once_to_its_free_member() -> None:
+    policy = pool(2, 2)
+    policy.acquire(t(0, 0))  # b: both have 2 free, a first... then b
+    assert policy.member_of(t(0, 0)) == "a"
+    assert policy.acquire(t(1, 1), prefer="a") == [t(1, 1)]
+    assert policy.member_of(t(1, 1)) == "a"  # though b has more free slots
+
+
+def test_affinity_wait_zero_or_one_member_ignores_preferences() -> None:
+    policy = pool(affinity_wait=0.0)
+    policy.acquire(t(0, 0))
+    assert policy.acquire(t(1, 1), prefer="a") == [t(1, 1)]
+    assert policy.member_of(t(1, 1)) == "b"
+    alone = SlotPolicy(1, provider="a")
+    alone.acquire(t(0, 0))
+    assert alone.acquire(t(1, 1), prefer="a") == []
+    assert alone.wake_at is None
+    assert alone.release(t(0, 0)) == [t(1, 1)]
+
+
+def test_a_preference_for_no_member_changes_nothing() -> None:
+    policy = pool()
+    policy.acquire(t(0, 0))
+    assert policy.acquire(t(1, 1), prefer="c") == [t(1, 1)]
+
+
+def test_a_member_added_takes_the_waiting_requests_in_order() -> None:
+    policy = SlotPolicy(1, provider="a")
+    policy.acquire(t(0, 0))
+    for ticket in [t(3, 1), t(1, 2), t(2, 3)]:
+        policy.acquire(ticket)
+    assert policy.add_member("b", 2) == [t(1, 2), t(2, 3)]
+    assert [policy.member_of(t(1, 2)), policy.member_of(t(2, 3))] == ["b", "b"]
+    assert policy.waiters() == [t(3, 1)]
+
+
+def test_a_member_removed_lets_its_holders_finish_and_fails_its_own_requests() -> None:
+    policy = pool(affinity_wait=5.0)
+    policy.acquire(t(0, 0))  # a
+    policy.acquire(t(0, 1))  # b
+    policy.acquire(t(1, 2), member="b")
+    policy.acquire(t(2, 3), prefer="b")
+    policy.acquire(t(3, 4))
+    grants, orphans = policy.remove_member("b")
+    assert (grants, orphans) == ([], [t(1, 2)])
+    assert policy.members == ["a"]
+    assert policy.statistics().rejected_total == 1
+    # The one that preferred b waits for any member now, in its place.
+    assert policy.waiters() == [t(2, 3), t(3, 4)]
+    # b's holder gives its slot back: nobody may take it (b is gone).
+    assert policy.release(t(0, 1)) == []
+    assert policy.member_of(t(0, 1)) is None
+    assert policy.release(t(0, 0)) == [t(2, 3)]
+    assert policy.member_of(t(2, 3)) == "a"
+
+
+def test_the_first_member_removed_the_next_is_the_default() -> None:
+    policy = pool(1, 3)
+    policy.remove_member("a")
+    assert policy.limit == 3
+    assert policy.set_limit(1) == []
+    assert policy.member_statistics()["b"].limit == 1
+
+
+def test_members_are_checked() -> None:
+    policy = pool()
+    with pytest.raises(ValueError, match=r"^'b' is a member already$"):
+        policy.add_member("b", 1)
+    with pytest.raises(ValueError, match=r"^no member 'c' in this policy$"):
+        policy.acquire(t(0, 0), member="c")
+    with pytest.raises(ValueError, match=r"^no member 'c' in this policy$"):
+        policy.set_limit(2, member="c")
+    with pytest.raises(ValueError, match=r"^limit must be a positive integer, got 0$"):
+        policy.add_member("c", 0)
+    policy.remove_member("b")
+    with pytest.raises(ValueError, match=r"^'a' is the last member$"):
+        policy.remove_member("a")
+    assert policy.waiting == 0  # nothing refused was queued
+
+
+def test_a_full_queue_refuses_a_member_request_nobody_can_take() -> None:
+    policy = pool(max_waiting=1)
+    policy.acquire(t(0, 0), member="a")
+    policy.acquire(t(1, 1), member="a")
+    with pytest.raises(QueueFull):
+        policy.acquire(t(2, 2), member="a")
+    # One b can take still goes.
+    assert policy.acquire(t(3, 3)) == [t(3, 3)]
+
+
+def test_a_tenants_cap_is_over_the_whole_pool() -> None:
+    policy = pool(2, 2, tenants={"x": Tenant(limit=2)})
+    for i in range(3):
+        policy.acquire(Ticket(i, i, 0, "x"))
+    assert policy.in_flight == 2
+    assert policy.acquire(Ticket(5, 5, 0, "y")) == [Ticket(5, 5, 0, "y")]
+
+
+class _Reference:
+    """The pool rule by brute force: the oldest ticket some member with room may take."""
+
+    def __init__(self, affinity_wait: float) -> None:
+        self.affinity_wait = affinity_wait
+        self.now = 0.0
+        self.limits: dict[str, int | None] = {"a": 1}
+        self.paused: dict[str, float | None] = {"a": None}
+        self.held: dict[str, set[Ticket]] = {"a": set()}
+        self.holder_of: dict[Ticket, str] = {}
+        self.pools: dict[str, list[str]] = {}
+        # ticket: [member or pool asked for (None: any), member preferred
+        # (None: none that counts), when it was queued, whether it waits
+        # for the preferred member alone still]
+        self.waiting: dict[Ticket, list[object]] = {}
+
+    def room(self, name: str) -> bool:
+        limit = self.limits[name]
+        if limit is None:
+            return True
+        return self.paused[name] is None and len(self.held[name]) < limit
+
+    def choices(self, asked: str | None) -> list[str]:
+        if asked is None:
+            return list(self.limits)
+        return list(self.pools.get(asked, [asked]))
+
+    def candidates(self, ticket: Ticket) -> list[str]:
+        asked, prefer, queued_at, alone = self.waiting[ticket]
+        assert asked is None or isinstance(asked, str)
+        assert isinstance(queued_at, float)
+        if asked is not None and asked not in self.pools:
+            return [asked]
+        if alone and self.now < queued_at + self.affinity_wait:
+            return [prefer]  # type: ignore[list-item]
+        choices = self.choices(asked)
+        free = {
+            name: float("inf")
+            if self.limits[name] is None
+            else self.limits[name] - len(self.held[name])  # type: ignore[operator]
+            for name in choices
+        }
+        ordered = sorted(choices, key=lambda name: -free[name])
+        if isinstance(prefer, str) and prefer in free:
+            ordered.remove(prefer)
+            ordered.insert(0, prefer)
+        return ordered
+
+    def fill(self) -> list[tuple[Ticket, str]]:
+        grants: list[tuple[Ticket, str]] = []
+        while True:
+            chosen = None
+            for ticket in sorted(self.waiting):
+                for name in self.candidates(ticket):
+                    if self.room(name):
+                        chosen = ticket, name
+                        break
+                if chosen is not None:
+                    break
+            if chosen is None:
+                return grants
+            ticket, name = chosen
+            del self.waiting[ticket]
+            self.held[name].add(ticket)
+            self.holder_of[ticket] = name
+            grants.append(chosen)
+
+    def give_back(self, ticket: Ticket) -> None:
+        name = self.holder_of.pop(ticket)
+        if name in self.held:
+            self.held[name].discard(ticket)
+
+    def stop_waiting_alone(self, stops: object) -> None:
+        for entry in self.waiting.values():
+            if entry[3] and entry[1] == stops:
+                entry[3] = False
+
+
+_names = st.sampled_from(["a", "b", "c", "d"])
+_pools = st.sampled_from(["p", "q"])
+_limits = st.one_of(st.none(), st.integers(1, 3))
+
+
+class PoolMachine(RuleBasedStateMachine):
+    """The pool policy against the brute-force rule, on random operations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seq = 0
+        self.policy = SlotPolicy(1, provider="a", affinity_wait=2.0)
+        self.model = _Reference(2.0)
+        self.limits_lowered: set[str] = set()
+
+    def expect(self, grants: list[Ticket], expected: list[tuple[Ticket, str]]) -> None:
+        assert [
+            (ticket, self.policy.member_of(ticket)) for ticket in grants
+        ] == expected
+
+    @rule(
+        rank=st.integers(0, 5),
+        asked=st.sampled_from(["any", "member", "p", "q"]),
+        prefer=st.one_of(st.none(), _names, st.just("zz")),
+        name=_names,
+    )
+    def acquire(self, rank: int, asked: str, prefer: str | None, name: str) -> None:
+        model = self.model
+        self.seq += 1
+        ticket = Ticket(float(rank), self.seq)
+        if asked == "member":
+            target: str | None = name if name in model.limits else "a"
+            if target not in model.limits:
+                target = next(iter(model.limits))
+        elif asked == "any":
+            target = None
+        else:
+            target = asked if asked in model.pools else None
+        grants = self.policy.acquire(ticket, member=target, prefer=prefer)
+        choices = model.choices(target)
+        counts = (
+            (target is None or target in model.pools)
+            and len(choices) > 1
+            and prefer in choices
+        )
+        model.waiting[ticket] = [
+            target,
+            prefer if counts else None,
+            model.now,
+            counts,
+        ]
+        self.expect(grants, model.fill())
+
+    @precondition(lambda self: self.model.holder_of)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        ticket = data.draw(st.sampled_from(sorted(self.model.holder_of)))
+        self.model.give_back(ticket)
+        self.expect(self.policy.release(ticket), self.model.fill())
+
+    @precondition(lambda self: self.model.waiting)
+    @rule(data=st.data())
+    def cancel_waiting(self, data: st.DataObject) -> None:
+        ticket = data.draw(st.sampled_from(sorted(self.model.waiting)))
+        del self.model.waiting[ticket]
+        self.expect(self.policy.cancel(ticket), self.model.fill())
+
+    @rule(name=_names, seconds=st.integers(1, 4))
+    def pause(self, name: str, seconds: int) -> None:
+        if name not in self.model.limits:
+            return
+        until = self.model.now + seconds
+        self.policy.pause(until, member=name)
+        paused = self.model.paused[name]
+        self.model.paused[name] = until if paused is None else max(paused, until)
+
+    @rule(name=_names)
+    def resume(self, name: str) -> None:
+        if name not in self.model.limits:
+            return
+        self.model.paused[name] = None
+        self.expect(self.policy.resume(member=name), self.model.fill())
+
+    @rule(name=_names, limit=_limits)
+    def set_limit(self, name: str, limit: int | None) -> None:
+        if name not in self.model.limits:
+            return
+        old = self.model.limits[name]
+        if limit is not None and (old is None or limit < old):
+            self.limits_lowered.add(name)
+        self.model.limits[name] = limit
+        self.expect(self.policy.set_limit(limit, member=name), self.model.fill())
+
+    @rule(name=_names, limit=_limits)
+    def add_member(self, name: str, limit: int | None) -> None:
+        if name in self.model.limits:
+            return
+        self.model.limits[name] = limit
+        self.model.paused[name] = None
+        self.model.held[name] = set()
+        self.expect(self.policy.add_member(name, limit), self.model.fill())
+
+    @rule(name=_names)
+    def remove_member(self, name: str) -> None:
+        model = self.model
+        if name not in model.limits or len(model.limits) == 1:
+            return
+        if any(members == [name] for members in model.pools.values()):
+            with pytest.raises(ValueError, match="is the last member of pool"):
+                self.policy.remove_member(name)
+            return
+        grants, orphans = self.policy.remove_member(name)
+        model.stop_waiting_alone(name)
+        expected = sorted(t for t, entry in model.waiting.items() if entry[0] == name)
+        for ticket in expected:
+            del model.waiting[ticket]
+        for members in model.pools.values():
+            if name in members:
+                members.remove(name)
+        del model.limits[name], model.paused[name], model.held[name]
+        self.limits_lowered.discard(name)
+        assert sorted(orphans) == expected
+        self.expect(grants, model.fill())
+
+    @rule(pool=_pools, names=st.lists(_names, min_size=1, max_size=4, unique=True))
+    def set_pool(self, pool: str, names: list[str]) -> None:
+        model = self.model
+        members = [name for name in names if name in model.limits]
+        if not members:
+            return
+        grants = self.policy.set_pool(pool, members)
+        model.pools[pool] = members
+        for entry in model.waiting.values():
+            if entry[0] == pool and entry[3] and entry[1] not in members:
+                entry[3] = False
+        self.expect(grants, model.fill())
+
+    @rule(pool=_pools)
+    def remove_pool(self, pool: str) -> None:
+        model = self.model
+        if pool not in model.pools:
+            with pytest.raises(ValueError, match=r"^no pool '[pq]' in this policy$"):
+                self.policy.remove_pool(pool)
+            return
+        grants, orphans = self.policy.remove_pool(pool)
+        del model.pools[pool]
+        expected = sorted(t for t, entry in model.waiting.items() if entry[0] == pool)
+        for ticket in expected:
+            del model.waiting[ticket]
+        assert sorted(orphans) == expected
+        self.expect(grants, model.fill())
+
+    @rule(seconds=st.sampled_from([0.5, 1.0, 2.0, 3.0]))
+    def tick(self, seconds: float) -> None:
+        model = self.model
+        model.now += seconds
+        for name, until in model.paused.items():
+            if until is not None and model.now >= until:
+                model.paused[name] = None
+        self.expect(self.policy.tick(model.now), model.fill())
+
+    @invariant()
+    def agree(self) -> None:
+        policy, model = self.policy, self.model
+        assert policy.members == list(model.limits)
+        assert policy.pools == model.pools
+        assert set(policy.waiters()) == set(model.waiting)
+        assert {t: policy.member_of(t) for t in model.holder_of} == model.holder_of
+        statistics = policy.member_statistics()
+        for name, limit in model.limits.items():
+            held = len(model.held[name])
+            assert statistics[name].in_flight == held
+            if limit is not None and name not in self.limits_lowered:
+                assert held <= limit
+        # Work-conserving: nobody waits whom a member with room may take.
+        for ticket in model.waiting:
+            assert not any(model.room(name) for name in model.candidates(ticket))
+
+    @invariant()
+    def wakes_for_what_waits(self) -> None:
+        model = self.model
+        wake_at = self.policy.wake_at
+        ends = [until for until in model.paused.values() if until is not None]
+        ends += [
+            entry[2] + 2.0  # type: ignore[operator]
+            for entry in model.waiting.values()
+            if entry[3] and model.now < entry[2] + 2.0  # type: ignore[operator]
+        ]
+        if ends:
+            assert wake_at is not None
+            assert wake_at <= min(ends)
+
+
+TestPoolMachine = PoolMachine.TestCase
+TestPoolMachine.settings = settings(
+    max_examples=300, stateful_step_count=40, deadline=None
+)
+
+
+def named_pool(*limits: int | None) -> SlotPolicy:
+    policy = SlotPolicy(limits[0], provider="m0", affinity_wait=2.0)
+    for i, limit in enumerate(limits[1:], 1):
+        policy.add_member(f"m{i}", limit)
+    return policy
+
+
+def test_a_named_pool_grants_on_its_members_only() -> None:
+    policy = named_pool(1, 1, 1)
+    policy.set_pool("p", ["m1", "m2"])
+    assert policy.pools == {"p": ["m1", "m2"]}
+    assert policy.acquire(t(0, 0), member="p") == [t(0, 0)]
+    assert policy.acquire(t(1, 1), member="p") == [t(1, 1)]
+    assert {policy.member_of(t(0, 0)), policy.member_of(t(1, 1))} == {"m1", "m2"}
+    # m0 is free, but not in the pool.
+    assert policy.acquire(t(2, 2), member="p") == []
+    assert policy.acquire(t(3, 3), member="m0") == [t(3, 3)]
+
+
+def test_two_pools_over_one_member_share_its_slots_in_turn_order() -> None:
+    policy = named_pool(1, 1)
+    policy.set_pool("gpt-4", ["m0", "m1"])
+    policy.set_pool("gpt-5", ["m1"])
+    policy.acquire(t(0, 0), member="gpt-4")
+    policy.acquire(t(0, 1), member="gpt-4")
+    policy.acquire(t(2, 2), member="gpt-4")
+    policy.acquire(t(1, 3), member="gpt-5")
+    # m1 frees: gpt-5's request is older than gpt-4's, and m1 serves both.
+    holder = next(
+        ticket for ticket in policy.holders() if policy.member_of(ticket) == "m1"
+    )
+    assert policy.release(holder) == [t(1, 3)]
+    # m0 frees: gpt-5 cannot use it; gpt-4's request can.
+    holder = next(
+        ticket for ticket in policy.holders() if policy.member_of(ticket) == "m0"
+    )
+    assert policy.release(holder) == [t(2, 2)]
+
+
+def test_a_pool_whose_members_change_replaces_its_waiters() -> None:
+    policy = named_pool(1, 1, 1)
+    policy.set_pool("p", ["m0"])
+    policy.acquire(t(0, 0), member="p")
+    policy.acquire(t(1, 1), member="p")
+    policy.acquire(t(2, 2), member="p")
+    assert policy.set_pool("p", ["m0", "m1", "m2"]) == [t(1, 1), t(2, 2)]
+    assert policy.set_pool("p", ["m2"]) == []
+    assert policy.member_of(t(1, 1)) == "m1"  # holders stay where they are
+
+
+def test_a_member_leaving_a_pool_releases_the_conversations_waiting_for_it() -> None:
+    policy = named_pool(1, 1)
+    policy.set_pool("p", ["m0", "m1"])
+    policy.acquire(t(0, 0), member="p", prefer="m0")  # m0
+    policy.acquire(t(0, 1), member="p", prefer="m1")  # m1
+    policy.release(t(0, 1))
+    policy.acquire(t(0, 2), member="m1")  # m1 busy again, directly
+    assert policy.acquire(t(1, 3), member="p", prefer="m0") == []
+    waking = [policy.wake_at]
+    # m0 leaves the pool: the request waits for the pool, not for m0.
+    policy.set_pool("p", ["m1"])
+    waking.append(policy.wake_at)
+    assert waking == [2.0, None]
+    assert policy.release(t(0, 0)) == []  # m0's slot is not the pool's
+    assert policy.release(t(0, 2)) == [t(1, 3)]
+    assert policy.member_of(t(1, 3)) == "m1"
+    assert policy.member_statistics()["m0"].affinity_moves == 1
+
+
+def test_a_pool_removed_fails_its_waiters_and_keeps_its_members() -> None:
+    policy = named_pool(1, 1)
+    policy.set_pool("p", ["m0", "m1"])
+    policy.acquire(t(0, 0), member="p")
+    policy.acquire(t(0, 1), member="p")
+    policy.acquire(t(1, 2), member="p", prefer="m0")
+    policy.acquire(t(2, 3), member="p")
+    policy.acquire(t(3, 4), member="m1")
+    grants, orphans = policy.remove_pool("p")
+    assert (grants, sorted(orphans)) == ([], [t(1, 2), t(2, 3)])
+    assert policy.members == ["m0", "m1"]
+    assert policy.statistics().rejected_total == 2
+    assert policy.waiters() == [t(3, 4)]
+    assert policy.wake_at is None
+
+
+def test_pools_are_checked() -> None:
+    policy = named_pool(1, 1)
+    with pytest.raises(ValueError, match=r"^pool 'm0' has the name of a member$"):
+        policy.set_pool("m0", ["m1"])
+    with pytest.raises(ValueError, match=r"^pool 'p' must have a member$"):
+        policy.set_pool("p", [])
+    with pytest.raises(ValueError, match=r"^pool 'p' names a member twice$"):
+        policy.set_pool("p", ["m1", "m1"])
+    with pytest.raises(ValueError, match=r"^no member 'x' in this policy$"):
+        policy.set_pool("p", ["x"])
+    with pytest.raises(ValueError, match=r"^no pool 'p' in this policy$"):
+        policy.remove_pool("p")
+    policy.set_pool("p", ["m1"])
+    with pytest.raises(ValueError, match=r"^'m1' is the last member of pool 'p'$"):
+        policy.remove_member("m1")
+    assert policy.members == ["m0", "m1"]
