@@ -434,11 +434,12 @@ class PoolMachine(RuleBasedStateMachine):
             and len(choices) > 1
             and prefer in choices
         )
+        # A paused member is preferred (tried first) but not waited for.
         model.waiting[ticket] = [
             target,
             prefer if counts else None,
             model.now,
-            counts,
+            counts and model.paused[prefer] is None,  # type: ignore[index]  # counts: a member
         ]
         self.expect(grants, model.fill())
 
@@ -461,9 +462,12 @@ class PoolMachine(RuleBasedStateMachine):
         if name not in self.model.limits:
             return
         until = self.model.now + seconds
-        self.policy.pause(until, member=name)
+        grants = self.policy.pause(until, member=name)
         paused = self.model.paused[name]
         self.model.paused[name] = until if paused is None else max(paused, until)
+        # Who waited for it alone waits for any member of its pool now.
+        self.model.stop_waiting_alone(name)
+        self.expect(grants, self.model.fill())
 
     @rule(name=_names)
     def resume(self, name: str) -> None:
@@ -689,3 +693,36 @@ def test_pools_are_checked() -> None:
     with pytest.raises(ValueError, match=r"^'m1' is the last member of pool 'p'$"):
         policy.remove_member("m1")
     assert policy.members == ["m0", "m1"]
+
+
+def test_a_paused_member_is_never_waited_for() -> None:
+    policy = pool(affinity_wait=5.0)
+    policy.acquire(t(0, 0))  # a
+    policy.acquire(t(0, 1))  # b
+    policy.acquire(t(1, 2), prefer="a")  # waits for a, up to 5 s
+    policy.acquire(t(2, 3), prefer="a")
+    assert policy.member_statistics()["a"].waiting == 2
+    # a answers 429: nobody waits for it any more; b's slot goes at once to
+    # the oldest, when b frees.
+    assert policy.report_rate_limit(0.0, 30.0, member="a") == []
+    assert policy.member_statistics()["a"].waiting == 0
+    assert policy.wake_at == 30.0
+    assert policy.release(t(0, 1)) == [t(1, 2)]
+    assert policy.member_of(t(1, 2)) == "b"
+    # b frees again: the next oldest goes, and a newcomer that prefers the
+    # paused member does not wait for it, but takes b's next slot in turn.
+    assert policy.release(t(1, 2)) == [t(2, 3)]
+    assert policy.member_of(t(2, 3)) == "b"
+    assert policy.acquire(t(3, 4), prefer="a") == []
+    assert policy.member_statistics()["a"].waiting == 0
+    assert policy.release(t(2, 3)) == [t(3, 4)]
+
+
+def test_a_pause_lets_the_waiters_of_the_paused_member_go_elsewhere_at_once() -> None:
+    policy = pool(1, 2, affinity_wait=5.0)
+    policy.acquire(t(0, 0), member="a")
+    policy.acquire(t(0, 1), member="b")
+    assert policy.acquire(t(1, 2), prefer="a") == []  # b has a free slot
+    assert policy.pause(10.0, member="a") == [t(1, 2)]
+    assert policy.member_of(t(1, 2)) == "b"
+    assert policy.member_statistics()["a"].affinity_moves == 1

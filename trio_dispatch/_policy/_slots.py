@@ -238,6 +238,34 @@ class MemberStatistics:
 
 
 @final
+@attrs.frozen
+class PoolStatistics:
+    """One pool: its members, and the requests waiting for it.
+
+    Attributes:
+        pool: The pool's name.
+        members: Its members, in the order they were named.
+        limit: Their limits added up, or ``None`` if one is unlimited.
+        in_flight: The slots its members hold now (for any request: a
+            member may be asked for directly, or be in several pools).
+        waiting: The requests waiting for the pool now, those waiting for
+            the member they prefer included.
+        affinity_hits: Requests granted on the member they preferred,
+            over its members.
+        affinity_moves: Requests that preferred one of its members and
+            were granted on another.
+    """
+
+    pool: str
+    members: tuple[str, ...]
+    limit: int | None
+    in_flight: int
+    waiting: int
+    affinity_hits: int
+    affinity_moves: int
+
+
+@final
 class _Member:
     """One member's limit, holders, budgets, pause and backoff."""
 
@@ -677,6 +705,53 @@ class SlotPolicy:
             peak_waiting=self._peak_waiting,
         )
 
+    def member_pauses(self) -> dict[str, float | None]:
+        """When each member's pause ends, by name: ``None`` if not paused, or unlimited."""
+        return {
+            name: None if member.limit is None else member.paused_until
+            for name, member in self._members.items()
+        }
+
+    def member_limits(self) -> dict[str, int | None]:
+        """Each member's limit, by name."""
+        return {name: member.limit for name, member in self._members.items()}
+
+    def member_budgets(
+        self, member: str, now: float | None = None
+    ) -> tuple[bool, BudgetStatistics | None]:
+        """Whether ``member``'s limit is adaptive, and its budgets at ``now``."""
+        gate = self._member(member).gate
+        if gate is None:
+            return False, None
+        return gate.adaptive is not None, gate.statistics(now)
+
+    def member_server_load(self, member: str) -> tuple[ServerLoad | None, int | None]:
+        """``member``'s latest reading of its server's load and its slots learned, if any."""
+        server = self._member(member).server
+        return (None, None) if server is None else (server.load, server.slots)
+
+    def pool_statistics(self) -> dict[str, PoolStatistics]:
+        """Each pool's snapshot, by name."""
+        waiting: dict[str, int] = {}
+        homes = self._homes
+        for ticket, lane in self._waiting.items():
+            name = _named(homes.get(ticket, lane))
+            if name is not None:
+                waiting[name] = waiting.get(name, 0) + 1
+        found = {}
+        for name, members in self._pools.items():
+            limits = [member.limit for member in members]
+            found[name] = PoolStatistics(
+                pool=name,
+                members=tuple(member.name for member in members),
+                limit=None if None in limits else sum(limits),  # type: ignore[arg-type]  # no None
+                in_flight=sum(len(member.holders) for member in members),
+                waiting=waiting.get(name, 0),
+                affinity_hits=sum(member.affinity_hits for member in members),
+                affinity_moves=sum(member.affinity_moves for member in members),
+            )
+        return found
+
     def member_statistics(self) -> dict[str, MemberStatistics]:
         """Each member's snapshot, by name, in ``members`` order."""
         alone: dict[str, int] = {}
@@ -720,17 +795,24 @@ class SlotPolicy:
             raise ValueError(f"ticket {ticket!r} is already known")
         model = ticket.model
         lane: Lane = model
-        preferred = home = None  # its lane after its wait for the member it prefers
+        preferred = None
+        # Its lane once its wait for the member it prefers ends: none unless
+        # it waits for that member first (then ``lane`` is that member's).
+        home: Lane = model
         if member is not None or prefer is not None:
             lane, preferred, home = self._lane(model, member, prefer)
         if ticket.tenant is not None and not self._counting:
             # The first ticket with a tenant.
             self.needs_clock = True
             self._count()
+        if preferred is not None:
+            # Before the choice of a member: it is tried first.
+            self._preferred[ticket] = preferred
         max_waiting = self._max_waiting
         full = max_waiting is not None and len(waiting) >= max_waiting
         taker = self._taker(ticket, tokens, lane) if full or not waiting else None
         if full and taker is None:
+            self._preferred.pop(ticket, None)
             raise self._refused()
         if waiting:
             taker = None  # it goes with the others, by the fill
@@ -738,15 +820,13 @@ class SlotPolicy:
             self._expect(ticket, tokens)
         if model is not None:
             self._use(model)
-        if preferred is not None:
-            self._preferred[ticket] = preferred
         if taker is not None:
             return self._grant_at_once(taker, ticket)
         if tokens:
             self._estimates[ticket] = tokens
         waiting[ticket] = lane
         self._tenants.queue(ticket, self._now, lane)
-        if preferred is not None:
+        if lane is not home:
             self._homes[ticket] = home
             heapq.heappush(self._expiring, (self._now + self._affinity_wait, ticket))
         grants = self._fill() if self._open() else []
@@ -768,27 +848,34 @@ class SlotPolicy:
 
     def _lane(
         self, model: str | None, member: str | None, prefer: str | None
-    ) -> tuple[Lane, _Member | None, Lane | None]:
-        """A new ticket's lane; the member it prefers and its lane after, if that counts.
+    ) -> tuple[Lane, _Member | None, Lane]:
+        """A new ticket's lane, the member it prefers, and its lane after its wait for it.
 
         A preference counts for a ticket that may go to several members,
-        the preferred one among them, while ``affinity_wait`` is not 0.
+        the preferred one among them, while ``affinity_wait`` is not 0; it
+        waits for that member first (in its lane) unless that member is
+        paused. Without such a wait, the first and the last are the same.
         """
         home: Lane = model
         choices: list[_Member] | dict[str, _Member] = self._members
         if member is not None:
             pool = self._pools.get(member)
             if pool is None:
-                return (model, self._member(member).name), None, None
+                lane = (model, self._member(member).name)
+                return lane, None, lane
             home, choices = (model, member), pool
         if prefer is None or not self._affinity_wait or len(choices) < 2:
-            return home, None, None
+            return home, None, home
         preferred = self._members.get(prefer)
         if preferred is None or (
             isinstance(choices, list) and preferred not in choices
         ):
-            return home, None, None
+            return home, None, home
         self.needs_clock = True
+        if preferred.paused_until is not None:
+            # Preferred, first among those that can take it, but not
+            # waited for: a paused member takes nothing until its pause ends.
+            return home, preferred, home
         return (model, prefer), preferred, home
 
     def _open(self) -> bool:
@@ -1212,27 +1299,36 @@ class SlotPolicy:
             chosen.models.observed(model)
         return []
 
-    def pause(self, until: float, *, member: str | None = None) -> None:
+    def pause(self, until: float, *, member: str | None = None) -> list[Ticket]:
         """Grant nothing on a member before ``until``; a pause is never shortened.
 
         The raw instrument, taken as given: ``max_pause`` bounds the pauses
-        of ``report_rate_limit``, and ``resume`` ends any pause.
+        of ``report_rate_limit``, and ``resume`` ends any pause. The tickets
+        waiting only for the member they prefer, this one, wait for any
+        member of their pool now: returned are those granted at once.
         """
         until = check_deadline(until, "until")
         chosen = self._member(member)
         if chosen.paused_until is None or until > chosen.paused_until:
             chosen.paused_until = until
+        if not self._homes:
+            return []
+        homes = len(self._homes)
+        self._rehome(lambda ticket: self._preferred.get(ticket) is chosen)
+        return self._fill() if len(self._homes) < homes else []
 
     def report_rate_limit(
         self, now: float, retry_after: float | None = None, *, member: str | None = None
-    ) -> None:
+    ) -> list[Ticket]:
         """Pause a member's grants after a rate-limit answer that arrived at ``now``.
 
         With ``retry_after``, the server's delay in seconds, grants pause
         that long; without, or with one that is not positive (which names
         no delay, ``server_delay``), for the backoff of the streak's
         current round (see the module's docstring). Either way for at most
-        ``max_pause``, and never less than a pause already running.
+        ``max_pause``, and never less than a pause already running. Returns
+        the tickets granted because they no longer wait for this member
+        (see ``pause``).
         """
         now = check_instant(now, "now")
         delay = server_delay(check_optional_seconds(retry_after, "retry_after"))
@@ -1249,12 +1345,12 @@ class SlotPolicy:
             chosen.granted_at_report = chosen.granted_total
             chosen.reported = set(chosen.holders)
         seconds = chosen.step if delay is None else min(delay, self._max_pause)
-        self.pause(now + seconds, member=chosen.name)
         gate = chosen.gate
         if gate is not None:
             limit = gate.rate_limited(chosen.holders)
             if limit is not None:
                 chosen.limit = limit
+        return self.pause(now + seconds, member=chosen.name)
 
     def resume(self, *, member: str | None = None) -> list[Ticket]:
         """End a member's pause and backoff streak now; waiters go in ticket order."""
