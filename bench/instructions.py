@@ -99,6 +99,9 @@ class MinimalPolicy:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.wake_at = self.paused_until = None
+        # One member, no pool: the scheduler asks.
+        self.members = ["p"]
+        self.pools: dict[str, list[str]] = {}
         self._holders: set[Ticket] = set()
         self._waiting: list[Ticket] = []
 

@@ -39,11 +39,13 @@ from ._dispatch._slot import Slot as Slot
 from ._dispatch._statistics import DispatcherStatistics as DispatcherStatistics
 from ._dispatch._turn import Turn as Turn
 from ._dispatch._turn import current_turn as current_turn
+from ._endpoint import Endpoint as Endpoint
 from ._exceptions import BackendUnavailable as BackendUnavailable
 from ._exceptions import ConversationClosed as ConversationClosed
 from ._exceptions import DispatcherClosed as DispatcherClosed
 from ._exceptions import DispatchError as DispatchError
 from ._exceptions import LeaseLost as LeaseLost
+from ._exceptions import PoolRemoved as PoolRemoved
 from ._exceptions import ProviderError as ProviderError
 from ._exceptions import QueueFull as QueueFull
 from ._exceptions import ServerLoadUnavailable as ServerLoadUnavailable
@@ -54,7 +56,9 @@ from ._exceptions import UnknownServerMetrics as UnknownServerMetrics
 from ._policy._budgets import BudgetStatistics as BudgetStatistics
 from ._policy._ratelimits import Quota as Quota
 from ._policy._ratelimits import RateLimitInfo as RateLimitInfo
+from ._policy._slots import PoolStatistics as PoolStatistics
 from ._policy._tenants import TenantStatistics as TenantStatistics
+from ._pool_provider import PoolProvider as PoolProvider
 from ._provider import Provider as Provider
 from ._server_load._formats import parse_server_load as parse_server_load
 from ._server_load._load import ServerLoad as ServerLoad
@@ -92,7 +96,11 @@ __all__ = [
     "Dispatcher",
     "DispatcherClosed",
     "DispatcherStatistics",
+    "Endpoint",
     "LeaseLost",
+    "PoolProvider",
+    "PoolRemoved",
+    "PoolStatistics",
     "Provider",
     "ProviderError",
     "ProviderStatistics",

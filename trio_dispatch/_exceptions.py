@@ -8,6 +8,7 @@ sent again)::
     DispatchError
     ├── DispatcherClosed     the dispatcher has shut down; nothing was acquired
     ├── QueueFull            too many requests already wait for this provider
+    ├── PoolRemoved          the pool the request waited for was removed
     ├── SlotHoldTimeout      a slot was held longer than max_hold; the body was
     │                        cancelled and the slot given back
     ├── LeaseLost            a slot's lease in Redis went unrenewed for a whole
@@ -123,6 +124,21 @@ class QueueFull(DispatchError):
         super().__init__(message)
         self.provider = provider
         self.max_waiting = max_waiting
+
+
+@final
+class PoolRemoved(DispatchError):
+    """The pool a request waited for was removed (``Dispatcher.remove_pool``).
+
+    Raised to each request waiting for it then; the caller holds no slot.
+
+    Attributes:
+        pool: The pool's name.
+    """
+
+    def __init__(self, message: str, *, pool: str) -> None:
+        super().__init__(message)
+        self.pool = pool
 
 
 def queue_full(provider: str | None, waiting: int, max_waiting: int) -> QueueFull:

@@ -6,13 +6,16 @@ minor versions. An application needs none of them; ``trio_dispatch``,
 ``trio_dispatch.testing`` are its API.
 
 - The scheduling core: ``SlotPolicy`` (the synchronous, I/O-free state
-  machine that decides every grant), its ``PolicyStatistics``, the
+  machine that decides every grant), its ``PolicyStatistics`` (and
+  ``MemberStatistics``, each member's of a pool), the
   ``Ticket`` that orders requests, and the ``Throttle`` it asks about
   budgets and adaptive limits.
 - The scheduler actor, ``SchedulerActor``, and the protocol it speaks:
   ``Acquire``, ``Release``, ``Cancel``, ``SetLimit``, ``Adapt``, ``Pause``,
   ``Resume``, ``Answered``, ``ReportUsage``, ``ObserveLatency``, ``ObserveServerLoad``, ``ObserveRateLimits``,
-  ``SetTenant``, ``SetModelBudget`` (together ``SchedulerMessage``),
+  ``SetTenant``, ``SetModelBudget``, and for a scheduler of pooled
+  providers ``ForMember`` (a message for one member or pool of it),
+  ``SetPool`` and ``RemovePool`` (together ``SchedulerMessage``),
   answered through a ``Reply`` (``granted(ticket, granted_at)`` or
   ``refused(error)``, and ``lease_until(deadline)`` from a backend that
   leases its slots; called by the backend only); ``Grant`` is a grant
@@ -58,6 +61,7 @@ from ._observe._hub import CallObserver as CallObserver
 from ._observe._hub import EventSink as EventSink
 from ._observe._translator import Translator as Translator
 from ._policy._budgets import Throttle as Throttle
+from ._policy._slots import MemberStatistics as MemberStatistics
 from ._policy._slots import PolicyStatistics as PolicyStatistics
 from ._policy._slots import SlotPolicy as SlotPolicy
 from ._util import fixup_module_metadata
@@ -66,18 +70,21 @@ from .messages._protocol import Acquire as Acquire
 from .messages._protocol import Adapt as Adapt
 from .messages._protocol import Answered as Answered
 from .messages._protocol import Cancel as Cancel
+from .messages._protocol import ForMember as ForMember
 from .messages._protocol import Grant as Grant
 from .messages._protocol import ObserveLatency as ObserveLatency
 from .messages._protocol import ObserveRateLimits as ObserveRateLimits
 from .messages._protocol import ObserveServerLoad as ObserveServerLoad
 from .messages._protocol import Pause as Pause
 from .messages._protocol import Release as Release
+from .messages._protocol import RemovePool as RemovePool
 from .messages._protocol import Reply as Reply
 from .messages._protocol import ReportUsage as ReportUsage
 from .messages._protocol import Resume as Resume
 from .messages._protocol import SchedulerMessage as SchedulerMessage
 from .messages._protocol import SetLimit as SetLimit
 from .messages._protocol import SetModelBudget as SetModelBudget
+from .messages._protocol import SetPool as SetPool
 from .messages._protocol import SetTenant as SetTenant
 from .messages._protocol import Ticket as Ticket
 
@@ -90,7 +97,9 @@ __all__ = [
     "CallObserver",
     "Cancel",
     "EventSink",
+    "ForMember",
     "Grant",
+    "MemberStatistics",
     "ObserveLatency",
     "ObserveRateLimits",
     "ObserveServerLoad",
@@ -98,6 +107,7 @@ __all__ = [
     "Plumbing",
     "PolicyStatistics",
     "Release",
+    "RemovePool",
     "Reply",
     "ReportUsage",
     "Resume",
@@ -105,6 +115,7 @@ __all__ = [
     "SchedulerMessage",
     "SetLimit",
     "SetModelBudget",
+    "SetPool",
     "SetTenant",
     "SlotPolicy",
     "Throttle",

@@ -309,7 +309,10 @@ async def test_status_is_the_statistics_as_plain_json(
         "tenants": {},
         "server_load": None,
         "server_slots": None,
+        "affinity_hits": 0,
+        "affinity_moves": 0,
     }
+    assert body["pools"] == {}
     assert stats.released_total == 1  # given back since
     anthropic = body["providers"]["anthropic"]
     assert anthropic["paused"] is True
@@ -1038,3 +1041,30 @@ async def test_metrics_serves_the_real_collector_agreeing_with_statistics(
         if s.name == "trio_dispatch_grants_total"
     }
     assert grants["openai"] == stats["openai"].granted_total == 2
+
+
+async def test_status_lists_the_pools_and_their_members() -> None:
+    async with (
+        open_dispatcher(
+            {"key-a": 1, "key-b": 2}, pools={"gpt": ("key-a", "key-b")}
+        ) as dispatcher,
+        dispatcher.slot("gpt"),
+        serve_admin(dispatcher) as base_url,
+        httpx.AsyncClient(base_url=base_url, headers=AUTH) as client,
+    ):
+        response = await client.get("/status")
+    body = response.json()
+    assert body["pools"] == {
+        "gpt": {
+            "pool": "gpt",
+            "members": ["key-a", "key-b"],
+            "limit": 3,
+            "in_flight": 1,
+            "waiting": 0,
+            "affinity_hits": 0,
+            "affinity_moves": 0,
+        }
+    }
+    # key-b has the most free slots: the grant went there.
+    assert body["providers"]["key-b"]["in_flight"] == 1
+    assert body["providers"]["key-a"]["in_flight"] == 0

@@ -631,3 +631,50 @@ async def test_tenant_series_add_up_to_the_providers_and_never_go_down(
         assert seen[(family, "p", "other")] > 0, family
     assert seen[("trio_dispatch_tenant_grants_total", "p", "beta")] > 0
     assert seen[("trio_dispatch_tenant_grants_total", "q", "gamma")] > 0
+
+
+async def test_a_pool_has_its_own_samples_and_its_members_their_own(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_dispatcher(
+        {"key-a": 1, "key-b": 2}, pools={"gpt": ("key-a", "key-b")}
+    ) as dispatcher:
+        registry = CollectorRegistry()
+        registry.register(PrometheusCollector(dispatcher))
+        async with trio.open_nursery() as nursery:
+
+            async def hold(seconds: float, conversation: str) -> None:
+                async with dispatcher.slot("gpt", conversation_id=conversation):
+                    await trio.sleep(seconds)
+
+            for index, seconds in enumerate((3.0, 3.0, 3.0, 1.0)):
+                nursery.start_soon(hold, seconds, f"c{index}")
+                await trio.testing.wait_all_tasks_blocked()
+            samples = scrape(registry)
+            pool = (("pool", "gpt"),)
+            assert samples[("trio_dispatch_pool_slots_in_use", pool)] == 3
+            assert samples[("trio_dispatch_pool_slots_limit", pool)] == 3
+            assert samples[("trio_dispatch_pool_waiting", pool)] == 1
+            assert (
+                samples[("trio_dispatch_slots_in_use", (("provider", "key-b"),))] == 2
+            )
+            assert (
+                samples[("trio_dispatch_slots_in_use", (("provider", "key-a"),))] == 1
+            )
+            assert ("trio_dispatch_slots_in_use", (("provider", "gpt"),)) not in samples
+        samples = scrape(registry)
+        stats = dispatcher.statistics()
+        assert samples[("trio_dispatch_pool_affinity_hits_total", pool)] == (
+            stats.pools["gpt"].affinity_hits
+        )
+        assert samples[("trio_dispatch_pool_affinity_moves_total", pool)] == (
+            stats.pools["gpt"].affinity_moves
+        )
+        # Each grant's wait counts for the member granted, none for the pool.
+        waits = {
+            labels: value
+            for (name, labels), value in samples.items()
+            if name == "trio_dispatch_queue_wait_seconds_count"
+        }
+        assert sum(waits.values()) == 4
+        assert set(waits) == {(("provider", "key-a"),), (("provider", "key-b"),)}

@@ -658,8 +658,11 @@ class Conversation(metaclass=NoPublicConstructor):
         )
 
     def _limited(self) -> bool:
-        """Whether the dispatcher limits the provider, and so pauses it."""
-        return self._provider.id in self._dispatcher.limits()
+        """Whether the dispatcher limits the provider (or a pool's members), and so pauses it."""
+        provider = self._provider.id
+        return provider in self._dispatcher.limits() or provider in (
+            self._dispatcher.pools()
+        )
 
     def _pause_cap(self) -> float | None:
         """The longest ``Retry-After`` a backoff honours: none if a pause does."""
@@ -929,6 +932,7 @@ def start_conversation(
         tenant=check_optional_tenant(tenant),
     )
     dispatcher.check_known(provider.id)
+    dispatcher.check_pool_provider(provider)
     if dispatcher.closed:
         raise DispatcherClosed("the dispatcher is closed")
     dispatcher.start_soon(

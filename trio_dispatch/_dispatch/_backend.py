@@ -73,6 +73,12 @@ class ProviderStatistics:
             ``None``: not read, or the latest reading failed.
         server_slots: The server's slots, learned from a reading with a
             queue (it runs all it can then), or ``None`` until then.
+        affinity_hits: For a member of a pool, the requests granted on it
+            that preferred it (their conversation's previous call was
+            granted on it); 0 otherwise.
+        affinity_moves: For a member of a pool, the requests that
+            preferred it and were granted on another member, having waited
+            ``affinity_wait`` for it or found it out of their pool.
     """
 
     provider: str
@@ -97,6 +103,8 @@ class ProviderStatistics:
     tenants: Mapping[str, TenantStatistics] = attrs.field(factory=dict)
     server_load: ServerLoad | None = None
     server_slots: int | None = None
+    affinity_hits: int = 0
+    affinity_moves: int = 0
 
 
 class _Occupancy(Protocol):
@@ -144,6 +152,7 @@ def provider_statistics(
     tenants: Mapping[str, TenantStatistics],
     fleet: Fleet | None = None,
     server_load: tuple[ServerLoad | None, int | None] = (None, None),
+    affinity: tuple[int, int] = (0, 0),
 ) -> ProviderStatistics:
     """The snapshot of ``provider``: every backend's, built one way.
 
@@ -176,6 +185,8 @@ def provider_statistics(
         tenants=tenants,
         server_load=server_load[0],
         server_slots=server_load[1],
+        affinity_hits=affinity[0],
+        affinity_moves=affinity[1],
     )
 
 

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, final, overload
 
 from .._conversations._conversation import start_conversation
+from .._endpoint import Endpoint
 from .._integrations._limited import LimitedProvider
 from .._util import NoPublicConstructor
 from .._validation import check_flag, check_provider
@@ -25,7 +27,7 @@ from ._plumbing import UNSET, run_plumbing
 
 if TYPE_CHECKING:
     import contextlib
-    from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
     from typing import Self
 
     import httpx
@@ -52,7 +54,8 @@ if TYPE_CHECKING:
     from ._turn import Turn
 
     _MakeTransport = Callable[
-        [Plumbing, str, bool], httpx2.AsyncBaseTransport | httpx.AsyncBaseTransport
+        [Plumbing, str, bool, "dict[str, Endpoint] | None"],
+        httpx2.AsyncBaseTransport | httpx.AsyncBaseTransport,
     ]
 
 
@@ -283,6 +286,43 @@ class Dispatcher(metaclass=NoPublicConstructor):
         """The limits, provider by provider (a copy); an adaptive one's current value."""
         return self._plumbing.limits()
 
+    def set_pool(self, pool: str, members: Sequence[str]) -> None:
+        """Make ``pool`` a pool of ``members``, or change its members, now.
+
+        ``slot(pool)`` then goes to whichever member can take it first, in
+        the pool's one queue (see ``open_dispatcher``'s ``pools``). The
+        requests already waiting for the pool keep their place, and go to
+        the new members as they free up; those waiting for a member that
+        leaves the pool (their conversation's) wait for any member now.
+        Slots held on a member that leaves keep it until given back.
+
+        A pool may take, at run time, members already pooled together
+        (named in ``open_dispatcher``'s ``pools``, or in an earlier
+        ``set_pool``), or providers never used yet; a provider scheduled
+        on its own already cannot join a pool's queue.
+
+        Raises:
+            ValueError: ``pool`` is a provider's name, ``members`` is empty
+                or names one twice, or would join providers scheduled apart.
+            DispatcherClosed: The dispatcher has closed.
+        """
+        self._plumbing.set_pool(pool, members)
+
+    def remove_pool(self, pool: str) -> None:
+        """Forget ``pool``: the requests waiting for it fail with ``PoolRemoved``.
+
+        Its members stay, with their limits, slots and queue places.
+
+        Raises:
+            ValueError: There is no such pool.
+            DispatcherClosed: The dispatcher has closed.
+        """
+        self._plumbing.remove_pool(pool)
+
+    def pools(self) -> dict[str, tuple[str, ...]]:
+        """Each pool's members, by pool (a copy)."""
+        return self._plumbing.pools()
+
     def observe_rate_limits(
         self, provider: str, info: RateLimitInfo, *, model: str | None = None
     ) -> None:
@@ -443,6 +483,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         *,
         inner: httpx.AsyncBaseTransport,
         server_priority: bool = False,
+        endpoints: Mapping[str, Endpoint] | None = None,
     ) -> httpx.AsyncBaseTransport: ...
 
     @overload
@@ -452,6 +493,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         *,
         inner: httpx2.AsyncBaseTransport | None = None,
         server_priority: bool = False,
+        endpoints: Mapping[str, Endpoint] | None = None,
     ) -> httpx2.AsyncBaseTransport: ...
 
     def transport(
@@ -460,6 +502,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         *,
         inner: httpx2.AsyncBaseTransport | httpx.AsyncBaseTransport | None = None,
         server_priority: bool = False,
+        endpoints: Mapping[str, Endpoint] | None = None,
     ) -> httpx2.AsyncBaseTransport | httpx.AsyncBaseTransport:
         """An HTTP transport whose model calls each hold a slot of ``provider``.
 
@@ -516,6 +559,16 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 sent untouched. Off by default: turn it on only for a
                 server in priority mode (vLLM out of it ignores the field;
                 its older releases refuse every such request).
+            endpoints: For a pool (``open_dispatcher``'s ``pools``), each
+                member's ``Endpoint``, by member: a model call is sent to
+                the base URL of the member its slot was granted on, with
+                that member's key in its wire format's header
+                (``Authorization: Bearer`` for OpenAI's, ``x-api-key`` for
+                Anthropic's), whatever base URL and key the SDK's client
+                was given; the answer's rate-limit figures and pauses are
+                that member's. Anything else the SDK sends goes where its
+                client points. Every member needs one; ``None``: every
+                call goes where the client points.
 
         Raises:
             TypeError: ``provider`` is not a string, ``inner`` is not an
@@ -524,13 +577,41 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 client (an ``httpx.AsyncClient`` given a transport made
                 without ``inner``), before any slot.
             ValueError: ``provider`` is empty, or unknown while the
-                dispatcher's ``unknown_providers`` is ``"error"``.
+                dispatcher's ``unknown_providers`` is ``"error"``;
+                ``endpoints`` misses a member or names another.
         """
         check_provider(provider)
         check_flag(server_priority, "server_priority")
+        routes = None if endpoints is None else self._endpoints(provider, endpoints)
         make = _transport_for(inner)
         self._plumbing.check_known(provider)
-        return make(self._plumbing, provider, server_priority)
+        return make(self._plumbing, provider, server_priority, routes)
+
+    def _endpoints(
+        self, provider: str, endpoints: Mapping[str, Endpoint]
+    ) -> dict[str, Endpoint]:
+        """``endpoints``, checked: one ``Endpoint`` for each member of ``provider``'s pool."""
+        if not isinstance(endpoints, Mapping):
+            raise TypeError(
+                f"endpoints must be a mapping of members to Endpoint, got"
+                f" {type(endpoints).__name__}"
+            )
+        routes = dict(endpoints)
+        for member, endpoint in routes.items():
+            check_provider(member)
+            if not isinstance(endpoint, Endpoint):
+                raise TypeError(
+                    f"endpoints[{member!r}] must be an Endpoint, got"
+                    f" {type(endpoint).__name__}"
+                )
+        members = set(self._plumbing.pools().get(provider, (provider,)))
+        missing, extra = members - set(routes), set(routes) - members
+        if missing or extra:
+            raise ValueError(
+                f"endpoints must name each member of {provider!r} once:"
+                f" missing {sorted(missing)}, not members {sorted(extra)}"
+            )
+        return routes
 
     def start_conversation(
         self,
@@ -725,16 +806,25 @@ def _transport_for(inner: object) -> _MakeTransport:
     from .._integrations._transport import DispatchTransport  # noqa: PLC0415  # imports httpx2
 
     if inner is None:
-        return lambda dispatcher, provider, server_priority: DispatchTransport(
-            dispatcher,
-            provider,
-            httpx2.AsyncHTTPTransport(),
-            server_priority=server_priority,
+        return lambda dispatcher, provider, server_priority, endpoints: (
+            DispatchTransport(
+                dispatcher,
+                provider,
+                httpx2.AsyncHTTPTransport(),
+                server_priority=server_priority,
+                endpoints=endpoints,
+            )
         )
     if isinstance(inner, httpx2.AsyncBaseTransport):
         checked = inner
-        return lambda dispatcher, provider, server_priority: DispatchTransport(
-            dispatcher, provider, checked, server_priority=server_priority
+        return lambda dispatcher, provider, server_priority, endpoints: (
+            DispatchTransport(
+                dispatcher,
+                provider,
+                checked,
+                server_priority=server_priority,
+                endpoints=endpoints,
+            )
         )
     # An httpx transport exists only if httpx was imported: do not import it
     # just to say no.
@@ -743,8 +833,14 @@ def _transport_for(inner: object) -> _MakeTransport:
         from .._integrations._transport_legacy import LegacyDispatchTransport  # noqa: PLC0415
 
         old = inner
-        return lambda dispatcher, provider, server_priority: LegacyDispatchTransport(
-            dispatcher, provider, old, server_priority=server_priority
+        return lambda dispatcher, provider, server_priority, endpoints: (
+            LegacyDispatchTransport(
+                dispatcher,
+                provider,
+                old,
+                server_priority=server_priority,
+                endpoints=endpoints,
+            )
         )
     raise TypeError(
         "inner must be an httpx2.AsyncBaseTransport or an httpx.AsyncBaseTransport,"
@@ -788,9 +884,11 @@ def wrap_provider(
         A provider with no limit takes a slot too (granted at once, and
         counted, so that a limit set later counts the streams running).
     """
+    pipes = plumbing(dispatcher)
+    pipes.check_pool_provider(provider)
     return LimitedProvider(
         provider,
-        plumbing(dispatcher),
+        pipes,
         conversation_id=conversation_id,
         started_at=started_at,
     )

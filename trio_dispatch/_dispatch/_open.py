@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
+from .._policy._slots import DEFAULT_AFFINITY_WAIT
 from .._util import AsyncWithOnly
 from ._dispatcher import run_dispatcher
 from ._settings import (
@@ -24,7 +25,7 @@ from ._settings import (
 
 if TYPE_CHECKING:
     import contextlib
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Mapping, Sequence
 
     from .._policy._budgets import AdaptiveLimit, Budget
     from .._server_load._probe import ServerLoadSource
@@ -53,6 +54,8 @@ def open_dispatcher(
     tenants: Mapping[str, Tenant] | None = None,
     server_load: Mapping[str, ServerLoadSource] | None = None,
     server_load_interval: float = 1.0,
+    pools: Mapping[str, Sequence[str]] | None = None,
+    affinity_wait: float = DEFAULT_AFFINITY_WAIT,
 ) -> contextlib.AbstractAsyncContextManager[Dispatcher]:
     """Run a dispatcher for the duration of an ``async with`` block.
 
@@ -201,6 +204,33 @@ def open_dispatcher(
             learned. Not with ``redis_url`` yet.
         server_load_interval: Seconds between two readings of each
             ``server_load`` (positive).
+        pools: Pool name to its members: providers (API keys, accounts,
+            replicas) that serve one model. ``slot(pool)`` is granted on
+            whichever member can take the request first: one with a free
+            slot under its own limit, its budgets and its model's holding
+            the request, not paused. The pool has one queue, in ticket
+            order (the oldest turn first, priority classes and tenants as
+            for a provider), across its members; a request asked of a
+            member directly (``slot("key-a")``) takes its place in that
+            same queue. Among members that can take a request, the one
+            with the most free slots goes first (ties in the pool's
+            order). Each member keeps its own limit, budgets learned from
+            its own answers, pauses and adaptive limit, and shows in
+            ``statistics().providers``; ``Slot.member`` names the member
+            granted. A pool's name cannot be a provider's. Pools that
+            share a member are scheduled in one queue. Change them at run
+            time with ``Dispatcher.set_pool`` and ``remove_pool``. Not
+            with ``redis_url`` yet.
+        affinity_wait: Seconds a pooled request waits for the member its
+            conversation's previous call was granted on (where the prompt
+            cache is: caches live per key and per server) while another
+            member could take it, before it goes to any member; ``0``
+            turns affinity off. Conversations are told apart by their
+            ``conversation_id``. So with affinity on, the order is exact
+            but for this: a request waiting for its member may be passed,
+            on the other members, by younger requests, for at most
+            ``affinity_wait`` seconds. ``statistics()`` counts the hits
+            and the moves, per member and per pool.
 
     Raises:
         BackendUnavailable: ``redis_url`` cannot be reached within
@@ -289,6 +319,8 @@ def open_dispatcher(
         tenants=tenants,
         server_load=server_load or {},
         server_load_interval=server_load_interval,
+        pools=pools or {},
+        affinity_wait=affinity_wait,
     )
     return AsyncWithOnly(
         run_dispatcher(settings),

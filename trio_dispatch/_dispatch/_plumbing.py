@@ -23,6 +23,7 @@ import time
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, final
 
+import attrs
 import trio
 
 from .._exceptions import DispatcherClosed, UnknownProviderWarning
@@ -38,6 +39,7 @@ from .._observe._hub import (
 from .._observe._translator import Translator
 from .._policy._budgets import AdaptiveLimit, check_limit_value
 from .._policy._ratelimits import RateLimitInfo
+from .._pool_provider import PoolProvider
 from .._server_load._probe import poll_server_load
 from .._util import NoPublicConstructor, warn_the_caller
 from .._validation import (
@@ -59,10 +61,13 @@ from ..messages._protocol import (
     ObserveRateLimits,
     ObserveServerLoad,
     Pause,
+    RemovePool,
     Resume,
     SetLimit,
+    SetPool,
     SetTenant,
 )
+from ._pools import Group, MemberView, check_members, groups_of
 from ._settings import check_tenant_settings
 from ._setup import BackendSetup
 from ._slot import Slot, SlotHost, acquire_unscoped
@@ -113,6 +118,7 @@ class Plumbing(metaclass=NoPublicConstructor):
         "_call_observers",
         "_cleared",
         "_closed",
+        "_groups",
         "_host",
         "_hub",
         "_known",
@@ -151,6 +157,11 @@ class Plumbing(metaclass=NoPublicConstructor):
         self._known: set[str] = set()
         self._cleared: set[str] = set()
         self._closed = False
+        # The group of each pooled provider and of each pool (see _pools):
+        # its members and pools share one scheduler, each name a view.
+        self._groups = groups_of(settings.pools)
+        self._known.update(self._groups)
+        self._cleared.update(self._groups)
         # Where the schedulers emit their events (see events()), and who
         # is told of every LLM call (the OpenTelemetry metrics).
         self._hub = EventHub(settings.priority_aging)
@@ -408,6 +419,7 @@ class Plumbing(metaclass=NoPublicConstructor):
         check_provider(provider)
         check_limit_value(limit)
         self._check_open()
+        self._not_a_pool(provider, "limit")
         self._tell(
             provider,
             Adapt(limit) if isinstance(limit, AdaptiveLimit) else SetLimit(limit),
@@ -422,6 +434,7 @@ class Plumbing(metaclass=NoPublicConstructor):
         """``Dispatcher.remove_limit``."""
         check_provider(provider)
         self._check_open()
+        self._not_a_pool(provider, "limit")
         self._host.limits.pop(provider, None)
         self._tell(provider, SetLimit(None))
         self._known.add(provider)
@@ -496,6 +509,7 @@ class Plumbing(metaclass=NoPublicConstructor):
         """``Dispatcher.report_rate_limit``."""
         check_provider(provider)
         seconds = check_optional_seconds(retry_after, "retry_after")
+        self._not_a_pool(provider, "pause")
         if self._closed or provider not in self._host.limits:
             return
         with contextlib.suppress(DispatcherClosed):
@@ -506,6 +520,7 @@ class Plumbing(metaclass=NoPublicConstructor):
         """``Dispatcher.resume``."""
         check_provider(provider)
         self._check_open()
+        self._not_a_pool(provider, "pause")
         self._tell(provider, Resume())
 
     def events(self, *, buffer: int = 1024) -> EventSubscription:
@@ -559,13 +574,123 @@ class Plumbing(metaclass=NoPublicConstructor):
         """``Dispatcher.statistics``."""
         # A backend handles its backlog first, which may grant.
         self.check_run()
+        pools = {}
+        for group in self._unique_groups():
+            if group.actor is not None:
+                pools.update(group.actor.pool_statistics())
         return DispatcherStatistics(
             providers={
                 provider: backend.statistics()
                 for provider, backend in self._backends.items()
+                if provider not in pools
             },
             closed=self._closed,
+            pools=pools,
         )
+
+    def check_pool_provider(self, provider: object) -> None:
+        """Refuse a ``PoolProvider`` of no pool, or without one provider per member.
+
+        Raises:
+            ValueError: Its ``id`` is not a pool, or its members are not
+                the pool's.
+        """
+        if type(provider) is not PoolProvider:
+            return
+        pool = provider.id
+        members = self.pools().get(pool)
+        if members is None:
+            raise ValueError(
+                f"PoolProvider {pool!r} names no pool; pools: {_names(self.pools())}"
+            )
+        given = set(provider.members)
+        missing, extra = set(members) - given, given - set(members)
+        if missing or extra:
+            raise ValueError(
+                f"PoolProvider {pool!r} must have a provider for each member of the"
+                f" pool: missing {sorted(missing)}, not members {sorted(extra)}"
+            )
+
+    def _not_a_pool(self, name: str, what: str) -> None:
+        """Refuse a pool's name where a provider's is wanted: a pool has no ``what`` of its own."""
+        group = self._groups.get(name)
+        if group is not None and name in group.pools:
+            raise ValueError(
+                f"{name!r} is a pool: it has no {what} of its own; its members"
+                f" have ({_names(group.pools[name])})"
+            )
+
+    def _unique_groups(self) -> list[Group]:
+        """Every group once."""
+        return list({id(group): group for group in self._groups.values()}.values())
+
+    def pools(self) -> dict[str, tuple[str, ...]]:
+        """``Dispatcher.pools``."""
+        found: dict[str, tuple[str, ...]] = {}
+        for group in self._unique_groups():
+            found.update(group.pools)
+        return found
+
+    def set_pool(self, pool: str, members: Iterable[str]) -> None:
+        """``Dispatcher.set_pool``."""
+        check_provider(pool)
+        names = check_members(pool, members)
+        self._check_open()
+        groups = self._groups
+        known = groups.get(pool)
+        if (known is None and pool in self._known) or (
+            known is not None and pool not in known.pools
+        ):
+            raise ValueError(f"pool {pool!r} has the name of a provider")
+        joined = {id(groups[name]): groups[name] for name in names if name in groups}
+        if known is not None:
+            joined[id(known)] = known
+        fresh = [name for name in names if name not in groups]
+        apart = [name for name in fresh if name in self._backends]
+        group = next(iter(joined.values())) if joined else Group()
+        hint = (
+            " at run time: name a pool's members in open_dispatcher's pools;"
+            " set_pool may then regroup them, or pool providers never used yet"
+        )
+        if apart:
+            raise ValueError(
+                f"pool {pool!r} cannot take {_names(apart)}, scheduled on its"
+                f" own already,{hint}"
+            )
+        if len(joined) > 1:
+            raise ValueError(
+                f"pool {pool!r} cannot join the members of pools scheduled"
+                f" apart ({_names(names)}){hint}"
+            )
+        if fresh and group.actor is not None:
+            raise ValueError(
+                f"pool {pool!r} cannot add {_names(fresh)} to pools already"
+                f" scheduling{hint}"
+            )
+        group.members.extend(fresh)
+        group.pools[pool] = names
+        for name in [*names, pool]:
+            groups[name] = group
+            self._known.add(name)
+            self._cleared.add(name)
+        if group.actor is not None:
+            self._tell(pool, SetPool(pool, names))
+
+    def remove_pool(self, pool: str) -> None:
+        """``Dispatcher.remove_pool``."""
+        check_provider(pool)
+        self._check_open()
+        group = self._groups.get(pool)
+        if group is None or pool not in group.pools:
+            raise ValueError(f"no pool {pool!r}; pools: {_names(self.pools())}")
+        del group.pools[pool]
+        if group.actor is not None:
+            self._tell(pool, RemovePool(pool))
+        del self._groups[pool]
+        self._known.discard(pool)
+        self._cleared.discard(pool)
+        self._backends.pop(pool, None)
+        self._host.actors.pop(pool, None)
 
     def provider_statistics(self, provider: str) -> ProviderStatistics | None:
         """``statistics().providers.get(provider)``, the others left alone.
@@ -611,14 +736,34 @@ class Plumbing(metaclass=NoPublicConstructor):
         if actor is None:
             actor = self._backends.get(provider)
             if actor is None:
-                actor = self._backends[provider] = self._new_backend(
-                    self._setup(provider)
+                group = self._groups.get(provider)
+                actor = self._backends[provider] = (
+                    self._new_backend(self._setup(provider))
+                    if group is None
+                    else self._view(provider, group)
                 )
             self._host.actors[provider] = actor
             self._nursery.start_soon(
                 self._serve, actor, name=f"trio_dispatch scheduler {provider!r}"
             )
         return actor
+
+    def _view(self, name: str, group: Group) -> MemberView:
+        """The backend of member or pool ``name`` of ``group``: the group's scheduler made first."""
+        if group.actor is None:
+            first, *others = group.members
+            setup = attrs.evolve(
+                self._setup(first),
+                events=Translator(" | ".join(group.pools), self._hub),
+                members=tuple(self._setup(other) for other in others),
+                pools=dict(group.pools),
+                affinity_wait=self._settings.affinity_wait,
+            )
+            actor = self._new_backend(setup)
+            # Settings refuse pools with any backend but the local one.
+            assert isinstance(actor, SchedulerActor)
+            group.actor = actor
+        return MemberView(name, group)
 
     def _setup(self, provider: str) -> BackendSetup:
         """What a new backend of ``provider`` is told: everything known of it now."""
@@ -641,8 +786,17 @@ class Plumbing(metaclass=NoPublicConstructor):
         )
 
     def _tell_every(self, message: SchedulerMessage) -> None:
-        """Send ``message`` to every provider's backend (``_tell``), closed ones aside."""
+        """Send ``message`` to every provider's backend (``_tell``), closed ones aside.
+
+        Once to a group's scheduler, whichever of its views it goes through.
+        """
+        told: set[int] = set()
         for provider in list(self._backends):
+            group = self._groups.get(provider)
+            if group is not None:
+                if id(group) in told:
+                    continue
+                told.add(id(group))
             with contextlib.suppress(DispatcherClosed):
                 # Closed: its scheduler has stopped (it crashed).
                 self._tell(provider, message)

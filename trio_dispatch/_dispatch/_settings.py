@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Final, Literal, final
 import attrs
 
 from .._policy._budgets import check_budgets, check_limit_mapping, split_budget_key
+from .._policy._slots import DEFAULT_AFFINITY_WAIT
 from .._server_load._probe import check_server_load_source
 from .._util import raise_if_extra_missing
 from .._validation import (
@@ -34,6 +35,7 @@ from .._validation import (
     validator,
 )
 from ..messages._limits import Tenant
+from ._pools import check_pools
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -194,6 +196,12 @@ class Settings:
         factory=dict, converter=_copied, validator=validator(check_server_loads)
     )
     server_load_interval: float = attrs.field(default=1.0, validator=positive_seconds)
+    pools: Mapping[str, tuple[str, ...]] = attrs.field(
+        factory=dict, converter=_copied, validator=validator(check_pools)
+    )
+    affinity_wait: float = attrs.field(
+        default=DEFAULT_AFFINITY_WAIT, validator=non_negative_seconds
+    )
     provider_budgets: Mapping[str, Budget] = attrs.field(init=False, repr=False)
     model_budgets: Mapping[str, Mapping[str, Budget]] = attrs.field(
         init=False, repr=False
@@ -216,6 +224,16 @@ class Settings:
                     "server_load cannot be used with redis_url: the fleet's"
                     " grants do not read a server's load yet"
                 )
+            if self.pools:
+                raise ValueError(
+                    "pools cannot be used with redis_url: the fleet's ledger"
+                    " does not schedule pools yet"
+                )
+        if self.pools and self.new_backend is not None:
+            raise ValueError(
+                "pools need the local scheduler, not a backend factory of one's own"
+            )
+        self._check_pool_names()
         # Kept as checked: seconds as floats (a message shows max_hold=5
         # as "5.0 seconds"), the defaults as plain values, and the budgets
         # apart. A frozen class sets its own fields this way (attrs).
@@ -228,6 +246,18 @@ class Settings:
         object.__setattr__(self, "provider_budgets", providers)
         object.__setattr__(self, "model_budgets", models)
 
+    def _check_pool_names(self) -> None:
+        """A pool's name is no provider's: not one of a limit, budget or pool's member."""
+        providers = {
+            *self.limits,
+            *(split_budget_key(key)[0] for key in self.budgets),
+            *self.server_load,
+            *(member for members in self.pools.values() for member in members),
+        }
+        for pool in self.pools:
+            if pool in providers:
+                raise ValueError(f"pool {pool!r} has the name of a provider")
+
 
 _SECONDS: Final = (
     "default_pause",
@@ -237,6 +267,7 @@ _SECONDS: Final = (
     "lease",
     "redis_connect_timeout",
     "priority_aging",
+    "affinity_wait",
 )
 
 

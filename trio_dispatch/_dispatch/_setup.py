@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, final
 import attrs
 
 from .._policy._budgets import Throttle
-from .._policy._slots import SlotPolicy
+from .._policy._slots import DEFAULT_AFFINITY_WAIT, SlotPolicy
 from ._backend import provider_statistics
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from .._observe._translator import Translator
+    from .._policy._slots import MemberStatistics, PolicyStatistics, PoolStatistics
     from ..messages._limits import Budget, Tenant
     from ._backend import ProviderStatistics
 
@@ -70,6 +71,13 @@ class BackendSetup:
             shows what it was told.
         learn_tenant: Call ``learn_tenant(tenant, settings)`` (``None``:
             the defaults) when it learns a tenant's setting made elsewhere.
+        members: For the scheduler of a group of pooled providers (see
+            ``open_dispatcher``'s ``pools``), the setups of its other
+            members (``provider`` is the first): their limits and budgets.
+            Empty for one provider.
+        pools: The pools over the members, by name; empty for one provider.
+        affinity_wait: How long a request waits for the member of its
+            conversation's previous call while another could serve it.
     """
 
     provider: str
@@ -86,53 +94,202 @@ class BackendSetup:
     clock: Callable[[], float]
     learn_limit: Callable[[str, int | None], None]
     learn_tenant: Callable[[str, Tenant | None], None]
+    members: tuple[BackendSetup, ...] = ()
+    pools: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
+    affinity_wait: float = DEFAULT_AFFINITY_WAIT
 
     def policy(self) -> SlotPolicy:
         """A new ``SlotPolicy`` of the provider that honours every setting here.
 
         Its limit, ``max_waiting``, pauses, budgets (the provider's and its
         models', learning as ``learn_budgets`` says) and tenants; its
-        budgets start full now (``clock()``).
+        budgets start full now (``clock()``). For a group of pooled
+        providers, each member with its own, and the pools.
         """
         now = self.clock()
-        learn = self.learn_budgets
-        budget = self.budget
         policy = SlotPolicy(
             self.limit,
             provider=self.provider,
             max_waiting=self.max_waiting,
             default_pause=self.default_pause,
             max_pause=self.max_pause,
-            throttle=None if budget is None else Throttle(budget, learn=learn, now=now),
+            throttle=self._throttle(now),
             tenants=self.tenants,
-            models={
-                model: Throttle(model_budget, learn=learn, now=now)
-                for model, model_budget in self.model_budgets.items()
-            },
+            models=self._model_throttles(now),
+            affinity_wait=self.affinity_wait,
         )
+        for member in self.members:
+            policy.add_member(
+                member.provider,
+                member.limit,
+                throttle=member._throttle(now),
+                models=member._model_throttles(now),
+            )
+        for pool, names in self.pools.items():
+            policy.set_pool(pool, names)
         policy.advance(now)
         return policy
 
+    def _throttle(self, now: float) -> Throttle | None:
+        """The throttle of the provider's own budget, if it has one."""
+        budget = self.budget
+        if budget is None:
+            return None
+        return Throttle(budget, learn=self.learn_budgets, now=now)
+
+    def _model_throttles(self, now: float) -> dict[str, Throttle]:
+        """The throttles of its models' budgets, by model."""
+        return {
+            model: Throttle(model_budget, learn=self.learn_budgets, now=now)
+            for model, model_budget in self.model_budgets.items()
+        }
+
+
+def pooled(policy: SlotPolicy) -> bool:
+    """Whether ``policy`` schedules pooled providers: several members, or a pool."""
+    return len(policy.members) > 1 or bool(policy.pools)
+
 
 def policy_statistics(
-    provider: str, policy: SlotPolicy, now: float
+    provider: str, policy: SlotPolicy, now: float, *, member: str | None = None
 ) -> ProviderStatistics:
     """``provider``'s snapshot at ``now``, as its ``policy`` sees it: one local backend's.
 
     Its counts and totals, its pause, its adaptive limit, and the budgets
     of the provider and its models and the tenants' shares at ``now``
     (through ``provider_statistics``, the one builder of every backend's).
+    With ``member``, that member's, of a pooled policy: its limit, pause,
+    budgets, server and the slots it holds; ``waiting`` counts the
+    requests waiting for it alone (asked of it, or preferring it), and the
+    queue's totals (withdrawn, refused, the most waiting) are the whole
+    policy's, whose one queue it shares.
     """
     stats = policy.statistics()
-    throttle = policy.throttle
+    if member is None:
+        throttle = policy.throttle
+        return provider_statistics(
+            provider,
+            stats,
+            limit=stats.limit,
+            paused_until=stats.paused_until,
+            adaptive=throttle is not None and throttle.adaptive is not None,
+            budget=policy.budget_statistics(now),
+            models=policy.model_budget_statistics(now),
+            tenants=policy.tenant_statistics(now),
+            server_load=policy.server_load,
+        )
+    pool = policy.pool_statistics().get(member)
+    if pool is not None:
+        return _pool_as_provider(provider, policy, pool, stats, now)
+    own = policy.member_statistics()[member]
+    adaptive, budget = policy.member_budgets(member, now)
     return provider_statistics(
         provider,
-        stats,
-        limit=stats.limit,
-        paused_until=stats.paused_until,
-        adaptive=throttle is not None and throttle.adaptive is not None,
-        budget=policy.budget_statistics(now),
-        models=policy.model_budget_statistics(now),
+        _MemberCounts(own, stats),
+        limit=own.limit,
+        paused_until=own.paused_until,
+        adaptive=adaptive,
+        budget=budget,
+        models=policy.model_budget_statistics(now, member=member),
         tenants=policy.tenant_statistics(now),
-        server_load=policy.server_load,
+        server_load=policy.member_server_load(member),
+        affinity=(own.affinity_hits, own.affinity_moves),
     )
+
+
+def _pool_as_provider(
+    provider: str,
+    policy: SlotPolicy,
+    pool: PoolStatistics,
+    queue: PolicyStatistics,
+    now: float,
+) -> ProviderStatistics:
+    """A pool's snapshot as a provider's: what an integration reads of the name it uses.
+
+    Its limit, slots and waiting requests (``PoolStatistics``); paused while
+    every limited member is, until the first of them resumes; its members'
+    grants and releases added up, and the queue's totals.
+    """
+    members = policy.member_statistics()
+    own = [members[name] for name in pool.members]
+    pauses = [m.paused_until for m in own if m.limit is not None]
+    paused_until = (
+        min(pauses) if pauses and None not in pauses else None  # type: ignore[type-var]  # no None
+    )
+    counts = _Counts(
+        in_flight=pool.in_flight,
+        waiting=pool.waiting,
+        granted_total=sum(m.granted_total for m in own),
+        released_total=sum(m.released_total for m in own),
+        withdrawn_total=queue.withdrawn_total,
+        rejected_total=queue.rejected_total,
+        peak_in_flight=queue.peak_in_flight,
+        peak_waiting=queue.peak_waiting,
+    )
+    return provider_statistics(
+        provider,
+        counts,
+        limit=pool.limit,
+        paused_until=paused_until,
+        adaptive=False,
+        budget=None,
+        models={},
+        tenants=policy.tenant_statistics(now),
+        affinity=(pool.affinity_hits, pool.affinity_moves),
+    )
+
+
+@final
+@attrs.frozen(kw_only=True)
+class _Counts:
+    """Counts as ``provider_statistics`` reads them."""
+
+    in_flight: int
+    waiting: int
+    granted_total: int
+    released_total: int
+    withdrawn_total: int
+    rejected_total: int
+    peak_in_flight: int
+    peak_waiting: int
+
+
+@final
+@attrs.frozen
+class _MemberCounts:
+    """A member's counts (``Counts``): its own slots, and its policy's queue totals."""
+
+    own: MemberStatistics
+    queue: PolicyStatistics
+
+    @property
+    def in_flight(self) -> int:
+        return self.own.in_flight
+
+    @property
+    def waiting(self) -> int:
+        return self.own.waiting
+
+    @property
+    def granted_total(self) -> int:
+        return self.own.granted_total
+
+    @property
+    def released_total(self) -> int:
+        return self.own.released_total
+
+    @property
+    def peak_in_flight(self) -> int:
+        return self.own.peak_in_flight
+
+    @property
+    def withdrawn_total(self) -> int:
+        return self.queue.withdrawn_total
+
+    @property
+    def rejected_total(self) -> int:
+        return self.queue.rejected_total
+
+    @property
+    def peak_waiting(self) -> int:
+        return self.queue.peak_waiting

@@ -38,6 +38,7 @@ from ..messages._protocol import (
     Release,
     ReportUsage,
 )
+from ._pools import MemberView
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
@@ -195,6 +196,7 @@ class Slot(metaclass=NoPublicConstructor):
     __slots__ = (
         "_actor",
         "_host",
+        "_member",
         "_state",
         "_task",
         "_timer",
@@ -237,6 +239,7 @@ class Slot(metaclass=NoPublicConstructor):
         self._task: trio.lowlevel.Task | None = None
         self.ticket: Ticket | None = None
         self.granted_at: float | None = None
+        self._member: str | None = None
 
     def __repr__(self) -> str:
         tenant = "" if self.tenant is None else f" tenant={self.tenant!r}"
@@ -253,6 +256,28 @@ class Slot(metaclass=NoPublicConstructor):
     def held(self) -> bool:
         """Whether this request holds its slot now."""
         return self._state is _HOLDING
+
+    @property
+    def member(self) -> str | None:
+        """The provider the slot was granted on, or ``None`` until it is granted.
+
+        For a pool (``open_dispatcher``'s ``pools``), the member granted:
+        send the request with that member's key, to its server. For a
+        provider, the provider itself.
+        """
+        member = self._member
+        if member is None and self.granted_at is not None:
+            member = self._member = self._granted_on()
+        return member
+
+    def _granted_on(self) -> str:
+        """The member the scheduler granted the slot on: a pool's, or the provider."""
+        actor = self._actor
+        if type(actor) is MemberView:
+            found = actor.member_of(self.ticket)  # type: ignore[arg-type]  # set with _actor
+            if found is not None:
+                return found
+        return self.provider
 
     if not TYPE_CHECKING:
         __enter__ = __exit__ = wrong_with(
@@ -566,6 +591,8 @@ class Slot(metaclass=NoPublicConstructor):
             return
         self._state = _DONE
         actor = self._actor
+        if type(actor) is MemberView and self._member is None:
+            self._member = self._granted_on()  # while the scheduler knows
         if actor is not None:
             # try/except, not contextlib.suppress: this runs once per slot,
             # and the context manager would cost as much as the send.

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, final
 import trio
 
 from .._exceptions import Overloaded, ProviderError, RateLimited
+from .._pool_provider import PoolProvider
 from .._provider import STREAM_USAGE
 from .._util import AsyncWithOnly
 from .._validation import check_instant
@@ -149,14 +150,18 @@ class LimitedProvider:
                 await trio.lowlevel.checkpoint_if_cancelled()
                 if sending is not None:
                     sending()
-                if wants_place(self.provider):
+                provider = self.provider
+                if type(provider) is PoolProvider:
+                    # A pool's call goes through its granted member's provider.
+                    provider = provider.member(slot.member)  # type: ignore[arg-type]  # granted
+                if wants_place(provider):
                     # A server that queues by priority gets the slot's place.
                     request = with_place(request, place_in_line(dispatcher, slot))
                 # Timed for the metrics, if any observe the calls.
-                watch = dispatcher.watch_call(self.provider)
+                watch = dispatcher.watch_call(provider)
                 meter = Meter(dispatcher, slot)
                 try:
-                    async with meter.metered(self.provider.stream(request)) as events:
+                    async with meter.metered(provider.stream(request)) as events:
                         meter.answered(figures_of(events))
                         yield MeteredEvents(
                             events,

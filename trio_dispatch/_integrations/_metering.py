@@ -314,7 +314,8 @@ class Meter:
         rate-limit answer (``pause``) asked for, or ``None`` to back off.
         """
         dispatcher = self._dispatcher
-        provider = self._slot.provider
+        # A pool's member granted: its limits the answer speaks of.
+        provider = self._slot.member or self._slot.provider
         if started and not self._started:
             self._started = True
             self._slot.answered()

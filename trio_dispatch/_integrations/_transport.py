@@ -87,6 +87,16 @@ yet (a streamed upload), or goes to any other path (Anthropic's
 ``/messages`` among them) is sent untouched: the transport knows its
 provider by name only, not which format it speaks, so the path decides.
 
+Over a pool with ``endpoints``, a model call goes to its member: once the
+slot is granted, the request is sent anew to the granted member's
+``Endpoint``: its base URL followed by the call's endpoint (the tail of the
+path that makes it a model call: ``/chat/completions``, ``/messages``...)
+and the request's query, with the member's key in its wire format's key
+header (the client's own key headers dropped), the same method, other
+headers, body and extensions. Anything else the SDK sends (listing
+models, files) goes where its client points. What the answer says of
+limits (its figures, a 429's pause) concerns that member.
+
 ``_transport_legacy`` holds the same transport for the legacy ``httpx``.
 """
 
@@ -120,6 +130,9 @@ from ._metering import (
 from ._priority import place_in_line
 
 if TYPE_CHECKING:
+    from .._endpoint import Endpoint
+
+if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
     from types import ModuleType, TracebackType
 
@@ -145,6 +158,34 @@ MODEL_CALLS: Final = (
 def takes_slot(method: str, path: str) -> bool:
     """Whether a request runs a model, and so takes a slot: a ``POST`` to a model call."""
     return method == "POST" and path.rstrip("/").endswith(MODEL_CALLS)
+
+
+def model_call_of(path: str) -> str:
+    """The endpoint a model call's ``path`` ends with, under its SDK's base URL.
+
+    ``/chat/completions`` for ``/v1/chat/completions`` (OpenAI's SDK takes
+    a base URL ending in ``/v1``), ``/v1/messages`` for Anthropic's (its
+    SDK takes the API's root).
+    """
+    path = path.rstrip("/")
+    for call in _MODEL_CALL_PATHS:
+        if path.endswith(call):
+            return call
+    raise ValueError(f"{path!r} is not a model call")  # takes_slot said it is
+
+
+# The endpoints as the SDKs add them to their base URL, the first that
+# matches taken: Anthropic's under its root, OpenAI's under ``/v1``.
+_MODEL_CALL_PATHS: Final = (
+    "/v1/messages",
+    "/v1/complete",
+    "/chat/completions",
+    "/completions",
+    "/responses",
+    "/messages",
+    "/complete",
+    "/embeddings",
+)
 
 
 def wrong_client(provider: str, request: object, *, legacy: bool) -> TypeError:
@@ -642,12 +683,15 @@ class TransportBase(Generic[InnerT]):
         inner: InnerT,
         *,
         server_priority: bool = False,
+        endpoints: Mapping[str, Endpoint] | None = None,
     ) -> None:
         self._dispatcher = dispatcher
         self._provider = provider
         self._inner = inner
         self._server_priority = server_priority
         self._reader = RateLimitReader(provider)
+        # A pool's members' endpoints, by member; none: where the client points.
+        self._endpoints = endpoints
 
     def __repr__(self) -> str:
         return f"<trio_dispatch transport {self._provider!r} inner={self._inner!r}>"
@@ -706,6 +750,10 @@ class TransportBase(Generic[InnerT]):
                 assert content is not None  # parsed from it
                 place = place_in_line(self._dispatcher, hold.slot)
                 request = _resent(request, httpx, with_priority(content, place))
+            if self._endpoints is not None:
+                member = hold.slot.member
+                assert member is not None  # granted
+                request = _routed(request, httpx, self._endpoints[member], path)
             with hold.timed():
                 response = await inner.handle_async_request(request)
             hold.answered(response.status_code, response.headers)
@@ -724,6 +772,51 @@ class TransportBase(Generic[InnerT]):
             )
             response.stream = body(response.stream, hold)
         return response
+
+
+def _routed(
+    request: Any,  # noqa: ANN401 (either httpx's)
+    httpx: ModuleType,
+    endpoint: Endpoint,
+    path: str,
+) -> Any:  # noqa: ANN401 (its request)
+    """Model call ``request`` (to ``path``) sent to ``endpoint`` instead, with its key.
+
+    Its base URL, the call's endpoint and the request's query; the same
+    method, body and extensions; the headers less ``Host`` (the new URL's)
+    and, with a key, less every key header of the call's wire format, the
+    first of which carries the endpoint's key.
+    """
+    url = httpx.URL(endpoint.base_url.rstrip("/") + model_call_of(path))
+    query = request.url.query
+    if query:
+        url = url.copy_with(query=query)
+    headers = request.headers.copy()
+    del headers["host"]
+    key = endpoint.api_key
+    wire = format_of_path(path)
+    if key is not None and wire is not None:
+        for name, _ in wire.key_headers:
+            headers.pop(name, None)
+        name, scheme = wire.key_headers[0]
+        headers[name] = f"{scheme} {key}" if scheme else key
+    try:
+        content = request.content
+    except httpx.RequestNotRead:
+        return httpx.Request(
+            request.method,
+            url,
+            headers=headers,
+            stream=request.stream,
+            extensions=request.extensions,
+        )
+    return httpx.Request(
+        request.method,
+        url,
+        headers=headers,
+        content=content,
+        extensions=request.extensions,
+    )
 
 
 def _resent(request: Any, httpx: ModuleType, content: bytes) -> Any:  # noqa: ANN401 (either httpx's)

@@ -24,7 +24,12 @@ these attributes, and the one its class names:
 * ``in_flight``, ``waiting``: slots held and requests waiting after the
   event (in this process);
 * ``tenant``, ``model``: what the request was made for and asked for, or
-  ``None``.
+  ``None``;
+* ``pool``: for a request of a pool (``open_dispatcher``'s ``pools``),
+  the pool, else ``None``. Then ``provider`` is the member the slot was
+  granted on (``Granted``, ``Released``), or the pool while it has none
+  (``Queued``, ``Withdrawn``, ``Refused``); ``Paused``, ``Resumed`` and
+  ``LimitChanged`` name the member they concern.
 
 A request queued (or granted) while nothing listened has ``None`` for its
 ``conversation_id`` and for the seconds it waited (or held) in the events
@@ -75,6 +80,7 @@ class Queued(SlotEvent):
     waiting: int
     tenant: str | None = None
     model: str | None = None
+    pool: str | None = None
 
 
 @final
@@ -91,6 +97,7 @@ class Granted(SlotEvent):
     waiting: int
     tenant: str | None = None
     model: str | None = None
+    pool: str | None = None
 
 
 @final
@@ -107,6 +114,7 @@ class Released(SlotEvent):
     waiting: int
     tenant: str | None = None
     model: str | None = None
+    pool: str | None = None
 
 
 @final
@@ -123,6 +131,7 @@ class Withdrawn(SlotEvent):
     waiting: int
     tenant: str | None = None
     model: str | None = None
+    pool: str | None = None
 
 
 @final
@@ -139,6 +148,7 @@ class Refused(SlotEvent):
     waiting: int
     tenant: str | None = None
     model: str | None = None
+    pool: str | None = None
 
 
 @final

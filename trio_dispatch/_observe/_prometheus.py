@@ -247,6 +247,7 @@ class PrometheusCollector(Collector):
         yield from self._provider_families(snapshot)
         yield from self._tenant_families(snapshot)
         yield from _budget_families(snapshot.statistics)
+        yield from _pool_families(snapshot.statistics)
 
     def _provider_families(self, snapshot: _Snapshot) -> Iterator[Metric]:
         providers = snapshot.statistics.providers
@@ -385,6 +386,43 @@ class PrometheusCollector(Collector):
         cumulative = itertools.accumulate(requests.waits)
         buckets = list(zip(bounds, cumulative, strict=True))
         family.add_metric(value, buckets, sum_value=requests.wait_sum)
+
+
+def _pool_families(statistics: DispatcherStatistics) -> Iterator[Metric]:
+    """Each pool's slots, waiting requests and affinity (its members are providers)."""
+    labels = ["pool"]
+    in_use = GaugeMetricFamily(
+        "trio_dispatch_pool_slots_in_use", "Slots its members hold now.", labels=labels
+    )
+    limit = GaugeMetricFamily(
+        "trio_dispatch_pool_slots_limit",
+        "Its members' limits added up, while none is unlimited.",
+        labels=labels,
+    )
+    waiting = GaugeMetricFamily(
+        "trio_dispatch_pool_waiting",
+        "Requests waiting for the pool now.",
+        labels=labels,
+    )
+    hits = CounterMetricFamily(
+        "trio_dispatch_pool_affinity_hits",
+        "Requests granted on the member they preferred (their previous call's).",
+        labels=labels,
+    )
+    moves = CounterMetricFamily(
+        "trio_dispatch_pool_affinity_moves",
+        "Requests granted on another member than the one they preferred.",
+        labels=labels,
+    )
+    for name, stats in sorted(statistics.pools.items()):
+        value = [name]
+        in_use.add_metric(value, stats.in_flight)
+        if stats.limit is not None:
+            limit.add_metric(value, stats.limit)
+        waiting.add_metric(value, stats.waiting)
+        hits.add_metric(value, stats.affinity_hits)
+        moves.add_metric(value, stats.affinity_moves)
+    yield from (in_use, limit, waiting, hits, moves)
 
 
 def _budget_families(statistics: DispatcherStatistics) -> Iterator[Metric]:

@@ -58,7 +58,7 @@ class Translator:
             ``FLEET_PAUSE``), formatted with the provider and the seconds.
     """
 
-    __slots__ = ("_pause_log", "_seen", "hub", "provider")
+    __slots__ = ("_pause_log", "_seen", "hub", "names", "provider")
 
     def __init__(
         self, provider: str, hub: EventHub, pause_log: str = LOCAL_PAUSE
@@ -69,6 +69,9 @@ class Translator:
         # Who asked, and since when, of each ticket seen waiting or granted
         # while listening (queued at, then granted at).
         self._seen: dict[Ticket, tuple[str | None, float]] = {}
+        # A pooled scheduler's: the provider each ticket's events name (the
+        # member granted, or what it asked for) and its pool, if any.
+        self.names: dict[Ticket, tuple[str, str | None]] | None = None
 
     @property
     def listening(self) -> bool:
@@ -92,9 +95,13 @@ class Translator:
     ) -> None:
         """Emit ``event``, a slot event of ``ticket``, with its ``own`` fields."""
         hub = self.hub
+        names = self.names
+        if names is not None:
+            own["provider"], own["pool"] = names.get(ticket, (self.provider, None))
+        else:
+            own["provider"] = self.provider
         hub.emit(
             event(
-                provider=self.provider,
                 at=now,
                 conversation_id=who,
                 started_at=hub.started_at(ticket),
@@ -199,42 +206,60 @@ class Translator:
             self._emit(Refused, ticket, who, now, in_flight, waiting, reason=str(error))
 
     def limit_changed(
-        self, previous: int | None, limit: int | None, now: float, *, log: bool = True
+        self,
+        previous: int | None,
+        limit: int | None,
+        now: float,
+        *,
+        log: bool = True,
+        member: str | None = None,
     ) -> None:
         """The limit moved from ``previous`` to ``limit`` (nothing if equal).
 
         ``log=False`` for a move of the adaptive limit's own, too frequent
-        for a log line.
+        for a log line. ``member``: the pooled provider it concerns.
         """
         if previous == limit:
             return
+        provider = self.provider if member is None else member
         if log:
             _logger.info(
                 "provider %r: limit %s (was %s)",
-                self.provider,
+                provider,
                 "none" if limit is None else limit,
                 "none" if previous is None else previous,
             )
         hub = self.hub
         if hub.sinks:
-            hub.emit(LimitChanged(self.provider, now, limit, previous))
+            hub.emit(LimitChanged(provider, now, limit, previous))
 
     def paused(
-        self, now: float, until: float | None, retry_after: float | None
+        self,
+        now: float,
+        until: float | None,
+        retry_after: float | None,
+        member: str | None = None,
     ) -> None:
         """A rate-limit report paused the grants until ``until`` (``None``: unlimited)."""
+        provider = self.provider if member is None else member
         if until is not None:
-            _logger.info(self._pause_log, self.provider, until - now)
+            _logger.info(self._pause_log, provider, until - now)
         hub = self.hub
         if hub.sinks:
-            hub.emit(Paused(self.provider, now, until, "rate_limited", retry_after))
+            hub.emit(Paused(provider, now, until, "rate_limited", retry_after))
 
-    def resumed(self, now: float, reason: Literal["expired", "resumed"]) -> None:
+    def resumed(
+        self,
+        now: float,
+        reason: Literal["expired", "resumed"],
+        member: str | None = None,
+    ) -> None:
         """The pause ended: it ran out, or ``resume`` ended it."""
+        provider = self.provider if member is None else member
         if reason == "expired":
-            _logger.info("provider %r: pause over, granting again", self.provider)
+            _logger.info("provider %r: pause over, granting again", provider)
         else:
-            _logger.info("provider %r resumed: granting again", self.provider)
+            _logger.info("provider %r resumed: granting again", provider)
         hub = self.hub
         if hub.sinks:
-            hub.emit(Resumed(self.provider, now, reason))
+            hub.emit(Resumed(provider, now, reason))

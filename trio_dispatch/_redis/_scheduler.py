@@ -64,16 +64,19 @@ from ..messages._protocol import (
     Adapt,
     Answered,
     Cancel,
+    ForMember,
     ObserveLatency,
     ObserveRateLimits,
     ObserveServerLoad,
     Pause,
     Release,
+    RemovePool,
     ReportUsage,
     Resume,
     SchedulerMessage,
     SetLimit,
     SetModelBudget,
+    SetPool,
     SetTenant,
     Ticket,
 )
@@ -566,7 +569,7 @@ class SharedSchedulerActor:
         else:
             self._take_setting(message, now)
 
-    def _take_setting(
+    def _take_setting(  # noqa: PLR0912  # one branch per kind of message
         self,
         message: SetLimit
         | Adapt
@@ -577,11 +580,24 @@ class SharedSchedulerActor:
         | ObserveServerLoad
         | ObserveRateLimits
         | SetTenant
-        | SetModelBudget,
+        | SetModelBudget
+        | ForMember
+        | SetPool
+        | RemovePool,
         now: float,
     ) -> None:
         """A message about the provider's limits, pauses, budgets or tenants."""
-        if isinstance(message, SetTenant):
+        if isinstance(message, (ForMember, SetPool, RemovePool)):
+            # Pools are the local scheduler's: open_dispatcher refuses them
+            # with redis_url, so only a misuse sends these here.
+            error = ValueError("pools are not shared through Redis")
+            if isinstance(message, ForMember) and isinstance(message.message, Acquire):
+                message.message.reply.refused(error)
+            else:
+                _logger.error(
+                    "the scheduler of %r ignored %r: %s", self.provider, message, error
+                )
+        elif isinstance(message, SetTenant):
             self._tenant_writes.pop(message.tenant, None)
             self._tenant_writes[message.tenant] = message.settings
             put_or_remove(self._fleet_tenants, message.tenant, message.settings)

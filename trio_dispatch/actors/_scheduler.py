@@ -54,6 +54,13 @@ no event is built.
 
 Once closed, the actor handles nothing more: ``run`` stops and fails every
 waiter with ``DispatcherClosed``. It does the same if it is cancelled.
+
+A scheduler of pooled providers (``open_dispatcher``'s ``pools``) has a
+policy of several members: a message for one member or pool comes in a
+``ForMember`` and is handled as the same message, for that member. Its
+grants say their member (``member_of``), and it remembers the member of
+each conversation's latest grant, the member its next request prefers
+(``affinity_wait``), for the ``MAX_CONVERSATIONS`` conversations seen last.
 """
 
 from __future__ import annotations
@@ -65,8 +72,8 @@ from typing import TYPE_CHECKING, final
 import attrs
 import trio
 
-from .._dispatch._setup import policy_statistics
-from .._exceptions import DispatcherClosed, QueueFull
+from .._dispatch._setup import policy_statistics, pooled
+from .._exceptions import DispatcherClosed, PoolRemoved, QueueFull
 from .._observe._hub import EventHub
 from .._observe._translator import Translator
 from ..messages._protocol import (
@@ -74,16 +81,19 @@ from ..messages._protocol import (
     Adapt,
     Answered,
     Cancel,
+    ForMember,
     ObserveLatency,
     ObserveRateLimits,
     ObserveServerLoad,
     Pause,
     Release,
+    RemovePool,
     ReportUsage,
     Resume,
     SchedulerMessage,
     SetLimit,
     SetModelBudget,
+    SetPool,
     SetTenant,
     Ticket,
 )
@@ -95,7 +105,7 @@ if TYPE_CHECKING:
 
     from .._dispatch._backend import ProviderStatistics
     from .._dispatch._setup import BackendSetup
-    from .._policy._slots import SlotPolicy
+    from .._policy._slots import PoolStatistics, SlotPolicy
     from ..messages._protocol import Reply
 
 _logger = logging.getLogger("trio_dispatch")
@@ -111,6 +121,9 @@ class _Tick:
 
 _TICK = _Tick()
 
+#: How many conversations' latest member a pooled scheduler remembers.
+MAX_CONVERSATIONS = 65_536
+
 
 @final
 class SchedulerActor:
@@ -125,13 +138,17 @@ class SchedulerActor:
 
     __slots__ = (
         "_clock",
+        "_conversations",
         "_crash",
         "_events",
         "_handling",
         "_hub",
         "_inbox",
+        "_latest",
         "_limit",
+        "_limits",
         "_listening",
+        "_names",
         "_on_limit",
         "_replies",
         "_seq",
@@ -172,6 +189,19 @@ class SchedulerActor:
         # The bug the handler met, for run to raise.
         self._crash: BaseException | None = None
         self._replies: dict[Ticket, Reply] = {}
+        # Pooled: each member's limit as last told, the conversation of
+        # each waiting ticket, and the member of each conversation's
+        # latest grant (oldest first), which its next request prefers.
+        self._limits: dict[str, int | None] = (
+            policy.member_limits() if pooled(policy) else {}
+        )
+        self._conversations: dict[Ticket, str] = {}
+        self._latest: dict[str, str] = {}
+        # Pooled: what each ticket's events name (its member once granted,
+        # what it asked for until then) and its pool (see Translator.names).
+        self._names: dict[Ticket, tuple[str, str | None]] = {}
+        if self._limits:
+            events.names = self._names
         self._seq = itertools.count()
         # The clock's own method: trio.current_time() is two Python calls
         # more on every message. Made outside a run (a test), the same as that.
@@ -255,13 +285,24 @@ class SchedulerActor:
         if limit != self._limit:
             self._limit = limit
             if self._on_limit is not None:
-                self._on_limit(self.provider, limit)
+                if self._limits:
+                    self._tell_limits()
+                else:
+                    self._on_limit(self.provider, limit)
         # Wake the run task when what it sleeps for changed: the time to
         # tick the policy, or an unlimited provider now idle (it may stop).
         if wake_at != self._sleeping_until or (
             limit is None and not policy.in_flight and not policy.waiting
         ):
             inbox.nudge()
+
+    def _tell_limits(self) -> None:
+        """Pooled: tell ``on_limit`` each member's limit that changed."""
+        assert self._on_limit is not None
+        for member, limit in self.policy.member_limits().items():
+            if self._limits.get(member, limit) != limit or member not in self._limits:
+                self._limits[member] = limit
+                self._on_limit(member, limit)
 
     def close(self) -> None:
         """Refuse further messages; ``run`` stops and fails every waiter."""
@@ -275,6 +316,20 @@ class SchedulerActor:
         """
         self._tick_if_due()
         return policy_statistics(self.provider, self.policy, self._clock())
+
+    def member_of(self, ticket: Ticket) -> str | None:
+        """The member on which ``ticket`` holds its slot, or ``None`` if it holds none."""
+        return self.policy.member_of(ticket)
+
+    def member_statistics(self, member: str) -> ProviderStatistics:
+        """One member's snapshot now, as ``statistics()`` is the provider's."""
+        self._tick_if_due()
+        return policy_statistics(member, self.policy, self._clock(), member=member)
+
+    def pool_statistics(self) -> dict[str, PoolStatistics]:
+        """Each pool's snapshot now, by name."""
+        self._tick_if_due()
+        return self.policy.pool_statistics()
 
     def _tick_if_due(self) -> None:
         """Send the tick the policy waits for, once its ``wake_at`` has come.
@@ -363,19 +418,33 @@ class SchedulerActor:
     def _tick(self, now: float) -> None:
         """Tell the paused policy the time: a pause that ran out ends."""
         policy = self.policy
-        paused = policy.paused_until is not None
-        grants = policy.tick(now)
-        if paused and policy.paused_until is None:
-            self._events.resumed(now, "expired")
+        if self._limits:
+            # Pooled: each member's pause is its own.
+            pauses = policy.member_pauses()
+            grants = policy.tick(now)
+            for member, until in policy.member_pauses().items():
+                if until is None and pauses.get(member) is not None:
+                    self._events.resumed(now, "expired", member)
+        else:
+            paused = policy.paused_until is not None
+            grants = policy.tick(now)
+            if paused and policy.paused_until is None:
+                self._events.resumed(now, "expired")
         if grants:
             self._deliver(grants, now)
 
-    def _handle(self, message: SchedulerMessage | _Tick, now: float) -> None:
+    def _handle(
+        self,
+        message: SchedulerMessage | _Tick,
+        now: float,
+        member: str | None = None,
+    ) -> None:
         """Apply one message to the policy, and tell whoever it concerns.
 
         The one handler of every message: its outcomes go to the
         translator's events while anything listens (``_listening``, set
-        per handling), and to its log lines always.
+        per handling), and to its log lines always. ``member``: the member
+        or pool a ``ForMember`` named (``None``: the provider's own).
         """
         policy = self.policy
         # Ordered by how often each message comes; most free nothing, so
@@ -386,27 +455,33 @@ class SchedulerActor:
             self._on_release(message.ticket, now)
             return
         if isinstance(message, Acquire):
-            self._on_acquire(message, now)
+            self._on_acquire(message, now, member)
             return
         if isinstance(message, Cancel):
             self._on_cancel(message.ticket, now)
             return
         if isinstance(message, SetLimit):
-            previous = policy.limit
+            previous = (
+                policy.limit if member is None else policy.member_limits().get(member)
+            )
             try:
-                grants = policy.set_limit(message.limit)
+                grants = policy.set_limit(message.limit, member=member)
             except (TypeError, ValueError) as exc:
                 self._drop(message, exc)
                 return
-            self._events.limit_changed(previous, message.limit, now)
+            self._events.limit_changed(previous, message.limit, now, member=member)
         elif isinstance(message, Pause):
-            self._pause(message, now)
+            self._pause(message, now, member)
             return
-        elif isinstance(message, _Tick):
-            # The handling's end tells the policy the time (send).
+        elif isinstance(message, (_Tick, ForMember)):
+            if isinstance(message, ForMember):
+                self._for_member(message, now)
+            # A tick: the handling's end tells the policy the time (send).
             return
+        elif isinstance(message, (SetPool, RemovePool)):
+            grants = self._set_pool(message, now)
         else:
-            grants = self._rarely(message, now)
+            grants = self._rarely(message, now, member)
         if grants:
             self._deliver(grants, now)
 
@@ -420,35 +495,101 @@ class SchedulerActor:
             self._withdraw(ticket, exc, now)
             if listening:
                 self._events.withdrawn(ticket, now, policy.in_flight, policy.waiting)
+            if self._names:
+                self._names.pop(ticket, None)
             return
         if before is not None:
             self._events.left(
                 ticket, now, before, policy.in_flight, policy.waiting, len(grants)
             )
+        if self._names:
+            self._names.pop(ticket, None)
         if grants:
             self._deliver(grants, now)
 
     def _on_cancel(self, ticket: Ticket, now: float) -> None:
         policy = self.policy
         self._replies.pop(ticket, None)
+        if self._conversations:
+            self._conversations.pop(ticket, None)
         before = (policy.in_flight, policy.waiting) if self._listening else None
         grants = policy.cancel(ticket)
         if before is not None:
             self._events.left(
                 ticket, now, before, policy.in_flight, policy.waiting, len(grants)
             )
+        if self._names:
+            self._names.pop(ticket, None)
         if grants:
             self._deliver(grants, now)
 
-    def _on_acquire(self, message: Acquire, now: float) -> None:
+    def _for_member(self, message: ForMember, now: float) -> None:
+        """A message for one member or pool: handled as itself, for it."""
+        member = message.member
+        inner = message.message
+        policy = self.policy
+        if member not in policy.members and member not in policy.pools:
+            error = ValueError(f"no member or pool {member!r} in this scheduler")
+            if isinstance(inner, Acquire):
+                self._acquire_refused(inner, error, now)
+            else:
+                _logger.error(
+                    "the scheduler of %r ignored %r: %s", self.provider, message, error
+                )
+            return
+        self._handle(inner, now, member)
+
+    def _set_pool(self, message: SetPool | RemovePool, now: float) -> list[Ticket]:
+        """A pool made, changed or removed; those waiting for a removed one are refused."""
+        policy = self.policy
+        try:
+            if isinstance(message, SetPool):
+                return policy.set_pool(message.pool, message.members)
+            grants, orphans = policy.remove_pool(message.pool)
+        except ValueError as exc:
+            _logger.error(
+                "the scheduler of %r ignored %r: %s", self.provider, message, exc
+            )
+            return []
+        for ticket in orphans:
+            self._conversations.pop(ticket, None)
+            self._replies.pop(ticket).refused(
+                PoolRemoved(
+                    f"pool {message.pool!r} was removed while the request waited",
+                    pool=message.pool,
+                )
+            )
+            if self._listening:
+                self._events.withdrawn(ticket, now, policy.in_flight, policy.waiting)
+            self._names.pop(ticket, None)
+        return grants
+
+    def _on_acquire(
+        self, message: Acquire, now: float, member: str | None = None
+    ) -> None:
         policy = self.policy
         ticket = message.ticket
+        conversation = message.conversation_id
+        if member is not None:
+            self._names[ticket] = (member, member if member in policy.pools else None)
         try:
-            grants = policy.acquire(ticket, message.tokens)
+            if member is None:
+                grants = policy.acquire(ticket, message.tokens)
+            else:
+                grants = policy.acquire(
+                    ticket,
+                    message.tokens,
+                    member=member,
+                    prefer=None
+                    if conversation is None
+                    else self._latest.get(conversation),
+                )
         except (QueueFull, ValueError) as exc:
             self._acquire_refused(message, exc, now)
             return
         if len(grants) == 1 and grants[0] is ticket:
+            if member is not None:
+                self._granted_on(ticket, conversation)
             message.reply.granted(ticket, now)
             if self._listening:
                 self._events.granted_at_once(
@@ -463,6 +604,8 @@ class SchedulerActor:
         # whose budget is back, another model's ticket): it queues like
         # any waiter, and every grant goes to its own reply.
         self._replies[ticket] = message.reply
+        if member is not None and conversation is not None:
+            self._conversations[ticket] = conversation
         if self._listening:
             self._events.queued(
                 ticket, message.conversation_id, now, policy.in_flight, policy.waiting
@@ -495,6 +638,8 @@ class SchedulerActor:
                 policy.in_flight,
                 policy.waiting,
             )
+        if self._names:
+            self._names.pop(ticket, None)
 
     def _rarely(
         self,
@@ -508,6 +653,7 @@ class SchedulerActor:
         | SetTenant
         | SetModelBudget,
         now: float,
+        member: str | None = None,
     ) -> list[Ticket]:
         """The messages that come least often: resume, budgets, limits, tenants."""
         policy = self.policy
@@ -516,17 +662,19 @@ class SchedulerActor:
             grants = policy.report_usage(message.ticket, message.tokens)
         elif isinstance(message, ObserveRateLimits):
             grants = policy.observe_rate_limits(
-                message.observed_at, message.info, message.model
+                message.observed_at, message.info, message.model, member=member
             )
         elif isinstance(message, SetTenant):
             grants = policy.set_tenant(message.tenant, message.settings)
         elif isinstance(message, SetModelBudget):
-            grants = policy.set_model_budget(message.model, message.budget)
+            grants = policy.set_model_budget(
+                message.model, message.budget, member=member
+            )
         elif isinstance(message, Answered):
             policy.answered(message.ticket)
             return []
         elif isinstance(message, ObserveServerLoad):
-            grants = policy.observe_server_load(message.load)
+            grants = policy.observe_server_load(message.load, member=member)
         elif isinstance(message, ObserveLatency):
             grants = policy.observe_latency(
                 message.ticket,
@@ -536,29 +684,40 @@ class SchedulerActor:
                 message.prompt_tokens,
             )
         elif isinstance(message, Adapt):
-            grants = policy.set_limit(message.limit)
+            grants = policy.set_limit(message.limit, member=member)
         else:
             paused = policy.paused_until is not None
-            grants = policy.resume()
+            if member is not None:
+                paused = policy.member_pauses()[member] is not None
+            grants = policy.resume(member=member)
             if paused:
-                self._events.resumed(now, "resumed")
+                self._events.resumed(now, "resumed", member)
         # The adaptive limit's own moves have no log line.
         self._events.limit_changed(previous, policy.limit, now, log=False)
         return grants
 
-    def _pause(self, message: Pause, now: float) -> None:
+    def _pause(self, message: Pause, now: float, member: str | None = None) -> None:
         """Apply a rate-limit report, or drop it as a misuse."""
         policy = self.policy
         try:
-            policy.report_rate_limit(message.reported_at, message.retry_after)
+            grants = policy.report_rate_limit(
+                message.reported_at, message.retry_after, member=member
+            )
         except (TypeError, ValueError) as exc:
             self._drop(message, exc)
             return
-        until = policy.paused_until if policy.limit is not None else None
-        self._events.paused(now, until, message.retry_after)
+        if member is None:
+            until = policy.paused_until if policy.limit is not None else None
+        else:
+            until = policy.member_pauses()[member]
+        self._events.paused(now, until, message.retry_after, member)
+        if grants:
+            self._deliver(grants, now)
 
     def _withdraw(self, ticket: Ticket, error: Exception, now: float) -> None:
         reply = self._replies.pop(ticket)
+        if self._conversations:
+            self._conversations.pop(ticket, None)
         # It may have been the head a budget held back: the others it lets
         # through are granted now, and must be told.
         grants = self.policy.cancel(ticket)
@@ -573,11 +732,27 @@ class SchedulerActor:
 
     def _deliver(self, grants: list[Ticket], now: float) -> None:
         replies = self._replies
+        names = self._names
         for ticket in grants:
+            if names:
+                self._granted_on(ticket, self._conversations.pop(ticket, None))
             replies.pop(ticket).granted(ticket, now)
         if self._listening:
             policy = self.policy
             self._events.granted(grants, now, policy.in_flight, policy.waiting)
+
+    def _granted_on(self, ticket: Ticket, conversation: str | None) -> None:
+        """Pooled ``ticket`` was granted: its events name its member, its conversation's next request prefers it."""
+        member = self.policy.member_of(ticket)
+        assert member is not None  # granted: it holds
+        names = self._names
+        names[ticket] = (member, names.get(ticket, (member, None))[1])
+        if conversation is not None:
+            latest = self._latest
+            latest.pop(conversation, None)
+            latest[conversation] = member
+            if len(latest) > MAX_CONVERSATIONS:
+                del latest[next(iter(latest))]  # the one seen least lately
 
     def _crashed(
         self, error: BaseException, unhandled: list[SchedulerMessage | _Tick]
@@ -600,6 +775,8 @@ class SchedulerActor:
                 message.reply.refused(self._closed_error())
         waiting = list(replies.values())
         replies.clear()
+        self._conversations.clear()
+        self._names.clear()
         for reply in waiting:
             reply.refused(self._closed_error())
 

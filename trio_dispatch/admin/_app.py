@@ -578,6 +578,9 @@ def _status(dispatcher: Dispatcher) -> dict[str, object]:
             name: _provider_status(stats, now)
             for name, stats in statistics.providers.items()
         },
+        "pools": {
+            name: attrs.asdict(stats) for name, stats in statistics.pools.items()
+        },
     }
 
 

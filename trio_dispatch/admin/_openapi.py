@@ -155,6 +155,16 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "The server's slots, learned from a reading with a"
                 " queue, or null.",
             },
+            "affinity_hits": {
+                **_COUNT,
+                "description": "For a member of a pool: requests granted on it"
+                " that preferred it (their conversation's previous call was).",
+            },
+            "affinity_moves": {
+                **_COUNT,
+                "description": "For a member of a pool: requests that preferred"
+                " it and were granted on another member.",
+            },
         },
         "One provider's statistics, as ``Dispatcher.statistics()`` has"
         " them, but for the end of a pause, shown as the seconds left.",
@@ -233,10 +243,36 @@ _SCHEMAS: dict[str, Any] = {
             "closed": {"type": "boolean"},
             "providers": {
                 "type": "object",
-                "description": "Every provider limited or used, by name.",
+                "description": "Every provider limited or used, by name; a"
+                " pool's members too.",
                 "additionalProperties": {"$ref": "#/components/schemas/ProviderStatus"},
             },
+            "pools": {
+                "type": "object",
+                "description": "Every pool, by name.",
+                "additionalProperties": {"$ref": "#/components/schemas/PoolStatus"},
+            },
         }
+    ),
+    "PoolStatus": _record(
+        {
+            "pool": {"type": "string"},
+            "members": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "Its members, in the pool's order.",
+            },
+            "limit": {
+                **_LIMIT,
+                "description": "Its members' limits added up; null if one is"
+                " unlimited.",
+            },
+            "in_flight": _COUNT,
+            "waiting": _COUNT,
+            "affinity_hits": _COUNT,
+            "affinity_moves": _COUNT,
+        },
+        "One pool's statistics: its members, and the requests waiting for it.",
     ),
     "Health": _record({"status": {"type": "string", "enum": ["ok", "closed"]}}),
 }

@@ -15,6 +15,11 @@ model's budget), ``ObserveRateLimits``
 correct its estimate). All of them travel over one FIFO
 memory channel per scheduler, so a ``Cancel`` can never overtake its
 ``Acquire``.
+
+A scheduler of pooled providers (see ``open_dispatcher``'s ``pools``)
+schedules several members, and pools of them, in one queue: a message that
+concerns one member or pool of it comes wrapped in ``ForMember``, and
+``SetPool`` and ``RemovePool`` change its pools.
 """
 
 from __future__ import annotations
@@ -298,6 +303,50 @@ class SetModelBudget:
         check_model_budget(self.model, self.budget)
 
 
+@final
+@attrs.frozen
+class SetPool:
+    """Make ``pool`` a pool of ``members`` (providers of this scheduler), or change them.
+
+    The requests waiting for the pool keep their place; those that wait for
+    a member no longer in it wait for any of its members.
+    """
+
+    pool: str
+    members: tuple[str, ...]
+
+
+@final
+@attrs.frozen
+class RemovePool:
+    """Forget ``pool``; the requests waiting for it are refused (``PoolRemoved``)."""
+
+    pool: str
+
+
+@final
+@attrs.frozen
+class ForMember:
+    """``message`` concerns ``member``, a provider or pool of a pooled scheduler.
+
+    An ``Acquire`` for a member waits for it alone; one for a pool goes to
+    whichever of its members can take it first. The others (a limit, a
+    pause, a budget, an answer's figures) change that member alone.
+    """
+
+    member: str
+    message: (
+        Acquire
+        | SetLimit
+        | Adapt
+        | Pause
+        | Resume
+        | ObserveRateLimits
+        | ObserveServerLoad
+        | SetModelBudget
+    )
+
+
 SchedulerMessage = (
     Acquire
     | Release
@@ -313,5 +362,8 @@ SchedulerMessage = (
     | ObserveRateLimits
     | SetTenant
     | SetModelBudget
+    | ForMember
+    | SetPool
+    | RemovePool
 )
 """Everything a scheduler actor reads from its inbox."""

@@ -71,6 +71,15 @@ budget). Models are not folded like tenants: they are named by the
 application's code, not its users, and a provider has only the models of
 its catalogue, so their number stays small.
 
+A pool's members are providers like the others (their slots, waits and
+counters under ``provider``: a grant's wait counts for the member it was
+granted on). Each pool has its own gauges and counters, labelled by
+``pool``: ``trio_dispatch_pool_slots_in_use``,
+``trio_dispatch_pool_slots_limit`` (while no member is unlimited),
+``trio_dispatch_pool_waiting``, and ``trio_dispatch_pool_affinity_hits_total``
+and ``..._moves_total`` (requests granted on the member of their
+conversation's previous call, or on another).
+
 The gauges and the provider's counters but one are read from
 ``dispatcher.statistics()`` at each scrape. The histograms, the tenants'
 counters and ``rate_limited_total`` are kept by the collector itself, from

@@ -95,7 +95,8 @@ class SimulationResult:
 
 
 #: ``open_dispatcher`` options the simulator does not take: it has no Redis,
-#: and its providers no server whose load could be read.
+#: its providers no server whose load could be read, and its workloads
+#: name providers, not pools.
 _NOT_SIMULATED = frozenset(
     {
         "redis_url",
@@ -104,6 +105,8 @@ _NOT_SIMULATED = frozenset(
         "redis_connect_timeout",
         "server_load",
         "server_load_interval",
+        "pools",
+        "affinity_wait",
     }
 )
 

@@ -1,0 +1,119 @@
+"""Conversations over a pool: each call through the provider of the member granted.
+
+``ScriptedProvider``s play the members in memory, in virtual time; which
+one answered each call is what each provider recorded.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from trio_dispatch import PoolProvider, open_dispatcher, wrap_provider
+from trio_dispatch.messages import ChatMessage, ChatRequest
+from trio_dispatch.testing import FakeReply, FakeScript, Fault, ScriptedProvider
+
+# Each answer takes 5 s to its first token: calls started together overlap.
+SCRIPT = FakeScript(default=FakeReply(text="fine", time_to_first_token=5.0))
+
+
+def members() -> tuple[ScriptedProvider, ScriptedProvider, PoolProvider]:
+    a = ScriptedProvider(SCRIPT, id="key-a")
+    b = ScriptedProvider(SCRIPT, id="key-b")
+    return a, b, PoolProvider("gpt", {"key-a": a, "key-b": b})
+
+
+async def test_each_call_goes_through_its_granted_members_provider(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    a, b, pool = members()
+    async with open_dispatcher(
+        {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a", "key-b")}
+    ) as dispatcher:
+        first = dispatcher.start_conversation(pool, conversation_id="first")
+        second = dispatcher.start_conversation(pool, conversation_id="second")
+        async with trio.open_nursery() as nursery:
+            for conversation in (first, second):
+                nursery.start_soon(conversation.ask, "hello")
+                await trio.testing.wait_all_tasks_blocked()
+        # Both free: one call on each member at once.
+        assert (len(a.requests), len(b.requests)) == (1, 1)
+        # Each conversation's next call goes back to its member.
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first.ask, "again")
+            nursery.start_soon(second.ask, "again")
+        stats = dispatcher.statistics()
+    assert (len(a.requests), len(b.requests)) == (2, 2)
+    assert stats.pools["gpt"].affinity_hits == 2
+    assert [stats.providers[m].granted_total for m in ("key-a", "key-b")] == [2, 2]
+
+
+async def test_a_rate_limit_answer_pauses_its_member_and_the_call_goes_on_elsewhere(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    limited = FakeScript(
+        default=FakeReply(text="fine"),
+        replies=(FakeReply(fault=Fault("rate_limit", retry_after=30.0)),),
+    )
+    a = ScriptedProvider(limited, id="key-a")
+    b = ScriptedProvider(SCRIPT, id="key-b")
+    pool = PoolProvider("gpt", {"key-a": a, "key-b": b})
+    async with open_dispatcher(
+        {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a", "key-b")}
+    ) as dispatcher:
+        conversation = dispatcher.start_conversation(pool)
+        started = trio.current_time()
+        result = await conversation.ask("hello")
+        stats = dispatcher.statistics()
+    assert result.text == "fine"
+    assert result.retries == 1
+    # key-a answered 429 and rests for 30 s; the retry went to key-b at once.
+    assert (len(a.requests), len(b.requests)) == (1, 1)
+    assert stats.providers["key-a"].paused
+    assert trio.current_time() - started < 30.0
+
+
+async def test_wrap_provider_over_a_pool_streams_through_the_member_granted(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    a, b, pool = members()
+    request = ChatRequest(messages=[ChatMessage(role="user", content="hi")])
+    async with open_dispatcher(
+        {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a", "key-b")}
+    ) as dispatcher:
+        limited = wrap_provider(pool, dispatcher)
+        async with limited.stream(request) as events:
+            assert [event async for event in events]
+        assert (len(a.requests), len(b.requests)) == (1, 0)
+
+
+async def test_a_pool_provider_must_match_its_pool() -> None:
+    a, _, _ = members()
+    async with open_dispatcher(
+        {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a", "key-b")}
+    ) as dispatcher:
+        with pytest.raises(
+            ValueError,
+            match=r"^PoolProvider 'gpt' must have a provider for each member of the"
+            r" pool: missing \['key-b'\], not members \[\]$",
+        ):
+            dispatcher.start_conversation(PoolProvider("gpt", {"key-a": a}))
+        with pytest.raises(ValueError, match=r"^PoolProvider 'other' names no pool"):
+            wrap_provider(PoolProvider("other", {"key-a": a}), dispatcher)
+
+
+def test_a_pool_provider_is_checked_and_streams_only_through_a_dispatcher() -> None:
+    a, b, pool = members()
+    assert pool.id == "gpt"
+    assert pool.members == {"key-a": a, "key-b": b}
+    assert repr(pool) == "<PoolProvider 'gpt' members=['key-a', 'key-b']>"
+    request = ChatRequest(messages=[ChatMessage(role="user", content="hi")])
+    with pytest.raises(RuntimeError, match=r"^pool 'gpt' streams only through"):
+        pool.stream(request)
+    with pytest.raises(ValueError, match=r"^pool 'gpt' must have a member$"):
+        PoolProvider("gpt", {})
+    with pytest.raises(TypeError, match=r"^the provider of member 'x' must be"):
+        PoolProvider("gpt", {"x": object()})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match=r"^members must be a mapping"):
+        PoolProvider("gpt", [a])  # type: ignore[arg-type]

@@ -1,0 +1,521 @@
+"""Pools through the dispatcher: one queue over several members, in virtual time.
+
+Each test stages its requests with ``wait_all_tasks_blocked`` so that
+arrivals have an exact order, and asserts on exact virtual times, on
+``Slot.member`` and on ``statistics()``.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import trio
+import trio.testing
+
+from trio_dispatch import (
+    Dispatcher,
+    DispatcherClosed,
+    PoolRemoved,
+    open_dispatcher,
+)
+from trio_dispatch.lowlevel import SchedulerActor, open_dispatcher_with
+
+
+async def hold(
+    dispatcher: Dispatcher,
+    provider: str,
+    log: list[tuple[str, str | None, float]],
+    name: str,
+    seconds: float,
+    *,
+    started_at: float | None = None,
+    conversation_id: str | None = None,
+) -> None:
+    async with dispatcher.slot(
+        provider, started_at=started_at, conversation_id=conversation_id
+    ) as slot:
+        log.append((name, slot.member, trio.current_time()))
+        await trio.sleep(seconds)
+
+
+async def start(  # noqa: PLR0917  # one request in one line
+    nursery: trio.Nursery,
+    dispatcher: Dispatcher,
+    provider: str,
+    log: list[tuple[str, str | None, float]],
+    name: str,
+    seconds: float,
+    **options: str | float,
+) -> None:
+    """Start one request, and let it reach its scheduler: arrivals in an exact order."""
+    nursery.start_soon(
+        partial(hold, dispatcher, provider, log, name, seconds, **options)  # type: ignore[arg-type]
+    )
+    await trio.testing.wait_all_tasks_blocked()
+
+
+async def test_a_pool_grants_on_whichever_member_is_free_oldest_turn_first(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, str | None, float]] = []
+    async with (
+        open_dispatcher(
+            {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a", "key-b")}
+        ) as d,
+        trio.open_nursery() as nursery,
+    ):
+        await start(nursery, d, "gpt", log, "first", 10.0)
+        await start(nursery, d, "gpt", log, "second", 4.0)
+        await trio.testing.wait_all_tasks_blocked()
+        # Younger turn first in arrival, older turn later: the older goes first.
+        await start(nursery, d, "gpt", log, "young", 1.0, started_at=-1.0)
+        await trio.testing.wait_all_tasks_blocked()
+        await start(nursery, d, "gpt", log, "old", 1.0, started_at=-5.0)
+        await trio.testing.wait_all_tasks_blocked()
+        stats = d.statistics()
+        assert stats.pools["gpt"].waiting == 2
+        assert stats.pools["gpt"].members == ("key-a", "key-b")
+        assert stats.pools["gpt"].limit == 2
+        assert stats.providers["key-a"].in_flight == 1
+        assert stats.providers["key-b"].in_flight == 1
+        assert "gpt" not in stats.providers
+    assert log == [
+        ("first", "key-a", 0.0),
+        ("second", "key-b", 0.0),
+        ("old", "key-b", 4.0),
+        ("young", "key-b", 5.0),
+    ]
+
+
+async def test_a_request_for_a_member_takes_its_place_in_the_pools_queue(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, str | None, float]] = []
+    async with (
+        open_dispatcher(
+            {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a", "key-b")}
+        ) as d,
+        trio.open_nursery() as nursery,
+    ):
+        await start(nursery, d, "key-a", log, "a-holder", 5.0)
+        await start(nursery, d, "key-b", log, "b-holder", 2.0)
+        await trio.testing.wait_all_tasks_blocked()
+        await start(nursery, d, "key-a", log, "for-a", 1.0, started_at=-9.0)
+        await start(nursery, d, "gpt", log, "for-any", 1.0, started_at=-1.0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert d.statistics().providers["key-a"].waiting == 1
+    assert log == [
+        ("a-holder", "key-a", 0.0),
+        ("b-holder", "key-b", 0.0),
+        # key-b frees first: the pool's request takes it, though the older
+        # one waits, for key-a alone.
+        ("for-any", "key-b", 2.0),
+        ("for-a", "key-a", 5.0),
+    ]
+
+
+async def test_a_paused_member_is_passed_over(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, str | None, float]] = []
+    async with (
+        open_dispatcher(
+            {"key-a": 2, "key-b": 2}, pools={"gpt": ("key-a", "key-b")}
+        ) as d,
+        trio.open_nursery() as nursery,
+    ):
+        d.report_rate_limit("key-a", 10.0)
+        for name in ("one", "two", "three"):
+            await start(nursery, d, "gpt", log, name, 3.0)
+            await trio.testing.wait_all_tasks_blocked()
+        stats = d.statistics()
+        assert stats.providers["key-a"].paused
+        assert not stats.providers["key-b"].paused
+    assert log == [
+        ("one", "key-b", 0.0),
+        ("two", "key-b", 0.0),
+        ("three", "key-b", 3.0),
+    ]
+
+
+async def test_a_conversation_waits_for_its_member_at_most_affinity_wait(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, str | None, float]] = []
+    async with (
+        open_dispatcher(
+            {"key-a": 1, "key-b": 1},
+            pools={"gpt": ("key-a", "key-b")},
+            affinity_wait=2.0,
+        ) as d,
+        trio.open_nursery() as nursery,
+    ):
+        await hold(d, "gpt", log, "c1-first", 1.0, conversation_id="c1")
+        await hold(d, "gpt", log, "c2-first", 1.0, conversation_id="c2")
+        # c1's member was key-a, c2's key-a too (both free: key-a first).
+        await start(nursery, d, "key-a", log, "busy-a", 5.0)
+        await trio.testing.wait_all_tasks_blocked()
+        await start(nursery, d, "gpt", log, "c1-second", 1.0, conversation_id="c1")
+        await trio.testing.wait_all_tasks_blocked()
+        assert d.statistics().providers["key-a"].waiting == 1
+        await trio.sleep(1.0)
+        assert log[-1][0] == "busy-a"  # still waiting for key-a, b idle
+    assert log == [
+        ("c1-first", "key-a", 0.0),
+        ("c2-first", "key-a", 1.0),
+        ("busy-a", "key-a", 2.0),
+        ("c1-second", "key-b", 4.0),
+    ]
+
+
+async def test_a_conversation_returns_to_its_member_when_it_frees_in_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, str | None, float]] = []
+    async with (
+        open_dispatcher(
+            {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a", "key-b")}
+        ) as d,
+        trio.open_nursery() as nursery,
+    ):
+        await start(nursery, d, "gpt", log, "c1-first", 1.0, conversation_id="c1")
+        await start(nursery, d, "gpt", log, "c2-first", 1.0, conversation_id="c2")
+        await trio.testing.wait_all_tasks_blocked()
+        await trio.sleep(1.5)
+        await start(nursery, d, "key-a", log, "busy-a", 0.5)
+        await start(nursery, d, "key-b", log, "busy-b", 3.0)
+        await trio.testing.wait_all_tasks_blocked()
+        await start(nursery, d, "gpt", log, "c1-second", 1.0, conversation_id="c1")
+        await start(nursery, d, "gpt", log, "c2-second", 1.0, conversation_id="c2")
+    stats = d.statistics()
+    assert log[:2] == [("c1-first", "key-a", 0.0), ("c2-first", "key-b", 0.0)]
+    # key-a frees at 2.0, in c1's wait for it: c1 goes back to it. c2
+    # waits for key-b, busy until 4.5, for affinity_wait (until 3.5),
+    # then takes key-a, free since c1 left it at 3.0.
+    assert log[-2:] == [("c1-second", "key-a", 2.0), ("c2-second", "key-a", 3.5)]
+    assert stats.providers["key-a"].affinity_hits == 1
+    assert stats.providers["key-b"].affinity_moves == 1
+    assert (stats.pools["gpt"].affinity_hits, stats.pools["gpt"].affinity_moves) == (
+        1,
+        1,
+    )
+
+
+async def test_affinity_wait_zero_sends_a_conversation_wherever_there_is_room(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, str | None, float]] = []
+    async with (
+        open_dispatcher(
+            {"key-a": 1, "key-b": 1},
+            pools={"gpt": ("key-a", "key-b")},
+            affinity_wait=0,
+        ) as d,
+        trio.open_nursery() as nursery,
+    ):
+        await hold(d, "gpt", log, "c1-first", 1.0, conversation_id="c1")
+        await start(nursery, d, "key-a", log, "busy-a", 5.0)
+        await trio.testing.wait_all_tasks_blocked()
+        await start(nursery, d, "gpt", log, "c1-second", 1.0, conversation_id="c1")
+    assert log[-1] == ("c1-second", "key-b", 1.0)
+    assert d.statistics().pools["gpt"].affinity_moves == 0
+
+
+async def test_a_member_keeps_its_own_limit(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, str | None, float]] = []
+    async with (
+        open_dispatcher(
+            {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a", "key-b")}
+        ) as d,
+        trio.open_nursery() as nursery,
+    ):
+        for name in ("one", "two", "three", "four"):
+            await start(nursery, d, "gpt", log, name, 2.0)
+            await trio.testing.wait_all_tasks_blocked()
+        d.set_limit("key-b", 3)
+        await trio.testing.wait_all_tasks_blocked()
+        assert d.limits() == {"key-a": 1, "key-b": 3}
+        stats = d.statistics()
+        assert (stats.providers["key-b"].limit, stats.providers["key-b"].in_flight) == (
+            3,
+            3,
+        )
+        assert stats.pools["gpt"].limit == 4
+    assert {name: member for name, member, _ in log} == {
+        "one": "key-a",
+        "two": "key-b",
+        "three": "key-b",
+        "four": "key-b",
+    }
+
+
+async def test_a_pool_has_no_limit_or_pause_of_its_own() -> None:
+    async with open_dispatcher({"key-a": 1}, pools={"gpt": ("key-a",)}) as d:
+        with pytest.raises(
+            ValueError,
+            match=r"^'gpt' is a pool: it has no limit of its own; its members have \('key-a'\)$",
+        ):
+            d.set_limit("gpt", 2)
+        with pytest.raises(
+            ValueError, match=r"^'gpt' is a pool: it has no pause of its own"
+        ):
+            d.resume("gpt")
+        with pytest.raises(ValueError, match=r"^'gpt' is a pool"):
+            d.report_rate_limit("gpt", 1.0)
+        assert d.pools() == {"gpt": ("key-a",)}
+
+
+async def test_set_pool_changes_members_and_replaces_the_waiting(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, str | None, float]] = []
+    async with (
+        open_dispatcher(
+            {"key-a": 1, "key-b": 1},
+            pools={"gpt": ("key-a",), "spare": ("key-b",)},
+        ) as d,
+        trio.open_nursery() as nursery,
+    ):
+        # Two pools apart: each its own queue, never the other's member.
+        await start(nursery, d, "gpt", log, "one", 5.0)
+        await trio.testing.wait_all_tasks_blocked()
+        await start(nursery, d, "gpt", log, "two", 5.0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert d.statistics().pools["gpt"].waiting == 1
+        with pytest.raises(
+            ValueError, match=r"^pool 'gpt' cannot join the members of pools scheduled"
+        ):
+            d.set_pool("gpt", ("key-a", "key-b"))
+    assert [(name, member) for name, member, _ in log] == [
+        ("one", "key-a"),
+        ("two", "key-a"),
+    ]
+
+
+async def test_set_pool_regroups_members_already_pooled_together(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, str | None, float]] = []
+    async with (
+        open_dispatcher(
+            {"key-a": 1, "key-b": 1},
+            pools={"gpt": ("key-a",), "all": ("key-a", "key-b")},
+        ) as d,
+        trio.open_nursery() as nursery,
+    ):
+        await start(nursery, d, "gpt", log, "one", 5.0)
+        await trio.testing.wait_all_tasks_blocked()
+        await start(nursery, d, "gpt", log, "two", 5.0)
+        await trio.testing.wait_all_tasks_blocked()
+        d.set_pool("gpt", ("key-a", "key-b"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert d.pools() == {"gpt": ("key-a", "key-b"), "all": ("key-a", "key-b")}
+        d.set_pool("mini", ("key-b",))
+        assert "mini" in d.pools()
+    assert log == [("one", "key-a", 0.0), ("two", "key-b", 0.0)]
+
+
+async def test_remove_pool_fails_its_waiters_and_keeps_its_members(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    failed: list[BaseException] = []
+
+    async def waits() -> None:
+        try:
+            async with d.slot("gpt"):
+                pass
+        except PoolRemoved as exc:
+            failed.append(exc)
+
+    async with (
+        open_dispatcher(
+            {"key-a": 1}, pools={"gpt": ("key-a",), "pro": ("key-a",)}
+        ) as d,
+        trio.open_nursery() as nursery,
+    ):
+        held = d.slot("key-a")
+        await held.__aenter__()
+        nursery.start_soon(waits)
+        await trio.testing.wait_all_tasks_blocked()
+        d.remove_pool("gpt")
+        await trio.testing.wait_all_tasks_blocked()
+        assert d.pools() == {"pro": ("key-a",)}
+        assert d.statistics().providers["key-a"].in_flight == 1
+        await held.__aexit__(None, None, None)
+        with pytest.raises(ValueError, match=r"^no pool 'gpt'"):
+            d.remove_pool("gpt")
+    assert len(failed) == 1
+    assert str(failed[0]) == "pool 'gpt' was removed while the request waited"
+    assert failed[0].pool == "gpt"  # type: ignore[attr-defined]
+
+
+async def test_a_request_cancelled_while_waiting_for_a_pool_leaves_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_dispatcher(
+        {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a", "key-b")}
+    ) as d:
+        async with trio.open_nursery() as nursery:
+            for _ in range(2):
+                await start(nursery, d, "gpt", [], "holder", 5.0)
+            await trio.testing.wait_all_tasks_blocked()
+            with trio.move_on_after(1.0):
+                async with d.slot("gpt", conversation_id="c"):
+                    pytest.fail("granted while both members are full")
+            stats = d.statistics()
+            assert stats.pools["gpt"].waiting == 0
+            assert stats.providers["key-a"].withdrawn_total == 1
+        stats = d.statistics()
+        assert [stats.providers[name].in_flight for name in ("key-a", "key-b")] == [
+            0,
+            0,
+        ]
+        assert stats.providers["key-a"].granted_total == 1
+        assert stats.providers["key-b"].granted_total == 1
+
+
+async def test_closing_fails_the_requests_waiting_for_a_pool(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    errors: list[BaseException] = []
+
+    async def waits(d: Dispatcher) -> None:
+        try:
+            async with d.slot("gpt"):
+                pass
+        except DispatcherClosed as exc:
+            errors.append(exc)
+
+    async with (
+        trio.open_nursery() as nursery,
+        open_dispatcher({"key-a": 1}, pools={"gpt": ("key-a",)}) as d,
+    ):
+        held = d.slot("key-a")
+        await held.__aenter__()
+        nursery.start_soon(waits, d)
+        await trio.testing.wait_all_tasks_blocked()
+    assert len(errors) == 1
+
+
+async def test_pools_that_share_a_member_share_one_queue(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, str | None, float]] = []
+    async with (
+        open_dispatcher(
+            {"key-a": 1, "key-b": 1},
+            pools={"gpt-4": ("key-a", "key-b"), "gpt-5": ("key-b",)},
+        ) as d,
+        trio.open_nursery() as nursery,
+    ):
+        await start(nursery, d, "gpt-4", log, "one", 2.5)
+        await start(nursery, d, "gpt-4", log, "two", 2.0)
+        await trio.testing.wait_all_tasks_blocked()
+        await start(nursery, d, "gpt-4", log, "four-young", 1.0, started_at=-1.0)
+        await start(nursery, d, "gpt-5", log, "five-old", 1.0, started_at=-5.0)
+        await trio.testing.wait_all_tasks_blocked()
+    # key-b frees first: gpt-5's request, the older, takes it, not gpt-4's.
+    assert log[2:] == [("five-old", "key-b", 2.0), ("four-young", "key-a", 2.5)]
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"pools": {"gpt": ()}}, ValueError, r"^pool 'gpt' must have a member$"),
+        (
+            {"pools": {"gpt": ("a", "a")}},
+            ValueError,
+            r"^pool 'gpt' names a member twice$",
+        ),
+        ({"pools": {"gpt": "ab"}}, TypeError, r"^the members of pool 'gpt' must be"),
+        ({"pools": ["gpt"]}, TypeError, r"^pools must be a mapping"),
+        (
+            {"pools": {"key-a": ("key-b",)}},
+            ValueError,
+            r"^pool 'key-a' has the name of a provider$",
+        ),
+        (
+            {"pools": {"gpt": ("key-a",), "key-a2": ("gpt",)}},
+            ValueError,
+            r"^pool 'gpt' has the name of a provider$",
+        ),
+        (
+            {"pools": {"gpt": ("key-a",)}, "affinity_wait": -1},
+            ValueError,
+            r"affinity_wait",
+        ),
+        (
+            {"pools": {"gpt": ("key-a",)}, "redis_url": "redis://localhost:1"},
+            ValueError,
+            r"^pools cannot be used with redis_url",
+        ),
+    ],
+)
+def test_pools_are_checked_at_the_call(
+    options: dict[str, object], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        open_dispatcher({"key-a": 1}, **options)  # type: ignore[arg-type]
+
+
+def test_pools_need_the_local_scheduler() -> None:
+    with pytest.raises(ValueError, match=r"^pools need the local scheduler"):
+        open_dispatcher_with(SchedulerActor.from_setup, {"a": 1}, pools={"p": ("a",)})
+
+
+async def test_set_pool_is_checked() -> None:
+    async with open_dispatcher(
+        {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a",)}
+    ) as d:
+        with pytest.raises(
+            ValueError, match=r"^pool 'key-b' has the name of a provider$"
+        ):
+            d.set_pool("key-b", ("key-a",))
+        with pytest.raises(ValueError, match=r"^pool 'x' must have a member$"):
+            d.set_pool("x", ())
+        # key-b is scheduled on its own (it has a limit): it cannot join.
+        with pytest.raises(
+            ValueError, match=r"^pool 'x' cannot take 'key-b', scheduled on its own"
+        ):
+            d.set_pool("x", ("key-a", "key-b"))
+        # Providers never used may form a pool of their own.
+        d.set_pool("fresh", ("key-c", "key-d"))
+        async with d.slot("fresh") as slot:
+            assert slot.member == "key-c"  # unlimited, both: the first
+        assert d.pools()["fresh"] == ("key-c", "key-d")
+
+
+async def test_events_name_the_member_granted_and_the_pool(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from trio_dispatch.events import Granted, Paused, Queued, Released  # noqa: PLC0415
+
+    log: list[tuple[str, str | None, float]] = []
+    async with (
+        open_dispatcher(
+            {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a", "key-b")}
+        ) as d,
+        d.events() as events,
+    ):
+        async with trio.open_nursery() as nursery:
+            await start(nursery, d, "gpt", log, "one", 1.0)
+            await start(nursery, d, "key-b", log, "two", 1.0)
+            await start(nursery, d, "gpt", log, "three", 1.0)
+        d.report_rate_limit("key-a", 5.0)
+        seen = [await events.__anext__() for _ in range(events.pending)]
+    named = [
+        (type(event).__name__, event.provider, getattr(event, "pool", None))
+        for event in seen
+        if isinstance(event, Granted | Queued | Released | Paused)
+    ]
+    assert named[:3] == [
+        ("Granted", "key-a", "gpt"),
+        ("Granted", "key-b", None),
+        ("Queued", "gpt", "gpt"),
+    ]
+    assert ("Granted", log[2][1], "gpt") in named
+    assert named[-1] == ("Paused", "key-a", None)
+    assert {name for kind, name, _ in named if kind == "Released"} == {"key-a", "key-b"}

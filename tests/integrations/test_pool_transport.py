@@ -1,0 +1,199 @@
+"""The official SDKs through a pool's transport, to two servers over real sockets.
+
+Two fake LLM servers on loopback, each accepting one key only (any other
+is answered 401), are the members of a pool; the SDK's client is given a
+base URL that resolves nowhere and a key neither accepts. Every call must
+reach the member its slot was granted on, with that member's key, and
+each server's peak in flight stays within its member's limit. Real time:
+keep the latencies small.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Literal
+
+import anthropic
+import attrs
+import httpx2
+import openai
+import pytest
+import trio
+
+from trio_dispatch import Endpoint, open_dispatcher
+from trio_dispatch.testing import FakeReply, FakeScript, Fault, open_fake_llm_server
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from trio_dispatch import Dispatcher
+    from trio_dispatch.testing import FakeLLMServer
+
+pytestmark = pytest.mark.filterwarnings(
+    r"ignore:Async generator '(openai|httpx2|httpcore2)\.:ResourceWarning"
+)
+
+Wire = Literal["openai", "anthropic"]
+TEXT = "one two three four"
+
+
+SCRIPT = FakeScript(default=FakeReply(text=TEXT, tokens_per_second=200))
+
+
+@asynccontextmanager
+async def open_pool(
+    wire: Wire, script_a: FakeScript = SCRIPT
+) -> AsyncIterator[tuple[FakeLLMServer, FakeLLMServer, Dispatcher, Any]]:
+    """Two servers (keys ``secret-a``, ``secret-b``), a pool over them, an SDK client."""
+    script = SCRIPT
+    async with (
+        open_fake_llm_server(script_a, api_key="secret-a") as a,
+        open_fake_llm_server(script, api_key="secret-b") as b,
+        open_dispatcher(
+            {"key-a": 2, "key-b": 1}, pools={"gpt": ("key-a", "key-b")}
+        ) as d,
+    ):
+        base = "openai_base_url" if wire == "openai" else "anthropic_base_url"
+        endpoints = {
+            "key-a": Endpoint(getattr(a, base), "secret-a"),
+            "key-b": Endpoint(getattr(b, base), "secret-b"),
+        }
+        async with httpx2.AsyncClient(
+            transport=d.transport("gpt", endpoints=endpoints)
+        ) as http:
+            if wire == "openai":
+                client: Any = openai.AsyncOpenAI(
+                    api_key="the-clients-own",
+                    base_url="http://pool.invalid/v1",
+                    http_client=http,
+                    max_retries=0,
+                )
+            else:
+                client = anthropic.AsyncAnthropic(
+                    api_key="the-clients-own",
+                    base_url="http://pool.invalid",
+                    http_client=http,
+                    max_retries=0,
+                )
+            yield a, b, d, client
+
+
+async def call(wire: Wire, client: Any) -> str:  # noqa: ANN401 (either SDK)
+    """One streamed call, read to its end: its text."""
+    if wire == "openai":
+        stream = await client.chat.completions.create(
+            model="fake", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        parts: list[str] = []
+        async with stream:
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    parts.append(chunk.choices[0].delta.content)
+        return "".join(parts)
+    async with client.messages.stream(
+        model="fake", max_tokens=64, messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
+        text: str = await stream.get_final_text()
+        return text
+
+
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+async def test_each_call_goes_to_its_members_server_with_its_members_key(
+    wire: Wire,
+) -> None:
+    texts: list[str] = []
+    async with open_pool(wire) as (a, b, d, client):
+
+        async def one() -> None:
+            texts.append(await call(wire, client))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(12):
+                nursery.start_soon(one)
+        stats = d.statistics()
+        served_a, served_b = await a.wait_idle(), await b.wait_idle()
+    # A key either server refuses would have failed its call (401).
+    assert texts == [TEXT] * 12
+    assert served_a.requests_total == stats.providers["key-a"].granted_total
+    assert served_b.requests_total == stats.providers["key-b"].granted_total
+    assert served_a.requests_total + served_b.requests_total == 12
+    assert served_a.requests_total >= 1
+    assert served_b.requests_total >= 1
+    assert served_a.peak_in_flight <= 2
+    assert served_b.peak_in_flight <= 1
+
+
+async def test_a_rate_limit_answer_pauses_only_its_member() -> None:
+    # Member a (the most free slots: the first call's) answers one 429,
+    # with Retry-After: 30.
+    limited = attrs.evolve(
+        SCRIPT, replies=(FakeReply(fault=Fault("rate_limit", retry_after=30.0)),)
+    )
+    async with open_pool("openai", limited) as (_, _, d, client):
+        with pytest.raises(openai.RateLimitError):
+            await call("openai", client)
+        stats = d.statistics()
+        assert stats.providers["key-a"].paused
+        assert not stats.providers["key-b"].paused
+        # The next calls go to b, within its limit, while a rests.
+        for _ in range(3):
+            assert await call("openai", client) == TEXT
+        stats = d.statistics()
+    assert stats.providers["key-b"].granted_total == 3
+    assert stats.providers["key-a"].granted_total == 1
+
+
+def test_an_endpoints_key_never_shows() -> None:
+    endpoint = Endpoint("https://api.example.com/v1", "sk-very-secret")
+    assert "sk-very-secret" not in repr(endpoint)
+    assert repr(endpoint) == "Endpoint(base_url='https://api.example.com/v1')"
+    with pytest.raises(ValueError, match="api_key must be printable ASCII") as caught:
+        Endpoint("https://api.example.com/v1", "sk-\nsecret")
+    assert "secret" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "match"),
+    [
+        (("api.example.com/v1",), ValueError, r"^base_url must be an http or https"),
+        ((b"https://x",), TypeError, r"^base_url must be a string, got bytes$"),
+        (("https://x/v1?a=1",), ValueError, r"^base_url must have no query"),
+        (("https://user:pw@x/v1",), ValueError, r"^base_url must have no query"),
+        (("https://x/v1", ""), ValueError, r"^api_key must not be empty"),
+        (
+            ("https://x/v1", 12),
+            TypeError,
+            r"^api_key must be a string or None, got int$",
+        ),
+    ],
+)
+def test_endpoints_are_checked(
+    arguments: tuple[object, ...], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        Endpoint(*arguments)  # type: ignore[arg-type]
+
+
+async def test_a_pools_transport_needs_an_endpoint_for_each_member() -> None:
+    async with open_dispatcher(
+        {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a", "key-b")}
+    ) as d:
+        only_a = {"key-a": Endpoint("http://127.0.0.1:1/v1", "k")}
+        with pytest.raises(
+            ValueError,
+            match=r"^endpoints must name each member of 'gpt' once: missing \['key-b'\]",
+        ):
+            d.transport("gpt", endpoints=only_a)
+        with pytest.raises(
+            TypeError, match=r"^endpoints\['key-a'\] must be an Endpoint"
+        ):
+            d.transport("gpt", endpoints={"key-a": "http://x", "key-b": "http://y"})  # type: ignore[dict-item]
+        transport = d.transport(
+            "gpt",
+            endpoints={
+                "key-a": Endpoint("http://127.0.0.1:1/v1", "sk-aaa"),
+                "key-b": Endpoint("http://127.0.0.1:2/v1", "sk-bbb"),
+            },
+        )
+        assert "sk-" not in repr(transport)
+        await transport.aclose()

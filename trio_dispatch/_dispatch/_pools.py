@@ -1,0 +1,212 @@
+"""Pools: several providers (members) serving one model, in one queue.
+
+``open_dispatcher(limits, pools={"gpt": ("key-a", "key-b")})`` names a pool
+over providers. The providers that pools join (directly, or through a
+member two pools share) are a *group*: one local scheduler, whose policy
+has every member of the group (each with its own limit, budgets, pause and
+adaptive limit) and every pool of it, so that one queue orders them all
+(``SlotPolicy``'s module notes say how). Each member and each pool is
+still a backend of its own name to the dispatcher: a ``MemberView``, which
+hands the group's scheduler what concerns it in a ``ForMember`` and reads
+its own statistics there. A group's scheduler runs once, whichever view
+the dispatcher starts first; the others wait for the dispatcher to close.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, final
+
+import trio
+
+from .._validation import check_provider
+from ..messages._protocol import (
+    Acquire,
+    Adapt,
+    ForMember,
+    ObserveRateLimits,
+    ObserveServerLoad,
+    Pause,
+    Resume,
+    SetLimit,
+    SetModelBudget,
+)
+
+if TYPE_CHECKING:
+    from .._policy._slots import PoolStatistics
+    from ..actors._scheduler import SchedulerActor
+    from ..messages._protocol import SchedulerMessage, Ticket
+    from ._backend import ProviderStatistics
+
+#: The messages a view hands its group's scheduler as its own, in a ``ForMember``.
+_FOR_MEMBER = (
+    Acquire,
+    SetLimit,
+    Adapt,
+    Pause,
+    Resume,
+    ObserveRateLimits,
+    ObserveServerLoad,
+    SetModelBudget,
+)
+
+
+def check_pools(pools: object, name: str = "pools") -> dict[str, tuple[str, ...]]:
+    """Pool names to their members: each a non-empty sequence of distinct provider names.
+
+    Raises:
+        TypeError: Not a mapping, or a pool's members not a list or tuple
+            of strings.
+        ValueError: A name empty, a pool without members or naming one
+            twice.
+    """
+    if not isinstance(pools, Mapping):
+        raise TypeError(
+            f"{name} must be a mapping of pool names to their members, got {pools!r}"
+        )
+    checked: dict[str, tuple[str, ...]] = {}
+    for pool, members in pools.items():
+        check_provider(pool)
+        checked[pool] = check_members(pool, members)
+    return checked
+
+
+def check_members(pool: str, members: object) -> tuple[str, ...]:
+    """``pool``'s members: a non-empty list or tuple of distinct provider names."""
+    if isinstance(members, str) or not isinstance(members, Iterable):
+        raise TypeError(
+            f"the members of pool {pool!r} must be a list or tuple of provider"
+            f" names, got {members!r}"
+        )
+    names = tuple(members)
+    for member in names:
+        check_provider(member)
+    if not names:
+        raise ValueError(f"pool {pool!r} must have a member")
+    if len(set(names)) != len(names):
+        raise ValueError(f"pool {pool!r} names a member twice")
+    return names
+
+
+@final
+class Group:
+    """Providers scheduled together, because pools join them, and those pools.
+
+    Attributes:
+        members: The providers, in the order they were first named.
+        pools: The pools over them, by name.
+        actor: Their scheduler, once made.
+        running: Whether a view runs the scheduler's task.
+    """
+
+    __slots__ = ("actor", "members", "pools", "running")
+
+    def __init__(self) -> None:
+        self.members: list[str] = []
+        self.pools: dict[str, tuple[str, ...]] = {}
+        self.actor: SchedulerActor | None = None
+        self.running = False
+
+    def __repr__(self) -> str:
+        return f"<Group members={self.members!r} pools={self.pools!r}>"
+
+
+def groups_of(pools: Mapping[str, tuple[str, ...]]) -> dict[str, Group]:
+    """The group of each provider and pool of ``pools``, by name.
+
+    Pools that share a member are one group (and so, in turn, pools that
+    share a member with one of those).
+    """
+    found: dict[str, Group] = {}
+    for pool, members in pools.items():
+        joined = {id(found[name]): found[name] for name in members if name in found}
+        group = Group()
+        for other in joined.values():
+            for name in other.members:
+                if name not in group.members:
+                    group.members.append(name)
+            group.pools.update(other.pools)
+        for name in members:
+            if name not in group.members:
+                group.members.append(name)
+        group.pools[pool] = members
+        for name in [*group.members, *group.pools]:
+            found[name] = group
+    return found
+
+
+@final
+class MemberView:
+    """The backend of one member or pool of a group: its part of the group's scheduler.
+
+    What the dispatcher holds for the name, as for any provider: messages
+    that concern the name (a request, a limit, a pause, a budget, an
+    answer's figures) reach the scheduler in a ``ForMember``, the others
+    (release, cancel, a tenant...) as they are; ``statistics()`` is the
+    member's own.
+    """
+
+    __slots__ = ("group", "provider")
+
+    def __init__(self, provider: str, group: Group) -> None:
+        self.provider = provider
+        self.group = group
+
+    def __repr__(self) -> str:
+        return f"<MemberView {self.provider!r} of {self.group!r}>"
+
+    @property
+    def actor(self) -> SchedulerActor:
+        """The group's scheduler."""
+        actor = self.group.actor
+        assert actor is not None  # made with the group's first view
+        return actor
+
+    def ticket(
+        self,
+        rank: float,
+        priority: int = 0,
+        tenant: str | None = None,
+        model: str | None = None,
+    ) -> Ticket:
+        """A fresh ticket of the group's scheduler."""
+        return self.actor.ticket(rank, priority, tenant, model)
+
+    def send(self, message: SchedulerMessage) -> None:
+        """Hand the group's scheduler ``message``, for this member or pool if it concerns one."""
+        if isinstance(message, _FOR_MEMBER):
+            self.actor.send(ForMember(self.provider, message))
+        else:
+            self.actor.send(message)
+
+    def member_of(self, ticket: Ticket) -> str | None:
+        """The member on which ``ticket`` holds its slot, or ``None`` if it holds none."""
+        return self.actor.member_of(ticket)
+
+    def statistics(self) -> ProviderStatistics:
+        """The member's snapshot; a pool's as a provider's (see ``pool_statistics`` too)."""
+        return self.actor.member_statistics(self.provider)
+
+    def pool_statistics(self) -> PoolStatistics:
+        """The pool's snapshot, for the view of a pool."""
+        return self.actor.pool_statistics()[self.provider]
+
+    def close(self) -> None:
+        """Close the group's scheduler: every member and pool of it closes."""
+        self.actor.close()
+
+    async def run(
+        self, *, stop_when_idle: bool = False
+    ) -> bool:  # a group never stops when idle
+        """Run the group's scheduler, or, if another view runs it, wait until the dispatcher closes.
+
+        A group's scheduler never stops when idle: its members share it.
+        """
+        group = self.group
+        if group.running:
+            await trio.sleep_forever()
+        group.running = True
+        try:
+            return await self.actor.run()
+        finally:
+            group.running = False
