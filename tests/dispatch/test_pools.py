@@ -519,3 +519,44 @@ async def test_events_name_the_member_granted_and_the_pool(
     assert ("Granted", log[2][1], "gpt") in named
     assert named[-1] == ("Paused", "key-a", None)
     assert {name for kind, name, _ in named if kind == "Released"} == {"key-a", "key-b"}
+
+
+async def test_max_hold_cuts_a_pool_slot_held_too_long(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from trio_dispatch import SlotHoldTimeout  # noqa: PLC0415
+
+    async with open_dispatcher(
+        {"key-a": 1}, pools={"gpt": ("key-a",)}, max_hold=5.0
+    ) as d:
+        with pytest.raises(SlotHoldTimeout):
+            async with d.slot("gpt") as slot:
+                assert slot.member == "key-a"
+                await trio.sleep(60)
+        assert trio.current_time() == 5.0
+        assert d.statistics().providers["key-a"].in_flight == 0
+
+
+async def test_set_pool_refuses_a_pool_as_a_member() -> None:
+    async with open_dispatcher({"key-a": 1}, pools={"gpt": ("key-a",)}) as d:
+        with pytest.raises(
+            ValueError, match=r"^pool 'x' names pools as members: 'gpt'$"
+        ):
+            d.set_pool("x", ("gpt",))
+        assert d.pools() == {"gpt": ("key-a",)}
+
+
+async def test_each_members_adaptive_limit_is_told_whatever_the_sum_does(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from trio_dispatch import AdaptiveLimit  # noqa: PLC0415
+
+    # key-b unlimited: the pool's limit is None, whatever key-a's does.
+    async with open_dispatcher(
+        {"key-a": AdaptiveLimit(initial=4, minimum=1, maximum=8)},
+        pools={"gpt": ("key-a", "key-b")},
+    ) as d:
+        async with d.slot("key-a"):
+            d.report_rate_limit("key-a", 1.0)
+        assert d.limits()["key-a"] == d.statistics().providers["key-a"].limit
+        assert d.limits()["key-a"] < 4

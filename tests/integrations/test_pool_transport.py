@@ -197,3 +197,64 @@ async def test_a_pools_transport_needs_an_endpoint_for_each_member() -> None:
         )
         assert "sk-" not in repr(transport)
         await transport.aclose()
+
+
+async def test_every_model_call_carries_its_members_key_and_never_the_clients() -> None:
+    sent: list[httpx2.Request] = []
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        sent.append(request)
+        return httpx2.Response(200, json={})
+
+    async with open_dispatcher({"key-a": 1}, pools={"gpt": ("key-a",)}) as d:
+        transport = d.transport(
+            "gpt",
+            inner=httpx2.MockTransport(answer),
+            endpoints={"key-a": Endpoint("http://member.example/v1", "sk-member")},
+        )
+        async with httpx2.AsyncClient(
+            transport=transport,
+            base_url="http://client.example",
+            headers={
+                "Authorization": "Bearer sk-client",
+                "x-api-key": "sk-client",
+                "api-key": "sk-client",
+            },
+        ) as client:
+            for path in ("/v1/embeddings", "/v1/responses", "/v1/completions"):
+                await client.post(path + "?api-version=1&api-key=sk-client", json={})
+            await client.post("/v1/messages", json={})
+    assert [str(r.url) for r in sent] == [
+        "http://member.example/v1/embeddings?api-version=1",
+        "http://member.example/v1/responses?api-version=1",
+        "http://member.example/v1/completions?api-version=1",
+        "http://member.example/v1/v1/messages",
+    ]
+    for request in sent:
+        values = " ".join(request.headers.values())
+        assert "sk-client" not in values
+        assert "sk-member" in values
+    assert sent[0].headers["authorization"] == "Bearer sk-member"
+    assert sent[-1].headers["x-api-key"] == "sk-member"
+    assert sent[0].headers["host"] == "member.example"
+
+
+async def test_a_member_without_an_endpoint_fails_its_call_and_gives_the_slot_back() -> (
+    None
+):
+    async with open_dispatcher(
+        {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a",), "all": ("key-a", "key-b")}
+    ) as d:
+        transport = d.transport(
+            "gpt",
+            inner=httpx2.MockTransport(lambda _: httpx2.Response(200, json={})),
+            endpoints={"key-a": Endpoint("http://a.example/v1", "sk-a")},
+        )
+        d.set_pool("gpt", ("key-b",))
+        async with httpx2.AsyncClient(transport=transport) as client:
+            with pytest.raises(
+                ValueError,
+                match=r"^pool 'gpt' granted a call on 'key-b', which has no endpoint",
+            ):
+                await client.post("http://x/v1/chat/completions", json={})
+        assert d.statistics().providers["key-b"].in_flight == 0

@@ -546,6 +546,12 @@ class PoolMachine(RuleBasedStateMachine):
         self.expect(grants, model.fill())
 
     @rule(seconds=st.sampled_from([0.5, 1.0, 2.0, 3.0]))
+    def advance(self, seconds: float) -> None:
+        """Time passes, told without a tick (as before a message is handled)."""
+        self.model.now += seconds
+        self.policy.advance(self.model.now)
+
+    @rule(seconds=st.sampled_from([0.5, 1.0, 2.0, 3.0]))
     def tick(self, seconds: float) -> None:
         model = self.model
         model.now += seconds
@@ -567,9 +573,12 @@ class PoolMachine(RuleBasedStateMachine):
             assert statistics[name].in_flight == held
             if limit is not None and name not in self.limits_lowered:
                 assert held <= limit
-        # Work-conserving: nobody waits whom a member with room may take.
-        for ticket in model.waiting:
-            assert not any(model.room(name) for name in model.candidates(ticket))
+        # Work-conserving: nobody waits whom a member with room may take,
+        # but while a tick is due (a wait for a preferred member ended).
+        wake_at = policy.wake_at
+        if wake_at is None or wake_at > model.now:
+            for ticket in model.waiting:
+                assert not any(model.room(name) for name in model.candidates(ticket))
 
     @invariant()
     def wakes_for_what_waits(self) -> None:
@@ -726,3 +735,73 @@ def test_a_pause_lets_the_waiters_of_the_paused_member_go_elsewhere_at_once() ->
     assert policy.pause(10.0, member="a") == [t(1, 2)]
     assert policy.member_of(t(1, 2)) == "b"
     assert policy.member_statistics()["a"].affinity_moves == 1
+
+
+def test_removing_a_pool_while_a_budget_holds_a_member_back() -> None:
+    # Regression: the refill ran before the pool's waiters were withdrawn,
+    # and met a ticket of a pool that was gone.
+    throttle = Throttle(Budget(requests_per_minute=1))
+    policy = SlotPolicy(4, provider="a", throttle=throttle, affinity_wait=2.0)
+    policy.add_member("b", 1)
+    policy.set_pool("p", ["a", "b"])
+    policy.advance(0.0)
+    policy.acquire(t(0, 0))  # on a: its budget is spent
+    policy.acquire(t(0, 1))  # on b
+    assert policy.acquire(t(1, 2), member="p") == []
+    assert policy.remove_pool("p") == ([], [t(1, 2)])
+    assert policy.waiting == 0
+
+
+def test_a_preference_that_ran_out_is_not_honoured_before_the_tick() -> None:
+    # Regression: the wait for a preferred member ended only at a tick, so a
+    # release handled after it (the run task's tick not come yet) gave the
+    # slot to a younger ticket.
+    policy = pool(affinity_wait=2.0)
+    policy.advance(0.0)
+    policy.acquire(t(0, 0))  # a
+    policy.acquire(t(0, 1))  # b
+    policy.acquire(t(1, 2), prefer="a")
+    policy.acquire(t(2, 3))
+    policy.advance(5.0)
+    assert policy.release(t(0, 1)) == [t(1, 2)]
+    assert policy.member_of(t(1, 2)) == "b"
+
+
+def test_a_budget_that_held_a_ticket_back_lets_the_next_through_once_it_went_elsewhere() -> (
+    None
+):
+    # Regression: a member whose token budget could not take the oldest
+    # ticket stayed closed for the fill after that ticket went to another
+    # member, and the younger one that fits waited for the budget's refill.
+    throttle = Throttle(Budget(tokens_per_minute=3000))
+    policy = SlotPolicy(4, provider="a", throttle=throttle)
+    policy.add_member("b", 1)
+    policy.advance(0.0)
+    policy.acquire(t(0, 0), 2000)  # on a: 1,000 tokens left
+    policy.acquire(t(0, 1), member="b")
+    assert policy.acquire(t(1, 2), 2500) == []
+    assert policy.acquire(t(2, 3), 100) == []
+    assert policy.release(t(0, 1)) == [t(1, 2), t(2, 3)]
+    assert (policy.member_of(t(1, 2)), policy.member_of(t(2, 3))) == ("b", "a")
+    assert policy.wake_at is None
+
+
+def test_a_member_added_with_model_budgets_counts_the_waiting_once() -> None:
+    # Regression: the waiting tickets were counted twice for its models'
+    # use, which then never fell to zero (its learned budgets never forgotten).
+    policy = SlotPolicy(1, provider="a")
+    for i in range(3):
+        policy.acquire(Ticket(i, i, 0, None, "m"))
+    policy.add_member(
+        "b", None, models={"m": Throttle(Budget(requests_per_minute=100))}
+    )
+    for ticket in list(policy.holders()):
+        policy.release(ticket)
+    assert policy._members["b"].models._busy == {}  # the count itself
+
+
+def test_a_member_and_a_pool_never_share_a_name() -> None:
+    policy = named_pool(1, 1)
+    policy.set_pool("p", ["m0"])
+    with pytest.raises(ValueError, match=r"^'p' is a pool's name$"):
+        policy.add_member("p", 1)

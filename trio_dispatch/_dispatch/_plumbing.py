@@ -409,7 +409,10 @@ class Plumbing(metaclass=NoPublicConstructor):
         Its grant plus ``max_hold`` (trio clock), or ``inf`` for none.
         """
         max_hold = self._settings.max_hold
-        if max_hold is None or slot.provider not in self._host.limits:
+        limits = self._host.limits
+        if max_hold is None or (
+            slot.provider not in limits and slot.member not in limits
+        ):
             return math.inf
         assert slot.granted_at is not None
         return slot.granted_at + max_hold
@@ -642,6 +645,11 @@ class Plumbing(metaclass=NoPublicConstructor):
             known is not None and pool not in known.pools
         ):
             raise ValueError(f"pool {pool!r} has the name of a provider")
+        pooled = [
+            name for name in names if name in groups and name in groups[name].pools
+        ]
+        if pooled:
+            raise ValueError(f"pool {pool!r} names pools as members: {_names(pooled)}")
         joined = {id(groups[name]): groups[name] for name in names if name in groups}
         if known is not None:
             joined[id(known)] = known

@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, final
 import attrs
 
 from .._policy._budgets import Throttle
-from .._policy._slots import DEFAULT_AFFINITY_WAIT, SlotPolicy
+from .._policy._slots import DEFAULT_AFFINITY_WAIT, PolicyStatistics, SlotPolicy
 from ._backend import provider_statistics
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from .._observe._translator import Translator
-    from .._policy._slots import MemberStatistics, PolicyStatistics, PoolStatistics
+    from .._policy._slots import PoolStatistics
     from ..messages._limits import Budget, Tenant
     from ._backend import ProviderStatistics
 
@@ -183,9 +183,22 @@ def policy_statistics(
         return _pool_as_provider(provider, policy, pool, stats, now)
     own = policy.member_statistics()[member]
     adaptive, budget = policy.member_budgets(member, now)
+    # Its own slots, and the totals of the queue it shares.
+    counts = PolicyStatistics(
+        limit=own.limit,
+        in_flight=own.in_flight,
+        waiting=own.waiting,
+        paused_until=own.paused_until,
+        granted_total=own.granted_total,
+        released_total=own.released_total,
+        withdrawn_total=stats.withdrawn_total,
+        rejected_total=stats.rejected_total,
+        peak_in_flight=own.peak_in_flight,
+        peak_waiting=stats.peak_waiting,
+    )
     return provider_statistics(
         provider,
-        _MemberCounts(own, stats),
+        counts,
         limit=own.limit,
         paused_until=own.paused_until,
         adaptive=adaptive,
@@ -216,9 +229,11 @@ def _pool_as_provider(
     paused_until = (
         min(pauses) if pauses and None not in pauses else None  # type: ignore[type-var]  # no None
     )
-    counts = _Counts(
+    counts = PolicyStatistics(
+        limit=pool.limit,
         in_flight=pool.in_flight,
         waiting=pool.waiting,
+        paused_until=paused_until,
         granted_total=sum(m.granted_total for m in own),
         released_total=sum(m.released_total for m in own),
         withdrawn_total=queue.withdrawn_total,
@@ -237,59 +252,3 @@ def _pool_as_provider(
         tenants=policy.tenant_statistics(now),
         affinity=(pool.affinity_hits, pool.affinity_moves),
     )
-
-
-@final
-@attrs.frozen(kw_only=True)
-class _Counts:
-    """Counts as ``provider_statistics`` reads them."""
-
-    in_flight: int
-    waiting: int
-    granted_total: int
-    released_total: int
-    withdrawn_total: int
-    rejected_total: int
-    peak_in_flight: int
-    peak_waiting: int
-
-
-@final
-@attrs.frozen
-class _MemberCounts:
-    """A member's counts (``Counts``): its own slots, and its policy's queue totals."""
-
-    own: MemberStatistics
-    queue: PolicyStatistics
-
-    @property
-    def in_flight(self) -> int:
-        return self.own.in_flight
-
-    @property
-    def waiting(self) -> int:
-        return self.own.waiting
-
-    @property
-    def granted_total(self) -> int:
-        return self.own.granted_total
-
-    @property
-    def released_total(self) -> int:
-        return self.own.released_total
-
-    @property
-    def peak_in_flight(self) -> int:
-        return self.own.peak_in_flight
-
-    @property
-    def withdrawn_total(self) -> int:
-        return self.queue.withdrawn_total
-
-    @property
-    def rejected_total(self) -> int:
-        return self.queue.rejected_total
-
-    @property
-    def peak_waiting(self) -> int:
-        return self.queue.peak_waiting

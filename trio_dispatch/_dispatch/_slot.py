@@ -374,15 +374,20 @@ class Slot(metaclass=NoPublicConstructor):
         timer = self._timer
         if timer is not None and (
             timer.lease_deadline is not None
-            or (timer.max_hold is not None and self.provider in host.limits)
+            or (timer.max_hold is not None and self._limited())
         ):
             hold = trio.CancelScope(deadline=self._deadline(timer))
             hold.__enter__()
             timer.hold = hold
         return self
 
+    def _limited(self) -> bool:
+        """Whether the provider granted (a pool's member, once granted) has a limit."""
+        limits = self._host.limits
+        return self.provider in limits or self.member in limits
+
     def _max_hold_deadline(self, timer: _Timer) -> float:
-        if timer.max_hold is None or self.provider not in self._host.limits:
+        if timer.max_hold is None or not self._limited():
             return math.inf
         assert self.granted_at is not None
         return self.granted_at + timer.max_hold

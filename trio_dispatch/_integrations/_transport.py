@@ -711,6 +711,23 @@ class TransportBase(Generic[InnerT]):
     async def aclose(self) -> None:
         await self._inner.aclose()
 
+    def _endpoint(self, slot: Slot) -> Endpoint:
+        """The endpoint of the member ``slot`` was granted on.
+
+        Raises:
+            ValueError: The member has none here (it joined the pool after
+                the transport was made).
+        """
+        assert self._endpoints is not None
+        member = slot.member
+        endpoint = None if member is None else self._endpoints.get(member)
+        if endpoint is None:
+            raise ValueError(
+                f"pool {self._provider!r} granted a call on {member!r}, which has no"
+                " endpoint in this transport: make it again with one for each member"
+            )
+        return endpoint
+
     async def _handle(
         self,
         request: Any,  # noqa: ANN401 (a request of the transport's httpx)
@@ -751,9 +768,7 @@ class TransportBase(Generic[InnerT]):
                 place = place_in_line(self._dispatcher, hold.slot)
                 request = _resent(request, httpx, with_priority(content, place))
             if self._endpoints is not None:
-                member = hold.slot.member
-                assert member is not None  # granted
-                request = _routed(request, httpx, self._endpoints[member], path)
+                request = _routed(request, httpx, self._endpoint(hold.slot), path)
             with hold.timed():
                 response = await inner.handle_async_request(request)
             hold.answered(response.status_code, response.headers)
@@ -774,6 +789,12 @@ class TransportBase(Generic[InnerT]):
         return response
 
 
+# Where a client may carry its own key: every one is dropped before a
+# member's is set (OpenAI's, Anthropic's, Azure's headers; query keys).
+_KEY_HEADERS: Final = ("authorization", "x-api-key", "api-key")
+_KEY_PARAMS: Final = frozenset({"key", "api_key", "api-key"})
+
+
 def _routed(
     request: Any,  # noqa: ANN401 (either httpx's)
     httpx: ModuleType,
@@ -782,24 +803,33 @@ def _routed(
 ) -> Any:  # noqa: ANN401 (its request)
     """Model call ``request`` (to ``path``) sent to ``endpoint`` instead, with its key.
 
-    Its base URL, the call's endpoint and the request's query; the same
-    method, body and extensions; the headers less ``Host`` (the new URL's)
-    and, with a key, less every key header of the call's wire format, the
-    first of which carries the endpoint's key.
+    Its base URL, the call's endpoint and the request's query (less a key
+    carried there); the same method, body and extensions; the headers less
+    ``Host`` (the new URL's) and, with a key, less every header a client
+    carries its key in, the key going in ``x-api-key`` for Anthropic's
+    calls (``/messages``, ``/complete``), as ``Authorization: Bearer`` for
+    the others.
     """
-    url = httpx.URL(endpoint.base_url.rstrip("/") + model_call_of(path))
-    query = request.url.query
-    if query:
-        url = url.copy_with(query=query)
+    call = model_call_of(path)
+    url = httpx.URL(endpoint.base_url.rstrip("/") + call)
+    # The request's query, but for a key the client may carry there.
+    params = [
+        (name, value)
+        for name, value in request.url.params.multi_items()
+        if name.lower() not in _KEY_PARAMS
+    ]
+    if params:
+        url = url.copy_with(params=params)
     headers = request.headers.copy()
     del headers["host"]
     key = endpoint.api_key
-    wire = format_of_path(path)
-    if key is not None and wire is not None:
-        for name, _ in wire.key_headers:
+    if key is not None:
+        for name in _KEY_HEADERS:
             headers.pop(name, None)
-        name, scheme = wire.key_headers[0]
-        headers[name] = f"{scheme} {key}" if scheme else key
+        if call.endswith(("/messages", "/complete")):
+            headers["x-api-key"] = key  # Anthropic's
+        else:
+            headers["Authorization"] = f"Bearer {key}"  # OpenAI's, and theirs alike
     try:
         content = request.content
     except httpx.RequestNotRead:

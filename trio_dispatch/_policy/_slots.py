@@ -329,12 +329,20 @@ class _Member:
             f" paused_until={self.paused_until}>"
         )
 
-    def room(self) -> bool:
-        """Whether it may take a grant now, budgets aside: a slot free, not paused."""
+    def has_slot(self) -> bool:
+        """Whether a slot is free under its limit, and it is not paused."""
         limit = self.limit
-        if limit is not None and (
-            self.paused_until is not None or len(self.holders) >= limit
-        ):
+        return limit is None or (
+            self.paused_until is None and len(self.holders) < limit
+        )
+
+    def room(self) -> bool:
+        """Whether it may take a grant now, budgets aside.
+
+        A slot free, not paused, and its server's load (once read) holding
+        one more.
+        """
+        if not self.has_slot():
             return False
         server = self.server
         return server is None or server.holds(len(self.holders))
@@ -469,6 +477,7 @@ class SlotPolicy:
         "_max_pause",
         "_max_waiting",
         "_members",
+        "_moved",
         "_now",
         "_peak_in_flight",
         "_peak_waiting",
@@ -532,6 +541,8 @@ class SlotPolicy:
         # The lane each ticket waiting only for the member it prefers goes
         # to when that wait ends: its pool's, or any member's.
         self._homes: dict[Ticket, Lane] = {}
+        # Whether a wait for a preferred member ended since the last tick.
+        self._moved = False
         # The named pools: each a list of members (see set_pool).
         self._pools: dict[str, list[_Member]] = {}
         self._granted_total = 0
@@ -640,6 +651,8 @@ class SlotPolicy:
     @property
     def wake_at(self) -> float | None:
         """When the policy must be ticked next: a pause ends, budget is back, a preference ends."""
+        if self._moved:
+            return self._now  # waits for a preferred member ended: due now
         waiting = bool(self._waiting)
         members = self._members
         if len(members) == 1:
@@ -879,11 +892,11 @@ class SlotPolicy:
         return (model, prefer), preferred, home
 
     def _open(self) -> bool:
-        """Whether some member has room (budgets aside)."""
+        """Whether some member has a free slot and is not paused: a fill may grant."""
         first = self._first
         if len(self._members) == 1:
-            return first.room()
-        return any(member.room() for member in self._members.values())
+            return first.has_slot()
+        return any(member.has_slot() for member in self._members.values())
 
     def _use(self, model: str) -> None:
         """A ticket of ``model`` more waits: it counts as every member's use of it."""
@@ -1078,6 +1091,11 @@ class SlotPolicy:
             # A model's throttle is brought to the time when its model is
             # used (ModelThrottles.get): idle models cost a grant nothing.
             member.models.advance(now)
+        expiring = self._expiring
+        if expiring and expiring[0][0] <= now:
+            # The waits for a preferred member that ran out end before what
+            # arrives now is handled: its fill sees them in their pool's lane.
+            self._expire(now)
 
     def report_usage(self, ticket: Ticket, tokens: int) -> list[Ticket]:
         """The request of held ``ticket`` used ``tokens`` in all: correct its charge."""
@@ -1368,26 +1386,27 @@ class SlotPolicy:
         has passed: any member may take it then.
         """
         self.advance(now)
-        ended = False
+        ended = self._moved
+        self._moved = False
         for member in self._members.values():
             if member.paused_until is not None and now >= member.paused_until:
                 member.paused_until = None
                 ended = True
-        if self._expiring and self._expire(now):
-            ended = True
         return self._fill() if ended else self._refill()
 
-    def _expire(self, now: float) -> bool:
-        """Move the tickets whose wait for their preferred member ended to their pool's lane."""
+    def _expire(self, now: float) -> None:
+        """Move the tickets whose wait for their preferred member ended to their pool's lane.
+
+        ``_moved`` says so until the next ``tick``, which fills: they may
+        take a free slot of another member now.
+        """
         expiring = self._expiring
         homes = self._homes
-        moved = False
         while expiring and expiring[0][0] <= now:
             ticket = heapq.heappop(expiring)[1]
             if ticket in homes:  # else granted, withdrawn or moved since
                 self._relane(ticket, homes.pop(ticket))
-                moved = True
-        return moved
+                self._moved = True
 
     def _relane(self, ticket: Ticket, lane: Lane) -> None:
         """Waiting ``ticket`` goes to ``lane``; its entry in its old lane is dead."""
@@ -1440,6 +1459,8 @@ class SlotPolicy:
         check_provider(name)
         if name in self._members:
             raise ValueError(f"{name!r} is a member already")
+        if name in self._pools:
+            raise ValueError(f"{name!r} is a pool's name")
         if isinstance(limit, AdaptiveLimit):
             throttle = Throttle(now=self._now) if throttle is None else throttle
             throttle.adapt(limit)
@@ -1461,10 +1482,10 @@ class SlotPolicy:
             self._default_pause,
         )
         self._members[name] = member
-        if throttles:
-            self._count()
         if self._counting:
             member.models.count((), self._waiting)
+        elif throttles:
+            self._count()  # every member's, this one's too
         return self._fill()
 
     def remove_member(self, name: str) -> tuple[list[Ticket], list[Ticket]]:
@@ -1539,7 +1560,8 @@ class SlotPolicy:
             raise ValueError(f"no pool {name!r} in this policy")
         del self._pools[name]
         self._rehome(lambda ticket: _named(self._homes[ticket]) == name)
-        return self._refill(), self._withdraw_lane(name)
+        orphans = self._withdraw_lane(name)
+        return self._refill(), orphans
 
     @property
     def pools(self) -> dict[str, list[str]]:
@@ -1594,12 +1616,15 @@ class SlotPolicy:
         back is passed over for that model (``held_back``).
         """
         model = ticket.model
+        closed: list[_Member] = []  # by their budget, for this ticket
+        passed: list[tuple[_Member, str]] = []  # by their model's, for it
         for member in self._candidates(lane, ticket):
             if member not in open_members:
                 continue
             gate = member.gate
             if gate is not None and not gate.holds(ticket):
                 open_members.remove(member)
+                closed.append(member)
                 continue
             if model is not None and (member, model) in held_back:
                 continue
@@ -1607,7 +1632,16 @@ class SlotPolicy:
             if model_gate is not None and not model_gate.holds(ticket):
                 assert model is not None  # it has a throttle
                 held_back.append((member, model))
+                passed.append((member, model))
                 continue
+            # It goes here: what held it back elsewhere holds nobody back
+            # there, since nobody older waits for it.
+            for other in closed:
+                other.unblock()
+                open_members.append(other)
+            for pair in passed:
+                held_back.remove(pair)
+                pair[0].models[pair[1]].unblock()
             return member
         return None
 
@@ -1638,7 +1672,7 @@ class SlotPolicy:
             if not taker.room():
                 open_members.remove(taker)
         for member, model in held_back:
-            if waiting and member.room():
+            if waiting and member.has_slot():
                 member.held_back.append(model)
             else:
                 # No slot left to wait for: a release looks again.

@@ -282,13 +282,15 @@ class SchedulerActor:
             return
         self._handling = False
         limit = policy.limit
-        if limit != self._limit:
+        if self._limits:
+            # Pooled: each member's limit, whatever their sum does.
             self._limit = limit
             if self._on_limit is not None:
-                if self._limits:
-                    self._tell_limits()
-                else:
-                    self._on_limit(self.provider, limit)
+                self._tell_limits()
+        elif limit != self._limit:
+            self._limit = limit
+            if self._on_limit is not None:
+                self._on_limit(self.provider, limit)
         # Wake the run task when what it sleeps for changed: the time to
         # tick the policy, or an unlimited provider now idle (it may stop).
         if wake_at != self._sleeping_until or (
@@ -299,9 +301,10 @@ class SchedulerActor:
     def _tell_limits(self) -> None:
         """Pooled: tell ``on_limit`` each member's limit that changed."""
         assert self._on_limit is not None
+        told = self._limits
         for member, limit in self.policy.member_limits().items():
-            if self._limits.get(member, limit) != limit or member not in self._limits:
-                self._limits[member] = limit
+            if member not in told or told[member] != limit:
+                told[member] = limit
                 self._on_limit(member, limit)
 
     def close(self) -> None:
