@@ -560,3 +560,25 @@ async def test_each_members_adaptive_limit_is_told_whatever_the_sum_does(
             d.report_rate_limit("key-a", 1.0)
         assert d.limits()["key-a"] == d.statistics().providers["key-a"].limit
         assert d.limits()["key-a"] < 4
+
+
+async def test_a_members_adaptive_move_is_an_event_naming_the_member(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from trio_dispatch import AdaptiveLimit  # noqa: PLC0415
+    from trio_dispatch.events import LimitChanged  # noqa: PLC0415
+
+    async with (
+        open_dispatcher(
+            {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a", "key-b")}
+        ) as d,
+        d.events() as events,
+    ):
+        d.set_limit("key-b", AdaptiveLimit(initial=3, minimum=1, maximum=8))
+        seen = [await events.__anext__() for _ in range(events.pending)]
+    changes = [
+        (event.provider, event.previous, event.limit)
+        for event in seen
+        if isinstance(event, LimitChanged)
+    ]
+    assert changes == [("key-b", 1, 3)]

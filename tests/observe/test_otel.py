@@ -244,3 +244,26 @@ async def test_a_calls_metrics_carry_the_tenant_of_its_turn(
         for p in found["gen_ai.client.operation.duration"]
     ]
     assert sorted(map(str, tenants)) == ["None", "gold", "other"]
+
+
+async def test_a_pools_waits_name_the_member_granted_and_the_pool(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    reader = InMemoryMetricReader()
+    async with open_dispatcher(
+        {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a", "key-b")}
+    ) as dispatcher:
+        OpenTelemetryMetrics(dispatcher, meter_provider=MeterProvider([reader]))
+        async with dispatcher.slot("gpt"), dispatcher.slot("gpt"):
+            found = points(reader)
+        after = points(reader)
+    in_use = {
+        p.attributes["gen_ai.provider.name"]: p.value
+        for p in found["trio_dispatch.slots.in_use"]
+    }
+    assert in_use == {"key-a": 1, "key-b": 1}
+    waits = {
+        (p.attributes["gen_ai.provider.name"], p.attributes["trio_dispatch.pool"])
+        for p in after["trio_dispatch.queue.wait"]
+    }
+    assert waits == {("key-a", "gpt"), ("key-b", "gpt")}

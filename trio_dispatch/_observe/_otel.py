@@ -41,6 +41,7 @@ TOKEN_BUCKETS: Final = tuple(4**i for i in range(14))
 
 _PROVIDER: Final = "gen_ai.provider.name"
 _MODEL: Final = "gen_ai.request.model"
+_POOL: Final = "trio_dispatch.pool"
 _TENANT: Final = "trio_dispatch.tenant"
 
 if TYPE_CHECKING:
@@ -73,8 +74,10 @@ class OpenTelemetryMetrics:
     ``trio_dispatch.requests.waiting`` and ``trio_dispatch.paused``
     (gauges read from ``statistics()`` at each collection),
     ``trio_dispatch.queue.wait`` (histogram, ``s``; also by
-    ``trio_dispatch.tenant`` for a request made for a tenant, and by
-    ``gen_ai.request.model`` for one that named its model) and
+    ``trio_dispatch.tenant`` for a request made for a tenant, by
+    ``gen_ai.request.model`` for one that named its model, and by
+    ``trio_dispatch.pool`` for one of a pool, whose member granted is then
+    its ``gen_ai.provider.name``) and
     ``trio_dispatch.rate_limits`` (counter of the rate-limit reports that
     paused the provider). Per tenant, by
     ``gen_ai.provider.name`` and ``trio_dispatch.tenant``:
@@ -89,6 +92,10 @@ class OpenTelemetryMetrics:
     sets; a request made for no tenant has no such attribute on the
     histograms (as before tenants existed), and counts in ``"other"`` on
     the per-tenant gauges, which cover the whole provider.
+
+    A pool's members are providers like the others, in every figure; a
+    call through a pool (``PoolProvider``) is its member's provider's, by
+    that provider's ``id``.
 
     Only the API is used: the application chooses the SDK, its readers and
     exporters (``meter_provider``, or the global one). Create it inside the
@@ -182,6 +189,9 @@ class OpenTelemetryMetrics:
                     attributes[_TENANT] = self._label(event.tenant)
                 if event.model is not None:
                     attributes[_MODEL] = event.model
+                if event.pool is not None:
+                    # A pool's grant: its member is the provider.
+                    attributes[_POOL] = event.pool
                 self._wait.record(event.wait, attributes)
         elif type(event) is Paused:
             self._rate_limits.add(1, {_PROVIDER: event.provider})

@@ -661,6 +661,7 @@ class SchedulerActor:
         """The messages that come least often: resume, budgets, limits, tenants."""
         policy = self.policy
         previous = policy.limit
+        members = policy.member_limits() if self._limits else None
         if isinstance(message, ReportUsage):
             grants = policy.report_usage(message.ticket, message.tokens)
         elif isinstance(message, ObserveRateLimits):
@@ -695,9 +696,25 @@ class SchedulerActor:
             grants = policy.resume(member=member)
             if paused:
                 self._events.resumed(now, "resumed", member)
-        # The adaptive limit's own moves have no log line.
-        self._events.limit_changed(previous, policy.limit, now, log=False)
+        self._limits_moved(previous, members, now)
         return grants
+
+    def _limits_moved(
+        self, previous: int | None, members: dict[str, int | None] | None, now: float
+    ) -> None:
+        """Events for the limits an adaptive limit moved: each member's, when pooled.
+
+        ``previous`` is the limit before, ``members`` each member's (``None``
+        for a provider alone). Its own moves have no log line.
+        """
+        policy = self.policy
+        if members is None:
+            self._events.limit_changed(previous, policy.limit, now, log=False)
+            return
+        for name, limit in policy.member_limits().items():
+            self._events.limit_changed(
+                members.get(name), limit, now, log=False, member=name
+            )
 
     def _pause(self, message: Pause, now: float, member: str | None = None) -> None:
         """Apply a rate-limit report, or drop it as a misuse."""
