@@ -33,7 +33,6 @@ from ..messages._protocol import (
 )
 
 if TYPE_CHECKING:
-    from .._policy._slots import PoolStatistics
     from ..actors._scheduler import SchedulerActor
     from ..messages._protocol import SchedulerMessage, Ticket
     from ._backend import ProviderStatistics
@@ -184,12 +183,8 @@ class MemberView:
         return self.actor.member_of(ticket)
 
     def statistics(self) -> ProviderStatistics:
-        """The member's snapshot; a pool's as a provider's (see ``pool_statistics`` too)."""
+        """The member's snapshot; a pool's as a provider's (``statistics().pools`` has its own)."""
         return self.actor.member_statistics(self.provider)
-
-    def pool_statistics(self) -> PoolStatistics:
-        """The pool's snapshot, for the view of a pool."""
-        return self.actor.pool_statistics()[self.provider]
 
     def close(self) -> None:
         """Close the group's scheduler: every member and pool of it closes."""

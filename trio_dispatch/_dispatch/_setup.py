@@ -178,8 +178,8 @@ def policy_statistics(
             tenants=policy.tenant_statistics(now),
             server_load=policy.server_load,
         )
-    pool = policy.pool_statistics().get(member)
-    if pool is not None:
+    if member in policy.pools:
+        pool = policy.pool_statistics()[member]
         return _pool_as_provider(provider, policy, pool, stats, now)
     own = policy.member_statistics()[member]
     adaptive, budget = policy.member_budgets(member, now)
