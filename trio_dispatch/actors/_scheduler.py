@@ -498,31 +498,26 @@ class SchedulerActor:
             self._withdraw(ticket, exc, now)
             if listening:
                 self._events.withdrawn(ticket, now, policy.in_flight, policy.waiting)
-            if self._names:
-                self._names.pop(ticket, None)
+            self._ended(ticket)
             return
         if before is not None:
             self._events.left(
                 ticket, now, before, policy.in_flight, policy.waiting, len(grants)
             )
-        if self._names:
-            self._names.pop(ticket, None)
+        self._ended(ticket)
         if grants:
             self._deliver(grants, now)
 
     def _on_cancel(self, ticket: Ticket, now: float) -> None:
         policy = self.policy
         self._replies.pop(ticket, None)
-        if self._conversations:
-            self._conversations.pop(ticket, None)
         before = (policy.in_flight, policy.waiting) if self._listening else None
         grants = policy.cancel(ticket)
         if before is not None:
             self._events.left(
                 ticket, now, before, policy.in_flight, policy.waiting, len(grants)
             )
-        if self._names:
-            self._names.pop(ticket, None)
+        self._ended(ticket)
         if grants:
             self._deliver(grants, now)
 
@@ -555,7 +550,6 @@ class SchedulerActor:
             )
             return []
         for ticket in orphans:
-            self._conversations.pop(ticket, None)
             self._replies.pop(ticket).refused(
                 PoolRemoved(
                     f"pool {message.pool!r} was removed while the request waited",
@@ -564,7 +558,7 @@ class SchedulerActor:
             )
             if self._listening:
                 self._events.withdrawn(ticket, now, policy.in_flight, policy.waiting)
-            self._names.pop(ticket, None)
+            self._ended(ticket)
         return grants
 
     def _on_acquire(
@@ -641,8 +635,7 @@ class SchedulerActor:
                 policy.in_flight,
                 policy.waiting,
             )
-        if self._names:
-            self._names.pop(ticket, None)
+        self._ended(ticket)
 
     def _rarely(
         self,
@@ -736,8 +729,6 @@ class SchedulerActor:
 
     def _withdraw(self, ticket: Ticket, error: Exception, now: float) -> None:
         reply = self._replies.pop(ticket)
-        if self._conversations:
-            self._conversations.pop(ticket, None)
         # It may have been the head a budget held back: the others it lets
         # through are granted now, and must be told.
         grants = self.policy.cancel(ticket)
@@ -760,6 +751,16 @@ class SchedulerActor:
         if self._listening:
             policy = self.policy
             self._events.granted(grants, now, policy.in_flight, policy.waiting)
+
+    def _ended(self, ticket: Ticket) -> None:
+        """Pooled ``ticket`` ended, its last event told: what was kept for it goes.
+
+        Its events' names, and its conversation while it waited (kept only
+        for a pooled ticket, so both are empty otherwise).
+        """
+        if self._names:
+            self._names.pop(ticket, None)
+            self._conversations.pop(ticket, None)
 
     def _granted_on(self, ticket: Ticket, conversation: str | None) -> None:
         """Pooled ``ticket`` was granted: its events name its member, its conversation's next request prefers it."""
