@@ -102,6 +102,8 @@ class MinimalPolicy:
         # One member, no pool: the scheduler asks.
         self.members = ["p"]
         self.pools: dict[str, list[str]] = {}
+        # No member ever goes out of service: the scheduler reads it empty.
+        self.service_changes: list[tuple[str, str, float | None]] = []
         self._holders: set[Ticket] = set()
         self._waiting: list[Ticket] = []
 
@@ -131,7 +133,8 @@ class MinimalPolicy:
         self._holders.add(granted)
         return [granted]
 
-    def set_limit(self, limit: int) -> list[Ticket]:
+    def set_limit(self, limit: int, *, member: str | None = None) -> list[Ticket]:
+        del member  # one member
         self.limit = limit
         return []
 

@@ -12,7 +12,7 @@ minor versions. An application needs none of them; ``trio_dispatch``,
   budgets and adaptive limits.
 - The scheduler actor, ``SchedulerActor``, and the protocol it speaks:
   ``Acquire``, ``Release``, ``Cancel``, ``SetLimit``, ``Adapt``, ``Pause``,
-  ``Resume``, ``Answered``, ``ReportUsage``, ``ObserveLatency``, ``ObserveServerLoad``, ``ObserveRateLimits``,
+  ``Resume``, ``Answered``, ``Failed``, ``ReportUsage``, ``ObserveLatency``, ``ObserveServerLoad``, ``ObserveRateLimits``,
   ``SetTenant``, ``SetModelBudget``, and for a scheduler of pooled
   providers ``ForMember`` (a message for one member or pool of it),
   ``SetPool`` and ``RemovePool`` (together ``SchedulerMessage``),
@@ -70,6 +70,7 @@ from .messages._protocol import Acquire as Acquire
 from .messages._protocol import Adapt as Adapt
 from .messages._protocol import Answered as Answered
 from .messages._protocol import Cancel as Cancel
+from .messages._protocol import Failed as Failed
 from .messages._protocol import ForMember as ForMember
 from .messages._protocol import Grant as Grant
 from .messages._protocol import ObserveLatency as ObserveLatency
@@ -97,6 +98,7 @@ __all__ = [
     "CallObserver",
     "Cancel",
     "EventSink",
+    "Failed",
     "ForMember",
     "Grant",
     "MemberStatistics",

@@ -67,11 +67,55 @@ async def test_a_rate_limit_answer_pauses_its_member_and_the_call_goes_on_elsewh
         result = await conversation.ask("hello")
         stats = dispatcher.statistics()
     assert result.text == "fine"
-    assert result.retries == 1
-    # key-a answered 429 and rests for 30 s; the retry went to key-b at once.
+    assert result.retries == 0  # sent again elsewhere: no attempt spent
+    # key-a answered 429 and rests for 30 s; the call went to key-b at once.
     assert (len(a.requests), len(b.requests)) == (1, 1)
     assert stats.providers["key-a"].paused
     assert trio.current_time() - started < 30.0
+
+
+async def test_a_server_error_sends_the_call_to_the_other_member_spending_no_attempt(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    failing = FakeScript(
+        default=FakeReply(text="fine"),
+        replies=(FakeReply(fault=Fault("server_error")),),
+    )
+    a = ScriptedProvider(failing, id="key-a")
+    b = ScriptedProvider(SCRIPT, id="key-b")
+    pool = PoolProvider("gpt", {"key-a": a, "key-b": b})
+    async with open_dispatcher(
+        {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a", "key-b")}
+    ) as dispatcher:
+        conversation = dispatcher.start_conversation(pool)
+        result = await conversation.ask("hello")
+        stats = dispatcher.statistics().providers
+    assert (result.text, result.retries) == ("fine", 0)
+    assert (len(a.requests), len(b.requests)) == (1, 1)
+    assert (stats["key-a"].failures, stats["key-b"].failures) == (1, 0)
+    assert trio.current_time() == 5.0  # key-b's answer, at once
+
+
+async def test_when_every_member_failed_the_conversation_retries_as_it_would(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    failing = FakeScript(
+        default=FakeReply(text="fine"),
+        replies=(FakeReply(fault=Fault("server_error")),),
+    )
+    a = ScriptedProvider(failing, id="key-a")
+    b = ScriptedProvider(failing, id="key-b")
+    pool = PoolProvider("gpt", {"key-a": a, "key-b": b})
+    async with open_dispatcher(
+        {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a", "key-b")}
+    ) as dispatcher:
+        conversation = dispatcher.start_conversation(pool)
+        result = await conversation.ask("hello")
+        stats = dispatcher.statistics().providers
+    # Both failed once: one attempt spent, then the second answered.
+    assert (result.text, result.retries) == ("fine", 1)
+    assert len(a.requests) + len(b.requests) == 3
+    assert (stats["key-a"].failures, stats["key-b"].failures) in ((1, 0), (0, 1))
 
 
 async def test_wrap_provider_over_a_pool_streams_through_the_member_granted(

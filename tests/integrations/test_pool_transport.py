@@ -42,21 +42,33 @@ SCRIPT = FakeScript(default=FakeReply(text=TEXT, tokens_per_second=200))
 
 @asynccontextmanager
 async def open_pool(
-    wire: Wire, script_a: FakeScript = SCRIPT
+    wire: Wire,
+    script_a: FakeScript = SCRIPT,
+    script_b: FakeScript = SCRIPT,
+    *,
+    limits: tuple[int, int] = (2, 1),
+    b_down: bool = False,
+    **options: Any,  # noqa: ANN401 (open_dispatcher's)
 ) -> AsyncIterator[tuple[FakeLLMServer, FakeLLMServer, Dispatcher, Any]]:
-    """Two servers (keys ``secret-a``, ``secret-b``), a pool over them, an SDK client."""
-    script = SCRIPT
+    """Two servers (keys ``secret-a``, ``secret-b``), a pool over them, an SDK client.
+
+    ``b_down``: key-b's endpoint is a port nobody listens on (its server
+    is stopped before the pool opens): every connection is refused.
+    """
     async with (
         open_fake_llm_server(script_a, api_key="secret-a") as a,
-        open_fake_llm_server(script, api_key="secret-b") as b,
+        open_fake_llm_server(script_b, api_key="secret-b") as b,
         open_dispatcher(
-            {"key-a": 2, "key-b": 1}, pools={"gpt": ("key-a", "key-b")}
+            {"key-a": limits[0], "key-b": limits[1]},
+            pools={"gpt": ("key-a", "key-b")},
+            **options,
         ) as d,
     ):
         base = "openai_base_url" if wire == "openai" else "anthropic_base_url"
+        b_url = await _refusing(getattr(b, base)) if b_down else getattr(b, base)
         endpoints = {
             "key-a": Endpoint(getattr(a, base), "secret-a"),
-            "key-b": Endpoint(getattr(b, base), "secret-b"),
+            "key-b": Endpoint(b_url, "secret-b"),
         }
         async with httpx2.AsyncClient(
             transport=d.transport("gpt", endpoints=endpoints)
@@ -76,6 +88,15 @@ async def open_pool(
                     max_retries=0,
                 )
             yield a, b, d, client
+
+
+async def _refusing(url: str) -> str:
+    """``url`` on a loopback port that was free a moment ago: connections are refused."""
+    with trio.socket.socket() as sock:
+        await sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    parsed = httpx2.URL(url)
+    return str(parsed.copy_with(port=port))
 
 
 async def call(wire: Wire, client: Any) -> str:  # noqa: ANN401 (either SDK)
@@ -125,13 +146,14 @@ async def test_each_call_goes_to_its_members_server_with_its_members_key(
 
 async def test_a_rate_limit_answer_pauses_only_its_member() -> None:
     # Member a (the most free slots: the first call's) answers one 429,
-    # with Retry-After: 30.
+    # with Retry-After: 30: the call goes to b at once, the SDK none the wiser.
     limited = attrs.evolve(
         SCRIPT, replies=(FakeReply(fault=Fault("rate_limit", retry_after=30.0)),)
     )
-    async with open_pool("openai", limited) as (_, _, d, client):
-        with pytest.raises(openai.RateLimitError):
-            await call("openai", client)
+    async with open_pool("openai", limited) as (a, b, d, client):
+        assert await call("openai", client) == TEXT
+        assert (await a.wait_idle()).requests_total == 1
+        assert (await b.wait_idle()).requests_total == 1
         stats = d.statistics()
         assert stats.providers["key-a"].paused
         assert not stats.providers["key-b"].paused
@@ -139,8 +161,10 @@ async def test_a_rate_limit_answer_pauses_only_its_member() -> None:
         for _ in range(3):
             assert await call("openai", client) == TEXT
         stats = d.statistics()
-    assert stats.providers["key-b"].granted_total == 3
+    # The first call's fallback, and the next three.
+    assert stats.providers["key-b"].granted_total == 4
     assert stats.providers["key-a"].granted_total == 1
+    assert stats.providers["key-a"].failures == 0  # a rate limit is no failure
 
 
 def test_an_endpoints_key_never_shows() -> None:
@@ -258,3 +282,90 @@ async def test_a_member_without_an_endpoint_fails_its_call_and_gives_the_slot_ba
             ):
                 await client.post("http://x/v1/chat/completions", json={})
         assert d.statistics().providers["key-b"].in_flight == 0
+
+
+async def test_a_member_whose_server_is_down_has_its_calls_served_by_the_other() -> (
+    None
+):
+    # key-b's connections are refused: its two calls go to key-a at once,
+    # in their place; after two failures in a row key-b is out of service,
+    # and every later call goes to key-a. The SDK (no retries of its own)
+    # sees none of it.
+    async with open_pool("openai", limits=(2, 2), b_down=True, failure_threshold=2) as (
+        a,
+        _,
+        d,
+        client,
+    ):
+        texts: list[str] = []
+
+        async def one() -> None:
+            texts.append(await call("openai", client))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(one)
+        for _ in range(3):
+            texts.append(await call("openai", client))
+        stats = d.statistics().providers
+        served = await a.wait_idle()
+    assert texts == [TEXT] * 7
+    assert served.requests_total == 7
+    assert stats["key-a"].granted_total == 7
+    assert stats["key-b"].granted_total == 2
+    assert stats["key-b"].outages_total == 1
+    assert stats["key-b"].out_of_service_until is not None
+    assert stats["key-a"].failures == 0
+
+
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+async def test_a_server_error_is_sent_again_on_the_other_member(wire: Wire) -> None:
+    failing = attrs.evolve(SCRIPT, replies=(FakeReply(fault=Fault("server_error")),))
+    async with open_pool(wire, failing) as (a, b, d, client):
+        assert await call(wire, client) == TEXT
+        stats = d.statistics().providers
+        served_a, served_b = await a.wait_idle(), await b.wait_idle()
+    assert (served_a.requests_total, served_b.requests_total) == (1, 1)
+    assert (stats["key-a"].failures, stats["key-b"].failures) == (1, 0)
+    assert stats["key-a"].out_of_service_until is None  # one failure of three
+
+
+async def test_when_every_member_failed_the_sdk_meets_the_last_error() -> None:
+    failing = attrs.evolve(SCRIPT, replies=(FakeReply(fault=Fault("server_error")),))
+    async with open_pool("openai", failing, failing) as (a, b, d, client):
+        with pytest.raises(openai.InternalServerError):
+            await call("openai", client)
+        stats = d.statistics().providers
+        # Both failed once: the next call is answered (each script's second reply).
+        assert await call("openai", client) == TEXT
+        served_a, served_b = await a.wait_idle(), await b.wait_idle()
+    assert served_a.requests_total + served_b.requests_total == 3
+    assert (stats["key-a"].failures, stats["key-b"].failures) == (1, 1)
+    assert stats["key-a"].in_flight == stats["key-b"].in_flight == 0
+
+
+async def test_a_streamed_upload_is_never_sent_twice() -> None:
+    # Its body was not read: it cannot be sent again, so the error is the
+    # client's, and the member's failure is counted.
+    failing = attrs.evolve(SCRIPT, replies=(FakeReply(fault=Fault("server_error")),))
+    async with open_pool("openai", failing) as (a, b, d, _):
+        endpoints = {
+            "key-a": Endpoint(a.openai_base_url, "secret-a"),
+            "key-b": Endpoint(b.openai_base_url, "secret-b"),
+        }
+
+        async def body() -> AsyncIterator[bytes]:
+            yield b'{"model": "fake", "stream": true,'
+            yield b' "messages": [{"role": "user", "content": "hi"}]}'
+
+        async with httpx2.AsyncClient(
+            transport=d.transport("gpt", endpoints=endpoints)
+        ) as http:
+            response = await http.post(
+                "http://pool.invalid/v1/chat/completions", content=body()
+            )
+        stats = d.statistics().providers
+        served_b = await b.wait_idle()
+    assert response.status_code == 500
+    assert served_b.requests_total == 0
+    assert stats["key-a"].failures == 1

@@ -311,6 +311,10 @@ async def test_status_is_the_statistics_as_plain_json(
         "server_slots": None,
         "affinity_hits": 0,
         "affinity_moves": 0,
+        "failures": 0,
+        "out_of_service_remaining": None,
+        "half_open": False,
+        "outages_total": 0,
     }
     assert body["pools"] == {}
     assert stats.released_total == 1  # given back since
@@ -330,7 +334,10 @@ def test_status_shows_every_statistic() -> None:
     fields = {field.name for field in attrs.fields(ProviderStatistics)}
     documented = openapi_document()["components"]["schemas"]["ProviderStatus"]
     shown = set(documented["properties"])
-    assert shown == (fields - {"paused_until"}) | {"pause_remaining"}
+    assert shown == (fields - {"paused_until", "out_of_service_until"}) | {
+        "pause_remaining",
+        "out_of_service_remaining",
+    }
     assert set(documented["required"]) == shown
 
 
@@ -1068,3 +1075,25 @@ async def test_status_lists_the_pools_and_their_members() -> None:
     # key-b has the most free slots: the grant went there.
     assert body["providers"]["key-b"]["in_flight"] == 1
     assert body["providers"]["key-a"]["in_flight"] == 0
+
+
+async def test_status_shows_a_member_out_of_service_and_the_seconds_left() -> None:
+    async with (
+        open_dispatcher(
+            {"key-a": 1, "key-b": 2},
+            pools={"gpt": ("key-a", "key-b")},
+            failure_threshold=1,
+            failure_cooldown=3000.0,
+        ) as dispatcher,
+        serve_admin(dispatcher) as base_url,
+        httpx.AsyncClient(base_url=base_url, headers=AUTH) as client,
+    ):
+        async with dispatcher.slot("key-a") as slot:
+            slot.failed()
+        response = await client.get("/status")
+    providers = response.json()["providers"]
+    out = providers["key-a"]
+    assert (out["failures"], out["outages_total"], out["half_open"]) == (1, 1, False)
+    assert type(out["out_of_service_remaining"]) is float
+    assert 0.0 < out["out_of_service_remaining"] <= 3000.0
+    assert providers["key-b"]["out_of_service_remaining"] is None

@@ -678,3 +678,39 @@ async def test_a_pool_has_its_own_samples_and_its_members_their_own(
         }
         assert sum(waits.values()) == 4
         assert set(waits) == {(("provider", "key-a"),), (("provider", "key-b"),)}
+
+
+async def test_a_pools_members_show_their_service(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_dispatcher(
+        {"key-a": 1, "key-b": 2, "alone": 1},
+        pools={"gpt": ("key-a", "key-b")},
+        failure_threshold=2,
+        failure_cooldown=10.0,
+    ) as dispatcher:
+        registry = CollectorRegistry()
+        registry.register(PrometheusCollector(dispatcher))
+
+        async def fail(member: str) -> None:
+            async with dispatcher.slot(member) as slot:
+                slot.failed()
+
+        await fail("key-a")
+        await fail("key-b")
+        await fail("key-a")
+        out = scrape(registry)
+        await trio.sleep(10.0)
+        probing = scrape(registry)
+    a, b = (("provider", "key-a"),), (("provider", "key-b"),)
+    assert out[("trio_dispatch_member_out_of_service", a)] == 1
+    assert out[("trio_dispatch_member_out_of_service", b)] == 0
+    assert out[("trio_dispatch_member_failures", a)] == 2
+    assert out[("trio_dispatch_member_failures", b)] == 1
+    assert out[("trio_dispatch_member_outages_total", a)] == 1
+    assert out[("trio_dispatch_member_half_open", a)] == 0
+    assert probing[("trio_dispatch_member_out_of_service", a)] == 0
+    assert probing[("trio_dispatch_member_half_open", a)] == 1
+    # A provider in no pool has none of these series.
+    alone = (("provider", "alone"),)
+    assert ("trio_dispatch_member_failures", alone) not in out

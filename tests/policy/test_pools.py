@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from trio_dispatch import Budget, QueueFull, Tenant
 from trio_dispatch.lowlevel import SlotPolicy, Throttle, Ticket
@@ -311,27 +317,67 @@ def test_a_tenants_cap_is_over_the_whole_pool() -> None:
     assert policy.acquire(Ticket(5, 5, 0, "y")) == [Ticket(5, 5, 0, "y")]
 
 
-class _Reference:
-    """The pool rule by brute force: the oldest ticket some member with room may take."""
+class _Health:
+    """A member's health in the reference: its failures in a row, cooldown, probe."""
 
-    def __init__(self, affinity_wait: float) -> None:
+    def __init__(self) -> None:
+        self.failures = 0
+        self.out_until: float | None = None
+        self.half_open = False
+        self.probe: Ticket | None = None
+        self.outages = 0
+
+    def row(self) -> tuple[int, float | None, bool, int]:
+        return self.failures, self.out_until, self.half_open, self.outages
+
+
+class _Reference:
+    """The pool rule by brute force: the oldest ticket some member with room may take.
+
+    With members' health: a member out of service has no room; a half-open
+    one has room for one ticket, its probe, while none holds.
+    """
+
+    def __init__(
+        self, affinity_wait: float, failure_threshold: int, failure_cooldown: float
+    ) -> None:
         self.affinity_wait = affinity_wait
+        self.failure_threshold = failure_threshold
+        self.failure_cooldown = failure_cooldown
         self.now = 0.0
         self.limits: dict[str, int | None] = {"a": 1}
         self.paused: dict[str, float | None] = {"a": None}
         self.held: dict[str, set[Ticket]] = {"a": set()}
+        self.health: dict[str, _Health] = {"a": _Health()}
         self.holder_of: dict[Ticket, str] = {}
+        # The holders of members removed: their end touches no member.
+        self.orphans: set[Ticket] = set()
         self.pools: dict[str, list[str]] = {}
         # ticket: [member or pool asked for (None: any), member preferred
         # (None: none that counts), when it was queued, whether it waits
-        # for the preferred member alone still]
+        # for the preferred member alone still, the members it avoids
+        # (None: none that count)]
         self.waiting: dict[Ticket, list[object]] = {}
 
     def room(self, name: str) -> bool:
+        health = self.health[name]
+        if health.out_until is not None or (
+            health.half_open and health.probe is not None
+        ):
+            return False
         limit = self.limits[name]
         if limit is None:
             return True
         return self.paused[name] is None and len(self.held[name]) < limit
+
+    def waits_for(self, name: str) -> bool:
+        """Whether a ticket that prefers ``name`` waits for it: in service, not paused."""
+        health = self.health[name]
+        return (
+            self.paused[name] is None
+            and health.out_until is None
+            and not health.half_open
+        )
 
     def choices(self, asked: str | None) -> list[str]:
         if asked is None:
@@ -339,25 +385,47 @@ class _Reference:
         return list(self.pools.get(asked, [asked]))
 
     def candidates(self, ticket: Ticket) -> list[str]:
-        asked, prefer, queued_at, alone = self.waiting[ticket]
+        asked, prefer, queued_at, alone, avoided = self.waiting[ticket]
         assert asked is None or isinstance(asked, str)
         assert isinstance(queued_at, float)
+        assert avoided is None or isinstance(avoided, frozenset)
         if asked is not None and asked not in self.pools:
             return [asked]
         if alone and self.now < queued_at + self.affinity_wait:
             return [prefer]  # type: ignore[list-item]
         choices = self.choices(asked)
+        if avoided is not None:
+            # The pool's members now, but those avoided, unless none is left.
+            kept = [name for name in choices if name not in avoided]
+            if kept:
+                choices = kept
         free = {
             name: float("inf")
             if self.limits[name] is None
             else self.limits[name] - len(self.held[name])  # type: ignore[operator]
             for name in choices
         }
-        ordered = sorted(choices, key=lambda name: -free[name])
+        # A half-open member awaiting its probe first, then the most free slots.
+        awaiting = {
+            name
+            for name in choices
+            if self.health[name].half_open and self.health[name].probe is None
+        }
+        ordered = sorted(
+            choices,
+            key=lambda name: -float("inf") if name in awaiting else -free[name],
+        )
         if isinstance(prefer, str) and prefer in free:
             ordered.remove(prefer)
             ordered.insert(0, prefer)
         return ordered
+
+    def end_cooldowns(self) -> None:
+        """The cooldowns that ran out by now end: those members are half-open, for their probe."""
+        for health in self.health.values():
+            if health.out_until is not None and self.now >= health.out_until:
+                health.out_until = None
+                health.half_open = True
 
     def fill(self) -> list[tuple[Ticket, str]]:
         grants: list[tuple[Ticket, str]] = []
@@ -376,12 +444,40 @@ class _Reference:
             del self.waiting[ticket]
             self.held[name].add(ticket)
             self.holder_of[ticket] = name
+            if self.health[name].half_open:
+                self.health[name].probe = ticket
             grants.append(chosen)
 
-    def give_back(self, ticket: Ticket) -> None:
+    def finish(self, ticket: Ticket, outcome: str) -> None:
+        """Held ``ticket`` ends: ``"release"`` (a success), ``"fail"`` or ``"cancel"``."""
         name = self.holder_of.pop(ticket)
-        if name in self.held:
-            self.held[name].discard(ticket)
+        if ticket in self.orphans:
+            self.orphans.remove(ticket)
+            return
+        self.held[name].remove(ticket)
+        health = self.health[name]
+        if outcome == "release":
+            health.failures = 0
+            if health.probe == ticket:
+                health.half_open = False  # back in service
+        elif outcome == "fail":
+            if health.half_open:
+                if health.probe == ticket:
+                    self.go_out(name)
+            elif health.out_until is None:
+                health.failures += 1
+                # A member alone is never taken out: nowhere else to go.
+                if health.failures >= self.failure_threshold and len(self.limits) > 1:
+                    self.go_out(name)
+        if health.probe == ticket:
+            health.probe = None
+
+    def go_out(self, name: str) -> None:
+        health = self.health[name]
+        health.out_until = self.now + self.failure_cooldown
+        health.half_open = False
+        health.outages += 1
+        self.stop_waiting_alone(name)
 
     def stop_waiting_alone(self, stops: object) -> None:
         for entry in self.waiting.values():
@@ -392,33 +488,127 @@ class _Reference:
 _names = st.sampled_from(["a", "b", "c", "d"])
 _pools = st.sampled_from(["p", "q"])
 _limits = st.one_of(st.none(), st.integers(1, 3))
+_avoid = st.one_of(
+    st.just(frozenset[str]()),
+    st.frozensets(st.sampled_from(["a", "b", "c", "d", "zz"]), min_size=1, max_size=3),
+)
+
+#: The machine's health settings: a short row of failures and cooldown, so
+#: that outages, probes and their ends come often.
+_THRESHOLD = 2
+_COOLDOWN = 2.0
 
 
 class PoolMachine(RuleBasedStateMachine):
-    """The pool policy against the brute-force rule, on random operations."""
+    """The pool policy against the brute-force rule, on random operations.
+
+    Members fail too: a holder's call fails (``fail``), a member's calls
+    fail in a row until it is out of service, a half-open member's probe
+    succeeds, fails or is withdrawn; ticks end cooldowns; fallbacks
+    ``avoid`` members.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.seq = 0
-        self.policy = SlotPolicy(1, provider="a", affinity_wait=2.0)
-        self.model = _Reference(2.0)
+        self.policy = SlotPolicy(
+            1,
+            provider="a",
+            affinity_wait=2.0,
+            failure_threshold=_THRESHOLD,
+            failure_cooldown=_COOLDOWN,
+        )
+        self.model = _Reference(2.0, _THRESHOLD, _COOLDOWN)
         self.limits_lowered: set[str] = set()
+        # Each holder's member's service when it was granted, as the policy
+        # said after the grant: (member, "out" / "half_open" / "in", the
+        # member's outages then, which tell its half-open spells apart).
+        self.granted_in: dict[Ticket, tuple[str, str, int]] = {}
 
     def expect(self, grants: list[Ticket], expected: list[tuple[Ticket, str]]) -> None:
-        assert [
-            (ticket, self.policy.member_of(ticket)) for ticket in grants
-        ] == expected
+        policy = self.policy
+        statistics = policy.member_statistics()
+        for ticket in grants:
+            name = policy.member_of(ticket)
+            assert name is not None
+            state = statistics[name]
+            if state.out_of_service_until is not None:
+                service = "out"
+            elif state.half_open:
+                service = "half_open"
+            else:
+                service = "in"
+            self.granted_in[ticket] = name, service, state.outages_total
+        assert [(ticket, policy.member_of(ticket)) for ticket in grants] == expected
+
+    def due(self) -> bool:
+        """Whether the policy asks for a tick now (the actor's, at its batch's end)."""
+        wake_at = self.policy.wake_at
+        return wake_at is not None and wake_at <= self.model.now
+
+    def expect_or_defer(self, grants: list[Ticket], due: bool) -> None:
+        """``expect``, for a call that frees no slot, made while a tick was ``due``.
+
+        Such a call need not fill: what the waits for preferred members that
+        ran out let through goes at the tick that is due (the actor's, at the
+        end of the batch it handles). The reference fills at the next call
+        that fills.
+        """
+        if due and not grants:
+            return
+        self.expect(grants, self.model.fill())
+
+    @initialize(
+        limit=st.sampled_from([0, None, 1, 2, 3]),
+        limit_a=st.sampled_from([1, 2, None]),
+        outage=st.booleans(),
+    )
+    def start(self, limit: int | None, limit_a: int | None, outage: bool) -> None:
+        """a's limit; a second member, b (``0``: none); a out of service, or not.
+
+        An outage at the start, with a ticket waiting for a alone, makes
+        half-open members and their probes common, from a tick of 2 seconds
+        on; and a ticket that preferred a moves when it goes out.
+        """
+        if limit_a != 1:
+            self.set_limit("a", limit_a)
+        if limit == 0:
+            return
+        self.add_member("b", limit)
+        if not outage:
+            return
+        # a's calls fail but the last of its row; a takes one call more.
+        for _ in range(_THRESHOLD):
+            self.acquire([0], "member", None, "a", frozenset())
+        held = [Ticket(0.0, seq) for seq in range(1, self.seq + 1)]
+        for ticket in held[:-1]:
+            self.finish(ticket, "fail")
+        # One prefers a (it waits for it if a is full and b is not), one
+        # asks for a alone (its probe, once its cooldown ends).
+        self.acquire([0], "any", "a", "a", frozenset())
+        self.acquire([0], "member", None, "a", frozenset())
+        # The last of the row: a is out, the one that preferred it goes to
+        # b at once if b has room.
+        self.finish(held[-1], "fail")
+        assert self.model.health["a"].out_until == _COOLDOWN
 
     @rule(
-        rank=st.integers(0, 5),
+        ranks=st.lists(st.integers(0, 5), min_size=1, max_size=3),
         asked=st.sampled_from(["any", "member", "p", "q"]),
         prefer=st.one_of(st.none(), _names, st.just("zz")),
         name=_names,
+        avoid=_avoid,
     )
-    def acquire(self, rank: int, asked: str, prefer: str | None, name: str) -> None:
+    def acquire(
+        self,
+        ranks: list[int],
+        asked: str,
+        prefer: str | None,
+        name: str,
+        avoid: frozenset[str],
+    ) -> None:
+        """A few tickets alike arrive, one after the other."""
         model = self.model
-        self.seq += 1
-        ticket = Ticket(float(rank), self.seq)
         if asked == "member":
             target: str | None = name if name in model.limits else "a"
             if target not in model.limits:
@@ -427,47 +617,121 @@ class PoolMachine(RuleBasedStateMachine):
             target = None
         else:
             target = asked if asked in model.pools else None
-        grants = self.policy.acquire(ticket, member=target, prefer=prefer)
         choices = model.choices(target)
-        counts = (
-            (target is None or target in model.pools)
-            and len(choices) > 1
-            and prefer in choices
-        )
-        # A paused member is preferred (tried first) but not waited for.
-        model.waiting[ticket] = [
-            target,
-            prefer if counts else None,
-            model.now,
-            counts and model.paused[prefer] is None,  # type: ignore[index]  # counts: a member
-        ]
-        self.expect(grants, model.fill())
+        several = target is None or target in model.pools
+        # What it avoids counts in its pool, if some member is left to it.
+        avoided = frozenset(avoid) & set(choices) if several else frozenset()
+        if not avoided or len(avoided) == len(choices):
+            avoided = frozenset()
+        kept = [each for each in choices if each not in avoided]
+        counts = several and len(kept) > 1 and prefer in kept
+        for rank in ranks:
+            self.seq += 1
+            ticket = Ticket(float(rank), self.seq)
+            grants = self.policy.acquire(
+                ticket, member=target, prefer=prefer, avoid=sorted(avoid)
+            )
+            # A paused, out of service or half-open member is preferred
+            # (tried first) but not waited for; an avoided one is not
+            # preferred.
+            model.waiting[ticket] = [
+                target,
+                prefer if counts else None,
+                model.now,
+                counts and model.waits_for(prefer),  # type: ignore[arg-type]  # counts: a member
+                avoided or None,
+            ]
+            self.expect(grants, model.fill())
+
+    def finish(self, ticket: Ticket, outcome: str) -> None:
+        """Held ``ticket`` ends: ``"release"`` (a success), ``"fail"`` (now) or ``"cancel"``."""
+        self.model.finish(ticket, outcome)
+        # Told with an equal ticket, another object: the policy knows
+        # tickets by value, as a sender that rebuilds them tells them.
+        told = Ticket(*ticket)
+        if outcome == "release":
+            grants = self.policy.release(told)
+        elif outcome == "fail":
+            grants = self.policy.fail(told, self.model.now)
+        else:
+            grants = self.policy.cancel(told)
+        self.expect(grants, self.model.fill())
 
     @precondition(lambda self: self.model.holder_of)
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
-        ticket = data.draw(st.sampled_from(sorted(self.model.holder_of)))
-        self.model.give_back(ticket)
-        self.expect(self.policy.release(ticket), self.model.fill())
+        self.finish(data.draw(st.sampled_from(sorted(self.model.holder_of))), "release")
+
+    @precondition(lambda self: self.model.holder_of)
+    @rule(data=st.data())
+    def fail(self, data: st.DataObject) -> None:
+        """A holder's call fails before its answer, now."""
+        self.finish(data.draw(st.sampled_from(sorted(self.model.holder_of))), "fail")
+
+    @precondition(lambda self: self.model.holder_of)
+    @rule(data=st.data())
+    def fail_member(self, data: st.DataObject) -> None:
+        """A member's calls fail one after the other, oldest first: its server is down.
+
+        Those it is granted meanwhile fail too, up to four calls in all.
+        """
+        model = self.model
+        name = data.draw(st.sampled_from(sorted(set(model.holder_of.values()))))
+        for _ in range(4):
+            held = model.held.get(name)
+            if not held:
+                break
+            self.finish(min(held), "fail")
+
+    @precondition(
+        lambda self: any(
+            health.probe is not None for health in self.model.health.values()
+        )
+    )
+    @rule(data=st.data(), outcome=st.sampled_from(["release", "fail", "cancel"]))
+    def end_probe(self, data: st.DataObject, outcome: str) -> None:
+        """A half-open member's probe ends: it succeeds, fails or is withdrawn."""
+        probes = sorted(
+            health.probe
+            for health in self.model.health.values()
+            if health.probe is not None
+        )
+        self.finish(data.draw(st.sampled_from(probes)), outcome)
+
+    @precondition(lambda self: self.model.holder_of)
+    @rule(data=st.data())
+    def cancel_holder(self, data: st.DataObject) -> None:
+        """A grant that raced its cancellation: no success, no failure."""
+        self.finish(data.draw(st.sampled_from(sorted(self.model.holder_of))), "cancel")
 
     @precondition(lambda self: self.model.waiting)
     @rule(data=st.data())
     def cancel_waiting(self, data: st.DataObject) -> None:
         ticket = data.draw(st.sampled_from(sorted(self.model.waiting)))
+        due = self.due()
         del self.model.waiting[ticket]
-        self.expect(self.policy.cancel(ticket), self.model.fill())
+        self.expect_or_defer(self.policy.cancel(ticket), due)
+
+    @precondition(lambda self: self.model.waiting)
+    @rule(data=st.data())
+    def fail_waiting(self, data: st.DataObject) -> None:
+        """Misuse: a waiting ticket cannot fail; nothing changes."""
+        ticket = data.draw(st.sampled_from(sorted(self.model.waiting)))
+        with pytest.raises(RuntimeError, match=r"is waiting, not holding a slot$"):
+            self.policy.fail(ticket, self.model.now)
 
     @rule(name=_names, seconds=st.integers(1, 4))
     def pause(self, name: str, seconds: int) -> None:
         if name not in self.model.limits:
             return
         until = self.model.now + seconds
+        due = self.due()
         grants = self.policy.pause(until, member=name)
         paused = self.model.paused[name]
         self.model.paused[name] = until if paused is None else max(paused, until)
         # Who waited for it alone waits for any member of its pool now.
         self.model.stop_waiting_alone(name)
-        self.expect(grants, self.model.fill())
+        self.expect_or_defer(grants, due)
 
     @rule(name=_names)
     def resume(self, name: str) -> None:
@@ -493,6 +757,7 @@ class PoolMachine(RuleBasedStateMachine):
         self.model.limits[name] = limit
         self.model.paused[name] = None
         self.model.held[name] = set()
+        self.model.health[name] = _Health()
         self.expect(self.policy.add_member(name, limit), self.model.fill())
 
     @rule(name=_names)
@@ -512,7 +777,12 @@ class PoolMachine(RuleBasedStateMachine):
         for members in model.pools.values():
             if name in members:
                 members.remove(name)
+        model.orphans |= model.held[name]
+        for ticket in model.held[name]:
+            # A member of that name added again is another member.
+            self.granted_in.pop(ticket, None)
         del model.limits[name], model.paused[name], model.held[name]
+        del model.health[name]
         self.limits_lowered.discard(name)
         assert sorted(orphans) == expected
         self.expect(grants, model.fill())
@@ -537,18 +807,24 @@ class PoolMachine(RuleBasedStateMachine):
             with pytest.raises(ValueError, match=r"^no pool '[pq]' in this policy$"):
                 self.policy.remove_pool(pool)
             return
+        due = self.due()
         grants, orphans = self.policy.remove_pool(pool)
         del model.pools[pool]
         expected = sorted(t for t, entry in model.waiting.items() if entry[0] == pool)
         for ticket in expected:
             del model.waiting[ticket]
         assert sorted(orphans) == expected
-        self.expect(grants, model.fill())
+        self.expect_or_defer(grants, due)
 
     @rule(seconds=st.sampled_from([0.5, 1.0, 2.0, 3.0]))
     def advance(self, seconds: float) -> None:
-        """Time passes, told without a tick (as before a message is handled)."""
+        """Time passes, told without a tick (as before a message is handled).
+
+        A cooldown that ran out ends (half-open) with the time told; what
+        waits is granted at the next fill (an operation's, or a tick's).
+        """
         self.model.now += seconds
+        self.model.end_cooldowns()
         self.policy.advance(self.model.now)
 
     @rule(seconds=st.sampled_from([0.5, 1.0, 2.0, 3.0]))
@@ -558,6 +834,7 @@ class PoolMachine(RuleBasedStateMachine):
         for name, until in model.paused.items():
             if until is not None and model.now >= until:
                 model.paused[name] = None
+        model.end_cooldowns()
         self.expect(self.policy.tick(model.now), model.fill())
 
     @invariant()
@@ -573,8 +850,16 @@ class PoolMachine(RuleBasedStateMachine):
             assert statistics[name].in_flight == held
             if limit is not None and name not in self.limits_lowered:
                 assert held <= limit
+            state = statistics[name]
+            assert (
+                state.failures,
+                state.out_of_service_until,
+                state.half_open,
+                state.outages_total,
+            ) == model.health[name].row()
         # Work-conserving: nobody waits whom a member with room may take,
-        # but while a tick is due (a wait for a preferred member ended).
+        # but while a tick is due (a wait for a preferred member ended, a
+        # pause or a cooldown ran out).
         wake_at = policy.wake_at
         if wake_at is None or wake_at > model.now:
             for ticket in model.waiting:
@@ -590,9 +875,40 @@ class PoolMachine(RuleBasedStateMachine):
             for entry in model.waiting.values()
             if entry[3] and model.now < entry[2] + 2.0  # type: ignore[operator]
         ]
+        ends += [
+            health.out_until
+            for health in model.health.values()
+            if health.out_until is not None
+        ]
         if ends:
             assert wake_at is not None
-            assert wake_at <= min(ends)
+            # Due now (a tick is asked for at once) covers every end.
+            assert wake_at <= min(ends) or wake_at <= model.now
+
+    @invariant()
+    def out_of_service_members_take_nothing_half_open_ones_one(self) -> None:
+        """No holder was granted on a member out of service.
+
+        A half-open member holds at most one slot granted since it became
+        half-open: its probe.
+        """
+        policy = self.policy
+        holders = policy.holders()
+        statistics = policy.member_statistics()
+        probes: dict[str, int] = {}
+        for ticket, (name, service, outages) in self.granted_in.items():
+            if ticket not in holders:
+                continue
+            assert service != "out", (ticket, name)
+            state = statistics.get(name)
+            if (
+                service == "half_open"
+                and state is not None
+                and state.half_open
+                and state.outages_total == outages
+            ):
+                probes[name] = probes.get(name, 0) + 1
+        assert all(count <= 1 for count in probes.values()), probes
 
 
 TestPoolMachine = PoolMachine.TestCase

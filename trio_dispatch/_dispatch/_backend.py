@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from .._policy._budgets import BudgetStatistics
+    from .._policy._slots import MemberStatistics
     from .._policy._tenants import TenantStatistics
     from .._server_load._load import ServerLoad
     from ..messages._protocol import SchedulerMessage, Ticket
@@ -79,6 +80,15 @@ class ProviderStatistics:
         affinity_moves: For a member of a pool, the requests that
             preferred it and were granted on another member, having waited
             ``affinity_wait`` for it or found it out of their pool.
+        failures: For a member of a pool, its calls failed in a row
+            before their answer (``Slot.failed``); 0 otherwise.
+        out_of_service_until: For a member of a pool out of service (see
+            ``open_dispatcher``'s ``failure_threshold``), when its cooldown
+            ends (trio clock); ``None`` otherwise.
+        half_open: For a member of a pool back from its cooldown, whether
+            it takes one request (its probe) until that one gets its answer.
+        outages_total: For a member of a pool, how many times it was
+            taken out of service.
     """
 
     provider: str
@@ -105,6 +115,10 @@ class ProviderStatistics:
     server_slots: int | None = None
     affinity_hits: int = 0
     affinity_moves: int = 0
+    failures: int = 0
+    out_of_service_until: float | None = None
+    half_open: bool = False
+    outages_total: int = 0
 
 
 class _Occupancy(Protocol):
@@ -153,13 +167,15 @@ def provider_statistics(
     fleet: Fleet | None = None,
     server_load: tuple[ServerLoad | None, int | None] = (None, None),
     affinity: tuple[int, int] = (0, 0),
+    health: MemberStatistics | None = None,
 ) -> ProviderStatistics:
     """The snapshot of ``provider``: every backend's, built one way.
 
     ``own`` is the scheduler's own counts (its policy's, or the Redis
     book's), ``fleet`` what a shared backend saw of the fleet (``None`` for
     a local one): then ``in_flight`` and ``waiting`` are the fleet's, and
-    ``local_in_flight`` and ``local_waiting`` this process's.
+    ``local_in_flight`` and ``local_waiting`` this process's. ``health``:
+    a pool's member's, its failures and service.
     """
     seen: _Occupancy = own if fleet is None else fleet
     return ProviderStatistics(
@@ -187,6 +203,10 @@ def provider_statistics(
         server_slots=server_load[1],
         affinity_hits=affinity[0],
         affinity_moves=affinity[1],
+        failures=0 if health is None else health.failures,
+        out_of_service_until=None if health is None else health.out_of_service_until,
+        half_open=health is not None and health.half_open,
+        outages_total=0 if health is None else health.outages_total,
     )
 
 

@@ -201,6 +201,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         tokens: int | None = None,
         tenant: str | None = None,
         model: str | None = None,
+        avoid: Iterable[str] | None = None,
     ) -> Slot:
         """A slot of ``provider``, to hold with ``async with``.
 
@@ -234,14 +235,20 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 (``"provider/model"`` in ``open_dispatcher``'s
                 ``budgets``, or learned from that model's answers) must
                 hold it too, beside the provider's.
+            avoid: For a pool, members not to grant the slot on: those
+                the request's call already failed on (``Slot.failed()``),
+                when it is sent again elsewhere. With ``started_at`` the
+                failed slot's, it keeps its place in line. Ignored for a
+                provider that is no pool.
 
         Raises:
             TypeError: An argument of the wrong type (``tenant`` or
-                ``model`` not a string or ``None``...).
+                ``model`` not a string or ``None``, ``avoid`` a string...).
             ValueError: At once, if ``provider`` is unknown and the
                 dispatcher's ``unknown_providers`` is ``"error"``; or a
                 bad value (an empty ``tenant`` or ``model``, a ``tenant``
-                longer than 256 characters...).
+                longer than 256 characters...), or ``avoid`` naming every
+                member of the pool.
             DispatcherClosed: On entering, if the dispatcher has closed or
                 closes while waiting.
             QueueFull: On entering, if ``max_waiting`` requests already wait.
@@ -255,6 +262,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
             tokens=tokens,
             tenant=tenant,
             model=model,
+            avoid=avoid,
         )
 
     def set_limit(self, provider: str, limit: int | AdaptiveLimit) -> None:

@@ -12,7 +12,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
-from .._policy._slots import DEFAULT_AFFINITY_WAIT
+from .._policy._slots import (
+    DEFAULT_AFFINITY_WAIT,
+    DEFAULT_FAILURE_COOLDOWN,
+    DEFAULT_FAILURE_THRESHOLD,
+)
 from .._util import AsyncWithOnly
 from ._dispatcher import run_dispatcher
 from ._settings import (
@@ -56,6 +60,8 @@ def open_dispatcher(
     server_load_interval: float = 1.0,
     pools: Mapping[str, Sequence[str]] | None = None,
     affinity_wait: float = DEFAULT_AFFINITY_WAIT,
+    failure_threshold: int = DEFAULT_FAILURE_THRESHOLD,
+    failure_cooldown: float = DEFAULT_FAILURE_COOLDOWN,
 ) -> contextlib.AbstractAsyncContextManager[Dispatcher]:
     """Run a dispatcher for the duration of an ``async with`` block.
 
@@ -231,6 +237,21 @@ def open_dispatcher(
             on the other members, by younger requests, for at most
             ``affinity_wait`` seconds. ``statistics()`` counts the hits
             and the moves, per member and per pool.
+        failure_threshold: A pool's member whose calls failed this many
+            times in a row before their answer started (a connection
+            refused or reset, no first byte in time, a 5xx but 503) is out
+            of service: it takes no request for ``failure_cooldown``
+            seconds, then one (half-open) until that one gets its answer,
+            then its full share again. Rate limits are no failures (they
+            pause the member). When every member a request may take is
+            out, it waits. ``transport()`` and conversations over a pool
+            send a call that failed so again at once on another member,
+            in its place in line, spending none of the SDK's or the
+            conversation's attempts. ``statistics()``, ``ServiceChanged``
+            events, Prometheus and the admin API show it. A provider alone
+            is never out of service.
+        failure_cooldown: Seconds a member out of service takes nothing,
+            before its probe.
 
     Raises:
         BackendUnavailable: ``redis_url`` cannot be reached within
@@ -321,6 +342,8 @@ def open_dispatcher(
         server_load_interval=server_load_interval,
         pools=pools or {},
         affinity_wait=affinity_wait,
+        failure_threshold=failure_threshold,
+        failure_cooldown=failure_cooldown,
     )
     return AsyncWithOnly(
         run_dispatcher(settings),

@@ -20,6 +20,7 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Iterable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, final
 
@@ -79,7 +80,6 @@ if TYPE_CHECKING:
         AsyncIterator,
         Awaitable,
         Callable,
-        Iterable,
         Mapping,
     )
 
@@ -292,10 +292,12 @@ class Plumbing(metaclass=NoPublicConstructor):
         tokens: int | None = None,
         tenant: str | None = None,
         model: str | None = None,
+        avoid: Iterable[str] | None = None,
     ) -> Slot:
         """``Dispatcher.slot``."""
         if (
-            conversation_id is None
+            avoid is None
+            and conversation_id is None
             and started_at is None
             and priority is None
             and tenant is None
@@ -368,6 +370,7 @@ class Plumbing(metaclass=NoPublicConstructor):
             check_count(tokens, "tokens")
         if provider not in self._cleared:
             self._unknown(provider)
+        avoided = () if avoid is None else self._avoided(provider, avoid)
         slot: Slot = _make(
             Slot,
             self._host,
@@ -380,7 +383,63 @@ class Plumbing(metaclass=NoPublicConstructor):
             tenant,
             model,
         )
+        slot.avoid = avoided
         return slot
+
+    def _avoided(self, provider: str, avoid: Iterable[str]) -> tuple[str, ...]:
+        """``avoid``, checked: member names; the pool ``provider`` must have another.
+
+        Raises:
+            TypeError: ``avoid`` is a string or not an iterable of strings.
+            ValueError: A name empty, or ``avoid`` names every member of
+                pool ``provider``: the request could go nowhere.
+        """
+        if isinstance(avoid, str) or not isinstance(avoid, Iterable):
+            raise TypeError(
+                f"avoid must be a list or tuple of member names, got {avoid!r}"
+            )
+        names = tuple(avoid)
+        for name in names:
+            check_provider(name)
+        members = self.pools().get(provider)
+        if members is not None and set(members) <= set(names):
+            raise ValueError(
+                f"avoid names every member of pool {provider!r}: the request could"
+                " go nowhere"
+            )
+        return names
+
+    def members_left(self, provider: str, tried: Iterable[str]) -> bool:
+        """Whether pool ``provider`` has a member not in ``tried``: a fallback may go there.
+
+        ``False`` for a provider that is no pool.
+        """
+        members = self.pools().get(provider)
+        return members is not None and not set(members) <= set(tried)
+
+    async def hold_elsewhere(
+        self, failed: Slot, tried: tuple[str, ...]
+    ) -> tuple[Slot, float]:
+        """``hold()`` for the request of ``failed`` again, on a member of its pool not ``tried``.
+
+        A fallback: ``failed``'s call failed on its member before its
+        answer. The new slot is the same request's (its turn's start, so its
+        place in line, its priority, tenant, model and charge), avoiding
+        the members it failed on.
+        """
+        slot = self.slot(
+            failed.provider,
+            conversation_id=failed.conversation_id,
+            started_at=failed.started_at,
+            priority=failed.priority,
+            max_hold=None,
+            tokens=failed.tokens,
+            tenant=failed.tenant,
+            model=failed.model,
+            avoid=tried,
+        )
+        await acquire_unscoped(slot)
+        return slot, self.hold_deadline(slot)
 
     async def hold(
         self, provider: str, tokens: int = 0, model: str | None = None
@@ -766,6 +825,8 @@ class Plumbing(metaclass=NoPublicConstructor):
                 members=tuple(self._setup(other) for other in others),
                 pools=dict(group.pools),
                 affinity_wait=self._settings.affinity_wait,
+                failure_threshold=self._settings.failure_threshold,
+                failure_cooldown=self._settings.failure_cooldown,
             )
             actor = self._new_backend(setup)
             # Settings refuse pools with any backend but the local one.

@@ -17,7 +17,11 @@ from typing import TYPE_CHECKING, Final, Literal, final
 import attrs
 
 from .._policy._budgets import check_budgets, check_limit_mapping, split_budget_key
-from .._policy._slots import DEFAULT_AFFINITY_WAIT
+from .._policy._slots import (
+    DEFAULT_AFFINITY_WAIT,
+    DEFAULT_FAILURE_COOLDOWN,
+    DEFAULT_FAILURE_THRESHOLD,
+)
 from .._server_load._probe import check_server_load_source
 from .._util import raise_if_extra_missing
 from .._validation import (
@@ -30,6 +34,7 @@ from .._validation import (
     flag,
     non_negative_int,
     non_negative_seconds,
+    positive_int,
     positive_seconds,
     redact_url,
     validator,
@@ -202,6 +207,12 @@ class Settings:
     affinity_wait: float = attrs.field(
         default=DEFAULT_AFFINITY_WAIT, validator=non_negative_seconds
     )
+    failure_threshold: int = attrs.field(
+        default=DEFAULT_FAILURE_THRESHOLD, validator=positive_int
+    )
+    failure_cooldown: float = attrs.field(
+        default=DEFAULT_FAILURE_COOLDOWN, validator=positive_seconds
+    )
     provider_budgets: Mapping[str, Budget] = attrs.field(init=False, repr=False)
     model_budgets: Mapping[str, Mapping[str, Budget]] = attrs.field(
         init=False, repr=False
@@ -268,6 +279,7 @@ _SECONDS: Final = (
     "redis_connect_timeout",
     "priority_aging",
     "affinity_wait",
+    "failure_cooldown",
 )
 
 

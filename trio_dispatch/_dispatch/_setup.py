@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING, final
 import attrs
 
 from .._policy._budgets import Throttle
-from .._policy._slots import DEFAULT_AFFINITY_WAIT, PolicyStatistics, SlotPolicy
+from .._policy._slots import (
+    DEFAULT_AFFINITY_WAIT,
+    DEFAULT_FAILURE_COOLDOWN,
+    DEFAULT_FAILURE_THRESHOLD,
+    PolicyStatistics,
+    SlotPolicy,
+)
 from ._backend import provider_statistics
 
 if TYPE_CHECKING:
@@ -78,6 +84,9 @@ class BackendSetup:
         pools: The pools over the members, by name; empty for one provider.
         affinity_wait: How long a request waits for the member of its
             conversation's previous call while another could serve it.
+        failure_threshold: A member's calls failed in a row that take it
+            out of service.
+        failure_cooldown: Seconds a member stays out of service.
     """
 
     provider: str
@@ -97,6 +106,8 @@ class BackendSetup:
     members: tuple[BackendSetup, ...] = ()
     pools: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
     affinity_wait: float = DEFAULT_AFFINITY_WAIT
+    failure_threshold: int = DEFAULT_FAILURE_THRESHOLD
+    failure_cooldown: float = DEFAULT_FAILURE_COOLDOWN
 
     def policy(self) -> SlotPolicy:
         """A new ``SlotPolicy`` of the provider that honours every setting here.
@@ -117,6 +128,8 @@ class BackendSetup:
             tenants=self.tenants,
             models=self._model_throttles(now),
             affinity_wait=self.affinity_wait,
+            failure_threshold=self.failure_threshold,
+            failure_cooldown=self.failure_cooldown,
         )
         for member in self.members:
             policy.add_member(
@@ -177,6 +190,10 @@ def policy_statistics(
             models=policy.model_budget_statistics(now),
             tenants=policy.tenant_statistics(now),
             server_load=policy.server_load,
+            # A provider alone: its failures in a row (it never goes out).
+            health=None
+            if pooled(policy)
+            else next(iter(policy.member_statistics().values())),
         )
     if member in policy.pools:
         pool = policy.pool_statistics()[member]
@@ -207,6 +224,7 @@ def policy_statistics(
         tenants=policy.tenant_statistics(now),
         server_load=policy.member_server_load(member),
         affinity=(own.affinity_hits, own.affinity_moves),
+        health=own,
     )
 
 

@@ -34,6 +34,7 @@ from ..messages._protocol import (
     Acquire,
     Answered,
     Cancel,
+    Failed,
     ObserveLatency,
     Release,
     ReportUsage,
@@ -189,6 +190,8 @@ class Slot(metaclass=NoPublicConstructor):
         tenant: The tenant the request is made for, or ``None``.
         model: The model the request asks for, or ``None``: its budget
             must hold the request too.
+        avoid: The members of a pool it must not be granted on (see
+            ``Dispatcher.slot``).
         ticket: The scheduler's ticket, once entered.
         granted_at: When the slot was granted (trio clock), once entered.
     """
@@ -200,6 +203,7 @@ class Slot(metaclass=NoPublicConstructor):
         "_state",
         "_task",
         "_timer",
+        "avoid",
         "conversation_id",
         "granted_at",
         "model",
@@ -240,6 +244,8 @@ class Slot(metaclass=NoPublicConstructor):
         self.ticket: Ticket | None = None
         self.granted_at: float | None = None
         self._member: str | None = None
+        # A pool's members not to grant it on (a fallback's: see slot()).
+        self.avoid: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         tenant = "" if self.tenant is None else f" tenant={self.tenant!r}"
@@ -336,7 +342,9 @@ class Slot(metaclass=NoPublicConstructor):
         try:
             # The backend may answer before this returns, in this task
             # (granted or refused find no task parked then).
-            actor.send(Acquire(ticket, self, self.conversation_id, self.tokens))
+            actor.send(
+                Acquire(ticket, self, self.conversation_id, self.tokens, self.avoid)
+            )
         except trio.ClosedResourceError:
             self._state = _DONE
             self._actor = None
@@ -568,6 +576,21 @@ class Slot(metaclass=NoPublicConstructor):
         """
         self._give_back(used=used)
 
+    def failed(self) -> None:
+        """Give the slot back now: its call failed before its answer started.
+
+        A connection refused or reset, no first byte in time, a server
+        error (5xx but 503), from any task; nothing if it is not held. No
+        success, as ``release(used=False)``; and for a pool's member one
+        failure more in a row: at ``open_dispatcher``'s
+        ``failure_threshold`` it is out of service for ``failure_cooldown``.
+        Send the call again elsewhere with ``dispatcher.slot(pool,
+        avoid=...)`` (``transport()`` and conversations over a pool do it
+        themselves). A rate-limit answer is no failure: report it
+        (``Dispatcher.report_rate_limit``) and ``release()``.
+        """
+        self._give_back(failed=True)
+
     @property
     def lease_deadline(self) -> float | None:
         """Until when the slot's lease is sure to live (trio clock), with Redis.
@@ -591,7 +614,7 @@ class Slot(metaclass=NoPublicConstructor):
         timer.on_lease = callback
 
     @trio.lowlevel.enable_ki_protection
-    def _give_back(self, *, used: bool = True) -> None:
+    def _give_back(self, *, used: bool = True, failed: bool = False) -> None:
         if self._state is not _HOLDING:
             return
         self._state = _DONE
@@ -602,7 +625,9 @@ class Slot(metaclass=NoPublicConstructor):
             # try/except, not contextlib.suppress: this runs once per slot,
             # and the context manager would cost as much as the send.
             try:
-                if used:
+                if failed:
+                    actor.send(Failed(self.ticket))  # type: ignore[arg-type]  # set with _actor
+                elif used:
                     actor.send(Release(self.ticket))  # type: ignore[arg-type]  # set with _actor
                 else:
                     # A grant never used: withdrawn, as if cancelled first.

@@ -33,11 +33,17 @@ from __future__ import annotations
 import contextlib
 import math
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Final, final
 
 import trio
 
-from .._exceptions import Overloaded, ProviderError, RateLimited
+from .._exceptions import (
+    Overloaded,
+    ProviderConnectionError,
+    ProviderError,
+    RateLimited,
+    ServerError,
+)
 from .._pool_provider import PoolProvider
 from .._provider import STREAM_USAGE
 from .._util import AsyncWithOnly
@@ -58,6 +64,7 @@ if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
 
     from .._dispatch._plumbing import Plumbing
+    from .._dispatch._slot import Slot
     from .._provider import Provider
     from ..messages import ChatRequest, StreamEvent
 
@@ -127,66 +134,126 @@ class LimitedProvider:
         model = model_of_provider(self.provider)
         # Once: the charge's part and the timings' (TokenTimes).
         prompt_tokens = estimate_prompt_tokens(request)
-        # The wait for the grant is cut at the deadline; the call is not.
-        # No scope at all without one: it would cost as much as the rest.
-        waiting = None if math.isinf(deadline) else trio.CancelScope(deadline=deadline)
-        with contextlib.nullcontext() if waiting is None else waiting:
-            async with dispatcher.slot(
-                provider_id,
-                conversation_id=self.conversation_id,
-                started_at=self.started_at,
-                tokens=estimate_tokens(
-                    request,
-                    dispatcher.default_max_tokens(provider_id, model),
-                    prompt_tokens,
-                ),
-                model=model,
-            ) as slot:
-                if waiting is not None:
-                    waiting.deadline = math.inf
-                # Cancelled while the grant was on its way: send nothing,
-                # whatever the transport below would have checked before its
-                # first byte.
-                await trio.lowlevel.checkpoint_if_cancelled()
-                if sending is not None:
-                    sending()
-                provider = self.provider
-                if type(provider) is PoolProvider:
-                    # A pool's call goes through its granted member's provider.
-                    provider = provider.member(slot.member)  # type: ignore[arg-type]  # granted
-                if wants_place(provider):
-                    # A server that queues by priority gets the slot's place.
-                    request = with_place(request, place_in_line(dispatcher, slot))
-                # Timed for the metrics, if any observe the calls.
-                watch = dispatcher.watch_call(provider)
-                meter = Meter(dispatcher, slot)
-                try:
-                    async with meter.metered(provider.stream(request)) as events:
-                        meter.answered(figures_of(events))
-                        yield MeteredEvents(
-                            events,
-                            slot,
-                            watch,
-                            TokenTimes(prompt_tokens),
-                        )
-                except BaseException as exc:
-                    if isinstance(exc, ProviderError):
-                        # A status answer: its figures count this request.
-                        info = figures_of(exc)
-                        busy = isinstance(exc, RateLimited | Overloaded)
-                        meter.answered(
-                            info,
-                            started=info is not None,
-                            pause=busy,
-                            retry_after=getattr(exc, "retry_after", None),
-                        )
-                    if watch is not None:
-                        watch.end(exc)
-                    raise
-                if watch is not None:
-                    watch.end(None)
-        if waiting is not None and waiting.cancelled_caught:
-            raise NotGrantedInTime
+        tokens = estimate_tokens(
+            request, dispatcher.default_max_tokens(provider_id, model), prompt_tokens
+        )
+        # Over a pool, the slot of a call that failed before its answer and
+        # the members it failed on: it goes again on another (see _fallback).
+        failed: Slot | None = None
+        tried: tuple[str, ...] = ()
+        while True:
+            # The wait for the grant is cut at the deadline; the call is not.
+            # No scope at all without one: it would cost as much as the rest.
+            waiting = (
+                None if math.isinf(deadline) else trio.CancelScope(deadline=deadline)
+            )
+            with contextlib.nullcontext() if waiting is None else waiting:
+                async with (
+                    dispatcher.slot(
+                        provider_id,
+                        conversation_id=self.conversation_id,
+                        started_at=self.started_at,
+                        tokens=tokens,
+                        model=model,
+                    )
+                    if failed is None
+                    else dispatcher.slot(
+                        provider_id,
+                        conversation_id=failed.conversation_id,
+                        started_at=failed.started_at,
+                        priority=failed.priority,
+                        tokens=tokens,
+                        tenant=failed.tenant,
+                        model=model,
+                        avoid=tried,
+                    )
+                ) as slot:
+                    if waiting is not None:
+                        waiting.deadline = math.inf
+                    # Cancelled while the grant was on its way: send nothing,
+                    # whatever the transport below would have checked before
+                    # its first byte.
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                    if sending is not None:
+                        sending()
+                    provider = self.provider
+                    if type(provider) is PoolProvider:
+                        # A pool's call goes through its granted member's provider.
+                        provider = provider.member(slot.member)  # type: ignore[arg-type]  # granted
+                    if wants_place(provider):
+                        # A server that queues by priority gets the slot's place.
+                        request = with_place(request, place_in_line(dispatcher, slot))
+                    # Timed for the metrics, if any observe the calls.
+                    watch = dispatcher.watch_call(provider)
+                    meter = Meter(dispatcher, slot)
+                    opened = False
+                    try:
+                        async with meter.metered(provider.stream(request)) as events:
+                            opened = True
+                            meter.answered(figures_of(events))
+                            yield MeteredEvents(
+                                events,
+                                slot,
+                                watch,
+                                TokenTimes(prompt_tokens),
+                            )
+                    except BaseException as exc:
+                        if isinstance(exc, ProviderError):
+                            # A status answer: its figures count this request.
+                            info = figures_of(exc)
+                            busy = isinstance(exc, RateLimited | Overloaded)
+                            meter.answered(
+                                info,
+                                started=info is not None,
+                                pause=busy,
+                                retry_after=getattr(exc, "retry_after", None),
+                            )
+                        if watch is not None:
+                            watch.end(exc)
+                        moved = None if opened else self._fallback(slot, tried, exc)
+                        if moved is None:
+                            raise
+                        # Sent again at once on another member of the pool.
+                        failed, tried = slot, moved
+                    else:
+                        if watch is not None:
+                            watch.end(None)
+                        return
+            if waiting is not None and waiting.cancelled_caught:
+                raise NotGrantedInTime
+
+    def _fallback(
+        self, slot: Slot, tried: tuple[str, ...], error: BaseException
+    ) -> tuple[str, ...] | None:
+        """The members tried, if the call of ``slot`` goes again on another; else ``None``.
+
+        Over a pool, a call that failed before its answer started (a
+        connection error, a server error, a rate limit) goes again at once
+        on a member it has not failed on, while there is one. A failure
+        (not a rate limit, which pauses its member) counts against its
+        member: its slot goes back as failed (``Slot.failed``).
+        """
+        if not isinstance(error, _BEFORE_THE_ANSWER) or type(self.provider) is not (
+            PoolProvider
+        ):
+            return None
+        if not isinstance(error, RateLimited | Overloaded):
+            slot.failed()
+        member = slot.member
+        assert member is not None  # granted
+        tried = (*tried, member)
+        if not self._dispatcher.members_left(self.provider.id, tried):
+            return None
+        return tried
+
+
+# A provider's errors of a call that got no answer: it may go elsewhere.
+_BEFORE_THE_ANSWER: Final = (
+    ServerError,
+    ProviderConnectionError,
+    RateLimited,
+    Overloaded,
+)
 
 
 @final

@@ -225,6 +225,7 @@ class Hold:
         "_dispatcher",
         "_events",
         "_expired",
+        "_fails",
         "_lease",
         "_max_hold",
         "_quiet",
@@ -277,6 +278,9 @@ class Hold:
         self._stalled = False
         # An event stream's tokens: its events, timed (see _metering).
         self._times = TokenTimes(0) if times is None else times
+        # Whether the call failed before its answer (a server error passed
+        # on): its slot goes back as failed (Slot.failed), not released.
+        self._fails = False
         slot.follow_lease(self._lease_moved)
 
     def _lease_moved(self, lease: float) -> None:
@@ -296,13 +300,18 @@ class Hold:
         reader: RateLimitReader,
         body: Mapping[str, object] | None,
         path: str = "",
+        *,
+        fallback: tuple[Slot, tuple[str, ...]] | None = None,
     ) -> Hold:
         """Wait for a slot of ``provider`` for a call whose JSON body is ``body``.
 
         The slot is for the body's ``model`` and charged its estimate
         (neither if ``body`` is ``None``: not a JSON object, or not read
         yet); or it is the place the current turn keeps for this provider
-        and model, taken over. If this raises, nothing is held.
+        and model, taken over. With ``fallback``, ``(slot, tried)``: the
+        same call again after ``slot``'s failed, on a member of the pool
+        not ``tried``, in the same place in line. If this raises, nothing
+        is held.
         """
         model = model_of_body(body)
         wire = format_of_path(path)
@@ -311,6 +320,9 @@ class Hold:
         times = TokenTimes(
             prompt, None if wire is None else wire.decoder(provider, str)
         )
+        if fallback is not None:
+            fresh, deadline = await dispatcher.hold_elsewhere(*fallback)
+            return cls(dispatcher, fresh, deadline, reader, times)
         slot = await adopt_kept_place(dispatcher, provider, model)
         if slot is not None:
             # The retry of a call answered "slow down": its turn's place.
@@ -329,14 +341,23 @@ class Hold:
     def give_back(self) -> None:
         """Give the slot back now (again: nothing), and stop the timer.
 
-        How fast the answer's events came is told first, if any came.
+        How fast the answer's events came is told first, if any came. A
+        call that failed before its answer (``fails``) gives it back as
+        failed.
         """
         if self._timer is not None:
             self._timer.cancel()
         slot = self._slot
         slot.follow_lease(None)
+        if self._fails:
+            slot.failed()
+            return
         self._times.report(slot)
         slot.release()
+
+    def fails(self) -> None:
+        """The call failed before its answer: its slot goes back as failed (``Slot.failed``)."""
+        self._fails = True
 
     def dropped(self) -> None:
         """The response was collected unclosed: warn, and give the slot back.
@@ -436,12 +457,15 @@ class Hold:
         if scope.cancelled_caught:
             raise self.timeout()
 
-    def answered(self, status: int, headers: Mapping[str, str]) -> None:
+    def answered(
+        self, status: int, headers: Mapping[str, str], *, keep: bool = True
+    ) -> None:
         """The answer's headers are in: tell the dispatcher what they say.
 
         The answer started (the provider has counted the call), its
         rate-limit figures are observed, and a rate-limit answer pauses the
-        provider, then keeps the turn's place for the retry. The answer is
+        provider, then keeps the turn's place for the SDK's retry (unless
+        not ``keep``: the transport sends it again itself). The answer is
         not touched.
         """
         retry_after = None
@@ -452,7 +476,7 @@ class Hold:
         Meter(self._dispatcher, slot).answered(
             self._reader.read(headers), pause=pause, retry_after=retry_after
         )
-        if pause:
+        if pause and keep:
             # The SDK will retry after its own sleep: the turn keeps its
             # place in line for that retry meanwhile.
             keep_place(self._dispatcher, slot.provider, slot.model, slot.tokens)
@@ -711,6 +735,92 @@ class TransportBase(Generic[InnerT]):
     async def aclose(self) -> None:
         await self._inner.aclose()
 
+    async def _exchange(
+        self,
+        hold: Hold,
+        request: Any,  # noqa: ANN401 (a request of the transport's httpx)
+        httpx: ModuleType,
+        parsed: Mapping[str, object] | None,
+        content: bytes | None,
+    ) -> tuple[Hold, Any]:
+        """Send model call ``request`` under ``hold`` until its answer's headers are in.
+
+        Over a pool, a call that failed before its answer (no answer at
+        all, a 5xx, a 429 or 529) goes again at once on a member it has not
+        failed on, while there is one and its body can be sent again, in
+        the same place in line (``Hold.take``'s ``fallback``); the last
+        failure is the SDK's. Returns the hold of the call answered, and its
+        response. If this raises, nothing is held.
+        """
+        dispatcher = self._dispatcher
+        path = request.url.path
+        # The members of the pool this call failed on, before its answer.
+        tried: tuple[str, ...] = ()
+        while True:
+            try:
+                sent = request
+                if self._server_priority and takes_priority(path, parsed):
+                    assert content is not None  # parsed from it
+                    place = place_in_line(dispatcher, hold.slot)
+                    sent = _resent(sent, httpx, with_priority(content, place))
+                if self._endpoints is not None:
+                    sent = _routed(sent, httpx, self._endpoint(hold.slot), path)
+                try:
+                    with hold.timed():
+                        response = await self._inner.handle_async_request(sent)
+                except httpx.TransportError:
+                    # No answer: refused, reset, no first byte in time.
+                    if not self._pooled():
+                        raise
+                    hold.fails()
+                    moved = self._fallback(hold, tried, content)
+                    if not moved:
+                        raise
+                else:
+                    status = response.status_code
+                    if not ((status == 429 or status >= 500) and self._pooled()):
+                        hold.answered(status, response.headers)
+                        return hold, response
+                    if status not in RATE_LIMITED:
+                        hold.fails()  # a rate limit pauses: no failure
+                    moved = self._fallback(hold, tried, content)
+                    hold.answered(status, response.headers, keep=not moved)
+                    if not moved:
+                        return hold, response
+                    # Sent again at once elsewhere: this answer goes nowhere.
+                    await response.aclose()
+            except BaseException:
+                hold.give_back()
+                raise
+            hold.give_back()
+            tried = moved
+            hold = await Hold.take(
+                dispatcher,
+                self._provider,
+                self._reader,
+                parsed,
+                path,
+                fallback=(hold.slot, tried),
+            )
+
+    def _pooled(self) -> bool:
+        """Whether the transport's provider is a pool now (set_pool may make one)."""
+        return self._provider in self._dispatcher.pools()
+
+    def _fallback(
+        self, hold: Hold, tried: tuple[str, ...], content: bytes | None
+    ) -> tuple[str, ...]:
+        """The members tried once ``hold``'s has failed, if the call may go to another; else ``()``.
+
+        It may if its body can be sent again (it was read: not a streamed
+        upload) and the pool has a member it has not failed on.
+        """
+        member = hold.slot.member
+        if content is None or member is None:
+            return ()
+        tried = (*tried, member)
+        return tried if self._dispatcher.members_left(self._provider, tried) else ()
+
     def _endpoint(self, slot: Slot) -> Endpoint:
         """The endpoint of the member ``slot`` was granted on.
 
@@ -762,19 +872,7 @@ class TransportBase(Generic[InnerT]):
         hold = await Hold.take(
             self._dispatcher, self._provider, self._reader, parsed, path
         )
-        try:
-            if self._server_priority and takes_priority(path, parsed):
-                assert content is not None  # parsed from it
-                place = place_in_line(self._dispatcher, hold.slot)
-                request = _resent(request, httpx, with_priority(content, place))
-            if self._endpoints is not None:
-                request = _routed(request, httpx, self._endpoint(hold.slot), path)
-            with hold.timed():
-                response = await inner.handle_async_request(request)
-            hold.answered(response.status_code, response.headers)
-        except BaseException:
-            hold.give_back()
-            raise
+        hold, response = await self._exchange(hold, request, httpx, parsed, content)
         if response.is_closed:
             hold.give_back()
         else:
@@ -833,6 +931,8 @@ def _routed(
     try:
         content = request.content
     except httpx.RequestNotRead:
+        # A request made with its stream gets no Host of its own: the new URL's.
+        headers["Host"] = url.netloc.decode("ascii")
         return httpx.Request(
             request.method,
             url,

@@ -212,6 +212,30 @@ class LimitChanged:
 
 @final
 @attrs.frozen
+class ServiceChanged:
+    """A pool's member went out of service, half-open, or back in service.
+
+    A member whose calls failed ``failure_threshold`` times in a row, before
+    their answer, is out of service for ``failure_cooldown``; then it is
+    half-open (one request probes it), and back in service once that
+    request got its answer (see ``open_dispatcher``'s ``failure_threshold``).
+
+    Attributes:
+        provider: The member.
+        at: When it changed (trio clock).
+        state: ``"out"``, ``"half_open"`` or ``"in"``.
+        until: Out of service: when its cooldown ends (trio clock); else
+            ``None``.
+    """
+
+    provider: str
+    at: float
+    state: str
+    until: float | None
+
+
+@final
+@attrs.frozen
 class RateLimitsReceived:
     """A provider's answer reported its rate-limit figures.
 
@@ -239,6 +263,7 @@ DispatchEvent: TypeAlias = (
     | Resumed
     | LimitChanged
     | RateLimitsReceived
+    | ServiceChanged
 )
 """Anything ``dispatcher.events()`` yields."""
 

@@ -423,6 +423,46 @@ def _pool_families(statistics: DispatcherStatistics) -> Iterator[Metric]:
         hits.add_metric(value, stats.affinity_hits)
         moves.add_metric(value, stats.affinity_moves)
     yield from (in_use, limit, waiting, hits, moves)
+    yield from _member_families(statistics)
+
+
+def _member_families(statistics: DispatcherStatistics) -> Iterator[Metric]:
+    """Each pool member's service: out, half-open, its failures in a row, its outages."""
+    labels = ["provider"]
+    out = GaugeMetricFamily(
+        "trio_dispatch_member_out_of_service",
+        "1 while a pool's member is out of service after failures in a row.",
+        labels=labels,
+    )
+    half_open = GaugeMetricFamily(
+        "trio_dispatch_member_half_open",
+        "1 while a pool's member back from its cooldown takes one request.",
+        labels=labels,
+    )
+    failures = GaugeMetricFamily(
+        "trio_dispatch_member_failures",
+        "A pool's member's calls failed in a row before their answer.",
+        labels=labels,
+    )
+    outages = CounterMetricFamily(
+        "trio_dispatch_member_outages",
+        "Times a pool's member was taken out of service.",
+        labels=labels,
+    )
+    providers = statistics.providers
+    members = sorted(
+        {member for pool in statistics.pools.values() for member in pool.members}
+    )
+    for name in members:
+        stats = providers.get(name)
+        if stats is None:
+            continue
+        value = [name]
+        out.add_metric(value, 0 if stats.out_of_service_until is None else 1)
+        half_open.add_metric(value, 1 if stats.half_open else 0)
+        failures.add_metric(value, stats.failures)
+        outages.add_metric(value, stats.outages_total)
+    yield from (out, half_open, failures, outages)
 
 
 def _budget_families(statistics: DispatcherStatistics) -> Iterator[Metric]:

@@ -32,6 +32,7 @@ from ._hub import (
     Refused,
     Released,
     Resumed,
+    ServiceChanged,
     Withdrawn,
 )
 
@@ -263,3 +264,23 @@ class Translator:
         hub = self.hub
         if hub.sinks:
             hub.emit(Resumed(provider, now, reason))
+
+    def service_changed(
+        self, now: float, member: str, state: str, until: float | None
+    ) -> None:
+        """A member went out of service (until ``until``), half-open, or back in."""
+        if state == "out":
+            assert until is not None  # a cooldown ends
+            _logger.warning(
+                "member %r: calls failed before their answer, out of service"
+                " for %.3g s",
+                member,
+                until - now,
+            )
+        elif state == "half_open":
+            _logger.info("member %r: cooldown over, one request probes it", member)
+        else:
+            _logger.info("member %r back in service", member)
+        hub = self.hub
+        if hub.sinks:
+            hub.emit(ServiceChanged(member, now, state, until))

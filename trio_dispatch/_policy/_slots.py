@@ -141,12 +141,35 @@ cache it would use) waits in that member's lane, at most
 trying its member first. With affinity on, the order is exact but for
 this: a ticket waiting for the member it prefers may be passed, on the
 other members, by younger tickets, for at most ``affinity_wait``.
+
+Members that fail. A call that failed before its answer started (its
+connection refused or reset, no first byte in time, a server error) ends
+with ``fail`` instead of ``release``: its slot goes back, and its member
+counts one failure more in a row; any ``release`` (a call that got its
+answer) ends the row. At ``failure_threshold`` failures in a row the member
+is out of service: it takes nothing for ``failure_cooldown`` seconds (its
+holders keep their slots), and the tickets waiting for it because they
+prefer it wait for their pool. Then it is half-open: it takes one ticket,
+its probe (tried first among the members that may take a ticket, so that
+it is tried at once), and nothing more until the probe ends. A probe released is a
+success: the member is back in service, its full limit open again; a
+probe failed takes it out for another cooldown; a probe withdrawn unused
+leaves it half-open for the next. While out, a member is no member for
+the invariants: a ticket that only it may take waits, and so does every
+ticket while all the members it may take are out. A ticket that failed on
+some members (a fallback) may ``avoid`` them: it waits in a lane of its
+pool without them, unless that leaves none (then it may take any).
+Rate-limit answers are no failures: they pause the member (above). A
+policy of one member (a provider alone) counts its failures but never
+takes it out of service: with nowhere else to send them, its requests
+go on, and their callers meet the failures.
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, final
+import math
+from typing import TYPE_CHECKING, Literal, TypeAlias, final
 
 import attrs
 
@@ -154,6 +177,7 @@ from .._exceptions import QueueFull, queue_full
 from .._validation import (
     check_deadline,
     check_instant,
+    check_limit,
     check_max_waiting,
     check_optional_seconds,
     check_pauses,
@@ -169,7 +193,7 @@ from ._server import ServerGate
 from ._tenants import Tenants
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Callable, Collection, Iterable, Mapping
 
     from .._server_load._load import ServerLoad
     from ..messages._protocol import Ticket
@@ -180,6 +204,17 @@ if TYPE_CHECKING:
 #: ``affinity_wait``'s default: how long a request waits for the member
 #: its conversation's previous call used while another member could serve it.
 DEFAULT_AFFINITY_WAIT = 2.0
+
+#: A member's service: out of service, half-open (its probe), or in service.
+ServiceState: TypeAlias = Literal["out", "half_open", "in"]
+
+#: ``failure_threshold``'s default: a member's failures in a row that take
+#: it out of service.
+DEFAULT_FAILURE_THRESHOLD = 3
+
+#: ``failure_cooldown``'s default: how long a member that failed stays out
+#: of service before its probe, in seconds.
+DEFAULT_FAILURE_COOLDOWN = 30.0
 
 
 @final
@@ -223,6 +258,12 @@ class MemberStatistics:
         affinity_hits: Requests that preferred it and were granted on it.
         affinity_moves: Requests that preferred it and were granted on
             another member (it could not take them in time).
+        failures: Its calls failed in a row, before their answer.
+        out_of_service_until: When its cooldown ends, while it is out of
+            service; ``None`` otherwise.
+        half_open: Whether it is back from a cooldown, taking one request
+            (its probe) until that request succeeds.
+        outages_total: How many times it was taken out of service.
     """
 
     member: str
@@ -235,6 +276,10 @@ class MemberStatistics:
     peak_in_flight: int
     affinity_hits: int
     affinity_moves: int
+    failures: int = 0
+    out_of_service_until: float | None = None
+    half_open: bool = False
+    outages_total: int = 0
 
 
 @final
@@ -272,16 +317,21 @@ class _Member:
     __slots__ = (
         "affinity_hits",
         "affinity_moves",
+        "failures",
         "gate",
         "granted_at_report",
         "granted_total",
+        "half_open",
         "held_back",
         "holders",
         "limit",
         "models",
         "name",
+        "out_until",
+        "outages_total",
         "paused_until",
         "peak_in_flight",
+        "probe",
         "reported",
         "server",
         "step",
@@ -322,6 +372,14 @@ class _Member:
         self.held_back: list[str] = []
         # The server's own load, once it is read (observe_server_load).
         self.server: ServerGate | None = None
+        # Its health (see the module notes): failures in a row; the end of
+        # its cooldown while out of service; whether it is half-open, and
+        # its probe then, while one holds.
+        self.failures = 0
+        self.out_until: float | None = None
+        self.half_open = False
+        self.probe: Ticket | None = None
+        self.outages_total = 0
 
     def __repr__(self) -> str:
         return (
@@ -330,6 +388,15 @@ class _Member:
         )
 
     def has_slot(self) -> bool:
+        """Whether a slot is free under its limit, it is not paused, and in service.
+
+        Half-open, its one slot is its probe's.
+        """
+        if self.half_open or self.out_until is not None:
+            return self.out_until is None and self.probe is None and self._free()
+        return self._free()
+
+    def _free(self) -> bool:
         """Whether a slot is free under its limit, and it is not paused."""
         limit = self.limit
         return limit is None or (
@@ -353,7 +420,16 @@ class _Member:
         return float("inf") if limit is None else limit - len(self.holders)
 
     def wake_at(self, waiting: bool) -> float | None:
-        """When this member must be looked at again: its pause ends or budget is back."""
+        """When this member must be looked at again: its pause or cooldown ends, budget is back."""
+        out_until = self.out_until
+        if out_until is not None:
+            # Half-open at the cooldown's end, for statistics too.
+            at = self._wake_at(waiting)
+            return out_until if at is None else min(at, out_until)
+        return self._wake_at(waiting)
+
+    def _wake_at(self, waiting: bool) -> float | None:
+        """``wake_at`` but for a cooldown."""
         paused_until = self.paused_until
         gate = self.gate
         if gate is None or not waiting or not gate.blocked:
@@ -419,6 +495,10 @@ class _Member:
             peak_in_flight=self.peak_in_flight,
             affinity_hits=self.affinity_hits,
             affinity_moves=self.affinity_moves,
+            failures=self.failures,
+            out_of_service_until=self.out_until,
+            half_open=self.half_open,
+            outages_total=self.outages_total,
         )
 
 
@@ -455,6 +535,10 @@ class SlotPolicy:
         affinity_wait: In a pool, the longest a ticket that prefers a
             member waits for it while another member could take it, in
             seconds; ``0``: preferences are ignored.
+        failure_threshold: A member's calls failed in a row (``fail``)
+            that take it out of service.
+        failure_cooldown: How long a member stays out of service before
+            its probe, in seconds.
 
     Attributes:
         needs_clock: Whether grants and releases need the time: true once
@@ -462,6 +546,11 @@ class SlotPolicy:
             ticket preferred a member. The caller then calls
             ``advance(now)`` before each call (a plain attribute, read on
             every hand-off).
+        service_changes: Each member's moves out of service, to half-open
+            and back in, in order, since the caller last cleared it: ``(member,
+            state, until)``, ``state`` one of ``"out"`` (``until``: its
+            cooldown's end), ``"half_open"`` and ``"in"`` (``until``:
+            ``None``). The caller tells them, and clears the list.
     """
 
     __slots__ = (
@@ -470,6 +559,8 @@ class SlotPolicy:
         "_default_pause",
         "_estimates",
         "_expiring",
+        "_failure_cooldown",
+        "_failure_threshold",
         "_first",
         "_granted_total",
         "_held_by",
@@ -489,6 +580,7 @@ class SlotPolicy:
         "_waiting",
         "_withdrawn_total",
         "needs_clock",
+        "service_changes",
     )
 
     def __init__(
@@ -503,6 +595,8 @@ class SlotPolicy:
         models: Mapping[str, Throttle] | None = None,
         provider: str | None = None,
         affinity_wait: float = DEFAULT_AFFINITY_WAIT,
+        failure_threshold: int = DEFAULT_FAILURE_THRESHOLD,
+        failure_cooldown: float = DEFAULT_FAILURE_COOLDOWN,
     ) -> None:
         if limit is not None:
             check_slot_limit(limit)
@@ -515,6 +609,10 @@ class SlotPolicy:
         check_max_waiting(max_waiting)
         self._default_pause, self._max_pause = check_pauses(default_pause, max_pause)
         self._affinity_wait = check_seconds(affinity_wait, "affinity_wait")
+        self._failure_threshold = check_limit(failure_threshold, "failure_threshold")
+        self._failure_cooldown = check_seconds(
+            failure_cooldown, "failure_cooldown", positive=True
+        )
         self._max_waiting = max_waiting
         self._provider = provider
         self._first = _Member(
@@ -559,6 +657,7 @@ class SlotPolicy:
         self._tenants = Tenants()
         self._counting = False
         self.needs_clock = False
+        self.service_changes: list[tuple[str, ServiceState, float | None]] = []
         if configured:
             self.needs_clock = True
             self._count()
@@ -784,6 +883,7 @@ class SlotPolicy:
         *,
         member: str | None = None,
         prefer: str | None = None,
+        avoid: Collection[str] = (),
     ) -> list[Ticket]:
         """Admit ``ticket``: grant it at once if a member can take it, else queue it.
 
@@ -793,7 +893,10 @@ class SlotPolicy:
         cannot take it and another could, it waits for it at most
         ``affinity_wait`` seconds, then goes to any. A ``prefer`` that is
         not a member, or in a policy of one member, changes nothing.
-        Returns the tickets granted by this call, in grant order:
+        ``avoid`` names members it must not go to (those its call already
+        failed on, a fallback): it waits for the others of its pool (or of
+        the policy), unless that leaves none; ignored for a ticket that asks
+        for one member. Returns the tickets granted by this call, in grant order:
         ``[ticket]`` when it goes at once, but also, when a budget held the
         head back and is back by now, others before it, or instead of it.
 
@@ -812,8 +915,8 @@ class SlotPolicy:
         # Its lane once its wait for the member it prefers ends: none unless
         # it waits for that member first (then ``lane`` is that member's).
         home: Lane = model
-        if member is not None or prefer is not None:
-            lane, preferred, home = self._lane(model, member, prefer)
+        if member is not None or prefer is not None or avoid:
+            lane, preferred, home = self._lane(model, member, prefer, avoid)
         if ticket.tenant is not None and not self._counting:
             # The first ticket with a tenant.
             self.needs_clock = True
@@ -860,34 +963,48 @@ class SlotPolicy:
         return [ticket]
 
     def _lane(
-        self, model: str | None, member: str | None, prefer: str | None
+        self,
+        model: str | None,
+        member: str | None,
+        prefer: str | None,
+        avoid: Collection[str] = (),
     ) -> tuple[Lane, _Member | None, Lane]:
         """A new ticket's lane, the member it prefers, and its lane after its wait for it.
 
         A preference counts for a ticket that may go to several members,
-        the preferred one among them, while ``affinity_wait`` is not 0; it
-        waits for that member first (in its lane) unless that member is
-        paused. Without such a wait, the first and the last are the same.
+        the preferred one among them and not avoided, while
+        ``affinity_wait`` is not 0; it waits for that member first (in its
+        lane) unless that member is paused or out of service. Without such
+        a wait, the first and the last are the same. Members avoided make
+        the lane of the others (the pool's, or any member's), if any is left.
         """
         home: Lane = model
-        choices: list[_Member] | dict[str, _Member] = self._members
+        choices: list[_Member] = list(self._members.values())
         if member is not None:
             pool = self._pools.get(member)
             if pool is None:
                 lane = (model, self._member(member).name)
                 return lane, None, lane
             home, choices = (model, member), pool
+        if avoid:
+            avoided = frozenset(avoid) & {each.name for each in choices}
+            if avoided and len(avoided) < len(choices):
+                home = (model, member, avoided)
+                choices = [each for each in choices if each.name not in avoided]
         if prefer is None or not self._affinity_wait or len(choices) < 2:
             return home, None, home
         preferred = self._members.get(prefer)
-        if preferred is None or (
-            isinstance(choices, list) and preferred not in choices
-        ):
+        if preferred is None or preferred not in choices:
             return home, None, home
         self.needs_clock = True
-        if preferred.paused_until is not None:
+        if (
+            preferred.paused_until is not None
+            or preferred.out_until is not None
+            or preferred.half_open
+        ):
             # Preferred, first among those that can take it, but not
-            # waited for: a paused member takes nothing until its pause ends.
+            # waited for: a paused member takes nothing until its pause
+            # ends, one out of service nothing until its probe succeeds.
             return home, preferred, home
         return (model, prefer), preferred, home
 
@@ -930,10 +1047,16 @@ class SlotPolicy:
         members = self._members
         if lane.__class__ is tuple:
             name = lane[1]  # a member's or a pool's lane
-            pool = self._pools.get(name)
+            pool = self._pools.get(name) if name is not None else list(members.values())
             if pool is None:
-                return (members[name],)
+                return (members[name],)  # type: ignore[index]  # a member's name
             ordered = sorted(pool, key=_member_key)
+            if len(lane) == 3:
+                # A fallback's: its pool but the members it avoids, if any is left.
+                avoided = lane[2]
+                kept = [member for member in ordered if member.name not in avoided]
+                if kept:
+                    ordered = kept
         elif len(members) == 1:
             return (self._first,)
         else:
@@ -994,6 +1117,8 @@ class SlotPolicy:
                 member.affinity_hits += 1
             elif prefers is not None:
                 prefers.affinity_moves += 1
+        if member.half_open:
+            member.probe = ticket  # its one slot until the probe ends
         holders.add(ticket)
         self._held_by[ticket] = member
         member.granted_total += 1
@@ -1022,7 +1147,48 @@ class SlotPolicy:
             return []
         if member.streak:
             _end_streak_if_success(member, ticket)
+        if member.failures:
+            member.failures = 0  # its call got its answer: the row ends
         return self._release(member, ticket, success=True)
+
+    def fail(self, ticket: Ticket, now: float) -> list[Ticket]:
+        """Give back held ``ticket``, whose call failed before its answer started.
+
+        Its member counts a failure in a row; at ``failure_threshold`` (or
+        its probe's, half-open) it is out of service for
+        ``failure_cooldown`` from ``now`` (see the module notes), and the
+        tickets waiting for it because they prefer it wait for their pool.
+        Nothing for an unknown or finished ticket. Returns the tickets
+        granted by the change.
+
+        Raises:
+            RuntimeError: The ticket is still waiting; cancel it instead.
+        """
+        now = check_instant(now, "now")
+        if ticket in self._waiting:
+            raise RuntimeError(f"ticket {ticket!r} is waiting, not holding a slot")
+        member = self._held_by.get(ticket)
+        if member is None:
+            return []
+        if member.streak:
+            member.reported.discard(ticket)  # no answer: no success
+        if member.half_open:
+            if member.probe == ticket:
+                self._out_of_service(member, now)
+        elif member.out_until is None:
+            member.failures += 1
+            if member.failures >= self._failure_threshold and len(self._members) > 1:
+                self._out_of_service(member, now)
+        return self._release(member, ticket, success=False)
+
+    def _out_of_service(self, member: _Member, now: float) -> None:
+        """``member`` failed too often: it takes nothing until its cooldown ends."""
+        until = member.out_until = now + self._failure_cooldown
+        member.half_open = False
+        member.outages_total += 1
+        self.service_changes.append((member.name, "out", until))
+        if self._homes:
+            self._rehome(lambda ticket: self._preferred.get(ticket) is member)
 
     def cancel(self, ticket: Ticket) -> list[Ticket]:
         """Withdraw a waiting ticket, or release it if it was already granted."""
@@ -1081,7 +1247,9 @@ class SlotPolicy:
     def advance(self, now: float) -> None:
         """Tell the policy the time, before handling what arrived at ``now``.
 
-        The budgets refill; tenants' service accrues up to it.
+        The budgets refill; tenants' service accrues up to it; a member
+        whose cooldown has run out is half-open (what arrives now may be
+        its probe; the next ``tick`` grants the waiting).
         """
         if now > self._now:  # noqa: PLR1730  # no call on the hot path
             self._now = now
@@ -1091,6 +1259,13 @@ class SlotPolicy:
             # A model's throttle is brought to the time when its model is
             # used (ModelThrottles.get): idle models cost a grant nothing.
             member.models.advance(now)
+            if member.out_until is not None and now >= member.out_until:
+                # The cooldown ended: it takes its probe, from what arrives
+                # now on; ``_moved`` has the next tick fill for the waiting.
+                member.out_until = None
+                member.half_open = True
+                self._moved = True
+                self.service_changes.append((member.name, "half_open", None))
         expiring = self._expiring
         if expiring and expiring[0][0] <= now:
             # The waits for a preferred member that ran out end before what
@@ -1425,6 +1600,16 @@ class SlotPolicy:
     def _release(
         self, member: _Member, ticket: Ticket, *, success: bool
     ) -> list[Ticket]:
+        """``ticket`` gives its slot on ``member`` back; a fill grants what may go.
+
+        ``success``: its call got its answer.
+        """
+        if member.probe == ticket:
+            member.probe = None
+            if success:
+                member.half_open = False  # back in service, its limit open
+                member.failures = 0
+                self.service_changes.append((member.name, "in", None))
         member.holders.remove(ticket)
         del self._held_by[ticket]
         self._tenants.release(ticket, self._now)
@@ -1690,7 +1875,13 @@ def _named(lane: Lane) -> str | None:
 
 
 def _member_key(member: _Member) -> float:
-    """The choice between members: the most free slots first."""
+    """The choice between members: one half-open awaiting its probe, then the most free slots.
+
+    The probe goes first so that a member back from its cooldown is tried
+    at once, not when the others happen to be full.
+    """
+    if member.half_open and member.probe is None:
+        return -math.inf
     return -member.free()
 
 

@@ -77,8 +77,15 @@ if TYPE_CHECKING:
     from ..messages._protocol import Ticket
 
     #: A lane of the policy's queue: a model (``None``: none named), for
-    #: any member; or ``(model, member)``, for that member only.
-    Lane: TypeAlias = str | tuple[str | None, str] | None
+    #: any member; ``(model, member)``, for that member only (or a pool's
+    #: name, for its members); or ``(model, pool, avoided)``, for the
+    #: members of a pool (``None``: any member) but those ``avoided``.
+    Lane: TypeAlias = (
+        str
+        | tuple[str | None, str]
+        | tuple[str | None, str | None, frozenset[str]]
+        | None
+    )
 
     # A tenant in the choice's heap: its counter, held / weight and head,
     # when it was placed; the order it was placed in, so that two entries

@@ -64,6 +64,7 @@ from ..messages._protocol import (
     Adapt,
     Answered,
     Cancel,
+    Failed,
     ForMember,
     ObserveLatency,
     ObserveRateLimits,
@@ -559,7 +560,9 @@ class SharedSchedulerActor:
                 events.left(message.ticket, now, before, book.in_flight, book.waiting)
         elif isinstance(message, Acquire):
             self._acquire(message, now)
-        elif isinstance(message, Cancel):
+        elif isinstance(message, Cancel | Failed):
+            # A call failed before its answer is no success: its grant goes
+            # back as one withdrawn (a provider alone has nowhere else to go).
             before = book.in_flight, book.waiting
             self._replies.pop(message.ticket, None)
             self._holding.pop(message.ticket, None)

@@ -81,6 +81,7 @@ from ..messages._protocol import (
     Adapt,
     Answered,
     Cancel,
+    Failed,
     ForMember,
     ObserveLatency,
     ObserveRateLimits,
@@ -276,6 +277,8 @@ class SchedulerActor:
             if wake_at is not None:
                 self._tick(now)
                 wake_at = policy.wake_at
+            if policy.service_changes:
+                self._service_changed(now)
         except BaseException as exc:  # a bug: nothing else escapes _handle
             self._handling = False
             self._crashed(exc, [message] if batch is None else list(batch))
@@ -297,6 +300,13 @@ class SchedulerActor:
             limit is None and not policy.in_flight and not policy.waiting
         ):
             inbox.nudge()
+
+    def _service_changed(self, now: float) -> None:
+        """Tell each member's move out of service, to half-open and back, in order."""
+        changes = self.policy.service_changes
+        for member, state, until in changes:
+            self._events.service_changed(now, member, state, until)
+        changes.clear()
 
     def _tell_limits(self) -> None:
         """Pooled: tell ``on_limit`` each member's limit that changed."""
@@ -454,8 +464,8 @@ class SchedulerActor:
         # delivery is skipped when there is nothing to deliver. The policy's
         # refusals are caught per message: a misuse fails its own request,
         # never the actor (and a try costs nothing until it raises).
-        if isinstance(message, Release):
-            self._on_release(message.ticket, now)
+        if isinstance(message, (Release, Failed)):
+            self._on_release(message.ticket, now, failed=type(message) is Failed)
             return
         if isinstance(message, Acquire):
             self._on_acquire(message, now, member)
@@ -488,12 +498,13 @@ class SchedulerActor:
         if grants:
             self._deliver(grants, now)
 
-    def _on_release(self, ticket: Ticket, now: float) -> None:
+    def _on_release(self, ticket: Ticket, now: float, *, failed: bool = False) -> None:
+        """``ticket`` gives its slot back; ``failed``: its call failed before its answer."""
         policy = self.policy
         listening = self._listening
         before = (policy.in_flight, policy.waiting) if listening else None
         try:
-            grants = policy.release(ticket)
+            grants = policy.fail(ticket, now) if failed else policy.release(ticket)
         except RuntimeError as exc:
             self._withdraw(ticket, exc, now)
             if listening:
@@ -580,6 +591,7 @@ class SchedulerActor:
                     prefer=None
                     if conversation is None
                     else self._latest.get(conversation),
+                    avoid=message.avoid,
                 )
         except (QueueFull, ValueError) as exc:
             self._acquire_refused(message, exc, now)

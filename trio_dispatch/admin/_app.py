@@ -585,19 +585,25 @@ def _status(dispatcher: Dispatcher) -> dict[str, object]:
 
 
 def _provider_status(stats: ProviderStatistics, now: float) -> dict[str, object]:
-    """One provider's statistics; the pause end as seconds from ``now``.
+    """One provider's statistics; the ends of a pause and a cooldown as seconds from ``now``.
 
     A trio-clock instant means nothing outside the process, so the end of a
-    pause is shown as the seconds left until it (0.0 when it is due).
+    pause, or of a member's time out of service, is shown as the seconds
+    left until it (0.0 when it is due).
     """
     status = attrs.asdict(stats)
-    until = stats.paused_until
-    status["paused_until"] = None if until is None else max(0.0, float(until - now))
-    # Renamed where it stands, so the keys keep the schema's order.
-    return {
-        ("pause_remaining" if name == "paused_until" else name): value
-        for name, value in status.items()
-    }
+    for name in _INSTANTS:
+        until = status[name]
+        status[name] = None if until is None else max(0.0, float(until - now))
+    # Renamed where they stand, so the keys keep the schema's order.
+    return {_INSTANTS.get(name, name): value for name, value in status.items()}
+
+
+# A provider's instants, shown as the seconds left: by their names in the status.
+_INSTANTS: Final = {
+    "paused_until": "pause_remaining",
+    "out_of_service_until": "out_of_service_remaining",
+}
 
 
 async def _send(

@@ -165,6 +165,27 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "For a member of a pool: requests that preferred"
                 " it and were granted on another member.",
             },
+            "failures": {
+                **_COUNT,
+                "description": "For a member of a pool: its calls failed in a"
+                " row before their answer.",
+            },
+            "out_of_service_remaining": {
+                "type": ["number", "null"],
+                "minimum": 0,
+                "description": "For a member of a pool out of service: seconds"
+                " until its cooldown ends; null otherwise.",
+            },
+            "half_open": {
+                "type": "boolean",
+                "description": "For a member of a pool back from its cooldown:"
+                " whether one request probes it before it takes its full share.",
+            },
+            "outages_total": {
+                **_COUNT,
+                "description": "For a member of a pool: the times it was taken"
+                " out of service.",
+            },
         },
         "One provider's statistics, as ``Dispatcher.statistics()`` has"
         " them, but for the end of a pause, shown as the seconds left.",

@@ -11,7 +11,8 @@ yields one frozen value per thing that happens, in the order it happened:
   use and the requests waiting just after it;
 - to a provider: ``Paused`` (with ``until`` and ``why``), ``Resumed``,
   ``LimitChanged`` and ``RateLimitsReceived`` (a ``RateLimitInfo``, and
-  the ``model`` the answer was for).
+  the ``model`` the answer was for); to a pool's member, ``ServiceChanged``
+  (out of service after failures in a row, half-open, back in service).
 
 Every event has ``at``, when it happened on the trio clock. Together they
 are ``DispatchEvent``. ``EventSubscription`` is what ``dispatcher.events()``
@@ -29,6 +30,7 @@ from .._observe._hub import RateLimitsReceived as RateLimitsReceived
 from .._observe._hub import Refused as Refused
 from .._observe._hub import Released as Released
 from .._observe._hub import Resumed as Resumed
+from .._observe._hub import ServiceChanged as ServiceChanged
 from .._observe._hub import Withdrawn as Withdrawn
 from .._util import fixup_module_metadata
 
@@ -43,6 +45,7 @@ __all__ = [
     "Refused",
     "Released",
     "Resumed",
+    "ServiceChanged",
     "Withdrawn",
 ]
 

@@ -11,7 +11,8 @@ model's budget), ``ObserveRateLimits``
 (an answer's rate-limit figures, for the budgets), ``ObserveLatency``
 (how fast a call's tokens came, for a latency-signal adaptive limit),
 ``ObserveServerLoad`` (what the provider's server says of its load),
-``Answered`` (a request's answer started) and ``ReportUsage`` (a request's tokens, which
+``Answered`` (a request's answer started), ``Failed`` (a request's call
+failed before its answer: its slot goes back) and ``ReportUsage`` (a request's tokens, which
 correct its estimate). All of them travel over one FIFO
 memory channel per scheduler, so a ``Cancel`` can never overtake its
 ``Acquire``.
@@ -139,18 +140,34 @@ class Acquire:
     """Ask for a slot; the answer goes to ``reply``.
 
     ``tokens`` is the request's estimated cost for a token budget (0: none).
+    ``avoid`` names members of a pool the request must not be granted on
+    (those its call already failed on: a fallback); ignored but for a pool.
     """
 
     ticket: Ticket
     reply: Reply = attrs.field(eq=False, repr=False)
     conversation_id: str | None = None
     tokens: int = 0
+    avoid: tuple[str, ...] = ()
 
 
 @final
 @attrs.frozen
 class Release:
     """Give back the slot of a granted ticket. Idempotent."""
+
+    ticket: Ticket
+
+
+@final
+@attrs.frozen
+class Failed:
+    """Give back the slot of a granted ticket whose call failed before its answer.
+
+    A connection refused or reset, no first byte in time, a server error:
+    no success, and one failure more in a row for the member it holds (see
+    ``SlotPolicy.fail``). Idempotent, as ``Release``.
+    """
 
     ticket: Ticket
 
@@ -351,6 +368,7 @@ SchedulerMessage = (
     Acquire
     | Release
     | Cancel
+    | Failed
     | SetLimit
     | Pause
     | Resume

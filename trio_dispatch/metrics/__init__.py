@@ -78,7 +78,11 @@ granted on). Each pool has its own gauges and counters, labelled by
 ``trio_dispatch_pool_slots_limit`` (while no member is unlimited),
 ``trio_dispatch_pool_waiting``, and ``trio_dispatch_pool_affinity_hits_total``
 and ``..._moves_total`` (requests granted on the member of their
-conversation's previous call, or on another).
+conversation's previous call, or on another). Each member of a pool has,
+under ``provider``, ``trio_dispatch_member_out_of_service`` and
+``trio_dispatch_member_half_open`` (1 while it is), its calls failed in a
+row (``trio_dispatch_member_failures``) and the times it was taken out of
+service (``trio_dispatch_member_outages_total``).
 
 The gauges and the provider's counters but one are read from
 ``dispatcher.statistics()`` at each scrape. The histograms, the tenants'

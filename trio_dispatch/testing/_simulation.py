@@ -107,6 +107,8 @@ _NOT_SIMULATED = frozenset(
         "server_load_interval",
         "pools",
         "affinity_wait",
+        "failure_threshold",
+        "failure_cooldown",
     }
 )
 
