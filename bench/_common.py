@@ -202,6 +202,18 @@ def load_average() -> str:
     return f"{os.getloadavg()[0]:.2f}"
 
 
+def bars_and_machine(
+    bars: dict[str, bool], environment: dict[str, str], load: str
+) -> list[str]:
+    """A report's closing lines: each bar met or missed, then where it ran."""
+    return [
+        *(f"- {'met' if ok else 'MISSED'}: {name}" for name, ok in bars.items()),
+        "",
+        ", ".join(f"{key} {value}" for key, value in environment.items())
+        + f"; load average {load}",
+    ]
+
+
 def environment(*, httpx2: bool = False) -> dict[str, str]:
     """Interpreter, library versions and machine, for a report's header.
 

@@ -53,6 +53,7 @@ from trio_dispatch.providers import OpenAIProvider
 from trio_dispatch.testing import FakeReply, FakeScript, open_fake_llm_server
 
 from _common import (
+    bars_and_machine,
     command_line,
     environment,
     finish,
@@ -140,13 +141,7 @@ class FailoverReport:
             f" {seconds(self.probe_after)}, back in service"
             f" {seconds(self.back_in_service_after)}.",
             "",
-            *(
-                f"- {'met' if ok else 'MISSED'}: {name}"
-                for name, ok in self.bars.items()
-            ),
-            "",
-            ", ".join(f"{key} {value}" for key, value in self.environment.items())
-            + f"; load average {self.load}",
+            *bars_and_machine(self.bars, self.environment, self.load),
         ]
         return "\n".join(lines) + "\n"
 

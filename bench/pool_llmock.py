@@ -26,6 +26,7 @@ status is 1 if a bar is missed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -42,7 +43,14 @@ import trio
 
 import trio_dispatch
 
-from _common import command_line, environment, finish, free_port, load_average
+from _common import (
+    bars_and_machine,
+    command_line,
+    environment,
+    finish,
+    free_port,
+    load_average,
+)
 from _model_server import serving
 
 if TYPE_CHECKING:
@@ -100,13 +108,7 @@ class LlmockReport:
             )
         lines += [
             "",
-            *(
-                f"- {'met' if ok else 'MISSED'}: {name}"
-                for name, ok in self.bars.items()
-            ),
-            "",
-            ", ".join(f"{key} {value}" for key, value in self.environment.items())
-            + f"; load average {self.load}",
+            *bars_and_machine(self.bars, self.environment, self.load),
         ]
         return "\n".join(lines) + "\n"
 
@@ -178,28 +180,15 @@ def run(calls: int) -> LlmockReport:
         files = {member: pathlib.Path(folder, f"{member}.keys") for member in MEMBERS}
         # Each instance's answers take 200 ms: calls overlap (its children inherit it).
         os.environ["LLMOCK_LATENCY_MS"] = "200"
-        with (
-            serving(
-                [
+        with contextlib.ExitStack() as servers:
+            for member, port in ports.items():
+                command = [
                     sys.executable,
                     str(MEMBER_SCRIPT),
-                    str(ports["key-a"]),
-                    str(files["key-a"]),
-                ],
-                bases["key-a"],
-                timeout=60,
-            ),
-            serving(
-                [
-                    sys.executable,
-                    str(MEMBER_SCRIPT),
-                    str(ports["key-b"]),
-                    str(files["key-b"]),
-                ],
-                bases["key-b"],
-                timeout=60,
-            ),
-        ):
+                    str(port),
+                    str(files[member]),
+                ]
+                servers.enter_context(serving(command, bases[member], timeout=60))
             answered, granted = trio.run(_calls, bases, calls)
             journals = {member: _journal(base) for member, base in bases.items()}
         instances = []

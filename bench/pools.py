@@ -56,7 +56,7 @@ import trio.testing
 import trio_dispatch
 from trio_dispatch.testing import percentile
 
-from _common import command_line, environment, finish, load_average
+from _common import bars_and_machine, command_line, environment, finish, load_average
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -304,13 +304,7 @@ class PoolsReport:
             f" (sampled every {SAMPLE * 1000:g} ms); {paused.pause_idle_waits}"
             " samples with a request waiting while key-b had a free slot.",
             "",
-            *(
-                f"- {'met' if ok else 'MISSED'}: {name}"
-                for name, ok in self.bars.items()
-            ),
-            "",
-            ", ".join(f"{key} {value}" for key, value in self.environment.items())
-            + f"; load average {self.load}",
+            *bars_and_machine(self.bars, self.environment, self.load),
         ]
         return "\n".join(lines) + "\n"
 
