@@ -13,6 +13,15 @@ import trio.testing
 
 from trio_dispatch import Dispatcher, open_dispatcher
 from trio_dispatch.events import ServiceChanged
+from trio_dispatch.lowlevel import (
+    Acquire,
+    ForMember,
+    SchedulerActor,
+    SetPool,
+    SlotPolicy,
+)
+
+from .._helpers import RecordingReply
 
 
 def pool(**options: float) -> object:
@@ -248,3 +257,18 @@ async def test_a_member_back_from_its_cooldown_is_probed_by_the_next_request(
                 assert other.member == "key-b"  # one probe only
         stats = d.statistics().providers["key-a"]
         assert (stats.half_open, stats.out_of_service_until) == (False, None)
+
+
+async def test_a_scheduler_refuses_an_acquire_whose_avoid_is_a_string() -> None:
+    # Sent by hand (the dispatcher checks avoid first): that request fails,
+    # not the scheduler.
+    policy = SlotPolicy(1, provider="key-a")
+    policy.add_member("key-b", 1)
+    actor = SchedulerActor("gpt", policy)
+    actor.send(SetPool("gpt", ("key-a", "key-b")))
+    bad, good = RecordingReply(), RecordingReply()
+    actor.send(ForMember("gpt", Acquire(actor.ticket(0.0), bad, avoid="key-a")))  # type: ignore[arg-type]
+    actor.send(ForMember("gpt", Acquire(actor.ticket(0.0), good, avoid=("key-a",))))
+    assert [type(error) for error in bad.errors] == [TypeError]
+    assert bad.grants == []
+    assert [policy.member_of(grant.ticket) for grant in good.grants] == ["key-b"]

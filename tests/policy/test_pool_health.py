@@ -563,3 +563,42 @@ def test_member_statistics_show_health() -> None:
         affinity_hits=0,
         affinity_moves=0,
     )
+
+
+def test_a_member_left_alone_is_back_in_service_at_once() -> None:
+    # a is out, b removed: a lone member is never out of service, so the
+    # tickets waiting for it are granted at once, and its change is told.
+    policy = pool(2, 2, threshold=1, cooldown=30.0)
+    assert policy.acquire(t(0, 0), member="a") == [t(0, 0)]
+    assert policy.fail(t(0, 0), 0.0) == []
+    assert policy.service_changes == [("a", "out", 30.0)]
+    assert policy.acquire(t(1, 1), member="a") == []
+    assert policy.remove_member("b") == ([t(1, 1)], [])
+    assert health(policy, "a") == (1, None, False, 1)
+    assert policy.service_changes == [("a", "out", 30.0), ("a", "in", None)]
+    assert policy.wake_at is None
+    # Alone, a failed probe or any failure keeps it in service.
+    assert policy.fail(t(1, 1), 1.0) == []
+    assert health(policy, "a") == (2, None, False, 1)
+
+
+def test_a_half_open_member_left_alone_takes_its_full_share() -> None:
+    policy = half_open_pool()
+    policy.service_changes.clear()
+    grants, orphans = policy.remove_member("b")
+    assert orphans == []
+    # Alone: back in service, three free slots of a for the two waiting.
+    assert grants == [t(2, 3), t(3, 4)]
+    assert members_of(policy, grants) == ["a", "a"]
+    assert policy.service_changes == [("a", "in", None)]
+    assert policy.fail(t(1, 2), 6.0) == []  # the probe that was: nothing
+    assert health(policy, "a") == (2, None, False, 1)
+
+
+def test_avoid_must_be_a_collection_of_names_not_a_string() -> None:
+    policy = pool(1, 1)
+    with pytest.raises(TypeError, match=r"^avoid must be a collection of member names"):
+        policy.acquire(t(0, 0), avoid="ab")
+    assert policy.statistics().waiting == policy.statistics().in_flight == 0
+    assert policy.acquire(t(0, 0), avoid=("a",)) == [t(0, 0)]
+    assert policy.member_of(t(0, 0)) == "b"

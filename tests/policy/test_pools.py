@@ -783,6 +783,10 @@ class PoolMachine(RuleBasedStateMachine):
             self.granted_in.pop(ticket, None)
         del model.limits[name], model.paused[name], model.held[name]
         del model.health[name]
+        if len(model.limits) == 1:
+            # A member left alone is never out of service: back in at once.
+            (alone,) = model.health.values()
+            alone.out_until, alone.half_open, alone.probe = None, False, None
         self.limits_lowered.discard(name)
         assert sorted(orphans) == expected
         self.expect(grants, model.fill())

@@ -392,12 +392,11 @@ class _Member:
 
         Half-open, its one slot is its probe's.
         """
-        if self.half_open or self.out_until is not None:
-            return self.out_until is None and self.probe is None and self._free()
-        return self._free()
-
-    def _free(self) -> bool:
-        """Whether a slot is free under its limit, and it is not paused."""
+        # One method, no call of another: every grant asks it.
+        if (self.half_open or self.out_until is not None) and (
+            self.out_until is not None or self.probe is not None
+        ):
+            return False
         limit = self.limit
         return limit is None or (
             self.paused_until is None and len(self.holders) < limit
@@ -905,6 +904,7 @@ class SlotPolicy:
                 already do. Nothing changed.
             ValueError: The ticket is already holding or waiting, or
                 ``member`` is not a member.
+            TypeError: ``avoid`` is a string, not a collection of names.
         """
         waiting = self._waiting
         if ticket in self._held_by or ticket in waiting:
@@ -987,6 +987,10 @@ class SlotPolicy:
                 return lane, None, lane
             home, choices = (model, member), pool
         if avoid:
+            if isinstance(avoid, str):
+                raise TypeError(
+                    f"avoid must be a collection of member names, got {avoid!r}"
+                )
             avoided = frozenset(avoid) & {each.name for each in choices}
             if avoided and len(avoided) < len(choices):
                 home = (model, member, avoided)
@@ -1172,14 +1176,24 @@ class SlotPolicy:
             return []
         if member.streak:
             member.reported.discard(ticket)  # no answer: no success
+        alone = len(self._members) == 1
         if member.half_open:
-            if member.probe == ticket:
+            if member.probe == ticket and not alone:
                 self._out_of_service(member, now)
         elif member.out_until is None:
             member.failures += 1
-            if member.failures >= self._failure_threshold and len(self._members) > 1:
+            if member.failures >= self._failure_threshold and not alone:
                 self._out_of_service(member, now)
         return self._release(member, ticket, success=False)
+
+    def _back_in_service(self, member: _Member) -> None:
+        """``member`` takes its full share again, whether out or half-open."""
+        if member.out_until is None and not member.half_open:
+            return
+        member.out_until = None
+        member.half_open = False
+        member.probe = None
+        self.service_changes.append((member.name, "in", None))
 
     def _out_of_service(self, member: _Member, now: float) -> None:
         """``member`` failed too often: it takes nothing until its cooldown ends."""
@@ -1604,12 +1618,12 @@ class SlotPolicy:
 
         ``success``: its call got its answer.
         """
-        if member.probe == ticket:
+        probe = member.probe
+        if probe is not None and probe == ticket:
             member.probe = None
             if success:
-                member.half_open = False  # back in service, its limit open
                 member.failures = 0
-                self.service_changes.append((member.name, "in", None))
+                self._back_in_service(member)  # its limit open again
         member.holders.remove(ticket)
         del self._held_by[ticket]
         self._tenants.release(ticket, self._now)
@@ -1697,6 +1711,9 @@ class SlotPolicy:
                 members.remove(member)
         if member is self._first:
             self._first = next(iter(self._members.values()))
+        if len(self._members) == 1:
+            # Alone now, it is never out of service (see the module notes).
+            self._back_in_service(self._first)
         self._rehome(lambda ticket: self._preferred.get(ticket) is member)
         orphans = self._withdraw_lane(name)
         return self._fill(), orphans

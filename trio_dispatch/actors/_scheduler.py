@@ -593,7 +593,7 @@ class SchedulerActor:
                     else self._latest.get(conversation),
                     avoid=message.avoid,
                 )
-        except (QueueFull, ValueError) as exc:
+        except (QueueFull, ValueError, TypeError) as exc:
             self._acquire_refused(message, exc, now)
             return
         if len(grants) == 1 and grants[0] is ticket:
@@ -623,7 +623,7 @@ class SchedulerActor:
             self._deliver(grants, now)
 
     def _acquire_refused(
-        self, message: Acquire, exc: QueueFull | ValueError, now: float
+        self, message: Acquire, exc: QueueFull | ValueError | TypeError, now: float
     ) -> None:
         """The policy refused an acquire: fail its requester, and say so."""
         policy = self.policy
