@@ -417,27 +417,33 @@ class Plumbing(metaclass=NoPublicConstructor):
         members = self.pools().get(provider)
         return members is not None and not set(members) <= set(tried)
 
-    async def hold_elsewhere(
-        self, failed: Slot, tried: tuple[str, ...]
-    ) -> tuple[Slot, float]:
-        """``hold()`` for the request of ``failed`` again, on a member of its pool not ``tried``.
+    def slot_again(
+        self, failed: Slot, tried: tuple[str, ...], max_hold: float | None = UNSET
+    ) -> Slot:
+        """A slot for the request of ``failed`` again, on a member of its pool not ``tried``.
 
         A fallback: ``failed``'s call failed on its member before its
         answer. The new slot is the same request's (its turn's start, so its
         place in line, its priority, tenant, model and charge), avoiding
-        the members it failed on.
+        the members it failed on; ``max_hold`` as ``slot()`` takes it.
         """
-        slot = self.slot(
+        return self.slot(
             failed.provider,
             conversation_id=failed.conversation_id,
             started_at=failed.started_at,
             priority=failed.priority,
-            max_hold=None,
+            max_hold=max_hold,
             tokens=failed.tokens,
             tenant=failed.tenant,
             model=failed.model,
             avoid=tried,
         )
+
+    async def hold_elsewhere(
+        self, failed: Slot, tried: tuple[str, ...]
+    ) -> tuple[Slot, float]:
+        """``hold()`` for the request of ``failed`` again (``slot_again``)."""
+        slot = self.slot_again(failed, tried, max_hold=None)
         await acquire_unscoped(slot)
         return slot, self.hold_deadline(slot)
 

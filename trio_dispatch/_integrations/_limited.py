@@ -157,16 +157,7 @@ class LimitedProvider:
                         model=model,
                     )
                     if failed is None
-                    else dispatcher.slot(
-                        provider_id,
-                        conversation_id=failed.conversation_id,
-                        started_at=failed.started_at,
-                        priority=failed.priority,
-                        tokens=tokens,
-                        tenant=failed.tenant,
-                        model=model,
-                        avoid=tried,
-                    )
+                    else dispatcher.slot_again(failed, tried)
                 ) as slot:
                     if waiting is not None:
                         waiting.deadline = math.inf
