@@ -312,7 +312,10 @@ async def test_a_member_whose_server_is_down_has_its_calls_served_by_the_other()
     assert texts == [TEXT] * 7
     assert served.requests_total == 7
     assert stats["key-a"].granted_total == 7
-    assert stats["key-b"].granted_total == 2
+    # Its second failure took it out. Before that lands, a slot its first
+    # failure freed may have gone to a third call (that one depends on the
+    # machine's timing): at most the threshold plus its limit less one.
+    assert 2 <= stats["key-b"].granted_total <= 3
     assert stats["key-b"].outages_total == 1
     assert stats["key-b"].out_of_service_until is not None
     assert stats["key-a"].failures == 0
