@@ -393,9 +393,7 @@ class _Member:
         Half-open, its one slot is its probe's.
         """
         # One method, no call of another: every grant asks it.
-        if (self.half_open or self.out_until is not None) and (
-            self.out_until is not None or self.probe is not None
-        ):
+        if self.out_until is not None or (self.half_open and self.probe is not None):
             return False
         limit = self.limit
         return limit is None or (
