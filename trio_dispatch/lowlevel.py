@@ -7,7 +7,8 @@ minor versions. An application needs none of them; ``trio_dispatch``,
 
 - The scheduling core: ``SlotPolicy`` (the synchronous, I/O-free state
   machine that decides every grant), its ``PolicyStatistics`` (and
-  ``MemberStatistics``, each member's of a pool), the
+  ``MemberStatistics``, each member's of a pool, and ``MemberState``,
+  what a member learned, carried into another policy), the
   ``Ticket`` that orders requests, and the ``Throttle`` it asks about
   budgets and adaptive limits.
 - The scheduler actor, ``SchedulerActor``, and the protocol it speaks:
@@ -61,6 +62,7 @@ from ._observe._hub import CallObserver as CallObserver
 from ._observe._hub import EventSink as EventSink
 from ._observe._translator import Translator as Translator
 from ._policy._budgets import Throttle as Throttle
+from ._policy._slots import MemberState as MemberState
 from ._policy._slots import MemberStatistics as MemberStatistics
 from ._policy._slots import PolicyStatistics as PolicyStatistics
 from ._policy._slots import SlotPolicy as SlotPolicy
@@ -101,6 +103,7 @@ __all__ = [
     "Failed",
     "ForMember",
     "Grant",
+    "MemberState",
     "MemberStatistics",
     "ObserveLatency",
     "ObserveRateLimits",

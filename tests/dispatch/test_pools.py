@@ -14,9 +14,12 @@ import trio
 import trio.testing
 
 from trio_dispatch import (
+    AdaptiveLimit,
     Dispatcher,
     DispatcherClosed,
     PoolRemoved,
+    Quota,
+    RateLimitInfo,
     open_dispatcher,
 )
 from trio_dispatch.lowlevel import SchedulerActor, open_dispatcher_with
@@ -476,11 +479,12 @@ async def test_set_pool_is_checked() -> None:
             d.set_pool("key-b", ("key-a",))
         with pytest.raises(ValueError, match=r"^pool 'x' must have a member$"):
             d.set_pool("x", ())
-        # key-b is scheduled on its own (it has a limit): it cannot join.
-        with pytest.raises(
-            ValueError, match=r"^pool 'x' cannot take 'key-b', scheduled on its own"
-        ):
-            d.set_pool("x", ("key-a", "key-b"))
+        # key-b is held on its own scheduler: it cannot join now.
+        async with d.slot("key-b"):
+            with pytest.raises(
+                ValueError, match=r"^pool 'x' cannot take 'key-b' now: slots are held"
+            ):
+                d.set_pool("x", ("key-a", "key-b"))
         # Providers never used may form a pool of their own.
         d.set_pool("fresh", ("key-c", "key-d"))
         async with d.slot("fresh") as slot:
@@ -582,3 +586,163 @@ async def test_a_members_adaptive_move_is_an_event_naming_the_member(
         if isinstance(event, LimitChanged)
     ]
     assert changes == [("key-b", 1, 3)]
+
+
+# Providers joining a pool whose scheduler already runs: one never used
+# joins as a new member; one scheduled on its own gives its scheduler up to
+# the group's, with its limit, budgets, adaptive limit and pause, once
+# nothing holds or waits there.
+
+
+async def test_a_provider_never_used_joins_a_running_pool_and_takes_its_waiters(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, str | None, float]] = []
+    async with (
+        open_dispatcher({"key-a": 1}, pools={"gpt": ("key-a",)}) as d,
+        trio.open_nursery() as nursery,
+    ):
+        await start(nursery, d, "gpt", log, "one", 10.0)
+        await start(nursery, d, "gpt", log, "two", 10.0)
+        await start(nursery, d, "gpt", log, "three", 10.0)
+        await trio.sleep(1.0)
+        assert d.statistics().pools["gpt"].waiting == 2
+        # key-c is new to the dispatcher: it joins unlimited, and the two
+        # waiting take it at once, in their order.
+        d.set_pool("gpt", ("key-a", "key-c"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert d.pools() == {"gpt": ("key-a", "key-c")}
+        stats = d.statistics()
+        assert stats.pools["gpt"].members == ("key-a", "key-c")
+        assert stats.providers["key-c"].in_flight == 2
+        # Its limit is set through the group, as any member's.
+        d.set_limit("key-c", 2)
+        await start(nursery, d, "key-c", log, "four", 1.0)
+        assert d.statistics().providers["key-c"].waiting == 1
+    # two and three are granted in one step (woken in either order).
+    assert sorted(log, key=lambda entry: (entry[2], entry[0])) == [
+        ("one", "key-a", 0.0),
+        ("three", "key-c", 1.0),
+        ("two", "key-c", 1.0),
+        ("four", "key-c", 11.0),
+    ]
+
+
+async def test_a_provider_scheduled_on_its_own_joins_with_its_limit_and_pause(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, str | None, float]] = []
+    async with (
+        open_dispatcher({"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a",)}) as d,
+        trio.open_nursery() as nursery,
+    ):
+        # key-b serves on its own, then is paused until 4.0.
+        async with d.slot("key-b") as slot:
+            assert slot.member == "key-b"
+        d.report_rate_limit("key-b", 4.0)
+        await start(nursery, d, "gpt", log, "one", 10.0)
+        await start(nursery, d, "gpt", log, "two", 10.0)
+        await start(nursery, d, "gpt", log, "three", 10.0)
+        await trio.sleep(1.0)
+        d.set_pool("gpt", ("key-a", "key-b"))
+        await trio.testing.wait_all_tasks_blocked()
+        stats = d.statistics()
+        assert stats.providers["key-b"].limit == 1
+        assert stats.providers["key-b"].paused_until == 4.0
+        assert stats.pools["gpt"].waiting == 2
+        assert d.limits() == {"key-a": 1, "key-b": 1}
+    # Its pause held: the oldest waiter took key-b when it ended, the next
+    # waited for a free slot under key-b's limit of 1.
+    assert log == [
+        ("one", "key-a", 0.0),
+        ("two", "key-b", 4.0),
+        ("three", "key-a", 10.0),
+    ]
+
+
+async def test_a_provider_joins_with_its_adaptive_limit_and_learned_budget(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_dispatcher(
+        {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a",)}
+    ) as d:
+        d.set_limit("key-b", AdaptiveLimit(initial=3, minimum=1, maximum=8))
+        d.observe_rate_limits(
+            "key-b", RateLimitInfo(requests=Quota(limit=600, remaining=500))
+        )
+        async with d.slot("key-b"):
+            pass
+        before = d.statistics().providers["key-b"]
+        assert before.adaptive
+        assert before.budget is not None
+        assert before.budget.learned
+        d.set_pool("gpt", ("key-a", "key-b"))
+        after = d.statistics().providers["key-b"]
+        # The same adaptive limit, moved since by its success, and the same
+        # learned budget: nothing started afresh.
+        assert after.adaptive
+        assert after.limit == before.limit
+        assert after.budget == before.budget
+        assert d.statistics().pools["gpt"].members == ("key-a", "key-b")
+
+
+async def test_a_provider_busy_on_its_own_cannot_join_and_nothing_changes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, str | None, float]] = []
+    async with (
+        open_dispatcher({"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a",)}) as d,
+        trio.open_nursery() as nursery,
+    ):
+        await start(nursery, d, "key-b", log, "own", 5.0)
+        await start(nursery, d, "key-b", log, "own-next", 5.0)
+        await start(nursery, d, "gpt", log, "one", 20.0)
+        with pytest.raises(
+            ValueError,
+            match=r"^pool 'gpt' cannot take 'key-b' now: slots are held or requests"
+            r" wait on their own scheduler; a provider joins a pool once none are$",
+        ):
+            d.set_pool("gpt", ("key-a", "key-b"))
+        assert d.pools() == {"gpt": ("key-a",)}
+        assert d.statistics().providers["key-b"].waiting == 1
+        await trio.sleep(11.0)
+        # Idle now: it joins, and the pool's next request takes it.
+        d.set_pool("gpt", ("key-a", "key-b"))
+        await start(nursery, d, "gpt", log, "two", 1.0)
+    assert log == [
+        ("own", "key-b", 0.0),
+        ("one", "key-a", 0.0),
+        ("own-next", "key-b", 5.0),
+        ("two", "key-b", 11.0),
+    ]
+
+
+async def test_pools_scheduled_apart_still_cannot_be_joined() -> None:
+    async with open_dispatcher(
+        {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a",), "spare": ("key-b",)}
+    ) as d:
+        with pytest.raises(
+            ValueError,
+            match=r"^pool 'x' cannot join the members of pools scheduled apart"
+            r" \('key-a', 'key-b'\)",
+        ):
+            d.set_pool("x", ("key-a", "key-b"))
+        assert d.pools() == {"gpt": ("key-a",), "spare": ("key-b",)}
+
+
+async def test_a_new_pool_over_a_provider_scheduled_on_its_own_keeps_its_pause(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, str | None, float]] = []
+    async with (
+        open_dispatcher({"key-b": 1}) as d,
+        trio.open_nursery() as nursery,
+    ):
+        d.report_rate_limit("key-b", 4.0)
+        # A pool of its own, made at run time: the group's scheduler starts
+        # now, with key-b's pause, and key-d, never used, beside it.
+        d.set_pool("new", ("key-b", "key-d"))
+        assert d.statistics().providers["key-b"].paused_until == 4.0
+        await start(nursery, d, "key-b", log, "own", 1.0)
+        await start(nursery, d, "new", log, "pooled", 1.0)
+    assert log == [("pooled", "key-d", 0.0), ("own", "key-b", 4.0)]

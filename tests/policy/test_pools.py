@@ -1125,3 +1125,45 @@ def test_a_member_and_a_pool_never_share_a_name() -> None:
     policy.set_pool("p", ["m0"])
     with pytest.raises(ValueError, match=r"^'p' is a pool's name$"):
         policy.add_member("p", 1)
+
+
+def test_a_members_state_moves_to_another_policy_whole() -> None:
+    # What a member learned, its budgets, adaptive limit and pause, moves
+    # with it: the other policy takes the same throttle on.
+    own = SlotPolicy(2, provider="b", throttle=Throttle(Budget(requests_per_minute=60)))
+    own.pause(7.0)
+    state = own.member_state()
+    assert state.throttle is own.throttle
+    assert state.paused_until == 7.0
+    policy = SlotPolicy(1, provider="a")
+    policy.acquire(t(0, 0))
+    policy.acquire(t(1, 1))
+    assert (
+        policy.add_member(
+            "b",
+            2,
+            throttle=state.throttle,
+            models=state.models,
+            paused_until=state.paused_until,
+        )
+        == []
+    )
+    assert policy.member_pauses()["b"] == 7.0
+    assert policy.member_budgets("b")[1] is not None
+    assert policy.tick(7.0) == [t(1, 1)]
+    assert policy.member_of(t(1, 1)) == "b"
+
+
+def test_a_members_state_is_only_of_an_idle_member() -> None:
+    own = SlotPolicy(1, provider="b")
+    own.acquire(t(0, 0))
+    with pytest.raises(RuntimeError, match=r"^'b' holds 1 slots and 0 requests wait$"):
+        own.member_state()
+    own.acquire(t(1, 1))
+    with pytest.raises(RuntimeError, match=r"^'b' holds 1 slots and 1 requests wait$"):
+        own.member_state()
+    assert own.release(t(0, 0)) == [t(1, 1)]
+    own.release(t(1, 1))
+    assert own.member_state().paused_until is None
+    with pytest.raises(ValueError, match=r"^no member 'c' in this policy$"):
+        own.member_state("c")

@@ -306,12 +306,19 @@ class Dispatcher(metaclass=NoPublicConstructor):
 
         A pool may take, at run time, members already pooled together
         (named in ``open_dispatcher``'s ``pools``, or in an earlier
-        ``set_pool``), or providers never used yet; a provider scheduled
-        on its own already cannot join a pool's queue.
+        ``set_pool``), providers new to the dispatcher, which join as
+        members at once (unlimited until ``set_limit``), and providers
+        scheduled on their own so far, which join with their limit,
+        adaptive limit, budgets (configured and learned) and pause, once
+        nothing holds or waits on their own scheduler. Pools scheduled
+        apart are not merged.
 
         Raises:
             ValueError: ``pool`` is a provider's name, ``members`` is empty
-                or names one twice, or would join providers scheduled apart.
+                or names one twice or names a pool, would join pools
+                scheduled apart, or names a provider whose own scheduler
+                holds slots or has requests waiting (nothing changes: the
+                same call succeeds once they are done).
             DispatcherClosed: The dispatcher has closed.
         """
         self._plumbing.set_pool(pool, members)

@@ -83,6 +83,7 @@ if TYPE_CHECKING:
         Mapping,
     )
 
+    from .._policy._slots import MemberState
     from .._provider import Provider
     from .._redis._backend import SharedBackends
     from .._server_load._load import ServerLoad
@@ -116,6 +117,7 @@ class Plumbing(metaclass=NoPublicConstructor):
     __slots__ = (
         "_backends",
         "_call_observers",
+        "_carried",
         "_cleared",
         "_closed",
         "_groups",
@@ -162,6 +164,9 @@ class Plumbing(metaclass=NoPublicConstructor):
         self._groups = groups_of(settings.pools)
         self._known.update(self._groups)
         self._cleared.update(self._groups)
+        # What the providers that left a scheduler of their own to join a
+        # pool learned there, until their group's scheduler takes it on.
+        self._carried: dict[str, MemberState] = {}
         # Where the schedulers emit their events (see events()), and who
         # is told of every LLM call (the OpenTelemetry metrics).
         self._hub = EventHub(settings.priority_aging)
@@ -719,27 +724,34 @@ class Plumbing(metaclass=NoPublicConstructor):
         if known is not None:
             joined[id(known)] = known
         fresh = [name for name in names if name not in groups]
-        apart = [name for name in fresh if name in self._backends]
-        group = next(iter(joined.values())) if joined else Group()
-        hint = (
-            " at run time: name a pool's members in open_dispatcher's pools;"
-            " set_pool may then regroup them, or pool providers never used yet"
-        )
-        if apart:
-            raise ValueError(
-                f"pool {pool!r} cannot take {_names(apart)}, scheduled on its"
-                f" own already,{hint}"
-            )
         if len(joined) > 1:
             raise ValueError(
                 f"pool {pool!r} cannot join the members of pools scheduled"
-                f" apart ({_names(names)}){hint}"
+                f" apart ({_names(names)}): name a pool's members in"
+                " open_dispatcher's pools, or pool providers scheduled together"
+                " or on their own"
             )
-        if fresh and group.actor is not None:
+        # Providers scheduled on their own: their scheduler gives way to the
+        # group's, with what they learned, if nothing holds or waits there.
+        apart = {
+            name: backend
+            for name in fresh
+            if (backend := self._backends.get(name)) is not None
+        }
+        busy = [name for name, backend in apart.items() if not _idle(backend)]
+        if busy:
             raise ValueError(
-                f"pool {pool!r} cannot add {_names(fresh)} to pools already"
-                f" scheduling{hint}"
+                f"pool {pool!r} cannot take {_names(busy)} now: slots are held or"
+                " requests wait on their own scheduler; a provider joins a pool"
+                " once none are"
             )
+        group = next(iter(joined.values())) if joined else Group()
+        for name, backend in apart.items():
+            assert isinstance(backend, SchedulerActor)  # pools: local only
+            self._carried[name] = backend.policy.member_state()
+            del self._backends[name]
+            self._host.actors.pop(name, None)
+            backend.close()
         group.members.extend(fresh)
         group.pools[pool] = names
         for name in [*names, pool]:
@@ -747,7 +759,14 @@ class Plumbing(metaclass=NoPublicConstructor):
             self._known.add(name)
             self._cleared.add(name)
         if group.actor is not None:
+            for name in fresh:
+                group.actor.add_member(self._setup(name))
             self._tell(pool, SetPool(pool, names))
+        for name in fresh:
+            if group.actor is not None or name in apart:
+                # Scheduled in the group at once: statistics() shows them
+                # (and those scheduled on their own before, still).
+                self._scheduler(name)
 
     def remove_pool(self, pool: str) -> None:
         """``Dispatcher.remove_pool``."""
@@ -841,9 +860,14 @@ class Plumbing(metaclass=NoPublicConstructor):
         return MemberView(name, group)
 
     def _setup(self, provider: str) -> BackendSetup:
-        """What a new backend of ``provider`` is told: everything known of it now."""
+        """What a new backend of ``provider`` is told: everything known of it now.
+
+        With what it learned under a scheduler of its own that gave way to
+        its group's (``carried``), handed on once.
+        """
         settings = self._settings
         return BackendSetup(
+            carried=self._carried.pop(provider, None),
             provider=provider,
             limit=self._host.limits.get(provider),
             budget=settings.provider_budgets.get(provider),
@@ -1118,3 +1142,10 @@ _CLOSE_NAME: Final = 0.8
 def _identities(exc: BaseException) -> set[int]:
     """The identities of the exceptions in ``exc``, through any groups."""
     return {id(leaf) for leaf in leaves(exc)}
+
+
+def _idle(backend: Backend) -> bool:
+    """Whether a provider's own scheduler holds no slot and has nobody waiting."""
+    assert isinstance(backend, SchedulerActor)  # pools: local only
+    policy = backend.policy
+    return not policy.in_flight and not policy.waiting

@@ -24,6 +24,7 @@ from .._policy._slots import (
     DEFAULT_AFFINITY_WAIT,
     DEFAULT_FAILURE_COOLDOWN,
     DEFAULT_FAILURE_THRESHOLD,
+    MemberState,
     PolicyStatistics,
     SlotPolicy,
 )
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from .._observe._translator import Translator
     from .._policy._slots import PoolStatistics
     from ..messages._limits import Budget, Tenant
+    from ..messages._protocol import Ticket
     from ._backend import ProviderStatistics
 
 
@@ -87,6 +89,10 @@ class BackendSetup:
         failure_threshold: A member's calls failed in a row that take it
             out of service.
         failure_cooldown: Seconds a member stays out of service.
+        carried: What the provider learned under a backend it had before
+            (its budgets, adaptive limit and pause, ``SlotPolicy.member_state``),
+            for a provider that joins a pool at run time: the new policy
+            takes them on instead of starting afresh. ``None``: none.
     """
 
     provider: str
@@ -108,6 +114,7 @@ class BackendSetup:
     affinity_wait: float = DEFAULT_AFFINITY_WAIT
     failure_threshold: int = DEFAULT_FAILURE_THRESHOLD
     failure_cooldown: float = DEFAULT_FAILURE_COOLDOWN
+    carried: MemberState | None = None
 
     def policy(self) -> SlotPolicy:
         """A new ``SlotPolicy`` of the provider that honours every setting here.
@@ -131,27 +138,45 @@ class BackendSetup:
             failure_threshold=self.failure_threshold,
             failure_cooldown=self.failure_cooldown,
         )
+        if self.carried is not None and self.carried.paused_until is not None:
+            policy.pause(self.carried.paused_until)
         for member in self.members:
-            policy.add_member(
-                member.provider,
-                member.limit,
-                throttle=member._throttle(now),
-                models=member._model_throttles(now),
-            )
+            member.join(policy, now)
         for pool, names in self.pools.items():
             policy.set_pool(pool, names)
         policy.advance(now)
         return policy
 
+    def join(self, policy: SlotPolicy, now: float) -> list[Ticket]:
+        """Make the provider a member of ``policy`` (a group's), with its limit, budgets and pause.
+
+        Returns the tickets it takes at once.
+
+        Raises:
+            ValueError: It is a member or a pool of ``policy`` already.
+        """
+        carried = self.carried
+        return policy.add_member(
+            self.provider,
+            self.limit,
+            throttle=self._throttle(now),
+            models=self._model_throttles(now),
+            paused_until=None if carried is None else carried.paused_until,
+        )
+
     def _throttle(self, now: float) -> Throttle | None:
-        """The throttle of the provider's own budget, if it has one."""
+        """The throttle of the provider's own budget, if it has one (carried: as it was)."""
+        if self.carried is not None:
+            return self.carried.throttle
         budget = self.budget
         if budget is None:
             return None
         return Throttle(budget, learn=self.learn_budgets, now=now)
 
     def _model_throttles(self, now: float) -> dict[str, Throttle]:
-        """The throttles of its models' budgets, by model."""
+        """The throttles of its models' budgets, by model (carried: as they were)."""
+        if self.carried is not None:
+            return dict(self.carried.models)
         return {
             model: Throttle(model_budget, learn=self.learn_budgets, now=now)
             for model, model_budget in self.model_budgets.items()

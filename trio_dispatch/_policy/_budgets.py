@@ -1055,6 +1055,10 @@ class ModelThrottles:
                 idle[model] = (since, later)
                 heapq.heappush(forgetting, (later, model))
 
+    def throttles(self) -> dict[str, Throttle]:
+        """The throttles, by model (a copy of the mapping; the throttles themselves)."""
+        return dict(self._throttles)
+
     def _watch(self, model: str, throttle: Throttle, since: float) -> None:
         at = max(since + FORGET_AFTER, throttle.full_at())
         self._idle[model] = (since, at)

@@ -219,6 +219,25 @@ DEFAULT_FAILURE_COOLDOWN = 30.0
 
 @final
 @attrs.frozen
+class MemberState:
+    """What a member learned, to carry into another policy (``member_state``).
+
+    Its budgets and adaptive limit (``throttle``), its models' budgets,
+    and its pause, as they are: ``add_member`` takes them on.
+
+    Attributes:
+        throttle: Its budgets and adaptive limit, or ``None``.
+        models: Its models' budgets, by model.
+        paused_until: The end of its pause, or ``None``.
+    """
+
+    throttle: Throttle | None
+    models: Mapping[str, Throttle]
+    paused_until: float | None
+
+
+@final
+@attrs.frozen
 class PolicyStatistics:
     """A snapshot of one policy's state and lifetime counters.
 
@@ -833,6 +852,24 @@ class SlotPolicy:
         if gate is None:
             return False, None
         return gate.adaptive is not None, gate.statistics(now)
+
+    def member_state(self, member: str | None = None) -> MemberState:
+        """What ``member`` learned (``None``: the first), to carry into another policy.
+
+        Only of a member that holds no slot and that no ticket waits for:
+        its budgets' books hold no ticket of this policy then.
+
+        Raises:
+            ValueError: ``member`` is not a member.
+            RuntimeError: It holds a slot, or a ticket waits here.
+        """
+        chosen = self._member(member)
+        if chosen.holders or self._waiting:
+            raise RuntimeError(
+                f"{chosen.name!r} holds {len(chosen.holders)} slots and"
+                f" {len(self._waiting)} requests wait"
+            )
+        return MemberState(chosen.gate, chosen.models.throttles(), chosen.paused_until)
 
     def member_server_load(self, member: str) -> tuple[ServerLoad | None, int | None]:
         """``member``'s latest reading of its server's load and its slots learned, if any."""
@@ -1643,10 +1680,12 @@ class SlotPolicy:
         *,
         throttle: Throttle | None = None,
         models: Mapping[str, Throttle] | None = None,
+        paused_until: float | None = None,
     ) -> list[Ticket]:
         """Make ``name`` a member: the tickets waiting for any member may go to it.
 
-        Returns the tickets it takes at once.
+        ``paused_until``: it is paused until then from the start (a pause
+        it brings from elsewhere). Returns the tickets it takes at once.
 
         Raises:
             ValueError: ``name`` is a member already, or empty, or the
@@ -1678,6 +1717,8 @@ class SlotPolicy:
             ),
             self._default_pause,
         )
+        if paused_until is not None:
+            member.paused_until = check_deadline(paused_until, "paused_until")
         self._members[name] = member
         if self._counting:
             member.models.count((), self._waiting)

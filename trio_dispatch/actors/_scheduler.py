@@ -67,7 +67,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, TypeAlias, final
 
 import attrs
 import trio
@@ -121,6 +121,18 @@ class _Tick:
 
 
 _TICK = _Tick()
+
+
+@final
+@attrs.frozen
+class _AddMember:
+    """A provider joins this pooled scheduler as a member (``add_member``)."""
+
+    setup: BackendSetup
+
+
+#: The actor's own messages, beside the protocol's.
+_Own: TypeAlias = _Tick | _AddMember
 
 #: How many conversations' latest member a pooled scheduler remembers.
 MAX_CONVERSATIONS = 65_536
@@ -181,7 +193,7 @@ class SchedulerActor:
         self._events = events
         self._listening = False
         # The messages sent while a task handles others, for that task.
-        self._inbox: Mailbox[SchedulerMessage | _Tick] = Mailbox()
+        self._inbox: Mailbox[SchedulerMessage | _Own] = Mailbox()
         # Whether a task is handling messages now (see send).
         self._handling = False
         # The wake_at the run task sleeps until: a handling that changes
@@ -244,7 +256,7 @@ class SchedulerActor:
     # Protected like run: the policy changes and the requesters are told
     # together, and a KeyboardInterrupt between the two would lose a grant.
     @trio.lowlevel.enable_ki_protection
-    def send(self, message: SchedulerMessage | _Tick) -> None:
+    def send(self, message: SchedulerMessage | _Own) -> None:
         """Hand the actor ``message``; never blocks.
 
         Handled before this returns, in this task, unless a task is
@@ -261,7 +273,7 @@ class SchedulerActor:
         # One handling: this message, then every one sent meanwhile.
         self._handling = True
         policy = self.policy
-        batch: collections.deque[SchedulerMessage | _Tick] | None = None
+        batch: collections.deque[SchedulerMessage | _Own] | None = None
         try:
             now = self._clock()
             policy.advance(now)
@@ -316,6 +328,19 @@ class SchedulerActor:
             if member not in told or told[member] != limit:
                 told[member] = limit
                 self._on_limit(member, limit)
+
+    def add_member(self, setup: BackendSetup) -> None:
+        """Make ``setup.provider`` a member of this pooled scheduler, now.
+
+        With its limit, budgets and pause as ``setup`` says (``carried``:
+        those it learned under a scheduler of its own); the requests
+        waiting for any member may take it at once. Handled as a message,
+        in its order among the others.
+
+        Raises:
+            trio.ClosedResourceError: The actor is closed.
+        """
+        self.send(_AddMember(setup))
 
     def close(self) -> None:
         """Refuse further messages; ``run`` stops and fails every waiter."""
@@ -448,7 +473,7 @@ class SchedulerActor:
 
     def _handle(
         self,
-        message: SchedulerMessage | _Tick,
+        message: SchedulerMessage | _Own,
         now: float,
         member: str | None = None,
     ) -> None:
@@ -491,7 +516,7 @@ class SchedulerActor:
                 self._for_member(message, now)
             # A tick: the handling's end tells the policy the time (send).
             return
-        elif isinstance(message, (SetPool, RemovePool)):
+        elif isinstance(message, (SetPool, _AddMember, RemovePool)):
             grants = self._set_pool(message, now)
         else:
             grants = self._rarely(message, now, member)
@@ -548,12 +573,16 @@ class SchedulerActor:
             return
         self._handle(inner, now, member)
 
-    def _set_pool(self, message: SetPool | RemovePool, now: float) -> list[Ticket]:
-        """A pool made, changed or removed; those waiting for a removed one are refused."""
+    def _set_pool(
+        self, message: SetPool | _AddMember | RemovePool, now: float
+    ) -> list[Ticket]:
+        """A pool made, changed or removed, a member added; those waiting for a removed pool are refused."""
         policy = self.policy
         try:
             if isinstance(message, SetPool):
                 return policy.set_pool(message.pool, message.members)
+            if isinstance(message, _AddMember):
+                return message.setup.join(policy, now)
             grants, orphans = policy.remove_pool(message.pool)
         except ValueError as exc:
             _logger.error(
@@ -788,15 +817,13 @@ class SchedulerActor:
                 del latest[next(iter(latest))]  # the one seen least lately
 
     def _crashed(
-        self, error: BaseException, unhandled: list[SchedulerMessage | _Tick]
+        self, error: BaseException, unhandled: list[SchedulerMessage | _Own]
     ) -> None:
         """A handling met a bug: stop now, fail everyone, and have run raise it."""
         self._crash = error
         self._shutdown(unhandled)
 
-    def _shutdown(
-        self, unhandled: list[SchedulerMessage | _Tick] | None = None
-    ) -> None:
+    def _shutdown(self, unhandled: list[SchedulerMessage | _Own] | None = None) -> None:
         """Close, and fail every waiter and every request not handled yet."""
         inbox = self._inbox
         inbox.close()
