@@ -183,9 +183,9 @@ def test_a_bad_record_is_one_line_and_status_2_before_anything_runs(
             ["--config", "c.json"],
             {"c.json": '{"priority_agin": 5}'},
             "c.json: 'priority_agin' is not an open_dispatcher option the"
-            " simulator takes (it takes budgets, default_pause, learn_budgets,"
-            " limits, max_hold, max_pause, max_waiting, priority_aging,"
-            " retry_grace, tenants, unknown_providers)",
+            " simulator takes (it takes affinity_wait, budgets, default_pause,"
+            " learn_budgets, limits, max_hold, max_pause, max_waiting,"
+            " priority_aging, retry_grace, tenants, unknown_providers)",
         ),
         (
             ["--config", "c.json"],

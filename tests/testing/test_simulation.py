@@ -209,7 +209,7 @@ def test_values_are_checked() -> None:
 
 
 @settings(deadline=None, max_examples=25)
-@given(workloads(), st.sampled_from(POLICIES))
+@given(workloads(pools=True), st.sampled_from(POLICIES))
 def test_generated_workloads_keep_the_invariants(
     workload: Workload, policy: PolicyName
 ) -> None:
@@ -225,7 +225,7 @@ def test_generated_workloads_keep_the_invariants(
 
 
 @settings(deadline=None, max_examples=25)
-@given(workloads(capacities=True), st.sampled_from(POLICIES))
+@given(workloads(capacities=True, pools=True), st.sampled_from(POLICIES))
 def test_providers_never_serve_beyond_capacity(
     workload: Workload, policy: PolicyName
 ) -> None:

@@ -155,7 +155,7 @@ def test_bad_configurations_are_refused_at_once() -> None:
     with pytest.raises(
         TypeError,
         match=r"^'redis_url' is not an open_dispatcher option the simulator takes"
-        r" \(it takes budgets, default_pause, learn_budgets, limits, max_hold,"
+        r" \(it takes affinity_wait, budgets, default_pause, learn_budgets, limits, max_hold,"
         r" max_pause, max_waiting, priority_aging, retry_grace, tenants,"
         r" unknown_providers\)$",
     ):

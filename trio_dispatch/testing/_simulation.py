@@ -25,6 +25,13 @@ and asks again at once with the same priority; without one it waits
 ``retry_after`` itself. After ``max_attempts`` sends the turn gives up, so
 no client-side limit is simulated honestly, retry storms and all.
 
+A turn on a pool (the scenario's ``pools``) runs each call on a member,
+with that member's capacity, 429s and record: the dispatcher's choice
+(its slot's ``member``; the turn is one conversation, for affinity, and a
+429 pauses that member); under ``"fifo"`` the least busy member (free
+slots less its queue, ties to the first), then its ``CapacityLimiter``;
+under ``"none"`` the member with the fewest calls in flight.
+
 Determinism: the scenario is drawn before the run, and trio only reorders
 tasks that wake at the same virtual instant, which continuous random
 durations never do (bursts are spread by ``BURST_SPACING`` for that
@@ -95,8 +102,8 @@ class SimulationResult:
 
 
 #: ``open_dispatcher`` options the simulator does not take: it has no Redis,
-#: its providers no server whose load could be read, and its workloads
-#: name providers, not pools.
+#: its providers no server whose load could be read and no call that fails
+#: before its answer (they answer 429), and the pools are the scenario's.
 _NOT_SIMULATED = frozenset(
     {
         "redis_url",
@@ -106,7 +113,6 @@ _NOT_SIMULATED = frozenset(
         "server_load",
         "server_load_interval",
         "pools",
-        "affinity_wait",
         "failure_threshold",
         "failure_cooldown",
     }
@@ -350,7 +356,7 @@ class _Run:
         t0: float,
         clock: _Timekeeper | None,
         acquire: Callable[
-            [str, float, TurnSpec, int], AbstractAsyncContextManager[Any]
+            [str, float, TurnSpec, int, str | None], AbstractAsyncContextManager[Any]
         ],
         report: Callable[[str, float], None] | None,
         *,
@@ -386,6 +392,9 @@ class _Run:
             for p in scenario.providers
         }
         self.records: list[TurnRecord | None] = [None] * len(scenario.turns)
+        # The pools' names: a turn on one is a conversation (affinity), and
+        # each call runs on the member its slot names.
+        self.pools = {pool for pool, _ in scenario.pools}
 
     async def drive(
         self,
@@ -411,11 +420,11 @@ class _Run:
     async def turn(  # noqa: PLR0912, PLR0915  # one flat loop: a coroutine per call costs
         self, index: int, spec: TurnSpec, priorities: Sequence[float] | None
     ) -> None:
-        state = self.states[spec.provider]
-        provider = state.spec
-        name = provider.name
-        capacity = state.capacity
-        retry_after = provider.retry_after
+        name = spec.provider
+        states = self.states
+        # On a pool, each call's member is its slot's; a turn is one
+        # conversation there (its calls prefer their member).
+        conversation = f"turn {index}" if name in self.pools else None
         acquire = self.acquire
         report = self.report
         key = self.key
@@ -453,12 +462,17 @@ class _Run:
                 attempts = 0
                 while True:
                     asked = now()
-                    async with acquire(name, priority, spec, position):
+                    async with acquire(
+                        name, priority, spec, position, conversation
+                    ) as held:
                         waited = now() - asked
                         slot_wait += waited
                         max_wait = max(max_wait, waited)
                         if position == 0 and attempts == 0:
                             first_wait = waited
+                        state = states[name if conversation is None else held.member]
+                        provider = state.spec
+                        capacity = state.capacity
                         if capacity is None:
                             accepted = True
                             state.admit()
@@ -473,7 +487,7 @@ class _Run:
                             state.rejected += 1
                             rejections += 1
                             if report is not None:
-                                report(name, retry_after)
+                                report(provider.name, provider.retry_after)
                             served = False
                         else:
                             await sleep(duration)
@@ -488,7 +502,7 @@ class _Run:
                         completed = False
                         break
                     if report is None:
-                        await sleep(retry_after)
+                        await sleep(provider.retry_after)
                     # Else the dispatcher holds every grant until Retry-After:
                     # queue again at once, with the same priority.
                 if not completed:
@@ -592,6 +606,8 @@ async def simulate(
                 scenario,
                 turns=[attrs.evolve(t, priority=classed(t)) for t in scenario.turns],
             )
+        if scenario.pools:
+            options["pools"] = dict(scenario.pools)
         # Opened first, so that a bad option is its own error, at once.
         async with open_dispatcher(limits, **options) as dispatcher:
             return await _keeping_time(
@@ -643,10 +659,11 @@ async def _configured(
     slot: Callable[..., AbstractAsyncContextManager[Any]] = dispatcher.slot
 
     def acquire(
-        name: str, rank: float, spec: TurnSpec, position: int
+        name: str, rank: float, spec: TurnSpec, position: int, conversation: str | None
     ) -> AbstractAsyncContextManager[Any]:
         return slot(
             name,
+            conversation_id=conversation,
             started_at=rank,
             priority=spec.priority,
             tenant=spec.tenant,
@@ -692,16 +709,23 @@ async def _simulate(
             _random_priorities(scenario, seed or 0) if policy == "random" else None
         )
         async with open_dispatcher(
-            {p.name: p.limit for p in providers}, priority_aging=priority_aging
+            {p.name: p.limit for p in providers},
+            priority_aging=priority_aging,
+            pools=dict(scenario.pools) or None,
         ) as dispatcher:
             # The random policy's draws stand for the whole order: no classes.
             classes = policy == "oldest-first"
 
             def slot(
-                name: str, started_at: float, spec: TurnSpec, _position: int
+                name: str,
+                started_at: float,
+                spec: TurnSpec,
+                _position: int,
+                conversation: str | None,
             ) -> AbstractAsyncContextManager[Any]:
                 return dispatcher.slot(
                     name,
+                    conversation_id=conversation,
                     started_at=started_at,
                     priority=spec.priority if classes else 0,
                 )
@@ -715,16 +739,62 @@ async def _simulate(
                 leftovers[name] = (stats.in_flight, stats.waiting)
     elif policy == "fifo":
         limiters = {p.name: trio.CapacityLimiter(p.limit) for p in providers}
-        run = _Run(scenario, t0, keeper, lambda name, *_: limiters[name], None)
+        pools = dict(scenario.pools)
+
+        def limited(name: str, *_: object) -> AbstractAsyncContextManager[Any]:
+            members = pools.get(name)
+            if members is None:
+                return limiters[name]
+            # The least busy member (LiteLLM's least-busy routing), then
+            # first come first served at it.
+            member = max(members, key=lambda m: _spare(limiters[m]))
+            return _Picked(member, limiters[member])
+
+        run = _Run(scenario, t0, keeper, limited, None)
         await run.drive(scenario.turns, None)
         for name, limiter in limiters.items():
             held = limiter.statistics()
             leftovers[name] = (held.borrowed_tokens, held.tasks_waiting)
     else:
         free = contextlib.nullcontext()
-        run = _Run(scenario, t0, keeper, lambda *_: free, None)
+        pools = dict(scenario.pools)
+
+        def unlimited(name: str, *_: object) -> AbstractAsyncContextManager[Any]:
+            members = pools.get(name)
+            if members is None:
+                return free
+            # No limit: the member with the fewest calls in flight.
+            states = run.states
+            return _Picked(min(members, key=lambda m: states[m].in_flight), None)
+
+        run = _Run(scenario, t0, keeper, unlimited, None)
         await run.drive(scenario.turns, None)
     return run.result(policy, leftovers)
+
+
+def _spare(limiter: trio.CapacityLimiter) -> float:
+    """A limiter's free slots less the calls queued for it: how little it is busy."""
+    return limiter.available_tokens - limiter.statistics().tasks_waiting
+
+
+@final
+class _Picked:
+    """A pool's call without the dispatcher: the member picked, held through its limiter if any."""
+
+    __slots__ = ("_limiter", "member")
+
+    def __init__(self, member: str, limiter: trio.CapacityLimiter | None) -> None:
+        self.member = member
+        self._limiter = limiter
+
+    async def __aenter__(self) -> _Picked:
+        if self._limiter is not None:
+            await self._limiter.acquire()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._limiter is not None:
+            self._limiter.release()
 
 
 def run_simulation(

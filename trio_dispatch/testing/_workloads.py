@@ -24,10 +24,12 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, final
 
 import attrs
 
+from .._dispatch._pools import check_pools
 from .._validation import (
     check_count,
     check_number,
@@ -187,6 +189,44 @@ def _to_token_tuple(values: Iterable[int]) -> tuple[int, ...]:
     return tuple(values)
 
 
+Pools = tuple[tuple[str, tuple[str, ...]], ...]
+
+
+def _to_pools(values: Any) -> Pools:  # noqa: ANN401  # a mapping or pairs, checked by _targets
+    """Pool names and their members, as pairs in order: from a mapping or pairs.
+
+    Members given as a string stay one, for ``check_pools`` to refuse.
+    """
+    pairs = values.items() if isinstance(values, Mapping) else values
+    return tuple(
+        (name, members if isinstance(members, str) else tuple(members))  # type: ignore[misc]  # a string stays one, refused
+        for name, members in pairs
+    )
+
+
+def _targets(providers: tuple[SimProvider, ...], pools: Pools) -> set[str]:
+    """What a turn may name: a provider, or a pool of them (``pools`` checked).
+
+    Raises:
+        TypeError: A pool's members are not a tuple or list of names.
+        ValueError: A pool is named twice or like a provider, has no
+            member, names one twice, or names one that is no provider.
+    """
+    names = {p.name for p in providers}
+    checked = check_pools(dict(pools))
+    if len(checked) != len(pools):
+        raise ValueError(
+            f"pools must name each pool once, got {[n for n, _ in pools]!r}"
+        )
+    for pool, members in checked.items():
+        if pool in names:
+            raise ValueError(f"pool {pool!r} has the name of a provider")
+        unknown = [member for member in members if member not in names]
+        if unknown:
+            raise ValueError(f"pool {pool!r} has unknown members {unknown!r}")
+    return names | set(checked)
+
+
 # Each call's or tool step's duration, checked like any number of seconds.
 _durations = attrs.validators.deep_iterable(non_negative_seconds)
 _token_counts = attrs.validators.deep_iterable(validator(check_count))
@@ -250,12 +290,16 @@ class TurnSpec:
 class Scenario:
     """A concrete workload: providers (unique names) and every turn, in any order.
 
-    A call answered 429 is sent at most ``max_attempts`` times.
+    A call answered 429 is sent at most ``max_attempts`` times. ``pools``:
+    pool names and their members (providers), as a mapping or as pairs; a
+    turn may name a pool, and each of its calls is served by the member
+    its policy picks (see ``simulate``).
     """
 
     providers: tuple[SimProvider, ...] = attrs.field(converter=_to_provider_tuple)
     turns: tuple[TurnSpec, ...] = attrs.field(converter=_to_turn_tuple)
     max_attempts: int = attrs.field(default=10, validator=positive_int)
+    pools: Pools = attrs.field(default=(), converter=_to_pools)
 
     def __attrs_post_init__(self) -> None:
         names = [p.name for p in self.providers]
@@ -263,7 +307,7 @@ class Scenario:
             raise ValueError("a scenario needs at least one provider")
         if len(set(names)) != len(names):
             raise ValueError(f"provider names must be unique, got {names!r}")
-        known = set(names)
+        known = _targets(self.providers, self.pools)
         for turn in self.turns:
             if turn.provider not in known:
                 raise ValueError(f"turn uses unknown provider {turn.provider!r}")
@@ -358,6 +402,10 @@ class Workload:
         models: Models and their shares of the turns, likewise.
         tokens_per_second: Each call's tokens (prompt and answer), per
             second of its duration, rounded; 0, calls carry no token counts.
+        pools: Pool names and their members (providers), as a mapping or
+            as pairs. A pool takes the turns its members would: each turn
+            goes to a pool, weighted by the sum of its members' weights,
+            or to a provider in no pool, weighted by its own.
     """
 
     agents: int = attrs.field(validator=positive_int)
@@ -378,10 +426,12 @@ class Workload:
         default=(), converter=_to_names, validator=_check_names
     )
     tokens_per_second: float = attrs.field(default=0.0, validator=non_negative_number)
+    pools: Pools = attrs.field(default=(), converter=_to_pools)
 
     def __attrs_post_init__(self) -> None:
         if not self.providers:
             raise ValueError("a workload needs at least one provider")
+        known = _targets(self.providers, self.pools)
         if self.call_duration.mean <= 0:
             raise ValueError("call_duration must have a positive mean")
         arrivals = self.arrivals
@@ -391,7 +441,6 @@ class Workload:
                     f"a trace of {len(arrivals.turns)} turns cannot play"
                     f" {self.agents} agents"
                 )
-            known = {p.name for p in self.providers}
             for turn in arrivals.turns:
                 if turn.provider not in known:
                     raise ValueError(f"turn uses unknown provider {turn.provider!r}")
@@ -527,11 +576,11 @@ class Workload:
                 attrs.evolve(turn, arrival=turn.arrival / speed)
                 for turn in self._played()
             ]
-            return Scenario(self.providers, turns, self.max_attempts)
+            return Scenario(self.providers, turns, self.max_attempts, self.pools)
         rng = random.Random(self.seed)
         providers = self.providers
-        names = [p.name for p in providers]
-        cumulative = list(itertools.accumulate(p.weight for p in providers))
+        names, weights = self._weights()
+        cumulative = list(itertools.accumulate(weights))
         rate = self.arrival_rate
         calls_dist = self.calls
         call_sample = self.call_duration.sample
@@ -570,7 +619,19 @@ class Workload:
                     tuple(round(c * per_second) for c in calls) if per_second else (),
                 )
             )
-        return Scenario(providers, turns, self.max_attempts)
+        return Scenario(providers, turns, self.max_attempts, self.pools)
+
+    def _weights(self) -> tuple[list[str], list[float]]:
+        """What turns go to, each with its weight: pools, then providers in none."""
+        weight = {p.name: p.weight for p in self.providers}
+        pooled = {member for _, members in self.pools for member in members}
+        names = [pool for pool, _ in self.pools]
+        weights = [math.fsum(weight[m] for m in members) for _, members in self.pools]
+        for p in self.providers:
+            if p.name not in pooled:
+                names.append(p.name)
+                weights.append(p.weight)
+        return names, weights
 
 
 def _next_arrival(

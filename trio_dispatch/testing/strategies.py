@@ -144,6 +144,7 @@ def workloads(
     max_calls: int = 5,
     capacities: bool = False,
     mixed: bool = False,
+    pools: bool = False,
 ) -> st.SearchStrategy[Workload]:
     """Small valid ``Workload`` values, shrinking towards fewer, simpler turns.
 
@@ -151,7 +152,9 @@ def workloads(
     to ``max_limit + 1``) and answer 429; off by default, so that every turn
     completes. ``mixed``: calls per turn of every kind (``calls_per_turn``),
     heavy-tailed durations, arrivals by a rate curve too, and turns of
-    priority classes and tenants ``"a"`` and ``"b"``.
+    priority classes and tenants ``"a"`` and ``"b"``. ``pools``: some of
+    the providers (one or more, perhaps all) may be members of a pool,
+    ``"pool"``, which then takes their turns.
     """
 
     @st.composite
@@ -175,10 +178,20 @@ def workloads(
             calls = draw(calls_per_turn(max_calls=max_calls))
             classes = draw(st.sampled_from([(), ((1, 1.0), (0, 3.0))]))
             tenants = draw(st.sampled_from([(), (("a", 1.0), ("b", 2.0))]))
+        providers = draw(_providers(max_providers, max_limit, capacities))
+        pooled: tuple[tuple[str, tuple[str, ...]], ...] = ()
+        if pools:
+            names = [provider.name for provider in providers]
+            members = draw(
+                st.lists(st.sampled_from(names), max_size=len(names), unique=True)
+            )
+            if members:
+                pooled = (("pool", tuple(members)),)
         return Workload(
             agents=draw(st.integers(1, max_agents)),
             arrivals=arrivals,
-            providers=draw(_providers(max_providers, max_limit, capacities)),
+            providers=providers,
+            pools=pooled,
             calls=calls,
             call_duration=draw(durations(mixtures=mixed)),
             tool_duration=draw(durations(allow_zero=True, mixtures=mixed)),
