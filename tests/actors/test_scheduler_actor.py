@@ -76,13 +76,14 @@ async def test_every_message_kind_reaches_the_policy(
     replies = [RecordingReply() for _ in range(3)]
     async with trio.open_nursery() as nursery:
         nursery.start_soon(actor.run)
-        for seq, reply in enumerate(replies):
-            actor.send(Acquire(actor.ticket(float(seq)), reply))
+        tickets = [actor.ticket(float(rank)) for rank in range(len(replies))]
+        for ticket, reply in zip(tickets, replies, strict=True):
+            actor.send(Acquire(ticket, reply))
         await trio.testing.wait_all_tasks_blocked()
         assert (policy.in_flight, policy.waiting) == (1, 2)
-        actor.send(Cancel(Ticket(1.0, 1)))
+        actor.send(Cancel(tickets[1]))
         actor.send(Pause(0.0, retry_after=3.0))
-        actor.send(Release(Ticket(0.0, 0)))
+        actor.send(Release(tickets[0]))
         await trio.testing.wait_all_tasks_blocked()
         assert (policy.in_flight, policy.waiting, policy.paused_until) == (0, 1, 3.0)
         # The actor wakes at the pause's end by itself.
@@ -333,3 +334,40 @@ async def test_a_message_is_handled_by_its_sender_before_send_returns(
     actor.send(Acquire(actor.ticket(1.0), later))
     assert [grant.granted_at for grant in later.grants] == [0.0]
     assert actor.policy.in_flight == 2
+
+
+def test_tickets_of_two_schedulers_are_never_equal() -> None:
+    first = SchedulerActor("a", SlotPolicy(1))
+    second = SchedulerActor("b", SlotPolicy(1))
+    assert first.ticket(0.0) != second.ticket(0.0)
+
+
+async def test_a_scheduler_that_gave_way_forwards_everything_and_fails_nobody(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    sent: list[object] = []
+
+    class Group:
+        def send(self, message: object) -> None:
+            sent.append(message)
+
+    actor = SchedulerActor("p", SlotPolicy(1, throttle=Throttle()))
+    held, waiting = RecordingReply(), RecordingReply()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(actor.run)
+        first, second = actor.ticket(0.0), actor.ticket(1.0)
+        actor.send(Acquire(first, held))
+        actor.send(Acquire(second, waiting, None, 40))
+        state, acquires = actor.give_way(Group())
+        assert state.holders == (first,)
+        assert state.throttle is actor.policy.throttle
+        assert [(a.ticket, a.reply, a.tokens) for a in acquires] == [
+            (second, waiting, 40)
+        ]
+        await trio.testing.wait_all_tasks_blocked()
+        actor.send(Release(first))
+    # Its run stopped, and the waiter was not failed: it moved.
+    assert sent == [Release(first)]
+    assert waiting.errors == []
+    with pytest.raises(RuntimeError, match=r"^a scheduler gives way only while"):
+        actor.give_way(Group())

@@ -479,12 +479,14 @@ async def test_set_pool_is_checked() -> None:
             d.set_pool("key-b", ("key-a",))
         with pytest.raises(ValueError, match=r"^pool 'x' must have a member$"):
             d.set_pool("x", ())
-        # key-b is held on its own scheduler: it cannot join now.
-        async with d.slot("key-b"):
-            with pytest.raises(
-                ValueError, match=r"^pool 'x' cannot take 'key-b' now: slots are held"
-            ):
-                d.set_pool("x", ("key-a", "key-b"))
+        # key-b, held on its own scheduler, joins with its holder, whose
+        # release reaches the group's.
+        async with d.slot("key-b") as held:
+            d.set_pool("x", ("key-a", "key-b"))
+            assert d.statistics().providers["key-b"].in_flight == 1
+        assert held.member == "key-b"
+        assert d.statistics().providers["key-b"].in_flight == 0
+        assert d.pools()["x"] == ("key-a", "key-b")
         # Providers never used may form a pool of their own.
         d.set_pool("fresh", ("key-c", "key-d"))
         async with d.slot("fresh") as slot:
@@ -686,7 +688,7 @@ async def test_a_provider_joins_with_its_adaptive_limit_and_learned_budget(
         assert d.statistics().pools["gpt"].members == ("key-a", "key-b")
 
 
-async def test_a_provider_busy_on_its_own_cannot_join_and_nothing_changes(
+async def test_a_provider_busy_on_its_own_joins_with_its_holders_and_waiters(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     log: list[tuple[str, str | None, float]] = []
@@ -697,23 +699,26 @@ async def test_a_provider_busy_on_its_own_cannot_join_and_nothing_changes(
         await start(nursery, d, "key-b", log, "own", 5.0)
         await start(nursery, d, "key-b", log, "own-next", 5.0)
         await start(nursery, d, "gpt", log, "one", 20.0)
-        with pytest.raises(
-            ValueError,
-            match=r"^pool 'gpt' cannot take 'key-b' now: slots are held or requests"
-            r" wait on their own scheduler; a provider joins a pool once none are$",
-        ):
-            d.set_pool("gpt", ("key-a", "key-b"))
-        assert d.pools() == {"gpt": ("key-a",)}
-        assert d.statistics().providers["key-b"].waiting == 1
-        await trio.sleep(11.0)
-        # Idle now: it joins, and the pool's next request takes it.
-        d.set_pool("gpt", ("key-a", "key-b"))
         await start(nursery, d, "gpt", log, "two", 1.0)
+        await trio.sleep(1.0)
+        d.set_pool("gpt", ("key-a", "key-b"))
+        stats = d.statistics()
+        # key-b's holder holds there still; its waiter waits for it alone,
+        # ahead of the pool's younger request.
+        assert (
+            stats.providers["key-b"].in_flight,
+            stats.providers["key-b"].waiting,
+        ) == (
+            1,
+            1,
+        )
+        assert stats.pools["gpt"].waiting == 1
+        assert d.limits() == {"key-a": 1, "key-b": 1}
     assert log == [
         ("own", "key-b", 0.0),
         ("one", "key-a", 0.0),
         ("own-next", "key-b", 5.0),
-        ("two", "key-b", 11.0),
+        ("two", "key-b", 10.0),
     ]
 
 
@@ -746,3 +751,33 @@ async def test_a_new_pool_over_a_provider_scheduled_on_its_own_keeps_its_pause(
         await start(nursery, d, "key-b", log, "own", 1.0)
         await start(nursery, d, "new", log, "pooled", 1.0)
     assert log == [("pooled", "key-d", 0.0), ("own", "key-b", 4.0)]
+
+
+async def test_a_request_moved_to_the_group_is_cancelled_there_and_leaves_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, str | None, float]] = []
+    gave_up: list[float] = []
+
+    async def impatient() -> None:
+        with trio.move_on_after(3.0):
+            async with d.slot("key-b"):
+                log.append(("never", "key-b", trio.current_time()))
+        gave_up.append(trio.current_time())
+
+    async with (
+        open_dispatcher({"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a",)}) as d,
+        trio.open_nursery() as nursery,
+    ):
+        await start(nursery, d, "key-b", log, "own", 10.0)
+        nursery.start_soon(impatient)
+        await trio.testing.wait_all_tasks_blocked()
+        await trio.sleep(1.0)
+        d.set_pool("gpt", ("key-a", "key-b"))
+        await trio.sleep(3.0)
+        stats = d.statistics().providers["key-b"]
+        assert (stats.in_flight, stats.waiting) == (1, 0)
+    assert gave_up == [3.0]
+    assert log == [("own", "key-b", 0.0)]
+    final = d.statistics().providers["key-b"]
+    assert (final.in_flight, final.waiting, final.granted_total) == (0, 0, 0)

@@ -1154,16 +1154,35 @@ def test_a_members_state_moves_to_another_policy_whole() -> None:
     assert policy.member_of(t(1, 1)) == "b"
 
 
-def test_a_members_state_is_only_of_an_idle_member() -> None:
-    own = SlotPolicy(1, provider="b")
-    own.acquire(t(0, 0))
-    with pytest.raises(RuntimeError, match=r"^'b' holds 1 slots and 0 requests wait$"):
-        own.member_state()
-    own.acquire(t(1, 1))
-    with pytest.raises(RuntimeError, match=r"^'b' holds 1 slots and 1 requests wait$"):
-        own.member_state()
-    assert own.release(t(0, 0)) == [t(1, 1)]
-    own.release(t(1, 1))
-    assert own.member_state().paused_until is None
+def test_a_provider_brings_its_holders_and_its_waiting_in_their_place() -> None:
+    own = SlotPolicy(2, provider="b")
+    assert own.acquire(t(10, 10)) == [t(10, 10)]
+    assert own.acquire(t(11, 11, "m")) == [t(11, 11, "m")]
+    own.acquire(t(12, 12), 300)
+    state = own.member_state()
+    assert state.holders == (t(10, 10), t(11, 11, "m"))
+    assert state.waiting == ((t(12, 12), 300),)
+    policy = SlotPolicy(1, provider="a")
+    policy.acquire(t(0, 0))
+    policy.acquire(t(1, 1))
+    # b comes full: nothing is granted on it, and its holders count.
+    assert policy.add_member("b", 2, holders=state.holders) == []
+    assert policy.in_flight == 3
+    assert policy.member_statistics()["b"].in_flight == 2
+    assert policy.acquire(t(12, 12), 300, member="b") == []
+    # Its slots go in ticket order: t(1, 1), waiting for any member, first.
+    assert policy.release(t(10, 10)) == [t(1, 1)]
+    assert policy.member_of(t(1, 1)) == "b"
+    assert policy.release(t(11, 11, "m")) == [t(12, 12)]
+    assert policy.member_statistics()["b"].peak_in_flight == 2
+    with pytest.raises(ValueError, match=r"^tickets already known here"):
+        policy.hold([t(12, 12)], member="b")
     with pytest.raises(ValueError, match=r"^no member 'c' in this policy$"):
-        own.member_state("c")
+        policy.hold([t(20, 20)], member="c")
+
+
+def test_a_pooled_policy_carries_no_member_out() -> None:
+    with pytest.raises(
+        ValueError, match=r"^a pooled policy's members are not carried elsewhere$"
+    ):
+        pool().member_state()

@@ -309,16 +309,14 @@ class Dispatcher(metaclass=NoPublicConstructor):
         ``set_pool``), providers new to the dispatcher, which join as
         members at once (unlimited until ``set_limit``), and providers
         scheduled on their own so far, which join with their limit,
-        adaptive limit, budgets (configured and learned) and pause, once
-        nothing holds or waits on their own scheduler. Pools scheduled
-        apart are not merged.
+        adaptive limit, budgets (configured and learned), pause, the
+        slots held on them and the requests waiting for them, in their
+        place. Pools scheduled apart are not merged.
 
         Raises:
             ValueError: ``pool`` is a provider's name, ``members`` is empty
-                or names one twice or names a pool, would join pools
-                scheduled apart, or names a provider whose own scheduler
-                holds slots or has requests waiting (nothing changes: the
-                same call succeeds once they are done).
+                or names one twice or names a pool, or would join pools
+                scheduled apart (nothing changes).
             DispatcherClosed: The dispatcher has closed.
         """
         self._plumbing.set_pool(pool, members)

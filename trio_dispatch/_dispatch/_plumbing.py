@@ -58,6 +58,7 @@ from .._validation import (
 from ..actors._scheduler import SchedulerActor
 from ..messages._limits import DEFAULT_MAX_TOKENS
 from ..messages._protocol import (
+    Acquire,
     Adapt,
     ObserveRateLimits,
     ObserveServerLoad,
@@ -731,27 +732,20 @@ class Plumbing(metaclass=NoPublicConstructor):
                 " open_dispatcher's pools, or pool providers scheduled together"
                 " or on their own"
             )
-        # Providers scheduled on their own: their scheduler gives way to the
-        # group's, with what they learned, if nothing holds or waits there.
-        apart = {
-            name: backend
-            for name in fresh
-            if (backend := self._backends.get(name)) is not None
-        }
-        busy = [name for name, backend in apart.items() if not _idle(backend)]
-        if busy:
-            raise ValueError(
-                f"pool {pool!r} cannot take {_names(busy)} now: slots are held or"
-                " requests wait on their own scheduler; a provider joins a pool"
-                " once none are"
-            )
         group = next(iter(joined.values())) if joined else Group()
-        for name, backend in apart.items():
+        # Providers scheduled on their own so far: their scheduler gives way
+        # to the group's, with what it learned and holds; its waiting
+        # requests are asked for again there, in their place.
+        waiting: dict[str, list[Acquire]] = {}
+        for name in fresh:
+            backend = self._backends.pop(name, None)
+            if backend is None:
+                continue
             assert isinstance(backend, SchedulerActor)  # pools: local only
-            self._carried[name] = backend.policy.member_state()
-            del self._backends[name]
             self._host.actors.pop(name, None)
-            backend.close()
+            self._carried[name], waiting[name] = backend.give_way(
+                MemberView(name, group)
+            )
         group.members.extend(fresh)
         group.pools[pool] = names
         for name in [*names, pool]:
@@ -763,10 +757,12 @@ class Plumbing(metaclass=NoPublicConstructor):
                 group.actor.add_member(self._setup(name))
             self._tell(pool, SetPool(pool, names))
         for name in fresh:
-            if group.actor is not None or name in apart:
+            if group.actor is not None or name in waiting:
                 # Scheduled in the group at once: statistics() shows them
                 # (and those scheduled on their own before, still).
-                self._scheduler(name)
+                backend = self._scheduler(name)
+                for acquire in waiting.get(name, ()):
+                    backend.send(acquire)
 
     def remove_pool(self, pool: str) -> None:
         """``Dispatcher.remove_pool``."""
@@ -1142,10 +1138,3 @@ _CLOSE_NAME: Final = 0.8
 def _identities(exc: BaseException) -> set[int]:
     """The identities of the exceptions in ``exc``, through any groups."""
     return {id(leaf) for leaf in leaves(exc)}
-
-
-def _idle(backend: Backend) -> bool:
-    """Whether a provider's own scheduler holds no slot and has nobody waiting."""
-    assert isinstance(backend, SchedulerActor)  # pools: local only
-    policy = backend.policy
-    return not policy.in_flight and not policy.waiting

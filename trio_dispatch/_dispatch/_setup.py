@@ -89,10 +89,11 @@ class BackendSetup:
         failure_threshold: A member's calls failed in a row that take it
             out of service.
         failure_cooldown: Seconds a member stays out of service.
-        carried: What the provider learned under a backend it had before
-            (its budgets, adaptive limit and pause, ``SlotPolicy.member_state``),
-            for a provider that joins a pool at run time: the new policy
-            takes them on instead of starting afresh. ``None``: none.
+        carried: What the provider learned and holds under a scheduler it
+            had before (its budgets, adaptive limit, pause and holders,
+            ``SlotPolicy.member_state``), for a provider that joins a pool
+            at run time: the new policy takes them on instead of starting
+            afresh. ``None``: none.
     """
 
     provider: str
@@ -138,17 +139,23 @@ class BackendSetup:
             failure_threshold=self.failure_threshold,
             failure_cooldown=self.failure_cooldown,
         )
-        if self.carried is not None and self.carried.paused_until is not None:
-            policy.pause(self.carried.paused_until)
+        policy.advance(now)
+        carried = self.carried
+        if carried is not None:
+            if carried.paused_until is not None:
+                policy.pause(carried.paused_until)
+            policy.hold(carried.holders)
         for member in self.members:
             member.join(policy, now)
         for pool, names in self.pools.items():
             policy.set_pool(pool, names)
-        policy.advance(now)
         return policy
 
     def join(self, policy: SlotPolicy, now: float) -> list[Ticket]:
         """Make the provider a member of ``policy`` (a group's), with its limit, budgets and pause.
+
+        And, ``carried``, the holders it brings (its waiting tickets are
+        the caller's to ask for again).
 
         Returns the tickets it takes at once.
 
@@ -162,6 +169,7 @@ class BackendSetup:
             throttle=self._throttle(now),
             models=self._model_throttles(now),
             paused_until=None if carried is None else carried.paused_until,
+            holders=() if carried is None else carried.holders,
         )
 
     def _throttle(self, now: float) -> Throttle | None:

@@ -220,20 +220,26 @@ DEFAULT_FAILURE_COOLDOWN = 30.0
 @final
 @attrs.frozen
 class MemberState:
-    """What a member learned, to carry into another policy (``member_state``).
+    """What a provider learned and holds, to carry into another policy (``member_state``).
 
     Its budgets and adaptive limit (``throttle``), its models' budgets,
-    and its pause, as they are: ``add_member`` takes them on.
+    its pause and its holders, as they are: ``add_member`` takes them on.
 
     Attributes:
         throttle: Its budgets and adaptive limit, or ``None``.
         models: Its models' budgets, by model.
         paused_until: The end of its pause, or ``None``.
+        holders: The tickets holding its slots (their budgets charged
+            already, in ``throttle``).
+        waiting: The tickets waiting for it, in ticket order, each with
+            its estimate of tokens: the caller asks for them again.
     """
 
     throttle: Throttle | None
     models: Mapping[str, Throttle]
     paused_until: float | None
+    holders: tuple[Ticket, ...] = ()
+    waiting: tuple[tuple[Ticket, int], ...] = ()
 
 
 @final
@@ -853,23 +859,29 @@ class SlotPolicy:
             return False, None
         return gate.adaptive is not None, gate.statistics(now)
 
-    def member_state(self, member: str | None = None) -> MemberState:
-        """What ``member`` learned (``None``: the first), to carry into another policy.
+    def member_state(self) -> MemberState:
+        """What this one provider learned and holds, to carry into another policy.
 
-        Only of a member that holds no slot and that no ticket waits for:
-        its budgets' books hold no ticket of this policy then.
+        Its budgets, adaptive limit and pause, its holders, and the tickets
+        waiting, for a provider that joins a pool: the other policy takes
+        them on (``add_member``) and the waiting tickets are asked for
+        again there, in their place. This policy is left as it is, for
+        the caller to drop.
 
         Raises:
-            ValueError: ``member`` is not a member.
-            RuntimeError: It holds a slot, or a ticket waits here.
+            ValueError: The policy has several members or a pool.
         """
-        chosen = self._member(member)
-        if chosen.holders or self._waiting:
-            raise RuntimeError(
-                f"{chosen.name!r} holds {len(chosen.holders)} slots and"
-                f" {len(self._waiting)} requests wait"
-            )
-        return MemberState(chosen.gate, chosen.models.throttles(), chosen.paused_until)
+        if len(self._members) > 1 or self._pools:
+            raise ValueError("a pooled policy's members are not carried elsewhere")
+        first = self._first
+        estimates = self._estimates
+        return MemberState(
+            first.gate,
+            first.models.throttles(),
+            first.paused_until,
+            tuple(sorted(first.holders)),
+            tuple((ticket, estimates.get(ticket, 0)) for ticket in self.waiters()),
+        )
 
     def member_server_load(self, member: str) -> tuple[ServerLoad | None, int | None]:
         """``member``'s latest reading of its server's load and its slots learned, if any."""
@@ -1681,11 +1693,13 @@ class SlotPolicy:
         throttle: Throttle | None = None,
         models: Mapping[str, Throttle] | None = None,
         paused_until: float | None = None,
+        holders: Iterable[Ticket] = (),
     ) -> list[Ticket]:
         """Make ``name`` a member: the tickets waiting for any member may go to it.
 
-        ``paused_until``: it is paused until then from the start (a pause
-        it brings from elsewhere). Returns the tickets it takes at once.
+        ``paused_until``: it is paused until then from the start, and
+        ``holders`` hold its slots (``hold``): what it brings from a policy
+        of its own. Returns the tickets it takes at once.
 
         Raises:
             ValueError: ``name`` is a member already, or empty, or the
@@ -1724,7 +1738,34 @@ class SlotPolicy:
             member.models.count((), self._waiting)
         elif throttles:
             self._count()  # every member's, this one's too
+        self.hold(holders, member=name)
         return self._fill()
+
+    def hold(self, tickets: Iterable[Ticket], *, member: str | None = None) -> None:
+        """Count ``tickets`` as holders of ``member``'s slots (``None``: the first's).
+
+        Slots taken under another policy, which the member brings along
+        (``member_state``): their budgets were charged there, in the
+        throttles it brings; they are released here as any holder.
+
+        Raises:
+            ValueError: ``member`` is not a member, or a ticket is known here.
+        """
+        chosen = self._member(member)
+        tickets = list(tickets)
+        known = [t for t in tickets if t in self._held_by or t in self._waiting]
+        if known or len(set(tickets)) != len(tickets):
+            raise ValueError(f"tickets already known here: {known or tickets!r}")
+        now = self._now
+        for ticket in tickets:
+            chosen.holders.add(ticket)
+            self._held_by[ticket] = chosen
+            self._tenants.hold(ticket, now)
+            if ticket.model is not None:
+                chosen.models.use(ticket.model, 1)
+        held = len(chosen.holders)
+        chosen.peak_in_flight = max(chosen.peak_in_flight, held)
+        self._peak_in_flight = max(self._peak_in_flight, len(self._held_by))
 
     def remove_member(self, name: str) -> tuple[list[Ticket], list[Ticket]]:
         """Take ``name`` out of the policy and its pools; its holders keep their slots.

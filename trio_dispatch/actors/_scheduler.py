@@ -67,7 +67,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import TYPE_CHECKING, TypeAlias, final
+from typing import TYPE_CHECKING, Protocol, TypeAlias, final
 
 import attrs
 import trio
@@ -106,12 +106,23 @@ if TYPE_CHECKING:
 
     from .._dispatch._backend import ProviderStatistics
     from .._dispatch._setup import BackendSetup
-    from .._policy._slots import PoolStatistics, SlotPolicy
+    from .._policy._slots import MemberState, PoolStatistics, SlotPolicy
     from ..messages._protocol import Reply
 
 _logger = logging.getLogger("trio_dispatch")
 
 _new_ticket = tuple.__new__
+
+#: Every scheduler's tickets are numbered by one count: a ticket is never
+#: another scheduler's too, so tickets may move from one to another (a
+#: provider that joins a pool, ``give_way``).
+_SEQ = itertools.count()
+
+
+class _Sends(Protocol):
+    """Where a scheduler that gave way sends what still reaches it."""
+
+    def send(self, message: SchedulerMessage) -> None: ...
 
 
 @final
@@ -154,6 +165,7 @@ class SchedulerActor:
         "_conversations",
         "_crash",
         "_events",
+        "_forward",
         "_handling",
         "_hub",
         "_inbox",
@@ -215,7 +227,9 @@ class SchedulerActor:
         self._names: dict[Ticket, tuple[str, str | None]] = {}
         if self._limits:
             events.names = self._names
-        self._seq = itertools.count()
+        self._seq = _SEQ
+        # Where messages go once this scheduler gave way to a group's.
+        self._forward: _Sends | None = None
         # The clock's own method: trio.current_time() is two Python calls
         # more on every message. Made outside a run (a test), the same as that.
         try:
@@ -268,7 +282,7 @@ class SchedulerActor:
         """
         inbox = self._inbox
         if self._handling or inbox.closed:
-            inbox.send_nowait(message)  # raises once closed
+            self._send_later(message)
             return
         # One handling: this message, then every one sent meanwhile.
         self._handling = True
@@ -313,6 +327,16 @@ class SchedulerActor:
         ):
             inbox.nudge()
 
+    def _send_later(self, message: SchedulerMessage | _Own) -> None:
+        """``message`` for the task handling now; once closed, refused or sent where it gave way."""
+        forward = self._forward
+        if forward is not None and not isinstance(message, _Own):
+            # It gave way to a group's scheduler: its holders' releases
+            # (and the rest) are the group's now.
+            forward.send(message)
+            return
+        self._inbox.send_nowait(message)  # raises once closed
+
     def _service_changed(self, now: float) -> None:
         """Tell each member's move out of service, to half-open and back, in order."""
         changes = self.policy.service_changes
@@ -341,6 +365,32 @@ class SchedulerActor:
             trio.ClosedResourceError: The actor is closed.
         """
         self.send(_AddMember(setup))
+
+    def give_way(self, to: _Sends) -> tuple[MemberState, list[Acquire]]:
+        """Hand this provider over to a group's scheduler that takes it as a member.
+
+        Returns what it learned and holds (``SlotPolicy.member_state``),
+        for the group's policy to take on (``BackendSetup.carried``), and
+        its waiting requests as ``Acquire`` messages, in their order, to
+        send ``to``. From now on every message sent here goes ``to`` (its
+        holders' releases, their answers' news), and ``run`` stops
+        without failing anyone.
+
+        Raises:
+            RuntimeError: It is handling a message, or closed.
+            ValueError: Its policy is a group's (``member_state``).
+        """
+        if self._handling or self._inbox.closed:
+            raise RuntimeError("a scheduler gives way only while idle and open")
+        state = self.policy.member_state()
+        replies = self._replies
+        waiting = [
+            Acquire(ticket, replies.pop(ticket), None, tokens)
+            for ticket, tokens in state.waiting
+        ]
+        self._forward = to
+        self._inbox.close()
+        return state, waiting
 
     def close(self) -> None:
         """Refuse further messages; ``run`` stops and fails every waiter."""
