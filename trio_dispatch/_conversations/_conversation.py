@@ -660,8 +660,9 @@ class Conversation(metaclass=NoPublicConstructor):
     def _limited(self) -> bool:
         """Whether the dispatcher limits the provider (or a pool's members), and so pauses it."""
         provider = self._provider.id
-        return provider in self._dispatcher.limits() or provider in (
-            self._dispatcher.pools()
+        return (
+            provider in self._dispatcher.limits()
+            or self._dispatcher.members(provider) is not None
         )
 
     def _pause_cap(self) -> float | None:

@@ -415,12 +415,17 @@ class Plumbing(metaclass=NoPublicConstructor):
             )
         return names
 
+    def members(self, provider: str) -> tuple[str, ...] | None:
+        """Pool ``provider``'s members now, or ``None`` for a provider that is no pool."""
+        group = self._groups.get(provider)
+        return None if group is None else group.pools.get(provider)
+
     def members_left(self, provider: str, tried: Iterable[str]) -> bool:
         """Whether pool ``provider`` has a member not in ``tried``: a fallback may go there.
 
         ``False`` for a provider that is no pool.
         """
-        members = self.pools().get(provider)
+        members = self.members(provider)
         return members is not None and not set(members) <= set(tried)
 
     def slot_again(

@@ -770,20 +770,26 @@ class TransportBase(Generic[InnerT]):
                         response = await self._inner.handle_async_request(sent)
                 except httpx.TransportError:
                     # No answer: refused, reset, no first byte in time.
-                    if not self._pooled():
+                    members = dispatcher.members(self._provider)
+                    if members is None:
                         raise
                     hold.fails()
-                    moved = self._fallback(hold, tried, content)
+                    moved = _fallback(hold, tried, content, members)
                     if not moved:
                         raise
                 else:
                     status = response.status_code
-                    if not ((status == 429 or status >= 500) and self._pooled()):
+                    members = (
+                        dispatcher.members(self._provider)
+                        if status == 429 or status >= 500
+                        else None
+                    )
+                    if members is None:
                         hold.answered(status, response.headers)
                         return hold, response
                     if status not in RATE_LIMITED:
                         hold.fails()  # a rate limit pauses: no failure
-                    moved = self._fallback(hold, tried, content)
+                    moved = _fallback(hold, tried, content, members)
                     hold.answered(status, response.headers, keep=not moved)
                     if not moved:
                         return hold, response
@@ -802,24 +808,6 @@ class TransportBase(Generic[InnerT]):
                 path,
                 fallback=(hold.slot, tried),
             )
-
-    def _pooled(self) -> bool:
-        """Whether the transport's provider is a pool now (set_pool may make one)."""
-        return self._provider in self._dispatcher.pools()
-
-    def _fallback(
-        self, hold: Hold, tried: tuple[str, ...], content: bytes | None
-    ) -> tuple[str, ...]:
-        """The members tried once ``hold``'s has failed, if the call may go to another; else ``()``.
-
-        It may if its body can be sent again (it was read: not a streamed
-        upload) and the pool has a member it has not failed on.
-        """
-        member = hold.slot.member
-        if content is None or member is None:
-            return ()
-        tried = (*tried, member)
-        return tried if self._dispatcher.members_left(self._provider, tried) else ()
 
     def _endpoint(self, slot: Slot) -> Endpoint:
         """The endpoint of the member ``slot`` was granted on.
@@ -891,6 +879,21 @@ class TransportBase(Generic[InnerT]):
 # member's is set (OpenAI's, Anthropic's, Azure's headers; query keys).
 _KEY_HEADERS: Final = ("authorization", "x-api-key", "api-key")
 _KEY_PARAMS: Final = frozenset({"key", "api_key", "api-key"})
+
+
+def _fallback(
+    hold: Hold, tried: tuple[str, ...], content: bytes | None, members: tuple[str, ...]
+) -> tuple[str, ...]:
+    """The members tried once ``hold``'s has failed, if the call may go to another; else ``()``.
+
+    It may if its body can be sent again (it was read: not a streamed
+    upload) and the pool (of ``members``) has a member it has not failed on.
+    """
+    member = hold.slot.member
+    if content is None or member is None:
+        return ()
+    tried = (*tried, member)
+    return () if set(members) <= set(tried) else tried
 
 
 def _routed(
