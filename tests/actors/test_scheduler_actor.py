@@ -358,10 +358,11 @@ async def test_a_scheduler_that_gave_way_forwards_everything_and_fails_nobody(
         first, second = actor.ticket(0.0), actor.ticket(1.0)
         actor.send(Acquire(first, held))
         actor.send(Acquire(second, waiting, None, 40))
-        state, acquires = actor.give_way(Group())
-        assert state.holders == (first,)
-        assert state.throttle is actor.policy.throttle
-        assert [(a.ticket, a.reply, a.tokens) for a in acquires] == [
+        handover = actor.give_way(Group())
+        assert handover.member == "p"
+        assert handover.state.holders == (first,)
+        assert handover.state.throttle is actor.policy.throttle
+        assert [(a.ticket, a.reply, a.tokens) for a in handover.waiting] == [
             (second, waiting, 40)
         ]
         await trio.testing.wait_all_tasks_blocked()

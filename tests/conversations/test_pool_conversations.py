@@ -134,10 +134,12 @@ async def test_a_pool_provider_must_match_its_pool() -> None:
     ) as dispatcher:
         with pytest.raises(
             ValueError,
-            match=r"^PoolProvider 'gpt' must have a provider for each member of the"
-            r" pool: missing \['key-b'\], not members \[\]$",
+            match=r"^PoolProvider 'gpt' names providers that are not members of the"
+            r" pool: \['key-z'\]; its members: \['key-a', 'key-b'\]$",
         ):
-            dispatcher.start_conversation(PoolProvider("gpt", {"key-a": a}))
+            dispatcher.start_conversation(PoolProvider("gpt", {"key-a": a, "key-z": a}))
+        # A member it has no provider for is avoided, not refused.
+        dispatcher.start_conversation(PoolProvider("gpt", {"key-a": a}))
         with pytest.raises(ValueError, match=r"^PoolProvider 'other' names no pool"):
             wrap_provider(PoolProvider("other", {"key-a": a}), dispatcher)
 
@@ -156,3 +158,23 @@ def test_a_pool_provider_is_checked_and_streams_only_through_a_dispatcher() -> N
         PoolProvider("gpt", {"x": object()})  # type: ignore[dict-item]
     with pytest.raises(TypeError, match=r"^members must be a mapping"):
         PoolProvider("gpt", [a])  # type: ignore[arg-type]
+
+
+async def test_a_member_that_joins_later_is_avoided_by_a_pool_provider_without_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    a, b, pool = members()
+    async with open_dispatcher(
+        {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a", "key-b")}
+    ) as dispatcher:
+        # key-c joins unlimited: the most free slots, but the conversation's
+        # PoolProvider has no provider for it, so its calls never go there.
+        dispatcher.set_pool("gpt", ("key-a", "key-b", "key-c"))
+        conversation = dispatcher.start_conversation(pool)
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(conversation.ask, "hello")
+        assert dispatcher.statistics().providers["key-c"].granted_total == 0
+    assert len(a.requests) + len(b.requests) == 3
+    # One conversation asks one question at a time: three answers of 5 s.
+    assert trio.current_time() == 15.0

@@ -672,10 +672,14 @@ async def test_a_transport_call_takes_its_body_s_model(
     hold = Plumbing.hold
 
     async def spy(
-        self: Plumbing, provider: str, tokens: int = 0, model: str | None = None
+        self: Plumbing,
+        provider: str,
+        tokens: int = 0,
+        model: str | None = None,
+        avoid: tuple[str, ...] = (),
     ) -> Any:  # noqa: ANN401 (hold's own result)
         slots.append((model, tokens))
-        return await hold(self, provider, tokens, model)
+        return await hold(self, provider, tokens, model, avoid)
 
     monkeypatch.setattr(Plumbing, "hold", spy)
     async with (

@@ -779,5 +779,122 @@ async def test_a_request_moved_to_the_group_is_cancelled_there_and_leaves_nothin
         assert (stats.in_flight, stats.waiting) == (1, 0)
     assert gave_up == [3.0]
     assert log == [("own", "key-b", 0.0)]
+    # The holder it brought counts as granted there, and released.
     final = d.statistics().providers["key-b"]
-    assert (final.in_flight, final.waiting, final.granted_total) == (0, 0, 0)
+    assert (final.in_flight, final.waiting) == (0, 0)
+    assert (final.granted_total, final.released_total) == (1, 1)
+
+
+async def test_a_joining_providers_waiters_are_never_refused_for_a_full_queue(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, str | None, float]] = []
+    async with (
+        open_dispatcher(
+            {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a",)}, max_waiting=2
+        ) as d,
+        trio.open_nursery() as nursery,
+    ):
+        for name in ("p0", "p1", "p2"):
+            await start(nursery, d, "gpt", log, name, 1.0)
+        for name in ("b0", "b1", "b2"):
+            await start(nursery, d, "key-b", log, name, 1.0)
+        # Two wait on each side: four in the group's queue of two, admitted.
+        d.set_pool("gpt", ("key-a", "key-b"))
+        assert d.statistics().providers["key-a"].waiting == 0
+        assert d.statistics().pools["gpt"].waiting == 2
+    assert sorted(name for name, _, _ in log) == ["b0", "b1", "b2", "p0", "p1", "p2"]
+
+
+async def test_a_younger_pool_request_never_passes_a_joining_members_held_back_waiter(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from trio_dispatch import Budget  # noqa: PLC0415
+
+    log: list[tuple[str, str | None, float]] = []
+
+    async def charged(name: str, tokens: int, seconds: float) -> None:
+        async with d.slot("key-b", tokens=tokens) as slot:
+            log.append((name, slot.member, trio.current_time()))
+            await trio.sleep(seconds)
+
+    async with (
+        open_dispatcher(
+            {"key-a": 1, "key-b": 2},
+            pools={"gpt": ("key-a",)},
+            budgets={"key-b": Budget(tokens_per_minute=1000)},
+        ) as d,
+        trio.open_nursery() as nursery,
+    ):
+        await start(nursery, d, "gpt", log, "p0", 100.0)
+        nursery.start_soon(charged, "x", 900, 100.0)
+        await trio.testing.wait_all_tasks_blocked()
+        # H waits for key-b's budget, though a slot is free there.
+        nursery.start_soon(charged, "H", 500, 1.0)
+        await trio.testing.wait_all_tasks_blocked()
+        await start(nursery, d, "gpt", log, "Q", 1.0)
+        d.set_pool("gpt", ("key-a", "key-b"))
+        await trio.testing.wait_all_tasks_blocked()
+        # Q, younger, waits behind H: nobody passes the head its budget holds.
+        assert [name for name, _, _ in log] == ["p0", "x"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_learned_model_budget_goes_with_its_provider_into_a_new_pool(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_dispatcher({"key-b": 1}) as d:
+        await trio.sleep(100.0)
+        d.observe_rate_limits(
+            "key-b", RateLimitInfo(requests=Quota(limit=600, remaining=600)), model="m"
+        )
+        before = d.statistics().providers["key-b"].models
+        d.set_pool("new", ("key-b", "key-d"))
+        assert d.statistics().providers["key-b"].models == before
+        assert "m" in before
+
+
+async def test_moved_requests_events_name_their_member_and_count_from_their_first_ask(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from trio_dispatch.events import Granted, Queued, Released  # noqa: PLC0415
+
+    log: list[tuple[str, str | None, float]] = []
+    async with (
+        open_dispatcher({"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a",)}) as d,
+        d.events() as events,
+    ):
+        async with trio.open_nursery() as nursery:
+            await start(nursery, d, "key-b", log, "own", 5.0, conversation_id="c1")
+            await start(nursery, d, "key-b", log, "next", 1.0, conversation_id="c2")
+            await trio.sleep(1.0)
+            d.set_pool("gpt", ("key-a", "key-b"))
+        seen = [await events.__anext__() for _ in range(events.pending)]
+    slots = [
+        (type(e).__name__, e.provider, e.conversation_id)
+        for e in seen
+        if isinstance(e, Granted | Queued | Released)
+    ]
+    assert slots == [
+        ("Granted", "key-b", "c1"),
+        ("Queued", "key-b", "c2"),
+        ("Released", "key-b", "c1"),
+        ("Granted", "key-b", "c2"),
+        ("Released", "key-b", "c2"),
+    ]
+    granted = [e for e in seen if isinstance(e, Granted)]
+    released = [e for e in seen if isinstance(e, Released)]
+    assert granted[1].wait == 5.0  # since it first asked, not since it moved
+    assert [e.held for e in released] == [5.0, 1.0]
+
+
+async def test_set_pool_with_a_backend_of_ones_own_is_refused_and_changes_nothing() -> (
+    None
+):
+    async with open_dispatcher_with(SchedulerActor.from_setup, {"key-b": 1}) as d:
+        async with d.slot("key-b"):
+            pass
+        with pytest.raises(ValueError, match=r"^pools need the local scheduler"):
+            d.set_pool("new", ("key-b", "key-d"))
+        assert "key-b" in d.statistics().providers
+        assert d.pools() == {}

@@ -198,16 +198,28 @@ def test_endpoints_are_checked(
         Endpoint(*arguments)  # type: ignore[arg-type]
 
 
-async def test_a_pools_transport_needs_an_endpoint_for_each_member() -> None:
+async def test_a_pools_transport_needs_endpoints_of_its_members_only() -> None:
     async with open_dispatcher(
-        {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a", "key-b")}
+        {"key-a": 1, "key-b": 1, "solo": 1}, pools={"gpt": ("key-a", "key-b")}
     ) as d:
-        only_a = {"key-a": Endpoint("http://127.0.0.1:1/v1", "k")}
         with pytest.raises(
             ValueError,
-            match=r"^endpoints must name each member of 'gpt' once: missing \['key-b'\]",
+            match=r"^endpoints name providers that are not members of 'gpt':"
+            r" \['key-z'\]; its members: \['key-a', 'key-b'\]$",
         ):
-            d.transport("gpt", endpoints=only_a)
+            d.transport("gpt", endpoints={"key-z": Endpoint("http://z/v1", "k")})
+        with pytest.raises(
+            ValueError, match=r"^pool 'gpt' has no member this integration can reach"
+        ):
+            d.transport("gpt", endpoints={})
+        with pytest.raises(
+            ValueError, match=r"^endpoints must name 'solo', which is no pool$"
+        ):
+            d.transport("solo", endpoints={})
+        # A member without one is avoided (see below): only key-a here.
+        await d.transport(
+            "gpt", endpoints={"key-a": Endpoint("http://127.0.0.1:1/v1", "k")}
+        ).aclose()
         with pytest.raises(
             TypeError, match=r"^endpoints\['key-a'\] must be an Endpoint"
         ):
@@ -263,7 +275,7 @@ async def test_every_model_call_carries_its_members_key_and_never_the_clients() 
     assert sent[0].headers["host"] == "member.example"
 
 
-async def test_a_member_without_an_endpoint_fails_its_call_and_gives_the_slot_back() -> (
+async def test_a_pool_with_no_member_this_transport_reaches_fails_before_a_slot() -> (
     None
 ):
     async with open_dispatcher(
@@ -278,10 +290,45 @@ async def test_a_member_without_an_endpoint_fails_its_call_and_gives_the_slot_ba
         async with httpx2.AsyncClient(transport=transport) as client:
             with pytest.raises(
                 ValueError,
-                match=r"^pool 'gpt' granted a call on 'key-b', which has no endpoint",
+                match=r"^pool 'gpt' has no member this integration can reach: its"
+                r" members are 'key-b', it reaches 'key-a'$",
             ):
                 await client.post("http://x/v1/chat/completions", json={})
-        assert d.statistics().providers["key-b"].in_flight == 0
+        stats = d.statistics().providers["key-b"]
+        assert (stats.in_flight, stats.granted_total) == (0, 0)
+
+
+async def test_a_member_that_joins_after_the_transport_is_avoided_until_it_has_an_endpoint() -> (
+    None
+):
+    seen: list[str] = []
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        seen.append(request.url.host)
+        return httpx2.Response(200, json={})
+
+    async with open_dispatcher({"key-a": 4}, pools={"gpt": ("key-a",)}) as d:
+        transport = d.transport(
+            "gpt",
+            inner=httpx2.MockTransport(answer),
+            endpoints={"key-a": Endpoint("http://a.example/v1", "sk-a")},
+        )
+        # key-c joins, unlimited, with more free slots than key-a: the
+        # transport's calls still go to key-a, which it reaches.
+        d.set_pool("gpt", ("key-a", "key-c"))
+        async with httpx2.AsyncClient(transport=transport) as client:
+            await client.post("http://x/v1/chat/completions", json={})
+            transport.set_endpoint("key-c", Endpoint("http://c.example/v1", "sk-c"))
+            await client.post("http://x/v1/chat/completions", json={})
+        with pytest.raises(ValueError, match=r"^'key-z' is not a member of pool 'gpt'"):
+            transport.set_endpoint("key-z", Endpoint("http://z.example/v1", "sk-z"))
+        with pytest.raises(TypeError, match=r"^endpoint must be an Endpoint"):
+            transport.set_endpoint("key-c", "http://c.example/v1")  # type: ignore[arg-type]
+        plain = d.transport("gpt", inner=httpx2.MockTransport(answer))
+        with pytest.raises(ValueError, match=r"made without endpoints"):
+            plain.set_endpoint("key-c", Endpoint("http://c.example/v1", "sk-c"))
+    # Unlimited key-c has the most free slots: once reached, it is chosen.
+    assert seen == ["a.example", "c.example"]
 
 
 async def test_a_member_whose_server_is_down_has_its_calls_served_by_the_other() -> (
@@ -372,3 +419,61 @@ async def test_a_streamed_upload_is_never_sent_twice() -> None:
     assert response.status_code == 500
     assert served_b.requests_total == 0
     assert stats["key-a"].failures == 1
+
+
+async def test_a_429_from_every_member_keeps_the_turns_place_in_the_pool(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # A is answered 429 (Retry-After: 1) the first time on each member: on
+    # key-a, then at once on key-b. The SDK sees the 429, and its retry
+    # takes the place the turn kept in the pool (granted on key-a when its
+    # pause ended), ahead of D, which asked meanwhile.
+    sent: list[tuple[str, str, float]] = []
+
+    async def answer(request: httpx2.Request) -> httpx2.Response:
+        name, host = request.content.decode(), request.url.host
+        first = (name, host) not in {(n, h) for n, h, _ in sent}
+        sent.append((name, host, trio.current_time()))
+        await trio.sleep(1.0)
+        if name == "A" and first:
+            return httpx2.Response(429, headers={"retry-after": "1"})
+        return httpx2.Response(200)
+
+    endpoints = {
+        "key-a": Endpoint("http://a.example/v1", "sk-a"),
+        "key-b": Endpoint("http://b.example/v1", "sk-b"),
+    }
+    url = "http://pool.invalid/v1/chat/completions"
+    statuses: list[int] = []
+    async with (
+        open_dispatcher(
+            {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a", "key-b")}
+        ) as d,
+        httpx2.AsyncClient(
+            transport=d.transport(
+                "gpt", inner=httpx2.MockTransport(answer), endpoints=endpoints
+            )
+        ) as client,
+    ):
+
+        async def a() -> None:
+            with d.turn(conversation_id="A"):
+                statuses.append((await client.post(url, content=b"A")).status_code)
+                await trio.sleep(1.5)  # the SDK's sleep, and a little more
+                statuses.append((await client.post(url, content=b"A")).status_code)
+
+        async def late() -> None:
+            await trio.sleep(2.2)
+            with d.turn(conversation_id="D"):
+                assert (await client.post(url, content=b"D")).status_code == 200
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(a)
+            nursery.start_soon(late)
+    assert statuses == [429, 200]
+    assert sent == [
+        ("A", "a.example", 0.0),
+        ("A", "b.example", 1.0),
+        ("D", "b.example", 3.0),
+        ("A", "a.example", 3.5),
+    ]

@@ -1128,30 +1128,30 @@ def test_a_member_and_a_pool_never_share_a_name() -> None:
 
 
 def test_a_members_state_moves_to_another_policy_whole() -> None:
-    # What a member learned, its budgets, adaptive limit and pause, moves
-    # with it: the other policy takes the same throttle on.
+    # What a member learned, its budgets, adaptive limit, pause and
+    # backoff, moves with it: the other policy takes the same throttle on.
     own = SlotPolicy(2, provider="b", throttle=Throttle(Budget(requests_per_minute=60)))
+    own.report_rate_limit(0.0)  # a round of the backoff: 1 s
     own.pause(7.0)
     state = own.member_state()
     assert state.throttle is own.throttle
-    assert state.paused_until == 7.0
+    assert (state.paused_until, state.streak, state.step) == (7.0, 1, 1.0)
+    assert not state.granted_since_report
     policy = SlotPolicy(1, provider="a")
     policy.acquire(t(0, 0))
     policy.acquire(t(1, 1))
-    assert (
-        policy.add_member(
-            "b",
-            2,
-            throttle=state.throttle,
-            models=state.models,
-            paused_until=state.paused_until,
-        )
-        == []
+    grants = policy.add_member(
+        "b", 2, throttle=state.throttle, models=state.models, carried=state
     )
+    assert grants == []
     assert policy.member_pauses()["b"] == 7.0
     assert policy.member_budgets("b")[1] is not None
     assert policy.tick(7.0) == [t(1, 1)]
     assert policy.member_of(t(1, 1)) == "b"
+    # Its next report is a new round of the streak it brought (t(1, 1) was
+    # granted since): the pause doubles.
+    policy.report_rate_limit(8.0, member="b")
+    assert policy.member_pauses()["b"] == 10.0
 
 
 def test_a_provider_brings_its_holders_and_its_waiting_in_their_place() -> None:
@@ -1162,23 +1162,39 @@ def test_a_provider_brings_its_holders_and_its_waiting_in_their_place() -> None:
     state = own.member_state()
     assert state.holders == (t(10, 10), t(11, 11, "m"))
     assert state.waiting == ((t(12, 12), 300),)
-    policy = SlotPolicy(1, provider="a")
+    policy = SlotPolicy(1, provider="a", max_waiting=1)
     policy.acquire(t(0, 0))
     policy.acquire(t(1, 1))
-    # b comes full: nothing is granted on it, and its holders count.
-    assert policy.add_member("b", 2, holders=state.holders) == []
-    assert policy.in_flight == 3
-    assert policy.member_statistics()["b"].in_flight == 2
-    assert policy.acquire(t(12, 12), 300, member="b") == []
+    # b comes full, its waiter in place before anything is granted on it:
+    # nothing granted, its holders counted (as granted), its waiter not
+    # refused for the full queue.
+    grants = policy.add_member("b", 2, carried=state, waiting=state.waiting)
+    assert grants == []
+    assert (policy.in_flight, policy.waiting) == (3, 2)
+    stats = policy.member_statistics()["b"]
+    assert (stats.in_flight, stats.granted_total) == (2, 2)
     # Its slots go in ticket order: t(1, 1), waiting for any member, first.
     assert policy.release(t(10, 10)) == [t(1, 1)]
     assert policy.member_of(t(1, 1)) == "b"
     assert policy.release(t(11, 11, "m")) == [t(12, 12)]
     assert policy.member_statistics()["b"].peak_in_flight == 2
-    with pytest.raises(ValueError, match=r"^tickets already known here"):
-        policy.hold([t(12, 12)], member="b")
+    assert policy.statistics().released_total >= 0
+    with pytest.raises(ValueError, match=r"^'b' cannot take holders over"):
+        policy.carry(state, member="b")
     with pytest.raises(ValueError, match=r"^no member 'c' in this policy$"):
-        policy.hold([t(20, 20)], member="c")
+        policy.carry(state, member="c")
+
+
+def test_waiting_tickets_requeued_keep_their_place_and_the_queue_bound() -> None:
+    policy = SlotPolicy(1, provider="a", max_waiting=1)
+    policy.acquire(t(0, 0))
+    policy.acquire(t(5, 5))
+    # Admitted elsewhere: never refused here, in ticket order among the rest.
+    assert policy.requeue([(t(1, 1), 0), (t(2, 2), 0)]) == []
+    assert policy.waiters() == [t(1, 1), t(2, 2), t(5, 5)]
+    assert policy.release(t(0, 0)) == [t(1, 1)]
+    with pytest.raises(ValueError, match=r"is already known$"):
+        policy.requeue([(t(2, 2), 0)])
 
 
 def test_a_pooled_policy_carries_no_member_out() -> None:

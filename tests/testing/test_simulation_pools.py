@@ -142,3 +142,16 @@ def test_pools_are_checked(pools: object, error: type[Exception], match: str) ->
 def test_a_turn_on_an_unknown_pool_is_refused() -> None:
     with pytest.raises(ValueError, match=r"^turn uses unknown provider 'gpt'$"):
         Scenario((SimProvider("a", 1),), (TurnSpec(0.0, "gpt", (1.0,)),))
+
+
+def test_a_provider_in_two_pools_shares_its_weight_between_them() -> None:
+    workload = Workload(
+        agents=400,
+        arrivals=PoissonArrivals(0.5),
+        providers=(SimProvider("a", 2), SimProvider("b", 2)),
+        pools={"x": ("a", "b"), "y": ("b",)},
+    )
+    turns = workload.scenario().turns
+    # x weighs 1 + 1/2, y 1/2: x takes three turns in four.
+    share = sum(turn.provider == "x" for turn in turns) / len(turns)
+    assert 0.68 < share < 0.82

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from .._conversations._conversation import Conversation
     from .._conversations._options import ConversationOptions
     from .._conversations._tools import Tool
+    from .._integrations._transport import DispatchTransport
+    from .._integrations._transport_legacy import LegacyDispatchTransport
     from .._observe._hub import (
         CallObserver,
         CallWatch,
@@ -55,7 +57,7 @@ if TYPE_CHECKING:
 
     _MakeTransport = Callable[
         [Plumbing, str, bool, "dict[str, Endpoint] | None"],
-        httpx2.AsyncBaseTransport | httpx.AsyncBaseTransport,
+        DispatchTransport | LegacyDispatchTransport,
     ]
 
 
@@ -497,7 +499,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         inner: httpx.AsyncBaseTransport,
         server_priority: bool = False,
         endpoints: Mapping[str, Endpoint] | None = None,
-    ) -> httpx.AsyncBaseTransport: ...
+    ) -> LegacyDispatchTransport: ...
 
     @overload
     def transport(
@@ -507,7 +509,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         inner: httpx2.AsyncBaseTransport | None = None,
         server_priority: bool = False,
         endpoints: Mapping[str, Endpoint] | None = None,
-    ) -> httpx2.AsyncBaseTransport: ...
+    ) -> DispatchTransport: ...
 
     def transport(
         self,
@@ -516,7 +518,7 @@ class Dispatcher(metaclass=NoPublicConstructor):
         inner: httpx2.AsyncBaseTransport | httpx.AsyncBaseTransport | None = None,
         server_priority: bool = False,
         endpoints: Mapping[str, Endpoint] | None = None,
-    ) -> httpx2.AsyncBaseTransport | httpx.AsyncBaseTransport:
+    ) -> DispatchTransport | LegacyDispatchTransport:
         """An HTTP transport whose model calls each hold a slot of ``provider``.
 
         Give it to the client an SDK uses (``httpx2.AsyncClient(transport=
@@ -580,8 +582,11 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 Anthropic's), whatever base URL and key the SDK's client
                 was given; the answer's rate-limit figures and pauses are
                 that member's. Anything else the SDK sends goes where its
-                client points. Every member needs one; ``None``: every
-                call goes where the client points.
+                client points; ``None``: every call goes where the client
+                points. A member without one (one that joins the pool
+                later, ``set_pool``) is avoided by this transport's calls
+                until ``set_endpoint(member, endpoint)`` on the transport
+                returned gives it one.
 
         Raises:
             TypeError: ``provider`` is not a string, ``inner`` is not an
@@ -591,7 +596,9 @@ class Dispatcher(metaclass=NoPublicConstructor):
                 without ``inner``), before any slot.
             ValueError: ``provider`` is empty, or unknown while the
                 dispatcher's ``unknown_providers`` is ``"error"``;
-                ``endpoints`` misses a member or names another.
+                ``endpoints`` names a provider that is no member, or none
+                of the pool's members (of a provider that is no pool: not
+                the provider itself).
         """
         check_provider(provider)
         check_flag(server_priority, "server_priority")
@@ -617,13 +624,18 @@ class Dispatcher(metaclass=NoPublicConstructor):
                     f"endpoints[{member!r}] must be an Endpoint, got"
                     f" {type(endpoint).__name__}"
                 )
-        members = set(self._plumbing.pools().get(provider, (provider,)))
-        missing, extra = members - set(routes), set(routes) - members
-        if missing or extra:
+        pooled = self._plumbing.members(provider)
+        members = (provider,) if pooled is None else pooled
+        extra = set(routes) - set(members)
+        if extra:
             raise ValueError(
-                f"endpoints must name each member of {provider!r} once:"
-                f" missing {sorted(missing)}, not members {sorted(extra)}"
+                f"endpoints name providers that are not members of {provider!r}:"
+                f" {sorted(extra)}; its members: {list(members)}"
             )
+        if pooled is None and provider not in routes:
+            raise ValueError(f"endpoints must name {provider!r}, which is no pool")
+        # A pool's member without one is avoided; none with one is refused.
+        self._plumbing.unroutable(provider, routes)
         return routes
 
     def start_conversation(

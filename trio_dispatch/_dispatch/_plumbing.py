@@ -55,10 +55,9 @@ from .._validation import (
     check_provider,
     check_tenant_name,
 )
-from ..actors._scheduler import SchedulerActor
+from ..actors._scheduler import Handover, SchedulerActor
 from ..messages._limits import DEFAULT_MAX_TOKENS
 from ..messages._protocol import (
-    Acquire,
     Adapt,
     ObserveRateLimits,
     ObserveServerLoad,
@@ -81,6 +80,7 @@ if TYPE_CHECKING:
         AsyncIterator,
         Awaitable,
         Callable,
+        Collection,
         Mapping,
     )
 
@@ -407,7 +407,7 @@ class Plumbing(metaclass=NoPublicConstructor):
         names = tuple(avoid)
         for name in names:
             check_provider(name)
-        members = self.pools().get(provider)
+        members = self.members(provider)
         if members is not None and set(members) <= set(names):
             raise ValueError(
                 f"avoid names every member of pool {provider!r}: the request could"
@@ -419,6 +419,37 @@ class Plumbing(metaclass=NoPublicConstructor):
         """Pool ``provider``'s members now, or ``None`` for a provider that is no pool."""
         group = self._groups.get(provider)
         return None if group is None else group.pools.get(provider)
+
+    def unroutable(self, provider: str, routes: Collection[str]) -> tuple[str, ...]:
+        """The members of pool ``provider`` not in ``routes``: an integration's requests avoid them.
+
+        An integration that reaches each member its own way (a transport's
+        ``endpoints``, a ``PoolProvider``'s providers) cannot send a call
+        granted on a member that joined the pool after it was made; its
+        slots are asked avoiding those. ``()`` for a provider that is no
+        pool.
+
+        Raises:
+            ValueError: None of the pool's members is in ``routes``.
+        """
+        members = self.members(provider)
+        if members is None:
+            return ()
+        missing = tuple(member for member in members if member not in routes)
+        if len(missing) == len(members):
+            raise ValueError(
+                f"pool {provider!r} has no member this integration can reach:"
+                f" its members are {_names(members)}, it reaches {_names(routes)}"
+            )
+        return missing
+
+    def limited(self, provider: str) -> bool:
+        """Whether ``provider`` has a limit, or is a pool with a limited member: pauses apply."""
+        limits = self._host.limits
+        if provider in limits:
+            return True
+        members = self.members(provider)
+        return members is not None and any(member in limits for member in members)
 
     def members_left(self, provider: str, tried: Iterable[str]) -> bool:
         """Whether pool ``provider`` has a member not in ``tried``: a fallback may go there.
@@ -436,7 +467,8 @@ class Plumbing(metaclass=NoPublicConstructor):
         A fallback: ``failed``'s call failed on its member before its
         answer. The new slot is the same request's (its turn's start, so its
         place in line, its priority, tenant, model and charge), avoiding
-        the members it failed on; ``max_hold`` as ``slot()`` takes it.
+        the members it failed on and those it avoided already;
+        ``max_hold`` as ``slot()`` takes it.
         """
         return self.slot(
             failed.provider,
@@ -447,7 +479,7 @@ class Plumbing(metaclass=NoPublicConstructor):
             tokens=failed.tokens,
             tenant=failed.tenant,
             model=failed.model,
-            avoid=tried,
+            avoid=tuple(dict.fromkeys((*failed.avoid, *tried))),
         )
 
     async def hold_elsewhere(
@@ -459,7 +491,11 @@ class Plumbing(metaclass=NoPublicConstructor):
         return slot, self.hold_deadline(slot)
 
     async def hold(
-        self, provider: str, tokens: int = 0, model: str | None = None
+        self,
+        provider: str,
+        tokens: int = 0,
+        model: str | None = None,
+        avoid: tuple[str, ...] = (),
     ) -> tuple[Slot, float]:
         """A granted slot of ``provider`` that any task may give back.
 
@@ -471,9 +507,16 @@ class Plumbing(metaclass=NoPublicConstructor):
         holder enforces, as it follows the slot's lease (``Slot.lease_deadline``,
         ``Slot.follow_lease``). The turn is the current one (``slot()``
         with neither ``started_at`` nor ``conversation_id``), charged
-        ``tokens``, for ``model`` (``None``: none known).
+        ``tokens``, for ``model`` (``None``: none known), never on the
+        members of a pool in ``avoid``.
         """
-        slot = self.slot(provider, max_hold=None, tokens=tokens, model=model)
+        slot = self.slot(
+            provider,
+            max_hold=None,
+            tokens=tokens,
+            model=model,
+            avoid=avoid or None,
+        )
         # Granted without the timer's cancel scope, which only the entering
         # task could close (a lease deadline from Redis would arm one).
         await acquire_unscoped(slot)
@@ -668,27 +711,30 @@ class Plumbing(metaclass=NoPublicConstructor):
         )
 
     def check_pool_provider(self, provider: object) -> None:
-        """Refuse a ``PoolProvider`` of no pool, or without one provider per member.
+        """Refuse a ``PoolProvider`` of no pool, or naming a provider that is no member.
+
+        A member it has no provider for (one that joined the pool after it
+        was made) is avoided by its calls (``unroutable``).
 
         Raises:
-            ValueError: Its ``id`` is not a pool, or its members are not
-                the pool's.
+            ValueError: Its ``id`` is not a pool, it names a provider that
+                is not a member, or it has a provider for no member.
         """
         if type(provider) is not PoolProvider:
             return
         pool = provider.id
-        members = self.pools().get(pool)
+        members = self.members(pool)
         if members is None:
             raise ValueError(
                 f"PoolProvider {pool!r} names no pool; pools: {_names(self.pools())}"
             )
-        given = set(provider.members)
-        missing, extra = set(members) - given, given - set(members)
-        if missing or extra:
+        extra = set(provider.members) - set(members)
+        if extra:
             raise ValueError(
-                f"PoolProvider {pool!r} must have a provider for each member of the"
-                f" pool: missing {sorted(missing)}, not members {sorted(extra)}"
+                f"PoolProvider {pool!r} names providers that are not members of the"
+                f" pool: {sorted(extra)}; its members: {list(members)}"
             )
+        self.unroutable(pool, provider.members)
 
     def _not_a_pool(self, name: str, what: str) -> None:
         """Refuse a pool's name where a provider's is wanted: a pool has no ``what`` of its own."""
@@ -715,9 +761,56 @@ class Plumbing(metaclass=NoPublicConstructor):
         check_provider(pool)
         names = check_members(pool, members)
         self._check_open()
+        group, fresh = self._pool_group(pool, names)
+        handovers = self._hand_over(fresh, group)
+        groups = self._groups
+        group.members.extend(fresh)
+        group.pools[pool] = names
+        for name in [*names, pool]:
+            groups[name] = group
+            self._known.add(name)
+            self._cleared.add(name)
+        actor = group.actor
+        if actor is not None:
+            # Each joins with its holders and its waiting requests in place
+            # before anything is granted on it; then the pool.
+            for name in fresh:
+                actor.add_member(self._setup(name), handovers.get(name))
+            self._tell(pool, SetPool(pool, names))
+        for name in fresh:
+            if actor is not None or name in handovers:
+                # Scheduled in the group at once: statistics() shows them
+                # (and those scheduled on their own before, still).
+                self._scheduler(name)
+        if actor is None and handovers:
+            # The group's scheduler, new, has each with its holders: its
+            # waiting requests join now (nothing else waits there yet).
+            made = group.actor
+            assert made is not None  # made by _scheduler
+            for handover in handovers.values():
+                made.take_over(handover)
+
+    def _pool_group(self, pool: str, names: tuple[str, ...]) -> tuple[Group, list[str]]:
+        """The group pool ``pool`` of ``names`` goes in, and its members new to any group.
+
+        Raises:
+            ValueError: Pools need the local scheduler; ``pool`` is a
+                provider's name; ``names`` names a pool, or members of
+                pools scheduled apart.
+        """
+        settings = self._settings
+        if settings.redis_url is not None:
+            raise ValueError(
+                "pools cannot be used with redis_url: the fleet's ledger does not"
+                " schedule pools yet"
+            )
+        if settings.new_backend is not None:
+            raise ValueError(
+                "pools need the local scheduler, not a backend factory of one's own"
+            )
         groups = self._groups
         known = groups.get(pool)
-        if (known is None and pool in self._known) or (
+        if (known is None and (pool in self._known or pool in self._backends)) or (
             known is not None and pool not in known.pools
         ):
             raise ValueError(f"pool {pool!r} has the name of a provider")
@@ -729,7 +822,6 @@ class Plumbing(metaclass=NoPublicConstructor):
         joined = {id(groups[name]): groups[name] for name in names if name in groups}
         if known is not None:
             joined[id(known)] = known
-        fresh = [name for name in names if name not in groups]
         if len(joined) > 1:
             raise ValueError(
                 f"pool {pool!r} cannot join the members of pools scheduled"
@@ -738,36 +830,24 @@ class Plumbing(metaclass=NoPublicConstructor):
                 " or on their own"
             )
         group = next(iter(joined.values())) if joined else Group()
-        # Providers scheduled on their own so far: their scheduler gives way
-        # to the group's, with what it learned and holds; its waiting
-        # requests are asked for again there, in their place.
-        waiting: dict[str, list[Acquire]] = {}
+        return group, [name for name in names if name not in groups]
+
+    def _hand_over(self, fresh: list[str], group: Group) -> dict[str, Handover]:
+        """The providers of ``fresh`` scheduled on their own: each scheduler gives way to ``group``'s.
+
+        With what it learned and holds (``carried``, for the group's
+        policy) and its waiting requests, which wait there in their place.
+        """
+        handovers: dict[str, Handover] = {}
         for name in fresh:
             backend = self._backends.pop(name, None)
             if backend is None:
                 continue
             assert isinstance(backend, SchedulerActor)  # pools: local only
             self._host.actors.pop(name, None)
-            self._carried[name], waiting[name] = backend.give_way(
-                MemberView(name, group)
-            )
-        group.members.extend(fresh)
-        group.pools[pool] = names
-        for name in [*names, pool]:
-            groups[name] = group
-            self._known.add(name)
-            self._cleared.add(name)
-        if group.actor is not None:
-            for name in fresh:
-                group.actor.add_member(self._setup(name))
-            self._tell(pool, SetPool(pool, names))
-        for name in fresh:
-            if group.actor is not None or name in waiting:
-                # Scheduled in the group at once: statistics() shows them
-                # (and those scheduled on their own before, still).
-                backend = self._scheduler(name)
-                for acquire in waiting.get(name, ()):
-                    backend.send(acquire)
+            handover = handovers[name] = backend.give_way(MemberView(name, group))
+            self._carried[name] = handover.state
+        return handovers
 
     def remove_pool(self, pool: str) -> None:
         """``Dispatcher.remove_pool``."""

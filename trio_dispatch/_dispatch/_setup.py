@@ -31,7 +31,7 @@ from .._policy._slots import (
 from ._backend import provider_statistics
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Iterable, Mapping
 
     from .._observe._translator import Translator
     from .._policy._slots import PoolStatistics
@@ -138,24 +138,27 @@ class BackendSetup:
             affinity_wait=self.affinity_wait,
             failure_threshold=self.failure_threshold,
             failure_cooldown=self.failure_cooldown,
+            now=now,
         )
-        policy.advance(now)
-        carried = self.carried
-        if carried is not None:
-            if carried.paused_until is not None:
-                policy.pause(carried.paused_until)
-            policy.hold(carried.holders)
+        if self.carried is not None:
+            policy.carry(self.carried)
         for member in self.members:
             member.join(policy, now)
         for pool, names in self.pools.items():
             policy.set_pool(pool, names)
         return policy
 
-    def join(self, policy: SlotPolicy, now: float) -> list[Ticket]:
+    def join(
+        self,
+        policy: SlotPolicy,
+        now: float,
+        waiting: Iterable[tuple[Ticket, int]] = (),
+    ) -> list[Ticket]:
         """Make the provider a member of ``policy`` (a group's), with its limit, budgets and pause.
 
-        And, ``carried``, the holders it brings (its waiting tickets are
-        the caller's to ask for again).
+        And, ``carried``, the holders it brings, and ``waiting``, the
+        tickets that waited for it under its own scheduler (each with its
+        estimate), queued in their place before anything is granted on it.
 
         Returns the tickets it takes at once.
 
@@ -168,8 +171,8 @@ class BackendSetup:
             self.limit,
             throttle=self._throttle(now),
             models=self._model_throttles(now),
-            paused_until=None if carried is None else carried.paused_until,
-            holders=() if carried is None else carried.holders,
+            carried=carried,
+            waiting=waiting,
         )
 
     def _throttle(self, now: float) -> Throttle | None:

@@ -67,6 +67,7 @@ class KeptPlace:
     """One rate-limited call's place in line, kept for its retry (see above)."""
 
     __slots__ = (
+        "_avoid",
         "_dispatcher",
         "_key",
         "_model",
@@ -86,11 +87,15 @@ class KeptPlace:
         model: str | None,
         tokens: int,
         places: KeptPlaces,
+        *,
+        avoid: tuple[str, ...] = (),
     ) -> None:
         self._dispatcher = dispatcher
         self._provider = provider
         self._model = model
         self._tokens = tokens
+        # A pool's members the call cannot be sent to (see Plumbing.unroutable).
+        self._avoid = avoid
         self._places = places
         self._key = (dispatcher, provider, model)
         self._state = _WAITING
@@ -122,7 +127,7 @@ class KeptPlace:
             with self._scope:
                 try:
                     slot, max_hold = await self._dispatcher.hold(
-                        self._provider, self._tokens, self._model
+                        self._provider, self._tokens, self._model, self._avoid
                     )
                 except (DispatchError, ValueError):
                     # Refused (the queue is full) or closed: nothing kept;
@@ -183,14 +188,20 @@ class KeptPlace:
 
 
 def keep_place(
-    dispatcher: Plumbing, provider: str, model: str | None, tokens: int
+    dispatcher: Plumbing,
+    provider: str,
+    model: str | None,
+    tokens: int,
+    avoid: tuple[str, ...] = (),
 ) -> None:
     """Keep the current turn's place for the retry of a call answered "slow down".
 
     Called by the transport once the rate limit is reported, in the task
     that made the call. Nothing outside a turn, with ``retry_grace`` 0,
-    for an unlimited provider (nothing is paused there) or once the
-    dispatcher has closed.
+    for an unlimited provider or a pool of unlimited members (nothing is
+    paused there) or once the dispatcher has closed. Over a pool, the
+    place is the pool's (its members in ``avoid`` aside): the retry goes
+    to whichever member frees first.
     """
     places = current_places()
     if (
@@ -198,10 +209,10 @@ def keep_place(
         or places.closed
         or not dispatcher.retry_grace
         or dispatcher.closed
-        or provider not in dispatcher.limits()
+        or not dispatcher.limited(provider)
     ):
         return
-    place = KeptPlace(dispatcher, provider, model, tokens, places)
+    place = KeptPlace(dispatcher, provider, model, tokens, places, avoid=avoid)
     places.keep((dispatcher, provider, model), place)
     place.start()
 

@@ -155,6 +155,7 @@ class LimitedProvider:
                         started_at=self.started_at,
                         tokens=tokens,
                         model=model,
+                        avoid=self._unroutable(),
                     )
                     if failed is None
                     else dispatcher.slot_again(failed, tried)
@@ -233,9 +234,19 @@ class LimitedProvider:
         member = slot.member
         assert member is not None  # granted
         tried = (*tried, member)
-        if not self._dispatcher.members_left(self.provider.id, tried):
+        if not self._dispatcher.members_left(self.provider.id, (*tried, *slot.avoid)):
             return None
         return tried
+
+    def _unroutable(self) -> tuple[str, ...] | None:
+        """A pool's members its ``PoolProvider`` has no provider for: its calls avoid them.
+
+        ``None`` (nothing to avoid) for a provider that is no pool.
+        """
+        provider = self.provider
+        if type(provider) is not PoolProvider:
+            return None
+        return self._dispatcher.unroutable(provider.id, provider.members) or None
 
 
 # A provider's errors of a call that got no answer: it may go elsewhere.

@@ -112,7 +112,9 @@ from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, Self, TypeVar, 
 import httpx2
 import trio
 
+from .._endpoint import Endpoint
 from .._exceptions import LeaseLost, SlotHoldTimeout, lease_lost, slot_hold_timeout
+from .._validation import check_provider
 from .._wire._openai import takes_priority, with_priority
 from .._wire._retry_after import parse_retry_after
 from .._wire._sse import EventTooLarge, SSEDecoder
@@ -128,9 +130,6 @@ from ._metering import (
     model_of_body,
 )
 from ._priority import place_in_line
-
-if TYPE_CHECKING:
-    from .._endpoint import Endpoint
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
@@ -220,6 +219,7 @@ class Hold:
     """
 
     __slots__ = (
+        "_avoid",
         "_closing",
         "_deadline",
         "_dispatcher",
@@ -249,9 +249,14 @@ class Hold:
         deadline: float,
         reader: RateLimitReader,
         times: TokenTimes | None = None,
+        *,
+        avoid: tuple[str, ...] = (),
     ) -> None:
         self._dispatcher = dispatcher
         self._slot = slot
+        # The pool's members the call cannot be sent to (no endpoint): its
+        # fallbacks and the place kept for its retry avoid them too.
+        self._avoid = avoid
         self._max_hold = deadline
         # The lease's deadline, with Redis (set before the grant, moved by
         # every renewal); the hold ends at the earlier of the two.
@@ -302,6 +307,7 @@ class Hold:
         path: str = "",
         *,
         fallback: tuple[Slot, tuple[str, ...]] | None = None,
+        avoid: tuple[str, ...] = (),
     ) -> Hold:
         """Wait for a slot of ``provider`` for a call whose JSON body is ``body``.
 
@@ -310,8 +316,8 @@ class Hold:
         yet); or it is the place the current turn keeps for this provider
         and model, taken over. With ``fallback``, ``(slot, tried)``: the
         same call again after ``slot``'s failed, on a member of the pool
-        not ``tried``, in the same place in line. If this raises, nothing
-        is held.
+        not ``tried``, in the same place in line. Never on a member of the
+        pool in ``avoid``. If this raises, nothing is held.
         """
         model = model_of_body(body)
         wire = format_of_path(path)
@@ -322,16 +328,22 @@ class Hold:
         )
         if fallback is not None:
             fresh, deadline = await dispatcher.hold_elsewhere(*fallback)
-            return cls(dispatcher, fresh, deadline, reader, times)
+            return cls(dispatcher, fresh, deadline, reader, times, avoid=avoid)
         slot = await adopt_kept_place(dispatcher, provider, model)
         if slot is not None:
             # The retry of a call answered "slow down": its turn's place.
-            return cls(dispatcher, slot, dispatcher.hold_deadline(slot), reader, times)
+            deadline = dispatcher.hold_deadline(slot)
+            return cls(dispatcher, slot, deadline, reader, times, avoid=avoid)
         tokens = estimate_json_tokens(
             body, dispatcher.default_max_tokens(provider, model), prompt
         )
-        slot, deadline = await dispatcher.hold(provider, tokens, model)
-        return cls(dispatcher, slot, deadline, reader, times)
+        slot, deadline = await dispatcher.hold(provider, tokens, model, avoid)
+        return cls(dispatcher, slot, deadline, reader, times, avoid=avoid)
+
+    @property
+    def avoid(self) -> tuple[str, ...]:
+        """The pool's members the call cannot be sent to (see ``take``)."""
+        return self._avoid
 
     @property
     def slot(self) -> Slot:
@@ -479,7 +491,10 @@ class Hold:
         if pause and keep:
             # The SDK will retry after its own sleep: the turn keeps its
             # place in line for that retry meanwhile.
-            keep_place(self._dispatcher, slot.provider, slot.model, slot.tokens)
+            # Any member it can be sent to: a retry may go where it failed.
+            keep_place(
+                self._dispatcher, slot.provider, slot.model, slot.tokens, self._avoid
+            )
 
     def watch(self, close: weakref.WeakMethod[Callable[[], Awaitable[None]]]) -> None:
         """Close the body with ``close`` at the deadline, unless a read is under way.
@@ -714,8 +729,9 @@ class TransportBase(Generic[InnerT]):
         self._inner = inner
         self._server_priority = server_priority
         self._reader = RateLimitReader(provider)
-        # A pool's members' endpoints, by member; none: where the client points.
-        self._endpoints = endpoints
+        # A pool's members' endpoints, by member (set_endpoint adds one);
+        # none: where the client points.
+        self._endpoints = None if endpoints is None else dict(endpoints)
 
     def __repr__(self) -> str:
         return f"<trio_dispatch transport {self._provider!r} inner={self._inner!r}>"
@@ -807,7 +823,48 @@ class TransportBase(Generic[InnerT]):
                 parsed,
                 path,
                 fallback=(hold.slot, tried),
+                avoid=hold.avoid,
             )
+
+    def set_endpoint(self, member: str, endpoint: Endpoint) -> None:
+        """Send the calls granted on pool member ``member`` to ``endpoint`` from now on.
+
+        For a member that joins the pool after the transport was made
+        (``Dispatcher.set_pool``): until it has an endpoint here, this
+        transport's calls are never granted on it. Replaces a member's
+        endpoint too (a rotated key), for the calls granted from now on.
+
+        Raises:
+            TypeError: ``member`` is not a string or ``endpoint`` not an
+                ``Endpoint``.
+            ValueError: ``member`` is empty or not a member of the pool
+                now, or the transport was made without ``endpoints`` (its
+                calls go where its client points).
+        """
+        check_provider(member)
+        if not isinstance(endpoint, Endpoint):
+            raise TypeError(
+                f"endpoint must be an Endpoint, got {type(endpoint).__name__}"
+            )
+        if self._endpoints is None:
+            raise ValueError(
+                f"the transport of {self._provider!r} was made without endpoints:"
+                " its calls go where its client points"
+            )
+        members = self._dispatcher.members(self._provider) or ()
+        if member not in members:
+            raise ValueError(
+                f"{member!r} is not a member of pool {self._provider!r}; its members"
+                f" are {', '.join(map(repr, members)) or 'none'}"
+            )
+        self._endpoints[member] = endpoint
+
+    def _unroutable(self) -> tuple[str, ...]:
+        """The pool's members this transport has no endpoint for: its calls avoid them."""
+        endpoints = self._endpoints
+        if endpoints is None:
+            return ()
+        return self._dispatcher.unroutable(self._provider, endpoints)
 
     def _endpoint(self, slot: Slot) -> Endpoint:
         """The endpoint of the member ``slot`` was granted on.
@@ -858,7 +915,12 @@ class TransportBase(Generic[InnerT]):
         # Parsed once: the slot's model and estimate, and the priority, read it.
         parsed = None if content is None else json_body(content)
         hold = await Hold.take(
-            self._dispatcher, self._provider, self._reader, parsed, path
+            self._dispatcher,
+            self._provider,
+            self._reader,
+            parsed,
+            path,
+            avoid=self._unroutable(),
         )
         hold, response = await self._exchange(hold, request, httpx, parsed, content)
         if response.is_closed:
@@ -887,13 +949,15 @@ def _fallback(
     """The members tried once ``hold``'s has failed, if the call may go to another; else ``()``.
 
     It may if its body can be sent again (it was read: not a streamed
-    upload) and the pool (of ``members``) has a member it has not failed on.
+    upload) and the pool (of ``members``) has a member it has not failed
+    on, and may be sent to (not one it avoids: see ``Plumbing.unroutable``).
     """
-    member = hold.slot.member
+    slot = hold.slot
+    member = slot.member
     if content is None or member is None:
         return ()
     tried = (*tried, member)
-    return () if set(members) <= set(tried) else tried
+    return () if set(members) <= {*tried, *slot.avoid} else tried
 
 
 def _routed(

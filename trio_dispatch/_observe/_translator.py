@@ -37,7 +37,7 @@ from ._hub import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
     from ..messages._protocol import Ticket
     from ._hub import DispatchEvent, EventHub
@@ -78,6 +78,22 @@ class Translator:
     def listening(self) -> bool:
         """Whether anything listens to the events."""
         return bool(self.hub.sinks)
+
+    def hand_over(
+        self, tickets: Iterable[Ticket]
+    ) -> dict[Ticket, tuple[str | None, float]]:
+        """Who asked for each of ``tickets`` and since when, forgotten here: another takes them over."""
+        seen = self._seen
+        return {ticket: seen.pop(ticket) for ticket in tickets if ticket in seen}
+
+    def take_over(self, seen: Mapping[Ticket, tuple[str | None, float]]) -> None:
+        """Know the tickets ``seen`` as another translator knew them (``hand_over``).
+
+        Their next events say how long they waited or held since they first
+        asked, not since they moved. Forgotten at once while nothing listens.
+        """
+        if self.hub.sinks:
+            self._seen.update(seen)
 
     def forget(self) -> None:
         """Nobody listens: forget who waits or holds since when."""

@@ -233,6 +233,13 @@ class MemberState:
             already, in ``throttle``).
         waiting: The tickets waiting for it, in ticket order, each with
             its estimate of tokens: the caller asks for them again.
+        streak: Its backoff: rounds of rate-limit reports since its last
+            success (0: none).
+        step: The pause of the streak's current round without a delay.
+        reported: The holders at its latest report (their release is no
+            success).
+        granted_since_report: Whether it granted anything since its
+            latest report (the next report starts a new round).
     """
 
     throttle: Throttle | None
@@ -240,6 +247,10 @@ class MemberState:
     paused_until: float | None
     holders: tuple[Ticket, ...] = ()
     waiting: tuple[tuple[Ticket, int], ...] = ()
+    streak: int = 0
+    step: float = 0.0
+    reported: tuple[Ticket, ...] = ()
+    granted_since_report: bool = False
 
 
 @final
@@ -561,6 +572,8 @@ class SlotPolicy:
             that take it out of service.
         failure_cooldown: How long a member stays out of service before
             its probe, in seconds.
+        now: The time it starts at (its budgets', its models'), as
+            ``advance`` would tell it; ``0.0`` by default.
 
     Attributes:
         needs_clock: Whether grants and releases need the time: true once
@@ -619,6 +632,7 @@ class SlotPolicy:
         affinity_wait: float = DEFAULT_AFFINITY_WAIT,
         failure_threshold: int = DEFAULT_FAILURE_THRESHOLD,
         failure_cooldown: float = DEFAULT_FAILURE_COOLDOWN,
+        now: float = 0.0,
     ) -> None:
         if limit is not None:
             check_slot_limit(limit)
@@ -628,6 +642,7 @@ class SlotPolicy:
         for name, settings in configured.items():
             check_tenant(name, settings)
         throttles = _check_models(models)
+        now = check_instant(now, "now")
         check_max_waiting(max_waiting)
         self._default_pause, self._max_pause = check_pauses(default_pause, max_pause)
         self._affinity_wait = check_seconds(affinity_wait, "affinity_wait")
@@ -641,7 +656,7 @@ class SlotPolicy:
             "" if provider is None else provider,
             limit,
             throttle,
-            ModelThrottles(throttles),
+            ModelThrottles(throttles, now),
             self._default_pause,
         )
         self._members: dict[str, _Member] = {self._first.name: self._first}
@@ -672,7 +687,7 @@ class SlotPolicy:
         self._peak_waiting = 0
         # The latest time told (advance, tick, a report): tenants' service
         # accrues in it.
-        self._now = 0.0
+        self._now = now
         # The queue: every waiting ticket, by its tenant and lane (see
         # _tenants); service and models' use are counted from the first
         # tenant or model on.
@@ -881,6 +896,10 @@ class SlotPolicy:
             first.paused_until,
             tuple(sorted(first.holders)),
             tuple((ticket, estimates.get(ticket, 0)) for ticket in self.waiters()),
+            first.streak,
+            first.step,
+            tuple(sorted(first.reported)),
+            first.granted_total != first.granted_at_report,
         )
 
     def member_server_load(self, member: str) -> tuple[ServerLoad | None, int | None]:
@@ -1692,14 +1711,15 @@ class SlotPolicy:
         *,
         throttle: Throttle | None = None,
         models: Mapping[str, Throttle] | None = None,
-        paused_until: float | None = None,
-        holders: Iterable[Ticket] = (),
+        carried: MemberState | None = None,
+        waiting: Iterable[tuple[Ticket, int]] = (),
     ) -> list[Ticket]:
         """Make ``name`` a member: the tickets waiting for any member may go to it.
 
-        ``paused_until``: it is paused until then from the start, and
-        ``holders`` hold its slots (``hold``): what it brings from a policy
-        of its own. Returns the tickets it takes at once.
+        ``carried``: what it brings from a policy of its own (``carry``),
+        and ``waiting``, the tickets that waited for it there, each with
+        its estimate (``requeue``): all in place before anything is
+        granted on it. Returns the tickets granted then.
 
         Raises:
             ValueError: ``name`` is a member already, or empty, or the
@@ -1731,31 +1751,42 @@ class SlotPolicy:
             ),
             self._default_pause,
         )
-        if paused_until is not None:
-            member.paused_until = check_deadline(paused_until, "paused_until")
         self._members[name] = member
         if self._counting:
             member.models.count((), self._waiting)
         elif throttles:
             self._count()  # every member's, this one's too
-        self.hold(holders, member=name)
+        if carried is not None:
+            self.carry(carried, member=name)
+        self._queue_moved(waiting, name)
         return self._fill()
 
-    def hold(self, tickets: Iterable[Ticket], *, member: str | None = None) -> None:
-        """Count ``tickets`` as holders of ``member``'s slots (``None``: the first's).
+    def carry(self, state: MemberState, *, member: str | None = None) -> None:
+        """Give ``member`` (``None``: the first) what it brings from a policy of its own.
 
-        Slots taken under another policy, which the member brings along
-        (``member_state``): their budgets were charged there, in the
-        throttles it brings; they are released here as any holder.
+        Its pause, its backoff's streak, and its holders, counted as
+        holding its slots (granted, as far as the counts go): slots taken
+        under the other policy, their budgets charged there, in the
+        throttles it brings (``state.throttle``, given to ``add_member``
+        or the constructor); they are released here as any holder. Its
+        waiting tickets are the caller's to ``requeue``. Grants nothing.
 
         Raises:
-            ValueError: ``member`` is not a member, or a ticket is known here.
+            ValueError: ``member`` is not a member, or holds a slot or a
+                ticket is known here already.
         """
         chosen = self._member(member)
-        tickets = list(tickets)
+        tickets = list(state.holders)
         known = [t for t in tickets if t in self._held_by or t in self._waiting]
-        if known or len(set(tickets)) != len(tickets):
-            raise ValueError(f"tickets already known here: {known or tickets!r}")
+        if chosen.holders or known or len(set(tickets)) != len(tickets):
+            raise ValueError(
+                f"{chosen.name!r} cannot take holders over: it holds"
+                f" {len(chosen.holders)} slots, tickets known here {known!r}"
+            )
+        if state.paused_until is not None:
+            until = check_deadline(state.paused_until, "paused_until")
+            if chosen.paused_until is None or until > chosen.paused_until:
+                chosen.paused_until = until
         now = self._now
         for ticket in tickets:
             chosen.holders.add(ticket)
@@ -1763,9 +1794,54 @@ class SlotPolicy:
             self._tenants.hold(ticket, now)
             if ticket.model is not None:
                 chosen.models.use(ticket.model, 1)
+        # Granted here, as far as the counts go: released_total is what
+        # was granted less what holds.
+        chosen.granted_total += len(tickets)
+        self._granted_total += len(tickets)
         held = len(chosen.holders)
         chosen.peak_in_flight = max(chosen.peak_in_flight, held)
         self._peak_in_flight = max(self._peak_in_flight, len(self._held_by))
+        if state.streak:
+            chosen.streak = state.streak
+            chosen.step = state.step
+            chosen.reported = set(state.reported) & chosen.holders
+            since = 1 if state.granted_since_report else 0
+            chosen.granted_at_report = chosen.granted_total - since
+
+    def requeue(
+        self, waiting: Iterable[tuple[Ticket, int]], *, member: str | None = None
+    ) -> list[Ticket]:
+        """Queue tickets that waited for ``member`` under a policy of their own, in their place.
+
+        Each with its estimate of tokens, waiting for ``member`` alone (as
+        asked there); never refused for a full queue (they were admitted
+        already). Returns the tickets granted then.
+
+        Raises:
+            ValueError: ``member`` is not a member, or a ticket is known here.
+        """
+        self._queue_moved(waiting, self._member(member).name)
+        return self._fill() if self._open() else []
+
+    def _queue_moved(self, waiting: Iterable[tuple[Ticket, int]], member: str) -> None:
+        """Queue ``waiting`` for ``member`` alone, granting nothing yet (``requeue``)."""
+        queue = self._waiting
+        for ticket, tokens in waiting:
+            if ticket in self._held_by or ticket in queue:
+                raise ValueError(f"ticket {ticket!r} is already known")
+            model = ticket.model
+            lane, _, _ = self._lane(model, member, None, ())
+            if ticket.tenant is not None and not self._counting:
+                self.needs_clock = True
+                self._count()
+            if tokens:
+                self._expect(ticket, tokens)
+                self._estimates[ticket] = tokens
+            if model is not None:
+                self._use(model)
+            queue[ticket] = lane
+            self._tenants.queue(ticket, self._now, lane)
+        self._peak_waiting = max(self._peak_waiting, len(queue))
 
     def remove_member(self, name: str) -> tuple[list[Ticket], list[Ticket]]:
         """Take ``name`` out of the policy and its pools; its holders keep their slots.

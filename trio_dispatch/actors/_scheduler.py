@@ -102,7 +102,7 @@ from ._mailbox import Mailbox
 
 if TYPE_CHECKING:
     import collections
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from .._dispatch._backend import ProviderStatistics
     from .._dispatch._setup import BackendSetup
@@ -136,14 +136,40 @@ _TICK = _Tick()
 
 @final
 @attrs.frozen
-class _AddMember:
-    """A provider joins this pooled scheduler as a member (``add_member``)."""
+class Handover:
+    """What a provider's own scheduler hands the group's it gives way to (``give_way``).
 
-    setup: BackendSetup
+    Attributes:
+        member: The provider.
+        state: What it learned and holds (``SlotPolicy.member_state``).
+        waiting: Its waiting requests, in their order, as the ``Acquire``
+            each was (its reply, conversation and estimate).
+        seen: Since when each of its requests waits or holds, for the
+            events (``Translator.hand_over``).
+    """
+
+    member: str
+    state: MemberState
+    waiting: tuple[Acquire, ...]
+    seen: Mapping[Ticket, tuple[str | None, float]]
+
+
+@final
+@attrs.frozen
+class _Join:
+    """A provider joins this pooled scheduler (``add_member``, ``take_over``).
+
+    ``setup``: it is made a member with what that says; ``None``: it is
+    one already. ``handover``: what its own scheduler hands on, if it had
+    one.
+    """
+
+    setup: BackendSetup | None
+    handover: Handover | None
 
 
 #: The actor's own messages, beside the protocol's.
-_Own: TypeAlias = _Tick | _AddMember
+_Own: TypeAlias = _Tick | _Join
 
 #: How many conversations' latest member a pooled scheduler remembers.
 MAX_CONVERSATIONS = 65_536
@@ -353,28 +379,40 @@ class SchedulerActor:
                 told[member] = limit
                 self._on_limit(member, limit)
 
-    def add_member(self, setup: BackendSetup) -> None:
+    def add_member(self, setup: BackendSetup, handover: Handover | None = None) -> None:
         """Make ``setup.provider`` a member of this pooled scheduler, now.
 
         With its limit, budgets and pause as ``setup`` says (``carried``:
-        those it learned under a scheduler of its own); the requests
-        waiting for any member may take it at once. Handled as a message,
-        in its order among the others.
+        those it learned under a scheduler of its own, and its holders),
+        and the requests ``handover`` brings waiting for it, in their
+        place; then the requests waiting for any member may take it.
+        Handled as a message, in its order among the others.
 
         Raises:
             trio.ClosedResourceError: The actor is closed.
         """
-        self.send(_AddMember(setup))
+        self.send(_Join(setup, handover))
 
-    def give_way(self, to: _Sends) -> tuple[MemberState, list[Acquire]]:
+    def take_over(self, handover: Handover) -> None:
+        """Take over what a member's own scheduler handed on (``give_way``): its waiting requests.
+
+        For a member made with its ``carried`` state already (a group's
+        scheduler made after it gave way). Handled as a message.
+
+        Raises:
+            trio.ClosedResourceError: The actor is closed.
+        """
+        self.send(_Join(None, handover))
+
+    def give_way(self, to: _Sends) -> Handover:
         """Hand this provider over to a group's scheduler that takes it as a member.
 
-        Returns what it learned and holds (``SlotPolicy.member_state``),
-        for the group's policy to take on (``BackendSetup.carried``), and
-        its waiting requests as ``Acquire`` messages, in their order, to
-        send ``to``. From now on every message sent here goes ``to`` (its
-        holders' releases, their answers' news), and ``run`` stops
-        without failing anyone.
+        Returns what it learned and holds, for the group's policy to take
+        on (``BackendSetup.carried``), and its waiting requests, for the
+        group's scheduler to take over in their place (``add_member``,
+        ``take_over``). From now on every message sent here goes ``to``
+        (its holders' releases, their answers' news, a waiting request's
+        cancellation), and ``run`` stops without failing anyone.
 
         Raises:
             RuntimeError: It is handling a message, or closed.
@@ -384,13 +422,15 @@ class SchedulerActor:
             raise RuntimeError("a scheduler gives way only while idle and open")
         state = self.policy.member_state()
         replies = self._replies
-        waiting = [
-            Acquire(ticket, replies.pop(ticket), None, tokens)
+        waiting = tuple(
+            Acquire(ticket, reply, _conversation_of(reply), tokens)
             for ticket, tokens in state.waiting
-        ]
+            for reply in (replies.pop(ticket),)
+        )
+        seen = self._events.hand_over([*state.holders, *(a.ticket for a in waiting)])
         self._forward = to
         self._inbox.close()
-        return state, waiting
+        return Handover(self.provider, state, waiting, seen)
 
     def close(self) -> None:
         """Refuse further messages; ``run`` stops and fails every waiter."""
@@ -566,8 +606,10 @@ class SchedulerActor:
                 self._for_member(message, now)
             # A tick: the handling's end tells the policy the time (send).
             return
-        elif isinstance(message, (SetPool, _AddMember, RemovePool)):
+        elif isinstance(message, (SetPool, RemovePool)):
             grants = self._set_pool(message, now)
+        elif isinstance(message, _Join):
+            grants = self._join(message, now)
         else:
             grants = self._rarely(message, now, member)
         if grants:
@@ -623,16 +665,34 @@ class SchedulerActor:
             return
         self._handle(inner, now, member)
 
-    def _set_pool(
-        self, message: SetPool | _AddMember | RemovePool, now: float
-    ) -> list[Ticket]:
-        """A pool made, changed or removed, a member added; those waiting for a removed pool are refused."""
+    def _join(self, message: _Join, now: float) -> list[Ticket]:
+        """A provider joins: a member made, what its own scheduler handed on taken over."""
+        handover = message.handover
+        waiting: list[tuple[Ticket, int]] = []
+        if handover is not None:
+            member = handover.member
+            names = self._names
+            for ticket in handover.state.holders:
+                names[ticket] = (member, None)
+            for acquire in handover.waiting:
+                ticket = acquire.ticket
+                names[ticket] = (member, None)
+                self._replies[ticket] = acquire.reply
+                if acquire.conversation_id is not None:
+                    self._conversations[ticket] = acquire.conversation_id
+                waiting.append((ticket, acquire.tokens))
+            self._events.take_over(handover.seen)
+        if message.setup is not None:
+            return message.setup.join(self.policy, now, waiting)
+        assert handover is not None  # one or the other
+        return self.policy.requeue(waiting, member=handover.member)
+
+    def _set_pool(self, message: SetPool | RemovePool, now: float) -> list[Ticket]:
+        """A pool made, changed or removed; those waiting for a removed one are refused."""
         policy = self.policy
         try:
             if isinstance(message, SetPool):
                 return policy.set_pool(message.pool, message.members)
-            if isinstance(message, _AddMember):
-                return message.setup.join(policy, now)
             grants, orphans = policy.remove_pool(message.pool)
         except ValueError as exc:
             _logger.error(
@@ -894,3 +954,9 @@ class SchedulerActor:
         return DispatcherClosed(
             f"the dispatcher closed while waiting for {self.provider!r}"
         )
+
+
+def _conversation_of(reply: Reply) -> str | None:
+    """The conversation a waiting request belongs to, if its reply says (a dispatcher's slot does)."""
+    conversation = getattr(reply, "conversation_id", None)
+    return conversation if isinstance(conversation, str) else None

@@ -21,6 +21,7 @@ turns keep their own calls, tools, tenant, priority and model
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 import random
@@ -404,8 +405,9 @@ class Workload:
             second of its duration, rounded; 0, calls carry no token counts.
         pools: Pool names and their members (providers), as a mapping or
             as pairs. A pool takes the turns its members would: each turn
-            goes to a pool, weighted by the sum of its members' weights,
-            or to a provider in no pool, weighted by its own.
+            goes to a pool, weighted by the sum of its members' weights (a
+            provider in several pools shares its weight among them), or to
+            a provider in no pool, weighted by its own.
     """
 
     agents: int = attrs.field(validator=positive_int)
@@ -623,10 +625,15 @@ class Workload:
 
     def _weights(self) -> tuple[list[str], list[float]]:
         """What turns go to, each with its weight: pools, then providers in none."""
+        # A provider in several pools shares its weight among them.
+        shares = collections.Counter(m for _, members in self.pools for m in members)
         weight = {p.name: p.weight for p in self.providers}
-        pooled = {member for _, members in self.pools for member in members}
+        pooled = set(shares)
         names = [pool for pool, _ in self.pools]
-        weights = [math.fsum(weight[m] for m in members) for _, members in self.pools]
+        weights = [
+            math.fsum(weight[m] / shares[m] for m in members)
+            for _, members in self.pools
+        ]
         for p in self.providers:
             if p.name not in pooled:
                 names.append(p.name)
