@@ -46,6 +46,7 @@ from ._exceptions import DispatcherClosed as DispatcherClosed
 from ._exceptions import DispatchError as DispatchError
 from ._exceptions import LeaseLost as LeaseLost
 from ._exceptions import PoolRemoved as PoolRemoved
+from ._exceptions import PoolUnreachable as PoolUnreachable
 from ._exceptions import ProviderError as ProviderError
 from ._exceptions import QueueFull as QueueFull
 from ._exceptions import ServerLoadUnavailable as ServerLoadUnavailable
@@ -101,6 +102,7 @@ __all__ = [
     "PoolProvider",
     "PoolRemoved",
     "PoolStatistics",
+    "PoolUnreachable",
     "Provider",
     "ProviderError",
     "ProviderStatistics",

@@ -141,6 +141,23 @@ class PoolRemoved(DispatchError):
         self.pool = pool
 
 
+@final
+class PoolUnreachable(DispatchError, ValueError):
+    """No member of the pool is one this integration can send a call to.
+
+    A transport has an ``Endpoint`` (a ``PoolProvider`` a provider) for
+    some members; the pool's members are now others only (``set_pool``).
+    Raised before any slot is taken; nothing is held. A ``ValueError`` too.
+
+    Attributes:
+        pool: The pool's name.
+    """
+
+    def __init__(self, message: str, *, pool: str) -> None:
+        super().__init__(message)
+        self.pool = pool
+
+
 def queue_full(provider: str | None, waiting: int, max_waiting: int) -> QueueFull:
     """The ``QueueFull`` of a queue of ``provider`` where ``waiting`` already wait."""
     verb = "request already waits" if waiting == 1 else "requests already wait"

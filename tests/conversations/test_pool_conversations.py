@@ -178,3 +178,43 @@ async def test_a_member_that_joins_later_is_avoided_by_a_pool_provider_without_i
     assert len(a.requests) + len(b.requests) == 3
     # One conversation asks one question at a time: three answers of 5 s.
     assert trio.current_time() == 15.0
+
+
+async def test_a_waiting_call_granted_on_a_member_that_joined_goes_to_one_it_reaches(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    a, b, pool = members()
+    async with open_dispatcher(
+        {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a", "key-b")}
+    ) as dispatcher:
+        conversations = [dispatcher.start_conversation(pool) for _ in range(3)]
+        async with trio.open_nursery() as nursery:
+            for conversation in conversations:
+                nursery.start_soon(conversation.ask, "hello")
+                await trio.testing.wait_all_tasks_blocked()
+            # The third waits; key-c joins unlimited and is granted it at
+            # once: no provider for it here, so it waits for key-a or key-b.
+            dispatcher.set_pool("gpt", ("key-a", "key-b", "key-c"))
+        stats = dispatcher.statistics().providers["key-c"]
+    assert len(a.requests) + len(b.requests) == 3
+    assert trio.current_time() == 10.0
+    assert (stats.in_flight, stats.granted_total) == (0, 1)
+
+
+async def test_a_pool_its_provider_cannot_reach_fails_the_turn_not_the_dispatcher(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from trio_dispatch import PoolUnreachable  # noqa: PLC0415
+
+    a, _, pool = members()
+    async with open_dispatcher(
+        {"key-a": 1, "key-b": 1, "key-c": 1}, pools={"gpt": ("key-a", "key-b")}
+    ) as dispatcher:
+        conversation = dispatcher.start_conversation(pool)
+        dispatcher.set_pool("gpt", ("key-c",))
+        with pytest.raises(PoolUnreachable):
+            await conversation.ask("hello")
+        # The dispatcher and the conversation's provider go on.
+        async with dispatcher.slot("key-a") as slot:
+            assert slot.member == "key-a"
+    assert a.requests == []

@@ -898,3 +898,13 @@ async def test_set_pool_with_a_backend_of_ones_own_is_refused_and_changes_nothin
             d.set_pool("new", ("key-b", "key-d"))
         assert "key-b" in d.statistics().providers
         assert d.pools() == {}
+
+
+async def test_set_pool_refuses_a_pool_named_as_its_own_member() -> None:
+    async with open_dispatcher({"key-a": 1}, pools={"gpt": ("key-a",)}) as d:
+        for members in (("key-a", "gpt"), ("gpt", "key-z")):
+            with pytest.raises(ValueError, match=r"^pool 'gpt' has the name of a"):
+                d.set_pool("gpt", members)
+        with pytest.raises(ValueError, match=r"^pool 'new' has the name of a"):
+            d.set_pool("new", ("new", "key-z"))
+        assert d.pools() == {"gpt": ("key-a",)}

@@ -19,6 +19,7 @@ import httpx2
 import openai
 import pytest
 import trio
+import trio.testing
 
 from trio_dispatch import Endpoint, open_dispatcher
 from trio_dispatch.testing import FakeReply, FakeScript, Fault, open_fake_llm_server
@@ -477,3 +478,62 @@ async def test_a_429_from_every_member_keeps_the_turns_place_in_the_pool(
         ("D", "b.example", 3.0),
         ("A", "a.example", 3.5),
     ]
+
+
+async def test_a_waiting_call_granted_on_a_member_that_joined_asks_again_in_its_place(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    sent: list[tuple[str, float]] = []
+
+    async def answer(request: httpx2.Request) -> httpx2.Response:
+        sent.append((request.url.host, trio.current_time()))
+        await trio.sleep(1.0)
+        return httpx2.Response(200)
+
+    url = "http://pool.invalid/v1/chat/completions"
+    async with (
+        open_dispatcher({"key-a": 1}, pools={"gpt": ("key-a",)}) as d,
+        httpx2.AsyncClient(
+            transport=d.transport(
+                "gpt",
+                inner=httpx2.MockTransport(answer),
+                endpoints={"key-a": Endpoint("http://a.example/v1", "sk-a")},
+            )
+        ) as client,
+    ):
+
+        async def call() -> None:
+            assert (await client.post(url, content=b"{}")).status_code == 200
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(call)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(call)
+            await trio.sleep(0.5)
+            # key-c joins, unlimited: the waiting call is granted there at
+            # once, gives it back unused, and takes key-a when it frees.
+            d.set_pool("gpt", ("key-a", "key-c"))
+        stats = d.statistics().providers["key-c"]
+    assert sent == [("a.example", 0.0), ("a.example", 1.0)]
+    assert (stats.in_flight, stats.granted_total, stats.released_total) == (0, 1, 1)
+
+
+async def test_a_pool_left_with_no_member_the_transport_reaches_refuses_its_calls() -> (
+    None
+):
+    from trio_dispatch import PoolUnreachable  # noqa: PLC0415
+
+    async with open_dispatcher(
+        {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a",), "all": ("key-a", "key-b")}
+    ) as d:
+        transport = d.transport(
+            "gpt",
+            inner=httpx2.MockTransport(lambda _: httpx2.Response(200)),
+            endpoints={"key-a": Endpoint("http://a.example/v1", "sk-a")},
+        )
+        d.set_pool("gpt", ("key-b",))
+        async with httpx2.AsyncClient(transport=transport) as client:
+            with pytest.raises(PoolUnreachable) as caught:
+                await client.post("http://x/v1/chat/completions", json={})
+        assert caught.value.pool == "gpt"
+        assert isinstance(caught.value, ValueError)

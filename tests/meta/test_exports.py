@@ -67,6 +67,7 @@ def test_the_top_level_is_what_an_application_uses() -> None:
         "LeaseLost",
         "PoolProvider",
         "PoolRemoved",
+        "PoolUnreachable",
         "PoolStatistics",
         "Provider",
         "ProviderError",

@@ -1202,3 +1202,21 @@ def test_a_pooled_policy_carries_no_member_out() -> None:
         ValueError, match=r"^a pooled policy's members are not carried elsewhere$"
     ):
         pool().member_state()
+
+
+def test_a_members_server_load_and_failures_move_with_it() -> None:
+    from trio_dispatch import ServerLoad  # noqa: PLC0415
+
+    own = SlotPolicy(4, provider="b")
+    assert own.acquire(t(0, 0)) == [t(0, 0)]
+    own.fail(t(0, 0), 0.0)
+    own.observe_server_load(ServerLoad(running=2, waiting=1))
+    state = own.member_state()
+    assert state.failures == 1
+    assert state.server is not None
+    policy = SlotPolicy(1, provider="a")
+    policy.add_member("b", 4, carried=state)
+    load = own.member_server_load("b")
+    assert load[0] is not None
+    assert policy.member_server_load("b") == load
+    assert policy.member_statistics()["b"].failures == 1

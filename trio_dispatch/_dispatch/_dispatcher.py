@@ -315,11 +315,18 @@ class Dispatcher(metaclass=NoPublicConstructor):
         slots held on them and the requests waiting for them, in their
         place. Pools scheduled apart are not merged.
 
+        A provider's tenants share one queue with the pool's: a tenant's
+        cap and share count over the whole group of the pool's members
+        from then on (see ``open_dispatcher``'s ``pools``).
+
         Raises:
-            ValueError: ``pool`` is a provider's name, ``members`` is empty
-                or names one twice or names a pool, or would join pools
-                scheduled apart (nothing changes).
-            DispatcherClosed: The dispatcher has closed.
+            ValueError: ``pool`` is a provider's name (or a member's),
+                ``members`` is empty or names one twice or names a pool,
+                or would join pools scheduled apart; or the dispatcher has
+                ``redis_url`` or a backend factory of one's own, which
+                schedule no pools (nothing changes).
+            DispatcherClosed: The dispatcher has closed, or a scheduler
+                it would take stopped.
         """
         self._plumbing.set_pool(pool, members)
 

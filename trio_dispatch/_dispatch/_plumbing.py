@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 import attrs
 import trio
 
-from .._exceptions import DispatcherClosed, UnknownProviderWarning
+from .._exceptions import DispatcherClosed, PoolUnreachable, UnknownProviderWarning
 from .._groups import leaves
 from .._observe._hub import (
     CallObserver,
@@ -430,16 +430,17 @@ class Plumbing(metaclass=NoPublicConstructor):
         pool.
 
         Raises:
-            ValueError: None of the pool's members is in ``routes``.
+            PoolUnreachable: None of the pool's members is in ``routes``.
         """
         members = self.members(provider)
         if members is None:
             return ()
         missing = tuple(member for member in members if member not in routes)
         if len(missing) == len(members):
-            raise ValueError(
+            raise PoolUnreachable(
                 f"pool {provider!r} has no member this integration can reach:"
-                f" its members are {_names(members)}, it reaches {_names(routes)}"
+                f" its members are {_names(members)}, it reaches {_names(routes)}",
+                pool=provider,
             )
         return missing
 
@@ -460,15 +461,16 @@ class Plumbing(metaclass=NoPublicConstructor):
         return members is not None and not set(members) <= set(tried)
 
     def slot_again(
-        self, failed: Slot, tried: tuple[str, ...], max_hold: float | None = UNSET
+        self, failed: Slot, avoid: tuple[str, ...], max_hold: float | None = UNSET
     ) -> Slot:
-        """A slot for the request of ``failed`` again, on a member of its pool not ``tried``.
+        """A slot for the request of ``failed`` again, on a member of its pool not in ``avoid``.
 
-        A fallback: ``failed``'s call failed on its member before its
-        answer. The new slot is the same request's (its turn's start, so its
-        place in line, its priority, tenant, model and charge), avoiding
-        the members it failed on and those it avoided already;
-        ``max_hold`` as ``slot()`` takes it.
+        A fallback (``failed``'s call failed on its member before its
+        answer: ``avoid`` names the members it failed on, and those the
+        caller cannot reach), or a grant on a member the caller cannot
+        reach, given back. The new slot is the same request's (its turn's
+        start, so its place in line, its priority, tenant, model and
+        charge); ``max_hold`` as ``slot()`` takes it.
         """
         return self.slot(
             failed.provider,
@@ -479,14 +481,14 @@ class Plumbing(metaclass=NoPublicConstructor):
             tokens=failed.tokens,
             tenant=failed.tenant,
             model=failed.model,
-            avoid=tuple(dict.fromkeys((*failed.avoid, *tried))),
+            avoid=avoid,
         )
 
     async def hold_elsewhere(
-        self, failed: Slot, tried: tuple[str, ...]
+        self, failed: Slot, avoid: tuple[str, ...]
     ) -> tuple[Slot, float]:
         """``hold()`` for the request of ``failed`` again (``slot_again``)."""
-        slot = self.slot_again(failed, tried, max_hold=None)
+        slot = self.slot_again(failed, avoid, max_hold=None)
         await acquire_unscoped(slot)
         return slot, self.hold_deadline(slot)
 
@@ -756,6 +758,9 @@ class Plumbing(metaclass=NoPublicConstructor):
             found.update(group.pools)
         return found
 
+    # Protected: between a scheduler's giving way and the group's taking
+    # over, its waiting requests are in no scheduler's hands.
+    @trio.lowlevel.enable_ki_protection
     def set_pool(self, pool: str, members: Iterable[str]) -> None:
         """``Dispatcher.set_pool``."""
         check_provider(pool)
@@ -763,6 +768,29 @@ class Plumbing(metaclass=NoPublicConstructor):
         self._check_open()
         group, fresh = self._pool_group(pool, names)
         handovers = self._hand_over(fresh, group)
+        try:
+            self._regroup(pool, names, group, fresh, handovers)
+        except (trio.ClosedResourceError, DispatcherClosed):
+            # The group's scheduler has stopped (it crashed): the requests
+            # that were moving fail as its own did.
+            for handover in handovers.values():
+                for acquire in handover.waiting:
+                    acquire.reply.refused(
+                        DispatcherClosed(f"the scheduler of pool {pool!r} has stopped")
+                    )
+            raise DispatcherClosed(
+                f"the scheduler of pool {pool!r} has stopped"
+            ) from None
+
+    def _regroup(
+        self,
+        pool: str,
+        names: tuple[str, ...],
+        group: Group,
+        fresh: list[str],
+        handovers: dict[str, Handover],
+    ) -> None:
+        """Pool ``pool`` of ``names`` in ``group``: its new members joined, their requests moved."""
         groups = self._groups
         group.members.extend(fresh)
         group.pools[pool] = names
@@ -810,8 +838,10 @@ class Plumbing(metaclass=NoPublicConstructor):
             )
         groups = self._groups
         known = groups.get(pool)
-        if (known is None and (pool in self._known or pool in self._backends)) or (
-            known is not None and pool not in known.pools
+        if (
+            pool in names
+            or (known is None and (pool in self._known or pool in self._backends))
+            or (known is not None and pool not in known.pools)
         ):
             raise ValueError(f"pool {pool!r} has the name of a provider")
         pooled = [
@@ -838,12 +868,17 @@ class Plumbing(metaclass=NoPublicConstructor):
         With what it learned and holds (``carried``, for the group's
         policy) and its waiting requests, which wait there in their place.
         """
-        handovers: dict[str, Handover] = {}
-        for name in fresh:
-            backend = self._backends.pop(name, None)
-            if backend is None:
-                continue
+        apart = [name for name in fresh if name in self._backends]
+        for name in apart:
+            backend = self._backends[name]
             assert isinstance(backend, SchedulerActor)  # pools: local only
+            if backend.closed:
+                # Its scheduler stopped (it crashed): none gives way.
+                raise DispatcherClosed(f"the scheduler of {name!r} has stopped")
+        handovers: dict[str, Handover] = {}
+        for name in apart:
+            backend = self._backends.pop(name)
+            assert isinstance(backend, SchedulerActor)  # checked above
             self._host.actors.pop(name, None)
             handover = handovers[name] = backend.give_way(MemberView(name, group))
             self._carried[name] = handover.state

@@ -155,23 +155,27 @@ class LimitedProvider:
                         started_at=self.started_at,
                         tokens=tokens,
                         model=model,
-                        avoid=self._unroutable(),
+                        avoid=self._unroutable() or None,
                     )
                     if failed is None
-                    else dispatcher.slot_again(failed, tried)
+                    else dispatcher.slot_again(failed, (*tried, *self._unroutable()))
                 ) as slot:
                     if waiting is not None:
                         waiting.deadline = math.inf
+                    provider = self._provider_of(slot)
+                    if provider is None:
+                        # Its member joined the pool after the call asked:
+                        # no provider for it here. Given back unused, and
+                        # asked again in the same place.
+                        slot.release(used=False)
+                        failed = slot
+                        continue
                     # Cancelled while the grant was on its way: send nothing,
                     # whatever the transport below would have checked before
                     # its first byte.
                     await trio.lowlevel.checkpoint_if_cancelled()
                     if sending is not None:
                         sending()
-                    provider = self.provider
-                    if type(provider) is PoolProvider:
-                        # A pool's call goes through its granted member's provider.
-                        provider = provider.member(slot.member)  # type: ignore[arg-type]  # granted
                     if wants_place(provider):
                         # A server that queues by priority gets the slot's place.
                         request = with_place(request, place_in_line(dispatcher, slot))
@@ -234,19 +238,38 @@ class LimitedProvider:
         member = slot.member
         assert member is not None  # granted
         tried = (*tried, member)
-        if not self._dispatcher.members_left(self.provider.id, (*tried, *slot.avoid)):
+        if not self._dispatcher.members_left(
+            self.provider.id, (*tried, *self._unroutable())
+        ):
             return None
         return tried
 
-    def _unroutable(self) -> tuple[str, ...] | None:
-        """A pool's members its ``PoolProvider`` has no provider for: its calls avoid them.
+    def _provider_of(self, slot: Slot) -> Provider | None:
+        """The provider granted ``slot``'s call goes through: a pool's, its member's.
 
-        ``None`` (nothing to avoid) for a provider that is no pool.
+        ``None`` for a member the ``PoolProvider`` has no provider for
+        (one that joined the pool after the call asked).
         """
         provider = self.provider
         if type(provider) is not PoolProvider:
-            return None
-        return self._dispatcher.unroutable(provider.id, provider.members) or None
+            return provider
+        member = slot.member
+        assert member is not None  # granted
+        return provider.members.get(member)
+
+    def _unroutable(self) -> tuple[str, ...]:
+        """A pool's members its ``PoolProvider`` has no provider for, now: its calls avoid them.
+
+        ``()`` for a provider that is no pool.
+
+        Raises:
+            PoolUnreachable: The ``PoolProvider`` has a provider for no
+                member of the pool.
+        """
+        provider = self.provider
+        if type(provider) is not PoolProvider:
+            return ()
+        return self._dispatcher.unroutable(provider.id, provider.members)
 
 
 # A provider's errors of a call that got no answer: it may go elsewhere.

@@ -132,7 +132,14 @@ from ._metering import (
 from ._priority import place_in_line
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+    from collections.abc import (
+        AsyncIterator,
+        Awaitable,
+        Callable,
+        Collection,
+        Iterator,
+        Mapping,
+    )
     from types import ModuleType, TracebackType
 
     from .._dispatch._plumbing import Plumbing
@@ -219,7 +226,6 @@ class Hold:
     """
 
     __slots__ = (
-        "_avoid",
         "_closing",
         "_deadline",
         "_dispatcher",
@@ -232,6 +238,7 @@ class Hold:
         "_read_timeout",
         "_reader",
         "_reading",
+        "_routes",
         "_scopes",
         "_slot",
         "_stall_at",
@@ -250,13 +257,13 @@ class Hold:
         reader: RateLimitReader,
         times: TokenTimes | None = None,
         *,
-        avoid: tuple[str, ...] = (),
+        routes: Collection[str] | None = None,
     ) -> None:
         self._dispatcher = dispatcher
         self._slot = slot
-        # The pool's members the call cannot be sent to (no endpoint): its
-        # fallbacks and the place kept for its retry avoid them too.
-        self._avoid = avoid
+        # The members the call can be sent to (its transport's endpoints;
+        # None: any): the place kept for its retry avoids the others.
+        self._routes = routes
         self._max_hold = deadline
         # The lease's deadline, with Redis (set before the grant, moved by
         # every renewal); the hold ends at the earlier of the two.
@@ -307,7 +314,7 @@ class Hold:
         path: str = "",
         *,
         fallback: tuple[Slot, tuple[str, ...]] | None = None,
-        avoid: tuple[str, ...] = (),
+        routes: Collection[str] | None = None,
     ) -> Hold:
         """Wait for a slot of ``provider`` for a call whose JSON body is ``body``.
 
@@ -316,8 +323,13 @@ class Hold:
         yet); or it is the place the current turn keeps for this provider
         and model, taken over. With ``fallback``, ``(slot, tried)``: the
         same call again after ``slot``'s failed, on a member of the pool
-        not ``tried``, in the same place in line. Never on a member of the
-        pool in ``avoid``. If this raises, nothing is held.
+        not ``tried``, in the same place in line. With ``routes``, the
+        members the call can be sent to: never granted on another (one
+        that joined the pool while it waited is given back unused, and
+        the call asks again in its place). If this raises, nothing is held.
+
+        Raises:
+            PoolUnreachable: No member of the pool is in ``routes``.
         """
         model = model_of_body(body)
         wire = format_of_path(path)
@@ -326,24 +338,34 @@ class Hold:
         times = TokenTimes(
             prompt, None if wire is None else wire.decoder(provider, str)
         )
+        tried: tuple[str, ...] = ()
         if fallback is not None:
-            fresh, deadline = await dispatcher.hold_elsewhere(*fallback)
-            return cls(dispatcher, fresh, deadline, reader, times, avoid=avoid)
-        slot = await adopt_kept_place(dispatcher, provider, model)
-        if slot is not None:
-            # The retry of a call answered "slow down": its turn's place.
-            deadline = dispatcher.hold_deadline(slot)
-            return cls(dispatcher, slot, deadline, reader, times, avoid=avoid)
-        tokens = estimate_json_tokens(
-            body, dispatcher.default_max_tokens(provider, model), prompt
-        )
-        slot, deadline = await dispatcher.hold(provider, tokens, model, avoid)
-        return cls(dispatcher, slot, deadline, reader, times, avoid=avoid)
+            failed, tried = fallback
+            avoid = (*tried, *unroutable(dispatcher, provider, routes))
+            slot, deadline = await dispatcher.hold_elsewhere(failed, avoid)
+        else:
+            kept = await adopt_kept_place(dispatcher, provider, model)
+            if kept is not None:
+                # The retry of a call answered "slow down": its turn's place.
+                slot, deadline = kept, dispatcher.hold_deadline(kept)
+            else:
+                tokens = estimate_json_tokens(
+                    body, dispatcher.default_max_tokens(provider, model), prompt
+                )
+                slot, deadline = await dispatcher.hold(
+                    provider, tokens, model, unroutable(dispatcher, provider, routes)
+                )
+        while routes is not None and slot.member not in routes:
+            # A member that joined after the call asked: no route to it here.
+            slot.release(used=False)
+            avoid = (*tried, *unroutable(dispatcher, provider, routes))
+            slot, deadline = await dispatcher.hold_elsewhere(slot, avoid)
+        return cls(dispatcher, slot, deadline, reader, times, routes=routes)
 
     @property
-    def avoid(self) -> tuple[str, ...]:
-        """The pool's members the call cannot be sent to (see ``take``)."""
-        return self._avoid
+    def routes(self) -> Collection[str] | None:
+        """The members the call can be sent to, or ``None``: any (see ``take``)."""
+        return self._routes
 
     @property
     def slot(self) -> Slot:
@@ -493,7 +515,11 @@ class Hold:
             # place in line for that retry meanwhile.
             # Any member it can be sent to: a retry may go where it failed.
             keep_place(
-                self._dispatcher, slot.provider, slot.model, slot.tokens, self._avoid
+                self._dispatcher,
+                slot.provider,
+                slot.model,
+                slot.tokens,
+                unroutable(self._dispatcher, slot.provider, self._routes),
             )
 
     def watch(self, close: weakref.WeakMethod[Callable[[], Awaitable[None]]]) -> None:
@@ -823,7 +849,7 @@ class TransportBase(Generic[InnerT]):
                 parsed,
                 path,
                 fallback=(hold.slot, tried),
-                avoid=hold.avoid,
+                routes=hold.routes,
             )
 
     def set_endpoint(self, member: str, endpoint: Endpoint) -> None:
@@ -858,13 +884,6 @@ class TransportBase(Generic[InnerT]):
                 f" are {', '.join(map(repr, members)) or 'none'}"
             )
         self._endpoints[member] = endpoint
-
-    def _unroutable(self) -> tuple[str, ...]:
-        """The pool's members this transport has no endpoint for: its calls avoid them."""
-        endpoints = self._endpoints
-        if endpoints is None:
-            return ()
-        return self._dispatcher.unroutable(self._provider, endpoints)
 
     def _endpoint(self, slot: Slot) -> Endpoint:
         """The endpoint of the member ``slot`` was granted on.
@@ -920,7 +939,7 @@ class TransportBase(Generic[InnerT]):
             self._reader,
             parsed,
             path,
-            avoid=self._unroutable(),
+            routes=self._endpoints,
         )
         hold, response = await self._exchange(hold, request, httpx, parsed, content)
         if response.is_closed:
@@ -950,14 +969,26 @@ def _fallback(
 
     It may if its body can be sent again (it was read: not a streamed
     upload) and the pool (of ``members``) has a member it has not failed
-    on, and may be sent to (not one it avoids: see ``Plumbing.unroutable``).
+    on, and may be sent to (one in the hold's ``routes``).
     """
-    slot = hold.slot
-    member = slot.member
+    member = hold.slot.member
     if content is None or member is None:
         return ()
     tried = (*tried, member)
-    return () if set(members) <= {*tried, *slot.avoid} else tried
+    routes = hold.routes
+    left = [m for m in members if m not in tried and (routes is None or m in routes)]
+    return tried if left else ()
+
+
+def unroutable(
+    dispatcher: Plumbing, provider: str, routes: Collection[str] | None
+) -> tuple[str, ...]:
+    """The members of pool ``provider`` not in ``routes`` (``None``: none), to avoid now.
+
+    Raises:
+        PoolUnreachable: No member of the pool is in ``routes``.
+    """
+    return () if routes is None else dispatcher.unroutable(provider, routes)
 
 
 def _routed(

@@ -240,6 +240,9 @@ class MemberState:
             success).
         granted_since_report: Whether it granted anything since its
             latest report (the next report starts a new round).
+        server: Its server's load as last read, and the slots learned
+            from it (``observe_server_load``), or ``None``.
+        failures: Its calls failed in a row (``fail``).
     """
 
     throttle: Throttle | None
@@ -251,6 +254,8 @@ class MemberState:
     step: float = 0.0
     reported: tuple[Ticket, ...] = ()
     granted_since_report: bool = False
+    server: ServerGate | None = None
+    failures: int = 0
 
 
 @final
@@ -900,6 +905,8 @@ class SlotPolicy:
             first.step,
             tuple(sorted(first.reported)),
             first.granted_total != first.granted_at_report,
+            first.server,
+            first.failures,
         )
 
     def member_server_load(self, member: str) -> tuple[ServerLoad | None, int | None]:
@@ -1764,12 +1771,13 @@ class SlotPolicy:
     def carry(self, state: MemberState, *, member: str | None = None) -> None:
         """Give ``member`` (``None``: the first) what it brings from a policy of its own.
 
-        Its pause, its backoff's streak, and its holders, counted as
-        holding its slots (granted, as far as the counts go): slots taken
-        under the other policy, their budgets charged there, in the
-        throttles it brings (``state.throttle``, given to ``add_member``
-        or the constructor); they are released here as any holder. Its
-        waiting tickets are the caller's to ``requeue``. Grants nothing.
+        Its pause, its backoff's streak, its server's load, its failures
+        in a row, and its holders, counted as holding its slots (granted,
+        as far as the counts go): slots taken under the other policy, their
+        budgets charged there, in the throttles it brings
+        (``state.throttle``, given to ``add_member`` or the constructor);
+        they are released here as any holder. Its waiting tickets are the
+        caller's to ``requeue``. Grants nothing.
 
         Raises:
             ValueError: ``member`` is not a member, or holds a slot or a
@@ -1801,6 +1809,9 @@ class SlotPolicy:
         held = len(chosen.holders)
         chosen.peak_in_flight = max(chosen.peak_in_flight, held)
         self._peak_in_flight = max(self._peak_in_flight, len(self._held_by))
+        if state.server is not None:
+            chosen.server = state.server
+        chosen.failures = state.failures
         if state.streak:
             chosen.streak = state.streak
             chosen.step = state.step

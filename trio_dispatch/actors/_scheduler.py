@@ -432,6 +432,11 @@ class SchedulerActor:
         self._inbox.close()
         return Handover(self.provider, state, waiting, seen)
 
+    @property
+    def closed(self) -> bool:
+        """Whether it takes no message of its own any more: closed, stopped by a bug, or gave way."""
+        return self._inbox.closed
+
     def close(self) -> None:
         """Refuse further messages; ``run`` stops and fails every waiter."""
         self._inbox.close()

@@ -30,7 +30,11 @@ with that member's capacity, 429s and record: the dispatcher's choice
 (its slot's ``member``; the turn is one conversation, for affinity, and a
 429 pauses that member); under ``"fifo"`` the least busy member (free
 slots less its queue, ties to the first), then its ``CapacityLimiter``;
-under ``"none"`` the member with the fewest calls in flight.
+under ``"none"`` the member with the fewest calls in flight. Those two
+routings read the members' state when a call asks: calls that ask at one
+virtual instant (429s retried after the same fixed delays) are routed in
+the order trio runs them, which may differ between runs (as any choice
+between calls of one instant may; see Determinism, below).
 
 Determinism: the scenario is drawn before the run, and trio only reorders
 tasks that wake at the same virtual instant, which continuous random
