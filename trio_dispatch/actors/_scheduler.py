@@ -421,16 +421,14 @@ class SchedulerActor:
         if self._handling or self._inbox.closed:
             raise RuntimeError("a scheduler gives way only while idle and open")
         state = self.policy.member_state()
-        replies = self._replies
-        waiting = tuple(
-            Acquire(ticket, reply, _conversation_of(reply), tokens)
-            for ticket, tokens in state.waiting
-            for reply in (replies.pop(ticket),)
-        )
+        waiting: list[Acquire] = []
+        for ticket, tokens in state.waiting:
+            reply = self._replies.pop(ticket)
+            waiting.append(Acquire(ticket, reply, _conversation_of(reply), tokens))
         seen = self._events.hand_over([*state.holders, *(a.ticket for a in waiting)])
         self._forward = to
         self._inbox.close()
-        return Handover(self.provider, state, waiting, seen)
+        return Handover(self.provider, state, tuple(waiting), seen)
 
     @property
     def closed(self) -> bool:
