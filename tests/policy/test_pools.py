@@ -760,6 +760,40 @@ class PoolMachine(RuleBasedStateMachine):
         self.model.health[name] = _Health()
         self.expect(self.policy.add_member(name, limit), self.model.fill())
 
+    @rule(
+        name=_names,
+        limit=st.sampled_from([None, 1, 2]),
+        ranks=st.lists(st.integers(0, 5), max_size=4),
+        paused=st.booleans(),
+    )
+    def join_member(
+        self, name: str, limit: int | None, ranks: list[int], paused: bool
+    ) -> None:
+        """A provider scheduled on its own joins, with its holders, waiters and pause."""
+        model = self.model
+        if name in model.limits:
+            return
+        own = SlotPolicy(limit, provider=name, now=model.now)
+        for rank in ranks:
+            self.seq += 1
+            own.acquire(Ticket(float(rank), self.seq))
+        if paused:
+            own.pause(model.now + 2.0)
+        state = own.member_state()
+        grants = self.policy.add_member(
+            name, limit, carried=state, waiting=state.waiting
+        )
+        model.limits[name] = limit
+        model.paused[name] = model.now + 2.0 if paused else None
+        model.held[name] = set(state.holders)
+        model.health[name] = _Health()
+        for ticket in state.holders:
+            model.holder_of[ticket] = name
+            self.granted_in[ticket] = name, "in", 0
+        for ticket, _ in state.waiting:
+            model.waiting[ticket] = [name, None, model.now, False, None]
+        self.expect(grants, model.fill())
+
     @rule(name=_names)
     def remove_member(self, name: str) -> None:
         model = self.model
