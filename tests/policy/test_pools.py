@@ -1254,3 +1254,19 @@ def test_a_members_server_load_and_failures_move_with_it() -> None:
     assert load[0] is not None
     assert policy.member_server_load("b") == load
     assert policy.member_statistics()["b"].failures == 1
+
+
+def test_a_holder_of_a_tenant_brought_along_starts_the_tenants_count() -> None:
+    from trio_dispatch import Tenant  # noqa: PLC0415
+
+    own = SlotPolicy(2, provider="b")
+    held = Ticket(0.0, 1, 0, "acme")
+    assert own.acquire(held) == [held]
+    policy = SlotPolicy(1, provider="a")
+    assert not policy.counts_tenants
+    assert policy.add_member("b", 2, carried=own.member_state()) == []
+    assert policy.counts_tenants
+    policy.set_tenant("acme", Tenant(limit=1))
+    # acme's cap of 1 counts the slot it brought: its next request waits.
+    assert policy.acquire(Ticket(1.0, 2, 0, "acme")) == []
+    assert policy.release(held) == [Ticket(1.0, 2, 0, "acme")]

@@ -1795,6 +1795,10 @@ class SlotPolicy:
             until = check_deadline(state.paused_until, "paused_until")
             if chosen.paused_until is None or until > chosen.paused_until:
                 chosen.paused_until = until
+        if not self._counting and any(t.tenant is not None for t in tickets):
+            # The first tickets with a tenant, as an arrival's would be.
+            self.needs_clock = True
+            self._count()
         now = self._now
         for ticket in tickets:
             chosen.holders.add(ticket)
