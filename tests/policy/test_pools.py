@@ -1263,9 +1263,9 @@ def test_a_holder_of_a_tenant_brought_along_starts_the_tenants_count() -> None:
     held = Ticket(0.0, 1, 0, "acme")
     assert own.acquire(held) == [held]
     policy = SlotPolicy(1, provider="a")
-    assert not policy.counts_tenants
+    before = policy.counts_tenants
     assert policy.add_member("b", 2, carried=own.member_state()) == []
-    assert policy.counts_tenants
+    assert (before, policy.counts_tenants) == (False, True)
     policy.set_tenant("acme", Tenant(limit=1))
     # acme's cap of 1 counts the slot it brought: its next request waits.
     assert policy.acquire(Ticket(1.0, 2, 0, "acme")) == []

@@ -155,3 +155,19 @@ def test_a_provider_in_two_pools_shares_its_weight_between_them() -> None:
     # x weighs 1 + 1/2, y 1/2: x takes three turns in four.
     share = sum(turn.provider == "x" for turn in turns) / len(turns)
     assert 0.68 < share < 0.82
+
+
+@pytest.mark.parametrize("policy", ["fifo", "none"])
+def test_routing_over_a_pool_is_the_same_every_run_with_429s(policy: str) -> None:
+    # a answers 429 past 2 calls though its client limit is 3: retries
+    # after the same fixed delays ask at one instant, and pick in order.
+    workload = Workload(
+        agents=40,
+        arrivals=PoissonArrivals(2.0),
+        providers=(SimProvider("a", limit=3, capacity=2), SimProvider("b", limit=2)),
+        pools={"gpt": ("a", "b")},
+        seed=0,
+    )
+    results = {repr(run_simulation(workload, policy)) for _ in range(4)}  # type: ignore[arg-type]
+    assert len(results) == 1
+    assert run_simulation(workload, policy).metrics().rejections > 0  # type: ignore[arg-type]

@@ -31,10 +31,9 @@ with that member's capacity, 429s and record: the dispatcher's choice
 429 pauses that member); under ``"fifo"`` the least busy member (free
 slots less its queue, ties to the first), then its ``CapacityLimiter``;
 under ``"none"`` the member with the fewest calls in flight. Those two
-routings read the members' state when a call asks: calls that ask at one
-virtual instant (429s retried after the same fixed delays) are routed in
-the order trio runs them, which may differ between runs (as any choice
-between calls of one instant may; see Determinism, below).
+routings read the members' state when a call asks; calls that ask at one
+virtual instant (429s retried after the same fixed delays) pick one after
+the other, in their turns' order, so that the run is the same every time.
 
 Determinism: the scenario is drawn before the run, and trio only reorders
 tasks that wake at the same virtual instant, which continuous random
@@ -229,11 +228,12 @@ class _Timekeeper:
     out of trio's deadline machinery.
     """
 
-    __slots__ = ("_arrivals", "_clock", "_heap", "_parked", "_seq")
+    __slots__ = ("_arrivals", "_clock", "_heap", "_parked", "_seq", "_turns")
 
     def __init__(self, clock: trio.testing.MockClock) -> None:
         self._clock = clock
         self._arrivals: list[list[Any]] = []
+        self._turns: list[list[Any]] = []
         self._heap: list[list[Any]] = []
         self._seq = itertools.count()
         self._parked: trio.lowlevel.Task | None = None
@@ -255,6 +255,27 @@ class _Timekeeper:
         self._arrivals.append(entry)
         await self._park(entry)
         return bool(entry[3])
+
+    async def take_turn(self, order: tuple[float, int]) -> None:
+        """Go in ``order`` among the tasks of this virtual instant that asked too.
+
+        Once every task is blocked, they go one at a time, in ``order``,
+        each until it blocks again (parked in a limiter, asleep through
+        its call): what each reads of the others when it goes, and where
+        it queues, is then the same in every run.
+        """
+        entry: list[Any] = [order, None, trio.lowlevel.current_task()]
+        self._turns.append(entry)
+        await self._park(entry)
+
+    async def _take_turns(self) -> None:
+        turns = sorted(self._turns, key=operator.itemgetter(0))
+        self._turns.clear()
+        for entry in turns:
+            task = entry[2]
+            if task is not None:
+                trio.lowlevel.reschedule(task)
+                await trio.testing.wait_all_tasks_blocked()
 
     async def _park(self, entry: list[Any]) -> None:
         """Wait to be woken by ``run``; a cancelled task is crossed off ``entry``."""
@@ -301,6 +322,9 @@ class _Timekeeper:
             await wait_idle()
             if self._arrivals:
                 self._admit_arrivals()
+                continue
+            if self._turns:
+                await self._take_turns()
                 continue
             while heap and heap[0][2] is None:
                 heappop(heap)
@@ -745,14 +769,20 @@ async def _simulate(
         limiters = {p.name: trio.CapacityLimiter(p.limit) for p in providers}
         pools = dict(scenario.pools)
 
-        def limited(name: str, *_: object) -> AbstractAsyncContextManager[Any]:
+        def limited(
+            name: str, rank: float, _spec: TurnSpec, position: int, *_: object
+        ) -> AbstractAsyncContextManager[Any]:
             members = pools.get(name)
             if members is None:
                 return limiters[name]
             # The least busy member (LiteLLM's least-busy routing), then
             # first come first served at it.
-            member = max(members, key=lambda m: _spare(limiters[m]))
-            return _Picked(member, limiters[member])
+            return _Picked(
+                lambda: max(members, key=lambda m: _spare(limiters[m])),
+                limiters,
+                keeper,
+                (rank, position),
+            )
 
         run = _Run(scenario, t0, keeper, limited, None)
         await run.drive(scenario.turns, None)
@@ -763,13 +793,20 @@ async def _simulate(
         free = contextlib.nullcontext()
         pools = dict(scenario.pools)
 
-        def unlimited(name: str, *_: object) -> AbstractAsyncContextManager[Any]:
+        def unlimited(
+            name: str, rank: float, _spec: TurnSpec, position: int, *_: object
+        ) -> AbstractAsyncContextManager[Any]:
             members = pools.get(name)
             if members is None:
                 return free
             # No limit: the member with the fewest calls in flight.
             states = run.states
-            return _Picked(min(members, key=lambda m: states[m].in_flight), None)
+            return _Picked(
+                lambda: min(members, key=lambda m: states[m].in_flight),
+                None,
+                keeper,
+                (rank, position),
+            )
 
         run = _Run(scenario, t0, keeper, unlimited, None)
         await run.drive(scenario.turns, None)
@@ -783,17 +820,36 @@ def _spare(limiter: trio.CapacityLimiter) -> float:
 
 @final
 class _Picked:
-    """A pool's call without the dispatcher: the member picked, held through its limiter if any."""
+    """A pool's call without the dispatcher: its member picked, held through its limiter if any.
 
-    __slots__ = ("_limiter", "member")
+    With a timekeeper, the calls of one virtual instant pick in ``order``,
+    one after the other (``_Timekeeper.take_turn``): the same picks, and
+    the same places in the limiters' queues, in every run.
+    """
 
-    def __init__(self, member: str, limiter: trio.CapacityLimiter | None) -> None:
-        self.member = member
-        self._limiter = limiter
+    __slots__ = ("_choose", "_keeper", "_limiter", "_limiters", "_order", "member")
+
+    def __init__(
+        self,
+        choose: Callable[[], str],
+        limiters: Mapping[str, trio.CapacityLimiter] | None,
+        keeper: _Timekeeper | None,
+        order: tuple[float, int],
+    ) -> None:
+        self._choose = choose
+        self._limiters = limiters
+        self._keeper = keeper
+        self._order = order
+        self._limiter: trio.CapacityLimiter | None = None
+        self.member = ""
 
     async def __aenter__(self) -> _Picked:
-        if self._limiter is not None:
-            await self._limiter.acquire()
+        if self._keeper is not None:
+            await self._keeper.take_turn(self._order)
+        member = self.member = self._choose()
+        if self._limiters is not None:
+            limiter = self._limiter = self._limiters[member]
+            await limiter.acquire()
         return self
 
     async def __aexit__(self, *_: object) -> None:
