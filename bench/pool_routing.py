@@ -48,7 +48,14 @@ from trio_dispatch.testing import (
     run_simulation,
 )
 
-from _common import command_line, environment, finish, load_average, show_progress
+from _common import (
+    bars_and_machine,
+    command_line,
+    environment,
+    finish,
+    load_average,
+    show_progress,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -167,9 +174,8 @@ class RoutingReport:
                 " least-busy FIFO's"
                 for load in LOADS
             ),
-            "",
-            ", ".join(f"{key} {value}" for key, value in self.environment.items())
-            + f"; load average {self.load}",
+            # No bars: the machine's line alone.
+            *bars_and_machine({}, self.environment, self.load),
         ]
         return "\n".join(lines) + "\n"
 
