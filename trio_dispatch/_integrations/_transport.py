@@ -339,10 +339,15 @@ class Hold:
             prompt, None if wire is None else wire.decoder(provider, str)
         )
         tried: tuple[str, ...] = ()
+
+        def elsewhere(failed: Slot) -> Awaitable[tuple[Slot, float]]:
+            """The same request again, on a member not tried that it can reach."""
+            avoid = (*tried, *unroutable(dispatcher, provider, routes))
+            return dispatcher.hold_elsewhere(failed, avoid)
+
         if fallback is not None:
             failed, tried = fallback
-            avoid = (*tried, *unroutable(dispatcher, provider, routes))
-            slot, deadline = await dispatcher.hold_elsewhere(failed, avoid)
+            slot, deadline = await elsewhere(failed)
         else:
             kept = await adopt_kept_place(dispatcher, provider, model)
             if kept is not None:
@@ -358,8 +363,7 @@ class Hold:
         while routes is not None and slot.member not in routes:
             # A member that joined after the call asked: no route to it here.
             slot.release(used=False)
-            avoid = (*tried, *unroutable(dispatcher, provider, routes))
-            slot, deadline = await dispatcher.hold_elsewhere(slot, avoid)
+            slot, deadline = await elsewhere(slot)
         return cls(dispatcher, slot, deadline, reader, times, routes=routes)
 
     @property
