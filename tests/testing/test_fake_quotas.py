@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -31,6 +32,8 @@ from trio_dispatch.testing import (
 from trio_dispatch.testing._quotas import QuotaBook, Refusal
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from trio_dispatch.testing import WireFormat
 
 KEY = "sk-fake-quota-key"
@@ -353,8 +356,14 @@ async def _call(
     wire: WireFormat,
     body: dict[str, Any],
     auth: list[tuple[bytes, bytes]] | None = None,
+    *,
+    before_end: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[int, dict[str, str]]:
-    """One request straight into the ASGI app: its status and headers."""
+    """One request straight into the ASGI app: its status and headers.
+
+    ``before_end`` runs as the app hands over the answer's last bytes,
+    before they go: where a client that reads them may ask again at once.
+    """
     scope = {
         "type": "http",
         "method": "POST",
@@ -376,6 +385,8 @@ async def _call(
         if message["type"] == "http.response.start":
             start.update(message)
         elif not message.get("more_body", False):
+            if before_end is not None:
+                await before_end()
             done.set()
 
     await server(scope, receive, send)
@@ -500,6 +511,53 @@ async def test_the_concurrency_cap(autojump_clock: trio.testing.MockClock) -> No
             nursery.start_soon(one)
     assert sorted(statuses) == [(0.0, 429, None), (5.0, 200, None), (5.0, 200, None)]
     assert server.statistics().peak_in_flight == 3  # the refused one arrived too
+
+
+@pytest.mark.parametrize("wire", WIRES)
+async def test_an_answer_is_over_for_the_server_before_its_last_bytes_go(
+    wire: WireFormat, autojump_clock: trio.testing.MockClock
+) -> None:
+    # A client that has read a whole answer may ask again at once, however
+    # late the server's task runs again: by then the answer neither counts
+    # in flight nor holds the concurrency cap, so a client held to the cap
+    # never meets a 429 that is only the server's lag.
+    server = FakeLLMServer(
+        FakeScript(default=FakeReply(text="ok", latency=1.0)),
+        quotas=FakeQuotas(max_concurrency=1),
+    )
+    seen: list[tuple[str, int]] = []
+
+    async def look(what: str) -> None:
+        seen.append((what, server.statistics().in_flight))
+
+    async def ask_again() -> None:
+        await look("streamed")
+        status, _ = await _call(
+            server, wire, _body(wire), before_end=partial(look, "again")
+        )
+        seen.append(("again", status))
+
+    status, _ = await _call(server, wire, _body(wire), before_end=ask_again)
+    assert status == 200
+    # A 429, and an error, are over before they go too.
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_call, server, wire, _body(wire))
+        await trio.testing.wait_all_tasks_blocked()
+        refused, _ = await _call(
+            server, wire, _body(wire), before_end=partial(look, "refused")
+        )
+    unknown_key, _ = await _call(
+        server, wire, _body(wire), [], before_end=partial(look, "unauthorised")
+    )
+    assert (refused, unknown_key) == (429, 401)
+    assert seen == [
+        ("streamed", 0),
+        ("again", 0),
+        ("again", 200),
+        ("refused", 1),
+        ("unauthorised", 0),
+    ]
+    assert server.statistics().in_flight == 0
 
 
 @pytest.mark.parametrize("wire", WIRES)

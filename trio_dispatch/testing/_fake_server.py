@@ -82,10 +82,17 @@ class _Rejected(Exception):
 
 @attrs.define
 class _Progress:
-    """Whether a stream has been sent to its scripted end, and its tokens."""
+    """One request's answer as the server keeps it.
+
+    ``finished``: the stream was sent to its scripted end; ``tokens``: what
+    it uses; ``settle``: gives its admission back to the quotas, once
+    admitted; ``over``: the server no longer counts it in flight.
+    """
 
     finished: bool = False
     tokens: int = 0
+    settle: Callable[[int], None] | None = None
+    over: bool = False
 
 
 @final
@@ -248,6 +255,7 @@ class FakeLLMServer:
         status: int,
         payload: object,
         headers: list[tuple[bytes, bytes]] | None = None,
+        progress: _Progress | None = None,
     ) -> None:
         body = json.dumps(payload).encode()
         await self._start(
@@ -259,6 +267,8 @@ class FakeLLMServer:
                 *(headers or []),
             ],
         )
+        if progress is not None:
+            self._over(progress)
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _http(
@@ -300,10 +310,26 @@ class FakeLLMServer:
         )
         self._requests.append(request)
         self._tally.arrived(request.model)
+        progress = _Progress()
         try:
-            await self._answer(request, headers, receive, send)
+            await self._answer(request, headers, receive, send, progress)
         finally:
-            self._tally.departed()
+            self._over(progress)
+
+    def _over(self, progress: _Progress) -> None:
+        """The request is no longer in flight here: its quota settled, once.
+
+        Called before an answer's last bytes are sent, and after the
+        handler, whichever comes first: a client that has read the whole
+        answer (and may send its next request at once) always finds it
+        over, however late this task runs again.
+        """
+        if progress.over:
+            return
+        progress.over = True
+        if progress.settle is not None:
+            progress.settle(progress.tokens)
+        self._tally.departed()
 
     async def _metrics(self, method: str, send: Send) -> None:
         """``GET /metrics``: the batch's counts; like the real servers', keyless."""
@@ -337,6 +363,7 @@ class FakeLLMServer:
         headers: Mapping[str, str],
         receive: Receive,
         send: Send,
+        progress: _Progress,
     ) -> None:
         # Only a key that passed the check has buckets.
         wire = request.format
@@ -352,6 +379,7 @@ class FakeLLMServer:
                 status,
                 error_body(wire, error_type, message),
                 self._limit_headers(wire, key, model),
+                progress,
             )
             return
         book = self._book
@@ -374,14 +402,15 @@ class FakeLLMServer:
                         *self._limit_headers(wire, key, model),
                         *refusal_headers(wire, refusal.retry_after),
                     ],
+                    progress,
                 )
                 return
-        progress = _Progress()
-        try:
-            await self._reply(request, reply, key, receive, send, progress=progress)
-        finally:
-            if book is not None:
-                book.settle(key, cost, progress.tokens, trio.current_time(), model)
+
+            def settle(used: int) -> None:
+                book.settle(key, cost, used, trio.current_time(), model)
+
+            progress.settle = settle
+        await self._reply(request, reply, key, receive, send, progress=progress)
 
     def _limit_headers(
         self, wire: WireFormat, key: str, model: str | None
@@ -410,7 +439,9 @@ class FakeLLMServer:
         fault = reply.fault
         if fault is not None and fault.status is not None:
             status, retry_headers, body = status_fault_answer(request.format, fault)
-            await self._send_json(send, status, body, [*limits, *retry_headers])
+            await self._send_json(
+                send, status, body, [*limits, *retry_headers], progress
+            )
             return
 
         async def watch_for_disconnect(cancel_scope: trio.CancelScope) -> None:
@@ -507,6 +538,7 @@ class FakeLLMServer:
         # Before the last send: from then on a disconnect is ours, not theirs.
         progress.finished = True
         self._tally.finished()
+        self._over(progress)
 
     def _events(
         self, request: FakeRequest, reply: FakeReply, api_key: str
