@@ -7,8 +7,10 @@ minor versions. An application needs none of them; ``trio_dispatch``,
 
 - The scheduling core: ``SlotPolicy`` (the synchronous, I/O-free state
   machine that decides every grant), its ``PolicyStatistics`` (and
-  ``MemberStatistics``, each member's of a pool, and ``MemberState``,
-  what a member learned, carried into another policy), the
+  ``MemberStatistics``, each member's of a pool, ``MemberState``,
+  what a member learned, carried into another policy, and
+  ``GroupState`` and ``WaitingState``, a whole pooled policy's, carried
+  into another as groups merge), the
   ``Ticket`` that orders requests, and the ``Throttle`` it asks about
   budgets and adaptive limits.
 - The scheduler actor, ``SchedulerActor``, and the protocol it speaks:
@@ -62,10 +64,12 @@ from ._observe._hub import CallObserver as CallObserver
 from ._observe._hub import EventSink as EventSink
 from ._observe._translator import Translator as Translator
 from ._policy._budgets import Throttle as Throttle
+from ._policy._slots import GroupState as GroupState
 from ._policy._slots import MemberState as MemberState
 from ._policy._slots import MemberStatistics as MemberStatistics
 from ._policy._slots import PolicyStatistics as PolicyStatistics
 from ._policy._slots import SlotPolicy as SlotPolicy
+from ._policy._slots import WaitingState as WaitingState
 from ._util import fixup_module_metadata
 from .actors._scheduler import SchedulerActor as SchedulerActor
 from .messages._protocol import Acquire as Acquire
@@ -103,6 +107,7 @@ __all__ = [
     "Failed",
     "ForMember",
     "Grant",
+    "GroupState",
     "MemberState",
     "MemberStatistics",
     "ObserveLatency",
@@ -126,6 +131,7 @@ __all__ = [
     "Throttle",
     "Ticket",
     "Translator",
+    "WaitingState",
     "check_arguments",
     "open_dispatcher_with",
     "plumbing",

@@ -17,6 +17,7 @@ from trio_dispatch import (
 from trio_dispatch.lowlevel import (
     Acquire,
     Cancel,
+    ForMember,
     ObserveRateLimits,
     Pause,
     Release,
@@ -24,6 +25,7 @@ from trio_dispatch.lowlevel import (
     SchedulerActor,
     SetLimit,
     SetModelBudget,
+    SetPool,
     SetTenant,
     SlotPolicy,
     Throttle,
@@ -372,3 +374,58 @@ async def test_a_scheduler_that_gave_way_forwards_everything_and_fails_nobody(
     assert waiting.errors == []
     with pytest.raises(RuntimeError, match=r"^a scheduler gives way only while"):
         actor.give_way(Group())
+
+
+async def test_a_group_gives_way_whole_and_the_other_takes_it_in_in_place(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    def group(first: str, second: str, pool: str) -> SchedulerActor:
+        policy = SlotPolicy(1, provider=first, affinity_wait=5.0)
+        policy.add_member(second, 1)
+        policy.set_pool(pool, [first, second])
+        return SchedulerActor(pool, policy)
+
+    gone, kept = group("c", "d", "r"), group("a", "b", "p")
+    replies = {name: RecordingReply() for name in ("c1", "d1", "r1", "p1", "p2")}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(gone.run)
+        nursery.start_soon(kept.run)
+        tickets = {name: gone.ticket(float(rank)) for rank, name in enumerate(replies)}
+        # c and d each held (d by conversation "x"); r1 waits for the pool.
+        for name in ("c1", "d1", "r1"):
+            gone.send(
+                ForMember(
+                    "r",
+                    Acquire(
+                        tickets[name], replies[name], "x" if name == "d1" else None
+                    ),
+                )
+            )
+        assert gone.policy.member_of(tickets["d1"]) == "d"
+        for name in ("p1", "p2"):
+            kept.send(ForMember("p", Acquire(tickets[name], replies[name])))
+        handover = gone.give_way_whole(kept)
+        assert [acquire.ticket for acquire in handover.waiting] == [tickets["r1"]]
+        assert handover.latest == {"x": "d"}
+        kept.merge(handover, {"c": 1, "d": 1})
+        assert kept.policy.members == ["a", "b", "c", "d"]
+        assert kept.policy.pools == {"p": ["a", "b"], "r": ["c", "d"]}
+        # A holder's release reaches the old scheduler, and goes on: d is
+        # free, and r1 (older than everything waiting in kept) takes it.
+        gone.send(Release(tickets["d1"]))
+        assert [grant.ticket for grant in replies["r1"].grants] == [tickets["r1"]]
+        assert kept.member_of(tickets["r1"]) == "d"
+        # With a free, the conversation's next request, through a pool of
+        # both groups, waits for d still: its latest member.
+        kept.send(SetPool("all", ["a", "b", "c", "d"]))
+        kept.send(Release(tickets["p1"]))
+        assert kept.policy.member_statistics()["a"].in_flight == 0
+        later = RecordingReply()
+        next_call = kept.ticket(9.0)
+        kept.send(ForMember("all", Acquire(next_call, later, "x")))
+        assert later.grants == []
+        assert kept.policy.waiters() == [next_call]
+        kept.send(Release(tickets["r1"]))
+        assert kept.member_of(next_call) == "d"
+        nursery.cancel_scope.cancel()
+    assert all(reply.errors == [] for reply in replies.values())

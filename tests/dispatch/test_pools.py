@@ -288,14 +288,12 @@ async def test_set_pool_changes_members_and_replaces_the_waiting(
         await start(nursery, d, "gpt", log, "two", 5.0)
         await trio.testing.wait_all_tasks_blocked()
         assert d.statistics().pools["gpt"].waiting == 1
-        with pytest.raises(
-            ValueError, match=r"^pool 'gpt' cannot join the members of pools scheduled"
-        ):
-            d.set_pool("gpt", ("key-a", "key-b"))
-    assert [(name, member) for name, member, _ in log] == [
-        ("one", "key-a"),
-        ("two", "key-a"),
-    ]
+        # gpt takes spare's member: the groups merge, and the request
+        # waiting for gpt takes key-b at once.
+        d.set_pool("gpt", ("key-a", "key-b"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert d.statistics().pools["gpt"].waiting == 0
+    assert log == [("one", "key-a", 0.0), ("two", "key-b", 0.0)]
 
 
 async def test_set_pool_regroups_members_already_pooled_together(
@@ -722,17 +720,143 @@ async def test_a_provider_busy_on_its_own_joins_with_its_holders_and_waiters(
     ]
 
 
-async def test_pools_scheduled_apart_still_cannot_be_joined() -> None:
-    async with open_dispatcher(
-        {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a",), "spare": ("key-b",)}
-    ) as d:
-        with pytest.raises(
-            ValueError,
-            match=r"^pool 'x' cannot join the members of pools scheduled apart"
-            r" \('key-a', 'key-b'\)",
-        ):
-            d.set_pool("x", ("key-a", "key-b"))
-        assert d.pools() == {"gpt": ("key-a",), "spare": ("key-b",)}
+async def test_pools_scheduled_apart_merge_with_their_holders_and_waiters_in_place(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, str | None, float]] = []
+    async with (
+        open_dispatcher(
+            {"key-a": 1, "key-b": 1, "key-c": 1},
+            pools={"gpt": ("key-a",), "spare": ("key-b", "key-c")},
+        ) as d,
+        trio.open_nursery() as nursery,
+    ):
+        # Each group busy, with requests waiting in each.
+        await start(nursery, d, "gpt", log, "g0", 10.0)
+        await start(nursery, d, "spare", log, "s0", 4.0)
+        await start(nursery, d, "spare", log, "s1", 6.0)
+        await start(nursery, d, "gpt", log, "g1", 1.0, started_at=-3.0)
+        await start(nursery, d, "spare", log, "s2", 1.0, started_at=-2.0)
+        await start(nursery, d, "key-b", log, "b-only", 1.0, started_at=-1.0)
+        await trio.sleep(1.0)
+        granted_b = d.statistics().providers["key-b"].granted_total
+        # One group now: any of a, b, c for x, the oldest turn first.
+        d.set_pool("x", ("key-a", "key-b"))
+        assert d.pools() == {
+            "gpt": ("key-a",),
+            "spare": ("key-b", "key-c"),
+            "x": ("key-a", "key-b"),
+        }
+        stats = d.statistics()
+        assert stats.pools["gpt"].waiting == 1
+        assert stats.pools["spare"].waiting == 1
+        assert stats.providers["key-b"].waiting == 1
+        # Its counts go on: the group's scheduler took them over.
+        assert stats.providers["key-b"].granted_total == granted_b
+        assert (
+            stats.providers["key-b"].in_flight,
+            stats.providers["key-c"].in_flight,
+        ) == (1, 1)
+        await start(nursery, d, "x", log, "x0", 1.0, started_at=-4.0)
+        assert d.statistics().pools["x"].waiting == 1
+    # At 4.0 key-b frees: x0 (the oldest, rank -4) may take it. At 5.0
+    # key-b again: g1 (rank -3) cannot (gpt is key-a alone), s2 (-2) can,
+    # before b-only (-1), which has key-b at 6.0, as key-c frees for none.
+    # g1 waits for key-a, until 10.0.
+    assert log == [
+        ("g0", "key-a", 0.0),
+        ("s0", "key-b", 0.0),
+        ("s1", "key-c", 0.0),
+        ("x0", "key-b", 4.0),
+        ("s2", "key-b", 5.0),
+        ("b-only", "key-b", 6.0),
+        ("g1", "key-a", 10.0),
+    ]
+
+
+async def test_a_group_never_used_merges_into_a_running_one(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, str | None, float]] = []
+    async with (
+        open_dispatcher(
+            {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a",), "spare": ("key-b",)}
+        ) as d,
+        trio.open_nursery() as nursery,
+    ):
+        await start(nursery, d, "gpt", log, "g0", 5.0)
+        await start(nursery, d, "gpt", log, "g1", 5.0)
+        d.set_pool("gpt", ("key-a", "key-b"))
+        await trio.testing.wait_all_tasks_blocked()
+        await start(nursery, d, "spare", log, "s0", 1.0)
+        assert d.pools() == {"gpt": ("key-a", "key-b"), "spare": ("key-b",)}
+    assert log == [("g0", "key-a", 0.0), ("g1", "key-b", 0.0), ("s0", "key-b", 5.0)]
+
+
+async def test_groups_never_used_merge_before_their_scheduler_starts(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, str | None, float]] = []
+    async with (
+        open_dispatcher(
+            {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a",), "spare": ("key-b",)}
+        ) as d,
+        trio.open_nursery() as nursery,
+    ):
+        d.set_pool("x", ("key-a", "key-b"))
+        for name in ("x0", "x1"):
+            await start(nursery, d, "x", log, name, 1.0)
+        await start(nursery, d, "spare", log, "s0", 1.0)
+    assert log == [("x0", "key-a", 0.0), ("x1", "key-b", 0.0), ("s0", "key-b", 1.0)]
+
+
+async def test_a_conversation_keeps_its_member_across_a_merge(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, str | None, float]] = []
+    async with (
+        open_dispatcher(
+            {"key-a": 2, "key-b": 2, "key-c": 2},
+            pools={"gpt": ("key-a",), "spare": ("key-b", "key-c")},
+            affinity_wait=5.0,
+        ) as d,
+        trio.open_nursery() as nursery,
+    ):
+        # c1's call goes to key-c (b busy), so its next prefers key-c.
+        await start(nursery, d, "key-b", log, "busy", 100.0)
+        await start(nursery, d, "spare", log, "first", 1.0, conversation_id="c1")
+        await trio.sleep(2.0)
+        d.set_pool("x", ("key-a", "key-b", "key-c"))
+        # key-a has the most free slots, but c1 goes back to key-c.
+        await start(nursery, d, "x", log, "next", 1.0, conversation_id="c1")
+        nursery.cancel_scope.cancel()
+    assert log[1:] == [("first", "key-c", 0.0), ("next", "key-c", 2.0)]
+
+
+async def test_a_slot_asked_through_a_merged_group_names_the_member_it_got(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    members: list[str | None] = []
+    async with (
+        open_dispatcher(
+            {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a",), "spare": ("key-b",)}
+        ) as d,
+        trio.open_nursery() as nursery,
+    ):
+        log: list[tuple[str, str | None, float]] = []
+        await start(nursery, d, "gpt", log, "g0", 1.0)
+        await start(nursery, d, "spare", log, "s0", 1.0)
+
+        async def waiting_one() -> None:
+            async with d.slot("gpt") as slot:
+                members.append(slot.member)
+
+        nursery.start_soon(waiting_one)
+        await trio.testing.wait_all_tasks_blocked()
+        # The waiting request asked through gpt's old group; granted in the
+        # merged one, it names its member, not the pool.
+        d.set_pool("x", ("key-a", "key-b"))
+    assert members == ["key-a"]
 
 
 async def test_a_new_pool_over_a_provider_scheduled_on_its_own_keeps_its_pause(
@@ -886,6 +1010,62 @@ async def test_moved_requests_events_name_their_member_and_count_from_their_firs
     released = [e for e in seen if isinstance(e, Released)]
     assert granted[1].wait == 5.0  # since it first asked, not since it moved
     assert [e.held for e in released] == [5.0, 1.0]
+
+
+async def test_a_merged_groups_requests_keep_their_events_and_leave_nothing_cancelled(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from trio_dispatch.events import Granted, Queued, Released, Withdrawn  # noqa: PLC0415
+
+    log: list[tuple[str, str | None, float]] = []
+    gave_up: list[float] = []
+
+    async def impatient() -> None:
+        with trio.move_on_after(3.0):
+            async with d.slot("spare"):
+                log.append(("never", None, trio.current_time()))
+        gave_up.append(trio.current_time())
+
+    async with (
+        open_dispatcher(
+            {"key-a": 1, "key-b": 1}, pools={"gpt": ("key-a",), "spare": ("key-b",)}
+        ) as d,
+        d.events() as events,
+    ):
+        async with trio.open_nursery() as nursery:
+            await start(nursery, d, "spare", log, "own", 5.0, conversation_id="c1")
+            await start(nursery, d, "spare", log, "next", 1.0, conversation_id="c2")
+            nursery.start_soon(impatient)
+            await trio.testing.wait_all_tasks_blocked()
+            await trio.sleep(1.0)
+            d.set_pool("x", ("key-a", "key-b"))
+            assert d.limits() == {"key-a": 1, "key-b": 1}
+            await trio.sleep(3.0)
+            stats = d.statistics()
+            assert stats.providers["key-b"].in_flight == 1
+            assert stats.pools["spare"].waiting == 1
+        seen = [await events.__anext__() for _ in range(events.pending)]
+    assert gave_up == [3.0]
+    assert log == [("own", "key-b", 0.0), ("next", "key-b", 5.0)]
+    final = d.statistics().providers["key-b"]
+    assert (final.in_flight, final.waiting) == (0, 0)
+    assert (final.granted_total, final.released_total) == (2, 2)
+    slots = [
+        (type(e).__name__, e.provider, e.pool, e.conversation_id)
+        for e in seen
+        if isinstance(e, Granted | Queued | Released | Withdrawn)
+    ]
+    assert slots == [
+        ("Granted", "key-b", "spare", "c1"),
+        ("Queued", "spare", "spare", "c2"),
+        ("Queued", "spare", "spare", None),
+        ("Withdrawn", "spare", "spare", None),
+        ("Released", "key-b", "spare", "c1"),
+        ("Granted", "key-b", "spare", "c2"),
+        ("Released", "key-b", "spare", "c2"),
+    ]
+    granted = [e for e in seen if isinstance(e, Granted)]
+    assert granted[1].wait == 5.0  # since it first asked, not since it moved
 
 
 async def test_set_pool_with_a_backend_of_ones_own_is_refused_and_changes_nothing() -> (

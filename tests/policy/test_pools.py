@@ -14,7 +14,7 @@ from hypothesis.stateful import (
 )
 
 from trio_dispatch import Budget, QueueFull, Tenant
-from trio_dispatch.lowlevel import SlotPolicy, Throttle, Ticket
+from trio_dispatch.lowlevel import GroupState, SlotPolicy, Throttle, Ticket
 
 
 def t(rank: float, seq: int, model: str | None = None) -> Ticket:
@@ -794,6 +794,78 @@ class PoolMachine(RuleBasedStateMachine):
             model.waiting[ticket] = [name, None, model.now, False, None]
         self.expect(grants, model.fill())
 
+    @rule(
+        names=st.lists(_names, min_size=1, max_size=2, unique=True),
+        limit=st.sampled_from([None, 1, 1, 2]),
+        asks=st.lists(
+            st.tuples(
+                st.integers(0, 5), st.sampled_from(["r", "r", "first"]), st.booleans()
+            ),
+            max_size=6,
+        ),
+        paused=st.booleans(),
+    )
+    def merge_group(
+        self,
+        names: list[str],
+        limit: int | None,
+        asks: list[tuple[int, str, bool]],
+        paused: bool,
+    ) -> None:
+        """A group scheduled apart joins this one: its members, its pool, its queue.
+
+        Its members with their holders and pause, its pool ``r``, and its
+        waiting tickets in their lanes and their place: some wait for the
+        member they prefer, as long as they would have there.
+        """
+        model = self.model
+        if "r" in model.pools or any(name in model.limits for name in names):
+            return
+        first = names[0]
+        other = SlotPolicy(
+            limit,
+            provider=first,
+            affinity_wait=2.0,
+            failure_threshold=_THRESHOLD,
+            failure_cooldown=_COOLDOWN,
+            now=model.now,
+        )
+        for name in names[1:]:
+            other.add_member(name, limit)
+        other.set_pool("r", names)
+        if paused:
+            other.pause(model.now + 2.0, member=first)
+        entries: dict[Ticket, list[object]] = {}
+        for rank, asked, prefers in asks:
+            self.seq += 1
+            ticket = Ticket(float(rank), self.seq)
+            target = "r" if asked == "r" else first
+            prefer = names[-1] if prefers else None
+            other.acquire(ticket, member=target, prefer=prefer)
+            counts = target == "r" and len(names) > 1 and prefer is not None
+            waits_alone = counts and not (paused and prefer == first)
+            entries[ticket] = [
+                target,
+                prefer if counts else None,
+                model.now,
+                waits_alone,
+                None,
+            ]
+        state = other.group_state()
+        grants = self.policy.merge(state, dict.fromkeys(names, limit))
+        for name, carried in state.members:
+            model.limits[name] = limit
+            model.paused[name] = carried.paused_until
+            model.held[name] = set(carried.holders)
+            model.health[name] = _Health()
+            for ticket in carried.holders:
+                model.holder_of[ticket] = name
+                self.granted_in[ticket] = name, "in", 0
+        model.pools["r"] = list(names)
+        for ticket in other.waiters():
+            model.waiting[ticket] = entries[ticket]
+        self.expect(grants, model.fill())
+
     @rule(name=_names)
     def remove_member(self, name: str) -> None:
         model = self.model
@@ -1270,3 +1342,80 @@ def test_a_holder_of_a_tenant_brought_along_starts_the_tenants_count() -> None:
     # acme's cap of 1 counts the slot it brought: its next request waits.
     assert policy.acquire(Ticket(1.0, 2, 0, "acme")) == []
     assert policy.release(held) == [Ticket(1.0, 2, 0, "acme")]
+
+
+def test_a_group_merges_in_whole_its_members_service_and_counts_with_it() -> None:
+    # Group c + d: d went out of service (a cooldown until 10.0) after two
+    # failures, c holds one slot and granted three, a ticket waits for the
+    # pool r, another for c alone.
+    other = SlotPolicy(
+        1, provider="c", affinity_wait=2.0, failure_threshold=2, failure_cooldown=10.0
+    )
+    other.add_member("d", 2)
+    other.set_pool("r", ["c", "d"])
+    for seq in range(2):
+        assert other.acquire(t(0, seq), member="d") == [t(0, seq)]
+        other.fail(t(0, seq), 0.0)
+    for seq in (2, 3):
+        assert other.acquire(t(0, seq), member="c") == [t(0, seq)]
+        other.release(t(0, seq))
+    assert other.acquire(t(1, 4), member="c") == [t(1, 4)]
+    assert other.acquire(t(2, 5), member="r") == []
+    assert other.acquire(t(3, 6), member="c") == []
+    state = other.group_state()
+    assert [name for name, _ in state.members] == ["c", "d"]
+    assert [each.ticket for each in state.waiting] == [t(2, 5), t(3, 6)]
+    policy = pool(1, 1, failure_threshold=2, failure_cooldown=10.0)
+    assert policy.acquire(t(0, 7)) == [t(0, 7)]
+    assert policy.acquire(t(0, 8)) == [t(0, 8)]
+    assert policy.acquire(t(9, 9)) == []
+    assert policy.merge(state, {"c": 1, "d": 2}) == []
+    assert policy.members == ["a", "b", "c", "d"]
+    assert policy.pools == {"r": ["c", "d"]}
+    stats = policy.member_statistics()
+    assert (stats["c"].in_flight, stats["c"].granted_total) == (1, 3)
+    assert (stats["d"].out_of_service_until, stats["d"].outages_total) == (10.0, 1)
+    assert policy.waiters() == [t(2, 5), t(3, 6), t(9, 9)]
+    # c's slot goes to the oldest that may take it: t(2, 5) (the pool's),
+    # before t(3, 6) (c's alone); a's to t(9, 9), which may take any.
+    assert policy.release(t(1, 4)) == [t(2, 5)]
+    assert policy.member_of(t(2, 5)) == "c"
+    assert policy.release(t(0, 7)) == [t(9, 9)]
+    # d's cooldown ends: half-open, its probe the next it may take.
+    assert policy.tick(10.0) == []
+    assert policy.member_statistics()["d"].half_open
+
+
+def test_a_ticket_waiting_for_its_preferred_member_waits_as_long_after_a_merge() -> (
+    None
+):
+    other = SlotPolicy(1, provider="c", affinity_wait=2.0)
+    other.add_member("d", 1)
+    other.set_pool("r", ["c", "d"])
+    assert other.acquire(t(0, 0), member="r", prefer="d") == [t(0, 0)]
+    other.advance(1.0)
+    # d is full, c free: it waits for d until 3.0.
+    assert other.acquire(t(1, 1), member="r", prefer="d") == []
+    state = other.group_state()
+    (waiting,) = state.waiting
+    assert (waiting.preferred, waiting.until) == ("d", 3.0)
+    policy = SlotPolicy(1, provider="a", affinity_wait=2.0, now=1.5)
+    assert policy.merge(state, {"c": 1, "d": 1}) == []
+    assert policy.wake_at == 3.0
+    assert policy.tick(3.0) == [t(1, 1)]
+    assert policy.member_of(t(1, 1)) == "c"
+    assert policy.member_statistics()["d"].affinity_moves == 1
+
+
+def test_a_merge_that_clashes_changes_nothing() -> None:
+    other = SlotPolicy(1, provider="b")
+    assert other.acquire(t(0, 0)) == [t(0, 0)]
+    policy = pool()
+    with pytest.raises(ValueError, match=r"^names taken here already: \['b'\]$"):
+        policy.merge(other.group_state(), {})
+    mine = SlotPolicy(1, provider="c")
+    assert mine.acquire(t(0, 0)) == [t(0, 0)]
+    with pytest.raises(ValueError, match=r"^tickets known here already"):
+        mine.merge(GroupState((("z", other.member_state()),), {}, ()), {})
+    assert (policy.members, mine.members) == (["a", "b"], ["c"])
+    assert (policy.in_flight, mine.in_flight) == (0, 1)

@@ -313,7 +313,11 @@ class Dispatcher(metaclass=NoPublicConstructor):
         scheduled on their own so far, which join with their limit,
         adaptive limit, budgets (configured and learned), pause, the
         slots held on them and the requests waiting for them, in their
-        place. Pools scheduled apart are not merged.
+        place. Members of pools scheduled apart (no member in common) join
+        their groups into one, each with all it holds and learned: its
+        members' state (out of service too), its pools, the slots held
+        and the requests waiting, in their place and order, and the
+        member each conversation last had.
 
         A provider's tenants share one queue with the pool's: a tenant's
         cap and share count over the whole group of the pool's members
@@ -321,8 +325,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
 
         Raises:
             ValueError: ``pool`` is a provider's name (or a member's),
-                ``members`` is empty or names one twice or names a pool,
-                or would join pools scheduled apart; or the dispatcher has
+                ``members`` is empty or names one twice or names a pool;
+                or the dispatcher has
                 ``redis_url`` or a backend factory of one's own, which
                 schedule no pools (nothing changes).
             DispatcherClosed: The dispatcher has closed, or a scheduler

@@ -766,9 +766,10 @@ class Plumbing(metaclass=NoPublicConstructor):
         check_provider(pool)
         names = check_members(pool, members)
         self._check_open()
-        group, fresh = self._pool_group(pool, names)
+        group, fresh, others = self._pool_group(pool, names)
         handovers = self._hand_over(fresh, group)
         try:
+            self._merge_groups(group, others)
             self._regroup(pool, names, group, fresh, handovers)
         except (trio.ClosedResourceError, DispatcherClosed):
             # The group's scheduler has stopped (it crashed): the requests
@@ -818,13 +819,20 @@ class Plumbing(metaclass=NoPublicConstructor):
             for handover in handovers.values():
                 made.take_over(handover)
 
-    def _pool_group(self, pool: str, names: tuple[str, ...]) -> tuple[Group, list[str]]:
-        """The group pool ``pool`` of ``names`` goes in, and its members new to any group.
+    def _pool_group(
+        self, pool: str, names: tuple[str, ...]
+    ) -> tuple[Group, list[str], list[Group]]:
+        """The group pool ``pool`` of ``names`` goes in, its members new to any group, and the groups that merge into it.
+
+        Members of groups scheduled apart join them into one: the group
+        whose scheduler runs (the first, if several do; then the others
+        give way to it), else the first.
 
         Raises:
             ValueError: Pools need the local scheduler; ``pool`` is a
-                provider's name; ``names`` names a pool, or members of
-                pools scheduled apart.
+                provider's name; ``names`` names a pool.
+            DispatcherClosed: The scheduler of a group it would join has
+                stopped (it crashed). Nothing changed.
         """
         settings = self._settings
         if settings.redis_url is not None:
@@ -849,18 +857,59 @@ class Plumbing(metaclass=NoPublicConstructor):
         ]
         if pooled:
             raise ValueError(f"pool {pool!r} names pools as members: {_names(pooled)}")
-        joined = {id(groups[name]): groups[name] for name in names if name in groups}
-        if known is not None:
-            joined[id(known)] = known
-        if len(joined) > 1:
-            raise ValueError(
-                f"pool {pool!r} cannot join the members of pools scheduled"
-                f" apart ({_names(names)}): name a pool's members in"
-                " open_dispatcher's pools, or pool providers scheduled together"
-                " or on their own"
-            )
-        group = next(iter(joined.values())) if joined else Group()
-        return group, [name for name in names if name not in groups]
+        joined = {id(known): known} if known is not None else {}
+        for name in names:
+            if name in groups:
+                joined.setdefault(id(groups[name]), groups[name])
+        found = list(joined.values())
+        for each in found:
+            if each.actor is not None and each.actor.closed:
+                raise DispatcherClosed(
+                    f"the scheduler of pools {_names(each.pools)} has stopped"
+                )
+        running = [each for each in found if each.actor is not None]
+        group = (running or found or [Group()])[0]
+        others = [each for each in found if each is not group]
+        return group, [name for name in names if name not in groups], others
+
+    def _merge_groups(self, group: Group, others: list[Group]) -> None:
+        """Each group of ``others`` joins ``group``: its members and pools, and its scheduler's requests.
+
+        A group whose scheduler runs hands it all over (``give_way_whole``)
+        to ``group``'s, whose scheduler runs too (``_pool_group`` chose
+        it): what it learned, its holders, and its waiting requests, in
+        their place. Its old views (a slot holds one) reach ``group``'s
+        scheduler from now on.
+        """
+        actor = group.actor
+        groups = self._groups
+        for other in others:
+            other.merged = True
+            names = [*other.members, *other.pools]
+            group.members.extend(other.members)
+            group.pools.update(other.pools)
+            for name in names:
+                groups[name] = group
+            moved = [name for name in names if self._backends.pop(name, None)]
+            for name in moved:
+                self._host.actors.pop(name, None)
+            if actor is None:
+                continue  # no scheduler runs: none is made yet
+            if other.actor is not None:
+                handover = other.actor.give_way_whole(actor)
+                other.actor = actor
+                limits = self._host.limits
+                actor.merge(
+                    handover, {name: limits.get(name) for name in other.members}
+                )
+            else:
+                for name in other.members:
+                    actor.add_member(self._setup(name))
+                for pool, members in other.pools.items():
+                    actor.send(SetPool(pool, members))
+            for name in moved:
+                # Scheduled in the group at once, as before.
+                self._scheduler(name)
 
     def _hand_over(self, fresh: list[str], group: Group) -> dict[str, Handover]:
         """The providers of ``fresh`` scheduled on their own: each scheduler gives way to ``group``'s.

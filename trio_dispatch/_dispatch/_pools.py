@@ -96,15 +96,18 @@ class Group:
         pools: The pools over them, by name.
         actor: Their scheduler, once made.
         running: Whether a view runs the scheduler's task.
+        merged: Whether it merged into another group, whose scheduler
+            its views reach (``actor``) and its new views run.
     """
 
-    __slots__ = ("actor", "members", "pools", "running")
+    __slots__ = ("actor", "members", "merged", "pools", "running")
 
     def __init__(self) -> None:
         self.members: list[str] = []
         self.pools: dict[str, tuple[str, ...]] = {}
         self.actor: SchedulerActor | None = None
         self.running = False
+        self.merged = False
 
     def __repr__(self) -> str:
         return f"<Group members={self.members!r} pools={self.pools!r}>"
@@ -196,8 +199,11 @@ class MemberView:
         """Run the group's scheduler, or, if another view runs it, wait until the dispatcher closes.
 
         A group's scheduler never stops when idle: its members share it.
+        A view of a group that merged into another runs nothing.
         """
         group = self.group
+        if group.merged:
+            return False  # the group it merged into runs its scheduler
         if group.running:
             await trio.sleep_forever()
         group.running = True

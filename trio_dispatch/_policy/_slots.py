@@ -243,6 +243,16 @@ class MemberState:
         server: Its server's load as last read, and the slots learned
             from it (``observe_server_load``), or ``None``.
         failures: Its calls failed in a row (``fail``).
+        out_until: The end of its cooldown while out of service, or
+            ``None`` (a member of a pool only).
+        half_open: Whether it is back from a cooldown, taking one probe.
+        probe: The holder that is its probe while half-open, or ``None``.
+        granted_total: Slots granted on it so far (its holders among
+            them), for its statistics to go on from.
+        peak_in_flight: The most slots it held at once.
+        affinity_hits: Requests that preferred it and were granted on it.
+        affinity_moves: Requests that preferred it and went elsewhere.
+        outages_total: How many times it was taken out of service.
     """
 
     throttle: Throttle | None
@@ -256,6 +266,56 @@ class MemberState:
     granted_since_report: bool = False
     server: ServerGate | None = None
     failures: int = 0
+    out_until: float | None = None
+    half_open: bool = False
+    probe: Ticket | None = None
+    granted_total: int = 0
+    peak_in_flight: int = 0
+    affinity_hits: int = 0
+    affinity_moves: int = 0
+    outages_total: int = 0
+
+
+@final
+@attrs.frozen
+class WaitingState:
+    """A ticket waiting in a pooled policy, to queue in another in its place (``group_state``).
+
+    Attributes:
+        ticket: The ticket.
+        tokens: Its estimate of tokens (0: none).
+        lane: The lane it waits in, as the queue keeps it: its model
+            alone (any member), ``(model, member or pool)``, or ``(model,
+            pool or None, members avoided)``.
+        home: Its lane once its wait for the member it prefers ends, or
+            ``None`` if it does not wait for that member alone.
+        preferred: The member it prefers (tried first), or ``None``.
+        until: When its wait for ``preferred`` ends (with ``home``).
+    """
+
+    ticket: Ticket
+    tokens: int
+    lane: Lane
+    home: Lane = None
+    preferred: str | None = None
+    until: float | None = None
+
+
+@final
+@attrs.frozen
+class GroupState:
+    """What a pooled policy holds, to carry into another (``group_state``, ``merge``).
+
+    Attributes:
+        members: Each member's name and what it learned and holds
+            (``MemberState``, its ``waiting`` empty), in their order.
+        pools: Each pool's members, by pool name.
+        waiting: The tickets waiting, in ticket order, each with its lane.
+    """
+
+    members: tuple[tuple[str, MemberState], ...]
+    pools: Mapping[str, tuple[str, ...]]
+    waiting: tuple[WaitingState, ...]
 
 
 @final
@@ -893,20 +953,73 @@ class SlotPolicy:
         """
         if len(self._members) > 1 or self._pools:
             raise ValueError("a pooled policy's members are not carried elsewhere")
-        first = self._first
         estimates = self._estimates
-        return MemberState(
-            first.gate,
-            first.models.throttles(),
-            first.paused_until,
-            tuple(sorted(first.holders)),
+        return self._state_of(
+            self._first,
             tuple((ticket, estimates.get(ticket, 0)) for ticket in self.waiters()),
-            first.streak,
-            first.step,
-            tuple(sorted(first.reported)),
-            first.granted_total != first.granted_at_report,
-            first.server,
-            first.failures,
+        )
+
+    def group_state(self) -> GroupState:
+        """What this policy learned and holds, members, pools and queue, to carry into another.
+
+        For a group that joins another at run time: the other policy takes
+        it all in at once (``merge``), the waiting tickets in their lanes
+        and their place, each still preferring its member until its wait
+        for it ends. This policy is left as it is, for the caller to drop.
+        """
+        homes = self._homes
+        until = {ticket: at for at, ticket in self._expiring if ticket in homes}
+        estimates = self._estimates
+        preferred = self._preferred
+        waiting = []
+        for ticket in self.waiters():
+            prefers = preferred.get(ticket)
+            waiting.append(
+                WaitingState(
+                    ticket,
+                    estimates.get(ticket, 0),
+                    self._waiting[ticket],
+                    homes.get(ticket),
+                    None if prefers is None else prefers.name,
+                    until.get(ticket),
+                )
+            )
+        return GroupState(
+            tuple(
+                (name, self._state_of(member)) for name, member in self._members.items()
+            ),
+            {
+                name: tuple(member.name for member in members)
+                for name, members in self._pools.items()
+            },
+            tuple(waiting),
+        )
+
+    @staticmethod
+    def _state_of(
+        member: _Member, waiting: tuple[tuple[Ticket, int], ...] = ()
+    ) -> MemberState:
+        """``member``'s learned and held state (``MemberState``), with ``waiting``."""
+        return MemberState(
+            member.gate,
+            member.models.throttles(),
+            member.paused_until,
+            tuple(sorted(member.holders)),
+            waiting,
+            member.streak,
+            member.step,
+            tuple(sorted(member.reported)),
+            member.granted_total != member.granted_at_report,
+            member.server,
+            member.failures,
+            member.out_until,
+            member.half_open,
+            member.probe,
+            member.granted_total,
+            member.peak_in_flight,
+            member.affinity_hits,
+            member.affinity_moves,
+            member.outages_total,
         )
 
     def member_server_load(self, member: str) -> tuple[ServerLoad | None, int | None]:
@@ -1738,6 +1851,19 @@ class SlotPolicy:
             raise ValueError(f"{name!r} is a member already")
         if name in self._pools:
             raise ValueError(f"{name!r} is a pool's name")
+        self._join(name, limit, throttle, models, carried)
+        self._queue_moved(waiting, name)
+        return self._fill()
+
+    def _join(
+        self,
+        name: str,
+        limit: int | AdaptiveLimit | None,
+        throttle: Throttle | None,
+        models: Mapping[str, Throttle] | None,
+        carried: MemberState | None,
+    ) -> None:
+        """Make ``name``, new, a member with what ``carried`` brings; grant nothing (``add_member``)."""
         if isinstance(limit, AdaptiveLimit):
             throttle = Throttle(now=self._now) if throttle is None else throttle
             throttle.adapt(limit)
@@ -1765,14 +1891,12 @@ class SlotPolicy:
             self._count()  # every member's, this one's too
         if carried is not None:
             self.carry(carried, member=name)
-        self._queue_moved(waiting, name)
-        return self._fill()
 
     def carry(self, state: MemberState, *, member: str | None = None) -> None:
         """Give ``member`` (``None``: the first) what it brings from a policy of its own.
 
         Its pause, its backoff's streak, its server's load, its failures
-        in a row, and its holders, counted as holding its slots (granted,
+        in a row and its service (out, half-open), its counts, and its holders, counted as holding its slots (granted,
         as far as the counts go): slots taken under the other policy, their
         budgets charged there, in the throttles it brings
         (``state.throttle``, given to ``add_member`` or the constructor);
@@ -1807,15 +1931,22 @@ class SlotPolicy:
             if ticket.model is not None:
                 chosen.models.use(ticket.model, 1)
         # Granted here, as far as the counts go: released_total is what
-        # was granted less what holds.
-        chosen.granted_total += len(tickets)
+        # was granted less what holds. Its own counts go on from its own.
+        chosen.granted_total += max(state.granted_total, len(tickets))
         self._granted_total += len(tickets)
         held = len(chosen.holders)
-        chosen.peak_in_flight = max(chosen.peak_in_flight, held)
+        chosen.peak_in_flight = max(chosen.peak_in_flight, held, state.peak_in_flight)
         self._peak_in_flight = max(self._peak_in_flight, len(self._held_by))
+        chosen.affinity_hits += state.affinity_hits
+        chosen.affinity_moves += state.affinity_moves
+        chosen.outages_total += state.outages_total
         if state.server is not None:
             chosen.server = state.server
         chosen.failures = state.failures
+        if state.out_until is not None or state.half_open:
+            chosen.out_until = state.out_until
+            chosen.half_open = state.half_open
+            chosen.probe = state.probe if state.probe in chosen.holders else None
         if state.streak:
             chosen.streak = state.streak
             chosen.step = state.step
@@ -1840,12 +1971,19 @@ class SlotPolicy:
 
     def _queue_moved(self, waiting: Iterable[tuple[Ticket, int]], member: str) -> None:
         """Queue ``waiting`` for ``member`` alone, granting nothing yet (``requeue``)."""
+        self._queue_carried(
+            WaitingState(ticket, tokens, self._lane(ticket.model, member, None)[0])
+            for ticket, tokens in waiting
+        )
+
+    def _queue_carried(self, waiting: Iterable[WaitingState]) -> None:
+        """Queue tickets carried from another policy in their lanes, granting nothing yet."""
         queue = self._waiting
-        for ticket, tokens in waiting:
+        for each in waiting:
+            ticket, tokens, lane = each.ticket, each.tokens, each.lane
             if ticket in self._held_by or ticket in queue:
                 raise ValueError(f"ticket {ticket!r} is already known")
             model = ticket.model
-            lane, _, _ = self._lane(model, member, None, ())
             if ticket.tenant is not None and not self._counting:
                 self.needs_clock = True
                 self._count()
@@ -1854,9 +1992,57 @@ class SlotPolicy:
                 self._estimates[ticket] = tokens
             if model is not None:
                 self._use(model)
+            if each.preferred is not None:
+                self._preferred[ticket] = self._members[each.preferred]
+            if each.home is not None and each.until is not None:
+                self.needs_clock = True
+                self._homes[ticket] = each.home
+                heapq.heappush(self._expiring, (each.until, ticket))
             queue[ticket] = lane
             self._tenants.queue(ticket, self._now, lane)
         self._peak_waiting = max(self._peak_waiting, len(queue))
+
+    def merge(
+        self,
+        group: GroupState,
+        limits: Mapping[str, int | AdaptiveLimit | None],
+    ) -> list[Ticket]:
+        """Take in another pooled policy's members, pools and waiting tickets (``group_state``).
+
+        Each member with its limit in ``limits`` (as ``add_member`` takes
+        it; none named: unlimited) and what it learned and holds; each
+        pool over the same members; the waiting tickets in their lanes and
+        their place, never refused for a full queue (they were admitted
+        already). All of it is in place before anything is granted; then
+        the tickets waiting here and there take the free slots of every
+        member, oldest first. Returns the tickets granted then.
+
+        Raises:
+            ValueError: A member's or pool's name of ``group`` is taken here,
+                or a ticket of it is known here. Nothing changed.
+        """
+        taken = self._members.keys() | self._pools.keys()
+        clash = [
+            name
+            for name in [*(name for name, _ in group.members), *group.pools]
+            if name in taken
+        ]
+        if clash:
+            raise ValueError(f"names taken here already: {sorted(clash)!r}")
+        tickets = [
+            *(ticket for _, state in group.members for ticket in state.holders),
+            *(each.ticket for each in group.waiting),
+        ]
+        known = [t for t in tickets if t in self._held_by or t in self._waiting]
+        if known:
+            raise ValueError(f"tickets known here already: {known!r}")
+        for name, state in group.members:
+            self._join(name, limits.get(name), state.throttle, state.models, state)
+        members = self._members
+        for pool, names in group.pools.items():
+            self._pools[pool] = [members[name] for name in names]
+        self._queue_carried(group.waiting)
+        return self._fill() if self._open() else []
 
     def remove_member(self, name: str) -> tuple[list[Ticket], list[Ticket]]:
         """Take ``name`` out of the policy and its pools; its holders keep their slots.

@@ -102,11 +102,12 @@ from ._mailbox import Mailbox
 
 if TYPE_CHECKING:
     import collections
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Iterable, Mapping
 
     from .._dispatch._backend import ProviderStatistics
     from .._dispatch._setup import BackendSetup
-    from .._policy._slots import MemberState, PoolStatistics, SlotPolicy
+    from .._policy._budgets import AdaptiveLimit
+    from .._policy._slots import GroupState, MemberState, PoolStatistics, SlotPolicy
     from ..messages._protocol import Reply
 
 _logger = logging.getLogger("trio_dispatch")
@@ -156,6 +157,30 @@ class Handover:
 
 @final
 @attrs.frozen
+class GroupHandover:
+    """What a group's scheduler hands another group's as the groups merge (``give_way_whole``).
+
+    Attributes:
+        state: Its members, pools and queue (``SlotPolicy.group_state``).
+        waiting: Its waiting requests, in their order, as the ``Acquire``
+            each was (its reply, conversation and estimate).
+        seen: Since when each of its requests waits or holds, for the
+            events (``Translator.hand_over``).
+        names: What each request's events name (its member, or what it
+            asked for, and its pool).
+        latest: The member of each conversation's latest grant, oldest
+            first, which its next request prefers.
+    """
+
+    state: GroupState
+    waiting: tuple[Acquire, ...]
+    seen: Mapping[Ticket, tuple[str | None, float]]
+    names: Mapping[Ticket, tuple[str, str | None]]
+    latest: Mapping[str, str]
+
+
+@final
+@attrs.frozen
 class _Join:
     """A provider joins this pooled scheduler (``add_member``, ``take_over``).
 
@@ -168,8 +193,20 @@ class _Join:
     handover: Handover | None
 
 
+@final
+@attrs.frozen
+class _Merge:
+    """A group's scheduler gave way to this one: its members, pools and requests join (``merge``).
+
+    ``limits``: each of its members' limit as configured.
+    """
+
+    handover: GroupHandover
+    limits: Mapping[str, int | AdaptiveLimit | None]
+
+
 #: The actor's own messages, beside the protocol's.
-_Own: TypeAlias = _Tick | _Join
+_Own: TypeAlias = _Tick | _Join | _Merge
 
 #: How many conversations' latest member a pooled scheduler remembers.
 MAX_CONVERSATIONS = 65_536
@@ -404,6 +441,23 @@ class SchedulerActor:
         """
         self.send(_Join(None, handover))
 
+    def merge(
+        self,
+        handover: GroupHandover,
+        limits: Mapping[str, int | AdaptiveLimit | None],
+    ) -> None:
+        """Take in a group whose scheduler gave way to this one (``give_way_whole``).
+
+        Its members, each with its limit in ``limits`` and what it learned
+        and holds, its pools, and its waiting requests in their place, all
+        before anything is granted (``SlotPolicy.merge``). Handled as a
+        message, in its order among the others.
+
+        Raises:
+            trio.ClosedResourceError: The actor is closed.
+        """
+        self.send(_Merge(handover, limits))
+
     def give_way(self, to: _Sends) -> Handover:
         """Hand this provider over to a group's scheduler that takes it as a member.
 
@@ -418,17 +472,59 @@ class SchedulerActor:
             RuntimeError: It is handling a message, or closed.
             ValueError: Its policy is a group's (``member_state``).
         """
+        self._check_idle()
+        state = self.policy.member_state()
+        waiting, seen = self._hand_off(state.waiting, state.holders)
+        self._leave(to)
+        return Handover(self.provider, state, waiting, seen)
+
+    def give_way_whole(self, to: _Sends) -> GroupHandover:
+        """Hand this group over, whole, to another group's scheduler (``merge``).
+
+        As ``give_way`` does a provider's: its members, pools and queue,
+        and its waiting requests, for the other to take in their place;
+        every message sent here goes ``to`` from now on.
+
+        Raises:
+            RuntimeError: It is handling a message, or closed.
+        """
+        self._check_idle()
+        state = self.policy.group_state()
+        holders = [ticket for _, member in state.members for ticket in member.holders]
+        waiting, seen = self._hand_off(
+            [(each.ticket, each.tokens) for each in state.waiting], holders
+        )
+        names = self._names
+        tickets = [*holders, *(acquire.ticket for acquire in waiting)]
+        handover = GroupHandover(
+            state,
+            waiting,
+            seen,
+            {ticket: names[ticket] for ticket in tickets if ticket in names},
+            dict(self._latest),
+        )
+        self._leave(to)
+        return handover
+
+    def _check_idle(self) -> None:
         if self._handling or self._inbox.closed:
             raise RuntimeError("a scheduler gives way only while idle and open")
-        state = self.policy.member_state()
+
+    def _hand_off(
+        self, asked: Iterable[tuple[Ticket, int]], holders: Iterable[Ticket]
+    ) -> tuple[tuple[Acquire, ...], dict[Ticket, tuple[str | None, float]]]:
+        """The requests waiting (``asked``, with their estimates) as ``Acquire``, and the events' record of them and of ``holders``, taken from here."""
         waiting: list[Acquire] = []
-        for ticket, tokens in state.waiting:
+        for ticket, tokens in asked:
             reply = self._replies.pop(ticket)
             waiting.append(Acquire(ticket, reply, _conversation_of(reply), tokens))
-        seen = self._events.hand_over([*state.holders, *(a.ticket for a in waiting)])
+        seen = self._events.hand_over([*holders, *(a.ticket for a in waiting)])
+        return tuple(waiting), seen
+
+    def _leave(self, to: _Sends) -> None:
+        """Gave way: every message goes ``to`` from now on, and ``run`` stops."""
         self._forward = to
         self._inbox.close()
-        return Handover(self.provider, state, tuple(waiting), seen)
 
     @property
     def closed(self) -> bool:
@@ -611,7 +707,7 @@ class SchedulerActor:
             return
         elif isinstance(message, (SetPool, RemovePool)):
             grants = self._set_pool(message, now)
-        elif isinstance(message, _Join):
+        elif isinstance(message, (_Join, _Merge)):
             grants = self._join(message, now)
         else:
             grants = self._rarely(message, now, member)
@@ -668,8 +764,13 @@ class SchedulerActor:
             return
         self._handle(inner, now, member)
 
-    def _join(self, message: _Join, now: float) -> list[Ticket]:
-        """A provider joins: a member made, what its own scheduler handed on taken over."""
+    def _join(self, message: _Join | _Merge, now: float) -> list[Ticket]:
+        """A provider joins: a member made, what its own scheduler handed on taken over.
+
+        Or a group joins whole (``_Merge``).
+        """
+        if isinstance(message, _Merge):
+            return self._merge(message)
         handover = message.handover
         waiting: list[tuple[Ticket, int]] = []
         if handover is not None:
@@ -689,6 +790,24 @@ class SchedulerActor:
             return message.setup.join(self.policy, now, waiting)
         assert handover is not None  # one or the other
         return self.policy.requeue(waiting, member=handover.member)
+
+    def _merge(self, message: _Merge) -> list[Ticket]:
+        """A group joins whole: its members, pools and requests, in their place."""
+        handover = message.handover
+        self._names.update(handover.names)
+        for acquire in handover.waiting:
+            ticket = acquire.ticket
+            self._replies[ticket] = acquire.reply
+            if acquire.conversation_id is not None:
+                self._conversations[ticket] = acquire.conversation_id
+        latest = self._latest
+        for conversation, member in handover.latest.items():
+            # This group's own latest grant to a conversation stands.
+            latest.setdefault(conversation, member)
+        while len(latest) > MAX_CONVERSATIONS:
+            del latest[next(iter(latest))]
+        self._events.take_over(handover.seen)
+        return self.policy.merge(handover.state, message.limits)
 
     def _set_pool(self, message: SetPool | RemovePool, now: float) -> list[Ticket]:
         """A pool made, changed or removed; those waiting for a removed one are refused."""
