@@ -417,7 +417,7 @@ async def test_a_group_gives_way_whole_and_the_other_takes_it_in_in_place(
         assert kept.member_of(tickets["r1"]) == "d"
         # With a free, the conversation's next request, through a pool of
         # both groups, waits for d still: its latest member.
-        kept.send(SetPool("all", ["a", "b", "c", "d"]))
+        kept.send(SetPool("all", ("a", "b", "c", "d")))
         kept.send(Release(tickets["p1"]))
         assert kept.policy.member_statistics()["a"].in_flight == 0
         later = RecordingReply()

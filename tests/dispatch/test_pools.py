@@ -18,8 +18,10 @@ from trio_dispatch import (
     Dispatcher,
     DispatcherClosed,
     PoolRemoved,
+    QueueFull,
     Quota,
     RateLimitInfo,
+    SlotHoldTimeout,
     open_dispatcher,
 )
 from trio_dispatch.lowlevel import SchedulerActor, open_dispatcher_with
@@ -1066,6 +1068,161 @@ async def test_a_merged_groups_requests_keep_their_events_and_leave_nothing_canc
     ]
     granted = [e for e in seen if isinstance(e, Granted)]
     assert granted[1].wait == 5.0  # since it first asked, not since it moved
+
+
+async def test_a_request_waiting_across_two_merges_names_its_member_and_is_held_to_max_hold(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, str | None, float]] = []
+    outcome: list[tuple[str, float]] = []
+
+    async def long_holder() -> None:
+        try:
+            async with d.slot("pb") as slot:
+                log.append(("b-waits", slot.member, trio.current_time()))
+                await trio.sleep(100.0)
+        except SlotHoldTimeout:
+            outcome.append(("timed out", trio.current_time()))
+
+    async with (
+        open_dispatcher(
+            {"a": 1, "b": 1, "c": 1},
+            pools={"pa": ("a",), "pb": ("b",), "pc": ("c",)},
+            max_hold=5.0,
+        ) as d,
+        trio.open_nursery() as nursery,
+    ):
+        await start(nursery, d, "pa", log, "a0", 4.0)
+        await start(nursery, d, "pb", log, "b0", 1.0)
+        # It waits through pb's view; pb's group merges into pa's, then
+        # that one into pc's (the first of those named that runs).
+        nursery.start_soon(long_holder)
+        await trio.testing.wait_all_tasks_blocked()
+        await start(nursery, d, "pc", log, "c0", 4.0)
+        d.set_pool("ab", ("a", "b"))
+        d.set_pool("ca", ("c", "a"))
+    assert ("b-waits", "b", 1.0) in log
+    assert outcome == [("timed out", 6.0)]
+
+
+class _SetPoolOnGrant:
+    """An event sink that calls ``set_pool`` on the first grant of ``pool``, from inside its scheduler's step."""
+
+    def __init__(self, d: Dispatcher, pool: str, members: tuple[str, ...]) -> None:
+        self.d, self.pool, self.members = d, pool, members
+        self.errors: list[BaseException] = []
+        self.statistics: list[set[str]] = []
+        self.done = False
+
+    def push(self, event: object) -> None:
+        from trio_dispatch.events import Granted  # noqa: PLC0415
+
+        if self.done or not isinstance(event, Granted) or event.pool != self.pool:
+            return
+        self.done = True
+        try:
+            self.d.set_pool("x", self.members)
+        except RuntimeError as exc:
+            self.errors.append(exc)
+        self.statistics.append(set(self.d.statistics().providers))
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_merge_refused_from_a_giving_way_groups_sink_changes_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from trio_dispatch.lowlevel import plumbing  # noqa: PLC0415
+
+    log: list[tuple[str, str | None, float]] = []
+    async with (
+        open_dispatcher(
+            {"a": 1, "b": 1, "c": 1}, pools={"pa": ("a",), "pb": ("b",)}
+        ) as d,
+        trio.open_nursery() as nursery,
+    ):
+        await start(nursery, d, "pa", log, "a0", 1.0)
+        await start(nursery, d, "c", log, "c0", 2.0)
+        await start(nursery, d, "c", log, "c1", 1.0)  # waits on c's own scheduler
+        # pb's scheduler would give way to pa's, but it is handling pb's grant.
+        sink = _SetPoolOnGrant(d, "pb", ("a", "b", "c"))
+        plumbing(d).observe_events(sink)
+        await start(nursery, d, "pb", log, "b0", 1.0)
+        assert [str(e) for e in sink.errors] == [
+            "set_pool cannot move the scheduler of pools 'pb' while it handles a"
+            " message (set_pool was called from its event sink?): nothing changed;"
+            " call it from a task"
+        ]
+        assert d.pools() == {"pa": ("a",), "pb": ("b",)}
+        await trio.sleep(2.0)
+        await start(nursery, d, "pb", log, "b1", 1.0)
+    assert log == [
+        ("a0", "a", 0.0),
+        ("c0", "c", 0.0),
+        ("b0", "b", 0.0),
+        ("c1", "c", 2.0),
+        ("b1", "b", 2.0),
+    ]
+
+
+async def test_statistics_right_after_a_merge_from_the_targets_sink_show_what_joined(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from trio_dispatch.lowlevel import plumbing  # noqa: PLC0415
+
+    log: list[tuple[str, str | None, float]] = []
+    async with (
+        open_dispatcher(
+            {"a": 1, "b": 1, "c": 1}, pools={"pa": ("a",), "pb": ("b",)}
+        ) as d,
+        trio.open_nursery() as nursery,
+    ):
+        await start(nursery, d, "pb", log, "b0", 5.0)
+        await start(nursery, d, "c", log, "c0", 5.0)
+        # From pa's own step: the merge (and c's join) wait for its end, and
+        # a snapshot taken meanwhile leaves out what has not joined yet.
+        sink = _SetPoolOnGrant(d, "pa", ("a", "b", "c"))
+        plumbing(d).observe_events(sink)
+        await start(nursery, d, "pa", log, "a0", 1.0)
+        assert sink.errors == []
+        assert sink.statistics == [{"a"}]
+        assert set(d.statistics().providers) == {"a", "b", "c"}
+        assert d.statistics().pools["x"].in_flight == 3
+
+
+async def test_a_merged_queues_totals_go_on(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def hold_for(provider: str, seconds: float) -> None:
+        async with d.slot(provider):
+            await trio.sleep(seconds)
+
+    async with (
+        open_dispatcher(
+            {"a": 1, "b": 1, "c": 1}, pools={"pa": ("a",), "pb": ("b",)}, max_waiting=1
+        ) as d,
+        trio.open_nursery() as nursery,
+    ):
+        for provider in ("pa", "pb", "c"):
+            nursery.start_soon(hold_for, provider, 100.0)
+            await trio.testing.wait_all_tasks_blocked()
+        for provider in ("pb", "c"):
+            with trio.move_on_after(1.0):  # waits, then gives up: withdrawn
+                async with d.slot(provider):
+                    pass
+            nursery.start_soon(hold_for, provider, 1.0)  # waits: the queue is full
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(QueueFull):
+                async with d.slot(provider):
+                    pass
+        d.set_pool("x", ("a", "b", "c"))
+        stats = d.statistics().providers
+        nursery.cancel_scope.cancel()
+    # One queue now, counting on from the three: pb's and c's.
+    assert {
+        name: (s.withdrawn_total, s.rejected_total) for name, s in stats.items()
+    } == dict.fromkeys(("a", "b", "c"), (2, 2))
 
 
 async def test_set_pool_with_a_backend_of_ones_own_is_refused_and_changes_nothing() -> (

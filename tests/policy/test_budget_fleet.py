@@ -203,11 +203,15 @@ async def test_an_adaptive_limit_far_too_high_converges_to_the_servers_cap(
             )
             nursery.cancel_scope.cancel()
         stats = server.statistics()
+        held = dispatcher.statistics().providers[PROVIDER].peak_in_flight
     assert len(results) == CONVERSATIONS * 10
     assert stats.completed == CONVERSATIONS * 10
-    # The fleet came up far above the cap, and met it.
+    # The fleet came up far above the cap (slots held at once, as the
+    # dispatcher counts them: what the server sees at once depends on when
+    # its refusals are over), and met it.
     assert samples[0][1] == 64
-    assert stats.peak_in_flight > 2 * cap
+    assert held > 2 * cap
+    assert stats.quota_refusals > 0
     converged = [s for s in samples if s[0] >= warm_up]
     assert len(converged) >= 100  # over 25 virtual seconds of it
     assert {s[1] for s in converged} <= {cap - 1, cap, cap + 1}

@@ -706,7 +706,9 @@ class Plumbing(metaclass=NoPublicConstructor):
             providers={
                 provider: backend.statistics()
                 for provider, backend in self._backends.items()
+                # A member whose join is still queued shows once it is handled.
                 if provider not in pools
+                and (type(backend) is not MemberView or backend.joined)
             },
             closed=self._closed,
             pools=pools,
@@ -870,6 +872,9 @@ class Plumbing(metaclass=NoPublicConstructor):
         running = [each for each in found if each.actor is not None]
         group = (running or found or [Group()])[0]
         others = [each for each in found if each is not group]
+        for other in others:
+            if other.actor is not None:
+                _check_can_give_way(other.actor, f"pools {_names(other.pools)}")
         return group, [name for name in names if name not in groups], others
 
     def _merge_groups(self, group: Group, others: list[Group]) -> None:
@@ -884,7 +889,7 @@ class Plumbing(metaclass=NoPublicConstructor):
         actor = group.actor
         groups = self._groups
         for other in others:
-            other.merged = True
+            other.merged_into = group
             names = [*other.members, *other.pools]
             group.members.extend(other.members)
             group.pools.update(other.pools)
@@ -897,7 +902,6 @@ class Plumbing(metaclass=NoPublicConstructor):
                 continue  # no scheduler runs: none is made yet
             if other.actor is not None:
                 handover = other.actor.give_way_whole(actor)
-                other.actor = actor
                 limits = self._host.limits
                 actor.merge(
                     handover, {name: limits.get(name) for name in other.members}
@@ -924,6 +928,7 @@ class Plumbing(metaclass=NoPublicConstructor):
             if backend.closed:
                 # Its scheduler stopped (it crashed): none gives way.
                 raise DispatcherClosed(f"the scheduler of {name!r} has stopped")
+            _check_can_give_way(backend, repr(name))
         handovers: dict[str, Handover] = {}
         for name in apart:
             backend = self._backends.pop(name)
@@ -958,7 +963,9 @@ class Plumbing(metaclass=NoPublicConstructor):
         """
         self.check_run()
         backend = self._backends.get(provider)
-        return None if backend is None else backend.statistics()
+        if backend is None or (type(backend) is MemberView and not backend.joined):
+            return None
+        return backend.statistics()
 
     def _unknown(self, provider: str) -> None:
         """Apply ``unknown_providers`` to a provider first seen unknown."""
@@ -1307,3 +1314,20 @@ _CLOSE_NAME: Final = 0.8
 def _identities(exc: BaseException) -> set[int]:
     """The identities of the exceptions in ``exc``, through any groups."""
     return {id(leaf) for leaf in leaves(exc)}
+
+
+def _check_can_give_way(actor: SchedulerActor, what: str) -> None:
+    """Refuse a ``set_pool`` whose moving scheduler is handling a message now.
+
+    Its scheduler cannot give way in the middle of a step (``set_pool``
+    called from an event sink while it handles): nothing changes.
+
+    Raises:
+        RuntimeError: It is handling a message.
+    """
+    if actor.handling:
+        raise RuntimeError(
+            f"set_pool cannot move the scheduler of {what} while it handles a"
+            " message (set_pool was called from its event sink?): nothing changed;"
+            " call it from a task"
+        )

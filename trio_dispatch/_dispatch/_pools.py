@@ -96,21 +96,28 @@ class Group:
         pools: The pools over them, by name.
         actor: Their scheduler, once made.
         running: Whether a view runs the scheduler's task.
-        merged: Whether it merged into another group, whose scheduler
-            its views reach (``actor``) and its new views run.
+        merged_into: The group it merged into, whose scheduler its views
+            reach from then on; ``None`` while it has not.
     """
 
-    __slots__ = ("actor", "members", "merged", "pools", "running")
+    __slots__ = ("actor", "members", "merged_into", "pools", "running")
 
     def __init__(self) -> None:
         self.members: list[str] = []
         self.pools: dict[str, tuple[str, ...]] = {}
         self.actor: SchedulerActor | None = None
         self.running = False
-        self.merged = False
+        self.merged_into: Group | None = None
 
     def __repr__(self) -> str:
         return f"<Group members={self.members!r} pools={self.pools!r}>"
+
+    def final(self) -> Group:
+        """The group that schedules this one's members now: itself, or the one it merged into, in turn."""
+        group = self
+        while group.merged_into is not None:
+            group = group.merged_into
+        return group
 
 
 def groups_of(pools: Mapping[str, tuple[str, ...]]) -> dict[str, Group]:
@@ -159,10 +166,22 @@ class MemberView:
 
     @property
     def actor(self) -> SchedulerActor:
-        """The group's scheduler."""
-        actor = self.group.actor
+        """The group's scheduler: once its group merged into another, that one's."""
+        group = self.group
+        if group.merged_into is not None:
+            # Its group merged (maybe into one that merged in turn): the
+            # view follows, once, to the group that schedules it now.
+            group = self.group = group.final()
+        actor = group.actor
         assert actor is not None  # made with the group's first view
         return actor
+
+    @property
+    def joined(self) -> bool:
+        """Whether its scheduler has its member or pool yet: its join may still be queued."""
+        policy = self.actor.policy
+        name = self.provider
+        return name in policy.pools or name in policy.members
 
     def ticket(
         self,
@@ -202,7 +221,7 @@ class MemberView:
         A view of a group that merged into another runs nothing.
         """
         group = self.group
-        if group.merged:
+        if group.merged_into is not None:
             return False  # the group it merged into runs its scheduler
         if group.running:
             await trio.sleep_forever()

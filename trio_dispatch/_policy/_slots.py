@@ -253,6 +253,11 @@ class MemberState:
         affinity_hits: Requests that preferred it and were granted on it.
         affinity_moves: Requests that preferred it and went elsewhere.
         outages_total: How many times it was taken out of service.
+        withdrawn_total: A provider alone: the requests its queue
+            withdrew, for the queue it joins to count on from (a group's
+            are its ``GroupState``'s).
+        rejected_total: Likewise, the requests its queue refused.
+        peak_waiting: Likewise, the most that waited in its queue at once.
     """
 
     throttle: Throttle | None
@@ -274,6 +279,9 @@ class MemberState:
     affinity_hits: int = 0
     affinity_moves: int = 0
     outages_total: int = 0
+    withdrawn_total: int = 0
+    rejected_total: int = 0
+    peak_waiting: int = 0
 
 
 @final
@@ -311,11 +319,18 @@ class GroupState:
             (``MemberState``, its ``waiting`` empty), in their order.
         pools: Each pool's members, by pool name.
         waiting: The tickets waiting, in ticket order, each with its lane.
+        withdrawn_total: The requests its queue withdrew, for the queue
+            it joins to count on from.
+        rejected_total: The requests its queue refused.
+        peak_waiting: The most that waited in its queue at once.
     """
 
     members: tuple[tuple[str, MemberState], ...]
     pools: Mapping[str, tuple[str, ...]]
     waiting: tuple[WaitingState, ...]
+    withdrawn_total: int = 0
+    rejected_total: int = 0
+    peak_waiting: int = 0
 
 
 @final
@@ -954,9 +969,14 @@ class SlotPolicy:
         if len(self._members) > 1 or self._pools:
             raise ValueError("a pooled policy's members are not carried elsewhere")
         estimates = self._estimates
-        return self._state_of(
-            self._first,
-            tuple((ticket, estimates.get(ticket, 0)) for ticket in self.waiters()),
+        return attrs.evolve(
+            self._state_of(
+                self._first,
+                tuple((ticket, estimates.get(ticket, 0)) for ticket in self.waiters()),
+            ),
+            withdrawn_total=self._withdrawn_total,
+            rejected_total=self._rejected_total,
+            peak_waiting=self._peak_waiting,
         )
 
     def group_state(self) -> GroupState:
@@ -993,6 +1013,9 @@ class SlotPolicy:
                 for name, members in self._pools.items()
             },
             tuple(waiting),
+            self._withdrawn_total,
+            self._rejected_total,
+            self._peak_waiting,
         )
 
     @staticmethod
@@ -1940,6 +1963,7 @@ class SlotPolicy:
         chosen.affinity_hits += state.affinity_hits
         chosen.affinity_moves += state.affinity_moves
         chosen.outages_total += state.outages_total
+        self._count_on(state.withdrawn_total, state.rejected_total, state.peak_waiting)
         if state.server is not None:
             chosen.server = state.server
         chosen.failures = state.failures
@@ -2042,7 +2066,14 @@ class SlotPolicy:
         for pool, names in group.pools.items():
             self._pools[pool] = [members[name] for name in names]
         self._queue_carried(group.waiting)
+        self._count_on(group.withdrawn_total, group.rejected_total, group.peak_waiting)
         return self._fill() if self._open() else []
+
+    def _count_on(self, withdrawn: int, rejected: int, peak_waiting: int) -> None:
+        """The queue counts on from another's totals, as that queue joins it."""
+        self._withdrawn_total += withdrawn
+        self._rejected_total += rejected
+        self._peak_waiting = max(self._peak_waiting, peak_waiting)
 
     def remove_member(self, name: str) -> tuple[list[Ticket], list[Ticket]]:
         """Take ``name`` out of the policy and its pools; its holders keep their slots.

@@ -527,6 +527,11 @@ class SchedulerActor:
         self._inbox.close()
 
     @property
+    def handling(self) -> bool:
+        """Whether a task is handling its messages now (it cannot ``give_way`` then)."""
+        return self._handling
+
+    @property
     def closed(self) -> bool:
         """Whether it takes no message of its own any more: closed, stopped by a bug, or gave way."""
         return self._inbox.closed
