@@ -1419,3 +1419,26 @@ def test_a_merge_that_clashes_changes_nothing() -> None:
         mine.merge(GroupState((("z", other.member_state()),), {}, ()), {})
     assert (policy.members, mine.members) == (["a", "b"], ["c"])
     assert (policy.in_flight, mine.in_flight) == (0, 1)
+
+
+def test_a_half_open_member_merges_with_its_probe_held() -> None:
+    # d is half-open with its probe holding: after the merge it takes
+    # nothing more until the probe ends, then is back in service.
+    other = SlotPolicy(
+        1, provider="c", affinity_wait=2.0, failure_threshold=1, failure_cooldown=5.0
+    )
+    other.add_member("d", 2)
+    other.set_pool("r", ["c", "d"])
+    assert other.acquire(t(0, 0), member="d") == [t(0, 0)]
+    other.fail(t(0, 0), 0.0)
+    other.tick(5.0)
+    assert other.acquire(t(1, 1), member="d") == [t(1, 1)]  # its probe
+    state = other.group_state()
+    (d_state,) = [member for name, member in state.members if name == "d"]
+    assert (d_state.half_open, d_state.probe) == (True, t(1, 1))
+    policy = SlotPolicy(1, provider="a", now=5.0)
+    assert policy.merge(state, {"c": 1, "d": 2}) == []
+    assert policy.acquire(t(2, 2), member="d") == []
+    assert policy.release(t(1, 1)) == [t(2, 2)]
+    stats = policy.member_statistics()["d"]
+    assert (stats.half_open, stats.in_flight, stats.outages_total) == (False, 1, 1)
