@@ -780,17 +780,15 @@ class SchedulerActor:
         waiting: list[tuple[Ticket, int]] = []
         if handover is not None:
             member = handover.member
-            names = self._names
-            for ticket in handover.state.holders:
-                names[ticket] = (member, None)
-            for acquire in handover.waiting:
-                ticket = acquire.ticket
-                names[ticket] = (member, None)
-                self._replies[ticket] = acquire.reply
-                if acquire.conversation_id is not None:
-                    self._conversations[ticket] = acquire.conversation_id
-                waiting.append((ticket, acquire.tokens))
-            self._events.take_over(handover.seen)
+            self._names.update(
+                (ticket, (member, None))
+                for ticket in [
+                    *handover.state.holders,
+                    *(a.ticket for a in handover.waiting),
+                ]
+            )
+            self._take_waiting(handover.waiting, handover.seen)
+            waiting = [(acquire.ticket, acquire.tokens) for acquire in handover.waiting]
         if message.setup is not None:
             return message.setup.join(self.policy, now, waiting)
         assert handover is not None  # one or the other
@@ -800,19 +798,27 @@ class SchedulerActor:
         """A group joins whole: its members, pools and requests, in their place."""
         handover = message.handover
         self._names.update(handover.names)
-        for acquire in handover.waiting:
-            ticket = acquire.ticket
-            self._replies[ticket] = acquire.reply
-            if acquire.conversation_id is not None:
-                self._conversations[ticket] = acquire.conversation_id
+        self._take_waiting(handover.waiting, handover.seen)
         latest = self._latest
         for conversation, member in handover.latest.items():
             # This group's own latest grant to a conversation stands.
             latest.setdefault(conversation, member)
         while len(latest) > MAX_CONVERSATIONS:
             del latest[next(iter(latest))]
-        self._events.take_over(handover.seen)
         return self.policy.merge(handover.state, message.limits)
+
+    def _take_waiting(
+        self,
+        waiting: tuple[Acquire, ...],
+        seen: Mapping[Ticket, tuple[str | None, float]],
+    ) -> None:
+        """The requests another scheduler handed on wait here: their replies, conversations and events' times."""
+        for acquire in waiting:
+            ticket = acquire.ticket
+            self._replies[ticket] = acquire.reply
+            if acquire.conversation_id is not None:
+                self._conversations[ticket] = acquire.conversation_id
+        self._events.take_over(seen)
 
     def _set_pool(self, message: SetPool | RemovePool, now: float) -> list[Ticket]:
         """A pool made, changed or removed; those waiting for a removed one are refused."""
