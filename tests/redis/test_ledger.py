@@ -314,15 +314,17 @@ async def test_a_host_clock_far_off_is_read_as_the_servers_from_the_first_exchan
 async def test_leases_and_entries_expire_in_server_time(
     client: coredis.Redis[str],
 ) -> None:
-    book = ledger(client, lease=0.2)
+    # Two seconds: a loaded machine may take a good part of one between
+    # two steps, and the lease must outlive that until the wait below.
+    book = ledger(client, lease=2.0)
     await book.set_limit("p", 1)
     held = await book.step("p", "dead", Plan(enqueue=[(m("dead:1"), 0.0)]))
     await book.step("p", "dead", Plan(enqueue=[(m("dead:2"), 1.0)]), waiting=1)
     leases, queue = keys_of("ns", "p")[:2]
     scores = await client.zrange(leases, 0, -1, withscores=True)
     # Scored by the server's clock (TIME in the script) plus the lease.
-    assert scores[0][1] == round(held.server_time * 1000) + 200
-    await trio.sleep(0.3)
+    assert scores[0][1] == round(held.server_time * 1000) + 2000
+    await trio.sleep(2.1)
     live = m("live:1")
     alive = await book.step("p", "live", Plan(enqueue=[(live, 5.0)]))
     assert alive.granted == [live]
@@ -333,13 +335,15 @@ async def test_leases_and_entries_expire_in_server_time(
 async def test_renewal_keeps_leases_and_adds_back_what_a_restart_lost(
     server: RedisServer, client: coredis.Redis[str]
 ) -> None:
-    book = ledger(client, lease=0.3)
+    # Renewed every 0.8 s for longer than it lasts, a lease of two
+    # seconds outlives a loaded machine's pauses between renewals.
+    book = ledger(client, lease=2.0)
     await book.set_limit("p", 1)
     held = await book.step(
         "p", "a", Plan(enqueue=[(m("a:1"), 0.0)]), seed=Seed(limit=1)
     )
-    for _ in range(3):
-        await trio.sleep(0.15)
+    for _ in range(4):
+        await trio.sleep(0.8)
         await book.step("p", "a", Plan(renew_leases=["a:1"]), seed=Seed(limit=1))
     assert (await book.step("p", "b", Plan(enqueue=[(m("b:1"), 1.0)]))).granted == []
     await client.flushall()
