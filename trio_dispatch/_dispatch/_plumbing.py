@@ -864,17 +864,15 @@ class Plumbing(metaclass=NoPublicConstructor):
             if name in groups:
                 joined.setdefault(id(groups[name]), groups[name])
         found = list(joined.values())
-        for each in found:
-            if each.actor is not None and each.actor.closed:
-                raise DispatcherClosed(
-                    f"the scheduler of pools {_names(each.pools)} has stopped"
-                )
         running = [each for each in found if each.actor is not None]
         group = (running or found or [Group()])[0]
+        for each in running:
+            assert each.actor is not None  # running
+            # The chosen group's scheduler takes the others in; theirs give way.
+            _check_scheduler(
+                each.actor, f"pools {_names(each.pools)}", gives_way=each is not group
+            )
         others = [each for each in found if each is not group]
-        for other in others:
-            if other.actor is not None:
-                _check_can_give_way(other.actor, f"pools {_names(other.pools)}")
         return group, [name for name in names if name not in groups], others
 
     def _merge_groups(self, group: Group, others: list[Group]) -> None:
@@ -925,10 +923,7 @@ class Plumbing(metaclass=NoPublicConstructor):
         for name in apart:
             backend = self._backends[name]
             assert isinstance(backend, SchedulerActor)  # pools: local only
-            if backend.closed:
-                # Its scheduler stopped (it crashed): none gives way.
-                raise DispatcherClosed(f"the scheduler of {name!r} has stopped")
-            _check_can_give_way(backend, repr(name))
+            _check_scheduler(backend, repr(name), gives_way=True)
         handovers: dict[str, Handover] = {}
         for name in apart:
             backend = self._backends.pop(name)
@@ -1316,16 +1311,20 @@ def _identities(exc: BaseException) -> set[int]:
     return {id(leaf) for leaf in leaves(exc)}
 
 
-def _check_can_give_way(actor: SchedulerActor, what: str) -> None:
-    """Refuse a ``set_pool`` whose moving scheduler is handling a message now.
+def _check_scheduler(actor: SchedulerActor, what: str, *, gives_way: bool) -> None:
+    """Refuse a ``set_pool`` whose scheduler (of ``what``) has stopped, or must give way while busy.
 
-    Its scheduler cannot give way in the middle of a step (``set_pool``
-    called from an event sink while it handles): nothing changes.
+    A scheduler that stopped (it crashed) takes nothing and gives nothing
+    way; one cannot give way in the middle of a step (``set_pool`` called
+    from an event sink while it handles). Checked before anything changes.
 
     Raises:
-        RuntimeError: It is handling a message.
+        DispatcherClosed: It has stopped.
+        RuntimeError: It ``gives_way`` and is handling a message.
     """
-    if actor.handling:
+    if actor.closed:
+        raise DispatcherClosed(f"the scheduler of {what} has stopped")
+    if gives_way and actor.handling:
         raise RuntimeError(
             f"set_pool cannot move the scheduler of {what} while it handles a"
             " message (set_pool was called from its event sink?): nothing changed;"

@@ -179,9 +179,7 @@ class MemberView:
     @property
     def joined(self) -> bool:
         """Whether its scheduler has its member or pool yet: its join may still be queued."""
-        policy = self.actor.policy
-        name = self.provider
-        return name in policy.pools or name in policy.members
+        return self.actor.policy.knows(self.provider)
 
     def ticket(
         self,

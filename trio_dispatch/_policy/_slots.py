@@ -841,6 +841,10 @@ class SlotPolicy:
         """The members' names, the first first, then in the order they were added."""
         return list(self._members)
 
+    def knows(self, name: str) -> bool:
+        """Whether ``name`` is a member or a pool of this policy (no copy made)."""
+        return name in self._members or name in self._pools
+
     @property
     def affinity_wait(self) -> float:
         """The longest a ticket waits for the member it prefers (see ``acquire``)."""

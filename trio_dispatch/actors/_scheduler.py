@@ -758,7 +758,7 @@ class SchedulerActor:
         member = message.member
         inner = message.message
         policy = self.policy
-        if member not in policy.members and member not in policy.pools:
+        if not policy.knows(member):
             error = ValueError(f"no member or pool {member!r} in this scheduler")
             if isinstance(inner, Acquire):
                 self._acquire_refused(inner, error, now)
