@@ -171,11 +171,12 @@ local function tenant_settings(text)
   return weight, cap
 end
 -- The stored limit, or false if there is none or it is damaged (not 'none'
--- nor a positive count): then it is dropped, for the next limit sent to
+-- nor a positive count): then it is dropped from ``h`` (the member's
+-- ``conf``; the provider's by default), for the next limit sent to
 -- replace it.
-local function stored_limit(limit)
+local function stored_limit(limit, h)
   if limit and limit ~= 'none' and not string.match(limit, '^[1-9]%d*$') then
-    redis.call('HDEL', conf, 'limit')
+    redis.call('HDEL', h or conf, 'limit')
     return false
   end
   return limit

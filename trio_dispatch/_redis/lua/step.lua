@@ -136,19 +136,35 @@ end
 local t_last = stored(c[28], 0)
 local t_last_moved = false
 
-local P = new_scope(conf, charge, unans, c, 9)
-local budgeted = P.R ~= nil or P.T ~= nil
+-- The members whose slots the step grants (see SCHEMA.md, Members): each
+-- keeps its own limit, pause, backoff, adaptive limit, budgets, models'
+-- budgets and leases under its own keys, ``<prefix>conf`` and so on, and
+-- its own settings as the step reads them (``c``). The provider is the
+-- member whose prefix is the provider's: its ``conf`` also holds the
+-- fields of the whole provider read above.
+local function load_member(p, f)
+  local M = {prefix = p, conf = p .. 'conf', leases = p .. 'leases',
+    grantno = p .. 'grantno', charge = p .. 'charge', unans = p .. 'unans',
+    inuse = p .. 'inuse', c = f, MS = {}, fresh = 0}
+  M.P = new_scope(M.conf, M.charge, M.unans, f, 9)
+  M.budgeted = M.P.R ~= nil or M.P.T ~= nil
+  return M
+end
+local H = load_member(prefix, c)
+local MEMBERS = {H}
 -- The models' scopes, loaded when first needed; only those that keep
 -- books are used, or one about to (``create``: its first figures). Only
 -- the models of this step's entries and leases are loaded: a step costs
 -- the same however many models are idle. A learned one found forgotten
 -- (``forgets``) goes, with its books; its next figures start it afresh.
-local MS = {}
+-- Each member has its own, under its prefix.
 local forgotten = {}
-local function scope_of(model, create)
+local function scope_of(M, model, create)
+  local MS = M.MS
   local sc = MS[model]
   if sc == nil then
-    local h, ch, un = prefix .. 'm:' .. model, prefix .. 'mc:' .. model, prefix .. 'mu:' .. model
+    local p = M.prefix
+    local h, ch, un = p .. 'm:' .. model, p .. 'mc:' .. model, p .. 'mu:' .. model
     local f = redis.call('HMGET', h, unpack(MODEL_FIELDS))
     sc = new_scope(h, ch, un, f, 0)
     sc.kept = f[19] == '1' or (sc.R ~= nil and sc.R.cfg) or (sc.T ~= nil and sc.T.cfg)
@@ -170,10 +186,12 @@ local function busy_moved(model, delta)
   local n = redis.call('HINCRBY', busy, model, delta)
   if n <= 0 then redis.call('HDEL', busy, model) end
   if n <= 0 or n == delta then
-    local sc = scope_of(model)
-    if sc then
-      if n <= 0 then sc.idle = now else sc.idle = nil end
-      sc.idle_moved = true
+    for _, M in ipairs(MEMBERS) do
+      local sc = scope_of(M, model)
+      if sc then
+        if n <= 0 then sc.idle = now else sc.idle = nil end
+        sc.idle_moved = true
+      end
     end
   end
 end
@@ -277,11 +295,12 @@ local function unqueue(m)
   redis.call('HDEL', qmeta, m)
   return gone
 end
--- The budgets of a lease's model, if it has any (only once tenants count).
-local function model_scope(id)
+-- The budgets of a lease's model on its member, if it has any (only once
+-- tenants count).
+local function model_scope(M, id)
   if not xm then return nil end
   local _, model = lease_meta(id)
-  return model ~= '' and scope_of(model) or nil
+  return model ~= '' and scope_of(M, model) or nil
 end
 if xm then
   for _, name in ipairs(redis.call('SMEMBERS', tback)) do
@@ -295,11 +314,14 @@ end
 -- numbers only during a streak, charges and unanswered leases only with a
 -- budget, the leases in use only with an adaptive limit (each is emptied
 -- when that ends); with tenants, its tenant's count and service.
-local keeps = {grantno = stored(c[3], 0) > 0, budget = P.books, inuse = c[5] ~= false}
-local function forget_lease(id, inuse_done)
-  if keeps.grantno then redis.call('HDEL', grantno, id) end
-  if keeps.budget then forget_charge(P, id) end
-  if keeps.inuse and not inuse_done then redis.call('SREM', inuse, id) end
+for _, M in ipairs(MEMBERS) do
+  M.keeps = {grantno = stored(M.c[3], 0) > 0, budget = M.P.books, inuse = M.c[5] ~= false}
+end
+local function forget_lease(M, id, inuse_done)
+  local keeps = M.keeps
+  if keeps.grantno then redis.call('HDEL', M.grantno, id) end
+  if keeps.budget then forget_charge(M.P, id) end
+  if keeps.inuse and not inuse_done then redis.call('SREM', M.inuse, id) end
   if xm then
     local t, model = lease_meta(id)
     redis.call('HDEL', lmeta, id)
@@ -311,7 +333,7 @@ local function forget_lease(id, inuse_done)
       s.dirty = true
     end
     if model ~= '' then
-      local sc = scope_of(model)
+      local sc = scope_of(M, model)
       if sc then forget_charge(sc, id) end
       busy_moved(model, -1)
     end
@@ -320,10 +342,13 @@ end
 local function prune()
   if prune_at ~= nil and prune_at > now then return 0 end
   local pruned = 0
-  local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', now)
-  if #gone > 0 then
-    for _, id in ipairs(gone) do forget_lease(id) end
-    pruned = pruned + redis.call('ZREMRANGEBYSCORE', leases, '-inf', now)
+  local gone
+  for _, M in ipairs(MEMBERS) do
+    gone = redis.call('ZRANGEBYSCORE', M.leases, '-inf', now)
+    if #gone > 0 then
+      for _, id in ipairs(gone) do forget_lease(M, id) end
+      pruned = pruned + redis.call('ZREMRANGEBYSCORE', M.leases, '-inf', now)
+    end
   end
   gone = redis.call('ZRANGEBYSCORE', qexp, '-inf', now)
   if #gone > 0 then
@@ -340,7 +365,9 @@ local function prune()
   end
   -- Nothing left expires before the earliest of what is left.
   prune_at = math.huge
-  for _, k in ipairs({leases, qexp, nodes}) do
+  local ks = {qexp, nodes}
+  for _, M in ipairs(MEMBERS) do ks[#ks + 1] = M.leases end
+  for _, k in ipairs(ks) do
     local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')[2]
     if first then prune_at = math.min(prune_at, tonumber(first)) end
   end
@@ -352,22 +379,37 @@ local changed = prune()
 -- Of those changes, the slots given back (the rest changed the queue, the
 -- limit or the budgets).
 local freed = 0
-local limit = stored_limit(c[1])
-local pause_until = stored(c[2], 0)
-local streak = stored(c[3], 0)
-local at_report = stored(c[4], 0)
--- The adaptive limit, if the stored limit is one.
-local adaptive = nil
-if limit and c[5] then
-  adaptive = {low = tonumber(c[5]), high = tonumber(c[6]),
-    backoff = tonumber(c[7]), value = tonumber(c[8]), slow = c[9] == '1',
-    latency = c[33] == 'latency', moved = false}
-  P.books = true
+-- Each member's limit, pause, backoff streak and adaptive limit (if its
+-- stored limit is one).
+for _, M in ipairs(MEMBERS) do
+  local f = M.c
+  M.limit = stored_limit(f[1], M.conf)
+  M.pause_until = stored(f[2], 0)
+  M.streak = stored(f[3], 0)
+  M.at_report = stored(f[4], 0)
+  if M.limit and f[5] then
+    M.adaptive = {low = tonumber(f[5]), high = tonumber(f[6]),
+      backoff = tonumber(f[7]), value = tonumber(f[8]), slow = f[9] == '1',
+      latency = f[33] == 'latency', moved = false}
+    M.P.books = true
+  end
+end
+-- A member's adaptive limit as its value now says: its limit moved is a
+-- change of the step.
+local function adapted(M)
+  local adaptive = M.adaptive
+  adaptive.moved = true
+  local new = math.min(adaptive.high, math.max(adaptive.low, math.floor(adaptive.value)))
+  if new ~= tonumber(M.limit) then
+    M.limit = whole(new)
+    changed = changed + 1
+  end
 end
 -- The verdicts of the processes' latency signals, each applied as
 -- Adaptive.move does: a rise doubles the whole limit during the slow start,
 -- else adds the change; a fall ends the slow start; within the bounds. Only
 -- a latency-signal adaptive limit moves by them.
+local adaptive = H.adaptive
 if adaptive and adaptive.latency then
   for _, change in ipairs(verdicts) do
     local current = math.min(adaptive.high, math.max(adaptive.low,
@@ -381,65 +423,63 @@ if adaptive and adaptive.latency then
         adaptive.slow = false
         adaptive.value = math.max(adaptive.low, current + change)
       end
-      adaptive.moved = true
-      local new = math.min(adaptive.high, math.max(adaptive.low,
-        math.floor(adaptive.value)))
-      if new ~= tonumber(limit) then
-        limit = whole(new)
-        changed = changed + 1
-      end
+      adapted(H)
     end
   end
+end
+-- The member whose lease ``id`` is: the provider's, its only member.
+local function holder_of(id)
+  return H
 end
 local spoiled = {}
 n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   local id = ARGV[i]; i = i + 1
   spoiled[id] = true
-  if keeps.inuse then redis.call('SREM', inuse, id) end
+  local M = holder_of(id)
+  if M.keeps.inuse then redis.call('SREM', M.inuse, id) end
 end
 -- Usage reports before the releases: a report and the release after it
 -- may come in one step.
 n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   local id, tokens = ARGV[i], tokens_of(ARGV[i + 1]); i = i + 2
-  if redis.call('ZSCORE', leases, id) then
-    if use(P, id, tokens) then changed = changed + 1 end
-    local sc = model_scope(id)
+  local M = holder_of(id)
+  if redis.call('ZSCORE', M.leases, id) then
+    if use(M.P, id, tokens) then changed = changed + 1 end
+    local sc = model_scope(M, id)
     if sc and use(sc, id, tokens) then changed = changed + 1 end
-  end
-end
-local function adapt_up()
-  local step = 1
-  if not adaptive.slow then step = 1 / tonumber(limit) end
-  adaptive.value = math.min(adaptive.high, adaptive.value + step)
-  adaptive.moved = true
-  local new = math.min(adaptive.high, math.max(adaptive.low, math.floor(adaptive.value)))
-  if new ~= tonumber(limit) then
-    limit = whole(new)
-    changed = changed + 1
   end
 end
 n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   local id = ARGV[i]; i = i + 1
-  if redis.call('ZREM', leases, id) == 1 then
+  local M = holder_of(id)
+  if redis.call('ZREM', M.leases, id) == 1 then
     changed = changed + 1
     freed = freed + 1
     local success = not spoiled[id]
-    if streak > 0 then
-      local g = tonumber(redis.call('HGET', grantno, id) or '0')
-      if success and g > at_report then
+    if M.streak > 0 then
+      local g = tonumber(redis.call('HGET', M.grantno, id) or '0')
+      if success and g > M.at_report then
         -- A success: the streak ends, and with it the grant numbers.
-        redis.call('HSET', conf, 'streak', 0)
-        redis.call('DEL', grantno)
-        streak = 0
+        redis.call('HSET', M.conf, 'streak', 0)
+        redis.call('DEL', M.grantno)
+        M.streak = 0
       end
     end
-    local counted = keeps.inuse and redis.call('SREM', inuse, id) == 1
-    forget_lease(id, true)
+    local counted = M.keeps.inuse and redis.call('SREM', M.inuse, id) == 1
+    forget_lease(M, id, true)
     -- A latency signal's limit moves by its verdicts alone.
-    if success and counted and adaptive and not adaptive.latency then adapt_up() end
+    local a = M.adaptive
+    if success and counted and a and not a.latency then
+      if a.slow then
+        a.value = math.min(a.high, a.value + 1)
+      else
+        a.value = math.min(a.high, a.value + 1 / tonumber(M.limit))
+      end
+      adapted(M)
+    end
   end
 end
 n = tonumber(ARGV[i]); i = i + 1
@@ -450,9 +490,11 @@ for j = 1, n do
   if qc then redis.call('HDEL', qcost, m) end
   -- Granted by a step whose answer was lost: nobody holds it.
   local id = string.sub(m, 18)
-  if redis.call('ZREM', leases, id) == 1 then
-    changed = changed + 1
-    forget_lease(id)
+  for _, M in ipairs(MEMBERS) do
+    if redis.call('ZREM', M.leases, id) == 1 then
+      changed = changed + 1
+      forget_lease(M, id)
+    end
   end
 end
 local asking = {}
@@ -487,16 +529,19 @@ if recheck then
   for j = 1, tonumber(ARGV[k]) do ids[#ids + 1] = string.sub(ARGV[k + j], 18) end
   for first = 1, #ids, 1000 do
     local chunk = {unpack(ids, first, math.min(#ids, first + 999))}
-    local scores = redis.call('ZMSCORE', leases, unpack(chunk))
-    for j, id in ipairs(chunk) do
-      if scores[j] then lost[id] = true end
+    for _, M in ipairs(MEMBERS) do
+      local scores = redis.call('ZMSCORE', M.leases, unpack(chunk))
+      for j, id in ipairs(chunk) do
+        if scores[j] then lost[id] = M end
+      end
     end
   end
 end
 local function held(m)
   local id = string.sub(m, 18)
-  if lost[id] then
-    redis.call('ZADD', leases, now + ttl, id)
+  local M = lost[id]
+  if M then
+    redis.call('ZADD', M.leases, now + ttl, id)
     leases_grew = true
     granted[#granted + 1] = m
     return true
@@ -545,7 +590,7 @@ end
 n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   -- ZADD, not XX: after Redis restarted empty, holders register again.
-  redis.call('ZADD', leases, now + ttl, ARGV[i]); i = i + 1
+  redis.call('ZADD', holder_of(ARGV[i]).leases, now + ttl, ARGV[i]); i = i + 1
   leases_grew = true
 end
 n = tonumber(ARGV[i]); i = i + 1
@@ -556,16 +601,17 @@ end
 n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   local id = ARGV[i]; i = i + 1
-  see(P, id, true)
-  local sc = model_scope(id)
+  local M = holder_of(id)
+  see(M.P, id, true)
+  local sc = model_scope(M, id)
   if sc then see(sc, id, true) end
 end
 for _, pair in ipairs(figures) do
   if pair[1] == '' then
-    observe(P, pair[2])
-    budgeted = P.R ~= nil or P.T ~= nil
+    observe(H.P, pair[2])
+    H.budgeted = H.P.R ~= nil or H.P.T ~= nil
   else
-    local sc = scope_of(pair[1], true)
+    local sc = scope_of(H, pair[1], true)
     if not sc.books and not sc.kept and not redis.call('HGET', busy, pair[1]) then
       -- Learned now, its model idle: it is forgotten from now on.
       sc.idle, sc.idle_moved = now, true
@@ -573,19 +619,21 @@ for _, pair in ipairs(figures) do
     observe(sc, pair[2])
   end
 end
-local pause = 0
-if pause_until > now then
-  pause = pause_until - now
-elseif pause_until > 0 then
-  redis.call('HDEL', conf, 'pause_until')
+-- Each member's pause left and slots held; ``fresh``: its leases granted
+-- by this step (not those a lost answer had granted).
+for _, M in ipairs(MEMBERS) do
+  M.pause = 0
+  if M.pause_until > now then
+    M.pause = M.pause_until - now
+  elseif M.pause_until > 0 then
+    redis.call('HDEL', M.conf, 'pause_until')
+  end
+  M.in_flight = redis.call('ZCARD', M.leases)
 end
-local in_flight = redis.call('ZCARD', leases)
--- Leases granted by this step (not those a lost answer had granted).
-local fresh = 0
 -- Whether any queued member has an estimate (asked once, at the first grant).
 local costly = nil
 -- ``unqueued``: a newcomer, never written to the queue.
-local function grant(m, cost, s, model, unqueued)
+local function grant(M, m, cost, s, model, unqueued)
   local id = string.sub(m, 18)
   if s then
     redis.call('ZREM', queue_of(s.name), m)
@@ -594,17 +642,18 @@ local function grant(m, cost, s, model, unqueued)
     if qm then redis.call('HDEL', qmeta, m) end
   end
   if not unqueued then redis.call('ZREM', qexp, m) end
-  redis.call('ZADD', leases, now + ttl, id)
+  redis.call('ZADD', M.leases, now + ttl, id)
   leases_grew = true
-  if streak > 0 then
-    redis.call('HSET', grantno, id, redis.call('HINCRBY', conf, 'granted', 1))
+  if M.streak > 0 then
+    redis.call('HSET', M.grantno, id, redis.call('HINCRBY', M.conf, 'granted', 1))
   end
-  if adaptive and 2 * (in_flight + 1) >= tonumber(limit) then
-    redis.call('SADD', inuse, id)
+  if M.adaptive and 2 * (M.in_flight + 1) >= tonumber(M.limit) then
+    redis.call('SADD', M.inuse, id)
   end
-  local sc = model and model ~= '' and scope_of(model)
+  local sc = model and model ~= '' and scope_of(M, model)
   -- Its estimate goes with its entry (read only when books are kept, but
   -- kept for books that may start while it waits).
+  local P = M.P
   if cost > 0 or not (P.books or sc) then
     if costly == nil then costly = qc and redis.call('EXISTS', qcost) == 1 end
     if costly then redis.call('HDEL', qcost, m) end
@@ -621,8 +670,8 @@ local function grant(m, cost, s, model, unqueued)
     waiting_moved(s, -1)
   end
   granted[#granted + 1] = m
-  fresh = fresh + 1
-  in_flight = in_flight + 1
+  M.fresh = M.fresh + 1
+  M.in_flight = M.in_flight + 1
 end
 -- The first entries of the queue, oldest first, as far as the budgets go:
 -- nobody passes an entry the budgets cannot hold yet.
@@ -663,8 +712,9 @@ local function in_order(window)
   for k = #out, window + 1, -1 do out[k] = nil end
   return out
 end
-local function grant_in_order(window)
+local function grant_in_order(M, window)
   local others = {}
+  local P, budgeted = M.P, M.budgeted
   for _, e in ipairs(in_order(window)) do
     local m = e.m
     local cost = 0
@@ -673,10 +723,10 @@ local function grant_in_order(window)
       if budgeted and lacks(P, cost) > 0 then break end
     end
     if e.start then
-      grant(m, cost, nil, nil, true)
+      grant(M, m, cost, nil, nil, true)
       e.granted = true
     elseif asking[m] then
-      grant(m, cost)
+      grant(M, m, cost)
     elseif budgeted then
       reserve(P, cost)
     else
@@ -708,7 +758,8 @@ end
 -- their slot (and budget) until their process asks, and count as held
 -- meanwhile.
 local CHUNK = 32
-local function grant_fairly(free)
+local function grant_fairly(M, free)
+  local P, budgeted = M.P, M.budgeted
   local cands = {}
   for name, _ in pairs(BL) do
     local s = tenant(name)
@@ -769,7 +820,7 @@ local function grant_fairly(free)
     end
     if not best then break end
     local m, model = be.m, be.model
-    local sc = model ~= '' and scope_of(model)
+    local sc = model ~= '' and scope_of(M, model)
     local cost = 0
     if P.books or sc then cost = tokens_of(redis.call('HGET', qcost, m)) end
     if budgeted and lacks(P, cost) > 0 then break end
@@ -778,7 +829,7 @@ local function grant_fairly(free)
     else
       be.taken = true
       if asking[m] then
-        grant(m, cost, best, model)
+        grant(M, m, cost, best, model)
       else
         best.vh = best.vh + 1
         if budgeted then reserve(P, cost) end
@@ -788,13 +839,14 @@ local function grant_fairly(free)
     end
   end
 end
+local limit = H.limit
 if not limit or limit == 'none' then
   place_newcomers()
   -- Unlimited: pauses do not apply, as in the local policy.
   if xm then
-    grant_fairly(math.huge)
-  elseif P.books then
-    grant_in_order(0)
+    grant_fairly(H, math.huge)
+  elseif H.P.books then
+    grant_in_order(H, 0)
   else
     -- Only its own entries, in queue order (start, then arrival), as the
     -- pure core grants them.
@@ -804,27 +856,32 @@ if not limit or limit == 'none' then
       if score then order[#order + 1] = {m = m, score = tonumber(score)} end
     end
     table.sort(order, before)
-    for _, e in ipairs(order) do grant(e.m, 0) end
+    for _, e in ipairs(order) do grant(H, e.m, 0) end
   end
-elseif pause == 0 then
-  local free = tonumber(limit) - in_flight
+elseif H.pause == 0 then
+  local free = tonumber(limit) - H.in_flight
   if free > 0 then
-    if xm then grant_fairly(free) else grant_in_order(free) end
+    if xm then grant_fairly(H, free) else grant_in_order(H, free) end
   end
 end
 place_newcomers()
--- A grant since the adaptive limit's latest decrease: the next report
--- opens a round for it (see pause.lua).
-if fresh > 0 and c[23] then redis.call('HDEL', conf, 'a_dec') end
-if adaptive and adaptive.moved then
-  redis.call('HSET', conf, 'limit', limit, 'a_val', num(adaptive.value),
-    'a_slow', adaptive.slow and 1 or 0)
-end
-local budget = ''
-if budgeted then
-  budget = write_scope(P) .. ',' .. whole(P.wait)
-elseif P.moved then
-  write_scope(P)
+-- Each member's state written back: a grant since its adaptive limit's
+-- latest decrease (the next report opens a round for it: see pause.lua),
+-- its adaptive limit moved, its budgets (``budget``: as the step answers
+-- them).
+for _, M in ipairs(MEMBERS) do
+  if M.fresh > 0 and M.c[23] then redis.call('HDEL', M.conf, 'a_dec') end
+  local a = M.adaptive
+  if a and a.moved then
+    redis.call('HSET', M.conf, 'limit', M.limit, 'a_val', num(a.value),
+      'a_slow', a.slow and 1 or 0)
+  end
+  M.budget = ''
+  if M.budgeted then
+    M.budget = write_scope(M.P) .. ',' .. whole(M.P.wait)
+  elseif M.P.moved then
+    write_scope(M.P)
+  end
 end
 -- This process's waiters, less those this step granted (every grant of a
 -- step goes to the process that sent it): the fleet's figure is exact
@@ -844,7 +901,7 @@ if mine ~= whole(mywait) then redis.call('HSET', nwait, node, whole(mywait)) end
 -- models' budgets too, which its rounds may not meet for a while.
 if xm and mine == nil then
   for _, model in ipairs(redis.call('SMEMBERS', models)) do
-    local sc = scope_of(model)
+    local sc = scope_of(H, model)
     if not (sc and sc.kept) then redis.call('SREM', models, model) end
   end
 end
@@ -856,7 +913,7 @@ end
 local model_rows = {}
 local model_keys = {}
 if xm then
-  for model, sc in pairs(MS) do
+  for model, sc in pairs(H.MS) do
     if sc.books then
       local shown = write_scope(sc)
       if sc.idle_moved then
@@ -886,9 +943,9 @@ if xm then
   end
 end
 local spec = ''
-if adaptive then
-  spec = adaptive.low .. ',' .. adaptive.high .. ',' .. num(adaptive.backoff)
-    .. ',' .. (c[33] or '')
+if H.adaptive then
+  local a = H.adaptive
+  spec = a.low .. ',' .. a.high .. ',' .. num(a.backoff) .. ',' .. (H.c[33] or '')
 end
 -- The tenants: each one's state written back (an unconfigured one with
 -- nothing held or waiting is forgotten: it starts again from the floor),
@@ -963,25 +1020,31 @@ if qc and queued == 0 then redis.call('HDEL', conf, 'qc') end
 -- That bookkeeping is renewed at every step, and the leases and the queue
 -- with it: a prune gives it back lease by lease and entry by entry, which
 -- it cannot do for the leases or the queue expired before it as a whole.
-local tied = streak > 0 or keeps.grantno or P.books or adaptive
-  or keeps.inuse or qm or xm
+local tied = qm or xm
+for _, M in ipairs(MEMBERS) do
+  local keeps = M.keeps
+  tied = tied or M.streak > 0 or keeps.grantno or M.P.books or M.adaptive or keeps.inuse
+end
 local present = {}
 if touched then
   present[#present + 1] = nodes
   present[#present + 1] = nwait
 end
-if leases_grew or (tied and in_flight > 0) then present[#present + 1] = leases end
+for _, M in ipairs(MEMBERS) do
+  local keeps = M.keeps
+  if leases_grew or (tied and M.in_flight > 0) then present[#present + 1] = M.leases end
+  if M.streak > 0 or keeps.grantno then present[#present + 1] = M.grantno end
+  if M.P.books then
+    present[#present + 1] = M.charge
+    present[#present + 1] = M.unans
+  end
+  if M.adaptive or keeps.inuse then present[#present + 1] = M.inuse end
+end
 if queue_grew or (tied and queued > 0) then
   present[#present + 1] = queue
   present[#present + 1] = qexp
   if qc then present[#present + 1] = qcost end
 end
-if streak > 0 or keeps.grantno then present[#present + 1] = grantno end
-if P.books then
-  present[#present + 1] = charge
-  present[#present + 1] = unans
-end
-if adaptive or keeps.inuse then present[#present + 1] = inuse end
 if qm and not xm then present[#present + 1] = qmeta end
 if xm then
   for _, k in ipairs({tstate, tback, qmeta, lmeta, busy}) do present[#present + 1] = k end
@@ -991,8 +1054,9 @@ if xm then
   for _, k in ipairs(model_keys) do present[#present + 1] = k end
 end
 if #present > 0 then
-  expire_idle(now, (not not limit) or (P.R ~= nil and P.R.cfg) or (P.T ~= nil and P.T.cfg)
-    or (xm ~= nil and redis.call('HLEN', tconf) > 0), pause_until, present)
+  local P = H.P
+  expire_idle(now, (not not H.limit) or (P.R ~= nil and P.R.cfg) or (P.T ~= nil and P.T.cfg)
+    or (xm ~= nil and redis.call('HLEN', tconf) > 0), H.pause_until, present)
 end
-return {granted, limit or '', in_flight, queued, waiting, pause, now, budget, spec,
+return {granted, H.limit or '', H.in_flight, queued, waiting, H.pause, now, H.budget, spec,
   tenant_rows, model_rows, xm and 1 or 0, epoch, forgotten}
