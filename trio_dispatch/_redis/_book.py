@@ -42,6 +42,8 @@ from ._ledger import lease_of, member_of
 from ._scripts import Plan
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ..messages._protocol import Ticket
 
 
@@ -57,6 +59,10 @@ class SharedBook:
         provider: The provider's name, for ``QueueFull``.
         max_waiting: At most this many local tickets wait (not yet
             granted); one more is refused with ``QueueFull``.
+        pooled: The provider is a group of members (``Ledger.step``'s
+            ``members``): each waiter has a lane, every waiter is published
+            (a round may grant any lane's), and each lease is named with
+            its member.
     """
 
     __slots__ = (
@@ -65,9 +71,11 @@ class SharedBook:
         "_entries",
         "_grouped",
         "_holders",
+        "_lanes",
         "_last_arrival",
         "_max_waiting",
         "_members",
+        "_on",
         "_order",
         "_published",
         "_release",
@@ -88,7 +96,12 @@ class SharedBook:
     )
 
     def __init__(
-        self, node: str, provider: str, *, max_waiting: int | None = None
+        self,
+        node: str,
+        provider: str,
+        *,
+        max_waiting: int | None = None,
+        pooled: bool = False,
     ) -> None:
         self.node = node
         self.provider = provider
@@ -101,8 +114,12 @@ class SharedBook:
         # The estimated tokens of waiting tickets' members, if any.
         self._costs: dict[str, int] = {}
         self._last_arrival = 0
-        # Whether a ticket of a tenant or with a model was seen.
-        self._grouped = False
+        # Whether a ticket of a tenant or with a model was seen, or every
+        # waiter is published anyway (a group's).
+        self._grouped = pooled
+        # A group's: each waiter's lane by its member, each lease's member.
+        self._lanes: dict[str, str] | None = {} if pooled else None
+        self._on: dict[str, str] = {}
         # Sent waiters, by ticket and by member; the published among them.
         self._sent: dict[Ticket, str] = {}
         self._members: dict[str, Ticket] = {}
@@ -180,14 +197,21 @@ class SharedBook:
         return ticket in self._holders
 
     def acquire(
-        self, ticket: Ticket, start: float, arrival: float, tokens: int = 0
+        self,
+        ticket: Ticket,
+        start: float,
+        arrival: float,
+        tokens: int = 0,
+        *,
+        lane: str = "",
     ) -> None:
         """Queue ``ticket``, whose turn began at ``start``, arriving at ``arrival``.
 
         Both are seconds on the Redis server's clock, as this process
         reads it (``ServerClock``). Arrivals break ties between equal
         starts; in one book they are made strictly increasing. ``tokens``
-        is the request's estimated cost for a token budget.
+        is the request's estimated cost for a token budget; ``lane``, a
+        group's waiter's lane (``lane_text``).
 
         Raises:
             ValueError: The ticket is already known.
@@ -207,6 +231,8 @@ class SharedBook:
         self._entries[ticket] = (member, start)
         if tokens:
             self._costs[member] = tokens
+        if self._lanes is not None:
+            self._lanes[member] = lane
         self.peak_waiting = max(self.peak_waiting, len(self._order))
 
     def release(self, ticket: Ticket) -> None:
@@ -269,11 +295,20 @@ class SharedBook:
             self._members[member] = ticket
         costs = self._costs
         enqueue = [entries[t] for t in enqueued]
+        renew_leases = list(self._holders.values()) if renew else []
+        lanes = self._lanes
+        holders: dict[str, str] = {}
+        if lanes is not None:
+            on = self._on
+            for lease in itertools.chain(
+                self._spoil, self._usage, self._release, renew_leases, self._answered
+            ):
+                holders[lease] = on[lease]
         plan = Plan(
             release=self._release,
             withdraw=self._withdraw,
             enqueue=enqueue,
-            renew_leases=list(self._holders.values()) if renew else [],
+            renew_leases=renew_leases,
             ask=[] if renew else [self._sent[t] for t in wanted if t in published],
             enqueued=enqueued,
             costs={m: costs[m] for m, _ in enqueue if m in costs} if costs else {},
@@ -288,6 +323,8 @@ class SharedBook:
             usage=list(self._usage.items()),
             answered=self._answered,
             recheck=self._unanswered,
+            lanes={} if lanes is None else {m: lanes[m] for m, _ in enqueue},
+            holders=holders,
         )
         self._release = []
         self._withdraw = []
@@ -310,13 +347,22 @@ class SharedBook:
         self._answered = plan.answered + self._answered
         self._unanswered = True
 
-    def applied(self, plan: Plan, granted: list[str]) -> list[Ticket]:
+    def applied(
+        self, plan: Plan, granted: list[str], on: Sequence[str] = ()
+    ) -> list[Ticket]:
         """The ledger applied ``plan``: returns the tickets granted, in order.
 
-        ``granted`` are the members granted a lease.
+        ``granted`` are the members granted a lease; ``on``, a group's:
+        the member of each.
         """
         # It reported what any unanswered round before it granted.
         self._unanswered = False
+        members = self._on
+        if self._lanes is not None:
+            for lease in plan.release:
+                members.pop(lease, None)
+            for member, name in zip(granted, on, strict=True):
+                members[lease_of(member)] = name
         sent = self._sent
         for ticket in plan.enqueued:
             # Unless it left while the round was on its way (then its
@@ -335,6 +381,8 @@ class SharedBook:
             self._order.remove(owner)
             del self._entries[owner]
             self._costs.pop(member, None)
+            if self._lanes is not None:
+                del self._lanes[member]
             self._holders[owner] = lease_of(member)
             grants.append(owner)
         self.granted_total += len(grants)
@@ -346,6 +394,8 @@ class SharedBook:
         del self._order[index]
         member = self._entries.pop(ticket)[0]
         self._costs.pop(member, None)
+        if self._lanes is not None:
+            del self._lanes[member]
         if ticket in self._sent:
             self._unsend(ticket)
 

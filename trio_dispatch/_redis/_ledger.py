@@ -149,6 +149,10 @@ class StepResult:
         epoch: The namespace's epoch (see ``Ledger.step``), or empty if it
             has none.
         forgotten: The models whose learned budgets the step forgot.
+        granted_on: A group's: the member of each grant of ``granted``, in
+            the same order (a provider's: empty names).
+        members: A group's members, by name, in their order (a provider's:
+            none; ``limit``, ``paused_for`` and ``budget`` are its own).
     """
 
     granted: list[str]
@@ -165,6 +169,8 @@ class StepResult:
     counting: bool = False
     epoch: str = ""
     forgotten: list[str] = attrs.field(factory=list)
+    granted_on: list[str] = attrs.field(factory=list)
+    members: dict[str, LedgerMember] = attrs.field(factory=dict)
 
     def configured_tenants(self) -> dict[str, Tenant]:
         """The configured tenants' settings, by name."""
@@ -173,6 +179,37 @@ class StepResult:
             for name, tenant in self.tenants.items()
             if tenant.configured
         }
+
+
+@final
+@attrs.frozen
+class LedgerMember:
+    """One member of a group as a step saw it.
+
+    Attributes:
+        limit: Its stored limit, or ``None`` (unlimited).
+        in_flight: Its live leases, fleet-wide.
+        paused_for: Seconds left of its pause, or 0.
+        budget: Its budgets, if it has any.
+    """
+
+    limit: int | None
+    in_flight: int
+    paused_for: float
+    budget: LedgerBudget | None = None
+
+
+def _members_of(rows: list[str]) -> dict[str, LedgerMember]:
+    """A group's members from a step's answer: five fields each."""
+    return {
+        str(rows[k]): LedgerMember(
+            limit=_limit_of(rows[k + 1]),
+            in_flight=int(rows[k + 2]),
+            paused_for=int(rows[k + 3]) / 1000,
+            budget=_budget_of(rows[k + 4]),
+        )
+        for k in range(0, len(rows), 5)
+    }
 
 
 @final
@@ -535,6 +572,8 @@ class Ledger:
         observed: RateLimitInfo | None = None,
         observed_models: Mapping[str, RateLimitInfo] | None = None,
         verdicts: Sequence[int] = (),
+        members: Sequence[str] = (),
+        pools: Mapping[str, Sequence[str]] | None = None,
     ) -> StepResult:
         """Apply one round of a process's changes (``plan``), in order, atomically.
 
@@ -559,7 +598,19 @@ class Ledger:
         this node may have run without its answer reaching it: only then
         does the step look its members up among the leases, one server
         call that a node whose every step was answered can spare.
+
+        ``members`` (in their order) and ``pools`` make ``provider`` a
+        group: each member keeps its own limit, pause and leases, and each
+        entry waits in its lane (the plan's ``lanes``) for the members
+        that may take it, granted as the pure core's fill grants it (see
+        ``step.lua``). A group's step takes no figures, verdicts nor
+        tenants yet.
+
+        Raises:
+            ValueError: A group's step with figures or verdicts.
         """
+        if members and (observed is not None or observed_models or verdicts):
+            raise ValueError("a group's step takes no figures or verdicts yet")
         keys, channel = self.names(provider)
         figures: list[tuple[str | None, RateLimitInfo]] = []
         if observed is not None:
@@ -575,6 +626,8 @@ class Ledger:
             seed=seed,
             observed=figures,
             verdicts=verdicts,
+            members=members,
+            pools=pools,
         )
         clock = self.clock
         sent = clock.local()
@@ -598,6 +651,8 @@ class Ledger:
             counting,
             stored_epoch,
             forgotten,
+            member_rows,
+            granted_on,
         ) = reply
         clock.sample(sent, received, int(now) / 1000 + _HALF_MS)
         return StepResult(
@@ -615,6 +670,8 @@ class Ledger:
             counting=counting == 1,
             epoch=stored_epoch,
             forgotten=list(forgotten),
+            granted_on=[str(name) for name in granted_on],
+            members=_members_of(member_rows),
         )
 
     async def measure_clock(self, samples: int = 3) -> None:
@@ -631,14 +688,18 @@ class Ledger:
         limit: int | AdaptiveLimit | None,
         *,
         overwrite: bool = True,
+        member: str | None = None,
     ) -> int | None:
         """Store ``limit`` (``None``: unlimited); returns the stored limit.
 
         An ``AdaptiveLimit`` is stored at its ``initial`` value, with its
         bounds. With ``overwrite=False`` a limit already stored wins.
+        ``member``: the limit of that member of group ``provider``.
         """
         keys, channel = self.names(provider)
-        args = SetLimitArgs(limit=limit, overwrite=overwrite, channel=channel)
+        args = SetLimitArgs(
+            limit=limit, overwrite=overwrite, channel=channel, member=member
+        )
         stored = await self._run(self._scripts.set_limit, keys, args.pack())
         return _limit_of(stored[0])
 
@@ -665,11 +726,13 @@ class Ledger:
         *,
         default_pause: float,
         max_pause: float,
+        member: str | None = None,
     ) -> float:
         """Pause the provider fleet-wide; returns the seconds left of the pause.
 
         A ``retry_after`` that is not positive names no delay
         (``server_delay``): the fleet backs off, as the local policy does.
+        ``member``: pause that member of group ``provider``.
         """
         delay = server_delay(retry_after)
         args = PauseArgs(
@@ -677,13 +740,18 @@ class Ledger:
             delay=None if delay is None else max(1, round(delay * 1000)),
             default_pause=round(default_pause * 1000),
             max_pause=round(max_pause * 1000),
+            member=member,
         )
         left = await self._run(
             self._scripts.pause, self.names(provider)[0], args.pack()
         )
         return int(str(left)) / 1000
 
-    async def resume(self, provider: str) -> None:
-        """End the provider's pause and its backoff streak, fleet-wide."""
+    async def resume(self, provider: str, *, member: str | None = None) -> None:
+        """End the provider's pause and its backoff streak, fleet-wide.
+
+        ``member``: that member's of group ``provider``.
+        """
         keys, channel = self.names(provider)
-        await self._run(self._scripts.resume, keys, ResumeArgs(channel=channel).pack())
+        args = ResumeArgs(channel=channel, member=member)
+        await self._run(self._scripts.resume, keys, args.pack())

@@ -243,6 +243,10 @@ class Plan:
             the step then looks up among the leases.
         enqueued: The book's tickets of ``enqueue``, in the same order
             (not sent: the book reads them back with the answer).
+        lanes: A group's entries' lanes (``lane_text``), by member of
+            ``enqueue``: a member's or a pool's name, or any member's,
+            and the members each avoids.
+        holders: A group's leases named in the plan, each with its member.
     """
 
     spoil: list[str] = attrs.field(factory=list)
@@ -257,6 +261,8 @@ class Plan:
     answered: list[str] = attrs.field(factory=list)
     recheck: bool = True
     enqueued: list[Ticket] = attrs.field(factory=list)
+    lanes: Mapping[str, str] = attrs.field(factory=dict)
+    holders: Mapping[str, str] = attrs.field(factory=dict)
 
     def pack(
         self,
@@ -269,6 +275,8 @@ class Plan:
         seed: Seed | None,
         observed: Sequence[tuple[str | None, RateLimitInfo]],
         verdicts: Sequence[int] = (),
+        members: Sequence[str] = (),
+        pools: Mapping[str, Sequence[str]] | None = None,
     ) -> list[str]:
         """``ARGV``, in the script's order.
 
@@ -288,6 +296,9 @@ class Plan:
             verdicts: The non-zero verdicts of the process's latency
                 signal since its last round, in order: each a change of
                 the fleet's limit (``Adaptive.move``).
+            members: A group's members, in their order (none: a
+                provider, its own and only member).
+            pools: A group's pools, each with its members in order.
         """
         args = [
             node,
@@ -323,21 +334,52 @@ class Plan:
         args += _counted(self.renew_leases)
         args += _counted(self.ask)
         args += _counted(self.answered)
+        if members:
+            args += _counted(list(members))
+            pools = pools or {}
+            args.append(str(len(pools)))
+            for pool, names in pools.items():
+                args += (pool, str(len(names)), *names)
+            args.append(str(len(self.lanes)))
+            for member, lane in self.lanes.items():
+                args += (member, lane)
+            args.append(str(len(self.holders)))
+            for lease_id, name in self.holders.items():
+                args += (lease_id, name)
         return args
+
+
+def lane_text(lane: str | None, avoid: Sequence[str] = ()) -> str:
+    """A group's entry's lane as ``step.lua`` reads it.
+
+    ``lane``: a member's or a pool's name, ``None`` for any member; then
+    the members it avoids. Each name as its length, a colon and the name,
+    so that any text is a name.
+    """
+    names = ["" if lane is None else lane, *avoid]
+    if names == [""]:
+        return ""
+    return "".join(f"{len(name)}:{name}" for name in names)
 
 
 @final
 @attrs.frozen(kw_only=True)
 class SetLimitArgs:
-    """``set_limit.lua``'s arguments: the limit, whether it overwrites, channel."""
+    """``set_limit.lua``'s arguments: the limit, whether it overwrites, channel, member."""
 
     limit: int | AdaptiveLimit | None
     overwrite: bool
     channel: str
+    member: str | None = None
 
     def pack(self) -> list[str]:
         """``ARGV``, in the script's order."""
-        return [limit_spec(self.limit), "1" if self.overwrite else "0", self.channel]
+        return [
+            limit_spec(self.limit),
+            "1" if self.overwrite else "0",
+            self.channel,
+            self.member or "",
+        ]
 
 
 @final
@@ -371,11 +413,12 @@ class SetTenantArgs:
 @final
 @attrs.frozen(kw_only=True)
 class PauseArgs:
-    """``pause.lua``'s arguments, in milliseconds: delay (or none), default, longest."""
+    """``pause.lua``'s arguments: delay (or none), default, longest (ms), member."""
 
     delay: int | None
     default_pause: int
     max_pause: int
+    member: str | None = None
 
     def pack(self) -> list[str]:
         """``ARGV``, in the script's order."""
@@ -383,16 +426,18 @@ class PauseArgs:
             "" if self.delay is None else str(self.delay),
             str(self.default_pause),
             str(self.max_pause),
+            self.member or "",
         ]
 
 
 @final
 @attrs.frozen(kw_only=True)
 class ResumeArgs:
-    """``resume.lua``'s arguments: the channel."""
+    """``resume.lua``'s arguments: the channel, the member (``None``: the provider)."""
 
     channel: str
+    member: str | None = None
 
     def pack(self) -> list[str]:
         """``ARGV``, in the script's order."""
-        return [self.channel]
+        return [self.channel, self.member or ""]

@@ -2,8 +2,10 @@
 -- PauseArgs.pack lays it out: the server's delay in ms (empty: none), the
 -- default pause, the longest pause (ms). The backoff is the local policy's,
 -- kept fleet-wide, and so is the adaptive limit's decrease: once per round
--- of reports (a report after a grant since the latest decrease).
+-- of reports (a report after a grant since the latest decrease). Then the
+-- member of a group paused (empty or absent: the provider itself).
 local delay, default, longest = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+as_member(ARGV[4])
 local streak = stored(redis.call('HGET', conf, 'streak'), 0)
 local granted = redis.call('HGET', conf, 'granted') or '0'
 local step = tonumber(redis.call('HGET', conf, 'step') or default)

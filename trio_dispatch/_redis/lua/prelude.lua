@@ -23,6 +23,19 @@ local function queue_of(tenant)
   if tenant == '' then return queue end
   return prefix .. 'q:' .. tenant
 end
+-- The key prefix of a group's member (see SCHEMA.md, Members), under the
+-- group's hash tag.
+local function member_prefix(name)
+  return prefix .. '@' .. name .. ':'
+end
+-- A group's member's keys in place of the provider's, for the scripts
+-- that change one member (``name`` empty or absent: the provider itself).
+local function as_member(name)
+  if name == nil or name == '' then return end
+  local p = member_prefix(name)
+  leases, conf, grantno, charge, unans, inuse =
+    p .. 'leases', p .. 'conf', p .. 'grantno', p .. 'charge', p .. 'unans', p .. 'inuse'
+end
 --@CLOCK@
 -- Numbers stored as text keep every bit of a double; whole numbers are
 -- written out in digits (Lua's own tostring keeps 14 digits and writes

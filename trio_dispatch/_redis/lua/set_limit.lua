@@ -1,7 +1,9 @@
 -- Store a limit (Ledger.set_limit). ARGV, as SetLimitArgs.pack lays it
 -- out: the limit (as store_limit takes it), whether to overwrite one already
--- stored ('1') or only fill a gap ('0'), channel. Returns the stored limit
--- and, for an adaptive one, its bounds and signal.
+-- stored ('1') or only fill a gap ('0'), channel, then the member of a
+-- group whose limit it is (empty or absent: the provider itself). Returns
+-- the stored limit and, for an adaptive one, its bounds and signal.
+as_member(ARGV[4])
 if ARGV[2] == '1' then
   store_limit(ARGV[1])
   redis.call('PUBLISH', ARGV[3], 'wake')

@@ -112,6 +112,42 @@ do
   k = k + 1 + tonumber(ARGV[k])      -- withdraw
   at_enqueue = k
 end
+-- A group's members, in their order, and its pools (read ahead, after the
+-- counted lists): none for a provider, its own and only member. Then the
+-- lanes of the entries enqueued (each its lane, a member's or a pool's
+-- name or empty for any member, then the members it avoids, as
+-- ``lane_text`` writes them), and the member of each lease the process
+-- names in this step.
+local NAMES, POOLS, LANES, HOLD = {}, {}, {}, {}
+do
+  local k = at_enqueue
+  k = k + 1 + 5 * tonumber(ARGV[k])  -- enqueue
+  k = k + 1 + tonumber(ARGV[k])      -- renew
+  k = k + 1 + tonumber(ARGV[k])      -- ask
+  k = k + 1 + tonumber(ARGV[k])      -- answered
+  for j = 1, tonumber(ARGV[k] or '0') do NAMES[j] = ARGV[k + j] end
+  if #NAMES > 0 then
+    k = k + 1 + #NAMES
+    for _ = 1, tonumber(ARGV[k]) do
+      local name, count = ARGV[k + 1], tonumber(ARGV[k + 2])
+      POOLS[name] = {unpack(ARGV, k + 3, k + 2 + count)}
+      k = k + 2 + count
+    end
+    k = k + 1
+    for _ = 1, tonumber(ARGV[k]) do
+      LANES[ARGV[k + 1]] = ARGV[k + 2]
+      k = k + 2
+    end
+    k = k + 1
+    for _ = 1, tonumber(ARGV[k]) do
+      HOLD[ARGV[k + 1]] = ARGV[k + 2]
+      k = k + 2
+    end
+  end
+end
+local pooled = #NAMES > 0
+-- A group's entries' lanes, by queue member (``LANES`` as stored).
+local qlane = prefix .. 'qlane'
 
 -- Tenants: counted once a tenant or a model's figures are seen (see
 -- ``extend``). Before, a member with a model keeps it in ``qmeta`` (``qm``
@@ -151,7 +187,26 @@ local function load_member(p, f)
   return M
 end
 local H = load_member(prefix, c)
-local MEMBERS = {H}
+H.name = ''
+local MEMBERS, BY_NAME = {H}, {}
+-- A group's: each member's keys under its own prefix, within the group's
+-- hash tag; the pools, as lists of members. The group's own record keeps
+-- only the fields of the whole group (``c``): it is no member.
+if pooled then
+  MEMBERS = {}
+  for j, name in ipairs(NAMES) do
+    local p = member_prefix(name)
+    local M = load_member(p, redis.call('HMGET', p .. 'conf', unpack(CONF)))
+    M.name, M.order = name, j
+    MEMBERS[j] = M
+    BY_NAME[name] = M
+  end
+  for name, names in pairs(POOLS) do
+    local pool = {}
+    for j, member in ipairs(names) do pool[j] = BY_NAME[member] end
+    POOLS[name] = pool
+  end
+end
 -- The models' scopes, loaded when first needed; only those that keep
 -- books are used, or one about to (``create``: its first figures). Only
 -- the models of this step's entries and leases are loaded: a step costs
@@ -282,6 +337,7 @@ end
 -- A queued member out of its queue, its tenant's count and its metadata
 -- (not ``qexp`` nor ``qcost``); 1 if it was queued, else 0.
 local function unqueue(m)
+  if pooled then redis.call('HDEL', qlane, m) end
   if not xm then
     if qm then redis.call('HDEL', qmeta, m) end
     return redis.call('ZREM', queue, m)
@@ -427,9 +483,12 @@ if adaptive and adaptive.latency then
     end
   end
 end
--- The member whose lease ``id`` is: the provider's, its only member.
+-- The member whose lease ``id`` is: the provider itself, or the member of
+-- a group's lease its process named (none: it is not known, and the
+-- change for it is dropped).
 local function holder_of(id)
-  return H
+  if not pooled then return H end
+  return BY_NAME[HOLD[id] or '']
 end
 local spoiled = {}
 n = tonumber(ARGV[i]); i = i + 1
@@ -437,7 +496,7 @@ for j = 1, n do
   local id = ARGV[i]; i = i + 1
   spoiled[id] = true
   local M = holder_of(id)
-  if M.keeps.inuse then redis.call('SREM', M.inuse, id) end
+  if M and M.keeps.inuse then redis.call('SREM', M.inuse, id) end
 end
 -- Usage reports before the releases: a report and the release after it
 -- may come in one step.
@@ -445,7 +504,7 @@ n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   local id, tokens = ARGV[i], tokens_of(ARGV[i + 1]); i = i + 2
   local M = holder_of(id)
-  if redis.call('ZSCORE', M.leases, id) then
+  if M and redis.call('ZSCORE', M.leases, id) then
     if use(M.P, id, tokens) then changed = changed + 1 end
     local sc = model_scope(M, id)
     if sc and use(sc, id, tokens) then changed = changed + 1 end
@@ -455,7 +514,7 @@ n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   local id = ARGV[i]; i = i + 1
   local M = holder_of(id)
-  if redis.call('ZREM', M.leases, id) == 1 then
+  if M and redis.call('ZREM', M.leases, id) == 1 then
     changed = changed + 1
     freed = freed + 1
     local success = not spoiled[id]
@@ -499,6 +558,8 @@ for j = 1, n do
 end
 local asking = {}
 local granted = {}
+-- The member of each grant, in the same order.
+local granted_on = {}
 -- Whether a step whose answer was lost granted m: then it is granted
 -- again, the same lease renewed.
 -- Which they are, asked for the members sent (enqueued or asking) in one
@@ -544,6 +605,7 @@ local function held(m)
     redis.call('ZADD', M.leases, now + ttl, id)
     leases_grew = true
     granted[#granted + 1] = m
+    granted_on[#granted_on + 1] = M.name
     return true
   end
   return false
@@ -554,6 +616,7 @@ for j = 1, n do
   local t, model = ARGV[i + 3], ARGV[i + 4]
   i = i + 5
   if not held(m) then
+    if pooled then redis.call('HSET', qlane, m, LANES[m] or '') end
     if xm then
       local s = tenant(t)
       local added = redis.call('ZADD', queue_of(t), start, m)
@@ -590,8 +653,12 @@ end
 n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   -- ZADD, not XX: after Redis restarted empty, holders register again.
-  redis.call('ZADD', holder_of(ARGV[i]).leases, now + ttl, ARGV[i]); i = i + 1
-  leases_grew = true
+  local M = holder_of(ARGV[i])
+  if M then
+    redis.call('ZADD', M.leases, now + ttl, ARGV[i])
+    leases_grew = true
+  end
+  i = i + 1
 end
 n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
@@ -602,9 +669,11 @@ n = tonumber(ARGV[i]); i = i + 1
 for j = 1, n do
   local id = ARGV[i]; i = i + 1
   local M = holder_of(id)
-  see(M.P, id, true)
-  local sc = model_scope(M, id)
-  if sc then see(sc, id, true) end
+  if M then
+    see(M.P, id, true)
+    local sc = model_scope(M, id)
+    if sc then see(sc, id, true) end
+  end
 end
 for _, pair in ipairs(figures) do
   if pair[1] == '' then
@@ -642,6 +711,7 @@ local function grant(M, m, cost, s, model, unqueued)
     if qm then redis.call('HDEL', qmeta, m) end
   end
   if not unqueued then redis.call('ZREM', qexp, m) end
+  if pooled then redis.call('HDEL', qlane, m) end
   redis.call('ZADD', M.leases, now + ttl, id)
   leases_grew = true
   if M.streak > 0 then
@@ -670,6 +740,7 @@ local function grant(M, m, cost, s, model, unqueued)
     waiting_moved(s, -1)
   end
   granted[#granted + 1] = m
+  granted_on[#granted_on + 1] = M.name
   M.fresh = M.fresh + 1
   M.in_flight = M.in_flight + 1
 end
@@ -839,8 +910,107 @@ local function grant_fairly(M, free)
     end
   end
 end
+-- A group's grants, as the pure core's fill makes them: the entries in
+-- queue order, each to the first member of its lane with room (a free
+-- slot, not paused; unlimited, always), tried as ``_candidates`` orders
+-- them; an entry none of them has room for waits, and those after it go
+-- on. Entries of other processes so chosen keep their slot on their
+-- member (``reserved``) until their process asks, and count as held for
+-- the rest of the step.
+local function free_of(M)
+  local limit = M.limit
+  if not limit or limit == 'none' then return math.huge end
+  return tonumber(limit) - M.in_flight - M.reserved
+end
+local function has_room(M)
+  local limit = M.limit
+  if not limit or limit == 'none' then return true end
+  return M.pause == 0 and tonumber(limit) - M.in_flight - M.reserved > 0
+end
+-- An entry's lane and the members it avoids, from its stored text (each
+-- name as its length, a colon and the name: any text is a name).
+local function lane_of(m)
+  local text = LANES[m] or redis.call('HGET', qlane, m) or ''
+  local names, pos = {}, 1
+  while pos <= #text do
+    local colon = string.find(text, ':', pos, true)
+    if not colon then break end
+    local len = tonumber(string.sub(text, pos, colon - 1)) or 0
+    names[#names + 1] = string.sub(text, colon + 1, colon + len)
+    pos = colon + len + 1
+  end
+  return names
+end
+-- The members that may take an entry of a lane, in the order they are
+-- tried: a member's lane, that member; a pool's (or any member's, the
+-- empty name), its members with the most free slots first, ties in the
+-- pool's order, but those it avoids if any other is left.
+local function candidates(names)
+  local lane = names[1] or ''
+  local pool = MEMBERS
+  if lane ~= '' then
+    pool = POOLS[lane]
+    if not pool then return {BY_NAME[lane]} end
+  end
+  local avoided = {}
+  for k = 2, #names do avoided[names[k]] = true end
+  local kept = {}
+  for _, M in ipairs(pool) do
+    if not avoided[M.name] then kept[#kept + 1] = M end
+  end
+  if #kept == 0 then
+    for k, M in ipairs(pool) do kept[k] = M end
+  end
+  local rank = {}
+  for k, M in ipairs(kept) do rank[M] = k end
+  table.sort(kept, function(a, b)
+    local x, y = free_of(a), free_of(b)
+    if x ~= y then return x > y end
+    return rank[a] < rank[b]
+  end)
+  return kept
+end
+local function grant_pooled()
+  local open = 0
+  for _, M in ipairs(MEMBERS) do
+    M.reserved = 0
+    if has_room(M) then open = open + 1 end
+  end
+  if open == 0 then return end
+  place_newcomers()
+  local from = 0
+  while open > 0 do
+    local got = redis.call('ZRANGE', queue, from, from + CHUNK - 1)
+    if #got == 0 then break end
+    local taken = 0
+    for _, m in ipairs(got) do
+      local taker = nil
+      for _, M in ipairs(candidates(lane_of(m))) do
+        if has_room(M) then
+          taker = M
+          break
+        end
+      end
+      if taker then
+        if asking[m] then
+          grant(taker, m, 0)
+          taken = taken + 1
+        else
+          taker.reserved = taker.reserved + 1
+        end
+        if not has_room(taker) then
+          open = open - 1
+          if open == 0 then break end
+        end
+      end
+    end
+    from = from + #got - taken
+  end
+end
 local limit = H.limit
-if not limit or limit == 'none' then
+if pooled then
+  grant_pooled()
+elseif not limit or limit == 'none' then
   place_newcomers()
   -- Unlimited: pauses do not apply, as in the local policy.
   if xm then
@@ -1046,6 +1216,7 @@ if queue_grew or (tied and queued > 0) then
   if qc then present[#present + 1] = qcost end
 end
 if qm and not xm then present[#present + 1] = qmeta end
+if pooled and (queue_grew or queued > 0) then present[#present + 1] = qlane end
 if xm then
   for _, k in ipairs({tstate, tback, qmeta, lmeta, busy}) do present[#present + 1] = k end
   for name, _ in pairs(BL) do
@@ -1058,5 +1229,19 @@ if #present > 0 then
   expire_idle(now, (not not H.limit) or (P.R ~= nil and P.R.cfg) or (P.T ~= nil and P.T.cfg)
     or (xm ~= nil and redis.call('HLEN', tconf) > 0), H.pause_until, present)
 end
+-- A group's answer: the whole group's leases, then each member's name,
+-- limit, leases, pause left and budgets, and the member of each grant.
+local member_rows = {}
+if pooled then
+  H.in_flight, H.pause, H.budget = 0, 0, ''
+  for _, M in ipairs(MEMBERS) do
+    H.in_flight = H.in_flight + M.in_flight
+    member_rows[#member_rows + 1] = M.name
+    member_rows[#member_rows + 1] = M.limit or ''
+    member_rows[#member_rows + 1] = M.in_flight
+    member_rows[#member_rows + 1] = M.pause
+    member_rows[#member_rows + 1] = M.budget
+  end
+end
 return {granted, H.limit or '', H.in_flight, queued, waiting, H.pause, now, H.budget, spec,
-  tenant_rows, model_rows, xm and 1 or 0, epoch, forgotten}
+  tenant_rows, model_rows, xm and 1 or 0, epoch, forgotten, member_rows, granted_on}
