@@ -1,20 +1,27 @@
 """The Redis ledger's groups against the pure core's pools, on the same random operations.
 
 A group is what ``Ledger.step`` schedules with ``members`` and ``pools``:
-each member keeps its own limit, pause, backoff and leases under its own
-keys, and each entry waits in its lane (a member's, a pool's, or any
-member's, less the members it avoids) for the members that may take it.
-The rule is the pure core's (``SlotPolicy`` with members and pools); the
-Lua repeats it, and this test holds the copy to the original as
-``test_ledger_differential`` does for a provider: a generated sequence of
-requests (a turn's age, a priority, a lane and the members avoided),
-releases, cancellations, rate-limit answers on a member (with and without
-``Retry-After``), resumes of a member, limit changes of a member (fixed or
-unlimited) and time passing is applied to a ``SlotPolicy`` and to one
-process's ``SharedBook`` driving a ``Ledger`` on a real redis-server; after
-every operation both must have granted the same tickets in the same order,
-each on the same member, and agree on the holders, the waiters and each
-member's limit, slots held and pause left.
+each member keeps its own limit, adaptive limit, budgets, pause, backoff
+and leases under its own keys, and each entry waits in its lane (a
+member's, a pool's, or any member's, less the members it avoids) for the
+members that may take it. The rule is the pure core's (``SlotPolicy`` with
+members and pools); the Lua repeats it, and this test holds the copy to
+the original as ``test_ledger_differential`` does for a provider: a
+generated sequence of requests (a turn's age, a priority, a token
+estimate, a lane and the members avoided), releases, cancellations,
+rate-limit answers on a member (with and without ``Retry-After``),
+resumes of a member, limit changes of a member (fixed, unlimited or
+adaptive), answers with and without rate-limit figures (learned by the
+member that answered), figures of a member alone, usage reports, the
+verdicts of a member's latency signal, calls that fail before their
+answer (a member out of service after two in a row, for two seconds, then
+half-open with one probe) and time passing is applied to a
+``SlotPolicy`` and to one process's ``SharedBook`` driving a ``Ledger`` on
+a real redis-server; after every operation both must have granted the
+same tickets in the same order, each on the same member, and agree on the
+holders, the waiters and each member's limit, slots held, pause left,
+budgets and health. Each member may have a configured budget from the start, or
+learn one from its figures.
 
 The members are three, and the two pools list them in orders other than
 the group's (ties between members go by the pool's order, and by the
@@ -34,6 +41,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from trio_dispatch._policy._budgets import AdaptiveLimit, Budget, Throttle
+from trio_dispatch._policy._ratelimits import Quota, RateLimitInfo
 from trio_dispatch._policy._slots import SlotPolicy
 from trio_dispatch._redis._book import SharedBook
 from trio_dispatch._redis._ledger import Ledger
@@ -43,7 +52,8 @@ from trio_dispatch.messages._protocol import Ticket
 from .._redis import needs_redis
 
 if TYPE_CHECKING:
-    from trio_dispatch._redis._ledger import StepResult
+    from trio_dispatch._policy._budgets import BudgetStatistics
+    from trio_dispatch._redis._ledger import LedgerBudget, StepResult
 
     from .._redis import RedisServer
 
@@ -61,15 +71,43 @@ LEASE = 3600.0
 DEFAULT_PAUSE = 1.0
 MAX_PAUSE = 8.0
 AGING = 10.0
+FAILURE_THRESHOLD = 2
+FAILURE_COOLDOWN = 2.0
 
 member = st.sampled_from(MEMBERS)
 member_limits = st.sampled_from([1, 1, 2, 3, None])
+adaptive_limits = st.builds(
+    AdaptiveLimit,
+    initial=st.integers(1, 3),
+    minimum=st.just(1),
+    maximum=st.integers(3, 6),
+    backoff=st.sampled_from([0.5, 0.75]),
+    signal=st.sampled_from(["rate_limits", "latency"]),
+)
+quotas = st.builds(
+    Quota,
+    limit=st.none() | st.integers(1, 40),
+    remaining=st.none() | st.integers(0, 40),
+    reset=st.none() | st.sampled_from([0.5, 1.0, 2.0, 30.0, 120.0]),
+)
+figures = st.builds(
+    RateLimitInfo, requests=st.none() | quotas, tokens=st.none() | quotas
+)
+budgets = st.none() | st.sampled_from(
+    [
+        Budget(requests_per_minute=rpm, tokens_per_minute=tpm)
+        for rpm in (None, 6.0, 30.0)
+        for tpm in (None, 60.0, 600.0)
+        if rpm or tpm
+    ]
+)
 acquire = st.tuples(
     st.just("acquire"),
     st.integers(0, 4),  # how many seconds older its turn is
     st.integers(0, 2),  # priority class
     st.sampled_from(LANES),
     st.sets(member, max_size=2),  # the members it avoids
+    st.sampled_from([0, 0, 1, 5, 20, 50]),  # estimated tokens
 )
 operation = st.one_of(
     acquire,
@@ -79,6 +117,8 @@ operation = st.one_of(
     st.tuples(st.just("release"), st.integers(0, 20)),
     st.tuples(st.just("release"), st.integers(0, 20)),
     st.tuples(st.just("release"), st.integers(0, 20)),
+    st.tuples(st.just("fail"), st.integers(0, 20)),
+    st.tuples(st.just("fail"), st.integers(0, 20)),
     st.tuples(st.just("cancel"), st.integers(0, 40)),
     st.tuples(st.just("wait"), st.sampled_from([1, 2, 4, 8])),  # 1/4 s
     st.tuples(
@@ -88,6 +128,12 @@ operation = st.one_of(
     ),
     st.tuples(st.just("resume"), member),
     st.tuples(st.just("set_limit"), member, member_limits),
+    st.tuples(st.just("set_limit"), member, adaptive_limits),
+    st.tuples(st.just("answer"), st.integers(0, 20), st.none() | figures),
+    st.tuples(st.just("answer"), st.integers(0, 20), figures),
+    st.tuples(st.just("observe"), member, figures),
+    st.tuples(st.just("usage"), st.integers(0, 20), st.integers(0, 60)),
+    st.tuples(st.just("verdict"), member, st.sampled_from([1, 1, 0, -1, -2])),
 )
 
 
@@ -133,29 +179,44 @@ class GroupPair:
         key = self.ledger.names(GROUP)[0][0] + ":clock"
         await self.client.set(key, str(self.base_ms + self.ms))
 
-    async def round(self) -> list[Ticket]:
-        """Rounds of the book until nothing more is granted."""
-        granted: list[Ticket] = []
-        for _ in range(4):
-            book = self.book
-            plan = book.plan(None, renew=False)
-            result = await self.ledger.step(
-                GROUP,
-                book.node,
-                plan,
-                waiting=book.waiting,
-                members=MEMBERS,
-                pools=POOLS,
-            )
-            self.result = result
-            assert len(result.granted_on) == len(result.granted)
-            for queued, name in zip(result.granted, result.granted_on, strict=True):
-                self.on[queued[17:]] = name
-            grants = book.applied(plan, result.granted, result.granted_on)
-            granted += grants
-            if not grants:
-                break
+    async def round(
+        self,
+        figures: list[tuple[str, RateLimitInfo]] | None = None,
+        verdicts: list[tuple[str, int]] | None = None,
+    ) -> list[Ticket]:
+        """One round of the book, then one more, which must grant nothing.
+
+        Every waiter of a group's book is published in the first: its step
+        grants all that the pure core's fill grants, or the second would.
+        """
+        granted = await self.step(figures, verdicts)
+        assert await self.step() == [], "\n".join(self.log)
         return granted
+
+    async def step(
+        self,
+        figures: list[tuple[str, RateLimitInfo]] | None = None,
+        verdicts: list[tuple[str, int]] | None = None,
+    ) -> list[Ticket]:
+        book = self.book
+        plan = book.plan(None, renew=False)
+        result = await self.ledger.step(
+            GROUP,
+            book.node,
+            plan,
+            waiting=book.waiting,
+            members=MEMBERS,
+            pools=POOLS,
+            member_figures=figures or (),
+            member_verdicts=verdicts or (),
+            failure_threshold=FAILURE_THRESHOLD,
+            failure_cooldown=FAILURE_COOLDOWN,
+        )
+        self.result = result
+        assert len(result.granted_on) == len(result.granted)
+        for queued, name in zip(result.granted, result.granted_on, strict=True):
+            self.on[queued[17:]] = name
+        return book.applied(plan, result.granted, result.granted_on)
 
     def compare(self, pure: list[Ticket], shared: list[Ticket]) -> None:
         policy, result, book = self.policy, self.result, self.book
@@ -182,6 +243,42 @@ class GroupPair:
                     else round((until - self.now) * 1000)
                 )
                 assert round(seen.paused_for * 1000) == left, where
+            health = (
+                seen.failures,
+                None if seen.out_for is None else self.now + seen.out_for,
+                seen.half_open,
+                seen.outages,
+            )
+            assert health == (
+                pure_member.failures,
+                pure_member.out_of_service_until,
+                pure_member.half_open,
+                pure_member.outages_total,
+            ), where
+            budget = policy.budget_statistics(self.now, member=name)
+            if budget is None:
+                assert seen.budget is None, where
+            else:
+                assert seen.budget is not None, where
+                _same_budgets(budget, seen.budget, where)
+
+
+def _same_budgets(budget: BudgetStatistics, shown: LedgerBudget, where: str) -> None:
+    """The figures the pure core shows, as the ledger shows them."""
+    for pure_value, shared_value in (
+        (budget.requests_per_minute, shown.requests_per_minute),
+        (budget.requests_available, shown.requests_available),
+        (budget.tokens_per_minute, shown.tokens_per_minute),
+        (budget.tokens_available, shown.tokens_available),
+    ):
+        if pure_value is None:
+            assert shared_value is None, where
+        else:
+            assert shared_value is not None, where
+            assert math.isclose(pure_value, shared_value, rel_tol=1e-9, abs_tol=1e-9), (
+                where
+            )
+    assert shown.learned == budget.learned, where
 
 
 def _int(value: object) -> int:
@@ -197,13 +294,15 @@ async def _apply(pair: GroupPair, op: tuple[object, ...]) -> None:
     policy, book, ledger = pair.policy, pair.book, pair.ledger
     kind = op[0]
     pure: list[Ticket] = []
+    figures: list[tuple[str, RateLimitInfo]] = []
+    verdicts: list[tuple[str, int]] = []
     pair.log.append(f"t={pair.now} {op!r}")
     if kind == "wait":
         pair.ms += 250 * _int(op[1])
         await pair.set_clock()
         pure = policy.tick(pair.now)
     elif kind == "acquire":
-        older, priority, lane, avoid = op[1:]
+        older, priority, lane, avoid, tokens = op[1:]
         assert lane is None or isinstance(lane, str)
         assert isinstance(avoid, frozenset | set)
         avoided = sorted(avoid)
@@ -213,17 +312,50 @@ async def _apply(pair: GroupPair, op: tuple[object, ...]) -> None:
         pair.tickets.append(ticket)
         # The ticket's lane as the dispatcher gives it: a member's or a
         # pool's name (a member asked for avoids nothing), or any member.
-        pure = policy.acquire(ticket, member=lane, avoid=avoided)
+        pure = policy.acquire(ticket, _int(tokens), member=lane, avoid=avoided)
         shown = [] if lane in MEMBERS else avoided
         book.acquire(
-            ticket, rank, pair.now + ticket.seq * 1e-6, lane=lane_text(lane, shown)
+            ticket,
+            rank,
+            pair.now + ticket.seq * 1e-6,
+            _int(tokens),
+            lane=lane_text(lane, shown),
         )
-    elif kind == "release":
+    elif kind in {"release", "fail", "usage", "answer"}:
         holder = _pick(sorted(policy.holders()), op[1])
         if holder is None:
             return
-        pure = policy.release(holder)
-        book.release(holder)
+        if kind == "release":
+            pure = policy.release(holder)
+            book.release(holder)
+        elif kind == "fail":
+            pure = policy.fail(holder, pair.now)
+            book.fail(holder)
+        elif kind == "usage":
+            pure = policy.report_usage(holder, _int(op[2]))
+            book.report_usage(holder, _int(op[2]))
+        else:
+            policy.answered(holder)
+            book.answered(holder)
+            info = op[2]
+            if isinstance(info, RateLimitInfo):
+                # An answer's figures teach the member that answered.
+                answering = policy.member_of(holder)
+                assert answering is not None
+                pure = _learn(policy, pair.now, info, answering)
+                figures.append((answering, info))
+    elif kind == "observe":
+        name, info = op[1], op[2]
+        assert isinstance(name, str)
+        assert isinstance(info, RateLimitInfo)
+        pure = _learn(policy, pair.now, info, name)
+        figures.append((name, info))
+    elif kind == "verdict":
+        name, change = op[1], _int(op[2])
+        assert isinstance(name, str)
+        pure = policy.apply_latency_verdict(change, member=name)
+        if change:
+            verdicts.append((name, change))
     elif kind == "cancel":
         victim = _pick(pair.tickets, op[1])
         if victim is None:
@@ -251,35 +383,57 @@ async def _apply(pair: GroupPair, op: tuple[object, ...]) -> None:
         assert kind == "set_limit"
         name, limit = op[1], op[2]
         assert isinstance(name, str)
-        assert limit is None or isinstance(limit, int)
+        assert limit is None or isinstance(limit, int | AdaptiveLimit)
         pure = policy.set_limit(limit, member=name)
         await ledger.set_limit(GROUP, limit, member=name)
-    pair.compare(pure, await pair.round())
+    pair.compare(pure, await pair.round(figures, verdicts))
+
+
+def _learn(
+    policy: SlotPolicy, now: float, info: RateLimitInfo, member: str
+) -> list[Ticket]:
+    """A member's figures learned, and what its budgets then let through."""
+    return policy.observe_rate_limits(now, info, member=member) + policy.tick(now)
 
 
 async def replay(
-    url: str, limits: dict[str, int | None], ops: list[tuple[object, ...]]
+    url: str,
+    limits: dict[str, int | None],
+    ops: list[tuple[object, ...]],
+    budgets: dict[str, Budget | None] | None = None,
 ) -> None:
     """Apply ``ops`` to both sides, comparing them after each (see the module)."""
     async with coredis.Redis.from_url(url, decode_responses=True) as client:
         base_ms = math.ceil((await client.time()).timestamp() * 1000)
         ledger = Ledger(client, uuid.uuid4().hex, LEASE, scripts=SCRIPTS)
+        budgets = budgets or {}
+
+        def throttle(name: str) -> Throttle | None:
+            budget = budgets.get(name)
+            return None if budget is None else Throttle(budget, now=0.0)
+
         first, *others = MEMBERS
         policy = SlotPolicy(
             limits[first],
             provider=first,
             default_pause=DEFAULT_PAUSE,
             max_pause=MAX_PAUSE,
+            throttle=throttle(first),
+            failure_threshold=FAILURE_THRESHOLD,
+            failure_cooldown=FAILURE_COOLDOWN,
         )
         for name in others:
-            policy.add_member(name, limits[name])
+            policy.add_member(name, limits[name], throttle=throttle(name))
         for pool, names in POOLS.items():
             policy.set_pool(pool, names)
         pair = GroupPair(client, ledger, policy, base_ms)
         await pair.set_clock()
         for name in MEMBERS:
             await ledger.set_limit(GROUP, limits[name], member=name)
-        pair.log.append(f"limits={limits!r}")
+            budget = budgets.get(name)
+            if budget is not None:
+                await ledger.set_budget(GROUP, budget, member=name)
+        pair.log.append(f"limits={limits!r} budgets={budgets!r}")
         pair.compare([], await pair.round())
         for op in ops:
             await _apply(pair, op)
@@ -288,14 +442,16 @@ async def replay(
 @examples()
 @given(
     limits=st.fixed_dictionaries(dict.fromkeys(MEMBERS, member_limits)),
+    budgets=st.fixed_dictionaries(dict.fromkeys(MEMBERS, budgets)),
     ops=st.lists(operation, min_size=20, max_size=80),
 )
 async def test_the_ledger_grants_a_group_as_the_pure_core_grants_its_pools(
     shared_server: RedisServer,
     limits: dict[str, int | None],
+    budgets: dict[str, Budget | None],
     ops: list[tuple[object, ...]],
 ) -> None:
-    await replay(shared_server.url, limits, ops)
+    await replay(shared_server.url, limits, ops, budgets)
 
 
 # What the differential test is sure to meet, kept as cases.
@@ -305,20 +461,20 @@ async def test_the_ledger_grants_a_group_as_the_pure_core_grants_its_pools(
         pytest.param(
             {"a": 1, "b": 2, "c": 1},
             [
-                ("acquire", 0, 0, "p", set()),
-                ("acquire", 0, 0, "p", set()),
-                ("acquire", 0, 0, "p", set()),
-                ("acquire", 0, 0, "p", set()),
+                ("acquire", 0, 0, "p", set(), 0),
+                ("acquire", 0, 0, "p", set(), 0),
+                ("acquire", 0, 0, "p", set(), 0),
+                ("acquire", 0, 0, "p", set(), 0),
             ],
             id="a_pool_fills_the_member_with_the_most_free_slots_first",
         ),
         pytest.param(
             {"a": 1, "b": 1, "c": 1},
             [
-                ("acquire", 0, 0, "b", set()),
-                ("acquire", 1, 0, "p", set()),
-                ("acquire", 2, 0, "a", set()),
-                ("acquire", 3, 0, "p", set()),
+                ("acquire", 0, 0, "b", set(), 0),
+                ("acquire", 1, 0, "p", set(), 0),
+                ("acquire", 2, 0, "a", set(), 0),
+                ("acquire", 3, 0, "p", set(), 0),
                 ("release", 0),
                 ("release", 0),
             ],
@@ -327,9 +483,9 @@ async def test_the_ledger_grants_a_group_as_the_pure_core_grants_its_pools(
         pytest.param(
             {"a": 1, "b": 1, "c": 1},
             [
-                ("acquire", 0, 0, None, {"a", "b"}),
-                ("acquire", 0, 0, "q", {"c"}),
-                ("acquire", 0, 0, "p", {"a", "b"}),
+                ("acquire", 0, 0, None, {"a", "b"}, 0),
+                ("acquire", 0, 0, "q", {"c"}, 0),
+                ("acquire", 0, 0, "p", {"a", "b"}, 0),
             ],
             id="avoided_members_unless_none_is_left",
         ),
@@ -337,13 +493,13 @@ async def test_the_ledger_grants_a_group_as_the_pure_core_grants_its_pools(
             {"a": 2, "b": 2, "c": None},
             [
                 ("rate_limit", "b", 2.0),
-                ("acquire", 0, 0, "p", set()),
-                ("acquire", 0, 0, "p", set()),
-                ("acquire", 0, 0, "p", set()),
-                ("acquire", 0, 0, "b", set()),
+                ("acquire", 0, 0, "p", set(), 0),
+                ("acquire", 0, 0, "p", set(), 0),
+                ("acquire", 0, 0, "p", set(), 0),
+                ("acquire", 0, 0, "b", set(), 0),
                 ("wait", 8),
                 ("rate_limit", "c", None),
-                ("acquire", 0, 0, "q", set()),
+                ("acquire", 0, 0, "q", set(), 0),
                 ("resume", "b"),
             ],
             id="a_paused_member_takes_nothing_until_its_pause_ends",
@@ -351,12 +507,12 @@ async def test_the_ledger_grants_a_group_as_the_pure_core_grants_its_pools(
         pytest.param(
             {"a": 1, "b": 1, "c": 1},
             [
-                ("acquire", 0, 0, "a", set()),
-                ("acquire", 0, 0, "a", set()),
-                ("acquire", 0, 0, "p", set()),
+                ("acquire", 0, 0, "a", set(), 0),
+                ("acquire", 0, 0, "a", set(), 0),
+                ("acquire", 0, 0, "p", set(), 0),
                 ("set_limit", "a", 3),
                 ("set_limit", "b", None),
-                ("acquire", 0, 0, "b", set()),
+                ("acquire", 0, 0, "b", set(), 0),
             ],
             id="a_raised_limit_grants_at_once",
         ),
@@ -475,3 +631,167 @@ async def test_a_groups_grant_whose_answer_was_lost_is_reported_again(
         )
         assert result.members["b"].in_flight == 0
         assert result.in_flight == 0
+
+
+TOKENS = Budget(tokens_per_minute=60.0)
+
+
+# What random sequences reach only now and then, kept as cases.
+@pytest.mark.parametrize(
+    ("limits", "budgets", "ops"),
+    [
+        pytest.param(
+            {"a": 3, "b": 1, "c": 1},
+            {"a": TOKENS},
+            [
+                ("acquire", 0, 0, "a", set(), 50),
+                ("acquire", 0, 0, "b", set(), 0),
+                # a's budget holds this one back, b is full: it waits, and
+                # so does the next for a, which may not pass it there.
+                ("acquire", 0, 0, "p", set(), 50),
+                ("acquire", 0, 0, "a", set(), 5),
+                # b frees: the pool's goes there, and a opens again for
+                # the one its budget holds.
+                ("release", 1),
+            ],
+            id="a_member_a_budget_shut_opens_again_when_its_entry_goes_elsewhere",
+        ),
+        pytest.param(
+            {"a": 2, "b": 2, "c": 1},
+            {"a": TOKENS, "b": Budget(requests_per_minute=6.0)},
+            [
+                ("acquire", 0, 0, "p", set(), 40),
+                ("acquire", 0, 0, "p", set(), 40),
+                ("acquire", 0, 0, "p", set(), 40),
+                ("answer", 0, RateLimitInfo(tokens=Quota(limit=60, remaining=0))),
+                ("wait", 8),
+                ("acquire", 0, 0, "p", set(), 10),
+                ("wait", 16),
+            ],
+            id="each_member_learns_its_own_figures_and_grants_by_its_own_budget",
+        ),
+        pytest.param(
+            {"a": 1, "b": 1, "c": 1},
+            {},
+            [
+                ("set_limit", "b", AdaptiveLimit(initial=1, minimum=1, maximum=4)),
+                ("acquire", 0, 0, "b", set(), 0),
+                ("acquire", 0, 0, "b", set(), 0),
+                ("release", 0),
+                ("rate_limit", "b", None),
+                (
+                    "set_limit",
+                    "c",
+                    AdaptiveLimit(initial=1, minimum=1, maximum=4, signal="latency"),
+                ),
+                ("verdict", "c", 1),
+                ("acquire", 0, 0, "c", set(), 0),
+                ("acquire", 0, 0, "c", set(), 0),
+            ],
+            id="each_member_has_its_own_adaptive_limit",
+        ),
+    ],
+)
+async def test_the_ledger_and_the_pure_core_agree_on_a_groups_budgets(
+    shared_server: RedisServer,
+    limits: dict[str, int | None],
+    budgets: dict[str, Budget | None],
+    ops: list[tuple[object, ...]],
+) -> None:
+    await replay(shared_server.url, limits, ops, budgets)
+
+
+async def test_what_a_groups_ledger_does_not_take_yet_is_refused_at_once(
+    shared_server: RedisServer,
+) -> None:
+    # Refused before anything reaches Redis: a group's provider-wide
+    # figures or verdicts, a provider's member figures, a group's tenants
+    # and models, a member's model's budget.
+    async with coredis.Redis.from_url(
+        shared_server.url, decode_responses=True
+    ) as client:
+        ledger = Ledger(client, uuid.uuid4().hex, LEASE)
+        info = RateLimitInfo(requests=Quota(limit=10, remaining=5))
+        with pytest.raises(ValueError, match="name their member"):
+            await ledger.step(GROUP, "n", observed=info, members=MEMBERS)
+        with pytest.raises(ValueError, match="name their member"):
+            await ledger.step(GROUP, "n", verdicts=[1], members=MEMBERS)
+        with pytest.raises(ValueError, match="no member's figures"):
+            await ledger.step(GROUP, "n", member_figures=[("a", info)])
+        book = SharedBook("n", GROUP, pooled=True)
+        book.acquire(Ticket(0.0, 0, 0, "t"), 0.0, 0.0, lane=lane_text("p"))
+        with pytest.raises(ValueError, match="no tenants or models"):
+            await ledger.step(
+                GROUP,
+                "n",
+                book.plan(None, renew=False),
+                members=MEMBERS,
+                pools=POOLS,
+            )
+        with pytest.raises(ValueError, match="models have no budgets"):
+            await ledger.set_budget(GROUP, TOKENS, model="m", member="a")
+        # Nothing of the group reached Redis.
+        assert not await client.keys(f"{{{ledger.namespace}:*")
+
+
+# A member's health: out of service after two failures in a row, half-open
+# after its cooldown with one probe first, back in service when the probe
+# succeeds, out again when it fails.
+@pytest.mark.parametrize(
+    "ops",
+    [
+        pytest.param(
+            [
+                ("acquire", 0, 0, "p", set(), 0),
+                ("acquire", 0, 0, "p", set(), 0),
+                ("fail", 0),  # on b
+                ("acquire", 0, 0, "p", set(), 0),
+                ("fail", 1),  # on b again: out of service
+                ("acquire", 0, 0, "p", set(), 0),
+                ("acquire", 0, 0, "b", set(), 0),
+                ("release", 0),
+                ("wait", 8),  # half-open: the probe goes to b first
+                ("acquire", 0, 0, "p", set(), 0),
+                ("acquire", 0, 0, "p", set(), 0),
+                ("release", 0),
+                ("release", 0),
+            ],
+            id="a_probe_that_succeeds_puts_its_member_back_in_service",
+        ),
+        pytest.param(
+            [
+                ("acquire", 0, 0, "p", set(), 0),
+                ("fail", 0),
+                ("acquire", 0, 0, "p", set(), 0),
+                ("fail", 0),
+                ("wait", 8),
+                ("acquire", 0, 0, "p", set(), 0),
+                ("fail", 0),  # the probe fails: out again
+                ("acquire", 0, 0, "b", set(), 0),
+                ("wait", 8),
+                ("cancel", 4),
+            ],
+            id="a_probe_that_fails_takes_its_member_out_again",
+        ),
+    ],
+)
+async def test_the_ledger_and_the_pure_core_agree_on_a_members_health(
+    shared_server: RedisServer, ops: list[tuple[object, ...]]
+) -> None:
+    await replay(shared_server.url, {"a": 2, "b": 2, "c": 1}, ops)
+
+
+async def test_a_half_open_member_takes_its_probe_before_one_with_more_free_slots(
+    shared_server: RedisServer,
+) -> None:
+    ops: list[tuple[object, ...]] = [
+        ("acquire", 0, 0, "b", set(), 0),
+        ("acquire", 0, 0, "b", set(), 0),
+        ("fail", 0),
+        ("acquire", 0, 0, "b", set(), 0),
+        ("fail", 1),  # out, one slot still held
+        ("wait", 8),  # half-open, one slot free against a's three
+        ("acquire", 0, 0, "p", set(), 0),  # b's probe
+        ("acquire", 0, 0, "p", set(), 0),  # a: b takes nothing more
+    ]
+    await replay(shared_server.url, {"a": 3, "b": 2, "c": 1}, ops)

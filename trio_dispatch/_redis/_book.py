@@ -69,6 +69,7 @@ class SharedBook:
         "_answered",
         "_costs",
         "_entries",
+        "_failed",
         "_grouped",
         "_holders",
         "_lanes",
@@ -130,6 +131,7 @@ class SharedBook:
         # For the next round: leases given back without success, the latest
         # usage reported of each lease, leases whose answer started.
         self._spoil: list[str] = []
+        self._failed: list[str] = []
         self._usage: dict[str, int] = {}
         self._answered: list[str] = []
         # A round went unanswered since the last answered one.
@@ -260,6 +262,19 @@ class SharedBook:
             self._spoil.append(lease)
         self._drop_lease(ticket)
 
+    def fail(self, ticket: Ticket) -> None:
+        """A holder's call failed before its answer started: its lease goes back.
+
+        Not a success, as for ``cancel``; a group's member counts it for
+        its health. Nothing for a ticket that holds no lease.
+        """
+        lease = self._holders.get(ticket)
+        if lease is None:
+            return
+        if self._lanes is not None:
+            self._failed.append(lease)
+        self.cancel(ticket)
+
     def report_usage(self, ticket: Ticket, tokens: int) -> None:
         """A holder's request used ``tokens``; sent with the next round."""
         lease = self._holders.get(ticket)
@@ -325,10 +340,12 @@ class SharedBook:
             recheck=self._unanswered,
             lanes={} if lanes is None else {m: lanes[m] for m, _ in enqueue},
             holders=holders,
+            failed=self._failed,
         )
         self._release = []
         self._withdraw = []
         self._spoil = []
+        self._failed = []
         self._usage = {}
         self._answered = []
         return plan
@@ -342,6 +359,7 @@ class SharedBook:
         self._release = plan.release + self._release
         self._withdraw = plan.withdraw + self._withdraw
         self._spoil = plan.spoil + self._spoil
+        self._failed = plan.failed + self._failed
         # A report made since the plan is newer than the plan's.
         self._usage = dict(plan.usage) | self._usage
         self._answered = plan.answered + self._answered

@@ -19,6 +19,7 @@ from coredis.exceptions import NoScriptError
 
 from .._policy._budgets import FORGET_AFTER, Budget, forgets, full_in, refilled
 from .._policy._ratelimits import server_delay
+from .._policy._slots import DEFAULT_FAILURE_COOLDOWN, DEFAULT_FAILURE_THRESHOLD
 from ..messages._limits import Tenant
 from ._clock import ServerClock
 from ._scripts import (
@@ -191,24 +192,38 @@ class LedgerMember:
         in_flight: Its live leases, fleet-wide.
         paused_for: Seconds left of its pause, or 0.
         budget: Its budgets, if it has any.
+        failures: Its calls failed in a row, before their answer.
+        out_for: Seconds left of its cooldown out of service, or ``None``
+            while it is in service.
+        half_open: Whether it is back from a cooldown, taking one request
+            (its probe) until that request succeeds.
+        outages: How many times it was taken out of service.
     """
 
     limit: int | None
     in_flight: int
     paused_for: float
     budget: LedgerBudget | None = None
+    failures: int = 0
+    out_for: float | None = None
+    half_open: bool = False
+    outages: int = 0
 
 
 def _members_of(rows: list[str]) -> dict[str, LedgerMember]:
-    """A group's members from a step's answer: five fields each."""
+    """A group's members from a step's answer: nine fields each."""
     return {
         str(rows[k]): LedgerMember(
             limit=_limit_of(rows[k + 1]),
             in_flight=int(rows[k + 2]),
             paused_for=int(rows[k + 3]) / 1000,
             budget=_budget_of(rows[k + 4]),
+            failures=int(rows[k + 5]),
+            out_for=None if rows[k + 6] == "" else int(rows[k + 6]) / 1000,
+            half_open=int(rows[k + 7]) == 1,
+            outages=int(rows[k + 8]),
         )
-        for k in range(0, len(rows), 5)
+        for k in range(0, len(rows), 9)
     }
 
 
@@ -574,6 +589,10 @@ class Ledger:
         verdicts: Sequence[int] = (),
         members: Sequence[str] = (),
         pools: Mapping[str, Sequence[str]] | None = None,
+        member_figures: Sequence[tuple[str, RateLimitInfo]] = (),
+        member_verdicts: Sequence[tuple[str, int]] = (),
+        failure_threshold: int = DEFAULT_FAILURE_THRESHOLD,
+        failure_cooldown: float = DEFAULT_FAILURE_COOLDOWN,
     ) -> StepResult:
         """Apply one round of a process's changes (``plan``), in order, atomically.
 
@@ -600,23 +619,35 @@ class Ledger:
         call that a node whose every step was answered can spare.
 
         ``members`` (in their order) and ``pools`` make ``provider`` a
-        group: each member keeps its own limit, pause and leases, and each
-        entry waits in its lane (the plan's ``lanes``) for the members
-        that may take it, granted as the pure core's fill grants it (see
-        ``step.lua``). A group's step takes no figures, verdicts nor
-        tenants yet.
+        group: each member keeps its own limit, adaptive limit, budgets,
+        pause and leases, and each entry waits in its lane (the plan's
+        ``lanes``) for the members that may take it, granted as the pure
+        core's fill grants it (see ``step.lua``). A group's figures and
+        verdicts come each with its member (``member_figures``,
+        ``member_verdicts``), and the plan's ``failed`` leases count for
+        their member's health as ``SlotPolicy.fail`` counts them
+        (``failure_threshold`` failures in a row take a member out of
+        service for ``failure_cooldown`` seconds, then half-open); it takes
+        no tenants or models yet.
 
         Raises:
-            ValueError: A group's step with figures or verdicts.
+            ValueError: A group's step with a provider's figures or
+                verdicts, or with entries of a tenant or a model; a
+                provider's with a member's figures or verdicts.
         """
         if members and (observed is not None or observed_models or verdicts):
-            raise ValueError("a group's step takes no figures or verdicts yet")
+            raise ValueError("a group's figures and verdicts each name their member")
+        if members and plan.meta:
+            raise ValueError("a group's step takes no tenants or models yet")
+        if not members and (member_figures or member_verdicts):
+            raise ValueError("a provider's step takes no member's figures or verdicts")
         keys, channel = self.names(provider)
         figures: list[tuple[str | None, RateLimitInfo]] = []
         if observed is not None:
             figures.append((None, observed))
         if observed_models:
             figures += observed_models.items()
+        figures += [(None, info) for _, info in member_figures]
         args = plan.pack(
             node=node,
             ttl=round(self.lease * 1000),
@@ -625,9 +656,13 @@ class Ledger:
             epoch=epoch,
             seed=seed,
             observed=figures,
-            verdicts=verdicts,
+            verdicts=list(verdicts) + [change for _, change in member_verdicts],
             members=members,
             pools=pools,
+            figures_on=[name for name, _ in member_figures],
+            verdicts_on=[name for name, _ in member_verdicts],
+            failure_threshold=failure_threshold,
+            failure_cooldown=round(failure_cooldown * 1000),
         )
         clock = self.clock
         sent = clock.local()
@@ -704,11 +739,25 @@ class Ledger:
         return _limit_of(stored[0])
 
     async def set_budget(
-        self, provider: str, budget: Budget, *, model: str | None = None
+        self,
+        provider: str,
+        budget: Budget,
+        *,
+        model: str | None = None,
+        member: str | None = None,
     ) -> None:
-        """Store the fleet's configured budgets of ``provider`` or of its ``model``."""
+        """Store the fleet's configured budgets of ``provider`` or of its ``model``.
+
+        ``member``: those of that member of group ``provider`` (not of
+        its models yet).
+
+        Raises:
+            ValueError: Both ``model`` and ``member``.
+        """
+        if model is not None and member is not None:
+            raise ValueError("a group's members' models have no budgets yet")
         keys, channel = self.names(provider)
-        args = SetBudgetArgs(budget=budget, channel=channel, model=model)
+        args = SetBudgetArgs(budget=budget, channel=channel, model=model, member=member)
         await self._run(self._scripts.set_budget, keys, args.pack())
 
     async def set_tenant(

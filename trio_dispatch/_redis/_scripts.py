@@ -247,6 +247,8 @@ class Plan:
             ``enqueue``: a member's or a pool's name, or any member's,
             and the members each avoids.
         holders: A group's leases named in the plan, each with its member.
+        failed: A group's leases of ``release`` whose call failed before
+            its answer started (they count for their member's health).
     """
 
     spoil: list[str] = attrs.field(factory=list)
@@ -263,6 +265,7 @@ class Plan:
     enqueued: list[Ticket] = attrs.field(factory=list)
     lanes: Mapping[str, str] = attrs.field(factory=dict)
     holders: Mapping[str, str] = attrs.field(factory=dict)
+    failed: list[str] = attrs.field(factory=list)
 
     def pack(
         self,
@@ -277,6 +280,10 @@ class Plan:
         verdicts: Sequence[int] = (),
         members: Sequence[str] = (),
         pools: Mapping[str, Sequence[str]] | None = None,
+        figures_on: Sequence[str] = (),
+        verdicts_on: Sequence[str] = (),
+        failure_threshold: int = 1,
+        failure_cooldown: int = 0,
     ) -> list[str]:
         """``ARGV``, in the script's order.
 
@@ -299,6 +306,11 @@ class Plan:
             members: A group's members, in their order (none: a
                 provider, its own and only member).
             pools: A group's pools, each with its members in order.
+            figures_on: A group's: the member of each of ``observed``.
+            verdicts_on: A group's: the member of each of ``verdicts``.
+            failure_threshold: A group's: the failures in a row that take
+                a member out of service.
+            failure_cooldown: A group's: milliseconds a member stays out.
         """
         args = [
             node,
@@ -346,6 +358,10 @@ class Plan:
             args.append(str(len(self.holders)))
             for lease_id, name in self.holders.items():
                 args += (lease_id, name)
+            args += _counted(list(figures_on))
+            args += _counted(list(verdicts_on))
+            args += (str(failure_threshold), str(failure_cooldown))
+            args += _counted(self.failed)
         return args
 
 
@@ -390,10 +406,11 @@ class SetBudgetArgs:
     budget: Budget
     channel: str
     model: str | None = None
+    member: str | None = None
 
     def pack(self) -> list[str]:
         """``ARGV``, in the script's order."""
-        return [*_rates(self.budget), self.channel, self.model or ""]
+        return [*_rates(self.budget), self.channel, self.model or "", self.member or ""]
 
 
 @final

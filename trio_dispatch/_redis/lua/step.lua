@@ -60,7 +60,8 @@ local CONF = {'limit', 'pause_until', 'streak',
   'granted_at_report', 'a_min', 'a_max', 'a_backoff', 'a_val', 'a_slow',
   'r_cap', 'r_rate', 'r_lvl', 'r_at', 'r_cfg',
   't_cap', 't_rate', 't_lvl', 't_at', 't_cfg', 'learned', 'r_own', 't_own', 'a_dec',
-  'since', 'newest', 'bk', 'xm', 't_last', 'qm', 'pa', 'qc', 'ep', 'a_signal'}
+  'since', 'newest', 'bk', 'xm', 't_last', 'qm', 'pa', 'qc', 'ep', 'a_signal',
+  'h_fail', 'h_out', 'h_half', 'h_probe', 'h_outs'}
 local c = redis.call('HMGET', conf, unpack(CONF))
 -- The namespace's epoch (``ep`` in ``conf``): made by the first step with a
 -- seed that finds none, so it changes only when Redis lost the namespace
@@ -116,9 +117,12 @@ end
 -- counted lists): none for a provider, its own and only member. Then the
 -- lanes of the entries enqueued (each its lane, a member's or a pool's
 -- name or empty for any member, then the members it avoids, as
--- ``lane_text`` writes them), and the member of each lease the process
--- names in this step.
-local NAMES, POOLS, LANES, HOLD = {}, {}, {}, {}
+-- ``lane_text`` writes them), the member of each lease the process names
+-- in this step, and the member of each of its figures and verdicts; then
+-- the failures in a row that take a member out of service, its cooldown
+-- (ms), and the leases given back whose call failed before its answer.
+local NAMES, POOLS, LANES, HOLD, FIGURES_ON, VERDICTS_ON = {}, {}, {}, {}, {}, {}
+local THRESHOLD, COOLDOWN, FAILED = math.huge, 0, {}
 do
   local k = at_enqueue
   k = k + 1 + 5 * tonumber(ARGV[k])  -- enqueue
@@ -143,6 +147,14 @@ do
       HOLD[ARGV[k + 1]] = ARGV[k + 2]
       k = k + 2
     end
+    k = k + 1
+    for j = 1, tonumber(ARGV[k]) do FIGURES_ON[j] = ARGV[k + j] end
+    k = k + 1 + #FIGURES_ON
+    for j = 1, tonumber(ARGV[k]) do VERDICTS_ON[j] = ARGV[k + j] end
+    k = k + 1 + #VERDICTS_ON
+    THRESHOLD, COOLDOWN = tonumber(ARGV[k]), tonumber(ARGV[k + 1])
+    k = k + 2
+    for j = 1, tonumber(ARGV[k]) do FAILED[ARGV[k + j]] = true end
   end
 end
 local pooled = #NAMES > 0
@@ -450,6 +462,44 @@ for _, M in ipairs(MEMBERS) do
     M.P.books = true
   end
 end
+-- A group's members' health, the pure core's (``SlotPolicy.fail``): its
+-- failures in a row, the end of its cooldown out of service, whether it is
+-- half-open and its probe's lease, its outages. A cooldown that has run
+-- out leaves it half-open: its next grant is its probe, and it takes
+-- nothing more until that ends; a probe that succeeds puts it back in
+-- service, one that fails out again. Alone, a member is never out.
+if pooled then
+  for _, M in ipairs(MEMBERS) do
+    local f = M.c
+    M.fails, M.out, M.half = stored(f[34], 0), stored(f[35], nil), f[36] == '1'
+    M.probe, M.outs, M.health_moved = f[37] or nil, stored(f[38], 0), false
+    if M.out and now >= M.out then
+      M.out, M.half, M.health_moved = nil, true, true
+    end
+  end
+end
+local function out_of_service(M)
+  M.out, M.half, M.outs, M.health_moved = now + COOLDOWN, false, M.outs + 1, true
+  changed = changed + 1
+end
+-- Lease ``id`` of member M given back: ``success``, its call got its
+-- answer; a failed one (``FAILED``) counts, or ends a probe.
+local function health_released(M, id, success)
+  if FAILED[id] then
+    if M.half then
+      if M.probe == id and #MEMBERS > 1 then out_of_service(M) end
+    elseif not M.out then
+      M.fails, M.health_moved = M.fails + 1, true
+      if M.fails >= THRESHOLD and #MEMBERS > 1 then out_of_service(M) end
+    end
+  elseif success and M.fails > 0 then
+    M.fails, M.health_moved = 0, true
+  end
+  if M.probe == id then
+    M.probe, M.health_moved = nil, true
+    if success then M.fails, M.half = 0, false end
+  end
+end
 -- A member's adaptive limit as its value now says: its limit moved is a
 -- change of the step.
 local function adapted(M)
@@ -465,9 +515,15 @@ end
 -- Adaptive.move does: a rise doubles the whole limit during the slow start,
 -- else adds the change; a fall ends the slow start; within the bounds. Only
 -- a latency-signal adaptive limit moves by them.
-local adaptive = H.adaptive
-if adaptive and adaptive.latency then
-  for _, change in ipairs(verdicts) do
+-- (A group's verdicts and figures are each for the member named.)
+local function named(names, j)
+  if not pooled then return H end
+  return BY_NAME[names[j] or '']
+end
+for j, change in ipairs(verdicts) do
+  local M = named(VERDICTS_ON, j)
+  local adaptive = M and M.adaptive
+  if adaptive and adaptive.latency then
     local current = math.min(adaptive.high, math.max(adaptive.low,
       math.floor(adaptive.value)))
     if change and change ~= 0 then
@@ -479,7 +535,7 @@ if adaptive and adaptive.latency then
         adaptive.slow = false
         adaptive.value = math.max(adaptive.low, current + change)
       end
-      adapted(H)
+      adapted(M)
     end
   end
 end
@@ -529,6 +585,7 @@ for j = 1, n do
     end
     local counted = M.keeps.inuse and redis.call('SREM', M.inuse, id) == 1
     forget_lease(M, id, true)
+    if pooled then health_released(M, id, success) end
     -- A latency signal's limit moves by its verdicts alone.
     local a = M.adaptive
     if success and counted and a and not a.latency then
@@ -675,12 +732,15 @@ for j = 1, n do
     if sc then see(sc, id, true) end
   end
 end
-for _, pair in ipairs(figures) do
-  if pair[1] == '' then
-    observe(H.P, pair[2])
-    H.budgeted = H.P.R ~= nil or H.P.T ~= nil
+for j, pair in ipairs(figures) do
+  local M = named(FIGURES_ON, j)
+  if M == nil then
+    -- A member the group does not have: nothing to learn.
+  elseif pair[1] == '' then
+    observe(M.P, pair[2])
+    M.budgeted = M.P.R ~= nil or M.P.T ~= nil
   else
-    local sc = scope_of(H, pair[1], true)
+    local sc = scope_of(M, pair[1], true)
     if not sc.books and not sc.kept and not redis.call('HGET', busy, pair[1]) then
       -- Learned now, its model idle: it is forgotten from now on.
       sc.idle, sc.idle_moved = now, true
@@ -698,6 +758,10 @@ for _, M in ipairs(MEMBERS) do
     redis.call('HDEL', M.conf, 'pause_until')
   end
   M.in_flight = redis.call('ZCARD', M.leases)
+  -- A probe whose lease expired (its process vanished) ends, no success.
+  if M.probe and not redis.call('ZSCORE', M.leases, M.probe) then
+    M.probe, M.health_moved = nil, true
+  end
 end
 -- Whether any queued member has an estimate (asked once, at the first grant).
 local costly = nil
@@ -714,6 +778,7 @@ local function grant(M, m, cost, s, model, unqueued)
   if pooled then redis.call('HDEL', qlane, m) end
   redis.call('ZADD', M.leases, now + ttl, id)
   leases_grew = true
+  if M.half then M.probe, M.health_moved = id, true end
   if M.streak > 0 then
     redis.call('HSET', M.grantno, id, redis.call('HINCRBY', M.conf, 'granted', 1))
   end
@@ -923,6 +988,7 @@ local function free_of(M)
   return tonumber(limit) - M.in_flight - M.reserved
 end
 local function has_room(M)
+  if M.out or (M.half and M.probe) then return false end
   local limit = M.limit
   if not limit or limit == 'none' then return true end
   return M.pause == 0 and tonumber(limit) - M.in_flight - M.reserved > 0
@@ -944,7 +1010,8 @@ end
 -- The members that may take an entry of a lane, in the order they are
 -- tried: a member's lane, that member; a pool's (or any member's, the
 -- empty name), its members with the most free slots first, ties in the
--- pool's order, but those it avoids if any other is left.
+-- pool's order, but those it avoids if any other is left; a half-open
+-- member awaiting its probe before all (``_member_key``).
 local function candidates(names)
   local lane = names[1] or ''
   local pool = MEMBERS
@@ -961,20 +1028,27 @@ local function candidates(names)
   if #kept == 0 then
     for k, M in ipairs(pool) do kept[k] = M end
   end
-  local rank = {}
-  for k, M in ipairs(kept) do rank[M] = k end
+  local rank, key = {}, {}
+  for k, M in ipairs(kept) do
+    rank[M] = k
+    if M.half and not M.probe then key[M] = math.huge else key[M] = free_of(M) end
+  end
   table.sort(kept, function(a, b)
-    local x, y = free_of(a), free_of(b)
+    local x, y = key[a], key[b]
     if x ~= y then return x > y end
     return rank[a] < rank[b]
   end)
   return kept
 end
+-- A member whose budgets cannot hold an entry yet is shut for the rest
+-- of the step (``_placer``: nobody passes on it what they hold back),
+-- unless that entry goes to another member, which then opens it again.
 local function grant_pooled()
-  local open = 0
+  local open, books = 0, false
   for _, M in ipairs(MEMBERS) do
-    M.reserved = 0
+    M.reserved, M.shut = 0, false
     if has_room(M) then open = open + 1 end
+    if M.P.books then books = true end
   end
   if open == 0 then return end
   place_newcomers()
@@ -984,25 +1058,39 @@ local function grant_pooled()
     if #got == 0 then break end
     local taken = 0
     for _, m in ipairs(got) do
-      local taker = nil
+      local cost = 0
+      if books then cost = tokens_of(redis.call('HGET', qcost, m)) end
+      local taker, closed = nil, nil
       for _, M in ipairs(candidates(lane_of(m))) do
-        if has_room(M) then
-          taker = M
-          break
+        if not M.shut and has_room(M) then
+          if M.budgeted and lacks(M.P, cost) > 0 then
+            M.shut = true
+            open = open - 1
+            closed = closed or {}
+            closed[#closed + 1] = M
+          else
+            taker = M
+            break
+          end
         end
       end
       if taker then
+        if closed then
+          for _, M in ipairs(closed) do
+            M.shut = false
+            open = open + 1
+          end
+        end
         if asking[m] then
-          grant(taker, m, 0)
+          grant(taker, m, cost)
           taken = taken + 1
         else
           taker.reserved = taker.reserved + 1
+          if taker.budgeted then reserve(taker.P, cost) end
         end
-        if not has_room(taker) then
-          open = open - 1
-          if open == 0 then break end
-        end
+        if not has_room(taker) then open = open - 1 end
       end
+      if open == 0 then break end
     end
     from = from + #got - taken
   end
@@ -1045,6 +1133,14 @@ for _, M in ipairs(MEMBERS) do
   if a and a.moved then
     redis.call('HSET', M.conf, 'limit', M.limit, 'a_val', num(a.value),
       'a_slow', a.slow and 1 or 0)
+  end
+  if M.health_moved then
+    redis.call('HSET', M.conf, 'h_fail', M.fails, 'h_half', M.half and 1 or 0,
+      'h_outs', M.outs)
+    if M.out then redis.call('HSET', M.conf, 'h_out', whole(M.out))
+    else redis.call('HDEL', M.conf, 'h_out') end
+    if M.probe then redis.call('HSET', M.conf, 'h_probe', M.probe)
+    else redis.call('HDEL', M.conf, 'h_probe') end
   end
   M.budget = ''
   if M.budgeted then
@@ -1230,7 +1326,9 @@ if #present > 0 then
     or (xm ~= nil and redis.call('HLEN', tconf) > 0), H.pause_until, present)
 end
 -- A group's answer: the whole group's leases, then each member's name,
--- limit, leases, pause left and budgets, and the member of each grant.
+-- limit, leases, pause left, budgets, failures in a row, cooldown left
+-- (empty: in service), whether half-open and outages, and the member of
+-- each grant.
 local member_rows = {}
 if pooled then
   H.in_flight, H.pause, H.budget = 0, 0, ''
@@ -1241,6 +1339,10 @@ if pooled then
     member_rows[#member_rows + 1] = M.in_flight
     member_rows[#member_rows + 1] = M.pause
     member_rows[#member_rows + 1] = M.budget
+    member_rows[#member_rows + 1] = M.fails
+    member_rows[#member_rows + 1] = M.out and whole(M.out - now) or ''
+    member_rows[#member_rows + 1] = M.half and 1 or 0
+    member_rows[#member_rows + 1] = M.outs
   end
 end
 return {granted, H.limit or '', H.in_flight, queued, waiting, H.pause, now, H.budget, spec,
