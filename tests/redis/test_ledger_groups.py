@@ -20,7 +20,9 @@ half-open with one probe) and time passing is applied to a
 a real redis-server; after every operation both must have granted the
 same tickets in the same order, each on the same member, and agree on the
 holders, the waiters and each member's limit, slots held, pause left,
-budgets and health. Each member may have a configured budget from the start, or
+budgets, health and affinity: a request may prefer a member (its
+conversation's last), and waits for it alone for a second, unless it is
+paused, out of service or half-open. Each member may have a configured budget from the start, or
 learn one from its figures.
 
 The members are three, and the two pools list them in orders other than
@@ -73,6 +75,7 @@ MAX_PAUSE = 8.0
 AGING = 10.0
 FAILURE_THRESHOLD = 2
 FAILURE_COOLDOWN = 2.0
+AFFINITY_WAIT = 1.0
 
 member = st.sampled_from(MEMBERS)
 member_limits = st.sampled_from([1, 1, 2, 3, None])
@@ -108,6 +111,7 @@ acquire = st.tuples(
     st.sampled_from(LANES),
     st.sets(member, max_size=2),  # the members it avoids
     st.sampled_from([0, 0, 1, 5, 20, 50]),  # estimated tokens
+    st.none() | member,  # the member it prefers
 )
 operation = st.one_of(
     acquire,
@@ -211,6 +215,7 @@ class GroupPair:
             member_verdicts=verdicts or (),
             failure_threshold=FAILURE_THRESHOLD,
             failure_cooldown=FAILURE_COOLDOWN,
+            affinity_wait=AFFINITY_WAIT,
         )
         self.result = result
         assert len(result.granted_on) == len(result.granted)
@@ -254,6 +259,10 @@ class GroupPair:
                 pure_member.out_of_service_until,
                 pure_member.half_open,
                 pure_member.outages_total,
+            ), where
+            assert (seen.affinity_hits, seen.affinity_moves) == (
+                pure_member.affinity_hits,
+                pure_member.affinity_moves,
             ), where
             budget = policy.budget_statistics(self.now, member=name)
             if budget is None:
@@ -302,8 +311,9 @@ async def _apply(pair: GroupPair, op: tuple[object, ...]) -> None:
         await pair.set_clock()
         pure = policy.tick(pair.now)
     elif kind == "acquire":
-        older, priority, lane, avoid, tokens = op[1:]
+        older, priority, lane, avoid, tokens, prefer = op[1:]
         assert lane is None or isinstance(lane, str)
+        assert prefer is None or isinstance(prefer, str)
         assert isinstance(avoid, frozenset | set)
         avoided = sorted(avoid)
         rank = pair.now - _int(older) - _int(priority) * AGING
@@ -312,14 +322,16 @@ async def _apply(pair: GroupPair, op: tuple[object, ...]) -> None:
         pair.tickets.append(ticket)
         # The ticket's lane as the dispatcher gives it: a member's or a
         # pool's name (a member asked for avoids nothing), or any member.
-        pure = policy.acquire(ticket, _int(tokens), member=lane, avoid=avoided)
+        pure = policy.acquire(
+            ticket, _int(tokens), member=lane, prefer=prefer, avoid=avoided
+        )
         shown = [] if lane in MEMBERS else avoided
         book.acquire(
             ticket,
             rank,
             pair.now + ticket.seq * 1e-6,
             _int(tokens),
-            lane=lane_text(lane, shown),
+            lane=lane_text(lane, shown, prefer),
         )
     elif kind in {"release", "fail", "usage", "answer"}:
         holder = _pick(sorted(policy.holders()), op[1])
@@ -421,6 +433,7 @@ async def replay(
             throttle=throttle(first),
             failure_threshold=FAILURE_THRESHOLD,
             failure_cooldown=FAILURE_COOLDOWN,
+            affinity_wait=AFFINITY_WAIT,
         )
         for name in others:
             policy.add_member(name, limits[name], throttle=throttle(name))
@@ -461,20 +474,20 @@ async def test_the_ledger_grants_a_group_as_the_pure_core_grants_its_pools(
         pytest.param(
             {"a": 1, "b": 2, "c": 1},
             [
-                ("acquire", 0, 0, "p", set(), 0),
-                ("acquire", 0, 0, "p", set(), 0),
-                ("acquire", 0, 0, "p", set(), 0),
-                ("acquire", 0, 0, "p", set(), 0),
+                ("acquire", 0, 0, "p", set(), 0, None),
+                ("acquire", 0, 0, "p", set(), 0, None),
+                ("acquire", 0, 0, "p", set(), 0, None),
+                ("acquire", 0, 0, "p", set(), 0, None),
             ],
             id="a_pool_fills_the_member_with_the_most_free_slots_first",
         ),
         pytest.param(
             {"a": 1, "b": 1, "c": 1},
             [
-                ("acquire", 0, 0, "b", set(), 0),
-                ("acquire", 1, 0, "p", set(), 0),
-                ("acquire", 2, 0, "a", set(), 0),
-                ("acquire", 3, 0, "p", set(), 0),
+                ("acquire", 0, 0, "b", set(), 0, None),
+                ("acquire", 1, 0, "p", set(), 0, None),
+                ("acquire", 2, 0, "a", set(), 0, None),
+                ("acquire", 3, 0, "p", set(), 0, None),
                 ("release", 0),
                 ("release", 0),
             ],
@@ -483,9 +496,9 @@ async def test_the_ledger_grants_a_group_as_the_pure_core_grants_its_pools(
         pytest.param(
             {"a": 1, "b": 1, "c": 1},
             [
-                ("acquire", 0, 0, None, {"a", "b"}, 0),
-                ("acquire", 0, 0, "q", {"c"}, 0),
-                ("acquire", 0, 0, "p", {"a", "b"}, 0),
+                ("acquire", 0, 0, None, {"a", "b"}, 0, None),
+                ("acquire", 0, 0, "q", {"c"}, 0, None),
+                ("acquire", 0, 0, "p", {"a", "b"}, 0, None),
             ],
             id="avoided_members_unless_none_is_left",
         ),
@@ -493,13 +506,13 @@ async def test_the_ledger_grants_a_group_as_the_pure_core_grants_its_pools(
             {"a": 2, "b": 2, "c": None},
             [
                 ("rate_limit", "b", 2.0),
-                ("acquire", 0, 0, "p", set(), 0),
-                ("acquire", 0, 0, "p", set(), 0),
-                ("acquire", 0, 0, "p", set(), 0),
-                ("acquire", 0, 0, "b", set(), 0),
+                ("acquire", 0, 0, "p", set(), 0, None),
+                ("acquire", 0, 0, "p", set(), 0, None),
+                ("acquire", 0, 0, "p", set(), 0, None),
+                ("acquire", 0, 0, "b", set(), 0, None),
                 ("wait", 8),
                 ("rate_limit", "c", None),
-                ("acquire", 0, 0, "q", set(), 0),
+                ("acquire", 0, 0, "q", set(), 0, None),
                 ("resume", "b"),
             ],
             id="a_paused_member_takes_nothing_until_its_pause_ends",
@@ -507,12 +520,12 @@ async def test_the_ledger_grants_a_group_as_the_pure_core_grants_its_pools(
         pytest.param(
             {"a": 1, "b": 1, "c": 1},
             [
-                ("acquire", 0, 0, "a", set(), 0),
-                ("acquire", 0, 0, "a", set(), 0),
-                ("acquire", 0, 0, "p", set(), 0),
+                ("acquire", 0, 0, "a", set(), 0, None),
+                ("acquire", 0, 0, "a", set(), 0, None),
+                ("acquire", 0, 0, "p", set(), 0, None),
                 ("set_limit", "a", 3),
                 ("set_limit", "b", None),
-                ("acquire", 0, 0, "b", set(), 0),
+                ("acquire", 0, 0, "b", set(), 0, None),
             ],
             id="a_raised_limit_grants_at_once",
         ),
@@ -644,12 +657,12 @@ TOKENS = Budget(tokens_per_minute=60.0)
             {"a": 3, "b": 1, "c": 1},
             {"a": TOKENS},
             [
-                ("acquire", 0, 0, "a", set(), 50),
-                ("acquire", 0, 0, "b", set(), 0),
+                ("acquire", 0, 0, "a", set(), 50, None),
+                ("acquire", 0, 0, "b", set(), 0, None),
                 # a's budget holds this one back, b is full: it waits, and
                 # so does the next for a, which may not pass it there.
-                ("acquire", 0, 0, "p", set(), 50),
-                ("acquire", 0, 0, "a", set(), 5),
+                ("acquire", 0, 0, "p", set(), 50, None),
+                ("acquire", 0, 0, "a", set(), 5, None),
                 # b frees: the pool's goes there, and a opens again for
                 # the one its budget holds.
                 ("release", 1),
@@ -660,12 +673,12 @@ TOKENS = Budget(tokens_per_minute=60.0)
             {"a": 2, "b": 2, "c": 1},
             {"a": TOKENS, "b": Budget(requests_per_minute=6.0)},
             [
-                ("acquire", 0, 0, "p", set(), 40),
-                ("acquire", 0, 0, "p", set(), 40),
-                ("acquire", 0, 0, "p", set(), 40),
+                ("acquire", 0, 0, "p", set(), 40, None),
+                ("acquire", 0, 0, "p", set(), 40, None),
+                ("acquire", 0, 0, "p", set(), 40, None),
                 ("answer", 0, RateLimitInfo(tokens=Quota(limit=60, remaining=0))),
                 ("wait", 8),
-                ("acquire", 0, 0, "p", set(), 10),
+                ("acquire", 0, 0, "p", set(), 10, None),
                 ("wait", 16),
             ],
             id="each_member_learns_its_own_figures_and_grants_by_its_own_budget",
@@ -675,8 +688,8 @@ TOKENS = Budget(tokens_per_minute=60.0)
             {},
             [
                 ("set_limit", "b", AdaptiveLimit(initial=1, minimum=1, maximum=4)),
-                ("acquire", 0, 0, "b", set(), 0),
-                ("acquire", 0, 0, "b", set(), 0),
+                ("acquire", 0, 0, "b", set(), 0, None),
+                ("acquire", 0, 0, "b", set(), 0, None),
                 ("release", 0),
                 ("rate_limit", "b", None),
                 (
@@ -685,8 +698,8 @@ TOKENS = Budget(tokens_per_minute=60.0)
                     AdaptiveLimit(initial=1, minimum=1, maximum=4, signal="latency"),
                 ),
                 ("verdict", "c", 1),
-                ("acquire", 0, 0, "c", set(), 0),
-                ("acquire", 0, 0, "c", set(), 0),
+                ("acquire", 0, 0, "c", set(), 0, None),
+                ("acquire", 0, 0, "c", set(), 0, None),
             ],
             id="each_member_has_its_own_adaptive_limit",
         ),
@@ -742,17 +755,17 @@ async def test_what_a_groups_ledger_does_not_take_yet_is_refused_at_once(
     [
         pytest.param(
             [
-                ("acquire", 0, 0, "p", set(), 0),
-                ("acquire", 0, 0, "p", set(), 0),
+                ("acquire", 0, 0, "p", set(), 0, None),
+                ("acquire", 0, 0, "p", set(), 0, None),
                 ("fail", 0),  # on b
-                ("acquire", 0, 0, "p", set(), 0),
+                ("acquire", 0, 0, "p", set(), 0, None),
                 ("fail", 1),  # on b again: out of service
-                ("acquire", 0, 0, "p", set(), 0),
-                ("acquire", 0, 0, "b", set(), 0),
+                ("acquire", 0, 0, "p", set(), 0, None),
+                ("acquire", 0, 0, "b", set(), 0, None),
                 ("release", 0),
                 ("wait", 8),  # half-open: the probe goes to b first
-                ("acquire", 0, 0, "p", set(), 0),
-                ("acquire", 0, 0, "p", set(), 0),
+                ("acquire", 0, 0, "p", set(), 0, None),
+                ("acquire", 0, 0, "p", set(), 0, None),
                 ("release", 0),
                 ("release", 0),
             ],
@@ -760,14 +773,14 @@ async def test_what_a_groups_ledger_does_not_take_yet_is_refused_at_once(
         ),
         pytest.param(
             [
-                ("acquire", 0, 0, "p", set(), 0),
+                ("acquire", 0, 0, "p", set(), 0, None),
                 ("fail", 0),
-                ("acquire", 0, 0, "p", set(), 0),
+                ("acquire", 0, 0, "p", set(), 0, None),
                 ("fail", 0),
                 ("wait", 8),
-                ("acquire", 0, 0, "p", set(), 0),
+                ("acquire", 0, 0, "p", set(), 0, None),
                 ("fail", 0),  # the probe fails: out again
-                ("acquire", 0, 0, "b", set(), 0),
+                ("acquire", 0, 0, "b", set(), 0, None),
                 ("wait", 8),
                 ("cancel", 4),
             ],
@@ -785,13 +798,82 @@ async def test_a_half_open_member_takes_its_probe_before_one_with_more_free_slot
     shared_server: RedisServer,
 ) -> None:
     ops: list[tuple[object, ...]] = [
-        ("acquire", 0, 0, "b", set(), 0),
-        ("acquire", 0, 0, "b", set(), 0),
+        ("acquire", 0, 0, "b", set(), 0, None),
+        ("acquire", 0, 0, "b", set(), 0, None),
         ("fail", 0),
-        ("acquire", 0, 0, "b", set(), 0),
+        ("acquire", 0, 0, "b", set(), 0, None),
         ("fail", 1),  # out, one slot still held
         ("wait", 8),  # half-open, one slot free against a's three
-        ("acquire", 0, 0, "p", set(), 0),  # b's probe
-        ("acquire", 0, 0, "p", set(), 0),  # a: b takes nothing more
+        ("acquire", 0, 0, "p", set(), 0, None),  # b's probe
+        ("acquire", 0, 0, "p", set(), 0, None),  # a: b takes nothing more
     ]
     await replay(shared_server.url, {"a": 3, "b": 2, "c": 1}, ops)
+
+
+# Affinity: a request waits for the member it prefers alone, at most the
+# affinity wait, then goes to any of its pool with that member first; a
+# pause of that member ends its wait at once; one member to choose from
+# (the others avoided) is no preference at all.
+@pytest.mark.parametrize(
+    "ops",
+    [
+        pytest.param(
+            [
+                ("acquire", 0, 0, "p", set(), 0, None),
+                ("acquire", 0, 0, "p", set(), 0, None),
+                ("acquire", 0, 0, "p", set(), 0, "b"),  # waits for b
+                ("acquire", 0, 0, "a", set(), 0, None),
+                ("release", 1),  # a frees: the next for a, not b's
+                ("wait", 4),  # its wait ends: a's next free slot
+                ("release", 0),
+            ],
+            id="a_wait_for_the_preferred_member_ends_after_the_affinity_wait",
+        ),
+        pytest.param(
+            [
+                ("acquire", 0, 0, "p", set(), 0, None),
+                ("acquire", 0, 0, "p", set(), 0, None),
+                ("acquire", 0, 0, "p", set(), 0, "b"),
+                ("rate_limit", "b", 0.5),  # b paused: its wait ends now
+                ("release", 1),
+                ("wait", 4),
+                ("acquire", 0, 0, None, {"a", "c"}, 0, "b"),
+            ],
+            id="a_pause_of_the_preferred_member_ends_the_wait_for_it",
+        ),
+        pytest.param(
+            [
+                ("acquire", 0, 0, "p", set(), 0, "a"),
+                ("acquire", 0, 0, "p", set(), 0, "b"),
+                ("acquire", 0, 0, "p", {"b"}, 0, "b"),
+                ("acquire", 0, 0, "b", set(), 0, "a"),
+                ("release", 0),
+                ("release", 0),
+            ],
+            id="a_preference_counts_hits_and_moves",
+        ),
+        pytest.param(
+            [
+                ("rate_limit", "a", 2.0),
+                # a is paused: no wait for it, b takes it at once.
+                ("acquire", 0, 0, "p", set(), 0, "a"),
+            ],
+            id="no_wait_for_a_preferred_member_paused",
+        ),
+        pytest.param(
+            [
+                ("set_limit", "b", 2),
+                ("rate_limit", "a", 0.5),
+                ("rate_limit", "b", 0.5),
+                ("acquire", 0, 0, "p", set(), 0, "a"),
+                # Both pauses end: a, preferred, before b's two free slots.
+                ("wait", 4),
+            ],
+            id="the_preferred_member_first_once_it_is_not_waited_for",
+        ),
+    ],
+)
+async def test_the_ledger_and_the_pure_core_agree_on_affinity(
+    shared_server: RedisServer, ops: list[tuple[object, ...]]
+) -> None:
+    await replay(shared_server.url, {"a": 1, "b": 1, "c": 1}, ops)

@@ -19,7 +19,11 @@ from coredis.exceptions import NoScriptError
 
 from .._policy._budgets import FORGET_AFTER, Budget, forgets, full_in, refilled
 from .._policy._ratelimits import server_delay
-from .._policy._slots import DEFAULT_FAILURE_COOLDOWN, DEFAULT_FAILURE_THRESHOLD
+from .._policy._slots import (
+    DEFAULT_AFFINITY_WAIT,
+    DEFAULT_FAILURE_COOLDOWN,
+    DEFAULT_FAILURE_THRESHOLD,
+)
 from ..messages._limits import Tenant
 from ._clock import ServerClock
 from ._scripts import (
@@ -198,6 +202,9 @@ class LedgerMember:
         half_open: Whether it is back from a cooldown, taking one request
             (its probe) until that request succeeds.
         outages: How many times it was taken out of service.
+        affinity_hits: Requests that preferred it and were granted on it.
+        affinity_moves: Requests that preferred it and were granted on
+            another member.
     """
 
     limit: int | None
@@ -208,10 +215,12 @@ class LedgerMember:
     out_for: float | None = None
     half_open: bool = False
     outages: int = 0
+    affinity_hits: int = 0
+    affinity_moves: int = 0
 
 
 def _members_of(rows: list[str]) -> dict[str, LedgerMember]:
-    """A group's members from a step's answer: nine fields each."""
+    """A group's members from a step's answer: eleven fields each."""
     return {
         str(rows[k]): LedgerMember(
             limit=_limit_of(rows[k + 1]),
@@ -222,8 +231,10 @@ def _members_of(rows: list[str]) -> dict[str, LedgerMember]:
             out_for=None if rows[k + 6] == "" else int(rows[k + 6]) / 1000,
             half_open=int(rows[k + 7]) == 1,
             outages=int(rows[k + 8]),
+            affinity_hits=int(rows[k + 9]),
+            affinity_moves=int(rows[k + 10]),
         )
-        for k in range(0, len(rows), 9)
+        for k in range(0, len(rows), 11)
     }
 
 
@@ -593,6 +604,7 @@ class Ledger:
         member_verdicts: Sequence[tuple[str, int]] = (),
         failure_threshold: int = DEFAULT_FAILURE_THRESHOLD,
         failure_cooldown: float = DEFAULT_FAILURE_COOLDOWN,
+        affinity_wait: float = DEFAULT_AFFINITY_WAIT,
     ) -> StepResult:
         """Apply one round of a process's changes (``plan``), in order, atomically.
 
@@ -627,7 +639,9 @@ class Ledger:
         ``member_verdicts``), and the plan's ``failed`` leases count for
         their member's health as ``SlotPolicy.fail`` counts them
         (``failure_threshold`` failures in a row take a member out of
-        service for ``failure_cooldown`` seconds, then half-open); it takes
+        service for ``failure_cooldown`` seconds, then half-open); an entry
+        preferring a member (``lane_text``) waits for it alone at most
+        ``affinity_wait`` seconds, as ``SlotPolicy`` places it; it takes
         no tenants or models yet.
 
         Raises:
@@ -663,6 +677,7 @@ class Ledger:
             verdicts_on=[name for name, _ in member_verdicts],
             failure_threshold=failure_threshold,
             failure_cooldown=round(failure_cooldown * 1000),
+            affinity_wait=round(affinity_wait * 1000),
         )
         clock = self.clock
         sent = clock.local()

@@ -284,6 +284,7 @@ class Plan:
         verdicts_on: Sequence[str] = (),
         failure_threshold: int = 1,
         failure_cooldown: int = 0,
+        affinity_wait: int = 0,
     ) -> list[str]:
         """``ARGV``, in the script's order.
 
@@ -311,6 +312,8 @@ class Plan:
             failure_threshold: A group's: the failures in a row that take
                 a member out of service.
             failure_cooldown: A group's: milliseconds a member stays out.
+            affinity_wait: A group's: milliseconds an entry waits for the
+                member it prefers (0: affinity off).
         """
         args = [
             node,
@@ -362,20 +365,24 @@ class Plan:
             args += _counted(list(verdicts_on))
             args += (str(failure_threshold), str(failure_cooldown))
             args += _counted(self.failed)
+            args.append(str(affinity_wait))
         return args
 
 
-def lane_text(lane: str | None, avoid: Sequence[str] = ()) -> str:
-    """A group's entry's lane as ``step.lua`` reads it.
+def lane_text(
+    lane: str | None, avoid: Sequence[str] = (), prefer: str | None = None
+) -> str:
+    """A group's entry's lane as ``step.lua`` reads it (``read_lane``).
 
-    ``lane``: a member's or a pool's name, ``None`` for any member; then
-    the members it avoids. Each name as its length, a colon and the name,
-    so that any text is a name.
+    ``lane``: a member's or a pool's name, ``None`` for any member; the
+    members it avoids; the member it prefers (its conversation's last),
+    for the step to place as ``SlotPolicy`` does. Each as its length, a
+    colon and the text, so that any text is a name.
     """
-    names = ["" if lane is None else lane, *avoid]
-    if names == [""]:
+    if lane is None and not avoid and prefer is None:
         return ""
-    return "".join(f"{len(name)}:{name}" for name in names)
+    parts = [prefer or "", "", lane or "", *avoid]
+    return "".join(f"{len(part)}:{part}" for part in parts)
 
 
 @final

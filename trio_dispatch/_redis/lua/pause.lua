@@ -34,4 +34,5 @@ if now + seconds > current then
   redis.call('HSET', conf, 'pause_until', whole(now + seconds))
 end
 expire_idle(now)
+if ARGV[4] and ARGV[4] ~= '' then rehome(ARGV[4]) end
 return paused_for()

@@ -55,6 +55,43 @@ local function stored(x, default)
   if v == nil or v ~= v or v == math.huge or v == -math.huge then return default end
   return v
 end
+-- A group's entries' lanes, by queue member (see SCHEMA.md, Members and
+-- groups): each the member it prefers (empty: none), until when it waits
+-- for that member alone (server ms; 0: it does not), its lane (a member's
+-- or a pool's name; empty: any member) and the members it avoids, each
+-- written as its length, a colon and the text, so that any text is a name.
+local qlane = prefix .. 'qlane'
+local function read_lane(text)
+  local parts, pos = {}, 1
+  while pos <= #text do
+    local colon = string.find(text, ':', pos, true)
+    if not colon then break end
+    local len = tonumber(string.sub(text, pos, colon - 1)) or 0
+    parts[#parts + 1] = string.sub(text, colon + 1, colon + len)
+    pos = colon + len + 1
+  end
+  return {prefer = parts[1] or '', till = stored(parts[2], 0), lane = parts[3] or '',
+    avoid = {unpack(parts, 4)}}
+end
+local function write_lane(r)
+  local parts = {r.prefer, r.till > 0 and whole(r.till) or '', r.lane}
+  for _, name in ipairs(r.avoid) do parts[#parts + 1] = name end
+  for k, part in ipairs(parts) do parts[k] = #part .. ':' .. part end
+  return table.concat(parts)
+end
+-- The entries waiting for member ``name`` alone stop waiting (it was
+-- paused or taken out of service, as ``SlotPolicy`` rehomes them): they
+-- wait in their lane from now on, ``name`` still tried first.
+local function rehome(name)
+  local rows = redis.call('HGETALL', qlane)
+  for k = 1, #rows, 2 do
+    local r = read_lane(rows[k + 1])
+    if r.prefer == name and r.till > now then
+      r.till = 0
+      redis.call('HSET', qlane, rows[k], write_lane(r))
+    end
+  end
+end
 -- A count of tokens as a process sends it: a whole number from 0 to MAX_TOKENS.
 local function tokens_of(x)
   return math.floor(math.max(0, math.min(MAX_TOKENS, stored(x, 0))))

@@ -61,7 +61,7 @@ local CONF = {'limit', 'pause_until', 'streak',
   'r_cap', 'r_rate', 'r_lvl', 'r_at', 'r_cfg',
   't_cap', 't_rate', 't_lvl', 't_at', 't_cfg', 'learned', 'r_own', 't_own', 'a_dec',
   'since', 'newest', 'bk', 'xm', 't_last', 'qm', 'pa', 'qc', 'ep', 'a_signal',
-  'h_fail', 'h_out', 'h_half', 'h_probe', 'h_outs'}
+  'h_fail', 'h_out', 'h_half', 'h_probe', 'h_outs', 'af_hit', 'af_move'}
 local c = redis.call('HMGET', conf, unpack(CONF))
 -- The namespace's epoch (``ep`` in ``conf``): made by the first step with a
 -- seed that finds none, so it changes only when Redis lost the namespace
@@ -120,9 +120,10 @@ end
 -- ``lane_text`` writes them), the member of each lease the process names
 -- in this step, and the member of each of its figures and verdicts; then
 -- the failures in a row that take a member out of service, its cooldown
--- (ms), and the leases given back whose call failed before its answer.
+-- (ms), the leases given back whose call failed before its answer, and
+-- how long an entry waits for the member it prefers (ms; 0: affinity off).
 local NAMES, POOLS, LANES, HOLD, FIGURES_ON, VERDICTS_ON = {}, {}, {}, {}, {}, {}
-local THRESHOLD, COOLDOWN, FAILED = math.huge, 0, {}
+local THRESHOLD, COOLDOWN, FAILED, AFFINITY = math.huge, 0, {}, 0
 do
   local k = at_enqueue
   k = k + 1 + 5 * tonumber(ARGV[k])  -- enqueue
@@ -154,12 +155,12 @@ do
     k = k + 1 + #VERDICTS_ON
     THRESHOLD, COOLDOWN = tonumber(ARGV[k]), tonumber(ARGV[k + 1])
     k = k + 2
-    for j = 1, tonumber(ARGV[k]) do FAILED[ARGV[k + j]] = true end
+    local nfailed = tonumber(ARGV[k])
+    for j = 1, nfailed do FAILED[ARGV[k + j]] = true end
+    AFFINITY = tonumber(ARGV[k + 1 + nfailed])
   end
 end
 local pooled = #NAMES > 0
--- A group's entries' lanes, by queue member (``LANES`` as stored).
-local qlane = prefix .. 'qlane'
 
 -- Tenants: counted once a tenant or a model's figures are seen (see
 -- ``extend``). Before, a member with a model keeps it in ``qmeta`` (``qm``
@@ -473,6 +474,7 @@ if pooled then
     local f = M.c
     M.fails, M.out, M.half = stored(f[34], 0), stored(f[35], nil), f[36] == '1'
     M.probe, M.outs, M.health_moved = f[37] or nil, stored(f[38], 0), false
+    M.hits, M.moves = stored(f[39], 0), stored(f[40], 0)
     if M.out and now >= M.out then
       M.out, M.half, M.health_moved = nil, true, true
     end
@@ -481,6 +483,7 @@ end
 local function out_of_service(M)
   M.out, M.half, M.outs, M.health_moved = now + COOLDOWN, false, M.outs + 1, true
   changed = changed + 1
+  rehome(M.name)
 end
 -- Lease ``id`` of member M given back: ``success``, its call got its
 -- answer; a failed one (``FAILED``) counts, or ends a probe.
@@ -545,6 +548,42 @@ end
 local function holder_of(id)
   if not pooled then return H end
   return BY_NAME[HOLD[id] or '']
+end
+-- A group's new entry's lane, as ``SlotPolicy._lane`` places it: the
+-- member it prefers counts only with affinity on, in a pool's (or any
+-- member's) lane of two members or more (those it avoids left out) with
+-- that member among them; it waits for that member alone for
+-- ``AFFINITY``, unless that member is paused, out of service or
+-- half-open (then it is only tried first).
+local function placed(text)
+  local r = read_lane(text)
+  if r.prefer == '' then return text end
+  local P, pool = BY_NAME[r.prefer], MEMBERS
+  if r.lane ~= '' then pool = POOLS[r.lane] end
+  local choices = {}
+  if pool and P and AFFINITY > 0 then
+    local avoided, names = {}, {}
+    for _, name in ipairs(r.avoid) do avoided[name] = true end
+    for _, M in ipairs(pool) do names[M.name] = true end
+    local left, any = {}, false
+    for _, M in ipairs(pool) do
+      if avoided[M.name] then any = true else left[#left + 1] = M end
+    end
+    choices = pool
+    if any and #left > 0 then choices = left end
+  end
+  local among = false
+  for _, M in ipairs(choices) do
+    if M == P then among = true end
+  end
+  if #choices < 2 or not among then
+    r.prefer = ''
+  elseif P.pause_until > now or P.out or P.half then
+    r.till = 0
+  else
+    r.till = now + AFFINITY
+  end
+  return write_lane(r)
 end
 local spoiled = {}
 n = tonumber(ARGV[i]); i = i + 1
@@ -673,7 +712,9 @@ for j = 1, n do
   local t, model = ARGV[i + 3], ARGV[i + 4]
   i = i + 5
   if not held(m) then
-    if pooled then redis.call('HSET', qlane, m, LANES[m] or '') end
+    if pooled and redis.call('HEXISTS', qlane, m) == 0 then
+      redis.call('HSET', qlane, m, placed(LANES[m] or ''))
+    end
     if xm then
       local s = tenant(t)
       local added = redis.call('ZADD', queue_of(t), start, m)
@@ -993,34 +1034,27 @@ local function has_room(M)
   if not limit or limit == 'none' then return true end
   return M.pause == 0 and tonumber(limit) - M.in_flight - M.reserved > 0
 end
--- An entry's lane and the members it avoids, from its stored text (each
--- name as its length, a colon and the name: any text is a name).
+-- An entry's lane, as stored (``read_lane``).
 local function lane_of(m)
-  local text = LANES[m] or redis.call('HGET', qlane, m) or ''
-  local names, pos = {}, 1
-  while pos <= #text do
-    local colon = string.find(text, ':', pos, true)
-    if not colon then break end
-    local len = tonumber(string.sub(text, pos, colon - 1)) or 0
-    names[#names + 1] = string.sub(text, colon + 1, colon + len)
-    pos = colon + len + 1
-  end
-  return names
+  return read_lane(redis.call('HGET', qlane, m) or '')
 end
 -- The members that may take an entry of a lane, in the order they are
 -- tried: a member's lane, that member; a pool's (or any member's, the
 -- empty name), its members with the most free slots first, ties in the
 -- pool's order, but those it avoids if any other is left; a half-open
--- member awaiting its probe before all (``_member_key``).
-local function candidates(names)
-  local lane = names[1] or ''
+-- member awaiting its probe before all (``_member_key``); the member it
+-- prefers first, and alone while it waits for it.
+local function candidates(r)
+  local preferred = BY_NAME[r.prefer]
+  if preferred and r.till > now then return {preferred} end
+  local lane = r.lane
   local pool = MEMBERS
   if lane ~= '' then
     pool = POOLS[lane]
     if not pool then return {BY_NAME[lane]} end
   end
   local avoided = {}
-  for k = 2, #names do avoided[names[k]] = true end
+  for _, name in ipairs(r.avoid) do avoided[name] = true end
   local kept = {}
   for _, M in ipairs(pool) do
     if not avoided[M.name] then kept[#kept + 1] = M end
@@ -1038,6 +1072,15 @@ local function candidates(names)
     if x ~= y then return x > y end
     return rank[a] < rank[b]
   end)
+  if preferred and rank[preferred] then
+    for k, M in ipairs(kept) do
+      if M == preferred then
+        table.remove(kept, k)
+        table.insert(kept, 1, preferred)
+        break
+      end
+    end
+  end
   return kept
 end
 -- A member whose budgets cannot hold an entry yet is shut for the rest
@@ -1061,7 +1104,8 @@ local function grant_pooled()
       local cost = 0
       if books then cost = tokens_of(redis.call('HGET', qcost, m)) end
       local taker, closed = nil, nil
-      for _, M in ipairs(candidates(lane_of(m))) do
+      local r = lane_of(m)
+      for _, M in ipairs(candidates(r)) do
         if not M.shut and has_room(M) then
           if M.budgeted and lacks(M.P, cost) > 0 then
             M.shut = true
@@ -1084,6 +1128,13 @@ local function grant_pooled()
         if asking[m] then
           grant(taker, m, cost)
           taken = taken + 1
+          -- Affinity counted as ``SlotPolicy._take`` counts it.
+          local preferred = BY_NAME[r.prefer]
+          if preferred == taker then
+            taker.hits, taker.health_moved = taker.hits + 1, true
+          elseif preferred then
+            preferred.moves, preferred.health_moved = preferred.moves + 1, true
+          end
         else
           taker.reserved = taker.reserved + 1
           if taker.budgeted then reserve(taker.P, cost) end
@@ -1136,7 +1187,7 @@ for _, M in ipairs(MEMBERS) do
   end
   if M.health_moved then
     redis.call('HSET', M.conf, 'h_fail', M.fails, 'h_half', M.half and 1 or 0,
-      'h_outs', M.outs)
+      'h_outs', M.outs, 'af_hit', M.hits, 'af_move', M.moves)
     if M.out then redis.call('HSET', M.conf, 'h_out', whole(M.out))
     else redis.call('HDEL', M.conf, 'h_out') end
     if M.probe then redis.call('HSET', M.conf, 'h_probe', M.probe)
@@ -1327,8 +1378,8 @@ if #present > 0 then
 end
 -- A group's answer: the whole group's leases, then each member's name,
 -- limit, leases, pause left, budgets, failures in a row, cooldown left
--- (empty: in service), whether half-open and outages, and the member of
--- each grant.
+-- (empty: in service), whether half-open, outages, affinity hits and
+-- moves, and the member of each grant.
 local member_rows = {}
 if pooled then
   H.in_flight, H.pause, H.budget = 0, 0, ''
@@ -1343,6 +1394,8 @@ if pooled then
     member_rows[#member_rows + 1] = M.out and whole(M.out - now) or ''
     member_rows[#member_rows + 1] = M.half and 1 or 0
     member_rows[#member_rows + 1] = M.outs
+    member_rows[#member_rows + 1] = M.hits
+    member_rows[#member_rows + 1] = M.moves
   end
 end
 return {granted, H.limit or '', H.in_flight, queued, waiting, H.pause, now, H.budget, spec,
