@@ -22,7 +22,9 @@ same tickets in the same order, each on the same member, and agree on the
 holders, the waiters and each member's limit, slots held, pause left,
 budgets, health and affinity: a request may prefer a member (its
 conversation's last), and waits for it alone for a second, unless it is
-paused, out of service or half-open. Each member may have a configured budget from the start, or
+paused, out of service or half-open. Requests may be a tenant's (and of a
+model), tenants configured and changed at random: both sides must agree
+on every tenant's weight, cap, holders and service counter too. Each member may have a configured budget from the start, or
 learn one from its figures.
 
 The members are three, and the two pools list them in orders other than
@@ -43,6 +45,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from trio_dispatch import Tenant
 from trio_dispatch._policy._budgets import AdaptiveLimit, Budget, Throttle
 from trio_dispatch._policy._ratelimits import Quota, RateLimitInfo
 from trio_dispatch._policy._slots import SlotPolicy
@@ -112,6 +115,13 @@ acquire = st.tuples(
     st.sets(member, max_size=2),  # the members it avoids
     st.sampled_from([0, 0, 1, 5, 20, 50]),  # estimated tokens
     st.none() | member,  # the member it prefers
+    st.sampled_from([None, None, "t1", "t2"]),  # its tenant
+    st.sampled_from([None, None, "m1"]),  # its model
+)
+tenant_settings = st.none() | st.builds(
+    Tenant,
+    weight=st.sampled_from([0.5, 1.0, 2.0]),
+    limit=st.none() | st.integers(1, 2),
 )
 operation = st.one_of(
     acquire,
@@ -138,6 +148,7 @@ operation = st.one_of(
     st.tuples(st.just("observe"), member, figures),
     st.tuples(st.just("usage"), st.integers(0, 20), st.integers(0, 60)),
     st.tuples(st.just("verdict"), member, st.sampled_from([1, 1, 0, -1, -2])),
+    st.tuples(st.just("set_tenant"), st.sampled_from(["t1", "t2"]), tenant_settings),
 )
 
 
@@ -233,6 +244,24 @@ class GroupPair:
         for holder in book.holders():
             assert self.on[book.lease_id(holder)] == policy.member_of(holder), where
         assert result.in_flight == policy.in_flight, where
+        assert result.counting == policy.counts_tenants, where
+        tenants = policy.tenant_statistics(self.now)
+        assert set(result.tenants) == set(tenants), where
+        for name, pure_tenant in tenants.items():
+            shared_tenant = result.tenants[name]
+            assert (
+                shared_tenant.weight,
+                shared_tenant.limit,
+                shared_tenant.in_flight,
+                shared_tenant.service,
+                shared_tenant.queued,
+            ) == (
+                pure_tenant.weight,
+                pure_tenant.limit,
+                pure_tenant.in_flight,
+                pure_tenant.service,
+                pure_tenant.waiting,
+            ), where
         assert list(result.members) == list(MEMBERS), where
         statistics = policy.member_statistics()
         pauses = policy.member_pauses()
@@ -311,13 +340,16 @@ async def _apply(pair: GroupPair, op: tuple[object, ...]) -> None:
         await pair.set_clock()
         pure = policy.tick(pair.now)
     elif kind == "acquire":
-        older, priority, lane, avoid, tokens, prefer = op[1:]
+        older, priority, lane, avoid, tokens, prefer = op[1:7]
+        tenant, model = op[7:9] if len(op) > 7 else (None, None)
         assert lane is None or isinstance(lane, str)
         assert prefer is None or isinstance(prefer, str)
+        assert tenant is None or isinstance(tenant, str)
+        assert model is None or isinstance(model, str)
         assert isinstance(avoid, frozenset | set)
         avoided = sorted(avoid)
         rank = pair.now - _int(older) - _int(priority) * AGING
-        ticket = Ticket(rank, pair.seq, _int(priority))
+        ticket = Ticket(rank, pair.seq, _int(priority), tenant, model)
         pair.seq += 1
         pair.tickets.append(ticket)
         # The ticket's lane as the dispatcher gives it: a member's or a
@@ -386,6 +418,12 @@ async def _apply(pair: GroupPair, op: tuple[object, ...]) -> None:
             max_pause=MAX_PAUSE,
             member=name,
         )
+    elif kind == "set_tenant":
+        name, tenant_settings = op[1], op[2]
+        assert isinstance(name, str)
+        assert tenant_settings is None or isinstance(tenant_settings, Tenant)
+        pure = policy.set_tenant(name, tenant_settings)
+        await ledger.set_tenant(GROUP, name, tenant_settings, members=MEMBERS)
     elif kind == "resume":
         name = op[1]
         assert isinstance(name, str)
@@ -718,8 +756,8 @@ async def test_what_a_groups_ledger_does_not_take_yet_is_refused_at_once(
     shared_server: RedisServer,
 ) -> None:
     # Refused before anything reaches Redis: a group's provider-wide
-    # figures or verdicts, a provider's member figures, a group's tenants
-    # and models, a member's model's budget.
+    # figures or verdicts, a provider's member figures, a member's model's
+    # budget.
     async with coredis.Redis.from_url(
         shared_server.url, decode_responses=True
     ) as client:
@@ -731,16 +769,6 @@ async def test_what_a_groups_ledger_does_not_take_yet_is_refused_at_once(
             await ledger.step(GROUP, "n", verdicts=[1], members=MEMBERS)
         with pytest.raises(ValueError, match="no member's figures"):
             await ledger.step(GROUP, "n", member_figures=[("a", info)])
-        book = SharedBook("n", GROUP, pooled=True)
-        book.acquire(Ticket(0.0, 0, 0, "t"), 0.0, 0.0, lane=lane_text("p"))
-        with pytest.raises(ValueError, match="no tenants or models"):
-            await ledger.step(
-                GROUP,
-                "n",
-                book.plan(None, renew=False),
-                members=MEMBERS,
-                pools=POOLS,
-            )
         with pytest.raises(ValueError, match="models have no budgets"):
             await ledger.set_budget(GROUP, TOKENS, model="m", member="a")
         # Nothing of the group reached Redis.
@@ -876,4 +904,22 @@ async def test_a_half_open_member_takes_its_probe_before_one_with_more_free_slot
 async def test_the_ledger_and_the_pure_core_agree_on_affinity(
     shared_server: RedisServer, ops: list[tuple[object, ...]]
 ) -> None:
+    await replay(shared_server.url, {"a": 1, "b": 1, "c": 1}, ops)
+
+
+async def test_a_groups_slot_goes_to_the_tenant_with_the_least_service(
+    shared_server: RedisServer,
+) -> None:
+    # t1 held the pool's two slots for two seconds, t2 none: the slot given
+    # back goes to t2's request, younger though it is.
+    ops: list[tuple[object, ...]] = [
+        ("acquire", 0, 0, "p", set(), 0, None, "t1", None),
+        ("acquire", 0, 0, "p", set(), 0, None, "t1", None),
+        ("acquire", 0, 0, "p", set(), 0, None, "t1", "m1"),
+        ("acquire", 0, 0, "p", set(), 0, None, "t2", None),
+        ("wait", 8),
+        ("release", 0),
+        ("set_tenant", "t1", Tenant(weight=2.0, limit=1)),
+        ("release", 0),
+    ]
     await replay(shared_server.url, {"a": 1, "b": 1, "c": 1}, ops)

@@ -636,23 +636,21 @@ class Ledger:
         ``lanes``) for the members that may take it, granted as the pure
         core's fill grants it (see ``step.lua``). A group's figures and
         verdicts come each with its member (``member_figures``,
-        ``member_verdicts``), and the plan's ``failed`` leases count for
+        ``member_verdicts``); its tenants share it as a provider's do; and
+        the plan's ``failed`` leases count for
         their member's health as ``SlotPolicy.fail`` counts them
         (``failure_threshold`` failures in a row take a member out of
         service for ``failure_cooldown`` seconds, then half-open); an entry
         preferring a member (``lane_text``) waits for it alone at most
-        ``affinity_wait`` seconds, as ``SlotPolicy`` places it; it takes
-        no tenants or models yet.
+        ``affinity_wait`` seconds, as ``SlotPolicy`` places it. Its
+        members' models have no budgets yet.
 
         Raises:
             ValueError: A group's step with a provider's figures or
-                verdicts, or with entries of a tenant or a model; a
-                provider's with a member's figures or verdicts.
+                verdicts; a provider's with a member's.
         """
         if members and (observed is not None or observed_models or verdicts):
             raise ValueError("a group's figures and verdicts each name their member")
-        if members and plan.meta:
-            raise ValueError("a group's step takes no tenants or models yet")
         if not members and (member_figures or member_verdicts):
             raise ValueError("a provider's step takes no member's figures or verdicts")
         keys, channel = self.names(provider)
@@ -776,11 +774,22 @@ class Ledger:
         await self._run(self._scripts.set_budget, keys, args.pack())
 
     async def set_tenant(
-        self, provider: str, tenant: str, settings: Tenant | None
+        self,
+        provider: str,
+        tenant: str,
+        settings: Tenant | None,
+        *,
+        members: Sequence[str] = (),
     ) -> None:
-        """Store a tenant's weight and cap for the fleet (``None``: the defaults)."""
+        """Store a tenant's weight and cap for the fleet (``None``: the defaults).
+
+        ``members``: those of group ``provider``, whose leases count for
+        the tenant of no name from the first tenant on.
+        """
         keys, channel = self.names(provider)
-        args = SetTenantArgs(tenant=tenant, settings=settings, channel=channel)
+        args = SetTenantArgs(
+            tenant=tenant, settings=settings, channel=channel, members=members
+        )
         await self._run(self._scripts.set_tenant, keys, args.pack())
 
     async def pause(

@@ -423,15 +423,21 @@ class SetBudgetArgs:
 @final
 @attrs.frozen(kw_only=True)
 class SetTenantArgs:
-    """``set_tenant.lua``'s arguments: tenant, weight and cap (or defaults), channel."""
+    """``set_tenant.lua``'s arguments: tenant, weight and cap (or defaults), channel, members."""
 
     tenant: str
     settings: Tenant | None
     channel: str
+    members: Sequence[str] = ()
 
     def pack(self) -> list[str]:
         """``ARGV``, in the script's order; no settings: back to the defaults."""
-        return [self.tenant, *_tenant_fields(self.settings), self.channel]
+        return [
+            self.tenant,
+            *_tenant_fields(self.settings),
+            self.channel,
+            *self.members,
+        ]
 
 
 @final

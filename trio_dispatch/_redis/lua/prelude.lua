@@ -176,11 +176,15 @@ end
 -- ``conf``, the server time it began. From then on the tenant of no name
 -- ('') has a counter too, its holders counted from then (nothing kept the
 -- times of their grants). Returns that time.
-local function extend()
+local function extend(members)
   local xm = redis.call('HGET', conf, 'xm')
   if xm then return tonumber(xm) end
   redis.call('HSET', conf, 'xm', now)
   local held = redis.call('ZCARD', leases)
+  -- A group's: its members' leases.
+  for _, name in ipairs(members or {}) do
+    held = held + redis.call('ZCARD', member_prefix(name) .. 'leases')
+  end
   local waiting = redis.call('ZCARD', queue)
   if held > 0 or waiting > 0 then
     redis.call('HSET', tstate, '', '0,' .. held .. ',' .. now)
@@ -312,11 +316,12 @@ end
 -- tenant received so far is folded into its counter at the old weight; an
 -- unconfigured tenant with nothing held or waiting is forgotten (it starts
 -- again from the floor). Tenants are counted from now on if they were not
--- (``extend``), but for the defaults where no tenant is counted: they
--- change nothing, as in the pure core (then it returns false).
-local function store_tenant(t, weight, cap)
+-- (``extend``; a group's ``members`` hold leases too), but for the
+-- defaults where no tenant is counted: they change nothing, as in the pure
+-- core (then it returns false).
+local function store_tenant(t, weight, cap, members)
   if weight == '' and not redis.call('HGET', conf, 'xm') then return false end
-  extend()
+  extend(members)
   local text = redis.call('HGET', tstate, t)
   if text then
     local base, held, last = tenant_state(text)

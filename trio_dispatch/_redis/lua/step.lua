@@ -180,7 +180,7 @@ if not xm then
       redis.call('HSET', conf, 'qm', 1)
     end
   end
-  if seen_one then xm = extend() end
+  if seen_one then xm = extend(NAMES) end
 end
 local t_last = stored(c[28], 0)
 local t_last_moved = false
@@ -555,6 +555,7 @@ end
 -- that member among them; it waits for that member alone for
 -- ``AFFINITY``, unless that member is paused, out of service or
 -- half-open (then it is only tried first).
+local PLACED = {}
 local function placed(text)
   local r = read_lane(text)
   if r.prefer == '' then return text end
@@ -712,8 +713,10 @@ for j = 1, n do
   local t, model = ARGV[i + 3], ARGV[i + 4]
   i = i + 5
   if not held(m) then
-    if pooled and redis.call('HEXISTS', qlane, m) == 0 then
-      redis.call('HSET', qlane, m, placed(LANES[m] or ''))
+    if pooled then
+      -- Placed once: its first step's placement stands while it waits.
+      local text = placed(LANES[m] or '')
+      if redis.call('HSETNX', qlane, m, text) == 1 then PLACED[m] = text end
     end
     if xm then
       local s = tenant(t)
@@ -859,14 +862,16 @@ local targets = nil
 -- Whether entry a comes before entry b in the queue: by score, then by
 -- member byte by byte (as Redis orders a sorted set; Lua's own string
 -- comparison follows the server's locale).
-local function before(a, b)
-  if a.score ~= b.score then return a.score < b.score end
-  local x, y = a.m, b.m
+local function before_text(x, y)
   for k = 1, math.min(#x, #y) do
     local p, q = string.byte(x, k), string.byte(y, k)
     if p ~= q then return p < q end
   end
   return #x < #y
+end
+local function before(a, b)
+  if a.score ~= b.score then return a.score < b.score end
+  return before_text(a.m, b.m)
 end
 -- The first ``window`` entries of the queue as it would be with the
 -- newcomers placed. One read there (a renewal) is placed first instead,
@@ -935,6 +940,69 @@ end
 -- their slot (and budget) until their process asks, and count as held
 -- meanwhile.
 local CHUNK = 32
+-- A tenant's oldest entry not taken in this fill and not of a lane held
+-- back (``key_of``: an entry's lane, its model for a provider): its entries
+-- are read in chunks, in queue order.
+local function queued_head(s, blocked, key_of)
+  while true do
+    local e = s.buf[s.k]
+    if e == nil then
+      if s.done then return nil end
+      local from = #s.buf - s.removed
+      local got = redis.call('ZRANGE', queue_of(s.name), from, from + CHUNK - 1, 'WITHSCORES')
+      if #got < 2 * CHUNK then s.done = true end
+      if #got == 0 then return nil end
+      local unknown = {}
+      for k = 1, #got, 2 do
+        local m = got[k]
+        -- Before tenants are counted (a group's queue), no model matters.
+        if not META[m] then
+          if xm then unknown[#unknown + 1] = m else META[m] = {'', ''} end
+        end
+      end
+      if #unknown > 0 then
+        local texts = redis.call('HMGET', qmeta, unpack(unknown))
+        for k, m in ipairs(unknown) do
+          local t, model = '', ''
+          if texts[k] then t, model = string.match(texts[k], '^(.*)\n(.*)$') end
+          META[m] = {t or '', model or ''}
+        end
+      end
+      for k = 1, #got, 2 do
+        s.buf[#s.buf + 1] = {m = got[k], score = tonumber(got[k + 1]),
+          model = META[got[k]][2]}
+      end
+    else
+      if e.key == nil then e.key = key_of(e) end
+      if e.taken or blocked[e.key] then
+        s.k = s.k + 1
+      else
+        return e
+      end
+    end
+  end
+end
+-- The tenant the next slot goes to and its head: below its cap, the least
+-- (counter, holders / weight, head).
+local function choose(cands, blocked, key_of)
+  local best, be, k1, k2 = nil, nil, 0, 0
+  for _, s in ipairs(cands) do
+    local h = s.held + s.vh
+    if not (s.cap and h >= s.cap) then
+      local e = queued_head(s, blocked, key_of)
+      if e then
+        local v = counter(s)
+        local share = h / s.w
+        if best == nil or v < k1 or (v == k1 and (share < k2 or (share == k2 and
+            (e.score < be.score or (e.score == be.score and e.m < be.m))))) then
+          best, be, k1, k2 = s, e, v, share
+        end
+      end
+    end
+  end
+  return best, be
+end
+local function model_of(e) return e.model end
 local function grant_fairly(M, free)
   local P, budgeted = M.P, M.budgeted
   local cands = {}
@@ -944,57 +1012,8 @@ local function grant_fairly(M, free)
     cands[#cands + 1] = s
   end
   local blocked = {}
-  -- The tenant's oldest entry not taken in this fill and not of a blocked
-  -- model: its entries are read in chunks, in queue order.
-  local function head(s)
-    while true do
-      local e = s.buf[s.k]
-      if e == nil then
-        if s.done then return nil end
-        local from = #s.buf - s.removed
-        local got = redis.call('ZRANGE', queue_of(s.name), from, from + CHUNK - 1, 'WITHSCORES')
-        if #got < 2 * CHUNK then s.done = true end
-        if #got == 0 then return nil end
-        local unknown = {}
-        for k = 1, #got, 2 do
-          local m = got[k]
-          if not META[m] then unknown[#unknown + 1] = m end
-        end
-        if #unknown > 0 then
-          local texts = redis.call('HMGET', qmeta, unpack(unknown))
-          for k, m in ipairs(unknown) do
-            local t, model = '', ''
-            if texts[k] then t, model = string.match(texts[k], '^(.*)\n(.*)$') end
-            META[m] = {t or '', model or ''}
-          end
-        end
-        for k = 1, #got, 2 do
-          s.buf[#s.buf + 1] = {m = got[k], score = tonumber(got[k + 1]),
-            model = META[got[k]][2]}
-        end
-      elseif e.taken or blocked[e.model] then
-        s.k = s.k + 1
-      else
-        return e
-      end
-    end
-  end
   while free > 0 do
-    local best, be, k1, k2 = nil, nil, 0, 0
-    for _, s in ipairs(cands) do
-      local h = s.held + s.vh
-      if not (s.cap and h >= s.cap) then
-        local e = head(s)
-        if e then
-          local v = counter(s)
-          local share = h / s.w
-          if best == nil or v < k1 or (v == k1 and (share < k2 or (share == k2 and
-              (e.score < be.score or (e.score == be.score and e.m < be.m))))) then
-            best, be, k1, k2 = s, e, v, share
-          end
-        end
-      end
-    end
+    local best, be = choose(cands, blocked, model_of)
     if not best then break end
     local m, model = be.m, be.model
     local sc = model ~= '' and scope_of(M, model)
@@ -1034,9 +1053,10 @@ local function has_room(M)
   if not limit or limit == 'none' then return true end
   return M.pause == 0 and tonumber(limit) - M.in_flight - M.reserved > 0
 end
--- An entry's lane, as stored (``read_lane``).
+-- An entry's lane, as stored (``read_lane``; placed by this step, as it
+-- placed it).
 local function lane_of(m)
-  return read_lane(redis.call('HGET', qlane, m) or '')
+  return read_lane(PLACED[m] or redis.call('HGET', qlane, m) or '')
 end
 -- The members that may take an entry of a lane, in the order they are
 -- tried: a member's lane, that member; a pool's (or any member's, the
@@ -1083,9 +1103,46 @@ local function candidates(r)
   end
   return kept
 end
--- A member whose budgets cannot hold an entry yet is shut for the rest
--- of the step (``_placer``: nobody passes on it what they hold back),
--- unless that entry goes to another member, which then opens it again.
+-- A lane's key, as the pure core's ``Lane``: the entry's model, and the
+-- member it waits for alone, or its lane's name and the members it avoids
+-- (only if that leaves any).
+local function lane_key(r, model)
+  if BY_NAME[r.prefer] and r.till > now then
+    return model .. '\n' .. #r.prefer .. ':' .. r.prefer
+  end
+  local key = model .. '\n' .. #r.lane .. ':' .. r.lane
+  local pool = MEMBERS
+  if r.lane ~= '' then pool = POOLS[r.lane] end
+  if pool and #r.avoid > 0 then
+    local names = {}
+    for _, M in ipairs(pool) do names[M.name] = true end
+    local avoided = {}
+    for _, name in ipairs(r.avoid) do
+      if names[name] then avoided[#avoided + 1] = name end
+    end
+    if #avoided > 0 and #avoided < #pool then
+      table.sort(avoided, before_text)
+      key = key .. '\n' .. table.concat(avoided, '\n')
+    end
+  end
+  return key
+end
+local function group_key(e)
+  e.lane = lane_of(e.m)
+  return lane_key(e.lane, e.model)
+end
+-- A group's grants, as the pure core's fill makes them (``_fill`` and
+-- ``_placer``): for each choice, the backlogged tenant below its cap with
+-- the least (counter, holders / weight, head), its head its oldest entry
+-- of a lane not held back in this step (before tenants are counted, the
+-- queue's oldest such entry); that entry goes to the first member of its
+-- lane (``candidates``) with room whose budgets hold it. A member whose
+-- budgets cannot is shut for the rest of the step (nobody passes on it
+-- what they hold back), unless the entry goes to another member, which
+-- opens it again; an entry no member takes holds its lane back for the
+-- rest of the step. Entries of other processes so chosen keep their slot
+-- (and budget) on their member until their process asks, and count as
+-- held meanwhile.
 local function grant_pooled()
   local open, books = 0, false
   for _, M in ipairs(MEMBERS) do
@@ -1095,55 +1152,68 @@ local function grant_pooled()
   end
   if open == 0 then return end
   place_newcomers()
-  local from = 0
+  local cands = {}
+  if xm then
+    for name, _ in pairs(BL) do cands[#cands + 1] = tenant(name) end
+  else
+    -- Before tenants are counted: the queue, as one tenant's.
+    cands[1] = {name = '', base = 0, last = 0, held = 0, w = 1}
+  end
+  for _, s in ipairs(cands) do
+    s.buf, s.k, s.vh, s.removed, s.done = {}, 1, 0, 0, false
+  end
+  local blocked = {}
   while open > 0 do
-    local got = redis.call('ZRANGE', queue, from, from + CHUNK - 1)
-    if #got == 0 then break end
-    local taken = 0
-    for _, m in ipairs(got) do
-      local cost = 0
-      if books then cost = tokens_of(redis.call('HGET', qcost, m)) end
-      local taker, closed = nil, nil
-      local r = lane_of(m)
-      for _, M in ipairs(candidates(r)) do
-        if not M.shut and has_room(M) then
-          if M.budgeted and lacks(M.P, cost) > 0 then
-            M.shut = true
-            open = open - 1
-            closed = closed or {}
-            closed[#closed + 1] = M
-          else
-            taker = M
-            break
-          end
-        end
-      end
-      if taker then
-        if closed then
-          for _, M in ipairs(closed) do
-            M.shut = false
-            open = open + 1
-          end
-        end
-        if asking[m] then
-          grant(taker, m, cost)
-          taken = taken + 1
-          -- Affinity counted as ``SlotPolicy._take`` counts it.
-          local preferred = BY_NAME[r.prefer]
-          if preferred == taker then
-            taker.hits, taker.health_moved = taker.hits + 1, true
-          elseif preferred then
-            preferred.moves, preferred.health_moved = preferred.moves + 1, true
-          end
+    local best, be = choose(cands, blocked, group_key)
+    if not best then break end
+    local m, r = be.m, be.lane
+    local cost = 0
+    if books then cost = tokens_of(redis.call('HGET', qcost, m)) end
+    local taker, closed = nil, nil
+    for _, M in ipairs(candidates(r)) do
+      if not M.shut and has_room(M) then
+        if M.budgeted and lacks(M.P, cost) > 0 then
+          M.shut = true
+          open = open - 1
+          closed = closed or {}
+          closed[#closed + 1] = M
         else
-          taker.reserved = taker.reserved + 1
-          if taker.budgeted then reserve(taker.P, cost) end
+          taker = M
+          break
         end
-        if not has_room(taker) then open = open - 1 end
       end
-      if open == 0 then break end
     end
-    from = from + #got - taken
+    if taker then
+      if closed then
+        for _, M in ipairs(closed) do
+          M.shut = false
+          open = open + 1
+        end
+      end
+      be.taken = true
+      if asking[m] then
+        if xm then
+          grant(taker, m, cost, best, be.model)
+        else
+          grant(taker, m, cost)
+          best.removed = best.removed + 1
+        end
+        -- Affinity counted as ``SlotPolicy._take`` counts it.
+        local preferred = BY_NAME[r.prefer]
+        if preferred == taker then
+          taker.hits, taker.health_moved = taker.hits + 1, true
+        elseif preferred then
+          preferred.moves, preferred.health_moved = preferred.moves + 1, true
+        end
+      else
+        best.vh = best.vh + 1
+        taker.reserved = taker.reserved + 1
+        if taker.budgeted then reserve(taker.P, cost) end
+      end
+      if not has_room(taker) then open = open - 1 end
+    else
+      blocked[be.key] = true
+    end
   end
 end
 local limit = H.limit
