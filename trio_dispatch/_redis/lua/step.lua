@@ -942,15 +942,18 @@ end
 local CHUNK = 32
 -- A tenant's oldest entry not taken in this fill and not of a lane held
 -- back (``key_of``: an entry's lane, its model for a provider): its entries
--- are read in chunks, in queue order.
+-- are read in chunks (growing), in queue order.
 local function queued_head(s, blocked, key_of)
   while true do
     local e = s.buf[s.k]
     if e == nil then
       if s.done then return nil end
       local from = #s.buf - s.removed
-      local got = redis.call('ZRANGE', queue_of(s.name), from, from + CHUNK - 1, 'WITHSCORES')
-      if #got < 2 * CHUNK then s.done = true end
+      -- Chunks of 4 first, up to CHUNK: most steps grant one or two.
+      local size = s.size or 4
+      s.size = math.min(CHUNK, 2 * size)
+      local got = redis.call('ZRANGE', queue_of(s.name), from, from + size - 1, 'WITHSCORES')
+      if #got < 2 * size then s.done = true end
       if #got == 0 then return nil end
       local unknown = {}
       for k = 1, #got, 2 do
