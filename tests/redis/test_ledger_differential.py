@@ -57,13 +57,12 @@ side.
 from __future__ import annotations
 
 import math
-import os
 import uuid
 from typing import TYPE_CHECKING
 
 import coredis
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from trio_dispatch import Tenant
@@ -76,12 +75,10 @@ from trio_dispatch._redis._scheduler import SharedView
 from trio_dispatch._redis._scripts import load_scripts
 from trio_dispatch.messages._protocol import Ticket
 
+from .._ledger_pairs import Stage, as_int, examples, pick, same_budgets, same_tenants
 from .._redis import needs_redis
 
 if TYPE_CHECKING:
-    from trio_dispatch._policy._budgets import BudgetStatistics
-    from trio_dispatch._redis._ledger import LedgerBudget, StepResult
-
     from .._redis import RedisServer
 
 pytestmark = needs_redis
@@ -193,18 +190,7 @@ budgets = st.none() | st.sampled_from(
 )
 
 
-def examples() -> settings:
-    return settings(
-        max_examples=150 if os.environ.get("CI") else 40,
-        deadline=None,
-        suppress_health_check=[
-            HealthCheck.function_scoped_fixture,
-            HealthCheck.too_slow,
-        ],
-    )
-
-
-class Pair:
+class Pair(Stage):
     """The pure core and the ledger, side by side, at one instant."""
 
     def __init__(
@@ -214,26 +200,9 @@ class Pair:
         policy: SlotPolicy,
         base_ms: int,
     ) -> None:
-        self.client = client
-        self.ledger = ledger
-        self.policy = policy
-        self.book = SharedBook("n", "p")
-        self.base_ms = base_ms
-        self.ms = 0
+        super().__init__(client, ledger, policy, base_ms, SharedBook("n", PROVIDER))
         self.limit: int | None = policy.limit
-        self.result: StepResult | None = None
         self.models = SeenModels()
-        self.seq = 0
-        self.tickets: list[Ticket] = []
-        self.log: list[str] = []
-
-    @property
-    def now(self) -> float:
-        return self.ms / 1000
-
-    async def set_clock(self) -> None:
-        key = self.ledger.names(PROVIDER)[0][0] + ":clock"
-        await self.client.set(key, str(self.base_ms + self.ms))
 
     async def round(
         self,
@@ -285,59 +254,13 @@ class Pair:
             else round((until - self.now) * 1000)
         )
         assert round(result.paused_for * 1000) == left, where
-        # Both count tenants from the same moment (never for the defaults
-        # of a tenant where none is counted).
-        assert result.counting == policy.counts_tenants, where
-        tenants = policy.tenant_statistics(self.now)
-        assert set(result.tenants) == set(tenants), where
-        for name, pure_tenant in tenants.items():
-            shared_tenant = result.tenants[name]
-            assert (
-                shared_tenant.weight,
-                shared_tenant.limit,
-                shared_tenant.in_flight,
-            ) == (pure_tenant.weight, pure_tenant.limit, pure_tenant.in_flight), where
-            # Computed alike, in the same order, on the same instants.
-            assert shared_tenant.service == pure_tenant.service, where
-            # All waiters are published once tenants are counted.
-            assert shared_tenant.queued == pure_tenant.waiting, where
+        same_tenants(policy, result, self.now, where)
         models = policy.model_budget_statistics(self.now)
         seen = SharedView(models=self.models).model_statistics(self.now)
         assert set(seen) == set(models), where
         for name, pure_budget in models.items():
-            self.compare_budgets(pure_budget, seen[name])
-        budget = policy.budget_statistics(self.now)
-        shown = result.budget
-        if budget is None:
-            assert shown is None, where
-            return
-        assert shown is not None, where
-        self.compare_budgets(budget, shown)
-
-    def compare_budgets(
-        self, budget: BudgetStatistics, shown: BudgetStatistics | LedgerBudget
-    ) -> None:
-        """The figures the pure core shows, as the ledger or a process shows them."""
-        where = "\n".join(self.log)
-        for pure_value, shared_value in (
-            (budget.requests_per_minute, shown.requests_per_minute),
-            (budget.requests_available, shown.requests_available),
-            (budget.tokens_per_minute, shown.tokens_per_minute),
-            (budget.tokens_available, shown.tokens_available),
-        ):
-            if pure_value is None:
-                assert shared_value is None, where
-            else:
-                assert shared_value is not None, where
-                assert math.isclose(
-                    pure_value, shared_value, rel_tol=1e-9, abs_tol=1e-9
-                ), where
-        assert shown.learned == budget.learned, where
-
-
-def _int(value: object) -> int:
-    assert isinstance(value, int)
-    return value
+            same_budgets(pure_budget, seen[name], where)
+        same_budgets(policy.budget_statistics(self.now), result.budget, where)
 
 
 def _learn(
@@ -357,10 +280,6 @@ def _name(value: object) -> str | None:
     return value
 
 
-def _pick(items: list[Ticket], index: object) -> Ticket | None:
-    return items[_int(index) % len(items)] if items else None
-
-
 async def _apply(pair: Pair, op: tuple[object, ...]) -> None:
     policy, book, ledger = pair.policy, pair.book, pair.ledger
     kind = op[0]
@@ -370,13 +289,13 @@ async def _apply(pair: Pair, op: tuple[object, ...]) -> None:
     verdicts: list[int] = []
     pair.log.append(f"t={pair.now} {op!r}")
     if kind == "wait":
-        pair.ms += 250 * _int(op[1])
+        pair.ms += 250 * as_int(op[1])
         await pair.set_clock()
         pure = policy.tick(pair.now)
         pair.compare(pure, await pair.round())
         return
     if kind == "acquire":
-        older, priority, tokens = _int(op[1]), _int(op[2]), _int(op[3])
+        older, priority, tokens = as_int(op[1]), as_int(op[2]), as_int(op[3])
         tenant = _name(op[4]) if len(op) > 4 else None
         model = _name(op[5]) if len(op) > 4 else None
         rank = pair.now - older - priority * AGING
@@ -387,15 +306,15 @@ async def _apply(pair: Pair, op: tuple[object, ...]) -> None:
         # The actor's wall-clock start is the rank on its clock.
         book.acquire(ticket, rank, pair.now + ticket.seq * 1e-6, tokens)
     elif kind in {"release", "usage", "answer"}:
-        holder = _pick(sorted(policy.holders()), op[1])
+        holder = pick(sorted(policy.holders()), op[1])
         if holder is None:
             return
         if kind == "release":
             pure = policy.release(holder)
             book.release(holder)
         elif kind == "usage":
-            pure = policy.report_usage(holder, _int(op[2]))
-            book.report_usage(holder, _int(op[2]))
+            pure = policy.report_usage(holder, as_int(op[2]))
+            book.report_usage(holder, as_int(op[2]))
         else:
             policy.answered(holder)
             book.answered(holder)
@@ -406,7 +325,7 @@ async def _apply(pair: Pair, op: tuple[object, ...]) -> None:
                 model = holder.model
                 pure = _learn(policy, pair.now, observed, model)
     elif kind == "cancel":
-        victim = _pick(pair.tickets, op[1])
+        victim = pick(pair.tickets, op[1])
         if victim is None:
             return
         pure = policy.cancel(victim)
@@ -444,7 +363,7 @@ async def _apply(pair: Pair, op: tuple[object, ...]) -> None:
     elif kind == "verdict":
         # What a process's signal found at the end of a round: only a
         # non-zero one is sent, as the scheduler sends them.
-        change = _int(op[1])
+        change = as_int(op[1])
         pure = policy.apply_latency_verdict(change)
         if change:
             verdicts.append(change)

@@ -36,13 +36,12 @@ in a key the scripts read (see ``test_ledger_differential``).
 from __future__ import annotations
 
 import math
-import os
 import uuid
 from typing import TYPE_CHECKING
 
 import coredis
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from trio_dispatch import Tenant
@@ -54,11 +53,11 @@ from trio_dispatch._redis._ledger import Ledger
 from trio_dispatch._redis._scripts import lane_text, load_scripts
 from trio_dispatch.messages._protocol import Ticket
 
+from .._ledger_pairs import Stage, as_int, examples, pick, same_budgets, same_tenants
 from .._redis import needs_redis
 
 if TYPE_CHECKING:
-    from trio_dispatch._policy._budgets import BudgetStatistics
-    from trio_dispatch._redis._ledger import LedgerBudget, StepResult
+    from trio_dispatch._redis._ledger import StepResult
 
     from .._redis import RedisServer
 
@@ -152,18 +151,7 @@ operation = st.one_of(
 )
 
 
-def examples() -> settings:
-    return settings(
-        max_examples=120 if os.environ.get("CI") else 40,
-        deadline=None,
-        suppress_health_check=[
-            HealthCheck.function_scoped_fixture,
-            HealthCheck.too_slow,
-        ],
-    )
-
-
-class GroupPair:
+class GroupPair(Stage):
     """The pure core's pools and the ledger's group, side by side, at one instant."""
 
     def __init__(
@@ -173,26 +161,10 @@ class GroupPair:
         policy: SlotPolicy,
         base_ms: int,
     ) -> None:
-        self.client = client
-        self.ledger = ledger
-        self.policy = policy
-        self.book = SharedBook("n", GROUP, pooled=True)
-        self.base_ms = base_ms
-        self.ms = 0
-        self.result: StepResult | None = None
+        book = SharedBook("n", GROUP, pooled=True)
+        super().__init__(client, ledger, policy, base_ms, book)
         # The member of each lease the ledger granted.
         self.on: dict[str, str] = {}
-        self.seq = 0
-        self.tickets: list[Ticket] = []
-        self.log: list[str] = []
-
-    @property
-    def now(self) -> float:
-        return self.ms / 1000
-
-    async def set_clock(self) -> None:
-        key = self.ledger.names(GROUP)[0][0] + ":clock"
-        await self.client.set(key, str(self.base_ms + self.ms))
 
     async def round(
         self,
@@ -244,24 +216,7 @@ class GroupPair:
         for holder in book.holders():
             assert self.on[book.lease_id(holder)] == policy.member_of(holder), where
         assert result.in_flight == policy.in_flight, where
-        assert result.counting == policy.counts_tenants, where
-        tenants = policy.tenant_statistics(self.now)
-        assert set(result.tenants) == set(tenants), where
-        for name, pure_tenant in tenants.items():
-            shared_tenant = result.tenants[name]
-            assert (
-                shared_tenant.weight,
-                shared_tenant.limit,
-                shared_tenant.in_flight,
-                shared_tenant.service,
-                shared_tenant.queued,
-            ) == (
-                pure_tenant.weight,
-                pure_tenant.limit,
-                pure_tenant.in_flight,
-                pure_tenant.service,
-                pure_tenant.waiting,
-            ), where
+        same_tenants(policy, result, self.now, where)
         assert list(result.members) == list(MEMBERS), where
         statistics = policy.member_statistics()
         pauses = policy.member_pauses()
@@ -293,39 +248,9 @@ class GroupPair:
                 pure_member.affinity_hits,
                 pure_member.affinity_moves,
             ), where
-            budget = policy.budget_statistics(self.now, member=name)
-            if budget is None:
-                assert seen.budget is None, where
-            else:
-                assert seen.budget is not None, where
-                _same_budgets(budget, seen.budget, where)
-
-
-def _same_budgets(budget: BudgetStatistics, shown: LedgerBudget, where: str) -> None:
-    """The figures the pure core shows, as the ledger shows them."""
-    for pure_value, shared_value in (
-        (budget.requests_per_minute, shown.requests_per_minute),
-        (budget.requests_available, shown.requests_available),
-        (budget.tokens_per_minute, shown.tokens_per_minute),
-        (budget.tokens_available, shown.tokens_available),
-    ):
-        if pure_value is None:
-            assert shared_value is None, where
-        else:
-            assert shared_value is not None, where
-            assert math.isclose(pure_value, shared_value, rel_tol=1e-9, abs_tol=1e-9), (
-                where
+            same_budgets(
+                policy.budget_statistics(self.now, member=name), seen.budget, where
             )
-    assert shown.learned == budget.learned, where
-
-
-def _int(value: object) -> int:
-    assert isinstance(value, int)
-    return value
-
-
-def _pick(items: list[Ticket], index: object) -> Ticket | None:
-    return items[_int(index) % len(items)] if items else None
 
 
 async def _apply(pair: GroupPair, op: tuple[object, ...]) -> None:
@@ -336,7 +261,7 @@ async def _apply(pair: GroupPair, op: tuple[object, ...]) -> None:
     verdicts: list[tuple[str, int]] = []
     pair.log.append(f"t={pair.now} {op!r}")
     if kind == "wait":
-        pair.ms += 250 * _int(op[1])
+        pair.ms += 250 * as_int(op[1])
         await pair.set_clock()
         pure = policy.tick(pair.now)
     elif kind == "acquire":
@@ -348,25 +273,25 @@ async def _apply(pair: GroupPair, op: tuple[object, ...]) -> None:
         assert model is None or isinstance(model, str)
         assert isinstance(avoid, frozenset | set)
         avoided = sorted(avoid)
-        rank = pair.now - _int(older) - _int(priority) * AGING
-        ticket = Ticket(rank, pair.seq, _int(priority), tenant, model)
+        rank = pair.now - as_int(older) - as_int(priority) * AGING
+        ticket = Ticket(rank, pair.seq, as_int(priority), tenant, model)
         pair.seq += 1
         pair.tickets.append(ticket)
         # The ticket's lane as the dispatcher gives it: a member's or a
         # pool's name (a member asked for avoids nothing), or any member.
         pure = policy.acquire(
-            ticket, _int(tokens), member=lane, prefer=prefer, avoid=avoided
+            ticket, as_int(tokens), member=lane, prefer=prefer, avoid=avoided
         )
         shown = [] if lane in MEMBERS else avoided
         book.acquire(
             ticket,
             rank,
             pair.now + ticket.seq * 1e-6,
-            _int(tokens),
+            as_int(tokens),
             lane=lane_text(lane, shown, prefer),
         )
     elif kind in {"release", "fail", "usage", "answer"}:
-        holder = _pick(sorted(policy.holders()), op[1])
+        holder = pick(sorted(policy.holders()), op[1])
         if holder is None:
             return
         if kind == "release":
@@ -376,8 +301,8 @@ async def _apply(pair: GroupPair, op: tuple[object, ...]) -> None:
             pure = policy.fail(holder, pair.now)
             book.fail(holder)
         elif kind == "usage":
-            pure = policy.report_usage(holder, _int(op[2]))
-            book.report_usage(holder, _int(op[2]))
+            pure = policy.report_usage(holder, as_int(op[2]))
+            book.report_usage(holder, as_int(op[2]))
         else:
             policy.answered(holder)
             book.answered(holder)
@@ -395,13 +320,13 @@ async def _apply(pair: GroupPair, op: tuple[object, ...]) -> None:
         pure = _learn(policy, pair.now, info, name)
         figures.append((name, info))
     elif kind == "verdict":
-        name, change = op[1], _int(op[2])
+        name, change = op[1], as_int(op[2])
         assert isinstance(name, str)
         pure = policy.apply_latency_verdict(change, member=name)
         if change:
             verdicts.append((name, change))
     elif kind == "cancel":
-        victim = _pick(pair.tickets, op[1])
+        victim = pick(pair.tickets, op[1])
         if victim is None:
             return
         pure = policy.cancel(victim)
@@ -490,7 +415,7 @@ async def replay(
             await _apply(pair, op)
 
 
-@examples()
+@examples(in_ci=120)
 @given(
     limits=st.fixed_dictionaries(dict.fromkeys(MEMBERS, member_limits)),
     budgets=st.fixed_dictionaries(dict.fromkeys(MEMBERS, budgets)),

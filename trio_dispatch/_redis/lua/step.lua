@@ -985,6 +985,10 @@ local function queued_head(s, blocked, key_of)
     end
   end
 end
+-- A tenant's reading of its queue starts afresh for a fill.
+local function unread(s)
+  s.buf, s.k, s.vh, s.removed, s.done, s.size = {}, 1, 0, 0, false, nil
+end
 -- The tenant the next slot goes to and its head: below its cap, the least
 -- (counter, holders / weight, head).
 local function choose(cands, blocked, key_of)
@@ -1011,7 +1015,7 @@ local function grant_fairly(M, free)
   local cands = {}
   for name, _ in pairs(BL) do
     local s = tenant(name)
-    s.buf, s.k, s.vh, s.removed, s.done = {}, 1, 0, 0, false
+    unread(s)
     cands[#cands + 1] = s
   end
   local blocked = {}
@@ -1162,9 +1166,7 @@ local function grant_pooled()
     -- Before tenants are counted: the queue, as one tenant's.
     cands[1] = {name = '', base = 0, last = 0, held = 0, w = 1}
   end
-  for _, s in ipairs(cands) do
-    s.buf, s.k, s.vh, s.removed, s.done = {}, 1, 0, 0, false
-  end
+  for _, s in ipairs(cands) do unread(s) end
   local blocked = {}
   while open > 0 do
     local best, be = choose(cands, blocked, group_key)
