@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 import coredis
 import pytest
+import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -681,7 +682,8 @@ async def test_what_a_groups_ledger_does_not_take_yet_is_refused_at_once(
     shared_server: RedisServer,
 ) -> None:
     # Refused before anything reaches Redis: a group's provider-wide
-    # figures or verdicts, a provider's member figures, a member's model's
+    # figures or verdicts, a provider's member figures, a pool naming a
+    # stranger, a pool with a member's name or none, a member's model's
     # budget.
     async with coredis.Redis.from_url(
         shared_server.url, decode_responses=True
@@ -694,6 +696,12 @@ async def test_what_a_groups_ledger_does_not_take_yet_is_refused_at_once(
             await ledger.step(GROUP, "n", verdicts=[1], members=MEMBERS)
         with pytest.raises(ValueError, match="no member's figures"):
             await ledger.step(GROUP, "n", member_figures=[("a", info)])
+        with pytest.raises(ValueError, match="must name members of the group"):
+            await ledger.step(GROUP, "n", members=MEMBERS, pools={"x": ("a", "z")})
+        with pytest.raises(ValueError, match="must name members of the group"):
+            await ledger.step(GROUP, "n", members=MEMBERS, pools={"a": ("b", "c")})
+        with pytest.raises(ValueError, match="must name members of the group"):
+            await ledger.step(GROUP, "n", members=MEMBERS, pools={"x": ()})
         with pytest.raises(ValueError, match="models have no budgets"):
             await ledger.set_budget(GROUP, TOKENS, model="m", member="a")
         # Nothing of the group reached Redis.
@@ -848,3 +856,56 @@ async def test_a_groups_slot_goes_to_the_tenant_with_the_least_service(
         ("release", 0),
     ]
     await replay(shared_server.url, {"a": 1, "b": 1, "c": 1}, ops)
+
+
+async def test_a_half_open_members_probe_kept_for_another_process_is_its_only_slot(
+    shared_server: RedisServer,
+) -> None:
+    # b is half-open: its one slot is its probe's. Process 1's older entry,
+    # for b, is its probe, kept for it until it asks; process 2's younger
+    # entry for the pool goes to a, not to b as a second probe.
+    async with coredis.Redis.from_url(
+        shared_server.url, decode_responses=True
+    ) as client:
+        ledger = Ledger(client, uuid.uuid4().hex, LEASE)
+        await ledger.set_limit(GROUP, 2, member="a")
+        await ledger.set_limit(GROUP, 2, member="b")
+        await ledger.set_limit(GROUP, 1, member="c")
+        first = SharedBook("one", GROUP, pooled=True)
+        second = SharedBook("two", GROUP, pooled=True)
+
+        async def step(book: SharedBook) -> StepResult:
+            plan = book.plan(None, renew=False)
+            result = await ledger.step(
+                GROUP,
+                book.node,
+                plan,
+                waiting=book.waiting,
+                members=MEMBERS,
+                pools=POOLS,
+                failure_threshold=1,
+                failure_cooldown=0.05,
+            )
+            book.applied(plan, result.granted, result.granted_on)
+            return result
+
+        # A call on b fails: b is out for 50 ms, then half-open.
+        failing = Ticket(0.0, 0, 0)
+        first.acquire(failing, 0.0, 0.0, lane=lane_text("b"))
+        assert (await step(first)).granted_on == ["b"]
+        first.fail(failing)
+        older = Ticket(1.0, 1, 0)
+        first.acquire(older, 1.0, 1.0, lane=lane_text("b"))
+        result = await step(first)
+        assert result.members["b"].out_for is not None
+        assert result.granted_on == []  # b is out: it waits
+        await trio.sleep(0.1)
+        younger = Ticket(2.0, 1, 0)
+        second.acquire(younger, 2.0, 2.0, lane=lane_text("p"))
+        result = await step(second)
+        assert result.members["b"].half_open
+        assert result.granted_on == ["a"]
+        # Process 1 asks: its entry is b's probe, and b takes nothing more.
+        result = await step(first)
+        assert result.granted_on == ["b"]
+        assert result.members["b"].in_flight == 1

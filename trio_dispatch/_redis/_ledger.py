@@ -647,12 +647,22 @@ class Ledger:
 
         Raises:
             ValueError: A group's step with a provider's figures or
-                verdicts; a provider's with a member's.
+                verdicts, or a pool that is not a list of its members; a
+                provider's with a member's figures or verdicts.
         """
         if members and (observed is not None or observed_models or verdicts):
             raise ValueError("a group's figures and verdicts each name their member")
         if not members and (member_figures or member_verdicts):
             raise ValueError("a provider's step takes no member's figures or verdicts")
+        if pools:
+            known = set(members)
+            for pool, names in pools.items():
+                strangers = [name for name in names if name not in known]
+                if strangers or not names or pool in known:
+                    raise ValueError(
+                        f"pool {pool!r} must name members of the group, and not be"
+                        f" one: {list(names)!r} of {list(members)!r}"
+                    )
         keys, channel = self.names(provider)
         figures: list[tuple[str | None, RateLimitInfo]] = []
         if observed is not None:

@@ -210,7 +210,7 @@ if pooled then
   for j, name in ipairs(NAMES) do
     local p = member_prefix(name)
     local M = load_member(p, redis.call('HMGET', p .. 'conf', unpack(CONF)))
-    M.name, M.order = name, j
+    M.name = name
     MEMBERS[j] = M
     BY_NAME[name] = M
   end
@@ -563,9 +563,8 @@ local function placed(text)
   if r.lane ~= '' then pool = POOLS[r.lane] end
   local choices = {}
   if pool and P and AFFINITY > 0 then
-    local avoided, names = {}, {}
+    local avoided = {}
     for _, name in ipairs(r.avoid) do avoided[name] = true end
-    for _, M in ipairs(pool) do names[M.name] = true end
     local left, any = {}, false
     for _, M in ipairs(pool) do
       if avoided[M.name] then any = true else left[#left + 1] = M end
@@ -1054,8 +1053,10 @@ local function free_of(M)
   if not limit or limit == 'none' then return math.huge end
   return tonumber(limit) - M.in_flight - M.reserved
 end
+-- A half-open member's one slot is its probe's: held, or kept in this step
+-- for another process's entry (``probe_kept``).
 local function has_room(M)
-  if M.out or (M.half and M.probe) then return false end
+  if M.out or (M.half and (M.probe or M.probe_kept)) then return false end
   local limit = M.limit
   if not limit or limit == 'none' then return true end
   return M.pause == 0 and tonumber(limit) - M.in_flight - M.reserved > 0
@@ -1092,7 +1093,11 @@ local function candidates(r)
   local rank, key = {}, {}
   for k, M in ipairs(kept) do
     rank[M] = k
-    if M.half and not M.probe then key[M] = math.huge else key[M] = free_of(M) end
+    if M.half and not (M.probe or M.probe_kept) then
+      key[M] = math.huge
+    else
+      key[M] = free_of(M)
+    end
   end
   table.sort(kept, function(a, b)
     local x, y = key[a], key[b]
@@ -1213,6 +1218,7 @@ local function grant_pooled()
       else
         best.vh = best.vh + 1
         taker.reserved = taker.reserved + 1
+        if taker.half then taker.probe_kept = true end
         if taker.budgeted then reserve(taker.P, cost) end
       end
       if not has_room(taker) then open = open - 1 end
