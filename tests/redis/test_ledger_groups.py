@@ -20,7 +20,8 @@ half-open with one probe) and time passing is applied to a
 a real redis-server; after every operation both must have granted the
 same tickets in the same order, each on the same member, and agree on the
 holders, the waiters and each member's limit, slots held, pause left,
-budgets, health and affinity: a request may prefer a member (its
+budgets (its models' too: each may be configured from the start, or
+learned from the figures of an answer of its model), health and affinity: a request may prefer a member (its
 conversation's last), and waits for it alone for a second, unless it is
 paused, out of service or half-open. Requests may be a tenant's (and of a
 model), tenants configured and changed at random: both sides must agree
@@ -50,7 +51,8 @@ from trio_dispatch._policy._budgets import AdaptiveLimit, Budget, Throttle
 from trio_dispatch._policy._ratelimits import Quota, RateLimitInfo
 from trio_dispatch._policy._slots import SlotPolicy
 from trio_dispatch._redis._book import SharedBook
-from trio_dispatch._redis._ledger import Ledger
+from trio_dispatch._redis._ledger import Ledger, SeenModels
+from trio_dispatch._redis._scheduler import SharedView
 from trio_dispatch._redis._scripts import lane_text, load_scripts
 from trio_dispatch.messages._protocol import Ticket
 
@@ -149,6 +151,19 @@ operation = st.one_of(
     st.tuples(st.just("usage"), st.integers(0, 20), st.integers(0, 60)),
     st.tuples(st.just("verdict"), member, st.sampled_from([1, 1, 0, -1, -2])),
     st.tuples(st.just("set_tenant"), st.sampled_from(["t1", "t2"]), tenant_settings),
+    st.tuples(st.just("model_observe"), member, st.just("m1"), figures),
+)
+# Small ones too, so that a model holds its head back now and then.
+model_budgets = st.dictionaries(
+    member,
+    st.sampled_from(
+        [
+            Budget(requests_per_minute=rpm, tokens_per_minute=tpm)
+            for rpm in (None, 1.0, 3.0)
+            for tpm in (None, 20.0, 600.0)
+            if rpm or tpm
+        ]
+    ),
 )
 
 
@@ -166,10 +181,12 @@ class GroupPair(Stage):
         super().__init__(client, ledger, policy, base_ms, book)
         # The member of each lease the ledger granted.
         self.on: dict[str, str] = {}
+        # Each member's models' budgets, as this process saw them.
+        self.models = {name: SeenModels() for name in MEMBERS}
 
     async def round(
         self,
-        figures: list[tuple[str, RateLimitInfo]] | None = None,
+        figures: list[tuple[str, str | None, RateLimitInfo]] | None = None,
         verdicts: list[tuple[str, int]] | None = None,
     ) -> list[Ticket]:
         """One round of the book, then one more, which must grant nothing.
@@ -183,7 +200,7 @@ class GroupPair(Stage):
 
     async def step(
         self,
-        figures: list[tuple[str, RateLimitInfo]] | None = None,
+        figures: list[tuple[str, str | None, RateLimitInfo]] | None = None,
         verdicts: list[tuple[str, int]] | None = None,
     ) -> list[Ticket]:
         book = self.book
@@ -202,6 +219,8 @@ class GroupPair(Stage):
             affinity_wait=AFFINITY_WAIT,
         )
         self.result = result
+        for name, seen in result.members.items():
+            self.models[name].update(seen, self.now)
         assert len(result.granted_on) == len(result.granted)
         for queued, name in zip(result.granted, result.granted_on, strict=True):
             self.on[queued[17:]] = name
@@ -252,13 +271,18 @@ class GroupPair(Stage):
             same_budgets(
                 policy.budget_statistics(self.now, member=name), seen.budget, where
             )
+            pure_models = policy.model_budget_statistics(self.now, member=name)
+            shown = SharedView(models=self.models[name]).model_statistics(self.now)
+            assert set(shown) == set(pure_models), where
+            for model, pure_budget in pure_models.items():
+                same_budgets(pure_budget, shown[model], where)
 
 
 async def _apply(pair: GroupPair, op: tuple[object, ...]) -> None:
     policy, book, ledger = pair.policy, pair.book, pair.ledger
     kind = op[0]
     pure: list[Ticket] = []
-    figures: list[tuple[str, RateLimitInfo]] = []
+    figures: list[tuple[str, str | None, RateLimitInfo]] = []
     verdicts: list[tuple[str, int]] = []
     pair.log.append(f"t={pair.now} {op!r}")
     if kind == "wait":
@@ -309,17 +333,25 @@ async def _apply(pair: GroupPair, op: tuple[object, ...]) -> None:
             book.answered(holder)
             info = op[2]
             if isinstance(info, RateLimitInfo):
-                # An answer's figures teach the member that answered.
+                # An answer's figures teach the member that answered, its
+                # model's budget for an answer of a model.
                 answering = policy.member_of(holder)
                 assert answering is not None
-                pure = _learn(policy, pair.now, info, answering)
-                figures.append((answering, info))
+                pure = _learn(policy, pair.now, info, answering, holder.model)
+                figures.append((answering, holder.model, info))
     elif kind == "observe":
         name, info = op[1], op[2]
         assert isinstance(name, str)
         assert isinstance(info, RateLimitInfo)
         pure = _learn(policy, pair.now, info, name)
-        figures.append((name, info))
+        figures.append((name, None, info))
+    elif kind == "model_observe":
+        name, model_name, info = op[1], op[2], op[3]
+        assert isinstance(name, str)
+        assert isinstance(model_name, str)
+        assert isinstance(info, RateLimitInfo)
+        pure = _learn(policy, pair.now, info, name, model_name)
+        figures.append((name, model_name, info))
     elif kind == "verdict":
         name, change = op[1], as_int(op[2])
         assert isinstance(name, str)
@@ -366,10 +398,15 @@ async def _apply(pair: GroupPair, op: tuple[object, ...]) -> None:
 
 
 def _learn(
-    policy: SlotPolicy, now: float, info: RateLimitInfo, member: str
+    policy: SlotPolicy,
+    now: float,
+    info: RateLimitInfo,
+    member: str,
+    model: str | None = None,
 ) -> list[Ticket]:
-    """A member's figures learned, and what its budgets then let through."""
-    return policy.observe_rate_limits(now, info, member=member) + policy.tick(now)
+    """A member's figures learned (its model's), and what its budgets then let through."""
+    learned = policy.observe_rate_limits(now, info, model, member=member)
+    return learned + policy.tick(now)
 
 
 async def replay(
@@ -377,8 +414,12 @@ async def replay(
     limits: dict[str, int | None],
     ops: list[tuple[object, ...]],
     budgets: dict[str, Budget | None] | None = None,
+    models: dict[str, Budget] | None = None,
 ) -> None:
-    """Apply ``ops`` to both sides, comparing them after each (see the module)."""
+    """Apply ``ops`` to both sides, comparing them after each (see the module).
+
+    ``models``: each member's budget of model ``m1``, configured from the start.
+    """
     async with coredis.Redis.from_url(url, decode_responses=True) as client:
         base_ms = math.ceil((await client.time()).timestamp() * 1000)
         ledger = Ledger(client, uuid.uuid4().hex, LEASE, scripts=SCRIPTS)
@@ -410,7 +451,12 @@ async def replay(
             budget = budgets.get(name)
             if budget is not None:
                 await ledger.set_budget(GROUP, budget, member=name)
-        pair.log.append(f"limits={limits!r} budgets={budgets!r}")
+        for name, own in (models or {}).items():
+            policy.set_model_budget("m1", own, member=name)
+            await ledger.set_budget(
+                GROUP, own, model="m1", member=name, members=MEMBERS
+            )
+        pair.log.append(f"limits={limits!r} budgets={budgets!r} models={models!r}")
         pair.compare([], await pair.round())
         for op in ops:
             await _apply(pair, op)
@@ -420,15 +466,17 @@ async def replay(
 @given(
     limits=st.fixed_dictionaries(dict.fromkeys(MEMBERS, member_limits)),
     budgets=st.fixed_dictionaries(dict.fromkeys(MEMBERS, budgets)),
+    models=model_budgets,
     ops=st.lists(operation, min_size=20, max_size=80),
 )
 async def test_the_ledger_grants_a_group_as_the_pure_core_grants_its_pools(
     shared_server: RedisServer,
     limits: dict[str, int | None],
     budgets: dict[str, Budget | None],
+    models: dict[str, Budget],
     ops: list[tuple[object, ...]],
 ) -> None:
-    await replay(shared_server.url, limits, ops, budgets)
+    await replay(shared_server.url, limits, ops, budgets, models)
 
 
 # What the differential test is sure to meet, kept as cases.
@@ -683,8 +731,7 @@ async def test_what_a_groups_ledger_does_not_take_yet_is_refused_at_once(
 ) -> None:
     # Refused before anything reaches Redis: a group's provider-wide
     # figures or verdicts, a provider's member figures, a pool naming a
-    # stranger, a pool with a member's name or none, a member's model's
-    # budget.
+    # stranger, a pool with a member's name or none.
     async with coredis.Redis.from_url(
         shared_server.url, decode_responses=True
     ) as client:
@@ -695,15 +742,13 @@ async def test_what_a_groups_ledger_does_not_take_yet_is_refused_at_once(
         with pytest.raises(ValueError, match="name their member"):
             await ledger.step(GROUP, "n", verdicts=[1], members=MEMBERS)
         with pytest.raises(ValueError, match="no member's figures"):
-            await ledger.step(GROUP, "n", member_figures=[("a", info)])
+            await ledger.step(GROUP, "n", member_figures=[("a", None, info)])
         with pytest.raises(ValueError, match="must name members of the group"):
             await ledger.step(GROUP, "n", members=MEMBERS, pools={"x": ("a", "z")})
         with pytest.raises(ValueError, match="must name members of the group"):
             await ledger.step(GROUP, "n", members=MEMBERS, pools={"a": ("b", "c")})
         with pytest.raises(ValueError, match="must name members of the group"):
             await ledger.step(GROUP, "n", members=MEMBERS, pools={"x": ()})
-        with pytest.raises(ValueError, match="models have no budgets"):
-            await ledger.set_budget(GROUP, TOKENS, model="m", member="a")
         # Nothing of the group reached Redis.
         assert not await client.keys(f"{{{ledger.namespace}:*")
 
@@ -909,3 +954,27 @@ async def test_a_half_open_members_probe_kept_for_another_process_is_its_only_sl
         result = await step(first)
         assert result.granted_on == ["b"]
         assert result.members["b"].in_flight == 1
+
+
+async def test_a_members_model_budget_passes_it_over_for_that_model_until_its_entry_goes_elsewhere(
+    shared_server: RedisServer,
+) -> None:
+    ops: list[tuple[object, ...]] = [
+        ("acquire", 0, 0, "a", set(), 50, None, None, "m1"),
+        ("acquire", 0, 0, "b", set(), 0, None, None, None),
+        # a's budget of m1 holds this one back, b is full: it waits, and so
+        # does the next of m1 for a, which may not pass it there.
+        ("acquire", 0, 0, "p", set(), 50, None, None, "m1"),
+        ("acquire", 0, 0, "a", set(), 5, None, None, "m1"),
+        # b frees: the pool's goes there, and a takes m1's next again.
+        ("release", 1),
+        (
+            "model_observe",
+            "b",
+            "m1",
+            RateLimitInfo(tokens=Quota(limit=30, remaining=0)),
+        ),
+        ("acquire", 0, 0, "b", set(), 5, None, None, "m1"),
+        ("wait", 16),
+    ]
+    await replay(shared_server.url, {"a": 3, "b": 1, "c": 1}, ops, models={"a": TOKENS})

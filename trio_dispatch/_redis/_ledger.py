@@ -205,6 +205,8 @@ class LedgerMember:
         affinity_hits: Requests that preferred it and were granted on it.
         affinity_moves: Requests that preferred it and were granted on
             another member.
+        models: Its models' budgets that the step met, by model.
+        forgotten: Its models whose learned budgets the step forgot.
     """
 
     limit: int | None
@@ -217,10 +219,12 @@ class LedgerMember:
     outages: int = 0
     affinity_hits: int = 0
     affinity_moves: int = 0
+    models: dict[str, LedgerBudget] = attrs.field(factory=dict)
+    forgotten: list[str] = attrs.field(factory=list)
 
 
-def _members_of(rows: list[str]) -> dict[str, LedgerMember]:
-    """A group's members from a step's answer: eleven fields each."""
+def _members_of(rows: list[Any]) -> dict[str, LedgerMember]:
+    """A group's members from a step's answer: thirteen fields each."""
     return {
         str(rows[k]): LedgerMember(
             limit=_limit_of(rows[k + 1]),
@@ -233,8 +237,10 @@ def _members_of(rows: list[str]) -> dict[str, LedgerMember]:
             outages=int(rows[k + 8]),
             affinity_hits=int(rows[k + 9]),
             affinity_moves=int(rows[k + 10]),
+            models=_models_of(list(rows[k + 11])),
+            forgotten=[str(model) for model in rows[k + 12]],
         )
-        for k in range(0, len(rows), 11)
+        for k in range(0, len(rows), 13)
     }
 
 
@@ -368,8 +374,11 @@ class SeenModels:
     def __repr__(self) -> str:
         return f"<SeenModels {len(self._rows)}>"
 
-    def update(self, result: StepResult, now: float) -> None:
-        """Take what ``result``, a step answered at ``now``, says of the models."""
+    def update(self, result: StepResult | LedgerMember, now: float) -> None:
+        """Take what ``result``, a step answered at ``now``, says of the models.
+
+        A group's: what it says of one member's (``StepResult.members``).
+        """
         rows = self._rows
         for model in result.forgotten:
             rows.pop(model, None)
@@ -600,7 +609,7 @@ class Ledger:
         verdicts: Sequence[int] = (),
         members: Sequence[str] = (),
         pools: Mapping[str, Sequence[str]] | None = None,
-        member_figures: Sequence[tuple[str, RateLimitInfo]] = (),
+        member_figures: Sequence[tuple[str, str | None, RateLimitInfo]] = (),
         member_verdicts: Sequence[tuple[str, int]] = (),
         failure_threshold: int = DEFAULT_FAILURE_THRESHOLD,
         failure_cooldown: float = DEFAULT_FAILURE_COOLDOWN,
@@ -631,19 +640,19 @@ class Ledger:
         call that a node whose every step was answered can spare.
 
         ``members`` (in their order) and ``pools`` make ``provider`` a
-        group: each member keeps its own limit, adaptive limit, budgets,
-        pause and leases, and each entry waits in its lane (the plan's
-        ``lanes``) for the members that may take it, granted as the pure
-        core's fill grants it (see ``step.lua``). A group's figures and
-        verdicts come each with its member (``member_figures``,
-        ``member_verdicts``); its tenants share it as a provider's do; and
+        group: each member keeps its own limit, adaptive limit, budgets
+        (its models' too), pause and leases, and each entry waits in its
+        lane (the plan's ``lanes``) for the members that may take it,
+        granted as the pure core's fill grants it (see ``step.lua``). A
+        group's figures (each for a model or none) and verdicts come each
+        with its member (``member_figures``, ``member_verdicts``); its
+        tenants share it as a provider's do; and
         the plan's ``failed`` leases count for
         their member's health as ``SlotPolicy.fail`` counts them
         (``failure_threshold`` failures in a row take a member out of
         service for ``failure_cooldown`` seconds, then half-open); an entry
         preferring a member (``lane_text``) waits for it alone at most
-        ``affinity_wait`` seconds, as ``SlotPolicy`` places it. Its
-        members' models have no budgets yet.
+        ``affinity_wait`` seconds, as ``SlotPolicy`` places it.
 
         Raises:
             ValueError: A group's step with a provider's figures or
@@ -669,7 +678,7 @@ class Ledger:
             figures.append((None, observed))
         if observed_models:
             figures += observed_models.items()
-        figures += [(None, info) for _, info in member_figures]
+        figures += [(model, info) for _, model, info in member_figures]
         args = plan.pack(
             node=node,
             ttl=round(self.lease * 1000),
@@ -681,7 +690,7 @@ class Ledger:
             verdicts=list(verdicts) + [change for _, change in member_verdicts],
             members=members,
             pools=pools,
-            figures_on=[name for name, _ in member_figures],
+            figures_on=[name for name, _, _ in member_figures],
             verdicts_on=[name for name, _ in member_verdicts],
             failure_threshold=failure_threshold,
             failure_cooldown=round(failure_cooldown * 1000),
@@ -768,19 +777,18 @@ class Ledger:
         *,
         model: str | None = None,
         member: str | None = None,
+        members: Sequence[str] = (),
     ) -> None:
         """Store the fleet's configured budgets of ``provider`` or of its ``model``.
 
-        ``member``: those of that member of group ``provider`` (not of
-        its models yet).
-
-        Raises:
-            ValueError: Both ``model`` and ``member``.
+        ``member``: those of that member of group ``provider`` (or of its
+        ``model``), whose ``members`` count their models' entries and leases
+        from the first model's budget on.
         """
-        if model is not None and member is not None:
-            raise ValueError("a group's members' models have no budgets yet")
         keys, channel = self.names(provider)
-        args = SetBudgetArgs(budget=budget, channel=channel, model=model, member=member)
+        args = SetBudgetArgs(
+            budget=budget, channel=channel, model=model, member=member, members=members
+        )
         await self._run(self._scripts.set_budget, keys, args.pack())
 
     async def set_tenant(

@@ -414,10 +414,17 @@ class SetBudgetArgs:
     channel: str
     model: str | None = None
     member: str | None = None
+    members: Sequence[str] = ()
 
     def pack(self) -> list[str]:
         """``ARGV``, in the script's order."""
-        return [*_rates(self.budget), self.channel, self.model or "", self.member or ""]
+        return [
+            *_rates(self.budget),
+            self.channel,
+            self.model or "",
+            self.member or "",
+            *self.members,
+        ]
 
 
 @final

@@ -15,6 +15,12 @@ local tconf, tstate, tback, qmeta, lmeta, models =
 -- ``queue``) and a model's budgets, charges and unanswered leases
 -- (``m:<model>``, ``mc:<model>``, ``mu:<model>``).
 local prefix = string.sub(leases, 1, #leases - 6)
+-- The provider's own ``conf`` and leases, whatever member a script changes
+-- (``as_member``): a group's fields (tenants counted) live there.
+local home_conf, home_leases = conf, leases
+-- Where a member's models' budgets live: the provider's prefix, or a
+-- group's member's (``as_member``).
+local mprefix = prefix
 -- Once tenants and models are counted: how many entries and leases of
 -- each model there are (the leases from before not counted: their model is
 -- not known), so that a model's learned budget knows when it is idle.
@@ -33,8 +39,8 @@ end
 local function as_member(name)
   if name == nil or name == '' then return end
   local p = member_prefix(name)
-  leases, conf, grantno, charge, unans, inuse =
-    p .. 'leases', p .. 'conf', p .. 'grantno', p .. 'charge', p .. 'unans', p .. 'inuse'
+  leases, conf, grantno, charge, unans, inuse, mprefix =
+    p .. 'leases', p .. 'conf', p .. 'grantno', p .. 'charge', p .. 'unans', p .. 'inuse', p
 end
 --@CLOCK@
 -- Numbers stored as text keep every bit of a double; whole numbers are
@@ -177,10 +183,10 @@ end
 -- ('') has a counter too, its holders counted from then (nothing kept the
 -- times of their grants). Returns that time.
 local function extend(members)
-  local xm = redis.call('HGET', conf, 'xm')
+  local xm = redis.call('HGET', home_conf, 'xm')
   if xm then return tonumber(xm) end
-  redis.call('HSET', conf, 'xm', now)
-  local held = redis.call('ZCARD', leases)
+  redis.call('HSET', home_conf, 'xm', now)
+  local held = redis.call('ZCARD', home_leases)
   -- A group's: its members' leases.
   for _, name in ipairs(members or {}) do
     held = held + redis.call('ZCARD', member_prefix(name) .. 'leases')
@@ -273,9 +279,9 @@ end
 -- budgets live in ``m:<model>`` (its charges and unanswered leases in
 -- ``mc:<model>`` and ``mu:<model>``), and models are counted from then on
 -- (``extend``).
-local function store_budget(model, rates, fill)
+local function store_budget(model, rates, fill, members)
   local h = conf
-  if model ~= '' then h = prefix .. 'm:' .. model end
+  if model ~= '' then h = mprefix .. 'm:' .. model end
   local wrote = false
   for j, k in ipairs({'r', 't'}) do
     local per_minute = rates[j]
@@ -297,7 +303,7 @@ local function store_budget(model, rates, fill)
     end
   end
   if fill and not wrote then return end
-  if model ~= '' then extend() end
+  if model ~= '' then extend(members) end
   -- The books of grants are kept from now on, budget or not, as the pure
   -- core's Throttle keeps them once it exists (see step.lua's scopes).
   redis.call('HSET', h, 'bk', 1)

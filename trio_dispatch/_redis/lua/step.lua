@@ -194,7 +194,7 @@ local t_last_moved = false
 local function load_member(p, f)
   local M = {prefix = p, conf = p .. 'conf', leases = p .. 'leases',
     grantno = p .. 'grantno', charge = p .. 'charge', unans = p .. 'unans',
-    inuse = p .. 'inuse', c = f, MS = {}, fresh = 0}
+    inuse = p .. 'inuse', c = f, MS = {}, fresh = 0, forgotten = {}}
   M.P = new_scope(M.conf, M.charge, M.unans, f, 9)
   M.budgeted = M.P.R ~= nil or M.P.T ~= nil
   return M
@@ -240,6 +240,7 @@ local function scope_of(M, model, create)
     if sc.books and not sc.kept and forgets(sc) then
       redis.call('DEL', h, ch, un)
       forgotten[#forgotten + 1] = model
+      M.forgotten[#M.forgotten + 1] = model
       sc = new_scope(h, ch, un, {}, 0)
     end
     sc.model = model
@@ -1149,16 +1150,17 @@ end
 -- of a lane not held back in this step (before tenants are counted, the
 -- queue's oldest such entry); that entry goes to the first member of its
 -- lane (``candidates``) with room whose budgets hold it. A member whose
--- budgets cannot is shut for the rest of the step (nobody passes on it
--- what they hold back), unless the entry goes to another member, which
--- opens it again; an entry no member takes holds its lane back for the
--- rest of the step. Entries of other processes so chosen keep their slot
+-- own budgets cannot is shut for the rest of the step (nobody passes on it
+-- what they hold back), one whose budget of the entry's model cannot is
+-- passed over for that model, unless the entry goes to another member,
+-- which opens them again; an entry no member takes holds its lane back for
+-- the rest of the step. Entries of other processes so chosen keep their slot
 -- (and budget) on their member until their process asks, and count as
 -- held meanwhile.
 local function grant_pooled()
   local open, books = 0, false
   for _, M in ipairs(MEMBERS) do
-    M.reserved, M.shut = 0, false
+    M.reserved, M.shut, M.passed = 0, false, {}
     if has_room(M) then open = open + 1 end
     if M.P.books then books = true end
   end
@@ -1176,10 +1178,10 @@ local function grant_pooled()
   while open > 0 do
     local best, be = choose(cands, blocked, group_key)
     if not best then break end
-    local m, r = be.m, be.lane
+    local m, r, model = be.m, be.lane, be.model
     local cost = 0
-    if books then cost = tokens_of(redis.call('HGET', qcost, m)) end
-    local taker, closed = nil, nil
+    if books or model ~= '' then cost = tokens_of(redis.call('HGET', qcost, m)) end
+    local taker, closed, passed, sc = nil, nil, nil, nil
     for _, M in ipairs(candidates(r)) do
       if not M.shut and has_room(M) then
         if M.budgeted and lacks(M.P, cost) > 0 then
@@ -1187,9 +1189,18 @@ local function grant_pooled()
           open = open - 1
           closed = closed or {}
           closed[#closed + 1] = M
-        else
-          taker = M
-          break
+        elseif not (model ~= '' and M.passed[model]) then
+          -- Its model's budget on this member: one that cannot hold it
+          -- passes this member over for the model (``held_back``).
+          sc = model ~= '' and scope_of(M, model) or nil
+          if sc and lacks(sc, cost) > 0 then
+            M.passed[model] = true
+            passed = passed or {}
+            passed[#passed + 1] = M
+          else
+            taker = M
+            break
+          end
         end
       end
     end
@@ -1200,6 +1211,7 @@ local function grant_pooled()
           open = open + 1
         end
       end
+      for _, M in ipairs(passed or {}) do M.passed[model] = nil end
       be.taken = true
       if asking[m] then
         if xm then
@@ -1220,6 +1232,7 @@ local function grant_pooled()
         taker.reserved = taker.reserved + 1
         if taker.half then taker.probe_kept = true end
         if taker.budgeted then reserve(taker.P, cost) end
+        if sc then reserve(sc, cost) end
       end
       if not has_room(taker) then open = open - 1 end
     else
@@ -1299,19 +1312,28 @@ if mine ~= whole(mywait) then redis.call('HSET', nwait, node, whole(mywait)) end
 -- models' budgets too, which its rounds may not meet for a while.
 if xm and mine == nil then
   for _, model in ipairs(redis.call('SMEMBERS', models)) do
-    local sc = scope_of(H, model)
-    if not (sc and sc.kept) then redis.call('SREM', models, model) end
+    local kept = false
+    for _, M in ipairs(MEMBERS) do
+      local sc = scope_of(M, model)
+      if sc and sc.kept then kept = true end
+    end
+    if not kept then redis.call('SREM', models, model) end
   end
 end
 -- The budgets of the models this step met: each model's figures, with
 -- when its held-back head fits (-1: none), and how long a learned model's
 -- has been idle (ms; empty while it is in use, and for a configured one).
 -- A learned model's keys expire when it may be forgotten (``forget_at``);
--- a configured model's budgets persist, its books go with the fleet's.
+-- a configured model's budgets persist, its books go with the fleet's. A
+-- group's each member's (``model_rows`` of each).
 local model_rows = {}
 local model_keys = {}
-if xm then
-  for model, sc in pairs(H.MS) do
+for _, M in ipairs(MEMBERS) do
+  M.model_rows = pooled and {} or model_rows
+end
+for _, M in ipairs(xm and MEMBERS or {}) do
+  local rows = M.model_rows
+  for model, sc in pairs(M.MS) do
     if sc.books then
       local shown = write_scope(sc)
       if sc.idle_moved then
@@ -1324,9 +1346,9 @@ if xm then
       local idle = ''
       if not sc.kept and sc.idle then idle = whole(now - sc.idle) end
       if sc.R or sc.T then
-        model_rows[#model_rows + 1] = model
-        model_rows[#model_rows + 1] = shown .. ',' .. whole(sc.wait)
-        model_rows[#model_rows + 1] = idle
+        rows[#rows + 1] = model
+        rows[#rows + 1] = shown .. ',' .. whole(sc.wait)
+        rows[#rows + 1] = idle
       end
       if sc.kept then
         model_keys[#model_keys + 1] = sc.charge
@@ -1460,7 +1482,8 @@ end
 -- A group's answer: the whole group's leases, then each member's name,
 -- limit, leases, pause left, budgets, failures in a row, cooldown left
 -- (empty: in service), whether half-open, outages, affinity hits and
--- moves, and the member of each grant.
+-- moves, its models' budgets the step met and those it forgot, and the
+-- member of each grant.
 local member_rows = {}
 if pooled then
   H.in_flight, H.pause, H.budget = 0, 0, ''
@@ -1477,6 +1500,8 @@ if pooled then
     member_rows[#member_rows + 1] = M.outs
     member_rows[#member_rows + 1] = M.hits
     member_rows[#member_rows + 1] = M.moves
+    member_rows[#member_rows + 1] = M.model_rows
+    member_rows[#member_rows + 1] = M.forgotten
   end
 end
 return {granted, H.limit or '', H.in_flight, queued, waiting, H.pause, now, H.budget, spec,
