@@ -978,3 +978,41 @@ async def test_a_members_model_budget_passes_it_over_for_that_model_until_its_en
         ("wait", 16),
     ]
     await replay(shared_server.url, {"a": 3, "b": 1, "c": 1}, ops, models={"a": TOKENS})
+
+
+async def test_a_members_settings_without_a_limit_go_with_the_rest(
+    shared_server: RedisServer,
+) -> None:
+    # Unlimited members (no limit stored): a failure writes member b's
+    # health into its conf, which then expires with the group's leases and
+    # entries, as a provider's conf without a limit does. Nothing is left.
+    async with coredis.Redis.from_url(
+        shared_server.url, decode_responses=True
+    ) as client:
+        ledger = Ledger(client, uuid.uuid4().hex, 2.0)
+        book = SharedBook("n", GROUP, pooled=True)
+
+        async def step() -> StepResult:
+            plan = book.plan(None, renew=False)
+            result = await ledger.step(
+                GROUP,
+                "n",
+                plan,
+                waiting=book.waiting,
+                members=MEMBERS,
+                pools=POOLS,
+                failure_threshold=5,
+            )
+            book.applied(plan, result.granted, result.granted_on)
+            return result
+
+        ticket = Ticket(0.0, 0, 0)
+        book.acquire(ticket, 0.0, 0.0, lane=lane_text("p"))
+        assert (await step()).granted_on == ["b"]  # p's first, all unlimited
+        book.fail(ticket)
+        assert (await step()).members["b"].failures == 1
+        member_conf = ledger.names(GROUP)[0][0][: -len("leases")] + "@b:conf"
+        ttl = await client.pttl(member_conf)
+        assert 0 < ttl <= 2000
+        await trio.sleep(2.5)  # every lease, entry and process expired
+        assert not await client.keys(f"{{{ledger.namespace}:*")

@@ -1479,6 +1479,21 @@ if #present > 0 then
   expire_idle(now, (not not H.limit) or (P.R ~= nil and P.R.cfg) or (P.T ~= nil and P.T.cfg)
     or (xm ~= nil and redis.call('HLEN', tconf) > 0), H.pause_until, present)
 end
+-- A group's member's ``conf`` as a provider's: it persists while it holds
+-- a limit or a configured budget, else it goes with the rest, or at the
+-- end of its pause or cooldown (renewed at every step: any may write it).
+if pooled then
+  local at = nil
+  for _, M in ipairs(MEMBERS) do
+    local B = M.P
+    if not (M.limit or (B.R ~= nil and B.R.cfg) or (B.T ~= nil and B.T.cfg)) then
+      if at == nil then
+        at = math.max(now, stored(redis.call('ZREVRANGE', nodes, 0, 0, 'WITHSCORES')[2], 0))
+      end
+      redis.call('PEXPIREAT', M.conf, whole(math.max(at, M.pause_until, M.out or 0)))
+    end
+  end
+end
 -- A group's answer: the whole group's leases, then each member's name,
 -- limit, leases, pause left, budgets, failures in a row, cooldown left
 -- (empty: in service), whether half-open, outages, affinity hits and
