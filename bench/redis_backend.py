@@ -60,6 +60,12 @@ Four measurements:
    processes' poll is too. And once more
    with the tasks taking turns being two tenants' (``Tenant()`` each), so
    the fleet counts tenants: what fair shares cost on the grant's path.
+5. **A pool on Redis**: the contended hand-offs of 2. on a pool of two
+   members sharing ``limit`` (half each), against one provider of
+   ``limit`` on Redis, taken in turns: hand-offs per second, each member's
+   peak in flight, and the Redis commands per grant as in 4. What
+   scheduling a group (each grant placed on a member by the pool's rule)
+   costs over a provider.
 
 Method. Wall-clock timings (``time.perf_counter``, ``time.time`` across
 processes) on trio's real clock; every measurement alternates local and
@@ -70,6 +76,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import hashlib
 import json
 import statistics
@@ -175,6 +182,10 @@ class RedisBackendReport:
     commands_per_grant: float = 0.0
     semaphore_commands_per_grant: float = 0.0
     tenant_commands_per_grant: float = 0.0
+    pool_handoffs_per_s: float = 0.0
+    pool_provider_handoffs_per_s: float = 0.0
+    pool_commands_per_grant: float = 0.0
+    pool_peak_in_flight: dict[str, int] = attrs.field(factory=dict)
 
     def to_json(self) -> str:
         """The report as a JSON document."""
@@ -208,6 +219,15 @@ class RedisBackendReport:
             f" | {self.commands_per_grant:.1f} |",
             f"| Redis commands per grant, contended, the tasks of two tenants |"
             f" | {self.tenant_commands_per_grant:.1f} |",
+            f"| contended hand-offs per second, a pool of two members"
+            f" (one provider of their slots, in turns:"
+            f" {self.pool_provider_handoffs_per_s:,.0f}) |"
+            f" | {self.pool_handoffs_per_s:,.0f} |",
+            f"| Redis commands per grant, contended, a pool of two members |"
+            f" | {self.pool_commands_per_grant:.1f} |",
+            f"| each member's peak in flight, a pool of two members"
+            f" ({', '.join(f'{m} of {n}' for m, n in pool_limits(self.sizes).items())}) |"
+            f" | {', '.join(f'{m}: {n}' for m, n in sorted(self.pool_peak_in_flight.items()))} |",
             "",
             f"Scaling: processes sharing a limit of {self.sizes.limit} on Redis,"
             f" each with {self.sizes.fleet_tasks} tasks of"
@@ -303,19 +323,33 @@ async def _bare_requests(rounds: int, redis_url: str) -> list[float]:
     return found
 
 
-async def _handoffs(
+def pool_limits(sizes: Sizes) -> dict[str, int]:
+    """The pool's two members, sharing ``limit``."""
+    half = max(1, sizes.limit // 2)
+    return {f"{_PROVIDER}-a": half, f"{_PROVIDER}-b": max(1, sizes.limit - half)}
+
+
+async def _handoffs(  # each measurement's shape
     sizes: Sizes,
     redis_url: str | None,
     namespace: str,
     tenants: tuple[str, ...] = (),
+    *,
+    pooled: bool = False,
+    peaks: dict[str, int] | None = None,
 ) -> float:
     """Contended hand-offs per second.
 
     With ``tenants``, the tasks take turns being theirs (so the fleet counts
-    tenants).
+    tenants). ``pooled``: on a pool of two members sharing ``limit``
+    (``pool_limits``), each member's peak in flight kept in ``peaks``.
     """
+    limits = pool_limits(sizes) if pooled else {_PROVIDER: sizes.limit}
+    pools = {_PROVIDER: tuple(limits)} if pooled else None
+    holding: collections.Counter[str] = collections.Counter()
     async with open_dispatcher(
-        {_PROVIDER: sizes.limit},
+        limits,
+        pools=pools,
         tenants={name: Tenant() for name in tenants},
         **_options(redis_url, namespace),
     ) as dispatcher:
@@ -324,8 +358,14 @@ async def _handoffs(
         async def cycle(tenant: str | None) -> None:
             await gate.wait()
             for _ in range(sizes.cycles):
-                async with dispatcher.slot(_PROVIDER, tenant=tenant):
+                async with dispatcher.slot(_PROVIDER, tenant=tenant) as slot:
+                    member = slot.member
+                    assert member is not None  # granted
+                    holding[member] += 1
+                    if peaks is not None:
+                        peaks[member] = max(peaks.get(member, 0), holding[member])
                     await trio.lowlevel.checkpoint()
+                    holding[member] -= 1
 
         async with trio.open_nursery() as nursery:
             for n in range(sizes.tasks):
@@ -360,12 +400,17 @@ async def _counts_at(redis_url: str) -> dict[str, int]:
 
 
 async def _commands_per_grant(
-    sizes: Sizes, redis_url: str, namespace: str, tenants: tuple[str, ...] = ()
+    sizes: Sizes,
+    redis_url: str,
+    namespace: str,
+    tenants: tuple[str, ...] = (),
+    *,
+    pooled: bool = False,
 ) -> float:
     """The contended hand-offs on Redis: server commands over grants."""
     async with coredis.Redis.from_url(redis_url, decode_responses=True) as client:
         before = await _commands(client)
-        await _handoffs(sizes, redis_url, namespace, tenants)
+        await _handoffs(sizes, redis_url, namespace, tenants, pooled=pooled)
         return (await _commands(client) - before) / (sizes.tasks * sizes.cycles)
 
 
@@ -722,6 +767,22 @@ def run(sizes: Sizes, redis_url: str) -> RedisBackendReport:
     with_tenants = trio.run(
         _commands_per_grant, sizes, redis_url, "tcmds", ("light", "heavy")
     )
+    show_progress("a pool of two members")
+    pool_rates = []
+    provider_rates = []
+    peaks: dict[str, int] = {}
+    for n in range(sizes.repeats):
+        provider_rates.append(trio.run(_handoffs, sizes, redis_url, f"pp{n}"))
+        pool_rates.append(
+            trio.run(
+                functools.partial(
+                    _handoffs, sizes, redis_url, f"pl{n}", pooled=True, peaks=peaks
+                )
+            )
+        )
+    pool_commands = trio.run(
+        functools.partial(_commands_per_grant, sizes, redis_url, "pcmds", pooled=True)
+    )
     rows = []
     for processes in sizes.processes:
         show_progress(f"scaling: {processes} processes")
@@ -747,6 +808,10 @@ def run(sizes: Sizes, redis_url: str) -> RedisBackendReport:
         commands_per_grant=commands,
         semaphore_commands_per_grant=semaphore,
         tenant_commands_per_grant=with_tenants,
+        pool_handoffs_per_s=statistics.median(pool_rates),
+        pool_provider_handoffs_per_s=statistics.median(provider_rates),
+        pool_commands_per_grant=pool_commands,
+        pool_peak_in_flight=peaks,
     )
 
 

@@ -64,6 +64,21 @@ def test_every_latency_is_a_sane_pair_of_quantiles(report: RedisBackendReport) -
     assert report.commands_per_grant > 1
     assert report.semaphore_commands_per_grant > 2
     assert report.tenant_commands_per_grant > 1
+    assert report.pool_handoffs_per_s > 0
+    assert report.pool_provider_handoffs_per_s > 0
+    assert report.pool_commands_per_grant > 1
+
+
+@needs_redis
+def test_the_pools_members_each_held_at_most_their_own_limit(
+    report: RedisBackendReport,
+) -> None:
+    limits = redis_backend.pool_limits(TINY)
+    assert sum(limits.values()) == TINY.limit
+    # Both members served, neither above its limit.
+    assert set(report.pool_peak_in_flight) == set(limits)
+    for member, peak in report.pool_peak_in_flight.items():
+        assert 1 <= peak <= limits[member]
 
 
 @needs_redis
@@ -112,15 +127,19 @@ def test_json_and_markdown_hold_the_same_figures(report: RedisBackendReport) -> 
     ]
     markdown = report.to_markdown()
     rows = [line for line in markdown.splitlines() if line.startswith("| ")]
-    # Two tables, each with a header and a separator: nine measurements,
+    # Two tables, each with a header and a separator: twelve measurements,
     # then one row per fleet.
-    assert len(rows) == 4 + 9 + len(report.scaling)
+    assert len(rows) == 4 + 12 + len(report.scaling)
     assert f"{report.latency_redis_p50_us:.0f}" in markdown
     assert data["commands_per_grant"] == report.commands_per_grant
     assert f"| {report.commands_per_grant:.1f} |" in markdown
     assert f"semaphore: {report.semaphore_commands_per_grant:.1f})" in markdown
     assert data["tenant_commands_per_grant"] == report.tenant_commands_per_grant
     assert f"two tenants | | {report.tenant_commands_per_grant:.1f} |" in markdown
+    assert data["pool_commands_per_grant"] == report.pool_commands_per_grant
+    assert f"two members | | {report.pool_commands_per_grant:.1f} |" in markdown
+    assert f" | {report.pool_handoffs_per_s:,.0f} |" in markdown
+    assert data["pool_peak_in_flight"] == report.pool_peak_in_flight
     for row in report.scaling:
         assert f"| {row.processes} | {row.grants} |" in markdown
         assert row.semaphore is not None

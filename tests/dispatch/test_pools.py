@@ -450,11 +450,6 @@ async def test_pools_that_share_a_member_share_one_queue(
             ValueError,
             r"affinity_wait",
         ),
-        (
-            {"pools": {"gpt": ("key-a",)}, "redis_url": "redis://localhost:1"},
-            ValueError,
-            r"^pools cannot be used with redis_url",
-        ),
     ],
 )
 def test_pools_are_checked_at_the_call(

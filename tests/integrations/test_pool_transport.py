@@ -4,8 +4,10 @@ Two fake LLM servers on loopback, each accepting one key only (any other
 is answered 401), are the members of a pool; the SDK's client is given a
 base URL that resolves nowhere and a key neither accepts. Every call must
 reach the member its slot was granted on, with that member's key, and
-each server's peak in flight stays within its member's limit. Real time:
-keep the latencies small.
+each server's peak in flight stays within its member's limit. The main
+cases run twice: with the local scheduler, and with the fleet's through a
+redis-server of the test's own (``backend``). Real time: keep the
+latencies small.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import trio.testing
 from trio_dispatch import Endpoint, PoolUnreachable, open_dispatcher
 from trio_dispatch.testing import FakeReply, FakeScript, Fault, open_fake_llm_server
 
+from .._redis import needs_redis
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
@@ -39,6 +43,15 @@ TEXT = "one two three four"
 
 
 SCRIPT = FakeScript(default=FakeReply(text=TEXT, tokens_per_second=200))
+
+
+@pytest.fixture(params=["local", pytest.param("redis", marks=needs_redis)])
+def backend(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The pool's scheduler: the local one, or the fleet's on a redis-server of the test's own."""
+    if request.param == "local":
+        return {}
+    server = request.getfixturevalue("server")
+    return {"redis_url": server.url, "lease": 1.5}
 
 
 @asynccontextmanager
@@ -121,10 +134,10 @@ async def call(wire: Wire, client: Any) -> str:  # noqa: ANN401 (either SDK)
 
 @pytest.mark.parametrize("wire", ["openai", "anthropic"])
 async def test_each_call_goes_to_its_members_server_with_its_members_key(
-    wire: Wire,
+    wire: Wire, backend: dict[str, Any]
 ) -> None:
     texts: list[str] = []
-    async with open_pool(wire) as (a, b, d, client):
+    async with open_pool(wire, **backend) as (a, b, d, client):
 
         async def one() -> None:
             texts.append(await call(wire, client))
@@ -145,13 +158,15 @@ async def test_each_call_goes_to_its_members_server_with_its_members_key(
     assert served_b.peak_in_flight <= 1
 
 
-async def test_a_rate_limit_answer_pauses_only_its_member() -> None:
+async def test_a_rate_limit_answer_pauses_only_its_member(
+    backend: dict[str, Any],
+) -> None:
     # Member a (the most free slots: the first call's) answers one 429,
     # with Retry-After: 30: the call goes to b at once, the SDK none the wiser.
     limited = attrs.evolve(
         SCRIPT, replies=(FakeReply(fault=Fault("rate_limit", retry_after=30.0)),)
     )
-    async with open_pool("openai", limited) as (a, b, d, client):
+    async with open_pool("openai", limited, **backend) as (a, b, d, client):
         assert await call("openai", client) == TEXT
         assert (await a.wait_idle()).requests_total == 1
         assert (await b.wait_idle()).requests_total == 1
@@ -334,14 +349,16 @@ async def test_a_member_that_joins_after_the_transport_is_avoided_until_it_has_a
     assert seen == ["a.example", "c.example"]
 
 
-async def test_a_member_whose_server_is_down_has_its_calls_served_by_the_other() -> (
-    None
-):
+async def test_a_member_whose_server_is_down_has_its_calls_served_by_the_other(
+    backend: dict[str, Any],
+) -> None:
     # key-b's connections are refused: its two calls go to key-a at once,
     # in their place; after two failures in a row key-b is out of service,
     # and every later call goes to key-a. The SDK (no retries of its own)
     # sees none of it.
-    async with open_pool("openai", limits=(2, 2), b_down=True, failure_threshold=2) as (
+    async with open_pool(
+        "openai", limits=(2, 2), b_down=True, failure_threshold=2, **backend
+    ) as (
         a,
         _,
         d,
@@ -372,9 +389,11 @@ async def test_a_member_whose_server_is_down_has_its_calls_served_by_the_other()
 
 
 @pytest.mark.parametrize("wire", ["openai", "anthropic"])
-async def test_a_server_error_is_sent_again_on_the_other_member(wire: Wire) -> None:
+async def test_a_server_error_is_sent_again_on_the_other_member(
+    wire: Wire, backend: dict[str, Any]
+) -> None:
     failing = attrs.evolve(SCRIPT, replies=(FakeReply(fault=Fault("server_error")),))
-    async with open_pool(wire, failing) as (a, b, d, client):
+    async with open_pool(wire, failing, **backend) as (a, b, d, client):
         assert await call(wire, client) == TEXT
         stats = d.statistics().providers
         served_a, served_b = await a.wait_idle(), await b.wait_idle()

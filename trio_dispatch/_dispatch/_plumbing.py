@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Iterable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, cast, final
 
 import attrs
 import trio
@@ -91,6 +91,7 @@ if TYPE_CHECKING:
     from ..messages._limits import Tenant
     from ..messages._protocol import SchedulerMessage
     from ._backend import Backend, ProviderStatistics
+    from ._pools import GroupScheduler
     from ._settings import Settings
 
 _logger = logging.getLogger("trio_dispatch")
@@ -801,7 +802,7 @@ class Plumbing(metaclass=NoPublicConstructor):
             groups[name] = group
             self._known.add(name)
             self._cleared.add(name)
-        actor = group.actor
+        actor = _local(group.actor)
         if actor is not None:
             # Each joins with its holders and its waiting requests in place
             # before anything is granted on it; then the pool.
@@ -816,7 +817,7 @@ class Plumbing(metaclass=NoPublicConstructor):
         if actor is None and handovers:
             # The group's scheduler, new, has each with its holders: its
             # waiting requests join now (nothing else waits there yet).
-            made = group.actor
+            made = _local(group.actor)
             assert made is not None  # made by _scheduler
             for handover in handovers.values():
                 made.take_over(handover)
@@ -837,14 +838,11 @@ class Plumbing(metaclass=NoPublicConstructor):
                 stopped (it crashed). Nothing changed.
         """
         settings = self._settings
-        if settings.redis_url is not None:
-            raise ValueError(
-                "pools cannot be used with redis_url: the fleet's ledger does not"
-                " schedule pools yet"
-            )
+        self._fleet_pools_fixed()
         if settings.new_backend is not None:
             raise ValueError(
-                "pools need the local scheduler, not a backend factory of one's own"
+                "pools need the local scheduler or the Redis one (redis_url), not a"
+                " backend factory of one's own"
             )
         groups = self._groups
         known = groups.get(pool)
@@ -867,13 +865,28 @@ class Plumbing(metaclass=NoPublicConstructor):
         running = [each for each in found if each.actor is not None]
         group = (running or found or [Group()])[0]
         for each in running:
-            assert each.actor is not None  # running
+            actor = _local(each.actor)
+            assert actor is not None  # running
             # The chosen group's scheduler takes the others in; theirs give way.
             _check_scheduler(
-                each.actor, f"pools {_names(each.pools)}", gives_way=each is not group
+                actor, f"pools {_names(each.pools)}", gives_way=each is not group
             )
         others = [each for each in found if each is not group]
         return group, [name for name in names if name not in groups], others
+
+    def _fleet_pools_fixed(self) -> None:
+        """Refuse to change pools at run time with ``redis_url``.
+
+        Raises:
+            ValueError: The dispatcher shares its limits through Redis: a
+                fleet's pools are one group in its ledger, declared the
+                same to ``open_dispatcher(pools=...)`` in every process.
+        """
+        if self._settings.redis_url is not None:
+            raise ValueError(
+                "a fleet's pools are fixed: with redis_url, declare them to"
+                " open_dispatcher(pools=...), the same in every process"
+            )
 
     def _merge_groups(self, group: Group, others: list[Group]) -> None:
         """Each group of ``others`` joins ``group``: its members and pools, and its scheduler's requests.
@@ -884,7 +897,7 @@ class Plumbing(metaclass=NoPublicConstructor):
         their place. Its old views (a slot holds one) reach ``group``'s
         scheduler from now on.
         """
-        actor = group.actor
+        actor = _local(group.actor)
         groups = self._groups
         for other in others:
             other.merged_into = group
@@ -898,8 +911,9 @@ class Plumbing(metaclass=NoPublicConstructor):
                 self._host.actors.pop(name, None)
             if actor is None:
                 continue  # no scheduler runs: none is made yet
-            if other.actor is not None:
-                handover = other.actor.give_way_whole(actor)
+            gives_way = _local(other.actor)
+            if gives_way is not None:
+                handover = gives_way.give_way_whole(actor)
                 limits = self._host.limits
                 actor.merge(
                     handover, {name: limits.get(name) for name in other.members}
@@ -940,6 +954,7 @@ class Plumbing(metaclass=NoPublicConstructor):
         group = self._groups.get(pool)
         if group is None or pool not in group.pools:
             raise ValueError(f"no pool {pool!r}; pools: {_names(self.pools())}")
+        self._fleet_pools_fixed()
         del group.pools[pool]
         if group.actor is not None:
             self._tell(pool, RemovePool(pool))
@@ -1020,10 +1035,9 @@ class Plumbing(metaclass=NoPublicConstructor):
                 failure_threshold=self._settings.failure_threshold,
                 failure_cooldown=self._settings.failure_cooldown,
             )
-            actor = self._new_backend(setup)
-            # Settings refuse pools with any backend but the local one.
-            assert isinstance(actor, SchedulerActor)
-            group.actor = actor
+            # Settings refuse pools with a backend factory of one's own:
+            # this is the local scheduler, or the shared one with redis_url.
+            group.actor = cast("GroupScheduler", self._new_backend(setup))
         return MemberView(name, group)
 
     def _setup(self, provider: str) -> BackendSetup:
@@ -1107,7 +1121,9 @@ class Plumbing(metaclass=NoPublicConstructor):
 
         Stored ones (``None``: unlimited on purpose) are learned, not
         written: Redis has them already. Each provider is known, its
-        backend started, so that a pause or a limit reaches it at once.
+        backend started, so that a pause or a limit reaches it at once:
+        once every limit is learned, so that a group's scheduler starts
+        with all its members' limits.
         """
         for provider, limit in limits.items():
             if self._settings.redis_url is None:
@@ -1118,7 +1134,9 @@ class Plumbing(metaclass=NoPublicConstructor):
             self._learn_limit(provider, limit)
             self._known.add(provider)
             self._cleared.add(provider)
-            self._scheduler(provider)
+        if self._settings.redis_url is not None:
+            for provider in limits:
+                self._scheduler(provider)
 
     def _learn_limit(self, provider: str, limit: int | None) -> None:
         """A backend told its limit: an adaptive move, or the fleet's from Redis."""
@@ -1309,6 +1327,12 @@ _CLOSE_NAME: Final = 0.8
 def _identities(exc: BaseException) -> set[int]:
     """The identities of the exceptions in ``exc``, through any groups."""
     return {id(leaf) for leaf in leaves(exc)}
+
+
+def _local(actor: GroupScheduler | None) -> SchedulerActor | None:
+    """A group's scheduler where pools change at run time: the local one (a fleet's are fixed)."""
+    assert actor is None or isinstance(actor, SchedulerActor)
+    return actor
 
 
 def _check_scheduler(actor: SchedulerActor, what: str, *, gives_way: bool) -> None:

@@ -15,7 +15,7 @@ the dispatcher starts first; the others wait for the dispatcher to close.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Protocol, final
 
 import trio
 
@@ -33,7 +33,7 @@ from ..messages._protocol import (
 )
 
 if TYPE_CHECKING:
-    from ..actors._scheduler import SchedulerActor
+    from .._policy._slots import PoolStatistics
     from ..messages._protocol import SchedulerMessage, Ticket
     from ._backend import ProviderStatistics
 
@@ -87,6 +87,25 @@ def check_members(pool: str, members: object) -> tuple[str, ...]:
     return names
 
 
+class GroupScheduler(Protocol):
+    """A group's scheduler, as its views use it: the local one, or the shared one (``redis_url``)."""
+
+    def knows(self, name: str) -> bool: ...
+    def ticket(
+        self,
+        rank: float,
+        priority: int = 0,
+        tenant: str | None = None,
+        model: str | None = None,
+    ) -> Ticket: ...
+    def send(self, message: SchedulerMessage) -> None: ...
+    def member_of(self, ticket: Ticket) -> str | None: ...
+    def member_statistics(self, member: str) -> ProviderStatistics: ...
+    def pool_statistics(self) -> dict[str, PoolStatistics]: ...
+    def close(self) -> None: ...
+    async def run(self, *, stop_when_idle: bool = False) -> bool: ...
+
+
 @final
 class Group:
     """Providers scheduled together, because pools join them, and those pools.
@@ -105,7 +124,7 @@ class Group:
     def __init__(self) -> None:
         self.members: list[str] = []
         self.pools: dict[str, tuple[str, ...]] = {}
-        self.actor: SchedulerActor | None = None
+        self.actor: GroupScheduler | None = None
         self.running = False
         self.merged_into: Group | None = None
 
@@ -165,7 +184,7 @@ class MemberView:
         return f"<MemberView {self.provider!r} of {self.group!r}>"
 
     @property
-    def actor(self) -> SchedulerActor:
+    def actor(self) -> GroupScheduler:
         """The group's scheduler: once its group merged into another, that one's."""
         group = self.group
         if group.merged_into is not None:
@@ -179,7 +198,7 @@ class MemberView:
     @property
     def joined(self) -> bool:
         """Whether its scheduler has its member or pool yet: its join may still be queued."""
-        return self.actor.policy.knows(self.provider)
+        return self.actor.knows(self.provider)
 
     def ticket(
         self,

@@ -235,14 +235,10 @@ class Settings:
                     "server_load cannot be used with redis_url: the fleet's"
                     " grants do not read a server's load yet"
                 )
-            if self.pools:
-                raise ValueError(
-                    "pools cannot be used with redis_url: the fleet's ledger"
-                    " does not schedule pools yet"
-                )
         if self.pools and self.new_backend is not None:
             raise ValueError(
-                "pools need the local scheduler, not a backend factory of one's own"
+                "pools need the local scheduler or the Redis one (redis_url), not a"
+                " backend factory of one's own"
             )
         self._check_pool_names()
         # Kept as checked: seconds as floats (a message shows max_hold=5

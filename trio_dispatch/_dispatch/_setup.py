@@ -29,15 +29,19 @@ from .._policy._slots import (
     SlotPolicy,
 )
 from ._backend import provider_statistics
+from ._pools import groups_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
 
     from .._observe._translator import Translator
-    from .._policy._slots import PoolStatistics
+    from .._policy._budgets import BudgetStatistics
+    from .._policy._slots import MemberStatistics, PoolStatistics
+    from .._policy._tenants import TenantStatistics
+    from .._server_load._load import ServerLoad
     from ..messages._limits import Budget, Tenant
     from ..messages._protocol import Ticket
-    from ._backend import ProviderStatistics
+    from ._backend import Counts, Fleet, ProviderStatistics
 
 
 @final
@@ -194,6 +198,30 @@ class BackendSetup:
         }
 
 
+def fleet_name(pools: Iterable[str]) -> str:
+    """The name a group of ``pools`` has in a fleet's ledger: the same in every process.
+
+    Its pools' names, sorted, each as its length, a colon and the text
+    (so that any text is a name), after ``"pools "``.
+    """
+    return "pools " + "".join(f"{len(pool)}:{pool}" for pool in sorted(pools))
+
+
+def fleet_groups(
+    pools: Mapping[str, tuple[str, ...]],
+) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Each pooled provider's group in a fleet's ledger: its name and its members, in order.
+
+    The groups ``open_dispatcher``'s ``pools`` make (pools that share a
+    member are one), as the dispatcher makes them.
+    """
+    return {
+        name: (fleet_name(group.pools), tuple(group.members))
+        for name, group in groups_of(pools).items()
+        if name not in group.pools
+    }
+
+
 def pooled(policy: SlotPolicy) -> bool:
     """Whether ``policy`` schedules pooled providers: several members, or a pool."""
     return len(policy.members) > 1 or bool(policy.pools)
@@ -233,10 +261,44 @@ def policy_statistics(
         )
     if member in policy.pools:
         pool = policy.pool_statistics()[member]
-        return _pool_as_provider(provider, policy, pool, stats, now)
+        return pool_as_provider(
+            provider,
+            pool,
+            policy.member_statistics(),
+            stats,
+            policy.tenant_statistics(now),
+        )
     own = policy.member_statistics()[member]
     adaptive, budget = policy.member_budgets(member, now)
-    # Its own slots, and the totals of the queue it shares.
+    return member_as_provider(
+        provider,
+        own,
+        stats,
+        adaptive=adaptive,
+        budget=budget,
+        models=policy.model_budget_statistics(now, member=member),
+        tenants=policy.tenant_statistics(now),
+        server_load=policy.member_server_load(member),
+    )
+
+
+def member_as_provider(  # what a member's snapshot is made of
+    provider: str,
+    own: MemberStatistics,
+    queue: Counts,
+    *,
+    adaptive: bool,
+    budget: BudgetStatistics | None,
+    models: Mapping[str, BudgetStatistics],
+    tenants: Mapping[str, TenantStatistics],
+    server_load: tuple[ServerLoad | None, int | None] = (None, None),
+    fleet: Fleet | None = None,
+) -> ProviderStatistics:
+    """A member's snapshot as a provider's: every scheduler of a pool builds it so.
+
+    Its own slots (``own``), and the totals of the queue it shares
+    (``queue``); ``fleet``, a shared scheduler's view of the member.
+    """
     counts = PolicyStatistics(
         limit=own.limit,
         in_flight=own.in_flight,
@@ -244,40 +306,43 @@ def policy_statistics(
         paused_until=own.paused_until,
         granted_total=own.granted_total,
         released_total=own.released_total,
-        withdrawn_total=stats.withdrawn_total,
-        rejected_total=stats.rejected_total,
+        withdrawn_total=queue.withdrawn_total,
+        rejected_total=queue.rejected_total,
         peak_in_flight=own.peak_in_flight,
-        peak_waiting=stats.peak_waiting,
+        peak_waiting=queue.peak_waiting,
     )
     return provider_statistics(
         provider,
         counts,
+        fleet=fleet,
         limit=own.limit,
         paused_until=own.paused_until,
         adaptive=adaptive,
         budget=budget,
-        models=policy.model_budget_statistics(now, member=member),
-        tenants=policy.tenant_statistics(now),
-        server_load=policy.member_server_load(member),
+        models=models,
+        tenants=tenants,
+        server_load=server_load,
         affinity=(own.affinity_hits, own.affinity_moves),
         health=own,
     )
 
 
-def _pool_as_provider(
+def pool_as_provider(
     provider: str,
-    policy: SlotPolicy,
     pool: PoolStatistics,
-    queue: PolicyStatistics,
-    now: float,
+    members: Mapping[str, MemberStatistics],
+    queue: Counts,
+    tenants: Mapping[str, TenantStatistics],
+    *,
+    fleet: Fleet | None = None,
 ) -> ProviderStatistics:
     """A pool's snapshot as a provider's: what an integration reads of the name it uses.
 
     Its limit, slots and waiting requests (``PoolStatistics``); paused while
     every limited member is, until the first of them resumes; its members'
-    grants and releases added up, and the queue's totals.
+    grants and releases added up, and the queue's totals; ``fleet``, a
+    shared scheduler's view of the pool.
     """
-    members = policy.member_statistics()
     own = [members[name] for name in pool.members]
     pauses = [m.paused_until for m in own if m.limit is not None]
     paused_until = (
@@ -298,11 +363,12 @@ def _pool_as_provider(
     return provider_statistics(
         provider,
         counts,
+        fleet=fleet,
         limit=pool.limit,
         paused_until=paused_until,
         adaptive=False,
         budget=None,
         models={},
-        tenants=policy.tenant_statistics(now),
+        tenants=tenants,
         affinity=(pool.affinity_hits, pool.affinity_moves),
     )

@@ -46,10 +46,11 @@ import trio
 from coredis.exceptions import ClusterDownError, ResponseError, TryAgainError
 from coredis.retry import NoRetryPolicy
 
+from .._dispatch._setup import fleet_groups, fleet_name
 from .._exceptions import BackendUnavailable
 from .._groups import leaves
 from .._validation import redact_url
-from ..messages._protocol import SetModelBudget, SetTenant
+from ..messages._protocol import ForMember, SetModelBudget, SetTenant
 from ._book import SharedBook
 from ._ledger import Ledger, provider_of_channel
 from ._scheduler import BACKEND_ERRORS, SharedSchedulerActor, new_node
@@ -89,10 +90,17 @@ class SharedBackends:
         """
         ledger = self.ledger
         assert ledger is not None
-        provider = setup.provider
+        # A group of pools is one name in the ledger, the same in every
+        # process of the fleet; its events name its pools, as a local one's.
+        pooled = bool(setup.pools)
+        members = (setup, *setup.members) if pooled else ()
+        provider = fleet_name(setup.pools) if pooled else setup.provider
+        events = setup.events.provider
         actor = SharedSchedulerActor(
             provider,
-            SharedBook(new_node(), provider, max_waiting=setup.max_waiting),
+            SharedBook(
+                new_node(), events, max_waiting=setup.max_waiting, pooled=pooled
+            ),
             ledger,
             limit=setup.limit,
             default_pause=setup.default_pause,
@@ -100,11 +108,19 @@ class SharedBackends:
             on_limit=setup.learn_limit,
             on_tenant=setup.learn_tenant,
             hub=setup.events.hub,
+            members={member.provider: member.limit for member in members},
+            pools=setup.pools,
+            events=events,
+            affinity_wait=setup.affinity_wait,
+            failure_threshold=setup.failure_threshold,
+            failure_cooldown=setup.failure_cooldown,
         )
         for tenant, settings in setup.tenants.items():
             actor.send(SetTenant(tenant, settings))
-        for model, budget in setup.model_budgets.items():
-            actor.send(SetModelBudget(model, budget))
+        for member in members or (setup,):
+            for model, budget in member.model_budgets.items():
+                message = SetModelBudget(model, budget)
+                actor.send(ForMember(member.provider, message) if pooled else message)
         self._actors[provider] = actor
         return actor
 
@@ -261,14 +277,32 @@ async def _serve(
             ledger = Ledger(client, settings.namespace, settings.lease)
             # Turns are placed on the server's clock from the first one.
             await ledger.measure_clock()
-            stored = {
-                provider: await ledger.set_limit(provider, limit, overwrite=False)
-                for provider, limit in limits.items()
-            }
+            # A pool's member keeps its limit and budgets in its group's
+            # keys, as a member (see SharedSchedulerActor).
+            groups = fleet_groups(settings.pools)
+            stored = {}
+            for provider, limit in limits.items():
+                group = groups.get(provider)
+                stored[provider] = await ledger.set_limit(
+                    provider if group is None else group[0],
+                    limit,
+                    overwrite=False,
+                    member=None if group is None else provider,
+                )
             for key, budget in settings.provider_budgets.items():
                 # "provider/model": that model's own budget.
                 provider, _, model = key.partition("/")
-                await ledger.set_budget(provider, budget, model=model or None)
+                group = groups.get(provider)
+                if group is None:
+                    await ledger.set_budget(provider, budget, model=model or None)
+                else:
+                    await ledger.set_budget(
+                        group[0],
+                        budget,
+                        model=model or None,
+                        member=provider,
+                        members=group[1],
+                    )
         report((ledger, stored))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_close_when_done, closing, ledger, held)

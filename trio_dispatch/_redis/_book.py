@@ -198,6 +198,11 @@ class SharedBook:
         """Whether ``ticket`` holds a lease."""
         return ticket in self._holders
 
+    def member_of(self, ticket: Ticket) -> str | None:
+        """A group's: the member ``ticket`` holds its lease on (``None``: it holds none)."""
+        lease = self._holders.get(ticket)
+        return None if lease is None else self._on.get(lease)
+
     def acquire(
         self,
         ticket: Ticket,

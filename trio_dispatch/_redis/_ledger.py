@@ -207,6 +207,8 @@ class LedgerMember:
             another member.
         models: Its models' budgets that the step met, by model.
         forgotten: Its models whose learned budgets the step forgot.
+        adaptive: Its adaptive limit's bounds, backoff and signal, if its
+            limit is one (``StepResult.adaptive``'s shape).
     """
 
     limit: int | None
@@ -221,10 +223,11 @@ class LedgerMember:
     affinity_moves: int = 0
     models: dict[str, LedgerBudget] = attrs.field(factory=dict)
     forgotten: list[str] = attrs.field(factory=list)
+    adaptive: tuple[int, int, float, str] | None = None
 
 
 def _members_of(rows: list[Any]) -> dict[str, LedgerMember]:
-    """A group's members from a step's answer: thirteen fields each."""
+    """A group's members from a step's answer: fourteen fields each."""
     return {
         str(rows[k]): LedgerMember(
             limit=_limit_of(rows[k + 1]),
@@ -239,8 +242,9 @@ def _members_of(rows: list[Any]) -> dict[str, LedgerMember]:
             affinity_moves=int(rows[k + 10]),
             models=_models_of(list(rows[k + 11])),
             forgotten=[str(model) for model in rows[k + 12]],
+            adaptive=_bounds_of(rows[k + 13]),
         )
-        for k in range(0, len(rows), 13)
+        for k in range(0, len(rows), 14)
     }
 
 

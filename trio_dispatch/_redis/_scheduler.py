@@ -39,6 +39,7 @@ after ``lease``.
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import math
@@ -51,14 +52,23 @@ import trio
 from coredis.exceptions import RedisError
 
 from .._dispatch._backend import provider_statistics
+from .._dispatch._setup import member_as_provider, pool_as_provider
 from .._exceptions import DispatcherClosed, QueueFull
 from .._observe._hub import EventHub
 from .._observe._translator import FLEET_PAUSE, Translator
 from .._policy._budgets import AdaptiveLimit, BudgetStatistics, refilled
 from .._policy._latency import LatencySignal
+from .._policy._slots import (
+    DEFAULT_AFFINITY_WAIT,
+    DEFAULT_FAILURE_COOLDOWN,
+    DEFAULT_FAILURE_THRESHOLD,
+    MemberStatistics,
+    PoolStatistics,
+)
 from .._policy._tenants import TenantStatistics
 from .._util import put_or_remove
 from ..actors._mailbox import Mailbox
+from ..actors._scheduler import MAX_CONVERSATIONS
 from ..messages._protocol import (
     Acquire,
     Adapt,
@@ -81,19 +91,20 @@ from ..messages._protocol import (
     SetTenant,
     Ticket,
 )
-from ._ledger import NamespaceLost, SeenModels, wakes
-from ._scripts import Seed
+from ._ledger import LedgerMember, NamespaceLost, SeenModels, StepResult, wakes
+from ._scripts import Seed, lane_text
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from .._dispatch._backend import ProviderStatistics
     from .._policy._budgets import Budget
     from .._policy._ratelimits import RateLimitInfo
+    from .._policy._slots import ServiceState
     from ..messages._limits import Tenant
     from ..messages._protocol import Reply
     from ._book import SharedBook
-    from ._ledger import Ledger, LedgerBudget, LedgerTenant, StepResult
+    from ._ledger import Ledger, LedgerBudget, LedgerTenant
     from ._scripts import Plan
 
 _logger = logging.getLogger("trio_dispatch")
@@ -212,22 +223,149 @@ def _level(
 
 
 @final
+class _Share:
+    """One provider's part of a shared scheduler: a provider's own, or a member's of a group.
+
+    What this process asks the ledger to store for it (limits, pauses,
+    resumes, its models' budgets), its figures and latency verdicts not
+    sent yet, the settings the fleet holds for it (stored again where Redis
+    lost them), what the last round saw of it, and this process's own
+    counts of its slots.
+    """
+
+    __slots__ = (
+        "fleet_budget",
+        "fleet_models",
+        "granted_total",
+        "latency",
+        "limit",
+        "limit_writes",
+        "member",
+        "model_budgets",
+        "name",
+        "observed",
+        "observed_models",
+        "pauses",
+        "peak_in_flight",
+        "released_total",
+        "resume",
+        "seen",
+        "verdicts",
+        "view",
+    )
+
+    def __init__(self, name: str, member: str | None, limit: int | None) -> None:
+        self.name = name
+        # As the ledger's calls name it: None for a provider (its own keys).
+        self.member = member
+        self.limit = limit
+        self.limit_writes: list[int | AdaptiveLimit | None] = []
+        # A latency-signal limit: this process's own signal, over its own
+        # calls, and its verdicts not yet sent. The ledger applies them to
+        # the fleet's limit (Adaptive.move): the processes' shares of the
+        # calls make their rounds, and move the limit together as one
+        # process seeing every call would.
+        self.latency: LatencySignal | None = None
+        self.verdicts: list[int] = []
+        # The latest rate-limit figures not yet sent: its own, each model's.
+        self.observed: RateLimitInfo | None = None
+        self.observed_models: dict[str, RateLimitInfo] = {}
+        # Its models' budgets to store, the latest of each.
+        self.model_budgets: dict[str, Budget] = {}
+        self.pauses: list[float | None] = []
+        self.resume = False
+        # The fleet's settings as the last round saw them, with this
+        # process's writes since: stored again where Redis lost them.
+        self.fleet_budget: Budget | None = None
+        self.fleet_models: dict[str, Budget] = {}
+        self.view = SharedView()
+        # A member's, as the last round saw it: its health and affinity.
+        self.seen: LedgerMember | None = None
+        self.granted_total = 0
+        self.released_total = 0
+        self.peak_in_flight = 0
+
+    def idle(self) -> bool:
+        """Nothing of it left to send."""
+        return not (
+            self.limit_writes
+            or self.verdicts
+            or self.pauses
+            or self.resume
+            or self.observed is not None
+            or self.observed_models
+            or self.model_budgets
+        )
+
+    def judge(self, limit: AdaptiveLimit | None) -> None:
+        """A new limit: a latency signal starts afresh for it, or there is none.
+
+        The verdicts not sent yet were of the old limit's rounds.
+        """
+        latency = limit is not None and limit.signal == "latency"
+        self.latency = LatencySignal() if latency else None
+        self.verdicts.clear()
+
+    def take_figures(
+        self,
+    ) -> tuple[RateLimitInfo | None, dict[str, RateLimitInfo], list[int]]:
+        """Its figures and verdicts, for a round: taken out until it fails."""
+        taken = (self.observed, self.observed_models, self.verdicts)
+        self.observed, self.observed_models, self.verdicts = None, {}, []
+        return taken
+
+    def figures_failed(
+        self, observed: RateLimitInfo | None, by_model: dict[str, RateLimitInfo]
+    ) -> None:
+        """A round did not reach the ledger: its figures go with the next.
+
+        But for its latency verdicts: the step may have applied them with
+        its answer lost, and a move applied twice is no idempotent change
+        (a rise in the slow start would double twice). The signal's next
+        rounds judge again.
+        """
+        if self.observed is None:
+            self.observed = observed
+        # Figures that came since are newer.
+        self.observed_models = by_model | self.observed_models
+
+    def seed_limit(self) -> int | AdaptiveLimit | None:
+        """Its limit as the fleet holds it: an adaptive one goes on from its current value."""
+        adaptive = self.view.adaptive
+        if adaptive is not None and self.limit is not None:
+            return attrs.evolve(adaptive, initial=self.limit)
+        return self.limit
+
+
+@final
 class SharedSchedulerActor:
-    """The scheduler of one provider whose limit is shared through Redis.
+    """The scheduler of one provider, or one group of pooled providers, shared through Redis.
 
     Args:
-        provider: The provider's name.
-        book: Its bookkeeping, kept by the dispatcher across restarts.
+        provider: The provider's name; a group's, its name in the ledger
+            (``fleet_name``).
+        book: Its bookkeeping, kept by the dispatcher across restarts;
+            ``pooled`` for a group.
         ledger: The namespace's scripts.
         limit: The limit known when it starts (stored in Redis if none is).
         default_pause: The backoff's first pause, as the dispatcher's.
         max_pause: The longest pause, as the dispatcher's.
-        on_limit: Called with the stored limit whenever a round learns it.
+        on_limit: Called with the stored limit whenever a round learns it
+            (a member's name with a member's).
         on_tenant: Called with a tenant's settings (``None``: not
             configured) whenever a round learns that the fleet's changed.
+        members: A group's members, in order, each with its limit known
+            when it starts (``limit`` is then unused); empty for a provider.
+        pools: A group's pools, each with its members in order.
+        events: The name its events and log lines give the group.
+        affinity_wait: How long a group's request waits for its member.
+        failure_threshold: A group member's failures in a row that take it
+            out of service.
+        failure_cooldown: How long a group member stays out of service.
     """
 
     __slots__ = (
+        "_asked",
         "_backoff",
         "_crash",
         "_default_pause",
@@ -235,38 +373,34 @@ class SharedSchedulerActor:
         "_entered",
         "_epoch",
         "_events",
-        "_fleet_budget",
-        "_fleet_models",
         "_fleet_tenants",
         "_handling",
         "_holding",
         "_inbox",
         "_last_round",
-        "_latency",
+        "_latest",
         "_ledger",
-        "_limit_writes",
         "_max_pause",
-        "_model_budgets",
+        "_members",
+        "_names",
         "_next_renew",
-        "_observed",
-        "_observed_models",
         "_on_limit",
         "_on_tenant",
-        "_pauses",
+        "_own",
         "_replies",
-        "_resume",
         "_retry_at",
         "_running",
         "_seq",
+        "_settings",
+        "_shares",
         "_tenant_writes",
-        "_verdicts",
         "_view",
         "book",
-        "limit",
+        "pools",
         "provider",
     )
 
-    def __init__(
+    def __init__(  # a group's settings besides a provider's
         self,
         provider: str,
         book: SharedBook,
@@ -278,15 +412,41 @@ class SharedSchedulerActor:
         on_limit: Callable[[str, int | None], None],
         on_tenant: Callable[[str, Tenant | None], None] | None = None,
         hub: EventHub | None = None,
+        members: Mapping[str, int | None] | None = None,
+        pools: Mapping[str, tuple[str, ...]] | None = None,
+        events: str | None = None,
+        affinity_wait: float = DEFAULT_AFFINITY_WAIT,
+        failure_threshold: int = DEFAULT_FAILURE_THRESHOLD,
+        failure_cooldown: float = DEFAULT_FAILURE_COOLDOWN,
     ) -> None:
         self.provider = provider
         self.book = book
-        self.limit = limit
         self._ledger = ledger
         self._default_pause = default_pause
         self._max_pause = max_pause
         self._on_limit = on_limit
         self._on_tenant = on_tenant
+        # A provider is its own and only share; a group has one per member.
+        self._shares = (
+            {name: _Share(name, name, known) for name, known in members.items()}
+            if members
+            else {provider: _Share(provider, None, limit)}
+        )
+        self._own = next(iter(self._shares.values()))
+        self._members: tuple[str, ...] = tuple(members or ())
+        self.pools: dict[str, tuple[str, ...]] = dict(pools or {})
+        self._settings = {
+            "failure_threshold": failure_threshold,
+            "failure_cooldown": failure_cooldown,
+            "affinity_wait": affinity_wait,
+        }
+        # A group's: what each waiting ticket asked for (a member or a
+        # pool), the names its events give it (its member once granted)
+        # and its pool, its conversation while it waits, and the member of
+        # each conversation's latest grant, which its next request prefers.
+        self._asked: dict[Ticket, tuple[str, str | None]] = {}
+        self._names: dict[Ticket, tuple[str, str | None]] = {}
+        self._latest: dict[str, str] = {}
         # The messages sent while a task handles others (send), and the
         # run task's wake-ups.
         self._inbox: Mailbox[SchedulerMessage] = Mailbox()
@@ -298,31 +458,14 @@ class SharedSchedulerActor:
         self._holding: dict[Ticket, Reply] = {}
         # The book's: lease ids stay unique when a new actor takes over.
         self._seq = book.seq
-        self._limit_writes: list[int | AdaptiveLimit | None] = []
-        # A latency-signal limit: this process's own signal, over its own
-        # calls, and its verdicts not yet sent. The ledger applies them to
-        # the fleet's limit (Adaptive.move): the processes' shares of the
-        # calls make their rounds, and move the limit together as one
-        # process seeing every call would.
-        self._latency: LatencySignal | None = None
-        self._verdicts: list[int] = []
-        # The latest rate-limit figures not yet sent to the ledger: the
-        # provider's, and each model's.
-        self._observed: RateLimitInfo | None = None
-        self._observed_models: dict[str, RateLimitInfo] = {}
-        # Tenants' settings and models' budgets to store, the latest of each.
+        # Tenants' settings to store, the latest of each; the fleet's as
+        # the last round saw them (see _Share for the rest), stored again
+        # by the round that finds the namespace lost (its epoch changed:
+        # see Ledger.step), which the ledger tells only a round that knows
+        # its epoch ("": none).
         self._tenant_writes: dict[str, Tenant | None] = {}
-        self._model_budgets: dict[str, Budget] = {}
-        # The fleet's settings as the last round saw them, with this
-        # process's writes since: stored again by the round that finds
-        # the namespace lost (its epoch changed: see Ledger.step), which
-        # the ledger tells only a round that knows its epoch ("": none).
         self._epoch = ""
-        self._fleet_budget: Budget | None = None
-        self._fleet_models: dict[str, Budget] = {}
         self._fleet_tenants: dict[str, Tenant] = {}
-        self._pauses: list[float | None] = []
-        self._resume = False
         self._dirty = True
         self._next_renew = -math.inf
         self._last_round = -math.inf
@@ -332,8 +475,12 @@ class SharedSchedulerActor:
         # What each round and message does becomes events and log lines
         # there, as for the local scheduler.
         self._events = Translator(
-            provider, EventHub() if hub is None else hub, FLEET_PAUSE
+            provider if events is None else events,
+            EventHub() if hub is None else hub,
+            FLEET_PAUSE,
         )
+        if self._members:
+            self._events.names = self._names
         # Counted from now: the client stays open until run() is done,
         # even if the dispatcher closes before run() first gets to run. An
         # actor stopped when idle leaves, and enters again with its next
@@ -346,9 +493,18 @@ class SharedSchedulerActor:
         return f"<SharedSchedulerActor provider={self.provider!r} {self.book!r}>"
 
     @property
+    def limit(self) -> int | None:
+        """A provider's limit as last stored or set (a group's: ``None``)."""
+        return None if self._members else self._own.limit
+
+    @property
     def view(self) -> SharedView:
         """The fleet as the last round saw it."""
         return self._view
+
+    def knows(self, name: str) -> bool:
+        """Whether ``name`` is a member or a pool of this group."""
+        return name in self.pools or (bool(self._members) and name in self._shares)
 
     def ticket(
         self,
@@ -403,6 +559,7 @@ class SharedSchedulerActor:
     def statistics(self) -> ProviderStatistics:
         """The fleet's figures as the last round saw them, this process's own totals."""
         view = self._view
+        own = self._own.view
         book = self.book
         now = trio.current_time()
         return provider_statistics(
@@ -410,12 +567,98 @@ class SharedSchedulerActor:
             book,
             fleet=view,
             limit=self.limit,
-            paused_until=view.paused_until,
-            adaptive=view.adaptive is not None,
-            budget=view.budget_statistics(now),
-            models=view.model_statistics(now),
+            paused_until=own.paused_until,
+            adaptive=own.adaptive is not None,
+            budget=own.budget_statistics(now),
+            models=own.model_statistics(now),
             tenants=view.tenant_statistics(),
         )
+
+    def member_of(self, ticket: Ticket) -> str | None:
+        """A group's: the member ``ticket`` holds its slot on, or ``None`` if it holds none."""
+        return self.book.member_of(ticket)
+
+    def member_statistics(self, name: str) -> ProviderStatistics:
+        """A group's member's snapshot, or a pool's, as ``statistics()`` is a provider's.
+
+        The fleet's slots and settings as the last round saw them; its
+        ``waiting`` counts this process's requests waiting for it alone,
+        and its totals are this process's.
+        """
+        now = trio.current_time()
+        members = self._member_statistics()
+        tenants = self._view.tenant_statistics()
+        up = self._view.up
+        pool = self.pool_statistics().get(name)
+        if pool is not None:
+            fleet = _Seen(pool.in_flight, pool.waiting, up)
+            local = sum(members[member].in_flight for member in pool.members)
+            pool = attrs.evolve(pool, in_flight=local)
+            return pool_as_provider(
+                name, pool, members, self.book, tenants, fleet=fleet
+            )
+        share = self._shares[name]
+        own = members[name]
+        return member_as_provider(
+            name,
+            own,
+            self.book,
+            adaptive=share.view.adaptive is not None,
+            budget=share.view.budget_statistics(now),
+            models=share.view.model_statistics(now),
+            tenants=tenants,
+            fleet=_Seen(share.view.in_flight, own.waiting, up),
+        )
+
+    def pool_statistics(self) -> dict[str, PoolStatistics]:
+        """A group's pools, as the last round saw their members; ``waiting``: this process's."""
+        members = self._member_statistics()
+        asked = collections.Counter(asked for asked, _ in self._asked.values())
+        shares = self._shares
+        found = {}
+        for pool, names in self.pools.items():
+            own = [members[name] for name in names]
+            limits = [m.limit for m in own]
+            found[pool] = PoolStatistics(
+                pool=pool,
+                members=names,
+                limit=None if None in limits else sum(limits),  # type: ignore[arg-type]  # no None
+                in_flight=sum(shares[name].view.in_flight for name in names),
+                waiting=asked[pool],
+                affinity_hits=sum(m.affinity_hits for m in own),
+                affinity_moves=sum(m.affinity_moves for m in own),
+            )
+        return found
+
+    def _member_statistics(self) -> dict[str, MemberStatistics]:
+        """Each member: the fleet's as the last round saw it, this process's totals."""
+        asked = collections.Counter(asked for asked, _ in self._asked.values())
+        book = self.book
+        held = collections.Counter(book.member_of(t) for t in book.holders())
+        found = {}
+        for name, share in self._shares.items():
+            seen = share.seen or LedgerMember(
+                limit=share.limit, in_flight=0, paused_for=0
+            )
+            found[name] = MemberStatistics(
+                member=name,
+                limit=share.limit,
+                in_flight=held[name],
+                waiting=asked[name],
+                paused_until=share.view.paused_until,
+                granted_total=share.granted_total,
+                released_total=share.released_total,
+                peak_in_flight=share.peak_in_flight,
+                affinity_hits=seen.affinity_hits,
+                affinity_moves=seen.affinity_moves,
+                failures=seen.failures,
+                out_of_service_until=None
+                if seen.out_for is None
+                else self._last_round + seen.out_for,
+                half_open=seen.half_open,
+                outages_total=seen.outages,
+            )
+        return found
 
     def wake(self, message: str | None = None) -> None:
         """Run a round soon: something changed in Redis. Never blocks.
@@ -463,7 +706,8 @@ class SharedSchedulerActor:
                     stopped_idle = True
                     # The models' budgets as last seen stay: a round shows
                     # only those of its own requests.
-                    self._view = SharedView(models=self._view.models)
+                    own = self._own
+                    own.view = self._view = SharedView(models=own.view.models)
                     return True
                 await self._sleep()
                 if self._crash is not None:
@@ -501,18 +745,13 @@ class SharedSchedulerActor:
 
     def _idle(self) -> bool:
         return (
-            self.limit is None
+            not self._members
+            and self._own.limit is None
             and not self.book.busy()
             and not self._inbox.queue
             and not self._inbox.closed
-            and not self._limit_writes
-            and not self._verdicts
-            and not self._pauses
-            and not self._resume
-            and self._observed is None
-            and not self._observed_models
+            and self._own.idle()
             and not self._tenant_writes
-            and not self._model_budgets
         )
 
     def _deadline(self) -> float:
@@ -521,14 +760,19 @@ class SharedSchedulerActor:
         if book.in_flight or book.waiting:
             deadline = self._next_renew
         if book.waiting:
-            # The safety net for a lost wake-up, and the end of a pause.
+            # The safety net for a lost wake-up, and the end of a pause, of
+            # a budget's wait or of a member's cooldown.
             poll = min(1.0, self._ledger.lease / 3)
             deadline = min(deadline, self._last_round + poll)
-            view = self._view
-            if view.paused_until is not None:
-                deadline = min(deadline, view.paused_until)
-            if view.budget_ready_at is not None:
-                deadline = min(deadline, view.budget_ready_at)
+            for share in self._shares.values():
+                view = share.view
+                if view.paused_until is not None:
+                    deadline = min(deadline, view.paused_until)
+                if view.budget_ready_at is not None:
+                    deadline = min(deadline, view.budget_ready_at)
+                seen = share.seen
+                if seen is not None and seen.out_for is not None:
+                    deadline = min(deadline, self._last_round + seen.out_for)
         return deadline
 
     def _take(self, message: SchedulerMessage, now: float) -> None:
@@ -547,80 +791,114 @@ class SharedSchedulerActor:
         if not self._dirty:
             self._dirty = True
             self._inbox.nudge()
-        if isinstance(message, Release):
-            self._holding.pop(message.ticket, None)
-            before = book.in_flight, book.waiting
-            try:
-                book.release(message.ticket)
-            except RuntimeError as exc:
-                reply = self._replies.pop(message.ticket)
-                book.cancel(message.ticket)
-                reply.refused(exc)
-            if listening:
-                events.left(message.ticket, now, before, book.in_flight, book.waiting)
+        if isinstance(message, Release | Cancel | Failed):
+            self._left(message, now)
         elif isinstance(message, Acquire):
-            self._acquire(message, now)
-        elif isinstance(message, Cancel | Failed):
-            # A call failed before its answer is no success: its grant goes
-            # back as one withdrawn (a provider alone has nowhere else to go).
-            before = book.in_flight, book.waiting
-            self._replies.pop(message.ticket, None)
-            self._holding.pop(message.ticket, None)
-            book.cancel(message.ticket)
-            if listening:
-                events.left(message.ticket, now, before, book.in_flight, book.waiting)
+            self._acquire(message, now, None)
+        elif isinstance(message, ForMember):
+            self._for_member(message, now)
         else:
-            self._take_setting(message, now)
+            self._take_setting(message, now, self._own)
 
-    def _take_setting(  # noqa: PLR0912  # one branch per kind of message
-        self,
-        message: SetLimit
-        | Adapt
-        | Pause
-        | Resume
-        | ReportUsage
-        | ObserveLatency
-        | ObserveServerLoad
-        | ObserveRateLimits
-        | SetTenant
-        | SetModelBudget
-        | ForMember
-        | SetPool
-        | RemovePool,
-        now: float,
-    ) -> None:
-        """A message about the provider's limits, pauses, budgets or tenants."""
-        if isinstance(message, (ForMember, SetPool, RemovePool)):
-            # Pools are the local scheduler's: open_dispatcher refuses them
-            # with redis_url, so only a misuse sends these here.
-            error = ValueError("pools are not shared through Redis")
-            if isinstance(message, ForMember) and isinstance(message.message, Acquire):
-                message.message.reply.refused(error)
+    def _left(self, message: Release | Cancel | Failed, now: float) -> None:
+        """A holder gives its slot back, or a request leaves.
+
+        A call failed before its answer is no success: its grant goes back
+        as one withdrawn; a group's member counts it for its health, and
+        the request may try another member.
+        """
+        book = self.book
+        ticket = message.ticket
+        before = book.in_flight, book.waiting
+        self._holding.pop(ticket, None)
+        self._given_back(ticket)
+        if isinstance(message, Release):
+            try:
+                book.release(ticket)
+            except RuntimeError as exc:
+                reply = self._replies.pop(ticket)
+                book.cancel(ticket)
+                reply.refused(exc)
+        else:
+            self._replies.pop(ticket, None)
+            if isinstance(message, Failed):
+                book.fail(ticket)
+            else:
+                book.cancel(ticket)
+        if self._events.listening:
+            self._events.left(ticket, now, before, book.in_flight, book.waiting)
+        self._ended(ticket)
+
+    def _given_back(self, ticket: Ticket) -> None:
+        """A group's holder gives its slot back: its member counts it."""
+        if self._members:
+            member = self.book.member_of(ticket)
+            if member is not None:
+                self._shares[member].released_total += 1
+
+    def _ended(self, ticket: Ticket) -> None:
+        """A group's ``ticket`` ended: what was kept for it goes."""
+        if self._members:
+            self._asked.pop(ticket, None)
+            self._names.pop(ticket, None)
+
+    def _for_member(self, message: ForMember, now: float) -> None:
+        """A message for one member or pool of a group: taken as itself, for it."""
+        name = message.member
+        inner = message.message
+        share = self._shares.get(name) if self._members else None
+        if isinstance(inner, Acquire) and (share is not None or name in self.pools):
+            self._acquire(inner, now, name)
+        elif share is not None and not isinstance(inner, Acquire):
+            self._take_setting(inner, now, share)
+        else:
+            what = "member or pool" if isinstance(inner, Acquire) else "member"
+            error = ValueError(f"no {what} {name!r} in this scheduler")
+            if isinstance(inner, Acquire):
+                inner.reply.refused(error)
             else:
                 _logger.error(
                     "the scheduler of %r ignored %r: %s", self.provider, message, error
                 )
+
+    def _take_setting(  # noqa: PLR0912  # one branch per kind of message
+        self,
+        message: SchedulerMessage,
+        now: float,
+        share: _Share,
+    ) -> None:
+        """A message about a provider's or a member's limits, pauses, budgets, or the tenants."""
+        member = share.member
+        if isinstance(message, (SetPool, RemovePool)):
+            # A fleet's pools are declared as it opens, the same in every
+            # process: the dispatcher refuses to change them at run time.
+            _logger.error(
+                "the scheduler of %r ignored %r: a fleet's pools are fixed",
+                self.provider,
+                message,
+            )
         elif isinstance(message, SetTenant):
             self._tenant_writes.pop(message.tenant, None)
             self._tenant_writes[message.tenant] = message.settings
             put_or_remove(self._fleet_tenants, message.tenant, message.settings)
         elif isinstance(message, SetModelBudget):
-            self._model_budgets.pop(message.model, None)
-            self._model_budgets[message.model] = message.budget
+            share.model_budgets.pop(message.model, None)
+            share.model_budgets[message.model] = message.budget
             # One of no rate (it hands both back to the figures) stores nothing.
-            self._fleet_models[message.model] = message.budget
+            share.fleet_models[message.model] = message.budget
         elif isinstance(message, SetLimit):
-            self._events.limit_changed(self.limit, message.limit, now)
-            self.limit = message.limit
-            self._limit_writes.append(message.limit)
-            self._judge(None)
+            self._events.limit_changed(share.limit, message.limit, now, member=member)
+            share.limit = message.limit
+            share.limit_writes.append(message.limit)
+            share.judge(None)
         elif isinstance(message, Adapt):
-            self._events.limit_changed(self.limit, message.limit.initial, now)
-            self.limit = message.limit.initial
-            self._limit_writes.append(message.limit)
-            self._judge(message.limit)
+            limit = message.limit
+            self._events.limit_changed(share.limit, limit.initial, now, member=member)
+            share.limit = limit.initial
+            share.limit_writes.append(limit)
+            share.judge(limit)
         elif isinstance(message, Pause):
-            self._pauses.append(message.retry_after)
+            share.pauses.append(message.retry_after)
         elif isinstance(message, ReportUsage):
             self.book.report_usage(message.ticket, message.tokens)
         elif isinstance(message, ObserveLatency):
@@ -631,25 +909,23 @@ class SharedSchedulerActor:
             return
         elif isinstance(message, ObserveRateLimits):
             if message.model is None:
-                self._observed = message.info
+                share.observed = message.info
             else:
-                self._observed_models[message.model] = message.info
+                share.observed_models[message.model] = message.info
+        elif isinstance(message, Resume):
+            share.resume = True
         else:
-            self._resume = True
-
-    def _judge(self, limit: AdaptiveLimit | None) -> None:
-        """A new limit: a latency signal starts afresh for it, or there is none.
-
-        The verdicts not sent yet were of the old limit's rounds.
-        """
-        latency = limit is not None and limit.signal == "latency"
-        self._latency = LatencySignal() if latency else None
-        self._verdicts.clear()
+            _logger.error("the scheduler of %r ignored %r", self.provider, message)
 
     def _observe_latency(self, message: ObserveLatency, now: float) -> None:
-        """A call of this process ended: its signal judges it, its verdict goes with the next round."""
-        signal, limit = self._latency, self.limit
-        if signal is None or limit is None or not self.book.holds(message.ticket):
+        """A call of this process ended: its member's signal judges it, its verdict goes with the next round."""
+        book = self.book
+        if not book.holds(message.ticket):
+            return
+        name = book.member_of(message.ticket) if self._members else None
+        share = self._own if name is None else self._shares[name]
+        signal, limit = share.latency, share.limit
+        if signal is None or limit is None:
             return
         # Its company: the fleet's calls in flight as the latest round saw
         # them (the server serves the whole fleet), else this process's.
@@ -660,13 +936,13 @@ class SharedSchedulerActor:
             message.between_tokens,
             message.duration,
             message.prompt_tokens,
-            self._view.in_flight if seen else self.book.in_flight,
+            share.view.in_flight if seen else book.in_flight,
             limit,
         )
         if change:
-            self._verdicts.append(change)
+            share.verdicts.append(change)
 
-    def _acquire(self, message: Acquire, now: float) -> None:
+    def _acquire(self, message: Acquire, now: float, name: str | None) -> None:
         ticket = message.ticket
         # The ticket's rank (its turn's start less its priority's credit) on
         # the Redis server's clock, as this process reads it (to within
@@ -676,17 +952,29 @@ class SharedSchedulerActor:
         start = arrival - now + ticket.rank
         book = self.book
         events = self._events
+        lane = ""
+        conversation = message.conversation_id
+        if name is not None:
+            pool = name if name in self.pools else None
+            # A pool's request prefers its conversation's latest member.
+            prefer = (
+                None
+                if pool is None or conversation is None
+                else self._latest.get(conversation)
+            )
+            lane = lane_text(name, message.avoid, prefer)
         try:
-            book.acquire(ticket, start, arrival, message.tokens)
+            book.acquire(ticket, start, arrival, message.tokens, lane=lane)
         except (QueueFull, ValueError) as exc:
             if self._replies.get(ticket) is message.reply:
                 self._replies.pop(ticket)
                 book.cancel(ticket)
+                self._ended(ticket)
             message.reply.refused(exc)
             if isinstance(exc, QueueFull):
                 events.refused(
                     ticket,
-                    message.conversation_id,
+                    conversation,
                     now,
                     exc,
                     book.in_flight,
@@ -694,15 +982,50 @@ class SharedSchedulerActor:
                 )
             return
         self._replies[ticket] = message.reply
+        if name is not None:
+            self._asked[ticket] = (name, conversation)
+            self._names[ticket] = (name, pool)
         if events.listening:
-            events.queued(
-                ticket, message.conversation_id, now, book.in_flight, book.waiting
-            )
+            events.queued(ticket, conversation, now, book.in_flight, book.waiting)
+
+    def _step_figures(self) -> tuple[dict[str, object], Callable[[], None]]:
+        """The figures and verdicts of a round, and what puts them back if it fails.
+
+        A provider's as its own; a group's each with its member.
+        """
+        taken = {name: share.take_figures() for name, share in self._shares.items()}
+
+        def failed() -> None:
+            for name, (observed, by_model, _) in taken.items():
+                self._shares[name].figures_failed(observed, by_model)
+
+        if not self._members:
+            observed, by_model, verdicts = taken[self.provider]
+            return {
+                "observed": observed,
+                "observed_models": by_model,
+                "verdicts": verdicts,
+            }, failed
+        figures: list[tuple[str, str | None, RateLimitInfo]] = []
+        verdicts_on: list[tuple[str, int]] = []
+        for name, (observed, by_model, verdicts) in taken.items():
+            if observed is not None:
+                figures.append((name, None, observed))
+            figures += [(name, model, info) for model, info in by_model.items()]
+            verdicts_on += [(name, change) for change in verdicts]
+        return {
+            "members": self._members,
+            "pools": self.pools,
+            "member_figures": figures,
+            "member_verdicts": verdicts_on,
+            **self._settings,
+        }, failed
 
     async def _round(self, now: float) -> None:
         renew = now >= self._next_renew
         plan: Plan | None = None
         result: StepResult | None = None
+        failed: Callable[[], None] | None = None
         # A round runs to its end even when the dispatcher closes meanwhile:
         # the book hands the round its releases, withdrawals and asks, and
         # only the answer completes them (a grant it brings is given back
@@ -715,18 +1038,14 @@ class SharedSchedulerActor:
                 await self._write()
                 book = self.book
                 plan = book.plan(self.limit, renew=renew)
-                observed, self._observed = self._observed, None
-                by_model, self._observed_models = self._observed_models, {}
-                verdicts, self._verdicts = self._verdicts, []
+                figures, failed = self._step_figures()
                 step = functools.partial(
                     self._ledger.step,
                     self.provider,
                     book.node,
                     plan,
                     waiting=book.waiting,
-                    observed=observed,
-                    observed_models=by_model,
-                    verdicts=verdicts,
+                    **figures,  # type: ignore[arg-type]  # as _step_figures names them
                 )
                 try:
                     result = await step(
@@ -737,6 +1056,7 @@ class SharedSchedulerActor:
                     # Redis lost the namespace since the last round (it
                     # restarted empty, was flushed or failed over), and did
                     # nothing: the same again, with the settings to store.
+                    await self._restore_members()
                     result = await step(seed=self._seed())
                     # The holders' leases went with it: they register
                     # again in a round run at once, if not in this one.
@@ -744,12 +1064,16 @@ class SharedSchedulerActor:
                     self._dirty = True
             except BACKEND_ERRORS as exc:
                 if plan is not None:
-                    self._failed(plan, observed, by_model)
+                    self.book.failed(plan)
+                if failed is not None:
+                    failed()
                 self._down(now, exc)
                 return
         if plan is None or result is None:
             if plan is not None:
-                self._failed(plan, observed, by_model)
+                self.book.failed(plan)
+            if failed is not None:
+                failed()
             self._down(
                 now, TimeoutError(f"no answer within {_ROUND_TIMEOUT:g} seconds")
             )
@@ -762,68 +1086,92 @@ class SharedSchedulerActor:
             self._handling = False
 
     def _seed(self) -> Seed:
-        """The fleet's settings as this process knows them, to store where Redis lost them."""
-        adaptive = self._view.adaptive
-        limit: int | AdaptiveLimit | None = self.limit
-        if adaptive is not None and self.limit is not None:
-            # The adaptive limit goes on from its current value.
-            limit = attrs.evolve(adaptive, initial=self.limit)
+        """The fleet's settings as this process knows them, to store where Redis lost them.
+
+        A group's own: its tenants (``_restore_members`` stores its
+        members' limits and budgets).
+        """
+        own = self._own
+        if self._members:
+            return Seed(
+                limit=None, budget=None, models={}, tenants=dict(self._fleet_tenants)
+            )
         return Seed(
-            limit=limit,
-            budget=self._fleet_budget,
-            models=dict(self._fleet_models),
+            limit=own.seed_limit(),
+            budget=own.fleet_budget,
+            models=dict(own.fleet_models),
             tenants=dict(self._fleet_tenants),
         )
 
-    def _failed(
-        self,
-        plan: Plan,
-        observed: RateLimitInfo | None,
-        by_model: dict[str, RateLimitInfo],
-    ) -> None:
-        """A round did not reach the ledger: its changes go with the next.
+    async def _restore_members(self) -> None:
+        """A group's members' limits and budgets, stored again where Redis lost them.
 
-        But for its latency verdicts: the step may have applied them with
-        its answer lost, and a move applied twice is no idempotent change
-        (a rise in the slow start would double twice). The signal's next
-        rounds judge again.
+        Limits where none is stored yet (another process may have stored
+        them first); budgets as this process knows the fleet held them.
         """
-        self.book.failed(plan)
-        if self._observed is None:
-            self._observed = observed
-        # Figures that came since are newer.
-        self._observed_models = by_model | self._observed_models
+        if not self._members:
+            return
+        ledger = self._ledger
+        for name, share in self._shares.items():
+            if share.limit is not None and not share.limit_writes:
+                await ledger.set_limit(
+                    self.provider, share.seed_limit(), overwrite=False, member=name
+                )
+            if share.fleet_budget is not None:
+                await ledger.set_budget(
+                    self.provider,
+                    share.fleet_budget,
+                    member=name,
+                    members=self._members,
+                )
+            for model, budget in share.fleet_models.items():
+                if model not in share.model_budgets:
+                    await ledger.set_budget(
+                        self.provider,
+                        budget,
+                        model=model,
+                        member=name,
+                        members=self._members,
+                    )
 
     async def _write(self) -> None:
-        """Store the limits, pauses and resumes asked for, in order."""
+        """Store the limits, tenants, budgets, pauses and resumes asked for, in order."""
         ledger = self._ledger
         provider = self.provider
-        while self._limit_writes:
-            stored = await ledger.set_limit(provider, self._limit_writes[0])
-            self._limit_writes.pop(0)
-            self._learn_limit(stored)
+        members = self._members
         while self._tenant_writes:
             tenant, settings = next(iter(self._tenant_writes.items()))
-            await ledger.set_tenant(provider, tenant, settings)
+            await ledger.set_tenant(provider, tenant, settings, members=members)
             # Unless a newer setting came while it was on its way.
             if self._tenant_writes.get(tenant, settings) is settings:
                 self._tenant_writes.pop(tenant, None)
-        while self._model_budgets:
-            model, budget = next(iter(self._model_budgets.items()))
-            await ledger.set_budget(provider, budget, model=model)
-            if self._model_budgets.get(model) is budget:
-                self._model_budgets.pop(model)
-        while self._pauses:
-            await ledger.pause(
-                provider,
-                self._pauses[0],
-                default_pause=self._default_pause,
-                max_pause=self._max_pause,
-            )
-            self._pauses.pop(0)
-        if self._resume:
-            await ledger.resume(provider)
-            self._resume = False
+        for share in self._shares.values():
+            member = share.member
+            while share.limit_writes:
+                stored = await ledger.set_limit(
+                    provider, share.limit_writes[0], member=member
+                )
+                share.limit_writes.pop(0)
+                self._learn_limit(share, stored)
+            while share.model_budgets:
+                model, budget = next(iter(share.model_budgets.items()))
+                await ledger.set_budget(
+                    provider, budget, model=model, member=member, members=members
+                )
+                if share.model_budgets.get(model) is budget:
+                    share.model_budgets.pop(model)
+            while share.pauses:
+                await ledger.pause(
+                    provider,
+                    share.pauses[0],
+                    default_pause=self._default_pause,
+                    max_pause=self._max_pause,
+                    member=member,
+                )
+                share.pauses.pop(0)
+            if share.resume:
+                await ledger.resume(provider, member=member)
+                share.resume = False
 
     def _down(self, now: float, error: BaseException) -> None:
         if self._view.up:
@@ -835,6 +1183,8 @@ class SharedSchedulerActor:
                 str(error),
             )
         self._view = attrs.evolve(self._view, up=False)
+        for share in self._shares.values():
+            share.view = attrs.evolve(share.view, up=False)
         self._ledger.lost()
         self._retry_at = now + self._backoff
         # At most a sixth of the lease: holders renew as soon as it is back,
@@ -851,80 +1201,161 @@ class SharedSchedulerActor:
         self._last_round = now
         if renewed:
             self._next_renew = now + self._ledger.lease / 3
-        self._learn_limit(result.limit)
         self._learn_settings(result)
         book = self.book
-        paused_until = now + result.paused_for if result.paused_for else None
-        self._emit_pause(self._view.paused_until, paused_until, now)
-        grants = book.applied(plan, result.granted)
+        grants = book.applied(plan, result.granted, result.granted_on)
         if result.counting and book.group():
             # Its waiters count for their tenants: the next round sends them.
             self._dirty = True
-        replies = self._replies
-        holding = self._holding
+        if self._members:
+            for name, seen in result.members.items():
+                share = self._shares.get(name)
+                if share is not None:
+                    self._learn_share(share, now, seen)
+        else:
+            self._learn_share(self._own, now, result)
         # Redis ran the round after ``now``: the leases it granted or
         # renewed live until ``lease`` after ``now`` at least. An unlimited
         # provider's leases need no watch: nobody can be over-admitted.
-        until = math.inf if self.limit is None else now + self._ledger.lease
+        until = now + self._ledger.lease
         if renewed:
-            for leased in holding.values():
-                leased.lease_until(until)
-        for ticket in grants:
-            reply = replies.pop(ticket)
-            reply.lease_until(until)
-            holding[ticket] = reply
-            reply.granted(ticket, now)
-        if grants and self._events.listening:
-            self._events.granted(grants, now, book.in_flight, book.waiting)
-        budget = result.budget
-        readies = [m.ready_in for m in result.models.values() if m.ready_in is not None]
-        if budget is not None and budget.ready_in is not None:
-            readies.append(budget.ready_in)
-        ready_in = min(readies, default=None)
-        models = self._view.models
-        models.update(result, now)
-        adaptive = self._adaptive_of(result.adaptive)
-        if not self._limit_writes:
-            # The fleet's limit, as stored (perhaps by another process):
-            # judged here too if it follows latency.
-            latency = adaptive is not None and adaptive.signal == "latency"
-            if latency != (self._latency is not None):
-                self._judge(adaptive)
+            for ticket, leased in self._holding.items():
+                leased.lease_until(self._lease_end(ticket, until))
+        if grants:
+            self._deliver(grants, now, until)
         self._view = SharedView(
             in_flight=result.in_flight,
             waiting=result.waiting,
+            up=True,
+            tenants=result.tenants,
+        )
+        if not self._members:
+            own = self._own.view
+            self._own.view = self._view = attrs.evolve(
+                own,
+                in_flight=result.in_flight,
+                waiting=result.waiting,
+                tenants=result.tenants,
+            )
+        if book.unsent():
+            # Grants or entries for tickets that left while the round was
+            # on its way: give them back in another round now.
+            self._dirty = True
+
+    def _deliver(self, grants: list[Ticket], now: float, until: float) -> None:
+        """Tell each granted requester, its lease sure to live ``until``."""
+        replies = self._replies
+        holding = self._holding
+        for ticket in grants:
+            reply = replies.pop(ticket)
+            if self._members:
+                self._granted_on(ticket)
+            reply.lease_until(self._lease_end(ticket, until))
+            holding[ticket] = reply
+            reply.granted(ticket, now)
+        if self._events.listening:
+            book = self.book
+            self._events.granted(grants, now, book.in_flight, book.waiting)
+
+    def _lease_end(self, ticket: Ticket, until: float) -> float:
+        """Until when ``ticket``'s lease is sure to live: unwatched on an unlimited provider or member."""
+        if self._members:
+            member = self.book.member_of(ticket)
+            limit = None if member is None else self._shares[member].limit
+        else:
+            limit = self._own.limit
+        return math.inf if limit is None else until
+
+    def _granted_on(self, ticket: Ticket) -> None:
+        """A group's ``ticket`` was granted: its member counts it, its events name it, its conversation's next request prefers it."""
+        member = self.book.member_of(ticket)
+        assert member is not None  # granted: it holds
+        share = self._shares[member]
+        share.granted_total += 1
+        held = sum(1 for t in self.book.holders() if self.book.member_of(t) == member)
+        share.peak_in_flight = max(share.peak_in_flight, held)
+        _, conversation = self._asked.pop(ticket, (member, None))
+        names = self._names
+        names[ticket] = (member, names.get(ticket, (member, None))[1])
+        if conversation is not None:
+            latest = self._latest
+            latest.pop(conversation, None)
+            latest[conversation] = member
+            if len(latest) > MAX_CONVERSATIONS:
+                del latest[next(iter(latest))]  # the one seen least lately
+
+    def _learn_share(
+        self, share: _Share, now: float, seen: StepResult | LedgerMember
+    ) -> None:
+        """What a round saw of a provider (its ``StepResult``) or of a member (its ``LedgerMember``)."""
+        self._learn_limit(share, seen.limit)
+        paused_until = now + seen.paused_for if seen.paused_for else None
+        self._emit_pause(share, share.view.paused_until, paused_until, now)
+        if isinstance(seen, LedgerMember):
+            self._service_changed(share, seen, now)
+            share.seen = seen
+            share.fleet_budget = (
+                None if seen.budget is None else seen.budget.configured()
+            )
+        adaptive = self._adaptive_of(share, seen.adaptive)
+        budget = seen.budget
+        readies = [m.ready_in for m in seen.models.values() if m.ready_in is not None]
+        if budget is not None and budget.ready_in is not None:
+            readies.append(budget.ready_in)
+        ready_in = min(readies, default=None)
+        models = share.view.models
+        models.update(seen, now)
+        # A round answers only the models it met (all of them on the first):
+        # the others stay as last seen.
+        fleet_models = dict(share.fleet_models)
+        for model, shown in seen.models.items():
+            put_or_remove(fleet_models, model, shown.configured())
+        # Those written since the round began are newer than what it saw.
+        share.fleet_models = fleet_models | share.model_budgets
+        if not share.limit_writes:
+            # The fleet's limit, as stored (perhaps by another process):
+            # judged here too if it follows latency.
+            latency = adaptive is not None and adaptive.signal == "latency"
+            if latency != (share.latency is not None):
+                share.judge(adaptive)
+        share.view = SharedView(
+            in_flight=seen.in_flight,
             paused_until=paused_until,
             up=True,
             adaptive=adaptive,
             budget=budget,
             budget_at=now,
             budget_ready_at=None if ready_in is None else now + ready_in,
-            tenants=result.tenants,
             models=models,
         )
-        if book.unsent():
-            # Grants or entries for tickets that left while the round was
-            # on its way: give them back in another round now.
-            self._dirty = True
+
+    def _service_changed(self, share: _Share, seen: LedgerMember, now: float) -> None:
+        """A member went out of service, half-open, or back in, as a round saw it."""
+        before = share.seen
+        was = "in" if before is None else _service(before)
+        state = _service(seen)
+        if state != was:
+            until = None if seen.out_for is None else now + seen.out_for
+            self._events.service_changed(now, share.name, state, until)
 
     def _adaptive_of(
-        self, bounds: tuple[int, int, float, str] | None
+        self, share: _Share, bounds: tuple[int, int, float, str] | None
     ) -> AdaptiveLimit | None:
-        """The stored adaptive limit, at its current value (``self.limit``)."""
-        if bounds is None or self.limit is None:
+        """The stored adaptive limit, at its current value (``share.limit``)."""
+        if bounds is None or share.limit is None:
             return None
         low, high, backoff, signal = bounds
-        previous = self._view.adaptive
+        previous = share.view.adaptive
         if previous is not None and (
             previous.initial,
             previous.minimum,
             previous.maximum,
             previous.backoff,
             previous.signal,
-        ) == (self.limit, low, high, backoff, signal):
+        ) == (share.limit, low, high, backoff, signal):
             return previous
         return AdaptiveLimit(
-            initial=min(high, max(low, self.limit)),
+            initial=min(high, max(low, share.limit)),
             minimum=low,
             maximum=high,
             backoff=backoff,
@@ -932,43 +1363,39 @@ class SharedSchedulerActor:
         )
 
     def _emit_pause(
-        self, before: float | None, after: float | None, now: float
+        self, share: _Share, before: float | None, after: float | None, now: float
     ) -> None:
-        """The fleet's pause, as a round saw it, began, grew or ended."""
+        """The fleet's pause of a provider or member, as a round saw it, began, grew or ended."""
         # Read on Redis' clock through a round trip: an end that moves by
         # less than _PAUSE_SLACK is the same pause.
         if after is not None and (before is None or after > before + _PAUSE_SLACK):
-            self._events.paused(now, after, None)
+            self._events.paused(now, after, None, share.member)
         elif after is None and before is not None:
-            self._events.resumed(now, "expired")
+            self._events.resumed(now, "expired", share.member)
 
     def _learn_settings(self, result: StepResult) -> None:
-        """The fleet's epoch, budgets and tenants, as a round saw them."""
+        """The fleet's epoch, a provider's budget, and the tenants, as a round saw them."""
         self._epoch = result.epoch
-        budget = result.budget
-        self._fleet_budget = None if budget is None else budget.configured()
-        # A round answers only the models it met (all of them on the first):
-        # the others stay as last seen.
-        models = dict(self._fleet_models)
-        for model, shown in result.models.items():
-            put_or_remove(models, model, shown.configured())
+        if not self._members:
+            budget = result.budget
+            self._own.fleet_budget = None if budget is None else budget.configured()
         tenants = result.configured_tenants()
         # Those written since the round began are newer than what it saw.
-        models |= self._model_budgets
         for tenant, settings in self._tenant_writes.items():
             put_or_remove(tenants, tenant, settings)
-        self._fleet_models = models
         before, self._fleet_tenants = self._fleet_tenants, tenants
         if self._on_tenant is not None:
             for tenant in sorted(before.keys() | tenants.keys()):
                 if before.get(tenant) != tenants.get(tenant):
                     self._on_tenant(tenant, tenants.get(tenant))
 
-    def _learn_limit(self, stored: int | None) -> None:
-        if stored != self.limit and not self._limit_writes:
-            self._events.limit_changed(self.limit, stored, trio.current_time())
-            self.limit = stored
-            self._on_limit(self.provider, stored)
+    def _learn_limit(self, share: _Share, stored: int | None) -> None:
+        if stored != share.limit and not share.limit_writes:
+            self._events.limit_changed(
+                share.limit, stored, trio.current_time(), member=share.member
+            )
+            share.limit = stored
+            self._on_limit(share.name, stored)
 
     async def _shutdown(self) -> None:
         self._inbox.close()
@@ -981,10 +1408,12 @@ class SharedSchedulerActor:
         replies = list(self._replies.values())
         self._replies.clear()
         self._holding.clear()
+        self._asked.clear()
+        self._names.clear()
         for reply in replies:
             reply.refused(
                 DispatcherClosed(
-                    f"the dispatcher closed while waiting for {self.provider!r}"
+                    f"the dispatcher closed while waiting for {self._events.provider!r}"
                 )
             )
         for ticket in book.waiters():
@@ -992,9 +1421,19 @@ class SharedSchedulerActor:
         for ticket in book.holders():
             book.release(ticket)
         plan = book.plan(self.limit, renew=False)
-        verdicts, self._verdicts = self._verdicts, []
-        if not (plan.release or plan.withdraw or self._limit_writes or verdicts):
+        figures, _ = self._step_figures()
+        if not (
+            plan.release
+            or plan.withdraw
+            or any(share.limit_writes for share in self._shares.values())
+            or figures.get("verdicts")
+            or figures.get("member_verdicts")
+        ):
             return
+        # Only the verdicts: figures that came at the close wait for no one.
+        for key in ("observed", "member_figures"):
+            figures.pop(key, None)
+        figures.pop("observed_models", None)
         # Cleanup awaits only shielded, and briefly: what is not given
         # back here expires after the lease. A limit set just before the
         # end is stored still: the fleet keeps it.
@@ -1002,10 +1441,30 @@ class SharedSchedulerActor:
             try:
                 await self._write()
                 await self._ledger.step(
-                    self.provider, book.node, plan, verdicts=verdicts
+                    self.provider,
+                    book.node,
+                    plan,
+                    **figures,  # type: ignore[arg-type]  # as _step_figures names them
                 )
             except BACKEND_ERRORS:
                 book.failed(plan)
+
+
+def _service(seen: LedgerMember) -> ServiceState:
+    """A member's service as a round saw it."""
+    if seen.out_for is not None:
+        return "out"
+    return "half_open" if seen.half_open else "in"
+
+
+@final
+@attrs.frozen
+class _Seen:
+    """A member's or a pool's slots and waiters as the last round saw them (``Fleet``)."""
+
+    in_flight: int
+    waiting: int
+    up: bool
 
 
 def new_node() -> str:

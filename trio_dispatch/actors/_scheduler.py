@@ -553,6 +553,10 @@ class SchedulerActor:
         """The member on which ``ticket`` holds its slot, or ``None`` if it holds none."""
         return self.policy.member_of(ticket)
 
+    def knows(self, name: str) -> bool:
+        """Whether ``name`` is a member or a pool of this scheduler's policy."""
+        return self.policy.knows(name)
+
     def member_statistics(self, member: str) -> ProviderStatistics:
         """One member's snapshot now, as ``statistics()`` is the provider's."""
         self._tick_if_due()

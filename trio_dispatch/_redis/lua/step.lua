@@ -1362,11 +1362,14 @@ for _, M in ipairs(xm and MEMBERS or {}) do
     end
   end
 end
-local spec = ''
-if H.adaptive then
-  local a = H.adaptive
-  spec = a.low .. ',' .. a.high .. ',' .. num(a.backoff) .. ',' .. (H.c[33] or '')
+-- An adaptive limit's bounds, backoff and signal, as the step answers
+-- them (empty: its limit is none).
+local function spec_of(M)
+  local a = M.adaptive
+  if not a then return '' end
+  return a.low .. ',' .. a.high .. ',' .. num(a.backoff) .. ',' .. (M.c[33] or '')
 end
+local spec = spec_of(H)
 -- The tenants: each one's state written back (an unconfigured one with
 -- nothing held or waiting is forgotten: it starts again from the floor),
 -- and as the step answers them: name, weight, cap, held, queued, counter,
@@ -1497,8 +1500,8 @@ end
 -- A group's answer: the whole group's leases, then each member's name,
 -- limit, leases, pause left, budgets, failures in a row, cooldown left
 -- (empty: in service), whether half-open, outages, affinity hits and
--- moves, its models' budgets the step met and those it forgot, and the
--- member of each grant.
+-- moves, its models' budgets the step met and those it forgot, its
+-- adaptive limit (``spec_of``), and the member of each grant.
 local member_rows = {}
 if pooled then
   H.in_flight, H.pause, H.budget = 0, 0, ''
@@ -1517,6 +1520,7 @@ if pooled then
     member_rows[#member_rows + 1] = M.moves
     member_rows[#member_rows + 1] = M.model_rows
     member_rows[#member_rows + 1] = M.forgotten
+    member_rows[#member_rows + 1] = spec_of(M)
   end
 end
 return {granted, H.limit or '', H.in_flight, queued, waiting, H.pause, now, H.budget, spec,
