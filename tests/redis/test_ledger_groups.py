@@ -515,6 +515,19 @@ async def test_the_ledger_grants_a_group_as_the_pure_core_grants_its_pools(
             id="avoided_members_unless_none_is_left",
         ),
         pytest.param(
+            {"a": 1, "b": 1, "c": 1},
+            [
+                ("acquire", 0, 0, "a", set(), 0, None),
+                ("acquire", 0, 0, "b", set(), 0, None),
+                ("acquire", 5, 0, "p", {"a"}, 0, None),
+                ("acquire", 0, 0, "p", set(), 0, None),
+                # a frees: the older entry avoids it and waits for b; its
+                # lane (p less a) held back holds back none of p's others.
+                ("release", 0),
+            ],
+            id="a_lane_less_its_avoided_members_is_held_back_alone",
+        ),
+        pytest.param(
             {"a": 2, "b": 2, "c": None},
             [
                 ("rate_limit", "b", 2.0),

@@ -550,6 +550,32 @@ local function holder_of(id)
   if not pooled then return H end
   return BY_NAME[HOLD[id] or '']
 end
+-- The members an entry of lane ``r`` may take, as the pure core's
+-- ``_lane`` and ``_candidates`` read it: ``nil`` for a member's own lane;
+-- else its pool's (any member's, the empty name) members, less those it
+-- avoids if any other is left, in the pool's order (a fresh list), and
+-- the names of those it avoids among them (none if it avoids them all).
+local function lane_members(r)
+  local pool = MEMBERS
+  if r.lane ~= '' then
+    pool = POOLS[r.lane]
+    if not pool then return nil, {} end
+  end
+  local avoiding = {}
+  for _, name in ipairs(r.avoid) do avoiding[name] = true end
+  local kept, avoided = {}, {}
+  for _, M in ipairs(pool) do
+    if avoiding[M.name] then
+      avoided[#avoided + 1] = M.name
+    else
+      kept[#kept + 1] = M
+    end
+  end
+  if #kept == 0 then
+    return {unpack(pool)}, {}
+  end
+  return kept, avoided
+end
 -- A group's new entry's lane, as ``SlotPolicy._lane`` places it: the
 -- member it prefers counts only with affinity on, in a pool's (or any
 -- member's) lane of two members or more (those it avoids left out) with
@@ -560,19 +586,9 @@ local PLACED = {}
 local function placed(text)
   local r = read_lane(text)
   if r.prefer == '' then return text end
-  local P, pool = BY_NAME[r.prefer], MEMBERS
-  if r.lane ~= '' then pool = POOLS[r.lane] end
+  local P = BY_NAME[r.prefer]
   local choices = {}
-  if pool and P and AFFINITY > 0 then
-    local avoided = {}
-    for _, name in ipairs(r.avoid) do avoided[name] = true end
-    local left, any = {}, false
-    for _, M in ipairs(pool) do
-      if avoided[M.name] then any = true else left[#left + 1] = M end
-    end
-    choices = pool
-    if any and #left > 0 then choices = left end
-  end
+  if P and AFFINITY > 0 then choices = lane_members(r) or {} end
   local among = false
   for _, M in ipairs(choices) do
     if M == P then among = true end
@@ -1076,21 +1092,8 @@ end
 local function candidates(r)
   local preferred = BY_NAME[r.prefer]
   if preferred and r.till > now then return {preferred} end
-  local lane = r.lane
-  local pool = MEMBERS
-  if lane ~= '' then
-    pool = POOLS[lane]
-    if not pool then return {BY_NAME[lane]} end
-  end
-  local avoided = {}
-  for _, name in ipairs(r.avoid) do avoided[name] = true end
-  local kept = {}
-  for _, M in ipairs(pool) do
-    if not avoided[M.name] then kept[#kept + 1] = M end
-  end
-  if #kept == 0 then
-    for k, M in ipairs(pool) do kept[k] = M end
-  end
+  local kept = lane_members(r)
+  if not kept then return {BY_NAME[r.lane]} end
   local rank, key = {}, {}
   for k, M in ipairs(kept) do
     rank[M] = k
@@ -1124,16 +1127,9 @@ local function lane_key(r, model)
     return model .. '\n' .. #r.prefer .. ':' .. r.prefer
   end
   local key = model .. '\n' .. #r.lane .. ':' .. r.lane
-  local pool = MEMBERS
-  if r.lane ~= '' then pool = POOLS[r.lane] end
-  if pool and #r.avoid > 0 then
-    local names = {}
-    for _, M in ipairs(pool) do names[M.name] = true end
-    local avoided = {}
-    for _, name in ipairs(r.avoid) do
-      if names[name] then avoided[#avoided + 1] = name end
-    end
-    if #avoided > 0 and #avoided < #pool then
+  if #r.avoid > 0 then
+    local _, avoided = lane_members(r)
+    if #avoided > 0 then
       table.sort(avoided, before_text)
       key = key .. '\n' .. table.concat(avoided, '\n')
     end
