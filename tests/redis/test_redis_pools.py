@@ -10,9 +10,10 @@ the order, the members and the statistics, never a duration.
 
 from __future__ import annotations
 
+import math
 from contextlib import AsyncExitStack
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import coredis
 import httpx
@@ -31,13 +32,17 @@ from trio_dispatch import (
     Tenant,
     open_dispatcher,
 )
+from trio_dispatch._dispatch._pools import MemberView
 from trio_dispatch._dispatch._setup import fleet_name
-from trio_dispatch._redis._ledger import keys_of
+from trio_dispatch._redis._ledger import Ledger, keys_of
+from trio_dispatch._redis._scheduler import SharedSchedulerActor
 from trio_dispatch.events import Granted, LimitChanged, Paused, Queued, ServiceChanged
+from trio_dispatch.lowlevel import Acquire, Failed, ForMember, SetModelBudget, plumbing
 from trio_dispatch.metrics import PrometheusCollector
 from trio_dispatch.testing import FakeReply, FakeScript, Fault, ScriptedProvider
 
 from .._admin import AUTH, serve_admin
+from .._helpers import RecordingReply
 from .._redis import RedisServer, needs_redis
 
 if TYPE_CHECKING:
@@ -663,3 +668,185 @@ async def test_the_admin_api_and_prometheus_show_a_fleets_pool_and_its_members(
     assert value("trio_dispatch_pool_slots_limit", pool="gpt") == 3
     assert value("trio_dispatch_slots_in_use", provider="key-b") == 1
     assert value("trio_dispatch_slots_in_use", provider="key-a") == 0
+
+
+async def test_an_idle_group_keeps_its_epoch_and_the_fleets_newest_budgets(
+    server: RedisServer,
+) -> None:
+    # An older process configured key-a's m1 at 1,000 a minute, a newer
+    # one at 50: the fleet holds 50. Once the fleet idles, the group's own
+    # settings stay while its members' do: no process finds the namespace
+    # lost and stores its own older view again.
+    async with AsyncExitStack() as stack:
+
+        async def process(rpm: int) -> Dispatcher:
+            (dispatcher,) = await open_fleet(
+                stack,
+                server,
+                1,
+                {"key-a": 2, "key-b": 2},
+                budgets={"key-a/m1": Budget(requests_per_minute=rpm)},
+            )
+            async with dispatcher.slot("key-a", model="m1"):
+                pass
+            return dispatcher
+
+        old = await process(1000)
+        new = await process(50)
+
+        def rate(dispatcher: Dispatcher) -> float | None:
+            models = dispatcher.statistics().providers["key-a"].models
+            return models["m1"].requests_per_minute if "m1" in models else None
+
+        await until(lambda: rate(new) == 50)
+        await trio.sleep(2.5 * LEASE)  # every lease and entry has expired
+        for dispatcher in (old, new, old):
+            async with dispatcher.slot("key-a", model="m1"):
+                pass
+        await until(lambda: rate(old) == 50)
+        assert rate(new) == 50
+
+
+async def test_a_groups_members_limits_survive_a_loss_before_its_first_round(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    restore = SharedSchedulerActor._restore_members
+    flushed: list[bool] = []
+
+    async def flushed_first(actor: SharedSchedulerActor) -> None:
+        if not flushed:
+            # Redis restarts empty between the open and the first round.
+            flushed.append(True)
+            async with coredis.Redis.from_url(server.url) as client:
+                await client.flushall()
+        await restore(actor)
+
+    monkeypatch.setattr(SharedSchedulerActor, "_restore_members", flushed_first)
+    async with AsyncExitStack() as stack:
+        (one,) = await open_fleet(stack, server, 1, {"key-a": 1, "key-b": 2})
+        async with one.slot("gpt"):
+            pass
+        assert flushed
+        assert one.limits() == {"key-a": 1, "key-b": 2}
+        # And the fleet holds them: a second process opening with others
+        # takes them.
+        (two,) = await open_fleet(stack, server, 1, {"key-a": 7, "key-b": 7})
+        assert two.limits() == {"key-a": 1, "key-b": 2}
+
+
+async def test_a_model_budget_set_while_a_group_restores_its_members_is_kept(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with AsyncExitStack() as stack:
+        (one,) = await open_fleet(
+            stack,
+            server,
+            1,
+            {"key-a": 1, "key-b": 1},
+            budgets={"key-a/m1": Budget(requests_per_minute=100)},
+        )
+        async with one.slot("gpt", model="m1"):
+            pass
+        backend = plumbing(one)._backends["key-a"]
+        assert isinstance(backend, MemberView)
+        actor = backend.actor
+        set_budget = Ledger.set_budget
+        sent: list[bool] = []
+
+        async def meanwhile(
+            ledger: Ledger,
+            *args: Any,  # noqa: ANN401  # passed through
+            **kwargs: Any,  # noqa: ANN401  # passed through
+        ) -> None:
+            if kwargs.get("model") == "m1" and not sent:
+                # A model's budget set while the restore's calls are on
+                # their way: it goes with the next writes, the restore
+                # goes on.
+                sent.append(True)
+                actor.send(
+                    ForMember(
+                        "key-a", SetModelBudget("m2", Budget(requests_per_minute=5))
+                    )
+                )
+            await set_budget(ledger, *args, **kwargs)
+
+        monkeypatch.setattr(Ledger, "set_budget", meanwhile)
+        async with coredis.Redis.from_url(server.url) as client:
+            await client.flushall()
+        async with one.slot("gpt", model="m2"):
+            pass
+        assert sent
+
+        def rate(model: str) -> float | None:
+            models = one.statistics().providers["key-a"].models
+            return models[model].requests_per_minute if model in models else None
+
+        await until(lambda: rate("m2") == 5)
+        async with one.slot("gpt", model="m1"):
+            pass
+        await until(lambda: rate("m1") == 100)
+
+
+async def test_a_request_no_longer_waiting_for_its_member_is_due_a_round(
+    server: RedisServer,
+) -> None:
+    async with AsyncExitStack() as stack:
+        (one,) = await open_fleet(
+            stack, server, 1, {"key-a": 1, "key-b": 1}, affinity_wait=0.2
+        )
+        async with one.slot("gpt", conversation_id="chat") as slot:
+            home = slot.member
+        assert home is not None
+        log: list[tuple[str, str | None]] = []
+        blocker = Holder("blocker", log)
+        waiter = Holder("waiter", log)
+        backend = plumbing(one)._backends["gpt"]
+        assert isinstance(backend, MemberView)
+        actor = backend.actor
+        assert isinstance(actor, SharedSchedulerActor)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(blocker.run, one, home)
+            await blocker.granted.wait()
+            nursery.start_soon(partial(waiter.run, one, "gpt", conversation_id="chat"))
+            await until_queued(server, 1)
+            await until(lambda: actor._deadline() < math.inf)
+            published = trio.current_time()
+            # Its wait for its member ends within affinity_wait (and a
+            # little slack) of being published: a round is due then, not
+            # at the next poll.
+            assert actor._deadline() <= published + 0.2 + 0.05
+            await waiter.granted.wait()
+            waiter.done.set()
+            blocker.done.set()
+        assert waiter.member != home
+        assert not actor._affinity
+
+
+async def test_a_failure_reported_for_a_waiting_request_withdraws_it(
+    server: RedisServer,
+) -> None:
+    # Only a holder's call can fail; a Failed for a request still waiting
+    # (low-level misuse) withdraws it, as a Cancel would, and nothing is
+    # granted to it later.
+    async with AsyncExitStack() as stack:
+        (one,) = await open_fleet(stack, server, 1, {"key-a": 1, "key-b": 1})
+        log: list[tuple[str, str | None]] = []
+        holders = [Holder("a", log), Holder("b", log)]
+        async with trio.open_nursery() as nursery:
+            for holder in holders:
+                nursery.start_soon(holder.run, one, "gpt")
+                await holder.granted.wait()
+            backend = plumbing(one)._backends["gpt"]
+            assert isinstance(backend, MemberView)
+            reply = RecordingReply()
+            ticket = backend.ticket(trio.current_time())
+            backend.send(Acquire(ticket, reply))
+            await until_queued(server, 1)
+            backend.send(Failed(ticket))
+            await until_queued(server, 0)
+            for holder in holders:
+                holder.done.set()
+        async with one.slot("gpt") as slot:
+            assert slot.member in {"key-a", "key-b"}
+        assert (reply.grants, reply.errors) == ([], [])
+        assert one.statistics().pools["gpt"].waiting == 0

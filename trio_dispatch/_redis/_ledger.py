@@ -782,16 +782,24 @@ class Ledger:
         model: str | None = None,
         member: str | None = None,
         members: Sequence[str] = (),
+        fill: bool = False,
     ) -> None:
         """Store the fleet's configured budgets of ``provider`` or of its ``model``.
 
         ``member``: those of that member of group ``provider`` (or of its
         ``model``), whose ``members`` count their models' entries and leases
-        from the first model's budget on.
+        from the first model's budget on. ``fill``: store only the rates
+        not configured yet, as a step's seed stores them (the fleet's own
+        stay).
         """
         keys, channel = self.names(provider)
         args = SetBudgetArgs(
-            budget=budget, channel=channel, model=model, member=member, members=members
+            budget=budget,
+            channel=channel,
+            model=model,
+            member=member,
+            members=members,
+            fill=fill,
         )
         await self._run(self._scripts.set_budget, keys, args.pack())
 

@@ -365,6 +365,7 @@ class SharedSchedulerActor:
     """
 
     __slots__ = (
+        "_affinity",
         "_asked",
         "_backoff",
         "_crash",
@@ -447,6 +448,10 @@ class SharedSchedulerActor:
         self._asked: dict[Ticket, tuple[str, str | None]] = {}
         self._names: dict[Ticket, tuple[str, str | None]] = {}
         self._latest: dict[str, str] = {}
+        # A group's: when each waiting ticket that prefers a member stops
+        # waiting for it alone (``None`` until a round published it), so
+        # that a round then gives it to another member at once.
+        self._affinity: dict[Ticket, float | None] = {}
         # The messages sent while a task handles others (send), and the
         # run task's wake-ups.
         self._inbox: Mailbox[SchedulerMessage] = Mailbox()
@@ -764,6 +769,9 @@ class SharedSchedulerActor:
             # a budget's wait or of a member's cooldown.
             poll = min(1.0, self._ledger.lease / 3)
             deadline = min(deadline, self._last_round + poll)
+            for end in self._affinity.values():
+                if end is not None:
+                    deadline = min(deadline, end)
             for share in self._shares.values():
                 view = share.view
                 if view.paused_until is not None:
@@ -821,7 +829,7 @@ class SharedSchedulerActor:
                 reply.refused(exc)
         else:
             self._replies.pop(ticket, None)
-            if isinstance(message, Failed):
+            if isinstance(message, Failed) and book.holds(ticket):
                 book.fail(ticket)
             else:
                 book.cancel(ticket)
@@ -841,6 +849,7 @@ class SharedSchedulerActor:
         if self._members:
             self._asked.pop(ticket, None)
             self._names.pop(ticket, None)
+            self._affinity.pop(ticket, None)
 
     def _for_member(self, message: ForMember, now: float) -> None:
         """A message for one member or pool of a group: taken as itself, for it."""
@@ -985,6 +994,8 @@ class SharedSchedulerActor:
         if name is not None:
             self._asked[ticket] = (name, conversation)
             self._names[ticket] = (name, pool)
+            if prefer is not None and self._settings["affinity_wait"] > 0:
+                self._affinity[ticket] = None
         if events.listening:
             events.queued(ticket, conversation, now, book.in_flight, book.waiting)
 
@@ -1036,6 +1047,11 @@ class SharedSchedulerActor:
         with trio.move_on_after(_ROUND_TIMEOUT, shield=True):
             try:
                 await self._write()
+                if not self._epoch:
+                    # A first round seeds the namespace: a group's
+                    # members' settings with it, which Redis may have
+                    # lost since the process opened.
+                    await self._restore_members()
                 book = self.book
                 plan = book.plan(self.limit, renew=renew)
                 figures, failed = self._step_figures()
@@ -1106,32 +1122,44 @@ class SharedSchedulerActor:
     async def _restore_members(self) -> None:
         """A group's members' limits and budgets, stored again where Redis lost them.
 
-        Limits where none is stored yet (another process may have stored
-        them first); budgets as this process knows the fleet held them.
+        As a seed stores a provider's: each only where the fleet holds
+        none (another process may have stored its own first), a limit as
+        this process last saw it, budgets as it knows the fleet held them.
+        Each share's settings are read once, before the first call: those
+        set while the calls are on their way go with ``_write``.
         """
         if not self._members:
             return
         ledger = self._ledger
-        for name, share in self._shares.items():
-            if share.limit is not None and not share.limit_writes:
+        restore = [
+            (
+                name,
+                None
+                if share.limit is None or share.limit_writes
+                else share.seed_limit(),
+                share.fleet_budget,
+                [
+                    (model, budget)
+                    for model, budget in share.fleet_models.items()
+                    if model not in share.model_budgets
+                ],
+            )
+            for name, share in self._shares.items()
+        ]
+        for name, limit, budget, models in restore:
+            if limit is not None:
                 await ledger.set_limit(
-                    self.provider, share.seed_limit(), overwrite=False, member=name
+                    self.provider, limit, overwrite=False, member=name
                 )
-            if share.fleet_budget is not None:
-                await ledger.set_budget(
-                    self.provider,
-                    share.fleet_budget,
-                    member=name,
-                    members=self._members,
-                )
-            for model, budget in share.fleet_models.items():
-                if model not in share.model_budgets:
+            for model, each in [(None, budget), *models]:
+                if each is not None:
                     await ledger.set_budget(
                         self.provider,
-                        budget,
+                        each,
                         model=model,
                         member=name,
                         members=self._members,
+                        fill=True,
                     )
 
     async def _write(self) -> None:
@@ -1204,6 +1232,7 @@ class SharedSchedulerActor:
         self._learn_settings(result)
         book = self.book
         grants = book.applied(plan, result.granted, result.granted_on)
+        self._affinity_ends(plan, now)
         if result.counting and book.group():
             # Its waiters count for their tenants: the next round sends them.
             self._dirty = True
@@ -1242,6 +1271,25 @@ class SharedSchedulerActor:
             # on its way: give them back in another round now.
             self._dirty = True
 
+    def _affinity_ends(self, plan: Plan, now: float) -> None:
+        """When each entry this round published waits for its member no longer.
+
+        The step placed it, on the Redis server's clock, after ``now``:
+        ``affinity_wait`` from then, and a little slack. An end this round
+        has reached is dropped (if the step placed it a little later, the
+        poll gives it elsewhere).
+        """
+        affinity = self._affinity
+        if not affinity:
+            return
+        end = now + float(self._settings["affinity_wait"]) + _PAUSE_SLACK
+        for ticket in plan.enqueued:
+            if ticket in affinity and affinity[ticket] is None:
+                affinity[ticket] = end
+        for ticket, until in list(affinity.items()):
+            if until is not None and until <= now:
+                del affinity[ticket]
+
     def _deliver(self, grants: list[Ticket], now: float, until: float) -> None:
         """Tell each granted requester, its lease sure to live ``until``."""
         replies = self._replies
@@ -1275,6 +1323,7 @@ class SharedSchedulerActor:
         held = sum(1 for t in self.book.holders() if self.book.member_of(t) == member)
         share.peak_in_flight = max(share.peak_in_flight, held)
         _, conversation = self._asked.pop(ticket, (member, None))
+        self._affinity.pop(ticket, None)
         names = self._names
         names[ticket] = (member, names.get(ticket, (member, None))[1])
         if conversation is not None:
@@ -1410,6 +1459,7 @@ class SharedSchedulerActor:
         self._holding.clear()
         self._asked.clear()
         self._names.clear()
+        self._affinity.clear()
         for reply in replies:
             reply.refused(
                 DispatcherClosed(

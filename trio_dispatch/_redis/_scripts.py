@@ -408,13 +408,14 @@ class SetLimitArgs:
 @final
 @attrs.frozen(kw_only=True)
 class SetBudgetArgs:
-    """``set_budget.lua``'s arguments: rates per minute, channel, model (or none)."""
+    """``set_budget.lua``'s arguments: rates per minute, channel, model (or none), member, fill, members."""
 
     budget: Budget
     channel: str
     model: str | None = None
     member: str | None = None
     members: Sequence[str] = ()
+    fill: bool = False
 
     def pack(self) -> list[str]:
         """``ARGV``, in the script's order."""
@@ -423,6 +424,7 @@ class SetBudgetArgs:
             self.channel,
             self.model or "",
             self.member or "",
+            "1" if self.fill else "0",
             *self.members,
         ]
 

@@ -1473,25 +1473,39 @@ if xm then
   end
   for _, k in ipairs(model_keys) do present[#present + 1] = k end
 end
-if #present > 0 then
-  local P = H.P
-  expire_idle(now, (not not H.limit) or (P.R ~= nil and P.R.cfg) or (P.T ~= nil and P.T.cfg)
-    or (xm ~= nil and redis.call('HLEN', tconf) > 0), H.pause_until, present)
+-- Whether a provider's or member's ``conf`` persists: while it holds a
+-- limit or a configured budget.
+local function keeps_conf(M)
+  local B = M.P
+  return (not not M.limit) or (B.R ~= nil and B.R.cfg) or (B.T ~= nil and B.T.cfg)
 end
--- A group's member's ``conf`` as a provider's: it persists while it holds
--- a limit or a configured budget, else it goes with the rest, or at the
--- end of its pause or cooldown (renewed at every step: any may write it).
+-- A group's member's ``conf`` as a provider's: it persists while it keeps
+-- it, else it goes with the rest, or at the end of its pause or cooldown
+-- (renewed at every step: any may write it). The group's own ``conf``
+-- (its epoch, its tenants' counting) persists while any member's does,
+-- and else lasts as long as the longest of theirs: a group whose epoch
+-- went while its members' settings stayed would seem lost to every
+-- process.
+local members_kept, members_until = false, 0
 if pooled then
   local at = nil
   for _, M in ipairs(MEMBERS) do
-    local B = M.P
-    if not (M.limit or (B.R ~= nil and B.R.cfg) or (B.T ~= nil and B.T.cfg)) then
+    if keeps_conf(M) then
+      members_kept = true
+    else
       if at == nil then
         at = math.max(now, stored(redis.call('ZREVRANGE', nodes, 0, 0, 'WITHSCORES')[2], 0))
       end
-      redis.call('PEXPIREAT', M.conf, whole(math.max(at, M.pause_until, M.out or 0)))
+      local ends = math.max(M.pause_until, M.out or 0)
+      members_until = math.max(members_until, ends)
+      redis.call('PEXPIREAT', M.conf, whole(math.max(at, ends)))
     end
   end
+end
+if #present > 0 then
+  expire_idle(now, keeps_conf(H) or members_kept
+    or (xm ~= nil and redis.call('HLEN', tconf) > 0),
+    math.max(stored(H.pause_until, 0), members_until), present)
 end
 -- A group's answer: the whole group's leases, then each member's name,
 -- limit, leases, pause left, budgets, failures in a row, cooldown left
