@@ -34,10 +34,10 @@ from trio_dispatch import (
 )
 from trio_dispatch._dispatch._pools import MemberView
 from trio_dispatch._dispatch._setup import fleet_name
-from trio_dispatch._redis._ledger import Ledger, keys_of
+from trio_dispatch._redis._ledger import Ledger, StepResult, keys_of
 from trio_dispatch._redis._scheduler import SharedSchedulerActor
 from trio_dispatch.events import Granted, LimitChanged, Paused, Queued, ServiceChanged
-from trio_dispatch.lowlevel import Acquire, Failed, ForMember, SetModelBudget, plumbing
+from trio_dispatch.lowlevel import Acquire, Failed, plumbing
 from trio_dispatch.metrics import PrometheusCollector
 from trio_dispatch.testing import FakeReply, FakeScript, Fault, ScriptedProvider
 
@@ -710,18 +710,22 @@ async def test_an_idle_group_keeps_its_epoch_and_the_fleets_newest_budgets(
 async def test_a_groups_members_limits_survive_a_loss_before_its_first_round(
     server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    restore = SharedSchedulerActor._restore_members
+    step = Ledger.step
     flushed: list[bool] = []
 
-    async def flushed_first(actor: SharedSchedulerActor) -> None:
+    async def flushed_first(
+        ledger: Ledger,
+        *args: Any,  # noqa: ANN401  # passed through
+        **kwargs: Any,  # noqa: ANN401  # passed through
+    ) -> StepResult:
         if not flushed:
             # Redis restarts empty between the open and the first round.
             flushed.append(True)
             async with coredis.Redis.from_url(server.url) as client:
                 await client.flushall()
-        await restore(actor)
+        return await step(ledger, *args, **kwargs)
 
-    monkeypatch.setattr(SharedSchedulerActor, "_restore_members", flushed_first)
+    monkeypatch.setattr(Ledger, "step", flushed_first)
     async with AsyncExitStack() as stack:
         (one,) = await open_fleet(stack, server, 1, {"key-a": 1, "key-b": 2})
         async with one.slot("gpt"):
@@ -734,8 +738,8 @@ async def test_a_groups_members_limits_survive_a_loss_before_its_first_round(
         assert two.limits() == {"key-a": 1, "key-b": 2}
 
 
-async def test_a_model_budget_set_while_a_group_restores_its_members_is_kept(
-    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+async def test_a_groups_members_budgets_come_back_after_redis_lost_them(
+    server: RedisServer,
 ) -> None:
     async with AsyncExitStack() as stack:
         (one,) = await open_fleet(
@@ -743,48 +747,28 @@ async def test_a_model_budget_set_while_a_group_restores_its_members_is_kept(
             server,
             1,
             {"key-a": 1, "key-b": 1},
-            budgets={"key-a/m1": Budget(requests_per_minute=100)},
+            budgets={
+                "key-a": Budget(requests_per_minute=600),
+                "key-b/m1": Budget(requests_per_minute=100),
+            },
         )
-        async with one.slot("gpt", model="m1"):
+        async with one.slot("key-b", model="m1"):
             pass
-        backend = plumbing(one)._backends["key-a"]
-        assert isinstance(backend, MemberView)
-        actor = backend.actor
-        set_budget = Ledger.set_budget
-        sent: list[bool] = []
-
-        async def meanwhile(
-            ledger: Ledger,
-            *args: Any,  # noqa: ANN401  # passed through
-            **kwargs: Any,  # noqa: ANN401  # passed through
-        ) -> None:
-            if kwargs.get("model") == "m1" and not sent:
-                # A model's budget set while the restore's calls are on
-                # their way: it goes with the next writes, the restore
-                # goes on.
-                sent.append(True)
-                actor.send(
-                    ForMember(
-                        "key-a", SetModelBudget("m2", Budget(requests_per_minute=5))
-                    )
-                )
-            await set_budget(ledger, *args, **kwargs)
-
-        monkeypatch.setattr(Ledger, "set_budget", meanwhile)
         async with coredis.Redis.from_url(server.url) as client:
             await client.flushall()
-        async with one.slot("gpt", model="m2"):
-            pass
-        assert sent
-
-        def rate(model: str) -> float | None:
-            models = one.statistics().providers["key-a"].models
-            return models[model].requests_per_minute if model in models else None
-
-        await until(lambda: rate("m2") == 5)
-        async with one.slot("gpt", model="m1"):
-            pass
-        await until(lambda: rate("m1") == 100)
+        # The next exchange finds the namespace lost and stores them again.
+        for member in ("key-a", "key-b"):
+            async with one.slot(member, model="m1"):
+                pass
+        (two,) = await open_fleet(stack, server, 1, {"key-a": 1, "key-b": 1})
+        for member in ("key-a", "key-b"):
+            async with two.slot(member, model="m1"):
+                pass
+        providers = two.statistics().providers
+        budget = providers["key-a"].budget
+        assert budget is not None
+        assert budget.requests_per_minute == 600
+        assert providers["key-b"].models["m1"].requests_per_minute == 100
 
 
 async def test_a_request_no_longer_waiting_for_its_member_is_due_a_round(

@@ -782,24 +782,16 @@ class Ledger:
         model: str | None = None,
         member: str | None = None,
         members: Sequence[str] = (),
-        fill: bool = False,
     ) -> None:
         """Store the fleet's configured budgets of ``provider`` or of its ``model``.
 
         ``member``: those of that member of group ``provider`` (or of its
         ``model``), whose ``members`` count their models' entries and leases
-        from the first model's budget on. ``fill``: store only the rates
-        not configured yet, as a step's seed stores them (the fleet's own
-        stay).
+        from the first model's budget on.
         """
         keys, channel = self.names(provider)
         args = SetBudgetArgs(
-            budget=budget,
-            channel=channel,
-            model=model,
-            member=member,
-            members=members,
-            fill=fill,
+            budget=budget, channel=channel, model=model, member=member, members=members
         )
         await self._run(self._scripts.set_budget, keys, args.pack())
 

@@ -68,7 +68,7 @@ from .._policy._slots import (
 from .._policy._tenants import TenantStatistics
 from .._util import put_or_remove
 from ..actors._mailbox import Mailbox
-from ..actors._scheduler import MAX_CONVERSATIONS
+from ..actors._scheduler import granted_on
 from ..messages._protocol import (
     Acquire,
     Adapt,
@@ -1047,11 +1047,6 @@ class SharedSchedulerActor:
         with trio.move_on_after(_ROUND_TIMEOUT, shield=True):
             try:
                 await self._write()
-                if not self._epoch:
-                    # A first round seeds the namespace: a group's
-                    # members' settings with it, which Redis may have
-                    # lost since the process opened.
-                    await self._restore_members()
                 book = self.book
                 plan = book.plan(self.limit, renew=renew)
                 figures, failed = self._step_figures()
@@ -1072,7 +1067,6 @@ class SharedSchedulerActor:
                     # Redis lost the namespace since the last round (it
                     # restarted empty, was flushed or failed over), and did
                     # nothing: the same again, with the settings to store.
-                    await self._restore_members()
                     result = await step(seed=self._seed())
                     # The holders' leases went with it: they register
                     # again in a round run at once, if not in this one.
@@ -1104,13 +1098,20 @@ class SharedSchedulerActor:
     def _seed(self) -> Seed:
         """The fleet's settings as this process knows them, to store where Redis lost them.
 
-        A group's own: its tenants (``_restore_members`` stores its
-        members' limits and budgets).
+        A group's: its tenants, and each member's limit and budgets.
         """
         own = self._own
         if self._members:
             return Seed(
-                limit=None, budget=None, models={}, tenants=dict(self._fleet_tenants)
+                tenants=dict(self._fleet_tenants),
+                members={
+                    name: Seed(
+                        limit=None if share.limit_writes else share.seed_limit(),
+                        budget=share.fleet_budget,
+                        models=dict(share.fleet_models),
+                    )
+                    for name, share in self._shares.items()
+                },
             )
         return Seed(
             limit=own.seed_limit(),
@@ -1118,49 +1119,6 @@ class SharedSchedulerActor:
             models=dict(own.fleet_models),
             tenants=dict(self._fleet_tenants),
         )
-
-    async def _restore_members(self) -> None:
-        """A group's members' limits and budgets, stored again where Redis lost them.
-
-        As a seed stores a provider's: each only where the fleet holds
-        none (another process may have stored its own first), a limit as
-        this process last saw it, budgets as it knows the fleet held them.
-        Each share's settings are read once, before the first call: those
-        set while the calls are on their way go with ``_write``.
-        """
-        if not self._members:
-            return
-        ledger = self._ledger
-        restore = [
-            (
-                name,
-                None
-                if share.limit is None or share.limit_writes
-                else share.seed_limit(),
-                share.fleet_budget,
-                [
-                    (model, budget)
-                    for model, budget in share.fleet_models.items()
-                    if model not in share.model_budgets
-                ],
-            )
-            for name, share in self._shares.items()
-        ]
-        for name, limit, budget, models in restore:
-            if limit is not None:
-                await ledger.set_limit(
-                    self.provider, limit, overwrite=False, member=name
-                )
-            for model, each in [(None, budget), *models]:
-                if each is not None:
-                    await ledger.set_budget(
-                        self.provider,
-                        each,
-                        model=model,
-                        member=name,
-                        members=self._members,
-                        fill=True,
-                    )
 
     async def _write(self) -> None:
         """Store the limits, tenants, budgets, pauses and resumes asked for, in order."""
@@ -1324,14 +1282,7 @@ class SharedSchedulerActor:
         share.peak_in_flight = max(share.peak_in_flight, held)
         _, conversation = self._asked.pop(ticket, (member, None))
         self._affinity.pop(ticket, None)
-        names = self._names
-        names[ticket] = (member, names.get(ticket, (member, None))[1])
-        if conversation is not None:
-            latest = self._latest
-            latest.pop(conversation, None)
-            latest[conversation] = member
-            if len(latest) > MAX_CONVERSATIONS:
-                del latest[next(iter(latest))]  # the one seen least lately
+        granted_on(self._names, self._latest, ticket, member, conversation)
 
     def _learn_share(
         self, share: _Share, now: float, seen: StepResult | LedgerMember

@@ -192,26 +192,37 @@ class Seed:
         budget: The provider's configured budgets, or ``None``.
         models: Each model's configured budgets.
         tenants: Each configured tenant's weight and cap.
+        members: A group's: each member's own seed (its limit, budgets
+            and models' budgets; its tenants and members unused), stored
+            under the same rule in the same step.
     """
 
     limit: int | AdaptiveLimit | None = None
     budget: Budget | None = None
     models: Mapping[str, Budget] = attrs.field(factory=dict)
     tenants: Mapping[str, Tenant] = attrs.field(factory=dict)
+    members: Mapping[str, Seed] = attrs.field(factory=dict)
 
     def pack(self) -> list[str]:
         """Its part of ``step.lua``'s ``ARGV``."""
+        args = ["1", *self._own()]
+        args.append(str(len(self.tenants)))
+        for tenant, settings in self.tenants.items():
+            args += (tenant, *_tenant_fields(settings))
+        args.append(str(len(self.members)))
+        for member, seed in self.members.items():
+            args += (member, *seed._own())
+        return args
+
+    def _own(self) -> list[str]:
+        """Its limit, budgets and models' budgets, as ``step.lua`` reads them."""
         args = [
-            "1",
             "" if self.limit is None else limit_spec(self.limit),
             *_rates(self.budget),
             str(len(self.models)),
         ]
         for model, budget in self.models.items():
             args += (model, *_rates(budget))
-        args.append(str(len(self.tenants)))
-        for tenant, settings in self.tenants.items():
-            args += (tenant, *_tenant_fields(settings))
         return args
 
 
@@ -408,14 +419,13 @@ class SetLimitArgs:
 @final
 @attrs.frozen(kw_only=True)
 class SetBudgetArgs:
-    """``set_budget.lua``'s arguments: rates per minute, channel, model (or none), member, fill, members."""
+    """``set_budget.lua``'s arguments: rates per minute, channel, model (or none)."""
 
     budget: Budget
     channel: str
     model: str | None = None
     member: str | None = None
     members: Sequence[str] = ()
-    fill: bool = False
 
     def pack(self) -> list[str]:
         """``ARGV``, in the script's order."""
@@ -424,7 +434,6 @@ class SetBudgetArgs:
             self.channel,
             self.model or "",
             self.member or "",
-            "1" if self.fill else "0",
             *self.members,
         ]
 

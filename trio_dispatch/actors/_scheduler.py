@@ -1054,14 +1054,7 @@ class SchedulerActor:
         """Pooled ``ticket`` was granted: its events name its member, its conversation's next request prefers it."""
         member = self.policy.member_of(ticket)
         assert member is not None  # granted: it holds
-        names = self._names
-        names[ticket] = (member, names.get(ticket, (member, None))[1])
-        if conversation is not None:
-            latest = self._latest
-            latest.pop(conversation, None)
-            latest[conversation] = member
-            if len(latest) > MAX_CONVERSATIONS:
-                del latest[next(iter(latest))]  # the one seen least lately
+        granted_on(self._names, self._latest, ticket, member, conversation)
 
     def _crashed(
         self, error: BaseException, unhandled: list[SchedulerMessage | _Own]
@@ -1091,6 +1084,27 @@ class SchedulerActor:
         return DispatcherClosed(
             f"the dispatcher closed while waiting for {self.provider!r}"
         )
+
+
+def granted_on(
+    names: dict[Ticket, tuple[str, str | None]],
+    latest: dict[str, str],
+    ticket: Ticket,
+    member: str,
+    conversation: str | None,
+) -> None:
+    """A pool's ``ticket`` was granted on ``member``: what every pooled scheduler keeps of it.
+
+    Its events name the member (``names``, beside its pool), and its
+    conversation's next request prefers the member (``latest``, kept for
+    the ``MAX_CONVERSATIONS`` conversations seen last).
+    """
+    names[ticket] = (member, names.get(ticket, (member, None))[1])
+    if conversation is not None:
+        latest.pop(conversation, None)
+        latest[conversation] = member
+        if len(latest) > MAX_CONVERSATIONS:
+            del latest[next(iter(latest))]  # the one seen least lately
 
 
 def _conversation_of(reply: Reply) -> str | None:

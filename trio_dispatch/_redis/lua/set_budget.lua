@@ -2,12 +2,10 @@
 -- SetBudgetArgs.pack lays it out: requests per minute, tokens per minute
 -- (each empty: none configured), channel, and the model (empty: the
 -- provider's budgets, over all its models), then the member of a group
--- whose budgets they are (empty or absent: the provider itself), whether
--- only the rates not configured yet are stored ('1': as a seed stores
--- them), then the group's members. See store_budget.
+-- whose budgets they are (empty or absent: the provider itself), then the
+-- group's members. See store_budget.
 as_member(ARGV[5])
-store_budget(ARGV[4], {tonumber(ARGV[1]), tonumber(ARGV[2])}, ARGV[6] == '1',
-  {unpack(ARGV, 7)})
+store_budget(ARGV[4], {tonumber(ARGV[1]), tonumber(ARGV[2])}, false, {unpack(ARGV, 6)})
 expire_idle(now)
 redis.call('PUBLISH', ARGV[3], 'wake')
 return 0

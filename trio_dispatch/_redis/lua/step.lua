@@ -7,7 +7,9 @@
 -- or '1' and the settings to store again (see ``restore``): the limit (as
 -- store_limit takes it; empty: none), the provider's requests and tokens
 -- per minute (each empty: none), a counted list of (model, requests,
--- tokens) and one of (tenant, weight, cap); then a counted list of
+-- tokens), one of (tenant, weight, cap) and a group's one of its members'
+-- (name, then its own limit, rates and counted models as above); then a
+-- counted list of
 -- (model, figures) pairs: the rate-limit figures to learn from, the
 -- provider's (model empty) or a model's (each eight comma-separated fields,
 -- each possibly empty: whether requests have figures ('1'), their limit,
@@ -31,17 +33,30 @@ local node, ttl, mywait, known, channel, recheck =
 local i = 7
 local n
 local seed = nil
-if ARGV[i] == '1' then
-  seed = {limit = ARGV[i + 1], rates = {tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])},
-    models = {}, tenants = {}}
-  i = i + 4
+-- A seed's own settings (``Seed._own``): its limit, budgets and models'.
+local function read_seed()
+  local s = {limit = ARGV[i], rates = {tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])},
+    models = {}}
+  i = i + 3
   n = tonumber(ARGV[i]); i = i + 1
   for j = 1, n do
-    seed.models[j] = {ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])}; i = i + 3
+    s.models[j] = {ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])}; i = i + 3
   end
+  return s
+end
+if ARGV[i] == '1' then
+  i = i + 1
+  seed = read_seed()
+  seed.tenants, seed.members = {}, {}
   n = tonumber(ARGV[i]); i = i + 1
   for j = 1, n do
     seed.tenants[j] = {ARGV[i], ARGV[i + 1], ARGV[i + 2]}; i = i + 3
+  end
+  n = tonumber(ARGV[i]); i = i + 1
+  for j = 1, n do
+    local name = ARGV[i]; i = i + 1
+    seed.members[j] = read_seed()
+    seed.members[j].name = name
   end
 else
   i = i + 1
@@ -82,6 +97,19 @@ if seed and (epoch == '' or epoch ~= known) then
   if seed.limit ~= '' and not stored_limit(c[1]) then store_limit(seed.limit) end
   store_budget('', seed.rates, true)
   for _, m in ipairs(seed.models) do store_budget(m[1], {m[2], m[3]}, true) end
+  -- A group's members' own, each under its prefix (``as_member``), by
+  -- the same rule; then the group's own keys again.
+  local names, home = {}, {leases, conf, grantno, charge, unans, inuse, mprefix}
+  for _, s in ipairs(seed.members) do names[#names + 1] = s.name end
+  for _, s in ipairs(seed.members) do
+    as_member(s.name)
+    if s.limit ~= '' and not stored_limit(redis.call('HGET', conf, 'limit'), conf) then
+      store_limit(s.limit)
+    end
+    store_budget('', s.rates, true, names)
+    for _, m in ipairs(s.models) do store_budget(m[1], {m[2], m[3]}, true, names) end
+    leases, conf, grantno, charge, unans, inuse, mprefix = unpack(home)
+  end
   for _, t in ipairs(seed.tenants) do
     if redis.call('HEXISTS', tconf, t[1]) == 0 then store_tenant(t[1], t[2], t[3]) end
   end
