@@ -326,9 +326,10 @@ class Dispatcher(metaclass=NoPublicConstructor):
         Raises:
             ValueError: ``pool`` is a provider's name (or a member's),
                 ``members`` is empty or names one twice or names a pool;
-                or the dispatcher has
-                ``redis_url`` or a backend factory of one's own, which
-                schedule no pools (nothing changes).
+                or the dispatcher has ``redis_url`` (a fleet's pools are
+                declared to ``open_dispatcher``, the same in every
+                process) or a backend factory of one's own, which
+                schedules no pools (nothing changes).
             DispatcherClosed: The dispatcher has closed, or a scheduler
                 it would take stopped.
         """
@@ -340,7 +341,8 @@ class Dispatcher(metaclass=NoPublicConstructor):
         Its members stay, with their limits, slots and queue places.
 
         Raises:
-            ValueError: There is no such pool.
+            ValueError: There is no such pool, or the dispatcher has
+                ``redis_url`` (a fleet's pools are fixed; nothing changes).
             DispatcherClosed: The dispatcher has closed.
         """
         self._plumbing.remove_pool(pool)

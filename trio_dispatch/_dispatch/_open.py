@@ -225,8 +225,11 @@ def open_dispatcher(
             ``statistics().providers``; ``Slot.member`` names the member
             granted. A pool's name cannot be a provider's. Pools that
             share a member are scheduled in one queue. Change them at run
-            time with ``Dispatcher.set_pool`` and ``remove_pool``. Not
-            with ``redis_url`` yet.
+            time with ``Dispatcher.set_pool`` and ``remove_pool``. With
+            ``redis_url``, the pools are the fleet's (one queue, each
+            member's limits, budgets, pauses and health fleet-wide):
+            every process declares the same ones here, and they cannot
+            change at run time.
         affinity_wait: Seconds a pooled request waits for the member its
             conversation's previous call was granted on (where the prompt
             cache is: caches live per key and per server) while another
