@@ -237,6 +237,7 @@ class _Share:
         "fleet_budget",
         "fleet_models",
         "granted_total",
+        "holding",
         "latency",
         "limit",
         "limit_writes",
@@ -283,6 +284,8 @@ class _Share:
         self.seen: LedgerMember | None = None
         self.granted_total = 0
         self.released_total = 0
+        # This process's slots held on it now, and the most at once.
+        self.holding = 0
         self.peak_in_flight = 0
 
     def idle(self) -> bool:
@@ -591,11 +594,12 @@ class SharedSchedulerActor:
         and its totals are this process's.
         """
         now = trio.current_time()
-        members = self._member_statistics()
+        asked = self._asked_counts()
+        members = self._member_statistics(asked)
         tenants = self._view.tenant_statistics()
         up = self._view.up
-        pool = self.pool_statistics().get(name)
-        if pool is not None:
+        if name in self.pools:
+            pool = self._pool_statistics(members, asked)[name]
             fleet = _Seen(pool.in_flight, pool.waiting, up)
             local = sum(members[member].in_flight for member in pool.members)
             pool = attrs.evolve(pool, in_flight=local)
@@ -617,8 +621,19 @@ class SharedSchedulerActor:
 
     def pool_statistics(self) -> dict[str, PoolStatistics]:
         """A group's pools, as the last round saw their members; ``waiting``: this process's."""
-        members = self._member_statistics()
-        asked = collections.Counter(asked for asked, _ in self._asked.values())
+        asked = self._asked_counts()
+        return self._pool_statistics(self._member_statistics(asked), asked)
+
+    def _asked_counts(self) -> collections.Counter[str]:
+        """This process's waiting requests, by the member or pool each asked for."""
+        return collections.Counter(asked for asked, _ in self._asked.values())
+
+    def _pool_statistics(
+        self,
+        members: dict[str, MemberStatistics],
+        asked: collections.Counter[str],
+    ) -> dict[str, PoolStatistics]:
+        """``pool_statistics`` from the members' and the waiting counts."""
         shares = self._shares
         found = {}
         for pool, names in self.pools.items():
@@ -635,11 +650,10 @@ class SharedSchedulerActor:
             )
         return found
 
-    def _member_statistics(self) -> dict[str, MemberStatistics]:
+    def _member_statistics(
+        self, asked: collections.Counter[str]
+    ) -> dict[str, MemberStatistics]:
         """Each member: the fleet's as the last round saw it, this process's totals."""
-        asked = collections.Counter(asked for asked, _ in self._asked.values())
-        book = self.book
-        held = collections.Counter(book.member_of(t) for t in book.holders())
         found = {}
         for name, share in self._shares.items():
             seen = share.seen or LedgerMember(
@@ -648,7 +662,7 @@ class SharedSchedulerActor:
             found[name] = MemberStatistics(
                 member=name,
                 limit=share.limit,
-                in_flight=held[name],
+                in_flight=share.holding,
                 waiting=asked[name],
                 paused_until=share.view.paused_until,
                 granted_total=share.granted_total,
@@ -842,7 +856,9 @@ class SharedSchedulerActor:
         if self._members:
             member = self.book.member_of(ticket)
             if member is not None:
-                self._shares[member].released_total += 1
+                share = self._shares[member]
+                share.released_total += 1
+                share.holding -= 1
 
     def _ended(self, ticket: Ticket) -> None:
         """A group's ``ticket`` ended: what was kept for it goes."""
@@ -1278,8 +1294,8 @@ class SharedSchedulerActor:
         assert member is not None  # granted: it holds
         share = self._shares[member]
         share.granted_total += 1
-        held = sum(1 for t in self.book.holders() if self.book.member_of(t) == member)
-        share.peak_in_flight = max(share.peak_in_flight, held)
+        share.holding += 1
+        share.peak_in_flight = max(share.peak_in_flight, share.holding)
         _, conversation = self._asked.pop(ticket, (member, None))
         self._affinity.pop(ticket, None)
         granted_on(self._names, self._latest, ticket, member, conversation)
@@ -1421,6 +1437,8 @@ class SharedSchedulerActor:
             book.cancel(ticket)
         for ticket in book.holders():
             book.release(ticket)
+        for share in self._shares.values():
+            share.holding = 0
         plan = book.plan(self.limit, renew=False)
         figures, _ = self._step_figures()
         if not (
